@@ -1,0 +1,38 @@
+# rlfleet developer commands. `make train` and `make test` do all the set-up.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: train test lint protos bench clean
+
+# Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,test,train]'
+	touch $(STAMP)
+
+## The main job: train PPO on CartPole-v1 against a local actor fleet it starts itself.
+train: $(STAMP)
+	$(BIN)/rlfleet-train $(ARGS)
+
+## The whole test suite.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+## Regenerate the gRPC stubs from protos/ (commit the result).
+protos: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
+		protos/common/rlfleet/v1/actor_service.proto
+
+## Benchmarks against TorchRL's collectors.
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,110 @@
+"""Settings both sides share: collection knobs, size limits and gRPC channel options.
+
+The collection knobs carry TorchRL's names and meanings (see ``Collector``);
+the learner sends them in a session's ``open`` message and the actor validates
+them. The keepalive options are a matched pair: a client that pings more often
+than the server allows is answered with GOAWAY ``too_many_pings`` and its
+healthy streams die, so both sides take them from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_PORT",
+    "MAX_MESSAGE_BYTES",
+    "CollectSettings",
+    "ExplorationType",
+    "client_channel_options",
+    "server_channel_options",
+]
+
+#: gRPC's default receive limit; we keep it and chunk above it.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Payload bytes per chunk message, leaving headroom under MAX_MESSAGE_BYTES.
+CHUNK_BYTES = 3 * 1024 * 1024
+#: The port an actor listens on unless told otherwise.
+DEFAULT_PORT = 50051
+
+# Keepalive: the client pings every 20 s and gives up 10 s after an unanswered
+# ping; the server accepts pings 10 s apart, so the client never trips it.
+_KEEPALIVE_TIME_MS = 20_000
+_KEEPALIVE_TIMEOUT_MS = 10_000
+_MIN_PING_INTERVAL_MS = 10_000
+
+
+class ExplorationType(enum.Enum):
+    """How the policy chooses actions while collecting (tensordict's InteractionType)."""
+
+    RANDOM = "random"
+    DETERMINISTIC = "deterministic"
+    MODE = "mode"
+    MEAN = "mean"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectSettings:
+    """The knobs of one collection session, as in TorchRL's ``Collector``.
+
+    Attributes:
+        frames_per_batch: Frames per batch from one actor; a multiple of its env pool size.
+        max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` means none.
+        init_random_frames: Frames collected with random actions before the policy acts.
+        reset_at_each_iter: Reset every env before each batch.
+        reset_when_done: Reset envs whose episode ended; must be True, as in TorchRL.
+        split_trajs: Split each batch into zero-padded trajectories with a mask.
+        exploration_type: The interaction type set while the policy acts.
+        set_truncated: Mark the last frame of each batch truncated (and done).
+        total_frames: Frames the session may produce; ``< 0`` means endless.
+        model_id: The registered model that acts.
+    """
+
+    frames_per_batch: int
+    max_frames_per_traj: int = -1
+    init_random_frames: int = 0
+    reset_at_each_iter: bool = False
+    reset_when_done: bool = True
+    split_trajs: bool = False
+    exploration_type: ExplorationType = ExplorationType.RANDOM
+    set_truncated: bool = False
+    total_frames: int = -1
+    model_id: str = "policy"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.frames_per_batch, int) or self.frames_per_batch <= 0:
+            raise ValueError(f"frames_per_batch must be a positive int, got {self.frames_per_batch!r}")
+        if not self.reset_when_done:
+            raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
+        if not isinstance(self.exploration_type, ExplorationType):
+            raise TypeError(
+                f"exploration_type must be an ExplorationType, got {self.exploration_type!r}"
+            )
+        if not self.model_id:
+            raise ValueError("model_id must be a non-empty string")
+
+
+def server_channel_options() -> list[tuple[str, int]]:
+    """gRPC options for actor servers, matched with :func:`client_channel_options`."""
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", _KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.min_ping_interval_without_data_ms", _MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def client_channel_options() -> list[tuple[str, int]]:
+    """gRPC options for learner channels, matched with :func:`server_channel_options`."""
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", _KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.enable_retries", 0),
+    ]

@@ -1,0 +1,216 @@
+"""The rlfleet exception tree and its mapping to and from gRPC status codes.
+
+Every error rlfleet raises on purpose is an ``RlfleetError`` that also
+subclasses the builtin a Python user would catch for the same situation, so
+``except ValueError`` keeps working::
+
+    RlfleetError
+    ├── FrameError (ValueError)               INVALID_ARGUMENT  malformed tensor frame
+    │   └── FrameTooLargeError                RESOURCE_EXHAUSTED  over a size cap
+    ├── WeightsError (ValueError)             INVALID_ARGUMENT  keys/shapes/dtypes/non-finite
+    │   └── WeightsTooLargeError              RESOURCE_EXHAUSTED  over a size cap
+    ├── UnknownModelError (LookupError)       NOT_FOUND         no such model_id
+    ├── UnknownWorkerError (LookupError)      NOT_FOUND         no such worker_id
+    ├── StaleVersionError (ValueError)        ABORTED           version not newer / seq conflict
+    ├── SessionStateError (RuntimeError)      FAILED_PRECONDITION  call not valid now
+    ├── ActorBusyError (RuntimeError)         RESOURCE_EXHAUSTED  another learner holds the actor
+    ├── ActorUnavailableError (ConnectionError) UNAVAILABLE     draining, down, unreachable
+    ├── DeadlineError (TimeoutError)          DEADLINE_EXCEEDED a call ran out of time
+    ├── AuthenticationError (PermissionError) UNAUTHENTICATED   missing or bad token
+    ├── PermissionDeniedError (PermissionError) PERMISSION_DENIED  token lacks the role
+    ├── DataLossError (OSError)               DATA_LOSS         checksum mismatch on reassembly
+    └── InternalError (RuntimeError)          INTERNAL          a bug; details stay in the log
+
+Servers call :func:`to_status` to turn any exception into a status code and a
+message that is safe to send (no tracebacks, paths or tensor contents); clients
+call :func:`from_status` to turn a status back into the matching exception.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+
+__all__ = [
+    "ActorBusyError",
+    "ActorUnavailableError",
+    "AuthenticationError",
+    "DataLossError",
+    "DeadlineError",
+    "FrameError",
+    "FrameTooLargeError",
+    "InternalError",
+    "PermissionDeniedError",
+    "RlfleetError",
+    "SessionStateError",
+    "StaleVersionError",
+    "UnknownModelError",
+    "UnknownWorkerError",
+    "WeightsError",
+    "WeightsTooLargeError",
+    "from_status",
+    "to_status",
+]
+
+
+class RlfleetError(Exception):
+    """Base class of every error rlfleet raises on purpose."""
+
+    status_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class FrameError(RlfleetError, ValueError):
+    """A tensor frame is malformed, truncated or inconsistent."""
+
+    status_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FrameTooLargeError(FrameError):
+    """A tensor frame (or part of it) exceeds a configured size cap."""
+
+    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class WeightsError(RlfleetError, ValueError):
+    """Weights do not fit the target model (keys, shapes, dtypes) or are not finite."""
+
+    status_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class WeightsTooLargeError(WeightsError):
+    """A weight or state blob exceeds the configured size cap."""
+
+    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class UnknownModelError(RlfleetError, LookupError):
+    """No model is registered under the given ``model_id``."""
+
+    status_code = grpc.StatusCode.NOT_FOUND
+
+    def __str__(self) -> str:  # LookupError would otherwise repr() the message.
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownWorkerError(RlfleetError, LookupError):
+    """No actor in the fleet has the given ``worker_id``."""
+
+    status_code = grpc.StatusCode.NOT_FOUND
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class StaleVersionError(RlfleetError, ValueError):
+    """A weight version is not newer than the one in force, or a sequence conflicts."""
+
+    status_code = grpc.StatusCode.ABORTED
+
+
+class SessionStateError(RlfleetError, RuntimeError):
+    """The call is not valid in the current state (e.g. data before the handshake)."""
+
+    status_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ActorBusyError(RlfleetError, RuntimeError):
+    """The actor already serves another learner session (or another cap is reached)."""
+
+    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class ActorUnavailableError(RlfleetError, ConnectionError):
+    """The actor is draining, down or cannot be reached."""
+
+    status_code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineError(RlfleetError, TimeoutError):
+    """A call or a wait ran out of time."""
+
+    status_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class AuthenticationError(RlfleetError, PermissionError):
+    """Credentials are missing or wrong."""
+
+    status_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(RlfleetError, PermissionError):
+    """The credentials are valid but lack the role the call needs."""
+
+    status_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class DataLossError(RlfleetError, OSError):
+    """A reassembled batch failed its checksum."""
+
+    status_code = grpc.StatusCode.DATA_LOSS
+
+
+class InternalError(RlfleetError, RuntimeError):
+    """A bug; the peer's log holds the details under the correlation id."""
+
+    status_code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[RlfleetError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: FrameError,
+    grpc.StatusCode.NOT_FOUND: UnknownModelError,
+    grpc.StatusCode.ABORTED: StaleVersionError,
+    grpc.StatusCode.FAILED_PRECONDITION: SessionStateError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ActorBusyError,
+    grpc.StatusCode.UNAVAILABLE: ActorUnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineError,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.DATA_LOSS: DataLossError,
+    grpc.StatusCode.CANCELLED: ActorUnavailableError,
+}
+
+# Status details travel in HTTP/2 trailers; keep them short and single-line.
+_MAX_DETAILS = 1000
+
+
+def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Map an exception to the gRPC status code and message a server sends.
+
+    Our own errors keep their message; anything else is a bug and becomes
+    ``INTERNAL`` with a correlation id, so no traceback, path or tensor
+    content crosses the wire. The caller logs ``exc`` with that id.
+
+    Args:
+        exc: The exception raised while serving a call.
+
+    Returns:
+        ``(code, details)`` for ``context.abort``.
+    """
+    if isinstance(exc, RlfleetError):
+        return exc.status_code, _one_line(str(exc))
+    correlation_id = uuid.uuid4().hex[:12]
+    return grpc.StatusCode.INTERNAL, f"internal error (correlation id {correlation_id})"
+
+
+def from_status(code: grpc.StatusCode, details: str | None, *, peer: str = "") -> RlfleetError:
+    """Map a gRPC status received by a client back to the matching exception.
+
+    Args:
+        code: The status code of the failed call.
+        details: The status message the server sent.
+        peer: The address of the actor, prefixed to the message when given.
+
+    Returns:
+        An ``RlfleetError`` subclass instance (not raised).
+    """
+    cls = _BY_CODE.get(code, InternalError)
+    if code == grpc.StatusCode.INVALID_ARGUMENT and details and "weight" in details.lower():
+        cls = WeightsError
+    message = f"{code.name}: {details or 'no details'}"
+    return cls(f"{peer}: {message}" if peer else message)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 3] + "..."

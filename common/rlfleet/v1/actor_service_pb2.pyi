@@ -1,0 +1,314 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ExplorationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPLORATION_TYPE_UNSPECIFIED: _ClassVar[ExplorationType]
+    EXPLORATION_TYPE_RANDOM: _ClassVar[ExplorationType]
+    EXPLORATION_TYPE_DETERMINISTIC: _ClassVar[ExplorationType]
+    EXPLORATION_TYPE_MODE: _ClassVar[ExplorationType]
+    EXPLORATION_TYPE_MEAN: _ClassVar[ExplorationType]
+
+class EndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    END_REASON_UNSPECIFIED: _ClassVar[EndReason]
+    END_REASON_BUDGET_REACHED: _ClassVar[EndReason]
+    END_REASON_DRAINING: _ClassVar[EndReason]
+    END_REASON_ERROR: _ClassVar[EndReason]
+    END_REASON_TAKEN_OVER: _ClassVar[EndReason]
+    END_REASON_CLOSED: _ClassVar[EndReason]
+EXPLORATION_TYPE_UNSPECIFIED: ExplorationType
+EXPLORATION_TYPE_RANDOM: ExplorationType
+EXPLORATION_TYPE_DETERMINISTIC: ExplorationType
+EXPLORATION_TYPE_MODE: ExplorationType
+EXPLORATION_TYPE_MEAN: ExplorationType
+END_REASON_UNSPECIFIED: EndReason
+END_REASON_BUDGET_REACHED: EndReason
+END_REASON_DRAINING: EndReason
+END_REASON_ERROR: EndReason
+END_REASON_TAKEN_OVER: EndReason
+END_REASON_CLOSED: EndReason
+
+class CollectSettings(_message.Message):
+    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id")
+    FRAMES_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAMES_PER_TRAJ_FIELD_NUMBER: _ClassVar[int]
+    INIT_RANDOM_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    RESET_AT_EACH_ITER_FIELD_NUMBER: _ClassVar[int]
+    RESET_WHEN_DONE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_TRAJS_FIELD_NUMBER: _ClassVar[int]
+    EXPLORATION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SET_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    frames_per_batch: int
+    max_frames_per_traj: int
+    init_random_frames: int
+    reset_at_each_iter: bool
+    reset_when_done: bool
+    split_trajs: bool
+    exploration_type: ExplorationType
+    set_truncated: bool
+    total_frames: int
+    model_id: str
+    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ...) -> None: ...
+
+class OpenSession(_message.Message):
+    __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id")
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
+    RESUME_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    settings: CollectSettings
+    credits: int
+    take_over: bool
+    resume_epoch: int
+    resume_after_seq: int
+    learner_id: str
+    def __init__(self, settings: _Optional[_Union[CollectSettings, _Mapping]] = ..., credits: _Optional[int] = ..., take_over: _Optional[bool] = ..., resume_epoch: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., learner_id: _Optional[str] = ...) -> None: ...
+
+class Credit(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: int
+    def __init__(self, batches: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class CloseSession(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CollectRequest(_message.Message):
+    __slots__ = ("open", "credit", "ack", "close")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    open: OpenSession
+    credit: Credit
+    ack: Ack
+    close: CloseSession
+    def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
+
+class SessionOpened(_message.Message):
+    __slots__ = ("worker_id", "epoch", "next_seq", "max_credits", "resumed")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MAX_CREDITS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    epoch: int
+    next_seq: int
+    max_credits: int
+    resumed: bool
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_seq: _Optional[int] = ..., max_credits: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
+
+class BatchInfo(_message.Message):
+    __slots__ = ("worker_id", "epoch", "seq", "frames", "frame_bytes", "crc32", "model_id", "policy_version_min", "policy_version_max")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_MIN_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_MAX_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    epoch: int
+    seq: int
+    frames: int
+    frame_bytes: int
+    crc32: int
+    model_id: str
+    policy_version_min: int
+    policy_version_max: int
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., frame_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ...) -> None: ...
+
+class BatchChunk(_message.Message):
+    __slots__ = ("seq", "index", "count", "data", "info")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    index: int
+    count: int
+    data: bytes
+    info: BatchInfo
+    def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., data: _Optional[bytes] = ..., info: _Optional[_Union[BatchInfo, _Mapping]] = ...) -> None: ...
+
+class StreamEnd(_message.Message):
+    __slots__ = ("reason", "message", "last_seq")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    reason: EndReason
+    message: str
+    last_seq: int
+    def __init__(self, reason: _Optional[_Union[EndReason, str]] = ..., message: _Optional[str] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class CollectResponse(_message.Message):
+    __slots__ = ("opened", "chunk", "end")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    opened: SessionOpened
+    chunk: BatchChunk
+    end: StreamEnd
+    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., chunk: _Optional[_Union[BatchChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
+
+class WeightsHeader(_message.Message):
+    __slots__ = ("model_id", "version", "total_bytes", "sha256")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    version: int
+    total_bytes: int
+    sha256: str
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class PushWeightsRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: WeightsHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class PushWeightsResponse(_message.Message):
+    __slots__ = ("worker_id", "model_id", "version")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    model_id: str
+    version: int
+    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class SpaceSpec(_message.Message):
+    __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "text")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    low: _containers.RepeatedScalarFieldContainer[float]
+    high: _containers.RepeatedScalarFieldContainer[float]
+    n: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    def __init__(self, kind: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., low: _Optional[_Iterable[float]] = ..., high: _Optional[_Iterable[float]] = ..., n: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ParameterInfo(_message.Message):
+    __slots__ = ("name", "shape", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("model_id", "version", "parameters")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    version: int
+    parameters: _containers.RepeatedCompositeFieldContainer[ParameterInfo]
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., parameters: _Optional[_Iterable[_Union[ParameterInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
+    ENV_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_CREDITS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    epoch: int
+    env_id: str
+    observation_spec: SpaceSpec
+    action_spec: SpaceSpec
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    num_envs: int
+    env_backend: str
+    device: str
+    software_version: str
+    max_credits: int
+    busy: bool
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ...) -> None: ...
+
+class StateHeader(_message.Message):
+    __slots__ = ("total_bytes", "sha256")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    sha256: str
+    def __init__(self, total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class StateChunk(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: StateHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[StateHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class GetStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadStateResponse(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class SetSeedRequest(_message.Message):
+    __slots__ = ("seed", "static_seed")
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STATIC_SEED_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    static_seed: bool
+    def __init__(self, seed: _Optional[int] = ..., static_seed: _Optional[bool] = ...) -> None: ...
+
+class SetSeedResponse(_message.Message):
+    __slots__ = ("next_seed",)
+    NEXT_SEED_FIELD_NUMBER: _ClassVar[int]
+    next_seed: int
+    def __init__(self, next_seed: _Optional[int] = ...) -> None: ...
