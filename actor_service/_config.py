@@ -1,0 +1,88 @@
+"""The settings of one actor server, filled from command-line flags or ``RLFLEET_*`` variables.
+
+Each field of :class:`ActorConfig` has one flag (``--num-envs``) and one
+environment variable (``RLFLEET_NUM_ENVS``); the flag wins. The CLI module
+builds the config; the collection core and the server read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.config import DEFAULT_PORT
+
+__all__ = ["ActorConfig", "ModelSpec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One named model an actor holds.
+
+    Attributes:
+        model_id: The name weights are addressed by (``"policy"`` acts by default).
+        factory: ``"random"``, ``"mlp"`` or ``"package.module:function"``; the function is
+            called with ``(observation_space, action_space, **kwargs)`` and returns an
+            ``nn.Module`` (observation tensor -> action tensor) or a TensorDictModule
+            (reads ``"observation"``, writes ``"action"`` and any extra keys).
+        kwargs: Keyword arguments for the factory (e.g. ``{"hidden": [64, 64]}`` for ``mlp``).
+    """
+
+    model_id: str = "policy"
+    factory: str = "mlp"
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig:
+    """Everything an actor server needs to start.
+
+    Attributes:
+        host: Address to bind; ``0.0.0.0`` in containers.
+        port: Port to bind; 0 picks a free one (printed on stdout when ready).
+        health_port: When set, a plaintext server with only health and reflection on this
+            port (Kubernetes' gRPC probe cannot do TLS); the main port still serves health.
+        worker_id: This actor's id in the fleet (0..65535).
+        env: A registered gymnasium id, used when ``env_factory`` is empty.
+        env_kwargs: Keyword arguments for ``gymnasium.make`` or the factory.
+        env_factory: ``"package.module:function"`` returning a gymnasium ``Env``.
+        num_envs: Size of the env pool.
+        env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context).
+        step_timeout: Seconds an async env step may take before it counts as hung.
+        models: The models this actor holds; the first is the default actor.
+        device: Torch device of the policy (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+        seed: Seed for envs, torch and numpy at start; None draws one.
+        max_credits: Most batches a learner may have granted and not yet acknowledged.
+        grace_period: Seconds SIGTERM waits for streams to drain before stopping.
+        token: Bearer token required on every call (learner role); empty disables auth.
+        tls_cert: PEM certificate chain file; with ``tls_key`` enables TLS.
+        tls_key: PEM private key file.
+        tls_client_ca: PEM CA file; when set, clients must present a certificate (mTLS).
+        max_weight_bytes: Largest weight or state blob accepted.
+        torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
+        log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
+        log_format: ``"text"`` or ``"json"`` (one JSON object per line).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    health_port: int | None = None
+    worker_id: int = 0
+    env: str = "CartPole-v1"
+    env_kwargs: dict = dataclasses.field(default_factory=dict)
+    env_factory: str = ""
+    num_envs: int = 8
+    env_backend: str = "sync"
+    step_timeout: float = 30.0
+    models: tuple[ModelSpec, ...] = (ModelSpec(),)
+    device: str = "cpu"
+    seed: int | None = None
+    max_credits: int = 4
+    grace_period: float = 10.0
+    token: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    max_weight_bytes: int = 1 << 30
+    torch_threads: int = 1
+    log_level: str = "info"
+    log_format: str = "text"
