@@ -1,0 +1,147 @@
+"""Chunking and reassembly of blobs (weights or actor state) that outgrow one gRPC message.
+
+The sender slices a blob into zero-copy ``memoryview`` chunks of at most
+``CHUNK_BYTES``; the receiver announces nothing it has not checked: the size a
+peer claims is capped before a byte is allocated, chunks may not overflow it,
+missing bytes are an error, and an announced sha256 is verified (``DATA_LOSS``
+on mismatch). Re-exported by :mod:`common.weights`, which is the public home.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+
+from common.config import CHUNK_BYTES
+from common.errors import DataLossError, SessionStateError, WeightsError, WeightsTooLargeError
+
+__all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "BlobAssembler", "iter_blob_chunks", "sha256_hex"]
+
+#: The largest weight or state blob a receiver accepts unless told otherwise.
+DEFAULT_MAX_WEIGHT_BYTES: int = 1 << 30
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def sha256_hex(blob: bytes | bytearray | memoryview) -> str:
+    """Return the lowercase hex sha256 of a blob."""
+    return hashlib.sha256(blob).hexdigest()
+
+
+def iter_blob_chunks(
+    blob: bytes | bytearray | memoryview, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[memoryview]:
+    """Split a blob into zero-copy slices of at most ``chunk_bytes`` each.
+
+    An empty blob yields nothing.
+
+    Args:
+        blob: The bytes to send.
+        chunk_bytes: The largest slice; keeps each message under gRPC's limit.
+
+    Yields:
+        Consecutive ``memoryview`` slices of ``blob``.
+
+    Raises:
+        ValueError: ``chunk_bytes`` is not a positive int.
+    """
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    view = memoryview(blob).cast("B")
+    for start in range(0, view.nbytes, chunk_bytes):
+        yield view[start : start + chunk_bytes]
+
+
+class BlobAssembler:
+    """Reassembles a chunked blob (weights or state) received from a peer.
+
+    The announced size is checked against the cap before any memory is
+    allocated; chunks are copied into one preallocated buffer.
+
+    Args:
+        total_bytes: The blob size the peer announced.
+        max_bytes: The largest size accepted.
+        sha256: The hex digest the peer announced; empty to skip the check.
+
+    Raises:
+        WeightsTooLargeError: ``total_bytes`` is over ``max_bytes``.
+        WeightsError: ``total_bytes`` is negative or ``sha256`` is not a hex digest.
+
+    Example::
+
+        assembler = BlobAssembler(request.total_bytes, sha256=request.sha256)
+        for chunk in chunks:
+            assembler.add(chunk)
+        state, meta = decode_weights(assembler.finish())
+    """
+
+    def __init__(
+        self, total_bytes: int, *, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES, sha256: str = ""
+    ) -> None:
+        if isinstance(total_bytes, bool) or not isinstance(total_bytes, int):
+            raise TypeError(f"total_bytes must be an int, got {type(total_bytes).__name__}")
+        if total_bytes < 0:
+            raise WeightsError(f"blob size must be non-negative, got {total_bytes}")
+        if total_bytes > max_bytes:
+            raise WeightsTooLargeError(
+                f"blob of {total_bytes} bytes exceeds the cap of {max_bytes} bytes"
+            )
+        digest = sha256.lower()
+        if digest and not _SHA256_RE.fullmatch(digest):
+            raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")
+        self._total = total_bytes
+        self._expected_sha = digest
+        self._buffer = bytearray(total_bytes)
+        self._received = 0
+        self._hasher = hashlib.sha256()
+        self._result: memoryview | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        """The blob size announced by the peer."""
+        return self._total
+
+    @property
+    def received_bytes(self) -> int:
+        """How many bytes have been added so far."""
+        return self._received
+
+    def add(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Append the next chunk.
+
+        Raises:
+            WeightsError: The chunk would overflow the announced size.
+            SessionStateError: The blob was already finished.
+        """
+        if self._result is not None:
+            raise SessionStateError("blob already finished; no more chunks accepted")
+        view = memoryview(chunk).cast("B")
+        end = self._received + view.nbytes
+        if end > self._total:
+            raise WeightsError(
+                f"chunk of {view.nbytes} bytes at offset {self._received} overflows "
+                f"the announced {self._total}-byte blob"
+            )
+        self._buffer[self._received : end] = view
+        self._hasher.update(view)
+        self._received = end
+
+    def finish(self) -> bytes | memoryview:
+        """Return the whole blob (a ``memoryview`` over the buffer; idempotent).
+
+        Raises:
+            WeightsError: Fewer bytes arrived than announced.
+            DataLossError: The sha256 announced does not match the bytes.
+        """
+        if self._result is not None:
+            return self._result
+        if self._received != self._total:
+            raise WeightsError(f"blob incomplete: received {self._received} of {self._total} bytes")
+        actual = self._hasher.hexdigest()
+        if self._expected_sha and actual != self._expected_sha:
+            raise DataLossError(
+                f"blob sha256 mismatch: expected {self._expected_sha}, got {actual}"
+            )
+        self._result = memoryview(self._buffer)
+        return self._result
