@@ -75,7 +75,9 @@ class CollectSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.frames_per_batch, int) or self.frames_per_batch <= 0:
-            raise ValueError(f"frames_per_batch must be a positive int, got {self.frames_per_batch!r}")
+            raise ValueError(
+                f"frames_per_batch must be a positive int, got {self.frames_per_batch!r}"
+            )
         if not self.reset_when_done:
             raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
         if not isinstance(self.exploration_type, ExplorationType):
@@ -87,7 +89,7 @@ class CollectSettings:
 
 
 def server_channel_options() -> list[tuple[str, int]]:
-    """gRPC options for actor servers, matched with :func:`client_channel_options`."""
+    """Channel options for actor servers, matched with :func:`client_channel_options`."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", _KEEPALIVE_TIME_MS),
@@ -99,7 +101,7 @@ def server_channel_options() -> list[tuple[str, int]]:
 
 
 def client_channel_options() -> list[tuple[str, int]]:
-    """gRPC options for learner channels, matched with :func:`server_channel_options`."""
+    """Channel options for learner channels, matched with :func:`server_channel_options`."""
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", _KEEPALIVE_TIME_MS),
