@@ -1,0 +1,365 @@
+"""A fleet of actor servers started as local subprocesses, for training on one machine.
+
+:class:`LocalFleet` runs ``python -m actor_service`` once per actor (worker ids
+``0..n-1``, free ports picked by the actors themselves), waits for every
+``rlfleet-actor ready worker_id=<id> port=<port>`` line, exposes the actors'
+addresses and stops them on exit: SIGTERM (the actor drains), then SIGKILL
+after the grace period. It never imports ``actor_service``: the actors are
+separate programs, exactly as in a real deployment.
+
+No orphans: on Linux each actor is started through a tiny launcher that sets
+``PR_SET_PDEATHSIG`` to SIGKILL before ``exec``-ing the actor (which survives
+``exec``), so the kernel kills the actors when the learner dies, even by
+SIGKILL. Unlike ``preexec_fn`` this is safe while gRPC threads run. The actors
+run in their own session, so a Ctrl-C in the terminal reaches only the learner,
+which then stops them in order. Their stdout and stderr go to anonymous
+temporary files (no pipe can fill up and block an actor); the tail of stderr
+is quoted in errors and available from :meth:`LocalFleet.stderr_tail`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import IO, Any
+
+from common.errors import (
+    ActorUnavailableError,
+    DeadlineError,
+    SessionStateError,
+    UnknownWorkerError,
+)
+
+__all__ = ["LocalFleet"]
+
+_READY_RE = re.compile(rb"^rlfleet-actor ready worker_id=(\d+) port=(\d+)\s*$", re.MULTILINE)
+# Time an actor gets beyond its own grace period to finish exiting before SIGKILL.
+_EXIT_MARGIN = 2.0
+_POLL_INTERVAL = 0.02
+_TAIL_BYTES = 4000
+
+# Runs as `python -c _LAUNCHER <learner pid> <argv...>`: ask the kernel to SIGKILL us
+# when the learner dies, check it has not died already, then become the actor.
+_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+@dataclasses.dataclass
+class _Actor:
+    worker_id: int
+    process: subprocess.Popen[bytes]
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    port: int | None = None
+    # The stderr tail, kept when the temporary files are closed.
+    final_tail: str = ""
+
+
+class LocalFleet:
+    """Start ``num_actors`` actor servers on this machine and stop them on exit.
+
+    Args:
+        num_actors: Actors to start; their worker ids are ``0..num_actors-1``.
+        env: Gymnasium id each actor runs.
+        num_envs: Size of each actor's env pool.
+        policy: Policy factory of each actor (``"mlp"``, ``"random"`` or
+            ``"package.module:function"``).
+        policy_kwargs: Keyword arguments of the policy factory (sent as JSON).
+        env_kwargs: Keyword arguments of ``gymnasium.make`` (sent as JSON).
+        seed: Actor ``i`` is seeded with ``seed + i``; None lets each actor draw one.
+        host: Address the actors bind (addresses use loopback for ``0.0.0.0``).
+        extra_args: More ``rlfleet-actor`` flags, appended last (so they win).
+        start_timeout: Seconds to wait for every actor to report ready.
+        grace_period: Seconds an actor may drain after SIGTERM; it is SIGKILLed when it
+            has not exited ``2`` seconds after that.
+        python: Interpreter that runs ``-m actor_service``.
+
+    Start and restart actors from a thread that outlives the fleet (normally the
+    main thread): Linux delivers the parent-death signal when that thread exits.
+
+    Example::
+
+        with LocalFleet(2, "CartPole-v1", num_envs=8, seed=1) as fleet:
+            with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
+                ...
+    """
+
+    def __init__(
+        self,
+        num_actors: int,
+        env: str = "CartPole-v1",
+        num_envs: int = 8,
+        policy: str = "mlp",
+        *,
+        policy_kwargs: Mapping[str, Any] | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        host: str = "127.0.0.1",
+        extra_args: Sequence[str] = (),
+        start_timeout: float = 60.0,
+        grace_period: float = 5.0,
+        python: str = sys.executable,
+    ) -> None:
+        _check_int("num_actors", num_actors, 1)
+        _check_int("num_envs", num_envs, 1)
+        if seed is not None:
+            _check_int("seed", seed, 0)
+        if not start_timeout > 0:
+            raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
+        if not grace_period >= 0:
+            raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
+        if isinstance(extra_args, str):
+            raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
+        self.num_actors = num_actors
+        self.host = host
+        self.start_timeout = float(start_timeout)
+        self.grace_period = float(grace_period)
+        self._python = python
+        self._seed = seed
+        self._common_args = [
+            "--host", host, "--env", env, "--num-envs", str(num_envs), "--policy", policy,
+            "--policy-kwargs", json.dumps(dict(policy_kwargs or {})),
+            "--env-kwargs", json.dumps(dict(env_kwargs or {})),
+            "--grace-period", str(grace_period),
+        ]
+        self._extra_args = list(extra_args)
+        self._actors: dict[int, _Actor] = {}
+        self._state = "new"
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> LocalFleet:
+        """Start every actor concurrently and wait until all report ready.
+
+        Returns:
+            The fleet itself.
+
+        Raises:
+            ActorUnavailableError: An actor exited before it was ready (the message
+                names it and quotes its stderr); every other actor is stopped.
+            DeadlineError: An actor was not ready within ``start_timeout``.
+            SessionStateError: The fleet was already started or stopped.
+        """
+        if self._state != "new":
+            raise SessionStateError(f"LocalFleet.start() called on a {self._state} fleet")
+        self._state = "running"
+        try:
+            for worker_id in range(self.num_actors):
+                self._actors[worker_id] = self._spawn(worker_id, port=0)
+            self._wait_ready(list(self._actors.values()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every actor: SIGTERM, then SIGKILL after the grace period. Idempotent."""
+        if self._state == "stopped":
+            return
+        self._state = "stopped"
+        self._stop_actors(list(self._actors.values()))
+
+    def __enter__(self) -> LocalFleet:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------- inspection
+
+    @property
+    def addresses(self) -> list[str]:
+        """``host:port`` of every actor, in worker-id order."""
+        self._check_running()
+        return [self._address(actor) for actor in self._actors.values()]
+
+    @property
+    def pids(self) -> list[int]:
+        """Process id of every actor, in worker-id order."""
+        return [actor.process.pid for actor in self._actors.values()]
+
+    def is_alive(self, worker_id: int) -> bool:
+        """Whether the actor with ``worker_id`` is still running."""
+        return self._actor(worker_id).process.poll() is None
+
+    def stderr_tail(self, worker_id: int, max_bytes: int = _TAIL_BYTES) -> str:
+        """What the actor last wrote on stderr (its log): ``max_bytes``, 4000 once stopped."""
+        actor = self._actor(worker_id)
+        return actor.final_tail if actor.stderr.closed else _tail(actor.stderr, max_bytes)
+
+    # -------------------------------------------------------- fault helpers
+
+    def kill(self, worker_id: int, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to one actor and wait for it to exit (for fault tests).
+
+        With SIGKILL the actor dies at once, as on a crash; with SIGTERM it drains.
+        It stays down until :meth:`restart`.
+
+        Args:
+            worker_id: The actor to signal.
+            sig: The signal; SIGKILL by default.
+
+        Returns:
+            The actor's exit code (negative: killed by that signal).
+
+        Raises:
+            DeadlineError: It did not exit within the grace period (plus a margin).
+        """
+        self._check_running()
+        actor = self._actor(worker_id)
+        with contextlib.suppress(ProcessLookupError):
+            actor.process.send_signal(sig)
+        try:
+            return actor.process.wait(timeout=self.grace_period + _EXIT_MARGIN)
+        except subprocess.TimeoutExpired:
+            raise DeadlineError(
+                f"actor worker_id={worker_id} (pid {actor.process.pid}) did not exit within "
+                f"{self.grace_period + _EXIT_MARGIN:.1f}s of signal {sig}") from None
+
+    def restart(self, worker_id: int) -> str:
+        """Stop one actor (if running) and start a fresh one in its place.
+
+        The new actor has the same worker id, seed and port, so a collector that
+        reconnects to the old address finds it; it has a new epoch and initial weights.
+
+        Args:
+            worker_id: The actor to replace.
+
+        Returns:
+            The actor's address (unchanged).
+
+        Raises:
+            ActorUnavailableError: The new actor exited before it was ready.
+            DeadlineError: It was not ready within ``start_timeout``.
+        """
+        self._check_running()
+        old = self._actor(worker_id)
+        self._stop_actors([old])
+        new = self._spawn(worker_id, port=old.port or 0)
+        self._actors[worker_id] = new
+        self._wait_ready([new])
+        return self._address(new)
+
+    # ------------------------------------------------------------ internals
+
+    def _spawn(self, worker_id: int, *, port: int) -> _Actor:
+        argv = [self._python, "-m", "actor_service", *self._common_args,
+                "--port", str(port), "--worker-id", str(worker_id)]
+        if self._seed is not None:
+            argv += ["--seed", str(self._seed + worker_id)]
+        argv += self._extra_args
+        if sys.platform.startswith("linux"):
+            argv = [self._python, "-c", _LAUNCHER, str(os.getpid()), *argv]
+        stdout = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop_actors
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop_actors
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
+                start_new_session=True)
+        except BaseException:
+            stdout.close()
+            stderr.close()
+            raise
+        return _Actor(worker_id, process, stdout, stderr)
+
+    def _wait_ready(self, actors: list[_Actor]) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        pending = list(actors)
+        while pending:
+            for actor in list(pending):
+                match = _READY_RE.search(_head(actor.stdout))
+                if match:
+                    actor.port = int(match.group(2))
+                    pending.remove(actor)
+                elif actor.process.poll() is not None:
+                    raise ActorUnavailableError(
+                        f"actor worker_id={actor.worker_id} exited with code "
+                        f"{actor.process.returncode} before it was ready; stderr tail:\n"
+                        f"{_tail(actor.stderr, _TAIL_BYTES)}")
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(f"worker_id={a.worker_id}" for a in pending)
+                tails = "\n".join(f"--- worker_id={a.worker_id} stderr tail:\n"
+                                  f"{_tail(a.stderr, _TAIL_BYTES)}" for a in pending)
+                raise DeadlineError(
+                    f"actors not ready after {self.start_timeout:.1f}s: {names}\n{tails}")
+            if pending:
+                time.sleep(_POLL_INTERVAL)
+
+    def _stop_actors(self, actors: list[_Actor]) -> None:
+        try:
+            for actor in actors:
+                if actor.process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        actor.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_period + _EXIT_MARGIN
+            for actor in actors:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    actor.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            # Also reached on Ctrl-C or an error while waiting: nothing may outlive us.
+            for actor in actors:
+                if actor.process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        actor.process.kill()
+                    actor.process.wait()
+                if not actor.stderr.closed:
+                    actor.final_tail = _tail(actor.stderr, _TAIL_BYTES)
+                actor.stdout.close()
+                actor.stderr.close()
+
+    def _actor(self, worker_id: int) -> _Actor:
+        try:
+            return self._actors[worker_id]
+        except KeyError:
+            raise UnknownWorkerError(
+                f"no actor with worker_id={worker_id!r}; this fleet has "
+                f"0..{self.num_actors - 1}") from None
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise SessionStateError(f"the fleet is {self._state}; use it inside `with` or "
+                                    "after start()")
+
+    def _address(self, actor: _Actor) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
+        return f"{host}:{actor.port}"
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value!r}")
+
+
+def _head(file: IO[bytes]) -> bytes:
+    # The ready line is the actor's first stdout line; it never needs more than this.
+    return os.pread(file.fileno(), 4096, 0)
+
+
+def _tail(file: IO[bytes], max_bytes: int) -> str:
+    size = os.fstat(file.fileno()).st_size
+    start = max(0, size - max_bytes)
+    return os.pread(file.fileno(), size - start, start).decode("utf-8", "replace")
