@@ -1,0 +1,114 @@
+"""The reference learner's settings (its command line) and its run outputs."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from common.weights import decode_weights
+from learner_client.train._report import Progress, TrainSummary, plot_learning_curve, save_run
+from learner_client.train._settings import TrainSettings, parse_args
+
+
+def test_parse_args_defaults_equal_the_dataclass_defaults():
+    assert parse_args([]) == TrainSettings()
+
+
+def test_parse_args_reads_every_kind_of_flag():
+    settings = parse_args([
+        "--env", "Pendulum-v1", "--async", "--num-actors", "3", "--num-envs", "4",
+        "--frames-per-batch", "400", "--hidden", "32,16", "--lr", "1e-3", "--no-anneal-lr",
+        "--actors", "a:1,b:2", "--target-return", "-200", "--no-progress",
+    ])
+    assert settings.env == "Pendulum-v1"
+    assert settings.sync is False
+    assert (settings.num_actors, settings.num_envs, settings.frames_per_batch) == (3, 4, 400)
+    assert settings.hidden == (32, 16)
+    assert settings.lr == 1e-3
+    assert settings.anneal_lr is False
+    assert settings.actors == ("a:1", "b:2")
+    assert settings.effective_target_return == -200.0
+    assert settings.progress is False
+
+
+def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--sync", "--async"])
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-actors", "0"], "num_actors"),
+        (["--gamma", "1.5"], "gamma"),
+        (["--minibatch-size", "4096"], "minibatch_size"),
+        (["--frames-per-batch", "1000"], "multiple of num_actors"),
+        (["--actors", "nohostport"], "host:port"),
+        (["--hidden", "0"], "hidden"),
+    ],
+)
+def test_parse_args_raises_if_a_value_is_invalid(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_settings_target_return_defaults_to_475_for_cartpole_only():
+    assert TrainSettings().effective_target_return == 475.0
+    assert TrainSettings(env="Pendulum-v1").effective_target_return is None
+    assert TrainSettings(target_return=math.inf).effective_target_return is None
+
+
+def test_settings_with_actors_skip_the_local_batch_shape_check():
+    settings = TrainSettings(actors=("h:1",), frames_per_batch=1000)
+    assert settings.out_dir == "runs/CartPole-v1-seed1"
+
+
+def _summary(out_dir: str) -> TrainSummary:
+    return TrainSummary(env="CartPole-v1", sync=True, seed=1, frames=2048, batches=2,
+                        episodes=3, wall_time_s=2.0, fps=1024.0, final_return=21.5,
+                        target_return=475.0, reached_target=False, policy_version=3,
+                        out_dir=out_dir)
+
+
+def test_save_run_writes_weights_summary_and_curve(tmp_path):
+    policy = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    out = tmp_path / "run"
+    save_run(out, policy, _summary(str(out)), {"env": "CartPole-v1", "hidden": (8,)},
+             ([10, 20, 30], [1.0, 2.0, 3.0]), window=2)
+    state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
+    assert set(state) == set(policy.state_dict())
+    torch.testing.assert_close(state["0.weight"], policy[0].weight.detach())
+    assert metadata["env"] == "CartPole-v1"
+    record = json.loads((out / "summary.json").read_text())
+    assert record["frames"] == 2048
+    assert record["settings"]["hidden"] == [8]
+    assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_learning_curve_handles_no_episodes(tmp_path):
+    assert plot_learning_curve(tmp_path / "c.png", [], [], window=20, target=None, title="t")
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_progress_without_tqdm_logs_lines_with_fields():
+    stream = io.StringIO()
+    progress = Progress(100, enabled=False, stream=stream)
+    progress.update(50, {"return": "12.0", "lag": "1"})
+    progress.close()
+    line = stream.getvalue().strip()
+    assert line.startswith("frames=50 fps=")
+    assert line.endswith("return=12.0 lag=1")
+
+
+def test_summary_to_text_names_the_outcome():
+    text = _summary("runs/x").to_text()
+    assert "2048 frames" in text
+    assert "target 475 not reached" in text
