@@ -1,0 +1,84 @@
+"""Bearer-token check for the actor's gRPC server, run before any request body is decoded.
+
+When the actor has a token, every ``rlfleet.v1.ActorService`` call must carry
+``authorization: Bearer <token>`` metadata. The interceptor looks only at the
+metadata, so a caller without the token never gets its messages parsed; it is
+answered UNAUTHENTICATED at once. Health and reflection stay open so that
+probes (Kubernetes, load balancers, ``grpcurl list``) work without secrets.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from actor_service._logging import log_event
+
+__all__ = ["TokenAuthInterceptor"]
+
+# Services a probe needs; everything else requires the token.
+_OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Refuse ActorService calls without ``authorization: Bearer <token>``.
+
+    Args:
+        token: The shared secret; must be non-empty.
+    """
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("TokenAuthInterceptor needs a non-empty token")
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Pass authorised and probe calls on; answer the rest UNAUTHENTICATED."""
+        method = handler_call_details.method or ""
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(_OPEN_PREFIXES):
+            return handler
+        if self._authorised(handler_call_details.invocation_metadata or ()):
+            return handler
+        log_event("auth.refused", logging.WARNING, method=method)
+        return _refusing_handler(handler)
+
+    def _authorised(self, metadata: Any) -> bool:
+        for key, value in metadata:
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+
+async def _refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+    # Never iterates the request stream: no body is read or parsed.
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+
+async def _refuse_streaming(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+    await _refuse(request_or_iterator, context)
+    yield  # pragma: no cover  # makes this an async generator, as a streaming handler must be
+
+
+def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that aborts UNAUTHENTICATED."""
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_refuse_streaming, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(_refuse, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(_refuse_streaming, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(_refuse, **kwargs)

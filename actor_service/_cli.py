@@ -1,0 +1,344 @@
+"""The ``rlfleet-actor`` command line: flags and ``RLFLEET_*`` variables into an ActorConfig.
+
+Every :class:`~actor_service._config.ActorConfig` field has one flag and one
+environment variable (``--num-envs`` / ``RLFLEET_NUM_ENVS``); the flag wins.
+Models are given as ``--policy FACTORY`` (the ``"policy"`` model) plus
+repeatable ``--model ID=FACTORY`` and ``--model-kwargs ID=JSON``; their
+variables are ``RLFLEET_POLICY``, ``RLFLEET_POLICY_KWARGS``, ``RLFLEET_MODELS``
+(``id=factory,id2=factory2``) and ``RLFLEET_MODEL_KWARGS`` (a JSON object of
+objects). A bad value exits with code 2 and a message naming the flag or the
+variable it came from. Parsing imports neither torch nor gRPC, so mistakes are
+reported at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from actor_service._config import ActorConfig, ModelSpec
+
+__all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
+
+_ENV_PREFIX = "RLFLEET_"
+_FACTORY_RE = re.compile(r"^(random|mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+_IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MODEL_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_ORDINAL_RE = re.compile(r"-(\d+)$")
+_MAX_WORKER_ID = 65535
+
+
+class _BadValue(ValueError):
+    """A flag or variable value that does not convert; the message names why."""
+
+
+# ------------------------------------------------------------------ converters
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise _BadValue(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise _BadValue(f"expected an integer {bounds}, got {value}")
+        return value
+
+    return convert
+
+
+def _float_min(low: float, *, strict: bool) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise _BadValue(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise _BadValue(f"expected a finite number {'>' if strict else '>='} {low}, got {text}")
+        return value
+
+    return convert
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise _BadValue(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return convert
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _BadValue(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise _BadValue(f"expected a JSON object, got {type(value).__name__}: {text!r}")
+    return value
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise _BadValue("expected a non-empty value")
+    return text.strip()
+
+
+def _factory(text: str) -> str:
+    if not _FACTORY_RE.match(text.strip()):
+        raise _BadValue(f"expected random, mlp or package.module:function, got {text!r}")
+    return text.strip()
+
+
+def _import_path_or_empty(text: str) -> str:
+    if text and not _IMPORT_PATH_RE.match(text.strip()):
+        raise _BadValue(f"expected package.module:function, got {text!r}")
+    return text.strip()
+
+
+def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def wrapped(text: str) -> Any:
+        return None if text.strip() == "" else convert(text)
+
+    return wrapped
+
+
+def _existing_file_or_empty(text: str) -> str:
+    if text and not os.path.isfile(text):
+        raise _BadValue(f"no such file: {text!r}")
+    return text
+
+
+# (field, converter, help); the flag is --field-with-dashes, the variable RLFLEET_FIELD.
+_SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("host", _nonempty, "address to bind (0.0.0.0 in containers)"),
+    ("port", _int_in(0, 65535), "port to bind; 0 picks a free one"),
+    ("health_port", _optional(_int_in(0, 65535)), "extra plaintext port with health+reflection"),
+    ("worker_id", _int_in(0, _MAX_WORKER_ID), "this actor's id (default: hostname ordinal)"),
+    ("env", _nonempty, "registered gymnasium env id"),
+    ("env_kwargs", _json_object, "JSON object of kwargs for gymnasium.make or the factory"),
+    ("env_factory", _import_path_or_empty, "package.module:function returning a gymnasium Env"),
+    ("num_envs", _int_in(1, 4096), "size of the env pool"),
+    ("env_backend", _choice("sync", "async"), "sync (in-process) or async (subprocesses)"),
+    ("step_timeout", _float_min(0.0, strict=True), "seconds an async env step may take"),
+    ("device", _nonempty, "torch device of the policy"),
+    ("seed", _optional(_int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
+    ("max_credits", _int_in(1, 1024), "most unconsumed credits / retained batches"),
+    ("grace_period", _float_min(0.0, strict=False), "seconds SIGTERM waits for streams to drain"),
+    ("token", str, "bearer token required on every ActorService call"),
+    ("tls_cert", _existing_file_or_empty, "PEM certificate chain (with --tls-key enables TLS)"),
+    ("tls_key", _existing_file_or_empty, "PEM private key"),
+    ("tls_client_ca", _existing_file_or_empty, "PEM CA; clients must present a certificate"),
+    ("max_weight_bytes", _int_in(1), "largest weight or state blob accepted"),
+    ("torch_threads", _int_in(1, 1024), "torch intra-op threads"),
+    ("log_level", _choice("debug", "info", "warning", "error"), "log level"),
+    ("log_format", _choice("text", "json"), "text or json (one object per line)"),
+)
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _var(field: str) -> str:
+    return _ENV_PREFIX + field.upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``rlfleet-actor`` argument parser (every value is read as a string)."""
+    parser = argparse.ArgumentParser(
+        prog="rlfleet-actor",
+        description="Serve an rlfleet actor: an env pool plus a local policy over gRPC.",
+        epilog="Every flag also reads RLFLEET_<FLAG_NAME> from the environment; the flag wins.",
+    )
+    for field, _, text in _SIMPLE_FIELDS:
+        parser.add_argument(_flag(field), dest=field, metavar=field.upper(),
+                            help=f"{text} [{_var(field)}]")
+    parser.add_argument("--policy", metavar="FACTORY",
+                        help="the 'policy' model: random | mlp | pkg.mod:fn [RLFLEET_POLICY]")
+    parser.add_argument("--policy-kwargs", metavar="JSON",
+                        help="JSON kwargs for the policy factory [RLFLEET_POLICY_KWARGS]")
+    parser.add_argument("--model", action="append", metavar="ID=FACTORY",
+                        help="an extra model (repeatable) [RLFLEET_MODELS=id=f,id2=f2]")
+    parser.add_argument("--model-kwargs", action="append", metavar="ID=JSON",
+                        help="JSON kwargs of an extra model (repeatable) "
+                             "[RLFLEET_MODEL_KWARGS={\"id\": {...}}]")
+    return parser
+
+
+def default_worker_id(environ: Mapping[str, str] | None = None, hostname: str | None = None) -> int:
+    """The worker id when ``--worker-id`` is not given.
+
+    ``RLFLEET_WORKER_ID`` if set, else the ordinal suffix of the hostname
+    (``actor-3`` → 3, as a Kubernetes StatefulSet names its pods), else 0.
+
+    Args:
+        environ: Environment variables (``os.environ`` by default).
+        hostname: The host name (``socket.gethostname()`` by default).
+    """
+    environ = os.environ if environ is None else environ
+    if _var("worker_id") in environ:
+        return _int_in(0, _MAX_WORKER_ID)(environ[_var("worker_id")])
+    match = _ORDINAL_RE.search(hostname if hostname is not None else socket.gethostname())
+    if match and int(match.group(1)) <= _MAX_WORKER_ID:
+        return int(match.group(1))
+    return 0
+
+
+def parse_config(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    hostname: str | None = None,
+) -> ActorConfig:
+    """Build an ActorConfig from flags and ``RLFLEET_*`` variables (flag wins).
+
+    Args:
+        argv: Arguments without the program name (``sys.argv[1:]`` by default).
+        environ: Environment variables (``os.environ`` by default).
+        hostname: Host name used for the default worker id.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        SystemExit: With code 2 and a message naming the flag or variable on a bad value.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    try:
+        for field, convert, _ in _SIMPLE_FIELDS:
+            value = _lookup(args, environ, field, convert)
+            if value is not _MISSING:
+                values[field] = value
+        if "worker_id" not in values:
+            values["worker_id"] = _guard(f"{_var('worker_id')} / hostname",
+                                         lambda: default_worker_id(environ, hostname))
+        values["models"] = _models(args, environ)
+        _check_tls(values)
+    except _FieldError as exc:
+        parser.error(str(exc))
+    return ActorConfig(**values)
+
+
+_MISSING = object()
+
+
+class _FieldError(Exception):
+    """A conversion error already prefixed with the flag or variable name."""
+
+
+def _guard(source: str, thunk: Callable[[], Any]) -> Any:
+    try:
+        return thunk()
+    except _BadValue as exc:
+        raise _FieldError(f"{source}: {exc}") from None
+
+
+def _lookup(args: argparse.Namespace, environ: Mapping[str, str], field: str,
+            convert: Callable[[str], Any]) -> Any:
+    given = getattr(args, field)
+    if given is not None:
+        return _guard(_flag(field), lambda: convert(given))
+    if _var(field) in environ:
+        return _guard(_var(field), lambda: convert(environ[_var(field)]))
+    return _MISSING
+
+
+def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[ModelSpec, ...]:
+    policy = _pick(args.policy, environ, "POLICY", "--policy", _factory, "mlp")
+    policy_kwargs = _pick(args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs",
+                          _json_object, {})
+    extra: dict[str, str] = {}
+    if args.model is not None:
+        for item in args.model:
+            model_id, factory = _guard("--model", lambda item=item: _pair(item, _factory))
+            extra[model_id] = factory
+    elif _ENV_PREFIX + "MODELS" in environ and environ[_ENV_PREFIX + "MODELS"].strip():
+        for item in environ[_ENV_PREFIX + "MODELS"].split(","):
+            model_id, factory = _guard("RLFLEET_MODELS", lambda item=item: _pair(item, _factory))
+            extra[model_id] = factory
+    kwargs = _model_kwargs(args, environ)
+    if "policy" in extra:
+        raise _FieldError("--model: use --policy for the 'policy' model")
+    unknown = sorted(set(kwargs) - set(extra))
+    if unknown:
+        raise _FieldError(f"--model-kwargs: no --model named {unknown}")
+    specs = [ModelSpec("policy", policy, policy_kwargs)]
+    specs += [ModelSpec(mid, fac, kwargs.get(mid, {})) for mid, fac in extra.items()]
+    return tuple(specs)
+
+
+def _model_kwargs(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, dict]:
+    if args.model_kwargs is not None:
+        return dict(_guard("--model-kwargs", lambda item=item: _pair(item, _json_object))
+                    for item in args.model_kwargs)
+    text = environ.get(_ENV_PREFIX + "MODEL_KWARGS", "").strip()
+    if not text:
+        return {}
+    table = _guard("RLFLEET_MODEL_KWARGS", lambda: _json_object(text))
+    for model_id, value in table.items():
+        if not isinstance(value, dict):
+            raise _FieldError(f"RLFLEET_MODEL_KWARGS: {model_id!r} must map to a JSON object")
+    return table
+
+
+def _pick(given: str | None, environ: Mapping[str, str], suffix: str, flag: str,
+          convert: Callable[[str], Any], default: Any) -> Any:
+    if given is not None:
+        return _guard(flag, lambda: convert(given))
+    if _ENV_PREFIX + suffix in environ:
+        return _guard(_ENV_PREFIX + suffix, lambda: convert(environ[_ENV_PREFIX + suffix]))
+    return default
+
+
+def _pair(item: str, convert: Callable[[str], Any]) -> tuple[str, Any]:
+    model_id, sep, value = item.strip().partition("=")
+    if not sep or not _MODEL_ID_RE.match(model_id):
+        raise _BadValue(f"expected ID=VALUE with an id of letters, digits, _ . -, got {item!r}")
+    return model_id, convert(value)
+
+
+def _check_tls(values: dict[str, Any]) -> None:
+    if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
+        raise _FieldError("--tls-cert and --tls-key must be given together")
+    if values.get("tls_client_ca") and not values.get("tls_cert"):
+        raise _FieldError("--tls-client-ca needs --tls-cert and --tls-key")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``rlfleet-actor``: parse, set up logging, serve until SIGTERM/SIGINT.
+
+    Args:
+        argv: Arguments without the program name (``sys.argv[1:]`` by default).
+
+    Returns:
+        The process exit code: 0 after a graceful stop, 1 if the actor failed to start.
+    """
+    config = parse_config(argv)
+    # torch and gRPC are imported only once the arguments are known to be good.
+    from actor_service._logging import configure_logging
+    from actor_service._server import serve
+
+    configure_logging(config.log_level, config.log_format, worker_id=config.worker_id)
+    return serve(config)
+
+
+def config_summary(config: ActorConfig) -> dict[str, Any]:
+    """The config as loggable fields, with the token masked."""
+    fields = dataclasses.asdict(config)
+    if fields.get("token"):
+        fields["token"] = "***"
+    return fields

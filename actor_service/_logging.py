@@ -1,0 +1,111 @@
+"""Structured logs of the actor: one event name plus fields, as text or one JSON object per line.
+
+Every record the actor emits goes through :func:`log_event`, which attaches an
+event name (``session.opened``, ``weights.pushed`` …) and key/value fields.
+:func:`configure_logging` installs a stderr handler on the ``rlfleet`` logger
+that renders them either as ``text`` (``ts LEVEL event key=value …``) or as
+``json`` (``{"ts", "level", "event", "worker_id", "fields"}``), so log
+collectors can parse actor output without regular expressions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from typing import Any, TextIO
+
+__all__ = ["LOGGER_NAME", "configure_logging", "get_logger", "log_event"]
+
+LOGGER_NAME = "rlfleet.actor"
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+_FORMATS = ("text", "json")
+
+
+def get_logger() -> logging.Logger:
+    """Return the actor's logger."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+def log_event(
+    event: str, level: int = logging.INFO, /, *, exc_info: bool = False, **fields: Any
+) -> None:
+    """Log one structured event.
+
+    Args:
+        event: Dotted event name, e.g. ``"session.opened"``.
+        level: A ``logging`` level.
+        exc_info: Attach the exception being handled (its traceback stays in the log).
+        **fields: Values worth searching for (peer, seq, model_id …); keep them small.
+    """
+    logger = get_logger()
+    if logger.isEnabledFor(level):
+        logger.log(level, event, exc_info=exc_info,
+                   extra={"rlfleet_event": event, "rlfleet_fields": fields})
+
+
+class _Formatter(logging.Formatter):
+    """Renders records as text or JSON with the worker id on every line."""
+
+    def __init__(self, fmt: str, worker_id: int) -> None:
+        super().__init__()
+        self._json = fmt == "json"
+        self._worker_id = worker_id
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+        event = getattr(record, "rlfleet_event", None) or record.getMessage()
+        fields = dict(getattr(record, "rlfleet_fields", {}))
+        if record.exc_info:
+            fields["exception"] = self.formatException(record.exc_info)
+        if self._json:
+            return json.dumps(
+                {"ts": ts.isoformat(timespec="milliseconds"), "level": record.levelname.lower(),
+                 "event": event, "worker_id": self._worker_id, "fields": fields},
+                default=str,
+            )
+        pairs = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        line = f"{ts.strftime('%H:%M:%S.%f')[:-3]} {record.levelname:<7} worker={self._worker_id} "
+        return (line + f"{event} {pairs}").rstrip()
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if (not text or any(c.isspace() for c in text)) else text
+
+
+def configure_logging(
+    level: str = "info", fmt: str = "text", *, worker_id: int = 0, stream: TextIO | None = None
+) -> logging.Handler:
+    """Send the actor's logs to ``stream`` (stderr by default) in the given format.
+
+    Replaces a handler installed by an earlier call, so it is safe to call twice.
+
+    Args:
+        level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
+        fmt: ``"text"`` or ``"json"``.
+        worker_id: Written on every line.
+        stream: Where to write.
+
+    Returns:
+        The installed handler.
+
+    Raises:
+        ValueError: ``level`` or ``fmt`` is not one of the choices.
+    """
+    if level not in _LEVELS:
+        raise ValueError(f"log level must be one of {sorted(_LEVELS)}, got {level!r}")
+    if fmt not in _FORMATS:
+        raise ValueError(f"log format must be one of {list(_FORMATS)}, got {fmt!r}")
+    logger = get_logger()
+    for old in [h for h in logger.handlers if getattr(h, "_rlfleet", False)]:
+        logger.removeHandler(old)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(_Formatter(fmt, worker_id))
+    handler._rlfleet = True  # type: ignore[attr-defined]  # marks ours for replacement
+    logger.addHandler(handler)
+    logger.setLevel(_LEVELS[level])
+    logger.propagate = False
+    return handler

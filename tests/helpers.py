@@ -1,0 +1,192 @@
+"""Small helpers shared by the test suites: polling, free ports, grpcurl, actor subprocesses.
+
+Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
+``sys.path`` because it holds the root ``conftest.py``).
+
+* :func:`poll_until` waits for a condition instead of sleeping a guessed time.
+* :func:`free_port` returns a TCP port that was free a moment ago.
+* :func:`grpcurl_path` finds the ``grpcurl`` binary installed next to the interpreter.
+* :func:`start_actor` runs ``python -m actor_service`` (the ``rlfleet-actor``
+  command) with the given flags, waits for its ready line and returns an
+  :class:`ActorProcess`; use it as a context manager so the process is always
+  killed and reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+__all__ = ["ActorProcess", "free_port", "grpcurl_path", "poll_until", "start_actor"]
+
+T = TypeVar("T")
+
+READY_RE = re.compile(r"^rlfleet-actor ready worker_id=(\d+) port=(\d+)$")
+
+
+def poll_until(
+    predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, message: str = ""
+) -> T:
+    """Call ``predicate`` until it returns a truthy value, and return that value.
+
+    Args:
+        predicate: A cheap, side-effect-free check.
+        timeout: Seconds before giving up.
+        interval: Seconds between calls.
+        message: Added to the failure message.
+
+    Raises:
+        AssertionError: ``predicate`` stayed falsy for ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout:.1f}s: {message}".rstrip(": "))
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when this returned (prefer binding port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def grpcurl_path() -> str:
+    """Path of the ``grpcurl`` binary installed in the interpreter's ``bin`` directory."""
+    path = pathlib.Path(sys.executable).parent / "grpcurl"
+    if not path.exists():
+        raise FileNotFoundError(f"grpcurl not found next to {sys.executable}")
+    return str(path)
+
+
+class ActorProcess:
+    """A running ``python -m actor_service`` subprocess that reported ready.
+
+    Attributes:
+        process: The ``subprocess.Popen``; stdout is read by a thread, stderr goes to a file.
+        port: The ActorService port from the ready line.
+        worker_id: The worker id from the ready line.
+        address: ``"127.0.0.1:<port>"``.
+    """
+
+    def __init__(self, process: subprocess.Popen, stderr_path: str, lines: queue.Queue,
+                 port: int, worker_id: int) -> None:
+        self.process = process
+        self._stderr_path = stderr_path
+        self._lines = lines
+        self.port = port
+        self.worker_id = worker_id
+        self.address = f"127.0.0.1:{port}"
+
+    def stderr(self) -> str:
+        """Everything the actor logged to stderr so far."""
+        return pathlib.Path(self._stderr_path).read_text(errors="replace")
+
+    def stdout_lines(self) -> list[str]:
+        """Stdout lines printed after the ready line, so far."""
+        out = []
+        while not self._lines.empty():
+            line = self._lines.get_nowait()
+            if line is not None:
+                out.append(line)
+        return out
+
+    def terminate(self) -> None:
+        """Send SIGTERM (a graceful drain)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the exit code (raises ``subprocess.TimeoutExpired``)."""
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL and reap; idempotent."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+    def close(self) -> None:
+        """Kill and reap the process and remove its stderr file."""
+        self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        pathlib.Path(self._stderr_path).unlink(missing_ok=True)
+
+    def __enter__(self) -> ActorProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_actor(
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> ActorProcess:
+    """Start ``python -m actor_service ARGS`` and wait for its ready line.
+
+    ``--port 0`` and ``--host 127.0.0.1`` are added unless ``args`` sets them.
+
+    Args:
+        args: Command-line flags.
+        env: Extra environment variables (added to a copy of ``os.environ``).
+        timeout: Seconds to wait for ``rlfleet-actor ready worker_id=<id> port=<port>``.
+
+    Returns:
+        The running actor.
+
+    Raises:
+        AssertionError: It exited or was not ready in time (with its stderr tail).
+    """
+    argv = [sys.executable, "-m", "actor_service", *args]
+    if "--port" not in args:
+        argv += ["--port", "0"]
+    if "--host" not in args:
+        argv += ["--host", "127.0.0.1"]
+    fd, stderr_path = tempfile.mkstemp(prefix="rlfleet-actor-", suffix=".log")
+    with os.fdopen(fd, "wb") as stderr:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                   env={**os.environ, **(env or {})})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(process, lines), daemon=True).start()
+    actor = ActorProcess(process, stderr_path, lines, port=0, worker_id=-1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = ""
+        match = READY_RE.match(line.strip()) if line else None
+        if match:
+            actor.worker_id, actor.port = int(match.group(1)), int(match.group(2))
+            actor.address = f"127.0.0.1:{actor.port}"
+            return actor
+        if line is None or time.monotonic() >= deadline:
+            tail = actor.stderr()[-3000:]
+            actor.close()
+            raise AssertionError(f"actor not ready (exit code {process.poll()}): {tail}")
+
+
+def _pump(process: subprocess.Popen, lines: queue.Queue) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
