@@ -1,0 +1,172 @@
+"""Batch buffers and layout: preallocated per-step storage turned into one TensorDict.
+
+:class:`BatchBuffers` holds one batch's ``[num_envs, T]`` storage. The rollout writes
+one column per env step (numpy for what the env returns, torch for what the policy
+returns) and :meth:`BatchBuffers.to_tensordict` assembles TorchRL's layout once, at the
+end. :func:`split_trajectories` is a vectorised equivalent of TorchRL's
+``split_trajectories``. :class:`TrajIds` hands out fleet-unique trajectory ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from actor_service._spaces import ActionCodec, ObservationCodec
+
+__all__ = ["BatchBuffers", "TrajIds", "split_trajectories"]
+
+_COUNTER_BITS = 32
+_TAG_BITS = 15
+_WORKER_BITS = 16
+
+
+class TrajIds:
+    """Trajectory ids unique across a fleet: ``worker_id`` and an epoch tag above a counter.
+
+    Layout of the non-negative ``int64`` id (bit 63 is always 0)::
+
+        bits 62..47  worker_id            (16 bits, 0..65535)
+        bits 46..32  epoch & 0x7FFF        (15 bits: the low bits of the actor's epoch)
+        bits 31..0   per-actor counter     (wraps after 2**32 trajectories)
+
+    Two actors never share a ``worker_id``; two starts of one actor draw different
+    epochs, so their tags differ with probability 1 - 2**-15.
+
+    Args:
+        worker_id: The actor's id in the fleet.
+        epoch: The actor's random epoch.
+        counter: The first counter value (restored from a state dict).
+
+    Raises:
+        ValueError: ``worker_id`` outside 0..65535.
+    """
+
+    def __init__(self, worker_id: int, epoch: int, counter: int = 0) -> None:
+        if not isinstance(worker_id, int) or not 0 <= worker_id < 1 << _WORKER_BITS:
+            raise ValueError(f"worker_id must be an int in 0..65535, got {worker_id!r}")
+        tag = epoch & ((1 << _TAG_BITS) - 1)
+        self.base = (worker_id << (_TAG_BITS + _COUNTER_BITS)) | (tag << _COUNTER_BITS)
+        self.counter = counter
+
+    def take(self, count: int) -> np.ndarray:
+        """``count`` new ids, in order."""
+        low = np.arange(self.counter, self.counter + count, dtype=np.int64) & (
+            (1 << _COUNTER_BITS) - 1
+        )
+        self.counter += count
+        return low | self.base
+
+
+class BatchBuffers:
+    """Storage for one batch of ``T`` steps of ``N`` envs.
+
+    Args:
+        num_envs: N.
+        steps: T.
+        obs_codec: Observation layout.
+        act_codec: Action layout.
+        extras: Per-env shape and dtype of each extra policy output.
+        step_counts: Whether to record ``step_count`` (``max_frames_per_traj > 0``).
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        steps: int,
+        obs_codec: ObservationCodec,
+        act_codec: ActionCodec,
+        extras: dict,
+        step_counts: bool,
+    ) -> None:
+        n, t = num_envs, steps
+        self._obs_codec, self._act_codec = obs_codec, act_codec
+        # Column t is the observation the policy saw at step t; column t+1 what the env
+        # returned (reset observations included; final ones are patched into "next").
+        self.obs = np.empty((n, t + 1, *obs_codec.raw_shape), dtype=obs_codec.raw_dtype)
+        self.action = torch.zeros((n, t, *act_codec.compact_shape), dtype=act_codec.compact_dtype)
+        self.extras = {
+            k: torch.zeros((n, t, *shape), dtype=dtype) for k, (shape, dtype) in extras.items()
+        }
+        self.reward = np.zeros((n, t), dtype=np.float32)
+        self.terminated = np.zeros((n, t), dtype=bool)
+        self.truncated = np.zeros((n, t), dtype=bool)
+        self.traj_ids = np.zeros((n, t), dtype=np.int64)
+        self.versions = np.zeros(t, dtype=np.int64)
+        self.step_count = np.zeros((n, t), dtype=np.int64) if step_counts else None
+        self.final_obs: list[tuple[int, int, np.ndarray]] = []
+
+    def to_tensordict(self, set_truncated: bool) -> TensorDict:
+        """Assemble TorchRL's batch layout: ``[N, T]``, last dim named ``"time"``."""
+        n, t = self.reward.shape
+        obs_codec = self._obs_codec
+        next_raw = self.obs[:, 1:].copy()
+        for env, step, final in self.final_obs:
+            next_raw[env, step] = final
+        terminated = torch.from_numpy(self.terminated).unsqueeze(-1)
+        truncated = torch.from_numpy(self.truncated).unsqueeze(-1)
+        if set_truncated:
+            truncated[:, -1] = True
+        versions = torch.from_numpy(self.versions).expand(n, t)
+        root = {
+            "observation": obs_codec.encode(self.obs[:, :-1]).contiguous(),
+            "action": self._act_codec.to_batch(self.action),
+            **self.extras,
+            "done": torch.zeros((n, t, 1), dtype=torch.bool),
+            "terminated": torch.zeros((n, t, 1), dtype=torch.bool),
+            "truncated": torch.zeros((n, t, 1), dtype=torch.bool),
+            "policy_version": versions.clone(),
+            "collector": {"traj_ids": torch.from_numpy(self.traj_ids)},
+        }
+        nxt = {
+            "observation": obs_codec.encode(next_raw),
+            "reward": torch.from_numpy(self.reward).unsqueeze(-1),
+            "done": terminated | truncated,
+            "terminated": terminated,
+            "truncated": truncated,
+            "policy_version": versions.clone(),
+        }
+        if self.step_count is not None:
+            count = torch.from_numpy(self.step_count).unsqueeze(-1)
+            root["step_count"] = count
+            nxt["step_count"] = count + 1
+        root["next"] = nxt
+        return TensorDict(root, batch_size=[n, t], names=[None, "time"])
+
+
+def split_trajectories(batch: TensorDict) -> TensorDict:
+    """Cut a ``[N, T]`` batch into zero-padded trajectories, like TorchRL's ``split_trajectories``.
+
+    Frames are taken env by env in time order and cut wherever
+    ``("collector", "traj_ids")`` changes; each piece becomes a row of
+    ``[n_traj, T_max]``, padded with zeros, and ``("collector", "mask")`` marks the
+    real frames. Vectorised: one scatter per key.
+
+    Args:
+        batch: A ``[N, T]`` batch with ``("collector", "traj_ids")``.
+
+    Returns:
+        A new ``[n_traj, T_max]`` TensorDict.
+    """
+    flat = batch.reshape(-1)
+    ids = flat.get(("collector", "traj_ids"))
+    total = ids.shape[0]
+    starts_mask = torch.ones(total, dtype=torch.bool)
+    starts_mask[1:] = ids[1:] != ids[:-1]
+    row = starts_mask.cumsum(0) - 1
+    starts = torch.nonzero(starts_mask).squeeze(-1)
+    lengths = torch.diff(starts, append=torch.tensor([total]))
+    col = torch.arange(total) - starts[row]
+    shape = [int(starts.shape[0]), int(lengths.max())]
+
+    def scatter(value: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((*shape, *value.shape[1:]), dtype=value.dtype)
+        out[row, col] = value
+        return out
+
+    out = flat.apply(scatter, batch_size=shape)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask[row, col] = True
+    out.set(("collector", "mask"), mask)
+    return out

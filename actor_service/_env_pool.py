@@ -1,0 +1,208 @@
+"""The env pool: N gymnasium envs stepped together, in-process or in spawned subprocesses.
+
+:func:`make_env_pool` builds a gymnasium ``SyncVectorEnv`` (``env_backend="sync"``) or
+``AsyncVectorEnv(context="spawn")`` (``"async"``; gRPC is not fork-safe), both with
+``AutoresetMode.SAME_STEP``: when an episode ends, the step returns the reset
+observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` and
+:func:`reset_pool` bound every async call by ``step_timeout`` and turn a hung or
+crashed env into an error (:class:`~common.errors.DeadlineError` or
+:class:`~common.errors.ActorUnavailableError`) instead of a hang; :func:`close_pool`
+reaps the subprocesses even when an env hangs.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+
+from actor_service._config import ActorConfig
+from actor_service._spaces import check_space
+from common.errors import ActorUnavailableError, DeadlineError
+from common.policies import load_callable
+
+__all__ = ["close_pool", "env_name", "make_env_pool", "reset_pool", "step_pool"]
+
+# How long a terminated env subprocess gets to exit before it is killed.
+_REAP_TIMEOUT = 5.0
+
+StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+def env_name(config: ActorConfig) -> str:
+    """The env's name for logs and ``describe``: the factory string or the gymnasium id."""
+    return config.env_factory or config.env
+
+
+def _env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
+    # functools.partial of importable callables pickles by reference, as spawn needs.
+    if config.env_factory:
+        factory = load_callable(config.env_factory)
+        return functools.partial(
+            _call_factory, factory, config.env_factory, dict(config.env_kwargs)
+        )
+    return functools.partial(gymnasium.make, config.env, **dict(config.env_kwargs))
+
+
+def _call_factory(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> gymnasium.Env:
+    env = factory(**kwargs)
+    if not isinstance(env, gymnasium.Env):
+        raise TypeError(
+            f"env factory {name!r} returned a {type(env).__name__}, not a gymnasium.Env"
+        )
+    return env
+
+
+def make_env_pool(config: ActorConfig) -> VectorEnv:
+    """Build the env pool an actor steps.
+
+    Args:
+        config: Reads ``env``/``env_factory``, ``env_kwargs``, ``num_envs``, ``env_backend``
+            and ``step_timeout``.
+
+    Returns:
+        A gymnasium vector env with ``AutoresetMode.SAME_STEP``; not reset yet.
+
+    Raises:
+        ValueError: A malformed or unimportable ``env_factory``, an unknown backend, a
+            bad ``num_envs``, envs that fail to build (the cause is chained), or
+            unsupported spaces (the pool is closed first).
+    """
+    if not isinstance(config.num_envs, int) or config.num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {config.num_envs!r}")
+    if config.env_backend not in ("sync", "async"):
+        raise ValueError(f"env_backend must be 'sync' or 'async', got {config.env_backend!r}")
+    if not config.env_factory and not config.env:
+        raise ValueError("set env (a gymnasium id) or env_factory ('package.module:function')")
+    env_fns = [_env_fn(config)] * config.num_envs
+    try:
+        if config.env_backend == "sync":
+            pool: VectorEnv = SyncVectorEnv(
+                env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+            )
+        else:
+            pool = AsyncVectorEnv(
+                env_fns, copy=False, context="spawn", autoreset_mode=AutoresetMode.SAME_STEP
+            )
+    except Exception as exc:
+        raise ValueError(
+            f"cannot create {config.num_envs} {env_name(config)!r} envs "
+            f"({config.env_backend}): {exc}"
+        ) from exc
+    try:
+        check_space(pool.single_observation_space, "observation")
+        check_space(pool.single_action_space, "action")
+    except ValueError:
+        close_pool(pool)
+        raise
+    return pool
+
+
+def step_pool(pool: VectorEnv, actions: np.ndarray, timeout: float) -> StepResult:
+    """Step every env once.
+
+    Args:
+        pool: The vector env.
+        actions: One action per env.
+        timeout: Seconds an async step may take.
+
+    Returns:
+        ``(obs, reward, terminated, truncated, info)`` as gymnasium returns them.
+
+    Raises:
+        DeadlineError: An async env did not answer within ``timeout``.
+        ActorUnavailableError: An env raised or its subprocess died (cause chained).
+    """
+    try:
+        if isinstance(pool, AsyncVectorEnv):
+            pool.step_async(actions)
+            return pool.step_wait(timeout=timeout)
+        return pool.step(actions)
+    except multiprocessing.TimeoutError:
+        raise DeadlineError(
+            f"an env step took longer than step_timeout={timeout} s; the env pool is rebuilt "
+            "before the next batch"
+        ) from None
+    except Exception as exc:
+        raise ActorUnavailableError(
+            f"an env step failed ({type(exc).__name__}: {exc}); the env pool is rebuilt "
+            "before the next batch"
+        ) from exc
+
+
+def reset_pool(
+    pool: VectorEnv,
+    timeout: float,
+    seed: list[int] | None = None,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """Reset every env, or those in ``mask``; return the observations of all envs.
+
+    Args:
+        pool: The vector env.
+        timeout: Seconds an async reset may take.
+        seed: One seed per env, or None to continue each env's generator.
+        mask: Bool ``[num_envs]``; None resets all.
+
+    Raises:
+        DeadlineError: An async env did not answer within ``timeout``.
+        ActorUnavailableError: An env raised or its subprocess died (cause chained).
+    """
+    options = None if mask is None else {"reset_mask": mask}
+    try:
+        if isinstance(pool, AsyncVectorEnv):
+            pool.reset_async(seed=seed, options=options)
+            obs, _ = pool.reset_wait(timeout=timeout)
+        else:
+            obs, _ = pool.reset(seed=seed, options=options)
+    except multiprocessing.TimeoutError:
+        raise DeadlineError(
+            f"an env reset took longer than step_timeout={timeout} s; the env pool is rebuilt "
+            "before the next batch"
+        ) from None
+    except Exception as exc:
+        raise ActorUnavailableError(
+            f"an env reset failed ({type(exc).__name__}: {exc}); the env pool is rebuilt "
+            "before the next batch"
+        ) from exc
+    return obs
+
+
+def close_pool(pool: VectorEnv, *, force: bool = False) -> None:
+    """Close the pool and reap its subprocesses; never hangs on a hung env.
+
+    Args:
+        pool: The vector env (closing twice is a no-op).
+        force: Terminate async workers instead of asking them to close (after a
+            timeout or a crash, a worker may never answer).
+    """
+    if pool.closed:
+        return
+    if not isinstance(pool, AsyncVectorEnv):
+        pool.close()
+        return
+    if not force and not all(p.is_alive() for p in pool.processes):
+        force = True
+    if force:
+        _terminate(pool.processes)
+    try:
+        pool.close(terminate=force)
+    except Exception:  # a broken worker pipe must not keep the others alive
+        _terminate(pool.processes)
+        pool.closed = True
+
+
+def _terminate(processes: list[multiprocessing.process.BaseProcess]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(_REAP_TIMEOUT)
+        if process.is_alive():
+            process.kill()
+            process.join(_REAP_TIMEOUT)

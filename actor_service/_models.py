@@ -1,0 +1,374 @@
+"""The models an actor holds: built on its device, versioned, swapped atomically between steps.
+
+A :class:`ModelRegistry` owns one module per ``model_id`` plus its policy version
+(0 at start, then whatever the last applied push said). Inference and weight loads
+take the same per-model lock, so a push lands between two env steps, never during
+one, and the version recorded for a frame is the version of the weights that chose
+its action. A push is validated in full (keys, shapes, dtypes, finiteness) before the
+lock is taken; a rejected push changes nothing.
+
+Three kinds of module can act: the built-in policies (``common.policies``), which
+offer the allocation-light ``act_compact``; any ``TensorDictModuleBase`` reading
+``"observation"`` and writing ``"action"`` plus extra keys (kept in batches); and a
+plain ``nn.Module`` mapping an observation tensor to an action tensor.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import gymnasium
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModuleBase, set_interaction_type
+from tensordict.nn.probabilistic import InteractionType
+from torch import nn
+
+from actor_service._config import ModelSpec
+from actor_service._spaces import ActionCodec, ObservationCodec
+from common.config import ExplorationType
+from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
+from common.policies import make_policy
+from common.weights import check_compatible, check_finite, to_state_dict
+
+__all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
+
+#: Batch keys the rollout writes itself; a policy may not output them.
+RESERVED_KEYS = frozenset(
+    {
+        "observation",
+        "action",
+        "done",
+        "terminated",
+        "truncated",
+        "reward",
+        "next",
+        "collector",
+        "policy_version",
+        "step_count",
+    }
+)
+_MODEL_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_INTERACTION = {
+    ExplorationType.RANDOM: InteractionType.RANDOM,
+    ExplorationType.DETERMINISTIC: InteractionType.DETERMINISTIC,
+    ExplorationType.MODE: InteractionType.MODE,
+    ExplorationType.MEAN: InteractionType.MEAN,
+}
+
+Compact = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+def interaction_of(exploration_type: ExplorationType) -> InteractionType:
+    """The tensordict interaction type an exploration type sets."""
+    return _INTERACTION[exploration_type]
+
+
+class _Model:
+    """One registered model: module, version, lock and its compact-form forward."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        module: nn.Module,
+        obs: ObservationCodec,
+        act: ActionCodec,
+        device: torch.device,
+    ) -> None:
+        self.spec = spec
+        self.module = module
+        self.version = 0
+        self.lock = threading.Lock()
+        self.device = device
+        self._act = act
+        self.forward = self._pick_forward(module)
+        self.reference = {k: v.detach() for k, v in module.state_dict().items()}
+        self.parameters_info = {
+            k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
+        }
+        self.output_specs = self._probe(obs)
+
+    def _pick_forward(self, module: nn.Module) -> Callable[[torch.Tensor], Compact]:
+        if callable(getattr(module, "act_compact", None)):
+            return module.act_compact
+        if isinstance(module, TensorDictModuleBase):
+            extras = [k for k in module.out_keys if k != "action" and not _private(k)]
+            return lambda obs: self._td_forward(obs, extras)
+        return lambda obs: (self._act.from_policy(module(obs), obs.shape[0]), {})
+
+    def _td_forward(self, obs: torch.Tensor, extras: list) -> Compact:
+        td = self.module(
+            TensorDict({"observation": obs}, batch_size=obs.shape[:1], device=obs.device)
+        )
+        if "action" not in td:
+            raise InternalError(f"model {self.spec.model_id!r} wrote no 'action' key")
+        action = self._act.from_policy(td.get("action"), obs.shape[0])
+        return action, {k: td.get(k) for k in extras}
+
+    def _probe(self, obs: ObservationCodec) -> dict:
+        """Run once on placeholder observations to learn the extra outputs' shapes and dtypes."""
+        batch = 2
+        sample = obs.encode(obs.placeholder(batch)).to(self.device)
+        try:
+            with torch.no_grad(), set_interaction_type(InteractionType.RANDOM):
+                _, extras = self.forward(sample)
+        except InternalError as exc:
+            raise ValueError(f"model {self.spec.model_id!r} ({self.spec.factory}): {exc}") from None
+        specs = {"action": (self._act.shape, self._act.dtype)}
+        for key, value in extras.items():
+            top = key if isinstance(key, str) else key[0]
+            if top in RESERVED_KEYS:
+                raise ValueError(
+                    f"model {self.spec.model_id!r} writes {key!r}, a key the rollout writes itself"
+                )
+            if not isinstance(value, torch.Tensor) or value.shape[:1] != (batch,):
+                raise ValueError(
+                    f"model {self.spec.model_id!r} output {key!r} must be a tensor with one row "
+                    f"per env, got {getattr(value, 'shape', type(value).__name__)}"
+                )
+            specs[key] = (tuple(value.shape[1:]), value.dtype)
+        return specs
+
+
+def _private(key: str | tuple) -> bool:
+    parts = (key,) if isinstance(key, str) else key
+    return any(p.startswith("_") for p in parts)
+
+
+class ModelRegistry:
+    """The models of one actor, by ``model_id``.
+
+    Args:
+        specs: The models to build (ids must be unique); the first acts by default.
+        observation_space: The single-env observation space.
+        action_space: The single-env action space.
+        device: Where the models live and run.
+
+    Raises:
+        ValueError: No specs, a duplicate or malformed ``model_id``, a factory that
+            fails, or a model whose outputs do not fit a batch.
+
+    Example::
+
+        registry = ModelRegistry([ModelSpec()], env.observation_space, env.action_space, "cpu")
+        td = registry.act("policy", torch.zeros(8, 4))
+        registry.load_weights("policy", 1, new_state)   # -> 1
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[ModelSpec],
+        observation_space: gymnasium.Space,
+        action_space: gymnasium.Space,
+        device: torch.device | str,
+    ) -> None:
+        if not specs:
+            raise ValueError("an actor needs at least one model")
+        self.device = torch.device(device)
+        self.observation_codec = ObservationCodec(observation_space)
+        self.action_codec = ActionCodec(action_space)
+        self._models: dict[str, _Model] = {}
+        for spec in specs:
+            self._check_id(spec.model_id)
+            try:
+                module = make_policy(
+                    spec.factory, observation_space, action_space, **dict(spec.kwargs)
+                )
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
+            module = module.to(self.device).eval()
+            self._models[spec.model_id] = _Model(
+                spec, module, self.observation_codec, self.action_codec, self.device
+            )
+
+    def _check_id(self, model_id: str) -> None:
+        if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
+            raise ValueError(f"model_id must match {_MODEL_ID.pattern}, got {model_id!r}")
+        if model_id in self._models:
+            raise ValueError(f"model_id {model_id!r} is registered twice")
+
+    def _get(self, model_id: str) -> _Model:
+        try:
+            return self._models[model_id]
+        except (KeyError, TypeError):
+            raise UnknownModelError(
+                f"no model {model_id!r} on this actor; known model_ids: {list(self._models)}"
+            ) from None
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The registered ids, in registration order (the first acts by default)."""
+        return tuple(self._models)
+
+    def module(self, model_id: str) -> nn.Module:
+        """The live module of ``model_id`` (read it only between weight loads)."""
+        return self._get(model_id).module
+
+    def policy_version(self, model_id: str) -> int:
+        """The version of the weights ``model_id`` acts with now (0 until a push)."""
+        return self._get(model_id).version
+
+    def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """State-dict keys of ``model_id`` with their shapes and dtypes (what a push must match)."""
+        return dict(self._get(model_id).parameters_info)
+
+    def output_specs(self, model_id: str) -> dict[str | tuple, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-env shape and dtype of ``"action"`` (batch form) and every extra output."""
+        return dict(self._get(model_id).output_specs)
+
+    def act_compact(
+        self, model_id: str, observation: torch.Tensor
+    ) -> tuple[int, torch.Tensor, dict]:
+        """One batched forward pass under the model's lock; the rollout's per-step call.
+
+        The caller sets grad mode and the interaction type.
+
+        Args:
+            model_id: The acting model.
+            observation: ``[B, *obs_shape]`` in batch form, on any device.
+
+        Returns:
+            ``(version, action, extras)``: the version of the weights used, the compact
+            action and the extra outputs, on the model's device.
+        """
+        model = self._get(model_id)
+        if observation.device != self.device:
+            observation = observation.to(self.device)
+        with model.lock:
+            action, extras = model.forward(observation)
+            return model.version, action, extras
+
+    def act(
+        self,
+        model_id: str,
+        observation: torch.Tensor,
+        exploration_type: ExplorationType | None = None,
+    ) -> TensorDict:
+        """Batched inference without gradients, outputs in batch form.
+
+        Args:
+            model_id: The acting model.
+            observation: ``[B, *obs_shape]`` in batch form.
+            exploration_type: The interaction type to set; None keeps the ambient one
+                (``tensordict.nn.set_interaction_type``).
+
+        Returns:
+            A ``[B]`` TensorDict on CPU with ``"action"`` (one-hot ``int64`` for Discrete),
+            the extra outputs (e.g. ``"logits"``, ``"action_log_prob"``) and ``"policy_version"``.
+        """
+        with torch.no_grad():
+            if exploration_type is None:
+                version, action, extras = self.act_compact(model_id, observation)
+            else:
+                with set_interaction_type(interaction_of(exploration_type)):
+                    version, action, extras = self.act_compact(model_id, observation)
+        batch = observation.shape[0]
+        out = TensorDict({k: v.detach().cpu() for k, v in extras.items()}, batch_size=[batch])
+        out.set("action", self.action_codec.to_batch(action.cpu()))
+        out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
+        return out
+
+    def validate(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Check ``state`` against ``model_id`` (keys, shapes, dtypes, finiteness); change nothing.
+
+        Raises:
+            UnknownModelError: No such model.
+            WeightsError: Naming every offending key.
+        """
+        model = self._get(model_id)
+        if not isinstance(state, Mapping):
+            raise WeightsError(
+                f"weights for {model_id!r} must be a mapping, got {type(state).__name__}"
+            )
+        try:
+            check_compatible(state, model.reference)
+        except TypeError as exc:
+            raise WeightsError(f"weights for {model_id!r}: {exc}") from None
+        check_finite(state)
+
+    def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
+        """Validate ``state`` in full, then swap it in between two env steps.
+
+        Args:
+            model_id: The model to update.
+            version: The new policy version; must be greater than the current one.
+            state: Tensors by state-dict key (``common.weights.decode_weights`` output).
+
+        Returns:
+            The version now in force (``version``).
+
+        Raises:
+            UnknownModelError: No such model (the message lists the known ids).
+            StaleVersionError: ``version`` is not greater than the current one.
+            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
+        """
+        model = self._get(model_id)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise WeightsError(f"policy version must be an int, got {version!r}")
+        self._check_newer(model, version)
+        self.validate(model_id, state)
+        staged = {k: state[k].to(self.device) for k in model.reference}
+        with model.lock:
+            self._check_newer(model, version)  # a concurrent push may have won the race
+            _copy_in(model.reference, staged)
+            model.version = version
+        return version
+
+    @staticmethod
+    def _check_newer(model: _Model, version: int) -> None:
+        if version <= model.version:
+            raise StaleVersionError(
+                f"weights version {version} for model {model.spec.model_id!r} is not newer than "
+                f"the version in force, {model.version}"
+            )
+
+    def state_dict(self) -> dict[str, dict]:
+        """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
+        out = {}
+        for model_id, model in self._models.items():
+            with model.lock:
+                out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Mapping]) -> None:
+        """Restore every model's weights and version, all or nothing (versions may go back).
+
+        Raises:
+            UnknownModelError: ``state`` names a model this actor lacks.
+            WeightsError: A model is missing, a version is not a non-negative int, or
+                weights do not fit.
+        """
+        if not isinstance(state, Mapping):
+            raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
+        for model_id in state:
+            self._get(model_id)
+        missing = sorted(set(self._models) - set(state))
+        if missing:
+            raise WeightsError(f"model state lacks models {missing}")
+        staged = {}
+        for model_id, entry in state.items():
+            version = entry.get("version") if isinstance(entry, Mapping) else None
+            if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+                raise WeightsError(
+                    f"model state of {model_id!r} has version {version!r}; need an int >= 0"
+                )
+            self.validate(model_id, entry.get("weights"))
+            staged[model_id] = (
+                version,
+                {k: v.to(self.device) for k, v in entry["weights"].items()},
+            )
+        for model_id, (version, weights) in staged.items():
+            model = self._models[model_id]
+            with model.lock:
+                _copy_in(model.reference, weights)
+                model.version = version
+
+
+def _copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:
+    # `reference` holds the module's own parameter and buffer tensors, so copying into
+    # them updates the module in place; every check already passed.
+    with torch.no_grad():
+        for key, target in reference.items():
+            target.copy_(staged[key])

@@ -1,0 +1,390 @@
+"""The actor's collection core: env pool + models → batches with TorchRL Collector semantics.
+
+A :class:`RolloutWorker` has no gRPC in it. One thread collects (``collect_batch``,
+``set_seed``, ``configure``, ``load_state_dict``, ``close``); others may call
+``describe`` and ``models.load_weights`` at any time. A step costs one batched forward
+pass for the whole pool and one vector-env step; per-step results go into
+preallocated ``[num_envs, T]`` buffers and become a TensorDict once per batch. A hung
+or crashed env raises (``DeadlineError`` / ``ActorUnavailableError``) and the pool is
+rebuilt before the next batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import threading
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+from tensordict.nn import set_interaction_type
+
+import common
+from actor_service._batch import BatchBuffers, TrajIds, split_trajectories
+from actor_service._config import ActorConfig
+from actor_service._env_pool import close_pool, env_name, make_env_pool, reset_pool, step_pool
+from actor_service._models import ModelRegistry, interaction_of
+from common.config import CollectSettings
+from common.errors import RlfleetError, SessionStateError, WeightsError
+from common.policies import RandomPolicy
+
+__all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
+
+_SEED_MODULUS = 2**32 - 1
+
+
+def derive_seed(seed: int) -> int:
+    """The next seed of a chain, exactly as TorchRL's ``seed_generator`` derives it."""
+    rng = np.random.default_rng(seed)
+    return int.from_bytes(rng.bytes(8), "big") % _SEED_MODULUS
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorDescription:
+    """What an actor is, for ``Describe``.
+
+    Attributes:
+        worker_id: The actor's id in the fleet.
+        epoch: Random, nonzero, new at each start.
+        env_id: The gymnasium id or the env factory string.
+        observation_space: The single-env observation space.
+        action_space: The single-env action space.
+        models: ``{model_id: (policy_version, {param: (shape, dtype)})}``.
+        num_envs: Size of the env pool.
+        env_backend: ``"sync"`` or ``"async"``.
+        device: The models' device.
+        software_version: ``common.__version__``.
+    """
+
+    worker_id: int
+    epoch: int
+    env_id: str
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
+    models: dict[str, tuple[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]]
+    num_envs: int
+    env_backend: str
+    device: str
+    software_version: str
+
+
+class RolloutWorker:
+    """Env pool + models → batches, with TorchRL Collector semantics.
+
+    Thread-compatible: one thread collects, others may call ``models.load_weights`` and
+    ``describe`` concurrently. Batches are ``[num_envs, T]`` (``T = frames_per_batch /
+    num_envs``) with the keys of TorchRL's ``Collector(track_policy_version=True)``;
+    ``policy_version`` is the version of the weights that chose each action.
+
+    Args:
+        config: The actor's settings (env, pool, models, device, seed, worker_id).
+
+    Raises:
+        ValueError: A bad setting, an env or model that cannot be built, or
+            unsupported spaces.
+
+    Example::
+
+        with RolloutWorker(ActorConfig(num_envs=8)) as worker:
+            worker.configure(CollectSettings(frames_per_batch=1024))
+            batch = worker.collect_batch()        # [8, 128]
+            worker.models.load_weights("policy", 1, state)
+    """
+
+    def __init__(self, config: ActorConfig) -> None:
+        _validate(config)
+        self.config = config
+        self.worker_id = config.worker_id
+        self.epoch = _draw_epoch()
+        self.num_envs = config.num_envs
+        self.device = torch.device(config.device)
+        self.frames = 0
+        self.batches = 0
+        self._settings: CollectSettings | None = None
+        self._closed = False
+        self._lock = threading.RLock()
+        torch.set_num_threads(config.torch_threads)
+        seed = config.seed if config.seed is not None else secrets.randbits(32)
+        torch.manual_seed(seed)  # model initialisation is part of what a seed fixes
+        self._pool = make_env_pool(config)
+        try:
+            self.observation_space = self._pool.single_observation_space
+            self.action_space = self._pool.single_action_space
+            self.models = ModelRegistry(
+                config.models, self.observation_space, self.action_space, self.device
+            )
+            self._random = RandomPolicy(self.observation_space, self.action_space)
+            self._traj = TrajIds(config.worker_id, self.epoch)
+            self._pool_broken = False
+            self.set_seed(seed)
+        except BaseException:
+            close_pool(self._pool, force=True)
+            raise
+
+    def __enter__(self) -> RolloutWorker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def describe(self) -> ActorDescription:
+        """A snapshot of what this actor is (safe from any thread)."""
+        models = {
+            mid: (self.models.policy_version(mid), self.models.parameters_info(mid))
+            for mid in self.models.model_ids
+        }
+        return ActorDescription(
+            worker_id=self.worker_id,
+            epoch=self.epoch,
+            env_id=env_name(self.config),
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            models=models,
+            num_envs=self.num_envs,
+            env_backend=self.config.env_backend,
+            device=str(self.device),
+            software_version=common.__version__,
+        )
+
+    def configure(self, settings: CollectSettings) -> None:
+        """Validate and apply collection settings for the following batches.
+
+        Raises:
+            TypeError: ``settings`` is not a ``CollectSettings``.
+            ValueError: ``frames_per_batch`` is not a multiple of ``num_envs``.
+            UnknownModelError: ``settings.model_id`` is not registered.
+        """
+        if not isinstance(settings, CollectSettings):
+            raise TypeError(f"settings must be a CollectSettings, got {type(settings).__name__}")
+        if settings.frames_per_batch % self.num_envs:
+            raise ValueError(
+                f"frames_per_batch={settings.frames_per_batch} is not a positive multiple of "
+                f"num_envs={self.num_envs}"
+            )
+        self.models.policy_version(settings.model_id)  # raises UnknownModelError
+        self._settings = settings
+
+    def collect_batch(self) -> TensorDict:
+        """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
+
+        Raises:
+            SessionStateError: Not configured, or closed.
+            DeadlineError: An env step exceeded ``step_timeout`` (async backend).
+            ActorUnavailableError: An env failed; the pool is rebuilt on the next call.
+        """
+        with self._lock:
+            self._check_open()
+            settings = self._settings
+            if settings is None:
+                raise SessionStateError("configure() the worker before collect_batch()")
+            self._ensure_pool()
+            if settings.reset_at_each_iter:
+                self._reset(seeds=None)
+            batch = self._rollout(settings)
+            self.frames += batch.numel()
+            self.batches += 1
+        if settings.split_trajs:
+            batch = split_trajectories(batch)
+        return batch
+
+    def _rollout(self, settings: CollectSettings) -> TensorDict:
+        steps = settings.frames_per_batch // self.num_envs
+        random = self.frames < settings.init_random_frames
+        extras = self.models.output_specs(settings.model_id)
+        extras.pop("action")
+        buffers = BatchBuffers(
+            self.num_envs,
+            steps,
+            self.models.observation_codec,
+            self.models.action_codec,
+            extras,
+            step_counts=settings.max_frames_per_traj > 0,
+        )
+        buffers.obs[:, 0] = self._obs
+        try:
+            with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
+                for t in range(steps):
+                    self._step(t, buffers, settings, random)
+        except RlfleetError:
+            self._pool_broken = True
+            raise
+        self._obs = buffers.obs[:, steps].copy()
+        return buffers.to_tensordict(settings.set_truncated)
+
+    def _step(self, t: int, buf: BatchBuffers, settings: CollectSettings, random: bool) -> None:
+        obs = self.models.observation_codec.encode(buf.obs[:, t])
+        if random:
+            version = self.models.policy_version(settings.model_id)
+            action, extras = self._random.sample_compact(self.num_envs), {}
+        else:
+            version, action, extras = self.models.act_compact(settings.model_id, obs)
+        buf.versions[t] = version
+        buf.action[:, t] = action
+        for key, value in extras.items():
+            buf.extras[key][:, t] = value
+        buf.traj_ids[:, t] = self._traj_ids
+        env_action = self.models.action_codec.to_env(action)
+        next_obs, reward, terminated, truncated, info = step_pool(
+            self._pool, env_action, self.config.step_timeout
+        )
+        buf.obs[:, t + 1] = next_obs
+        buf.reward[:, t] = reward
+        ended = terminated | truncated  # gymnasium already reset these (SAME_STEP)
+        done = ended
+        if buf.step_count is not None:
+            buf.step_count[:, t] = self._step_count
+            self._step_count += 1
+            limit = self._step_count >= settings.max_frames_per_traj
+            if limit.any():
+                truncated = truncated | limit
+                done = ended | limit
+                self._cut(t, buf, limit & ~ended)
+        buf.terminated[:, t] = terminated
+        buf.truncated[:, t] = truncated
+        if done.any():
+            self._end_trajectories(t, buf, ended, done, info)
+
+    def _cut(self, t: int, buf: BatchBuffers, envs: np.ndarray) -> None:
+        """Envs that reached max_frames_per_traj: keep their final obs and reset them."""
+        if not envs.any():
+            return
+        for env in np.flatnonzero(envs):
+            buf.final_obs.append((int(env), t, buf.obs[env, t + 1].copy()))
+        reset_obs = reset_pool(self._pool, self.config.step_timeout, mask=envs)
+        buf.obs[envs, t + 1] = reset_obs[envs]
+
+    def _end_trajectories(
+        self, t: int, buf: BatchBuffers, ended: np.ndarray, done: np.ndarray, info: dict[str, Any]
+    ) -> None:
+        """Record final observations of auto-reset envs; give every done env a new traj id."""
+        if ended.any():
+            final = info["final_obs"]
+            for env in np.flatnonzero(ended):
+                buf.final_obs.append((int(env), t, np.asarray(final[env])))
+        self._traj_ids[done] = self._traj.take(int(done.sum()))
+        self._step_count[done] = 0
+
+    def _reset(self, seeds: list[int] | None) -> None:
+        """Reset every env: fresh observations, new traj ids, step counts at 0."""
+        self._obs = np.array(
+            reset_pool(self._pool, self.config.step_timeout, seed=seeds), copy=True
+        )
+        self._traj_ids = self._traj.take(self.num_envs)
+        self._step_count = np.zeros(self.num_envs, dtype=np.int64)
+
+    def _ensure_pool(self) -> None:
+        if not self._pool_broken:
+            return
+        close_pool(self._pool, force=True)
+        self._pool = make_env_pool(self.config)
+        self._pool_broken = False
+        self._reset(seeds=None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionStateError(f"actor {self.worker_id}'s rollout worker is closed")
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the envs (each is reset with its seed), torch and numpy; chain like TorchRL.
+
+        Env ``i`` gets ``seed_i``: ``seed_0 = seed`` and ``seed_{i+1} = derive_seed(seed_i)``
+        (every env gets ``seed`` when ``static_seed``). Every env is reset, so new
+        trajectories start.
+
+        Args:
+            seed: A non-negative int below 2**64.
+            static_seed: Use ``seed`` as is for every env.
+
+        Returns:
+            The seed for the next actor: ``derive_seed`` of the last env's seed, or ``seed``
+            when ``static_seed``.
+
+        Raises:
+            ValueError: ``seed`` is not an int in ``[0, 2**64)``.
+        """
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        with self._lock:
+            self._check_open()
+            seeds, current = [], seed
+            for _ in range(self.num_envs):
+                seeds.append(current)
+                if not static_seed:
+                    current = derive_seed(current)
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            self._ensure_pool()
+            try:
+                self._reset(seeds=seeds)
+            except RlfleetError:
+                self._pool_broken = True
+                raise
+            return current
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, versions and counters, as nested dicts of tensors and ints.
+
+        Layout: ``{"models": {model_id: {"version": int, "weights": {key: tensor}}},
+        "frames": int, "batches": int, "traj_counter": int}``.
+        """
+        with self._lock:
+            return {
+                "models": self.models.state_dict(),
+                "frames": self.frames,
+                "batches": self.batches,
+                "traj_counter": self._traj.counter,
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`, all or nothing; trajectories in flight get new ids.
+
+        Raises:
+            WeightsError: A malformed state or weights that do not fit.
+            UnknownModelError: The state names a model this actor lacks.
+        """
+        if not isinstance(state, dict):
+            raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
+        counters = {k: state.get(k) for k in ("frames", "batches", "traj_counter")}
+        for key, value in counters.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
+        with self._lock:
+            self._check_open()
+            self.models.load_state_dict(state.get("models"))
+            self.frames, self.batches = counters["frames"], counters["batches"]
+            self._traj.counter = counters["traj_counter"]
+            self._traj_ids = self._traj.take(self.num_envs)
+
+    def close(self) -> None:
+        """Close the env pool and reap its subprocesses; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            close_pool(self._pool, force=self._pool_broken)
+
+
+def _validate(config: ActorConfig) -> None:
+    if not isinstance(config, ActorConfig):
+        raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
+    if not isinstance(config.worker_id, int) or not 0 <= config.worker_id <= 0xFFFF:
+        raise ValueError(f"worker_id must be an int in 0..65535, got {config.worker_id!r}")
+    if not isinstance(config.torch_threads, int) or config.torch_threads < 1:
+        raise ValueError(f"torch_threads must be a positive int, got {config.torch_threads!r}")
+    if not config.step_timeout > 0:
+        raise ValueError(f"step_timeout must be positive, got {config.step_timeout!r}")
+    if config.seed is not None and (
+        not isinstance(config.seed, int) or not 0 <= config.seed < 2**64
+    ):
+        raise ValueError(f"seed must be None or an int in [0, 2**64), got {config.seed!r}")
+
+
+def _draw_epoch() -> int:
+    # From the OS, not torch/numpy: a seeded actor must still get a fresh epoch.
+    while True:
+        epoch = secrets.randbits(63)
+        if epoch:
+            return epoch

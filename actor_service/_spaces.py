@@ -1,0 +1,196 @@
+"""Gymnasium spaces to batch tensors: the observation and action encodings of an actor.
+
+Batches use TorchRL's GymEnv encodings: a Box keeps its shape and dtype, a Discrete
+observation or action becomes a one-hot ``int64`` vector. MultiDiscrete and
+MultiBinary keep gymnasium's integer arrays (TorchRL would one-hot MultiDiscrete; we
+keep the indices). Inside a rollout an action travels in *compact* form — a Discrete
+action as its ``int64`` index — so a step costs no one-hot; :meth:`ActionCodec.to_batch`
+expands a whole batch at once at the end.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.errors import InternalError
+
+__all__ = ["ActionCodec", "ObservationCodec", "check_space", "torch_dtype"]
+
+_SUPPORTED = (
+    gymnasium.spaces.Box,
+    gymnasium.spaces.Discrete,
+    gymnasium.spaces.MultiDiscrete,
+    gymnasium.spaces.MultiBinary,
+)
+
+
+def torch_dtype(dtype: np.dtype | type) -> torch.dtype:
+    """The torch dtype of a numpy dtype (``np.float32`` → ``torch.float32``)."""
+    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
+
+
+def check_space(space: gymnasium.Space, role: str) -> None:
+    """Refuse spaces an actor cannot batch.
+
+    Args:
+        space: A single-env space.
+        role: ``"observation"`` or ``"action"``, for the message.
+
+    Raises:
+        ValueError: Naming the space and the supported kinds.
+    """
+    if not isinstance(space, _SUPPORTED):
+        raise ValueError(
+            f"{role} space {space!r} is not supported: use Box, Discrete, MultiDiscrete "
+            "or MultiBinary"
+        )
+
+
+class ObservationCodec:
+    """Observations as gymnasium returns them (raw) and as batches hold them.
+
+    Args:
+        space: The single-env observation space.
+
+    Attributes:
+        raw_shape: Per-env shape of the numpy observation a vector env returns.
+        raw_dtype: Its numpy dtype.
+        shape: Per-env shape in a batch.
+        dtype: Torch dtype in a batch.
+    """
+
+    def __init__(self, space: gymnasium.Space) -> None:
+        check_space(space, "observation")
+        self.space = space
+        self._discrete = isinstance(space, gymnasium.spaces.Discrete)
+        self.raw_shape: tuple[int, ...] = tuple(space.shape)
+        self.raw_dtype = np.dtype(space.dtype)
+        if self._discrete:
+            self._n = int(space.n)
+            self._start = int(space.start)
+            self.shape: tuple[int, ...] = (self._n,)
+            self.dtype = torch.int64
+        else:
+            self.shape = self.raw_shape
+            self.dtype = torch_dtype(self.raw_dtype)
+
+    def encode(self, raw: np.ndarray) -> torch.Tensor:
+        """Raw observations ``[..., *raw_shape]`` → batch form (shares memory when it can)."""
+        tensor = torch.from_numpy(raw)
+        if self._discrete:
+            return F.one_hot(tensor.long() - self._start, self._n)
+        return tensor
+
+    def placeholder(self, batch: int) -> np.ndarray:
+        """``batch`` valid raw observations (zeros moved inside the bounds) for probing a policy."""
+        raw = np.zeros((batch, *self.raw_shape), dtype=self.raw_dtype)
+        if isinstance(self.space, gymnasium.spaces.Box):
+            raw = np.clip(raw, self.space.low, self.space.high).astype(self.raw_dtype)
+        elif self._discrete:
+            raw += self._start
+        return raw
+
+
+class ActionCodec:
+    """Actions in compact form (rollout), batch form (TorchRL) and env form (numpy).
+
+    Args:
+        space: The single-env action space.
+
+    Attributes:
+        compact_shape: Per-env shape of a compact action (``()`` for Discrete).
+        compact_dtype: Its torch dtype.
+        shape: Per-env shape in a batch (``(n,)`` one-hot for Discrete).
+        dtype: Torch dtype in a batch.
+    """
+
+    def __init__(self, space: gymnasium.Space) -> None:
+        check_space(space, "action")
+        self.space = space
+        self.discrete = isinstance(space, gymnasium.spaces.Discrete)
+        self._box = isinstance(space, gymnasium.spaces.Box)
+        if self.discrete:
+            self.n = int(space.n)
+            self._start = int(space.start)
+            self.compact_shape: tuple[int, ...] = ()
+            self.compact_dtype = torch.int64
+            self.shape: tuple[int, ...] = (self.n,)
+            self.dtype = torch.int64
+        else:
+            self.compact_shape = tuple(space.shape)
+            self.compact_dtype = torch_dtype(space.dtype)
+            self.shape = self.compact_shape
+            self.dtype = self.compact_dtype
+        if isinstance(space, gymnasium.spaces.MultiDiscrete):
+            self._start = np.asarray(space.start)
+        self._np_dtype = np.dtype(space.dtype)
+
+    def to_batch(self, compact: torch.Tensor) -> torch.Tensor:
+        """Compact actions ``[..., *compact_shape]`` → batch form (Discrete: one-hot ``int64``)."""
+        if self.discrete:
+            return F.one_hot(compact, self.n)
+        return compact
+
+    def to_env(self, compact: torch.Tensor) -> np.ndarray:
+        """Compact actions ``[B, ...]`` → what the vector env steps with (clipped to Box bounds)."""
+        action = compact.detach().cpu().numpy()
+        if self.discrete:
+            return action + self._start if self._start else action
+        if self._box:
+            return np.clip(action, self.space.low, self.space.high).astype(
+                self._np_dtype, copy=False
+            )
+        if isinstance(self.space, gymnasium.spaces.MultiDiscrete):
+            return (action + self._start).astype(self._np_dtype, copy=False)
+        return action.astype(self._np_dtype, copy=False)
+
+    def from_policy(self, action: torch.Tensor, batch: int) -> torch.Tensor:
+        """A policy's action for ``batch`` envs → compact form, validated.
+
+        Discrete accepts a one-hot ``[B, n]`` (any dtype) or an integer index ``[B]`` /
+        ``[B, 1]``; other spaces need ``[B, *shape]`` and are cast to the space's dtype.
+
+        Raises:
+            InternalError: Not a tensor, or the shape or the index range is wrong; the
+                policy, not the caller, is at fault.
+        """
+        if not isinstance(action, torch.Tensor):
+            raise InternalError(
+                f"the policy returned a {type(action).__name__} as action, not a tensor"
+            )
+        if self.discrete:
+            return self._discrete_index(action, batch)
+        expected = (batch, *self.compact_shape)
+        if tuple(action.shape) != expected:
+            raise InternalError(
+                f"the policy returned an action of shape {list(action.shape)}, "
+                f"expected {list(expected)}"
+            )
+        return action.to(self.compact_dtype)
+
+    def _discrete_index(self, action: torch.Tensor, batch: int) -> torch.Tensor:
+        if tuple(action.shape) == (batch, self.n) and not (
+            self.n == 1 and not action.is_floating_point()
+        ):
+            return action.argmax(-1)
+        if action.is_floating_point() or action.dtype == torch.bool:
+            raise InternalError(
+                f"the policy returned a {action.dtype} action of shape {list(action.shape)}; a "
+                f"Discrete({self.n}) action must be one-hot [{batch}, {self.n}] or an integer "
+                f"index [{batch}]"
+            )
+        index = action.reshape(batch) if action.numel() == batch else None
+        if index is None:
+            raise InternalError(
+                f"the policy returned an action of shape {list(action.shape)}, expected "
+                f"one-hot [{batch}, {self.n}] or an index [{batch}]"
+            )
+        low, high = int(index.min()), int(index.max())
+        if low < 0 or high >= self.n:
+            raise InternalError(
+                f"the policy returned action indices in [{low}, {high}], outside [0, {self.n})"
+            )
+        return index.long()
