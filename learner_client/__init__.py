@@ -1,0 +1,22 @@
+"""What a training script imports: :class:`GrpcCollector` and the errors it adds.
+
+``GrpcCollector`` speaks TorchRL's collector API (``RayCollector`` /
+``MultiSyncCollector`` knobs, ``update_policy_weights_``, ``start``/``pause``,
+``state_dict``, ``set_seed``) over a fleet of rlfleet actors reached by gRPC::
+
+    from learner_client import GrpcCollector
+
+    with GrpcCollector(["127.0.0.1:50051"], frames_per_batch=256, total_frames=10_000) as c:
+        for batch in c:
+            ...
+
+Everything else in this package is private (modules start with ``_``) except
+the ``train`` subpackage, the PPO entry point.
+"""
+
+from __future__ import annotations
+
+from learner_client._collector import GrpcCollector, RemoteActor
+from learner_client._errors import MissingWorkersError, WeightPushError
+
+__all__ = ["GrpcCollector", "MissingWorkersError", "RemoteActor", "WeightPushError"]

@@ -1,0 +1,121 @@
+"""Background collection into a replay buffer (``start()``) and the ``pause()`` gate.
+
+:class:`Background` runs the collector's own iterator on one daemon thread;
+the iterator stores every batch in the replay buffer. ``pause()`` closes a
+gate: the mailbox stops granting credits and handing out batches, the
+context manager waits for batches already in flight to arrive (they stay
+buffered) and for the thread to finish storing the batch it holds, so the
+buffer does not grow while the pause is held. Leaving the context reopens
+the gate. Errors of the thread are logged and kept in :attr:`Background.error`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+from common.errors import SessionStateError
+from learner_client._mailbox import Mailbox
+
+__all__ = ["Background"]
+
+log = logging.getLogger("learner_client")
+
+_POLL_SECONDS = 0.2
+
+
+class Background:
+    """The replay-buffer thread and the pause gate of one collector.
+
+    Args:
+        mailbox: The collector's mailbox (paused while the gate is closed).
+        batch_timeout: Longest wait for in-flight batches when pausing.
+        iterate: Returns the collector's iterator (which stores into the buffer).
+    """
+
+    def __init__(self, mailbox: Mailbox, batch_timeout: float,
+                 iterate: Callable[[], Iterator[object]]) -> None:
+        self._mailbox = mailbox
+        self._batch_timeout = batch_timeout
+        self._iterate = iterate
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._parked = threading.Event()
+        self._pause_lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the thread (no-op if it runs)."""
+        if self.running:
+            return
+        self._stop.clear()
+        self.error = None
+        self._thread = threading.Thread(target=self._main, name="rlfleet-collector", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            for _ in self._iterate():
+                if self._stop.is_set():
+                    return
+                self.wait_resumed()
+        except BaseException as exc:
+            if self._stop.is_set() and isinstance(exc, SessionStateError | RuntimeError):
+                return
+            self.error = exc
+            log.exception("background collection stopped")
+        finally:
+            self._parked.set()
+
+    def wait_resumed(self) -> None:
+        """Block while the gate is closed (the caller counts as parked meanwhile)."""
+        while not self._resumed.is_set() and not self._stop.is_set():
+            self._parked.set()
+            self._resumed.wait(_POLL_SECONDS)
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Close the gate while the context is held.
+
+        Raises:
+            RuntimeError: Already paused.
+        """
+        if not self._pause_lock.acquire(blocking=False):
+            raise RuntimeError("the collector is already paused")
+        try:
+            self._parked.clear()
+            self._resumed.clear()
+            self._mailbox.set_paused(True)
+            busy = self._mailbox.wait_idle(self._batch_timeout)
+            if busy:
+                log.warning("pause: worker_ids %s still owe batches after %.1f s", busy,
+                            self._batch_timeout)
+            if self.running and not self._parked.wait(self._batch_timeout):
+                log.warning("pause: the background thread did not park within %.1f s",
+                            self._batch_timeout)
+            yield
+        finally:
+            self._mailbox.set_paused(False)
+            self._resumed.set()
+            self._pause_lock.release()
+
+    def stop(self) -> None:
+        """Ask the thread to stop and open the gate; it wakes when the mailbox closes."""
+        self._stop.set()
+        self._resumed.set()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the thread to end."""
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("background collection thread still alive after %.1f s", timeout)

@@ -1,0 +1,472 @@
+"""``GrpcCollector``: TorchRL's distributed-collector API over a fleet of rlfleet actors.
+
+The class is a thin facade: settings are validated and grouped at once
+(:mod:`learner_client._settings`), the actors and every call to them live in
+a :class:`~learner_client._fleet.Fleet`, batches are assembled by
+:mod:`learner_client._aggregate`, weight arguments are normalised by
+:mod:`learner_client._weights`, and the replay-buffer thread with ``pause()``
+lives in :mod:`learner_client._background`. What remains here is the
+iteration loop and the public surface a TorchRL user recognises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from common.config import CollectSettings, ExplorationType
+from common.errors import SessionStateError
+from learner_client._background import Background
+from learner_client._fleet import Fleet
+from learner_client._link import ActorLink
+from learner_client._mailbox import Paused
+from learner_client._pushes import Pusher
+from learner_client._rounds import Rounds
+from learner_client._settings import (
+    FleetMember,
+    build_settings,
+    check_addresses,
+    check_fleet,
+    frames_per_actor,
+)
+from learner_client._weights import normalize_update_args
+
+__all__ = ["GrpcCollector", "RemoteActor"]
+
+log = logging.getLogger("learner_client")
+
+_DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+
+
+class _State(enum.Enum):
+    READY = "ready"  # actors described, no session open yet
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteActor:
+    """One actor of the fleet, as ``remote_collectors`` lists it.
+
+    Attributes:
+        address: ``host:port``.
+        worker_id: The id the actor reports.
+    """
+
+    address: str
+    worker_id: int
+
+
+class GrpcCollector:
+    """Collects batches from remote rlfleet actors, with TorchRL's collector API.
+
+    Knobs carry TorchRL's names and meanings (``RayCollector`` /
+    ``MultiSyncCollector``); the actors run the env pools and the policy, the
+    collector aggregates their streams and pushes weights back.
+
+    Example::
+
+        with GrpcCollector(["10.0.0.1:50051", "10.0.0.2:50051"], frames_per_batch=512,
+                           total_frames=100_000, sync=True) as collector:
+            collector.update_policy_weights_(policy)
+            for batch in collector:          # [workers, envs, time]
+                train(batch)
+                collector.update_policy_weights_(policy)
+
+    Args:
+        actors: Actor addresses, ``"host:port"``. Workers are identified by the
+            worker_id each actor reports (duplicates are refused).
+        frames_per_batch: Frames per yielded batch. Sync: the total, split evenly over
+            the actors (divisible by their count, each share a multiple of that actor's
+            env pool size). Async: frames of each single-actor batch (a multiple of every
+            actor's env pool size).
+        total_frames: Frames after which iteration stops (``len`` = ceil(total/fpb));
+            ``-1`` or None iterates forever.
+        sync: One batch from every actor per iteration (``[workers, envs, time]``), or
+            first ready, first served (``[envs, time]``, one actor per batch).
+        max_frames_per_traj: Steps after which a trajectory is truncated (``<= 0``: none).
+        init_random_frames: Random-action frames, split over the actors.
+        reset_at_each_iter: Reset every env before each batch.
+        reset_when_done: Must be True (as in TorchRL).
+        split_trajs: Yield zero-padded trajectories with ``("collector", "mask")``.
+        exploration_type: ``ExplorationType`` or tensordict's ``InteractionType``.
+        set_truncated: Mark the last frame of each batch truncated.
+        postproc: Callable applied to every batch before it is yielded or stored.
+        replay_buffer: Anything with ``extend()``; batches go there and iteration yields None.
+        update_after_each_batch: Push the last weights given before each collection (sync:
+            to all workers, each round; async: to the worker whose batch was just yielded).
+        max_weight_update_interval: Push to a worker once more than this many of its batches
+            were delivered since its last update (``-1``: off).
+        cat_results: ``"stack"`` (default, None) or ``0`` to concatenate sync batches on dim 0.
+        credit_window: Most batches per actor in flight or buffered.
+        connect_timeout: Seconds to reach every actor at construction.
+        call_timeout: Deadline of every control call and weight push.
+        batch_timeout: Seconds a sync batch may wait for an actor (and a stream owing a batch
+            may stay silent) before it is declared missing.
+        allow_partial_batches: Sync: yield without the missing actors instead of raising
+            (their ids are in ``missing_workers`` and ``stats()["missing_workers"]``).
+        channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
+        token: Bearer token the actors require.
+        model_id: The model that acts on the actors.
+
+    Raises:
+        ValueError: An argument out of range, duplicate worker_ids, or a fleet that does
+            not divide ``frames_per_batch``.
+        TypeError: An argument of the wrong type.
+        ActorUnavailableError: An actor unreachable within ``connect_timeout``.
+        UnknownModelError: An actor without ``model_id``.
+    """
+
+    def __init__(
+        self,
+        actors: Sequence[str],
+        *,
+        frames_per_batch: int,
+        total_frames: int | None = -1,
+        sync: bool = False,
+        max_frames_per_traj: int | None = -1,
+        init_random_frames: int | None = -1,
+        reset_at_each_iter: bool = False,
+        reset_when_done: bool = True,
+        split_trajs: bool = False,
+        exploration_type: Any = ExplorationType.RANDOM,
+        set_truncated: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        replay_buffer: Any = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        cat_results: str | int | None = None,
+        credit_window: int = 2,
+        connect_timeout: float = 10.0,
+        call_timeout: float = 30.0,
+        batch_timeout: float = 60.0,
+        allow_partial_batches: bool = False,
+        channel_credentials: Any = None,
+        token: str | None = None,
+        model_id: str = "policy",
+    ) -> None:
+        addresses = check_addresses(actors)
+        self._batch, self._rollout, conn = build_settings(
+            frames_per_batch=frames_per_batch, total_frames=total_frames, sync=sync,
+            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter, reset_when_done=reset_when_done,
+            split_trajs=split_trajs, exploration_type=exploration_type,
+            set_truncated=set_truncated, update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval, cat_results=cat_results,
+            credit_window=credit_window, connect_timeout=connect_timeout,
+            call_timeout=call_timeout, batch_timeout=batch_timeout,
+            allow_partial_batches=allow_partial_batches,
+            channel_credentials=channel_credentials, token=token, model_id=model_id)
+        if postproc is not None and not callable(postproc):
+            raise TypeError(f"postproc must be callable, got {postproc!r}")
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
+        self.postproc = postproc
+        self.replay_buffer = replay_buffer
+        self._state = _State.READY
+        self._lock = threading.RLock()
+        self._iterator: Iterator[TensorDictBase | None] | None = None
+        self._fleet = Fleet(conn, batch_timeout=self._batch.batch_timeout,
+                            lazy_credits=self._batch.sync
+                            and self._batch.auto_update_interval is not None)
+        self._pusher = Pusher(self._fleet)
+        self._rounds = Rounds(self._fleet, self._batch, self._rollout.model_id)
+        self._background = Background(self._fleet.mailbox, self._batch.batch_timeout,
+                                      self.__iter__)
+        try:
+            self._admit(self._fleet.describe(addresses))
+        except BaseException:
+            self._fleet.close(_DEFAULT_SHUTDOWN_TIMEOUT)
+            raise
+
+    # ----------------------------------------------------------- the fleet
+
+    def _admit(self, links: list[ActorLink]) -> None:
+        members = [FleetMember(link.address, link.worker_id, link.description.num_envs,
+                               tuple(link.description.models))
+                   for link in [*self._fleet.links.values(), *links]]
+        try:
+            check_fleet(self._batch, members, self._rollout.model_id)
+        except BaseException:
+            self._fleet.discard(links)
+            raise
+        self._fleet.register(links)
+
+    def _settings_for(self, link: ActorLink) -> CollectSettings:
+        count = len(self._fleet.links)
+        return self._rollout.for_actor(frames_per_actor(self._batch, count), count)
+
+    def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
+        """Grow the fleet, also while collecting.
+
+        Async: new actors start contributing at once. Sync: the per-actor share
+        changes, so every session restarts with the new split; batches already
+        collected with the old split are dropped (``stats()["discarded"]``).
+
+        Args:
+            addresses: New ``host:port`` addresses.
+
+        Returns:
+            The added actors.
+
+        Raises:
+            ValueError: As at construction (duplicate worker_id, divisibility).
+            ActorUnavailableError: A new actor is unreachable within ``connect_timeout``.
+        """
+        with self._lock:
+            self._check_open()
+            known = {link.address for link in self._fleet.links.values()}
+            new = check_addresses(addresses)
+            clash = sorted(set(new) & known)
+            if clash:
+                raise ValueError(f"actor address(es) {clash} are already in the fleet")
+            links = self._fleet.describe(new)
+            self._admit(links)
+            if self._state is _State.RUNNING:
+                if self._batch.sync:
+                    added = {n.worker_id for n in links}
+                    old = [w for w in self._fleet.worker_ids if w not in added]
+                    self._fleet.restart(self._settings_for)
+                    self._fleet.ledger.add_discarded(self._fleet.mailbox.drop_buffered(old))
+                self._fleet.start(self._settings_for, links)
+                self._rounds.update_budget()
+            return [RemoteActor(link.address, link.worker_id) for link in links]
+
+    @property
+    def missing_workers(self) -> list[int]:
+        """Worker_ids absent from the last sync batch (``allow_partial_batches=True``)."""
+        return list(self._rounds.missing_workers)
+
+    @property
+    def worker_ids(self) -> list[int]:
+        """The fleet's worker_ids, sorted."""
+        return self._fleet.worker_ids
+
+    @property
+    def remote_collectors(self) -> list[RemoteActor]:
+        """The actors, as ``(address, worker_id)`` records ordered by worker_id."""
+        links = self._fleet.links
+        return [RemoteActor(links[w].address, w) for w in sorted(links)]
+
+    @property
+    def policy_version(self) -> dict[str, int]:
+        """The learner's policy version per model_id (never behind any actor's)."""
+        return self._fleet.book.versions()
+
+    # ------------------------------------------------------------ iteration
+
+    def __len__(self) -> int:
+        """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
+        return self._batch.num_batches()
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches (or None per batch stored in ``replay_buffer``) until ``total_frames``."""
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            if self.replay_buffer is not None:
+                self.replay_buffer.extend(batch)
+                yield None
+            else:
+                yield batch
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch, or None at the end (as TorchRL's ``next()``)."""
+        if self._iterator is None:
+            self._iterator = iter(self)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            return None
+        except BaseException:
+            self._iterator = None
+            raise
+
+    def _next_batch(self) -> TensorDictBase | None:
+        while True:
+            with self._lock:
+                self._check_open()
+                if self._rounds.exhausted():
+                    return None
+                self._ensure_running()
+            try:
+                candidates = (self._fleet.worker_ids if self._batch.sync
+                              else self._rounds.last_workers)
+                self._pusher.auto_update(candidates, self._batch.auto_update_interval)
+                batch = self._rounds.take()
+            except Paused:
+                self._background.wait_resumed()
+                continue
+            return self.postproc(batch) if self.postproc is not None else batch
+
+    def _ensure_running(self) -> None:
+        if self._state is _State.READY:
+            self._rounds.update_budget()
+            self._fleet.start(self._settings_for)
+            self._state = _State.RUNNING
+
+    # -------------------------------------------------------------- weights
+
+    def update_policy_weights_(
+        self,
+        policy_or_weights: Any = None,
+        *,
+        weights: Any = None,
+        policy: Any = None,
+        worker_ids: int | Sequence[int] | None = None,
+        model_id: str | None = None,
+        weights_dict: dict[str, Any] | None = None,
+    ) -> dict:
+        """Push weights to the actors and wait until each applied them (or failed).
+
+        Encodes each model once (safetensors), then streams it to every target
+        concurrently under the next policy version of its model_id.
+
+        Args:
+            policy_or_weights: An ``nn.Module``, a TensorDict or a dict of tensors;
+                None re-sends the current state of the last ones given for ``model_id``.
+            weights: Same as ``policy_or_weights`` (TensorDict or dict).
+            policy: Same, as an ``nn.Module``.
+            worker_ids: An int or a list of worker_ids; None targets every worker.
+            model_id: The model to update (default ``"policy"``).
+            weights_dict: ``{model_id: weights}`` to update several models at once.
+
+        Returns:
+            ``{worker_id: version applied}``; with ``weights_dict``,
+            ``{model_id: {worker_id: version applied}}``.
+
+        Raises:
+            ValueError: Conflicting arguments (TorchRL's rules).
+            UnknownWorkerError: A worker_id not in the fleet (naming the known ones).
+            UnknownModelError: A target actor has no such model.
+            SessionStateError: None given and no weights were given before for that model.
+            WeightPushError: Some targets rejected the push or were unreachable;
+                ``.succeeded`` and ``.failed`` say which.
+        """
+        request = normalize_update_args(
+            policy_or_weights, weights=weights, policy=policy, worker_ids=worker_ids,
+            model_id=model_id, weights_dict=weights_dict)
+        with self._lock:
+            self._check_open()
+            return self._pusher.update(request)
+
+    # ------------------------------------------------------- TorchRL extras
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every actor in worker_id order, each with the seed the previous one returned.
+
+        Returns:
+            The seed returned by the last actor (to chain further).
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        with self._lock:
+            self._check_open()
+            return self._fleet.set_seed(seed, bool(static_seed))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner counters plus each actor's state (GetState), keyed by worker_id.
+
+        Returns:
+            ``{"frames", "batches", "policy_version": {model_id: v},
+            "workers": {worker_id: uint8 tensor of the actor's safetensors state}}``
+            — plain tensors and ints, so ``torch.save`` / ``torch.load(weights_only=True)`` work.
+        """
+        with self._lock:
+            self._check_open()
+            return self._fleet.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (all workers listed must be in the fleet).
+
+        Raises:
+            ValueError: Missing keys.
+            UnknownWorkerError: A worker_id not in the fleet.
+        """
+        with self._lock:
+            self._check_open()
+            self._fleet.load_state_dict(state_dict)
+            self._rounds.update_budget()
+
+    def stats(self) -> dict[str, Any]:
+        """Cheap counters: frames, batches, worker frames, policy lag, gaps, reconnects, liveness.
+
+        ``missing_workers`` lists the workers absent from the last (partial) sync batch.
+        """
+        out = self._fleet.stats()
+        out["requested_frames_per_batch"] = self._batch.frames_per_batch
+        out["missing_workers"] = self.missing_workers
+        if self._background.error is not None:
+            out["background_error"] = repr(self._background.error)
+        if not self._batch.endless:
+            out["total_frames"] = self._batch.total_frames
+            out["completed"] = self._rounds.exhausted()
+        return out
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._state is _State.CLOSED:
+            raise SessionStateError("the collector is shut down")
+
+    def start(self) -> None:
+        """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
+
+        Raises:
+            RuntimeError: No replay buffer was given.
+        """
+        if self.replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer (pass replay_buffer=...)")
+        self._check_open()
+        self._background.start()
+
+    def pause(self) -> Any:
+        """Context manager: while held, no new credits are granted and nothing is delivered.
+
+        Entering waits (up to ``batch_timeout``) for batches already in flight
+        and for the background thread to finish the batch it is storing.
+        """
+        self._check_open()
+        return self._background.pause()
+
+    def is_running(self) -> bool:
+        """Whether the background collection thread runs."""
+        return self._background.running
+
+    def async_shutdown(self, timeout: float | None = None) -> None:
+        """Stop background collection, then :meth:`shutdown` (bounded, idempotent)."""
+        self.shutdown(timeout)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop collecting, close every session and channel, join every thread.
+
+        Bounded by ``timeout`` (default 10 s) per phase, idempotent, tolerant of dead actors.
+        """
+        limit = _DEFAULT_SHUTDOWN_TIMEOUT if timeout is None else float(timeout)
+        with self._lock:
+            if self._state is _State.CLOSED:
+                return
+            self._state = _State.CLOSED
+        self._background.stop()
+        self._fleet.close(limit)
+        self._background.join(limit)
+
+    def __enter__(self) -> GrpcCollector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        mode = "sync" if self._batch.sync else "async"
+        return (f"GrpcCollector({mode}, worker_ids={self.worker_ids}, "
+                f"frames_per_batch={self._batch.frames_per_batch}, "
+                f"total_frames={self._batch.total_frames}, state={self._state.value})")

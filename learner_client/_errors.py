@@ -1,0 +1,50 @@
+"""Errors only the learner raises: a partly failed weight push, workers missing from a sync batch.
+
+Both extend :mod:`common.errors` so ``except RlfleetError`` still catches
+everything rlfleet raises on purpose::
+
+    RlfleetError
+    ├── WeightPushError                       some targets did not apply a push
+    └── ActorUnavailableError (ConnectionError)
+        └── MissingWorkersError               a sync batch lacks these worker_ids
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from common.errors import ActorUnavailableError, RlfleetError
+
+__all__ = ["MissingWorkersError", "WeightPushError"]
+
+
+class WeightPushError(RlfleetError):
+    """A weight push was rejected by, or could not reach, some of its target workers.
+
+    Workers that applied the push are never hidden: ``succeeded`` holds their
+    applied versions, ``failed`` the error each other target raised.
+
+    For a single-model push both mappings are keyed by worker_id; for a
+    ``weights_dict`` push they are keyed by model_id, then worker_id.
+
+    Attributes:
+        succeeded: ``{worker_id: version}`` (or ``{model_id: {worker_id: version}}``).
+        failed: ``{worker_id: exception}`` (or ``{model_id: {worker_id: exception}}``).
+    """
+
+    def __init__(self, message: str, *, succeeded: Mapping, failed: Mapping) -> None:
+        super().__init__(message)
+        self.succeeded = dict(succeeded)
+        self.failed = dict(failed)
+
+
+class MissingWorkersError(ActorUnavailableError):
+    """A sync batch could not be completed: these workers sent nothing in time.
+
+    Attributes:
+        worker_ids: The missing workers, sorted.
+    """
+
+    def __init__(self, message: str, *, worker_ids: list[int]) -> None:
+        super().__init__(message)
+        self.worker_ids = sorted(worker_ids)

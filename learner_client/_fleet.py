@@ -1,0 +1,284 @@
+"""The actors a collector talks to, and every fleet-wide operation, driven from the user thread.
+
+:class:`Fleet` owns the event-loop thread, one :class:`~learner_client._link.ActorLink`
+per actor (keyed by worker_id), the :class:`~learner_client._mailbox.Mailbox`,
+the :class:`~learner_client._ledger.Ledger` and the
+:class:`~learner_client._weights.WeightBook`. Its methods are synchronous and
+bounded: describing new actors (within ``connect_timeout``), starting
+sessions, concurrent weight pushes with per-worker results, admission pushes
+for actors that come back, chained seeding, state save/load, and shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from common.config import CollectSettings
+from common.errors import ActorUnavailableError, DeadlineError, RlfleetError, UnknownWorkerError
+from learner_client._ledger import Ledger
+from learner_client._link import ActorLink, LinkState
+from learner_client._loop import LoopThread
+from learner_client._mailbox import Mailbox
+from learner_client._settings import ConnectionSettings
+from learner_client._transport import ActorChannel, ActorDescription
+from learner_client._weights import EncodedWeights, WeightBook
+
+__all__ = ["Fleet", "PushResults"]
+
+log = logging.getLogger("learner_client")
+
+# Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
+_MARGIN = 5.0
+
+_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.CLOSED)
+
+PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
+
+
+class Fleet:
+    """Actors, their links and the fleet-wide calls.
+
+    Args:
+        conn: Connection settings.
+        batch_timeout: Stall deadline of a stream owing a batch.
+        lazy_credits: Grant one credit per requested round (sync with automatic updates).
+    """
+
+    def __init__(self, conn: ConnectionSettings, *, batch_timeout: float,
+                 lazy_credits: bool) -> None:
+        self.conn = conn
+        self.batch_timeout = batch_timeout
+        self.loop = LoopThread()
+        self.ledger = Ledger()
+        self.book = WeightBook()
+        self.mailbox = Mailbox(conn.credit_window, self._send_credit, self._send_ack,
+                               lazy=lazy_credits)
+        self.links: dict[int, ActorLink] = {}
+
+    # ----------------------------------------------------------- membership
+
+    def describe(self, addresses: Sequence[str]) -> list[ActorLink]:
+        """Reach every address within ``connect_timeout`` and build (unregistered) links.
+
+        Raises:
+            ActorUnavailableError: Naming every address that could not be reached.
+        """
+        return self.loop.run(self._describe_all(list(addresses)),
+                             self.conn.connect_timeout + _MARGIN)
+
+    async def _describe_all(self, addresses: list[str]) -> list[ActorLink]:
+        channels = [ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials)
+                    for a in addresses]
+        results = await asyncio.gather(
+            *(c.describe(self.conn.connect_timeout, wait_for_ready=True) for c in channels),
+            return_exceptions=True)
+        failed = [(c.address, r) for c, r in zip(channels, results, strict=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+            others = [e for _, e in failed
+                      if not isinstance(e, ActorUnavailableError | DeadlineError)]
+            if others:  # e.g. a bad token: say so rather than "unreachable"
+                raise others[0]
+            detail = "; ".join(f"{a} ({e})" for a, e in failed)
+            raise ActorUnavailableError(
+                f"actor(s) unreachable within connect_timeout={self.conn.connect_timeout} s: "
+                f"{detail}")
+        return [ActorLink(d, c, self.conn, batch_timeout=self.batch_timeout,
+                          mailbox=self.mailbox, ledger=self.ledger, admit=self._admit)
+                for d, c in zip(results, channels, strict=True)]
+
+    def register(self, links: Sequence[ActorLink]) -> None:
+        """Make links part of the fleet (after the fleet checks passed)."""
+        for link in links:
+            self.links[link.worker_id] = link
+            self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
+            self.book.observe(link.worker_id, link.description.models)
+
+    def discard(self, links: Sequence[ActorLink]) -> None:
+        """Close the channels of links that were refused."""
+        async def close_all() -> None:
+            await asyncio.gather(*(link.channel.close() for link in links), return_exceptions=True)
+
+        self.loop.run(close_all(), _MARGIN)
+
+    @property
+    def worker_ids(self) -> list[int]:
+        """The fleet's worker_ids, sorted."""
+        return sorted(self.links)
+
+    def start(self, settings_for: Callable[[ActorLink], CollectSettings],
+              links: Sequence[ActorLink] | None = None) -> None:
+        """Open sessions on ``links`` (default: all), each with its own settings."""
+        targets = list(self.links.values()) if links is None else list(links)
+
+        async def start_all() -> None:
+            for link in targets:
+                link.start(settings_for(link))
+
+        self.loop.run(start_all(), _MARGIN)
+
+    def restart(self, settings_for: Callable[[ActorLink], CollectSettings]) -> None:
+        """Re-open every running session with new settings (the fleet was resized)."""
+        async def restart_all() -> None:
+            for link in self.links.values():
+                link.restart(settings_for(link))
+
+        self.loop.run(restart_all(), _MARGIN)
+
+    def _send_credit(self, worker_id: int, batches: int) -> None:
+        link = self.links.get(worker_id)
+        if link is not None:
+            self.loop.call_soon(link.grant, batches)
+
+    def _send_ack(self, worker_id: int, seq: int) -> None:
+        link = self.links.get(worker_id)
+        if link is not None:
+            self.loop.call_soon(link.ack, seq)
+
+    # -------------------------------------------------------------- weights
+
+    async def _admit(self, link: ActorLink, desc: ActorDescription) -> None:
+        # A returning actor must hold the weights addressed to it before its data is used.
+        self.book.observe(link.worker_id, desc.models)
+        for enc in self.book.pending(link.worker_id, desc.models):
+            version = await link.channel.push_weights(enc.model_id, enc.version, enc.blob,
+                                                      enc.sha256, self.conn.call_timeout)
+            self.book.acknowledged(link.worker_id, enc.model_id, version)
+            log.info("pushed %s version %d to worker_id %d before its data is used",
+                     enc.model_id, version, link.worker_id)
+
+    def push(self, worker_ids: Sequence[int], encoded: Sequence[EncodedWeights]) -> PushResults:
+        """Push each encoded model to each worker, all concurrently.
+
+        Returns:
+            ``(succeeded, failed)``: ``{model_id: {worker_id: version}}`` and
+            ``{model_id: {worker_id: exception}}``.
+        """
+        for enc in encoded:
+            self.book.addressed(worker_ids, enc)
+        pairs = [(wid, enc) for enc in encoded for wid in worker_ids]
+        results = self.loop.run(self._push_all(pairs), self.conn.call_timeout + _MARGIN)
+        succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for enc in encoded}
+        failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for enc in encoded}
+        for (wid, enc), result in zip(pairs, results, strict=True):
+            if isinstance(result, BaseException):
+                failed[enc.model_id][wid] = result
+            else:
+                self.book.acknowledged(wid, enc.model_id, result)
+                succeeded[enc.model_id][wid] = result
+        return succeeded, failed
+
+    async def _push_all(self, pairs: list[tuple[int, EncodedWeights]]) -> list:
+        async def one(wid: int, enc: EncodedWeights) -> int:
+            return await self.links[wid].channel.push_weights(
+                enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout)
+
+        return await asyncio.gather(*(one(w, e) for w, e in pairs), return_exceptions=True)
+
+    # -------------------------------------------------------- control calls
+
+    def set_seed(self, seed: int, static_seed: bool) -> int:
+        """Seed every actor in worker_id order, chaining each returned seed to the next."""
+        for wid in self.worker_ids:
+            link = self.links[wid]
+            seed = self.loop.run(link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
+                                 self.conn.call_timeout + _MARGIN)
+        return seed
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner counters plus every actor's state blob (as a uint8 tensor), by worker_id."""
+        async def fetch() -> list:
+            return await asyncio.gather(*(link.channel.get_state(self.conn.call_timeout)
+                                          for link in self.links.values()))
+
+        blobs = self.loop.run(fetch(), self.conn.call_timeout + _MARGIN)
+        return {
+            "frames": self.ledger.frames,
+            "batches": self.ledger.batches,
+            "policy_version": self.book.versions(),
+            "workers": {w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                        for w, b in sorted(zip(self.links, blobs, strict=True))},
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore counters and load each listed actor's state, then re-read its versions.
+
+        Raises:
+            ValueError: Missing keys.
+            UnknownWorkerError: A worker_id not in the fleet.
+        """
+        missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
+        if missing:
+            raise ValueError(f"state_dict lacks keys {sorted(missing)}")
+        workers = {int(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
+        unknown = sorted(set(workers) - set(self.links))
+        if unknown:
+            raise UnknownWorkerError(f"state_dict holds unknown worker_ids {unknown}; the "
+                                     f"fleet has worker_ids {self.worker_ids}")
+
+        async def load() -> None:
+            await asyncio.gather(*(self.links[w].channel.load_state(blob, self.conn.call_timeout)
+                                   for w, blob in workers.items()))
+            descs = await asyncio.gather(*(self.links[w].channel.describe(self.conn.call_timeout)
+                                           for w in workers))
+            for desc in descs:
+                self.book.observe(desc.worker_id, desc.models)
+
+        self.book.restore_versions(state_dict["policy_version"])
+        self.ledger.restore(int(state_dict["frames"]), int(state_dict["batches"]))
+        self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
+
+    def states(self) -> dict[int, str]:
+        """Each link's state name, by worker_id."""
+        return {w: link.state.value for w, link in sorted(self.links.items())}
+
+    def stats(self) -> dict[str, Any]:
+        """The fleet's counters (see ``GrpcCollector.stats``)."""
+        ledger, links = self.ledger, self.links
+        return {
+            "frames": ledger.frames,
+            "batches": ledger.batches,
+            "worker_frames": dict(ledger.worker_frames),
+            "workers": len(links),
+            "workers_alive": sum(1 for link in links.values() if link.state not in _UNREACHABLE),
+            "worker_states": self.states(),
+            "policy_version": self.book.versions(),
+            "policy_lag": ledger.policy_lag,
+            "policy_lag_max": ledger.policy_lag_max,
+            "gaps": sum(link.tracker.gaps for link in links.values()),
+            "duplicates": sum(link.tracker.duplicates for link in links.values()),
+            "reconnects": sum(ledger.reconnects.values()),
+            "failures": sum(ledger.failures.values()),
+            "failures_per_worker": dict(ledger.failures),
+            "discarded": ledger.discarded,
+            "auto_pushes": ledger.auto_pushes,
+        }
+
+    # ------------------------------------------------------------ shutdown
+
+    def close(self, timeout: float) -> None:
+        """End every session cleanly within ``timeout``, then stop the loop thread."""
+        async def stop_all() -> None:
+            await asyncio.gather(*(link.stop(timeout) for link in self.links.values()),
+                                 return_exceptions=True)
+
+        try:
+            self.loop.run(stop_all(), timeout + _MARGIN)
+        except (RlfleetError, RuntimeError) as exc:
+            log.warning("closing the actor sessions: %s", exc)
+        self.mailbox.close()
+        self.loop.close(timeout)
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, torch.Tensor):
+        return value.contiguous().numpy().tobytes()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")

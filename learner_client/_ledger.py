@@ -1,0 +1,120 @@
+"""Delivery bookkeeping: at-most-once per (worker_id, epoch, seq), gaps, and the counters.
+
+A :class:`SeqTracker` per worker decides whether a complete batch is new
+(delivered) or a re-send (dropped as a duplicate), and counts gaps: seqs that
+were skipped within an epoch (the actor evicted them) and batches known to be
+lost with an actor process (a batch whose first chunk arrived but that never
+completed before the actor came back under a new epoch). Gaps are reported,
+never hidden. :class:`Ledger` aggregates the cheap counters ``stats()`` shows.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["Ledger", "SeqTracker"]
+
+
+class SeqTracker:
+    """At-most-once delivery and gap counting for one worker.
+
+    Attributes:
+        epoch: The actor epoch the tracker follows (0 before the first session).
+        last: Highest seq received complete in ``epoch``.
+        gaps: Batches known to be lost.
+        duplicates: Re-sent batches dropped.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.last = 0
+        self._started = 0
+        self.gaps = 0
+        self.duplicates = 0
+
+    def opened(self, epoch: int, next_seq: int, resumed: bool) -> None:
+        """Follow a session that just opened.
+
+        A new epoch means a new actor process: the batch that was arriving when
+        the old one died is lost (a gap); seqs before ``next_seq`` belong to
+        other sessions and are not ours to count.
+        """
+        if epoch == self.epoch and resumed:
+            return
+        if self.epoch:
+            self.gaps += max(0, self._started - self.last)
+        self.epoch = epoch
+        self.last = max(0, next_seq - 1)
+        self._started = self.last
+
+    def resume_point(self) -> tuple[int, int]:
+        """``(resume_epoch, resume_after_seq)`` for the next ``open``; ``(0, 0)`` when fresh."""
+        return (self.epoch, self.last) if self.epoch else (0, 0)
+
+    def chunk_started(self, seq: int) -> None:
+        """A batch's first chunk arrived."""
+        self._started = max(self._started, seq)
+
+    def accept(self, seq: int) -> bool:
+        """Whether a complete batch is new; counts duplicates and skipped seqs."""
+        if seq <= self.last:
+            self.duplicates += 1
+            return False
+        if seq > self.last + 1:
+            self.gaps += seq - self.last - 1
+        self.last = seq
+        self._started = max(self._started, seq)
+        return True
+
+
+class Ledger:
+    """Thread-safe counters behind ``GrpcCollector.stats()``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.frames = 0
+        self.batches = 0
+        self.worker_frames: dict[int, int] = {}
+        self.reconnects: dict[int, int] = {}
+        self.failures: dict[int, int] = {}
+        self.discarded = 0
+        self.auto_pushes = 0
+        self.policy_lag = 0
+        self.policy_lag_max = 0
+        self.missing_workers: list[int] = []
+
+    def delivered(self, frames_by_worker: dict[int, int], lag: int) -> None:
+        """Count one yielded batch and the frames each worker contributed to it."""
+        with self._lock:
+            self.batches += 1
+            for wid, frames in frames_by_worker.items():
+                self.frames += frames
+                self.worker_frames[wid] = self.worker_frames.get(wid, 0) + frames
+            self.policy_lag = lag
+            self.policy_lag_max = max(self.policy_lag_max, lag)
+
+    def failure(self, worker_id: int) -> None:
+        """Count a broken stream or failed connection attempt."""
+        with self._lock:
+            self.failures[worker_id] = self.failures.get(worker_id, 0) + 1
+
+    def reconnected(self, worker_id: int) -> None:
+        """Count a session re-opened after a failure."""
+        with self._lock:
+            self.reconnects[worker_id] = self.reconnects.get(worker_id, 0) + 1
+
+    def add_discarded(self, count: int) -> None:
+        """Count complete batches dropped on purpose (e.g. the fleet was resized)."""
+        with self._lock:
+            self.discarded += count
+
+    def add_auto_push(self) -> None:
+        """Count one automatic weight push."""
+        with self._lock:
+            self.auto_pushes += 1
+
+    def restore(self, frames: int, batches: int) -> None:
+        """Set the frame and batch counters (from a state_dict)."""
+        with self._lock:
+            self.frames = frames
+            self.batches = batches

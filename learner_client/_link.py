@@ -1,0 +1,266 @@
+"""One actor's session loop on the learner: connect, admit, stream, and reconnect with backoff.
+
+An :class:`ActorLink` runs as one task on the learner's event loop. Each
+attempt re-describes the actor (a different worker_id at the address is
+refused; a new epoch means the process restarted), lets the fleet *admit* it
+(push the weights it should hold, before any of its data is used), opens a
+``Collect`` session (resuming the last epoch and seq when the actor is the same
+process, so retained batches are re-sent and duplicates dropped), then hands
+every complete new batch to the :class:`~learner_client._mailbox.Mailbox`.
+A broken or stalled stream is counted, logged and retried after a jittered
+exponential backoff (bounded delay, retried until the collector closes); the
+other actors are not affected. A session taken over by another learner is
+not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from common.config import CollectSettings
+from common.errors import ActorUnavailableError, FrameError, SessionStateError
+from learner_client._aggregate import name_time_dim, tag_worker
+from learner_client._ledger import Ledger, SeqTracker
+from learner_client._mailbox import Delivery, Mailbox
+from learner_client._settings import ConnectionSettings
+from learner_client._transport import (
+    ActorChannel,
+    ActorDescription,
+    BatchEvent,
+    CollectStream,
+    EndEvent,
+)
+
+__all__ = ["ActorLink", "Backoff", "LinkState"]
+
+log = logging.getLogger("learner_client")
+
+
+class LinkState(enum.Enum):
+    """Where an actor link is in its life."""
+
+    IDLE = "idle"  # described, no session yet
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    DOWN = "down"  # the last connection attempt failed; retrying
+    LOST = "lost"  # taken over by another learner; not retried
+    CLOSED = "closed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Jittered exponential backoff between reconnection attempts.
+
+    Attributes:
+        base: Delay of the first retry, in seconds (before jitter).
+        cap: Largest delay, in seconds.
+    """
+
+    base: float = 0.1
+    cap: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        """Delay before retry ``attempt`` (0-based): 50-100 % of ``base * 2**attempt``, capped."""
+        return random.uniform(0.5, 1.0) * min(self.cap, self.base * 2 ** min(attempt, 30))
+
+
+Admit = Callable[["ActorLink", ActorDescription], Awaitable[None]]
+
+
+class ActorLink:
+    """The learner's connection to one actor (create, start and stop it on the event loop).
+
+    Args:
+        description: What Describe reported at construction.
+        channel: The channel the description came through; the link owns it from now on.
+        conn: Channel settings, deadlines and the learner id.
+        batch_timeout: Seconds a stream owing a batch may stay silent before it counts as stalled.
+        mailbox: Where batches go; also tells whether credits are outstanding.
+        ledger: Failure and reconnection counters.
+        admit: Called before each session opens (pushes the weights the actor lacks).
+    """
+
+    def __init__(self, description: ActorDescription, channel: ActorChannel,
+                 conn: ConnectionSettings, *,
+                 batch_timeout: float, mailbox: Mailbox, ledger: Ledger, admit: Admit,
+                 backoff: Backoff = Backoff()) -> None:
+        self.address = description.address
+        self.worker_id = description.worker_id
+        self.description = description
+        self.state = LinkState.IDLE
+        self.tracker = SeqTracker()
+        self.channel = channel
+        self._conn = conn
+        self._batch_timeout = batch_timeout
+        self._mailbox = mailbox
+        self._ledger = ledger
+        self._admit = admit
+        self._backoff = backoff
+        self._settings: CollectSettings | None = None
+        self._stream: CollectStream | None = None
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._fresh_next = False
+        self._streamed = False
+
+    # -------------------------------------------------------------- control
+
+    def start(self, settings: CollectSettings) -> None:
+        """Start the session loop with these settings."""
+        self._settings = settings
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"rlfleet-link-{self.worker_id}")
+
+    def restart(self, settings: CollectSettings) -> None:
+        """End the current session cleanly and open a fresh one with new settings."""
+        self._settings = settings
+        self._fresh_next = True
+        if self._stream is not None:
+            self._stream.close()
+
+    def grant(self, batches: int) -> None:
+        """Forward credits to the open session (dropped if none: the next open re-grants)."""
+        if self._stream is not None:
+            self._stream.grant(batches)
+
+    def ack(self, seq: int) -> None:
+        """Acknowledge delivered batches on the open session of their epoch."""
+        if self._stream is not None:
+            self._stream.ack(seq)
+
+    async def stop(self, timeout: float) -> None:
+        """Close the session cleanly (``close`` → ``end``), cancelling it after ``timeout``."""
+        self._closing = True
+        if self._stream is not None:
+            self._stream.close()
+        if self._task is not None:
+            done, _ = await asyncio.wait({self._task}, timeout=timeout)
+            if not done:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+        self.state = LinkState.CLOSED
+        await self.channel.close()
+
+    # ----------------------------------------------------------- the loop
+
+    async def _run(self) -> None:
+        attempt = 0
+        reconnecting = False
+        while not self._closing:
+            self._streamed = False
+            try:
+                end = await self._session(reconnecting)
+                if self._closing:
+                    break
+                if end.reason == "TAKEN_OVER":
+                    log.error("actor %s (worker_id %d) was taken over by another learner; "
+                              "it will not be used again", self.address, self.worker_id)
+                    self._set_state(LinkState.LOST)
+                    return
+                if self._fresh_next and end.reason == "CLOSED":
+                    reconnecting = True
+                    continue
+                log.warning("actor %s (worker_id %d) ended the session: %s %s",
+                            self.address, self.worker_id, end.reason, end.message)
+                self._ledger.failure(self.worker_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._closing:
+                    break
+                self._ledger.failure(self.worker_id)
+                log.warning("actor %s (worker_id %d) failed (%s: %s); retry %d",
+                            self.address, self.worker_id, type(exc).__name__, exc, attempt + 1)
+            finally:
+                self._stream = None
+                self._mailbox.session_closed(self.worker_id)
+            # Backoff grows only across attempts that never got a session open.
+            attempt = 0 if self._streamed else attempt
+            reconnecting = True
+            if self.state is not LinkState.DOWN:
+                self._set_state(LinkState.CONNECTING)
+            delay = self._backoff.delay(attempt)
+            attempt += 1
+            log.info("reconnecting to %s (worker_id %d) in %.2f s", self.address,
+                     self.worker_id, delay)
+            await asyncio.sleep(delay)
+        self._set_state(LinkState.CLOSED)
+
+    async def _session(self, reconnecting: bool) -> EndEvent:
+        self._set_state(LinkState.CONNECTING)
+        try:
+            desc = await self.channel.describe(self._conn.call_timeout)
+            if desc.worker_id != self.worker_id:
+                raise ActorUnavailableError(
+                    f"{self.address} now reports worker_id {desc.worker_id}, "
+                    f"expected {self.worker_id}")
+            if self.tracker.epoch and desc.epoch != self.tracker.epoch:
+                log.warning("actor %s (worker_id %d) restarted: epoch %d -> %d", self.address,
+                            self.worker_id, self.tracker.epoch, desc.epoch)
+            self.description = desc
+            await self._admit(self, desc)
+        except Exception:
+            self._set_state(LinkState.DOWN)
+            raise
+        resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
+        self._fresh_next = False
+        settings = self._settings
+        if settings is None:
+            raise SessionStateError("ActorLink.start() was not called")
+        credits = self._mailbox.session_opened(self.worker_id)
+        stream = self.channel.collect(settings, credits=credits, resume=resume,
+                                      take_over=reconnecting, learner_id=self._conn.learner_id)
+        self._stream = stream
+        try:
+            info = await stream.opened(self._conn.call_timeout)
+            self.tracker.opened(info.epoch, info.next_seq, info.resumed)
+            self._set_state(LinkState.STREAMING)
+            self._streamed = True
+            if reconnecting:
+                self._ledger.reconnected(self.worker_id)
+                log.info("actor %s (worker_id %d) re-admitted (epoch %d, resumed=%s)",
+                         self.address, self.worker_id, info.epoch, info.resumed)
+            while True:
+                event = await stream.next_event(self._batch_timeout, waiting=self._owed,
+                                                on_start=self.tracker.chunk_started)
+                if isinstance(event, EndEvent):
+                    return event
+                self._deliver(event)
+        finally:
+            stream.cancel()
+
+    def _owed(self) -> bool:
+        buffered_outstanding = self._mailbox.snapshot().get(self.worker_id)
+        return bool(buffered_outstanding and buffered_outstanding[1])
+
+    def _deliver(self, event: BatchEvent) -> None:
+        if event.worker_id != self.worker_id:
+            raise FrameError(f"{self.address}: batch claims worker_id {event.worker_id}, "
+                             f"expected {self.worker_id}")
+        if not self.tracker.accept(event.seq):
+            log.debug("dropping re-sent batch seq %d of worker_id %d", event.seq, self.worker_id)
+            return
+        if self._fresh_next:
+            # Collected under settings that were just replaced (the fleet was resized).
+            self._ledger.add_discarded(1)
+            return
+        batch = tag_worker(name_time_dim(event.batch), self.worker_id)
+        self._mailbox.put(Delivery(
+            worker_id=self.worker_id, epoch=event.epoch, seq=event.seq, batch=batch,
+            frames=event.frames or batch.numel(), version_min=event.version_min,
+            version_max=event.version_max))
+
+    def _set_state(self, state: LinkState) -> None:
+        if state is self.state:
+            return
+        self.state = state
+        if state in (LinkState.DOWN, LinkState.LOST):
+            self._mailbox.set_alive(self.worker_id, False)
+        elif state is LinkState.STREAMING:
+            self._mailbox.set_alive(self.worker_id, True)

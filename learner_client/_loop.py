@@ -1,0 +1,105 @@
+"""The learner's one background thread: an asyncio event loop running every actor's calls.
+
+User-facing methods are synchronous; they hand coroutines to this loop with
+:meth:`LoopThread.run` (bounded by a deadline) and callbacks with
+:meth:`LoopThread.call_soon`. :meth:`LoopThread.close` cancels what is left,
+shuts the default executor (large frame decodes) down and joins the thread,
+within a bound, so no thread outlives the collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from common.errors import DeadlineError, SessionStateError
+
+__all__ = ["LoopThread"]
+
+T = TypeVar("T")
+log = logging.getLogger("learner_client")
+
+
+class LoopThread:
+    """An event loop running in a daemon thread.
+
+    Args:
+        name: The thread's name.
+    """
+
+    def __init__(self, name: str = "rlfleet-learner") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._closed = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop (use only through the thread-safe methods from other threads)."""
+        return self._loop
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; returns a thread-safe future.
+
+        Raises:
+            SessionStateError: The loop is closed.
+        """
+        if self._closed:
+            coro.close()
+            raise SessionStateError("the collector is shut down")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """Run ``coro`` on the loop and wait for its result.
+
+        Raises:
+            DeadlineError: It did not finish within ``timeout`` seconds (it is cancelled).
+        """
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise DeadlineError(f"operation did not finish within {timeout} s") from None
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` on the loop soon; ignored once the loop is closed."""
+        if self._closed:
+            return
+        # The loop may close between the check and the call.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def close(self, timeout: float) -> None:
+        """Cancel every task, stop the loop and join the thread (idempotent, bounded)."""
+        if self._closed:
+            return
+        if threading.current_thread() is self._thread:
+            raise SessionStateError("LoopThread.close called from its own thread")
+        try:
+            self.run(self._cancel_all(), timeout)
+        except (DeadlineError, RuntimeError) as exc:
+            log.warning("learner event loop did not wind down cleanly: %s", exc)
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _cancel_all(self) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._loop.shutdown_asyncgens()
+        await self._loop.shutdown_default_executor()

@@ -1,0 +1,293 @@
+"""Bounded per-actor buffers between the transport thread and the user, with credit flow control.
+
+Each actor has a slot: complete batches waiting for the user, and credits
+granted but not yet used. The invariant ``outstanding + buffered <= window``
+(``window = min(credit_window, actor max_credits)``) bounds memory: a credit
+is granted only when a batch is taken, so a slow learner pauses the actors.
+Credits are also withheld while paused and beyond the frame budget, and in
+*lazy* mode (sync collection with automatic weight updates) each actor gets
+exactly one credit per requested round, after the round's weight pushes, so
+every frame of the round runs the new weights.
+
+The transport thread calls :meth:`Mailbox.session_opened`, :meth:`put`,
+:meth:`session_closed` and :meth:`set_alive`; the user thread calls
+:meth:`take_any` / :meth:`take_round`. Credits and acks leave through the
+``send_credit`` / ``send_ack`` callbacks, which must be thread-safe and must
+not block.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from tensordict import TensorDictBase
+
+from common.errors import SessionStateError
+
+__all__ = ["Delivery", "Mailbox", "Paused"]
+
+# Waits re-check their condition at least this often (a missed notify costs no more).
+_POLL_SECONDS = 0.5
+
+
+class Paused(Exception):
+    """Raised by a take while the mailbox is paused: nothing is handed out until it resumes."""
+
+
+@dataclasses.dataclass
+class Delivery:
+    """One complete, decoded batch from one actor.
+
+    Attributes:
+        worker_id: The actor that produced it.
+        epoch: The actor epoch.
+        seq: Its seq in the epoch.
+        batch: The decoded TensorDict, tagged with its worker_id.
+        frames: Frames it holds.
+        version_min: Lowest policy version among its frames.
+        version_max: Highest policy version among its frames.
+    """
+
+    worker_id: int
+    epoch: int
+    seq: int
+    batch: TensorDictBase
+    frames: int
+    version_min: int = 0
+    version_max: int = 0
+    arrival: int = 0
+
+
+@dataclasses.dataclass
+class _Slot:
+    window: int
+    buffered: collections.deque[Delivery] = dataclasses.field(default_factory=collections.deque)
+    outstanding: int = 0
+    open: bool = False
+    alive: bool = True
+
+
+class Mailbox:
+    """Per-actor batch buffers plus the credit rules.
+
+    Args:
+        credit_window: Most batches per actor in flight or buffered.
+        send_credit: ``(worker_id, batches)``; grants credits on that actor's stream.
+        send_ack: ``(worker_id, seq)``; acknowledges delivered batches.
+        lazy: Grant one credit per requested round only (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        credit_window: int,
+        send_credit: Callable[[int, int], None],
+        send_ack: Callable[[int, int], None],
+        *,
+        lazy: bool = False,
+    ) -> None:
+        self._window = credit_window
+        self._send_credit = send_credit
+        self._send_ack = send_ack
+        self._lazy = lazy
+        self._cond = threading.Condition()
+        self._slots: dict[int, _Slot] = {}
+        self._arrivals = itertools.count()
+        self._paused = False
+        self._closed = False
+        self._round_wanted = False
+        self._budget: int | None = None
+        self._per_worker_budget = False
+
+    # ------------------------------------------------------------ membership
+
+    def add_worker(self, worker_id: int, max_credits: int) -> None:
+        """Give an actor a slot; its window is ``min(credit_window, max_credits)``."""
+        with self._cond:
+            self._slots.setdefault(worker_id, _Slot(window=max(1, min(self._window, max_credits))))
+
+    def drop_buffered(self, worker_ids: Iterable[int]) -> int:
+        """Discard the batches buffered for these workers; returns how many."""
+        with self._cond:
+            dropped = 0
+            for wid in worker_ids:
+                dropped += len(self._slots[wid].buffered)
+                self._slots[wid].buffered.clear()
+            self._flush()
+            return dropped
+
+    # ------------------------------------------------------- transport side
+
+    def session_opened(self, worker_id: int) -> int:
+        """A session is about to open: returns the initial credits for its ``open``."""
+        with self._cond:
+            slot = self._slots[worker_id]
+            slot.open, slot.alive, slot.outstanding = True, True, 0
+            credits = self._grant_for(worker_id, slot, self._async_room())
+            slot.outstanding = credits
+            self._cond.notify_all()
+            return credits
+
+    def session_closed(self, worker_id: int) -> None:
+        """The session ended or broke: its unused credits are gone."""
+        with self._cond:
+            slot = self._slots[worker_id]
+            slot.open, slot.outstanding = False, 0
+            self._flush()
+            self._cond.notify_all()
+
+    def set_alive(self, worker_id: int, alive: bool) -> None:
+        """Mark an actor reachable or down (down actors fail sync rounds fast)."""
+        with self._cond:
+            self._slots[worker_id].alive = alive
+            self._cond.notify_all()
+
+    def put(self, delivery: Delivery) -> None:
+        """Buffer a complete new batch; it used one credit."""
+        with self._cond:
+            slot = self._slots[delivery.worker_id]
+            slot.outstanding = max(0, slot.outstanding - 1)
+            delivery.arrival = next(self._arrivals)
+            slot.buffered.append(delivery)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------- control
+
+    def set_budget(self, batches: int | None, *, per_worker: bool) -> None:
+        """Batches still wanted (None: endless), in total or per worker (sync rounds)."""
+        with self._cond:
+            self._budget, self._per_worker_budget = batches, per_worker
+            self._flush()
+
+    def set_paused(self, paused: bool) -> None:
+        """Withhold (True) or resume (False) credits; takes raise :class:`Paused` meanwhile."""
+        with self._cond:
+            self._paused = paused
+            self._flush()
+            self._cond.notify_all()
+
+    def want_round(self) -> None:
+        """Lazy mode: release one credit to every actor that has nothing buffered or in flight."""
+        with self._cond:
+            self._round_wanted = True
+            self._flush()
+
+    def close(self) -> None:
+        """Wake every waiter; later takes raise."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> list[int]:
+        """Wait until no open session holds unused credits; returns the workers still busy."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                busy = [w for w, s in self._slots.items() if s.open and s.outstanding]
+                remaining = deadline - time.monotonic()
+                if not busy or remaining <= 0 or self._closed:
+                    return busy
+                self._cond.wait(min(remaining, _POLL_SECONDS))
+
+    def snapshot(self) -> dict[int, tuple[int, int, bool, bool]]:
+        """``{worker_id: (buffered, outstanding, open, alive)}``, for stats and tests."""
+        with self._cond:
+            return {w: (len(s.buffered), s.outstanding, s.open, s.alive)
+                    for w, s in self._slots.items()}
+
+    # ---------------------------------------------------------- user side
+
+    def take_any(self, timeout: float) -> Delivery | None:
+        """The batch that arrived first across all actors, or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._check_open()
+                heads = [s.buffered[0] for s in self._slots.values() if s.buffered]
+                if heads:
+                    first = min(heads, key=lambda d: d.arrival)
+                    self._slots[first.worker_id].buffered.popleft()
+                    self._delivered([first])
+                    return first
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(min(remaining, _POLL_SECONDS))
+
+    def take_round(
+        self, worker_ids: list[int], timeout: float, *, partial: bool
+    ) -> tuple[list[Delivery], list[int]]:
+        """One batch from each of ``worker_ids``, waiting at most ``timeout``.
+
+        Strict (``partial=False``): returns ``([], missing)`` as soon as a
+        missing actor is down, or at the deadline; nothing is taken then.
+        Partial: returns what is ready once every missing actor is down or at
+        the deadline, and the missing ids.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._check_open()
+                missing = [w for w in worker_ids if not self._slots[w].buffered]
+                down = [w for w in missing if not self._slots[w].alive]
+                remaining = deadline - time.monotonic()
+                if not missing or remaining <= 0:
+                    break
+                if not partial and down:
+                    break
+                if partial and len(down) == len(missing) and len(missing) < len(worker_ids):
+                    break
+                self._cond.wait(min(remaining, _POLL_SECONDS))
+            if missing and not partial:
+                return [], missing
+            taken = [self._slots[w].buffered.popleft() for w in worker_ids if w not in missing]
+            self._round_wanted = False
+            self._delivered(taken)
+            return taken, missing
+
+    # ------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionStateError("the collector is shut down")
+        if self._paused:
+            raise Paused
+
+    def _delivered(self, deliveries: list[Delivery]) -> None:
+        for delivery in deliveries:
+            self._send_ack(delivery.worker_id, delivery.seq)
+        if self._budget is not None:
+            # One batch (async) or one round (sync) fewer is wanted; the
+            # collector re-sets the exact budget right after.
+            used = 1 if self._per_worker_budget else len(deliveries)
+            self._budget = max(0, self._budget - used)
+        self._flush()
+
+    def _async_room(self) -> int | None:
+        if self._budget is None or self._per_worker_budget:
+            return None
+        used = sum(s.outstanding + len(s.buffered) for s in self._slots.values())
+        return max(0, self._budget - used)
+
+    def _grant_for(self, worker_id: int, slot: _Slot, room: int | None) -> int:
+        if not slot.open or self._paused:
+            return 0
+        target = (1 if self._round_wanted else 0) if self._lazy else slot.window
+        if self._budget is not None and self._per_worker_budget:
+            target = min(target, self._budget)
+        grant = max(0, target - slot.outstanding - len(slot.buffered))
+        return grant if room is None else min(grant, room)
+
+    def _flush(self) -> None:
+        room = self._async_room()
+        for wid, slot in self._slots.items():
+            grant = self._grant_for(wid, slot, room)
+            if grant:
+                slot.outstanding += grant
+                if room is not None:
+                    room -= grant
+                self._send_credit(wid, grant)

@@ -1,0 +1,107 @@
+"""Weight pushes as the collector issues them: explicit ones, automatic ones, and their errors.
+
+One path for every push: check the targets hold the model, encode each
+model once (:meth:`~learner_client._weights.WeightBook.encode`), stream it to
+all targets concurrently (:meth:`~learner_client._fleet.Fleet.push`), then
+report per-worker results. A push that failed on some workers raises
+:class:`~learner_client._errors.WeightPushError` listing both the failures
+and the successes. Automatic pushes (``update_after_each_batch``,
+``max_weight_update_interval``) re-read the last weights given, so in-place
+training is picked up; an actor that is down is skipped and receives the
+weights when it is re-admitted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from common.errors import ActorUnavailableError, DeadlineError, UnknownModelError
+from learner_client._errors import WeightPushError
+from learner_client._fleet import Fleet
+from learner_client._link import LinkState
+from learner_client._weights import WeightRequest, resolve_worker_ids
+
+__all__ = ["Pusher"]
+
+log = logging.getLogger("learner_client")
+
+_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.CLOSED)
+
+
+class Pusher:
+    """Issues the collector's weight pushes.
+
+    Args:
+        fleet: The actors and the weight book.
+    """
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+
+    def update(self, request: WeightRequest) -> dict:
+        """Carry out one normalised ``update_policy_weights_`` call.
+
+        Returns:
+            ``{worker_id: version}``, or ``{model_id: {worker_id: version}}`` when nested.
+
+        Raises:
+            UnknownWorkerError: A target not in the fleet.
+            UnknownModelError: A target without the model.
+            WeightPushError: Some targets failed.
+        """
+        targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
+        self._check_models(request.sources, targets)
+        book = self._fleet.book
+        encoded = [book.encode(mid, src) for mid, src in request.sources.items()]
+        succeeded, failed = self._fleet.push(targets, encoded)
+        if any(failed.values()):
+            raise push_error(succeeded, failed, nested=request.nested)
+        return succeeded if request.nested else next(iter(succeeded.values()))
+
+    def _check_models(self, sources: dict[str, Any], targets: list[int]) -> None:
+        links = self._fleet.links
+        for mid in sources:
+            lacking = [w for w in targets if mid not in links[w].description.models]
+            if lacking:
+                have = {w: sorted(links[w].description.models) for w in lacking}
+                raise UnknownModelError(
+                    f"model_id {mid!r} is not registered on worker_ids {lacking}; they have {have}")
+
+    def auto_update(self, candidates: Sequence[int], interval: int | None) -> None:
+        """Push the last weights given to every candidate whose update is due.
+
+        Raises:
+            WeightPushError: A reachable worker rejected the push (unreachable ones are
+                logged; they get the weights when they are re-admitted).
+        """
+        book = self._fleet.book
+        models = book.models_with_sources()
+        if interval is None or not models:
+            return
+        due = [w for w in candidates if self._fleet.links[w].state not in _UNREACHABLE
+               and book.due(w, interval)]
+        if not due:
+            return
+        encoded = [book.encode(mid, None) for mid in models]
+        succeeded, failed = self._fleet.push(due, encoded)
+        self._fleet.ledger.add_auto_push()
+        fatal = {mid: {w: e for w, e in errs.items()
+                       if not isinstance(e, ActorUnavailableError | DeadlineError)}
+                 for mid, errs in failed.items()}
+        for mid, errs in failed.items():
+            for wid, exc in errs.items():
+                log.warning("automatic push of %s to worker_id %d failed: %s", mid, wid, exc)
+        if any(fatal.values()):
+            raise push_error(succeeded, fatal, nested=True)
+
+
+def push_error(succeeded: dict, failed: dict, *, nested: bool) -> WeightPushError:
+    """Build the :class:`WeightPushError` of a push with failures (flattened unless nested)."""
+    detail = "; ".join(f"{mid} on worker_id {w}: {exc}"
+                       for mid, errs in failed.items() for w, exc in sorted(errs.items()))
+    if not nested:
+        succeeded, failed = next(iter(succeeded.values())), next(iter(failed.values()))
+    return WeightPushError(f"weight push failed ({detail}); succeeded: {succeeded}",
+                           succeeded=succeeded, failed=failed)

@@ -1,0 +1,396 @@
+"""The learner's settings, grouped in frozen dataclasses, and the checks run at construction.
+
+``GrpcCollector`` takes TorchRL's flat keyword arguments and turns them at once
+into three groups: :class:`BatchSettings` (how batches are assembled and
+delivered), :class:`RolloutSettings` (what each actor session is asked to do,
+sent as :class:`common.config.CollectSettings`) and :class:`ConnectionSettings`
+(channels, deadlines, credits). Fleet-dependent checks (divisibility by the
+number of actors and by each actor's env pool) live here too, so the rules a
+user meets are in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from common.config import CollectSettings, ExplorationType
+from common.errors import UnknownModelError
+
+__all__ = [
+    "BatchSettings",
+    "ConnectionSettings",
+    "FleetMember",
+    "RolloutSettings",
+    "build_settings",
+    "check_addresses",
+    "check_fleet",
+    "frames_per_actor",
+    "normalize_cat_results",
+    "normalize_exploration_type",
+    "positive_int",
+    "positive_timeout",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSettings:
+    """How the learner assembles and delivers batches.
+
+    Attributes:
+        frames_per_batch: Frames per yielded batch (sync: in total over the fleet).
+        total_frames: Frames after which iteration stops; ``-1`` iterates forever.
+        sync: One batch from every actor per iteration (True) or first ready, first served.
+        cat_results: ``"stack"`` (``[workers, envs, time]``) or ``0`` (concatenate on dim 0).
+        allow_partial_batches: Sync only: proceed without actors that miss ``batch_timeout``.
+        batch_timeout: Seconds a sync batch (or a stalled stream) may take.
+        split_trajs: Batches hold zero-padded trajectories (sync rows are padded and concatenated).
+        update_after_each_batch: Push the last weights given after every batch.
+        max_weight_update_interval: Push to a worker once more than this many of its batches
+            were delivered since its last update; ``-1`` disables.
+    """
+
+    frames_per_batch: int
+    total_frames: int = -1
+    sync: bool = False
+    cat_results: str | int = "stack"
+    allow_partial_batches: bool = False
+    batch_timeout: float = 60.0
+    split_trajs: bool = False
+    update_after_each_batch: bool = False
+    max_weight_update_interval: int = -1
+
+    @property
+    def endless(self) -> bool:
+        """Whether iteration never stops on its own."""
+        return self.total_frames < 0
+
+    @property
+    def auto_update_interval(self) -> int | None:
+        """Batches a worker may deliver before an automatic push; None when off."""
+        if self.update_after_each_batch:
+            return 0
+        if self.max_weight_update_interval >= 0:
+            return self.max_weight_update_interval
+        return None
+
+    def num_batches(self) -> int:
+        """``ceil(total_frames / frames_per_batch)``, as TorchRL's ``__len__``.
+
+        Raises:
+            TypeError: The collector is endless (``total_frames=-1``), so it has no length.
+        """
+        if self.endless:
+            raise TypeError("an endless collector (total_frames=-1) has no length")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """What every actor session is asked to do (TorchRL's rollout knobs).
+
+    Attributes:
+        max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` means none.
+        init_random_frames: Random-action frames over the whole fleet (split across actors).
+        reset_at_each_iter: Reset every env before each batch.
+        reset_when_done: Must be True, as in TorchRL.
+        split_trajs: Split batches into zero-padded trajectories.
+        exploration_type: Interaction type while the policy acts.
+        set_truncated: Mark the last frame of each batch truncated.
+        model_id: The model that acts.
+    """
+
+    max_frames_per_traj: int = -1
+    init_random_frames: int = -1
+    reset_at_each_iter: bool = False
+    reset_when_done: bool = True
+    split_trajs: bool = False
+    exploration_type: ExplorationType = ExplorationType.RANDOM
+    set_truncated: bool = False
+    model_id: str = "policy"
+
+    def for_actor(self, frames_per_batch: int, num_actors: int) -> CollectSettings:
+        """The settings one actor's session is opened with.
+
+        Sessions get no frame budget: the learner decides when to stop.
+
+        Args:
+            frames_per_batch: Frames per batch from this actor.
+            num_actors: Actors sharing ``init_random_frames``.
+
+        Returns:
+            The session settings.
+        """
+        random_frames = 0
+        if self.init_random_frames > 0:
+            random_frames = math.ceil(self.init_random_frames / max(num_actors, 1))
+        return CollectSettings(
+            frames_per_batch=frames_per_batch,
+            max_frames_per_traj=self.max_frames_per_traj,
+            init_random_frames=random_frames,
+            reset_at_each_iter=self.reset_at_each_iter,
+            reset_when_done=self.reset_when_done,
+            split_trajs=self.split_trajs,
+            exploration_type=self.exploration_type,
+            set_truncated=self.set_truncated,
+            total_frames=-1,
+            model_id=self.model_id,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionSettings:
+    """Channels, deadlines and flow control.
+
+    Attributes:
+        credit_window: Most batches per actor in flight or buffered (capped by the
+            actor's ``max_credits``).
+        connect_timeout: Seconds to reach an actor (Describe) at construction.
+        call_timeout: Deadline of every unary call and weight push.
+        channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS; None for plaintext.
+        token: Bearer token sent on every call; None for none.
+        learner_id: Free-form learner name the actors log.
+    """
+
+    credit_window: int = 2
+    connect_timeout: float = 10.0
+    call_timeout: float = 30.0
+    channel_credentials: Any = None
+    token: str | None = None
+    learner_id: str = "rlfleet-learner"
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata: the bearer token when one is set."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetMember:
+    """What the fleet checks need to know about one actor.
+
+    Attributes:
+        address: ``host:port``.
+        worker_id: The id the actor reported.
+        num_envs: Its env pool size.
+        models: The model_ids it holds.
+    """
+
+    address: str
+    worker_id: int
+    num_envs: int
+    models: tuple[str, ...] = ("policy",)
+
+
+def positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive int (not a bool), else raise.
+
+    Raises:
+        TypeError: Not an int.
+        ValueError: Not positive.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def positive_timeout(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a finite positive number of seconds.
+
+    Raises:
+        TypeError: Not a number.
+        ValueError: Not finite and positive.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def normalize_exploration_type(value: object) -> ExplorationType:
+    """Accept our ExplorationType, tensordict's InteractionType (or TorchRL's alias) or a name.
+
+    Raises:
+        ValueError: A name or member with no counterpart on the wire (e.g. ``MEDIAN``).
+        TypeError: Anything else.
+    """
+    if isinstance(value, ExplorationType):
+        return value
+    if isinstance(value, enum.Enum):
+        name = value.name
+    elif isinstance(value, str):
+        name = value.upper()
+    else:
+        raise TypeError(
+            f"exploration_type must be an ExplorationType, an InteractionType or a name, "
+            f"got {value!r}"
+        )
+    try:
+        return ExplorationType[name]
+    except KeyError:
+        known = [m.name for m in ExplorationType]
+        raise ValueError(
+            f"exploration_type {value!r} is not supported; use one of {known}") from None
+
+
+def normalize_cat_results(value: object) -> str | int:
+    """``None``/``"stack"`` → ``"stack"``; ``0`` → ``0`` (concatenate on the first dim).
+
+    Raises:
+        ValueError: Any other value.
+    """
+    if value is None or value == "stack":
+        return "stack"
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        return 0
+    raise ValueError(f"cat_results must be None, 'stack' or 0, got {value!r}")
+
+
+def frames_per_actor(settings: BatchSettings, num_actors: int) -> int:
+    """Frames each actor collects per batch: the total split evenly (sync) or all of it (async)."""
+    if settings.sync:
+        return settings.frames_per_batch // num_actors
+    return settings.frames_per_batch
+
+
+def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
+    """Check the fleet against the batch settings, as TorchRL checks its workers.
+
+    Raises:
+        ValueError: No actors; two actors with one worker_id; (sync) ``frames_per_batch``
+            not divisible by the number of actors or a share not a multiple of an actor's
+            ``num_envs``; (async) ``frames_per_batch`` not a multiple of an actor's ``num_envs``.
+        UnknownModelError: An actor lacks the acting model ``model_id``.
+    """
+    if not members:
+        raise ValueError("GrpcCollector needs at least one actor address")
+    lacking = [m for m in members if model_id not in m.models]
+    if lacking:
+        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}) has {sorted(m.models)}"
+                           for m in lacking)
+        raise UnknownModelError(f"the acting model_id {model_id!r} is missing: {detail}")
+    by_id: dict[int, list[str]] = {}
+    for member in members:
+        by_id.setdefault(member.worker_id, []).append(member.address)
+    duplicates = {wid: addrs for wid, addrs in by_id.items() if len(addrs) > 1}
+    if duplicates:
+        detail = "; ".join(f"worker_id {wid} at {addrs}"
+                           for wid, addrs in sorted(duplicates.items()))
+        raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
+    fpb, count = settings.frames_per_batch, len(members)
+    if settings.sync and fpb % count:
+        raise ValueError(
+            f"sync collection splits frames_per_batch={fpb} evenly over {count} actors, "
+            f"but {fpb} is not divisible by {count}"
+        )
+    share = frames_per_actor(settings, count)
+    bad = [m for m in members if share % m.num_envs]
+    if bad:
+        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}, num_envs {m.num_envs})"
+                           for m in bad)
+        what = f"the per-actor share {share} of frames_per_batch={fpb}" if settings.sync else (
+            f"frames_per_batch={fpb}"
+        )
+        raise ValueError(f"{what} is not a multiple of the env pool size of {detail}")
+    steps = {share // m.num_envs for m in members}
+    if settings.sync and settings.cat_results == 0 and len(steps) > 1 and not settings.split_trajs:
+        raise ValueError(
+            f"cat_results=0 needs the same time steps from every actor, but the env pool sizes "
+            f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch")
+
+
+def check_addresses(actors: object) -> list[str]:
+    """The actor addresses as a list of ``host:port`` strings.
+
+    Raises:
+        ValueError: No addresses, a malformed one, or one listed twice.
+        TypeError: Not a list of strings.
+    """
+    if isinstance(actors, str) or not isinstance(actors, Sequence):
+        raise TypeError(f"actors must be a list of 'host:port' strings, got {actors!r}")
+    if not actors:
+        raise ValueError("GrpcCollector needs at least one actor address, got []")
+    seen: list[str] = []
+    for address in actors:
+        if not isinstance(address, str):
+            raise TypeError(f"actor addresses must be strings, got {address!r}")
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"actor address must be 'host:port', got {address!r}")
+        if address in seen:
+            raise ValueError(f"actor address {address!r} is listed twice")
+        seen.append(address)
+    return seen
+
+
+def _frames(name: str, value: object, *, allow_endless: bool) -> int:
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {value!r}")
+    if allow_endless and value == -1:
+        return -1
+    if allow_endless and value <= 0:
+        raise ValueError(f"{name} must be positive, or -1 for endless, got {value!r}")
+    return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def build_settings(**kw: Any) -> tuple[BatchSettings, RolloutSettings, ConnectionSettings]:
+    """Validate ``GrpcCollector``'s keyword arguments and group them.
+
+    Raises:
+        ValueError: A value out of range (the message names it and the value).
+        TypeError: A value of the wrong type.
+    """
+    interval = kw["max_weight_update_interval"]
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
+        raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
+    if not isinstance(kw["model_id"], str) or not kw["model_id"]:
+        raise ValueError(f"model_id must be a non-empty string, got {kw['model_id']!r}")
+    if not _flag("reset_when_done", kw["reset_when_done"]):
+        raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
+    token = kw["token"]
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ValueError("token must be a non-empty string or None")
+    batch = BatchSettings(
+        frames_per_batch=positive_int("frames_per_batch", kw["frames_per_batch"]),
+        total_frames=_frames("total_frames", kw["total_frames"], allow_endless=True),
+        sync=_flag("sync", kw["sync"]),
+        cat_results=normalize_cat_results(kw["cat_results"]),
+        allow_partial_batches=_flag("allow_partial_batches", kw["allow_partial_batches"]),
+        batch_timeout=positive_timeout("batch_timeout", kw["batch_timeout"]),
+        split_trajs=_flag("split_trajs", kw["split_trajs"]),
+        update_after_each_batch=_flag("update_after_each_batch", kw["update_after_each_batch"]),
+        max_weight_update_interval=interval,
+    )
+    rollout = RolloutSettings(
+        max_frames_per_traj=_frames("max_frames_per_traj", kw["max_frames_per_traj"],
+                                    allow_endless=False),
+        init_random_frames=_frames("init_random_frames", kw["init_random_frames"],
+                                   allow_endless=False),
+        reset_at_each_iter=_flag("reset_at_each_iter", kw["reset_at_each_iter"]),
+        reset_when_done=True,
+        split_trajs=batch.split_trajs,
+        exploration_type=normalize_exploration_type(kw["exploration_type"]),
+        set_truncated=_flag("set_truncated", kw["set_truncated"]),
+        model_id=kw["model_id"],
+    )
+    conn = ConnectionSettings(
+        credit_window=positive_int("credit_window", kw["credit_window"]),
+        connect_timeout=positive_timeout("connect_timeout", kw["connect_timeout"]),
+        call_timeout=positive_timeout("call_timeout", kw["call_timeout"]),
+        channel_credentials=kw["channel_credentials"],
+        token=token,
+    )
+    return batch, rollout, conn

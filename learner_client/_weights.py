@@ -1,0 +1,287 @@
+"""Normalising ``update_policy_weights_`` arguments, and the learner's weight bookkeeping.
+
+TorchRL's signature takes weights four ways (positionally, ``weights=``,
+``policy=``, ``weights_dict=``); :func:`normalize_update_args` turns any of
+them into one :class:`WeightRequest` ({model_id: source}, target worker_ids)
+or raises TorchRL's ValueErrors for conflicting arguments.
+:class:`WeightBook` holds what the learner knows about weights: the version
+counter per model_id (never behind any actor's), the last source given per
+model_id (re-read at every automatic push, so in-place training is seen), the
+encoded push each worker should hold (so a restarted actor gets exactly those
+bytes back) and the batches each worker delivered since its last update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+from torch import nn
+
+from common.errors import SessionStateError, UnknownWorkerError
+from common.weights import encode_weights, sha256_hex
+
+__all__ = [
+    "EncodedWeights",
+    "WeightBook",
+    "WeightRequest",
+    "normalize_update_args",
+    "resolve_worker_ids",
+]
+
+WeightSource = nn.Module | TensorDictBase | Mapping[str, Any]
+DEFAULT_MODEL_ID = "policy"
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightRequest:
+    """One normalised ``update_policy_weights_`` call.
+
+    Attributes:
+        sources: ``{model_id: source}``; a None source means "the last one given".
+        worker_ids: Targets as given (None: every worker); checked later against the fleet.
+        nested: The caller used ``weights_dict``, so results are keyed by model_id.
+    """
+
+    sources: dict[str, WeightSource | None]
+    worker_ids: tuple[int, ...] | None
+    nested: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedWeights:
+    """One push, encoded once and sent to every target.
+
+    Attributes:
+        model_id: The model it updates.
+        version: The policy version it installs.
+        blob: The safetensors bytes.
+        sha256: Hex digest of ``blob``.
+    """
+
+    model_id: str
+    version: int
+    blob: bytes
+    sha256: str
+
+
+def _check_source(name: str, value: object) -> WeightSource:
+    if isinstance(value, nn.Module | TensorDictBase | Mapping):
+        return value
+    raise TypeError(
+        f"{name} must be an nn.Module, a TensorDict or a dict of tensors, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _check_model_id(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"model_id must be a non-empty string, got {value!r}")
+    return value
+
+
+def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
+    if worker_ids is None:
+        return None
+    items = [worker_ids] if isinstance(worker_ids, int) else worker_ids
+    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
+        raise TypeError(f"worker_ids must be an int, a list of ints or None, got {worker_ids!r}")
+    out: list[int] = []
+    for wid in items:
+        if isinstance(wid, bool) or not isinstance(wid, int):
+            raise TypeError(f"worker_ids must hold ints, got {wid!r} in {worker_ids!r}")
+        if wid not in out:
+            out.append(wid)
+    if not out:
+        raise ValueError("worker_ids is empty; pass None to update every worker")
+    return tuple(out)
+
+
+def normalize_update_args(
+    policy_or_weights: object = None,
+    *,
+    weights: object = None,
+    policy: object = None,
+    worker_ids: object = None,
+    model_id: object = None,
+    weights_dict: object = None,
+) -> WeightRequest:
+    """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
+
+    Raises:
+        ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
+            ``weights_dict`` with ``model_id`` or with any of those three; an empty
+            ``weights_dict`` or ``worker_ids``; an empty ``model_id``.
+        TypeError: A source, ``weights_dict`` or ``worker_ids`` of the wrong type.
+    """
+    given = [n for n, v in (("policy_or_weights", policy_or_weights), ("weights", weights),
+                            ("policy", policy)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"pass the weights once: got {' and '.join(given)}")
+    targets = _normalize_worker_ids(worker_ids)
+    if weights_dict is not None:
+        if model_id is not None:
+            raise ValueError("weights_dict and model_id are mutually exclusive")
+        if given:
+            raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
+        if not isinstance(weights_dict, Mapping):
+            raise TypeError(
+                f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}")
+        if not weights_dict:
+            raise ValueError("weights_dict is empty")
+        sources = {
+            _check_model_id(mid): None if src is None
+            else _check_source(f"weights_dict[{mid!r}]", src)
+            for mid, src in weights_dict.items()
+        }
+        return WeightRequest(sources=sources, worker_ids=targets, nested=True)
+    mid = DEFAULT_MODEL_ID if model_id is None else _check_model_id(model_id)
+    source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
+    if policy is not None and not isinstance(policy, nn.Module):
+        raise TypeError(f"policy must be an nn.Module, got {type(policy).__name__}")
+    if weights is not None and not isinstance(weights, TensorDictBase | Mapping):
+        raise TypeError(
+            f"weights must be a TensorDict or a dict of tensors, got {type(weights).__name__}")
+    checked = None if source is None else _check_source(given[0], source)
+    return WeightRequest(sources={mid: checked}, worker_ids=targets, nested=False)
+
+
+def resolve_worker_ids(worker_ids: tuple[int, ...] | None, known: Sequence[int]) -> list[int]:
+    """The target worker_ids of a push, checked against the fleet.
+
+    Raises:
+        UnknownWorkerError: An id no actor has, naming the known ids.
+    """
+    if worker_ids is None:
+        return sorted(known)
+    unknown = [w for w in worker_ids if w not in known]
+    if unknown:
+        raise UnknownWorkerError(
+            f"unknown worker_ids {unknown}; the fleet has worker_ids {sorted(known)}"
+        )
+    return list(worker_ids)
+
+
+class WeightBook:
+    """What the learner knows about weights, shared by the user thread and the transport.
+
+    Version counters start at the highest version any actor reports (see
+    :meth:`observe`), so a restarted learner never pushes a stale version.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._versions: dict[str, int] = {}
+        self._sources: dict[str, WeightSource] = {}
+        self._desired: dict[int, dict[str, EncodedWeights]] = {}
+        self._applied: dict[int, dict[str, int]] = {}
+        self._since_update: dict[int, int | None] = {}
+
+    # ----------------------------------------------------------------- reading
+
+    def versions(self) -> dict[str, int]:
+        """The learner's current version per model_id."""
+        with self._lock:
+            return dict(self._versions)
+
+    def applied(self, worker_id: int) -> dict[str, int]:
+        """The version per model_id a worker last reported or acknowledged."""
+        with self._lock:
+            return dict(self._applied.get(worker_id, {}))
+
+    def source(self, model_id: str) -> WeightSource:
+        """The last weights given for ``model_id``.
+
+        Raises:
+            SessionStateError: None were given yet.
+        """
+        with self._lock:
+            if model_id not in self._sources:
+                raise SessionStateError(
+                    f"no weights were given for model_id {model_id!r} yet; pass a policy or "
+                    f"weights to update_policy_weights_ first"
+                )
+            return self._sources[model_id]
+
+    def models_with_sources(self) -> list[str]:
+        """Model ids for which weights were given."""
+        with self._lock:
+            return sorted(self._sources)
+
+    def pending(self, worker_id: int, reported: Mapping[str, int]) -> list[EncodedWeights]:
+        """The pushes a worker lacks, judged by the versions it reports now.
+
+        A worker that restarted (or missed a push) reports an older version than
+        the one last addressed to it; those pushes are returned for a re-send.
+        """
+        with self._lock:
+            desired = self._desired.get(worker_id, {})
+            return [enc for mid, enc in sorted(desired.items())
+                    if reported.get(mid, 0) < enc.version]
+
+    def due(self, worker_id: int, interval: int | None) -> bool:
+        """Whether an automatic push is due: more than ``interval`` batches since the last one."""
+        if interval is None:
+            return False
+        with self._lock:
+            since = self._since_update.get(worker_id)
+            return since is None or since > interval
+
+    # ----------------------------------------------------------------- writing
+
+    def observe(self, worker_id: int, reported: Mapping[str, int]) -> None:
+        """Record the versions an actor reports (Describe); counters never fall behind them."""
+        with self._lock:
+            self._applied[worker_id] = dict(reported)
+            for mid, version in reported.items():
+                self._versions[mid] = max(self._versions.get(mid, 0), version)
+            self._since_update.setdefault(worker_id, None)
+
+    def encode(self, model_id: str, source: WeightSource | None) -> EncodedWeights:
+        """Encode one push under the next version of ``model_id`` and remember the source.
+
+        Args:
+            model_id: The model to update.
+            source: The weights; None re-reads the last ones given.
+
+        Returns:
+            The encoded push (the version counter is bumped only if encoding succeeded).
+        """
+        if source is None:
+            source = self.source(model_id)
+        blob = encode_weights(source, metadata={"model_id": model_id})
+        digest = sha256_hex(blob)
+        with self._lock:
+            self._sources[model_id] = source
+            version = self._versions.get(model_id, 0) + 1
+            self._versions[model_id] = version
+        return EncodedWeights(model_id=model_id, version=version, blob=blob, sha256=digest)
+
+    def addressed(self, worker_ids: Iterable[int], encoded: EncodedWeights) -> None:
+        """Record that ``encoded`` is what these workers should hold from now on."""
+        with self._lock:
+            for wid in worker_ids:
+                self._desired.setdefault(wid, {})[encoded.model_id] = encoded
+
+    def acknowledged(self, worker_id: int, model_id: str, version: int) -> None:
+        """Record a push the worker applied; its automatic-update count restarts."""
+        with self._lock:
+            self._applied.setdefault(worker_id, {})[model_id] = version
+            self._versions[model_id] = max(self._versions.get(model_id, 0), version)
+            self._since_update[worker_id] = 0
+
+    def count_batch(self, worker_id: int) -> None:
+        """Count one delivered batch of ``worker_id`` towards its next automatic push."""
+        with self._lock:
+            since = self._since_update.get(worker_id)
+            if since is not None:
+                self._since_update[worker_id] = since + 1
+
+    def restore_versions(self, versions: Mapping[str, int]) -> None:
+        """Raise the counters to at least ``versions`` (from a learner state_dict)."""
+        with self._lock:
+            for mid, version in versions.items():
+                self._versions[mid] = max(self._versions.get(mid, 0), int(version))

@@ -1,0 +1,25 @@
+"""The learner's public surface is exactly what training scripts import."""
+
+from __future__ import annotations
+
+import learner_client
+from common.errors import ActorUnavailableError, RlfleetError
+
+
+def test_learner_client_all_is_pinned():
+    assert learner_client.__all__ == [
+        "GrpcCollector",
+        "MissingWorkersError",
+        "RemoteActor",
+        "WeightPushError",
+    ]
+    for name in learner_client.__all__:
+        assert getattr(learner_client, name).__module__.startswith("learner_client._")
+
+
+def test_learner_errors_extend_the_common_tree():
+    assert issubclass(learner_client.WeightPushError, RlfleetError)
+    assert issubclass(learner_client.MissingWorkersError, ActorUnavailableError)
+    err = learner_client.WeightPushError("x", succeeded={0: 3}, failed={1: ValueError("bad")})
+    assert err.succeeded == {0: 3}
+    assert list(err.failed) == [1]

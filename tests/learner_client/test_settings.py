@@ -1,0 +1,122 @@
+"""Construction-time checks of GrpcCollector's arguments and of the fleet they describe."""
+
+from __future__ import annotations
+
+import pytest
+from tensordict.nn import InteractionType
+
+from common.config import ExplorationType
+from common.errors import UnknownModelError
+from learner_client._settings import (
+    BatchSettings,
+    FleetMember,
+    build_settings,
+    check_addresses,
+    check_fleet,
+    normalize_cat_results,
+    normalize_exploration_type,
+)
+
+DEFAULTS = dict(
+    frames_per_batch=16, total_frames=-1, sync=False, max_frames_per_traj=-1,
+    init_random_frames=-1, reset_at_each_iter=False, reset_when_done=True, split_trajs=False,
+    exploration_type=ExplorationType.RANDOM, set_truncated=False, update_after_each_batch=False,
+    max_weight_update_interval=-1, cat_results=None, credit_window=2, connect_timeout=10.0,
+    call_timeout=30.0, batch_timeout=60.0, allow_partial_batches=False,
+    channel_credentials=None, token=None, model_id="policy",
+)
+
+
+def members(*num_envs: int) -> list[FleetMember]:
+    return [FleetMember(f"h:{9000 + i}", i, n) for i, n in enumerate(num_envs)]
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "message"),
+    [
+        ({"frames_per_batch": 0}, ValueError, "frames_per_batch.*0"),
+        ({"frames_per_batch": 2.5}, TypeError, "frames_per_batch.*2.5"),
+        ({"frames_per_batch": True}, TypeError, "frames_per_batch"),
+        ({"total_frames": 0}, ValueError, "total_frames.*0"),
+        ({"credit_window": 0}, ValueError, "credit_window.*0"),
+        ({"batch_timeout": -1.0}, ValueError, "batch_timeout.*-1"),
+        ({"cat_results": 1}, ValueError, "cat_results.*1"),
+        ({"max_weight_update_interval": -2}, ValueError, "max_weight_update_interval.*-2"),
+        ({"reset_when_done": False}, ValueError, "reset_when_done"),
+        ({"exploration_type": InteractionType.MEDIAN}, ValueError, "MEDIAN"),
+        ({"exploration_type": 3}, TypeError, "exploration_type"),
+        ({"model_id": ""}, ValueError, "model_id"),
+        ({"sync": "yes"}, TypeError, "sync"),
+    ],
+)
+def test_build_settings_raises_if_a_value_is_out_of_range(override, error, message):
+    with pytest.raises(error, match=message):
+        build_settings(**(DEFAULTS | override))
+
+
+def test_build_settings_groups_and_normalises():
+    batch, rollout, conn = build_settings(**(DEFAULTS | {
+        "total_frames": None, "exploration_type": InteractionType.DETERMINISTIC, "token": "t",
+        "update_after_each_batch": True}))
+    assert batch.endless and batch.auto_update_interval == 0
+    assert rollout.exploration_type is ExplorationType.DETERMINISTIC
+    assert conn.metadata() == (("authorization", "Bearer t"),)
+    settings = rollout.for_actor(8, 3)
+    assert settings.total_frames == -1 and settings.frames_per_batch == 8
+
+
+def test_exploration_and_cat_results_accept_torchrl_spellings():
+    assert normalize_exploration_type("mode") is ExplorationType.MODE
+    assert normalize_exploration_type(InteractionType.RANDOM) is ExplorationType.RANDOM
+    assert normalize_cat_results("stack") == "stack"
+    assert normalize_cat_results(0) == 0
+
+
+def test_batch_settings_len_is_ceil_and_raises_if_endless():
+    assert BatchSettings(frames_per_batch=10, total_frames=25).num_batches() == 3
+    with pytest.raises(TypeError, match="endless"):
+        BatchSettings(frames_per_batch=10).num_batches()
+
+
+def test_check_addresses_raises_if_empty_malformed_or_repeated():
+    assert check_addresses(["a:1", "b:2"]) == ["a:1", "b:2"]
+    with pytest.raises(ValueError, match="at least one"):
+        check_addresses([])
+    with pytest.raises(ValueError, match="'nope'"):
+        check_addresses(["nope"])
+    with pytest.raises(ValueError, match="twice"):
+        check_addresses(["a:1", "a:1"])
+    with pytest.raises(TypeError):
+        check_addresses("a:1")
+
+
+def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
+    dup = [FleetMember("h:1", 5, 2), FleetMember("h:2", 5, 2)]
+    with pytest.raises(ValueError, match=r"worker_id 5 at \['h:1', 'h:2'\]"):
+        check_fleet(BatchSettings(frames_per_batch=8), dup, "policy")
+
+
+def test_check_fleet_raises_if_sync_frames_do_not_split_evenly():
+    with pytest.raises(ValueError, match="frames_per_batch=10.*not divisible by 3"):
+        check_fleet(BatchSettings(frames_per_batch=10, sync=True), members(1, 1, 1), "policy")
+    with pytest.raises(ValueError, match=r"share 6.*h:9001 \(worker_id 1, num_envs 4\)"):
+        check_fleet(BatchSettings(frames_per_batch=12, sync=True), members(2, 4), "policy")
+    check_fleet(BatchSettings(frames_per_batch=16, sync=True), members(2, 4), "policy")
+
+
+def test_check_fleet_raises_if_async_frames_are_not_a_multiple_of_num_envs():
+    with pytest.raises(ValueError, match=r"frames_per_batch=6.*num_envs 4"):
+        check_fleet(BatchSettings(frames_per_batch=6), members(2, 4), "policy")
+    check_fleet(BatchSettings(frames_per_batch=8), members(2, 4), "policy")
+
+
+def test_check_fleet_raises_if_cat_needs_equal_time_steps():
+    with pytest.raises(ValueError, match="cat_results=0"):
+        check_fleet(BatchSettings(frames_per_batch=16, sync=True, cat_results=0),
+                    members(2, 4), "policy")
+
+
+def test_check_fleet_raises_if_the_acting_model_is_missing():
+    fleet = [FleetMember("h:1", 0, 2, ("critic",))]
+    with pytest.raises(UnknownModelError, match=r"'policy'.*h:1"):
+        check_fleet(BatchSettings(frames_per_batch=8), fleet, "policy")

@@ -1,0 +1,111 @@
+"""update_policy_weights_ argument normalisation and the learner's weight bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from common.errors import SessionStateError, UnknownWorkerError
+from common.weights import decode_weights
+from learner_client._weights import WeightBook, normalize_update_args, resolve_worker_ids
+
+
+def test_normalize_update_args_accepts_every_torchrl_form():
+    module = nn.Linear(2, 2)
+    td = TensorDict.from_module(module)
+    assert normalize_update_args(module).sources == {"policy": module}
+    assert normalize_update_args(weights=td).sources == {"policy": td}
+    assert normalize_update_args(policy=module, model_id="critic").sources == {"critic": module}
+    assert normalize_update_args().sources == {"policy": None}
+    request = normalize_update_args(weights_dict={"policy": td, "critic": {"w": torch.ones(1)}})
+    assert request.nested and set(request.sources) == {"policy", "critic"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy_or_weights": {"w": torch.ones(1)}, "weights": {"w": torch.ones(1)}},
+         "policy_or_weights and weights"),
+        ({"weights": {"w": torch.ones(1)}, "policy": nn.Linear(1, 1)}, "weights and policy"),
+        ({"weights_dict": {"policy": {}}, "model_id": "policy"}, "model_id"),
+        ({"weights_dict": {"policy": {}}, "policy": nn.Linear(1, 1)}, "policy"),
+        ({"weights_dict": {}}, "empty"),
+        ({"worker_ids": []}, "empty"),
+        ({"model_id": ""}, "model_id"),
+    ],
+)
+def test_normalize_update_args_raises_if_arguments_conflict(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_update_args(**kwargs)
+
+
+def test_normalize_update_args_raises_if_types_are_wrong():
+    with pytest.raises(TypeError, match="nn.Module"):
+        normalize_update_args(policy={"w": torch.ones(1)})
+    with pytest.raises(TypeError, match="dict of tensors, got int"):
+        normalize_update_args(42)
+    with pytest.raises(TypeError, match="ints"):
+        normalize_update_args(worker_ids=[0, "1"])
+    with pytest.raises(TypeError, match="ints"):
+        normalize_update_args(worker_ids=True)
+
+
+def test_normalize_update_args_dedupes_worker_ids_in_order():
+    assert normalize_update_args(worker_ids=3).worker_ids == (3,)
+    assert normalize_update_args(worker_ids=[2, 0, 2]).worker_ids == (2, 0)
+
+
+def test_resolve_worker_ids_raises_if_an_id_is_unknown_naming_the_known_ones():
+    assert resolve_worker_ids(None, [4, 1]) == [1, 4]
+    with pytest.raises(UnknownWorkerError, match=r"\[7\].*\[1, 4\]") as info:
+        resolve_worker_ids((1, 7), [4, 1])
+    assert isinstance(info.value, LookupError)
+
+
+def test_weight_book_versions_start_at_the_highest_actor_version():
+    book = WeightBook()
+    book.observe(0, {"policy": 3})
+    book.observe(1, {"policy": 7, "critic": 1})
+    assert book.versions() == {"policy": 7, "critic": 1}
+    enc = book.encode("policy", nn.Linear(2, 1))
+    assert enc.version == 8
+    state, meta = decode_weights(enc.blob)
+    assert set(state) == {"weight", "bias"} and meta["model_id"] == "policy"
+
+
+def test_weight_book_reencodes_the_last_source_as_it_is_now():
+    book = WeightBook()
+    module = nn.Linear(1, 1)
+    first = book.encode("policy", module)
+    with torch.no_grad():
+        module.weight.fill_(5.0)
+    second = book.encode("policy", None)
+    assert (first.version, second.version) == (1, 2)
+    assert decode_weights(second.blob)[0]["weight"].item() == 5.0
+    with pytest.raises(SessionStateError, match="critic"):
+        book.encode("critic", None)
+
+
+def test_weight_book_pending_returns_what_a_restarted_worker_lacks():
+    book = WeightBook()
+    enc = book.encode("policy", nn.Linear(1, 1))
+    book.addressed([0, 1], enc)
+    book.acknowledged(0, "policy", enc.version)
+    assert book.pending(0, {"policy": enc.version}) == []
+    assert book.pending(0, {"policy": 0}) == [enc]  # restarted: version back to 0
+    assert book.pending(1, {"policy": 0}) == [enc]  # never applied
+
+
+def test_weight_book_due_counts_batches_since_the_last_update():
+    book = WeightBook()
+    book.observe(0, {"policy": 0})
+    assert book.due(0, 0)  # never updated by this learner
+    book.acknowledged(0, "policy", 1)
+    assert not book.due(0, 0)
+    book.count_batch(0)
+    assert book.due(0, 0) and not book.due(0, 1)
+    book.count_batch(0)
+    assert book.due(0, 1)
+    assert not book.due(0, None)
