@@ -1,0 +1,410 @@
+"""Tensor frames: the wire encoding of a TensorDict batch, and its strict decoder.
+
+A frame is a safetensors-like header followed by the raw bytes of every entry.
+All integers are little-endian; ``align16(n)`` rounds ``n`` up to a multiple of 16::
+
+    offset 0       4 bytes   magic b"RLF1"
+    offset 4       8 bytes   H, the header length, uint64 (at most FrameLimits.max_header_bytes)
+    offset 12      H bytes   header: a UTF-8 JSON object, right-padded with spaces so that
+                             12 + H is a multiple of 16 (the payload starts 16-byte aligned)
+    offset 12+H    P bytes   payload: the entries' bytes, in header order, entry i starting at
+                             align16(end of entry i-1) (0 for the first), padding bytes zero;
+                             P is the end of the last entry (no trailing padding)
+
+The header object has exactly these fields (JSON integers only, never bools or floats)::
+
+    {"batch_size": [8, 125],            root batch size
+     "names": [null, "time"],           root dim names, one per batch dim
+     "tds": [{"key": ["next"], "batch_size": [8, 125], "names": [null, "time"]}, ...],
+                                        every nested tensordict, parents before children
+     "entries": [{"key": ["next", "observation"], "dtype": "float32", "shape": [8, 125, 4],
+                  "offset": 0, "nbytes": 16000}, ...],
+     "payload_bytes": P}
+
+A key is the list of its nested string components; the parent of an entry or a
+nested tensordict (its key minus the last component) is the root or an earlier
+``tds`` item, and its shape starts with that parent's batch size (a nested
+tensordict's names also start with its parent's names). Tensor dtypes
+are ``float16 float32 float64 bfloat16 uint8 int8 int16 int32 int64 bool``; the
+bytes of a tensor are its C-contiguous elements (bool as one byte, 0 or 1) and
+``nbytes == numel * itemsize``. Strings (tensordict ``NonTensorData`` and
+``NonTensorStack``) have ``"dtype": "str"``: shape ``[]`` is one string shared by
+the batch (``NonTensorData``), any other shape is a ``NonTensorStack`` of that
+shape; the region holds ``count`` (the shape's product, 1 for ``[]``) uint64 end
+offsets, then the concatenated UTF-8 strings, ``nbytes = 8 * count + text bytes``.
+
+Decoding trusts nothing (:mod:`common._frame_decode`): every field, type, size
+and offset is checked against :class:`FrameLimits` before anything is allocated,
+entries must be packed exactly as above, and every failure raises
+:class:`~common.errors.FrameError` (:class:`~common.errors.FrameTooLargeError`
+for caps). Decoded tensors are views into one buffer: the caller's ``bytearray``
+or writable ``memoryview`` (aligned to 16 bytes), else one copy of it; with
+:class:`FrameAssembler`, the buffer the chunks were copied into. Batches travel
+on CPU and decode with device ``None``. No pickle is involved anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
+
+from common._frame_decode import ALIGN, DTYPES, MAGIC, PREAMBLE, STR, FrameLimits, decode
+from common.config import CHUNK_BYTES
+from common.errors import DataLossError, FrameError, FrameTooLargeError, SessionStateError
+
+__all__ = [
+    "EncodedFrame",
+    "FrameAssembler",
+    "FrameLimits",
+    "DEFAULT_LIMITS",
+    "MAGIC",
+    "decode_frame",
+    "encode_frame",
+    "frame_crc32",
+]
+
+#: The caps used when none are given.
+DEFAULT_LIMITS = FrameLimits()
+_ZEROS = memoryview(bytes(ALIGN))
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+Key = tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedFrame:
+    """An encoded frame: its header and zero-copy views of its payload.
+
+    The payload views borrow the tensors' memory: leave the encoded tensordict
+    unchanged until the frame has been sent.
+
+    Example::
+
+        frame = encode_frame(batch)
+        for data in frame.chunks():  # each at most CHUNK_BYTES
+            send(data)
+
+    Attributes:
+        header: Bytes 0 to 12+H: magic, header length and padded JSON header.
+        payload: The payload in order, as flat byte views (entries and zero padding).
+        nbytes: Total length of the frame.
+    """
+
+    header: bytes
+    payload: tuple[memoryview, ...]
+    nbytes: int
+
+    def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """Cuts the frame into consecutive pieces, copying each byte once.
+
+        Args:
+            chunk_bytes: Largest piece; every piece but the last has exactly this length.
+
+        Yields:
+            The pieces, which concatenate to :meth:`tobytes`.
+
+        Raises:
+            ValueError: If ``chunk_bytes`` is not a positive int.
+        """
+        if type(chunk_bytes) is not int or chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        pending: list[memoryview] = []
+        size = 0
+        for part in (memoryview(self.header), *self.payload):
+            start, end = 0, len(part)
+            while start < end:
+                take = min(end - start, chunk_bytes - size)
+                pending.append(part[start : start + take])
+                size += take
+                start += take
+                if size == chunk_bytes:
+                    yield b"".join(pending)
+                    pending, size = [], 0
+        if pending:
+            yield b"".join(pending)
+
+    def tobytes(self) -> bytes:
+        """Returns the whole frame as one ``bytes`` object."""
+        return b"".join((self.header, *self.payload))
+
+
+def encode_frame(td: TensorDictBase) -> EncodedFrame:
+    """Encodes a tensordict as a tensor frame without copying contiguous CPU tensors.
+
+    Lazy stacks are densified; other tensors are made CPU and contiguous only when
+    they are not. Nested tensordicts keep their own batch sizes and dim names.
+
+    Args:
+        td: The batch: tensors of the allowed dtypes and strings, nested at will.
+
+    Returns:
+        The encoded frame.
+
+    Raises:
+        TypeError: If ``td`` or one of its values (named by key) has an unsupported
+            type, dtype or layout, or a non-tensor value is not a string.
+        FrameError: If a value cannot be represented (ragged lazy stack, unencodable text).
+    """
+    if not isinstance(td, TensorDictBase) or is_non_tensor(td):
+        raise TypeError(f"encode_frame expects a TensorDict, got {type(td).__name__}")
+    encoder = _Encoder()
+    td = encoder.dense(td, ())
+    encoder.walk(td, (), td.names)
+    header = {
+        "batch_size": list(td.batch_size),
+        "names": td.names,
+        "tds": encoder.tds,
+        "entries": encoder.entries,
+        "payload_bytes": encoder.offset,
+    }
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-(PREAMBLE.size + len(text)) % ALIGN)
+    head = PREAMBLE.pack(MAGIC, len(text)) + text
+    return EncodedFrame(head, tuple(encoder.parts), len(head) + encoder.offset)
+
+
+class _Encoder:
+    """Walks a tensordict depth-first, collecting header records and payload views."""
+
+    def __init__(self) -> None:
+        self.tds: list[dict[str, Any]] = []
+        self.entries: list[dict[str, Any]] = []
+        self.parts: list[memoryview] = []
+        self.offset = 0
+
+    def dense(self, td: TensorDictBase, key: Key) -> TensorDictBase:
+        if type(td) is TensorDict:
+            return td
+        try:
+            return td.contiguous()
+        except (RuntimeError, ValueError) as exc:
+            raise FrameError(f"cannot densify the tensordict at {list(key)}: {exc}") from exc
+
+    def walk(self, td: TensorDictBase, prefix: Key, names: list[str | None]) -> None:
+        for name, value in td.items():
+            key = (*prefix, name)
+            if isinstance(value, torch.Tensor):
+                self.add(key, _DTYPE_NAMES.get(value.dtype), value.shape, _tensor_view(key, value))
+            elif is_non_tensor(value):
+                shape, view = _strings_view(key, value, td.batch_size)
+                self.add(key, STR, shape, view)
+            elif isinstance(value, TensorDictBase):
+                value = self.dense(value, key)
+                # tensordict keeps a child's leading names equal to its parent's, except
+                # after erasing names; the frame always states the consistent form.
+                sub_names = [*names, *value.names[td.batch_dims :]]
+                record = {"key": list(key), "batch_size": list(value.batch_size)}
+                self.tds.append({**record, "names": sub_names})
+                self.walk(value, key, sub_names)
+            else:
+                raise TypeError(f"entry {list(key)}: cannot encode a {type(value).__name__}")
+
+    def add(self, key: Key, dtype: str | None, shape: torch.Size, view: memoryview) -> None:
+        pad = -self.offset % ALIGN
+        if pad:
+            self.parts.append(_ZEROS[:pad])
+            self.offset += pad
+        record = {"key": list(key), "dtype": dtype, "shape": list(shape)}
+        self.entries.append({**record, "offset": self.offset, "nbytes": len(view)})
+        if len(view):
+            self.parts.append(view)
+            self.offset += len(view)
+
+
+def _tensor_view(key: Key, tensor: torch.Tensor) -> memoryview:
+    if tensor.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"entry {list(key)}: dtype {tensor.dtype} is not one of {list(DTYPES)}")
+    if tensor.layout is not torch.strided:
+        raise TypeError(f"entry {list(key)}: layout {tensor.layout} is not torch.strided")
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tuple[list, Any]:
+    if isinstance(value, NonTensorStack):
+        shape = list(value.batch_size)
+        flat = _flatten(value.tolist(), len(shape))
+    elif value.batch_size == batch_size:
+        shape, flat = [], [value.data]
+    else:
+        raise FrameError(
+            f"entry {list(key)}: NonTensorData batch size {list(value.batch_size)} differs from "
+            f"its tensordict's {list(batch_size)}; use a NonTensorStack"
+        )
+    for item in flat:
+        if not isinstance(item, str):
+            raise TypeError(f"entry {list(key)}: non-tensor values must be str, got {item!r:.60}")
+    try:
+        encoded = [item.encode("utf-8") for item in flat]
+    except UnicodeEncodeError as exc:
+        raise FrameError(f"entry {list(key)}: text is not encodable as UTF-8: {exc}") from exc
+    ends = np.cumsum([len(item) for item in encoded], dtype="<u8")
+    return shape, memoryview(ends.tobytes() + b"".join(encoded))
+
+
+def _flatten(nested: Any, ndim: int) -> list:
+    for _ in range(ndim - 1):
+        nested = [item for row in nested for item in row]
+    return list(nested)
+
+
+def decode_frame(
+    buffer: bytes | bytearray | memoryview, limits: FrameLimits = DEFAULT_LIMITS
+) -> TensorDict:
+    """Decodes one whole frame, checking it as strictly as safetensors.
+
+    Tensors are views into ``buffer`` when it is a ``bytearray`` or a writable,
+    contiguous ``memoryview`` starting 16-byte aligned; otherwise (``bytes``, a
+    read-only view) the buffer is copied once and the tensors view the copy.
+
+    Args:
+        buffer: Exactly one frame.
+        limits: The caps to enforce.
+
+    Returns:
+        The batch, with its batch size, dim names and nested structure.
+
+    Raises:
+        FrameError: If the frame is malformed, truncated or inconsistent.
+        FrameTooLargeError: If the frame exceeds a cap in ``limits``.
+        TypeError: If ``buffer`` is not a bytes-like object.
+    """
+    if not isinstance(buffer, bytes | bytearray | memoryview):
+        raise TypeError(f"decode_frame expects bytes-like data, got {type(buffer).__name__}")
+    view = memoryview(buffer)
+    if view.nbytes < PREAMBLE.size:
+        raise FrameError(f"a frame has at least {PREAMBLE.size} bytes, got {view.nbytes}")
+    if view.nbytes > limits.max_frame_bytes:
+        raise FrameTooLargeError(
+            f"frame of {view.nbytes} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
+        )
+    if view.readonly or not view.c_contiguous:
+        view = memoryview(bytearray(view))
+    data = torch.frombuffer(view.cast("B"), dtype=torch.uint8)
+    if data.data_ptr() % ALIGN:
+        data = data.clone()
+    return decode(data, limits)
+
+
+class FrameAssembler:
+    """Reassembles a frame from its chunks into one preallocated buffer.
+
+    Each chunk is copied once into the buffer; :meth:`finish` decodes tensors as
+    views of that buffer, with no second copy.
+
+    Example::
+
+        assembler = FrameAssembler(info.frame_bytes)
+        for data in chunks:
+            assembler.add(data)
+        batch = assembler.finish(expected_crc32=info.crc32)
+
+    Args:
+        total_bytes: The announced frame length; checked against the caps before allocating.
+        limits: The caps to enforce.
+
+    Raises:
+        FrameError: If ``total_bytes`` is too small for a frame.
+        FrameTooLargeError: If ``total_bytes`` exceeds ``limits.max_frame_bytes``.
+    """
+
+    def __init__(self, total_bytes: int, limits: FrameLimits = DEFAULT_LIMITS) -> None:
+        if type(total_bytes) is not int:
+            raise FrameError(f"total_bytes must be an int, got {total_bytes!r:.60}")
+        if total_bytes > limits.max_frame_bytes:
+            raise FrameTooLargeError(
+                f"frame of {total_bytes} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
+            )
+        if total_bytes < PREAMBLE.size:
+            raise FrameError(f"a frame has at least {PREAMBLE.size} bytes, got {total_bytes}")
+        self._limits = limits
+        self._total = total_bytes
+        self._received = 0
+        self._buffer: torch.Tensor | None = torch.empty(total_bytes, dtype=torch.uint8)
+        self._view = memoryview(self._buffer.numpy())
+
+    @property
+    def total_bytes(self) -> int:
+        """The announced frame length."""
+        return self._total
+
+    @property
+    def received(self) -> int:
+        """Bytes received so far."""
+        return self._received
+
+    def add(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Copies the next chunk into the frame buffer.
+
+        Args:
+            chunk: The next consecutive bytes of the frame.
+
+        Raises:
+            FrameError: If the chunk would take the frame past its announced length.
+            SessionStateError: If :meth:`finish` was already called.
+        """
+        if self._buffer is None:
+            raise SessionStateError("FrameAssembler.add called after finish()")
+        piece = memoryview(chunk).cast("B")
+        end = self._received + piece.nbytes
+        if end > self._total:
+            raise FrameError(f"frame overflow: {end} bytes received, {self._total} were announced")
+        self._view[self._received : end] = piece
+        self._received = end
+
+    def finish(self, expected_crc32: int | None = None) -> TensorDict:
+        """Checks completeness (and the checksum when given), then decodes the frame.
+
+        Args:
+            expected_crc32: The sender's :func:`frame_crc32`, or None to skip the check.
+
+        Returns:
+            The batch; its tensors are views into the assembled buffer.
+
+        Raises:
+            FrameError: If bytes are missing or the frame is malformed.
+            DataLossError: If the checksum does not match.
+            SessionStateError: If :meth:`finish` was already called.
+        """
+        if self._buffer is None:
+            raise SessionStateError("FrameAssembler.finish called twice")
+        buffer, view = self._buffer, self._view
+        self._buffer = None
+        self._view = memoryview(b"")
+        if self._received != self._total:
+            raise FrameError(f"frame incomplete: {self._received} of {self._total} bytes received")
+        if expected_crc32 is not None:
+            actual = zlib.crc32(view)
+            if actual != expected_crc32:
+                raise DataLossError(
+                    f"frame checksum mismatch: got crc32 {actual:#010x}, "
+                    f"expected {expected_crc32:#010x}"
+                )
+        return decode(buffer, self._limits)
+
+
+def frame_crc32(frame: EncodedFrame | bytes | bytearray | memoryview) -> int:
+    """Returns the CRC-32 (zlib) of a frame, as sent in ``BatchInfo.crc32``.
+
+    Args:
+        frame: An encoded frame or its bytes.
+
+    Returns:
+        The unsigned 32-bit checksum.
+    """
+    if isinstance(frame, EncodedFrame):
+        crc = zlib.crc32(frame.header)
+        for part in frame.payload:
+            crc = zlib.crc32(part, crc)
+        return crc
+    return zlib.crc32(frame)
