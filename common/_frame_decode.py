@@ -52,7 +52,8 @@ class FrameLimits:
         max_depth: Most components in one key.
         max_key_length: Longest key component or dim name, in characters.
         max_ndim: Most dims in one shape or batch size.
-        max_strings: Most strings in one frame (each becomes a Python object).
+        max_strings: Most strings in one frame. Each becomes a tensordict object
+            (about 0.1 ms and 0.6 KiB), so this bounds the decode time strings can cost.
     """
 
     max_frame_bytes: int = 1 << 30
@@ -61,7 +62,7 @@ class FrameLimits:
     max_depth: int = 16
     max_key_length: int = 256
     max_ndim: int = 16
-    max_strings: int = 1 << 20
+    max_strings: int = 1 << 16
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -269,7 +269,7 @@ def test_decode_frame_raises_if_a_string_region_is_malformed(ends, text, match) 
 
 
 def test_decode_frame_raises_if_there_are_too_many_strings() -> None:
-    count = (1 << 20) + 1
+    count = FrameLimits().max_strings + 1
     entry = {"key": ["s"], "dtype": "str", "shape": [count], "offset": 0, "nbytes": 8 * count}
     header = {"batch_size": [count], "names": [None], "tds": [], "entries": [entry],
               "payload_bytes": 8 * count}  # fmt: skip
