@@ -40,22 +40,12 @@ def env_name(config: ActorConfig) -> str:
 
 
 def _env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
-    # functools.partial of importable callables pickles by reference, as spawn needs.
+    # A partial of the user's own callable pickles by reference, and a spawned worker
+    # then imports only that callable's module (not ours, which would pull in torch).
     if config.env_factory:
         factory = load_callable(config.env_factory)
-        return functools.partial(
-            _call_factory, factory, config.env_factory, dict(config.env_kwargs)
-        )
+        return functools.partial(factory, **dict(config.env_kwargs))
     return functools.partial(gymnasium.make, config.env, **dict(config.env_kwargs))
-
-
-def _call_factory(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> gymnasium.Env:
-    env = factory(**kwargs)
-    if not isinstance(env, gymnasium.Env):
-        raise TypeError(
-            f"env factory {name!r} returned a {type(env).__name__}, not a gymnasium.Env"
-        )
-    return env
 
 
 def make_env_pool(config: ActorConfig) -> VectorEnv:

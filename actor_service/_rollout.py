@@ -28,7 +28,13 @@ from actor_service._config import ActorConfig
 from actor_service._env_pool import close_pool, env_name, make_env_pool, reset_pool, step_pool
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
-from common.errors import RlfleetError, SessionStateError, WeightsError
+from common.errors import (
+    ActorUnavailableError,
+    DeadlineError,
+    RlfleetError,
+    SessionStateError,
+    WeightsError,
+)
 from common.policies import RandomPolicy
 
 __all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
@@ -118,7 +124,7 @@ class RolloutWorker:
             )
             self._random = RandomPolicy(self.observation_space, self.action_space)
             self._traj = TrajIds(config.worker_id, self.epoch)
-            self._pool_broken = False
+            self._pool_broken = self._needs_reset = False
             self.set_seed(seed)
         except BaseException:
             close_pool(self._pool, force=True)
@@ -208,8 +214,11 @@ class RolloutWorker:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
                     self._step(t, buffers, settings, random)
-        except RlfleetError:
+        except (DeadlineError, ActorUnavailableError):
             self._pool_broken = True
+            raise
+        except BaseException:
+            self._needs_reset = True  # the envs moved on from self._obs
             raise
         self._obs = buffers.obs[:, steps].copy()
         return buffers.to_tensordict(settings.set_truncated)
@@ -269,19 +278,25 @@ class RolloutWorker:
 
     def _reset(self, seeds: list[int] | None) -> None:
         """Reset every env: fresh observations, new traj ids, step counts at 0."""
-        self._obs = np.array(
-            reset_pool(self._pool, self.config.step_timeout, seed=seeds), copy=True
-        )
+        try:
+            obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds)
+        except RlfleetError:
+            self._pool_broken = True
+            raise
+        self._obs = np.array(obs, copy=True)
+        self._needs_reset = False
         self._traj_ids = self._traj.take(self.num_envs)
         self._step_count = np.zeros(self.num_envs, dtype=np.int64)
 
     def _ensure_pool(self) -> None:
-        if not self._pool_broken:
-            return
-        close_pool(self._pool, force=True)
-        self._pool = make_env_pool(self.config)
-        self._pool_broken = False
-        self._reset(seeds=None)
+        """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
+        if self._pool_broken:
+            close_pool(self._pool, force=True)
+            self._pool = make_env_pool(self.config)
+            self._pool_broken = False
+            self._needs_reset = True
+        if self._needs_reset:
+            self._reset(seeds=None)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -316,12 +331,9 @@ class RolloutWorker:
                     current = derive_seed(current)
             torch.manual_seed(seed)
             np.random.seed(seed % 2**32)
-            self._ensure_pool()
-            try:
-                self._reset(seeds=seeds)
-            except RlfleetError:
-                self._pool_broken = True
-                raise
+            if self._pool_broken:
+                self._ensure_pool()
+            self._reset(seeds=seeds)
             return current
 
     def state_dict(self) -> dict[str, Any]:

@@ -99,8 +99,8 @@ def _sample_index(probs: torch.Tensor) -> torch.Tensor:
     # Inverse-CDF sampling: one uniform per row, cheaper than torch.multinomial on
     # small batches, and shared by both forward paths so they agree draw for draw.
     u = torch.rand((*probs.shape[:-1], 1), dtype=probs.dtype, device=probs.device)
-    index = (probs.cumsum(-1) < u).sum(-1)
-    return index.clamp_(max=probs.shape[-1] - 1)
+    index = torch.searchsorted(probs.cumsum(-1), u).squeeze(-1)
+    return index.clamp_(max=probs.shape[-1] - 1)  # float error may leave cdf[-1] < u
 
 
 class OneHotCategorical(D.OneHotCategorical):

@@ -1,0 +1,79 @@
+"""Env factories for the collection-core tests, importable by spawned env workers.
+
+Tests put this directory on ``sys.path`` and name the factories as
+``"rlfleet_test_envs:<function>"``; spawned subprocesses inherit that path. No torch
+import here, so env subprocesses start fast.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium
+
+
+class _HangAfter(gymnasium.Wrapper):
+    """Steps normally ``steps`` times, then sleeps forever inside ``step``."""
+
+    def __init__(self, env: gymnasium.Env, steps: int) -> None:
+        super().__init__(env)
+        self._left = steps
+
+    def step(self, action: Any) -> Any:
+        if self._left <= 0:
+            while True:
+                time.sleep(3600)
+        self._left -= 1
+        return self.env.step(action)
+
+
+def hanging_cartpole(steps: int = 0) -> gymnasium.Env:
+    """CartPole whose ``step`` hangs forever after ``steps`` steps."""
+    return _HangAfter(gymnasium.make("CartPole-v1"), steps)
+
+
+class _CrashAfter(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, steps: int) -> None:
+        super().__init__(env)
+        self._left = steps
+
+    def step(self, action: Any) -> Any:
+        if self._left <= 0:
+            raise RuntimeError("simulator crashed")
+        self._left -= 1
+        return self.env.step(action)
+
+
+def crashing_cartpole(steps: int = 0) -> gymnasium.Env:
+    """CartPole whose ``step`` raises after ``steps`` steps."""
+    return _CrashAfter(gymnasium.make("CartPole-v1"), steps)
+
+
+def text_env() -> gymnasium.Env:
+    """An env with a Text observation space, which actors do not support."""
+
+    class _TextEnv(gymnasium.Env):
+        observation_space = gymnasium.spaces.Text(8)
+        action_space = gymnasium.spaces.Discrete(2)
+
+        def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+            super().reset(seed=seed)
+            return "a", {}
+
+        def step(self, action: Any) -> Any:
+            return "a", 0.0, False, False, {}
+
+    return _TextEnv()
+
+
+_CRASHED = {"done": False}
+
+
+def crash_once_cartpole(steps: int = 0) -> gymnasium.Env:
+    """CartPole that raises once, process-wide, after ``steps`` steps (sync backend only)."""
+    env = gymnasium.make("CartPole-v1")
+    if _CRASHED["done"]:
+        return env
+    _CRASHED["done"] = True
+    return _CrashAfter(env, steps)
