@@ -1,0 +1,50 @@
+"""The rlfleet actor: an env pool plus a local policy, served as ``rlfleet.v1.ActorService``.
+
+Run one with the ``rlfleet-actor`` command (or ``python -m actor_service``), or
+in-process::
+
+    from actor_service import ActorConfig, create_server
+
+    with create_server(ActorConfig(port=0, num_envs=4)).run_in_thread() as actor:
+        print(actor.port)   # SERVING: health, reflection and ActorService
+
+The server and its dependencies (torch, gRPC) are imported on first use, so the
+command line reports bad flags without loading them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from actor_service._config import ActorConfig, ModelSpec
+
+__all__ = [
+    "ActorConfig",
+    "ModelSpec",
+    "ActorServer",
+    "ServerThread",
+    "create_server",
+    "serve",
+    "parse_config",
+    "main",
+]
+
+_LAZY = {
+    "ActorServer": "actor_service._server",
+    "ServerThread": "actor_service._server",
+    "create_server": "actor_service._server",
+    "serve": "actor_service._server",
+    "parse_config": "actor_service._cli",
+    "main": "actor_service._cli",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'actor_service' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,123 @@
+"""Conversions between the ``rlfleet.v1`` messages and the collection core's Python values.
+
+The servicer stays a thin adapter: collection settings arrive as a
+``CollectSettings`` message and leave here as :class:`common.config.CollectSettings`;
+the core's description (gymnasium spaces, model parameter tables) leaves here as
+a ``DescribeResponse``. Nothing in this module blocks or touches the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+
+from common.config import CollectSettings, ExplorationType
+from common.errors import RlfleetError
+from common.rlfleet.v1 import actor_service_pb2 as pb
+
+__all__ = ["InvalidSettingsError", "describe_to_proto", "settings_from_proto", "space_to_proto"]
+
+
+class InvalidSettingsError(RlfleetError, ValueError):
+    """A session's collection settings are not valid for this actor (INVALID_ARGUMENT)."""
+
+    status_code = grpc.StatusCode.INVALID_ARGUMENT
+
+_EXPLORATION = {
+    pb.EXPLORATION_TYPE_UNSPECIFIED: ExplorationType.RANDOM,
+    pb.EXPLORATION_TYPE_RANDOM: ExplorationType.RANDOM,
+    pb.EXPLORATION_TYPE_DETERMINISTIC: ExplorationType.DETERMINISTIC,
+    pb.EXPLORATION_TYPE_MODE: ExplorationType.MODE,
+    pb.EXPLORATION_TYPE_MEAN: ExplorationType.MEAN,
+}
+# Box bounds beyond this many elements are left out of a SpaceSpec (images).
+_MAX_BOUNDS = 1024
+
+
+def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
+    """Turn the ``open`` message's settings into a :class:`CollectSettings`.
+
+    ``EXPLORATION_TYPE_UNSPECIFIED`` means RANDOM and an empty ``model_id``
+    means ``"policy"``.
+
+    Raises:
+        InvalidSettingsError: Naming the offending value.
+    """
+    exploration = _EXPLORATION.get(msg.exploration_type)
+    if exploration is None:
+        raise InvalidSettingsError(f"unknown exploration_type {msg.exploration_type} in settings")
+    try:
+        return CollectSettings(
+            frames_per_batch=int(msg.frames_per_batch),
+            max_frames_per_traj=int(msg.max_frames_per_traj),
+            init_random_frames=int(msg.init_random_frames),
+            reset_at_each_iter=msg.reset_at_each_iter,
+            reset_when_done=msg.reset_when_done,
+            split_trajs=msg.split_trajs,
+            exploration_type=exploration,
+            set_truncated=msg.set_truncated,
+            total_frames=int(msg.total_frames),
+            model_id=msg.model_id or "policy",
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
+
+
+def space_to_proto(space: Any) -> pb.SpaceSpec:
+    """Flatten a gymnasium space into a ``SpaceSpec`` (kind, shape, dtype, bounds, n, text)."""
+    kind = _space_kind(space)
+    shape = tuple(getattr(space, "shape", None) or ())
+    dtype = getattr(space, "dtype", None)
+    spec = pb.SpaceSpec(kind=kind, shape=[int(d) for d in shape],
+                        dtype=str(np.dtype(dtype)) if dtype is not None else "", text=repr(space))
+    if kind == "box" and int(np.prod(shape, dtype=np.int64)) <= _MAX_BOUNDS:
+        spec.low.extend(float(v) for v in np.asarray(space.low, dtype=np.float64).ravel())
+        spec.high.extend(float(v) for v in np.asarray(space.high, dtype=np.float64).ravel())
+    elif kind == "discrete":
+        spec.n.append(int(space.n))
+    elif kind == "multi_discrete":
+        spec.n.extend(int(v) for v in np.asarray(space.nvec).ravel())
+    return spec
+
+
+def _space_kind(space: Any) -> str:
+    name = type(space).__name__
+    return {"Box": "box", "Discrete": "discrete", "MultiDiscrete": "multi_discrete",
+            "MultiBinary": "multi_binary"}.get(name, name.lower())
+
+
+def describe_to_proto(description: Any, *, max_credits: int, busy: bool) -> pb.DescribeResponse:
+    """Turn the core's ``ActorDescription`` into a ``DescribeResponse``.
+
+    Args:
+        description: What ``RolloutWorker.describe()`` returned.
+        max_credits: The actor's credit cap.
+        busy: Whether a learner session is active.
+    """
+    models = []
+    for model_id, (version, params) in sorted(description.models.items()):
+        infos = [
+            pb.ParameterInfo(name=name, shape=[int(d) for d in shape], dtype=_dtype_name(dtype))
+            for name, (shape, dtype) in params.items()
+        ]
+        models.append(pb.ModelInfo(model_id=model_id, version=int(version), parameters=infos))
+    return pb.DescribeResponse(
+        worker_id=description.worker_id,
+        epoch=description.epoch,
+        env_id=str(description.env_id),
+        observation_spec=space_to_proto(description.observation_space),
+        action_spec=space_to_proto(description.action_space),
+        models=models,
+        num_envs=description.num_envs,
+        env_backend=str(description.env_backend),
+        device=str(description.device),
+        software_version=str(description.software_version),
+        max_credits=max_credits,
+        busy=busy,
+    )
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")

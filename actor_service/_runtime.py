@@ -1,0 +1,181 @@
+"""What one actor process holds while it serves: the collection core, its thread, sessions, drain.
+
+:class:`ActorRuntime` owns the :class:`~actor_service._rollout.RolloutWorker`
+(built off the event loop, since it starts the env pool), the single
+collection thread every call that steps or reseeds the env pool runs on (so
+those calls never overlap and never block the event loop), the
+:class:`~actor_service._session.SessionBook` of the actor epoch, the one
+active ``Collect`` stream, and the draining flag set on SIGTERM. The gRPC
+servicer and server are thin layers over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from actor_service._config import ActorConfig
+from actor_service._logging import log_event
+from actor_service._session import SessionBook
+from common.errors import ActorBusyError, ActorUnavailableError
+
+if TYPE_CHECKING:
+    from actor_service._collect import CollectStream
+    from actor_service._rollout import RolloutWorker
+
+__all__ = ["ActorRuntime"]
+
+T = TypeVar("T")
+
+
+class ActorRuntime:
+    """The actor's serving state, shared by every RPC handler on one event loop.
+
+    Args:
+        config: The actor's settings.
+        worker_factory: Builds the collection core from the config (the real
+            ``RolloutWorker`` by default); called once, on the collection thread.
+    """
+
+    def __init__(
+        self, config: ActorConfig, worker_factory: Callable[[ActorConfig], Any] | None = None
+    ) -> None:
+        self.config = config
+        self._worker_factory = worker_factory
+        self._worker: RolloutWorker | None = None
+        self._book: SessionBook[Any] | None = None
+        # One thread for everything that steps, resets or reseeds the env pool.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"rlfleet-collect-{config.worker_id}"
+        )
+        self.current: CollectStream | None = None
+        self.draining = False
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> None:
+        """Build the collection core (env pool and models) on the collection thread."""
+        factory = self._worker_factory
+        if factory is None:
+            from actor_service._rollout import RolloutWorker
+
+            factory = RolloutWorker
+        worker = await self.run_collect(factory, self.config)
+        self._book = SessionBook(epoch=worker.epoch, max_credits=self.config.max_credits)
+        self._worker = worker
+        log_event("actor.ready", logging.INFO, epoch=worker.epoch, num_envs=worker.num_envs)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the core is built and the actor is not draining."""
+        return self._worker is not None and not self.draining and not self._closed
+
+    @property
+    def worker(self) -> RolloutWorker:
+        """The collection core.
+
+        Raises:
+            ActorUnavailableError: The core is still being built, or the actor stopped.
+        """
+        if self._worker is None or self._closed:
+            raise ActorUnavailableError(
+                f"actor {self.config.worker_id} is {'stopped' if self._closed else 'starting'}"
+            )
+        return self._worker
+
+    @property
+    def book(self) -> SessionBook[Any]:
+        """The session bookkeeping of this actor epoch.
+
+        Raises:
+            ActorUnavailableError: The core is still being built.
+        """
+        if self._book is None:
+            raise ActorUnavailableError(f"actor {self.config.worker_id} is starting")
+        return self._book
+
+    async def run_collect(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` on the collection thread and wait for it without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
+
+    async def run_side(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` (weight loading, describe, decoding) off the loop, beside collection."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # -------------------------------------------------------------- sessions
+
+    async def acquire(self, stream: CollectStream, *, take_over: bool, learner_id: str) -> None:
+        """Make ``stream`` the active session, ending or refusing the current one.
+
+        Waits for the previous session's in-flight batch to finish (bounded by
+        one batch), so the core is never driven by two sessions at once.
+
+        Raises:
+            ActorUnavailableError: The actor is starting or draining.
+            ActorBusyError: Another learner's session is active and ``take_over`` is false.
+        """
+        async with self._open_lock:
+            self._check_open()
+            previous = self.current
+            if previous is not None and previous.active:
+                if not take_over:
+                    raise ActorBusyError(
+                        f"actor {self.config.worker_id} is serving learner "
+                        f"{previous.learner_id!r}; set take_over to replace it"
+                    )
+                log_event("session.taken_over", logging.INFO, old=previous.learner_id,
+                          new=learner_id)
+                previous.take_over()
+            if previous is not None:
+                await previous.wait_collector_idle()
+            self._check_open()
+            self.current = stream
+            stream.active = True
+
+    def _check_open(self) -> None:
+        if self.draining or self._closed:
+            raise ActorUnavailableError(f"actor {self.config.worker_id} is draining")
+        self.worker  # noqa: B018  # raises while starting
+
+    @property
+    def busy(self) -> bool:
+        """Whether a learner session is active."""
+        return self.current is not None and self.current.active
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new sessions and end the active one with END_REASON_DRAINING.
+
+        The in-flight batch is finished and sent first. Returns when the stream
+        ended or after ``timeout`` seconds.
+        """
+        self.draining = True
+        stream = self.current
+        if stream is None or not stream.active:
+            return
+        stream.drain()
+        try:
+            await asyncio.wait_for(stream.wait_finished(), timeout)
+        except TimeoutError:
+            log_event("actor.drain_timeout", logging.WARNING, timeout=timeout)
+
+    async def close(self) -> None:
+        """Close the core (env pool, subprocesses) once the collection thread is idle."""
+        if self._closed:
+            return
+        self._closed = True
+        worker = self._worker
+        if worker is not None:
+            try:
+                await self.run_collect(worker.close)
+            except Exception as exc:  # a failing close must not keep the process alive
+                log_event("actor.close_failed", logging.ERROR, error=repr(exc))
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,180 @@
+"""The ``rlfleet.v1.ActorService`` servicer: decode, call the collection core, encode, map errors.
+
+Each handler validates what the learner sent, hands blocking work (env steps,
+inference, weight decoding, state loading) to a thread, and turns every
+exception into a gRPC status with :func:`common.errors.to_status`; an
+unexpected exception becomes INTERNAL with a correlation id that is also
+logged with the traceback. Weight pushes are audit-logged with the peer,
+model_id, version, sha256 and the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from actor_service._collect import CollectStream
+from actor_service._convert import describe_to_proto, settings_from_proto
+from actor_service._logging import log_event
+from actor_service._runtime import ActorRuntime
+from actor_service._state import decode_state, encode_state
+from common.errors import SessionStateError, UnknownModelError, WeightsError, to_status
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import BlobAssembler, decode_weights, iter_blob_chunks, sha256_hex
+
+__all__ = ["ActorServicer"]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _mapped(handler: F) -> F:
+    """Turn exceptions raised by a handler into a status (INTERNAL ones logged with an id)."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: ActorServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            code, details = to_status(exc)
+            level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.INFO
+            log_event("rpc.failed", level, method=handler.__name__, peer=context.peer(),
+                      code=code.name, details=details, error=repr(exc),
+                      exc_info=code == grpc.StatusCode.INTERNAL)
+            await context.abort(code, details)
+
+    return wrapper  # type: ignore[return-value]
+
+
+async def _first(requests: AsyncIterator[Any], kind: str, rpc: str) -> Any:
+    """The first message of a client stream, which must be of ``kind``."""
+    first = await anext(aiter(requests), None)
+    got = "no message" if first is None else (first.WhichOneof("kind") or "an empty message")
+    if got != kind:
+        raise SessionStateError(f"{rpc} must start with `{kind}`, got {got}")
+    return getattr(first, kind)
+
+
+class ActorServicer(pb_grpc.ActorServiceServicer):
+    """Serves ``rlfleet.v1.ActorService`` over an :class:`ActorRuntime`.
+
+    Args:
+        runtime: The actor's serving state.
+    """
+
+    def __init__(self, runtime: ActorRuntime) -> None:
+        self._rt = runtime
+
+    @_mapped
+    async def Collect(self, request_iterator: AsyncIterator[pb.CollectRequest],
+                      context: grpc.aio.ServicerContext) -> None:
+        """A collection session (see the proto for the message order)."""
+        requests = aiter(request_iterator)
+        request = await _first(requests, "open", "Collect")
+        self._rt.worker  # noqa: B018  # UNAVAILABLE while the actor starts
+        settings = settings_from_proto(request.settings)
+        stream = CollectStream(self._rt, request, settings, context.peer())
+        await stream.run(requests, context)
+
+    @_mapped
+    async def PushWeights(self, request_iterator: AsyncIterator[pb.PushWeightsRequest],
+                          context: grpc.aio.ServicerContext) -> pb.PushWeightsResponse:
+        """Receive a safetensors blob and apply it to one model, all or nothing."""
+        requests = aiter(request_iterator)
+        header = await _first(requests, "header", "PushWeights")
+        model_id = header.model_id or "policy"
+        audit = {"peer": context.peer(), "model_id": model_id, "version": header.version,
+                 "sha256": header.sha256, "bytes": header.total_bytes}
+        try:
+            version = await self._push(requests, header, model_id)
+        except BaseException as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            result = "CANCELLED" if cancelled else to_status(exc)[0].name
+            log_event("weights.push", logging.WARNING, result=result, **audit)
+            raise
+        log_event("weights.push", logging.INFO, result="OK", **audit)
+        return pb.PushWeightsResponse(worker_id=self._rt.config.worker_id, model_id=model_id,
+                                      version=version)
+
+    async def _push(self, requests: AsyncIterator[pb.PushWeightsRequest],
+                    header: pb.WeightsHeader, model_id: str) -> int:
+        models = self._rt.worker.models
+        if model_id not in models.model_ids:
+            raise UnknownModelError(
+                f"actor {self._rt.config.worker_id} has no model {model_id!r} "
+                f"(models: {sorted(models.model_ids)})"
+            )
+        if not header.sha256:
+            raise WeightsError("PushWeights header must carry the weights blob's sha256")
+        assembler = BlobAssembler(header.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
+                                  sha256=header.sha256)
+        async for request in requests:
+            if request.WhichOneof("kind") != "chunk":
+                raise SessionStateError("PushWeights: only `chunk` messages may follow the header")
+            assembler.add(request.chunk)
+        blob = assembler.finish()
+        max_bytes = self._rt.config.max_weight_bytes
+
+        def apply() -> int:
+            state, _ = decode_weights(blob, max_bytes=max_bytes)
+            return models.load_weights(model_id, int(header.version), state)
+
+        # Shielded: once the blob is complete, a cancelled call must not leave a half-applied push.
+        return await asyncio.shield(self._rt.run_side(apply))
+
+    @_mapped
+    async def Describe(self, request: pb.DescribeRequest,
+                       context: grpc.aio.ServicerContext) -> pb.DescribeResponse:
+        """What this actor is: worker_id, env, spaces, models, pool, device."""
+        description = await self._rt.run_side(self._rt.worker.describe)
+        return describe_to_proto(description, max_credits=self._rt.config.max_credits,
+                                 busy=self._rt.busy)
+
+    @_mapped
+    async def GetState(self, request: pb.GetStateRequest,
+                       context: grpc.aio.ServicerContext) -> None:
+        """Stream the actor's state as one safetensors file (header, then chunks)."""
+        worker = self._rt.worker
+        blob = await self._rt.run_collect(encode_state, worker)
+        await context.write(pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob),
+                                                                sha256=sha256_hex(blob))))
+        for piece in iter_blob_chunks(blob):
+            await context.write(pb.StateChunk(chunk=bytes(piece)))
+
+    @_mapped
+    async def LoadState(self, request_iterator: AsyncIterator[pb.StateChunk],
+                        context: grpc.aio.ServicerContext) -> pb.LoadStateResponse:
+        """Load a state produced by GetState, all or nothing."""
+        requests = aiter(request_iterator)
+        header = await _first(requests, "header", "LoadState")
+        worker = self._rt.worker
+        if not header.sha256:
+            raise WeightsError("LoadState header must carry the state blob's sha256")
+        assembler = BlobAssembler(header.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
+                                  sha256=header.sha256)
+        async for request in requests:
+            if request.WhichOneof("kind") != "chunk":
+                raise SessionStateError("LoadState: only `chunk` messages may follow the header")
+            assembler.add(request.chunk)
+        blob = assembler.finish()
+        state = await self._rt.run_side(decode_state, blob,
+                                        max_bytes=self._rt.config.max_weight_bytes)
+        await asyncio.shield(self._rt.run_collect(worker.load_state_dict, state))
+        log_event("state.loaded", logging.INFO, peer=context.peer(), sha256=header.sha256)
+        return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
+
+    @_mapped
+    async def SetSeed(self, request: pb.SetSeedRequest,
+                      context: grpc.aio.ServicerContext) -> pb.SetSeedResponse:
+        """Seed the env pool, torch and numpy; return the next seed to chain."""
+        worker = self._rt.worker
+        next_seed = await self._rt.run_collect(worker.set_seed, int(request.seed),
+                                               bool(request.static_seed))
+        return pb.SetSeedResponse(next_seed=int(next_seed))

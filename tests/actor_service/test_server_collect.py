@@ -1,0 +1,224 @@
+"""Collect end to end on an in-process actor: batches, credits, acks, resume, take-over, ends."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from conftest import Actor, RawCollect, open_request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import poll_until
+
+from common.rlfleet.v1 import actor_service_pb2 as pb
+
+
+def _still(predicate: object, seconds: float = 0.3) -> bool:
+    """True if ``predicate()`` holds for the whole window (checks something does NOT happen)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_collect_batches_decode_with_expected_shape_and_seq(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=3))
+    opened = session.opened()
+    assert opened.next_seq == 1
+    assert opened.max_credits == 4
+    assert not opened.resumed
+    infos = []
+    for _ in range(3):
+        info, td = session.batch()
+        infos.append(info)
+        assert td.batch_size == (2, 5)
+        assert td.names[-1] == "time"
+        assert info.frames == 10
+        assert info.epoch == opened.epoch
+        assert info.model_id == "policy"
+        assert ("next", "observation") in td.keys(include_nested=True)
+    assert [i.seq for i in infos] == [1, 2, 3]
+    session.close()
+    end, _ = session.end()
+    assert end.reason == pb.END_REASON_CLOSED
+    assert end.last_seq == 3
+
+
+def test_collect_credits_bound_how_far_ahead_the_actor_collects(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
+    session.opened()
+    poll_until(lambda: actor.worker.batches == 2, message="two batches for two credits")
+    assert _still(lambda: actor.worker.batches == 2), "collected without a credit"
+    session.credit(1)
+    poll_until(lambda: actor.worker.batches == 3, message="one more batch for one more credit")
+    assert _still(lambda: actor.worker.batches == 3)
+    assert [session.batch()[0].seq for _ in range(3)] == [1, 2, 3]
+    session.cancel()
+
+
+def test_collect_credits_above_max_credits_are_ignored(make_actor: object) -> None:
+    actor = make_actor(max_credits=2)
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=50))
+    assert session.opened().max_credits == 2
+    poll_until(lambda: actor.worker.batches == 2)
+    assert _still(lambda: actor.worker.batches == 2), "credits above the cap were honoured"
+    session.cancel()
+
+
+def test_collect_resume_resends_unacked_batches_first(actor: Actor) -> None:
+    first = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=3))
+    epoch = first.opened().epoch
+    sent = {info.seq: (info.crc32, td) for info, td in (first.batch() for _ in range(3))}
+    first.ack(1)
+    first.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+
+    second = RawCollect.open(actor.stub, open_request(
+        frames_per_batch=10, credits=1, resume_epoch=epoch, resume_after_seq=1))
+    opened = second.opened()
+    assert opened.resumed
+    assert opened.next_seq == 4
+    resent = [second.batch() for _ in range(2)]
+    assert [info.seq for info, _ in resent] == [2, 3]
+    for info, td in resent:
+        assert info.crc32 == sent[info.seq][0]
+        assert (td["observation"] == sent[info.seq][1]["observation"]).all()
+    info, _ = second.batch()
+    assert info.seq == 4
+    second.close()
+    assert second.end()[0].reason == pb.END_REASON_CLOSED
+
+
+def test_collect_fresh_open_continues_seqs_without_resending(actor: Actor) -> None:
+    first = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
+    first.opened()
+    first.batch(), first.batch()
+    first.close()
+    first.end()
+    second = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1))
+    opened = second.opened()
+    assert not opened.resumed
+    assert second.batch()[0].seq == opened.next_seq == 3
+    second.cancel()
+
+
+def test_collect_second_learner_is_refused_with_resource_exhausted(actor: Actor) -> None:
+    first = RawCollect.open(actor.stub, open_request(credits=0, learner_id="learner-A"))
+    first.opened()
+    second = RawCollect.open(actor.stub, open_request(credits=0, learner_id="learner-B"))
+    error = second.error()
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "learner-A" in error.details()
+    assert "take_over" in error.details()
+    first.credit(1)
+    assert first.batch()[0].seq == 1  # the first session is unharmed
+    first.cancel()
+
+
+def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
+    first = RawCollect.open(actor.stub, open_request(credits=1, learner_id="old"))
+    first.opened()
+    first.batch()
+    second = RawCollect.open(actor.stub, open_request(credits=1, take_over=True,
+                                                      learner_id="new"))
+    end, _ = first.end()
+    assert end.reason == pb.END_REASON_TAKEN_OVER
+    assert end.last_seq == 1
+    assert second.opened().next_seq == 2
+    assert second.batch()[0].seq == 2
+    second.cancel()
+
+
+def test_collect_raises_if_data_comes_before_open(actor: Actor) -> None:
+    session = RawCollect(actor.stub, pb.CollectRequest(credit=pb.Credit(batches=1)))
+    error = session.error()
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "open" in error.details()
+
+
+def test_collect_raises_if_open_comes_twice(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=0))
+    session.opened()
+    session.send(pb.CollectRequest(open=open_request()))
+    assert session.error().code() == grpc.StatusCode.FAILED_PRECONDITION
+    # The actor accepts the next learner at once.
+    again = RawCollect.open(actor.stub, open_request(credits=1))
+    again.opened()
+    again.batch()
+    again.cancel()
+
+
+def test_collect_total_frames_ends_with_budget_reached(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=4,
+                                                       total_frames=30))
+    session.opened()
+    end, seqs = session.end()
+    assert end.reason == pb.END_REASON_BUDGET_REACHED
+    assert seqs == [1, 2, 3]
+    assert end.last_seq == 3
+    assert actor.worker.frames == 30
+
+
+def test_collect_half_close_ends_with_closed(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=0))
+    session.opened()
+    session.half_close()
+    end, seqs = session.end()
+    assert end.reason == pb.END_REASON_CLOSED
+    assert seqs == []
+
+
+def test_collect_cancelled_stream_releases_the_session(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=200, credits=4))
+    session.opened()
+    session.batch()
+    session.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+    released_at = actor.worker.batches
+    assert _still(lambda: actor.worker.batches <= released_at + 1), "kept collecting"
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
+        health_pb2.HealthCheckResponse.SERVING)
+    again = RawCollect.open(actor.stub, open_request(credits=1))
+    again.opened()
+    again.batch()
+    again.cancel()
+
+
+@pytest.mark.parametrize(
+    ("request_kw", "code", "needle"),
+    [
+        ({"frames_per_batch": 7}, grpc.StatusCode.INVALID_ARGUMENT, "7"),
+        ({"frames_per_batch": 0}, grpc.StatusCode.INVALID_ARGUMENT, "frames_per_batch"),
+        ({"model_id": "nope"}, grpc.StatusCode.NOT_FOUND, "nope"),
+    ],
+)
+def test_collect_raises_if_settings_are_bad(actor: Actor, request_kw: dict,
+                                            code: grpc.StatusCode, needle: str) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=1, **request_kw))
+    error = session.error()
+    assert error.code() == code
+    assert needle in error.details()
+    assert not actor.handle.server.runtime.busy
+
+
+def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    request = health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService")
+    health.Check(request, timeout=5)  # connect first
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=2000, credits=4))
+    session.opened()
+    poll_until(lambda: actor.worker.batches >= 1, message="collection running")
+    latencies = []
+    for _ in range(20):
+        session.credit(1)
+        start = time.perf_counter()
+        response = health.Check(request, timeout=5)
+        latencies.append(time.perf_counter() - start)
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+        time.sleep(0.01)
+    assert actor.handle.server.runtime.busy
+    session.cancel()
+    assert max(latencies) < 0.1, f"health latencies {sorted(latencies)[-3:]}"

@@ -1,0 +1,159 @@
+"""Describe, GetState / LoadState, SetSeed and health on an in-process actor."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+from conftest import Actor, RawCollect, open_request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import poll_until
+
+from actor_service import ActorConfig, create_server
+from actor_service._rollout import RolloutWorker
+from actor_service._state import decode_state, state_to_blob
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
+
+
+def _get_state(actor: Actor) -> bytes:
+    stream = actor.stub.GetState(pb.GetStateRequest(), timeout=30)
+    header = next(stream).header
+    assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
+    for message in stream:
+        assembler.add(message.chunk)
+    return bytes(assembler.finish())
+
+
+def _load_requests(blob: bytes, sha256: str | None = None) -> Iterator[pb.StateChunk]:
+    yield pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob),
+                                              sha256=sha256 or sha256_hex(blob)))
+    for piece in iter_blob_chunks(blob, 4096):
+        yield pb.StateChunk(chunk=bytes(piece))
+
+
+def _policy_weights(actor: Actor) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in actor.worker.models.module("policy").state_dict().items()}
+
+
+def test_describe_reports_worker_env_spaces_and_models(make_actor: object) -> None:
+    actor = make_actor(worker_id=5, max_credits=3)
+    described = actor.stub.Describe(pb.DescribeRequest(), timeout=10)
+    assert described.worker_id == 5
+    assert described.epoch == actor.worker.epoch != 0
+    assert described.env_id == "CartPole-v1"
+    assert described.num_envs == 2
+    assert described.max_credits == 3
+    assert not described.busy
+    assert described.observation_spec.kind == "box"
+    assert list(described.observation_spec.shape) == [4]
+    assert described.action_spec.kind == "discrete"
+    assert list(described.action_spec.n) == [2]
+    (model,) = described.models
+    assert model.model_id == "policy"
+    assert model.version == 0
+    assert {p.name for p in model.parameters} == set(_policy_weights(actor))
+
+
+def test_describe_reports_busy_during_a_session(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=0))
+    session.opened()
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).busy
+    session.cancel()
+    poll_until(lambda: not actor.stub.Describe(pb.DescribeRequest(), timeout=10).busy)
+
+
+def test_get_state_round_trips_through_load_state(make_actor: object) -> None:
+    source = make_actor(seed=1)
+    session = RawCollect.open(source.stub, open_request(credits=2))
+    session.opened()
+    session.batch(), session.batch()
+    session.cancel()
+    blob = _get_state(source)
+    state = decode_state(blob)
+    assert "models" in state
+    target = make_actor(seed=2)
+    assert not all(torch.equal(_policy_weights(source)[k], v)
+                   for k, v in _policy_weights(target).items())
+    response = target.stub.LoadState(_load_requests(blob), timeout=30)
+    assert response.worker_id == 0
+    for key, value in _policy_weights(target).items():
+        assert torch.equal(value, _policy_weights(source)[key]), key
+
+
+def test_load_state_raises_if_state_is_bad_and_changes_nothing(actor: Actor) -> None:
+    before = _policy_weights(actor)
+    good = decode_state(_get_state(actor))
+    weights = good["models"]["policy"]["weights"]
+    name = next(iter(weights))
+    weights[name] = torch.zeros(7)
+    cases = [
+        (state_to_blob(good), None, grpc.StatusCode.INVALID_ARGUMENT),
+        (encode_weights(before), None, grpc.StatusCode.INVALID_ARGUMENT),  # not a state file
+        (state_to_blob(good), "0" * 64, grpc.StatusCode.DATA_LOSS),
+    ]
+    for blob, sha, code in cases:
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.LoadState(_load_requests(blob, sha), timeout=30)
+        assert error.value.code() == code
+    for key, value in _policy_weights(actor).items():
+        assert torch.equal(value, before[key])
+
+
+def test_set_seed_returns_the_next_seed_and_makes_collection_repeatable(actor: Actor) -> None:
+    def first_batch_after_seed() -> tuple[int, torch.Tensor]:
+        next_seed = actor.stub.SetSeed(pb.SetSeedRequest(seed=123), timeout=10).next_seed
+        session = RawCollect.open(actor.stub, open_request(
+            credits=1, reset_at_each_iter=True,
+            exploration_type=pb.EXPLORATION_TYPE_DETERMINISTIC))
+        session.opened()
+        _, td = session.batch()
+        session.cancel()
+        poll_until(lambda: not actor.handle.server.runtime.busy)
+        return next_seed, td["observation"]
+
+    seed_a, obs_a = first_batch_after_seed()
+    seed_b, obs_b = first_batch_after_seed()
+    assert seed_a == seed_b != 123
+    assert torch.equal(obs_a, obs_b)
+
+
+def test_health_is_not_serving_until_the_pool_is_built() -> None:
+    release = threading.Event()
+
+    def slow_factory(config: ActorConfig) -> RolloutWorker:
+        release.wait(30)
+        return RolloutWorker(config)
+
+    server = create_server(ActorConfig(host="127.0.0.1", port=0, num_envs=2), slow_factory)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
+    try:
+        poll_until(lambda: server.port is not None, message="bound")
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "rlfleet.v1.ActorService"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as error:
+            pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        release.set()
+        started.result(30)
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        channel.close()
+    finally:
+        release.set()
+        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
