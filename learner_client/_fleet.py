@@ -147,8 +147,17 @@ class Fleet:
         # A returning actor must hold the weights addressed to it before its data is used.
         self.book.observe(link.worker_id, desc.models)
         for enc in self.book.pending(link.worker_id, desc.models):
-            version = await link.channel.push_weights(enc.model_id, enc.version, enc.blob,
-                                                      enc.sha256, self.conn.call_timeout)
+            try:
+                version = await link.channel.push_weights(
+                    enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout)
+            except RlfleetError as exc:
+                if _transient(exc):
+                    raise  # the session is retried, with this push first
+                # Retrying a push the actor rejects would keep it out for good.
+                self.book.forget(link.worker_id, enc.model_id)
+                log.error("worker_id %d rejected %s version %d on re-admission: %s",
+                          link.worker_id, enc.model_id, enc.version, exc)
+                continue
             self.book.acknowledged(link.worker_id, enc.model_id, version)
             log.info("pushed %s version %d to worker_id %d before its data is used",
                      enc.model_id, version, link.worker_id)
@@ -160,8 +169,6 @@ class Fleet:
             ``(succeeded, failed)``: ``{model_id: {worker_id: version}}`` and
             ``{model_id: {worker_id: exception}}``.
         """
-        for enc in encoded:
-            self.book.addressed(worker_ids, enc)
         pairs = [(wid, enc) for enc in encoded for wid in worker_ids]
         results = self.loop.run(self._push_all(pairs), self.conn.call_timeout + _MARGIN)
         succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for enc in encoded}
@@ -169,7 +176,10 @@ class Fleet:
         for (wid, enc), result in zip(pairs, results, strict=True):
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
+                if _transient(result):  # it gets this push when it is re-admitted
+                    self.book.addressed([wid], enc)
             else:
+                self.book.addressed([wid], enc)
                 self.book.acknowledged(wid, enc.model_id, result)
                 succeeded[enc.model_id][wid] = result
         return succeeded, failed
@@ -282,3 +292,8 @@ def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed call may succeed later (the actor was unreachable or slow)."""
+    return isinstance(exc, ActorUnavailableError | DeadlineError)

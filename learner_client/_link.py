@@ -175,8 +175,10 @@ class ActorLink:
                 if self._closing:
                     break
                 self._ledger.failure(self.worker_id)
-                log.warning("actor %s (worker_id %d) failed (%s: %s); retry %d",
-                            self.address, self.worker_id, type(exc).__name__, exc, attempt + 1)
+                # The first failure of an outage is news; the retries that follow are not.
+                log.log(logging.WARNING if attempt == 0 else logging.INFO,
+                        "actor %s (worker_id %d) failed (%s: %s); retry %d", self.address,
+                        self.worker_id, type(exc).__name__, exc, attempt + 1)
             finally:
                 self._stream = None
                 self._mailbox.session_closed(self.worker_id)

@@ -308,8 +308,11 @@ class CollectStream:
             self._outbox.put_nowait(None)
 
     def cancel(self) -> None:
-        """Tear the call down at once."""
-        self._closing = True
+        """Tear the call down at once (idempotent)."""
+        if not self._closing:
+            self._closing = True
+            # Ends the request generator, so gRPC's task draining it finishes too.
+            self._outbox.put_nowait(None)
         self._call.cancel()
         if self._read is not None:
             self._read.cancel()

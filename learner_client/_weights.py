@@ -261,10 +261,19 @@ class WeightBook:
         return EncodedWeights(model_id=model_id, version=version, blob=blob, sha256=digest)
 
     def addressed(self, worker_ids: Iterable[int], encoded: EncodedWeights) -> None:
-        """Record that ``encoded`` is what these workers should hold from now on."""
+        """Record that ``encoded`` is what these workers should hold from now on.
+
+        Only pushes a worker applied, or could not be reached for, are recorded:
+        re-sending a rejected push on re-admission would keep the worker out.
+        """
         with self._lock:
             for wid in worker_ids:
                 self._desired.setdefault(wid, {})[encoded.model_id] = encoded
+
+    def forget(self, worker_id: int, model_id: str) -> None:
+        """Stop re-sending ``model_id`` to a worker (it rejected the push)."""
+        with self._lock:
+            self._desired.get(worker_id, {}).pop(model_id, None)
 
     def acknowledged(self, worker_id: int, model_id: str, version: int) -> None:
         """Record a push the worker applied; its automatic-update count restarts."""

@@ -58,11 +58,13 @@ def test_build_settings_groups_and_normalises():
     batch, rollout, conn = build_settings(**(DEFAULTS | {
         "total_frames": None, "exploration_type": InteractionType.DETERMINISTIC, "token": "t",
         "update_after_each_batch": True}))
-    assert batch.endless and batch.auto_update_interval == 0
+    assert batch.endless
+    assert batch.auto_update_interval == 0
     assert rollout.exploration_type is ExplorationType.DETERMINISTIC
     assert conn.metadata() == (("authorization", "Bearer t"),)
     settings = rollout.for_actor(8, 3)
-    assert settings.total_frames == -1 and settings.frames_per_batch == 8
+    assert settings.total_frames == -1
+    assert settings.frames_per_batch == 8
 
 
 def test_exploration_and_cat_results_accept_torchrl_spellings():
@@ -97,7 +99,7 @@ def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
 
 
 def test_check_fleet_raises_if_sync_frames_do_not_split_evenly():
-    with pytest.raises(ValueError, match="frames_per_batch=10.*not divisible by 3"):
+    with pytest.raises(ValueError, match=r"frames_per_batch=10.*not divisible by 3"):
         check_fleet(BatchSettings(frames_per_batch=10, sync=True), members(1, 1, 1), "policy")
     with pytest.raises(ValueError, match=r"share 6.*h:9001 \(worker_id 1, num_envs 4\)"):
         check_fleet(BatchSettings(frames_per_batch=12, sync=True), members(2, 4), "policy")

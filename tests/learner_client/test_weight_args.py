@@ -20,7 +20,8 @@ def test_normalize_update_args_accepts_every_torchrl_form():
     assert normalize_update_args(policy=module, model_id="critic").sources == {"critic": module}
     assert normalize_update_args().sources == {"policy": None}
     request = normalize_update_args(weights_dict={"policy": td, "critic": {"w": torch.ones(1)}})
-    assert request.nested and set(request.sources) == {"policy", "critic"}
+    assert request.nested
+    assert set(request.sources) == {"policy", "critic"}
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_normalize_update_args_raises_if_arguments_conflict(kwargs, message):
 
 
 def test_normalize_update_args_raises_if_types_are_wrong():
-    with pytest.raises(TypeError, match="nn.Module"):
+    with pytest.raises(TypeError, match=r"nn\.Module"):
         normalize_update_args(policy={"w": torch.ones(1)})
     with pytest.raises(TypeError, match="dict of tensors, got int"):
         normalize_update_args(42)
@@ -72,7 +73,8 @@ def test_weight_book_versions_start_at_the_highest_actor_version():
     enc = book.encode("policy", nn.Linear(2, 1))
     assert enc.version == 8
     state, meta = decode_weights(enc.blob)
-    assert set(state) == {"weight", "bias"} and meta["model_id"] == "policy"
+    assert set(state) == {"weight", "bias"}
+    assert meta["model_id"] == "policy"
 
 
 def test_weight_book_reencodes_the_last_source_as_it_is_now():
@@ -105,7 +107,8 @@ def test_weight_book_due_counts_batches_since_the_last_update():
     book.acknowledged(0, "policy", 1)
     assert not book.due(0, 0)
     book.count_batch(0)
-    assert book.due(0, 0) and not book.due(0, 1)
+    assert book.due(0, 0)
+    assert not book.due(0, 1)
     book.count_batch(0)
     assert book.due(0, 1)
     assert not book.due(0, None)

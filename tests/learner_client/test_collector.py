@@ -1,0 +1,204 @@
+"""GrpcCollector against real actor subprocesses: layouts, budgets, checks, lifecycle."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+from conftest import live_threads
+from helpers import poll_until
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+from common.errors import ActorUnavailableError, SessionStateError
+from learner_client import GrpcCollector, RemoteActor
+
+
+def addresses(fleet, *worker_ids):
+    return [fleet[w].address for w in worker_ids]
+
+
+def test_collector_sync_stacks_workers_envs_time(fleet):
+    with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=12, total_frames=36,
+                       sync=True) as collector:
+        assert len(collector) == 3
+        batches = list(collector)
+        stats = collector.stats()
+    assert len(batches) == 3
+    for batch in batches:
+        assert batch.batch_size == torch.Size([3, 2, 2])
+        assert batch.names == [None, None, "time"]
+        ids = batch["collector", "worker_id"]
+        assert ids.dtype == torch.int64
+        assert ids.shape == batch["collector", "traj_ids"].shape
+        assert ids[:, 0, 0].tolist() == [0, 1, 2]
+        assert batch["next", "policy_version"].dtype == torch.int64
+        assert batch["action"].shape == torch.Size([3, 2, 2, 2])  # one-hot CartPole actions
+    assert stats["frames"] == 36
+    assert stats["batches"] == 3
+    assert stats["completed"]
+    assert stats["worker_frames"] == {0: 12, 1: 12, 2: 12}
+    assert stats["gaps"] == 0
+    assert stats["duplicates"] == 0
+
+
+def test_collector_sync_cat_results_0_concatenates_on_dim_0(fleet):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, total_frames=8, sync=True,
+                       cat_results=0) as collector:
+        (batch,) = list(collector)
+    assert batch.batch_size == torch.Size([4, 2])
+    assert batch.names == [None, "time"]
+    assert batch["collector", "worker_id"][:, 0].tolist() == [0, 0, 2, 2]
+
+
+def test_collector_async_yields_single_actor_batches(fleet):
+    with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=8, total_frames=48) as c:
+        batches = list(c)
+        stats = c.stats()
+    assert len(batches) == 6
+    for batch in batches:
+        assert batch.batch_size == torch.Size([2, 4])
+        assert batch.names == [None, "time"]
+        assert batch["collector", "worker_id"].unique().numel() == 1
+    assert stats["frames"] == 48
+    assert sum(stats["worker_frames"].values()) == 48
+
+
+def test_collector_endless_iterates_until_broken_and_has_no_length(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        with pytest.raises(TypeError, match="endless"):
+            len(collector)
+        for count, batch in enumerate(collector, start=1):
+            assert batch.numel() == 4
+            if count == 7:
+                break
+        assert collector.stats()["batches"] == 7
+        assert "total_frames" not in collector.stats()
+
+
+def test_collector_next_returns_none_at_the_end(fleet):
+    with GrpcCollector(addresses(fleet, 2), frames_per_batch=4, total_frames=8) as collector:
+        assert collector.next().batch_size == torch.Size([2, 2])
+        assert collector.next() is not None
+        assert collector.next() is None
+
+
+def test_collector_postproc_sees_every_batch(fleet):
+    def mark(batch):
+        batch["seen"] = torch.ones(batch.shape)
+        return batch
+
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, total_frames=8,
+                       postproc=mark) as collector:
+        assert all(bool(b["seen"].all()) for b in collector)
+
+
+def test_collector_replay_buffer_start_pause_async_shutdown(fleet):
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    collector = GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4, replay_buffer=rb)
+    try:
+        collector.start()
+        assert collector.is_running()
+        poll_until(lambda: len(rb) >= 4, timeout=30, message="replay buffer filled")
+        with collector.pause():
+            held = len(rb)
+            # Nothing may arrive while paused: no credits are out and nothing is handed over.
+            assert all(out == 0 for _, out, _, _ in collector._fleet.mailbox.snapshot().values())
+            time.sleep(0.3)
+            assert len(rb) == held
+        poll_until(lambda: len(rb) > held, timeout=30, message="collection resumed")
+    finally:
+        collector.async_shutdown(timeout=10)
+    assert not collector.is_running()
+    assert collector.stats().get("background_error") is None
+    assert rb[0]["collector", "worker_id"].dtype == torch.int64
+
+
+def test_collector_start_raises_if_there_is_no_replay_buffer(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector, \
+            pytest.raises(RuntimeError, match="replay_buffer"):
+        collector.start()
+
+
+def test_collector_iteration_with_a_replay_buffer_yields_none(fleet):
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, total_frames=8,
+                       replay_buffer=rb) as collector:
+        assert list(collector) == [None, None]
+    assert len(rb) == 4  # two [2, 2] batches: LazyTensorStorage keeps the env dim as items
+
+
+def test_collector_raises_if_an_actor_is_unreachable():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+    start = time.monotonic()
+    with pytest.raises(ActorUnavailableError, match=dead):
+        GrpcCollector([dead], frames_per_batch=4, connect_timeout=1.0)
+    assert time.monotonic() - start < 8
+
+
+def test_collector_raises_if_worker_ids_repeat(fleet):
+    port = fleet[0].port
+    expected = rf"worker_id 0 at \['127.0.0.1:{port}', 'localhost:{port}'\]"
+    with pytest.raises(ValueError, match=expected):
+        GrpcCollector([f"127.0.0.1:{port}", f"localhost:{port}"], frames_per_batch=4)
+
+
+def test_collector_raises_if_frames_do_not_divide(fleet):
+    with pytest.raises(ValueError, match="not divisible by 3"):
+        GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=8, sync=True)
+    with pytest.raises(ValueError, match="num_envs 2"):
+        GrpcCollector(addresses(fleet, 0, 1), frames_per_batch=6, sync=True)
+    with pytest.raises(ValueError, match="frames_per_batch=3"):
+        GrpcCollector(addresses(fleet, 0), frames_per_batch=3)
+    with pytest.raises(ValueError, match="frames_per_batch"):
+        GrpcCollector(addresses(fleet, 0), frames_per_batch=0)
+
+
+def test_collector_reports_its_fleet(fleet):
+    with GrpcCollector(addresses(fleet, 2, 0), frames_per_batch=4) as collector:
+        assert collector.worker_ids == [0, 2]
+        assert collector.remote_collectors == [RemoteActor(fleet[0].address, 0),
+                                               RemoteActor(fleet[2].address, 2)]
+        assert collector.policy_version["policy"] >= 0
+
+
+def test_collector_add_collectors_grows_an_async_fleet(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        collector.next()
+        added = collector.add_collectors(addresses(fleet, 2))
+        assert added == [RemoteActor(fleet[2].address, 2)]
+        seen = set()
+        for _ in range(40):
+            seen.add(int(collector.next()["collector", "worker_id"][0, 0]))
+            if seen == {0, 2}:
+                break
+        assert seen == {0, 2}
+        with pytest.raises(ValueError, match="already in the fleet"):
+            collector.add_collectors(addresses(fleet, 2))
+
+
+def test_collector_add_collectors_resplits_a_sync_fleet(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, sync=True) as collector:
+        assert collector.next().batch_size == torch.Size([1, 2, 4])
+        collector.add_collectors(addresses(fleet, 2))
+        batch = collector.next()
+        assert batch.batch_size == torch.Size([2, 2, 2])
+        assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 2]
+
+
+def test_collector_shutdown_is_idempotent_and_leaves_no_threads(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, total_frames=4) as warm:
+        list(warm)  # gRPC's process-wide poller thread starts on first use
+    baseline = live_threads()
+    collector = GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4)
+    collector.next()
+    collector.shutdown(timeout=5)
+    collector.shutdown(timeout=5)
+    poll_until(lambda: live_threads() <= baseline, timeout=10, message="threads back to baseline")
+    with pytest.raises(SessionStateError, match="shut down"):
+        collector.next()
+    with pytest.raises(SessionStateError, match="shut down"):
+        collector.update_policy_weights_(weights={"w": torch.ones(1)})
