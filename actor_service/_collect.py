@@ -125,6 +125,7 @@ class CollectStream:
         self._wake_collector = asyncio.Event()
         self._last_sent = 0
         self._sent = 0
+        self._collector: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ control
 
@@ -158,10 +159,12 @@ class CollectStream:
         reader: asyncio.Task[None] | None = None
         try:
             opened = await self._start()
-            reader = asyncio.create_task(self._read(requests))
-            self._collector_done = False
-            self._collector_idle.clear()
-            asyncio.create_task(self._collect())  # noqa: RUF006  # ends on its own; see finally
+            if self._session_id:  # else taken over or drained while configuring: just end
+                reader = asyncio.create_task(self._read(requests))
+                self._collector_done = False
+                self._collector_idle.clear()
+                # Not cancelled when the stream ends: it finishes its in-flight batch first.
+                self._collector = asyncio.create_task(self._collect())
             await context.write(pb.CollectResponse(opened=opened))
             await self._write_loop(context)
             if self._failure is not None:
@@ -189,6 +192,9 @@ class CollectStream:
             raise
         except (ValueError, TypeError) as exc:
             raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
+        if self._stop is not None:
+            return pb.SessionOpened(worker_id=self._rt.config.worker_id, epoch=book.epoch,
+                                    next_seq=book.next_seq, max_credits=book.max_credits)
         opened = book.open(credits=request.credits, resume_epoch=request.resume_epoch,
                            resume_after_seq=request.resume_after_seq,
                            total_frames=self._settings.total_frames, take_over=True)

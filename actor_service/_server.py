@@ -37,7 +37,7 @@ from actor_service._auth import TokenAuthInterceptor
 from actor_service._config import ActorConfig
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
-from actor_service._servicer import ActorServicer
+from actor_service._servicer import MAX_ACTOR_CALLS, ActorServicer
 from common.config import server_channel_options
 from common.errors import SessionStateError
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -49,9 +49,9 @@ __all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serv
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-# Concurrent RPCs the server accepts; far above one session plus pushes, so
-# health checks always find room.
-_MAX_CONCURRENT_RPCS = 128
+# Concurrent RPCs the server admits: twice what ActorService itself accepts, so
+# health checks and reflection always find room however busy the actor is.
+_MAX_CONCURRENT_RPCS = 2 * MAX_ACTOR_CALLS
 _MAX_STREAMS_PER_CONNECTION = 32
 
 

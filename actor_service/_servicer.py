@@ -23,7 +23,15 @@ from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
 from actor_service._state import decode_state, encode_state
-from common.errors import SessionStateError, UnknownModelError, WeightsError, to_status
+from common.errors import (
+    ActorBusyError,
+    DeadlineError,
+    SessionStateError,
+    StaleVersionError,
+    UnknownModelError,
+    WeightsError,
+    to_status,
+)
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, decode_weights, iter_blob_chunks, sha256_hex
@@ -32,14 +40,29 @@ __all__ = ["ActorServicer"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
+#: Concurrent ActorService calls; the server admits more RPCs in total, so that
+#: health checks always find room (see ``_server``).
+MAX_ACTOR_CALLS = 64
+# A client stream that goes this long without its next message is dropped, so an
+# idle caller cannot hold a call slot or a half-received blob forever.
+_IDLE_TIMEOUT = 60.0
+
 
 def _mapped(handler: F) -> F:
-    """Turn exceptions raised by a handler into a status (INTERNAL ones logged with an id)."""
+    """Cap concurrent calls and turn exceptions into a status (INTERNAL ones logged with an id)."""
 
     @functools.wraps(handler)
     async def wrapper(self: ActorServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await handler(self, request, context)
+            if self._calls >= MAX_ACTOR_CALLS:
+                raise ActorBusyError(
+                    f"actor {self._rt.config.worker_id} is serving {self._calls} calls already"
+                )
+            self._calls += 1
+            try:
+                return await handler(self, request, context)
+            finally:
+                self._calls -= 1
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
@@ -53,13 +76,57 @@ def _mapped(handler: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+async def _next(requests: AsyncIterator[Any], rpc: str) -> Any:
+    """The next message of a client stream, or None at its end.
+
+    Raises:
+        DeadlineError: Nothing arrived within the idle timeout.
+    """
+    try:
+        return await asyncio.wait_for(anext(requests, None), _IDLE_TIMEOUT)
+    except TimeoutError:
+        raise DeadlineError(f"{rpc}: no message for {_IDLE_TIMEOUT:.0f} s") from None
+
+
 async def _first(requests: AsyncIterator[Any], kind: str, rpc: str) -> Any:
     """The first message of a client stream, which must be of ``kind``."""
-    first = await anext(aiter(requests), None)
+    first = await _next(requests, rpc)
     got = "no message" if first is None else (first.WhichOneof("kind") or "an empty message")
     if got != kind:
         raise SessionStateError(f"{rpc} must start with `{kind}`, got {got}")
     return getattr(first, kind)
+
+
+async def _blob(requests: AsyncIterator[Any], assembler: BlobAssembler, rpc: str) -> Any:
+    """Add every following ``chunk`` message to ``assembler``; return the whole blob."""
+    while (request := await _next(requests, rpc)) is not None:
+        if request.WhichOneof("kind") != "chunk":
+            raise SessionStateError(f"{rpc}: only `chunk` messages may follow the header")
+        assembler.add(request.chunk)
+    return assembler.finish()
+
+
+class _Push:
+    """One weight push: its header fields and its audit-log line."""
+
+    def __init__(self, header: pb.WeightsHeader, peer: str) -> None:
+        self.model_id = header.model_id or "policy"
+        self.version = int(header.version)
+        self.total_bytes = int(header.total_bytes)
+        self.sha256 = header.sha256
+        self.peer = peer
+
+    def audit(self, exc: BaseException | None) -> None:
+        """Log who pushed what and the result (OK, CANCELLED or the status code)."""
+        if exc is None:
+            result = "OK"
+        elif isinstance(exc, asyncio.CancelledError):
+            result = "CANCELLED"
+        else:
+            result = to_status(exc)[0].name
+        log_event("weights.push", logging.INFO if exc is None else logging.WARNING,
+                  peer=self.peer, model_id=self.model_id, version=self.version,
+                  sha256=self.sha256, bytes=self.total_bytes, result=result)
 
 
 class ActorServicer(pb_grpc.ActorServiceServicer):
@@ -71,6 +138,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
 
     def __init__(self, runtime: ActorRuntime) -> None:
         self._rt = runtime
+        self._calls = 0
 
     @_mapped
     async def Collect(self, request_iterator: AsyncIterator[pb.CollectRequest],
@@ -89,45 +157,47 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         """Receive a safetensors blob and apply it to one model, all or nothing."""
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "PushWeights")
-        model_id = header.model_id or "policy"
-        audit = {"peer": context.peer(), "model_id": model_id, "version": header.version,
-                 "sha256": header.sha256, "bytes": header.total_bytes}
+        push = _Push(header, context.peer())
         try:
-            version = await self._push(requests, header, model_id)
+            blob = await self._receive_weights(requests, push)
         except BaseException as exc:
-            cancelled = isinstance(exc, asyncio.CancelledError)
-            result = "CANCELLED" if cancelled else to_status(exc)[0].name
-            log_event("weights.push", logging.WARNING, result=result, **audit)
+            push.audit(exc)
             raise
-        log_event("weights.push", logging.INFO, result="OK", **audit)
-        return pb.PushWeightsResponse(worker_id=self._rt.config.worker_id, model_id=model_id,
-                                      version=version)
+        version = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
+        return pb.PushWeightsResponse(worker_id=self._rt.config.worker_id,
+                                      model_id=push.model_id, version=version)
 
-    async def _push(self, requests: AsyncIterator[pb.PushWeightsRequest],
-                    header: pb.WeightsHeader, model_id: str) -> int:
+    async def _receive_weights(self, requests: AsyncIterator[pb.PushWeightsRequest],
+                               push: _Push) -> bytes | memoryview:
         models = self._rt.worker.models
-        if model_id not in models.model_ids:
+        if push.model_id not in models.model_ids:
             raise UnknownModelError(
-                f"actor {self._rt.config.worker_id} has no model {model_id!r} "
+                f"actor {self._rt.config.worker_id} has no model {push.model_id!r} "
                 f"(models: {sorted(models.model_ids)})"
             )
-        if not header.sha256:
+        current = models.policy_version(push.model_id)
+        if push.version <= current:  # refused before a byte of the blob is buffered
+            raise StaleVersionError(
+                f"weights version {push.version} for model {push.model_id!r} is not newer than "
+                f"the version in force, {current}"
+            )
+        if not push.sha256:
             raise WeightsError("PushWeights header must carry the weights blob's sha256")
-        assembler = BlobAssembler(header.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
-                                  sha256=header.sha256)
-        async for request in requests:
-            if request.WhichOneof("kind") != "chunk":
-                raise SessionStateError("PushWeights: only `chunk` messages may follow the header")
-            assembler.add(request.chunk)
-        blob = assembler.finish()
-        max_bytes = self._rt.config.max_weight_bytes
+        assembler = BlobAssembler(push.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
+                                  sha256=push.sha256)
+        return await _blob(requests, assembler, "PushWeights")
 
-        def apply() -> int:
-            state, _ = decode_weights(blob, max_bytes=max_bytes)
-            return models.load_weights(model_id, int(header.version), state)
-
-        # Shielded: once the blob is complete, a cancelled call must not leave a half-applied push.
-        return await asyncio.shield(self._rt.run_side(apply))
+    def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> int:
+        # Runs to the end even if the caller cancels: the whole blob arrived, and
+        # load_weights swaps it in atomically, so the audit log tells the outcome.
+        try:
+            state, _ = decode_weights(blob, max_bytes=self._rt.config.max_weight_bytes)
+            version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
+        except BaseException as exc:
+            push.audit(exc)
+            raise
+        push.audit(None)
+        return version
 
     @_mapped
     async def Describe(self, request: pb.DescribeRequest,
@@ -159,11 +229,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             raise WeightsError("LoadState header must carry the state blob's sha256")
         assembler = BlobAssembler(header.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
                                   sha256=header.sha256)
-        async for request in requests:
-            if request.WhichOneof("kind") != "chunk":
-                raise SessionStateError("LoadState: only `chunk` messages may follow the header")
-            assembler.add(request.chunk)
-        blob = assembler.finish()
+        blob = await _blob(requests, assembler, "LoadState")
         state = await self._rt.run_side(decode_state, blob,
                                         max_bytes=self._rt.config.max_weight_bytes)
         await asyncio.shield(self._rt.run_collect(worker.load_state_dict, state))

@@ -93,10 +93,11 @@ class RawCollect:
         stub: The ActorService stub.
         first: The first request(s) to send (normally one ``open``).
         metadata: Call metadata (e.g. an authorization header).
+        read: Start reading responses at once; False plays a learner that stopped reading.
     """
 
     def __init__(self, stub: pb_grpc.ActorServiceStub, *first: pb.CollectRequest,
-                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+                 metadata: tuple[tuple[str, str], ...] = (), read: bool = True) -> None:
         self._requests: queue.Queue = queue.Queue()
         for request in first:
             self._requests.put(request)
@@ -104,7 +105,8 @@ class RawCollect:
         self._pushed_back: list[pb.CollectResponse] = []
         self.call = stub.Collect(self._iter_requests(), metadata=metadata)
         self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        if read:
+            self._reader.start()
 
     @classmethod
     def open(cls, stub: pb_grpc.ActorServiceStub, request: pb.OpenSession,

@@ -131,6 +131,30 @@ def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
     second.cancel()
 
 
+def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor) -> None:
+    stuck = RawCollect.open(actor.stub, open_request(frames_per_batch=4000, credits=4),
+                            read=False)
+    poll_until(lambda: actor.worker.batches >= 1, message="the stuck learner's session runs")
+    taker = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1,
+                                                     take_over=True))
+    opened = taker.opened(timeout=10)
+    info, td = taker.batch(timeout=10)
+    assert info.seq >= opened.next_seq
+    assert td.batch_size == (2, 5)
+    taker.cancel()
+    stuck.cancel()
+
+
+def test_collect_raises_if_ack_names_a_batch_never_produced(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=1))
+    session.opened()
+    session.batch()
+    session.ack(5)
+    error = session.error()
+    assert error.code() == grpc.StatusCode.ABORTED
+    assert "seq 5" in error.details()
+
+
 def test_collect_raises_if_data_comes_before_open(actor: Actor) -> None:
     session = RawCollect(actor.stub, pb.CollectRequest(credit=pb.Credit(batches=1)))
     error = session.error()

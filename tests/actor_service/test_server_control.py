@@ -13,7 +13,8 @@ from conftest import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
-from actor_service import ActorConfig, create_server
+from actor_service import ActorConfig, create_server, serve
+from actor_service import _servicer as servicer_module
 from actor_service._rollout import RolloutWorker
 from actor_service._state import decode_state, state_to_blob
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -157,3 +158,51 @@ def test_health_is_not_serving_until_the_pool_is_built() -> None:
         thread.join(10)
         loop.close()
 
+
+
+def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: object) -> None:
+    actor = make_actor()
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    watch = health.Watch(health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"),
+                         timeout=30)
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    stopping = threading.Thread(target=actor.handle.stop, args=(2.0,))
+    stopping.start()
+    assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    stopping.join(30)
+    watch.cancel()
+
+
+def test_serve_returns_1_if_the_env_cannot_be_built() -> None:
+    config = ActorConfig(host="127.0.0.1", port=0, env="NoSuchEnv-v0", num_envs=1,
+                         torch_threads=torch.get_num_threads())
+    assert serve(config) == 1
+
+
+def test_actor_calls_are_capped_and_health_keeps_answering(
+        actor: Actor, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(servicer_module, "MAX_ACTOR_CALLS", 3)
+    idle = [RawCollect(actor.stub) for _ in range(3)]  # calls waiting for their `open`
+    poll_until(lambda: _refused(actor), message="a 4th call refused")
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
+        health_pb2.HealthCheckResponse.SERVING)
+    for call in idle:
+        call.cancel()
+    poll_until(lambda: not _refused(actor), message="calls admitted again")
+
+
+def _refused(actor: Actor) -> bool:
+    """Whether Describe is refused because the call cap (3) is reached."""
+    future = actor.stub.Describe.future(pb.DescribeRequest(), timeout=5)
+    if future.exception() is None:
+        return False
+    return future.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 calls" in future.details()
+
+
+def test_collect_raises_if_open_does_not_arrive_in_time(
+        actor: Actor, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(servicer_module, "_IDLE_TIMEOUT", 0.2)
+    error = RawCollect(actor.stub).error(timeout=10)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "Collect" in error.details()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 from collections.abc import Iterator
 
@@ -12,6 +14,7 @@ from conftest import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
+from actor_service._logging import configure_logging, get_logger
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
@@ -173,3 +176,24 @@ def test_push_weights_cancelled_mid_push_changes_nothing(actor: Actor) -> None:
     _assert_unchanged(actor, 0)
     response = _push(actor, _favouring(shapes, 1), version=1)  # the actor still accepts pushes
     assert response.version == 1
+
+
+def test_push_weights_is_audit_logged_with_peer_sha256_and_result(actor: Actor) -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "json", stream=stream)
+    try:
+        shapes = _policy_shapes(actor.stub)
+        blob = encode_weights(_favouring(shapes, 1))
+        actor.stub.PushWeights(_requests(blob, 1), timeout=30)
+        with pytest.raises(grpc.RpcError):
+            actor.stub.PushWeights(_requests(blob, 1), timeout=30)
+    finally:
+        get_logger().removeHandler(handler)
+    pushes = [r["fields"] for r in map(json.loads, stream.getvalue().splitlines())
+              if r["event"] == "weights.push"]
+    assert [p["result"] for p in pushes] == ["OK", "ABORTED"]
+    for push in pushes:
+        assert push["sha256"] == sha256_hex(blob)
+        assert push["model_id"] == "policy"
+        assert push["version"] == 1
+        assert push["peer"].startswith("ipv4:127.0.0.1:")
