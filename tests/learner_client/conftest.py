@@ -1,4 +1,4 @@
-"""Fixtures for the GrpcCollector tests: real actor subprocesses, started once per module.
+"""Fixtures for the GrpcCollector tests: real actor subprocesses, started once.
 
 ``fleet`` is three CartPole actors (2 envs each) started through the
 ``rlfleet-actor`` command line: worker_ids 0 and 2 hold the default MLP policy
@@ -44,9 +44,12 @@ def start_actors(args: Sequence[Sequence[str]]) -> list[ActorProcess]:
     return actors
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet() -> Iterator[list[ActorProcess]]:
-    """Three actors (see the module docstring), killed at the end of the module."""
+    """Three actors (see the module docstring), shared by the modules that only read them.
+
+    Tests may push weights and reseed them; none may rely on absolute versions.
+    """
     actors = start_actors(FLEET_ARGS)
     yield actors
     for actor in actors:

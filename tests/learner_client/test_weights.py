@@ -1,0 +1,176 @@
+"""GrpcCollector weight pushes on real actors: addressing, models, rejections, cadence, state."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import safetensors.torch
+import torch
+from conftest import cartpole_policy
+
+from common.config import ExplorationType
+from common.errors import SessionStateError, UnknownModelError, UnknownWorkerError, WeightsError
+from learner_client import GrpcCollector, WeightPushError
+
+
+def addresses(fleet, *worker_ids):
+    return [fleet[w].address for w in worker_ids]
+
+
+def first_batch_where(collector, predicate, limit=10):
+    """Batches collected before a push are still in flight; skip them."""
+    for _ in range(limit):
+        batch = collector.next()
+        if predicate(batch):
+            return batch
+    raise AssertionError(f"no batch matched within {limit} batches")
+
+
+def test_update_policy_weights_changes_actions_only_on_addressed_workers(fleet):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True,
+                       exploration_type=ExplorationType.DETERMINISTIC) as collector:
+        applied = collector.update_policy_weights_(cartpole_policy(action=0))
+        version = applied[0]
+        assert applied == {0: version, 2: version}
+        assert collector.policy_version["policy"] == version
+        batch = first_batch_where(collector, lambda b: bool((b["policy_version"] == version).all()))
+        assert bool((batch["action"].argmax(-1) == 0).all())
+
+        assert collector.update_policy_weights_(cartpole_policy(action=1), worker_ids=0) == {
+            0: version + 1}
+        batch = first_batch_where(
+            collector, lambda b: bool((b["policy_version"][0] > version).all()))
+        assert bool((batch["action"][0].argmax(-1) == 1).all())  # worker_id 0: the new weights
+        assert bool((batch["action"][1].argmax(-1) == 0).all())  # worker_id 2: untouched
+        assert bool((batch["policy_version"][1] == version).all())
+        assert collector.stats()["policy_lag_max"] >= 1
+
+
+def test_update_policy_weights_raises_before_pushing_if_targets_are_unknown(fleet):
+    with GrpcCollector(addresses(fleet, 0, 1), frames_per_batch=4) as collector:
+        before = collector.policy_version
+        with pytest.raises(UnknownWorkerError, match=r"\[5\].*\[0, 1\]"):
+            collector.update_policy_weights_(cartpole_policy(), worker_ids=[0, 5])
+        with pytest.raises(UnknownModelError, match=r"'critic'.*\[1\]"):
+            collector.update_policy_weights_(cartpole_policy(), model_id="critic")
+        with pytest.raises(ValueError, match="weights_dict and model_id"):
+            collector.update_policy_weights_(weights_dict={"policy": cartpole_policy()},
+                                             model_id="policy")
+        with pytest.raises(SessionStateError, match="no weights were given"):
+            collector.update_policy_weights_()
+        assert collector.policy_version == before
+
+
+def test_update_policy_weights_weights_dict_updates_several_models(fleet):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4) as collector:
+        before = collector.policy_version
+        result = collector.update_policy_weights_(
+            weights_dict={"policy": cartpole_policy(), "critic": cartpole_policy()})
+        policy_v, critic_v = before["policy"] + 1, before["critic"] + 1
+        assert result == {"policy": {0: policy_v, 2: policy_v},
+                          "critic": {0: critic_v, 2: critic_v}}
+        only_critic = collector.update_policy_weights_(
+            weights=cartpole_policy().state_dict(), model_id="critic", worker_ids=[2])
+        assert only_critic == {2: critic_v + 1}
+        assert collector.policy_version == {"policy": policy_v, "critic": critic_v + 1}
+
+
+def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet):
+    with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=12, sync=True) as collector:
+        with pytest.raises(WeightPushError, match="worker_id 1") as info:
+            collector.update_policy_weights_(cartpole_policy())
+        error = info.value
+        assert set(error.failed) == {1}
+        assert isinstance(error.failed[1], WeightsError)
+        version = collector.policy_version["policy"]
+        assert error.succeeded == {0: version, 2: version}
+        narrow = collector.update_policy_weights_(cartpole_policy(hidden=[16]), worker_ids=1)
+        assert narrow == {1: version + 1}
+        # None re-sends the last weights given for the model (now the narrow ones).
+        assert collector.update_policy_weights_(worker_ids=[1]) == {1: version + 2}
+        assert collector.next()["collector", "worker_id"][:, 0, 0].tolist() == [0, 1, 2]
+
+
+def test_update_after_each_batch_pushes_before_every_sync_round(fleet):
+    policy = cartpole_policy(action=0)
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True,
+                       update_after_each_batch=True,
+                       exploration_type=ExplorationType.DETERMINISTIC) as collector:
+        version = collector.update_policy_weights_(policy)[0]
+        versions = [collector.next()["policy_version"].unique().tolist() for _ in range(4)]
+        assert versions == [[version], [version + 1], [version + 2], [version + 3]]
+        assert collector.stats()["auto_pushes"] == 3
+        with torch.no_grad():  # train in place: the next automatic push must carry it
+            [m for m in policy.modules() if isinstance(m, torch.nn.Linear)][-1].bias[:] = (
+                torch.tensor([0.0, 5.0]))
+        assert bool((collector.next()["action"].argmax(-1) == 1).all())
+
+
+def test_max_weight_update_interval_pushes_after_more_than_interval_batches(fleet):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True,
+                       max_weight_update_interval=1) as collector:
+        version = collector.update_policy_weights_(cartpole_policy())[0]
+        versions = [int(collector.next()["policy_version"].max()) - version for _ in range(5)]
+    assert versions == [0, 0, 1, 1, 2]
+
+
+def test_update_after_each_batch_async_updates_the_worker_that_delivered(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4,
+                       update_after_each_batch=True) as collector:
+        version = collector.update_policy_weights_(cartpole_policy())[0]
+        seen = [int(collector.next()["policy_version"].max()) for _ in range(6)]
+        assert seen == sorted(seen)
+        assert seen[-1] > version
+        assert collector.policy_version["policy"] == version + 5  # before batches 2..6
+
+
+def test_state_dict_round_trips_counters_and_actor_weights(fleet):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, total_frames=16,
+                       sync=True) as collector:
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        assert len(list(collector)) == 2
+        buffer = io.BytesIO()
+        torch.save(collector.state_dict(), buffer)
+        saved = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        assert sorted(saved["workers"]) == [0, 2]
+        weights = {w: _policy_weights(t) for w, t in saved["workers"].items()}
+        assert all(weights.values())
+
+        collector.update_policy_weights_(cartpole_policy(action=1))
+        pushed = collector.policy_version["policy"]
+        changed = _policy_weights(collector.state_dict()["workers"][0])
+        assert not all(torch.equal(changed[k], weights[0][k]) for k in changed)
+        collector.load_state_dict(saved)
+        restored = collector.state_dict()
+        assert (restored["frames"], restored["batches"]) == (16, 2)
+        for wid, tensors in weights.items():
+            now = _policy_weights(restored["workers"][wid])
+            assert now.keys() == tensors.keys()
+            assert all(torch.equal(now[k], tensors[k]) for k in tensors)
+        assert collector.policy_version["policy"] >= pushed  # the learner never goes back
+        version = collector.update_policy_weights_(cartpole_policy())[0]
+        assert version == collector.policy_version["policy"]
+
+
+def _policy_weights(blob: torch.Tensor) -> dict[str, torch.Tensor]:
+    state = safetensors.torch.load(blob.numpy().tobytes())
+    return {k: v for k, v in state.items() if k.startswith("models/policy/")}
+
+
+def _collect(fleet, seed):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=16, total_frames=32,
+                       sync=True) as collector:
+        next_seed = collector.set_seed(seed)
+        return next_seed, torch.stack(list(collector))
+
+
+def test_set_seed_gives_identical_sync_batches(fleet):
+    seed_a, first = _collect(fleet, 123)
+    seed_b, second = _collect(fleet, 123)
+    assert seed_a == seed_b
+    assert seed_a != 123
+    for key in ["observation", "action", ("next", "reward"), ("next", "observation")]:
+        assert torch.equal(first[key], second[key]), key
+    _, other = _collect(fleet, 124)
+    assert not torch.equal(first["observation"], other["observation"])
