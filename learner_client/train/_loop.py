@@ -1,0 +1,132 @@
+"""The rollout/update loop of ``rlfleet-train``: collect a batch, update PPO, push the weights.
+
+Read :func:`train` top to bottom: seed, build the policy and the critic, start
+(or join) the fleet, push the initial weights so every actor acts with the
+learner's policy, then for every batch track episode returns, run a PPO update
+and push the new weights to every actor, until the target return or the frame
+budget is reached. The policy and critic are built by the same factories the
+actors use (``common.policies``), so the pushed state dicts fit the actors'
+policies key for key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+import random
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from common.policies import make_policy, make_value_mlp
+from learner_client import GrpcCollector
+from learner_client._local_fleet import LocalFleet
+from learner_client.train._episodes import EpisodeTracker
+from learner_client.train._ppo import PPOConfig, PPOLearner
+from learner_client.train._report import Progress, TrainSummary, save_run
+from learner_client.train._settings import RETURN_WINDOW, TrainSettings
+
+__all__ = ["train"]
+
+
+def train(settings: TrainSettings) -> TrainSummary:
+    """Train a PPO policy with a fleet of actors and write the run's outputs.
+
+    Args:
+        settings: The run's settings.
+
+    Returns:
+        The summary also written to ``summary.json``.
+    """
+    _seed_everything(settings.seed)
+    observation_space, action_space = _spaces(settings.env)
+    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
+    value = make_value_mlp(observation_space, hidden=settings.hidden)
+    ppo_config = PPOConfig(**{f.name: getattr(settings, f.name)
+                              for f in dataclasses.fields(PPOConfig)})
+    learner = PPOLearner(policy, value, ppo_config)
+    tracker = EpisodeTracker(window=RETURN_WINDOW)
+    target = settings.effective_target_return
+    frames = batches = 0
+
+    with contextlib.ExitStack() as stack:
+        addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
+        collector = stack.enter_context(GrpcCollector(
+            addresses,
+            frames_per_batch=settings.frames_per_batch,
+            total_frames=settings.total_frames,
+            sync=settings.sync,
+        ))
+        progress = stack.enter_context(contextlib.closing(
+            Progress(settings.total_frames, enabled=settings.progress)))
+        start = time.monotonic()
+        # Actors start with their own random weights: make them act with ours.
+        collector.update_policy_weights_(policy)
+        for batch in collector:
+            frames += batch.numel()
+            batches += 1
+            tracker.add(batch, frames)
+            if settings.anneal_lr:
+                learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
+            learner.update(batch)
+            collector.update_policy_weights_(policy)
+            if batches % settings.log_every == 0:
+                progress.update(frames, _fields(tracker, collector.stats()))
+            if _reached(tracker, target) or frames >= settings.total_frames:
+                break
+        wall = time.monotonic() - start
+        version = collector.policy_version.get("policy", 0)
+
+    summary = TrainSummary(
+        env=settings.env, sync=settings.sync, seed=settings.seed, frames=frames,
+        batches=batches, episodes=len(tracker.returns), wall_time_s=wall,
+        fps=frames / max(wall, 1e-9), final_return=tracker.recent_mean, target_return=target,
+        reached_target=_reached(tracker, target), policy_version=version,
+        out_dir=settings.out_dir,
+    )
+    save_run(pathlib.Path(settings.out_dir), policy, summary, dataclasses.asdict(settings),
+             (tracker.end_frames, tracker.returns), RETURN_WINDOW)
+    return summary
+
+
+def _local_fleet(settings: TrainSettings) -> LocalFleet:
+    return LocalFleet(
+        settings.num_actors, settings.env, settings.num_envs, "mlp",
+        policy_kwargs={"hidden": list(settings.hidden)}, seed=settings.seed,
+    )
+
+
+def _seed_everything(seed: int) -> None:
+    # Small MLPs gain nothing from intra-op threads, and the actors need the cores.
+    torch.set_num_threads(1)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    # The learner only needs the spaces to build networks that fit the actors'.
+    env = gym.make(env_id)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def _reached(tracker: EpisodeTracker, target: float | None) -> bool:
+    mean = tracker.recent_mean
+    return target is not None and tracker.recent_full and mean is not None and mean >= target
+
+
+def _fields(tracker: EpisodeTracker, stats: dict[str, Any]) -> dict[str, str]:
+    mean = tracker.recent_mean
+    return {
+        "return": "n/a" if mean is None else f"{mean:.1f}",
+        "episodes": str(len(tracker.returns)),
+        # Versions between the learner's latest push and the oldest frame of the last batch.
+        "lag": str(stats.get("policy_lag", "n/a")),
+    }
