@@ -41,6 +41,7 @@ class HostsNamespace:
 
     def __init__(self, workdir: pathlib.Path, names: Mapping[str, Sequence[str]],
                  hostname: str | None = None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         self.hosts = workdir / "hosts"
         self._host_conf = workdir / "host.conf"
         self._resolv = workdir / "resolv.conf"

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import subprocess
 import sys
 import threading
 
 import pytest
-from helpers import poll_until
+from helpers import poll_until, start_actor
 from hosts_namespace import HostsNamespace
 
 from common.config import DEFAULT_PORT
 from common.errors import ActorUnavailableError, SessionStateError
+from learner_client import _discovery
 from learner_client._discovery import (
     DnsChange,
     DnsWatcher,
@@ -27,6 +29,15 @@ from learner_client._discovery import (
     is_dns_target,
     parse_dns_target,
     resolve_actors,
+)
+
+# Child processes load the module by path: importing the learner_client package would
+# import the collector and torch, seconds per child for nothing this file tests.
+_IMPORT_DISCOVERY = (
+    "import importlib.util, sys; "
+    f"_spec = importlib.util.spec_from_file_location('discovery', {_discovery.__file__!r}); "
+    "sys.modules['discovery'] = importlib.util.module_from_spec(_spec); "
+    "_spec.loader.exec_module(sys.modules['discovery'])\n"
 )
 
 
@@ -120,7 +131,8 @@ def test_resolve_actors_resolves_localhost_with_getaddrinfo() -> None:
 def test_getaddrinfo_resolver_returns_every_address_of_a_multi_address_name(tmp_path) -> None:
     namespace = HostsNamespace(tmp_path, {"fleet.test": ["127.0.0.3", "127.0.0.2", "127.0.0.2"]})
     code = (
-        "import json; from learner_client._discovery import getaddrinfo_resolver, resolve_actors;"
+        f"{_IMPORT_DISCOVERY}import json\n"
+        "from discovery import getaddrinfo_resolver, resolve_actors\n"
         "print(json.dumps([getaddrinfo_resolver('fleet.test', 1),"
         " resolve_actors('dns:///fleet.test:7')]))"
     )
@@ -134,7 +146,7 @@ def test_resolve_actors_raises_if_the_name_does_not_resolve(tmp_path) -> None:
     # In the namespace nothing answers DNS, so the failure is quick and stays on this machine.
     namespace = HostsNamespace(tmp_path, {})
     code = (
-        "from learner_client._discovery import resolve_actors\n"
+        f"{_IMPORT_DISCOVERY}from discovery import resolve_actors\n"
         "try:\n    resolve_actors('dns:///no-such-actor.test:1')\n"
         "except ConnectionError as exc:\n    print(type(exc).__name__, exc)\n"
     )
@@ -199,7 +211,7 @@ def test_dns_watcher_background_thread_follows_a_real_hosts_file(tmp_path) -> No
     namespace = HostsNamespace(tmp_path, {"fleet.test": ["127.0.0.1", "127.0.0.2"]})
     code = (
         "import json, sys\n"
-        "from learner_client._discovery import DnsWatcher\n"
+        f"{_IMPORT_DISCOVERY}from discovery import DnsWatcher\n"
         "def show(change):\n"
         "    print(json.dumps([change.joined, change.left]), flush=True)\n"
         "with DnsWatcher('dns:///fleet.test:7', interval=0.05, on_change=show):\n"
@@ -262,6 +274,50 @@ def test_dns_watcher_close_stops_its_thread() -> None:
         assert any(t.name.startswith("rlfleet-dns-") for t in threading.enumerate())
     poll_until(lambda: not any(t.name.startswith("rlfleet-dns-") for t in threading.enumerate()),
                timeout=5, message="watcher thread still running")
+
+
+# -------------------------------------------------------------- end to end
+
+
+def _free_port_on(hosts: list[str]) -> int:
+    """A port free on every one of ``hosts`` a moment ago."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in hosts:
+                with socket.socket() as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise AssertionError(f"no port free on all of {hosts}")
+
+
+@pytest.mark.slow
+def test_resolve_actors_finds_real_actors_behind_one_name(tmp_path) -> None:
+    ips = ["127.0.0.1", "127.0.0.2"]
+    port = _free_port_on(ips)
+    namespace = HostsNamespace(tmp_path, {"actors.rlfleet.test": ips})
+    flags = ["--port", str(port), "--num-envs", "1"]
+    with start_actor(["--host", ips[0], "--worker-id", "4", *flags]), \
+         start_actor(["--host", ips[1], "--worker-id", "5", *flags]):
+        code = (
+            "import json, grpc\n"
+            f"{_IMPORT_DISCOVERY}from discovery import resolve_actors\n"
+            "from common.rlfleet.v1 import actor_service_pb2 as pb, actor_service_pb2_grpc as rpc\n"
+            f"actors = resolve_actors('dns:///actors.rlfleet.test:{port}')\n"
+            "ids = []\n"
+            "for address in actors:\n"
+            "    with grpc.insecure_channel(address) as channel:\n"
+            "        ids.append(rpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(),"
+            " timeout=10).worker_id)\n"
+            "print(json.dumps([actors, ids]))\n"
+        )
+        actors, worker_ids = json.loads(_run_in(namespace, [sys.executable, "-c", code]))
+    assert actors == [f"127.0.0.1:{port}", f"127.0.0.2:{port}"]
+    assert worker_ids == [4, 5]
 
 
 # ------------------------------------------------------------------ helpers
