@@ -37,8 +37,14 @@ from tensordict.nn import (
     TensorDictModuleBase,
 )
 from tensordict.nn.probabilistic import interaction_type
-from torch import distributions as D
 from torch import nn
+
+from common._distributions import (
+    IndependentNormal,
+    OneHotCategorical,
+    sample_index,
+    standard_normal,
+)
 
 __all__ = [
     "IndependentNormal",
@@ -93,73 +99,6 @@ def load_callable(spec: str) -> Callable[..., Any]:
     if not callable(target):
         raise ValueError(f"{spec!r} names a {type(target).__name__}, not a callable")
     return target
-
-
-def _sample_index(probs: torch.Tensor) -> torch.Tensor:
-    # Inverse-CDF sampling: one uniform per row, cheaper than torch.multinomial on
-    # small batches, and shared by both forward paths so they agree draw for draw.
-    u = torch.rand((*probs.shape[:-1], 1), dtype=probs.dtype, device=probs.device)
-    index = torch.searchsorted(probs.cumsum(-1), u).squeeze(-1)
-    return index.clamp_(max=probs.shape[-1] - 1)  # float error may leave cdf[-1] < u
-
-
-class OneHotCategorical(D.OneHotCategorical):
-    """``torch.distributions.OneHotCategorical`` whose samples are one-hot ``int64``.
-
-    TorchRL's GymEnv encodes a Discrete action as a one-hot ``int64`` vector; sampling
-    that dtype directly keeps batches identical whether a TorchRL collector or an actor
-    runs the policy. ``log_prob`` accepts the ``int64`` one-hot vectors.
-    """
-
-    def sample(self, sample_shape: torch.Size | Sequence[int] = ()) -> torch.Tensor:
-        """Draw one-hot ``int64`` samples of shape ``sample_shape + batch_shape + (n,)``."""
-        probs = self.probs.expand(torch.Size(sample_shape) + self.probs.shape)
-        return F.one_hot(_sample_index(probs), self.probs.shape[-1])
-
-    @property
-    def mode(self) -> torch.Tensor:
-        """The most likely action, one-hot ``int64``."""
-        return F.one_hot(self.probs.argmax(-1), self.probs.shape[-1])
-
-    @property
-    def mean(self) -> torch.Tensor:
-        """The mode: the probability vector is not an action, so MEAN acts like MODE."""
-        return self.mode
-
-    @property
-    def deterministic_sample(self) -> torch.Tensor:
-        """What ``InteractionType.DETERMINISTIC`` returns: the mode."""
-        return self.mode
-
-
-class IndependentNormal(D.Independent):
-    """A diagonal normal over the last dimension (one joint log-prob per action).
-
-    Args:
-        loc: The means.
-        scale: The standard deviations, broadcastable to ``loc``.
-        validate_args: Forwarded to torch's distributions.
-    """
-
-    def __init__(
-        self, loc: torch.Tensor, scale: torch.Tensor, validate_args: bool | None = None
-    ) -> None:
-        super().__init__(D.Normal(loc, scale, validate_args=validate_args), 1, validate_args)
-
-    def rsample(self, sample_shape: torch.Size | Sequence[int] = ()) -> torch.Tensor:
-        """Reparameterised samples ``loc + eps * scale``."""
-        shape = self._extended_shape(torch.Size(sample_shape))
-        base = self.base_dist
-        return base.loc.expand(shape) + _standard_normal(base.loc, shape) * base.scale
-
-    @property
-    def deterministic_sample(self) -> torch.Tensor:
-        """What ``InteractionType.DETERMINISTIC`` returns: the mean."""
-        return self.mean
-
-
-def _standard_normal(like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    return torch.randn(shape, dtype=like.dtype, device=like.device)
 
 
 class _ObservationEncoder(nn.Module):
@@ -298,6 +237,12 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
         )
         super().__init__(*modules, head)
         self.discrete = dist_class is OneHotCategorical
+        # Plain references for act_compact. A tuple is not registered as a submodule, so
+        # the state dict is unchanged; calling layer.forward directly skips tensordict's
+        # attribute lookups and nn.Module's call overhead (no hooks run on that path).
+        self._fast_layers = tuple(net)
+        self._fast_scale = None if self.discrete else modules[1].module
+        self._default_mode = head.default_interaction_type
 
     def act_compact(
         self, observation: torch.Tensor
@@ -305,7 +250,7 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
         """The per-step fast path: same outputs as the TensorDict forward, no TensorDict.
 
         Reads the interaction type like the TensorDict forward does (unset → the
-        head's default, DETERMINISTIC).
+        head's default, DETERMINISTIC). Module hooks do not run on this path.
 
         Args:
             observation: ``[B, *obs_shape]``.
@@ -315,21 +260,23 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
             the sampled vector ``[B, d]`` (Box), and ``{"logits"}`` or ``{"loc", "scale"}``
             plus ``"action_log_prob"`` ``[B]``.
         """
-        mode = interaction_type() or self.module[-1].default_interaction_type
-        net = self.module[0].module
+        mode = interaction_type() or self._default_mode
+        out = observation
+        for layer in self._fast_layers:
+            out = layer.forward(out)
         if self.discrete:
-            logits = net(observation)
+            logits = out
             log_probs = logits.log_softmax(-1)
             if mode is InteractionType.RANDOM:
-                index = _sample_index(logits.softmax(-1))
+                index = sample_index(logits.softmax(-1))
             else:
                 index = logits.argmax(-1)
             log_prob = log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
             return index, {"logits": logits, "action_log_prob": log_prob}
-        loc = net(observation)
-        scale = self.module[1].module(loc)
+        loc = out
+        scale = self._fast_scale.forward(loc)
         if mode is InteractionType.RANDOM:
-            action = loc + _standard_normal(loc, loc.shape) * scale
+            action = loc + standard_normal(loc, loc.shape) * scale
         else:
             action = loc
         log_prob = (-((action - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI).sum(-1)
