@@ -246,3 +246,19 @@ def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:
     assert actor.handle.server.runtime.busy
     session.cancel()
     assert max(latencies) < 0.1, f"health latencies {sorted(latencies)[-3:]}"
+
+
+def test_collect_env_crash_ends_with_error_and_the_actor_recovers(make_actor: object) -> None:
+    actor = make_actor(env_factory="rlfleet_test_envs:crashing_cartpole",
+                       env_kwargs={"steps": 7})
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
+    session.opened()
+    end, seqs = session.end()
+    assert seqs == [1]
+    assert end.reason == pb.END_REASON_ERROR
+    assert "simulator crashed" in end.message
+    assert end.last_seq == 1
+    again = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1))
+    assert again.opened().next_seq == 2
+    assert again.batch()[0].seq == 2
+    again.cancel()
