@@ -77,3 +77,26 @@ def crash_once_cartpole(steps: int = 0) -> gymnasium.Env:
         return env
     _CRASHED["done"] = True
     return _CrashAfter(env, steps)
+
+
+class _MultiEnv(gymnasium.Env):
+    """MultiBinary observations, MultiDiscrete actions (checked on every step), 5-step episodes."""
+
+    observation_space = gymnasium.spaces.MultiBinary(3)
+    action_space = gymnasium.spaces.MultiDiscrete([3, 2], start=[1, 0])
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action: Any) -> Any:
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} outside {self.action_space}")
+        self._t += 1
+        return self.observation_space.sample(), float(action.sum()), self._t >= 5, False, {}
+
+
+def multi_env() -> gymnasium.Env:
+    """An env with MultiBinary observations and MultiDiscrete actions."""
+    return _MultiEnv()

@@ -309,6 +309,19 @@ def test_rollout_worker_describes_itself() -> None:
     assert description.action_space == worker.action_space
 
 
+def test_rollout_worker_batches_multi_binary_and_multi_discrete_spaces() -> None:
+    with _worker(env_factory="rlfleet_test_envs:multi_env", models=RANDOM_MODEL) as worker:
+        batch = _collect(worker, 40)
+    assert (batch["observation"].dtype, batch["observation"].shape) == (torch.int8, (4, 10, 3))
+    assert (batch["action"].dtype, batch["action"].shape) == (torch.int64, (4, 10, 2))
+    assert batch["action"][..., 0].max() <= 2
+    assert batch["action"][..., 1].max() <= 1
+    assert batch["action"].min() >= 0
+    # the env rewards the action it received: the compact index plus the space's start
+    assert torch.equal(_flag(batch, "next", "reward"), batch["action"].sum(-1).float() + 1)
+    assert _flag(batch, "next", "terminated")[:, 4].all()
+
+
 def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
     import rlfleet_test_envs
 
@@ -324,12 +337,17 @@ def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
 
 
 def test_rollout_worker_async_backend_collects_and_close_reaps_subprocesses() -> None:
-    worker = _worker(num_envs=2, env_backend="async")
+    worker = _worker(num_envs=2, env_backend="async", models=RANDOM_MODEL)
     pids = [p.pid for p in worker._pool.processes]
-    batch = _collect(worker, 16)
+    batch = _collect(worker, 120, max_frames_per_traj=15)
     worker.close()
-    assert batch.batch_size == (2, 8)
+    assert batch.batch_size == (2, 60)
     assert all(_gone(pid) for pid in pids)
+    done = _flag(batch, "next", "done")
+    assert _flag(batch, "next", "terminated").any()  # autoreset inside the subprocesses
+    assert _flag(batch, "step_count").max() == 14  # and cuts with a masked reset
+    follows = (batch["next", "observation"][:, :-1] == batch["observation"][:, 1:]).all(-1)
+    assert torch.equal(follows, ~done[:, :-1])
 
 
 def test_rollout_worker_raises_deadline_error_if_an_async_env_hangs() -> None:

@@ -96,8 +96,9 @@ def _assert_done_semantics(batch: TensorDict) -> None:
         ("CartPole-v1", "mlp", 3, 100),
         ("CartPole-v1", "random", 3, 100),
         ("Pendulum-v1", "mlp", 2, 205),
+        ("FrozenLake-v1", "random", 2, 50),
     ],
-    ids=["cartpole-mlp", "cartpole-random", "pendulum-mlp"],
+    ids=["cartpole-mlp", "cartpole-random", "pendulum-mlp", "frozenlake-random"],
 )
 def test_parity_batch_layout_and_done_semantics(
     env_id: str, factory: str, num_envs: int, steps: int
