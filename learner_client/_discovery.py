@@ -241,7 +241,7 @@ class DnsWatcher:
         self._interval = float(interval)
         self._on_change = on_change
         self._resolver = resolver or getaddrinfo_resolver
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # on_change may call forget() from inside refresh()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._addresses: tuple[str, ...] = ()
@@ -281,6 +281,19 @@ class DnsWatcher:
             if change and self._on_change is not None:
                 self._on_change(change)
             return change
+
+    def forget(self, address: str) -> None:
+        """Drop ``address`` from the known set, so the next resolution reports it joined again.
+
+        For a caller that could not use a joined address (e.g. the actor was not
+        reachable yet): the watcher reports each join once, so without this the
+        address would not come up again while it stays in DNS.
+
+        Args:
+            address: An ``ip:port`` from a reported change; unknown addresses are ignored.
+        """
+        with self._lock:
+            self._addresses = tuple(a for a in self._addresses if a != address)
 
     def start(self) -> DnsWatcher:
         """Start re-resolving every ``interval`` seconds on a daemon thread.

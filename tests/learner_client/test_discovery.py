@@ -195,6 +195,26 @@ def test_dns_watcher_reports_joins_and_leaves() -> None:
     assert changes == [first, second]
 
 
+def test_dns_watcher_reports_a_forgotten_address_again() -> None:
+    resolver = FakeResolver("10.0.0.1", "10.0.0.2")
+    refused: list[str] = []
+
+    def on_change(change: DnsChange) -> None:
+        # A caller that could not connect to a joined actor yet asks to hear of it again.
+        for address in change.joined:
+            if address == "10.0.0.2:9" and not refused:
+                refused.append(address)
+                watcher.forget(address)
+
+    watcher = DnsWatcher("dns:///actors:9", on_change=on_change, resolver=resolver)
+    assert watcher.refresh().joined == ("10.0.0.1:9", "10.0.0.2:9")
+    assert watcher.addresses == ("10.0.0.1:9",)
+    assert watcher.refresh().joined == ("10.0.0.2:9",)
+    assert not watcher.refresh()
+    watcher.forget("10.9.9.9:9")  # unknown: ignored
+    assert watcher.addresses == ("10.0.0.1:9", "10.0.0.2:9")
+
+
 def test_dns_watcher_keeps_known_addresses_when_resolution_fails() -> None:
     resolver = FakeResolver("10.0.0.1")
     watcher = DnsWatcher("dns:///actors:9", resolver=resolver)
