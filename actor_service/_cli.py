@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -332,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from actor_service._logging import configure_logging
     from actor_service._server import serve
 
-    configure_logging(config.log_level, config.log_format, worker_id=config.worker_id)
+    configure_logging(config.log_level, config.log_format, worker_id=config.worker_id,
+                      include_others=True)
+    logging.captureWarnings(True)
     return serve(config)
 
 

@@ -56,8 +56,11 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
-        event = getattr(record, "rlfleet_event", None) or record.getMessage()
-        fields = dict(getattr(record, "rlfleet_fields", {}))
+        event = getattr(record, "rlfleet_event", None)
+        if event is not None:
+            fields = dict(getattr(record, "rlfleet_fields", {}))
+        else:  # a record of another library (gRPC, asyncio, warnings)
+            event, fields = "log", {"logger": record.name, "message": record.getMessage()}
         if record.exc_info:
             fields["exception"] = self.formatException(record.exc_info)
         if self._json:
@@ -77,7 +80,12 @@ def _text_value(value: Any) -> str:
 
 
 def configure_logging(
-    level: str = "info", fmt: str = "text", *, worker_id: int = 0, stream: TextIO | None = None
+    level: str = "info",
+    fmt: str = "text",
+    *,
+    worker_id: int = 0,
+    stream: TextIO | None = None,
+    include_others: bool = False,
 ) -> logging.Handler:
     """Send the actor's logs to ``stream`` (stderr by default) in the given format.
 
@@ -88,6 +96,8 @@ def configure_logging(
         fmt: ``"text"`` or ``"json"``.
         worker_id: Written on every line.
         stream: Where to write.
+        include_others: Also render other libraries' warnings and errors (root
+            logger) in the same format, so a JSON log holds nothing but JSON lines.
 
     Returns:
         The installed handler.
@@ -99,13 +109,23 @@ def configure_logging(
         raise ValueError(f"log level must be one of {sorted(_LEVELS)}, got {level!r}")
     if fmt not in _FORMATS:
         raise ValueError(f"log format must be one of {list(_FORMATS)}, got {fmt!r}")
-    logger = get_logger()
-    for old in [h for h in logger.handlers if getattr(h, "_rlfleet", False)]:
-        logger.removeHandler(old)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(_Formatter(fmt, worker_id))
-    handler._rlfleet = True  # type: ignore[attr-defined]  # marks ours for replacement
+    logger, root = get_logger(), logging.getLogger()
+    for owner in (logger, root):
+        for old in [h for h in owner.handlers if getattr(h, "_rlfleet", False)]:
+            owner.removeHandler(old)
+    handler = _handler(stream, fmt, worker_id)
     logger.addHandler(handler)
     logger.setLevel(_LEVELS[level])
     logger.propagate = False
+    if include_others:
+        others = _handler(stream, fmt, worker_id)
+        others.setLevel(logging.WARNING)
+        root.addHandler(others)
+    return handler
+
+
+def _handler(stream: TextIO | None, fmt: str, worker_id: int) -> logging.Handler:
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(_Formatter(fmt, worker_id))
+    handler._rlfleet = True  # type: ignore[attr-defined]  # marks ours for replacement
     return handler

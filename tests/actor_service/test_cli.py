@@ -158,3 +158,19 @@ def test_logging_text_lines_are_key_value() -> None:
     line = stream.getvalue().strip()
     assert "WARNING" in line
     assert "weights.push model_id=policy result=ABORTED" in line
+
+
+def test_logging_renders_other_libraries_in_the_same_format() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "json", stream=stream, include_others=True)
+    try:
+        logging.getLogger("grpc.somewhere").warning("channel %s broke", "x")
+        logging.getLogger("grpc.somewhere").info("not shown")
+    finally:
+        get_logger().removeHandler(handler)
+        for other in [h for h in logging.getLogger().handlers if getattr(h, "_rlfleet", False)]:
+            logging.getLogger().removeHandler(other)
+    (line,) = stream.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["event"] == "log"
+    assert record["fields"] == {"logger": "grpc.somewhere", "message": "channel x broke"}

@@ -197,3 +197,16 @@ def test_push_weights_is_audit_logged_with_peer_sha256_and_result(actor: Actor) 
         assert push["model_id"] == "policy"
         assert push["version"] == 1
         assert push["peer"].startswith("ipv4:127.0.0.1:")
+
+
+def test_push_weights_raises_if_a_message_exceeds_4_mib(actor: Actor) -> None:
+    blob = bytes(5 * 1024 * 1024)
+    requests = iter([
+        pb.PushWeightsRequest(header=pb.WeightsHeader(version=1, total_bytes=len(blob),
+                                                      sha256=sha256_hex(blob))),
+        pb.PushWeightsRequest(chunk=blob),
+    ])
+    with pytest.raises(grpc.RpcError) as error:
+        actor.stub.PushWeights(requests, timeout=30)
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _assert_unchanged(actor, 0)
