@@ -265,7 +265,8 @@ class CollectStream:
         except Exception as exc:
             code, details = to_status(exc)
             log_event("session.collect_failed", logging.ERROR, learner=self.learner_id,
-                      code=code.name, details=details, error=repr(exc))
+                      code=code.name, details=details, error=repr(exc),
+                      exc_info=code == grpc.StatusCode.INTERNAL)
             self._request_stop(pb.END_REASON_ERROR, f"collection failed: {details}")
         finally:
             self._collector_done = True
