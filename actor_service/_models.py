@@ -114,8 +114,11 @@ class _Model:
         try:
             with torch.no_grad(), set_interaction_type(InteractionType.RANDOM):
                 _, extras = self.forward(sample)
-        except InternalError as exc:
-            raise ValueError(f"model {self.spec.model_id!r} ({self.spec.factory}): {exc}") from None
+        except Exception as exc:
+            raise ValueError(
+                f"model {self.spec.model_id!r} ({self.spec.factory}) fails on a batch of "
+                f"placeholder observations: {type(exc).__name__}: {exc}"
+            ) from exc
         specs = {"action": (self._act.shape, self._act.dtype)}
         for key, value in extras.items():
             top = key if isinstance(key, str) else key[0]

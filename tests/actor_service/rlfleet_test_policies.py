@@ -92,3 +92,8 @@ def versioned_policy(observation_space: Any, action_space: Any) -> nn.Module:
     return TensorDictModule(
         _Versioned(), in_keys=["observation"], out_keys=["action", "weight_a", "weight_b"]
     )
+
+
+def wrong_input_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """A plain module built for 7-dim observations (CartPole has 4)."""
+    return _Linear(7, int(action_space.n))

@@ -210,6 +210,7 @@ def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
         ((ModelSpec("a/b"),), "model_id must match"),
         ((ModelSpec("p"), ModelSpec("p", "random")), "registered twice"),
         ((ModelSpec(factory="rlfleet_test_policies:not_a_module"),), "not an nn.Module"),
+        ((ModelSpec(factory="rlfleet_test_policies:wrong_input_policy"),), "placeholder"),
         ((), "at least one model"),
     ],
 )
