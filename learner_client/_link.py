@@ -171,9 +171,10 @@ class ActorLink:
                 self._ledger.failure(self.worker_id)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # any failure of one actor is counted and retried
                 if self._closing:
                     break
+                attempt = 0 if self._streamed else attempt
                 self._ledger.failure(self.worker_id)
                 # The first failure of an outage is news; the retries that follow are not.
                 log.log(logging.WARNING if attempt == 0 else logging.INFO,
@@ -216,8 +217,11 @@ class ActorLink:
         if settings is None:
             raise SessionStateError("ActorLink.start() was not called")
         credits = self._mailbox.session_opened(self.worker_id)
+        # Take over only a session of our own the actor may not know is dead yet;
+        # never another learner's (a first open that finds the actor busy retries).
         stream = self.channel.collect(settings, credits=credits, resume=resume,
-                                      take_over=reconnecting, learner_id=self._conn.learner_id)
+                                      take_over=reconnecting and bool(self.tracker.epoch),
+                                      learner_id=self._conn.learner_id)
         self._stream = stream
         try:
             info = await stream.opened(self._conn.call_timeout)

@@ -1,0 +1,219 @@
+"""GrpcCollector under faults: SIGKILLed actors, broken streams, shutdown with a dead actor.
+
+These tests kill their own two actors (worker_ids 0 and 1) and restart them
+on the same ports, so they do not share the session fleet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from conftest import cartpole_policy, live_threads, start_actors
+from helpers import ActorProcess, poll_until, start_actor
+
+from common.errors import ActorUnavailableError
+from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
+
+ARGS = [["--worker-id", "0", "--num-envs", "2"], ["--worker-id", "1", "--num-envs", "2"]]
+
+
+@pytest.fixture(scope="module")
+def actors() -> Iterator[list[ActorProcess]]:
+    """Two actors for the module; tests kill them at will."""
+    started = start_actors(ARGS)
+    yield started
+    for actor in started:
+        actor.close()
+
+
+@pytest.fixture
+def pair(actors: list[ActorProcess]) -> list[ActorProcess]:
+    """The two actors, with any that a previous test killed started again."""
+    for index, actor in enumerate(actors):
+        if actor.process.poll() is not None:
+            restart(actors, index)
+    return actors
+
+
+def restart(actors: list[ActorProcess], index: int) -> None:
+    """Start a killed actor again on its port (a new process: a new epoch)."""
+    port = actors[index].port
+    actors[index].close()
+    actors[index] = start_actor([*ARGS[index], "--port", str(port)])
+
+
+def worker_of(batch) -> int:
+    return int(batch["collector", "worker_id"].flatten()[0])
+
+
+def drain(collector: GrpcCollector, count: int) -> None:
+    for _ in range(count):
+        collector.next()
+
+
+def next_from(collector: GrpcCollector, worker_id: int, timeout: float):
+    """The first batch from ``worker_id`` (others keep flowing meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = collector.next()
+        if worker_of(batch) == worker_id:
+            return batch
+    raise AssertionError(f"no batch from worker_id {worker_id} within {timeout} s")
+
+
+@pytest.mark.slow
+def test_async_survives_a_sigkill_and_readmits_the_actor_with_current_weights(pair):
+    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4, batch_timeout=20)
+    try:
+        version = collector.update_policy_weights_(cartpole_policy())[0]
+        for _ in range(4):
+            collector.next()
+        pair[1].kill()
+        poll_until(lambda: worker_of(collector.next()) == 0
+                   and collector.stats()["worker_states"][1] == "down",
+                   timeout=20, message="worker_id 1 reported down while 0 keeps flowing")
+        assert all(worker_of(collector.next()) == 0 for _ in range(5))
+        stats = collector.stats()
+        assert stats["failures_per_worker"][1] >= 1
+        assert stats["workers_alive"] == 1
+
+        with pytest.raises(WeightPushError) as info:
+            collector.update_policy_weights_(cartpole_policy())
+        assert info.value.succeeded == {0: version + 1}
+        assert isinstance(info.value.failed[1], ActorUnavailableError)
+
+        restart(pair, 1)
+        batch = next_from(collector, 1, timeout=30)
+        # The restarted process got the current weights before any of its data was used.
+        assert bool((batch["policy_version"] == version + 1).all())
+        stats = collector.stats()
+        assert stats["reconnects"] >= 1
+        assert stats["workers_alive"] == 2
+        assert stats["duplicates"] == 0
+    finally:
+        collector.shutdown(timeout=5)
+
+
+def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
+    addresses = [a.address for a in pair]
+    strict = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30)
+    # Built while both actors are up; its sessions open at its first batch.
+    partial = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30,
+                            allow_partial_batches=True)
+    try:
+        strict.next()
+        pair[1].kill()
+        start = time.monotonic()
+        with pytest.raises(MissingWorkersError, match=r"worker_ids \[1\]") as info:
+            drain(strict, 5)  # batches already buffered may still complete a round or two
+        assert info.value.worker_ids == [1]
+        assert isinstance(info.value, ActorUnavailableError)
+        assert time.monotonic() - start < 15  # a dead actor fails the round fast
+        strict.shutdown(timeout=5)  # an actor serves one learner at a time
+
+        batch = partial.next()
+        assert batch.batch_size == torch.Size([1, 2, 2])
+        assert batch["collector", "worker_id"].unique().tolist() == [0]
+        assert partial.missing_workers == [1]
+        assert partial.stats()["missing_workers"] == [1]
+    finally:
+        strict.shutdown(timeout=5)
+        partial.shutdown(timeout=5)
+
+
+def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
+    with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4) as warm:
+        list(warm)
+    baseline = live_threads()
+    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4)
+    try:
+        collector.next()
+        pair[1].kill()
+        poll_until(lambda: collector.stats()["worker_states"][1] == "down", timeout=20)
+        start = time.monotonic()
+        collector.shutdown(timeout=3)
+        assert time.monotonic() - start < 8
+        poll_until(lambda: live_threads() <= baseline, timeout=10, message="threads at baseline")
+    finally:
+        collector.shutdown(timeout=3)
+
+
+class ResettingProxy:
+    """A TCP proxy to one actor whose connections can be cut (same actor process behind it)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            self._spawn(self._pipe, client, upstream)
+            self._spawn(self._pipe, upstream, client)
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def reset(self) -> None:
+        """Cut every open connection (the learner sees its stream break)."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the pipe threads blocked in recv()
+            sock.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self._listener.close()
+        self.reset()
+        for thread in self._threads:
+            thread.join(5)
+
+
+def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
+    proxy = ResettingProxy(("127.0.0.1", actors[0].port))
+    collector = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20)
+    try:
+        seen = [collector.next()["observation"].clone() for _ in range(3)]
+        for _ in range(3):
+            proxy.reset()
+            poll_until(lambda: collector.stats()["failures"] >= 1, timeout=10)
+            seen += [collector.next()["observation"].clone() for _ in range(3)]
+        stats = collector.stats()
+        assert stats["reconnects"] >= 1
+        assert stats["gaps"] == 0
+        # Re-sent batches were dropped: no batch was delivered twice.
+        assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1:])
+    finally:
+        collector.shutdown(timeout=5)
+        proxy.close()
