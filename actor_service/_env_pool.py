@@ -7,7 +7,8 @@ observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` a
 :func:`reset_pool` bound every async call by ``step_timeout`` and turn a hung or
 crashed env into an error (:class:`~common.errors.DeadlineError` or
 :class:`~common.errors.ActorUnavailableError`) instead of a hang; :func:`close_pool`
-reaps the subprocesses even when an env hangs.
+reaps the subprocesses even when an env hangs. :func:`derive_seed` chains per-env
+seeds exactly as TorchRL does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ from actor_service._spaces import check_space
 from common.errors import ActorUnavailableError, DeadlineError
 from common.policies import load_callable
 
-__all__ = ["close_pool", "env_name", "make_env_pool", "reset_pool", "step_pool"]
+__all__ = ["close_pool", "derive_seed", "env_name", "make_env_pool", "reset_pool", "step_pool"]
+
+_SEED_MODULUS = 2**32 - 1
+
+
+def derive_seed(seed: int) -> int:
+    """The next seed of a chain, exactly as TorchRL's ``seed_generator`` derives it."""
+    rng = np.random.default_rng(seed)
+    return int.from_bytes(rng.bytes(8), "big") % _SEED_MODULUS
+
 
 # How long a terminated env subprocess gets to exit before it is killed.
 _REAP_TIMEOUT = 5.0

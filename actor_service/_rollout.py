@@ -11,12 +11,10 @@ rebuilt before the next batch.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import threading
 from typing import Any
 
-import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -25,7 +23,15 @@ from tensordict.nn import set_interaction_type
 import common
 from actor_service._batch import BatchBuffers, TrajIds, split_trajectories
 from actor_service._config import ActorConfig
-from actor_service._env_pool import close_pool, env_name, make_env_pool, reset_pool, step_pool
+from actor_service._env_pool import (
+    close_pool,
+    derive_seed,
+    env_name,
+    make_env_pool,
+    reset_pool,
+    step_pool,
+)
+from actor_service._identity import ActorDescription, draw_epoch, validate_config
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
@@ -39,43 +45,6 @@ from common.policies import RandomPolicy
 
 __all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
 
-_SEED_MODULUS = 2**32 - 1
-
-
-def derive_seed(seed: int) -> int:
-    """The next seed of a chain, exactly as TorchRL's ``seed_generator`` derives it."""
-    rng = np.random.default_rng(seed)
-    return int.from_bytes(rng.bytes(8), "big") % _SEED_MODULUS
-
-
-@dataclasses.dataclass(frozen=True)
-class ActorDescription:
-    """What an actor is, for ``Describe``.
-
-    Attributes:
-        worker_id: The actor's id in the fleet.
-        epoch: Random, nonzero, new at each start.
-        env_id: The gymnasium id or the env factory string.
-        observation_space: The single-env observation space.
-        action_space: The single-env action space.
-        models: ``{model_id: (policy_version, {param: (shape, dtype)})}``.
-        num_envs: Size of the env pool.
-        env_backend: ``"sync"`` or ``"async"``.
-        device: The models' device.
-        software_version: ``common.__version__``.
-    """
-
-    worker_id: int
-    epoch: int
-    env_id: str
-    observation_space: gymnasium.Space
-    action_space: gymnasium.Space
-    models: dict[str, tuple[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]]
-    num_envs: int
-    env_backend: str
-    device: str
-    software_version: str
-
 
 class RolloutWorker:
     """Env pool + models → batches, with TorchRL Collector semantics.
@@ -85,8 +54,29 @@ class RolloutWorker:
     num_envs``) with the keys of TorchRL's ``Collector(track_policy_version=True)``;
     ``policy_version`` is the version of the weights that chose each action.
 
+    Batch keys: ``observation``, ``action`` (one-hot ``int64`` for Discrete), the policy's
+    extra outputs (``logits`` / ``loc``, ``scale`` and ``action_log_prob`` for ``"mlp"``),
+    ``done``/``terminated``/``truncated`` (``[N, T, 1]`` bool, the state at t: always
+    False, since ended envs are reset in the same step), ``policy_version`` ``[N, T]``,
+    ``("collector", "traj_ids")`` ``[N, T]``, and under ``"next"``: ``observation`` (the
+    final one where an episode ended), ``reward`` (``float32`` ``[N, T, 1]``),
+    ``done``/``terminated``/``truncated`` and ``policy_version``; with
+    ``max_frames_per_traj > 0`` also ``step_count`` at the root and in ``"next"``.
+    ``CollectSettings.total_frames`` is the caller's to enforce.
+
     Args:
         config: The actor's settings (env, pool, models, device, seed, worker_id).
+
+    Attributes:
+        worker_id: The actor's id in the fleet.
+        epoch: Random 63-bit, nonzero, drawn from the OS at each start.
+        num_envs: Size of the env pool.
+        device: Where the models run.
+        models: The :class:`~actor_service._models.ModelRegistry` (pushes go through it).
+        observation_space: The single-env observation space.
+        action_space: The single-env action space.
+        frames: Frames collected so far (restored by ``load_state_dict``).
+        batches: Batches collected so far.
 
     Raises:
         ValueError: A bad setting, an env or model that cannot be built, or
@@ -101,10 +91,10 @@ class RolloutWorker:
     """
 
     def __init__(self, config: ActorConfig) -> None:
-        _validate(config)
+        validate_config(config)
         self.config = config
         self.worker_id = config.worker_id
-        self.epoch = _draw_epoch()
+        self.epoch = draw_epoch()
         self.num_envs = config.num_envs
         self.device = torch.device(config.device)
         self.frames = 0
@@ -377,26 +367,3 @@ class RolloutWorker:
                 return
             self._closed = True
             close_pool(self._pool, force=self._pool_broken)
-
-
-def _validate(config: ActorConfig) -> None:
-    if not isinstance(config, ActorConfig):
-        raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
-    if not isinstance(config.worker_id, int) or not 0 <= config.worker_id <= 0xFFFF:
-        raise ValueError(f"worker_id must be an int in 0..65535, got {config.worker_id!r}")
-    if not isinstance(config.torch_threads, int) or config.torch_threads < 1:
-        raise ValueError(f"torch_threads must be a positive int, got {config.torch_threads!r}")
-    if not config.step_timeout > 0:
-        raise ValueError(f"step_timeout must be positive, got {config.step_timeout!r}")
-    if config.seed is not None and (
-        not isinstance(config.seed, int) or not 0 <= config.seed < 2**64
-    ):
-        raise ValueError(f"seed must be None or an int in [0, 2**64), got {config.seed!r}")
-
-
-def _draw_epoch() -> int:
-    # From the OS, not torch/numpy: a seeded actor must still get a fresh epoch.
-    while True:
-        epoch = secrets.randbits(63)
-        if epoch:
-            return epoch
