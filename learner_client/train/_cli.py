@@ -2,7 +2,8 @@
 
 Exit codes: 0 when training finished (the target return or the frame budget
 was reached), 1 with a one-line message on an rlfleet error (an actor that
-cannot be started or reached, a rejected weight push...), 2 on bad flags
+cannot be started or reached, a rejected weight push...), an OS error (the
+output directory cannot be written) or an unknown env id, 2 on bad flags
 (argparse), 130 on Ctrl-C. SIGTERM is handled like Ctrl-C, so a container
 stop also shuts the local fleet down in order.
 """
@@ -13,6 +14,8 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+
+import gymnasium
 
 from common.errors import RlfleetError
 from learner_client.train._loop import train
@@ -45,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlfleet-train: interrupted; actors stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (RlfleetError, OSError) as exc:
+    except (RlfleetError, OSError, gymnasium.error.Error) as exc:
         print(f"rlfleet-train: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:

@@ -1,0 +1,70 @@
+"""Smoke test of ``rlfleet-train``: the real entry point, real actors, a tiny budget."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import subprocess
+import sys
+
+import gymnasium as gym
+
+from common.policies import make_policy
+from common.weights import decode_weights, load_into
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _actor_processes(seed: int) -> list[int]:
+    # Actors of one run are recognisable by their --seed (seed + worker_id).
+    marks = {f"--seed\0{seed}\0", f"--seed\0{seed + 1}\0"}
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "actor_service" in cmdline and any(mark in cmdline for mark in marks):
+            found.append(int(proc.name))
+    return found
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "learner_client.train", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_train_entry_point_runs_a_tiny_budget_and_writes_its_outputs(tmp_path):
+    # Async here; the sync loop runs the entry point in test_train_solves_cartpole.
+    seed = random.randrange(10**6, 10**9)
+    out = tmp_path / "run"
+    result = _train("--num-actors", "2", "--num-envs", "2", "--frames-per-batch", "64",
+                    "--total-frames", "128", "--minibatch-size", "32", "--hidden", "16,16",
+                    "--seed", str(seed), "--out", str(out), "--no-progress", "--async")
+    assert result.returncode == 0, result.stderr
+    assert "128 frames" in result.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["frames"] == 128
+    assert summary["batches"] == 2
+    assert summary["reached_target"] is False
+    assert summary["policy_version"] >= 2
+    assert summary["settings"]["sync"] is False
+    assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+    env = gym.make("CartPole-v1")
+    policy = make_policy("mlp", env.observation_space, env.action_space, hidden=[16, 16])
+    state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
+    load_into(policy, state)
+    assert metadata["env"] == "CartPole-v1"
+    assert _actor_processes(seed) == []
+
+
+def test_train_entry_point_exits_non_zero_with_a_message_on_an_unknown_env(tmp_path):
+    result = _train("--env", "NoSuchEnv-v0", "--out", str(tmp_path), "--no-progress")
+    assert result.returncode == 1
+    assert "rlfleet-train: error:" in result.stderr
+    assert "NoSuchEnv" in result.stderr
+    assert "Traceback" not in result.stderr
+

@@ -1,0 +1,162 @@
+"""LocalFleet: real actor subprocesses, started, probed, killed and never orphaned."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import poll_until
+
+from common.errors import ActorUnavailableError, SessionStateError, UnknownWorkerError
+from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
+from learner_client._local_fleet import LocalFleet
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    # A zombie waiting for init to reap it is as good as gone.
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _all_gone(pids) -> bool:
+    return not any(_alive(pid) for pid in pids)
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=5)
+    return reply.status
+
+
+def _worker_id(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = actor_service_pb2_grpc.ActorServiceStub(channel)
+        return stub.Describe(actor_service_pb2.DescribeRequest(), timeout=5).worker_id
+
+
+def test_local_fleet_starts_actors_that_answer_health_with_their_worker_ids():
+    with LocalFleet(2, num_envs=2, seed=3, grace_period=1.0) as fleet:
+        addresses = fleet.addresses
+        assert len(set(addresses)) == 2
+        assert all(a.startswith("127.0.0.1:") for a in addresses)
+        assert [_health(a) for a in addresses] == [health_pb2.HealthCheckResponse.SERVING] * 2
+        assert [_worker_id(a) for a in addresses] == [0, 1]
+        pids = fleet.pids
+    assert _all_gone(pids)
+    fleet.stop()  # idempotent
+    with pytest.raises(SessionStateError, match="stopped"):
+        _ = fleet.addresses
+    with pytest.raises(SessionStateError):
+        fleet.start()
+
+
+def _fail_inside_a_fleet(pids: list[int]) -> None:
+    with LocalFleet(2, num_envs=1) as fleet:
+        pids.extend(fleet.pids)
+        raise RuntimeError("boom")
+
+
+def test_local_fleet_stops_actors_when_the_body_raises():
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        _fail_inside_a_fleet(pids)
+    assert len(pids) == 2
+    assert _all_gone(pids)
+
+
+def test_local_fleet_raises_if_an_actor_dies_before_ready():
+    with pytest.raises(ActorUnavailableError) as info:
+        LocalFleet(2, num_envs=1, extra_args=["--num-envs", "0"], start_timeout=30).start()
+    message = str(info.value)
+    assert "worker_id=" in message
+    assert "exited with code 2" in message
+    assert "num-envs" in message  # the actor's own complaint, from its stderr
+
+
+def test_local_fleet_kill_and_restart_keep_worker_id_and_address():
+    with LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet:
+        address = fleet.addresses[1]
+        old_pid = fleet.pids[1]
+        assert fleet.kill(1) == -signal.SIGKILL
+        assert not fleet.is_alive(1)
+        assert fleet.is_alive(0)
+        assert fleet.restart(1) == address
+        assert fleet.pids[1] != old_pid
+        assert _health(address) == health_pb2.HealthCheckResponse.SERVING
+        assert _worker_id(address) == 1
+        with pytest.raises(UnknownWorkerError, match="worker_id=7"):
+            fleet.kill(7)
+
+
+@pytest.mark.parametrize(
+    ("names", "kwargs"),
+    [
+        (("num_actors",), {"num_actors": 0}),
+        (("num_envs",), {"num_actors": 1, "num_envs": -1}),
+        (("start_timeout",), {"num_actors": 1, "start_timeout": 0}),
+        (("extra_args",), {"num_actors": 1, "extra_args": "--seed 1"}),
+    ],
+)
+def test_local_fleet_raises_if_an_argument_is_invalid(names, kwargs):
+    with pytest.raises((TypeError, ValueError), match=names[0]):
+        LocalFleet(**kwargs)
+
+
+# A learner process that starts a fleet, reports the actor pids, then behaves per argv[1].
+_LEARNER = textwrap.dedent("""
+    import json, sys, time
+    from learner_client._local_fleet import LocalFleet
+    with LocalFleet(int(sys.argv[2]), num_envs=1, grace_period=1.0) as fleet:
+        print(json.dumps(fleet.pids), flush=True)
+        if sys.argv[1] == "raise":
+            raise RuntimeError("learner failed")
+        if sys.argv[1] == "wait":
+            time.sleep(120)
+""")
+
+
+def _start_learner(mode: str, num_actors: int) -> tuple[subprocess.Popen, list[int]]:
+    learner = subprocess.Popen([sys.executable, "-c", _LEARNER, mode, str(num_actors)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = learner.stdout.readline()
+    if not line:
+        learner.kill()
+        _, err = learner.communicate(timeout=10)
+        pytest.fail(f"learner did not start its fleet: {err}")
+    return learner, json.loads(line)
+
+
+@pytest.mark.parametrize(("mode", "exit_code"), [("exit", 0), ("raise", 1)])
+def test_local_fleet_leaves_no_actor_after_the_learner_exits(mode, exit_code):
+    learner, pids = _start_learner(mode, num_actors=1)
+    _, err = learner.communicate(timeout=30)
+    assert learner.returncode == exit_code, err
+    assert _all_gone(pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_local_fleet_leaves_no_actor_after_the_learner_is_signalled(sig):
+    learner, pids = _start_learner("wait", num_actors=2)
+    try:
+        assert all(_alive(pid) for pid in pids)
+        os.kill(learner.pid, sig)
+        learner.communicate(timeout=30)
+        # SIGINT: the learner stops them; SIGKILL: the kernel's parent-death signal does.
+        poll_until(lambda: _all_gone(pids), timeout=5, message=f"actors {pids} still running")
+    finally:
+        learner.kill()
+        learner.communicate()
