@@ -1,10 +1,11 @@
-"""Fixtures for the actor-server tests: in-process servers on port 0 and a raw Collect client.
+"""Test harness for the actor-server tests: in-process actors and a raw Collect client.
 
-``make_actor(**config)`` starts a real :class:`ActorServer` (real env pool and
-policy) on a background event loop and stops it after the test. ``RawCollect``
-drives one ``Collect`` call through the generated stubs only, reassembling
-batches with :class:`common.frames.FrameAssembler`, so the tests see exactly
-what a learner sees on the wire.
+:class:`Actor` is a real :class:`ActorServer` (real env pool and policy) on a
+background event loop with a channel to it (the ``make_actor`` fixture in
+``conftest.py`` builds them). :class:`RawCollect` drives one ``Collect`` call
+through the generated stubs only, reassembling batches with
+:class:`common.frames.FrameAssembler`, so the tests see exactly what a learner
+sees on the wire.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import pytest
 from tensordict import TensorDict
 
-from actor_service import ActorConfig, ServerThread, create_server
+from actor_service import ActorConfig, ServerThread
 from common.frames import FrameAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -50,30 +50,6 @@ class Actor:
     @property
     def worker(self) -> Any:
         return self.handle.server.runtime.worker
-
-
-@pytest.fixture
-def make_actor() -> Iterator[Callable[..., Actor]]:
-    """Factory of in-process actors (stopped at teardown)."""
-    started: list[Actor] = []
-
-    def make(**overrides: Any) -> Actor:
-        handle = create_server(small_config(**overrides)).run_in_thread()
-        channel = grpc.insecure_channel(f"127.0.0.1:{handle.port}")
-        actor = Actor(handle, channel, pb_grpc.ActorServiceStub(channel))
-        started.append(actor)
-        return actor
-
-    yield make
-    for actor in started:
-        actor.channel.close()
-        actor.handle.stop(grace=1.0)
-
-
-@pytest.fixture
-def actor(make_actor: Callable[..., Actor]) -> Actor:
-    """One in-process actor with the small config."""
-    return make_actor()
 
 
 def open_request(frames_per_batch: int = 10, credits: int = 0, **kw: Any) -> pb.OpenSession:

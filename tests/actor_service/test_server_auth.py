@@ -8,7 +8,7 @@ import subprocess
 
 import grpc
 import pytest
-from conftest import RawCollect, open_request
+from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.rlfleet.v1 import actor_service_pb2 as pb

@@ -6,7 +6,7 @@ import time
 
 import grpc
 import pytest
-from conftest import Actor, RawCollect, open_request
+from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import RawCollect, open_request
+from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import ActorProcess, grpcurl_path, poll_until, start_actor
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
-from conftest import Actor, RawCollect, open_request
+from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
