@@ -52,6 +52,28 @@ def test_collector_sync_cat_results_0_concatenates_on_dim_0(fleet):
     assert batch["collector", "worker_id"][:, 0].tolist() == [0, 0, 2, 2]
 
 
+def test_collector_sync_split_trajs_pads_and_concatenates_trajectories(fleet):
+    with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=24, total_frames=24,
+                       sync=True, split_trajs=True, max_frames_per_traj=3) as collector:
+        (batch,) = list(collector)
+    mask = batch["collector", "mask"]
+    assert batch.batch_dims == 2
+    assert batch.names == [None, "time"]
+    assert int(mask.sum()) == 24  # padding is masked out
+    assert batch.batch_size[-1] <= 3
+    rows = batch["collector", "worker_id"][:, 0]
+    assert rows.tolist() == sorted(rows.tolist())
+    assert set(rows.tolist()) == {0, 1, 2}
+
+
+def test_collector_passes_rollout_settings_to_the_actors(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, total_frames=8,
+                       set_truncated=True, max_frames_per_traj=3) as collector:
+        (batch,) = list(collector)
+    assert bool(batch["next", "truncated"][:, -1].all())  # set_truncated: last step of a batch
+    assert int(batch["next", "step_count"].max()) <= 3
+
+
 def test_collector_async_yields_single_actor_batches(fleet):
     with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=8, total_frames=48) as c:
         batches = list(c)

@@ -17,10 +17,13 @@ import torch
 from conftest import cartpole_policy, live_threads, start_actors
 from helpers import ActorProcess, poll_until, start_actor
 
-from common.errors import ActorUnavailableError
+from common.config import CHUNK_BYTES
+from common.errors import ActorUnavailableError, AuthenticationError
 from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 
-ARGS = [["--worker-id", "0", "--num-envs", "2"], ["--worker-id", "1", "--num-envs", "2"]]
+TOKEN = "s3cret-learner-token"
+ARGS = [["--worker-id", "0", "--num-envs", "2", "--token", TOKEN],
+        ["--worker-id", "1", "--num-envs", "2", "--token", TOKEN]]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,8 @@ def next_from(collector: GrpcCollector, worker_id: int, timeout: float):
 
 @pytest.mark.slow
 def test_async_survives_a_sigkill_and_readmits_the_actor_with_current_weights(pair):
-    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4, batch_timeout=20)
+    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4, batch_timeout=20,
+                              token=TOKEN)
     try:
         version = collector.update_policy_weights_(cartpole_policy())[0]
         for _ in range(4):
@@ -102,10 +106,11 @@ def test_async_survives_a_sigkill_and_readmits_the_actor_with_current_weights(pa
 
 def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
     addresses = [a.address for a in pair]
-    strict = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30)
+    strict = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30,
+                           token=TOKEN)
     # Built while both actors are up; its sessions open at its first batch.
     partial = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30,
-                            allow_partial_batches=True)
+                            allow_partial_batches=True, token=TOKEN)
     try:
         strict.next()
         pair[1].kill()
@@ -128,10 +133,11 @@ def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
 
 
 def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
-    with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4) as warm:
+    with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4,
+                       token=TOKEN) as warm:
         list(warm)
     baseline = live_threads()
-    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4)
+    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4, token=TOKEN)
     try:
         collector.next()
         pair[1].kill()
@@ -200,9 +206,29 @@ class ResettingProxy:
             thread.join(5)
 
 
+def test_collector_raises_if_the_token_is_missing_or_wrong(actors):
+    with pytest.raises(AuthenticationError, match=actors[0].address):
+        GrpcCollector([actors[0].address], frames_per_batch=4)
+    with pytest.raises(AuthenticationError, match="UNAUTHENTICATED"):
+        GrpcCollector([actors[0].address], frames_per_batch=4, token="wrong")
+
+
+@pytest.mark.slow
+def test_collector_reassembles_multi_chunk_batches(actors):
+    # ~94 bytes per CartPole frame: 36000 frames span two 3 MiB chunks and decode off the loop.
+    with GrpcCollector([actors[0].address], frames_per_batch=36_000, total_frames=36_000,
+                       token=TOKEN) as collector:
+        (batch,) = list(collector)
+    assert batch.batch_size == torch.Size([2, 18_000])
+    assert sum(t.numel() * t.element_size() for t in batch.values(True, True)) > CHUNK_BYTES
+    assert bool((batch["collector", "worker_id"] == 0).all())
+    assert bool(torch.isfinite(batch["next", "observation"]).all())
+
+
 def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
     proxy = ResettingProxy(("127.0.0.1", actors[0].port))
-    collector = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20)
+    collector = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20,
+                              token=TOKEN)
     try:
         seen = [collector.next()["observation"].clone() for _ in range(3)]
         for _ in range(3):
