@@ -166,7 +166,7 @@ def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: obje
     watch = health.Watch(health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"),
                          timeout=30)
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-    stopping = threading.Thread(target=actor.handle.stop, args=(2.0,))
+    stopping = threading.Thread(target=actor.handle.stop, args=(0.5,))
     stopping.start()
     assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
     stopping.join(30)
