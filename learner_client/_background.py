@@ -46,6 +46,7 @@ class Background:
         self._resumed.set()
         self._parked = threading.Event()
         self._pause_lock = threading.Lock()
+        self._pauser: threading.Thread | None = None
         self.error: BaseException | None = None
 
     @property
@@ -77,7 +78,13 @@ class Background:
             self._parked.set()
 
     def wait_resumed(self) -> None:
-        """Block while the gate is closed (the caller counts as parked meanwhile)."""
+        """Block while the gate is closed (the caller counts as parked meanwhile).
+
+        Raises:
+            RuntimeError: Called from the thread holding the pause (it would wait forever).
+        """
+        if not self._resumed.is_set() and self._pauser is threading.current_thread():
+            raise RuntimeError("cannot collect inside pause() from the thread that paused")
         while not self._resumed.is_set() and not self._stop.is_set():
             self._parked.set()
             self._resumed.wait(_POLL_SECONDS)
@@ -92,6 +99,7 @@ class Background:
         if not self._pause_lock.acquire(blocking=False):
             raise RuntimeError("the collector is already paused")
         try:
+            self._pauser = threading.current_thread()
             self._parked.clear()
             self._resumed.clear()
             self._mailbox.set_paused(True)
@@ -106,6 +114,7 @@ class Background:
         finally:
             self._mailbox.set_paused(False)
             self._resumed.set()
+            self._pauser = None
             self._pause_lock.release()
 
     def stop(self) -> None:

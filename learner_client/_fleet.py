@@ -278,11 +278,11 @@ class Fleet:
             await asyncio.gather(*(link.stop(timeout) for link in self.links.values()),
                                  return_exceptions=True)
 
+        self.mailbox.close()  # wakes a consumer waiting for a batch
         try:
             self.loop.run(stop_all(), timeout + _MARGIN)
         except (RlfleetError, RuntimeError) as exc:
             log.warning("closing the actor sessions: %s", exc)
-        self.mailbox.close()
         self.loop.close(timeout)
 
 

@@ -135,12 +135,19 @@ class ActorLink:
             self._stream.ack(seq)
 
     async def stop(self, timeout: float) -> None:
-        """Close the session cleanly (``close`` → ``end``), cancelling it after ``timeout``."""
+        """Close an open session cleanly (``close`` → ``end``), cancelling it after ``timeout``.
+
+        A link without an open session (connecting, or waiting to retry a dead
+        actor) is cancelled at once.
+        """
         self._closing = True
+        streaming = self._stream is not None and self.state is LinkState.STREAMING
         if self._stream is not None:
             self._stream.close()
         if self._task is not None:
-            done, _ = await asyncio.wait({self._task}, timeout=timeout)
+            done: set = set()
+            if streaming:
+                done, _ = await asyncio.wait({self._task}, timeout=timeout)
             if not done:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)

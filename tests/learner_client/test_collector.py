@@ -137,6 +137,19 @@ def test_collector_replay_buffer_start_pause_async_shutdown(fleet):
     assert rb[0]["collector", "worker_id"].dtype == torch.int64
 
 
+def test_collector_pause_holds_iteration_and_refuses_to_deadlock(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        collector.next()
+        with collector.pause():
+            snapshot = collector._fleet.mailbox.snapshot()
+            assert snapshot[0][1] == 0  # no credit outstanding while paused
+            with pytest.raises(RuntimeError, match="inside pause"):
+                collector.next()
+            with pytest.raises(RuntimeError, match="already paused"), collector.pause():
+                pass
+        assert collector.next().numel() == 4
+
+
 def test_collector_start_raises_if_there_is_no_replay_buffer(fleet):
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector, \
             pytest.raises(RuntimeError, match="replay_buffer"):
