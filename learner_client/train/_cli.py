@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = train(settings)
     except KeyboardInterrupt:
-        print("rlfleet-train: interrupted; actors stopped", file=sys.stderr)
+        print("rlfleet-train: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (RlfleetError, OSError, gymnasium.error.Error) as exc:
         print(f"rlfleet-train: error: {exc}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """What a training run shows and leaves behind: progress, summary, weights, learning curve.
 
-Progress is a tqdm bar (frames, frames/s, recent return, policy lag) when tqdm
-is installed and a terminal-friendly log line every few batches otherwise. At
+Progress is a tqdm bar (frames, frames/s, recent return, policy lag) on a
+terminal when tqdm is installed, and a log line every few batches otherwise. At
 the end the run writes, under its output directory, ``policy.safetensors``
 (the policy's state dict through :func:`common.weights.encode_weights`),
 ``summary.json`` and ``learning_curve.png``; matplotlib and tqdm come with the
@@ -77,11 +77,11 @@ class TrainSummary:
 
 
 class Progress:
-    """A progress bar over the frame budget, or log lines when tqdm is off or missing.
+    """A progress bar over the frame budget, or log lines when off, not a terminal or no tqdm.
 
     Args:
         total_frames: The frame budget.
-        enabled: Whether to try tqdm at all.
+        enabled: Whether to draw a tqdm bar when ``stream`` is a terminal.
         stream: Where the bar or the lines go.
     """
 
@@ -91,7 +91,8 @@ class Progress:
         self._start = time.monotonic()
         self._frames = 0
         self._bar: Any = None
-        if enabled:
+        # A bar in a log file is noise: only draw one on a terminal.
+        if enabled and self._stream.isatty():
             try:
                 from tqdm import tqdm
             except ImportError:

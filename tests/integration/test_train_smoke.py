@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import signal
 import subprocess
 import sys
 
+import grpc
 import gymnasium as gym
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.policies import make_policy
 from common.weights import decode_weights, load_into
+from learner_client import GrpcCollector
+from learner_client._local_fleet import LocalFleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -68,3 +74,49 @@ def test_train_entry_point_exits_non_zero_with_a_message_on_an_unknown_env(tmp_p
     assert "NoSuchEnv" in result.stderr
     assert "Traceback" not in result.stderr
 
+
+
+@pytest.fixture(scope="module")
+def external_fleet():
+    with LocalFleet(2, num_envs=2, seed=5, grace_period=1.0,
+                    policy_kwargs={"hidden": [16, 16]}) as fleet:
+        yield fleet
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=5)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_train_entry_point_trains_against_an_existing_fleet_and_leaves_it_running(
+        tmp_path, external_fleet):
+    result = _train("--actors", ",".join(external_fleet.addresses), "--frames-per-batch", "64",
+                    "--total-frames", "128", "--minibatch-size", "32", "--hidden", "16,16",
+                    "--out", str(tmp_path), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["frames"] == 128
+    assert all(external_fleet.is_alive(w) for w in (0, 1))
+    assert all(_serving(a) for a in external_fleet.addresses)
+
+
+def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path, external_fleet):
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "learner_client.train", "--actors",
+         ",".join(external_fleet.addresses), "--frames-per-batch", "64", "--minibatch-size",
+         "32", "--hidden", "16,16", "--out", str(tmp_path), "--no-progress"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The first progress line means training is under way.
+        assert learner.stderr.readline().startswith("frames=")
+        learner.send_signal(signal.SIGINT)
+        _, err = learner.communicate(timeout=60)
+    finally:
+        learner.kill()
+    assert learner.returncode == 130, err
+    assert "interrupted" in err
+    # The actors are free for the next learner.
+    with GrpcCollector(external_fleet.addresses, frames_per_batch=16, total_frames=16,
+                       sync=False) as collector:
+        assert next(iter(collector)).numel() == 16
