@@ -1,12 +1,14 @@
 """``GrpcCollector``: TorchRL's distributed-collector API over a fleet of rlfleet actors.
 
 The class is a thin facade: settings are validated and grouped at once
-(:mod:`learner_client._settings`), the actors and every call to them live in
-a :class:`~learner_client._fleet.Fleet`, batches are assembled by
-:mod:`learner_client._aggregate`, weight arguments are normalised by
-:mod:`learner_client._weights`, and the replay-buffer thread with ``pause()``
-lives in :mod:`learner_client._background`. What remains here is the
-iteration loop and the public surface a TorchRL user recognises.
+(:mod:`learner_client._settings`); the actors, their event-loop thread and
+every call to them live in a :class:`~learner_client._fleet.Fleet`; batches
+are taken and assembled by :mod:`learner_client._rounds`; weight pushes go
+through :mod:`learner_client._pushes`; the replay-buffer thread and ``pause()``
+live in :mod:`learner_client._background`. What remains here is the public
+surface a TorchRL user recognises. An error raised while iterating leaves the
+collector usable (unlike TorchRL, which shuts down): catch it and call
+``next()`` again, or ``shutdown()``.
 """
 
 from __future__ import annotations
