@@ -46,9 +46,8 @@ def train(settings: TrainSettings) -> TrainSummary:
     observation_space, action_space = _spaces(settings.env)
     policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
     value = make_value_mlp(observation_space, hidden=settings.hidden)
-    ppo_config = PPOConfig(**{f.name: getattr(settings, f.name)
-                              for f in dataclasses.fields(PPOConfig)})
-    learner = PPOLearner(policy, value, ppo_config)
+    learner = PPOLearner(policy, value, PPOConfig(
+        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}))
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     target = settings.effective_target_return
     frames = batches = 0
@@ -56,13 +55,13 @@ def train(settings: TrainSettings) -> TrainSummary:
     with contextlib.ExitStack() as stack:
         addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
         collector = stack.enter_context(GrpcCollector(
-            addresses,
-            frames_per_batch=settings.frames_per_batch,
-            total_frames=settings.total_frames,
-            sync=settings.sync,
-        ))
+            addresses, frames_per_batch=settings.frames_per_batch,
+            total_frames=settings.total_frames, sync=settings.sync))
         progress = stack.enter_context(contextlib.closing(
             Progress(settings.total_frames, enabled=settings.progress)))
+        if settings.actors:
+            # A local fleet is seeded at start; an existing one is seeded here.
+            collector.set_seed(settings.seed)
         start = time.monotonic()
         # Actors start with their own random weights: make them act with ours.
         collector.update_policy_weights_(policy)
@@ -86,8 +85,7 @@ def train(settings: TrainSettings) -> TrainSummary:
         batches=batches, episodes=len(tracker.returns), wall_time_s=wall,
         fps=frames / max(wall, 1e-9), final_return=tracker.recent_mean, target_return=target,
         reached_target=_reached(tracker, target), policy_version=version,
-        out_dir=settings.out_dir,
-    )
+        out_dir=settings.out_dir)
     save_run(pathlib.Path(settings.out_dir), policy, summary, dataclasses.asdict(settings),
              (tracker.end_frames, tracker.returns), RETURN_WINDOW)
     return summary

@@ -66,13 +66,15 @@ class TrainSummary:
     def to_text(self) -> str:
         """A short human-readable summary."""
         ret = "n/a" if self.final_return is None else f"{self.final_return:.1f}"
-        target = "none" if self.target_return is None else f"{self.target_return:g}"
-        verdict = "reached" if self.reached_target else "not reached"
+        if self.target_return is None:
+            target = "no target"
+        else:
+            verdict = "reached" if self.reached_target else "not reached"
+            target = f"target {self.target_return:g} {verdict}"
         return (
             f"{self.env} ({'sync' if self.sync else 'async'}, seed {self.seed}): "
             f"{self.frames} frames in {self.wall_time_s:.1f}s ({self.fps:.0f} frames/s), "
-            f"{self.episodes} episodes, final return {ret}, target {target} {verdict}; "
-            f"outputs in {self.out_dir}"
+            f"{self.episodes} episodes, final return {ret}, {target}; outputs in {self.out_dir}"
         )
 
 
