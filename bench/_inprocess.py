@@ -1,0 +1,96 @@
+"""The in-process limit: one process stepping a gymnasium vector env and the policy, no transport.
+
+This is the ceiling of what any collector on one core can do with the same
+env and policy: gymnasium's ``SyncVectorEnv`` (the actors' env pool, with the
+same ``copy=False`` and ``SAME_STEP`` autoreset) stepped in a loop, actions
+from the ``"mlp"`` policy's batched fast path (``act_compact``, the one the
+actors use), and each step's observation, action, reward, flags and next
+observation written into preallocated ``[T, N]`` buffers, which is the least a
+collector must do to hand out a batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from tensordict.nn import InteractionType, set_interaction_type
+
+from common.policies import make_policy
+
+__all__ = ["in_process_fps"]
+
+
+def in_process_fps(
+    make_env: Callable[[], gymnasium.Env],
+    *,
+    num_envs: int,
+    steps_per_batch: int,
+    seconds: float,
+    hidden: tuple[int, ...] = (64, 64),
+    seed: int = 0,
+) -> float:
+    """Frames/s of the env-plus-policy loop over a window of about ``seconds`` (one warm-up batch).
+
+    Args:
+        make_env: Builds one env.
+        num_envs: Envs in the vector env.
+        steps_per_batch: Steps per buffer fill (a batch is ``num_envs * steps_per_batch`` frames).
+        seconds: Length of the timed window.
+        hidden: Hidden widths of the MLP policy.
+        seed: Seed of the envs and of torch.
+
+    Returns:
+        Frames per second.
+    """
+    torch.manual_seed(seed)
+    env = SyncVectorEnv([make_env] * num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
+    policy = make_policy(
+        "mlp", env.single_observation_space, env.single_action_space, hidden=hidden
+    )
+    obs_shape = env.single_observation_space.shape
+    buffers = {
+        "observation": np.zeros((steps_per_batch, num_envs, *obs_shape), np.float32),
+        "next_observation": np.zeros((steps_per_batch, num_envs, *obs_shape), np.float32),
+        "action": np.zeros((steps_per_batch, num_envs), np.int64),
+        "reward": np.zeros((steps_per_batch, num_envs), np.float32),
+        "terminated": np.zeros((steps_per_batch, num_envs), bool),
+        "truncated": np.zeros((steps_per_batch, num_envs), bool),
+    }
+    obs, _ = env.reset(seed=seed)
+    state = {"obs": obs}
+    try:
+        with torch.no_grad(), set_interaction_type(InteractionType.RANDOM):
+            _fill(env, policy, buffers, state)  # warm-up
+            frames, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                frames += _fill(env, policy, buffers, state)
+            return frames / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def _fill(
+    env: SyncVectorEnv, policy: torch.nn.Module, buf: dict[str, np.ndarray], state: dict
+) -> int:
+    obs = state["obs"]
+    steps = buf["action"].shape[0]
+    for t in range(steps):
+        buf["observation"][t] = obs
+        action, _extras = policy.act_compact(torch.from_numpy(buf["observation"][t]))
+        actions = action.numpy()
+        obs, reward, terminated, truncated, info = env.step(actions)
+        buf["action"][t] = actions
+        buf["reward"][t] = reward
+        buf["terminated"][t] = terminated
+        buf["truncated"][t] = truncated
+        buf["next_observation"][t] = obs
+        done = terminated | truncated
+        if done.any():  # SAME_STEP autoreset: the real next observation is in the info
+            buf["next_observation"][t][done] = np.stack(info["final_obs"][done])
+    state["obs"] = obs
+    return steps * env.num_envs

@@ -1,0 +1,40 @@
+"""Resident memory of processes, read from ``/proc`` (Linux), for the memory benchmark."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["descendants", "rss_mb"]
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of ``pid`` in MB (10**6 bytes); 0.0 when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024 / 1e6
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), from ``/proc/<pid>/task/*/children``."""
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(kids)
+            frontier.extend(kids)
+    return found

@@ -1,0 +1,184 @@
+"""CartPole-v1 frames/s: rlfleet vs TorchRL's multi-process collectors and the in-process limit.
+
+Workload: CartPole-v1, the ``"mlp"`` policy (64x64, tanh, one-hot categorical),
+2 actors x 8 envs, sync and async. Systems, all in this one run:
+
+- rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses;
+- TorchRL: ``MultiSyncCollector`` / ``MultiAsyncCollector``, 2 workers x 8 envs,
+  same policy module, with the env layout that was fastest in a probe of
+  ``--torchrl-layouts`` (see :mod:`bench._torchrl`);
+- the in-process limit: ``SyncVectorEnv(16)`` + the batched policy, one process.
+
+Batches are 1024 frames per actor (2048 per sync batch, 1024 per async
+batch) in every system. Repetitions interleave the systems so each ratio is
+taken between windows measured back to back.
+
+Targets: rlfleet >= 10x TorchRL's best multi-process collector (sync vs sync,
+async vs async) and >= 60% of the in-process limit.
+
+Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+
+from bench._common import Report, base_parser, reps_of, set_single_thread, time_batches
+
+__all__ = ["main"]
+
+ENV_ID = "CartPole-v1"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--actors", type=int, default=2, help="actors / TorchRL workers")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs per actor / worker")
+    parser.add_argument("--frames-per-actor", type=int, default=1024, help="frames per actor batch")
+    parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
+    parser.add_argument(
+        "--torchrl-layouts",
+        default="gym,gym_sync,serial",
+        help="TorchRL env layouts to probe, comma-separated, or 'all' (adds 'parallel': one "
+        "process per env, over a minute to start on 2 cores)",
+    )
+    args = parser.parse_args(argv)
+    if args.window is None:
+        args.window = 0.5 if args.quick else 4.0
+    if args.quick:
+        args.frames_per_actor = min(args.frames_per_actor, 16 * args.num_envs)
+    return args
+
+
+def _layouts(text: str, quick: bool) -> list[str]:
+    from bench._torchrl import CARTPOLE_LAYOUTS
+
+    if quick:
+        return ["gym_sync"]
+    layouts = list(CARTPOLE_LAYOUTS) if text == "all" else text.split(",")
+    unknown = [lay for lay in layouts if lay not in CARTPOLE_LAYOUTS]
+    if unknown:
+        raise SystemExit(f"unknown --torchrl-layouts {unknown}; known: {CARTPOLE_LAYOUTS}")
+    return layouts
+
+
+def mlp_policy(hidden: tuple[int, ...] = (64, 64)) -> Any:
+    """The ``"mlp"`` policy for CartPole, the very module the actors build."""
+    from common.policies import make_policy
+
+    env = gymnasium.make(ENV_ID)
+    return make_policy("mlp", env.observation_space, env.action_space, hidden=hidden)
+
+
+def pick_layout(args: argparse.Namespace, policy: Any, report: Report) -> str:
+    """Probe each TorchRL env layout with a MultiSyncCollector; return the fastest."""
+    from bench import _torchrl
+
+    layouts = _layouts(args.torchrl_layouts, args.quick)
+    if len(layouts) == 1:
+        report.note(f"torchrl env layout: {layouts[0]} (not probed)")
+        return layouts[0]
+    best, best_fps = layouts[0], -1.0
+    for layout in layouts:
+        env_fn = _torchrl.cartpole_env(layout, args.num_envs)
+        coll = _torchrl.make_collector(
+            True,
+            env_fn,
+            policy,
+            workers=args.actors,
+            frames_per_batch=args.frames_per_actor * args.actors,
+        )
+        try:
+            fps, _ = time_batches(iter(coll), seconds=args.window, min_batches=2, warmup=1)
+        finally:
+            coll.shutdown()
+        report.figure(f"probe torchrl sync layout={layout}", "frames/s", [fps])
+        print(f"probe torchrl layout={layout}: {fps:,.0f} frames/s", flush=True)
+        if fps > best_fps:
+            best, best_fps = layout, fps
+    report.note(f"torchrl env layout: {best} (fastest of {layouts})")
+    return best
+
+
+def _rlfleet_window(addresses: list[str], sync: bool, args: argparse.Namespace) -> float:
+    from bench import _rlfleet
+
+    fpb = args.frames_per_actor * (args.actors if sync else 1)
+    with _rlfleet.collector(addresses, sync=sync, frames_per_batch=fpb) as coll:
+        fps, _ = time_batches(iter(coll), seconds=args.window, min_batches=2, warmup=2)
+    return fps
+
+
+def run(args: argparse.Namespace, report: Report) -> None:
+    """Measure every system, interleaved, and record figures, ratios and targets."""
+    from bench import _rlfleet, _torchrl
+    from bench._inprocess import in_process_fps
+
+    reps = reps_of(args)
+    policy = mlp_policy()
+    layout = pick_layout(args, policy, report)
+    env_fn = _torchrl.cartpole_env(layout, args.num_envs)
+    torchrl_iters = {}
+    collectors = []
+    samples: dict[str, list[float]] = {}
+    limit_env = functools.partial(gymnasium.make, ENV_ID)
+    with _rlfleet.fleet(args.actors, env=ENV_ID, num_envs=args.num_envs, policy="mlp") as fleet:
+        try:
+            for sync in (True, False):
+                fpb = args.frames_per_actor * (args.actors if sync else 1)
+                coll = _torchrl.make_collector(
+                    sync, env_fn, policy, workers=args.actors, frames_per_batch=fpb
+                )
+                collectors.append(coll)
+                torchrl_iters[sync] = iter(coll)
+            for _ in range(reps):
+                for sync in (True, False):
+                    mode = "sync" if sync else "async"
+                    samples.setdefault(f"rlfleet {mode}", []).append(
+                        _rlfleet_window(fleet.addresses, sync, args)
+                    )
+                    fps, _ = time_batches(torchrl_iters[sync], seconds=args.window, warmup=1)
+                    samples.setdefault(f"torchrl {mode}", []).append(fps)
+                samples.setdefault("in-process limit", []).append(
+                    in_process_fps(
+                        limit_env,
+                        num_envs=args.actors * args.num_envs,
+                        steps_per_batch=args.frames_per_actor // args.num_envs,
+                        seconds=args.window,
+                    )
+                )
+        finally:
+            for coll in collectors:
+                coll.shutdown()
+    for name, values in samples.items():
+        report.figure(name, "frames/s", values)
+    for mode in ("sync", "async"):
+        ratio = report.ratio(f"rlfleet/torchrl {mode}", f"rlfleet {mode}", f"torchrl {mode}")
+        report.target(f"{mode}: rlfleet >= 10x TorchRL ({layout})", ratio, 10.0)
+        limit = report.ratio(
+            f"rlfleet {mode}/in-process limit", f"rlfleet {mode}", "in-process limit"
+        )
+        report.target(f"{mode}: rlfleet >= 60% of the in-process limit", limit, 0.6)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; prints the table and the final JSON line; returns the payload."""
+    args = parse_args(argv)
+    set_single_thread()
+    report = Report("cartpole", quick=args.quick)
+    report.note(
+        f"{args.actors} actors/workers x {args.num_envs} envs, {args.frames_per_actor} frames per "
+        f"actor batch, {args.window:g} s windows"
+    )
+    run(args, report)
+    return report.emit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

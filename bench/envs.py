@@ -1,0 +1,67 @@
+"""Synthetic gymnasium envs for the benchmarks, importable by actors (``--env-factory``).
+
+:func:`make_pixel_env` builds an env whose observations are Atari-sized
+``uint8`` frame stacks ``(4, 84, 84)`` and whose dynamics cost next to
+nothing, so a collector's frames/s on it measures how fast it moves bytes. An
+actor runs it with ``--env-factory bench.envs:make_pixel_env``. The module
+imports only gymnasium and numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+__all__ = ["PIXEL_SHAPE", "PixelEnv", "make_pixel_env"]
+
+PIXEL_SHAPE = (4, 84, 84)
+
+
+class PixelEnv(gymnasium.Env):
+    """Random-looking ``uint8`` frames, two actions, reward 1, truncated after ``episode_length``.
+
+    The frames are slices of one noise buffer drawn at reset (so they do not
+    compress to nothing and differ from step to step) and each step returns a
+    fresh copy, as a real emulator does.
+
+    Args:
+        episode_length: Steps after which an episode is truncated.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's class attribute)
+
+    def __init__(self, episode_length: int = 200) -> None:
+        if episode_length < 1:
+            raise ValueError(f"episode_length must be >= 1, got {episode_length}")
+        self.observation_space = gymnasium.spaces.Box(0, 255, PIXEL_SHAPE, dtype=np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self._episode_length = episode_length
+        self._noise = np.zeros(0, dtype=np.uint8)
+        self._size = int(np.prod(PIXEL_SHAPE))
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start an episode; draws a new noise buffer from the env's RNG."""
+        super().reset(seed=seed)
+        self._noise = self.np_random.integers(0, 256, self._size * 2, dtype=np.uint8)
+        self._t = 0
+        return self._frame(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Advance one step; the action does not matter."""
+        self._t += 1
+        return self._frame(), 1.0, False, self._t >= self._episode_length, {}
+
+    def _frame(self) -> np.ndarray:
+        # A sliding window over the noise: a new frame each step for the cost of one copy.
+        offset = (self._t * 4099) % self._size
+        return self._noise[offset : offset + self._size].reshape(PIXEL_SHAPE).copy()
+
+
+def make_pixel_env(**kwargs: Any) -> gymnasium.Env:
+    """Build a :class:`PixelEnv` (the ``--env-factory`` entry point)."""
+    return PixelEnv(**kwargs)

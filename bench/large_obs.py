@@ -1,0 +1,113 @@
+"""Large observations: moving uint8 ``(4, 84, 84)`` frames, against TorchRL and loopback TCP.
+
+Workload: :class:`bench.envs.PixelEnv` (Atari-sized frame stacks, trivial
+dynamics, so moving bytes dominates), random actions, 2 actors x 4 envs, sync
+batches of 256 frames per actor (about 14.5 MB per actor batch: every frame
+carries ``observation`` and ``("next", "observation")``). Systems:
+
+- rlfleet: ``GrpcCollector`` (sync) over actors started with
+  ``--env-factory bench.envs:make_pixel_env --policy random``;
+- TorchRL: ``MultiSyncCollector``, 2 workers, each a ``GymWrapper`` around a
+  gymnasium ``SyncVectorEnv`` of 4 pixel envs, TorchRL's ``RandomPolicy``;
+- loopback TCP: one process sending 256 MB to another over a plain socket.
+
+Payload MB/s counts the bytes of every tensor in the yielded batches (10**6
+bytes per MB), the same measure on both sides.
+
+Targets: rlfleet payload MB/s >= 30% of loopback TCP; rlfleet frames/s >= 3x TorchRL.
+
+Usage: ``python -m bench.large_obs [--quick] [--reps 3] [--window 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from bench._common import Report, base_parser, reps_of, set_single_thread, time_batches
+
+__all__ = ["main"]
+
+ENV_FACTORY = "bench.envs:make_pixel_env"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--actors", type=int, default=2, help="actors / TorchRL workers")
+    parser.add_argument("--num-envs", type=int, default=4, help="envs per actor / worker")
+    parser.add_argument("--frames-per-actor", type=int, default=256, help="frames per actor batch")
+    parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
+    parser.add_argument("--tcp-mb", type=int, default=None, help="MB per loopback TCP transfer")
+    args = parser.parse_args(argv)
+    if args.window is None:
+        args.window = 0.5 if args.quick else 4.0
+    if args.tcp_mb is None:
+        args.tcp_mb = 32 if args.quick else 256
+    if args.quick:
+        args.frames_per_actor = min(args.frames_per_actor, 8 * args.num_envs)
+    return args
+
+
+def payload_bytes(batch: Any) -> int:
+    """Bytes of every tensor in a batch."""
+    return int(batch.bytes())
+
+
+def run(args: argparse.Namespace, report: Report) -> None:
+    """Measure rlfleet, TorchRL and loopback TCP, interleaved, and record the ratios."""
+    from bench import _rlfleet, _torchrl
+    from bench._loopback import loopback_bandwidth
+
+    fpb = args.frames_per_actor * args.actors
+    samples: dict[str, list[float]] = {}
+    tcp_bytes = args.tcp_mb * 10**6
+    with _rlfleet.fleet(
+        args.actors, env_factory=ENV_FACTORY, num_envs=args.num_envs, policy="random"
+    ) as fleet:
+        trl = _torchrl.make_collector(
+            True, _torchrl.pixel_env(args.num_envs), None, workers=args.actors, frames_per_batch=fpb
+        )
+        try:
+            trl_iter = iter(trl)
+            with _rlfleet.collector(fleet.addresses, sync=True, frames_per_batch=fpb) as coll:
+                rl_iter = iter(coll)
+                for _ in range(reps_of(args)):
+                    fps, bps = time_batches(
+                        rl_iter, seconds=args.window, warmup=2, extra=payload_bytes
+                    )
+                    samples.setdefault("rlfleet frames", []).append(fps)
+                    samples.setdefault("rlfleet payload", []).append(bps / 1e6)
+                    fps, bps = time_batches(
+                        trl_iter, seconds=args.window, warmup=1, extra=payload_bytes
+                    )
+                    samples.setdefault("torchrl frames", []).append(fps)
+                    samples.setdefault("torchrl payload", []).append(bps / 1e6)
+                    samples.setdefault("loopback tcp", []).extend(loopback_bandwidth(tcp_bytes, 1))
+        finally:
+            trl.shutdown()
+    for name, values in samples.items():
+        report.figure(name, "frames/s" if name.endswith("frames") else "MB/s", values)
+    share = report.ratio("rlfleet payload/loopback tcp", "rlfleet payload", "loopback tcp")
+    report.target("rlfleet payload >= 30% of loopback TCP", share, 0.3)
+    speedup = report.ratio("rlfleet/torchrl frames", "rlfleet frames", "torchrl frames")
+    report.target("rlfleet frames/s >= 3x TorchRL", speedup, 3.0)
+    report.ratio("torchrl payload/loopback tcp", "torchrl payload", "loopback tcp")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; prints the table and the final JSON line; returns the payload."""
+    args = parse_args(argv)
+    set_single_thread()
+    report = Report("large_obs", quick=args.quick)
+    report.note(
+        f"{args.actors} actors/workers x {args.num_envs} envs, {args.frames_per_actor} frames per "
+        f"actor batch, sync, {args.window:g} s windows, {args.tcp_mb} MB loopback transfers"
+    )
+    run(args, report)
+    return report.emit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
