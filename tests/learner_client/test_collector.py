@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
-from conftest import live_threads
 from helpers import poll_until
+from learner_fleet import live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from common.errors import ActorUnavailableError, SessionStateError

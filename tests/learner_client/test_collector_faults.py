@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import cartpole_policy, live_threads, start_actors
 from helpers import ActorProcess, poll_until, start_actor
+from learner_fleet import cartpole_policy, live_threads, start_actors
 
 from common.config import CHUNK_BYTES
 from common.errors import ActorUnavailableError, AuthenticationError

@@ -7,7 +7,7 @@ import io
 import pytest
 import safetensors.torch
 import torch
-from conftest import cartpole_policy
+from learner_fleet import cartpole_policy
 
 from common.config import ExplorationType
 from common.errors import SessionStateError, UnknownModelError, UnknownWorkerError, WeightsError

@@ -1,0 +1,68 @@
+"""Helpers of the GrpcCollector tests: actor subprocesses, CartPole policies, thread snapshots.
+
+Import them as ``from learner_fleet import ...`` (a unique module name: ``conftest``
+is ambiguous across test directories). The fixtures live in ``conftest.py``.
+``FLEET_ARGS`` describes the shared fleet: three CartPole actors (2 envs each)
+started through the ``rlfleet-actor`` command line; worker_ids 0 and 2 hold the
+default MLP policy plus a ``critic`` model, worker_id 1 holds a narrower MLP (a
+different architecture, so a push of the others' weights is rejected there).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Sequence
+
+import gymnasium
+import torch
+from helpers import ActorProcess, start_actor
+from torch import nn
+
+from common.policies import make_policy
+
+FLEET_ARGS = [
+    ["--worker-id", "0", "--num-envs", "2", "--seed", "10", "--model", "critic=mlp"],
+    ["--worker-id", "1", "--num-envs", "2", "--seed", "11", "--policy-kwargs", '{"hidden": [16]}'],
+    ["--worker-id", "2", "--num-envs", "2", "--seed", "12", "--model", "critic=mlp"],
+]
+
+
+def start_actors(args: Sequence[Sequence[str]]) -> list[ActorProcess]:
+    """Start several actors at once (each takes seconds to import torch)."""
+    with concurrent.futures.ThreadPoolExecutor(len(args)) as pool:
+        futures = [pool.submit(start_actor, list(a)) for a in args]
+        actors, errors = [], []
+        for future in futures:
+            try:
+                actors.append(future.result())
+            except BaseException as exc:
+                errors.append(exc)
+    if errors:
+        for actor in actors:
+            actor.close()
+        raise errors[0]
+    return actors
+
+
+def cartpole_policy(action: int | None = None, hidden: Sequence[int] = (64, 64)) -> nn.Module:
+    """The actors' MLP policy for CartPole; with ``action`` set it always picks that action."""
+    env = gymnasium.make("CartPole-v1")
+    policy = make_policy("mlp", env.observation_space, env.action_space, hidden=tuple(hidden))
+    env.close()
+    if action is not None:
+        with torch.no_grad():
+            for param in policy.parameters():
+                param.zero_()
+            last = [m for m in policy.modules() if isinstance(m, nn.Linear)][-1]
+            last.bias[action] = 5.0
+    return policy
+
+
+def live_threads() -> set[threading.Thread]:
+    """Live threads, minus the stdout readers of actor subprocesses started by the tests.
+
+    gRPC starts one process-wide poller thread on its first ``grpc.aio`` call; take a
+    baseline after a collector has run once.
+    """
+    return {t for t in threading.enumerate() if "_pump" not in t.name}
