@@ -26,8 +26,10 @@ from common.config import CollectSettings, ExplorationType
 from common.errors import SessionStateError
 from learner_client._background import Background
 from learner_client._fleet import Fleet
+from learner_client._discovery import resolve_actors
 from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
+from learner_client._membership import DnsMembership
 from learner_client._pushes import Pusher
 from learner_client._rounds import Rounds
 from learner_client._settings import (
@@ -82,8 +84,11 @@ class GrpcCollector:
                 collector.update_policy_weights_(policy)
 
     Args:
-        actors: Actor addresses, ``"host:port"``. Workers are identified by the
-            worker_id each actor reports (duplicates are refused).
+        actors: Actor addresses, ``"host:port"``, or ``dns:///name:port`` targets that
+            stand for every address the name resolves to (a headless Service, Docker's
+            DNS); those are re-resolved every ``dns_refresh_interval`` seconds and actors
+            that join are added. Workers are identified by the worker_id each actor
+            reports (duplicates are refused).
         frames_per_batch: Frames per yielded batch. Sync: the total, split evenly over
             the actors (divisible by their count, each share a multiple of that actor's
             env pool size). Async: frames of each single-actor batch (a multiple of every
@@ -116,6 +121,7 @@ class GrpcCollector:
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
         model_id: The model that acts on the actors.
+        dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
 
     Raises:
         ValueError: An argument out of range, duplicate worker_ids, or a fleet that does
@@ -127,7 +133,7 @@ class GrpcCollector:
 
     def __init__(
         self,
-        actors: Sequence[str],
+        actors: Sequence[str] | str,
         *,
         frames_per_batch: int,
         total_frames: int | None = -1,
@@ -152,8 +158,9 @@ class GrpcCollector:
         channel_credentials: Any = None,
         token: str | None = None,
         model_id: str = "policy",
+        dns_refresh_interval: float = 10.0,
     ) -> None:
-        addresses = check_addresses(actors)
+        addresses = check_addresses(resolve_actors(actors))
         self._batch, self._rollout, conn = build_settings(
             frames_per_batch=frames_per_batch, total_frames=total_frames, sync=sync,
             max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
@@ -181,9 +188,13 @@ class GrpcCollector:
         self._rounds = Rounds(self._fleet, self._batch, self._rollout.model_id)
         self._background = Background(self._fleet.mailbox, self._batch.batch_timeout,
                                       self.__iter__)
+        self._membership = DnsMembership(actors, self.add_collectors, self._known_addresses,
+                                         interval=dns_refresh_interval)
         try:
             self._admit(self._fleet.describe(addresses))
+            self._membership.start()
         except BaseException:
+            self._membership.close()
             self._fleet.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
 
@@ -199,6 +210,9 @@ class GrpcCollector:
             self._fleet.discard(links)
             raise
         self._fleet.register(links)
+
+    def _known_addresses(self) -> set[str]:
+        return {link.address for link in self._fleet.links.values()}
 
     def _settings_for(self, link: ActorLink) -> CollectSettings:
         count = len(self._fleet.links)
@@ -223,7 +237,7 @@ class GrpcCollector:
         """
         with self._lock:
             self._check_open()
-            known = {link.address for link in self._fleet.links.values()}
+            known = self._known_addresses()
             new = check_addresses(addresses)
             clash = sorted(set(new) & known)
             if clash:
@@ -457,6 +471,7 @@ class GrpcCollector:
             if self._state is _State.CLOSED:
                 return
             self._state = _State.CLOSED
+        self._membership.close()
         self._background.stop()
         self._fleet.close(limit)
         self._background.join(limit)

@@ -1,0 +1,63 @@
+"""GrpcCollector given one DNS name: every address is an actor, and newcomers are admitted.
+
+The name resolves to several loopback addresses through a private ``/etc/hosts``
+(``hosts_namespace``); the collector runs in a child process inside that
+namespace, against real actor subprocesses listening on 127.0.0.1 and 127.0.0.2.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import start_actor
+from hosts_namespace import HostsNamespace
+from test_discovery import _free_port_on
+
+_COLLECT = """
+import json, sys, time
+from learner_client import GrpcCollector
+port = int(sys.argv[1])
+with GrpcCollector("dns:///actors.rlfleet.test:%d" % port, frames_per_batch=4,
+                   dns_refresh_interval=0.2, connect_timeout=20) as collector:
+    first = sorted(collector.worker_ids)
+    print(json.dumps(first), flush=True)
+    sys.stdin.readline()  # the test edits the hosts file, then says go
+    deadline = time.monotonic() + 30
+    while len(collector.worker_ids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    seen = set()
+    for batch in collector:
+        seen.update(batch["collector", "worker_id"].unique().tolist())
+        if len(seen) == 2 or time.monotonic() > deadline:
+            break
+    print(json.dumps([sorted(collector.worker_ids), sorted(seen)]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_collector_follows_a_dns_name_as_actors_join(tmp_path) -> None:
+    ips = ["127.0.0.1", "127.0.0.2"]
+    port = _free_port_on(ips)
+    namespace = HostsNamespace(tmp_path, {"actors.rlfleet.test": ips[:1]})
+    flags = ["--port", str(port), "--num-envs", "2", "--policy", "random"]
+    with start_actor(["--host", ips[0], "--worker-id", "4", *flags]), \
+         start_actor(["--host", ips[1], "--worker-id", "5", *flags]):
+        child = subprocess.Popen(
+            namespace.wrap([sys.executable, "-c", _COLLECT, str(port)]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            assert json.loads(child.stdout.readline()) == [4]
+            namespace.update({"actors.rlfleet.test": ips})
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            out, err = child.communicate(timeout=60)
+        finally:
+            child.kill()
+        assert child.returncode == 0, err
+    worker_ids, seen = json.loads(out.strip().splitlines()[-1])
+    assert worker_ids == [4, 5]
+    assert seen == [4, 5]
