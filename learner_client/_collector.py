@@ -25,8 +25,8 @@ from tensordict import TensorDictBase
 from common.config import CollectSettings, ExplorationType
 from common.errors import SessionStateError
 from learner_client._background import Background
-from learner_client._fleet import Fleet
 from learner_client._discovery import resolve_actors
+from learner_client._fleet import Fleet
 from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
 from learner_client._membership import DnsMembership
