@@ -1,4 +1,4 @@
-"""What a training script imports: :class:`GrpcCollector` and the errors it adds.
+"""What a training script imports: :class:`GrpcCollector`, :class:`LocalFleet` and the errors.
 
 ``GrpcCollector`` speaks TorchRL's collector API (``RayCollector`` /
 ``MultiSyncCollector`` knobs, ``update_policy_weights_``, ``start``/``pause``,
@@ -10,7 +10,8 @@
         for batch in c:
             ...
 
-Everything else in this package is private (modules start with ``_``) except
+:class:`LocalFleet` starts a fleet of actor subprocesses on loopback for a
+single-machine run. Everything else in this package is private (modules start with ``_``) except
 the ``train`` subpackage, the PPO entry point.
 """
 
@@ -18,5 +19,6 @@ from __future__ import annotations
 
 from learner_client._collector import GrpcCollector, RemoteActor
 from learner_client._errors import MissingWorkersError, WeightPushError
+from learner_client._local_fleet import LocalFleet
 
-__all__ = ["GrpcCollector", "MissingWorkersError", "RemoteActor", "WeightPushError"]
+__all__ = ["GrpcCollector", "LocalFleet", "MissingWorkersError", "RemoteActor", "WeightPushError"]
