@@ -31,6 +31,7 @@ __all__ = [
     "frames_of",
     "median",
     "pairwise_ratios",
+    "parse",
     "reps_of",
     "set_single_thread",
     "slope",
@@ -38,12 +39,34 @@ __all__ = [
 ]
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    """The flags every script takes: ``--quick`` (seconds-long smoke budget) and ``--reps``."""
+def base_parser(description: str, *, num_envs: int = 8) -> argparse.ArgumentParser:
+    """The flags every script takes.
+
+    ``--quick`` (a seconds-long smoke budget: 1 repetition, 1 actor with 2 envs
+    unless given), ``--reps``, ``--actors`` and ``--num-envs``; call
+    :func:`parse` to apply the defaults.
+    """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny budget: checks the harness runs")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 1)")
+    parser.add_argument("--actors", type=int, default=None, help="actors / workers (default 2)")
+    parser.add_argument(
+        "--num-envs", type=int, default=None, help=f"envs per actor / worker (default {num_envs})"
+    )
+    parser.set_defaults(full_num_envs=num_envs)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv`` and fill the defaults that depend on ``--quick``."""
+    args = parser.parse_args(argv)
+    if args.actors is None:
+        args.actors = 1 if args.quick else 2
+    if args.num_envs is None:
+        args.num_envs = 2 if args.quick else args.full_num_envs
+    if args.actors < 1 or args.num_envs < 1:
+        parser.error(f"--actors and --num-envs must be >= 1, got {args.actors}, {args.num_envs}")
+    return args
 
 
 def reps_of(args: argparse.Namespace) -> int:
@@ -238,7 +261,7 @@ def format_table(payload: dict[str, Any]) -> str:
     for t in payload["targets"]:
         sign = ">=" if t["higher_is_better"] else "<="
         verdict = "MET" if t["met"] else "NOT MET"
-        lines.append(f"  target {t['name']}: {t['value']:.3g} {sign} {t['threshold']:g}  {verdict}")
+        lines.append(f"  target {t['name']}: {t['value']:.4g} {sign} {t['threshold']:g}  {verdict}")
     for name, reason in payload["skipped"].items():
         lines.append(f"  {name}: skipped: {reason}")
     lines.extend(f"  note: {n}" for n in payload["notes"])

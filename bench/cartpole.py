@@ -29,7 +29,7 @@ from typing import Any
 
 import gymnasium
 
-from bench._common import Report, base_parser, reps_of, set_single_thread, time_batches
+from bench._common import Report, base_parser, parse, reps_of, set_single_thread, time_batches
 
 __all__ = ["main"]
 
@@ -37,9 +37,7 @@ ENV_ID = "CartPole-v1"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--actors", type=int, default=2, help="actors / TorchRL workers")
-    parser.add_argument("--num-envs", type=int, default=8, help="envs per actor / worker")
+    parser = base_parser(__doc__.splitlines()[0], num_envs=8)
     parser.add_argument("--frames-per-actor", type=int, default=1024, help="frames per actor batch")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
     parser.add_argument(
@@ -48,7 +46,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="TorchRL env layouts to probe, comma-separated, or 'all' (adds 'parallel': one "
         "process per env, over a minute to start on 2 cores)",
     )
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.window is None:
         args.window = 0.5 if args.quick else 4.0
     if args.quick:

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench._common import Report, base_parser, reps_of, set_single_thread, time_batches
+from bench._common import Report, base_parser, parse, reps_of, set_single_thread, time_batches
 
 __all__ = ["main"]
 
@@ -34,13 +34,11 @@ ENV_FACTORY = "bench.envs:make_pixel_env"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--actors", type=int, default=2, help="actors / TorchRL workers")
-    parser.add_argument("--num-envs", type=int, default=4, help="envs per actor / worker")
+    parser = base_parser(__doc__.splitlines()[0], num_envs=4)
     parser.add_argument("--frames-per-actor", type=int, default=256, help="frames per actor batch")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
     parser.add_argument("--tcp-mb", type=int, default=None, help="MB per loopback TCP transfer")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.window is None:
         args.window = 0.5 if args.quick else 4.0
     if args.tcp_mb is None:

@@ -1,0 +1,175 @@
+"""Weight push: one ``update_policy_weights_`` of a ~1M and a ~25M parameter policy to 2 actors.
+
+The policy is the ``"mlp"`` policy for CartPole with two hidden layers of
+1000 (1,008,002 float32 parameters, 4 MB) or 5000 (25,040,002, 100 MB).
+Systems, all in this one run, each holding 2 workers with that policy:
+
+- rlfleet: ``GrpcCollector.update_policy_weights_(policy)`` to 2 actor
+  subprocesses (``--policy mlp --policy-kwargs '{"hidden": [h, h]}'``): encode
+  to safetensors, stream in chunks to both actors, wait until both applied it;
+- TorchRL ``MultiSyncCollector.update_policy_weights_`` (its default CPU
+  scheme, shared memory: the learner's parameters *are* the workers' buffers,
+  so a push is a signal plus an ack and moves no bytes);
+- TorchRL ``RayCollector.update_policy_weights_`` (needs ``ray``; skipped
+  when ``import ray`` fails): weights sent per tensor over a gloo group;
+- raw loopback: the same number of bytes sent over plain sockets to 2
+  receiver processes at once, until both acked.
+
+A warm-up push per system is not timed (Ray builds its process group on the
+first one). Before every timed push one parameter is changed, so no system can
+skip an unchanged update.
+
+Targets (25M): rlfleet no slower than RayCollector; rlfleet <= 2x raw loopback.
+
+Usage: ``python -m bench.weight_push [--quick] [--reps 3] [--sizes 1M,25M]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+
+__all__ = ["SIZES", "main"]
+
+#: Hidden widths of the two-layer MLP for each size (CartPole: 4 inputs, 2 actions).
+SIZES = {"1M": 1000, "25M": 5000, "tiny": 16}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = base_parser(__doc__.splitlines()[0], num_envs=1)
+    parser.add_argument("--sizes", default=None, help=f"comma-separated, of {sorted(SIZES)}")
+    parser.add_argument("--no-ray", action="store_true", help="skip the RayCollector anchor")
+    args = parse(parser, argv)
+    if args.sizes is None:
+        args.sizes = "tiny" if args.quick else "1M,25M"
+    args.sizes = args.sizes.split(",")
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"unknown --sizes {unknown}; known: {sorted(SIZES)}")
+    return args
+
+
+def _perturb(policy: torch.nn.Module) -> None:
+    with torch.no_grad():
+        next(policy.parameters()).add_(1e-3)
+
+
+def _timed(push: Callable[[], Any], policy: torch.nn.Module) -> float:
+    _perturb(policy)
+    start = time.perf_counter()
+    push()
+    return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _ray_collector(env_fn: Any, policy: Any, actors: int) -> Iterator[Any]:
+    import ray
+    from torchrl.collectors.distributed import RayCollector
+
+    coll = RayCollector(
+        [env_fn] * actors,
+        policy,
+        frames_per_batch=32,
+        total_frames=-1,
+        num_collectors=actors,
+        sync=False,
+        ray_init_config={"num_cpus": actors, "include_dashboard": False, "log_to_driver": False},
+    )
+    try:
+        yield coll
+    finally:
+        coll.shutdown()
+        ray.shutdown()
+
+
+def _ray_available(args: argparse.Namespace, report: Report) -> bool:
+    if args.no_ray or args.quick:
+        report.skip(
+            "ray", "disabled by --no-ray" if args.no_ray else "quick mode (Ray starts in ~20 s)"
+        )
+        return False
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        report.skip("ray", "ray not installed")
+        return False
+    return True
+
+
+def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool) -> None:
+    """Measure every system for one policy size, repetitions interleaved."""
+    from bench import _rlfleet, _torchrl
+    from bench._loopback import LoopbackReceivers
+    from bench.cartpole import mlp_policy
+
+    hidden = (SIZES[size],) * 2
+    policy = mlp_policy(hidden)
+    nbytes = sum(p.numel() * p.element_size() for p in policy.parameters())
+    report.note(f"{size}: {sum(p.numel() for p in policy.parameters()):,} parameters, {nbytes:,} B")
+    env_fn = _torchrl.cartpole_env("gym_sync", 1)
+    samples: dict[str, list[float]] = {}
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(
+            _rlfleet.fleet(args.actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
+        )
+        coll = stack.enter_context(
+            _rlfleet.collector(fleet.addresses, sync=False, frames_per_batch=16)
+        )
+        trl = _torchrl.make_collector(
+            True, env_fn, policy, workers=args.actors, frames_per_batch=32
+        )
+        stack.callback(trl.shutdown)
+        rx = stack.enter_context(LoopbackReceivers(args.actors))
+        payload = memoryview(bytearray(nbytes))
+        systems: dict[str, Callable[[], Any]] = {
+            "rlfleet": lambda: coll.update_policy_weights_(policy),
+            "torchrl multisync": lambda: trl.update_policy_weights_(policy),
+            "raw loopback": lambda: rx.transfer(payload),
+        }
+        if with_ray:
+            ray_coll = stack.enter_context(_ray_collector(env_fn, policy, args.actors))
+            systems["torchrl ray"] = lambda: ray_coll.update_policy_weights_(policy)
+        for push in systems.values():
+            push()  # warm-up: connections, buffers, Ray's process group
+        for _ in range(reps_of(args)):
+            for name, push in systems.items():
+                samples.setdefault(f"{size} {name}", []).append(_timed(push, policy))
+    for name, values in samples.items():
+        report.figure(name, "s", values)
+    raw = report.ratio(f"{size} rlfleet/raw loopback", f"{size} rlfleet", f"{size} raw loopback")
+    report.ratio(
+        f"{size} rlfleet/torchrl multisync", f"{size} rlfleet", f"{size} torchrl multisync"
+    )
+    if size == "25M" or args.quick:
+        report.target(f"{size}: rlfleet push <= 2x raw loopback", raw, 2.0, higher_is_better=False)
+    if with_ray:
+        vs_ray = report.ratio(
+            f"{size} rlfleet/torchrl ray", f"{size} rlfleet", f"{size} torchrl ray"
+        )
+        if size == "25M" or args.quick:
+            report.target(
+                f"{size}: rlfleet push <= RayCollector", vs_ray, 1.0, higher_is_better=False
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; prints the table and the final JSON line; returns the payload."""
+    args = parse_args(argv)
+    set_single_thread()
+    report = Report("weight_push", quick=args.quick)
+    with_ray = _ray_available(args, report)
+    for size in args.sizes:
+        run_size(size, args, report, with_ray)
+    return report.emit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

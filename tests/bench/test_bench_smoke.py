@@ -1,0 +1,143 @@
+"""Smoke tests of the benchmarks: every script runs end to end and ends with its JSON line.
+
+One ``python -m bench.run_all --quick`` run (every script with a tiny budget,
+each in its own process, real actors and real TorchRL workers) feeds the
+per-script checks; timings are never asserted, only the shape of the output.
+The harness arithmetic is checked directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench._common import Report, pairwise_ratios, slope
+from bench._loopback import LoopbackReceivers
+from bench.run_all import BENCHES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Figures and ratios each script must report in quick mode.
+EXPECTED = {
+    "cartpole": (
+        ["rlfleet sync", "rlfleet async", "torchrl sync", "torchrl async", "in-process limit"],
+        ["rlfleet/torchrl sync", "rlfleet/torchrl async", "rlfleet sync/in-process limit"],
+    ),
+    "large_obs": (
+        ["rlfleet frames", "rlfleet payload", "torchrl frames", "torchrl payload", "loopback tcp"],
+        ["rlfleet payload/loopback tcp", "rlfleet/torchrl frames"],
+    ),
+    "weight_push": (
+        ["tiny rlfleet", "tiny torchrl multisync", "tiny raw loopback"],
+        ["tiny rlfleet/raw loopback", "tiny rlfleet/torchrl multisync"],
+    ),
+    "startup": (["rlfleet sync", "torchrl sync"], ["rlfleet/torchrl sync"]),
+    "memory": (
+        ["learner rss growth", "learner rss slope", "actor 0 rss growth", "frames collected"],
+        [],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run_all", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"run_all printed nothing; stderr:\n{proc.stderr[-3000:]}"
+    final = json.loads(lines[-1])
+    assert proc.returncode == 0, f"run_all failed: {final.get('failed')}\n{proc.stdout[-3000:]}"
+    return final, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_run_all_ends_with_a_json_line_covering_every_script(quick_run):
+    final, out = quick_run
+    assert final["bench"] == "run_all"
+    assert final["quick"] is True
+    assert final["failed"] == []
+    assert sorted(final["results"]) == sorted(BENCHES)
+    assert sorted(p.stem for p in out.glob("*.json")) == sorted(BENCHES)
+    for target in final["targets"]:
+        assert {"bench", "name", "value", "threshold", "met", "higher_is_better"} <= set(target)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bench_script_prints_expected_fields(quick_run, name):
+    _, out = quick_run
+    payload = json.loads((out / f"{name}.json").read_text())
+    assert payload["bench"] == name
+    assert payload["quick"] is True
+    assert {"figures", "ratios", "targets", "skipped", "notes", "machine", "elapsed_s"} <= set(payload)
+    figures, ratios = EXPECTED[name]
+    for key in figures:
+        figure = payload["figures"][key]
+        assert figure["samples"], key
+        assert math.isfinite(figure["median"]), key
+        assert figure["unit"], key
+    for key in ratios:
+        ratio = payload["ratios"][key]
+        assert ratio["median"] > 0, key
+        assert ratio["samples"], key
+    assert payload["targets"], f"{name} reports no target"
+    for target in payload["targets"]:
+        assert isinstance(target["met"], bool)
+        assert math.isfinite(target["value"])
+    assert payload["machine"]["nproc"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_weight_push_skips_ray_with_a_reason_in_quick_mode(quick_run):
+    _, out = quick_run
+    payload = json.loads((out / "weight_push.json").read_text())
+    assert payload["skipped"]["ray"]
+
+
+def test_pairwise_ratios_pairs_repetitions():
+    assert pairwise_ratios([10.0, 20.0, 30.0], [5.0, 5.0, 10.0]) == [2.0, 4.0, 3.0]
+    # Different counts fall back to the ratio of medians.
+    assert pairwise_ratios([10.0, 30.0], [5.0]) == [4.0]
+
+
+def test_slope_fits_a_line():
+    assert slope([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 7.0]) == pytest.approx(2.0)
+    assert slope([1.0], [5.0]) == 0.0
+
+
+def test_report_emit_prints_table_then_json_last(capsys):
+    report = Report("demo", quick=True)
+    report.figure("a", "frames/s", [30.0, 10.0, 20.0])
+    report.figure("b", "frames/s", [10.0, 10.0, 10.0])
+    ratio = report.ratio("a/b", "a", "b")
+    report.target("a >= 2x b", ratio, 2.0)
+    report.target("a/b <= 1", ratio, 1.0, higher_is_better=False)
+    report.emit()
+    lines = capsys.readouterr().out.strip().splitlines()
+    payload = json.loads(lines[-1])
+    assert payload["figures"]["a"]["median"] == 20.0
+    assert payload["ratios"]["a/b"]["median"] == 2.0
+    assert [t["met"] for t in payload["targets"]] == [True, False]
+    assert any("NOT MET" in line for line in lines[:-1])
+
+
+def test_loopback_receivers_transfer_acks_every_receiver():
+    with LoopbackReceivers(2) as rx:
+        seconds = rx.transfer(memoryview(bytearray(1_000_000)))
+        assert seconds > 0
+        # The connections stay usable: a second message of another size goes through.
+        assert rx.transfer(memoryview(bytearray(10))) > 0
