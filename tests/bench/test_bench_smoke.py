@@ -82,7 +82,8 @@ def test_bench_script_prints_expected_fields(quick_run, name):
     payload = json.loads((out / f"{name}.json").read_text())
     assert payload["bench"] == name
     assert payload["quick"] is True
-    assert {"figures", "ratios", "targets", "skipped", "notes", "machine", "elapsed_s"} <= set(payload)
+    fields = {"figures", "ratios", "targets", "skipped", "notes", "machine", "elapsed_s"}
+    assert fields <= set(payload)
     figures, ratios = EXPECTED[name]
     for key in figures:
         figure = payload["figures"][key]
