@@ -66,6 +66,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_on(hosts: Sequence[str]) -> int:
+    """A port that was free on every one of ``hosts`` (127.0.0.1, 127.0.0.2 …) a moment ago."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in hosts:
+                with socket.socket() as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise AssertionError(f"no port free on all of {hosts}")
+
+
 def grpcurl_path() -> str:
     """Path of the ``grpcurl`` binary installed in the interpreter's ``bin`` directory."""
     path = pathlib.Path(sys.executable).parent / "grpcurl"

@@ -1,4 +1,4 @@
-"""Dependencies point one way: common <- actor_service, common <- learner_client; torchrl never at run time."""
+"""Dependencies point one way (common <- actor_service, learner_client); no torchrl at run time."""
 
 from __future__ import annotations
 

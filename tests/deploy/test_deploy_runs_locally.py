@@ -22,7 +22,6 @@ import os
 import pathlib
 import queue
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from deploy_files import (
     image_argv,
     k8s_object,
 )
-from helpers import grpcurl_path
+from helpers import free_port_on, grpcurl_path
 from hosts_namespace import HostsNamespace
 
 from learner_client._discovery import parse_dns_target, resolve_actors
@@ -103,22 +102,6 @@ def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     out = list(argv)
     out[out.index(flag) + 1] = value
     return out
-
-
-def free_port_on(hosts: Sequence[str]) -> int:
-    """A port free on every one of ``hosts`` a moment ago."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for host in hosts:
-                with socket.socket() as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise AssertionError(f"no port free on all of {hosts}")
 
 
 # ----------------------------------------------------------------- processes

@@ -12,9 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers import start_actor
+from helpers import free_port_on, start_actor
 from hosts_namespace import HostsNamespace
-from test_discovery import _free_port_on
 
 _COLLECT = """
 import json, sys, time
@@ -40,7 +39,7 @@ with GrpcCollector("dns:///actors.rlfleet.test:%d" % port, frames_per_batch=4,
 @pytest.mark.slow
 def test_collector_follows_a_dns_name_as_actors_join(tmp_path) -> None:
     ips = ["127.0.0.1", "127.0.0.2"]
-    port = _free_port_on(ips)
+    port = free_port_on(ips)
     namespace = HostsNamespace(tmp_path, {"actors.rlfleet.test": ips[:1]})
     flags = ["--port", str(port), "--num-envs", "2", "--policy", "random"]
     with start_actor(["--host", ips[0], "--worker-id", "4", *flags]), \

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import socket
 import subprocess
 import sys
 import threading
 
 import pytest
-from helpers import poll_until, start_actor
+from helpers import free_port_on, poll_until, start_actor
 from hosts_namespace import HostsNamespace
 
 from common.config import DEFAULT_PORT
@@ -299,26 +298,10 @@ def test_dns_watcher_close_stops_its_thread() -> None:
 # -------------------------------------------------------------- end to end
 
 
-def _free_port_on(hosts: list[str]) -> int:
-    """A port free on every one of ``hosts`` a moment ago."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for host in hosts:
-                with socket.socket() as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise AssertionError(f"no port free on all of {hosts}")
-
-
 @pytest.mark.slow
 def test_resolve_actors_finds_real_actors_behind_one_name(tmp_path) -> None:
     ips = ["127.0.0.1", "127.0.0.2"]
-    port = _free_port_on(ips)
+    port = free_port_on(ips)
     namespace = HostsNamespace(tmp_path, {"actors.rlfleet.test": ips})
     flags = ["--port", str(port), "--num-envs", "1"]
     with start_actor(["--host", ips[0], "--worker-id", "4", *flags]), \
