@@ -32,6 +32,7 @@ def in_process_fps(
     steps_per_batch: int,
     seconds: float,
     hidden: tuple[int, ...] = (64, 64),
+    policy: str = "mlp",
     seed: int = 0,
 ) -> float:
     """Frames/s of the env-plus-policy loop over a window of about ``seconds`` (one warm-up batch).
@@ -42,6 +43,7 @@ def in_process_fps(
         steps_per_batch: Steps per buffer fill (a batch is ``num_envs * steps_per_batch`` frames).
         seconds: Length of the timed window.
         hidden: Hidden widths of the MLP policy.
+        policy: ``"mlp"`` or ``"random"`` (uniform actions, no network).
         seed: Seed of the envs and of torch.
 
     Returns:
@@ -49,13 +51,12 @@ def in_process_fps(
     """
     torch.manual_seed(seed)
     env = SyncVectorEnv([make_env] * num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
-    policy = make_policy(
-        "mlp", env.single_observation_space, env.single_action_space, hidden=hidden
-    )
-    obs_shape = env.single_observation_space.shape
+    kwargs = {"hidden": hidden} if policy == "mlp" else {}
+    module = make_policy(policy, env.single_observation_space, env.single_action_space, **kwargs)
+    space = env.single_observation_space
     buffers = {
-        "observation": np.zeros((steps_per_batch, num_envs, *obs_shape), np.float32),
-        "next_observation": np.zeros((steps_per_batch, num_envs, *obs_shape), np.float32),
+        "observation": np.zeros((steps_per_batch, num_envs, *space.shape), space.dtype),
+        "next_observation": np.zeros((steps_per_batch, num_envs, *space.shape), space.dtype),
         "action": np.zeros((steps_per_batch, num_envs), np.int64),
         "reward": np.zeros((steps_per_batch, num_envs), np.float32),
         "terminated": np.zeros((steps_per_batch, num_envs), bool),
@@ -65,10 +66,10 @@ def in_process_fps(
     state = {"obs": obs}
     try:
         with torch.no_grad(), set_interaction_type(InteractionType.RANDOM):
-            _fill(env, policy, buffers, state)  # warm-up
+            _fill(env, module, buffers, state)  # warm-up
             frames, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
-                frames += _fill(env, policy, buffers, state)
+                frames += _fill(env, module, buffers, state)
             return frames / (time.perf_counter() - start)
     finally:
         env.close()
@@ -81,7 +82,10 @@ def _fill(
     steps = buf["action"].shape[0]
     for t in range(steps):
         buf["observation"][t] = obs
-        action, _extras = policy.act_compact(torch.from_numpy(buf["observation"][t]))
+        if hasattr(policy, "act_compact"):
+            action, _extras = policy.act_compact(torch.from_numpy(buf["observation"][t]))
+        else:
+            action = policy.sample_compact(env.num_envs)
         actions = action.numpy()
         obs, reward, terminated, truncated, info = env.step(actions)
         buf["action"][t] = actions

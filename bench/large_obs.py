@@ -9,7 +9,9 @@ carries ``observation`` and ``("next", "observation")``). Systems:
   ``--env-factory bench.envs:make_pixel_env --policy random``;
 - TorchRL: ``MultiSyncCollector``, 2 workers, each a ``GymWrapper`` around a
   gymnasium ``SyncVectorEnv`` of 4 pixel envs, TorchRL's ``RandomPolicy``;
-- loopback TCP: one process sending 256 MB to another over a plain socket.
+- loopback TCP: one process sending 256 MB to another over a plain socket;
+- for context, the in-process limit: one process stepping ``SyncVectorEnv``
+  of all 8 envs with random actions into preallocated buffers (no transport).
 
 Payload MB/s counts the bytes of every tensor in the yielded batches (10**6
 bytes per MB), the same measure on both sides.
@@ -56,7 +58,9 @@ def payload_bytes(batch: Any) -> int:
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure rlfleet, TorchRL and loopback TCP, interleaved, and record the ratios."""
     from bench import _rlfleet, _torchrl
+    from bench._inprocess import in_process_fps
     from bench._loopback import loopback_bandwidth
+    from bench.envs import make_pixel_env
 
     fpb = args.frames_per_actor * args.actors
     samples: dict[str, list[float]] = {}
@@ -83,6 +87,15 @@ def run(args: argparse.Namespace, report: Report) -> None:
                     samples.setdefault("torchrl frames", []).append(fps)
                     samples.setdefault("torchrl payload", []).append(bps / 1e6)
                     samples.setdefault("loopback tcp", []).extend(loopback_bandwidth(tcp_bytes, 1))
+                    samples.setdefault("in-process limit frames", []).append(
+                        in_process_fps(
+                            make_pixel_env,
+                            num_envs=args.actors * args.num_envs,
+                            steps_per_batch=args.frames_per_actor // args.num_envs,
+                            seconds=args.window,
+                            policy="random",
+                        )
+                    )
         finally:
             trl.shutdown()
     for name, values in samples.items():
@@ -92,6 +105,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
     speedup = report.ratio("rlfleet/torchrl frames", "rlfleet frames", "torchrl frames")
     report.target("rlfleet frames/s >= 3x TorchRL", speedup, 3.0)
     report.ratio("torchrl payload/loopback tcp", "torchrl payload", "loopback tcp")
+    report.ratio("rlfleet/in-process limit frames", "rlfleet frames", "in-process limit frames")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
