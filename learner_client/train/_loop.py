@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import random
 import time
@@ -56,7 +57,9 @@ def train(settings: TrainSettings) -> TrainSummary:
         addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
         collector = stack.enter_context(GrpcCollector(
             addresses, frames_per_batch=settings.frames_per_batch,
-            total_frames=settings.total_frames, sync=settings.sync))
+            total_frames=settings.total_frames, sync=settings.sync,
+            # From the environment only: a flag would show in `ps` and in summary.json.
+            token=os.environ.get("RLFLEET_TOKEN") or None))
         progress = stack.enter_context(contextlib.closing(
             Progress(settings.total_frames, enabled=settings.progress)))
         if settings.actors:

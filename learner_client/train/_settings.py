@@ -55,8 +55,9 @@ class TrainSettings:
         vf_coef: Weight of the value loss.
         max_grad_norm: Gradient-norm clip.
         hidden: Hidden layer sizes of the policy and value MLPs.
-        actors: ``host:port`` addresses of an existing fleet to train against instead of
-            starting one (the fleet must run ``env`` with an ``mlp`` policy of ``hidden``).
+        actors: ``host:port`` addresses (or one ``dns:///name:port``) of an existing fleet to
+            train against instead of starting one (the fleet must run ``env`` with an ``mlp``
+            policy of ``hidden``). Actors that require a token get ``$RLFLEET_TOKEN``.
         out: Directory for the weights, learning curve and summary (default
             ``runs/<env>-seed<seed>``).
         target_return: Stop once the mean return of the last 20 episodes reaches it; None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import random
 import signal
@@ -36,9 +37,10 @@ def _actor_processes(seed: int) -> list[int]:
     return found
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
+def _train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "learner_client.train", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_train_entry_point_runs_a_tiny_budget_and_writes_its_outputs(tmp_path):
@@ -120,3 +122,19 @@ def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path,
     with GrpcCollector(external_fleet.addresses, frames_per_batch=16, total_frames=16,
                        sync=False) as collector:
         assert next(iter(collector)).numel() == 16
+
+
+def test_train_entry_point_authenticates_with_the_token_from_the_environment(tmp_path):
+    flags = ["--frames-per-batch", "32", "--total-frames", "64", "--minibatch-size", "32",
+             "--hidden", "16,16", "--no-progress", "--async"]
+    with LocalFleet(1, num_envs=2, seed=7, grace_period=1.0, policy_kwargs={"hidden": [16, 16]},
+                    extra_args=("--token", "s3cret")) as fleet:
+        refused = _train("--actors", fleet.addresses[0], "--out", str(tmp_path / "a"), *flags,
+                         env={"RLFLEET_TOKEN": "wrong"})
+        accepted = _train("--actors", fleet.addresses[0], "--out", str(tmp_path / "b"), *flags,
+                          env={"RLFLEET_TOKEN": "s3cret"})
+    assert refused.returncode == 1
+    assert "UNAUTHENTICATED" in refused.stderr and "s3cret" not in refused.stderr
+    assert accepted.returncode == 0, accepted.stderr
+    summary = (tmp_path / "b" / "summary.json").read_text()
+    assert json.loads(summary)["frames"] == 64 and "s3cret" not in summary
