@@ -134,7 +134,9 @@ def test_train_entry_point_authenticates_with_the_token_from_the_environment(tmp
         accepted = _train("--actors", fleet.addresses[0], "--out", str(tmp_path / "b"), *flags,
                           env={"RLFLEET_TOKEN": "s3cret"})
     assert refused.returncode == 1
-    assert "UNAUTHENTICATED" in refused.stderr and "s3cret" not in refused.stderr
+    assert "UNAUTHENTICATED" in refused.stderr
+    assert "s3cret" not in refused.stderr
     assert accepted.returncode == 0, accepted.stderr
     summary = (tmp_path / "b" / "summary.json").read_text()
-    assert json.loads(summary)["frames"] == 64 and "s3cret" not in summary
+    assert json.loads(summary)["frames"] == 64
+    assert "s3cret" not in summary
