@@ -36,7 +36,7 @@ from actor_service._logging import log_event
 from actor_service._session import RetainedBatch
 from common.config import CollectSettings
 from common.errors import RlfleetError, SessionStateError, to_status
-from common.frames import encode_frame, frame_crc32
+from common.frames import EncodedFrame, encode_frame
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 if TYPE_CHECKING:
@@ -50,10 +50,15 @@ _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.
 
 @dataclasses.dataclass(frozen=True)
 class EncodedBatch:
-    """A collected batch, encoded and cut into chunk payloads, ready to (re)send.
+    """A collected batch, encoded and cut into chunk messages, ready to (re)send.
+
+    The messages are built on the collection thread so that the event loop only
+    stamps each with the batch's seq (and the first with its ``BatchInfo``) and
+    writes it.
 
     Attributes:
-        chunks: The chunk payloads, in order; they concatenate to the tensor frame.
+        messages: One ``CollectResponse(chunk=...)`` per chunk, in order, with
+            ``index``, ``count`` and ``data`` set; their data concatenate to the frame.
         frame_bytes: Length of the tensor frame.
         crc32: CRC-32 of the tensor frame.
         frames: Frames in the batch.
@@ -62,7 +67,7 @@ class EncodedBatch:
         policy_version_max: Highest policy version among the frames.
     """
 
-    chunks: tuple[bytes, ...]
+    messages: tuple[pb.CollectResponse, ...]
     frame_bytes: int
     crc32: int
     frames: int
@@ -82,15 +87,31 @@ def collect_encoded(worker: Any, model_id: str) -> EncodedBatch:
         low, high = int(flat.min()), int(flat.max())
     else:
         low = high = int(worker.models.policy_version(model_id))
+    messages, crc32 = _chunk_messages(frame)
     return EncodedBatch(
-        chunks=tuple(frame.chunks()),
+        messages=messages,
         frame_bytes=frame.nbytes,
-        crc32=frame_crc32(frame),
+        crc32=crc32,
         frames=int(td.numel()),
         model_id=model_id,
         policy_version_min=low,
         policy_version_max=high,
     )
+
+
+def _chunk_messages(frame: EncodedFrame) -> tuple[tuple[pb.CollectResponse, ...], int]:
+    """The frame's chunk messages (seq and info unset) and its CRC-32, in one pass."""
+    pieces, crc32 = frame.checksummed_chunks()
+    count = len(pieces)
+    messages: list[pb.CollectResponse] = []
+    pieces.reverse()
+    while pieces:  # pop as we go: each piece is freed once its message holds a copy
+        # Set field by field: CollectResponse(chunk=...) would copy the data once more.
+        message = pb.CollectResponse()
+        message.chunk.index, message.chunk.count = len(messages), count
+        message.chunk.data = pieces.pop()
+        messages.append(message)
+    return tuple(messages), crc32
 
 
 class CollectStream:
@@ -293,12 +314,13 @@ class CollectStream:
             model_id=enc.model_id, policy_version_min=enc.policy_version_min,
             policy_version_max=enc.policy_version_max,
         )
-        count = len(enc.chunks)
-        for index, data in enumerate(enc.chunks):
-            chunk = pb.BatchChunk(seq=batch.seq, index=index, count=count, data=data)
-            if index == 0:
-                chunk.info.CopyFrom(info)
-            await context.write(pb.CollectResponse(chunk=chunk))
+        for message in enc.messages:
+            # Stamped here, not on the collection thread: the seq is assigned when the
+            # batch is finished, and a retained batch is re-sent with the same seq.
+            message.chunk.seq = batch.seq
+            if message.chunk.index == 0:
+                message.chunk.info.CopyFrom(info)
+            await context.write(message)
         self._last_sent = batch.seq
         self._sent += 1
         if self._is_current():

@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,27 @@ class EncodedFrame:
                     pending, size = [], 0
         if pending:
             yield b"".join(pending)
+
+    def checksummed_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], int]:
+        """Cuts the frame like :meth:`chunks` and checksums it in the same pass.
+
+        Each piece is checksummed right after it is built, while its bytes are still
+        in cache, so the CRC costs no separate pass over the frame.
+
+        Args:
+            chunk_bytes: Largest piece; every piece but the last has exactly this length.
+
+        Returns:
+            The pieces, and the frame's :func:`frame_crc32`.
+
+        Raises:
+            ValueError: If ``chunk_bytes`` is not a positive int.
+        """
+        pieces, crc = [], 0
+        for piece in self.chunks(chunk_bytes):
+            crc = zlib.crc32(piece, crc)
+            pieces.append(piece)
+        return pieces, crc
 
     def tobytes(self) -> bytes:
         """Returns the whole frame as one ``bytes`` object."""
@@ -299,8 +320,9 @@ def decode_frame(
 class FrameAssembler:
     """Reassembles a frame from its chunks into one preallocated buffer.
 
-    Each chunk is copied once into the buffer; :meth:`finish` decodes tensors as
-    views of that buffer, with no second copy.
+    Each chunk is copied once into the buffer and checksummed as it arrives;
+    :meth:`finish` compares the CRC-32 and decodes tensors as views of that
+    buffer, with no second pass or copy.
 
     Example::
 
@@ -312,13 +334,18 @@ class FrameAssembler:
     Args:
         total_bytes: The announced frame length; checked against the caps before allocating.
         limits: The caps to enforce.
+        allocate: Called with ``total_bytes`` (after the checks) to get the buffer: a
+            contiguous 1-D uint8 CPU tensor of exactly that length, starting 16-byte
+            aligned, that nothing else writes to. None allocates a fresh one.
 
     Raises:
-        FrameError: If ``total_bytes`` is too small for a frame.
+        FrameError: If ``total_bytes`` is too small for a frame, or ``allocate``
+            returned an unusable buffer.
         FrameTooLargeError: If ``total_bytes`` exceeds ``limits.max_frame_bytes``.
     """
 
-    def __init__(self, total_bytes: int, limits: FrameLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, total_bytes: int, limits: FrameLimits = DEFAULT_LIMITS,
+                 allocate: Callable[[int], torch.Tensor] | None = None) -> None:
         if type(total_bytes) is not int:
             raise FrameError(f"total_bytes must be an int, got {total_bytes!r:.60}")
         if total_bytes > limits.max_frame_bytes:
@@ -330,8 +357,13 @@ class FrameAssembler:
         self._limits = limits
         self._total = total_bytes
         self._received = 0
-        self._buffer: torch.Tensor | None = torch.empty(total_bytes, dtype=torch.uint8)
-        self._view = memoryview(self._buffer.numpy())
+        self._crc = 0
+        if allocate is None:
+            buffer = torch.empty(total_bytes, dtype=torch.uint8)
+        else:
+            buffer = _checked_buffer(allocate(total_bytes), total_bytes)
+        self._buffer: torch.Tensor | None = buffer
+        self._view = memoryview(buffer.numpy())
 
     @property
     def total_bytes(self) -> int:
@@ -360,6 +392,8 @@ class FrameAssembler:
         if end > self._total:
             raise FrameError(f"frame overflow: {end} bytes received, {self._total} were announced")
         self._view[self._received : end] = piece
+        # Checksummed as it arrives (the bytes are in cache): finish() needs no extra pass.
+        self._crc = zlib.crc32(piece, self._crc)
         self._received = end
 
     def finish(self, expected_crc32: int | None = None) -> TensorDict:
@@ -378,19 +412,31 @@ class FrameAssembler:
         """
         if self._buffer is None:
             raise SessionStateError("FrameAssembler.finish called twice")
-        buffer, view = self._buffer, self._view
+        buffer, actual = self._buffer, self._crc
         self._buffer = None
         self._view = memoryview(b"")
         if self._received != self._total:
             raise FrameError(f"frame incomplete: {self._received} of {self._total} bytes received")
         if expected_crc32 is not None:
-            actual = zlib.crc32(view)
             if actual != expected_crc32:
                 raise DataLossError(
                     f"frame checksum mismatch: got crc32 {actual:#010x}, "
                     f"expected {expected_crc32:#010x}"
                 )
         return decode(buffer, self._limits)
+
+
+def _checked_buffer(buffer: Any, total_bytes: int) -> torch.Tensor:
+    if (not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8
+            or buffer.device.type != "cpu" or buffer.dim() != 1
+            or buffer.numel() != total_bytes or not buffer.is_contiguous()
+            or buffer.data_ptr() % ALIGN):  # fmt: skip
+        raise FrameError(
+            f"allocate({total_bytes}) must return a contiguous 1-D uint8 CPU tensor of that "
+            f"length starting {ALIGN}-byte aligned, got {type(buffer).__name__} "
+            f"{getattr(buffer, 'shape', '')}"
+        )
+    return buffer
 
 
 def frame_crc32(frame: EncodedFrame | bytes | bytearray | memoryview) -> int:

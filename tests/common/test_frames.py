@@ -235,6 +235,29 @@ def test_frame_assembler_raises_data_loss_if_the_checksum_differs() -> None:
         assembler.finish()
 
 
+@FAST
+@given(td=tensordicts(), chunk_bytes=st.integers(1, 300))
+def test_encoded_frame_checksummed_chunks_equal_chunks_and_frame_crc32(
+    td: TensorDict, chunk_bytes: int
+) -> None:
+    frame = encode_frame(td)
+    pieces, crc = frame.checksummed_chunks(chunk_bytes)
+    assert pieces == list(frame.chunks(chunk_bytes))
+    assert crc == frame_crc32(frame)
+
+
+def test_frame_assembler_raises_data_loss_if_one_chunk_is_corrupted() -> None:
+    frame = encode_frame(cartpole_batch(4, 8))
+    chunks = list(frame.chunks(64))
+    middle = len(chunks) // 2
+    chunks[middle] = bytes([chunks[middle][0] ^ 0x01]) + chunks[middle][1:]
+    assembler = FrameAssembler(frame.nbytes)
+    for chunk in chunks:
+        assembler.add(chunk)
+    with pytest.raises(DataLossError, match="checksum"):
+        assembler.finish(expected_crc32=frame_crc32(frame))
+
+
 def test_frame_crc32_matches_zlib_over_the_bytes() -> None:
     frame = encode_frame(cartpole_batch(2, 3))
     assert isinstance(frame, EncodedFrame)
