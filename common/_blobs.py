@@ -13,6 +13,8 @@ import hashlib
 import re
 from collections.abc import Iterator
 
+import torch
+
 from common.config import CHUNK_BYTES
 from common.errors import DataLossError, SessionStateError, WeightsError, WeightsTooLargeError
 
@@ -57,7 +59,7 @@ class BlobAssembler:
     """Reassembles a chunked blob (weights or state) received from a peer.
 
     The announced size is checked against the cap before any memory is
-    allocated; chunks are copied into one preallocated buffer.
+    allocated; chunks are copied into one preallocated, uninitialised buffer.
 
     Args:
         total_bytes: The blob size the peer announced.
@@ -92,7 +94,10 @@ class BlobAssembler:
             raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")
         self._total = total_bytes
         self._expected_sha = digest
-        self._buffer = bytearray(total_bytes)
+        # torch.empty, unlike bytearray, does not zero-fill: every byte is
+        # written by add() before finish() lets anyone read it.
+        self._buffer = torch.empty(total_bytes, dtype=torch.uint8)
+        self._view = memoryview(self._buffer.numpy()).cast("B")
         self._received = 0
         self._hasher = hashlib.sha256()
         self._result: memoryview | None = None
@@ -101,6 +106,11 @@ class BlobAssembler:
     def total_bytes(self) -> int:
         """The blob size announced by the peer."""
         return self._total
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The ``uint8`` tensor the blob is assembled into (complete only after :meth:`finish`)."""
+        return self._buffer
 
     @property
     def received_bytes(self) -> int:
@@ -123,12 +133,15 @@ class BlobAssembler:
                 f"chunk of {view.nbytes} bytes at offset {self._received} overflows "
                 f"the announced {self._total}-byte blob"
             )
-        self._buffer[self._received : end] = view
+        self._view[self._received : end] = view
         self._hasher.update(view)
         self._received = end
 
     def finish(self) -> bytes | memoryview:
-        """Return the whole blob (a ``memoryview`` over the buffer; idempotent).
+        """Return the whole blob (a writable ``memoryview`` over :attr:`buffer`; idempotent).
+
+        :func:`~common.weights.decode_weights` returns tensors viewing this
+        memory instead of copying it.
 
         Raises:
             WeightsError: Fewer bytes arrived than announced.
@@ -143,5 +156,5 @@ class BlobAssembler:
             raise DataLossError(
                 f"blob sha256 mismatch: expected {self._expected_sha}, got {actual}"
             )
-        self._result = memoryview(self._buffer)
+        self._result = self._view
         return self._result

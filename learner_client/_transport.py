@@ -33,6 +33,7 @@ from common.frames import FrameAssembler, FrameLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
+from learner_client._push_chunks import SharedChunks, encode_header
 
 __all__ = [
     "ActorChannel",
@@ -53,8 +54,14 @@ _RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+# Chunk messages of the weight blobs being pushed, shared by the pushes of one blob.
+_SHARED_CHUNKS = SharedChunks(CHUNK_BYTES)
 _END_REASONS = {v.number: v.name.removeprefix("END_REASON_") for v in
                 pb.EndReason.DESCRIPTOR.values}  # fmt: skip
+
+
+def _pre_serialized(message: bytes) -> bytes:
+    return message
 
 
 @contextlib.contextmanager
@@ -150,6 +157,10 @@ class ActorChannel:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self._stub = pb_grpc.ActorServiceStub(self._channel)
+        # PushWeights with requests serialised beforehand (see learner_client._push_chunks).
+        self._push_raw = self._channel.stream_unary(
+            "/rlfleet.v1.ActorService/PushWeights", request_serializer=_pre_serialized,
+            response_deserializer=pb.PushWeightsResponse.FromString, _registered_method=True)
 
     async def close(self) -> None:
         """Close the channel, cancelling its calls."""
@@ -188,15 +199,17 @@ class ActorChannel:
             SessionStateError: The actor answered with another model or version, so
                 it did not apply this push.
         """
-        async def requests() -> AsyncIterator[pb.PushWeightsRequest]:
-            header = pb.WeightsHeader(model_id=model_id, version=version,
-                                      total_bytes=len(blob), sha256=sha256)
-            yield pb.PushWeightsRequest(header=header)
-            for piece in iter_blob_chunks(blob, CHUNK_BYTES):
-                yield pb.PushWeightsRequest(chunk=bytes(piece))
+        header = encode_header(pb.WeightsHeader(model_id=model_id, version=version,
+                                                total_bytes=len(blob), sha256=sha256))
 
-        with translate_errors(self.address):
-            r = await self._stub.PushWeights(requests(), timeout=timeout, metadata=self._metadata)
+        async def requests(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+            yield header
+            for message in chunks:
+                yield message
+
+        # Held before the first await, so every push of one Fleet.push shares the chunks.
+        with _SHARED_CHUNKS.hold(blob) as chunks, translate_errors(self.address):
+            r = await self._push_raw(requests(chunks), timeout=timeout, metadata=self._metadata)
         if r.model_id not in ("", model_id) or r.version != version:
             raise SessionStateError(
                 f"{self.address}: push of {model_id!r} version {version} answered with "
@@ -234,6 +247,11 @@ class ActorChannel:
         with translate_errors(self.address):
             r = await self._stub.LoadState(requests(), timeout=timeout, metadata=self._metadata)
         return r.worker_id
+
+    #: The ``allocate`` of the Collect streams' FrameAssembler, read as each batch
+    #: starts: the sync rounds set it so that a round's frames share one slab
+    #: (learner_client._slabs); None reassembles into fresh buffers.
+    frame_allocator: Callable[[int], Any] | None = None
 
     def collect(self, settings: CollectSettings, *, credits: int, resume: tuple[int, int],
                 take_over: bool, learner_id: str) -> CollectStream:
@@ -276,6 +294,7 @@ class CollectStream:
     def __init__(self, channel: ActorChannel, settings: CollectSettings, *, credits: int,
                  resume: tuple[int, int], take_over: bool, learner_id: str) -> None:
         self.address = channel.address
+        self._channel = channel
         self._outbox: asyncio.Queue[pb.CollectRequest | None] = asyncio.Queue()
         self._outbox.put_nowait(_open_request(settings, credits, resume, take_over, learner_id))
         self._closing = False
@@ -382,7 +401,8 @@ class CollectStream:
                 info, expected = chunk.info, 0
                 if on_start is not None:
                     on_start(chunk.seq)
-                assembler = FrameAssembler(info.frame_bytes, self._limits)
+                assembler = FrameAssembler(info.frame_bytes, self._limits,
+                                           allocate=self._channel.frame_allocator)
             if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
                 raise FrameError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "

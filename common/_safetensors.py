@@ -1,0 +1,224 @@
+"""A strict, copy-free reader and a one-copy writer of the safetensors format.
+
+The format is an 8-byte little-endian header length ``N``, ``N`` bytes of UTF-8
+JSON (``{"__metadata__": {str: str}, key: {"dtype", "shape", "data_offsets"}}``)
+and the raw little-endian tensor bytes. ``safetensors.torch.save`` copies the
+state into a Rust buffer and again into ``bytes``, and ``safetensors.torch.load``
+needs ``bytes`` and copies every tensor out of it; weight pushes of 100 MB pay
+for each pass. :func:`write_blob` therefore joins the header and the tensors'
+memory in one copy, and :func:`read_blob` validates the header exactly as
+safetensors does (dtype allow-list, shapes, offsets contiguous from 0, in bounds,
+non-overlapping and covering the data exactly) and then returns
+``torch.frombuffer`` views over the caller's buffer, copying only tensors whose
+offset is not aligned to their element size. Blobs stay interchangeable with
+the ``safetensors`` package in both directions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from common.errors import WeightsError, WeightsTooLargeError
+
+__all__ = ["DTYPES", "HEADER_PREFIX", "METADATA_KEY", "read_blob", "write_blob"]
+
+HEADER_PREFIX = 8
+METADATA_KEY = "__metadata__"
+_INFO_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+
+#: safetensors dtype name -> torch dtype, for the dtypes both directions support.
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "C64": torch.complex64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U64": torch.uint64,
+    "U32": torch.uint32,
+    "U16": torch.uint16,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# safetensors' Dtype enum order (sizes ascending); it lays tensors out by
+# descending rank, then name, which keeps every offset aligned.
+_RANK = {name: i for i, name in enumerate((
+    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16",
+    "I32", "U32", "F32", "C64", "F64", "I64", "U64"))}
+
+
+def _invalid(reason: str) -> WeightsError:
+    return WeightsError(f"weights blob is not valid safetensors: {reason}")
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    # A flat uint8 view of the tensor's own memory: numpy cannot hold bf16/fp8.
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def write_blob(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> bytes:
+    """Serialise contiguous CPU tensors into safetensors bytes with one copy.
+
+    The bytes are those ``safetensors.torch.save`` writes: tensors laid out by
+    decreasing dtype rank, then by name, after a compact JSON header padded
+    with spaces to a multiple of 8, so every offset is aligned to its element
+    size.
+
+    Args:
+        state: Contiguous CPU tensors of :data:`DTYPES` by key, sharing no memory.
+        metadata: String pairs for the header's ``__metadata__``, or None.
+
+    Returns:
+        The blob.
+    """
+    order = sorted(state, key=lambda k: (-_RANK[_NAMES[state[k].dtype]], k))
+    header: dict[str, Any] = {}
+    if metadata:
+        header[METADATA_KEY] = dict(metadata)
+    offset = 0
+    for key in order:
+        tensor = state[key]
+        end = offset + tensor.numel() * tensor.element_size()
+        header[key] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape),
+                       "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    parts: list[bytes | memoryview] = [len(text).to_bytes(HEADER_PREFIX, "little"), text]
+    parts.extend(_as_bytes(state[key]) for key in order if state[key].numel())
+    return b"".join(parts)
+
+
+def parse_header(view: memoryview, max_header: int) -> tuple[dict[str, Any], dict[str, str], int]:
+    """Parse and validate the header of a safetensors blob.
+
+    Returns:
+        ``(infos, metadata, data_start)``: each tensor's header entry by key.
+
+    Raises:
+        WeightsTooLargeError: The header is over ``max_header`` bytes.
+        WeightsError: The header is truncated, malformed or inconsistent with the data.
+    """
+    size = view.nbytes
+    if size < HEADER_PREFIX:
+        raise WeightsError(f"weights blob of {size} bytes is truncated: no 8-byte header length")
+    header_len = int.from_bytes(view[:HEADER_PREFIX], "little")
+    if header_len > size - HEADER_PREFIX:
+        raise WeightsError(
+            f"weights header length {header_len} points past the end of the {size}-byte blob"
+        )
+    if header_len > max_header:
+        raise WeightsTooLargeError(
+            f"weights header of {header_len} bytes exceeds the cap of {max_header} bytes"
+        )
+    try:
+        header = json.loads(bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len]),
+                            object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise WeightsError(f"weights header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"weights header must be a JSON object, got {type(header).__name__}")
+    metadata = header.pop(METADATA_KEY, {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise WeightsError("weights header metadata must map strings to strings")
+    for key, info in header.items():
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        if dtype not in DTYPES:
+            raise WeightsError(f"weight {key!r} has unsupported or missing dtype {dtype!r}")
+    data_start = HEADER_PREFIX + header_len
+    _check_layout(header, size - data_start)
+    return header, metadata, data_start
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = [k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])]
+        raise ValueError(f"duplicate keys {seen}")
+    return out
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_layout(infos: dict[str, Any], data_bytes: int) -> None:
+    # The rules of safetensors' own Metadata::validate: sorted by start, each
+    # tensor starts where the previous ended, sizes match shape x dtype, and
+    # the last one ends exactly at the end of the blob.
+    spans = []
+    for key, info in infos.items():
+        if set(info) != _INFO_FIELDS:
+            raise _invalid(
+                f"tensor {key!r} has fields {sorted(info)}, expected {sorted(_INFO_FIELDS)}")
+        shape, offsets = info["shape"], info["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise _invalid(f"tensor {key!r} has shape {shape!r}, not a list of non-negative ints")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_count(o) for o in offsets)):
+            raise _invalid(
+                f"tensor {key!r} has data_offsets {offsets!r}, not two non-negative ints")
+        start, end = offsets
+        expected = math.prod(shape) * DTYPES[info["dtype"]].itemsize
+        if end < start or end - start != expected:
+            raise _invalid(f"tensor {key!r} of shape {shape} ({info['dtype']}) needs {expected} "
+                           f"bytes, its data_offsets {offsets} hold {end - start}")
+        spans.append((start, end, key))
+    position = 0
+    for start, end, key in sorted(spans):
+        if start != position:
+            kind = "overlaps the previous tensor" if start < position else "leaves a gap"
+            raise _invalid(f"tensor {key!r} at data_offsets [{start}, {end}] {kind} "
+                           f"(previous data ends at {position})")
+        position = end
+    if position != data_bytes:
+        raise _invalid(f"tensors cover {position} bytes but the blob holds {data_bytes} data bytes")
+
+
+def read_blob(view: memoryview, max_header: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Validate a safetensors blob and return tensors viewing its memory.
+
+    Args:
+        view: A byte view of the blob. If writable, the returned tensors share
+            its memory (those at an offset misaligned for their dtype are
+            copies); a read-only one is copied once, after validation.
+        max_header: The largest header accepted.
+
+    Returns:
+        ``(state, metadata)``.
+
+    Raises:
+        WeightsTooLargeError: The header is over ``max_header`` bytes.
+        WeightsError: The blob is malformed (see :func:`parse_header`).
+    """
+    infos, metadata, data_start = parse_header(view, max_header)
+    if view.readonly:  # torch.frombuffer needs writable memory: copy once, once valid
+        view = memoryview(bytearray(view))
+    base = torch.frombuffer(view, dtype=torch.uint8) if view.nbytes else None
+    address = base.data_ptr() if base is not None else 0
+    state: dict[str, torch.Tensor] = {}
+    for key, info in infos.items():
+        dtype = DTYPES[info["dtype"]]
+        start, end = (data_start + o for o in info["data_offsets"])
+        if base is None or start == end:
+            state[key] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        raw = base[start:end]
+        if (address + start) % dtype.itemsize:
+            raw = raw.clone()  # a view must be aligned to its element size
+        state[key] = raw.view(dtype).reshape(info["shape"])
+    return state, metadata
