@@ -413,3 +413,20 @@ def test_blob_assembler_raises_if_sha256_does_not_match() -> None:
     assembler.add(b"abd")
     with pytest.raises(DataLossError, match="sha256"):
         assembler.finish()
+
+
+def test_blob_assembler_checks_sha256_of_large_chunks_hashed_in_the_background() -> None:
+    # Large chunks go to the hashing thread; a small one after them must queue behind.
+    blob = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8).numpy().tobytes()
+    sizes = [300_000, 300_000, 100, 448_476]
+    for digest, ok in ((sha256_hex(blob), True), (sha256_hex(blob[::-1]), False)):
+        assembler = BlobAssembler(len(blob), sha256=digest)
+        start = 0
+        for size in sizes:
+            assembler.add(blob[start : start + size])
+            start += size
+        if ok:
+            assert bytes(assembler.finish()) == blob
+        else:
+            with pytest.raises(DataLossError, match="sha256 mismatch"):
+                assembler.finish()
