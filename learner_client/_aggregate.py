@@ -7,6 +7,12 @@ is the per-actor batches in worker_id order, stacked as TorchRL's
 actors' shapes differ) or concatenated on dim 0 with ``cat_results=0``
 (``[workers * envs, time]``). Split trajectories (``[trajs, time]`` per actor)
 are zero-padded to the longest and concatenated, since their counts differ.
+
+A stacked entry whose per-actor tensors were received into one slab
+(:mod:`learner_client._slabs`) is a strided view of it rather than a copy: its
+dim 0 steps from one actor's frame to the next, so it is not contiguous
+(``reshape``/``flatten`` copy when they must; ``view`` across dim 0 needs
+``.contiguous()`` first).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Sequence
 
 import tensordict
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 __all__ = ["WORKER_ID_KEY", "combine", "name_time_dim", "tag_worker"]
 
@@ -66,13 +72,62 @@ def combine(
     if cat_results == 0:
         return name_time_dim(torch.cat(list(batches), 0))
     if len({tuple(b.batch_size) for b in batches}) == 1:
-        out = torch.stack(list(batches), 0)
+        out = _stack_views(batches)
+        if out is None:
+            out = torch.stack(list(batches), 0)
     else:
         # Actors with different env pool sizes give different [envs, time]
         # shapes; TorchRL's MultiSyncCollector returns a lazy stack then too.
         out = LazyStackedTensorDict.lazy_stack(list(batches), 0)
         return out
     return name_time_dim(out)
+
+
+def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:
+    """``torch.stack(batches, 0)`` that views, rather than copies, the entries that allow it.
+
+    An entry whose per-batch tensors lie in one storage at a constant distance
+    (frames received into one slab, see :mod:`learner_client._slabs`) becomes one
+    strided view; other entries are stacked (copied). Returns None when the
+    structure is not plain tensors in plain tensordicts with identical keys, for
+    ``torch.stack`` to handle (and report) instead.
+    """
+    first = batches[0]
+    keys = set(first.keys())
+    if any(type(b) is not TensorDict or set(b.keys()) != keys for b in batches):
+        return None
+    out = {}
+    for key in first.keys():
+        values = [b.get(key) for b in batches]
+        if all(type(v) is torch.Tensor for v in values):
+            out[key] = _view_stack(values)
+        elif all(type(v) is TensorDict for v in values):
+            sub = _stack_views(values)
+            if sub is None:
+                return None
+            out[key] = sub
+        else:
+            return None
+    return TensorDict(out, batch_size=[len(batches), *first.batch_size])
+
+
+def _view_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    first = tensors[0]
+    if len(tensors) > 1 and first.numel():
+        step = tensors[1].data_ptr() - first.data_ptr()
+        storage = first.untyped_storage().data_ptr()
+        # The views must not overlap: each batch's tensor ends before the next starts.
+        span = first.element_size() * (1 + sum((n - 1) * st for n, st in
+                                               zip(first.shape, first.stride(), strict=True)))
+        if step >= span and step % first.element_size() == 0 and all(
+            t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride()
+            and t.untyped_storage().data_ptr() == storage
+            and t.data_ptr() - first.data_ptr() == i * step
+            for i, t in enumerate(tensors)
+        ):
+            stride = (step // first.element_size(), *first.stride())
+            return first.as_strided((len(tensors), *first.shape), stride)
+    return torch.stack(tensors, 0)
 
 
 def _pad_time(batches: Sequence[TensorDictBase]) -> list[TensorDictBase]:

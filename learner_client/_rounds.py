@@ -21,6 +21,7 @@ from learner_client._errors import MissingWorkersError
 from learner_client._fleet import Fleet
 from learner_client._mailbox import Delivery
 from learner_client._settings import BatchSettings
+from learner_client._slabs import FrameSlabs
 
 __all__ = ["Rounds"]
 
@@ -46,6 +47,8 @@ class Rounds:
         self._acting_model = acting_model
         self.missing_workers: list[int] = []
         self.last_workers: list[int] = []
+        self._slabs = FrameSlabs()
+        self._slab_layout: tuple[int, ...] = ()
 
     def exhausted(self) -> bool:
         """Whether ``total_frames`` were delivered."""
@@ -81,7 +84,22 @@ class Rounds:
                 f"s (actor states: {states})", worker_ids=list(states))
         return [delivery]
 
+    def _attach_slabs(self) -> None:
+        """Have each actor's frames land in its slot of shared slabs (stacked by viewing)."""
+        s = self._settings
+        if s.cat_results != "stack" or s.split_trajs:
+            return
+        layout = tuple(self._fleet.worker_ids)
+        links = self._fleet.links
+        if layout == self._slab_layout and all(
+                links[w].channel.frame_allocator is not None for w in layout):  # fmt: skip
+            return
+        for position, worker_id in enumerate(layout):
+            links[worker_id].channel.frame_allocator = self._slabs.allocator(position, len(layout))
+        self._slab_layout = layout
+
     def _take_sync(self) -> list[Delivery]:
+        self._attach_slabs()
         mailbox = self._fleet.mailbox
         mailbox.want_round()
         taken, missing = mailbox.take_round(self._fleet.worker_ids, self._settings.batch_timeout,

@@ -258,6 +258,31 @@ def test_frame_assembler_raises_data_loss_if_one_chunk_is_corrupted() -> None:
         assembler.finish(expected_crc32=frame_crc32(frame))
 
 
+def test_frame_assembler_receives_into_the_allocated_buffer() -> None:
+    batch = cartpole_batch(2, 3)
+    frame = encode_frame(batch)
+    slab = torch.zeros(frame.nbytes + 32, dtype=torch.uint8)
+    assembler = FrameAssembler(frame.nbytes, allocate=lambda n: slab[16 : 16 + n])
+    for chunk in frame.chunks(50):
+        assembler.add(chunk)
+    out = assembler.finish(expected_crc32=frame_crc32(frame))
+    assert_same(batch, out)
+    assert bytes(slab[16 : 16 + frame.nbytes].numpy()) == frame.tobytes()
+    assert out["observation"].untyped_storage().data_ptr() == slab.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: torch.empty(n + 1, dtype=torch.uint8),
+    lambda n: torch.empty(n, dtype=torch.int8),
+    lambda n: torch.empty(n + 1, dtype=torch.uint8)[1:],
+    lambda n: bytearray(n),
+])
+def test_frame_assembler_raises_if_allocate_returns_an_unusable_buffer(make: Any) -> None:
+    frame = encode_frame(cartpole_batch(2, 3))
+    with pytest.raises(FrameError, match="allocate"):
+        FrameAssembler(frame.nbytes, allocate=make)
+
+
 def test_frame_crc32_matches_zlib_over_the_bytes() -> None:
     frame = encode_frame(cartpole_batch(2, 3))
     assert isinstance(frame, EncodedFrame)

@@ -1,0 +1,90 @@
+"""Frame buffers laid out so that a sync round can be stacked without copying.
+
+A sync batch stacks one frame per actor. When the frames of one round were
+received into one storage, at the same distance from each other, every stacked
+entry is a strided view of that storage (:func:`learner_client._aggregate.combine`
+checks this per entry and copies only what does not line up). :class:`FrameSlabs`
+hands out such buffers: a slab holds one slot per actor position, and the n-th
+frame of each actor goes to the oldest slab whose slot for that actor is free,
+so rounds line up as long as actors deliver rounds in order (the sync mailbox
+makes them). A slab is never reused: the tensors of a delivered batch keep their
+slab alive, and nothing else writes to it. Slots never filled (a missing actor)
+are never touched, so they cost address space, not memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["FrameSlabs"]
+
+_ALIGN = 16
+# Slabs waiting for a slot to be filled; older ones are let go (their frames simply
+# stop lining up, and combine copies them).
+_MAX_OPEN = 8
+
+
+class _Slab:
+    def __init__(self, width: int, slot_bytes: int) -> None:
+        self.width = width
+        self.slot_bytes = slot_bytes
+        self.storage = torch.empty(width * slot_bytes, dtype=torch.uint8)
+        self.free = set(range(width))
+
+
+class FrameSlabs:
+    """Hands out frame buffers so that one round's frames share one storage, evenly spaced.
+
+    Example::
+
+        slabs = FrameSlabs()
+        allocate = slabs.allocator(position=0, width=2)  # the first of two actors
+        assembler = FrameAssembler(info.frame_bytes, allocate=allocate)
+    """
+
+    def __init__(self) -> None:
+        self._open: list[_Slab] = []
+        self._lock = threading.Lock()
+
+    def allocator(self, position: int, width: int) -> Callable[[int], torch.Tensor]:
+        """The ``allocate`` callable of the actor at ``position`` among ``width`` actors.
+
+        Args:
+            position: The actor's index in worker_id order.
+            width: How many actors a round has.
+
+        Raises:
+            ValueError: If ``position`` is not in ``range(width)``.
+        """
+        if type(position) is not int or type(width) is not int or not 0 <= position < width:
+            raise ValueError(f"position must be in range(width), got {position!r} of {width!r}")
+
+        def allocate(nbytes: int) -> torch.Tensor:
+            return self.buffer(position, width, nbytes)
+
+        return allocate
+
+    def buffer(self, position: int, width: int, nbytes: int) -> torch.Tensor:
+        """A fresh ``nbytes`` uint8 buffer in slot ``position`` of a ``width``-slot slab."""
+        slot_bytes = nbytes + -nbytes % _ALIGN
+        with self._lock:
+            slab = next((s for s in self._open if s.width == width and s.slot_bytes == slot_bytes
+                         and position in s.free), None)
+            if slab is None:
+                slab = _Slab(width, slot_bytes)
+                self._open.append(slab)
+                del self._open[:-_MAX_OPEN]
+            slab.free.discard(position)
+            if not slab.free:
+                self._open.remove(slab)
+        start = position * slot_bytes
+        return slab.storage[start : start + nbytes]
+
+    @property
+    def open_slabs(self) -> int:
+        """Slabs with a slot still free."""
+        with self._lock:
+            return len(self._open)

@@ -1,0 +1,84 @@
+"""Sync rounds stacked by viewing: frame slabs, and combine over frames received into them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from common.frames import FrameAssembler, encode_frame
+from learner_client._aggregate import WORKER_ID_KEY, combine, name_time_dim, tag_worker
+from learner_client._slabs import FrameSlabs
+
+
+def actor_batch(fill: int, envs: int = 2, steps: int = 5) -> TensorDict:
+    td = TensorDict({
+        "observation": torch.full((envs, steps, 3, 4), fill, dtype=torch.uint8),
+        "next": TensorDict({
+            "observation": torch.full((envs, steps, 3, 4), fill + 100, dtype=torch.uint8),
+            "done": torch.zeros(envs, steps, 1, dtype=torch.bool),
+        }, batch_size=[envs, steps]),
+        ("collector", "traj_ids"): torch.full((envs, steps), fill, dtype=torch.int64),
+    }, batch_size=[envs, steps])
+    return name_time_dim(td)
+
+
+def received(td: TensorDict, allocate=None) -> TensorDict:
+    frame = encode_frame(td)
+    assembler = FrameAssembler(frame.nbytes, allocate=allocate)
+    for chunk in frame.chunks(64):
+        assembler.add(chunk)
+    return assembler.finish()
+
+
+def test_frame_slabs_put_the_nth_frame_of_each_position_in_one_slab():
+    slabs = FrameSlabs()
+    first, second = slabs.allocator(0, 2), slabs.allocator(1, 2)
+    a1, a2 = first(100), first(100)  # position 0 runs a round ahead
+    b1, b2 = second(100), second(100)
+    assert b1.untyped_storage().data_ptr() == a1.untyped_storage().data_ptr()
+    assert b2.untyped_storage().data_ptr() == a2.untyped_storage().data_ptr()
+    assert a1.untyped_storage().data_ptr() != a2.untyped_storage().data_ptr()
+    assert b1.data_ptr() - a1.data_ptr() == 112  # 100 rounded up to 16
+    assert slabs.open_slabs == 0
+
+
+def test_frame_slabs_raise_if_the_position_is_outside_the_width():
+    with pytest.raises(ValueError, match="range"):
+        FrameSlabs().allocator(2, 2)
+
+
+def test_combine_views_frames_received_into_one_slab():
+    slabs = FrameSlabs()
+    batches = [tag_worker(name_time_dim(received(actor_batch(i), slabs.allocator(i, 3))), i)
+               for i in range(3)]
+    expected = name_time_dim(torch.stack([b.clone() for b in batches], 0))
+    out = combine(batches, cat_results="stack", split_trajs=False)
+    assert out.batch_size == torch.Size([3, 2, 5])
+    assert out.names == expected.names == [None, None, "time"]
+    assert out["next"].names == expected["next"].names
+    assert set(out.keys(True, True)) == set(expected.keys(True, True))
+    assert bool((out == expected).all())
+    # No copy: the stacked entry is a view of the slab the frames were received into.
+    slab = batches[0]["observation"].untyped_storage().data_ptr()
+    assert out["observation"].untyped_storage().data_ptr() == slab
+    assert out["next", "observation"].untyped_storage().data_ptr() == slab
+    assert out[WORKER_ID_KEY][:, 0, 0].tolist() == [0, 1, 2]
+
+
+def test_combine_copies_frames_received_into_separate_buffers():
+    batches = [tag_worker(name_time_dim(received(actor_batch(i))), i) for i in range(2)]
+    out = combine(batches, cat_results="stack", split_trajs=False)
+    expected = torch.stack([b.clone() for b in batches], 0)
+    assert bool((out == expected).all())
+    assert out["observation"].is_contiguous()
+    assert out["observation"].data_ptr() != batches[0]["observation"].data_ptr()
+
+
+def test_combine_copies_overlapping_views_rather_than_aliasing_them():
+    base = torch.arange(40, dtype=torch.float32)
+    batches = [TensorDict({"x": base[i : i + 20].view(2, 10)}, batch_size=[2, 10])
+               for i in range(2)]  # the second starts 4 bytes after the first: they overlap
+    out = combine(batches, cat_results="stack", split_trajs=False)
+    assert out["x"].is_contiguous()
+    assert out["x"][1, 0, 0].item() == 1.0
