@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -26,21 +24,6 @@ __all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "BlobAssembler", "iter_blob_chunks", "sha
 DEFAULT_MAX_WEIGHT_BYTES: int = 1 << 30
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-# Chunks at least this large are hashed on the hashing thread (hashlib releases
-# the GIL above 2 KiB), so the digest of a large blob is computed while the
-# next chunks arrive instead of on the receiver's event loop.
-_BACKGROUND_HASH_BYTES = 1 << 16
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    # One worker: the updates of one hasher must run in the order submitted.
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blob-sha256")
-        return _pool
 
 
 def sha256_hex(blob: bytes | bytearray | memoryview) -> str:
@@ -76,9 +59,7 @@ class BlobAssembler:
     """Reassembles a chunked blob (weights or state) received from a peer.
 
     The announced size is checked against the cap before any memory is
-    allocated; chunks are copied into one preallocated, uninitialised buffer,
-    and large ones are hashed on a background thread while later ones arrive
-    (:meth:`finish` waits for the digest).
+    allocated; chunks are copied into one preallocated, uninitialised buffer.
 
     Args:
         total_bytes: The blob size the peer announced.
@@ -119,7 +100,6 @@ class BlobAssembler:
         self._view = memoryview(self._buffer.numpy()).cast("B")
         self._received = 0
         self._hasher = hashlib.sha256()
-        self._hashing: Future[None] | None = None  # the last update queued on the hash pool
         self._result: memoryview | None = None
 
     @property
@@ -153,14 +133,9 @@ class BlobAssembler:
                 f"chunk of {view.nbytes} bytes at offset {self._received} overflows "
                 f"the announced {self._total}-byte blob"
             )
-        written = self._view[self._received : end]
-        written[:] = view
+        self._view[self._received : end] = view
+        self._hasher.update(view)
         self._received = end
-        if view.nbytes >= _BACKGROUND_HASH_BYTES or self._hashing is not None:
-            # Hashes our own copy, which nothing writes again.
-            self._hashing = _hash_pool().submit(self._hasher.update, written)
-        else:
-            self._hasher.update(written)
 
     def finish(self) -> bytes | memoryview:
         """Return the whole blob (a writable ``memoryview`` over :attr:`buffer`; idempotent).
@@ -176,8 +151,6 @@ class BlobAssembler:
             return self._result
         if self._received != self._total:
             raise WeightsError(f"blob incomplete: received {self._received} of {self._total} bytes")
-        if self._hashing is not None:
-            self._hashing.result()  # FIFO: every earlier update is done too
         actual = self._hasher.hexdigest()
         if self._expected_sha and actual != self._expected_sha:
             raise DataLossError(

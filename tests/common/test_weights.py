@@ -415,8 +415,7 @@ def test_blob_assembler_raises_if_sha256_does_not_match() -> None:
         assembler.finish()
 
 
-def test_blob_assembler_checks_sha256_of_large_chunks_hashed_in_the_background() -> None:
-    # Large chunks go to the hashing thread; a small one after them must queue behind.
+def test_blob_assembler_checks_sha256_across_chunks_of_mixed_sizes() -> None:
     blob = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8).numpy().tobytes()
     sizes = [300_000, 300_000, 100, 448_476]
     for digest, ok in ((sha256_hex(blob), True), (sha256_hex(blob[::-1]), False)):
