@@ -82,3 +82,22 @@ def test_combine_copies_overlapping_views_rather_than_aliasing_them():
     out = combine(batches, cat_results="stack", split_trajs=False)
     assert out["x"].is_contiguous()
     assert out["x"][1, 0, 0].item() == 1.0
+
+
+def test_collector_sync_batches_view_their_round_slab_and_stay_intact(fleet):
+    from learner_client import GrpcCollector
+
+    addresses = [fleet[0].address, fleet[1].address]
+    with GrpcCollector(addresses, frames_per_batch=16, total_frames=64, sync=True) as collector:
+        batches = iter(collector)
+        first = next(batches)
+        kept = first.clone()
+        later = list(batches)
+    assert len(later) == 3
+    for batch in (first, *later):
+        assert batch.names == [None, None, "time"]
+        # Both entries are views of one slab holding both actors' frames: nothing was stacked.
+        storage = batch["observation"].untyped_storage()
+        assert batch["next", "observation"].untyped_storage().data_ptr() == storage.data_ptr()
+        assert storage.nbytes() >= batch["observation"].nbytes * 2
+    assert bool((first == kept).all())  # later rounds went to other slabs
