@@ -344,8 +344,12 @@ class FrameAssembler:
         FrameTooLargeError: If ``total_bytes`` exceeds ``limits.max_frame_bytes``.
     """
 
-    def __init__(self, total_bytes: int, limits: FrameLimits = DEFAULT_LIMITS,
-                 allocate: Callable[[int], torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        total_bytes: int,
+        limits: FrameLimits = DEFAULT_LIMITS,
+        allocate: Callable[[int], torch.Tensor] | None = None,
+    ) -> None:
         if type(total_bytes) is not int:
             raise FrameError(f"total_bytes must be an int, got {total_bytes!r:.60}")
         if total_bytes > limits.max_frame_bytes:
@@ -417,12 +421,11 @@ class FrameAssembler:
         self._view = memoryview(b"")
         if self._received != self._total:
             raise FrameError(f"frame incomplete: {self._received} of {self._total} bytes received")
-        if expected_crc32 is not None:
-            if actual != expected_crc32:
-                raise DataLossError(
-                    f"frame checksum mismatch: got crc32 {actual:#010x}, "
-                    f"expected {expected_crc32:#010x}"
-                )
+        if expected_crc32 is not None and actual != expected_crc32:
+            raise DataLossError(
+                f"frame checksum mismatch: got crc32 {actual:#010x}, "
+                f"expected {expected_crc32:#010x}"
+            )
         return decode(buffer, self._limits)
 
 

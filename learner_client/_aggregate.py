@@ -97,7 +97,7 @@ def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:
     if any(type(b) is not TensorDict or set(b.keys()) != keys for b in batches):
         return None
     out = {}
-    for key in first.keys():
+    for key in first.keys():  # noqa: SIM118 (iterating a tensordict walks dim 0, not keys)
         values = [b.get(key) for b in batches]
         if all(type(v) is torch.Tensor for v in values):
             out[key] = _view_stack(values)
@@ -117,13 +117,20 @@ def _view_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
         step = tensors[1].data_ptr() - first.data_ptr()
         storage = first.untyped_storage().data_ptr()
         # The views must not overlap: each batch's tensor ends before the next starts.
-        span = first.element_size() * (1 + sum((n - 1) * st for n, st in
-                                               zip(first.shape, first.stride(), strict=True)))
-        if step >= span and step % first.element_size() == 0 and all(
-            t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride()
-            and t.untyped_storage().data_ptr() == storage
-            and t.data_ptr() - first.data_ptr() == i * step
-            for i, t in enumerate(tensors)
+        span = first.element_size() * (
+            1 + sum((n - 1) * st for n, st in zip(first.shape, first.stride(), strict=True))
+        )
+        if (
+            step >= span
+            and step % first.element_size() == 0
+            and all(
+                t.dtype == first.dtype
+                and t.shape == first.shape
+                and t.stride() == first.stride()
+                and t.untyped_storage().data_ptr() == storage
+                and t.data_ptr() - first.data_ptr() == i * step
+                for i, t in enumerate(tensors)
+            )
         ):
             stride = (step // first.element_size(), *first.stride())
             return first.as_strided((len(tensors), *first.shape), stride)

@@ -71,8 +71,14 @@ class FrameSlabs:
         """A fresh ``nbytes`` uint8 buffer in slot ``position`` of a ``width``-slot slab."""
         slot_bytes = nbytes + -nbytes % _ALIGN
         with self._lock:
-            slab = next((s for s in self._open if s.width == width and s.slot_bytes == slot_bytes
-                         and position in s.free), None)
+            slab = next(
+                (
+                    s
+                    for s in self._open
+                    if s.width == width and s.slot_bytes == slot_bytes and position in s.free
+                ),
+                None,
+            )
             if slab is None:
                 slab = _Slab(width, slot_bytes)
                 self._open.append(slab)
