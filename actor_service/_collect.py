@@ -34,9 +34,10 @@ import torch
 from actor_service._convert import InvalidSettingsError
 from actor_service._logging import log_event
 from actor_service._session import RetainedBatch
+from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
 from common.errors import RlfleetError, SessionStateError, to_status
-from common.frames import EncodedFrame, encode_frame
+from common.frames import encode_frame
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 if TYPE_CHECKING:
@@ -50,15 +51,17 @@ _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.
 
 @dataclasses.dataclass(frozen=True)
 class EncodedBatch:
-    """A collected batch, encoded and cut into chunk messages, ready to (re)send.
+    """A collected batch, encoded and cut into serialised chunk messages, ready to (re)send.
 
-    The messages are built on the collection thread so that the event loop only
-    stamps each with the batch's seq (and the first with its ``BatchInfo``) and
-    writes it.
+    The messages are serialised on the collection thread, seq and ``BatchInfo``
+    included (the seq a batch will get is known when it starts: one batch is in
+    flight at a time and nothing else moves the book's next seq meanwhile), so
+    the event loop only writes them; a resend writes the same bytes.
 
     Attributes:
-        messages: One ``CollectResponse(chunk=...)`` per chunk, in order, with
-            ``index``, ``count`` and ``data`` set; their data concatenate to the frame.
+        messages: One serialised ``CollectResponse(chunk=...)`` per chunk, in
+            order; their data concatenate to the frame.
+        seq: The seq the batch was encoded with.
         frame_bytes: Length of the tensor frame.
         crc32: CRC-32 of the tensor frame.
         frames: Frames in the batch.
@@ -67,7 +70,8 @@ class EncodedBatch:
         policy_version_max: Highest policy version among the frames.
     """
 
-    messages: tuple[pb.CollectResponse, ...]
+    messages: tuple[bytes, ...]
+    seq: int
     frame_bytes: int
     crc32: int
     frames: int
@@ -76,8 +80,18 @@ class EncodedBatch:
     policy_version_max: int
 
 
-def collect_encoded(worker: Any, model_id: str) -> EncodedBatch:
-    """Collect one batch and encode it; runs on the collection thread."""
+def collect_encoded(
+    worker: Any, model_id: str, *, seq: int, epoch: int, worker_id: int
+) -> EncodedBatch:
+    """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
+
+    Args:
+        worker: The collection core.
+        model_id: The model that acts.
+        seq: The seq the book will give this batch.
+        epoch: The actor epoch.
+        worker_id: The actor's worker id.
+    """
     td = worker.collect_batch()
     frame = encode_frame(td)
     versions = [td.get(key) for key in ("policy_version", ("next", "policy_version"))
@@ -87,9 +101,15 @@ def collect_encoded(worker: Any, model_id: str) -> EncodedBatch:
         low, high = int(flat.min()), int(flat.max())
     else:
         low = high = int(worker.models.policy_version(model_id))
-    messages, crc32 = _chunk_messages(frame)
+    pieces, crc32 = frame.checksummed_chunks()
+    info = pb.BatchInfo(
+        worker_id=worker_id, epoch=epoch, seq=seq, frames=int(td.numel()),
+        frame_bytes=frame.nbytes, crc32=crc32, model_id=model_id,
+        policy_version_min=low, policy_version_max=high,
+    )
     return EncodedBatch(
-        messages=messages,
+        messages=_chunk_messages(pieces, seq, info),
+        seq=seq,
         frame_bytes=frame.nbytes,
         crc32=crc32,
         frames=int(td.numel()),
@@ -99,19 +119,16 @@ def collect_encoded(worker: Any, model_id: str) -> EncodedBatch:
     )
 
 
-def _chunk_messages(frame: EncodedFrame) -> tuple[tuple[pb.CollectResponse, ...], int]:
-    """The frame's chunk messages (seq and info unset) and its CRC-32, in one pass."""
-    pieces, crc32 = frame.checksummed_chunks()
+def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[bytes, ...]:
+    """The frame's serialised chunk messages, the first carrying ``info``."""
     count = len(pieces)
-    messages: list[pb.CollectResponse] = []
+    messages: list[bytes] = []
     pieces.reverse()
     while pieces:  # pop as we go: each piece is freed once its message holds a copy
-        # Set field by field: CollectResponse(chunk=...) would copy the data once more.
-        message = pb.CollectResponse()
-        message.chunk.index, message.chunk.count = len(messages), count
-        message.chunk.data = pieces.pop()
-        messages.append(message)
-    return tuple(messages), crc32
+        index = len(messages)
+        messages.append(encode_chunk(seq=seq, index=index, count=count, data=pieces.pop(),
+                                     info=info if index == 0 else None))
+    return tuple(messages)
 
 
 class CollectStream:
@@ -186,13 +203,13 @@ class CollectStream:
                 self._collector_idle.clear()
                 # Not cancelled when the stream ends: it finishes its in-flight batch first.
                 self._collector = asyncio.create_task(self._collect())
-            await context.write(pb.CollectResponse(opened=opened))
+            await context.write(encode_control(pb.CollectResponse(opened=opened)))
             await self._write_loop(context)
             if self._failure is not None:
                 raise self._failure
             end = pb.StreamEnd(reason=self._stop or pb.END_REASON_CLOSED,
                                message=self._stop_message, last_seq=self._last_sent)
-            await context.write(pb.CollectResponse(end=end))
+            await context.write(encode_control(pb.CollectResponse(end=end)))
             log_event("session.ended", logging.INFO, learner=self.learner_id,
                       reason=pb.EndReason.Name(end.reason), last_seq=end.last_seq,
                       batches=self._sent)
@@ -275,11 +292,17 @@ class CollectStream:
                 book.start_batch()
                 try:
                     encoded = await self._rt.run_collect(
-                        collect_encoded, self._rt.worker, self._settings.model_id)
+                        collect_encoded, self._rt.worker, self._settings.model_id,
+                        seq=book.next_seq, epoch=book.epoch,
+                        worker_id=self._rt.config.worker_id)
                 except BaseException:
                     book.abandon_batch()
                     raise
-                self._outbox.append(book.finish_batch(frames=encoded.frames, payload=encoded))
+                batch = book.finish_batch(frames=encoded.frames, payload=encoded)
+                if batch.seq != encoded.seq:  # the messages carry the seq: they must agree
+                    raise SessionStateError(
+                        f"batch encoded as seq {encoded.seq} was numbered {batch.seq}")
+                self._outbox.append(batch)
                 self._wake()
         except asyncio.CancelledError:
             raise
@@ -307,19 +330,7 @@ class CollectStream:
 
     async def _send(self, context: grpc.aio.ServicerContext,
                     batch: RetainedBatch[EncodedBatch]) -> None:
-        enc = batch.payload
-        info = pb.BatchInfo(
-            worker_id=self._rt.config.worker_id, epoch=self._rt.book.epoch, seq=batch.seq,
-            frames=enc.frames, frame_bytes=enc.frame_bytes, crc32=enc.crc32,
-            model_id=enc.model_id, policy_version_min=enc.policy_version_min,
-            policy_version_max=enc.policy_version_max,
-        )
-        for message in enc.messages:
-            # Stamped here, not on the collection thread: the seq is assigned when the
-            # batch is finished, and a retained batch is re-sent with the same seq.
-            message.chunk.seq = batch.seq
-            if message.chunk.index == 0:
-                message.chunk.info.CopyFrom(info)
+        for message in batch.payload.messages:
             await context.write(message)
         self._last_sent = batch.seq
         self._sent += 1

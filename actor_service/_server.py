@@ -38,10 +38,10 @@ from actor_service._config import ActorConfig
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
 from actor_service._servicer import MAX_ACTOR_CALLS, ActorServicer
+from actor_service._wire import add_actor_service
 from common.config import server_channel_options
 from common.errors import SessionStateError
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
 __all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serve"]
 
@@ -119,7 +119,7 @@ class ActorServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
         if with_actor:
-            pb_grpc.add_ActorServiceServicer_to_server(ActorServicer(self.runtime), server)
+            add_actor_service(ActorServicer(self.runtime), server)
             names.insert(0, SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         self._servers.append(server)
