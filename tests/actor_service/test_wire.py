@@ -13,13 +13,22 @@ SEQS = [0, 1, 127, 128, 2**40]
 
 
 def _info(seq: int) -> pb.BatchInfo:
-    return pb.BatchInfo(worker_id=3, epoch=2**33, seq=seq, frames=256, frame_bytes=14_500_000,
-                        crc32=0xDEADBEEF, model_id="policy", policy_version_min=4,
-                        policy_version_max=5)
+    return pb.BatchInfo(
+        worker_id=3,
+        epoch=2**33,
+        seq=seq,
+        frames=256,
+        frame_bytes=14_500_000,
+        crc32=0xDEADBEEF,
+        model_id="policy",
+        policy_version_min=4,
+        policy_version_max=5,
+    )
 
 
-def _expected(seq: int, index: int, count: int, data: bytes,
-              info: pb.BatchInfo | None) -> pb.CollectResponse:
+def _expected(
+    seq: int, index: int, count: int, data: bytes, info: pb.BatchInfo | None
+) -> pb.CollectResponse:
     message = pb.CollectResponse()
     message.chunk.seq, message.chunk.index, message.chunk.count = seq, index, count
     message.chunk.data = data
