@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from common._protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -25,15 +26,6 @@ __all__ = ["add_actor_service", "encode_chunk", "encode_control"]
 # (field 4, length-delimited).
 _RESPONSE_CHUNK_TAG = b"\x12"
 _DATA_TAG = b"\x22"
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode_chunk(
@@ -53,10 +45,10 @@ def encode_chunk(
     view = memoryview(data).cast("B")
     # Small fields go through protobuf itself; only the data field is framed by hand.
     head = pb.BatchChunk(seq=seq, index=index, count=count).SerializeToString()
-    data_field = (_DATA_TAG, _varint(view.nbytes)) if view.nbytes else ()
+    data_field = (_DATA_TAG, varint(view.nbytes)) if view.nbytes else ()
     tail = pb.BatchChunk(info=info).SerializeToString() if info is not None else b""
     body_len = len(head) + sum(map(len, data_field)) + view.nbytes + len(tail)
-    return b"".join((_RESPONSE_CHUNK_TAG, _varint(body_len), head, *data_field, view, tail))
+    return b"".join((_RESPONSE_CHUNK_TAG, varint(body_len), head, *data_field, view, tail))
 
 
 def encode_control(message: pb.CollectResponse) -> bytes:

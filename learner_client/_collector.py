@@ -394,7 +394,7 @@ class GrpcCollector:
         Returns:
             ``{"frames", "batches", "policy_version": {model_id: v},
             "workers": {worker_id: uint8 tensor of the actor's safetensors state}}``
-            — plain tensors and ints, so ``torch.save`` / ``torch.load(weights_only=True)`` work.
+            — plain tensors and ints, so ``torch.save`` and weights-only loading work.
         """
         with self._lock:
             self._check_open()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from common._protowire import varint
 from common.config import CHUNK_BYTES
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import iter_blob_chunks
@@ -27,19 +28,10 @@ __all__ = ["SharedChunks", "encode_chunk", "encode_header"]
 _CHUNK_TAG = pb.PushWeightsRequest(chunk=b"").SerializeToString()[:-1]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_chunk(piece: bytes | memoryview) -> bytes:
     """Return the serialised ``PushWeightsRequest(chunk=piece)`` with one copy of ``piece``."""
     view = memoryview(piece).cast("B")
-    return b"".join((_CHUNK_TAG, _varint(view.nbytes), view))
+    return b"".join((_CHUNK_TAG, varint(view.nbytes), view))
 
 
 def encode_header(header: pb.WeightsHeader) -> bytes:
