@@ -66,6 +66,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def process_gone(pid: int) -> bool:
+    """Whether no process with ``pid`` exists any more (a zombie still counts as existing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def free_port_on(hosts: Sequence[str]) -> int:
     """A port that was free on every one of ``hosts`` (127.0.0.1, 127.0.0.2 …) a moment ago."""
     for _ in range(50):

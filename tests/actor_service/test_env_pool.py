@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import time
 
 import numpy as np
 import pytest
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from helpers import process_gone
 
 from actor_service._config import ActorConfig
 from actor_service._env_pool import close_pool, make_env_pool, reset_pool, step_pool
@@ -20,14 +20,6 @@ HERE = str(pathlib.Path(__file__).resolve().parent)
 @pytest.fixture(autouse=True)
 def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(HERE)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_make_env_pool_autoresets_in_the_same_step_with_final_obs_in_info() -> None:
@@ -90,7 +82,7 @@ def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
     assert reward.tolist() == [1.0, 1.0]
     close_pool(pool)
     close_pool(pool)  # idempotent
-    assert all(_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)
 
 
 def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
@@ -107,4 +99,4 @@ def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
         assert time.monotonic() - started < 5.0
     finally:
         close_pool(pool, force=True)
-    assert all(_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import threading
 import time
 
 import pytest
 import torch
+from helpers import process_gone
 from tensordict import TensorDict
 
 import common
@@ -44,14 +44,6 @@ def _collect(worker: RolloutWorker, frames: int = 64, **settings) -> TensorDict:
 
 def _flag(batch: TensorDict, *key: str) -> torch.Tensor:
     return batch.get(key).squeeze(-1)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_rollout_worker_collects_a_cartpole_batch_of_the_configured_size() -> None:
@@ -342,7 +334,7 @@ def test_rollout_worker_async_backend_collects_and_close_reaps_subprocesses() ->
     batch = _collect(worker, 120, max_frames_per_traj=15)
     worker.close()
     assert batch.batch_size == (2, 60)
-    assert all(_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)
     done = _flag(batch, "next", "done")
     assert _flag(batch, "next", "terminated").any()  # autoreset inside the subprocesses
     assert _flag(batch, "step_count").max() == 14  # and cuts with a masked reset
@@ -365,4 +357,4 @@ def test_rollout_worker_raises_deadline_error_if_an_async_env_hangs() -> None:
         worker.collect_batch()
     assert time.monotonic() - started < 10.0
     worker.close()
-    assert all(_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)
