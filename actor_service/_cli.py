@@ -163,17 +163,31 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Every flag also reads RLFLEET_<FLAG_NAME> from the environment; the flag wins.",
     )
     for field, _, text in _SIMPLE_FIELDS:
-        parser.add_argument(_flag(field), dest=field, metavar=field.upper(),
-                            help=f"{text} [{_var(field)}]")
-    parser.add_argument("--policy", metavar="FACTORY",
-                        help="the 'policy' model: random | mlp | pkg.mod:fn [RLFLEET_POLICY]")
-    parser.add_argument("--policy-kwargs", metavar="JSON",
-                        help="JSON kwargs for the policy factory [RLFLEET_POLICY_KWARGS]")
-    parser.add_argument("--model", action="append", metavar="ID=FACTORY",
-                        help="an extra model (repeatable) [RLFLEET_MODELS=id=f,id2=f2]")
-    parser.add_argument("--model-kwargs", action="append", metavar="ID=JSON",
-                        help="JSON kwargs of an extra model (repeatable) "
-                             "[RLFLEET_MODEL_KWARGS={\"id\": {...}}]")
+        parser.add_argument(
+            _flag(field), dest=field, metavar=field.upper(), help=f"{text} [{_var(field)}]"
+        )
+    parser.add_argument(
+        "--policy",
+        metavar="FACTORY",
+        help="the 'policy' model: random | mlp | pkg.mod:fn [RLFLEET_POLICY]",
+    )
+    parser.add_argument(
+        "--policy-kwargs",
+        metavar="JSON",
+        help="JSON kwargs for the policy factory [RLFLEET_POLICY_KWARGS]",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        metavar="ID=FACTORY",
+        help="an extra model (repeatable) [RLFLEET_MODELS=id=f,id2=f2]",
+    )
+    parser.add_argument(
+        "--model-kwargs",
+        action="append",
+        metavar="ID=JSON",
+        help='JSON kwargs of an extra model (repeatable) [RLFLEET_MODEL_KWARGS={"id": {...}}]',
+    )
     return parser
 
 
@@ -225,8 +239,9 @@ def parse_config(
             if value is not _MISSING:
                 values[field] = value
         if "worker_id" not in values:
-            values["worker_id"] = _guard(f"{_var('worker_id')} / hostname",
-                                         lambda: default_worker_id(environ, hostname))
+            values["worker_id"] = _guard(
+                f"{_var('worker_id')} / hostname", lambda: default_worker_id(environ, hostname)
+            )
         values["models"] = _models(args, environ)
         _check_tls(values)
     except _FieldError as exc:
@@ -248,8 +263,9 @@ def _guard(source: str, thunk: Callable[[], Any]) -> Any:
         raise _FieldError(f"{source}: {exc}") from None
 
 
-def _lookup(args: argparse.Namespace, environ: Mapping[str, str], field: str,
-            convert: Callable[[str], Any]) -> Any:
+def _lookup(
+    args: argparse.Namespace, environ: Mapping[str, str], field: str, convert: Callable[[str], Any]
+) -> Any:
     given = getattr(args, field)
     if given is not None:
         return _guard(_flag(field), lambda: convert(given))
@@ -260,8 +276,9 @@ def _lookup(args: argparse.Namespace, environ: Mapping[str, str], field: str,
 
 def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[ModelSpec, ...]:
     policy = _pick(args.policy, environ, "POLICY", "--policy", _factory, "mlp")
-    policy_kwargs = _pick(args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs",
-                          _json_object, {})
+    policy_kwargs = _pick(
+        args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", _json_object, {}
+    )
     extra: dict[str, str] = {}
     if args.model is not None:
         for item in args.model:
@@ -284,8 +301,10 @@ def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Model
 
 def _model_kwargs(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, dict]:
     if args.model_kwargs is not None:
-        return dict(_guard("--model-kwargs", lambda item=item: _pair(item, _json_object))
-                    for item in args.model_kwargs)
+        return dict(
+            _guard("--model-kwargs", lambda item=item: _pair(item, _json_object))
+            for item in args.model_kwargs
+        )
     text = environ.get(_ENV_PREFIX + "MODEL_KWARGS", "").strip()
     if not text:
         return {}
@@ -296,8 +315,14 @@ def _model_kwargs(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[
     return table
 
 
-def _pick(given: str | None, environ: Mapping[str, str], suffix: str, flag: str,
-          convert: Callable[[str], Any], default: Any) -> Any:
+def _pick(
+    given: str | None,
+    environ: Mapping[str, str],
+    suffix: str,
+    flag: str,
+    convert: Callable[[str], Any],
+    default: Any,
+) -> Any:
     if given is not None:
         return _guard(flag, lambda: convert(given))
     if _ENV_PREFIX + suffix in environ:
@@ -333,8 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from actor_service._logging import configure_logging
     from actor_service._server import serve
 
-    configure_logging(config.log_level, config.log_format, worker_id=config.worker_id,
-                      include_others=True)
+    configure_logging(
+        config.log_level, config.log_format, worker_id=config.worker_id, include_others=True
+    )
     logging.captureWarnings(True)
     return serve(config)
 

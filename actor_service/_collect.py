@@ -94,8 +94,11 @@ def collect_encoded(
     """
     td = worker.collect_batch()
     frame = encode_frame(td)
-    versions = [td.get(key) for key in ("policy_version", ("next", "policy_version"))
-                if key in td.keys(include_nested=True)]
+    versions = [
+        td.get(key)
+        for key in ("policy_version", ("next", "policy_version"))
+        if key in td.keys(include_nested=True)
+    ]
     if versions:
         flat = torch.cat([v.reshape(-1) for v in versions])
         low, high = int(flat.min()), int(flat.max())
@@ -103,9 +106,15 @@ def collect_encoded(
         low = high = int(worker.models.policy_version(model_id))
     pieces, crc32 = frame.checksummed_chunks()
     info = pb.BatchInfo(
-        worker_id=worker_id, epoch=epoch, seq=seq, frames=int(td.numel()),
-        frame_bytes=frame.nbytes, crc32=crc32, model_id=model_id,
-        policy_version_min=low, policy_version_max=high,
+        worker_id=worker_id,
+        epoch=epoch,
+        seq=seq,
+        frames=int(td.numel()),
+        frame_bytes=frame.nbytes,
+        crc32=crc32,
+        model_id=model_id,
+        policy_version_min=low,
+        policy_version_max=high,
     )
     return EncodedBatch(
         messages=_chunk_messages(pieces, seq, info),
@@ -126,8 +135,15 @@ def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[by
     pieces.reverse()
     while pieces:  # pop as we go: each piece is freed once its message holds a copy
         index = len(messages)
-        messages.append(encode_chunk(seq=seq, index=index, count=count, data=pieces.pop(),
-                                     info=info if index == 0 else None))
+        messages.append(
+            encode_chunk(
+                seq=seq,
+                index=index,
+                count=count,
+                data=pieces.pop(),
+                info=info if index == 0 else None,
+            )
+        )
     return tuple(messages)
 
 
@@ -185,12 +201,12 @@ class CollectStream:
 
     # ---------------------------------------------------------------- run
 
-    async def run(self, requests: AsyncIterator[pb.CollectRequest],
-                  context: grpc.aio.ServicerContext) -> None:
+    async def run(
+        self, requests: AsyncIterator[pb.CollectRequest], context: grpc.aio.ServicerContext
+    ) -> None:
         """Serve the session until it ends; raises an ``RlfleetError`` for a non-OK status."""
         try:
-            await self._rt.acquire(self, take_over=self._open.take_over,
-                                   learner_id=self.learner_id)
+            await self._rt.acquire(self, take_over=self._open.take_over, learner_id=self.learner_id)
         except BaseException:
             self._finished.set()
             raise
@@ -207,12 +223,20 @@ class CollectStream:
             await self._write_loop(context)
             if self._failure is not None:
                 raise self._failure
-            end = pb.StreamEnd(reason=self._stop or pb.END_REASON_CLOSED,
-                               message=self._stop_message, last_seq=self._last_sent)
+            end = pb.StreamEnd(
+                reason=self._stop or pb.END_REASON_CLOSED,
+                message=self._stop_message,
+                last_seq=self._last_sent,
+            )
             await context.write(encode_control(pb.CollectResponse(end=end)))
-            log_event("session.ended", logging.INFO, learner=self.learner_id,
-                      reason=pb.EndReason.Name(end.reason), last_seq=end.last_seq,
-                      batches=self._sent)
+            log_event(
+                "session.ended",
+                logging.INFO,
+                learner=self.learner_id,
+                reason=pb.EndReason.Name(end.reason),
+                last_seq=end.last_seq,
+                batches=self._sent,
+            )
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
             self.active = False
@@ -231,20 +255,40 @@ class CollectStream:
         except (ValueError, TypeError) as exc:
             raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
         if self._stop is not None:
-            return pb.SessionOpened(worker_id=self._rt.config.worker_id, epoch=book.epoch,
-                                    next_seq=book.next_seq, max_credits=book.max_credits)
-        opened = book.open(credits=request.credits, resume_epoch=request.resume_epoch,
-                           resume_after_seq=request.resume_after_seq,
-                           total_frames=self._settings.total_frames, take_over=True)
+            return pb.SessionOpened(
+                worker_id=self._rt.config.worker_id,
+                epoch=book.epoch,
+                next_seq=book.next_seq,
+                max_credits=book.max_credits,
+            )
+        opened = book.open(
+            credits=request.credits,
+            resume_epoch=request.resume_epoch,
+            resume_after_seq=request.resume_after_seq,
+            total_frames=self._settings.total_frames,
+            take_over=True,
+        )
         self._session_id = opened.session_id
         self._outbox.extend(opened.resend)
-        log_event("session.opened", logging.INFO, learner=self.learner_id, peer=self._peer,
-                  credits=opened.credits, resumed=opened.resumed, resend=len(opened.resend),
-                  next_seq=opened.next_seq, frames_per_batch=self._settings.frames_per_batch,
-                  model_id=self._settings.model_id)
-        return pb.SessionOpened(worker_id=self._rt.config.worker_id, epoch=book.epoch,
-                                next_seq=opened.next_seq, max_credits=book.max_credits,
-                                resumed=opened.resumed)
+        log_event(
+            "session.opened",
+            logging.INFO,
+            learner=self.learner_id,
+            peer=self._peer,
+            credits=opened.credits,
+            resumed=opened.resumed,
+            resend=len(opened.resend),
+            next_seq=opened.next_seq,
+            frames_per_batch=self._settings.frames_per_batch,
+            model_id=self._settings.model_id,
+        )
+        return pb.SessionOpened(
+            worker_id=self._rt.config.worker_id,
+            epoch=book.epoch,
+            next_seq=opened.next_seq,
+            max_credits=book.max_credits,
+            resumed=opened.resumed,
+        )
 
     # ------------------------------------------------------------- parts
 
@@ -282,35 +326,49 @@ class CollectStream:
         try:
             while True:
                 if book.budget_reached():
-                    self._request_stop(pb.END_REASON_BUDGET_REACHED,
-                                       f"total_frames={self._settings.total_frames} produced")
+                    self._request_stop(
+                        pb.END_REASON_BUDGET_REACHED,
+                        f"total_frames={self._settings.total_frames} produced",
+                    )
                     return
-                await self._wait(self._wake_collector,
-                                 lambda: self._stop is not None or book.can_start())
+                await self._wait(
+                    self._wake_collector, lambda: self._stop is not None or book.can_start()
+                )
                 if self._stop is not None:
                     return
                 book.start_batch()
                 try:
                     encoded = await self._rt.run_collect(
-                        collect_encoded, self._rt.worker, self._settings.model_id,
-                        seq=book.next_seq, epoch=book.epoch,
-                        worker_id=self._rt.config.worker_id)
+                        collect_encoded,
+                        self._rt.worker,
+                        self._settings.model_id,
+                        seq=book.next_seq,
+                        epoch=book.epoch,
+                        worker_id=self._rt.config.worker_id,
+                    )
                 except BaseException:
                     book.abandon_batch()
                     raise
                 batch = book.finish_batch(frames=encoded.frames, payload=encoded)
                 if batch.seq != encoded.seq:  # the messages carry the seq: they must agree
                     raise SessionStateError(
-                        f"batch encoded as seq {encoded.seq} was numbered {batch.seq}")
+                        f"batch encoded as seq {encoded.seq} was numbered {batch.seq}"
+                    )
                 self._outbox.append(batch)
                 self._wake()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             code, details = to_status(exc)
-            log_event("session.collect_failed", logging.ERROR, learner=self.learner_id,
-                      code=code.name, details=details, error=repr(exc),
-                      exc_info=code == grpc.StatusCode.INTERNAL)
+            log_event(
+                "session.collect_failed",
+                logging.ERROR,
+                learner=self.learner_id,
+                code=code.name,
+                details=details,
+                error=repr(exc),
+                exc_info=code == grpc.StatusCode.INTERNAL,
+            )
             self._request_stop(pb.END_REASON_ERROR, f"collection failed: {details}")
         finally:
             self._collector_done = True
@@ -320,7 +378,8 @@ class CollectStream:
     async def _write_loop(self, context: grpc.aio.ServicerContext) -> None:
         def ready() -> bool:
             return bool(self._outbox) or (
-                self._stop is not None and (self._stop_now() or self._collector_done))
+                self._stop is not None and (self._stop_now() or self._collector_done)
+            )
 
         while True:
             await self._wait(self._wake_writer, ready)
@@ -328,8 +387,9 @@ class CollectStream:
                 return
             await self._send(context, self._outbox.popleft())
 
-    async def _send(self, context: grpc.aio.ServicerContext,
-                    batch: RetainedBatch[EncodedBatch]) -> None:
+    async def _send(
+        self, context: grpc.aio.ServicerContext, batch: RetainedBatch[EncodedBatch]
+    ) -> None:
         for message in batch.payload.messages:
             await context.write(message)
         self._last_sent = batch.seq
@@ -345,8 +405,7 @@ class CollectStream:
         return self._session_id != 0 and book.session_id == self._session_id and book.active
 
     def _stop_now(self) -> bool:
-        return self._failure is not None or (
-            self._stop is not None and self._stop not in _FLUSHING)
+        return self._failure is not None or (self._stop is not None and self._stop not in _FLUSHING)
 
     def _request_stop(self, reason: int, message: str) -> None:
         if self._stop is None:

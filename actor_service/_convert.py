@@ -25,6 +25,7 @@ class InvalidSettingsError(RlfleetError, ValueError):
 
     status_code = grpc.StatusCode.INVALID_ARGUMENT
 
+
 _EXPLORATION = {
     pb.EXPLORATION_TYPE_UNSPECIFIED: ExplorationType.RANDOM,
     pb.EXPLORATION_TYPE_RANDOM: ExplorationType.RANDOM,
@@ -70,8 +71,12 @@ def space_to_proto(space: Any) -> pb.SpaceSpec:
     kind = _space_kind(space)
     shape = tuple(getattr(space, "shape", None) or ())
     dtype = getattr(space, "dtype", None)
-    spec = pb.SpaceSpec(kind=kind, shape=[int(d) for d in shape],
-                        dtype=str(np.dtype(dtype)) if dtype is not None else "", text=repr(space))
+    spec = pb.SpaceSpec(
+        kind=kind,
+        shape=[int(d) for d in shape],
+        dtype=str(np.dtype(dtype)) if dtype is not None else "",
+        text=repr(space),
+    )
     if kind == "box" and int(np.prod(shape, dtype=np.int64)) <= _MAX_BOUNDS:
         spec.low.extend(float(v) for v in np.asarray(space.low, dtype=np.float64).ravel())
         spec.high.extend(float(v) for v in np.asarray(space.high, dtype=np.float64).ravel())
@@ -84,8 +89,12 @@ def space_to_proto(space: Any) -> pb.SpaceSpec:
 
 def _space_kind(space: Any) -> str:
     name = type(space).__name__
-    return {"Box": "box", "Discrete": "discrete", "MultiDiscrete": "multi_discrete",
-            "MultiBinary": "multi_binary"}.get(name, name.lower())
+    return {
+        "Box": "box",
+        "Discrete": "discrete",
+        "MultiDiscrete": "multi_discrete",
+        "MultiBinary": "multi_binary",
+    }.get(name, name.lower())
 
 
 def describe_to_proto(description: Any, *, max_credits: int, busy: bool) -> pb.DescribeResponse:

@@ -19,8 +19,12 @@ from typing import Any, TextIO
 __all__ = ["LOGGER_NAME", "configure_logging", "get_logger", "log_event"]
 
 LOGGER_NAME = "rlfleet.actor"
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 _FORMATS = ("text", "json")
 
 
@@ -42,8 +46,12 @@ def log_event(
     """
     logger = get_logger()
     if logger.isEnabledFor(level):
-        logger.log(level, event, exc_info=exc_info,
-                   extra={"rlfleet_event": event, "rlfleet_fields": fields})
+        logger.log(
+            level,
+            event,
+            exc_info=exc_info,
+            extra={"rlfleet_event": event, "rlfleet_fields": fields},
+        )
 
 
 class _Formatter(logging.Formatter):
@@ -65,8 +73,13 @@ class _Formatter(logging.Formatter):
             fields["exception"] = self.formatException(record.exc_info)
         if self._json:
             return json.dumps(
-                {"ts": ts.isoformat(timespec="milliseconds"), "level": record.levelname.lower(),
-                 "event": event, "worker_id": self._worker_id, "fields": fields},
+                {
+                    "ts": ts.isoformat(timespec="milliseconds"),
+                    "level": record.levelname.lower(),
+                    "event": event,
+                    "worker_id": self._worker_id,
+                    "fields": fields,
+                },
                 default=str,
             )
         pairs = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())

@@ -132,8 +132,9 @@ class ActorRuntime:
                         f"actor {self.config.worker_id} is serving learner "
                         f"{previous.learner_id!r}; set take_over to replace it"
                     )
-                log_event("session.taken_over", logging.INFO, old=previous.learner_id,
-                          new=learner_id)
+                log_event(
+                    "session.taken_over", logging.INFO, old=previous.learner_id, new=learner_id
+                )
                 previous.take_over()
             if previous is not None:
                 await previous.wait_collector_idle()

@@ -101,21 +101,31 @@ class ActorServer:
             probe = self._new_server(with_actor=False)
             self.health_port = self._bind(probe, self.config.health_port, secure=False)
             await probe.start()
-        log_event("actor.listening", logging.INFO, host=self.config.host, port=self.port,
-                  health_port=self.health_port, tls=bool(self.config.tls_cert),
-                  auth=bool(self.config.token))
+        log_event(
+            "actor.listening",
+            logging.INFO,
+            host=self.config.host,
+            port=self.port,
+            health_port=self.health_port,
+            tls=bool(self.config.tls_cert),
+            auth=bool(self.config.token),
+        )
         await self.runtime.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, _SERVING)
         return self.port
 
     def _new_server(self, *, with_actor: bool) -> grpc.aio.Server:
-        interceptors = [TokenAuthInterceptor(self.config.token)] if (
-            with_actor and self.config.token) else []
-        options = [*server_channel_options(),
-                   ("grpc.max_concurrent_streams", _MAX_STREAMS_PER_CONNECTION)]
-        server = grpc.aio.server(options=options, interceptors=interceptors,
-                                 maximum_concurrent_rpcs=_MAX_CONCURRENT_RPCS)
+        interceptors = (
+            [TokenAuthInterceptor(self.config.token)] if (with_actor and self.config.token) else []
+        )
+        options = [
+            *server_channel_options(),
+            ("grpc.max_concurrent_streams", _MAX_STREAMS_PER_CONNECTION),
+        ]
+        server = grpc.aio.server(
+            options=options, interceptors=interceptors, maximum_concurrent_rpcs=_MAX_CONCURRENT_RPCS
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
         if with_actor:
@@ -143,7 +153,9 @@ class ActorServer:
         ca = read(self.config.tls_client_ca) if self.config.tls_client_ca else None
         return grpc.ssl_server_credentials(
             [(read(self.config.tls_key), read(self.config.tls_cert))],
-            root_certificates=ca, require_client_auth=ca is not None)
+            root_certificates=ca,
+            require_client_auth=ca is not None,
+        )
 
     @property
     def ready(self) -> bool:
@@ -165,12 +177,12 @@ class ActorServer:
             await self._health.enter_graceful_shutdown()
         if self.runtime is not None:
             await self.runtime.drain(timeout=max(0.0, deadline - time.monotonic()))
-        await asyncio.gather(*(s.stop(max(0.0, deadline - time.monotonic()))
-                               for s in self._servers))
+        await asyncio.gather(
+            *(s.stop(max(0.0, deadline - time.monotonic())) for s in self._servers)
+        )
         if self.runtime is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.runtime.close(),
-                                       max(0.1, deadline - time.monotonic()))
+                await asyncio.wait_for(self.runtime.close(), max(0.1, deadline - time.monotonic()))
         log_event("actor.stopped", logging.INFO)
 
     async def wait(self) -> None:
@@ -203,8 +215,11 @@ class ServerThread:
     def __init__(self, server: ActorServer, timeout: float = 60.0) -> None:
         self.server = server
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"rlfleet-actor-{server.config.worker_id}")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever,
+            daemon=True,
+            name=f"rlfleet-actor-{server.config.worker_id}",
+        )
         self._thread.start()
         try:
             self.port: int = self.call(server.start(), timeout)

@@ -68,9 +68,16 @@ def _mapped(handler: F) -> F:
         except Exception as exc:
             code, details = to_status(exc)
             level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.INFO
-            log_event("rpc.failed", level, method=handler.__name__, peer=context.peer(),
-                      code=code.name, details=details, error=repr(exc),
-                      exc_info=code == grpc.StatusCode.INTERNAL)
+            log_event(
+                "rpc.failed",
+                level,
+                method=handler.__name__,
+                peer=context.peer(),
+                code=code.name,
+                details=details,
+                error=repr(exc),
+                exc_info=code == grpc.StatusCode.INTERNAL,
+            )
             await context.abort(code, details)
 
     return wrapper  # type: ignore[return-value]
@@ -124,9 +131,16 @@ class _Push:
             result = "CANCELLED"
         else:
             result = to_status(exc)[0].name
-        log_event("weights.push", logging.INFO if exc is None else logging.WARNING,
-                  peer=self.peer, model_id=self.model_id, version=self.version,
-                  sha256=self.sha256, bytes=self.total_bytes, result=result)
+        log_event(
+            "weights.push",
+            logging.INFO if exc is None else logging.WARNING,
+            peer=self.peer,
+            model_id=self.model_id,
+            version=self.version,
+            sha256=self.sha256,
+            bytes=self.total_bytes,
+            result=result,
+        )
 
 
 class ActorServicer(pb_grpc.ActorServiceServicer):
@@ -141,8 +155,9 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self._calls = 0
 
     @_mapped
-    async def Collect(self, request_iterator: AsyncIterator[pb.CollectRequest],
-                      context: grpc.aio.ServicerContext) -> None:
+    async def Collect(
+        self, request_iterator: AsyncIterator[pb.CollectRequest], context: grpc.aio.ServicerContext
+    ) -> None:
         """A collection session (see the proto for the message order)."""
         requests = aiter(request_iterator)
         request = await _first(requests, "open", "Collect")
@@ -152,8 +167,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         await stream.run(requests, context)
 
     @_mapped
-    async def PushWeights(self, request_iterator: AsyncIterator[pb.PushWeightsRequest],
-                          context: grpc.aio.ServicerContext) -> pb.PushWeightsResponse:
+    async def PushWeights(
+        self,
+        request_iterator: AsyncIterator[pb.PushWeightsRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.PushWeightsResponse:
         """Receive a safetensors blob and apply it to one model, all or nothing."""
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "PushWeights")
@@ -164,11 +182,13 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             push.audit(exc)
             raise
         version = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
-        return pb.PushWeightsResponse(worker_id=self._rt.config.worker_id,
-                                      model_id=push.model_id, version=version)
+        return pb.PushWeightsResponse(
+            worker_id=self._rt.config.worker_id, model_id=push.model_id, version=version
+        )
 
-    async def _receive_weights(self, requests: AsyncIterator[pb.PushWeightsRequest],
-                               push: _Push) -> bytes | memoryview:
+    async def _receive_weights(
+        self, requests: AsyncIterator[pb.PushWeightsRequest], push: _Push
+    ) -> bytes | memoryview:
         models = self._rt.worker.models
         if push.model_id not in models.model_ids:
             raise UnknownModelError(
@@ -183,8 +203,9 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             )
         if not push.sha256:
             raise WeightsError("PushWeights header must carry the weights blob's sha256")
-        assembler = BlobAssembler(push.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
-                                  sha256=push.sha256)
+        assembler = BlobAssembler(
+            push.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=push.sha256
+        )
         return await _blob(requests, assembler, "PushWeights")
 
     def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> int:
@@ -200,47 +221,56 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         return version
 
     @_mapped
-    async def Describe(self, request: pb.DescribeRequest,
-                       context: grpc.aio.ServicerContext) -> pb.DescribeResponse:
+    async def Describe(
+        self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeResponse:
         """What this actor is: worker_id, env, spaces, models, pool, device."""
         description = await self._rt.run_side(self._rt.worker.describe)
-        return describe_to_proto(description, max_credits=self._rt.config.max_credits,
-                                 busy=self._rt.busy)
+        return describe_to_proto(
+            description, max_credits=self._rt.config.max_credits, busy=self._rt.busy
+        )
 
     @_mapped
-    async def GetState(self, request: pb.GetStateRequest,
-                       context: grpc.aio.ServicerContext) -> None:
+    async def GetState(
+        self, request: pb.GetStateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
         """Stream the actor's state as one safetensors file (header, then chunks)."""
         worker = self._rt.worker
         blob = await self._rt.run_collect(encode_state, worker)
-        await context.write(pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob),
-                                                                sha256=sha256_hex(blob))))
+        await context.write(
+            pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob)))
+        )
         for piece in iter_blob_chunks(blob):
             await context.write(pb.StateChunk(chunk=bytes(piece)))
 
     @_mapped
-    async def LoadState(self, request_iterator: AsyncIterator[pb.StateChunk],
-                        context: grpc.aio.ServicerContext) -> pb.LoadStateResponse:
+    async def LoadState(
+        self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
+    ) -> pb.LoadStateResponse:
         """Load a state produced by GetState, all or nothing."""
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "LoadState")
         worker = self._rt.worker
         if not header.sha256:
             raise WeightsError("LoadState header must carry the state blob's sha256")
-        assembler = BlobAssembler(header.total_bytes, max_bytes=self._rt.config.max_weight_bytes,
-                                  sha256=header.sha256)
+        assembler = BlobAssembler(
+            header.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=header.sha256
+        )
         blob = await _blob(requests, assembler, "LoadState")
-        state = await self._rt.run_side(decode_state, blob,
-                                        max_bytes=self._rt.config.max_weight_bytes)
+        state = await self._rt.run_side(
+            decode_state, blob, max_bytes=self._rt.config.max_weight_bytes
+        )
         await asyncio.shield(self._rt.run_collect(worker.load_state_dict, state))
         log_event("state.loaded", logging.INFO, peer=context.peer(), sha256=header.sha256)
         return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
 
     @_mapped
-    async def SetSeed(self, request: pb.SetSeedRequest,
-                      context: grpc.aio.ServicerContext) -> pb.SetSeedResponse:
+    async def SetSeed(
+        self, request: pb.SetSeedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetSeedResponse:
         """Seed the env pool, torch and numpy; return the next seed to chain."""
         worker = self._rt.worker
-        next_seed = await self._rt.run_collect(worker.set_seed, int(request.seed),
-                                               bool(request.static_seed))
+        next_seed = await self._rt.run_collect(
+            worker.set_seed, int(request.seed), bool(request.static_seed)
+        )
         return pb.SetSeedResponse(next_seed=int(next_seed))

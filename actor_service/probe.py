@@ -96,8 +96,11 @@ def _check_until(target: str, service: str, timeout: float, wait: float) -> str:
     while True:
         remaining = deadline - time.monotonic()
         # The last tries of a wait are cut short so the whole probe ends near the deadline.
-        status = check(target, service=service,
-                       timeout=timeout if wait == 0 else max(0.1, min(timeout, remaining)))
+        status = check(
+            target,
+            service=service,
+            timeout=timeout if wait == 0 else max(0.1, min(timeout, remaining)),
+        )
         if status == "SERVING" or time.monotonic() + _RETRY_PAUSE >= deadline:
             return status
         time.sleep(_RETRY_PAUSE)
@@ -109,13 +112,22 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit 0 if the actor's grpc.health.v1 Check answers SERVING, else 1.",
     )
     parser.add_argument("--host", help="actor host [RLFLEET_HOST unless a wildcard; 127.0.0.1]")
-    parser.add_argument("--port", type=int,
-                        help="health port [RLFLEET_HEALTH_PORT, RLFLEET_PORT, 50051]")
+    parser.add_argument(
+        "--port", type=int, help="health port [RLFLEET_HEALTH_PORT, RLFLEET_PORT, 50051]"
+    )
     parser.add_argument("--service", default="", help="health service name ('' = whole server)")
-    parser.add_argument("--timeout", type=_seconds(allow_zero=False), default=3.0,
-                        help="seconds one Check may take (default 3)")
-    parser.add_argument("--wait", type=_seconds(allow_zero=True), default=0.0,
-                        help="keep asking until SERVING or this many seconds passed (default 0)")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds(allow_zero=False),
+        default=3.0,
+        help="seconds one Check may take (default 3)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=_seconds(allow_zero=True),
+        default=0.0,
+        help="keep asking until SERVING or this many seconds passed (default 0)",
+    )
     return parser
 
 

@@ -53,9 +53,29 @@ DTYPES: dict[str, torch.dtype] = {
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 # safetensors' Dtype enum order (sizes ascending); it lays tensors out by
 # descending rank, then name, which keeps every offset aligned.
-_RANK = {name: i for i, name in enumerate((
-    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16",
-    "I32", "U32", "F32", "C64", "F64", "I64", "U64"))}
+_RANK = {
+    name: i
+    for i, name in enumerate(
+        (
+            "BOOL",
+            "U8",
+            "I8",
+            "F8_E5M2",
+            "F8_E4M3",
+            "I16",
+            "U16",
+            "F16",
+            "BF16",
+            "I32",
+            "U32",
+            "F32",
+            "C64",
+            "F64",
+            "I64",
+            "U64",
+        )
+    )
+}
 
 
 def _invalid(reason: str) -> WeightsError:
@@ -91,8 +111,11 @@ def write_blob(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | 
     for key in order:
         tensor = state[key]
         end = offset + tensor.numel() * tensor.element_size()
-        header[key] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape),
-                       "data_offsets": [offset, end]}
+        header[key] = {
+            "dtype": _NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, end],
+        }
         offset = end
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
@@ -124,8 +147,10 @@ def parse_header(view: memoryview, max_header: int) -> tuple[dict[str, Any], dic
             f"weights header of {header_len} bytes exceeds the cap of {max_header} bytes"
         )
     try:
-        header = json.loads(bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len]),
-                            object_pairs_hook=_no_duplicates)
+        header = json.loads(
+            bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len]),
+            object_pairs_hook=_no_duplicates,
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WeightsError(f"weights header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -164,26 +189,35 @@ def _check_layout(infos: dict[str, Any], data_bytes: int) -> None:
     for key, info in infos.items():
         if set(info) != _INFO_FIELDS:
             raise _invalid(
-                f"tensor {key!r} has fields {sorted(info)}, expected {sorted(_INFO_FIELDS)}")
+                f"tensor {key!r} has fields {sorted(info)}, expected {sorted(_INFO_FIELDS)}"
+            )
         shape, offsets = info["shape"], info["data_offsets"]
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
             raise _invalid(f"tensor {key!r} has shape {shape!r}, not a list of non-negative ints")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(_is_count(o) for o in offsets)):
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(_is_count(o) for o in offsets)
+        ):
             raise _invalid(
-                f"tensor {key!r} has data_offsets {offsets!r}, not two non-negative ints")
+                f"tensor {key!r} has data_offsets {offsets!r}, not two non-negative ints"
+            )
         start, end = offsets
         expected = math.prod(shape) * DTYPES[info["dtype"]].itemsize
         if end < start or end - start != expected:
-            raise _invalid(f"tensor {key!r} of shape {shape} ({info['dtype']}) needs {expected} "
-                           f"bytes, its data_offsets {offsets} hold {end - start}")
+            raise _invalid(
+                f"tensor {key!r} of shape {shape} ({info['dtype']}) needs {expected} "
+                f"bytes, its data_offsets {offsets} hold {end - start}"
+            )
         spans.append((start, end, key))
     position = 0
     for start, end, key in sorted(spans):
         if start != position:
             kind = "overlaps the previous tensor" if start < position else "leaves a gap"
-            raise _invalid(f"tensor {key!r} at data_offsets [{start}, {end}] {kind} "
-                           f"(previous data ends at {position})")
+            raise _invalid(
+                f"tensor {key!r} at data_offsets [{start}, {end}] {kind} "
+                f"(previous data ends at {position})"
+            )
         position = end
     if position != data_bytes:
         raise _invalid(f"tensors cover {position} bytes but the blob holds {data_bytes} data bytes")

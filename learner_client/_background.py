@@ -35,8 +35,9 @@ class Background:
         iterate: Returns the collector's iterator (which stores into the buffer).
     """
 
-    def __init__(self, mailbox: Mailbox, batch_timeout: float,
-                 iterate: Callable[[], Iterator[object]]) -> None:
+    def __init__(
+        self, mailbox: Mailbox, batch_timeout: float, iterate: Callable[[], Iterator[object]]
+    ) -> None:
         self._mailbox = mailbox
         self._batch_timeout = batch_timeout
         self._iterate = iterate
@@ -105,11 +106,13 @@ class Background:
             self._mailbox.set_paused(True)
             busy = self._mailbox.wait_idle(self._batch_timeout)
             if busy:
-                log.warning("pause: worker_ids %s still owe batches after %.1f s", busy,
-                            self._batch_timeout)
+                log.warning(
+                    "pause: worker_ids %s still owe batches after %.1f s", busy, self._batch_timeout
+                )
             if self.running and not self._parked.wait(self._batch_timeout):
-                log.warning("pause: the background thread did not park within %.1f s",
-                            self._batch_timeout)
+                log.warning(
+                    "pause: the background thread did not park within %.1f s", self._batch_timeout
+                )
             yield
         finally:
             self._mailbox.set_paused(False)

@@ -162,16 +162,28 @@ class GrpcCollector:
     ) -> None:
         addresses = check_addresses(resolve_actors(actors))
         self._batch, self._rollout, conn = build_settings(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, sync=sync,
-            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter, reset_when_done=reset_when_done,
-            split_trajs=split_trajs, exploration_type=exploration_type,
-            set_truncated=set_truncated, update_after_each_batch=update_after_each_batch,
-            max_weight_update_interval=max_weight_update_interval, cat_results=cat_results,
-            credit_window=credit_window, connect_timeout=connect_timeout,
-            call_timeout=call_timeout, batch_timeout=batch_timeout,
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            sync=sync,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            reset_when_done=reset_when_done,
+            split_trajs=split_trajs,
+            exploration_type=exploration_type,
+            set_truncated=set_truncated,
+            update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval,
+            cat_results=cat_results,
+            credit_window=credit_window,
+            connect_timeout=connect_timeout,
+            call_timeout=call_timeout,
+            batch_timeout=batch_timeout,
             allow_partial_batches=allow_partial_batches,
-            channel_credentials=channel_credentials, token=token, model_id=model_id)
+            channel_credentials=channel_credentials,
+            token=token,
+            model_id=model_id,
+        )
         if postproc is not None and not callable(postproc):
             raise TypeError(f"postproc must be callable, got {postproc!r}")
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
@@ -181,15 +193,17 @@ class GrpcCollector:
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._fleet = Fleet(conn, batch_timeout=self._batch.batch_timeout,
-                            lazy_credits=self._batch.sync
-                            and self._batch.auto_update_interval is not None)
+        self._fleet = Fleet(
+            conn,
+            batch_timeout=self._batch.batch_timeout,
+            lazy_credits=self._batch.sync and self._batch.auto_update_interval is not None,
+        )
         self._pusher = Pusher(self._fleet)
         self._rounds = Rounds(self._fleet, self._batch, self._rollout.model_id)
-        self._background = Background(self._fleet.mailbox, self._batch.batch_timeout,
-                                      self.__iter__)
-        self._membership = DnsMembership(actors, self.add_collectors, self._known_addresses,
-                                         interval=dns_refresh_interval)
+        self._background = Background(self._fleet.mailbox, self._batch.batch_timeout, self.__iter__)
+        self._membership = DnsMembership(
+            actors, self.add_collectors, self._known_addresses, interval=dns_refresh_interval
+        )
         try:
             self._admit(self._fleet.describe(addresses))
             self._membership.start()
@@ -201,9 +215,15 @@ class GrpcCollector:
     # ----------------------------------------------------------- the fleet
 
     def _admit(self, links: list[ActorLink]) -> None:
-        members = [FleetMember(link.address, link.worker_id, link.description.num_envs,
-                               tuple(link.description.models))
-                   for link in [*self._fleet.links.values(), *links]]
+        members = [
+            FleetMember(
+                link.address,
+                link.worker_id,
+                link.description.num_envs,
+                tuple(link.description.models),
+            )
+            for link in [*self._fleet.links.values(), *links]
+        ]
         try:
             check_fleet(self._batch, members, self._rollout.model_id)
         except BaseException:
@@ -314,8 +334,9 @@ class GrpcCollector:
                     return None
                 self._ensure_running()
             try:
-                candidates = (self._fleet.worker_ids if self._batch.sync
-                              else self._rounds.last_workers)
+                candidates = (
+                    self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
+                )
                 self._pusher.auto_update(candidates, self._batch.auto_update_interval)
                 batch = self._rounds.take()
             except Paused:
@@ -368,8 +389,13 @@ class GrpcCollector:
                 ``.succeeded`` and ``.failed`` say which.
         """
         request = normalize_update_args(
-            policy_or_weights, weights=weights, policy=policy, worker_ids=worker_ids,
-            model_id=model_id, weights_dict=weights_dict)
+            policy_or_weights,
+            weights=weights,
+            policy=policy,
+            worker_ids=worker_ids,
+            model_id=model_id,
+            weights_dict=weights_dict,
+        )
         with self._lock:
             self._check_open()
             return self._pusher.update(request)
@@ -484,6 +510,8 @@ class GrpcCollector:
 
     def __repr__(self) -> str:
         mode = "sync" if self._batch.sync else "async"
-        return (f"GrpcCollector({mode}, worker_ids={self.worker_ids}, "
-                f"frames_per_batch={self._batch.frames_per_batch}, "
-                f"total_frames={self._batch.total_frames}, state={self._state.value})")
+        return (
+            f"GrpcCollector({mode}, worker_ids={self.worker_ids}, "
+            f"frames_per_batch={self._batch.frames_per_batch}, "
+            f"total_frames={self._batch.total_frames}, state={self._state.value})"
+        )

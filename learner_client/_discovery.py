@@ -104,9 +104,7 @@ def getaddrinfo_resolver(host: str, port: int) -> list[str]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
         raise ActorUnavailableError(f"cannot resolve {host!r}: {exc}") from None
-    return [
-        str(info[4][0]) for info in infos if info[0] in (socket.AF_INET, socket.AF_INET6)
-    ]
+    return [str(info[4][0]) for info in infos if info[0] in (socket.AF_INET, socket.AF_INET6)]
 
 
 def _actor_addresses(host: str, port: int, resolver: Resolver) -> tuple[str, ...]:
@@ -125,9 +123,7 @@ def _actor_addresses(host: str, port: int, resolver: Resolver) -> tuple[str, ...
     return tuple(f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}" for ip in ordered)
 
 
-def resolve_actors(
-    actors: str | Sequence[str], *, resolver: Resolver | None = None
-) -> list[str]:
+def resolve_actors(actors: str | Sequence[str], *, resolver: Resolver | None = None) -> list[str]:
     """Expand a fleet description into one ``host:port`` per actor.
 
     A plain address stays as it is. A ``dns:`` target becomes every address
@@ -233,8 +229,10 @@ class DnsWatcher:
         resolver: Resolver | None = None,
     ) -> None:
         self._host, self._port = parse_dns_target(target)
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
-            math.isfinite(interval) and interval > 0
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not (math.isfinite(interval) and interval > 0)
         ):
             raise ValueError(f"interval must be a finite number of seconds > 0, got {interval!r}")
         self.target = target
@@ -318,8 +316,11 @@ class DnsWatcher:
             try:
                 self.refresh()
             except ActorUnavailableError as exc:
-                _log.warning("dns re-resolution failed, keeping %d known actors: %s",
-                             len(self._addresses), exc)
+                _log.warning(
+                    "dns re-resolution failed, keeping %d known actors: %s",
+                    len(self._addresses),
+                    exc,
+                )
             except SessionStateError:
                 return
             except Exception:  # a failing callback must not end the watch

@@ -49,15 +49,17 @@ class Fleet:
         lazy_credits: Grant one credit per requested round (sync with automatic updates).
     """
 
-    def __init__(self, conn: ConnectionSettings, *, batch_timeout: float,
-                 lazy_credits: bool) -> None:
+    def __init__(
+        self, conn: ConnectionSettings, *, batch_timeout: float, lazy_credits: bool
+    ) -> None:
         self.conn = conn
         self.batch_timeout = batch_timeout
         self.loop = LoopThread()
         self.ledger = Ledger()
         self.book = WeightBook()
-        self.mailbox = Mailbox(conn.credit_window, self._send_credit, self._send_ack,
-                               lazy=lazy_credits)
+        self.mailbox = Mailbox(
+            conn.credit_window, self._send_credit, self._send_ack, lazy=lazy_credits
+        )
         self.links: dict[int, ActorLink] = {}
 
     # ----------------------------------------------------------- membership
@@ -68,30 +70,47 @@ class Fleet:
         Raises:
             ActorUnavailableError: Naming every address that could not be reached.
         """
-        return self.loop.run(self._describe_all(list(addresses)),
-                             self.conn.connect_timeout + _MARGIN)
+        return self.loop.run(
+            self._describe_all(list(addresses)), self.conn.connect_timeout + _MARGIN
+        )
 
     async def _describe_all(self, addresses: list[str]) -> list[ActorLink]:
-        channels = [ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials)
-                    for a in addresses]
+        channels = [
+            ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials) for a in addresses
+        ]
         results = await asyncio.gather(
             *(c.describe(self.conn.connect_timeout, wait_for_ready=True) for c in channels),
-            return_exceptions=True)
-        failed = [(c.address, r) for c, r in zip(channels, results, strict=True)
-                  if isinstance(r, BaseException)]
+            return_exceptions=True,
+        )
+        failed = [
+            (c.address, r)
+            for c, r in zip(channels, results, strict=True)
+            if isinstance(r, BaseException)
+        ]
         if failed:
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-            others = [e for _, e in failed
-                      if not isinstance(e, ActorUnavailableError | DeadlineError)]
+            others = [
+                e for _, e in failed if not isinstance(e, ActorUnavailableError | DeadlineError)
+            ]
             if others:  # e.g. a bad token: say so rather than "unreachable"
                 raise others[0]
             detail = "; ".join(f"{a} ({e})" for a, e in failed)
             raise ActorUnavailableError(
                 f"actor(s) unreachable within connect_timeout={self.conn.connect_timeout} s: "
-                f"{detail}")
-        return [ActorLink(d, c, self.conn, batch_timeout=self.batch_timeout,
-                          mailbox=self.mailbox, ledger=self.ledger, admit=self._admit)
-                for d, c in zip(results, channels, strict=True)]
+                f"{detail}"
+            )
+        return [
+            ActorLink(
+                d,
+                c,
+                self.conn,
+                batch_timeout=self.batch_timeout,
+                mailbox=self.mailbox,
+                ledger=self.ledger,
+                admit=self._admit,
+            )
+            for d, c in zip(results, channels, strict=True)
+        ]
 
     def register(self, links: Sequence[ActorLink]) -> None:
         """Make links part of the fleet (after the fleet checks passed)."""
@@ -102,6 +121,7 @@ class Fleet:
 
     def discard(self, links: Sequence[ActorLink]) -> None:
         """Close the channels of links that were refused."""
+
         async def close_all() -> None:
             await asyncio.gather(*(link.channel.close() for link in links), return_exceptions=True)
 
@@ -112,8 +132,11 @@ class Fleet:
         """The fleet's worker_ids, sorted."""
         return sorted(self.links)
 
-    def start(self, settings_for: Callable[[ActorLink], CollectSettings],
-              links: Sequence[ActorLink] | None = None) -> None:
+    def start(
+        self,
+        settings_for: Callable[[ActorLink], CollectSettings],
+        links: Sequence[ActorLink] | None = None,
+    ) -> None:
         """Open sessions on ``links`` (default: all), each with its own settings."""
         targets = list(self.links.values()) if links is None else list(links)
 
@@ -125,6 +148,7 @@ class Fleet:
 
     def restart(self, settings_for: Callable[[ActorLink], CollectSettings]) -> None:
         """Re-open every running session with new settings (the fleet was resized)."""
+
         async def restart_all() -> None:
             for link in self.links.values():
                 link.restart(settings_for(link))
@@ -149,18 +173,28 @@ class Fleet:
         for enc in self.book.pending(link.worker_id, desc.models):
             try:
                 version = await link.channel.push_weights(
-                    enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout)
+                    enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout
+                )
             except RlfleetError as exc:
                 if _transient(exc):
                     raise  # the session is retried, with this push first
                 # Retrying a push the actor rejects would keep it out for good.
                 self.book.forget(link.worker_id, enc.model_id)
-                log.error("worker_id %d rejected %s version %d on re-admission: %s",
-                          link.worker_id, enc.model_id, enc.version, exc)
+                log.error(
+                    "worker_id %d rejected %s version %d on re-admission: %s",
+                    link.worker_id,
+                    enc.model_id,
+                    enc.version,
+                    exc,
+                )
                 continue
             self.book.acknowledged(link.worker_id, enc.model_id, version)
-            log.info("pushed %s version %d to worker_id %d before its data is used",
-                     enc.model_id, version, link.worker_id)
+            log.info(
+                "pushed %s version %d to worker_id %d before its data is used",
+                enc.model_id,
+                version,
+                link.worker_id,
+            )
 
     def push(self, worker_ids: Sequence[int], encoded: Sequence[EncodedWeights]) -> PushResults:
         """Push each encoded model to each worker, all concurrently.
@@ -187,7 +221,8 @@ class Fleet:
     async def _push_all(self, pairs: list[tuple[int, EncodedWeights]]) -> list:
         async def one(wid: int, enc: EncodedWeights) -> int:
             return await self.links[wid].channel.push_weights(
-                enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout)
+                enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout
+            )
 
         return await asyncio.gather(*(one(w, e) for w, e in pairs), return_exceptions=True)
 
@@ -197,23 +232,29 @@ class Fleet:
         """Seed every actor in worker_id order, chaining each returned seed to the next."""
         for wid in self.worker_ids:
             link = self.links[wid]
-            seed = self.loop.run(link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
-                                 self.conn.call_timeout + _MARGIN)
+            seed = self.loop.run(
+                link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
+                self.conn.call_timeout + _MARGIN,
+            )
         return seed
 
     def state_dict(self) -> dict[str, Any]:
         """Learner counters plus every actor's state blob (as a uint8 tensor), by worker_id."""
+
         async def fetch() -> list:
-            return await asyncio.gather(*(link.channel.get_state(self.conn.call_timeout)
-                                          for link in self.links.values()))
+            return await asyncio.gather(
+                *(link.channel.get_state(self.conn.call_timeout) for link in self.links.values())
+            )
 
         blobs = self.loop.run(fetch(), self.conn.call_timeout + _MARGIN)
         return {
             "frames": self.ledger.frames,
             "batches": self.ledger.batches,
             "policy_version": self.book.versions(),
-            "workers": {w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
-                        for w, b in sorted(zip(self.links, blobs, strict=True))},
+            "workers": {
+                w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                for w, b in sorted(zip(self.links, blobs, strict=True))
+            },
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -229,14 +270,21 @@ class Fleet:
         workers = {int(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
         unknown = sorted(set(workers) - set(self.links))
         if unknown:
-            raise UnknownWorkerError(f"state_dict holds unknown worker_ids {unknown}; the "
-                                     f"fleet has worker_ids {self.worker_ids}")
+            raise UnknownWorkerError(
+                f"state_dict holds unknown worker_ids {unknown}; the "
+                f"fleet has worker_ids {self.worker_ids}"
+            )
 
         async def load() -> None:
-            await asyncio.gather(*(self.links[w].channel.load_state(blob, self.conn.call_timeout)
-                                   for w, blob in workers.items()))
-            descs = await asyncio.gather(*(self.links[w].channel.describe(self.conn.call_timeout)
-                                           for w in workers))
+            await asyncio.gather(
+                *(
+                    self.links[w].channel.load_state(blob, self.conn.call_timeout)
+                    for w, blob in workers.items()
+                )
+            )
+            descs = await asyncio.gather(
+                *(self.links[w].channel.describe(self.conn.call_timeout) for w in workers)
+            )
             for desc in descs:
                 self.book.observe(desc.worker_id, desc.models)
 
@@ -274,9 +322,11 @@ class Fleet:
 
     def close(self, timeout: float) -> None:
         """End every session cleanly within ``timeout``, then stop the loop thread."""
+
         async def stop_all() -> None:
-            await asyncio.gather(*(link.stop(timeout) for link in self.links.values()),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                *(link.stop(timeout) for link in self.links.values()), return_exceptions=True
+            )
 
         self.mailbox.close()  # wakes a consumer waiting for a batch
         try:

@@ -85,10 +85,18 @@ class ActorLink:
         admit: Called before each session opens (pushes the weights the actor lacks).
     """
 
-    def __init__(self, description: ActorDescription, channel: ActorChannel,
-                 conn: ConnectionSettings, *,
-                 batch_timeout: float, mailbox: Mailbox, ledger: Ledger, admit: Admit,
-                 backoff: Backoff = Backoff()) -> None:
+    def __init__(
+        self,
+        description: ActorDescription,
+        channel: ActorChannel,
+        conn: ConnectionSettings,
+        *,
+        batch_timeout: float,
+        mailbox: Mailbox,
+        ledger: Ledger,
+        admit: Admit,
+        backoff: Backoff = Backoff(),
+    ) -> None:
         self.address = description.address
         self.worker_id = description.worker_id
         self.description = description
@@ -115,7 +123,8 @@ class ActorLink:
         self._settings = settings
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"rlfleet-link-{self.worker_id}")
+                self._run(), name=f"rlfleet-link-{self.worker_id}"
+            )
 
     def restart(self, settings: CollectSettings) -> None:
         """End the current session cleanly and open a fresh one with new settings."""
@@ -166,15 +175,24 @@ class ActorLink:
                 if self._closing:
                     break
                 if end.reason == "TAKEN_OVER":
-                    log.error("actor %s (worker_id %d) was taken over by another learner; "
-                              "it will not be used again", self.address, self.worker_id)
+                    log.error(
+                        "actor %s (worker_id %d) was taken over by another learner; "
+                        "it will not be used again",
+                        self.address,
+                        self.worker_id,
+                    )
                     self._set_state(LinkState.LOST)
                     return
                 if self._fresh_next and end.reason == "CLOSED":
                     reconnecting = True
                     continue
-                log.warning("actor %s (worker_id %d) ended the session: %s %s",
-                            self.address, self.worker_id, end.reason, end.message)
+                log.warning(
+                    "actor %s (worker_id %d) ended the session: %s %s",
+                    self.address,
+                    self.worker_id,
+                    end.reason,
+                    end.message,
+                )
                 self._ledger.failure(self.worker_id)
             except asyncio.CancelledError:
                 raise
@@ -184,9 +202,15 @@ class ActorLink:
                 attempt = 0 if self._streamed else attempt
                 self._ledger.failure(self.worker_id)
                 # The first failure of an outage is news; the retries that follow are not.
-                log.log(logging.WARNING if attempt == 0 else logging.INFO,
-                        "actor %s (worker_id %d) failed (%s: %s); retry %d", self.address,
-                        self.worker_id, type(exc).__name__, exc, attempt + 1)
+                log.log(
+                    logging.WARNING if attempt == 0 else logging.INFO,
+                    "actor %s (worker_id %d) failed (%s: %s); retry %d",
+                    self.address,
+                    self.worker_id,
+                    type(exc).__name__,
+                    exc,
+                    attempt + 1,
+                )
             finally:
                 self._stream = None
                 self._mailbox.session_closed(self.worker_id)
@@ -197,8 +221,9 @@ class ActorLink:
                 self._set_state(LinkState.CONNECTING)
             delay = self._backoff.delay(attempt)
             attempt += 1
-            log.info("reconnecting to %s (worker_id %d) in %.2f s", self.address,
-                     self.worker_id, delay)
+            log.info(
+                "reconnecting to %s (worker_id %d) in %.2f s", self.address, self.worker_id, delay
+            )
             await asyncio.sleep(delay)
         self._set_state(LinkState.CLOSED)
 
@@ -209,10 +234,16 @@ class ActorLink:
             if desc.worker_id != self.worker_id:
                 raise ActorUnavailableError(
                     f"{self.address} now reports worker_id {desc.worker_id}, "
-                    f"expected {self.worker_id}")
+                    f"expected {self.worker_id}"
+                )
             if self.tracker.epoch and desc.epoch != self.tracker.epoch:
-                log.warning("actor %s (worker_id %d) restarted: epoch %d -> %d", self.address,
-                            self.worker_id, self.tracker.epoch, desc.epoch)
+                log.warning(
+                    "actor %s (worker_id %d) restarted: epoch %d -> %d",
+                    self.address,
+                    self.worker_id,
+                    self.tracker.epoch,
+                    desc.epoch,
+                )
             self.description = desc
             await self._admit(self, desc)
         except Exception:
@@ -226,9 +257,13 @@ class ActorLink:
         credits = self._mailbox.session_opened(self.worker_id)
         # Take over only a session of our own the actor may not know is dead yet;
         # never another learner's (a first open that finds the actor busy retries).
-        stream = self.channel.collect(settings, credits=credits, resume=resume,
-                                      take_over=reconnecting and bool(self.tracker.epoch),
-                                      learner_id=self._conn.learner_id)
+        stream = self.channel.collect(
+            settings,
+            credits=credits,
+            resume=resume,
+            take_over=reconnecting and bool(self.tracker.epoch),
+            learner_id=self._conn.learner_id,
+        )
         self._stream = stream
         try:
             info = await stream.opened(self._conn.call_timeout)
@@ -237,11 +272,17 @@ class ActorLink:
             self._streamed = True
             if reconnecting:
                 self._ledger.reconnected(self.worker_id)
-                log.info("actor %s (worker_id %d) re-admitted (epoch %d, resumed=%s)",
-                         self.address, self.worker_id, info.epoch, info.resumed)
+                log.info(
+                    "actor %s (worker_id %d) re-admitted (epoch %d, resumed=%s)",
+                    self.address,
+                    self.worker_id,
+                    info.epoch,
+                    info.resumed,
+                )
             while True:
-                event = await stream.next_event(self._batch_timeout, waiting=self._owed,
-                                                on_start=self.tracker.chunk_started)
+                event = await stream.next_event(
+                    self._batch_timeout, waiting=self._owed, on_start=self.tracker.chunk_started
+                )
                 if isinstance(event, EndEvent):
                     return event
                 self._deliver(event)
@@ -254,8 +295,10 @@ class ActorLink:
 
     def _deliver(self, event: BatchEvent) -> None:
         if event.worker_id != self.worker_id:
-            raise FrameError(f"{self.address}: batch claims worker_id {event.worker_id}, "
-                             f"expected {self.worker_id}")
+            raise FrameError(
+                f"{self.address}: batch claims worker_id {event.worker_id}, "
+                f"expected {self.worker_id}"
+            )
         if not self.tracker.accept(event.seq):
             log.debug("dropping re-sent batch seq %d of worker_id %d", event.seq, self.worker_id)
             return
@@ -264,10 +307,17 @@ class ActorLink:
             self._ledger.add_discarded(1)
             return
         batch = tag_worker(name_time_dim(event.batch), self.worker_id)
-        self._mailbox.put(Delivery(
-            worker_id=self.worker_id, epoch=event.epoch, seq=event.seq, batch=batch,
-            frames=event.frames or batch.numel(), version_min=event.version_min,
-            version_max=event.version_max))
+        self._mailbox.put(
+            Delivery(
+                worker_id=self.worker_id,
+                epoch=event.epoch,
+                seq=event.seq,
+                batch=batch,
+                frames=event.frames or batch.numel(),
+                version_min=event.version_min,
+                version_max=event.version_max,
+            )
+        )
 
     def _set_state(self, state: LinkState) -> None:
         if state is self.state:

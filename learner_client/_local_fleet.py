@@ -132,10 +132,20 @@ class LocalFleet:
         self._python = python
         self._seed = seed
         self._common_args = [
-            "--host", host, "--env", env, "--num-envs", str(num_envs), "--policy", policy,
-            "--policy-kwargs", json.dumps(dict(policy_kwargs or {})),
-            "--env-kwargs", json.dumps(dict(env_kwargs or {})),
-            "--grace-period", str(grace_period),
+            "--host",
+            host,
+            "--env",
+            env,
+            "--num-envs",
+            str(num_envs),
+            "--policy",
+            policy,
+            "--policy-kwargs",
+            json.dumps(dict(policy_kwargs or {})),
+            "--env-kwargs",
+            json.dumps(dict(env_kwargs or {})),
+            "--grace-period",
+            str(grace_period),
         ]
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
@@ -234,7 +244,8 @@ class LocalFleet:
         except subprocess.TimeoutExpired:
             raise DeadlineError(
                 f"actor worker_id={worker_id} (pid {actor.process.pid}) did not exit within "
-                f"{self.grace_period + _EXIT_MARGIN:.1f}s of signal {sig}") from None
+                f"{self.grace_period + _EXIT_MARGIN:.1f}s of signal {sig}"
+            ) from None
 
     def restart(self, worker_id: int) -> str:
         """Stop one actor (if running) and start a fresh one in its place.
@@ -263,8 +274,16 @@ class LocalFleet:
     # ------------------------------------------------------------ internals
 
     def _spawn(self, worker_id: int, *, port: int) -> _Actor:
-        argv = [self._python, "-m", "actor_service", *self._common_args,
-                "--port", str(port), "--worker-id", str(worker_id)]
+        argv = [
+            self._python,
+            "-m",
+            "actor_service",
+            *self._common_args,
+            "--port",
+            str(port),
+            "--worker-id",
+            str(worker_id),
+        ]
         if self._seed is not None:
             argv += ["--seed", str(self._seed + worker_id)]
         argv += self._extra_args
@@ -275,8 +294,13 @@ class LocalFleet:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
-                start_new_session=True)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                start_new_session=True,
+            )
         except BaseException:
             stdout.close()
             stderr.close()
@@ -296,13 +320,17 @@ class LocalFleet:
                     raise ActorUnavailableError(
                         f"actor worker_id={actor.worker_id} exited with code "
                         f"{actor.process.returncode} before it was ready; stderr tail:\n"
-                        f"{_tail(actor.stderr, _TAIL_BYTES)}")
+                        f"{_tail(actor.stderr, _TAIL_BYTES)}"
+                    )
             if pending and time.monotonic() > deadline:
                 names = ", ".join(f"worker_id={a.worker_id}" for a in pending)
-                tails = "\n".join(f"--- worker_id={a.worker_id} stderr tail:\n"
-                                  f"{_tail(a.stderr, _TAIL_BYTES)}" for a in pending)
+                tails = "\n".join(
+                    f"--- worker_id={a.worker_id} stderr tail:\n{_tail(a.stderr, _TAIL_BYTES)}"
+                    for a in pending
+                )
                 raise DeadlineError(
-                    f"actors not ready after {self.start_timeout:.1f}s: {names}\n{tails}")
+                    f"actors not ready after {self.start_timeout:.1f}s: {names}\n{tails}"
+                )
             if pending:
                 time.sleep(_POLL_INTERVAL)
 
@@ -333,13 +361,14 @@ class LocalFleet:
             return self._actors[worker_id]
         except KeyError:
             raise UnknownWorkerError(
-                f"no actor with worker_id={worker_id!r}; this fleet has "
-                f"0..{self.num_actors - 1}") from None
+                f"no actor with worker_id={worker_id!r}; this fleet has 0..{self.num_actors - 1}"
+            ) from None
 
     def _check_running(self) -> None:
         if self._state != "running":
-            raise SessionStateError(f"the fleet is {self._state}; use it inside `with` or "
-                                    "after start()")
+            raise SessionStateError(
+                f"the fleet is {self._state}; use it inside `with` or after start()"
+            )
 
     def _address(self, actor: _Actor) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host

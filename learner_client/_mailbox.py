@@ -196,8 +196,9 @@ class Mailbox:
     def snapshot(self) -> dict[int, tuple[int, int, bool, bool]]:
         """``{worker_id: (buffered, outstanding, open, alive)}``, for stats and tests."""
         with self._cond:
-            return {w: (len(s.buffered), s.outstanding, s.open, s.alive)
-                    for w, s in self._slots.items()}
+            return {
+                w: (len(s.buffered), s.outstanding, s.open, s.alive) for w, s in self._slots.items()
+            }
 
     # ---------------------------------------------------------- user side
 

@@ -67,7 +67,8 @@ class Pusher:
             if lacking:
                 have = {w: sorted(links[w].description.models) for w in lacking}
                 raise UnknownModelError(
-                    f"model_id {mid!r} is not registered on worker_ids {lacking}; they have {have}")
+                    f"model_id {mid!r} is not registered on worker_ids {lacking}; they have {have}"
+                )
 
     def auto_update(self, candidates: Sequence[int], interval: int | None) -> None:
         """Push the last weights given to every candidate whose update is due.
@@ -80,16 +81,24 @@ class Pusher:
         models = book.models_with_sources()
         if interval is None or not models:
             return
-        due = [w for w in candidates if self._fleet.links[w].state not in _UNREACHABLE
-               and book.due(w, interval)]
+        due = [
+            w
+            for w in candidates
+            if self._fleet.links[w].state not in _UNREACHABLE and book.due(w, interval)
+        ]
         if not due:
             return
         encoded = [book.encode(mid, None) for mid in models]
         succeeded, failed = self._fleet.push(due, encoded)
         self._fleet.ledger.add_auto_push()
-        fatal = {mid: {w: e for w, e in errs.items()
-                       if not isinstance(e, ActorUnavailableError | DeadlineError)}
-                 for mid, errs in failed.items()}
+        fatal = {
+            mid: {
+                w: e
+                for w, e in errs.items()
+                if not isinstance(e, ActorUnavailableError | DeadlineError)
+            }
+            for mid, errs in failed.items()
+        }
         for mid, errs in failed.items():
             for wid, exc in errs.items():
                 log.warning("automatic push of %s to worker_id %d failed: %s", mid, wid, exc)
@@ -99,9 +108,13 @@ class Pusher:
 
 def push_error(succeeded: dict, failed: dict, *, nested: bool) -> WeightPushError:
     """Build the :class:`WeightPushError` of a push with failures (flattened unless nested)."""
-    detail = "; ".join(f"{mid} on worker_id {w}: {exc}"
-                       for mid, errs in failed.items() for w, exc in sorted(errs.items()))
+    detail = "; ".join(
+        f"{mid} on worker_id {w}: {exc}"
+        for mid, errs in failed.items()
+        for w, exc in sorted(errs.items())
+    )
     if not nested:
         succeeded, failed = next(iter(succeeded.values())), next(iter(failed.values()))
-    return WeightPushError(f"weight push failed ({detail}); succeeded: {succeeded}",
-                           succeeded=succeeded, failed=failed)
+    return WeightPushError(
+        f"weight push failed ({detail}); succeeded: {succeeded}", succeeded=succeeded, failed=failed
+    )

@@ -62,8 +62,7 @@ class Rounds:
             self._fleet.mailbox.set_budget(None, per_worker=s.sync)
             return
         remaining = max(0, s.total_frames - self._fleet.ledger.frames)
-        self._fleet.mailbox.set_budget(math.ceil(remaining / s.frames_per_batch),
-                                       per_worker=s.sync)
+        self._fleet.mailbox.set_budget(math.ceil(remaining / s.frames_per_batch), per_worker=s.sync)
 
     def take(self) -> TensorDictBase:
         """The next batch (may raise ``Paused`` from the mailbox).
@@ -81,7 +80,9 @@ class Rounds:
             states = self._fleet.states()
             raise MissingWorkersError(
                 f"no actor delivered a batch within batch_timeout={self._settings.batch_timeout} "
-                f"s (actor states: {states})", worker_ids=list(states))
+                f"s (actor states: {states})",
+                worker_ids=list(states),
+            )
         return [delivery]
 
     def _attach_slabs(self) -> None:
@@ -102,14 +103,19 @@ class Rounds:
         self._attach_slabs()
         mailbox = self._fleet.mailbox
         mailbox.want_round()
-        taken, missing = mailbox.take_round(self._fleet.worker_ids, self._settings.batch_timeout,
-                                            partial=self._settings.allow_partial_batches)
+        taken, missing = mailbox.take_round(
+            self._fleet.worker_ids,
+            self._settings.batch_timeout,
+            partial=self._settings.allow_partial_batches,
+        )
         if not taken:
             states = self._fleet.states()
             raise MissingWorkersError(
                 f"sync batch incomplete: worker_ids {missing} sent nothing within "
                 f"batch_timeout={self._settings.batch_timeout} s or are down (actor states: "
-                f"{ {w: states[w] for w in missing} })", worker_ids=missing)
+                f"{ {w: states[w] for w in missing} })",
+                worker_ids=missing,
+            )
         if missing:
             log.warning("partial sync batch without worker_ids %s", missing)
         self.missing_workers = missing
@@ -126,5 +132,8 @@ class Rounds:
         self.update_budget()
         if not self._settings.sync:
             return deliveries[0].batch
-        return combine([d.batch for d in deliveries], cat_results=self._settings.cat_results,
-                       split_trajs=self._settings.split_trajs)
+        return combine(
+            [d.batch for d in deliveries],
+            cat_results=self._settings.cat_results,
+            split_trajs=self._settings.split_trajs,
+        )

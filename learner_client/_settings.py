@@ -235,7 +235,8 @@ def normalize_exploration_type(value: object) -> ExplorationType:
     except KeyError:
         known = [m.name for m in ExplorationType]
         raise ValueError(
-            f"exploration_type {value!r} is not supported; use one of {known}") from None
+            f"exploration_type {value!r} is not supported; use one of {known}"
+        ) from None
 
 
 def normalize_cat_results(value: object) -> str | int:
@@ -271,16 +272,18 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
         raise ValueError("GrpcCollector needs at least one actor address")
     lacking = [m for m in members if model_id not in m.models]
     if lacking:
-        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}) has {sorted(m.models)}"
-                           for m in lacking)
+        detail = ", ".join(
+            f"{m.address} (worker_id {m.worker_id}) has {sorted(m.models)}" for m in lacking
+        )
         raise UnknownModelError(f"the acting model_id {model_id!r} is missing: {detail}")
     by_id: dict[int, list[str]] = {}
     for member in members:
         by_id.setdefault(member.worker_id, []).append(member.address)
     duplicates = {wid: addrs for wid, addrs in by_id.items() if len(addrs) > 1}
     if duplicates:
-        detail = "; ".join(f"worker_id {wid} at {addrs}"
-                           for wid, addrs in sorted(duplicates.items()))
+        detail = "; ".join(
+            f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
+        )
         raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
     fpb, count = settings.frames_per_batch, len(members)
     if settings.sync and fpb % count:
@@ -291,17 +294,21 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
     share = frames_per_actor(settings, count)
     bad = [m for m in members if share % m.num_envs]
     if bad:
-        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}, num_envs {m.num_envs})"
-                           for m in bad)
-        what = f"the per-actor share {share} of frames_per_batch={fpb}" if settings.sync else (
-            f"frames_per_batch={fpb}"
+        detail = ", ".join(
+            f"{m.address} (worker_id {m.worker_id}, num_envs {m.num_envs})" for m in bad
+        )
+        what = (
+            f"the per-actor share {share} of frames_per_batch={fpb}"
+            if settings.sync
+            else (f"frames_per_batch={fpb}")
         )
         raise ValueError(f"{what} is not a multiple of the env pool size of {detail}")
     steps = {share // m.num_envs for m in members}
     if settings.sync and settings.cat_results == 0 and len(steps) > 1 and not settings.split_trajs:
         raise ValueError(
             f"cat_results=0 needs the same time steps from every actor, but the env pool sizes "
-            f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch")
+            f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch"
+        )
 
 
 def check_addresses(actors: object) -> list[str]:
@@ -375,10 +382,12 @@ def build_settings(**kw: Any) -> tuple[BatchSettings, RolloutSettings, Connectio
         max_weight_update_interval=interval,
     )
     rollout = RolloutSettings(
-        max_frames_per_traj=_frames("max_frames_per_traj", kw["max_frames_per_traj"],
-                                    allow_endless=False),
-        init_random_frames=_frames("init_random_frames", kw["init_random_frames"],
-                                   allow_endless=False),
+        max_frames_per_traj=_frames(
+            "max_frames_per_traj", kw["max_frames_per_traj"], allow_endless=False
+        ),
+        init_random_frames=_frames(
+            "init_random_frames", kw["init_random_frames"], allow_endless=False
+        ),
         reset_at_each_iter=_flag("reset_at_each_iter", kw["reset_at_each_iter"]),
         reset_when_done=True,
         split_trajs=batch.split_trajs,

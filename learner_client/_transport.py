@@ -147,8 +147,12 @@ class ActorChannel:
         credentials: Channel credentials for TLS, or None for plaintext.
     """
 
-    def __init__(self, address: str, metadata: tuple[tuple[str, str], ...] = (),
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        metadata: tuple[tuple[str, str], ...] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.address = address
         self._metadata = metadata
         options = client_channel_options() + _RECONNECT_OPTIONS
@@ -159,8 +163,11 @@ class ActorChannel:
         self._stub = pb_grpc.ActorServiceStub(self._channel)
         # PushWeights with requests serialised beforehand (see learner_client._push_chunks).
         self._push_raw = self._channel.stream_unary(
-            "/rlfleet.v1.ActorService/PushWeights", request_serializer=_pre_serialized,
-            response_deserializer=pb.PushWeightsResponse.FromString, _registered_method=True)
+            "/rlfleet.v1.ActorService/PushWeights",
+            request_serializer=_pre_serialized,
+            response_deserializer=pb.PushWeightsResponse.FromString,
+            _registered_method=True,
+        )
 
     async def close(self) -> None:
         """Close the channel, cancelling its calls."""
@@ -175,32 +182,49 @@ class ActorChannel:
                 instead of failing at once.
         """
         with translate_errors(self.address):
-            r = await self._stub.Describe(pb.DescribeRequest(), timeout=timeout,
-                                          metadata=self._metadata, wait_for_ready=wait_for_ready)
+            r = await self._stub.Describe(
+                pb.DescribeRequest(),
+                timeout=timeout,
+                metadata=self._metadata,
+                wait_for_ready=wait_for_ready,
+            )
         return ActorDescription(
-            address=self.address, worker_id=r.worker_id, epoch=r.epoch, env_id=r.env_id,
-            num_envs=r.num_envs, models={m.model_id: m.version for m in r.models},
-            max_credits=r.max_credits, busy=r.busy, device=r.device,
+            address=self.address,
+            worker_id=r.worker_id,
+            epoch=r.epoch,
+            env_id=r.env_id,
+            num_envs=r.num_envs,
+            models={m.model_id: m.version for m in r.models},
+            max_credits=r.max_credits,
+            busy=r.busy,
+            device=r.device,
             software_version=r.software_version,
         )
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> int:
         """Seed the actor; returns the seed to give the next one."""
         with translate_errors(self.address):
-            r = await self._stub.SetSeed(pb.SetSeedRequest(seed=seed, static_seed=static_seed),
-                                         timeout=timeout, metadata=self._metadata)
+            r = await self._stub.SetSeed(
+                pb.SetSeedRequest(seed=seed, static_seed=static_seed),
+                timeout=timeout,
+                metadata=self._metadata,
+            )
         return r.next_seed
 
-    async def push_weights(self, model_id: str, version: int, blob: bytes, sha256: str,
-                           timeout: float) -> int:
+    async def push_weights(
+        self, model_id: str, version: int, blob: bytes, sha256: str, timeout: float
+    ) -> int:
         """Stream one weight push (header, then chunks); returns the version now in force.
 
         Raises:
             SessionStateError: The actor answered with another model or version, so
                 it did not apply this push.
         """
-        header = encode_header(pb.WeightsHeader(model_id=model_id, version=version,
-                                                total_bytes=len(blob), sha256=sha256))
+        header = encode_header(
+            pb.WeightsHeader(
+                model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
+            )
+        )
 
         async def requests(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
             yield header
@@ -221,13 +245,15 @@ class ActorChannel:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""
         assembler: BlobAssembler | None = None
         with translate_errors(self.address):
-            call = self._stub.GetState(pb.GetStateRequest(), timeout=timeout,
-                                       metadata=self._metadata)
+            call = self._stub.GetState(
+                pb.GetStateRequest(), timeout=timeout, metadata=self._metadata
+            )
             async for message in call:
                 kind = message.WhichOneof("kind")
                 if kind == "header" and assembler is None:
-                    assembler = BlobAssembler(message.header.total_bytes,
-                                              sha256=message.header.sha256)
+                    assembler = BlobAssembler(
+                        message.header.total_bytes, sha256=message.header.sha256
+                    )
                 elif kind == "chunk" and assembler is not None:
                     assembler.add(message.chunk)
                 else:
@@ -238,6 +264,7 @@ class ActorChannel:
 
     async def load_state(self, blob: bytes, timeout: float) -> int:
         """Send a state blob produced by :meth:`get_state`; returns the actor's worker_id."""
+
         async def requests() -> AsyncIterator[pb.StateChunk]:
             header = pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob))
             yield pb.StateChunk(header=header)
@@ -253,18 +280,36 @@ class ActorChannel:
     #: (learner_client._slabs); None reassembles into fresh buffers.
     frame_allocator: Callable[[int], Any] | None = None
 
-    def collect(self, settings: CollectSettings, *, credits: int, resume: tuple[int, int],
-                take_over: bool, learner_id: str) -> CollectStream:
+    def collect(
+        self,
+        settings: CollectSettings,
+        *,
+        credits: int,
+        resume: tuple[int, int],
+        take_over: bool,
+        learner_id: str,
+    ) -> CollectStream:
         """Start a ``Collect`` call; the ``open`` message is the first one sent."""
-        return CollectStream(self, settings, credits=credits, resume=resume,
-                             take_over=take_over, learner_id=learner_id)
+        return CollectStream(
+            self,
+            settings,
+            credits=credits,
+            resume=resume,
+            take_over=take_over,
+            learner_id=learner_id,
+        )
 
     def _start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> Any:
         return self._stub.Collect(requests, metadata=self._metadata)
 
 
-def _open_request(settings: CollectSettings, credits: int, resume: tuple[int, int],
-                  take_over: bool, learner_id: str) -> pb.CollectRequest:
+def _open_request(
+    settings: CollectSettings,
+    credits: int,
+    resume: tuple[int, int],
+    take_over: bool,
+    learner_id: str,
+) -> pb.CollectRequest:
     wire = pb.CollectSettings(
         frames_per_batch=settings.frames_per_batch,
         max_frames_per_traj=settings.max_frames_per_traj,
@@ -273,14 +318,22 @@ def _open_request(settings: CollectSettings, credits: int, resume: tuple[int, in
         reset_when_done=settings.reset_when_done,
         split_trajs=settings.split_trajs,
         exploration_type=pb.ExplorationType.Value(
-            f"EXPLORATION_TYPE_{settings.exploration_type.name}"),
+            f"EXPLORATION_TYPE_{settings.exploration_type.name}"
+        ),
         set_truncated=settings.set_truncated,
         total_frames=settings.total_frames,
         model_id=settings.model_id,
     )
-    return pb.CollectRequest(open=pb.OpenSession(
-        settings=wire, credits=credits, take_over=take_over, resume_epoch=resume[0],
-        resume_after_seq=resume[1], learner_id=learner_id))
+    return pb.CollectRequest(
+        open=pb.OpenSession(
+            settings=wire,
+            credits=credits,
+            take_over=take_over,
+            resume_epoch=resume[0],
+            resume_after_seq=resume[1],
+            learner_id=learner_id,
+        )
+    )
 
 
 class CollectStream:
@@ -291,8 +344,16 @@ class CollectStream:
     and :meth:`close` may be called at any time; :meth:`cancel` tears it down.
     """
 
-    def __init__(self, channel: ActorChannel, settings: CollectSettings, *, credits: int,
-                 resume: tuple[int, int], take_over: bool, learner_id: str) -> None:
+    def __init__(
+        self,
+        channel: ActorChannel,
+        settings: CollectSettings,
+        *,
+        credits: int,
+        resume: tuple[int, int],
+        take_over: bool,
+        learner_id: str,
+    ) -> None:
         self.address = channel.address
         self._channel = channel
         self._outbox: asyncio.Queue[pb.CollectRequest | None] = asyncio.Queue()
@@ -336,8 +397,9 @@ class CollectStream:
         if self._read is not None:
             self._read.cancel()
 
-    async def _receive(self, idle: float | None,
-                       stalled: Callable[[], bool] | None = None) -> pb.CollectResponse | None:
+    async def _receive(
+        self, idle: float | None, stalled: Callable[[], bool] | None = None
+    ) -> pb.CollectResponse | None:
         # One read stays pending across idle checks: cancelling a read breaks the call.
         if self._read is None:
             self._read = asyncio.ensure_future(self._call.read())
@@ -359,12 +421,21 @@ class CollectStream:
             kind = None if message is None else message.WhichOneof("kind")
             raise FrameError(f"{self.address}: expected 'opened' first, got {kind!r}")
         o = message.opened
-        return SessionInfo(worker_id=o.worker_id, epoch=o.epoch, next_seq=o.next_seq,
-                           max_credits=o.max_credits, resumed=o.resumed)
+        return SessionInfo(
+            worker_id=o.worker_id,
+            epoch=o.epoch,
+            next_seq=o.next_seq,
+            max_credits=o.max_credits,
+            resumed=o.resumed,
+        )
 
-    async def next_event(self, idle: float | None = None, *,
-                         waiting: Callable[[], bool] | None = None,
-                         on_start: Callable[[int], None] | None = None) -> BatchEvent | EndEvent:
+    async def next_event(
+        self,
+        idle: float | None = None,
+        *,
+        waiting: Callable[[], bool] | None = None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> BatchEvent | EndEvent:
         """The next whole batch or the end marker.
 
         Args:
@@ -390,8 +461,11 @@ class CollectStream:
             kind = message.WhichOneof("kind")
             if kind == "end" and assembler is None:
                 e = message.end
-                return EndEvent(reason=_END_REASONS.get(e.reason, str(e.reason)),
-                                message=e.message, last_seq=e.last_seq)
+                return EndEvent(
+                    reason=_END_REASONS.get(e.reason, str(e.reason)),
+                    message=e.message,
+                    last_seq=e.last_seq,
+                )
             if kind != "chunk":
                 raise FrameError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message.chunk
@@ -401,20 +475,28 @@ class CollectStream:
                 info, expected = chunk.info, 0
                 if on_start is not None:
                     on_start(chunk.seq)
-                assembler = FrameAssembler(info.frame_bytes, self._limits,
-                                           allocate=self._channel.frame_allocator)
+                assembler = FrameAssembler(
+                    info.frame_bytes, self._limits, allocate=self._channel.frame_allocator
+                )
             if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
                 raise FrameError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
-                    f"in batch seq {info.seq} (expected index {expected})")
+                    f"in batch seq {info.seq} (expected index {expected})"
+                )
             assembler.add(chunk.data)
             expected += 1
             if expected == chunk.count:
                 batch = await self._finish(assembler, info.crc32, info.frame_bytes)
-                return BatchEvent(worker_id=info.worker_id, epoch=info.epoch, seq=info.seq,
-                                  frames=info.frames, model_id=info.model_id,
-                                  version_min=info.policy_version_min,
-                                  version_max=info.policy_version_max, batch=batch)
+                return BatchEvent(
+                    worker_id=info.worker_id,
+                    epoch=info.epoch,
+                    seq=info.seq,
+                    frames=info.frames,
+                    model_id=info.model_id,
+                    version_min=info.policy_version_min,
+                    version_max=info.policy_version_max,
+                    batch=batch,
+                )
 
     async def _finish(self, assembler: FrameAssembler, crc32: int, size: int) -> TensorDictBase:
         if size < _DECODE_OFF_LOOP_BYTES:

@@ -117,8 +117,15 @@ def normalize_update_args(
             ``weights_dict`` or ``worker_ids``; an empty ``model_id``.
         TypeError: A source, ``weights_dict`` or ``worker_ids`` of the wrong type.
     """
-    given = [n for n, v in (("policy_or_weights", policy_or_weights), ("weights", weights),
-                            ("policy", policy)) if v is not None]
+    given = [
+        n
+        for n, v in (
+            ("policy_or_weights", policy_or_weights),
+            ("weights", weights),
+            ("policy", policy),
+        )
+        if v is not None
+    ]
     if len(given) > 1:
         raise ValueError(f"pass the weights once: got {' and '.join(given)}")
     targets = _normalize_worker_ids(worker_ids)
@@ -129,11 +136,13 @@ def normalize_update_args(
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
         if not isinstance(weights_dict, Mapping):
             raise TypeError(
-                f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}")
+                f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
+            )
         if not weights_dict:
             raise ValueError("weights_dict is empty")
         sources = {
-            _check_model_id(mid): None if src is None
+            _check_model_id(mid): None
+            if src is None
             else _check_source(f"weights_dict[{mid!r}]", src)
             for mid, src in weights_dict.items()
         }
@@ -144,7 +153,8 @@ def normalize_update_args(
         raise TypeError(f"policy must be an nn.Module, got {type(policy).__name__}")
     if weights is not None and not isinstance(weights, TensorDictBase | Mapping):
         raise TypeError(
-            f"weights must be a TensorDict or a dict of tensors, got {type(weights).__name__}")
+            f"weights must be a TensorDict or a dict of tensors, got {type(weights).__name__}"
+        )
     checked = None if source is None else _check_source(given[0], source)
     return WeightRequest(sources={mid: checked}, worker_ids=targets, nested=False)
 
@@ -219,8 +229,9 @@ class WeightBook:
         """
         with self._lock:
             desired = self._desired.get(worker_id, {})
-            return [enc for mid, enc in sorted(desired.items())
-                    if reported.get(mid, 0) < enc.version]
+            return [
+                enc for mid, enc in sorted(desired.items()) if reported.get(mid, 0) < enc.version
+            ]
 
     def due(self, worker_id: int, interval: int | None) -> bool:
         """Whether an automatic push is due: more than ``interval`` batches since the last one."""

@@ -109,8 +109,14 @@ class ActorProcess:
         address: ``"127.0.0.1:<port>"``.
     """
 
-    def __init__(self, process: subprocess.Popen, stderr_path: str, lines: queue.Queue,
-                 port: int, worker_id: int) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        stderr_path: str,
+        lines: queue.Queue,
+        port: int,
+        worker_id: int,
+    ) -> None:
         self.process = process
         self._stderr_path = stderr_path
         self._lines = lines
@@ -188,8 +194,13 @@ def start_actor(
         argv += ["--host", "127.0.0.1"]
     fd, stderr_path = tempfile.mkstemp(prefix="rlfleet-actor-", suffix=".log")
     with os.fdopen(fd, "wb") as stderr:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                   env={**os.environ, **(env or {})})
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(process, lines), daemon=True).start()
     actor = ActorProcess(process, stderr_path, lines, port=0, worker_id=-1)

@@ -39,8 +39,9 @@ class HostsNamespace:
         hostname: The command's host name (needs ``--uts``); None keeps the machine's.
     """
 
-    def __init__(self, workdir: pathlib.Path, names: Mapping[str, Sequence[str]],
-                 hostname: str | None = None) -> None:
+    def __init__(
+        self, workdir: pathlib.Path, names: Mapping[str, Sequence[str]], hostname: str | None = None
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.hosts = workdir / "hosts"
         self._host_conf = workdir / "host.conf"
@@ -62,5 +63,16 @@ class HostsNamespace:
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """The argv that runs ``argv`` inside the namespace."""
         flags = ["--mount", "--propagation", "private"] + (["--uts"] if self.hostname else [])
-        return ["unshare", *flags, "sh", "-c", _SCRIPT, "sh", str(self.hosts),
-                str(self._host_conf), str(self._resolv), self.hostname or "", *argv]
+        return [
+            "unshare",
+            *flags,
+            "sh",
+            "-c",
+            _SCRIPT,
+            "sh",
+            str(self.hosts),
+            str(self._host_conf),
+            str(self._resolv),
+            self.hostname or "",
+            *argv,
+        ]

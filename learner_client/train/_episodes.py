@@ -44,7 +44,8 @@ class EpisodeTracker:
         #: Frames collected in the run when each episode was reported (for learning curves).
         self.end_frames: list[int] = []
         self._open: collections.OrderedDict[tuple[int, int], tuple[float, int]] = (
-            collections.OrderedDict())
+            collections.OrderedDict()
+        )
 
     @property
     def recent_mean(self) -> float | None:
@@ -78,9 +79,11 @@ class EpisodeTracker:
         keys, inverse = torch.unique(torch.stack([worker, traj], -1), dim=0, return_inverse=True)
         sums = torch.zeros(len(keys), dtype=torch.float64).index_add_(0, inverse, reward)
         counts = torch.zeros(len(keys), dtype=torch.int64).index_add_(
-            0, inverse, torch.ones_like(inverse))
+            0, inverse, torch.ones_like(inverse)
+        )
         ended = torch.zeros(len(keys), dtype=torch.bool).index_put_(
-            (inverse,), done, accumulate=True)
+            (inverse,), done, accumulate=True
+        )
 
         finished: list[float] = []
         for key, total, count, end in zip(

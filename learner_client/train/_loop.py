@@ -47,21 +47,30 @@ def train(settings: TrainSettings) -> TrainSummary:
     observation_space, action_space = _spaces(settings.env)
     policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
     value = make_value_mlp(observation_space, hidden=settings.hidden)
-    learner = PPOLearner(policy, value, PPOConfig(
-        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}))
+    learner = PPOLearner(
+        policy,
+        value,
+        PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
+    )
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     target = settings.effective_target_return
     frames = batches = 0
 
     with contextlib.ExitStack() as stack:
         addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
-        collector = stack.enter_context(GrpcCollector(
-            addresses, frames_per_batch=settings.frames_per_batch,
-            total_frames=settings.total_frames, sync=settings.sync,
-            # From the environment only: a flag would show in `ps` and in summary.json.
-            token=os.environ.get("RLFLEET_TOKEN") or None))
-        progress = stack.enter_context(contextlib.closing(
-            Progress(settings.total_frames, enabled=settings.progress)))
+        collector = stack.enter_context(
+            GrpcCollector(
+                addresses,
+                frames_per_batch=settings.frames_per_batch,
+                total_frames=settings.total_frames,
+                sync=settings.sync,
+                # From the environment only: a flag would show in `ps` and in summary.json.
+                token=os.environ.get("RLFLEET_TOKEN") or None,
+            )
+        )
+        progress = stack.enter_context(
+            contextlib.closing(Progress(settings.total_frames, enabled=settings.progress))
+        )
         if settings.actors:
             # A local fleet is seeded at start; an existing one is seeded here.
             collector.set_seed(settings.seed)
@@ -84,20 +93,39 @@ def train(settings: TrainSettings) -> TrainSummary:
         version = collector.policy_version.get("policy", 0)
 
     summary = TrainSummary(
-        env=settings.env, sync=settings.sync, seed=settings.seed, frames=frames,
-        batches=batches, episodes=len(tracker.returns), wall_time_s=wall,
-        fps=frames / max(wall, 1e-9), final_return=tracker.recent_mean, target_return=target,
-        reached_target=_reached(tracker, target), policy_version=version,
-        out_dir=settings.out_dir)
-    save_run(pathlib.Path(settings.out_dir), policy, summary, dataclasses.asdict(settings),
-             (tracker.end_frames, tracker.returns), RETURN_WINDOW)
+        env=settings.env,
+        sync=settings.sync,
+        seed=settings.seed,
+        frames=frames,
+        batches=batches,
+        episodes=len(tracker.returns),
+        wall_time_s=wall,
+        fps=frames / max(wall, 1e-9),
+        final_return=tracker.recent_mean,
+        target_return=target,
+        reached_target=_reached(tracker, target),
+        policy_version=version,
+        out_dir=settings.out_dir,
+    )
+    save_run(
+        pathlib.Path(settings.out_dir),
+        policy,
+        summary,
+        dataclasses.asdict(settings),
+        (tracker.end_frames, tracker.returns),
+        RETURN_WINDOW,
+    )
     return summary
 
 
 def _local_fleet(settings: TrainSettings) -> LocalFleet:
     return LocalFleet(
-        settings.num_actors, settings.env, settings.num_envs, "mlp",
-        policy_kwargs={"hidden": list(settings.hidden)}, seed=settings.seed,
+        settings.num_actors,
+        settings.env,
+        settings.num_envs,
+        "mlp",
+        policy_kwargs={"hidden": list(settings.hidden)},
+        seed=settings.seed,
     )
 
 

@@ -87,8 +87,9 @@ class Progress:
         stream: Where the bar or the lines go.
     """
 
-    def __init__(self, total_frames: int, *, enabled: bool = True,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self, total_frames: int, *, enabled: bool = True, stream: TextIO | None = None
+    ) -> None:
         self._stream = stream or sys.stderr
         self._start = time.monotonic()
         self._frames = 0
@@ -98,11 +99,18 @@ class Progress:
             try:
                 from tqdm import tqdm
             except ImportError:
-                self.write("tqdm is not installed (pip install 'rlfleet[train]'): "
-                           "logging progress lines instead")
+                self.write(
+                    "tqdm is not installed (pip install 'rlfleet[train]'): "
+                    "logging progress lines instead"
+                )
             else:
-                self._bar = tqdm(total=total_frames, unit="frame", unit_scale=True,
-                                 dynamic_ncols=True, file=self._stream)
+                self._bar = tqdm(
+                    total=total_frames,
+                    unit="frame",
+                    unit_scale=True,
+                    dynamic_ncols=True,
+                    file=self._stream,
+                )
 
     def update(self, frames: int, fields: Mapping[str, object]) -> None:
         """Advance to ``frames`` collected in total and show ``fields`` (e.g. return, lag)."""
@@ -157,11 +165,15 @@ def plot_learning_curve(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed (pip install 'rlfleet[train]'): "
-              "no learning curve", file=sys.stderr)
+        print(
+            "matplotlib is not installed (pip install 'rlfleet[train]'): no learning curve",
+            file=sys.stderr,
+        )
         return False
-    running = [sum(returns[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window))
-               for i in range(len(returns))]
+    running = [
+        sum(returns[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window))
+        for i in range(len(returns))
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(end_frames, returns, ".", alpha=0.3, label="episode return")
     ax.plot(end_frames, running, "-", label=f"mean of last {window}")
@@ -196,10 +208,18 @@ def save_run(
         window: Episodes in the curve's running mean.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    metadata = {"env": summary.env, "frames": str(summary.frames),
-                "policy_version": str(summary.policy_version)}
+    metadata = {
+        "env": summary.env,
+        "frames": str(summary.frames),
+        "policy_version": str(summary.policy_version),
+    }
     (out_dir / POLICY_FILE).write_bytes(encode_weights(policy, metadata=metadata))
     record = {**dataclasses.asdict(summary), "settings": dict(settings)}
     (out_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2, default=list) + "\n")
-    plot_learning_curve(out_dir / CURVE_FILE, *curve, window=window,
-                        target=summary.target_return, title=f"PPO on {summary.env}")
+    plot_learning_curve(
+        out_dir / CURVE_FILE,
+        *curve,
+        window=window,
+        target=summary.target_return,
+        title=f"PPO on {summary.env}",
+    )

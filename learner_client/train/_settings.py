@@ -71,8 +71,9 @@ class TrainSettings:
     num_envs: int = _opt(8, "envs per actor")
     frames_per_batch: int = _opt(1024, "frames per PPO update")
     total_frames: int = _opt(500_000, "frame budget of the run")
-    sync: bool = _opt(True, "sync (one batch from every actor) or async collection",
-                      negative="async")
+    sync: bool = _opt(
+        True, "sync (one batch from every actor) or async collection", negative="async"
+    )
     seed: int = _opt(1, "seed of the learner; actor i gets seed + i")
     lr: float = _opt(2.5e-3, "Adam learning rate")
     anneal_lr: bool = _opt(True, "decay the learning rate linearly to 0 over total_frames")
@@ -88,14 +89,23 @@ class TrainSettings:
     actors: tuple[str, ...] = _opt((), "host:port,... of an existing fleet (none: start one)")
     out: str = _opt("", "output directory (default runs/<env>-seed<seed>)")
     target_return: float | None = _opt(
-        None, "stop at this mean return of the last 20 episodes (default 475 for "
-        "CartPole-v1, none otherwise; inf disables)")
+        None,
+        "stop at this mean return of the last 20 episodes (default 475 for "
+        "CartPole-v1, none otherwise; inf disables)",
+    )
     log_every: int = _opt(1, "batches between progress updates")
     progress: bool = _opt(True, "show a tqdm progress bar")
 
     def __post_init__(self) -> None:
-        for name in ("num_actors", "num_envs", "frames_per_batch", "total_frames", "epochs",
-                     "minibatch_size", "log_every"):
+        for name in (
+            "num_actors",
+            "num_envs",
+            "frames_per_batch",
+            "total_frames",
+            "epochs",
+            "minibatch_size",
+            "log_every",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -111,8 +121,10 @@ class TrainSettings:
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ValueError(f"hidden must be positive layer sizes, got {self.hidden!r}")
         if self.minibatch_size > self.frames_per_batch:
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) exceeds "
-                             f"frames_per_batch ({self.frames_per_batch})")
+            raise ValueError(
+                f"minibatch_size ({self.minibatch_size}) exceeds "
+                f"frames_per_batch ({self.frames_per_batch})"
+            )
         for address in self.actors:
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
@@ -127,7 +139,8 @@ class TrainSettings:
             mode = "num_actors * num_envs" if self.sync else "num_envs"
             raise ValueError(
                 f"frames_per_batch ({self.frames_per_batch}) must be a multiple of {mode} "
-                f"(num_actors={self.num_actors}, num_envs={self.num_envs})")
+                f"(num_actors={self.num_actors}, num_envs={self.num_envs})"
+            )
 
     @property
     def effective_target_return(self) -> float | None:
@@ -187,11 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
                 group.add_argument("--" + negative, dest=field.name, action="store_false")
                 parser.set_defaults(**{field.name: field.default})
             else:
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                    default=field.default, help=help_text)
+                parser.add_argument(
+                    flag,
+                    action=argparse.BooleanOptionalAction,
+                    default=field.default,
+                    help=help_text,
+                )
             continue
-        parser.add_argument(flag, type=_PARSERS[field.type], default=field.default,
-                            help=help_text)
+        parser.add_argument(flag, type=_PARSERS[field.type], default=field.default, help=help_text)
     return parser
 
 

@@ -30,8 +30,14 @@ _CLOSE = object()
 
 def small_config(**overrides: Any) -> ActorConfig:
     """A quick actor: 2 CartPole envs, an MLP policy, port 0, short grace."""
-    base: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "num_envs": 2, "seed": 0,
-                            "grace_period": 5.0, "max_credits": 4}
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "num_envs": 2,
+        "seed": 0,
+        "grace_period": 5.0,
+        "max_credits": 4,
+    }
     return ActorConfig(**(base | overrides))
 
 
@@ -59,7 +65,9 @@ def open_request(frames_per_batch: int = 10, credits: int = 0, **kw: Any) -> pb.
     settings.setdefault("total_frames", -1)
     return pb.OpenSession(
         settings=pb.CollectSettings(frames_per_batch=frames_per_batch, **settings),
-        credits=credits, **kw)
+        credits=credits,
+        **kw,
+    )
 
 
 class RawCollect:
@@ -72,8 +80,13 @@ class RawCollect:
         read: Start reading responses at once; False plays a learner that stopped reading.
     """
 
-    def __init__(self, stub: pb_grpc.ActorServiceStub, *first: pb.CollectRequest,
-                 metadata: tuple[tuple[str, str], ...] = (), read: bool = True) -> None:
+    def __init__(
+        self,
+        stub: pb_grpc.ActorServiceStub,
+        *first: pb.CollectRequest,
+        metadata: tuple[tuple[str, str], ...] = (),
+        read: bool = True,
+    ) -> None:
         self._requests: queue.Queue = queue.Queue()
         for request in first:
             self._requests.put(request)
@@ -85,8 +98,7 @@ class RawCollect:
             self._reader.start()
 
     @classmethod
-    def open(cls, stub: pb_grpc.ActorServiceStub, request: pb.OpenSession,
-             **kw: Any) -> RawCollect:
+    def open(cls, stub: pb_grpc.ActorServiceStub, request: pb.OpenSession, **kw: Any) -> RawCollect:
         """Start a call whose first message is ``open``."""
         return cls(stub, pb.CollectRequest(open=request), **kw)
 

@@ -15,13 +15,15 @@ from actor_service._config import ActorConfig, ModelSpec
 from actor_service._logging import configure_logging, get_logger, log_event
 
 
-def _parse(argv: list[str], environ: dict[str, str] | None = None,
-           hostname: str = "laptop") -> ActorConfig:
+def _parse(
+    argv: list[str], environ: dict[str, str] | None = None, hostname: str = "laptop"
+) -> ActorConfig:
     return parse_config(argv, environ or {}, hostname=hostname)
 
 
-def _error(capsys: pytest.CaptureFixture[str], argv: list[str],
-           environ: dict[str, str] | None = None) -> str:
+def _error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str] | None = None
+) -> str:
     with pytest.raises(SystemExit) as exit_info:
         _parse(argv, environ)
     assert exit_info.value.code == 2
@@ -37,46 +39,120 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
     cert, key, ca = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem"))
     for path in (cert, key, ca):
         path.write_text("x")
-    config = _parse([
-        "--host", "0.0.0.0", "--port", "6000", "--health-port", "6001", "--worker-id", "7",
-        "--env", "Pendulum-v1", "--env-kwargs", '{"g": 9.8}', "--env-factory", "pkg.mod:make",
-        "--num-envs", "3", "--env-backend", "async", "--step-timeout", "2.5",
-        "--policy", "random", "--policy-kwargs", '{"a": 1}', "--model", "critic=mlp",
-        "--model-kwargs", 'critic={"hidden": [8]}', "--device", "cpu", "--seed", "11",
-        "--max-credits", "6", "--grace-period", "3", "--token", "s3cret",
-        "--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(ca),
-        "--max-weight-bytes", "1000", "--torch-threads", "2", "--log-level", "debug",
-        "--log-format", "json",
-    ])
+    config = _parse(
+        [
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "6000",
+            "--health-port",
+            "6001",
+            "--worker-id",
+            "7",
+            "--env",
+            "Pendulum-v1",
+            "--env-kwargs",
+            '{"g": 9.8}',
+            "--env-factory",
+            "pkg.mod:make",
+            "--num-envs",
+            "3",
+            "--env-backend",
+            "async",
+            "--step-timeout",
+            "2.5",
+            "--policy",
+            "random",
+            "--policy-kwargs",
+            '{"a": 1}',
+            "--model",
+            "critic=mlp",
+            "--model-kwargs",
+            'critic={"hidden": [8]}',
+            "--device",
+            "cpu",
+            "--seed",
+            "11",
+            "--max-credits",
+            "6",
+            "--grace-period",
+            "3",
+            "--token",
+            "s3cret",
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--tls-client-ca",
+            str(ca),
+            "--max-weight-bytes",
+            "1000",
+            "--torch-threads",
+            "2",
+            "--log-level",
+            "debug",
+            "--log-format",
+            "json",
+        ]
+    )
     assert config == ActorConfig(
-        host="0.0.0.0", port=6000, health_port=6001, worker_id=7, env="Pendulum-v1",
-        env_kwargs={"g": 9.8}, env_factory="pkg.mod:make", num_envs=3, env_backend="async",
+        host="0.0.0.0",
+        port=6000,
+        health_port=6001,
+        worker_id=7,
+        env="Pendulum-v1",
+        env_kwargs={"g": 9.8},
+        env_factory="pkg.mod:make",
+        num_envs=3,
+        env_backend="async",
         step_timeout=2.5,
-        models=(ModelSpec("policy", "random", {"a": 1}),
-                ModelSpec("critic", "mlp", {"hidden": [8]})),
-        device="cpu", seed=11, max_credits=6, grace_period=3.0, token="s3cret",
-        tls_cert=str(cert), tls_key=str(key), tls_client_ca=str(ca), max_weight_bytes=1000,
-        torch_threads=2, log_level="debug", log_format="json",
+        models=(
+            ModelSpec("policy", "random", {"a": 1}),
+            ModelSpec("critic", "mlp", {"hidden": [8]}),
+        ),
+        device="cpu",
+        seed=11,
+        max_credits=6,
+        grace_period=3.0,
+        token="s3cret",
+        tls_cert=str(cert),
+        tls_key=str(key),
+        tls_client_ca=str(ca),
+        max_weight_bytes=1000,
+        torch_threads=2,
+        log_level="debug",
+        log_format="json",
     )
 
 
 def test_cli_environment_variables_are_read() -> None:
-    config = _parse([], {
-        "RLFLEET_NUM_ENVS": "5", "RLFLEET_PORT": "7000", "RLFLEET_TOKEN": "t",
-        "RLFLEET_POLICY": "random", "RLFLEET_MODELS": "critic=mlp,value=pkg.m:f",
-        "RLFLEET_MODEL_KWARGS": '{"critic": {"hidden": [4]}}', "RLFLEET_HEALTH_PORT": "",
-        "RLFLEET_SEED": "3",
-    })
+    config = _parse(
+        [],
+        {
+            "RLFLEET_NUM_ENVS": "5",
+            "RLFLEET_PORT": "7000",
+            "RLFLEET_TOKEN": "t",
+            "RLFLEET_POLICY": "random",
+            "RLFLEET_MODELS": "critic=mlp,value=pkg.m:f",
+            "RLFLEET_MODEL_KWARGS": '{"critic": {"hidden": [4]}}',
+            "RLFLEET_HEALTH_PORT": "",
+            "RLFLEET_SEED": "3",
+        },
+    )
     assert (config.num_envs, config.port, config.token, config.seed) == (5, 7000, "t", 3)
     assert config.health_port is None
-    assert config.models == (ModelSpec("policy", "random", {}),
-                             ModelSpec("critic", "mlp", {"hidden": [4]}),
-                             ModelSpec("value", "pkg.m:f", {}))
+    assert config.models == (
+        ModelSpec("policy", "random", {}),
+        ModelSpec("critic", "mlp", {"hidden": [4]}),
+        ModelSpec("value", "pkg.m:f", {}),
+    )
 
 
 def test_cli_flag_wins_over_environment_variable() -> None:
-    config = _parse(["--num-envs", "2", "--policy", "mlp"],
-                    {"RLFLEET_NUM_ENVS": "9", "RLFLEET_POLICY": "random"})
+    config = _parse(
+        ["--num-envs", "2", "--policy", "mlp"],
+        {"RLFLEET_NUM_ENVS": "9", "RLFLEET_POLICY": "random"},
+    )
     assert config.num_envs == 2
     assert config.models[0].factory == "mlp"
 
@@ -110,21 +186,27 @@ def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
         (["--max-credits", "0"], {}, "--max-credits"),
     ],
 )
-def test_cli_raises_if_a_value_is_bad(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                      environ: dict[str, str], needle: str) -> None:
+def test_cli_raises_if_a_value_is_bad(
+    capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str], needle: str
+) -> None:
     assert needle in _error(capsys, argv, environ)
 
 
-def test_cli_raises_if_tls_key_is_missing(capsys: pytest.CaptureFixture[str],
-                                          tmp_path: pytest.TempPathFactory) -> None:
+def test_cli_raises_if_tls_key_is_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: pytest.TempPathFactory
+) -> None:
     cert = tmp_path / "c.pem"
     cert.write_text("x")
     assert "--tls-key" in _error(capsys, ["--tls-cert", str(cert)])
 
 
 def test_cli_subprocess_exits_2_on_a_bad_flag() -> None:
-    result = subprocess.run([sys.executable, "-m", "actor_service", "--num-envs", "zero"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "actor_service", "--num-envs", "zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--num-envs" in result.stderr
     assert result.stdout == ""

@@ -77,8 +77,7 @@ def test_probe_exits_1_on_timeout(capsys) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         started = time.monotonic()
-        code = probe.main(["--port", str(silent.getsockname()[1]), "--timeout", "0.5"],
-                          environ={})
+        code = probe.main(["--port", str(silent.getsockname()[1]), "--timeout", "0.5"], environ={})
         elapsed = time.monotonic() - started
     assert code == 1
     assert elapsed < 5
@@ -90,8 +89,10 @@ def test_probe_takes_the_port_from_the_environment(server: HealthServer) -> None
     wrong = str(free_port())
     assert probe.main([], environ={"RLFLEET_PORT": str(server.port)}) == 0
     # The plaintext health port wins over the (maybe TLS) main port.
-    assert probe.main([], environ={"RLFLEET_PORT": wrong,
-                                   "RLFLEET_HEALTH_PORT": str(server.port)}) == 0
+    assert (
+        probe.main([], environ={"RLFLEET_PORT": wrong, "RLFLEET_HEALTH_PORT": str(server.port)})
+        == 0
+    )
     assert probe.main(["--port", wrong], environ={"RLFLEET_PORT": str(server.port)}) == 1
 
 
@@ -141,6 +142,7 @@ def test_probe_runs_as_a_module_without_importing_torch(server: HealthServer) ->
         "\ntry:\n    runpy.run_module('actor_service.probe', run_name='__main__')"
         "\nexcept SystemExit as exc:\n    print('torch' in sys.modules, exc.code)"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(server.port)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(server.port)], capture_output=True, text=True, timeout=60
+    )
     assert done.stdout.strip().splitlines()[-1] == "False 0", done.stderr

@@ -22,8 +22,9 @@ def _describe(stub: pb_grpc.ActorServiceStub, metadata: tuple = ()) -> pb.Descri
     return stub.Describe(pb.DescribeRequest(), metadata=metadata, timeout=10)
 
 
-@pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),),
-                                      (("authorization", TOKEN),)])
+@pytest.mark.parametrize(
+    "metadata", [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)]
+)
 def test_auth_raises_if_token_is_missing_or_wrong(make_actor: object, metadata: tuple) -> None:
     actor = make_actor(token=TOKEN)
     with pytest.raises(grpc.RpcError) as error:
@@ -36,8 +37,9 @@ def test_auth_refuses_streams_before_reading_them(make_actor: object) -> None:
     actor = make_actor(token=TOKEN)
     session = RawCollect.open(actor.stub, open_request(credits=1))
     assert session.error().code() == grpc.StatusCode.UNAUTHENTICATED
-    header = pb.PushWeightsRequest(header=pb.WeightsHeader(version=1, total_bytes=3,
-                                                          sha256=sha256_hex(b"abc")))
+    header = pb.PushWeightsRequest(
+        header=pb.WeightsHeader(version=1, total_bytes=3, sha256=sha256_hex(b"abc"))
+    )
     with pytest.raises(grpc.RpcError) as error:
         actor.stub.PushWeights(iter([header, pb.PushWeightsRequest(chunk=b"abc")]), timeout=10)
     assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -53,18 +55,39 @@ def test_auth_accepts_the_right_token_and_leaves_health_open(make_actor: object)
     session.batch()
     session.cancel()
     health = health_pb2_grpc.HealthStub(actor.channel)
-    response = health.Check(health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"),
-                            timeout=5)
+    response = health.Check(
+        health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"), timeout=5
+    )
     assert response.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _self_signed(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path]:
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=30)
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     return cert, key
 
 
@@ -72,8 +95,9 @@ needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="open
 
 
 @needs_openssl
-def test_tls_serves_encrypted_and_refuses_plaintext(make_actor: object,
-                                                    tmp_path: pathlib.Path) -> None:
+def test_tls_serves_encrypted_and_refuses_plaintext(
+    make_actor: object, tmp_path: pathlib.Path
+) -> None:
     cert, key = _self_signed(tmp_path, "server")
     actor = make_actor(tls_cert=str(cert), tls_key=str(key))
     credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
@@ -90,8 +114,9 @@ def test_mtls_requires_a_client_certificate(make_actor: object, tmp_path: pathli
     client_cert, client_key = _self_signed(tmp_path, "client")
     actor = make_actor(tls_cert=str(cert), tls_key=str(key), tls_client_ca=str(client_cert))
     target = f"127.0.0.1:{actor.port}"
-    with_cert = grpc.ssl_channel_credentials(cert.read_bytes(), client_key.read_bytes(),
-                                             client_cert.read_bytes())
+    with_cert = grpc.ssl_channel_credentials(
+        cert.read_bytes(), client_key.read_bytes(), client_cert.read_bytes()
+    )
     with grpc.secure_channel(target, with_cert) as channel:
         assert _describe(pb_grpc.ActorServiceStub(channel)).num_envs == 2
     without = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())

@@ -75,8 +75,10 @@ def test_collect_resume_resends_unacked_batches_first(actor: Actor) -> None:
     first.cancel()
     poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
 
-    second = RawCollect.open(actor.stub, open_request(
-        frames_per_batch=10, credits=1, resume_epoch=epoch, resume_after_seq=1))
+    second = RawCollect.open(
+        actor.stub,
+        open_request(frames_per_batch=10, credits=1, resume_epoch=epoch, resume_after_seq=1),
+    )
     opened = second.opened()
     assert opened.resumed
     assert opened.next_seq == 4
@@ -121,8 +123,7 @@ def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
     first = RawCollect.open(actor.stub, open_request(credits=1, learner_id="old"))
     first.opened()
     first.batch()
-    second = RawCollect.open(actor.stub, open_request(credits=1, take_over=True,
-                                                      learner_id="new"))
+    second = RawCollect.open(actor.stub, open_request(credits=1, take_over=True, learner_id="new"))
     end, _ = first.end()
     assert end.reason == pb.END_REASON_TAKEN_OVER
     assert end.last_seq == 1
@@ -132,11 +133,11 @@ def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
 
 
 def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor) -> None:
-    stuck = RawCollect.open(actor.stub, open_request(frames_per_batch=4000, credits=4),
-                            read=False)
+    stuck = RawCollect.open(actor.stub, open_request(frames_per_batch=4000, credits=4), read=False)
     poll_until(lambda: actor.worker.batches >= 1, message="the stuck learner's session runs")
-    taker = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1,
-                                                     take_over=True))
+    taker = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=1, take_over=True)
+    )
     opened = taker.opened(timeout=10)
     info, td = taker.batch(timeout=10)
     assert info.seq >= opened.next_seq
@@ -175,8 +176,9 @@ def test_collect_raises_if_open_comes_twice(actor: Actor) -> None:
 
 
 def test_collect_total_frames_ends_with_budget_reached(actor: Actor) -> None:
-    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=4,
-                                                       total_frames=30))
+    session = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=4, total_frames=30)
+    )
     session.opened()
     end, seqs = session.end()
     assert end.reason == pb.END_REASON_BUDGET_REACHED
@@ -204,7 +206,8 @@ def test_collect_cancelled_stream_releases_the_session(actor: Actor) -> None:
     assert _still(lambda: actor.worker.batches <= released_at + 1), "kept collecting"
     health = health_pb2_grpc.HealthStub(actor.channel)
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
-        health_pb2.HealthCheckResponse.SERVING)
+        health_pb2.HealthCheckResponse.SERVING
+    )
     again = RawCollect.open(actor.stub, open_request(credits=1))
     again.opened()
     again.batch()
@@ -219,8 +222,9 @@ def test_collect_cancelled_stream_releases_the_session(actor: Actor) -> None:
         ({"model_id": "nope"}, grpc.StatusCode.NOT_FOUND, "nope"),
     ],
 )
-def test_collect_raises_if_settings_are_bad(actor: Actor, request_kw: dict,
-                                            code: grpc.StatusCode, needle: str) -> None:
+def test_collect_raises_if_settings_are_bad(
+    actor: Actor, request_kw: dict, code: grpc.StatusCode, needle: str
+) -> None:
     session = RawCollect.open(actor.stub, open_request(credits=1, **request_kw))
     error = session.error()
     assert error.code() == code
@@ -249,8 +253,7 @@ def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:
 
 
 def test_collect_env_crash_ends_with_error_and_the_actor_recovers(make_actor: object) -> None:
-    actor = make_actor(env_factory="rlfleet_test_envs:crashing_cartpole",
-                       env_kwargs={"steps": 7})
+    actor = make_actor(env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 7})
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
     session.opened()
     end, seqs = session.end()

@@ -32,8 +32,9 @@ def _get_state(actor: Actor) -> bytes:
 
 
 def _load_requests(blob: bytes, sha256: str | None = None) -> Iterator[pb.StateChunk]:
-    yield pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob),
-                                              sha256=sha256 or sha256_hex(blob)))
+    yield pb.StateChunk(
+        header=pb.StateHeader(total_bytes=len(blob), sha256=sha256 or sha256_hex(blob))
+    )
     for piece in iter_blob_chunks(blob, 4096):
         yield pb.StateChunk(chunk=bytes(piece))
 
@@ -79,8 +80,9 @@ def test_get_state_round_trips_through_load_state(make_actor: object) -> None:
     state = decode_state(blob)
     assert "models" in state
     target = make_actor(seed=2)
-    assert not all(torch.equal(_policy_weights(source)[k], v)
-                   for k, v in _policy_weights(target).items())
+    assert not all(
+        torch.equal(_policy_weights(source)[k], v) for k, v in _policy_weights(target).items()
+    )
     response = target.stub.LoadState(_load_requests(blob), timeout=30)
     assert response.worker_id == 0
     for key, value in _policy_weights(target).items():
@@ -109,9 +111,14 @@ def test_load_state_raises_if_state_is_bad_and_changes_nothing(actor: Actor) -> 
 def test_set_seed_returns_the_next_seed_and_makes_collection_repeatable(actor: Actor) -> None:
     def first_batch_after_seed() -> tuple[int, torch.Tensor]:
         next_seed = actor.stub.SetSeed(pb.SetSeedRequest(seed=123), timeout=10).next_seed
-        session = RawCollect.open(actor.stub, open_request(
-            credits=1, reset_at_each_iter=True,
-            exploration_type=pb.EXPLORATION_TYPE_DETERMINISTIC))
+        session = RawCollect.open(
+            actor.stub,
+            open_request(
+                credits=1,
+                reset_at_each_iter=True,
+                exploration_type=pb.EXPLORATION_TYPE_DETERMINISTIC,
+            ),
+        )
         session.opened()
         _, td = session.batch()
         session.cancel()
@@ -159,12 +166,12 @@ def test_health_is_not_serving_until_the_pool_is_built() -> None:
         loop.close()
 
 
-
 def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: object) -> None:
     actor = make_actor()
     health = health_pb2_grpc.HealthStub(actor.channel)
-    watch = health.Watch(health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"),
-                         timeout=30)
+    watch = health.Watch(
+        health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"), timeout=30
+    )
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
     stopping = threading.Thread(target=actor.handle.stop, args=(0.5,))
     stopping.start()
@@ -174,19 +181,26 @@ def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: obje
 
 
 def test_serve_returns_1_if_the_env_cannot_be_built() -> None:
-    config = ActorConfig(host="127.0.0.1", port=0, env="NoSuchEnv-v0", num_envs=1,
-                         torch_threads=torch.get_num_threads())
+    config = ActorConfig(
+        host="127.0.0.1",
+        port=0,
+        env="NoSuchEnv-v0",
+        num_envs=1,
+        torch_threads=torch.get_num_threads(),
+    )
     assert serve(config) == 1
 
 
 def test_actor_calls_are_capped_and_health_keeps_answering(
-        actor: Actor, monkeypatch: pytest.MonkeyPatch) -> None:
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(servicer_module, "MAX_ACTOR_CALLS", 3)
     idle = [RawCollect(actor.stub) for _ in range(3)]  # calls waiting for their `open`
     poll_until(lambda: _refused(actor), message="a 4th call refused")
     health = health_pb2_grpc.HealthStub(actor.channel)
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
-        health_pb2.HealthCheckResponse.SERVING)
+        health_pb2.HealthCheckResponse.SERVING
+    )
     for call in idle:
         call.cancel()
     poll_until(lambda: not _refused(actor), message="calls admitted again")
@@ -201,7 +215,8 @@ def _refused(actor: Actor) -> bool:
 
 
 def test_collect_raises_if_open_does_not_arrive_in_time(
-        actor: Actor, monkeypatch: pytest.MonkeyPatch) -> None:
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(servicer_module, "_IDLE_TIMEOUT", 0.2)
     error = RawCollect(actor.stub).error(timeout=10)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED

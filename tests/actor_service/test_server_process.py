@@ -21,14 +21,16 @@ from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 @pytest.fixture(scope="module")
 def cli_actor() -> Iterator[ActorProcess]:
     """One actor started through the CLI, with a separate health port."""
-    with start_actor(["--num-envs", "2", "--worker-id", "3", "--health-port", "0",
-                      "--grace-period", "5"]) as actor:
+    with start_actor(
+        ["--num-envs", "2", "--worker-id", "3", "--health-port", "0", "--grace-period", "5"]
+    ) as actor:
         yield actor
 
 
 def _grpcurl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([grpcurl_path(), "-plaintext", *args], capture_output=True, text=True,
-                          timeout=30)
+    return subprocess.run(
+        [grpcurl_path(), "-plaintext", *args], capture_output=True, text=True, timeout=30
+    )
 
 
 def test_cli_prints_one_ready_line_with_worker_id_and_port(cli_actor: ActorProcess) -> None:
@@ -38,7 +40,8 @@ def test_cli_prints_one_ready_line_with_worker_id_and_port(cli_actor: ActorProce
 
 
 def test_grpcurl_lists_and_describes_the_service_through_reflection(
-        cli_actor: ActorProcess) -> None:
+    cli_actor: ActorProcess,
+) -> None:
     listed = _grpcurl(cli_actor.address, "list")
     assert listed.returncode == 0, listed.stderr
     assert "rlfleet.v1.ActorService" in listed.stdout.split()
@@ -52,20 +55,30 @@ def test_grpcurl_lists_and_describes_the_service_through_reflection(
 
 
 def test_grpcurl_health_check_is_serving(cli_actor: ActorProcess) -> None:
-    checked = _grpcurl("-d", '{"service": "rlfleet.v1.ActorService"}', cli_actor.address,
-                       "grpc.health.v1.Health/Check")
+    checked = _grpcurl(
+        "-d",
+        '{"service": "rlfleet.v1.ActorService"}',
+        cli_actor.address,
+        "grpc.health.v1.Health/Check",
+    )
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout) == {"status": "SERVING"}
 
 
 def test_health_port_serves_only_health_and_reflection(cli_actor: ActorProcess) -> None:
-    ports = [int(line.split("health_port=")[1].split()[0])
-             for line in cli_actor.stderr().splitlines() if "health_port=" in line]
+    ports = [
+        int(line.split("health_port=")[1].split()[0])
+        for line in cli_actor.stderr().splitlines()
+        if "health_port=" in line
+    ]
     assert ports
     assert ports[0] not in (0, cli_actor.port)
     with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as channel:
-        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                           timeout=5).status
+        status = (
+            health_pb2_grpc.HealthStub(channel)
+            .Check(health_pb2.HealthCheckRequest(), timeout=5)
+            .status
+        )
         assert status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.RpcError) as error:
             pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=5)
@@ -75,8 +88,9 @@ def test_health_port_serves_only_health_and_reflection(cli_actor: ActorProcess) 
 def test_cli_actor_collects_end_to_end(cli_actor: ActorProcess) -> None:
     with grpc.insecure_channel(cli_actor.address) as channel:
         stub = pb_grpc.ActorServiceStub(channel)
-        session = RawCollect.open(stub, open_request(frames_per_batch=20, credits=2,
-                                                     total_frames=60))
+        session = RawCollect.open(
+            stub, open_request(frames_per_batch=20, credits=2, total_frames=60)
+        )
         opened = session.opened()
         assert opened.worker_id == 3
         info, td = session.batch()
@@ -90,8 +104,11 @@ def test_cli_actor_collects_end_to_end(cli_actor: ActorProcess) -> None:
 
 def _children(pid: int) -> list[int]:
     """Child processes of ``pid``, whichever of its threads started them."""
-    return [int(child) for task in pathlib.Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()]
+    return [
+        int(child)
+        for task in pathlib.Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -104,13 +121,24 @@ def _alive(pid: int) -> bool:
 
 def test_sigterm_drains_the_stream_and_exits_0_within_grace() -> None:
     grace = 8.0
-    with start_actor(["--num-envs", "2", "--env-backend", "async", "--grace-period", str(grace),
-                      "--log-format", "json"]) as actor:
+    with start_actor(
+        [
+            "--num-envs",
+            "2",
+            "--env-backend",
+            "async",
+            "--grace-period",
+            str(grace),
+            "--log-format",
+            "json",
+        ]
+    ) as actor:
         env_processes = _children(actor.process.pid)
         assert len(env_processes) >= 2, "the async env pool runs in subprocesses"
         channel = grpc.insecure_channel(actor.address)
-        session = RawCollect.open(pb_grpc.ActorServiceStub(channel),
-                                  open_request(frames_per_batch=200, credits=4))
+        session = RawCollect.open(
+            pb_grpc.ActorServiceStub(channel), open_request(frames_per_batch=200, credits=4)
+        )
         session.opened()
         session.batch()
         session.credit(4)
@@ -125,5 +153,8 @@ def test_sigterm_drains_the_stream_and_exits_0_within_grace() -> None:
         events = [json.loads(line)["event"] for line in actor.stderr().splitlines()]
         assert events.index("actor.draining") < events.index("session.ended")
         assert "actor.stopped" in events
-        poll_until(lambda: not any(_alive(pid) for pid in env_processes), timeout=5,
-                   message="env subprocesses reaped")
+        poll_until(
+            lambda: not any(_alive(pid) for pid in env_processes),
+            timeout=5,
+            message="env subprocesses reaped",
+        )

@@ -36,12 +36,21 @@ def _favouring(shapes: dict, action: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def _requests(blob: bytes, version: int, model_id: str = "policy", sha256: str | None = None,
-              total_bytes: int | None = None) -> Iterator[pb.PushWeightsRequest]:
-    yield pb.PushWeightsRequest(header=pb.WeightsHeader(
-        model_id=model_id, version=version,
-        total_bytes=len(blob) if total_bytes is None else total_bytes,
-        sha256=sha256_hex(blob) if sha256 is None else sha256))
+def _requests(
+    blob: bytes,
+    version: int,
+    model_id: str = "policy",
+    sha256: str | None = None,
+    total_bytes: int | None = None,
+) -> Iterator[pb.PushWeightsRequest]:
+    yield pb.PushWeightsRequest(
+        header=pb.WeightsHeader(
+            model_id=model_id,
+            version=version,
+            total_bytes=len(blob) if total_bytes is None else total_bytes,
+            sha256=sha256_hex(blob) if sha256 is None else sha256,
+        )
+    )
     for piece in iter_blob_chunks(blob, 1000):
         yield pb.PushWeightsRequest(chunk=bytes(piece))
 
@@ -51,8 +60,10 @@ def _push(actor: Actor, state: dict, version: int, **kw: object) -> pb.PushWeigh
 
 
 def _actions(actor: Actor, n_batches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    session = RawCollect.open(actor.stub, open_request(
-        frames_per_batch=20, credits=n_batches, exploration_type=DETERMINISTIC))
+    session = RawCollect.open(
+        actor.stub,
+        open_request(frames_per_batch=20, credits=n_batches, exploration_type=DETERMINISTIC),
+    )
     session.opened()
     batches = [session.batch()[1] for _ in range(n_batches)]
     session.cancel()
@@ -67,7 +78,8 @@ def _assert_unchanged(actor: Actor, version: int) -> None:
     assert next(m.version for m in described.models if m.model_id == "policy") == version
     health = health_pb2_grpc.HealthStub(actor.channel)
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
-        health_pb2.HealthCheckResponse.SERVING)
+        health_pb2.HealthCheckResponse.SERVING
+    )
 
 
 def test_push_weights_changes_actions_and_policy_version(actor: Actor) -> None:
@@ -87,8 +99,9 @@ def test_push_weights_changes_actions_and_policy_version(actor: Actor) -> None:
 def test_push_weights_applies_between_batches_of_a_live_session(actor: Actor) -> None:
     shapes = _policy_shapes(actor.stub)
     _push(actor, _favouring(shapes, 0), version=1)
-    session = RawCollect.open(actor.stub, open_request(
-        frames_per_batch=20, credits=1, exploration_type=DETERMINISTIC))
+    session = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=20, credits=1, exploration_type=DETERMINISTIC)
+    )
     session.opened()
     first_info, _first = session.batch()
     _push(actor, _favouring(shapes, 1), version=2)
@@ -115,14 +128,30 @@ def _bad_pushes(shapes: dict) -> list:
         ("unknown_model", blob, {"model_id": "critic"}, grpc.StatusCode.NOT_FOUND, "critic"),
         ("sha_mismatch", blob, {"sha256": "0" * 64}, grpc.StatusCode.DATA_LOSS, "sha256"),
         ("over_cap", blob, {"total_bytes": 10**9}, grpc.StatusCode.RESOURCE_EXHAUSTED, "cap"),
-        ("truncated", blob, {"total_bytes": len(blob) + 5}, grpc.StatusCode.INVALID_ARGUMENT,
-         "incomplete"),
+        (
+            "truncated",
+            blob,
+            {"total_bytes": len(blob) + 5},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "incomplete",
+        ),
         ("garbage", b"\x00" * 64, {}, grpc.StatusCode.INVALID_ARGUMENT, "weights"),
     ]
 
 
-@pytest.mark.parametrize("label", ["wrong_shape", "nan", "unknown_key", "unknown_model",
-                                   "sha_mismatch", "over_cap", "truncated", "garbage"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "wrong_shape",
+        "nan",
+        "unknown_key",
+        "unknown_model",
+        "sha_mismatch",
+        "over_cap",
+        "truncated",
+        "garbage",
+    ],
+)
 def test_push_weights_raises_if_push_is_bad(make_actor: object, label: str) -> None:
     actor = make_actor(max_weight_bytes=10**6)
     shapes = _policy_shapes(actor.stub)
@@ -189,8 +218,11 @@ def test_push_weights_is_audit_logged_with_peer_sha256_and_result(actor: Actor) 
             actor.stub.PushWeights(_requests(blob, 1), timeout=30)
     finally:
         get_logger().removeHandler(handler)
-    pushes = [r["fields"] for r in map(json.loads, stream.getvalue().splitlines())
-              if r["event"] == "weights.push"]
+    pushes = [
+        r["fields"]
+        for r in map(json.loads, stream.getvalue().splitlines())
+        if r["event"] == "weights.push"
+    ]
     assert [p["result"] for p in pushes] == ["OK", "ABORTED"]
     for push in pushes:
         assert push["sha256"] == sha256_hex(blob)
@@ -201,11 +233,14 @@ def test_push_weights_is_audit_logged_with_peer_sha256_and_result(actor: Actor) 
 
 def test_push_weights_raises_if_a_message_exceeds_4_mib(actor: Actor) -> None:
     blob = bytes(5 * 1024 * 1024)
-    requests = iter([
-        pb.PushWeightsRequest(header=pb.WeightsHeader(version=1, total_bytes=len(blob),
-                                                      sha256=sha256_hex(blob))),
-        pb.PushWeightsRequest(chunk=blob),
-    ])
+    requests = iter(
+        [
+            pb.PushWeightsRequest(
+                header=pb.WeightsHeader(version=1, total_bytes=len(blob), sha256=sha256_hex(blob))
+            ),
+            pb.PushWeightsRequest(chunk=blob),
+        ]
+    )
     with pytest.raises(grpc.RpcError) as error:
         actor.stub.PushWeights(requests, timeout=30)
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -271,12 +271,15 @@ def test_frame_assembler_receives_into_the_allocated_buffer() -> None:
     assert out["observation"].untyped_storage().data_ptr() == slab.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("make", [
-    lambda n: torch.empty(n + 1, dtype=torch.uint8),
-    lambda n: torch.empty(n, dtype=torch.int8),
-    lambda n: torch.empty(n + 1, dtype=torch.uint8)[1:],
-    lambda n: bytearray(n),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: torch.empty(n + 1, dtype=torch.uint8),
+        lambda n: torch.empty(n, dtype=torch.int8),
+        lambda n: torch.empty(n + 1, dtype=torch.uint8)[1:],
+        lambda n: bytearray(n),
+    ],
+)
 def test_frame_assembler_raises_if_allocate_returns_an_unusable_buffer(make: Any) -> None:
     frame = encode_frame(cartpole_batch(2, 3))
     with pytest.raises(FrameError, match="allocate"):

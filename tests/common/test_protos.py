@@ -14,8 +14,13 @@ GENERATED = ["actor_service_pb2.py", "actor_service_pb2.pyi", "actor_service_pb2
 def test_stubs_match_a_fresh_generation(tmp_path: pathlib.Path) -> None:
     subprocess.run(
         [
-            sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}",
-            f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'protos'}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
             str(ROOT / "protos" / PROTO),
         ],
         check=True,

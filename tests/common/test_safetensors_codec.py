@@ -17,16 +17,25 @@ def _every_dtype() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     floats = torch.randn(3, 2)
     return {
-        "f64": floats.double(), "f32": floats, "f16": floats.half(), "bf16": floats.bfloat16(),
-        "f8e4": floats.to(torch.float8_e4m3fn), "f8e5": floats.to(torch.float8_e5m2),
-        "c64": torch.randn(2, dtype=torch.complex64), "i64": torch.arange(3),
-        "i32": torch.arange(3, dtype=torch.int32), "i16": torch.arange(3, dtype=torch.int16),
+        "f64": floats.double(),
+        "f32": floats,
+        "f16": floats.half(),
+        "bf16": floats.bfloat16(),
+        "f8e4": floats.to(torch.float8_e4m3fn),
+        "f8e5": floats.to(torch.float8_e5m2),
+        "c64": torch.randn(2, dtype=torch.complex64),
+        "i64": torch.arange(3),
+        "i32": torch.arange(3, dtype=torch.int32),
+        "i16": torch.arange(3, dtype=torch.int16),
         "i8": torch.arange(-1, 2, dtype=torch.int8),
         "u64": torch.tensor([1, 2], dtype=torch.uint64),
         "u32": torch.tensor([1, 2], dtype=torch.uint32),
         "u16": torch.tensor([3], dtype=torch.uint16),
-        "u8": torch.arange(5, dtype=torch.uint8), "bool": torch.tensor([True, False, True]),
-        "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4), "net.0.weight": torch.ones(2, 2),
+        "u8": torch.arange(5, dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "net.0.weight": torch.ones(2, 2),
     }
 
 
@@ -67,7 +76,8 @@ def test_encode_weights_is_read_by_safetensors() -> None:
     state = _every_dtype()
     loaded = safetensors.torch.load(encode_weights(state))
     assert {k: (v.dtype, v.shape) for k, v in loaded.items()} == {
-        k: (v.dtype, v.shape) for k, v in state.items()}
+        k: (v.dtype, v.shape) for k, v in state.items()
+    }
     assert _raw(loaded) == _raw(state)
 
 
@@ -76,7 +86,8 @@ def test_decode_weights_reads_what_safetensors_wrote() -> None:
     decoded, metadata = decode_weights(safetensors.torch.save(state, {"k": "v"}))
     assert metadata == {"k": "v"}
     assert {k: (v.dtype, v.shape) for k, v in decoded.items()} == {
-        k: (v.dtype, v.shape) for k, v in state.items()}
+        k: (v.dtype, v.shape) for k, v in state.items()
+    }
     assert _raw(decoded) == _raw(state)
 
 
@@ -92,8 +103,10 @@ def test_decode_weights_views_the_assembled_buffer_without_copying() -> None:
 
 def test_decode_weights_copies_only_misaligned_tensors() -> None:
     # A u8 tensor of 1 byte puts the f32 tensor after it at an odd offset.
-    entries = {"u": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
-               "f": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]}}
+    entries = {
+        "u": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+        "f": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]},
+    }
     view = _writable(_blob(entries, b"\x07" + struct.pack("<2f", 1.5, -2.0)))
     decoded, _ = decode_weights(view)
     assert decoded["f"].tolist() == [1.5, -2.0]
@@ -112,18 +125,37 @@ def test_decode_weights_copies_a_read_only_blob() -> None:
 @pytest.mark.parametrize(
     ("entries", "data_bytes", "reason"),
     [
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, 12, "overlaps"),
-        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, 12, "gap"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            12,
+            "overlaps",
+        ),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+            },
+            12,
+            "gap",
+        ),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, 8, "gap"),
         ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 12, "cover 8 bytes"),
         ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 8, "cover 16 bytes"),
         ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, 4, "needs 8 bytes"),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}}, 8, "needs 4 bytes"),
     ],
-    ids=["overlapping", "gap", "not-from-zero", "data-left-over", "past-the-end",
-         "size-not-shape", "reversed"],
+    ids=[
+        "overlapping",
+        "gap",
+        "not-from-zero",
+        "data-left-over",
+        "past-the-end",
+        "size-not-shape",
+        "reversed",
+    ],
 )
 def test_decode_weights_raises_if_offsets_do_not_tile_the_data(
     entries: dict, data_bytes: int, reason: str
@@ -160,8 +192,13 @@ def test_decode_weights_raises_if_header_repeats_a_key() -> None:
 
 
 def test_check_finite_accepts_finite_values_whose_sum_overflows() -> None:
-    check_finite({"h": torch.full((4,), 60000.0, dtype=torch.float16),
-                  "f": torch.full((4,), 3e38), "c": torch.full((2,), 3e38, dtype=torch.complex64)})
+    check_finite(
+        {
+            "h": torch.full((4,), 60000.0, dtype=torch.float16),
+            "f": torch.full((4,), 3e38),
+            "c": torch.full((2,), 3e38, dtype=torch.complex64),
+        }
+    )
 
 
 def test_check_finite_names_a_single_nan_in_a_large_tensor() -> None:

@@ -101,11 +101,20 @@ def compose_binary() -> pathlib.Path:
 
 def run_compose(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``docker-compose -f docker/docker-compose.yml ARGS`` (no Docker daemon involved)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COMPOSE_", "DOCKER_", "RLFLEET_", "TORCH_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COMPOSE_", "DOCKER_", "RLFLEET_", "TORCH_"))
+    }
     env.update(extra_env or {})
-    return subprocess.run([str(compose_binary()), "-f", str(COMPOSE_FILE), *args],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    return subprocess.run(
+        [str(compose_binary()), "-f", str(COMPOSE_FILE), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def compose_config(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -136,8 +145,12 @@ def k8s_documents() -> dict[str, list[dict[str, Any]]]:
 
 def k8s_object(kind: str, name: str) -> dict[str, Any]:
     """The one manifest object of ``kind`` named ``name``."""
-    found = [doc for docs in k8s_documents().values() for doc in docs
-             if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    found = [
+        doc
+        for docs in k8s_documents().values()
+        for doc in docs
+        if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
     assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
     return found[0]
 

@@ -44,8 +44,13 @@ def test_compose_validation_rejects_a_broken_file(tmp_path) -> None:
     # The validator is real: the same file with one bad key fails.
     broken = tmp_path / "docker-compose.yml"
     broken.write_text(COMPOSE_FILE.read_text().replace("stop_grace_period:", "stop_grace:", 1))
-    done = subprocess.run([str(compose_binary()), "-f", str(broken), "config", "--quiet"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        [str(compose_binary()), "-f", str(broken), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode != 0
     assert "stop_grace" in done.stderr
 

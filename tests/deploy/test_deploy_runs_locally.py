@@ -68,7 +68,7 @@ def local_argv(container_argv: Sequence[str]) -> list[str]:
     """A container's argv with tini left out and the image's programs mapped to this checkout."""
     argv = list(container_argv)
     if argv and argv[0] == "tini":
-        argv = argv[argv.index("--") + 1:]
+        argv = argv[argv.index("--") + 1 :]
     local: list[str] = []
     for index, word in enumerate(argv):
         # Only programs are mapped: the command, and what the entrypoint script execs.
@@ -115,8 +115,9 @@ class Replica:
         self.env = env
         fd, self._log_path = tempfile.mkstemp(prefix="rlfleet-replica-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
-            self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                            stderr=log, text=True, cwd=ROOT)
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT
+            )
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -182,8 +183,9 @@ def replicas(specs: list[tuple[list[str], dict[str, str], str]]) -> Iterator[lis
 
 
 def grpcurl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([grpcurl_path(), "-max-time", "10", *args],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [grpcurl_path(), "-max-time", "10", *args], capture_output=True, text=True, timeout=30
+    )
 
 
 def check_actor_with_grpcurl(address: str, worker_id: int) -> None:
@@ -202,8 +204,9 @@ def check_actor_with_grpcurl(address: str, worker_id: int) -> None:
 
 def run_healthcheck(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """A HEALTHCHECK/probe command, with the container's environment, as Docker execs it."""
-    return subprocess.run(local_argv(command), env=env, capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    return subprocess.run(
+        local_argv(command), env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
 
 
 def policy_versions(address: str) -> int:
@@ -221,13 +224,21 @@ def _field(message: dict, name: str, default: object) -> object:
 
 def learner_resolves_dns() -> bool:
     """Whether rlfleet-train expands ``dns:///`` targets itself yet."""
-    sources = [ROOT / "learner_client" / "_collector.py",
-               ROOT / "learner_client" / "train" / "_loop.py"]
+    sources = [
+        ROOT / "learner_client" / "_collector.py",
+        ROOT / "learner_client" / "train" / "_loop.py",
+    ]
     return any("resolve_actors" in path.read_text() for path in sources if path.exists())
 
 
-def run_learner(argv: list[str], service: str, addresses: list[str], port: int,
-                out: pathlib.Path, namespace_dir: pathlib.Path) -> subprocess.CompletedProcess:
+def run_learner(
+    argv: list[str],
+    service: str,
+    addresses: list[str],
+    port: int,
+    out: pathlib.Path,
+    namespace_dir: pathlib.Path,
+) -> subprocess.CompletedProcess:
     """The learner's command with a tiny budget, where ``service`` resolves to ``addresses``."""
     target = argv[argv.index("--actors") + 1]
     host, _ = parse_dns_target(target)
@@ -238,12 +249,19 @@ def run_learner(argv: list[str], service: str, addresses: list[str], port: int,
     argv = with_flag(argv, "--out", str(out))
     if not learner_resolves_dns():
         # Until the learner expands dns:/// itself, expand it here exactly as it will.
-        resolved = resolve_actors(argv[argv.index("--actors") + 1],
-                                  resolver=lambda _host, _port: addresses)
+        resolved = resolve_actors(
+            argv[argv.index("--actors") + 1], resolver=lambda _host, _port: addresses
+        )
         argv = with_flag(argv, "--actors", ",".join(resolved))
     namespace = HostsNamespace(namespace_dir, {service: addresses})
-    return subprocess.run(namespace.wrap(local_argv(argv)), env=process_env({}),
-                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    return subprocess.run(
+        namespace.wrap(local_argv(argv)),
+        env=process_env({}),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
 
 
 # -------------------------------------------------------------------- compose
@@ -260,8 +278,9 @@ def test_compose_fleet_runs_locally(tmp_path: pathlib.Path) -> None:
     specs = []
     for index, loopback in enumerate(loopbacks):
         hostname = f"c0ffee00000{index}"  # a container id, as Docker sets the host name
-        namespace = HostsNamespace(tmp_path / hostname, {hostname: [network_ips[loopback]]},
-                                   hostname=hostname)
+        namespace = HostsNamespace(
+            tmp_path / hostname, {hostname: [network_ips[loopback]]}, hostname=hostname
+        )
         env = process_env(actor["environment"], RLFLEET_HOST=loopback, RLFLEET_PORT=str(port))
         specs.append((namespace.wrap(argv), env, f"{loopback}:{port}"))
     with replicas(specs) as fleet:
@@ -275,8 +294,14 @@ def test_compose_fleet_runs_locally(tmp_path: pathlib.Path) -> None:
             assert done.returncode == 0, done.stdout + done.stderr
             assert done.stdout.startswith(f"SERVING {replica.address}")
 
-        run = run_learner(learner["command"], "actor", loopbacks, port,
-                          tmp_path / "runs" / "cartpole", tmp_path / "learner")
+        run = run_learner(
+            learner["command"],
+            "actor",
+            loopbacks,
+            port,
+            tmp_path / "runs" / "cartpole",
+            tmp_path / "learner",
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         summary = json.loads((tmp_path / "runs" / "cartpole" / "summary.json").read_text())
         assert summary["frames"] >= int(TINY_BUDGET["--total-frames"])
@@ -337,9 +362,13 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
             del env["RLFLEET_WORKER_ID"]
         pod_name = f"actors-{ordinal}"
         namespace = HostsNamespace(tmp_path / pod_name, {pod_name: [loopback]}, hostname=pod_name)
-        specs.append((namespace.wrap(argv),
-                      process_env(env, RLFLEET_HOST=loopback, RLFLEET_PORT=str(port)),
-                      f"{loopback}:{port}"))
+        specs.append(
+            (
+                namespace.wrap(argv),
+                process_env(env, RLFLEET_HOST=loopback, RLFLEET_PORT=str(port)),
+                f"{loopback}:{port}",
+            )
+        )
     with replicas(specs) as fleet:
         assert [replica.ready_line() for replica in fleet] == [(0, port), (1, port)]
         for ordinal, replica in enumerate(fleet):
@@ -347,8 +376,14 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
             check_actor_with_grpcurl(replica.address, ordinal)
         _wait_for_actors_like_the_init_container(fqdn, loopbacks, port, tmp_path / "init")
         job = k8s_object("Job", "learner")["spec"]["template"]["spec"]
-        run = run_learner(container(job, "learner")["args"], fqdn, loopbacks, port,
-                          tmp_path / "runs" / "cartpole", tmp_path / "learner")
+        run = run_learner(
+            container(job, "learner")["args"],
+            fqdn,
+            loopbacks,
+            port,
+            tmp_path / "runs" / "cartpole",
+            tmp_path / "learner",
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         for replica in fleet:
             assert policy_versions(replica.address) >= 1
@@ -357,14 +392,20 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
         assert [replica.stop(grace) for replica in fleet] == [0, 0]
 
 
-def _wait_for_actors_like_the_init_container(fqdn: str, addresses: list[str], port: int,
-                                             directory: pathlib.Path) -> None:
+def _wait_for_actors_like_the_init_container(
+    fqdn: str, addresses: list[str], port: int, directory: pathlib.Path
+) -> None:
     job = k8s_object("Job", "learner")["spec"]["template"]["spec"]
     args = container(job, "wait-for-actors", init=True)["args"]
     args = with_flag(args, "--port", str(port))
     namespace = HostsNamespace(directory, {fqdn: addresses})
-    done = subprocess.run(namespace.wrap(local_argv(args)), env=process_env({}),
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        namespace.wrap(local_argv(args)),
+        env=process_env({}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("SERVING")
-

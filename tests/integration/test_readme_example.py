@@ -16,8 +16,9 @@ def test_readme_example_runs_and_prints_one_line_per_batch(tmp_path) -> None:
     assert match, "the README lost its training-loop example"
     script = tmp_path / "example.py"
     script.write_text(match.group(1))
-    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 8  # total_frames / frames_per_batch

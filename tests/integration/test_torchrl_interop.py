@@ -15,8 +15,9 @@ HIDDEN = [16, 16]
 
 @pytest.fixture(scope="module")
 def fleet():
-    with LocalFleet(2, "CartPole-v1", num_envs=2, seed=11, grace_period=1.0,
-                    policy_kwargs={"hidden": HIDDEN}) as local_fleet:
+    with LocalFleet(
+        2, "CartPole-v1", num_envs=2, seed=11, grace_period=1.0, policy_kwargs={"hidden": HIDDEN}
+    ) as local_fleet:
         yield local_fleet
 
 
@@ -27,8 +28,9 @@ def _ppo_step_on(batch):
 
     env = gym.make("CartPole-v1")
     actor = make_policy("mlp", env.observation_space, env.action_space, hidden=HIDDEN)
-    critic = ValueOperator(make_value_mlp(env.observation_space, hidden=HIDDEN),
-                           in_keys=["observation"])
+    critic = ValueOperator(
+        make_value_mlp(env.observation_space, hidden=HIDDEN), in_keys=["observation"]
+    )
     loss_module = ClipPPOLoss(actor, critic)
     # Our log-prob key is TorchRL's default for this module: nothing is renamed.
     assert loss_module.tensor_keys.sample_log_prob == "action_log_prob"
@@ -53,8 +55,9 @@ def _ppo_step_on(batch):
 
 @pytest.mark.parametrize(("sync", "shape"), [(True, (2, 2, 8)), (False, (2, 16))])
 def test_torchrl_gae_and_clip_ppo_loss_accept_collector_batches(fleet, sync, shape):
-    with GrpcCollector(fleet.addresses, frames_per_batch=32, total_frames=64,
-                       sync=sync) as collector:
+    with GrpcCollector(
+        fleet.addresses, frames_per_batch=32, total_frames=64, sync=sync
+    ) as collector:
         batch = next(iter(collector))
         assert tuple(batch.shape) == shape
         assert batch.names[-1] == "time"

@@ -38,18 +38,40 @@ def _actor_processes(seed: int) -> list[int]:
 
 
 def _train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "learner_client.train", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240,
-                          env=None if env is None else {**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "learner_client.train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def test_train_entry_point_runs_a_tiny_budget_and_writes_its_outputs(tmp_path):
     # Async here; the sync loop runs the entry point in test_train_solves_cartpole.
     seed = random.randrange(10**6, 10**9)
     out = tmp_path / "run"
-    result = _train("--num-actors", "2", "--num-envs", "2", "--frames-per-batch", "64",
-                    "--total-frames", "128", "--minibatch-size", "32", "--hidden", "16,16",
-                    "--seed", str(seed), "--out", str(out), "--no-progress", "--async")
+    result = _train(
+        "--num-actors",
+        "2",
+        "--num-envs",
+        "2",
+        "--frames-per-batch",
+        "64",
+        "--total-frames",
+        "128",
+        "--minibatch-size",
+        "32",
+        "--hidden",
+        "16,16",
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--async",
+    )
     assert result.returncode == 0, result.stderr
     assert "128 frames" in result.stdout
 
@@ -77,26 +99,40 @@ def test_train_entry_point_exits_non_zero_with_a_message_on_an_unknown_env(tmp_p
     assert "Traceback" not in result.stderr
 
 
-
 @pytest.fixture(scope="module")
 def external_fleet():
-    with LocalFleet(2, num_envs=2, seed=5, grace_period=1.0,
-                    policy_kwargs={"hidden": [16, 16]}) as fleet:
+    with LocalFleet(
+        2, num_envs=2, seed=5, grace_period=1.0, policy_kwargs={"hidden": [16, 16]}
+    ) as fleet:
         yield fleet
 
 
 def _serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                          timeout=5)
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_train_entry_point_trains_against_an_existing_fleet_and_leaves_it_running(
-        tmp_path, external_fleet):
-    result = _train("--actors", ",".join(external_fleet.addresses), "--frames-per-batch", "64",
-                    "--total-frames", "128", "--minibatch-size", "32", "--hidden", "16,16",
-                    "--out", str(tmp_path), "--no-progress")
+    tmp_path, external_fleet
+):
+    result = _train(
+        "--actors",
+        ",".join(external_fleet.addresses),
+        "--frames-per-batch",
+        "64",
+        "--total-frames",
+        "128",
+        "--minibatch-size",
+        "32",
+        "--hidden",
+        "16,16",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["frames"] == 128
     assert all(external_fleet.is_alive(w) for w in (0, 1))
@@ -105,10 +141,27 @@ def test_train_entry_point_trains_against_an_existing_fleet_and_leaves_it_runnin
 
 def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path, external_fleet):
     learner = subprocess.Popen(
-        [sys.executable, "-m", "learner_client.train", "--actors",
-         ",".join(external_fleet.addresses), "--frames-per-batch", "64", "--minibatch-size",
-         "32", "--hidden", "16,16", "--out", str(tmp_path), "--no-progress"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "learner_client.train",
+            "--actors",
+            ",".join(external_fleet.addresses),
+            "--frames-per-batch",
+            "64",
+            "--minibatch-size",
+            "32",
+            "--hidden",
+            "16,16",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # The first progress line means training is under way.
         assert learner.stderr.readline().startswith("frames=")
@@ -119,20 +172,49 @@ def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path,
     assert learner.returncode == 130, err
     assert "interrupted" in err
     # The actors are free for the next learner.
-    with GrpcCollector(external_fleet.addresses, frames_per_batch=16, total_frames=16,
-                       sync=False) as collector:
+    with GrpcCollector(
+        external_fleet.addresses, frames_per_batch=16, total_frames=16, sync=False
+    ) as collector:
         assert next(iter(collector)).numel() == 16
 
 
 def test_train_entry_point_authenticates_with_the_token_from_the_environment(tmp_path):
-    flags = ["--frames-per-batch", "32", "--total-frames", "64", "--minibatch-size", "32",
-             "--hidden", "16,16", "--no-progress", "--async"]
-    with LocalFleet(1, num_envs=2, seed=7, grace_period=1.0, policy_kwargs={"hidden": [16, 16]},
-                    extra_args=("--token", "s3cret")) as fleet:
-        refused = _train("--actors", fleet.addresses[0], "--out", str(tmp_path / "a"), *flags,
-                         env={"RLFLEET_TOKEN": "wrong"})
-        accepted = _train("--actors", fleet.addresses[0], "--out", str(tmp_path / "b"), *flags,
-                          env={"RLFLEET_TOKEN": "s3cret"})
+    flags = [
+        "--frames-per-batch",
+        "32",
+        "--total-frames",
+        "64",
+        "--minibatch-size",
+        "32",
+        "--hidden",
+        "16,16",
+        "--no-progress",
+        "--async",
+    ]
+    with LocalFleet(
+        1,
+        num_envs=2,
+        seed=7,
+        grace_period=1.0,
+        policy_kwargs={"hidden": [16, 16]},
+        extra_args=("--token", "s3cret"),
+    ) as fleet:
+        refused = _train(
+            "--actors",
+            fleet.addresses[0],
+            "--out",
+            str(tmp_path / "a"),
+            *flags,
+            env={"RLFLEET_TOKEN": "wrong"},
+        )
+        accepted = _train(
+            "--actors",
+            fleet.addresses[0],
+            "--out",
+            str(tmp_path / "b"),
+            *flags,
+            env={"RLFLEET_TOKEN": "s3cret"},
+        )
     assert refused.returncode == 1
     assert "UNAUTHENTICATED" in refused.stderr
     assert "s3cret" not in refused.stderr

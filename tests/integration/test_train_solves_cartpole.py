@@ -16,9 +16,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_train_defaults_reach_the_cartpole_target_within_budget(tmp_path):
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "learner_client.train", "--seed", "1", "--out", str(out),
-         "--no-progress"],
-        cwd=ROOT, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "learner_client.train",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())

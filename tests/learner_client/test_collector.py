@@ -20,8 +20,9 @@ def addresses(fleet, *worker_ids):
 
 
 def test_collector_sync_stacks_workers_envs_time(fleet):
-    with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=12, total_frames=36,
-                       sync=True) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 1, 2), frames_per_batch=12, total_frames=36, sync=True
+    ) as collector:
         assert len(collector) == 3
         batches = list(collector)
         stats = collector.stats()
@@ -44,8 +45,9 @@ def test_collector_sync_stacks_workers_envs_time(fleet):
 
 
 def test_collector_sync_cat_results_0_concatenates_on_dim_0(fleet):
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, total_frames=8, sync=True,
-                       cat_results=0) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=8, sync=True, cat_results=0
+    ) as collector:
         (batch,) = list(collector)
     assert batch.batch_size == torch.Size([4, 2])
     assert batch.names == [None, "time"]
@@ -53,8 +55,14 @@ def test_collector_sync_cat_results_0_concatenates_on_dim_0(fleet):
 
 
 def test_collector_sync_split_trajs_pads_and_concatenates_trajectories(fleet):
-    with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=24, total_frames=24,
-                       sync=True, split_trajs=True, max_frames_per_traj=3) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 1, 2),
+        frames_per_batch=24,
+        total_frames=24,
+        sync=True,
+        split_trajs=True,
+        max_frames_per_traj=3,
+    ) as collector:
         (batch,) = list(collector)
     mask = batch["collector", "mask"]
     assert batch.batch_dims == 2
@@ -67,8 +75,13 @@ def test_collector_sync_split_trajs_pads_and_concatenates_trajectories(fleet):
 
 
 def test_collector_passes_rollout_settings_to_the_actors(fleet):
-    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, total_frames=8,
-                       set_truncated=True, max_frames_per_traj=3) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0),
+        frames_per_batch=8,
+        total_frames=8,
+        set_truncated=True,
+        max_frames_per_traj=3,
+    ) as collector:
         (batch,) = list(collector)
     assert bool(batch["next", "truncated"][:, -1].all())  # set_truncated: last step of a batch
     assert int(batch["next", "step_count"].max()) <= 3
@@ -111,8 +124,9 @@ def test_collector_postproc_sees_every_batch(fleet):
         batch["seen"] = torch.ones(batch.shape)
         return batch
 
-    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, total_frames=8,
-                       postproc=mark) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0), frames_per_batch=4, total_frames=8, postproc=mark
+    ) as collector:
         assert all(bool(b["seen"].all()) for b in collector)
 
 
@@ -151,15 +165,18 @@ def test_collector_pause_holds_iteration_and_refuses_to_deadlock(fleet):
 
 
 def test_collector_start_raises_if_there_is_no_replay_buffer(fleet):
-    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector, \
-            pytest.raises(RuntimeError, match="replay_buffer"):
+    with (
+        GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector,
+        pytest.raises(RuntimeError, match="replay_buffer"),
+    ):
         collector.start()
 
 
 def test_collector_iteration_with_a_replay_buffer_yields_none(fleet):
     rb = ReplayBuffer(storage=LazyTensorStorage(1000))
-    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, total_frames=8,
-                       replay_buffer=rb) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0), frames_per_batch=4, total_frames=8, replay_buffer=rb
+    ) as collector:
         assert list(collector) == [None, None]
     assert len(rb) == 4  # two [2, 2] batches: LazyTensorStorage keeps the env dim as items
 
@@ -195,8 +212,10 @@ def test_collector_raises_if_frames_do_not_divide(fleet):
 def test_collector_reports_its_fleet(fleet):
     with GrpcCollector(addresses(fleet, 2, 0), frames_per_batch=4) as collector:
         assert collector.worker_ids == [0, 2]
-        assert collector.remote_collectors == [RemoteActor(fleet[0].address, 0),
-                                               RemoteActor(fleet[2].address, 2)]
+        assert collector.remote_collectors == [
+            RemoteActor(fleet[0].address, 0),
+            RemoteActor(fleet[2].address, 2),
+        ]
         assert collector.policy_version["policy"] >= 0
 
 

@@ -15,10 +15,13 @@ from learner_client._mailbox import Delivery, Mailbox, Paused
 
 
 def batch(envs: int, steps: int, fill: float = 0.0) -> TensorDict:
-    td = TensorDict({
-        "observation": torch.full((envs, steps, 4), fill),
-        ("collector", "traj_ids"): torch.zeros(envs, steps, dtype=torch.int64),
-    }, batch_size=[envs, steps])
+    td = TensorDict(
+        {
+            "observation": torch.full((envs, steps, 4), fill),
+            ("collector", "traj_ids"): torch.zeros(envs, steps, dtype=torch.int64),
+        },
+        batch_size=[envs, steps],
+    )
     return name_time_dim(td)
 
 
@@ -32,8 +35,9 @@ def test_tag_worker_adds_an_int64_id_shaped_like_traj_ids():
 
 
 def test_combine_stacks_in_order_with_named_time():
-    out = combine([tag_worker(batch(2, 4, i), i) for i in range(3)], cat_results="stack",
-                  split_trajs=False)
+    out = combine(
+        [tag_worker(batch(2, 4, i), i) for i in range(3)], cat_results="stack", split_trajs=False
+    )
     assert out.batch_size == torch.Size([3, 2, 4])
     assert out.names == [None, None, "time"]
     assert out[WORKER_ID_KEY][:, 0, 0].tolist() == [0, 1, 2]
@@ -104,8 +108,12 @@ def delivery(worker_id: int, seq: int) -> Delivery:
 
 def make_mailbox(window: int = 2, **kw) -> tuple[Mailbox, Wire]:
     wire = Wire()
-    box = Mailbox(window, lambda w, n: wire.credits.append((w, n)),
-                  lambda w, s: wire.acks.append((w, s)), **kw)
+    box = Mailbox(
+        window,
+        lambda w, n: wire.credits.append((w, n)),
+        lambda w, s: wire.acks.append((w, s)),
+        **kw,
+    )
     return box, wire
 
 

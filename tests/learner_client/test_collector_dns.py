@@ -42,11 +42,16 @@ def test_collector_follows_a_dns_name_as_actors_join(tmp_path) -> None:
     port = free_port_on(ips)
     namespace = HostsNamespace(tmp_path, {"actors.rlfleet.test": ips[:1]})
     flags = ["--port", str(port), "--num-envs", "2", "--policy", "random"]
-    with start_actor(["--host", ips[0], "--worker-id", "4", *flags]), \
-         start_actor(["--host", ips[1], "--worker-id", "5", *flags]):
+    with (
+        start_actor(["--host", ips[0], "--worker-id", "4", *flags]),
+        start_actor(["--host", ips[1], "--worker-id", "5", *flags]),
+    ):
         child = subprocess.Popen(
             namespace.wrap([sys.executable, "-c", _COLLECT, str(port)]),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             assert json.loads(child.stdout.readline()) == [4]

@@ -22,8 +22,10 @@ from common.errors import ActorUnavailableError, AuthenticationError
 from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 
 TOKEN = "s3cret-learner-token"
-ARGS = [["--worker-id", "0", "--num-envs", "2", "--token", TOKEN],
-        ["--worker-id", "1", "--num-envs", "2", "--token", TOKEN]]
+ARGS = [
+    ["--worker-id", "0", "--num-envs", "2", "--token", TOKEN],
+    ["--worker-id", "1", "--num-envs", "2", "--token", TOKEN],
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +74,21 @@ def next_from(collector: GrpcCollector, worker_id: int, timeout: float):
 
 @pytest.mark.slow
 def test_async_survives_a_sigkill_and_readmits_the_actor_with_current_weights(pair):
-    collector = GrpcCollector([a.address for a in pair], frames_per_batch=4, batch_timeout=20,
-                              token=TOKEN)
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=4, batch_timeout=20, token=TOKEN
+    )
     try:
         version = collector.update_policy_weights_(cartpole_policy())[0]
         for _ in range(4):
             collector.next()
         pair[1].kill()
-        poll_until(lambda: worker_of(collector.next()) == 0
-                   and collector.stats()["worker_states"][1] == "down",
-                   timeout=20, message="worker_id 1 reported down while 0 keeps flowing")
+        poll_until(
+            lambda: (
+                worker_of(collector.next()) == 0 and collector.stats()["worker_states"][1] == "down"
+            ),
+            timeout=20,
+            message="worker_id 1 reported down while 0 keeps flowing",
+        )
         assert all(worker_of(collector.next()) == 0 for _ in range(5))
         stats = collector.stats()
         assert stats["failures_per_worker"][1] >= 1
@@ -106,11 +113,16 @@ def test_async_survives_a_sigkill_and_readmits_the_actor_with_current_weights(pa
 
 def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
     addresses = [a.address for a in pair]
-    strict = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30,
-                           token=TOKEN)
+    strict = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30, token=TOKEN)
     # Built while both actors are up; its sessions open at its first batch.
-    partial = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=30,
-                            allow_partial_batches=True, token=TOKEN)
+    partial = GrpcCollector(
+        addresses,
+        frames_per_batch=8,
+        sync=True,
+        batch_timeout=30,
+        allow_partial_batches=True,
+        token=TOKEN,
+    )
     try:
         strict.next()
         pair[1].kill()
@@ -133,8 +145,7 @@ def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
 
 
 def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
-    with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4,
-                       token=TOKEN) as warm:
+    with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4, token=TOKEN) as warm:
         list(warm)
     baseline = live_threads()
     collector = GrpcCollector([a.address for a in pair], frames_per_batch=4, token=TOKEN)
@@ -216,8 +227,9 @@ def test_collector_raises_if_the_token_is_missing_or_wrong(actors):
 @pytest.mark.slow
 def test_collector_reassembles_multi_chunk_batches(actors):
     # ~94 bytes per CartPole frame: 36000 frames span two 3 MiB chunks and decode off the loop.
-    with GrpcCollector([actors[0].address], frames_per_batch=36_000, total_frames=36_000,
-                       token=TOKEN) as collector:
+    with GrpcCollector(
+        [actors[0].address], frames_per_batch=36_000, total_frames=36_000, token=TOKEN
+    ) as collector:
         (batch,) = list(collector)
     assert batch.batch_size == torch.Size([2, 18_000])
     assert sum(t.numel() * t.element_size() for t in batch.values(True, True)) > CHUNK_BYTES
@@ -227,8 +239,7 @@ def test_collector_reassembles_multi_chunk_batches(actors):
 
 def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
     proxy = ResettingProxy(("127.0.0.1", actors[0].port))
-    collector = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20,
-                              token=TOKEN)
+    collector = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20, token=TOKEN)
     try:
         seen = [collector.next()["observation"].clone() for _ in range(3)]
         for _ in range(3):
@@ -239,7 +250,7 @@ def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
         assert stats["reconnects"] >= 1
         assert stats["gaps"] == 0
         # Re-sent batches were dropped: no batch was delivered twice.
-        assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1:])
+        assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1 :])
     finally:
         collector.shutdown(timeout=5)
         proxy.close()

@@ -18,12 +18,27 @@ from learner_client._settings import (
 )
 
 DEFAULTS = dict(
-    frames_per_batch=16, total_frames=-1, sync=False, max_frames_per_traj=-1,
-    init_random_frames=-1, reset_at_each_iter=False, reset_when_done=True, split_trajs=False,
-    exploration_type=ExplorationType.RANDOM, set_truncated=False, update_after_each_batch=False,
-    max_weight_update_interval=-1, cat_results=None, credit_window=2, connect_timeout=10.0,
-    call_timeout=30.0, batch_timeout=60.0, allow_partial_batches=False,
-    channel_credentials=None, token=None, model_id="policy",
+    frames_per_batch=16,
+    total_frames=-1,
+    sync=False,
+    max_frames_per_traj=-1,
+    init_random_frames=-1,
+    reset_at_each_iter=False,
+    reset_when_done=True,
+    split_trajs=False,
+    exploration_type=ExplorationType.RANDOM,
+    set_truncated=False,
+    update_after_each_batch=False,
+    max_weight_update_interval=-1,
+    cat_results=None,
+    credit_window=2,
+    connect_timeout=10.0,
+    call_timeout=30.0,
+    batch_timeout=60.0,
+    allow_partial_batches=False,
+    channel_credentials=None,
+    token=None,
+    model_id="policy",
 )
 
 
@@ -55,9 +70,17 @@ def test_build_settings_raises_if_a_value_is_out_of_range(override, error, messa
 
 
 def test_build_settings_groups_and_normalises():
-    batch, rollout, conn = build_settings(**(DEFAULTS | {
-        "total_frames": None, "exploration_type": InteractionType.DETERMINISTIC, "token": "t",
-        "update_after_each_batch": True}))
+    batch, rollout, conn = build_settings(
+        **(
+            DEFAULTS
+            | {
+                "total_frames": None,
+                "exploration_type": InteractionType.DETERMINISTIC,
+                "token": "t",
+                "update_after_each_batch": True,
+            }
+        )
+    )
     assert batch.endless
     assert batch.auto_update_interval == 0
     assert rollout.exploration_type is ExplorationType.DETERMINISTIC
@@ -114,8 +137,9 @@ def test_check_fleet_raises_if_async_frames_are_not_a_multiple_of_num_envs():
 
 def test_check_fleet_raises_if_cat_needs_equal_time_steps():
     with pytest.raises(ValueError, match="cat_results=0"):
-        check_fleet(BatchSettings(frames_per_batch=16, sync=True, cat_results=0),
-                    members(2, 4), "policy")
+        check_fleet(
+            BatchSettings(frames_per_batch=16, sync=True, cat_results=0), members(2, 4), "policy"
+        )
 
 
 def test_check_fleet_raises_if_the_acting_model_is_missing():

@@ -27,8 +27,10 @@ def test_normalize_update_args_accepts_every_torchrl_form():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"policy_or_weights": {"w": torch.ones(1)}, "weights": {"w": torch.ones(1)}},
-         "policy_or_weights and weights"),
+        (
+            {"policy_or_weights": {"w": torch.ones(1)}, "weights": {"w": torch.ones(1)}},
+            "policy_or_weights and weights",
+        ),
         ({"weights": {"w": torch.ones(1)}, "policy": nn.Linear(1, 1)}, "weights and policy"),
         ({"weights_dict": {"policy": {}}, "model_id": "policy"}, "model_id"),
         ({"weights_dict": {"policy": {}}, "policy": nn.Linear(1, 1)}, "policy"),

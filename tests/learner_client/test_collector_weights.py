@@ -28,8 +28,12 @@ def first_batch_where(collector, predicate, limit=10):
 
 
 def test_update_policy_weights_changes_actions_only_on_addressed_workers(fleet):
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True,
-                       exploration_type=ExplorationType.DETERMINISTIC) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2),
+        frames_per_batch=8,
+        sync=True,
+        exploration_type=ExplorationType.DETERMINISTIC,
+    ) as collector:
         applied = collector.update_policy_weights_(cartpole_policy(action=0))
         version = applied[0]
         assert applied == {0: version, 2: version}
@@ -38,9 +42,11 @@ def test_update_policy_weights_changes_actions_only_on_addressed_workers(fleet):
         assert bool((batch["action"].argmax(-1) == 0).all())
 
         assert collector.update_policy_weights_(cartpole_policy(action=1), worker_ids=0) == {
-            0: version + 1}
+            0: version + 1
+        }
         batch = first_batch_where(
-            collector, lambda b: bool((b["policy_version"][0] > version).all()))
+            collector, lambda b: bool((b["policy_version"][0] > version).all())
+        )
         assert bool((batch["action"][0].argmax(-1) == 1).all())  # worker_id 0: the new weights
         assert bool((batch["action"][1].argmax(-1) == 0).all())  # worker_id 2: untouched
         assert bool((batch["policy_version"][1] == version).all())
@@ -55,8 +61,9 @@ def test_update_policy_weights_raises_before_pushing_if_targets_are_unknown(flee
         with pytest.raises(UnknownModelError, match=r"'critic'.*\[1\]"):
             collector.update_policy_weights_(cartpole_policy(), model_id="critic")
         with pytest.raises(ValueError, match="weights_dict and model_id"):
-            collector.update_policy_weights_(weights_dict={"policy": cartpole_policy()},
-                                             model_id="policy")
+            collector.update_policy_weights_(
+                weights_dict={"policy": cartpole_policy()}, model_id="policy"
+            )
         with pytest.raises(SessionStateError, match="no weights were given"):
             collector.update_policy_weights_()
         assert collector.policy_version == before
@@ -66,12 +73,16 @@ def test_update_policy_weights_weights_dict_updates_several_models(fleet):
     with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4) as collector:
         before = collector.policy_version
         result = collector.update_policy_weights_(
-            weights_dict={"policy": cartpole_policy(), "critic": cartpole_policy()})
+            weights_dict={"policy": cartpole_policy(), "critic": cartpole_policy()}
+        )
         policy_v, critic_v = before["policy"] + 1, before["critic"] + 1
-        assert result == {"policy": {0: policy_v, 2: policy_v},
-                          "critic": {0: critic_v, 2: critic_v}}
+        assert result == {
+            "policy": {0: policy_v, 2: policy_v},
+            "critic": {0: critic_v, 2: critic_v},
+        }
         only_critic = collector.update_policy_weights_(
-            weights=cartpole_policy().state_dict(), model_id="critic", worker_ids=[2])
+            weights=cartpole_policy().state_dict(), model_id="critic", worker_ids=[2]
+        )
         assert only_critic == {2: critic_v + 1}
         assert collector.policy_version == {"policy": policy_v, "critic": critic_v + 1}
 
@@ -94,30 +105,37 @@ def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet
 
 def test_update_after_each_batch_pushes_before_every_sync_round(fleet):
     policy = cartpole_policy(action=0)
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True,
-                       update_after_each_batch=True,
-                       exploration_type=ExplorationType.DETERMINISTIC) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2),
+        frames_per_batch=8,
+        sync=True,
+        update_after_each_batch=True,
+        exploration_type=ExplorationType.DETERMINISTIC,
+    ) as collector:
         version = collector.update_policy_weights_(policy)[0]
         versions = [collector.next()["policy_version"].unique().tolist() for _ in range(4)]
         assert versions == [[version], [version + 1], [version + 2], [version + 3]]
         assert collector.stats()["auto_pushes"] == 3
         with torch.no_grad():  # train in place: the next automatic push must carry it
             [m for m in policy.modules() if isinstance(m, torch.nn.Linear)][-1].bias[:] = (
-                torch.tensor([0.0, 5.0]))
+                torch.tensor([0.0, 5.0])
+            )
         assert bool((collector.next()["action"].argmax(-1) == 1).all())
 
 
 def test_max_weight_update_interval_pushes_after_more_than_interval_batches(fleet):
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True,
-                       max_weight_update_interval=1) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, sync=True, max_weight_update_interval=1
+    ) as collector:
         version = collector.update_policy_weights_(cartpole_policy())[0]
         versions = [int(collector.next()["policy_version"].max()) - version for _ in range(5)]
     assert versions == [0, 0, 1, 1, 2]
 
 
 def test_update_after_each_batch_async_updates_the_worker_that_delivered(fleet):
-    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4,
-                       update_after_each_batch=True) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0), frames_per_batch=4, update_after_each_batch=True
+    ) as collector:
         version = collector.update_policy_weights_(cartpole_policy())[0]
         seen = [int(collector.next()["policy_version"].max()) for _ in range(6)]
         assert seen == sorted(seen)
@@ -126,8 +144,9 @@ def test_update_after_each_batch_async_updates_the_worker_that_delivered(fleet):
 
 
 def test_state_dict_round_trips_counters_and_actor_weights(fleet):
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, total_frames=16,
-                       sync=True) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=16, sync=True
+    ) as collector:
         collector.update_policy_weights_(cartpole_policy(action=0))
         assert len(list(collector)) == 2
         buffer = io.BytesIO()
@@ -159,8 +178,9 @@ def _policy_weights(blob: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def _collect(fleet, seed):
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=16, total_frames=32,
-                       sync=True) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=16, total_frames=32, sync=True
+    ) as collector:
         next_seed = collector.set_seed(seed)
         return next_seed, torch.stack(list(collector))
 

@@ -76,8 +76,17 @@ def test_parse_dns_target_accepts_grpc_forms(target: str, expected: tuple[str, i
 
 @pytest.mark.parametrize(
     "target",
-    ["actor:50051", "dns:", "dns:///", "dns:///actor:0", "dns:///actor:70000", "dns:///a b:1",
-     "dns:///actor:port", "dns://8.8.8.8/actor:50051", "dns:////actor:1"],
+    [
+        "actor:50051",
+        "dns:",
+        "dns:///",
+        "dns:///actor:0",
+        "dns:///actor:70000",
+        "dns:///a b:1",
+        "dns:///actor:port",
+        "dns://8.8.8.8/actor:50051",
+        "dns:////actor:1",
+    ],
 )
 def test_parse_dns_target_raises_if_malformed(target: str) -> None:
     with pytest.raises(ValueError, match=r"dns|port|authorit"):
@@ -106,7 +115,11 @@ def test_resolve_actors_splits_a_comma_separated_string() -> None:
 def test_resolve_actors_expands_every_address_sorted_and_deduplicated() -> None:
     resolver = FakeResolver("10.0.0.10", "10.0.0.9", "::1", "10.0.0.9", "10.0.1.2", "fd00::2")
     assert resolve_actors("dns:///actors:6000", resolver=resolver) == [
-        "10.0.0.9:6000", "10.0.0.10:6000", "10.0.1.2:6000", "[::1]:6000", "[fd00::2]:6000",
+        "10.0.0.9:6000",
+        "10.0.0.10:6000",
+        "10.0.1.2:6000",
+        "[::1]:6000",
+        "[fd00::2]:6000",
     ]
     assert resolver.asked == [("actors", 6000)]
 
@@ -114,7 +127,10 @@ def test_resolve_actors_expands_every_address_sorted_and_deduplicated() -> None:
 def test_resolve_actors_expands_dns_targets_in_place() -> None:
     resolver = FakeResolver("10.0.0.3", "10.0.0.2")
     assert resolve_actors(["x:1", "dns:actors:5", "y:2"], resolver=resolver) == [
-        "x:1", "10.0.0.2:5", "10.0.0.3:5", "y:2",
+        "x:1",
+        "10.0.0.2:5",
+        "10.0.0.3:5",
+        "y:2",
     ]
 
 
@@ -184,8 +200,9 @@ def test_dns_watcher_reports_joins_and_leaves() -> None:
     changes: list[DnsChange] = []
     watcher = DnsWatcher("dns:///actors:9", on_change=changes.append, resolver=resolver)
     first = watcher.refresh()
-    assert first == DnsChange(joined=("10.0.0.1:9", "10.0.0.2:9"), left=(),
-                              addresses=("10.0.0.1:9", "10.0.0.2:9"))
+    assert first == DnsChange(
+        joined=("10.0.0.1:9", "10.0.0.2:9"), left=(), addresses=("10.0.0.1:9", "10.0.0.2:9")
+    )
     assert not watcher.refresh()  # unchanged: falsy, and no callback
     resolver.ips = ["10.0.0.3", "10.0.0.2"]
     second = watcher.refresh()
@@ -236,9 +253,13 @@ def test_dns_watcher_background_thread_follows_a_real_hosts_file(tmp_path) -> No
         "with DnsWatcher('dns:///fleet.test:7', interval=0.05, on_change=show):\n"
         "    sys.stdin.readline()\n"
     )
-    process = subprocess.Popen(namespace.wrap([sys.executable, "-c", code]), text=True,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        namespace.wrap([sys.executable, "-c", code]),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         lines = _LineReader(process.stdout)
         assert json.loads(lines.next()) == [["127.0.0.1:7", "127.0.0.2:7"], []]
@@ -291,8 +312,11 @@ def test_dns_watcher_close_stops_its_thread() -> None:
     watcher = DnsWatcher("dns:///actors:9", interval=0.01, resolver=FakeResolver("10.0.0.1"))
     with watcher:
         assert any(t.name.startswith("rlfleet-dns-") for t in threading.enumerate())
-    poll_until(lambda: not any(t.name.startswith("rlfleet-dns-") for t in threading.enumerate()),
-               timeout=5, message="watcher thread still running")
+    poll_until(
+        lambda: not any(t.name.startswith("rlfleet-dns-") for t in threading.enumerate()),
+        timeout=5,
+        message="watcher thread still running",
+    )
 
 
 # -------------------------------------------------------------- end to end
@@ -304,8 +328,10 @@ def test_resolve_actors_finds_real_actors_behind_one_name(tmp_path) -> None:
     port = free_port_on(ips)
     namespace = HostsNamespace(tmp_path, {"actors.rlfleet.test": ips})
     flags = ["--port", str(port), "--num-envs", "1"]
-    with start_actor(["--host", ips[0], "--worker-id", "4", *flags]), \
-         start_actor(["--host", ips[1], "--worker-id", "5", *flags]):
+    with (
+        start_actor(["--host", ips[0], "--worker-id", "4", *flags]),
+        start_actor(["--host", ips[1], "--worker-id", "5", *flags]),
+    ):
         code = (
             "import json, grpc\n"
             f"{_IMPORT_DISCOVERY}from discovery import resolve_actors\n"
@@ -347,10 +373,12 @@ class _LineReader:
                 self._lines.append(line.strip())
 
     def next(self, timeout: float = 20.0) -> str:
-        poll_until(lambda: len(self._lines) > self._taken, timeout=timeout,
-                   message="no line from the child")
+        poll_until(
+            lambda: len(self._lines) > self._taken,
+            timeout=timeout,
+            message="no line from the child",
+        )
         with self._lock:
             line = self._lines[self._taken]
         self._taken += 1
         return line
-

@@ -37,8 +37,9 @@ def _all_gone(pids) -> bool:
 
 def _health(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                          timeout=5)
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
     return reply.status
 
 
@@ -127,8 +128,13 @@ _LEARNER = textwrap.dedent("""
 
 
 def _start_learner() -> tuple[subprocess.Popen, list[int]]:
-    learner = subprocess.Popen([sys.executable, "-c", _LEARNER], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    learner = subprocess.Popen(
+        [sys.executable, "-c", _LEARNER],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = learner.stdout.readline()
     if not line:
         learner.kill()

@@ -28,7 +28,8 @@ def test_shared_chunks_share_one_encoding_between_overlapping_holders() -> None:
         a, b = list(first), list(second)
         assert len(shared) == 1
     assert [pb.PushWeightsRequest.FromString(m).chunk for m in a] == [
-        blob[i : i + 16] for i in range(0, 50, 16)]
+        blob[i : i + 16] for i in range(0, 50, 16)
+    ]
     assert all(x is y for x, y in zip(a, b, strict=True))
 
 

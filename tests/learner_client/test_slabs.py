@@ -12,14 +12,20 @@ from learner_client._slabs import FrameSlabs
 
 
 def actor_batch(fill: int, envs: int = 2, steps: int = 5) -> TensorDict:
-    td = TensorDict({
-        "observation": torch.full((envs, steps, 3, 4), fill, dtype=torch.uint8),
-        "next": TensorDict({
-            "observation": torch.full((envs, steps, 3, 4), fill + 100, dtype=torch.uint8),
-            "done": torch.zeros(envs, steps, 1, dtype=torch.bool),
-        }, batch_size=[envs, steps]),
-        ("collector", "traj_ids"): torch.full((envs, steps), fill, dtype=torch.int64),
-    }, batch_size=[envs, steps])
+    td = TensorDict(
+        {
+            "observation": torch.full((envs, steps, 3, 4), fill, dtype=torch.uint8),
+            "next": TensorDict(
+                {
+                    "observation": torch.full((envs, steps, 3, 4), fill + 100, dtype=torch.uint8),
+                    "done": torch.zeros(envs, steps, 1, dtype=torch.bool),
+                },
+                batch_size=[envs, steps],
+            ),
+            ("collector", "traj_ids"): torch.full((envs, steps), fill, dtype=torch.int64),
+        },
+        batch_size=[envs, steps],
+    )
     return name_time_dim(td)
 
 
@@ -50,8 +56,10 @@ def test_frame_slabs_raise_if_the_position_is_outside_the_width():
 
 def test_combine_views_frames_received_into_one_slab():
     slabs = FrameSlabs()
-    batches = [tag_worker(name_time_dim(received(actor_batch(i), slabs.allocator(i, 3))), i)
-               for i in range(3)]
+    batches = [
+        tag_worker(name_time_dim(received(actor_batch(i), slabs.allocator(i, 3))), i)
+        for i in range(3)
+    ]
     expected = name_time_dim(torch.stack([b.clone() for b in batches], 0))
     out = combine(batches, cat_results="stack", split_trajs=False)
     assert out.batch_size == torch.Size([3, 2, 5])
@@ -77,8 +85,9 @@ def test_combine_copies_frames_received_into_separate_buffers():
 
 def test_combine_copies_overlapping_views_rather_than_aliasing_them():
     base = torch.arange(40, dtype=torch.float32)
-    batches = [TensorDict({"x": base[i : i + 20].view(2, 10)}, batch_size=[2, 10])
-               for i in range(2)]  # the second starts 4 bytes after the first: they overlap
+    batches = [
+        TensorDict({"x": base[i : i + 20].view(2, 10)}, batch_size=[2, 10]) for i in range(2)
+    ]  # the second starts 4 bytes after the first: they overlap
     out = combine(batches, cat_results="stack", split_trajs=False)
     assert out["x"].is_contiguous()
     assert out["x"][1, 0, 0].item() == 1.0

@@ -32,8 +32,9 @@ def test_compute_gae_matches_a_step_by_step_reference():
     shape = (5, 37)
     reward, value, next_value = (torch.randn(shape, generator=g) for _ in range(3))
     terminated, done = _random_episode_flags(g, shape)
-    advantage, target = compute_gae(reward, value, next_value, terminated, done,
-                                    gamma=0.97, lam=0.9)
+    advantage, target = compute_gae(
+        reward, value, next_value, terminated, done, gamma=0.97, lam=0.9
+    )
     expected = _reference_gae(reward, value, next_value, terminated, done, 0.97, 0.9)
     torch.testing.assert_close(advantage, expected)
     torch.testing.assert_close(target, expected + value)
@@ -46,11 +47,19 @@ def test_compute_gae_matches_torchrl_generalized_advantage_estimate():
     shape = (3, 2, 50)
     reward, value, next_value = (torch.randn(shape, generator=g) for _ in range(3))
     terminated, done = _random_episode_flags(g, shape)
-    advantage, target = compute_gae(reward, value, next_value, terminated, done,
-                                    gamma=0.99, lam=0.95)
+    advantage, target = compute_gae(
+        reward, value, next_value, terminated, done, gamma=0.99, lam=0.95
+    )
     ref_adv, ref_target = generalized_advantage_estimate(
-        0.99, 0.95, value.unsqueeze(-1), next_value.unsqueeze(-1), reward.unsqueeze(-1),
-        done.unsqueeze(-1), terminated.unsqueeze(-1), time_dim=-2)
+        0.99,
+        0.95,
+        value.unsqueeze(-1),
+        next_value.unsqueeze(-1),
+        reward.unsqueeze(-1),
+        done.unsqueeze(-1),
+        terminated.unsqueeze(-1),
+        time_dim=-2,
+    )
     torch.testing.assert_close(advantage, ref_adv.squeeze(-1), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(target, ref_target.squeeze(-1), rtol=1e-4, atol=1e-5)
 
@@ -92,10 +101,14 @@ def _batch(traj_ids, rewards, dones, worker_ids=None):
 def test_episode_tracker_sums_rewards_per_trajectory_across_batches():
     tracker = EpisodeTracker(window=2)
     # Two envs; env 0 runs traj 0 then 2, env 1 runs traj 1 across both batches.
-    first = _batch([[0, 0, 2], [1, 1, 1]], [[1, 1, 5], [2, 2, 2]],
-                   [[False, True, False], [False, False, False]])
-    second = _batch([[2, 2, 4], [1, 1, 3]], [[5, 5, 5], [2, 2, 7]],
-                    [[False, True, False], [False, True, False]])
+    first = _batch(
+        [[0, 0, 2], [1, 1, 1]],
+        [[1, 1, 5], [2, 2, 2]],
+        [[False, True, False], [False, False, False]],
+    )
+    second = _batch(
+        [[2, 2, 4], [1, 1, 3]], [[5, 5, 5], [2, 2, 7]], [[False, True, False], [False, True, False]]
+    )
     assert tracker.add(first, frames=6) == [2.0]
     assert tracker.recent_mean == 2.0
     assert sorted(tracker.add(second, frames=12)) == [10.0, 15.0]
@@ -107,8 +120,12 @@ def test_episode_tracker_sums_rewards_per_trajectory_across_batches():
 
 def test_episode_tracker_keeps_equal_traj_ids_of_different_workers_apart():
     tracker = EpisodeTracker()
-    batch = _batch([[0, 0], [0, 0]], [[1, 1], [10, 10]], [[False, True], [False, True]],
-                   worker_ids=[[0, 0], [1, 1]])
+    batch = _batch(
+        [[0, 0], [0, 0]],
+        [[1, 1], [10, 10]],
+        [[False, True], [False, True]],
+        worker_ids=[[0, 0], [1, 1]],
+    )
     assert sorted(tracker.add(batch, frames=4)) == [2.0, 20.0]
 
 

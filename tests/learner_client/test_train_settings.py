@@ -20,11 +20,29 @@ def test_parse_args_defaults_equal_the_dataclass_defaults():
 
 
 def test_parse_args_reads_every_kind_of_flag():
-    settings = parse_args([
-        "--env", "Pendulum-v1", "--async", "--num-actors", "3", "--num-envs", "4",
-        "--frames-per-batch", "400", "--hidden", "32,16", "--lr", "1e-3", "--no-anneal-lr",
-        "--actors", "a:1,b:2", "--target-return", "-200", "--no-progress",
-    ])
+    settings = parse_args(
+        [
+            "--env",
+            "Pendulum-v1",
+            "--async",
+            "--num-actors",
+            "3",
+            "--num-envs",
+            "4",
+            "--frames-per-batch",
+            "400",
+            "--hidden",
+            "32,16",
+            "--lr",
+            "1e-3",
+            "--no-anneal-lr",
+            "--actors",
+            "a:1,b:2",
+            "--target-return",
+            "-200",
+            "--no-progress",
+        ]
+    )
     assert settings.env == "Pendulum-v1"
     assert settings.sync is False
     assert (settings.num_actors, settings.num_envs, settings.frames_per_batch) == (3, 4, 400)
@@ -72,17 +90,34 @@ def test_settings_with_actors_skip_the_local_batch_shape_check():
 
 
 def _summary(out_dir: str) -> TrainSummary:
-    return TrainSummary(env="CartPole-v1", sync=True, seed=1, frames=2048, batches=2,
-                        episodes=3, wall_time_s=2.0, fps=1024.0, final_return=21.5,
-                        target_return=475.0, reached_target=False, policy_version=3,
-                        out_dir=out_dir)
+    return TrainSummary(
+        env="CartPole-v1",
+        sync=True,
+        seed=1,
+        frames=2048,
+        batches=2,
+        episodes=3,
+        wall_time_s=2.0,
+        fps=1024.0,
+        final_return=21.5,
+        target_return=475.0,
+        reached_target=False,
+        policy_version=3,
+        out_dir=out_dir,
+    )
 
 
 def test_save_run_writes_weights_summary_and_curve(tmp_path):
     policy = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     out = tmp_path / "run"
-    save_run(out, policy, _summary(str(out)), {"env": "CartPole-v1", "hidden": (8,)},
-             ([10, 20, 30], [1.0, 2.0, 3.0]), window=2)
+    save_run(
+        out,
+        policy,
+        _summary(str(out)),
+        {"env": "CartPole-v1", "hidden": (8,)},
+        ([10, 20, 30], [1.0, 2.0, 3.0]),
+        window=2,
+    )
     state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
     assert set(state) == set(policy.state_dict())
     torch.testing.assert_close(state["0.weight"], policy[0].weight.detach())
