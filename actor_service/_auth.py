@@ -12,11 +12,14 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from actor_service._logging import log_event
+
+if TYPE_CHECKING:
+    from actor_service._metrics import ActorMetrics
 
 __all__ = ["TokenAuthInterceptor"]
 
@@ -29,12 +32,14 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
     Args:
         token: The shared secret; must be non-empty.
+        metrics: Where to count refusals; None counts nothing.
     """
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, metrics: ActorMetrics | None = None) -> None:
         if not token:
             raise ValueError("TokenAuthInterceptor needs a non-empty token")
         self._expected = f"Bearer {token}".encode()
+        self._metrics = metrics
 
     async def intercept_service(
         self,
@@ -49,6 +54,8 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         if self._authorised(handler_call_details.invocation_metadata or ()):
             return handler
         log_event("auth.refused", logging.WARNING, method=method)
+        if self._metrics is not None:  # only the service's own methods get here: bounded
+            self._metrics.auth_refusals.labels(method.rsplit("/", 1)[-1]).inc()
         return _refusing_handler(handler)
 
     def _authorised(self, metadata: Any) -> bool:

@@ -125,6 +125,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("host", _nonempty, "address to bind (0.0.0.0 in containers)"),
     ("port", _int_in(0, 65535), "port to bind; 0 picks a free one"),
     ("health_port", _optional(_int_in(0, 65535)), "extra plaintext port with health+reflection"),
+    (
+        "metrics_port",
+        _optional(_int_in(0, 65535)),
+        "HTTP port of Prometheus /metrics (off if unset)",
+    ),
     ("worker_id", _int_in(0, _MAX_WORKER_ID), "this actor's id (default: hostname ordinal)"),
     ("env", _nonempty, "registered gymnasium env id"),
     ("env_kwargs", _json_object, "JSON object of kwargs for gymnasium.make or the factory"),

@@ -41,6 +41,7 @@ from common.frames import encode_frame
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 if TYPE_CHECKING:
+    from actor_service._metrics import ActorMetrics
     from actor_service._runtime import ActorRuntime
 
 __all__ = ["CollectStream", "EncodedBatch", "collect_encoded"]
@@ -155,12 +156,19 @@ class CollectStream:
         request: The ``open`` message.
         settings: Its collection settings, already converted.
         peer: The learner's address, for logs.
+        metrics: Where to count sends, acks, credits and session ends; None counts nothing.
     """
 
     def __init__(
-        self, runtime: ActorRuntime, request: pb.OpenSession, settings: CollectSettings, peer: str
+        self,
+        runtime: ActorRuntime,
+        request: pb.OpenSession,
+        settings: CollectSettings,
+        peer: str,
+        metrics: ActorMetrics | None = None,
     ) -> None:
         self._rt = runtime
+        self._metrics = metrics
         self._open = request
         self._settings = settings
         self.learner_id = request.learner_id or peer
@@ -239,6 +247,11 @@ class CollectStream:
             )
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
+            if self._metrics is not None and self._session_id:
+                reason = pb.EndReason.Name(self._stop or pb.END_REASON_CLOSED)
+                self._metrics.sessions_ended.labels(
+                    reason.removeprefix("END_REASON_").lower()
+                ).inc()
             self.active = False
             if reader is not None:
                 reader.cancel()
@@ -270,6 +283,8 @@ class CollectStream:
         )
         self._session_id = opened.session_id
         self._outbox.extend(opened.resend)
+        if self._metrics is not None:
+            self._metrics.credits_granted.inc(opened.credits)
         log_event(
             "session.opened",
             logging.INFO,
@@ -299,9 +314,13 @@ class CollectStream:
                 if not self._is_current() or self._stop is not None:
                     continue  # ended or taken over: the learner's late messages change nothing
                 if kind == "credit":
-                    self._rt.book.grant(request.credit.batches)
+                    granted = self._rt.book.grant(request.credit.batches)
+                    if self._metrics is not None:
+                        self._metrics.credits_granted.inc(granted)
                 elif kind == "ack":
-                    self._rt.book.ack(request.ack.seq)
+                    released = self._rt.book.ack(request.ack.seq)
+                    if self._metrics is not None:
+                        self._metrics.batches_acked.inc(released)
                 elif kind == "close":
                     self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")
                     return
@@ -394,6 +413,8 @@ class CollectStream:
             await context.write(message)
         self._last_sent = batch.seq
         self._sent += 1
+        if self._metrics is not None:
+            self._metrics.batches_sent.inc()
         if self._is_current():
             self._rt.book.mark_sent(batch.seq)
         self._wake()

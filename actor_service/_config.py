@@ -41,6 +41,8 @@ class ActorConfig:
         port: Port to bind; 0 picks a free one (printed on stdout when ready).
         health_port: When set, a plaintext server with only health and reflection on this
             port (Kubernetes' gRPC probe cannot do TLS); the main port still serves health.
+        metrics_port: When set, Prometheus metrics over plain HTTP at ``/metrics`` on this
+            port (0 picks a free one); nothing else is served there. Off by default.
         worker_id: This actor's id in the fleet (0..65535).
         env: A registered gymnasium id, used when ``env_factory`` is empty.
         env_kwargs: Keyword arguments for ``gymnasium.make`` or the factory.
@@ -66,6 +68,7 @@ class ActorConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     health_port: int | None = None
+    metrics_port: int | None = None
     worker_id: int = 0
     env: str = "CartPole-v1"
     env_kwargs: dict = dataclasses.field(default_factory=dict)

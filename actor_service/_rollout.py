@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import secrets
 import threading
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +44,9 @@ from common.errors import (
 )
 from common.policies import RandomPolicy
 
+if TYPE_CHECKING:
+    from actor_service._metrics import ActorMetrics
+
 __all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
 
 
@@ -66,6 +70,7 @@ class RolloutWorker:
 
     Args:
         config: The actor's settings (env, pool, models, device, seed, worker_id).
+        metrics: Where to count batches and step latencies; None counts nothing.
 
     Attributes:
         worker_id: The actor's id in the fleet.
@@ -90,9 +95,10 @@ class RolloutWorker:
             worker.models.load_weights("policy", 1, state)
     """
 
-    def __init__(self, config: ActorConfig) -> None:
+    def __init__(self, config: ActorConfig, metrics: ActorMetrics | None = None) -> None:
         validate_config(config)
         self.config = config
+        self._metrics = metrics
         self.worker_id = config.worker_id
         self.epoch = draw_epoch()
         self.num_envs = config.num_envs
@@ -200,10 +206,13 @@ class RolloutWorker:
             step_counts=settings.max_frames_per_traj > 0,
         )
         buffers.obs[:, 0] = self._obs
+        # Per-step timings go into an array the metrics bin once per batch.
+        timings = None if self._metrics is None else np.empty((steps, 2))
+        started = time.perf_counter()
         try:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
-                    self._step(t, buffers, settings, random)
+                    self._step(t, buffers, settings, random, timings)
         except (DeadlineError, ActorUnavailableError):
             self._pool_broken = True
             raise
@@ -211,24 +220,40 @@ class RolloutWorker:
             self._needs_reset = True  # the envs moved on from self._obs
             raise
         self._obs = buffers.obs[:, steps].copy()
+        if self._metrics is not None and timings is not None:
+            self._metrics.record_batch(
+                settings.frames_per_batch, timings, time.perf_counter() - started
+            )
         return buffers.to_tensordict(settings.set_truncated)
 
-    def _step(self, t: int, buf: BatchBuffers, settings: CollectSettings, random: bool) -> None:
+    def _step(
+        self,
+        t: int,
+        buf: BatchBuffers,
+        settings: CollectSettings,
+        random: bool,
+        timings: np.ndarray | None,
+    ) -> None:
         obs = self.models.observation_codec.encode(buf.obs[:, t])
+        start = time.perf_counter()
         if random:
             version = self.models.policy_version(settings.model_id)
             action, extras = self._random.sample_compact(self.num_envs), {}
         else:
             version, action, extras = self.models.act_compact(settings.model_id, obs)
+        acted = time.perf_counter()
         buf.versions[t] = version
         buf.action[:, t] = action
         for key, value in extras.items():
             buf.extras[key][:, t] = value
         buf.traj_ids[:, t] = self._traj_ids
         env_action = self.models.action_codec.to_env(action)
+        stepping = time.perf_counter()
         next_obs, reward, terminated, truncated, info = step_pool(
             self._pool, env_action, self.config.step_timeout
         )
+        if timings is not None:
+            timings[t] = (acted - start, time.perf_counter() - stepping)
         buf.obs[:, t + 1] = next_obs
         buf.reward[:, t] = reward
         ended = terminated | truncated  # gymnasium already reset these (SAME_STEP)

@@ -16,6 +16,7 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +27,7 @@ from common.errors import ActorBusyError, ActorUnavailableError
 
 if TYPE_CHECKING:
     from actor_service._collect import CollectStream
+    from actor_service._metrics import ActorMetrics
     from actor_service._rollout import RolloutWorker
 
 __all__ = ["ActorRuntime"]
@@ -40,13 +42,19 @@ class ActorRuntime:
         config: The actor's settings.
         worker_factory: Builds the collection core from the config (the real
             ``RolloutWorker`` by default); called once, on the collection thread.
+        metrics: What the default collection core counts into; None counts nothing.
     """
 
     def __init__(
-        self, config: ActorConfig, worker_factory: Callable[[ActorConfig], Any] | None = None
+        self,
+        config: ActorConfig,
+        worker_factory: Callable[[ActorConfig], Any] | None = None,
+        metrics: ActorMetrics | None = None,
     ) -> None:
         self.config = config
         self._worker_factory = worker_factory
+        self._metrics = metrics
+        self.started_at = time.monotonic()
         self._worker: RolloutWorker | None = None
         self._book: SessionBook[Any] | None = None
         # One thread for everything that steps, resets or reseeds the env pool.
@@ -66,7 +74,7 @@ class ActorRuntime:
         if factory is None:
             from actor_service._rollout import RolloutWorker
 
-            factory = RolloutWorker
+            factory = functools.partial(RolloutWorker, metrics=self._metrics)
         worker = await self.run_collect(factory, self.config)
         self._book = SessionBook(epoch=worker.epoch, max_credits=self.config.max_credits)
         self._worker = worker

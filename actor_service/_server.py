@@ -5,7 +5,8 @@ server starves health checks once streams fill its thread pool). It serves
 ``rlfleet.v1.ActorService``, ``grpc.health.v1.Health`` (``""`` and
 ``rlfleet.v1.ActorService`` are NOT_SERVING until the env pool and policy are
 built, then SERVING) and server reflection; optionally a second plaintext port
-with only health and reflection for probes that cannot do TLS. :func:`serve`
+with only health and reflection for probes that cannot do TLS; optionally
+Prometheus metrics over HTTP on a port of their own (``metrics_port``). :func:`serve`
 is what the CLI runs: start, print the ready line, and on SIGTERM/SIGINT drain
 (health NOT_SERVING → no new batches → in-flight batch sent → streams end with
 END_REASON_DRAINING → ``stop(grace)`` → env pool closed) and exit 0.
@@ -35,12 +36,15 @@ from grpc_reflection.v1alpha import reflection
 
 from actor_service._auth import TokenAuthInterceptor
 from actor_service._config import ActorConfig
+from actor_service._env_pool import env_name
 from actor_service._logging import log_event
+from actor_service._metrics import ActorMetrics
 from actor_service._runtime import ActorRuntime
 from actor_service._servicer import MAX_ACTOR_CALLS, ActorServicer
 from actor_service._wire import add_actor_service
 from common.config import server_channel_options
 from common.errors import SessionStateError
+from common.metrics_http import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serve"]
@@ -76,6 +80,9 @@ class ActorServer:
         self._health: Any = None
         self.port: int | None = None
         self.health_port: int | None = None
+        self.metrics_port: int | None = None
+        self.metrics: ActorMetrics | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
         self._stopped = False
 
     async def start(self) -> int:
@@ -90,7 +97,19 @@ class ActorServer:
         """
         if self.runtime is not None:
             raise SessionStateError("ActorServer.start called twice")
-        self.runtime = ActorRuntime(self.config, self._worker_factory)
+        if self.config.metrics_port is not None:
+            self.metrics = ActorMetrics(
+                worker_id=self.config.worker_id,
+                env_id=env_name(self.config),
+                model_ids=[spec.model_id for spec in self.config.models],
+            )
+        self.runtime = ActorRuntime(self.config, self._worker_factory, self.metrics)
+        if self.metrics is not None:
+            self.metrics.watch(self.runtime)
+            self._metrics_endpoint = MetricsEndpoint(
+                self.metrics.registry, host=self.config.host, port=self.config.metrics_port or 0
+            )
+            self.metrics_port = self._metrics_endpoint.port
         self._health = health.aio.HealthServicer()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, _NOT_SERVING)
@@ -107,6 +126,7 @@ class ActorServer:
             host=self.config.host,
             port=self.port,
             health_port=self.health_port,
+            metrics_port=self.metrics_port,
             tls=bool(self.config.tls_cert),
             auth=bool(self.config.token),
         )
@@ -117,7 +137,9 @@ class ActorServer:
 
     def _new_server(self, *, with_actor: bool) -> grpc.aio.Server:
         interceptors = (
-            [TokenAuthInterceptor(self.config.token)] if (with_actor and self.config.token) else []
+            [TokenAuthInterceptor(self.config.token, self.metrics)]
+            if (with_actor and self.config.token)
+            else []
         )
         options = [
             *server_channel_options(),
@@ -129,7 +151,7 @@ class ActorServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
         if with_actor:
-            add_actor_service(ActorServicer(self.runtime), server)
+            add_actor_service(ActorServicer(self.runtime, self.metrics), server)
             names.insert(0, SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         self._servers.append(server)
@@ -183,6 +205,8 @@ class ActorServer:
         if self.runtime is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.runtime.close(), max(0.1, deadline - time.monotonic()))
+        if self._metrics_endpoint is not None:
+            await asyncio.to_thread(self._metrics_endpoint.close)
         log_event("actor.stopped", logging.INFO)
 
     async def wait(self) -> None:

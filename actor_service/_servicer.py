@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -35,6 +36,9 @@ from common.errors import (
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, decode_weights, iter_blob_chunks, sha256_hex
+
+if TYPE_CHECKING:
+    from actor_service._metrics import ActorMetrics
 
 __all__ = ["ActorServicer"]
 
@@ -67,6 +71,8 @@ def _mapped(handler: F) -> F:
             raise
         except Exception as exc:
             code, details = to_status(exc)
+            if self._metrics is not None:
+                self._metrics.rpc_errors.labels(handler.__name__, code.name).inc()
             level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.INFO
             log_event(
                 "rpc.failed",
@@ -114,23 +120,33 @@ async def _blob(requests: AsyncIterator[Any], assembler: BlobAssembler, rpc: str
 
 
 class _Push:
-    """One weight push: its header fields and its audit-log line."""
+    """One weight push: its header fields, its audit-log line and its metrics."""
 
-    def __init__(self, header: pb.WeightsHeader, peer: str) -> None:
+    def __init__(self, header: pb.WeightsHeader, peer: str, metrics: ActorMetrics | None) -> None:
         self.model_id = header.model_id or "policy"
         self.version = int(header.version)
         self.total_bytes = int(header.total_bytes)
         self.sha256 = header.sha256
         self.peer = peer
+        self._metrics = metrics
+        self._started = time.monotonic()
 
     def audit(self, exc: BaseException | None) -> None:
-        """Log who pushed what and the result (OK, CANCELLED or the status code)."""
+        """Log who pushed what and the result (OK, CANCELLED or the status code); count it."""
         if exc is None:
             result = "OK"
         elif isinstance(exc, asyncio.CancelledError):
             result = "CANCELLED"
         else:
             result = to_status(exc)[0].name
+        if self._metrics is not None:
+            model = self._metrics.model_label(self.model_id)
+            self._metrics.weight_pushes.labels(model, result).inc()
+            if exc is None:
+                self._metrics.weight_push_bytes.labels(model).inc(self.total_bytes)
+                self._metrics.weight_push_seconds.labels(model).observe(
+                    time.monotonic() - self._started
+                )
         log_event(
             "weights.push",
             logging.INFO if exc is None else logging.WARNING,
@@ -148,10 +164,12 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
 
     Args:
         runtime: The actor's serving state.
+        metrics: Where to count errors, pushes and sessions; None counts nothing.
     """
 
-    def __init__(self, runtime: ActorRuntime) -> None:
+    def __init__(self, runtime: ActorRuntime, metrics: ActorMetrics | None = None) -> None:
         self._rt = runtime
+        self._metrics = metrics
         self._calls = 0
 
     @_mapped
@@ -163,7 +181,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         request = await _first(requests, "open", "Collect")
         self._rt.worker  # noqa: B018  # UNAVAILABLE while the actor starts
         settings = settings_from_proto(request.settings)
-        stream = CollectStream(self._rt, request, settings, context.peer())
+        stream = CollectStream(self._rt, request, settings, context.peer(), self._metrics)
         await stream.run(requests, context)
 
     @_mapped
@@ -175,7 +193,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         """Receive a safetensors blob and apply it to one model, all or nothing."""
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "PushWeights")
-        push = _Push(header, context.peer())
+        push = _Push(header, context.peer(), self._metrics)
         try:
             blob = await self._receive_weights(requests, push)
         except BaseException as exc:

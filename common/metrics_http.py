@@ -1,0 +1,113 @@
+"""The HTTP endpoint that serves one Prometheus registry at ``/metrics`` and nothing else.
+
+Actors and learners expose their metrics on a port of their own, so a scraper
+needs no gRPC, no TLS and no token, and the port can never leak anything but
+metrics: every path other than ``/metrics`` is answered 404, every method
+other than GET and HEAD 405. The exposition format is the one
+``prometheus_client`` writes (text, or OpenMetrics when asked for; gzip when
+accepted). Requests run on short-lived daemon threads with a socket timeout,
+so a stalled scraper holds nothing for long and never delays the caller.
+
+Example::
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    Counter("demo_events", "Events seen.", registry=registry).inc()
+    with MetricsEndpoint(registry, host="127.0.0.1", port=0) as endpoint:
+        print(f"http://127.0.0.1:{endpoint.port}/metrics")
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+__all__ = ["METRICS_PATH", "MetricsEndpoint"]
+
+#: The only path the endpoint answers.
+METRICS_PATH = "/metrics"
+# A scraper that sends nothing for this long is dropped.
+_REQUEST_TIMEOUT = 10.0
+
+_StartResponse = Callable[..., Any]
+_App = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = _REQUEST_TIMEOUT
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged: one every few seconds would drown the actor's log."""
+
+
+def _only_metrics(app: _App) -> _App:
+    def guarded(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"only /metrics is served here\n"]
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return [b""]
+        return app(environ, start_response)
+
+    return guarded
+
+
+class MetricsEndpoint:
+    """Serve ``registry`` at ``http://host:port/metrics`` on a background thread.
+
+    Starts serving on construction; :meth:`close` (idempotent) stops it and
+    frees the port. A context manager.
+
+    Args:
+        registry: What to expose.
+        host: Address to bind (``0.0.0.0`` in containers; IPv6 addresses work).
+        port: Port to bind; 0 picks a free one (read it from :attr:`port`).
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, host: str, port: int) -> None:
+        server_class = _Server6 if ":" in host else _Server
+        self._server = server_class((host.strip("[]"), port), _QuietHandler)
+        self._server.set_app(_only_metrics(make_wsgi_app(registry)))
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"rlfleet-metrics-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop serving and release the port; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MetricsEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,177 @@
+"""An actor's Prometheus endpoint, scraped over HTTP and read with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import http.client
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+from actor_harness import Actor, RawCollect, open_request
+from helpers import free_port, poll_until, start_actor
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.weights import encode_weights, iter_blob_chunks, sha256_hex
+
+TOKEN = "metrics-test-token-5f0c1e"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+
+def scrape(port: int, path: str = "/metrics") -> dict[str, dict[tuple, float]]:
+    """``{sample name: {sorted label items: value}}`` of one scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+        assert reply.status == 200
+        assert reply.headers["Content-Type"].startswith("text/plain")
+        text = reply.read().decode()
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[name][tuple(sorted(labels.items()))]
+
+
+def _push_requests(model_id: str, version: int, blob: bytes) -> Iterator[pb.PushWeightsRequest]:
+    header = pb.WeightsHeader(
+        model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256_hex(blob)
+    )
+    yield pb.PushWeightsRequest(header=header)
+    for piece in iter_blob_chunks(blob, 1000):
+        yield pb.PushWeightsRequest(chunk=bytes(piece))
+
+
+def _weights(actor: Actor) -> bytes:
+    module = actor.worker.models.module("policy")
+    return encode_weights({k: torch.zeros_like(v) for k, v in module.state_dict().items()})
+
+
+def _push(actor: Actor, version: int, model_id: str = "policy", blob: bytes | None = None) -> None:
+    blob = _weights(actor) if blob is None else blob
+    actor.stub.PushWeights(_push_requests(model_id, version, blob), metadata=AUTH, timeout=30)
+
+
+def test_actor_metrics_move_as_batches_flow_and_pushes_happen(make_actor: object) -> None:
+    actor: Actor = make_actor(metrics_port=0, token=TOKEN)
+    port = actor.handle.server.metrics_port
+    before = scrape(port)
+    assert value(before, "rlfleet_actor_frames_total") == 0
+    assert value(before, "rlfleet_actor_session_state", state="free") == 1
+    assert value(before, "rlfleet_actor_policy_version", model_id="policy") == 0
+    assert value(before, "rlfleet_actor_info", worker_id="0", env="CartPole-v1") == 1
+    assert value(before, "process_resident_memory_bytes") > 0
+    assert value(before, "rlfleet_process_threads") >= 2
+
+    session = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=3), metadata=AUTH
+    )
+    session.opened()
+    seqs = [session.batch()[0].seq for _ in range(3)]
+    session.ack(seqs[-1])
+    poll_until(lambda: value(scrape(port), "rlfleet_actor_batches_acked_total") == 3)
+    during = scrape(port)
+    assert value(during, "rlfleet_actor_session_state", state="held") == 1
+    assert value(during, "rlfleet_actor_batches_sent_total") == 3
+    assert value(during, "rlfleet_actor_credits_granted_total") == 3
+    assert value(during, "rlfleet_actor_credits_outstanding") == 0
+    assert value(during, "rlfleet_actor_batches_collected_total") == 3
+    assert value(during, "rlfleet_actor_frames_total") == 30
+    # 2 envs x 5 steps per batch; every step timed once, forward and env step alike.
+    assert value(during, "rlfleet_actor_env_steps_total") == 15
+    for histogram in ("rlfleet_actor_env_step_seconds", "rlfleet_actor_policy_forward_seconds"):
+        assert value(during, histogram + "_count") == 15
+        assert value(during, histogram + "_bucket", le="+Inf") == 15
+        assert 0 < value(during, histogram + "_sum") < 15 * 2.5
+    assert value(during, "rlfleet_actor_batch_collect_seconds_count") == 3
+
+    _push(actor, 1)
+    with pytest.raises(grpc.RpcError) as stale:
+        _push(actor, 1)
+    assert stale.value.code() == grpc.StatusCode.ABORTED
+    session.close()
+    session.end()
+    poll_until(lambda: value(scrape(port), "rlfleet_actor_session_state", state="free") == 1)
+    after = scrape(port)
+    assert value(after, "rlfleet_actor_weight_pushes_total", model_id="policy", result="OK") == 1
+    assert (
+        value(after, "rlfleet_actor_weight_pushes_total", model_id="policy", result="ABORTED") == 1
+    )
+    assert value(after, "rlfleet_actor_weight_push_bytes_total", model_id="policy") == len(
+        _weights(actor)
+    )
+    assert value(after, "rlfleet_actor_weight_push_seconds_count", model_id="policy") == 1
+    assert value(after, "rlfleet_actor_policy_version", model_id="policy") == 1
+    assert value(after, "rlfleet_actor_rpc_errors_total", method="PushWeights", code="ABORTED") == 1
+    assert value(after, "rlfleet_actor_sessions_ended_total", reason="closed") == 1
+
+
+def test_actor_metrics_port_serves_only_metrics_and_never_the_token(make_actor: object) -> None:
+    actor: Actor = make_actor(metrics_port=0, token=TOKEN)
+    port = actor.handle.server.metrics_port
+    assert port not in (None, actor.port)
+    for path in ("/", "/metrics/", "/favicon.ico", "/rlfleet.v1.ActorService/Describe", "/debug"):
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10)
+        assert missing.value.code == 404
+        missing.value.close()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/metrics", body=b"x")
+    assert connection.getresponse().status == 405
+    connection.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        body = reply.read()
+    assert TOKEN.encode() not in body
+    assert b"Bearer" not in body
+
+
+def test_actor_metrics_count_auth_refusals(make_actor: object) -> None:
+    actor: Actor = make_actor(metrics_port=0, token=TOKEN)
+    for metadata in ((), (("authorization", "Bearer wrong"),)):
+        with pytest.raises(grpc.RpcError):
+            actor.stub.Describe(pb.DescribeRequest(), metadata=metadata, timeout=10)
+    samples = scrape(actor.handle.server.metrics_port)
+    assert value(samples, "rlfleet_actor_auth_refusals_total", method="Describe") == 2
+
+
+def test_actor_metrics_labels_stay_bounded_under_hostile_model_ids(make_actor: object) -> None:
+    actor: Actor = make_actor(metrics_port=0, token=TOKEN)
+    blob = _weights(actor)
+    for index in range(300):
+        with pytest.raises(grpc.RpcError) as unknown:
+            _push(actor, 2**64 - 1, model_id=f"attacker-{index}", blob=blob)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    samples = scrape(actor.handle.server.metrics_port)
+    pushes = samples["rlfleet_actor_weight_pushes_total"]
+    assert pushes == {(("model_id", "other"), ("result", "NOT_FOUND")): 300.0}
+    assert not any("attacker" in repr(labels) for series in samples.values() for labels in series)
+    # Every labelled series of the actor has a small, fixed set of label values.
+    assert sum(len(series) for series in samples.values()) < 200
+
+
+def test_actor_metrics_are_off_by_default(make_actor: object) -> None:
+    actor: Actor = make_actor()
+    assert actor.handle.server.metrics_port is None
+    assert actor.handle.server.metrics is None
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_actor_process_serves_metrics_from_flag_or_variable(how: str) -> None:
+    port = free_port()
+    args = (
+        ["--num-envs", "2", "--metrics-port", str(port)] if how == "flag" else ["--num-envs", "2"]
+    )
+    env = {"RLFLEET_METRICS_PORT": str(port)} if how == "variable" else {}
+    with start_actor(args, env=env) as process:
+        samples = scrape(port)
+        assert value(samples, "rlfleet_actor_session_state", state="free") == 1
+        assert value(samples, "process_open_fds") > 0
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+    with pytest.raises(urllib.error.URLError):  # the port is released with the process
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
