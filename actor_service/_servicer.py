@@ -242,11 +242,18 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
     async def Describe(
         self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeResponse:
-        """What this actor is: worker_id, env, spaces, models, pool, device."""
-        description = await self._rt.run_side(self._rt.worker.describe)
-        return describe_to_proto(
+        """What this actor is (worker_id, env, spaces, models, pool) and how it is doing."""
+        worker = self._rt.worker
+        description = await self._rt.run_side(worker.describe)
+        reply = describe_to_proto(
             description, max_credits=self._rt.config.max_credits, busy=self._rt.busy
         )
+        current = self._rt.current
+        reply.learner_id = current.learner_id if (current is not None and current.active) else ""
+        reply.draining = self._rt.draining
+        reply.frames = worker.frames
+        reply.uptime_seconds = time.monotonic() - self._rt.started_at
+        return reply
 
     @_mapped
     async def GetState(

@@ -6,6 +6,7 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
 * :func:`poll_until` waits for a condition instead of sleeping a guessed time.
 * :func:`free_port` returns a TCP port that was free a moment ago.
 * :func:`grpcurl_path` finds the ``grpcurl`` binary installed next to the interpreter.
+* :func:`self_signed_cert` makes a throwaway certificate for localhost / 127.0.0.1.
 * :func:`start_actor` runs ``python -m actor_service`` (the ``rlfleet-actor``
   command) with the given flags, waits for its ready line and returns an
   :class:`ActorProcess`; use it as a context manager so the process is always
@@ -28,7 +29,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["ActorProcess", "free_port", "grpcurl_path", "poll_until", "start_actor"]
+__all__ = [
+    "ActorProcess",
+    "free_port",
+    "grpcurl_path",
+    "poll_until",
+    "self_signed_cert",
+    "start_actor",
+]
 
 T = TypeVar("T")
 
@@ -226,3 +234,34 @@ def _pump(process: subprocess.Popen, lines: queue.Queue) -> None:
     for line in process.stdout:
         lines.put(line.rstrip("\n"))
     lines.put(None)
+
+
+def self_signed_cert(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """Write ``name.crt`` and ``name.key`` (EC, 1 day, for localhost and 127.0.0.1) with openssl."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return cert, key

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import subprocess
 
 import grpc
 import pytest
 from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import self_signed_cert
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -61,36 +61,6 @@ def test_auth_accepts_the_right_token_and_leaves_health_open(make_actor: object)
     assert response.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _self_signed(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return cert, key
-
-
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 
 
@@ -98,7 +68,7 @@ needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="open
 def test_tls_serves_encrypted_and_refuses_plaintext(
     make_actor: object, tmp_path: pathlib.Path
 ) -> None:
-    cert, key = _self_signed(tmp_path, "server")
+    cert, key = self_signed_cert(tmp_path, "server")
     actor = make_actor(tls_cert=str(cert), tls_key=str(key))
     credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
     with grpc.secure_channel(f"127.0.0.1:{actor.port}", credentials) as channel:
@@ -110,8 +80,8 @@ def test_tls_serves_encrypted_and_refuses_plaintext(
 
 @needs_openssl
 def test_mtls_requires_a_client_certificate(make_actor: object, tmp_path: pathlib.Path) -> None:
-    cert, key = _self_signed(tmp_path, "server")
-    client_cert, client_key = _self_signed(tmp_path, "client")
+    cert, key = self_signed_cert(tmp_path, "server")
+    client_cert, client_key = self_signed_cert(tmp_path, "client")
     actor = make_actor(tls_cert=str(cert), tls_key=str(key), tls_client_ca=str(client_cert))
     target = f"127.0.0.1:{actor.port}"
     with_cert = grpc.ssl_channel_credentials(

@@ -246,7 +246,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "learner_id", "draining", "frames", "uptime_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,10 @@ class DescribeResponse(_message.Message):
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_CREDITS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     epoch: int
     env_id: str
@@ -271,7 +275,11 @@ class DescribeResponse(_message.Message):
     software_version: str
     max_credits: int
     busy: bool
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ...) -> None: ...
+    learner_id: str
+    draining: bool
+    frames: int
+    uptime_seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
 
 class StateHeader(_message.Message):
     __slots__ = ("total_bytes", "sha256")

@@ -1,0 +1,212 @@
+"""``rlfleet status``: ask every actor of a fleet for its health and description, print a row each.
+
+One round asks each actor, in parallel, for ``grpc.health.v1.Health/Check``
+and ``rlfleet.v1.ActorService/Describe`` (nothing else: a status check never
+opens a session or changes an actor). Frames per second come from two rounds:
+the frames an actor reports between them over the uptime it reports between
+them, so the clock is the actor's own. An actor that restarted in between (a
+new epoch) has no rate until the next round.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.config import client_channel_options
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+
+__all__ = ["ActorStatus", "Probe", "format_table", "with_rates"]
+
+_SERVING = "SERVING"
+_MAX_PARALLEL = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorStatus:
+    """What one round learned about one actor.
+
+    Attributes:
+        address: ``host:port`` asked.
+        health: ``SERVING``, ``NOT_SERVING``, ``UNREACHABLE``, ``TIMEOUT``, ...
+        worker_id: From Describe; None when Describe failed.
+        kind: ``env`` (the kind of actor; LLM actors report their own).
+        env: The env id (or task) it collects from.
+        session: ``free``, ``held`` or ``draining``.
+        learner_id: The learner holding the session; empty when free.
+        policy_versions: ``{model_id: version}``.
+        epoch: The actor's epoch (changes when it restarts).
+        frames: Frames it collected.
+        uptime_seconds: Seconds since it started.
+        frames_per_second: Rate since the previous round; None when unknown.
+        error: Why Describe failed (status code and details); empty when it did not.
+    """
+
+    address: str
+    health: str
+    worker_id: int | None = None
+    kind: str = ""
+    env: str = ""
+    session: str = ""
+    learner_id: str = ""
+    policy_versions: dict[str, int] = dataclasses.field(default_factory=dict)
+    epoch: int = 0
+    frames: int = 0
+    uptime_seconds: float = 0.0
+    frames_per_second: float | None = None
+    error: str = ""
+
+    @property
+    def serving(self) -> bool:
+        """Whether the actor answered SERVING and described itself."""
+        return self.health == _SERVING and not self.error
+
+    def as_json(self) -> dict[str, Any]:
+        """A plain dict for ``--json`` (``serving`` included)."""
+        return dataclasses.asdict(self) | {"serving": self.serving}
+
+
+class Probe:
+    """Ask actors for their status, with the learner's TLS and token settings.
+
+    Args:
+        credentials: Channel credentials for TLS; None for plaintext.
+        token: Bearer token for Describe; empty for none.
+        timeout: Seconds each call may take.
+    """
+
+    def __init__(
+        self, *, credentials: grpc.ChannelCredentials | None, token: str, timeout: float
+    ) -> None:
+        self._credentials = credentials
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+
+    def round(self, addresses: Sequence[str]) -> list[ActorStatus]:
+        """One status per address, in the given order (asked in parallel)."""
+        workers = max(1, min(_MAX_PARALLEL, len(addresses)))
+        with concurrent.futures.ThreadPoolExecutor(workers, "rlfleet-status") as pool:
+            return list(pool.map(self.one, addresses))
+
+    def one(self, address: str) -> ActorStatus:
+        """Health and Describe of one actor."""
+        options = [*client_channel_options(), ("grpc.enable_retries", 0)]
+        if self._credentials is None:
+            channel = grpc.insecure_channel(address, options=options)
+        else:
+            channel = grpc.secure_channel(address, self._credentials, options=options)
+        with channel:
+            health = self._health(channel)
+            try:
+                reply = pb_grpc.ActorServiceStub(channel).Describe(
+                    pb.DescribeRequest(), metadata=self._metadata, timeout=self._timeout
+                )
+            except grpc.RpcError as exc:
+                return ActorStatus(address, health, error=_rpc_error(exc))
+        return _from_describe(address, health, reply)
+
+    def _health(self, channel: grpc.Channel) -> str:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._timeout)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "TIMEOUT"
+            return "UNREACHABLE" if code == grpc.StatusCode.UNAVAILABLE else _code_name(code)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def _from_describe(address: str, health: str, reply: pb.DescribeResponse) -> ActorStatus:
+    session = "draining" if reply.draining else ("held" if reply.busy else "free")
+    return ActorStatus(
+        address=address,
+        health=health,
+        worker_id=int(reply.worker_id),
+        # Actors that predate the kind field collect from gymnasium envs.
+        kind=str(getattr(reply, "kind", "") or "env"),
+        env=str(getattr(reply, "task", "") or reply.env_id),
+        session=session,
+        learner_id=reply.learner_id,
+        policy_versions={m.model_id: int(m.version) for m in reply.models},
+        epoch=int(reply.epoch),
+        frames=int(reply.frames),
+        uptime_seconds=float(reply.uptime_seconds),
+    )
+
+
+def _code_name(code: grpc.StatusCode | None) -> str:
+    return code.name if code is not None else "UNREACHABLE"
+
+
+def _rpc_error(exc: grpc.RpcError) -> str:
+    if not isinstance(exc, grpc.Call):
+        return "UNKNOWN"
+    details = (exc.details() or "").splitlines()[0][:120] if exc.details() else ""
+    return f"{_code_name(exc.code())}: {details}" if details else _code_name(exc.code())
+
+
+def with_rates(current: list[ActorStatus], previous: list[ActorStatus]) -> list[ActorStatus]:
+    """``current`` with ``frames_per_second`` measured against ``previous`` (same address+epoch)."""
+    before = {s.address: s for s in previous if s.worker_id is not None}
+    rated = []
+    for status in current:
+        old = before.get(status.address)
+        rate = None
+        if old is not None and old.epoch == status.epoch and status.worker_id is not None:
+            elapsed = status.uptime_seconds - old.uptime_seconds
+            if elapsed > 0 and status.frames >= old.frames:
+                rate = (status.frames - old.frames) / elapsed
+        rated.append(dataclasses.replace(status, frames_per_second=rate))
+    return rated
+
+
+_COLUMNS = ("WORKER", "KIND", "ENV", "HEALTH", "SESSION", "POLICY", "FRAMES/S", "UPTIME", "ADDRESS")
+
+
+def format_table(statuses: Sequence[ActorStatus]) -> str:
+    """The statuses as an aligned text table, one actor per line, then a summary line."""
+    rows = [_COLUMNS, *(_row(s) for s in statuses)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    serving = sum(s.serving for s in statuses)
+    total = sum(s.frames_per_second or 0.0 for s in statuses)
+    lines.append(f"{serving}/{len(statuses)} serving, {total:,.0f} frames/s")
+    lines.extend(f"{s.address}: {s.error}" for s in statuses if s.error)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _row(s: ActorStatus) -> tuple[str, ...]:
+    if s.worker_id is None:
+        return ("-", "-", "-", s.health, "-", "-", "-", "-", s.address)
+    session = f"held by {s.learner_id}" if s.session == "held" and s.learner_id else s.session
+    policy = " ".join(f"{mid}={v}" for mid, v in sorted(s.policy_versions.items())) or "-"
+    rate = "-" if s.frames_per_second is None else f"{s.frames_per_second:,.0f}"
+    return (
+        str(s.worker_id),
+        s.kind,
+        s.env,
+        s.health,
+        session,
+        policy,
+        rate,
+        _duration(s.uptime_seconds),
+        s.address,
+    )
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

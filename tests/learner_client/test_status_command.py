@@ -1,0 +1,212 @@
+"""``rlfleet status`` (``python -m learner_client.cli status``) against live actor processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from helpers import ActorProcess, self_signed_cert, start_actor
+
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from learner_client import cli
+from learner_client.cli._status import ActorStatus, with_rates
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LEARNER = "status-test-learner"
+TOKEN = "status-token-8d2e"
+
+
+def rlfleet(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run the ``rlfleet`` command in a subprocess (as an operator would)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("RLFLEET_TOKEN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "learner_client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+class Learner:
+    """A learner session on one actor that keeps batches flowing (acks and re-grants credit)."""
+
+    def __init__(self, address: str, metadata: tuple = (), channel: grpc.Channel | None = None):
+        self.channel = channel or grpc.insecure_channel(address)
+        self._requests: queue.Queue = queue.Queue()
+        open_msg = pb.OpenSession(
+            settings=pb.CollectSettings(frames_per_batch=64, total_frames=-1, reset_when_done=True),
+            credits=2,
+            learner_id=LEARNER,
+        )
+        self._requests.put(pb.CollectRequest(open=open_msg))
+        stub = pb_grpc.ActorServiceStub(self.channel)
+        self.call = stub.Collect(iter(self._requests.get, None), metadata=metadata)
+        self.opened = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self.opened.wait(30), "the session did not open"
+
+    def _run(self) -> None:
+        try:
+            for response in self.call:
+                if response.WhichOneof("kind") == "opened":
+                    self.opened.set()
+                elif response.WhichOneof("kind") == "chunk":
+                    chunk = response.chunk
+                    if chunk.index == chunk.count - 1:
+                        self._requests.put(pb.CollectRequest(ack=pb.Ack(seq=chunk.seq)))
+                        self._requests.put(pb.CollectRequest(credit=pb.Credit(batches=1)))
+        except grpc.RpcError:
+            pass
+
+    def close(self) -> None:
+        self.call.cancel()
+        self._requests.put(None)
+        self._thread.join(10)
+        self.channel.close()
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[ActorProcess]]:
+    actors = [
+        start_actor(["--num-envs", "2", "--worker-id", str(worker_id), "--seed", "1"])
+        for worker_id in (0, 1)
+    ]
+    yield actors
+    for actor in actors:
+        actor.close()
+
+
+def test_status_shows_a_healthy_fleet_and_exits_0(fleet: list[ActorProcess]) -> None:
+    learner = Learner(fleet[0].address)
+    try:
+        result = rlfleet("status", *(a.address for a in fleet), "--json", "--interval", "1")
+        table = rlfleet("status", *(a.address for a in fleet), "--interval", "0.5")
+    finally:
+        learner.close()
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["address"] for row in rows] == [a.address for a in fleet]
+    assert [row["worker_id"] for row in rows] == [0, 1]
+    for row in rows:
+        assert row["health"] == "SERVING"
+        assert row["serving"] is True
+        assert row["kind"] == "env"
+        assert row["env"] == "CartPole-v1"
+        assert row["policy_versions"] == {"policy": 0}
+        assert row["uptime_seconds"] > 0
+        assert row["error"] == ""
+    held, free = rows
+    assert (held["session"], held["learner_id"]) == ("held", LEARNER)
+    assert held["frames"] > 0
+    assert held["frames_per_second"] > 0
+    assert (free["session"], free["learner_id"], free["frames"]) == ("free", "", 0)
+    assert free["frames_per_second"] == 0
+    assert table.returncode == 0, table.stderr
+    header, first, second, summary = table.stdout.splitlines()
+    assert header.split()[:4] == ["WORKER", "KIND", "ENV", "HEALTH"]
+    assert first.split()[:5] == ["0", "env", "CartPole-v1", "SERVING", "held"]
+    assert f"held by {LEARNER}" in first
+    assert "policy=0" in first
+    assert fleet[0].address in first
+    assert second.split()[:5] == ["1", "env", "CartPole-v1", "SERVING", "free"]
+    assert summary.startswith("2/2 serving, ")
+
+
+def test_status_exits_1_and_shows_a_killed_actor_not_serving(fleet: list[ActorProcess]) -> None:
+    fleet[1].kill()
+    result = rlfleet("status", *(a.address for a in fleet), "--json", "--interval", "0.2")
+    assert result.returncode == 1, result.stderr
+    alive, dead = json.loads(result.stdout)
+    assert (alive["health"], alive["serving"]) == ("SERVING", True)
+    assert (dead["health"], dead["serving"], dead["worker_id"]) == ("UNREACHABLE", False, None)
+    assert dead["error"].startswith("UNAVAILABLE")
+    table = rlfleet("status", *(a.address for a in fleet), "--interval", "0.2")
+    assert table.returncode == 1
+    lines = table.stdout.splitlines()
+    dead_line = next(line for line in lines if line.endswith(fleet[1].address))
+    assert dead_line.split()[:4] == ["-", "-", "-", "UNREACHABLE"]
+    assert "1/2 serving" in table.stdout
+
+
+def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
+    result = rlfleet(
+        "status", fleet[0].address, "--watch", "--count", "3", "--interval", "0.2", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    rounds = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rounds) == 3
+    assert all(r[0]["worker_id"] == 0 and r[0]["serving"] for r in rounds)
+    watched = rlfleet("status", fleet[0].address, "--watch", "--count", "2", "--interval", "0.2")
+    assert watched.stdout.count("\x1b[H\x1b[2J") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give actor addresses"),
+        (("--dns", "actor:99999"), "port must be in 1..65535"),
+        (("127.0.0.1:1", "--interval", "0"), "expected a finite number > 0"),
+        (("127.0.0.1:1", "--tls-cert", "x.pem"), "--tls-cert and --tls-key"),
+        (("127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"), "cannot read"),
+    ],
+)
+def test_status_raises_if_arguments_are_bad(
+    args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["status", *args])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_status_speaks_tls_and_token_like_the_learner(tmp_path: pathlib.Path) -> None:
+    cert, key = self_signed_cert(tmp_path, "actor")
+    args = ["--num-envs", "2", "--tls-cert", str(cert), "--tls-key", str(key), "--token", TOKEN]
+    with start_actor(args) as actor:
+        credentials = grpc.ssl_channel_credentials(cert.read_bytes())
+        channel = grpc.secure_channel(actor.address, credentials)
+        learner = Learner(actor.address, (("authorization", f"Bearer {TOKEN}"),), channel)
+        try:
+            good = rlfleet(
+                "status", actor.address, "--tls-ca", str(cert), "--token", TOKEN, "--json"
+            )
+            no_token = rlfleet("status", actor.address, "--tls-ca", str(cert), "--json")
+            plaintext = rlfleet("status", actor.address, "--token", TOKEN, "--json")
+        finally:
+            learner.close()
+    assert good.returncode == 0, good.stderr
+    (row,) = json.loads(good.stdout)
+    assert (row["health"], row["session"], row["learner_id"]) == ("SERVING", "held", LEARNER)
+    assert no_token.returncode == 1
+    (row,) = json.loads(no_token.stdout)
+    assert row["health"] == "SERVING"  # health stays open; Describe needs the token
+    assert row["error"].startswith("UNAUTHENTICATED")
+    assert plaintext.returncode == 1
+    assert json.loads(plaintext.stdout)[0]["health"] == "UNREACHABLE"
+
+
+def test_status_rate_uses_the_actors_clock_and_skips_restarts() -> None:
+    before = ActorStatus("a:1", "SERVING", worker_id=0, epoch=7, frames=1_000, uptime_seconds=10.0)
+    same = dataclasses.replace(before, frames=5_000, uptime_seconds=12.0)
+    restarted = dataclasses.replace(same, epoch=8, frames=10, uptime_seconds=0.5)
+    assert with_rates([same], [before])[0].frames_per_second == 2_000
+    assert with_rates([restarted], [before])[0].frames_per_second is None
+    assert with_rates([same], [])[0].frames_per_second is None
