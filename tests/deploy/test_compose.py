@@ -60,7 +60,8 @@ def test_compose_actor_scales_without_fixed_host_ports(model: dict) -> None:
     # A published host port or a fixed name/hostname would make --scale actor=N collide.
     for key in ("ports", "container_name", "hostname"):
         assert key not in actor, f"actor sets {key}: it cannot scale"
-    assert actor["expose"] == [actor["environment"]["RLFLEET_PORT"]]
+    env = actor["environment"]
+    assert actor["expose"] == [env["RLFLEET_PORT"], env["RLFLEET_METRICS_PORT"]]
     assert actor["deploy"]["replicas"] >= 1
     assert actor["environment"]["RLFLEET_HOST"] == "0.0.0.0"
 

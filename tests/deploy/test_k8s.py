@@ -118,8 +118,15 @@ def test_k8s_actors_are_a_statefulset_behind_a_headless_service() -> None:
     assert ACTOR_LABELS.items() <= template_labels.items()
     actor = container(_actor_pod(), "actor")
     port = int(env_of(actor)["RLFLEET_PORT"]["value"])
-    assert [p["containerPort"] for p in actor["ports"]] == [port]
-    assert [p["port"] for p in service["spec"]["ports"]] == [port]
+    metrics = int(env_of(actor)["RLFLEET_METRICS_PORT"]["value"])
+    assert {p["name"]: p["containerPort"] for p in actor["ports"]} == {
+        "grpc": port,
+        "metrics": metrics,
+    }
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "grpc": port,
+        "metrics": metrics,
+    }
     assert env_of(actor)["RLFLEET_HOST"]["value"] == "0.0.0.0"
     budget = k8s_object("PodDisruptionBudget", "actors")
     assert budget["spec"]["selector"]["matchLabels"] == ACTOR_LABELS
@@ -175,7 +182,12 @@ def test_k8s_pods_run_as_the_image_user_without_privileges() -> None:
 def test_k8s_network_policy_admits_only_the_learner() -> None:
     policy = k8s_object("NetworkPolicy", "actors-from-learner-only")
     assert policy["spec"]["podSelector"]["matchLabels"] == ACTOR_LABELS
-    (rule,) = policy["spec"]["ingress"]
+    rule, scrape = policy["spec"]["ingress"]
+    # Prometheus may scrape from any namespace, but only the metrics port.
+    assert scrape == {
+        "from": [{"namespaceSelector": {}}],
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+    }
     (peer,) = rule["from"]
     assert set(peer) == {"podSelector"}  # same namespace, learner pods only
     assert peer["podSelector"]["matchLabels"] == LEARNER_LABELS
