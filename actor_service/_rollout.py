@@ -32,7 +32,7 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorDescription, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch, validate_config
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
@@ -47,7 +47,7 @@ from common.policies import RandomPolicy
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
 
-__all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
+__all__ = ["ActorIdentity", "RolloutWorker", "derive_seed"]
 
 
 class RolloutWorker:
@@ -132,13 +132,13 @@ class RolloutWorker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def describe(self) -> ActorDescription:
+    def describe(self) -> ActorIdentity:
         """A snapshot of what this actor is (safe from any thread)."""
         models = {
             mid: (self.models.policy_version(mid), self.models.parameters_info(mid))
             for mid in self.models.model_ids
         }
-        return ActorDescription(
+        return ActorIdentity(
             worker_id=self.worker_id,
             epoch=self.epoch,
             env_id=env_name(self.config),
