@@ -58,6 +58,7 @@ LONG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 #: Label value of a model id the actor does not hold (keeps cardinality bounded).
 OTHER_MODEL = "other"
 _SESSION_STATES = ("starting", "free", "held", "draining")
+_PREFIX = "rlfleet_actor_"
 
 
 class BatchHistogram(Collector):
@@ -150,80 +151,50 @@ class ActorMetrics:
     """
 
     def __init__(self, *, worker_id: int, env_id: str, model_ids: Sequence[str]) -> None:
-        self.registry = registry = new_registry()
+        self.registry = new_registry()
         self._model_ids = frozenset(model_ids)
         self._info = {"worker_id": str(worker_id), "env": env_id}
-        p = "rlfleet_actor_"
-        self.frames = Counter(
-            p + "frames", "Frames (env transitions) collected.", registry=registry
-        )
-        self.env_steps = Counter(
-            p + "env_steps", "Steps of the env pool (each steps every env once).", registry=registry
-        )
-        self.batches_collected = Counter(
-            p + "batches_collected", "Batches collected.", registry=registry
-        )
-        self.batches_sent = Counter(
-            p + "batches_sent",
-            "Batches written to a learner (re-sends included).",
-            registry=registry,
-        )
-        self.batches_acked = Counter(
-            p + "batches_acked", "Batches a learner acknowledged.", registry=registry
-        )
-        self.credits_granted = Counter(
-            p + "credits_granted",
-            "Credits accepted from learners (after the cap).",
-            registry=registry,
-        )
-        self.sessions_ended = Counter(
-            p + "sessions_ended",
-            "Collect sessions ended, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.rpc_errors = Counter(
-            p + "rpc_errors",
-            "Calls answered with an error, by method and gRPC status code.",
-            ["method", "code"],
-            registry=registry,
-        )
-        self.auth_refusals = Counter(
-            p + "auth_refusals",
-            "Calls refused for a missing or wrong token.",
-            ["method"],
-            registry=registry,
-        )
-        self.weight_pushes = Counter(
-            p + "weight_pushes",
-            "Weight pushes, by model and result (OK or a status code).",
-            ["model_id", "result"],
-            registry=registry,
-        )
-        self.weight_push_bytes = Counter(
-            p + "weight_push_bytes", "Bytes of weights applied.", ["model_id"], registry=registry
-        )
-        self.weight_push_seconds = Histogram(
-            p + "weight_push_seconds",
-            "Seconds from a push's header to its weights in force.",
-            ["model_id"],
-            buckets=LONG_BUCKETS,
-            registry=registry,
-        )
-        self.batch_seconds = Histogram(
-            p + "batch_collect_seconds",
-            "Seconds to collect one batch.",
-            buckets=LONG_BUCKETS,
-            registry=registry,
-        )
+        counter = self._counter
+        # Collection: what the collection core and the Collect stream count.
+        self.frames = counter("frames", "Frames (env transitions) collected.")
+        self.env_steps = counter("env_steps", "Steps of the env pool (each steps every env once).")
+        self.batches_collected = counter("batches_collected", "Batches collected.")
+        self.batches_sent = counter("batches_sent", "Batches written to a learner (re-sends too).")
+        self.batches_acked = counter("batches_acked", "Batches a learner acknowledged.")
+        self.credits_granted = counter("credits_granted", "Credits accepted (after the cap).")
+        self.sessions_ended = counter("sessions_ended", "Collect sessions ended.", "reason")
+        self.batch_seconds = self._histogram("batch_collect_seconds", "Seconds per batch.")
         self.forward_seconds = BatchHistogram(
-            p + "policy_forward_seconds",
+            _PREFIX + "policy_forward_seconds",
             "Seconds of one batched policy forward pass (per step).",
             STEP_BUCKETS,
-            registry,
+            self.registry,
         )
         self.env_step_seconds = BatchHistogram(
-            p + "env_step_seconds", "Seconds of one env pool step.", STEP_BUCKETS, registry
+            _PREFIX + "env_step_seconds",
+            "Seconds of one env pool step.",
+            STEP_BUCKETS,
+            self.registry,
+        )
+        # Control: errors, refusals and weight pushes.
+        self.rpc_errors = counter("rpc_errors", "Calls answered with an error.", "method", "code")
+        self.auth_refusals = counter("auth_refusals", "Calls refused for their token.", "method")
+        self.weight_pushes = counter(
+            "weight_pushes", "Weight pushes by result (OK or a status).", "model_id", "result"
+        )
+        self.weight_push_bytes = counter("weight_push_bytes", "Weight bytes applied.", "model_id")
+        self.weight_push_seconds = self._histogram(
+            "weight_push_seconds",
+            "Seconds from a push's header to its weights in force.",
+            "model_id",
+        )
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(_PREFIX + name, documentation, labels, registry=self.registry)
+
+    def _histogram(self, name: str, documentation: str, *labels: str) -> Histogram:
+        return Histogram(
+            _PREFIX + name, documentation, labels, buckets=LONG_BUCKETS, registry=self.registry
         )
 
     def model_label(self, model_id: str) -> str:

@@ -36,6 +36,7 @@ BENCHES = {
     "startup": "bench.startup",
     "memory": "bench.memory",
     "codec": "bench.codec_bench",
+    "metrics": "bench.metrics_overhead",
 }
 # Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
 _FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "startup", "memory"}

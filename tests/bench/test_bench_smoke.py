@@ -37,6 +37,10 @@ EXPECTED = {
         ["tiny rlfleet/raw loopback", "tiny rlfleet/torchrl multisync"],
     ),
     "startup": (["rlfleet sync", "torchrl sync"], ["rlfleet/torchrl sync"]),
+    "metrics": (
+        ["metrics off", "metrics on", "loop metrics off", "loop metrics on"],
+        ["metrics on/off", "loop metrics on/off"],
+    ),
     "memory": (
         ["learner rss growth", "learner rss slope", "actor 0 rss growth", "frames collected"],
         [],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import urllib.request
 
 import pytest
 import yaml
@@ -22,8 +23,9 @@ from deploy_files import (
     k8s_object,
     run_compose,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
-from actor_service import parse_config
+from actor_service import ActorConfig, create_server, parse_config
 
 DASHBOARD = DOCKER / "grafana" / "rlfleet.json"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
@@ -140,6 +142,24 @@ def test_dashboard_panels_are_described_and_query_the_templated_datasource() -> 
             assert METRIC_RE.search(expr), expr
 
 
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "info": ("_info",),
+}
+
+
+def exported_names(text: str) -> set[str]:
+    """Every series name a scrape can hold, by family type (labelled families with no series
+    yet still declare themselves in ``# TYPE``)."""
+    return {
+        family.name + suffix
+        for family in text_string_to_metric_families(text)
+        for suffix in _SUFFIXES.get(family.type, ("",))
+    }
+
+
 def dashboard_metric_names() -> set[str]:
     """Every metric name a dashboard query uses."""
     return {
@@ -180,3 +200,16 @@ def test_k8s_service_monitor_selects_the_actor_service_metrics_port() -> None:
     assert (endpoint["path"], endpoint["scheme"]) == ("/metrics", "http")
     # Kept out of the folder `kubectl apply -f docker/k8s/` applies: the CRD may be missing.
     assert all(doc["kind"] != "ServiceMonitor" for docs in k8s_documents().values() for doc in docs)
+
+
+def test_dashboard_queries_only_metrics_a_live_actor_exports() -> None:
+
+    config = ActorConfig(port=0, num_envs=2, metrics_port=0, seed=0, grace_period=1.0)
+    with create_server(config).run_in_thread() as handle:
+        url = f"http://127.0.0.1:{handle.server.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+    exported = exported_names(text)
+    used = {name for name in dashboard_metric_names() if not name.startswith("rlfleet_learner_")}
+    assert used, "the dashboard queries no actor metric"
+    assert used - exported == set()
