@@ -17,21 +17,13 @@ are the proto's end reasons. No label ever names a learner, peer or batch.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -42,11 +34,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from common.errors import ActorUnavailableError
+from common.metrics import new_registry
 
 if TYPE_CHECKING:
     from actor_service._runtime import ActorRuntime
 
-__all__ = ["ActorMetrics", "BatchHistogram", "ThreadsCollector"]
+__all__ = ["ActorMetrics", "BatchHistogram"]
 
 #: Buckets of the per-step latencies (forward pass, env step): 10 µs to 2.5 s.
 STEP_BUCKETS: tuple[float, ...] = (
@@ -108,37 +101,6 @@ class BatchHistogram(Collector):
             buckets=list(zip(bounds, cumulative, strict=True)),
             sum_value=total,
         )
-
-
-class ThreadsCollector(Collector):
-    """``rlfleet_process_threads``: the process's OS threads (Python's own count elsewhere)."""
-
-    def collect(self) -> Iterable[Metric]:
-        """The thread count, read from ``/proc`` where there is one."""
-        yield GaugeMetricFamily(
-            "rlfleet_process_threads", "Threads of this process.", value=_thread_count()
-        )
-
-
-def _thread_count() -> int:
-    try:
-        with open(f"/proc/{os.getpid()}/status") as status:
-            for line in status:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return threading.active_count()
-
-
-def new_registry() -> CollectorRegistry:
-    """A registry with the library's process, platform and GC collectors and the thread count."""
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    registry.register(ThreadsCollector())
-    return registry
 
 
 class ActorMetrics:

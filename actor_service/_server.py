@@ -44,7 +44,7 @@ from actor_service._servicer import MAX_ACTOR_CALLS, ActorServicer
 from actor_service._wire import add_actor_service
 from common.config import server_channel_options
 from common.errors import SessionStateError
-from common.metrics_http import MetricsEndpoint
+from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serve"]

@@ -1,4 +1,8 @@
-"""The HTTP endpoint that serves one Prometheus registry at ``/metrics`` and nothing else.
+"""What actors and learners share for Prometheus: a registry to start from and its endpoint.
+
+:func:`new_registry` gives a registry with the library's process, platform and
+GC collectors and ``rlfleet_process_threads``. :class:`MetricsEndpoint` serves
+one registry over HTTP at ``/metrics`` and nothing else.
 
 Actors and learners expose their metrics on a port of their own, so a scraper
 needs no gRPC, no TLS and no token, and the port can never leak anything but
@@ -20,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -27,9 +32,17 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["METRICS_PATH", "MetricsEndpoint"]
+__all__ = ["METRICS_PATH", "MetricsEndpoint", "ThreadsCollector", "new_registry"]
 
 #: The only path the endpoint answers.
 METRICS_PATH = "/metrics"
@@ -38,6 +51,40 @@ _REQUEST_TIMEOUT = 10.0
 
 _StartResponse = Callable[..., Any]
 _App = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
+
+
+class ThreadsCollector(Collector):
+    """``rlfleet_process_threads``: the process's OS threads."""
+
+    def collect(self) -> Iterable[Metric]:
+        """The thread count, read from ``/proc`` where there is one."""
+        yield GaugeMetricFamily(
+            "rlfleet_process_threads", "Threads of this process.", value=_thread_count()
+        )
+
+
+def _thread_count() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/status") as status:
+            for line in status:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return threading.active_count()
+
+
+def new_registry() -> CollectorRegistry:
+    """A registry with the library's process, platform and GC collectors and the thread count.
+
+    Each actor and learner gets its own, so several in one process never share counters.
+    """
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(ThreadsCollector())
+    return registry
 
 
 class _Server(ThreadingMixIn, WSGIServer):
