@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import DEFAULT_PORT
+from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
 
 __all__ = ["ActorConfig", "ModelSpec"]
 
@@ -27,7 +27,7 @@ class ModelSpec:
         kwargs: Keyword arguments for the factory (e.g. ``{"hidden": [64, 64]}`` for ``mlp``).
     """
 
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
     factory: str = "mlp"
     kwargs: dict = dataclasses.field(default_factory=dict)
 

@@ -36,6 +36,7 @@ from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
     ActorUnavailableError,
+    ClosedError,
     DeadlineError,
     RlfleetError,
     SessionStateError,
@@ -290,7 +291,7 @@ class RolloutWorker:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStateError(f"actor {self.worker_id}'s rollout worker is closed")
+            raise ClosedError(f"actor {self.worker_id}'s rollout worker is closed")
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (each is reset with its seed), torch and numpy; chain like TorchRL.

@@ -22,8 +22,8 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from common.config import CollectSettings, ExplorationType
-from common.errors import SessionStateError
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.errors import ClosedError
 from learner_client._background import Background
 from learner_client._discovery import resolve_actors
 from learner_client._fleet import Fleet
@@ -157,7 +157,7 @@ class GrpcCollector:
         allow_partial_batches: bool = False,
         channel_credentials: Any = None,
         token: str | None = None,
-        model_id: str = "policy",
+        model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
     ) -> None:
         addresses = check_addresses(resolve_actors(actors))
@@ -457,7 +457,7 @@ class GrpcCollector:
 
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
-            raise SessionStateError("the collector is shut down")
+            raise ClosedError("the collector is shut down")
 
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).

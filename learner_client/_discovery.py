@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from common.config import DEFAULT_PORT
-from common.errors import ActorUnavailableError, SessionStateError
+from common.errors import ActorUnavailableError, ClosedError, SessionStateError
 
 __all__ = [
     "DnsChange",
@@ -263,7 +263,7 @@ class DnsWatcher:
         """
         with self._lock:
             if self._closed:
-                raise SessionStateError(f"DnsWatcher({self.target!r}) is closed")
+                raise ClosedError(f"DnsWatcher({self.target!r}) is closed")
             try:
                 now = _actor_addresses(self._host, self._port, self._resolver)
             except ActorUnavailableError:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from common.config import CollectSettings
-from common.errors import ActorUnavailableError, DeadlineError, RlfleetError, UnknownWorkerError
+from common.errors import ActorUnavailableError, RlfleetError, UnknownWorkerError, is_transient
 from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
@@ -89,9 +89,7 @@ class Fleet:
         ]
         if failed:
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-            others = [
-                e for _, e in failed if not isinstance(e, ActorUnavailableError | DeadlineError)
-            ]
+            others = [e for _, e in failed if not is_transient(e)]
             if others:  # e.g. a bad token: say so rather than "unreachable"
                 raise others[0]
             detail = "; ".join(f"{a} ({e})" for a, e in failed)
@@ -176,7 +174,7 @@ class Fleet:
                     enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout
                 )
             except RlfleetError as exc:
-                if _transient(exc):
+                if is_transient(exc):
                     raise  # the session is retried, with this push first
                 # Retrying a push the actor rejects would keep it out for good.
                 self.book.forget(link.worker_id, enc.model_id)
@@ -210,7 +208,7 @@ class Fleet:
         for (wid, enc), result in zip(pairs, results, strict=True):
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
-                if _transient(result):  # it gets this push when it is re-admitted
+                if is_transient(result):  # it gets this push when it is re-admitted
                     self.book.addressed([wid], enc)
             else:
                 self.book.addressed([wid], enc)
@@ -342,8 +340,3 @@ def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether a failed call may succeed later (the actor was unreachable or slow)."""
-    return isinstance(exc, ActorUnavailableError | DeadlineError)

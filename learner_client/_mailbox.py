@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 
 from tensordict import TensorDictBase
 
-from common.errors import SessionStateError
+from common.errors import ClosedError
 
 __all__ = ["Delivery", "Mailbox", "Paused"]
 
@@ -254,7 +254,7 @@ class Mailbox:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStateError("the collector is shut down")
+            raise ClosedError("the collector is shut down")
         if self._paused:
             raise Paused
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import ActorUnavailableError, DeadlineError, UnknownModelError
+from common.errors import UnknownModelError, is_transient
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet
 from learner_client._link import LinkState
@@ -92,11 +92,7 @@ class Pusher:
         succeeded, failed = self._fleet.push(due, encoded)
         self._fleet.ledger.add_auto_push()
         fatal = {
-            mid: {
-                w: e
-                for w, e in errs.items()
-                if not isinstance(e, ActorUnavailableError | DeadlineError)
-            }
+            mid: {w: e for w, e in errs.items() if not is_transient(e)}
             for mid, errs in failed.items()
         }
         for mid, errs in failed.items():

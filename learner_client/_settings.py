@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from common.config import CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import UnknownModelError
 
 __all__ = [
@@ -110,7 +110,7 @@ class RolloutSettings:
     split_trajs: bool = False
     exploration_type: ExplorationType = ExplorationType.RANDOM
     set_truncated: bool = False
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
 
     def for_actor(self, frames_per_batch: int, num_actors: int) -> CollectSettings:
         """The settings one actor's session is opened with.
@@ -181,7 +181,7 @@ class FleetMember:
     address: str
     worker_id: int
     num_envs: int
-    models: tuple[str, ...] = ("policy",)
+    models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
 
 
 def positive_int(name: str, value: object) -> int:

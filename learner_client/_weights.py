@@ -21,6 +21,7 @@ from typing import Any
 from tensordict import TensorDictBase
 from torch import nn
 
+from common.config import DEFAULT_MODEL_ID
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import encode_weights, sha256_hex
 
@@ -33,7 +34,6 @@ __all__ = [
 ]
 
 WeightSource = nn.Module | TensorDictBase | Mapping[str, Any]
-DEFAULT_MODEL_ID = "policy"
 
 
 @dataclasses.dataclass(frozen=True)
