@@ -35,7 +35,7 @@ log = logging.getLogger("learner_client")
 # Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
 _MARGIN = 5.0
 
-_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.CLOSED)
+_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
 PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
 

@@ -7,10 +7,12 @@ refused; a new epoch means the process restarted), lets the fleet *admit* it
 ``Collect`` session (resuming the last epoch and seq when the actor is the same
 process, so retained batches are re-sent and duplicates dropped), then hands
 every complete new batch to the :class:`~learner_client._mailbox.Mailbox`.
-A broken or stalled stream is counted, logged and retried after a jittered
-exponential backoff (bounded delay, retried until the collector closes); the
-other actors are not affected. A session taken over by another learner is
-not retried.
+A transport or protocol failure (any :class:`~common.errors.RlfleetError`: a
+broken or stalled stream, a malformed packet, an error status) is counted,
+logged and retried after a jittered exponential backoff (bounded delay,
+retried until the collector closes); the other actors are not affected. Any
+other exception is a bug: the link stops (``FAILED``) and the user's next
+take raises it. A session taken over by another learner is not retried.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 from common.config import CollectSettings
-from common.errors import ActorUnavailableError, ProtocolError, SessionStateError
+from common.errors import ActorUnavailableError, ProtocolError, RlfleetError, SessionStateError
 from learner_client._aggregate import name_time_dim, tag_worker
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
@@ -49,6 +51,7 @@ class LinkState(enum.Enum):
     STREAMING = "streaming"
     DOWN = "down"  # the last connection attempt failed; retrying
     LOST = "lost"  # taken over by another learner; not retried
+    FAILED = "failed"  # stopped on a bug, which the user's next take raised
     CLOSED = "closed"
 
 
@@ -194,9 +197,7 @@ class ActorLink:
                     end.message,
                 )
                 self._ledger.failure(self.worker_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # any failure of one actor is counted and retried
+            except RlfleetError as exc:  # a transport or protocol failure: counted and retried
                 if self._closing:
                     break
                 attempt = 0 if self._streamed else attempt
@@ -211,6 +212,9 @@ class ActorLink:
                     exc,
                     attempt + 1,
                 )
+            except Exception as exc:  # a bug: retrying would hide it
+                self._stop_on_bug(exc)
+                return
             finally:
                 self._stream = None
                 self._mailbox.session_closed(self.worker_id)
@@ -318,6 +322,20 @@ class ActorLink:
                 version_max=event.version_max,
             )
         )
+
+    def _stop_on_bug(self, exc: Exception) -> None:
+        log.error(
+            "the link to %s (worker_id %d) stopped on a bug; the actor is no longer used",
+            self.address,
+            self.worker_id,
+            exc_info=exc,
+        )
+        exc.add_note(
+            f"raised on the learner's event loop serving actor {self.address} "
+            f"(worker_id {self.worker_id}), which is no longer used"
+        )
+        self._set_state(LinkState.FAILED)
+        self._mailbox.fail(self.worker_id, exc)
 
     def _set_state(self, state: LinkState) -> None:
         if state is self.state:

@@ -27,7 +27,7 @@ __all__ = ["Pusher"]
 
 log = logging.getLogger("learner_client")
 
-_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.CLOSED)
+_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
 
 class Pusher:
