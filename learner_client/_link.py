@@ -23,20 +23,16 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from common.config import CollectSettings
 from common.errors import ActorUnavailableError, ProtocolError, RlfleetError, SessionStateError
 from learner_client._aggregate import name_time_dim, tag_worker
+from learner_client._collect_stream import BatchEvent, CollectStream, EndEvent, OpenStreams
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._settings import ConnectionSettings
-from learner_client._transport import (
-    ActorChannel,
-    ActorDescription,
-    BatchEvent,
-    CollectStream,
-    EndEvent,
-)
+from learner_client._transport import ActorChannel, ActorDescription
 
 __all__ = ["ActorLink", "Backoff", "LinkState"]
 
@@ -84,8 +80,11 @@ class ActorLink:
         conn: Channel settings, deadlines and the learner id.
         batch_timeout: Seconds a stream owing a batch may stay silent before it counts as stalled.
         mailbox: Where batches go; also tells whether credits are outstanding.
+        streams: Where each open stream is registered, so credits and acks reach it.
         ledger: Failure and reconnection counters.
         admit: Called before each session opens (pushes the weights the actor lacks).
+        allocate: Gives the buffer each batch is received into; None allocates fresh ones.
+        backoff: The delays between reconnection attempts.
     """
 
     def __init__(
@@ -96,8 +95,10 @@ class ActorLink:
         *,
         batch_timeout: float,
         mailbox: Mailbox,
+        streams: OpenStreams,
         ledger: Ledger,
         admit: Admit,
+        allocate: Callable[[int], Any] | None = None,
         backoff: Backoff = Backoff(),
     ) -> None:
         self.address = description.address
@@ -109,7 +110,9 @@ class ActorLink:
         self._conn = conn
         self._batch_timeout = batch_timeout
         self._mailbox = mailbox
+        self._streams = streams
         self._ledger = ledger
+        self._allocate = allocate
         self._admit = admit
         self._backoff = backoff
         self._settings: CollectSettings | None = None
@@ -135,16 +138,6 @@ class ActorLink:
         self._fresh_next = True
         if self._stream is not None:
             self._stream.close()
-
-    def grant(self, batches: int) -> None:
-        """Forward credits to the open session (dropped if none: the next open re-grants)."""
-        if self._stream is not None:
-            self._stream.grant(batches)
-
-    def ack(self, seq: int) -> None:
-        """Acknowledge delivered batches on the open session of their epoch."""
-        if self._stream is not None:
-            self._stream.ack(seq)
 
     async def stop(self, timeout: float) -> None:
         """Close an open session cleanly (``close`` → ``end``), cancelling it after ``timeout``.
@@ -261,14 +254,17 @@ class ActorLink:
         credits = self._mailbox.session_opened(self.worker_id)
         # Take over only a session of our own the actor may not know is dead yet;
         # never another learner's (a first open that finds the actor busy retries).
-        stream = self.channel.collect(
+        stream = CollectStream(
+            self.channel,
             settings,
             credits=credits,
             resume=resume,
             take_over=reconnecting and bool(self.tracker.epoch),
             learner_id=self._conn.learner_id,
+            allocate=self._allocate,
         )
         self._stream = stream
+        self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost
         try:
             info = await stream.opened(self._conn.call_timeout)
             self.tracker.opened(info.epoch, info.next_seq, info.resumed)
@@ -291,6 +287,7 @@ class ActorLink:
                     return event
                 self._deliver(event)
         finally:
+            self._streams.detach(self.worker_id, stream)
             stream.cancel()
 
     def _owed(self) -> bool:
