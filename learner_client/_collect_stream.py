@@ -83,9 +83,7 @@ def _open_request(
         reset_at_each_iter=settings.reset_at_each_iter,
         reset_when_done=settings.reset_when_done,
         split_trajs=settings.split_trajs,
-        exploration_type=pb.ExplorationType.Value(
-            f"EXPLORATION_TYPE_{settings.exploration_type.name}"
-        ),
+        exploration_type=f"EXPLORATION_TYPE_{settings.exploration_type.name}",
         set_truncated=settings.set_truncated,
         total_frames=settings.total_frames,
         model_id=settings.model_id,
@@ -188,7 +186,7 @@ class CollectStream:
         read, self._read = self._read, None
         with translate_errors(self.address):
             message = read.result()
-        return None if message is grpc.aio.EOF else message
+        return None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
 
     async def opened(self, timeout: float) -> SessionInfo:
         """Wait for the ``opened`` reply."""

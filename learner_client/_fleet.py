@@ -105,6 +105,7 @@ class Fleet:
             for c, r in zip(channels, results, strict=True)
             if isinstance(r, BaseException)
         ]
+        descriptions = [r for r in results if isinstance(r, ActorDescription)]
         if failed:
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
             others = [e for _, e in failed if not is_transient(e)]
@@ -127,7 +128,7 @@ class Fleet:
                 admit=self._admit,
                 allocate=None if self._slabs is None else self._slabs.for_worker(d.worker_id),
             )
-            for d, c in zip(results, channels, strict=True)
+            for d, c in zip(descriptions, channels, strict=True)
         ]
 
     def register(self, links: Sequence[ActorLink]) -> None:

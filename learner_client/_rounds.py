@@ -139,6 +139,8 @@ class Rounds:
             return deliveries[0].batch
         return combine(
             [d.batch for d in deliveries],
-            cat_results=self._settings.cat_results,
+            cat_results="stack"
+            if self._settings.cat_results is None
+            else self._settings.cat_results,
             split_trajs=self._settings.split_trajs,
         )

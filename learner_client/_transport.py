@@ -112,7 +112,7 @@ class ActorChannel:
             "/rlfleet.v1.ActorService/PushWeights",
             request_serializer=_pre_serialized,
             response_deserializer=pb.PushWeightsResponse.FromString,
-            _registered_method=True,
+            _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
         )
 
     async def close(self) -> None:

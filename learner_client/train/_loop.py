@@ -78,6 +78,7 @@ def train(settings: TrainSettings) -> TrainSummary:
         # Actors start with their own random weights: make them act with ours.
         collector.update_policy_weights_(policy)
         for batch in collector:
+            assert batch is not None  # no replay_buffer: every batch is yielded
             frames += batch.numel()
             batches += 1
             tracker.add(batch, frames)
