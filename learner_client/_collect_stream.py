@@ -37,12 +37,10 @@ _END_REASONS = {v.number: v.name.removeprefix("END_REASON_") for v in
 
 @dataclasses.dataclass(frozen=True)
 class SessionInfo:
-    """The actor's ``opened`` reply."""
+    """The actor's ``opened`` reply: the epoch, the next seq, whether it resumed."""
 
-    worker_id: int
     epoch: int
     next_seq: int
-    max_credits: int
     resumed: bool
 
 
@@ -54,7 +52,6 @@ class BatchEvent:
     epoch: int
     seq: int
     frames: int
-    model_id: str
     version_min: int
     version_max: int
     batch: TensorDictBase
@@ -66,7 +63,6 @@ class EndEvent:
 
     reason: str
     message: str
-    last_seq: int
 
 
 def _open_request(
@@ -194,14 +190,8 @@ class CollectStream:
         if message is None or message.WhichOneof("kind") != "opened":
             kind = None if message is None else message.WhichOneof("kind")
             raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
-        o = message.opened
-        return SessionInfo(
-            worker_id=o.worker_id,
-            epoch=o.epoch,
-            next_seq=o.next_seq,
-            max_credits=o.max_credits,
-            resumed=o.resumed,
-        )
+        opened = message.opened
+        return SessionInfo(opened.epoch, opened.next_seq, opened.resumed)
 
     async def next_event(
         self,
@@ -234,12 +224,8 @@ class CollectStream:
                 raise ProtocolError(f"{self.address}: stream ended without an 'end' marker")
             kind = message.WhichOneof("kind")
             if kind == "end" and assembler is None:
-                e = message.end
-                return EndEvent(
-                    reason=_END_REASONS.get(e.reason, str(e.reason)),
-                    message=e.message,
-                    last_seq=e.last_seq,
-                )
+                end = message.end
+                return EndEvent(_END_REASONS.get(end.reason, str(end.reason)), end.message)
             if kind != "chunk":
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message.chunk
@@ -260,23 +246,23 @@ class CollectStream:
             assembler.add(chunk.data)
             expected += 1
             if expected == chunk.count:
-                batch = await self._finish(assembler, info.crc32, info.frame_bytes)
-                return BatchEvent(
-                    worker_id=info.worker_id,
-                    epoch=info.epoch,
-                    seq=info.seq,
-                    frames=info.frames,
-                    model_id=info.model_id,
-                    version_min=info.policy_version_min,
-                    version_max=info.policy_version_max,
-                    batch=batch,
-                )
+                return await self._finish(assembler, info)
 
-    async def _finish(self, assembler: PacketAssembler, crc32: int, size: int) -> TensorDictBase:
-        if size < _DECODE_OFF_LOOP_BYTES:
-            return assembler.finish(expected_crc32=crc32)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, assembler.finish, crc32)
+    async def _finish(self, assembler: PacketAssembler, info: pb.BatchInfo) -> BatchEvent:
+        if info.frame_bytes < _DECODE_OFF_LOOP_BYTES:
+            batch = assembler.finish(expected_crc32=info.crc32)
+        else:
+            loop = asyncio.get_running_loop()
+            batch = await loop.run_in_executor(None, assembler.finish, info.crc32)
+        return BatchEvent(
+            worker_id=info.worker_id,
+            epoch=info.epoch,
+            seq=info.seq,
+            frames=info.frames,
+            version_min=info.policy_version_min,
+            version_max=info.policy_version_max,
+            batch=batch,
+        )
 
 
 class OpenStreams:

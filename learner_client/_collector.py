@@ -1,19 +1,16 @@
 """``GrpcCollector``: TorchRL's distributed-collector API over a fleet of rlfleet actors.
 
 The class is a thin facade: settings are validated and grouped at once
-(:mod:`learner_client._settings`); the actors, their event-loop thread and
-every call to them live in a :class:`~learner_client._fleet.Fleet`; batches
-are taken and assembled by :mod:`learner_client._rounds`; weight pushes go
-through :mod:`learner_client._pushes`; the replay-buffer thread and ``pause()``
-live in :mod:`learner_client._background`. What remains here is the public
-surface a TorchRL user recognises. An error raised while iterating leaves the
+(:mod:`learner_client._settings`) and the parts are wired in
+:mod:`learner_client._wiring` (where the picture is); the replay-buffer thread
+and ``pause()`` live in :mod:`learner_client._background`. What remains here
+is the public surface a TorchRL user recognises. An error raised while iterating leaves the
 collector usable (unlike TorchRL, which shuts down): catch it and call
 ``next()`` again, or ``shutdown()``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -25,27 +22,23 @@ from tensordict import TensorDictBase
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
 from learner_client._background import Background
-from learner_client._collect_stream import OpenStreams
 from learner_client._discovery import resolve_actors
-from learner_client._fleet import Fleet
-from learner_client._ledger import Ledger
+from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
-from learner_client._loop import LoopThread
-from learner_client._mailbox import Mailbox, Paused
+from learner_client._mailbox import Paused
 from learner_client._membership import DnsMembership
-from learner_client._pushes import Pusher
-from learner_client._rounds import Rounds
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
     RolloutSettings,
     check_addresses,
     check_fleet,
+    check_hooks,
 )
-from learner_client._slabs import PacketSlabs
-from learner_client._weights import WeightBook, normalize_update_args
+from learner_client._weights import normalize_update_args
+from learner_client._wiring import assemble
 
-__all__ = ["GrpcCollector", "RemoteActor"]
+__all__ = ["GrpcCollector"]
 
 log = logging.getLogger("learner_client")
 
@@ -56,19 +49,6 @@ class _State(enum.Enum):
     READY = "ready"  # actors described, no session open yet
     RUNNING = "running"
     CLOSED = "closed"
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteActor:
-    """One actor of the fleet, as ``remote_collectors`` lists it.
-
-    Attributes:
-        address: ``host:port``.
-        worker_id: The id the actor reports.
-    """
-
-    address: str
-    worker_id: int
 
 
 class GrpcCollector:
@@ -193,69 +173,30 @@ class GrpcCollector:
             channel_credentials=channel_credentials,
             token=token,
         )
-        self._set_hooks(postproc, replay_buffer)
-        self._assemble(conn)
-        self._membership = DnsMembership(
-            actors, self.add_collectors, self._known_addresses, interval=dns_refresh_interval
-        )
-        self._connect(addresses)
+        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
+        self._connect(conn, actors, addresses, dns_refresh_interval)
 
-    def _set_hooks(self, postproc: Any, replay_buffer: Any) -> None:
-        if postproc is not None and not callable(postproc):
-            raise TypeError(f"postproc must be callable, got {postproc!r}")
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
-        self.postproc = postproc
-        self.replay_buffer = replay_buffer
-
-    def _assemble(self, conn: ConnectionSettings) -> None:
-        """Build the loop thread, the mailbox and each collaborator, given what it uses."""
-        batch = self._batch
+    def _connect(
+        self, conn: ConnectionSettings, actors: Any, addresses: list[str], dns: float
+    ) -> None:
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._loop = LoopThread()
-        self._ledger, self._book = Ledger(), WeightBook()
-        streams = OpenStreams(self._loop)
-        lazy = batch.sync and batch.auto_update_interval is not None
-        self._mailbox = Mailbox(conn.credit_window, streams.grant, streams.ack, lazy=lazy)
-        stacked = batch.sync and batch.cat_results == "stack" and not batch.split_trajs
-        slabs = PacketSlabs() if stacked else None
-        self._fleet = Fleet(
-            conn,
-            loop=self._loop,
-            mailbox=self._mailbox,
-            streams=streams,
-            ledger=self._ledger,
-            book=self._book,
-            batch_timeout=batch.batch_timeout,
-            slabs=slabs,
+        self._parts = assemble(self._batch, self._rollout.model_id, conn)
+        _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds = (
+            self._parts
         )
-        self._pusher = Pusher(self._fleet, self._book, self._ledger)
-        self._rounds = Rounds(
-            batch,
-            self._rollout.model_id,
-            fleet=self._fleet,
-            mailbox=self._mailbox,
-            ledger=self._ledger,
-            book=self._book,
-            slabs=slabs,
+        self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
+        self._membership = DnsMembership(
+            actors, self.add_collectors, self._known_addresses, interval=dns
         )
-        self._background = Background(self._mailbox, batch.batch_timeout, self.__iter__)
-
-    def _connect(self, addresses: list[str]) -> None:
         try:
             self._admit(self._fleet.describe(addresses))
             self._membership.start()
         except BaseException:
             self._membership.close()
-            self._close_fleet(_DEFAULT_SHUTDOWN_TIMEOUT)
+            self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
-
-    def _close_fleet(self, timeout: float) -> None:
-        self._mailbox.close()  # wakes a consumer waiting for a batch
-        self._fleet.close(timeout)
-        self._loop.close(timeout)
 
     # ----------------------------------------------------------- the fleet
 
@@ -535,7 +476,7 @@ class GrpcCollector:
             self._state = _State.CLOSED
         self._membership.close()
         self._background.stop()
-        self._close_fleet(limit)
+        self._parts.close(limit)
         self._background.join(limit)
 
     def __enter__(self) -> GrpcCollector:

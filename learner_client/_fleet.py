@@ -13,6 +13,7 @@ for actors that come back, chained seeding, state save/load, and stopping the li
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,12 +27,13 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
+from learner_client._push_chunks import push_messages
 from learner_client._settings import ConnectionSettings, FleetMember
 from learner_client._slabs import PacketSlabs
 from learner_client._transport import ActorChannel, ActorDescription
 from learner_client._weights import EncodedWeights, WeightBook
 
-__all__ = ["Fleet", "PushResults"]
+__all__ = ["Fleet", "PushResults", "RemoteActor"]
 
 log = logging.getLogger("learner_client")
 
@@ -41,6 +43,19 @@ _MARGIN = 5.0
 _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
 PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteActor:
+    """One actor of the fleet, as ``GrpcCollector.remote_collectors`` lists it.
+
+    Attributes:
+        address: ``host:port``.
+        worker_id: The id the actor reports.
+    """
+
+    address: str
+    worker_id: int
 
 
 class Fleet:
@@ -202,7 +217,7 @@ class Fleet:
         for enc in self._book.pending(link.worker_id, desc.models):
             try:
                 version = await link.channel.push_weights(
-                    enc.model_id, enc.version, enc.blob, enc.sha256, self._conn.call_timeout
+                    enc.model_id, enc.version, _messages(enc), self._conn.call_timeout
                 )
             except RlfleetError as exc:
                 if is_transient(exc):
@@ -233,7 +248,8 @@ class Fleet:
             ``{model_id: {worker_id: exception}}``.
         """
         pairs = [(wid, enc) for enc in encoded for wid in worker_ids]
-        results = self._loop.run(self._push_all(pairs), self._conn.call_timeout + _MARGIN)
+        messages = {enc.model_id: _messages(enc) for enc in encoded}  # once for all targets
+        results = self._loop.run(self._push_all(pairs, messages), self._conn.call_timeout + _MARGIN)
         succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for enc in encoded}
         failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for enc in encoded}
         for (wid, enc), result in zip(pairs, results, strict=True):
@@ -247,10 +263,12 @@ class Fleet:
                 succeeded[enc.model_id][wid] = result
         return succeeded, failed
 
-    async def _push_all(self, pairs: list[tuple[int, EncodedWeights]]) -> list:
+    async def _push_all(
+        self, pairs: list[tuple[int, EncodedWeights]], messages: dict[str, tuple[bytes, ...]]
+    ) -> list[int | BaseException]:
         async def one(wid: int, enc: EncodedWeights) -> int:
             return await self._links[wid].channel.push_weights(
-                enc.model_id, enc.version, enc.blob, enc.sha256, self._conn.call_timeout
+                enc.model_id, enc.version, messages[enc.model_id], self._conn.call_timeout
             )
 
         return await asyncio.gather(*(one(w, e) for w, e in pairs), return_exceptions=True)
@@ -361,6 +379,10 @@ class Fleet:
             self._loop.run(stop_all(), timeout + _MARGIN)
         except (RlfleetError, RuntimeError) as exc:
             log.warning("closing the actor sessions: %s", exc)
+
+
+def _messages(enc: EncodedWeights) -> tuple[bytes, ...]:
+    return push_messages(enc.model_id, enc.version, enc.blob, enc.sha256)
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -170,41 +170,17 @@ class ActorLink:
                 end = await self._session(reconnecting)
                 if self._closing:
                     break
-                if end.reason == "TAKEN_OVER":
-                    log.error(
-                        "actor %s (worker_id %d) was taken over by another learner; "
-                        "it will not be used again",
-                        self.address,
-                        self.worker_id,
-                    )
-                    self._set_state(LinkState.LOST)
+                after = self._session_ended(end)
+                if after == "stop":
                     return
-                if self._fresh_next and end.reason == "CLOSED":
+                if after == "reopen":
                     reconnecting = True
                     continue
-                log.warning(
-                    "actor %s (worker_id %d) ended the session: %s %s",
-                    self.address,
-                    self.worker_id,
-                    end.reason,
-                    end.message,
-                )
-                self._ledger.failure(self.worker_id)
             except RlfleetError as exc:  # a transport or protocol failure: counted and retried
                 if self._closing:
                     break
                 attempt = 0 if self._streamed else attempt
-                self._ledger.failure(self.worker_id)
-                # The first failure of an outage is news; the retries that follow are not.
-                log.log(
-                    logging.WARNING if attempt == 0 else logging.INFO,
-                    "actor %s (worker_id %d) failed (%s: %s); retry %d",
-                    self.address,
-                    self.worker_id,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                )
+                self._failed(exc, attempt)
             except Exception as exc:  # a bug: retrying would hide it
                 self._stop_on_bug(exc)
                 return
@@ -224,7 +200,44 @@ class ActorLink:
             await asyncio.sleep(delay)
         self._set_state(LinkState.CLOSED)
 
-    async def _session(self, reconnecting: bool) -> EndEvent:
+    def _session_ended(self, end: EndEvent) -> str:
+        """What follows a clean end: ``"stop"``, ``"reopen"`` at once, or ``"retry"``."""
+        if end.reason == "TAKEN_OVER":
+            log.error(
+                "actor %s (worker_id %d) was taken over by another learner; "
+                "it will not be used again",
+                self.address,
+                self.worker_id,
+            )
+            self._set_state(LinkState.LOST)
+            return "stop"
+        if self._fresh_next and end.reason == "CLOSED":
+            return "reopen"
+        log.warning(
+            "actor %s (worker_id %d) ended the session: %s %s",
+            self.address,
+            self.worker_id,
+            end.reason,
+            end.message,
+        )
+        self._ledger.failure(self.worker_id)
+        return "retry"
+
+    def _failed(self, exc: RlfleetError, attempt: int) -> None:
+        self._ledger.failure(self.worker_id)
+        # The first failure of an outage is news; the retries that follow are not.
+        log.log(
+            logging.WARNING if attempt == 0 else logging.INFO,
+            "actor %s (worker_id %d) failed (%s: %s); retry %d",
+            self.address,
+            self.worker_id,
+            type(exc).__name__,
+            exc,
+            attempt + 1,
+        )
+
+    async def _readmit(self) -> None:
+        """Re-describe the actor (same worker_id, maybe a new epoch) and let the fleet admit it."""
         self._set_state(LinkState.CONNECTING)
         try:
             desc = await self.channel.describe(self._conn.call_timeout)
@@ -246,18 +259,19 @@ class ActorLink:
         except Exception:
             self._set_state(LinkState.DOWN)
             raise
-        resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
-        self._fresh_next = False
+
+    def _open(self, reconnecting: bool) -> CollectStream:
         settings = self._settings
         if settings is None:
             raise SessionStateError("ActorLink.start() was not called")
-        credits = self._mailbox.session_opened(self.worker_id)
+        resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
+        self._fresh_next = False
         # Take over only a session of our own the actor may not know is dead yet;
         # never another learner's (a first open that finds the actor busy retries).
         stream = CollectStream(
             self.channel,
             settings,
-            credits=credits,
+            credits=self._mailbox.session_opened(self.worker_id),
             resume=resume,
             take_over=reconnecting and bool(self.tracker.epoch),
             learner_id=self._conn.learner_id,
@@ -265,6 +279,11 @@ class ActorLink:
         )
         self._stream = stream
         self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost
+        return stream
+
+    async def _session(self, reconnecting: bool) -> EndEvent:
+        await self._readmit()
+        stream = self._open(reconnecting)
         try:
             info = await stream.opened(self._conn.call_timeout)
             self.tracker.opened(info.epoch, info.next_seq, info.resumed)

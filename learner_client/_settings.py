@@ -28,6 +28,7 @@ __all__ = [
     "RolloutSettings",
     "check_addresses",
     "check_fleet",
+    "check_hooks",
     "normalize_cat_results",
     "normalize_exploration_type",
     "positive_int",
@@ -348,6 +349,19 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"cat_results=0 needs the same time steps from every actor, but the env pool sizes "
             f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch"
         )
+
+
+def check_hooks(postproc: Any, replay_buffer: Any) -> tuple[Any, Any]:
+    """Return ``(postproc, replay_buffer)`` once each is None or usable.
+
+    Raises:
+        TypeError: ``postproc`` is not callable, or ``replay_buffer`` has no ``extend()``.
+    """
+    if postproc is not None and not callable(postproc):
+        raise TypeError(f"postproc must be callable, got {postproc!r}")
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
+    return postproc, replay_buffer
 
 
 def check_addresses(actors: object) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -25,7 +25,6 @@ from common.errors import ProtocolError, SessionStateError, from_status
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
-from learner_client._push_chunks import SharedChunks, encode_header
 
 __all__ = ["ActorChannel", "ActorDescription", "translate_errors"]
 
@@ -36,8 +35,6 @@ _RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
-# Chunk messages of the weight blobs being pushed, shared by the pushes of one blob.
-_SHARED_CHUNKS = SharedChunks(CHUNK_BYTES)
 
 
 def _pre_serialized(message: bytes) -> bytes:
@@ -63,25 +60,17 @@ class ActorDescription:
         address: ``host:port`` it was reached at.
         worker_id: Its id in the fleet.
         epoch: Its current epoch (new at every process start).
-        env_id: The gymnasium env it runs.
         num_envs: Its env pool size.
         models: ``{model_id: policy version}``.
         max_credits: Most outstanding credits it honours.
-        busy: Whether a learner session is active.
-        device: The policy's torch device.
-        software_version: The actor's rlfleet version.
     """
 
     address: str
     worker_id: int
     epoch: int
-    env_id: str
     num_envs: int
     models: dict[str, int]
     max_credits: int
-    busy: bool
-    device: str
-    software_version: str
 
 
 class ActorChannel:
@@ -138,13 +127,9 @@ class ActorChannel:
             address=self.address,
             worker_id=r.worker_id,
             epoch=r.epoch,
-            env_id=r.env_id,
             num_envs=r.num_envs,
             models={m.model_id: m.version for m in r.models},
             max_credits=r.max_credits,
-            busy=r.busy,
-            device=r.device,
-            software_version=r.software_version,
         )
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> int:
@@ -158,28 +143,27 @@ class ActorChannel:
         return r.next_seed
 
     async def push_weights(
-        self, model_id: str, version: int, blob: bytes, sha256: str, timeout: float
+        self, model_id: str, version: int, messages: Sequence[bytes], timeout: float
     ) -> int:
-        """Stream one weight push (header, then chunks); returns the version now in force.
+        """Stream one weight push; returns the version now in force.
+
+        Args:
+            model_id: The model it updates.
+            version: The version it installs.
+            messages: The serialised requests (:func:`~learner_client._push_chunks.push_messages`).
+            timeout: Deadline in seconds.
 
         Raises:
             SessionStateError: The actor answered with another model or version, so
                 it did not apply this push.
         """
-        header = encode_header(
-            pb.WeightsHeader(
-                model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
-            )
-        )
 
-        async def requests(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-            yield header
-            for message in chunks:
+        async def requests() -> AsyncIterator[bytes]:
+            for message in messages:
                 yield message
 
-        # Held before the first await, so every push of one Fleet.push shares the chunks.
-        with _SHARED_CHUNKS.hold(blob) as chunks, translate_errors(self.address):
-            r = await self._push_raw(requests(chunks), timeout=timeout, metadata=self._metadata)
+        with translate_errors(self.address):
+            r = await self._push_raw(requests(), timeout=timeout, metadata=self._metadata)
         if r.model_id not in ("", model_id) or r.version != version:
             raise SessionStateError(
                 f"{self.address}: push of {model_id!r} version {version} answered with "

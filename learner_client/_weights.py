@@ -197,11 +197,6 @@ class WeightBook:
         with self._lock:
             return dict(self._versions)
 
-    def applied(self, worker_id: int) -> dict[str, int]:
-        """The version per model_id a worker last reported or acknowledged."""
-        with self._lock:
-            return dict(self._applied.get(worker_id, {}))
-
     def source(self, model_id: str) -> WeightSource:
         """The last weights given for ``model_id``.
 
