@@ -31,7 +31,7 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorIdentity, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
@@ -92,7 +92,8 @@ class RolloutWorker:
     """
 
     def __init__(self, config: ActorConfig) -> None:
-        validate_config(config)
+        if not isinstance(config, ActorConfig):
+            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
         self.config = config
         self.worker_id = config.worker_id
         self.epoch = draw_epoch()
