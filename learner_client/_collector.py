@@ -22,11 +22,10 @@ from tensordict import TensorDictBase
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
 from learner_client._background import Background
-from learner_client._discovery import resolve_actors
+from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
-from learner_client._membership import DnsMembership
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
