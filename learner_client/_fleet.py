@@ -27,10 +27,9 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._push_chunks import push_messages
 from learner_client._settings import ConnectionSettings, FleetMember
 from learner_client._slabs import PacketSlabs
-from learner_client._transport import ActorChannel, ActorDescription
+from learner_client._transport import ActorChannel, ActorDescription, push_messages
 from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = ["Fleet", "PushResults", "RemoteActor"]

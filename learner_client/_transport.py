@@ -7,6 +7,9 @@ asyncio event loop (see :mod:`learner_client._loop`):
 * :class:`ActorChannel` — a ``grpc.aio`` channel to one actor with every unary
   and client/server-streaming call (Describe, SetSeed, PushWeights, GetState,
   LoadState), each under a deadline, each returning plain Python values.
+* :func:`push_messages` — a weight push's requests, wire-encoded once (each
+  ``chunk`` straight from the blob: the field's tag, the varint length, the
+  data) and sent unchanged to every target with an identity serializer.
 * :func:`translate_errors` — the one place ``grpc.RpcError`` becomes an
   :mod:`common.errors` exception, prefixed with the actor's address.
 """
@@ -22,11 +25,19 @@ import grpc
 
 from common.config import CHUNK_BYTES, client_channel_options
 from common.errors import ProtocolError, SessionStateError, from_status
+from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
 
-__all__ = ["ActorChannel", "ActorDescription", "translate_errors"]
+__all__ = [
+    "ActorChannel",
+    "ActorDescription",
+    "encode_chunk",
+    "encode_header",
+    "push_messages",
+    "translate_errors",
+]
 
 # gRPC's own reconnect backoff grows to 120 s by default; an actor restarted on
 # the same port must be found again within our (shorter, jittered) backoff.
@@ -35,6 +46,36 @@ _RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+
+
+# Field tag of PushWeightsRequest.chunk (a oneof member, so an empty value is
+# still written: tag, then length 0).
+_CHUNK_TAG = pb.PushWeightsRequest(chunk=b"").SerializeToString()[:-1]
+
+
+def encode_chunk(piece: bytes | memoryview) -> bytes:
+    """Return the serialised ``PushWeightsRequest(chunk=piece)`` with one copy of ``piece``."""
+    view = memoryview(piece).cast("B")
+    return b"".join((_CHUNK_TAG, varint(view.nbytes), view))
+
+
+def encode_header(header: pb.WeightsHeader) -> bytes:
+    """Return the serialised ``PushWeightsRequest(header=header)``."""
+    return pb.PushWeightsRequest(header=header).SerializeToString()
+
+
+def push_messages(
+    model_id: str, version: int, blob: bytes, sha256: str, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[bytes, ...]:
+    """The serialised ``PushWeightsRequest`` messages of one push: the header, then each chunk.
+
+    Built once per push and handed unchanged to every target.
+    """
+    header = pb.WeightsHeader(
+        model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
+    )
+    chunks = (encode_chunk(piece) for piece in iter_blob_chunks(blob, chunk_bytes))
+    return (encode_header(header), *chunks)
 
 
 def _pre_serialized(message: bytes) -> bytes:
@@ -96,7 +137,7 @@ class ActorChannel:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self._stub = pb_grpc.ActorServiceStub(self._channel)
-        # PushWeights with requests serialised beforehand (see learner_client._push_chunks).
+        # PushWeights with requests serialised beforehand (see push_messages).
         self._push_raw = self._channel.stream_unary(
             "/rlfleet.v1.ActorService/PushWeights",
             request_serializer=_pre_serialized,
@@ -150,7 +191,7 @@ class ActorChannel:
         Args:
             model_id: The model it updates.
             version: The version it installs.
-            messages: The serialised requests (:func:`~learner_client._push_chunks.push_messages`).
+            messages: The serialised requests (:func:`push_messages`).
             timeout: Deadline in seconds.
 
         Raises:

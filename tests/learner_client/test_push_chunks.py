@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from learner_client._push_chunks import encode_chunk, encode_header, push_messages
+from learner_client._transport import encode_chunk, encode_header, push_messages
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 3 << 20])
