@@ -132,6 +132,7 @@ def _collect_and_learn(
     target = settings.effective_target_return
     frames = batches = 0
     for batch in collector:
+        assert batch is not None  # batches are yielded: there is no replay buffer
         frames += batch.numel()
         batches += 1
         tracker.add(batch, frames)
