@@ -337,7 +337,7 @@ class GrpcCollector:
         worker_ids: int | Sequence[int] | None = None,
         model_id: str | None = None,
         weights_dict: dict[str, Any] | None = None,
-    ) -> dict:
+    ) -> dict[Any, Any]:
         """Push weights to the actors and wait until each applied them (or failed).
 
         Encodes each model once (safetensors), then streams it to every target
