@@ -33,6 +33,7 @@ import torch
 
 from actor_service._convert import InvalidSettingsError
 from actor_service._logging import log_event
+from actor_service._runtime import ActorRuntime, CollectionCore
 from actor_service._session import RetainedBatch
 from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
@@ -42,7 +43,6 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
-    from actor_service._runtime import ActorRuntime
 
 __all__ = ["CollectSession", "EncodedBatch", "collect_encoded"]
 
@@ -82,7 +82,7 @@ class EncodedBatch:
 
 
 def collect_encoded(
-    worker: Any, model_id: str, *, seq: int, epoch: int, worker_id: int
+    worker: CollectionCore, model_id: str, *, seq: int, epoch: int, worker_id: int
 ) -> EncodedBatch:
     """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
 
@@ -176,7 +176,7 @@ class CollectSession:
         self.active = False
         self._session_id = 0
         self._outbox: collections.deque[RetainedBatch[EncodedBatch]] = collections.deque()
-        self._stop: int | None = None
+        self._stop: pb.EndReason | None = None
         self._stop_message = ""
         self._failure: BaseException | None = None
         self._collector_done = True
@@ -428,7 +428,7 @@ class CollectSession:
     def _stop_now(self) -> bool:
         return self._failure is not None or (self._stop is not None and self._stop not in _FLUSHING)
 
-    def _request_stop(self, reason: int, message: str) -> None:
+    def _request_stop(self, reason: pb.EndReason, message: str) -> None:
         if self._stop is None:
             self._stop, self._stop_message = reason, message
         self._wake()

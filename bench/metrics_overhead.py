@@ -9,10 +9,10 @@ scrapes its ``/metrics`` every ``--scrape-interval`` seconds (Prometheus
 scrapes every 5-15 s; 1 s is harsher).
 
 The end-to-end windows carry the noise of a shared machine (other processes,
-gRPC, the learner). A second figure isolates the collection loop: two
-in-process ``RolloutWorker`` cores, one counting into ``ActorMetrics`` and one
-with none, collect alternately batch by batch, so both see the same load; the
-loop's frames/s of each is summed over all its batches.
+gRPC, the learner). A second figure isolates the collection loop: the cores of
+two in-process actor servers, one with a metrics port and one without, collect
+alternately batch by batch, so both see the same load; the loop's frames/s of
+each is summed over all its batches.
 
 Target: on/off >= 0.97 (the median of the per-pair ratios), i.e. no cost the
 noise of this machine lets us see.
@@ -94,19 +94,28 @@ def _window(address: str, args: argparse.Namespace, metrics_port: int | None) ->
 
 
 def _loop_pair(args: argparse.Namespace) -> tuple[float, float]:
-    """Frames/s of the collection core without and with metrics, batches interleaved."""
-    from actor_service import ActorConfig
-    from actor_service._metrics import ActorMetrics
-    from actor_service._rollout import RolloutWorker
+    """Frames/s of the collection core without and with metrics, batches interleaved.
+
+    The cores are those of two in-process actor servers (one with a metrics port), driven
+    directly: no session is open, so nothing else touches them.
+    """
+    from actor_service import ActorConfig, create_server
     from common.config import CollectSettings
 
-    config = ActorConfig(num_envs=args.num_envs, seed=1)
-    metrics = ActorMetrics(worker_id=0, env_id=config.env, model_ids=["policy"])
     settings = CollectSettings(frames_per_batch=args.frames_per_batch)
     elapsed = {"off": 0.0, "on": 0.0}
     frames = {"off": 0, "on": 0}
-    with RolloutWorker(config) as off, RolloutWorker(config, metrics=metrics) as on:
-        workers = {"off": off, "on": on}
+    configs = {
+        name: ActorConfig(port=0, num_envs=args.num_envs, seed=1, metrics_port=port)
+        for name, port in (("off", None), ("on", 0))
+    }
+    with (
+        create_server(configs["off"]).run_in_thread() as off,
+        create_server(configs["on"]).run_in_thread() as on,
+    ):
+        assert off.server.metrics is None
+        assert on.server.metrics is not None
+        workers = {"off": off.server.runtime.worker, "on": on.server.runtime.worker}
         for worker in workers.values():
             worker.configure(settings)
             worker.collect_batch()  # warm-up
