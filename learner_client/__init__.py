@@ -11,8 +11,10 @@
             ...
 
 :class:`LocalFleet` starts a fleet of actor subprocesses on loopback for a
-single-machine run. Everything else in this package is private (modules start with ``_``) except
-the ``train`` subpackage, the PPO entry point.
+single-machine run; :func:`serve_metrics` exposes a collector's Prometheus metrics over HTTP
+(see ``docs/observability.md``). Everything else in this package is private (modules start
+with ``_``) except the ``train`` subpackage, the PPO entry point, and ``cli``, the ``rlfleet``
+command.
 """
 
 from __future__ import annotations
@@ -21,5 +23,13 @@ from learner_client._collector import GrpcCollector
 from learner_client._errors import MissingWorkersError, WeightPushError
 from learner_client._fleet import RemoteActor
 from learner_client._local_fleet import LocalFleet
+from learner_client._metrics import serve_metrics
 
-__all__ = ["GrpcCollector", "LocalFleet", "MissingWorkersError", "RemoteActor", "WeightPushError"]
+__all__ = [
+    "GrpcCollector",
+    "LocalFleet",
+    "MissingWorkersError",
+    "RemoteActor",
+    "WeightPushError",
+    "serve_metrics",
+]

@@ -26,6 +26,7 @@ from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
+from learner_client._metrics import LearnerMetrics, check_metrics_port
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
@@ -105,6 +106,7 @@ class GrpcCollector:
         token: Bearer token the actors require.
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
+        metrics_port: Serve Prometheus ``/metrics`` on this port (0: a free one); None: off.
 
     Raises:
         ValueError: An argument out of range, duplicate worker_ids, or a fleet that does
@@ -142,8 +144,8 @@ class GrpcCollector:
         token: str | None = None,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
+        metrics_port: int | None = None,
     ) -> None:
-        addresses = check_addresses(resolve_actors(actors))
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -173,25 +175,30 @@ class GrpcCollector:
             token=token,
         )
         self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
-        self._connect(conn, actors, addresses, dns_refresh_interval)
+        self._connect(conn, actors, dns_refresh_interval, metrics_port)
 
     def _connect(
-        self, conn: ConnectionSettings, actors: Any, addresses: list[str], dns: float
+        self, conn: ConnectionSettings, actors: Any, dns: float, metrics_port: int | None
     ) -> None:
+        check_metrics_port(metrics_port)
+        addresses = check_addresses(resolve_actors(actors))
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._parts = assemble(self._batch, self._rollout.model_id, conn)
-        _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds = (
+        self._metrics = LearnerMetrics(self.stats)
+        self._parts = assemble(self._batch, self._rollout.model_id, conn, self._metrics)
+        _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds, _ = (
             self._parts
         )
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
             actors, self.add_collectors, self._known_addresses, interval=dns
         )
+        self.metrics_port: int | None = None  # the port bound (a free one for 0)
         try:
             self._admit(self._fleet.describe(addresses))
             self._membership.start()
+            self.metrics_port = self._metrics.serve(metrics_port)
         except BaseException:
             self._membership.close()
             self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
@@ -314,7 +321,7 @@ class GrpcCollector:
                     self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
                 )
                 self._pusher.auto_update(candidates, self._batch.auto_update_interval)
-                batch = self._rounds.take()
+                batch = self._metrics.waited_for(self._rounds.take)
             except Paused:
                 self._background.wait_resumed()
                 continue

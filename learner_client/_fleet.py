@@ -360,6 +360,10 @@ class Fleet:
             "reconnects": sum(ledger.reconnects.values()),
             "failures": sum(ledger.failures.values()),
             "failures_per_worker": dict(ledger.failures),
+            "worker_batches": dict(ledger.worker_batches),
+            "worker_gaps": {w: link.tracker.gaps for w, link in links.items()},
+            "worker_reconnects": {w: ledger.reconnects.get(w, 0) for w in links},
+            "queued_batches": sum(slot[0] for slot in self._mailbox.snapshot().values()),
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
         }

@@ -11,6 +11,10 @@ never hidden. :class:`Ledger` aggregates the cheap counters ``stats()`` shows.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
 
 __all__ = ["Ledger", "SeqTracker"]
 
@@ -68,13 +72,19 @@ class SeqTracker:
 
 
 class Ledger:
-    """Thread-safe counters behind ``GrpcCollector.stats()``."""
+    """Thread-safe counters behind ``GrpcCollector.stats()`` and the learner's metrics.
 
-    def __init__(self) -> None:
+    Args:
+        lag_histogram: Observes the policy lag of every delivered batch; None observes nothing.
+    """
+
+    def __init__(self, lag_histogram: Histogram | None = None) -> None:
         self._lock = threading.Lock()
+        self._lag_histogram = lag_histogram
         self.frames = 0
         self.batches = 0
         self.worker_frames: dict[int, int] = {}
+        self.worker_batches: dict[int, int] = {}
         self.reconnects: dict[int, int] = {}
         self.failures: dict[int, int] = {}
         self.discarded = 0
@@ -89,8 +99,11 @@ class Ledger:
             for wid, frames in frames_by_worker.items():
                 self.frames += frames
                 self.worker_frames[wid] = self.worker_frames.get(wid, 0) + frames
+                self.worker_batches[wid] = self.worker_batches.get(wid, 0) + 1
             self.policy_lag = lag
             self.policy_lag_max = max(self.policy_lag_max, lag)
+        if self._lag_histogram is not None:
+            self._lag_histogram.observe(lag)
 
     def failure(self, worker_id: int) -> None:
         """Count a broken stream or failed connection attempt."""

@@ -14,14 +14,21 @@ weights when it is re-admitted.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from common.errors import UnknownModelError, is_transient
 from learner_client._errors import WeightPushError
-from learner_client._fleet import Fleet
+from learner_client._fleet import Fleet, PushResults
 from learner_client._ledger import Ledger
-from learner_client._weights import WeightBook, WeightRequest, resolve_worker_ids
+from learner_client._metrics import LearnerMetrics
+from learner_client._weights import (
+    EncodedWeights,
+    WeightBook,
+    WeightRequest,
+    resolve_worker_ids,
+)
 
 __all__ = ["Pusher"]
 
@@ -35,12 +42,16 @@ class Pusher:
         fleet: The actors the weights go to.
         book: The weights given, their versions, and which worker is due an update.
         ledger: Counts automatic pushes.
+        metrics: Times every push and counts its outcome, per model; None records nothing.
     """
 
-    def __init__(self, fleet: Fleet, book: WeightBook, ledger: Ledger) -> None:
+    def __init__(
+        self, fleet: Fleet, book: WeightBook, ledger: Ledger, metrics: LearnerMetrics | None = None
+    ) -> None:
         self._fleet = fleet
         self._book = book
         self._ledger = ledger
+        self._metrics = metrics
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -56,7 +67,7 @@ class Pusher:
         targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
         self._check_models(request.sources, targets)
         encoded = [self._book.encode(mid, src) for mid, src in request.sources.items()]
-        succeeded, failed = self._fleet.push(targets, encoded)
+        succeeded, failed = self._push(targets, encoded)
         if any(failed.values()):
             raise push_error(succeeded, failed, nested=request.nested)
         return succeeded if request.nested else next(iter(succeeded.values()))
@@ -84,7 +95,7 @@ class Pusher:
         if not due:
             return
         encoded = [self._book.encode(mid, None) for mid in models]
-        succeeded, failed = self._fleet.push(due, encoded)
+        succeeded, failed = self._push(due, encoded)
         self._ledger.add_auto_push()
         fatal = {
             mid: {w: e for w, e in errs.items() if not is_transient(e)}
@@ -95,6 +106,16 @@ class Pusher:
                 log.warning("automatic push of %s to worker_id %d failed: %s", mid, wid, exc)
         if any(fatal.values()):
             raise push_error(succeeded, fatal, nested=True)
+
+    def _push(self, targets: list[int], encoded: list[EncodedWeights]) -> PushResults:
+        started = time.monotonic()
+        succeeded, failed = self._fleet.push(targets, encoded)
+        if self._metrics is not None:
+            seconds = time.monotonic() - started
+            for item in encoded:
+                ok = not failed.get(item.model_id)
+                self._metrics.record_push(item.model_id, seconds, ok=ok)
+        return succeeded, failed
 
 
 def push_error(succeeded: dict, failed: dict, *, nested: bool) -> WeightPushError:

@@ -6,6 +6,7 @@
     GrpcCollector ── Rounds ──take──▶ Mailbox ◀──put── ActorLink ──▶ CollectStream ──▶ actor
                  └── Pusher ──push──▶ Fleet ──────────────────────▶ ActorChannel  ──▶ actor
                       Mailbox ── credits, acks ──▶ OpenStreams ──▶ CollectStream
+    LearnerMetrics ◀── lag (Ledger), push times (Pusher), waits (GrpcCollector); stats() on scrape
 
 :func:`assemble` builds every part once and hands each one exactly what it
 uses; nothing reaches another part through a third.
@@ -20,6 +21,7 @@ from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
+from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import Pusher
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings
@@ -39,24 +41,34 @@ class Parts(NamedTuple):
     fleet: Fleet
     pusher: Pusher
     rounds: Rounds
+    metrics: LearnerMetrics
 
     def close(self, timeout: float) -> None:
-        """Wake the consumer, end every session, then stop the loop thread (bounded)."""
+        """Wake the consumer, end every session, stop the loop thread (bounded), stop /metrics."""
         self.mailbox.close()
         self.fleet.close(timeout)
         self.loop.close(timeout)
+        self.metrics.close()
 
 
-def assemble(batch: BatchSettings, acting_model: str, conn: ConnectionSettings) -> Parts:
+def assemble(
+    batch: BatchSettings,
+    acting_model: str,
+    conn: ConnectionSettings,
+    metrics: LearnerMetrics,
+) -> Parts:
     """Build the loop thread, the mailbox and every collaborator (the loop thread starts).
 
     Args:
         batch: How batches are assembled.
         acting_model: The model whose version the policy lag is measured against.
         conn: Channels, deadlines and credits.
+        metrics: The learner's metrics: the ledger observes policy lag into them, the
+            pusher times pushes; closed with the parts.
     """
     loop = LoopThread()
-    ledger, book = Ledger(), WeightBook()
+    ledger = Ledger(metrics.policy_lag)
+    book = WeightBook()
     streams = OpenStreams(loop)
     lazy = batch.sync and batch.auto_update_interval is not None
     mailbox = Mailbox(conn.credit_window, streams.grant, streams.ack, lazy=lazy)
@@ -72,8 +84,8 @@ def assemble(batch: BatchSettings, acting_model: str, conn: ConnectionSettings) 
         batch_timeout=batch.batch_timeout,
         slabs=slabs,
     )
-    pusher = Pusher(fleet, book, ledger)
+    pusher = Pusher(fleet, book, ledger, metrics)
     rounds = Rounds(
         batch, acting_model, fleet=fleet, mailbox=mailbox, ledger=ledger, book=book, slabs=slabs
     )
-    return Parts(loop, mailbox, ledger, book, fleet, pusher, rounds)
+    return Parts(loop, mailbox, ledger, book, fleet, pusher, rounds, metrics)

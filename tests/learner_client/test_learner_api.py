@@ -13,6 +13,7 @@ def test_learner_client_all_is_pinned():
         "MissingWorkersError",
         "RemoteActor",
         "WeightPushError",
+        "serve_metrics",
     ]
     for name in learner_client.__all__:
         assert getattr(learner_client, name).__module__.startswith("learner_client._")

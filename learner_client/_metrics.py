@@ -1,0 +1,189 @@
+"""The learner's Prometheus metrics and :func:`serve_metrics`, which exposes them over HTTP.
+
+Every ``GrpcCollector`` keeps a :class:`LearnerMetrics`: three histograms fed
+where the events happen (the time user code waits for a batch, in the
+collector; the policy lag of each delivered batch, in the ledger; the duration
+of each push, explicit or automatic, in the pusher) and, read only when
+Prometheus scrapes, everything ``GrpcCollector.stats()`` already counts (frames,
+batches, gaps and reconnects per worker, queue depth, workers by state). The
+hooks cost a few microseconds per batch; nothing is served until
+``GrpcCollector(metrics_port=...)`` or :func:`serve_metrics` asks for it.
+
+Labels stay bounded: ``worker_id`` is one of the fleet's actors, ``model_id``
+one the learner pushed, ``result`` and ``state`` come from fixed sets. No label
+ever names an actor's address.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from common.errors import ClosedError
+from common.metrics import MetricsEndpoint, new_registry
+
+__all__ = ["LearnerMetrics", "check_metrics_port", "serve_metrics"]
+
+T = TypeVar("T")
+
+_PREFIX = "rlfleet_learner_"
+#: Buckets of policy lag, in versions.
+LAG_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0)
+#: Buckets of waits and pushes, in seconds: 100 µs to 2 min.
+SECONDS_BUCKETS: tuple[float, ...] = (
+    *(1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1),
+    *(0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0),
+)
+
+
+def check_metrics_port(port: object) -> None:
+    """Refuse a ``metrics_port`` that is not None or an int in 0..65535."""
+    if port is None:
+        return
+    if not isinstance(port, int) or isinstance(port, bool):
+        raise TypeError(f"metrics_port must be an int or None, got {port!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"metrics_port must be in 0..65535, got {port}")
+
+
+class LearnerMetrics:
+    """The metrics of one learner (one ``GrpcCollector``), in :attr:`registry`.
+
+    Args:
+        stats: Returns ``GrpcCollector.stats()``; read at every scrape.
+    """
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self.registry: CollectorRegistry = new_registry()
+        self.batch_wait = Histogram(
+            _PREFIX + "batch_wait_seconds",
+            "Seconds user code waited in the collector's iterator for the next batch.",
+            buckets=SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.policy_lag = Histogram(
+            _PREFIX + "policy_lag",
+            "Policy versions between the latest push and the version that collected a batch.",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.push_seconds = Histogram(
+            _PREFIX + "push_seconds",
+            "Seconds of one weight push to every target.",
+            ["model_id"],
+            buckets=SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.pushes = Counter(
+            _PREFIX + "pushes",
+            "Weight pushes by outcome (ok: every target applied it).",
+            ["model_id", "result"],
+            registry=self.registry,
+        )
+        self.registry.register(_StatsCollector(stats))
+        self._endpoints: list[MetricsEndpoint] = []
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def endpoint(self, port: int, host: str) -> MetricsEndpoint:
+        """Serve :attr:`registry` on ``host:port`` until :meth:`close`.
+
+        Raises:
+            ClosedError: :meth:`close` was called.
+        """
+        check_metrics_port(port)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("the collector is shut down; its metrics are no longer served")
+            endpoint = MetricsEndpoint(self.registry, host=host, port=port)
+            self._endpoints.append(endpoint)
+        return endpoint
+
+    def serve(self, port: int | None) -> int | None:
+        """``GrpcCollector(metrics_port=port)``: serve on all interfaces; the bound port or None."""
+        return None if port is None else self.endpoint(port, "0.0.0.0").port
+
+    def waited_for(self, take: Callable[[], T]) -> T:
+        """Call ``take`` (which blocks until a batch is ready) and observe how long it took."""
+        started = time.monotonic()
+        batch = take()
+        self.batch_wait.observe(time.monotonic() - started)
+        return batch
+
+    def close(self) -> None:
+        """Stop every endpoint; idempotent."""
+        with self._lock:
+            self._closed = True
+            endpoints, self._endpoints = self._endpoints, []
+        for endpoint in endpoints:
+            endpoint.close()
+
+    def record_push(self, model_id: str, seconds: float, *, ok: bool) -> None:
+        """Count one push of ``model_id`` that took ``seconds`` (ok: every target applied it)."""
+        self.push_seconds.labels(model_id).observe(seconds)
+        self.pushes.labels(model_id, "ok" if ok else "failed").inc()
+
+
+class _StatsCollector(Collector):
+    """Counters and gauges read from ``GrpcCollector.stats()`` when Prometheus scrapes."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        """Per-worker counters, queue depth and workers by state, as of now."""
+        stats = self._stats()
+        per_worker = (
+            ("frames", "Frames received, per worker.", "worker_frames"),
+            ("batches", "Batches received and delivered, per worker.", "worker_batches"),
+            ("gap_batches", "Batches known lost (seq gaps), per worker.", "worker_gaps"),
+            ("reconnects", "Collect streams re-opened after a failure.", "worker_reconnects"),
+        )
+        for name, documentation, key in per_worker:
+            family = CounterMetricFamily(_PREFIX + name, documentation, labels=["worker_id"])
+            for worker_id, value in sorted(stats.get(key, {}).items()):
+                family.add_metric([str(worker_id)], value)
+            yield family
+        yield GaugeMetricFamily(
+            _PREFIX + "queue_batches",
+            "Batches received and not yet taken by user code.",
+            stats.get("queued_batches", 0),
+        )
+        states = GaugeMetricFamily(_PREFIX + "workers", "Actors by link state.", labels=["state"])
+        counts: dict[str, int] = {}
+        for state in stats.get("worker_states", {}).values():
+            counts[state] = counts.get(state, 0) + 1
+        for state, count in sorted(counts.items()):
+            states.add_metric([state], count)
+        yield states
+
+
+def serve_metrics(collector: Any, port: int, *, host: str = "0.0.0.0") -> MetricsEndpoint:
+    """Serve ``collector``'s metrics at ``http://host:port/metrics`` until it shuts down.
+
+    Example::
+
+        collector = GrpcCollector(actors, frames_per_batch=1024, total_frames=-1)
+        endpoint = serve_metrics(collector, 9400)   # or GrpcCollector(..., metrics_port=9400)
+        print(endpoint.port)
+
+    Args:
+        collector: A ``GrpcCollector``.
+        port: Port to bind; 0 picks a free one (``endpoint.port``).
+        host: Address to bind; all interfaces by default, so Prometheus can reach it.
+
+    Returns:
+        The running endpoint; ``collector.shutdown()`` closes it (so does ``endpoint.close()``).
+
+    Raises:
+        ClosedError: The collector is shut down.
+        OSError: The address cannot be bound.
+    """
+    metrics: LearnerMetrics = collector._metrics
+    return metrics.endpoint(port, host)

@@ -1,0 +1,100 @@
+"""The learner's Prometheus endpoint (``GrpcCollector(metrics_port=...)``, ``serve_metrics``),
+scraped over HTTP from a collector on live actors and read with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from helpers import ActorProcess
+from learner_fleet import cartpole_policy
+from prometheus_client.parser import text_string_to_metric_families
+
+from learner_client import GrpcCollector, WeightPushError, serve_metrics
+
+
+def scrape(port: int) -> tuple[str, dict[str, dict[tuple, float]]]:
+    """The body of one scrape and ``{sample name: {sorted label items: value}}``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[key] = sample.value
+    return text, samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[name][tuple(sorted(labels.items()))]
+
+
+def test_learner_metrics_move_as_batches_flow_and_pushes_happen(
+    fleet: list[ActorProcess],
+) -> None:
+    addresses = [actor.address for actor in fleet]
+    with GrpcCollector(
+        addresses, frames_per_batch=60, total_frames=-1, sync=True, metrics_port=0
+    ) as collector:
+        port = collector.metrics_port
+        assert isinstance(port, int)
+        _, before = scrape(port)
+        assert value(before, "rlfleet_learner_batch_wait_seconds_count") == 0
+        batches = iter(collector)
+        for _ in range(3):
+            next(batches)
+        with pytest.raises(WeightPushError):  # worker 1 holds another architecture
+            collector.update_policy_weights_(cartpole_policy())
+        collector.update_policy_weights_(cartpole_policy(), worker_ids=[0, 2])
+        for _ in range(3):
+            next(batches)
+        text, after = scrape(port)
+        stats = collector.stats()
+    for worker_id in ("0", "1", "2"):
+        assert value(after, "rlfleet_learner_batches_total", worker_id=worker_id) == 6
+        assert value(after, "rlfleet_learner_frames_total", worker_id=worker_id) == 6 * 20
+        assert value(after, "rlfleet_learner_gap_batches_total", worker_id=worker_id) == 0
+        assert value(after, "rlfleet_learner_reconnects_total", worker_id=worker_id) == 0
+    assert sum(after["rlfleet_learner_frames_total"].values()) == stats["frames"]
+    assert value(after, "rlfleet_learner_batch_wait_seconds_count") == 6
+    assert value(after, "rlfleet_learner_batch_wait_seconds_sum") > 0
+    assert value(after, "rlfleet_learner_policy_lag_count") == 6  # one per batch yielded
+    assert value(after, "rlfleet_learner_pushes_total", model_id="policy", result="failed") == 1
+    assert value(after, "rlfleet_learner_pushes_total", model_id="policy", result="ok") == 1
+    assert value(after, "rlfleet_learner_push_seconds_count", model_id="policy") == 2
+    assert value(after, "rlfleet_learner_queue_batches") >= 0
+    assert sum(after["rlfleet_learner_workers"].values()) == 3
+    assert value(after, "process_resident_memory_bytes") > 0
+    # Bounded labels: workers by id, never by address.
+    for actor in fleet:
+        assert actor.address not in text
+        assert f":{actor.port}" not in text
+    with pytest.raises(urllib.error.URLError):  # shutdown closed the endpoint
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_serve_metrics_exposes_a_running_collector_until_it_shuts_down(
+    fleet: list[ActorProcess],
+) -> None:
+    collector = GrpcCollector([fleet[0].address], frames_per_batch=20, total_frames=40)
+    try:
+        assert collector.metrics_port is None  # off by default
+        endpoint = serve_metrics(collector, 0, host="127.0.0.1")
+        assert sum(1 for _ in collector) == 2
+        _, samples = scrape(endpoint.port)
+        assert value(samples, "rlfleet_learner_batches_total", worker_id="0") == 2
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/", timeout=10)
+        assert missing.value.code == 404
+        missing.value.close()
+    finally:
+        collector.shutdown()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=2)
+
+
+def test_collector_raises_if_metrics_port_is_bad(fleet: list[ActorProcess]) -> None:
+    for bad in (-1, 65536, 2**64 - 1, "9400", True):
+        with pytest.raises((ValueError, TypeError), match="metrics_port"):
+            GrpcCollector([fleet[0].address], frames_per_batch=20, metrics_port=bad)
