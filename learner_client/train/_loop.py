@@ -114,6 +114,7 @@ def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> Grp
             sync=settings.sync,
             # From the environment only: a flag would show in `ps` and in summary.json.
             token=os.environ.get("RLFLEET_TOKEN") or None,
+            metrics_port=settings.metrics_port,
         )
     )
 

@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from learner_client._metrics import check_metrics_port
+
 __all__ = ["CARTPOLE_TARGET_RETURN", "RETURN_WINDOW", "TrainSettings", "parse_args"]
 
 #: Mean return over the last RETURN_WINDOW episodes that counts as solving CartPole-v1.
@@ -64,6 +66,8 @@ class TrainSettings:
             means 475 for CartPole-v1 and no target otherwise; ``inf`` disables it.
         log_every: Batches between progress updates (and log lines without tqdm).
         progress: Show a tqdm progress bar (log lines instead when off or not installed).
+        metrics_port: Serve the collector's Prometheus metrics on this port (all
+            interfaces; 0 picks a free one); None serves none.
     """
 
     env: str = _opt("CartPole-v1", "gymnasium env id")
@@ -95,6 +99,7 @@ class TrainSettings:
     )
     log_every: int = _opt(1, "batches between progress updates")
     progress: bool = _opt(True, "show a tqdm progress bar")
+    metrics_port: int | None = _opt(None, "serve the learner's Prometheus /metrics on this port")
 
     def __post_init__(self) -> None:
         for name in (
@@ -131,6 +136,7 @@ class TrainSettings:
                 raise ValueError(f"actor address must be host:port, got {address!r}")
         if not self.actors:
             self._check_local_batch_shape()
+        check_metrics_port(self.metrics_port)
 
     def _check_local_batch_shape(self) -> None:
         # An actor's batch is num_envs x T, so its share of frames must divide evenly.
@@ -163,6 +169,10 @@ def _parse_strs(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none") else int(text)
+
+
 def _parse_optional_float(text: str) -> float | None:
     return None if text.lower() in ("", "none") else float(text)
 
@@ -175,6 +185,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "tuple[int, ...]": _parse_ints,
     "tuple[str, ...]": _parse_strs,
     "float | None": _parse_optional_float,
+    "int | None": _parse_optional_int,
 }
 
 

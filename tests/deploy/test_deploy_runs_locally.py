@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import tomllib
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
@@ -247,6 +248,8 @@ def run_learner(
     for flag, value in TINY_BUDGET.items():
         argv = with_flag(argv, flag, value)
     argv = with_flag(argv, "--out", str(out))
+    # The learner's metrics port (fixed in the files) would collide with this machine's.
+    argv = with_flag(argv, "--metrics-port", "0")
     if not learner_resolves_dns():
         # Until the learner expands dns:/// itself, expand it here exactly as it will.
         resolved = resolve_actors(
@@ -267,6 +270,15 @@ def run_learner(
 # -------------------------------------------------------------------- compose
 
 
+def check_metrics(address: str, metrics_port: int, worker_id: int) -> None:
+    """The replica serves Prometheus metrics naming its worker id."""
+    host = address.rsplit(":", 1)[0]
+    url = f"http://{host}:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    assert f'rlfleet_actor_info{{env="CartPole-v1",worker_id="{worker_id}"}} 1.0' in text
+
+
 def test_compose_fleet_runs_locally(tmp_path: pathlib.Path) -> None:
     model = compose_config()
     actor, learner = model["services"]["actor"], model["services"]["learner"]
@@ -275,19 +287,29 @@ def test_compose_fleet_runs_locally(tmp_path: pathlib.Path) -> None:
     # The address each container would have on the fleet network (its worker id source).
     network_ips = {"127.0.0.2": "172.30.0.2", "127.0.0.3": "172.30.0.3"}
     port = free_port_on(loopbacks)
+    metrics_port = free_port_on(loopbacks)  # the files' 9400 may be taken on this machine
+    while metrics_port == port:
+        metrics_port = free_port_on(loopbacks)
+    assert actor["environment"]["RLFLEET_METRICS_PORT"]
     specs = []
     for index, loopback in enumerate(loopbacks):
         hostname = f"c0ffee00000{index}"  # a container id, as Docker sets the host name
         namespace = HostsNamespace(
             tmp_path / hostname, {hostname: [network_ips[loopback]]}, hostname=hostname
         )
-        env = process_env(actor["environment"], RLFLEET_HOST=loopback, RLFLEET_PORT=str(port))
+        env = process_env(
+            actor["environment"],
+            RLFLEET_HOST=loopback,
+            RLFLEET_PORT=str(port),
+            RLFLEET_METRICS_PORT=str(metrics_port),
+        )
         specs.append((namespace.wrap(argv), env, f"{loopback}:{port}"))
     with replicas(specs) as fleet:
         ready = [replica.ready_line() for replica in fleet]
         assert ready == [(2, port), (3, port)]  # worker ids from the fleet-network addresses
         for replica, (worker_id, _) in zip(fleet, ready, strict=True):
             check_actor_with_grpcurl(replica.address, worker_id)
+            check_metrics(replica.address, metrics_port, worker_id)
             check = actor["healthcheck"]["test"]
             assert check[0] == "CMD"
             done = run_healthcheck(check[1:], replica.env)
@@ -354,9 +376,12 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
     fqdn = f"actors.{service['metadata']['namespace']}.svc.cluster.local"
     loopbacks = ["127.0.0.4", "127.0.0.5"]
     port = free_port_on(loopbacks)
+    metrics_port = free_port_on(loopbacks)
+    while metrics_port == port:
+        metrics_port = free_port_on(loopbacks)
     specs = []
     for ordinal, loopback in enumerate(loopbacks):
-        env = k8s_env(spec, ordinal)
+        env = k8s_env(spec, ordinal) | {"RLFLEET_METRICS_PORT": str(metrics_port)}
         if ordinal == 1:
             # The documented fallback for clusters without the pod-index label: the hostname.
             del env["RLFLEET_WORKER_ID"]
@@ -374,6 +399,7 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
         for ordinal, replica in enumerate(fleet):
             # Also what the kubelet's grpc probe asks: Health/Check, service "", plaintext.
             check_actor_with_grpcurl(replica.address, ordinal)
+            check_metrics(replica.address, metrics_port, ordinal)
         _wait_for_actors_like_the_init_container(fqdn, loopbacks, port, tmp_path / "init")
         job = k8s_object("Job", "learner")["spec"]["template"]["spec"]
         run = run_learner(

@@ -26,6 +26,7 @@ from deploy_files import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from actor_service import ActorConfig, create_server, parse_config
+from learner_client import GrpcCollector
 
 DASHBOARD = DOCKER / "grafana" / "rlfleet.json"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
@@ -202,14 +203,41 @@ def test_k8s_service_monitor_selects_the_actor_service_metrics_port() -> None:
     assert all(doc["kind"] != "ServiceMonitor" for docs in k8s_documents().values() for doc in docs)
 
 
-def test_dashboard_queries_only_metrics_a_live_actor_exports() -> None:
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        return reply.read().decode()
 
+
+def test_dashboard_queries_only_metrics_a_live_actor_and_learner_export() -> None:
     config = ActorConfig(port=0, num_envs=2, metrics_port=0, seed=0, grace_period=1.0)
     with create_server(config).run_in_thread() as handle:
-        url = f"http://127.0.0.1:{handle.server.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            text = reply.read().decode()
-    exported = exported_names(text)
-    used = {name for name in dashboard_metric_names() if not name.startswith("rlfleet_learner_")}
-    assert used, "the dashboard queries no actor metric"
+        actor_text = _scrape(handle.server.metrics_port)
+        with GrpcCollector(
+            [f"127.0.0.1:{handle.port}"], frames_per_batch=10, total_frames=20, metrics_port=0
+        ) as collector:
+            assert sum(1 for _ in collector) == 2
+            learner_text = _scrape(collector.metrics_port)
+    exported = exported_names(actor_text) | exported_names(learner_text)
+    used = dashboard_metric_names()
+    assert {n for n in used if n.startswith("rlfleet_actor_")}, "no actor metric on the dashboard"
+    assert {n for n in used if n.startswith("rlfleet_learner_")}, "no learner metric either"
     assert used - exported == set()
+
+
+def test_learner_metrics_are_on_and_scraped_in_compose_and_kubernetes(model: dict) -> None:
+    learner = model["services"]["learner"]
+    port = learner["command"][learner["command"].index("--metrics-port") + 1]
+    assert learner["expose"] == [port]
+    scrape = {
+        job["job_name"]: job for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]
+    }
+    assert scrape["rlfleet-learner"]["dns_sd_configs"][0]["port"] == int(port)
+    job = k8s_object("Job", "learner")["spec"]["template"]
+    spec = container(job["spec"], "learner")
+    k8s_port = int(spec["args"][spec["args"].index("--metrics-port") + 1])
+    assert job["metadata"]["annotations"]["prometheus.io/port"] == str(k8s_port)
+    assert {"name": "metrics", "containerPort": k8s_port, "protocol": "TCP"} in spec["ports"]
+    policy = k8s_object("NetworkPolicy", "learner-to-actors-only")
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"namespaceSelector": {}}], "ports": [{"port": "metrics", "protocol": "TCP"}]}
+    ]

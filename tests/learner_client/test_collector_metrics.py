@@ -12,6 +12,7 @@ from learner_fleet import cartpole_policy
 from prometheus_client.parser import text_string_to_metric_families
 
 from learner_client import GrpcCollector, WeightPushError, serve_metrics
+from learner_client.train import parse_args
 
 
 def scrape(port: int) -> tuple[str, dict[str, dict[tuple, float]]]:
@@ -98,3 +99,15 @@ def test_collector_raises_if_metrics_port_is_bad(fleet: list[ActorProcess]) -> N
     for bad in (-1, 65536, 2**64 - 1, "9400", True):
         with pytest.raises((ValueError, TypeError), match="metrics_port"):
             GrpcCollector([fleet[0].address], frames_per_batch=20, metrics_port=bad)
+
+
+def test_train_metrics_port_flag_reaches_the_collector_settings(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert parse_args(["--metrics-port", "9400"]).metrics_port == 9400
+    assert parse_args([]).metrics_port is None
+    for bad in ("70000", "-1"):
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--metrics-port", bad])
+        assert exited.value.code == 2
+        assert "metrics_port must be in 0..65535" in capsys.readouterr().err
