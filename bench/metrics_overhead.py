@@ -6,7 +6,8 @@ Two one-actor fleets run side by side (``python -m actor_service`` subprocesses,
 session steps nothing); each repetition measures both back to back, off first
 in even repetitions and on first in odd ones. While the metrics actor collects, a thread
 scrapes its ``/metrics`` every ``--scrape-interval`` seconds (Prometheus
-scrapes every 5-15 s; 1 s is harsher).
+scrapes every 5-15 s; 1 s is harsher), and the learner of that window serves
+its own metrics too (``GrpcCollector(metrics_port=0)``), scraped as often.
 
 The end-to-end windows carry the noise of a shared machine (other processes,
 gRPC, the learner). A second figure isolates the collection loop: the cores of
@@ -78,10 +79,15 @@ class _Scraper:
 def _window(address: str, args: argparse.Namespace, metrics_port: int | None) -> float:
     from bench import _rlfleet
 
-    with _rlfleet.collector([address], sync=True, frames_per_batch=args.frames_per_batch) as coll:
+    kwargs: dict[str, Any] = {} if metrics_port is None else {"metrics_port": 0}
+    with _rlfleet.collector(
+        [address], sync=True, frames_per_batch=args.frames_per_batch, **kwargs
+    ) as coll:
         scraper = None
         if metrics_port is not None:
-            urls = [f"http://127.0.0.1:{metrics_port}/metrics"]
+            urls = [
+                f"http://127.0.0.1:{port}/metrics" for port in (metrics_port, coll.metrics_port)
+            ]
             scraper = _Scraper(urls, args.scrape_interval)
         try:
             fps, _ = time_batches(iter(coll), seconds=args.window, min_batches=2, warmup=2)
@@ -169,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = Report("metrics_overhead", quick=args.quick)
     report.note(
         f"1 actor x {args.num_envs} envs, {args.frames_per_batch} frames per batch, "
-        f"{args.window:g} s windows, a scrape of the actor every "
+        f"{args.window:g} s windows, a scrape of the actor and of the learner every "
         f"{args.scrape_interval:g} s in the metrics windows"
     )
     run(args, report)
