@@ -193,7 +193,7 @@ class _RuntimeCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """Info, session state, credits, retention and policy versions, as of now."""
-        p = "rlfleet_actor_"
+        p = _PREFIX
         info = GaugeMetricFamily(p + "info", "This actor (always 1).", labels=list(self._info))
         info.add_metric(list(self._info.values()), 1)
         yield info
@@ -205,7 +205,10 @@ class _RuntimeCollector(Collector):
         for name in _SESSION_STATES:
             states.add_metric([name], 1 if name == state else 0)
         yield states
-        book = self._rt.book if state != "starting" else None
+        try:
+            book = self._rt.book
+        except ActorUnavailableError:  # still starting (perhaps already draining): no book yet
+            book = None
         yield GaugeMetricFamily(
             p + "credits_outstanding",
             "Credits granted and not yet used.",
@@ -224,7 +227,7 @@ class _RuntimeCollector(Collector):
 
     def _versions(self) -> Metric:
         versions = GaugeMetricFamily(
-            "rlfleet_actor_policy_version", "Policy version in force.", labels=["model_id"]
+            _PREFIX + "policy_version", "Policy version in force.", labels=["model_id"]
         )
         try:
             models = self._rt.worker.models

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from helpers import ActorProcess, self_signed_cert, start_actor
+from helpers import ActorProcess, poll_until, self_signed_cert, start_actor
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -46,11 +46,20 @@ def rlfleet(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 class Learner:
     """A learner session on one actor that keeps batches flowing (acks and re-grants credit)."""
 
-    def __init__(self, address: str, metadata: tuple = (), channel: grpc.Channel | None = None):
+    def __init__(
+        self,
+        address: str,
+        metadata: tuple = (),
+        channel: grpc.Channel | None = None,
+        frames_per_batch: int = 64,
+    ):
         self.channel = channel or grpc.insecure_channel(address)
         self._requests: queue.Queue = queue.Queue()
+        settings = pb.CollectSettings(
+            frames_per_batch=frames_per_batch, total_frames=-1, reset_when_done=True
+        )
         open_msg = pb.OpenSession(
-            settings=pb.CollectSettings(frames_per_batch=64, total_frames=-1, reset_when_done=True),
+            settings=settings,
             credits=2,
             learner_id=LEARNER,
         )
@@ -210,3 +219,24 @@ def test_status_rate_uses_the_actors_clock_and_skips_restarts() -> None:
     assert with_rates([same], [before])[0].frames_per_second == 2_000
     assert with_rates([restarted], [before])[0].frames_per_second is None
     assert with_rates([same], [])[0].frames_per_second is None
+
+
+def test_status_shows_a_draining_actor_not_serving(capsys: pytest.CaptureFixture) -> None:
+    from actor_service import ActorConfig, create_server
+
+    config = ActorConfig(port=0, num_envs=2, seed=0, grace_period=10.0)
+    handle = create_server(config).run_in_thread()
+    address = f"127.0.0.1:{handle.port}"
+    # A batch that takes many seconds is in flight when the drain starts: the drain waits for it.
+    learner = Learner(address, frames_per_batch=100_000)
+    stopping = threading.Thread(target=handle.stop, kwargs={"grace": 10.0}, daemon=True)
+    try:
+        stopping.start()
+        poll_until(lambda: handle.server.runtime.draining)
+        code = cli.main(["status", address, "--json", "--interval", "0.2"])
+        (row,) = json.loads(capsys.readouterr().out)
+    finally:
+        learner.close()
+        stopping.join(30)
+    assert code == 1
+    assert (row["health"], row["session"], row["serving"]) == ("NOT_SERVING", "draining", False)
