@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints the table and the final JSON line; returns the payload."""
     args = parse_args(argv)
     set_single_thread()
-    report = Report("metrics_overhead", quick=args.quick)
+    report = Report("metrics", quick=args.quick)
     report.note(
         f"1 actor x {args.num_envs} envs, {args.frames_per_batch} frames per batch, "
         f"{args.window:g} s windows, a scrape of the actor and of the learner every "
