@@ -48,6 +48,9 @@ class ActorConfig:
         num_envs: Size of the env pool.
         env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context).
         step_timeout: Seconds an async env step may take before it counts as hung.
+        env_error_detail: What a session's end message tells the learner when an env
+            raises: ``"full"`` (the exception's type and text) or ``"type"`` (its type
+            only; the text, which may hold paths or data, stays in the actor's log).
         models: The models this actor holds; the first is the default actor.
         device: Torch device of the policy (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         seed: Seed for envs, torch and numpy at start; None draws one.
@@ -73,6 +76,7 @@ class ActorConfig:
     num_envs: int = 8
     env_backend: str = "sync"
     step_timeout: float = 30.0
+    env_error_detail: str = "full"
     models: tuple[ModelSpec, ...] = (ModelSpec(),)
     device: str = "cpu"
     seed: int | None = None

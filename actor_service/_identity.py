@@ -58,6 +58,10 @@ def validate_config(config: ActorConfig) -> None:
         raise ValueError(f"torch_threads must be a positive int, got {config.torch_threads!r}")
     if not config.step_timeout > 0:
         raise ValueError(f"step_timeout must be positive, got {config.step_timeout!r}")
+    if config.env_error_detail not in ("full", "type"):
+        raise ValueError(
+            f"env_error_detail must be 'full' or 'type', got {config.env_error_detail!r}"
+        )
     if config.seed is not None and (
         not isinstance(config.seed, int) or not 0 <= config.seed < 2**64
     ):
