@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from tensordict import TensorDictBase
 from torch import nn
@@ -32,7 +32,7 @@ __all__ = [
     "resolve_worker_ids",
 ]
 
-WeightSource = nn.Module | TensorDictBase | Mapping[str, Any]
+WeightSource: TypeAlias = nn.Module | TensorDictBase | Mapping[str, Any]
 DEFAULT_MODEL_ID = "policy"
 
 
