@@ -229,13 +229,19 @@ class Fleet:
     # -------------------------------------------------------- control calls
 
     def set_seed(self, seed: int, static_seed: bool) -> int:
-        """Seed every actor in worker_id order, chaining each returned seed to the next."""
+        """Seed every actor in worker_id order, chaining each returned seed to the next.
+
+        What an actor collected before its seeding (buffered here or still on the way)
+        is dropped, as TorchRL discards it: the next batch is the first of the new seed.
+        """
         for wid in self.worker_ids:
             link = self.links[wid]
-            seed = self.loop.run(
+            seed, first_seq = self.loop.run(
                 link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
                 self.conn.call_timeout + _MARGIN,
             )
+            epoch = link.tracker.epoch or link.description.epoch
+            self.ledger.add_discarded(self.mailbox.discard_before(wid, epoch, first_seq))
         return seed
 
     def state_dict(self) -> dict[str, Any]:

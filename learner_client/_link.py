@@ -307,7 +307,7 @@ class ActorLink:
             self._ledger.add_discarded(1)
             return
         batch = tag_worker(name_time_dim(event.batch), self.worker_id)
-        self._mailbox.put(
+        fresh = self._mailbox.put(
             Delivery(
                 worker_id=self.worker_id,
                 epoch=event.epoch,
@@ -318,6 +318,8 @@ class ActorLink:
                 version_max=event.version_max,
             )
         )
+        if not fresh:  # collected before the actor was reseeded
+            self._ledger.add_discarded(1)
 
     def _set_state(self, state: LinkState) -> None:
         if state is self.state:

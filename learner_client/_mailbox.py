@@ -70,6 +70,8 @@ class _Slot:
     outstanding: int = 0
     open: bool = False
     alive: bool = True
+    # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
+    floor: tuple[int, int] = (0, 0)
 
 
 class Mailbox:
@@ -146,14 +148,45 @@ class Mailbox:
             self._slots[worker_id].alive = alive
             self._cond.notify_all()
 
-    def put(self, delivery: Delivery) -> None:
-        """Buffer a complete new batch; it used one credit."""
+    def put(self, delivery: Delivery) -> bool:
+        """Buffer a complete new batch; it used one credit.
+
+        Returns:
+            False if the batch predates a reseed (see :meth:`discard_before`) and was dropped.
+        """
         with self._cond:
             slot = self._slots[delivery.worker_id]
             slot.outstanding = max(0, slot.outstanding - 1)
+            if _stale(delivery, slot.floor):
+                self._send_ack(delivery.worker_id, delivery.seq)
+                self._flush()
+                return False
             delivery.arrival = next(self._arrivals)
             slot.buffered.append(delivery)
             self._cond.notify_all()
+            return True
+
+    def discard_before(self, worker_id: int, epoch: int, seq: int) -> int:
+        """Drop the batches an actor collected before it was reseeded.
+
+        Batches of ``epoch`` with a seq below ``seq`` (the actor's first seq after the
+        seeding) are dropped, those buffered now and those still arriving; their
+        credits are granted again.
+
+        Returns:
+            How many buffered batches were dropped.
+        """
+        with self._cond:
+            slot = self._slots[worker_id]
+            slot.floor = (epoch, seq)
+            stale = [d for d in slot.buffered if _stale(d, slot.floor)]
+            if stale:
+                slot.buffered = collections.deque(
+                    d for d in slot.buffered if not _stale(d, slot.floor)
+                )
+                self._send_ack(worker_id, max(d.seq for d in stale))
+            self._flush()
+            return len(stale)
 
     # ------------------------------------------------------------- control
 
@@ -292,3 +325,7 @@ class Mailbox:
                 if room is not None:
                     room -= grant
                 self._send_credit(wid, grant)
+
+
+def _stale(delivery: Delivery, floor: tuple[int, int]) -> bool:
+    return delivery.epoch == floor[0] and delivery.seq < floor[1]
