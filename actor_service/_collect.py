@@ -29,22 +29,20 @@ import collections
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import torch
 
 from actor_service._convert import InvalidSettingsError
 from actor_service._logging import log_event
+from actor_service._runtime import ActorRuntime, CollectionCore
 from actor_service._session import RetainedBatch
 from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
 from common.errors import EnvError, RlfleetError, SessionStateError, to_status
 from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
-
-if TYPE_CHECKING:
-    from actor_service._runtime import ActorRuntime
 
 __all__ = ["CollectSession", "EncodedBatch", "collect_encoded", "env_failure"]
 
@@ -84,7 +82,7 @@ class EncodedBatch:
 
 
 def collect_encoded(
-    worker: Any, model_id: str, *, seq: int, epoch: int, worker_id: int
+    worker: CollectionCore, model_id: str, *, seq: int, epoch: int, worker_id: int
 ) -> EncodedBatch:
     """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
 
@@ -200,7 +198,7 @@ class CollectSession:
         self.active = False
         self._session_id = 0
         self._outbox: collections.deque[RetainedBatch[EncodedBatch]] = collections.deque()
-        self._stop: int | None = None
+        self._stop: pb.EndReason | None = None
         self._stop_message = ""
         self._failure: BaseException | None = None
         self._env_failure: pb.EnvFailure | None = None
@@ -441,7 +439,7 @@ class CollectSession:
     def _stop_now(self) -> bool:
         return self._failure is not None or (self._stop is not None and self._stop not in _FLUSHING)
 
-    def _request_stop(self, reason: int, message: str) -> None:
+    def _request_stop(self, reason: pb.EndReason, message: str) -> None:
         if self._stop is None:
             self._stop, self._stop_message = reason, message
         self._wake()

@@ -91,8 +91,9 @@ class _Model:
         self.output_specs = self._probe(obs)
 
     def _pick_forward(self, module: nn.Module) -> Callable[[torch.Tensor], Compact]:
-        if callable(getattr(module, "act_compact", None)):
-            return module.act_compact
+        act_compact = getattr(module, "act_compact", None)
+        if callable(act_compact):
+            return act_compact
         if isinstance(module, TensorDictModuleBase):
             extras = [k for k in module.out_keys if k != "action" and not _private(k)]
             return lambda obs: self._td_forward(obs, extras)
@@ -273,7 +274,7 @@ class ModelRegistry:
         out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
         return out
 
-    def validate(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+    def validate(self, model_id: str, state: object) -> None:
         """Check ``state`` against ``model_id`` (keys, shapes, dtypes, finiteness); change nothing.
 
         Raises:
@@ -310,22 +311,14 @@ class ModelRegistry:
         model = self._get(model_id)
         if not isinstance(version, int) or isinstance(version, bool):
             raise WeightsError(f"policy version must be an int, got {version!r}")
-        self._check_newer(model, version)
+        check_newer(model_id, version, model.version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in model.reference}
         with model.lock:
-            self._check_newer(model, version)  # a concurrent push may have won the race
+            check_newer(model_id, version, model.version)  # a concurrent push may have won
             _copy_in(model.reference, staged)
             model.version = version
         return version
-
-    @staticmethod
-    def _check_newer(model: _Model, version: int) -> None:
-        if version <= model.version:
-            raise StaleVersionError(
-                f"weights version {version} for model {model.spec.model_id!r} is not newer than "
-                f"the version in force, {model.version}"
-            )
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
@@ -335,7 +328,7 @@ class ModelRegistry:
                 out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
         return out
 
-    def load_state_dict(self, state: Mapping[str, Mapping]) -> None:
+    def load_state_dict(self, state: object) -> None:
         """Restore every model's weights and version, all or nothing (versions may go back).
 
         Raises:
@@ -367,6 +360,19 @@ class ModelRegistry:
             with model.lock:
                 _copy_in(model.reference, weights)
                 model.version = version
+
+
+def check_newer(model_id: str, version: int, current: int) -> None:
+    """The one staleness rule of weight pushes: a version must be newer than the one in force.
+
+    Raises:
+        StaleVersionError: ``version <= current``.
+    """
+    if version <= current:
+        raise StaleVersionError(
+            f"weights version {version} for model {model_id!r} is not newer than "
+            f"the version in force, {current}"
+        )
 
 
 def _copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:

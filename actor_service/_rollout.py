@@ -31,10 +31,11 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorIdentity, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
+    ClosedError,
     DeadlineError,
     EnvError,
     RlfleetError,
@@ -90,8 +91,11 @@ class RolloutWorker:
             worker.models.load_weights("policy", 1, state)
     """
 
+    _obs: np.ndarray  # the envs' current observations, set by every reset
+
     def __init__(self, config: ActorConfig) -> None:
-        validate_config(config)
+        if not isinstance(config, ActorConfig):
+            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
         self.config = config
         self.worker_id = config.worker_id
         self.epoch = draw_epoch()
@@ -224,6 +228,7 @@ class RolloutWorker:
 
     def _step(self, t: int, buf: BatchBuffers, settings: CollectSettings, random: bool) -> None:
         obs = self.models.observation_codec.encode(buf.obs[:, t])
+        extras: dict[str, torch.Tensor]
         if random:
             version = self.models.policy_version(settings.model_id)
             action, extras = self._random.sample_compact(self.num_envs), {}
@@ -299,7 +304,7 @@ class RolloutWorker:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStateError(f"actor {self.worker_id}'s rollout worker is closed")
+            raise ClosedError(f"actor {self.worker_id}'s rollout worker is closed")
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (each is reset with its seed), torch and numpy; chain like TorchRL.
@@ -358,10 +363,12 @@ class RolloutWorker:
         """
         if not isinstance(state, dict):
             raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
-        counters = {k: state.get(k) for k in ("frames", "batches", "traj_counter")}
-        for key, value in counters.items():
+        counters: dict[str, int] = {}
+        for key in ("frames", "batches", "traj_counter"):
+            value = state.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
+            counters[key] = value
         with self._lock:
             self._check_open()
             self.models.load_state_dict(state.get("models"))
