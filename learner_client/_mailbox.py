@@ -2,12 +2,13 @@
 
 Each actor has a slot: complete batches waiting for the user, and credits
 granted but not yet used. The invariant ``outstanding + buffered <= window``
-(``window = min(credit_window, actor max_credits)``) bounds memory: a credit
+(``window = min(prefetch or 1, actor max_credits)``) bounds memory: a credit
 is granted only when a batch is taken, so a slow learner pauses the actors.
 Credits are also withheld while paused and beyond the frame budget, and in
-*lazy* mode (sync collection with automatic weight updates) each actor gets
-exactly one credit per requested round, after the round's weight pushes, so
-every frame of the round runs the new weights.
+*lazy* mode (sync collection without prefetch, TorchRL's default, or with
+automatic weight updates) each actor gets exactly one credit per requested
+round, after any weight push the user or the collector made before asking, so
+every frame of the round runs the newest weights.
 
 The transport thread calls :meth:`Mailbox.session_opened`, :meth:`put`,
 :meth:`session_closed`, :meth:`set_alive` and :meth:`fail` (a bug on the
@@ -79,7 +80,7 @@ class Mailbox:
     """Per-actor batch buffers plus the credit rules.
 
     Args:
-        credit_window: Most batches per actor in flight or buffered.
+        window: Most batches per actor in flight or buffered.
         send_credit: ``(worker_id, batches)``; grants credits on that actor's stream.
         send_ack: ``(worker_id, seq)``; acknowledges delivered batches.
         lazy: Grant one credit per requested round only (see the module docstring).
@@ -87,13 +88,13 @@ class Mailbox:
 
     def __init__(
         self,
-        credit_window: int,
+        window: int,
         send_credit: Callable[[int, int], None],
         send_ack: Callable[[int, int], None],
         *,
         lazy: bool = False,
     ) -> None:
-        self._window = credit_window
+        self._window = window
         self._send_credit = send_credit
         self._send_ack = send_ack
         self._lazy = lazy
@@ -110,7 +111,7 @@ class Mailbox:
     # ------------------------------------------------------------ membership
 
     def add_worker(self, worker_id: int, max_credits: int) -> None:
-        """Give an actor a slot; its window is ``min(credit_window, max_credits)``."""
+        """Give an actor a slot; its window is ``min(window, max_credits)``."""
         with self._cond:
             self._slots.setdefault(worker_id, _Slot(window=max(1, min(self._window, max_credits))))
 

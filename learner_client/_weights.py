@@ -137,19 +137,7 @@ def normalize_update_args(
             raise ValueError("weights_dict and model_id are mutually exclusive")
         if given:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
-        if not isinstance(weights_dict, Mapping):
-            raise TypeError(
-                f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
-            )
-        if not weights_dict:
-            raise ValueError("weights_dict is empty")
-        sources = {
-            _check_model_id(mid): None
-            if src is None
-            else _check_source(f"weights_dict[{mid!r}]", src)
-            for mid, src in weights_dict.items()
-        }
-        return WeightRequest(sources=sources, worker_ids=targets, nested=True)
+        return WeightRequest(sources=_models(weights_dict), worker_ids=targets, nested=True)
     mid = DEFAULT_MODEL_ID if model_id is None else _check_model_id(model_id)
     source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
     if policy is not None and not isinstance(policy, nn.Module):
@@ -166,14 +154,23 @@ def normalize_update_args(
             )
         assert isinstance(source, Mapping)
         per_worker = {wid: _check_source(f"{given[0]}[{wid}]", src) for wid, src in source.items()}
-        return WeightRequest(
-            sources={mid: None},
-            worker_ids=tuple(per_worker),
-            nested=False,
-            per_worker=per_worker,
-        )
+        return WeightRequest({mid: None}, tuple(per_worker), nested=False, per_worker=per_worker)
     checked = None if source is None else _check_source(given[0], source)
     return WeightRequest(sources={mid: checked}, worker_ids=targets, nested=False)
+
+
+def _models(weights_dict: object) -> dict[str, WeightSource | None]:
+    """``weights_dict`` checked: ``{model_id: weights or None}``, not empty."""
+    if not isinstance(weights_dict, Mapping):
+        raise TypeError(
+            f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
+        )
+    if not weights_dict:
+        raise ValueError("weights_dict is empty")
+    return {
+        _check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
+        for mid, src in weights_dict.items()
+    }
 
 
 def _is_per_worker(source: object) -> bool:
@@ -237,6 +234,11 @@ class WeightBook:
         """The learner's current version per model_id."""
         with self._lock:
             return dict(self._versions)
+
+    def applied(self, worker_id: int) -> dict[str, int]:
+        """The version per model_id a worker last reported or acknowledged."""
+        with self._lock:
+            return dict(self._applied.get(worker_id, {}))
 
     def source(self, model_id: str) -> WeightSource:
         """The last weights given for ``model_id``.
@@ -347,7 +349,7 @@ class WeightBook:
                 blobs[id(src)] = (blob, sha256_hex(blob))
         with self._lock:
             own = self._worker_sources.setdefault(model_id, {})
-            own.update(resolved)
+            own.update({wid: src for wid, src in sources.items() if src is not None})
             version = self._versions.get(model_id, 0) + 1
             self._versions[model_id] = version
         return {
