@@ -2,9 +2,9 @@
 
 Each test ports one of TorchRL's tests (pytorch/rl ``test/test_collectors.py`` or
 ``test/test_distributed.py``, named in its docstring) to rlfleet actors started as
-subprocesses through the ``rlfleet-actor`` command line. Where it is cheap (an in-process
-``Collector``), the test also runs TorchRL 0.14.1's own collector as the control, so the
-expected behaviour is TorchRL's observed behaviour, not our reading of it.
+subprocesses through the ``rlfleet-actor`` command line. Where it is affordable, the test
+also runs TorchRL 0.14.1's own collector (``Collector``, ``AsyncCollector``) as the
+control, so the expected behaviour is TorchRL's observed behaviour, not our reading of it.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _torchrl_cartpole_policy() -> TensorDictModule:
     return TensorDictModule(nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
 
 
-# --------------------------------------------------------- policy versions (item 1)
+# --------------------------------------------------------- policy versions
 
 
 def test_sync_batch_after_an_update_runs_entirely_the_new_weights(cartpole: list[str]) -> None:
@@ -212,7 +212,7 @@ def test_async_keeps_one_batch_ahead_per_worker(cartpole: list[str]) -> None:
             assert seen[1] == {second}, (worker_id, seen)
 
 
-# ------------------------------------------------------------------- seeding (item 2)
+# ------------------------------------------------------------------- seeding
 
 
 def test_set_seed_mid_run_makes_the_next_batch_the_first_of_that_seed(
@@ -266,7 +266,7 @@ def test_set_seed_in_sync_mode_reaches_every_worker_next_batch(cartpole: list[st
     assert (comparable(r1) == comparable(r2)).all()
 
 
-# ----------------------------------------------------- per-worker weights (item 3)
+# ----------------------------------------------------- per-worker weights
 
 
 def test_update_policy_weights_by_worker_mapping_with_distinct_policy_factories(
@@ -315,7 +315,7 @@ def test_update_policy_weights_by_worker_mapping_with_distinct_policy_factories(
             collector.update_policy_weights_({0: "not weights"})
 
 
-# ------------------------------------------------------------ replay buffers (item 4)
+# ------------------------------------------------------------ replay buffers
 
 
 def test_sync_replay_buffer_is_extended_with_each_worker_batch(cartpole: list[str]) -> None:
@@ -357,7 +357,7 @@ def test_async_replay_buffer_is_extended_with_each_batch(cartpole: list[str]) ->
     assert len(rb) == 128
 
 
-# ------------------------------------------------------- init_random_frames (item 5)
+# ------------------------------------------------------- init_random_frames
 
 
 def test_init_random_frames_with_start_counts_this_collectors_frames(
@@ -393,7 +393,7 @@ def test_init_random_frames_with_start_counts_this_collectors_frames(
     assert {"observation", "action", "next"} <= set(data.keys())
 
 
-# ---------------------------------------------------------------------- stats (item 6)
+# ---------------------------------------------------------------------- stats
 
 
 def _flat_scalars(stats: dict[str, Any]) -> None:
@@ -453,7 +453,7 @@ def test_stats_is_a_flat_mapping_of_scalars_a_logger_monitor_can_log(
         assert logged["collector"]["collector/frames"] == 16
 
 
-# --------------------------------------------------------- TorchRL defaults (item 7)
+# --------------------------------------------------------- TorchRL defaults
 
 
 def _named_init(cls: type) -> inspect.Signature:
@@ -503,7 +503,7 @@ def test_every_torchrl_default_of_a_shared_knob_is_accepted(cartpole: list[str])
         assert len(collector) == 2
 
 
-# ---------------------------------------------------------- an env that errors (item 8)
+# ---------------------------------------------------------- an env that errors
 
 
 def test_env_that_errors_raises_a_typed_error_after_bounded_attempts(crashing: list[Any]) -> None:
