@@ -2,7 +2,7 @@
 
 Every ``GrpcCollector`` keeps a :class:`LearnerMetrics`: three histograms fed
 where the events happen (the time user code waits for a batch, in the
-collector; the policy lag of each delivered batch, in the ledger; the duration
+rounds; the policy lag of each delivered batch, in the ledger; the duration
 of each push, explicit or automatic, in the pusher) and, read only when
 Prometheus scrapes, everything ``GrpcCollector.stats()`` already counts (frames,
 batches, gaps and reconnects per worker, queue depth, workers by state). The
@@ -56,10 +56,16 @@ class LearnerMetrics:
     """The metrics of one learner (one ``GrpcCollector``), in :attr:`registry`.
 
     Args:
-        stats: Returns ``GrpcCollector.stats()``; read at every scrape.
+        stats: ``GrpcCollector.stats``; its ``"both"`` view is read at every scrape.
+        port: The port :meth:`serve` binds (0: a free one); None serves nothing.
+
+    Raises:
+        TypeError, ValueError: ``port`` is not None or an int in 0..65535.
     """
 
-    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, stats: Callable[..., Mapping[str, Any]], port: int | None = None) -> None:
+        check_metrics_port(port)
+        self._port = port
         self.registry: CollectorRegistry = new_registry()
         self.batch_wait = Histogram(
             _PREFIX + "batch_wait_seconds",
@@ -105,9 +111,9 @@ class LearnerMetrics:
             self._endpoints.append(endpoint)
         return endpoint
 
-    def serve(self, port: int | None) -> int | None:
-        """``GrpcCollector(metrics_port=port)``: serve on all interfaces; the bound port or None."""
-        return None if port is None else self.endpoint(port, "0.0.0.0").port
+    def serve(self) -> int | None:
+        """``GrpcCollector(metrics_port=...)``: serve on all interfaces; the bound port or None."""
+        return None if self._port is None else self.endpoint(self._port, "0.0.0.0").port
 
     def waited_for(self, take: Callable[[], T]) -> T:
         """Call ``take`` (which blocks until a batch is ready) and observe how long it took."""
@@ -131,37 +137,40 @@ class LearnerMetrics:
 
 
 class _StatsCollector(Collector):
-    """Counters and gauges read from ``GrpcCollector.stats()`` when Prometheus scrapes."""
+    """Counters and gauges read from ``GrpcCollector.stats("both")`` when Prometheus scrapes."""
 
-    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+    _PER_WORKER = (
+        ("frames", "frames", "Frames received, per worker."),
+        ("batches", "batches", "Batches received and delivered, per worker."),
+        ("gap_batches", "gaps", "Batches known lost (seq gaps), per worker."),
+        ("reconnects", "reconnects", "Collect streams re-opened after a failure, per worker."),
+    )
+
+    def __init__(self, stats: Callable[..., Mapping[str, Any]]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterable[Metric]:
-        """Per-worker counters, queue depth and workers by state, as of now."""
-        stats = self._stats()
-        per_worker = (
-            ("frames", "Frames received, per worker.", "worker_frames"),
-            ("batches", "Batches received and delivered, per worker.", "worker_batches"),
-            ("gap_batches", "Batches known lost (seq gaps), per worker.", "worker_gaps"),
-            ("reconnects", "Collect streams re-opened after a failure.", "worker_reconnects"),
-        )
-        for name, documentation, key in per_worker:
+        """Per-worker counters, queue depth and workers by liveness, as of now."""
+        stats = self._stats(workers="both")
+        for name, key, documentation in self._PER_WORKER:
             family = CounterMetricFamily(_PREFIX + name, documentation, labels=["worker_id"])
-            for worker_id, value in sorted(stats.get(key, {}).items()):
-                family.add_metric([str(worker_id)], value)
+            for stat, value in stats.items():
+                worker, _, metric = stat.partition("/")
+                if metric == key and worker.startswith("worker_"):
+                    family.add_metric([worker.removeprefix("worker_")], value)
             yield family
         yield GaugeMetricFamily(
             _PREFIX + "queue_batches",
             "Batches received and not yet taken by user code.",
             stats.get("queued_batches", 0),
         )
-        states = GaugeMetricFamily(_PREFIX + "workers", "Actors by link state.", labels=["state"])
-        counts: dict[str, int] = {}
-        for state in stats.get("worker_states", {}).values():
-            counts[state] = counts.get(state, 0) + 1
-        for state, count in sorted(counts.items()):
-            states.add_metric([state], count)
-        yield states
+        workers = GaugeMetricFamily(
+            _PREFIX + "workers", "Actors of the fleet, alive or down.", labels=["state"]
+        )
+        alive = int(stats.get("workers_alive", 0))
+        workers.add_metric(["alive"], alive)
+        workers.add_metric(["down"], int(stats.get("workers", 0)) - alive)
+        yield workers
 
 
 def serve_metrics(collector: Any, port: int, *, host: str = "0.0.0.0") -> MetricsEndpoint:
@@ -185,5 +194,5 @@ def serve_metrics(collector: Any, port: int, *, host: str = "0.0.0.0") -> Metric
         ClosedError: The collector is shut down.
         OSError: The address cannot be bound.
     """
-    metrics: LearnerMetrics = collector._metrics
+    metrics: LearnerMetrics = collector._parts.metrics
     return metrics.endpoint(port, host)

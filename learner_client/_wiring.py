@@ -6,7 +6,7 @@
     GrpcCollector ── Rounds ──take──▶ Mailbox ◀──put── ActorLink ──▶ CollectStream ──▶ actor
                  └── Pusher ──push──▶ Fleet ──────────────────────▶ ActorChannel  ──▶ actor
                       Mailbox ── credits, acks ──▶ OpenStreams ──▶ CollectStream
-    LearnerMetrics ◀── lag (Ledger), push times (Pusher), waits (GrpcCollector); stats() on scrape
+    LearnerMetrics ◀── lag (Ledger), push times (Pusher), waits (Rounds); stats() on scrape
 
 :func:`assemble` builds every part once and hands each one exactly what it
 uses; nothing reaches another part through a third.
@@ -64,14 +64,13 @@ def assemble(
         acting_model: The model whose version the policy lag is measured against.
         conn: Channels, deadlines and credits.
         metrics: The learner's metrics: the ledger observes policy lag into them, the
-            pusher times pushes; closed with the parts.
+            pusher times pushes, the rounds time user code's wait; closed with the parts.
     """
     loop = LoopThread()
     ledger = Ledger(metrics.policy_lag)
     book = WeightBook()
     streams = OpenStreams(loop)
-    lazy = batch.sync and batch.auto_update_interval is not None
-    mailbox = Mailbox(conn.credit_window, streams.grant, streams.ack, lazy=lazy)
+    mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
     stacked = batch.sync and batch.cat_results == "stack" and not batch.split_trajs
     slabs = PacketSlabs() if stacked else None
     fleet = Fleet(
@@ -86,6 +85,13 @@ def assemble(
     )
     pusher = Pusher(fleet, book, ledger, metrics)
     rounds = Rounds(
-        batch, acting_model, fleet=fleet, mailbox=mailbox, ledger=ledger, book=book, slabs=slabs
+        batch,
+        acting_model,
+        fleet=fleet,
+        mailbox=mailbox,
+        ledger=ledger,
+        book=book,
+        slabs=slabs,
+        metrics=metrics,
     )
     return Parts(loop, mailbox, ledger, book, fleet, pusher, rounds, metrics)
