@@ -31,7 +31,7 @@ from actor_service._spaces import ActionCodec, ObservationCodec
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.policies import make_policy
-from common.weights import check_compatible, check_finite, to_state_dict
+from common.weights import check_compatible, check_finite, check_policy_version, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -308,8 +308,7 @@ class ModelRegistry:
             WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
         """
         model = self._get(model_id)
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise WeightsError(f"policy version must be an int, got {version!r}")
+        check_policy_version(version)
         self._check_newer(model, version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in model.reference}

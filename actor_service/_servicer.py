@@ -34,7 +34,13 @@ from common.errors import (
 )
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.weights import BlobAssembler, decode_weights, iter_blob_chunks, sha256_hex
+from common.weights import (
+    BlobAssembler,
+    check_policy_version,
+    decode_weights,
+    iter_blob_chunks,
+    sha256_hex,
+)
 
 __all__ = ["ActorServicer"]
 
@@ -195,6 +201,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 f"actor {self._rt.config.worker_id} has no model {push.model_id!r} "
                 f"(models: {sorted(models.model_ids)})"
             )
+        check_policy_version(push.version, "weights version")
         current = models.policy_version(push.model_id)
         if push.version <= current:  # refused before a byte of the blob is buffered
             raise StaleVersionError(

@@ -33,7 +33,9 @@ from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
     "DEFAULT_MAX_WEIGHT_BYTES",
+    "MAX_POLICY_VERSION",
     "BlobAssembler",
+    "check_policy_version",
     "check_compatible",
     "check_finite",
     "decode_weights",
@@ -50,6 +52,9 @@ _MAX_HEADER_BYTES = 100_000_000
 _METADATA_KEY = METADATA_KEY
 _DTYPES = DTYPES
 _TORCH_DTYPES = frozenset(_DTYPES.values())
+
+#: The largest policy version an actor accepts: every frame records its version as int64.
+MAX_POLICY_VERSION = 2**63 - 1
 
 WeightSource = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
 
@@ -203,6 +208,23 @@ def decode_weights(
     state, metadata = read_blob(view, _MAX_HEADER_BYTES)
     check_finite(state)
     return state, metadata
+
+
+def check_policy_version(version: object, what: str = "policy version") -> int:
+    """Return ``version`` if it is an int in ``[0, MAX_POLICY_VERSION]``.
+
+    A version is stored per frame as int64; one beyond it would be accepted
+    once and then break every batch (and, at 2**64 - 1, make every later push
+    stale), so it is refused before anything changes.
+
+    Raises:
+        WeightsError: ``version`` is not an int in range (INVALID_ARGUMENT).
+    """
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise WeightsError(f"{what} must be an int, got {version!r:.80}")
+    if not 0 <= version <= MAX_POLICY_VERSION:
+        raise WeightsError(f"{what} {version} is outside [0, {MAX_POLICY_VERSION}] (int64)")
+    return version
 
 
 def check_finite(state: Mapping[str, torch.Tensor]) -> None:

@@ -175,6 +175,21 @@ def test_push_weights_raises_if_version_is_stale(actor: Actor) -> None:
     assert (_actions(actor)[0] == 1).all()
 
 
+@pytest.mark.parametrize("version", [2**63, 2**64 - 1])
+def test_push_weights_raises_if_version_does_not_fit_int64(actor: Actor, version: int) -> None:
+    shapes = _policy_shapes(actor.stub)
+    with pytest.raises(grpc.RpcError) as error:
+        _push(actor, _favouring(shapes, 1), version=version)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(version) in error.value.details()
+    _assert_unchanged(actor, 0)
+    assert (_actions(actor)[1] == 0).all()  # batches still flow, at the old version
+    _push(actor, _favouring(shapes, 1), version=2**63 - 1)  # the largest version still works
+    actions, versions = _actions(actor)
+    assert (actions == 1).all()
+    assert (versions == 2**63 - 1).all()
+
+
 def test_push_weights_raises_if_header_is_missing(actor: Actor) -> None:
     with pytest.raises(grpc.RpcError) as error:
         actor.stub.PushWeights(iter([pb.PushWeightsRequest(chunk=b"abc")]), timeout=10)
