@@ -56,6 +56,8 @@ def test_weights_module_pins_its_public_names() -> None:
     assert sorted(weights_module.__all__) == sorted(
         [
             "DEFAULT_MAX_WEIGHT_BYTES",
+            "MAX_POLICY_VERSION",
+            "check_policy_version",
             "BlobAssembler",
             "check_compatible",
             "check_finite",
