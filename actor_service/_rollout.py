@@ -42,6 +42,7 @@ from common.errors import (
     WeightsError,
 )
 from common.policies import RandomPolicy
+from common.weights import check_policy_version
 
 __all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
 
@@ -340,25 +341,41 @@ class RolloutWorker:
                 "traj_counter": self._traj.counter,
             }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
         """Restore a :meth:`state_dict`, all or nothing; trajectories in flight get new ids.
 
+        Every part (counters in int64 range, every model's version and weights)
+        is validated before any is applied.
+
+        Args:
+            state: What :meth:`state_dict` returned (possibly from another actor).
+            allow_rollback: Accept policy versions older than those in force.
+
+        Returns:
+            ``{model_id: (old_version, new_version)}``.
+
         Raises:
-            WeightsError: A malformed state or weights that do not fit.
+            WeightsError: A malformed state, a number out of range or weights that do not fit.
             UnknownModelError: The state names a model this actor lacks.
+            StaleVersionError: A version would go back and ``allow_rollback`` is false.
         """
         if not isinstance(state, dict):
             raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
         counters = {k: state.get(k) for k in ("frames", "batches", "traj_counter")}
         for key, value in counters.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
+            check_policy_version(value, f"actor state {key!r}")  # the same int64 range
         with self._lock:
             self._check_open()
-            self.models.load_state_dict(state.get("models"))
+            changes = self.models.load_state_dict(
+                state.get("models"), allow_rollback=allow_rollback
+            )
             self.frames, self.batches = counters["frames"], counters["batches"]
-            self._traj.counter = counters["traj_counter"]
+            # Only the low 32 bits make an id (TrajIds), so this can never overflow int64.
+            self._traj.counter = counters["traj_counter"] & 0xFFFF_FFFF
             self._traj_ids = self._traj.take(self.num_envs)
+        return changes
 
     def close(self) -> None:
         """Close the env pool and reap its subprocesses; idempotent."""

@@ -254,9 +254,33 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
     async def LoadState(
         self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
     ) -> pb.LoadStateResponse:
-        """Load a state produced by GetState, all or nothing."""
+        """Load a state produced by GetState, all or nothing, audit-logged like a push."""
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "LoadState")
+        audit = functools.partial(
+            log_event,
+            "weights.load_state",
+            peer=context.peer(),
+            sha256=header.sha256,
+            bytes=int(header.total_bytes),
+            allow_rollback=header.allow_rollback,
+        )
+        try:
+            changes = await self._load_state(requests, header)
+        except BaseException as exc:
+            result = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else None
+            audit(logging.WARNING, result=result or to_status(exc)[0].name)
+            raise
+        audit(
+            logging.INFO,
+            result="OK",
+            versions={m: f"{old}->{new}" for m, (old, new) in changes.items()},
+        )
+        return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
+
+    async def _load_state(
+        self, requests: AsyncIterator[pb.StateChunk], header: pb.StateHeader
+    ) -> dict[str, tuple[int, int]]:
         worker = self._rt.worker
         if not header.sha256:
             raise WeightsError("LoadState header must carry the state blob's sha256")
@@ -267,9 +291,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         state = await self._rt.run_side(
             decode_state, blob, max_bytes=self._rt.config.max_weight_bytes
         )
-        await asyncio.shield(self._rt.run_collect(worker.load_state_dict, state))
-        log_event("state.loaded", logging.INFO, peer=context.peer(), sha256=header.sha256)
-        return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
+        load = functools.partial(worker.load_state_dict, allow_rollback=header.allow_rollback)
+        return await asyncio.shield(self._rt.run_collect(load, state))
 
     @_mapped
     async def SetSeed(

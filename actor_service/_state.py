@@ -94,10 +94,15 @@ def decode_state(blob: bytes | memoryview, *, max_bytes: int = DEFAULT_MAX_WEIGH
         )
     try:
         tree = json.loads(metadata.get(_TREE_KEY, ""))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise WeightsError(f"actor state metadata is not valid JSON: {exc}") from None
     used: set[str] = set()
-    state = _join(tree, tensors, used, 0)
+    try:
+        state = _join(tree, tensors, used, 0)
+    except WeightsError:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:  # e.g. a bfloat16 "$ndarray"
+        raise WeightsError(f"actor state is malformed: {exc}") from None
     if not isinstance(state, dict):
         raise WeightsError("actor state must be a JSON object at the top")
     unused = sorted(set(tensors) - used)

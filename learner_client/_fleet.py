@@ -278,7 +278,10 @@ class Fleet:
         async def load() -> None:
             await asyncio.gather(
                 *(
-                    self.links[w].channel.load_state(blob, self.conn.call_timeout)
+                    # Restoring a checkpoint is an explicit rollback of the actors' versions.
+                    self.links[w].channel.load_state(
+                        blob, self.conn.call_timeout, allow_rollback=True
+                    )
                     for w, blob in workers.items()
                 )
             )
