@@ -219,7 +219,12 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         # Runs to the end even if the caller cancels: the whole blob arrived, and
         # load_weights swaps it in atomically, so the audit log tells the outcome.
         try:
-            state, _ = decode_weights(blob, max_bytes=self._rt.config.max_weight_bytes)
+            models = self._rt.worker.models
+            state, _ = decode_weights(
+                blob,
+                max_bytes=self._rt.config.max_weight_bytes,
+                expected=models.parameters_info(push.model_id),
+            )
             version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
         except BaseException as exc:
             push.audit(exc)
@@ -288,8 +293,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             header.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=header.sha256
         )
         blob = await _blob(requests, assembler, "LoadState")
+        models = worker.models
+        # A state holds every model's tensors and a few more (RNG states): no more are accepted.
+        max_keys = sum(len(models.parameters_info(m)) for m in models.model_ids) + 1024
         state = await self._rt.run_side(
-            decode_state, blob, max_bytes=self._rt.config.max_weight_bytes
+            decode_state, blob, max_bytes=self._rt.config.max_weight_bytes, max_keys=max_keys
         )
         load = functools.partial(worker.load_state_dict, allow_rollback=header.allow_rollback)
         return await asyncio.shield(self._rt.run_collect(load, state))

@@ -28,12 +28,21 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from common._blobs import DEFAULT_MAX_WEIGHT_BYTES, BlobAssembler, iter_blob_chunks, sha256_hex
-from common._safetensors import DTYPES, METADATA_KEY, read_blob, write_blob
+from common._safetensors import (
+    DEFAULT_MAX_KEYS,
+    DTYPES,
+    METADATA_KEY,
+    Expected,
+    read_blob,
+    write_blob,
+)
 from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
+    "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_POLICY_VERSION",
+    "Expected",
     "BlobAssembler",
     "check_policy_version",
     "check_compatible",
@@ -172,7 +181,11 @@ def encode_weights(obj: WeightSource, *, metadata: Mapping[str, str] | None = No
 
 
 def decode_weights(
-    blob: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES
+    blob: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    max_keys: int = DEFAULT_MAX_KEYS,
+    expected: Expected | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a safetensors blob a peer sent, strictly.
 
@@ -188,6 +201,12 @@ def decode_weights(
             writable ``blob`` (e.g. :meth:`BlobAssembler.finish`'s buffer), so
             it must not be modified afterwards; a read-only one is copied once.
         max_bytes: The largest blob accepted.
+        max_keys: The most tensors accepted; the header may hold at most 1 KiB
+            per tensor besides 1 MiB of metadata, and its tensor entries are
+            counted in the raw bytes before the JSON is parsed.
+        expected: ``{key: (shape, dtype)}`` the receiver holds; when given,
+            any other key, a missing key or a foreign shape or dtype is refused
+            before a tensor is built (and the header bound is ``len(expected)``).
 
     Returns:
         ``(state, metadata)``: CPU tensors by dotted key, and the header metadata.
@@ -205,7 +224,7 @@ def decode_weights(
         raise WeightsTooLargeError(
             f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
         )
-    state, metadata = read_blob(view, _MAX_HEADER_BYTES)
+    state, metadata = read_blob(view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected)
     check_finite(state)
     return state, metadata
 
