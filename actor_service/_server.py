@@ -35,9 +35,10 @@ from grpc_reflection.v1alpha import reflection
 
 from actor_service._auth import TokenAuthInterceptor
 from actor_service._config import ActorConfig
+from actor_service._limits import CallLimiter
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
-from actor_service._servicer import MAX_ACTOR_CALLS, ActorServicer
+from actor_service._servicer import ActorServicer
 from actor_service._wire import add_actor_service
 from common.config import server_channel_options
 from common.errors import SessionStateError
@@ -49,9 +50,9 @@ __all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serv
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-# Concurrent RPCs the server admits: twice what ActorService itself accepts, so
-# health checks and reflection always find room however busy the actor is.
-_MAX_CONCURRENT_RPCS = 2 * MAX_ACTOR_CALLS
+# No server-wide cap on concurrent RPCs: it counted health, reflection and
+# ActorService calls alike, so idle Watch streams could starve probes and the
+# learner. Each group is capped on its own instead (``_limits``, ``_servicer``).
 _MAX_STREAMS_PER_CONNECTION = 32
 
 
@@ -116,16 +117,14 @@ class ActorServer:
         return self.port
 
     def _new_server(self, *, with_actor: bool) -> grpc.aio.Server:
-        interceptors = (
-            [TokenAuthInterceptor(self.config.token)] if (with_actor and self.config.token) else []
-        )
+        interceptors: list[grpc.aio.ServerInterceptor] = [CallLimiter()]
+        if with_actor and self.config.token:
+            interceptors.append(TokenAuthInterceptor(self.config.token))
         options = [
             *server_channel_options(),
             ("grpc.max_concurrent_streams", _MAX_STREAMS_PER_CONNECTION),
         ]
-        server = grpc.aio.server(
-            options=options, interceptors=interceptors, maximum_concurrent_rpcs=_MAX_CONCURRENT_RPCS
-        )
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
         if with_actor:
