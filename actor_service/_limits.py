@@ -54,9 +54,17 @@ class CallLimiter(grpc.aio.ServerInterceptor):
         if handler is None or group is None or not handler.response_streaming:
             return handler
         name, cap = group
-        if handler.request_streaming:
-            return handler._replace(stream_stream=self._limited(handler.stream_stream, name, cap))
-        return handler._replace(unary_stream=self._limited(handler.unary_stream, name, cap))
+        codec = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.request_streaming and handler.stream_stream is not None:
+            behavior = self._limited(handler.stream_stream, name, cap)
+            return grpc.stream_stream_rpc_method_handler(behavior, **codec)
+        if handler.unary_stream is not None:
+            behavior = self._limited(handler.unary_stream, name, cap)
+            return grpc.unary_stream_rpc_method_handler(behavior, **codec)
+        return handler
 
     def _limited(self, behavior: Callable[..., Any], name: str, cap: int) -> Callable[..., Any]:
         async def admit(context: grpc.aio.ServicerContext) -> None:
