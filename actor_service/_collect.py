@@ -15,8 +15,9 @@ How a session ends decides what is still sent: BUDGET_REACHED, DRAINING and
 ERROR first finish the in-flight batch and send every queued one; CLOSED and
 TAKEN_OVER stop after the batch being written (what was not sent stays
 retained for a resume). A broken stream (the learner cancelled or vanished)
-writes nothing more; its in-flight batch is finished and retained, and the
-actor accepts the next learner at once.
+writes nothing more. In both cases the batch being collected is abandoned
+before its next env step (it has no seq yet, so no learner sees a gap) and the
+actor is busy until then; the next learner is accepted at once after that.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +83,13 @@ class EncodedBatch:
 
 
 def collect_encoded(
-    worker: Any, model_id: str, *, seq: int, epoch: int, worker_id: int
+    worker: Any,
+    model_id: str,
+    *,
+    seq: int,
+    epoch: int,
+    worker_id: int,
+    abandon: threading.Event | None = None,
 ) -> EncodedBatch:
     """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
 
@@ -91,8 +99,9 @@ def collect_encoded(
         seq: The seq the book will give this batch.
         epoch: The actor epoch.
         worker_id: The actor's worker id.
+        abandon: Set to give the batch up before its next env step.
     """
-    td = worker.collect_batch()
+    td = worker.collect_batch(abandon)
     frame = encode_frame(td)
     versions = [
         td.get(key)
@@ -180,6 +189,9 @@ class CollectStream:
         self._last_sent = 0
         self._sent = 0
         self._collector: asyncio.Task[None] | None = None
+        # Set when the session ends without flushing: the in-flight batch is given up
+        # at its next env step instead of holding the env pool for the rest of it.
+        self._abandon = threading.Event()
 
     # ------------------------------------------------------------ control
 
@@ -190,6 +202,11 @@ class CollectStream:
     def drain(self) -> None:
         """End this session with DRAINING once the in-flight and queued batches are sent."""
         self._request_stop(pb.END_REASON_DRAINING, "the actor is shutting down")
+
+    @property
+    def collecting(self) -> bool:
+        """Whether a batch of this session is still being collected (possibly being abandoned)."""
+        return not self._collector_idle.is_set()
 
     async def wait_collector_idle(self) -> None:
         """Wait until no batch of this session is being collected."""
@@ -239,6 +256,8 @@ class CollectStream:
             )
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
+            if self.collecting:
+                self._abandon.set()
             self.active = False
             if reader is not None:
                 reader.cancel()
@@ -345,9 +364,13 @@ class CollectStream:
                         seq=book.next_seq,
                         epoch=book.epoch,
                         worker_id=self._rt.config.worker_id,
+                        abandon=self._abandon,
                     )
                 except BaseException:
                     book.abandon_batch()
+                    if self._abandon.is_set():
+                        log_event("session.batch_abandoned", logging.INFO, learner=self.learner_id)
+                        return
                     raise
                 batch = book.finish_batch(frames=encoded.frames, payload=encoded)
                 if batch.seq != encoded.seq:  # the messages carry the seq: they must agree

@@ -33,7 +33,7 @@ from actor_service._env_pool import (
 )
 from actor_service._identity import ActorDescription, draw_epoch, validate_config
 from actor_service._models import ModelRegistry, interaction_of
-from common.config import CollectSettings
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -41,6 +41,7 @@ from common.errors import (
     SessionStateError,
     WeightsError,
 )
+from common.frames import DEFAULT_LIMITS, encode_frame
 from common.policies import RandomPolicy
 from common.weights import check_policy_version
 
@@ -162,13 +163,52 @@ class RolloutWorker:
                 f"num_envs={self.num_envs}"
             )
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
+        largest = self.max_frames_per_batch(settings)
+        if settings.frames_per_batch > largest:
+            raise ValueError(
+                f"frames_per_batch={settings.frames_per_batch} is too large for this actor: a "
+                f"batch must fit the {DEFAULT_LIMITS.max_frame_bytes}-byte frame cap and hold at "
+                f"most {MAX_FRAMES_PER_BATCH} frames; the largest that fits is {largest}"
+            )
         self._settings = settings
 
-    def collect_batch(self) -> TensorDict:
+    def max_frames_per_batch(self, settings: CollectSettings) -> int:
+        """The largest ``frames_per_batch`` (a multiple of ``num_envs``) ``settings`` may ask for.
+
+        A batch's tensor frame must fit the frame cap learners decode by default
+        (``common.frames.DEFAULT_LIMITS.max_frame_bytes``) and hold at most
+        ``MAX_FRAMES_PER_BATCH`` frames; the frame size is measured by encoding
+        empty batches of one and two steps (``split_trajs`` pads batches beyond this).
+        """
+        one, two = (self._frame_bytes(steps, settings) for steps in (1, 2))
+        per_step = max(1, two - one)
+        # Each entry may gain up to 15 bytes of alignment padding as the batch grows.
+        steps = 1 + (DEFAULT_LIMITS.max_frame_bytes - one - 16 * 64) // per_step
+        return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_envs)) * self.num_envs
+
+    def _frame_bytes(self, steps: int, settings: CollectSettings) -> int:
+        extras = self.models.output_specs(settings.model_id)
+        extras.pop("action")
+        buffers = BatchBuffers(
+            self.num_envs,
+            steps,
+            self.models.observation_codec,
+            self.models.action_codec,
+            extras,
+            step_counts=settings.max_frames_per_traj > 0,
+        )
+        buffers.obs.fill(0)
+        return encode_frame(buffers.to_tensordict(settings.set_truncated)).nbytes
+
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
 
+        Args:
+            abandon: Set from another thread to give the batch up before its next env step
+                (its session ended); the envs are reset before the next batch.
+
         Raises:
-            SessionStateError: Not configured, or closed.
+            SessionStateError: Not configured, closed, or abandoned.
             DeadlineError: An env step exceeded ``step_timeout`` (async backend).
             ActorUnavailableError: An env failed; the pool is rebuilt on the next call.
         """
@@ -180,14 +220,14 @@ class RolloutWorker:
             self._ensure_pool()
             if settings.reset_at_each_iter:
                 self._reset(seeds=None)
-            batch = self._rollout(settings)
+            batch = self._rollout(settings, abandon)
             self.frames += batch.numel()
             self.batches += 1
         if settings.split_trajs:
             batch = split_trajectories(batch)
         return batch
 
-    def _rollout(self, settings: CollectSettings) -> TensorDict:
+    def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
         steps = settings.frames_per_batch // self.num_envs
         random = self.frames < settings.init_random_frames
         extras = self.models.output_specs(settings.model_id)
@@ -204,6 +244,10 @@ class RolloutWorker:
         try:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
+                    if abandon is not None and abandon.is_set():
+                        raise SessionStateError(
+                            f"batch abandoned after {t} of {steps} steps: its session ended"
+                        )
                     self._step(t, buffers, settings, random)
         except (DeadlineError, ActorUnavailableError):
             self._pool_broken = True

@@ -149,8 +149,9 @@ class ActorRuntime:
 
     @property
     def busy(self) -> bool:
-        """Whether a learner session is active."""
-        return self.current is not None and self.current.active
+        """Whether a learner session is active, or its last batch is still being given up."""
+        current = self.current
+        return current is not None and (current.active or current.collecting)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new sessions and end the active one with END_REASON_DRAINING.

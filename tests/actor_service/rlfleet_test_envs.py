@@ -100,3 +100,18 @@ class _MultiEnv(gymnasium.Env):
 def multi_env() -> gymnasium.Env:
     """An env with MultiBinary observations and MultiDiscrete actions."""
     return _MultiEnv()
+
+
+class _Slow(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, delay: float) -> None:
+        super().__init__(env)
+        self._delay = delay
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self._delay)
+        return self.env.step(action)
+
+
+def slow_cartpole(delay: float = 0.2) -> gymnasium.Env:
+    """CartPole whose every ``step`` takes ``delay`` seconds more."""
+    return _Slow(gymnasium.make("CartPole-v1"), delay)

@@ -232,6 +232,45 @@ def test_collect_raises_if_settings_are_bad(
     assert not actor.handle.server.runtime.busy
 
 
+def test_collect_raises_if_a_batch_cannot_fit_the_frame_cap(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=12_000_000, credits=1))
+    error = session.error()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    largest = int(error.details().rsplit("largest that fits is ", 1)[1])
+    assert 0 < largest < 12_000_000
+    assert largest % 2 == 0  # a multiple of num_envs
+    assert not actor.handle.server.runtime.busy
+    for too_many in (largest + 2, 2**40):
+        refused = RawCollect.open(actor.stub, open_request(frames_per_batch=too_many))
+        assert refused.error().code() == grpc.StatusCode.INVALID_ARGUMENT
+    fits = RawCollect.open(actor.stub, open_request(frames_per_batch=largest, credits=0))
+    fits.opened()  # accepted (no credit: nothing is collected)
+    fits.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+
+
+def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_then(
+    make_actor: object,
+) -> None:
+    # 0.3 s per step, 40 steps: 12 s if the batch were finished.
+    actor = make_actor(env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3})
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
+    session.opened()
+    time.sleep(1.0)  # a few steps into the batch
+    session.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.current.active, message="session ended")
+    # The batch is given up at its next step (<= 0.3 s): until then the actor says busy.
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=5).busy
+    start = time.monotonic()
+    again = RawCollect.open(actor.stub, open_request(frames_per_batch=2, credits=1))
+    again.opened(timeout=5)
+    assert time.monotonic() - start < 5, "waited for the abandoned batch"
+    again.batch(timeout=5)
+    again.cancel()
+    assert actor.worker.batches == 1  # the abandoned batch produced nothing
+    assert actor.worker.frames == 2
+
+
 def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:
     health = health_pb2_grpc.HealthStub(actor.channel)
     request = health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService")
