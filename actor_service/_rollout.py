@@ -27,6 +27,7 @@ from actor_service._env_pool import (
     close_pool,
     derive_seed,
     env_name,
+    kill_pool,
     make_env_pool,
     reset_pool,
     step_pool,
@@ -420,6 +421,15 @@ class RolloutWorker:
             self._traj.counter = counters["traj_counter"] & 0xFFFF_FFFF
             self._traj_ids = self._traj.take(self.num_envs)
         return changes
+
+    def kill_pool(self) -> int:
+        """SIGKILL the env pool's subprocesses now, without the lock; returns how many lived.
+
+        For a shutdown whose collection thread is stuck in a hung env step
+        (:meth:`close` would wait for it). The worker is unusable afterwards.
+        """
+        self._closed = True
+        return kill_pool(self._pool)
 
     def close(self) -> None:
         """Close the env pool and reap its subprocesses; idempotent."""

@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from actor_service._collect import CollectStream
     from actor_service._rollout import RolloutWorker
 
-__all__ = ["ActorRuntime"]
+__all__ = ["SHUTDOWN_REAP_BOUND", "ActorRuntime"]
+
+#: Seconds beyond the grace period within which a stopping actor has reaped every
+#: child it started, even when an env step hangs: closing the pool gets what is
+#: left of the grace period (at least 0.1 s); if the collection thread is stuck,
+#: the env subprocesses are killed (SIGKILL, 1 s each to be reaped) and the
+#: process exits after 1 s more (the multiprocessing resource tracker exits
+#: once its last client is gone).
+SHUTDOWN_REAP_BOUND = 5.0
 
 T = TypeVar("T")
 
@@ -169,15 +177,27 @@ class ActorRuntime:
         except TimeoutError:
             log_event("actor.drain_timeout", logging.WARNING, timeout=timeout)
 
-    async def close(self) -> None:
-        """Close the core (env pool, subprocesses) once the collection thread is idle."""
+    async def close(self, timeout: float = 30.0) -> None:
+        """Close the core (env pool, subprocesses) once the collection thread is idle.
+
+        If the collection thread is still busy after ``timeout`` seconds (a hung env
+        step), the env subprocesses are killed instead, so none outlives the actor.
+        """
         if self._closed:
             return
         self._closed = True
         worker = self._worker
         if worker is not None:
             try:
-                await self.run_collect(worker.close)
+                await asyncio.wait_for(self.run_collect(worker.close), max(0.1, timeout))
+            except TimeoutError:
+                killed = await asyncio.to_thread(worker.kill_pool)
+                log_event(
+                    "actor.children_killed",
+                    logging.WARNING,
+                    processes=killed,
+                    reason="the collection thread is stuck (a hung env step?)",
+                )
             except Exception as exc:  # a failing close must not keep the process alive
                 log_event("actor.close_failed", logging.ERROR, error=repr(exc))
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -180,8 +180,7 @@ class ActorServer:
             *(s.stop(max(0.0, deadline - time.monotonic())) for s in self._servers)
         )
         if self.runtime is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.runtime.close(), max(0.1, deadline - time.monotonic()))
+            await self.runtime.close(deadline - time.monotonic())
         log_event("actor.stopped", logging.INFO)
 
     async def wait(self) -> None:
