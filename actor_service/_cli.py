@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actor_service._config import ActorConfig, ModelSpec
+from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
@@ -79,7 +81,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return convert
 
 
-def _json_object(text: str) -> dict:
+def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -282,33 +284,35 @@ def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Model
     extra: dict[str, str] = {}
     if args.model is not None:
         for item in args.model:
-            model_id, factory = _guard("--model", lambda item=item: _pair(item, _factory))
+            model_id, factory = _guard("--model", functools.partial(_pair, item, _factory))
             extra[model_id] = factory
     elif _ENV_PREFIX + "MODELS" in environ and environ[_ENV_PREFIX + "MODELS"].strip():
         for item in environ[_ENV_PREFIX + "MODELS"].split(","):
-            model_id, factory = _guard("RLFLEET_MODELS", lambda item=item: _pair(item, _factory))
+            model_id, factory = _guard("RLFLEET_MODELS", functools.partial(_pair, item, _factory))
             extra[model_id] = factory
     kwargs = _model_kwargs(args, environ)
-    if "policy" in extra:
+    if DEFAULT_MODEL_ID in extra:
         raise _FieldError("--model: use --policy for the 'policy' model")
     unknown = sorted(set(kwargs) - set(extra))
     if unknown:
         raise _FieldError(f"--model-kwargs: no --model named {unknown}")
-    specs = [ModelSpec("policy", policy, policy_kwargs)]
+    specs = [ModelSpec(DEFAULT_MODEL_ID, policy, policy_kwargs)]
     specs += [ModelSpec(mid, fac, kwargs.get(mid, {})) for mid, fac in extra.items()]
     return tuple(specs)
 
 
-def _model_kwargs(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, dict]:
+def _model_kwargs(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
     if args.model_kwargs is not None:
         return dict(
-            _guard("--model-kwargs", lambda item=item: _pair(item, _json_object))
+            _guard("--model-kwargs", functools.partial(_pair, item, _json_object))
             for item in args.model_kwargs
         )
     text = environ.get(_ENV_PREFIX + "MODEL_KWARGS", "").strip()
     if not text:
         return {}
-    table = _guard("RLFLEET_MODEL_KWARGS", lambda: _json_object(text))
+    table: dict[str, dict[str, Any]] = _guard("RLFLEET_MODEL_KWARGS", lambda: _json_object(text))
     for model_id, value in table.items():
         if not isinstance(value, dict):
             raise _FieldError(f"RLFLEET_MODEL_KWARGS: {model_id!r} must map to a JSON object")

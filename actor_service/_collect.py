@@ -1,12 +1,12 @@
 """One ``Collect`` stream: the reader, collector and writer of a learner session.
 
-A :class:`CollectStream` runs three cooperating parts on the event loop:
+A :class:`CollectSession` runs three cooperating parts on the event loop:
 
 * the **reader** applies the learner's ``credit``, ``ack`` and ``close``
   messages to the actor's :class:`~actor_service._session.SessionBook`;
 * the **collector** starts a batch only while the book allows it (a credit
   is held, few enough batches wait to be sent, the budget is not reached),
-  runs ``collect_batch`` and the tensor-frame encoding on the collection
+  runs ``collect_batch`` and the packet encoding on the collection
   thread, and queues the numbered result;
 * the **writer** (the RPC handler itself) sends ``opened``, then re-sent and
   new batches as chunks (never interleaved), then exactly one ``end``.
@@ -28,24 +28,22 @@ import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import torch
 
 from actor_service._convert import InvalidSettingsError
 from actor_service._logging import log_event
+from actor_service._runtime import ActorRuntime, CollectionCore
 from actor_service._session import RetainedBatch
 from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
 from common.errors import RlfleetError, SessionStateError, to_status
-from common.frames import encode_frame
+from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-if TYPE_CHECKING:
-    from actor_service._runtime import ActorRuntime
-
-__all__ = ["CollectStream", "EncodedBatch", "collect_encoded"]
+__all__ = ["CollectSession", "EncodedBatch", "collect_encoded"]
 
 # End reasons after which queued batches are still sent before `end`.
 _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.END_REASON_ERROR})
@@ -62,10 +60,10 @@ class EncodedBatch:
 
     Attributes:
         messages: One serialised ``CollectResponse(chunk=...)`` per chunk, in
-            order; their data concatenate to the frame.
+            order; their data concatenate to the packet.
         seq: The seq the batch was encoded with.
-        frame_bytes: Length of the tensor frame.
-        crc32: CRC-32 of the tensor frame.
+        packet_bytes: Length of the packet.
+        crc32: CRC-32 of the packet.
         frames: Frames in the batch.
         model_id: The model that acted.
         policy_version_min: Lowest policy version among the frames.
@@ -74,7 +72,7 @@ class EncodedBatch:
 
     messages: tuple[bytes, ...]
     seq: int
-    frame_bytes: int
+    packet_bytes: int
     crc32: int
     frames: int
     model_id: str
@@ -83,7 +81,7 @@ class EncodedBatch:
 
 
 def collect_encoded(
-    worker: Any,
+    worker: CollectionCore,
     model_id: str,
     *,
     seq: int,
@@ -102,7 +100,7 @@ def collect_encoded(
         abandon: Set to give the batch up before its next env step.
     """
     td = worker.collect_batch(abandon)
-    frame = encode_frame(td)
+    packet = encode_packet(td)
     versions = [
         td.get(key)
         for key in ("policy_version", ("next", "policy_version"))
@@ -113,13 +111,13 @@ def collect_encoded(
         low, high = int(flat.min()), int(flat.max())
     else:
         low = high = int(worker.models.policy_version(model_id))
-    pieces, crc32 = frame.checksummed_chunks()
+    pieces, crc32 = packet.checksummed_chunks()
     info = pb.BatchInfo(
         worker_id=worker_id,
         epoch=epoch,
         seq=seq,
         frames=int(td.numel()),
-        frame_bytes=frame.nbytes,
+        frame_bytes=packet.nbytes,
         crc32=crc32,
         model_id=model_id,
         policy_version_min=low,
@@ -128,7 +126,7 @@ def collect_encoded(
     return EncodedBatch(
         messages=_chunk_messages(pieces, seq, info),
         seq=seq,
-        frame_bytes=frame.nbytes,
+        packet_bytes=packet.nbytes,
         crc32=crc32,
         frames=int(td.numel()),
         model_id=model_id,
@@ -138,7 +136,7 @@ def collect_encoded(
 
 
 def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[bytes, ...]:
-    """The frame's serialised chunk messages, the first carrying ``info``."""
+    """The packet's serialised chunk messages, the first carrying ``info``."""
     count = len(pieces)
     messages: list[bytes] = []
     pieces.reverse()
@@ -156,7 +154,7 @@ def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[by
     return tuple(messages)
 
 
-class CollectStream:
+class CollectSession:
     """A learner session on one ``Collect`` call.
 
     Args:
@@ -177,7 +175,7 @@ class CollectStream:
         self.active = False
         self._session_id = 0
         self._outbox: collections.deque[RetainedBatch[EncodedBatch]] = collections.deque()
-        self._stop: int | None = None
+        self._stop: pb.EndReason | None = None
         self._stop_message = ""
         self._failure: BaseException | None = None
         self._collector_done = True
@@ -430,7 +428,7 @@ class CollectStream:
     def _stop_now(self) -> bool:
         return self._failure is not None or (self._stop is not None and self._stop not in _FLUSHING)
 
-    def _request_stop(self, reason: int, message: str) -> None:
+    def _request_stop(self, reason: pb.EndReason, message: str) -> None:
         if self._stop is None:
             self._stop, self._stop_message = reason, message
         self._wake()

@@ -8,8 +8,9 @@ builds the config; the collection core and the server read it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from common.config import DEFAULT_PORT
+from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
 
 __all__ = ["ActorConfig", "ModelSpec"]
 
@@ -27,9 +28,9 @@ class ModelSpec:
         kwargs: Keyword arguments for the factory (e.g. ``{"hidden": [64, 64]}`` for ``mlp``).
     """
 
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
     factory: str = "mlp"
-    kwargs: dict = dataclasses.field(default_factory=dict)
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ class ActorConfig:
     health_port: int | None = None
     worker_id: int = 0
     env: str = "CartPole-v1"
-    env_kwargs: dict = dataclasses.field(default_factory=dict)
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     env_factory: str = ""
     num_envs: int = 8
     env_backend: str = "sync"
@@ -86,3 +87,19 @@ class ActorConfig:
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"
+
+    def __post_init__(self) -> None:
+        """Refuse settings the collection core cannot run with, naming them.
+
+        Raises:
+            ValueError: ``worker_id``, ``torch_threads``, ``step_timeout`` or ``seed`` out
+                of range.
+        """
+        if not isinstance(self.worker_id, int) or not 0 <= self.worker_id <= 0xFFFF:
+            raise ValueError(f"worker_id must be an int in 0..65535, got {self.worker_id!r}")
+        if not isinstance(self.torch_threads, int) or self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be a positive int, got {self.torch_threads!r}")
+        if not self.step_timeout > 0:
+            raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")

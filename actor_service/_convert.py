@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from common.config import CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import RlfleetError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
@@ -60,7 +60,7 @@ def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
             exploration_type=exploration,
             set_truncated=msg.set_truncated,
             total_frames=int(msg.total_frames),
-            model_id=msg.model_id or "policy",
+            model_id=msg.model_id or DEFAULT_MODEL_ID,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
@@ -98,7 +98,7 @@ def _space_kind(space: Any) -> str:
 
 
 def describe_to_proto(description: Any, *, max_credits: int, busy: bool) -> pb.DescribeResponse:
-    """Turn the core's ``ActorDescription`` into a ``DescribeResponse``.
+    """Turn the core's ``ActorIdentity`` into a ``DescribeResponse``.
 
     Args:
         description: What ``RolloutWorker.describe()`` returned.

@@ -91,8 +91,9 @@ class _Model:
         self.output_specs = self._probe(obs)
 
     def _pick_forward(self, module: nn.Module) -> Callable[[torch.Tensor], Compact]:
-        if callable(getattr(module, "act_compact", None)):
-            return module.act_compact
+        act_compact = getattr(module, "act_compact", None)
+        if callable(act_compact):
+            return act_compact
         if isinstance(module, TensorDictModuleBase):
             extras = [k for k in module.out_keys if k != "action" and not _private(k)]
             return lambda obs: self._td_forward(obs, extras)
@@ -273,7 +274,7 @@ class ModelRegistry:
         out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
         return out
 
-    def validate(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+    def validate(self, model_id: str, state: object) -> None:
         """Check ``state`` against ``model_id`` (keys, shapes, dtypes, finiteness); change nothing.
 
         Raises:
@@ -309,22 +310,14 @@ class ModelRegistry:
         """
         model = self._get(model_id)
         check_policy_version(version)
-        self._check_newer(model, version)
+        check_newer(model_id, version, model.version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in model.reference}
         with model.lock:
-            self._check_newer(model, version)  # a concurrent push may have won the race
+            check_newer(model_id, version, model.version)  # a concurrent push may have won
             _copy_in(model.reference, staged)
             model.version = version
         return version
-
-    @staticmethod
-    def _check_newer(model: _Model, version: int) -> None:
-        if version <= model.version:
-            raise StaleVersionError(
-                f"weights version {version} for model {model.spec.model_id!r} is not newer than "
-                f"the version in force, {model.version}"
-            )
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
@@ -335,7 +328,7 @@ class ModelRegistry:
         return out
 
     def load_state_dict(
-        self, state: Mapping[str, Mapping], *, allow_rollback: bool = False
+        self, state: object, *, allow_rollback: bool = False
     ) -> dict[str, tuple[int, int]]:
         """Restore every model's weights and version, all or nothing.
 
@@ -376,7 +369,7 @@ class ModelRegistry:
             for model in reversed(models):
                 model.lock.release()
 
-    def _stage_state(self, state: Mapping[str, Mapping]) -> dict[str, tuple[int, dict]]:
+    def _stage_state(self, state: object) -> dict[str, tuple[int, dict]]:
         """Validate a model state in full; return ``{model_id: (version, weights on device)}``."""
         if not isinstance(state, Mapping):
             raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
@@ -389,9 +382,10 @@ class ModelRegistry:
         for model_id in self._models:
             entry = state[model_id]
             version = entry.get("version") if isinstance(entry, Mapping) else None
-            check_policy_version(version, f"model state of {model_id!r}: version")
+            version = check_policy_version(version, f"model state of {model_id!r}: version")
             weights = entry.get("weights") if isinstance(entry, Mapping) else None
-            self.validate(model_id, weights)
+            self.validate(model_id, weights)  # raises unless a mapping of fitting tensors
+            assert isinstance(weights, Mapping)  # for the type checker: validate() checked it
             staged[model_id] = (version, {k: v.to(self.device) for k, v in weights.items()})
         return staged
 
@@ -402,6 +396,19 @@ class ModelRegistry:
                 f"state version {version} for model {model.spec.model_id!r} is older than the "
                 f"version in force, {model.version}; set allow_rollback to load it anyway"
             )
+
+
+def check_newer(model_id: str, version: int, current: int) -> None:
+    """The one staleness rule of weight pushes: a version must be newer than the one in force.
+
+    Raises:
+        StaleVersionError: ``version <= current``.
+    """
+    if version <= current:
+        raise StaleVersionError(
+            f"weights version {version} for model {model_id!r} is not newer than "
+            f"the version in force, {current}"
+        )
 
 
 def _copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:

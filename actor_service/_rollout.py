@@ -32,21 +32,22 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorDescription, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import (
     ActorUnavailableError,
+    ClosedError,
     DeadlineError,
     RlfleetError,
     SessionStateError,
     WeightsError,
 )
-from common.frames import DEFAULT_LIMITS, encode_frame
+from common.packets import DEFAULT_LIMITS, encode_packet
 from common.policies import RandomPolicy
 from common.weights import check_policy_version
 
-__all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
+__all__ = ["ActorIdentity", "RolloutWorker", "derive_seed"]
 
 
 class RolloutWorker:
@@ -93,8 +94,11 @@ class RolloutWorker:
             worker.models.load_weights("policy", 1, state)
     """
 
+    _obs: np.ndarray  # the envs' current observations, set by every reset
+
     def __init__(self, config: ActorConfig) -> None:
-        validate_config(config)
+        if not isinstance(config, ActorConfig):
+            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
         self.config = config
         self.worker_id = config.worker_id
         self.epoch = draw_epoch()
@@ -129,13 +133,13 @@ class RolloutWorker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def describe(self) -> ActorDescription:
+    def describe(self) -> ActorIdentity:
         """A snapshot of what this actor is (safe from any thread)."""
         models = {
             mid: (self.models.policy_version(mid), self.models.parameters_info(mid))
             for mid in self.models.model_ids
         }
-        return ActorDescription(
+        return ActorIdentity(
             worker_id=self.worker_id,
             epoch=self.epoch,
             env_id=env_name(self.config),
@@ -168,7 +172,7 @@ class RolloutWorker:
         if settings.frames_per_batch > largest:
             raise ValueError(
                 f"frames_per_batch={settings.frames_per_batch} is too large for this actor: a "
-                f"batch must fit the {DEFAULT_LIMITS.max_frame_bytes}-byte frame cap and hold at "
+                f"batch must fit the {DEFAULT_LIMITS.max_packet_bytes}-byte packet cap and hold at "
                 f"most {MAX_FRAMES_PER_BATCH} frames; the largest that fits is {largest}"
             )
         self._settings = settings
@@ -176,15 +180,15 @@ class RolloutWorker:
     def max_frames_per_batch(self, settings: CollectSettings) -> int:
         """The largest ``frames_per_batch`` (a multiple of ``num_envs``) ``settings`` may ask for.
 
-        A batch's tensor frame must fit the frame cap learners decode by default
-        (``common.frames.DEFAULT_LIMITS.max_frame_bytes``) and hold at most
-        ``MAX_FRAMES_PER_BATCH`` frames; the frame size is measured by encoding
+        A batch's packet must fit the packet cap learners decode by default
+        (``common.frames.DEFAULT_LIMITS.max_packet_bytes``) and hold at most
+        ``MAX_FRAMES_PER_BATCH`` frames; the packet size is measured by encoding
         empty batches of one and two steps (``split_trajs`` pads batches beyond this).
         """
         one, two = (self._frame_bytes(steps, settings) for steps in (1, 2))
         per_step = max(1, two - one)
         # Each entry may gain up to 15 bytes of alignment padding as the batch grows.
-        steps = 1 + (DEFAULT_LIMITS.max_frame_bytes - one - 16 * 64) // per_step
+        steps = 1 + (DEFAULT_LIMITS.max_packet_bytes - one - 16 * 64) // per_step
         return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_envs)) * self.num_envs
 
     def _frame_bytes(self, steps: int, settings: CollectSettings) -> int:
@@ -199,7 +203,7 @@ class RolloutWorker:
             step_counts=settings.max_frames_per_traj > 0,
         )
         buffers.obs.fill(0)
-        return encode_frame(buffers.to_tensordict(settings.set_truncated)).nbytes
+        return encode_packet(buffers.to_tensordict(settings.set_truncated)).nbytes
 
     def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
@@ -261,6 +265,7 @@ class RolloutWorker:
 
     def _step(self, t: int, buf: BatchBuffers, settings: CollectSettings, random: bool) -> None:
         obs = self.models.observation_codec.encode(buf.obs[:, t])
+        extras: dict[str, torch.Tensor]
         if random:
             version = self.models.policy_version(settings.model_id)
             action, extras = self._random.sample_compact(self.num_envs), {}
@@ -336,7 +341,7 @@ class RolloutWorker:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStateError(f"actor {self.worker_id}'s rollout worker is closed")
+            raise ClosedError(f"actor {self.worker_id}'s rollout worker is closed")
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (each is reset with its seed), torch and numpy; chain like TorchRL.
@@ -408,9 +413,10 @@ class RolloutWorker:
         """
         if not isinstance(state, dict):
             raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
-        counters = {k: state.get(k) for k in ("frames", "batches", "traj_counter")}
-        for key, value in counters.items():
-            check_policy_version(value, f"actor state {key!r}")  # the same int64 range
+        counters: dict[str, int] = {}
+        for key in ("frames", "batches", "traj_counter"):
+            # The same int64 range as policy versions.
+            counters[key] = check_policy_version(state.get(key), f"actor state {key!r}")
         with self._lock:
             self._check_open()
             changes = self.models.load_state_dict(

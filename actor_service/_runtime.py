@@ -16,19 +16,21 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
+from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
+from actor_service._models import ModelRegistry
 from actor_service._session import SessionBook
+from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 
-if TYPE_CHECKING:
-    from actor_service._collect import CollectStream
-    from actor_service._rollout import RolloutWorker
-
-__all__ = ["SHUTDOWN_REAP_BOUND", "ActorRuntime"]
+__all__ = ["SHUTDOWN_REAP_BOUND", "ActiveSession", "ActorRuntime", "CollectionCore"]
 
 #: Seconds beyond the grace period within which a stopping actor has reaped every
 #: child it started, even when an env step hangs: closing the pool gets what is
@@ -41,6 +43,40 @@ SHUTDOWN_REAP_BOUND = 5.0
 T = TypeVar("T")
 
 
+class CollectionCore(Protocol):
+    """What the serving layer uses of the collection core (``RolloutWorker`` is the real one)."""
+
+    epoch: int
+    num_envs: int
+    models: ModelRegistry
+
+    def describe(self) -> ActorIdentity: ...
+    def configure(self, settings: CollectSettings) -> None: ...
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict: ...
+    def set_seed(self, seed: int, static_seed: bool = False) -> int: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]: ...
+    def kill_pool(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class ActiveSession(Protocol):
+    """What the runtime uses of the active ``Collect`` session (``CollectSession``)."""
+
+    active: bool
+    learner_id: str
+
+    @property
+    def collecting(self) -> bool: ...
+
+    def take_over(self) -> None: ...
+    def drain(self) -> None: ...
+    async def wait_collector_idle(self) -> None: ...
+    async def wait_finished(self) -> None: ...
+
+
 class ActorRuntime:
     """The actor's serving state, shared by every RPC handler on one event loop.
 
@@ -51,17 +87,19 @@ class ActorRuntime:
     """
 
     def __init__(
-        self, config: ActorConfig, worker_factory: Callable[[ActorConfig], Any] | None = None
+        self,
+        config: ActorConfig,
+        worker_factory: Callable[[ActorConfig], CollectionCore] | None = None,
     ) -> None:
         self.config = config
         self._worker_factory = worker_factory
-        self._worker: RolloutWorker | None = None
+        self._worker: CollectionCore | None = None
         self._book: SessionBook[Any] | None = None
         # One thread for everything that steps, resets or reseeds the env pool.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"rlfleet-collect-{config.worker_id}"
         )
-        self.current: CollectStream | None = None
+        self.current: ActiveSession | None = None
         self.draining = False
         self._closed = False
         self._open_lock = asyncio.Lock()
@@ -86,7 +124,7 @@ class ActorRuntime:
         return self._worker is not None and not self.draining and not self._closed
 
     @property
-    def worker(self) -> RolloutWorker:
+    def worker(self) -> CollectionCore:
         """The collection core.
 
         Raises:
@@ -121,7 +159,7 @@ class ActorRuntime:
 
     # -------------------------------------------------------------- sessions
 
-    async def acquire(self, stream: CollectStream, *, take_over: bool, learner_id: str) -> None:
+    async def acquire(self, stream: ActiveSession, *, take_over: bool, learner_id: str) -> None:
         """Make ``stream`` the active session, ending or refusing the current one.
 
         Waits for the previous session's in-flight batch to finish (bounded by

@@ -18,16 +18,17 @@ from typing import Any, TypeVar
 
 import grpc
 
-from actor_service._collect import CollectStream
+from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
+from actor_service._models import check_newer
 from actor_service._runtime import ActorRuntime
 from actor_service._state import decode_state, encode_state
+from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
     DeadlineError,
     SessionStateError,
-    StaleVersionError,
     UnknownModelError,
     WeightsError,
     to_status,
@@ -123,7 +124,7 @@ class _Push:
     """One weight push: its header fields and its audit-log line."""
 
     def __init__(self, header: pb.WeightsHeader, peer: str) -> None:
-        self.model_id = header.model_id or "policy"
+        self.model_id = header.model_id or DEFAULT_MODEL_ID
         self.version = int(header.version)
         self.total_bytes = int(header.total_bytes)
         self.sha256 = header.sha256
@@ -169,7 +170,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         request = await _first(requests, "open", "Collect")
         self._rt.worker  # noqa: B018  # UNAVAILABLE while the actor starts
         settings = settings_from_proto(request.settings)
-        stream = CollectStream(self._rt, request, settings, context.peer())
+        stream = CollectSession(self._rt, request, settings, context.peer())
         await stream.run(requests, context)
 
     @_mapped
@@ -202,12 +203,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 f"(models: {sorted(models.model_ids)})"
             )
         check_policy_version(push.version, "weights version")
-        current = models.policy_version(push.model_id)
-        if push.version <= current:  # refused before a byte of the blob is buffered
-            raise StaleVersionError(
-                f"weights version {push.version} for model {push.model_id!r} is not newer than "
-                f"the version in force, {current}"
-            )
+        # Refused before a byte of the blob is buffered.
+        check_newer(push.model_id, push.version, models.policy_version(push.model_id))
         if not push.sha256:
             raise WeightsError("PushWeights header must carry the weights blob's sha256")
         assembler = BlobAssembler(
@@ -220,10 +217,12 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         # load_weights swaps it in atomically, so the audit log tells the outcome.
         try:
             models = self._rt.worker.models
+            # load_weights checks keys, shapes and finiteness: the values are scanned once.
             state, _ = decode_weights(
                 blob,
                 max_bytes=self._rt.config.max_weight_bytes,
                 expected=models.parameters_info(push.model_id),
+                allow_non_finite=True,
             )
             version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
         except BaseException as exc:

@@ -28,12 +28,14 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Payload bytes per chunk message, leaving headroom under MAX_MESSAGE_BYTES.
 CHUNK_BYTES = 3 * 1024 * 1024
 #: The most frames one actor's batch may hold (4,194,304; an actor also refuses
-#: batches whose tensor frame would exceed the learner's 1 GiB frame cap). A batch
+#: batches whose packet would exceed the learner's 1 GiB packet cap). A batch
 #: is collected whole before it is sent, so this bounds the actor's memory and the
 #: time a batch holds the env pool.
 MAX_FRAMES_PER_BATCH = 1 << 22
 #: The port an actor listens on unless told otherwise.
 DEFAULT_PORT = 50051
+#: The model that acts, and that weights are addressed to, unless told otherwise.
+DEFAULT_MODEL_ID = "policy"
 
 # Keepalive: the client pings every 20 s and gives up 10 s after an unanswered
 # ping; the server accepts pings 10 s apart, so the client never trips it.
@@ -57,7 +59,7 @@ class CollectSettings:
 
     Attributes:
         frames_per_batch: Frames per batch from one actor; a multiple of its env pool size.
-            The actor refuses more than ``MAX_FRAMES_PER_BATCH`` or than fit its frame cap.
+            The actor refuses more than ``MAX_FRAMES_PER_BATCH`` or than fit its packet cap.
         max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` means none.
         init_random_frames: Frames collected with random actions before the policy acts.
         reset_at_each_iter: Reset every env before each batch.
@@ -78,7 +80,7 @@ class CollectSettings:
     exploration_type: ExplorationType = ExplorationType.RANDOM
     set_truncated: bool = False
     total_frames: int = -1
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
 
     def __post_init__(self) -> None:
         if not isinstance(self.frames_per_batch, int) or self.frames_per_batch <= 0:

@@ -22,6 +22,7 @@ check has passed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeAlias
 
 import torch
 from tensordict import TensorDictBase
@@ -65,7 +66,7 @@ _TORCH_DTYPES = frozenset(_DTYPES.values())
 #: The largest policy version an actor accepts: every frame records its version as int64.
 MAX_POLICY_VERSION = 2**63 - 1
 
-WeightSource = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
+WeightSource: TypeAlias = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
 
 
 def to_state_dict(obj: WeightSource) -> dict[str, torch.Tensor]:
@@ -186,6 +187,7 @@ def decode_weights(
     max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
     max_keys: int = DEFAULT_MAX_KEYS,
     expected: Expected | None = None,
+    allow_non_finite: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a safetensors blob a peer sent, strictly.
 
@@ -194,7 +196,7 @@ def decode_weights(
     against a header cap, the header's dtypes against an allow-list, the
     offsets against the shapes and the data (contiguous from 0, in bounds,
     non-overlapping, covering the data exactly), and every floating-point
-    tensor for NaN/Inf.
+    tensor for NaN/Inf (:func:`check_finite`) unless the caller runs that scan itself.
 
     Args:
         blob: The received bytes. The tensors returned share the memory of a
@@ -207,6 +209,8 @@ def decode_weights(
         expected: ``{key: (shape, dtype)}`` the receiver holds; when given,
             any other key, a missing key or a foreign shape or dtype is refused
             before a tensor is built (and the header bound is ``len(expected)``).
+        allow_non_finite: Skip the NaN/Inf scan (for a caller that validates the
+            state before use, so the values are scanned once).
 
     Returns:
         ``(state, metadata)``: CPU tensors by dotted key, and the header metadata.
@@ -225,7 +229,8 @@ def decode_weights(
             f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
         )
     state, metadata = read_blob(view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected)
-    check_finite(state)
+    if not allow_non_finite:
+        check_finite(state)
     return state, metadata
 
 

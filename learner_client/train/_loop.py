@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
 from learner_client import GrpcCollector
 from learner_client._local_fleet import LocalFleet
@@ -44,30 +45,12 @@ def train(settings: TrainSettings) -> TrainSummary:
         The summary also written to ``summary.json``.
     """
     _seed_everything(settings.seed)
-    observation_space, action_space = _spaces(settings.env)
-    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
-    value = make_value_mlp(observation_space, hidden=settings.hidden)
-    learner = PPOLearner(
-        policy,
-        value,
-        PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
-    )
+    policy, learner = _build_learner(settings)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     target = settings.effective_target_return
-    frames = batches = 0
 
     with contextlib.ExitStack() as stack:
-        addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
-        collector = stack.enter_context(
-            GrpcCollector(
-                addresses,
-                frames_per_batch=settings.frames_per_batch,
-                total_frames=settings.total_frames,
-                sync=settings.sync,
-                # From the environment only: a flag would show in `ps` and in summary.json.
-                token=os.environ.get("RLFLEET_TOKEN") or None,
-            )
-        )
+        collector = _open_collector(stack, settings)
         progress = stack.enter_context(
             contextlib.closing(Progress(settings.total_frames, enabled=settings.progress))
         )
@@ -77,20 +60,9 @@ def train(settings: TrainSettings) -> TrainSummary:
         start = time.monotonic()
         # Actors start with their own random weights: make them act with ours.
         collector.update_policy_weights_(policy)
-        for batch in collector:
-            frames += batch.numel()
-            batches += 1
-            tracker.add(batch, frames)
-            if settings.anneal_lr:
-                learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
-            learner.update(batch)
-            collector.update_policy_weights_(policy)
-            if batches % settings.log_every == 0:
-                progress.update(frames, _fields(tracker, collector.stats()))
-            if _reached(tracker, target) or frames >= settings.total_frames:
-                break
+        frames, batches = _collect_and_learn(settings, collector, learner, tracker, progress)
         wall = time.monotonic() - start
-        version = collector.policy_version.get("policy", 0)
+        version = collector.policy_version.get(DEFAULT_MODEL_ID, 0)
 
     summary = TrainSummary(
         env=settings.env,
@@ -116,6 +88,64 @@ def train(settings: TrainSettings) -> TrainSummary:
         RETURN_WINDOW,
     )
     return summary
+
+
+def _build_learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner]:
+    """The policy (built as the actors build theirs) and its PPO learner with a critic."""
+    observation_space, action_space = _spaces(settings.env)
+    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
+    value = make_value_mlp(observation_space, hidden=settings.hidden)
+    learner = PPOLearner(
+        policy,
+        value,
+        PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
+    )
+    return policy, learner
+
+
+def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> GrpcCollector:
+    """A collector on the given fleet, or on a local fleet started (and stopped) by ``stack``."""
+    addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
+    return stack.enter_context(
+        GrpcCollector(
+            addresses,
+            frames_per_batch=settings.frames_per_batch,
+            total_frames=settings.total_frames,
+            sync=settings.sync,
+            # From the environment only: a flag would show in `ps` and in summary.json.
+            token=os.environ.get("RLFLEET_TOKEN") or None,
+        )
+    )
+
+
+def _collect_and_learn(
+    settings: TrainSettings,
+    collector: GrpcCollector,
+    learner: PPOLearner,
+    tracker: EpisodeTracker,
+    progress: Progress,
+) -> tuple[int, int]:
+    """Update PPO on every batch and push the weights, until the target or the budget.
+
+    Returns:
+        ``(frames, batches)`` collected.
+    """
+    target = settings.effective_target_return
+    frames = batches = 0
+    for batch in collector:
+        assert batch is not None  # batches are yielded: there is no replay buffer
+        frames += batch.numel()
+        batches += 1
+        tracker.add(batch, frames)
+        if settings.anneal_lr:
+            learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
+        learner.update(batch)
+        collector.update_policy_weights_(learner.policy)
+        if batches % settings.log_every == 0:
+            progress.update(frames, _fields(tracker, collector.stats()))
+        if _reached(tracker, target) or frames >= settings.total_frames:
+            break
+    return frames, batches
 
 
 def _local_fleet(settings: TrainSettings) -> LocalFleet:

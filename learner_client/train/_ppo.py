@@ -16,6 +16,7 @@ import dataclasses
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictSequential
 from torch import nn
 
 __all__ = ["PPOConfig", "PPOLearner", "compute_gae"]
@@ -110,7 +111,9 @@ class PPOLearner:
             collector.update_policy_weights_(policy)
     """
 
-    def __init__(self, policy: nn.Module, value: nn.Module, config: PPOConfig) -> None:
+    def __init__(
+        self, policy: ProbabilisticTensorDictSequential, value: nn.Module, config: PPOConfig
+    ) -> None:
         self.policy = policy
         self.value = value
         self.config = config

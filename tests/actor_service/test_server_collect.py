@@ -232,7 +232,7 @@ def test_collect_raises_if_settings_are_bad(
     assert not actor.handle.server.runtime.busy
 
 
-def test_collect_raises_if_a_batch_cannot_fit_the_frame_cap(actor: Actor) -> None:
+def test_collect_raises_if_a_batch_cannot_fit_the_packet_cap(actor: Actor) -> None:
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=12_000_000, credits=1))
     error = session.error()
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
