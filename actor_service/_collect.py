@@ -221,7 +221,13 @@ class CollectSession:
     ) -> None:
         """Serve the session until it ends; raises an ``RlfleetError`` for a non-OK status."""
         try:
-            await self._rt.acquire(self, take_over=self._open.take_over, learner_id=self.learner_id)
+            await self._rt.acquire(
+                self,
+                take_over=self._open.take_over,
+                learner_id=self.learner_id,
+                resume_epoch=self._open.resume_epoch,
+                peer=self._peer,
+            )
         except BaseException:
             self._finished.set()
             raise
@@ -284,6 +290,7 @@ class CollectSession:
             resume_after_seq=request.resume_after_seq,
             total_frames=self._settings.total_frames,
             take_over=True,
+            learner_id=self.learner_id,
         )
         self._session_id = opened.session_id
         self._outbox.extend(opened.resend)

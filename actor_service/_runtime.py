@@ -159,11 +159,22 @@ class ActorRuntime:
 
     # -------------------------------------------------------------- sessions
 
-    async def acquire(self, stream: ActiveSession, *, take_over: bool, learner_id: str) -> None:
+    async def acquire(
+        self,
+        stream: ActiveSession,
+        *,
+        take_over: bool,
+        learner_id: str,
+        resume_epoch: int,
+        peer: str,
+    ) -> None:
         """Make ``stream`` the active session, ending or refusing the current one.
 
-        Waits for the previous session's in-flight batch to finish (bounded by
-        one batch), so the core is never driven by two sessions at once.
+        A learner may replace only its own session (same ``learner_id``, resuming
+        this epoch: its old stream may be half-open); ending another learner's
+        session needs ``take_over``, an explicit choice logged as a warning.
+        Waits for the previous session's in-flight batch to be given up, so the
+        core is never driven by two sessions at once.
 
         Raises:
             ActorUnavailableError: The actor is starting or draining.
@@ -173,14 +184,23 @@ class ActorRuntime:
             self._check_open()
             previous = self.current
             if previous is not None and previous.active:
-                if not take_over:
+                own = previous.learner_id == learner_id and resume_epoch == self.book.epoch
+                if own:
+                    log_event("session.reconnected", logging.INFO, learner=learner_id, peer=peer)
+                elif take_over:
+                    log_event(
+                        "session.taken_over",
+                        logging.WARNING,
+                        old=previous.learner_id,
+                        new=learner_id,
+                        peer=peer,
+                    )
+                else:
                     raise ActorBusyError(
                         f"actor {self.config.worker_id} is serving learner "
-                        f"{previous.learner_id!r}; set take_over to replace it"
+                        f"{previous.learner_id!r}; a learner resumes only its own session "
+                        "(set take_over to end another learner's session)"
                     )
-                log_event(
-                    "session.taken_over", logging.INFO, old=previous.learner_id, new=learner_id
-                )
                 previous.take_over()
             if previous is not None:
                 await previous.wait_collector_idle()
