@@ -33,6 +33,7 @@ from learner_client._settings import (
     check_addresses,
     check_fleet,
     check_hooks,
+    new_learner_id,
 )
 from learner_client._weights import normalize_update_args
 from learner_client._wiring import assemble
@@ -103,6 +104,10 @@ class GrpcCollector:
             (their ids are in ``missing_workers`` and ``stats()["missing_workers"]``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
+        learner_id: This collector's identity on the actors (unique by default); a
+            reconnect resumes only its own sessions. Reuse it across a deliberate restart.
+        take_over: End another learner's active session on each actor instead of
+            waiting for it (an explicit operator choice, logged by the actors).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
 
@@ -140,6 +145,8 @@ class GrpcCollector:
         allow_partial_batches: bool = False,
         channel_credentials: Any = None,
         token: str | None = None,
+        learner_id: str | None = None,
+        take_over: bool = False,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
     ) -> None:
@@ -171,6 +178,8 @@ class GrpcCollector:
             call_timeout=call_timeout,
             channel_credentials=channel_credentials,
             token=token,
+            learner_id=new_learner_id() if learner_id is None else learner_id,
+            take_over=take_over,
         )
         self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
         self._connect(conn, actors, addresses, dns_refresh_interval)

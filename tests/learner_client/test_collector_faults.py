@@ -171,6 +171,7 @@ class ResettingProxy:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
+        self.refusing = False  # while True, new connections are closed at once
         self._spawn(self._accept)
 
     def _spawn(self, target, *args) -> None:
@@ -184,6 +185,9 @@ class ResettingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                client.close()
+                continue
             upstream = socket.create_connection(self._target)
             with self._lock:
                 self._sockets += [client, upstream]
@@ -253,4 +257,40 @@ def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
         assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1 :])
     finally:
         collector.shutdown(timeout=5)
+        proxy.close()
+
+
+def test_a_reconnecting_learner_never_takes_over_another_learners_session(actors):
+    proxy = ResettingProxy(("127.0.0.1", actors[0].port))
+    first = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20, token=TOKEN)
+    second = None
+    try:
+        first.next()
+        proxy.refusing = True
+        proxy.reset()  # the first learner's link breaks and cannot come back yet
+        poll_until(lambda: first.stats()["failures"] >= 1, timeout=10)
+        second = GrpcCollector([actors[0].address], frames_per_batch=4, token=TOKEN)
+        second.next()
+        proxy.refusing = False  # the first learner reconnects and asks to resume
+        failures = first.stats()["failures"]
+        poll_until(lambda: first.stats()["failures"] >= failures + 2, timeout=20)
+        for _ in range(10):  # the second learner keeps its session throughout
+            second.next()
+        stats = second.stats()
+        assert stats["failures"] == 0
+        assert stats["reconnects"] == 0
+        second.shutdown(timeout=5)
+        second = None
+        first.next()  # once the actor is free, the first learner gets it back
+        opened = [
+            line.split("learner=")[1].split()[0]
+            for line in actors[0].stderr().splitlines()
+            if "session.opened" in line
+        ]
+        assert len(set(opened[-3:])) == 2, opened  # two learners, two identities
+        assert "session.taken_over" not in actors[0].stderr()
+    finally:
+        for collector in (first, second):
+            if collector is not None:
+                collector.shutdown(timeout=5)
         proxy.close()
