@@ -173,21 +173,7 @@ def parse_header(
         raise WeightsError(
             f"weights header length {header_len} points past the end of the {size}-byte blob"
         )
-    keys = max_keys if expected is None else len(expected)
-    cap = min(max_header, _HEADER_BASE_BYTES + keys * _BYTES_PER_ENTRY)
-    # Beyond what the expected keys allow, the blob cannot fit the model (INVALID_ARGUMENT);
-    # beyond the general caps, it is too large (RESOURCE_EXHAUSTED).
-    error = WeightsTooLargeError if expected is None else WeightsError
-    if header_len > cap:
-        raise error(
-            f"weights header of {header_len} bytes exceeds the cap of {cap} bytes "
-            f"for at most {keys} tensors"
-        )
-    raw = bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len])
-    entries = raw.count(_ENTRY_MARK)
-    # A few extra expected-mode entries are parsed, so the error can name them.
-    if entries > (keys if expected is None else 2 * keys + 16):
-        raise error(f"weights header lists {entries} tensors; at most {keys} are accepted")
+    raw = _bounded_header(view, header_len, max_header, max_keys, expected)
     try:
         header = json.loads(raw, object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -209,6 +195,28 @@ def parse_header(
     data_start = HEADER_PREFIX + header_len
     _check_layout(header, size - data_start)
     return header, metadata, data_start
+
+
+def _bounded_header(
+    view: memoryview, header_len: int, max_header: int, max_keys: int, expected: Expected | None
+) -> bytes:
+    """The raw header, once its length and tensor-entry count are within bounds."""
+    keys = max_keys if expected is None else len(expected)
+    cap = min(max_header, _HEADER_BASE_BYTES + keys * _BYTES_PER_ENTRY)
+    # Beyond what the expected keys allow, the blob cannot fit the model (INVALID_ARGUMENT);
+    # beyond the general caps, it is too large (RESOURCE_EXHAUSTED).
+    error = WeightsTooLargeError if expected is None else WeightsError
+    if header_len > cap:
+        raise error(
+            f"weights header of {header_len} bytes exceeds the cap of {cap} bytes "
+            f"for at most {keys} tensors"
+        )
+    raw = bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len])
+    entries = raw.count(_ENTRY_MARK)
+    # A few extra expected-mode entries are parsed, so the error can name them.
+    if entries > (keys if expected is None else 2 * keys + 16):
+        raise error(f"weights header lists {entries} tensors; at most {keys} are accepted")
+    return raw
 
 
 def _check_expected(infos: dict[str, Any], expected: Expected) -> None:

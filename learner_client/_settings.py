@@ -191,8 +191,9 @@ class ConnectionSettings:
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS; None for plaintext.
         token: Bearer token sent on every call; None for none.
         learner_id: This learner's identity on the actors: a reconnect resumes only a
-            session opened under the same id. Unique per settings object by default
-            (host, pid and a random tag); set it to resume after a deliberate restart.
+            session opened under the same id. Empty (the default) draws one no other
+            learner shares (host, pid and a random tag); reuse an id to resume after a
+            deliberate restart.
         take_over: End another learner's active session on each actor instead of
             waiting for it to end (an operator's choice; the actors log it).
 
@@ -206,13 +207,15 @@ class ConnectionSettings:
     call_timeout: float = 30.0
     channel_credentials: Any = None
     token: str | None = None
-    learner_id: str = dataclasses.field(default_factory=lambda: new_learner_id())
+    learner_id: str = ""
     take_over: bool = False
 
     def __post_init__(self) -> None:
         token = self.token
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty string or None")
+        if self.learner_id == "":
+            _set(self, "learner_id", new_learner_id())
         if not isinstance(self.learner_id, str) or not 0 < len(self.learner_id) <= 256:
             raise ValueError(
                 f"learner_id must be a string of 1 to 256 characters, got {self.learner_id!r:.80}"

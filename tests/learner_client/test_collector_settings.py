@@ -151,6 +151,6 @@ def test_connection_settings_give_each_learner_its_own_identity() -> None:
     assert not first.take_over
     assert ConnectionSettings(learner_id="trainer-7").learner_id == "trainer-7"
     with pytest.raises(ValueError, match="learner_id"):
-        ConnectionSettings(learner_id="")
+        ConnectionSettings(learner_id="x" * 300)
     with pytest.raises(TypeError, match="take_over"):
         ConnectionSettings(take_over="yes")
