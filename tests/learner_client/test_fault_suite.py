@@ -148,7 +148,7 @@ def test_fault_sigstop_of_the_actor_mid_stream_is_survived(actor) -> None:
 
 
 def test_fault_slow_consumer_pauses_the_actor_at_its_credit_window(actor) -> None:
-    make = functools.partial(GrpcCollector, [actor.address], frames_per_batch=64, credit_window=2)
+    make = functools.partial(GrpcCollector, [actor.address], frames_per_batch=64, prefetch=2)
     books = Books(actor.address, make)
     collector = books.collector
     try:
