@@ -104,7 +104,7 @@ class GrpcCollector:
         allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
-        learner_id: Identity on the actors (empty: a unique one); resumes only its own sessions.
+        learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
@@ -176,9 +176,7 @@ class GrpcCollector:
         conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
         self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
 
-    def _connect(
-        self, conn: ConnectionSettings, actors: Any, dns: float, hooks: tuple[Any, Any]
-    ) -> None:
+    def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
         addresses = check_addresses(resolve_actors(actors))
         self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
