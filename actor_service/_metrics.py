@@ -35,6 +35,7 @@ from prometheus_client.utils import floatToGoString
 
 from common.errors import ActorUnavailableError
 from common.metrics import new_registry
+from common.rlfleet.v1 import actor_service_pb2 as pb
 
 if TYPE_CHECKING:
     from actor_service._runtime import ActorRuntime
@@ -52,6 +53,12 @@ LONG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 OTHER_MODEL = "other"
 _SESSION_STATES = ("starting", "free", "held", "draining")
 _PREFIX = "rlfleet_actor_"
+# EndReason values and their label values (closed, budget_reached, draining, ...).
+_END_REASONS = {
+    value: name.removeprefix("END_REASON_").lower()
+    for name, value in pb.EndReason.items()
+    if value != pb.END_REASON_UNSPECIFIED
+}
 
 
 class BatchHistogram(Collector):
@@ -122,8 +129,6 @@ class ActorMetrics:
         self.env_steps = counter("env_steps", "Steps of the env pool (each steps every env once).")
         self.batches_collected = counter("batches_collected", "Batches collected.")
         self.batches_sent = counter("batches_sent", "Batches written to a learner (re-sends too).")
-        self.batches_acked = counter("batches_acked", "Batches a learner acknowledged.")
-        self.credits_granted = counter("credits_granted", "Credits accepted (after the cap).")
         self.sessions_ended = counter("sessions_ended", "Collect sessions ended.", "reason")
         self.batch_seconds = self._histogram("batch_collect_seconds", "Seconds per batch.")
         self.forward_seconds = BatchHistogram(
@@ -158,6 +163,11 @@ class ActorMetrics:
         return Histogram(
             _PREFIX + name, documentation, labels, buckets=LONG_BUCKETS, registry=self.registry
         )
+
+    def session_ended(self, reason: int) -> None:
+        """Count a Collect session that ended for ``reason`` (an ``EndReason`` value)."""
+        name = _END_REASONS.get(reason, "unspecified")
+        self.sessions_ended.labels(name).inc()
 
     def model_label(self, model_id: str) -> str:
         """``model_id`` if the actor holds it, else ``other`` (a peer cannot add label values)."""
@@ -219,10 +229,18 @@ class _RuntimeCollector(Collector):
             "Batches kept until acknowledged.",
             len(book.retained_seqs) if book else 0,
         )
-        evicted = book.evicted if book else 0
-        yield CounterMetricFamily(
-            p + "batches_evicted", "Sent, unacknowledged batches dropped.", evicted
+        counters = (
+            ("batches_evicted", "Sent, unacknowledged batches dropped.", "evicted"),
+            (
+                "credits_granted",
+                "Credits accepted from learners (after the cap).",
+                "credits_granted",
+            ),
+            ("batches_acked", "Batches a learner acknowledged.", "batches_acked"),
         )
+        for name, documentation, attribute in counters:
+            value = getattr(book, attribute) if book else 0
+            yield CounterMetricFamily(p + name, documentation, value)
         yield self._versions()
 
     def _versions(self) -> Metric:

@@ -7,7 +7,7 @@ session steps nothing); each repetition measures both back to back, off first
 in even repetitions and on first in odd ones. While the metrics actor collects, a thread
 scrapes its ``/metrics`` every ``--scrape-interval`` seconds (Prometheus
 scrapes every 5-15 s; 1 s is harsher), and the learner of that window serves
-its own metrics too (``GrpcCollector(metrics_port=0)``), scraped as often.
+its own metrics too (``serve_metrics(collector, 0)``), scraped as often.
 
 The end-to-end windows carry the noise of a shared machine (other processes,
 gRPC, the learner). A second figure isolates the collection loop: the cores of
@@ -78,16 +78,13 @@ class _Scraper:
 
 def _window(address: str, args: argparse.Namespace, metrics_port: int | None) -> float:
     from bench import _rlfleet
+    from learner_client import serve_metrics
 
-    kwargs: dict[str, Any] = {} if metrics_port is None else {"metrics_port": 0}
-    with _rlfleet.collector(
-        [address], sync=True, frames_per_batch=args.frames_per_batch, **kwargs
-    ) as coll:
+    with _rlfleet.collector([address], sync=True, frames_per_batch=args.frames_per_batch) as coll:
         scraper = None
         if metrics_port is not None:
-            urls = [
-                f"http://127.0.0.1:{port}/metrics" for port in (metrics_port, coll.metrics_port)
-            ]
+            learner = serve_metrics(coll, 0, host="127.0.0.1").port
+            urls = [f"http://127.0.0.1:{port}/metrics" for port in (metrics_port, learner)]
             scraper = _Scraper(urls, args.scrape_interval)
         try:
             fps, _ = time_batches(iter(coll), seconds=args.window, min_batches=2, warmup=2)

@@ -11,6 +11,7 @@ collector usable (unlike TorchRL, which shuts down): catch it and call
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -26,7 +27,6 @@ from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
-from learner_client._metrics import LearnerMetrics
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
@@ -104,9 +104,10 @@ class GrpcCollector:
         allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
+        learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
+        take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
-        metrics_port: Serve Prometheus ``/metrics`` on this port (0: a free one); None: off.
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
@@ -140,9 +141,10 @@ class GrpcCollector:
         allow_partial_batches: bool = False,
         channel_credentials: Any = None,
         token: str | None = None,
+        learner_id: str = "",
+        take_over: bool = False,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
-        metrics_port: int | None = None,
     ) -> None:
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
@@ -170,18 +172,17 @@ class GrpcCollector:
             connect_timeout=connect_timeout,
             call_timeout=call_timeout,
             channel_credentials=channel_credentials,
-            token=token,
         )
-        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
-        self._connect(conn, actors, dns_refresh_interval, LearnerMetrics(self.stats, metrics_port))
+        conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
+        self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
 
-    def _connect(
-        self, conn: ConnectionSettings, actors: Any, dns: float, metrics: LearnerMetrics
-    ) -> None:
+    def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
+        addresses = check_addresses(resolve_actors(actors))
+        self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._parts = assemble(self._batch, self._rollout.model_id, conn, metrics)
+        self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats)
         _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds, _ = (
             self._parts
         )
@@ -190,9 +191,8 @@ class GrpcCollector:
             actors, self.add_collectors, self._known_addresses, interval=dns
         )
         try:
-            self._admit(self._fleet.describe(check_addresses(resolve_actors(actors))))
+            self._admit(self._fleet.describe(addresses))
             self._membership.start()
-            self.metrics_port = metrics.serve()  # the port bound (a free one for 0), or None
         except BaseException:
             self._membership.close()
             self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)

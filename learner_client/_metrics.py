@@ -7,7 +7,7 @@ of each push, explicit or automatic, in the pusher) and, read only when
 Prometheus scrapes, everything ``GrpcCollector.stats()`` already counts (frames,
 batches, gaps and reconnects per worker, queue depth, workers by state). The
 hooks cost a few microseconds per batch; nothing is served until
-``GrpcCollector(metrics_port=...)`` or :func:`serve_metrics` asks for it.
+:func:`serve_metrics` asks for it.
 
 Labels stay bounded: ``worker_id`` is one of the fleet's actors, ``model_id``
 one the learner pushed, ``result`` and ``state`` come from fixed sets. No label
@@ -57,15 +57,9 @@ class LearnerMetrics:
 
     Args:
         stats: ``GrpcCollector.stats``; its ``"both"`` view is read at every scrape.
-        port: The port :meth:`serve` binds (0: a free one); None serves nothing.
-
-    Raises:
-        TypeError, ValueError: ``port`` is not None or an int in 0..65535.
     """
 
-    def __init__(self, stats: Callable[..., Mapping[str, Any]], port: int | None = None) -> None:
-        check_metrics_port(port)
-        self._port = port
+    def __init__(self, stats: Callable[..., Mapping[str, Any]]) -> None:
         self.registry: CollectorRegistry = new_registry()
         self.batch_wait = Histogram(
             _PREFIX + "batch_wait_seconds",
@@ -103,6 +97,8 @@ class LearnerMetrics:
         Raises:
             ClosedError: :meth:`close` was called.
         """
+        if port is None:
+            raise TypeError("metrics_port must be an int, got None")
         check_metrics_port(port)
         with self._lock:
             if self._closed:
@@ -110,10 +106,6 @@ class LearnerMetrics:
             endpoint = MetricsEndpoint(self.registry, host=host, port=port)
             self._endpoints.append(endpoint)
         return endpoint
-
-    def serve(self) -> int | None:
-        """``GrpcCollector(metrics_port=...)``: serve on all interfaces; the bound port or None."""
-        return None if self._port is None else self.endpoint(self._port, "0.0.0.0").port
 
     def waited_for(self, take: Callable[[], T]) -> T:
         """Call ``take`` (which blocks until a batch is ready) and observe how long it took."""
@@ -179,7 +171,7 @@ def serve_metrics(collector: Any, port: int, *, host: str = "0.0.0.0") -> Metric
     Example::
 
         collector = GrpcCollector(actors, frames_per_batch=1024, total_frames=-1)
-        endpoint = serve_metrics(collector, 9400)   # or GrpcCollector(..., metrics_port=9400)
+        endpoint = serve_metrics(collector, 9400)   # http://<host>:9400/metrics
         print(endpoint.port)
 
     Args:

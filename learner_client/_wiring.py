@@ -14,7 +14,8 @@ uses; nothing reaches another part through a third.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from learner_client._collect_stream import OpenStreams
 from learner_client._fleet import Fleet
@@ -55,7 +56,7 @@ def assemble(
     batch: BatchSettings,
     acting_model: str,
     conn: ConnectionSettings,
-    metrics: LearnerMetrics,
+    stats: Callable[..., Mapping[str, Any]],
 ) -> Parts:
     """Build the loop thread, the mailbox and every collaborator (the loop thread starts).
 
@@ -63,9 +64,11 @@ def assemble(
         batch: How batches are assembled.
         acting_model: The model whose version the policy lag is measured against.
         conn: Channels, deadlines and credits.
-        metrics: The learner's metrics: the ledger observes policy lag into them, the
-            pusher times pushes, the rounds time user code's wait; closed with the parts.
+        stats: ``GrpcCollector.stats``, which the learner's metrics read at every scrape.
+            The metrics (served by ``serve_metrics``) are fed by the ledger (policy lag),
+            the pusher (push times) and the rounds (user code's wait); closed with the parts.
     """
+    metrics = LearnerMetrics(stats)
     loop = LoopThread()
     ledger = Ledger(metrics.policy_lag)
     book = WeightBook()

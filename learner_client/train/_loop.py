@@ -25,7 +25,7 @@ import torch
 
 from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
-from learner_client import GrpcCollector
+from learner_client import GrpcCollector, serve_metrics
 from learner_client._local_fleet import LocalFleet
 from learner_client.train._episodes import EpisodeTracker
 from learner_client.train._ppo import PPOConfig, PPOLearner
@@ -106,7 +106,7 @@ def _build_learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner
 def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> GrpcCollector:
     """A collector on the given fleet, or on a local fleet started (and stopped) by ``stack``."""
     addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
-    return stack.enter_context(
+    collector = stack.enter_context(
         GrpcCollector(
             addresses,
             frames_per_batch=settings.frames_per_batch,
@@ -114,9 +114,11 @@ def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> Grp
             sync=settings.sync,
             # From the environment only: a flag would show in `ps` and in summary.json.
             token=os.environ.get("RLFLEET_TOKEN") or None,
-            metrics_port=settings.metrics_port,
         )
     )
+    if settings.metrics_port is not None:  # on all interfaces, until the collector shuts down
+        serve_metrics(collector, settings.metrics_port)
+    return collector
 
 
 def _collect_and_learn(

@@ -26,7 +26,7 @@ from deploy_files import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from actor_service import ActorConfig, create_server, parse_config
-from learner_client import GrpcCollector
+from learner_client import GrpcCollector, serve_metrics
 
 DASHBOARD = DOCKER / "grafana" / "rlfleet.json"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
@@ -213,10 +213,11 @@ def test_dashboard_queries_only_metrics_a_live_actor_and_learner_export() -> Non
     with create_server(config).run_in_thread() as handle:
         actor_text = _scrape(handle.server.metrics_port)
         with GrpcCollector(
-            [f"127.0.0.1:{handle.port}"], frames_per_batch=10, total_frames=20, metrics_port=0
+            [f"127.0.0.1:{handle.port}"], frames_per_batch=10, total_frames=20
         ) as collector:
+            endpoint = serve_metrics(collector, 0, host="127.0.0.1")
             assert sum(1 for _ in collector) == 2
-            learner_text = _scrape(collector.metrics_port)
+            learner_text = _scrape(endpoint.port)
     exported = exported_names(actor_text) | exported_names(learner_text)
     used = dashboard_metric_names()
     assert {n for n in used if n.startswith("rlfleet_actor_")}, "no actor metric on the dashboard"

@@ -1,5 +1,5 @@
-"""The learner's Prometheus endpoint (``GrpcCollector(metrics_port=...)``, ``serve_metrics``),
-scraped over HTTP from a collector on live actors and read with prometheus_client's parser."""
+"""The learner's Prometheus endpoint (``serve_metrics``), scraped over HTTP from a collector
+on live actors and read with prometheus_client's parser."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from helpers import ActorProcess
 from learner_fleet import cartpole_policy
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.errors import ClosedError
 from learner_client import GrpcCollector, WeightPushError, serve_metrics
 from learner_client.train import parse_args
 
@@ -35,11 +36,8 @@ def test_learner_metrics_move_as_batches_flow_and_pushes_happen(
     fleet: list[ActorProcess],
 ) -> None:
     addresses = [actor.address for actor in fleet]
-    with GrpcCollector(
-        addresses, frames_per_batch=60, total_frames=-1, sync=True, metrics_port=0
-    ) as collector:
-        port = collector.metrics_port
-        assert isinstance(port, int)
+    with GrpcCollector(addresses, frames_per_batch=60, total_frames=-1, sync=True) as collector:
+        port = serve_metrics(collector, 0).port
         _, before = scrape(port)
         assert value(before, "rlfleet_learner_batch_wait_seconds_count") == 0
         batches = iter(collector)
@@ -80,7 +78,6 @@ def test_serve_metrics_exposes_a_running_collector_until_it_shuts_down(
 ) -> None:
     collector = GrpcCollector([fleet[0].address], frames_per_batch=20, total_frames=40)
     try:
-        assert collector.metrics_port is None  # off by default
         endpoint = serve_metrics(collector, 0, host="127.0.0.1")
         assert sum(1 for _ in collector) == 2
         _, samples = scrape(endpoint.port)
@@ -95,10 +92,18 @@ def test_serve_metrics_exposes_a_running_collector_until_it_shuts_down(
         urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=2)
 
 
-def test_collector_raises_if_metrics_port_is_bad(fleet: list[ActorProcess]) -> None:
-    for bad in (-1, 65536, 2**64 - 1, "9400", True):
-        with pytest.raises((ValueError, TypeError), match="metrics_port"):
-            GrpcCollector([fleet[0].address], frames_per_batch=20, metrics_port=bad)
+def test_serve_metrics_raises_if_the_port_is_bad_or_the_collector_closed(
+    fleet: list[ActorProcess],
+) -> None:
+    collector = GrpcCollector([fleet[0].address], frames_per_batch=20)
+    try:
+        for bad in (-1, 65536, 2**64 - 1, "9400", True, None):
+            with pytest.raises((ValueError, TypeError), match="metrics_port"):
+                serve_metrics(collector, bad)  # type: ignore[arg-type]
+    finally:
+        collector.shutdown()
+    with pytest.raises(ClosedError):
+        serve_metrics(collector, 0)
 
 
 def test_train_metrics_port_flag_reaches_the_collector_settings(
