@@ -1,7 +1,10 @@
 """CartPole-v1 frames/s: rlfleet vs TorchRL's multi-process collectors and the in-process limit.
 
 Workload: CartPole-v1, the ``"mlp"`` policy (64x64, tanh, one-hot categorical),
-2 actors x 8 envs, sync and async. Systems, all in this one run:
+2 actors x 8 envs, sync and async; and, sync, a user-style policy given by factory
+(``bench.policies:sequential_policy``: a ``TensorDictModule`` around an
+``nn.Sequential``, 64x64 tanh), run by rlfleet and TorchRL alike. Systems, all in
+this one run:
 
 - rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses;
 - TorchRL: ``MultiSyncCollector`` / ``MultiAsyncCollector``, 2 workers x 8 envs,
@@ -14,7 +17,8 @@ batch) in every system. Repetitions interleave the systems so each ratio is
 taken between windows measured back to back.
 
 Targets: rlfleet >= 10x TorchRL's best multi-process collector (sync vs sync,
-async vs async) and >= 60% of the in-process limit.
+async vs async) and >= 60% of the in-process limit; with the user policy (sync),
+>= 4x TorchRL with the same policy and >= 1.2x the in-process limit.
 
 Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 """
@@ -22,6 +26,7 @@ Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from collections.abc import Sequence
@@ -34,6 +39,7 @@ from bench._common import Report, base_parser, parse, reps_of, set_single_thread
 __all__ = ["main"]
 
 ENV_ID = "CartPole-v1"
+USER_POLICY = "bench.policies:sequential_policy"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -113,49 +119,75 @@ def _rlfleet_window(addresses: list[str], sync: bool, args: argparse.Namespace) 
     return fps
 
 
+def user_policy() -> Any:
+    """The user-style policy (:func:`bench.policies.sequential_policy`) for CartPole."""
+    from bench.policies import sequential_policy
+
+    env = gymnasium.make(ENV_ID)
+    return sequential_policy(env.observation_space, env.action_space)
+
+
+# (figure suffix, rlfleet fleet, sync): the windows of one repetition, in order.
+_WINDOWS = (("sync", "mlp", True), ("async", "mlp", False), ("user sync", "user", True))
+
+
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure every system, interleaved, and record figures, ratios and targets."""
     from bench import _rlfleet, _torchrl
-    from bench._inprocess import in_process_fps
 
     reps = reps_of(args)
     policy = mlp_policy()
     layout = pick_layout(args, policy, report)
     env_fn = _torchrl.cartpole_env(layout, args.num_envs)
-    torchrl_iters = {}
-    collectors = []
     samples: dict[str, list[float]] = {}
-    limit_env = functools.partial(gymnasium.make, ENV_ID)
-    with _rlfleet.fleet(args.actors, env=ENV_ID, num_envs=args.num_envs, policy="mlp") as fleet:
-        try:
-            for sync in (True, False):
-                fpb = args.frames_per_actor * (args.actors if sync else 1)
-                coll = _torchrl.make_collector(
-                    sync, env_fn, policy, workers=args.actors, frames_per_batch=fpb
-                )
-                collectors.append(coll)
-                torchrl_iters[sync] = iter(coll)
-            for _ in range(reps):
-                for sync in (True, False):
-                    mode = "sync" if sync else "async"
-                    samples.setdefault(f"rlfleet {mode}", []).append(
-                        _rlfleet_window(fleet.addresses, sync, args)
-                    )
-                    fps, _ = time_batches(torchrl_iters[sync], seconds=args.window, warmup=1)
-                    samples.setdefault(f"torchrl {mode}", []).append(fps)
-                samples.setdefault("in-process limit", []).append(
-                    in_process_fps(
-                        limit_env,
-                        num_envs=args.actors * args.num_envs,
-                        steps_per_batch=args.frames_per_actor // args.num_envs,
-                        seconds=args.window,
-                    )
-                )
-        finally:
-            for coll in collectors:
-                coll.shutdown()
+    with contextlib.ExitStack() as stack:
+        fleets = {
+            name: stack.enter_context(
+                _rlfleet.fleet(args.actors, env=ENV_ID, num_envs=args.num_envs, policy=factory)
+            )
+            for name, factory in (("mlp", "mlp"), ("user", USER_POLICY))
+        }
+        torchrl_iters = {}
+        for name, _, sync in _WINDOWS:
+            fpb = args.frames_per_actor * (args.actors if sync else 1)
+            module = user_policy() if name.startswith("user") else policy
+            coll = _torchrl.make_collector(
+                sync, env_fn, module, workers=args.actors, frames_per_batch=fpb
+            )
+            stack.callback(coll.shutdown)
+            torchrl_iters[name] = iter(coll)
+        for _ in range(reps):
+            _repetition(args, fleets, torchrl_iters, samples)
     for name, values in samples.items():
         report.figure(name, "frames/s", values)
+    _ratios_and_targets(report, layout)
+
+
+def _repetition(
+    args: argparse.Namespace,
+    fleets: dict[str, Any],
+    torchrl_iters: dict[str, Any],
+    samples: dict[str, list[float]],
+) -> None:
+    """One window of every system, back to back; appends a sample to each figure."""
+    from bench._inprocess import in_process_fps
+
+    for name, fleet, sync in _WINDOWS:
+        fps = _rlfleet_window(fleets[fleet].addresses, sync, args)
+        samples.setdefault(f"rlfleet {name}", []).append(fps)
+        fps, _ = time_batches(torchrl_iters[name], seconds=args.window, warmup=1)
+        samples.setdefault(f"torchrl {name}", []).append(fps)
+    samples.setdefault("in-process limit", []).append(
+        in_process_fps(
+            functools.partial(gymnasium.make, ENV_ID),
+            num_envs=args.actors * args.num_envs,
+            steps_per_batch=args.frames_per_actor // args.num_envs,
+            seconds=args.window,
+        )
+    )
+
+
+def _ratios_and_targets(report: Report, layout: str) -> None:
     for mode in ("sync", "async"):
         ratio = report.ratio(f"rlfleet/torchrl {mode}", f"rlfleet {mode}", f"torchrl {mode}")
         report.target(f"{mode}: rlfleet >= 10x TorchRL ({layout})", ratio, 10.0)
@@ -163,6 +195,12 @@ def run(args: argparse.Namespace, report: Report) -> None:
             f"rlfleet {mode}/in-process limit", f"rlfleet {mode}", "in-process limit"
         )
         report.target(f"{mode}: rlfleet >= 60% of the in-process limit", limit, 0.6)
+    user = "rlfleet user sync"
+    ratio = report.ratio("rlfleet/torchrl user sync", user, "torchrl user sync")
+    report.target(f"user policy, sync: rlfleet >= 4x TorchRL ({layout})", ratio, 4.0)
+    limit = report.ratio("rlfleet user sync/in-process limit", user, "in-process limit")
+    report.target("user policy, sync: rlfleet >= 1.2x the in-process limit", limit, 1.2)
+    report.ratio("rlfleet user sync/rlfleet sync", user, "rlfleet sync")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -25,8 +25,22 @@ ROOT = Path(__file__).resolve().parents[2]
 # Figures and ratios each script must report in quick mode.
 EXPECTED = {
     "cartpole": (
-        ["rlfleet sync", "rlfleet async", "torchrl sync", "torchrl async", "in-process limit"],
-        ["rlfleet/torchrl sync", "rlfleet/torchrl async", "rlfleet sync/in-process limit"],
+        [
+            "rlfleet sync",
+            "rlfleet async",
+            "rlfleet user sync",
+            "torchrl sync",
+            "torchrl async",
+            "torchrl user sync",
+            "in-process limit",
+        ],
+        [
+            "rlfleet/torchrl sync",
+            "rlfleet/torchrl async",
+            "rlfleet sync/in-process limit",
+            "rlfleet/torchrl user sync",
+            "rlfleet user sync/in-process limit",
+        ],
     ),
     "large_obs": (
         ["rlfleet frames", "rlfleet payload", "torchrl frames", "torchrl payload", "loopback tcp"],
