@@ -13,11 +13,16 @@ runs exactly the same inner modules in the same order:
 - a ``TensorDictSequential`` (forward not overridden, no hooks, not partial-tolerant,
   no output selection) of such modules, in order;
 - an ``nn.Sequential`` inside them with no hooks anywhere (and no global hooks) is
-  run layer by layer, skipping ``nn.Module.__call__``.
+  run layer by layer, skipping ``nn.Module.__call__``;
+- a ``ProbabilisticTensorDictSequential`` (TorchRL's ``ProbabilisticActor`` is one)
+  whose deterministic part is made of the above: that part runs on tensors, then its
+  final probabilistic module is called as usual, on a TensorDict holding only its
+  inputs (one small TensorDict per step instead of one per module and per output).
 
-Anything else (probabilistic modules, custom ``forward`` overrides, hooks, keyword
-inputs) returns ``None`` and keeps the TensorDict path. The registry also compares
-both paths on a probe batch before trusting this one (``actor_service._models``).
+Anything else (custom ``forward`` overrides, hooks, keyword inputs, composite or
+multi-sample distributions) returns ``None`` and keeps the TensorDict path. The
+registry also compares both paths on a probe batch before trusting this one
+(``actor_service._models``).
 """
 
 from __future__ import annotations
@@ -26,8 +31,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import (
+    ProbabilisticTensorDictSequential,
+    TensorDictModule,
+    TensorDictSequential,
+    set_interaction_type,
+)
+from tensordict.nn.probabilistic import interaction_type
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
@@ -66,6 +77,10 @@ def tensor_forward(module: nn.Module) -> TensorForward | None:
 def _plan(module: nn.Module, known: set[Any]) -> list[_Step] | None:
     if _has_hooks(module):
         return None
+    if isinstance(module, ProbabilisticTensorDictSequential):
+        if _plain(module, ProbabilisticTensorDictSequential):
+            return _probabilistic_plan(module, known)
+        return None
     if isinstance(module, TensorDictSequential) and _plain(module, TensorDictSequential):
         if bool(module.partial_tolerant) or getattr(module, "_select_before_return", False):
             return None
@@ -80,6 +95,49 @@ def _plan(module: nn.Module, known: set[Any]) -> list[_Step] | None:
         step = _module_step(module, known)
         return None if step is None else [step]
     return None
+
+
+def _probabilistic_plan(
+    module: ProbabilisticTensorDictSequential, known: set[Any]
+) -> list[_Step] | None:
+    """Deterministic part on tensors, then the last module on a TensorDict of its inputs."""
+    if (
+        bool(module.return_composite)
+        or not bool(module._requires_sample)
+        or bool(module.partial_tolerant)
+        or getattr(module, "_select_before_return", False)
+    ):
+        return None
+    *deterministic, last = list(module._module_iter())
+    steps: list[_Step] = []
+    for sub in deterministic:
+        planned = _plan(sub, known)
+        if planned is None:
+            return None
+        steps += planned
+    in_keys = tuple(last.in_keys)
+    if getattr(last, "num_samples", None) is not None or not all(k in known for k in in_keys):
+        return None
+    default = last.default_interaction_type
+    known.update(last.out_keys)
+
+    def step(values: dict[Any, Any]) -> None:
+        if interaction_type() is None:  # as get_dist_params: the last module's default
+            with set_interaction_type(default):
+                for det in steps:
+                    det(values)
+        else:
+            for det in steps:
+                det(values)
+        observation = values["observation"]
+        td = TensorDict(batch_size=observation.shape[:1], device=observation.device)
+        for key in in_keys:
+            td.set(key, values[key])
+        out = last(td, _requires_sample=True)
+        for key in out.keys(include_nested=True, leaves_only=True):
+            values[key] = out.get(key)
+
+    return [step]
 
 
 def _plain(module: nn.Module, cls: type) -> bool:

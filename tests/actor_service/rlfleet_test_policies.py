@@ -173,10 +173,12 @@ class _DictOut(nn.Module):
         return {"noise": noise, "action": self.net(observation) + noise[:, None]}
 
 
-def user_probabilistic_actor(observation_space: Any, action_space: Any) -> nn.Module:
+def user_probabilistic_actor(
+    observation_space: Any, action_space: Any, general: bool = False
+) -> nn.Module:
     """TorchRL's ProbabilisticActor shape (logits, then a distribution module) from tensordict."""
     net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
-    return ProbabilisticTensorDictSequential(
+    module = ProbabilisticTensorDictSequential(
         TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
         ProbabilisticTensorDictModule(
             in_keys=["logits"],
@@ -185,6 +187,38 @@ def user_probabilistic_actor(observation_space: Any, action_space: Any) -> nn.Mo
             return_log_prob=True,
         ),
     )
+    return _maybe_general(module, general)
+
+
+def torchrl_probabilistic_actor(
+    observation_space: Any, action_space: Any, general: bool = False
+) -> nn.Module:
+    """TorchRL's own ``ProbabilisticActor`` over a ``TensorDictModule``, as its PPO tutorial."""
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
+    module = ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    return _maybe_general(module, general)
+
+
+class _Doubling(TensorDictModule):
+    """A TensorDictModule subclass with its own forward: only the TensorDict path runs it."""
+
+    def forward(self, tensordict: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward(tensordict, *args, **kwargs)
+        out.set("doubled", out.get("action") * 2)
+        return out
+
+
+def user_overridden_forward(observation_space: Any, action_space: Any) -> nn.Module:
+    """A policy whose forward override writes ``"doubled"`` (not in its out_keys)."""
+    net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
+    return _Doubling(net, in_keys=["observation"], out_keys=["action"])
 
 
 class _Counting(nn.Module):

@@ -21,7 +21,14 @@ from actor_service._tensor_forward import tensor_forward
 from common.config import CollectSettings, ExplorationType
 
 HERE = str(pathlib.Path(__file__).resolve().parent)
-USER_POLICIES = ["user_sequential", "user_chain", "user_dict_output", "td_policy_with_extras"]
+USER_POLICIES = [
+    "user_sequential",
+    "user_chain",
+    "user_dict_output",
+    "td_policy_with_extras",
+    "user_probabilistic_actor",
+    "torchrl_probabilistic_actor",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -82,14 +89,26 @@ def test_sampling_policies_draw_from_the_seeded_stream_on_both_paths() -> None:
     assert (first["action"].argmax(-1) != logits.argmax(-1)).any()
 
 
-def test_a_probabilistic_actor_the_tensor_path_cannot_take_still_collects() -> None:
-    with _worker("user_probabilistic_actor") as worker:
-        assert worker.models.forward_path("policy") == "tensordict"
+@pytest.mark.parametrize("factory", ["user_probabilistic_actor", "torchrl_probabilistic_actor"])
+def test_probabilistic_actors_sample_and_log_their_probability_on_the_tensor_path(
+    factory: str,
+) -> None:
+    with _worker(factory) as worker:
+        assert worker.models.forward_path("policy") == "tensors"
         batch = _batches(worker, 1)[0]
     assert batch["action"].sum(-1).eq(1).all()
     log_prob = batch["action_log_prob"]
     expected = batch["logits"].log_softmax(-1).gather(-1, batch["action"].argmax(-1, True))
     torch.testing.assert_close(log_prob, expected.squeeze(-1))
+    assert (batch["action"].argmax(-1) != batch["logits"].argmax(-1)).any()  # sampled
+
+
+def test_a_policy_the_tensor_path_cannot_take_still_collects_on_the_tensordict_path() -> None:
+    with _worker("user_overridden_forward") as worker:
+        assert worker.models.forward_path("policy") == "tensordict"
+        batch = _batches(worker, 1)[0]
+    assert batch["action"].sum(-1).eq(1).all()
+    assert batch.batch_size == (3, 40)
 
 
 def test_built_in_and_plain_policies_keep_their_own_paths() -> None:
