@@ -6,7 +6,11 @@ Workload: CartPole-v1, the ``"mlp"`` policy (64x64, tanh, one-hot categorical),
 ``nn.Sequential``, 64x64 tanh), run by rlfleet and TorchRL alike. Systems, all in
 this one run:
 
-- rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses;
+- rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses, in three
+  modes: sync by default (on-policy: an actor collects only the batch requested, as
+  TorchRL's sync collectors do), sync with ``prefetch=1`` (each actor collects one batch
+  ahead: faster, off-policy by one batch) and async (one batch ahead per actor, as
+  ``MultiAsyncCollector``);
 - TorchRL: ``MultiSyncCollector`` / ``MultiAsyncCollector``, 2 workers x 8 envs,
   same policy module, with the env layout that was fastest in a probe of
   ``--torchrl-layouts`` (see :mod:`bench._torchrl`);
@@ -16,9 +20,11 @@ Batches are 1024 frames per actor (2048 per sync batch, 1024 per async
 batch) in every system. Repetitions interleave the systems so each ratio is
 taken between windows measured back to back.
 
-Targets: rlfleet >= 10x TorchRL's best multi-process collector (sync vs sync,
-async vs async) and >= 60% of the in-process limit; with the user policy (sync),
->= 4x TorchRL with the same policy and >= 1.2x the in-process limit.
+Targets: rlfleet >= 10x TorchRL's best multi-process collector (default sync vs
+sync, async vs async) and >= 60% of the in-process limit. The prefetching mode is
+reported beside them, without a target: the headline compares like with like. With
+the user policy: sync >= 4x TorchRL with the same policy and >= 1.2x the in-process
+limit; sync with ``prefetch=1`` >= 1.5x the in-process limit.
 
 Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 """
@@ -110,11 +116,25 @@ def pick_layout(args: argparse.Namespace, policy: Any, report: Report) -> str:
     return best
 
 
-def _rlfleet_window(addresses: list[str], sync: bool, args: argparse.Namespace) -> float:
+# rlfleet's modes: (figure name, sync, extra GrpcCollector arguments).
+# (figure suffix, fleet, sync, collector kwargs, TorchRL counterpart or None): one
+# repetition's windows, in order. Figures are "rlfleet <suffix>" and "torchrl <counterpart>".
+WINDOWS: tuple[tuple[str, str, bool, dict[str, Any], str | None], ...] = (
+    ("sync", "mlp", True, {}, "sync"),
+    ("sync prefetch=1", "mlp", True, {"prefetch": 1}, None),
+    ("async", "mlp", False, {}, "async"),
+    ("user sync", "user", True, {}, "user sync"),
+    ("user sync prefetch=1", "user", True, {"prefetch": 1}, None),
+)
+
+
+def _rlfleet_window(
+    addresses: list[str], sync: bool, args: argparse.Namespace, extra: dict[str, Any]
+) -> float:
     from bench import _rlfleet
 
     fpb = args.frames_per_actor * (args.actors if sync else 1)
-    with _rlfleet.collector(addresses, sync=sync, frames_per_batch=fpb) as coll:
+    with _rlfleet.collector(addresses, sync=sync, frames_per_batch=fpb, **extra) as coll:
         fps, _ = time_batches(iter(coll), seconds=args.window, min_batches=2, warmup=2)
     return fps
 
@@ -125,10 +145,6 @@ def user_policy() -> Any:
 
     env = gymnasium.make(ENV_ID)
     return sequential_policy(env.observation_space, env.action_space)
-
-
-# (figure suffix, rlfleet fleet, sync): the windows of one repetition, in order.
-_WINDOWS = (("sync", "mlp", True), ("async", "mlp", False), ("user sync", "user", True))
 
 
 def run(args: argparse.Namespace, report: Report) -> None:
@@ -148,14 +164,16 @@ def run(args: argparse.Namespace, report: Report) -> None:
             for name, factory in (("mlp", "mlp"), ("user", USER_POLICY))
         }
         torchrl_iters = {}
-        for name, _, sync in _WINDOWS:
+        for _, fleet, sync, _, counterpart in WINDOWS:
+            if counterpart is None:
+                continue
             fpb = args.frames_per_actor * (args.actors if sync else 1)
-            module = user_policy() if name.startswith("user") else policy
+            module = user_policy() if fleet == "user" else policy
             coll = _torchrl.make_collector(
                 sync, env_fn, module, workers=args.actors, frames_per_batch=fpb
             )
             stack.callback(coll.shutdown)
-            torchrl_iters[name] = iter(coll)
+            torchrl_iters[counterpart] = iter(coll)
         for _ in range(reps):
             _repetition(args, fleets, torchrl_iters, samples)
     for name, values in samples.items():
@@ -172,11 +190,12 @@ def _repetition(
     """One window of every system, back to back; appends a sample to each figure."""
     from bench._inprocess import in_process_fps
 
-    for name, fleet, sync in _WINDOWS:
-        fps = _rlfleet_window(fleets[fleet].addresses, sync, args)
+    for name, fleet, sync, extra, counterpart in WINDOWS:
+        fps = _rlfleet_window(fleets[fleet].addresses, sync, args, extra)
         samples.setdefault(f"rlfleet {name}", []).append(fps)
-        fps, _ = time_batches(torchrl_iters[name], seconds=args.window, warmup=1)
-        samples.setdefault(f"torchrl {name}", []).append(fps)
+        if counterpart is not None:
+            fps, _ = time_batches(torchrl_iters[counterpart], seconds=args.window, warmup=1)
+            samples.setdefault(f"torchrl {counterpart}", []).append(fps)
     samples.setdefault("in-process limit", []).append(
         in_process_fps(
             functools.partial(gymnasium.make, ENV_ID),
@@ -195,11 +214,18 @@ def _ratios_and_targets(report: Report, layout: str) -> None:
             f"rlfleet {mode}/in-process limit", f"rlfleet {mode}", "in-process limit"
         )
         report.target(f"{mode}: rlfleet >= 60% of the in-process limit", limit, 0.6)
+    report.ratio("rlfleet sync prefetch=1/torchrl sync", "rlfleet sync prefetch=1", "torchrl sync")
     user = "rlfleet user sync"
     ratio = report.ratio("rlfleet/torchrl user sync", user, "torchrl user sync")
     report.target(f"user policy, sync: rlfleet >= 4x TorchRL ({layout})", ratio, 4.0)
     limit = report.ratio("rlfleet user sync/in-process limit", user, "in-process limit")
     report.target("user policy, sync: rlfleet >= 1.2x the in-process limit", limit, 1.2)
+    limit = report.ratio(
+        "rlfleet user sync prefetch=1/in-process limit",
+        "rlfleet user sync prefetch=1",
+        "in-process limit",
+    )
+    report.target("user policy, prefetch=1: rlfleet >= 1.5x the in-process limit", limit, 1.5)
     report.ratio("rlfleet user sync/rlfleet sync", user, "rlfleet sync")
 
 

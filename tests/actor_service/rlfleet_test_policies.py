@@ -237,3 +237,13 @@ class _Counting(nn.Module):
 def counting_policy(observation_space: Any, action_space: Any) -> nn.Module:
     """A stateful TensorDictModule: its two paths differ on the probe, so it keeps TensorDicts."""
     return TensorDictModule(_Counting(), in_keys=["observation"], out_keys=["action", "calls"])
+
+
+def bias_policy(observation_space: Any, action_space: Any, bias: float = 0.0) -> nn.Module:
+    """A user-style TensorDictModule acting ``bias`` everywhere (zero weights, as TorchRL's
+    distinct-policy-factory tests build theirs); its weights are ``module.weight/bias``."""
+    module = nn.Linear(int(np.prod(observation_space.shape)), int(np.prod(action_space.shape)))
+    with torch.no_grad():
+        module.weight.zero_()
+        module.bias.fill_(float(bias))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])

@@ -27,8 +27,10 @@ EXPECTED = {
     "cartpole": (
         [
             "rlfleet sync",
+            "rlfleet sync prefetch=1",
             "rlfleet async",
             "rlfleet user sync",
+            "rlfleet user sync prefetch=1",
             "torchrl sync",
             "torchrl async",
             "torchrl user sync",
@@ -38,8 +40,10 @@ EXPECTED = {
             "rlfleet/torchrl sync",
             "rlfleet/torchrl async",
             "rlfleet sync/in-process limit",
+            "rlfleet sync prefetch=1/torchrl sync",
             "rlfleet/torchrl user sync",
             "rlfleet user sync/in-process limit",
+            "rlfleet user sync prefetch=1/in-process limit",
         ],
     ),
     "large_obs": (

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%common/rlfleet/v1/actor_service.proto\x12\nrlfleet.v1\"\xa4\x02\n\x0f\x43ollectSettings\x12\x18\n\x10\x66rames_per_batch\x18\x01 \x01(\x04\x12\x1b\n\x13max_frames_per_traj\x18\x02 \x01(\x03\x12\x1a\n\x12init_random_frames\x18\x03 \x01(\x03\x12\x1a\n\x12reset_at_each_iter\x18\x04 \x01(\x08\x12\x17\n\x0freset_when_done\x18\x05 \x01(\x08\x12\x13\n\x0bsplit_trajs\x18\x06 \x01(\x08\x12\x35\n\x10\x65xploration_type\x18\x07 \x01(\x0e\x32\x1b.rlfleet.v1.ExplorationType\x12\x15\n\rset_truncated\x18\x08 \x01(\x08\x12\x14\n\x0ctotal_frames\x18\t \x01(\x03\x12\x10\n\x08model_id\x18\n \x01(\t\"\xa4\x01\n\x0bOpenSession\x12-\n\x08settings\x18\x01 \x01(\x0b\x32\x1b.rlfleet.v1.CollectSettings\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\x12\x11\n\ttake_over\x18\x03 \x01(\x08\x12\x14\n\x0cresume_epoch\x18\x04 \x01(\x04\x12\x18\n\x10resume_after_seq\x18\x05 \x01(\x04\x12\x12\n\nlearner_id\x18\x06 \x01(\t\"\x19\n\x06\x43redit\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\r\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x0e\n\x0c\x43loseSession\"\xb2\x01\n\x0e\x43ollectRequest\x12\'\n\x04open\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.OpenSessionH\x00\x12$\n\x06\x63redit\x18\x02 \x01(\x0b\x32\x12.rlfleet.v1.CreditH\x00\x12\x1e\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0f.rlfleet.v1.AckH\x00\x12)\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x18.rlfleet.v1.CloseSessionH\x00\x42\x06\n\x04kind\"i\n\rSessionOpened\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\x12\x13\n\x0bmax_credits\x18\x04 \x01(\r\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\"\xb9\x01\n\tBatchInfo\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x04 \x01(\x04\x12\x13\n\x0b\x66rame_bytes\x18\x05 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x06 \x01(\r\x12\x10\n\x08model_id\x18\x07 \x01(\t\x12\x1a\n\x12policy_version_min\x18\x08 \x01(\x04\x12\x1a\n\x12policy_version_max\x18\t \x01(\x04\"j\n\nBatchChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12#\n\x04info\x18\x05 \x01(\x0b\x32\x15.rlfleet.v1.BatchInfo\"U\n\tStreamEnd\x12%\n\x06reason\x18\x01 \x01(\x0e\x32\x15.rlfleet.v1.EndReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\"\x95\x01\n\x0f\x43ollectResponse\x12+\n\x06opened\x18\x01 \x01(\x0b\x32\x19.rlfleet.v1.SessionOpenedH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.rlfleet.v1.BatchChunkH\x00\x12$\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x15.rlfleet.v1.StreamEndH\x00\x42\x06\n\x04kind\"W\n\rWeightsHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"Z\n\x12PushWeightsRequest\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.rlfleet.v1.WeightsHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"K\n\x13PushWeightsResponse\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\"k\n\tSpaceSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0b\n\x03low\x18\x04 \x03(\x01\x12\x0c\n\x04high\x18\x05 \x03(\x01\x12\t\n\x01n\x18\x06 \x03(\x03\x12\x0c\n\x04text\x18\x07 \x01(\t\";\n\rParameterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"]\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12-\n\nparameters\x18\x03 \x03(\x0b\x32\x19.rlfleet.v1.ParameterInfo\"\x11\n\x0f\x44\x65scribeRequest\"\xbc\x02\n\x10\x44\x65scribeResponse\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x65nv_id\x18\x03 \x01(\t\x12/\n\x10observation_spec\x18\x04 \x01(\x0b\x32\x15.rlfleet.v1.SpaceSpec\x12*\n\x0b\x61\x63tion_spec\x18\x05 \x01(\x0b\x32\x15.rlfleet.v1.SpaceSpec\x12%\n\x06models\x18\x06 \x03(\x0b\x32\x15.rlfleet.v1.ModelInfo\x12\x10\n\x08num_envs\x18\x07 \x01(\r\x12\x13\n\x0b\x65nv_backend\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x18\n\x10software_version\x18\n \x01(\t\x12\x13\n\x0bmax_credits\x18\x0b \x01(\r\x12\x0c\n\x04\x62usy\x18\x0c \x01(\x08\"2\n\x0bStateHeader\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06sha256\x18\x02 \x01(\t\"P\n\nStateChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.StateHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x11\n\x0fGetStateRequest\"&\n\x11LoadStateResponse\x12\x11\n\tworker_id\x18\x01 \x01(\r\"3\n\x0eSetSeedRequest\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\x13\n\x0bstatic_seed\x18\x02 \x01(\x08\"$\n\x0fSetSeedResponse\x12\x11\n\tnext_seed\x18\x01 \x01(\x04*\xaa\x01\n\x0f\x45xplorationType\x12 \n\x1c\x45XPLORATION_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45XPLORATION_TYPE_RANDOM\x10\x01\x12\"\n\x1e\x45XPLORATION_TYPE_DETERMINISTIC\x10\x02\x12\x19\n\x15\x45XPLORATION_TYPE_MODE\x10\x03\x12\x19\n\x15\x45XPLORATION_TYPE_MEAN\x10\x04*\xa7\x01\n\tEndReason\x12\x1a\n\x16\x45ND_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x45ND_REASON_BUDGET_REACHED\x10\x01\x12\x17\n\x13\x45ND_REASON_DRAINING\x10\x02\x12\x14\n\x10\x45ND_REASON_ERROR\x10\x03\x12\x19\n\x15\x45ND_REASON_TAKEN_OVER\x10\x04\x12\x15\n\x11\x45ND_REASON_CLOSED\x10\x05\x32\xbc\x03\n\x0c\x41\x63torService\x12\x46\n\x07\x43ollect\x12\x1a.rlfleet.v1.CollectRequest\x1a\x1b.rlfleet.v1.CollectResponse(\x01\x30\x01\x12P\n\x0bPushWeights\x12\x1e.rlfleet.v1.PushWeightsRequest\x1a\x1f.rlfleet.v1.PushWeightsResponse(\x01\x12\x45\n\x08\x44\x65scribe\x12\x1b.rlfleet.v1.DescribeRequest\x1a\x1c.rlfleet.v1.DescribeResponse\x12\x41\n\x08GetState\x12\x1b.rlfleet.v1.GetStateRequest\x1a\x16.rlfleet.v1.StateChunk0\x01\x12\x44\n\tLoadState\x12\x16.rlfleet.v1.StateChunk\x1a\x1d.rlfleet.v1.LoadStateResponse(\x01\x12\x42\n\x07SetSeed\x12\x1a.rlfleet.v1.SetSeedRequest\x1a\x1b.rlfleet.v1.SetSeedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%common/rlfleet/v1/actor_service.proto\x12\nrlfleet.v1\"\xa4\x02\n\x0f\x43ollectSettings\x12\x18\n\x10\x66rames_per_batch\x18\x01 \x01(\x04\x12\x1b\n\x13max_frames_per_traj\x18\x02 \x01(\x03\x12\x1a\n\x12init_random_frames\x18\x03 \x01(\x03\x12\x1a\n\x12reset_at_each_iter\x18\x04 \x01(\x08\x12\x17\n\x0freset_when_done\x18\x05 \x01(\x08\x12\x13\n\x0bsplit_trajs\x18\x06 \x01(\x08\x12\x35\n\x10\x65xploration_type\x18\x07 \x01(\x0e\x32\x1b.rlfleet.v1.ExplorationType\x12\x15\n\rset_truncated\x18\x08 \x01(\x08\x12\x14\n\x0ctotal_frames\x18\t \x01(\x03\x12\x10\n\x08model_id\x18\n \x01(\t\"\xa4\x01\n\x0bOpenSession\x12-\n\x08settings\x18\x01 \x01(\x0b\x32\x1b.rlfleet.v1.CollectSettings\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\x12\x11\n\ttake_over\x18\x03 \x01(\x08\x12\x14\n\x0cresume_epoch\x18\x04 \x01(\x04\x12\x18\n\x10resume_after_seq\x18\x05 \x01(\x04\x12\x12\n\nlearner_id\x18\x06 \x01(\t\"\x19\n\x06\x43redit\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\r\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x0e\n\x0c\x43loseSession\"\xb2\x01\n\x0e\x43ollectRequest\x12\'\n\x04open\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.OpenSessionH\x00\x12$\n\x06\x63redit\x18\x02 \x01(\x0b\x32\x12.rlfleet.v1.CreditH\x00\x12\x1e\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0f.rlfleet.v1.AckH\x00\x12)\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x18.rlfleet.v1.CloseSessionH\x00\x42\x06\n\x04kind\"i\n\rSessionOpened\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\x12\x13\n\x0bmax_credits\x18\x04 \x01(\r\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\"\xb9\x01\n\tBatchInfo\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x04 \x01(\x04\x12\x13\n\x0b\x66rame_bytes\x18\x05 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x06 \x01(\r\x12\x10\n\x08model_id\x18\x07 \x01(\t\x12\x1a\n\x12policy_version_min\x18\x08 \x01(\x04\x12\x1a\n\x12policy_version_max\x18\t \x01(\x04\"j\n\nBatchChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12#\n\x04info\x18\x05 \x01(\x0b\x32\x15.rlfleet.v1.BatchInfo\"f\n\nEnvFailure\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x16\n\x0e\x65xception_type\x18\x02 \x01(\t\x12\x19\n\x11\x65xception_message\x18\x03 \x01(\t\x12\x18\n\x10message_withheld\x18\x04 \x01(\x08\"\x82\x01\n\tStreamEnd\x12%\n\x06reason\x18\x01 \x01(\x0e\x32\x15.rlfleet.v1.EndReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12+\n\x0b\x65nv_failure\x18\x04 \x01(\x0b\x32\x16.rlfleet.v1.EnvFailure\"\x95\x01\n\x0f\x43ollectResponse\x12+\n\x06opened\x18\x01 \x01(\x0b\x32\x19.rlfleet.v1.SessionOpenedH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.rlfleet.v1.BatchChunkH\x00\x12$\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x15.rlfleet.v1.StreamEndH\x00\x42\x06\n\x04kind\"W\n\rWeightsHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"Z\n\x12PushWeightsRequest\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.rlfleet.v1.WeightsHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"K\n\x13PushWeightsResponse\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\"k\n\tSpaceSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0b\n\x03low\x18\x04 \x03(\x01\x12\x0c\n\x04high\x18\x05 \x03(\x01\x12\t\n\x01n\x18\x06 \x03(\x03\x12\x0c\n\x04text\x18\x07 \x01(\t\";\n\rParameterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"]\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12-\n\nparameters\x18\x03 \x03(\x0b\x32\x19.rlfleet.v1.ParameterInfo\"\x11\n\x0f\x44\x65scribeRequest\"\xbc\x02\n\x10\x44\x65scribeResponse\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x65nv_id\x18\x03 \x01(\t\x12/\n\x10observation_spec\x18\x04 \x01(\x0b\x32\x15.rlfleet.v1.SpaceSpec\x12*\n\x0b\x61\x63tion_spec\x18\x05 \x01(\x0b\x32\x15.rlfleet.v1.SpaceSpec\x12%\n\x06models\x18\x06 \x03(\x0b\x32\x15.rlfleet.v1.ModelInfo\x12\x10\n\x08num_envs\x18\x07 \x01(\r\x12\x13\n\x0b\x65nv_backend\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x18\n\x10software_version\x18\n \x01(\t\x12\x13\n\x0bmax_credits\x18\x0b \x01(\r\x12\x0c\n\x04\x62usy\x18\x0c \x01(\x08\"2\n\x0bStateHeader\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06sha256\x18\x02 \x01(\t\"P\n\nStateChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.StateHeaderH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x11\n\x0fGetStateRequest\"&\n\x11LoadStateResponse\x12\x11\n\tworker_id\x18\x01 \x01(\r\"3\n\x0eSetSeedRequest\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\x13\n\x0bstatic_seed\x18\x02 \x01(\x08\"7\n\x0fSetSeedResponse\x12\x11\n\tnext_seed\x18\x01 \x01(\x04\x12\x11\n\tfirst_seq\x18\x02 \x01(\x04*\xaa\x01\n\x0f\x45xplorationType\x12 \n\x1c\x45XPLORATION_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45XPLORATION_TYPE_RANDOM\x10\x01\x12\"\n\x1e\x45XPLORATION_TYPE_DETERMINISTIC\x10\x02\x12\x19\n\x15\x45XPLORATION_TYPE_MODE\x10\x03\x12\x19\n\x15\x45XPLORATION_TYPE_MEAN\x10\x04*\xa7\x01\n\tEndReason\x12\x1a\n\x16\x45ND_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x45ND_REASON_BUDGET_REACHED\x10\x01\x12\x17\n\x13\x45ND_REASON_DRAINING\x10\x02\x12\x14\n\x10\x45ND_REASON_ERROR\x10\x03\x12\x19\n\x15\x45ND_REASON_TAKEN_OVER\x10\x04\x12\x15\n\x11\x45ND_REASON_CLOSED\x10\x05\x32\xbc\x03\n\x0c\x41\x63torService\x12\x46\n\x07\x43ollect\x12\x1a.rlfleet.v1.CollectRequest\x1a\x1b.rlfleet.v1.CollectResponse(\x01\x30\x01\x12P\n\x0bPushWeights\x12\x1e.rlfleet.v1.PushWeightsRequest\x1a\x1f.rlfleet.v1.PushWeightsResponse(\x01\x12\x45\n\x08\x44\x65scribe\x12\x1b.rlfleet.v1.DescribeRequest\x1a\x1c.rlfleet.v1.DescribeResponse\x12\x41\n\x08GetState\x12\x1b.rlfleet.v1.GetStateRequest\x1a\x16.rlfleet.v1.StateChunk0\x01\x12\x44\n\tLoadState\x12\x16.rlfleet.v1.StateChunk\x1a\x1d.rlfleet.v1.LoadStateResponse(\x01\x12\x42\n\x07SetSeed\x12\x1a.rlfleet.v1.SetSeedRequest\x1a\x1b.rlfleet.v1.SetSeedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.rlfleet.v1.actor_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXPLORATIONTYPE']._serialized_start=2547
-  _globals['_EXPLORATIONTYPE']._serialized_end=2717
-  _globals['_ENDREASON']._serialized_start=2720
-  _globals['_ENDREASON']._serialized_end=2887
+  _globals['_EXPLORATIONTYPE']._serialized_start=2716
+  _globals['_EXPLORATIONTYPE']._serialized_end=2886
+  _globals['_ENDREASON']._serialized_start=2889
+  _globals['_ENDREASON']._serialized_end=3056
   _globals['_COLLECTSETTINGS']._serialized_start=54
   _globals['_COLLECTSETTINGS']._serialized_end=346
   _globals['_OPENSESSION']._serialized_start=349
@@ -53,38 +53,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHINFO']._serialized_end=1052
   _globals['_BATCHCHUNK']._serialized_start=1054
   _globals['_BATCHCHUNK']._serialized_end=1160
-  _globals['_STREAMEND']._serialized_start=1162
-  _globals['_STREAMEND']._serialized_end=1247
-  _globals['_COLLECTRESPONSE']._serialized_start=1250
-  _globals['_COLLECTRESPONSE']._serialized_end=1399
-  _globals['_WEIGHTSHEADER']._serialized_start=1401
-  _globals['_WEIGHTSHEADER']._serialized_end=1488
-  _globals['_PUSHWEIGHTSREQUEST']._serialized_start=1490
-  _globals['_PUSHWEIGHTSREQUEST']._serialized_end=1580
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=1582
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=1657
-  _globals['_SPACESPEC']._serialized_start=1659
-  _globals['_SPACESPEC']._serialized_end=1766
-  _globals['_PARAMETERINFO']._serialized_start=1768
-  _globals['_PARAMETERINFO']._serialized_end=1827
-  _globals['_MODELINFO']._serialized_start=1829
-  _globals['_MODELINFO']._serialized_end=1922
-  _globals['_DESCRIBEREQUEST']._serialized_start=1924
-  _globals['_DESCRIBEREQUEST']._serialized_end=1941
-  _globals['_DESCRIBERESPONSE']._serialized_start=1944
-  _globals['_DESCRIBERESPONSE']._serialized_end=2260
-  _globals['_STATEHEADER']._serialized_start=2262
-  _globals['_STATEHEADER']._serialized_end=2312
-  _globals['_STATECHUNK']._serialized_start=2314
-  _globals['_STATECHUNK']._serialized_end=2394
-  _globals['_GETSTATEREQUEST']._serialized_start=2396
-  _globals['_GETSTATEREQUEST']._serialized_end=2413
-  _globals['_LOADSTATERESPONSE']._serialized_start=2415
-  _globals['_LOADSTATERESPONSE']._serialized_end=2453
-  _globals['_SETSEEDREQUEST']._serialized_start=2455
-  _globals['_SETSEEDREQUEST']._serialized_end=2506
-  _globals['_SETSEEDRESPONSE']._serialized_start=2508
-  _globals['_SETSEEDRESPONSE']._serialized_end=2544
-  _globals['_ACTORSERVICE']._serialized_start=2890
-  _globals['_ACTORSERVICE']._serialized_end=3334
+  _globals['_ENVFAILURE']._serialized_start=1162
+  _globals['_ENVFAILURE']._serialized_end=1264
+  _globals['_STREAMEND']._serialized_start=1267
+  _globals['_STREAMEND']._serialized_end=1397
+  _globals['_COLLECTRESPONSE']._serialized_start=1400
+  _globals['_COLLECTRESPONSE']._serialized_end=1549
+  _globals['_WEIGHTSHEADER']._serialized_start=1551
+  _globals['_WEIGHTSHEADER']._serialized_end=1638
+  _globals['_PUSHWEIGHTSREQUEST']._serialized_start=1640
+  _globals['_PUSHWEIGHTSREQUEST']._serialized_end=1730
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=1732
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=1807
+  _globals['_SPACESPEC']._serialized_start=1809
+  _globals['_SPACESPEC']._serialized_end=1916
+  _globals['_PARAMETERINFO']._serialized_start=1918
+  _globals['_PARAMETERINFO']._serialized_end=1977
+  _globals['_MODELINFO']._serialized_start=1979
+  _globals['_MODELINFO']._serialized_end=2072
+  _globals['_DESCRIBEREQUEST']._serialized_start=2074
+  _globals['_DESCRIBEREQUEST']._serialized_end=2091
+  _globals['_DESCRIBERESPONSE']._serialized_start=2094
+  _globals['_DESCRIBERESPONSE']._serialized_end=2410
+  _globals['_STATEHEADER']._serialized_start=2412
+  _globals['_STATEHEADER']._serialized_end=2462
+  _globals['_STATECHUNK']._serialized_start=2464
+  _globals['_STATECHUNK']._serialized_end=2544
+  _globals['_GETSTATEREQUEST']._serialized_start=2546
+  _globals['_GETSTATEREQUEST']._serialized_end=2563
+  _globals['_LOADSTATERESPONSE']._serialized_start=2565
+  _globals['_LOADSTATERESPONSE']._serialized_end=2603
+  _globals['_SETSEEDREQUEST']._serialized_start=2605
+  _globals['_SETSEEDREQUEST']._serialized_end=2656
+  _globals['_SETSEEDRESPONSE']._serialized_start=2658
+  _globals['_SETSEEDRESPONSE']._serialized_end=2713
+  _globals['_ACTORSERVICE']._serialized_start=3059
+  _globals['_ACTORSERVICE']._serialized_end=3503
 # @@protoc_insertion_point(module_scope)
