@@ -11,6 +11,7 @@ collector usable (unlike TorchRL, which shuts down): catch it and call
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -103,6 +104,8 @@ class GrpcCollector:
         allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
+        learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
+        take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
 
@@ -138,10 +141,11 @@ class GrpcCollector:
         allow_partial_batches: bool = False,
         channel_credentials: Any = None,
         token: str | None = None,
+        learner_id: str = "",
+        take_over: bool = False,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
     ) -> None:
-        addresses = check_addresses(resolve_actors(actors))
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -168,14 +172,13 @@ class GrpcCollector:
             connect_timeout=connect_timeout,
             call_timeout=call_timeout,
             channel_credentials=channel_credentials,
-            token=token,
         )
-        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
-        self._connect(conn, actors, addresses, dns_refresh_interval)
+        conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
+        self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
 
-    def _connect(
-        self, conn: ConnectionSettings, actors: Any, addresses: list[str], dns: float
-    ) -> None:
+    def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
+        addresses = check_addresses(resolve_actors(actors))
+        self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None

@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
+import secrets
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -226,7 +229,12 @@ class ConnectionSettings:
         call_timeout: Deadline of every unary call and weight push.
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS; None for plaintext.
         token: Bearer token sent on every call; None for none.
-        learner_id: Free-form learner name the actors log.
+        learner_id: This learner's identity on the actors: a reconnect resumes only a
+            session opened under the same id. Empty (the default) draws one no other
+            learner shares (host, pid and a random tag); reuse an id to resume after a
+            deliberate restart.
+        take_over: End another learner's active session on each actor instead of
+            waiting for it to end (an operator's choice; the actors log it).
 
     Raises:
         ValueError: A value out of range.
@@ -237,12 +245,21 @@ class ConnectionSettings:
     call_timeout: float = 30.0
     channel_credentials: Any = None
     token: str | None = None
-    learner_id: str = "rlfleet-learner"
+    learner_id: str = ""
+    take_over: bool = False
 
     def __post_init__(self) -> None:
         token = self.token
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty string or None")
+        if self.learner_id == "":
+            _set(self, "learner_id", new_learner_id())
+        if not isinstance(self.learner_id, str) or not 0 < len(self.learner_id) <= 256:
+            raise ValueError(
+                f"learner_id must be a string of 1 to 256 characters, got {self.learner_id!r:.80}"
+            )
+        if not isinstance(self.take_over, bool):
+            raise TypeError(f"take_over must be a bool, got {self.take_over!r}")
         for name in ("connect_timeout", "call_timeout"):
             _set(self, name, positive_timeout(name, getattr(self, name)))
 
@@ -266,6 +283,11 @@ class FleetMember:
     worker_id: int
     num_envs: int
     models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
+
+
+def new_learner_id() -> str:
+    """A learner identity no other collector shares: ``<host>-<pid>-<random hex>``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def positive_int(name: str, value: object) -> int:
