@@ -61,6 +61,13 @@ class ActorConfig:
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
+        kind: ``"env"`` (an env pool) or ``"llm"`` (chat slots, a task and a language
+            model: ``num_envs`` is the number of slots, the ``policy`` model spec is
+            ``rlfleet:tiny-qwen2``, ``hf:DIR``...).
+        task: The LLM task: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
+            ``package.module:factory``.
+        task_kwargs: Keyword arguments for the task.
+        max_new_tokens_cap: Most new tokens per turn a learner may ask an LLM actor for.
     """
 
     host: str = "127.0.0.1"
@@ -86,3 +93,7 @@ class ActorConfig:
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"
+    kind: str = "env"
+    task: str = "arith"
+    task_kwargs: dict = dataclasses.field(default_factory=dict)
+    max_new_tokens_cap: int = 4096

@@ -63,7 +63,11 @@ class ActorRuntime:
     async def start(self) -> None:
         """Build the collection core (env pool and models) on the collection thread."""
         factory = self._worker_factory
-        if factory is None:
+        if factory is None and self.config.kind == "llm":
+            from actor_service._llm_rollout import LLMRolloutWorker
+
+            factory = LLMRolloutWorker
+        elif factory is None:
             from actor_service._rollout import RolloutWorker
 
             factory = RolloutWorker

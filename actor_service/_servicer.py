@@ -227,7 +227,10 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         """What this actor is: worker_id, env, spaces, models, pool, device."""
         description = await self._rt.run_side(self._rt.worker.describe)
         return describe_to_proto(
-            description, max_credits=self._rt.config.max_credits, busy=self._rt.busy
+            description,
+            max_credits=self._rt.config.max_credits,
+            busy=self._rt.busy,
+            max_new_tokens_cap=self._rt.config.max_new_tokens_cap,
         )
 
     @_mapped
