@@ -1,12 +1,12 @@
 """One ``Collect`` stream: the reader, collector and writer of a learner session.
 
-A :class:`CollectStream` runs three cooperating parts on the event loop:
+A :class:`CollectSession` runs three cooperating parts on the event loop:
 
 * the **reader** applies the learner's ``credit``, ``ack`` and ``close``
   messages to the actor's :class:`~actor_service._session.SessionBook`;
 * the **collector** starts a batch only while the book allows it (a credit
   is held, few enough batches wait to be sent, the budget is not reached),
-  runs ``collect_batch`` and the tensor-frame encoding on the collection
+  runs ``collect_batch`` and the packet encoding on the collection
   thread, and queues the numbered result;
 * the **writer** (the RPC handler itself) sends ``opened``, then re-sent and
   new batches as chunks (never interleaved), then exactly one ``end``.
@@ -37,13 +37,13 @@ from actor_service._session import RetainedBatch
 from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
 from common.errors import RlfleetError, SessionStateError, to_status
-from common.frames import encode_frame
+from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 if TYPE_CHECKING:
     from actor_service._runtime import ActorRuntime
 
-__all__ = ["CollectStream", "EncodedBatch", "collect_encoded"]
+__all__ = ["CollectSession", "EncodedBatch", "collect_encoded"]
 
 # End reasons after which queued batches are still sent before `end`.
 _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.END_REASON_ERROR})
@@ -60,10 +60,10 @@ class EncodedBatch:
 
     Attributes:
         messages: One serialised ``CollectResponse(chunk=...)`` per chunk, in
-            order; their data concatenate to the frame.
+            order; their data concatenate to the packet.
         seq: The seq the batch was encoded with.
-        frame_bytes: Length of the tensor frame.
-        crc32: CRC-32 of the tensor frame.
+        packet_bytes: Length of the packet.
+        crc32: CRC-32 of the packet.
         frames: Frames in the batch.
         model_id: The model that acted.
         policy_version_min: Lowest policy version among the frames.
@@ -72,7 +72,7 @@ class EncodedBatch:
 
     messages: tuple[bytes, ...]
     seq: int
-    frame_bytes: int
+    packet_bytes: int
     crc32: int
     frames: int
     model_id: str
@@ -93,7 +93,7 @@ def collect_encoded(
         worker_id: The actor's worker id.
     """
     td = worker.collect_batch()
-    frame = encode_frame(td)
+    packet = encode_packet(td)
     versions = [
         td.get(key)
         for key in ("policy_version", ("next", "policy_version"))
@@ -104,7 +104,7 @@ def collect_encoded(
         low, high = int(flat.min()), int(flat.max())
     else:
         low = high = int(worker.models.policy_version(model_id))
-    pieces, crc32 = frame.checksummed_chunks()
+    pieces, crc32 = packet.checksummed_chunks()
     # An LLM batch of last steps only accounts for the dialog turns it dropped too.
     frames = int(getattr(worker, "last_batch_frames", 0) or td.numel())
     info = pb.BatchInfo(
@@ -112,7 +112,7 @@ def collect_encoded(
         epoch=epoch,
         seq=seq,
         frames=frames,
-        frame_bytes=frame.nbytes,
+        frame_bytes=packet.nbytes,
         crc32=crc32,
         model_id=model_id,
         policy_version_min=low,
@@ -121,7 +121,7 @@ def collect_encoded(
     return EncodedBatch(
         messages=_chunk_messages(pieces, seq, info),
         seq=seq,
-        frame_bytes=frame.nbytes,
+        packet_bytes=packet.nbytes,
         crc32=crc32,
         frames=frames,
         model_id=model_id,
@@ -131,7 +131,7 @@ def collect_encoded(
 
 
 def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[bytes, ...]:
-    """The frame's serialised chunk messages, the first carrying ``info``."""
+    """The packet's serialised chunk messages, the first carrying ``info``."""
     count = len(pieces)
     messages: list[bytes] = []
     pieces.reverse()
@@ -149,7 +149,7 @@ def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[by
     return tuple(messages)
 
 
-class CollectStream:
+class CollectSession:
     """A learner session on one ``Collect`` call.
 
     Args:

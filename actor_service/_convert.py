@@ -132,7 +132,7 @@ def _space_kind(space: Any) -> str:
 def describe_to_proto(
     description: Any, *, max_credits: int, busy: bool, max_new_tokens_cap: int = 0
 ) -> pb.DescribeResponse:
-    """Turn the core's ``ActorDescription`` into a ``DescribeResponse``.
+    """Turn the core's ``ActorIdentity`` into a ``DescribeResponse``.
 
     Args:
         description: What ``RolloutWorker.describe()`` returned.

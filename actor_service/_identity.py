@@ -2,7 +2,7 @@
 
 :func:`validate_config` checks the settings the collection core relies on before
 anything is built; :func:`draw_epoch` draws the random id that, with ``worker_id``
-and a batch ``seq``, names a batch uniquely; :class:`ActorDescription` is what
+and a batch ``seq``, names a batch uniquely; :class:`ActorIdentity` is what
 ``Describe`` reports.
 """
 
@@ -16,11 +16,11 @@ import torch
 
 from actor_service._config import ActorConfig
 
-__all__ = ["ActorDescription", "draw_epoch", "validate_config"]
+__all__ = ["ActorIdentity", "draw_epoch", "validate_config"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ActorDescription:
+class ActorIdentity:
     """What an actor is, for ``Describe``.
 
     Attributes:

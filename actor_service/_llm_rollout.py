@@ -33,7 +33,7 @@ from tensordict import TensorDict
 import common
 from actor_service._batch import TrajIds
 from actor_service._config import ActorConfig
-from actor_service._identity import ActorDescription, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch, validate_config
 from actor_service._llm_models import LLMModels
 from actor_service._llm_turns import Dialog, DialogEngine, Turn, pack_turns
 from common.config import CollectSettings
@@ -94,9 +94,9 @@ class LLMRolloutWorker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def describe(self) -> ActorDescription:
+    def describe(self) -> ActorIdentity:
         """A snapshot of what this actor is (safe from any thread)."""
-        return ActorDescription(
+        return ActorIdentity(
             worker_id=self.worker_id,
             epoch=self.epoch,
             env_id=self.config.task,

@@ -31,7 +31,7 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorDescription, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch, validate_config
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
@@ -43,7 +43,7 @@ from common.errors import (
 )
 from common.policies import RandomPolicy
 
-__all__ = ["ActorDescription", "RolloutWorker", "derive_seed"]
+__all__ = ["ActorIdentity", "RolloutWorker", "derive_seed"]
 
 
 class RolloutWorker:
@@ -126,13 +126,13 @@ class RolloutWorker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def describe(self) -> ActorDescription:
+    def describe(self) -> ActorIdentity:
         """A snapshot of what this actor is (safe from any thread)."""
         models = {
             mid: (self.models.policy_version(mid), self.models.parameters_info(mid))
             for mid in self.models.model_ids
         }
-        return ActorDescription(
+        return ActorIdentity(
             worker_id=self.worker_id,
             epoch=self.epoch,
             env_id=env_name(self.config),

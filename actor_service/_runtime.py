@@ -25,7 +25,7 @@ from actor_service._session import SessionBook
 from common.errors import ActorBusyError, ActorUnavailableError
 
 if TYPE_CHECKING:
-    from actor_service._collect import CollectStream
+    from actor_service._collect import CollectSession
     from actor_service._rollout import RolloutWorker
 
 __all__ = ["ActorRuntime"]
@@ -53,7 +53,7 @@ class ActorRuntime:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"rlfleet-collect-{config.worker_id}"
         )
-        self.current: CollectStream | None = None
+        self.current: CollectSession | None = None
         self.draining = False
         self._closed = False
         self._open_lock = asyncio.Lock()
@@ -117,7 +117,7 @@ class ActorRuntime:
 
     # -------------------------------------------------------------- sessions
 
-    async def acquire(self, stream: CollectStream, *, take_over: bool, learner_id: str) -> None:
+    async def acquire(self, stream: CollectSession, *, take_over: bool, learner_id: str) -> None:
         """Make ``stream`` the active session, ending or refusing the current one.
 
         Waits for the previous session's in-flight batch to finish (bounded by

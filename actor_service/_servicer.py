@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from actor_service._collect import CollectStream
+from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
@@ -163,7 +163,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         request = await _first(requests, "open", "Collect")
         self._rt.worker  # noqa: B018  # UNAVAILABLE while the actor starts
         settings = settings_from_proto(request.settings)
-        stream = CollectStream(self._rt, request, settings, context.peer())
+        stream = CollectSession(self._rt, request, settings, context.peer())
         await stream.run(requests, context)
 
     @_mapped

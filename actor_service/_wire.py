@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from common._protowire import varint
+from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -39,7 +39,7 @@ def encode_chunk(
         seq: The batch's seq.
         index: The chunk's index in the batch.
         count: The batch's number of chunks.
-        data: The chunk's slice of the tensor frame.
+        data: The chunk's slice of the packet.
         info: The batch's ``BatchInfo`` (the first chunk only), or None.
     """
     view = memoryview(data).cast("B")

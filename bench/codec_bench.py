@@ -1,7 +1,7 @@
-"""Throughput of the tensor-frame codec on the path a batch really takes, against a plain copy.
+"""Throughput of the packet codec on the path a batch really takes, against a plain copy.
 
-One round trip is what the transports do: ``encode_frame`` on the actor, ``chunks()``
-(one copy into each chunk message), then ``FrameAssembler.add`` for every chunk (one
+One round trip is what the transports do: ``encode_packet`` on the actor, ``chunks()``
+(one copy into each chunk message), then ``PacketAssembler.add`` for every chunk (one
 copy into the destination) and ``finish()`` on the learner, which decodes views. It is
 timed with and without the CRC-32 the transports add, on (a) a ~64 MiB uint8 pixel
 batch and (b) a 1,000-frame CartPole batch, each against ``tensor.clone()`` of a tensor
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict
 
-from common.frames import FrameAssembler, encode_frame, frame_crc32
+from common.packets import PacketAssembler, encode_packet, packet_crc32
 
 #: Large batches: encode + decode at least this fraction of plain-copy throughput.
 LARGE_TARGET = 0.25
@@ -74,10 +74,10 @@ def cartpole_batch(envs: int, steps: int) -> TensorDict:
 
 def round_trip(batch: TensorDict, crc: bool) -> TensorDict:
     """Actor side then learner side, as the transports run them."""
-    frame = encode_frame(batch)
-    checksum = frame_crc32(frame) if crc else None
-    assembler = FrameAssembler(frame.nbytes)
-    for data in frame.chunks():
+    packet = encode_packet(batch)
+    checksum = packet_crc32(packet) if crc else None
+    assembler = PacketAssembler(packet.nbytes)
+    for data in packet.chunks():
         assembler.add(data)
     return assembler.finish(expected_crc32=checksum)
 
@@ -96,7 +96,7 @@ def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, ob
     The candidates run back to back within each repetition and ratios are taken
     repetition by repetition, so the drift of a shared machine mostly cancels out.
     """
-    nbytes = encode_frame(batch).nbytes
+    nbytes = encode_packet(batch).nbytes
     flat = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
     warm = torch.empty_like(flat)
     candidates: dict[str, Callable[[], object]] = {

@@ -5,8 +5,8 @@ subclasses the builtin a Python user would catch for the same situation, so
 ``except ValueError`` keeps working::
 
     RlfleetError
-    ├── FrameError (ValueError)               INVALID_ARGUMENT  malformed tensor frame
-    │   └── FrameTooLargeError                RESOURCE_EXHAUSTED  over a size cap
+    ├── ProtocolError (ValueError)            INVALID_ARGUMENT  bad packet or message order
+    │   └── PacketTooLargeError               RESOURCE_EXHAUSTED  over a size cap
     ├── WeightsError (ValueError)             INVALID_ARGUMENT  keys/shapes/dtypes/non-finite
     │   └── WeightsTooLargeError              RESOURCE_EXHAUSTED  over a size cap
     ├── UnknownModelError (LookupError)       NOT_FOUND         no such model_id
@@ -38,10 +38,10 @@ __all__ = [
     "AuthenticationError",
     "DataLossError",
     "DeadlineError",
-    "FrameError",
-    "FrameTooLargeError",
     "InternalError",
+    "PacketTooLargeError",
     "PermissionDeniedError",
+    "ProtocolError",
     "RlfleetError",
     "SessionStateError",
     "StaleVersionError",
@@ -60,14 +60,14 @@ class RlfleetError(Exception):
     status_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
 
-class FrameError(RlfleetError, ValueError):
-    """A tensor frame is malformed, truncated or inconsistent."""
+class ProtocolError(RlfleetError, ValueError):
+    """A peer broke the wire contract: a malformed packet, or a message out of order."""
 
     status_code = grpc.StatusCode.INVALID_ARGUMENT
 
 
-class FrameTooLargeError(FrameError):
-    """A tensor frame (or part of it) exceeds a configured size cap."""
+class PacketTooLargeError(ProtocolError):
+    """A packet (or part of it) exceeds a configured size cap."""
 
     status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -157,7 +157,7 @@ class InternalError(RlfleetError, RuntimeError):
 
 
 _BY_CODE: dict[grpc.StatusCode, type[RlfleetError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: FrameError,
+    grpc.StatusCode.INVALID_ARGUMENT: ProtocolError,
     grpc.StatusCode.NOT_FOUND: UnknownModelError,
     grpc.StatusCode.ABORTED: StaleVersionError,
     grpc.StatusCode.FAILED_PRECONDITION: SessionStateError,

@@ -23,7 +23,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 from common.config import CollectSettings
-from common.errors import ActorUnavailableError, FrameError, SessionStateError
+from common.errors import ActorUnavailableError, ProtocolError, SessionStateError
 from learner_client._aggregate import name_time_dim, tag_worker
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
@@ -295,7 +295,7 @@ class ActorLink:
 
     def _deliver(self, event: BatchEvent) -> None:
         if event.worker_id != self.worker_id:
-            raise FrameError(
+            raise ProtocolError(
                 f"{self.address}: batch claims worker_id {event.worker_id}, "
                 f"expected {self.worker_id}"
             )

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from common._protowire import varint
 from common.config import CHUNK_BYTES
+from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import iter_blob_chunks
 
@@ -39,7 +39,7 @@ def encode_header(header: pb.WeightsHeader) -> bytes:
     return pb.PushWeightsRequest(header=header).SerializeToString()
 
 
-class _Entry:
+class _CachedBlob:
     """The chunk messages of one blob, encoded on first demand."""
 
     def __init__(self, blob: bytes | memoryview, chunk_bytes: int) -> None:
@@ -72,7 +72,7 @@ class SharedChunks:
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
         self._chunk_bytes = chunk_bytes
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, _CachedBlob] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -87,7 +87,7 @@ class SharedChunks:
         """
         entry = self._entries.get(id(blob))
         if entry is None or entry.blob is not blob:  # the entry keeps blob alive
-            entry = _Entry(blob, self._chunk_bytes)
+            entry = _CachedBlob(blob, self._chunk_bytes)
             self._entries[id(blob)] = entry
         entry.holders += 1
         try:

@@ -21,7 +21,7 @@ from learner_client._errors import MissingWorkersError
 from learner_client._fleet import Fleet
 from learner_client._mailbox import Delivery
 from learner_client._settings import BatchSettings
-from learner_client._slabs import FrameSlabs
+from learner_client._slabs import PacketSlabs
 
 __all__ = ["Rounds"]
 
@@ -47,7 +47,7 @@ class Rounds:
         self._acting_model = acting_model
         self.missing_workers: list[int] = []
         self.last_workers: list[int] = []
-        self._slabs = FrameSlabs()
+        self._slabs = PacketSlabs()
         self._slab_layout: tuple[int, ...] = ()
 
     def exhausted(self) -> bool:
@@ -93,10 +93,10 @@ class Rounds:
         layout = tuple(self._fleet.worker_ids)
         links = self._fleet.links
         if layout == self._slab_layout and all(
-                links[w].channel.frame_allocator is not None for w in layout):  # fmt: skip
+                links[w].channel.packet_allocator is not None for w in layout):  # fmt: skip
             return
         for position, worker_id in enumerate(layout):
-            links[worker_id].channel.frame_allocator = self._slabs.allocator(position, len(layout))
+            links[worker_id].channel.packet_allocator = self._slabs.allocator(position, len(layout))
         self._slab_layout = layout
 
     def _take_sync(self) -> list[Delivery]:

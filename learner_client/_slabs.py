@@ -1,11 +1,11 @@
-"""Frame buffers laid out so that a sync round can be stacked without copying.
+"""Packet buffers laid out so that a sync round can be stacked without copying.
 
-A sync batch stacks one frame per actor. When the frames of one round were
+A sync batch stacks one packet per actor. When the packets of one round were
 received into one storage, at the same distance from each other, every stacked
 entry is a strided view of that storage (:func:`learner_client._aggregate.combine`
-checks this per entry and copies only what does not line up). :class:`FrameSlabs`
+checks this per entry and copies only what does not line up). :class:`PacketSlabs`
 hands out such buffers: a slab holds one slot per actor position, and the n-th
-frame of each actor goes to the oldest slab whose slot for that actor is free,
+packet of each actor goes to the oldest slab whose slot for that actor is free,
 so rounds line up as long as actors deliver rounds in order (the sync mailbox
 makes them). A slab is never reused: the tensors of a delivered batch keep their
 slab alive, and nothing else writes to it. Slots never filled (a missing actor)
@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["FrameSlabs"]
+__all__ = ["PacketSlabs"]
 
 _ALIGN = 16
-# Slabs waiting for a slot to be filled; older ones are let go (their frames simply
+# Slabs waiting for a slot to be filled; older ones are let go (their packets simply
 # stop lining up, and combine copies them).
 _MAX_OPEN = 8
 
@@ -35,14 +35,14 @@ class _Slab:
         self.free = set(range(width))
 
 
-class FrameSlabs:
-    """Hands out frame buffers so that one round's frames share one storage, evenly spaced.
+class PacketSlabs:
+    """Hands out packet buffers so that one round's packets share one storage, evenly spaced.
 
     Example::
 
-        slabs = FrameSlabs()
+        slabs = PacketSlabs()
         allocate = slabs.allocator(position=0, width=2)  # the first of two actors
-        assembler = FrameAssembler(info.frame_bytes, allocate=allocate)
+        assembler = PacketAssembler(info.frame_bytes, allocate=allocate)
     """
 
     def __init__(self) -> None:

@@ -8,7 +8,7 @@ the learner's single asyncio event loop (see :mod:`learner_client._loop`):
   LoadState), each under a deadline, each returning plain Python values.
 * :class:`CollectStream` — one ``Collect`` session: sends ``open`` then credits,
   acks and ``close`` from a queue; reads ``opened``, then reassembles each
-  batch's chunks with :class:`~common.frames.FrameAssembler` (one copy, crc32
+  batch's chunks with :class:`~common.packets.PacketAssembler` (one copy, crc32
   checked, decoded off the loop when large) and returns whole batches or the
   ``end`` marker. A protocol violation or a broken call raises; the partial
   batch is dropped with the stream.
@@ -28,8 +28,8 @@ import grpc
 from tensordict import TensorDictBase
 
 from common.config import CHUNK_BYTES, CollectSettings, client_channel_options
-from common.errors import DeadlineError, FrameError, SessionStateError, from_status
-from common.frames import FrameAssembler, FrameLimits
+from common.errors import DeadlineError, ProtocolError, SessionStateError, from_status
+from common.packets import PacketAssembler, PacketLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
@@ -45,7 +45,7 @@ __all__ = [
     "translate_errors",
 ]
 
-# Frames above this size are decoded on a worker thread, not on the event loop.
+# Packets above this size are decoded on a worker thread, not on the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
 # gRPC's own reconnect backoff grows to 120 s by default; an actor restarted on
 # the same port must be found again within our (shorter, jittered) backoff.
@@ -257,9 +257,9 @@ class ActorChannel:
                 elif kind == "chunk" and assembler is not None:
                     assembler.add(message.chunk)
                 else:
-                    raise FrameError(f"{self.address}: GetState sent {kind!r} out of order")
+                    raise ProtocolError(f"{self.address}: GetState sent {kind!r} out of order")
         if assembler is None:
-            raise FrameError(f"{self.address}: GetState sent no header")
+            raise ProtocolError(f"{self.address}: GetState sent no header")
         return bytes(assembler.finish())
 
     async def load_state(self, blob: bytes, timeout: float) -> int:
@@ -275,10 +275,10 @@ class ActorChannel:
             r = await self._stub.LoadState(requests(), timeout=timeout, metadata=self._metadata)
         return r.worker_id
 
-    #: The ``allocate`` of the Collect streams' FrameAssembler, read as each batch
-    #: starts: the sync rounds set it so that a round's frames share one slab
+    #: The ``allocate`` of the Collect streams' PacketAssembler, read as each batch
+    #: starts: the sync rounds set it so that a round's packets share one slab
     #: (learner_client._slabs); None reassembles into fresh buffers.
-    frame_allocator: Callable[[int], Any] | None = None
+    packet_allocator: Callable[[int], Any] | None = None
 
     def collect(
         self,
@@ -361,7 +361,7 @@ class CollectStream:
         self._closing = False
         self._call = channel._start_collect(self._requests())
         self._read: asyncio.Future | None = None
-        self._limits = FrameLimits()
+        self._limits = PacketLimits()
 
     async def _requests(self) -> AsyncIterator[pb.CollectRequest]:
         while True:
@@ -419,7 +419,7 @@ class CollectStream:
         message = await self._receive(timeout)
         if message is None or message.WhichOneof("kind") != "opened":
             kind = None if message is None else message.WhichOneof("kind")
-            raise FrameError(f"{self.address}: expected 'opened' first, got {kind!r}")
+            raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
         o = message.opened
         return SessionInfo(
             worker_id=o.worker_id,
@@ -447,17 +447,17 @@ class CollectStream:
             on_start: Called with a batch's seq when its first chunk arrives.
 
         Raises:
-            FrameError: Chunks out of order or inconsistent, or a malformed frame.
+            ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
             DataLossError: A batch failed its crc32.
             ActorUnavailableError: The call broke (or any other translated status).
         """
-        assembler: FrameAssembler | None = None
+        assembler: PacketAssembler | None = None
         info: Any = None
         expected = 0
         while True:
             message = await self._receive(idle, waiting if assembler is None else None)
             if message is None:
-                raise FrameError(f"{self.address}: stream ended without an 'end' marker")
+                raise ProtocolError(f"{self.address}: stream ended without an 'end' marker")
             kind = message.WhichOneof("kind")
             if kind == "end" and assembler is None:
                 e = message.end
@@ -467,19 +467,21 @@ class CollectStream:
                     last_seq=e.last_seq,
                 )
             if kind != "chunk":
-                raise FrameError(f"{self.address}: unexpected {kind!r} inside the stream")
+                raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message.chunk
             if assembler is None:
                 if chunk.index != 0 or not chunk.HasField("info") or chunk.count < 1:
-                    raise FrameError(f"{self.address}: batch seq {chunk.seq} starts without info")
+                    raise ProtocolError(
+                        f"{self.address}: batch seq {chunk.seq} starts without info"
+                    )
                 info, expected = chunk.info, 0
                 if on_start is not None:
                     on_start(chunk.seq)
-                assembler = FrameAssembler(
-                    info.frame_bytes, self._limits, allocate=self._channel.frame_allocator
+                assembler = PacketAssembler(
+                    info.frame_bytes, self._limits, allocate=self._channel.packet_allocator
                 )
             if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
-                raise FrameError(
+                raise ProtocolError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
                     f"in batch seq {info.seq} (expected index {expected})"
                 )
@@ -498,7 +500,7 @@ class CollectStream:
                     batch=batch,
                 )
 
-    async def _finish(self, assembler: FrameAssembler, crc32: int, size: int) -> TensorDictBase:
+    async def _finish(self, assembler: PacketAssembler, crc32: int, size: int) -> TensorDictBase:
         if size < _DECODE_OFF_LOOP_BYTES:
             return assembler.finish(expected_crc32=crc32)
         loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """The dense LLM wire form, its strict checks, and TorchRL 0.14.1's ``LLMCollector`` layout.
 
-An LLM batch travels as an ordinary tensor frame (:mod:`common.frames`) of dense
+An LLM batch travels as an ordinary packet (:mod:`common.packets`) of dense
 tensors and string stacks, never pickled objects. Per element (one dialog turn),
 batch shape ``S`` (``[slots, T]`` in steps mode, ``[n]`` otherwise)::
 
@@ -18,7 +18,7 @@ batch shape ``S`` (``[slots, T]`` in steps mode, ``[n]`` otherwise)::
     next.reward float32 [*S, 1]; next.done/.terminated/.truncated/.success bool [*S, 1]
 
 :func:`check_padded` enforces all of it (a hostile peer's lengths beyond the padded
-width, negative lengths, counts that do not agree raise :class:`FrameError`);
+width, negative lengths, counts that do not agree raise :class:`~common.errors.ProtocolError`);
 :func:`to_torchrl` rebuilds TorchRL's layout: ragged ``tokens``/``masks``/``log_probs``
 (``prompt``, ``response``, ``full``), ``text``, ``history`` (``prompt``, ``response``,
 ``full`` as ``role``/``content`` string stacks), ``next.history.prompt`` (this turn's
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, NonTensorStack, TensorDict, TensorDictBase
 
-from common.errors import FrameError
+from common.errors import ProtocolError
 
 __all__ = ["check_padded", "to_torchrl"]
 
@@ -60,7 +60,7 @@ _STRINGS = ("query", ("text", "prompt"), ("text", "response"))
 
 def _get(td: TensorDictBase, key: Any, what: str) -> Any:
     if key not in td.keys(include_nested=True):
-        raise FrameError(f"LLM batch lacks {key!r} ({what})")
+        raise ProtocolError(f"LLM batch lacks {key!r} ({what})")
     return td.get(key)
 
 
@@ -68,7 +68,7 @@ def _tensor(td: TensorDictBase, key: Any, dtype: torch.dtype, shape: tuple[int, 
     value = _get(td, key, f"{dtype} {list(shape)}")
     if not isinstance(value, torch.Tensor) or value.dtype != dtype or tuple(value.shape) != shape:
         got = f"{getattr(value, 'dtype', type(value).__name__)} {list(getattr(value, 'shape', []))}"
-        raise FrameError(f"LLM batch {key!r} must be {dtype} {list(shape)}, got {got}")
+        raise ProtocolError(f"LLM batch {key!r} must be {dtype} {list(shape)}, got {got}")
     return value
 
 
@@ -76,15 +76,17 @@ def check_padded(td: TensorDictBase) -> None:
     """Check an LLM batch in the padded wire form; nothing is trusted.
 
     Raises:
-        FrameError: A missing key, a wrong dtype or shape, a negative length, a length
+        ProtocolError: A missing key, a wrong dtype or shape, a negative length, a length
             beyond the padded width, or counts that do not agree.
     """
     batch = tuple(td.batch_size)
     if len(batch) not in (1, 2):
-        raise FrameError(f"LLM batch must be [n] or [slots, T], got {list(batch)}")
+        raise ProtocolError(f"LLM batch must be [n] or [slots, T], got {list(batch)}")
     tokens = _get(td, "tokens", "int64 [*S, L]")
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != len(batch) + 1:
-        raise FrameError(f"LLM batch 'tokens' must be int64 [*S, L], got {type(tokens).__name__}")
+        raise ProtocolError(
+            f"LLM batch 'tokens' must be int64 [*S, L], got {type(tokens).__name__}"
+        )
     width = tokens.shape[-1]
     _tensor(td, "tokens", _INT, (*batch, width))
     span = _get(td, "log_probs", "float32 [*S, R]")
@@ -99,15 +101,15 @@ def check_padded(td: TensorDictBase) -> None:
         _tensor(td, ("collector", "token_policy_version"), _INT, (*batch, span))
     prompt, response = rows["prompt_len"], rows["response_len"]
     if bool((prompt < 0).any()) or bool((response < 0).any()):
-        raise FrameError("LLM batch has negative prompt_len or response_len")
+        raise ProtocolError("LLM batch has negative prompt_len or response_len")
     if bool((prompt + response > width).any()) or bool((response > span).any()):
-        raise FrameError(
+        raise ProtocolError(
             f"LLM batch lengths exceed the padded widths (tokens {width}, log_probs {span})"
         )
     if bool((rows["policy_version"] < 0).any()):
-        raise FrameError("LLM batch has a negative policy_version")
+        raise ProtocolError("LLM batch has a negative policy_version")
     if not bool(torch.isfinite(td.get("log_probs")).all()):
-        raise FrameError("LLM batch has non-finite log_probs")
+        raise ProtocolError("LLM batch has non-finite log_probs")
     _check_strings(td, batch, rows[("history", "length")])
 
 
@@ -115,7 +117,7 @@ def _check_strings(td: TensorDictBase, batch: tuple[int, ...], length: torch.Ten
     for key in _STRINGS:
         value = _get(td, key, "strings")
         if not isinstance(value, NonTensorStack) or tuple(value.batch_size) != batch:
-            raise FrameError(f"LLM batch {key!r} must be a string stack of shape {list(batch)}")
+            raise ProtocolError(f"LLM batch {key!r} must be a string stack of shape {list(batch)}")
     messages = -1
     for key in (("history", "role"), ("history", "content")):
         value = _get(td, key, "strings [*S, M]")
@@ -125,12 +127,12 @@ def _check_strings(td: TensorDictBase, batch: tuple[int, ...], length: torch.Ten
             or shape[:-1] != batch
             or len(shape) != len(batch) + 1
         ):
-            raise FrameError(f"LLM batch {key!r} must be a string stack of shape [*S, M]")
+            raise ProtocolError(f"LLM batch {key!r} must be a string stack of shape [*S, M]")
         if messages not in (-1, shape[-1]):
-            raise FrameError("LLM batch history role and content counts do not agree")
+            raise ProtocolError("LLM batch history role and content counts do not agree")
         messages = shape[-1]
     if bool((length < 1).any()) or bool((length > messages).any()):
-        raise FrameError(f"LLM batch history.length must be in [1, {messages}]")
+        raise ProtocolError(f"LLM batch history.length must be in [1, {messages}]")
 
 
 def _history(roles: list[str], contents: list[str]) -> TensorDict:

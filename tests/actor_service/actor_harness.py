@@ -4,7 +4,7 @@
 background event loop with a channel to it (the ``make_actor`` fixture in
 ``conftest.py`` builds them). :class:`RawCollect` drives one ``Collect`` call
 through the generated stubs only, reassembling batches with
-:class:`common.frames.FrameAssembler`, so the tests see exactly what a learner
+:class:`common.packets.PacketAssembler`, so the tests see exactly what a learner
 sees on the wire.
 """
 
@@ -20,7 +20,7 @@ import grpc
 from tensordict import TensorDict
 
 from actor_service import ActorConfig, ServerThread
-from common.frames import FrameAssembler
+from common.packets import PacketAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -156,7 +156,7 @@ class RawCollect:
         chunk = message.chunk
         info = chunk.info
         assert chunk.index == 0
-        assembler = FrameAssembler(info.frame_bytes)
+        assembler = PacketAssembler(info.frame_bytes)
         assembler.add(chunk.data)
         for index in range(1, chunk.count):
             nxt = self.next(timeout)

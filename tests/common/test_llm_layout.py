@@ -6,9 +6,9 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from common.errors import FrameError
-from common.frames import decode_frame, encode_frame
+from common.errors import ProtocolError
 from common.llm import check_padded, to_torchrl
+from common.packets import decode_packet, encode_packet
 
 
 def _strings(rows):
@@ -63,7 +63,7 @@ def padded(n: int = 3, width: int = 10, span: int = 4, messages: int = 2) -> Ten
 
 
 def _wire(td: TensorDict) -> TensorDict:
-    return decode_frame(bytearray(b"".join(encode_frame(td).chunks())))
+    return decode_packet(bytearray(b"".join(encode_packet(td).chunks())))
 
 
 def test_a_padded_batch_round_trips_through_a_packet_and_checks() -> None:
@@ -114,15 +114,15 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_check_padded_raises_frame_error_on_hostile_batches(name) -> None:
+def test_check_padded_raises_protocol_error_on_hostile_batches(name) -> None:
     td = HOSTILE[name](padded())
-    with pytest.raises(FrameError):
+    with pytest.raises(ProtocolError):
         check_padded(_wire(td))
 
 
 def test_check_padded_raises_if_the_batch_has_three_dims() -> None:
     check_padded(padded(4).reshape(2, 2))  # [slots, T] is fine
-    with pytest.raises(FrameError, match=r"\[n\] or \[slots, T\]"):
+    with pytest.raises(ProtocolError, match=r"\[n\] or \[slots, T\]"):
         check_padded(padded(4).reshape(2, 2, 1))
 
 

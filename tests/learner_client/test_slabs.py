@@ -1,4 +1,4 @@
-"""Sync rounds stacked by viewing: frame slabs, and combine over frames received into them."""
+"""Sync rounds stacked by viewing: packet slabs, and combine over packets received into them."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from common.frames import FrameAssembler, encode_frame
+from common.packets import PacketAssembler, encode_packet
 from learner_client._aggregate import WORKER_ID_KEY, combine, name_time_dim, tag_worker
-from learner_client._slabs import FrameSlabs
+from learner_client._slabs import PacketSlabs
 
 
 def actor_batch(fill: int, envs: int = 2, steps: int = 5) -> TensorDict:
@@ -30,15 +30,15 @@ def actor_batch(fill: int, envs: int = 2, steps: int = 5) -> TensorDict:
 
 
 def received(td: TensorDict, allocate=None) -> TensorDict:
-    frame = encode_frame(td)
-    assembler = FrameAssembler(frame.nbytes, allocate=allocate)
-    for chunk in frame.chunks(64):
+    packet = encode_packet(td)
+    assembler = PacketAssembler(packet.nbytes, allocate=allocate)
+    for chunk in packet.chunks(64):
         assembler.add(chunk)
     return assembler.finish()
 
 
-def test_frame_slabs_put_the_nth_frame_of_each_position_in_one_slab():
-    slabs = FrameSlabs()
+def test_packet_slabs_put_the_nth_packet_of_each_position_in_one_slab():
+    slabs = PacketSlabs()
     first, second = slabs.allocator(0, 2), slabs.allocator(1, 2)
     a1, a2 = first(100), first(100)  # position 0 runs a round ahead
     b1, b2 = second(100), second(100)
@@ -49,13 +49,13 @@ def test_frame_slabs_put_the_nth_frame_of_each_position_in_one_slab():
     assert slabs.open_slabs == 0
 
 
-def test_frame_slabs_raise_if_the_position_is_outside_the_width():
+def test_packet_slabs_raise_if_the_position_is_outside_the_width():
     with pytest.raises(ValueError, match="range"):
-        FrameSlabs().allocator(2, 2)
+        PacketSlabs().allocator(2, 2)
 
 
-def test_combine_views_frames_received_into_one_slab():
-    slabs = FrameSlabs()
+def test_combine_views_packets_received_into_one_slab():
+    slabs = PacketSlabs()
     batches = [
         tag_worker(name_time_dim(received(actor_batch(i), slabs.allocator(i, 3))), i)
         for i in range(3)
@@ -67,14 +67,14 @@ def test_combine_views_frames_received_into_one_slab():
     assert out["next"].names == expected["next"].names
     assert set(out.keys(True, True)) == set(expected.keys(True, True))
     assert bool((out == expected).all())
-    # No copy: the stacked entry is a view of the slab the frames were received into.
+    # No copy: the stacked entry is a view of the slab the packets were received into.
     slab = batches[0]["observation"].untyped_storage().data_ptr()
     assert out["observation"].untyped_storage().data_ptr() == slab
     assert out["next", "observation"].untyped_storage().data_ptr() == slab
     assert out[WORKER_ID_KEY][:, 0, 0].tolist() == [0, 1, 2]
 
 
-def test_combine_copies_frames_received_into_separate_buffers():
+def test_combine_copies_packets_received_into_separate_buffers():
     batches = [tag_worker(name_time_dim(received(actor_batch(i))), i) for i in range(2)]
     out = combine(batches, cat_results="stack", split_trajs=False)
     expected = torch.stack([b.clone() for b in batches], 0)
@@ -105,7 +105,7 @@ def test_collector_sync_batches_view_their_round_slab_and_stay_intact(fleet):
     assert len(later) == 3
     for batch in (first, *later):
         assert batch.names == [None, None, "time"]
-        # Both entries are views of one slab holding both actors' frames: nothing was stacked.
+        # Both entries are views of one slab holding both actors' packets: nothing was stacked.
         storage = batch["observation"].untyped_storage()
         assert batch["next", "observation"].untyped_storage().data_ptr() == storage.data_ptr()
         assert storage.nbytes() >= batch["observation"].nbytes * 2

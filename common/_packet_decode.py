@@ -1,11 +1,11 @@
-"""The strict tensor-frame decoder: header validation and TensorDict construction.
+"""The strict packet decoder: header validation and TensorDict construction.
 
-:mod:`common.frames` documents the layout byte by byte and is the public face of
-the codec; this module holds the layout constants, the caps (:class:`FrameLimits`)
+:mod:`common.packets` documents the layout byte by byte and is the public face of
+the codec; this module holds the layout constants, the caps (:class:`PacketLimits`)
 and the part that faces hostile input: it parses the JSON header, checks every
 field, type, size and offset against the caps before anything is allocated, and
-builds the TensorDict with tensors viewing the frame's buffer. Every failure is a
-:class:`~common.errors.FrameError` (:class:`~common.errors.FrameTooLargeError` for
+builds the TensorDict with tensors viewing the packet's buffer. Every failure is a
+:class:`~common.errors.ProtocolError` (:class:`~common.errors.PacketTooLargeError` for
 caps). Nothing here unpickles.
 """
 
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from common.errors import FrameError, FrameTooLargeError
+from common.errors import PacketTooLargeError, ProtocolError
 
-__all__ = ["ALIGN", "DTYPES", "MAGIC", "PREAMBLE", "STR", "FrameLimits", "decode"]
+__all__ = ["ALIGN", "DTYPES", "MAGIC", "PREAMBLE", "STR", "PacketLimits", "decode"]
 
-#: The first four bytes of every frame.
+#: The first four bytes of every packet.
 MAGIC = b"RLF1"
 PREAMBLE = struct.Struct("<4sQ")
 ALIGN = 16
@@ -42,21 +42,21 @@ Key = tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class FrameLimits:
+class PacketLimits:
     """Caps the decoder enforces before it allocates anything.
 
     Attributes:
-        max_frame_bytes: Largest whole frame, and largest dim or element count, accepted.
+        max_packet_bytes: Largest whole packet, and largest dim or element count, accepted.
         max_header_bytes: Largest JSON header (H).
-        max_entries: Most entries plus nested tensordicts in one frame.
+        max_entries: Most entries plus nested tensordicts in one packet.
         max_depth: Most components in one key.
         max_key_length: Longest key component or dim name, in characters.
         max_ndim: Most dims in one shape or batch size.
-        max_strings: Most strings in one frame. Each becomes a tensordict object
+        max_strings: Most strings in one packet. Each becomes a tensordict object
             (about 0.1 ms and 0.6 KiB), so this bounds the decode time strings can cost.
     """
 
-    max_frame_bytes: int = 1 << 30
+    max_packet_bytes: int = 1 << 30
     max_header_bytes: int = 1 << 20
     max_entries: int = 4096
     max_depth: int = 16
@@ -68,7 +68,7 @@ class FrameLimits:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if type(value) is not int or value <= 0:
-                raise ValueError(f"FrameLimits.{field.name} must be a positive int, got {value!r}")
+                raise ValueError(f"PacketLimits.{field.name} must be a positive int, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,38 +80,38 @@ class _Entry:
     nbytes: int
 
 
-def decode(data: torch.Tensor, limits: FrameLimits) -> TensorDict:
-    """Decodes a whole frame held in a uint8 tensor; tensors are views of ``data``.
+def decode(data: torch.Tensor, limits: PacketLimits) -> TensorDict:
+    """Decodes a whole packet held in a uint8 tensor; tensors are views of ``data``.
 
     Raises:
-        FrameError: If the frame is malformed, truncated or inconsistent.
-        FrameTooLargeError: If the frame exceeds a cap in ``limits``.
+        ProtocolError: If the packet is malformed, truncated or inconsistent.
+        PacketTooLargeError: If the packet exceeds a cap in ``limits``.
     """
     magic, length = PREAMBLE.unpack(bytes(data[: PREAMBLE.size].numpy()))
     if magic != MAGIC:
-        raise FrameError(f"bad magic {magic!r}, expected {MAGIC!r}")
+        raise ProtocolError(f"bad magic {magic!r}, expected {MAGIC!r}")
     if length > limits.max_header_bytes:
-        raise FrameTooLargeError(
+        raise PacketTooLargeError(
             f"header of {length} bytes exceeds max_header_bytes={limits.max_header_bytes}"
         )
     start = PREAMBLE.size + length
     if start > data.numel():
-        raise FrameError(f"header of {length} bytes runs past the {data.numel()}-byte frame")
+        raise ProtocolError(f"header of {length} bytes runs past the {data.numel()}-byte packet")
     if start % ALIGN:
-        raise FrameError(f"payload offset {start} is not a multiple of {ALIGN}")
+        raise ProtocolError(f"payload offset {start} is not a multiple of {ALIGN}")
     header = _load_json(bytes(data[PREAMBLE.size : start].numpy()))
     spec = _Header(header, limits)
     payload = data[start:]
     if payload.numel() != spec.payload_bytes:
-        raise FrameError(
+        raise ProtocolError(
             f"payload has {payload.numel()} bytes, the header announces {spec.payload_bytes}"
         )
     try:
         return spec.build(payload)
     except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
-        if isinstance(exc, FrameError):
+        if isinstance(exc, ProtocolError):
             raise
-        raise FrameError(f"frame does not form a valid tensordict: {exc}") from exc
+        raise ProtocolError(f"packet does not form a valid tensordict: {exc}") from exc
 
 
 def _load_json(raw: bytes) -> dict[str, Any]:
@@ -120,90 +120,90 @@ def _load_json(raw: bytes) -> dict[str, Any]:
             raw.decode("utf-8"), object_pairs_hook=_unique_fields, parse_constant=_no_constant
         )
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise FrameError(f"header is not valid UTF-8 JSON: {exc}") from None
+        raise ProtocolError(f"header is not valid UTF-8 JSON: {exc}") from None
     return _fields(header, _TOP_FIELDS, "header")
 
 
 def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     fields = dict(pairs)
     if len(fields) != len(pairs):
-        raise FrameError(f"duplicate field in a header object: {[name for name, _ in pairs]}")
+        raise ProtocolError(f"duplicate field in a header object: {[name for name, _ in pairs]}")
     return fields
 
 
 def _no_constant(name: str) -> None:
-    raise FrameError(f"{name} is not allowed in a header")
+    raise ProtocolError(f"{name} is not allowed in a header")
 
 
 def _fields(value: Any, expected: frozenset[str], what: str) -> dict[str, Any]:
     if type(value) is not dict:
-        raise FrameError(f"{what} must be a JSON object, got {type(value).__name__}")
+        raise ProtocolError(f"{what} must be a JSON object, got {type(value).__name__}")
     if value.keys() != expected:
-        raise FrameError(f"{what} must have exactly the fields {sorted(expected)}, got "
+        raise ProtocolError(f"{what} must have exactly the fields {sorted(expected)}, got "
                          f"{sorted(value)[:10]}")  # fmt: skip
     return value
 
 
 def _list(value: Any, what: str, cap: int, cap_name: str) -> list:
     if type(value) is not list:
-        raise FrameError(f"{what} must be a JSON array, got {type(value).__name__}")
+        raise ProtocolError(f"{what} must be a JSON array, got {type(value).__name__}")
     if len(value) > cap:
-        raise FrameTooLargeError(f"{what} has {len(value)} items, over {cap_name}={cap}")
+        raise PacketTooLargeError(f"{what} has {len(value)} items, over {cap_name}={cap}")
     return value
 
 
-def _int(value: Any, what: str, limits: FrameLimits) -> int:
+def _int(value: Any, what: str, limits: PacketLimits) -> int:
     if type(value) is not int:
-        raise FrameError(f"{what} must be an integer, got {value!r:.60}")
+        raise ProtocolError(f"{what} must be an integer, got {value!r:.60}")
     if value < 0:
-        raise FrameError(f"{what} must be non-negative, got {value}")
-    if value > limits.max_frame_bytes:
-        raise FrameTooLargeError(
-            f"{what} = {value} exceeds max_frame_bytes={limits.max_frame_bytes}"
+        raise ProtocolError(f"{what} must be non-negative, got {value}")
+    if value > limits.max_packet_bytes:
+        raise PacketTooLargeError(
+            f"{what} = {value} exceeds max_packet_bytes={limits.max_packet_bytes}"
         )
     return value
 
 
-def _shape(value: Any, what: str, limits: FrameLimits) -> tuple[int, ...]:
+def _shape(value: Any, what: str, limits: PacketLimits) -> tuple[int, ...]:
     dims = _list(value, what, limits.max_ndim, "max_ndim")
     shape = tuple(_int(dim, f"{what}[{i}]", limits) for i, dim in enumerate(dims))
-    if math.prod(shape) > limits.max_frame_bytes:
-        raise FrameTooLargeError(f"{what} {list(shape)} has more elements than max_frame_bytes")
+    if math.prod(shape) > limits.max_packet_bytes:
+        raise PacketTooLargeError(f"{what} {list(shape)} has more elements than max_packet_bytes")
     return shape
 
 
-def _name(value: Any, what: str, limits: FrameLimits) -> str:
+def _name(value: Any, what: str, limits: PacketLimits) -> str:
     if type(value) is not str or not value:
-        raise FrameError(f"{what} must be a non-empty string, got {value!r:.60}")
+        raise ProtocolError(f"{what} must be a non-empty string, got {value!r:.60}")
     if len(value) > limits.max_key_length:
-        raise FrameTooLargeError(
+        raise PacketTooLargeError(
             f"{what} {value[:40]!r}... is over max_key_length={limits.max_key_length}"
         )
     return value
 
 
-def _key(value: Any, limits: FrameLimits) -> Key:
+def _key(value: Any, limits: PacketLimits) -> Key:
     parts = _list(value, "key", limits.max_depth, "max_depth")
     if not parts:
-        raise FrameError("key must have at least one component")
+        raise ProtocolError("key must have at least one component")
     return tuple(_name(part, "key component", limits) for part in parts)
 
 
-def _names(value: Any, ndim: int, what: str, limits: FrameLimits) -> list[str | None]:
+def _names(value: Any, ndim: int, what: str, limits: PacketLimits) -> list[str | None]:
     names = _list(value, what, limits.max_ndim, "max_ndim")
     if len(names) != ndim:
-        raise FrameError(f"{what} {names!r:.80} must have one item per batch dim ({ndim})")
+        raise ProtocolError(f"{what} {names!r:.80} must have one item per batch dim ({ndim})")
     names = [None if name is None else _name(name, what, limits) for name in names]
     given = [name for name in names if name is not None]
     if len(set(given)) != len(given):
-        raise FrameError(f"{what} {names} repeats a name")
+        raise ProtocolError(f"{what} {names} repeats a name")
     return names
 
 
 class _Header:
     """A header whose every field passed validation, and the tensordict it builds."""
 
-    def __init__(self, header: dict[str, Any], limits: FrameLimits) -> None:
+    def __init__(self, header: dict[str, Any], limits: PacketLimits) -> None:
         self.limits = limits
         batch_size = _shape(header["batch_size"], "batch_size", limits)
         names = _names(header["names"], len(batch_size), "names", limits)
@@ -212,7 +212,7 @@ class _Header:
         tds = _list(header["tds"], "tds", limits.max_entries, "max_entries")
         entries = _list(header["entries"], "entries", limits.max_entries, "max_entries")
         if len(tds) + len(entries) > limits.max_entries:
-            raise FrameTooLargeError(
+            raise PacketTooLargeError(
                 f"{len(tds)} tds + {len(entries)} entries exceed max_entries={limits.max_entries}"
             )
         for item in tds:
@@ -224,13 +224,13 @@ class _Header:
         for item in entries:
             end = self._add_entry(_fields(item, _ENTRY_FIELDS, "entry"), end)
         if end != self.payload_bytes:
-            raise FrameError(f"entries end at {end}, payload_bytes is {self.payload_bytes}")
+            raise ProtocolError(f"entries end at {end}, payload_bytes is {self.payload_bytes}")
 
     def _parent(self, key: Key, seen: set[Key]) -> tuple[tuple[int, ...], list[str | None]]:
         if key in self.groups or key in seen:
-            raise FrameError(f"key {list(key)} appears twice")
+            raise ProtocolError(f"key {list(key)} appears twice")
         if key[:-1] not in self.groups:
-            raise FrameError(f"key {list(key)}: parent {list(key[:-1])} is not a declared td")
+            raise ProtocolError(f"key {list(key)}: parent {list(key[:-1])} is not a declared td")
         return self.groups[key[:-1]]
 
     def _add_group(self, item: dict[str, Any]) -> None:
@@ -240,7 +240,7 @@ class _Header:
         names = _names(item["names"], len(batch_size), f"td {list(key)} names", self.limits)
         if (batch_size[: len(parent_batch)] != parent_batch
                 or names[: len(parent_names)] != parent_names):  # fmt: skip
-            raise FrameError(
+            raise ProtocolError(
                 f"td {list(key)}: batch size {list(batch_size)} / names {names} do not extend "
                 f"the parent's {list(parent_batch)} / {parent_names}"
             )
@@ -251,12 +251,12 @@ class _Header:
         parent_batch = self._parent(key, self._seen)[0]
         dtype = item["dtype"]
         if type(dtype) is not str or (dtype not in DTYPES and dtype != STR):
-            raise FrameError(f"entry {list(key)}: dtype {dtype!r:.40} is not allowed")
+            raise ProtocolError(f"entry {list(key)}: dtype {dtype!r:.40} is not allowed")
         shape = _shape(item["shape"], f"entry {list(key)} shape", self.limits)
         offset = _int(item["offset"], f"entry {list(key)} offset", self.limits)
         nbytes = _int(item["nbytes"], f"entry {list(key)} nbytes", self.limits)
         if shape[: len(parent_batch)] != parent_batch and not (dtype == STR and not shape):
-            raise FrameError(
+            raise ProtocolError(
                 f"entry {list(key)}: shape {list(shape)} does not start with the batch size "
                 f"{list(parent_batch)}"
             )
@@ -264,17 +264,21 @@ class _Header:
         if dtype == STR:
             self._strings += count
             if self._strings > self.limits.max_strings:
-                raise FrameTooLargeError(f"more than max_strings={self.limits.max_strings} strings")
+                raise PacketTooLargeError(
+                    f"more than max_strings={self.limits.max_strings} strings"
+                )
             if nbytes < 8 * count:
-                raise FrameError(f"entry {list(key)}: {nbytes} bytes cannot hold {count} offsets")
+                raise ProtocolError(
+                    f"entry {list(key)}: {nbytes} bytes cannot hold {count} offsets"
+                )
         elif nbytes != count * DTYPES[dtype].itemsize:
-            raise FrameError(f"entry {list(key)}: nbytes {nbytes} != {count} x {dtype} size")
+            raise ProtocolError(f"entry {list(key)}: nbytes {nbytes} != {count} x {dtype} size")
         expected = previous_end + -previous_end % ALIGN
         if offset != expected:
-            raise FrameError(f"entry {list(key)}: offset {offset}, expected {expected} "
+            raise ProtocolError(f"entry {list(key)}: offset {offset}, expected {expected} "
                              "(entries are packed in order, 16-byte aligned)")  # fmt: skip
         if offset + nbytes > self.payload_bytes:
-            raise FrameError(f"entry {list(key)} ends past payload_bytes={self.payload_bytes}")
+            raise ProtocolError(f"entry {list(key)} ends past payload_bytes={self.payload_bytes}")
         self._seen.add(key)
         self.entries.append(_Entry(key, dtype, shape, offset, nbytes))
         return offset + nbytes
@@ -286,7 +290,7 @@ class _Header:
         end = 0
         for entry in self.entries:
             if any(raw[end : entry.offset]):
-                raise FrameError(f"entry {list(entry.key)}: padding before it is not zero")
+                raise ProtocolError(f"entry {list(entry.key)}: padding before it is not zero")
             end = entry.offset + entry.nbytes
             parent = entry.key[:-1]
             if entry.dtype == STR:
@@ -311,7 +315,7 @@ def _tensor(entry: _Entry, region: torch.Tensor) -> torch.Tensor:
     dtype = DTYPES[entry.dtype]
     # torch.bool assumes bytes 0 and 1; anything else is undefined behaviour.
     if dtype is torch.bool and entry.nbytes and bool(region.gt(1).any()):
-        raise FrameError(f"entry {list(entry.key)}: bool bytes must be 0 or 1")
+        raise ProtocolError(f"entry {list(entry.key)}: bool bytes must be 0 or 1")
     return region.view(dtype).view(entry.shape)
 
 
@@ -321,18 +325,18 @@ def _strings(entry: _Entry, region: memoryview, batch_size: tuple[int, ...]) -> 
     body = bytes(region[8 * count :])
     last = int(ends[-1]) if count else 0
     if last != len(body) or (count > 1 and bool((ends[1:] < ends[:-1]).any())):
-        raise FrameError(f"entry {list(entry.key)}: string offsets are not monotonic up to "
+        raise ProtocolError(f"entry {list(entry.key)}: string offsets are not monotonic up to "
                          f"the {len(body)} text bytes")  # fmt: skip
     bounds = ends.tolist()
     try:
         texts = [body[a:b].decode("utf-8") for a, b in zip([0, *bounds], bounds, strict=False)]
     except UnicodeDecodeError as exc:
-        raise FrameError(f"entry {list(entry.key)}: text is not valid UTF-8: {exc}") from None
+        raise ProtocolError(f"entry {list(entry.key)}: text is not valid UTF-8: {exc}") from None
     if not entry.shape:
         return NonTensorData(data=texts[0], batch_size=batch_size)
     stack = NonTensorStack.from_list(_nest(texts, entry.shape))
     if tuple(stack.batch_size) != entry.shape:
-        raise FrameError(f"entry {list(entry.key)}: cannot build a string stack of shape "
+        raise ProtocolError(f"entry {list(entry.key)}: cannot build a string stack of shape "
                          f"{list(entry.shape)}")  # fmt: skip
     return stack
 

@@ -1,10 +1,10 @@
-"""Tensor frames: the wire encoding of a TensorDict batch, and its strict decoder.
+"""Packets: the wire encoding of a TensorDict batch, and its strict decoder.
 
-A frame is a safetensors-like header followed by the raw bytes of every entry.
+A packet is a safetensors-like header followed by the raw bytes of every entry.
 All integers are little-endian; ``align16(n)`` rounds ``n`` up to a multiple of 16::
 
     offset 0       4 bytes   magic b"RLF1"
-    offset 4       8 bytes   H, the header length, uint64 (at most FrameLimits.max_header_bytes)
+    offset 4       8 bytes   H, the header length, uint64 (at most PacketLimits.max_header_bytes)
     offset 12      H bytes   header: a UTF-8 JSON object, right-padded with spaces so that
                              12 + H is a multiple of 16 (the payload starts 16-byte aligned)
     offset 12+H    P bytes   payload: the entries' bytes, in header order, entry i starting at
@@ -33,13 +33,13 @@ the batch (``NonTensorData``), any other shape is a ``NonTensorStack`` of that
 shape; the region holds ``count`` (the shape's product, 1 for ``[]``) uint64 end
 offsets, then the concatenated UTF-8 strings, ``nbytes = 8 * count + text bytes``.
 
-Decoding trusts nothing (:mod:`common._frame_decode`): every field, type, size
-and offset is checked against :class:`FrameLimits` before anything is allocated,
+Decoding trusts nothing (:mod:`common._packet_decode`): every field, type, size
+and offset is checked against :class:`PacketLimits` before anything is allocated,
 entries must be packed exactly as above, and every failure raises
-:class:`~common.errors.FrameError` (:class:`~common.errors.FrameTooLargeError`
+:class:`~common.errors.ProtocolError` (:class:`~common.errors.PacketTooLargeError`
 for caps). Decoded tensors are views into one buffer: the caller's ``bytearray``
 or writable ``memoryview`` (aligned to 16 bytes), else one copy of it; with
-:class:`FrameAssembler`, the buffer the chunks were copied into. Batches travel
+:class:`PacketAssembler`, the buffer the chunks were copied into. Batches travel
 on CPU and decode with device ``None``. No pickle is involved anywhere.
 """
 
@@ -55,45 +55,45 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
-from common._frame_decode import ALIGN, DTYPES, MAGIC, PREAMBLE, STR, FrameLimits, decode
+from common._packet_decode import ALIGN, DTYPES, MAGIC, PREAMBLE, STR, PacketLimits, decode
 from common.config import CHUNK_BYTES
-from common.errors import DataLossError, FrameError, FrameTooLargeError, SessionStateError
+from common.errors import DataLossError, PacketTooLargeError, ProtocolError, SessionStateError
 
 __all__ = [
-    "EncodedFrame",
-    "FrameAssembler",
-    "FrameLimits",
+    "EncodedPacket",
+    "PacketAssembler",
+    "PacketLimits",
     "DEFAULT_LIMITS",
     "MAGIC",
-    "decode_frame",
-    "encode_frame",
-    "frame_crc32",
+    "decode_packet",
+    "encode_packet",
+    "packet_crc32",
 ]
 
 #: The caps used when none are given.
-DEFAULT_LIMITS = FrameLimits()
+DEFAULT_LIMITS = PacketLimits()
 _ZEROS = memoryview(bytes(ALIGN))
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 Key = tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class EncodedFrame:
-    """An encoded frame: its header and zero-copy views of its payload.
+class EncodedPacket:
+    """An encoded packet: its header and zero-copy views of its payload.
 
     The payload views borrow the tensors' memory: leave the encoded tensordict
-    unchanged until the frame has been sent.
+    unchanged until the packet has been sent.
 
     Example::
 
-        frame = encode_frame(batch)
-        for data in frame.chunks():  # each at most CHUNK_BYTES
+        packet = encode_packet(batch)
+        for data in packet.chunks():  # each at most CHUNK_BYTES
             send(data)
 
     Attributes:
         header: Bytes 0 to 12+H: magic, header length and padded JSON header.
         payload: The payload in order, as flat byte views (entries and zero padding).
-        nbytes: Total length of the frame.
+        nbytes: Total length of the packet.
     """
 
     header: bytes
@@ -101,7 +101,7 @@ class EncodedFrame:
     nbytes: int
 
     def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-        """Cuts the frame into consecutive pieces, copying each byte once.
+        """Cuts the packet into consecutive pieces, copying each byte once.
 
         Args:
             chunk_bytes: Largest piece; every piece but the last has exactly this length.
@@ -130,16 +130,16 @@ class EncodedFrame:
             yield b"".join(pending)
 
     def checksummed_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], int]:
-        """Cuts the frame like :meth:`chunks` and checksums it in the same pass.
+        """Cuts the packet like :meth:`chunks` and checksums it in the same pass.
 
         Each piece is checksummed right after it is built, while its bytes are still
-        in cache, so the CRC costs no separate pass over the frame.
+        in cache, so the CRC costs no separate pass over the packet.
 
         Args:
             chunk_bytes: Largest piece; every piece but the last has exactly this length.
 
         Returns:
-            The pieces, and the frame's :func:`frame_crc32`.
+            The pieces, and the packet's :func:`packet_crc32`.
 
         Raises:
             ValueError: If ``chunk_bytes`` is not a positive int.
@@ -151,12 +151,12 @@ class EncodedFrame:
         return pieces, crc
 
     def tobytes(self) -> bytes:
-        """Returns the whole frame as one ``bytes`` object."""
+        """Returns the whole packet as one ``bytes`` object."""
         return b"".join((self.header, *self.payload))
 
 
-def encode_frame(td: TensorDictBase) -> EncodedFrame:
-    """Encodes a tensordict as a tensor frame without copying contiguous CPU tensors.
+def encode_packet(td: TensorDictBase) -> EncodedPacket:
+    """Encodes a tensordict as a packet without copying contiguous CPU tensors.
 
     Lazy stacks are densified; other tensors are made CPU and contiguous only when
     they are not. Nested tensordicts keep their own batch sizes and dim names.
@@ -165,15 +165,15 @@ def encode_frame(td: TensorDictBase) -> EncodedFrame:
         td: The batch: tensors of the allowed dtypes and strings, nested at will.
 
     Returns:
-        The encoded frame.
+        The encoded packet.
 
     Raises:
         TypeError: If ``td`` or one of its values (named by key) has an unsupported
             type, dtype or layout, or a non-tensor value is not a string.
-        FrameError: If a value cannot be represented (ragged lazy stack, unencodable text).
+        ProtocolError: If a value cannot be represented (ragged lazy stack, unencodable text).
     """
     if not isinstance(td, TensorDictBase) or is_non_tensor(td):
-        raise TypeError(f"encode_frame expects a TensorDict, got {type(td).__name__}")
+        raise TypeError(f"encode_packet expects a TensorDict, got {type(td).__name__}")
     encoder = _Encoder()
     td = encoder.dense(td, ())
     encoder.walk(td, (), td.names)
@@ -187,7 +187,7 @@ def encode_frame(td: TensorDictBase) -> EncodedFrame:
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-(PREAMBLE.size + len(text)) % ALIGN)
     head = PREAMBLE.pack(MAGIC, len(text)) + text
-    return EncodedFrame(head, tuple(encoder.parts), len(head) + encoder.offset)
+    return EncodedPacket(head, tuple(encoder.parts), len(head) + encoder.offset)
 
 
 class _Encoder:
@@ -205,7 +205,7 @@ class _Encoder:
         try:
             return td.contiguous()
         except (RuntimeError, ValueError) as exc:
-            raise FrameError(f"cannot densify the tensordict at {list(key)}: {exc}") from exc
+            raise ProtocolError(f"cannot densify the tensordict at {list(key)}: {exc}") from exc
 
     def walk(self, td: TensorDictBase, prefix: Key, names: list[str | None]) -> None:
         for name, value in td.items():
@@ -218,7 +218,7 @@ class _Encoder:
             elif isinstance(value, TensorDictBase):
                 value = self.dense(value, key)
                 # tensordict keeps a child's leading names equal to its parent's, except
-                # after erasing names; the frame always states the consistent form.
+                # after erasing names; the packet always states the consistent form.
                 sub_names = [*names, *value.names[td.batch_dims :]]
                 record = {"key": list(key), "batch_size": list(value.batch_size)}
                 self.tds.append({**record, "names": sub_names})
@@ -258,7 +258,7 @@ def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tu
     elif value.batch_size == batch_size:
         shape, flat = [], [value.data]
     else:
-        raise FrameError(
+        raise ProtocolError(
             f"entry {list(key)}: NonTensorData batch size {list(value.batch_size)} differs from "
             f"its tensordict's {list(batch_size)}; use a NonTensorStack"
         )
@@ -268,7 +268,7 @@ def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tu
     try:
         encoded = [item.encode("utf-8") for item in flat]
     except UnicodeEncodeError as exc:
-        raise FrameError(f"entry {list(key)}: text is not encodable as UTF-8: {exc}") from exc
+        raise ProtocolError(f"entry {list(key)}: text is not encodable as UTF-8: {exc}") from exc
     ends = np.cumsum([len(item) for item in encoded], dtype="<u8")
     return shape, memoryview(ends.tobytes() + b"".join(encoded))
 
@@ -279,35 +279,35 @@ def _flatten(nested: Any, ndim: int) -> list:
     return list(nested)
 
 
-def decode_frame(
-    buffer: bytes | bytearray | memoryview, limits: FrameLimits = DEFAULT_LIMITS
+def decode_packet(
+    buffer: bytes | bytearray | memoryview, limits: PacketLimits = DEFAULT_LIMITS
 ) -> TensorDict:
-    """Decodes one whole frame, checking it as strictly as safetensors.
+    """Decodes one whole packet, checking it as strictly as safetensors.
 
     Tensors are views into ``buffer`` when it is a ``bytearray`` or a writable,
     contiguous ``memoryview`` starting 16-byte aligned; otherwise (``bytes``, a
     read-only view) the buffer is copied once and the tensors view the copy.
 
     Args:
-        buffer: Exactly one frame.
+        buffer: Exactly one packet.
         limits: The caps to enforce.
 
     Returns:
         The batch, with its batch size, dim names and nested structure.
 
     Raises:
-        FrameError: If the frame is malformed, truncated or inconsistent.
-        FrameTooLargeError: If the frame exceeds a cap in ``limits``.
+        ProtocolError: If the packet is malformed, truncated or inconsistent.
+        PacketTooLargeError: If the packet exceeds a cap in ``limits``.
         TypeError: If ``buffer`` is not a bytes-like object.
     """
     if not isinstance(buffer, bytes | bytearray | memoryview):
-        raise TypeError(f"decode_frame expects bytes-like data, got {type(buffer).__name__}")
+        raise TypeError(f"decode_packet expects bytes-like data, got {type(buffer).__name__}")
     view = memoryview(buffer)
     if view.nbytes < PREAMBLE.size:
-        raise FrameError(f"a frame has at least {PREAMBLE.size} bytes, got {view.nbytes}")
-    if view.nbytes > limits.max_frame_bytes:
-        raise FrameTooLargeError(
-            f"frame of {view.nbytes} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
+        raise ProtocolError(f"a packet has at least {PREAMBLE.size} bytes, got {view.nbytes}")
+    if view.nbytes > limits.max_packet_bytes:
+        raise PacketTooLargeError(
+            f"packet of {view.nbytes} bytes exceeds max_packet_bytes={limits.max_packet_bytes}"
         )
     if view.readonly or not view.c_contiguous:
         view = memoryview(bytearray(view))
@@ -317,8 +317,8 @@ def decode_frame(
     return decode(data, limits)
 
 
-class FrameAssembler:
-    """Reassembles a frame from its chunks into one preallocated buffer.
+class PacketAssembler:
+    """Reassembles a packet from its chunks into one preallocated buffer.
 
     Each chunk is copied once into the buffer and checksummed as it arrives;
     :meth:`finish` compares the CRC-32 and decodes tensors as views of that
@@ -326,38 +326,38 @@ class FrameAssembler:
 
     Example::
 
-        assembler = FrameAssembler(info.frame_bytes)
+        assembler = PacketAssembler(info.frame_bytes)
         for data in chunks:
             assembler.add(data)
         batch = assembler.finish(expected_crc32=info.crc32)
 
     Args:
-        total_bytes: The announced frame length; checked against the caps before allocating.
+        total_bytes: The announced packet length; checked against the caps before allocating.
         limits: The caps to enforce.
         allocate: Called with ``total_bytes`` (after the checks) to get the buffer: a
             contiguous 1-D uint8 CPU tensor of exactly that length, starting 16-byte
             aligned, that nothing else writes to. None allocates a fresh one.
 
     Raises:
-        FrameError: If ``total_bytes`` is too small for a frame, or ``allocate``
+        ProtocolError: If ``total_bytes`` is too small for a packet, or ``allocate``
             returned an unusable buffer.
-        FrameTooLargeError: If ``total_bytes`` exceeds ``limits.max_frame_bytes``.
+        PacketTooLargeError: If ``total_bytes`` exceeds ``limits.max_packet_bytes``.
     """
 
     def __init__(
         self,
         total_bytes: int,
-        limits: FrameLimits = DEFAULT_LIMITS,
+        limits: PacketLimits = DEFAULT_LIMITS,
         allocate: Callable[[int], torch.Tensor] | None = None,
     ) -> None:
         if type(total_bytes) is not int:
-            raise FrameError(f"total_bytes must be an int, got {total_bytes!r:.60}")
-        if total_bytes > limits.max_frame_bytes:
-            raise FrameTooLargeError(
-                f"frame of {total_bytes} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
+            raise ProtocolError(f"total_bytes must be an int, got {total_bytes!r:.60}")
+        if total_bytes > limits.max_packet_bytes:
+            raise PacketTooLargeError(
+                f"packet of {total_bytes} bytes exceeds max_packet_bytes={limits.max_packet_bytes}"
             )
         if total_bytes < PREAMBLE.size:
-            raise FrameError(f"a frame has at least {PREAMBLE.size} bytes, got {total_bytes}")
+            raise ProtocolError(f"a packet has at least {PREAMBLE.size} bytes, got {total_bytes}")
         self._limits = limits
         self._total = total_bytes
         self._received = 0
@@ -371,7 +371,7 @@ class FrameAssembler:
 
     @property
     def total_bytes(self) -> int:
-        """The announced frame length."""
+        """The announced packet length."""
         return self._total
 
     @property
@@ -380,50 +380,54 @@ class FrameAssembler:
         return self._received
 
     def add(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Copies the next chunk into the frame buffer.
+        """Copies the next chunk into the packet buffer.
 
         Args:
-            chunk: The next consecutive bytes of the frame.
+            chunk: The next consecutive bytes of the packet.
 
         Raises:
-            FrameError: If the chunk would take the frame past its announced length.
+            ProtocolError: If the chunk would take the packet past its announced length.
             SessionStateError: If :meth:`finish` was already called.
         """
         if self._buffer is None:
-            raise SessionStateError("FrameAssembler.add called after finish()")
+            raise SessionStateError("PacketAssembler.add called after finish()")
         piece = memoryview(chunk).cast("B")
         end = self._received + piece.nbytes
         if end > self._total:
-            raise FrameError(f"frame overflow: {end} bytes received, {self._total} were announced")
+            raise ProtocolError(
+                f"packet overflow: {end} bytes received, {self._total} were announced"
+            )
         self._view[self._received : end] = piece
         # Checksummed as it arrives (the bytes are in cache): finish() needs no extra pass.
         self._crc = zlib.crc32(piece, self._crc)
         self._received = end
 
     def finish(self, expected_crc32: int | None = None) -> TensorDict:
-        """Checks completeness (and the checksum when given), then decodes the frame.
+        """Checks completeness (and the checksum when given), then decodes the packet.
 
         Args:
-            expected_crc32: The sender's :func:`frame_crc32`, or None to skip the check.
+            expected_crc32: The sender's :func:`packet_crc32`, or None to skip the check.
 
         Returns:
             The batch; its tensors are views into the assembled buffer.
 
         Raises:
-            FrameError: If bytes are missing or the frame is malformed.
+            ProtocolError: If bytes are missing or the packet is malformed.
             DataLossError: If the checksum does not match.
             SessionStateError: If :meth:`finish` was already called.
         """
         if self._buffer is None:
-            raise SessionStateError("FrameAssembler.finish called twice")
+            raise SessionStateError("PacketAssembler.finish called twice")
         buffer, actual = self._buffer, self._crc
         self._buffer = None
         self._view = memoryview(b"")
         if self._received != self._total:
-            raise FrameError(f"frame incomplete: {self._received} of {self._total} bytes received")
+            raise ProtocolError(
+                f"packet incomplete: {self._received} of {self._total} bytes received"
+            )
         if expected_crc32 is not None and actual != expected_crc32:
             raise DataLossError(
-                f"frame checksum mismatch: got crc32 {actual:#010x}, "
+                f"packet checksum mismatch: got crc32 {actual:#010x}, "
                 f"expected {expected_crc32:#010x}"
             )
         return decode(buffer, self._limits)
@@ -434,7 +438,7 @@ def _checked_buffer(buffer: Any, total_bytes: int) -> torch.Tensor:
             or buffer.device.type != "cpu" or buffer.dim() != 1
             or buffer.numel() != total_bytes or not buffer.is_contiguous()
             or buffer.data_ptr() % ALIGN):  # fmt: skip
-        raise FrameError(
+        raise ProtocolError(
             f"allocate({total_bytes}) must return a contiguous 1-D uint8 CPU tensor of that "
             f"length starting {ALIGN}-byte aligned, got {type(buffer).__name__} "
             f"{getattr(buffer, 'shape', '')}"
@@ -442,18 +446,18 @@ def _checked_buffer(buffer: Any, total_bytes: int) -> torch.Tensor:
     return buffer
 
 
-def frame_crc32(frame: EncodedFrame | bytes | bytearray | memoryview) -> int:
-    """Returns the CRC-32 (zlib) of a frame, as sent in ``BatchInfo.crc32``.
+def packet_crc32(packet: EncodedPacket | bytes | bytearray | memoryview) -> int:
+    """Returns the CRC-32 (zlib) of a packet, as sent in ``BatchInfo.crc32``.
 
     Args:
-        frame: An encoded frame or its bytes.
+        packet: An encoded packet or its bytes.
 
     Returns:
         The unsigned 32-bit checksum.
     """
-    if isinstance(frame, EncodedFrame):
-        crc = zlib.crc32(frame.header)
-        for part in frame.payload:
+    if isinstance(packet, EncodedPacket):
+        crc = zlib.crc32(packet.header)
+        for part in packet.payload:
             crc = zlib.crc32(part, crc)
         return crc
-    return zlib.crc32(frame)
+    return zlib.crc32(packet)

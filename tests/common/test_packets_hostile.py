@@ -1,7 +1,7 @@
-"""The tensor-frame decoder facing hostile input: fuzzed frames and named refusals.
+"""The packet decoder facing hostile input: fuzzed packets and named refusals.
 
-Every malformed frame must raise FrameError (FrameTooLargeError for caps), quickly
-and without allocating what the frame claims; nothing else may escape.
+Every malformed packet must raise ProtocolError (PacketTooLargeError for caps), quickly
+and without allocating what the packet claims; nothing else may escape.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
-from frame_strategies import FAST, header_of, one_entry, payload_of, raw_frame, tensordicts
 from hypothesis import given
+from packet_strategies import FAST, header_of, one_entry, payload_of, raw_packet, tensordicts
 from tensordict import TensorDict
 
-from common.errors import FrameError, FrameTooLargeError
-from common.frames import (
+from common.errors import PacketTooLargeError, ProtocolError
+from common.packets import (
     MAGIC,
-    FrameLimits,
-    decode_frame,
-    encode_frame,
+    PacketLimits,
+    decode_packet,
+    encode_packet,
 )
 
 # ----------------------------------------------------- hostile input: fuzz --
@@ -33,34 +33,34 @@ from common.frames import (
 
 def decodes_or_refuses(buffer: bytes | bytearray) -> None:
     try:
-        out = decode_frame(buffer)
-    except FrameError:
+        out = decode_packet(buffer)
+    except ProtocolError:
         return
     assert isinstance(out, TensorDict)
-    encode_frame(out)  # whatever decodes is a well-formed batch
+    encode_packet(out)  # whatever decodes is a well-formed batch
 
 
 @FAST
 @given(td=tensordicts(), data=st.data())
-def test_decode_frame_raises_only_frame_error_on_mutated_frames(
+def test_decode_packet_raises_only_packet_error_on_mutated_packets(
     td: TensorDict, data: st.DataObject
 ) -> None:
-    frame = bytearray(encode_frame(td).tobytes())
-    (length,) = struct.unpack_from("<Q", frame, 4)
-    region = data.draw(st.sampled_from([(12, 12 + length), (12 + length, len(frame)), (0, 12)]))
+    packet = bytearray(encode_packet(td).tobytes())
+    (length,) = struct.unpack_from("<Q", packet, 4)
+    region = data.draw(st.sampled_from([(12, 12 + length), (12 + length, len(packet)), (0, 12)]))
     at = data.draw(st.integers(*region))
     op = data.draw(st.sampled_from(["flip", "truncate", "insert", "delete", "duplicate"]))
-    if op == "flip" and at < len(frame):
-        frame[at] ^= data.draw(st.integers(1, 255))
+    if op == "flip" and at < len(packet):
+        packet[at] ^= data.draw(st.integers(1, 255))
     elif op == "truncate":
-        del frame[at:]
+        del packet[at:]
     elif op == "insert":
-        frame[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+        packet[at:at] = data.draw(st.binary(min_size=1, max_size=16))
     elif op == "delete":
-        del frame[at : at + data.draw(st.integers(1, 16))]
+        del packet[at : at + data.draw(st.integers(1, 16))]
     else:
-        frame[at:at] = frame[at : at + data.draw(st.integers(1, 64))]
-    decodes_or_refuses(frame)
+        packet[at:at] = packet[at : at + data.draw(st.integers(1, 64))]
+    decodes_or_refuses(packet)
 
 
 JSON = st.recursive(
@@ -74,11 +74,11 @@ JSON = st.recursive(
 
 @FAST
 @given(td=tensordicts(), data=st.data())
-def test_decode_frame_raises_only_frame_error_on_mutated_headers(
+def test_decode_packet_raises_only_packet_error_on_mutated_headers(
     td: TensorDict, data: st.DataObject
 ) -> None:
-    frame = encode_frame(td).tobytes()
-    header = header_of(frame)
+    packet = encode_packet(td).tobytes()
+    header = header_of(packet)
     spots = list(json_spots(header))[::-1]  # deepest first: hypothesis favours early items
     node, slot = data.draw(st.sampled_from(spots))
     if type(node[slot]) is int and data.draw(st.booleans()):
@@ -87,7 +87,7 @@ def test_decode_frame_raises_only_frame_error_on_mutated_headers(
         node.insert(slot, data.draw(JSON) if data.draw(st.booleans()) else node[slot])
     else:
         node[slot] = data.draw(JSON)
-    decodes_or_refuses(raw_frame(json.dumps(header).encode(), payload_of(frame)))
+    decodes_or_refuses(raw_packet(json.dumps(header).encode(), payload_of(packet)))
 
 
 def json_spots(node: Any) -> Any:
@@ -101,13 +101,15 @@ def json_spots(node: Any) -> Any:
 # ------------------------------------------ hostile input: named refusals --
 
 
-def refused_fast(buffer: bytes | bytearray, error: type[FrameError] = FrameError, **limits: int):
+def refused_fast(
+    buffer: bytes | bytearray, error: type[ProtocolError] = ProtocolError, **limits: int
+):
     """Decodes hostile input; returns the error after checking time and Python allocations."""
     tracemalloc.start()
     began = time.perf_counter()
     try:
         with pytest.raises(error) as caught:
-            decode_frame(buffer, FrameLimits(**limits))
+            decode_packet(buffer, PacketLimits(**limits))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -116,46 +118,46 @@ def refused_fast(buffer: bytes | bytearray, error: type[FrameError] = FrameError
     return caught.value
 
 
-def test_decode_frame_raises_if_the_header_claims_2_to_63_payload_bytes() -> None:
+def test_decode_packet_raises_if_the_header_claims_2_to_63_payload_bytes() -> None:
     header = {**one_entry(), "payload_bytes": 2**63}
-    assert "payload_bytes" in str(refused_fast(raw_frame(header, bytes(8)), FrameTooLargeError))
+    assert "payload_bytes" in str(refused_fast(raw_packet(header, bytes(8)), PacketTooLargeError))
 
 
-def test_decode_frame_raises_if_the_header_length_is_2_to_63() -> None:
-    frame = bytearray(MAGIC + struct.pack("<Q", 2**63) + b"{}" + bytes(14))
-    assert "max_header_bytes" in str(refused_fast(frame, FrameTooLargeError))
+def test_decode_packet_raises_if_the_header_length_is_2_to_63() -> None:
+    packet = bytearray(MAGIC + struct.pack("<Q", 2**63) + b"{}" + bytes(14))
+    assert "max_header_bytes" in str(refused_fast(packet, PacketTooLargeError))
 
 
-def test_decode_frame_raises_if_the_header_runs_past_the_frame() -> None:
-    frame = bytearray(MAGIC + struct.pack("<Q", 1000) + b"{}")
-    assert "runs past" in str(refused_fast(frame))
+def test_decode_packet_raises_if_the_header_runs_past_the_packet() -> None:
+    packet = bytearray(MAGIC + struct.pack("<Q", 1000) + b"{}")
+    assert "runs past" in str(refused_fast(packet))
 
 
 @pytest.mark.parametrize("shape", [[2**62, 2**62], [2, 2**20, 2**20, 2**20], [2, 2**64]])
-def test_decode_frame_raises_if_a_shape_overflows(shape: list[int]) -> None:
-    refused_fast(raw_frame(one_entry(shape=shape), bytes(8)), FrameTooLargeError)
+def test_decode_packet_raises_if_a_shape_overflows(shape: list[int]) -> None:
+    refused_fast(raw_packet(one_entry(shape=shape), bytes(8)), PacketTooLargeError)
 
 
-def test_decode_frame_raises_if_there_are_too_many_keys() -> None:
+def test_decode_packet_raises_if_there_are_too_many_keys() -> None:
     entries = [{"key": [f"k{i}"], "dtype": "uint8", "shape": [0], "offset": 0, "nbytes": 0}
                for i in range(4097)]  # fmt: skip
     header = {"batch_size": [0], "names": [None], "tds": [], "entries": entries, "payload_bytes": 0}
-    assert "max_entries" in str(refused_fast(raw_frame(header), FrameTooLargeError))
+    assert "max_entries" in str(refused_fast(raw_packet(header), PacketTooLargeError))
 
 
-def test_decode_frame_raises_if_a_key_is_too_deep() -> None:
-    error = refused_fast(raw_frame(one_entry(key=["k"] * 17), bytes(8)), FrameTooLargeError)
+def test_decode_packet_raises_if_a_key_is_too_deep() -> None:
+    error = refused_fast(raw_packet(one_entry(key=["k"] * 17), bytes(8)), PacketTooLargeError)
     assert "max_depth" in str(error)
 
 
-def test_decode_frame_raises_if_a_key_is_too_long() -> None:
-    error = refused_fast(raw_frame(one_entry(key=["k" * 257]), bytes(8)), FrameTooLargeError)
+def test_decode_packet_raises_if_a_key_is_too_long() -> None:
+    error = refused_fast(raw_packet(one_entry(key=["k" * 257]), bytes(8)), PacketTooLargeError)
     assert "max_key_length" in str(error)
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "object", "float8_e4m3fn", "uint16", "", 4])
-def test_decode_frame_raises_if_the_dtype_is_unknown(dtype: Any) -> None:
-    assert "dtype" in str(refused_fast(raw_frame(one_entry(dtype), bytes(8))))
+def test_decode_packet_raises_if_the_dtype_is_unknown(dtype: Any) -> None:
+    assert "dtype" in str(refused_fast(raw_packet(one_entry(dtype), bytes(8))))
 
 
 @pytest.mark.parametrize(
@@ -163,8 +165,8 @@ def test_decode_frame_raises_if_the_dtype_is_unknown(dtype: Any) -> None:
     [{"offset": False}, {"nbytes": True}, {"shape": [True]}, {"shape": [2.0]}, {"offset": 0.0},
      {"shape": [-2]}, {"nbytes": -8}, {"key": "x"}, {"key": []}, {"key": [""]}, {"shape": 2}],
 )  # fmt: skip
-def test_decode_frame_raises_if_a_field_has_the_wrong_type_or_sign(entry: dict) -> None:
-    refused_fast(raw_frame(one_entry(**entry), bytes(8)))
+def test_decode_packet_raises_if_a_field_has_the_wrong_type_or_sign(entry: dict) -> None:
+    refused_fast(raw_packet(one_entry(**entry), bytes(8)))
 
 
 @pytest.mark.parametrize(
@@ -179,10 +181,10 @@ def test_decode_frame_raises_if_a_field_has_the_wrong_type_or_sign(entry: dict) 
         (('{"payload_bytes": ' + "9" * 5000 + "}").encode(), "JSON"),
     ],
 )
-def test_decode_frame_raises_if_the_header_is_not_a_clean_json_object(
+def test_decode_packet_raises_if_the_header_is_not_a_clean_json_object(
     header: bytes, match: str
 ) -> None:
-    assert match in str(refused_fast(raw_frame(header)))
+    assert match in str(refused_fast(raw_packet(header)))
 
 
 @pytest.mark.parametrize(
@@ -194,45 +196,45 @@ def test_decode_frame_raises_if_the_header_is_not_a_clean_json_object(
         ({"extra": 1}, "exactly the fields"),
     ],
 )
-def test_decode_frame_raises_if_the_header_is_inconsistent(change: dict, match: str) -> None:
+def test_decode_packet_raises_if_the_header_is_inconsistent(change: dict, match: str) -> None:
     header = one_entry()
     header.update(change)
-    assert match in str(refused_fast(raw_frame(header, bytes(header["payload_bytes"]))))
+    assert match in str(refused_fast(raw_packet(header, bytes(header["payload_bytes"]))))
 
 
-def test_decode_frame_raises_if_entries_overlap_or_are_unaligned() -> None:
+def test_decode_packet_raises_if_entries_overlap_or_are_unaligned() -> None:
     a = {"key": ["a"], "dtype": "uint8", "shape": [2], "offset": 0, "nbytes": 2}
     for offset in (0, 2, 8, 32):
         b = {**a, "key": ["b"], "offset": offset}
         header = {"batch_size": [2], "names": [None], "tds": [], "entries": [a, b],
                   "payload_bytes": offset + 2}  # fmt: skip
-        assert "offset" in str(refused_fast(raw_frame(header, bytes(offset + 2))))
+        assert "offset" in str(refused_fast(raw_packet(header, bytes(offset + 2))))
 
 
-def test_decode_frame_raises_if_the_payload_length_differs() -> None:
-    frame = encode_frame(TensorDict({"a": torch.zeros(2)}, [2])).tobytes()
-    for buffer in (frame + b"\0", frame[:-1]):
+def test_decode_packet_raises_if_the_payload_length_differs() -> None:
+    packet = encode_packet(TensorDict({"a": torch.zeros(2)}, [2])).tobytes()
+    for buffer in (packet + b"\0", packet[:-1]):
         assert "payload has" in str(refused_fast(buffer))
 
 
-def test_decode_frame_raises_if_padding_is_not_zero() -> None:
+def test_decode_packet_raises_if_padding_is_not_zero() -> None:
     td = TensorDict(
         {"a": torch.zeros(3, dtype=torch.uint8), "b": torch.zeros(3, dtype=torch.uint8)}
     )
-    frame = bytearray(encode_frame(td).tobytes())
-    frame[-14] = 1
-    assert "padding" in str(refused_fast(frame))
+    packet = bytearray(encode_packet(td).tobytes())
+    packet[-14] = 1
+    assert "padding" in str(refused_fast(packet))
 
 
-def test_decode_frame_raises_if_a_bool_is_not_0_or_1() -> None:
-    frame = bytearray(
-        encode_frame(TensorDict({"done": torch.zeros(4, dtype=torch.bool)}, [4])).tobytes()
+def test_decode_packet_raises_if_a_bool_is_not_0_or_1() -> None:
+    packet = bytearray(
+        encode_packet(TensorDict({"done": torch.zeros(4, dtype=torch.bool)}, [4])).tobytes()
     )
-    frame[-1] = 2
-    assert "bool" in str(refused_fast(frame))
+    packet[-1] = 2
+    assert "bool" in str(refused_fast(packet))
 
 
-def test_decode_frame_raises_if_keys_collide_or_have_no_parent() -> None:
+def test_decode_packet_raises_if_keys_collide_or_have_no_parent() -> None:
     entry = {"key": ["a"], "dtype": "uint8", "shape": [0], "offset": 0, "nbytes": 0}
     cases = [
         ([], [entry, entry], "appears twice"),
@@ -244,19 +246,19 @@ def test_decode_frame_raises_if_keys_collide_or_have_no_parent() -> None:
     for tds, entries, match in cases:
         header = {"batch_size": [0], "names": [None], "tds": tds, "entries": entries,
                   "payload_bytes": 0}  # fmt: skip
-        assert match in str(refused_fast(raw_frame(header)))
+        assert match in str(refused_fast(raw_packet(header)))
 
 
-def string_frame(ends: list[int], text: bytes) -> bytearray:
+def string_packet(ends: list[int], text: bytes) -> bytearray:
     region = np.array(ends, dtype="<u8").tobytes() + text
     entry = {"key": ["s"], "dtype": "str", "shape": [len(ends)], "offset": 0, "nbytes": len(region)}
     header = {"batch_size": [len(ends)], "names": [None], "tds": [], "entries": [entry],
               "payload_bytes": len(region)}  # fmt: skip
-    return raw_frame(header, region)
+    return raw_packet(header, region)
 
 
-def test_decode_frame_reads_a_well_formed_string_region() -> None:
-    assert decode_frame(string_frame([1, 4], b"ab\xc3\xa9")).get("s").tolist() == ["a", "bé"]
+def test_decode_packet_reads_a_well_formed_string_region() -> None:
+    assert decode_packet(string_packet([1, 4], b"ab\xc3\xa9")).get("s").tolist() == ["a", "bé"]
 
 
 @pytest.mark.parametrize(
@@ -264,35 +266,35 @@ def test_decode_frame_reads_a_well_formed_string_region() -> None:
     [([2, 1], b"abc", "monotonic"), ([1, 2], b"abc", "monotonic"), ([1, 4], b"abc", "monotonic"),
      ([1, 2], b"a\xc3", "UTF-8"), ([1, 3], b"a\xc3\xa9"[:2] + b"x", "UTF-8")],
 )  # fmt: skip
-def test_decode_frame_raises_if_a_string_region_is_malformed(ends, text, match) -> None:
-    assert match in str(refused_fast(string_frame(ends, text)))
+def test_decode_packet_raises_if_a_string_region_is_malformed(ends, text, match) -> None:
+    assert match in str(refused_fast(string_packet(ends, text)))
 
 
-def test_decode_frame_raises_if_there_are_too_many_strings() -> None:
-    count = FrameLimits().max_strings + 1
+def test_decode_packet_raises_if_there_are_too_many_strings() -> None:
+    count = PacketLimits().max_strings + 1
     entry = {"key": ["s"], "dtype": "str", "shape": [count], "offset": 0, "nbytes": 8 * count}
     header = {"batch_size": [count], "names": [None], "tds": [], "entries": [entry],
               "payload_bytes": 8 * count}  # fmt: skip
-    assert "max_strings" in str(refused_fast(raw_frame(header), FrameTooLargeError))
-    small = string_frame([1, 2, 3], b"abc")
-    assert "max_strings" in str(refused_fast(small, FrameTooLargeError, max_strings=2))
+    assert "max_strings" in str(refused_fast(raw_packet(header), PacketTooLargeError))
+    small = string_packet([1, 2, 3], b"abc")
+    assert "max_strings" in str(refused_fast(small, PacketTooLargeError, max_strings=2))
 
 
 @pytest.mark.parametrize(
     ("buffer", "match"),
     [(b"RLF", "at least 12"), (b"RLF2" + bytes(12), "bad magic"),
-     (bytes(raw_frame(b"{}", pad=False)), "multiple of 16")],
+     (bytes(raw_packet(b"{}", pad=False)), "multiple of 16")],
 )  # fmt: skip
-def test_decode_frame_raises_if_the_preamble_is_wrong(buffer: bytes, match: str) -> None:
+def test_decode_packet_raises_if_the_preamble_is_wrong(buffer: bytes, match: str) -> None:
     assert match in str(refused_fast(buffer))
 
 
-def test_decode_frame_raises_if_the_frame_is_over_the_cap() -> None:
-    frame = encode_frame(TensorDict({"a": torch.zeros(64)}, [64])).tobytes()
-    refused_fast(frame, FrameTooLargeError, max_frame_bytes=len(frame) - 1)
-    assert decode_frame(frame, FrameLimits(max_frame_bytes=len(frame)))["a"].shape == (64,)
+def test_decode_packet_raises_if_the_packet_is_over_the_cap() -> None:
+    packet = encode_packet(TensorDict({"a": torch.zeros(64)}, [64])).tobytes()
+    refused_fast(packet, PacketTooLargeError, max_packet_bytes=len(packet) - 1)
+    assert decode_packet(packet, PacketLimits(max_packet_bytes=len(packet)))["a"].shape == (64,)
 
 
-def test_decode_frame_raises_if_not_given_bytes() -> None:
+def test_decode_packet_raises_if_not_given_bytes() -> None:
     with pytest.raises(TypeError, match="bytes-like"):
-        decode_frame("RLF1")  # type: ignore[arg-type]
+        decode_packet("RLF1")  # type: ignore[arg-type]

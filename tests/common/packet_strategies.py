@@ -1,4 +1,4 @@
-"""Hypothesis strategies and helpers shared by the tensor-frame tests."""
+"""Hypothesis strategies and helpers shared by the packet tests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
-from common.frames import MAGIC
+from common.packets import MAGIC
 
 DTYPES = [
     torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.uint8,
@@ -84,7 +84,7 @@ def tensordicts(
 def assert_same(expected: TensorDictBase, actual: TensorDictBase, parent_names: list = ()) -> None:
     assert type(actual) is TensorDict
     assert actual.batch_size == expected.batch_size
-    # a nested td's leading names are its parent's (frames state that form; see below)
+    # a nested td's leading names are its parent's (packets state that form; see below)
     names = [*parent_names, *expected.names[len(parent_names) :]]
     assert actual.names == names
     assert sorted(actual.keys()) == sorted(expected.keys())
@@ -109,21 +109,21 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
-def raw_frame(header: Any, payload: bytes = b"", *, pad: bool = True) -> bytearray:
+def raw_packet(header: Any, payload: bytes = b"", *, pad: bool = True) -> bytearray:
     text = header if isinstance(header, bytes) else json.dumps(header).encode()
     if pad:
         text += b" " * (-(12 + len(text)) % 16)
     return bytearray(MAGIC + struct.pack("<Q", len(text)) + text + payload)
 
 
-def header_of(frame: bytes | bytearray) -> dict:
-    (length,) = struct.unpack_from("<Q", frame, 4)
-    return json.loads(bytes(frame[12 : 12 + length]))
+def header_of(packet: bytes | bytearray) -> dict:
+    (length,) = struct.unpack_from("<Q", packet, 4)
+    return json.loads(bytes(packet[12 : 12 + length]))
 
 
-def payload_of(frame: bytes | bytearray) -> bytes:
-    (length,) = struct.unpack_from("<Q", frame, 4)
-    return bytes(frame[12 + length :])
+def payload_of(packet: bytes | bytearray) -> bytes:
+    (length,) = struct.unpack_from("<Q", packet, 4)
+    return bytes(packet[12 + length :])
 
 
 def one_entry(dtype: str = "float32", shape: list | None = None, **fields: Any) -> dict:
