@@ -18,7 +18,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from actor_service._llm_models import LLMModels
-from common.llm import GenerationSettings, Problem, Task, generate
+from common.llm import GenerationSettings, Outcome, Problem, Task, generate
 
 __all__ = ["Dialog", "DialogEngine", "Turn", "pack_turns"]
 
@@ -157,7 +157,10 @@ class DialogEngine:
         body = response[:-1] if stopped else response
         content = tokenizer.decode(body, skip_special_tokens=True)
         dialog.turns += 1
-        outcome = self.task.score(dialog.problem, content, dialog.turns)
+        if response:
+            outcome = self.task.score(dialog.problem, content, dialog.turns)
+        else:  # no room left in the context: the dialog is cut, not judged
+            outcome = Outcome(0.0, terminated=False)
         full = [*dialog.messages, {"role": "assistant", "content": content}]
         terminated = bool(outcome.terminated)
         truncated = not terminated and truncate

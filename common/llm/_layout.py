@@ -150,6 +150,7 @@ def _element(td: TensorDictBase, index: tuple[int, ...]) -> TensorDict:
     roles, contents = list(e["history", "role"]), list(e["history", "content"])
     roles, contents = roles[:n], contents[:n]
     log_probs = e["log_probs"][:r].clone()
+    turns = e["collector", "dialog_turns"].reshape(1).clone()
     text_prompt, text_response = e["text", "prompt"], e["text", "response"]
     out = {
         "tokens": {"prompt": full[:p], "response": full[p:], "full": full},
@@ -173,16 +174,17 @@ def _element(td: TensorDictBase, index: tuple[int, ...]) -> TensorDict:
         "done": e["done"].clone(),
         "terminated": e["terminated"].clone(),
         "truncated": e["truncated"].clone(),
+        "step_count": turns - 1,
         "collector": e["collector"].exclude("token_policy_version", "stopped").clone(),
-        "next": e["next"]
-        .clone()
-        .update(
-            {
-                "history": {"prompt": _history(roles, contents)},
-                "policy_version": e["policy_version"].clone(),
-            }
-        ),
+        "next": e["next"].clone(),
     }
+    out["next"].update(
+        {
+            "history": {"prompt": _history(roles, contents)},
+            "policy_version": e["policy_version"].clone(),
+            "step_count": turns,
+        }
+    )
     if ("collector", "token_policy_version") in e.keys(include_nested=True):
         out["collector"]["token_policy_version"] = e["collector", "token_policy_version"][
             :r
