@@ -10,7 +10,7 @@ batch shape ``S`` (``[slots, T]`` in steps mode, ``[n]`` otherwise)::
     policy_version            int64  [*S]     version the turn's first token was drawn at
     done/terminated/truncated bool   [*S, 1]  the state at the turn (always False)
     history.role/.content     str    [*S, M]  the messages of the full history ("" past length)
-    history.length            int64  [*S]     1 <= length <= M (the response is the last message)
+    history.length            int64  [*S]     2 <= length <= M (the response is the last message)
     text.prompt/.response     str    [*S]
     query                     str    [*S]
     collector.traj_ids, .group_id, .dialog_turns  int64 [*S]; collector.stopped bool [*S]
@@ -131,8 +131,9 @@ def _check_strings(td: TensorDictBase, batch: tuple[int, ...], length: torch.Ten
         if messages not in (-1, shape[-1]):
             raise ProtocolError("LLM batch history role and content counts do not agree")
         messages = shape[-1]
-    if bool((length < 1).any()) or bool((length > messages).any()):
-        raise ProtocolError(f"LLM batch history.length must be in [1, {messages}]")
+    if bool((length < 2).any()) or bool((length > messages).any()):
+        # at least one prompt message and the response
+        raise ProtocolError(f"LLM batch history.length must be in [2, {messages}]")
 
 
 def _history(roles: list[str], contents: list[str]) -> TensorDict:

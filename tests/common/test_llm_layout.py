@@ -36,8 +36,8 @@ def padded(n: int = 3, width: int = 10, span: int = 4, messages: int = 2) -> Ten
             "truncated": flag.clone(),
             "history": {
                 "length": torch.full((n,), messages),
-                "role": _strings([["user", "assistant"][:messages]] * n),
-                "content": _strings([[f"q{i}", f"a{i}"][:messages] for i in range(n)]),
+                "role": _strings([["user", "assistant", "user"][:messages]] * n),
+                "content": _strings([[f"q{i}", f"a{i}", "x"][:messages] for i in range(n)]),
             },
             "text": {
                 "prompt": _strings([f"p{i}" for i in range(n)]),
@@ -99,6 +99,7 @@ HOSTILE = {
         td, ("history", "length"), torch.tensor([2, 3, 2])
     ),
     "history length 0": lambda td: _set(td, ("history", "length"), torch.tensor([2, 0, 2])),
+    "history without a prompt": lambda td: _set(td, ("history", "length"), torch.tensor([1, 2, 2])),
     "role and content counts disagree": lambda td: _set(
         td, ("history", "content"), _strings([["a"]] * 3)
     ),
@@ -130,3 +131,21 @@ def test_to_torchrl_of_a_steps_batch_is_slots_by_time() -> None:
     out = to_torchrl(padded(4).reshape(2, 2))
     assert out.batch_size == (2, 2)
     assert out[1, 0]["tokens", "full"].tolist() == list(range(1, 8))
+
+
+def test_merge_padded_pads_widths_and_concatenates() -> None:
+    from common.llm._merge import merge_padded
+
+    small = padded(2, width=8, span=3, messages=2)
+    big = padded(3, width=12, span=5, messages=3)
+    merged = merge_padded([_wire(small), _wire(big)])
+    check_padded(merged)
+    assert merged.batch_size == (5,)
+    assert merged["tokens"].shape == (5, 12)
+    assert merged.get(("history", "role")).batch_size == (5, 3)
+    assert list(merged.get(("history", "role")).tolist()[0]) == ["user", "assistant", ""]
+    out = to_torchrl(merged)
+    assert out[0]["tokens", "full"].tolist() == small[0]["tokens"][:5].tolist()
+    steps = merge_padded([padded(4, width=8).reshape(2, 2), padded(4, width=10).reshape(2, 2)])
+    check_padded(steps)
+    assert steps.batch_size == (4, 2)
