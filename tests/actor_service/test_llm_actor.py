@@ -17,6 +17,7 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 TINY = {"hidden": 32, "layers": 1, "seed": 0}
 
@@ -205,3 +206,37 @@ def test_cli_reads_llm_settings_from_env_vars() -> None:
     assert (config.kind, config.task, config.num_envs) == ("llm", "reverse", 6)
     assert config.models[0].factory == "rlfleet:tiny-gpt2"
     assert config.models[0].kwargs == {"hidden": 32}
+
+
+@pytest.mark.parametrize(
+    "generation",
+    [
+        {"max_new_tokens": 5, "temperature": 0.0},
+        {"max_new_tokens": 5, "temperature": 0.7},
+        {"max_new_tokens": 5, "temperature": 1.0, "top_p": 0.9},
+    ],
+    ids=["greedy", "temperature", "top_p"],
+)
+def test_a_learner_forward_pass_reproduces_the_batch_log_probs(llm_actor, generation) -> None:
+    from common.llm import GenerationSettings, response_log_probs
+
+    session = RawCollect.open(
+        llm_actor.stub,
+        open_request(frames_per_batch=8, credits=1, llm=_llm(generation=generation)),
+    )
+    session.opened()
+    _, td = session.batch()
+    session.cancel()
+    model, _ = build_policy("rlfleet:tiny-qwen2", **TINY)  # the generating weights
+    flat = td.reshape(-1)
+    with torch.no_grad():
+        recomputed = response_log_probs(
+            model,
+            flat["tokens"],
+            flat["prompt_len"],
+            flat["response_len"],
+            GenerationSettings(**generation),
+        )
+    span = recomputed.shape[1]
+    assert span > 0
+    torch.testing.assert_close(recomputed, flat["log_probs"][:, :span], atol=1e-4, rtol=0)

@@ -11,6 +11,7 @@ from common.config import CollectSettings
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 TINY = {"hidden": 32, "layers": 1, "seed": 0}
 

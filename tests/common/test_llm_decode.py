@@ -8,6 +8,7 @@ import torch
 from common.llm import GenerationSettings, build_policy, generate, response_log_probs
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 @pytest.fixture(scope="module")

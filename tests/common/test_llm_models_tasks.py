@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import sys
 import time
 
@@ -21,6 +22,7 @@ from common.llm import (
 from common.llm._tasks import countdown_reward
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 def test_build_policy_same_kwargs_build_identical_weights() -> None:
@@ -214,3 +216,8 @@ def test_build_task_raises_if_the_spec_is_bad(spec, kwargs) -> None:
     if not kwargs:
         with pytest.raises(TaskSpecError):
             check_task_spec(spec)
+
+
+def test_the_network_guard_refuses_non_loopback_connections() -> None:
+    with socket.socket() as sock, pytest.raises(ConnectionRefusedError, match="network guard"):
+        sock.connect(("10.255.255.1", 443))

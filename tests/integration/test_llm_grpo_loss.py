@@ -13,6 +13,7 @@ from common.config import CollectSettings
 from common.llm import GenerationSettings, LLMSettings, build_policy, to_torchrl
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 TINY = {"hidden": 32, "layers": 2, "seed": 11}
 

@@ -18,6 +18,7 @@ from common.config import CollectSettings
 from common.llm import GenerationSettings, LLMSettings, Outcome, Problem, build_policy, to_torchrl
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 TINY = {"hidden": 32, "layers": 2, "seed": 11}
 QUERIES = ["1+2=", "what is 7*8?", "reverse abc", "hello"]
