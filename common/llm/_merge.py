@@ -10,6 +10,7 @@ strings; the lengths say what is real) and concatenates them on dim 0:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tensordict import NonTensorStack, TensorDictBase
@@ -37,7 +38,7 @@ def pad_widths(td: TensorDictBase, width: int, span: int, messages: int) -> Tens
     return out
 
 
-def _pad_rows(rows: list, extra: int, depth: int) -> list:
+def _pad_rows(rows: list[Any], extra: int, depth: int) -> list[Any]:
     if depth == 1:
         return [list(row) + [""] * extra for row in rows]
     return [_pad_rows(row, extra, depth - 1) for row in rows]
