@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actor_service._config import ActorConfig, ModelSpec
+from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
@@ -298,12 +299,12 @@ def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Model
             model_id, factory = _guard("RLFLEET_MODELS", lambda item=item: _pair(item, _factory))
             extra[model_id] = factory
     kwargs = _model_kwargs(args, environ)
-    if "policy" in extra:
+    if DEFAULT_MODEL_ID in extra:
         raise _FieldError("--model: use --policy for the 'policy' model")
     unknown = sorted(set(kwargs) - set(extra))
     if unknown:
         raise _FieldError(f"--model-kwargs: no --model named {unknown}")
-    specs = [ModelSpec("policy", policy, policy_kwargs)]
+    specs = [ModelSpec(DEFAULT_MODEL_ID, policy, policy_kwargs)]
     specs += [ModelSpec(mid, fac, kwargs.get(mid, {})) for mid, fac in extra.items()]
     return tuple(specs)
 

@@ -26,22 +26,20 @@ import collections
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import torch
 
 from actor_service._convert import InvalidSettingsError
 from actor_service._logging import log_event
+from actor_service._runtime import ActorRuntime, CollectionCore
 from actor_service._session import RetainedBatch
 from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
 from common.errors import RlfleetError, SessionStateError, to_status
 from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
-
-if TYPE_CHECKING:
-    from actor_service._runtime import ActorRuntime
 
 __all__ = ["CollectSession", "EncodedBatch", "collect_encoded"]
 
@@ -81,7 +79,7 @@ class EncodedBatch:
 
 
 def collect_encoded(
-    worker: Any, model_id: str, *, seq: int, epoch: int, worker_id: int
+    worker: CollectionCore, model_id: str, *, seq: int, epoch: int, worker_id: int
 ) -> EncodedBatch:
     """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import DEFAULT_PORT
+from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
 
 __all__ = ["ActorConfig", "ModelSpec"]
 
@@ -27,7 +27,7 @@ class ModelSpec:
         kwargs: Keyword arguments for the factory (e.g. ``{"hidden": [64, 64]}`` for ``mlp``).
     """
 
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
     factory: str = "mlp"
     kwargs: dict = dataclasses.field(default_factory=dict)
 
@@ -97,3 +97,21 @@ class ActorConfig:
     task: str = "arith"
     task_kwargs: dict = dataclasses.field(default_factory=dict)
     max_new_tokens_cap: int = 4096
+
+    def __post_init__(self) -> None:
+        """Refuse settings the collection core cannot run with, naming them.
+
+        Raises:
+            ValueError: ``worker_id``, ``torch_threads``, ``step_timeout``, ``seed`` or
+                ``kind`` out of range.
+        """
+        if not isinstance(self.worker_id, int) or not 0 <= self.worker_id <= 0xFFFF:
+            raise ValueError(f"worker_id must be an int in 0..65535, got {self.worker_id!r}")
+        if not isinstance(self.torch_threads, int) or self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be a positive int, got {self.torch_threads!r}")
+        if not self.step_timeout > 0:
+            raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
+        if self.kind not in ("env", "llm"):
+            raise ValueError(f"kind must be 'env' or 'llm', got {self.kind!r}")

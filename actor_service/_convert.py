@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from common.config import CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import RlfleetError
 from common.llm._settings import GenerationSettings, LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -68,7 +68,7 @@ def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
             exploration_type=exploration,
             set_truncated=msg.set_truncated,
             total_frames=int(msg.total_frames),
-            model_id=msg.model_id or "policy",
+            model_id=msg.model_id or DEFAULT_MODEL_ID,
             llm=llm,
         )
     except (TypeError, ValueError) as exc:

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 import common
 from actor_service._batch import TrajIds
 from actor_service._config import ActorConfig
-from actor_service._identity import ActorIdentity, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._llm_models import LLMModels
 from actor_service._llm_turns import Dialog, DialogEngine, Turn, pack_turns
 from common.config import CollectSettings
@@ -66,7 +66,8 @@ class LLMRolloutWorker:
     kind = "llm"
 
     def __init__(self, config: ActorConfig) -> None:
-        validate_config(config)
+        if not isinstance(config, ActorConfig):
+            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
         self.config = config
         self.worker_id = config.worker_id
         self.epoch = draw_epoch()

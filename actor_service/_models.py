@@ -310,22 +310,14 @@ class ModelRegistry:
         model = self._get(model_id)
         if not isinstance(version, int) or isinstance(version, bool):
             raise WeightsError(f"policy version must be an int, got {version!r}")
-        self._check_newer(model, version)
+        check_newer(model_id, version, model.version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in model.reference}
         with model.lock:
-            self._check_newer(model, version)  # a concurrent push may have won the race
+            check_newer(model_id, version, model.version)  # a concurrent push may have won
             _copy_in(model.reference, staged)
             model.version = version
         return version
-
-    @staticmethod
-    def _check_newer(model: _Model, version: int) -> None:
-        if version <= model.version:
-            raise StaleVersionError(
-                f"weights version {version} for model {model.spec.model_id!r} is not newer than "
-                f"the version in force, {model.version}"
-            )
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
@@ -367,6 +359,19 @@ class ModelRegistry:
             with model.lock:
                 _copy_in(model.reference, weights)
                 model.version = version
+
+
+def check_newer(model_id: str, version: int, current: int) -> None:
+    """The one staleness rule of weight pushes: a version must be newer than the one in force.
+
+    Raises:
+        StaleVersionError: ``version <= current``.
+    """
+    if version <= current:
+        raise StaleVersionError(
+            f"weights version {version} for model {model_id!r} is not newer than "
+            f"the version in force, {current}"
+        )
 
 
 def _copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:

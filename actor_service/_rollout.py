@@ -31,11 +31,12 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorIdentity, draw_epoch, validate_config
+from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
     ActorUnavailableError,
+    ClosedError,
     DeadlineError,
     RlfleetError,
     SessionStateError,
@@ -91,7 +92,8 @@ class RolloutWorker:
     """
 
     def __init__(self, config: ActorConfig) -> None:
-        validate_config(config)
+        if not isinstance(config, ActorConfig):
+            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
         self.config = config
         self.worker_id = config.worker_id
         self.epoch = draw_epoch()
@@ -294,7 +296,7 @@ class RolloutWorker:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStateError(f"actor {self.worker_id}'s rollout worker is closed")
+            raise ClosedError(f"actor {self.worker_id}'s rollout worker is closed")
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (each is reset with its seed), torch and numpy; chain like TorchRL.

@@ -17,20 +17,49 @@ import contextvars
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
+from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
+from actor_service._models import ModelRegistry
 from actor_service._session import SessionBook
+from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 
-if TYPE_CHECKING:
-    from actor_service._collect import CollectSession
-    from actor_service._rollout import RolloutWorker
-
-__all__ = ["ActorRuntime"]
+__all__ = ["ActiveSession", "ActorRuntime", "CollectionCore"]
 
 T = TypeVar("T")
+
+
+class CollectionCore(Protocol):
+    """What the serving layer uses of the collection core (``RolloutWorker`` is the real one)."""
+
+    epoch: int
+    num_envs: int
+    models: ModelRegistry
+
+    def describe(self) -> ActorIdentity: ...
+    def configure(self, settings: CollectSettings) -> None: ...
+    def collect_batch(self) -> TensorDict: ...
+    def set_seed(self, seed: int, static_seed: bool = False) -> int: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+class ActiveSession(Protocol):
+    """What the runtime uses of the active ``Collect`` session (``CollectSession``)."""
+
+    active: bool
+    learner_id: str
+
+    def take_over(self) -> None: ...
+    def drain(self) -> None: ...
+    async def wait_collector_idle(self) -> None: ...
+    async def wait_finished(self) -> None: ...
 
 
 class ActorRuntime:
@@ -43,17 +72,19 @@ class ActorRuntime:
     """
 
     def __init__(
-        self, config: ActorConfig, worker_factory: Callable[[ActorConfig], Any] | None = None
+        self,
+        config: ActorConfig,
+        worker_factory: Callable[[ActorConfig], CollectionCore] | None = None,
     ) -> None:
         self.config = config
         self._worker_factory = worker_factory
-        self._worker: RolloutWorker | None = None
+        self._worker: CollectionCore | None = None
         self._book: SessionBook[Any] | None = None
         # One thread for everything that steps, resets or reseeds the env pool.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"rlfleet-collect-{config.worker_id}"
         )
-        self.current: CollectSession | None = None
+        self.current: ActiveSession | None = None
         self.draining = False
         self._closed = False
         self._open_lock = asyncio.Lock()
@@ -82,7 +113,7 @@ class ActorRuntime:
         return self._worker is not None and not self.draining and not self._closed
 
     @property
-    def worker(self) -> RolloutWorker:
+    def worker(self) -> CollectionCore:
         """The collection core.
 
         Raises:
@@ -117,7 +148,7 @@ class ActorRuntime:
 
     # -------------------------------------------------------------- sessions
 
-    async def acquire(self, stream: CollectSession, *, take_over: bool, learner_id: str) -> None:
+    async def acquire(self, stream: ActiveSession, *, take_over: bool, learner_id: str) -> None:
         """Make ``stream`` the active session, ending or refusing the current one.
 
         Waits for the previous session's in-flight batch to finish (bounded by

@@ -21,13 +21,14 @@ import grpc
 from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
+from actor_service._models import check_newer
 from actor_service._runtime import ActorRuntime
 from actor_service._state import decode_state, encode_state
+from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
     DeadlineError,
     SessionStateError,
-    StaleVersionError,
     UnknownModelError,
     WeightsError,
     to_status,
@@ -117,7 +118,7 @@ class _Push:
     """One weight push: its header fields and its audit-log line."""
 
     def __init__(self, header: pb.WeightsHeader, peer: str) -> None:
-        self.model_id = header.model_id or "policy"
+        self.model_id = header.model_id or DEFAULT_MODEL_ID
         self.version = int(header.version)
         self.total_bytes = int(header.total_bytes)
         self.sha256 = header.sha256
@@ -195,12 +196,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 f"actor {self._rt.config.worker_id} has no model {push.model_id!r} "
                 f"(models: {sorted(models.model_ids)})"
             )
-        current = models.policy_version(push.model_id)
-        if push.version <= current:  # refused before a byte of the blob is buffered
-            raise StaleVersionError(
-                f"weights version {push.version} for model {push.model_id!r} is not newer than "
-                f"the version in force, {current}"
-            )
+        # Refused before a byte of the blob is buffered.
+        check_newer(push.model_id, push.version, models.policy_version(push.model_id))
         if not push.sha256:
             raise WeightsError("PushWeights header must carry the weights blob's sha256")
         assembler = BlobAssembler(
@@ -212,7 +209,10 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         # Runs to the end even if the caller cancels: the whole blob arrived, and
         # load_weights swaps it in atomically, so the audit log tells the outcome.
         try:
-            state, _ = decode_weights(blob, max_bytes=self._rt.config.max_weight_bytes)
+            # load_weights checks keys, shapes and finiteness: the values are scanned once.
+            state, _ = decode_weights(
+                blob, max_bytes=self._rt.config.max_weight_bytes, allow_non_finite=True
+            )
             version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
         except BaseException as exc:
             push.audit(exc)

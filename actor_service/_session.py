@@ -32,7 +32,7 @@ import collections
 import dataclasses
 from typing import Generic, TypeVar
 
-from common.errors import ActorBusyError, SessionStateError, StaleVersionError
+from common.errors import ActorBusyError, SequenceConflictError, SessionStateError
 
 __all__ = ["OpenedSession", "RetainedBatch", "SessionBook"]
 
@@ -204,7 +204,7 @@ class SessionBook(Generic[P]):
         Raises:
             ActorBusyError: A session is active and ``take_over`` is false.
             SessionStateError: A batch of the previous session is still being collected.
-            StaleVersionError: ``resume_after_seq`` is beyond the last seq of this epoch.
+            SequenceConflictError: ``resume_after_seq`` is beyond the last seq of this epoch.
         """
         if self._active and not take_over:
             raise ActorBusyError(f"a session is active on epoch {self.epoch}")
@@ -212,7 +212,7 @@ class SessionBook(Generic[P]):
             raise SessionStateError("the previous session's batch is still being collected")
         resumed = resume_epoch == self.epoch
         if resumed and resume_after_seq > self.last_seq:
-            raise StaleVersionError(
+            raise SequenceConflictError(
                 f"resume_after_seq={resume_after_seq} is beyond the last seq {self.last_seq} "
                 f"of epoch {self.epoch}"
             )
@@ -308,10 +308,10 @@ class SessionBook(Generic[P]):
             How many retained batches were released.
 
         Raises:
-            StaleVersionError: ``seq`` names a batch that was never produced.
+            SequenceConflictError: ``seq`` names a batch that was never produced.
         """
         if seq > self.last_seq:
-            raise StaleVersionError(
+            raise SequenceConflictError(
                 f"ack of seq {seq} but the last batch of epoch {self.epoch} is seq {self.last_seq}"
             )
         return self._release_through(seq)

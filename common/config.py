@@ -30,6 +30,8 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 CHUNK_BYTES = 3 * 1024 * 1024
 #: The port an actor listens on unless told otherwise.
 DEFAULT_PORT = 50051
+#: The model that acts, and that weights are addressed to, unless told otherwise.
+DEFAULT_MODEL_ID = "policy"
 
 # Keepalive: the client pings every 20 s and gives up 10 s after an unanswered
 # ping; the server accepts pings 10 s apart, so the client never trips it.
@@ -75,7 +77,7 @@ class CollectSettings:
     exploration_type: ExplorationType = ExplorationType.RANDOM
     set_truncated: bool = False
     total_frames: int = -1
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
     llm: LLMSettings | None = None
 
     def __post_init__(self) -> None:

@@ -11,15 +11,19 @@ subclasses the builtin a Python user would catch for the same situation, so
     │   └── WeightsTooLargeError              RESOURCE_EXHAUSTED  over a size cap
     ├── UnknownModelError (LookupError)       NOT_FOUND         no such model_id
     ├── UnknownWorkerError (LookupError)      NOT_FOUND         no such worker_id
-    ├── StaleVersionError (ValueError)        ABORTED           version not newer / seq conflict
+    ├── StaleVersionError (ValueError)        ABORTED           weight version not newer
+    ├── SequenceConflictError (ValueError)    ABORTED           a seq that was never produced
     ├── SessionStateError (RuntimeError)      FAILED_PRECONDITION  call not valid now
+    │   └── ClosedError                       FAILED_PRECONDITION  used after close()
     ├── ActorBusyError (RuntimeError)         RESOURCE_EXHAUSTED  another learner holds the actor
     ├── ActorUnavailableError (ConnectionError) UNAVAILABLE     draining, down, unreachable
     ├── DeadlineError (TimeoutError)          DEADLINE_EXCEEDED a call ran out of time
     ├── AuthenticationError (PermissionError) UNAUTHENTICATED   missing or bad token
-    ├── PermissionDeniedError (PermissionError) PERMISSION_DENIED  token lacks the role
     ├── DataLossError (OSError)               DATA_LOSS         checksum mismatch on reassembly
     └── InternalError (RuntimeError)          INTERNAL          a bug; details stay in the log
+
+:func:`is_transient` is the one rule for which of them may succeed if the
+call is repeated later (the actor was unreachable or slow).
 
 Servers call :func:`to_status` to turn any exception into a status code and a
 message that is safe to send (no tracebacks, paths or tensor contents); clients
@@ -36,13 +40,14 @@ __all__ = [
     "ActorBusyError",
     "ActorUnavailableError",
     "AuthenticationError",
+    "ClosedError",
     "DataLossError",
     "DeadlineError",
     "InternalError",
     "PacketTooLargeError",
-    "PermissionDeniedError",
     "ProtocolError",
     "RlfleetError",
+    "SequenceConflictError",
     "SessionStateError",
     "StaleVersionError",
     "UnknownModelError",
@@ -50,6 +55,7 @@ __all__ = [
     "WeightsError",
     "WeightsTooLargeError",
     "from_status",
+    "is_transient",
     "to_status",
 ]
 
@@ -103,7 +109,13 @@ class UnknownWorkerError(RlfleetError, LookupError):
 
 
 class StaleVersionError(RlfleetError, ValueError):
-    """A weight version is not newer than the one in force, or a sequence conflicts."""
+    """A weight version is not newer than the one in force."""
+
+    status_code = grpc.StatusCode.ABORTED
+
+
+class SequenceConflictError(RlfleetError, ValueError):
+    """A batch seq (an ack, a resume point) names a batch that was never produced."""
 
     status_code = grpc.StatusCode.ABORTED
 
@@ -112,6 +124,10 @@ class SessionStateError(RlfleetError, RuntimeError):
     """The call is not valid in the current state (e.g. data before the handshake)."""
 
     status_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ClosedError(SessionStateError):
+    """The object was closed (or shut down) and cannot be used any more."""
 
 
 class ActorBusyError(RlfleetError, RuntimeError):
@@ -138,12 +154,6 @@ class AuthenticationError(RlfleetError, PermissionError):
     status_code = grpc.StatusCode.UNAUTHENTICATED
 
 
-class PermissionDeniedError(RlfleetError, PermissionError):
-    """The credentials are valid but lack the role the call needs."""
-
-    status_code = grpc.StatusCode.PERMISSION_DENIED
-
-
 class DataLossError(RlfleetError, OSError):
     """A reassembled batch failed its checksum."""
 
@@ -165,7 +175,7 @@ _BY_CODE: dict[grpc.StatusCode, type[RlfleetError]] = {
     grpc.StatusCode.UNAVAILABLE: ActorUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.PERMISSION_DENIED: AuthenticationError,
     grpc.StatusCode.DATA_LOSS: DataLossError,
     grpc.StatusCode.CANCELLED: ActorUnavailableError,
 }
@@ -207,8 +217,15 @@ def from_status(code: grpc.StatusCode, details: str | None, *, peer: str = "") -
     cls = _BY_CODE.get(code, InternalError)
     if code == grpc.StatusCode.INVALID_ARGUMENT and details and "weight" in details.lower():
         cls = WeightsError
+    if code == grpc.StatusCode.ABORTED and details and "seq" in details.lower():
+        cls = SequenceConflictError
     message = f"{code.name}: {details or 'no details'}"
     return cls(f"{peer}: {message}" if peer else message)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed call may succeed if repeated later (the actor was unreachable or slow)."""
+    return isinstance(exc, ActorUnavailableError | DeadlineError)
 
 
 def _one_line(text: str) -> str:

@@ -167,7 +167,10 @@ def encode_weights(obj: WeightSource, *, metadata: Mapping[str, str] | None = No
 
 
 def decode_weights(
-    blob: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES
+    blob: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    allow_non_finite: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a safetensors blob a peer sent, strictly.
 
@@ -176,13 +179,15 @@ def decode_weights(
     against a header cap, the header's dtypes against an allow-list, the
     offsets against the shapes and the data (contiguous from 0, in bounds,
     non-overlapping, covering the data exactly), and every floating-point
-    tensor for NaN/Inf.
+    tensor for NaN/Inf (:func:`check_finite`) unless the caller runs that scan itself.
 
     Args:
         blob: The received bytes. The tensors returned share the memory of a
             writable ``blob`` (e.g. :meth:`BlobAssembler.finish`'s buffer), so
             it must not be modified afterwards; a read-only one is copied once.
         max_bytes: The largest blob accepted.
+        allow_non_finite: Skip the NaN/Inf scan (for a caller that validates the
+            state before use, so the values are scanned once).
 
     Returns:
         ``(state, metadata)``: CPU tensors by dotted key, and the header metadata.
@@ -201,7 +206,8 @@ def decode_weights(
             f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
         )
     state, metadata = read_blob(view, _MAX_HEADER_BYTES)
-    check_finite(state)
+    if not allow_non_finite:
+        check_finite(state)
     return state, metadata
 
 

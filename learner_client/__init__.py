@@ -17,8 +17,9 @@ the ``train`` subpackage, the PPO entry point.
 
 from __future__ import annotations
 
-from learner_client._collector import GrpcCollector, RemoteActor
+from learner_client._collector import GrpcCollector
 from learner_client._errors import MissingWorkersError, WeightPushError
+from learner_client._fleet import RemoteActor
 from learner_client._local_fleet import LocalFleet
 
 __all__ = ["GrpcCollector", "LocalFleet", "MissingWorkersError", "RemoteActor", "WeightPushError"]

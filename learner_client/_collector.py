@@ -1,19 +1,16 @@
 """``GrpcCollector``: TorchRL's distributed-collector API over a fleet of rlfleet actors.
 
 The class is a thin facade: settings are validated and grouped at once
-(:mod:`learner_client._settings`); the actors, their event-loop thread and
-every call to them live in a :class:`~learner_client._fleet.Fleet`; batches
-are taken and assembled by :mod:`learner_client._rounds`; weight pushes go
-through :mod:`learner_client._pushes`; the replay-buffer thread and ``pause()``
-live in :mod:`learner_client._background`. What remains here is the public
-surface a TorchRL user recognises. An error raised while iterating leaves the
+(:mod:`learner_client._settings`) and the parts are wired in
+:mod:`learner_client._wiring` (where the picture is); the replay-buffer thread
+and ``pause()`` live in :mod:`learner_client._background`. What remains here
+is the public surface a TorchRL user recognises. An error raised while iterating leaves the
 collector usable (unlike TorchRL, which shuts down): catch it and call
 ``next()`` again, or ``shutdown()``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -22,26 +19,25 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from common.config import CollectSettings, ExplorationType
-from common.errors import SessionStateError
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.errors import ClosedError
 from learner_client._background import Background
-from learner_client._discovery import resolve_actors
-from learner_client._fleet import Fleet
+from learner_client._discovery import DnsMembership, resolve_actors
+from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
-from learner_client._membership import DnsMembership
-from learner_client._pushes import Pusher
-from learner_client._rounds import Rounds
 from learner_client._settings import (
-    FleetMember,
-    build_settings,
+    BatchSettings,
+    ConnectionSettings,
+    RolloutSettings,
     check_addresses,
     check_fleet,
-    frames_per_actor,
+    check_hooks,
 )
 from learner_client._weights import normalize_update_args
+from learner_client._wiring import assemble
 
-__all__ = ["GrpcCollector", "RemoteActor"]
+__all__ = ["GrpcCollector"]
 
 log = logging.getLogger("learner_client")
 
@@ -52,19 +48,6 @@ class _State(enum.Enum):
     READY = "ready"  # actors described, no session open yet
     RUNNING = "running"
     CLOSED = "closed"
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteActor:
-    """One actor of the fleet, as ``remote_collectors`` lists it.
-
-    Attributes:
-        address: ``host:port``.
-        worker_id: The id the actor reports.
-    """
-
-    address: str
-    worker_id: int
 
 
 class GrpcCollector:
@@ -157,14 +140,22 @@ class GrpcCollector:
         allow_partial_batches: bool = False,
         channel_credentials: Any = None,
         token: str | None = None,
-        model_id: str = "policy",
+        model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
     ) -> None:
         addresses = check_addresses(resolve_actors(actors))
-        self._batch, self._rollout, conn = build_settings(
+        self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
             sync=sync,
+            cat_results=cat_results,
+            allow_partial_batches=allow_partial_batches,
+            batch_timeout=batch_timeout,
+            split_trajs=split_trajs,
+            update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval,
+        )
+        self._rollout = RolloutSettings(
             max_frames_per_traj=max_frames_per_traj,
             init_random_frames=init_random_frames,
             reset_at_each_iter=reset_at_each_iter,
@@ -172,71 +163,57 @@ class GrpcCollector:
             split_trajs=split_trajs,
             exploration_type=exploration_type,
             set_truncated=set_truncated,
-            update_after_each_batch=update_after_each_batch,
-            max_weight_update_interval=max_weight_update_interval,
-            cat_results=cat_results,
+            model_id=model_id,
+        )
+        conn = ConnectionSettings(
             credit_window=credit_window,
             connect_timeout=connect_timeout,
             call_timeout=call_timeout,
-            batch_timeout=batch_timeout,
-            allow_partial_batches=allow_partial_batches,
             channel_credentials=channel_credentials,
             token=token,
-            model_id=model_id,
         )
-        if postproc is not None and not callable(postproc):
-            raise TypeError(f"postproc must be callable, got {postproc!r}")
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
-        self.postproc = postproc
-        self.replay_buffer = replay_buffer
+        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
+        self._connect(conn, actors, addresses, dns_refresh_interval)
+
+    def _connect(
+        self, conn: ConnectionSettings, actors: Any, addresses: list[str], dns: float
+    ) -> None:
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._fleet = Fleet(
-            conn,
-            batch_timeout=self._batch.batch_timeout,
-            lazy_credits=self._batch.sync and self._batch.auto_update_interval is not None,
+        self._parts = assemble(self._batch, self._rollout.model_id, conn)
+        _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds = (
+            self._parts
         )
-        self._pusher = Pusher(self._fleet)
-        self._rounds = Rounds(self._fleet, self._batch, self._rollout.model_id)
-        self._background = Background(self._fleet.mailbox, self._batch.batch_timeout, self.__iter__)
+        self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self.add_collectors, self._known_addresses, interval=dns_refresh_interval
+            actors, self.add_collectors, self._known_addresses, interval=dns
         )
         try:
             self._admit(self._fleet.describe(addresses))
             self._membership.start()
         except BaseException:
             self._membership.close()
-            self._fleet.close(_DEFAULT_SHUTDOWN_TIMEOUT)
+            self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
 
     # ----------------------------------------------------------- the fleet
 
     def _admit(self, links: list[ActorLink]) -> None:
-        members = [
-            FleetMember(
-                link.address,
-                link.worker_id,
-                link.description.num_envs,
-                tuple(link.description.models),
-            )
-            for link in [*self._fleet.links.values(), *links]
-        ]
         try:
-            check_fleet(self._batch, members, self._rollout.model_id)
+            check_fleet(self._batch, self._fleet.members(links), self._rollout.model_id)
         except BaseException:
             self._fleet.discard(links)
             raise
         self._fleet.register(links)
 
     def _known_addresses(self) -> set[str]:
-        return {link.address for link in self._fleet.links.values()}
+        return set(self._fleet.addresses().values())
 
-    def _settings_for(self, link: ActorLink) -> CollectSettings:
-        count = len(self._fleet.links)
-        return self._rollout.for_actor(frames_per_actor(self._batch, count), count)
+    def _session_settings(self) -> CollectSettings:
+        """What every session is opened with, for the current fleet size."""
+        count = len(self._fleet.worker_ids)
+        return self._rollout.for_actor(self._batch.frames_per_actor(count), count)
 
     def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
         """Grow the fleet, also while collecting.
@@ -268,9 +245,9 @@ class GrpcCollector:
                 if self._batch.sync:
                     added = {n.worker_id for n in links}
                     old = [w for w in self._fleet.worker_ids if w not in added]
-                    self._fleet.restart(self._settings_for)
-                    self._fleet.ledger.add_discarded(self._fleet.mailbox.drop_buffered(old))
-                self._fleet.start(self._settings_for, links)
+                    self._fleet.restart(self._session_settings())
+                    self._ledger.add_discarded(self._mailbox.drop_buffered(old))
+                self._fleet.start(self._session_settings(), links)
                 self._rounds.update_budget()
             return [RemoteActor(link.address, link.worker_id) for link in links]
 
@@ -287,13 +264,12 @@ class GrpcCollector:
     @property
     def remote_collectors(self) -> list[RemoteActor]:
         """The actors, as ``(address, worker_id)`` records ordered by worker_id."""
-        links = self._fleet.links
-        return [RemoteActor(links[w].address, w) for w in sorted(links)]
+        return [RemoteActor(address, w) for w, address in self._fleet.addresses().items()]
 
     @property
     def policy_version(self) -> dict[str, int]:
         """The learner's policy version per model_id (never behind any actor's)."""
-        return self._fleet.book.versions()
+        return self._book.versions()
 
     # ------------------------------------------------------------ iteration
 
@@ -347,7 +323,7 @@ class GrpcCollector:
     def _ensure_running(self) -> None:
         if self._state is _State.READY:
             self._rounds.update_budget()
-            self._fleet.start(self._settings_for)
+            self._fleet.start(self._session_settings())
             self._state = _State.RUNNING
 
     # -------------------------------------------------------------- weights
@@ -457,7 +433,7 @@ class GrpcCollector:
 
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
-            raise SessionStateError("the collector is shut down")
+            raise ClosedError("the collector is shut down")
 
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
@@ -499,7 +475,7 @@ class GrpcCollector:
             self._state = _State.CLOSED
         self._membership.close()
         self._background.stop()
-        self._fleet.close(limit)
+        self._parts.close(limit)
         self._background.join(limit)
 
     def __enter__(self) -> GrpcCollector:

@@ -10,7 +10,11 @@ would never be asked for data and worker ids could not be addressed.
 :class:`DnsWatcher` re-resolves it periodically and reports which addresses
 joined and left, so a learner can open and close channels as the fleet is
 scaled. A failed re-resolution keeps the last known set: a DNS blip must not
-look like the whole fleet leaving.
+look like the whole fleet leaving. :class:`DnsMembership` is the collector's
+use of them: it admits the addresses that join; one that could not be admitted
+is forgotten by its watcher, so the next resolution offers it again. Actors
+that leave DNS need no action: their links see the stream break and reconnect
+with backoff, as for any dead actor.
 
 Target syntax (gRPC's naming scheme, without an authority)::
 
@@ -31,10 +35,11 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from common.config import DEFAULT_PORT
-from common.errors import ActorUnavailableError, SessionStateError
+from common.errors import ActorUnavailableError, ClosedError, SessionStateError
 
 __all__ = [
     "DnsChange",
+    "DnsMembership",
     "DnsWatcher",
     "Resolver",
     "getaddrinfo_resolver",
@@ -263,7 +268,7 @@ class DnsWatcher:
         """
         with self._lock:
             if self._closed:
-                raise SessionStateError(f"DnsWatcher({self.target!r}) is closed")
+                raise ClosedError(f"DnsWatcher({self.target!r}) is closed")
             try:
                 now = _actor_addresses(self._host, self._port, self._resolver)
             except ActorUnavailableError:
@@ -345,3 +350,61 @@ class DnsWatcher:
 
     def __repr__(self) -> str:
         return f"DnsWatcher({self.target!r}, addresses={list(self._addresses)!r})"
+
+
+class DnsMembership:
+    """Watches the ``dns:`` targets among ``actors`` and admits joining addresses.
+
+    Args:
+        actors: What the user passed as ``actors`` (a string or a list).
+        admit: Adds addresses to the fleet; raises when it cannot.
+        known: Returns the addresses already in the fleet.
+        interval: Seconds between re-resolutions.
+    """
+
+    def __init__(
+        self,
+        actors: str | Sequence[str],
+        admit: Callable[[list[str]], object],
+        known: Callable[[], set[str]],
+        *,
+        interval: float = 10.0,
+    ) -> None:
+        targets = [actors] if isinstance(actors, str) else list(actors)
+        self._admit = admit
+        self._known = known
+        self._watchers = [
+            DnsWatcher(target, interval=interval, on_change=self._on_change)
+            for target in targets
+            if is_dns_target(target)
+        ]
+
+    def start(self) -> None:
+        """Resolve every target once, then re-resolve in the background.
+
+        The first resolution reports every address as joined; those already in
+        the fleet are filtered out, so only real newcomers are admitted.
+        """
+        for watcher in self._watchers:
+            watcher.refresh()
+            watcher.start()
+
+    def close(self) -> None:
+        """Stop every watcher; idempotent."""
+        for watcher in self._watchers:
+            watcher.close()
+
+    def _on_change(self, change: DnsChange) -> None:
+        if change.left:
+            _log.info("actors left DNS: %s", list(change.left))
+        joined = [a for a in change.joined if a not in self._known()]
+        if not joined:
+            return
+        try:
+            self._admit(joined)
+            _log.info("admitted actors that joined DNS: %s", joined)
+        except Exception as exc:  # retried at the next resolution
+            _log.warning("could not admit actors %s yet: %s", joined, exc)
+            for watcher in self._watchers:
+                for address in joined:
+                    watcher.forget(address)

@@ -1,43 +1,60 @@
 """The actors a collector talks to, and every fleet-wide operation, driven from the user thread.
 
-:class:`Fleet` owns the event-loop thread, one :class:`~learner_client._link.ActorLink`
-per actor (keyed by worker_id), the :class:`~learner_client._mailbox.Mailbox`,
-the :class:`~learner_client._ledger.Ledger` and the
+:class:`Fleet` holds one :class:`~learner_client._link.ActorLink` per actor
+(keyed by worker_id) and is given what its links and calls use: the
+event-loop thread, the :class:`~learner_client._mailbox.Mailbox`, the
+:class:`~learner_client._ledger.Ledger` and the
 :class:`~learner_client._weights.WeightBook`. Its methods are synchronous and
 bounded: describing new actors (within ``connect_timeout``), starting
 sessions, concurrent weight pushes with per-worker results, admission pushes
-for actors that come back, chained seeding, state save/load, and shutdown.
+for actors that come back, chained seeding, state save/load, and stopping the links.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from common.config import CollectSettings
-from common.errors import ActorUnavailableError, DeadlineError, RlfleetError, UnknownWorkerError
+from common.errors import ActorUnavailableError, RlfleetError, UnknownWorkerError, is_transient
+from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._settings import ConnectionSettings
-from learner_client._transport import ActorChannel, ActorDescription
+from learner_client._settings import ConnectionSettings, FleetMember
+from learner_client._slabs import PacketSlabs
+from learner_client._transport import ActorChannel, ActorDescription, push_messages
 from learner_client._weights import EncodedWeights, WeightBook
 
-__all__ = ["Fleet", "PushResults"]
+__all__ = ["Fleet", "PushResults", "RemoteActor"]
 
 log = logging.getLogger("learner_client")
 
 # Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
 _MARGIN = 5.0
 
-_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.CLOSED)
+_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
 PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteActor:
+    """One actor of the fleet, as ``GrpcCollector.remote_collectors`` lists it.
+
+    Attributes:
+        address: ``host:port``.
+        worker_id: The id the actor reports.
+    """
+
+    address: str
+    worker_id: int
 
 
 class Fleet:
@@ -45,22 +62,36 @@ class Fleet:
 
     Args:
         conn: Connection settings.
+        loop: The event-loop thread every call runs on.
+        mailbox: Where the links deliver batches.
+        streams: Where the links register their open streams (credits and acks).
+        ledger: The counters of ``stats()``.
+        book: The weights each actor should hold.
         batch_timeout: Stall deadline of a stream owing a batch.
-        lazy_credits: Grant one credit per requested round (sync with automatic updates).
+        slabs: Receives sync rounds into shared slabs; None for fresh buffers.
     """
 
     def __init__(
-        self, conn: ConnectionSettings, *, batch_timeout: float, lazy_credits: bool
+        self,
+        conn: ConnectionSettings,
+        *,
+        loop: LoopThread,
+        mailbox: Mailbox,
+        streams: OpenStreams,
+        ledger: Ledger,
+        book: WeightBook,
+        batch_timeout: float,
+        slabs: PacketSlabs | None,
     ) -> None:
-        self.conn = conn
-        self.batch_timeout = batch_timeout
-        self.loop = LoopThread()
-        self.ledger = Ledger()
-        self.book = WeightBook()
-        self.mailbox = Mailbox(
-            conn.credit_window, self._send_credit, self._send_ack, lazy=lazy_credits
-        )
-        self.links: dict[int, ActorLink] = {}
+        self._conn = conn
+        self._loop = loop
+        self._mailbox = mailbox
+        self._streams = streams
+        self._ledger = ledger
+        self._book = book
+        self._batch_timeout = batch_timeout
+        self._slabs = slabs
+        self._links: dict[int, ActorLink] = {}
 
     # ----------------------------------------------------------- membership
 
@@ -70,16 +101,17 @@ class Fleet:
         Raises:
             ActorUnavailableError: Naming every address that could not be reached.
         """
-        return self.loop.run(
-            self._describe_all(list(addresses)), self.conn.connect_timeout + _MARGIN
+        return self._loop.run(
+            self._describe_all(list(addresses)), self._conn.connect_timeout + _MARGIN
         )
 
     async def _describe_all(self, addresses: list[str]) -> list[ActorLink]:
         channels = [
-            ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials) for a in addresses
+            ActorChannel(a, self._conn.metadata(), self._conn.channel_credentials)
+            for a in addresses
         ]
         results = await asyncio.gather(
-            *(c.describe(self.conn.connect_timeout, wait_for_ready=True) for c in channels),
+            *(c.describe(self._conn.connect_timeout, wait_for_ready=True) for c in channels),
             return_exceptions=True,
         )
         failed = [
@@ -87,37 +119,38 @@ class Fleet:
             for c, r in zip(channels, results, strict=True)
             if isinstance(r, BaseException)
         ]
+        descriptions = [r for r in results if isinstance(r, ActorDescription)]
         if failed:
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-            others = [
-                e for _, e in failed if not isinstance(e, ActorUnavailableError | DeadlineError)
-            ]
+            others = [e for _, e in failed if not is_transient(e)]
             if others:  # e.g. a bad token: say so rather than "unreachable"
                 raise others[0]
             detail = "; ".join(f"{a} ({e})" for a, e in failed)
             raise ActorUnavailableError(
-                f"actor(s) unreachable within connect_timeout={self.conn.connect_timeout} s: "
+                f"actor(s) unreachable within connect_timeout={self._conn.connect_timeout} s: "
                 f"{detail}"
             )
         return [
             ActorLink(
                 d,
                 c,
-                self.conn,
-                batch_timeout=self.batch_timeout,
-                mailbox=self.mailbox,
-                ledger=self.ledger,
+                self._conn,
+                batch_timeout=self._batch_timeout,
+                mailbox=self._mailbox,
+                streams=self._streams,
+                ledger=self._ledger,
                 admit=self._admit,
+                allocate=None if self._slabs is None else self._slabs.for_worker(d.worker_id),
             )
-            for d, c in zip(results, channels, strict=True)
+            for d, c in zip(descriptions, channels, strict=True)
         ]
 
     def register(self, links: Sequence[ActorLink]) -> None:
         """Make links part of the fleet (after the fleet checks passed)."""
         for link in links:
-            self.links[link.worker_id] = link
-            self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
-            self.book.observe(link.worker_id, link.description.models)
+            self._links[link.worker_id] = link
+            self._mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
+            self._book.observe(link.worker_id, link.description.models)
 
     def discard(self, links: Sequence[ActorLink]) -> None:
         """Close the channels of links that were refused."""
@@ -125,61 +158,71 @@ class Fleet:
         async def close_all() -> None:
             await asyncio.gather(*(link.channel.close() for link in links), return_exceptions=True)
 
-        self.loop.run(close_all(), _MARGIN)
+        self._loop.run(close_all(), _MARGIN)
 
     @property
     def worker_ids(self) -> list[int]:
         """The fleet's worker_ids, sorted."""
-        return sorted(self.links)
+        return sorted(self._links)
 
-    def start(
-        self,
-        settings_for: Callable[[ActorLink], CollectSettings],
-        links: Sequence[ActorLink] | None = None,
-    ) -> None:
-        """Open sessions on ``links`` (default: all), each with its own settings."""
-        targets = list(self.links.values()) if links is None else list(links)
+    def members(self, extra: Sequence[ActorLink] = ()) -> list[FleetMember]:
+        """What the fleet checks need about every actor, plus ``extra`` links not yet in it."""
+        return [
+            FleetMember(
+                link.address,
+                link.worker_id,
+                link.description.num_envs,
+                tuple(link.description.models),
+            )
+            for link in [*self._links.values(), *extra]
+        ]
+
+    def addresses(self) -> dict[int, str]:
+        """Each actor's address, by worker_id (sorted)."""
+        return {w: link.address for w, link in sorted(self._links.items())}
+
+    def models_of(self, worker_id: int) -> list[str]:
+        """The model_ids an actor reported, sorted."""
+        return sorted(self._links[worker_id].description.models)
+
+    def reachable(self, worker_id: int) -> bool:
+        """Whether an actor's link is not down, lost, failed or closed."""
+        return self._links[worker_id].state not in _UNREACHABLE
+
+    def start(self, settings: CollectSettings, links: Sequence[ActorLink] | None = None) -> None:
+        """Open sessions on ``links`` (default: all) with ``settings``."""
+        targets = list(self._links.values()) if links is None else list(links)
 
         async def start_all() -> None:
             for link in targets:
-                link.start(settings_for(link))
+                link.start(settings)
 
-        self.loop.run(start_all(), _MARGIN)
+        self._loop.run(start_all(), _MARGIN)
 
-    def restart(self, settings_for: Callable[[ActorLink], CollectSettings]) -> None:
+    def restart(self, settings: CollectSettings) -> None:
         """Re-open every running session with new settings (the fleet was resized)."""
 
         async def restart_all() -> None:
-            for link in self.links.values():
-                link.restart(settings_for(link))
+            for link in self._links.values():
+                link.restart(settings)
 
-        self.loop.run(restart_all(), _MARGIN)
-
-    def _send_credit(self, worker_id: int, batches: int) -> None:
-        link = self.links.get(worker_id)
-        if link is not None:
-            self.loop.call_soon(link.grant, batches)
-
-    def _send_ack(self, worker_id: int, seq: int) -> None:
-        link = self.links.get(worker_id)
-        if link is not None:
-            self.loop.call_soon(link.ack, seq)
+        self._loop.run(restart_all(), _MARGIN)
 
     # -------------------------------------------------------------- weights
 
     async def _admit(self, link: ActorLink, desc: ActorDescription) -> None:
         # A returning actor must hold the weights addressed to it before its data is used.
-        self.book.observe(link.worker_id, desc.models)
-        for enc in self.book.pending(link.worker_id, desc.models):
+        self._book.observe(link.worker_id, desc.models)
+        for enc in self._book.pending(link.worker_id, desc.models):
             try:
                 version = await link.channel.push_weights(
-                    enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout
+                    enc.model_id, enc.version, _messages(enc), self._conn.call_timeout
                 )
             except RlfleetError as exc:
-                if _transient(exc):
+                if is_transient(exc):
                     raise  # the session is retried, with this push first
                 # Retrying a push the actor rejects would keep it out for good.
-                self.book.forget(link.worker_id, enc.model_id)
+                self._book.forget(link.worker_id, enc.model_id)
                 log.error(
                     "worker_id %d rejected %s version %d on re-admission: %s",
                     link.worker_id,
@@ -188,7 +231,7 @@ class Fleet:
                     exc,
                 )
                 continue
-            self.book.acknowledged(link.worker_id, enc.model_id, version)
+            self._book.acknowledged(link.worker_id, enc.model_id, version)
             log.info(
                 "pushed %s version %d to worker_id %d before its data is used",
                 enc.model_id,
@@ -204,24 +247,27 @@ class Fleet:
             ``{model_id: {worker_id: exception}}``.
         """
         pairs = [(wid, enc) for enc in encoded for wid in worker_ids]
-        results = self.loop.run(self._push_all(pairs), self.conn.call_timeout + _MARGIN)
+        messages = {enc.model_id: _messages(enc) for enc in encoded}  # once for all targets
+        results = self._loop.run(self._push_all(pairs, messages), self._conn.call_timeout + _MARGIN)
         succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for enc in encoded}
         failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for enc in encoded}
         for (wid, enc), result in zip(pairs, results, strict=True):
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
-                if _transient(result):  # it gets this push when it is re-admitted
-                    self.book.addressed([wid], enc)
+                if is_transient(result):  # it gets this push when it is re-admitted
+                    self._book.addressed([wid], enc)
             else:
-                self.book.addressed([wid], enc)
-                self.book.acknowledged(wid, enc.model_id, result)
+                self._book.addressed([wid], enc)
+                self._book.acknowledged(wid, enc.model_id, result)
                 succeeded[enc.model_id][wid] = result
         return succeeded, failed
 
-    async def _push_all(self, pairs: list[tuple[int, EncodedWeights]]) -> list:
+    async def _push_all(
+        self, pairs: list[tuple[int, EncodedWeights]], messages: dict[str, tuple[bytes, ...]]
+    ) -> list[int | BaseException]:
         async def one(wid: int, enc: EncodedWeights) -> int:
-            return await self.links[wid].channel.push_weights(
-                enc.model_id, enc.version, enc.blob, enc.sha256, self.conn.call_timeout
+            return await self._links[wid].channel.push_weights(
+                enc.model_id, enc.version, messages[enc.model_id], self._conn.call_timeout
             )
 
         return await asyncio.gather(*(one(w, e) for w, e in pairs), return_exceptions=True)
@@ -231,10 +277,10 @@ class Fleet:
     def set_seed(self, seed: int, static_seed: bool) -> int:
         """Seed every actor in worker_id order, chaining each returned seed to the next."""
         for wid in self.worker_ids:
-            link = self.links[wid]
-            seed = self.loop.run(
-                link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
-                self.conn.call_timeout + _MARGIN,
+            link = self._links[wid]
+            seed = self._loop.run(
+                link.channel.set_seed(seed, static_seed, self._conn.call_timeout),
+                self._conn.call_timeout + _MARGIN,
             )
         return seed
 
@@ -243,17 +289,17 @@ class Fleet:
 
         async def fetch() -> list:
             return await asyncio.gather(
-                *(link.channel.get_state(self.conn.call_timeout) for link in self.links.values())
+                *(link.channel.get_state(self._conn.call_timeout) for link in self._links.values())
             )
 
-        blobs = self.loop.run(fetch(), self.conn.call_timeout + _MARGIN)
+        blobs = self._loop.run(fetch(), self._conn.call_timeout + _MARGIN)
         return {
-            "frames": self.ledger.frames,
-            "batches": self.ledger.batches,
-            "policy_version": self.book.versions(),
+            "frames": self._ledger.frames,
+            "batches": self._ledger.batches,
+            "policy_version": self._book.versions(),
             "workers": {
                 w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
-                for w, b in sorted(zip(self.links, blobs, strict=True))
+                for w, b in sorted(zip(self._links, blobs, strict=True))
             },
         }
 
@@ -268,7 +314,7 @@ class Fleet:
         if missing:
             raise ValueError(f"state_dict lacks keys {sorted(missing)}")
         workers = {int(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
-        unknown = sorted(set(workers) - set(self.links))
+        unknown = sorted(set(workers) - set(self._links))
         if unknown:
             raise UnknownWorkerError(
                 f"state_dict holds unknown worker_ids {unknown}; the "
@@ -278,27 +324,27 @@ class Fleet:
         async def load() -> None:
             await asyncio.gather(
                 *(
-                    self.links[w].channel.load_state(blob, self.conn.call_timeout)
+                    self._links[w].channel.load_state(blob, self._conn.call_timeout)
                     for w, blob in workers.items()
                 )
             )
             descs = await asyncio.gather(
-                *(self.links[w].channel.describe(self.conn.call_timeout) for w in workers)
+                *(self._links[w].channel.describe(self._conn.call_timeout) for w in workers)
             )
             for desc in descs:
-                self.book.observe(desc.worker_id, desc.models)
+                self._book.observe(desc.worker_id, desc.models)
 
-        self.book.restore_versions(state_dict["policy_version"])
-        self.ledger.restore(int(state_dict["frames"]), int(state_dict["batches"]))
-        self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
+        self._book.restore_versions(state_dict["policy_version"])
+        self._ledger.restore(int(state_dict["frames"]), int(state_dict["batches"]))
+        self._loop.run(load(), 2 * self._conn.call_timeout + _MARGIN)
 
     def states(self) -> dict[int, str]:
         """Each link's state name, by worker_id."""
-        return {w: link.state.value for w, link in sorted(self.links.items())}
+        return {w: link.state.value for w, link in sorted(self._links.items())}
 
     def stats(self) -> dict[str, Any]:
         """The fleet's counters (see ``GrpcCollector.stats``)."""
-        ledger, links = self.ledger, self.links
+        ledger, links = self._ledger, self._links
         return {
             "frames": ledger.frames,
             "batches": ledger.batches,
@@ -306,7 +352,7 @@ class Fleet:
             "workers": len(links),
             "workers_alive": sum(1 for link in links.values() if link.state not in _UNREACHABLE),
             "worker_states": self.states(),
-            "policy_version": self.book.versions(),
+            "policy_version": self._book.versions(),
             "policy_lag": ledger.policy_lag,
             "policy_lag_max": ledger.policy_lag_max,
             "gaps": sum(link.tracker.gaps for link in links.values()),
@@ -321,19 +367,21 @@ class Fleet:
     # ------------------------------------------------------------ shutdown
 
     def close(self, timeout: float) -> None:
-        """End every session cleanly within ``timeout``, then stop the loop thread."""
+        """End every session cleanly within ``timeout`` (the caller then stops the loop)."""
 
         async def stop_all() -> None:
             await asyncio.gather(
-                *(link.stop(timeout) for link in self.links.values()), return_exceptions=True
+                *(link.stop(timeout) for link in self._links.values()), return_exceptions=True
             )
 
-        self.mailbox.close()  # wakes a consumer waiting for a batch
         try:
-            self.loop.run(stop_all(), timeout + _MARGIN)
+            self._loop.run(stop_all(), timeout + _MARGIN)
         except (RlfleetError, RuntimeError) as exc:
             log.warning("closing the actor sessions: %s", exc)
-        self.loop.close(timeout)
+
+
+def _messages(enc: EncodedWeights) -> tuple[bytes, ...]:
+    return push_messages(enc.model_id, enc.version, enc.blob, enc.sha256)
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -342,8 +390,3 @@ def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether a failed call may succeed later (the actor was unreachable or slow)."""
-    return isinstance(exc, ActorUnavailableError | DeadlineError)

@@ -81,7 +81,6 @@ class Ledger:
         self.auto_pushes = 0
         self.policy_lag = 0
         self.policy_lag_max = 0
-        self.missing_workers: list[int] = []
 
     def delivered(self, frames_by_worker: dict[int, int], lag: int) -> None:
         """Count one yielded batch and the frames each worker contributed to it."""

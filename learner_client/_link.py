@@ -7,10 +7,12 @@ refused; a new epoch means the process restarted), lets the fleet *admit* it
 ``Collect`` session (resuming the last epoch and seq when the actor is the same
 process, so retained batches are re-sent and duplicates dropped), then hands
 every complete new batch to the :class:`~learner_client._mailbox.Mailbox`.
-A broken or stalled stream is counted, logged and retried after a jittered
-exponential backoff (bounded delay, retried until the collector closes); the
-other actors are not affected. A session taken over by another learner is
-not retried.
+A transport or protocol failure (any :class:`~common.errors.RlfleetError`: a
+broken or stalled stream, a malformed packet, an error status) is counted,
+logged and retried after a jittered exponential backoff (bounded delay,
+retried until the collector closes); the other actors are not affected. Any
+other exception is a bug: the link stops (``FAILED``) and the user's next
+take raises it. A session taken over by another learner is not retried.
 """
 
 from __future__ import annotations
@@ -21,20 +23,16 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from common.config import CollectSettings
-from common.errors import ActorUnavailableError, ProtocolError, SessionStateError
+from common.errors import ActorUnavailableError, ProtocolError, RlfleetError, SessionStateError
 from learner_client._aggregate import name_time_dim, tag_worker
+from learner_client._collect_stream import BatchEvent, CollectStream, EndEvent, OpenStreams
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._settings import ConnectionSettings
-from learner_client._transport import (
-    ActorChannel,
-    ActorDescription,
-    BatchEvent,
-    CollectStream,
-    EndEvent,
-)
+from learner_client._transport import ActorChannel, ActorDescription
 
 __all__ = ["ActorLink", "Backoff", "LinkState"]
 
@@ -49,6 +47,7 @@ class LinkState(enum.Enum):
     STREAMING = "streaming"
     DOWN = "down"  # the last connection attempt failed; retrying
     LOST = "lost"  # taken over by another learner; not retried
+    FAILED = "failed"  # stopped on a bug, which the user's next take raised
     CLOSED = "closed"
 
 
@@ -81,8 +80,11 @@ class ActorLink:
         conn: Channel settings, deadlines and the learner id.
         batch_timeout: Seconds a stream owing a batch may stay silent before it counts as stalled.
         mailbox: Where batches go; also tells whether credits are outstanding.
+        streams: Where each open stream is registered, so credits and acks reach it.
         ledger: Failure and reconnection counters.
         admit: Called before each session opens (pushes the weights the actor lacks).
+        allocate: Gives the buffer each batch is received into; None allocates fresh ones.
+        backoff: The delays between reconnection attempts.
     """
 
     def __init__(
@@ -93,8 +95,10 @@ class ActorLink:
         *,
         batch_timeout: float,
         mailbox: Mailbox,
+        streams: OpenStreams,
         ledger: Ledger,
         admit: Admit,
+        allocate: Callable[[int], Any] | None = None,
         backoff: Backoff = Backoff(),
     ) -> None:
         self.address = description.address
@@ -106,7 +110,9 @@ class ActorLink:
         self._conn = conn
         self._batch_timeout = batch_timeout
         self._mailbox = mailbox
+        self._streams = streams
         self._ledger = ledger
+        self._allocate = allocate
         self._admit = admit
         self._backoff = backoff
         self._settings: CollectSettings | None = None
@@ -132,16 +138,6 @@ class ActorLink:
         self._fresh_next = True
         if self._stream is not None:
             self._stream.close()
-
-    def grant(self, batches: int) -> None:
-        """Forward credits to the open session (dropped if none: the next open re-grants)."""
-        if self._stream is not None:
-            self._stream.grant(batches)
-
-    def ack(self, seq: int) -> None:
-        """Acknowledge delivered batches on the open session of their epoch."""
-        if self._stream is not None:
-            self._stream.ack(seq)
 
     async def stop(self, timeout: float) -> None:
         """Close an open session cleanly (``close`` → ``end``), cancelling it after ``timeout``.
@@ -174,43 +170,20 @@ class ActorLink:
                 end = await self._session(reconnecting)
                 if self._closing:
                     break
-                if end.reason == "TAKEN_OVER":
-                    log.error(
-                        "actor %s (worker_id %d) was taken over by another learner; "
-                        "it will not be used again",
-                        self.address,
-                        self.worker_id,
-                    )
-                    self._set_state(LinkState.LOST)
+                after = self._session_ended(end)
+                if after == "stop":
                     return
-                if self._fresh_next and end.reason == "CLOSED":
+                if after == "reopen":
                     reconnecting = True
                     continue
-                log.warning(
-                    "actor %s (worker_id %d) ended the session: %s %s",
-                    self.address,
-                    self.worker_id,
-                    end.reason,
-                    end.message,
-                )
-                self._ledger.failure(self.worker_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # any failure of one actor is counted and retried
+            except RlfleetError as exc:  # a transport or protocol failure: counted and retried
                 if self._closing:
                     break
                 attempt = 0 if self._streamed else attempt
-                self._ledger.failure(self.worker_id)
-                # The first failure of an outage is news; the retries that follow are not.
-                log.log(
-                    logging.WARNING if attempt == 0 else logging.INFO,
-                    "actor %s (worker_id %d) failed (%s: %s); retry %d",
-                    self.address,
-                    self.worker_id,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                )
+                self._failed(exc, attempt)
+            except Exception as exc:  # a bug: retrying would hide it
+                self._stop_on_bug(exc)
+                return
             finally:
                 self._stream = None
                 self._mailbox.session_closed(self.worker_id)
@@ -227,7 +200,44 @@ class ActorLink:
             await asyncio.sleep(delay)
         self._set_state(LinkState.CLOSED)
 
-    async def _session(self, reconnecting: bool) -> EndEvent:
+    def _session_ended(self, end: EndEvent) -> str:
+        """What follows a clean end: ``"stop"``, ``"reopen"`` at once, or ``"retry"``."""
+        if end.reason == "TAKEN_OVER":
+            log.error(
+                "actor %s (worker_id %d) was taken over by another learner; "
+                "it will not be used again",
+                self.address,
+                self.worker_id,
+            )
+            self._set_state(LinkState.LOST)
+            return "stop"
+        if self._fresh_next and end.reason == "CLOSED":
+            return "reopen"
+        log.warning(
+            "actor %s (worker_id %d) ended the session: %s %s",
+            self.address,
+            self.worker_id,
+            end.reason,
+            end.message,
+        )
+        self._ledger.failure(self.worker_id)
+        return "retry"
+
+    def _failed(self, exc: RlfleetError, attempt: int) -> None:
+        self._ledger.failure(self.worker_id)
+        # The first failure of an outage is news; the retries that follow are not.
+        log.log(
+            logging.WARNING if attempt == 0 else logging.INFO,
+            "actor %s (worker_id %d) failed (%s: %s); retry %d",
+            self.address,
+            self.worker_id,
+            type(exc).__name__,
+            exc,
+            attempt + 1,
+        )
+
+    async def _readmit(self) -> None:
+        """Re-describe the actor (same worker_id, maybe a new epoch) and let the fleet admit it."""
         self._set_state(LinkState.CONNECTING)
         try:
             desc = await self.channel.describe(self._conn.call_timeout)
@@ -249,22 +259,31 @@ class ActorLink:
         except Exception:
             self._set_state(LinkState.DOWN)
             raise
-        resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
-        self._fresh_next = False
+
+    def _open(self, reconnecting: bool) -> CollectStream:
         settings = self._settings
         if settings is None:
             raise SessionStateError("ActorLink.start() was not called")
-        credits = self._mailbox.session_opened(self.worker_id)
+        resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
+        self._fresh_next = False
         # Take over only a session of our own the actor may not know is dead yet;
         # never another learner's (a first open that finds the actor busy retries).
-        stream = self.channel.collect(
+        stream = CollectStream(
+            self.channel,
             settings,
-            credits=credits,
+            credits=self._mailbox.session_opened(self.worker_id),
             resume=resume,
             take_over=reconnecting and bool(self.tracker.epoch),
             learner_id=self._conn.learner_id,
+            allocate=self._allocate,
         )
         self._stream = stream
+        self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost
+        return stream
+
+    async def _session(self, reconnecting: bool) -> EndEvent:
+        await self._readmit()
+        stream = self._open(reconnecting)
         try:
             info = await stream.opened(self._conn.call_timeout)
             self.tracker.opened(info.epoch, info.next_seq, info.resumed)
@@ -287,6 +306,7 @@ class ActorLink:
                     return event
                 self._deliver(event)
         finally:
+            self._streams.detach(self.worker_id, stream)
             stream.cancel()
 
     def _owed(self) -> bool:
@@ -318,6 +338,20 @@ class ActorLink:
                 version_max=event.version_max,
             )
         )
+
+    def _stop_on_bug(self, exc: Exception) -> None:
+        log.error(
+            "the link to %s (worker_id %d) stopped on a bug; the actor is no longer used",
+            self.address,
+            self.worker_id,
+            exc_info=exc,
+        )
+        exc.add_note(
+            f"raised on the learner's event loop serving actor {self.address} "
+            f"(worker_id {self.worker_id}), which is no longer used"
+        )
+        self._set_state(LinkState.FAILED)
+        self._mailbox.fail(self.worker_id, exc)
 
     def _set_state(self, state: LinkState) -> None:
         if state is self.state:

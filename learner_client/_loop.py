@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from common.errors import DeadlineError, SessionStateError
+from common.errors import ClosedError, DeadlineError, SessionStateError
 
 __all__ = ["LoopThread"]
 
@@ -55,7 +55,7 @@ class LoopThread:
         """
         if self._closed:
             coro.close()
-            raise SessionStateError("the collector is shut down")
+            raise ClosedError("the collector is shut down")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:

@@ -10,7 +10,8 @@ exactly one credit per requested round, after the round's weight pushes, so
 every frame of the round runs the new weights.
 
 The transport thread calls :meth:`Mailbox.session_opened`, :meth:`put`,
-:meth:`session_closed` and :meth:`set_alive`; the user thread calls
+:meth:`session_closed`, :meth:`set_alive` and :meth:`fail` (a bug on the
+loop, raised by the user's next take); the user thread calls
 :meth:`take_any` / :meth:`take_round`. Credits and acks leave through the
 ``send_credit`` / ``send_ack`` callbacks, which must be thread-safe and must
 not block.
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterable
 
 from tensordict import TensorDictBase
 
-from common.errors import SessionStateError
+from common.errors import ClosedError
 
 __all__ = ["Delivery", "Mailbox", "Paused"]
 
@@ -102,6 +103,7 @@ class Mailbox:
         self._round_wanted = False
         self._budget: int | None = None
         self._per_worker_budget = False
+        self._failures: collections.deque[BaseException] = collections.deque()
 
     # ------------------------------------------------------------ membership
 
@@ -144,6 +146,13 @@ class Mailbox:
         """Mark an actor reachable or down (down actors fail sync rounds fast)."""
         with self._cond:
             self._slots[worker_id].alive = alive
+            self._cond.notify_all()
+
+    def fail(self, worker_id: int, exc: BaseException) -> None:
+        """An actor's link stopped on a bug: the actor is down and the next take raises ``exc``."""
+        with self._cond:
+            self._slots[worker_id].alive = False
+            self._failures.append(exc)
             self._cond.notify_all()
 
     def put(self, delivery: Delivery) -> None:
@@ -254,7 +263,9 @@ class Mailbox:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionStateError("the collector is shut down")
+            raise ClosedError("the collector is shut down")
+        if self._failures:
+            raise self._failures.popleft()
         if self._paused:
             raise Paused
 

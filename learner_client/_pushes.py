@@ -17,28 +17,30 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import ActorUnavailableError, DeadlineError, UnknownModelError
+from common.errors import UnknownModelError, is_transient
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet
-from learner_client._link import LinkState
-from learner_client._weights import WeightRequest, resolve_worker_ids
+from learner_client._ledger import Ledger
+from learner_client._weights import WeightBook, WeightRequest, resolve_worker_ids
 
 __all__ = ["Pusher"]
 
 log = logging.getLogger("learner_client")
-
-_UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.CLOSED)
 
 
 class Pusher:
     """Issues the collector's weight pushes.
 
     Args:
-        fleet: The actors and the weight book.
+        fleet: The actors the weights go to.
+        book: The weights given, their versions, and which worker is due an update.
+        ledger: Counts automatic pushes.
     """
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, book: WeightBook, ledger: Ledger) -> None:
         self._fleet = fleet
+        self._book = book
+        self._ledger = ledger
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -53,19 +55,17 @@ class Pusher:
         """
         targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
         self._check_models(request.sources, targets)
-        book = self._fleet.book
-        encoded = [book.encode(mid, src) for mid, src in request.sources.items()]
+        encoded = [self._book.encode(mid, src) for mid, src in request.sources.items()]
         succeeded, failed = self._fleet.push(targets, encoded)
         if any(failed.values()):
             raise push_error(succeeded, failed, nested=request.nested)
         return succeeded if request.nested else next(iter(succeeded.values()))
 
     def _check_models(self, sources: dict[str, Any], targets: list[int]) -> None:
-        links = self._fleet.links
         for mid in sources:
-            lacking = [w for w in targets if mid not in links[w].description.models]
+            lacking = [w for w in targets if mid not in self._fleet.models_of(w)]
             if lacking:
-                have = {w: sorted(links[w].description.models) for w in lacking}
+                have = {w: self._fleet.models_of(w) for w in lacking}
                 raise UnknownModelError(
                     f"model_id {mid!r} is not registered on worker_ids {lacking}; they have {have}"
                 )
@@ -77,26 +77,17 @@ class Pusher:
             WeightPushError: A reachable worker rejected the push (unreachable ones are
                 logged; they get the weights when they are re-admitted).
         """
-        book = self._fleet.book
-        models = book.models_with_sources()
+        models = self._book.models_with_sources()
         if interval is None or not models:
             return
-        due = [
-            w
-            for w in candidates
-            if self._fleet.links[w].state not in _UNREACHABLE and book.due(w, interval)
-        ]
+        due = [w for w in candidates if self._fleet.reachable(w) and self._book.due(w, interval)]
         if not due:
             return
-        encoded = [book.encode(mid, None) for mid in models]
+        encoded = [self._book.encode(mid, None) for mid in models]
         succeeded, failed = self._fleet.push(due, encoded)
-        self._fleet.ledger.add_auto_push()
+        self._ledger.add_auto_push()
         fatal = {
-            mid: {
-                w: e
-                for w, e in errs.items()
-                if not isinstance(e, ActorUnavailableError | DeadlineError)
-            }
+            mid: {w: e for w, e in errs.items() if not is_transient(e)}
             for mid, errs in failed.items()
         }
         for mid, errs in failed.items():

@@ -19,9 +19,11 @@ from tensordict import TensorDictBase
 from learner_client._aggregate import combine
 from learner_client._errors import MissingWorkersError
 from learner_client._fleet import Fleet
-from learner_client._mailbox import Delivery
+from learner_client._ledger import Ledger
+from learner_client._mailbox import Delivery, Mailbox
 from learner_client._settings import BatchSettings
 from learner_client._slabs import PacketSlabs
+from learner_client._weights import WeightBook
 
 __all__ = ["Rounds"]
 
@@ -29,40 +31,57 @@ log = logging.getLogger("learner_client")
 
 
 class Rounds:
-    """Produces the collector's batches from the fleet's mailbox.
+    """Produces the collector's batches from the mailbox.
 
     Args:
-        fleet: The actors and their mailbox.
         settings: How batches are assembled.
         acting_model: The model whose version the policy lag is measured against.
+        fleet: The actors (their worker_ids and states).
+        mailbox: Where the batches wait.
+        ledger: Counts what is delivered.
+        book: The policy versions, and each worker's batches since its last update.
+        slabs: The shared slabs sync rounds are received into, or None.
 
     Attributes:
         missing_workers: Workers absent from the last (partial) sync batch.
         last_workers: Workers that produced the last batch.
     """
 
-    def __init__(self, fleet: Fleet, settings: BatchSettings, acting_model: str) -> None:
-        self._fleet = fleet
+    def __init__(
+        self,
+        settings: BatchSettings,
+        acting_model: str,
+        *,
+        fleet: Fleet,
+        mailbox: Mailbox,
+        ledger: Ledger,
+        book: WeightBook,
+        slabs: PacketSlabs | None,
+    ) -> None:
         self._settings = settings
         self._acting_model = acting_model
+        self._fleet = fleet
+        self._mailbox = mailbox
+        self._ledger = ledger
+        self._book = book
+        self._slabs = slabs
         self.missing_workers: list[int] = []
         self.last_workers: list[int] = []
-        self._slabs = PacketSlabs()
-        self._slab_layout: tuple[int, ...] = ()
+
+    def _remaining_frames(self) -> int | None:
+        s = self._settings
+        return None if s.total_frames is None or s.endless else s.total_frames - self._ledger.frames
 
     def exhausted(self) -> bool:
         """Whether ``total_frames`` were delivered."""
-        s = self._settings
-        return not s.endless and self._fleet.ledger.frames >= s.total_frames
+        remaining = self._remaining_frames()
+        return remaining is not None and remaining <= 0
 
     def update_budget(self) -> None:
         """Tell the mailbox how many more batches (async) or rounds (sync) are wanted."""
-        s = self._settings
-        if s.endless:
-            self._fleet.mailbox.set_budget(None, per_worker=s.sync)
-            return
-        remaining = max(0, s.total_frames - self._fleet.ledger.frames)
-        self._fleet.mailbox.set_budget(math.ceil(remaining / s.frames_per_batch), per_worker=s.sync)
+        s, remaining = self._settings, self._remaining_frames()
+        budget = None if remaining is None else math.ceil(max(0, remaining) / s.frames_per_batch)
+        self._mailbox.set_budget(budget, per_worker=s.sync)
 
     def take(self) -> TensorDictBase:
         """The next batch (may raise ``Paused`` from the mailbox).
@@ -75,7 +94,7 @@ class Rounds:
         return self._finish(deliveries)
 
     def _take_async(self) -> list[Delivery]:
-        delivery = self._fleet.mailbox.take_any(self._settings.batch_timeout)
+        delivery = self._mailbox.take_any(self._settings.batch_timeout)
         if delivery is None:
             states = self._fleet.states()
             raise MissingWorkersError(
@@ -85,26 +104,13 @@ class Rounds:
             )
         return [delivery]
 
-    def _attach_slabs(self) -> None:
-        """Have each actor's frames land in its slot of shared slabs (stacked by viewing)."""
-        s = self._settings
-        if s.cat_results != "stack" or s.split_trajs:
-            return
-        layout = tuple(self._fleet.worker_ids)
-        links = self._fleet.links
-        if layout == self._slab_layout and all(
-                links[w].channel.packet_allocator is not None for w in layout):  # fmt: skip
-            return
-        for position, worker_id in enumerate(layout):
-            links[worker_id].channel.packet_allocator = self._slabs.allocator(position, len(layout))
-        self._slab_layout = layout
-
     def _take_sync(self) -> list[Delivery]:
-        self._attach_slabs()
-        mailbox = self._fleet.mailbox
-        mailbox.want_round()
-        taken, missing = mailbox.take_round(
-            self._fleet.worker_ids,
+        worker_ids = self._fleet.worker_ids
+        if self._slabs is not None:  # each actor's packets land in its slot of shared slabs
+            self._slabs.set_layout(worker_ids)
+        self._mailbox.want_round()
+        taken, missing = self._mailbox.take_round(
+            worker_ids,
             self._settings.batch_timeout,
             partial=self._settings.allow_partial_batches,
         )
@@ -122,18 +128,19 @@ class Rounds:
         return taken
 
     def _finish(self, deliveries: list[Delivery]) -> TensorDictBase:
-        fleet = self._fleet
-        acting = fleet.book.versions().get(self._acting_model, 0)
+        acting = self._book.versions().get(self._acting_model, 0)
         lag = max(0, acting - min(d.version_min for d in deliveries))
-        fleet.ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
+        self._ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
         for delivery in deliveries:
-            fleet.book.count_batch(delivery.worker_id)
+            self._book.count_batch(delivery.worker_id)
         self.last_workers = [d.worker_id for d in deliveries]
         self.update_budget()
         if not self._settings.sync:
             return deliveries[0].batch
         return combine(
             [d.batch for d in deliveries],
-            cat_results=self._settings.cat_results,
+            cat_results="stack"
+            if self._settings.cat_results is None
+            else self._settings.cat_results,
             split_trajs=self._settings.split_trajs,
         )

@@ -1,7 +1,8 @@
 """The learner's settings, grouped in frozen dataclasses, and the checks run at construction.
 
 ``GrpcCollector`` takes TorchRL's flat keyword arguments and turns them at once
-into three groups: :class:`BatchSettings` (how batches are assembled and
+into three groups, each validating and normalising its own fields in
+``__post_init__``: :class:`BatchSettings` (how batches are assembled and
 delivered), :class:`RolloutSettings` (what each actor session is asked to do,
 sent as :class:`common.config.CollectSettings`) and :class:`ConnectionSettings`
 (channels, deadlines, credits). Fleet-dependent checks (divisibility by the
@@ -17,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from common.config import CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import UnknownModelError
 
 __all__ = [
@@ -25,10 +26,9 @@ __all__ = [
     "ConnectionSettings",
     "FleetMember",
     "RolloutSettings",
-    "build_settings",
     "check_addresses",
     "check_fleet",
-    "frames_per_actor",
+    "check_hooks",
     "normalize_cat_results",
     "normalize_exploration_type",
     "positive_int",
@@ -38,35 +38,51 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
-    """How the learner assembles and delivers batches.
+    """How the learner assembles and delivers batches (validated and normalised at creation).
 
     Attributes:
         frames_per_batch: Frames per yielded batch (sync: in total over the fleet).
-        total_frames: Frames after which iteration stops; ``-1`` iterates forever.
+        total_frames: Frames after which iteration stops; ``-1`` (or None) iterates forever.
         sync: One batch from every actor per iteration (True) or first ready, first served.
-        cat_results: ``"stack"`` (``[workers, envs, time]``) or ``0`` (concatenate on dim 0).
+        cat_results: ``"stack"`` (or None: ``[workers, envs, time]``) or ``0`` (concatenate
+            on dim 0).
         allow_partial_batches: Sync only: proceed without actors that miss ``batch_timeout``.
         batch_timeout: Seconds a sync batch (or a stalled stream) may take.
         split_trajs: Batches hold zero-padded trajectories (sync rows are padded and concatenated).
         update_after_each_batch: Push the last weights given after every batch.
         max_weight_update_interval: Push to a worker once more than this many of its batches
             were delivered since its last update; ``-1`` disables.
+
+    Raises:
+        ValueError: A value out of range (the message names it and the value).
+        TypeError: A value of the wrong type.
     """
 
     frames_per_batch: int
-    total_frames: int = -1
+    total_frames: int | None = -1
     sync: bool = False
-    cat_results: str | int = "stack"
+    cat_results: str | int | None = "stack"
     allow_partial_batches: bool = False
     batch_timeout: float = 60.0
     split_trajs: bool = False
     update_after_each_batch: bool = False
     max_weight_update_interval: int = -1
 
+    def __post_init__(self) -> None:
+        interval = self.max_weight_update_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
+            raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
+        positive_int("frames_per_batch", self.frames_per_batch)
+        _set(self, "total_frames", _frames("total_frames", self.total_frames, endless=True))
+        for name in ("sync", "allow_partial_batches", "split_trajs", "update_after_each_batch"):
+            _flag(name, getattr(self, name))
+        _set(self, "cat_results", normalize_cat_results(self.cat_results))
+        _set(self, "batch_timeout", positive_timeout("batch_timeout", self.batch_timeout))
+
     @property
     def endless(self) -> bool:
         """Whether iteration never stops on its own."""
-        return self.total_frames < 0
+        return _int(self.total_frames) < 0
 
     @property
     def auto_update_interval(self) -> int | None:
@@ -85,32 +101,53 @@ class BatchSettings:
         """
         if self.endless:
             raise TypeError("an endless collector (total_frames=-1) has no length")
-        return math.ceil(self.total_frames / self.frames_per_batch)
+        return math.ceil(_int(self.total_frames) / self.frames_per_batch)
+
+    def frames_per_actor(self, num_actors: int) -> int:
+        """Frames each actor collects per batch: the total split evenly (sync) or all of it."""
+        return self.frames_per_batch // num_actors if self.sync else self.frames_per_batch
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSettings:
-    """What every actor session is asked to do (TorchRL's rollout knobs).
+    """What every actor session is asked to do (TorchRL's rollout knobs), validated at creation.
 
     Attributes:
-        max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` means none.
+        max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` (or None)
+            means none.
         init_random_frames: Random-action frames over the whole fleet (split across actors).
         reset_at_each_iter: Reset every env before each batch.
         reset_when_done: Must be True, as in TorchRL.
         split_trajs: Split batches into zero-padded trajectories.
-        exploration_type: Interaction type while the policy acts.
+        exploration_type: Interaction type while the policy acts: an ``ExplorationType``,
+            tensordict's ``InteractionType`` or a name (normalised to ``ExplorationType``).
         set_truncated: Mark the last frame of each batch truncated.
         model_id: The model that acts.
+
+    Raises:
+        ValueError: A value out of range.
+        TypeError: A value of the wrong type.
     """
 
-    max_frames_per_traj: int = -1
-    init_random_frames: int = -1
+    max_frames_per_traj: int | None = -1
+    init_random_frames: int | None = -1
     reset_at_each_iter: bool = False
     reset_when_done: bool = True
     split_trajs: bool = False
-    exploration_type: ExplorationType = ExplorationType.RANDOM
+    exploration_type: Any = ExplorationType.RANDOM
     set_truncated: bool = False
-    model_id: str = "policy"
+    model_id: str = DEFAULT_MODEL_ID
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ValueError(f"model_id must be a non-empty string, got {self.model_id!r}")
+        if not _flag("reset_when_done", self.reset_when_done):
+            raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
+        for name in ("max_frames_per_traj", "init_random_frames"):
+            _set(self, name, _frames(name, getattr(self, name), endless=False))
+        for name in ("reset_at_each_iter", "split_trajs", "set_truncated"):
+            _flag(name, getattr(self, name))
+        _set(self, "exploration_type", normalize_exploration_type(self.exploration_type))
 
     def for_actor(self, frames_per_batch: int, num_actors: int) -> CollectSettings:
         """The settings one actor's session is opened with.
@@ -124,13 +161,11 @@ class RolloutSettings:
         Returns:
             The session settings.
         """
-        random_frames = 0
-        if self.init_random_frames > 0:
-            random_frames = math.ceil(self.init_random_frames / max(num_actors, 1))
+        random_frames = max(0, _int(self.init_random_frames))
         return CollectSettings(
             frames_per_batch=frames_per_batch,
-            max_frames_per_traj=self.max_frames_per_traj,
-            init_random_frames=random_frames,
+            max_frames_per_traj=_int(self.max_frames_per_traj),
+            init_random_frames=math.ceil(random_frames / max(num_actors, 1)),
             reset_at_each_iter=self.reset_at_each_iter,
             reset_when_done=self.reset_when_done,
             split_trajs=self.split_trajs,
@@ -143,7 +178,7 @@ class RolloutSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionSettings:
-    """Channels, deadlines and flow control.
+    """Channels, deadlines and flow control, validated at creation.
 
     Attributes:
         credit_window: Most batches per actor in flight or buffered (capped by the
@@ -153,6 +188,10 @@ class ConnectionSettings:
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS; None for plaintext.
         token: Bearer token sent on every call; None for none.
         learner_id: Free-form learner name the actors log.
+
+    Raises:
+        ValueError: A value out of range.
+        TypeError: A value of the wrong type.
     """
 
     credit_window: int = 2
@@ -161,6 +200,14 @@ class ConnectionSettings:
     channel_credentials: Any = None
     token: str | None = None
     learner_id: str = "rlfleet-learner"
+
+    def __post_init__(self) -> None:
+        token = self.token
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError("token must be a non-empty string or None")
+        positive_int("credit_window", self.credit_window)
+        for name in ("connect_timeout", "call_timeout"):
+            _set(self, name, positive_timeout(name, getattr(self, name)))
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata: the bearer token when one is set."""
@@ -181,7 +228,7 @@ class FleetMember:
     address: str
     worker_id: int
     num_envs: int
-    models: tuple[str, ...] = ("policy",)
+    models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
 
 
 def positive_int(name: str, value: object) -> int:
@@ -252,13 +299,6 @@ def normalize_cat_results(value: object) -> str | int:
     raise ValueError(f"cat_results must be None, 'stack' or 0, got {value!r}")
 
 
-def frames_per_actor(settings: BatchSettings, num_actors: int) -> int:
-    """Frames each actor collects per batch: the total split evenly (sync) or all of it (async)."""
-    if settings.sync:
-        return settings.frames_per_batch // num_actors
-    return settings.frames_per_batch
-
-
 def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
     """Check the fleet against the batch settings, as TorchRL checks its workers.
 
@@ -291,7 +331,7 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"sync collection splits frames_per_batch={fpb} evenly over {count} actors, "
             f"but {fpb} is not divisible by {count}"
         )
-    share = frames_per_actor(settings, count)
+    share = settings.frames_per_actor(count)
     bad = [m for m in members if share % m.num_envs]
     if bad:
         detail = ", ".join(
@@ -309,6 +349,19 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"cat_results=0 needs the same time steps from every actor, but the env pool sizes "
             f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch"
         )
+
+
+def check_hooks(postproc: Any, replay_buffer: Any) -> tuple[Any, Any]:
+    """Return ``(postproc, replay_buffer)`` once each is None or usable.
+
+    Raises:
+        TypeError: ``postproc`` is not callable, or ``replay_buffer`` has no ``extend()``.
+    """
+    if postproc is not None and not callable(postproc):
+        raise TypeError(f"postproc must be callable, got {postproc!r}")
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
+    return postproc, replay_buffer
 
 
 def check_addresses(actors: object) -> list[str]:
@@ -335,14 +388,24 @@ def check_addresses(actors: object) -> list[str]:
     return seen
 
 
-def _frames(name: str, value: object, *, allow_endless: bool) -> int:
+def _set(settings: object, name: str, value: object) -> None:
+    """Store a normalised value on a frozen dataclass, from its ``__post_init__``."""
+    object.__setattr__(settings, name, value)
+
+
+def _int(value: int | None) -> int:
+    """A frame count normalised by ``__post_init__`` (None stands for -1 before that)."""
+    return -1 if value is None else value
+
+
+def _frames(name: str, value: object, *, endless: bool) -> int:
     if value is None:
         return -1
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int or None, got {value!r}")
-    if allow_endless and value == -1:
+    if endless and value == -1:
         return -1
-    if allow_endless and value <= 0:
+    if endless and value <= 0:
         raise ValueError(f"{name} must be positive, or -1 for endless, got {value!r}")
     return value
 
@@ -351,55 +414,3 @@ def _flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
-
-
-def build_settings(**kw: Any) -> tuple[BatchSettings, RolloutSettings, ConnectionSettings]:
-    """Validate ``GrpcCollector``'s keyword arguments and group them.
-
-    Raises:
-        ValueError: A value out of range (the message names it and the value).
-        TypeError: A value of the wrong type.
-    """
-    interval = kw["max_weight_update_interval"]
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
-        raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
-    if not isinstance(kw["model_id"], str) or not kw["model_id"]:
-        raise ValueError(f"model_id must be a non-empty string, got {kw['model_id']!r}")
-    if not _flag("reset_when_done", kw["reset_when_done"]):
-        raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
-    token = kw["token"]
-    if token is not None and (not isinstance(token, str) or not token):
-        raise ValueError("token must be a non-empty string or None")
-    batch = BatchSettings(
-        frames_per_batch=positive_int("frames_per_batch", kw["frames_per_batch"]),
-        total_frames=_frames("total_frames", kw["total_frames"], allow_endless=True),
-        sync=_flag("sync", kw["sync"]),
-        cat_results=normalize_cat_results(kw["cat_results"]),
-        allow_partial_batches=_flag("allow_partial_batches", kw["allow_partial_batches"]),
-        batch_timeout=positive_timeout("batch_timeout", kw["batch_timeout"]),
-        split_trajs=_flag("split_trajs", kw["split_trajs"]),
-        update_after_each_batch=_flag("update_after_each_batch", kw["update_after_each_batch"]),
-        max_weight_update_interval=interval,
-    )
-    rollout = RolloutSettings(
-        max_frames_per_traj=_frames(
-            "max_frames_per_traj", kw["max_frames_per_traj"], allow_endless=False
-        ),
-        init_random_frames=_frames(
-            "init_random_frames", kw["init_random_frames"], allow_endless=False
-        ),
-        reset_at_each_iter=_flag("reset_at_each_iter", kw["reset_at_each_iter"]),
-        reset_when_done=True,
-        split_trajs=batch.split_trajs,
-        exploration_type=normalize_exploration_type(kw["exploration_type"]),
-        set_truncated=_flag("set_truncated", kw["set_truncated"]),
-        model_id=kw["model_id"],
-    )
-    conn = ConnectionSettings(
-        credit_window=positive_int("credit_window", kw["credit_window"]),
-        connect_timeout=positive_timeout("connect_timeout", kw["connect_timeout"]),
-        call_timeout=positive_timeout("call_timeout", kw["call_timeout"]),
-        channel_credentials=kw["channel_credentials"],
-        token=token,
-    )
-    return batch, rollout, conn

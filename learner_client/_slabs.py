@@ -15,7 +15,7 @@ are never touched, so they cost address space, not memory.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -48,6 +48,27 @@ class PacketSlabs:
     def __init__(self) -> None:
         self._open: list[_Slab] = []
         self._lock = threading.Lock()
+        self._positions: dict[int, int] = {}
+
+    def set_layout(self, worker_ids: Sequence[int]) -> None:
+        """The workers of a round, in order: each one's packets go to its position."""
+        with self._lock:
+            self._positions = {w: i for i, w in enumerate(worker_ids)}
+
+    def for_worker(self, worker_id: int) -> Callable[[int], torch.Tensor]:
+        """The ``allocate`` of one actor's stream: its slot under the current layout.
+
+        A worker outside the layout (not yet part of a round) gets a fresh buffer.
+        """
+
+        def allocate(nbytes: int) -> torch.Tensor:
+            with self._lock:
+                position, width = self._positions.get(worker_id), len(self._positions)
+            if position is None:
+                return torch.empty(nbytes, dtype=torch.uint8)
+            return self.buffer(position, width, nbytes)
+
+        return allocate
 
     def allocator(self, position: int, width: int) -> Callable[[int], torch.Tensor]:
         """The ``allocate`` callable of the actor at ``position`` among ``width`` actors.

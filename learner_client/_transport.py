@@ -1,52 +1,44 @@
-"""The learner's side of the ``rlfleet.v1`` wire: a channel per actor, every call, reassembly.
+"""The learner's side of the ``rlfleet.v1`` wire: a channel per actor and its unary calls.
 
-This is the only learner module that touches the generated stubs. It runs on
-the learner's single asyncio event loop (see :mod:`learner_client._loop`):
+With :mod:`learner_client._collect_stream` (the ``Collect`` session), this is
+where the learner touches the generated stubs. It runs on the learner's single
+asyncio event loop (see :mod:`learner_client._loop`):
 
 * :class:`ActorChannel` — a ``grpc.aio`` channel to one actor with every unary
   and client/server-streaming call (Describe, SetSeed, PushWeights, GetState,
   LoadState), each under a deadline, each returning plain Python values.
-* :class:`CollectStream` — one ``Collect`` session: sends ``open`` then credits,
-  acks and ``close`` from a queue; reads ``opened``, then reassembles each
-  batch's chunks with :class:`~common.packets.PacketAssembler` (one copy, crc32
-  checked, decoded off the loop when large) and returns whole batches or the
-  ``end`` marker. A protocol violation or a broken call raises; the partial
-  batch is dropped with the stream.
+* :func:`push_messages` — a weight push's requests, wire-encoded once (each
+  ``chunk`` straight from the blob: the field's tag, the varint length, the
+  data) and sent unchanged to every target with an identity serializer.
 * :func:`translate_errors` — the one place ``grpc.RpcError`` becomes an
   :mod:`common.errors` exception, prefixed with the actor's address.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
-from tensordict import TensorDictBase
 
-from common.config import CHUNK_BYTES, CollectSettings, client_channel_options
-from common.errors import DeadlineError, ProtocolError, SessionStateError, from_status
-from common.packets import PacketAssembler, PacketLimits
+from common.config import CHUNK_BYTES, client_channel_options
+from common.errors import ProtocolError, SessionStateError, from_status
+from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
-from learner_client._push_chunks import SharedChunks, encode_header
 
 __all__ = [
     "ActorChannel",
     "ActorDescription",
-    "BatchEvent",
-    "CollectStream",
-    "EndEvent",
-    "SessionInfo",
+    "encode_chunk",
+    "encode_header",
+    "push_messages",
     "translate_errors",
 ]
 
-# Packets above this size are decoded on a worker thread, not on the event loop.
-_DECODE_OFF_LOOP_BYTES = 1 << 20
 # gRPC's own reconnect backoff grows to 120 s by default; an actor restarted on
 # the same port must be found again within our (shorter, jittered) backoff.
 _RECONNECT_OPTIONS = [
@@ -54,10 +46,36 @@ _RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
-# Chunk messages of the weight blobs being pushed, shared by the pushes of one blob.
-_SHARED_CHUNKS = SharedChunks(CHUNK_BYTES)
-_END_REASONS = {v.number: v.name.removeprefix("END_REASON_") for v in
-                pb.EndReason.DESCRIPTOR.values}  # fmt: skip
+
+
+# Field tag of PushWeightsRequest.chunk (a oneof member, so an empty value is
+# still written: tag, then length 0).
+_CHUNK_TAG = pb.PushWeightsRequest(chunk=b"").SerializeToString()[:-1]
+
+
+def encode_chunk(piece: bytes | memoryview) -> bytes:
+    """Return the serialised ``PushWeightsRequest(chunk=piece)`` with one copy of ``piece``."""
+    view = memoryview(piece).cast("B")
+    return b"".join((_CHUNK_TAG, varint(view.nbytes), view))
+
+
+def encode_header(header: pb.WeightsHeader) -> bytes:
+    """Return the serialised ``PushWeightsRequest(header=header)``."""
+    return pb.PushWeightsRequest(header=header).SerializeToString()
+
+
+def push_messages(
+    model_id: str, version: int, blob: bytes, sha256: str, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[bytes, ...]:
+    """The serialised ``PushWeightsRequest`` messages of one push: the header, then each chunk.
+
+    Built once per push and handed unchanged to every target.
+    """
+    header = pb.WeightsHeader(
+        model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
+    )
+    chunks = (encode_chunk(piece) for piece in iter_blob_chunks(blob, chunk_bytes))
+    return (encode_header(header), *chunks)
 
 
 def _pre_serialized(message: bytes) -> bytes:
@@ -83,59 +101,17 @@ class ActorDescription:
         address: ``host:port`` it was reached at.
         worker_id: Its id in the fleet.
         epoch: Its current epoch (new at every process start).
-        env_id: The gymnasium env it runs.
         num_envs: Its env pool size.
         models: ``{model_id: policy version}``.
         max_credits: Most outstanding credits it honours.
-        busy: Whether a learner session is active.
-        device: The policy's torch device.
-        software_version: The actor's rlfleet version.
     """
 
     address: str
     worker_id: int
     epoch: int
-    env_id: str
     num_envs: int
     models: dict[str, int]
     max_credits: int
-    busy: bool
-    device: str
-    software_version: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionInfo:
-    """The actor's ``opened`` reply."""
-
-    worker_id: int
-    epoch: int
-    next_seq: int
-    max_credits: int
-    resumed: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchEvent:
-    """A complete, checked, decoded batch."""
-
-    worker_id: int
-    epoch: int
-    seq: int
-    frames: int
-    model_id: str
-    version_min: int
-    version_max: int
-    batch: TensorDictBase
-
-
-@dataclasses.dataclass(frozen=True)
-class EndEvent:
-    """The actor's ``end`` marker: the session is over, cleanly."""
-
-    reason: str
-    message: str
-    last_seq: int
 
 
 class ActorChannel:
@@ -161,12 +137,12 @@ class ActorChannel:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self._stub = pb_grpc.ActorServiceStub(self._channel)
-        # PushWeights with requests serialised beforehand (see learner_client._push_chunks).
+        # PushWeights with requests serialised beforehand (see push_messages).
         self._push_raw = self._channel.stream_unary(
             "/rlfleet.v1.ActorService/PushWeights",
             request_serializer=_pre_serialized,
             response_deserializer=pb.PushWeightsResponse.FromString,
-            _registered_method=True,
+            _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
         )
 
     async def close(self) -> None:
@@ -192,13 +168,9 @@ class ActorChannel:
             address=self.address,
             worker_id=r.worker_id,
             epoch=r.epoch,
-            env_id=r.env_id,
             num_envs=r.num_envs,
             models={m.model_id: m.version for m in r.models},
             max_credits=r.max_credits,
-            busy=r.busy,
-            device=r.device,
-            software_version=r.software_version,
         )
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> int:
@@ -212,28 +184,27 @@ class ActorChannel:
         return r.next_seed
 
     async def push_weights(
-        self, model_id: str, version: int, blob: bytes, sha256: str, timeout: float
+        self, model_id: str, version: int, messages: Sequence[bytes], timeout: float
     ) -> int:
-        """Stream one weight push (header, then chunks); returns the version now in force.
+        """Stream one weight push; returns the version now in force.
+
+        Args:
+            model_id: The model it updates.
+            version: The version it installs.
+            messages: The serialised requests (:func:`push_messages`).
+            timeout: Deadline in seconds.
 
         Raises:
             SessionStateError: The actor answered with another model or version, so
                 it did not apply this push.
         """
-        header = encode_header(
-            pb.WeightsHeader(
-                model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
-            )
-        )
 
-        async def requests(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-            yield header
-            for message in chunks:
+        async def requests() -> AsyncIterator[bytes]:
+            for message in messages:
                 yield message
 
-        # Held before the first await, so every push of one Fleet.push shares the chunks.
-        with _SHARED_CHUNKS.hold(blob) as chunks, translate_errors(self.address):
-            r = await self._push_raw(requests(chunks), timeout=timeout, metadata=self._metadata)
+        with translate_errors(self.address):
+            r = await self._push_raw(requests(), timeout=timeout, metadata=self._metadata)
         if r.model_id not in ("", model_id) or r.version != version:
             raise SessionStateError(
                 f"{self.address}: push of {model_id!r} version {version} answered with "
@@ -275,233 +246,6 @@ class ActorChannel:
             r = await self._stub.LoadState(requests(), timeout=timeout, metadata=self._metadata)
         return r.worker_id
 
-    #: The ``allocate`` of the Collect streams' PacketAssembler, read as each batch
-    #: starts: the sync rounds set it so that a round's packets share one slab
-    #: (learner_client._slabs); None reassembles into fresh buffers.
-    packet_allocator: Callable[[int], Any] | None = None
-
-    def collect(
-        self,
-        settings: CollectSettings,
-        *,
-        credits: int,
-        resume: tuple[int, int],
-        take_over: bool,
-        learner_id: str,
-    ) -> CollectStream:
-        """Start a ``Collect`` call; the ``open`` message is the first one sent."""
-        return CollectStream(
-            self,
-            settings,
-            credits=credits,
-            resume=resume,
-            take_over=take_over,
-            learner_id=learner_id,
-        )
-
-    def _start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> Any:
+    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> Any:
+        """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
         return self._stub.Collect(requests, metadata=self._metadata)
-
-
-def _open_request(
-    settings: CollectSettings,
-    credits: int,
-    resume: tuple[int, int],
-    take_over: bool,
-    learner_id: str,
-) -> pb.CollectRequest:
-    wire = pb.CollectSettings(
-        frames_per_batch=settings.frames_per_batch,
-        max_frames_per_traj=settings.max_frames_per_traj,
-        init_random_frames=settings.init_random_frames,
-        reset_at_each_iter=settings.reset_at_each_iter,
-        reset_when_done=settings.reset_when_done,
-        split_trajs=settings.split_trajs,
-        exploration_type=pb.ExplorationType.Value(
-            f"EXPLORATION_TYPE_{settings.exploration_type.name}"
-        ),
-        set_truncated=settings.set_truncated,
-        total_frames=settings.total_frames,
-        model_id=settings.model_id,
-    )
-    return pb.CollectRequest(
-        open=pb.OpenSession(
-            settings=wire,
-            credits=credits,
-            take_over=take_over,
-            resume_epoch=resume[0],
-            resume_after_seq=resume[1],
-            learner_id=learner_id,
-        )
-    )
-
-
-class CollectStream:
-    """One ``Collect`` session seen from the learner (use on the event loop).
-
-    Call :meth:`opened` once, then :meth:`next_event` until it returns an
-    :class:`EndEvent` or raises (the stream broke). :meth:`grant`, :meth:`ack`
-    and :meth:`close` may be called at any time; :meth:`cancel` tears it down.
-    """
-
-    def __init__(
-        self,
-        channel: ActorChannel,
-        settings: CollectSettings,
-        *,
-        credits: int,
-        resume: tuple[int, int],
-        take_over: bool,
-        learner_id: str,
-    ) -> None:
-        self.address = channel.address
-        self._channel = channel
-        self._outbox: asyncio.Queue[pb.CollectRequest | None] = asyncio.Queue()
-        self._outbox.put_nowait(_open_request(settings, credits, resume, take_over, learner_id))
-        self._closing = False
-        self._call = channel._start_collect(self._requests())
-        self._read: asyncio.Future | None = None
-        self._limits = PacketLimits()
-
-    async def _requests(self) -> AsyncIterator[pb.CollectRequest]:
-        while True:
-            message = await self._outbox.get()
-            if message is None:
-                return
-            yield message
-
-    def grant(self, batches: int) -> None:
-        """Grant ``batches`` more credits."""
-        if batches > 0 and not self._closing:
-            self._outbox.put_nowait(pb.CollectRequest(credit=pb.Credit(batches=batches)))
-
-    def ack(self, seq: int) -> None:
-        """Acknowledge every batch up to ``seq``."""
-        if not self._closing:
-            self._outbox.put_nowait(pb.CollectRequest(ack=pb.Ack(seq=seq)))
-
-    def close(self) -> None:
-        """Send ``close`` and half-close; the actor answers with ``end``."""
-        if not self._closing:
-            self._closing = True
-            self._outbox.put_nowait(pb.CollectRequest(close=pb.CloseSession()))
-            self._outbox.put_nowait(None)
-
-    def cancel(self) -> None:
-        """Tear the call down at once (idempotent)."""
-        if not self._closing:
-            self._closing = True
-            # Ends the request generator, so gRPC's task draining it finishes too.
-            self._outbox.put_nowait(None)
-        self._call.cancel()
-        if self._read is not None:
-            self._read.cancel()
-
-    async def _receive(
-        self, idle: float | None, stalled: Callable[[], bool] | None = None
-    ) -> pb.CollectResponse | None:
-        # One read stays pending across idle checks: cancelling a read breaks the call.
-        if self._read is None:
-            self._read = asyncio.ensure_future(self._call.read())
-        while True:
-            done, _ = await asyncio.wait({self._read}, timeout=idle)
-            if done:
-                break
-            if stalled is None or stalled():
-                raise DeadlineError(f"{self.address}: no message from the actor for {idle:.1f} s")
-        read, self._read = self._read, None
-        with translate_errors(self.address):
-            message = read.result()
-        return None if message is grpc.aio.EOF else message
-
-    async def opened(self, timeout: float) -> SessionInfo:
-        """Wait for the ``opened`` reply."""
-        message = await self._receive(timeout)
-        if message is None or message.WhichOneof("kind") != "opened":
-            kind = None if message is None else message.WhichOneof("kind")
-            raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
-        o = message.opened
-        return SessionInfo(
-            worker_id=o.worker_id,
-            epoch=o.epoch,
-            next_seq=o.next_seq,
-            max_credits=o.max_credits,
-            resumed=o.resumed,
-        )
-
-    async def next_event(
-        self,
-        idle: float | None = None,
-        *,
-        waiting: Callable[[], bool] | None = None,
-        on_start: Callable[[int], None] | None = None,
-    ) -> BatchEvent | EndEvent:
-        """The next whole batch or the end marker.
-
-        Args:
-            idle: Seconds without any message after which the stream counts as
-                stalled (:class:`DeadlineError`); None waits forever.
-            waiting: Tells whether the learner is owed a batch (credits are
-                outstanding); an idle stream that owes nothing is not stalled.
-                Inside a batch, idleness always counts.
-            on_start: Called with a batch's seq when its first chunk arrives.
-
-        Raises:
-            ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
-            DataLossError: A batch failed its crc32.
-            ActorUnavailableError: The call broke (or any other translated status).
-        """
-        assembler: PacketAssembler | None = None
-        info: Any = None
-        expected = 0
-        while True:
-            message = await self._receive(idle, waiting if assembler is None else None)
-            if message is None:
-                raise ProtocolError(f"{self.address}: stream ended without an 'end' marker")
-            kind = message.WhichOneof("kind")
-            if kind == "end" and assembler is None:
-                e = message.end
-                return EndEvent(
-                    reason=_END_REASONS.get(e.reason, str(e.reason)),
-                    message=e.message,
-                    last_seq=e.last_seq,
-                )
-            if kind != "chunk":
-                raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
-            chunk = message.chunk
-            if assembler is None:
-                if chunk.index != 0 or not chunk.HasField("info") or chunk.count < 1:
-                    raise ProtocolError(
-                        f"{self.address}: batch seq {chunk.seq} starts without info"
-                    )
-                info, expected = chunk.info, 0
-                if on_start is not None:
-                    on_start(chunk.seq)
-                assembler = PacketAssembler(
-                    info.frame_bytes, self._limits, allocate=self._channel.packet_allocator
-                )
-            if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
-                raise ProtocolError(
-                    f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
-                    f"in batch seq {info.seq} (expected index {expected})"
-                )
-            assembler.add(chunk.data)
-            expected += 1
-            if expected == chunk.count:
-                batch = await self._finish(assembler, info.crc32, info.frame_bytes)
-                return BatchEvent(
-                    worker_id=info.worker_id,
-                    epoch=info.epoch,
-                    seq=info.seq,
-                    frames=info.frames,
-                    model_id=info.model_id,
-                    version_min=info.policy_version_min,
-                    version_max=info.policy_version_max,
-                    batch=batch,
-                )
-
-    async def _finish(self, assembler: PacketAssembler, crc32: int, size: int) -> TensorDictBase:
-        if size < _DECODE_OFF_LOOP_BYTES:
-            return assembler.finish(expected_crc32=crc32)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, assembler.finish, crc32)

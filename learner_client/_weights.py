@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from tensordict import TensorDictBase
 from torch import nn
 
+from common.config import DEFAULT_MODEL_ID
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import encode_weights, sha256_hex
 
@@ -32,8 +33,7 @@ __all__ = [
     "resolve_worker_ids",
 ]
 
-WeightSource = nn.Module | TensorDictBase | Mapping[str, Any]
-DEFAULT_MODEL_ID = "policy"
+WeightSource: TypeAlias = "nn.Module | TensorDictBase | Mapping[str, Any]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,11 +196,6 @@ class WeightBook:
         """The learner's current version per model_id."""
         with self._lock:
             return dict(self._versions)
-
-    def applied(self, worker_id: int) -> dict[str, int]:
-        """The version per model_id a worker last reported or acknowledged."""
-        with self._lock:
-            return dict(self._applied.get(worker_id, {}))
 
     def source(self, model_id: str) -> WeightSource:
         """The last weights given for ``model_id``.

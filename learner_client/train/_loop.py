@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
 from learner_client import GrpcCollector
 from learner_client._local_fleet import LocalFleet
@@ -44,14 +45,7 @@ def train(settings: TrainSettings) -> TrainSummary:
         The summary also written to ``summary.json``.
     """
     _seed_everything(settings.seed)
-    observation_space, action_space = _spaces(settings.env)
-    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
-    value = make_value_mlp(observation_space, hidden=settings.hidden)
-    learner = PPOLearner(
-        policy,
-        value,
-        PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
-    )
+    policy, learner = _learner(settings)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     target = settings.effective_target_return
     frames = batches = 0
@@ -78,6 +72,7 @@ def train(settings: TrainSettings) -> TrainSummary:
         # Actors start with their own random weights: make them act with ours.
         collector.update_policy_weights_(policy)
         for batch in collector:
+            assert batch is not None  # no replay_buffer: every batch is yielded
             frames += batch.numel()
             batches += 1
             tracker.add(batch, frames)
@@ -90,8 +85,28 @@ def train(settings: TrainSettings) -> TrainSummary:
             if _reached(tracker, target) or frames >= settings.total_frames:
                 break
         wall = time.monotonic() - start
-        version = collector.policy_version.get("policy", 0)
+        version = collector.policy_version.get(DEFAULT_MODEL_ID, 0)
+    return _finish(settings, policy, tracker, (frames, batches, wall, version))
 
+
+def _learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner]:
+    """The policy (built as the actors build theirs) and its PPO learner."""
+    observation_space, action_space = _spaces(settings.env)
+    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
+    value = make_value_mlp(observation_space, hidden=settings.hidden)
+    config = PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)})
+    return policy, PPOLearner(policy, value, config)
+
+
+def _finish(
+    settings: TrainSettings,
+    policy: torch.nn.Module,
+    tracker: EpisodeTracker,
+    counts: tuple[int, int, float, int],
+) -> TrainSummary:
+    """Write the run's outputs; ``counts`` is ``(frames, batches, wall time, policy version)``."""
+    frames, batches, wall, version = counts
+    target = settings.effective_target_return
     summary = TrainSummary(
         env=settings.env,
         sync=settings.sync,

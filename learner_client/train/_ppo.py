@@ -13,6 +13,7 @@ advantage leak into the next trajectory.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -111,7 +112,7 @@ class PPOLearner:
     """
 
     def __init__(self, policy: nn.Module, value: nn.Module, config: PPOConfig) -> None:
-        self.policy = policy
+        self.policy: Any = policy  # offers get_dist, which nn.Module does not declare
         self.value = value
         self.config = config
         params = list(dict.fromkeys([*policy.parameters(), *value.parameters()]))

@@ -207,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=help_text,
                 )
             continue
-        parser.add_argument(flag, type=_PARSERS[field.type], default=field.default, help=help_text)
+        parser.add_argument(
+            flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
+        )
     return parser
 
 

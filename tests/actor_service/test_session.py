@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actor_service._session import SessionBook
-from common.errors import ActorBusyError, SessionStateError, StaleVersionError
+from common.errors import ActorBusyError, SequenceConflictError, SessionStateError
 
 EPOCH = 77
 
@@ -98,7 +98,7 @@ def test_session_ack_raises_if_seq_was_never_produced() -> None:
     book = _book()
     _open(book, credits=1)
     _produce(book, 1)
-    with pytest.raises(StaleVersionError, match="seq 5"):
+    with pytest.raises(SequenceConflictError, match="seq 5"):
         book.ack(5)
 
 
@@ -159,7 +159,7 @@ def test_session_resume_raises_if_after_seq_is_in_the_future() -> None:
     _open(book, credits=1)
     _produce(book, 1)
     book.close()
-    with pytest.raises(StaleVersionError, match="resume_after_seq=9"):
+    with pytest.raises(SequenceConflictError, match="resume_after_seq=9"):
         _open(book, resume_epoch=EPOCH, resume_after_seq=9)
 
 

@@ -140,7 +140,7 @@ def test_collector_replay_buffer_start_pause_async_shutdown(fleet):
         with collector.pause():
             held = len(rb)
             # Nothing may arrive while paused: no credits are out and nothing is handed over.
-            assert all(out == 0 for _, out, _, _ in collector._fleet.mailbox.snapshot().values())
+            assert all(out == 0 for _, out, _, _ in collector._mailbox.snapshot().values())
             time.sleep(0.3)
             assert len(rb) == held
         poll_until(lambda: len(rb) > held, timeout=30, message="collection resumed")
@@ -155,7 +155,7 @@ def test_collector_pause_holds_iteration_and_refuses_to_deadlock(fleet):
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
         collector.next()
         with collector.pause():
-            snapshot = collector._fleet.mailbox.snapshot()
+            snapshot = collector._mailbox.snapshot()
             assert snapshot[0][1] == 0  # no credit outstanding while paused
             with pytest.raises(RuntimeError, match="inside pause"):
                 collector.next()
@@ -256,3 +256,29 @@ def test_collector_shutdown_is_idempotent_and_leaves_no_threads(fleet):
         collector.next()
     with pytest.raises(SessionStateError, match="shut down"):
         collector.update_policy_weights_(weights={"w": torch.ones(1)})
+
+
+def test_collector_raises_a_bug_on_the_event_loop_at_the_next_batch_instead_of_retrying(
+    fleet, monkeypatch
+):
+    import learner_client._link as link_module
+
+    calls = []
+
+    def broken_tag_worker(batch, worker_id):
+        calls.append(worker_id)
+        raise KeyError(f"bug while tagging worker_id {worker_id}")
+
+    # A programming error on the learner's loop thread while a real actor streams.
+    monkeypatch.setattr(link_module, "tag_worker", broken_tag_worker)
+    with GrpcCollector(addresses(fleet, 1), frames_per_batch=4, total_frames=-1) as collector:
+        with pytest.raises(KeyError, match="bug while tagging worker_id 1") as info:
+            collector.next()
+        assert any("worker_id 1" in note for note in info.value.__notes__)
+        stats = collector.stats()
+        assert stats["worker_states"] == {1: "failed"}
+        assert stats["reconnects"] == 0
+        assert stats["failures"] == 0
+        time.sleep(0.5)  # a retrying link would have called the broken code again by now
+        assert calls == [1]
+        assert collector.stats()["worker_states"] == {1: "failed"}

@@ -7,10 +7,12 @@ from tensordict.nn import InteractionType
 
 from common.config import ExplorationType
 from common.errors import UnknownModelError
+from learner_client import GrpcCollector
 from learner_client._settings import (
     BatchSettings,
+    ConnectionSettings,
     FleetMember,
-    build_settings,
+    RolloutSettings,
     check_addresses,
     check_fleet,
     normalize_cat_results,
@@ -64,23 +66,16 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"sync": "yes"}, TypeError, "sync"),
     ],
 )
-def test_build_settings_raises_if_a_value_is_out_of_range(override, error, message):
+def test_collector_raises_if_a_value_is_out_of_range(override, error, message):
+    # The settings are checked before any actor is contacted (nothing listens on port 1).
     with pytest.raises(error, match=message):
-        build_settings(**(DEFAULTS | override))
+        GrpcCollector(["127.0.0.1:1"], **(DEFAULTS | override))
 
 
-def test_build_settings_groups_and_normalises():
-    batch, rollout, conn = build_settings(
-        **(
-            DEFAULTS
-            | {
-                "total_frames": None,
-                "exploration_type": InteractionType.DETERMINISTIC,
-                "token": "t",
-                "update_after_each_batch": True,
-            }
-        )
-    )
+def test_settings_validate_and_normalise_themselves():
+    batch = BatchSettings(frames_per_batch=16, total_frames=None, update_after_each_batch=True)
+    rollout = RolloutSettings(exploration_type=InteractionType.DETERMINISTIC)
+    conn = ConnectionSettings(token="t")
     assert batch.endless
     assert batch.auto_update_interval == 0
     assert rollout.exploration_type is ExplorationType.DETERMINISTIC

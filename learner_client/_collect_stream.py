@@ -1,0 +1,305 @@
+"""One ``Collect`` session seen from the learner, and where credits and acks reach it.
+
+:class:`CollectStream` sends ``open`` then credits, acks and ``close`` from a
+queue; it reads ``opened``, then reassembles each batch's chunks with
+:class:`~common.packets.PacketAssembler` (one copy, crc32 checked, decoded off
+the loop when large, into the buffer ``allocate`` gives) and returns whole
+batches or the ``end`` marker. A protocol violation or a broken call raises;
+the partial batch is dropped with the stream. :class:`OpenStreams` is the
+direct route of the mailbox's credits and acks to the open stream of each
+actor. Everything here runs on the learner's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from tensordict import TensorDictBase
+
+from common.config import CollectSettings
+from common.errors import DeadlineError, ProtocolError
+from common.packets import PacketAssembler, PacketLimits
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from learner_client._loop import LoopThread
+from learner_client._transport import ActorChannel, translate_errors
+
+__all__ = ["BatchEvent", "CollectStream", "EndEvent", "OpenStreams", "SessionInfo"]
+
+# Packets above this size are decoded on a worker thread, not on the event loop.
+_DECODE_OFF_LOOP_BYTES = 1 << 20
+_END_REASONS = {v.number: v.name.removeprefix("END_REASON_") for v in
+                pb.EndReason.DESCRIPTOR.values}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """The actor's ``opened`` reply: the epoch, the next seq, whether it resumed."""
+
+    epoch: int
+    next_seq: int
+    resumed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchEvent:
+    """A complete, checked, decoded batch."""
+
+    worker_id: int
+    epoch: int
+    seq: int
+    frames: int
+    version_min: int
+    version_max: int
+    batch: TensorDictBase
+
+
+@dataclasses.dataclass(frozen=True)
+class EndEvent:
+    """The actor's ``end`` marker: the session is over, cleanly."""
+
+    reason: str
+    message: str
+
+
+def _open_request(
+    settings: CollectSettings,
+    credits: int,
+    resume: tuple[int, int],
+    take_over: bool,
+    learner_id: str,
+) -> pb.CollectRequest:
+    wire = pb.CollectSettings(
+        frames_per_batch=settings.frames_per_batch,
+        max_frames_per_traj=settings.max_frames_per_traj,
+        init_random_frames=settings.init_random_frames,
+        reset_at_each_iter=settings.reset_at_each_iter,
+        reset_when_done=settings.reset_when_done,
+        split_trajs=settings.split_trajs,
+        exploration_type=f"EXPLORATION_TYPE_{settings.exploration_type.name}",
+        set_truncated=settings.set_truncated,
+        total_frames=settings.total_frames,
+        model_id=settings.model_id,
+    )
+    return pb.CollectRequest(
+        open=pb.OpenSession(
+            settings=wire,
+            credits=credits,
+            take_over=take_over,
+            resume_epoch=resume[0],
+            resume_after_seq=resume[1],
+            learner_id=learner_id,
+        )
+    )
+
+
+class CollectStream:
+    """One ``Collect`` session seen from the learner (use on the event loop).
+
+    Call :meth:`opened` once, then :meth:`next_event` until it returns an
+    :class:`EndEvent` or raises (the stream broke). :meth:`grant`, :meth:`ack`
+    and :meth:`close` may be called at any time; :meth:`cancel` tears it down.
+
+    Args:
+        channel: The actor's channel.
+        settings: The session's settings, sent in ``open``.
+        credits: Credits granted in ``open``.
+        resume: ``(epoch, seq)`` to resume after; ``(0, 0)`` for a fresh session.
+        take_over: Replace a session of ours the actor still holds.
+        learner_id: Our name in the actor's logs.
+        allocate: Gives the buffer each batch is received into; None allocates fresh ones.
+    """
+
+    def __init__(
+        self,
+        channel: ActorChannel,
+        settings: CollectSettings,
+        *,
+        credits: int,
+        resume: tuple[int, int],
+        take_over: bool,
+        learner_id: str,
+        allocate: Callable[[int], Any] | None = None,
+    ) -> None:
+        self.address = channel.address
+        self._allocate = allocate
+        self._outbox: asyncio.Queue[pb.CollectRequest | None] = asyncio.Queue()
+        self._outbox.put_nowait(_open_request(settings, credits, resume, take_over, learner_id))
+        self._closing = False
+        self._call = channel.start_collect(self._requests())
+        self._read: asyncio.Future | None = None
+        self._limits = PacketLimits()
+
+    async def _requests(self) -> AsyncIterator[pb.CollectRequest]:
+        while True:
+            message = await self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def grant(self, batches: int) -> None:
+        """Grant ``batches`` more credits."""
+        if batches > 0 and not self._closing:
+            self._outbox.put_nowait(pb.CollectRequest(credit=pb.Credit(batches=batches)))
+
+    def ack(self, seq: int) -> None:
+        """Acknowledge every batch up to ``seq``."""
+        if not self._closing:
+            self._outbox.put_nowait(pb.CollectRequest(ack=pb.Ack(seq=seq)))
+
+    def close(self) -> None:
+        """Send ``close`` and half-close; the actor answers with ``end``."""
+        if not self._closing:
+            self._closing = True
+            self._outbox.put_nowait(pb.CollectRequest(close=pb.CloseSession()))
+            self._outbox.put_nowait(None)
+
+    def cancel(self) -> None:
+        """Tear the call down at once (idempotent)."""
+        if not self._closing:
+            self._closing = True
+            # Ends the request generator, so gRPC's task draining it finishes too.
+            self._outbox.put_nowait(None)
+        self._call.cancel()
+        if self._read is not None:
+            self._read.cancel()
+
+    async def _receive(
+        self, idle: float | None, stalled: Callable[[], bool] | None = None
+    ) -> pb.CollectResponse | None:
+        # One read stays pending across idle checks: cancelling a read breaks the call.
+        if self._read is None:
+            self._read = asyncio.ensure_future(self._call.read())
+        while True:
+            done, _ = await asyncio.wait({self._read}, timeout=idle)
+            if done:
+                break
+            if stalled is None or stalled():
+                raise DeadlineError(f"{self.address}: no message from the actor for {idle:.1f} s")
+        read, self._read = self._read, None
+        with translate_errors(self.address):
+            message = read.result()
+        return None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
+
+    async def opened(self, timeout: float) -> SessionInfo:
+        """Wait for the ``opened`` reply."""
+        message = await self._receive(timeout)
+        if message is None or message.WhichOneof("kind") != "opened":
+            kind = None if message is None else message.WhichOneof("kind")
+            raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
+        opened = message.opened
+        return SessionInfo(opened.epoch, opened.next_seq, opened.resumed)
+
+    async def next_event(
+        self,
+        idle: float | None = None,
+        *,
+        waiting: Callable[[], bool] | None = None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> BatchEvent | EndEvent:
+        """The next whole batch or the end marker.
+
+        Args:
+            idle: Seconds without any message after which the stream counts as
+                stalled (:class:`DeadlineError`); None waits forever.
+            waiting: Tells whether the learner is owed a batch (credits are
+                outstanding); an idle stream that owes nothing is not stalled.
+                Inside a batch, idleness always counts.
+            on_start: Called with a batch's seq when its first chunk arrives.
+
+        Raises:
+            ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
+            DataLossError: A batch failed its crc32.
+            ActorUnavailableError: The call broke (or any other translated status).
+        """
+        assembler: PacketAssembler | None = None
+        info: Any = None
+        expected = 0
+        while True:
+            message = await self._receive(idle, waiting if assembler is None else None)
+            if message is None:
+                raise ProtocolError(f"{self.address}: stream ended without an 'end' marker")
+            kind = message.WhichOneof("kind")
+            if kind == "end" and assembler is None:
+                end = message.end
+                return EndEvent(_END_REASONS.get(end.reason, str(end.reason)), end.message)
+            if kind != "chunk":
+                raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
+            chunk = message.chunk
+            if assembler is None:
+                if chunk.index != 0 or not chunk.HasField("info") or chunk.count < 1:
+                    raise ProtocolError(
+                        f"{self.address}: batch seq {chunk.seq} starts without info"
+                    )
+                info, expected = chunk.info, 0
+                if on_start is not None:
+                    on_start(chunk.seq)
+                assembler = PacketAssembler(info.frame_bytes, self._limits, allocate=self._allocate)
+            if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
+                raise ProtocolError(
+                    f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
+                    f"in batch seq {info.seq} (expected index {expected})"
+                )
+            assembler.add(chunk.data)
+            expected += 1
+            if expected == chunk.count:
+                return await self._finish(assembler, info)
+
+    async def _finish(self, assembler: PacketAssembler, info: pb.BatchInfo) -> BatchEvent:
+        if info.frame_bytes < _DECODE_OFF_LOOP_BYTES:
+            batch = assembler.finish(expected_crc32=info.crc32)
+        else:
+            loop = asyncio.get_running_loop()
+            batch = await loop.run_in_executor(None, assembler.finish, info.crc32)
+        return BatchEvent(
+            worker_id=info.worker_id,
+            epoch=info.epoch,
+            seq=info.seq,
+            frames=info.frames,
+            version_min=info.policy_version_min,
+            version_max=info.policy_version_max,
+            batch=batch,
+        )
+
+
+class OpenStreams:
+    """The open :class:`CollectStream` of each actor: where the mailbox's credits and acks go.
+
+    :meth:`grant` and :meth:`ack` may be called from any thread; they run on the
+    loop, on the stream open at that moment. With none open they are dropped:
+    the next ``open`` carries fresh credits and resumes after the last seq seen.
+
+    Args:
+        loop: The learner's event loop.
+    """
+
+    def __init__(self, loop: LoopThread) -> None:
+        self._loop = loop
+        self._streams: dict[int, CollectStream] = {}
+
+    def attach(self, worker_id: int, stream: CollectStream) -> None:
+        """Route ``worker_id``'s credits and acks to ``stream`` (on the loop)."""
+        self._streams[worker_id] = stream
+
+    def detach(self, worker_id: int, stream: CollectStream) -> None:
+        """Stop routing to ``stream`` (on the loop; a newer stream stays attached)."""
+        if self._streams.get(worker_id) is stream:
+            del self._streams[worker_id]
+
+    def grant(self, worker_id: int, batches: int) -> None:
+        """Grant ``batches`` credits on ``worker_id``'s open stream."""
+        self._loop.call_soon(self._on_stream, worker_id, CollectStream.grant, batches)
+
+    def ack(self, worker_id: int, seq: int) -> None:
+        """Acknowledge batches up to ``seq`` on ``worker_id``'s open stream."""
+        self._loop.call_soon(self._on_stream, worker_id, CollectStream.ack, seq)
+
+    def _on_stream(
+        self, worker_id: int, send: Callable[[CollectStream, int], None], value: int
+    ) -> None:
+        stream = self._streams.get(worker_id)
+        if stream is not None:
+            send(stream, value)
