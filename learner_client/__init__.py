@@ -20,6 +20,14 @@ from __future__ import annotations
 from learner_client._collector import GrpcCollector
 from learner_client._errors import MissingWorkersError, WeightPushError
 from learner_client._fleet import RemoteActor
+from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 
-__all__ = ["GrpcCollector", "LocalFleet", "MissingWorkersError", "RemoteActor", "WeightPushError"]
+__all__ = [
+    "GrpcCollector",
+    "GrpcLLMCollector",
+    "LocalFleet",
+    "MissingWorkersError",
+    "RemoteActor",
+    "WeightPushError",
+]

@@ -21,6 +21,7 @@ from tensordict import TensorDictBase
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
+from common.llm._settings import LLMSettings
 from learner_client._background import Background
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
@@ -105,6 +106,8 @@ class GrpcCollector:
         token: Bearer token the actors require.
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
+        llm: LLM actors: what each session collects (``GrpcLLMCollector`` sets it; batches
+            are then the padded LLM wire form, checked, concatenated on dim 0 when sync).
 
     Raises:
         ValueError: An argument out of range, duplicate worker_ids, or a fleet that does
@@ -142,6 +145,7 @@ class GrpcCollector:
         token: str | None = None,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
+        llm: LLMSettings | None = None,
     ) -> None:
         addresses = check_addresses(resolve_actors(actors))
         self._batch = BatchSettings(
@@ -154,6 +158,7 @@ class GrpcCollector:
             split_trajs=split_trajs,
             update_after_each_batch=update_after_each_batch,
             max_weight_update_interval=max_weight_update_interval,
+            llm_batches=None if llm is None else "dialogs" if llm.trajectories else "steps",
         )
         self._rollout = RolloutSettings(
             max_frames_per_traj=max_frames_per_traj,
@@ -164,6 +169,7 @@ class GrpcCollector:
             exploration_type=exploration_type,
             set_truncated=set_truncated,
             model_id=model_id,
+            llm=llm,
         )
         conn = ConnectionSettings(
             credit_window=credit_window,
@@ -201,7 +207,9 @@ class GrpcCollector:
 
     def _admit(self, links: list[ActorLink]) -> None:
         try:
-            check_fleet(self._batch, self._fleet.members(links), self._rollout.model_id)
+            check_fleet(
+                self._batch, self._fleet.members(links), self._rollout.model_id, self._rollout.llm
+            )
         except BaseException:
             self._fleet.discard(links)
             raise
@@ -415,7 +423,7 @@ class GrpcCollector:
             self._rounds.update_budget()
 
     def stats(self) -> dict[str, Any]:
-        """Cheap counters: frames, batches, worker frames, policy lag, gaps, reconnects, liveness.
+        """Counters: frames, batches, worker frames, lag, gaps, reconnects, restarts, liveness.
 
         ``missing_workers`` lists the workers absent from the last (partial) sync batch.
         """

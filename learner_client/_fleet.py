@@ -173,6 +173,8 @@ class Fleet:
                 link.worker_id,
                 link.description.num_envs,
                 tuple(link.description.models),
+                link.description.kind,
+                link.description.max_new_tokens_cap,
             )
             for link in [*self._links.values(), *extra]
         ]
@@ -360,6 +362,8 @@ class Fleet:
             "reconnects": sum(ledger.reconnects.values()),
             "failures": sum(ledger.failures.values()),
             "failures_per_worker": dict(ledger.failures),
+            "restarts": sum(ledger.restarts.values()),
+            "lost_in_progress": ledger.lost_in_progress,
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
         }

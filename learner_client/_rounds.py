@@ -16,7 +16,9 @@ import math
 
 from tensordict import TensorDictBase
 
-from learner_client._aggregate import combine
+from common.llm._layout import check_padded
+from common.llm._merge import merge_padded
+from learner_client._aggregate import WORKER_ID_KEY, combine
 from learner_client._errors import MissingWorkersError
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
@@ -128,6 +130,9 @@ class Rounds:
         return taken
 
     def _finish(self, deliveries: list[Delivery]) -> TensorDictBase:
+        if self._settings.llm_batches is not None:
+            for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
+                check_padded(delivery.batch.exclude(WORKER_ID_KEY))
         acting = self._book.versions().get(self._acting_model, 0)
         lag = max(0, acting - min(d.version_min for d in deliveries))
         self._ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
@@ -135,6 +140,8 @@ class Rounds:
             self._book.count_batch(delivery.worker_id)
         self.last_workers = [d.worker_id for d in deliveries]
         self.update_budget()
+        if self._settings.llm_batches is not None:
+            return merge_padded([d.batch for d in deliveries])
         if not self._settings.sync:
             return deliveries[0].batch
         return combine(

@@ -20,6 +20,7 @@ from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import UnknownModelError
+from common.llm._settings import LLMSettings
 
 __all__ = [
     "BatchSettings",
@@ -52,6 +53,9 @@ class BatchSettings:
         update_after_each_batch: Push the last weights given after every batch.
         max_weight_update_interval: Push to a worker once more than this many of its batches
             were delivered since its last update; ``-1`` disables.
+        llm_batches: LLM actors: ``"steps"`` (``[slots, T]`` batches) or ``"dialogs"``
+            (whole dialogs, any count per batch); their padded batches are checked and
+            concatenated on dim 0. None for env actors.
 
     Raises:
         ValueError: A value out of range (the message names it and the value).
@@ -67,8 +71,13 @@ class BatchSettings:
     split_trajs: bool = False
     update_after_each_batch: bool = False
     max_weight_update_interval: int = -1
+    llm_batches: str | None = None
 
     def __post_init__(self) -> None:
+        if self.llm_batches not in (None, "steps", "dialogs"):
+            raise ValueError(
+                f"llm_batches must be None, 'steps' or 'dialogs', got {self.llm_batches!r}"
+            )
         interval = self.max_weight_update_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
             raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
@@ -123,6 +132,7 @@ class RolloutSettings:
             tensordict's ``InteractionType`` or a name (normalised to ``ExplorationType``).
         set_truncated: Mark the last frame of each batch truncated.
         model_id: The model that acts.
+        llm: LLM actors: what each session collects (sent with the settings).
 
     Raises:
         ValueError: A value out of range.
@@ -137,6 +147,7 @@ class RolloutSettings:
     exploration_type: Any = ExplorationType.RANDOM
     set_truncated: bool = False
     model_id: str = DEFAULT_MODEL_ID
+    llm: LLMSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -173,6 +184,7 @@ class RolloutSettings:
             set_truncated=self.set_truncated,
             total_frames=-1,
             model_id=self.model_id,
+            llm=self.llm,
         )
 
 
@@ -221,14 +233,18 @@ class FleetMember:
     Attributes:
         address: ``host:port``.
         worker_id: The id the actor reported.
-        num_envs: Its env pool size.
+        num_envs: Its env pool size (LLM actors: chat slots).
         models: The model_ids it holds.
+        kind: ``"env"`` or ``"llm"``.
+        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
     """
 
     address: str
     worker_id: int
     num_envs: int
     models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
+    kind: str = "env"
+    max_new_tokens_cap: int = 0
 
 
 def positive_int(name: str, value: object) -> int:
@@ -299,7 +315,12 @@ def normalize_cat_results(value: object) -> str | int:
     raise ValueError(f"cat_results must be None, 'stack' or 0, got {value!r}")
 
 
-def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
+def check_fleet(
+    settings: BatchSettings,
+    members: Sequence[FleetMember],
+    model_id: str,
+    llm: LLMSettings | None = None,
+) -> None:
     """Check the fleet against the batch settings, as TorchRL checks its workers.
 
     Raises:
@@ -325,6 +346,7 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
         )
         raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
+    _check_kinds(members, llm)
     fpb, count = settings.frames_per_batch, len(members)
     if settings.sync and fpb % count:
         raise ValueError(
@@ -332,6 +354,8 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"but {fpb} is not divisible by {count}"
         )
     share = settings.frames_per_actor(count)
+    if settings.llm_batches == "dialogs":  # whole dialogs: any count of turns per actor
+        return
     bad = [m for m in members if share % m.num_envs]
     if bad:
         detail = ", ".join(
@@ -348,6 +372,26 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
         raise ValueError(
             f"cat_results=0 needs the same time steps from every actor, but the env pool sizes "
             f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch"
+        )
+
+
+def _check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:
+    """Env collectors need env actors; LLM collectors LLM actors within their token caps."""
+    want = "env" if llm is None else "llm"
+    wrong = [m for m in members if m.kind != want]
+    if wrong:
+        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}) is {m.kind!r}" for m in wrong)
+        use = "GrpcCollector" if llm is None else "GrpcLLMCollector"
+        raise ValueError(f"{use} needs {want} actors, but {detail}")
+    if llm is None:
+        return
+    over = [m for m in members if llm.generation.max_new_tokens > m.max_new_tokens_cap]
+    if over:
+        detail = ", ".join(
+            f"{m.address} (worker_id {m.worker_id}) caps it at {m.max_new_tokens_cap}" for m in over
+        )
+        raise ValueError(
+            f"max_new_tokens={llm.generation.max_new_tokens} is above an actor's cap: {detail}"
         )
 
 

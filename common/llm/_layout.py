@@ -179,6 +179,8 @@ def _element(td: TensorDictBase, index: tuple[int, ...]) -> TensorDict:
         "collector": e["collector"].exclude("token_policy_version", "stopped").clone(),
         "next": e["next"].clone(),
     }
+    # TorchRL's LLM reward parsers write rewards of shape [..., 1, 1] per turn.
+    out["next"]["reward"] = out["next"]["reward"].reshape(1, 1)
     out["next"].update(
         {
             "history": {"prompt": _history(roles, contents)},

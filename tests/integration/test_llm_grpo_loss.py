@@ -26,6 +26,7 @@ def test_grpo_loss_consumes_a_batch_unchanged() -> None:
     config = ActorConfig(
         kind="llm",
         task="arith",
+        task_kwargs={"retries": 1},  # dialogs of 1 or 2 turns: ragged tokens
         models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
         num_envs=4,
         seed=0,
@@ -40,7 +41,7 @@ def test_grpo_loss_consumes_a_batch_unchanged() -> None:
         batch = to_torchrl(worker.collect_batch())
     model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)  # the learner's identical copy
     actor = TransformersWrapper(
-        model, tokenizer=tok, input_mode="tokens", generate=False, pad_output=True,
+        model, tokenizer=tok, input_mode="tokens", generate=False, pad_output=False,
         return_log_probs=True,
     )  # fmt: skip
     batch.set("advantage", torch.randn(batch.shape[0], 1, 1))
