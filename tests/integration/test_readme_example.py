@@ -39,3 +39,12 @@ def test_readme_llm_example_runs_and_prints_one_line_per_batch(tmp_path) -> None
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2  # total_dialog_turns / dialog_turns_per_batch
     assert all(line.startswith("torch.Size([8, 1])") for line in lines)
+
+
+def test_docs_llm_opens_with_the_tested_readme_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    docs = (ROOT / "docs" / "llm.md").read_text()
+    example = re.search(r"## LLM collection\n.*?```python\n(.*?)```", readme, re.S)
+    first = re.search(r"```python\n(.*?)```", docs, re.S)
+    assert example and first
+    assert first.group(1) == example.group(1)

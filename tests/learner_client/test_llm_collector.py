@@ -281,3 +281,24 @@ def test_kill_9_loses_whole_groups_and_the_restarted_actor_gets_current_weights(
         stats = collector.stats()
     assert stats["restarts"] == 1
     assert stats["dropped_dialogs"] == SLOTS  # its in-progress dialogs: whole groups
+
+
+def test_background_collection_state_and_remote_collectors(llm_fleet) -> None:
+    from helpers import poll_until
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+
+    rb = ReplayBuffer(storage=LazyStackStorage(10_000))
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=4, yield_completed_trajectories=True, replay_buffer=rb
+    ) as collector:
+        assert [r.worker_id for r in collector.remote_collectors] == [0, 1]
+        state = collector.state_dict()
+        assert sorted(state["workers"]) == [0, 1]
+        collector.load_state_dict(state)  # weights, versions, counters: all or nothing
+        collector.start()
+        poll_until(lambda: len(rb) >= 8, timeout=60, message="background collection fills rb")
+        with collector.pause():
+            size = len(rb)
+            assert collector.is_running()
+        collector.async_shutdown()
+    assert size >= 8
