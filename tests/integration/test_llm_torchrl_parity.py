@@ -1,7 +1,8 @@
 """TorchRL parity: LLMCollector(ChatEnv + TransformersWrapper) and an rlfleet LLM actor, greedy.
 
-Same tiny model, tokenizer, prompts and greedy decoding on both sides: the response tokens
-are identical turn by turn, and the batches' key trees match in steps mode, with
+Same tiny model, tokenizer, prompts and greedy decoding on both sides — TorchRL in process,
+rlfleet through an actor process and ``GrpcLLMCollector``: the response tokens are identical
+turn by turn, and the batches' key trees match in steps mode, with
 ``yield_completed_trajectories`` and with ``yield_only_last_steps``.
 """
 
@@ -12,10 +13,8 @@ import warnings
 import pytest
 import torch
 
-from actor_service import ActorConfig, ModelSpec
-from actor_service._llm_rollout import LLMRolloutWorker
-from common.config import CollectSettings
-from common.llm import GenerationSettings, LLMSettings, Outcome, Problem, build_policy, to_torchrl
+from common.llm import Outcome, Problem, build_policy
+from learner_client import GrpcLLMCollector, LocalFleet
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -75,20 +74,32 @@ def _torchrl_collector(**modes):
     )  # fmt: skip
 
 
-def _rlfleet_batch(**modes):
-    config = ActorConfig(
+@pytest.fixture(scope="module")
+def rlfleet_actor():
+    """One LLM actor process serving the QUERIES task with the tiny model."""
+    with LocalFleet(
+        1,
         kind="llm",
-        task=f"{__name__}:make_queries",
-        models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
+        task="tests.integration.test_llm_torchrl_parity:make_queries",
+        policy="rlfleet:tiny-qwen2",
+        policy_kwargs=TINY,
         num_envs=len(QUERIES),
         seed=0,
-    )
-    llm = LLMSettings(
-        generation=GenerationSettings(max_new_tokens=NEW_TOKENS, temperature=0), **modes
-    )
-    with LLMRolloutWorker(config) as worker:
-        worker.configure(CollectSettings(frames_per_batch=len(QUERIES) * TURNS, llm=llm))
-        return to_torchrl(worker.collect_batch())
+        grace_period=1.0,
+    ) as fleet:
+        yield fleet
+
+
+def _rlfleet_batch(fleet, **modes):
+    with GrpcLLMCollector(
+        fleet.addresses,
+        dialog_turns_per_batch=len(QUERIES) * TURNS,
+        total_dialog_turns=len(QUERIES) * TURNS,
+        sync=True,
+        generation={"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
+        **modes,
+    ) as collector:
+        return next(iter(collector))
 
 
 def _first_batch(collector):
@@ -105,9 +116,11 @@ def _first_batch(collector):
     [{}, {"yield_completed_trajectories": True}, {"yield_only_last_steps": True}],
     ids=["steps", "completed_trajectories", "last_steps"],
 )
-def test_torchrl_and_rlfleet_generate_the_same_tokens_with_the_same_key_tree(modes) -> None:
+def test_torchrl_and_rlfleet_generate_the_same_tokens_with_the_same_key_tree(
+    rlfleet_actor, modes
+) -> None:
     theirs = _first_batch(_torchrl_collector(**modes))
-    ours = _rlfleet_batch(**modes)
+    ours = _rlfleet_batch(rlfleet_actor, **modes)
     assert ours.batch_size == theirs.batch_size
     missing = set(theirs.keys(True, True)) - set(ours.keys(True, True))
     assert missing == set()

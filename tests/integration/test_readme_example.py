@@ -46,5 +46,6 @@ def test_docs_llm_opens_with_the_tested_readme_example() -> None:
     docs = (ROOT / "docs" / "llm.md").read_text()
     example = re.search(r"## LLM collection\n.*?```python\n(.*?)```", readme, re.S)
     first = re.search(r"```python\n(.*?)```", docs, re.S)
-    assert example and first
+    assert example
+    assert first
     assert first.group(1) == example.group(1)
