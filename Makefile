@@ -31,8 +31,11 @@ protos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(ARGS)
 
+## Lint and types: ruff's rules, ruff's formatting, mypy (configuration in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache

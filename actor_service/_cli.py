@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -80,7 +81,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return convert
 
 
-def _json_object(text: str) -> dict:
+def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -292,11 +293,11 @@ def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Model
     extra: dict[str, str] = {}
     if args.model is not None:
         for item in args.model:
-            model_id, factory = _guard("--model", lambda item=item: _pair(item, _factory))
+            model_id, factory = _guard("--model", functools.partial(_pair, item, _factory))
             extra[model_id] = factory
     elif _ENV_PREFIX + "MODELS" in environ and environ[_ENV_PREFIX + "MODELS"].strip():
         for item in environ[_ENV_PREFIX + "MODELS"].split(","):
-            model_id, factory = _guard("RLFLEET_MODELS", lambda item=item: _pair(item, _factory))
+            model_id, factory = _guard("RLFLEET_MODELS", functools.partial(_pair, item, _factory))
             extra[model_id] = factory
     kwargs = _model_kwargs(args, environ)
     if DEFAULT_MODEL_ID in extra:
@@ -328,7 +329,7 @@ def _llm_model(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Mo
     return (ModelSpec("policy", policy, kwargs),)
 
 
-def _check_task(task: str, kwargs: dict) -> None:
+def _check_task(task: str, kwargs: dict[str, Any]) -> None:
     import importlib.util
 
     from common.llm._tasks import TaskSpecError, build_task, check_task_spec
@@ -345,16 +346,18 @@ def _check_task(task: str, kwargs: dict) -> None:
         raise _FieldError(f"--task / RLFLEET_TASK: {exc}") from None
 
 
-def _model_kwargs(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, dict]:
+def _model_kwargs(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
     if args.model_kwargs is not None:
         return dict(
-            _guard("--model-kwargs", lambda item=item: _pair(item, _json_object))
+            _guard("--model-kwargs", functools.partial(_pair, item, _json_object))
             for item in args.model_kwargs
         )
     text = environ.get(_ENV_PREFIX + "MODEL_KWARGS", "").strip()
     if not text:
         return {}
-    table = _guard("RLFLEET_MODEL_KWARGS", lambda: _json_object(text))
+    table: dict[str, dict[str, Any]] = _guard("RLFLEET_MODEL_KWARGS", lambda: _json_object(text))
     for model_id, value in table.items():
         if not isinstance(value, dict):
             raise _FieldError(f"RLFLEET_MODEL_KWARGS: {model_id!r} must map to a JSON object")

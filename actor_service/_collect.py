@@ -168,7 +168,7 @@ class CollectSession:
         self.active = False
         self._session_id = 0
         self._outbox: collections.deque[RetainedBatch[EncodedBatch]] = collections.deque()
-        self._stop: int | None = None
+        self._stop: pb.EndReason | None = None
         self._stop_message = ""
         self._failure: BaseException | None = None
         self._collector_done = True
@@ -407,7 +407,7 @@ class CollectSession:
     def _stop_now(self) -> bool:
         return self._failure is not None or (self._stop is not None and self._stop not in _FLUSHING)
 
-    def _request_stop(self, reason: int, message: str) -> None:
+    def _request_stop(self, reason: pb.EndReason, message: str) -> None:
         if self._stop is None:
             self._stop, self._stop_message = reason, message
         self._wake()

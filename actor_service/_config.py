@@ -8,6 +8,7 @@ builds the config; the collection core and the server read it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
 
@@ -29,7 +30,7 @@ class ModelSpec:
 
     model_id: str = DEFAULT_MODEL_ID
     factory: str = "mlp"
-    kwargs: dict = dataclasses.field(default_factory=dict)
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,7 @@ class ActorConfig:
     health_port: int | None = None
     worker_id: int = 0
     env: str = "CartPole-v1"
-    env_kwargs: dict = dataclasses.field(default_factory=dict)
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     env_factory: str = ""
     num_envs: int = 8
     env_backend: str = "sync"
@@ -95,7 +96,7 @@ class ActorConfig:
     log_format: str = "text"
     kind: str = "env"
     task: str = "arith"
-    task_kwargs: dict = dataclasses.field(default_factory=dict)
+    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_new_tokens_cap: int = 4096
 
     def __post_init__(self) -> None:

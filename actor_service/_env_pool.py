@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
@@ -154,12 +154,15 @@ def reset_pool(
         ActorUnavailableError: An env raised or its subprocess died (cause chained).
     """
     options = None if mask is None else {"reset_mask": mask}
+    # One seed per env: gymnasium's vector envs take a list, though VectorEnv.reset is
+    # annotated ``int | None``.
+    seeds: Any = seed
     try:
         if isinstance(pool, AsyncVectorEnv):
-            pool.reset_async(seed=seed, options=options)
+            pool.reset_async(seed=seeds, options=options)
             obs, _ = pool.reset_wait(timeout=timeout)
         else:
-            obs, _ = pool.reset(seed=seed, options=options)
+            obs, _ = pool.reset(seed=seeds, options=options)
     except multiprocessing.TimeoutError:
         raise DeadlineError(
             f"an env reset took longer than step_timeout={timeout} s; the env pool is rebuilt "
@@ -197,7 +200,7 @@ def close_pool(pool: VectorEnv, *, force: bool = False) -> None:
         pool.closed = True
 
 
-def _terminate(processes: list[multiprocessing.process.BaseProcess]) -> None:
+def _terminate(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
     for process in processes:
         if process.is_alive():
             process.terminate()

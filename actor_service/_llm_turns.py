@@ -200,17 +200,9 @@ def pack_turns(
 ) -> TensorDict:
     """Lay turns out in the padded wire form, batch ``shape`` (row-major over ``turns``)."""
     count = len(turns)
-    width = max((len(t.prompt) + len(t.response) for t in turns), default=0)
-    span = max((len(t.response) for t in turns), default=0)
+    tokens, log_probs, versions = _dense(turns, pad_id)
+    width, span = tokens.shape[-1], log_probs.shape[-1]
     messages = max((len(t.messages) for t in turns), default=0)
-    tokens = torch.full((count, width), pad_id, dtype=torch.long)
-    log_probs = torch.zeros((count, span), dtype=torch.float32)
-    versions = torch.zeros((count, span), dtype=torch.long)
-    for i, turn in enumerate(turns):
-        full = turn.prompt + turn.response
-        tokens[i, : len(full)] = torch.as_tensor(full, dtype=torch.long)
-        log_probs[i, : len(turn.response)] = turn.log_probs
-        versions[i, : len(turn.response)] = turn.versions
     roles = [m["role"] for t in turns for m in _padded(t.messages, messages)]
     contents = [m["content"] for t in turns for m in _padded(t.messages, messages)]
 
@@ -260,6 +252,21 @@ def pack_turns(
     if token_versions:
         td.set(("collector", "token_policy_version"), versions.reshape(*shape, span))
     return td
+
+
+def _dense(turns: Sequence[Turn], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt ‖ response`` tokens, response log-probs and token versions."""
+    width = max((len(t.prompt) + len(t.response) for t in turns), default=0)
+    span = max((len(t.response) for t in turns), default=0)
+    tokens = torch.full((len(turns), width), pad_id, dtype=torch.long)
+    log_probs = torch.zeros((len(turns), span), dtype=torch.float32)
+    versions = torch.zeros((len(turns), span), dtype=torch.long)
+    for i, turn in enumerate(turns):
+        full = turn.prompt + turn.response
+        tokens[i, : len(full)] = torch.as_tensor(full, dtype=torch.long)
+        log_probs[i, : len(turn.response)] = turn.log_probs
+        versions[i, : len(turn.response)] = turn.versions
+    return tokens, log_probs, versions
 
 
 def _padded(messages: list[dict[str, str]], size: int) -> list[dict[str, str]]:

@@ -91,8 +91,9 @@ class _Model:
         self.output_specs = self._probe(obs)
 
     def _pick_forward(self, module: nn.Module) -> Callable[[torch.Tensor], Compact]:
-        if callable(getattr(module, "act_compact", None)):
-            return module.act_compact
+        act_compact = getattr(module, "act_compact", None)
+        if callable(act_compact):
+            return act_compact
         if isinstance(module, TensorDictModuleBase):
             extras = [k for k in module.out_keys if k != "action" and not _private(k)]
             return lambda obs: self._td_forward(obs, extras)
@@ -273,7 +274,7 @@ class ModelRegistry:
         out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
         return out
 
-    def validate(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+    def validate(self, model_id: str, state: object) -> None:
         """Check ``state`` against ``model_id`` (keys, shapes, dtypes, finiteness); change nothing.
 
         Raises:
@@ -327,7 +328,7 @@ class ModelRegistry:
                 out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
         return out
 
-    def load_state_dict(self, state: Mapping[str, Mapping]) -> None:
+    def load_state_dict(self, state: object) -> None:
         """Restore every model's weights and version, all or nothing (versions may go back).
 
         Raises:

@@ -91,6 +91,8 @@ class RolloutWorker:
             worker.models.load_weights("policy", 1, state)
     """
 
+    _obs: np.ndarray  # the envs' current observations, set by every reset
+
     def __init__(self, config: ActorConfig) -> None:
         if not isinstance(config, ActorConfig):
             raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
@@ -221,6 +223,7 @@ class RolloutWorker:
 
     def _step(self, t: int, buf: BatchBuffers, settings: CollectSettings, random: bool) -> None:
         obs = self.models.observation_codec.encode(buf.obs[:, t])
+        extras: dict[str, torch.Tensor]
         if random:
             version = self.models.policy_version(settings.model_id)
             action, extras = self._random.sample_compact(self.num_envs), {}
@@ -355,10 +358,12 @@ class RolloutWorker:
         """
         if not isinstance(state, dict):
             raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
-        counters = {k: state.get(k) for k in ("frames", "batches", "traj_counter")}
-        for key, value in counters.items():
+        counters: dict[str, int] = {}
+        for key in ("frames", "batches", "traj_counter"):
+            value = state.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
+            counters[key] = value
         with self._lock:
             self._check_open()
             self.models.load_state_dict(state.get("models"))

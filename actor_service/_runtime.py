@@ -16,30 +16,46 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
 from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
-from actor_service._models import ModelRegistry
 from actor_service._session import SessionBook
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 
-__all__ = ["ActiveSession", "ActorRuntime", "CollectionCore"]
+__all__ = ["ActiveSession", "ActorRuntime", "CollectionCore", "CoreModels"]
 
 T = TypeVar("T")
 
 
+class CoreModels(Protocol):
+    """What the serving layer uses of a core's models (``ModelRegistry``, ``LLMModels``)."""
+
+    @property
+    def model_ids(self) -> tuple[str, ...]: ...
+    def policy_version(self, model_id: str) -> int: ...
+    def load_weights(
+        self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
+    ) -> int: ...
+
+
 class CollectionCore(Protocol):
-    """What the serving layer uses of the collection core (``RolloutWorker`` is the real one)."""
+    """What the serving layer uses of the collection core.
+
+    ``RolloutWorker`` (env actors) and ``LLMRolloutWorker`` (LLM actors) are the real ones.
+    """
 
     epoch: int
     num_envs: int
-    models: ModelRegistry
+
+    @property
+    def models(self) -> CoreModels: ...
 
     def describe(self) -> ActorIdentity: ...
     def configure(self, settings: CollectSettings) -> None: ...
@@ -60,6 +76,17 @@ class ActiveSession(Protocol):
     def drain(self) -> None: ...
     async def wait_collector_idle(self) -> None: ...
     async def wait_finished(self) -> None: ...
+
+
+def _default_core(config: ActorConfig) -> CollectionCore:
+    """The real collection core of ``config.kind``: an env pool or LLM chat slots."""
+    if config.kind == "llm":
+        from actor_service._llm_rollout import LLMRolloutWorker
+
+        return LLMRolloutWorker(config)
+    from actor_service._rollout import RolloutWorker
+
+    return RolloutWorker(config)
 
 
 class ActorRuntime:
@@ -93,16 +120,7 @@ class ActorRuntime:
 
     async def start(self) -> None:
         """Build the collection core (env pool and models) on the collection thread."""
-        factory = self._worker_factory
-        if factory is None and self.config.kind == "llm":
-            from actor_service._llm_rollout import LLMRolloutWorker
-
-            factory = LLMRolloutWorker
-        elif factory is None:
-            from actor_service._rollout import RolloutWorker
-
-            factory = RolloutWorker
-        worker = await self.run_collect(factory, self.config)
+        worker = await self.run_collect(self._worker_factory or _default_core, self.config)
         self._book = SessionBook(epoch=worker.epoch, max_credits=self.config.max_credits)
         self._worker = worker
         log_event("actor.ready", logging.INFO, epoch=worker.epoch, num_envs=worker.num_envs)

@@ -91,14 +91,15 @@ class ActorServer:
         if self.runtime is not None:
             raise SessionStateError("ActorServer.start called twice")
         self.runtime = ActorRuntime(self.config, self._worker_factory)
-        self._health = health.aio.HealthServicer()
+        # grpc_health's stubs predate its asyncio servicer.
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         for name in ("", SERVICE_NAME):
             await self._health.set(name, _NOT_SERVING)
-        main = self._new_server(with_actor=True)
+        main = self._new_server(actor=self.runtime)
         self.port = self._bind(main, self.config.port, secure=True)
         await main.start()
         if self.config.health_port is not None:
-            probe = self._new_server(with_actor=False)
+            probe = self._new_server(actor=None)
             self.health_port = self._bind(probe, self.config.health_port, secure=False)
             await probe.start()
         log_event(
@@ -115,7 +116,9 @@ class ActorServer:
             await self._health.set(name, _SERVING)
         return self.port
 
-    def _new_server(self, *, with_actor: bool) -> grpc.aio.Server:
+    def _new_server(self, *, actor: ActorRuntime | None) -> grpc.aio.Server:
+        """A server with health and reflection, and ``actor``'s ActorService unless None."""
+        with_actor = actor is not None
         interceptors = (
             [TokenAuthInterceptor(self.config.token)] if (with_actor and self.config.token) else []
         )
@@ -128,8 +131,8 @@ class ActorServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
-        if with_actor:
-            add_actor_service(ActorServicer(self.runtime), server)
+        if actor is not None:
+            add_actor_service(ActorServicer(actor), server)
             names.insert(0, SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         self._servers.append(server)

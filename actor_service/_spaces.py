@@ -66,9 +66,9 @@ class ObservationCodec:
         check_space(space, "observation")
         self.space = space
         self._discrete = isinstance(space, gymnasium.spaces.Discrete)
-        self.raw_shape: tuple[int, ...] = tuple(space.shape)
+        self.raw_shape: tuple[int, ...] = tuple(space.shape or ())
         self.raw_dtype = np.dtype(space.dtype)
-        if self._discrete:
+        if isinstance(space, gymnasium.spaces.Discrete):
             self._n = int(space.n)
             self._start = int(space.start)
             self.shape: tuple[int, ...] = (self._n,)
@@ -111,17 +111,16 @@ class ActionCodec:
         check_space(space, "action")
         self.space = space
         self.discrete = isinstance(space, gymnasium.spaces.Discrete)
-        self._box = isinstance(space, gymnasium.spaces.Box)
-        if self.discrete:
+        if isinstance(space, gymnasium.spaces.Discrete):
             self.n = int(space.n)
-            self._start = int(space.start)
+            self._start: int | np.ndarray = int(space.start)
             self.compact_shape: tuple[int, ...] = ()
             self.compact_dtype = torch.int64
             self.shape: tuple[int, ...] = (self.n,)
             self.dtype = torch.int64
         else:
-            self.compact_shape = tuple(space.shape)
-            self.compact_dtype = torch_dtype(space.dtype)
+            self.compact_shape = tuple(space.shape or ())
+            self.compact_dtype = torch_dtype(np.dtype(space.dtype))
             self.shape = self.compact_shape
             self.dtype = self.compact_dtype
         if isinstance(space, gymnasium.spaces.MultiDiscrete):
@@ -139,7 +138,7 @@ class ActionCodec:
         action = compact.detach().cpu().numpy()
         if self.discrete:
             return action + self._start if self._start else action
-        if self._box:
+        if isinstance(self.space, gymnasium.spaces.Box):
             return np.clip(action, self.space.low, self.space.high).astype(
                 self._np_dtype, copy=False
             )

@@ -102,4 +102,4 @@ def add_actor_service(servicer: Any, server: grpc.aio.Server) -> None:
     )
     service = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
+    server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]

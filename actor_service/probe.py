@@ -53,11 +53,13 @@ def check(target: str, *, service: str = "", timeout: float = 3.0) -> str:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
-            return {
+            names: dict[grpc.StatusCode | None, str] = {
                 grpc.StatusCode.DEADLINE_EXCEEDED: "TIMEOUT",
                 grpc.StatusCode.NOT_FOUND: "SERVICE_UNKNOWN",
-            }.get(code, "UNREACHABLE")
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            }
+            return names.get(code, "UNREACHABLE")
+    status: str = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return status
 
 
 def _seconds(*, allow_zero: bool) -> Callable[[str], float]:

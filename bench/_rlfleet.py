@@ -10,15 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import learner_client
-from learner_client import GrpcCollector
+from learner_client import GrpcCollector, LocalFleet
 
 __all__ = ["GrpcCollector", "LocalFleet", "collector", "fleet"]
-
-try:
-    LocalFleet = learner_client.LocalFleet  # type: ignore[attr-defined]
-except AttributeError:  # not re-exported (yet): the class lives in its own module
-    from learner_client._local_fleet import LocalFleet
 
 
 def fleet(

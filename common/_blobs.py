@@ -97,7 +97,7 @@ class BlobAssembler:
         # torch.empty, unlike bytearray, does not zero-fill: every byte is
         # written by add() before finish() lets anyone read it.
         self._buffer = torch.empty(total_bytes, dtype=torch.uint8)
-        self._view = memoryview(self._buffer.numpy()).cast("B")
+        self._view = self._buffer.numpy().data.cast("B")
         self._received = 0
         self._hasher = hashlib.sha256()
         self._result: memoryview | None = None

@@ -56,7 +56,7 @@ class OneHotCategorical(D.OneHotCategorical):
         return self.mode
 
 
-class IndependentNormal(D.Independent):
+class IndependentNormal(D.Independent[D.Normal]):
     """A diagonal normal over the last dimension (one joint log-prob per action).
 
     Args:
@@ -74,7 +74,10 @@ class IndependentNormal(D.Independent):
         """Reparameterised samples ``loc + eps * scale``."""
         shape = self._extended_shape(torch.Size(sample_shape))
         base = self.base_dist
-        return base.loc.expand(shape) + standard_normal(base.loc, shape) * base.scale
+        sample: torch.Tensor = (
+            base.loc.expand(shape) + standard_normal(base.loc, shape) * base.scale
+        )
+        return sample
 
     @property
     def deterministic_sample(self) -> torch.Tensor:

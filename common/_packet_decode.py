@@ -144,7 +144,7 @@ def _fields(value: Any, expected: frozenset[str], what: str) -> dict[str, Any]:
     return value
 
 
-def _list(value: Any, what: str, cap: int, cap_name: str) -> list:
+def _list(value: Any, what: str, cap: int, cap_name: str) -> list[Any]:
     if type(value) is not list:
         raise ProtocolError(f"{what} must be a JSON array, got {type(value).__name__}")
     if len(value) > cap:
@@ -285,7 +285,7 @@ class _Header:
 
     def build(self, payload: torch.Tensor) -> TensorDict:
         """Builds the tensordict; tensors are views of ``payload``."""
-        raw = memoryview(payload.numpy())
+        raw = payload.numpy().data
         sources: dict[Key, dict[str, Any]] = {key: {} for key in self.groups}
         end = 0
         for entry in self.entries:
@@ -341,7 +341,7 @@ def _strings(entry: _Entry, region: memoryview, batch_size: tuple[int, ...]) -> 
     return stack
 
 
-def _nest(flat: list[str], shape: tuple[int, ...]) -> list:
+def _nest(flat: list[str], shape: tuple[int, ...]) -> list[Any]:
     if len(shape) <= 1:
         return flat
     if not shape[0]:

@@ -85,7 +85,7 @@ def _invalid(reason: str) -> WeightsError:
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
     # A flat uint8 view of the tensor's own memory: numpy cannot hold bf16/fp8.
     flat = tensor.reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy()).cast("B")
+    return flat.numpy().data.cast("B")
 
 
 def write_blob(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> bytes:

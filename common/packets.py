@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -226,7 +226,7 @@ class _Encoder:
             else:
                 raise TypeError(f"entry {list(key)}: cannot encode a {type(value).__name__}")
 
-    def add(self, key: Key, dtype: str | None, shape: torch.Size, view: memoryview) -> None:
+    def add(self, key: Key, dtype: str | None, shape: Sequence[int], view: memoryview) -> None:
         pad = -self.offset % ALIGN
         if pad:
             self.parts.append(_ZEROS[:pad])
@@ -248,10 +248,10 @@ def _tensor_view(key: Key, tensor: torch.Tensor) -> memoryview:
         tensor = tensor.cpu()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
-def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tuple[list, Any]:
+def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tuple[list[int], Any]:
     if isinstance(value, NonTensorStack):
         shape = list(value.batch_size)
         flat = _flatten(value.tolist(), len(shape))
@@ -273,7 +273,7 @@ def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tu
     return shape, memoryview(ends.tobytes() + b"".join(encoded))
 
 
-def _flatten(nested: Any, ndim: int) -> list:
+def _flatten(nested: Any, ndim: int) -> list[Any]:
     for _ in range(ndim - 1):
         nested = [item for row in nested for item in row]
     return list(nested)
@@ -367,7 +367,7 @@ class PacketAssembler:
         else:
             buffer = _checked_buffer(allocate(total_bytes), total_bytes)
         self._buffer: torch.Tensor | None = buffer
-        self._view = memoryview(buffer.numpy())
+        self._view = buffer.numpy().data
 
     @property
     def total_bytes(self) -> int:

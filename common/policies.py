@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -98,7 +98,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
             ) from None
     if not callable(target):
         raise ValueError(f"{spec!r} names a {type(target).__name__}, not a callable")
-    return target
+    return cast("Callable[..., Any]", target)
 
 
 class _ObservationEncoder(nn.Module):
@@ -128,7 +128,7 @@ class _LogStdScale(nn.Module):
         return self.log_std.exp().expand_as(loc)
 
 
-def _observation_layout(space: gymnasium.Space) -> tuple[int, int]:
+def _observation_layout(space: gymnasium.Space[Any]) -> tuple[int, int]:
     """(encoded observation ndim, flat input width) of a supported observation space."""
     if isinstance(space, gymnasium.spaces.Discrete):
         return 1, int(space.n)  # TorchRL one-hot encodes Discrete observations
@@ -144,7 +144,10 @@ def _observation_layout(space: gymnasium.Space) -> tuple[int, int]:
 
 
 def _mlp(
-    observation_space: gymnasium.Space, out_features: int, hidden: Sequence[int], activation: str
+    observation_space: gymnasium.Space[Any],
+    out_features: int,
+    hidden: Sequence[int],
+    activation: str,
 ) -> nn.Sequential:
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
@@ -161,7 +164,7 @@ def _mlp(
 
 
 def make_value_mlp(
-    observation_space: gymnasium.Space,
+    observation_space: gymnasium.Space[Any],
     hidden: Sequence[int] = (64, 64),
     activation: str = "tanh",
 ) -> nn.Module:
@@ -204,11 +207,12 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
 
     def __init__(
         self,
-        observation_space: gymnasium.Space,
-        action_space: gymnasium.Space,
+        observation_space: gymnasium.Space[Any],
+        action_space: gymnasium.Space[Any],
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
     ) -> None:
+        dist_class: type[torch.distributions.Distribution]
         if isinstance(action_space, gymnasium.spaces.Discrete):
             net = _mlp(observation_space, int(action_space.n), hidden, activation)
             modules: list[TensorDictModuleBase] = [
@@ -274,6 +278,7 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
             log_prob = log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
             return index, {"logits": logits, "action_log_prob": log_prob}
         loc = out
+        assert self._fast_scale is not None  # built for every non-discrete space
         scale = self._fast_scale.forward(loc)
         if mode is InteractionType.RANDOM:
             action = loc + standard_normal(loc, loc.shape) * scale
@@ -296,7 +301,9 @@ class RandomPolicy(TensorDictModuleBase):
         action_space: The single-env action space.
     """
 
-    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space) -> None:
+    def __init__(
+        self, observation_space: gymnasium.Space[Any], action_space: gymnasium.Space[Any]
+    ) -> None:
         super().__init__()
         self.in_keys = ["observation"]
         self.out_keys = ["action"]
@@ -325,7 +332,7 @@ class RandomPolicy(TensorDictModuleBase):
             return torch.randint(2, (batch, *space.shape), dtype=torch.int8)
         if isinstance(space, gymnasium.spaces.MultiDiscrete):
             return (torch.rand((batch, *self._nvec.shape), dtype=torch.float64) * self._nvec).long()
-        shape = (batch, *space.shape)
+        shape = (batch, *(space.shape or ()))
         if self._bounded:
             u = torch.rand(shape, dtype=torch.float64)
             return (self._low + u * (self._high - self._low)).to(self._dtype)
@@ -353,8 +360,8 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 def make_policy(
     name_or_factory: str,
-    observation_space: gymnasium.Space,
-    action_space: gymnasium.Space,
+    observation_space: gymnasium.Space[Any],
+    action_space: gymnasium.Space[Any],
     **kwargs: Any,
 ) -> nn.Module:
     """Build a policy by name: ``"random"``, ``"mlp"`` or ``"package.module:function"``.

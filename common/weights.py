@@ -22,6 +22,7 @@ check has passed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeAlias
 
 import torch
 from tensordict import TensorDictBase
@@ -51,7 +52,7 @@ _METADATA_KEY = METADATA_KEY
 _DTYPES = DTYPES
 _TORCH_DTYPES = frozenset(_DTYPES.values())
 
-WeightSource = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
+WeightSource: TypeAlias = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
 
 
 def to_state_dict(obj: WeightSource) -> dict[str, torch.Tensor]:

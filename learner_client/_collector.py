@@ -106,8 +106,7 @@ class GrpcCollector:
         token: Bearer token the actors require.
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
-        llm: LLM actors: what each session collects (``GrpcLLMCollector`` sets it; batches
-            are then the padded LLM wire form, checked, concatenated on dim 0 when sync).
+        llm: LLM sessions' settings (``GrpcLLMCollector`` sets them; see docs/llm.md).
 
     Raises:
         ValueError: An argument out of range, duplicate worker_ids, or a fleet that does
@@ -171,12 +170,8 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(
-            credit_window=credit_window,
-            connect_timeout=connect_timeout,
-            call_timeout=call_timeout,
-            channel_credentials=channel_credentials,
-            token=token,
+        conn = ConnectionSettings(  # in field order
+            credit_window, connect_timeout, call_timeout, channel_credentials, token
         )
         self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
         self._connect(conn, actors, addresses, dns_refresh_interval)
@@ -345,7 +340,7 @@ class GrpcCollector:
         worker_ids: int | Sequence[int] | None = None,
         model_id: str | None = None,
         weights_dict: dict[str, Any] | None = None,
-    ) -> dict:
+    ) -> dict[Any, Any]:
         """Push weights to the actors and wait until each applied them (or failed).
 
         Encodes each model once (safetensors), then streams it to every target

@@ -12,6 +12,7 @@ everything rlfleet raises on purpose::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from common.errors import ActorUnavailableError, RlfleetError
 
@@ -32,7 +33,9 @@ class WeightPushError(RlfleetError):
         failed: ``{worker_id: exception}`` (or ``{model_id: {worker_id: exception}}``).
     """
 
-    def __init__(self, message: str, *, succeeded: Mapping, failed: Mapping) -> None:
+    def __init__(
+        self, message: str, *, succeeded: Mapping[Any, Any], failed: Mapping[Any, Any]
+    ) -> None:
         super().__init__(message)
         self.succeeded = dict(succeeded)
         self.failed = dict(failed)

@@ -37,7 +37,6 @@ class _Shaper:
 
     def __init__(
         self,
-        *,
         layout: str,
         flatten: bool,
         track_policy_version: bool,
@@ -99,6 +98,15 @@ class _QueueSink:
                         self.dropped += 1
                     except queue_module.Empty:
                         pass
+
+
+def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if overflow not in _OVERFLOW:
+        raise ValueError(f"queue_overflow must be one of {_OVERFLOW}, got {overflow!r}")
+    if queue is not None and replay_buffer is not None:
+        raise ValueError("pass either replay_buffer or queue, not both")
 
 
 def _modes(
@@ -207,12 +215,7 @@ class GrpcLLMCollector:
         token_versions: bool = False,
         **kwargs: Any,
     ) -> None:
-        if layout not in _LAYOUTS:
-            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-        if queue_overflow not in _OVERFLOW:
-            raise ValueError(f"queue_overflow must be one of {_OVERFLOW}, got {queue_overflow!r}")
-        if queue is not None and replay_buffer is not None:
-            raise ValueError("pass either replay_buffer or queue, not both")
+        _check_sinks(layout, queue_overflow, queue, replay_buffer)
         completed, last, flatten = _modes(
             yield_completed_trajectories,
             yield_only_last_steps,
@@ -220,10 +223,9 @@ class GrpcLLMCollector:
             reset_at_each_iter,
             has_buffer=replay_buffer is not None or queue is not None,
         )
-        if dialog_turns_per_batch is None:
-            if not completed:
-                raise ValueError("dialog_turns_per_batch is required in steps mode")
-            dialog_turns_per_batch = 1
+        if dialog_turns_per_batch is None and not completed:
+            raise ValueError("dialog_turns_per_batch is required in steps mode")
+        dialog_turns_per_batch = 1 if dialog_turns_per_batch is None else dialog_turns_per_batch
         self.llm_settings = LLMSettings(
             generation=GenerationSettings.from_mapping(generation),
             group_size=group_size,
@@ -233,12 +235,7 @@ class GrpcLLMCollector:
             token_versions=token_versions,
         )
         self._sink = _QueueSink(queue, queue_overflow) if queue is not None else None
-        self._shaper = _Shaper(
-            layout=layout,
-            flatten=flatten,
-            track_policy_version=bool(track_policy_version),
-            postproc=postproc,
-        )
+        self._shaper = _Shaper(layout, flatten, bool(track_policy_version), postproc)
         self.model_id = kwargs.get("model_id", DEFAULT_MODEL_ID)
         self._inner = GrpcCollector(
             actors,

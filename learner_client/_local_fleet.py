@@ -70,6 +70,11 @@ class _Actor:
     final_tail: str = ""
 
 
+def _llm_args(task: str, task_kwargs: Mapping[str, Any] | None) -> list[str]:
+    """The flags that make an actor an LLM actor with ``task``."""
+    return ["--kind", "llm", "--task", task, "--task-kwargs", json.dumps(dict(task_kwargs or {}))]
+
+
 class LocalFleet:
     """Start ``num_actors`` actor servers on this machine and stop them on exit.
 
@@ -136,8 +141,7 @@ class LocalFleet:
             raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
         if kind not in ("env", "llm"):
             raise ValueError(f"kind must be 'env' or 'llm', got {kind!r}")
-        if policy is None:
-            policy = "rlfleet:tiny-qwen2" if kind == "llm" else "mlp"
+        policy = policy or ("rlfleet:tiny-qwen2" if kind == "llm" else "mlp")
         if isinstance(extra_args, str):
             raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
         self.num_actors = num_actors
@@ -162,11 +166,7 @@ class LocalFleet:
             "--grace-period",
             str(grace_period),
         ]
-        if kind == "llm":
-            self._common_args += [
-                "--kind", "llm", "--task", task,
-                "--task-kwargs", json.dumps(dict(task_kwargs or {})),
-            ]  # fmt: skip
+        self._common_args += _llm_args(task, task_kwargs) if kind == "llm" else []
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"

@@ -1,4 +1,8 @@
-"""Dependencies point one way (common <- actor_service, learner_client); no torchrl at run time."""
+"""Dependencies point one way (common <- actor_service, learner_client); no torchrl at run time.
+
+A package uses another package only through its public modules: ``common._x`` is private to
+``common``, whoever imports it.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +17,38 @@ FORBIDDEN = {
     "actor_service": {"learner_client", "torchrl", "bench"},
     "learner_client": {"actor_service", "torchrl", "bench"},
 }
+OUR_PACKAGES = ("common", "actor_service", "learner_client", "bench")
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of every absolute import; ``from a import b`` gives ``a.b``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+    return {name.split(".")[0] for _, name in _imports(path)}
+
+
+def private_imports(path: pathlib.Path, package: str) -> list[str]:
+    """``file:line: name`` of every import of another package's private (``_``) module or name."""
+    found = []
+    for line, name in _imports(path):
+        top, *rest = name.split(".")
+        if top == package or top not in OUR_PACKAGES:
+            continue
+        if any(part.startswith("_") and not part.startswith("__") for part in rest):
+            found.append(f"{_shown(path)}:{line}: {name}")
+    return found
+
+
+def _shown(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -32,3 +58,32 @@ def test_package_imports_point_one_way(package: str) -> None:
         for path in sorted((ROOT / package).rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("package", OUR_PACKAGES)
+def test_package_imports_no_private_module_of_another_package(package: str) -> None:
+    offenders = [
+        offender
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for offender in private_imports(path, package)
+    ]
+    assert not offenders, "import the public name instead:\n" + "\n".join(offenders)
+
+
+def test_private_imports_are_found_in_every_import_form(tmp_path: pathlib.Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import common._protowire\n"
+        "from common._protowire import varint\n"
+        "from common import _protowire\n"
+        "from common.errors import RlfleetError\n"
+        "from learner_client._fleet import Fleet\n"
+        "from common.rlfleet.v1 import actor_service_pb2\n"
+        "import torch._dynamo\n"
+        "from bench import __version__\n"
+    )
+    assert private_imports(probe, "learner_client") == [
+        f"{probe}:1: common._protowire",
+        f"{probe}:2: common._protowire.varint",
+        f"{probe}:3: common._protowire",
+    ]

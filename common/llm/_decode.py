@@ -94,13 +94,7 @@ def generate(
         generator: The sampling generator (reproducible batches).
     """
     rows = len(prompts)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((rows, width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = _left_padded(prompts, pad_id)
     budget = torch.as_tensor(list(budgets), dtype=torch.long)
     steps = int(budget.max())
     out = torch.full((rows, steps), pad_id, dtype=torch.long)
@@ -113,12 +107,7 @@ def generate(
     logits, past, version = forward(ids, mask, positions, None)
     position = positions[:, -1:] + 1
     for step in range(steps):
-        log_probs = process_logits(logits, settings)
-        if settings.greedy:
-            token = logits.argmax(-1)
-        else:
-            token = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
-        chosen = log_probs.gather(-1, token[:, None]).squeeze(-1)
+        token, chosen = _draw(logits, settings, generator)
         out[:, step] = torch.where(active, token, pad_id)
         out_lp[:, step] = torch.where(active, chosen, 0.0)
         out_version[:, step] = torch.where(active, version, 0)
@@ -139,6 +128,31 @@ def generate(
         versions=out_version[:, :used].contiguous(),
         stopped=stopped,
     )
+
+
+def _draw(
+    logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its log-prob under the distribution it was drawn from."""
+    log_probs = process_logits(logits, settings)
+    if settings.greedy:
+        token = logits.argmax(-1)
+    else:
+        token = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+    return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _left_padded(
+    prompts: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts left-padded into ``(input_ids, attention_mask, position_ids)``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def response_log_probs(

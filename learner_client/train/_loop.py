@@ -45,23 +45,12 @@ def train(settings: TrainSettings) -> TrainSummary:
         The summary also written to ``summary.json``.
     """
     _seed_everything(settings.seed)
-    policy, learner = _learner(settings)
+    policy, learner = _build_learner(settings)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     target = settings.effective_target_return
-    frames = batches = 0
 
     with contextlib.ExitStack() as stack:
-        addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
-        collector = stack.enter_context(
-            GrpcCollector(
-                addresses,
-                frames_per_batch=settings.frames_per_batch,
-                total_frames=settings.total_frames,
-                sync=settings.sync,
-                # From the environment only: a flag would show in `ps` and in summary.json.
-                token=os.environ.get("RLFLEET_TOKEN") or None,
-            )
-        )
+        collector = _open_collector(stack, settings)
         progress = stack.enter_context(
             contextlib.closing(Progress(settings.total_frames, enabled=settings.progress))
         )
@@ -71,42 +60,10 @@ def train(settings: TrainSettings) -> TrainSummary:
         start = time.monotonic()
         # Actors start with their own random weights: make them act with ours.
         collector.update_policy_weights_(policy)
-        for batch in collector:
-            assert batch is not None  # no replay_buffer: every batch is yielded
-            frames += batch.numel()
-            batches += 1
-            tracker.add(batch, frames)
-            if settings.anneal_lr:
-                learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
-            learner.update(batch)
-            collector.update_policy_weights_(policy)
-            if batches % settings.log_every == 0:
-                progress.update(frames, _fields(tracker, collector.stats()))
-            if _reached(tracker, target) or frames >= settings.total_frames:
-                break
+        frames, batches = _collect_and_learn(settings, collector, learner, tracker, progress)
         wall = time.monotonic() - start
         version = collector.policy_version.get(DEFAULT_MODEL_ID, 0)
-    return _finish(settings, policy, tracker, (frames, batches, wall, version))
 
-
-def _learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner]:
-    """The policy (built as the actors build theirs) and its PPO learner."""
-    observation_space, action_space = _spaces(settings.env)
-    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
-    value = make_value_mlp(observation_space, hidden=settings.hidden)
-    config = PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)})
-    return policy, PPOLearner(policy, value, config)
-
-
-def _finish(
-    settings: TrainSettings,
-    policy: torch.nn.Module,
-    tracker: EpisodeTracker,
-    counts: tuple[int, int, float, int],
-) -> TrainSummary:
-    """Write the run's outputs; ``counts`` is ``(frames, batches, wall time, policy version)``."""
-    frames, batches, wall, version = counts
-    target = settings.effective_target_return
     summary = TrainSummary(
         env=settings.env,
         sync=settings.sync,
@@ -131,6 +88,64 @@ def _finish(
         RETURN_WINDOW,
     )
     return summary
+
+
+def _build_learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner]:
+    """The policy (built as the actors build theirs) and its PPO learner with a critic."""
+    observation_space, action_space = _spaces(settings.env)
+    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
+    value = make_value_mlp(observation_space, hidden=settings.hidden)
+    learner = PPOLearner(
+        policy,
+        value,
+        PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
+    )
+    return policy, learner
+
+
+def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> GrpcCollector:
+    """A collector on the given fleet, or on a local fleet started (and stopped) by ``stack``."""
+    addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
+    return stack.enter_context(
+        GrpcCollector(
+            addresses,
+            frames_per_batch=settings.frames_per_batch,
+            total_frames=settings.total_frames,
+            sync=settings.sync,
+            # From the environment only: a flag would show in `ps` and in summary.json.
+            token=os.environ.get("RLFLEET_TOKEN") or None,
+        )
+    )
+
+
+def _collect_and_learn(
+    settings: TrainSettings,
+    collector: GrpcCollector,
+    learner: PPOLearner,
+    tracker: EpisodeTracker,
+    progress: Progress,
+) -> tuple[int, int]:
+    """Update PPO on every batch and push the weights, until the target or the budget.
+
+    Returns:
+        ``(frames, batches)`` collected.
+    """
+    target = settings.effective_target_return
+    frames = batches = 0
+    for batch in collector:
+        assert batch is not None  # batches are yielded: there is no replay buffer
+        frames += batch.numel()
+        batches += 1
+        tracker.add(batch, frames)
+        if settings.anneal_lr:
+            learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
+        learner.update(batch)
+        collector.update_policy_weights_(learner.policy)
+        if batches % settings.log_every == 0:
+            progress.update(frames, _fields(tracker, collector.stats()))
+        if _reached(tracker, target) or frames >= settings.total_frames:
+            break
+    return frames, batches
 
 
 def _local_fleet(settings: TrainSettings) -> LocalFleet:

@@ -13,10 +13,10 @@ advantage leak into the next trajectory.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictSequential
 from torch import nn
 
 __all__ = ["PPOConfig", "PPOLearner", "compute_gae"]
@@ -111,8 +111,10 @@ class PPOLearner:
             collector.update_policy_weights_(policy)
     """
 
-    def __init__(self, policy: nn.Module, value: nn.Module, config: PPOConfig) -> None:
-        self.policy: Any = policy  # offers get_dist, which nn.Module does not declare
+    def __init__(
+        self, policy: ProbabilisticTensorDictSequential, value: nn.Module, config: PPOConfig
+    ) -> None:
+        self.policy = policy
         self.value = value
         self.config = config
         params = list(dict.fromkeys([*policy.parameters(), *value.parameters()]))

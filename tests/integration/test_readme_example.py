@@ -26,21 +26,6 @@ def test_readme_example_runs_and_prints_one_line_per_batch(tmp_path) -> None:
     assert lines[-1].endswith("{'policy': 7}")  # one push per batch, each applied
 
 
-def test_readme_llm_example_runs_and_prints_one_line_per_batch(tmp_path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"## LLM collection\n.*?```python\n(.*?)```", readme, re.S)
-    assert match, "the README lost its LLM example"
-    script = tmp_path / "llm_example.py"
-    script.write_text(match.group(1))
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
-    assert len(lines) == 2  # total_dialog_turns / dialog_turns_per_batch
-    assert all(line.startswith("torch.Size([8, 1])") for line in lines)
-
-
 def test_docs_llm_opens_with_the_tested_readme_example() -> None:
     readme = (ROOT / "README.md").read_text()
     docs = (ROOT / "docs" / "llm.md").read_text()

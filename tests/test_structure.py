@@ -1,0 +1,96 @@
+"""Sizes the team keeps: modules of at most 500 lines, functions of at most 60 (stubs aside)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("actor_service", "learner_client", "common", "bench")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def _modules(package: str) -> list[pathlib.Path]:
+    return [
+        path
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "_pb2" not in path.name  # generated stubs
+    ]
+
+
+def long_modules(paths: list[pathlib.Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    """``file:lines`` of every module longer than ``limit`` lines."""
+    found = []
+    for path in paths:
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            found.append(f"{_relative(path)}:1: {lines} lines (max {limit})")
+    return found
+
+
+def long_functions(paths: list[pathlib.Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``file:line`` and qualified name of every function longer than ``limit`` lines.
+
+    A function's length runs from its ``def`` line to its last line, docstring included,
+    decorators excluded; nested functions count within their parent and on their own.
+    """
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for qualname, node in _functions(tree, ""):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                found.append(f"{_relative(path)}:{node.lineno}: {qualname} is {lines} lines")
+    return found
+
+
+def _functions(
+    node: ast.AST, prefix: str
+) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    found: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.append((prefix + child.name, child))
+            found += _functions(child, f"{prefix}{child.name}.")
+        elif isinstance(child, ast.ClassDef):
+            found += _functions(child, f"{prefix}{child.name}.")
+        else:
+            found += _functions(child, prefix)
+    return found
+
+
+def _relative(path: pathlib.Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_structure_modules_stay_within_500_lines(package: str) -> None:
+    offenders = long_modules(_modules(package))
+    assert not offenders, "split by responsibility:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_structure_functions_stay_within_60_lines(package: str) -> None:
+    offenders = long_functions(_modules(package))
+    assert not offenders, "split by responsibility:\n" + "\n".join(offenders)
+
+
+def test_structure_checks_report_offenders_with_file_and_line(tmp_path: pathlib.Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(59))
+    method_body = "\n".join(f"        x{i} = {i}" for i in range(59))
+    module = tmp_path / "m.py"
+    module.write_text(
+        f"def fits():\n{body}\n\n\n"
+        f"class C:\n    @staticmethod\n    def too_long():\n{method_body}\n        return 1\n"
+        + "\n"
+        * 400
+    )
+    assert long_functions([module]) == [f"{module}:65: C.too_long is 61 lines"]
+    assert long_modules([module]) == [f"{module}:1: 525 lines (max 500)"]
+    assert long_modules([module], limit=525) == []
