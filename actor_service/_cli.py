@@ -311,7 +311,7 @@ def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Model
 
 
 def _llm_model(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[ModelSpec, ...]:
-    from common.llm._registry import PolicySpecError, check_policy_spec
+    from common.llm import PolicySpecError, check_policy_spec
 
     def spec(text: str) -> str:
         try:
@@ -332,7 +332,7 @@ def _llm_model(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Mo
 def _check_task(task: str, kwargs: dict[str, Any]) -> None:
     import importlib.util
 
-    from common.llm._tasks import TaskSpecError, build_task, check_task_spec
+    from common.llm import TaskSpecError, build_task, check_task_spec
 
     try:
         check_task_spec(task)

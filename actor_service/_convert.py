@@ -15,7 +15,7 @@ import numpy as np
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import RlfleetError
-from common.llm._settings import GenerationSettings, LLMSettings
+from common.llm import GenerationSettings, LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = [

@@ -4,7 +4,7 @@ A *turn* is one response of one dialog: its prompt is the chat template applied 
 dialog's history, its response comes from :func:`common.llm.generate`, and the task
 scores it. :class:`DialogEngine` runs a turn for many slots at once (one decode loop);
 :func:`pack_turns` lays turns out in the dense wire form described in
-:mod:`common.llm._layout`.
+:func:`common.llm.check_padded`.
 """
 
 from __future__ import annotations

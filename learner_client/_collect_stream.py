@@ -22,7 +22,7 @@ from tensordict import TensorDictBase
 
 from common.config import CollectSettings
 from common.errors import DeadlineError, ProtocolError
-from common.llm._settings import LLMSettings
+from common.llm import LLMSettings
 from common.packets import PacketAssembler, PacketLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._loop import LoopThread

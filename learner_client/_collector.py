@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
-from common.llm._settings import LLMSettings
+from common.llm import LLMSettings
 from learner_client._background import Background
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor

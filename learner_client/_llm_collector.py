@@ -21,8 +21,7 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from common.config import DEFAULT_MODEL_ID
-from common.llm._layout import to_torchrl
-from common.llm._settings import GenerationSettings, LLMSettings
+from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
 

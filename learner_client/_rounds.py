@@ -16,8 +16,7 @@ import math
 
 from tensordict import TensorDictBase
 
-from common.llm._layout import check_padded
-from common.llm._merge import merge_padded
+from common.llm import check_padded, merge_padded
 from learner_client._aggregate import WORKER_ID_KEY, combine
 from learner_client._errors import MissingWorkersError
 from learner_client._fleet import Fleet

@@ -20,7 +20,7 @@ from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import UnknownModelError
-from common.llm._settings import LLMSettings
+from common.llm import LLMSettings
 
 __all__ = [
     "BatchSettings",

@@ -7,16 +7,41 @@
 * :func:`generate` / :func:`response_log_probs` — the decode loop with exact behaviour
   log-probs, and the learner's recomputation of them;
 * :class:`GenerationSettings`, :class:`LLMSettings` — what a session asks for;
-* :func:`check_padded`, :func:`to_torchrl` — the dense wire form and TorchRL's layout.
+* :func:`check_padded`, :func:`to_torchrl`, :func:`merge_padded` — the dense wire form,
+  TorchRL's layout, and several actors' batches merged.
 
-Names load on first use: importing this package imports neither torch nor
-``transformers``; building a model imports ``transformers``.
+Importing this package imports neither torch nor ``transformers`` (the names that need
+torch load on first use); building a model imports ``transformers``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from common.llm._registry import (
+    CHATML_TEMPLATE,
+    MODEL_SPECS,
+    PolicySpecError,
+    build_policy,
+    build_tokenizer,
+    check_policy_spec,
+)
+from common.llm._settings import GenerationSettings, LLMSettings
+from common.llm._tasks import (
+    TASK_NAMES,
+    Outcome,
+    Problem,
+    Task,
+    TaskSpecError,
+    build_task,
+    check_task_spec,
+)
+
+if TYPE_CHECKING:
+    from common.llm._decode import Generation, generate, process_logits, response_log_probs
+    from common.llm._layout import check_padded, to_torchrl
+    from common.llm._merge import merge_padded
 
 __all__ = [
     "build_policy",
@@ -29,6 +54,7 @@ __all__ = [
     "response_log_probs",
     "check_padded",
     "to_torchrl",
+    "merge_padded",
     "Task",
     "Problem",
     "Outcome",
@@ -42,28 +68,15 @@ __all__ = [
     "check_policy_spec",
 ]
 
+# These use torch; they load on first use so that the command line can parse without it.
 _LAZY = {
-    "build_policy": "_registry",
-    "build_tokenizer": "_registry",
-    "check_policy_spec": "_registry",
-    "CHATML_TEMPLATE": "_registry",
-    "MODEL_SPECS": "_registry",
-    "PolicySpecError": "_registry",
-    "build_task": "_tasks",
-    "check_task_spec": "_tasks",
-    "Task": "_tasks",
-    "Problem": "_tasks",
-    "Outcome": "_tasks",
-    "TASK_NAMES": "_tasks",
-    "TaskSpecError": "_tasks",
-    "GenerationSettings": "_settings",
-    "LLMSettings": "_settings",
     "Generation": "_decode",
     "generate": "_decode",
     "process_logits": "_decode",
     "response_log_probs": "_decode",
     "check_padded": "_layout",
     "to_torchrl": "_layout",
+    "merge_padded": "_merge",
 }
 
 
