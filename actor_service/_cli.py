@@ -134,6 +134,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("num_envs", _int_in(1, 4096), "size of the env pool"),
     ("env_backend", _choice("sync", "async"), "sync (in-process) or async (subprocesses)"),
     ("step_timeout", _float_min(0.0, strict=True), "seconds an async env step may take"),
+    (
+        "env_error_detail",
+        _choice("full", "type"),
+        "what the learner hears of an env's exception: full (type and text) or type",
+    ),
     ("device", _nonempty, "torch device of the policy"),
     ("seed", _optional(_int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
     ("max_credits", _int_in(1, 1024), "most unconsumed credits / retained batches"),

@@ -11,7 +11,10 @@ A :class:`CollectSession` runs three cooperating parts on the event loop:
 * the **writer** (the RPC handler itself) sends ``opened``, then re-sent and
   new batches as chunks (never interleaved), then exactly one ``end``.
 
-How a session ends decides what is still sent: BUDGET_REACHED, DRAINING and
+When an env raises, the session ends with ERROR and its ``end`` carries an
+``EnvFailure``: the env, the exception's type and, unless the actor runs with
+``env_error_detail="type"``, its text (which stays in the actor's log either
+way). How a session ends decides what is still sent: BUDGET_REACHED, DRAINING and
 ERROR first finish the in-flight batch and send every queued one; CLOSED and
 TAKEN_OVER stop after the batch being written (what was not sent stays
 retained for a resume). A broken stream (the learner cancelled or vanished)
@@ -37,11 +40,11 @@ from actor_service._runtime import ActorRuntime, CollectionCore
 from actor_service._session import RetainedBatch
 from actor_service._wire import encode_chunk, encode_control
 from common.config import CollectSettings
-from common.errors import RlfleetError, SessionStateError, to_status
+from common.errors import EnvError, RlfleetError, SessionStateError, to_status
 from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-__all__ = ["CollectSession", "EncodedBatch", "collect_encoded"]
+__all__ = ["CollectSession", "EncodedBatch", "collect_encoded", "env_failure"]
 
 # End reasons after which queued batches are still sent before `end`.
 _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.END_REASON_ERROR})
@@ -128,6 +131,35 @@ def collect_encoded(
     )
 
 
+def _collect_numbered(runtime: ActorRuntime, model_id: str, seq: int) -> EncodedBatch:
+    """Collect batch ``seq`` on the collection thread and record it as the last collected."""
+    encoded = collect_encoded(
+        runtime.worker,
+        model_id,
+        seq=seq,
+        epoch=runtime.book.epoch,
+        worker_id=runtime.config.worker_id,
+    )
+    runtime.last_collected_seq = seq
+    return encoded
+
+
+def env_failure(exc: EnvError, *, full: bool) -> pb.EnvFailure:
+    """What the end message says about an env's exception (its text only when ``full``)."""
+    return pb.EnvFailure(
+        env=exc.env,
+        exception_type=exc.exception_type,
+        exception_message=(exc.exception_message or "") if full else "",
+        message_withheld=not full or exc.exception_message is None,
+    )
+
+
+def _as_sent(failure: pb.EnvFailure) -> EnvError:
+    """The error as the learner will see it (so the end message says no more than that)."""
+    text = None if failure.message_withheld else failure.exception_message
+    return EnvError(failure.env, failure.exception_type, text)
+
+
 def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[bytes, ...]:
     """The packet's serialised chunk messages, the first carrying ``info``."""
     count = len(pieces)
@@ -171,6 +203,7 @@ class CollectSession:
         self._stop: pb.EndReason | None = None
         self._stop_message = ""
         self._failure: BaseException | None = None
+        self._env_failure: pb.EnvFailure | None = None
         self._collector_done = True
         self._collector_idle = asyncio.Event()
         self._collector_idle.set()
@@ -227,6 +260,7 @@ class CollectSession:
                 reason=self._stop or pb.END_REASON_CLOSED,
                 message=self._stop_message,
                 last_seq=self._last_sent,
+                env_failure=self._env_failure,
             )
             await context.write(encode_control(pb.CollectResponse(end=end)))
             log_event(
@@ -339,12 +373,7 @@ class CollectSession:
                 book.start_batch()
                 try:
                     encoded = await self._rt.run_collect(
-                        collect_encoded,
-                        self._rt.worker,
-                        self._settings.model_id,
-                        seq=book.next_seq,
-                        epoch=book.epoch,
-                        worker_id=self._rt.config.worker_id,
+                        _collect_numbered, self._rt, self._settings.model_id, book.next_seq
                     )
                 except BaseException:
                     book.abandon_batch()
@@ -369,6 +398,11 @@ class CollectSession:
                 error=repr(exc),
                 exc_info=code == grpc.StatusCode.INTERNAL,
             )
+            if isinstance(exc, EnvError):
+                self._env_failure = env_failure(
+                    exc, full=self._rt.config.env_error_detail == "full"
+                )
+                details = str(_as_sent(self._env_failure))
             self._request_stop(pb.END_REASON_ERROR, f"collection failed: {details}")
         finally:
             self._collector_done = True

@@ -49,6 +49,9 @@ class ActorConfig:
         num_envs: Size of the env pool.
         env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context).
         step_timeout: Seconds an async env step may take before it counts as hung.
+        env_error_detail: What a session's end message tells the learner when an env
+            raises: ``"full"`` (the exception's type and text) or ``"type"`` (its type
+            only; the text, which may hold paths or data, stays in the actor's log).
         models: The models this actor holds; the first is the default actor.
         device: Torch device of the policy (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         seed: Seed for envs, torch and numpy at start; None draws one.
@@ -81,6 +84,7 @@ class ActorConfig:
     num_envs: int = 8
     env_backend: str = "sync"
     step_timeout: float = 30.0
+    env_error_detail: str = "full"
     models: tuple[ModelSpec, ...] = (ModelSpec(),)
     device: str = "cpu"
     seed: int | None = None
@@ -103,8 +107,8 @@ class ActorConfig:
         """Refuse settings the collection core cannot run with, naming them.
 
         Raises:
-            ValueError: ``worker_id``, ``torch_threads``, ``step_timeout``, ``seed`` or
-                ``kind`` out of range.
+            ValueError: ``worker_id``, ``torch_threads``, ``step_timeout``,
+                ``env_error_detail``, ``seed`` or ``kind`` out of range.
         """
         if not isinstance(self.worker_id, int) or not 0 <= self.worker_id <= 0xFFFF:
             raise ValueError(f"worker_id must be an int in 0..65535, got {self.worker_id!r}")
@@ -112,6 +116,10 @@ class ActorConfig:
             raise ValueError(f"torch_threads must be a positive int, got {self.torch_threads!r}")
         if not self.step_timeout > 0:
             raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
+        if self.env_error_detail not in ("full", "type"):
+            raise ValueError(
+                f"env_error_detail must be 'full' or 'type', got {self.env_error_detail!r}"
+            )
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
         if self.kind not in ("env", "llm"):

@@ -5,8 +5,8 @@
 ``AutoresetMode.SAME_STEP``: when an episode ends, the step returns the reset
 observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` and
 :func:`reset_pool` bound every async call by ``step_timeout`` and turn a hung or
-crashed env into an error (:class:`~common.errors.DeadlineError` or
-:class:`~common.errors.ActorUnavailableError`) instead of a hang; :func:`close_pool`
+crashed env into an error (:class:`~common.errors.DeadlineError`, or
+:class:`~common.errors.EnvError` naming the env's exception) instead of a hang; :func:`close_pool`
 reaps the subprocesses even when an env hangs. :func:`derive_seed` chains per-env
 seeds exactly as TorchRL does.
 """
@@ -24,7 +24,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from actor_service._config import ActorConfig
 from actor_service._spaces import check_space
-from common.errors import ActorUnavailableError, DeadlineError
+from common.errors import DeadlineError, EnvError
 from common.policies import load_callable
 
 __all__ = ["close_pool", "derive_seed", "env_name", "make_env_pool", "reset_pool", "step_pool"]
@@ -103,20 +103,23 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
     return pool
 
 
-def step_pool(pool: VectorEnv, actions: np.ndarray, timeout: float) -> StepResult:
+def step_pool(
+    pool: VectorEnv, actions: np.ndarray, timeout: float, *, env: str = "env"
+) -> StepResult:
     """Step every env once.
 
     Args:
         pool: The vector env.
         actions: One action per env.
         timeout: Seconds an async step may take.
+        env: The env's name, for errors.
 
     Returns:
         ``(obs, reward, terminated, truncated, info)`` as gymnasium returns them.
 
     Raises:
         DeadlineError: An async env did not answer within ``timeout``.
-        ActorUnavailableError: An env raised or its subprocess died (cause chained).
+        EnvError: An env raised or its subprocess died (cause chained).
     """
     try:
         if isinstance(pool, AsyncVectorEnv):
@@ -129,10 +132,7 @@ def step_pool(pool: VectorEnv, actions: np.ndarray, timeout: float) -> StepResul
             "before the next batch"
         ) from None
     except Exception as exc:
-        raise ActorUnavailableError(
-            f"an env step failed ({type(exc).__name__}: {exc}); the env pool is rebuilt "
-            "before the next batch"
-        ) from exc
+        raise EnvError(env, type(exc).__name__, str(exc)) from exc
 
 
 def reset_pool(
@@ -140,6 +140,8 @@ def reset_pool(
     timeout: float,
     seed: list[int] | None = None,
     mask: np.ndarray | None = None,
+    *,
+    env: str = "env",
 ) -> np.ndarray:
     """Reset every env, or those in ``mask``; return the observations of all envs.
 
@@ -148,10 +150,11 @@ def reset_pool(
         timeout: Seconds an async reset may take.
         seed: One seed per env, or None to continue each env's generator.
         mask: Bool ``[num_envs]``; None resets all.
+        env: The env's name, for errors.
 
     Raises:
         DeadlineError: An async env did not answer within ``timeout``.
-        ActorUnavailableError: An env raised or its subprocess died (cause chained).
+        EnvError: An env raised or its subprocess died (cause chained).
     """
     options = None if mask is None else {"reset_mask": mask}
     # One seed per env: gymnasium's vector envs take a list, though VectorEnv.reset is
@@ -169,10 +172,7 @@ def reset_pool(
             "before the next batch"
         ) from None
     except Exception as exc:
-        raise ActorUnavailableError(
-            f"an env reset failed ({type(exc).__name__}: {exc}); the env pool is rebuilt "
-            "before the next batch"
-        ) from exc
+        raise EnvError(env, type(exc).__name__, str(exc)) from exc
     return obs
 
 

@@ -5,7 +5,7 @@ A :class:`RolloutWorker` has no gRPC in it. One thread collects (``collect_batch
 ``describe`` and ``models.load_weights`` at any time. A step costs one batched forward
 pass for the whole pool and one vector-env step; per-step results go into
 preallocated ``[num_envs, T]`` buffers and become a TensorDict once per batch. A hung
-or crashed env raises (``DeadlineError`` / ``ActorUnavailableError``) and the pool is
+or crashed env raises (``DeadlineError`` / ``EnvError``) and the pool is
 rebuilt before the next batch.
 """
 
@@ -35,9 +35,9 @@ from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import CollectSettings
 from common.errors import (
-    ActorUnavailableError,
     ClosedError,
     DeadlineError,
+    EnvError,
     RlfleetError,
     SessionStateError,
     WeightsError,
@@ -103,6 +103,8 @@ class RolloutWorker:
         self.device = torch.device(config.device)
         self.frames = 0
         self.batches = 0
+        self._session_frames = 0
+        self._env_name = env_name(config)
         self._settings: CollectSettings | None = None
         self._closed = False
         self._lock = threading.RLock()
@@ -152,6 +154,10 @@ class RolloutWorker:
     def configure(self, settings: CollectSettings) -> None:
         """Validate and apply collection settings for the following batches.
 
+        Starts a new count of frames for ``init_random_frames``: its random
+        frames are the first frames collected under these settings, not the
+        first of the actor's life.
+
         Raises:
             TypeError: ``settings`` is not a ``CollectSettings``.
             ValueError: ``frames_per_batch`` is not a multiple of ``num_envs``.
@@ -169,7 +175,9 @@ class RolloutWorker:
                 f"num_envs={self.num_envs}"
             )
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
-        self._settings = settings
+        with self._lock:
+            self._settings = settings
+            self._session_frames = 0
 
     def collect_batch(self) -> TensorDict:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
@@ -177,7 +185,7 @@ class RolloutWorker:
         Raises:
             SessionStateError: Not configured, or closed.
             DeadlineError: An env step exceeded ``step_timeout`` (async backend).
-            ActorUnavailableError: An env failed; the pool is rebuilt on the next call.
+            EnvError: An env raised; the pool is rebuilt on the next call.
         """
         with self._lock:
             self._check_open()
@@ -189,6 +197,7 @@ class RolloutWorker:
                 self._reset(seeds=None)
             batch = self._rollout(settings)
             self.frames += batch.numel()
+            self._session_frames += batch.numel()
             self.batches += 1
         if settings.split_trajs:
             batch = split_trajectories(batch)
@@ -196,7 +205,7 @@ class RolloutWorker:
 
     def _rollout(self, settings: CollectSettings) -> TensorDict:
         steps = settings.frames_per_batch // self.num_envs
-        random = self.frames < settings.init_random_frames
+        random = self._session_frames < settings.init_random_frames
         extras = self.models.output_specs(settings.model_id)
         extras.pop("action")
         buffers = BatchBuffers(
@@ -212,7 +221,7 @@ class RolloutWorker:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
                     self._step(t, buffers, settings, random)
-        except (DeadlineError, ActorUnavailableError):
+        except (DeadlineError, EnvError):
             self._pool_broken = True
             raise
         except BaseException:
@@ -236,7 +245,7 @@ class RolloutWorker:
         buf.traj_ids[:, t] = self._traj_ids
         env_action = self.models.action_codec.to_env(action)
         next_obs, reward, terminated, truncated, info = step_pool(
-            self._pool, env_action, self.config.step_timeout
+            self._pool, env_action, self.config.step_timeout, env=self._env_name
         )
         buf.obs[:, t + 1] = next_obs
         buf.reward[:, t] = reward
@@ -261,7 +270,7 @@ class RolloutWorker:
             return
         for env in np.flatnonzero(envs):
             buf.final_obs.append((int(env), t, buf.obs[env, t + 1].copy()))
-        reset_obs = reset_pool(self._pool, self.config.step_timeout, mask=envs)
+        reset_obs = reset_pool(self._pool, self.config.step_timeout, mask=envs, env=self._env_name)
         buf.obs[envs, t + 1] = reset_obs[envs]
 
     def _end_trajectories(
@@ -278,7 +287,7 @@ class RolloutWorker:
     def _reset(self, seeds: list[int] | None) -> None:
         """Reset every env: fresh observations, new traj ids, step counts at 0."""
         try:
-            obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds)
+            obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds, env=self._env_name)
         except RlfleetError:
             self._pool_broken = True
             raise

@@ -112,6 +112,8 @@ class ActorRuntime:
             max_workers=1, thread_name_prefix=f"rlfleet-collect-{config.worker_id}"
         )
         self.current: ActiveSession | None = None
+        # Seq of the last batch collected in this epoch; written on the collection thread only.
+        self.last_collected_seq = 0
         self.draining = False
         self._closed = False
         self._open_lock = asyncio.Lock()
@@ -159,6 +161,22 @@ class ActorRuntime:
         loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await loop.run_in_executor(self._executor, call)
+
+    async def reseed(self, seed: int, static_seed: bool) -> tuple[int, int]:
+        """Seed the core between two batches.
+
+        Returns:
+            ``(next_seed, first_seq)``: the seed to chain to the next actor, and the
+            seq of the first batch collected after the seeding (every batch with a
+            lower seq ran with the old seed). Both are read on the collection thread,
+            so no batch can slip between the seeding and the count.
+        """
+        worker = self.worker
+
+        def seed_now() -> tuple[int, int]:
+            return worker.set_seed(seed, static_seed), self.last_collected_seq + 1
+
+        return await self.run_collect(seed_now)
 
     async def run_side(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` (weight loading, describe, decoding) off the loop, beside collection."""

@@ -272,8 +272,5 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self, request: pb.SetSeedRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetSeedResponse:
         """Seed the env pool, torch and numpy; return the next seed to chain."""
-        worker = self._rt.worker
-        next_seed = await self._rt.run_collect(
-            worker.set_seed, int(request.seed), bool(request.static_seed)
-        )
-        return pb.SetSeedResponse(next_seed=int(next_seed))
+        next_seed, first_seq = await self._rt.reseed(int(request.seed), bool(request.static_seed))
+        return pb.SetSeedResponse(next_seed=int(next_seed), first_seq=first_seq)

@@ -3,7 +3,11 @@
 Workload: CartPole-v1, the ``"mlp"`` policy (64x64, tanh, one-hot categorical),
 2 actors x 8 envs, sync and async. Systems, all in this one run:
 
-- rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses;
+- rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses, in three
+  modes: sync by default (on-policy: an actor collects only the batch requested, as
+  TorchRL's sync collectors do), sync with ``prefetch=1`` (each actor collects one batch
+  ahead: faster, off-policy by one batch) and async (one batch ahead per actor, as
+  ``MultiAsyncCollector``);
 - TorchRL: ``MultiSyncCollector`` / ``MultiAsyncCollector``, 2 workers x 8 envs,
   same policy module, with the env layout that was fastest in a probe of
   ``--torchrl-layouts`` (see :mod:`bench._torchrl`);
@@ -13,8 +17,9 @@ Batches are 1024 frames per actor (2048 per sync batch, 1024 per async
 batch) in every system. Repetitions interleave the systems so each ratio is
 taken between windows measured back to back.
 
-Targets: rlfleet >= 10x TorchRL's best multi-process collector (sync vs sync,
-async vs async) and >= 60% of the in-process limit.
+Targets: rlfleet >= 10x TorchRL's best multi-process collector (default sync vs
+sync, async vs async) and >= 60% of the in-process limit. The prefetching mode is
+reported beside them, without a target: the headline compares like with like.
 
 Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 """
@@ -104,11 +109,21 @@ def pick_layout(args: argparse.Namespace, policy: Any, report: Report) -> str:
     return best
 
 
-def _rlfleet_window(addresses: list[str], sync: bool, args: argparse.Namespace) -> float:
+# rlfleet's modes: (figure name, sync, extra GrpcCollector arguments).
+RLFLEET_MODES: tuple[tuple[str, bool, dict[str, Any]], ...] = (
+    ("rlfleet sync", True, {}),
+    ("rlfleet sync prefetch=1", True, {"prefetch": 1}),
+    ("rlfleet async", False, {}),
+)
+
+
+def _rlfleet_window(
+    addresses: list[str], sync: bool, args: argparse.Namespace, extra: dict[str, Any]
+) -> float:
     from bench import _rlfleet
 
     fpb = args.frames_per_actor * (args.actors if sync else 1)
-    with _rlfleet.collector(addresses, sync=sync, frames_per_batch=fpb) as coll:
+    with _rlfleet.collector(addresses, sync=sync, frames_per_batch=fpb, **extra) as coll:
         fps, _ = time_batches(iter(coll), seconds=args.window, min_batches=2, warmup=2)
     return fps
 
@@ -136,13 +151,13 @@ def run(args: argparse.Namespace, report: Report) -> None:
                 collectors.append(coll)
                 torchrl_iters[sync] = iter(coll)
             for _ in range(reps):
-                for sync in (True, False):
-                    mode = "sync" if sync else "async"
-                    samples.setdefault(f"rlfleet {mode}", []).append(
-                        _rlfleet_window(fleet.addresses, sync, args)
+                for name, sync, extra in RLFLEET_MODES:
+                    samples.setdefault(name, []).append(
+                        _rlfleet_window(fleet.addresses, sync, args, extra)
                     )
+                for sync in (True, False):
                     fps, _ = time_batches(torchrl_iters[sync], seconds=args.window, warmup=1)
-                    samples.setdefault(f"torchrl {mode}", []).append(fps)
+                    samples.setdefault(f"torchrl {'sync' if sync else 'async'}", []).append(fps)
                 samples.setdefault("in-process limit", []).append(
                     in_process_fps(
                         limit_env,
@@ -163,6 +178,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
             f"rlfleet {mode}/in-process limit", f"rlfleet {mode}", "in-process limit"
         )
         report.target(f"{mode}: rlfleet >= 60% of the in-process limit", limit, 0.6)
+    report.ratio("rlfleet sync prefetch=1/torchrl sync", "rlfleet sync prefetch=1", "torchrl sync")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

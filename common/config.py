@@ -56,7 +56,8 @@ class CollectSettings:
     Attributes:
         frames_per_batch: Frames per batch from one actor; a multiple of its env pool size.
         max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` means none.
-        init_random_frames: Frames collected with random actions before the policy acts.
+        init_random_frames: Frames collected with random actions before the policy acts,
+            counted from the start of the session (each batch that starts below it is random).
         reset_at_each_iter: Reset every env before each batch.
         reset_when_done: Reset envs whose episode ended; must be True, as in TorchRL.
         split_trajs: Split each batch into zero-padded trajectories with a mask.

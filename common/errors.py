@@ -17,6 +17,7 @@ subclasses the builtin a Python user would catch for the same situation, so
     │   └── ClosedError                       FAILED_PRECONDITION  used after close()
     ├── ActorBusyError (RuntimeError)         RESOURCE_EXHAUSTED  another learner holds the actor
     ├── ActorUnavailableError (ConnectionError) UNAVAILABLE     draining, down, unreachable
+    ├── EnvError (RuntimeError)               UNAVAILABLE       an actor's env raised
     ├── DeadlineError (TimeoutError)          DEADLINE_EXCEEDED a call ran out of time
     ├── AuthenticationError (PermissionError) UNAUTHENTICATED   missing or bad token
     ├── DataLossError (OSError)               DATA_LOSS         checksum mismatch on reassembly
@@ -43,6 +44,7 @@ __all__ = [
     "ClosedError",
     "DataLossError",
     "DeadlineError",
+    "EnvError",
     "InternalError",
     "PacketTooLargeError",
     "ProtocolError",
@@ -140,6 +142,59 @@ class ActorUnavailableError(RlfleetError, ConnectionError):
     """The actor is draining, down or cannot be reached."""
 
     status_code = grpc.StatusCode.UNAVAILABLE
+
+
+class EnvError(RlfleetError, RuntimeError):
+    """An env raised while an actor stepped or reset it.
+
+    The actor raises it around the env's own exception; a learner raises it
+    (with ``worker_id`` set) once an actor's env kept failing. The exception's
+    text is None when the actor withholds it (``--env-error-detail type``).
+
+    Args:
+        env: The env's name (gymnasium id or factory).
+        exception_type: The env exception's class name.
+        exception_message: Its text, or None when withheld.
+        worker_id: The actor whose env failed, when known.
+        attempts: How many sessions failed this way before the error was raised.
+    """
+
+    status_code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(
+        self,
+        env: str,
+        exception_type: str,
+        exception_message: str | None,
+        *,
+        worker_id: int | None = None,
+        attempts: int = 1,
+    ) -> None:
+        self.env = env
+        self.exception_type = exception_type
+        self.exception_message = exception_message
+        self.worker_id = worker_id
+        self.attempts = attempts
+        where = "" if worker_id is None else f"worker_id {worker_id}: "
+        what = (
+            f"{exception_type} (message withheld by the actor)"
+            if exception_message is None
+            else f"{exception_type}: {exception_message}"
+        )
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
+        super().__init__(f"{where}env {env!r} raised {what}{tries}")
+
+    def __reduce__(self) -> tuple[object, ...]:  # picklable despite the keyword arguments
+        return (
+            _rebuild_env_error,
+            (self.env, self.exception_type, self.exception_message, self.worker_id, self.attempts),
+        )
+
+
+def _rebuild_env_error(
+    env: str, exc_type: str, message: str | None, worker_id: int | None, attempts: int
+) -> EnvError:
+    return EnvError(env, exc_type, message, worker_id=worker_id, attempts=attempts)
 
 
 class DeadlineError(RlfleetError, TimeoutError):

@@ -21,7 +21,7 @@ import grpc
 from tensordict import TensorDictBase
 
 from common.config import CollectSettings
-from common.errors import DeadlineError, ProtocolError
+from common.errors import DeadlineError, EnvError, ProtocolError
 from common.llm import LLMSettings
 from common.packets import PacketAssembler, PacketLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -60,10 +60,26 @@ class BatchEvent:
 
 @dataclasses.dataclass(frozen=True)
 class EndEvent:
-    """The actor's ``end`` marker: the session is over, cleanly."""
+    """The actor's ``end`` marker: the session is over, cleanly.
+
+    Attributes:
+        reason: The end reason's name (``"ERROR"``, ``"CLOSED"``, ...).
+        message: The actor's message.
+        env_error: What the actor's env raised, when that ended the session.
+    """
 
     reason: str
     message: str
+    env_error: EnvError | None = None
+
+
+def _env_error(end: pb.StreamEnd) -> EnvError | None:
+    """The env's exception an ``end`` reports (its text None when the actor withheld it)."""
+    if not end.HasField("env_failure"):
+        return None
+    failure = end.env_failure
+    text = None if failure.message_withheld else failure.exception_message
+    return EnvError(failure.env, failure.exception_type, text)
 
 
 def llm_settings_to_proto(llm: LLMSettings) -> pb.LLMSettings:
@@ -247,7 +263,9 @@ class CollectStream:
             kind = message.WhichOneof("kind")
             if kind == "end" and assembler is None:
                 end = message.end
-                return EndEvent(_END_REASONS.get(end.reason, str(end.reason)), end.message)
+                return EndEvent(
+                    _END_REASONS.get(end.reason, str(end.reason)), end.message, _env_error(end)
+                )
             if kind != "chunk":
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message.chunk

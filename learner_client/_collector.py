@@ -35,6 +35,7 @@ from learner_client._settings import (
     check_fleet,
     check_hooks,
 )
+from learner_client._stats import snapshot
 from learner_client._weights import normalize_update_args
 from learner_client._wiring import assemble
 
@@ -68,40 +69,39 @@ class GrpcCollector:
                 collector.update_policy_weights_(policy)
 
     Args:
-        actors: Actor addresses, ``"host:port"``, or ``dns:///name:port`` targets that
-            stand for every address the name resolves to (a headless Service, Docker's
-            DNS); those are re-resolved every ``dns_refresh_interval`` seconds and actors
-            that join are added. Workers are identified by the worker_id each actor
-            reports (duplicates are refused).
-        frames_per_batch: Frames per yielded batch. Sync: the total, split evenly over
-            the actors (divisible by their count, each share a multiple of that actor's
-            env pool size). Async: frames of each single-actor batch (a multiple of every
-            actor's env pool size).
+        actors: ``"host:port"`` addresses, or ``dns:///name:port`` targets standing for
+            every address the name resolves to (re-resolved, joiners added); workers are
+            known by the worker_id each reports (duplicates are refused).
+        frames_per_batch: Frames per batch. Sync: the total, split evenly over the actors
+            (each share a multiple of that actor's env pool size). Async: each batch's.
         total_frames: Frames after which iteration stops (``len`` = ceil(total/fpb));
             ``-1`` or None iterates forever.
         sync: One batch from every actor per iteration (``[workers, envs, time]``), or
-            first ready, first served (``[envs, time]``, one actor per batch).
+            first ready, first served (``[envs, time]``); None means False (TorchRL's).
+        prefetch: Batches each actor collects ahead of the request. None: 0 when sync (on
+            policy: the batch after an update runs the new weights, as TorchRL's sync
+            collectors) and 1 when async (as ``MultiAsyncCollector``); sync with
+            ``prefetch=N`` is faster and off-policy by up to N batches.
         max_frames_per_traj: Steps after which a trajectory is truncated (``<= 0``: none).
         init_random_frames: Random-action frames, split over the actors.
         reset_at_each_iter: Reset every env before each batch.
         reset_when_done: Must be True (as in TorchRL).
-        split_trajs: Yield zero-padded trajectories with ``("collector", "mask")``.
+        split_trajs: Zero-padded trajectories with ``("collector", "mask")`` (None: False).
         exploration_type: ``ExplorationType`` or tensordict's ``InteractionType``.
         set_truncated: Mark the last frame of each batch truncated.
         postproc: Callable applied to every batch before it is yielded or stored.
-        replay_buffer: Anything with ``extend()``; batches go there and iteration yields None.
+        replay_buffer: Anything with ``extend()``, extended with each actor's batch;
+            iteration then yields None.
         update_after_each_batch: Push the last weights given before each collection (sync:
             to all workers, each round; async: to the worker whose batch was just yielded).
         max_weight_update_interval: Push to a worker once more than this many of its batches
             were delivered since its last update (``-1``: off).
-        cat_results: ``"stack"`` (default, None) or ``0`` to concatenate sync batches on dim 0.
-        credit_window: Most batches per actor in flight or buffered.
+        cat_results: ``"stack"`` (None) or ``0`` (concatenate sync batches on dim 0).
         connect_timeout: Seconds to reach every actor at construction.
         call_timeout: Deadline of every control call and weight push.
-        batch_timeout: Seconds a sync batch may wait for an actor (and a stream owing a batch
-            may stay silent) before it is declared missing.
-        allow_partial_batches: Sync: yield without the missing actors instead of raising
-            (their ids are in ``missing_workers`` and ``stats()["missing_workers"]``).
+        batch_timeout: Seconds a sync batch may wait for an actor (and a stream owing a
+            batch may stay silent) before it is declared missing.
+        allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
         model_id: The model that acts on the actors.
@@ -109,9 +109,7 @@ class GrpcCollector:
         llm: LLM sessions' settings (``GrpcLLMCollector`` sets them; see docs/llm.md).
 
     Raises:
-        ValueError: An argument out of range, duplicate worker_ids, or a fleet that does
-            not divide ``frames_per_batch``.
-        TypeError: An argument of the wrong type.
+        ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
         ActorUnavailableError: An actor unreachable within ``connect_timeout``.
         UnknownModelError: An actor without ``model_id``.
     """
@@ -122,12 +120,12 @@ class GrpcCollector:
         *,
         frames_per_batch: int,
         total_frames: int | None = -1,
-        sync: bool = False,
+        sync: bool | None = False,
         max_frames_per_traj: int | None = -1,
         init_random_frames: int | None = -1,
         reset_at_each_iter: bool = False,
         reset_when_done: bool = True,
-        split_trajs: bool = False,
+        split_trajs: bool | None = False,
         exploration_type: Any = ExplorationType.RANDOM,
         set_truncated: bool = False,
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
@@ -135,7 +133,7 @@ class GrpcCollector:
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         cat_results: str | int | None = None,
-        credit_window: int = 2,
+        prefetch: int | None = None,
         connect_timeout: float = 10.0,
         call_timeout: float = 30.0,
         batch_timeout: float = 60.0,
@@ -157,6 +155,7 @@ class GrpcCollector:
             split_trajs=split_trajs,
             update_after_each_batch=update_after_each_batch,
             max_weight_update_interval=max_weight_update_interval,
+            prefetch=prefetch,
             llm_batches=None if llm is None else "dialogs" if llm.trajectories else "steps",
         )
         self._rollout = RolloutSettings(
@@ -170,9 +169,7 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(  # in field order
-            credit_window, connect_timeout, call_timeout, channel_credentials, token
-        )
+        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials, token)
         self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
         self._connect(conn, actors, addresses, dns_refresh_interval)
 
@@ -281,16 +278,17 @@ class GrpcCollector:
         return self._batch.num_batches()
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
-        """Yield batches (or None per batch stored in ``replay_buffer``) until ``total_frames``."""
+        """Yield batches (None per batch stored: each actor's goes to the replay buffer)."""
         while True:
-            batch = self._next_batch()
-            if batch is None:
+            parts = self._next_batch(per_actor=self.replay_buffer is not None)
+            if parts is None:
                 return
             if self.replay_buffer is not None:
-                self.replay_buffer.extend(batch)
+                for part in parts:
+                    self.replay_buffer.extend(part)
                 yield None
             else:
-                yield batch
+                yield parts[0]
 
     def next(self) -> TensorDictBase | None:
         """The next batch, or None at the end (as TorchRL's ``next()``)."""
@@ -305,7 +303,8 @@ class GrpcCollector:
             self._iterator = None
             raise
 
-    def _next_batch(self) -> TensorDictBase | None:
+    def _next_batch(self, *, per_actor: bool) -> list[TensorDictBase] | None:
+        """The next batch (one item), or each actor's part of it; None at the end."""
         while True:
             with self._lock:
                 self._check_open()
@@ -317,19 +316,17 @@ class GrpcCollector:
                     self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
                 )
                 self._pusher.auto_update(candidates, self._batch.auto_update_interval)
-                batch = self._rounds.take()
+                parts = self._rounds.take_parts() if per_actor else [self._rounds.take()]
             except Paused:
                 self._background.wait_resumed()
                 continue
-            return self.postproc(batch) if self.postproc is not None else batch
+            return parts if self.postproc is None else [self.postproc(p) for p in parts]
 
     def _ensure_running(self) -> None:
         if self._state is _State.READY:
             self._rounds.update_budget()
             self._fleet.start(self._session_settings())
             self._state = _State.RUNNING
-
-    # -------------------------------------------------------------- weights
 
     def update_policy_weights_(
         self,
@@ -341,31 +338,29 @@ class GrpcCollector:
         model_id: str | None = None,
         weights_dict: dict[str, Any] | None = None,
     ) -> dict[Any, Any]:
-        """Push weights to the actors and wait until each applied them (or failed).
+        """Push weights to the actors, concurrently, and wait until each applied them.
 
-        Encodes each model once (safetensors), then streams it to every target
-        concurrently under the next policy version of its model_id.
+        Each model is encoded once (safetensors) under the next version of its model_id.
 
         Args:
-            policy_or_weights: An ``nn.Module``, a TensorDict or a dict of tensors;
-                None re-sends the current state of the last ones given for ``model_id``.
-            weights: Same as ``policy_or_weights`` (TensorDict or dict).
+            policy_or_weights: An ``nn.Module``, a TensorDict, a dict of tensors, or
+                TorchRL's per-worker ``{worker_id: weights}`` (each worker its own, one
+                version); None re-sends each worker the last weights given to it.
+            weights: Same as ``policy_or_weights`` (not a module).
             policy: Same, as an ``nn.Module``.
             worker_ids: An int or a list of worker_ids; None targets every worker.
             model_id: The model to update (default ``"policy"``).
             weights_dict: ``{model_id: weights}`` to update several models at once.
 
         Returns:
-            ``{worker_id: version applied}``; with ``weights_dict``,
-            ``{model_id: {worker_id: version applied}}``.
+            ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
 
         Raises:
-            ValueError: Conflicting arguments (TorchRL's rules).
+            ValueError: Conflicting arguments (TorchRL's rules; a mapping and ``worker_ids``).
             UnknownWorkerError: A worker_id not in the fleet (naming the known ones).
             UnknownModelError: A target actor has no such model.
             SessionStateError: None given and no weights were given before for that model.
-            WeightPushError: Some targets rejected the push or were unreachable;
-                ``.succeeded`` and ``.failed`` say which.
+            WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
         request = normalize_update_args(
             policy_or_weights,
@@ -378,8 +373,6 @@ class GrpcCollector:
         with self._lock:
             self._check_open()
             return self._pusher.update(request)
-
-    # ------------------------------------------------------- TorchRL extras
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every actor in worker_id order, each with the seed the previous one returned.
@@ -417,20 +410,30 @@ class GrpcCollector:
             self._fleet.load_state_dict(state_dict)
             self._rounds.update_budget()
 
-    def stats(self) -> dict[str, Any]:
-        """Counters: frames, batches, worker frames, lag, gaps, reconnects, restarts, liveness.
+    def stats(
+        self, workers: str = "aggregate", *, timeout: float | None = 10.0
+    ) -> dict[str, int | float | bool]:
+        """TorchRL's flat, cheap snapshot of scalars (keys: :mod:`learner_client._stats`).
 
-        ``missing_workers`` lists the workers absent from the last (partial) sync batch.
+        ``workers`` is TorchRL's view (``"aggregate"``, ``"per_worker"``, ``"both"``);
+        ``timeout`` (None or seconds) never matters: nothing waits on an actor.
+        ValueError for an unknown view or a bad timeout.
         """
-        out = self._fleet.stats()
-        out["requested_frames_per_batch"] = self._batch.frames_per_batch
-        out["missing_workers"] = self.missing_workers
-        if self._background.error is not None:
-            out["background_error"] = repr(self._background.error)
-        if not self._batch.endless:
-            out["total_frames"] = self._batch.total_frames
-            out["completed"] = self._rounds.exhausted()
-        return out
+        return snapshot(
+            workers,
+            timeout,
+            fleet=self._fleet,
+            batch=self._batch,
+            acting_model=self._rollout.model_id,
+            missing=self.missing_workers,
+            background_failed=self._background.error is not None,
+            completed=self._rounds.exhausted(),
+        )
+
+    @property
+    def worker_states(self) -> dict[int, str]:
+        """Each actor's link state by worker_id (``"streaming"``, ``"down"``, ``"failed"``…)."""
+        return self._fleet.states()
 
     # ------------------------------------------------------------ lifecycle
 

@@ -241,18 +241,18 @@ class Fleet:
                 link.worker_id,
             )
 
-    def push(self, worker_ids: Sequence[int], encoded: Sequence[EncodedWeights]) -> PushResults:
-        """Push each encoded model to each worker, all concurrently.
+    def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> PushResults:
+        """Push each ``(worker_id, encoded model)`` pair, all concurrently.
 
         Returns:
             ``(succeeded, failed)``: ``{model_id: {worker_id: version}}`` and
             ``{model_id: {worker_id: exception}}``.
         """
-        pairs = [(wid, enc) for enc in encoded for wid in worker_ids]
-        messages = {enc.model_id: _messages(enc) for enc in encoded}  # once for all targets
+        # Serialised once per distinct push, however many workers receive it.
+        messages = {_key(enc): _messages(enc) for _, enc in pairs}
         results = self._loop.run(self._push_all(pairs, messages), self._conn.call_timeout + _MARGIN)
-        succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for enc in encoded}
-        failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for enc in encoded}
+        succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for _, enc in pairs}
+        failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
         for (wid, enc), result in zip(pairs, results, strict=True):
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
@@ -265,11 +265,13 @@ class Fleet:
         return succeeded, failed
 
     async def _push_all(
-        self, pairs: list[tuple[int, EncodedWeights]], messages: dict[str, tuple[bytes, ...]]
+        self,
+        pairs: Sequence[tuple[int, EncodedWeights]],
+        messages: dict[tuple[str, int, str], tuple[bytes, ...]],
     ) -> list[int | BaseException]:
         async def one(wid: int, enc: EncodedWeights) -> int:
             return await self._links[wid].channel.push_weights(
-                enc.model_id, enc.version, messages[enc.model_id], self._conn.call_timeout
+                enc.model_id, enc.version, messages[_key(enc)], self._conn.call_timeout
             )
 
         return await asyncio.gather(*(one(w, e) for w, e in pairs), return_exceptions=True)
@@ -277,13 +279,19 @@ class Fleet:
     # -------------------------------------------------------- control calls
 
     def set_seed(self, seed: int, static_seed: bool) -> int:
-        """Seed every actor in worker_id order, chaining each returned seed to the next."""
+        """Seed every actor in worker_id order, chaining each returned seed to the next.
+
+        What an actor collected before its seeding (buffered here or still on the way)
+        is dropped, as TorchRL discards it: the next batch is the first of the new seed.
+        """
         for wid in self.worker_ids:
             link = self._links[wid]
-            seed = self._loop.run(
+            seed, first_seq = self._loop.run(
                 link.channel.set_seed(seed, static_seed, self._conn.call_timeout),
                 self._conn.call_timeout + _MARGIN,
             )
+            epoch = link.tracker.epoch or link.description.epoch
+            self._ledger.add_discarded(self._mailbox.discard_before(wid, epoch, first_seq))
         return seed
 
     def state_dict(self) -> dict[str, Any]:
@@ -344,29 +352,48 @@ class Fleet:
         """Each link's state name, by worker_id."""
         return {w: link.state.value for w, link in sorted(self._links.items())}
 
-    def stats(self) -> dict[str, Any]:
-        """The fleet's counters (see ``GrpcCollector.stats``)."""
+    def stats(self, acting_model: str) -> dict[str, int | float | bool]:
+        """The fleet's counters as flat scalars (see ``GrpcCollector.stats``)."""
         ledger, links = self._ledger, self._links
-        return {
+        versions = self._book.versions()
+        out: dict[str, int | float | bool] = {
             "frames": ledger.frames,
             "batches": ledger.batches,
-            "worker_frames": dict(ledger.worker_frames),
-            "workers": len(links),
-            "workers_alive": sum(1 for link in links.values() if link.state not in _UNREACHABLE),
-            "worker_states": self.states(),
-            "policy_version": self._book.versions(),
+            "worker_frames": sum(ledger.worker_frames.values()),
+            "policy_version": versions.get(acting_model, 0),
             "policy_lag": ledger.policy_lag,
             "policy_lag_max": ledger.policy_lag_max,
             "gaps": sum(link.tracker.gaps for link in links.values()),
             "duplicates": sum(link.tracker.duplicates for link in links.values()),
             "reconnects": sum(ledger.reconnects.values()),
             "failures": sum(ledger.failures.values()),
-            "failures_per_worker": dict(ledger.failures),
             "restarts": sum(ledger.restarts.values()),
             "lost_in_progress": ledger.lost_in_progress,
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
         }
+        out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})
+        return out
+
+    def liveness(self) -> dict[str, int]:
+        """``workers`` and ``workers_alive``, which every view of ``stats()`` reports."""
+        alive = sum(1 for link in self._links.values() if link.state not in _UNREACHABLE)
+        return {"workers": len(self._links), "workers_alive": alive}
+
+    def worker_stats(self, acting_model: str) -> dict[str, int | float | bool]:
+        """Each actor's counters as ``worker_<id>/<metric>`` scalars."""
+        ledger = self._ledger
+        out: dict[str, int | float | bool] = {}
+        for wid, link in sorted(self._links.items()):
+            prefix = f"worker_{wid}/"
+            out[prefix + "frames"] = ledger.worker_frames.get(wid, 0)
+            out[prefix + "alive"] = link.state not in _UNREACHABLE
+            out[prefix + "failures"] = ledger.failures.get(wid, 0)
+            out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)
+            out[prefix + "gaps"] = link.tracker.gaps
+            out[prefix + "duplicates"] = link.tracker.duplicates
+            out[prefix + "policy_version"] = self._book.applied(wid).get(acting_model, 0)
+        return out
 
     # ------------------------------------------------------------ shutdown
 
@@ -394,3 +421,8 @@ def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
+
+
+def _key(enc: EncodedWeights) -> tuple[str, int, str]:
+    """What makes two encoded pushes the same bytes on the wire."""
+    return enc.model_id, enc.version, enc.sha256

@@ -12,7 +12,12 @@ broken or stalled stream, a malformed packet, an error status) is counted,
 logged and retried after a jittered exponential backoff (bounded delay,
 retried until the collector closes); the other actors are not affected. Any
 other exception is a bug: the link stops (``FAILED``) and the user's next
-take raises it. A session taken over by another learner is not retried.
+take raises it. A session taken over by another learner is not retried. A
+session the actor ends because its env raised is retried after the same
+growing backoff; after ``ENV_FAILURE_ATTEMPTS`` in a row without a batch, the
+link stops and the user's next take raises an
+:class:`~common.errors.EnvError` naming the worker, the env and the env's
+exception (as TorchRL raises the env's error).
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from common.config import CollectSettings
-from common.errors import ActorUnavailableError, ProtocolError, RlfleetError, SessionStateError
+from common.errors import (
+    ActorUnavailableError,
+    EnvError,
+    ProtocolError,
+    RlfleetError,
+    SessionStateError,
+)
 from learner_client._aggregate import name_time_dim, tag_worker
 from learner_client._collect_stream import BatchEvent, CollectStream, EndEvent, OpenStreams
 from learner_client._ledger import Ledger, SeqTracker
@@ -37,6 +48,10 @@ from learner_client._transport import ActorChannel, ActorDescription
 __all__ = ["ActorLink", "Backoff", "LinkState"]
 
 log = logging.getLogger("learner_client")
+
+#: Sessions in a row an actor's env may end (each retried after a growing backoff)
+#: before the collector raises the env's error instead of retrying.
+ENV_FAILURE_ATTEMPTS = 3
 
 
 class LinkState(enum.Enum):
@@ -116,6 +131,9 @@ class ActorLink:
         self._admit = admit
         self._backoff = backoff
         self._settings: CollectSettings | None = None
+        self._frames_received = 0  # new frames this collector received from the actor
+        self._delivered = False  # the current session brought a new batch
+        self._env_failures = 0  # sessions in a row that the actor's env ended
         self._stream: CollectStream | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -165,13 +183,15 @@ class ActorLink:
         attempt = 0
         reconnecting = False
         while not self._closing:
-            self._streamed = False
+            self._streamed = self._delivered = False
             try:
                 end = await self._session(reconnecting)
                 if self._closing:
                     break
                 after = self._session_ended(end)
                 if after == "stop":
+                    return
+                if self._env_failed(end):
                     return
                 if after == "reopen":
                     reconnecting = True
@@ -187,8 +207,9 @@ class ActorLink:
             finally:
                 self._stream = None
                 self._mailbox.session_closed(self.worker_id)
-            # Backoff grows only across attempts that never got a session open.
-            attempt = 0 if self._streamed else attempt
+            # Backoff grows across attempts that brought no batch (a session opened only to
+            # fail, e.g. on an env that raises, counts: no tight restart loop).
+            attempt = 0 if self._delivered else attempt
             reconnecting = True
             if self.state is not LinkState.DOWN:
                 self._set_state(LinkState.CONNECTING)
@@ -222,6 +243,33 @@ class ActorLink:
         )
         self._ledger.failure(self.worker_id)
         return "retry"
+
+    def _env_failed(self, end: EndEvent) -> bool:
+        """Count a session the actor's env ended; stop the link after too many in a row.
+
+        Returns:
+            True if the link stopped: the user's next take raises an ``EnvError`` naming
+            the worker, the env and the env's exception.
+        """
+        if end.env_error is None:
+            return False
+        self._env_failures += 1
+        if self._env_failures < ENV_FAILURE_ATTEMPTS:
+            return False
+        error = end.env_error
+        raised = EnvError(
+            error.env,
+            error.exception_type,
+            error.exception_message,
+            worker_id=self.worker_id,
+            attempts=self._env_failures,
+        )
+        log.error(
+            "actor %s: %s; the actor is no longer used by this collector", self.address, raised
+        )
+        self._set_state(LinkState.FAILED)
+        self._mailbox.fail(self.worker_id, raised)
+        return True
 
     def _failed(self, exc: RlfleetError, attempt: int) -> None:
         self._ledger.failure(self.worker_id)
@@ -265,6 +313,11 @@ class ActorLink:
         settings = self._settings
         if settings is None:
             raise SessionStateError("ActorLink.start() was not called")
+        # init_random_frames counts this collector's frames (the actor counts per
+        # session): a session that replaces another asks only for the random frames left.
+        left = max(0, settings.init_random_frames - self._frames_received)
+        if left != settings.init_random_frames:
+            settings = dataclasses.replace(settings, init_random_frames=left)
         resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
         self._fresh_next = False
         # Take over only a session of our own the actor may not know is dead yet;
@@ -328,7 +381,9 @@ class ActorLink:
             self._ledger.add_discarded(1)
             return
         batch = tag_worker(name_time_dim(event.batch), self.worker_id)
-        self._mailbox.put(
+        self._frames_received += event.frames or batch.numel()
+        self._delivered, self._env_failures = True, 0
+        fresh = self._mailbox.put(
             Delivery(
                 worker_id=self.worker_id,
                 epoch=event.epoch,
@@ -339,6 +394,8 @@ class ActorLink:
                 version_max=event.version_max,
             )
         )
+        if not fresh:  # collected before the actor was reseeded
+            self._ledger.add_discarded(1)
 
     def _stop_on_bug(self, exc: Exception) -> None:
         log.error(

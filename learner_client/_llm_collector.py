@@ -181,7 +181,7 @@ class GrpcLLMCollector:
         max_turns: Turn limit per dialog; 0 keeps the task's.
         token_versions: Record the policy version of every response token.
         **kwargs: ``GrpcCollector``'s connection, credit, deadline, TLS and token
-            settings (``credit_window``, ``connect_timeout``, ``call_timeout``,
+            settings (``prefetch``, ``connect_timeout``, ``call_timeout``,
             ``batch_timeout``, ``allow_partial_batches``, ``channel_credentials``,
             ``token``, ``model_id``, ``dns_refresh_interval``, ...).
 
@@ -321,9 +321,14 @@ class GrpcLLMCollector:
         """True once connected (construction connects)."""
         return True
 
-    def stats(self) -> dict[str, Any]:
-        """Flat counters: ``turns``, ``tokens``, ``tokens_per_s``, ``dropped_dialogs``, lag..."""
-        out = self._inner.stats()
+    def stats(
+        self, workers: str = "aggregate", *, timeout: float | None = 10.0
+    ) -> dict[str, int | float | bool]:
+        """Flat scalars: ``turns``, ``tokens``, ``tokens_per_s``, ``dropped_dialogs``, lag...
+
+        Plus ``GrpcCollector.stats``' counters (``workers`` and ``timeout`` as there).
+        """
+        out = self._inner.stats(workers, timeout=timeout)
         out["turns"] = out.get("frames", self._shaper.turns)
         out["yielded_turns"] = self._shaper.turns
         out["tokens"] = self._shaper.tokens

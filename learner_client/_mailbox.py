@@ -2,12 +2,13 @@
 
 Each actor has a slot: complete batches waiting for the user, and credits
 granted but not yet used. The invariant ``outstanding + buffered <= window``
-(``window = min(credit_window, actor max_credits)``) bounds memory: a credit
+(``window = min(prefetch or 1, actor max_credits)``) bounds memory: a credit
 is granted only when a batch is taken, so a slow learner pauses the actors.
 Credits are also withheld while paused and beyond the frame budget, and in
-*lazy* mode (sync collection with automatic weight updates) each actor gets
-exactly one credit per requested round, after the round's weight pushes, so
-every frame of the round runs the new weights.
+*lazy* mode (sync collection without prefetch, TorchRL's default, or with
+automatic weight updates) each actor gets exactly one credit per requested
+round, after any weight push the user or the collector made before asking, so
+every frame of the round runs the newest weights.
 
 The transport thread calls :meth:`Mailbox.session_opened`, :meth:`put`,
 :meth:`session_closed`, :meth:`set_alive` and :meth:`fail` (a bug on the
@@ -71,13 +72,15 @@ class _Slot:
     outstanding: int = 0
     open: bool = False
     alive: bool = True
+    # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
+    floor: tuple[int, int] = (0, 0)
 
 
 class Mailbox:
     """Per-actor batch buffers plus the credit rules.
 
     Args:
-        credit_window: Most batches per actor in flight or buffered.
+        window: Most batches per actor in flight or buffered.
         send_credit: ``(worker_id, batches)``; grants credits on that actor's stream.
         send_ack: ``(worker_id, seq)``; acknowledges delivered batches.
         lazy: Grant one credit per requested round only (see the module docstring).
@@ -85,13 +88,13 @@ class Mailbox:
 
     def __init__(
         self,
-        credit_window: int,
+        window: int,
         send_credit: Callable[[int, int], None],
         send_ack: Callable[[int, int], None],
         *,
         lazy: bool = False,
     ) -> None:
-        self._window = credit_window
+        self._window = window
         self._send_credit = send_credit
         self._send_ack = send_ack
         self._lazy = lazy
@@ -108,7 +111,7 @@ class Mailbox:
     # ------------------------------------------------------------ membership
 
     def add_worker(self, worker_id: int, max_credits: int) -> None:
-        """Give an actor a slot; its window is ``min(credit_window, max_credits)``."""
+        """Give an actor a slot; its window is ``min(window, max_credits)``."""
         with self._cond:
             self._slots.setdefault(worker_id, _Slot(window=max(1, min(self._window, max_credits))))
 
@@ -155,14 +158,45 @@ class Mailbox:
             self._failures.append(exc)
             self._cond.notify_all()
 
-    def put(self, delivery: Delivery) -> None:
-        """Buffer a complete new batch; it used one credit."""
+    def put(self, delivery: Delivery) -> bool:
+        """Buffer a complete new batch; it used one credit.
+
+        Returns:
+            False if the batch predates a reseed (see :meth:`discard_before`) and was dropped.
+        """
         with self._cond:
             slot = self._slots[delivery.worker_id]
             slot.outstanding = max(0, slot.outstanding - 1)
+            if _stale(delivery, slot.floor):
+                self._send_ack(delivery.worker_id, delivery.seq)
+                self._flush()
+                return False
             delivery.arrival = next(self._arrivals)
             slot.buffered.append(delivery)
             self._cond.notify_all()
+            return True
+
+    def discard_before(self, worker_id: int, epoch: int, seq: int) -> int:
+        """Drop the batches an actor collected before it was reseeded.
+
+        Batches of ``epoch`` with a seq below ``seq`` (the actor's first seq after the
+        seeding) are dropped, those buffered now and those still arriving; their
+        credits are granted again.
+
+        Returns:
+            How many buffered batches were dropped.
+        """
+        with self._cond:
+            slot = self._slots[worker_id]
+            slot.floor = (epoch, seq)
+            stale = [d for d in slot.buffered if _stale(d, slot.floor)]
+            if stale:
+                slot.buffered = collections.deque(
+                    d for d in slot.buffered if not _stale(d, slot.floor)
+                )
+                self._send_ack(worker_id, max(d.seq for d in stale))
+            self._flush()
+            return len(stale)
 
     # ------------------------------------------------------------- control
 
@@ -303,3 +337,7 @@ class Mailbox:
                 if room is not None:
                     room -= grant
                 self._send_credit(wid, grant)
+
+
+def _stale(delivery: Delivery, floor: tuple[int, int]) -> bool:
+    return delivery.epoch == floor[0] and delivery.seq < floor[1]

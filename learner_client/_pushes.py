@@ -21,7 +21,7 @@ from common.errors import UnknownModelError, is_transient
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
-from learner_client._weights import WeightBook, WeightRequest, resolve_worker_ids
+from learner_client._weights import EncodedWeights, WeightBook, WeightRequest, resolve_worker_ids
 
 __all__ = ["Pusher"]
 
@@ -55,8 +55,16 @@ class Pusher:
         """
         targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
         self._check_models(request.sources, targets)
-        encoded = [self._book.encode(mid, src) for mid, src in request.sources.items()]
-        succeeded, failed = self._fleet.push(targets, encoded)
+        pairs: list[tuple[int, EncodedWeights]] = []
+        for mid, src in request.sources.items():
+            if request.per_worker is not None:  # TorchRL's {worker_id: weights}
+                pairs += sorted(self._book.encode_for(mid, request.per_worker).items())
+            elif src is None:  # re-send each worker the last weights given to it
+                pairs += sorted(self._book.encode_for(mid, dict.fromkeys(targets)).items())
+            else:
+                enc = self._book.encode(mid, src)
+                pairs += [(wid, enc) for wid in targets]
+        succeeded, failed = self._fleet.push(pairs)
         if any(failed.values()):
             raise push_error(succeeded, failed, nested=request.nested)
         return succeeded if request.nested else next(iter(succeeded.values()))
@@ -83,8 +91,12 @@ class Pusher:
         due = [w for w in candidates if self._fleet.reachable(w) and self._book.due(w, interval)]
         if not due:
             return
-        encoded = [self._book.encode(mid, None) for mid in models]
-        succeeded, failed = self._fleet.push(due, encoded)
+        pairs = [
+            pair
+            for mid in models
+            for pair in self._book.encode_for(mid, dict.fromkeys(due)).items()
+        ]
+        succeeded, failed = self._fleet.push(pairs)
         self._ledger.add_auto_push()
         fatal = {
             mid: {w: e for w, e in errs.items() if not is_transient(e)}

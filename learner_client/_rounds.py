@@ -82,7 +82,7 @@ class Rounds:
         """Tell the mailbox how many more batches (async) or rounds (sync) are wanted."""
         s, remaining = self._settings, self._remaining_frames()
         budget = None if remaining is None else math.ceil(max(0, remaining) / s.frames_per_batch)
-        self._mailbox.set_budget(budget, per_worker=s.sync)
+        self._mailbox.set_budget(budget, per_worker=bool(s.sync))
 
     def take(self) -> TensorDictBase:
         """The next batch (may raise ``Paused`` from the mailbox).
@@ -91,8 +91,31 @@ class Rounds:
             MissingWorkersError: Sync: actors missing (see the module docstring).
                 Async: no actor delivered anything within ``batch_timeout``.
         """
+        parts = self.take_parts()
+        if self._settings.llm_batches is not None:
+            return merge_padded(parts)
+        if not self._settings.sync:
+            return parts[0]
+        return combine(
+            parts,
+            cat_results="stack"
+            if self._settings.cat_results is None
+            else self._settings.cat_results,
+            split_trajs=bool(self._settings.split_trajs),
+        )
+
+    def take_parts(self) -> list[TensorDictBase]:
+        """The next batch as each actor sent it (``[envs, time]``), in worker_id order.
+
+        A replay buffer is extended with these, as TorchRL's multi-worker collectors
+        extend it with each worker's batch. Raises as :meth:`take`.
+        """
         deliveries = self._take_sync() if self._settings.sync else self._take_async()
-        return self._finish(deliveries)
+        if self._settings.llm_batches is not None:
+            for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
+                check_padded(delivery.batch.exclude(WORKER_ID_KEY))
+        self._account(deliveries)
+        return [d.batch for d in deliveries]
 
     def _take_async(self) -> list[Delivery]:
         delivery = self._mailbox.take_any(self._settings.batch_timeout)
@@ -128,10 +151,7 @@ class Rounds:
         self.missing_workers = missing
         return taken
 
-    def _finish(self, deliveries: list[Delivery]) -> TensorDictBase:
-        if self._settings.llm_batches is not None:
-            for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
-                check_padded(delivery.batch.exclude(WORKER_ID_KEY))
+    def _account(self, deliveries: list[Delivery]) -> None:
         acting = self._book.versions().get(self._acting_model, 0)
         lag = max(0, acting - min(d.version_min for d in deliveries))
         self._ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
@@ -139,14 +159,3 @@ class Rounds:
             self._book.count_batch(delivery.worker_id)
         self.last_workers = [d.worker_id for d in deliveries]
         self.update_budget()
-        if self._settings.llm_batches is not None:
-            return merge_padded([d.batch for d in deliveries])
-        if not self._settings.sync:
-            return deliveries[0].batch
-        return combine(
-            [d.batch for d in deliveries],
-            cat_results="stack"
-            if self._settings.cat_results is None
-            else self._settings.cat_results,
-            split_trajs=self._settings.split_trajs,
-        )

@@ -21,6 +21,7 @@ from typing import Any
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
+from learner_client._kinds import check_kinds
 
 __all__ = [
     "BatchSettings",
@@ -44,12 +45,19 @@ class BatchSettings:
     Attributes:
         frames_per_batch: Frames per yielded batch (sync: in total over the fleet).
         total_frames: Frames after which iteration stops; ``-1`` (or None) iterates forever.
-        sync: One batch from every actor per iteration (True) or first ready, first served.
+        sync: One batch from every actor per iteration (True) or first ready, first served
+            (False; None, TorchRL's ``Collector`` default, means False as there).
+        prefetch: Batches each actor may collect ahead of the request. None means
+            TorchRL's behaviour: 0 in sync mode (an actor collects a batch only when it is
+            requested, so every batch after an update runs the new weights) and 1 in async
+            mode (one batch ahead per actor). Sync collection with ``prefetch=N`` is
+            off-policy by up to N batches; async needs at least 1.
         cat_results: ``"stack"`` (or None: ``[workers, envs, time]``) or ``0`` (concatenate
             on dim 0).
         allow_partial_batches: Sync only: proceed without actors that miss ``batch_timeout``.
         batch_timeout: Seconds a sync batch (or a stalled stream) may take.
-        split_trajs: Batches hold zero-padded trajectories (sync rows are padded and concatenated).
+        split_trajs: Batches hold zero-padded trajectories (sync rows are padded and
+            concatenated); None (TorchRL's default) means False.
         update_after_each_batch: Push the last weights given after every batch.
         max_weight_update_interval: Push to a worker once more than this many of its batches
             were delivered since its last update; ``-1`` disables.
@@ -64,13 +72,14 @@ class BatchSettings:
 
     frames_per_batch: int
     total_frames: int | None = -1
-    sync: bool = False
+    sync: bool | None = False
     cat_results: str | int | None = "stack"
     allow_partial_batches: bool = False
     batch_timeout: float = 60.0
-    split_trajs: bool = False
+    split_trajs: bool | None = False
     update_after_each_batch: bool = False
     max_weight_update_interval: int = -1
+    prefetch: int | None = None
     llm_batches: str | None = None
 
     def __post_init__(self) -> None:
@@ -78,6 +87,8 @@ class BatchSettings:
             raise ValueError(
                 f"llm_batches must be None, 'steps' or 'dialogs', got {self.llm_batches!r}"
             )
+        for name in ("sync", "split_trajs"):
+            _set(self, name, _optional_flag(name, getattr(self, name)))
         interval = self.max_weight_update_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
             raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
@@ -87,6 +98,36 @@ class BatchSettings:
             _flag(name, getattr(self, name))
         _set(self, "cat_results", normalize_cat_results(self.cat_results))
         _set(self, "batch_timeout", positive_timeout("batch_timeout", self.batch_timeout))
+        _set(self, "prefetch", self._check_prefetch())
+
+    def _check_prefetch(self) -> int:
+        prefetch = self.prefetch
+        if prefetch is None:
+            return 0 if self.sync else 1
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0 or None, got {prefetch!r}")
+        if not self.sync and prefetch == 0:
+            raise ValueError(
+                "prefetch=0 needs sync=True: async collection keeps at least one batch "
+                "ahead per actor (TorchRL's MultiAsyncCollector does too)"
+            )
+        if self.sync and prefetch and self.auto_update_interval is not None:
+            raise ValueError(
+                f"prefetch={prefetch} collects rounds ahead of the automatic weight pushes "
+                "(update_after_each_batch / max_weight_update_interval) that run before each "
+                "round: use one or the other"
+            )
+        return prefetch
+
+    @property
+    def on_demand(self) -> bool:
+        """Sync rounds collected only when requested: one credit per actor per round."""
+        return bool(self.sync) and (self.prefetch == 0 or self.auto_update_interval is not None)
+
+    @property
+    def window(self) -> int:
+        """Most batches per actor in flight or buffered (before the actor's own cap)."""
+        return max(1, _int(self.prefetch))
 
     @property
     def endless(self) -> bool:
@@ -143,7 +184,7 @@ class RolloutSettings:
     init_random_frames: int | None = -1
     reset_at_each_iter: bool = False
     reset_when_done: bool = True
-    split_trajs: bool = False
+    split_trajs: bool | None = False
     exploration_type: Any = ExplorationType.RANDOM
     set_truncated: bool = False
     model_id: str = DEFAULT_MODEL_ID
@@ -156,7 +197,8 @@ class RolloutSettings:
             raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
         for name in ("max_frames_per_traj", "init_random_frames"):
             _set(self, name, _frames(name, getattr(self, name), endless=False))
-        for name in ("reset_at_each_iter", "split_trajs", "set_truncated"):
+        _set(self, "split_trajs", _optional_flag("split_trajs", self.split_trajs))
+        for name in ("reset_at_each_iter", "set_truncated"):
             _flag(name, getattr(self, name))
         _set(self, "exploration_type", normalize_exploration_type(self.exploration_type))
 
@@ -179,7 +221,7 @@ class RolloutSettings:
             init_random_frames=math.ceil(random_frames / max(num_actors, 1)),
             reset_at_each_iter=self.reset_at_each_iter,
             reset_when_done=self.reset_when_done,
-            split_trajs=self.split_trajs,
+            split_trajs=bool(self.split_trajs),
             exploration_type=self.exploration_type,
             set_truncated=self.set_truncated,
             total_frames=-1,
@@ -193,8 +235,6 @@ class ConnectionSettings:
     """Channels, deadlines and flow control, validated at creation.
 
     Attributes:
-        credit_window: Most batches per actor in flight or buffered (capped by the
-            actor's ``max_credits``).
         connect_timeout: Seconds to reach an actor (Describe) at construction.
         call_timeout: Deadline of every unary call and weight push.
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS; None for plaintext.
@@ -206,7 +246,6 @@ class ConnectionSettings:
         TypeError: A value of the wrong type.
     """
 
-    credit_window: int = 2
     connect_timeout: float = 10.0
     call_timeout: float = 30.0
     channel_credentials: Any = None
@@ -217,7 +256,6 @@ class ConnectionSettings:
         token = self.token
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty string or None")
-        positive_int("credit_window", self.credit_window)
         for name in ("connect_timeout", "call_timeout"):
             _set(self, name, positive_timeout(name, getattr(self, name)))
 
@@ -346,7 +384,7 @@ def check_fleet(
             f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
         )
         raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
-    _check_kinds(members, llm)
+    check_kinds(members, llm)
     fpb, count = settings.frames_per_batch, len(members)
     if settings.sync and fpb % count:
         raise ValueError(
@@ -372,26 +410,6 @@ def check_fleet(
         raise ValueError(
             f"cat_results=0 needs the same time steps from every actor, but the env pool sizes "
             f"{sorted({m.num_envs for m in members})} give {sorted(steps)} steps per batch"
-        )
-
-
-def _check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:
-    """Env collectors need env actors; LLM collectors LLM actors within their token caps."""
-    want = "env" if llm is None else "llm"
-    wrong = [m for m in members if m.kind != want]
-    if wrong:
-        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}) is {m.kind!r}" for m in wrong)
-        use = "GrpcCollector" if llm is None else "GrpcLLMCollector"
-        raise ValueError(f"{use} needs {want} actors, but {detail}")
-    if llm is None:
-        return
-    over = [m for m in members if llm.generation.max_new_tokens > m.max_new_tokens_cap]
-    if over:
-        detail = ", ".join(
-            f"{m.address} (worker_id {m.worker_id}) caps it at {m.max_new_tokens_cap}" for m in over
-        )
-        raise ValueError(
-            f"max_new_tokens={llm.generation.max_new_tokens} is above an actor's cap: {detail}"
         )
 
 
@@ -452,6 +470,11 @@ def _frames(name: str, value: object, *, endless: bool) -> int:
     if endless and value <= 0:
         raise ValueError(f"{name} must be positive, or -1 for endless, got {value!r}")
     return value
+
+
+def _optional_flag(name: str, value: object) -> bool:
+    """A flag where None (a TorchRL default) means False."""
+    return False if value is None else _flag(name, value)
 
 
 def _flag(name: str, value: object) -> bool:

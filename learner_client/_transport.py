@@ -179,15 +179,21 @@ class ActorChannel:
             max_new_tokens_cap=r.max_new_tokens_cap,
         )
 
-    async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> int:
-        """Seed the actor; returns the seed to give the next one."""
+    async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:
+        """Seed the actor.
+
+        Returns:
+            ``(next_seed, first_seq)``: the seed to give the next actor, and the seq of
+            the first batch the actor collects with the new seed (0 from an actor that
+            does not say).
+        """
         with translate_errors(self.address):
             r = await self._stub.SetSeed(
                 pb.SetSeedRequest(seed=seed, static_seed=static_seed),
                 timeout=timeout,
                 metadata=self._metadata,
             )
-        return r.next_seed
+        return r.next_seed, r.first_seq
 
     async def push_weights(
         self, model_id: str, version: int, messages: Sequence[bytes], timeout: float

@@ -44,11 +44,14 @@ class WeightRequest:
         sources: ``{model_id: source}``; a None source means "the last one given".
         worker_ids: Targets as given (None: every worker); checked later against the fleet.
         nested: The caller used ``weights_dict``, so results are keyed by model_id.
+        per_worker: TorchRL's per-worker form ``{worker_id: weights}`` for the one model
+            in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
     """
 
     sources: dict[str, WeightSource | None]
     worker_ids: tuple[int, ...] | None
     nested: bool
+    per_worker: dict[int, WeightSource] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,19 +137,7 @@ def normalize_update_args(
             raise ValueError("weights_dict and model_id are mutually exclusive")
         if given:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
-        if not isinstance(weights_dict, Mapping):
-            raise TypeError(
-                f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
-            )
-        if not weights_dict:
-            raise ValueError("weights_dict is empty")
-        sources = {
-            _check_model_id(mid): None
-            if src is None
-            else _check_source(f"weights_dict[{mid!r}]", src)
-            for mid, src in weights_dict.items()
-        }
-        return WeightRequest(sources=sources, worker_ids=targets, nested=True)
+        return WeightRequest(sources=_models(weights_dict), worker_ids=targets, nested=True)
     mid = DEFAULT_MODEL_ID if model_id is None else _check_model_id(model_id)
     source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
     if policy is not None and not isinstance(policy, nn.Module):
@@ -155,8 +146,53 @@ def normalize_update_args(
         raise TypeError(
             f"weights must be a TensorDict or a dict of tensors, got {type(weights).__name__}"
         )
+    if _is_per_worker(source):
+        if targets is not None:
+            raise ValueError(
+                "pass per-worker weights either as {worker_id: weights} or with worker_ids=, "
+                "not both"
+            )
+        assert isinstance(source, Mapping)
+        per_worker = {wid: _check_source(f"{given[0]}[{wid}]", src) for wid, src in source.items()}
+        return WeightRequest({mid: None}, tuple(per_worker), nested=False, per_worker=per_worker)
     checked = None if source is None else _check_source(given[0], source)
     return WeightRequest(sources={mid: checked}, worker_ids=targets, nested=False)
+
+
+def _models(weights_dict: object) -> dict[str, WeightSource | None]:
+    """``weights_dict`` checked: ``{model_id: weights or None}``, not empty."""
+    if not isinstance(weights_dict, Mapping):
+        raise TypeError(
+            f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
+        )
+    if not weights_dict:
+        raise ValueError("weights_dict is empty")
+    return {
+        _check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
+        for mid, src in weights_dict.items()
+    }
+
+
+def _is_per_worker(source: object) -> bool:
+    """Whether ``source`` is TorchRL's ``{worker_index: weights}`` (int keys), not a state dict.
+
+    Raises:
+        ValueError: An empty mapping (neither form holds anything).
+        TypeError: A mapping mixing worker ids and parameter names.
+    """
+    if not isinstance(source, Mapping) or isinstance(source, TensorDictBase):
+        return False
+    if not source:
+        raise ValueError("the weights mapping is empty: pass a state dict or {worker_id: weights}")
+    worker_keys = [k for k in source if isinstance(k, int) and not isinstance(k, bool)]
+    if not worker_keys:
+        return False
+    if len(worker_keys) != len(source):
+        others = [k for k in source if k not in worker_keys][:3]
+        raise TypeError(
+            f"per-worker weights map int worker_ids to weights; the mapping also has {others}"
+        )
+    return True
 
 
 def resolve_worker_ids(worker_ids: tuple[int, ...] | None, known: Sequence[int]) -> list[int]:
@@ -186,6 +222,8 @@ class WeightBook:
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._sources: dict[str, WeightSource] = {}
+        # Weights given to one worker alone ({worker_id: weights}), by model_id.
+        self._worker_sources: dict[str, dict[int, WeightSource]] = {}
         self._desired: dict[int, dict[str, EncodedWeights]] = {}
         self._applied: dict[int, dict[str, int]] = {}
         self._since_update: dict[int, int | None] = {}
@@ -196,6 +234,11 @@ class WeightBook:
         """The learner's current version per model_id."""
         with self._lock:
             return dict(self._versions)
+
+    def applied(self, worker_id: int) -> dict[str, int]:
+        """The version per model_id a worker last reported or acknowledged."""
+        with self._lock:
+            return dict(self._applied.get(worker_id, {}))
 
     def source(self, model_id: str) -> WeightSource:
         """The last weights given for ``model_id``.
@@ -212,9 +255,19 @@ class WeightBook:
             return self._sources[model_id]
 
     def models_with_sources(self) -> list[str]:
-        """Model ids for which weights were given."""
+        """Model ids for which weights were given (to all workers or to some)."""
         with self._lock:
-            return sorted(self._sources)
+            return sorted(set(self._sources) | {m for m, w in self._worker_sources.items() if w})
+
+    def source_for(self, model_id: str, worker_id: int) -> WeightSource:
+        """The last weights given to ``worker_id`` for ``model_id`` (its own, else the shared).
+
+        Raises:
+            SessionStateError: None were given yet.
+        """
+        with self._lock:
+            own = self._worker_sources.get(model_id, {}).get(worker_id)
+        return own if own is not None else self.source(model_id)
 
     def pending(self, worker_id: int, reported: Mapping[str, int]) -> list[EncodedWeights]:
         """The pushes a worker lacks, judged by the versions it reports now.
@@ -256,15 +309,52 @@ class WeightBook:
         Returns:
             The encoded push (the version counter is bumped only if encoding succeeded).
         """
+        given = source is not None
         if source is None:
             source = self.source(model_id)
         blob = encode_weights(source, metadata={"model_id": model_id})
         digest = sha256_hex(blob)
         with self._lock:
             self._sources[model_id] = source
+            if given:  # new shared weights replace any given to single workers
+                self._worker_sources.pop(model_id, None)
             version = self._versions.get(model_id, 0) + 1
             self._versions[model_id] = version
         return EncodedWeights(model_id=model_id, version=version, blob=blob, sha256=digest)
+
+    def encode_for(
+        self, model_id: str, sources: Mapping[int, WeightSource | None]
+    ) -> dict[int, EncodedWeights]:
+        """Encode one push of ``model_id`` in which each worker gets its own weights.
+
+        All workers get the same new version; a source shared by several workers is
+        encoded once. The sources are remembered per worker, so a later push of "the
+        last weights given" re-sends each worker its own.
+
+        Args:
+            model_id: The model to update.
+            sources: ``{worker_id: weights}``; None re-reads that worker's last weights.
+
+        Returns:
+            ``{worker_id: encoded push}`` (the version is bumped only if every encode succeeded).
+        """
+        resolved = {
+            wid: self.source_for(model_id, wid) if src is None else src
+            for wid, src in sources.items()
+        }
+        blobs: dict[int, tuple[bytes, str]] = {}
+        for src in resolved.values():
+            if id(src) not in blobs:
+                blob = encode_weights(src, metadata={"model_id": model_id})
+                blobs[id(src)] = (blob, sha256_hex(blob))
+        with self._lock:
+            own = self._worker_sources.setdefault(model_id, {})
+            own.update({wid: src for wid, src in sources.items() if src is not None})
+            version = self._versions.get(model_id, 0) + 1
+            self._versions[model_id] = version
+        return {
+            wid: EncodedWeights(model_id, version, *blobs[id(src)]) for wid, src in resolved.items()
+        }
 
     def addressed(self, worker_ids: Iterable[int], encoded: EncodedWeights) -> None:
         """Record that ``encoded`` is what these workers should hold from now on.

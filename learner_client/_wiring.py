@@ -58,10 +58,7 @@ def assemble(batch: BatchSettings, acting_model: str, conn: ConnectionSettings) 
     loop = LoopThread()
     ledger, book = Ledger(), WeightBook()
     streams = OpenStreams(loop)
-    # Sync LLM rounds are on-policy, as TorchRL's LLMCollector: a round starts only when
-    # asked for, so a push between two batches reaches every turn of the next one.
-    lazy = batch.sync and (batch.auto_update_interval is not None or batch.llm_batches is not None)
-    mailbox = Mailbox(conn.credit_window, streams.grant, streams.ack, lazy=lazy)
+    mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
     stacked = batch.sync and batch.cat_results == "stack" and not batch.split_trajs
     slabs = PacketSlabs() if stacked else None
     fleet = Fleet(

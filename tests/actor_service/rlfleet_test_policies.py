@@ -97,3 +97,13 @@ def versioned_policy(observation_space: Any, action_space: Any) -> nn.Module:
 def wrong_input_policy(observation_space: Any, action_space: Any) -> nn.Module:
     """A plain module built for 7-dim observations (CartPole has 4)."""
     return _Linear(7, int(action_space.n))
+
+
+def bias_policy(observation_space: Any, action_space: Any, bias: float = 0.0) -> nn.Module:
+    """A user-style TensorDictModule acting ``bias`` everywhere (zero weights, as TorchRL's
+    distinct-policy-factory tests build theirs); its weights are ``module.weight/bias``."""
+    module = nn.Linear(int(np.prod(observation_space.shape)), int(np.prod(action_space.shape)))
+    with torch.no_grad():
+        module.weight.zero_()
+        module.bias.fill_(float(bias))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])

@@ -61,6 +61,8 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
             "async",
             "--step-timeout",
             "2.5",
+            "--env-error-detail",
+            "type",
             "--policy",
             "random",
             "--policy-kwargs",
@@ -106,6 +108,7 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
         num_envs=3,
         env_backend="async",
         step_timeout=2.5,
+        env_error_detail="type",
         models=(
             ModelSpec("policy", "random", {"a": 1}),
             ModelSpec("critic", "mlp", {"hidden": [8]}),
@@ -137,9 +140,11 @@ def test_cli_environment_variables_are_read() -> None:
             "RLFLEET_MODEL_KWARGS": '{"critic": {"hidden": [4]}}',
             "RLFLEET_HEALTH_PORT": "",
             "RLFLEET_SEED": "3",
+            "RLFLEET_ENV_ERROR_DETAIL": "type",
         },
     )
     assert (config.num_envs, config.port, config.token, config.seed) == (5, 7000, "t", 3)
+    assert config.env_error_detail == "type"
     assert config.health_port is None
     assert config.models == (
         ModelSpec("policy", "random", {}),
@@ -184,6 +189,7 @@ def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
         (["--log-format", "xml"], {}, "--log-format"),
         ([], {"RLFLEET_WORKER_ID": "x"}, "RLFLEET_WORKER_ID"),
         (["--max-credits", "0"], {}, "--max-credits"),
+        (["--env-error-detail", "none"], {}, "--env-error-detail"),
     ],
 )
 def test_cli_raises_if_a_value_is_bad(

@@ -12,7 +12,7 @@ from helpers import process_gone
 
 from actor_service._config import ActorConfig
 from actor_service._env_pool import close_pool, make_env_pool, reset_pool, step_pool
-from common.errors import ActorUnavailableError, DeadlineError
+from common.errors import DeadlineError, EnvError
 
 HERE = str(pathlib.Path(__file__).resolve().parent)
 
@@ -49,8 +49,10 @@ def test_make_env_pool_calls_the_factory_with_env_kwargs() -> None:
     try:
         reset_pool(pool, 1.0)
         step_pool(pool, np.zeros(1, dtype=np.int64), 1.0)
-        with pytest.raises(ActorUnavailableError, match="simulator crashed"):
-            step_pool(pool, np.zeros(1, dtype=np.int64), 1.0)
+        with pytest.raises(EnvError, match="simulator crashed") as info:
+            step_pool(pool, np.zeros(1, dtype=np.int64), 1.0, env="crashing")
+        assert (info.value.env, info.value.exception_type) == ("crashing", "RuntimeError")
+        assert info.value.exception_message == "simulator crashed"
     finally:
         close_pool(pool)
 

@@ -16,8 +16,8 @@ from actor_service._config import ActorConfig, ModelSpec
 from actor_service._rollout import RolloutWorker, derive_seed
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
-    ActorUnavailableError,
     DeadlineError,
+    EnvError,
     SessionStateError,
     UnknownModelError,
     WeightsError,
@@ -169,6 +169,20 @@ def test_rollout_worker_acts_randomly_for_init_random_frames() -> None:
     assert policy_batch["logits"].ne(0).all()
 
 
+def test_rollout_worker_counts_init_random_frames_per_session_not_per_life() -> None:
+    # TorchRL counts init_random_frames with the collector's own frames: a new
+    # session (a new collector) gets its random frames even on an actor that
+    # already collected many.
+    settings = {"exploration_type": ExplorationType.DETERMINISTIC, "init_random_frames": 64}
+    with _worker() as worker:
+        _collect(worker, 64)
+        _collect(worker, 64)
+        assert worker.frames == 128
+        random_batch, policy_batch = _collect(worker, 64, **settings), worker.collect_batch()
+    assert random_batch["logits"].eq(0).all()
+    assert policy_batch["logits"].ne(0).all()
+
+
 def test_rollout_worker_reset_at_each_iter_starts_new_trajectories() -> None:
     with _worker(models=RANDOM_MODEL) as worker:
         first = _collect(worker, 16, reset_at_each_iter=True)
@@ -199,9 +213,8 @@ def test_rollout_worker_set_seed_reproduces_batches_and_chains_seeds() -> None:
     with _worker() as worker:
         next_seed = worker.set_seed(123)
         first = _collect(worker, 64, init_random_frames=32)
-        worker.frames = 0
         assert worker.set_seed(123) == next_seed
-        second = worker.collect_batch()
+        second = _collect(worker, 64, init_random_frames=32)  # a new session: random again
         assert worker.set_seed(123, static_seed=True) == 123
     expected = 123
     for _ in range(4):
@@ -322,9 +335,11 @@ def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
         env_factory="rlfleet_test_envs:crash_once_cartpole", env_kwargs={"steps": 5}
     ) as worker:
         worker.configure(CollectSettings(frames_per_batch=40))
-        with pytest.raises(ActorUnavailableError, match="simulator crashed"):
+        with pytest.raises(EnvError, match="simulator crashed") as info:
             worker.collect_batch()
         batch = worker.collect_batch()
+    assert info.value.exception_type == "RuntimeError"
+    assert info.value.env == "rlfleet_test_envs:crash_once_cartpole"
     assert batch.batch_size == (4, 10)
 
 

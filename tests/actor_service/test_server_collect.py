@@ -261,7 +261,31 @@ def test_collect_env_crash_ends_with_error_and_the_actor_recovers(make_actor: ob
     assert end.reason == pb.END_REASON_ERROR
     assert "simulator crashed" in end.message
     assert end.last_seq == 1
+    failure = end.env_failure
+    assert (failure.env, failure.exception_type) == (
+        "rlfleet_test_envs:crashing_cartpole",
+        "RuntimeError",
+    )
+    assert (failure.exception_message, failure.message_withheld) == ("simulator crashed", False)
     again = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1))
     assert again.opened().next_seq == 2
     assert again.batch()[0].seq == 2
     again.cancel()
+
+
+def test_collect_env_crash_withholds_the_text_when_detail_is_type(make_actor: object) -> None:
+    # The env's exception text can hold paths or data: an operator may keep it in the log.
+    actor = make_actor(
+        env_factory="rlfleet_test_envs:crashing_cartpole",
+        env_kwargs={"steps": 0},
+        env_error_detail="type",
+    )
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1))
+    session.opened()
+    end, seqs = session.end()
+    assert (end.reason, seqs) == (pb.END_REASON_ERROR, [])
+    failure = end.env_failure
+    assert failure.exception_type == "RuntimeError"
+    assert (failure.exception_message, failure.message_withheld) == ("", True)
+    assert "simulator crashed" not in end.message
+    assert "RuntimeError" in end.message

@@ -131,6 +131,36 @@ def test_set_seed_returns_the_next_seed_and_makes_collection_repeatable(actor: A
     assert torch.equal(obs_a, obs_b)
 
 
+def test_set_seed_names_the_first_batch_collected_with_the_new_seed(actor: Actor) -> None:
+    # A learner must know which batches (already sent or still in flight) predate a
+    # reseed, to drop them as TorchRL does: first_seq is the first seq seeded anew.
+    assert actor.stub.SetSeed(pb.SetSeedRequest(seed=5), timeout=10).first_seq == 1
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=200, credits=4))
+    session.opened()
+    poll_until(lambda: actor.worker.batches >= 2, message="two batches collected")
+    first_seq = actor.stub.SetSeed(pb.SetSeedRequest(seed=7), timeout=30).first_seq
+    # Everything below first_seq had been collected when SetSeed returned; nothing at or
+    # above it had started before the seeding.
+    assert 3 <= first_seq <= actor.worker.batches + 1
+    seeded_first = None
+    for _ in range(6):
+        info, td = session.batch()
+        session.credit(1)
+        if info.seq == first_seq:
+            seeded_first = td
+            break
+    session.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy)
+    assert seeded_first is not None
+    # Replaying the same seed on a fresh session reproduces that first batch.
+    actor.stub.SetSeed(pb.SetSeedRequest(seed=7), timeout=30)
+    again = RawCollect.open(actor.stub, open_request(frames_per_batch=200, credits=1))
+    again.opened()
+    _, replay = again.batch()
+    again.cancel()
+    assert torch.equal(replay["observation"], seeded_first["observation"])
+
+
 def test_health_is_not_serving_until_the_pool_is_built() -> None:
     release = threading.Event()
 

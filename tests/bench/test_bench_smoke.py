@@ -25,8 +25,20 @@ ROOT = Path(__file__).resolve().parents[2]
 # Figures and ratios each script must report in quick mode.
 EXPECTED = {
     "cartpole": (
-        ["rlfleet sync", "rlfleet async", "torchrl sync", "torchrl async", "in-process limit"],
-        ["rlfleet/torchrl sync", "rlfleet/torchrl async", "rlfleet sync/in-process limit"],
+        [
+            "rlfleet sync",
+            "rlfleet sync prefetch=1",
+            "rlfleet async",
+            "torchrl sync",
+            "torchrl async",
+            "in-process limit",
+        ],
+        [
+            "rlfleet/torchrl sync",
+            "rlfleet/torchrl async",
+            "rlfleet sync/in-process limit",
+            "rlfleet sync prefetch=1/torchrl sync",
+        ],
     ),
     "large_obs": (
         ["rlfleet frames", "rlfleet payload", "torchrl frames", "torchrl payload", "loopback tcp"],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import gymnasium
 import torch
@@ -28,10 +28,17 @@ FLEET_ARGS = [
 ]
 
 
-def start_actors(args: Sequence[Sequence[str]]) -> list[ActorProcess]:
-    """Start several actors at once (each takes seconds to import torch)."""
+def start_actors(
+    args: Sequence[Sequence[str]], env: Mapping[str, str] | None = None
+) -> list[ActorProcess]:
+    """Start several actors at once (each takes seconds to import torch).
+
+    Args:
+        args: The command-line flags of each actor.
+        env: Extra environment variables of every actor.
+    """
     with concurrent.futures.ThreadPoolExecutor(len(args)) as pool:
-        futures = [pool.submit(start_actor, list(a)) for a in args]
+        futures = [pool.submit(start_actor, list(a), env=env) for a in args]
         actors, errors = [], []
         for future in futures:
             try:

@@ -83,15 +83,13 @@ def test_async_survives_a_sigkill_and_readmits_the_actor_with_current_weights(pa
             collector.next()
         pair[1].kill()
         poll_until(
-            lambda: (
-                worker_of(collector.next()) == 0 and collector.stats()["worker_states"][1] == "down"
-            ),
+            lambda: worker_of(collector.next()) == 0 and collector.worker_states[1] == "down",
             timeout=20,
             message="worker_id 1 reported down while 0 keeps flowing",
         )
         assert all(worker_of(collector.next()) == 0 for _ in range(5))
         stats = collector.stats()
-        assert stats["failures_per_worker"][1] >= 1
+        assert collector.stats(workers="per_worker")["worker_1/failures"] >= 1
         assert stats["workers_alive"] == 1
 
         with pytest.raises(WeightPushError) as info:
@@ -138,7 +136,8 @@ def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
         assert batch.batch_size == torch.Size([1, 2, 2])
         assert batch["collector", "worker_id"].unique().tolist() == [0]
         assert partial.missing_workers == [1]
-        assert partial.stats()["missing_workers"] == [1]
+        assert partial.stats()["missing_workers"] == 1
+        assert partial.stats(workers="per_worker")["worker_1/missing"] is True
     finally:
         strict.shutdown(timeout=5)
         partial.shutdown(timeout=5)
@@ -152,7 +151,7 @@ def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
     try:
         collector.next()
         pair[1].kill()
-        poll_until(lambda: collector.stats()["worker_states"][1] == "down", timeout=20)
+        poll_until(lambda: collector.worker_states[1] == "down", timeout=20)
         start = time.monotonic()
         collector.shutdown(timeout=3)
         assert time.monotonic() - start < 8

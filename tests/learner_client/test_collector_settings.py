@@ -33,7 +33,7 @@ DEFAULTS = dict(
     update_after_each_batch=False,
     max_weight_update_interval=-1,
     cat_results=None,
-    credit_window=2,
+    prefetch=None,
     connect_timeout=10.0,
     call_timeout=30.0,
     batch_timeout=60.0,
@@ -55,7 +55,9 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"frames_per_batch": 2.5}, TypeError, "frames_per_batch.*2.5"),
         ({"frames_per_batch": True}, TypeError, "frames_per_batch"),
         ({"total_frames": 0}, ValueError, "total_frames.*0"),
-        ({"credit_window": 0}, ValueError, "credit_window.*0"),
+        ({"prefetch": -1}, ValueError, "prefetch.*-1"),
+        ({"prefetch": 0}, ValueError, "prefetch=0 needs sync=True"),
+        ({"sync": True, "prefetch": 2, "update_after_each_batch": True}, ValueError, "prefetch=2"),
         ({"batch_timeout": -1.0}, ValueError, "batch_timeout.*-1"),
         ({"cat_results": 1}, ValueError, "cat_results.*1"),
         ({"max_weight_update_interval": -2}, ValueError, "max_weight_update_interval.*-2"),
@@ -83,6 +85,16 @@ def test_settings_validate_and_normalise_themselves():
     settings = rollout.for_actor(8, 3)
     assert settings.total_frames == -1
     assert settings.frames_per_batch == 8
+
+
+def test_prefetch_defaults_to_torchrl_sync_on_demand_and_async_one_ahead():
+    sync = BatchSettings(frames_per_batch=16, sync=True)
+    assert (sync.prefetch, sync.on_demand, sync.window) == (0, True, 1)
+    ahead = BatchSettings(frames_per_batch=16, sync=True, prefetch=3)
+    assert (ahead.prefetch, ahead.on_demand, ahead.window) == (3, False, 3)
+    first_ready = BatchSettings(frames_per_batch=16, sync=None)
+    assert (first_ready.sync, first_ready.prefetch, first_ready.on_demand) == (False, 1, False)
+    assert BatchSettings(frames_per_batch=16, split_trajs=None).split_trajs is False
 
 
 def test_exploration_and_cat_results_accept_torchrl_spellings():

@@ -114,3 +114,44 @@ def test_weight_book_due_counts_batches_since_the_last_update():
     book.count_batch(0)
     assert book.due(0, 1)
     assert not book.due(0, None)
+
+
+def test_normalize_update_args_accepts_torchrl_per_worker_mapping():
+    w0, w1 = {"w": torch.zeros(1)}, TensorDict({"w": torch.ones(1)}, [])
+    request = normalize_update_args({0: w0, 1: w1})
+    assert request.per_worker == {0: w0, 1: w1}
+    assert request.worker_ids == (0, 1)
+    assert request.sources == {"policy": None}
+    assert normalize_update_args(weights={2: w1}, model_id="critic").sources == {"critic": None}
+    # A state dict keyed by parameter names is not a per-worker mapping.
+    assert normalize_update_args({"w": torch.zeros(1)}).per_worker is None
+
+
+def test_normalize_update_args_raises_if_per_worker_mapping_is_malformed():
+    w = {"w": torch.zeros(1)}
+    with pytest.raises(ValueError, match="not both"):
+        normalize_update_args({0: w}, worker_ids=[0])
+    with pytest.raises(ValueError, match="empty"):
+        normalize_update_args({})
+    with pytest.raises(TypeError, match="worker_ids"):
+        normalize_update_args({0: w, "w": torch.zeros(1)})
+    with pytest.raises(TypeError, match=r"\[1\]"):
+        normalize_update_args({1: "weights"})
+    with pytest.raises(ValueError, match="weights_dict"):
+        normalize_update_args({0: w}, weights_dict={"policy": w})
+
+
+def test_weight_book_encodes_a_per_worker_push_under_one_version():
+    book = WeightBook()
+    shared = {"w": torch.zeros(2)}
+    pushes = book.encode_for("policy", {0: {"w": torch.ones(2)}, 1: shared, 2: shared})
+    assert {enc.version for enc in pushes.values()} == {1}
+    assert pushes[1].blob == pushes[2].blob != pushes[0].blob
+    # "The last weights given" is each worker's own.
+    again = book.encode_for("policy", {0: None, 1: None})
+    assert again[0].blob == pushes[0].blob
+    assert again[1].blob == pushes[1].blob
+    assert again[0].version == 2
+    # Shared weights given later replace the per-worker ones.
+    book.encode("policy", {"w": torch.full((2,), 3.0)})
+    assert book.encode_for("policy", {0: None})[0].blob == book.encode("policy", None).blob

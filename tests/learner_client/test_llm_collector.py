@@ -105,7 +105,6 @@ def test_a_push_between_sync_batches_makes_the_next_batch_the_new_version(llm_fl
         dialog_turns_per_batch=2 * SLOTS,
         total_dialog_turns=-1,
         sync=True,
-        credit_window=1,
     ) as collector:
         iterator = iter(collector)
         next(iterator)

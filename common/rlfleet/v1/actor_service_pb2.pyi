@@ -185,15 +185,29 @@ class BatchChunk(_message.Message):
     info: BatchInfo
     def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., data: _Optional[bytes] = ..., info: _Optional[_Union[BatchInfo, _Mapping]] = ...) -> None: ...
 
+class EnvFailure(_message.Message):
+    __slots__ = ("env", "exception_type", "exception_message", "message_withheld")
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_WITHHELD_FIELD_NUMBER: _ClassVar[int]
+    env: str
+    exception_type: str
+    exception_message: str
+    message_withheld: bool
+    def __init__(self, env: _Optional[str] = ..., exception_type: _Optional[str] = ..., exception_message: _Optional[str] = ..., message_withheld: _Optional[bool] = ...) -> None: ...
+
 class StreamEnd(_message.Message):
-    __slots__ = ("reason", "message", "last_seq")
+    __slots__ = ("reason", "message", "last_seq", "env_failure")
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ENV_FAILURE_FIELD_NUMBER: _ClassVar[int]
     reason: EndReason
     message: str
     last_seq: int
-    def __init__(self, reason: _Optional[_Union[EndReason, str]] = ..., message: _Optional[str] = ..., last_seq: _Optional[int] = ...) -> None: ...
+    env_failure: EnvFailure
+    def __init__(self, reason: _Optional[_Union[EndReason, str]] = ..., message: _Optional[str] = ..., last_seq: _Optional[int] = ..., env_failure: _Optional[_Union[EnvFailure, _Mapping]] = ...) -> None: ...
 
 class CollectResponse(_message.Message):
     __slots__ = ("opened", "chunk", "end")
@@ -346,7 +360,9 @@ class SetSeedRequest(_message.Message):
     def __init__(self, seed: _Optional[int] = ..., static_seed: _Optional[bool] = ...) -> None: ...
 
 class SetSeedResponse(_message.Message):
-    __slots__ = ("next_seed",)
+    __slots__ = ("next_seed", "first_seq")
     NEXT_SEED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     next_seed: int
-    def __init__(self, next_seed: _Optional[int] = ...) -> None: ...
+    first_seq: int
+    def __init__(self, next_seed: _Optional[int] = ..., first_seq: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,576 @@
+"""GrpcCollector held to TorchRL's own collector tests, on real actors.
+
+Each test ports one of TorchRL's tests (pytorch/rl ``test/test_collectors.py`` or
+``test/test_distributed.py``, named in its docstring) to rlfleet actors started as
+subprocesses through the ``rlfleet-actor`` command line. Where it is affordable, the test
+also runs TorchRL 0.14.1's own collector (``Collector``, ``AsyncCollector``) as the
+control, so the expected behaviour is TorchRL's observed behaviour, not our reading of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import pathlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium
+import pytest
+import torch
+from learner_fleet import cartpole_policy, start_actors
+from tensordict import TensorDict
+from tensordict.nn import InteractionType, TensorDictModule
+from torch import nn
+from torchrl.collectors import (
+    AsyncCollector,
+    Collector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+)
+from torchrl.collectors.distributed import RayCollector
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.envs import GymEnv, GymWrapper
+from torchrl.record import CSVLogger
+from torchrl.record.loggers.monitoring import LoggerMonitor
+
+from common.config import ExplorationType
+from common.errors import EnvError, UnknownWorkerError
+from learner_client import GrpcCollector
+
+ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
+# The actors import the test env and policy factories from tests/actor_service.
+ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
+
+# Two CartPole actors with two envs each; the default MLP policy.
+CARTPOLE = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(30 + w)] for w in range(2)]
+# Three Pendulum actors, each built by its own policy factory call (bias 0, 0.5, 1.0).
+BIASED = [
+    [
+        "--worker-id",
+        str(w),
+        "--env",
+        "Pendulum-v1",
+        "--num-envs",
+        "1",
+        "--seed",
+        str(40 + w),
+        "--policy",
+        "rlfleet_test_policies:bias_policy",
+        "--policy-kwargs",
+        json.dumps({"bias": 0.5 * w}),
+    ]
+    for w in range(3)
+]
+# Actors whose env raises on every step; worker_id 1 withholds the exception's text.
+CRASHING = [
+    [
+        "--worker-id",
+        str(w),
+        "--num-envs",
+        "2",
+        "--env-factory",
+        "rlfleet_test_envs:crashing_cartpole",
+        "--env-kwargs",
+        '{"steps": 0}',
+        "--env-error-detail",
+        detail,
+    ]
+    for w, detail in enumerate(["full", "type"])
+]
+
+
+@pytest.fixture(scope="module")
+def cartpole() -> Iterator[list[str]]:
+    actors = start_actors(CARTPOLE)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+@pytest.fixture(scope="module")
+def biased() -> Iterator[list[str]]:
+    actors = start_actors(BIASED, env=ACTOR_ENV)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+@pytest.fixture(scope="module")
+def crashing() -> Iterator[list[Any]]:
+    actors = start_actors(CRASHING, env=ACTOR_ENV)
+    yield actors
+    for actor in actors:
+        actor.close()
+
+
+def versions(batch: TensorDict) -> set[int]:
+    return set(batch["next", "policy_version"].unique().tolist())
+
+
+def actions(batch: TensorDict) -> torch.Tensor:
+    return batch["action"].argmax(-1)
+
+
+def comparable(batch: TensorDict) -> TensorDict:
+    """What a seed fixes: everything but the trajectory ids and the versions."""
+    return batch.select(
+        "observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done")
+    )
+
+
+def _torchrl_cartpole_policy() -> TensorDictModule:
+    return TensorDictModule(nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+
+
+# --------------------------------------------------------- policy versions
+
+
+def test_sync_batch_after_an_update_runs_entirely_the_new_weights(cartpole: list[str]) -> None:
+    """Ports test_distributed.py::test_distributed_collector_updatepolicy[sync=True] and
+    test_collectors.py::TestPolicyVersion::test_single_collector_bumps_on_update.
+
+    TorchRL's sync collectors collect a batch only when it is requested, so the batch
+    after ``update_policy_weights_`` is entirely the new version, and a batch without an
+    update keeps the version.
+    """
+    # Control: TorchRL's own Collector with track_policy_version.
+    control = Collector(
+        lambda: GymEnv("CartPole-v1"),
+        _torchrl_cartpole_policy(),
+        frames_per_batch=8,
+        total_frames=32,
+        track_policy_version=True,
+    )
+    try:
+        it = iter(control)
+        v0 = int(next(it)["next", "policy_version"][0])
+        control.update_policy_weights_()
+        assert (next(it)["next", "policy_version"] == v0 + 1).all()
+        assert (next(it)["next", "policy_version"] == v0 + 1).all()
+    finally:
+        control.shutdown()
+
+    with GrpcCollector(
+        cartpole,
+        frames_per_batch=16,
+        sync=True,
+        exploration_type=ExplorationType.DETERMINISTIC,
+    ) as collector:
+        first = collector.update_policy_weights_(cartpole_policy(action=0))[0]
+        batch = collector.next()
+        assert versions(batch) == {first}
+        assert (actions(batch) == 0).all()
+        assert versions(collector.next()) == {first}  # no update, no bump
+        second = collector.update_policy_weights_(cartpole_policy(action=1))[0]
+        batch = collector.next()  # the very next batch: no old frame in it
+        assert versions(batch) == {second}
+        assert (actions(batch) == 1).all()
+        assert versions(collector.next()) == {second}
+
+
+def test_sync_prefetch_collects_ahead_and_is_off_policy_by_that_many_batches(
+    cartpole: list[str],
+) -> None:
+    """The opt-in counterpart of the test above: ``prefetch=1`` lets every actor collect
+    one batch ahead, so the batch after an update is still the old version."""
+    with GrpcCollector(
+        cartpole,
+        frames_per_batch=16,
+        sync=True,
+        prefetch=1,
+        exploration_type=ExplorationType.DETERMINISTIC,
+    ) as collector:
+        first = collector.update_policy_weights_(cartpole_policy(action=0))[0]
+        assert versions(collector.next()) == {first}
+        time.sleep(0.5)  # let the actors finish the batch they collect ahead
+        second = collector.update_policy_weights_(cartpole_policy(action=1))[0]
+        assert versions(collector.next()) == {first}  # collected ahead, before the update
+        assert versions(collector.next()) == {second}
+
+
+def test_async_keeps_one_batch_ahead_per_worker(cartpole: list[str]) -> None:
+    """Ports test_collectors.py::TestPolicyVersion::test_multi_collector_bumps_on_update
+    [multi_async]: after an update, a worker's batch already in flight may straddle the
+    versions, and its next batch is entirely the new version; no bump without an update."""
+    with GrpcCollector(
+        cartpole, frames_per_batch=8, exploration_type=ExplorationType.DETERMINISTIC
+    ) as collector:
+        first = collector.update_policy_weights_(cartpole_policy(action=0))[0]
+        for _ in range(4):
+            assert versions(collector.next()) == {first}
+        time.sleep(0.5)  # every worker now holds its one batch ahead
+        second = collector.update_policy_weights_(cartpole_policy(action=1))[0]
+        after: dict[int, list[set[int]]] = {0: [], 1: []}
+        while min(len(v) for v in after.values()) < 2:
+            batch = collector.next()
+            after[int(batch["collector", "worker_id"].flatten()[0])].append(versions(batch))
+        for worker_id, seen in after.items():
+            assert seen[1] == {second}, (worker_id, seen)
+
+
+# ------------------------------------------------------------------- seeding
+
+
+def test_set_seed_mid_run_makes_the_next_batch_the_first_of_that_seed(
+    cartpole: list[str],
+) -> None:
+    """Ports test_collectors.py::TestCollectorGeneric::test_concurrent_collector_seed
+    (AsyncCollector: one worker, collecting ahead): ``set_seed`` discards what was
+    collected ahead, so the batch after ``set_seed(s)`` is the first batch of seed ``s``.
+
+    TorchRL's control reseeds right after a batch, as its test does: in 0.14.1, once its
+    worker has finished the batch ahead, ``set_seed`` raises "self.queue_out is full".
+    rlfleet is also held to the harder case, a batch already collected ahead.
+    """
+    control = AsyncCollector(
+        functools.partial(GymEnv, "CartPole-v1"),
+        _torchrl_cartpole_policy(),
+        frames_per_batch=20,
+        total_frames=200,
+    )
+    try:
+        control.set_seed(100)
+        it = iter(control)
+        b1 = next(it)
+        control.set_seed(100)
+        b2, b3 = next(it), next(it)
+        assert torch.equal(b1["observation"], b2["observation"])
+        assert not torch.equal(b1["observation"], b3["observation"])
+    finally:
+        control.shutdown()
+
+    with GrpcCollector(cartpole[:1], frames_per_batch=20) as collector:
+        collector.set_seed(100)
+        b1 = collector.next()
+        time.sleep(0.5)  # the actor has collected its next batch ahead with the old seed
+        collector.set_seed(100)
+        b2, b3 = collector.next(), collector.next()
+    assert (comparable(b1) == comparable(b2)).all()
+    assert not torch.equal(b1["observation"], b3["observation"])
+
+
+def test_set_seed_in_sync_mode_reaches_every_worker_next_batch(cartpole: list[str]) -> None:
+    """Ports test_collectors.py::TestCollectorGeneric::test_concurrent_collector_seed to
+    MultiSyncCollector's chained seeding: with batches collected ahead (``prefetch``),
+    the round after ``set_seed(s)`` is the first round of seed ``s`` on every worker."""
+    with GrpcCollector(cartpole, frames_per_batch=32, sync=True, prefetch=2) as collector:
+        collector.set_seed(7)
+        r1 = collector.next()
+        time.sleep(0.5)
+        collector.set_seed(7)
+        r2 = collector.next()
+    assert (comparable(r1) == comparable(r2)).all()
+
+
+# ----------------------------------------------------- per-worker weights
+
+
+def test_update_policy_weights_by_worker_mapping_with_distinct_policy_factories(
+    biased: list[str],
+) -> None:
+    """Ports test_collectors.py::TestMakePolicyFactory::
+    test_per_worker_weight_sync_with_distinct_factories and
+    test_per_worker_weight_sync_multiple_workers_update: three workers built by their own
+    policy factory act 0, 0.5 and 1.0; ``update_policy_weights_({0: w0})`` changes worker
+    0 only, and a full mapping gives every worker its own weights."""
+
+    def weights(bias: float) -> TensorDict:
+        return TensorDict(
+            {"module": {"weight": torch.zeros(1, 3), "bias": torch.full((1,), bias)}}, []
+        )
+
+    with GrpcCollector(biased, frames_per_batch=30, sync=True) as collector:
+        data = collector.next()
+        for worker in range(3):
+            assert torch.allclose(data["action"][worker], torch.tensor(0.5 * worker)), worker
+
+        result = collector.update_policy_weights_({0: weights(1.5)})
+        assert list(result) == [0]
+        data = collector.next()
+        assert torch.allclose(data["action"][0], torch.tensor(1.5))
+        assert torch.allclose(data["action"][1], torch.tensor(0.5))
+        assert torch.allclose(data["action"][2], torch.tensor(1.0))
+
+        result = collector.update_policy_weights_(
+            {0: weights(-1.0), 1: weights(-0.5), 2: weights(0.25)}
+        )
+        assert sorted(result) == [0, 1, 2]
+        assert all(isinstance(v, int) for v in result.values())
+        data = collector.next()
+        for worker, expected in enumerate([-1.0, -0.5, 0.25]):
+            assert torch.allclose(data["action"][worker], torch.tensor(expected)), worker
+
+        # The same validation as worker_ids=: unknown workers, conflicting arguments.
+        with pytest.raises(UnknownWorkerError, match=r"\[5\]"):
+            collector.update_policy_weights_({5: weights(0.0)})
+        with pytest.raises(ValueError, match="worker_ids"):
+            collector.update_policy_weights_({0: weights(0.0)}, worker_ids=[0])
+        with pytest.raises(ValueError, match="empty"):
+            collector.update_policy_weights_({})
+        with pytest.raises(TypeError):
+            collector.update_policy_weights_({0: "not weights"})
+
+
+# ------------------------------------------------------------ replay buffers
+
+
+def test_sync_replay_buffer_is_extended_with_each_worker_batch(cartpole: list[str]) -> None:
+    """Ports test_collectors.py::TestCollectorRB::test_collector_rb_multisync and
+    test_parallel_env_with_multi_collector_and_replay_buffer[MultiSyncCollector]: each
+    worker's ``[envs, time]`` batch is written to the buffer (not the stacked
+    ``[workers, envs, time]``), so a 2-D storage fills by frames and every worker's piece
+    of a trajectory stays contiguous."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(256, ndim=2), batch_size=5)
+    with GrpcCollector(
+        cartpole,
+        frames_per_batch=32,
+        total_frames=128,
+        sync=True,
+        replay_buffer=rb,
+        max_frames_per_traj=500,
+    ) as collector:
+        frames = 0
+        for c in collector:
+            frames += 32
+            assert c is None
+            assert len(rb) == frames
+    assert rb[:].batch_size == (2, 64)  # [envs, time]: 4 rounds x 2 workers x 8 steps
+    steps = rb["step_count"].squeeze(-1).split(8, dim=-1)
+    ids = rb["collector", "traj_ids"].split(8, dim=-1)
+    for step_chunk, id_chunk in zip(steps, ids, strict=True):  # one worker's batch each
+        new_traj = step_chunk[:, 1:] == 0
+        assert ((step_chunk.diff(dim=-1) == 1) | new_traj).all()
+        assert ((id_chunk.diff(dim=-1) == 0) | new_traj).all()
+
+
+def test_async_replay_buffer_is_extended_with_each_batch(cartpole: list[str]) -> None:
+    """Ports test_collectors.py::TestCollectorRB::test_collector_rb_multiasync."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(256, ndim=2), batch_size=5)
+    with GrpcCollector(cartpole, frames_per_batch=16, total_frames=128, replay_buffer=rb) as c:
+        for batches, batch in enumerate(c, start=1):
+            assert batch is None
+            assert len(rb) == 16 * batches
+    assert len(rb) == 128
+
+
+# ------------------------------------------------------- init_random_frames
+
+
+def test_init_random_frames_with_start_counts_this_collectors_frames(
+    cartpole: list[str],
+) -> None:
+    """Ports test_collectors.py::TestInitRandomFramesWithStart::
+    test_init_random_frames_with_start on a fleet that already served a collector: the
+    new collector's first ``init_random_frames`` frames are random (the MLP's logits are
+    zero there), the rest run the policy."""
+    with GrpcCollector(cartpole, frames_per_batch=32, total_frames=64, sync=True) as used:
+        for _ in used:
+            pass
+    rb = ReplayBuffer(storage=LazyTensorStorage(512), batch_size=5)
+    collector = GrpcCollector(
+        cartpole,
+        frames_per_batch=16,
+        total_frames=-1,
+        init_random_frames=64,
+        replay_buffer=rb,
+    )
+    try:
+        collector.start()
+        deadline = time.monotonic() + 60
+        while rb.write_count < 256 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        collector.async_shutdown(timeout=10)
+    data = rb[:]
+    assert data.numel() >= 256
+    random = data["logits"].eq(0).all(-1).reshape(-1)
+    # 64 random frames, split over the two actors in whole batches of 16 frames.
+    assert int(random.sum()) == 64
+    assert {"observation", "action", "next"} <= set(data.keys())
+
+
+# ---------------------------------------------------------------------- stats
+
+
+def _flat_scalars(stats: dict[str, Any]) -> None:
+    for key, value in stats.items():
+        assert isinstance(key, str)
+        assert isinstance(value, bool | int | float), (key, value)
+    json.dumps(stats)
+
+
+def test_stats_is_a_flat_mapping_of_scalars_a_logger_monitor_can_log(
+    cartpole: list[str], tmp_path: pathlib.Path
+) -> None:
+    """Ports TorchRL's ``stats()`` contract (BaseCollector.stats, MultiCollector.stats,
+    RayCollector.stats: ``workers=`` and ``timeout=``) and logs it with TorchRL's own
+    LoggerMonitor, which needs a flat mapping of scalars."""
+    assert "workers" in inspect.signature(MultiSyncCollector.stats).parameters
+    assert "timeout" in inspect.signature(RayCollector.stats).parameters
+    control = Collector(
+        lambda: GymEnv("CartPole-v1"),
+        _torchrl_cartpole_policy(),
+        frames_per_batch=8,
+        total_frames=16,
+    )
+    try:
+        next(iter(control))
+        _flat_scalars(control.stats())
+    finally:
+        control.shutdown()
+
+    with GrpcCollector(cartpole, frames_per_batch=16, total_frames=64, sync=True) as collector:
+        collector.update_policy_weights_(cartpole_policy())
+        collector.next()
+        stats = collector.stats()
+        _flat_scalars(stats)
+        assert stats["frames"] == 16
+        assert stats["batches"] == 1
+        assert stats["total_frames"] == 64
+        assert stats["completed"] is False
+        assert stats["requested_frames_per_batch"] == 16
+        assert (stats["workers"], stats["workers_alive"]) == (2, 2)
+        assert isinstance(stats["policy_version"], int)
+        per_worker = collector.stats(workers="per_worker", timeout=1.0)
+        _flat_scalars(per_worker)
+        assert per_worker["worker_0/frames"] + per_worker["worker_1/frames"] == 16
+        assert "frames" not in per_worker
+        both = collector.stats(workers="both", timeout=None)
+        assert both["frames"] == 16
+        assert both["worker_1/frames"] == 8
+        with pytest.raises(ValueError, match="workers"):
+            collector.stats(workers="everyone")
+
+        monitor = LoggerMonitor(
+            CSVLogger(exp_name="parity", log_dir=str(tmp_path)), background=False, on_error="raise"
+        )
+        monitor.watch(collector, name="collector", step="frames")
+        logged = monitor.step()
+        assert logged["collector"]["collector/frames"] == 16
+
+
+# --------------------------------------------------------- TorchRL defaults
+
+
+def _named_init(cls: type) -> inspect.Signature:
+    """The first ``__init__`` up the MRO with named parameters (MultiAsync forwards *args)."""
+    for klass in cls.__mro__:
+        sig = inspect.signature(klass.__init__)
+        if any(p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+               for n, p in sig.parameters.items() if n != "self"):  # fmt: skip
+            return sig
+    raise AssertionError(f"no named __init__ parameters on {cls}")
+
+
+def test_every_torchrl_default_of_a_shared_knob_is_accepted(cartpole: list[str]) -> None:
+    """TorchRL's Collector, MultiSyncCollector, MultiAsyncCollector and RayCollector
+    declare defaults for the knobs GrpcCollector shares with them; each must be accepted,
+    with TorchRL's meaning (read from the installed torchrl's signatures)."""
+    ours = inspect.signature(GrpcCollector.__init__).parameters
+    defaults: dict[str, list[Any]] = {}
+    for cls in (Collector, MultiSyncCollector, MultiAsyncCollector, RayCollector):
+        for name, param in _named_init(cls).parameters.items():
+            if name not in ours or name == "self" or param.default is param.empty:
+                continue
+            known = defaults.setdefault(name, [])
+            if param.default not in known:
+                known.append(param.default)
+    assert {"total_frames", "split_trajs", "init_random_frames", "sync"} <= set(defaults)
+    for name, values in sorted(defaults.items()):
+        for value in values:
+            with GrpcCollector(cartpole, frames_per_batch=16, **{name: value}) as collector:
+                assert collector.worker_ids == [0, 1], (name, value)
+    # TorchRL's meanings: None and -1 mean "no limit", "no random frames", "do not split".
+    with GrpcCollector(
+        cartpole,
+        frames_per_batch=16,
+        total_frames=32,
+        max_frames_per_traj=None,
+        init_random_frames=None,
+        split_trajs=None,
+        cat_results=None,
+        exploration_type=InteractionType.RANDOM,
+        sync=None,
+    ) as collector:
+        batch = collector.next()
+        assert batch.batch_size == (2, 8)  # async (sync=None): one worker's [envs, time]
+        assert ("collector", "mask") not in batch.keys(include_nested=True)  # not split
+        assert batch["logits"].ne(0).any()  # no random frames
+        assert len(collector) == 2
+
+
+# ---------------------------------------------------------- an env that errors
+
+
+def test_env_that_errors_raises_a_typed_error_after_bounded_attempts(crashing: list[Any]) -> None:
+    """Ports test_collectors.py::TestCollectorGeneric::test_env_that_errors
+    (Collector, MultiAsyncCollector, MultiSyncCollector raise the env's RuntimeError). The
+    learner raises an EnvError (a RuntimeError) naming the worker, the env and the env's
+    exception, after a bounded number of attempts with backoff, long before
+    ``batch_timeout``; it never restarts the actor's session in a tight loop."""
+    control = Collector(
+        lambda: GymWrapper(_import_crashing()),
+        policy=None,
+        frames_per_batch=30,
+        total_frames=60,
+    )
+    try:
+        with pytest.raises(RuntimeError, match="simulator crashed"):
+            next(iter(control))
+    finally:
+        control.shutdown()
+
+    for sync in (True, False):
+        start = time.monotonic()
+        with (
+            GrpcCollector(
+                [crashing[0].address], frames_per_batch=8, sync=sync, batch_timeout=60
+            ) as collector,
+            pytest.raises(EnvError) as info,
+        ):
+            collector.next()
+        elapsed = time.monotonic() - start
+        error = info.value
+        assert isinstance(error, RuntimeError)
+        assert error.worker_id == 0
+        assert error.env == "rlfleet_test_envs:crashing_cartpole"
+        assert (error.exception_type, error.exception_message) == (
+            "RuntimeError",
+            "simulator crashed",
+        )
+        assert "worker_id 0" in str(error)
+        assert "simulator crashed" in str(error)
+        assert 2 <= error.attempts <= 5
+        assert elapsed < 30, elapsed
+    opened = crashing[0].stderr().count("session.opened")
+    assert opened <= 10, f"{opened} sessions opened: a restart loop"
+
+
+def test_env_error_text_is_withheld_when_the_actor_says_so(crashing: list[Any]) -> None:
+    """The operator's ``--env-error-detail type``: the learner hears the type, not the text."""
+    collector = GrpcCollector([crashing[1].address], frames_per_batch=8)
+    try:
+        with pytest.raises(EnvError) as info:
+            collector.next()
+    finally:
+        collector.shutdown()
+    error = info.value
+    assert (error.worker_id, error.exception_type) == (1, "RuntimeError")
+    assert error.exception_message is None
+    assert "simulator crashed" not in str(error)
+    assert "withheld" in str(error)
+
+
+def _import_crashing() -> gymnasium.Env:
+    import sys
+
+    sys.path.insert(0, str(ACTOR_TESTS))
+    try:
+        import rlfleet_test_envs
+    finally:
+        sys.path.remove(str(ACTOR_TESTS))
+    return rlfleet_test_envs.crashing_cartpole(steps=10)
