@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test lint protos bench clean
+.PHONY: train test soak lint protos bench clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -21,6 +21,10 @@ train: $(STAMP)
 ## The whole test suite.
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
+
+## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
+soak: $(STAMP)
+	$(BIN)/python tests/soak.py $(ARGS)
 
 ## Regenerate the gRPC stubs from protos/ (commit the result).
 protos: $(STAMP)

@@ -3,7 +3,9 @@
 When the actor has a token, every ``rlfleet.v1.ActorService`` call must carry
 ``authorization: Bearer <token>`` metadata. The interceptor looks only at the
 metadata, so a caller without the token never gets its messages parsed; it is
-answered UNAUTHENTICATED at once. Health and reflection stay open so that
+answered UNAUTHENTICATED at once: the refusing handler has no request
+deserializer, so not even a unary body is parsed, and every refusal is
+audit-logged with the caller's address. Health and reflection stay open so that
 probes (Kubernetes, load balancers, ``grpcurl list``) work without secrets.
 """
 
@@ -48,8 +50,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if self._authorised(handler_call_details.invocation_metadata or ()):
             return handler
-        log_event("auth.refused", logging.WARNING, method=method)
-        return _refusing_handler(handler)
+        return _refusing_handler(handler, method)
 
     def _authorised(self, metadata: Any) -> bool:
         for key, value in metadata:
@@ -59,26 +60,26 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         return False
 
 
-async def _refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-    # Never iterates the request stream: no body is read or parsed.
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+def _refusing_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that logs the peer and aborts UNAUTHENTICATED.
 
+    It has no request deserializer: a unary body stays raw bytes, never parsed,
+    and a request stream is never iterated.
+    """
 
-async def _refuse_streaming(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-    await _refuse(request_or_iterator, context)
-    yield  # pragma: no cover  # makes this an async generator, as a streaming handler must be
+    async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        log_event("auth.refused", logging.WARNING, method=method, peer=context.peer())
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
+    async def refuse_streaming(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        await refuse(request_or_iterator, context)
+        yield  # pragma: no cover  # makes this an async generator, as a streaming handler must be
 
-def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that aborts UNAUTHENTICATED."""
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    kwargs = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_refuse_streaming, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(refuse_streaming, **kwargs)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_refuse, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(refuse, **kwargs)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_refuse_streaming, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(_refuse, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(refuse_streaming, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(refuse, **kwargs)

@@ -18,8 +18,9 @@ way). How a session ends decides what is still sent: BUDGET_REACHED, DRAINING an
 ERROR first finish the in-flight batch and send every queued one; CLOSED and
 TAKEN_OVER stop after the batch being written (what was not sent stays
 retained for a resume). A broken stream (the learner cancelled or vanished)
-writes nothing more; its in-flight batch is finished and retained, and the
-actor accepts the next learner at once.
+writes nothing more. In both cases the batch being collected is abandoned
+before its next env step (it has no seq yet, so no learner sees a gap) and the
+actor is busy until then; the next learner is accepted at once after that.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -82,7 +84,13 @@ class EncodedBatch:
 
 
 def collect_encoded(
-    worker: CollectionCore, model_id: str, *, seq: int, epoch: int, worker_id: int
+    worker: CollectionCore,
+    model_id: str,
+    *,
+    seq: int,
+    epoch: int,
+    worker_id: int,
+    abandon: threading.Event | None = None,
 ) -> EncodedBatch:
     """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
 
@@ -92,8 +100,9 @@ def collect_encoded(
         seq: The seq the book will give this batch.
         epoch: The actor epoch.
         worker_id: The actor's worker id.
+        abandon: Set to give the batch up before its next env step.
     """
-    td = worker.collect_batch()
+    td = worker.collect_batch(abandon)
     packet = encode_packet(td)
     versions = [
         td.get(key)
@@ -131,7 +140,9 @@ def collect_encoded(
     )
 
 
-def _collect_numbered(runtime: ActorRuntime, model_id: str, seq: int) -> EncodedBatch:
+def _collect_numbered(
+    runtime: ActorRuntime, model_id: str, seq: int, abandon: threading.Event
+) -> EncodedBatch:
     """Collect batch ``seq`` on the collection thread and record it as the last collected."""
     encoded = collect_encoded(
         runtime.worker,
@@ -139,6 +150,7 @@ def _collect_numbered(runtime: ActorRuntime, model_id: str, seq: int) -> Encoded
         seq=seq,
         epoch=runtime.book.epoch,
         worker_id=runtime.config.worker_id,
+        abandon=abandon,
     )
     runtime.last_collected_seq = seq
     return encoded
@@ -213,6 +225,9 @@ class CollectSession:
         self._last_sent = 0
         self._sent = 0
         self._collector: asyncio.Task[None] | None = None
+        # Set when the session ends without flushing: the in-flight batch is given up
+        # at its next env step instead of holding the env pool for the rest of it.
+        self._abandon = threading.Event()
 
     # ------------------------------------------------------------ control
 
@@ -223,6 +238,11 @@ class CollectSession:
     def drain(self) -> None:
         """End this session with DRAINING once the in-flight and queued batches are sent."""
         self._request_stop(pb.END_REASON_DRAINING, "the actor is shutting down")
+
+    @property
+    def collecting(self) -> bool:
+        """Whether a batch of this session is still being collected (possibly being abandoned)."""
+        return not self._collector_idle.is_set()
 
     async def wait_collector_idle(self) -> None:
         """Wait until no batch of this session is being collected."""
@@ -239,7 +259,13 @@ class CollectSession:
     ) -> None:
         """Serve the session until it ends; raises an ``RlfleetError`` for a non-OK status."""
         try:
-            await self._rt.acquire(self, take_over=self._open.take_over, learner_id=self.learner_id)
+            await self._rt.acquire(
+                self,
+                take_over=self._open.take_over,
+                learner_id=self.learner_id,
+                resume_epoch=self._open.resume_epoch,
+                peer=self._peer,
+            )
         except BaseException:
             self._finished.set()
             raise
@@ -273,6 +299,8 @@ class CollectSession:
             )
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
+            if self.collecting:
+                self._abandon.set()
             self.active = False
             if reader is not None:
                 reader.cancel()
@@ -301,6 +329,7 @@ class CollectSession:
             resume_after_seq=request.resume_after_seq,
             total_frames=self._settings.total_frames,
             take_over=True,
+            learner_id=self.learner_id,
         )
         self._session_id = opened.session_id
         self._outbox.extend(opened.resend)
@@ -373,10 +402,17 @@ class CollectSession:
                 book.start_batch()
                 try:
                     encoded = await self._rt.run_collect(
-                        _collect_numbered, self._rt, self._settings.model_id, book.next_seq
+                        _collect_numbered,
+                        self._rt,
+                        self._settings.model_id,
+                        book.next_seq,
+                        self._abandon,
                     )
                 except BaseException:
                     book.abandon_batch()
+                    if self._abandon.is_set():
+                        log_event("session.batch_abandoned", logging.INFO, learner=self.learner_id)
+                        return
                     raise
                 batch = book.finish_batch(frames=encoded.frames, payload=encoded)
                 if batch.seq != encoded.seq:  # the messages carry the seq: they must agree

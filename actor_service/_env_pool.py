@@ -27,7 +27,15 @@ from actor_service._spaces import check_space
 from common.errors import DeadlineError, EnvError
 from common.policies import load_callable
 
-__all__ = ["close_pool", "derive_seed", "env_name", "make_env_pool", "reset_pool", "step_pool"]
+__all__ = [
+    "close_pool",
+    "derive_seed",
+    "env_name",
+    "kill_pool",
+    "make_env_pool",
+    "reset_pool",
+    "step_pool",
+]
 
 _SEED_MODULUS = 2**32 - 1
 
@@ -40,6 +48,8 @@ def derive_seed(seed: int) -> int:
 
 # How long a terminated env subprocess gets to exit before it is killed.
 _REAP_TIMEOUT = 5.0
+# How long a killed env subprocess is waited for (SIGKILL cannot be ignored).
+_KILL_JOIN = 1.0
 
 StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -198,6 +208,26 @@ def close_pool(pool: VectorEnv, *, force: bool = False) -> None:
     except Exception:  # a broken worker pipe must not keep the others alive
         _terminate(pool.processes)
         pool.closed = True
+
+
+def kill_pool(pool: VectorEnv | None) -> int:
+    """SIGKILL the pool's live subprocesses and reap them; safe from any thread.
+
+    For a shutdown whose collection thread is stuck in a hung env step: it
+    takes no lock and sends nothing to the workers. The pool is not usable
+    afterwards. Reaping takes at most ``_KILL_JOIN`` seconds per process.
+
+    Returns:
+        How many subprocesses were alive.
+    """
+    if not isinstance(pool, AsyncVectorEnv):
+        return 0
+    alive = [p for p in pool.processes if p.is_alive()]
+    for process in alive:
+        process.kill()
+    for process in alive:
+        process.join(_KILL_JOIN)
+    return len(alive)
 
 
 def _terminate(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:

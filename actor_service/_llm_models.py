@@ -134,12 +134,15 @@ class LLMModels:
         with self.lock:
             return {MODEL_ID: {"version": self.version, "weights": to_state_dict(self.model)}}
 
-    def load_state_dict(self, state: Mapping[str, Mapping]) -> None:
-        """Restore weights and version, all or nothing (the version may go back).
+    def load_state_dict(
+        self, state: Mapping[str, Mapping], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """Restore weights and version, all or nothing; ``{"policy": (old, new)}``.
 
         Raises:
             UnknownModelError: ``state`` names another model.
             WeightsError: A missing model, a bad version or weights that do not fit.
+            StaleVersionError: The version would go back and ``allow_rollback`` is false.
         """
         if not isinstance(state, Mapping):
             raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
@@ -151,8 +154,15 @@ class LLMModels:
         version = entry.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise WeightsError(f"model state has version {version!r}; need an int >= 0")
+        if version < self.version and not allow_rollback:
+            raise StaleVersionError(
+                f"state version {version} of {MODEL_ID!r} is older than the version in force, "
+                f"{self.version} (allow_rollback to restore it)"
+            )
         self.validate(MODEL_ID, entry.get("weights"))  # type: ignore[arg-type]
         staged = {k: v.to(self.device) for k, v in entry["weights"].items()}
         with self.lock:
+            old = self.version
             self._copy_in(staged)
             self.version = version
+        return {MODEL_ID: (old, version)}

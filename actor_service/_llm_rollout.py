@@ -77,6 +77,7 @@ class LLMRolloutWorker:
         self._settings: CollectSettings | None = None
         self._llm = LLMSettings()
         self._closed = False
+        self._abandon: threading.Event | None = None
         self._lock = threading.RLock()
         torch.set_num_threads(config.torch_threads)
         spec = config.models[0]
@@ -157,12 +158,16 @@ class LLMRolloutWorker:
                 f"stop_token_ids {bad} are outside the vocabulary of {self.engine.vocab}"
             )
 
-    def collect_batch(self) -> TensorDict:
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict:
         """Collect one batch of dialog turns (blocking).
 
+        Args:
+            abandon: Set from another thread to give the batch up before its next turn.
+
         Raises:
-            SessionStateError: Not configured, or closed.
+            SessionStateError: Not configured, closed, or abandoned.
         """
+        self._abandon = abandon
         with self._lock:
             self._check_open()
             settings = self._settings
@@ -183,12 +188,17 @@ class LLMRolloutWorker:
                 turns, shape, self.engine.pad_id, token_versions=self._llm.token_versions
             )
 
+    def _check_abandon(self) -> None:
+        if self._abandon is not None and self._abandon.is_set():
+            raise SessionStateError("the batch was abandoned")
+
     def _max_turns(self) -> int:
         return self._llm.max_turns or self.engine.task.max_turns
 
     def _steps(self, steps: int) -> list[Turn]:
         grid: list[list[Turn]] = [[] for _ in range(self.num_envs)]
         for _ in range(steps):
+            self._check_abandon()
             self._refill(whole_blocks=False)
             dialogs = [d for d in self._slots if d is not None]
             turns = self.engine.run(dialogs, self._llm.generation, self._max_turns(), self._gen)
@@ -201,6 +211,7 @@ class LLMRolloutWorker:
     def _trajectories(self, wanted: int) -> tuple[list[Turn], int]:
         last_only = self._llm.yield_only_last_steps
         while sum(self._rows(group, last_only) for group in self._ready) < wanted:
+            self._check_abandon()
             self._refill(whole_blocks=True)
             active = [s for s, d in enumerate(self._slots) if d is not None]
             dialogs = [self._slots[s] for s in active]
@@ -286,11 +297,17 @@ class LLMRolloutWorker:
                 "traj_counter": self._traj.counter,
             }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
         """Restore a :meth:`state_dict`, all or nothing; dialogs in progress restart.
+
+        Returns:
+            ``{"policy": (old_version, new_version)}``.
 
         Raises:
             WeightsError: A malformed state or weights that do not fit.
+            StaleVersionError: The version would go back and ``allow_rollback`` is false.
         """
         if not isinstance(state, dict):
             raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
@@ -300,10 +317,19 @@ class LLMRolloutWorker:
                 raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
         with self._lock:
             self._check_open()
-            self.models.load_state_dict(state.get("models"))  # type: ignore[arg-type]
+            changes = self.models.load_state_dict(
+                state.get("models"),  # type: ignore[arg-type]
+                allow_rollback=allow_rollback,
+            )
             self.frames, self.batches = int(counters["frames"]), int(counters["batches"])  # type: ignore[arg-type]
             self._traj.counter = int(counters["traj_counter"])  # type: ignore[arg-type]
             self._restart()
+            return changes
+
+    def kill_pool(self) -> int:
+        """No subprocesses to kill (the model runs in process): mark closed; returns 0."""
+        self._closed = True
+        return 0
 
     def close(self) -> None:
         """Mark the worker closed; idempotent."""

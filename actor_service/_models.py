@@ -31,7 +31,7 @@ from actor_service._spaces import ActionCodec, ObservationCodec
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.policies import make_policy
-from common.weights import check_compatible, check_finite, to_state_dict
+from common.weights import check_compatible, check_finite, check_policy_version, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -309,8 +309,7 @@ class ModelRegistry:
             WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
         """
         model = self._get(model_id)
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise WeightsError(f"policy version must be an int, got {version!r}")
+        check_policy_version(version)
         check_newer(model_id, version, model.version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in model.reference}
@@ -328,14 +327,50 @@ class ModelRegistry:
                 out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
         return out
 
-    def load_state_dict(self, state: object) -> None:
-        """Restore every model's weights and version, all or nothing (versions may go back).
+    def load_state_dict(
+        self, state: object, *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """Restore every model's weights and version, all or nothing.
+
+        Everything is validated before anything is applied; then every model's
+        lock is held while the versions are checked again and the weights
+        swapped, so a concurrent push cannot make the load half-applied.
+
+        Args:
+            state: ``{model_id: {"version": int, "weights": {key: tensor}}}`` for every model.
+            allow_rollback: Accept versions older than those in force.
+
+        Returns:
+            ``{model_id: (old_version, new_version)}``.
 
         Raises:
             UnknownModelError: ``state`` names a model this actor lacks.
-            WeightsError: A model is missing, a version is not a non-negative int, or
+            WeightsError: A model is missing, a version is not an int in int64 range, or
                 weights do not fit.
+            StaleVersionError: A version is older than the one in force and
+                ``allow_rollback`` is false.
         """
+        staged = self._stage_state(state)
+        models = [self._models[m] for m in staged]
+        for model in models:
+            model.lock.acquire()
+        try:
+            if not allow_rollback:
+                for model in models:
+                    self._check_not_older(model, staged[model.spec.model_id][0])
+            changes = {}
+            for model in models:
+                version, weights = staged[model.spec.model_id]
+                changes[model.spec.model_id] = (model.version, version)
+                _copy_in(model.reference, weights)
+                model.version = version
+            return changes
+        finally:
+            for model in reversed(models):
+                model.lock.release()
+
+    def _stage_state(self, state: object) -> dict[str, tuple[int, dict]]:
+        """Validate a model state in full; return ``{model_id: (version, weights on device)}``."""
         if not isinstance(state, Mapping):
             raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
         for model_id in state:
@@ -344,22 +379,23 @@ class ModelRegistry:
         if missing:
             raise WeightsError(f"model state lacks models {missing}")
         staged = {}
-        for model_id, entry in state.items():
+        for model_id in self._models:
+            entry = state[model_id]
             version = entry.get("version") if isinstance(entry, Mapping) else None
-            if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-                raise WeightsError(
-                    f"model state of {model_id!r} has version {version!r}; need an int >= 0"
-                )
-            self.validate(model_id, entry.get("weights"))
-            staged[model_id] = (
-                version,
-                {k: v.to(self.device) for k, v in entry["weights"].items()},
+            version = check_policy_version(version, f"model state of {model_id!r}: version")
+            weights = entry.get("weights") if isinstance(entry, Mapping) else None
+            self.validate(model_id, weights)  # raises unless a mapping of fitting tensors
+            assert isinstance(weights, Mapping)  # for the type checker: validate() checked it
+            staged[model_id] = (version, {k: v.to(self.device) for k, v in weights.items()})
+        return staged
+
+    @staticmethod
+    def _check_not_older(model: _Model, version: int) -> None:
+        if version < model.version:
+            raise StaleVersionError(
+                f"state version {version} for model {model.spec.model_id!r} is older than the "
+                f"version in force, {model.version}; set allow_rollback to load it anyway"
             )
-        for model_id, (version, weights) in staged.items():
-            model = self._models[model_id]
-            with model.lock:
-                _copy_in(model.reference, weights)
-                model.version = version
 
 
 def check_newer(model_id: str, version: int, current: int) -> None:

@@ -27,13 +27,14 @@ from actor_service._env_pool import (
     close_pool,
     derive_seed,
     env_name,
+    kill_pool,
     make_env_pool,
     reset_pool,
     step_pool,
 )
 from actor_service._identity import ActorIdentity, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
-from common.config import CollectSettings
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import (
     ClosedError,
     DeadlineError,
@@ -42,7 +43,9 @@ from common.errors import (
     SessionStateError,
     WeightsError,
 )
+from common.packets import DEFAULT_LIMITS, encode_packet
 from common.policies import RandomPolicy
+from common.weights import check_policy_version
 
 __all__ = ["ActorIdentity", "RolloutWorker", "derive_seed"]
 
@@ -175,15 +178,54 @@ class RolloutWorker:
                 f"num_envs={self.num_envs}"
             )
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
+        largest = self.max_frames_per_batch(settings)
+        if settings.frames_per_batch > largest:
+            raise ValueError(
+                f"frames_per_batch={settings.frames_per_batch} is too large for this actor: a "
+                f"batch must fit the {DEFAULT_LIMITS.max_packet_bytes}-byte packet cap and hold at "
+                f"most {MAX_FRAMES_PER_BATCH} frames; the largest that fits is {largest}"
+            )
         with self._lock:
             self._settings = settings
             self._session_frames = 0
 
-    def collect_batch(self) -> TensorDict:
+    def max_frames_per_batch(self, settings: CollectSettings) -> int:
+        """The largest ``frames_per_batch`` (a multiple of ``num_envs``) ``settings`` may ask for.
+
+        A batch's packet must fit the packet cap learners decode by default
+        (``common.frames.DEFAULT_LIMITS.max_packet_bytes``) and hold at most
+        ``MAX_FRAMES_PER_BATCH`` frames; the packet size is measured by encoding
+        empty batches of one and two steps (``split_trajs`` pads batches beyond this).
+        """
+        one, two = (self._frame_bytes(steps, settings) for steps in (1, 2))
+        per_step = max(1, two - one)
+        # Each entry may gain up to 15 bytes of alignment padding as the batch grows.
+        steps = 1 + (DEFAULT_LIMITS.max_packet_bytes - one - 16 * 64) // per_step
+        return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_envs)) * self.num_envs
+
+    def _frame_bytes(self, steps: int, settings: CollectSettings) -> int:
+        extras = self.models.output_specs(settings.model_id)
+        extras.pop("action")
+        buffers = BatchBuffers(
+            self.num_envs,
+            steps,
+            self.models.observation_codec,
+            self.models.action_codec,
+            extras,
+            step_counts=settings.max_frames_per_traj > 0,
+        )
+        buffers.obs.fill(0)
+        return encode_packet(buffers.to_tensordict(settings.set_truncated)).nbytes
+
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
 
+        Args:
+            abandon: Set from another thread to give the batch up before its next env step
+                (its session ended); the envs are reset before the next batch.
+
         Raises:
-            SessionStateError: Not configured, or closed.
+            SessionStateError: Not configured, closed, or abandoned.
             DeadlineError: An env step exceeded ``step_timeout`` (async backend).
             EnvError: An env raised; the pool is rebuilt on the next call.
         """
@@ -195,7 +237,7 @@ class RolloutWorker:
             self._ensure_pool()
             if settings.reset_at_each_iter:
                 self._reset(seeds=None)
-            batch = self._rollout(settings)
+            batch = self._rollout(settings, abandon)
             self.frames += batch.numel()
             self._session_frames += batch.numel()
             self.batches += 1
@@ -203,7 +245,7 @@ class RolloutWorker:
             batch = split_trajectories(batch)
         return batch
 
-    def _rollout(self, settings: CollectSettings) -> TensorDict:
+    def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
         steps = settings.frames_per_batch // self.num_envs
         random = self._session_frames < settings.init_random_frames
         extras = self.models.output_specs(settings.model_id)
@@ -220,6 +262,10 @@ class RolloutWorker:
         try:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
+                    if abandon is not None and abandon.is_set():
+                        raise SessionStateError(
+                            f"batch abandoned after {t} of {steps} steps: its session ended"
+                        )
                     self._step(t, buffers, settings, random)
         except (DeadlineError, EnvError):
             self._pool_broken = True
@@ -358,27 +404,51 @@ class RolloutWorker:
                 "traj_counter": self._traj.counter,
             }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
         """Restore a :meth:`state_dict`, all or nothing; trajectories in flight get new ids.
 
+        Every part (counters in int64 range, every model's version and weights)
+        is validated before any is applied.
+
+        Args:
+            state: What :meth:`state_dict` returned (possibly from another actor).
+            allow_rollback: Accept policy versions older than those in force.
+
+        Returns:
+            ``{model_id: (old_version, new_version)}``.
+
         Raises:
-            WeightsError: A malformed state or weights that do not fit.
+            WeightsError: A malformed state, a number out of range or weights that do not fit.
             UnknownModelError: The state names a model this actor lacks.
+            StaleVersionError: A version would go back and ``allow_rollback`` is false.
         """
         if not isinstance(state, dict):
             raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
         counters: dict[str, int] = {}
         for key in ("frames", "batches", "traj_counter"):
-            value = state.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
-            counters[key] = value
+            # The same int64 range as policy versions.
+            counters[key] = check_policy_version(state.get(key), f"actor state {key!r}")
         with self._lock:
             self._check_open()
-            self.models.load_state_dict(state.get("models"))
+            changes = self.models.load_state_dict(
+                state.get("models"), allow_rollback=allow_rollback
+            )
             self.frames, self.batches = counters["frames"], counters["batches"]
-            self._traj.counter = counters["traj_counter"]
+            # Only the low 32 bits make an id (TrajIds), so this can never overflow int64.
+            self._traj.counter = counters["traj_counter"] & 0xFFFF_FFFF
             self._traj_ids = self._traj.take(self.num_envs)
+        return changes
+
+    def kill_pool(self) -> int:
+        """SIGKILL the env pool's subprocesses now, without the lock; returns how many lived.
+
+        For a shutdown whose collection thread is stuck in a hung env step
+        (:meth:`close` would wait for it). The worker is unusable afterwards.
+        """
+        self._closed = True
+        return kill_pool(self._pool)
 
     def close(self) -> None:
         """Close the env pool and reap its subprocesses; idempotent."""

@@ -16,6 +16,7 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -29,7 +30,21 @@ from actor_service._session import SessionBook
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 
-__all__ = ["ActiveSession", "ActorRuntime", "CollectionCore", "CoreModels"]
+__all__ = [
+    "SHUTDOWN_REAP_BOUND",
+    "ActiveSession",
+    "ActorRuntime",
+    "CollectionCore",
+    "CoreModels",
+]
+
+#: Seconds beyond the grace period within which a stopping actor has reaped every
+#: child it started, even when an env step hangs: closing the pool gets what is
+#: left of the grace period (at least 0.1 s); if the collection thread is stuck,
+#: the env subprocesses are killed (SIGKILL, 1 s each to be reaped) and the
+#: process exits after 1 s more (the multiprocessing resource tracker exits
+#: once its last client is gone).
+SHUTDOWN_REAP_BOUND = 5.0
 
 T = TypeVar("T")
 
@@ -40,6 +55,7 @@ class CoreModels(Protocol):
     @property
     def model_ids(self) -> tuple[str, ...]: ...
     def policy_version(self, model_id: str) -> int: ...
+    def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
     def load_weights(
         self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
     ) -> int: ...
@@ -59,10 +75,13 @@ class CollectionCore(Protocol):
 
     def describe(self) -> ActorIdentity: ...
     def configure(self, settings: CollectSettings) -> None: ...
-    def collect_batch(self) -> TensorDict: ...
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict: ...
     def set_seed(self, seed: int, static_seed: bool = False) -> int: ...
     def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]: ...
+    def kill_pool(self) -> int: ...
     def close(self) -> None: ...
 
 
@@ -71,6 +90,9 @@ class ActiveSession(Protocol):
 
     active: bool
     learner_id: str
+
+    @property
+    def collecting(self) -> bool: ...
 
     def take_over(self) -> None: ...
     def drain(self) -> None: ...
@@ -184,11 +206,22 @@ class ActorRuntime:
 
     # -------------------------------------------------------------- sessions
 
-    async def acquire(self, stream: ActiveSession, *, take_over: bool, learner_id: str) -> None:
+    async def acquire(
+        self,
+        stream: ActiveSession,
+        *,
+        take_over: bool,
+        learner_id: str,
+        resume_epoch: int,
+        peer: str,
+    ) -> None:
         """Make ``stream`` the active session, ending or refusing the current one.
 
-        Waits for the previous session's in-flight batch to finish (bounded by
-        one batch), so the core is never driven by two sessions at once.
+        A learner may replace only its own session (same ``learner_id``, resuming
+        this epoch: its old stream may be half-open); ending another learner's
+        session needs ``take_over``, an explicit choice logged as a warning.
+        Waits for the previous session's in-flight batch to be given up, so the
+        core is never driven by two sessions at once.
 
         Raises:
             ActorUnavailableError: The actor is starting or draining.
@@ -198,14 +231,23 @@ class ActorRuntime:
             self._check_open()
             previous = self.current
             if previous is not None and previous.active:
-                if not take_over:
+                own = previous.learner_id == learner_id and resume_epoch == self.book.epoch
+                if own:
+                    log_event("session.reconnected", logging.INFO, learner=learner_id, peer=peer)
+                elif take_over:
+                    log_event(
+                        "session.taken_over",
+                        logging.WARNING,
+                        old=previous.learner_id,
+                        new=learner_id,
+                        peer=peer,
+                    )
+                else:
                     raise ActorBusyError(
                         f"actor {self.config.worker_id} is serving learner "
-                        f"{previous.learner_id!r}; set take_over to replace it"
+                        f"{previous.learner_id!r}; a learner resumes only its own session "
+                        "(set take_over to end another learner's session)"
                     )
-                log_event(
-                    "session.taken_over", logging.INFO, old=previous.learner_id, new=learner_id
-                )
                 previous.take_over()
             if previous is not None:
                 await previous.wait_collector_idle()
@@ -220,8 +262,9 @@ class ActorRuntime:
 
     @property
     def busy(self) -> bool:
-        """Whether a learner session is active."""
-        return self.current is not None and self.current.active
+        """Whether a learner session is active, or its last batch is still being given up."""
+        current = self.current
+        return current is not None and (current.active or current.collecting)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new sessions and end the active one with END_REASON_DRAINING.
@@ -239,15 +282,27 @@ class ActorRuntime:
         except TimeoutError:
             log_event("actor.drain_timeout", logging.WARNING, timeout=timeout)
 
-    async def close(self) -> None:
-        """Close the core (env pool, subprocesses) once the collection thread is idle."""
+    async def close(self, timeout: float = 30.0) -> None:
+        """Close the core (env pool, subprocesses) once the collection thread is idle.
+
+        If the collection thread is still busy after ``timeout`` seconds (a hung env
+        step), the env subprocesses are killed instead, so none outlives the actor.
+        """
         if self._closed:
             return
         self._closed = True
         worker = self._worker
         if worker is not None:
             try:
-                await self.run_collect(worker.close)
+                await asyncio.wait_for(self.run_collect(worker.close), max(0.1, timeout))
+            except TimeoutError:
+                killed = await asyncio.to_thread(worker.kill_pool)
+                log_event(
+                    "actor.children_killed",
+                    logging.WARNING,
+                    processes=killed,
+                    reason="the collection thread is stuck (a hung env step?)",
+                )
             except Exception as exc:  # a failing close must not keep the process alive
                 log_event("actor.close_failed", logging.ERROR, error=repr(exc))
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -35,9 +35,10 @@ from grpc_reflection.v1alpha import reflection
 
 from actor_service._auth import TokenAuthInterceptor
 from actor_service._config import ActorConfig
+from actor_service._limits import CallLimiter
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
-from actor_service._servicer import MAX_ACTOR_CALLS, ActorServicer
+from actor_service._servicer import ActorServicer
 from actor_service._wire import add_actor_service
 from common.config import server_channel_options
 from common.errors import SessionStateError
@@ -49,9 +50,9 @@ __all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serv
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-# Concurrent RPCs the server admits: twice what ActorService itself accepts, so
-# health checks and reflection always find room however busy the actor is.
-_MAX_CONCURRENT_RPCS = 2 * MAX_ACTOR_CALLS
+# No server-wide cap on concurrent RPCs: it counted health, reflection and
+# ActorService calls alike, so idle Watch streams could starve probes and the
+# learner. Each group is capped on its own instead (``_limits``, ``_servicer``).
 _MAX_STREAMS_PER_CONNECTION = 32
 
 
@@ -119,16 +120,14 @@ class ActorServer:
     def _new_server(self, *, actor: ActorRuntime | None) -> grpc.aio.Server:
         """A server with health and reflection, and ``actor``'s ActorService unless None."""
         with_actor = actor is not None
-        interceptors = (
-            [TokenAuthInterceptor(self.config.token)] if (with_actor and self.config.token) else []
-        )
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [CallLimiter()]
+        if with_actor and self.config.token:
+            interceptors.append(TokenAuthInterceptor(self.config.token))
         options = [
             *server_channel_options(),
             ("grpc.max_concurrent_streams", _MAX_STREAMS_PER_CONNECTION),
         ]
-        server = grpc.aio.server(
-            options=options, interceptors=interceptors, maximum_concurrent_rpcs=_MAX_CONCURRENT_RPCS
-        )
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [health.SERVICE_NAME, reflection.SERVICE_NAME]
         if actor is not None:
@@ -184,8 +183,7 @@ class ActorServer:
             *(s.stop(max(0.0, deadline - time.monotonic())) for s in self._servers)
         )
         if self.runtime is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.runtime.close(), max(0.1, deadline - time.monotonic()))
+            await self.runtime.close(deadline - time.monotonic())
         log_event("actor.stopped", logging.INFO)
 
     async def wait(self) -> None:

@@ -35,7 +35,13 @@ from common.errors import (
 )
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.weights import BlobAssembler, decode_weights, iter_blob_chunks, sha256_hex
+from common.weights import (
+    BlobAssembler,
+    check_policy_version,
+    decode_weights,
+    iter_blob_chunks,
+    sha256_hex,
+)
 
 __all__ = ["ActorServicer"]
 
@@ -196,6 +202,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 f"actor {self._rt.config.worker_id} has no model {push.model_id!r} "
                 f"(models: {sorted(models.model_ids)})"
             )
+        check_policy_version(push.version, "weights version")
         # Refused before a byte of the blob is buffered.
         check_newer(push.model_id, push.version, models.policy_version(push.model_id))
         if not push.sha256:
@@ -209,9 +216,13 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         # Runs to the end even if the caller cancels: the whole blob arrived, and
         # load_weights swaps it in atomically, so the audit log tells the outcome.
         try:
+            models = self._rt.worker.models
             # load_weights checks keys, shapes and finiteness: the values are scanned once.
             state, _ = decode_weights(
-                blob, max_bytes=self._rt.config.max_weight_bytes, allow_non_finite=True
+                blob,
+                max_bytes=self._rt.config.max_weight_bytes,
+                expected=models.parameters_info(push.model_id),
+                allow_non_finite=True,
             )
             version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
         except BaseException as exc:
@@ -250,9 +261,33 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
     async def LoadState(
         self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
     ) -> pb.LoadStateResponse:
-        """Load a state produced by GetState, all or nothing."""
+        """Load a state produced by GetState, all or nothing, audit-logged like a push."""
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "LoadState")
+        audit = functools.partial(
+            log_event,
+            "weights.load_state",
+            peer=context.peer(),
+            sha256=header.sha256,
+            bytes=int(header.total_bytes),
+            allow_rollback=header.allow_rollback,
+        )
+        try:
+            changes = await self._load_state(requests, header)
+        except BaseException as exc:
+            result = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else None
+            audit(logging.WARNING, result=result or to_status(exc)[0].name)
+            raise
+        audit(
+            logging.INFO,
+            result="OK",
+            versions={m: f"{old}->{new}" for m, (old, new) in changes.items()},
+        )
+        return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
+
+    async def _load_state(
+        self, requests: AsyncIterator[pb.StateChunk], header: pb.StateHeader
+    ) -> dict[str, tuple[int, int]]:
         worker = self._rt.worker
         if not header.sha256:
             raise WeightsError("LoadState header must carry the state blob's sha256")
@@ -260,12 +295,14 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             header.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=header.sha256
         )
         blob = await _blob(requests, assembler, "LoadState")
+        models = worker.models
+        # A state holds every model's tensors and a few more (RNG states): no more are accepted.
+        max_keys = sum(len(models.parameters_info(m)) for m in models.model_ids) + 1024
         state = await self._rt.run_side(
-            decode_state, blob, max_bytes=self._rt.config.max_weight_bytes
+            decode_state, blob, max_bytes=self._rt.config.max_weight_bytes, max_keys=max_keys
         )
-        await asyncio.shield(self._rt.run_collect(worker.load_state_dict, state))
-        log_event("state.loaded", logging.INFO, peer=context.peer(), sha256=header.sha256)
-        return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
+        load = functools.partial(worker.load_state_dict, allow_rollback=header.allow_rollback)
+        return await asyncio.shield(self._rt.run_collect(load, state))
 
     @_mapped
     async def SetSeed(

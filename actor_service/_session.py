@@ -19,9 +19,11 @@ can be tested on their own:
   evicted (the learner sees the gap in the seqs). Unsent batches are never
   evicted. Retention survives the end of a session, not the actor.
 * **Acks** are cumulative: ``ack(n)`` releases every batch with ``seq <= n``.
-* **Resume.** ``open`` with ``resume_epoch == epoch`` acknowledges everything
-  up to ``resume_after_seq`` and re-queues the retained rest, in seq order,
-  ahead of new batches. Any other ``open`` starts fresh and drops retention.
+* **Resume.** ``open`` with ``resume_epoch == epoch`` *by the learner that
+  owned the last session* (same ``learner_id``) acknowledges everything up to
+  ``resume_after_seq`` and re-queues the retained rest, in seq order, ahead of
+  new batches. Any other ``open`` starts fresh and drops retention: a learner
+  never receives the batches of another learner's session.
 * **Budget.** A session with ``total_frames >= 0`` starts no batch once that
   many frames were produced in it.
 """
@@ -110,6 +112,7 @@ class SessionBook(Generic[P]):
         self._in_flight = False
         self._total_frames = -1
         self._session_frames = 0
+        self._owner: str | None = None
         self.evicted = 0
 
     # ------------------------------------------------------------------ state
@@ -188,6 +191,7 @@ class SessionBook(Generic[P]):
         resume_after_seq: int,
         total_frames: int,
         take_over: bool = False,
+        learner_id: str = "",
     ) -> OpenedSession[P]:
         """Open a session.
 
@@ -197,6 +201,7 @@ class SessionBook(Generic[P]):
             resume_after_seq: When resuming, the last seq the learner holds.
             total_frames: Frame budget of the session; ``< 0`` means endless.
             take_over: Replace an active session instead of refusing.
+            learner_id: Who opens; only the owner of the last session may resume it.
 
         Returns:
             The session id, next seq, credits and batches to re-send.
@@ -210,7 +215,7 @@ class SessionBook(Generic[P]):
             raise ActorBusyError(f"a session is active on epoch {self.epoch}")
         if self._in_flight:
             raise SessionStateError("the previous session's batch is still being collected")
-        resumed = resume_epoch == self.epoch
+        resumed = resume_epoch == self.epoch and learner_id == self._owner
         if resumed and resume_after_seq > self.last_seq:
             raise SequenceConflictError(
                 f"resume_after_seq={resume_after_seq} is beyond the last seq {self.last_seq} "
@@ -222,6 +227,7 @@ class SessionBook(Generic[P]):
             self._release_through(self.last_seq)
         for batch in self._retained.values():
             batch.sent = False
+        self._owner = learner_id
         self._session_id += 1
         self._active = True
         self._credits = 0

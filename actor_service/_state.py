@@ -26,7 +26,12 @@ import numpy as np
 import torch
 
 from common.errors import WeightsError
-from common.weights import DEFAULT_MAX_WEIGHT_BYTES, decode_weights, encode_weights
+from common.weights import (
+    DEFAULT_MAX_KEYS,
+    DEFAULT_MAX_WEIGHT_BYTES,
+    decode_weights,
+    encode_weights,
+)
 
 __all__ = ["STATE_FORMAT", "decode_state", "encode_state", "state_to_blob"]
 
@@ -79,14 +84,21 @@ def _split(value: Any, path: tuple[str, ...], tensors: dict[str, torch.Tensor]) 
     raise TypeError(f"state value at {'/'.join(path)!r} has unstorable type {type(value).__name__}")
 
 
-def decode_state(blob: bytes | memoryview, *, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> dict:
+def decode_state(
+    blob: bytes | memoryview,
+    *,
+    max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    max_keys: int = DEFAULT_MAX_KEYS,
+) -> dict:
     """Parse an actor-state blob a peer sent back into the core's nested dict.
+
+    ``max_keys`` bounds the tensors it may hold (checked before its header is parsed).
 
     Raises:
         WeightsTooLargeError: Over ``max_bytes``.
         WeightsError: Not an actor-state file, malformed, or not finite.
     """
-    tensors, metadata = decode_weights(blob, max_bytes=max_bytes)
+    tensors, metadata = decode_weights(blob, max_bytes=max_bytes, max_keys=max_keys)
     if metadata.get(_FORMAT_KEY) != STATE_FORMAT:
         raise WeightsError(
             f"not an actor state file: {_FORMAT_KEY}={metadata.get(_FORMAT_KEY)!r}, "
@@ -94,10 +106,15 @@ def decode_state(blob: bytes | memoryview, *, max_bytes: int = DEFAULT_MAX_WEIGH
         )
     try:
         tree = json.loads(metadata.get(_TREE_KEY, ""))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise WeightsError(f"actor state metadata is not valid JSON: {exc}") from None
     used: set[str] = set()
-    state = _join(tree, tensors, used, 0)
+    try:
+        state = _join(tree, tensors, used, 0)
+    except WeightsError:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:  # e.g. a bfloat16 "$ndarray"
+        raise WeightsError(f"actor state is malformed: {exc}") from None
     if not isinstance(state, dict):
         raise WeightsError("actor state must be a JSON object at the top")
     unused = sorted(set(tensors) - used)

@@ -25,9 +25,27 @@ import torch
 
 from common.errors import WeightsError, WeightsTooLargeError
 
-__all__ = ["DTYPES", "HEADER_PREFIX", "METADATA_KEY", "read_blob", "write_blob"]
+__all__ = [
+    "DEFAULT_MAX_KEYS",
+    "DTYPES",
+    "HEADER_PREFIX",
+    "METADATA_KEY",
+    "Expected",
+    "read_blob",
+    "write_blob",
+]
 
 HEADER_PREFIX = 8
+#: Most tensors a blob may list unless the caller says otherwise.
+DEFAULT_MAX_KEYS = 65_536
+# Header bytes allowed besides the tensor entries (metadata), and per tensor entry:
+# a long key, a 16-dim shape and two offsets fit easily.
+_HEADER_BASE_BYTES = 1 << 20
+_BYTES_PER_ENTRY = 1024
+# Every tensor entry holds this once; counting it bounds the entries before parsing.
+_ENTRY_MARK = b'"data_offsets"'
+#: What the receiver holds: ``{key: (shape, torch dtype)}``.
+Expected = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
 METADATA_KEY = "__metadata__"
 _INFO_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
 
@@ -124,15 +142,28 @@ def write_blob(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | 
     return b"".join(parts)
 
 
-def parse_header(view: memoryview, max_header: int) -> tuple[dict[str, Any], dict[str, str], int]:
-    """Parse and validate the header of a safetensors blob.
+def parse_header(
+    view: memoryview,
+    max_header: int,
+    *,
+    max_keys: int = DEFAULT_MAX_KEYS,
+    expected: Expected | None = None,
+) -> tuple[dict[str, Any], dict[str, str], int]:
+    """Parse and validate the header of a safetensors blob, cheap checks first.
+
+    Before the JSON is parsed, the header length is bounded by the number of
+    tensors allowed (``max_keys``, or the number ``expected``) and the tensor
+    entries are counted in the raw bytes, so a header listing 300,000 tensors
+    costs a byte scan, not 300,000 Python dicts. With ``expected``, keys,
+    shapes and dtypes are compared with it before any tensor is built.
 
     Returns:
         ``(infos, metadata, data_start)``: each tensor's header entry by key.
 
     Raises:
-        WeightsTooLargeError: The header is over ``max_header`` bytes.
-        WeightsError: The header is truncated, malformed or inconsistent with the data.
+        WeightsTooLargeError: The header is over its cap, or lists too many tensors.
+        WeightsError: The header is truncated, malformed, inconsistent with the
+            data, or does not match ``expected``.
     """
     size = view.nbytes
     if size < HEADER_PREFIX:
@@ -142,17 +173,12 @@ def parse_header(view: memoryview, max_header: int) -> tuple[dict[str, Any], dic
         raise WeightsError(
             f"weights header length {header_len} points past the end of the {size}-byte blob"
         )
-    if header_len > max_header:
-        raise WeightsTooLargeError(
-            f"weights header of {header_len} bytes exceeds the cap of {max_header} bytes"
-        )
+    raw = _bounded_header(view, header_len, max_header, max_keys, expected)
     try:
-        header = json.loads(
-            bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len]),
-            object_pairs_hook=_no_duplicates,
-        )
+        header = json.loads(raw, object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WeightsError(f"weights header is not valid JSON: {exc}") from None
+    del raw
     if not isinstance(header, dict):
         raise WeightsError(f"weights header must be a JSON object, got {type(header).__name__}")
     metadata = header.pop(METADATA_KEY, {})
@@ -164,9 +190,53 @@ def parse_header(view: memoryview, max_header: int) -> tuple[dict[str, Any], dic
         dtype = info.get("dtype") if isinstance(info, dict) else None
         if dtype not in DTYPES:
             raise WeightsError(f"weight {key!r} has unsupported or missing dtype {dtype!r}")
+    if expected is not None:
+        _check_expected(header, expected)
     data_start = HEADER_PREFIX + header_len
     _check_layout(header, size - data_start)
     return header, metadata, data_start
+
+
+def _bounded_header(
+    view: memoryview, header_len: int, max_header: int, max_keys: int, expected: Expected | None
+) -> bytes:
+    """The raw header, once its length and tensor-entry count are within bounds."""
+    keys = max_keys if expected is None else len(expected)
+    cap = min(max_header, _HEADER_BASE_BYTES + keys * _BYTES_PER_ENTRY)
+    # Beyond what the expected keys allow, the blob cannot fit the model (INVALID_ARGUMENT);
+    # beyond the general caps, it is too large (RESOURCE_EXHAUSTED).
+    error = WeightsTooLargeError if expected is None else WeightsError
+    if header_len > cap:
+        raise error(
+            f"weights header of {header_len} bytes exceeds the cap of {cap} bytes "
+            f"for at most {keys} tensors"
+        )
+    raw = bytes(view[HEADER_PREFIX : HEADER_PREFIX + header_len])
+    entries = raw.count(_ENTRY_MARK)
+    # A few extra expected-mode entries are parsed, so the error can name them.
+    if entries > (keys if expected is None else 2 * keys + 16):
+        raise error(f"weights header lists {entries} tensors; at most {keys} are accepted")
+    return raw
+
+
+def _check_expected(infos: dict[str, Any], expected: Expected) -> None:
+    """Refuse unknown or missing keys and foreign shapes or dtypes, before any tensor exists."""
+    problems = []
+    unknown = sorted(set(infos) - set(expected))
+    missing = sorted(set(expected) - set(infos))
+    if missing:
+        problems.append(f"missing keys {missing[:10]}")
+    if unknown:
+        problems.append(f"unexpected keys {[k[:80] for k in unknown[:10]]}")
+    for key in sorted(set(infos) & set(expected)):
+        shape, dtype = expected[key]
+        got_shape, got_dtype = infos[key].get("shape"), DTYPES[infos[key]["dtype"]]
+        if got_shape != list(shape):
+            problems.append(f"{key} has shape {got_shape!s:.80}, expected {list(shape)}")
+        elif got_dtype != dtype:
+            problems.append(f"{key} has dtype {got_dtype}, expected {dtype}")
+    if problems:
+        raise WeightsError(f"weights do not fit the model: {'; '.join(problems[:12])}")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -223,7 +293,13 @@ def _check_layout(infos: dict[str, Any], data_bytes: int) -> None:
         raise _invalid(f"tensors cover {position} bytes but the blob holds {data_bytes} data bytes")
 
 
-def read_blob(view: memoryview, max_header: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_blob(
+    view: memoryview,
+    max_header: int,
+    *,
+    max_keys: int = DEFAULT_MAX_KEYS,
+    expected: Expected | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Validate a safetensors blob and return tensors viewing its memory.
 
     Args:
@@ -231,6 +307,8 @@ def read_blob(view: memoryview, max_header: int) -> tuple[dict[str, torch.Tensor
             its memory (those at an offset misaligned for their dtype are
             copies); a read-only one is copied once, after validation.
         max_header: The largest header accepted.
+        max_keys: The most tensors accepted.
+        expected: When given, the exact keys, shapes and dtypes accepted.
 
     Returns:
         ``(state, metadata)``.
@@ -239,7 +317,9 @@ def read_blob(view: memoryview, max_header: int) -> tuple[dict[str, torch.Tensor
         WeightsTooLargeError: The header is over ``max_header`` bytes.
         WeightsError: The blob is malformed (see :func:`parse_header`).
     """
-    infos, metadata, data_start = parse_header(view, max_header)
+    infos, metadata, data_start = parse_header(
+        view, max_header, max_keys=max_keys, expected=expected
+    )
     if view.readonly:  # torch.frombuffer needs writable memory: copy once, once valid
         view = memoryview(bytearray(view))
     base = torch.frombuffer(view, dtype=torch.uint8) if view.nbytes else None

@@ -17,6 +17,7 @@ from common.llm._settings import LLMSettings
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_PORT",
+    "MAX_FRAMES_PER_BATCH",
     "MAX_MESSAGE_BYTES",
     "CollectSettings",
     "ExplorationType",
@@ -28,6 +29,11 @@ __all__ = [
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Payload bytes per chunk message, leaving headroom under MAX_MESSAGE_BYTES.
 CHUNK_BYTES = 3 * 1024 * 1024
+#: The most frames one actor's batch may hold (4,194,304; an actor also refuses
+#: batches whose packet would exceed the learner's 1 GiB packet cap). A batch
+#: is collected whole before it is sent, so this bounds the actor's memory and the
+#: time a batch holds the env pool.
+MAX_FRAMES_PER_BATCH = 1 << 22
 #: The port an actor listens on unless told otherwise.
 DEFAULT_PORT = 50051
 #: The model that acts, and that weights are addressed to, unless told otherwise.
@@ -55,6 +61,7 @@ class CollectSettings:
 
     Attributes:
         frames_per_batch: Frames per batch from one actor; a multiple of its env pool size.
+            The actor refuses more than ``MAX_FRAMES_PER_BATCH`` or than fit its packet cap.
         max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` means none.
         init_random_frames: Frames collected with random actions before the policy acts,
             counted from the start of the session (each batch that starts below it is random).

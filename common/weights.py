@@ -29,12 +29,23 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from common._blobs import DEFAULT_MAX_WEIGHT_BYTES, BlobAssembler, iter_blob_chunks, sha256_hex
-from common._safetensors import DTYPES, METADATA_KEY, read_blob, write_blob
+from common._safetensors import (
+    DEFAULT_MAX_KEYS,
+    DTYPES,
+    METADATA_KEY,
+    Expected,
+    read_blob,
+    write_blob,
+)
 from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
+    "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
+    "MAX_POLICY_VERSION",
+    "Expected",
     "BlobAssembler",
+    "check_policy_version",
     "check_compatible",
     "check_finite",
     "decode_weights",
@@ -51,6 +62,9 @@ _MAX_HEADER_BYTES = 100_000_000
 _METADATA_KEY = METADATA_KEY
 _DTYPES = DTYPES
 _TORCH_DTYPES = frozenset(_DTYPES.values())
+
+#: The largest policy version an actor accepts: every frame records its version as int64.
+MAX_POLICY_VERSION = 2**63 - 1
 
 WeightSource: TypeAlias = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
 
@@ -171,6 +185,8 @@ def decode_weights(
     blob: bytes | bytearray | memoryview,
     *,
     max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    max_keys: int = DEFAULT_MAX_KEYS,
+    expected: Expected | None = None,
     allow_non_finite: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a safetensors blob a peer sent, strictly.
@@ -187,6 +203,12 @@ def decode_weights(
             writable ``blob`` (e.g. :meth:`BlobAssembler.finish`'s buffer), so
             it must not be modified afterwards; a read-only one is copied once.
         max_bytes: The largest blob accepted.
+        max_keys: The most tensors accepted; the header may hold at most 1 KiB
+            per tensor besides 1 MiB of metadata, and its tensor entries are
+            counted in the raw bytes before the JSON is parsed.
+        expected: ``{key: (shape, dtype)}`` the receiver holds; when given,
+            any other key, a missing key or a foreign shape or dtype is refused
+            before a tensor is built (and the header bound is ``len(expected)``).
         allow_non_finite: Skip the NaN/Inf scan (for a caller that validates the
             state before use, so the values are scanned once).
 
@@ -206,10 +228,27 @@ def decode_weights(
         raise WeightsTooLargeError(
             f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
         )
-    state, metadata = read_blob(view, _MAX_HEADER_BYTES)
+    state, metadata = read_blob(view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected)
     if not allow_non_finite:
         check_finite(state)
     return state, metadata
+
+
+def check_policy_version(version: object, what: str = "policy version") -> int:
+    """Return ``version`` if it is an int in ``[0, MAX_POLICY_VERSION]``.
+
+    A version is stored per frame as int64; one beyond it would be accepted
+    once and then break every batch (and, at 2**64 - 1, make every later push
+    stale), so it is refused before anything changes.
+
+    Raises:
+        WeightsError: ``version`` is not an int in range (INVALID_ARGUMENT).
+    """
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise WeightsError(f"{what} must be an int, got {version!r:.80}")
+    if not 0 <= version <= MAX_POLICY_VERSION:
+        raise WeightsError(f"{what} {version} is outside [0, {MAX_POLICY_VERSION}] (int64)")
+    return version
 
 
 def check_finite(state: Mapping[str, torch.Tensor]) -> None:

@@ -11,6 +11,7 @@ collector usable (unlike TorchRL, which shuts down): catch it and call
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -104,9 +105,10 @@ class GrpcCollector:
         allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
+        learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
+        take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
-        llm: LLM sessions' settings (``GrpcLLMCollector`` sets them; see docs/llm.md).
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
@@ -140,11 +142,12 @@ class GrpcCollector:
         allow_partial_batches: bool = False,
         channel_credentials: Any = None,
         token: str | None = None,
+        learner_id: str = "",
+        take_over: bool = False,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
         llm: LLMSettings | None = None,
     ) -> None:
-        addresses = check_addresses(resolve_actors(actors))
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -156,7 +159,7 @@ class GrpcCollector:
             update_after_each_batch=update_after_each_batch,
             max_weight_update_interval=max_weight_update_interval,
             prefetch=prefetch,
-            llm_batches=None if llm is None else "dialogs" if llm.trajectories else "steps",
+            llm=llm,
         )
         self._rollout = RolloutSettings(
             max_frames_per_traj=max_frames_per_traj,
@@ -169,13 +172,13 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials, token)
-        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
-        self._connect(conn, actors, addresses, dns_refresh_interval)
+        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
+        conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
+        self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
 
-    def _connect(
-        self, conn: ConnectionSettings, actors: Any, addresses: list[str], dns: float
-    ) -> None:
+    def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
+        addresses = check_addresses(resolve_actors(actors))
+        self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
@@ -199,9 +202,7 @@ class GrpcCollector:
 
     def _admit(self, links: list[ActorLink]) -> None:
         try:
-            check_fleet(
-                self._batch, self._fleet.members(links), self._rollout.model_id, self._rollout.llm
-            )
+            check_fleet(self._batch, self._fleet.members(links), self._rollout.model_id)
         except BaseException:
             self._fleet.discard(links)
             raise

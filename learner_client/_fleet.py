@@ -334,7 +334,10 @@ class Fleet:
         async def load() -> None:
             await asyncio.gather(
                 *(
-                    self._links[w].channel.load_state(blob, self._conn.call_timeout)
+                    # Restoring a checkpoint is an explicit rollback of the actors' versions.
+                    self._links[w].channel.load_state(
+                        blob, self._conn.call_timeout, allow_rollback=True
+                    )
                     for w, blob in workers.items()
                 )
             )

@@ -309,7 +309,7 @@ class ActorLink:
             self._set_state(LinkState.DOWN)
             raise
 
-    def _open(self, reconnecting: bool) -> CollectStream:
+    def _open(self) -> CollectStream:
         settings = self._settings
         if settings is None:
             raise SessionStateError("ActorLink.start() was not called")
@@ -320,14 +320,15 @@ class ActorLink:
             settings = dataclasses.replace(settings, init_random_frames=left)
         resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
         self._fresh_next = False
-        # Take over only a session of our own the actor may not know is dead yet;
-        # never another learner's (a first open that finds the actor busy retries).
+        # A reconnect resumes our own session (the actor matches our learner_id, even
+        # if it still thinks our old stream alive); another learner's session is ended
+        # only when the operator asked for take_over. A busy actor is retried.
         stream = CollectStream(
             self.channel,
             settings,
             credits=self._mailbox.session_opened(self.worker_id),
             resume=resume,
-            take_over=reconnecting and bool(self.tracker.epoch),
+            take_over=self._conn.take_over,
             learner_id=self._conn.learner_id,
             allocate=self._allocate,
         )
@@ -337,7 +338,7 @@ class ActorLink:
 
     async def _session(self, reconnecting: bool) -> EndEvent:
         await self._readmit()
-        stream = self._open(reconnecting)
+        stream = self._open()
         try:
             info = await stream.opened(self._conn.call_timeout)
             self.tracker.opened(info.epoch, info.next_seq, info.resumed)

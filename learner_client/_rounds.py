@@ -92,7 +92,7 @@ class Rounds:
                 Async: no actor delivered anything within ``batch_timeout``.
         """
         parts = self.take_parts()
-        if self._settings.llm_batches is not None:
+        if self._settings.llm is not None:
             return merge_padded(parts)
         if not self._settings.sync:
             return parts[0]
@@ -111,7 +111,7 @@ class Rounds:
         extend it with each worker's batch. Raises as :meth:`take`.
         """
         deliveries = self._take_sync() if self._settings.sync else self._take_async()
-        if self._settings.llm_batches is not None:
+        if self._settings.llm is not None:
             for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
                 check_padded(delivery.batch.exclude(WORKER_ID_KEY))
         self._account(deliveries)

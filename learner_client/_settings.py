@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
+import secrets
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,9 +64,8 @@ class BatchSettings:
         update_after_each_batch: Push the last weights given after every batch.
         max_weight_update_interval: Push to a worker once more than this many of its batches
             were delivered since its last update; ``-1`` disables.
-        llm_batches: LLM actors: ``"steps"`` (``[slots, T]`` batches) or ``"dialogs"``
-            (whole dialogs, any count per batch); their padded batches are checked and
-            concatenated on dim 0. None for env actors.
+        llm: LLM actors' settings: batches are their padded form, checked and merged on
+            dim 0 (with whole dialogs, any turn count per actor). None for env actors.
 
     Raises:
         ValueError: A value out of range (the message names it and the value).
@@ -80,13 +82,11 @@ class BatchSettings:
     update_after_each_batch: bool = False
     max_weight_update_interval: int = -1
     prefetch: int | None = None
-    llm_batches: str | None = None
+    llm: LLMSettings | None = None
 
     def __post_init__(self) -> None:
-        if self.llm_batches not in (None, "steps", "dialogs"):
-            raise ValueError(
-                f"llm_batches must be None, 'steps' or 'dialogs', got {self.llm_batches!r}"
-            )
+        if self.llm is not None and not isinstance(self.llm, LLMSettings):
+            raise TypeError(f"llm must be an LLMSettings or None, got {self.llm!r}")
         for name in ("sync", "split_trajs"):
             _set(self, name, _optional_flag(name, getattr(self, name)))
         interval = self.max_weight_update_interval
@@ -239,7 +239,12 @@ class ConnectionSettings:
         call_timeout: Deadline of every unary call and weight push.
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS; None for plaintext.
         token: Bearer token sent on every call; None for none.
-        learner_id: Free-form learner name the actors log.
+        learner_id: This learner's identity on the actors: a reconnect resumes only a
+            session opened under the same id. Empty (the default) draws one no other
+            learner shares (host, pid and a random tag); reuse an id to resume after a
+            deliberate restart.
+        take_over: End another learner's active session on each actor instead of
+            waiting for it to end (an operator's choice; the actors log it).
 
     Raises:
         ValueError: A value out of range.
@@ -250,12 +255,21 @@ class ConnectionSettings:
     call_timeout: float = 30.0
     channel_credentials: Any = None
     token: str | None = None
-    learner_id: str = "rlfleet-learner"
+    learner_id: str = ""
+    take_over: bool = False
 
     def __post_init__(self) -> None:
         token = self.token
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty string or None")
+        if self.learner_id == "":
+            _set(self, "learner_id", new_learner_id())
+        if not isinstance(self.learner_id, str) or not 0 < len(self.learner_id) <= 256:
+            raise ValueError(
+                f"learner_id must be a string of 1 to 256 characters, got {self.learner_id!r:.80}"
+            )
+        if not isinstance(self.take_over, bool):
+            raise TypeError(f"take_over must be a bool, got {self.take_over!r}")
         for name in ("connect_timeout", "call_timeout"):
             _set(self, name, positive_timeout(name, getattr(self, name)))
 
@@ -283,6 +297,11 @@ class FleetMember:
     models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
     kind: str = "env"
     max_new_tokens_cap: int = 0
+
+
+def new_learner_id() -> str:
+    """A learner identity no other collector shares: ``<host>-<pid>-<random hex>``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def positive_int(name: str, value: object) -> int:
@@ -353,12 +372,7 @@ def normalize_cat_results(value: object) -> str | int:
     raise ValueError(f"cat_results must be None, 'stack' or 0, got {value!r}")
 
 
-def check_fleet(
-    settings: BatchSettings,
-    members: Sequence[FleetMember],
-    model_id: str,
-    llm: LLMSettings | None = None,
-) -> None:
+def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
     """Check the fleet against the batch settings, as TorchRL checks its workers.
 
     Raises:
@@ -384,7 +398,7 @@ def check_fleet(
             f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
         )
         raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
-    check_kinds(members, llm)
+    check_kinds(members, settings.llm)
     fpb, count = settings.frames_per_batch, len(members)
     if settings.sync and fpb % count:
         raise ValueError(
@@ -392,7 +406,7 @@ def check_fleet(
             f"but {fpb} is not divisible by {count}"
         )
     share = settings.frames_per_actor(count)
-    if settings.llm_batches == "dialogs":  # whole dialogs: any count of turns per actor
+    if settings.llm is not None and settings.llm.trajectories:  # whole dialogs: any turn count
         return
     bad = [m for m in members if share % m.num_envs]
     if bad:

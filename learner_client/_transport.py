@@ -245,11 +245,16 @@ class ActorChannel:
             raise ProtocolError(f"{self.address}: GetState sent no header")
         return bytes(assembler.finish())
 
-    async def load_state(self, blob: bytes, timeout: float) -> int:
-        """Send a state blob produced by :meth:`get_state`; returns the actor's worker_id."""
+    async def load_state(self, blob: bytes, timeout: float, *, allow_rollback: bool) -> int:
+        """Send a state blob produced by :meth:`get_state`; returns the actor's worker_id.
+
+        ``allow_rollback`` lets the actor's policy versions go back to the state's.
+        """
 
         async def requests() -> AsyncIterator[pb.StateChunk]:
-            header = pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob))
+            header = pb.StateHeader(
+                total_bytes=len(blob), sha256=sha256_hex(blob), allow_rollback=allow_rollback
+            )
             yield pb.StateChunk(header=header)
             for piece in iter_blob_chunks(blob, CHUNK_BYTES):
                 yield pb.StateChunk(chunk=bytes(piece))

@@ -100,3 +100,37 @@ class _MultiEnv(gymnasium.Env):
 def multi_env() -> gymnasium.Env:
     """An env with MultiBinary observations and MultiDiscrete actions."""
     return _MultiEnv()
+
+
+class _Slow(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, delay: float) -> None:
+        super().__init__(env)
+        self._delay = delay
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self._delay)
+        return self.env.step(action)
+
+
+def slow_cartpole(delay: float = 0.2) -> gymnasium.Env:
+    """CartPole whose every ``step`` takes ``delay`` seconds more."""
+    return _Slow(gymnasium.make("CartPole-v1"), delay)
+
+
+class _NaNAfter(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, every: int) -> None:
+        super().__init__(env)
+        self._every, self._count = every, 0
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._count += 1
+        if self._count % self._every == 0:
+            obs = obs * float("nan")
+            reward = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+def nan_cartpole(every: int = 7) -> gymnasium.Env:
+    """CartPole whose every ``every``-th step returns a NaN observation and reward."""
+    return _NaNAfter(gymnasium.make("CartPole-v1"), every)

@@ -8,6 +8,7 @@ import torch
 from actor_service import ActorConfig, ModelSpec
 from actor_service._llm_rollout import LLMRolloutWorker
 from common.config import CollectSettings
+from common.errors import StaleVersionError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
 
 pytest.importorskip("transformers")
@@ -103,7 +104,9 @@ def test_state_dict_round_trip_restores_weights_and_counters() -> None:
         state = worker.state_dict()
         new, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 4})
         worker.models.load_weights("policy", 2, new.state_dict())
-        worker.load_state_dict(state)
+        with pytest.raises(StaleVersionError):
+            worker.load_state_dict(state)  # version 2 -> 0 is a rollback
+        assert worker.load_state_dict(state, allow_rollback=True) == {"policy": (2, 0)}
         assert worker.models.version == 0
         assert worker.frames == 2
         restored = worker.models.model.state_dict()

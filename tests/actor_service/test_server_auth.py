@@ -46,6 +46,22 @@ def test_auth_refuses_streams_before_reading_them(make_actor: object) -> None:
     assert actor.worker.batches == 0
 
 
+@pytest.mark.parametrize("method", ["Describe", "SetSeed"])
+def test_auth_refuses_unary_calls_before_parsing_their_body(
+    make_actor: object, method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    actor = make_actor(token=TOKEN)
+    # Not a protobuf message: only a refusal that never parses it says UNAUTHENTICATED.
+    call = actor.channel.unary_unary(f"/rlfleet.v1.ActorService/{method}")
+    with caplog.at_level("WARNING", logger="rlfleet.actor"), pytest.raises(grpc.RpcError) as error:
+        call(b"\xff\xff\xff\xff", timeout=10)
+    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    refusals = [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "auth.refused"]
+    assert refusals, "the refusal was not audit-logged"
+    assert refusals[-1].rlfleet_fields["peer"].startswith(("ipv4:127.0.0.1:", "ipv6:"))
+    assert refusals[-1].rlfleet_fields["method"] == f"/rlfleet.v1.ActorService/{method}"
+
+
 def test_auth_accepts_the_right_token_and_leaves_health_open(make_actor: object) -> None:
     actor = make_actor(token=TOKEN)
     metadata = (("authorization", f"Bearer {TOKEN}"),)

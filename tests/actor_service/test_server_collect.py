@@ -119,6 +119,62 @@ def test_collect_second_learner_is_refused_with_resource_exhausted(actor: Actor)
     first.cancel()
 
 
+def test_collect_a_learner_resumes_its_own_half_open_session_without_take_over(
+    actor: Actor,
+) -> None:
+    old = RawCollect.open(actor.stub, open_request(credits=1, learner_id="A"), read=False)
+    poll_until(lambda: actor.worker.batches >= 1, message="A's session runs")
+    epoch = actor.worker.epoch
+    # A's connection looks alive to the actor; A reconnects and resumes (no take_over).
+    again = RawCollect.open(actor.stub, open_request(credits=2, learner_id="A", resume_epoch=epoch))
+    opened = again.opened(timeout=10)
+    assert opened.resumed
+    assert [again.batch()[0].seq for _ in range(2)] == [1, 2]  # batch 1 re-sent, then new
+    again.cancel()
+    old.cancel()
+
+
+def test_collect_a_learner_never_resumes_or_ends_another_learners_session(
+    actor: Actor, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = RawCollect.open(actor.stub, open_request(credits=2, learner_id="A"))
+    epoch = a.opened().epoch
+    a.batch(), a.batch()
+    a.cancel()  # A's link breaks with seqs 1, 2 unacknowledged
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="A's session released")
+    b = RawCollect.open(actor.stub, open_request(credits=1, learner_id="B"))
+    assert not b.opened().resumed
+    assert b.batch()[0].seq == 3
+    # A reconnects, resuming its epoch, while B streams: refused, B unharmed.
+    a_again = RawCollect.open(
+        actor.stub, open_request(credits=1, learner_id="A", resume_epoch=epoch, resume_after_seq=2)
+    )
+    error = a_again.error()
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "'B'" in error.details()
+    b.credit(1)
+    assert b.batch()[0].seq == 4
+    b.close()
+    assert b.end()[0].reason == pb.END_REASON_CLOSED  # B's seqs 3, 4 stay unacknowledged
+    # A's resume now finds B's leftovers: it gets a fresh session, never B's batches.
+    a_later = RawCollect.open(
+        actor.stub, open_request(credits=1, learner_id="A", resume_epoch=epoch, resume_after_seq=2)
+    )
+    assert not a_later.opened().resumed
+    assert a_later.batch()[0].seq == 5
+    # An explicit take-over is the operator's choice, logged as a warning with the peer.
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        c = RawCollect.open(actor.stub, open_request(credits=1, learner_id="C", take_over=True))
+        assert a_later.end()[0].reason == pb.END_REASON_TAKEN_OVER
+        c.opened()
+    taken = [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "session.taken_over"]
+    assert [r.levelname for r in taken] == ["WARNING"]
+    assert taken[0].rlfleet_fields["old"] == "A"
+    assert taken[0].rlfleet_fields["new"] == "C"
+    assert taken[0].rlfleet_fields["peer"].startswith("ipv")
+    c.cancel()
+
+
 def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
     first = RawCollect.open(actor.stub, open_request(credits=1, learner_id="old"))
     first.opened()
@@ -230,6 +286,45 @@ def test_collect_raises_if_settings_are_bad(
     assert error.code() == code
     assert needle in error.details()
     assert not actor.handle.server.runtime.busy
+
+
+def test_collect_raises_if_a_batch_cannot_fit_the_packet_cap(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=12_000_000, credits=1))
+    error = session.error()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    largest = int(error.details().rsplit("largest that fits is ", 1)[1])
+    assert 0 < largest < 12_000_000
+    assert largest % 2 == 0  # a multiple of num_envs
+    assert not actor.handle.server.runtime.busy
+    for too_many in (largest + 2, 2**40):
+        refused = RawCollect.open(actor.stub, open_request(frames_per_batch=too_many))
+        assert refused.error().code() == grpc.StatusCode.INVALID_ARGUMENT
+    fits = RawCollect.open(actor.stub, open_request(frames_per_batch=largest, credits=0))
+    fits.opened()  # accepted (no credit: nothing is collected)
+    fits.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+
+
+def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_then(
+    make_actor: object,
+) -> None:
+    # 0.3 s per step, 40 steps: 12 s if the batch were finished.
+    actor = make_actor(env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3})
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
+    session.opened()
+    time.sleep(1.0)  # a few steps into the batch
+    session.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.current.active, message="session ended")
+    # The batch is given up at its next step (<= 0.3 s): until then the actor says busy.
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=5).busy
+    start = time.monotonic()
+    again = RawCollect.open(actor.stub, open_request(frames_per_batch=2, credits=1))
+    again.opened(timeout=5)
+    assert time.monotonic() - start < 5, "waited for the abandoned batch"
+    again.batch(timeout=5)
+    again.cancel()
+    assert actor.worker.batches == 1  # the abandoned batch produced nothing
+    assert actor.worker.frames == 2
 
 
 def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:

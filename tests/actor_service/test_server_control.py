@@ -31,10 +31,13 @@ def _get_state(actor: Actor) -> bytes:
     return bytes(assembler.finish())
 
 
-def _load_requests(blob: bytes, sha256: str | None = None) -> Iterator[pb.StateChunk]:
-    yield pb.StateChunk(
-        header=pb.StateHeader(total_bytes=len(blob), sha256=sha256 or sha256_hex(blob))
+def _load_requests(
+    blob: bytes, sha256: str | None = None, *, allow_rollback: bool = False
+) -> Iterator[pb.StateChunk]:
+    header = pb.StateHeader(
+        total_bytes=len(blob), sha256=sha256 or sha256_hex(blob), allow_rollback=allow_rollback
     )
+    yield pb.StateChunk(header=header)
     for piece in iter_blob_chunks(blob, 4096):
         yield pb.StateChunk(chunk=bytes(piece))
 
@@ -106,6 +109,81 @@ def test_load_state_raises_if_state_is_bad_and_changes_nothing(actor: Actor) -> 
         assert error.value.code() == code
     for key, value in _policy_weights(actor).items():
         assert torch.equal(value, before[key])
+
+
+def _snapshot(actor: Actor) -> tuple:
+    worker = actor.worker
+    return (
+        _policy_weights(actor),
+        worker.models.policy_version("policy"),
+        worker.frames,
+        worker.batches,
+        worker.state_dict()["traj_counter"],
+    )
+
+
+def _assert_same(actor: Actor, before: tuple) -> None:
+    weights, *rest = _snapshot(actor)
+    assert rest == list(before[1:])
+    for key, value in weights.items():
+        assert torch.equal(value, before[0][key]), key
+
+
+def _nested_state_blob(depth: int) -> bytes:
+    tree = "[" * depth + "]" * depth
+    metadata = {"rlfleet.format": "actor-state/1", "rlfleet.state": tree}
+    return encode_weights({}, metadata=metadata)
+
+
+def test_load_state_raises_invalid_argument_if_a_number_is_out_of_range(actor: Actor) -> None:
+    before = _snapshot(actor)
+    good = decode_state(_get_state(actor))
+    other = {k: torch.full_like(v, 0.5) for k, v in good["models"]["policy"]["weights"].items()}
+    good["models"]["policy"]["weights"] = other  # would be visible if anything were applied
+    bad_states = [
+        {**good, "traj_counter": 2**70},
+        {**good, "frames": 2**64},
+        {**good, "batches": -1},
+        {**good, "models": {"policy": {"version": 2**63, "weights": other}}},
+        {**good, "models": {"policy": {"version": 1.5, "weights": other}}},
+    ]
+    blobs = [state_to_blob(s) for s in bad_states] + [_nested_state_blob(100_000)]
+    for blob in blobs:
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.LoadState(_load_requests(blob), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+        _assert_same(actor, before)
+    session = RawCollect.open(actor.stub, open_request(credits=1))  # the actor still collects
+    session.opened()
+    assert session.batch()[1]["policy_version"].eq(0).all()
+    session.cancel()
+
+
+def test_load_state_refuses_a_rollback_unless_allowed_and_audits_every_load(
+    actor: Actor, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = _get_state(actor)  # version 0
+    state = decode_state(old)
+    newer = {k: torch.full_like(v, 0.25) for k, v in state["models"]["policy"]["weights"].items()}
+    state["models"]["policy"] = {"version": 3, "weights": newer}
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        actor.stub.LoadState(_load_requests(state_to_blob(state)), timeout=30)  # forward: fine
+        before = _snapshot(actor)
+        assert before[1] == 3
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.LoadState(_load_requests(old), timeout=30)
+        assert error.value.code() == grpc.StatusCode.ABORTED
+        assert "allow_rollback" in error.value.details()
+        _assert_same(actor, before)
+        actor.stub.LoadState(_load_requests(old, allow_rollback=True), timeout=30)
+    assert actor.worker.models.policy_version("policy") == 0
+    loads = [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "weights.load_state"]
+    results = [r.rlfleet_fields["result"] for r in loads]
+    assert results == ["OK", "ABORTED", "OK"]
+    assert loads[0].rlfleet_fields["versions"] == {"policy": "0->3"}
+    assert loads[2].rlfleet_fields["versions"] == {"policy": "3->0"}
+    assert all(r.rlfleet_fields["peer"].startswith("ipv") for r in loads)
+    assert [r.rlfleet_fields["allow_rollback"] for r in loads] == [False, False, True]
 
 
 def test_set_seed_returns_the_next_seed_and_makes_collection_repeatable(actor: Actor) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import ActorProcess, grpcurl_path, poll_until, start_actor
 
+from actor_service._runtime import SHUTDOWN_REAP_BOUND
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -158,3 +161,46 @@ def test_sigterm_drains_the_stream_and_exits_0_within_grace() -> None:
             timeout=5,
             message="env subprocesses reaped",
         )
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [k for p in frontier if _alive(p) for k in _children(p)]
+        found += kids
+        frontier = kids
+    return found
+
+
+def test_sigterm_with_a_hung_env_reaps_every_child_within_grace_plus_bound() -> None:
+    grace = 2.0
+    here = str(pathlib.Path(__file__).parent)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    args = ["--num-envs", "2", "--env-backend", "async", "--grace-period", str(grace)]
+    args += ["--env-factory", "rlfleet_test_envs:hanging_cartpole", "--env-kwargs", '{"steps": 3}']
+    with start_actor([*args, "--step-timeout", "600"], env=env) as actor:
+        children = _descendants(actor.process.pid)
+        try:
+            assert len(children) >= 3, "env workers and the multiprocessing resource tracker"
+            with grpc.insecure_channel(actor.address) as channel:
+                session = RawCollect.open(
+                    pb_grpc.ActorServiceStub(channel), open_request(frames_per_batch=20, credits=1)
+                )
+                session.opened()
+                time.sleep(1.0)  # the 4th step hangs in the env workers
+                start = time.monotonic()
+                actor.terminate()
+                actor.wait(timeout=grace + SHUTDOWN_REAP_BOUND + 10)
+                elapsed = time.monotonic() - start
+                session.cancel()
+            poll_until(
+                lambda: not any(_alive(pid) for pid in children),
+                timeout=2,
+                message=f"children reaped: {[p for p in children if _alive(p)]} still run",
+            )
+            assert elapsed < grace + SHUTDOWN_REAP_BOUND
+            assert "actor.children_killed" in actor.stderr()
+        finally:  # orphans would also hold the actor's stdout pipe open
+            for pid in children:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import tracemalloc
 from collections.abc import Iterator
 
 import grpc
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
 from actor_service._logging import configure_logging, get_logger
+from bench.hostile_push import hostile_blob
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
@@ -173,6 +175,39 @@ def test_push_weights_raises_if_version_is_stale(actor: Actor) -> None:
         assert error.value.code() == grpc.StatusCode.ABORTED
     _assert_unchanged(actor, 3)
     assert (_actions(actor)[0] == 1).all()
+
+
+@pytest.mark.parametrize("version", [2**63, 2**64 - 1])
+def test_push_weights_raises_if_version_does_not_fit_int64(actor: Actor, version: int) -> None:
+    shapes = _policy_shapes(actor.stub)
+    with pytest.raises(grpc.RpcError) as error:
+        _push(actor, _favouring(shapes, 1), version=version)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(version) in error.value.details()
+    _assert_unchanged(actor, 0)
+    assert (_actions(actor)[1] == 0).all()  # batches still flow, at the old version
+    _push(actor, _favouring(shapes, 1), version=2**63 - 1)  # the largest version still works
+    actions, versions = _actions(actor)
+    assert (actions == 1).all()
+    assert (versions == 2**63 - 1).all()
+
+
+def test_push_weights_refuses_a_300000_key_header_cheaply(actor: Actor) -> None:
+    blob = hostile_blob(300_000)  # 17 MB of zero-size tensors
+    tracemalloc.start()  # traces the actor's threads too: it runs in this process
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.PushWeights(_requests(blob, 1), timeout=60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # The blob is buffered once and its header copied once; parsing it cost ~20x the blob.
+    assert peak < 4 * len(blob), f"decoding peaked at {peak / 1e6:.0f} MB for {len(blob) / 1e6} MB"
+    assert "tensors" in error.value.details()
+    _assert_unchanged(actor, 0)
+    _push(actor, _favouring(_policy_shapes(actor.stub), 1), version=1)  # still takes good pushes
+    _assert_unchanged(actor, 1)
 
 
 def test_push_weights_raises_if_header_is_missing(actor: Actor) -> None:

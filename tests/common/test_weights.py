@@ -55,7 +55,11 @@ def _raw_blob(header: bytes, data: bytes = b"") -> bytes:
 def test_weights_module_pins_its_public_names() -> None:
     assert sorted(weights_module.__all__) == sorted(
         [
+            "DEFAULT_MAX_KEYS",
             "DEFAULT_MAX_WEIGHT_BYTES",
+            "Expected",
+            "MAX_POLICY_VERSION",
+            "check_policy_version",
             "BlobAssembler",
             "check_compatible",
             "check_finite",

@@ -6,9 +6,6 @@ on the same ports, so they do not share the session fleet.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -16,6 +13,7 @@ import pytest
 import torch
 from helpers import ActorProcess, poll_until, start_actor
 from learner_fleet import cartpole_policy, live_threads, start_actors
+from tcp_proxy import FaultProxy
 
 from common.config import CHUNK_BYTES
 from common.errors import ActorUnavailableError, AuthenticationError
@@ -160,62 +158,6 @@ def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
         collector.shutdown(timeout=3)
 
 
-class ResettingProxy:
-    """A TCP proxy to one actor whose connections can be cut (same actor process behind it)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._spawn(self._accept)
-
-    def _spawn(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._target)
-            with self._lock:
-                self._sockets += [client, upstream]
-            self._spawn(self._pipe, client, upstream)
-            self._spawn(self._pipe, upstream, client)
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def reset(self) -> None:
-        """Cut every open connection (the learner sees its stream break)."""
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the pipe threads blocked in recv()
-            sock.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
-        self._listener.close()
-        self.reset()
-        for thread in self._threads:
-            thread.join(5)
-
-
 def test_collector_raises_if_the_token_is_missing_or_wrong(actors):
     with pytest.raises(AuthenticationError, match=actors[0].address):
         GrpcCollector([actors[0].address], frames_per_batch=4)
@@ -237,7 +179,7 @@ def test_collector_reassembles_multi_chunk_batches(actors):
 
 
 def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
-    proxy = ResettingProxy(("127.0.0.1", actors[0].port))
+    proxy = FaultProxy(("127.0.0.1", actors[0].port))
     collector = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20, token=TOKEN)
     try:
         seen = [collector.next()["observation"].clone() for _ in range(3)]
@@ -252,4 +194,40 @@ def test_async_resumes_a_broken_stream_without_duplicates_or_gaps(actors):
         assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1 :])
     finally:
         collector.shutdown(timeout=5)
+        proxy.close()
+
+
+def test_a_reconnecting_learner_never_takes_over_another_learners_session(actors):
+    proxy = FaultProxy(("127.0.0.1", actors[0].port))
+    first = GrpcCollector([proxy.address], frames_per_batch=4, batch_timeout=20, token=TOKEN)
+    second = None
+    try:
+        first.next()
+        proxy.refusing = True
+        proxy.reset()  # the first learner's link breaks and cannot come back yet
+        poll_until(lambda: first.stats()["failures"] >= 1, timeout=10)
+        second = GrpcCollector([actors[0].address], frames_per_batch=4, token=TOKEN)
+        second.next()
+        proxy.refusing = False  # the first learner reconnects and asks to resume
+        failures = first.stats()["failures"]
+        poll_until(lambda: first.stats()["failures"] >= failures + 2, timeout=45)
+        for _ in range(10):  # the second learner keeps its session throughout
+            second.next()
+        stats = second.stats()
+        assert stats["failures"] == 0
+        assert stats["reconnects"] == 0
+        second.shutdown(timeout=5)
+        second = None
+        first.next()  # once the actor is free, the first learner gets it back
+        opened = [
+            line.split("learner=")[1].split()[0]
+            for line in actors[0].stderr().splitlines()
+            if "session.opened" in line
+        ]
+        assert len(set(opened[-3:])) == 2, opened  # two learners, two identities
+        assert "session.taken_over" not in actors[0].stderr()
+    finally:
+        for collector in (first, second):
+            if collector is not None:
+                collector.shutdown(timeout=5)
         proxy.close()

@@ -153,3 +153,16 @@ def test_check_fleet_raises_if_the_acting_model_is_missing():
     fleet = [FleetMember("h:1", 0, 2, ("critic",))]
     with pytest.raises(UnknownModelError, match=r"'policy'.*h:1"):
         check_fleet(BatchSettings(frames_per_batch=8), fleet, "policy")
+
+
+def test_connection_settings_give_each_learner_its_own_identity() -> None:
+    from learner_client._settings import ConnectionSettings
+
+    first, second = ConnectionSettings(), ConnectionSettings()
+    assert first.learner_id != second.learner_id
+    assert not first.take_over
+    assert ConnectionSettings(learner_id="trainer-7").learner_id == "trainer-7"
+    with pytest.raises(ValueError, match="learner_id"):
+        ConnectionSettings(learner_id="x" * 300)
+    with pytest.raises(TypeError, match="take_over"):
+        ConnectionSettings(take_over="yes")

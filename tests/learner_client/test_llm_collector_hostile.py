@@ -79,12 +79,15 @@ class _HostileCore:
     def configure(self, settings) -> None:
         self.settings = settings
 
-    def collect_batch(self) -> TensorDict:
+    def collect_batch(self, abandon=None) -> TensorDict:
         self.batches += 1
         return _batch(self.broken)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         return seed
+
+    def kill_pool(self) -> int:
+        return 0
 
     def close(self) -> None:
         pass

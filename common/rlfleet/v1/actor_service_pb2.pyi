@@ -326,12 +326,14 @@ class DescribeResponse(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ...) -> None: ...
 
 class StateHeader(_message.Message):
-    __slots__ = ("total_bytes", "sha256")
+    __slots__ = ("total_bytes", "sha256", "allow_rollback")
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     total_bytes: int
     sha256: str
-    def __init__(self, total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+    allow_rollback: bool
+    def __init__(self, total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., allow_rollback: _Optional[bool] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("header", "chunk")

@@ -129,7 +129,10 @@ class ActorServiceServicer:
 
     def LoadState(self, request_iterator, context):
         """Loads a state produced by GetState: one `header`, then `chunk` messages.
-        All-or-nothing, like PushWeights.
+        All-or-nothing, like PushWeights: the whole state is validated before any
+        of it is applied. A state whose version of some model is older than the
+        version in force is refused with ABORTED unless `header.allow_rollback`
+        is set. Every load is audit-logged like a push.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
