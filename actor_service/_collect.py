@@ -66,7 +66,7 @@ class EncodedBatch:
             order; their data concatenate to the packet.
         seq: The seq the batch was encoded with.
         packet_bytes: Length of the packet.
-        crc32: CRC-32 of the packet.
+        crc32c: CRC-32C of the packet.
         frames: Frames in the batch.
         model_id: The model that acted.
         policy_version_min: Lowest policy version among the frames.
@@ -76,7 +76,7 @@ class EncodedBatch:
     messages: tuple[bytes, ...]
     seq: int
     packet_bytes: int
-    crc32: int
+    crc32c: int
     frames: int
     model_id: str
     policy_version_min: int
@@ -114,7 +114,7 @@ def collect_encoded(
         low, high = int(flat.min()), int(flat.max())
     else:
         low = high = int(worker.models.policy_version(model_id))
-    pieces, crc32 = packet.checksummed_chunks()
+    pieces, crc32c = packet.checksummed_chunks()
     # An LLM batch of last steps only accounts for the dialog turns it dropped too.
     frames = int(getattr(worker, "last_batch_frames", 0) or td.numel())
     info = pb.BatchInfo(
@@ -123,7 +123,7 @@ def collect_encoded(
         seq=seq,
         frames=frames,
         frame_bytes=packet.nbytes,
-        crc32=crc32,
+        crc32c=crc32c,
         model_id=model_id,
         policy_version_min=low,
         policy_version_max=high,
@@ -132,7 +132,7 @@ def collect_encoded(
         messages=_chunk_messages(pieces, seq, info),
         seq=seq,
         packet_bytes=packet.nbytes,
-        crc32=crc32,
+        crc32c=crc32c,
         frames=frames,
         model_id=model_id,
         policy_version_min=low,

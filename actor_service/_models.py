@@ -10,11 +10,15 @@ lock is taken; a rejected push changes nothing.
 Three kinds of module can act: the built-in policies (``common.policies``), which
 offer the allocation-light ``act_compact``; any ``TensorDictModuleBase`` reading
 ``"observation"`` and writing ``"action"`` plus extra keys (kept in batches); and a
-plain ``nn.Module`` mapping an observation tensor to an action tensor.
+plain ``nn.Module`` mapping an observation tensor to an action tensor. A TensorDict
+module whose inner modules can be called on tensors (``actor_service._tensor_forward``)
+is called that way, once both ways have given equal outputs on a probe batch from one
+RNG state; otherwise it is called on a TensorDict each step.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +32,7 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
+from actor_service._tensor_forward import TensorForward, tensor_forward
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.policies import make_policy
@@ -83,6 +88,8 @@ class _Model:
         self.lock = threading.Lock()
         self.device = device
         self._act = act
+        self._obs = obs
+        self.path = ""
         self.forward = self._pick_forward(module)
         self.reference = {k: v.detach() for k, v in module.state_dict().items()}
         self.parameters_info = {
@@ -93,13 +100,25 @@ class _Model:
     def _pick_forward(self, module: nn.Module) -> Callable[[torch.Tensor], Compact]:
         act_compact = getattr(module, "act_compact", None)
         if callable(act_compact):
+            self.path = "compact"
             return act_compact
-        if isinstance(module, TensorDictModuleBase):
-            extras = [k for k in module.out_keys if k != "action" and not _private(k)]
-            return lambda obs: self._td_forward(obs, extras)
-        return lambda obs: (self._act.from_policy(module(obs), obs.shape[0]), {})
+        if not isinstance(module, TensorDictModuleBase):
+            self.path = "module"
+            return lambda obs: (self._act.from_policy(module(obs), obs.shape[0]), {})
+        extras = [k for k in module.out_keys if k != "action" and not _private(k)]
+        general = functools.partial(self._td_forward, extras=extras)
+        on_tensors = tensor_forward(module)
+        fast = on_tensors and functools.partial(
+            self._tensor_forward, fast=on_tensors, extras=extras
+        )
+        if fast is not None and self._same_outputs(general, fast):
+            self.path = "tensors"
+            return fast
+        self.path = "tensordict"
+        return general
 
     def _td_forward(self, obs: torch.Tensor, extras: list) -> Compact:
+        """The general path: the module called on a TensorDict, as TorchRL calls it."""
         td = self.module(
             TensorDict({"observation": obs}, batch_size=obs.shape[:1], device=obs.device)
         )
@@ -107,6 +126,30 @@ class _Model:
             raise InternalError(f"model {self.spec.model_id!r} wrote no 'action' key")
         action = self._act.from_policy(td.get("action"), obs.shape[0])
         return action, {k: td.get(k) for k in extras}
+
+    def _tensor_forward(self, obs: torch.Tensor, fast: TensorForward, extras: list) -> Compact:
+        """The fast path: the same inner modules on tensors (``actor_service._tensor_forward``)."""
+        values = fast(obs)
+        if "action" not in values:
+            raise InternalError(f"model {self.spec.model_id!r} wrote no 'action' key")
+        action = self._act.from_policy(values["action"], obs.shape[0])
+        return action, {k: values[k] for k in extras}
+
+    def _same_outputs(self, general: Callable, fast: Callable) -> bool:
+        """Both paths, from one RNG state, give equal outputs on a probe batch (else: general)."""
+        sample = self._obs.encode(self._obs.placeholder(2)).to(self.device)
+        devices = [self.device] if self.device.type == "cuda" else []
+        results = []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            state = torch.get_rng_state()
+            for path in (general, fast):
+                torch.set_rng_state(state)
+                try:
+                    with set_interaction_type(InteractionType.RANDOM):
+                        results.append(path(sample))
+                except Exception:
+                    return False
+        return _equal(results[0], results[1])
 
     def _probe(self, obs: ObservationCodec) -> dict:
         """Run once on placeholder observations to learn the extra outputs' shapes and dtypes."""
@@ -134,6 +177,18 @@ class _Model:
                 )
             specs[key] = (tuple(value.shape[1:]), value.dtype)
         return specs
+
+
+def _equal(a: Compact, b: Compact) -> bool:
+    """Same action and extras: keys, dtypes, shapes and values (NaN equal to NaN)."""
+    pairs = [(a[0], b[0])] + [(a[1][k], b[1].get(k)) for k in a[1]]
+    return a[1].keys() == b[1].keys() and all(
+        isinstance(y, torch.Tensor)
+        and x.dtype == y.dtype
+        and x.shape == y.shape
+        and bool(torch.equal(x, y) or torch.allclose(x, y, rtol=0, atol=0, equal_nan=True))
+        for x, y in pairs
+    )
 
 
 def _private(key: str | tuple) -> bool:
@@ -209,6 +264,16 @@ class ModelRegistry:
     def module(self, model_id: str) -> nn.Module:
         """The live module of ``model_id`` (read it only between weight loads)."""
         return self._get(model_id).module
+
+    def forward_path(self, model_id: str) -> str:
+        """How ``model_id`` is called each step.
+
+        ``"compact"`` (a built-in's ``act_compact``), ``"tensors"`` (a TensorDict
+        module's inner modules called on tensors, see ``actor_service._tensor_forward``),
+        ``"tensordict"`` (the module called on a TensorDict) or ``"module"`` (a plain
+        ``nn.Module`` called on the observation).
+        """
+        return self._get(model_id).path
 
     def policy_version(self, model_id: str) -> int:
         """The version of the weights ``model_id`` acts with now (0 until a push)."""

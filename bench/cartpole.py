@@ -1,7 +1,10 @@
 """CartPole-v1 frames/s: rlfleet vs TorchRL's multi-process collectors and the in-process limit.
 
 Workload: CartPole-v1, the ``"mlp"`` policy (64x64, tanh, one-hot categorical),
-2 actors x 8 envs, sync and async. Systems, all in this one run:
+2 actors x 8 envs, sync and async; and, sync, a user-style policy given by factory
+(``bench.policies:sequential_policy``: a ``TensorDictModule`` around an
+``nn.Sequential``, 64x64 tanh), run by rlfleet and TorchRL alike. Systems, all in
+this one run:
 
 - rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses, in three
   modes: sync by default (on-policy: an actor collects only the batch requested, as
@@ -19,7 +22,9 @@ taken between windows measured back to back.
 
 Targets: rlfleet >= 10x TorchRL's best multi-process collector (default sync vs
 sync, async vs async) and >= 60% of the in-process limit. The prefetching mode is
-reported beside them, without a target: the headline compares like with like.
+reported beside them, without a target: the headline compares like with like. With
+the user policy: sync >= 4x TorchRL with the same policy and >= 1.2x the in-process
+limit; sync with ``prefetch=1`` >= 1.5x the in-process limit.
 
 Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 """
@@ -27,6 +32,7 @@ Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from collections.abc import Sequence
@@ -39,6 +45,7 @@ from bench._common import Report, base_parser, parse, reps_of, set_single_thread
 __all__ = ["main"]
 
 ENV_ID = "CartPole-v1"
+USER_POLICY = "bench.policies:sequential_policy"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -110,10 +117,14 @@ def pick_layout(args: argparse.Namespace, policy: Any, report: Report) -> str:
 
 
 # rlfleet's modes: (figure name, sync, extra GrpcCollector arguments).
-RLFLEET_MODES: tuple[tuple[str, bool, dict[str, Any]], ...] = (
-    ("rlfleet sync", True, {}),
-    ("rlfleet sync prefetch=1", True, {"prefetch": 1}),
-    ("rlfleet async", False, {}),
+# (figure suffix, fleet, sync, collector kwargs, TorchRL counterpart or None): one
+# repetition's windows, in order. Figures are "rlfleet <suffix>" and "torchrl <counterpart>".
+WINDOWS: tuple[tuple[str, str, bool, dict[str, Any], str | None], ...] = (
+    ("sync", "mlp", True, {}, "sync"),
+    ("sync prefetch=1", "mlp", True, {"prefetch": 1}, None),
+    ("async", "mlp", False, {}, "async"),
+    ("user sync", "user", True, {}, "user sync"),
+    ("user sync prefetch=1", "user", True, {"prefetch": 1}, None),
 )
 
 
@@ -128,49 +139,74 @@ def _rlfleet_window(
     return fps
 
 
+def user_policy() -> Any:
+    """The user-style policy (:func:`bench.policies.sequential_policy`) for CartPole."""
+    from bench.policies import sequential_policy
+
+    env = gymnasium.make(ENV_ID)
+    return sequential_policy(env.observation_space, env.action_space)
+
+
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure every system, interleaved, and record figures, ratios and targets."""
     from bench import _rlfleet, _torchrl
-    from bench._inprocess import in_process_fps
 
     reps = reps_of(args)
     policy = mlp_policy()
     layout = pick_layout(args, policy, report)
     env_fn = _torchrl.cartpole_env(layout, args.num_envs)
-    torchrl_iters = {}
-    collectors = []
     samples: dict[str, list[float]] = {}
-    limit_env = functools.partial(gymnasium.make, ENV_ID)
-    with _rlfleet.fleet(args.actors, env=ENV_ID, num_envs=args.num_envs, policy="mlp") as fleet:
-        try:
-            for sync in (True, False):
-                fpb = args.frames_per_actor * (args.actors if sync else 1)
-                coll = _torchrl.make_collector(
-                    sync, env_fn, policy, workers=args.actors, frames_per_batch=fpb
-                )
-                collectors.append(coll)
-                torchrl_iters[sync] = iter(coll)
-            for _ in range(reps):
-                for name, sync, extra in RLFLEET_MODES:
-                    samples.setdefault(name, []).append(
-                        _rlfleet_window(fleet.addresses, sync, args, extra)
-                    )
-                for sync in (True, False):
-                    fps, _ = time_batches(torchrl_iters[sync], seconds=args.window, warmup=1)
-                    samples.setdefault(f"torchrl {'sync' if sync else 'async'}", []).append(fps)
-                samples.setdefault("in-process limit", []).append(
-                    in_process_fps(
-                        limit_env,
-                        num_envs=args.actors * args.num_envs,
-                        steps_per_batch=args.frames_per_actor // args.num_envs,
-                        seconds=args.window,
-                    )
-                )
-        finally:
-            for coll in collectors:
-                coll.shutdown()
+    with contextlib.ExitStack() as stack:
+        fleets = {
+            name: stack.enter_context(
+                _rlfleet.fleet(args.actors, env=ENV_ID, num_envs=args.num_envs, policy=factory)
+            )
+            for name, factory in (("mlp", "mlp"), ("user", USER_POLICY))
+        }
+        torchrl_iters = {}
+        for _, fleet, sync, _, counterpart in WINDOWS:
+            if counterpart is None:
+                continue
+            fpb = args.frames_per_actor * (args.actors if sync else 1)
+            module = user_policy() if fleet == "user" else policy
+            coll = _torchrl.make_collector(
+                sync, env_fn, module, workers=args.actors, frames_per_batch=fpb
+            )
+            stack.callback(coll.shutdown)
+            torchrl_iters[counterpart] = iter(coll)
+        for _ in range(reps):
+            _repetition(args, fleets, torchrl_iters, samples)
     for name, values in samples.items():
         report.figure(name, "frames/s", values)
+    _ratios_and_targets(report, layout)
+
+
+def _repetition(
+    args: argparse.Namespace,
+    fleets: dict[str, Any],
+    torchrl_iters: dict[str, Any],
+    samples: dict[str, list[float]],
+) -> None:
+    """One window of every system, back to back; appends a sample to each figure."""
+    from bench._inprocess import in_process_fps
+
+    for name, fleet, sync, extra, counterpart in WINDOWS:
+        fps = _rlfleet_window(fleets[fleet].addresses, sync, args, extra)
+        samples.setdefault(f"rlfleet {name}", []).append(fps)
+        if counterpart is not None:
+            fps, _ = time_batches(torchrl_iters[counterpart], seconds=args.window, warmup=1)
+            samples.setdefault(f"torchrl {counterpart}", []).append(fps)
+    samples.setdefault("in-process limit", []).append(
+        in_process_fps(
+            functools.partial(gymnasium.make, ENV_ID),
+            num_envs=args.actors * args.num_envs,
+            steps_per_batch=args.frames_per_actor // args.num_envs,
+            seconds=args.window,
+        )
+    )
+
+
+def _ratios_and_targets(report: Report, layout: str) -> None:
     for mode in ("sync", "async"):
         ratio = report.ratio(f"rlfleet/torchrl {mode}", f"rlfleet {mode}", f"torchrl {mode}")
         report.target(f"{mode}: rlfleet >= 10x TorchRL ({layout})", ratio, 10.0)
@@ -179,6 +215,18 @@ def run(args: argparse.Namespace, report: Report) -> None:
         )
         report.target(f"{mode}: rlfleet >= 60% of the in-process limit", limit, 0.6)
     report.ratio("rlfleet sync prefetch=1/torchrl sync", "rlfleet sync prefetch=1", "torchrl sync")
+    user = "rlfleet user sync"
+    ratio = report.ratio("rlfleet/torchrl user sync", user, "torchrl user sync")
+    report.target(f"user policy, sync: rlfleet >= 4x TorchRL ({layout})", ratio, 4.0)
+    limit = report.ratio("rlfleet user sync/in-process limit", user, "in-process limit")
+    report.target("user policy, sync: rlfleet >= 1.2x the in-process limit", limit, 1.2)
+    limit = report.ratio(
+        "rlfleet user sync prefetch=1/in-process limit",
+        "rlfleet user sync prefetch=1",
+        "in-process limit",
+    )
+    report.target("user policy, prefetch=1: rlfleet >= 1.5x the in-process limit", limit, 1.5)
+    report.ratio("rlfleet user sync/rlfleet sync", user, "rlfleet sync")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 One round trip is what the transports do: ``encode_packet`` on the actor, ``chunks()``
 (one copy into each chunk message), then ``PacketAssembler.add`` for every chunk (one
 copy into the destination) and ``finish()`` on the learner, which decodes views. It is
-timed with and without the CRC-32 the transports add, on (a) a ~64 MiB uint8 pixel
+timed with and without the CRC-32C the transports add, on (a) a ~64 MiB uint8 pixel
 batch and (b) a 1,000-frame CartPole batch, each against ``tensor.clone()`` of a tensor
 holding the same number of bytes. Run ``python -m bench.codec_bench [--quick] [--reps N]``;
 the last line of stdout is one JSON object (``{"bench": "codec", ...}``).
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict
 
-from common.packets import PacketAssembler, encode_packet, packet_crc32
+from common.packets import PacketAssembler, encode_packet, packet_crc32c
 
 #: Large batches: encode + decode at least this fraction of plain-copy throughput.
 LARGE_TARGET = 0.25
@@ -75,11 +75,11 @@ def cartpole_batch(envs: int, steps: int) -> TensorDict:
 def round_trip(batch: TensorDict, crc: bool) -> TensorDict:
     """Actor side then learner side, as the transports run them."""
     packet = encode_packet(batch)
-    checksum = packet_crc32(packet) if crc else None
+    checksum = packet_crc32c(packet) if crc else None
     assembler = PacketAssembler(packet.nbytes)
     for data in packet.chunks():
         assembler.add(data)
-    return assembler.finish(expected_crc32=checksum)
+    return assembler.finish(expected_crc32c=checksum)
 
 
 def per_call(fn: Callable[[], object], inner: int) -> float:
@@ -91,7 +91,7 @@ def per_call(fn: Callable[[], object], inner: int) -> float:
 
 
 def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, object]:
-    """Times the codec (with and without crc32) against copies of the same bytes.
+    """Times the codec (with and without crc32c) against copies of the same bytes.
 
     The candidates run back to back within each repetition and ratios are taken
     repetition by repetition, so the drift of a shared machine mostly cancels out.
@@ -101,7 +101,7 @@ def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, ob
     warm = torch.empty_like(flat)
     candidates: dict[str, Callable[[], object]] = {
         "codec": lambda: round_trip(batch, crc=False),
-        "codec_crc32": lambda: round_trip(batch, crc=True),
+        "codec_crc32c": lambda: round_trip(batch, crc=True),
         "clone": flat.clone,  # fresh memory each time, like the assembler's buffer
         "copy_warm": lambda: warm.copy_(flat),  # memcpy bandwidth, no page faults
     }
@@ -115,13 +115,13 @@ def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, ob
     for key, times in samples.items():
         result[f"{key}_gbps"] = nbytes / statistics.median(times) / 1e9
         result[f"{key}_ms"] = statistics.median(times) * 1e3
-    for key in ("codec", "codec_crc32"):
+    for key in ("codec", "codec_crc32c"):
         ratios = [c / t for c, t in zip(samples["clone"], samples[key], strict=True)]
         result[f"{key}_vs_clone"] = statistics.median(ratios)
     lines = [f"{name}: {nbytes / 2**20:.2f} MiB, {batch.numel()} frames, median of {reps}"]
     labels = {
         "codec": "encode+chunks+assemble+decode",
-        "codec_crc32": "... with crc32 both sides",
+        "codec_crc32c": "... with crc32c both sides",
         "clone": "tensor.clone() of same bytes",
         "copy_warm": "copy_ into a warm tensor",
     }
@@ -130,7 +130,7 @@ def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, ob
             f"  {label:<31}{result[key + '_gbps']:7.2f} GB/s  ({result[key + '_ms']:.3f} ms)"
         )
     lines.append(f"  codec / clone {result['codec_vs_clone']:.3f}, "
-                 f"with crc32 {result['codec_crc32_vs_clone']:.3f}")  # fmt: skip
+                 f"with crc32c {result['codec_crc32c_vs_clone']:.3f}")  # fmt: skip
     print("\n".join(lines), flush=True)
     return result
 

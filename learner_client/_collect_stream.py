@@ -2,7 +2,7 @@
 
 :class:`CollectStream` sends ``open`` then credits, acks and ``close`` from a
 queue; it reads ``opened``, then reassembles each batch's chunks with
-:class:`~common.packets.PacketAssembler` (one copy, crc32 checked, decoded off
+:class:`~common.packets.PacketAssembler` (one copy, crc32c checked, decoded off
 the loop when large, into the buffer ``allocate`` gives) and returns whole
 batches or the ``end`` marker. A protocol violation or a broken call raises;
 the partial batch is dropped with the stream. :class:`OpenStreams` is the
@@ -250,7 +250,7 @@ class CollectStream:
 
         Raises:
             ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
-            DataLossError: A batch failed its crc32.
+            DataLossError: A batch failed its crc32c.
             ActorUnavailableError: The call broke (or any other translated status).
         """
         assembler: PacketAssembler | None = None
@@ -290,10 +290,10 @@ class CollectStream:
 
     async def _finish(self, assembler: PacketAssembler, info: pb.BatchInfo) -> BatchEvent:
         if info.frame_bytes < _DECODE_OFF_LOOP_BYTES:
-            batch = assembler.finish(expected_crc32=info.crc32)
+            batch = assembler.finish(expected_crc32c=info.crc32c)
         else:
             loop = asyncio.get_running_loop()
-            batch = await loop.run_in_executor(None, assembler.finish, info.crc32)
+            batch = await loop.run_in_executor(None, assembler.finish, info.crc32c)
         return BatchEvent(
             worker_id=info.worker_id,
             epoch=info.epoch,

@@ -163,7 +163,7 @@ class RawCollect:
             assert nxt.chunk.seq == info.seq
             assert nxt.chunk.index == index
             assembler.add(nxt.chunk.data)
-        return info, assembler.finish(expected_crc32=info.crc32)
+        return info, assembler.finish(expected_crc32c=info.crc32c)
 
     def end(self, timeout: float = READ_TIMEOUT) -> tuple[pb.StreamEnd, list[int]]:
         """Read batches until ``end``; returns it and the seqs of the batches read on the way."""

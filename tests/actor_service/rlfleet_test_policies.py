@@ -7,7 +7,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict.nn import TensorDictModule
+from tensordict.nn import (
+    ProbabilisticTensorDictModule,
+    ProbabilisticTensorDictSequential,
+    TensorDictModule,
+    TensorDictSequential,
+)
 from torch import nn
 
 
@@ -53,10 +58,13 @@ class _ValueAndIndex(nn.Module):
         return scores.argmax(-1), scores.max(-1).values
 
 
-def td_policy_with_extras(observation_space: Any, action_space: Any) -> nn.Module:
+def td_policy_with_extras(
+    observation_space: Any, action_space: Any, general: bool = False
+) -> nn.Module:
     """A TensorDictModule writing an index ``"action"`` and an extra ``"score"``."""
     module = _ValueAndIndex(int(np.prod(observation_space.shape)), int(action_space.n))
-    return TensorDictModule(module, in_keys=["observation"], out_keys=["action", "score"])
+    td_module = TensorDictModule(module, in_keys=["observation"], out_keys=["action", "score"])
+    return _maybe_general(td_module, general)
 
 
 def td_policy_writing_reward(observation_space: Any, action_space: Any) -> nn.Module:
@@ -97,6 +105,138 @@ def versioned_policy(observation_space: Any, action_space: Any) -> nn.Module:
 def wrong_input_policy(observation_space: Any, action_space: Any) -> nn.Module:
     """A plain module built for 7-dim observations (CartPole has 4)."""
     return _Linear(7, int(action_space.n))
+
+
+# User-style TensorDict policies, each built the way a user writes one. ``general=True``
+# registers a no-op forward hook on the outermost module, which keeps the actor on the
+# TensorDict path, so a test can compare both paths for one policy and one seed.
+
+
+def _mlp(obs_dim: int, out: int, hidden: int = 16) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, out))
+
+
+def _maybe_general(module: nn.Module, general: bool) -> nn.Module:
+    if general:
+        module.register_forward_hook(lambda _module, _args, _out: None)
+    return module
+
+
+def user_sequential(observation_space: Any, action_space: Any, general: bool = False) -> nn.Module:
+    """``TensorDictModule(nn.Sequential(...), ["observation"], ["action"])``: one-hot scores."""
+    net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
+    module = TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+    return _maybe_general(module, general)
+
+
+class _SampleWithLogProb(nn.Module):
+    """Samples an index from softmax(logits) with torch's RNG; returns it and its log-prob."""
+
+    def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+        return index, logits.log_softmax(-1).gather(-1, index[:, None]).squeeze(-1)
+
+
+def user_chain(observation_space: Any, action_space: Any, general: bool = False) -> nn.Module:
+    """A ``TensorDictSequential``: logits (kept), then a sampled action, its log-prob, a value
+    under a nested key and an ignored ``"_"`` output."""
+    obs_dim, n = int(np.prod(observation_space.shape)), int(action_space.n)
+    module = TensorDictSequential(
+        TensorDictModule(_mlp(obs_dim, n), in_keys=["observation"], out_keys=["logits"]),
+        TensorDictModule(
+            _SampleWithLogProb(), in_keys=["logits"], out_keys=["action", "sample_log_prob"]
+        ),
+        TensorDictModule(
+            _ValueAndIndex(obs_dim, n), in_keys=["observation"], out_keys=["_", ("critic", "v")]
+        ),
+    )
+    return _maybe_general(module, general)
+
+
+def user_dict_output(observation_space: Any, action_space: Any, general: bool = False) -> nn.Module:
+    """A module returning a dict of its outputs, read by ``out_keys`` as tensordict does."""
+    module = TensorDictModule(
+        _DictOut(int(np.prod(observation_space.shape)), int(action_space.n)),
+        in_keys=["observation"],
+        out_keys=["action", "noise"],
+    )
+    return _maybe_general(module, general)
+
+
+class _DictOut(nn.Module):
+    def __init__(self, obs_dim: int, n: int) -> None:
+        super().__init__()
+        self.net = _mlp(obs_dim, n)
+
+    def forward(self, observation: torch.Tensor) -> dict[str, torch.Tensor]:
+        noise = torch.randn(observation.shape[0])
+        return {"noise": noise, "action": self.net(observation) + noise[:, None]}
+
+
+def user_probabilistic_actor(
+    observation_space: Any, action_space: Any, general: bool = False
+) -> nn.Module:
+    """TorchRL's ProbabilisticActor shape (logits, then a distribution module) from tensordict."""
+    net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
+    module = ProbabilisticTensorDictSequential(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        ProbabilisticTensorDictModule(
+            in_keys=["logits"],
+            out_keys=["action"],
+            distribution_class=torch.distributions.OneHotCategorical,
+            return_log_prob=True,
+        ),
+    )
+    return _maybe_general(module, general)
+
+
+def torchrl_probabilistic_actor(
+    observation_space: Any, action_space: Any, general: bool = False
+) -> nn.Module:
+    """TorchRL's own ``ProbabilisticActor`` over a ``TensorDictModule``, as its PPO tutorial."""
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
+    module = ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    return _maybe_general(module, general)
+
+
+class _Doubling(TensorDictModule):
+    """A TensorDictModule subclass with its own forward: only the TensorDict path runs it."""
+
+    def forward(self, tensordict: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward(tensordict, *args, **kwargs)
+        out.set("doubled", out.get("action") * 2)
+        return out
+
+
+def user_overridden_forward(observation_space: Any, action_space: Any) -> nn.Module:
+    """A policy whose forward override writes ``"doubled"`` (not in its out_keys)."""
+    net = _mlp(int(np.prod(observation_space.shape)), int(action_space.n))
+    return _Doubling(net, in_keys=["observation"], out_keys=["action"])
+
+
+class _Counting(nn.Module):
+    """Outputs how often it was called: two calls from one RNG state never agree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        batch = observation.shape[0]
+        return torch.zeros(batch, dtype=torch.int64), torch.full((batch,), float(self.calls))
+
+
+def counting_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """A stateful TensorDictModule: its two paths differ on the probe, so it keeps TensorDicts."""
+    return TensorDictModule(_Counting(), in_keys=["observation"], out_keys=["action", "calls"])
 
 
 def bias_policy(observation_space: Any, action_space: Any, bias: float = 0.0) -> nn.Module:

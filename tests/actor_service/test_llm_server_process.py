@@ -65,7 +65,7 @@ def test_llm_actor_over_tls_with_a_token_serves_resumes_and_drains(tmp_path) -> 
         assert resumed.opened().resumed
         info, _again = resumed.batch()
         assert info.seq == info_two.seq == 2
-        assert info.crc32 == info_two.crc32
+        assert info.crc32c == info_two.crc32c
         # SIGTERM: the session ends DRAINING, the process exits 0.
         resumed.credit(4)
         start = time.monotonic()

@@ -70,7 +70,7 @@ def test_collect_credits_above_max_credits_are_ignored(make_actor: object) -> No
 def test_collect_resume_resends_unacked_batches_first(actor: Actor) -> None:
     first = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=3))
     epoch = first.opened().epoch
-    sent = {info.seq: (info.crc32, td) for info, td in (first.batch() for _ in range(3))}
+    sent = {info.seq: (info.crc32c, td) for info, td in (first.batch() for _ in range(3))}
     first.ack(1)
     first.cancel()
     poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
@@ -85,7 +85,7 @@ def test_collect_resume_resends_unacked_batches_first(actor: Actor) -> None:
     resent = [second.batch() for _ in range(2)]
     assert [info.seq for info, _ in resent] == [2, 3]
     for info, td in resent:
-        assert info.crc32 == sent[info.seq][0]
+        assert info.crc32c == sent[info.seq][0]
         assert (td["observation"] == sent[info.seq][1]["observation"]).all()
     info, _ = second.batch()
     assert info.seq == 4

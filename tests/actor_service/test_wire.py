@@ -19,7 +19,7 @@ def _info(seq: int) -> pb.BatchInfo:
         seq=seq,
         frames=256,
         frame_bytes=14_500_000,
-        crc32=0xDEADBEEF,
+        crc32c=0xDEADBEEF,
         model_id="policy",
         policy_version_min=4,
         policy_version_max=5,

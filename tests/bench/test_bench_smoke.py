@@ -29,8 +29,11 @@ EXPECTED = {
             "rlfleet sync",
             "rlfleet sync prefetch=1",
             "rlfleet async",
+            "rlfleet user sync",
+            "rlfleet user sync prefetch=1",
             "torchrl sync",
             "torchrl async",
+            "torchrl user sync",
             "in-process limit",
         ],
         [
@@ -38,6 +41,9 @@ EXPECTED = {
             "rlfleet/torchrl async",
             "rlfleet sync/in-process limit",
             "rlfleet sync prefetch=1/torchrl sync",
+            "rlfleet/torchrl user sync",
+            "rlfleet user sync/in-process limit",
+            "rlfleet user sync prefetch=1/in-process limit",
         ],
     ),
     "large_obs": (

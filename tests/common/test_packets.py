@@ -21,7 +21,7 @@ from common.packets import (
     PacketLimits,
     decode_packet,
     encode_packet,
-    packet_crc32,
+    packet_crc32c,
 )
 
 # ------------------------------------------------------------- round trips --
@@ -49,7 +49,7 @@ def test_packet_assembler_round_trips_random_tensordicts_in_chunks(
         # transports may hand over bytes or views
         assembler.add(memoryview(chunk) if data.draw(st.booleans()) else chunk)
     assert assembler.received == assembler.total_bytes == packet.nbytes
-    assert_same(td, assembler.finish(expected_crc32=packet_crc32(packet)))
+    assert_same(td, assembler.finish(expected_crc32c=packet_crc32c(packet)))
 
 
 def test_decode_packet_round_trips_a_cartpole_batch_with_names() -> None:
@@ -58,7 +58,7 @@ def test_decode_packet_round_trips_a_cartpole_batch_with_names() -> None:
     assembler = PacketAssembler(packet.nbytes)
     for chunk in packet.chunks(4096):
         assembler.add(chunk)
-    out = assembler.finish(expected_crc32=zlib.crc32(packet.tobytes()))
+    out = assembler.finish(expected_crc32c=crc32c_reference(packet.tobytes()))
     assert out.batch_size == (8, 125)
     assert out.names == [None, "time"]
     assert out["collector"].batch_size == (8, 125)
@@ -230,20 +230,20 @@ def test_packet_assembler_raises_data_loss_if_the_checksum_differs() -> None:
     assembler = PacketAssembler(packet.nbytes)
     assembler.add(packet.tobytes())
     with pytest.raises(DataLossError, match="checksum"):
-        assembler.finish(expected_crc32=packet_crc32(packet) ^ 1)
+        assembler.finish(expected_crc32c=packet_crc32c(packet) ^ 1)
     with pytest.raises(SessionStateError):
         assembler.finish()
 
 
 @FAST
 @given(td=tensordicts(), chunk_bytes=st.integers(1, 300))
-def test_encoded_packet_checksummed_chunks_equal_chunks_and_packet_crc32(
+def test_encoded_packet_checksummed_chunks_equal_chunks_and_packet_crc32c(
     td: TensorDict, chunk_bytes: int
 ) -> None:
     packet = encode_packet(td)
     pieces, crc = packet.checksummed_chunks(chunk_bytes)
     assert pieces == list(packet.chunks(chunk_bytes))
-    assert crc == packet_crc32(packet)
+    assert crc == packet_crc32c(packet)
 
 
 def test_packet_assembler_raises_data_loss_if_one_chunk_is_corrupted() -> None:
@@ -255,7 +255,7 @@ def test_packet_assembler_raises_data_loss_if_one_chunk_is_corrupted() -> None:
     for chunk in chunks:
         assembler.add(chunk)
     with pytest.raises(DataLossError, match="checksum"):
-        assembler.finish(expected_crc32=packet_crc32(packet))
+        assembler.finish(expected_crc32c=packet_crc32c(packet))
 
 
 def test_packet_assembler_receives_into_the_allocated_buffer() -> None:
@@ -265,7 +265,7 @@ def test_packet_assembler_receives_into_the_allocated_buffer() -> None:
     assembler = PacketAssembler(packet.nbytes, allocate=lambda n: slab[16 : 16 + n])
     for chunk in packet.chunks(50):
         assembler.add(chunk)
-    out = assembler.finish(expected_crc32=packet_crc32(packet))
+    out = assembler.finish(expected_crc32c=packet_crc32c(packet))
     assert_same(batch, out)
     assert bytes(slab[16 : 16 + packet.nbytes].numpy()) == packet.tobytes()
     assert out["observation"].untyped_storage().data_ptr() == slab.untyped_storage().data_ptr()
@@ -286,10 +286,24 @@ def test_packet_assembler_raises_if_allocate_returns_an_unusable_buffer(make: An
         PacketAssembler(packet.nbytes, allocate=make)
 
 
-def test_packet_crc32_matches_zlib_over_the_bytes() -> None:
+def crc32c_reference(data: bytes) -> int:
+    """CRC-32C bit by bit (reflected polynomial 0x82F63B78), independent of any library."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_packet_crc32c_is_castagnolis_crc_over_the_bytes() -> None:
+    assert packet_crc32c(b"123456789") == crc32c_reference(b"123456789") == 0xE3069283
     packet = encode_packet(cartpole_batch(2, 3))
     assert isinstance(packet, EncodedPacket)
-    assert packet_crc32(packet) == zlib.crc32(packet.tobytes()) == packet_crc32(packet.tobytes())
+    expected = crc32c_reference(packet.tobytes())
+    assert packet_crc32c(packet) == expected == packet_crc32c(packet.tobytes())
+    assert packet_crc32c(bytearray(packet.tobytes())) == expected
+    assert packet_crc32c(packet) != zlib.crc32(packet.tobytes())
 
 
 def test_packet_limits_raise_if_a_cap_is_not_positive() -> None:

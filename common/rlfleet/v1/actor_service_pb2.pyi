@@ -150,13 +150,13 @@ class SessionOpened(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_seq: _Optional[int] = ..., max_credits: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class BatchInfo(_message.Message):
-    __slots__ = ("worker_id", "epoch", "seq", "frames", "frame_bytes", "crc32", "model_id", "policy_version_min", "policy_version_max")
+    __slots__ = ("worker_id", "epoch", "seq", "frames", "frame_bytes", "crc32c", "model_id", "policy_version_min", "policy_version_max")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_MIN_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_MAX_FIELD_NUMBER: _ClassVar[int]
@@ -165,11 +165,11 @@ class BatchInfo(_message.Message):
     seq: int
     frames: int
     frame_bytes: int
-    crc32: int
+    crc32c: int
     model_id: str
     policy_version_min: int
     policy_version_max: int
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., frame_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., frame_bytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ...) -> None: ...
 
 class BatchChunk(_message.Message):
     __slots__ = ("seq", "index", "count", "data", "info")

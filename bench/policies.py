@@ -1,0 +1,34 @@
+"""User-style policy factories for the benchmarks (``--policy bench.policies:<function>``).
+
+These are what a new user writes, not the built-in ``"mlp"``: a ``TensorDictModule``
+around an ``nn.Sequential``, given to the actor by factory. TorchRL's collectors run
+the very same module in the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+__all__ = ["sequential_policy"]
+
+
+def sequential_policy(
+    observation_space: Any, action_space: Any, hidden: Sequence[int] = (64, 64)
+) -> TensorDictModule:
+    """``observation -> action``: an MLP (tanh) whose scores pick a Discrete action (one-hot).
+
+    The network's last layer writes one score per action; the actor (and TorchRL's
+    GymEnv) read a ``[B, n]`` action as one-hot and step with its argmax.
+    """
+    width = int(np.prod(observation_space.shape))
+    layers: list[nn.Module] = []
+    for size in hidden:
+        layers += [nn.Linear(width, int(size)), nn.Tanh()]
+        width = int(size)
+    layers.append(nn.Linear(width, int(action_space.n)))
+    return TensorDictModule(nn.Sequential(*layers), in_keys=["observation"], out_keys=["action"])
