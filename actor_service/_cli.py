@@ -156,6 +156,10 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("torch_threads", _int_in(1, 1024), "torch intra-op threads"),
     ("log_level", _choice("debug", "info", "warning", "error"), "log level"),
     ("log_format", _choice("text", "json"), "text or json (one object per line)"),
+    ("kind", _choice("env", "llm"), "env (an env pool) or llm (chat slots + a language model)"),
+    ("task", _nonempty, "llm: arith | reverse | countdown | jsonl:PATH | pkg.mod:factory"),
+    ("task_kwargs", _json_object, "llm: JSON object of kwargs for the task"),
+    ("max_new_tokens_cap", _int_in(1, 1 << 20), "llm: most new tokens per turn a learner may ask"),
 )
 
 
@@ -181,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policy",
         metavar="FACTORY",
-        help="the 'policy' model: random | mlp | pkg.mod:fn [RLFLEET_POLICY]",
+        help="the 'policy' model: random | mlp | pkg.mod:fn; with --kind llm "
+        "rlfleet:tiny-qwen2 | rlfleet:tiny-gpt2 | hf:DIR [RLFLEET_POLICY]",
     )
     parser.add_argument(
         "--policy-kwargs",
@@ -254,7 +259,11 @@ def parse_config(
             values["worker_id"] = _guard(
                 f"{_var('worker_id')} / hostname", lambda: default_worker_id(environ, hostname)
             )
-        values["models"] = _models(args, environ)
+        if values.get("kind") == "llm":
+            values["models"] = _llm_model(args, environ)
+            _check_task(values.get("task", "arith"), values.get("task_kwargs", {}))
+        else:
+            values["models"] = _models(args, environ)
         _check_tls(values)
     except _FieldError as exc:
         parser.error(str(exc))
@@ -309,6 +318,42 @@ def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Model
     specs = [ModelSpec(DEFAULT_MODEL_ID, policy, policy_kwargs)]
     specs += [ModelSpec(mid, fac, kwargs.get(mid, {})) for mid, fac in extra.items()]
     return tuple(specs)
+
+
+def _llm_model(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[ModelSpec, ...]:
+    from common.llm import PolicySpecError, check_policy_spec
+
+    def spec(text: str) -> str:
+        try:
+            check_policy_spec(text.strip())
+        except PolicySpecError as exc:
+            raise _BadValue(str(exc)) from None
+        return text.strip()
+
+    policy = _pick(args.policy, environ, "POLICY", "--policy", spec, "rlfleet:tiny-qwen2")
+    kwargs = _pick(
+        args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", _json_object, {}
+    )
+    if args.model is not None or environ.get(_ENV_PREFIX + "MODELS", "").strip():
+        raise _FieldError("--model: an LLM actor holds one model, the --policy")
+    return (ModelSpec("policy", policy, kwargs),)
+
+
+def _check_task(task: str, kwargs: dict[str, Any]) -> None:
+    import importlib.util
+
+    from common.llm import TaskSpecError, build_task, check_task_spec
+
+    try:
+        check_task_spec(task)
+        if ":" in task and not task.startswith("jsonl:"):  # a user module: not imported yet
+            module = task.partition(":")[0]
+            if importlib.util.find_spec(module) is None:
+                raise TaskSpecError(f"task {task!r}: no module named {module!r}")
+        else:  # built in: cheap to build, so bad kwargs are reported now
+            build_task(task, **kwargs)
+    except (TaskSpecError, ImportError, ValueError) as exc:
+        raise _FieldError(f"--task / RLFLEET_TASK: {exc}") from None
 
 
 def _model_kwargs(

@@ -115,11 +115,13 @@ def collect_encoded(
     else:
         low = high = int(worker.models.policy_version(model_id))
     pieces, crc32c = packet.checksummed_chunks()
+    # An LLM batch of last steps only accounts for the dialog turns it dropped too.
+    frames = int(getattr(worker, "last_batch_frames", 0) or td.numel())
     info = pb.BatchInfo(
         worker_id=worker_id,
         epoch=epoch,
         seq=seq,
-        frames=int(td.numel()),
+        frames=frames,
         frame_bytes=packet.nbytes,
         crc32c=crc32c,
         model_id=model_id,
@@ -131,7 +133,7 @@ def collect_encoded(
         seq=seq,
         packet_bytes=packet.nbytes,
         crc32c=crc32c,
-        frames=int(td.numel()),
+        frames=frames,
         model_id=model_id,
         policy_version_min=low,
         policy_version_max=high,

@@ -67,6 +67,13 @@ class ActorConfig:
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
+        kind: ``"env"`` (an env pool) or ``"llm"`` (chat slots, a task and a language
+            model: ``num_envs`` is the number of slots, the ``policy`` model spec is
+            ``rlfleet:tiny-qwen2``, ``hf:DIR``...).
+        task: The LLM task: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
+            ``package.module:factory``.
+        task_kwargs: Keyword arguments for the task.
+        max_new_tokens_cap: Most new tokens per turn a learner may ask an LLM actor for.
     """
 
     host: str = "127.0.0.1"
@@ -94,13 +101,17 @@ class ActorConfig:
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"
+    kind: str = "env"
+    task: str = "arith"
+    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_new_tokens_cap: int = 4096
 
     def __post_init__(self) -> None:
         """Refuse settings the collection core cannot run with, naming them.
 
         Raises:
             ValueError: ``worker_id``, ``torch_threads``, ``step_timeout``,
-                ``env_error_detail`` or ``seed`` out of range.
+                ``env_error_detail``, ``seed`` or ``kind`` out of range.
         """
         if not isinstance(self.worker_id, int) or not 0 <= self.worker_id <= 0xFFFF:
             raise ValueError(f"worker_id must be an int in 0..65535, got {self.worker_id!r}")
@@ -114,3 +125,5 @@ class ActorConfig:
             )
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
+        if self.kind not in ("env", "llm"):
+            raise ValueError(f"kind must be 'env' or 'llm', got {self.kind!r}")

@@ -15,9 +15,16 @@ import numpy as np
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import RlfleetError
+from common.llm import GenerationSettings, LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-__all__ = ["InvalidSettingsError", "describe_to_proto", "settings_from_proto", "space_to_proto"]
+__all__ = [
+    "InvalidSettingsError",
+    "describe_to_proto",
+    "llm_settings_from_proto",
+    "settings_from_proto",
+    "space_to_proto",
+]
 
 
 class InvalidSettingsError(RlfleetError, ValueError):
@@ -50,6 +57,7 @@ def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
     if exploration is None:
         raise InvalidSettingsError(f"unknown exploration_type {msg.exploration_type} in settings")
     try:
+        llm = llm_settings_from_proto(msg.llm) if msg.HasField("llm") else None
         return CollectSettings(
             frames_per_batch=int(msg.frames_per_batch),
             max_frames_per_traj=int(msg.max_frames_per_traj),
@@ -61,9 +69,33 @@ def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
             set_truncated=msg.set_truncated,
             total_frames=int(msg.total_frames),
             model_id=msg.model_id or DEFAULT_MODEL_ID,
+            llm=llm,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
+
+
+def llm_settings_from_proto(msg: pb.LLMSettings) -> LLMSettings:
+    """Turn an ``LLMSettings`` message into :class:`common.llm.LLMSettings` (unset = default).
+
+    Raises:
+        ValueError: A value out of range, naming it.
+    """
+    gen = msg.generation
+    values: dict[str, Any] = {
+        name: getattr(gen, name)
+        for name in ("max_new_tokens", "temperature", "top_p", "top_k")
+        if gen.HasField(name)
+    }
+    values["stop_token_ids"] = tuple(int(t) for t in gen.stop_token_ids)
+    return LLMSettings(
+        generation=GenerationSettings.from_mapping(values),
+        group_size=int(msg.group_size) or 1,
+        yield_completed_trajectories=msg.yield_completed_trajectories,
+        yield_only_last_steps=msg.yield_only_last_steps,
+        max_turns=int(msg.max_turns),
+        token_versions=msg.token_versions,
+    )
 
 
 def space_to_proto(space: Any) -> pb.SpaceSpec:
@@ -97,13 +129,16 @@ def _space_kind(space: Any) -> str:
     }.get(name, name.lower())
 
 
-def describe_to_proto(description: Any, *, max_credits: int, busy: bool) -> pb.DescribeResponse:
+def describe_to_proto(
+    description: Any, *, max_credits: int, busy: bool, max_new_tokens_cap: int = 0
+) -> pb.DescribeResponse:
     """Turn the core's ``ActorIdentity`` into a ``DescribeResponse``.
 
     Args:
         description: What ``RolloutWorker.describe()`` returned.
         max_credits: The actor's credit cap.
         busy: Whether a learner session is active.
+        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
     """
     models = []
     for model_id, (version, params) in sorted(description.models.items()):
@@ -112,13 +147,21 @@ def describe_to_proto(description: Any, *, max_credits: int, busy: bool) -> pb.D
             for name, (shape, dtype) in params.items()
         ]
         models.append(pb.ModelInfo(model_id=model_id, version=int(version), parameters=infos))
+    spaces: dict[str, Any] = {}
+    if description.observation_space is not None:  # an LLM actor has no spaces
+        spaces = {
+            "observation_spec": space_to_proto(description.observation_space),
+            "action_spec": space_to_proto(description.action_space),
+        }
     return pb.DescribeResponse(
         worker_id=description.worker_id,
         epoch=description.epoch,
         env_id=str(description.env_id),
-        observation_spec=space_to_proto(description.observation_space),
-        action_spec=space_to_proto(description.action_space),
         models=models,
+        kind=description.kind,
+        policy=description.policy,
+        max_new_tokens_cap=max_new_tokens_cap if description.kind == "llm" else 0,
+        **spaces,
         num_envs=description.num_envs,
         env_backend=str(description.env_backend),
         device=str(description.device),

@@ -24,25 +24,29 @@ class ActorIdentity:
         worker_id: The actor's id in the fleet.
         epoch: Random, nonzero, new at each start.
         env_id: The gymnasium id or the env factory string.
-        observation_space: The single-env observation space.
-        action_space: The single-env action space.
+        observation_space: The single-env observation space (None for an LLM actor).
+        action_space: The single-env action space (None for an LLM actor).
         models: ``{model_id: (policy_version, {param: (shape, dtype)})}``.
         num_envs: Size of the env pool.
         env_backend: ``"sync"`` or ``"async"``.
         device: The models' device.
         software_version: ``common.__version__``.
+        kind: ``"env"`` or ``"llm"``.
+        policy: The LLM actor's model spec (empty for env actors).
     """
 
     worker_id: int
     epoch: int
     env_id: str
-    observation_space: gymnasium.Space
-    action_space: gymnasium.Space
+    observation_space: gymnasium.Space | None
+    action_space: gymnasium.Space | None
     models: dict[str, tuple[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]]
     num_envs: int
     env_backend: str
     device: str
     software_version: str
+    kind: str = "env"
+    policy: str = ""
 
 
 def draw_epoch() -> int:

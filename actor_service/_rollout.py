@@ -174,6 +174,10 @@ class RolloutWorker:
         """
         if not isinstance(settings, CollectSettings):
             raise TypeError(f"settings must be a CollectSettings, got {type(settings).__name__}")
+        if settings.llm is not None:
+            raise ValueError(
+                "this is an env actor: LLM settings need an actor started with --kind llm"
+            )
         if settings.frames_per_batch % self.num_envs:
             raise ValueError(
                 f"frames_per_batch={settings.frames_per_batch} is not a positive multiple of "

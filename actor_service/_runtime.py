@@ -18,15 +18,15 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
 from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
-from actor_service._models import ModelRegistry
 from actor_service._session import SessionBook
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
@@ -34,7 +34,13 @@ from common.errors import ActorBusyError, ActorUnavailableError
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
 
-__all__ = ["SHUTDOWN_REAP_BOUND", "ActiveSession", "ActorRuntime", "CollectionCore"]
+__all__ = [
+    "SHUTDOWN_REAP_BOUND",
+    "ActiveSession",
+    "ActorRuntime",
+    "CollectionCore",
+    "CoreModels",
+]
 
 #: Seconds beyond the grace period within which a stopping actor has reaped every
 #: child it started, even when an env step hangs: closing the pool gets what is
@@ -47,13 +53,30 @@ SHUTDOWN_REAP_BOUND = 5.0
 T = TypeVar("T")
 
 
+class CoreModels(Protocol):
+    """What the serving layer uses of a core's models (``ModelRegistry``, ``LLMModels``)."""
+
+    @property
+    def model_ids(self) -> tuple[str, ...]: ...
+    def policy_version(self, model_id: str) -> int: ...
+    def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
+    def load_weights(
+        self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
+    ) -> int: ...
+
+
 class CollectionCore(Protocol):
-    """What the serving layer uses of the collection core (``RolloutWorker`` is the real one)."""
+    """What the serving layer uses of the collection core.
+
+    ``RolloutWorker`` (env actors) and ``LLMRolloutWorker`` (LLM actors) are the real ones.
+    """
 
     epoch: int
     num_envs: int
     frames: int
-    models: ModelRegistry
+
+    @property
+    def models(self) -> CoreModels: ...
 
     def describe(self) -> ActorIdentity: ...
     def configure(self, settings: CollectSettings) -> None: ...
@@ -80,6 +103,20 @@ class ActiveSession(Protocol):
     def drain(self) -> None: ...
     async def wait_collector_idle(self) -> None: ...
     async def wait_finished(self) -> None: ...
+
+
+def _default_core(config: ActorConfig, metrics: ActorMetrics | None = None) -> CollectionCore:
+    """The real collection core of ``config.kind``: an env pool or LLM chat slots.
+
+    ``metrics`` counts the env pool's batches and step latencies (LLM slots count none).
+    """
+    if config.kind == "llm":
+        from actor_service._llm_rollout import LLMRolloutWorker
+
+        return LLMRolloutWorker(config)
+    from actor_service._rollout import RolloutWorker
+
+    return RolloutWorker(config, metrics=metrics)
 
 
 class ActorRuntime:
@@ -119,11 +156,7 @@ class ActorRuntime:
 
     async def start(self) -> None:
         """Build the collection core (env pool and models) on the collection thread."""
-        factory = self._worker_factory
-        if factory is None:
-            from actor_service._rollout import RolloutWorker
-
-            factory = functools.partial(RolloutWorker, metrics=self.metrics)
+        factory = self._worker_factory or functools.partial(_default_core, metrics=self.metrics)
         worker = await self.run_collect(factory, self.config)
         self._book = SessionBook(epoch=worker.epoch, max_credits=self.config.max_credits)
         self._worker = worker

@@ -257,7 +257,10 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         worker = self._rt.worker
         description = await self._rt.run_side(worker.describe)
         reply = describe_to_proto(
-            description, max_credits=self._rt.config.max_credits, busy=self._rt.busy
+            description,
+            max_credits=self._rt.config.max_credits,
+            busy=self._rt.busy,
+            max_new_tokens_cap=self._rt.config.max_new_tokens_cap,
         )
         current = self._rt.current
         reply.learner_id = current.learner_id if (current is not None and current.active) else ""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from common.llm._settings import LLMSettings
+
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_PORT",
@@ -70,6 +72,8 @@ class CollectSettings:
         set_truncated: Mark the last frame of each batch truncated (and done).
         total_frames: Frames the session may produce; ``< 0`` means endless.
         model_id: The registered model that acts.
+        llm: LLM collection settings (``frames_per_batch`` and ``total_frames`` then count
+            dialog turns); None for env actors.
     """
 
     frames_per_batch: int
@@ -82,6 +86,7 @@ class CollectSettings:
     set_truncated: bool = False
     total_frames: int = -1
     model_id: str = DEFAULT_MODEL_ID
+    llm: LLMSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.frames_per_batch, int) or self.frames_per_batch <= 0:
@@ -96,6 +101,8 @@ class CollectSettings:
             )
         if not self.model_id:
             raise ValueError("model_id must be a non-empty string")
+        if self.llm is not None and not isinstance(self.llm, LLMSettings):
+            raise TypeError(f"llm must be an LLMSettings or None, got {type(self.llm).__name__}")
 
 
 def server_channel_options() -> list[tuple[str, int]]:

@@ -22,11 +22,13 @@ from __future__ import annotations
 from learner_client._collector import GrpcCollector
 from learner_client._errors import MissingWorkersError, WeightPushError
 from learner_client._fleet import RemoteActor
+from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import serve_metrics
 
 __all__ = [
     "GrpcCollector",
+    "GrpcLLMCollector",
     "LocalFleet",
     "MissingWorkersError",
     "RemoteActor",

@@ -22,6 +22,7 @@ from tensordict import TensorDictBase
 
 from common.config import CollectSettings
 from common.errors import DeadlineError, EnvError, ProtocolError
+from common.llm import LLMSettings
 from common.packets import PacketAssembler, PacketLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._loop import LoopThread
@@ -81,6 +82,25 @@ def _env_error(end: pb.StreamEnd) -> EnvError | None:
     return EnvError(failure.env, failure.exception_type, text)
 
 
+def llm_settings_to_proto(llm: LLMSettings) -> pb.LLMSettings:
+    """The ``LLMSettings`` message of an LLM session (every generation field set)."""
+    generation = llm.generation
+    return pb.LLMSettings(
+        generation=pb.GenerationSettings(
+            max_new_tokens=generation.max_new_tokens,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            top_k=generation.top_k,
+            stop_token_ids=list(generation.stop_token_ids),
+        ),
+        group_size=llm.group_size,
+        yield_completed_trajectories=llm.yield_completed_trajectories,
+        yield_only_last_steps=llm.yield_only_last_steps,
+        max_turns=llm.max_turns,
+        token_versions=llm.token_versions,
+    )
+
+
 def _open_request(
     settings: CollectSettings,
     credits: int,
@@ -100,6 +120,8 @@ def _open_request(
         total_frames=settings.total_frames,
         model_id=settings.model_id,
     )
+    if settings.llm is not None:
+        wire.llm.CopyFrom(llm_settings_to_proto(settings.llm))
     return pb.CollectRequest(
         open=pb.OpenSession(
             settings=wire,

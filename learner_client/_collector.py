@@ -22,6 +22,7 @@ from tensordict import TensorDictBase
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
+from common.llm import LLMSettings
 from learner_client._background import Background
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
@@ -145,6 +146,7 @@ class GrpcCollector:
         take_over: bool = False,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
+        llm: LLMSettings | None = None,
     ) -> None:
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
@@ -157,6 +159,7 @@ class GrpcCollector:
             update_after_each_batch=update_after_each_batch,
             max_weight_update_interval=max_weight_update_interval,
             prefetch=prefetch,
+            llm=llm,
         )
         self._rollout = RolloutSettings(
             max_frames_per_traj=max_frames_per_traj,
@@ -167,12 +170,9 @@ class GrpcCollector:
             exploration_type=exploration_type,
             set_truncated=set_truncated,
             model_id=model_id,
+            llm=llm,
         )
-        conn = ConnectionSettings(
-            connect_timeout=connect_timeout,
-            call_timeout=call_timeout,
-            channel_credentials=channel_credentials,
-        )
+        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
         conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
         self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
 

@@ -173,6 +173,8 @@ class Fleet:
                 link.worker_id,
                 link.description.num_envs,
                 tuple(link.description.models),
+                link.description.kind,
+                link.description.max_new_tokens_cap,
             )
             for link in [*self._links.values(), *extra]
         ]
@@ -368,6 +370,8 @@ class Fleet:
             "duplicates": sum(link.tracker.duplicates for link in links.values()),
             "reconnects": sum(ledger.reconnects.values()),
             "failures": sum(ledger.failures.values()),
+            "restarts": sum(ledger.restarts.values()),
+            "lost_in_progress": ledger.lost_in_progress,
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
             "queued_batches": sum(slot[0] for slot in self._mailbox.snapshot().values()),

@@ -87,6 +87,8 @@ class Ledger:
         self.worker_batches: dict[int, int] = {}
         self.reconnects: dict[int, int] = {}
         self.failures: dict[int, int] = {}
+        self.restarts: dict[int, int] = {}
+        self.lost_in_progress = 0
         self.discarded = 0
         self.auto_pushes = 0
         self.policy_lag = 0
@@ -114,6 +116,16 @@ class Ledger:
         """Count a session re-opened after a failure."""
         with self._lock:
             self.reconnects[worker_id] = self.reconnects.get(worker_id, 0) + 1
+
+    def restarted(self, worker_id: int, in_progress: int) -> None:
+        """Count an actor found restarted, and what it held in progress (``num_envs``).
+
+        Every env pool slot (an LLM actor's chat slot) held one trajectory or dialog in
+        progress; those, and the batches the old process never sent, are lost.
+        """
+        with self._lock:
+            self.restarts[worker_id] = self.restarts.get(worker_id, 0) + 1
+            self.lost_in_progress += in_progress
 
     def add_discarded(self, count: int) -> None:
         """Count complete batches dropped on purpose (e.g. the fleet was resized)."""

@@ -295,6 +295,7 @@ class ActorLink:
                     f"expected {self.worker_id}"
                 )
             if self.tracker.epoch and desc.epoch != self.tracker.epoch:
+                self._ledger.restarted(self.worker_id, self.description.num_envs)
                 log.warning(
                     "actor %s (worker_id %d) restarted: epoch %d -> %d",
                     self.address,

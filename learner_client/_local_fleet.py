@@ -70,15 +70,21 @@ class _Actor:
     final_tail: str = ""
 
 
+def _llm_args(task: str, task_kwargs: Mapping[str, Any] | None) -> list[str]:
+    """The flags that make an actor an LLM actor with ``task``."""
+    return ["--kind", "llm", "--task", task, "--task-kwargs", json.dumps(dict(task_kwargs or {}))]
+
+
 class LocalFleet:
     """Start ``num_actors`` actor servers on this machine and stop them on exit.
 
     Args:
         num_actors: Actors to start; their worker ids are ``0..num_actors-1``.
         env: Gymnasium id each actor runs.
-        num_envs: Size of each actor's env pool.
+        num_envs: Size of each actor's env pool (LLM actors: chat slots).
         policy: Policy factory of each actor (``"mlp"``, ``"random"`` or
-            ``"package.module:function"``).
+            ``"package.module:function"``); LLM actors: a model spec
+            (``"rlfleet:tiny-qwen2"``, the default, or ``"hf:DIR"``).
         policy_kwargs: Keyword arguments of the policy factory (sent as JSON).
         env_kwargs: Keyword arguments of ``gymnasium.make`` (sent as JSON).
         seed: Actor ``i`` is seeded with ``seed + i``; None lets each actor draw one.
@@ -88,6 +94,10 @@ class LocalFleet:
         grace_period: Seconds an actor may drain after SIGTERM; it is SIGKILLed when it
             has not exited ``2`` seconds after that.
         python: Interpreter that runs ``-m actor_service``.
+        kind: ``"env"`` or ``"llm"`` (chat slots, a task and a language model).
+        task: LLM actors: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
+            ``package.module:factory``.
+        task_kwargs: LLM actors: keyword arguments of the task (sent as JSON).
 
     Start and restart actors from a thread that outlives the fleet (normally the
     main thread): Linux delivers the parent-death signal when that thread exits.
@@ -97,6 +107,9 @@ class LocalFleet:
         with LocalFleet(2, "CartPole-v1", num_envs=8, seed=1) as fleet:
             with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
                 ...
+
+        with LocalFleet(2, kind="llm", task="arith", num_envs=8, seed=0) as fleet:
+            ...  # GrpcLLMCollector(fleet.addresses, ...)
     """
 
     def __init__(
@@ -104,7 +117,7 @@ class LocalFleet:
         num_actors: int,
         env: str = "CartPole-v1",
         num_envs: int = 8,
-        policy: str = "mlp",
+        policy: str | None = None,
         *,
         policy_kwargs: Mapping[str, Any] | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
@@ -114,6 +127,9 @@ class LocalFleet:
         start_timeout: float = 60.0,
         grace_period: float = 5.0,
         python: str = sys.executable,
+        kind: str = "env",
+        task: str = "arith",
+        task_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         _check_int("num_actors", num_actors, 1)
         _check_int("num_envs", num_envs, 1)
@@ -123,6 +139,9 @@ class LocalFleet:
             raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
         if not grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
+        if kind not in ("env", "llm"):
+            raise ValueError(f"kind must be 'env' or 'llm', got {kind!r}")
+        policy = policy or ("rlfleet:tiny-qwen2" if kind == "llm" else "mlp")
         if isinstance(extra_args, str):
             raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
         self.num_actors = num_actors
@@ -147,6 +166,7 @@ class LocalFleet:
             "--grace-period",
             str(grace_period),
         ]
+        self._common_args += _llm_args(task, task_kwargs) if kind == "llm" else []
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"

@@ -16,7 +16,8 @@ import math
 
 from tensordict import TensorDictBase
 
-from learner_client._aggregate import combine
+from common.llm import check_padded, merge_padded
+from learner_client._aggregate import WORKER_ID_KEY, combine
 from learner_client._errors import MissingWorkersError
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
@@ -95,6 +96,8 @@ class Rounds:
                 Async: no actor delivered anything within ``batch_timeout``.
         """
         parts = self.take_parts()
+        if self._settings.llm is not None:
+            return merge_padded(parts)
         if not self._settings.sync:
             return parts[0]
         return combine(
@@ -113,6 +116,9 @@ class Rounds:
         """
         take = self._take_sync if self._settings.sync else self._take_async
         deliveries = self._metrics.waited_for(take)
+        if self._settings.llm is not None:
+            for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
+                check_padded(delivery.batch.exclude(WORKER_ID_KEY))
         self._account(deliveries)
         return [d.batch for d in deliveries]
 

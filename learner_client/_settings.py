@@ -23,6 +23,8 @@ from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import UnknownModelError
+from common.llm import LLMSettings
+from learner_client._kinds import check_kinds
 
 __all__ = [
     "BatchSettings",
@@ -62,6 +64,8 @@ class BatchSettings:
         update_after_each_batch: Push the last weights given after every batch.
         max_weight_update_interval: Push to a worker once more than this many of its batches
             were delivered since its last update; ``-1`` disables.
+        llm: LLM actors' settings: batches are their padded form, checked and merged on
+            dim 0 (with whole dialogs, any turn count per actor). None for env actors.
 
     Raises:
         ValueError: A value out of range (the message names it and the value).
@@ -78,8 +82,11 @@ class BatchSettings:
     update_after_each_batch: bool = False
     max_weight_update_interval: int = -1
     prefetch: int | None = None
+    llm: LLMSettings | None = None
 
     def __post_init__(self) -> None:
+        if self.llm is not None and not isinstance(self.llm, LLMSettings):
+            raise TypeError(f"llm must be an LLMSettings or None, got {self.llm!r}")
         for name in ("sync", "split_trajs"):
             _set(self, name, _optional_flag(name, getattr(self, name)))
         interval = self.max_weight_update_interval
@@ -166,6 +173,7 @@ class RolloutSettings:
             tensordict's ``InteractionType`` or a name (normalised to ``ExplorationType``).
         set_truncated: Mark the last frame of each batch truncated.
         model_id: The model that acts.
+        llm: LLM actors: what each session collects (sent with the settings).
 
     Raises:
         ValueError: A value out of range.
@@ -180,6 +188,7 @@ class RolloutSettings:
     exploration_type: Any = ExplorationType.RANDOM
     set_truncated: bool = False
     model_id: str = DEFAULT_MODEL_ID
+    llm: LLMSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -217,6 +226,7 @@ class RolloutSettings:
             set_truncated=self.set_truncated,
             total_frames=-1,
             model_id=self.model_id,
+            llm=self.llm,
         )
 
 
@@ -275,14 +285,18 @@ class FleetMember:
     Attributes:
         address: ``host:port``.
         worker_id: The id the actor reported.
-        num_envs: Its env pool size.
+        num_envs: Its env pool size (LLM actors: chat slots).
         models: The model_ids it holds.
+        kind: ``"env"`` or ``"llm"``.
+        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
     """
 
     address: str
     worker_id: int
     num_envs: int
     models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
+    kind: str = "env"
+    max_new_tokens_cap: int = 0
 
 
 def new_learner_id() -> str:
@@ -384,6 +398,7 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
         )
         raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
+    check_kinds(members, settings.llm)
     fpb, count = settings.frames_per_batch, len(members)
     if settings.sync and fpb % count:
         raise ValueError(
@@ -391,6 +406,8 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"but {fpb} is not divisible by {count}"
         )
     share = settings.frames_per_actor(count)
+    if settings.llm is not None and settings.llm.trajectories:  # whole dialogs: any turn count
+        return
     bad = [m for m in members if share % m.num_envs]
     if bad:
         detail = ", ".join(

@@ -10,7 +10,9 @@ learner, so no view ever waits on an actor.
 ``total_frames`` and ``completed`` (finite budgets only), ``worker_frames``
 (frames delivered from all actors), ``policy_version`` (the acting model's) and
 ``policy_version/<model_id>``, ``policy_lag``, ``policy_lag_max``, ``gaps``,
-``duplicates``, ``reconnects``, ``failures``, ``discarded``, ``auto_pushes``,
+``duplicates``, ``reconnects``, ``failures``, ``restarts`` (actors found restarted),
+``lost_in_progress`` (their slots: each a trajectory or dialog lost), ``discarded``,
+``auto_pushes``,
 ``missing_workers`` (how many were absent from the last partial sync batch) and
 ``background_failed``. ``"per_worker"``: ``worker_<id>/frames``, ``/alive``,
 ``/failures``, ``/reconnects``, ``/gaps``, ``/duplicates``, ``/policy_version``

@@ -104,6 +104,8 @@ class ActorDescription:
         num_envs: Its env pool size.
         models: ``{model_id: policy version}``.
         max_credits: Most outstanding credits it honours.
+        kind: ``"env"`` or ``"llm"``.
+        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
     """
 
     address: str
@@ -112,6 +114,8 @@ class ActorDescription:
     num_envs: int
     models: dict[str, int]
     max_credits: int
+    kind: str = "env"
+    max_new_tokens_cap: int = 0
 
 
 class ActorChannel:
@@ -171,6 +175,8 @@ class ActorChannel:
             num_envs=r.num_envs,
             models={m.model_id: m.version for m in r.models},
             max_credits=r.max_credits,
+            kind=r.kind or "env",
+            max_new_tokens_cap=r.max_new_tokens_cap,
         )
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:

@@ -1,1 +1,26 @@
 """Shared pytest configuration."""
+
+import ipaddress
+import os
+import socket
+
+import pytest
+
+# Nothing downloads at test time: Hugging Face libraries stay offline.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refuse every connection from this process to a non-loopback address."""
+    real_connect = socket.socket.connect
+
+    def connect(self: socket.socket, address: object) -> object:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            host = str(address[0])  # type: ignore[index]
+            if not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+                raise ConnectionRefusedError(f"test network guard: no connection to {host}")
+        return real_connect(self, address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "connect", connect)

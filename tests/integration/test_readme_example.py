@@ -24,3 +24,13 @@ def test_readme_example_runs_and_prints_one_line_per_batch(tmp_path) -> None:
     assert len(lines) == 8  # total_frames / frames_per_batch
     assert all(line.startswith("torch.Size([2, 4, 32])") for line in lines)
     assert lines[-1].endswith("{'policy': 7}")  # one push per batch, each applied
+
+
+def test_docs_llm_opens_with_the_tested_readme_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    docs = (ROOT / "docs" / "llm.md").read_text()
+    example = re.search(r"## LLM collection\n.*?```python\n(.*?)```", readme, re.S)
+    first = re.search(r"```python\n(.*?)```", docs, re.S)
+    assert example
+    assert first
+    assert first.group(1) == example.group(1)

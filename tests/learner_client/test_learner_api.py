@@ -9,6 +9,7 @@ from common.errors import ActorUnavailableError, RlfleetError
 def test_learner_client_all_is_pinned():
     assert learner_client.__all__ == [
         "GrpcCollector",
+        "GrpcLLMCollector",
         "LocalFleet",
         "MissingWorkersError",
         "RemoteActor",

@@ -36,7 +36,7 @@ END_REASON_TAKEN_OVER: EndReason
 END_REASON_CLOSED: EndReason
 
 class CollectSettings(_message.Message):
-    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id")
+    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id", "llm")
     FRAMES_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAMES_PER_TRAJ_FIELD_NUMBER: _ClassVar[int]
     INIT_RANDOM_FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class CollectSettings(_message.Message):
     SET_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FRAMES_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LLM_FIELD_NUMBER: _ClassVar[int]
     frames_per_batch: int
     max_frames_per_traj: int
     init_random_frames: int
@@ -57,7 +58,38 @@ class CollectSettings(_message.Message):
     set_truncated: bool
     total_frames: int
     model_id: str
-    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ...) -> None: ...
+    llm: LLMSettings
+    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ..., llm: _Optional[_Union[LLMSettings, _Mapping]] = ...) -> None: ...
+
+class GenerationSettings(_message.Message):
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids")
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LLMSettings(_message.Message):
+    __slots__ = ("generation", "group_size", "yield_completed_trajectories", "yield_only_last_steps", "max_turns", "token_versions")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    YIELD_COMPLETED_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    YIELD_ONLY_LAST_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    generation: GenerationSettings
+    group_size: int
+    yield_completed_trajectories: bool
+    yield_only_last_steps: bool
+    max_turns: int
+    token_versions: bool
+    def __init__(self, generation: _Optional[_Union[GenerationSettings, _Mapping]] = ..., group_size: _Optional[int] = ..., yield_completed_trajectories: _Optional[bool] = ..., yield_only_last_steps: _Optional[bool] = ..., max_turns: _Optional[int] = ..., token_versions: _Optional[bool] = ...) -> None: ...
 
 class OpenSession(_message.Message):
     __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id")
@@ -260,7 +292,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "learner_id", "draining", "frames", "uptime_seconds")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "learner_id", "draining", "frames", "uptime_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +305,9 @@ class DescribeResponse(_message.Message):
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_CREDITS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_CAP_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -289,11 +324,14 @@ class DescribeResponse(_message.Message):
     software_version: str
     max_credits: int
     busy: bool
+    kind: str
+    policy: str
+    max_new_tokens_cap: int
     learner_id: str
     draining: bool
     frames: int
     uptime_seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
 
 class StateHeader(_message.Message):
     __slots__ = ("total_bytes", "sha256", "allow_rollback")

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class ActorServiceStub:
-    """One actor server: an env pool plus a local policy.
+    """One actor server: an env pool plus a local policy, or (kind "llm") chat
+    slots, a task and a language model.
     """
 
     def __init__(self, channel):
@@ -68,7 +69,8 @@ class ActorServiceStub:
 
 
 class ActorServiceServicer:
-    """One actor server: an env pool plus a local policy.
+    """One actor server: an env pool plus a local policy, or (kind "llm") chat
+    slots, a task and a language model.
     """
 
     def Collect(self, request_iterator, context):
@@ -185,7 +187,8 @@ def add_ActorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ActorService:
-    """One actor server: an env pool plus a local policy.
+    """One actor server: an env pool plus a local policy, or (kind "llm") chat
+    slots, a task and a language model.
     """
 
     @staticmethod

@@ -1,0 +1,189 @@
+"""The batched decode loop with a KV cache, and the log-probs a learner recomputes.
+
+:func:`generate` runs one prefill over left-padded prompts and then one forward per
+token for every row at once, through a caller-given ``forward`` (the actor wraps each
+call in its model lock, so a weight push lands between two tokens, never inside a
+forward, and reports the version each token was drawn at). Each token is drawn from
+:func:`process_logits` and its log-prob under exactly that distribution is recorded.
+
+:func:`response_log_probs` is the learner's side: one forward pass over right-padded
+``prompt ‖ response`` tokens gives the same log-probs (to float rounding) at the same
+weights and settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from common.llm._settings import GenerationSettings
+
+__all__ = ["Forward", "Generation", "generate", "process_logits", "response_log_probs"]
+
+#: ``forward(input_ids, attention_mask, position_ids, past) -> (last_logits, past, version)``.
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any, int]]
+
+
+def process_logits(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
+    """Log-probabilities of the distribution tokens are drawn from (last dim: vocabulary).
+
+    Greedy: ``log_softmax(logits)`` (the argmax is taken from it). Sampling:
+    ``logits / temperature``, then the top-k cut, then the top-p cut (the smallest set
+    of most likely tokens whose mass reaches ``top_p``), renormalised; cut tokens get
+    ``-inf``.
+    """
+    logits = logits.float()
+    if settings.greedy:
+        return torch.log_softmax(logits, dim=-1)
+    logits = logits / settings.temperature
+    if 0 < settings.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, settings.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if settings.top_p < 1.0:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
+        cut = before >= settings.top_p
+        cut[..., 0] = False
+        logits = logits.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What :func:`generate` produced, row by row (rows as in ``prompts``).
+
+    Attributes:
+        tokens: ``[B, S]`` int64 response tokens, right-padded with ``pad_id``.
+        lengths: ``[B]`` int64 response lengths (a stop token is included).
+        log_probs: ``[B, S]`` float32 behaviour log-probs (0 at padding).
+        versions: ``[B, S]`` int64 policy version each token was drawn at (0 at padding).
+        stopped: ``[B]`` bool: the response ended with a stop token (else it hit its budget).
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    log_probs: torch.Tensor
+    versions: torch.Tensor
+    stopped: torch.Tensor
+
+
+def generate(
+    forward: Forward,
+    prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings,
+    *,
+    budgets: Sequence[int],
+    stop_ids: Sequence[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Generate a response for every prompt at once, with a KV cache.
+
+    Args:
+        forward: One model call (see :data:`Forward`); prefill gets the whole padded
+            prompts, then one token per row per call.
+        prompts: Token ids per row (non-empty).
+        settings: How tokens are drawn.
+        budgets: Most new tokens per row (>= 1 each).
+        stop_ids: Tokens that end a row's response (included in it).
+        pad_id: Filler for left padding and finished rows.
+        generator: The sampling generator (reproducible batches).
+    """
+    rows = len(prompts)
+    ids, mask, positions = _left_padded(prompts, pad_id)
+    budget = torch.as_tensor(list(budgets), dtype=torch.long)
+    steps = int(budget.max())
+    out = torch.full((rows, steps), pad_id, dtype=torch.long)
+    out_lp = torch.zeros((rows, steps), dtype=torch.float32)
+    out_version = torch.zeros((rows, steps), dtype=torch.long)
+    lengths = torch.zeros(rows, dtype=torch.long)
+    stopped = torch.zeros(rows, dtype=torch.bool)
+    active = torch.ones(rows, dtype=torch.bool)
+    stops = torch.as_tensor(sorted(set(stop_ids)), dtype=torch.long)
+    logits, past, version = forward(ids, mask, positions, None)
+    position = positions[:, -1:] + 1
+    for step in range(steps):
+        token, chosen = _draw(logits, settings, generator)
+        out[:, step] = torch.where(active, token, pad_id)
+        out_lp[:, step] = torch.where(active, chosen, 0.0)
+        out_version[:, step] = torch.where(active, version, 0)
+        lengths += active.long()
+        hit_stop = active & torch.isin(token, stops)
+        stopped |= hit_stop
+        active &= ~hit_stop & (lengths < budget)
+        if not active.any():
+            break
+        mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+        logits, past, version = forward(out[:, step : step + 1], mask, position, past)
+        position = position + 1
+    used = int(lengths.max())
+    return Generation(
+        tokens=out[:, :used].contiguous(),
+        lengths=lengths,
+        log_probs=out_lp[:, :used].contiguous(),
+        versions=out_version[:, :used].contiguous(),
+        stopped=stopped,
+    )
+
+
+def _draw(
+    logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its log-prob under the distribution it was drawn from."""
+    log_probs = process_logits(logits, settings)
+    if settings.greedy:
+        token = logits.argmax(-1)
+    else:
+        token = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+    return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _left_padded(
+    prompts: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts left-padded into ``(input_ids, attention_mask, position_ids)``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def response_log_probs(
+    model: Any,
+    tokens: torch.Tensor,
+    prompt_len: torch.Tensor,
+    response_len: torch.Tensor,
+    settings: GenerationSettings,
+) -> torch.Tensor:
+    """The behaviour log-probs of responses, recomputed by one forward pass (learner side).
+
+    Args:
+        model: A causal LM (``model(input_ids, attention_mask).logits``).
+        tokens: ``[B, L]`` right-padded ``prompt ‖ response`` tokens (the padded wire form).
+        prompt_len: ``[B]`` prompt lengths.
+        response_len: ``[B]`` response lengths.
+        settings: The generation settings the responses were drawn with.
+
+    Returns:
+        ``[B, R]`` float32 log-probs of each response token (0 past its length),
+        ``R = max(response_len)``; differentiable.
+    """
+    rows, width = tokens.shape
+    index = torch.arange(width)
+    mask = (index[None, :] < (prompt_len + response_len)[:, None]).long()
+    logits = model(input_ids=tokens, attention_mask=mask).logits
+    span = int(response_len.max()) if rows else 0
+    offsets = (prompt_len[:, None] - 1 + torch.arange(span)[None, :]).clamp(0, width - 1)
+    picked = logits.gather(1, offsets[..., None].expand(-1, -1, logits.shape[-1]))
+    log_probs = process_logits(picked, settings)
+    targets = tokens.gather(1, (offsets + 1).clamp(max=width - 1))
+    chosen = log_probs.gather(-1, targets[..., None]).squeeze(-1)
+    valid = torch.arange(span)[None, :] < response_len[:, None]
+    return torch.where(valid, chosen, torch.zeros_like(chosen))

@@ -1,0 +1,255 @@
+"""The language-model registry both sides share: ``build_policy(spec, **kwargs)``.
+
+A spec names where a causal LM and its tokenizer come from:
+
+* ``rlfleet:tiny-qwen2`` / ``rlfleet:tiny-gpt2`` — built from a config with random
+  weights (seeded by ``seed``, 0 by default, so a learner and an actor that pass the
+  same kwargs hold identical weights) and a byte-level tokenizer built in code with
+  a ChatML chat template; sized by ``hidden``, ``layers``, ``heads``,
+  ``max_positions``.
+* ``hf:DIR`` — a local Hugging Face checkpoint directory, loaded with
+  ``local_files_only=True``; nothing is ever downloaded.
+
+``transformers`` is imported only here and only when a spec is built, so env-only
+installs never need it; ``HF_HUB_OFFLINE=1`` is set before the import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "MODEL_SPECS",
+    "PolicySpecError",
+    "build_policy",
+    "build_tokenizer",
+    "check_policy_spec",
+]
+
+#: The specs built in; ``hf:DIR`` loads a local checkpoint.
+MODEL_SPECS = ("rlfleet:tiny-qwen2", "rlfleet:tiny-gpt2")
+
+#: ChatML, with ``{% generation %}`` marks so assistant masks can be computed.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_SPECIALS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_TINY_DEFAULTS = {"hidden": 64, "layers": 2, "heads": 4, "max_positions": 512, "seed": 0}
+
+
+class PolicySpecError(ValueError):
+    """A model spec that names nothing buildable (unknown spec, missing directory, bad kwargs)."""
+
+
+def check_policy_spec(spec: str) -> None:
+    """Refuse a spec that cannot name a model, without importing transformers.
+
+    Raises:
+        PolicySpecError: Naming the spec and what is wrong.
+    """
+    if not isinstance(spec, str):
+        raise PolicySpecError(f"a model spec must be a string, got {type(spec).__name__}")
+    if spec in MODEL_SPECS:
+        return
+    if spec.startswith("hf:"):
+        path = spec[3:]
+        if not path or not os.path.isdir(path):
+            raise PolicySpecError(f"model spec {spec!r}: no such checkpoint directory {path!r}")
+        if not _has_chat_template(path):
+            raise PolicySpecError(
+                f"model spec {spec!r}: the tokenizer in {path!r} has no chat template"
+            )
+        return
+    raise PolicySpecError(
+        f"unknown model spec {spec!r}; expected one of {', '.join(MODEL_SPECS)} or hf:DIR"
+    )
+
+
+def _has_chat_template(path: str) -> bool:
+    """Whether a checkpoint directory's tokenizer files carry a chat template."""
+    if any(
+        os.path.isfile(os.path.join(path, n)) for n in ("chat_template.jinja", "chat_template.json")
+    ):
+        return True
+    config = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(config) or os.path.getsize(config) > 64 << 20:
+        return False
+    try:
+        with open(config, encoding="utf-8") as file:
+            return bool(json.load(file).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
+    """Build a causal LM and its tokenizer from a spec, offline.
+
+    Args:
+        spec: ``rlfleet:tiny-qwen2``, ``rlfleet:tiny-gpt2`` or ``hf:DIR``.
+        **kwargs: Tiny models: ``hidden`` (64), ``layers`` (2), ``heads`` (4),
+            ``max_positions`` (512), ``seed`` (0). ``hf:DIR``: ``dtype``
+            (``"float32"`` default or ``"bfloat16"``).
+
+    Returns:
+        ``(model, tokenizer)``: a ``PreTrainedModel`` in eval mode on CPU and a
+        tokenizer with a chat template and a pad token.
+
+    Raises:
+        PolicySpecError: An unknown spec or kwarg, a missing directory, or a tokenizer
+            without a chat template.
+
+    Example::
+
+        model, tokenizer = build_policy("rlfleet:tiny-qwen2", hidden=64, layers=2)
+    """
+    check_policy_spec(spec)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if spec.startswith("hf:"):
+        model, tokenizer = _load_local(spec[3:], **kwargs)
+    else:
+        model, tokenizer = _build_tiny(spec.split(":", 1)[1], **kwargs)
+    if not getattr(tokenizer, "chat_template", None):
+        raise PolicySpecError(f"model spec {spec!r}: the tokenizer has no chat template")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer
+
+
+def build_tokenizer() -> Any:
+    """The byte-level tokenizer of the tiny models: 256 byte tokens + 4 specials, ChatML."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())  # type: ignore[no-untyped-call]
+    vocab = {symbol: index for index, symbol in enumerate(symbols)}
+    for index, special in enumerate(_SPECIALS):
+        vocab[special] = len(symbols) + index
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=backend,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _tiny_kwargs(kwargs: dict[str, Any]) -> dict[str, int]:
+    unknown = sorted(set(kwargs) - set(_TINY_DEFAULTS))
+    if unknown:
+        raise PolicySpecError(
+            f"unknown kwargs {unknown} for a tiny model; known: {sorted(_TINY_DEFAULTS)}"
+        )
+    values = {**_TINY_DEFAULTS, **kwargs}
+    for key, value in values.items():
+        low = 0 if key == "seed" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**31:
+            raise PolicySpecError(f"tiny model kwarg {key}={value!r} must be an int >= {low}")
+    if values["hidden"] % values["heads"] or (values["hidden"] // values["heads"]) % 2:
+        raise PolicySpecError(
+            f"hidden={values['hidden']} must be a multiple of 2*heads (heads={values['heads']})"
+        )
+    return values
+
+
+def _build_tiny(arch: str, **kwargs: Any) -> tuple[Any, Any]:
+    values = _tiny_kwargs(kwargs)
+    tokenizer = build_tokenizer()
+    vocab = len(tokenizer)
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    }
+    hidden, layers, heads = values["hidden"], values["layers"], values["heads"]
+    with _seeded(values["seed"]):
+        if arch == "tiny-qwen2":
+            from transformers import Qwen2Config, Qwen2ForCausalLM
+
+            config: Any = Qwen2Config(
+                vocab_size=vocab,
+                hidden_size=hidden,
+                intermediate_size=2 * hidden,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=heads,
+                max_position_embeddings=values["max_positions"],
+                tie_word_embeddings=True,
+                initializer_range=0.2,
+                **ids,
+            )
+            model: Any = Qwen2ForCausalLM(config)
+        else:
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            config = GPT2Config(  # one name, two architectures
+                vocab_size=vocab,
+                n_embd=hidden,
+                n_layer=layers,
+                n_head=heads,
+                n_positions=values["max_positions"],
+                initializer_range=0.2,
+                **ids,
+            )
+            model = GPT2LMHeadModel(config)
+    _neutral_generation_config(model)
+    return model, tokenizer
+
+
+def _load_local(path: str, dtype: str = "float32", **kwargs: Any) -> tuple[Any, Any]:
+    if kwargs:
+        raise PolicySpecError(f"unknown kwargs {sorted(kwargs)} for hf:DIR; known: ['dtype']")
+    import torch
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise PolicySpecError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=dtypes[dtype]
+        )
+    except (OSError, ValueError) as exc:
+        raise PolicySpecError(f"hf:{path}: cannot load the checkpoint: {exc}") from None
+    _neutral_generation_config(model)
+    return model, tokenizer
+
+
+def _neutral_generation_config(model: Any) -> None:
+    """Drop transformers' sampling defaults (``top_k=50``) so nothing truncates silently."""
+    config = getattr(model, "generation_config", None)
+    if config is not None:
+        config.top_k = None
+        config.top_p = None
+        config.temperature = None
+        config.do_sample = False
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,371 @@
+"""``GrpcLLMCollector``: TorchRL's ``LLMCollector`` API over a fleet of rlfleet LLM actors.
+
+The class is a facade over :class:`~learner_client.GrpcCollector` (same sessions,
+credits, exactly-once batches, weight pushes, deadlines, TLS and tokens): it turns
+TorchRL's LLM knobs into :class:`common.llm.LLMSettings` and a turn budget, and
+every yielded batch goes through :class:`_Shaper` — check the padded wire form
+(a hostile packet raises :class:`~common.errors.ProtocolError`, nothing is
+yielded), count turns and tokens, rebuild TorchRL's layout, flatten, then the
+user's ``postproc``. A ``queue`` is wrapped in :class:`_QueueSink` so the inner
+collector stores into it like into a replay buffer.
+"""
+
+from __future__ import annotations
+
+import queue as queue_module
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from common.config import DEFAULT_MODEL_ID
+from common.llm import GenerationSettings, LLMSettings, to_torchrl
+from learner_client._collector import GrpcCollector
+from learner_client._fleet import RemoteActor
+
+__all__ = ["GrpcLLMCollector"]
+
+_LAYOUTS = ("torchrl", "padded")
+_OVERFLOW = ("block", "drop_oldest")
+
+
+class _Shaper:
+    """Per-batch work on the learner: check, count, lay out, flatten, user postproc."""
+
+    def __init__(
+        self,
+        layout: str,
+        flatten: bool,
+        track_policy_version: bool,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None,
+    ) -> None:
+        self.layout, self.flatten, self.track = layout, flatten, track_policy_version
+        self.postproc = postproc
+        self.tokens = self.turns = self.batches = 0
+        self.started: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        with self._lock:  # the batch was checked (check_padded) when it was taken
+            if self.started is None:
+                self.started = time.monotonic()
+            self.tokens += int(batch.get("response_len").sum())
+            self.turns += batch.numel()
+            self.batches += 1
+        out: TensorDictBase = to_torchrl(batch) if self.layout == "torchrl" else batch
+        if not self.track:
+            out = out.exclude("policy_version", ("next", "policy_version"))
+        if self.flatten and out.ndim > 1:
+            out = out.reshape(-1)
+        return self.postproc(out) if self.postproc is not None else out
+
+    def tokens_per_s(self) -> float:
+        """Response tokens per second since the first batch."""
+        if self.started is None:
+            return 0.0
+        return self.tokens / max(time.monotonic() - self.started, 1e-9)
+
+
+class _QueueSink:
+    """A queue seen as a replay buffer: ``extend`` puts each element of a batch.
+
+    ``"block"`` waits for room (the actors are paced by credits, nothing is lost);
+    ``"drop_oldest"`` is TorchRL's behaviour: the oldest item makes room, and the
+    drop is counted.
+    """
+
+    def __init__(self, target: Any, overflow: str) -> None:
+        if not callable(getattr(target, "put", None)):
+            raise TypeError(f"queue must have put(), got {type(target).__name__}")
+        self.target, self.overflow, self.dropped = target, overflow, 0
+
+    def extend(self, batch: TensorDictBase) -> None:
+        """Put every element of ``batch`` (dim 0) into the queue."""
+        for item in batch.unbind(0):
+            if self.overflow == "block":
+                self.target.put(item)
+                continue
+            while True:
+                try:
+                    self.target.put_nowait(item)
+                    break
+                except queue_module.Full:
+                    try:
+                        self.target.get_nowait()
+                        self.dropped += 1
+                    except queue_module.Empty:
+                        pass
+
+
+def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if overflow not in _OVERFLOW:
+        raise ValueError(f"queue_overflow must be one of {_OVERFLOW}, got {overflow!r}")
+    if queue is not None and replay_buffer is not None:
+        raise ValueError("pass either replay_buffer or queue, not both")
+
+
+def _modes(
+    yield_completed_trajectories: bool | None,
+    yield_only_last_steps: bool | None,
+    flatten_data: bool | None,
+    reset_at_each_iter: bool,
+    has_buffer: bool,
+) -> tuple[bool, bool, bool]:
+    """TorchRL 0.14.1's rules for the three modes and ``flatten_data``."""
+    last = bool(yield_only_last_steps)
+    if last and yield_completed_trajectories is False:
+        raise ValueError("yield_only_last_steps=True needs yield_completed_trajectories=True")
+    completed = bool(yield_completed_trajectories) or last
+    if last and flatten_data:
+        raise ValueError("yield_only_last_steps=True is incompatible with flatten_data=True")
+    if last and reset_at_each_iter:
+        raise ValueError("yield_only_last_steps=True is incompatible with reset_at_each_iter")
+    flatten = has_buffer if flatten_data is None else bool(flatten_data)
+    return completed, last, flatten
+
+
+class GrpcLLMCollector:
+    """Collects dialog turns from rlfleet LLM actors, with TorchRL's ``LLMCollector`` API.
+
+    One *dialog turn* is one response of one chat slot (TorchRL's "frame" of an LLM
+    collector). Batches have TorchRL 0.14.1's LLM layout (``layout="torchrl"``:
+    ``tokens``, ``masks``, ``log_probs``, ``text``, ``history``, ``policy_version``,
+    ``done``/``terminated``, ``("collector", "traj_ids")``, ``next.*``), shaped
+    ``[slots, T]`` in steps mode (sync: every actor's slots, concatenated),
+    ``[sum T_i]`` with ``yield_completed_trajectories`` and ``[n]`` with
+    ``yield_only_last_steps``; or the dense wire form (``layout="padded"``).
+
+    Example::
+
+        fleet = LocalFleet(2, kind="llm", task="arith", policy="rlfleet:tiny-qwen2",
+                           num_envs=8, seed=0)
+        with fleet, GrpcLLMCollector(fleet.addresses, dialog_turns_per_batch=16,
+                                     total_dialog_turns=64, group_size=4,
+                                     yield_completed_trajectories=True,
+                                     generation={"max_new_tokens": 4}) as collector:
+            for batch in collector:            # [16]: 4 groups of 4 dialogs, whole
+                loss = grpo_loss(batch)        # torchrl.objectives.llm.GRPOLoss
+                collector.update_policy_weights_(model)
+
+    Args:
+        actors: Actor addresses (``host:port`` or ``dns:///name:port``).
+        dialog_turns_per_batch: Turns per batch (sync: in total over the fleet, split
+            evenly; steps mode: each share a multiple of the actors' slot count). Defaults
+            to 1 with ``yield_completed_trajectories``, else required.
+        total_dialog_turns: Turns after which iteration stops; -1 is endless. Every turn
+            that ran counts once (with ``yield_only_last_steps`` the dropped
+            intermediate turns count too, as in TorchRL 0.14.1).
+        yield_completed_trajectories: Batches of whole dialogs.
+        yield_only_last_steps: Only the last turn of each dialog (forces the former).
+        flatten_data: ``view(-1)`` every batch; defaults to True with a replay buffer.
+        replay_buffer: Anything with ``extend()``; iteration then yields None.
+        queue: A ``queue.Queue``-like object receiving every element (exclusive with
+            ``replay_buffer``).
+        queue_overflow: ``"block"`` (default: the actors are paced, nothing is
+            discarded) or ``"drop_oldest"`` (TorchRL's behaviour; drops are counted in
+            ``stats()["queue_dropped"]``).
+        postproc: Applied to every batch after the layout.
+        reset_at_each_iter: Restart every slot's dialog at each batch (counted as dropped
+            on the actors).
+        track_policy_version: Keep ``policy_version`` in batches (always recorded).
+        sync: One batch from every actor per iteration, or first ready, first served.
+        group_size: GRPO G: each prompt answered G times on one actor, marked by
+            ``("collector", "group_id")``; a batch never splits a group.
+        generation: ``max_new_tokens``, ``temperature`` (0 greedy), ``top_p``, ``top_k``,
+            ``stop_token_ids``; nothing else applies.
+        layout: ``"torchrl"`` or ``"padded"``.
+        max_turns: Turn limit per dialog; 0 keeps the task's.
+        token_versions: Record the policy version of every response token.
+        **kwargs: ``GrpcCollector``'s connection, credit, deadline, TLS and token
+            settings (``prefetch``, ``connect_timeout``, ``call_timeout``,
+            ``batch_timeout``, ``allow_partial_batches``, ``channel_credentials``,
+            ``token``, ``model_id``, ``dns_refresh_interval``, ...).
+
+    Raises:
+        ValueError: Incompatible modes, bad generation settings (unknown keys named), or a
+            fleet that does not divide the turns.
+        TypeError: An argument of the wrong type.
+    """
+
+    def __init__(
+        self,
+        actors: Sequence[str] | str,
+        *,
+        dialog_turns_per_batch: int | None = None,
+        total_dialog_turns: int = -1,
+        yield_completed_trajectories: bool | None = None,
+        yield_only_last_steps: bool | None = None,
+        flatten_data: bool | None = None,
+        replay_buffer: Any = None,
+        queue: Any = None,
+        queue_overflow: str = "block",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        reset_at_each_iter: bool = False,
+        track_policy_version: bool = True,
+        sync: bool = False,
+        group_size: int = 1,
+        generation: Mapping[str, Any] | None = None,
+        layout: str = "torchrl",
+        max_turns: int = 0,
+        token_versions: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        _check_sinks(layout, queue_overflow, queue, replay_buffer)
+        completed, last, flatten = _modes(
+            yield_completed_trajectories,
+            yield_only_last_steps,
+            flatten_data,
+            reset_at_each_iter,
+            has_buffer=replay_buffer is not None or queue is not None,
+        )
+        if dialog_turns_per_batch is None and not completed:
+            raise ValueError("dialog_turns_per_batch is required in steps mode")
+        dialog_turns_per_batch = 1 if dialog_turns_per_batch is None else dialog_turns_per_batch
+        self.llm_settings = LLMSettings(
+            generation=GenerationSettings.from_mapping(generation),
+            group_size=group_size,
+            yield_completed_trajectories=completed,
+            yield_only_last_steps=last,
+            max_turns=max_turns,
+            token_versions=token_versions,
+        )
+        self._sink = _QueueSink(queue, queue_overflow) if queue is not None else None
+        self._shaper = _Shaper(layout, flatten, bool(track_policy_version), postproc)
+        self.model_id = kwargs.get("model_id", DEFAULT_MODEL_ID)
+        self._inner = GrpcCollector(
+            actors,
+            frames_per_batch=dialog_turns_per_batch,
+            total_frames=total_dialog_turns,
+            sync=sync,
+            reset_at_each_iter=reset_at_each_iter,
+            postproc=self._shaper,
+            replay_buffer=self._sink if self._sink is not None else replay_buffer,
+            cat_results=0,
+            llm=self.llm_settings,
+            **kwargs,
+        )
+        self.dialog_turns_per_batch = dialog_turns_per_batch
+        self.total_dialog_turns = total_dialog_turns
+        self.replay_buffer, self.queue = replay_buffer, queue
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches (None per batch stored in the buffer or queue) until the budget."""
+        return iter(self._inner)
+
+    def __len__(self) -> int:
+        """``ceil(total_dialog_turns / dialog_turns_per_batch)``; TypeError when endless."""
+        return len(self._inner)
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch, or None at the end."""
+        return self._inner.next()
+
+    # ---------------------------------------------------------- versions
+
+    @property
+    def policy_version(self) -> int:
+        """The acting model's policy version (0 before the first push)."""
+        return int(self._inner.policy_version.get(self.model_id, 0))
+
+    def get_policy_version(self) -> int:
+        """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""
+        return self.policy_version
+
+    def increment_version(self) -> int:
+        """Re-push the last weights given under the next version; returns it.
+
+        Versions only move with applied pushes, so every actor's batches name the
+        version they were generated at.
+        """
+        self._inner.update_policy_weights_(model_id=self.model_id)
+        return self.policy_version
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> dict:
+        """Push weights to the actors (``worker_ids``, ``model_id``, ``weights_dict``...).
+
+        Returns:
+            ``{worker_id: version applied}``. See ``GrpcCollector.update_policy_weights_``.
+        """
+        return self._inner.update_policy_weights_(policy_or_weights, **kwargs)
+
+    # ------------------------------------------------------------- extras
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every actor's problem and token sampling, chained in worker_id order."""
+        return self._inner.set_seed(seed, static_seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner counters and every actor's state (weights, versions, counters)."""
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (dialogs in progress restart)."""
+        self._inner.load_state_dict(state_dict)
+
+    @property
+    def remote_collectors(self) -> list[RemoteActor]:
+        """The actors, as ``(address, worker_id)`` records."""
+        return self._inner.remote_collectors
+
+    def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
+        """Grow the fleet, also while collecting."""
+        return self._inner.add_collectors(addresses)
+
+    def is_initialized(self) -> bool:
+        """True once connected (construction connects)."""
+        return True
+
+    def stats(
+        self, workers: str = "aggregate", *, timeout: float | None = 10.0
+    ) -> dict[str, int | float | bool]:
+        """Flat scalars: ``turns``, ``tokens``, ``tokens_per_s``, ``dropped_dialogs``, lag...
+
+        Plus ``GrpcCollector.stats``' counters (``workers`` and ``timeout`` as there).
+        """
+        out = self._inner.stats(workers, timeout=timeout)
+        out["turns"] = out.get("frames", self._shaper.turns)
+        out["yielded_turns"] = self._shaper.turns
+        out["tokens"] = self._shaper.tokens
+        out["tokens_per_s"] = self._shaper.tokens_per_s()
+        # Dialogs in progress on actors that died (one per chat slot; groups whole).
+        out["dropped_dialogs"] = int(out.get("lost_in_progress", 0))
+        if self._sink is not None:
+            out["queue_dropped"] = self._sink.dropped
+        return out
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Collect in a background thread into the replay buffer or queue."""
+        self._inner.start()
+
+    def pause(self) -> Any:
+        """Context manager: no new credits while held."""
+        return self._inner.pause()
+
+    def is_running(self) -> bool:
+        """Whether the background collection thread runs."""
+        return self._inner.is_running()
+
+    def async_shutdown(self, timeout: float | None = None) -> None:
+        """Stop background collection, then shut down."""
+        self._inner.async_shutdown(timeout)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Close every session and channel (bounded, idempotent)."""
+        self._inner.shutdown(timeout)
+
+    def __enter__(self) -> GrpcLLMCollector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"GrpcLLMCollector({self._inner!r}, llm={self.llm_settings})"

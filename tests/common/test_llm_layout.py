@@ -1,0 +1,151 @@
+"""The padded LLM wire form: packet round trip, hostile batches, TorchRL's layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from common.errors import ProtocolError
+from common.llm import check_padded, to_torchrl
+from common.packets import decode_packet, encode_packet
+
+
+def _strings(rows):
+    return NonTensorStack.from_list(rows)
+
+
+def padded(n: int = 3, width: int = 10, span: int = 4, messages: int = 2) -> TensorDict:
+    """A valid batch of n turns: prompt 5 tokens, response n-dependent, history of 2 messages."""
+    prompt_len = torch.full((n,), 5)
+    response_len = torch.arange(n) % (span + 1)
+    tokens = torch.zeros((n, width), dtype=torch.long)
+    for i in range(n):
+        tokens[i, : 5 + int(response_len[i])] = torch.arange(1, 6 + int(response_len[i]))
+    log_probs = -torch.rand(n, span) * (torch.arange(span)[None] < response_len[:, None])
+    flag = torch.zeros((n, 1), dtype=torch.bool)
+    return TensorDict(
+        {
+            "tokens": tokens,
+            "prompt_len": prompt_len,
+            "response_len": response_len,
+            "log_probs": log_probs,
+            "policy_version": torch.zeros(n, dtype=torch.long),
+            "done": flag.clone(),
+            "terminated": flag.clone(),
+            "truncated": flag.clone(),
+            "history": {
+                "length": torch.full((n,), messages),
+                "role": _strings([["user", "assistant", "user"][:messages]] * n),
+                "content": _strings([[f"q{i}", f"a{i}", "x"][:messages] for i in range(n)]),
+            },
+            "text": {
+                "prompt": _strings([f"p{i}" for i in range(n)]),
+                "response": _strings([f"r{i}" for i in range(n)]),
+            },
+            "query": _strings([f"q{i}" for i in range(n)]),
+            "collector": {
+                "traj_ids": torch.arange(n),
+                "group_id": torch.arange(n) // 2,
+                "dialog_turns": torch.ones(n, dtype=torch.long),
+                "stopped": torch.ones(n, dtype=torch.bool),
+            },
+            "next": {
+                "reward": torch.ones(n, 1),
+                "done": ~flag,
+                "terminated": ~flag,
+                "truncated": flag.clone(),
+                "success": flag.clone(),
+            },
+        },
+        batch_size=[n],
+    )
+
+
+def _wire(td: TensorDict) -> TensorDict:
+    return decode_packet(bytearray(b"".join(encode_packet(td).chunks())))
+
+
+def test_a_padded_batch_round_trips_through_a_packet_and_checks() -> None:
+    td = _wire(padded())
+    check_padded(td)
+    out = to_torchrl(td)
+    assert out.batch_size == (3,)
+    assert out[1]["tokens", "full"].tolist() == list(range(1, 7))
+    assert out[1]["tokens", "response"].tolist() == [6]
+    assert out[1]["masks", "all_assistant_mask"].tolist() == [False] * 5 + [True]
+    assert out[2]["log_probs", "response"].shape == (2,)
+    assert list(out[0]["history", "full", "role"]) == ["user", "assistant"]
+    assert list(out[0]["next", "history", "prompt", "content"]) == ["q0", "a0"]
+    assert out[0]["text", "full"] == "p0r0"
+
+
+def _set(td: TensorDict, key, value) -> TensorDict:
+    td.set(key, value)
+    return td
+
+
+HOSTILE = {
+    "response beyond the padded width": lambda td: _set(
+        td, "response_len", torch.tensor([0, 9, 2])
+    ),
+    "prompt + response beyond the width": lambda td: _set(
+        td, "prompt_len", torch.tensor([5, 9, 9])
+    ),
+    "negative prompt_len": lambda td: _set(td, "prompt_len", torch.tensor([-1, 5, 5])),
+    "negative response_len": lambda td: _set(td, "response_len", torch.tensor([0, -(2**63), 1])),
+    "response longer than log_probs": lambda td: _set(td, "log_probs", torch.zeros(3, 1)),
+    "history length beyond its messages": lambda td: _set(
+        td, ("history", "length"), torch.tensor([2, 3, 2])
+    ),
+    "history length 0": lambda td: _set(td, ("history", "length"), torch.tensor([2, 0, 2])),
+    "history without a prompt": lambda td: _set(td, ("history", "length"), torch.tensor([1, 2, 2])),
+    "role and content counts disagree": lambda td: _set(
+        td, ("history", "content"), _strings([["a"]] * 3)
+    ),
+    "wrong dtype": lambda td: _set(td, "prompt_len", torch.full((3,), 5, dtype=torch.int32)),
+    "negative version": lambda td: _set(td, "policy_version", torch.tensor([0, -1, 0])),
+    "non-finite log-probs": lambda td: _set(td, "log_probs", torch.full((3, 4), float("nan"))),
+    "missing key": lambda td: td.exclude("response_len"),
+    "wrong reward shape": lambda td: _set(td, ("next", "reward"), torch.ones(3, 2)),
+    "token versions of another width": lambda td: _set(
+        td, ("collector", "token_policy_version"), torch.zeros(3, 7, dtype=torch.long)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_check_padded_raises_protocol_error_on_hostile_batches(name) -> None:
+    td = HOSTILE[name](padded())
+    with pytest.raises(ProtocolError):
+        check_padded(_wire(td))
+
+
+def test_check_padded_raises_if_the_batch_has_three_dims() -> None:
+    check_padded(padded(4).reshape(2, 2))  # [slots, T] is fine
+    with pytest.raises(ProtocolError, match=r"\[n\] or \[slots, T\]"):
+        check_padded(padded(4).reshape(2, 2, 1))
+
+
+def test_to_torchrl_of_a_steps_batch_is_slots_by_time() -> None:
+    out = to_torchrl(padded(4).reshape(2, 2))
+    assert out.batch_size == (2, 2)
+    assert out[1, 0]["tokens", "full"].tolist() == list(range(1, 8))
+
+
+def test_merge_padded_pads_widths_and_concatenates() -> None:
+    from common.llm._merge import merge_padded
+
+    small = padded(2, width=8, span=3, messages=2)
+    big = padded(3, width=12, span=5, messages=3)
+    merged = merge_padded([_wire(small), _wire(big)])
+    check_padded(merged)
+    assert merged.batch_size == (5,)
+    assert merged["tokens"].shape == (5, 12)
+    assert merged.get(("history", "role")).batch_size == (5, 3)
+    assert list(merged.get(("history", "role")).tolist()[0]) == ["user", "assistant", ""]
+    out = to_torchrl(merged)
+    assert out[0]["tokens", "full"].tolist() == small[0]["tokens"][:5].tolist()
+    steps = merge_padded([padded(4, width=8).reshape(2, 2), padded(4, width=10).reshape(2, 2)])
+    check_padded(steps)
+    assert steps.batch_size == (4, 2)

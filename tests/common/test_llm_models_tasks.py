@@ -1,0 +1,223 @@
+"""The LLM registry and tasks: tiny models from a config, local checkpoints, procedural tasks."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import sys
+import time
+
+import pytest
+import torch
+
+from common.llm import (
+    PolicySpecError,
+    TaskSpecError,
+    build_policy,
+    build_task,
+    check_policy_spec,
+    check_task_spec,
+)
+from common.llm._tasks import countdown_reward
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+
+def test_build_policy_same_kwargs_build_identical_weights() -> None:
+    a, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, seed=5)
+    b, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, seed=5)
+    c, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, seed=6)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+    assert a.config.hidden_size == 32
+    assert a.config.num_hidden_layers == 1
+    assert a.generation_config.top_k is None  # no silent top_k=50
+    text = "12+7=19 héllo"
+    assert tok.decode(tok(text)["input_ids"]) == text
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "1+2="}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt == "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_build_policy_tiny_gpt2_runs() -> None:
+    model, tok = build_policy("rlfleet:tiny-gpt2", hidden=32, layers=1, heads=2)
+    ids = torch.tensor([tok("abc")["input_ids"]])
+    assert model(input_ids=ids).logits.shape == (1, 3, len(tok))
+
+
+def test_build_policy_loads_a_local_checkpoint_offline(tmp_path) -> None:
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, tok2 = build_policy(f"hf:{tmp_path}")
+    ids = torch.tensor([tok("hello")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, loaded(input_ids=ids).logits)
+    assert tok2.chat_template == tok.chat_template
+
+
+def test_build_policy_raises_if_the_checkpoint_has_no_chat_template(tmp_path) -> None:
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)
+    tok.chat_template = None
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (tmp_path / name).unlink(missing_ok=True)
+    with pytest.raises(PolicySpecError, match="no chat template"):
+        check_policy_spec(f"hf:{tmp_path}")
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "match"),
+    [
+        ("rlfleet:tiny-llama9", {}, "unknown model spec"),
+        ("hf:/no/such/dir", {}, "no such checkpoint directory"),
+        ("rlfleet:tiny-qwen2", {"hiden": 8}, "unknown kwargs"),
+        ("rlfleet:tiny-qwen2", {"hidden": 2**64 - 1}, "must be an int"),
+        ("rlfleet:tiny-qwen2", {"hidden": 30, "heads": 4}, "multiple of"),
+    ],
+)
+def test_build_policy_raises_if_the_spec_is_bad(spec, kwargs, match) -> None:
+    with pytest.raises(PolicySpecError, match=match):
+        build_policy(spec, **kwargs)
+
+
+def test_importing_common_llm_imports_neither_torch_nor_transformers() -> None:
+    import subprocess
+
+    code = (
+        "import sys, common.llm, common.config; "
+        "from common.llm import LLMSettings, check_task_spec, check_policy_spec; "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_arith_problems_and_rewards() -> None:
+    task = build_task("arith", digits=2, ops="+-*", modulus=10)
+    rng = random.Random(0)
+    for _ in range(50):
+        problem = task.sample(rng)
+        value = eval(problem.query[:-1]) % 10  # the reference, on our own strings
+        assert problem.answer == str(value)
+    outcome = task.score(problem, f" {problem.answer} ", 1)
+    assert outcome.reward == 1.0
+    assert outcome.terminated
+    assert outcome.success
+    assert task.score(problem, "x", 1).reward == 0.0
+
+
+def test_arith_retries_make_a_multi_turn_dialog() -> None:
+    task = build_task("arith", retries=2)
+    problem = task.sample(random.Random(1))
+    first = task.score(problem, "wrong", 1)
+    assert not first.terminated
+    assert first.reply == "No. Try again."
+    assert task.score(problem, "wrong", 3).terminated
+    assert task.max_turns == 3
+
+
+def test_reverse_task() -> None:
+    task = build_task("reverse", length=5, alphabet="xy")
+    problem = task.sample(random.Random(2))
+    word = problem.query.removeprefix("reverse: ")
+    assert len(word) == 5
+    assert set(word) <= {"x", "y"}
+    assert task.score(problem, word[::-1], 1).reward == 1.0
+
+
+def test_countdown_matches_torchrl_problems_and_rewards() -> None:
+    from torchrl.envs.llm.datasets.countdown import _CountdownProblemGenerator
+    from torchrl.envs.llm.reward.countdown import CountdownRewardParser
+
+    ours, theirs = build_task("countdown"), _CountdownProblemGenerator(seed=3)
+    rng = random.Random(3)
+    for _ in range(20):
+        problem, reference = ours.sample(rng), next(theirs)
+        assert (problem.query, problem.answer) == (reference["query"], reference["answer"])
+    answer = "target=24, numbers=3,8,1,5"
+    for expression in ["3*8", "(3 + 5) * (8 / ...)", "3*8*1", "3*3*8", "8/(1-1)", "24", "3 8"]:
+        want = CountdownRewardParser.validate_expression(expression, 24, [3, 8, 1, 5])
+        reward, success = countdown_reward(answer, f"<think>t</think><answer>{expression}</answer>")
+        assert success == want
+        assert reward == (1.0 if want else 0.1)
+    assert countdown_reward(answer, "no tags") == (0.0, False)
+
+
+def test_countdown_reward_never_evaluates_power() -> None:
+    start = time.monotonic()
+    assert countdown_reward("target=1, numbers=9,9", "<answer>9**9**9</answer>") == (0.1, False)
+    assert time.monotonic() - start < 1.0
+
+
+def test_jsonl_task_cycles_lines_with_exact_match(tmp_path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": f"a{i}"}) for i in range(2)))
+    task = build_task(f"jsonl:{path}")
+    rng = random.Random(0)
+    assert [task.sample(rng).query for _ in range(3)] == ["q0", "q1", "q0"]
+    assert task.score(task.sample(rng), "a1", 1).reward == 1.0
+
+
+@pytest.mark.parametrize("line", ['{"prompt": 1, "answer": "x"}', "not json", '["a"]'])
+def test_jsonl_task_raises_if_a_line_is_malformed(tmp_path, line) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(TaskSpecError, match=":1:"):
+        build_task(f"jsonl:{path}")
+
+
+class _EchoTask:
+    max_turns = 2
+
+    def __init__(self, word: str = "hi") -> None:
+        self.word = word
+
+    def sample(self, rng):
+        from common.llm import Problem
+
+        return Problem(query=self.word, answer=self.word)
+
+    def score(self, problem, response, turn):
+        from common.llm import Outcome
+
+        return Outcome(reward=float(turn), terminated=False, reply="again")
+
+
+def make_echo(**kwargs):
+    return _EchoTask(**kwargs)
+
+
+def make_nothing():
+    return object()
+
+
+def test_user_task_from_a_factory() -> None:
+    task = build_task(f"{__name__}:make_echo", word="yo")
+    assert task.sample(random.Random(0)).query == "yo"
+    with pytest.raises(TaskSpecError, match="lacks max_turns"):
+        build_task(f"{__name__}:make_nothing")
+    with pytest.raises(TaskSpecError, match="TypeError"):
+        build_task(f"{__name__}:make_echo", nope=1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs"),
+    [("nope", {}), ("jsonl:/no/such.jsonl", {}), ("arith", {"digits": 0}), ("arith", {"ops": "/"})],
+)
+def test_build_task_raises_if_the_spec_is_bad(spec, kwargs) -> None:
+    with pytest.raises(TaskSpecError):
+        build_task(spec, **kwargs)
+    if not kwargs:
+        with pytest.raises(TaskSpecError):
+            check_task_spec(spec)
+
+
+def test_the_network_guard_refuses_non_loopback_connections() -> None:
+    with socket.socket() as sock, pytest.raises(ConnectionRefusedError, match="network guard"):
+        sock.connect(("10.255.255.1", 443))

@@ -1,0 +1,303 @@
+"""GrpcLLMCollector against a LocalFleet of LLM actors: modes, budgets, groups, versions, faults."""
+
+from __future__ import annotations
+
+import queue
+import warnings
+
+import pytest
+import torch
+
+from learner_client import GrpcLLMCollector, LocalFleet
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+TINY = {"hidden": 32, "layers": 1, "seed": 0}
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def llm_fleet():
+    with LocalFleet(
+        2,
+        kind="llm",
+        task="arith",
+        task_kwargs={"retries": 1},
+        policy="rlfleet:tiny-qwen2",
+        policy_kwargs=TINY,
+        num_envs=SLOTS,
+        seed=0,
+        grace_period=1.0,
+    ) as fleet:
+        yield fleet
+
+
+def _collector(fleet, **kw):
+    kw.setdefault("generation", {"max_new_tokens": 3})
+    kw.setdefault("batch_timeout", 60.0)
+    return GrpcLLMCollector(fleet.addresses, **kw)
+
+
+def _groups_whole(batch, size: int) -> bool:
+    done = batch["next", "done"].reshape(-1)
+    groups = batch["collector", "group_id"].reshape(-1)[done].tolist()
+    return all(groups.count(g) == size for g in groups)
+
+
+def test_sync_steps_mode_yields_slots_by_turns_with_an_exact_budget(llm_fleet) -> None:
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=2 * SLOTS * 2, total_dialog_turns=32, sync=True
+    ) as collector:
+        batches = list(collector)
+        stats = collector.stats()
+    assert len(batches) == 2
+    for batch in batches:
+        assert batch.batch_size == (2 * SLOTS, 2)
+        assert batch[0, 0]["tokens", "full"].dtype == torch.int64
+        assert sorted(set(batch["collector", "worker_id"].reshape(-1).tolist())) == [0, 1]
+    assert stats["turns"] == 32
+    assert stats["tokens"] > 0
+    assert stats["tokens_per_s"] > 0
+
+
+def test_async_completed_trajectories_hold_whole_groups(llm_fleet) -> None:
+    with _collector(
+        llm_fleet,
+        dialog_turns_per_batch=4,
+        total_dialog_turns=24,
+        yield_completed_trajectories=True,
+        group_size=2,
+    ) as collector:
+        batches = list(collector)
+        stats = collector.stats()
+    assert sum(b.numel() for b in batches) == stats["turns"] >= 24
+    assert stats["turns"] - batches[-1].numel() < 24  # it stopped at the first batch reaching it
+    for batch in batches:
+        assert batch.ndim == 1
+        assert bool(batch[-1]["next", "done"])  # whole dialogs only
+        assert _groups_whole(batch, 2)
+        assert len(set(batch["collector", "worker_id"].tolist())) == 1  # one actor per group
+
+
+def test_last_steps_count_the_dropped_turns(llm_fleet) -> None:
+    with _collector(
+        llm_fleet,
+        dialog_turns_per_batch=4,
+        total_dialog_turns=16,
+        yield_only_last_steps=True,
+        layout="padded",
+    ) as collector:
+        batches = list(collector)
+        stats = collector.stats()
+    ran = [int(b["collector", "dialog_turns"].sum()) for b in batches]
+    assert stats["turns"] == sum(ran) >= 16
+    assert sum(ran[:-1]) < 16  # it stopped at the first batch reaching the budget
+    assert all(b["next", "done"].all() for b in batches)
+
+
+def test_a_push_between_sync_batches_makes_the_next_batch_the_new_version(llm_fleet) -> None:
+    from common.llm import build_policy
+
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 5})
+    with _collector(
+        llm_fleet,
+        dialog_turns_per_batch=2 * SLOTS,
+        total_dialog_turns=-1,
+        sync=True,
+    ) as collector:
+        iterator = iter(collector)
+        next(iterator)
+        applied = collector.update_policy_weights_(model)
+        version = collector.policy_version
+        assert set(applied.values()) == {version}
+        batch = next(iterator)
+        assert (batch["policy_version"] == version).all()
+        assert collector.get_policy_version() == version
+
+
+def test_the_same_seed_gives_the_same_first_batch(llm_fleet) -> None:
+    firsts = []
+    for _ in range(2):
+        with _collector(
+            llm_fleet,
+            dialog_turns_per_batch=2 * SLOTS,
+            total_dialog_turns=8,
+            sync=True,
+            layout="padded",
+            generation={"max_new_tokens": 3, "temperature": 1.0},
+        ) as collector:
+            collector.set_seed(7)
+            firsts.append(next(iter(collector)))
+    assert torch.equal(firsts[0]["tokens"], firsts[1]["tokens"])
+    assert torch.equal(firsts[0]["log_probs"], firsts[1]["log_probs"])
+
+
+def test_grpo_loss_and_mc_advantage_from_two_async_actors(llm_fleet) -> None:
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+    from torchrl.modules.llm import TransformersWrapper
+    from torchrl.objectives.llm import GRPOLoss, MCAdvantage
+
+    from common.llm import build_policy
+
+    group = 2
+    advantage = MCAdvantage(grpo_size=group, prompt_key=("collector", "group_id"))
+    rb = ReplayBuffer(storage=LazyStackStorage(1000), transform=advantage, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with _collector(
+            llm_fleet,
+            dialog_turns_per_batch=4,
+            total_dialog_turns=24,
+            yield_completed_trajectories=True,
+            group_size=group,
+            generation={"max_new_tokens": 3, "temperature": 1.0},
+            replay_buffer=rb,
+        ) as collector:
+            model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+            collector.update_policy_weights_(model)  # the learner's weights generate
+            yielded = list(collector)
+            turns = collector.stats()["yielded_turns"]
+        assert all(item is None for item in yielded)
+        assert len(rb) == turns  # every group completed: nothing held back
+        sample = rb.sample()
+        actor = TransformersWrapper(
+            model,
+            tokenizer=tok,
+            input_mode="tokens",
+            generate=False,
+            pad_output=False,
+            return_log_probs=True,
+        )
+        out = GRPOLoss(actor, masking_strategy="sft")(sample)
+    assert float(out.clip_fraction) == 0.0
+    assert abs(float(out.kl_approx)) < 1e-5
+    (out.loss_objective + out.loss_entropy).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_a_full_queue_blocks_instead_of_dropping(llm_fleet) -> None:
+    sink: queue.Queue = queue.Queue(maxsize=1000)
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=2 * SLOTS, total_dialog_turns=16, sync=True, queue=sink
+    ) as collector:
+        assert list(collector) == [None, None]
+        assert collector.stats()["queue_dropped"] == 0
+    assert sink.qsize() == 16  # flattened: one item per turn
+
+
+def test_drop_oldest_queue_counts_drops(llm_fleet) -> None:
+    sink: queue.Queue = queue.Queue(maxsize=3)
+    with _collector(
+        llm_fleet,
+        dialog_turns_per_batch=2 * SLOTS,
+        total_dialog_turns=8,
+        sync=True,
+        queue=sink,
+        queue_overflow="drop_oldest",
+    ) as collector:
+        list(collector)
+        assert collector.stats()["queue_dropped"] == 5
+    assert sink.qsize() == 3
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"generation": {"do_sample": True}}, "unknown generation keys"),
+        ({"yield_only_last_steps": True, "flatten_data": True}, "flatten_data"),
+        ({"layout": "ragged"}, "layout"),
+        ({"dialog_turns_per_batch": None}, "required"),
+    ],
+)
+def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:
+    kw.setdefault("dialog_turns_per_batch", 4)
+    if kw["dialog_turns_per_batch"] is None:
+        del kw["dialog_turns_per_batch"]
+    with pytest.raises(ValueError, match=match):
+        GrpcLLMCollector(["127.0.0.1:1"], **kw)
+
+
+def test_settings_beyond_the_actor_cap_are_refused_at_construction(llm_fleet) -> None:
+    with pytest.raises(ValueError, match="above an actor's cap"):
+        _collector(
+            llm_fleet, dialog_turns_per_batch=2 * SLOTS, generation={"max_new_tokens": 10**6}
+        )
+
+
+def test_an_env_collector_refuses_llm_actors_and_vice_versa(llm_fleet) -> None:
+    from learner_client import GrpcCollector
+
+    with pytest.raises(ValueError, match="GrpcCollector needs env actors"):
+        GrpcCollector(llm_fleet.addresses, frames_per_batch=2 * SLOTS)
+    with (
+        LocalFleet(1, num_envs=2, seed=0, grace_period=1.0) as env_fleet,
+        pytest.raises(ValueError, match="GrpcLLMCollector needs llm actors"),
+    ):
+        _collector(env_fleet, dialog_turns_per_batch=2)
+
+
+def test_kill_9_loses_whole_groups_and_the_restarted_actor_gets_current_weights() -> None:
+    from common.llm import build_policy
+
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 9})
+    with (
+        LocalFleet(
+            2,
+            kind="llm",
+            task="arith",
+            policy="rlfleet:tiny-qwen2",
+            policy_kwargs=TINY,
+            num_envs=SLOTS,
+            seed=0,
+            grace_period=1.0,
+        ) as fleet,
+        _collector(
+            fleet,
+            dialog_turns_per_batch=4,
+            total_dialog_turns=-1,
+            yield_completed_trajectories=True,
+            group_size=2,
+            batch_timeout=30.0,
+        ) as collector,
+    ):
+        version = max(collector.update_policy_weights_(model).values())
+        iterator = iter(collector)
+        for _ in range(2):
+            assert _groups_whole(next(iterator), 2)
+        fleet.kill(1)
+        for _ in range(4):  # async keeps flowing from the survivor
+            assert _groups_whole(next(iterator), 2)
+        fleet.restart(1)
+        seen = set()
+        while 1 not in seen:
+            batch = next(iterator)
+            assert _groups_whole(batch, 2)
+            workers = set(batch["collector", "worker_id"].tolist())
+            if 1 in workers:
+                assert (batch["policy_version"] == version).all()
+            seen |= workers
+        stats = collector.stats()
+    assert stats["restarts"] == 1
+    assert stats["dropped_dialogs"] == SLOTS  # its in-progress dialogs: whole groups
+
+
+def test_background_collection_state_and_remote_collectors(llm_fleet) -> None:
+    from helpers import poll_until
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+
+    rb = ReplayBuffer(storage=LazyStackStorage(10_000))
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=4, yield_completed_trajectories=True, replay_buffer=rb
+    ) as collector:
+        assert [r.worker_id for r in collector.remote_collectors] == [0, 1]
+        state = collector.state_dict()
+        assert sorted(state["workers"]) == [0, 1]
+        collector.load_state_dict(state)  # weights, versions, counters: all or nothing
+        collector.start()
+        poll_until(lambda: len(rb) >= 8, timeout=60, message="background collection fills rb")
+        with collector.pause():
+            size = len(rb)
+            assert collector.is_running()
+        collector.async_shutdown()
+    assert size >= 8

@@ -1,0 +1,139 @@
+"""A real actor server whose LLM core sends hostile batches: the learner refuses them whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from actor_service import ActorConfig, create_server
+from actor_service._identity import ActorIdentity
+from actor_service._llm_models import MODEL_ID
+from common.errors import ProtocolError
+from learner_client import GrpcLLMCollector
+
+
+def _batch(broken: dict) -> TensorDict:
+    n = 2
+    flag = torch.zeros((n, 1), dtype=torch.bool)
+    td = TensorDict(
+        {
+            "tokens": torch.ones((n, 6), dtype=torch.long),
+            "prompt_len": torch.tensor([4, 4]),
+            "response_len": torch.tensor([2, 2]),
+            "log_probs": torch.zeros((n, 2)),
+            "policy_version": torch.zeros(n, dtype=torch.long),
+            "done": flag.clone(),
+            "terminated": flag.clone(),
+            "truncated": flag.clone(),
+            "history": {
+                "length": torch.full((n,), 2),
+                "role": NonTensorStack.from_list([["user", "assistant"]] * n),
+                "content": NonTensorStack.from_list([["q", "a"]] * n),
+            },
+            "text": {
+                "prompt": NonTensorStack.from_list(["p"] * n),
+                "response": NonTensorStack.from_list(["r"] * n),
+            },
+            "query": NonTensorStack.from_list(["q"] * n),
+            "collector": {
+                "traj_ids": torch.arange(n),
+                "group_id": torch.arange(n),
+                "dialog_turns": torch.ones(n, dtype=torch.long),
+                "stopped": torch.ones(n, dtype=torch.bool),
+            },
+            "next": {
+                "reward": torch.zeros(n, 1),
+                "done": ~flag,
+                "terminated": ~flag,
+                "truncated": flag.clone(),
+                "success": flag.clone(),
+            },
+        },
+        batch_size=[n],
+    )
+    for key, value in broken.items():
+        td.set(key, value)
+    return td
+
+
+class _HostileCore:
+    """An LLM collection core that sends one batch with the given broken entries."""
+
+    kind = "llm"
+
+    def __init__(self, config: ActorConfig, broken: dict) -> None:
+        self.config, self.broken = config, broken
+        self.worker_id, self.epoch, self.num_envs = config.worker_id, 77, 2
+        self.frames = self.batches = 0
+        self.models = _Models()
+
+    def describe(self) -> ActorIdentity:
+        return ActorIdentity(
+            worker_id=self.worker_id, epoch=self.epoch, env_id="hostile",
+            observation_space=None, action_space=None, models={MODEL_ID: (0, {})},
+            num_envs=2, env_backend="llm", device="cpu", software_version="0",
+            kind="llm", policy="rlfleet:tiny-qwen2",
+        )  # fmt: skip
+
+    def configure(self, settings) -> None:
+        self.settings = settings
+
+    def collect_batch(self, abandon=None) -> TensorDict:
+        self.batches += 1
+        return _batch(self.broken)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        return seed
+
+    def kill_pool(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class _Models:
+    model_ids = (MODEL_ID,)
+
+    def policy_version(self, model_id: str) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"response_len": torch.tensor([2, 9])},
+        {"prompt_len": torch.tensor([-1, 4])},
+        {("history", "length"): torch.tensor([2, 7])},
+        {"log_probs": torch.zeros((2, 1))},
+    ],
+    ids=["beyond_width", "negative", "history_count", "log_probs_width"],
+)
+def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken) -> None:
+    config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
+    server = create_server(config, worker_factory=lambda c: _HostileCore(c, broken))
+    with server.run_in_thread() as actor, GrpcLLMCollector(
+        [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
+        yield_completed_trajectories=True, batch_timeout=10.0,
+    ) as collector:  # fmt: skip
+        with pytest.raises(ProtocolError, match="LLM batch"):
+            collector.next()
+        stats = collector.stats()
+    assert stats["batches"] == 0
+    assert stats["yielded_turns"] == 0
+
+
+def test_the_same_batch_unbroken_is_yielded() -> None:
+    config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
+    server = create_server(config, worker_factory=lambda c: _HostileCore(c, {}))
+    with (
+        server.run_in_thread() as actor,
+        GrpcLLMCollector(
+            [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
+            yield_completed_trajectories=True, batch_timeout=10.0,
+        ) as collector,
+    ):  # fmt: skip
+        batches = list(collector)
+    assert len(batches) == 1
+    assert batches[0]["tokens", "response"].shape == (2, 2)
