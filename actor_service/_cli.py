@@ -25,7 +25,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from actor_service._config import ActorConfig, ModelSpec
+from actor_service._config import CHOICES, INT_RANGES, ActorConfig, ModelSpec
 from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
@@ -35,7 +35,6 @@ _FACTORY_RE = re.compile(r"^(random|mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODEL_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _ORDINAL_RE = re.compile(r"-(\d+)$")
-_MAX_WORKER_ID = 65535
 
 
 class _BadValue(ValueError):
@@ -79,6 +78,16 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return text
 
     return convert
+
+
+def _ranged(field: str) -> Callable[[str], int]:
+    """The converter of an integer setting, with its range from :data:`INT_RANGES`."""
+    return _int_in(*INT_RANGES[field])
+
+
+def _chosen(field: str) -> Callable[[str], str]:
+    """The converter of a choice setting, with its choices from :data:`CHOICES`."""
+    return _choice(*CHOICES[field])
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -125,41 +134,49 @@ def _existing_file_or_empty(text: str) -> str:
 # (field, converter, help); the flag is --field-with-dashes, the variable RLFLEET_FIELD.
 _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("host", _nonempty, "address to bind (0.0.0.0 in containers)"),
-    ("port", _int_in(0, 65535), "port to bind; 0 picks a free one"),
-    ("health_port", _optional(_int_in(0, 65535)), "extra plaintext port with health+reflection"),
+    ("port", _ranged("port"), "port to bind; 0 picks a free one"),
+    (
+        "health_port",
+        _optional(_ranged("health_port")),
+        "extra plaintext port with health+reflection",
+    ),
     (
         "metrics_port",
-        _optional(_int_in(0, 65535)),
+        _optional(_ranged("metrics_port")),
         "HTTP port of Prometheus /metrics (off if unset)",
     ),
-    ("worker_id", _int_in(0, _MAX_WORKER_ID), "this actor's id (default: hostname ordinal)"),
+    ("worker_id", _ranged("worker_id"), "this actor's id (default: hostname ordinal)"),
     ("env", _nonempty, "registered gymnasium env id"),
     ("env_kwargs", _json_object, "JSON object of kwargs for gymnasium.make or the factory"),
     ("env_factory", _import_path_or_empty, "package.module:function returning a gymnasium Env"),
-    ("num_envs", _int_in(1, 4096), "size of the env pool"),
-    ("env_backend", _choice("sync", "async"), "sync (in-process) or async (subprocesses)"),
+    ("num_envs", _ranged("num_envs"), "size of the env pool"),
+    ("env_backend", _chosen("env_backend"), "sync (in-process) or async (subprocesses)"),
     ("step_timeout", _float_min(0.0, strict=True), "seconds an async env step may take"),
     (
         "env_error_detail",
-        _choice("full", "type"),
+        _chosen("env_error_detail"),
         "what the learner hears of an env's exception: full (type and text) or type",
     ),
     ("device", _nonempty, "torch device of the policy"),
     ("seed", _optional(_int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
-    ("max_credits", _int_in(1, 1024), "most unconsumed credits / retained batches"),
+    ("max_credits", _ranged("max_credits"), "most unconsumed credits / retained batches"),
     ("grace_period", _float_min(0.0, strict=False), "seconds SIGTERM waits for streams to drain"),
     ("token", str, "bearer token required on every ActorService call"),
     ("tls_cert", _existing_file_or_empty, "PEM certificate chain (with --tls-key enables TLS)"),
     ("tls_key", _existing_file_or_empty, "PEM private key"),
     ("tls_client_ca", _existing_file_or_empty, "PEM CA; clients must present a certificate"),
-    ("max_weight_bytes", _int_in(1), "largest weight or state blob accepted"),
-    ("torch_threads", _int_in(1, 1024), "torch intra-op threads"),
-    ("log_level", _choice("debug", "info", "warning", "error"), "log level"),
-    ("log_format", _choice("text", "json"), "text or json (one object per line)"),
-    ("kind", _choice("env", "llm"), "env (an env pool) or llm (chat slots + a language model)"),
+    ("max_weight_bytes", _ranged("max_weight_bytes"), "largest weight or state blob accepted"),
+    ("torch_threads", _ranged("torch_threads"), "torch intra-op threads"),
+    ("log_level", _chosen("log_level"), "log level"),
+    ("log_format", _chosen("log_format"), "text or json (one object per line)"),
+    ("kind", _chosen("kind"), "env (an env pool) or llm (chat slots + a language model)"),
     ("task", _nonempty, "llm: arith | reverse | countdown | jsonl:PATH | pkg.mod:factory"),
     ("task_kwargs", _json_object, "llm: JSON object of kwargs for the task"),
-    ("max_new_tokens_cap", _int_in(1, 1 << 20), "llm: most new tokens per turn a learner may ask"),
+    (
+        "max_new_tokens_cap",
+        _ranged("max_new_tokens_cap"),
+        "llm: most new tokens per turn a learner may ask",
+    ),
 )
 
 
@@ -220,9 +237,9 @@ def default_worker_id(environ: Mapping[str, str] | None = None, hostname: str | 
     """
     environ = os.environ if environ is None else environ
     if _var("worker_id") in environ:
-        return _int_in(0, _MAX_WORKER_ID)(environ[_var("worker_id")])
+        return _ranged("worker_id")(environ[_var("worker_id")])
     match = _ORDINAL_RE.search(hostname if hostname is not None else socket.gethostname())
-    if match and int(match.group(1)) <= _MAX_WORKER_ID:
+    if match and int(match.group(1)) <= (INT_RANGES["worker_id"][1] or 0):
         return int(match.group(1))
     return 0
 
@@ -264,10 +281,12 @@ def parse_config(
             _check_task(values.get("task", "arith"), values.get("task_kwargs", {}))
         else:
             values["models"] = _models(args, environ)
-        _check_tls(values)
     except _FieldError as exc:
         parser.error(str(exc))
-    return ActorConfig(**values)
+    try:
+        return ActorConfig(**values)
+    except ValueError as exc:  # a rule across fields (see ActorConfig)
+        parser.error(_with_flags(str(exc)))
 
 
 _MISSING = object()
@@ -396,11 +415,13 @@ def _pair(item: str, convert: Callable[[str], Any]) -> tuple[str, Any]:
     return model_id, convert(value)
 
 
-def _check_tls(values: dict[str, Any]) -> None:
-    if bool(values.get("tls_cert")) != bool(values.get("tls_key")):
-        raise _FieldError("--tls-cert and --tls-key must be given together")
-    if values.get("tls_client_ca") and not values.get("tls_cert"):
-        raise _FieldError("--tls-client-ca needs --tls-cert and --tls-key")
+def _with_flags(message: str) -> str:
+    """A config error with the flags and variables of the fields it names appended."""
+    named = [
+        f.name for f in dataclasses.fields(ActorConfig) if re.search(rf"\b{f.name}\b", message)
+    ]
+    sources = ", ".join(f"{_flag(name)} / {_var(name)}" for name in named)
+    return f"{message} ({sources})" if sources else message
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,29 @@ from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
 
-__all__ = ["ActorConfig", "ModelSpec"]
+__all__ = ["CHOICES", "INT_RANGES", "OPTIONAL_INTS", "ActorConfig", "ModelSpec"]
+
+# The one home of every integer range and choice of an actor's settings (CLI and config).
+INT_RANGES: dict[str, tuple[int, int | None]] = {
+    "port": (0, 65535),
+    "health_port": (0, 65535),
+    "metrics_port": (0, 65535),
+    "worker_id": (0, 65535),
+    "num_envs": (1, 4096),
+    "max_credits": (1, 1024),
+    "max_weight_bytes": (1, None),
+    "torch_threads": (1, 1024),
+    "max_new_tokens_cap": (1, 1 << 20),
+}
+# Integer settings that may also be None (off).
+OPTIONAL_INTS = frozenset({"health_port", "metrics_port"})
+CHOICES: dict[str, tuple[str, ...]] = {
+    "env_backend": ("sync", "async"),
+    "env_error_detail": ("full", "type"),
+    "log_level": ("debug", "info", "warning", "error"),
+    "log_format": ("text", "json"),
+    "kind": ("env", "llm"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,23 +129,42 @@ class ActorConfig:
     max_new_tokens_cap: int = 4096
 
     def __post_init__(self) -> None:
-        """Refuse settings the collection core cannot run with, naming them.
+        """Refuse settings the actor cannot run with, naming the field and its range.
+
+        The ranges live in :data:`INT_RANGES` and :data:`CHOICES`; the command line
+        reads the same tables, so a flag and a programmatic config obey one rule.
 
         Raises:
-            ValueError: ``worker_id``, ``torch_threads``, ``step_timeout``,
-                ``env_error_detail``, ``seed`` or ``kind`` out of range.
+            ValueError: A field out of its range or choices, a seed outside
+                ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
+                ``grace_period``, TLS files given by halves, or no models.
         """
-        if not isinstance(self.worker_id, int) or not 0 <= self.worker_id <= 0xFFFF:
-            raise ValueError(f"worker_id must be an int in 0..65535, got {self.worker_id!r}")
-        if not isinstance(self.torch_threads, int) or self.torch_threads < 1:
-            raise ValueError(f"torch_threads must be a positive int, got {self.torch_threads!r}")
+        for name, (low, high) in INT_RANGES.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_INTS:
+                continue
+            if not _int_within(value, low, high):
+                bounds = f"in {low}..{high}" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if self.seed is not None and not _int_within(self.seed, 0, 2**64 - 1):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
         if not self.step_timeout > 0:
             raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
-        if self.env_error_detail not in ("full", "type"):
-            raise ValueError(
-                f"env_error_detail must be 'full' or 'type', got {self.env_error_detail!r}"
-            )
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
-            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
-        if self.kind not in ("env", "llm"):
-            raise ValueError(f"kind must be 'env' or 'llm', got {self.kind!r}")
+        if not self.grace_period >= 0:
+            raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key must be given together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        if not self.models:
+            raise ValueError("models must name at least one model")
+
+
+def _int_within(value: object, low: int, high: int | None) -> bool:
+    """Whether ``value`` is an int (not a bool) in ``low..high`` (no upper bound if None)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return low <= value and (high is None or value <= high)

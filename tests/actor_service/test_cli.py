@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from actor_service._cli import default_worker_id, parse_config
-from actor_service._config import ActorConfig, ModelSpec
+from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
 from actor_service._logging import configure_logging, get_logger, log_event
 
 
@@ -262,3 +262,42 @@ def test_logging_renders_other_libraries_in_the_same_format() -> None:
     record = json.loads(line)
     assert record["event"] == "log"
     assert record["fields"] == {"logger": "grpc.somewhere", "message": "channel x broke"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_envs", 0),
+        ("port", 70000),
+        ("metrics_port", -1),
+        ("max_credits", 10**12),
+        ("worker_id", True),
+        ("env_backend", "threads"),
+        ("log_format", "xml"),
+        ("seed", 2**64),
+        ("grace_period", -1.0),
+        ("models", ()),
+    ],
+)
+def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ActorConfig(**{field: value})
+
+
+def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:
+    with pytest.raises(ValueError, match="tls_cert and tls_key"):
+        ActorConfig(tls_cert="c.pem")
+    with pytest.raises(ValueError, match="tls_client_ca"):
+        ActorConfig(tls_client_ca="ca.pem")
+
+
+def test_cli_and_actor_config_share_one_range_per_field(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    low, high = INT_RANGES["num_envs"]
+    assert high is not None
+    assert parse_config(["--num-envs", str(high)], {}).num_envs == high
+    assert "--num-envs" in _error(capsys, ["--num-envs", str(high + 1)])
+    with pytest.raises(ValueError, match="num_envs"):
+        ActorConfig(num_envs=high + 1)
+    assert ActorConfig(num_envs=low).num_envs == low
