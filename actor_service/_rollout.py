@@ -209,10 +209,11 @@ class RolloutWorker:
         steps = 1 + (DEFAULT_LIMITS.max_packet_bytes - one - 16 * 64) // per_step
         return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_envs)) * self.num_envs
 
-    def _frame_bytes(self, steps: int, settings: CollectSettings) -> int:
+    def _buffers(self, steps: int, settings: CollectSettings) -> BatchBuffers:
+        """Empty buffers for a batch of ``steps`` steps of every env, as ``settings`` shape it."""
         extras = self.models.output_specs(settings.model_id)
         extras.pop("action")
-        buffers = BatchBuffers(
+        return BatchBuffers(
             self.num_envs,
             steps,
             self.models.observation_codec,
@@ -220,6 +221,9 @@ class RolloutWorker:
             extras,
             step_counts=settings.max_frames_per_traj > 0,
         )
+
+    def _frame_bytes(self, steps: int, settings: CollectSettings) -> int:
+        buffers = self._buffers(steps, settings)
         buffers.obs.fill(0)
         return encode_packet(buffers.to_tensordict(settings.set_truncated)).nbytes
 
@@ -254,16 +258,7 @@ class RolloutWorker:
     def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
         steps = settings.frames_per_batch // self.num_envs
         random = self._session_frames < settings.init_random_frames
-        extras = self.models.output_specs(settings.model_id)
-        extras.pop("action")
-        buffers = BatchBuffers(
-            self.num_envs,
-            steps,
-            self.models.observation_codec,
-            self.models.action_codec,
-            extras,
-            step_counts=settings.max_frames_per_traj > 0,
-        )
+        buffers = self._buffers(steps, settings)
         buffers.obs[:, 0] = self._obs
         # Per-step timings go into an array the metrics bin once per batch.
         timings = None if self._metrics is None else np.empty((steps, 2))
