@@ -11,8 +11,7 @@ import grpc
 import pytest
 from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import grpcurl_path, start_actor
-from test_server_auth import _self_signed
+from helpers import grpcurl_path, self_signed_cert, start_actor
 
 from common.llm import check_padded
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -30,7 +29,7 @@ def _llm_open(**kw) -> pb.OpenSession:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 def test_llm_actor_over_tls_with_a_token_serves_resumes_and_drains(tmp_path) -> None:
-    cert, key = _self_signed(tmp_path, "server")
+    cert, key = self_signed_cert(tmp_path, "server")
     args = [
         "--kind", "llm", "--task", "reverse", "--task-kwargs", '{"length": 3}',
         "--policy", "rlfleet:tiny-gpt2", "--policy-kwargs", '{"hidden": 32, "layers": 1}',
