@@ -5,7 +5,8 @@
 * :func:`build_task` — tasks: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH``,
   ``package.module:factory`` (the :class:`Task` protocol);
 * :func:`generate` / :func:`response_log_probs` — the decode loop with exact behaviour
-  log-probs, and the learner's recomputation of them;
+  log-probs, and the learner's recomputation of them (:func:`response_distributions`
+  gives the whole distributions, e.g. for an entropy bonus);
 * :class:`GenerationSettings`, :class:`LLMSettings` — what a session asks for;
 * :func:`check_padded`, :func:`to_torchrl`, :func:`merge_padded` — the dense wire form,
   TorchRL's layout, and several actors' batches merged.
@@ -39,7 +40,14 @@ from common.llm._tasks import (
 )
 
 if TYPE_CHECKING:
-    from common.llm._decode import Generation, generate, process_logits, response_log_probs
+    from common.llm._decode import (
+        Generation,
+        chosen_log_probs,
+        generate,
+        process_logits,
+        response_distributions,
+        response_log_probs,
+    )
     from common.llm._layout import check_padded, to_torchrl
     from common.llm._merge import merge_padded
 
@@ -52,6 +60,8 @@ __all__ = [
     "generate",
     "process_logits",
     "response_log_probs",
+    "response_distributions",
+    "chosen_log_probs",
     "check_padded",
     "to_torchrl",
     "merge_padded",
@@ -74,6 +84,8 @@ _LAZY = {
     "generate": "_decode",
     "process_logits": "_decode",
     "response_log_probs": "_decode",
+    "response_distributions": "_decode",
+    "chosen_log_probs": "_decode",
     "check_padded": "_layout",
     "to_torchrl": "_layout",
     "merge_padded": "_merge",
