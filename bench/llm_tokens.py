@@ -204,17 +204,18 @@ def run(args: argparse.Namespace, report: Report) -> None:
         theirs.shutdown()
     per_actor = [v / args.actors for v in samples["rlfleet"]]
     report.figure("in-process generate (1 core)", "tokens/s", samples["in-process"])
-    report.figure(f"rlfleet {args.actors} actors", "tokens/s", samples["rlfleet"])
+    report.figure("rlfleet fleet", "tokens/s", samples["rlfleet"])
     report.figure("rlfleet per actor", "tokens/s", per_actor)
     report.figure("torchrl LLMCollector", "tokens/s", samples["torchrl"])
     per = report.ratio(
         "per actor / in-process", "rlfleet per actor", "in-process generate (1 core)"
     )
-    vs = report.ratio("fleet / torchrl", f"rlfleet {args.actors} actors", "torchrl LLMCollector")
+    vs = report.ratio("fleet / torchrl", "rlfleet fleet", "torchrl LLMCollector")
     report.target("each actor >= 0.9x in-process decoding", per, 0.9)
     report.target("fleet >= 2x TorchRL LLMCollector", vs, 2.0)
     report.note(
-        f"tiny-qwen2 {MODEL}, {args.num_envs} slots, {args.new_tokens} new tokens, "
+        f"tiny-qwen2 {MODEL}, {args.actors} actors x {args.num_envs} slots, "
+        f"{args.new_tokens} new tokens, "
         "temperature 1, 1 torch thread per process"
     )
 

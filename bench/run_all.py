@@ -37,9 +37,10 @@ BENCHES = {
     "memory": "bench.memory",
     "codec": "bench.codec_bench",
     "metrics": "bench.metrics_overhead",
+    "llm_tokens": "bench.llm_tokens",
 }
 # Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
-_FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "startup", "memory"}
+_FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "startup", "memory", "llm_tokens"}
 _STDERR_TAIL = 3000
 
 

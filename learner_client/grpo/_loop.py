@@ -1,7 +1,8 @@
 """The loop of ``rlfleet-grpo``: collect groups of answers, update GRPO, push, evaluate.
 
 Read :func:`train` top to bottom: seed, build the learner's copy of the model (the
-same ``rlfleet:tiny-qwen2``, with the same kwargs and seed, the actors build), start
+same ``rlfleet:tiny-qwen2``, with the same kwargs and seed, the actors build) with
+small token embeddings, start
 the local LLM fleet, push the weights so every actor samples from the learner's
 policy (whatever it held before), then per batch: update (built-in loss or
 TorchRL's), push the new weights to every actor, and evaluate greedy accuracy on the
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 import torch
+from torch import nn
 
 from common.llm import GenerationSettings, build_policy, build_task
 from learner_client._llm_collector import GrpcLLMCollector
@@ -49,6 +51,8 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     """
     _seed_everything(settings.seed)
     model, tokenizer = build_policy(MODEL_SPEC, **settings.model_kwargs)
+    if settings.embedding_std > 0:
+        _init_embeddings(model, settings.embedding_std)
     task = build_task(settings.task, **settings.task_kwargs_dict)
     problems = held_out_problems(task, settings.eval_problems, settings.seed + _EVAL_SEED_OFFSET)
     evaluator = Evaluator(task, problems, tokenizer, settings.max_new_tokens)
@@ -127,6 +131,20 @@ def _collector(
         layout="torchrl" if torchrl_update else "padded",
         replay_buffer=torchrl_update.replay_buffer if torchrl_update else None,
     )
+
+
+def _init_embeddings(model: nn.Module, std: float) -> None:
+    """Draw the token embeddings (tied with the output layer) from N(0, std).
+
+    The tiny models are initialised with a large spread (0.2) that makes their first
+    answers peaked on arbitrary tokens; with small embeddings the first answers are
+    near-uniform and the right one gets sampled. The other weights keep their spread,
+    which lets attention pick the operands out quickly.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, std)
 
 
 def _seed_everything(seed: int) -> None:

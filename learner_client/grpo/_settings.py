@@ -38,6 +38,10 @@ class GRPOSettings:
         hidden: Width of the tiny Qwen2 (``rlfleet:tiny-qwen2``).
         layers: Decoder layers of the tiny Qwen2.
         heads: Attention heads of the tiny Qwen2.
+        embedding_std: Standard deviation of the learner's initial token embeddings (tied
+            with the output layer; the first push gives them to the actors): small
+            embeddings make the first answers near-uniform over the vocabulary, so
+            the right one gets sampled; 0 keeps the model's own initialisation.
         prompts_per_step: Distinct problems per update; each is answered ``group_size``
             times, so an update sees ``prompts_per_step * group_size`` dialog turns.
         group_size: GRPO's G: answers per problem, normalised against each other.
@@ -70,16 +74,17 @@ class GRPOSettings:
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
     heads: int = opt(4, "attention heads of the tiny Qwen2")
+    embedding_std: float = opt(0.02, "std of the initial token embeddings (0: the model's own)")
     prompts_per_step: int = opt(32, "distinct problems per update")
     group_size: int = opt(8, "answers per problem (GRPO's G)")
     max_new_tokens: int = opt(1, "most tokens per answer")
     temperature: float = opt(1.0, "sampling temperature")
     sync: bool = opt(True, "sync (on-policy) or async collection", negative="async")
-    lr: float = opt(1e-3, "Adam learning rate")
+    lr: float = opt(3e-3, "Adam learning rate")
     epochs: int = opt(1, "gradient steps per batch")
     clip_eps: float = opt(0.2, "clipping range of the probability ratio")
-    ent_coef: float = opt(0.05, "entropy bonus weight")
-    entropy_floor: float = opt(1.0, "entropy (nats per token) below which the bonus acts")
+    ent_coef: float = opt(0.1, "entropy bonus weight")
+    entropy_floor: float = opt(2.0, "entropy (nats per token) below which the bonus acts")
     max_grad_norm: float = opt(1.0, "gradient norm clip")
     loss: str = opt("builtin", "builtin (plain torch) or torchrl (GRPOLoss + MCAdvantage)")
     target_accuracy: float = opt(0.9, "stop at this greedy accuracy on held-out problems")
@@ -112,7 +117,7 @@ class GRPOSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-        for name in ("ent_coef", "entropy_floor"):
+        for name in ("ent_coef", "entropy_floor", "embedding_std"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")

@@ -111,14 +111,14 @@ class TorchRLGRPO:
             # TorchRL warns about its own experimental LLM API on every call.
             warnings.simplefilter("ignore")
             out = self.loss(batch)
-        loss = out["loss_objective"] + out["loss_entropy"]
+        loss = out.loss_objective + out.loss_entropy
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return {
             "loss": float(loss),
-            "entropy": float(out["entropy"]),
-            "clip_fraction": float(out["clip_fraction"]),
-            "approx_kl": float(out["kl_approx"]),
+            "entropy": float(out.entropy),
+            "clip_fraction": float(out.clip_fraction),
+            "approx_kl": float(out.kl_approx),
         }

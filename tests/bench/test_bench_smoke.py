@@ -59,6 +59,15 @@ EXPECTED = {
         ["metrics off", "metrics on", "loop metrics off", "loop metrics on"],
         ["metrics on/off", "loop metrics on/off"],
     ),
+    "llm_tokens": (
+        [
+            "in-process generate (1 core)",
+            "rlfleet fleet",
+            "rlfleet per actor",
+            "torchrl LLMCollector",
+        ],
+        ["per actor / in-process", "fleet / torchrl"],
+    ),
     "memory": (
         ["learner rss growth", "learner rss slope", "actor 0 rss growth", "frames collected"],
         [],
