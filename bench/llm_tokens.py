@@ -11,8 +11,8 @@ Systems, all in this one run, interleaved repetition by repetition:
 - rlfleet: ``GrpcLLMCollector`` (async) over a ``LocalFleet`` of 2 LLM actors with
   ``slots`` chat slots each; tokens/s of the fleet and per actor;
 - TorchRL: ``LLMCollector(ChatEnv + TransformersWrapper(generate=True))``, one
-  process, the same model, batch and sampling (``do_sample=True, top_k=0``, the
-  same new-token budget).
+  process, the same model, batch and sampling (``do_sample=True``, ``top_k`` = the
+  vocabulary, the same new-token budget).
 
 Tokens are response tokens (an answer that hits EOS early counts only its tokens;
 every system counts them the same way). Targets: each rlfleet actor >= 0.9x the
@@ -74,6 +74,7 @@ def in_process(args: argparse.Namespace) -> float:
     model, tok = build_policy("rlfleet:tiny-qwen2", **MODEL)
     settings = GenerationSettings(max_new_tokens=args.new_tokens, temperature=1.0)
     generator = torch.Generator().manual_seed(0)
+    prompts = _prompts(tok, args.num_envs)
 
     @torch.no_grad()
     def forward(ids: Any, mask: Any, positions: Any, past: Any) -> tuple[Any, Any, int]:
@@ -89,7 +90,7 @@ def in_process(args: argparse.Namespace) -> float:
     def one_batch() -> int:
         result = generate(
             forward,
-            _prompts(tok, args.num_envs),
+            prompts,
             settings,
             budgets=[args.new_tokens] * args.num_envs,
             stop_ids=(tok.eos_token_id,),
@@ -146,7 +147,13 @@ def torchrl_collector(args: argparse.Namespace) -> Any:
         input_mode="history",
         generate=True,
         return_log_probs=True,
-        generate_kwargs={"max_new_tokens": args.new_tokens, "do_sample": True, "top_k": 0},
+        # top_k = the vocabulary: the full softmax (TorchRL refuses top_k=0), as the actors.
+        generate_kwargs={
+            "max_new_tokens": args.new_tokens,
+            "do_sample": True,
+            "temperature": 1.0,
+            "top_k": len(tok),
+        },
     )
     return LLMCollector(
         env, policy=policy, dialog_turns_per_batch=args.num_envs, reset_at_each_iter=True
@@ -159,8 +166,8 @@ def torchrl_rate(args: argparse.Namespace, collector: Any) -> float:
     next(batches)  # warm-up
 
     def one_batch() -> int:
-        batch = next(batches)
-        return sum(len(t) for t in batch["tokens", "response"].unbind(0))
+        responses = next(batches).reshape(-1).get(("tokens", "response"), as_list=True)
+        return sum(t.numel() for t in responses)
 
     return _rate(one_batch, args.window)
 
