@@ -68,7 +68,16 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
     pytest.importorskip("torchrl")
     out = tmp_path / "run"
     result = _grpo(
-        *TINY, "--loss", "torchrl", "--max-steps", "2", "--out", str(out), "--no-progress"
+        *TINY,
+        "--num-actors",
+        "1",
+        "--loss",
+        "torchrl",
+        "--max-steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
