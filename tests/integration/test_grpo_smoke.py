@@ -64,6 +64,7 @@ def test_grpo_entry_point_runs_a_few_updates_and_writes_its_outputs(tmp_path):
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # a second fleet start-up and TorchRL's import: kept out of the fast suite
 def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
     pytest.importorskip("torchrl")
     out = tmp_path / "run"
