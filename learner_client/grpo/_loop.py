@@ -1,8 +1,8 @@
 """The loop of ``rlfleet-grpo``: collect groups of answers, update GRPO, push, evaluate.
 
 Read :func:`train` top to bottom: seed, build the learner's copy of the model (the
-same ``rlfleet:tiny-qwen2``, with the same kwargs and seed, the actors build) with
-small token embeddings, start
+same ``rlfleet:tiny-qwen2``, with the same kwargs and seed, the actors build),
+optionally with small token embeddings, start
 the local LLM fleet, push the weights so every actor samples from the learner's
 policy (whatever it held before), then per batch: update (built-in loss or
 TorchRL's), push the new weights to every actor, and evaluate greedy accuracy on the
@@ -57,7 +57,7 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     problems = held_out_problems(task, settings.eval_problems, settings.seed + _EVAL_SEED_OFFSET)
     evaluator = Evaluator(task, problems, tokenizer, settings.max_new_tokens)
     generation = GenerationSettings(
-        max_new_tokens=settings.max_new_tokens, temperature=settings.temperature
+        max_new_tokens=settings.max_new_tokens, temperature=settings.sampling_temperature
     )
     config = GRPOConfig(
         **{f.name: getattr(settings, f.name) for f in dataclasses.fields(GRPOConfig)}
