@@ -11,8 +11,7 @@ import dataclasses
 from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
-from common.llm import LoraSpec
-from common.llm._lora import check_peft
+from common.llm import LoraSpec, check_peft
 
 __all__ = ["CHOICES", "INT_RANGES", "OPTIONAL_INTS", "ActorConfig", "ModelSpec"]
 

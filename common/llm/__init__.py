@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from common.llm._lora import LoraSpec, apply_lora, parse_lora
+from common.llm._lora import LoraSpec, apply_lora, check_peft, parse_lora
 from common.llm._registry import (
     CHATML_TEMPLATE,
     MODEL_SPECS,
@@ -53,6 +53,7 @@ __all__ = [
     "LLMSettings",
     "LoraSpec",
     "apply_lora",
+    "check_peft",
     "parse_lora",
     "Generation",
     "generate",
