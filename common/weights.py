@@ -47,6 +47,7 @@ from common._safetensors import (
     DTYPES,
     METADATA_KEY,
     Expected,
+    HeaderCheck,
     read_blob,
     write_blob,
 )
@@ -312,8 +313,19 @@ def decode_weights(
         raise WeightsTooLargeError(
             f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
         )
-    limit = max_keys if expected is None else len(expected)
     aliases: dict[str, str] = {}
+    check = _header_check(max_keys if expected is None else len(expected), expected, aliases)
+    state, metadata = read_blob(
+        view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
+    )
+    if not allow_non_finite:
+        check_finite(state)
+    expand_aliases(state, aliases)
+    return state, metadata
+
+
+def _header_check(limit: int, expected: Expected | None, aliases: dict[str, str]) -> HeaderCheck:
+    """The check of a parsed header: form, alias map (into ``aliases``), fit to ``expected``."""
 
     def check(infos: dict[str, Any], metadata: dict[str, str]) -> None:
         form = PushForm.from_metadata(metadata)
@@ -323,13 +335,7 @@ def decode_weights(
             got.update({alias: got[target] for alias, target in aliases.items()})
             check_fit(got, expected, form)
 
-    state, metadata = read_blob(
-        view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
-    )
-    if not allow_non_finite:
-        check_finite(state)
-    expand_aliases(state, aliases)
-    return state, metadata
+    return check
 
 
 def check_policy_version(version: object, what: str = "policy version") -> int:
