@@ -63,12 +63,13 @@ class Pusher:
         self._check_models(request.sources, targets)
         pairs: list[tuple[int, EncodedWeights]] = []
         for mid, src in request.sources.items():
+            opts = request.options
             if request.per_worker is not None:  # TorchRL's {worker_id: weights}
-                pairs += sorted(self._book.encode_for(mid, request.per_worker).items())
+                pairs += sorted(self._book.encode_for(mid, request.per_worker, opts).items())
             elif src is None:  # re-send each worker the last weights given to it
-                pairs += sorted(self._book.encode_for(mid, dict.fromkeys(targets)).items())
+                pairs += sorted(self._book.encode_for(mid, dict.fromkeys(targets), opts).items())
             else:
-                enc = self._book.encode(mid, src)
+                enc = self._book.encode(mid, src, opts)
                 pairs += [(wid, enc) for wid in targets]
         succeeded, failed = self._push(pairs)
         if any(failed.values()):
