@@ -116,12 +116,12 @@ def _adapter_hint(unknown: list[str], missing: list[str], expected: Shapes) -> s
     model_has_adapter = any(m in k for k in expected for m in _ADAPTER_MARKS)
     if not model_has_adapter and any(m in k for k in unknown for m in _ADAPTER_MARKS):
         return (
-            "; the push carries LoRA adapter keys but this model holds no adapter: start the "
+            "the push carries LoRA adapter keys but this model holds no adapter: start the "
             "actor with --lora r=R,targets=MODULES matching the learner's LoraConfig"
         )
     if model_has_adapter and unknown and not any(m in k for k in unknown for m in _ADAPTER_MARKS):
         return (
-            "; this model holds a LoRA adapter (keys base_model.model.*): push the learner's "
+            "this model holds a LoRA adapter (keys base_model.model.*): push the learner's "
             "peft model (an adapter-only push: only_trainable=True)"
         )
     return ""
@@ -160,9 +160,8 @@ def fit_problems(got: Shapes, expected: Shapes, form: PushForm = FULL) -> list[s
         problems.append(f"shape mismatch: {', '.join(shapes[:_SHOWN])}")
     if dtypes:
         problems.append(f"dtype mismatch: {', '.join(dtypes[:_SHOWN])}")
-    if problems:
-        problems[-1] += _adapter_hint(unknown, missing, expected)
-    return problems
+    hint = _adapter_hint(unknown, missing, expected) if problems else ""
+    return [hint, *problems] if hint else problems
 
 
 def check_fit(got: Shapes, expected: Shapes, form: PushForm = FULL) -> None:

@@ -4,6 +4,7 @@ against a full push of the same state, and their refusals (nothing applied, acto
 
 from __future__ import annotations
 
+import grpc
 import gymnasium
 import pytest
 import torch
@@ -18,7 +19,14 @@ from push_policies import (
 
 from actor_service import ModelSpec
 from common.errors import WeightsError
-from common.weights import encode_weights
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    default_max_weight_bytes,
+    encode_weights,
+    state_nbytes,
+)
 from learner_client import GrpcCollector, WeightPushError
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -152,3 +160,22 @@ def test_push_raises_if_only_trainable_is_given_a_mapping(collector) -> None:
     with pytest.raises(ValueError, match="dtype must be None or one of"):
         collector.update_policy_weights_(_learner_policy(6), dtype=torch.int8)
     assert collector.policy_version == before
+
+
+def test_default_push_cap_is_sized_from_the_model_and_refuses_beyond(actor) -> None:
+    models = actor.server.runtime.worker.models
+    cap = default_max_weight_bytes(state_nbytes(models.parameters_info("policy")))
+    assert cap == DEFAULT_MAX_WEIGHT_BYTES  # a small model keeps the 1 GiB floor
+    header = pb.WeightsHeader(
+        model_id="policy",
+        version=models.policy_version("policy") + 1,
+        total_bytes=cap + 1,
+        sha256="0" * 64,
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{actor.port}") as channel:
+        stub = pb_grpc.ActorServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.PushWeights(iter([pb.PushWeightsRequest(header=header)]), timeout=10)
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"cap of {cap} bytes" in error.value.details()
+    assert serving(actor.port)
