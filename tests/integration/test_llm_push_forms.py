@@ -138,3 +138,18 @@ def test_adapter_of_a_half_billion_parameter_shape_is_well_under_one_percent() -
     adapter = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     assert adapter / total < 0.005  # 1.08M of 495M parameters: 0.22%
+
+
+def test_lora_actor_generates_with_the_pushed_adapter(lora_actor) -> None:
+    learner = _peft_learner(3)
+    with GrpcLLMCollector(
+        [f"127.0.0.1:{lora_actor.port}"],
+        dialog_turns_per_batch=2,
+        total_dialog_turns=2,
+        sync=True,
+        generation={"max_new_tokens": 2},
+    ) as collector:
+        version = collector.update_policy_weights_(learner, only_trainable=True)[0]
+        batches = list(collector)
+    assert len(batches) == 1
+    assert bool((batches[0]["policy_version"] == version).all())
