@@ -147,7 +147,9 @@ class LLMModels:
     def state_dict(self) -> dict[str, dict]:
         """``{"policy": {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
         with self.lock:
-            return {MODEL_ID: {"version": self.version, "weights": to_state_dict(self.model)}}
+            # to_state_dict's CPU tensors may view the live parameters: copy them.
+            weights = {k: v.clone() for k, v in to_state_dict(self.model).items()}
+            return {MODEL_ID: {"version": self.version, "weights": weights}}
 
     def load_state_dict(
         self, state: Mapping[str, Mapping], *, allow_rollback: bool = False

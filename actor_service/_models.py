@@ -399,7 +399,7 @@ class ModelRegistry:
         out = {}
         for model_id, model in self._models.items():
             with model.lock:
-                out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
+                out[model_id] = {"version": model.version, "weights": _copies(model.module)}
         return out
 
     def load_state_dict(
@@ -483,3 +483,8 @@ def check_newer(model_id: str, version: int, current: int) -> None:
             f"weights version {version} for model {model_id!r} is not newer than "
             f"the version in force, {current}"
         )
+
+
+def _copies(module: nn.Module) -> dict[str, torch.Tensor]:
+    # to_state_dict's CPU tensors may view the live parameters; a snapshot must not move.
+    return {k: v.clone() for k, v in to_state_dict(module).items()}
