@@ -139,14 +139,19 @@ def stage_state(
             f"weights give different values to keys this model ties (one tensor): "
             f"{broken[:10]}; send them tied, or as one key"
         )
-    check_finite({key: staged[key] for key in _first_keys(staged)})
+    check_finite(_distinct(staged))
     return staged
 
 
-def _first_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
-    """One key per distinct tensor object."""
+def _distinct(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The first key of each distinct tensor object (an alias is scanned once)."""
+    out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    return [k for k, v in state.items() if not (id(v) in seen or seen.add(id(v)))]  # type: ignore[func-returns-value]
+    for key, value in state.items():
+        if id(value) not in seen:
+            seen.add(id(value))
+            out[key] = value
+    return out
 
 
 def apply_staged(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:

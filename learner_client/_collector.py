@@ -369,7 +369,7 @@ class GrpcCollector:
             worker_ids=worker_ids,
             model_id=model_id,
             weights_dict=weights_dict,
-            options=PushOptions.of(dtype, only_trainable),
+            options=PushOptions.given(dtype, only_trainable),
         )
         with self._lock:
             self._check_open()

@@ -54,8 +54,8 @@ class PushOptions:
     only_trainable: bool = False
 
     @classmethod
-    def of(cls, dtype: object = None, only_trainable: object = False) -> PushOptions:
-        """Check the public arguments.
+    def given(cls, dtype: object = None, only_trainable: object = False) -> PushOptions | None:
+        """Check the public arguments; None when neither was given.
 
         Raises:
             TypeError: ``dtype`` is not a ``torch.dtype``, ``only_trainable`` not a bool.
@@ -66,7 +66,7 @@ class PushOptions:
         if not isinstance(only_trainable, bool):
             raise TypeError(f"only_trainable must be a bool, got {only_trainable!r:.80}")
         PushForm(wire_dtype=dtype)  # raises ValueError for a dtype that cannot travel
-        return cls(dtype, only_trainable)
+        return None if dtype is None and not only_trainable else cls(dtype, only_trainable)
 
     def encode(self, source: WeightSource, model_id: str) -> bytes:
         """Encode ``source`` for ``model_id``: a module whole, a mapping as a subset.
@@ -93,14 +93,15 @@ class WeightRequest:
         nested: The caller used ``weights_dict``, so results are keyed by model_id.
         per_worker: TorchRL's per-worker form ``{worker_id: weights}`` for the one model
             in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
-        options: How every model of the request is encoded.
+        options: How every model of the request is encoded; None: not given (new weights
+            are sent as they are, a re-send of the last weights as they were last sent).
     """
 
     sources: dict[str, WeightSource | None]
     worker_ids: tuple[int, ...] | None
     nested: bool
     per_worker: dict[int, WeightSource] | None = None
-    options: PushOptions = PushOptions()
+    options: PushOptions | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +185,7 @@ def normalize_update_args(
     if len(given) > 1:
         raise ValueError(f"pass the weights once: got {' and '.join(given)}")
     targets = _normalize_worker_ids(worker_ids)
-    opts = options or PushOptions()
+    opts = options
     if weights_dict is not None:
         if model_id is not None:
             raise ValueError("weights_dict and model_id are mutually exclusive")

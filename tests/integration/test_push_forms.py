@@ -84,6 +84,8 @@ def test_bf16_push_equals_a_full_push_of_the_rounded_state(collector) -> None:
     before = collector.policy_version["policy"]
     assert collector.update_policy_weights_(policy, dtype=torch.bfloat16)[0] == before + 1
     _, via_bf16 = actor_weights(collector)
+    assert collector.update_policy_weights_()[0] == before + 2  # a re-send keeps the form
+    assert_bit_identical(actor_weights(collector)[1], via_bf16)
     rounded = {
         k: v.to(torch.bfloat16).float() if v.is_floating_point() else v.clone()
         for k, v in policy.state_dict().items()
