@@ -153,3 +153,24 @@ def test_lora_actor_generates_with_the_pushed_adapter(lora_actor) -> None:
         batches = list(collector)
     assert len(batches) == 1
     assert bool((batches[0]["policy_version"] == version).all())
+
+
+@pytest.mark.slow
+def test_lora_flag_through_the_command_line_takes_adapter_pushes() -> None:
+    from learner_client import LocalFleet
+
+    learner = _peft_learner(4)
+    with (
+        LocalFleet(
+            1,
+            kind="llm",
+            policy_kwargs=TINY,
+            num_envs=2,
+            seed=0,
+            extra_args=["--lora", str(LORA)],
+        ) as fleet,
+        GrpcLLMCollector(fleet.addresses, dialog_turns_per_batch=2) as collector,
+    ):
+        collector.update_policy_weights_(learner, only_trainable=True)
+        _, weights = actor_weights(collector)
+    assert_bit_identical(weights, {k: v.clone() for k, v in learner.state_dict().items()})
