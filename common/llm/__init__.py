@@ -8,6 +8,8 @@
   log-probs, and the learner's recomputation of them (:func:`response_distributions`
   gives the whole distributions, e.g. for an entropy bonus);
 * :class:`GenerationSettings`, :class:`LLMSettings` — what a session asks for;
+* :class:`LoraSpec`, :func:`parse_lora`, :func:`apply_lora` — a LoRA adapter (``--lora``),
+  applied the same way by actors and learners (``peft``, the ``lora`` extra);
 * :func:`check_padded`, :func:`to_torchrl`, :func:`merge_padded` — the dense wire form,
   TorchRL's layout, and several actors' batches merged.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from common.llm._lora import LoraSpec, apply_lora, check_peft, parse_lora
 from common.llm._registry import (
     CHATML_TEMPLATE,
     MODEL_SPECS,
@@ -56,6 +59,10 @@ __all__ = [
     "build_task",
     "GenerationSettings",
     "LLMSettings",
+    "LoraSpec",
+    "apply_lora",
+    "check_peft",
+    "parse_lora",
     "Generation",
     "generate",
     "process_logits",
