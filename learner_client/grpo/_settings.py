@@ -50,7 +50,7 @@ class GRPOSettings:
             is 1.5 with the built-in loss and 1 with ``torchrl`` (TorchRL's wrapper
             scores raw logits, so its ratio is exact at temperature 1 only).
         sync: One batch from every actor per update (on-policy) or the first ready
-            actor's batch (``--async``; batches may lag one push behind).
+            actor's batch (``--async``; batches may lag a push or two behind).
         lr: Adam learning rate.
         epochs: Gradient steps on each batch.
         clip_eps: Clipping range of the probability ratio.
