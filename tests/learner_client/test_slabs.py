@@ -105,8 +105,39 @@ def test_collector_sync_batches_view_their_round_slab_and_stay_intact(fleet):
     assert len(later) == 3
     for batch in (first, *later):
         assert batch.names == [None, None, "time"]
-        # Both entries are views of one slab holding both actors' packets: nothing was stacked.
+        # A view of one slab holding both actors' packets: nothing was stacked.
         storage = batch["observation"].untyped_storage()
-        assert batch["next", "observation"].untyped_storage().data_ptr() == storage.data_ptr()
         assert storage.nbytes() >= batch["observation"].nbytes * 2
+        # Folded on the wire, ("next", "observation") was rebuilt into a slab of its own.
+        assert batch["next", "observation"].untyped_storage().data_ptr() != storage.data_ptr()
     assert bool((first == kept).all())  # later rounds went to other slabs
+
+
+def test_folded_batches_of_one_round_rebuild_next_entries_into_one_slab():
+    from common.assembly import BatchAssembler
+    from common.folding import fold
+    from common.packets import checksummed_pieces, encode_packet
+
+    slabs = PacketSlabs()
+    batches = []
+    for position in range(2):
+        obs = torch.rand(3, 5, 4)
+        full = TensorDict(
+            {"observation": obs[:, :4], "next": {"observation": obs[:, 1:]}}, batch_size=[3, 4]
+        )
+        folded = fold(full, ["observation"])
+        packets = [encode_packet(folded.batch), encode_packet(folded.finals)]
+        pieces, crc = checksummed_pieces(packets)
+        assembler = BatchAssembler(
+            sum(p.nbytes for p in packets),
+            finals_bytes=packets[1].nbytes,
+            allocate=slabs.allocator(position, 2),
+        )
+        for piece in pieces:
+            assembler.add(b"".join(piece))
+        batches.append((assembler.finish(expected_crc32c=crc), full))
+    out = combine([b for b, _ in batches], cat_results="stack", split_trajs=False)
+    for key in ("observation", ("next", "observation")):
+        # One strided view per entry: the two actors' tensors lie in one slab.
+        assert out[key].data_ptr() == batches[0][0][key].data_ptr()
+        assert torch.equal(out[key], torch.stack([full[key] for _, full in batches]))
