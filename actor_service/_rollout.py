@@ -232,7 +232,8 @@ class RolloutWorker:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
 
         Folded (:class:`~common.folding.FoldedBatch`) when the settings ask for
-        ``fold_observations`` and do not ``split_trajs``.
+        ``fold_observations``, do not ``split_trajs`` and observations are large enough
+        (``FOLD_MIN_FRAME_BYTES``).
 
         Args:
             abandon: Set from another thread to give the batch up before its next env step
@@ -289,7 +290,7 @@ class RolloutWorker:
             self._metrics.record_batch(
                 settings.frames_per_batch, timings, time.perf_counter() - started
             )
-        if settings.fold_observations and not settings.split_trajs:
+        if settings.fold_observations and not settings.split_trajs and buffers.folding_pays():
             return buffers.to_folded(settings.set_truncated)
         return buffers.to_tensordict(settings.set_truncated)
 

@@ -32,6 +32,7 @@ __all__ = ["BENCHES", "main", "run_one"]
 BENCHES = {
     "cartpole": "bench.cartpole",
     "large_obs": "bench.large_obs",
+    "learner_cost": "bench.learner_cost",
     "weight_push": "bench.weight_push",
     "startup": "bench.startup",
     "memory": "bench.memory",
@@ -39,7 +40,7 @@ BENCHES = {
     "metrics": "bench.metrics_overhead",
 }
 # Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
-_FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "startup", "memory"}
+_FLEET_FLAGS = {"cartpole", "large_obs", "learner_cost", "weight_push", "startup", "memory"}
 _STDERR_TAIL = 3000
 
 

@@ -33,9 +33,10 @@ def _assert_identical(a: TensorDict, b: TensorDict) -> None:
 @pytest.mark.parametrize(
     ("env", "settings"),
     [
-        ("CartPole-v1", {"max_frames_per_traj": 6}),  # truncations by the limit, terminations
-        ("CartPole-v1", {"reset_at_each_iter": True, "set_truncated": True}),
-        ("FrozenLake-v1", {}),  # Discrete observations travel one-hot
+        # One-hot Discrete observations (128 bytes); holes and the goal terminate.
+        ("FrozenLake-v1", {}),
+        ("FrozenLake-v1", {"max_frames_per_traj": 3}),  # truncations by the limit too
+        ("FrozenLake-v1", {"reset_at_each_iter": True, "set_truncated": True}),
     ],
 )
 def test_rollout_folded_batches_unfold_to_the_full_batches(env: str, settings: dict) -> None:
@@ -56,7 +57,10 @@ def test_rollout_folded_batches_unfold_to_the_full_batches(env: str, settings: d
     assert ended > 0
 
 
-def test_rollout_never_folds_split_trajectories() -> None:
-    (batch,) = _collect(True, 1, "CartPole-v1", split_trajs=True)
+def test_rollout_never_folds_split_trajectories_or_small_observations() -> None:
+    (small,) = _collect(True, 1, "CartPole-v1")  # 16 bytes per observation
+    assert isinstance(small, TensorDict)
+    assert ("next", "observation") in small.keys(True)
+    (batch,) = _collect(True, 1, "FrozenLake-v1", split_trajs=True)
     assert isinstance(batch, TensorDict)
     assert ("next", "observation") in batch.keys(True)

@@ -105,11 +105,11 @@ def test_collector_sync_batches_view_their_round_slab_and_stay_intact(fleet):
     assert len(later) == 3
     for batch in (first, *later):
         assert batch.names == [None, None, "time"]
-        # A view of one slab holding both actors' packets: nothing was stacked.
+        # Both entries are views of one slab holding both actors' packets: nothing was stacked
+        # (CartPole's small observations are not folded, see test_folded_batches_of_one_round).
         storage = batch["observation"].untyped_storage()
+        assert batch["next", "observation"].untyped_storage().data_ptr() == storage.data_ptr()
         assert storage.nbytes() >= batch["observation"].nbytes * 2
-        # Folded on the wire, ("next", "observation") was rebuilt into a slab of its own.
-        assert batch["next", "observation"].untyped_storage().data_ptr() != storage.data_ptr()
     assert bool((first == kept).all())  # later rounds went to other slabs
 
 
@@ -141,3 +141,34 @@ def test_folded_batches_of_one_round_rebuild_next_entries_into_one_slab():
         # One strided view per entry: the two actors' tensors lie in one slab.
         assert out[key].data_ptr() == batches[0][0][key].data_ptr()
         assert torch.equal(out[key], torch.stack([full[key] for _, full in batches]))
+
+
+def test_slabs_reuse_a_round_only_once_nothing_views_it():
+    slabs = PacketSlabs()
+
+    def storage(buffers: list[torch.Tensor]) -> int:
+        return buffers[0].untyped_storage().data_ptr()
+
+    first = [slabs.buffer(p, 2, 100) for p in range(2)]
+    first_slab = storage(first)
+    kept = first[1][8:16].view(torch.int64)  # a view of a view keeps the slab too
+    del first
+    second = [slabs.buffer(p, 2, 100) for p in range(2)]
+    second_slab = storage(second)
+    assert second_slab != first_slab  # `kept` still views the first round
+    del kept, second
+    third = [slabs.buffer(p, 2, 100) for p in range(2)]
+    assert storage(third) in {first_slab, second_slab}  # memory of a dropped round
+    assert third[1].untyped_storage().data_ptr() == storage(third)
+
+
+def test_slabs_never_hand_out_memory_a_kept_batch_views():
+    slabs = PacketSlabs()
+    allocate = slabs.for_worker(7)  # outside any layout: one-slot slabs
+    kept = [allocate(64) for _ in range(20)]
+    for i, buffer in enumerate(kept):
+        buffer.fill_(i)
+    for _ in range(20):
+        allocate(64).fill_(255)  # dropped at once: these may share memory
+    assert [int(b[0]) for b in kept] == list(range(20))
+    assert len({b.data_ptr() for b in kept}) == 20
