@@ -115,6 +115,11 @@ def run(args: argparse.Namespace, report: Report) -> None:
                     )
         finally:
             trl.shutdown()
+    _record(report, samples)
+
+
+def _record(report: Report, samples: dict[str, list[float]]) -> None:
+    """Record the figures, ratios and targets."""
     for name, values in samples.items():
         unit = "bytes" if "per frame" in name else "frames/s" if name.endswith("frames") else "MB/s"
         report.figure(name, unit, values)
