@@ -41,6 +41,7 @@ from common.llm._tasks import (
     build_task,
     check_task_spec,
 )
+from common.llm._vocab import COMPACT_CHARS, VOCABS
 
 if TYPE_CHECKING:
     from common.llm._decode import (
@@ -83,6 +84,8 @@ __all__ = [
     "PolicySpecError",
     "build_tokenizer",
     "check_policy_spec",
+    "COMPACT_CHARS",
+    "VOCABS",
 ]
 
 # These use torch; they load on first use so that the command line can parse without it.

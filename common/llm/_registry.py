@@ -4,9 +4,10 @@ A spec names where a causal LM and its tokenizer come from:
 
 * ``rlfleet:tiny-qwen2`` / ``rlfleet:tiny-gpt2`` — built from a config with random
   weights (seeded by ``seed``, 0 by default, so a learner and an actor that pass the
-  same kwargs hold identical weights) and a byte-level tokenizer built in code with
-  a ChatML chat template; sized by ``hidden``, ``layers``, ``heads``,
-  ``max_positions``.
+  same kwargs hold identical weights) and a tokenizer built in code with a ChatML
+  chat template (``vocab``: ``"bytes"``, 260 byte-level tokens, by default, or
+  ``"compact"``, one token per character of a task alphabet; see ``_vocab``); sized
+  by ``hidden``, ``layers``, ``heads``, ``max_positions``.
 * ``hf:DIR`` — a local Hugging Face checkpoint directory, loaded with
   ``local_files_only=True``; nothing is ever downloaded.
 
@@ -22,6 +23,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from common.llm._vocab import CHATML_TEMPLATE, VOCABS, build_tokenizer
+
 __all__ = [
     "CHATML_TEMPLATE",
     "MODEL_SPECS",
@@ -34,18 +37,6 @@ __all__ = [
 #: The specs built in; ``hf:DIR`` loads a local checkpoint.
 MODEL_SPECS = ("rlfleet:tiny-qwen2", "rlfleet:tiny-gpt2")
 
-#: ChatML, with ``{% generation %}`` marks so assistant masks can be computed.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['role'] == 'assistant' %}{% generation %}"
-    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
-    "{{ '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-_SPECIALS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _TINY_DEFAULTS = {"hidden": 64, "layers": 2, "heads": 4, "max_positions": 512, "seed": 0}
 
 
@@ -99,7 +90,8 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
     Args:
         spec: ``rlfleet:tiny-qwen2``, ``rlfleet:tiny-gpt2`` or ``hf:DIR``.
         **kwargs: Tiny models: ``hidden`` (64), ``layers`` (2), ``heads`` (4),
-            ``max_positions`` (512), ``seed`` (0). ``hf:DIR``: ``dtype``
+            ``max_positions`` (512), ``seed`` (0), ``vocab`` (``"bytes"`` or
+            ``"compact"``). ``hf:DIR``: ``dtype``
             (``"float32"`` default or ``"bfloat16"``).
 
     Returns:
@@ -127,39 +119,16 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-def build_tokenizer() -> Any:
-    """The byte-level tokenizer of the tiny models: 256 byte tokens + 4 specials, ChatML."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    symbols = list(bytes_to_unicode().values())  # type: ignore[no-untyped-call]
-    vocab = {symbol: index for index, symbol in enumerate(symbols)}
-    for index, special in enumerate(_SPECIALS):
-        vocab[special] = len(symbols) + index
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=backend,
-        pad_token="<|pad|>",
-        eos_token="<|im_end|>",
-        bos_token=None,
-        unk_token=None,
-        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-def _tiny_kwargs(kwargs: dict[str, Any]) -> dict[str, int]:
-    unknown = sorted(set(kwargs) - set(_TINY_DEFAULTS))
+def _tiny_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, int], str]:
+    """The tiny model's int kwargs and its vocabulary, checked."""
+    unknown = sorted(set(kwargs) - {*_TINY_DEFAULTS, "vocab"})
     if unknown:
-        raise PolicySpecError(
-            f"unknown kwargs {unknown} for a tiny model; known: {sorted(_TINY_DEFAULTS)}"
-        )
+        known = sorted({*_TINY_DEFAULTS, "vocab"})
+        raise PolicySpecError(f"unknown kwargs {unknown} for a tiny model; known: {known}")
     values = {**_TINY_DEFAULTS, **kwargs}
+    vocab = values.pop("vocab", VOCABS[0])
+    if vocab not in VOCABS:
+        raise PolicySpecError(f"tiny model kwarg vocab={vocab!r} must be one of {VOCABS}")
     for key, value in values.items():
         low = 0 if key == "seed" else 1
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**31:
@@ -168,12 +137,12 @@ def _tiny_kwargs(kwargs: dict[str, Any]) -> dict[str, int]:
         raise PolicySpecError(
             f"hidden={values['hidden']} must be a multiple of 2*heads (heads={values['heads']})"
         )
-    return values
+    return values, vocab
 
 
 def _build_tiny(arch: str, **kwargs: Any) -> tuple[Any, Any]:
-    values = _tiny_kwargs(kwargs)
-    tokenizer = build_tokenizer()
+    values, vocab_name = _tiny_kwargs(kwargs)
+    tokenizer = build_tokenizer(vocab_name)
     vocab = len(tokenizer)
     ids = {
         "pad_token_id": tokenizer.pad_token_id,
