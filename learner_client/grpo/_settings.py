@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from common.llm import TASK_NAMES
+from common.llm import TASK_NAMES, VOCABS
 from learner_client.train._settings import opt, settings_parser
 
 __all__ = ["LOSSES", "GRPOSettings", "parse_args"]
@@ -38,6 +38,8 @@ class GRPOSettings:
         hidden: Width of the tiny Qwen2 (``rlfleet:tiny-qwen2``).
         layers: Decoder layers of the tiny Qwen2.
         heads: Attention heads of the tiny Qwen2.
+        vocab: Tokenizer of the tiny Qwen2: ``compact`` (one token per character of the
+            built-in tasks' alphabet, 56 tokens) or ``bytes`` (260 byte-level tokens).
         embedding_std: Standard deviation of the learner's initial token embeddings (tied
             with the output layer; the first push gives them to the actors): small
             embeddings make the first answers near-uniform over the vocabulary, so
@@ -76,6 +78,7 @@ class GRPOSettings:
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
     heads: int = opt(4, "attention heads of the tiny Qwen2")
+    vocab: str = opt("compact", "tokenizer of the tiny Qwen2: compact (task alphabet) or bytes")
     embedding_std: float = opt(0.0, "std of the initial token embeddings (0: the model's own)")
     prompts_per_step: int = opt(32, "distinct problems per update")
     group_size: int = opt(8, "answers per problem (GRPO's G)")
@@ -127,6 +130,8 @@ class GRPOSettings:
             raise ValueError(f"max_seconds must be finite and >= 0, got {self.max_seconds!r}")
         if not 0.0 < self.target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
+        if self.vocab not in VOCABS:
+            raise ValueError(f"vocab must be one of {VOCABS}, got {self.vocab!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "torchrl" and self.sampling_temperature != 1.0:
@@ -172,12 +177,13 @@ class GRPOSettings:
         return 1.0 if self.loss == "torchrl" else 1.5
 
     @property
-    def model_kwargs(self) -> dict[str, int]:
+    def model_kwargs(self) -> dict[str, int | str]:
         """The ``rlfleet:tiny-qwen2`` kwargs learner and actors build the model with."""
         return {
             "hidden": self.hidden,
             "layers": self.layers,
             "heads": self.heads,
+            "vocab": self.vocab,
             "seed": self.seed,
         }
 
