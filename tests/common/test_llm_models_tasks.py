@@ -79,6 +79,8 @@ def test_build_policy_raises_if_the_checkpoint_has_no_chat_template(tmp_path) ->
         ("rlfleet:tiny-qwen2", {"hiden": 8}, "unknown kwargs"),
         ("rlfleet:tiny-qwen2", {"hidden": 2**64 - 1}, "must be an int"),
         ("rlfleet:tiny-qwen2", {"hidden": 30, "heads": 4}, "multiple of"),
+        ("rlfleet:tiny-qwen2", {"vocab": "words"}, "vocab='words' must be one of"),
+        ("rlfleet:tiny-gpt2", {"vocab": 7}, "vocab=7 must be one of"),
     ],
 )
 def test_build_policy_raises_if_the_spec_is_bad(spec, kwargs, match) -> None:

@@ -57,7 +57,10 @@ def test_grpo_entry_point_runs_a_few_updates_and_writes_its_outputs(tmp_path):
 
     state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
     assert metadata["task"] == "arith"
-    fresh, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=2, heads=4, seed=5)
+    assert summary["settings"]["vocab"] == "compact"
+    fresh, _ = build_policy(
+        "rlfleet:tiny-qwen2", hidden=32, layers=2, heads=4, vocab="compact", seed=5
+    )
     assert {k: v.shape for k, v in state.items()} == {
         k: v.shape for k, v in fresh.state_dict().items()
     }
@@ -99,6 +102,7 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
         (["--prompts-per-step", "3"], "must be a multiple of num_actors"),
         (["--loss", "torchrl", "--temperature", "0.7"], "temperature 1"),
         (["--max-seconds", "nan"], "max_seconds must be finite"),
+        (["--vocab", "words"], "vocab must be one of"),
     ],
 )
 def test_grpo_parse_args_refuses_bad_flags_with_exit_2(flags, message, capsys):
