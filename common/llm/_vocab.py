@@ -6,10 +6,10 @@ same with either:
 
 * ``bytes`` — 256 byte-level tokens + 4 specials: any text round-trips.
 * ``compact`` — one token per character of :data:`COMPACT_CHARS` (digits, ``+-*/=``,
-  lowercase letters, space, newline, a few punctuation marks), the ChatML role names
+  lowercase letters, space, newline, ``.,:()<>[]``), the ChatML role names
   ``system``/``user``/``assistant`` as whole tokens, and ``<|unk|>`` for every other
   character, so any text encodes (unknown characters decode as nothing). With about
-  50 tokens instead of 260 a randomly initialised model samples a task's answer
+  60 tokens instead of 260 a randomly initialised model samples a task's answer
   characters from the start, which is what reinforcement learning needs.
 """
 
@@ -36,7 +36,7 @@ CHATML_TEMPLATE = (
 VOCABS = ("bytes", "compact")
 
 #: The characters of the ``compact`` vocabulary, one token each (the built-in tasks' alphabet).
-COMPACT_CHARS = string.digits + "+-*/=" + string.ascii_lowercase + " \n.,:()"
+COMPACT_CHARS = string.digits + "+-*/=" + string.ascii_lowercase + " \n.,:()<>[]"
 
 _SPECIALS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _UNK = "<|unk|>"

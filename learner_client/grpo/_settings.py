@@ -39,7 +39,7 @@ class GRPOSettings:
         layers: Decoder layers of the tiny Qwen2.
         heads: Attention heads of the tiny Qwen2.
         vocab: Tokenizer of the tiny Qwen2: ``compact`` (one token per character of the
-            built-in tasks' alphabet, 56 tokens) or ``bytes`` (260 byte-level tokens).
+            built-in tasks' alphabet, 60 tokens) or ``bytes`` (260 byte-level tokens).
         embedding_std: Standard deviation of the learner's initial token embeddings (tied
             with the output layer; the first push gives them to the actors): small
             embeddings make the first answers near-uniform over the vocabulary, so
