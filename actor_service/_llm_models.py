@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from actor_service._staging import Swap, swap_delta, swap_full
+from common._delta import Delta
 from common.errors import StaleVersionError, UnknownModelError, WeightsError
 from common.llm import build_policy
 from common.weights import check_compatible, check_finite, to_state_dict
@@ -105,24 +107,40 @@ class LLMModels:
             StaleVersionError: ``version`` is not newer than the one in force.
             WeightsError: Keys, shapes, dtypes or values that do not fit.
         """
+        return self.swap_weights(model_id, version, state).version
+
+    def swap_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> Swap:
+        """:meth:`load_weights`, also saying how long the swap paused decoding."""
         self._check(model_id)
         if not isinstance(version, int) or isinstance(version, bool):
             raise WeightsError(f"policy version must be an int, got {version!r}")
         self._check_newer(version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in self._reference}
-        with self.lock:
-            self._check_newer(version)
-            self._copy_in(staged)
-            self.version = version
-        return version
+        return swap_full(self, version, self._reference, staged, self._newer)
 
-    def _check_newer(self, version: int) -> None:
-        if version <= self.version:
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
+        """Apply a checked delta (``common._delta.decode_delta``) on top of ``base_version``.
+
+        Raises:
+            UnknownModelError: ``model_id`` is not ``"policy"``.
+            SessionStateError: Another version than ``base_version`` is in force.
+            StaleVersionError: ``version`` is not newer than the one in force.
+        """
+        self._check(model_id)
+        return swap_delta(
+            self, MODEL_ID, base_version, version, self._reference, delta, self._newer
+        )
+
+    def _newer(self, version: int, current: int) -> None:
+        if version <= current:
             raise StaleVersionError(
                 f"weights version {version} for model {MODEL_ID!r} is not newer than the "
-                f"version in force, {self.version}"
+                f"version in force, {current}"
             )
+
+    def _check_newer(self, version: int) -> None:
+        self._newer(version, self.version)
 
     def _copy_in(self, staged: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():

@@ -32,7 +32,9 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
+from actor_service._staging import Swap, swap_delta, swap_full
 from actor_service._tensor_forward import TensorForward, tensor_forward
+from common._delta import Delta
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.policies import make_policy
@@ -373,16 +375,30 @@ class ModelRegistry:
             StaleVersionError: ``version`` is not greater than the current one.
             WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
         """
+        return self.swap_weights(model_id, version, state).version
+
+    def swap_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> Swap:
+        """:meth:`load_weights`, also saying how long the swap paused the rollout."""
         model = self._get(model_id)
         check_policy_version(version)
         check_newer(model_id, version, model.version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in model.reference}
-        with model.lock:
-            check_newer(model_id, version, model.version)  # a concurrent push may have won
-            _copy_in(model.reference, staged)
-            model.version = version
-        return version
+        newer = functools.partial(check_newer, model_id)
+        return swap_full(model, version, model.reference, staged, newer)
+
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
+        """Apply a checked delta (``common._delta.decode_delta``) on top of ``base_version``.
+
+        Raises:
+            UnknownModelError: No such model.
+            SessionStateError: Another version than ``base_version`` is in force.
+            StaleVersionError: ``version`` is not newer than the one in force.
+        """
+        model = self._get(model_id)
+        check_policy_version(version)
+        newer = functools.partial(check_newer, model_id)
+        return swap_delta(model, model_id, base_version, version, model.reference, delta, newer)
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""

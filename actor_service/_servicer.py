@@ -24,7 +24,9 @@ from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
 from actor_service._models import check_newer
 from actor_service._runtime import ActorRuntime
+from actor_service._staging import Swap, check_base
 from actor_service._state import decode_state, encode_state
+from common._delta import decode_delta
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
@@ -134,9 +136,12 @@ class _Push:
         self.version = int(header.version)
         self.total_bytes = int(header.total_bytes)
         self.sha256 = header.sha256
+        self.crc32c = header.crc32c if header.HasField("crc32c") else None
+        self.base_version = header.base_version if header.HasField("base_version") else None
         self.peer = peer
         self._metrics = metrics
         self._started = time.monotonic()
+        self.pause = 0.0
 
     def audit(self, exc: BaseException | None) -> None:
         """Log who pushed what and the result (OK, CANCELLED or the status code); count it."""
@@ -154,6 +159,7 @@ class _Push:
                 self._metrics.weight_push_seconds.labels(model).observe(
                     time.monotonic() - self._started
                 )
+                self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
         log_event(
             "weights.push",
             logging.INFO if exc is None else logging.WARNING,
@@ -161,7 +167,10 @@ class _Push:
             model_id=self.model_id,
             version=self.version,
             sha256=self.sha256,
+            crc32c=self.crc32c,
+            base_version=self.base_version,
             bytes=self.total_bytes,
+            pause_seconds=round(self.pause, 6),
             result=result,
         )
 
@@ -197,7 +206,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         request_iterator: AsyncIterator[pb.PushWeightsRequest],
         context: grpc.aio.ServicerContext,
     ) -> pb.PushWeightsResponse:
-        """Receive a safetensors blob and apply it to one model, all or nothing."""
+        """Receive a safetensors blob (whole or a delta) and apply it to one model, all or nothing.
+
+        The collection goes on while the blob arrives and is checked; it pauses only
+        for the in-memory swap, whose length the response reports.
+        """
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "PushWeights")
         push = _Push(header, context.peer(), self._metrics)
@@ -206,9 +219,12 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         except BaseException as exc:
             push.audit(exc)
             raise
-        version = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
+        swap = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
         return pb.PushWeightsResponse(
-            worker_id=self._rt.config.worker_id, model_id=push.model_id, version=version
+            worker_id=self._rt.config.worker_id,
+            model_id=push.model_id,
+            version=swap.version,
+            pause_seconds=swap.pause_seconds,
         )
 
     async def _receive_weights(
@@ -223,31 +239,41 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         check_policy_version(push.version, "weights version")
         # Refused before a byte of the blob is buffered.
         check_newer(push.model_id, push.version, models.policy_version(push.model_id))
-        if not push.sha256:
-            raise WeightsError("PushWeights header must carry the weights blob's sha256")
+        if push.base_version is not None:
+            check_policy_version(push.base_version, "delta base_version")
+            check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
+        if not push.sha256 and push.crc32c is None:
+            raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
         assembler = BlobAssembler(
-            push.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=push.sha256
+            push.total_bytes,
+            max_bytes=self._rt.config.max_weight_bytes,
+            sha256=push.sha256,
+            crc32c=push.crc32c,
         )
         return await _blob(requests, assembler, "PushWeights")
 
-    def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> int:
+    def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> Swap:
         # Runs to the end even if the caller cancels: the whole blob arrived, and
-        # load_weights swaps it in atomically, so the audit log tells the outcome.
+        # the swap is atomic, so the audit log tells the outcome.
         try:
             models = self._rt.worker.models
-            # load_weights checks keys, shapes and finiteness: the values are scanned once.
-            state, _ = decode_weights(
-                blob,
-                max_bytes=self._rt.config.max_weight_bytes,
-                expected=models.parameters_info(push.model_id),
-                allow_non_finite=True,
-            )
-            version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
+            expected = models.parameters_info(push.model_id)
+            cap = self._rt.config.max_weight_bytes
+            if push.base_version is None:
+                # swap_weights checks keys, shapes and finiteness: the values are scanned once.
+                state, _ = decode_weights(
+                    blob, max_bytes=cap, expected=expected, allow_non_finite=True
+                )
+                swap = models.swap_weights(push.model_id, push.version, state)
+            else:
+                delta = decode_delta(memoryview(blob), expected, max_bytes=cap)
+                swap = models.swap_delta(push.model_id, push.base_version, push.version, delta)
         except BaseException as exc:
             push.audit(exc)
             raise
+        push.pause = swap.pause_seconds
         push.audit(None)
-        return version
+        return swap
 
     @_mapped
     async def Describe(
