@@ -28,6 +28,8 @@ from actor_service._config import ActorConfig
 from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
 from actor_service._session import SessionBook
+from actor_service._staging import Swap
+from common._delta import Delta
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 
@@ -63,6 +65,10 @@ class CoreModels(Protocol):
     def load_weights(
         self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
     ) -> int: ...
+    def swap_weights(
+        self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
+    ) -> Swap: ...
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap: ...
 
 
 class CollectionCore(Protocol):

@@ -26,7 +26,9 @@ from common.errors import DataLossError, SessionStateError, WeightsError, Weight
 __all__ = [
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_CRC32C",
+    "CHECKSUMS",
     "BlobAssembler",
+    "checksums",
     "crc32c",
     "iter_blob_chunks",
     "sha256_hex",
@@ -38,6 +40,8 @@ DEFAULT_MAX_WEIGHT_BYTES: int = 1 << 30
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 #: The largest CRC-32C value.
 MAX_CRC32C = 0xFFFFFFFF
+#: The checksums a sender may put beside a blob: fast (hardware CRC) or cryptographic.
+CHECKSUMS = ("crc32c", "sha256")
 
 
 def sha256_hex(blob: bytes | bytearray | memoryview) -> str:
@@ -53,6 +57,19 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     """
     view = np.frombuffer(data, dtype=np.uint8)
     return int(google_crc32c.extend(crc, view))
+
+
+def checksums(blob: bytes | bytearray | memoryview, kind: str) -> tuple[str, int | None]:
+    """``(sha256 hex or "", crc32c or None)`` of ``blob``, computing only the ``kind`` asked for.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`CHECKSUMS`.
+    """
+    if kind == "crc32c":
+        return "", crc32c(blob)
+    if kind == "sha256":
+        return sha256_hex(blob), None
+    raise ValueError(f"checksum must be one of {CHECKSUMS}, got {kind!r}")
 
 
 def iter_blob_chunks(

@@ -9,7 +9,8 @@ the receiver binds it to an architecture it already has. Keys are the flat
 dotted names of ``nn.Module.state_dict()`` (``"0.weight"``, ``"net.1.bias"``).
 Blobs larger than a gRPC message are split by :func:`iter_blob_chunks` and put
 back together by :class:`BlobAssembler` (size cap before allocation, overflow,
-missing bytes and an optional sha256 checked; both live in ``common._blobs``).
+missing bytes and the announced CRC-32C and/or sha256 checked; both live in
+``common._blobs``).
 :func:`decode_weights` caps the blob and header sizes before parsing, checks
 the header length against the blob, allows only known dtypes, validates the
 offsets as safetensors does, returns views over the received buffer rather
@@ -28,7 +29,15 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common._blobs import DEFAULT_MAX_WEIGHT_BYTES, BlobAssembler, iter_blob_chunks, sha256_hex
+from common._blobs import (
+    CHECKSUMS,
+    DEFAULT_MAX_WEIGHT_BYTES,
+    BlobAssembler,
+    checksums,
+    crc32c,
+    iter_blob_chunks,
+    sha256_hex,
+)
 from common._safetensors import (
     DEFAULT_MAX_KEYS,
     DTYPES,
@@ -40,6 +49,7 @@ from common._safetensors import (
 from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
+    "CHECKSUMS",
     "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_POLICY_VERSION",
@@ -48,6 +58,8 @@ __all__ = [
     "check_policy_version",
     "check_compatible",
     "check_finite",
+    "checksums",
+    "crc32c",
     "decode_weights",
     "encode_weights",
     "iter_blob_chunks",

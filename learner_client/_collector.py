@@ -24,6 +24,7 @@ from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
+from learner_client._deltas import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
@@ -109,6 +110,7 @@ class GrpcCollector:
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
+        weight_push: Pushes' checksum and full-push interval of deltas (``WeightPushSettings``).
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
@@ -147,6 +149,7 @@ class GrpcCollector:
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
         llm: LLMSettings | None = None,
+        weight_push: WeightPushSettings | None = None,
     ) -> None:
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
@@ -174,18 +177,20 @@ class GrpcCollector:
         )
         conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
         conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
-        self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
+        hooks = check_hooks(postproc, replay_buffer)
+        self._connect(conn, actors, dns_refresh_interval, hooks, weight_push)
 
-    def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
+    def _connect(
+        self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any, push: Any
+    ) -> None:
         addresses = check_addresses(resolve_actors(actors))
         self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats)
-        _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds, _ = (
-            self._parts
-        )
+        parts = self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats, push)
+        self._mailbox, self._ledger, self._book = parts.mailbox, parts.ledger, parts.book
+        self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
             actors, self.add_collectors, self._known_addresses, interval=dns
@@ -235,10 +240,8 @@ class GrpcCollector:
         """
         with self._lock:
             self._check_open()
-            known = self._known_addresses()
             new = check_addresses(addresses)
-            clash = sorted(set(new) & known)
-            if clash:
+            if clash := sorted(set(new) & self._known_addresses()):
                 raise ValueError(f"actor address(es) {clash} are already in the fleet")
             links = self._fleet.describe(new)
             self._admit(links)
@@ -338,6 +341,7 @@ class GrpcCollector:
         worker_ids: int | Sequence[int] | None = None,
         model_id: str | None = None,
         weights_dict: dict[str, Any] | None = None,
+        delta: bool = False,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
@@ -352,6 +356,7 @@ class GrpcCollector:
             worker_ids: An int or a list of worker_ids; None targets every worker.
             model_id: The model to update (default ``"policy"``).
             weights_dict: ``{model_id: weights}`` to update several models at once.
+            delta: Send each target only what changed since the weights it holds (docs/weights.md).
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
@@ -363,14 +368,9 @@ class GrpcCollector:
             SessionStateError: None given and no weights were given before for that model.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
-        request = normalize_update_args(
-            policy_or_weights,
-            weights=weights,
-            policy=policy,
-            worker_ids=worker_ids,
-            model_id=model_id,
-            weights_dict=weights_dict,
-        )
+        kw = dict(weights=weights, policy=policy, worker_ids=worker_ids, model_id=model_id)
+        kw.update(weights_dict=weights_dict, delta=delta)
+        request = normalize_update_args(policy_or_weights, **kw)
         with self._lock:
             self._check_open()
             return self._pusher.update(request)

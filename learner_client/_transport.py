@@ -33,6 +33,7 @@ from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
 __all__ = [
     "ActorChannel",
     "ActorDescription",
+    "PushReply",
     "encode_chunk",
     "encode_header",
     "push_messages",
@@ -65,14 +66,27 @@ def encode_header(header: pb.WeightsHeader) -> bytes:
 
 
 def push_messages(
-    model_id: str, version: int, blob: bytes, sha256: str, chunk_bytes: int = CHUNK_BYTES
+    model_id: str,
+    version: int,
+    blob: bytes,
+    sha256: str,
+    chunk_bytes: int = CHUNK_BYTES,
+    *,
+    crc32c: int | None = None,
+    base_version: int | None = None,
 ) -> tuple[bytes, ...]:
     """The serialised ``PushWeightsRequest`` messages of one push: the header, then each chunk.
 
-    Built once per push and handed unchanged to every target.
+    Built once per push and handed unchanged to every target. ``sha256`` may be ""
+    when ``crc32c`` is given; ``base_version`` marks a sparse delta.
     """
     header = pb.WeightsHeader(
-        model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
+        model_id=model_id,
+        version=version,
+        total_bytes=len(blob),
+        sha256=sha256,
+        crc32c=crc32c,
+        base_version=base_version,
     )
     chunks = (encode_chunk(piece) for piece in iter_blob_chunks(blob, chunk_bytes))
     return (encode_header(header), *chunks)
@@ -91,6 +105,19 @@ def translate_errors(peer: str) -> Iterator[None]:
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
         raise from_status(code, details, peer=peer) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class PushReply:
+    """What an actor answered to a weight push.
+
+    Attributes:
+        version: The version now in force.
+        pause_seconds: How long the swap paused the actor's generation (collection).
+    """
+
+    version: int
+    pause_seconds: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +224,8 @@ class ActorChannel:
 
     async def push_weights(
         self, model_id: str, version: int, messages: Sequence[bytes], timeout: float
-    ) -> int:
-        """Stream one weight push; returns the version now in force.
+    ) -> PushReply:
+        """Stream one weight push; returns the version now in force and the actor's pause.
 
         Args:
             model_id: The model it updates.
@@ -222,7 +249,8 @@ class ActorChannel:
                 f"{self.address}: push of {model_id!r} version {version} answered with "
                 f"{r.model_id!r} version {r.version}"
             )
-        return r.version
+        pause = float(r.pause_seconds)
+        return PushReply(r.version, pause if 0.0 <= pause < float("inf") else 0.0)
 
     async def get_state(self, timeout: float) -> bytes:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from tensordict import TensorDictBase
@@ -23,7 +23,7 @@ from torch import nn
 
 from common.config import DEFAULT_MODEL_ID
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import encode_weights, sha256_hex
+from common.weights import checksums, encode_weights
 
 __all__ = [
     "EncodedWeights",
@@ -46,12 +46,15 @@ class WeightRequest:
         nested: The caller used ``weights_dict``, so results are keyed by model_id.
         per_worker: TorchRL's per-worker form ``{worker_id: weights}`` for the one model
             in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
+        delta: Send each target only the elements changed since the weights it holds
+            (``learner_client._deltas``).
     """
 
     sources: dict[str, WeightSource | None]
     worker_ids: tuple[int, ...] | None
     nested: bool
     per_worker: dict[int, WeightSource] | None = None
+    delta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +65,19 @@ class EncodedWeights:
         model_id: The model it updates.
         version: The policy version it installs.
         blob: The safetensors bytes.
-        sha256: Hex digest of ``blob``.
+        sha256: Hex digest of ``blob``, or "" when ``crc32c`` stands for it.
+        crc32c: CRC-32C of ``blob``, or None when only ``sha256`` is sent.
+        base_version: Set on a sparse delta: the version it applies on top of.
+        full: A delta's full equivalent (re-sent to a worker that comes back), built on demand.
     """
 
     model_id: str
     version: int
     blob: bytes
     sha256: str
+    crc32c: int | None = None
+    base_version: int | None = None
+    full: Callable[[], EncodedWeights] | None = dataclasses.field(default=None, compare=False)
 
 
 def _check_source(name: str, value: object) -> WeightSource:
@@ -111,15 +120,33 @@ def normalize_update_args(
     worker_ids: object = None,
     model_id: object = None,
     weights_dict: object = None,
+    delta: object = False,
 ) -> WeightRequest:
     """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
 
     Raises:
         ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
             ``weights_dict`` with ``model_id`` or with any of those three; an empty
-            ``weights_dict`` or ``worker_ids``; an empty ``model_id``.
-        TypeError: A source, ``weights_dict`` or ``worker_ids`` of the wrong type.
+            ``weights_dict`` or ``worker_ids``; an empty ``model_id``; ``delta`` with
+            per-worker weights.
+        TypeError: A source, ``weights_dict``, ``worker_ids`` or ``delta`` of the wrong type.
     """
+    if not isinstance(delta, bool):
+        raise TypeError(f"delta must be a bool, got {delta!r}")
+    request = _normalize(policy_or_weights, weights, policy, worker_ids, model_id, weights_dict)
+    if delta and request.per_worker is not None:
+        raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
+    return dataclasses.replace(request, delta=delta)
+
+
+def _normalize(
+    policy_or_weights: object,
+    weights: object,
+    policy: object,
+    worker_ids: object,
+    model_id: object,
+    weights_dict: object,
+) -> WeightRequest:
     given = [
         n
         for n, v in (
@@ -218,7 +245,8 @@ class WeightBook:
     :meth:`observe`), so a restarted learner never pushes a stale version.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, checksum: str = "crc32c") -> None:
+        self.checksum = checksum
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._sources: dict[str, WeightSource] = {}
@@ -277,9 +305,10 @@ class WeightBook:
         """
         with self._lock:
             desired = self._desired.get(worker_id, {})
-            return [
+            lacking = [
                 enc for mid, enc in sorted(desired.items()) if reported.get(mid, 0) < enc.version
             ]
+        return [enc.full() if enc.full is not None else enc for enc in lacking]
 
     def due(self, worker_id: int, interval: int | None) -> bool:
         """Whether an automatic push is due: more than ``interval`` batches since the last one."""
@@ -313,14 +342,19 @@ class WeightBook:
         if source is None:
             source = self.source(model_id)
         blob = encode_weights(source, metadata={"model_id": model_id})
-        digest = sha256_hex(blob)
+        digest, crc = checksums(blob, self.checksum)
+        version = self.claim_version(model_id, source if given else None)
+        return EncodedWeights(model_id, version, blob, digest, crc)
+
+    def claim_version(self, model_id: str, source: WeightSource | None) -> int:
+        """The next version of ``model_id``; a given ``source`` becomes the shared last weights."""
         with self._lock:
-            self._sources[model_id] = source
-            if given:  # new shared weights replace any given to single workers
+            if source is not None:  # new shared weights replace any given to single workers
+                self._sources[model_id] = source
                 self._worker_sources.pop(model_id, None)
             version = self._versions.get(model_id, 0) + 1
             self._versions[model_id] = version
-        return EncodedWeights(model_id=model_id, version=version, blob=blob, sha256=digest)
+        return version
 
     def encode_for(
         self, model_id: str, sources: Mapping[int, WeightSource | None]
@@ -342,11 +376,11 @@ class WeightBook:
             wid: self.source_for(model_id, wid) if src is None else src
             for wid, src in sources.items()
         }
-        blobs: dict[int, tuple[bytes, str]] = {}
+        blobs: dict[int, tuple[bytes, str, int | None]] = {}
         for src in resolved.values():
             if id(src) not in blobs:
                 blob = encode_weights(src, metadata={"model_id": model_id})
-                blobs[id(src)] = (blob, sha256_hex(blob))
+                blobs[id(src)] = (blob, *checksums(blob, self.checksum))
         with self._lock:
             own = self._worker_sources.setdefault(model_id, {})
             own.update({wid: src for wid, src in sources.items() if src is not None})
