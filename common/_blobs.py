@@ -140,7 +140,9 @@ class BlobAssembler:
         digest = sha256.lower()
         if digest and not _SHA256_RE.fullmatch(digest):
             raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")
-        if crc32c is not None and not (isinstance(crc32c, int) and 0 <= crc32c <= MAX_CRC32C):
+        if crc32c is not None and (
+            isinstance(crc32c, bool) or not isinstance(crc32c, int) or not 0 <= crc32c <= MAX_CRC32C
+        ):
             raise WeightsError(f"crc32c must be an int in [0, 2**32 - 1], got {crc32c!r:.80}")
         self._total = total_bytes
         self._expected_sha = digest
