@@ -177,14 +177,13 @@ class GrpcCollector:
         )
         conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
         conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
-        hooks = check_hooks(postproc, replay_buffer)
-        self._connect(conn, actors, dns_refresh_interval, hooks, weight_push)
+        self._connect(conn, actors, dns_refresh_interval, (postproc, replay_buffer), weight_push)
 
     def _connect(
         self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any, push: Any
     ) -> None:
+        self.postproc, self.replay_buffer = check_hooks(*hooks)
         addresses = check_addresses(resolve_actors(actors))
-        self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
