@@ -18,13 +18,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+import torch
 
 from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
 from actor_service._models import check_newer
 from actor_service._runtime import ActorRuntime
-from actor_service._staging import Swap, check_base
+from actor_service._staging import ReceiveBuffers, Swap, check_base
 from actor_service._state import decode_state, encode_state
 from common._delta import decode_delta
 from common.config import DEFAULT_MODEL_ID
@@ -142,6 +143,8 @@ class _Push:
         self._metrics = metrics
         self._started = time.monotonic()
         self.pause = 0.0
+        self.buffer: torch.Tensor | None = None  # lent by ReceiveBuffers while in use
+        self.fresh = False  # the buffer was allocated for this push, not lent
 
     def audit(self, exc: BaseException | None) -> None:
         """Log who pushed what and the result (OK, CANCELLED or the status code); count it."""
@@ -187,6 +190,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self._rt = runtime
         self._metrics = metrics
         self._calls = 0
+        self._buffers = ReceiveBuffers()
 
     @_mapped
     async def Collect(
@@ -218,6 +222,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             blob = await self._receive_weights(requests, push)
         except BaseException as exc:
             push.audit(exc)
+            self._give_back(push, applied=False)
             raise
         swap = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
         return pb.PushWeightsResponse(
@@ -244,12 +249,16 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
         if not push.sha256 and push.crc32c is None:
             raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
+        push.buffer = self._buffers.take(push.model_id, push.total_bytes)
         assembler = BlobAssembler(
             push.total_bytes,
             max_bytes=self._rt.config.max_weight_bytes,
             sha256=push.sha256,
             crc32c=push.crc32c,
+            buffer=push.buffer,
         )
+        if push.buffer is None:
+            push.buffer, push.fresh = assembler.buffer, True
         return await _blob(requests, assembler, "PushWeights")
 
     def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> Swap:
@@ -270,10 +279,19 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 swap = models.swap_delta(push.model_id, push.base_version, push.version, delta)
         except BaseException as exc:
             push.audit(exc)
+            self._give_back(push, applied=False)
             raise
+        self._give_back(push, applied=True)  # the decoded tensors were copied into the model
         push.pause = swap.pause_seconds
         push.audit(None)
         return swap
+
+    def _give_back(self, push: _Push, *, applied: bool) -> None:
+        # A buffer of a refused push is kept only if it was lent: a peer cannot make
+        # the actor hold memory for sizes it announced but never applied.
+        if push.buffer is not None and (applied or not push.fresh):
+            self._buffers.give_back(push.model_id, push.buffer)
+        push.buffer = None
 
     @_mapped
     async def Describe(

@@ -107,6 +107,8 @@ class BlobAssembler:
         max_bytes: The largest size accepted.
         sha256: The hex digest the peer announced; empty to skip the check.
         crc32c: The CRC-32C the peer announced; None to skip the check.
+        buffer: A ``uint8`` tensor of at least ``total_bytes`` to assemble into (reused
+            across blobs, so no fresh pages are faulted in); None allocates one.
 
     Raises:
         WeightsTooLargeError: ``total_bytes`` is over ``max_bytes``.
@@ -128,6 +130,7 @@ class BlobAssembler:
         max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
         sha256: str = "",
         crc32c: int | None = None,
+        buffer: torch.Tensor | None = None,
     ) -> None:
         if isinstance(total_bytes, bool) or not isinstance(total_bytes, int):
             raise TypeError(f"total_bytes must be an int, got {type(total_bytes).__name__}")
@@ -148,7 +151,10 @@ class BlobAssembler:
         self._expected_sha = digest
         # torch.empty, unlike bytearray, does not zero-fill: every byte is
         # written by add() before finish() lets anyone read it.
-        self._buffer = torch.empty(total_bytes, dtype=torch.uint8)
+        if buffer is not None and buffer.dtype == torch.uint8 and buffer.numel() >= total_bytes:
+            self._buffer = buffer[:total_bytes]
+        else:
+            self._buffer = torch.empty(total_bytes, dtype=torch.uint8)
         self._view = self._buffer.numpy().data.cast("B")
         self._received = 0
         self._expected_crc = crc32c
