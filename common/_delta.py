@@ -82,13 +82,16 @@ def encode_delta(
     new: Mapping[str, torch.Tensor],
     *,
     metadata: Mapping[str, str] | None = None,
-) -> bytes:
+    max_bytes: int | None = None,
+) -> bytes | None:
     """The delta that turns ``old`` into ``new`` (same keys, shapes, dtypes), as safetensors.
 
     Args:
         old: What the receiver holds (contiguous CPU tensors by key).
         new: The state to send (contiguous CPU tensors, the same keys).
         metadata: Extra string pairs for the header (``"rlfleet.delta"`` is added).
+        max_bytes: Give up (return None) when the indices and values alone would
+            exceed this, e.g. the full state's bytes: a dense change is cheaper whole.
 
     Raises:
         WeightsError: The key sets, a shape or a dtype differ.
@@ -96,9 +99,15 @@ def encode_delta(
     if set(old) != set(new):
         missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         raise WeightsError(f"a delta needs the same keys: missing {missing}, extra {extra}")
+    changed = {key: changed_elements(old[key], new[key]) for key in sorted(new)}
+    size = sum(
+        i.numel() * (new[k].element_size() + (4 if new[k].numel() < 2**31 else 8))
+        for k, i in changed.items()
+    )
+    if max_bytes is not None and size > max_bytes:
+        return None
     parts: dict[str, torch.Tensor] = {}
-    for key in sorted(new):
-        index = changed_elements(old[key], new[key])
+    for key, index in changed.items():
         if not index.numel():
             continue
         small = new[key].numel() < 2**31

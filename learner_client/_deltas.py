@@ -11,7 +11,8 @@ chooses per worker:
   worker last acknowledged or reported is the snapshot's, and fewer than
   :attr:`WeightPushSettings.full_push_every` deltas followed its last full push;
 * a **full** push otherwise (first push, a restarted actor, a push the tracker
-  did not see, a failed push, or the periodic anchor that bounds drift).
+  did not see, a failed push, the periodic anchor that bounds drift, or a change
+  so dense that its indices and values would outweigh the whole state).
 
 A worker that answers a delta with FAILED_PRECONDITION (it holds another
 version) gets the full push of the same state and version at once
@@ -101,7 +102,7 @@ class DeltaTracker:
         """
         snapshots: dict[int, dict[str, torch.Tensor]] = {}
         fulls: dict[int, Callable[[], EncodedWeights]] = {}  # encoded only if needed
-        deltas: dict[tuple[int, int], EncodedWeights] = {}
+        deltas: dict[tuple[int, int], EncodedWeights | None] = {}
         out: dict[int, EncodedWeights] = {}
         for wid, src in sources.items():
             if id(src) not in snapshots:
@@ -111,13 +112,16 @@ class DeltaTracker:
                 encode = functools.partial(self._full, model_id, version, state)
                 fulls[id(state)] = functools.cache(encode)
             held = self._usable(model_id, wid)
-            if held is None:
-                out[wid], sent = fulls[id(state)](), _Held(version, state, 0)
-            else:
+            delta = None
+            if held is not None:
                 key = (id(held.state), id(state))
                 if key not in deltas:
                     deltas[key] = self._delta(model_id, version, held, state, fulls[id(state)])
-                out[wid], sent = deltas[key], _Held(version, state, held.deltas + 1)
+                delta = deltas[key]
+            if held is None or delta is None:  # nothing to build on, or a dense change
+                out[wid], sent = fulls[id(state)](), _Held(version, state, 0)
+            else:
+                out[wid], sent = delta, _Held(version, state, held.deltas + 1)
             with self._lock:
                 self._sent[(model_id, wid)] = sent
         return out
@@ -162,8 +166,12 @@ class DeltaTracker:
         held: _Held,
         state: dict[str, torch.Tensor],
         full: Callable[[], EncodedWeights],
-    ) -> EncodedWeights:
-        blob = encode_delta(held.state, state, metadata={"model_id": model_id})
+    ) -> EncodedWeights | None:
+        """The delta from ``held`` to ``state``; None when it would not be smaller than full."""
+        whole = sum(t.numel() * t.element_size() for t in state.values())
+        blob = encode_delta(held.state, state, metadata={"model_id": model_id}, max_bytes=whole)
+        if blob is None:
+            return None
         digest, crc = checksums(blob, self._settings.checksum)
         return EncodedWeights(
             model_id, version, blob, digest, crc, base_version=held.version, full=full

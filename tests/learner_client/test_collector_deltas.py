@@ -62,6 +62,14 @@ def test_delta_pushes_are_bit_exact_and_smaller_with_periodic_full_pushes(fleet)
         assert [d - deltas[0] for d in deltas] == [0, 2, 4, 4, 6, 8, 10]
         assert [s < full_bytes / 10 for s in sizes] == [True] * 3 + [False] + [True] * 3
         assert stats["delta_fallbacks"] == 0
+        with torch.no_grad():  # a dense change (every element): cheaper as a full push
+            for param in policy.parameters():
+                param.mul_(1.01)
+        collector.update_policy_weights_(policy, delta=True)
+        dense = collector.stats()
+        assert dense["delta_pushes"] == stats["delta_pushes"]
+        assert dense["last_push_bytes"] == full_bytes
+        assert _bits_equal(_actor_weights(collector, 0), policy)
 
 
 def test_delta_push_falls_back_to_a_full_push_when_an_actor_holds_another_version(fleet) -> None:
