@@ -33,13 +33,14 @@ BENCHES = {
     "cartpole": "bench.cartpole",
     "large_obs": "bench.large_obs",
     "weight_push": "bench.weight_push",
+    "push_forms": "bench.push_forms",
     "startup": "bench.startup",
     "memory": "bench.memory",
     "codec": "bench.codec_bench",
     "metrics": "bench.metrics_overhead",
 }
 # Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
-_FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "startup", "memory"}
+_FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "push_forms", "startup", "memory"}
 _STDERR_TAIL = 3000
 
 
