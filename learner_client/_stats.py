@@ -12,7 +12,8 @@ learner, so no view ever waits on an actor.
 ``policy_version/<model_id>``, ``policy_lag``, ``policy_lag_max``, ``gaps``,
 ``duplicates``, ``reconnects``, ``failures``, ``restarts`` (actors found restarted),
 ``lost_in_progress`` (their slots: each a trajectory or dialog lost), ``discarded``,
-``auto_pushes``,
+``auto_pushes``, the push counters (``push_bytes``, ``push_pause_max``, ``last_push_bytes``,
+``last_push_pause``, ``delta_pushes``, ``delta_fallbacks``: see ``docs/collector.md``),
 ``missing_workers`` (how many were absent from the last partial sync batch) and
 ``background_failed``. ``"per_worker"``: ``worker_<id>/frames``, ``/alive``,
 ``/failures``, ``/reconnects``, ``/gaps``, ``/duplicates``, ``/policy_version``
