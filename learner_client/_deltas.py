@@ -140,12 +140,6 @@ class DeltaTracker:
                 self._sent.pop((model_id, wid), None)
                 held.pop(wid, None)
 
-    def forget(self, worker_id: int) -> None:
-        """Drop every snapshot of a worker (it left the fleet)."""
-        with self._lock:
-            for held in self._held.values():
-                held.pop(worker_id, None)
-
     def _usable(self, model_id: str, worker_id: int) -> _Held | None:
         with self._lock:
             held = self._held.get(model_id, {}).get(worker_id)

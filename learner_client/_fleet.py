@@ -29,7 +29,13 @@ from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._settings import ConnectionSettings, FleetMember
 from learner_client._slabs import PacketSlabs
-from learner_client._transport import ActorChannel, ActorDescription, PushReply, push_messages
+from learner_client._transport import (
+    ActorChannel,
+    ActorDescription,
+    PushMessages,
+    PushReply,
+    push_messages,
+)
 from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = ["Fleet", "PushResults", "RemoteActor"]
@@ -275,7 +281,7 @@ class Fleet:
     async def _push_all(
         self,
         pairs: Sequence[tuple[int, EncodedWeights]],
-        messages: dict[tuple, tuple[bytes, ...]],
+        messages: dict[tuple, PushMessages],
     ) -> list[PushReply | BaseException]:
         async def one(wid: int, enc: EncodedWeights) -> PushReply:
             return await self._links[wid].channel.push_weights(
@@ -425,7 +431,7 @@ class Fleet:
             log.warning("closing the actor sessions: %s", exc)
 
 
-def _messages(enc: EncodedWeights) -> tuple[bytes, ...]:
+def _messages(enc: EncodedWeights) -> PushMessages:
     return push_messages(
         enc.model_id,
         enc.version,

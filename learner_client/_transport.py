@@ -9,7 +9,8 @@ asyncio event loop (see :mod:`learner_client._loop`):
   LoadState), each under a deadline, each returning plain Python values.
 * :func:`push_messages` — a weight push's requests, wire-encoded once (each
   ``chunk`` straight from the blob: the field's tag, the varint length, the
-  data) and sent unchanged to every target with an identity serializer.
+  data; built as the first target's stream reaches it) and sent unchanged to
+  every target with an identity serializer.
 * :func:`translate_errors` — the one place ``grpc.RpcError`` becomes an
   :mod:`common.errors` exception, prefixed with the actor's address.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import grpc
 
@@ -33,6 +34,7 @@ from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
 __all__ = [
     "ActorChannel",
     "ActorDescription",
+    "PushMessages",
     "PushReply",
     "encode_chunk",
     "encode_header",
@@ -65,6 +67,41 @@ def encode_header(header: pb.WeightsHeader) -> bytes:
     return pb.PushWeightsRequest(header=header).SerializeToString()
 
 
+class PushMessages(Sequence[bytes]):
+    """The serialised ``PushWeightsRequest`` messages of one push: the header, then each chunk.
+
+    Shared unchanged by every target of the push. Each chunk message is wire-encoded
+    (one copy of its slice of the blob) the first time any target's stream asks for
+    it, so encoding overlaps with sending instead of preceding it.
+    """
+
+    def __init__(self, header: bytes, blob: bytes | memoryview, chunk_bytes: int) -> None:
+        self._header = header
+        self._pieces = list(iter_blob_chunks(blob, chunk_bytes))
+        self._built: list[bytes | None] = [None] * len(self._pieces)
+
+    def __len__(self) -> int:
+        return 1 + len(self._pieces)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"push message {index} of {len(self)}")
+        if index == 0:
+            return self._header
+        built = self._built[index - 1]
+        if built is None:
+            built = self._built[index - 1] = encode_chunk(self._pieces[index - 1])
+        return built
+
+
 def push_messages(
     model_id: str,
     version: int,
@@ -74,11 +111,10 @@ def push_messages(
     *,
     crc32c: int | None = None,
     base_version: int | None = None,
-) -> tuple[bytes, ...]:
-    """The serialised ``PushWeightsRequest`` messages of one push: the header, then each chunk.
+) -> PushMessages:
+    """The messages of one push (:class:`PushMessages`), built once per push for every target.
 
-    Built once per push and handed unchanged to every target. ``sha256`` may be ""
-    when ``crc32c`` is given; ``base_version`` marks a sparse delta.
+    ``sha256`` may be "" when ``crc32c`` is given; ``base_version`` marks a sparse delta.
     """
     header = pb.WeightsHeader(
         model_id=model_id,
@@ -88,8 +124,7 @@ def push_messages(
         crc32c=crc32c,
         base_version=base_version,
     )
-    chunks = (encode_chunk(piece) for piece in iter_blob_chunks(blob, chunk_bytes))
-    return (encode_header(header), *chunks)
+    return PushMessages(encode_header(header), blob, chunk_bytes)
 
 
 def _pre_serialized(message: bytes) -> bytes:
