@@ -57,3 +57,25 @@ def test_receive_buffers_lend_one_buffer_at_a_time_and_keep_the_largest() -> Non
     assert lent is large
     assert buffers.take("policy", 15) is None  # lent out: a concurrent push gets a fresh one
     assert buffers.take("critic", 1) is None
+
+
+def test_llm_models_swap_a_delta_between_decode_steps_bit_exactly() -> None:
+    from actor_service._llm_models import LLMModels
+    from common._delta import decode_delta, encode_delta
+    from common.weights import to_state_dict
+
+    models = LLMModels("rlfleet:tiny-qwen2", {}, torch.device("cpu"))
+    old = to_state_dict(models.model)
+    models.load_weights("policy", 1, old)
+    new = {k: v.clone() for k, v in old.items()}
+    key = next(k for k in new if "layers.0" in k and k.endswith("proj.weight"))
+    new[key].view(-1)[:3] += 1.0
+    blob = memoryview(bytearray(encode_delta(old, new)))
+    delta = decode_delta(blob, models.parameters_info("policy"), max_bytes=1 << 20)
+    with pytest.raises(SessionStateError):
+        models.swap_delta("policy", 0, 2, delta)
+    assert models.policy_version("policy") == 1
+    swap = models.swap_delta("policy", 1, 2, delta)
+    assert swap.version == models.policy_version("policy") == 2
+    now = to_state_dict(models.model)
+    assert all(now[k].view(torch.uint8).equal(new[k].view(torch.uint8)) for k in new)
