@@ -67,16 +67,19 @@ def changed_elements(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     Raises:
         WeightsError: The two differ in shape or dtype.
     """
+    # numpy's flatnonzero is ~4x faster than torch's nonzero on one CPU thread.
+    return torch.from_numpy(np.flatnonzero(_differs(old, new).numpy()))
+
+
+def _differs(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """A flat bool mask of the elements whose bits differ."""
     if old.shape != new.shape or old.dtype != new.dtype:
         raise WeightsError(
             f"a delta needs equal shapes and dtypes, got {list(old.shape)} {old.dtype} "
             f"and {list(new.shape)} {new.dtype}"
         )
     differs = _bits(old) != _bits(new)
-    if differs.dim() == 2:  # complex: real or imaginary part
-        differs = differs.any(dim=1)
-    # numpy's flatnonzero is ~4x faster than torch's nonzero on one CPU thread.
-    return torch.from_numpy(np.flatnonzero(differs.numpy()))
+    return differs.any(dim=1) if differs.dim() == 2 else differs  # complex: either part
 
 
 def encode_delta(
@@ -101,15 +104,18 @@ def encode_delta(
     if set(old) != set(new):
         missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         raise WeightsError(f"a delta needs the same keys: missing {missing}, extra {extra}")
-    changed = {key: changed_elements(old[key], new[key]) for key in sorted(new)}
+    masks = {key: _differs(old[key], new[key]) for key in sorted(new)}
+    # Counted before any index is built: listing the indices of a dense change costs more
+    # than sending it whole.
     size = sum(
-        i.numel() * (new[k].element_size() + (4 if new[k].numel() < 2**31 else 8))
-        for k, i in changed.items()
+        int(mask.sum()) * (new[k].element_size() + (4 if new[k].numel() < 2**31 else 8))
+        for k, mask in masks.items()
     )
     if max_bytes is not None and size > max_bytes:
         return None
     parts: dict[str, torch.Tensor] = {}
-    for key, index in changed.items():
+    for key, mask in masks.items():
+        index = torch.from_numpy(np.flatnonzero(mask.numpy()))
         if not index.numel():
             continue
         small = new[key].numel() < 2**31
