@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from actor_service._staging import Swap, swap_delta, swap_full
-from common._delta import Delta
 from common.errors import StaleVersionError, UnknownModelError, WeightsError
 from common.llm import build_policy
-from common.weights import check_compatible, check_finite, to_state_dict
+from common.weights import Delta, check_compatible, check_finite, to_state_dict
 
 __all__ = ["LLMModels"]
 

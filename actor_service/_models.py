@@ -34,11 +34,16 @@ from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
 from actor_service._staging import Swap, swap_delta, swap_full
 from actor_service._tensor_forward import TensorForward, tensor_forward
-from common._delta import Delta
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.policies import make_policy
-from common.weights import check_compatible, check_finite, check_policy_version, to_state_dict
+from common.weights import (
+    Delta,
+    check_compatible,
+    check_finite,
+    check_policy_version,
+    to_state_dict,
+)
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 

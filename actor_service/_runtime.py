@@ -29,9 +29,9 @@ from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
 from actor_service._session import SessionBook
 from actor_service._staging import Swap
-from common._delta import Delta
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
+from common.weights import Delta
 
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics

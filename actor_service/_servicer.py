@@ -27,7 +27,6 @@ from actor_service._models import check_newer
 from actor_service._runtime import ActorRuntime
 from actor_service._staging import ReceiveBuffers, Swap, check_base
 from actor_service._state import decode_state, encode_state
-from common._delta import decode_delta
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
@@ -42,6 +41,7 @@ from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import (
     BlobAssembler,
     check_policy_version,
+    decode_delta,
     decode_weights,
     iter_blob_chunks,
     sha256_hex,

@@ -20,8 +20,8 @@ from typing import Protocol
 
 import torch
 
-from common._delta import Delta, apply_delta
 from common.errors import SessionStateError
+from common.weights import Delta, apply_delta
 
 __all__ = ["ReceiveBuffers", "Swap", "check_base", "swap_delta", "swap_full"]
 

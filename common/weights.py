@@ -17,7 +17,9 @@ offsets as safetensors does, returns views over the received buffer rather
 than copies (``common._safetensors``) and refuses non-finite floats
 (safetensors does not); :func:`load_into` additionally checks
 keys, shapes and dtypes against the live module and copies only once every
-check has passed.
+check has passed. Sparse deltas (only the changed elements, on top of a version
+the receiver holds) are encoded, checked and applied by :func:`encode_delta`,
+:func:`decode_delta` and :func:`apply_delta` (``common._delta``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from common._blobs import (
     iter_blob_chunks,
     sha256_hex,
 )
+from common._delta import Delta, apply_delta, decode_delta, encode_delta
 from common._safetensors import (
     DEFAULT_MAX_KEYS,
     DTYPES,
@@ -50,17 +53,21 @@ from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
     "CHECKSUMS",
+    "Delta",
     "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_POLICY_VERSION",
     "Expected",
     "BlobAssembler",
+    "apply_delta",
     "check_policy_version",
     "check_compatible",
     "check_finite",
     "checksums",
     "crc32c",
+    "decode_delta",
     "decode_weights",
+    "encode_delta",
     "encode_weights",
     "iter_blob_chunks",
     "load_into",

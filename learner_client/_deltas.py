@@ -30,8 +30,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from common._delta import encode_delta
-from common.weights import CHECKSUMS, checksums, encode_weights, to_state_dict
+from common.weights import CHECKSUMS, checksums, encode_delta, encode_weights, to_state_dict
 from learner_client._weights import EncodedWeights, WeightBook, WeightSource
 
 __all__ = ["DEFAULT_FULL_PUSH_EVERY", "DeltaTracker", "WeightPushSettings"]
