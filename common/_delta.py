@@ -108,7 +108,8 @@ def encode_delta(
     # Counted before any index is built: listing the indices of a dense change costs more
     # than sending it whole.
     size = sum(
-        int(mask.sum()) * (new[k].element_size() + (4 if new[k].numel() < 2**31 else 8))
+        int(np.count_nonzero(mask.numpy()))
+        * (new[k].element_size() + (4 if new[k].numel() < 2**31 else 8))
         for k, mask in masks.items()
     )
     if max_bytes is not None and size > max_bytes:
