@@ -3,13 +3,16 @@
 :class:`LLMModels` offers the same surface as the env actor's ``ModelRegistry``
 (``model_ids``, ``policy_version``, ``parameters_info``, ``load_weights``,
 ``state_dict``, ``load_state_dict``) for one model, ``"policy"``, built by
-:func:`common.llm.build_policy`. Every forward of the decode loop and every weight
-swap take the same lock, so a push lands between two tokens, never inside a
-forward; a push is validated in full before the lock is taken.
+:func:`common.llm.build_policy` and, with ``--lora``, wrapped in a LoRA adapter
+(:func:`common.llm.apply_lora`; its keys are then peft's, ``base_model.model.*``).
+Every forward of the decode loop and every weight swap take the same lock, so a
+push lands between two tokens, never inside a forward; a push is validated,
+cast and staged in full before the lock is taken.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -18,8 +21,8 @@ import torch
 
 from actor_service._staging import Swap, swap_delta, swap_full
 from common.errors import StaleVersionError, UnknownModelError, WeightsError
-from common.llm import build_policy
-from common.weights import Delta, check_compatible, check_finite, to_state_dict
+from common.llm import LoraSpec, apply_lora, build_policy
+from common.weights import Delta, PushForm, apply_staged, stage_state, to_state_dict
 
 __all__ = ["LLMModels"]
 
@@ -33,15 +36,25 @@ class LLMModels:
         spec: The model spec (``rlfleet:tiny-qwen2``, ``hf:DIR``).
         kwargs: Keyword arguments for :func:`common.llm.build_policy`.
         device: Where the model runs.
+        lora: A LoRA adapter to wrap the model in; None holds the plain model.
 
     Raises:
         PolicySpecError: The spec names nothing buildable.
+        ValueError: The LoRA targets name no module of the model.
     """
 
-    def __init__(self, spec: str, kwargs: Mapping[str, Any], device: torch.device) -> None:
+    def __init__(
+        self,
+        spec: str,
+        kwargs: Mapping[str, Any],
+        device: torch.device,
+        lora: LoraSpec | None = None,
+    ) -> None:
         self.spec = spec
         self.device = device
         model, self.tokenizer = build_policy(spec, **dict(kwargs))
+        if lora is not None:
+            model = apply_lora(model, lora).eval()
         self.model = model.to(device)
         self.version = 0
         self.lock = threading.Lock()
@@ -87,36 +100,51 @@ class LLMModels:
             )
             return out.logits[:, -1].float().cpu(), out.past_key_values, self.version
 
-    def validate(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
-        """Check keys, shapes, dtypes and finiteness; change nothing."""
+    def validate(
+        self, model_id: str, state: Mapping[str, torch.Tensor], form: PushForm | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Check keys, shapes, dtypes, ties and finiteness; return the staged tensors.
+
+        Nothing changes; ``common.weights.stage_state`` casts into the model's dtypes.
+        """
         self._check(model_id)
         if not isinstance(state, Mapping):
             raise WeightsError(f"weights must be a mapping, got {type(state).__name__}")
-        try:
-            check_compatible(state, self._reference)
-        except TypeError as exc:
-            raise WeightsError(f"weights for {model_id!r}: {exc}") from None
-        check_finite(state)
+        return stage_state(state, self._reference, form or PushForm())
 
-    def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
+    def load_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> int:
         """Validate ``state`` in full, then swap it in between two decode steps.
+
+        ``form`` declares a subset push (an adapter alone) or a wire dtype; None: full.
 
         Raises:
             UnknownModelError: ``model_id`` is not ``"policy"``.
             StaleVersionError: ``version`` is not newer than the one in force.
             WeightsError: Keys, shapes, dtypes or values that do not fit.
         """
-        return self.swap_weights(model_id, version, state).version
+        return self.swap_weights(model_id, version, state, form).version
 
-    def swap_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> Swap:
+    def swap_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> Swap:
         """:meth:`load_weights`, also saying how long the swap paused decoding."""
         self._check(model_id)
         if not isinstance(version, int) or isinstance(version, bool):
             raise WeightsError(f"policy version must be an int, got {version!r}")
         self._check_newer(version)
-        self.validate(model_id, state)
-        staged = {k: state[k].to(self.device) for k in self._reference}
-        return swap_full(self, version, self._reference, staged, self._newer)
+        staged = self.validate(model_id, state, form)
+        copy_in = functools.partial(apply_staged, self._reference, staged)
+        return swap_full(self, version, copy_in, self._newer)
 
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
         """Apply a checked delta (``common._delta.decode_delta``) on top of ``base_version``.
@@ -141,15 +169,12 @@ class LLMModels:
     def _check_newer(self, version: int) -> None:
         self._newer(version, self.version)
 
-    def _copy_in(self, staged: Mapping[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for key, target in self._reference.items():
-                target.copy_(staged[key])
-
     def state_dict(self) -> dict[str, dict]:
         """``{"policy": {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
         with self.lock:
-            return {MODEL_ID: {"version": self.version, "weights": to_state_dict(self.model)}}
+            # to_state_dict's CPU tensors may view the live parameters: copy them.
+            weights = {k: v.clone() for k, v in to_state_dict(self.model).items()}
+            return {MODEL_ID: {"version": self.version, "weights": weights}}
 
     def load_state_dict(
         self, state: Mapping[str, Mapping], *, allow_rollback: bool = False
@@ -176,10 +201,9 @@ class LLMModels:
                 f"state version {version} of {MODEL_ID!r} is older than the version in force, "
                 f"{self.version} (allow_rollback to restore it)"
             )
-        self.validate(MODEL_ID, entry.get("weights"))  # type: ignore[arg-type]
-        staged = {k: v.to(self.device) for k, v in entry["weights"].items()}
+        staged = self.validate(MODEL_ID, entry.get("weights"))  # type: ignore[arg-type]
         with self.lock:
             old = self.version
-            self._copy_in(staged)
+            apply_staged(self._reference, staged)
             self.version = version
         return {MODEL_ID: (old, version)}

@@ -39,9 +39,10 @@ from common.errors import InternalError, StaleVersionError, UnknownModelError, W
 from common.policies import make_policy
 from common.weights import (
     Delta,
-    check_compatible,
-    check_finite,
+    PushForm,
+    apply_staged,
     check_policy_version,
+    stage_state,
     to_state_dict,
 )
 
@@ -346,8 +347,16 @@ class ModelRegistry:
         out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
         return out
 
-    def validate(self, model_id: str, state: object) -> None:
-        """Check ``state`` against ``model_id`` (keys, shapes, dtypes, finiteness); change nothing.
+    def validate(
+        self, model_id: str, state: object, form: PushForm | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Check ``state`` against ``model_id`` and stage it; change nothing.
+
+        Keys, shapes, dtypes (under ``form``: a subset, a wire dtype), ties and
+        finiteness (``common.weights.stage_state``).
+
+        Returns:
+            The tensors cast into the model's dtypes, on its device.
 
         Raises:
             UnknownModelError: No such model.
@@ -358,19 +367,22 @@ class ModelRegistry:
             raise WeightsError(
                 f"weights for {model_id!r} must be a mapping, got {type(state).__name__}"
             )
-        try:
-            check_compatible(state, model.reference)
-        except TypeError as exc:
-            raise WeightsError(f"weights for {model_id!r}: {exc}") from None
-        check_finite(state)
+        return stage_state(state, model.reference, form or PushForm())
 
-    def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
+    def load_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> int:
         """Validate ``state`` in full, then swap it in between two env steps.
 
         Args:
             model_id: The model to update.
             version: The new policy version; must be greater than the current one.
             state: Tensors by state-dict key (``common.weights.decode_weights`` output).
+            form: What the push declares (a subset of the keys, a wire dtype); None: full.
 
         Returns:
             The version now in force (``version``).
@@ -380,20 +392,26 @@ class ModelRegistry:
             StaleVersionError: ``version`` is not greater than the current one.
             WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
         """
-        return self.swap_weights(model_id, version, state).version
+        return self.swap_weights(model_id, version, state, form).version
 
-    def swap_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> Swap:
+    def swap_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> Swap:
         """:meth:`load_weights`, also saying how long the swap paused the rollout."""
         model = self._get(model_id)
         check_policy_version(version)
         check_newer(model_id, version, model.version)
-        self.validate(model_id, state)
-        staged = {k: state[k].to(self.device) for k in model.reference}
+        staged = self.validate(model_id, state, form)
+        copy_in = functools.partial(apply_staged, model.reference, staged)
         newer = functools.partial(check_newer, model_id)
-        return swap_full(model, version, model.reference, staged, newer)
+        return swap_full(model, version, copy_in, newer)
 
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
-        """Apply a checked delta (``common._delta.decode_delta``) on top of ``base_version``.
+        """Apply a checked delta (``common.weights.decode_delta``) on top of ``base_version``.
 
         Raises:
             UnknownModelError: No such model.
@@ -410,7 +428,7 @@ class ModelRegistry:
         out = {}
         for model_id, model in self._models.items():
             with model.lock:
-                out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
+                out[model_id] = {"version": model.version, "weights": _copies(model.module)}
         return out
 
     def load_state_dict(
@@ -448,7 +466,7 @@ class ModelRegistry:
             for model in models:
                 version, weights = staged[model.spec.model_id]
                 changes[model.spec.model_id] = (model.version, version)
-                _copy_in(model.reference, weights)
+                apply_staged(model.reference, weights)
                 model.version = version
             return changes
         finally:
@@ -470,9 +488,8 @@ class ModelRegistry:
             version = entry.get("version") if isinstance(entry, Mapping) else None
             version = check_policy_version(version, f"model state of {model_id!r}: version")
             weights = entry.get("weights") if isinstance(entry, Mapping) else None
-            self.validate(model_id, weights)  # raises unless a mapping of fitting tensors
-            assert isinstance(weights, Mapping)  # for the type checker: validate() checked it
-            staged[model_id] = (version, {k: v.to(self.device) for k, v in weights.items()})
+            # raises unless a mapping of fitting tensors
+            staged[model_id] = (version, self.validate(model_id, weights))
         return staged
 
     @staticmethod
@@ -497,9 +514,6 @@ def check_newer(model_id: str, version: int, current: int) -> None:
         )
 
 
-def _copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:
-    # `reference` holds the module's own parameter and buffer tensors, so copying into
-    # them updates the module in place; every check already passed.
-    with torch.no_grad():
-        for key, target in reference.items():
-            target.copy_(staged[key])
+def _copies(module: nn.Module) -> dict[str, torch.Tensor]:
+    # to_state_dict's CPU tensors may view the live parameters; a snapshot must not move.
+    return {k: v.clone() for k, v in to_state_dict(module).items()}

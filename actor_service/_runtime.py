@@ -31,7 +31,7 @@ from actor_service._session import SessionBook
 from actor_service._staging import Swap
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
-from common.weights import Delta
+from common.weights import Delta, PushForm
 
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
@@ -63,10 +63,18 @@ class CoreModels(Protocol):
     def policy_version(self, model_id: str) -> int: ...
     def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
     def load_weights(
-        self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
     ) -> int: ...
     def swap_weights(
-        self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
     ) -> Swap: ...
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap: ...
 

@@ -71,24 +71,20 @@ def _timed(lock: threading.Lock, check: Callable[[], None], apply: Callable[[], 
 def swap_full(
     slot: Slot,
     version: int,
-    reference: Mapping[str, torch.Tensor],
-    staged: Mapping[str, torch.Tensor],
+    copy_in: Callable[[], None],
     check_newer: Callable[[int, int], None],
 ) -> Swap:
-    """Copy checked, staged tensors into ``reference`` (the live tensors) under the lock.
+    """Copy checked, staged tensors into the live model under the lock.
 
     Args:
         slot: The model (its ``lock`` and ``version``).
         version: The version being installed.
-        reference: The model's own state-dict tensors, written in place.
-        staged: The new values on the model's device, every key of ``reference``.
+        copy_in: Writes the staged tensors into the model's own (``apply_staged``).
         check_newer: ``(version, current)`` -> None or raises: the staleness rule.
     """
 
     def apply() -> None:
-        with torch.no_grad():
-            for key, target in reference.items():
-                target.copy_(staged[key])
+        copy_in()
         slot.version = version
 
     pause = _timed(slot.lock, lambda: check_newer(version, slot.version), apply)
