@@ -32,7 +32,7 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
-from actor_service._staging import Swap, swap_delta, swap_full
+from actor_service._staging import Swap, check_newer, swap_delta, swap_full
 from actor_service._tensor_forward import TensorForward, tensor_forward
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
@@ -376,22 +376,7 @@ class ModelRegistry:
         state: Mapping[str, torch.Tensor],
         form: PushForm | None = None,
     ) -> int:
-        """Validate ``state`` in full, then swap it in between two env steps.
-
-        Args:
-            model_id: The model to update.
-            version: The new policy version; must be greater than the current one.
-            state: Tensors by state-dict key (``common.weights.decode_weights`` output).
-            form: What the push declares (a subset of the keys, a wire dtype); None: full.
-
-        Returns:
-            The version now in force (``version``).
-
-        Raises:
-            UnknownModelError: No such model (the message lists the known ids).
-            StaleVersionError: ``version`` is not greater than the current one.
-            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
-        """
+        """Validate ``state`` in full, then swap it in between two env steps; the new version."""
         return self.swap_weights(model_id, version, state, form).version
 
     def swap_weights(
@@ -401,7 +386,22 @@ class ModelRegistry:
         state: Mapping[str, torch.Tensor],
         form: PushForm | None = None,
     ) -> Swap:
-        """:meth:`load_weights`, also saying how long the swap paused the rollout."""
+        """Validate ``state`` in full, then swap it in between two env steps.
+
+        Args:
+            model_id: The model to update.
+            version: The new policy version; must be greater than the current one.
+            state: Tensors by state-dict key (``common.weights.decode_weights`` output).
+            form: What the push declares (a subset of the keys, a wire dtype); None: full.
+
+        Returns:
+            The version now in force and how long the swap paused the rollout.
+
+        Raises:
+            UnknownModelError: No such model (the message lists the known ids).
+            StaleVersionError: ``version`` is not greater than the current one.
+            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
+        """
         model = self._get(model_id)
         check_policy_version(version)
         check_newer(model_id, version, model.version)
@@ -411,13 +411,7 @@ class ModelRegistry:
         return swap_full(model, version, copy_in, newer)
 
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
-        """Apply a checked delta (``common.weights.decode_delta``) on top of ``base_version``.
-
-        Raises:
-            UnknownModelError: No such model.
-            SessionStateError: Another version than ``base_version`` is in force.
-            StaleVersionError: ``version`` is not newer than the one in force.
-        """
+        """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
         model = self._get(model_id)
         check_policy_version(version)
         newer = functools.partial(check_newer, model_id)
@@ -499,19 +493,6 @@ class ModelRegistry:
                 f"state version {version} for model {model.spec.model_id!r} is older than the "
                 f"version in force, {model.version}; set allow_rollback to load it anyway"
             )
-
-
-def check_newer(model_id: str, version: int, current: int) -> None:
-    """The one staleness rule of weight pushes: a version must be newer than the one in force.
-
-    Raises:
-        StaleVersionError: ``version <= current``.
-    """
-    if version <= current:
-        raise StaleVersionError(
-            f"weights version {version} for model {model_id!r} is not newer than "
-            f"the version in force, {current}"
-        )
 
 
 def _copies(module: nn.Module) -> dict[str, torch.Tensor]:

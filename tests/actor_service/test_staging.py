@@ -25,7 +25,7 @@ def _newer(version: int, current: int) -> None:
 
 def test_swaps_write_under_the_lock_and_report_the_pause() -> None:
     model = _Model()
-    swap = swap_full(model, 4, {"w": model.weight}, {"w": torch.ones(4)}, _newer)
+    swap = swap_full(model, 4, lambda: model.weight.copy_(torch.ones(4)), _newer)
     assert (swap.version, model.version) == (4, 4)
     assert 0 < swap.pause_seconds < 1
     assert model.weight.tolist() == [1.0] * 4
