@@ -95,8 +95,7 @@ class WeightRequest:
             in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
         options: How every model of the request is encoded; None: not given (new weights
             are sent as they are, a re-send of the last weights as they were last sent).
-        delta: Send each target only the elements changed since the weights it holds
-            (``learner_client._deltas``).
+        delta: Send each target only what changed since it last applied (``_deltas``).
     """
 
     sources: dict[str, WeightSource | None]
@@ -186,28 +185,18 @@ def normalize_update_args(
     """
     if not isinstance(delta, bool):
         raise TypeError(f"delta must be a bool, got {delta!r}")
-    request = _normalize(
-        policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options
-    )
+    args = (policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options)
+    request = _normalize(*args)
     if delta and request.per_worker is not None:
         raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
     if delta and options is not None:
-        raise ValueError(
-            "delta=True sends the weights in their own dtype, all of them; it does not "
-            f"combine with dtype= or only_trainable= (got {options})"
-        )
+        raise ValueError(f"delta=True sends every weight in its own dtype; not with {options}")
     return dataclasses.replace(request, delta=delta)
 
 
-def _normalize(
-    policy_or_weights: object,
-    weights: object,
-    policy: object,
-    worker_ids: object,
-    model_id: object,
-    weights_dict: object,
-    options: PushOptions | None,
-) -> WeightRequest:
+def _normalize(*args: Any) -> WeightRequest:
+    """:func:`normalize_update_args` but ``delta``, its arguments in their order."""
+    policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options = args
     given = [
         n
         for n, v in (
