@@ -16,13 +16,15 @@ from typing import Any
 
 import torch
 
-from common.errors import StaleVersionError, UnknownModelError, WeightsError
+from actor_service._weight_rules import check_newer, check_not_older, check_weights, copy_in
+from common.config import DEFAULT_MODEL_ID
+from common.errors import UnknownModelError, WeightsError
 from common.llm import build_policy
-from common.weights import check_compatible, check_finite, to_state_dict
+from common.weights import check_policy_version, to_state_dict
 
 __all__ = ["LLMModels"]
 
-MODEL_ID = "policy"
+MODEL_ID = DEFAULT_MODEL_ID
 
 
 class LLMModels:
@@ -86,16 +88,10 @@ class LLMModels:
             )
             return out.logits[:, -1].float().cpu(), out.past_key_values, self.version
 
-    def validate(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+    def validate(self, model_id: str, state: object) -> None:
         """Check keys, shapes, dtypes and finiteness; change nothing."""
         self._check(model_id)
-        if not isinstance(state, Mapping):
-            raise WeightsError(f"weights must be a mapping, got {type(state).__name__}")
-        try:
-            check_compatible(state, self._reference)
-        except TypeError as exc:
-            raise WeightsError(f"weights for {model_id!r}: {exc}") from None
-        check_finite(state)
+        check_weights(model_id, state, self._reference)
 
     def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
         """Validate ``state`` in full, then swap it in between two decode steps.
@@ -103,31 +99,19 @@ class LLMModels:
         Raises:
             UnknownModelError: ``model_id`` is not ``"policy"``.
             StaleVersionError: ``version`` is not newer than the one in force.
-            WeightsError: Keys, shapes, dtypes or values that do not fit.
+            WeightsError: Keys, shapes, dtypes or values that do not fit, or a version
+                outside the int64 range.
         """
         self._check(model_id)
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise WeightsError(f"policy version must be an int, got {version!r}")
-        self._check_newer(version)
+        check_policy_version(version)
+        check_newer(model_id, version, self.version)
         self.validate(model_id, state)
         staged = {k: state[k].to(self.device) for k in self._reference}
         with self.lock:
-            self._check_newer(version)
-            self._copy_in(staged)
+            check_newer(model_id, version, self.version)  # a concurrent push may have won
+            copy_in(self._reference, staged)
             self.version = version
         return version
-
-    def _check_newer(self, version: int) -> None:
-        if version <= self.version:
-            raise StaleVersionError(
-                f"weights version {version} for model {MODEL_ID!r} is not newer than the "
-                f"version in force, {self.version}"
-            )
-
-    def _copy_in(self, staged: Mapping[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for key, target in self._reference.items():
-                target.copy_(staged[key])
 
     def state_dict(self) -> dict[str, dict]:
         """``{"policy": {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
@@ -151,18 +135,13 @@ class LLMModels:
         entry = state.get(MODEL_ID)
         if not isinstance(entry, Mapping):
             raise WeightsError(f"model state lacks model {MODEL_ID!r}")
-        version = entry.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise WeightsError(f"model state has version {version!r}; need an int >= 0")
-        if version < self.version and not allow_rollback:
-            raise StaleVersionError(
-                f"state version {version} of {MODEL_ID!r} is older than the version in force, "
-                f"{self.version} (allow_rollback to restore it)"
-            )
-        self.validate(MODEL_ID, entry.get("weights"))  # type: ignore[arg-type]
+        version = check_policy_version(entry.get("version"), "model state version")
+        if not allow_rollback:
+            check_not_older(MODEL_ID, version, self.version)
+        self.validate(MODEL_ID, entry.get("weights"))
         staged = {k: v.to(self.device) for k, v in entry["weights"].items()}
         with self.lock:
             old = self.version
-            self._copy_in(staged)
+            copy_in(self._reference, staged)
             self.version = version
         return {MODEL_ID: (old, version)}

@@ -33,10 +33,11 @@ from torch import nn
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
 from actor_service._tensor_forward import TensorForward, tensor_forward
+from actor_service._weight_rules import check_newer, check_not_older, check_weights, copy_in
 from common.config import ExplorationType
-from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
+from common.errors import InternalError, UnknownModelError, WeightsError
 from common.policies import make_policy
-from common.weights import check_compatible, check_finite, check_policy_version, to_state_dict
+from common.weights import check_policy_version, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -346,16 +347,7 @@ class ModelRegistry:
             UnknownModelError: No such model.
             WeightsError: Naming every offending key.
         """
-        model = self._get(model_id)
-        if not isinstance(state, Mapping):
-            raise WeightsError(
-                f"weights for {model_id!r} must be a mapping, got {type(state).__name__}"
-            )
-        try:
-            check_compatible(state, model.reference)
-        except TypeError as exc:
-            raise WeightsError(f"weights for {model_id!r}: {exc}") from None
-        check_finite(state)
+        check_weights(model_id, state, self._get(model_id).reference)
 
     def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
         """Validate ``state`` in full, then swap it in between two env steps.
@@ -380,7 +372,7 @@ class ModelRegistry:
         staged = {k: state[k].to(self.device) for k in model.reference}
         with model.lock:
             check_newer(model_id, version, model.version)  # a concurrent push may have won
-            _copy_in(model.reference, staged)
+            copy_in(model.reference, staged)
             model.version = version
         return version
 
@@ -422,12 +414,13 @@ class ModelRegistry:
         try:
             if not allow_rollback:
                 for model in models:
-                    self._check_not_older(model, staged[model.spec.model_id][0])
+                    mid = model.spec.model_id
+                    check_not_older(mid, staged[mid][0], model.version)
             changes = {}
             for model in models:
                 version, weights = staged[model.spec.model_id]
                 changes[model.spec.model_id] = (model.version, version)
-                _copy_in(model.reference, weights)
+                copy_in(model.reference, weights)
                 model.version = version
             return changes
         finally:
@@ -453,32 +446,3 @@ class ModelRegistry:
             assert isinstance(weights, Mapping)  # for the type checker: validate() checked it
             staged[model_id] = (version, {k: v.to(self.device) for k, v in weights.items()})
         return staged
-
-    @staticmethod
-    def _check_not_older(model: _Model, version: int) -> None:
-        if version < model.version:
-            raise StaleVersionError(
-                f"state version {version} for model {model.spec.model_id!r} is older than the "
-                f"version in force, {model.version}; set allow_rollback to load it anyway"
-            )
-
-
-def check_newer(model_id: str, version: int, current: int) -> None:
-    """The one staleness rule of weight pushes: a version must be newer than the one in force.
-
-    Raises:
-        StaleVersionError: ``version <= current``.
-    """
-    if version <= current:
-        raise StaleVersionError(
-            f"weights version {version} for model {model_id!r} is not newer than "
-            f"the version in force, {current}"
-        )
-
-
-def _copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:
-    # `reference` holds the module's own parameter and buffer tensors, so copying into
-    # them updates the module in place; every check already passed.
-    with torch.no_grad():
-        for key, target in reference.items():
-            target.copy_(staged[key])

@@ -20,7 +20,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_seed
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
@@ -381,8 +381,7 @@ class GrpcCollector:
         Returns:
             The seed returned by the last actor (to chain further).
         """
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        check_seed(seed)
         with self._lock:
             self._check_open()
             return self._fleet.set_seed(seed, bool(static_seed))
