@@ -33,7 +33,7 @@ from tensordict import TensorDict
 import common
 from actor_service._batch import TrajIds
 from actor_service._config import ActorConfig
-from actor_service._identity import ActorIdentity, draw_epoch
+from actor_service._identity import ActorIdentity, describe_models, draw_epoch
 from actor_service._llm_models import LLMModels
 from actor_service._llm_turns import Dialog, DialogEngine, Turn, pack_turns
 from actor_service._state import core_counters, core_state
@@ -105,7 +105,7 @@ class LLMRolloutWorker:
             env_id=self.config.task,
             observation_space=None,
             action_space=None,
-            models={"policy": (self.models.version, self.models.parameters_info("policy"))},
+            models=describe_models(self.models),
             num_envs=self.num_envs,
             env_backend="llm",
             device=str(self.device),

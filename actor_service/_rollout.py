@@ -33,7 +33,7 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorIdentity, draw_epoch
+from actor_service._identity import ActorIdentity, describe_models, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
 from actor_service._state import core_counters, core_state
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings, check_seed
@@ -142,17 +142,13 @@ class RolloutWorker:
 
     def describe(self) -> ActorIdentity:
         """A snapshot of what this actor is (safe from any thread)."""
-        models = {
-            mid: (self.models.policy_version(mid), self.models.parameters_info(mid))
-            for mid in self.models.model_ids
-        }
         return ActorIdentity(
             worker_id=self.worker_id,
             epoch=self.epoch,
             env_id=env_name(self.config),
             observation_space=self.observation_space,
             action_space=self.action_space,
-            models=models,
+            models=describe_models(self.models),
             num_envs=self.num_envs,
             env_backend=self.config.env_backend,
             device=str(self.device),

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_SEED",
     "CollectSettings",
     "ExplorationType",
+    "check_model_id",
     "check_seed",
     "client_channel_options",
     "server_channel_options",
@@ -103,10 +104,20 @@ class CollectSettings:
             raise TypeError(
                 f"exploration_type must be an ExplorationType, got {self.exploration_type!r}"
             )
-        if not self.model_id:
-            raise ValueError("model_id must be a non-empty string")
+        check_model_id(self.model_id)
         if self.llm is not None and not isinstance(self.llm, LLMSettings):
             raise TypeError(f"llm must be an LLMSettings or None, got {type(self.llm).__name__}")
+
+
+def check_model_id(model_id: object) -> str:
+    """Return ``model_id`` if it is a non-empty string.
+
+    Raises:
+        ValueError: Naming the value.
+    """
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
+    return model_id
 
 
 def check_seed(seed: object) -> int:

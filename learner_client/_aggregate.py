@@ -71,16 +71,12 @@ def combine(
         return name_time_dim(torch.cat(_pad_time(batches), 0))
     if cat_results == 0:
         return name_time_dim(torch.cat(list(batches), 0))
-    if len({tuple(b.batch_size) for b in batches}) == 1:
-        out = _stack_views(batches)
-        if out is None:
-            out = torch.stack(list(batches), 0)
-    else:
+    if len({tuple(b.batch_size) for b in batches}) > 1:
         # Actors with different env pool sizes give different [envs, time]
         # shapes; TorchRL's MultiSyncCollector returns a lazy stack then too.
-        out = LazyStackedTensorDict.lazy_stack(list(batches), 0)
-        return out
-    return name_time_dim(out)
+        return LazyStackedTensorDict.lazy_stack(list(batches), 0)
+    out = _stack_views(batches)
+    return name_time_dim(torch.stack(list(batches), 0) if out is None else out)
 
 
 def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:

@@ -11,7 +11,6 @@ collector usable (unlike TorchRL, which shuts down): catch it and call
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -172,8 +171,9 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
-        conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
+        conn = ConnectionSettings(
+            connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over
+        )
         self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
 
     def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
@@ -413,7 +413,7 @@ class GrpcCollector:
     def stats(
         self, workers: str = "aggregate", *, timeout: float | None = 10.0
     ) -> dict[str, int | float | bool]:
-        """TorchRL's flat, cheap snapshot of scalars (keys: :mod:`learner_client._stats`).
+        """TorchRL's flat, cheap snapshot of scalars (keys: ``docs/collector.md``, stats).
 
         ``workers`` is TorchRL's view (``"aggregate"``, ``"per_worker"``, ``"both"``);
         ``timeout`` (None or seconds) never matters: nothing waits on an actor.

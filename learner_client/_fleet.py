@@ -381,7 +381,7 @@ class Fleet:
 
     def liveness(self) -> dict[str, int]:
         """``workers`` and ``workers_alive``, which every view of ``stats()`` reports."""
-        alive = sum(1 for link in self._links.values() if link.state not in _UNREACHABLE)
+        alive = sum(1 for wid in self._links if self.reachable(wid))
         return {"workers": len(self._links), "workers_alive": alive}
 
     def worker_stats(self, acting_model: str) -> dict[str, int | float | bool]:
@@ -392,7 +392,7 @@ class Fleet:
             prefix = f"worker_{wid}/"
             out[prefix + "frames"] = ledger.worker_frames.get(wid, 0)
             out[prefix + "batches"] = ledger.worker_batches.get(wid, 0)
-            out[prefix + "alive"] = link.state not in _UNREACHABLE
+            out[prefix + "alive"] = self.reachable(wid)
             out[prefix + "failures"] = ledger.failures.get(wid, 0)
             out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)
             out[prefix + "gaps"] = link.tracker.gaps
