@@ -27,7 +27,8 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._settings import ConnectionSettings, FleetMember
+from learner_client._members import FleetMember
+from learner_client._settings import ConnectionSettings
 from learner_client._slabs import PacketSlabs
 from learner_client._transport import ActorChannel, ActorDescription, push_messages
 from learner_client._weights import EncodedWeights, WeightBook

@@ -24,12 +24,11 @@ from typing import Any
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
-from learner_client._kinds import check_kinds
+from learner_client._members import FleetMember, check_kinds
 
 __all__ = [
     "BatchSettings",
     "ConnectionSettings",
-    "FleetMember",
     "RolloutSettings",
     "check_addresses",
     "check_fleet",
@@ -275,27 +274,6 @@ class ConnectionSettings:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata: the bearer token when one is set."""
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetMember:
-    """What the fleet checks need to know about one actor.
-
-    Attributes:
-        address: ``host:port``.
-        worker_id: The id the actor reported.
-        num_envs: Its env pool size (LLM actors: chat slots).
-        models: The model_ids it holds.
-        kind: ``"env"`` or ``"llm"``.
-        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
-    """
-
-    address: str
-    worker_id: int
-    num_envs: int
-    models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
-    kind: str = "env"
-    max_new_tokens_cap: int = 0
 
 
 def new_learner_id() -> str:
