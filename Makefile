@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test soak lint protos bench clean
+.PHONY: train test test-slow soak lint protos bench clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -18,9 +18,13 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(BIN)/rlfleet-train $(ARGS)
 
-## The whole test suite.
+## The whole test suite (what CI runs); tests marked slow are left to `make test-slow`.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+## The slow tests: full training runs, long fault scenarios, benchmark smoke runs.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(ARGS)
 
 ## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
 soak: $(STAMP)
