@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,test,train,llm]'
+	$(BIN)/pip install --quiet -e '.[dev,test,train,llm,lora]'
 	touch $(STAMP)
 
 ## The main job: train PPO on CartPole-v1 against a local actor fleet it starts itself.

@@ -125,6 +125,17 @@ def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return wrapped
 
 
+def _lora(text: str) -> Any:
+    from common.llm import parse_lora
+
+    if not text.strip():
+        return None
+    try:
+        return parse_lora(text)
+    except ValueError as exc:
+        raise _BadValue(str(exc)) from None
+
+
 def _existing_file_or_empty(text: str) -> str:
     if text and not os.path.isfile(text):
         raise _BadValue(f"no such file: {text!r}")
@@ -165,7 +176,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("tls_cert", _existing_file_or_empty, "PEM certificate chain (with --tls-key enables TLS)"),
     ("tls_key", _existing_file_or_empty, "PEM private key"),
     ("tls_client_ca", _existing_file_or_empty, "PEM CA; clients must present a certificate"),
-    ("max_weight_bytes", _ranged("max_weight_bytes"), "largest weight or state blob accepted"),
+    (
+        "max_weight_bytes",
+        _optional(_ranged("max_weight_bytes")),
+        "largest weight or state blob accepted (default: max(1 GiB, 1.25 x the model's bytes))",
+    ),
     ("torch_threads", _ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", _chosen("log_level"), "log level"),
     ("log_format", _chosen("log_format"), "text or json (one object per line)"),
@@ -177,6 +192,7 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         _ranged("max_new_tokens_cap"),
         "llm: most new tokens per turn a learner may ask",
     ),
+    ("lora", _lora, "llm: a LoRA adapter on the model, r=16,targets=q_proj,v_proj[,alpha=32]"),
 )
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT, MAX_SEED
+from common.llm import LoraSpec, check_peft
 
 __all__ = ["CHOICES", "INT_RANGES", "OPTIONAL_INTS", "ActorConfig", "ModelSpec"]
 
@@ -27,7 +28,7 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_new_tokens_cap": (1, 1 << 20),
 }
 # Integer settings that may also be None (off).
-OPTIONAL_INTS = frozenset({"health_port", "metrics_port"})
+OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes"})
 CHOICES: dict[str, tuple[str, ...]] = {
     "env_backend": ("sync", "async"),
     "env_error_detail": ("full", "type"),
@@ -85,7 +86,8 @@ class ActorConfig:
         tls_cert: PEM certificate chain file; with ``tls_key`` enables TLS.
         tls_key: PEM private key file.
         tls_client_ca: PEM CA file; when set, clients must present a certificate (mTLS).
-        max_weight_bytes: Largest weight or state blob accepted.
+        max_weight_bytes: Largest weight or state blob accepted; None follows the model:
+            ``max(1 GiB, 1.25 x its bytes)`` (``common.weights.default_max_weight_bytes``).
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
@@ -96,6 +98,9 @@ class ActorConfig:
             ``package.module:factory``.
         task_kwargs: Keyword arguments for the task.
         max_new_tokens_cap: Most new tokens per turn a learner may ask an LLM actor for.
+        lora: A LoRA adapter the LLM actor wraps its model in (``common.llm.LoraSpec``,
+            ``--lora r=16,targets=q_proj,v_proj``); its pushes may carry the adapter alone.
+            None: the plain model. Needs ``peft`` (the ``lora`` extra).
     """
 
     host: str = "127.0.0.1"
@@ -119,7 +124,7 @@ class ActorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
-    max_weight_bytes: int = 1 << 30
+    max_weight_bytes: int | None = None
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"
@@ -127,6 +132,7 @@ class ActorConfig:
     task: str = "arith"
     task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_new_tokens_cap: int = 4096
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings the actor cannot run with, naming the field and its range.
@@ -137,7 +143,8 @@ class ActorConfig:
         Raises:
             ValueError: A field out of its range or choices, a seed outside
                 ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
-                ``grace_period``, TLS files given by halves, or no models.
+                ``grace_period``, TLS files given by halves, no models, or a
+                ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft installed.
         """
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
@@ -161,6 +168,12 @@ class ActorConfig:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if not self.models:
             raise ValueError("models must name at least one model")
+        if self.lora is not None:
+            if not isinstance(self.lora, LoraSpec):
+                raise ValueError(f"lora must be a LoraSpec or None, got {self.lora!r:.80}")
+            if self.kind != "llm":
+                raise ValueError("lora adapts a language model: it needs kind 'llm'")
+            check_peft()
 
 
 def _int_within(value: object, low: int, high: int | None) -> bool:

@@ -3,9 +3,11 @@
 :class:`LLMModels` offers the same surface as the env actor's ``ModelRegistry``
 (``model_ids``, ``policy_version``, ``parameters_info``, ``load_weights``,
 ``state_dict``, ``load_state_dict``) for one model, ``"policy"``, built by
-:func:`common.llm.build_policy`. Every forward of the decode loop and every weight
-swap take the same lock, so a push lands between two tokens, never inside a
-forward; a push is validated in full before the lock is taken.
+:func:`common.llm.build_policy` and, with ``--lora``, wrapped in a LoRA adapter
+(:func:`common.llm.apply_lora`; its keys are then peft's, ``base_model.model.*``).
+Every forward of the decode loop and every weight swap take the same lock, so a
+push lands between two tokens, never inside a forward; a push is validated,
+cast and staged in full before the lock is taken.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import Any
 
 import torch
 
-from actor_service._weight_rules import check_newer, check_not_older, check_weights, copy_in
+from actor_service._weight_rules import check_newer, check_not_older, stage_weights, weight_copies
 from common.config import DEFAULT_MODEL_ID
 from common.errors import UnknownModelError, WeightsError
-from common.llm import build_policy
-from common.weights import check_policy_version, to_state_dict
+from common.llm import LoraSpec, apply_lora, build_policy
+from common.weights import PushForm, apply_staged, check_policy_version, to_state_dict
 
 __all__ = ["LLMModels"]
 
@@ -34,15 +36,25 @@ class LLMModels:
         spec: The model spec (``rlfleet:tiny-qwen2``, ``hf:DIR``).
         kwargs: Keyword arguments for :func:`common.llm.build_policy`.
         device: Where the model runs.
+        lora: A LoRA adapter to wrap the model in; None holds the plain model.
 
     Raises:
         PolicySpecError: The spec names nothing buildable.
+        ValueError: The LoRA targets name no module of the model.
     """
 
-    def __init__(self, spec: str, kwargs: Mapping[str, Any], device: torch.device) -> None:
+    def __init__(
+        self,
+        spec: str,
+        kwargs: Mapping[str, Any],
+        device: torch.device,
+        lora: LoraSpec | None = None,
+    ) -> None:
         self.spec = spec
         self.device = device
         model, self.tokenizer = build_policy(spec, **dict(kwargs))
+        if lora is not None:
+            model = apply_lora(model, lora).eval()
         self.model = model.to(device)
         self.version = 0
         self.lock = threading.Lock()
@@ -88,13 +100,26 @@ class LLMModels:
             )
             return out.logits[:, -1].float().cpu(), out.past_key_values, self.version
 
-    def validate(self, model_id: str, state: object) -> None:
-        """Check keys, shapes, dtypes and finiteness; change nothing."""
-        self._check(model_id)
-        check_weights(model_id, state, self._reference)
+    def validate(
+        self, model_id: str, state: object, form: PushForm | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Check keys, shapes, dtypes, ties and finiteness; return the staged tensors.
 
-    def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
+        Nothing changes; ``common.weights.stage_state`` casts into the model's dtypes.
+        """
+        self._check(model_id)
+        return stage_weights(model_id, state, self._reference, form)
+
+    def load_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> int:
         """Validate ``state`` in full, then swap it in between two decode steps.
+
+        ``form`` declares a subset push (an adapter alone) or a wire dtype; None: full.
 
         Raises:
             UnknownModelError: ``model_id`` is not ``"policy"``.
@@ -105,18 +130,17 @@ class LLMModels:
         self._check(model_id)
         check_policy_version(version)
         check_newer(model_id, version, self.version)
-        self.validate(model_id, state)
-        staged = {k: state[k].to(self.device) for k in self._reference}
+        staged = self.validate(model_id, state, form)
         with self.lock:
             check_newer(model_id, version, self.version)  # a concurrent push may have won
-            copy_in(self._reference, staged)
+            apply_staged(self._reference, staged)
             self.version = version
         return version
 
     def state_dict(self) -> dict[str, dict]:
         """``{"policy": {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
         with self.lock:
-            return {MODEL_ID: {"version": self.version, "weights": to_state_dict(self.model)}}
+            return {MODEL_ID: {"version": self.version, "weights": weight_copies(self.model)}}
 
     def load_state_dict(
         self, state: Mapping[str, Mapping], *, allow_rollback: bool = False
@@ -138,10 +162,9 @@ class LLMModels:
         version = check_policy_version(entry.get("version"), "model state version")
         if not allow_rollback:
             check_not_older(MODEL_ID, version, self.version)
-        self.validate(MODEL_ID, entry.get("weights"))
-        staged = {k: v.to(self.device) for k, v in entry["weights"].items()}
+        staged = self.validate(MODEL_ID, entry.get("weights"))
         with self.lock:
             old = self.version
-            copy_in(self._reference, staged)
+            apply_staged(self._reference, staged)
             self.version = version
         return {MODEL_ID: (old, version)}

@@ -82,7 +82,7 @@ class LLMRolloutWorker:
         self._lock = threading.RLock()
         torch.set_num_threads(config.torch_threads)
         spec = config.models[0]
-        self.models = LLMModels(spec.factory, spec.kwargs, self.device)
+        self.models = LLMModels(spec.factory, spec.kwargs, self.device, config.lora)
         self.engine = DialogEngine(self.models, build_task(config.task, **config.task_kwargs))
         self._traj = TrajIds(config.worker_id, self.epoch)
         self._groups = TrajIds(config.worker_id, self.epoch)

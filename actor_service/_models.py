@@ -33,11 +33,16 @@ from torch import nn
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
 from actor_service._tensor_forward import TensorForward, tensor_forward
-from actor_service._weight_rules import check_newer, check_not_older, check_weights, copy_in
+from actor_service._weight_rules import (
+    check_newer,
+    check_not_older,
+    stage_weights,
+    weight_copies,
+)
 from common.config import ExplorationType
 from common.errors import InternalError, UnknownModelError, WeightsError
 from common.policies import make_policy
-from common.weights import check_policy_version, to_state_dict
+from common.weights import PushForm, apply_staged, check_policy_version, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -340,22 +345,37 @@ class ModelRegistry:
         out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
         return out
 
-    def validate(self, model_id: str, state: object) -> None:
-        """Check ``state`` against ``model_id`` (keys, shapes, dtypes, finiteness); change nothing.
+    def validate(
+        self, model_id: str, state: object, form: PushForm | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Check ``state`` against ``model_id`` and stage it; change nothing.
+
+        Keys, shapes, dtypes (under ``form``: a subset, a wire dtype), ties and
+        finiteness (``common.weights.stage_state``).
+
+        Returns:
+            The tensors cast into the model's dtypes, on its device.
 
         Raises:
             UnknownModelError: No such model.
             WeightsError: Naming every offending key.
         """
-        check_weights(model_id, state, self._get(model_id).reference)
+        return stage_weights(model_id, state, self._get(model_id).reference, form)
 
-    def load_weights(self, model_id: str, version: int, state: Mapping[str, torch.Tensor]) -> int:
+    def load_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> int:
         """Validate ``state`` in full, then swap it in between two env steps.
 
         Args:
             model_id: The model to update.
             version: The new policy version; must be greater than the current one.
             state: Tensors by state-dict key (``common.weights.decode_weights`` output).
+            form: What the push declares (a subset of the keys, a wire dtype); None: full.
 
         Returns:
             The version now in force (``version``).
@@ -368,11 +388,10 @@ class ModelRegistry:
         model = self._get(model_id)
         check_policy_version(version)
         check_newer(model_id, version, model.version)
-        self.validate(model_id, state)
-        staged = {k: state[k].to(self.device) for k in model.reference}
+        staged = self.validate(model_id, state, form)
         with model.lock:
             check_newer(model_id, version, model.version)  # a concurrent push may have won
-            copy_in(model.reference, staged)
+            apply_staged(model.reference, staged)
             model.version = version
         return version
 
@@ -381,7 +400,7 @@ class ModelRegistry:
         out = {}
         for model_id, model in self._models.items():
             with model.lock:
-                out[model_id] = {"version": model.version, "weights": to_state_dict(model.module)}
+                out[model_id] = {"version": model.version, "weights": weight_copies(model.module)}
         return out
 
     def load_state_dict(
@@ -420,7 +439,7 @@ class ModelRegistry:
             for model in models:
                 version, weights = staged[model.spec.model_id]
                 changes[model.spec.model_id] = (model.version, version)
-                copy_in(model.reference, weights)
+                apply_staged(model.reference, weights)
                 model.version = version
             return changes
         finally:
@@ -442,7 +461,6 @@ class ModelRegistry:
             version = entry.get("version") if isinstance(entry, Mapping) else None
             version = check_policy_version(version, f"model state of {model_id!r}: version")
             weights = entry.get("weights") if isinstance(entry, Mapping) else None
-            self.validate(model_id, weights)  # raises unless a mapping of fitting tensors
-            assert isinstance(weights, Mapping)  # for the type checker: validate() checked it
-            staged[model_id] = (version, {k: v.to(self.device) for k, v in weights.items()})
+            # raises unless a mapping of fitting tensors
+            staged[model_id] = (version, self.validate(model_id, weights))
         return staged

@@ -30,6 +30,7 @@ from actor_service._logging import log_event
 from actor_service._session import SessionBook
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
+from common.weights import PushForm
 
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
@@ -61,7 +62,11 @@ class CoreModels(Protocol):
     def policy_version(self, model_id: str) -> int: ...
     def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
     def load_weights(
-        self, model_id: str, version: int, state: Mapping[str, torch.Tensor]
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
     ) -> int: ...
 
 

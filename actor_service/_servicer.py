@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -38,10 +38,13 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import (
     BlobAssembler,
+    PushForm,
     check_policy_version,
     decode_weights,
+    default_max_weight_bytes,
     iter_blob_chunks,
     sha256_hex,
+    state_nbytes,
 )
 
 if TYPE_CHECKING:
@@ -226,9 +229,18 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         if not push.sha256:
             raise WeightsError("PushWeights header must carry the weights blob's sha256")
         assembler = BlobAssembler(
-            push.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=push.sha256
+            push.total_bytes, max_bytes=self._max_bytes([push.model_id]), sha256=push.sha256
         )
         return await _blob(requests, assembler, "PushWeights")
+
+    def _max_bytes(self, model_ids: Iterable[str]) -> int:
+        """The largest blob accepted for these models: the flag, else sized from their bytes."""
+        if self._rt.config.max_weight_bytes is not None:
+            return self._rt.config.max_weight_bytes
+        models = self._rt.worker.models
+        return default_max_weight_bytes(
+            sum(state_nbytes(models.parameters_info(m)) for m in model_ids)
+        )
 
     def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> int:
         # Runs to the end even if the caller cancels: the whole blob arrived, and
@@ -236,13 +248,14 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         try:
             models = self._rt.worker.models
             # load_weights checks keys, shapes and finiteness: the values are scanned once.
-            state, _ = decode_weights(
+            state, metadata = decode_weights(
                 blob,
-                max_bytes=self._rt.config.max_weight_bytes,
+                max_bytes=self._max_bytes([push.model_id]),
                 expected=models.parameters_info(push.model_id),
                 allow_non_finite=True,
             )
-            version = self._rt.worker.models.load_weights(push.model_id, push.version, state)
+            form = PushForm.from_metadata(metadata)  # a subset, a wire dtype (checked)
+            version = models.load_weights(push.model_id, push.version, state, form)
         except BaseException as exc:
             push.audit(exc)
             raise
@@ -316,16 +329,13 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         worker = self._rt.worker
         if not header.sha256:
             raise WeightsError("LoadState header must carry the state blob's sha256")
-        assembler = BlobAssembler(
-            header.total_bytes, max_bytes=self._rt.config.max_weight_bytes, sha256=header.sha256
-        )
-        blob = await _blob(requests, assembler, "LoadState")
         models = worker.models
+        cap = self._max_bytes(models.model_ids)
+        assembler = BlobAssembler(header.total_bytes, max_bytes=cap, sha256=header.sha256)
+        blob = await _blob(requests, assembler, "LoadState")
         # A state holds every model's tensors and a few more (RNG states): no more are accepted.
         max_keys = sum(len(models.parameters_info(m)) for m in models.model_ids) + 1024
-        state = await self._rt.run_side(
-            decode_state, blob, max_bytes=self._rt.config.max_weight_bytes, max_keys=max_keys
-        )
+        state = await self._rt.run_side(decode_state, blob, max_bytes=cap, max_keys=max_keys)
         load = functools.partial(worker.load_state_dict, allow_rollback=header.allow_rollback)
         return await asyncio.shield(self._rt.run_collect(load, state))
 

@@ -2,11 +2,11 @@
 
 Env actors (:class:`~actor_service._models.ModelRegistry`) and LLM actors
 (:class:`~actor_service._llm_models.LLMModels`) apply pushes and restored states
-the same way: the weights are checked against the model's own tensors before
-anything changes (:func:`check_weights`), a push must be newer than the version in
-force (:func:`check_newer`), a restored state may not go back unless asked
-(:func:`check_not_older`), and the swap copies into the model's tensors in place
-(:func:`copy_in`) under the model's lock, once every check passed.
+the same way: the weights are checked against the model's own tensors and staged
+before anything changes (:func:`stage_weights`), a push must be newer than the version
+in force (:func:`check_newer`), a restored state may not go back unless asked
+(:func:`check_not_older`), and the swap (``common.weights.apply_staged``) runs under the
+model's lock once every check passed. Snapshots are copies (:func:`weight_copies`).
 """
 
 from __future__ import annotations
@@ -14,29 +14,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from torch import nn
 
 from common.errors import StaleVersionError, WeightsError
-from common.weights import check_compatible, check_finite
+from common.weights import PushForm, stage_state, to_state_dict
 
-__all__ = ["check_newer", "check_not_older", "check_weights", "copy_in"]
+__all__ = ["check_newer", "check_not_older", "stage_weights", "weight_copies"]
 
 
-def check_weights(model_id: str, state: object, reference: Mapping[str, torch.Tensor]) -> None:
-    """Check ``state`` against a model's ``reference`` tensors; change nothing.
+def stage_weights(
+    model_id: str,
+    state: object,
+    reference: Mapping[str, torch.Tensor],
+    form: PushForm | None = None,
+) -> dict[str, torch.Tensor]:
+    """Check ``state`` against a model's ``reference`` tensors and stage it; change nothing.
+
+    Keys, shapes, dtypes (under ``form``: a subset, a wire dtype), ties and finiteness
+    (``common.weights.stage_state``).
+
+    Returns:
+        The tensors cast into the model's dtypes, on its device.
 
     Raises:
-        WeightsError: Not a mapping; missing or unexpected keys, shape or dtype mismatches,
-            NaN or Inf (naming every offending key).
+        WeightsError: Not a mapping, or naming every offending key.
     """
     if not isinstance(state, Mapping):
         raise WeightsError(
             f"weights for {model_id!r} must be a mapping, got {type(state).__name__}"
         )
-    try:
-        check_compatible(state, reference)
-    except TypeError as exc:
-        raise WeightsError(f"weights for {model_id!r}: {exc}") from None
-    check_finite(state)
+    return stage_state(state, reference, form or PushForm())
 
 
 def check_newer(model_id: str, version: int, current: int) -> None:
@@ -65,10 +72,7 @@ def check_not_older(model_id: str, version: int, current: int) -> None:
         )
 
 
-def copy_in(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``staged`` into the model's own tensors, key by key (every check already passed)."""
-    # `reference` holds the module's own parameter and buffer tensors, so copying into
-    # them updates the module in place.
-    with torch.no_grad():
-        for key, target in reference.items():
-            target.copy_(staged[key])
+def weight_copies(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A snapshot of ``module``'s weights that a later push cannot change."""
+    # to_state_dict's CPU tensors may view the live parameters.
+    return {k: v.clone() for k, v in to_state_dict(module).items()}

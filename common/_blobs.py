@@ -18,10 +18,30 @@ import torch
 from common.config import CHUNK_BYTES
 from common.errors import DataLossError, SessionStateError, WeightsError, WeightsTooLargeError
 
-__all__ = ["DEFAULT_MAX_WEIGHT_BYTES", "BlobAssembler", "iter_blob_chunks", "sha256_hex"]
+__all__ = [
+    "DEFAULT_MAX_WEIGHT_BYTES",
+    "BlobAssembler",
+    "default_max_weight_bytes",
+    "iter_blob_chunks",
+    "sha256_hex",
+]
 
-#: The largest weight or state blob a receiver accepts unless told otherwise.
+#: The largest weight or state blob a receiver accepts unless told otherwise (the floor
+#: of :func:`default_max_weight_bytes`).
 DEFAULT_MAX_WEIGHT_BYTES: int = 1 << 30
+#: How much larger than the model's own bytes a blob may be by default (header, and
+#: tied keys a sender did not deduplicate).
+MODEL_BYTES_FACTOR = 1.25
+
+
+def default_max_weight_bytes(model_bytes: int) -> int:
+    """The default cap of a push or state blob for a model of ``model_bytes`` bytes.
+
+    ``max(DEFAULT_MAX_WEIGHT_BYTES, 1.25 * model_bytes)``: a 0.5B-parameter model
+    (1.9 GB in float32) is accepted, while a tiny one still gets the 1 GiB floor.
+    """
+    return max(DEFAULT_MAX_WEIGHT_BYTES, int(model_bytes * MODEL_BYTES_FACTOR))
+
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 

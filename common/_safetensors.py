@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ __all__ = [
     "HEADER_PREFIX",
     "METADATA_KEY",
     "Expected",
+    "HeaderCheck",
     "read_blob",
     "write_blob",
 ]
@@ -46,6 +47,8 @@ _BYTES_PER_ENTRY = 1024
 _ENTRY_MARK = b'"data_offsets"'
 #: What the receiver holds: ``{key: (shape, torch dtype)}``.
 Expected = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+#: A check of a parsed header (``infos``, ``metadata``) run before any tensor is built.
+HeaderCheck = Callable[[dict[str, Any], dict[str, str]], None]
 METADATA_KEY = "__metadata__"
 _INFO_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
 
@@ -148,14 +151,16 @@ def parse_header(
     *,
     max_keys: int = DEFAULT_MAX_KEYS,
     expected: Expected | None = None,
+    check: HeaderCheck | None = None,
 ) -> tuple[dict[str, Any], dict[str, str], int]:
     """Parse and validate the header of a safetensors blob, cheap checks first.
 
     Before the JSON is parsed, the header length is bounded by the number of
     tensors allowed (``max_keys``, or the number ``expected``) and the tensor
     entries are counted in the raw bytes, so a header listing 300,000 tensors
-    costs a byte scan, not 300,000 Python dicts. With ``expected``, keys,
-    shapes and dtypes are compared with it before any tensor is built.
+    costs a byte scan, not 300,000 Python dicts. ``check`` (e.g. keys, shapes
+    and dtypes against the model) runs on the parsed header before any tensor
+    is built.
 
     Returns:
         ``(infos, metadata, data_start)``: each tensor's header entry by key.
@@ -188,12 +193,12 @@ def parse_header(
         raise WeightsError("weights header metadata must map strings to strings")
     for key, info in header.items():
         dtype = info.get("dtype") if isinstance(info, dict) else None
-        if dtype not in DTYPES:
-            raise WeightsError(f"weight {key!r} has unsupported or missing dtype {dtype!r}")
-    if expected is not None:
-        _check_expected(header, expected)
+        if not isinstance(dtype, str) or dtype not in DTYPES:  # a list is unhashable
+            raise WeightsError(f"weight {key!r} has unsupported or missing dtype {dtype!r:.80}")
     data_start = HEADER_PREFIX + header_len
     _check_layout(header, size - data_start)
+    if check is not None:
+        check(header, metadata)
     return header, metadata, data_start
 
 
@@ -217,26 +222,6 @@ def _bounded_header(
     if entries > (keys if expected is None else 2 * keys + 16):
         raise error(f"weights header lists {entries} tensors; at most {keys} are accepted")
     return raw
-
-
-def _check_expected(infos: dict[str, Any], expected: Expected) -> None:
-    """Refuse unknown or missing keys and foreign shapes or dtypes, before any tensor exists."""
-    problems = []
-    unknown = sorted(set(infos) - set(expected))
-    missing = sorted(set(expected) - set(infos))
-    if missing:
-        problems.append(f"missing keys {missing[:10]}")
-    if unknown:
-        problems.append(f"unexpected keys {[k[:80] for k in unknown[:10]]}")
-    for key in sorted(set(infos) & set(expected)):
-        shape, dtype = expected[key]
-        got_shape, got_dtype = infos[key].get("shape"), DTYPES[infos[key]["dtype"]]
-        if got_shape != list(shape):
-            problems.append(f"{key} has shape {got_shape!s:.80}, expected {list(shape)}")
-        elif got_dtype != dtype:
-            problems.append(f"{key} has dtype {got_dtype}, expected {dtype}")
-    if problems:
-        raise WeightsError(f"weights do not fit the model: {'; '.join(problems[:12])}")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -299,6 +284,7 @@ def read_blob(
     *,
     max_keys: int = DEFAULT_MAX_KEYS,
     expected: Expected | None = None,
+    check: HeaderCheck | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Validate a safetensors blob and return tensors viewing its memory.
 
@@ -308,7 +294,8 @@ def read_blob(
             copies); a read-only one is copied once, after validation.
         max_header: The largest header accepted.
         max_keys: The most tensors accepted.
-        expected: When given, the exact keys, shapes and dtypes accepted.
+        expected: The keys the receiver holds (bounds the header's size).
+        check: Run on the parsed header before any tensor is built.
 
     Returns:
         ``(state, metadata)``.
@@ -318,7 +305,7 @@ def read_blob(
         WeightsError: The blob is malformed (see :func:`parse_header`).
     """
     infos, metadata, data_start = parse_header(
-        view, max_header, max_keys=max_keys, expected=expected
+        view, max_header, max_keys=max_keys, expected=expected, check=check
     )
     if view.readonly:  # torch.frombuffer needs writable memory: copy once, once valid
         view = memoryview(bytearray(view))

@@ -7,6 +7,9 @@ then the raw little-endian tensor bytes. Safetensors because it carries only
 dtypes, shapes and bytes — no code, no pickle — and is read with bounds checks;
 the receiver binds it to an architecture it already has. Keys are the flat
 dotted names of ``nn.Module.state_dict()`` (``"0.weight"``, ``"net.1.bias"``).
+Tied tensors travel once and are named as aliases in the header
+(``common._aliases``); the header also declares a subset push or a wire dtype
+(``common._push_form``).
 Blobs larger than a gRPC message are split by :func:`iter_blob_chunks` and put
 back together by :class:`BlobAssembler` (size cap before allocation, overflow,
 missing bytes and an optional sha256 checked; both live in ``common._blobs``).
@@ -14,28 +17,47 @@ missing bytes and an optional sha256 checked; both live in ``common._blobs``).
 the header length against the blob, allows only known dtypes, validates the
 offsets as safetensors does, returns views over the received buffer rather
 than copies (``common._safetensors``) and refuses non-finite floats
-(safetensors does not); :func:`load_into` additionally checks
-keys, shapes and dtypes against the live module and copies only once every
-check has passed.
+(safetensors does not); :func:`stage_state` checks
+keys, shapes, dtypes and ties against the live model and casts, and
+:func:`apply_staged` copies only once every check has passed
+(``common._staging``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common._blobs import DEFAULT_MAX_WEIGHT_BYTES, BlobAssembler, iter_blob_chunks, sha256_hex
+from common._aliases import ALIASES_KEY, decode_aliases, encode_aliases, expand_aliases
+from common._aliases import split_aliases as _split_aliases
+from common._blobs import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    BlobAssembler,
+    default_max_weight_bytes,
+    iter_blob_chunks,
+    sha256_hex,
+)
+from common._push_form import WIRE_DTYPES, PushForm, check_fit
 from common._safetensors import (
     DEFAULT_MAX_KEYS,
     DTYPES,
     METADATA_KEY,
     Expected,
+    HeaderCheck,
     read_blob,
     write_blob,
+)
+from common._staging import (
+    apply_staged,
+    check_compatible,
+    check_finite,
+    load_into,
+    stage_state,
+    state_nbytes,
 )
 from common.errors import WeightsError, WeightsTooLargeError
 
@@ -43,16 +65,22 @@ __all__ = [
     "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_POLICY_VERSION",
+    "WIRE_DTYPES",
     "Expected",
     "BlobAssembler",
+    "PushForm",
+    "apply_staged",
     "check_policy_version",
     "check_compatible",
     "check_finite",
     "decode_weights",
+    "default_max_weight_bytes",
     "encode_weights",
     "iter_blob_chunks",
     "load_into",
     "sha256_hex",
+    "stage_state",
+    "state_nbytes",
     "to_state_dict",
 ]
 
@@ -90,6 +118,12 @@ def to_state_dict(obj: WeightSource) -> dict[str, torch.Tensor]:
             tensor, or a tensor safetensors cannot hold (sparse, meta, unsupported dtype).
         WeightsError: Two keys flatten to the same name, or a key is reserved.
     """
+    out = {name: _normalise_tensor(name, value) for name, value in _flat(obj).items()}
+    return _unshare(out)
+
+
+def _flat(obj: WeightSource) -> dict[str, torch.Tensor]:
+    """The tensors of ``obj`` by dotted key, as they are (not moved, not copied)."""
     if isinstance(obj, nn.Module):
         items: Mapping[str, object] = obj.state_dict()
     elif isinstance(obj, TensorDictBase | Mapping):
@@ -101,7 +135,7 @@ def to_state_dict(obj: WeightSource) -> dict[str, torch.Tensor]:
         )
     out: dict[str, torch.Tensor] = {}
     _flatten_into(out, items, prefix="")
-    return _unshare(out)
+    return out
 
 
 def _flatten_into(out: dict[str, torch.Tensor], items: Mapping[str, object], prefix: str) -> None:
@@ -116,19 +150,24 @@ def _flatten_into(out: dict[str, torch.Tensor], items: Mapping[str, object], pre
             raise TypeError(f"weight {name!r} must be a torch.Tensor, got {type(value).__name__}")
         if name in out:
             raise WeightsError(f"weight key {name!r} appears twice after flattening nested keys")
-        if name == _METADATA_KEY:
-            raise WeightsError(f"weight key {name!r} is reserved by safetensors")
-        out[name] = _normalise_tensor(name, value)
+        if name in (_METADATA_KEY, ALIASES_KEY):
+            raise WeightsError(f"weight key {name!r} is reserved")
+        out[name] = value
 
 
-def _normalise_tensor(name: str, value: torch.Tensor) -> torch.Tensor:
+def _normalise_tensor(
+    name: str, value: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     if value.layout != torch.strided:
         raise TypeError(f"weight {name!r} has layout {value.layout}; only dense tensors travel")
     if value.device.type == "meta":
         raise TypeError(f"weight {name!r} is on the meta device and has no values")
     if value.dtype not in _TORCH_DTYPES:
         raise TypeError(f"weight {name!r} has dtype {value.dtype}, which safetensors cannot hold")
-    return value.detach().to("cpu").contiguous()
+    value = value.detach()
+    if dtype is not None and value.is_floating_point():
+        value = value.to(dtype)  # on the source device: less to move
+    return value.to("cpu").contiguous()
 
 
 def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -147,28 +186,67 @@ def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def encode_weights(obj: WeightSource, *, metadata: Mapping[str, str] | None = None) -> bytes:
+def _trainable(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The state-dict entries of ``module``'s parameters that require grad."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"only_trainable needs an nn.Module (whose parameters say requires_grad), "
+            f"got {type(module).__name__}"
+        )
+    names = {n for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
+    state = {k: v for k, v in module.state_dict().items() if k in names}
+    if not state:
+        raise ValueError(
+            f"only_trainable: {type(module).__name__} has no parameter with requires_grad"
+        )
+    return _flat(state)
+
+
+def encode_weights(
+    obj: WeightSource,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    dtype: torch.dtype | None = None,
+    only_trainable: bool = False,
+    subset: bool = False,
+) -> bytes:
     """Serialise weights once into safetensors bytes.
 
-    The sender may send any values (NaN included); receivers check them.
+    Tied tensors (several keys, one tensor) travel once: the header's metadata
+    names the other keys as aliases (``common._aliases``), and the decoder gives
+    them the same tensor again. The sender may send any values (NaN included);
+    receivers check them.
 
     Args:
         obj: Anything :func:`to_state_dict` accepts.
         metadata: Optional string-to-string pairs stored in the header.
+        dtype: A wire dtype (:data:`WIRE_DTYPES`): floating-point tensors are cast to
+            it once, here; integer and bool tensors travel as they are. The header
+            declares it, so the receiver casts back into its own dtypes.
+        only_trainable: Send only ``obj``'s parameters with ``requires_grad`` (an
+            ``nn.Module``; e.g. a LoRA adapter), as a subset push.
+        subset: Declare the blob a subset of the receiver's keys (the others keep
+            their values); implied by ``only_trainable``.
 
     Returns:
         The safetensors blob.
 
     Raises:
-        TypeError: A non-tensor value, or metadata that is not ``str`` → ``str``.
+        TypeError: A non-tensor value, metadata that is not ``str`` → ``str``, or
+            ``only_trainable`` with something other than a module.
+        ValueError: A ``dtype`` weights cannot travel in, or ``only_trainable`` on a
+            module without trainable parameters.
 
     Example::
 
-        blob = encode_weights(policy, metadata={"model_id": "policy"})
+        blob = encode_weights(policy, metadata={"model_id": "policy"}, dtype=torch.bfloat16)
         state, meta = decode_weights(blob)
     """
-    state = to_state_dict(obj)
-    meta: dict[str, str] | None = None
+    form = PushForm(subset=bool(subset or only_trainable), wire_dtype=dtype)
+    flat = _trainable(obj) if only_trainable else _flat(obj)  # type: ignore[arg-type]
+    unique, aliases = _split_aliases(flat)
+    state = {name: _normalise_tensor(name, value, dtype) for name, value in unique.items()}
+    meta: dict[str, str] = {}
     if metadata is not None:
         if not isinstance(metadata, Mapping):
             raise TypeError(
@@ -177,8 +255,11 @@ def encode_weights(obj: WeightSource, *, metadata: Mapping[str, str] | None = No
         for key, value in metadata.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
-        meta = dict(metadata)
-    return write_blob(state, meta)
+        meta.update(metadata)
+    meta.update(form.metadata())
+    if aliases:
+        meta[ALIASES_KEY] = encode_aliases(aliases)
+    return write_blob(_unshare(state), meta or None)
 
 
 def decode_weights(
@@ -195,29 +276,33 @@ def decode_weights(
     anything is parsed; then the header length is checked against the blob and
     against a header cap, the header's dtypes against an allow-list, the
     offsets against the shapes and the data (contiguous from 0, in bounds,
-    non-overlapping, covering the data exactly), and every floating-point
-    tensor for NaN/Inf (:func:`check_finite`) unless the caller runs that scan itself.
+    non-overlapping, covering the data exactly), the alias map and the declared
+    form (:class:`PushForm`), and every floating-point tensor for NaN/Inf
+    (:func:`check_finite`) unless the caller runs that scan itself.
 
     Args:
         blob: The received bytes. The tensors returned share the memory of a
             writable ``blob`` (e.g. :meth:`BlobAssembler.finish`'s buffer), so
             it must not be modified afterwards; a read-only one is copied once.
         max_bytes: The largest blob accepted.
-        max_keys: The most tensors accepted; the header may hold at most 1 KiB
-            per tensor besides 1 MiB of metadata, and its tensor entries are
-            counted in the raw bytes before the JSON is parsed.
-        expected: ``{key: (shape, dtype)}`` the receiver holds; when given,
-            any other key, a missing key or a foreign shape or dtype is refused
-            before a tensor is built (and the header bound is ``len(expected)``).
+        max_keys: The most tensors (and aliases) accepted; the header may hold at
+            most 1 KiB per tensor besides 1 MiB of metadata, and its tensor entries
+            are counted in the raw bytes before the JSON is parsed.
+        expected: ``{key: (shape, dtype)}`` the receiver holds; when given, an
+            unknown key, a missing key (unless the blob declares a subset) or a
+            shape or dtype that does not fit (:func:`common._push_form.fit_problems`)
+            is refused before a tensor is built (and the header bound is ``len(expected)``).
         allow_non_finite: Skip the NaN/Inf scan (for a caller that validates the
             state before use, so the values are scanned once).
 
     Returns:
-        ``(state, metadata)``: CPU tensors by dotted key, and the header metadata.
+        ``(state, metadata)``: CPU tensors by dotted key (an alias maps to the very
+        tensor of its target), and the header metadata.
 
     Raises:
         WeightsTooLargeError: The blob or its header is over its cap.
-        WeightsError: The blob is truncated, malformed or holds non-finite values.
+        WeightsError: The blob is truncated, malformed, does not fit ``expected``
+            or holds non-finite values.
         TypeError: ``blob`` is not bytes-like.
     """
     if not isinstance(blob, bytes | bytearray | memoryview):
@@ -228,10 +313,29 @@ def decode_weights(
         raise WeightsTooLargeError(
             f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
         )
-    state, metadata = read_blob(view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected)
+    aliases: dict[str, str] = {}
+    check = _header_check(max_keys if expected is None else len(expected), expected, aliases)
+    state, metadata = read_blob(
+        view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
+    )
     if not allow_non_finite:
         check_finite(state)
+    expand_aliases(state, aliases)
     return state, metadata
+
+
+def _header_check(limit: int, expected: Expected | None, aliases: dict[str, str]) -> HeaderCheck:
+    """The check of a parsed header: form, alias map (into ``aliases``), fit to ``expected``."""
+
+    def check(infos: dict[str, Any], metadata: dict[str, str]) -> None:
+        form = PushForm.from_metadata(metadata)
+        aliases.update(decode_aliases(metadata, infos, max(0, limit - len(infos))))
+        if expected is not None:
+            got = {k: (i["shape"], DTYPES[i["dtype"]]) for k, i in infos.items()}
+            got.update({alias: got[target] for alias, target in aliases.items()})
+            check_fit(got, expected, form)
+
+    return check
 
 
 def check_policy_version(version: object, what: str = "policy version") -> int:
@@ -249,99 +353,3 @@ def check_policy_version(version: object, what: str = "policy version") -> int:
     if not 0 <= version <= MAX_POLICY_VERSION:
         raise WeightsError(f"{what} {version} is outside [0, {MAX_POLICY_VERSION}] (int64)")
     return version
-
-
-def check_finite(state: Mapping[str, torch.Tensor]) -> None:
-    """Refuse NaN and Inf in floating-point and complex tensors.
-
-    Args:
-        state: Tensors by key.
-
-    Raises:
-        WeightsError: Naming every key that holds a non-finite value.
-    """
-    bad = []
-    for key, tensor in state.items():
-        if not (tensor.is_floating_point() or tensor.is_complex()):
-            continue
-        # isfinite is not implemented for the 1-byte float8 dtypes.
-        values = tensor.float() if tensor.element_size() == 1 else tensor
-        # NaN and Inf survive a sum, so a finite sum proves every element finite
-        # at a fraction of isfinite's cost; a non-finite one may also be a
-        # finite overflow, so only then is every element checked.
-        if bool(torch.isfinite(values.sum())):
-            continue
-        if not bool(torch.isfinite(values).all()):
-            bad.append(key)
-    if bad:
-        raise WeightsError(f"weights hold non-finite values (NaN/Inf) in keys {sorted(bad)}")
-
-
-def check_compatible(
-    state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
-) -> None:
-    """Check that ``state`` has exactly the keys, shapes and dtypes of ``reference``.
-
-    Args:
-        state: The incoming tensors by key.
-        reference: What the target model holds (e.g. ``module.state_dict()``).
-
-    Raises:
-        WeightsError: Naming every missing key, every unexpected key, every
-            shape mismatch (with both shapes) and every dtype mismatch (with
-            both dtypes) at once.
-        TypeError: A value of either mapping is not a tensor.
-    """
-    for name, mapping in (("weights", state), ("reference", reference)):
-        for key, value in mapping.items():
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"{name} value {key!r} must be a torch.Tensor, got {type(value).__name__}"
-                )
-    problems = []
-    missing = sorted(set(reference) - set(state))
-    unexpected = sorted(set(state) - set(reference))
-    if missing:
-        problems.append(f"missing keys {missing}")
-    if unexpected:
-        problems.append(f"unexpected keys {unexpected}")
-    common_keys = sorted(set(state) & set(reference))
-    shapes = [
-        f"{k} (got {list(state[k].shape)}, expected {list(reference[k].shape)})"
-        for k in common_keys
-        if state[k].shape != reference[k].shape
-    ]
-    dtypes = [
-        f"{k} (got {state[k].dtype}, expected {reference[k].dtype})"
-        for k in common_keys
-        if state[k].dtype != reference[k].dtype
-    ]
-    if shapes:
-        problems.append(f"shape mismatch: {', '.join(shapes)}")
-    if dtypes:
-        problems.append(f"dtype mismatch: {', '.join(dtypes)}")
-    if problems:
-        raise WeightsError(f"weights do not fit the model: {'; '.join(problems)}")
-
-
-def load_into(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Apply ``state`` to a live module, all or nothing.
-
-    Every check (keys, shapes, dtypes against ``module.state_dict()``, then
-    finiteness) and every device move happens before the first copy, so a
-    rejected state leaves the module untouched.
-
-    Args:
-        module: The module to update in place (parameters and buffers).
-        state: Tensors by dotted key, e.g. from :func:`decode_weights`.
-
-    Raises:
-        WeightsError: The state does not fit the module or is not finite.
-    """
-    reference = module.state_dict()
-    check_compatible(state, reference)
-    check_finite(state)
-    staged = {key: state[key].to(target.device) for key, target in reference.items()}
-    with torch.no_grad():
-        for key, target in reference.items():
-            target.copy_(staged[key])

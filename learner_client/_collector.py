@@ -5,8 +5,7 @@ The class is a thin facade: settings are validated and grouped at once
 :mod:`learner_client._wiring` (where the picture is); the replay-buffer thread
 and ``pause()`` live in :mod:`learner_client._background`. What remains here
 is the public surface a TorchRL user recognises. An error raised while iterating leaves the
-collector usable (unlike TorchRL, which shuts down): catch it and call
-``next()`` again, or ``shutdown()``.
+collector usable (unlike TorchRL, which shuts down): catch it, ``next()`` again or ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from learner_client._settings import (
     check_hooks,
 )
 from learner_client._stats import snapshot
-from learner_client._weights import normalize_update_args
+from learner_client._weights import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
 __all__ = ["GrpcCollector"]
@@ -338,28 +337,28 @@ class GrpcCollector:
         worker_ids: int | Sequence[int] | None = None,
         model_id: str | None = None,
         weights_dict: dict[str, Any] | None = None,
+        dtype: Any = None,
+        only_trainable: bool = False,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
-        Each model is encoded once (safetensors) under the next version of its model_id.
-
         Args:
-            policy_or_weights: An ``nn.Module``, a TensorDict, a dict of tensors, or
-                TorchRL's per-worker ``{worker_id: weights}`` (each worker its own, one
-                version); None re-sends each worker the last weights given to it.
+            policy_or_weights: An ``nn.Module``, a TensorDict or dict of tensors (any subset of
+                the model's keys), TorchRL's ``{worker_id: weights}``, or None (the last given).
             weights: Same as ``policy_or_weights`` (not a module).
             policy: Same, as an ``nn.Module``.
             worker_ids: An int or a list of worker_ids; None targets every worker.
             model_id: The model to update (default ``"policy"``).
             weights_dict: ``{model_id: weights}`` to update several models at once.
+            dtype: Wire dtype of floating tensors (``torch.bfloat16``), cast once (docs/weights.md).
+            only_trainable: Send only the module's parameters with ``requires_grad``.
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
 
         Raises:
             ValueError: Conflicting arguments (TorchRL's rules; a mapping and ``worker_ids``).
-            UnknownWorkerError: A worker_id not in the fleet (naming the known ones).
-            UnknownModelError: A target actor has no such model.
+            UnknownWorkerError, UnknownModelError: A target not in the fleet, or without the model.
             SessionStateError: None given and no weights were given before for that model.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
@@ -370,6 +369,7 @@ class GrpcCollector:
             worker_ids=worker_ids,
             model_id=model_id,
             weights_dict=weights_dict,
+            options=PushOptions.given(dtype, only_trainable),
         )
         with self._lock:
             self._check_open()

@@ -23,7 +23,13 @@ from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, PushResults
 from learner_client._ledger import Ledger
 from learner_client._metrics import LearnerMetrics
-from learner_client._weights import EncodedWeights, WeightBook, WeightRequest, resolve_worker_ids
+from learner_client._weights import (
+    EncodedWeights,
+    PushOptions,
+    WeightBook,
+    WeightRequest,
+    resolve_worker_ids,
+)
 
 __all__ = ["Pusher"]
 
@@ -63,12 +69,14 @@ class Pusher:
         self._check_models(request.sources, targets)
         pairs: list[tuple[int, EncodedWeights]] = []
         for mid, src in request.sources.items():
+            given = request.options or PushOptions()  # new weights: as the call says
             if request.per_worker is not None:  # TorchRL's {worker_id: weights}
-                pairs += sorted(self._book.encode_for(mid, request.per_worker).items())
-            elif src is None:  # re-send each worker the last weights given to it
-                pairs += sorted(self._book.encode_for(mid, dict.fromkeys(targets)).items())
+                pairs += sorted(self._book.encode_for(mid, request.per_worker, given).items())
+            elif src is None:  # re-send the last weights, in the last form unless told
+                sources = dict.fromkeys(targets)
+                pairs += sorted(self._book.encode_for(mid, sources, request.options).items())
             else:
-                enc = self._book.encode(mid, src)
+                enc = self._book.encode(mid, src, given)
                 pairs += [(wid, enc) for wid in targets]
         succeeded, failed = self._push(pairs)
         if any(failed.values()):

@@ -9,6 +9,8 @@ counter per model_id (never behind any actor's), the last source given per
 model_id (re-read at every automatic push, so in-place training is seen), the
 encoded push each worker should hold (so a restarted actor gets exactly those
 bytes back) and the batches each worker delivered since its last update.
+:class:`PushOptions` (a wire dtype, ``only_trainable``) shape every encode; a
+mapping source is sent as a subset of the model's keys, a module as all of them.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
+import torch
 from tensordict import TensorDictBase
 from torch import nn
 
 from common.config import DEFAULT_MODEL_ID, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import encode_weights, sha256_hex
+from common.weights import PushForm, encode_weights, sha256_hex
 
 __all__ = [
     "EncodedWeights",
+    "PushOptions",
     "WeightBook",
     "WeightRequest",
     "normalize_update_args",
@@ -34,6 +38,49 @@ __all__ = [
 ]
 
 WeightSource: TypeAlias = "nn.Module | TensorDictBase | Mapping[str, Any]"
+
+
+@dataclasses.dataclass(frozen=True)
+class PushOptions:
+    """How a push is encoded (``update_policy_weights_``'s ``dtype`` and ``only_trainable``).
+
+    Attributes:
+        dtype: The wire dtype floating tensors are cast to once, on the learner
+            (``common.weights.WIRE_DTYPES``); None sends them as they are.
+        only_trainable: Send only the module's parameters with ``requires_grad``.
+    """
+
+    dtype: torch.dtype | None = None
+    only_trainable: bool = False
+
+    @classmethod
+    def given(cls, dtype: object = None, only_trainable: object = False) -> PushOptions | None:
+        """Check the public arguments; None when neither was given.
+
+        Raises:
+            TypeError: ``dtype`` is not a ``torch.dtype``, ``only_trainable`` not a bool.
+            ValueError: A dtype weights cannot travel in (e.g. an integer dtype).
+        """
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype or None, got {dtype!r:.80}")
+        if not isinstance(only_trainable, bool):
+            raise TypeError(f"only_trainable must be a bool, got {only_trainable!r:.80}")
+        PushForm(wire_dtype=dtype)  # raises ValueError for a dtype that cannot travel
+        return None if dtype is None and not only_trainable else cls(dtype, only_trainable)
+
+    def encode(self, source: WeightSource, model_id: str) -> bytes:
+        """Encode ``source`` for ``model_id``: a module whole, a mapping as a subset.
+
+        Raises:
+            TypeError: ``only_trainable`` with a source that is not a module.
+        """
+        return encode_weights(
+            source,
+            metadata={"model_id": model_id},
+            dtype=self.dtype,
+            only_trainable=self.only_trainable,
+            subset=not isinstance(source, nn.Module),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +93,15 @@ class WeightRequest:
         nested: The caller used ``weights_dict``, so results are keyed by model_id.
         per_worker: TorchRL's per-worker form ``{worker_id: weights}`` for the one model
             in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
+        options: How every model of the request is encoded; None: not given (new weights
+            are sent as they are, a re-send of the last weights as they were last sent).
     """
 
     sources: dict[str, WeightSource | None]
     worker_ids: tuple[int, ...] | None
     nested: bool
     per_worker: dict[int, WeightSource] | None = None
+    options: PushOptions | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +155,11 @@ def normalize_update_args(
     worker_ids: object = None,
     model_id: object = None,
     weights_dict: object = None,
+    options: PushOptions | None = None,
 ) -> WeightRequest:
     """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
+
+    ``options`` (a wire dtype, ``only_trainable``) apply to every model of the request.
 
     Raises:
         ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
@@ -126,12 +179,13 @@ def normalize_update_args(
     if len(given) > 1:
         raise ValueError(f"pass the weights once: got {' and '.join(given)}")
     targets = _normalize_worker_ids(worker_ids)
+    opts = options
     if weights_dict is not None:
         if model_id is not None:
             raise ValueError("weights_dict and model_id are mutually exclusive")
         if given:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
-        return WeightRequest(sources=_models(weights_dict), worker_ids=targets, nested=True)
+        return WeightRequest(_models(weights_dict), targets, nested=True, options=opts)
     mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
     source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
     if policy is not None and not isinstance(policy, nn.Module):
@@ -148,9 +202,9 @@ def normalize_update_args(
             )
         assert isinstance(source, Mapping)
         per_worker = {wid: _check_source(f"{given[0]}[{wid}]", src) for wid, src in source.items()}
-        return WeightRequest({mid: None}, tuple(per_worker), nested=False, per_worker=per_worker)
+        return WeightRequest({mid: None}, tuple(per_worker), False, per_worker, opts)
     checked = None if source is None else _check_source(given[0], source)
-    return WeightRequest(sources={mid: checked}, worker_ids=targets, nested=False)
+    return WeightRequest({mid: checked}, targets, nested=False, options=opts)
 
 
 def _models(weights_dict: object) -> dict[str, WeightSource | None]:
@@ -216,6 +270,8 @@ class WeightBook:
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._sources: dict[str, WeightSource] = {}
+        # How each model was last encoded; automatic pushes encode the same way.
+        self._options: dict[str, PushOptions] = {}
         # Weights given to one worker alone ({worker_id: weights}), by model_id.
         self._worker_sources: dict[str, dict[int, WeightSource]] = {}
         self._desired: dict[int, dict[str, EncodedWeights]] = {}
@@ -293,12 +349,22 @@ class WeightBook:
                 self._versions[mid] = max(self._versions.get(mid, 0), version)
             self._since_update.setdefault(worker_id, None)
 
-    def encode(self, model_id: str, source: WeightSource | None) -> EncodedWeights:
+    def options(self, model_id: str, options: PushOptions | None = None) -> PushOptions:
+        """``options``, or else those ``model_id`` was last encoded with."""
+        if options is not None:
+            return options
+        with self._lock:
+            return self._options.get(model_id, PushOptions())
+
+    def encode(
+        self, model_id: str, source: WeightSource | None, options: PushOptions | None = None
+    ) -> EncodedWeights:
         """Encode one push under the next version of ``model_id`` and remember the source.
 
         Args:
             model_id: The model to update.
             source: The weights; None re-reads the last ones given.
+            options: How to encode; None: as ``model_id`` was last encoded.
 
         Returns:
             The encoded push (the version counter is bumped only if encoding succeeded).
@@ -306,10 +372,12 @@ class WeightBook:
         given = source is not None
         if source is None:
             source = self.source(model_id)
-        blob = encode_weights(source, metadata={"model_id": model_id})
+        opts = self.options(model_id, options)
+        blob = opts.encode(source, model_id)
         digest = sha256_hex(blob)
         with self._lock:
             self._sources[model_id] = source
+            self._options[model_id] = opts
             if given:  # new shared weights replace any given to single workers
                 self._worker_sources.pop(model_id, None)
             version = self._versions.get(model_id, 0) + 1
@@ -317,7 +385,10 @@ class WeightBook:
         return EncodedWeights(model_id=model_id, version=version, blob=blob, sha256=digest)
 
     def encode_for(
-        self, model_id: str, sources: Mapping[int, WeightSource | None]
+        self,
+        model_id: str,
+        sources: Mapping[int, WeightSource | None],
+        options: PushOptions | None = None,
     ) -> dict[int, EncodedWeights]:
         """Encode one push of ``model_id`` in which each worker gets its own weights.
 
@@ -328,6 +399,7 @@ class WeightBook:
         Args:
             model_id: The model to update.
             sources: ``{worker_id: weights}``; None re-reads that worker's last weights.
+            options: How to encode; None: as ``model_id`` was last encoded.
 
         Returns:
             ``{worker_id: encoded push}`` (the version is bumped only if every encode succeeded).
@@ -336,12 +408,14 @@ class WeightBook:
             wid: self.source_for(model_id, wid) if src is None else src
             for wid, src in sources.items()
         }
+        opts = self.options(model_id, options)
         blobs: dict[int, tuple[bytes, str]] = {}
         for src in resolved.values():
             if id(src) not in blobs:
-                blob = encode_weights(src, metadata={"model_id": model_id})
+                blob = opts.encode(src, model_id)
                 blobs[id(src)] = (blob, sha256_hex(blob))
         with self._lock:
+            self._options[model_id] = opts
             own = self._worker_sources.setdefault(model_id, {})
             own.update({wid: src for wid, src in sources.items() if src is not None})
             version = self._versions.get(model_id, 0) + 1

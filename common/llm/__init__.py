@@ -7,6 +7,8 @@
 * :func:`generate` / :func:`response_log_probs` — the decode loop with exact behaviour
   log-probs, and the learner's recomputation of them;
 * :class:`GenerationSettings`, :class:`LLMSettings` — what a session asks for;
+* :class:`LoraSpec`, :func:`parse_lora`, :func:`apply_lora` — a LoRA adapter (``--lora``),
+  applied the same way by actors and learners (``peft``, the ``lora`` extra);
 * :func:`check_padded`, :func:`to_torchrl`, :func:`merge_padded` — the dense wire form,
   TorchRL's layout, and several actors' batches merged.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from common.llm._lora import LoraSpec, apply_lora, check_peft, parse_lora
 from common.llm._registry import (
     CHATML_TEMPLATE,
     MODEL_SPECS,
@@ -48,6 +51,10 @@ __all__ = [
     "build_task",
     "GenerationSettings",
     "LLMSettings",
+    "LoraSpec",
+    "apply_lora",
+    "check_peft",
+    "parse_lora",
     "Generation",
     "generate",
     "process_logits",

@@ -57,6 +57,12 @@ def test_weights_module_pins_its_public_names() -> None:
         [
             "DEFAULT_MAX_KEYS",
             "DEFAULT_MAX_WEIGHT_BYTES",
+            "WIRE_DTYPES",
+            "PushForm",
+            "apply_staged",
+            "default_max_weight_bytes",
+            "stage_state",
+            "state_nbytes",
             "Expected",
             "MAX_POLICY_VERSION",
             "check_policy_version",

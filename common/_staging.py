@@ -1,0 +1,194 @@
+"""Applying a received state to a live model: fit, cast, tie and finiteness checks, then copy.
+
+:func:`stage_state` does every check and every device move or dtype cast of a
+push before anything changes; :func:`apply_staged` then only copies (under the
+caller's lock). :func:`load_into` joins both for a plain module. Re-exported by
+:mod:`common.weights`, which is the public home.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from common._aliases import split_aliases
+from common._push_form import FULL, PushForm, check_fit
+from common.errors import WeightsError
+
+__all__ = [
+    "apply_staged",
+    "check_compatible",
+    "check_finite",
+    "load_into",
+    "stage_state",
+    "state_nbytes",
+]
+
+
+def check_finite(state: Mapping[str, torch.Tensor]) -> None:
+    """Refuse NaN and Inf in floating-point and complex tensors.
+
+    Args:
+        state: Tensors by key.
+
+    Raises:
+        WeightsError: Naming every key that holds a non-finite value.
+    """
+    bad = []
+    for key, tensor in state.items():
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
+        # isfinite is not implemented for the 1-byte float8 dtypes.
+        values = tensor.float() if tensor.element_size() == 1 else tensor
+        # NaN and Inf survive a sum, so a finite sum proves every element finite
+        # at a fraction of isfinite's cost; a non-finite one may also be a
+        # finite overflow, so only then is every element checked.
+        if bool(torch.isfinite(values.sum())):
+            continue
+        if not bool(torch.isfinite(values).all()):
+            bad.append(key)
+    if bad:
+        raise WeightsError(f"weights hold non-finite values (NaN/Inf) in keys {sorted(bad)}")
+
+
+def check_compatible(
+    state: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    form: PushForm = FULL,
+) -> None:
+    """Check that ``state`` fits ``reference``: keys, shapes and dtypes.
+
+    A full push (the default ``form``) must hold exactly the reference's keys,
+    each in its dtype; a subset may lack keys, and a declared wire dtype may
+    stand for any floating dtype (:func:`common._push_form.fit_problems`).
+
+    Args:
+        state: The incoming tensors by key.
+        reference: What the target model holds (e.g. ``module.state_dict()``).
+        form: What the push declares.
+
+    Raises:
+        WeightsError: Naming every missing key, every unexpected key, every
+            shape mismatch (with both shapes) and every dtype mismatch (with
+            both dtypes) at once.
+        TypeError: A value of either mapping is not a tensor.
+    """
+    for name, mapping in (("weights", state), ("reference", reference)):
+        for key, value in mapping.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{name} value {key!r} must be a torch.Tensor, got {type(value).__name__}"
+                )
+    check_fit(
+        {k: (v.shape, v.dtype) for k, v in state.items()},
+        {k: (v.shape, v.dtype) for k, v in reference.items()},
+        form,
+    )
+
+
+def stage_state(
+    state: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    form: PushForm = FULL,
+) -> dict[str, torch.Tensor]:
+    """Check a push against a live model and prepare it for :func:`apply_staged`.
+
+    Checks keys, shapes and dtypes (:func:`check_compatible`), casts each tensor
+    onto its target's device and into its dtype (once per distinct tensor, so an
+    alias costs nothing), refuses two different values for keys the model ties,
+    and scans the cast values for NaN/Inf (a float64 value may overflow float32).
+    Nothing of the model changes.
+
+    Args:
+        state: The incoming tensors by key (e.g. :func:`decode_weights` output).
+        reference: The model's own tensors by key (``module.state_dict()``).
+        form: What the push declares.
+
+    Returns:
+        ``{key: tensor ready to copy}`` for the keys ``state`` holds.
+
+    Raises:
+        WeightsError: The state does not fit, breaks a tie, or is not finite.
+    """
+    try:
+        check_compatible(state, reference, form)
+    except TypeError as exc:
+        raise WeightsError(str(exc)) from None
+    staged: dict[str, torch.Tensor] = {}
+    cast: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+    for key, value in state.items():
+        target = reference[key]
+        slot = (id(value), target.dtype, target.device)
+        if slot not in cast:
+            cast[slot] = value.to(device=target.device, dtype=target.dtype)
+        staged[key] = cast[slot]
+    _, ties = split_aliases(reference)
+    broken = [
+        f"{alias} and {target}"
+        for alias, target in ties.items()
+        if alias in staged
+        and target in staged
+        and staged[alias] is not staged[target]
+        and not torch.equal(staged[alias], staged[target])
+    ]
+    if broken:
+        raise WeightsError(
+            f"weights give different values to keys this model ties (one tensor): "
+            f"{broken[:10]}; send them tied, or as one key"
+        )
+    check_finite(_distinct(staged))
+    return staged
+
+
+def _distinct(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The first key of each distinct tensor object (an alias is scanned once)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, value in state.items():
+        if id(value) not in seen:
+            seen.add(id(value))
+            out[key] = value
+    return out
+
+
+def apply_staged(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:
+    """Copy :func:`stage_state`'s output into the model's tensors (the caller holds its lock).
+
+    A key tied to one already written with the same tensor is skipped.
+    """
+    done: set[tuple[int, int]] = set()
+    with torch.no_grad():
+        for key, source in staged.items():
+            target = reference[key]
+            slot = (target.data_ptr(), id(source))
+            if slot in done:
+                continue
+            done.add(slot)
+            target.copy_(source)
+
+
+def state_nbytes(info: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> int:
+    """The bytes of a state described as ``{key: (shape, dtype)}`` (each key counted)."""
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in info.values())
+
+
+def load_into(module: nn.Module, state: Mapping[str, torch.Tensor], form: PushForm = FULL) -> None:
+    """Apply ``state`` to a live module, all or nothing.
+
+    Every check (:func:`stage_state`: keys, shapes, dtypes, ties, finiteness)
+    and every device move or cast happens before the first copy, so a rejected
+    state leaves the module untouched.
+
+    Args:
+        module: The module to update in place (parameters and buffers).
+        state: Tensors by dotted key, e.g. from :func:`decode_weights`.
+        form: What the state declares (a subset, a wire dtype).
+
+    Raises:
+        WeightsError: The state does not fit the module or is not finite.
+    """
+    reference = module.state_dict()
+    apply_staged(reference, stage_state(state, reference, form))

@@ -1,0 +1,293 @@
+"""Push forms in the codec: tied tensors sent once, wire dtypes, subsets, and the size cap."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from torch import nn
+
+from common._aliases import ALIASES_KEY
+from common.errors import WeightsError
+from common.weights import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    PushForm,
+    apply_staged,
+    decode_weights,
+    default_max_weight_bytes,
+    encode_weights,
+    stage_state,
+    state_nbytes,
+)
+
+
+class SharedLinear(nn.Module):
+    """A user module applying one Linear twice (three keys, one tensor) with an int buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(6, 6)
+        self.blocks = nn.ModuleList([self.shared, self.shared])
+        self.norm = nn.BatchNorm1d(6)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(self.norm(x))
+
+
+def _header(blob: bytes) -> tuple[dict, int]:
+    (size,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8 : 8 + size]), 8 + size
+
+
+def _unique_bytes(module: nn.Module) -> int:
+    tensors = {id(p): p for p in module.parameters()} | {id(b): b for b in module.buffers()}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _reference(module: nn.Module) -> dict[str, torch.Tensor]:
+    return module.state_dict()
+
+
+# --- tied tensors --------------------------------------------------------------
+
+
+def test_encode_weights_sends_tied_tensors_once_and_decode_reties_them() -> None:
+    module = SharedLinear()
+    blob = encode_weights(module)
+    header, data_start = _header(blob)
+    assert len(blob) - data_start == _unique_bytes(module)
+    assert json.loads(header["__metadata__"][ALIASES_KEY]) == {
+        "blocks.0.weight": "shared.weight",
+        "blocks.0.bias": "shared.bias",
+        "blocks.1.weight": "shared.weight",
+        "blocks.1.bias": "shared.bias",
+    }
+    state, _ = decode_weights(
+        blob, expected={k: (tuple(v.shape), v.dtype) for k, v in _reference(module).items()}
+    )
+    assert set(state) == set(module.state_dict())
+    assert state["blocks.1.weight"] is state["shared.weight"]
+    assert torch.equal(state["blocks.0.bias"], module.shared.bias.detach())
+
+
+def test_tiny_llm_push_carries_the_tied_embedding_once() -> None:
+    pytest.importorskip("transformers")
+    from common.llm import build_policy
+
+    model, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    blob = encode_weights(model)
+    header, data_start = _header(blob)
+    assert len(blob) - data_start == sum(p.numel() * 4 for p in model.parameters())
+    assert "lm_head.weight" not in header
+    state, _ = decode_weights(blob)
+    target = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, seed=1)[0]
+    apply_staged(target.state_dict(), stage_state(state, target.state_dict()))
+    assert target.lm_head.weight.data_ptr() == target.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([[5, 17, 42, 3]])
+    with torch.no_grad():
+        assert torch.equal(target(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("aliases", "message"),
+    [
+        ({"x": "nowhere"}, "targets the blob does not hold"),
+        ({"a": "a"}, "also tensors"),
+        ({"a": "b"}, "also tensors"),
+        ({"x": "a", "y": "x"}, r"does not hold: \['x'\]"),  # a chain
+        ({"x": "y", "y": "x"}, "does not hold"),  # a cycle
+        ({"x": 3}, "mapping key to key"),
+        (["a"], "mapping key to key"),
+        ({f"k{i}": "a" for i in range(5)}, "at most 3"),
+    ],
+)
+def test_decode_weights_raises_if_the_alias_map_is_hostile(aliases: object, message: str) -> None:
+    blob = encode_weights(
+        {"a": torch.zeros(2), "b": torch.ones(2)}, metadata={ALIASES_KEY: json.dumps(aliases)}
+    )
+    with pytest.raises(WeightsError, match=message):
+        decode_weights(blob, max_keys=5)
+
+
+def test_decode_weights_raises_if_the_alias_map_is_not_json_or_too_long() -> None:
+    bad = encode_weights({"a": torch.zeros(2)}, metadata={ALIASES_KEY: "{not json"})
+    with pytest.raises(WeightsError, match="not valid JSON"):
+        decode_weights(bad)
+    huge = json.dumps({f"k{i}" + "x" * 2000: "a" for i in range(3)})
+    with pytest.raises(WeightsError, match="characters exceeds"):
+        decode_weights(
+            encode_weights({"a": torch.zeros(2)}, metadata={ALIASES_KEY: huge}), max_keys=3
+        )
+
+
+def test_stage_state_raises_if_tied_keys_get_different_values() -> None:
+    module = SharedLinear()
+    state = {k: v.clone() for k, v in module.state_dict().items()}  # untied copies
+    state["blocks.1.weight"] += 1.0
+    with pytest.raises(WeightsError, match=r"blocks.1.weight and shared.weight"):
+        stage_state(state, module.state_dict())
+    state["blocks.1.weight"] = state["shared.weight"].clone()  # equal values: accepted
+    stage_state(state, module.state_dict())
+
+
+# --- wire dtype ----------------------------------------------------------------
+
+
+def test_encode_weights_casts_floats_once_and_never_integer_buffers() -> None:
+    module = SharedLinear()
+    module.norm.num_batches_tracked.fill_(7)
+    blob = encode_weights(module, dtype=torch.bfloat16)
+    header, _ = _header(blob)
+    assert header["__metadata__"]["rlfleet.dtype"] == "bfloat16"
+    assert header["norm.num_batches_tracked"]["dtype"] == "I64"
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16", "I64"}
+    state, meta = decode_weights(blob)
+    form = PushForm.from_metadata(meta)
+    target = SharedLinear()
+    apply_staged(target.state_dict(), stage_state(state, target.state_dict(), form))
+    for key, value in module.state_dict().items():
+        got = target.state_dict()[key]
+        assert got.dtype == value.dtype
+        expected = value.to(torch.bfloat16).to(value.dtype) if value.is_floating_point() else value
+        assert torch.equal(got, expected), key  # the learner's values rounded to bf16, exactly
+    assert int(target.norm.num_batches_tracked) == 7
+
+
+def test_stage_state_raises_if_a_float_goes_into_an_integer_buffer() -> None:
+    module = SharedLinear()
+    state = {"norm.num_batches_tracked": torch.tensor(3.0, dtype=torch.bfloat16)}
+    form = PushForm(subset=True, wire_dtype=torch.bfloat16)
+    with pytest.raises(
+        WeightsError, match=r"norm.num_batches_tracked.*never loads into an integer"
+    ):
+        stage_state(state, module.state_dict(), form)
+    blob = encode_weights(state, dtype=torch.bfloat16, subset=True)
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
+    with pytest.raises(WeightsError, match="never loads into an integer"):
+        decode_weights(blob, expected=expected)
+
+
+def test_stage_state_raises_if_a_float_of_an_undeclared_dtype_arrives() -> None:
+    module = SharedLinear()
+    state = {
+        k: v.to(torch.bfloat16) if v.is_floating_point() else v
+        for k, v in module.state_dict().items()
+    }
+    with pytest.raises(WeightsError, match="dtype mismatch"):
+        stage_state(state, module.state_dict())  # no wire dtype declared: exact dtypes only
+
+
+def test_stage_state_raises_if_a_cast_overflows() -> None:
+    module = nn.Linear(2, 1)
+    state = {
+        "weight": torch.full((1, 2), 1e300, dtype=torch.float64),
+        "bias": torch.zeros(1, dtype=torch.float64),
+    }
+    with pytest.raises(WeightsError, match="non-finite"):
+        stage_state(state, module.state_dict(), PushForm(wire_dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn, torch.complex64])
+def test_encode_weights_raises_if_the_wire_dtype_cannot_carry_weights(dtype: torch.dtype) -> None:
+    with pytest.raises(ValueError, match="dtype must be None or one of"):
+        encode_weights(nn.Linear(2, 2), dtype=dtype)
+
+
+def test_push_form_raises_if_the_header_declares_nonsense() -> None:
+    with pytest.raises(WeightsError, match=r"rlfleet\.dtype"):
+        PushForm.from_metadata({"rlfleet.dtype": "int64"})
+    with pytest.raises(WeightsError, match=r"rlfleet\.subset"):
+        PushForm.from_metadata({"rlfleet.subset": "yes"})
+
+
+# --- subsets -------------------------------------------------------------------
+
+
+def test_only_trainable_sends_the_parameters_with_requires_grad() -> None:
+    module = SharedLinear()
+    module.head.requires_grad_(False)
+    blob = encode_weights(module, only_trainable=True)
+    header, _ = _header(blob)
+    assert header["__metadata__"]["rlfleet.subset"] == "1"
+    state, _ = decode_weights(blob)
+    assert set(state) == {
+        "shared.weight",
+        "shared.bias",
+        "blocks.0.weight",
+        "blocks.0.bias",
+        "blocks.1.weight",
+        "blocks.1.bias",
+        "norm.weight",
+        "norm.bias",
+    }
+    with pytest.raises(TypeError, match=r"only_trainable needs an nn\.Module"):
+        encode_weights(module.state_dict(), only_trainable=True)
+    with pytest.raises(ValueError, match="no parameter with requires_grad"):
+        encode_weights(nn.Linear(2, 2).requires_grad_(False), only_trainable=True)
+
+
+def test_subset_keeps_other_keys_and_full_push_still_needs_every_key() -> None:
+    module, source = SharedLinear(), SharedLinear()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    subset = {"head.weight": source.head.weight.detach()}
+    with pytest.raises(WeightsError, match="missing keys"):
+        stage_state(subset, module.state_dict())
+    apply_staged(
+        module.state_dict(), stage_state(subset, module.state_dict(), PushForm(subset=True))
+    )
+    assert torch.equal(module.head.weight, source.head.weight)
+    assert all(
+        torch.equal(v, before[k]) for k, v in module.state_dict().items() if k != "head.weight"
+    )
+
+
+def test_subset_raises_naming_an_unknown_key() -> None:
+    module = SharedLinear()
+    with pytest.raises(WeightsError, match=r"unexpected keys \['head.wieght'\]"):
+        stage_state({"head.wieght": torch.zeros(2, 6)}, module.state_dict(), PushForm(subset=True))
+
+
+def test_adapter_keys_into_a_model_without_adapter_name_the_lora_flag() -> None:
+    module = nn.Linear(2, 2)
+    state = {"base_model.model.q_proj.lora_A.default.weight": torch.zeros(4, 2)}
+    with pytest.raises(WeightsError, match="start the actor with --lora"):
+        stage_state(state, module.state_dict(), PushForm(subset=True))
+
+
+# --- size cap ------------------------------------------------------------------
+
+
+def test_default_cap_follows_the_model_and_keeps_the_1_gib_floor() -> None:
+    assert default_max_weight_bytes(0) == DEFAULT_MAX_WEIGHT_BYTES
+    assert default_max_weight_bytes(4 << 30) == 5 << 30
+    info = {"w": ((1000, 1000), torch.float32), "b": ((10,), torch.bfloat16)}
+    assert state_nbytes(info) == 4_000_020
+
+
+def test_default_cap_accepts_a_half_billion_parameter_model_push() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = transformers.Qwen2ForCausalLM(config)
+    info = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    params = sum(p.numel() for p in model.parameters())
+    assert 490e6 < params < 500e6
+    push_fp32 = params * 4 + 64 * 1024 * len(info)  # unique bytes + a generous header
+    assert push_fp32 > DEFAULT_MAX_WEIGHT_BYTES  # the old fixed cap refused it
+    assert push_fp32 <= default_max_weight_bytes(state_nbytes(info))
+    bf16 = {k: (shape, torch.bfloat16) for k, (shape, _) in info.items()}
+    assert params * 2 <= default_max_weight_bytes(state_nbytes(bf16))

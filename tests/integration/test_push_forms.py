@@ -1,0 +1,183 @@
+"""Push forms end to end (learner -> real actor over loopback gRPC): tied parameters sent once
+and still tied on the actor, wire dtypes, subset and trainable-only pushes, each bit-exact
+against a full push of the same state, and their refusals (nothing applied, actor SERVING)."""
+
+from __future__ import annotations
+
+import grpc
+import gymnasium
+import pytest
+import torch
+from push_policies import (
+    SharedLinearPolicy,
+    actor_weights,
+    assert_bit_identical,
+    in_process_actor,
+    serving,
+    shared_linear_policy,
+)
+
+from actor_service import ModelSpec
+from common.errors import WeightsError
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    default_max_weight_bytes,
+    encode_weights,
+    state_nbytes,
+)
+from learner_client import GrpcCollector, WeightPushError
+
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+
+@pytest.fixture(scope="module")
+def actor():
+    with in_process_actor(
+        models=(ModelSpec("policy", "push_policies:shared_linear_policy"),)
+    ) as handle:
+        yield handle
+
+
+@pytest.fixture
+def collector(actor):
+    with GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=2) as collector:
+        yield collector
+
+
+def _learner_policy(seed: int) -> SharedLinearPolicy:
+    env = gymnasium.make("CartPole-v1")
+    torch.manual_seed(seed)
+    policy = shared_linear_policy(env.observation_space, env.action_space)
+    with torch.no_grad():
+        policy.norm.running_mean.uniform_(-0.5, 0.5)
+        policy.norm.running_var.uniform_(0.5, 2.0)
+        policy.norm.num_batches_tracked.fill_(seed + 11)
+    return policy
+
+
+def _actor_module(actor) -> SharedLinearPolicy:
+    return actor.server.runtime.worker.models.module("policy")
+
+
+def test_full_push_sends_the_shared_linear_once_and_keeps_it_tied(actor, collector) -> None:
+    policy = _learner_policy(1)
+    blob = encode_weights(policy)
+    unique = {id(t): t for t in policy.state_dict(keep_vars=True).values()}
+    assert len(blob) - (8 + int.from_bytes(blob[:8], "little")) == sum(
+        t.numel() * t.element_size() for t in unique.values()
+    )
+    version = collector.update_policy_weights_(policy)[0]
+    module = _actor_module(actor)
+    assert module.blocks[1].weight.data_ptr() == module.shared.weight.data_ptr()  # still one tensor
+    observation = torch.randn(5, 4)
+    with torch.no_grad():
+        assert torch.equal(module.logits(observation), policy.logits(observation))
+    got_version, weights = actor_weights(collector)
+    assert got_version == version
+    assert_bit_identical(weights, {k: v.clone() for k, v in policy.state_dict().items()})
+
+
+def test_bf16_push_equals_a_full_push_of_the_rounded_state(collector) -> None:
+    policy = _learner_policy(2)
+    before = collector.policy_version["policy"]
+    assert collector.update_policy_weights_(policy, dtype=torch.bfloat16)[0] == before + 1
+    _, via_bf16 = actor_weights(collector)
+    assert collector.update_policy_weights_()[0] == before + 2  # a re-send keeps the form
+    assert_bit_identical(actor_weights(collector)[1], via_bf16)
+    rounded = {
+        k: v.to(torch.bfloat16).float() if v.is_floating_point() else v.clone()
+        for k, v in policy.state_dict().items()
+    }
+    assert not torch.equal(rounded["head.weight"], policy.head.weight)  # bf16 did round
+    collector.update_policy_weights_(rounded)
+    _, via_full = actor_weights(collector)
+    assert_bit_identical(via_bf16, via_full)
+    assert via_bf16["norm.num_batches_tracked"].dtype == torch.int64
+    assert int(via_bf16["norm.num_batches_tracked"]) == 13  # integers are never cast
+
+
+def test_subset_and_trainable_pushes_equal_a_full_push_of_the_same_state(collector) -> None:
+    base, update = _learner_policy(3), _learner_policy(4)
+    collector.update_policy_weights_(base)
+    before = collector.policy_version["policy"]
+    subset = {k: v for k, v in update.state_dict().items() if k.startswith(("head.", "norm."))}
+    assert collector.update_policy_weights_(subset)[0] == before + 1  # a subset bumps the version
+    update.shared.requires_grad_(False)
+    update.norm.requires_grad_(False)
+    assert collector.update_policy_weights_(update, only_trainable=True)[0] == before + 2
+    _, via_subsets = actor_weights(collector)
+    merged = (
+        dict(base.state_dict())
+        | subset
+        | {"head.weight": update.head.weight.detach(), "head.bias": update.head.bias.detach()}
+    )
+    collector.update_policy_weights_({k: v.clone() for k, v in merged.items()})
+    version, via_full = actor_weights(collector)
+    assert version == before + 3
+    assert_bit_identical(via_subsets, via_full)
+
+
+def _refused(collector, actor, push, message: str) -> None:
+    version, weights = actor_weights(collector)
+    with pytest.raises(WeightPushError) as info:
+        push()
+    error = info.value.failed[0]
+    assert isinstance(error, WeightsError)  # INVALID_ARGUMENT on the wire
+    assert message in str(error)
+    assert actor_weights(collector)[0] == version  # nothing applied
+    assert_bit_identical(actor_weights(collector)[1], weights)
+    assert serving(actor.port)
+
+
+def test_subset_push_naming_an_unknown_key_is_refused(actor, collector) -> None:
+    policy = _learner_policy(5)
+    bad = {"head.weight": policy.head.weight.detach(), "head.wieght": torch.zeros(2, 4)}
+    _refused(
+        collector,
+        actor,
+        lambda: collector.update_policy_weights_(bad),
+        "unexpected keys ['head.wieght']",
+    )
+
+
+def test_bf16_push_into_an_integer_buffer_is_refused(actor, collector) -> None:
+    bad = {
+        "head.bias": torch.zeros(2),
+        "norm.num_batches_tracked": torch.tensor(5.0, dtype=torch.bfloat16),
+    }
+    _refused(
+        collector,
+        actor,
+        lambda: collector.update_policy_weights_(bad, dtype=torch.bfloat16),
+        "never loads into an integer or bool buffer",
+    )
+
+
+def test_push_raises_if_only_trainable_is_given_a_mapping(collector) -> None:
+    before = collector.policy_version
+    with pytest.raises(TypeError, match="only_trainable"):
+        collector.update_policy_weights_(_learner_policy(6).state_dict(), only_trainable=True)
+    with pytest.raises(ValueError, match="dtype must be None or one of"):
+        collector.update_policy_weights_(_learner_policy(6), dtype=torch.int8)
+    assert collector.policy_version == before
+
+
+def test_default_push_cap_is_sized_from_the_model_and_refuses_beyond(actor) -> None:
+    models = actor.server.runtime.worker.models
+    cap = default_max_weight_bytes(state_nbytes(models.parameters_info("policy")))
+    assert cap == DEFAULT_MAX_WEIGHT_BYTES  # a small model keeps the 1 GiB floor
+    header = pb.WeightsHeader(
+        model_id="policy",
+        version=models.policy_version("policy") + 1,
+        total_bytes=cap + 1,
+        sha256="0" * 64,
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{actor.port}") as channel:
+        stub = pb_grpc.ActorServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.PushWeights(iter([pb.PushWeightsRequest(header=header)]), timeout=10)
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"cap of {cap} bytes" in error.value.details()
+    assert serving(actor.port)
