@@ -44,6 +44,7 @@ from common.errors import (
     RlfleetError,
     SessionStateError,
 )
+from common.folding import FoldedBatch
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.policies import RandomPolicy
 
@@ -222,8 +223,12 @@ class RolloutWorker:
         buffers.obs.fill(0)
         return encode_packet(buffers.to_tensordict(settings.set_truncated)).nbytes
 
-    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict:
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
+
+        Folded (:class:`~common.folding.FoldedBatch`) when the settings ask for
+        ``fold_observations``, do not ``split_trajs`` and observations are large enough
+        (``FOLD_MIN_FRAME_BYTES``).
 
         Args:
             abandon: Set from another thread to give the batch up before its next env step
@@ -247,10 +252,13 @@ class RolloutWorker:
             self._session_frames += batch.numel()
             self.batches += 1
         if settings.split_trajs:
+            assert isinstance(batch, TensorDict)  # never folded when split
             batch = split_trajectories(batch)
         return batch
 
-    def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
+    def _rollout(
+        self, settings: CollectSettings, abandon: threading.Event | None
+    ) -> TensorDict | FoldedBatch:
         steps = settings.frames_per_batch // self.num_envs
         random = self._session_frames < settings.init_random_frames
         buffers = self._buffers(steps, settings)
@@ -277,6 +285,8 @@ class RolloutWorker:
             self._metrics.record_batch(
                 settings.frames_per_batch, timings, time.perf_counter() - started
             )
+        if settings.fold_observations and not settings.split_trajs and buffers.folding_pays():
+            return buffers.to_folded(settings.set_truncated)
         return buffers.to_tensordict(settings.set_truncated)
 
     def _step(

@@ -79,6 +79,8 @@ class CollectSettings:
         model_id: The registered model that acts.
         llm: LLM collection settings (``frames_per_batch`` and ``total_frames`` then count
             dialog turns); None for env actors.
+        fold_observations: Send each observation once (:mod:`common.folding`); the
+            receiver rebuilds ``("next", key)``. Ignored with ``split_trajs``.
     """
 
     frames_per_batch: int
@@ -92,6 +94,7 @@ class CollectSettings:
     total_frames: int = -1
     model_id: str = DEFAULT_MODEL_ID
     llm: LLMSettings | None = None
+    fold_observations: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.frames_per_batch, int) or self.frames_per_batch <= 0:

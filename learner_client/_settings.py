@@ -173,6 +173,7 @@ class RolloutSettings:
         set_truncated: Mark the last frame of each batch truncated.
         model_id: The model that acts.
         llm: LLM actors: what each session collects (sent with the settings).
+        fold_observations: Send each observation once, rebuilt exactly (``common.folding``).
 
     Raises:
         ValueError: A value out of range.
@@ -188,6 +189,7 @@ class RolloutSettings:
     set_truncated: bool = False
     model_id: str = DEFAULT_MODEL_ID
     llm: LLMSettings | None = None
+    fold_observations: bool = True
 
     def __post_init__(self) -> None:
         check_model_id(self.model_id)
@@ -196,7 +198,7 @@ class RolloutSettings:
         for name in ("max_frames_per_traj", "init_random_frames"):
             _set(self, name, _frames(name, getattr(self, name), endless=False))
         _set(self, "split_trajs", _optional_flag("split_trajs", self.split_trajs))
-        for name in ("reset_at_each_iter", "set_truncated"):
+        for name in ("reset_at_each_iter", "set_truncated", "fold_observations"):
             _flag(name, getattr(self, name))
         _set(self, "exploration_type", normalize_exploration_type(self.exploration_type))
 
@@ -225,6 +227,7 @@ class RolloutSettings:
             total_frames=-1,
             model_id=self.model_id,
             llm=self.llm,
+            fold_observations=self.fold_observations,
         )
 
 
