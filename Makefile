@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test test-slow soak lint protos bench clean
+.PHONY: train train-llm test test-slow soak lint protos bench clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 ## The main job: train PPO on CartPole-v1 against a local actor fleet it starts itself.
 train: $(STAMP)
 	$(BIN)/rlfleet-train $(ARGS)
+
+## The LLM job: GRPO on one-digit sums against 2 local LLM actors, to 0.9 greedy accuracy.
+train-llm: $(STAMP)
+	$(BIN)/rlfleet-grpo --task arith $(ARGS)
 
 ## The whole test suite (what CI runs); tests marked slow are left to `make test-slow`.
 test: $(STAMP)

@@ -14,8 +14,14 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._spaces import ActionCodec, ObservationCodec
+from common.folding import FoldedBatch, fold_from_steps
 
-__all__ = ["BatchBuffers", "TrajIds", "split_trajectories"]
+__all__ = ["FOLD_MIN_FRAME_BYTES", "BatchBuffers", "TrajIds", "split_trajectories"]
+
+#: Folding pays from this many observation bytes per frame: below it, rebuilding
+#: ("next", "observation") costs the learner more CPU than receiving it (CartPole's
+#: 16 bytes: about 1 us per frame more, measured by bench.learner_cost).
+FOLD_MIN_FRAME_BYTES = 64
 
 _COUNTER_BITS = 32
 _TAG_BITS = 15
@@ -99,18 +105,46 @@ class BatchBuffers:
 
     def to_tensordict(self, set_truncated: bool) -> TensorDict:
         """Assemble TorchRL's batch layout: ``[N, T]``, last dim named ``"time"``."""
-        n, t = self.reward.shape
-        obs_codec = self._obs_codec
         next_raw = self.obs[:, 1:].copy()
         for env, step, final in self.final_obs:
             next_raw[env, step] = final
+        return self._assemble(set_truncated, self._obs_codec.encode(next_raw))
+
+    def folding_pays(self) -> bool:
+        """Whether an observation frame is large enough for :meth:`to_folded` to pay."""
+        shape, dtype = self._obs_codec.shape, self._obs_codec.dtype
+        return int(np.prod(shape)) * dtype.itemsize >= FOLD_MIN_FRAME_BYTES
+
+    def to_folded(self, set_truncated: bool) -> FoldedBatch:
+        """The same batch folded (:mod:`common.folding`): each observation held once.
+
+        ``("next", "observation")`` is left out; the finals hold it where it is
+        not the following step's observation: the final observations of ended
+        episodes and every env's last step.
+        """
+        n, t = self.reward.shape
+        finals = {env * t + step: final for env, step, final in self.final_obs}
+        for env in range(n):
+            finals.setdefault(env * t + t - 1, self.obs[env, t])
+        index = sorted(finals)
+        raw = np.stack([finals[i] for i in index]) if index else self.obs[:0, 0]
+        batch = self._assemble(set_truncated, None)
+        values: dict[tuple[str, ...], torch.Tensor] = {
+            ("observation",): self._obs_codec.encode(raw)
+        }
+        return fold_from_steps(batch, values, torch.tensor(index, dtype=torch.int64))
+
+    def _assemble(self, set_truncated: bool, next_obs: torch.Tensor | None) -> TensorDict:
+        n, t = self.reward.shape
         terminated = torch.from_numpy(self.terminated).unsqueeze(-1)
         truncated = torch.from_numpy(self.truncated).unsqueeze(-1)
         if set_truncated:
             truncated[:, -1] = True
         versions = torch.from_numpy(self.versions).expand(n, t)
+        observation = self._obs_codec.encode(self.obs[:, :-1])
         root = {
-            "observation": obs_codec.encode(self.obs[:, :-1]).contiguous(),
+            # Folded, rows of the [N, T + 1] buffer travel as they are (one row per env).
+            "observation": observation if next_obs is None else observation.contiguous(),
             "action": self._act_codec.to_batch(self.action),
             **self.extras,
             "done": torch.zeros((n, t, 1), dtype=torch.bool),
@@ -119,14 +153,16 @@ class BatchBuffers:
             "policy_version": versions.clone(),
             "collector": {"traj_ids": torch.from_numpy(self.traj_ids)},
         }
-        nxt = {
-            "observation": obs_codec.encode(next_raw),
-            "reward": torch.from_numpy(self.reward).unsqueeze(-1),
-            "done": terminated | truncated,
-            "terminated": terminated,
-            "truncated": truncated,
-            "policy_version": versions.clone(),
-        }
+        nxt = {} if next_obs is None else {"observation": next_obs}
+        nxt.update(
+            {
+                "reward": torch.from_numpy(self.reward).unsqueeze(-1),
+                "done": terminated | truncated,
+                "terminated": terminated,
+                "truncated": truncated,
+                "policy_version": versions.clone(),
+            }
+        )
         if self.step_count is not None:
             count = torch.from_numpy(self.step_count).unsqueeze(-1)
             root["step_count"] = count

@@ -27,117 +27,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import grpc
-import torch
 
 from actor_service._convert import InvalidSettingsError
+from actor_service._encoded import EncodedBatch, collect_encoded
 from actor_service._logging import log_event
-from actor_service._runtime import ActorRuntime, CollectionCore
+from actor_service._runtime import ActorRuntime
 from actor_service._session import RetainedBatch
-from actor_service._wire import encode_chunk, encode_control
+from actor_service._wire import encode_control
 from common.config import CollectSettings
 from common.errors import EnvError, RlfleetError, SessionStateError, to_status
-from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-__all__ = ["CollectSession", "EncodedBatch", "collect_encoded", "env_failure"]
+__all__ = ["CollectSession", "env_failure"]
 
 # End reasons after which queued batches are still sent before `end`.
 _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.END_REASON_ERROR})
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedBatch:
-    """A collected batch, encoded and cut into serialised chunk messages, ready to (re)send.
-
-    The messages are serialised on the collection thread, seq and ``BatchInfo``
-    included (the seq a batch will get is known when it starts: one batch is in
-    flight at a time and nothing else moves the book's next seq meanwhile), so
-    the event loop only writes them; a resend writes the same bytes.
-
-    Attributes:
-        messages: One serialised ``CollectResponse(chunk=...)`` per chunk, in
-            order; their data concatenate to the packet.
-        seq: The seq the batch was encoded with.
-        packet_bytes: Length of the packet.
-        crc32c: CRC-32C of the packet.
-        frames: Frames in the batch.
-        model_id: The model that acted.
-        policy_version_min: Lowest policy version among the frames.
-        policy_version_max: Highest policy version among the frames.
-    """
-
-    messages: tuple[bytes, ...]
-    seq: int
-    packet_bytes: int
-    crc32c: int
-    frames: int
-    model_id: str
-    policy_version_min: int
-    policy_version_max: int
-
-
-def collect_encoded(
-    worker: CollectionCore,
-    model_id: str,
-    *,
-    seq: int,
-    epoch: int,
-    worker_id: int,
-    abandon: threading.Event | None = None,
-) -> EncodedBatch:
-    """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
-
-    Args:
-        worker: The collection core.
-        model_id: The model that acts.
-        seq: The seq the book will give this batch.
-        epoch: The actor epoch.
-        worker_id: The actor's worker id.
-        abandon: Set to give the batch up before its next env step.
-    """
-    td = worker.collect_batch(abandon)
-    packet = encode_packet(td)
-    versions = [
-        td.get(key)
-        for key in ("policy_version", ("next", "policy_version"))
-        if key in td.keys(include_nested=True)
-    ]
-    if versions:
-        flat = torch.cat([v.reshape(-1) for v in versions])
-        low, high = int(flat.min()), int(flat.max())
-    else:
-        low = high = int(worker.models.policy_version(model_id))
-    pieces, crc32c = packet.checksummed_chunks()
-    # An LLM batch of last steps only accounts for the dialog turns it dropped too.
-    frames = int(getattr(worker, "last_batch_frames", 0) or td.numel())
-    info = pb.BatchInfo(
-        worker_id=worker_id,
-        epoch=epoch,
-        seq=seq,
-        frames=frames,
-        frame_bytes=packet.nbytes,
-        crc32c=crc32c,
-        model_id=model_id,
-        policy_version_min=low,
-        policy_version_max=high,
-    )
-    return EncodedBatch(
-        messages=_chunk_messages(pieces, seq, info),
-        seq=seq,
-        packet_bytes=packet.nbytes,
-        crc32c=crc32c,
-        frames=frames,
-        model_id=model_id,
-        policy_version_min=low,
-        policy_version_max=high,
-    )
 
 
 def _collect_numbered(
@@ -170,25 +79,6 @@ def _as_sent(failure: pb.EnvFailure) -> EnvError:
     """The error as the learner will see it (so the end message says no more than that)."""
     text = None if failure.message_withheld else failure.exception_message
     return EnvError(failure.env, failure.exception_type, text)
-
-
-def _chunk_messages(pieces: list[Any], seq: int, info: pb.BatchInfo) -> tuple[bytes, ...]:
-    """The packet's serialised chunk messages, the first carrying ``info``."""
-    count = len(pieces)
-    messages: list[bytes] = []
-    pieces.reverse()
-    while pieces:  # pop as we go: each piece is freed once its message holds a copy
-        index = len(messages)
-        messages.append(
-            encode_chunk(
-                seq=seq,
-                index=index,
-                count=count,
-                data=pieces.pop(),
-                info=info if index == 0 else None,
-            )
-        )
-    return tuple(messages)
 
 
 class CollectSession:

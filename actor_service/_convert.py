@@ -70,6 +70,7 @@ def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
             total_frames=int(msg.total_frames),
             model_id=msg.model_id or DEFAULT_MODEL_ID,
             llm=llm,
+            fold_observations=msg.fold_observations,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidSettingsError(f"invalid collect settings: {exc}") from None

@@ -32,19 +32,18 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
-from actor_service._staging import Swap, check_newer, swap_delta, swap_full
+from actor_service._staging import Swap, swap_delta, swap_full
 from actor_service._tensor_forward import TensorForward, tensor_forward
-from common.config import ExplorationType
-from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
-from common.policies import make_policy
-from common.weights import (
-    Delta,
-    PushForm,
-    apply_staged,
-    check_policy_version,
-    stage_state,
-    to_state_dict,
+from actor_service._weight_rules import (
+    check_newer,
+    check_not_older,
+    stage_weights,
+    weight_copies,
 )
+from common.config import ExplorationType
+from common.errors import InternalError, UnknownModelError, WeightsError
+from common.policies import make_policy
+from common.weights import Delta, PushForm, apply_staged, check_policy_version, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -362,12 +361,7 @@ class ModelRegistry:
             UnknownModelError: No such model.
             WeightsError: Naming every offending key.
         """
-        model = self._get(model_id)
-        if not isinstance(state, Mapping):
-            raise WeightsError(
-                f"weights for {model_id!r} must be a mapping, got {type(state).__name__}"
-            )
-        return stage_state(state, model.reference, form or PushForm())
+        return stage_weights(model_id, state, self._get(model_id).reference, form)
 
     def load_weights(
         self,
@@ -422,7 +416,7 @@ class ModelRegistry:
         out = {}
         for model_id, model in self._models.items():
             with model.lock:
-                out[model_id] = {"version": model.version, "weights": _copies(model.module)}
+                out[model_id] = {"version": model.version, "weights": weight_copies(model.module)}
         return out
 
     def load_state_dict(
@@ -455,7 +449,8 @@ class ModelRegistry:
         try:
             if not allow_rollback:
                 for model in models:
-                    self._check_not_older(model, staged[model.spec.model_id][0])
+                    mid = model.spec.model_id
+                    check_not_older(mid, staged[mid][0], model.version)
             changes = {}
             for model in models:
                 version, weights = staged[model.spec.model_id]
@@ -485,16 +480,3 @@ class ModelRegistry:
             # raises unless a mapping of fitting tensors
             staged[model_id] = (version, self.validate(model_id, weights))
         return staged
-
-    @staticmethod
-    def _check_not_older(model: _Model, version: int) -> None:
-        if version < model.version:
-            raise StaleVersionError(
-                f"state version {version} for model {model.spec.model_id!r} is older than the "
-                f"version in force, {model.version}; set allow_rollback to load it anyway"
-            )
-
-
-def _copies(module: nn.Module) -> dict[str, torch.Tensor]:
-    # to_state_dict's CPU tensors may view the live parameters; a snapshot must not move.
-    return {k: v.clone() for k, v in to_state_dict(module).items()}

@@ -20,10 +20,10 @@ from typing import Protocol
 
 import torch
 
-from common.errors import SessionStateError, StaleVersionError
+from common.errors import SessionStateError
 from common.weights import Delta, apply_delta
 
-__all__ = ["ReceiveBuffers", "Swap", "check_base", "check_newer", "swap_delta", "swap_full"]
+__all__ = ["ReceiveBuffers", "Swap", "check_base", "swap_delta", "swap_full"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,19 +44,6 @@ class Slot(Protocol):
 
     lock: threading.Lock
     version: int
-
-
-def check_newer(model_id: str, version: int, current: int) -> None:
-    """The one staleness rule of weight pushes: a version must be newer than the one in force.
-
-    Raises:
-        StaleVersionError: ``version <= current``.
-    """
-    if version <= current:
-        raise StaleVersionError(
-            f"weights version {version} for model {model_id!r} is not newer than "
-            f"the version in force, {current}"
-        )
 
 
 def check_base(model_id: str, base_version: int, current: int) -> None:

@@ -16,6 +16,7 @@ copy protobuf's parser makes; every other message is parsed by protobuf.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -56,7 +57,12 @@ def decode_push_request(data: bytes) -> pb.PushWeightsRequest | RawChunk:
 
 
 def encode_chunk(
-    *, seq: int, index: int, count: int, data: bytes | memoryview, info: pb.BatchInfo | None
+    *,
+    seq: int,
+    index: int,
+    count: int,
+    data: bytes | memoryview | Sequence[memoryview],
+    info: pb.BatchInfo | None,
 ) -> bytes:
     """Return the serialised ``CollectResponse(chunk=BatchChunk(...))`` with one copy of ``data``.
 
@@ -66,16 +72,18 @@ def encode_chunk(
         seq: The batch's seq.
         index: The chunk's index in the batch.
         count: The batch's number of chunks.
-        data: The chunk's slice of the packet.
+        data: The chunk's slice of the packet, or the consecutive views that make it up.
         info: The batch's ``BatchInfo`` (the first chunk only), or None.
     """
-    view = memoryview(data).cast("B")
+    views = [data] if isinstance(data, bytes | memoryview) else list(data)
+    views = [memoryview(view).cast("B") for view in views]
+    nbytes = sum(view.nbytes for view in views)
     # Small fields go through protobuf itself; only the data field is framed by hand.
     head = pb.BatchChunk(seq=seq, index=index, count=count).SerializeToString()
-    data_field = (_DATA_TAG, varint(view.nbytes)) if view.nbytes else ()
+    data_field = (_DATA_TAG, varint(nbytes)) if nbytes else ()
     tail = pb.BatchChunk(info=info).SerializeToString() if info is not None else b""
-    body_len = len(head) + sum(map(len, data_field)) + view.nbytes + len(tail)
-    return b"".join((_RESPONSE_CHUNK_TAG, varint(body_len), head, *data_field, view, tail))
+    body_len = len(head) + sum(map(len, data_field)) + nbytes + len(tail)
+    return b"".join((_RESPONSE_CHUNK_TAG, varint(body_len), head, *data_field, *views, tail))
 
 
 def encode_control(message: pb.CollectResponse) -> bytes:

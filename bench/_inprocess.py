@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -32,7 +33,7 @@ def in_process_fps(
     steps_per_batch: int,
     seconds: float,
     hidden: tuple[int, ...] = (64, 64),
-    policy: str = "mlp",
+    policy: Any = "mlp",
     seed: int = 0,
 ) -> float:
     """Frames/s of the env-plus-policy loop over a window of about ``seconds`` (one warm-up batch).
@@ -43,7 +44,9 @@ def in_process_fps(
         steps_per_batch: Steps per buffer fill (a batch is ``num_envs * steps_per_batch`` frames).
         seconds: Length of the timed window.
         hidden: Hidden widths of the MLP policy.
-        policy: ``"mlp"`` or ``"random"`` (uniform actions, no network).
+        policy: ``"mlp"``, ``"random"`` (uniform actions, no network), or a user's
+            ``TensorDictModule`` whose inner module maps observations to one score per
+            action (called on the step's observation tensor, as an expert would).
         seed: Seed of the envs and of torch.
 
     Returns:
@@ -51,8 +54,12 @@ def in_process_fps(
     """
     torch.manual_seed(seed)
     env = SyncVectorEnv([make_env] * num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
-    kwargs = {"hidden": hidden} if policy == "mlp" else {}
-    module = make_policy(policy, env.single_observation_space, env.single_action_space, **kwargs)
+    if isinstance(policy, str):
+        kwargs = {"hidden": hidden} if policy == "mlp" else {}
+        space = env.single_observation_space
+        module = make_policy(policy, space, env.single_action_space, **kwargs)
+    else:
+        module = policy
     space = env.single_observation_space
     buffers = {
         "observation": np.zeros((steps_per_batch, num_envs, *space.shape), space.dtype),
@@ -84,6 +91,8 @@ def _fill(
         buf["observation"][t] = obs
         if hasattr(policy, "act_compact"):
             action, _extras = policy.act_compact(torch.from_numpy(buf["observation"][t]))
+        elif hasattr(policy, "module"):  # a user's TensorDictModule: its network on tensors
+            action = policy.module(torch.from_numpy(buf["observation"][t])).argmax(-1)
         else:
             action = policy.sample_compact(env.num_envs)
         actions = action.numpy()

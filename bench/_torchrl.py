@@ -69,15 +69,19 @@ def cartpole_env(layout: str, num_envs: int) -> Callable[[], EnvBase]:
     return functools.partial(_cartpole, layout, num_envs)
 
 
-def _pixels(num_envs: int) -> EnvBase:
-    from bench.envs import make_pixel_env
+def _pixels(num_envs: int, fresh: bool) -> EnvBase:
+    from bench.envs import make_fresh_pixel_env, make_pixel_env
 
-    return GymWrapper(_sync_vector([make_pixel_env] * num_envs))
+    make = make_fresh_pixel_env if fresh else make_pixel_env
+    return GymWrapper(_sync_vector([make] * num_envs))
 
 
-def pixel_env(num_envs: int) -> Callable[[], EnvBase]:
-    """A picklable constructor of ``num_envs`` synthetic pixel envs, batched in one worker."""
-    return functools.partial(_pixels, num_envs)
+def pixel_env(num_envs: int, fresh: bool = False) -> Callable[[], EnvBase]:
+    """A picklable constructor of ``num_envs`` synthetic pixel envs, batched in one worker.
+
+    ``fresh``: every frame is new random data (:func:`bench.envs.make_fresh_pixel_env`).
+    """
+    return functools.partial(_pixels, num_envs, fresh)
 
 
 def make_collector(

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-__all__ = ["PIXEL_SHAPE", "PixelEnv", "make_pixel_env"]
+__all__ = ["PIXEL_SHAPE", "PixelEnv", "make_fresh_pixel_env", "make_pixel_env"]
 
 PIXEL_SHAPE = (4, 84, 84)
 
@@ -28,11 +28,13 @@ class PixelEnv(gymnasium.Env):
 
     Args:
         episode_length: Steps after which an episode is truncated.
+        fresh: Every frame is new pseudo-random data (SFC64 output) instead of a
+            window over one buffer, so consecutive frames share no bytes at all.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's class attribute)
 
-    def __init__(self, episode_length: int = 200) -> None:
+    def __init__(self, episode_length: int = 200, fresh: bool = False) -> None:
         if episode_length < 1:
             raise ValueError(f"episode_length must be >= 1, got {episode_length}")
         self.observation_space = gymnasium.spaces.Box(0, 255, PIXEL_SHAPE, dtype=np.uint8)
@@ -41,12 +43,17 @@ class PixelEnv(gymnasium.Env):
         self._noise = np.zeros(0, dtype=np.uint8)
         self._size = int(np.prod(PIXEL_SHAPE))
         self._t = 0
+        self._fresh: np.random.SFC64 | None = None
+        if fresh:
+            self._fresh = np.random.SFC64()
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Start an episode; draws a new noise buffer from the env's RNG."""
         super().reset(seed=seed)
+        if self._fresh is not None:
+            self._fresh = np.random.SFC64(self.np_random.integers(2**63))
         self._noise = self.np_random.integers(0, 256, self._size * 2, dtype=np.uint8)
         self._t = 0
         return self._frame(), {}
@@ -57,6 +64,8 @@ class PixelEnv(gymnasium.Env):
         return self._frame(), 1.0, False, self._t >= self._episode_length, {}
 
     def _frame(self) -> np.ndarray:
+        if self._fresh is not None:
+            return self._fresh.random_raw(self._size // 8).view(np.uint8).reshape(PIXEL_SHAPE)
         # A sliding window over the noise: a new frame each step for the cost of one copy.
         offset = (self._t * 4099) % self._size
         return self._noise[offset : offset + self._size].reshape(PIXEL_SHAPE).copy()
@@ -65,3 +74,8 @@ class PixelEnv(gymnasium.Env):
 def make_pixel_env(**kwargs: Any) -> gymnasium.Env:
     """Build a :class:`PixelEnv` (the ``--env-factory`` entry point)."""
     return PixelEnv(**kwargs)
+
+
+def make_fresh_pixel_env(**kwargs: Any) -> gymnasium.Env:
+    """Build a :class:`PixelEnv` whose every frame is fresh random data."""
+    return PixelEnv(fresh=True, **kwargs)

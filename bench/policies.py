@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-__all__ = ["sequential_policy"]
+__all__ = ["pixel_policy", "sequential_policy"]
 
 
 def sequential_policy(
@@ -27,6 +28,26 @@ def sequential_policy(
     """
     width = int(np.prod(observation_space.shape))
     layers: list[nn.Module] = []
+    for size in hidden:
+        layers += [nn.Linear(width, int(size)), nn.Tanh()]
+        width = int(size)
+    layers.append(nn.Linear(width, int(action_space.n)))
+    return TensorDictModule(nn.Sequential(*layers), in_keys=["observation"], out_keys=["action"])
+
+
+class _Scale(nn.Module):
+    """uint8 pixels to floats in [0, 1]."""
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return pixels.float().div(255.0)
+
+
+def pixel_policy(
+    observation_space: Any, action_space: Any, hidden: Sequence[int] = (16,)
+) -> TensorDictModule:
+    """``observation -> action`` on uint8 frame stacks: scale, flatten, an MLP (tanh), scores."""
+    width = int(np.prod(observation_space.shape))
+    layers: list[nn.Module] = [_Scale(), nn.Flatten(-len(observation_space.shape))]
     for size in hidden:
         layers += [nn.Linear(width, int(size)), nn.Tanh()]
         width = int(size)

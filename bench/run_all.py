@@ -32,15 +32,26 @@ __all__ = ["BENCHES", "main", "run_one"]
 BENCHES = {
     "cartpole": "bench.cartpole",
     "large_obs": "bench.large_obs",
+    "learner_cost": "bench.learner_cost",
     "weight_push": "bench.weight_push",
     "push_forms": "bench.push_forms",
     "startup": "bench.startup",
     "memory": "bench.memory",
     "codec": "bench.codec_bench",
     "metrics": "bench.metrics_overhead",
+    "llm_tokens": "bench.llm_tokens",
 }
 # Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
-_FLEET_FLAGS = {"cartpole", "large_obs", "weight_push", "push_forms", "startup", "memory"}
+_FLEET_FLAGS = {
+    "cartpole",
+    "large_obs",
+    "learner_cost",
+    "weight_push",
+    "push_forms",
+    "startup",
+    "memory",
+    "llm_tokens",
+}
 _STDERR_TAIL = 3000
 
 

@@ -14,7 +14,8 @@ and stops it afterwards (not timed):
 
 Imports this process needs anyway (torch, torchrl, grpc) are done before timing.
 
-Target: rlfleet's time to first batch below TorchRL's (sync vs sync, async vs async).
+Targets: rlfleet's time to first batch below TorchRL's (sync vs sync), at most 0.8x
+TorchRL's (async vs async).
 
 Usage: ``python -m bench.startup [--quick] [--reps 3]``.
 """
@@ -102,8 +103,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report.figure(name, "s", values)
     for mode in ("sync", "async")[: len(modes)]:
         ratio = report.ratio(f"rlfleet/torchrl {mode}", f"rlfleet {mode}", f"torchrl {mode}")
+        bound = 0.8 if mode == "async" else 1.0
         report.target(
-            f"{mode}: rlfleet first batch sooner than TorchRL", ratio, 1.0, higher_is_better=False
+            f"{mode}: rlfleet first batch within {bound:g}x TorchRL's time",
+            ratio,
+            bound,
+            higher_is_better=False,
         )
     return report.emit()
 

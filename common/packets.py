@@ -50,12 +50,12 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import google_crc32c
-import numpy as np
 import torch
-from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
 
-from common._packet_decode import ALIGN, DTYPES, MAGIC, PREAMBLE, STR, PacketLimits, decode
+from common._packet_decode import ALIGN, MAGIC, PREAMBLE, PacketLimits, decode
+from common._packet_encode import Encoder, cut_chunks
+from common._packet_encode import crc32c as _crc32c
 from common.config import CHUNK_BYTES
 from common.errors import DataLossError, PacketTooLargeError, ProtocolError, SessionStateError
 
@@ -66,15 +66,13 @@ __all__ = [
     "DEFAULT_LIMITS",
     "MAGIC",
     "decode_packet",
+    "checksummed_pieces",
     "encode_packet",
     "packet_crc32c",
 ]
 
 #: The caps used when none are given.
 DEFAULT_LIMITS = PacketLimits()
-_ZEROS = memoryview(bytes(ALIGN))
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-Key = tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,22 +110,13 @@ class EncodedPacket:
         Raises:
             ValueError: If ``chunk_bytes`` is not a positive int.
         """
-        if type(chunk_bytes) is not int or chunk_bytes <= 0:
-            raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-        pending: list[memoryview] = []
-        size = 0
-        for part in (memoryview(self.header), *self.payload):
-            start, end = 0, len(part)
-            while start < end:
-                take = min(end - start, chunk_bytes - size)
-                pending.append(part[start : start + take])
-                size += take
-                start += take
-                if size == chunk_bytes:
-                    yield b"".join(pending)
-                    pending, size = [], 0
-        if pending:
-            yield b"".join(pending)
+        _check_chunk_bytes(chunk_bytes)
+        for piece in cut_chunks(self.parts(), chunk_bytes):
+            yield b"".join(piece)
+
+    def parts(self) -> list[memoryview]:
+        """The packet as consecutive byte views: the header, then the payload."""
+        return [memoryview(self.header), *self.payload]
 
     def checksummed_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], int]:
         """Cuts the packet like :meth:`chunks` and checksums it in the same pass.
@@ -174,7 +163,7 @@ def encode_packet(td: TensorDictBase) -> EncodedPacket:
     """
     if not isinstance(td, TensorDictBase) or is_non_tensor(td):
         raise TypeError(f"encode_packet expects a TensorDict, got {type(td).__name__}")
-    encoder = _Encoder()
+    encoder = Encoder()
     td = encoder.dense(td, ())
     encoder.walk(td, (), td.names)
     header = {
@@ -188,95 +177,6 @@ def encode_packet(td: TensorDictBase) -> EncodedPacket:
     text += b" " * (-(PREAMBLE.size + len(text)) % ALIGN)
     head = PREAMBLE.pack(MAGIC, len(text)) + text
     return EncodedPacket(head, tuple(encoder.parts), len(head) + encoder.offset)
-
-
-class _Encoder:
-    """Walks a tensordict depth-first, collecting header records and payload views."""
-
-    def __init__(self) -> None:
-        self.tds: list[dict[str, Any]] = []
-        self.entries: list[dict[str, Any]] = []
-        self.parts: list[memoryview] = []
-        self.offset = 0
-
-    def dense(self, td: TensorDictBase, key: Key) -> TensorDictBase:
-        if type(td) is TensorDict:
-            return td
-        try:
-            return td.contiguous()
-        except (RuntimeError, ValueError) as exc:
-            raise ProtocolError(f"cannot densify the tensordict at {list(key)}: {exc}") from exc
-
-    def walk(self, td: TensorDictBase, prefix: Key, names: list[str | None]) -> None:
-        for name, value in td.items():
-            key = (*prefix, name)
-            if isinstance(value, torch.Tensor):
-                self.add(key, _DTYPE_NAMES.get(value.dtype), value.shape, _tensor_view(key, value))
-            elif is_non_tensor(value):
-                shape, view = _strings_view(key, value, td.batch_size)
-                self.add(key, STR, shape, view)
-            elif isinstance(value, TensorDictBase):
-                value = self.dense(value, key)
-                # tensordict keeps a child's leading names equal to its parent's, except
-                # after erasing names; the packet always states the consistent form.
-                sub_names = [*names, *value.names[td.batch_dims :]]
-                record = {"key": list(key), "batch_size": list(value.batch_size)}
-                self.tds.append({**record, "names": sub_names})
-                self.walk(value, key, sub_names)
-            else:
-                raise TypeError(f"entry {list(key)}: cannot encode a {type(value).__name__}")
-
-    def add(self, key: Key, dtype: str | None, shape: Sequence[int], view: memoryview) -> None:
-        pad = -self.offset % ALIGN
-        if pad:
-            self.parts.append(_ZEROS[:pad])
-            self.offset += pad
-        record = {"key": list(key), "dtype": dtype, "shape": list(shape)}
-        self.entries.append({**record, "offset": self.offset, "nbytes": len(view)})
-        if len(view):
-            self.parts.append(view)
-            self.offset += len(view)
-
-
-def _tensor_view(key: Key, tensor: torch.Tensor) -> memoryview:
-    if tensor.dtype not in _DTYPE_NAMES:
-        raise TypeError(f"entry {list(key)}: dtype {tensor.dtype} is not one of {list(DTYPES)}")
-    if tensor.layout is not torch.strided:
-        raise TypeError(f"entry {list(key)}: layout {tensor.layout} is not torch.strided")
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    return tensor.reshape(-1).view(torch.uint8).numpy().data
-
-
-def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tuple[list[int], Any]:
-    if isinstance(value, NonTensorStack):
-        shape = list(value.batch_size)
-        flat = _flatten(value.tolist(), len(shape))
-    elif value.batch_size == batch_size:
-        shape, flat = [], [value.data]
-    else:
-        raise ProtocolError(
-            f"entry {list(key)}: NonTensorData batch size {list(value.batch_size)} differs from "
-            f"its tensordict's {list(batch_size)}; use a NonTensorStack"
-        )
-    for item in flat:
-        if not isinstance(item, str):
-            raise TypeError(f"entry {list(key)}: non-tensor values must be str, got {item!r:.60}")
-    try:
-        encoded = [item.encode("utf-8") for item in flat]
-    except UnicodeEncodeError as exc:
-        raise ProtocolError(f"entry {list(key)}: text is not encodable as UTF-8: {exc}") from exc
-    ends = np.cumsum([len(item) for item in encoded], dtype="<u8")
-    return shape, memoryview(ends.tobytes() + b"".join(encoded))
-
-
-def _flatten(nested: Any, ndim: int) -> list[Any]:
-    for _ in range(ndim - 1):
-        nested = [item for row in nested for item in row]
-    return list(nested)
 
 
 def decode_packet(
@@ -337,6 +237,8 @@ class PacketAssembler:
         allocate: Called with ``total_bytes`` (after the checks) to get the buffer: a
             contiguous 1-D uint8 CPU tensor of exactly that length, starting 16-byte
             aligned, that nothing else writes to. None allocates a fresh one.
+        checksum: Fold each chunk into a CRC-32C; False when the caller checksums a
+            stream of several packets itself (:class:`common.assembly.BatchAssembler`).
 
     Raises:
         ProtocolError: If ``total_bytes`` is too small for a packet, or ``allocate``
@@ -349,6 +251,8 @@ class PacketAssembler:
         total_bytes: int,
         limits: PacketLimits = DEFAULT_LIMITS,
         allocate: Callable[[int], torch.Tensor] | None = None,
+        *,
+        checksum: bool = True,
     ) -> None:
         if type(total_bytes) is not int:
             raise ProtocolError(f"total_bytes must be an int, got {total_bytes!r:.60}")
@@ -362,6 +266,7 @@ class PacketAssembler:
         self._total = total_bytes
         self._received = 0
         self._crc = 0
+        self._checksum = checksum
         if allocate is None:
             buffer = torch.empty(total_bytes, dtype=torch.uint8)
         else:
@@ -399,7 +304,8 @@ class PacketAssembler:
             )
         self._view[self._received : end] = piece
         # Checksummed as it arrives (the bytes are in cache): finish() needs no extra pass.
-        self._crc = _crc32c(piece, self._crc)
+        if self._checksum:
+            self._crc = _crc32c(piece, self._crc)
         self._received = end
 
     def finish(self, expected_crc32c: int | None = None) -> TensorDict:
@@ -418,6 +324,8 @@ class PacketAssembler:
         """
         if self._buffer is None:
             raise SessionStateError("PacketAssembler.finish called twice")
+        if expected_crc32c is not None and not self._checksum:
+            raise ValueError("this assembler does not checksum (checksum=False)")
         buffer, actual = self._buffer, self._crc
         self._buffer = None
         self._view = memoryview(b"")
@@ -463,11 +371,32 @@ def packet_crc32c(packet: EncodedPacket | bytes | bytearray | memoryview) -> int
     return _crc32c(packet)
 
 
-def _crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
-    """CRC-32C of ``data`` continued from ``crc``; SSE4.2 / ARMv8 CRC instructions when present.
+def checksummed_pieces(
+    packets: Sequence[EncodedPacket], chunk_bytes: int = CHUNK_BYTES
+) -> tuple[list[list[memoryview]], int]:
+    """Cuts consecutive packets into chunk-sized pieces, as views, and checksums them.
 
-    ``google_crc32c`` takes read-only ``bytes`` or an ndarray: a zero-copy uint8 view of
-    any buffer is the way in without a copy.
+    Nothing is copied: the caller copies each piece once, into the message that
+    carries it. The CRC-32C is read from the packets' own memory.
+
+    Args:
+        packets: The packets, sent back to back.
+        chunk_bytes: Largest piece; every piece but the last has exactly this length.
+
+    Returns:
+        Each piece as the list of views that make it up, and the CRC-32C of all the bytes.
+
+    Raises:
+        ValueError: If ``chunk_bytes`` is not a positive int.
     """
-    view = np.frombuffer(data, dtype=np.uint8)
-    return int(google_crc32c.extend(crc, view))
+    _check_chunk_bytes(chunk_bytes)
+    parts = [part for packet in packets for part in packet.parts()]
+    crc = 0
+    for part in parts:
+        crc = _crc32c(part, crc)
+    return cut_chunks(parts, chunk_bytes), crc
+
+
+def _check_chunk_bytes(chunk_bytes: int) -> None:
+    if type(chunk_bytes) is not int or chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")

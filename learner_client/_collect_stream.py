@@ -2,9 +2,10 @@
 
 :class:`CollectStream` sends ``open`` then credits, acks and ``close`` from a
 queue; it reads ``opened``, then reassembles each batch's chunks with
-:class:`~common.packets.PacketAssembler` (one copy, crc32c checked, decoded off
-the loop when large, into the buffer ``allocate`` gives) and returns whole
-batches or the ``end`` marker. A protocol violation or a broken call raises;
+:class:`~common.assembly.BatchAssembler` (chunk data read as views of the
+received messages and copied once, into the buffer ``allocate`` gives; crc32c
+checked; decoded, and a folded batch rebuilt, off the loop when large) and
+returns whole batches or the ``end`` marker. A protocol violation or a broken call raises;
 the partial batch is dropped with the stream. :class:`OpenStreams` is the
 direct route of the mailbox's credits and acks to the open stream of each
 actor. Everything here runs on the learner's event loop.
@@ -20,11 +21,13 @@ from typing import Any
 import grpc
 from tensordict import TensorDictBase
 
+from common.assembly import BatchAssembler
 from common.config import CollectSettings
 from common.errors import DeadlineError, EnvError, ProtocolError
 from common.llm import LLMSettings
-from common.packets import PacketAssembler, PacketLimits
+from common.packets import PacketLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from learner_client._collect_wire import Chunk
 from learner_client._loop import LoopThread
 from learner_client._transport import ActorChannel, translate_errors
 
@@ -119,6 +122,7 @@ def _open_request(
         set_truncated=settings.set_truncated,
         total_frames=settings.total_frames,
         model_id=settings.model_id,
+        fold_observations=settings.fold_observations,
     )
     if settings.llm is not None:
         wire.llm.CopyFrom(llm_settings_to_proto(settings.llm))
@@ -207,7 +211,7 @@ class CollectStream:
 
     async def _receive(
         self, idle: float | None, stalled: Callable[[], bool] | None = None
-    ) -> pb.CollectResponse | None:
+    ) -> pb.CollectResponse | Chunk | None:
         # One read stays pending across idle checks: cancelling a read breaks the call.
         if self._read is None:
             self._read = asyncio.ensure_future(self._call.read())
@@ -225,8 +229,10 @@ class CollectStream:
     async def opened(self, timeout: float) -> SessionInfo:
         """Wait for the ``opened`` reply."""
         message = await self._receive(timeout)
-        if message is None or message.WhichOneof("kind") != "opened":
-            kind = None if message is None else message.WhichOneof("kind")
+        if not isinstance(message, pb.CollectResponse) or message.WhichOneof("kind") != "opened":
+            kind = None if message is None else "chunk"
+            if isinstance(message, pb.CollectResponse):
+                kind = message.WhichOneof("kind")
             raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
         opened = message.opened
         return SessionInfo(opened.epoch, opened.next_seq, opened.resumed)
@@ -253,31 +259,26 @@ class CollectStream:
             DataLossError: A batch failed its crc32c.
             ActorUnavailableError: The call broke (or any other translated status).
         """
-        assembler: PacketAssembler | None = None
+        assembler: BatchAssembler | None = None
         info: Any = None
         expected = 0
         while True:
             message = await self._receive(idle, waiting if assembler is None else None)
             if message is None:
                 raise ProtocolError(f"{self.address}: stream ended without an 'end' marker")
-            kind = message.WhichOneof("kind")
+            kind = "chunk" if isinstance(message, Chunk) else message.WhichOneof("kind")
             if kind == "end" and assembler is None:
-                end = message.end
+                end = message.end  # type: ignore[union-attr]  # a Chunk is never "end"
                 return EndEvent(
                     _END_REASONS.get(end.reason, str(end.reason)), end.message, _env_error(end)
                 )
             if kind != "chunk":
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
-            chunk = message.chunk
+            chunk = message if isinstance(message, Chunk) else Chunk.from_proto(message.chunk)
             if assembler is None:
-                if chunk.index != 0 or not chunk.HasField("info") or chunk.count < 1:
-                    raise ProtocolError(
-                        f"{self.address}: batch seq {chunk.seq} starts without info"
-                    )
-                info, expected = chunk.info, 0
+                info, assembler, expected = chunk.info, self._start_batch(chunk), 0
                 if on_start is not None:
                     on_start(chunk.seq)
-                assembler = PacketAssembler(info.frame_bytes, self._limits, allocate=self._allocate)
             if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
                 raise ProtocolError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
@@ -288,7 +289,18 @@ class CollectStream:
             if expected == chunk.count:
                 return await self._finish(assembler, info)
 
-    async def _finish(self, assembler: PacketAssembler, info: pb.BatchInfo) -> BatchEvent:
+    def _start_batch(self, chunk: Chunk) -> BatchAssembler:
+        """The assembler of the batch ``chunk`` (its first) starts, sized by its info."""
+        if chunk.index != 0 or chunk.info is None or chunk.count < 1:
+            raise ProtocolError(f"{self.address}: batch seq {chunk.seq} starts without info")
+        return BatchAssembler(
+            chunk.info.frame_bytes,
+            finals_bytes=chunk.info.fold.finals_bytes,
+            limits=self._limits,
+            allocate=self._allocate,
+        )
+
+    async def _finish(self, assembler: BatchAssembler, info: pb.BatchInfo) -> BatchEvent:
         if info.frame_bytes < _DECODE_OFF_LOOP_BYTES:
             batch = assembler.finish(expected_crc32c=info.crc32c)
         else:

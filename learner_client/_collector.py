@@ -10,7 +10,6 @@ collector usable (unlike TorchRL, which shuts down): catch it, ``next()`` again 
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -19,7 +18,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_seed
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
@@ -174,8 +173,9 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
-        conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
+        conn = ConnectionSettings(
+            connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over
+        )
         self._connect(conn, actors, dns_refresh_interval, (postproc, replay_buffer), weight_push)
 
     def _connect(
@@ -380,8 +380,7 @@ class GrpcCollector:
         Returns:
             The seed returned by the last actor (to chain further).
         """
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        check_seed(seed)
         with self._lock:
             self._check_open()
             return self._fleet.set_seed(seed, bool(static_seed))
@@ -413,7 +412,7 @@ class GrpcCollector:
     def stats(
         self, workers: str = "aggregate", *, timeout: float | None = 10.0
     ) -> dict[str, int | float | bool]:
-        """TorchRL's flat, cheap snapshot of scalars (keys: :mod:`learner_client._stats`).
+        """TorchRL's flat, cheap snapshot of scalars (keys: ``docs/collector.md``, stats).
 
         ``workers`` is TorchRL's view (``"aggregate"``, ``"per_worker"``, ``"both"``);
         ``timeout`` (None or seconds) never matters: nothing waits on an actor.

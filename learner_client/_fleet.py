@@ -27,7 +27,8 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._settings import ConnectionSettings, FleetMember
+from learner_client._members import FleetMember
+from learner_client._settings import ConnectionSettings
 from learner_client._slabs import PacketSlabs
 from learner_client._transport import (
     ActorChannel,
@@ -396,7 +397,7 @@ class Fleet:
 
     def liveness(self) -> dict[str, int]:
         """``workers`` and ``workers_alive``, which every view of ``stats()`` reports."""
-        alive = sum(1 for link in self._links.values() if link.state not in _UNREACHABLE)
+        alive = sum(1 for wid in self._links if self.reachable(wid))
         return {"workers": len(self._links), "workers_alive": alive}
 
     def worker_stats(self, acting_model: str) -> dict[str, int | float | bool]:
@@ -407,7 +408,7 @@ class Fleet:
             prefix = f"worker_{wid}/"
             out[prefix + "frames"] = ledger.worker_frames.get(wid, 0)
             out[prefix + "batches"] = ledger.worker_batches.get(wid, 0)
-            out[prefix + "alive"] = link.state not in _UNREACHABLE
+            out[prefix + "alive"] = self.reachable(wid)
             out[prefix + "failures"] = ledger.failures.get(wid, 0)
             out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)
             out[prefix + "gaps"] = link.tracker.gaps

@@ -7,8 +7,13 @@ checks this per entry and copies only what does not line up). :class:`PacketSlab
 hands out such buffers: a slab holds one slot per actor position, and the n-th
 packet of each actor goes to the oldest slab whose slot for that actor is free,
 so rounds line up as long as actors deliver rounds in order (the sync mailbox
-makes them). A slab is never reused: the tensors of a delivered batch keep their
-slab alive, and nothing else writes to it. Slots never filled (a missing actor)
+makes them). A slab is reused only once no tensor views it any more (torch's
+count of the storage's users is back to the slab's own): the tensors of a
+delivered batch keep their slab out of reuse for as long as any of them lives,
+so a batch you keep is never overwritten, and a dropped one gives its memory,
+already paged in, to a later round (fresh memory costs a page fault per 4 KiB).
+A packet outside any round (async collection, an actor not yet in the layout)
+gets a one-slot slab, reused the same way. Slots never filled (a missing actor)
 are never touched, so they cost address space, not memory.
 """
 
@@ -25,6 +30,15 @@ _ALIGN = 16
 # Slabs waiting for a slot to be filled; older ones are let go (their packets simply
 # stop lining up, and combine copies them).
 _MAX_OPEN = 8
+# Filled slabs kept for reuse once their batches are dropped (enough to outlast the batches
+# in flight and queued, for two buffer sizes); older ones are let go.
+_MAX_FILLED = 16
+
+
+def _users(storage: torch.Tensor) -> int | None:
+    """How many tensors (and storage objects) share ``storage``'s memory; None if unknown."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return None if count is None else int(count(storage.untyped_storage()._cdata))
 
 
 class _Slab:
@@ -33,6 +47,15 @@ class _Slab:
         self.slot_bytes = slot_bytes
         self.storage = torch.empty(width * slot_bytes, dtype=torch.uint8)
         self.free = set(range(width))
+        self._own_users = _users(self.storage)
+
+    def idle(self) -> bool:
+        """No tensor but the slab's own views its memory (False when torch cannot tell)."""
+        users = _users(self.storage)
+        return users is not None and users == self._own_users
+
+    def fits(self, width: int, slot_bytes: int) -> bool:
+        return self.width == width and self.slot_bytes == slot_bytes
 
 
 class PacketSlabs:
@@ -47,6 +70,7 @@ class PacketSlabs:
 
     def __init__(self) -> None:
         self._open: list[_Slab] = []
+        self._filled: list[_Slab] = []
         self._lock = threading.Lock()
         self._positions: dict[int, int] = {}
 
@@ -58,14 +82,14 @@ class PacketSlabs:
     def for_worker(self, worker_id: int) -> Callable[[int], torch.Tensor]:
         """The ``allocate`` of one actor's stream: its slot under the current layout.
 
-        A worker outside the layout (not yet part of a round) gets a fresh buffer.
+        A worker outside the layout (not yet part of a round) gets a one-slot slab.
         """
 
         def allocate(nbytes: int) -> torch.Tensor:
             with self._lock:
                 position, width = self._positions.get(worker_id), len(self._positions)
             if position is None:
-                return torch.empty(nbytes, dtype=torch.uint8)
+                return self.buffer(0, 1, nbytes)
             return self.buffer(position, width, nbytes)
 
         return allocate
@@ -89,26 +113,35 @@ class PacketSlabs:
         return allocate
 
     def buffer(self, position: int, width: int, nbytes: int) -> torch.Tensor:
-        """A fresh ``nbytes`` uint8 buffer in slot ``position`` of a ``width``-slot slab."""
+        """An ``nbytes`` uint8 buffer in slot ``position`` of a ``width``-slot slab.
+
+        Nothing else views the buffer: it is new memory or that of a dropped batch.
+        """
         slot_bytes = nbytes + -nbytes % _ALIGN
         with self._lock:
             slab = next(
-                (
-                    s
-                    for s in self._open
-                    if s.width == width and s.slot_bytes == slot_bytes and position in s.free
-                ),
-                None,
+                (s for s in self._open if s.fits(width, slot_bytes) and position in s.free), None
             )
             if slab is None:
-                slab = _Slab(width, slot_bytes)
+                slab = self._reusable(width, slot_bytes) or _Slab(width, slot_bytes)
                 self._open.append(slab)
                 del self._open[:-_MAX_OPEN]
             slab.free.discard(position)
             if not slab.free:
                 self._open.remove(slab)
+                self._filled.append(slab)
+                del self._filled[:-_MAX_FILLED]
         start = position * slot_bytes
         return slab.storage[start : start + nbytes]
+
+    def _reusable(self, width: int, slot_bytes: int) -> _Slab | None:
+        """A filled slab of this shape whose batches were all dropped, emptied for reuse."""
+        for slab in self._filled:
+            if slab.fits(width, slot_bytes) and slab.idle():
+                self._filled.remove(slab)
+                slab.free = set(range(width))
+                return slab
+        return None
 
     @property
     def open_slabs(self) -> int:

@@ -30,6 +30,7 @@ from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
+from learner_client._collect_wire import parse_collect_response
 
 __all__ = [
     "ActorChannel",
@@ -210,6 +211,13 @@ class ActorChannel:
             response_deserializer=pb.PushWeightsResponse.FromString,
             _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
         )
+        # Collect with chunk data read as views of the received messages (see _collect_wire).
+        self._collect = self._channel.stream_stream(
+            "/rlfleet.v1.ActorService/Collect",
+            request_serializer=pb.CollectRequest.SerializeToString,
+            response_deserializer=parse_collect_response,
+            _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
+        )
 
     async def close(self) -> None:
         """Close the channel, cancelling its calls."""
@@ -328,4 +336,4 @@ class ActorChannel:
 
     def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> Any:
         """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
-        return self._stub.Collect(requests, metadata=self._metadata)
+        return self._collect(requests, metadata=self._metadata)

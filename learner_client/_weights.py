@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common.config import DEFAULT_MODEL_ID
+from common.config import DEFAULT_MODEL_ID, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import PushForm, checksums, encode_weights
 
@@ -138,12 +138,6 @@ def _check_source(name: str, value: object) -> WeightSource:
     )
 
 
-def _check_model_id(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"model_id must be a non-empty string, got {value!r}")
-    return value
-
-
 def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
     if worker_ids is None:
         return None
@@ -216,7 +210,7 @@ def _normalize(*args: Any) -> WeightRequest:
         if given:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
         return WeightRequest(_models(weights_dict), targets, nested=True, options=opts)
-    mid = DEFAULT_MODEL_ID if model_id is None else _check_model_id(model_id)
+    mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
     source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
     if policy is not None and not isinstance(policy, nn.Module):
         raise TypeError(f"policy must be an nn.Module, got {type(policy).__name__}")
@@ -246,7 +240,7 @@ def _models(weights_dict: object) -> dict[str, WeightSource | None]:
     if not weights_dict:
         raise ValueError("weights_dict is empty")
     return {
-        _check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
+        check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
         for mid, src in weights_dict.items()
     }
 

@@ -78,8 +78,7 @@ def assemble(
     book = WeightBook(push.checksum)
     streams = OpenStreams(loop)
     mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
-    stacked = batch.sync and batch.cat_results == "stack" and not batch.split_trajs
-    slabs = PacketSlabs() if stacked else None
+    slabs = PacketSlabs()  # stacked sync rounds line up in them; every batch reuses memory
     fleet = Fleet(
         conn,
         loop=loop,

@@ -5,7 +5,8 @@
 * :func:`build_task` — tasks: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH``,
   ``package.module:factory`` (the :class:`Task` protocol);
 * :func:`generate` / :func:`response_log_probs` — the decode loop with exact behaviour
-  log-probs, and the learner's recomputation of them;
+  log-probs, and the learner's recomputation of them (:func:`response_distributions`
+  gives the whole distributions, e.g. for an entropy bonus);
 * :class:`GenerationSettings`, :class:`LLMSettings` — what a session asks for;
 * :class:`LoraSpec`, :func:`parse_lora`, :func:`apply_lora` — a LoRA adapter (``--lora``),
   applied the same way by actors and learners (``peft``, the ``lora`` extra);
@@ -42,7 +43,14 @@ from common.llm._tasks import (
 )
 
 if TYPE_CHECKING:
-    from common.llm._decode import Generation, generate, process_logits, response_log_probs
+    from common.llm._decode import (
+        Generation,
+        chosen_log_probs,
+        generate,
+        process_logits,
+        response_distributions,
+        response_log_probs,
+    )
     from common.llm._layout import check_padded, to_torchrl
     from common.llm._merge import merge_padded
 
@@ -59,6 +67,8 @@ __all__ = [
     "generate",
     "process_logits",
     "response_log_probs",
+    "response_distributions",
+    "chosen_log_probs",
     "check_padded",
     "to_torchrl",
     "merge_padded",
@@ -81,6 +91,8 @@ _LAZY = {
     "generate": "_decode",
     "process_logits": "_decode",
     "response_log_probs": "_decode",
+    "response_distributions": "_decode",
+    "chosen_log_probs": "_decode",
     "check_padded": "_layout",
     "to_torchrl": "_layout",
     "merge_padded": "_merge",

@@ -21,7 +21,15 @@ import torch
 
 from common.llm._settings import GenerationSettings
 
-__all__ = ["Forward", "Generation", "generate", "process_logits", "response_log_probs"]
+__all__ = [
+    "Forward",
+    "Generation",
+    "chosen_log_probs",
+    "generate",
+    "process_logits",
+    "response_distributions",
+    "response_log_probs",
+]
 
 #: ``forward(input_ids, attention_mask, position_ids, past) -> (last_logits, past, version)``.
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any, int]]
@@ -155,6 +163,37 @@ def _left_padded(
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def response_distributions(
+    model: Any,
+    tokens: torch.Tensor,
+    prompt_len: torch.Tensor,
+    response_len: torch.Tensor,
+    settings: GenerationSettings,
+) -> torch.Tensor:
+    """The distributions response tokens were drawn from, by one forward pass (learner side).
+
+    Args:
+        model: A causal LM (``model(input_ids, attention_mask).logits``).
+        tokens: ``[B, L]`` right-padded ``prompt ‖ response`` tokens (the padded wire form).
+        prompt_len: ``[B]`` prompt lengths.
+        response_len: ``[B]`` response lengths.
+        settings: The generation settings the responses were drawn with.
+
+    Returns:
+        ``[B, R, V]`` float32 log-probabilities (:func:`process_logits`) at each response
+        position, ``R = max(response_len)``; positions past a row's length hold
+        whatever follows its end (mask them); differentiable.
+    """
+    rows, width = tokens.shape
+    index = torch.arange(width)
+    mask = (index[None, :] < (prompt_len + response_len)[:, None]).long()
+    logits = model(input_ids=tokens, attention_mask=mask).logits
+    span = int(response_len.max()) if rows else 0
+    offsets = (prompt_len[:, None] - 1 + torch.arange(span)[None, :]).clamp(0, width - 1)
+    picked = logits.gather(1, offsets[..., None].expand(-1, -1, logits.shape[-1]))
+    return process_logits(picked, settings)
+
+
 def response_log_probs(
     model: Any,
     tokens: torch.Tensor,
@@ -175,15 +214,23 @@ def response_log_probs(
         ``[B, R]`` float32 log-probs of each response token (0 past its length),
         ``R = max(response_len)``; differentiable.
     """
-    rows, width = tokens.shape
-    index = torch.arange(width)
-    mask = (index[None, :] < (prompt_len + response_len)[:, None]).long()
-    logits = model(input_ids=tokens, attention_mask=mask).logits
-    span = int(response_len.max()) if rows else 0
-    offsets = (prompt_len[:, None] - 1 + torch.arange(span)[None, :]).clamp(0, width - 1)
-    picked = logits.gather(1, offsets[..., None].expand(-1, -1, logits.shape[-1]))
-    log_probs = process_logits(picked, settings)
-    targets = tokens.gather(1, (offsets + 1).clamp(max=width - 1))
-    chosen = log_probs.gather(-1, targets[..., None]).squeeze(-1)
+    log_probs = response_distributions(model, tokens, prompt_len, response_len, settings)
+    return chosen_log_probs(log_probs, tokens, prompt_len, response_len)
+
+
+def chosen_log_probs(
+    log_probs: torch.Tensor,
+    tokens: torch.Tensor,
+    prompt_len: torch.Tensor,
+    response_len: torch.Tensor,
+) -> torch.Tensor:
+    """Pick each response token's log-prob out of :func:`response_distributions`.
+
+    Returns:
+        ``[B, R]`` log-probs of the response tokens, 0 past each row's length.
+    """
+    width, span = tokens.shape[1], log_probs.shape[1]
+    offsets = (prompt_len[:, None] + torch.arange(span)[None, :]).clamp(max=width - 1)
+    chosen = log_probs.gather(-1, tokens.gather(1, offsets)[..., None]).squeeze(-1)
     valid = torch.arange(span)[None, :] < response_len[:, None]
     return torch.where(valid, chosen, torch.zeros_like(chosen))

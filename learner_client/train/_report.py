@@ -82,14 +82,21 @@ class Progress:
     """A progress bar over the frame budget, or log lines when off, not a terminal or no tqdm.
 
     Args:
-        total_frames: The frame budget.
+        total_frames: The frame budget (or of whatever ``unit`` counts).
         enabled: Whether to draw a tqdm bar when ``stream`` is a terminal.
         stream: Where the bar or the lines go.
+        unit: What is counted (``"frame"``; ``"step"`` for updates).
     """
 
     def __init__(
-        self, total_frames: int, *, enabled: bool = True, stream: TextIO | None = None
+        self,
+        total_frames: int,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        unit: str = "frame",
     ) -> None:
+        self._unit = unit
         self._stream = stream or sys.stderr
         self._start = time.monotonic()
         self._frames = 0
@@ -106,8 +113,8 @@ class Progress:
             else:
                 self._bar = tqdm(
                     total=total_frames,
-                    unit="frame",
-                    unit_scale=True,
+                    unit=unit,
+                    unit_scale=unit == "frame",
                     dynamic_ncols=True,
                     file=self._stream,
                 )
@@ -119,9 +126,12 @@ class Progress:
             self._bar.set_postfix(dict(fields), refresh=False)
             self._bar.update(delta)
             return
-        fps = self._frames / max(time.monotonic() - self._start, 1e-9)
+        rate = self._frames / max(time.monotonic() - self._start, 1e-9)
         parts = " ".join(f"{k}={v}" for k, v in fields.items())
-        self.write(f"frames={self._frames} fps={fps:.0f} {parts}")
+        if self._unit == "frame":
+            self.write(f"frames={self._frames} fps={rate:.0f} {parts}")
+        else:
+            self.write(f"{self._unit}s={self._frames} {parts}")
 
     def write(self, message: str) -> None:
         """Print a message without breaking the bar."""

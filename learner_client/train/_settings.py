@@ -17,7 +17,14 @@ from typing import Any
 
 from learner_client._metrics import check_metrics_port
 
-__all__ = ["CARTPOLE_TARGET_RETURN", "RETURN_WINDOW", "TrainSettings", "parse_args"]
+__all__ = [
+    "CARTPOLE_TARGET_RETURN",
+    "RETURN_WINDOW",
+    "TrainSettings",
+    "opt",
+    "parse_args",
+    "settings_parser",
+]
 
 #: Mean return over the last RETURN_WINDOW episodes that counts as solving CartPole-v1.
 CARTPOLE_TARGET_RETURN = 475.0
@@ -25,7 +32,8 @@ CARTPOLE_TARGET_RETURN = 475.0
 RETURN_WINDOW = 20
 
 
-def _opt(default: Any, help_text: str, **extra: Any) -> Any:
+def opt(default: Any, help_text: str, **extra: Any) -> Any:
+    """A settings field: its default and its command-line help (``extra``: more metadata)."""
     return dataclasses.field(default=default, metadata={"help": help_text, **extra})
 
 
@@ -70,36 +78,36 @@ class TrainSettings:
             interfaces; 0 picks a free one); None serves none.
     """
 
-    env: str = _opt("CartPole-v1", "gymnasium env id")
-    num_actors: int = _opt(2, "actor servers to start on loopback")
-    num_envs: int = _opt(8, "envs per actor")
-    frames_per_batch: int = _opt(1024, "frames per PPO update")
-    total_frames: int = _opt(500_000, "frame budget of the run")
-    sync: bool = _opt(
+    env: str = opt("CartPole-v1", "gymnasium env id")
+    num_actors: int = opt(2, "actor servers to start on loopback")
+    num_envs: int = opt(8, "envs per actor")
+    frames_per_batch: int = opt(1024, "frames per PPO update")
+    total_frames: int = opt(500_000, "frame budget of the run")
+    sync: bool = opt(
         True, "sync (one batch from every actor) or async collection", negative="async"
     )
-    seed: int = _opt(1, "seed of the learner; actor i gets seed + i")
-    lr: float = _opt(2.5e-3, "Adam learning rate")
-    anneal_lr: bool = _opt(True, "decay the learning rate linearly to 0 over total_frames")
-    gamma: float = _opt(0.99, "discount factor")
-    gae_lambda: float = _opt(0.95, "GAE lambda")
-    clip_eps: float = _opt(0.2, "PPO clipping range")
-    epochs: int = _opt(4, "passes over each batch")
-    minibatch_size: int = _opt(256, "frames per gradient step")
-    ent_coef: float = _opt(0.0, "entropy bonus weight")
-    vf_coef: float = _opt(0.5, "value loss weight")
-    max_grad_norm: float = _opt(0.5, "gradient norm clip")
-    hidden: tuple[int, ...] = _opt((64, 64), "hidden layer sizes, comma-separated")
-    actors: tuple[str, ...] = _opt((), "host:port,... of an existing fleet (none: start one)")
-    out: str = _opt("", "output directory (default runs/<env>-seed<seed>)")
-    target_return: float | None = _opt(
+    seed: int = opt(1, "seed of the learner; actor i gets seed + i")
+    lr: float = opt(2.5e-3, "Adam learning rate")
+    anneal_lr: bool = opt(True, "decay the learning rate linearly to 0 over total_frames")
+    gamma: float = opt(0.99, "discount factor")
+    gae_lambda: float = opt(0.95, "GAE lambda")
+    clip_eps: float = opt(0.2, "PPO clipping range")
+    epochs: int = opt(4, "passes over each batch")
+    minibatch_size: int = opt(256, "frames per gradient step")
+    ent_coef: float = opt(0.0, "entropy bonus weight")
+    vf_coef: float = opt(0.5, "value loss weight")
+    max_grad_norm: float = opt(0.5, "gradient norm clip")
+    hidden: tuple[int, ...] = opt((64, 64), "hidden layer sizes, comma-separated")
+    actors: tuple[str, ...] = opt((), "host:port,... of an existing fleet (none: start one)")
+    out: str = opt("", "output directory (default runs/<env>-seed<seed>)")
+    target_return: float | None = opt(
         None,
         "stop at this mean return of the last 20 episodes (default 475 for "
         "CartPole-v1, none otherwise; inf disables)",
     )
-    log_every: int = _opt(1, "batches between progress updates")
-    progress: bool = _opt(True, "show a tqdm progress bar")
-    metrics_port: int | None = _opt(None, "serve the learner's Prometheus /metrics on this port")
+    log_every: int = opt(1, "batches between progress updates")
+    progress: bool = opt(True, "show a tqdm progress bar")
+    metrics_port: int | None = opt(None, "serve the learner's Prometheus /metrics on this port")
 
     def __post_init__(self) -> None:
         for name in (
@@ -189,18 +197,27 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the ``rlfleet-train`` parser from the fields of :class:`TrainSettings`.
+def settings_parser(settings_type: type, prog: str, description: str) -> argparse.ArgumentParser:
+    """Build a parser with one flag per field of a settings dataclass.
+
+    The field name with dashes is the flag and its ``help`` metadata the help; a
+    ``bool`` field is ``--flag/--no-flag``, or ``--flag/--<negative>`` when its
+    metadata names a ``negative``.
+
+    Args:
+        settings_type: A dataclass whose fields have ``help`` metadata.
+        prog: The program name shown in the usage line.
+        description: The parser's description.
 
     Returns:
         A parser whose namespace holds one attribute per field.
     """
     parser = argparse.ArgumentParser(
-        prog="rlfleet-train",
-        description="PPO against a fleet of rlfleet actors (started locally unless --actors).",
+        prog=prog,
+        description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    for field in dataclasses.fields(TrainSettings):
+    for field in dataclasses.fields(settings_type):
         flag = "--" + field.name.replace("_", "-")
         help_text = field.metadata["help"]
         if field.type == "bool":
@@ -222,6 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
             flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
         )
     return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the ``rlfleet-train`` parser from the fields of :class:`TrainSettings`.
+
+    Returns:
+        A parser whose namespace holds one attribute per field.
+    """
+    return settings_parser(
+        TrainSettings,
+        "rlfleet-train",
+        "PPO against a fleet of rlfleet actors (started locally unless --actors).",
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainSettings:

@@ -47,8 +47,29 @@ EXPECTED = {
         ],
     ),
     "large_obs": (
-        ["rlfleet frames", "rlfleet payload", "torchrl frames", "torchrl payload", "loopback tcp"],
-        ["rlfleet payload/loopback tcp", "rlfleet/torchrl frames"],
+        [
+            "rlfleet frames",
+            "rlfleet payload",
+            "torchrl frames",
+            "torchrl payload",
+            "loopback tcp",
+            "in-process limit frames",
+            "wire bytes per frame",
+        ],
+        ["rlfleet/torchrl frames", "rlfleet/in-process limit frames", "wire/payload bytes"],
+    ),
+    "learner_cost": (
+        [
+            "pixels frames/s",
+            "pixels cpu s per Mframes",
+            "pixels cpu s per GB",
+            "pixels GB/s per core",
+            "replay pixels frames/s",
+            "replay pixels cpu s per Mframes",
+            "replay cartpole frames/s",
+            "replay cartpole cpu s per Mframes",
+        ],
+        [],
     ),
     "weight_push": (
         ["tiny rlfleet", "tiny torchrl multisync", "tiny raw loopback"],
@@ -70,6 +91,15 @@ EXPECTED = {
     "metrics": (
         ["metrics off", "metrics on", "loop metrics off", "loop metrics on"],
         ["metrics on/off", "loop metrics on/off"],
+    ),
+    "llm_tokens": (
+        [
+            "in-process generate (1 core)",
+            "rlfleet fleet",
+            "rlfleet per actor",
+            "torchrl LLMCollector",
+        ],
+        ["per actor / in-process", "fleet / torchrl"],
     ),
     "memory": (
         ["learner rss growth", "learner rss slope", "actor 0 rss growth", "frames collected"],

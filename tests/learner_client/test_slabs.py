@@ -105,8 +105,70 @@ def test_collector_sync_batches_view_their_round_slab_and_stay_intact(fleet):
     assert len(later) == 3
     for batch in (first, *later):
         assert batch.names == [None, None, "time"]
-        # Both entries are views of one slab holding both actors' packets: nothing was stacked.
+        # Both entries are views of one slab holding both actors' packets: nothing was stacked
+        # (CartPole's small observations are not folded, see test_folded_batches_of_one_round).
         storage = batch["observation"].untyped_storage()
         assert batch["next", "observation"].untyped_storage().data_ptr() == storage.data_ptr()
         assert storage.nbytes() >= batch["observation"].nbytes * 2
     assert bool((first == kept).all())  # later rounds went to other slabs
+
+
+def test_folded_batches_of_one_round_rebuild_next_entries_into_one_slab():
+    from common.assembly import BatchAssembler
+    from common.folding import fold
+    from common.packets import checksummed_pieces, encode_packet
+
+    slabs = PacketSlabs()
+    batches = []
+    for position in range(2):
+        obs = torch.rand(3, 5, 4)
+        full = TensorDict(
+            {"observation": obs[:, :4], "next": {"observation": obs[:, 1:]}}, batch_size=[3, 4]
+        )
+        folded = fold(full, ["observation"])
+        packets = [encode_packet(folded.batch), encode_packet(folded.finals)]
+        pieces, crc = checksummed_pieces(packets)
+        assembler = BatchAssembler(
+            sum(p.nbytes for p in packets),
+            finals_bytes=packets[1].nbytes,
+            allocate=slabs.allocator(position, 2),
+        )
+        for piece in pieces:
+            assembler.add(b"".join(piece))
+        batches.append((assembler.finish(expected_crc32c=crc), full))
+    out = combine([b for b, _ in batches], cat_results="stack", split_trajs=False)
+    for key in ("observation", ("next", "observation")):
+        # One strided view per entry: the two actors' tensors lie in one slab.
+        assert out[key].data_ptr() == batches[0][0][key].data_ptr()
+        assert torch.equal(out[key], torch.stack([full[key] for _, full in batches]))
+
+
+def test_slabs_reuse_a_round_only_once_nothing_views_it():
+    slabs = PacketSlabs()
+
+    def storage(buffers: list[torch.Tensor]) -> int:
+        return buffers[0].untyped_storage().data_ptr()
+
+    first = [slabs.buffer(p, 2, 100) for p in range(2)]
+    first_slab = storage(first)
+    kept = first[1][8:16].view(torch.int64)  # a view of a view keeps the slab too
+    del first
+    second = [slabs.buffer(p, 2, 100) for p in range(2)]
+    second_slab = storage(second)
+    assert second_slab != first_slab  # `kept` still views the first round
+    del kept, second
+    third = [slabs.buffer(p, 2, 100) for p in range(2)]
+    assert storage(third) in {first_slab, second_slab}  # memory of a dropped round
+    assert third[1].untyped_storage().data_ptr() == storage(third)
+
+
+def test_slabs_never_hand_out_memory_a_kept_batch_views():
+    slabs = PacketSlabs()
+    allocate = slabs.for_worker(7)  # outside any layout: one-slot slabs
+    kept = [allocate(64) for _ in range(20)]
+    for i, buffer in enumerate(kept):
+        buffer.fill_(i)
+    for _ in range(20):
+        allocate(64).fill_(255)  # dropped at once: these may share memory
+    assert [int(b[0]) for b in kept] == list(range(20))
+    assert len({b.data_ptr() for b in kept}) == 20

@@ -36,7 +36,7 @@ END_REASON_TAKEN_OVER: EndReason
 END_REASON_CLOSED: EndReason
 
 class CollectSettings(_message.Message):
-    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id", "llm")
+    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id", "llm", "fold_observations")
     FRAMES_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAMES_PER_TRAJ_FIELD_NUMBER: _ClassVar[int]
     INIT_RANDOM_FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class CollectSettings(_message.Message):
     TOTAL_FRAMES_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     LLM_FIELD_NUMBER: _ClassVar[int]
+    FOLD_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     frames_per_batch: int
     max_frames_per_traj: int
     init_random_frames: int
@@ -59,7 +60,8 @@ class CollectSettings(_message.Message):
     total_frames: int
     model_id: str
     llm: LLMSettings
-    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ..., llm: _Optional[_Union[LLMSettings, _Mapping]] = ...) -> None: ...
+    fold_observations: bool
+    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ..., llm: _Optional[_Union[LLMSettings, _Mapping]] = ..., fold_observations: _Optional[bool] = ...) -> None: ...
 
 class GenerationSettings(_message.Message):
     __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids")
@@ -150,7 +152,7 @@ class SessionOpened(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_seq: _Optional[int] = ..., max_credits: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class BatchInfo(_message.Message):
-    __slots__ = ("worker_id", "epoch", "seq", "frames", "frame_bytes", "crc32c", "model_id", "policy_version_min", "policy_version_max")
+    __slots__ = ("worker_id", "epoch", "seq", "frames", "frame_bytes", "crc32c", "model_id", "policy_version_min", "policy_version_max", "fold")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +162,7 @@ class BatchInfo(_message.Message):
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_MIN_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_MAX_FIELD_NUMBER: _ClassVar[int]
+    FOLD_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     epoch: int
     seq: int
@@ -169,7 +172,14 @@ class BatchInfo(_message.Message):
     model_id: str
     policy_version_min: int
     policy_version_max: int
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., frame_bytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ...) -> None: ...
+    fold: ObservationFold
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., frame_bytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., fold: _Optional[_Union[ObservationFold, _Mapping]] = ...) -> None: ...
+
+class ObservationFold(_message.Message):
+    __slots__ = ("finals_bytes",)
+    FINALS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    finals_bytes: int
+    def __init__(self, finals_bytes: _Optional[int] = ...) -> None: ...
 
 class BatchChunk(_message.Message):
     __slots__ = ("seq", "index", "count", "data", "info")

@@ -1,0 +1,176 @@
+"""The loop of ``rlfleet-grpo``: collect groups of answers, update GRPO, push, evaluate.
+
+Read :func:`train` top to bottom: seed, build the learner's copy of the model (the
+same ``rlfleet:tiny-qwen2``, with the same kwargs and seed, the actors build),
+optionally with small token embeddings, start
+the local LLM fleet, push the weights so every actor samples from the learner's
+policy (whatever it held before), then per batch: update (built-in loss or
+TorchRL's), push the new weights to every actor, and evaluate greedy accuracy on the
+held-out problems with the learner's copy — until the target accuracy, the step
+budget or the time budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+import random
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from common.llm import GenerationSettings, build_policy, build_task
+from learner_client._llm_collector import GrpcLLMCollector
+from learner_client._local_fleet import LocalFleet
+from learner_client.grpo._evaluate import Evaluator, held_out_problems
+from learner_client.grpo._loss import GRPOConfig, GRPOLearner
+from learner_client.grpo._report import Curve, GRPOSummary, save_run
+from learner_client.grpo._settings import GRPOSettings
+from learner_client.grpo._torchrl_loss import TorchRLGRPO
+from learner_client.train._report import Progress
+
+__all__ = ["MODEL_SPEC", "train"]
+
+#: The model both sides build: the learner's copy and the actors' are the same architecture.
+MODEL_SPEC = "rlfleet:tiny-qwen2"
+# The held-out problems are drawn with their own seed, apart from the actors' draws.
+_EVAL_SEED_OFFSET = 10_007
+
+
+def train(settings: GRPOSettings) -> GRPOSummary:
+    """Train a language model with GRPO against a local LLM fleet and write the outputs.
+
+    Args:
+        settings: The run's settings.
+
+    Returns:
+        The summary also written to ``summary.json``.
+    """
+    _seed_everything(settings.seed)
+    model, tokenizer = build_policy(MODEL_SPEC, **settings.model_kwargs)
+    if settings.embedding_std > 0:
+        _init_embeddings(model, settings.embedding_std)
+    task = build_task(settings.task, **settings.task_kwargs_dict)
+    problems = held_out_problems(task, settings.eval_problems, settings.seed + _EVAL_SEED_OFFSET)
+    evaluator = Evaluator(task, problems, tokenizer, settings.max_new_tokens)
+    generation = GenerationSettings(
+        max_new_tokens=settings.max_new_tokens, temperature=settings.sampling_temperature
+    )
+    config = GRPOConfig(
+        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(GRPOConfig)}
+    )
+    torchrl_update = None
+    if settings.loss == "torchrl":
+        capacity = settings.prompts_per_step * settings.group_size
+        torchrl_update = TorchRLGRPO(model, tokenizer, settings.group_size, capacity, config)
+    learner = GRPOLearner(model, generation, config)
+    curve = Curve()
+
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(_local_fleet(settings))
+        collector = stack.enter_context(
+            _collector(settings, fleet.addresses, generation, torchrl_update)
+        )
+        progress = stack.enter_context(
+            contextlib.closing(Progress(settings.max_steps, enabled=settings.progress, unit="step"))
+        )
+        start = time.monotonic()
+        collector.update_policy_weights_(model)  # the actors sample from the learner's policy
+        curve.add(0, evaluator.accuracy(model), None, 0.0)
+        for step, batch in enumerate(collector, start=1):
+            stats = torchrl_update.update() if torchrl_update else learner.update(batch)
+            reward = _mean_reward(batch, stats)
+            collector.update_policy_weights_(model)
+            collector_stats = collector.stats()
+            accuracy = None
+            if step % settings.eval_every == 0 or step == settings.max_steps:
+                accuracy = evaluator.accuracy(model)
+            curve.add(step, accuracy, reward, time.monotonic() - start, stats, collector_stats)
+            progress.update(step, _fields(curve, collector_stats))
+            if _finished(settings, curve, step, time.monotonic() - start):
+                break
+        wall = time.monotonic() - start
+        final = collector.stats()
+
+    summary = GRPOSummary.from_run(settings, curve, final, wall, version=collector.policy_version)
+    save_run(pathlib.Path(settings.out_dir), model, summary, dataclasses.asdict(settings), curve)
+    return summary
+
+
+def _local_fleet(settings: GRPOSettings) -> LocalFleet:
+    return LocalFleet(
+        settings.num_actors,
+        num_envs=settings.slots_per_actor,
+        kind="llm",
+        task=settings.task,
+        task_kwargs=settings.task_kwargs_dict,
+        policy=MODEL_SPEC,
+        policy_kwargs=settings.model_kwargs,
+        seed=settings.seed,
+    )
+
+
+def _collector(
+    settings: GRPOSettings,
+    addresses: list[str],
+    generation: GenerationSettings,
+    torchrl_update: TorchRLGRPO | None,
+) -> GrpcLLMCollector:
+    turns = settings.prompts_per_step * settings.group_size
+    return GrpcLLMCollector(
+        addresses,
+        dialog_turns_per_batch=turns,
+        total_dialog_turns=turns * settings.max_steps,
+        yield_completed_trajectories=True,
+        sync=settings.sync,
+        group_size=settings.group_size,
+        generation=dataclasses.asdict(generation),
+        layout="torchrl" if torchrl_update else "padded",
+        replay_buffer=torchrl_update.replay_buffer if torchrl_update else None,
+    )
+
+
+def _init_embeddings(model: nn.Module, std: float) -> None:
+    """Draw the token embeddings (tied with the output layer) from N(0, std).
+
+    The tiny models are initialised with a large spread (0.2) that makes their first
+    answers peaked on arbitrary tokens; with small embeddings the first answers are
+    near-uniform and the right one gets sampled. The other weights keep their spread,
+    which lets attention pick the operands out quickly.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, std)
+
+
+def _seed_everything(seed: int) -> None:
+    # A tiny model gains nothing from intra-op threads, and the actors need the cores.
+    torch.set_num_threads(1)
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _mean_reward(batch: Any, stats: dict[str, float]) -> float:
+    if batch is not None:
+        return float(batch["next", "reward"].float().mean())
+    return stats.get("reward", 0.0)
+
+
+def _finished(settings: GRPOSettings, curve: Curve, step: int, elapsed: float) -> bool:
+    if curve.reached(settings.target_accuracy) or step >= settings.max_steps:
+        return True
+    return settings.max_seconds > 0 and elapsed >= settings.max_seconds
+
+
+def _fields(curve: Curve, stats: dict[str, Any]) -> dict[str, str]:
+    return {
+        "acc": f"{curve.last_accuracy:.2f}",
+        "reward": f"{curve.rewards[-1] or 0.0:.2f}",
+        "tok/s": f"{stats.get('tokens_per_s', 0.0):.0f}",
+        # Pushes between the weights that generated the last batch and the learner's.
+        "lag": str(stats.get("policy_lag", "n/a")),
+    }

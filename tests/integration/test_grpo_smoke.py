@@ -1,0 +1,108 @@
+"""Smoke tests of ``rlfleet-grpo``: the real entry point, 2 real LLM actors, a few updates."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from common.llm import build_policy
+from common.weights import decode_weights
+from learner_client.grpo import parse_args
+
+pytest.importorskip("transformers")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# A few updates of a small model: enough to prove the loop, not to learn.
+TINY = ["--hidden", "32", "--prompts-per-step", "4", "--eval-problems", "20"]
+
+
+def _grpo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "learner_client.grpo", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_grpo_entry_point_runs_a_few_updates_and_writes_its_outputs(tmp_path):
+    out = tmp_path / "run"
+    result = _grpo(*TINY, "--max-steps", "3", "--seed", "5", "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "GRPO on arith (builtin loss, seed 5)" in result.stdout
+    # Progress lines without a terminal: accuracy, reward, tokens/s and lag per update.
+    lines = [line for line in result.stderr.splitlines() if line.startswith("steps=")]
+    assert len(lines) == 3
+    assert all(f" {k}=" in lines[-1] for k in ("acc", "reward", "tok/s", "lag"))
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3
+    assert summary["dialog_turns"] == 3 * 4 * 8  # every update: 4 problems x a group of 8
+    assert summary["tokens"] >= summary["dialog_turns"]  # at least one token per answer
+    assert 0.0 <= summary["accuracy"] <= 1.0
+    assert summary["reached_target"] is (summary["accuracy"] >= 0.9)
+    assert summary["tokens_per_s"] > 0
+    assert summary["policy_lag_max"] == 0  # sync: every batch comes from the latest push
+    # One push before the first update, then one after each: every actor applied all four.
+    assert summary["policy_version"] == 4
+    assert summary["wall_time_s"] > 0
+    assert summary["settings"]["group_size"] == 8
+    assert len(summary["curve"]["steps"]) == 4
+    assert all(a is not None for a in summary["curve"]["accuracies"])
+
+    state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
+    assert metadata["task"] == "arith"
+    fresh, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=2, heads=4, seed=5)
+    assert {k: v.shape for k, v in state.items()} == {
+        k: v.shape for k, v in fresh.state_dict().items()
+    }
+    assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow  # a second fleet start-up and TorchRL's import: kept out of the fast suite
+def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
+    pytest.importorskip("torchrl")
+    out = tmp_path / "run"
+    result = _grpo(
+        *TINY,
+        "--num-actors",
+        "1",
+        "--loss",
+        "torchrl",
+        "--max-steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["loss"] == "torchrl"
+    assert summary["steps"] == 2
+    assert summary["policy_version"] == 3
+    # MCAdvantage wrote advantages and GRPOLoss produced an entropy for every update.
+    assert all(e is not None and e > 0 for e in summary["curve"]["entropies"][1:])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--group-size", "0"], "group_size must be a positive int"),
+        (["--loss", "ppo"], "loss must be one of"),
+        (["--task-kwargs", "[1]"], "task_kwargs must be a JSON object"),
+        (["--task", "nope"], "task must be one of"),
+        (["--prompts-per-step", "3"], "must be a multiple of num_actors"),
+        (["--loss", "torchrl", "--temperature", "0.7"], "temperature 1"),
+        (["--max-seconds", "nan"], "max_seconds must be finite"),
+    ],
+)
+def test_grpo_parse_args_refuses_bad_flags_with_exit_2(flags, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        parse_args(flags)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
