@@ -173,9 +173,8 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(
-            connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over
-        )
+        link = (connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over)
+        conn = ConnectionSettings(*link)
         self._connect(conn, actors, dns_refresh_interval, (postproc, replay_buffer), weight_push)
 
     def _connect(
