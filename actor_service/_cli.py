@@ -371,7 +371,7 @@ def _llm_model(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Mo
     )
     if args.model is not None or environ.get(_ENV_PREFIX + "MODELS", "").strip():
         raise _FieldError("--model: an LLM actor holds one model, the --policy")
-    return (ModelSpec("policy", policy, kwargs),)
+    return (ModelSpec(DEFAULT_MODEL_ID, policy, kwargs),)
 
 
 def _check_task(task: str, kwargs: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT
+from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT, MAX_SEED
 from common.llm import LoraSpec, check_peft
 
 __all__ = ["CHOICES", "INT_RANGES", "OPTIONAL_INTS", "ActorConfig", "ModelSpec"]
@@ -156,7 +156,7 @@ class ActorConfig:
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        if self.seed is not None and not _int_within(self.seed, 0, 2**64 - 1):
+        if self.seed is not None and not _int_within(self.seed, 0, MAX_SEED):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
         if not self.step_timeout > 0:
             raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from typing import TYPE_CHECKING
 
 import gymnasium
 import torch
 
-__all__ = ["ActorIdentity", "draw_epoch"]
+if TYPE_CHECKING:
+    from actor_service._runtime import CoreModels
+
+__all__ = ["ActorIdentity", "describe_models", "draw_epoch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,15 @@ class ActorIdentity:
     software_version: str
     kind: str = "env"
     policy: str = ""
+
+
+def describe_models(
+    models: CoreModels,
+) -> dict[str, tuple[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]]:
+    """``ActorIdentity.models`` of a core's models, env or LLM: version and parameters by id."""
+    return {
+        mid: (models.policy_version(mid), models.parameters_info(mid)) for mid in models.model_ids
+    }
 
 
 def draw_epoch() -> int:

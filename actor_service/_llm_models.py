@@ -12,19 +12,23 @@ cast and staged in full before the lock is taken.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from common.errors import StaleVersionError, UnknownModelError, WeightsError
+from actor_service._staging import Swap, swap_delta, swap_full
+from actor_service._weight_rules import check_newer, check_not_older, stage_weights, weight_copies
+from common.config import DEFAULT_MODEL_ID
+from common.errors import UnknownModelError, WeightsError
 from common.llm import LoraSpec, apply_lora, build_policy
-from common.weights import PushForm, apply_staged, stage_state, to_state_dict
+from common.weights import Delta, PushForm, apply_staged, check_policy_version, to_state_dict
 
 __all__ = ["LLMModels"]
 
-MODEL_ID = "policy"
+MODEL_ID = DEFAULT_MODEL_ID
 
 
 class LLMModels:
@@ -99,16 +103,14 @@ class LLMModels:
             return out.logits[:, -1].float().cpu(), out.past_key_values, self.version
 
     def validate(
-        self, model_id: str, state: Mapping[str, torch.Tensor], form: PushForm | None = None
+        self, model_id: str, state: object, form: PushForm | None = None
     ) -> dict[str, torch.Tensor]:
         """Check keys, shapes, dtypes, ties and finiteness; return the staged tensors.
 
         Nothing changes; ``common.weights.stage_state`` casts into the model's dtypes.
         """
         self._check(model_id)
-        if not isinstance(state, Mapping):
-            raise WeightsError(f"weights must be a mapping, got {type(state).__name__}")
-        return stage_state(state, self._reference, form or PushForm())
+        return stage_weights(model_id, state, self._reference, form)
 
     def load_weights(
         self,
@@ -124,32 +126,40 @@ class LLMModels:
         Raises:
             UnknownModelError: ``model_id`` is not ``"policy"``.
             StaleVersionError: ``version`` is not newer than the one in force.
-            WeightsError: Keys, shapes, dtypes or values that do not fit.
+            WeightsError: Keys, shapes, dtypes or values that do not fit, or a version
+                outside the int64 range.
         """
-        self._check(model_id)
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise WeightsError(f"policy version must be an int, got {version!r}")
-        self._check_newer(version)
-        staged = self.validate(model_id, state, form)
-        with self.lock:
-            self._check_newer(version)
-            apply_staged(self._reference, staged)
-            self.version = version
-        return version
+        return self.swap_weights(model_id, version, state, form).version
 
-    def _check_newer(self, version: int) -> None:
-        if version <= self.version:
-            raise StaleVersionError(
-                f"weights version {version} for model {MODEL_ID!r} is not newer than the "
-                f"version in force, {self.version}"
-            )
+    def swap_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> Swap:
+        """:meth:`load_weights`, also saying how long the swap paused decoding."""
+        self._check(model_id)
+        check_policy_version(version)
+        check_newer(model_id, version, self.version)
+        staged = self.validate(model_id, state, form)
+        copy_in = functools.partial(apply_staged, self._reference, staged)
+        return swap_full(self, version, copy_in, self._newer)
+
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
+        """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
+        self._check(model_id)
+        return swap_delta(
+            self, MODEL_ID, base_version, version, self._reference, delta, self._newer
+        )
+
+    def _newer(self, version: int, current: int) -> None:
+        check_newer(MODEL_ID, version, current)
 
     def state_dict(self) -> dict[str, dict]:
         """``{"policy": {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
         with self.lock:
-            # to_state_dict's CPU tensors may view the live parameters: copy them.
-            weights = {k: v.clone() for k, v in to_state_dict(self.model).items()}
-            return {MODEL_ID: {"version": self.version, "weights": weights}}
+            return {MODEL_ID: {"version": self.version, "weights": weight_copies(self.model)}}
 
     def load_state_dict(
         self, state: Mapping[str, Mapping], *, allow_rollback: bool = False
@@ -168,15 +178,10 @@ class LLMModels:
         entry = state.get(MODEL_ID)
         if not isinstance(entry, Mapping):
             raise WeightsError(f"model state lacks model {MODEL_ID!r}")
-        version = entry.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise WeightsError(f"model state has version {version!r}; need an int >= 0")
-        if version < self.version and not allow_rollback:
-            raise StaleVersionError(
-                f"state version {version} of {MODEL_ID!r} is older than the version in force, "
-                f"{self.version} (allow_rollback to restore it)"
-            )
-        staged = self.validate(MODEL_ID, entry.get("weights"))  # type: ignore[arg-type]
+        version = check_policy_version(entry.get("version"), "model state version")
+        if not allow_rollback:
+            check_not_older(MODEL_ID, version, self.version)
+        staged = self.validate(MODEL_ID, entry.get("weights"))
         with self.lock:
             old = self.version
             apply_staged(self._reference, staged)

@@ -33,11 +33,12 @@ from tensordict import TensorDict
 import common
 from actor_service._batch import TrajIds
 from actor_service._config import ActorConfig
-from actor_service._identity import ActorIdentity, draw_epoch
+from actor_service._identity import ActorIdentity, describe_models, draw_epoch
 from actor_service._llm_models import LLMModels
 from actor_service._llm_turns import Dialog, DialogEngine, Turn, pack_turns
-from common.config import CollectSettings
-from common.errors import SessionStateError, WeightsError
+from actor_service._state import core_counters, core_state
+from common.config import CollectSettings, check_seed
+from common.errors import SessionStateError
 from common.llm import LLMSettings, build_task
 
 __all__ = ["LLMRolloutWorker"]
@@ -104,7 +105,7 @@ class LLMRolloutWorker:
             env_id=self.config.task,
             observation_space=None,
             action_space=None,
-            models={"policy": (self.models.version, self.models.parameters_info("policy"))},
+            models=describe_models(self.models),
             num_envs=self.num_envs,
             env_backend="llm",
             device=str(self.device),
@@ -278,8 +279,7 @@ class LLMRolloutWorker:
         Raises:
             ValueError: ``seed`` is not an int in ``[0, 2**64)``.
         """
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        check_seed(seed)
         with self._lock:
             self._check_open()
             self._rng = random.Random(seed)
@@ -290,12 +290,9 @@ class LLMRolloutWorker:
     def state_dict(self) -> dict[str, Any]:
         """Weights, versions and counters: ``models``, ``frames``, ``batches``, ``traj_counter``."""
         with self._lock:
-            return {
-                "models": self.models.state_dict(),
-                "frames": self.frames,
-                "batches": self.batches,
-                "traj_counter": self._traj.counter,
-            }
+            return core_state(
+                self.models.state_dict(), self.frames, self.batches, self._traj.counter
+            )
 
     def load_state_dict(
         self, state: dict[str, Any], *, allow_rollback: bool = False
@@ -309,20 +306,15 @@ class LLMRolloutWorker:
             WeightsError: A malformed state or weights that do not fit.
             StaleVersionError: The version would go back and ``allow_rollback`` is false.
         """
-        if not isinstance(state, dict):
-            raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
-        counters = {k: state.get(k) for k in ("frames", "batches", "traj_counter")}
-        for key, value in counters.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise WeightsError(f"actor state {key!r} must be an int >= 0, got {value!r}")
+        counters = core_counters(state)
         with self._lock:
             self._check_open()
             changes = self.models.load_state_dict(
                 state.get("models"),  # type: ignore[arg-type]
                 allow_rollback=allow_rollback,
             )
-            self.frames, self.batches = int(counters["frames"]), int(counters["batches"])  # type: ignore[arg-type]
-            self._traj.counter = int(counters["traj_counter"])  # type: ignore[arg-type]
+            self.frames, self.batches = counters["frames"], counters["batches"]
+            self._traj.counter = counters["traj_counter"]
             self._restart()
             return changes
 

@@ -155,6 +155,13 @@ class ActorMetrics:
             "Seconds from a push's header to its weights in force.",
             "model_id",
         )
+        self.weight_push_pause_seconds = Histogram(
+            _PREFIX + "weight_push_pause_seconds",
+            "Seconds a push held the model lock for its swap (the generation pause).",
+            ("model_id",),
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
         return Counter(_PREFIX + name, documentation, labels, registry=self.registry)

@@ -32,11 +32,18 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
+from actor_service._staging import Swap, swap_delta, swap_full
 from actor_service._tensor_forward import TensorForward, tensor_forward
+from actor_service._weight_rules import (
+    check_newer,
+    check_not_older,
+    stage_weights,
+    weight_copies,
+)
 from common.config import ExplorationType
-from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
+from common.errors import InternalError, UnknownModelError, WeightsError
 from common.policies import make_policy
-from common.weights import PushForm, apply_staged, check_policy_version, stage_state, to_state_dict
+from common.weights import Delta, PushForm, apply_staged, check_policy_version, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -354,12 +361,7 @@ class ModelRegistry:
             UnknownModelError: No such model.
             WeightsError: Naming every offending key.
         """
-        model = self._get(model_id)
-        if not isinstance(state, Mapping):
-            raise WeightsError(
-                f"weights for {model_id!r} must be a mapping, got {type(state).__name__}"
-            )
-        return stage_state(state, model.reference, form or PushForm())
+        return stage_weights(model_id, state, self._get(model_id).reference, form)
 
     def load_weights(
         self,
@@ -368,6 +370,16 @@ class ModelRegistry:
         state: Mapping[str, torch.Tensor],
         form: PushForm | None = None,
     ) -> int:
+        """Validate ``state`` in full, then swap it in between two env steps; the new version."""
+        return self.swap_weights(model_id, version, state, form).version
+
+    def swap_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> Swap:
         """Validate ``state`` in full, then swap it in between two env steps.
 
         Args:
@@ -377,7 +389,7 @@ class ModelRegistry:
             form: What the push declares (a subset of the keys, a wire dtype); None: full.
 
         Returns:
-            The version now in force (``version``).
+            The version now in force and how long the swap paused the rollout.
 
         Raises:
             UnknownModelError: No such model (the message lists the known ids).
@@ -388,18 +400,23 @@ class ModelRegistry:
         check_policy_version(version)
         check_newer(model_id, version, model.version)
         staged = self.validate(model_id, state, form)
-        with model.lock:
-            check_newer(model_id, version, model.version)  # a concurrent push may have won
-            apply_staged(model.reference, staged)
-            model.version = version
-        return version
+        copy_in = functools.partial(apply_staged, model.reference, staged)
+        newer = functools.partial(check_newer, model_id)
+        return swap_full(model, version, copy_in, newer)
+
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
+        """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
+        model = self._get(model_id)
+        check_policy_version(version)
+        newer = functools.partial(check_newer, model_id)
+        return swap_delta(model, model_id, base_version, version, model.reference, delta, newer)
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
         out = {}
         for model_id, model in self._models.items():
             with model.lock:
-                out[model_id] = {"version": model.version, "weights": _copies(model.module)}
+                out[model_id] = {"version": model.version, "weights": weight_copies(model.module)}
         return out
 
     def load_state_dict(
@@ -432,7 +449,8 @@ class ModelRegistry:
         try:
             if not allow_rollback:
                 for model in models:
-                    self._check_not_older(model, staged[model.spec.model_id][0])
+                    mid = model.spec.model_id
+                    check_not_older(mid, staged[mid][0], model.version)
             changes = {}
             for model in models:
                 version, weights = staged[model.spec.model_id]
@@ -462,29 +480,3 @@ class ModelRegistry:
             # raises unless a mapping of fitting tensors
             staged[model_id] = (version, self.validate(model_id, weights))
         return staged
-
-    @staticmethod
-    def _check_not_older(model: _Model, version: int) -> None:
-        if version < model.version:
-            raise StaleVersionError(
-                f"state version {version} for model {model.spec.model_id!r} is older than the "
-                f"version in force, {model.version}; set allow_rollback to load it anyway"
-            )
-
-
-def check_newer(model_id: str, version: int, current: int) -> None:
-    """The one staleness rule of weight pushes: a version must be newer than the one in force.
-
-    Raises:
-        StaleVersionError: ``version <= current``.
-    """
-    if version <= current:
-        raise StaleVersionError(
-            f"weights version {version} for model {model_id!r} is not newer than "
-            f"the version in force, {current}"
-        )
-
-
-def _copies(module: nn.Module) -> dict[str, torch.Tensor]:
-    # to_state_dict's CPU tensors may view the live parameters; a snapshot must not move.
-    return {k: v.clone() for k, v in to_state_dict(module).items()}

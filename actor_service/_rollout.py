@@ -33,21 +33,20 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorIdentity, draw_epoch
+from actor_service._identity import ActorIdentity, describe_models, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
-from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from actor_service._state import core_counters, core_state
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings, check_seed
 from common.errors import (
     ClosedError,
     DeadlineError,
     EnvError,
     RlfleetError,
     SessionStateError,
-    WeightsError,
 )
 from common.folding import FoldedBatch
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.policies import RandomPolicy
-from common.weights import check_policy_version
 
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
@@ -144,17 +143,13 @@ class RolloutWorker:
 
     def describe(self) -> ActorIdentity:
         """A snapshot of what this actor is (safe from any thread)."""
-        models = {
-            mid: (self.models.policy_version(mid), self.models.parameters_info(mid))
-            for mid in self.models.model_ids
-        }
         return ActorIdentity(
             worker_id=self.worker_id,
             epoch=self.epoch,
             env_id=env_name(self.config),
             observation_space=self.observation_space,
             action_space=self.action_space,
-            models=models,
+            models=describe_models(self.models),
             num_envs=self.num_envs,
             env_backend=self.config.env_backend,
             device=str(self.device),
@@ -404,8 +399,7 @@ class RolloutWorker:
         Raises:
             ValueError: ``seed`` is not an int in ``[0, 2**64)``.
         """
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        check_seed(seed)
         with self._lock:
             self._check_open()
             seeds, current = [], seed
@@ -421,18 +415,11 @@ class RolloutWorker:
             return current
 
     def state_dict(self) -> dict[str, Any]:
-        """Weights, versions and counters, as nested dicts of tensors and ints.
-
-        Layout: ``{"models": {model_id: {"version": int, "weights": {key: tensor}}},
-        "frames": int, "batches": int, "traj_counter": int}``.
-        """
+        """Weights, versions and counters, as nested dicts of tensors and ints (``core_state``)."""
         with self._lock:
-            return {
-                "models": self.models.state_dict(),
-                "frames": self.frames,
-                "batches": self.batches,
-                "traj_counter": self._traj.counter,
-            }
+            return core_state(
+                self.models.state_dict(), self.frames, self.batches, self._traj.counter
+            )
 
     def load_state_dict(
         self, state: dict[str, Any], *, allow_rollback: bool = False
@@ -454,20 +441,14 @@ class RolloutWorker:
             UnknownModelError: The state names a model this actor lacks.
             StaleVersionError: A version would go back and ``allow_rollback`` is false.
         """
-        if not isinstance(state, dict):
-            raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
-        counters: dict[str, int] = {}
-        for key in ("frames", "batches", "traj_counter"):
-            # The same int64 range as policy versions.
-            counters[key] = check_policy_version(state.get(key), f"actor state {key!r}")
+        counters = core_counters(state)
         with self._lock:
             self._check_open()
             changes = self.models.load_state_dict(
                 state.get("models"), allow_rollback=allow_rollback
             )
             self.frames, self.batches = counters["frames"], counters["batches"]
-            # Only the low 32 bits make an id (TrajIds), so this can never overflow int64.
-            self._traj.counter = counters["traj_counter"] & 0xFFFF_FFFF
+            self._traj.counter = counters["traj_counter"]
             self._traj_ids = self._traj.take(self.num_envs)
         return changes
 

@@ -28,10 +28,11 @@ from actor_service._config import ActorConfig
 from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
 from actor_service._session import SessionBook
+from actor_service._staging import Swap
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 from common.folding import FoldedBatch
-from common.weights import PushForm
+from common.weights import Delta, PushForm
 
 if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
@@ -69,6 +70,14 @@ class CoreModels(Protocol):
         state: Mapping[str, torch.Tensor],
         form: PushForm | None = None,
     ) -> int: ...
+    def swap_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> Swap: ...
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap: ...
 
 
 class CollectionCore(Protocol):

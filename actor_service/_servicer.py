@@ -18,13 +18,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+import torch
 
 from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
-from actor_service._models import check_newer
 from actor_service._runtime import ActorRuntime
+from actor_service._staging import ReceiveBuffers, Swap, check_base
 from actor_service._state import decode_state, encode_state
+from actor_service._weight_rules import check_newer
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
@@ -40,6 +42,7 @@ from common.weights import (
     BlobAssembler,
     PushForm,
     check_policy_version,
+    decode_delta,
     decode_weights,
     default_max_weight_bytes,
     iter_blob_chunks,
@@ -137,9 +140,14 @@ class _Push:
         self.version = int(header.version)
         self.total_bytes = int(header.total_bytes)
         self.sha256 = header.sha256
+        self.crc32c = header.crc32c if header.HasField("crc32c") else None
+        self.base_version = header.base_version if header.HasField("base_version") else None
         self.peer = peer
         self._metrics = metrics
         self._started = time.monotonic()
+        self.pause = 0.0
+        self.buffer: torch.Tensor | None = None  # lent by ReceiveBuffers while in use
+        self.fresh = False  # the buffer was allocated for this push, not lent
 
     def audit(self, exc: BaseException | None) -> None:
         """Log who pushed what and the result (OK, CANCELLED or the status code); count it."""
@@ -157,6 +165,7 @@ class _Push:
                 self._metrics.weight_push_seconds.labels(model).observe(
                     time.monotonic() - self._started
                 )
+                self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
         log_event(
             "weights.push",
             logging.INFO if exc is None else logging.WARNING,
@@ -164,7 +173,10 @@ class _Push:
             model_id=self.model_id,
             version=self.version,
             sha256=self.sha256,
+            crc32c=self.crc32c,
+            base_version=self.base_version,
             bytes=self.total_bytes,
+            pause_seconds=round(self.pause, 6),
             result=result,
         )
 
@@ -181,6 +193,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self._rt = runtime
         self._metrics = metrics
         self._calls = 0
+        self._buffers = ReceiveBuffers()
 
     @_mapped
     async def Collect(
@@ -200,7 +213,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         request_iterator: AsyncIterator[pb.PushWeightsRequest],
         context: grpc.aio.ServicerContext,
     ) -> pb.PushWeightsResponse:
-        """Receive a safetensors blob and apply it to one model, all or nothing."""
+        """Receive a safetensors blob (whole or a delta) and apply it to one model, all or nothing.
+
+        The collection goes on while the blob arrives and is checked; it pauses only
+        for the in-memory swap, whose length the response reports.
+        """
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "PushWeights")
         push = _Push(header, context.peer(), self._metrics)
@@ -208,10 +225,14 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             blob = await self._receive_weights(requests, push)
         except BaseException as exc:
             push.audit(exc)
+            self._give_back(push, applied=False)
             raise
-        version = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
+        swap = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
         return pb.PushWeightsResponse(
-            worker_id=self._rt.config.worker_id, model_id=push.model_id, version=version
+            worker_id=self._rt.config.worker_id,
+            model_id=push.model_id,
+            version=swap.version,
+            pause_seconds=swap.pause_seconds,
         )
 
     async def _receive_weights(
@@ -226,11 +247,21 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         check_policy_version(push.version, "weights version")
         # Refused before a byte of the blob is buffered.
         check_newer(push.model_id, push.version, models.policy_version(push.model_id))
-        if not push.sha256:
-            raise WeightsError("PushWeights header must carry the weights blob's sha256")
+        if push.base_version is not None:
+            check_policy_version(push.base_version, "delta base_version")
+            check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
+        if not push.sha256 and push.crc32c is None:
+            raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
+        push.buffer = self._buffers.take(push.model_id, push.total_bytes)
         assembler = BlobAssembler(
-            push.total_bytes, max_bytes=self._max_bytes([push.model_id]), sha256=push.sha256
+            push.total_bytes,
+            max_bytes=self._max_bytes([push.model_id]),
+            sha256=push.sha256,
+            crc32c=push.crc32c,
+            buffer=push.buffer,
         )
+        if push.buffer is None:
+            push.buffer, push.fresh = assembler.buffer, True
         return await _blob(requests, assembler, "PushWeights")
 
     def _max_bytes(self, model_ids: Iterable[str]) -> int:
@@ -242,25 +273,38 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             sum(state_nbytes(models.parameters_info(m)) for m in model_ids)
         )
 
-    def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> int:
+    def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> Swap:
         # Runs to the end even if the caller cancels: the whole blob arrived, and
-        # load_weights swaps it in atomically, so the audit log tells the outcome.
+        # the swap is atomic, so the audit log tells the outcome.
         try:
             models = self._rt.worker.models
-            # load_weights checks keys, shapes and finiteness: the values are scanned once.
-            state, metadata = decode_weights(
-                blob,
-                max_bytes=self._max_bytes([push.model_id]),
-                expected=models.parameters_info(push.model_id),
-                allow_non_finite=True,
-            )
-            form = PushForm.from_metadata(metadata)  # a subset, a wire dtype (checked)
-            version = models.load_weights(push.model_id, push.version, state, form)
+            expected = models.parameters_info(push.model_id)
+            cap = self._max_bytes([push.model_id])
+            if push.base_version is None:
+                # swap_weights checks keys, shapes and finiteness: the values are scanned once.
+                state, metadata = decode_weights(
+                    blob, max_bytes=cap, expected=expected, allow_non_finite=True
+                )
+                form = PushForm.from_metadata(metadata)  # a subset, a wire dtype (checked)
+                swap = models.swap_weights(push.model_id, push.version, state, form)
+            else:
+                delta = decode_delta(memoryview(blob), expected, max_bytes=cap)
+                swap = models.swap_delta(push.model_id, push.base_version, push.version, delta)
         except BaseException as exc:
             push.audit(exc)
+            self._give_back(push, applied=False)
             raise
+        self._give_back(push, applied=True)  # the decoded tensors were copied into the model
+        push.pause = swap.pause_seconds
         push.audit(None)
-        return version
+        return swap
+
+    def _give_back(self, push: _Push, *, applied: bool) -> None:
+        # A buffer of a refused push is kept only if it was lent: a peer cannot make
+        # the actor hold memory for sizes it announced but never applied.
+        if push.buffer is not None and (applied or not push.fresh):
+            self._buffers.give_back(push.model_id, push.buffer)
+        push.buffer = None
 
     @_mapped
     async def Describe(

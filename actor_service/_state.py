@@ -29,17 +29,57 @@ from common.errors import WeightsError
 from common.weights import (
     DEFAULT_MAX_KEYS,
     DEFAULT_MAX_WEIGHT_BYTES,
+    check_policy_version,
     decode_weights,
     encode_weights,
 )
 
-__all__ = ["STATE_FORMAT", "decode_state", "encode_state", "state_to_blob"]
+__all__ = [
+    "STATE_FORMAT",
+    "core_counters",
+    "core_state",
+    "decode_state",
+    "encode_state",
+    "state_to_blob",
+]
 
 #: The value of the ``rlfleet.format`` metadata entry.
 STATE_FORMAT = "actor-state/1"
 _FORMAT_KEY = "rlfleet.format"
 _TREE_KEY = "rlfleet.state"
 _MAX_DEPTH = 32
+# Only the low 32 bits of the trajectory counter make an id (``TrajIds``).
+_TRAJ_COUNTER_MASK = 0xFFFF_FFFF
+
+
+def core_state(models: dict[str, Any], frames: int, batches: int, traj_counter: int) -> dict:
+    """A collection core's state dict, env or LLM: its models' state and its counters.
+
+    Layout: ``{"models": {model_id: {"version": int, "weights": {key: tensor}}},
+    "frames": int, "batches": int, "traj_counter": int}``.
+    """
+    return {"models": models, "frames": frames, "batches": batches, "traj_counter": traj_counter}
+
+
+def core_counters(state: object) -> dict[str, int]:
+    """The counters of a :func:`core_state` a peer sent back, checked before anything is applied.
+
+    Returns:
+        ``{"frames", "batches", "traj_counter"}``; the trajectory counter keeps the 32 bits
+        an id uses, so it never overflows int64.
+
+    Raises:
+        WeightsError: Not a dict, or a counter that is not an int in the int64 range
+            (the range of policy versions).
+    """
+    if not isinstance(state, dict):
+        raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
+    counters = {
+        key: check_policy_version(state.get(key), f"actor state {key!r}")
+        for key in ("frames", "batches", "traj_counter")
+    }
+    counters["traj_counter"] &= _TRAJ_COUNTER_MASK
+    return counters
 
 
 def encode_state(worker: Any) -> bytes:

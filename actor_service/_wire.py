@@ -8,6 +8,10 @@ the loop only hands the ``bytes`` to gRPC. The encoding is protobuf's own: a
 message is the concatenation of its fields in field-number order, a message
 field is its tag, the varint length of its body and the body. The service
 descriptor is unchanged, so reflection and clients see the same method.
+
+``PushWeights`` requests go the other way: :func:`decode_push_request` gives a
+``chunk`` message's payload as a view of the bytes gRPC received, without the
+copy protobuf's parser makes; every other message is parsed by protobuf.
 """
 
 from __future__ import annotations
@@ -17,16 +21,39 @@ from typing import Any
 
 import grpc
 
-from common.protowire import varint
+from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
-__all__ = ["add_actor_service", "encode_chunk", "encode_control"]
+__all__ = ["RawChunk", "add_actor_service", "decode_push_request", "encode_chunk", "encode_control"]
 
 # Tag of CollectResponse.chunk (field 2, length-delimited) and of BatchChunk.data
 # (field 4, length-delimited).
 _RESPONSE_CHUNK_TAG = b"\x12"
 _DATA_TAG = b"\x22"
+# Tag of PushWeightsRequest.chunk (field 2, length-delimited).
+_PUSH_CHUNK_TAG = 0x12
+
+
+class RawChunk:
+    """A ``PushWeightsRequest(chunk=...)`` whose ``chunk`` views the received bytes."""
+
+    __slots__ = ("chunk",)
+
+    def __init__(self, chunk: memoryview) -> None:
+        self.chunk = chunk
+
+    def WhichOneof(self, group: str) -> str:  # protobuf's name
+        """``"chunk"``, as protobuf answers for the ``kind`` oneof."""
+        return "chunk"
+
+
+def decode_push_request(data: bytes) -> pb.PushWeightsRequest | RawChunk:
+    """Parse one ``PushWeightsRequest``: chunks without a copy, anything else by protobuf."""
+    payload = length_delimited(data, _PUSH_CHUNK_TAG)
+    if payload is not None:
+        return RawChunk(payload)
+    return pb.PushWeightsRequest.FromString(data)
 
 
 def encode_chunk(
@@ -85,11 +112,12 @@ class _HandlerRecorder:
 
 
 def add_actor_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """Register ``ActorService`` on ``server`` with ``Collect`` sending pre-serialised bytes.
+    """Register ``ActorService`` with ``Collect`` sending bytes and ``PushWeights`` viewing them.
 
     Every other method keeps its generated handler; ``Collect`` keeps its path
     and request deserializer, and its response serializer is the identity, so
-    its handler must write ``bytes`` (see :func:`encode_chunk`, :func:`encode_control`).
+    its handler must write ``bytes`` (see :func:`encode_chunk`, :func:`encode_control`);
+    ``PushWeights`` reads its chunks through :func:`decode_push_request`.
 
     Args:
         servicer: The ``ActorService`` implementation.
@@ -101,12 +129,17 @@ def add_actor_service(servicer: Any, server: grpc.aio.Server) -> None:
     recorder = _HandlerRecorder()
     pb_grpc.add_ActorServiceServicer_to_server(servicer, recorder)
     handlers = dict(recorder.handlers)
-    if "Collect" not in handlers:
-        raise RuntimeError(f"generated ActorService handlers lack Collect: {sorted(handlers)}")
+    if "Collect" not in handlers or "PushWeights" not in handlers:
+        raise RuntimeError(f"generated ActorService handlers lack a method: {sorted(handlers)}")
     handlers["Collect"] = grpc.stream_stream_rpc_method_handler(
         servicer.Collect,
         request_deserializer=pb.CollectRequest.FromString,
         response_serializer=_identity,
+    )
+    handlers["PushWeights"] = grpc.stream_unary_rpc_method_handler(
+        servicer.PushWeights,
+        request_deserializer=decode_push_request,
+        response_serializer=pb.PushWeightsResponse.SerializeToString,
     )
     service = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

@@ -3,8 +3,11 @@
 The sender slices a blob into zero-copy ``memoryview`` chunks of at most
 ``CHUNK_BYTES``; the receiver announces nothing it has not checked: the size a
 peer claims is capped before a byte is allocated, chunks may not overflow it,
-missing bytes are an error, and an announced sha256 is verified (``DATA_LOSS``
-on mismatch). Re-exported by :mod:`common.weights`, which is the public home.
+missing bytes are an error, and an announced checksum is verified (``DATA_LOSS``
+on mismatch): CRC-32C (:func:`crc32c`, hardware instructions, ~10 GB/s) on the
+hot path, SHA-256 when the sender wants a cryptographic digest; only the
+checksums announced are computed. Re-exported by :mod:`common.weights`, which
+is the public home.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import hashlib
 import re
 from collections.abc import Iterator
 
+import google_crc32c
+import numpy as np
 import torch
 
 from common.config import CHUNK_BYTES
@@ -20,7 +25,11 @@ from common.errors import DataLossError, SessionStateError, WeightsError, Weight
 
 __all__ = [
     "DEFAULT_MAX_WEIGHT_BYTES",
+    "MAX_CRC32C",
+    "CHECKSUMS",
     "BlobAssembler",
+    "checksums",
+    "crc32c",
     "default_max_weight_bytes",
     "iter_blob_chunks",
     "sha256_hex",
@@ -44,11 +53,38 @@ def default_max_weight_bytes(model_bytes: int) -> int:
 
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+#: The largest CRC-32C value.
+MAX_CRC32C = 0xFFFFFFFF
+#: The checksums a sender may put beside a blob: fast (hardware CRC) or cryptographic.
+CHECKSUMS = ("crc32c", "sha256")
 
 
 def sha256_hex(blob: bytes | bytearray | memoryview) -> str:
     """Return the lowercase hex sha256 of a blob."""
     return hashlib.sha256(blob).hexdigest()
+
+
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """CRC-32C of ``data`` continued from ``crc``; SSE4.2 / ARMv8 CRC instructions when present.
+
+    ``google_crc32c`` takes read-only ``bytes`` or an ndarray: a zero-copy uint8 view of
+    any buffer is the way in without a copy.
+    """
+    view = np.frombuffer(data, dtype=np.uint8)
+    return int(google_crc32c.extend(crc, view))
+
+
+def checksums(blob: bytes | bytearray | memoryview, kind: str) -> tuple[str, int | None]:
+    """``(sha256 hex or "", crc32c or None)`` of ``blob``, computing only the ``kind`` asked for.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`CHECKSUMS`.
+    """
+    if kind == "crc32c":
+        return "", crc32c(blob)
+    if kind == "sha256":
+        return sha256_hex(blob), None
+    raise ValueError(f"checksum must be one of {CHECKSUMS}, got {kind!r}")
 
 
 def iter_blob_chunks(
@@ -85,10 +121,14 @@ class BlobAssembler:
         total_bytes: The blob size the peer announced.
         max_bytes: The largest size accepted.
         sha256: The hex digest the peer announced; empty to skip the check.
+        crc32c: The CRC-32C the peer announced; None to skip the check.
+        buffer: A ``uint8`` tensor of at least ``total_bytes`` to assemble into (reused
+            across blobs, so no fresh pages are faulted in); None allocates one.
 
     Raises:
         WeightsTooLargeError: ``total_bytes`` is over ``max_bytes``.
-        WeightsError: ``total_bytes`` is negative or ``sha256`` is not a hex digest.
+        WeightsError: ``total_bytes`` is negative, ``sha256`` is not a hex digest or
+            ``crc32c`` not a 32-bit unsigned int.
 
     Example::
 
@@ -99,7 +139,13 @@ class BlobAssembler:
     """
 
     def __init__(
-        self, total_bytes: int, *, max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES, sha256: str = ""
+        self,
+        total_bytes: int,
+        *,
+        max_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+        sha256: str = "",
+        crc32c: int | None = None,
+        buffer: torch.Tensor | None = None,
     ) -> None:
         if isinstance(total_bytes, bool) or not isinstance(total_bytes, int):
             raise TypeError(f"total_bytes must be an int, got {type(total_bytes).__name__}")
@@ -112,14 +158,23 @@ class BlobAssembler:
         digest = sha256.lower()
         if digest and not _SHA256_RE.fullmatch(digest):
             raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")
+        if crc32c is not None and (
+            isinstance(crc32c, bool) or not isinstance(crc32c, int) or not 0 <= crc32c <= MAX_CRC32C
+        ):
+            raise WeightsError(f"crc32c must be an int in [0, 2**32 - 1], got {crc32c!r:.80}")
         self._total = total_bytes
         self._expected_sha = digest
         # torch.empty, unlike bytearray, does not zero-fill: every byte is
         # written by add() before finish() lets anyone read it.
-        self._buffer = torch.empty(total_bytes, dtype=torch.uint8)
+        if buffer is not None and buffer.dtype == torch.uint8 and buffer.numel() >= total_bytes:
+            self._buffer = buffer[:total_bytes]
+        else:
+            self._buffer = torch.empty(total_bytes, dtype=torch.uint8)
         self._view = self._buffer.numpy().data.cast("B")
         self._received = 0
-        self._hasher = hashlib.sha256()
+        self._expected_crc = crc32c
+        self._crc = 0
+        self._hasher = hashlib.sha256() if digest else None
         self._result: memoryview | None = None
 
     @property
@@ -154,7 +209,10 @@ class BlobAssembler:
                 f"the announced {self._total}-byte blob"
             )
         self._view[self._received : end] = view
-        self._hasher.update(view)
+        if self._hasher is not None:
+            self._hasher.update(view)
+        if self._expected_crc is not None and view.nbytes:
+            self._crc = crc32c(self._view[self._received : end], self._crc)
         self._received = end
 
     def finish(self) -> bytes | memoryview:
@@ -165,13 +223,17 @@ class BlobAssembler:
 
         Raises:
             WeightsError: Fewer bytes arrived than announced.
-            DataLossError: The sha256 announced does not match the bytes.
+            DataLossError: A checksum announced does not match the bytes.
         """
         if self._result is not None:
             return self._result
         if self._received != self._total:
             raise WeightsError(f"blob incomplete: received {self._received} of {self._total} bytes")
-        actual = self._hasher.hexdigest()
+        if self._expected_crc is not None and self._crc != self._expected_crc:
+            raise DataLossError(
+                f"blob crc32c mismatch: expected {self._expected_crc:#010x}, got {self._crc:#010x}"
+            )
+        actual = self._hasher.hexdigest() if self._hasher is not None else ""
         if self._expected_sha and actual != self._expected_sha:
             raise DataLossError(
                 f"blob sha256 mismatch: expected {self._expected_sha}, got {actual}"

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
+from common._blobs import crc32c
 from common._packet_decode import ALIGN, DTYPES, STR
 from common.errors import ProtocolError
 
@@ -153,13 +153,3 @@ def _flatten(nested: Any, ndim: int) -> list[Any]:
     for _ in range(ndim - 1):
         nested = [item for row in nested for item in row]
     return list(nested)
-
-
-def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
-    """CRC-32C of ``data`` continued from ``crc``; SSE4.2 / ARMv8 CRC instructions when present.
-
-    ``google_crc32c`` takes read-only ``bytes`` or an ndarray: a zero-copy uint8 view of
-    any buffer is the way in without a copy.
-    """
-    view = np.frombuffer(data, dtype=np.uint8)
-    return int(google_crc32c.extend(crc, view))

@@ -19,8 +19,11 @@ __all__ = [
     "DEFAULT_PORT",
     "MAX_FRAMES_PER_BATCH",
     "MAX_MESSAGE_BYTES",
+    "MAX_SEED",
     "CollectSettings",
     "ExplorationType",
+    "check_model_id",
+    "check_seed",
     "client_channel_options",
     "server_channel_options",
 ]
@@ -38,6 +41,8 @@ MAX_FRAMES_PER_BATCH = 1 << 22
 DEFAULT_PORT = 50051
 #: The model that acts, and that weights are addressed to, unless told otherwise.
 DEFAULT_MODEL_ID = "policy"
+#: The largest seed: seeds are uint64 on the wire (``SetSeedRequest.seed``).
+MAX_SEED = 2**64 - 1
 
 # Keepalive: the client pings every 20 s and gives up 10 s after an unanswered
 # ping; the server accepts pings 10 s apart, so the client never trips it.
@@ -102,10 +107,31 @@ class CollectSettings:
             raise TypeError(
                 f"exploration_type must be an ExplorationType, got {self.exploration_type!r}"
             )
-        if not self.model_id:
-            raise ValueError("model_id must be a non-empty string")
+        check_model_id(self.model_id)
         if self.llm is not None and not isinstance(self.llm, LLMSettings):
             raise TypeError(f"llm must be an LLMSettings or None, got {type(self.llm).__name__}")
+
+
+def check_model_id(model_id: object) -> str:
+    """Return ``model_id`` if it is a non-empty string.
+
+    Raises:
+        ValueError: Naming the value.
+    """
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
+    return model_id
+
+
+def check_seed(seed: object) -> int:
+    """Return ``seed`` if it is an int in ``[0, 2**64)``, the range of a seed on the wire.
+
+    Raises:
+        ValueError: Naming the value.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return seed
 
 
 def server_channel_options() -> list[tuple[str, int]]:

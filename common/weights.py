@@ -12,7 +12,8 @@ Tied tensors travel once and are named as aliases in the header
 (``common._push_form``).
 Blobs larger than a gRPC message are split by :func:`iter_blob_chunks` and put
 back together by :class:`BlobAssembler` (size cap before allocation, overflow,
-missing bytes and an optional sha256 checked; both live in ``common._blobs``).
+missing bytes and the announced CRC-32C and/or sha256 checked; both live in
+``common._blobs``).
 :func:`decode_weights` caps the blob and header sizes before parsing, checks
 the header length against the blob, allows only known dtypes, validates the
 offsets as safetensors does, returns views over the received buffer rather
@@ -20,7 +21,9 @@ than copies (``common._safetensors``) and refuses non-finite floats
 (safetensors does not); :func:`stage_state` checks
 keys, shapes, dtypes and ties against the live model and casts, and
 :func:`apply_staged` copies only once every check has passed
-(``common._staging``).
+(``common._staging``). Sparse deltas (only the changed elements, on top of a
+version the receiver holds) are encoded, checked and applied by
+:func:`encode_delta`, :func:`decode_delta` and :func:`apply_delta` (``common._delta``).
 """
 
 from __future__ import annotations
@@ -35,12 +38,16 @@ from torch import nn
 from common._aliases import ALIASES_KEY, decode_aliases, encode_aliases, expand_aliases
 from common._aliases import split_aliases as _split_aliases
 from common._blobs import (
+    CHECKSUMS,
     DEFAULT_MAX_WEIGHT_BYTES,
     BlobAssembler,
+    checksums,
+    crc32c,
     default_max_weight_bytes,
     iter_blob_chunks,
     sha256_hex,
 )
+from common._delta import Delta, apply_delta, decode_delta, encode_delta
 from common._push_form import WIRE_DTYPES, PushForm, check_fit
 from common._safetensors import (
     DEFAULT_MAX_KEYS,
@@ -62,18 +69,25 @@ from common._staging import (
 from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
+    "CHECKSUMS",
+    "Delta",
     "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_POLICY_VERSION",
     "WIRE_DTYPES",
     "Expected",
     "BlobAssembler",
+    "apply_delta",
     "PushForm",
     "apply_staged",
     "check_policy_version",
     "check_compatible",
     "check_finite",
+    "checksums",
+    "crc32c",
+    "decode_delta",
     "decode_weights",
+    "encode_delta",
     "default_max_weight_bytes",
     "encode_weights",
     "iter_blob_chunks",

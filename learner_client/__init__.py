@@ -20,6 +20,7 @@ command.
 from __future__ import annotations
 
 from learner_client._collector import GrpcCollector
+from learner_client._deltas import WeightPushSettings
 from learner_client._errors import MissingWorkersError, WeightPushError
 from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
@@ -33,5 +34,6 @@ __all__ = [
     "MissingWorkersError",
     "RemoteActor",
     "WeightPushError",
+    "WeightPushSettings",
     "serve_metrics",
 ]

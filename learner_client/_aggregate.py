@@ -1,18 +1,12 @@
 """Turning per-actor batches into what the collector yields: tagging, stacking, concatenating.
 
-Every batch gets ``("collector", "worker_id")`` (int64, shaped like
-``("collector", "traj_ids")``) and its last dim named ``"time"``. A sync batch
-is the per-actor batches in worker_id order, stacked as TorchRL's
-``MultiSyncCollector`` does (``[workers, envs, time]``; a lazy stack when the
-actors' shapes differ) or concatenated on dim 0 with ``cat_results=0``
-(``[workers * envs, time]``). Split trajectories (``[trajs, time]`` per actor)
-are zero-padded to the longest and concatenated, since their counts differ.
-
-A stacked entry whose per-actor tensors were received into one slab
-(:mod:`learner_client._slabs`) is a strided view of it rather than a copy: its
-dim 0 steps from one actor's frame to the next, so it is not contiguous
-(``reshape``/``flatten`` copy when they must; ``view`` across dim 0 needs
-``.contiguous()`` first).
+The layout follows TorchRL's ``MultiSyncCollector`` (``docs/collector.md``, sync and async
+batches): ``("collector", "worker_id")`` on every batch, the last dim named ``"time"``, sync
+batches stacked in worker_id order (a lazy stack when the actors' shapes differ),
+concatenated with ``cat_results=0``, or zero-padded trajectories with ``split_trajs``. A
+stacked entry whose per-actor tensors were received into one slab
+(:mod:`learner_client._slabs`) is a strided view of it rather than a copy, so it is not
+contiguous (``view`` across dim 0 needs ``.contiguous()`` first).
 """
 
 from __future__ import annotations
@@ -71,16 +65,12 @@ def combine(
         return name_time_dim(torch.cat(_pad_time(batches), 0))
     if cat_results == 0:
         return name_time_dim(torch.cat(list(batches), 0))
-    if len({tuple(b.batch_size) for b in batches}) == 1:
-        out = _stack_views(batches)
-        if out is None:
-            out = torch.stack(list(batches), 0)
-    else:
+    if len({tuple(b.batch_size) for b in batches}) > 1:
         # Actors with different env pool sizes give different [envs, time]
         # shapes; TorchRL's MultiSyncCollector returns a lazy stack then too.
-        out = LazyStackedTensorDict.lazy_stack(list(batches), 0)
-        return out
-    return name_time_dim(out)
+        return LazyStackedTensorDict.lazy_stack(list(batches), 0)
+    out = _stack_views(batches)
+    return name_time_dim(torch.stack(list(batches), 0) if out is None else out)
 
 
 def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:

@@ -10,7 +10,6 @@ collector usable (unlike TorchRL, which shuts down): catch it, ``next()`` again 
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -19,10 +18,11 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_seed
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
+from learner_client._deltas import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._link import ActorLink
@@ -108,6 +108,7 @@ class GrpcCollector:
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
+        weight_push: Pushes' checksum and full-push interval of deltas (``WeightPushSettings``).
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
@@ -146,6 +147,7 @@ class GrpcCollector:
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
         llm: LLMSettings | None = None,
+        weight_push: WeightPushSettings | None = None,
     ) -> None:
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
@@ -171,20 +173,21 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        conn = ConnectionSettings(connect_timeout, call_timeout, channel_credentials)
-        conn = dataclasses.replace(conn, token=token, learner_id=learner_id, take_over=take_over)
-        self._connect(conn, actors, dns_refresh_interval, check_hooks(postproc, replay_buffer))
+        link = (connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over)
+        conn = ConnectionSettings(*link)
+        self._connect(conn, actors, dns_refresh_interval, (postproc, replay_buffer), weight_push)
 
-    def _connect(self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any) -> None:
+    def _connect(
+        self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any, push: Any
+    ) -> None:
+        self.postproc, self.replay_buffer = check_hooks(*hooks)
         addresses = check_addresses(resolve_actors(actors))
-        self.postproc, self.replay_buffer = hooks
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats)
-        _, self._mailbox, self._ledger, self._book, self._fleet, self._pusher, self._rounds, _ = (
-            self._parts
-        )
+        parts = self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats, push)
+        self._mailbox, self._ledger, self._book = parts.mailbox, parts.ledger, parts.book
+        self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
             actors, self.add_collectors, self._known_addresses, interval=dns
@@ -234,10 +237,8 @@ class GrpcCollector:
         """
         with self._lock:
             self._check_open()
-            known = self._known_addresses()
             new = check_addresses(addresses)
-            clash = sorted(set(new) & known)
-            if clash:
+            if clash := sorted(set(new) & self._known_addresses()):
                 raise ValueError(f"actor address(es) {clash} are already in the fleet")
             links = self._fleet.describe(new)
             self._admit(links)
@@ -339,6 +340,7 @@ class GrpcCollector:
         weights_dict: dict[str, Any] | None = None,
         dtype: Any = None,
         only_trainable: bool = False,
+        delta: bool = False,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
@@ -352,6 +354,7 @@ class GrpcCollector:
             weights_dict: ``{model_id: weights}`` to update several models at once.
             dtype: Wire dtype of floating tensors (``torch.bfloat16``), cast once (docs/weights.md).
             only_trainable: Send only the module's parameters with ``requires_grad``.
+            delta: Send each target only what changed since the weights it holds (docs/weights.md).
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
@@ -362,15 +365,10 @@ class GrpcCollector:
             SessionStateError: None given and no weights were given before for that model.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
-        request = normalize_update_args(
-            policy_or_weights,
-            weights=weights,
-            policy=policy,
-            worker_ids=worker_ids,
-            model_id=model_id,
-            weights_dict=weights_dict,
-            options=PushOptions.given(dtype, only_trainable),
-        )
+        kw = dict(weights=weights, policy=policy, worker_ids=worker_ids, model_id=model_id)
+        kw.update(weights_dict=weights_dict, delta=delta)
+        options = PushOptions.given(dtype, only_trainable)
+        request = normalize_update_args(policy_or_weights, **kw, options=options)
         with self._lock:
             self._check_open()
             return self._pusher.update(request)
@@ -381,8 +379,7 @@ class GrpcCollector:
         Returns:
             The seed returned by the last actor (to chain further).
         """
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        check_seed(seed)
         with self._lock:
             self._check_open()
             return self._fleet.set_seed(seed, bool(static_seed))
@@ -414,7 +411,7 @@ class GrpcCollector:
     def stats(
         self, workers: str = "aggregate", *, timeout: float | None = 10.0
     ) -> dict[str, int | float | bool]:
-        """TorchRL's flat, cheap snapshot of scalars (keys: :mod:`learner_client._stats`).
+        """TorchRL's flat, cheap snapshot of scalars (keys: ``docs/collector.md``, stats).
 
         ``workers`` is TorchRL's view (``"aggregate"``, ``"per_worker"``, ``"both"``);
         ``timeout`` (None or seconds) never matters: nothing waits on an actor.

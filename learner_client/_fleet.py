@@ -27,9 +27,16 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._settings import ConnectionSettings, FleetMember
+from learner_client._members import FleetMember
+from learner_client._settings import ConnectionSettings
 from learner_client._slabs import PacketSlabs
-from learner_client._transport import ActorChannel, ActorDescription, push_messages
+from learner_client._transport import (
+    ActorChannel,
+    ActorDescription,
+    PushMessages,
+    PushReply,
+    push_messages,
+)
 from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = ["Fleet", "PushResults", "RemoteActor"]
@@ -217,7 +224,7 @@ class Fleet:
         self._book.observe(link.worker_id, desc.models)
         for enc in self._book.pending(link.worker_id, desc.models):
             try:
-                version = await link.channel.push_weights(
+                reply = await link.channel.push_weights(
                     enc.model_id, enc.version, _messages(enc), self._conn.call_timeout
                 )
             except RlfleetError as exc:
@@ -233,16 +240,21 @@ class Fleet:
                     exc,
                 )
                 continue
-            self._book.acknowledged(link.worker_id, enc.model_id, version)
+            self._book.acknowledged(link.worker_id, enc.model_id, reply.version)
+            self._ledger.pushed(len(enc.blob), reply.pause_seconds)
             log.info(
                 "pushed %s version %d to worker_id %d before its data is used",
                 enc.model_id,
-                version,
+                reply.version,
                 link.worker_id,
             )
 
-    def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> PushResults:
+    def push(
+        self, pairs: Sequence[tuple[int, EncodedWeights]], pauses: list[float] | None = None
+    ) -> PushResults:
         """Push each ``(worker_id, encoded model)`` pair, all concurrently.
+
+        ``pauses``, when given, receives the generation pause each applied push reported.
 
         Returns:
             ``(succeeded, failed)``: ``{model_id: {worker_id: version}}`` and
@@ -260,16 +272,19 @@ class Fleet:
                     self._book.addressed([wid], enc)
             else:
                 self._book.addressed([wid], enc)
-                self._book.acknowledged(wid, enc.model_id, result)
-                succeeded[enc.model_id][wid] = result
+                self._book.acknowledged(wid, enc.model_id, result.version)
+                self._ledger.pushed(len(enc.blob), result.pause_seconds)
+                succeeded[enc.model_id][wid] = result.version
+                if pauses is not None:
+                    pauses.append(result.pause_seconds)
         return succeeded, failed
 
     async def _push_all(
         self,
         pairs: Sequence[tuple[int, EncodedWeights]],
-        messages: dict[tuple[str, int, str], tuple[bytes, ...]],
-    ) -> list[int | BaseException]:
-        async def one(wid: int, enc: EncodedWeights) -> int:
+        messages: dict[tuple, PushMessages],
+    ) -> list[PushReply | BaseException]:
+        async def one(wid: int, enc: EncodedWeights) -> PushReply:
             return await self._links[wid].channel.push_weights(
                 enc.model_id, enc.version, messages[_key(enc)], self._conn.call_timeout
             )
@@ -374,6 +389,7 @@ class Fleet:
             "lost_in_progress": ledger.lost_in_progress,
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
+            **ledger.push_stats(),
             "queued_batches": sum(slot[0] for slot in self._mailbox.snapshot().values()),
         }
         out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})
@@ -381,7 +397,7 @@ class Fleet:
 
     def liveness(self) -> dict[str, int]:
         """``workers`` and ``workers_alive``, which every view of ``stats()`` reports."""
-        alive = sum(1 for link in self._links.values() if link.state not in _UNREACHABLE)
+        alive = sum(1 for wid in self._links if self.reachable(wid))
         return {"workers": len(self._links), "workers_alive": alive}
 
     def worker_stats(self, acting_model: str) -> dict[str, int | float | bool]:
@@ -392,7 +408,7 @@ class Fleet:
             prefix = f"worker_{wid}/"
             out[prefix + "frames"] = ledger.worker_frames.get(wid, 0)
             out[prefix + "batches"] = ledger.worker_batches.get(wid, 0)
-            out[prefix + "alive"] = link.state not in _UNREACHABLE
+            out[prefix + "alive"] = self.reachable(wid)
             out[prefix + "failures"] = ledger.failures.get(wid, 0)
             out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)
             out[prefix + "gaps"] = link.tracker.gaps
@@ -416,8 +432,15 @@ class Fleet:
             log.warning("closing the actor sessions: %s", exc)
 
 
-def _messages(enc: EncodedWeights) -> tuple[bytes, ...]:
-    return push_messages(enc.model_id, enc.version, enc.blob, enc.sha256)
+def _messages(enc: EncodedWeights) -> PushMessages:
+    return push_messages(
+        enc.model_id,
+        enc.version,
+        enc.blob,
+        enc.sha256,
+        crc32c=enc.crc32c,
+        base_version=enc.base_version,
+    )
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -428,6 +451,6 @@ def _as_bytes(value: Any) -> bytes:
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
 
 
-def _key(enc: EncodedWeights) -> tuple[str, int, str]:
-    """What makes two encoded pushes the same bytes on the wire."""
-    return enc.model_id, enc.version, enc.sha256
+def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None]:
+    """What makes two encoded pushes the same bytes on the wire (the blob itself, not its CRC)."""
+    return enc.model_id, enc.version, id(enc.blob), enc.base_version

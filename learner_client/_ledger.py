@@ -91,6 +91,14 @@ class Ledger:
         self.lost_in_progress = 0
         self.discarded = 0
         self.auto_pushes = 0
+        self._push = {
+            "push_bytes": 0,
+            "push_pause_max": 0.0,
+            "last_push_bytes": 0,
+            "last_push_pause": 0.0,
+            "delta_pushes": 0,
+            "delta_fallbacks": 0,
+        }
         self.policy_lag = 0
         self.policy_lag_max = 0
 
@@ -136,6 +144,33 @@ class Ledger:
         """Count one automatic weight push."""
         with self._lock:
             self.auto_pushes += 1
+
+    def pushed(self, nbytes: int, pause_seconds: float) -> None:
+        """Count one push an actor applied: its bytes and the generation pause it reported."""
+        with self._lock:
+            self._push["push_bytes"] += nbytes
+            self._push["push_pause_max"] = max(self._push["push_pause_max"], pause_seconds)
+
+    def push_call(
+        self, nbytes: int, pause_seconds: float, deltas: int, fallbacks: int, continues: bool
+    ) -> None:
+        """Record one push call: bytes to all targets, longest pause, deltas, fallbacks to full.
+
+        ``continues`` adds to the last call's bytes and pause (a fallback within one call).
+        """
+        with self._lock:
+            if continues:
+                nbytes += int(self._push["last_push_bytes"])
+                pause_seconds = max(pause_seconds, self._push["last_push_pause"])
+            self._push["last_push_bytes"] = nbytes
+            self._push["last_push_pause"] = pause_seconds
+            self._push["delta_pushes"] += deltas
+            self._push["delta_fallbacks"] += fallbacks
+
+    def push_stats(self) -> dict[str, int | float]:
+        """The push counters ``stats()`` shows (see :mod:`learner_client._stats`)."""
+        with self._lock:
+            return dict(self._push)
 
     def restore(self, frames: int, batches: int) -> None:
         """Set the frame and batch counters (from a state_dict)."""

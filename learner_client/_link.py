@@ -382,7 +382,8 @@ class ActorLink:
             self._ledger.add_discarded(1)
             return
         batch = tag_worker(name_time_dim(event.batch), self.worker_id)
-        self._frames_received += event.frames or batch.numel()
+        frames = event.frames or batch.numel()
+        self._frames_received += frames
         self._delivered, self._env_failures = True, 0
         fresh = self._mailbox.put(
             Delivery(
@@ -390,7 +391,7 @@ class ActorLink:
                 epoch=event.epoch,
                 seq=event.seq,
                 batch=batch,
-                frames=event.frames or batch.numel(),
+                frames=frames,
                 version_min=event.version_min,
                 version_max=event.version_max,
             )

@@ -1,20 +1,12 @@
 """A fleet of actor servers started as local subprocesses, for training on one machine.
 
-:class:`LocalFleet` runs ``python -m actor_service`` once per actor (worker ids
-``0..n-1``, free ports picked by the actors themselves), waits for every
-``rlfleet-actor ready worker_id=<id> port=<port>`` line, exposes the actors'
-addresses and stops them on exit: SIGTERM (the actor drains), then SIGKILL
-after the grace period. It never imports ``actor_service``: the actors are
-separate programs, exactly as in a real deployment.
-
-No orphans: on Linux each actor is started through a tiny launcher that sets
-``PR_SET_PDEATHSIG`` to SIGKILL before ``exec``-ing the actor (which survives
-``exec``), so the kernel kills the actors when the learner dies, even by
-SIGKILL. Unlike ``preexec_fn`` this is safe while gRPC threads run. The actors
-run in their own session, so a Ctrl-C in the terminal reaches only the learner,
-which then stops them in order. Their stdout and stderr go to anonymous
-temporary files (no pipe can fill up and block an actor); the tail of stderr
-is quoted in errors and available from :meth:`LocalFleet.stderr_tail`.
+:class:`LocalFleet` runs ``python -m actor_service`` once per actor and never imports
+``actor_service``: the actors are separate programs, as in a real deployment (what it
+promises: ``docs/collector.md``, LocalFleet). Two choices need their reason here. Each
+actor starts through a tiny launcher that sets ``PR_SET_PDEATHSIG`` before ``exec``
+(which survives ``exec``), so the kernel kills the actors when the learner dies, even by
+SIGKILL; unlike ``preexec_fn`` this is safe while gRPC threads run. Their stdout and
+stderr go to anonymous temporary files, so no pipe can fill up and block an actor.
 """
 
 from __future__ import annotations
@@ -68,11 +60,6 @@ class _Actor:
     port: int | None = None
     # The stderr tail, kept when the temporary files are closed.
     final_tail: str = ""
-
-
-def _llm_args(task: str, task_kwargs: Mapping[str, Any] | None) -> list[str]:
-    """The flags that make an actor an LLM actor with ``task``."""
-    return ["--kind", "llm", "--task", task, "--task-kwargs", json.dumps(dict(task_kwargs or {}))]
 
 
 class LocalFleet:
@@ -150,23 +137,22 @@ class LocalFleet:
         self.grace_period = float(grace_period)
         self._python = python
         self._seed = seed
-        self._common_args = [
-            "--host",
-            host,
-            "--env",
-            env,
-            "--num-envs",
-            str(num_envs),
-            "--policy",
-            policy,
-            "--policy-kwargs",
-            json.dumps(dict(policy_kwargs or {})),
-            "--env-kwargs",
-            json.dumps(dict(env_kwargs or {})),
-            "--grace-period",
-            str(grace_period),
-        ]
-        self._common_args += _llm_args(task, task_kwargs) if kind == "llm" else []
+        flags = {
+            "--host": host,
+            "--env": env,
+            "--num-envs": num_envs,
+            "--policy": policy,
+            "--policy-kwargs": json.dumps(dict(policy_kwargs or {})),
+            "--env-kwargs": json.dumps(dict(env_kwargs or {})),
+            "--grace-period": grace_period,
+        }
+        if kind == "llm":  # chat slots, a task and a language model
+            flags |= {
+                "--kind": "llm",
+                "--task": task,
+                "--task-kwargs": json.dumps(dict(task_kwargs or {})),
+            }
+        self._common_args = [str(part) for flag in flags.items() for part in flag]
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"

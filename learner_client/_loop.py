@@ -38,33 +38,21 @@ class LoopThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop (use only through the thread-safe methods from other threads)."""
-        return self._loop
-
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Schedule ``coro`` on the loop; returns a thread-safe future.
-
-        Raises:
-            SessionStateError: The loop is closed.
-        """
-        if self._closed:
-            coro.close()
-            raise ClosedError("the collector is shut down")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
         """Run ``coro`` on the loop and wait for its result.
 
         Raises:
+            ClosedError: The loop is closed.
             DeadlineError: It did not finish within ``timeout`` seconds (it is cancelled).
         """
-        future = self.submit(coro)
+        if self._closed:
+            coro.close()
+            raise ClosedError("the collector is shut down")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:

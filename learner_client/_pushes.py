@@ -8,7 +8,10 @@ report per-worker results. A push that failed on some workers raises
 and the successes. Automatic pushes (``update_after_each_batch``,
 ``max_weight_update_interval``) re-read the last weights given, so in-place
 training is picked up; an actor that is down is skipped and receives the
-weights when it is re-admitted.
+weights when it is re-admitted. A ``delta=True`` push sends each target a sparse
+delta where it can (:class:`~learner_client._deltas.DeltaTracker`); a target
+that refuses its delta with FAILED_PRECONDITION gets the full push of the same
+state and version at once, which the caller never sees as an error.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import UnknownModelError, is_transient
+from common.errors import SessionStateError, UnknownModelError, is_transient
+from learner_client._deltas import DeltaTracker, WeightPushSettings
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, PushResults
 from learner_client._ledger import Ledger
@@ -42,17 +46,24 @@ class Pusher:
     Args:
         fleet: The actors the weights go to.
         book: The weights given, their versions, and which worker is due an update.
-        ledger: Counts automatic pushes.
+        ledger: Counts automatic pushes, bytes, pauses and delta fallbacks.
         metrics: Times every push and counts its outcome, per model; None records nothing.
+        deltas: What each worker holds, for ``delta=True`` pushes (None: a default tracker).
     """
 
     def __init__(
-        self, fleet: Fleet, book: WeightBook, ledger: Ledger, metrics: LearnerMetrics | None = None
+        self,
+        fleet: Fleet,
+        book: WeightBook,
+        ledger: Ledger,
+        metrics: LearnerMetrics | None = None,
+        deltas: DeltaTracker | None = None,
     ) -> None:
         self._fleet = fleet
         self._book = book
         self._ledger = ledger
         self._metrics = metrics
+        self._deltas = deltas or DeltaTracker(book, WeightPushSettings())
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -68,6 +79,8 @@ class Pusher:
         targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
         self._check_models(request.sources, targets)
         pairs: list[tuple[int, EncodedWeights]] = []
+        if request.delta:
+            return self._update_delta(request, targets)
         for mid, src in request.sources.items():
             given = request.options or PushOptions()  # new weights: as the call says
             if request.per_worker is not None:  # TorchRL's {worker_id: weights}
@@ -79,6 +92,35 @@ class Pusher:
                 enc = self._book.encode(mid, src, given)
                 pairs += [(wid, enc) for wid in targets]
         succeeded, failed = self._push(pairs)
+        if any(failed.values()):
+            raise push_error(succeeded, failed, nested=request.nested)
+        return succeeded if request.nested else next(iter(succeeded.values()))
+
+    def _update_delta(self, request: WeightRequest, targets: list[int]) -> dict:
+        """A ``delta=True`` push: deltas where the tracker can, full pushes elsewhere."""
+        pairs: list[tuple[int, EncodedWeights]] = []
+        for mid, src in request.sources.items():
+            sources = {
+                w: src if src is not None else self._book.source_for(mid, w) for w in targets
+            }
+            version = self._book.claim_version(mid, src)
+            pairs += sorted(self._deltas.encode(mid, sources, version).items())
+        succeeded, failed = self._push(pairs)
+        # A target at another version than the delta's base: the full push, at once.
+        retry = [
+            (w, enc.full())
+            for w, enc in pairs
+            if enc.full is not None and isinstance(failed[enc.model_id].get(w), SessionStateError)
+        ]
+        if retry:
+            again, still = self._push(retry, fallbacks=len(retry), continues=True)
+            for mid in again:
+                for wid, version in again[mid].items():
+                    failed[mid].pop(wid, None)
+                    succeeded[mid][wid] = version
+                failed[mid].update(still[mid])
+        for mid in request.sources:
+            self._deltas.settle(mid, succeeded.get(mid, {}), failed.get(mid, {}))
         if any(failed.values()):
             raise push_error(succeeded, failed, nested=request.nested)
         return succeeded if request.nested else next(iter(succeeded.values()))
@@ -122,9 +164,20 @@ class Pusher:
         if any(fatal.values()):
             raise push_error(succeeded, fatal, nested=True)
 
-    def _push(self, pairs: list[tuple[int, EncodedWeights]]) -> PushResults:
+    def _push(
+        self, pairs: list[tuple[int, EncodedWeights]], fallbacks: int = 0, continues: bool = False
+    ) -> PushResults:
         started = time.monotonic()
-        succeeded, failed = self._fleet.push(pairs)
+        pauses: list[float] = []
+        succeeded, failed = self._fleet.push(pairs, pauses)
+        applied = [enc for w, enc in pairs if w in succeeded.get(enc.model_id, {})]
+        self._ledger.push_call(
+            sum(len(enc.blob) for w, enc in pairs),
+            max(pauses, default=0.0),
+            deltas=sum(enc.base_version is not None for enc in applied),
+            fallbacks=fallbacks,
+            continues=continues,
+        )
         if self._metrics is not None:
             seconds = time.monotonic() - started
             for model_id in sorted({encoded.model_id for _, encoded in pairs}):

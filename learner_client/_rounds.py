@@ -75,7 +75,7 @@ class Rounds:
 
     def _remaining_frames(self) -> int | None:
         s = self._settings
-        return None if s.total_frames is None or s.endless else s.total_frames - self._ledger.frames
+        return None if s.endless else int(s.total_frames or 0) - self._ledger.frames
 
     def exhausted(self) -> bool:
         """Whether ``total_frames`` were delivered."""
@@ -100,13 +100,8 @@ class Rounds:
             return merge_padded(parts)
         if not self._settings.sync:
             return parts[0]
-        return combine(
-            parts,
-            cat_results="stack"
-            if self._settings.cat_results is None
-            else self._settings.cat_results,
-            split_trajs=bool(self._settings.split_trajs),
-        )
+        cat = "stack" if self._settings.cat_results is None else self._settings.cat_results
+        return combine(parts, cat_results=cat, split_trajs=bool(self._settings.split_trajs))
 
     def take_parts(self) -> list[TensorDictBase]:
         """The next batch as each actor sent it (``[envs, time]``), in worker_id order.

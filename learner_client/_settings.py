@@ -21,15 +21,14 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
-from learner_client._kinds import check_kinds
+from learner_client._members import FleetMember, check_kinds
 
 __all__ = [
     "BatchSettings",
     "ConnectionSettings",
-    "FleetMember",
     "RolloutSettings",
     "check_addresses",
     "check_fleet",
@@ -89,13 +88,13 @@ class BatchSettings:
             raise TypeError(f"llm must be an LLMSettings or None, got {self.llm!r}")
         for name in ("sync", "split_trajs"):
             _set(self, name, _optional_flag(name, getattr(self, name)))
+        for name in ("allow_partial_batches", "update_after_each_batch"):
+            _flag(name, getattr(self, name))
         interval = self.max_weight_update_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
             raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
         positive_int("frames_per_batch", self.frames_per_batch)
         _set(self, "total_frames", _frames("total_frames", self.total_frames, endless=True))
-        for name in ("sync", "allow_partial_batches", "split_trajs", "update_after_each_batch"):
-            _flag(name, getattr(self, name))
         _set(self, "cat_results", normalize_cat_results(self.cat_results))
         _set(self, "batch_timeout", positive_timeout("batch_timeout", self.batch_timeout))
         _set(self, "prefetch", self._check_prefetch())
@@ -193,8 +192,7 @@ class RolloutSettings:
     fold_observations: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_id, str) or not self.model_id:
-            raise ValueError(f"model_id must be a non-empty string, got {self.model_id!r}")
+        check_model_id(self.model_id)
         if not _flag("reset_when_done", self.reset_when_done):
             raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
         for name in ("max_frames_per_traj", "init_random_frames"):
@@ -279,27 +277,6 @@ class ConnectionSettings:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata: the bearer token when one is set."""
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetMember:
-    """What the fleet checks need to know about one actor.
-
-    Attributes:
-        address: ``host:port``.
-        worker_id: The id the actor reported.
-        num_envs: Its env pool size (LLM actors: chat slots).
-        models: The model_ids it holds.
-        kind: ``"env"`` or ``"llm"``.
-        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
-    """
-
-    address: str
-    worker_id: int
-    num_envs: int
-    models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
-    kind: str = "env"
-    max_new_tokens_cap: int = 0
 
 
 def new_learner_id() -> str:

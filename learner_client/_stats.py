@@ -4,20 +4,9 @@ TorchRL documents ``stats()`` as a cheap, serialisable mapping of scalars that
 its ``LoggerMonitor`` logs as is (``BaseCollector.stats``), with a ``workers``
 argument choosing the aggregate or per-worker view (``MultiCollector.stats``)
 and a ``timeout`` (``RayCollector.stats``). Here every value is read on the
-learner, so no view ever waits on an actor.
-
-``"aggregate"``: ``frames``, ``batches``, ``requested_frames_per_batch``,
-``total_frames`` and ``completed`` (finite budgets only), ``worker_frames``
-(frames delivered from all actors), ``policy_version`` (the acting model's) and
-``policy_version/<model_id>``, ``policy_lag``, ``policy_lag_max``, ``gaps``,
-``duplicates``, ``reconnects``, ``failures``, ``restarts`` (actors found restarted),
-``lost_in_progress`` (their slots: each a trajectory or dialog lost), ``discarded``,
-``auto_pushes``,
-``missing_workers`` (how many were absent from the last partial sync batch) and
-``background_failed``. ``"per_worker"``: ``worker_<id>/frames``, ``/alive``,
-``/failures``, ``/reconnects``, ``/gaps``, ``/duplicates``, ``/policy_version``
-and ``/missing``. ``"both"``: the union. ``workers`` and ``workers_alive`` are
-in every view.
+learner, so no view ever waits on an actor. The keys of each view are listed in
+``docs/collector.md`` (the fleet's counters come from :meth:`Fleet.stats
+<learner_client._fleet.Fleet.stats>` and :meth:`~learner_client._fleet.Fleet.worker_stats`).
 """
 
 from __future__ import annotations

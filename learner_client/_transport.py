@@ -9,7 +9,8 @@ asyncio event loop (see :mod:`learner_client._loop`):
   LoadState), each under a deadline, each returning plain Python values.
 * :func:`push_messages` — a weight push's requests, wire-encoded once (each
   ``chunk`` straight from the blob: the field's tag, the varint length, the
-  data) and sent unchanged to every target with an identity serializer.
+  data; built as the first target's stream reaches it) and sent unchanged to
+  every target with an identity serializer.
 * :func:`translate_errors` — the one place ``grpc.RpcError`` becomes an
   :mod:`common.errors` exception, prefixed with the actor's address.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import grpc
 
@@ -34,6 +35,8 @@ from learner_client._collect_wire import parse_collect_response
 __all__ = [
     "ActorChannel",
     "ActorDescription",
+    "PushMessages",
+    "PushReply",
     "encode_chunk",
     "encode_header",
     "push_messages",
@@ -65,18 +68,64 @@ def encode_header(header: pb.WeightsHeader) -> bytes:
     return pb.PushWeightsRequest(header=header).SerializeToString()
 
 
-def push_messages(
-    model_id: str, version: int, blob: bytes, sha256: str, chunk_bytes: int = CHUNK_BYTES
-) -> tuple[bytes, ...]:
+class PushMessages(Sequence[bytes]):
     """The serialised ``PushWeightsRequest`` messages of one push: the header, then each chunk.
 
-    Built once per push and handed unchanged to every target.
+    Shared unchanged by every target of the push. Each chunk message is wire-encoded
+    (one copy of its slice of the blob) the first time any target's stream asks for
+    it, so encoding overlaps with sending instead of preceding it.
+    """
+
+    def __init__(self, header: bytes, blob: bytes | memoryview, chunk_bytes: int) -> None:
+        self._header = header
+        self._pieces = list(iter_blob_chunks(blob, chunk_bytes))
+        self._built: list[bytes | None] = [None] * len(self._pieces)
+
+    def __len__(self) -> int:
+        return 1 + len(self._pieces)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"push message {index} of {len(self)}")
+        if index == 0:
+            return self._header
+        built = self._built[index - 1]
+        if built is None:
+            built = self._built[index - 1] = encode_chunk(self._pieces[index - 1])
+        return built
+
+
+def push_messages(
+    model_id: str,
+    version: int,
+    blob: bytes,
+    sha256: str,
+    chunk_bytes: int = CHUNK_BYTES,
+    *,
+    crc32c: int | None = None,
+    base_version: int | None = None,
+) -> PushMessages:
+    """The messages of one push (:class:`PushMessages`), built once per push for every target.
+
+    ``sha256`` may be "" when ``crc32c`` is given; ``base_version`` marks a sparse delta.
     """
     header = pb.WeightsHeader(
-        model_id=model_id, version=version, total_bytes=len(blob), sha256=sha256
+        model_id=model_id,
+        version=version,
+        total_bytes=len(blob),
+        sha256=sha256,
+        crc32c=crc32c,
+        base_version=base_version,
     )
-    chunks = (encode_chunk(piece) for piece in iter_blob_chunks(blob, chunk_bytes))
-    return (encode_header(header), *chunks)
+    return PushMessages(encode_header(header), blob, chunk_bytes)
 
 
 def _pre_serialized(message: bytes) -> bytes:
@@ -92,6 +141,19 @@ def translate_errors(peer: str) -> Iterator[None]:
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
         raise from_status(code, details, peer=peer) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class PushReply:
+    """What an actor answered to a weight push.
+
+    Attributes:
+        version: The version now in force.
+        pause_seconds: How long the swap paused the actor's generation (collection).
+    """
+
+    version: int
+    pause_seconds: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +267,8 @@ class ActorChannel:
 
     async def push_weights(
         self, model_id: str, version: int, messages: Sequence[bytes], timeout: float
-    ) -> int:
-        """Stream one weight push; returns the version now in force.
+    ) -> PushReply:
+        """Stream one weight push; returns the version now in force and the actor's pause.
 
         Args:
             model_id: The model it updates.
@@ -230,7 +292,8 @@ class ActorChannel:
                 f"{self.address}: push of {model_id!r} version {version} answered with "
                 f"{r.model_id!r} version {r.version}"
             )
-        return r.version
+        pause = float(r.pause_seconds)
+        return PushReply(r.version, pause if 0.0 <= pause < float("inf") else 0.0)
 
     async def get_state(self, timeout: float) -> bytes:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""

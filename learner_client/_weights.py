@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common.config import DEFAULT_MODEL_ID
+from common.config import DEFAULT_MODEL_ID, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import PushForm, encode_weights, sha256_hex
+from common.weights import PushForm, checksums, encode_weights
 
 __all__ = [
     "EncodedWeights",
@@ -95,6 +95,7 @@ class WeightRequest:
             in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
         options: How every model of the request is encoded; None: not given (new weights
             are sent as they are, a re-send of the last weights as they were last sent).
+        delta: Send each target only what changed since it last applied (``_deltas``).
     """
 
     sources: dict[str, WeightSource | None]
@@ -102,6 +103,7 @@ class WeightRequest:
     nested: bool
     per_worker: dict[int, WeightSource] | None = None
     options: PushOptions | None = None
+    delta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +114,19 @@ class EncodedWeights:
         model_id: The model it updates.
         version: The policy version it installs.
         blob: The safetensors bytes.
-        sha256: Hex digest of ``blob``.
+        sha256: Hex digest of ``blob``, or "" when ``crc32c`` stands for it.
+        crc32c: CRC-32C of ``blob``, or None when only ``sha256`` is sent.
+        base_version: Set on a sparse delta: the version it applies on top of.
+        full: A delta's full equivalent (re-sent to a worker that comes back), built on demand.
     """
 
     model_id: str
     version: int
     blob: bytes
     sha256: str
+    crc32c: int | None = None
+    base_version: int | None = None
+    full: Callable[[], EncodedWeights] | None = dataclasses.field(default=None, compare=False)
 
 
 def _check_source(name: str, value: object) -> WeightSource:
@@ -128,12 +136,6 @@ def _check_source(name: str, value: object) -> WeightSource:
         f"{name} must be an nn.Module, a TensorDict or a dict of tensors, "
         f"got {type(value).__name__}"
     )
-
-
-def _check_model_id(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"model_id must be a non-empty string, got {value!r}")
-    return value
 
 
 def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
@@ -161,6 +163,7 @@ def normalize_update_args(
     worker_ids: object = None,
     model_id: object = None,
     weights_dict: object = None,
+    delta: object = False,
     options: PushOptions | None = None,
 ) -> WeightRequest:
     """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
@@ -170,9 +173,24 @@ def normalize_update_args(
     Raises:
         ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
             ``weights_dict`` with ``model_id`` or with any of those three; an empty
-            ``weights_dict`` or ``worker_ids``; an empty ``model_id``.
-        TypeError: A source, ``weights_dict`` or ``worker_ids`` of the wrong type.
+            ``weights_dict`` or ``worker_ids``; an empty ``model_id``; ``delta`` with
+            per-worker weights.
+        TypeError: A source, ``weights_dict``, ``worker_ids`` or ``delta`` of the wrong type.
     """
+    if not isinstance(delta, bool):
+        raise TypeError(f"delta must be a bool, got {delta!r}")
+    args = (policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options)
+    request = _normalize(*args)
+    if delta and request.per_worker is not None:
+        raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
+    if delta and options is not None:
+        raise ValueError(f"delta=True sends every weight in its own dtype; not with {options}")
+    return dataclasses.replace(request, delta=delta)
+
+
+def _normalize(*args: Any) -> WeightRequest:
+    """:func:`normalize_update_args` but ``delta``, its arguments in their order."""
+    policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options = args
     given = [
         n
         for n, v in (
@@ -192,7 +210,7 @@ def normalize_update_args(
         if given:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
         return WeightRequest(_models(weights_dict), targets, nested=True, options=opts)
-    mid = DEFAULT_MODEL_ID if model_id is None else _check_model_id(model_id)
+    mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
     source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
     if policy is not None and not isinstance(policy, nn.Module):
         raise TypeError(f"policy must be an nn.Module, got {type(policy).__name__}")
@@ -222,7 +240,7 @@ def _models(weights_dict: object) -> dict[str, WeightSource | None]:
     if not weights_dict:
         raise ValueError("weights_dict is empty")
     return {
-        _check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
+        check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
         for mid, src in weights_dict.items()
     }
 
@@ -272,7 +290,8 @@ class WeightBook:
     :meth:`observe`), so a restarted learner never pushes a stale version.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, checksum: str = "crc32c") -> None:
+        self.checksum = checksum
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._sources: dict[str, WeightSource] = {}
@@ -333,9 +352,10 @@ class WeightBook:
         """
         with self._lock:
             desired = self._desired.get(worker_id, {})
-            return [
+            lacking = [
                 enc for mid, enc in sorted(desired.items()) if reported.get(mid, 0) < enc.version
             ]
+        return [enc.full() if enc.full is not None else enc for enc in lacking]
 
     def due(self, worker_id: int, interval: int | None) -> bool:
         """Whether an automatic push is due: more than ``interval`` batches since the last one."""
@@ -380,15 +400,21 @@ class WeightBook:
             source = self.source(model_id)
         opts = self.options(model_id, options)
         blob = opts.encode(source, model_id)
-        digest = sha256_hex(blob)
+        digest, crc = checksums(blob, self.checksum)
         with self._lock:
-            self._sources[model_id] = source
             self._options[model_id] = opts
-            if given:  # new shared weights replace any given to single workers
+        version = self.claim_version(model_id, source if given else None)
+        return EncodedWeights(model_id, version, blob, digest, crc)
+
+    def claim_version(self, model_id: str, source: WeightSource | None) -> int:
+        """The next version of ``model_id``; a given ``source`` becomes the shared last weights."""
+        with self._lock:
+            if source is not None:  # new shared weights replace any given to single workers
+                self._sources[model_id] = source
                 self._worker_sources.pop(model_id, None)
             version = self._versions.get(model_id, 0) + 1
             self._versions[model_id] = version
-        return EncodedWeights(model_id=model_id, version=version, blob=blob, sha256=digest)
+        return version
 
     def encode_for(
         self,
@@ -415,11 +441,11 @@ class WeightBook:
             for wid, src in sources.items()
         }
         opts = self.options(model_id, options)
-        blobs: dict[int, tuple[bytes, str]] = {}
+        blobs: dict[int, tuple[bytes, str, int | None]] = {}
         for src in resolved.values():
             if id(src) not in blobs:
                 blob = opts.encode(src, model_id)
-                blobs[id(src)] = (blob, sha256_hex(blob))
+                blobs[id(src)] = (blob, *checksums(blob, self.checksum))
         with self._lock:
             self._options[model_id] = opts
             own = self._worker_sources.setdefault(model_id, {})

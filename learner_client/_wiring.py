@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from learner_client._collect_stream import OpenStreams
+from learner_client._deltas import DeltaTracker, WeightPushSettings
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
 from learner_client._loop import LoopThread
@@ -57,6 +58,7 @@ def assemble(
     acting_model: str,
     conn: ConnectionSettings,
     stats: Callable[..., Mapping[str, Any]],
+    push: WeightPushSettings | None = None,
 ) -> Parts:
     """Build the loop thread, the mailbox and every collaborator (the loop thread starts).
 
@@ -67,11 +69,13 @@ def assemble(
         stats: ``GrpcCollector.stats``, which the learner's metrics read at every scrape.
             The metrics (served by ``serve_metrics``) are fed by the ledger (policy lag),
             the pusher (push times) and the rounds (user code's wait); closed with the parts.
+        push: How weight pushes travel (checksum, full-push interval of deltas).
     """
+    push = push or WeightPushSettings()
     metrics = LearnerMetrics(stats)
     loop = LoopThread()
     ledger = Ledger(metrics.policy_lag)
-    book = WeightBook()
+    book = WeightBook(push.checksum)
     streams = OpenStreams(loop)
     mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
     slabs = PacketSlabs()  # stacked sync rounds line up in them; every batch reuses memory
@@ -85,7 +89,7 @@ def assemble(
         batch_timeout=batch.batch_timeout,
         slabs=slabs,
     )
-    pusher = Pusher(fleet, book, ledger, metrics)
+    pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push))
     rounds = Rounds(
         batch,
         acting_model,

@@ -1,5 +1,8 @@
 """Dependencies point one way (common <- actor_service, learner_client); no torchrl at run time.
 
+The one exception is ``rlfleet-grpo --loss torchrl``, TorchRL interop asked for by name: its
+module may import torchrl inside a function (on that path only, never when a package loads).
+
 A package uses another package only through its public modules: ``common._x`` is private to
 ``common``, whoever imports it.
 """
@@ -18,6 +21,8 @@ FORBIDDEN = {
     "learner_client": {"actor_service", "torchrl", "bench"},
 }
 OUR_PACKAGES = ("common", "actor_service", "learner_client", "bench")
+#: Modules that may import these packages inside functions (never at module level).
+LAZY_INTEROP = {"learner_client/grpo/_torchrl_loss.py": {"torchrl"}}
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -32,7 +37,28 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
-    return {name.split(".")[0] for _, name in _imports(path)}
+    """Top-level packages imported, leaving out the lazy interop imports allowed for ``path``."""
+    lazy = LAZY_INTEROP.get(_shown(path), set()) & _function_local_packages(path)
+    return {name.split(".")[0] for _, name in _imports(path)} - lazy
+
+
+def _function_local_packages(path: pathlib.Path) -> set[str]:
+    """Packages imported only inside function bodies (none at module or class level)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    inside = {
+        id(node)
+        for func in ast.walk(tree)
+        if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(func)
+    }
+    packages: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom) and getattr(node, "level", 0) == 0:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for name in names:
+                top = (name or "").split(".")[0]
+                packages[top] = packages.get(top, True) and id(node) in inside
+    return {top for top, only_inside in packages.items() if only_inside}
 
 
 def private_imports(path: pathlib.Path, package: str) -> list[str]:
@@ -68,6 +94,14 @@ def test_package_imports_no_private_module_of_another_package(package: str) -> N
         for offender in private_imports(path, package)
     ]
     assert not offenders, "import the public name instead:\n" + "\n".join(offenders)
+
+
+def test_lazy_interop_imports_must_stay_inside_functions(tmp_path: pathlib.Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    import torchrl\n")
+    assert _function_local_packages(probe) == {"torchrl"}
+    probe.write_text("import torchrl\n\ndef f():\n    import torchrl.objectives\n")
+    assert _function_local_packages(probe) == set()
 
 
 def test_private_imports_are_found_in_every_import_form(tmp_path: pathlib.Path) -> None:

@@ -1,10 +1,12 @@
-"""Tests of the hand-composed ``CollectResponse`` chunk bytes against protobuf's own encoding."""
+"""Hand-composed ``CollectResponse`` chunks and hand-read ``PushWeights`` chunks vs protobuf."""
 
 from __future__ import annotations
 
 import pytest
+from google.protobuf.message import DecodeError
 
-from actor_service._wire import encode_chunk, encode_control
+from actor_service._wire import RawChunk, decode_push_request, encode_chunk, encode_control
+from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 # Around each varint length boundary of the data and of the chunk body, plus a full chunk.
@@ -75,3 +77,27 @@ def test_encode_control_round_trips() -> None:
     end = pb.CollectResponse(end=pb.StreamEnd(reason=pb.END_REASON_DRAINING, last_seq=12))
 
     assert pb.CollectResponse.FromString(encode_control(end)) == end
+
+
+@pytest.mark.parametrize("size", DATA_SIZES)
+def test_decode_push_request_views_chunks_as_protobuf_parses_them(size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    wire = pb.PushWeightsRequest(chunk=data).SerializeToString()
+    decoded = decode_push_request(wire)
+    assert isinstance(decoded, RawChunk)
+    assert decoded.WhichOneof("kind") == "chunk"
+    assert bytes(decoded.chunk) == pb.PushWeightsRequest.FromString(wire).chunk
+
+
+def test_decode_push_request_leaves_everything_else_to_protobuf() -> None:
+    header = pb.PushWeightsRequest(header=pb.WeightsHeader(model_id="policy", version=3))
+    assert decode_push_request(header.SerializeToString()) == header
+    chunk = pb.PushWeightsRequest(chunk=b"abc").SerializeToString()
+    assert length_delimited(chunk + b"\x12\x00", 0x12) is None  # a second field follows
+    assert length_delimited(chunk[:-1], 0x12) is None  # truncated payload
+    assert length_delimited(b"\x12\xff\xff", 0x12) is None  # truncated varint
+    assert length_delimited(b"\x12" + b"\xff" * 11 + b"\x01", 0x12) is None  # overlong varint
+    assert length_delimited(b"", 0x12) is None
+    assert decode_push_request(chunk + b"\x12\x01z").chunk == b"z"  # protobuf: last one wins
+    with pytest.raises(DecodeError):
+        decode_push_request(b"\x12\xff\xff")

@@ -75,6 +75,18 @@ EXPECTED = {
         ["tiny rlfleet", "tiny torchrl multisync", "tiny raw loopback"],
         ["tiny rlfleet/raw loopback", "tiny rlfleet/torchrl multisync"],
     ),
+    "push_forms": (
+        [
+            "tiny full",
+            "tiny full bytes",
+            "tiny full pause",
+            "tiny full raw",
+            "tiny full collecting",
+            "tiny delta adam",
+            "tiny delta 1%",
+        ],
+        ["tiny full/raw", "tiny full pause/push", "tiny delta 1% bytes/full"],
+    ),
     "startup": (["rlfleet sync", "torchrl sync"], ["rlfleet/torchrl sync"]),
     "metrics": (
         ["metrics off", "metrics on", "loop metrics off", "loop metrics on"],
@@ -159,6 +171,8 @@ def test_weight_push_skips_ray_with_a_reason_in_quick_mode(quick_run):
     _, out = quick_run
     payload = json.loads((out / "weight_push.json").read_text())
     assert payload["skipped"]["ray"]
+    forms = json.loads((out / "push_forms.json").read_text())
+    assert forms["skipped"]["tiny adapter"]
 
 
 def test_pairwise_ratios_pairs_repetitions():

@@ -14,6 +14,7 @@ def test_learner_client_all_is_pinned():
         "MissingWorkersError",
         "RemoteActor",
         "WeightPushError",
+        "WeightPushSettings",
         "serve_metrics",
     ]
     for name in learner_client.__all__:

@@ -37,3 +37,18 @@ def test_push_messages_of_an_empty_blob_are_the_header_alone() -> None:
     messages = push_messages("policy", 1, b"", "00" * 32)
     assert len(messages) == 1
     assert pb.PushWeightsRequest.FromString(messages[0]).header.total_bytes == 0
+
+
+def test_push_messages_are_built_once_when_first_asked_for() -> None:
+    blob = bytes(range(100))
+    messages = push_messages("policy", 2, blob, "", chunk_bytes=40, crc32c=7, base_version=1)
+    assert len(messages) == 4
+    assert messages[2] is messages[2]  # built once, then shared by every target
+    assert messages[-1] == pb.PushWeightsRequest(chunk=blob[80:]).SerializeToString()
+    header = pb.PushWeightsRequest.FromString(messages[0]).header
+    assert (header.crc32c, header.base_version, header.sha256) == (7, 1, "")
+    assert header.HasField("crc32c")
+    assert header.HasField("base_version")
+    with pytest.raises(IndexError):
+        messages[4]
+    assert b"".join(pb.PushWeightsRequest.FromString(m).chunk for m in messages[1:]) == blob

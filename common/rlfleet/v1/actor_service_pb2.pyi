@@ -230,16 +230,20 @@ class CollectResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., chunk: _Optional[_Union[BatchChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("model_id", "version", "total_bytes", "sha256")
+    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     version: int
     total_bytes: int
     sha256: str
-    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+    crc32c: int
+    base_version: int
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -250,14 +254,16 @@ class PushWeightsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("worker_id", "model_id", "version")
+    __slots__ = ("worker_id", "model_id", "version", "pause_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     model_id: str
     version: int
-    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    pause_seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ...) -> None: ...
 
 class SpaceSpec(_message.Message):
     __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "text")

@@ -106,7 +106,8 @@ class ActorServiceServicer:
         """A weight push: one `header` first, then `chunk` messages whose bytes,
         concatenated, form one safetensors file of `header.total_bytes` bytes.
         The push is applied only after the whole file arrived and passed every
-        check; otherwise nothing changes.
+        check; otherwise nothing changes. Generation (collection) goes on while the
+        file arrives and is checked; it pauses only for the in-memory swap.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,176 @@
+"""Sparse-delta weight pushes on the learner: what each worker holds, and the push it needs.
+
+``update_policy_weights_(..., delta=True)`` sends each target only the elements
+that changed since the weights it holds (``common._delta``), with the version
+they apply on top of. :class:`DeltaTracker` remembers, per model_id and
+worker_id, the snapshot each worker was last sent and applied (a copy of the
+state at that version, shared by every worker that got the same push), and
+chooses per worker:
+
+* a **delta** against that snapshot, when the worker holds one, the version the
+  worker last acknowledged or reported is the snapshot's, and fewer than
+  :attr:`WeightPushSettings.full_push_every` deltas followed its last full push;
+* a **full** push otherwise (first push, a restarted actor, a push the tracker
+  did not see, a failed push, the periodic anchor that bounds drift, or a change
+  so dense that its indices and values would outweigh the whole state).
+
+A worker that answers a delta with FAILED_PRECONDITION (it holds another
+version) gets the full push of the same state and version at once
+(``learner_client._pushes``); a worker whose push failed loses its snapshot, so
+its next push is full. A delta's :attr:`EncodedWeights.full` builds that full
+push on demand; it is also what a returning actor is re-sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Mapping
+
+import torch
+
+from common.weights import CHECKSUMS, checksums, encode_delta, encode_weights, to_state_dict
+from learner_client._weights import EncodedWeights, WeightBook, WeightSource
+
+__all__ = ["DEFAULT_FULL_PUSH_EVERY", "DeltaTracker", "WeightPushSettings"]
+
+#: Consecutive delta pushes a worker gets before the next full one.
+DEFAULT_FULL_PUSH_EVERY = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightPushSettings:
+    """How weight pushes travel.
+
+    Attributes:
+        checksum: ``"crc32c"`` (hardware CRC-32C, ~10 GB/s; the default) or ``"sha256"``
+            (a cryptographic digest, ~2 GB/s, for operators who want one). The actor
+            verifies whichever the push carries.
+        full_push_every: With ``delta=True``, a worker gets a full push after this many
+            consecutive deltas, which bounds the cost of any drift or lost snapshot.
+
+    Example::
+
+        GrpcCollector(actors, frames_per_batch=256,
+                      weight_push=WeightPushSettings(checksum="sha256", full_push_every=4))
+    """
+
+    checksum: str = "crc32c"
+    full_push_every: int = DEFAULT_FULL_PUSH_EVERY
+
+    def __post_init__(self) -> None:
+        if self.checksum not in CHECKSUMS:
+            raise ValueError(f"checksum must be one of {CHECKSUMS}, got {self.checksum!r}")
+        every = self.full_push_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"full_push_every must be an int >= 1, got {every!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What one worker holds: the snapshot it was sent (never modified) at ``version``."""
+
+    version: int
+    state: dict[str, torch.Tensor]
+    deltas: int  # consecutive deltas since its last full push
+
+
+class DeltaTracker:
+    """The snapshots each worker holds, and the delta or full push each one needs.
+
+    Args:
+        book: The learner's weight bookkeeping (versions acknowledged and reported).
+        settings: The checksum and the full-push interval.
+    """
+
+    def __init__(self, book: WeightBook, settings: WeightPushSettings) -> None:
+        self._book = book
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._held: dict[str, dict[int, _Held]] = {}
+        self._sent: dict[tuple[str, int], _Held] = {}
+
+    def encode(
+        self, model_id: str, sources: Mapping[int, WeightSource], version: int
+    ) -> dict[int, EncodedWeights]:
+        """One push of ``version``: per worker, a delta against what it holds, or a full push.
+
+        Each distinct source is snapshotted once, each distinct (base, source) delta and
+        each full blob encoded once, however many workers receive it.
+        """
+        snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        fulls: dict[int, Callable[[], EncodedWeights]] = {}  # encoded only if needed
+        deltas: dict[tuple[int, int], EncodedWeights | None] = {}
+        out: dict[int, EncodedWeights] = {}
+        for wid, src in sources.items():
+            if id(src) not in snapshots:
+                snapshots[id(src)] = _snapshot(src)
+            state = snapshots[id(src)]
+            if id(state) not in fulls:
+                encode = functools.partial(self._full, model_id, version, state)
+                fulls[id(state)] = functools.cache(encode)
+            held = self._usable(model_id, wid)
+            delta = None
+            if held is not None:
+                key = (id(held.state), id(state))
+                if key not in deltas:
+                    deltas[key] = self._delta(model_id, version, held, state, fulls[id(state)])
+                delta = deltas[key]
+            if held is None or delta is None:  # nothing to build on, or a dense change
+                out[wid], sent = fulls[id(state)](), _Held(version, state, 0)
+            else:
+                out[wid], sent = delta, _Held(version, state, held.deltas + 1)
+            with self._lock:
+                self._sent[(model_id, wid)] = sent
+        return out
+
+    def settle(
+        self, model_id: str, applied: Mapping[int, int], failed: Mapping[int, object]
+    ) -> None:
+        """Record the outcome of a push: workers that applied it hold its snapshot; others none."""
+        with self._lock:
+            held = self._held.setdefault(model_id, {})
+            for wid in applied:
+                sent = self._sent.pop((model_id, wid), None)
+                if sent is not None and sent.version == applied[wid]:
+                    held[wid] = sent
+            for wid in failed:
+                self._sent.pop((model_id, wid), None)
+                held.pop(wid, None)
+
+    def _usable(self, model_id: str, worker_id: int) -> _Held | None:
+        with self._lock:
+            held = self._held.get(model_id, {}).get(worker_id)
+        if held is None or held.deltas >= self._settings.full_push_every:
+            return None
+        if self._book.applied(worker_id).get(model_id) != held.version:
+            return None  # restarted, or updated by a push this tracker did not send
+        return held
+
+    def _full(self, model_id: str, version: int, state: dict[str, torch.Tensor]) -> EncodedWeights:
+        blob = encode_weights(state, metadata={"model_id": model_id})
+        return EncodedWeights(model_id, version, blob, *checksums(blob, self._settings.checksum))
+
+    def _delta(
+        self,
+        model_id: str,
+        version: int,
+        held: _Held,
+        state: dict[str, torch.Tensor],
+        full: Callable[[], EncodedWeights],
+    ) -> EncodedWeights | None:
+        """The delta from ``held`` to ``state``; None when it would not be smaller than full."""
+        whole = sum(t.numel() * t.element_size() for t in state.values())
+        blob = encode_delta(held.state, state, metadata={"model_id": model_id}, max_bytes=whole)
+        if blob is None:
+            return None
+        digest, crc = checksums(blob, self._settings.checksum)
+        return EncodedWeights(
+            model_id, version, blob, digest, crc, base_version=held.version, full=full
+        )
+
+
+def _snapshot(source: WeightSource) -> dict[str, torch.Tensor]:
+    """A private copy of the weights as they are now (training changes the source in place)."""
+    return {key: tensor.clone() for key, tensor in to_state_dict(source).items()}

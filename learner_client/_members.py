@@ -1,0 +1,59 @@
+"""What the fleet checks know about one actor, and which actors a collector accepts.
+
+A :class:`FleetMember` is an actor as Describe reported it, reduced to what
+:func:`learner_client._settings.check_fleet` needs. Env collectors need env actors,
+LLM collectors LLM actors within their ``max_new_tokens_cap``: checking the kind when
+the fleet is admitted turns a mix-up into a ``ValueError`` naming the actors, instead of
+a refused session later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from common.config import DEFAULT_MODEL_ID
+from common.llm import LLMSettings
+
+__all__ = ["FleetMember", "check_kinds"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetMember:
+    """What the fleet checks need to know about one actor.
+
+    Attributes:
+        address: ``host:port``.
+        worker_id: The id the actor reported.
+        num_envs: Its env pool size (LLM actors: chat slots).
+        models: The model_ids it holds.
+        kind: ``"env"`` or ``"llm"``.
+        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
+    """
+
+    address: str
+    worker_id: int
+    num_envs: int
+    models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
+    kind: str = "env"
+    max_new_tokens_cap: int = 0
+
+
+def check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:
+    """Env collectors need env actors; LLM collectors LLM actors within their token caps."""
+    want = "env" if llm is None else "llm"
+    wrong = [m for m in members if m.kind != want]
+    if wrong:
+        detail = ", ".join(f"{m.address} (worker_id {m.worker_id}) is {m.kind!r}" for m in wrong)
+        use = "GrpcCollector" if llm is None else "GrpcLLMCollector"
+        raise ValueError(f"{use} needs {want} actors, but {detail}")
+    if llm is None:
+        return
+    over = [m for m in members if llm.generation.max_new_tokens > m.max_new_tokens_cap]
+    if over:
+        detail = ", ".join(
+            f"{m.address} (worker_id {m.worker_id}) caps it at {m.max_new_tokens_cap}" for m in over
+        )
+        raise ValueError(
+            f"max_new_tokens={llm.generation.max_new_tokens} is above an actor's cap: {detail}"
+        )

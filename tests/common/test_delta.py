@@ -1,0 +1,155 @@
+"""Sparse-delta weights: bit-exact round trips, and every bound checked on decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common._delta import apply_delta, changed_elements, decode_delta, encode_delta
+from common._safetensors import write_blob
+from common.errors import DataLossError, WeightsError, WeightsTooLargeError
+from common.weights import BlobAssembler, checksums, crc32c
+
+MB = 1 << 20
+
+
+def _state() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(6, 5, generator=gen),
+        "b": torch.randn(5, generator=gen).to(torch.bfloat16),
+        "steps": torch.arange(4, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "z": torch.zeros(3, dtype=torch.complex64),
+    }
+
+
+def _expected(state: dict[str, torch.Tensor]) -> dict:
+    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype and a.shape == b.shape and a.view(torch.uint8).equal(b.view(torch.uint8))
+    )
+
+
+def _apply(held: dict[str, torch.Tensor], blob: bytes) -> None:
+    view = memoryview(bytearray(blob))
+    apply_delta(held, decode_delta(view, _expected(held), max_bytes=10 * MB))
+
+
+def test_delta_sequence_is_bit_identical_to_the_last_full_state() -> None:
+    old = _state()
+    held = {k: v.clone() for k, v in old.items()}
+    for step in range(5):
+        new = {k: v.clone() for k, v in old.items()}
+        new["w"][step, :2] += 1e-3
+        new["b"][step] = -new["b"][step]
+        new["steps"][step % 4] += 7
+        new["mask"][step % 3] = ~new["mask"][step % 3]
+        new["z"][step % 3] = complex(step, -step)
+        if step == 2:
+            new["w"][0, 4] = -0.0  # equal to 0.0 by value, not by bits
+            old["w"][0, 4] = 0.0
+            held["w"][0, 4] = 0.0
+        _apply(held, encode_delta(old, new))
+        assert all(_bits_equal(held[k], new[k]) for k in new), step
+        old = new
+
+
+def test_delta_holds_only_changed_elements() -> None:
+    old = _state()
+    new = {k: v.clone() for k, v in old.items()}
+    new["w"][1, 1] = 3.0
+    blob = encode_delta(old, new)
+    delta = decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
+    assert list(delta) == ["w"]
+    index, values = delta["w"]
+    assert index.tolist() == [6]
+    assert values.tolist() == [3.0]
+    assert len(blob) < 300
+    assert len(encode_delta(old, old)) < 100  # nothing changed: only the header
+
+
+def test_changed_elements_compares_bits_and_refuses_other_shapes() -> None:
+    assert changed_elements(torch.zeros(3), torch.tensor([0.0, -0.0, 0.0])).tolist() == [1]
+    with pytest.raises(WeightsError, match="equal shapes"):
+        changed_elements(torch.zeros(3), torch.zeros(4))
+    with pytest.raises(WeightsError, match="same keys"):
+        encode_delta({"a": torch.zeros(1)}, {"b": torch.zeros(1)})
+
+
+def _raw(parts: dict[str, torch.Tensor], mark: bool = True) -> memoryview:
+    meta = {"rlfleet.delta": "1"} if mark else {}
+    return memoryview(bytearray(write_blob(parts, meta)))
+
+
+@pytest.mark.parametrize(
+    ("parts", "match"),
+    [
+        ({"indices:w": torch.tensor([30]), "values:w": torch.tensor([1.0])}, "outside"),
+        ({"indices:w": torch.tensor([2**63 - 1]), "values:w": torch.tensor([1.0])}, "outside"),
+        ({"indices:w": torch.tensor([-1]), "values:w": torch.tensor([1.0])}, "outside"),
+        ({"indices:w": torch.tensor([3, 3]), "values:w": torch.ones(2)}, "strictly increasing"),
+        ({"indices:w": torch.tensor([4, 1]), "values:w": torch.ones(2)}, "strictly increasing"),
+        ({"indices:w": torch.tensor([1]), "values:w": torch.ones(1, dtype=torch.float64)}, "1-D"),
+        ({"indices:w": torch.tensor([1, 2]), "values:w": torch.ones(1)}, "one value per index"),
+        ({"indices:w": torch.tensor([1.0]), "values:w": torch.ones(1)}, "int32 or int64"),
+        ({"indices:w": torch.tensor([[1]]), "values:w": torch.ones(1)}, "int32 or int64"),
+        ({"indices:w": torch.tensor([1])}, "lacks its values"),
+        ({"values:w": torch.ones(1)}, "lacks its indices"),
+        ({"indices:nope": torch.tensor([1]), "values:nope": torch.ones(1)}, "names no parameter"),
+        ({"w": torch.zeros(6, 5)}, "names no parameter"),
+        ({"indices:w": torch.tensor([1]), "values:w": torch.tensor([float("nan")])}, "non-finite"),
+    ],
+)
+def test_decode_delta_raises_if_an_entry_breaks_a_bound(parts: dict, match: str) -> None:
+    expected = {"w": ((6, 5), torch.float32), "b": ((5,), torch.float32)}
+    with pytest.raises(WeightsError, match=match):
+        decode_delta(_raw(parts), expected, max_bytes=MB)
+
+
+def test_decode_delta_raises_if_unmarked_too_large_or_too_many_entries() -> None:
+    expected = {"w": ((6, 5), torch.float32)}
+    parts = {"indices:w": torch.tensor([1]), "values:w": torch.ones(1)}
+    with pytest.raises(WeightsError, match=r"rlfleet\.delta"):
+        decode_delta(_raw(parts, mark=False), expected, max_bytes=MB)
+    with pytest.raises(WeightsTooLargeError):
+        decode_delta(_raw(parts), expected, max_bytes=16)
+    many = {f"indices:k{i}": torch.tensor([0]) for i in range(300_000 // 1000)}
+    with pytest.raises(WeightsTooLargeError, match="tensors"):
+        decode_delta(_raw(many), expected, max_bytes=100 * MB)
+
+
+def test_apply_delta_writes_into_a_non_contiguous_target() -> None:
+    live = torch.zeros(4, 3).t()  # a transposed view: not contiguous
+    old = {"w": live.clone()}
+    new = {"w": live.clone().contiguous()}
+    new["w"][2, 1] = 5.0
+    blob = encode_delta({"w": old["w"].contiguous()}, new)
+    apply_delta(
+        {"w": live}, decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
+    )
+    assert live[2, 1] == 5.0
+    assert float(live.abs().sum()) == 5.0
+
+
+def test_blob_assembler_checks_crc32c() -> None:
+    blob = bytes(range(256)) * 40
+    digest, crc = checksums(blob, "crc32c")
+    assert digest == ""
+    assert crc == crc32c(blob)
+    good = BlobAssembler(len(blob), crc32c=crc)
+    for start in range(0, len(blob), 1000):
+        good.add(blob[start : start + 1000])
+    assert bytes(good.finish()) == blob
+    bad = BlobAssembler(len(blob), crc32c=crc ^ 1)
+    bad.add(blob)
+    with pytest.raises(DataLossError, match="crc32c"):
+        bad.finish()
+    for value in (-1, 2**32, 2**64 - 1, True):
+        with pytest.raises(WeightsError, match="crc32c"):
+            BlobAssembler(4, crc32c=value)
+    with pytest.raises(ValueError, match="checksum"):
+        checksums(blob, "md5")
