@@ -154,6 +154,7 @@ def test_status_exits_1_and_shows_a_killed_actor_not_serving(fleet: list[ActorPr
     assert "1/2 serving" in table.stdout
 
 
+@pytest.mark.slow
 def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
     result = rlfleet(
         "status", fleet[0].address, "--watch", "--count", "3", "--interval", "0.2", "--json"
@@ -185,6 +186,7 @@ def test_status_raises_if_arguments_are_bad(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 def test_status_speaks_tls_and_token_like_the_learner(tmp_path: pathlib.Path) -> None:
     cert, key = self_signed_cert(tmp_path, "actor")
