@@ -160,7 +160,7 @@ def _wire(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch
 
 
 def test_bf16_delta_sequence_gives_the_bits_of_a_bf16_full_push() -> None:
-    """Deltas diffed in bf16 and cast on receipt equal a bf16 full push, whatever the model dtype."""
+    """Deltas diffed in bf16, cast on receipt, equal a bf16 full push whatever the model dtype."""
     gen = torch.Generator().manual_seed(1)
     fp32 = {"w": torch.randn(64, 32, generator=gen), "steps": torch.arange(5)}
     for model_dtype in (torch.float32, torch.float16, torch.float64):
@@ -192,7 +192,8 @@ def test_wire_dtype_deltas_are_checked_and_cast_before_anything_is_applied() -> 
     good = decode_delta(
         blob(torch.tensor([0.5], dtype=torch.bfloat16)), _expected(model), max_bytes=MB
     )
-    assert good["w"][1].dtype == torch.float16 and float(good["w"][1][0]) == 0.5
+    assert good["w"][1].dtype == torch.float16
+    assert float(good["w"][1][0]) == 0.5
     bad = [
         (blob(torch.tensor([0.5], dtype=torch.bfloat16), wire=None), "float16"),  # undeclared
         (blob(torch.tensor([1], dtype=torch.int32), key="n"), "int64"),  # integers never cast
