@@ -36,8 +36,7 @@ def _through(policy: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, to
 
 def _bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and a[k].view(torch.uint8).equal(b[k].view(torch.uint8))
-        for k in a
+        a[k].dtype == b[k].dtype and a[k].view(torch.uint8).equal(b[k].view(torch.uint8)) for k in a
     )
 
 
