@@ -14,7 +14,11 @@ Forms, each ``update_policy_weights_`` to every actor until all applied it:
 - ``delta adam``: ``delta=True`` after one Adam step (lr 1e-4) on every parameter;
   in float32 such a step changes nearly every element, so the tracker sends the
   state whole (the delta would be larger);
-- ``delta 1%``: ``delta=True`` after a step that changes 1% of each tensor's elements.
+- ``delta 1%``: ``delta=True`` after a step that changes 1% of each tensor's elements;
+- ``delta bf16 adam 1e-5`` and ``delta bf16 adam 1e-4``: ``delta=True,
+  dtype=torch.bfloat16`` after one Adam step of that lr: the delta holds the
+  elements whose *bf16* value changed (most do not after one small step), and
+  its bytes are compared with a bf16 full push's (``... bytes/bf16``).
 
 Each form's bytes are what the collector reports (``stats()["last_push_bytes"]``,
 summed over actors) and its pause is the longest generation pause any actor
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import sys
 import time
@@ -44,6 +49,7 @@ from bench._common import Report, base_parser, parse, reps_of, set_single_thread
 
 __all__ = ["SIZES", "main"]
 
+BF16 = torch.bfloat16
 #: Hidden widths of the two-layer MLP for each size (CartPole: 4 inputs, 2 actions).
 SIZES = {"tiny": 16, "25M": 5000, "100M": 10000, "500M": 22360}
 
@@ -66,8 +72,8 @@ class _Sink:
         del data
 
 
-def _adam_step(policy: torch.nn.Module) -> None:
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4)
+def _adam_step(policy: torch.nn.Module, lr: float = 1e-4) -> None:
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = sum((p.float() ** 2).mean() for p in policy.parameters())
     loss.backward()  # type: ignore[union-attr]
     optimizer.step()
@@ -105,12 +111,16 @@ class _Forms:
         push = self.coll.update_policy_weights_
         return self.timed(lambda: push(self.policy, dtype=torch.bfloat16))
 
-    def delta(self, step: Callable[[torch.nn.Module], None]) -> tuple[float, int, float]:
-        self.coll.update_policy_weights_(self.policy, delta=True)  # the base
-        self.coll.update_policy_weights_(self.policy)  # a full push the tracker did not send
-        self.coll.update_policy_weights_(self.policy, delta=True)  # full: the base again
+    def delta(
+        self, step: Callable[[torch.nn.Module], None], dtype: torch.dtype | None = None
+    ) -> tuple[float, int, float]:
+        form = {} if dtype is None else {"dtype": dtype}
+        push = self.coll.update_policy_weights_
+        push(self.policy, delta=True, **form)  # the base
+        push(self.policy)  # a full push the tracker did not send
+        push(self.policy, delta=True, **form)  # full: the base again
         step(self.policy)
-        return self.timed(lambda: self.coll.update_policy_weights_(self.policy, delta=True))
+        return self.timed(lambda: push(self.policy, delta=True, **form))
 
 
 def run_size(size: str, args: argparse.Namespace, report: Report) -> None:
@@ -154,6 +164,10 @@ def run_size(size: str, args: argparse.Namespace, report: Report) -> None:
         else:
             plan["delta adam"] = lambda: forms.delta(_adam_step)
             plan["delta 1%"] = lambda: forms.delta(_sparse_step)
+            if forms.has_dtype:
+                for lr in (1e-5, 1e-4):
+                    step = functools.partial(_adam_step, lr=lr)
+                    plan[f"delta bf16 adam {lr:g}"] = functools.partial(forms.delta, step, BF16)
         forms.full()  # warm-up: connections, receive buffers
         for _ in range(reps_of(args)):
             for name, push in plan.items():
@@ -194,6 +208,16 @@ def record(
     for form in ("bf16", "delta adam", "delta 1%"):
         if form in rows:
             report.ratio(f"{size} {form} bytes/full", f"{size} {form} bytes", f"{size} full bytes")
+    for form in rows:
+        if form.startswith("delta bf16") and "bf16" in rows:
+            name = f"{size} {form}"
+            report.ratio(f"{name} bytes/bf16", f"{name} bytes", f"{size} bf16 bytes")
+            report.target(
+                f"{size}: {form} bytes <= 5% of bf16 full bytes",
+                report.ratios[f"{name} bytes/bf16"]["median"],
+                0.05,
+                higher_is_better=False,
+            )
     if "delta adam" in rows:
         share = report.ratios[f"{size} delta adam bytes/full"]["median"]
         report.target(
