@@ -20,6 +20,12 @@ Forms, each ``update_policy_weights_`` to every actor until all applied it:
   elements whose *bf16* value changed (most do not after one small step), and
   its bytes are compared with a bf16 full push's (``... bytes/bf16``).
 
+``--llm 25m,100m`` adds, without actors, the same bf16 delta after one Adam step
+of a ``Qwen2ForCausalLM`` (``bench.llm_shapes``; one language-model loss on
+random tokens): the bytes of the delta the learner's tracker would encode
+(``wire_state`` then ``encode_delta``, as ``learner_client._deltas`` does) over
+those of a bf16 full push (``encode_weights``, tied embedding once).
+
 Each form's bytes are what the collector reports (``stats()["last_push_bytes"]``,
 summed over actors) and its pause is the longest generation pause any actor
 reported for it (``stats()["last_push_pause"]``). The anchor, measured in the same
@@ -29,7 +35,7 @@ bytes per actor sent over plain sockets to one receiver process per actor at onc
 Targets: 25M full push <= 3x raw, idle and while collecting; delta bytes after one
 optimizer step <= 5% of full; the generation pause <= 10% of the push's seconds.
 
-Usage: ``python -m bench.push_forms [--quick] [--reps 3] [--sizes 25M,100M]``.
+Usage: ``python -m bench.push_forms [--quick] [--reps 3] [--sizes 25M,100M] [--llm 25m,100m]``.
 """
 
 from __future__ import annotations
@@ -57,8 +63,12 @@ SIZES = {"tiny": 16, "25M": 5000, "100M": 10000, "500M": 22360}
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__.splitlines()[0], num_envs=2)
     parser.add_argument("--sizes", default=None, help=f"comma-separated, of {sorted(SIZES)}")
+    parser.add_argument("--llm", default="", help="comma-separated llm_shapes, e.g. 25m,100m")
     args = parse(parser, argv)
-    args.sizes = (args.sizes or ("tiny" if args.quick else "25M,100M")).split(",")
+    args.llm = [s for s in args.llm.split(",") if s]
+    default = "tiny" if args.quick else "25M,100M"
+    sizes = default if args.sizes is None else args.sizes  # "": language models only
+    args.sizes = [s for s in sizes.split(",") if s]
     unknown = [s for s in args.sizes if s not in SIZES]
     if unknown:
         raise SystemExit(f"unknown --sizes {unknown}; known: {sorted(SIZES)}")
@@ -234,6 +244,42 @@ def record(
             )
 
 
+def run_llm(shape: str, report: Report) -> None:
+    """The bf16 delta after one Adam step of a language model, as a share of a bf16 full push."""
+    from bench.llm_shapes import build_llm
+    from common.weights import encode_delta, encode_weights, wire_state
+
+    for lr in (1e-5, 1e-4):
+        model = build_llm(shape).train()
+        params = sum(p.numel() for p in model.parameters())
+        full = len(encode_weights(model, dtype=BF16))
+        before = wire_state(model, dtype=BF16)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        tokens = torch.randint(0, model.config.vocab_size, (2, 64), generator=_seeded(0))
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        after = wire_state(model, dtype=BF16)
+        delta = len(encode_delta(before, after, metadata={"rlfleet.dtype": "bfloat16"}))
+        name = f"llm {shape} delta bf16 adam {lr:g}"
+        report.figure(f"{name} bytes", "B", [delta])
+        report.figure(f"llm {shape} bf16 full bytes {lr:g}", "B", [full])
+        share = report.ratio(
+            f"{name} bytes/bf16", f"{name} bytes", f"llm {shape} bf16 full bytes {lr:g}"
+        )
+        report.target(
+            f"llm {shape}: bf16 delta lr {lr:g} <= 5% of bf16 full",
+            share,
+            0.05,
+            higher_is_better=False,
+        )
+        report.note(f"llm {shape}: {params:,} parameters")
+        del model, optimizer, before, after
+
+
+def _seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints the table and the final JSON line; returns the payload."""
     args = parse_args(argv)
@@ -241,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = Report("push_forms", quick=args.quick)
     for size in args.sizes:
         run_size(size, args, report)
+    for shape in args.llm:
+        run_llm(shape, report)
     return report.emit()
 
 

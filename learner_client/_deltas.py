@@ -195,7 +195,13 @@ class DeltaTracker:
         state: dict[str, torch.Tensor],
         full: Callable[[], EncodedWeights],
     ) -> EncodedWeights | None:
-        """The delta from ``held`` to ``state``; None when it would not be smaller than full."""
+        """The delta from ``held`` to ``state``; None when it would not be smaller than full.
+
+        Also None when the keys, a shape or a dtype changed since ``held`` (e.g. a mapping
+        of other keys than the module last sent): there is nothing to diff against.
+        """
+        if _layout(held.state) != _layout(state):
+            return None
         whole = sum(t.numel() * t.element_size() for t in state.values())
         meta = {"model_id": model_id, **PushForm(wire_dtype=held.form.dtype).metadata()}
         blob = encode_delta(held.state, state, metadata=meta, max_bytes=whole)
@@ -205,6 +211,10 @@ class DeltaTracker:
         return EncodedWeights(
             model_id, version, blob, digest, crc, base_version=held.version, full=full
         )
+
+
+def _layout(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    return {key: (tensor.shape, tensor.dtype) for key, tensor in state.items()}
 
 
 def _snapshot(source: WeightSource, form: PushOptions) -> dict[str, torch.Tensor]:

@@ -142,3 +142,17 @@ def test_only_trainable_bf16_deltas_leave_frozen_weights_alone(fleet) -> None:
             for key in frozen:
                 want[key] = frozen_then[key]
             assert _bits_equal(actor, want), step
+
+
+def test_a_delta_of_other_keys_than_the_base_is_sent_whole(fleet) -> None:
+    with GrpcCollector([fleet[0].address], frames_per_batch=8) as collector:
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy, delta=True, dtype=BF16)
+        before = collector.stats()["delta_pushes"]
+        first = next(iter(policy.state_dict()))
+        with torch.no_grad():
+            next(policy.parameters()).add_(0.5)
+        part = {first: policy.state_dict()[first]}  # a subset of the keys last sent
+        collector.update_policy_weights_(part, delta=True, dtype=BF16)
+        assert collector.stats()["delta_pushes"] == before
+        assert _bits_equal(_actor_weights(collector, 0), _through(policy, BF16))
