@@ -21,9 +21,10 @@ Forms, each ``update_policy_weights_`` to every actor until all applied it:
   its bytes are compared with a bf16 full push's (``... bytes/bf16``).
 
 ``--llm 25m,100m`` adds, without actors, the same bf16 delta after one Adam step
-of a ``Qwen2ForCausalLM`` (``bench.llm_shapes``; one language-model loss on
-random tokens): the bytes of the delta the learner's tracker would encode
-(``wire_state`` then ``encode_delta``, as ``learner_client._deltas`` does) over
+(lr 1e-6, 1e-5, 1e-4) of a ``Qwen2ForCausalLM`` (``bench.llm_shapes``, random
+init; one language-model loss on 2 x 64 random tokens): the bytes of the delta
+the learner's tracker would encode (``wire_state`` then ``encode_delta``, as
+``learner_client._deltas`` does; it sends the full push when larger) over
 those of a bf16 full push (``encode_weights``, tied embedding once).
 
 Each form's bytes are what the collector reports (``stats()["last_push_bytes"]``,
@@ -249,7 +250,7 @@ def run_llm(shape: str, report: Report) -> None:
     from bench.llm_shapes import build_llm
     from common.weights import encode_delta, encode_weights, wire_state
 
-    for lr in (1e-5, 1e-4):
+    for lr in (1e-6, 1e-5, 1e-4):  # 1e-6: a common lr of RL fine-tuning of language models
         model = build_llm(shape).train()
         params = sum(p.numel() for p in model.parameters())
         full = len(encode_weights(model, dtype=BF16))
