@@ -45,6 +45,7 @@ class DictObsEnv(gymnasium.Env):
 
 
 def _torchrl_batch(make_env, *, envs: int, frames: int, max_steps: int) -> TensorDict:
+    torch.manual_seed(0)  # the random policy draws from torch's generator: fixed episodes
     env = torchrl_envs.SerialEnv(envs, make_env)
     env.set_seed(3)
     collector = torchrl_collectors.Collector(
