@@ -1,6 +1,6 @@
-"""Language-model shapes for push benchmarks: a ~100M-parameter and a Qwen2.5-0.5B-shaped model.
+"""Language-model shapes for push benchmarks: ~25M, ~100M and Qwen2.5-0.5B-shaped models.
 
-Both are ``Qwen2ForCausalLM`` with tied embeddings, built from a config with random
+All are ``Qwen2ForCausalLM`` with tied embeddings, built from a config with random
 weights (nothing is downloaded). ``device="meta"`` builds the shape only (no memory),
 which is enough for size arithmetic (:func:`push_bytes`, the actor's default cap);
 ``device="cpu"`` allocates real weights for timed pushes (the 0.5B shape needs about
@@ -25,6 +25,15 @@ __all__ = ["SHAPES", "build_llm", "llm_config", "lora_model", "push_bytes"]
 # The config fields of each shape; the tokenizer of the built-in tiny models is not
 # used (a push moves weights, not tokens).
 SHAPES: dict[str, dict[str, int]] = {
+    # 24000 x 512 embedding (12.3M) + 4 layers of 3.2M: 25M parameters.
+    "25m": {
+        "vocab_size": 24000,
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+    },
     # 32000 x 768 embedding (24.6M) + 11 layers of 7.1M: 102M parameters.
     "100m": {
         "vocab_size": 32000,

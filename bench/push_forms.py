@@ -14,7 +14,18 @@ Forms, each ``update_policy_weights_`` to every actor until all applied it:
 - ``delta adam``: ``delta=True`` after one Adam step (lr 1e-4) on every parameter;
   in float32 such a step changes nearly every element, so the tracker sends the
   state whole (the delta would be larger);
-- ``delta 1%``: ``delta=True`` after a step that changes 1% of each tensor's elements.
+- ``delta 1%``: ``delta=True`` after a step that changes 1% of each tensor's elements;
+- ``delta bf16 adam 1e-5`` and ``delta bf16 adam 1e-4``: ``delta=True,
+  dtype=torch.bfloat16`` after one Adam step of that lr: the delta holds the
+  elements whose *bf16* value changed (most do not after one small step), and
+  its bytes are compared with a bf16 full push's (``... bytes/bf16``).
+
+``--llm 25m,100m`` adds, without actors, the same bf16 delta after one Adam step
+(lr 1e-6, 1e-5, 1e-4) of a ``Qwen2ForCausalLM`` (``bench.llm_shapes``, random
+init; one language-model loss on 2 x 64 random tokens): the bytes of the delta
+the learner's tracker would encode (``wire_state`` then ``encode_delta``, as
+``learner_client._deltas`` does; it sends the full push when larger) over
+those of a bf16 full push (``encode_weights``, tied embedding once).
 
 Each form's bytes are what the collector reports (``stats()["last_push_bytes"]``,
 summed over actors) and its pause is the longest generation pause any actor
@@ -25,13 +36,14 @@ bytes per actor sent over plain sockets to one receiver process per actor at onc
 Targets: 25M full push <= 3x raw, idle and while collecting; delta bytes after one
 optimizer step <= 5% of full; the generation pause <= 10% of the push's seconds.
 
-Usage: ``python -m bench.push_forms [--quick] [--reps 3] [--sizes 25M,100M]``.
+Usage: ``python -m bench.push_forms [--quick] [--reps 3] [--sizes 25M,100M] [--llm 25m,100m]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import sys
 import time
@@ -44,6 +56,7 @@ from bench._common import Report, base_parser, parse, reps_of, set_single_thread
 
 __all__ = ["SIZES", "main"]
 
+BF16 = torch.bfloat16
 #: Hidden widths of the two-layer MLP for each size (CartPole: 4 inputs, 2 actions).
 SIZES = {"tiny": 16, "25M": 5000, "100M": 10000, "500M": 22360}
 
@@ -51,8 +64,12 @@ SIZES = {"tiny": 16, "25M": 5000, "100M": 10000, "500M": 22360}
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__.splitlines()[0], num_envs=2)
     parser.add_argument("--sizes", default=None, help=f"comma-separated, of {sorted(SIZES)}")
+    parser.add_argument("--llm", default="", help="comma-separated llm_shapes, e.g. 25m,100m")
     args = parse(parser, argv)
-    args.sizes = (args.sizes or ("tiny" if args.quick else "25M,100M")).split(",")
+    args.llm = [s for s in args.llm.split(",") if s]
+    default = "tiny" if args.quick else "25M,100M"
+    sizes = default if args.sizes is None else args.sizes  # "": language models only
+    args.sizes = [s for s in sizes.split(",") if s]
     unknown = [s for s in args.sizes if s not in SIZES]
     if unknown:
         raise SystemExit(f"unknown --sizes {unknown}; known: {sorted(SIZES)}")
@@ -66,9 +83,14 @@ class _Sink:
         del data
 
 
-def _adam_step(policy: torch.nn.Module) -> None:
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4)
-    loss = sum((p.float() ** 2).mean() for p in policy.parameters())
+def _adam_step(policy: torch.nn.Module, lr: float = 1e-4) -> None:
+    """One Adam step whose gradients (2p) dwarf Adam's eps: every element moves by ~lr.
+
+    (A ``mean`` loss gives gradients of ~1e-10 on the 25M MLP, below eps = 1e-8, and
+    steps of ~lr/100: far fewer bf16 values would change than in real training.)
+    """
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    loss = sum((p.float() ** 2).sum() for p in policy.parameters())
     loss.backward()  # type: ignore[union-attr]
     optimizer.step()
     policy.zero_grad(set_to_none=True)
@@ -105,12 +127,16 @@ class _Forms:
         push = self.coll.update_policy_weights_
         return self.timed(lambda: push(self.policy, dtype=torch.bfloat16))
 
-    def delta(self, step: Callable[[torch.nn.Module], None]) -> tuple[float, int, float]:
-        self.coll.update_policy_weights_(self.policy, delta=True)  # the base
-        self.coll.update_policy_weights_(self.policy)  # a full push the tracker did not send
-        self.coll.update_policy_weights_(self.policy, delta=True)  # full: the base again
+    def delta(
+        self, step: Callable[[torch.nn.Module], None], dtype: torch.dtype | None = None
+    ) -> tuple[float, int, float]:
+        form = {} if dtype is None else {"dtype": dtype}
+        push = self.coll.update_policy_weights_
+        push(self.policy, delta=True, **form)  # the base
+        push(self.policy)  # a full push the tracker did not send
+        push(self.policy, delta=True, **form)  # full: the base again
         step(self.policy)
-        return self.timed(lambda: self.coll.update_policy_weights_(self.policy, delta=True))
+        return self.timed(lambda: push(self.policy, delta=True, **form))
 
 
 def run_size(size: str, args: argparse.Namespace, report: Report) -> None:
@@ -154,6 +180,10 @@ def run_size(size: str, args: argparse.Namespace, report: Report) -> None:
         else:
             plan["delta adam"] = lambda: forms.delta(_adam_step)
             plan["delta 1%"] = lambda: forms.delta(_sparse_step)
+            if forms.has_dtype:
+                for lr in (1e-5, 1e-4):
+                    step = functools.partial(_adam_step, lr=lr)
+                    plan[f"delta bf16 adam {lr:g}"] = functools.partial(forms.delta, step, BF16)
         forms.full()  # warm-up: connections, receive buffers
         for _ in range(reps_of(args)):
             for name, push in plan.items():
@@ -194,6 +224,16 @@ def record(
     for form in ("bf16", "delta adam", "delta 1%"):
         if form in rows:
             report.ratio(f"{size} {form} bytes/full", f"{size} {form} bytes", f"{size} full bytes")
+    for form in rows:
+        if form.startswith("delta bf16") and "bf16" in rows:
+            name = f"{size} {form}"
+            report.ratio(f"{name} bytes/bf16", f"{name} bytes", f"{size} bf16 bytes")
+            report.target(
+                f"{size}: {form} bytes <= 5% of bf16 full bytes",
+                report.ratios[f"{name} bytes/bf16"]["median"],
+                0.05,
+                higher_is_better=False,
+            )
     if "delta adam" in rows:
         share = report.ratios[f"{size} delta adam bytes/full"]["median"]
         report.target(
@@ -210,6 +250,42 @@ def record(
             )
 
 
+def run_llm(shape: str, report: Report) -> None:
+    """The bf16 delta after one Adam step of a language model, as a share of a bf16 full push."""
+    from bench.llm_shapes import build_llm
+    from common.weights import encode_delta, encode_weights, wire_state
+
+    for lr in (1e-6, 1e-5, 1e-4):  # 1e-6: a common lr of RL fine-tuning of language models
+        model = build_llm(shape).train()
+        params = sum(p.numel() for p in model.parameters())
+        full = len(encode_weights(model, dtype=BF16))
+        before = wire_state(model, dtype=BF16)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        tokens = torch.randint(0, model.config.vocab_size, (2, 64), generator=_seeded(0))
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        after = wire_state(model, dtype=BF16)
+        delta = len(encode_delta(before, after, metadata={"rlfleet.dtype": "bfloat16"}))
+        name = f"llm {shape} delta bf16 adam {lr:g}"
+        report.figure(f"{name} bytes", "B", [delta])
+        report.figure(f"llm {shape} bf16 full bytes {lr:g}", "B", [full])
+        share = report.ratio(
+            f"{name} bytes/bf16", f"{name} bytes", f"llm {shape} bf16 full bytes {lr:g}"
+        )
+        report.target(
+            f"llm {shape}: bf16 delta lr {lr:g} <= 5% of bf16 full",
+            share,
+            0.05,
+            higher_is_better=False,
+        )
+        report.note(f"llm {shape}: {params:,} parameters")
+        del model, optimizer, before, after
+
+
+def _seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints the table and the final JSON line; returns the payload."""
     args = parse_args(argv)
@@ -217,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = Report("push_forms", quick=args.quick)
     for size in args.sizes:
         run_size(size, args, report)
+    for shape in args.llm:
+        run_llm(shape, report)
     return report.emit()
 
 

@@ -5,18 +5,23 @@ tensor with at least one changed element, two 1-D tensors:
 
 * ``indices:<key>`` — ``int32`` (or ``int64`` for tensors of 2**31 elements or
   more) flat element indices into the row-major tensor, strictly increasing;
-* ``values:<key>`` — the new values at those indices, in the tensor's dtype.
+* ``values:<key>`` — the new values at those indices, in the tensor's dtype, or
+  in the *wire dtype* the header declares (``rlfleet.dtype``, as a full push
+  does: :mod:`common._push_form`), cast into the receiver's floating dtype.
 
 Unchanged tensors are absent. "Changed" compares bit patterns, not values (so
 ``-0.0`` after ``0.0`` is a change), and applying every delta of a sequence
-gives the bits of the last full state exactly. The header's
+gives the bits of the last full state exactly. A wire-dtype delta is computed
+between two states cast to that dtype; as the receiver casts element by element,
+a sequence of them leaves it with the bits a full push of the last state in the
+same wire dtype would. The header's
 ``__metadata__`` carries ``"rlfleet.delta": "1"`` and the model_id; the version
 it applies on top of travels beside the blob (``WeightsHeader.base_version``).
 
 :func:`encode_delta` builds one on the learner; :func:`decode_delta` checks one
 a peer sent against the receiver's ``{key: (shape, dtype)}`` (key names, both
 halves present, dtypes, 1-D, equal lengths, indices within the tensor and
-strictly increasing, values finite) before anything is applied;
+strictly increasing, values finite once cast) before anything is applied;
 :func:`apply_delta` writes checked deltas into live tensors.
 """
 
@@ -27,6 +32,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from common._push_form import PushForm
 from common._safetensors import Expected, read_blob, write_blob
 from common.errors import WeightsError, WeightsTooLargeError
 
@@ -134,7 +140,8 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
         max_bytes: The largest blob accepted.
 
     Returns:
-        ``{key: (int64 flat indices, values)}`` for each changed tensor.
+        ``{key: (int64 flat indices, values in the model's dtype)}`` for each changed
+        tensor (values of a declared wire dtype are cast into the model's dtype).
 
     Raises:
         WeightsTooLargeError: Over ``max_bytes``, or more entries than the model allows.
@@ -149,6 +156,7 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
     parts, metadata = read_blob(view, _MAX_HEADER_BYTES, max_keys=2 * len(expected))
     if metadata.get(DELTA_MARK) != "1":
         raise WeightsError(f"a delta push must carry {DELTA_MARK!r} in its metadata")
+    form = PushForm.from_metadata(metadata)  # a wire dtype (checked)
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in parts.items():
         kind, _, key = name.partition(":")
@@ -159,13 +167,16 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
                 f"(want 'indices:<key>'/'values:<key>' with keys such as {known})"
             )
         halves.setdefault(key, {})[kind] = tensor
-    return {key: _checked(key, pair, expected[key]) for key, pair in sorted(halves.items())}
+    return {key: _checked(key, pair, expected[key], form) for key, pair in sorted(halves.items())}
 
 
 def _checked(
-    key: str, pair: dict[str, torch.Tensor], spec: tuple[tuple[int, ...], torch.dtype]
+    key: str,
+    pair: dict[str, torch.Tensor],
+    spec: tuple[tuple[int, ...], torch.dtype],
+    form: PushForm,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tensor's (indices, values), every bound checked."""
+    """One tensor's (indices, values in the model's dtype), every bound checked."""
     shape, dtype = spec
     if set(pair) != {"indices", "values"}:
         lacking = "values" if "indices" in pair else "indices"
@@ -176,9 +187,11 @@ def _checked(
             f"delta indices of {key!r} must be 1-D int32 or int64, got {index.dtype} "
             f"of shape {list(index.shape)}"
         )
-    if values.dtype != dtype or values.dim() != 1 or values.numel() != index.numel():
+    fits = form.fits_dtype(values.dtype, dtype)
+    if not fits or values.dim() != 1 or values.numel() != index.numel():
+        wire = f" (or {form.wire_dtype})" if form.wire_dtype and dtype.is_floating_point else ""
         raise WeightsError(
-            f"delta values of {key!r} must be 1-D {dtype} with one value per index "
+            f"delta values of {key!r} must be 1-D {dtype}{wire} with one value per index "
             f"({index.numel()}), got {values.dtype} of shape {list(values.shape)}"
         )
     numel = 1
@@ -192,6 +205,7 @@ def _checked(
         )
     if index.numel() > 1 and not bool((index[1:] > index[:-1]).all()):
         raise WeightsError(f"delta indices of {key!r} must be strictly increasing")
+    values = values.to(dtype)  # a wire dtype into the model's (a cast may overflow: checked)
     if (values.is_floating_point() or values.is_complex()) and not _finite(values):
         raise WeightsError(f"delta values of {key!r} hold non-finite values (NaN/Inf)")
     return index, values

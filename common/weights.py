@@ -96,6 +96,7 @@ __all__ = [
     "stage_state",
     "state_nbytes",
     "to_state_dict",
+    "wire_state",
 ]
 
 # Safetensors' own reader refuses headers over 100 MB; we refuse them before it
@@ -133,6 +134,29 @@ def to_state_dict(obj: WeightSource) -> dict[str, torch.Tensor]:
         WeightsError: Two keys flatten to the same name, or a key is reserved.
     """
     out = {name: _normalise_tensor(name, value) for name, value in _flat(obj).items()}
+    return _unshare(out)
+
+
+def wire_state(
+    obj: WeightSource, *, dtype: torch.dtype | None = None, only_trainable: bool = False
+) -> dict[str, torch.Tensor]:
+    """A private snapshot of the tensors a push of ``obj`` in this form carries.
+
+    The same keys and values :func:`encode_weights` would send with ``dtype`` and
+    ``only_trainable`` (floating tensors cast to the wire dtype), as contiguous CPU
+    tensors sharing no memory with ``obj`` or with each other, so training may go on
+    changing ``obj`` in place. What a learner diffs a sparse delta against.
+
+    Raises:
+        TypeError, ValueError: As :func:`encode_weights`.
+    """
+    PushForm(wire_dtype=dtype)  # raises ValueError for a dtype weights cannot travel in
+    flat = _trainable(obj) if only_trainable else _flat(obj)  # type: ignore[arg-type]
+    out: dict[str, torch.Tensor] = {}
+    for name, value in flat.items():
+        tensor = _normalise_tensor(name, value, dtype)
+        shares = tensor.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if shares else tensor
     return _unshare(out)
 
 

@@ -4,15 +4,25 @@
 that changed since the weights it holds (``common._delta``), with the version
 they apply on top of. :class:`DeltaTracker` remembers, per model_id and
 worker_id, the snapshot each worker was last sent and applied (a copy of the
-state at that version, shared by every worker that got the same push), and
-chooses per worker:
+state at that version *in the form it travelled*, shared by every worker that
+got the same push), and chooses per worker:
 
-* a **delta** against that snapshot, when the worker holds one, the version the
-  worker last acknowledged or reported is the snapshot's, and fewer than
+* a **delta** against that snapshot, when the worker holds one in the form of
+  this push (:class:`PushOptions`: wire dtype, ``only_trainable``), the version
+  the worker last acknowledged or reported is the snapshot's, and fewer than
   :attr:`WeightPushSettings.full_push_every` deltas followed its last full push;
 * a **full** push otherwise (first push, a restarted actor, a push the tracker
-  did not see, a failed push, the periodic anchor that bounds drift, or a change
-  so dense that its indices and values would outweigh the whole state).
+  did not see, a failed push, a change of form, the periodic anchor that bounds
+  drift, or a change so dense that its indices and values would outweigh the
+  whole state).
+
+With a wire dtype (``dtype=torch.bfloat16``) the snapshot is the state cast to
+it, and the delta holds the elements whose *cast* bits changed: after one small
+optimizer step most bf16 values stay the same although every fp32 value moved.
+The actor casts them into its dtype element by element, as a full push does, so
+its weights are bit for bit those a full push of the same state in the same form
+would give. A delta is never computed across forms: a worker that last got
+another form (fp32 after bf16, a subset after a whole state) gets a full push.
 
 A worker that answers a delta with FAILED_PRECONDITION (it holds another
 version) gets the full push of the same state and version at once
@@ -29,9 +39,17 @@ import threading
 from collections.abc import Callable, Mapping
 
 import torch
+from torch import nn
 
-from common.weights import CHECKSUMS, checksums, encode_delta, encode_weights, to_state_dict
-from learner_client._weights import EncodedWeights, WeightBook, WeightSource
+from common.weights import (
+    CHECKSUMS,
+    PushForm,
+    checksums,
+    encode_delta,
+    encode_weights,
+    wire_state,
+)
+from learner_client._weights import EncodedWeights, PushOptions, WeightBook, WeightSource
 
 __all__ = ["DEFAULT_FULL_PUSH_EVERY", "DeltaTracker", "WeightPushSettings"]
 
@@ -74,6 +92,7 @@ class _Held:
     version: int
     state: dict[str, torch.Tensor]
     deltas: int  # consecutive deltas since its last full push
+    form: PushOptions  # the form ``state`` travelled in (wire dtype, only_trainable)
 
 
 class DeltaTracker:
@@ -92,25 +111,32 @@ class DeltaTracker:
         self._sent: dict[tuple[str, int], _Held] = {}
 
     def encode(
-        self, model_id: str, sources: Mapping[int, WeightSource], version: int
+        self,
+        model_id: str,
+        sources: Mapping[int, WeightSource],
+        version: int,
+        form: PushOptions | None = None,
     ) -> dict[int, EncodedWeights]:
         """One push of ``version``: per worker, a delta against what it holds, or a full push.
 
-        Each distinct source is snapshotted once, each distinct (base, source) delta and
-        each full blob encoded once, however many workers receive it.
+        Each distinct source is snapshotted once (in ``form``; None: as it is), each
+        distinct (base, source) delta and each full blob encoded once, however many
+        workers receive it.
         """
+        form = form or PushOptions()
         snapshots: dict[int, dict[str, torch.Tensor]] = {}
         fulls: dict[int, Callable[[], EncodedWeights]] = {}  # encoded only if needed
         deltas: dict[tuple[int, int], EncodedWeights | None] = {}
         out: dict[int, EncodedWeights] = {}
         for wid, src in sources.items():
             if id(src) not in snapshots:
-                snapshots[id(src)] = _snapshot(src)
+                snapshots[id(src)] = _snapshot(src, form)
             state = snapshots[id(src)]
             if id(state) not in fulls:
-                encode = functools.partial(self._full, model_id, version, state)
+                subset = form.only_trainable or not isinstance(src, nn.Module)
+                encode = functools.partial(self._full, model_id, version, state, form, subset)
                 fulls[id(state)] = functools.cache(encode)
-            held = self._usable(model_id, wid)
+            held = self._usable(model_id, wid, form)
             delta = None
             if held is not None:
                 key = (id(held.state), id(state))
@@ -118,9 +144,9 @@ class DeltaTracker:
                     deltas[key] = self._delta(model_id, version, held, state, fulls[id(state)])
                 delta = deltas[key]
             if held is None or delta is None:  # nothing to build on, or a dense change
-                out[wid], sent = fulls[id(state)](), _Held(version, state, 0)
+                out[wid], sent = fulls[id(state)](), _Held(version, state, 0, form)
             else:
-                out[wid], sent = delta, _Held(version, state, held.deltas + 1)
+                out[wid], sent = delta, _Held(version, state, held.deltas + 1, form)
             with self._lock:
                 self._sent[(model_id, wid)] = sent
         return out
@@ -139,17 +165,26 @@ class DeltaTracker:
                 self._sent.pop((model_id, wid), None)
                 held.pop(wid, None)
 
-    def _usable(self, model_id: str, worker_id: int) -> _Held | None:
+    def _usable(self, model_id: str, worker_id: int, form: PushOptions) -> _Held | None:
         with self._lock:
             held = self._held.get(model_id, {}).get(worker_id)
-        if held is None or held.deltas >= self._settings.full_push_every:
+        if held is None or held.deltas >= self._settings.full_push_every or held.form != form:
             return None
         if self._book.applied(worker_id).get(model_id) != held.version:
             return None  # restarted, or updated by a push this tracker did not send
         return held
 
-    def _full(self, model_id: str, version: int, state: dict[str, torch.Tensor]) -> EncodedWeights:
-        blob = encode_weights(state, metadata={"model_id": model_id})
+    def _full(
+        self,
+        model_id: str,
+        version: int,
+        state: dict[str, torch.Tensor],
+        form: PushOptions,
+        subset: bool,
+    ) -> EncodedWeights:
+        """The full push of a snapshot (already in ``form``'s wire dtype), declaring its form."""
+        meta = {"model_id": model_id}
+        blob = encode_weights(state, metadata=meta, dtype=form.dtype, subset=subset)
         return EncodedWeights(model_id, version, blob, *checksums(blob, self._settings.checksum))
 
     def _delta(
@@ -160,9 +195,16 @@ class DeltaTracker:
         state: dict[str, torch.Tensor],
         full: Callable[[], EncodedWeights],
     ) -> EncodedWeights | None:
-        """The delta from ``held`` to ``state``; None when it would not be smaller than full."""
+        """The delta from ``held`` to ``state``; None when it would not be smaller than full.
+
+        Also None when the keys, a shape or a dtype changed since ``held`` (e.g. a mapping
+        of other keys than the module last sent): there is nothing to diff against.
+        """
+        if _layout(held.state) != _layout(state):
+            return None
         whole = sum(t.numel() * t.element_size() for t in state.values())
-        blob = encode_delta(held.state, state, metadata={"model_id": model_id}, max_bytes=whole)
+        meta = {"model_id": model_id, **PushForm(wire_dtype=held.form.dtype).metadata()}
+        blob = encode_delta(held.state, state, metadata=meta, max_bytes=whole)
         if blob is None:
             return None
         digest, crc = checksums(blob, self._settings.checksum)
@@ -171,6 +213,10 @@ class DeltaTracker:
         )
 
 
-def _snapshot(source: WeightSource) -> dict[str, torch.Tensor]:
-    """A private copy of the weights as they are now (training changes the source in place)."""
-    return {key: tensor.clone() for key, tensor in to_state_dict(source).items()}
+def _layout(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    return {key: (tensor.shape, tensor.dtype) for key, tensor in state.items()}
+
+
+def _snapshot(source: WeightSource, form: PushOptions) -> dict[str, torch.Tensor]:
+    """A private copy of the weights as they travel now (training changes the source in place)."""
+    return wire_state(source, dtype=form.dtype, only_trainable=form.only_trainable)

@@ -103,8 +103,13 @@ class Pusher:
             sources = {
                 w: src if src is not None else self._book.source_for(mid, w) for w in targets
             }
+            # New weights: as the call says; a re-send of the last ones: as last encoded.
+            form = request.options or PushOptions()
+            if src is None:
+                form = self._book.options(mid, request.options)
             version = self._book.claim_version(mid, src)
-            pairs += sorted(self._deltas.encode(mid, sources, version).items())
+            pairs += sorted(self._deltas.encode(mid, sources, version, form).items())
+            self._book.use_options(mid, form)
         succeeded, failed = self._push(pairs)
         # A target at another version than the delta's base: the full push, at once.
         retry = [

@@ -174,7 +174,7 @@ def normalize_update_args(
         ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
             ``weights_dict`` with ``model_id`` or with any of those three; an empty
             ``weights_dict`` or ``worker_ids``; an empty ``model_id``; ``delta`` with
-            per-worker weights.
+            per-worker weights (``delta`` combines with ``options``).
         TypeError: A source, ``weights_dict``, ``worker_ids`` or ``delta`` of the wrong type.
     """
     if not isinstance(delta, bool):
@@ -183,8 +183,6 @@ def normalize_update_args(
     request = _normalize(*args)
     if delta and request.per_worker is not None:
         raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
-    if delta and options is not None:
-        raise ValueError(f"delta=True sends every weight in its own dtype; not with {options}")
     return dataclasses.replace(request, delta=delta)
 
 
@@ -405,6 +403,11 @@ class WeightBook:
             self._options[model_id] = opts
         version = self.claim_version(model_id, source if given else None)
         return EncodedWeights(model_id, version, blob, digest, crc)
+
+    def use_options(self, model_id: str, options: PushOptions) -> None:
+        """Record the form ``model_id`` was encoded in: automatic pushes encode the same way."""
+        with self._lock:
+            self._options[model_id] = options
 
     def claim_version(self, model_id: str, source: WeightSource | None) -> int:
         """The next version of ``model_id``; a given ``source`` becomes the shared last weights."""

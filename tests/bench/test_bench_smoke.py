@@ -84,8 +84,14 @@ EXPECTED = {
             "tiny full collecting",
             "tiny delta adam",
             "tiny delta 1%",
+            "tiny delta bf16 adam 1e-05 bytes",
         ],
-        ["tiny full/raw", "tiny full pause/push", "tiny delta 1% bytes/full"],
+        [
+            "tiny full/raw",
+            "tiny full pause/push",
+            "tiny delta 1% bytes/full",
+            "tiny delta bf16 adam 1e-05 bytes/bf16",
+        ],
     ),
     "startup": (["rlfleet sync", "torchrl sync"], ["rlfleet/torchrl sync"]),
     "metrics": (

@@ -153,3 +153,54 @@ def test_blob_assembler_checks_crc32c() -> None:
             BlobAssembler(4, crc32c=value)
     with pytest.raises(ValueError, match="checksum"):
         checksums(blob, "md5")
+
+
+def _wire(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {k: v.to(dtype) if v.is_floating_point() else v.clone() for k, v in state.items()}
+
+
+def test_bf16_delta_sequence_gives_the_bits_of_a_bf16_full_push() -> None:
+    """Deltas diffed in bf16, cast on receipt, equal a bf16 full push whatever the model dtype."""
+    gen = torch.Generator().manual_seed(1)
+    fp32 = {"w": torch.randn(64, 32, generator=gen), "steps": torch.arange(5)}
+    for model_dtype in (torch.float32, torch.float16, torch.float64):
+        state = {k: v.clone() for k, v in fp32.items()}
+        sent = _wire(state, torch.bfloat16)
+        held = {"w": sent["w"].to(model_dtype), "steps": sent["steps"].clone()}  # a full push
+        meta = {"rlfleet.dtype": "bfloat16"}
+        for step in range(6):  # an Adam-like step: every fp32 element moves a little
+            state["w"] += 1e-4 * torch.randn(state["w"].shape, generator=gen)
+            state["steps"][step % 5] += 1
+            new = _wire(state, torch.bfloat16)
+            changed = changed_elements(sent["w"], new["w"]).numel()
+            assert 0 < changed < state["w"].numel() // 2  # most bf16 values did not move
+            _apply(held, encode_delta(sent, new, metadata=meta))
+            assert _bits_equal(held["w"], new["w"].to(model_dtype)), (model_dtype, step)
+            assert held["steps"].equal(state["steps"])
+            sent = new
+
+
+def test_wire_dtype_deltas_are_checked_and_cast_before_anything_is_applied() -> None:
+    model = {"w": torch.zeros(4, dtype=torch.float16), "n": torch.zeros(3, dtype=torch.int64)}
+    index = torch.tensor([1], dtype=torch.int32)
+
+    def blob(values: torch.Tensor, key: str = "w", wire: str | None = "bfloat16") -> memoryview:
+        meta = {"rlfleet.delta": "1", **({"rlfleet.dtype": wire} if wire else {})}
+        parts = {f"indices:{key}": index, f"values:{key}": values}
+        return memoryview(bytearray(write_blob(parts, meta)))
+
+    good = decode_delta(
+        blob(torch.tensor([0.5], dtype=torch.bfloat16)), _expected(model), max_bytes=MB
+    )
+    assert good["w"][1].dtype == torch.float16
+    assert float(good["w"][1][0]) == 0.5
+    bad = [
+        (blob(torch.tensor([0.5], dtype=torch.bfloat16), wire=None), "float16"),  # undeclared
+        (blob(torch.tensor([1], dtype=torch.int32), key="n"), "int64"),  # integers never cast
+        (blob(torch.tensor([1e30], dtype=torch.bfloat16)), "non-finite"),  # fp16 overflow
+        (blob(torch.tensor([0.5], dtype=torch.bfloat16), wire="int8"), "rlfleet.dtype"),
+    ]
+    for view, match in bad:
+        with pytest.raises(WeightsError, match=match):
+            decode_delta(view, _expected(model), max_bytes=MB)
+    assert not model["w"].any()

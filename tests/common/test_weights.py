@@ -75,6 +75,7 @@ def test_weights_module_pins_its_public_names() -> None:
             "load_into",
             "sha256_hex",
             "to_state_dict",
+            "wire_state",
             "CHECKSUMS",
             "checksums",
             "crc32c",
