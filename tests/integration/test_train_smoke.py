@@ -178,6 +178,7 @@ def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path,
         assert next(iter(collector)).numel() == 16
 
 
+@pytest.mark.slow
 def test_train_entry_point_authenticates_with_the_token_from_the_environment(tmp_path):
     flags = [
         "--frames-per-batch",

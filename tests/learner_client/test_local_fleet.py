@@ -143,7 +143,9 @@ def _start_learner() -> tuple[subprocess.Popen, list[int]]:
     return learner, json.loads(line)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)]
+)
 def test_local_fleet_leaves_no_actor_after_the_learner_is_signalled(sig):
     learner, pids = _start_learner()
     try:
