@@ -31,6 +31,7 @@ from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
     DeadlineError,
+    RlfleetError,
     SessionStateError,
     UnknownModelError,
     WeightsError,
@@ -132,6 +133,26 @@ async def _blob(requests: AsyncIterator[Any], assembler: BlobAssembler, rpc: str
     return assembler.finish()
 
 
+async def _drain(requests: AsyncIterator[Any], max_bytes: int, rpc: str) -> None:
+    """Read and drop the rest of a refused client stream, so the refusal reaches the caller.
+
+    A server that answers a client stream before reading it to the end races the
+    client's next write, and gRPC's asyncio client then reports INTERNAL ("Internal
+    error from Core") in place of the answer (grpc/grpc#36066). Bounded: at most
+    ``max_bytes`` of chunks (what the actor would have accepted) and the idle timeout
+    per message; anything else than a chunk ends the drain.
+    """
+    seen = 0
+    while seen < max_bytes:
+        try:
+            request = await _next(requests, rpc)
+        except DeadlineError:
+            return
+        if request is None or request.WhichOneof("kind") != "chunk":
+            return
+        seen += len(request.chunk)
+
+
 class _Push:
     """One weight push: its header fields, its audit-log line and its metrics."""
 
@@ -222,6 +243,12 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         header = await _first(requests, "header", "PushWeights")
         push = _Push(header, context.peer(), self._metrics)
         try:
+            self._admit(push)
+        except RlfleetError as exc:
+            push.audit(exc)
+            await _drain(requests, self._drain_budget(push), "PushWeights")
+            raise
+        try:
             blob = await self._receive_weights(requests, push)
         except BaseException as exc:
             push.audit(exc)
@@ -235,9 +262,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             pause_seconds=swap.pause_seconds,
         )
 
-    async def _receive_weights(
-        self, requests: AsyncIterator[pb.PushWeightsRequest], push: _Push
-    ) -> bytes | memoryview:
+    def _admit(self, push: _Push) -> None:
+        """Refuse a push from its header alone, before a byte of its blob is buffered."""
         models = self._rt.worker.models
         if push.model_id not in models.model_ids:
             raise UnknownModelError(
@@ -245,13 +271,24 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 f"(models: {sorted(models.model_ids)})"
             )
         check_policy_version(push.version, "weights version")
-        # Refused before a byte of the blob is buffered.
         check_newer(push.model_id, push.version, models.policy_version(push.model_id))
         if push.base_version is not None:
             check_policy_version(push.base_version, "delta base_version")
             check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
         if not push.sha256 and push.crc32c is None:
             raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
+
+    def _drain_budget(self, push: _Push) -> int:
+        """The bytes of a refused push the actor reads and drops: what it would have accepted."""
+        try:
+            cap = self._max_bytes([push.model_id])
+        except RlfleetError:  # an unknown model, or an actor still starting
+            cap = self._rt.config.max_weight_bytes or default_max_weight_bytes(0)
+        return push.total_bytes if 0 <= push.total_bytes <= cap else 0
+
+    async def _receive_weights(
+        self, requests: AsyncIterator[pb.PushWeightsRequest], push: _Push
+    ) -> bytes | memoryview:
         push.buffer = self._buffers.take(push.model_id, push.total_bytes)
         assembler = BlobAssembler(
             push.total_bytes,

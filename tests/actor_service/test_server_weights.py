@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import itertools
 import json
 import threading
 import tracemalloc
@@ -17,9 +19,12 @@ from helpers import poll_until
 
 from actor_service._logging import configure_logging, get_logger
 from bench.hostile_push import hostile_blob
+from common._blobs import crc32c
+from common.errors import RlfleetError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
+from learner_client._transport import ActorChannel, push_messages
 
 DETERMINISTIC = pb.EXPLORATION_TYPE_DETERMINISTIC
 
@@ -279,4 +284,41 @@ def test_push_weights_raises_if_a_message_exceeds_4_mib(actor: Actor) -> None:
     with pytest.raises(grpc.RpcError) as error:
         actor.stub.PushWeights(requests, timeout=30)
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _assert_unchanged(actor, 0)
+
+
+def test_a_refused_push_reaches_the_learner_as_its_refusal_every_time(actor: Actor) -> None:
+    # Refusing from the header while the learner still streams the blob raced its writes:
+    # 15% of 300 stale pushes came back INTERNAL ("Internal error from Core"), not ABORTED.
+    blob = bytes(300_000)
+
+    async def push_stale(n: int) -> list[str]:
+        channel = ActorChannel(f"127.0.0.1:{actor.handle.port}")
+        outcomes = []
+        try:
+            for _ in range(n):
+                messages = push_messages("policy", 0, blob, "", 65536, crc32c=crc32c(blob))
+                try:
+                    await channel.push_weights("policy", 0, messages, 30.0)
+                    outcomes.append("applied")
+                except RlfleetError as exc:
+                    outcomes.append(type(exc).__name__)
+        finally:
+            await channel.close()
+        return outcomes
+
+    assert set(asyncio.run(push_stale(100))) == {"StaleVersionError"}
+    _assert_unchanged(actor, 0)
+
+
+def test_a_refused_push_is_read_no_further_than_it_announced(actor: Actor) -> None:
+    # The drain that lets the refusal through stops at the announced size, and at once
+    # for a size over the cap: an endless stream is answered, not read forever.
+    endless = itertools.repeat(pb.PushWeightsRequest(chunk=bytes(65536)))
+    for total_bytes in (1000, 10**12):
+        header = pb.WeightsHeader(model_id="policy", version=0, total_bytes=total_bytes, crc32c=0)
+        requests = itertools.chain([pb.PushWeightsRequest(header=header)], endless)
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.PushWeights(requests, timeout=30)
+        assert error.value.code() == grpc.StatusCode.ABORTED
     _assert_unchanged(actor, 0)
