@@ -4,7 +4,12 @@ A delta is a safetensors blob (:mod:`common._safetensors`) holding, for every
 tensor with at least one changed element, two 1-D tensors:
 
 * ``indices:<key>`` — ``int32`` (or ``int64`` for tensors of 2**31 elements or
-  more) flat element indices into the row-major tensor, strictly increasing;
+  more) flat element indices into the row-major tensor, strictly increasing; or,
+  where it is smaller, ``gaps:<key>`` — ``uint8`` steps from one index to the next
+  (the first from -1), each 1 to 255: an index further than 255 from the previous
+  one is reached through *filler* entries that re-send an unchanged element (its
+  bits are the receiver's already). One byte per index instead of four: a bf16
+  delta of scattered elements is half the bytes;
 * ``values:<key>`` — the new values at those indices, in the tensor's dtype, or
   in the *wire dtype* the header declares (``rlfleet.dtype``, as a full push
   does: :mod:`common._push_form`), cast into the receiver's floating dtype.
@@ -48,7 +53,10 @@ __all__ = [
 #: The ``__metadata__`` key (value ``"1"``) that marks a blob as a delta.
 DELTA_MARK = "rlfleet.delta"
 _INDICES = "indices:"
+_GAPS = "gaps:"
 _VALUES = "values:"
+#: The largest step of a ``gaps:`` entry (its dtype is uint8).
+_MAX_GAP = 255
 _MAX_HEADER_BYTES = 100_000_000
 # Integer dtypes of each element size, to compare bit patterns of any dtype.
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -111,24 +119,48 @@ def encode_delta(
         missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         raise WeightsError(f"a delta needs the same keys: missing {missing}, extra {extra}")
     masks = {key: _differs(old[key], new[key]) for key in sorted(new)}
-    # Counted before any index is built: listing the indices of a dense change costs more
-    # than sending it whole.
-    size = sum(
-        int(np.count_nonzero(mask.numpy()))
-        * (new[k].element_size() + (4 if new[k].numel() < 2**31 else 8))
+    # Counted before any index is built (at the cheapest, one byte per index): listing
+    # the indices of a dense change costs more than sending it whole.
+    lower = sum(
+        int(np.count_nonzero(mask.numpy())) * (1 + new[k].element_size())
         for k, mask in masks.items()
     )
-    if max_bytes is not None and size > max_bytes:
+    if max_bytes is not None and lower > max_bytes:
         return None
     parts: dict[str, torch.Tensor] = {}
     for key, mask in masks.items():
-        index = torch.from_numpy(np.flatnonzero(mask.numpy()))
-        if not index.numel():
-            continue
-        small = new[key].numel() < 2**31
-        parts[_INDICES + key] = index.to(torch.int32) if small else index
-        parts[_VALUES + key] = new[key].reshape(-1).index_select(0, index)
+        index = np.flatnonzero(mask.numpy())
+        if index.size:
+            parts.update(_entry(key, index, new[key]))
+    if max_bytes is not None and sum(t.nbytes for t in parts.values()) > max_bytes:
+        return None
     return write_blob(parts, {**(metadata or {}), DELTA_MARK: "1"})
+
+
+def _entry(key: str, index: np.ndarray, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One tensor's changed elements as ``gaps:``/``indices:`` and ``values:``, the smaller."""
+    filled = _with_fillers(index)
+    width = tensor.element_size()
+    if filled.size * (1 + width) < index.size * ((4 if tensor.numel() < 2**31 else 8) + width):
+        steps = np.diff(filled, prepend=-1).astype(np.uint8)
+        chosen, head = torch.from_numpy(filled), {_GAPS + key: torch.from_numpy(steps)}
+    else:
+        chosen = torch.from_numpy(index)
+        small = tensor.numel() < 2**31
+        head = {_INDICES + key: chosen.to(torch.int32) if small else chosen}
+    return {**head, _VALUES + key: tensor.reshape(-1).index_select(0, chosen)}
+
+
+def _with_fillers(index: np.ndarray) -> np.ndarray:
+    """``index`` (increasing) plus the fewest indices that make every step at most 255."""
+    steps = np.diff(index, prepend=-1)
+    extra = (steps - 1) // _MAX_GAP  # fillers needed before each index
+    total = int(extra.sum())
+    if not total:
+        return index
+    before = np.repeat(index - steps, extra)  # the index preceding each run of fillers
+    rank = np.arange(total) - np.repeat(np.cumsum(extra) - extra, extra) + 1
+    return np.union1d(index, before + rank * _MAX_GAP)
 
 
 def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Delta:
@@ -160,11 +192,12 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in parts.items():
         kind, _, key = name.partition(":")
-        if kind + ":" not in (_INDICES, _VALUES) or key not in expected:
+        if kind + ":" not in (_INDICES, _GAPS, _VALUES) or key not in expected:
             known = ", ".join(sorted(expected)[:5])
             raise WeightsError(
                 f"delta entry {name[:120]!r} names no parameter of the model "
-                f"(want 'indices:<key>'/'values:<key>' with keys such as {known})"
+                f"(want 'indices:<key>' or 'gaps:<key>', and 'values:<key>', with keys "
+                f"such as {known})"
             )
         halves.setdefault(key, {})[kind] = tensor
     return {key: _checked(key, pair, expected[key], form) for key, pair in sorted(halves.items())}
@@ -178,15 +211,12 @@ def _checked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One tensor's (indices, values in the model's dtype), every bound checked."""
     shape, dtype = spec
-    if set(pair) != {"indices", "values"}:
-        lacking = "values" if "indices" in pair else "indices"
-        raise WeightsError(f"delta of {key!r} lacks its {lacking}")
-    index, values = pair["indices"], pair["values"]
-    if index.dtype not in (torch.int32, torch.int64) or index.dim() != 1:
-        raise WeightsError(
-            f"delta indices of {key!r} must be 1-D int32 or int64, got {index.dtype} "
-            f"of shape {list(index.shape)}"
-        )
+    if "values" not in pair:
+        raise WeightsError(f"delta of {key!r} lacks its values")
+    if ("indices" in pair) == ("gaps" in pair):
+        what = "holds both indices and gaps" if "gaps" in pair else "lacks its indices (or gaps)"
+        raise WeightsError(f"delta of {key!r} {what}")
+    index, values = _index(key, pair), pair["values"]
     fits = form.fits_dtype(values.dtype, dtype)
     if not fits or values.dim() != 1 or values.numel() != index.numel():
         wire = f" (or {form.wire_dtype})" if form.wire_dtype and dtype.is_floating_point else ""
@@ -197,7 +227,6 @@ def _checked(
     numel = 1
     for dim in shape:
         numel *= dim
-    index = index.to(torch.int64)
     if index.numel() and (int(index[0]) < 0 or int(index[-1]) >= numel):
         raise WeightsError(
             f"delta indices of {key!r} reach {int(index[0])}..{int(index[-1])}, outside "
@@ -209,6 +238,27 @@ def _checked(
     if (values.is_floating_point() or values.is_complex()) and not _finite(values):
         raise WeightsError(f"delta values of {key!r} hold non-finite values (NaN/Inf)")
     return index, values
+
+
+def _index(key: str, pair: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The int64 flat indices of one entry, from its ``indices`` or its ``gaps``."""
+    if "gaps" in pair:
+        gaps = pair["gaps"]
+        if gaps.dtype != torch.uint8 or gaps.dim() != 1:
+            raise WeightsError(
+                f"delta gaps of {key!r} must be 1-D uint8, got {gaps.dtype} "
+                f"of shape {list(gaps.shape)}"
+            )
+        if gaps.numel() and not bool(gaps.all()):
+            raise WeightsError(f"delta gaps of {key!r} must be 1 to 255 (indices increase)")
+        return gaps.to(torch.int64).cumsum(0) - 1
+    index = pair["indices"]
+    if index.dtype not in (torch.int32, torch.int64) or index.dim() != 1:
+        raise WeightsError(
+            f"delta indices of {key!r} must be 1-D int32 or int64, got {index.dtype} "
+            f"of shape {list(index.shape)}"
+        )
+    return index.to(torch.int64)
 
 
 def _finite(values: torch.Tensor) -> bool:

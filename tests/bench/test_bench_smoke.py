@@ -93,6 +93,22 @@ EXPECTED = {
             "tiny delta bf16 adam 1e-05 bytes/bf16",
         ],
     ),
+    "llm_push": (
+        [
+            "llm 25m full",
+            "llm 25m full raw",
+            "llm 25m full generating pause",
+            "llm 25m bf16 bytes",
+            "llm 25m delta bf16 adam 1e-6 bytes",
+            "llm 25m adapter bytes",
+        ],
+        [
+            "llm 25m full/raw",
+            "llm 25m full generating pause/push",
+            "llm 25m delta bf16 adam 1e-6 bytes/full",
+            "llm 25m adapter bytes/full",
+        ],
+    ),
     "startup": (["rlfleet sync", "torchrl sync"], ["rlfleet/torchrl sync"]),
     "metrics": (
         ["metrics off", "metrics on", "loop metrics off", "loop metrics on"],

@@ -85,6 +85,10 @@ def _raw(parts: dict[str, torch.Tensor], mark: bool = True) -> memoryview:
     return memoryview(bytearray(write_blob(parts, meta)))
 
 
+def _u8(values: list) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.uint8)
+
+
 @pytest.mark.parametrize(
     ("parts", "match"),
     [
@@ -102,6 +106,14 @@ def _raw(parts: dict[str, torch.Tensor], mark: bool = True) -> memoryview:
         ({"indices:nope": torch.tensor([1]), "values:nope": torch.ones(1)}, "names no parameter"),
         ({"w": torch.zeros(6, 5)}, "names no parameter"),
         ({"indices:w": torch.tensor([1]), "values:w": torch.tensor([float("nan")])}, "non-finite"),
+        ({"gaps:w": _u8([2, 0]), "values:w": torch.ones(2)}, "1 to 255"),
+        ({"gaps:w": _u8([255]), "values:w": torch.ones(1)}, "outside"),
+        ({"gaps:w": _u8([30, 1]), "values:w": torch.ones(2)}, "outside"),
+        ({"gaps:w": torch.tensor([2]), "values:w": torch.ones(1)}, "1-D uint8"),
+        ({"gaps:w": _u8([[2]]), "values:w": torch.ones(1)}, "1-D uint8"),
+        ({"gaps:w": _u8([2, 1]), "values:w": torch.ones(1)}, "one value per index"),
+        ({"gaps:w": _u8([2]), "indices:w": torch.tensor([1]), "values:w": torch.ones(1)}, "both"),
+        ({"gaps:nope": _u8([1]), "values:nope": torch.ones(1)}, "names no parameter"),
     ],
 )
 def test_decode_delta_raises_if_an_entry_breaks_a_bound(parts: dict, match: str) -> None:
@@ -204,3 +216,31 @@ def test_wire_dtype_deltas_are_checked_and_cast_before_anything_is_applied() -> 
         with pytest.raises(WeightsError, match=match):
             decode_delta(view, _expected(model), max_bytes=MB)
     assert not model["w"].any()
+
+
+def test_scattered_changes_travel_as_one_byte_gaps_with_fillers_and_stay_exact() -> None:
+    gen = torch.Generator().manual_seed(3)
+    old = {"w": torch.randn(10_000, generator=gen).to(torch.bfloat16)}
+    new = {"w": old["w"].clone()}
+    changed = torch.cat([torch.arange(0, 5000, 17), torch.tensor([9_999])])  # then a step of 5001
+    new["w"][changed] += 1.0
+    blob = encode_delta(old, new)
+    delta = decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
+    index, _ = delta["w"]
+    assert set(changed.tolist()) <= set(index.tolist())
+    assert bool((index.diff() <= 255).all())  # fillers in the long step
+    assert index.numel() == changed.numel() + 19  # the fewest: ceil(5001 / 255) - 1
+    assert len(blob) < 200 + index.numel() * 3  # one byte per index, two per bf16 value
+    held = {"w": old["w"].clone()}
+    _apply(held, blob)
+    assert _bits_equal(held["w"], new["w"])
+
+
+def test_a_lone_change_in_a_large_tensor_travels_as_an_index() -> None:
+    old = {"w": torch.zeros(1_000_000)}
+    new = {"w": old["w"].clone()}
+    new["w"][500_000] = 1.0
+    blob = encode_delta(old, new)  # gaps would need 1,960 fillers
+    assert len(blob) < 300
+    delta = decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
+    assert delta["w"][0].tolist() == [500_000]
