@@ -17,7 +17,7 @@ actors (real ``python -m actor_service --kind llm`` processes) load it with
 
 ``raw`` is the same bytes per actor over plain sockets to one receiver process per
 actor at once, measured right after each push. Shapes: ``100m`` (default) and
-``0.5b`` (``--shapes 100m,0.5b``; about 14 GB of RAM with one actor).
+``0.5b`` (``--shapes 100m,0.5b``; one actor, no delta form: about 15 GB of RAM).
 
 Targets: full pushes <= 3x raw; delta and adapter pushes <= 5% of the full
 (float32) push's bytes; the generation pause <= 10% of the push's seconds.
@@ -191,6 +191,9 @@ def run_shape(shape: str, args: argparse.Namespace, report: Report) -> None:
             pushes = _Pushes(collector, model)
             pushes.full()  # warm-up: connections, receive buffers
             plan = {"full": pushes.full, "bf16": pushes.bf16, "delta bf16 adam 1e-6": pushes.delta}
+            if shape == "0.5b":  # Adam's state and the gradients: ~6 GB more on the learner
+                del plan["delta bf16 adam 1e-6"]
+                report.skip(f"llm {shape} delta", "not measured: memory (with actors, ~21 GB)")
             _measure(plan, rx, actors, reps, rows, raw)
             pushes.collector.start()  # the actors generate while the pushes travel
             time.sleep(1.0)
@@ -224,6 +227,8 @@ def record(
         f"{shape}: generation pause <= 10% of the push", pause, 0.1, higher_is_better=False
     )
     for form in ("bf16", "delta bf16 adam 1e-6", "adapter"):
+        if form not in rows:
+            continue
         share = report.ratio(
             f"{shape} {form} bytes/full", f"{shape} {form} bytes", f"{shape} full bytes"
         )
@@ -231,11 +236,12 @@ def record(
             report.target(
                 f"{shape}: {form} bytes <= 5% of full", share, 0.05, higher_is_better=False
             )
-    report.ratio(
-        f"{shape} delta bf16 adam 1e-6 bytes/bf16",
-        f"{shape} delta bf16 adam 1e-6 bytes",
-        f"{shape} bf16 bytes",
-    )
+    if "delta bf16 adam 1e-6" in rows:
+        report.ratio(
+            f"{shape} delta bf16 adam 1e-6 bytes/bf16",
+            f"{shape} delta bf16 adam 1e-6 bytes",
+            f"{shape} bf16 bytes",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -139,28 +139,20 @@ def encode_delta(
 
 def _entry(key: str, index: np.ndarray, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
     """One tensor's changed elements as ``gaps:``/``indices:`` and ``values:``, the smaller."""
-    filled = _with_fillers(index)
+    steps = np.diff(index, prepend=-1)
+    fillers = (steps - 1) // _MAX_GAP  # before each index, to keep every step <= 255
+    count = index.size + int(fillers.sum())
     width = tensor.element_size()
-    if filled.size * (1 + width) < index.size * ((4 if tensor.numel() < 2**31 else 8) + width):
-        steps = np.diff(filled, prepend=-1).astype(np.uint8)
-        chosen, head = torch.from_numpy(filled), {_GAPS + key: torch.from_numpy(steps)}
+    if count * (1 + width) < index.size * ((4 if tensor.numel() < 2**31 else 8) + width):
+        gaps = np.full(count, _MAX_GAP, dtype=np.int64)
+        gaps[np.arange(index.size) + np.cumsum(fillers)] = steps - _MAX_GAP * fillers
+        chosen = torch.from_numpy(np.cumsum(gaps) - 1)  # the indices, fillers included
+        head = {_GAPS + key: torch.from_numpy(gaps.astype(np.uint8))}
     else:
         chosen = torch.from_numpy(index)
         small = tensor.numel() < 2**31
         head = {_INDICES + key: chosen.to(torch.int32) if small else chosen}
     return {**head, _VALUES + key: tensor.reshape(-1).index_select(0, chosen)}
-
-
-def _with_fillers(index: np.ndarray) -> np.ndarray:
-    """``index`` (increasing) plus the fewest indices that make every step at most 255."""
-    steps = np.diff(index, prepend=-1)
-    extra = (steps - 1) // _MAX_GAP  # fillers needed before each index
-    total = int(extra.sum())
-    if not total:
-        return index
-    before = np.repeat(index - steps, extra)  # the index preceding each run of fillers
-    rank = np.arange(total) - np.repeat(np.cumsum(extra) - extra, extra) + 1
-    return np.union1d(index, before + rank * _MAX_GAP)
 
 
 def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Delta:
