@@ -23,7 +23,7 @@ from actor_service._staging import Swap, swap_delta, swap_full
 from actor_service._weight_rules import check_newer, check_not_older, stage_weights, weight_copies
 from common.config import DEFAULT_MODEL_ID
 from common.errors import UnknownModelError, WeightsError
-from common.llm import LoraSpec, apply_lora, build_policy
+from common.llm import LoraSpec, apply_lora, build_policy, cached_forward
 from common.weights import Delta, PushForm, apply_staged, check_policy_version, to_state_dict
 
 __all__ = ["LLMModels"]
@@ -92,15 +92,11 @@ class LLMModels:
     ) -> tuple[torch.Tensor, Any, int]:
         """One decode-loop forward under the lock: ``(last logits, cache, version)``."""
         with self.lock, torch.no_grad():
-            out = self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=positions.to(self.device),
-                past_key_values=past,
-                use_cache=True,
-                logits_to_keep=1,
+            device = self.device
+            logits, cache = cached_forward(
+                self.model, ids.to(device), mask.to(device), positions.to(device), past
             )
-            return out.logits[:, -1].float().cpu(), out.past_key_values, self.version
+            return logits.float().cpu(), cache, self.version
 
     def validate(
         self, model_id: str, state: object, form: PushForm | None = None

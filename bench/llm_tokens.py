@@ -69,7 +69,7 @@ def in_process(args: argparse.Namespace) -> float:
     """Response tokens/s of :func:`common.llm.generate` in this process."""
     import torch
 
-    from common.llm import GenerationSettings, build_policy, generate
+    from common.llm import GenerationSettings, build_policy, cached_forward, generate
 
     model, tok = build_policy("rlfleet:tiny-qwen2", **MODEL)
     settings = GenerationSettings(max_new_tokens=args.new_tokens, temperature=1.0)
@@ -78,14 +78,7 @@ def in_process(args: argparse.Namespace) -> float:
 
     @torch.no_grad()
     def forward(ids: Any, mask: Any, positions: Any, past: Any) -> tuple[Any, Any, int]:
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=past,
-            use_cache=True,
-        )
-        return out.logits[:, -1], out.past_key_values, 0
+        return (*cached_forward(model, ids, mask, positions, past), 0)
 
     def one_batch() -> int:
         result = generate(

@@ -46,6 +46,7 @@ from common.llm._vocab import COMPACT_CHARS, VOCABS
 if TYPE_CHECKING:
     from common.llm._decode import (
         Generation,
+        cached_forward,
         chosen_log_probs,
         generate,
         process_logits,
@@ -65,6 +66,7 @@ __all__ = [
     "check_peft",
     "parse_lora",
     "Generation",
+    "cached_forward",
     "generate",
     "process_logits",
     "response_log_probs",
@@ -91,6 +93,7 @@ __all__ = [
 # These use torch; they load on first use so that the command line can parse without it.
 _LAZY = {
     "Generation": "_decode",
+    "cached_forward": "_decode",
     "generate": "_decode",
     "process_logits": "_decode",
     "response_log_probs": "_decode",

@@ -14,6 +14,8 @@ weights and settings.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +26,7 @@ from common.llm._settings import GenerationSettings
 __all__ = [
     "Forward",
     "Generation",
+    "cached_forward",
     "chosen_log_probs",
     "generate",
     "process_logits",
@@ -33,6 +36,41 @@ __all__ = [
 
 #: ``forward(input_ids, attention_mask, position_ids, past) -> (last_logits, past, version)``.
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any, int]]
+
+
+def cached_forward(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any
+) -> tuple[torch.Tensor, Any]:
+    """One forward of a decode loop with a KV cache: ``(last position's logits, new cache)``.
+
+    transformers 5.24 renamed the cache argument and output ``past_key_values`` to
+    ``cache`` (the old name warns, and goes in 5.40); the name is read off the model's
+    ``forward`` (through a ``peft`` wrapper to its base model), so both work.
+
+    Args:
+        model: A causal LM.
+        ids: ``[B, T]`` input ids (the prompts at prefill, one token per row after).
+        mask: ``[B, T + cached]`` attention mask.
+        positions: ``[B, T]`` position ids.
+        past: The cache of the previous call (None at prefill).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = _cache_keyword(base.__class__)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{name: past},
+    )
+    return out["logits"][:, -1], out[name]
+
+
+@functools.cache
+def _cache_keyword(model_class: Any) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def process_logits(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from common.llm import GenerationSettings, Problem, Task, generate
+from common.llm import GenerationSettings, Problem, Task, cached_forward, generate
 
 __all__ = ["Evaluator", "held_out_problems"]
 
@@ -69,14 +69,7 @@ class Evaluator:
         def forward(
             ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any
         ) -> tuple[torch.Tensor, Any, int]:
-            out = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=past,
-                use_cache=True,
-            )
-            return out.logits[:, -1], out.past_key_values, 0
+            return (*cached_forward(model, ids, mask, positions, past), 0)
 
         eos = int(self.tokenizer.eos_token_id)
         result = generate(

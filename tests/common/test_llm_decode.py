@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.llm import GenerationSettings, build_policy, generate, response_log_probs
+from common.llm import (
+    GenerationSettings,
+    build_policy,
+    cached_forward,
+    generate,
+    response_log_probs,
+)
+from common.llm._decode import _cache_keyword
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -27,11 +34,7 @@ def tiny():
 def _forward(model):
     def forward(ids, mask, positions, past):
         with torch.no_grad():
-            out = model(
-                input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=past, use_cache=True, logits_to_keep=1,
-            )  # fmt: skip
-        return out.logits[:, -1], out.past_key_values, 7
+            return (*cached_forward(model, ids, mask, positions, past), 7)
 
     return forward
 
@@ -82,6 +85,38 @@ def test_greedy_equals_transformers_greedy_search(tiny) -> None:
     for i, prompt in enumerate(prompts):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
         assert generation.tokens[i].tolist() == ref[0, len(prompt) :].tolist()
+
+
+class _OlderTransformersLM(torch.nn.Module):
+    """A causal LM whose cache argument has the name it had before transformers 5.24."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+        self.name = _cache_keyword(type(model))  # the installed transformers' own name
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                logits_to_keep):  # fmt: skip
+        out = self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=use_cache, logits_to_keep=logits_to_keep, **{self.name: past_key_values},
+        )  # fmt: skip
+        return {"logits": out.logits, "past_key_values": out[self.name]}
+
+
+def test_cached_forward_takes_either_name_of_the_cache_argument(tiny) -> None:
+    model, tok, prompts = tiny
+    settings = GenerationSettings(max_new_tokens=5, temperature=0)
+
+    def run(lm):
+        def forward(ids, mask, positions, past):
+            with torch.no_grad():
+                return (*cached_forward(lm, ids, mask, positions, past), 0)
+
+        return generate(forward, prompts, settings, budgets=[5] * 3, stop_ids=[],
+                        pad_id=tok.pad_token_id).tokens  # fmt: skip
+
+    assert torch.equal(run(_OlderTransformersLM(model)), run(model))
 
 
 def test_stop_tokens_end_a_response_and_are_included(tiny) -> None:

@@ -6,7 +6,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from common.llm import GenerationSettings, build_policy, build_task, generate, response_log_probs
+from common.llm import (
+    GenerationSettings,
+    build_policy,
+    build_task,
+    cached_forward,
+    generate,
+    response_log_probs,
+)
 from learner_client.grpo._evaluate import Evaluator, held_out_problems
 from learner_client.grpo._loss import GRPOConfig, GRPOLearner, group_advantages
 
@@ -36,14 +43,7 @@ def _batch(model, tok, rewards: list[float], settings: GenerationSettings) -> Te
     rows = len(rewards)
 
     def forward(ids, mask, positions, past):
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=past,
-            use_cache=True,
-        )
-        return out.logits[:, -1], out.past_key_values, 0
+        return (*cached_forward(model, ids, mask, positions, past), 0)
 
     with torch.no_grad():
         gen = generate(
