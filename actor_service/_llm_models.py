@@ -12,19 +12,18 @@ cast and staged in full before the lock is taken.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from actor_service._staging import Swap, swap_delta, swap_full
-from actor_service._weight_rules import check_newer, check_not_older, stage_weights, weight_copies
+from actor_service._staging import Swap, push_delta, push_full, restore, snapshot
+from actor_service._weight_rules import stage_weights
 from common.config import DEFAULT_MODEL_ID
-from common.errors import UnknownModelError, WeightsError
+from common.errors import UnknownModelError
 from common.llm import LoraSpec, apply_lora, build_policy, cached_forward
-from common.weights import Delta, PushForm, apply_staged, check_policy_version, to_state_dict
+from common.weights import Delta, PushForm, to_state_dict
 
 __all__ = ["LLMModels"]
 
@@ -136,29 +135,19 @@ class LLMModels:
     ) -> Swap:
         """:meth:`load_weights`, also saying how long the swap paused decoding."""
         self._check(model_id)
-        check_policy_version(version)
-        check_newer(model_id, version, self.version)
-        staged = self.validate(model_id, state, form)
-        copy_in = functools.partial(apply_staged, self._reference, staged)
-        return swap_full(self, version, copy_in, self._newer)
+        return push_full(self, MODEL_ID, version, self._reference, state, form)
 
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
         """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
         self._check(model_id)
-        return swap_delta(
-            self, MODEL_ID, base_version, version, self._reference, delta, self._newer
-        )
-
-    def _newer(self, version: int, current: int) -> None:
-        check_newer(MODEL_ID, version, current)
+        return push_delta(self, MODEL_ID, base_version, version, self._reference, delta)
 
     def state_dict(self) -> dict[str, dict]:
         """``{"policy": {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
-        with self.lock:
-            return {MODEL_ID: {"version": self.version, "weights": weight_copies(self.model)}}
+        return {MODEL_ID: snapshot(self, self.model)}
 
     def load_state_dict(
-        self, state: Mapping[str, Mapping], *, allow_rollback: bool = False
+        self, state: object, *, allow_rollback: bool = False
     ) -> dict[str, tuple[int, int]]:
         """Restore weights and version, all or nothing; ``{"policy": (old, new)}``.
 
@@ -167,19 +156,5 @@ class LLMModels:
             WeightsError: A missing model, a bad version or weights that do not fit.
             StaleVersionError: The version would go back and ``allow_rollback`` is false.
         """
-        if not isinstance(state, Mapping):
-            raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
-        for model_id in state:
-            self._check(model_id)
-        entry = state.get(MODEL_ID)
-        if not isinstance(entry, Mapping):
-            raise WeightsError(f"model state lacks model {MODEL_ID!r}")
-        version = check_policy_version(entry.get("version"), "model state version")
-        if not allow_rollback:
-            check_not_older(MODEL_ID, version, self.version)
-        staged = self.validate(MODEL_ID, entry.get("weights"))
-        with self.lock:
-            old = self.version
-            apply_staged(self._reference, staged)
-            self.version = version
-        return {MODEL_ID: (old, version)}
+        slots = {MODEL_ID: (self, self._reference)}
+        return restore(slots, state, self._check, allow_rollback=allow_rollback)

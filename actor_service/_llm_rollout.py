@@ -310,8 +310,7 @@ class LLMRolloutWorker:
         with self._lock:
             self._check_open()
             changes = self.models.load_state_dict(
-                state.get("models"),  # type: ignore[arg-type]
-                allow_rollback=allow_rollback,
+                state.get("models"), allow_rollback=allow_rollback
             )
             self.frames, self.batches = counters["frames"], counters["batches"]
             self._traj.counter = counters["traj_counter"]

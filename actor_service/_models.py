@@ -32,18 +32,13 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
-from actor_service._staging import Swap, swap_delta, swap_full
+from actor_service._staging import Swap, push_delta, push_full, restore, snapshot
 from actor_service._tensor_forward import TensorForward, tensor_forward
-from actor_service._weight_rules import (
-    check_newer,
-    check_not_older,
-    stage_weights,
-    weight_copies,
-)
+from actor_service._weight_rules import stage_weights
 from common.config import ExplorationType
-from common.errors import InternalError, UnknownModelError, WeightsError
+from common.errors import InternalError, UnknownModelError
 from common.policies import make_policy
-from common.weights import Delta, PushForm, apply_staged, check_policy_version, to_state_dict
+from common.weights import Delta, PushForm, to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
 
@@ -397,86 +392,24 @@ class ModelRegistry:
             WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
         """
         model = self._get(model_id)
-        check_policy_version(version)
-        check_newer(model_id, version, model.version)
-        staged = self.validate(model_id, state, form)
-        copy_in = functools.partial(apply_staged, model.reference, staged)
-        newer = functools.partial(check_newer, model_id)
-        return swap_full(model, version, copy_in, newer)
+        return push_full(model, model_id, version, model.reference, state, form)
 
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
         """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
         model = self._get(model_id)
-        check_policy_version(version)
-        newer = functools.partial(check_newer, model_id)
-        return swap_delta(model, model_id, base_version, version, model.reference, delta, newer)
+        return push_delta(model, model_id, base_version, version, model.reference, delta)
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
-        out = {}
-        for model_id, model in self._models.items():
-            with model.lock:
-                out[model_id] = {"version": model.version, "weights": weight_copies(model.module)}
-        return out
+        return {model_id: snapshot(m, m.module) for model_id, m in self._models.items()}
 
     def load_state_dict(
         self, state: object, *, allow_rollback: bool = False
     ) -> dict[str, tuple[int, int]]:
-        """Restore every model's weights and version, all or nothing.
+        """Restore every model's weights and version, all or nothing; ``{model_id: (old, new)}``.
 
-        Everything is validated before anything is applied; then every model's
-        lock is held while the versions are checked again and the weights
-        swapped, so a concurrent push cannot make the load half-applied.
-
-        Args:
-            state: ``{model_id: {"version": int, "weights": {key: tensor}}}`` for every model.
-            allow_rollback: Accept versions older than those in force.
-
-        Returns:
-            ``{model_id: (old_version, new_version)}``.
-
-        Raises:
-            UnknownModelError: ``state`` names a model this actor lacks.
-            WeightsError: A model is missing, a version is not an int in int64 range, or
-                weights do not fit.
-            StaleVersionError: A version is older than the one in force and
-                ``allow_rollback`` is false.
+        ``state`` is a :meth:`state_dict`; see ``actor_service._staging.restore`` for the
+        checks (UnknownModelError, WeightsError, StaleVersionError unless ``allow_rollback``).
         """
-        staged = self._stage_state(state)
-        models = [self._models[m] for m in staged]
-        for model in models:
-            model.lock.acquire()
-        try:
-            if not allow_rollback:
-                for model in models:
-                    mid = model.spec.model_id
-                    check_not_older(mid, staged[mid][0], model.version)
-            changes = {}
-            for model in models:
-                version, weights = staged[model.spec.model_id]
-                changes[model.spec.model_id] = (model.version, version)
-                apply_staged(model.reference, weights)
-                model.version = version
-            return changes
-        finally:
-            for model in reversed(models):
-                model.lock.release()
-
-    def _stage_state(self, state: object) -> dict[str, tuple[int, dict]]:
-        """Validate a model state in full; return ``{model_id: (version, weights on device)}``."""
-        if not isinstance(state, Mapping):
-            raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
-        for model_id in state:
-            self._get(model_id)
-        missing = sorted(set(self._models) - set(state))
-        if missing:
-            raise WeightsError(f"model state lacks models {missing}")
-        staged = {}
-        for model_id in self._models:
-            entry = state[model_id]
-            version = entry.get("version") if isinstance(entry, Mapping) else None
-            version = check_policy_version(version, f"model state of {model_id!r}: version")
-            weights = entry.get("weights") if isinstance(entry, Mapping) else None
-            # raises unless a mapping of fitting tensors
-            staged[model_id] = (version, self.validate(model_id, weights))
-        return staged
+        slots = {model_id: (m, m.reference) for model_id, m in self._models.items()}
+        return restore(slots, state, self._get, allow_rollback=allow_rollback)

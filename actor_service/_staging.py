@@ -6,24 +6,40 @@ model's lock (the one every forward takes, so the swap lands between two env ste
 or decode steps), re-check the version rule (a concurrent push may have won), copy
 in and set the version. The time the lock was held is the push's generation pause,
 returned in a :class:`Swap` and reported in ``PushWeightsResponse.pause_seconds``.
-Both the env actor's ``ModelRegistry`` and the LLM actor's ``LLMModels`` swap here.
+:func:`push_full` and :func:`push_delta` are a whole push (the version rules of
+``actor_service._weight_rules``, staging, swap); :func:`snapshot` and :func:`restore`
+are a model's entry in a state dict and its all-or-nothing restore. Both the env
+actor's ``ModelRegistry`` and the LLM actor's ``LLMModels`` push and restore here.
 :class:`ReceiveBuffers` keeps one receive buffer per model for the next push.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
-from common.errors import SessionStateError
-from common.weights import Delta, apply_delta
+from actor_service._weight_rules import check_newer, check_not_older, stage_weights, weight_copies
+from common.errors import SessionStateError, WeightsError
+from common.weights import Delta, PushForm, apply_delta, apply_staged, check_policy_version
 
-__all__ = ["ReceiveBuffers", "Swap", "check_base", "swap_delta", "swap_full"]
+__all__ = [
+    "ReceiveBuffers",
+    "Swap",
+    "check_base",
+    "push_delta",
+    "push_full",
+    "restore",
+    "snapshot",
+    "swap_delta",
+    "swap_full",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +132,129 @@ def swap_delta(
         slot.version = version
 
     return Swap(version, _timed(slot.lock, check, apply))
+
+
+def push_full(
+    slot: Slot,
+    model_id: str,
+    version: int,
+    reference: Mapping[str, torch.Tensor],
+    state: object,
+    form: PushForm | None = None,
+) -> Swap:
+    """A whole full push: check the version, stage ``state`` against ``reference``, swap.
+
+    A stale version is refused before the (costly) staging and again under the lock.
+
+    Raises:
+        StaleVersionError: ``version`` is not newer than the one in force.
+        WeightsError: Keys, shapes, dtypes or values that do not fit, or a version
+            outside the int64 range.
+    """
+    check_policy_version(version)
+    check_newer(model_id, version, slot.version)
+    staged = stage_weights(model_id, state, reference, form)
+    copy_in = functools.partial(apply_staged, reference, staged)
+    return swap_full(slot, version, copy_in, functools.partial(check_newer, model_id))
+
+
+def push_delta(
+    slot: Slot,
+    model_id: str,
+    base_version: int,
+    version: int,
+    reference: Mapping[str, torch.Tensor],
+    delta: Delta,
+) -> Swap:
+    """A whole delta push: check the version, then :func:`swap_delta` on ``base_version``.
+
+    Raises:
+        SessionStateError: Another version is in force (nothing is written).
+        StaleVersionError: ``version`` is not newer than the one in force.
+        WeightsError: A version outside the int64 range.
+    """
+    check_policy_version(version)
+    newer = functools.partial(check_newer, model_id)
+    return swap_delta(slot, model_id, base_version, version, reference, delta, newer)
+
+
+def snapshot(slot: Slot, module: nn.Module) -> dict[str, Any]:
+    """A model's entry in a state dict: ``{"version": int, "weights": {key: CPU tensor}}``."""
+    with slot.lock:
+        return {"version": slot.version, "weights": weight_copies(module)}
+
+
+def restore(
+    slots: Mapping[str, tuple[Slot, Mapping[str, torch.Tensor]]],
+    state: object,
+    check_id: Callable[[str], object],
+    *,
+    allow_rollback: bool = False,
+) -> dict[str, tuple[int, int]]:
+    """Restore every model's weights and version from :func:`snapshot` entries, all or nothing.
+
+    Everything is validated before anything is applied; then every model's lock is
+    held while the versions are checked again and the weights swapped, so a
+    concurrent push cannot make the restore half-applied.
+
+    Args:
+        slots: Each model (its lock and version) and its own tensors, by model_id.
+        state: ``{model_id: {"version": int, "weights": {key: tensor}}}`` for every model.
+        check_id: Raises UnknownModelError for an id the actor lacks.
+        allow_rollback: Accept versions older than those in force.
+
+    Returns:
+        ``{model_id: (old_version, new_version)}``.
+
+    Raises:
+        UnknownModelError: ``state`` names a model this actor lacks.
+        WeightsError: A model is missing, a version is not an int in int64 range, or
+            weights do not fit.
+        StaleVersionError: A version is older than the one in force and
+            ``allow_rollback`` is false.
+    """
+    staged = _stage_entries(slots, state, check_id)
+    held = [slots[model_id][0] for model_id in staged]
+    for slot in held:
+        slot.lock.acquire()
+    try:
+        if not allow_rollback:
+            for model_id, (version, _) in staged.items():
+                check_not_older(model_id, version, slots[model_id][0].version)
+        changes = {}
+        for model_id, (version, weights) in staged.items():
+            slot, reference = slots[model_id]
+            changes[model_id] = (slot.version, version)
+            apply_staged(reference, weights)
+            slot.version = version
+        return changes
+    finally:
+        for slot in reversed(held):
+            slot.lock.release()
+
+
+def _stage_entries(
+    slots: Mapping[str, tuple[Slot, Mapping[str, torch.Tensor]]],
+    state: object,
+    check_id: Callable[[str], object],
+) -> dict[str, tuple[int, dict[str, torch.Tensor]]]:
+    """Validate a model state in full; ``{model_id: (version, weights staged)}``."""
+    if not isinstance(state, Mapping):
+        raise WeightsError(f"model state must be a mapping, got {type(state).__name__}")
+    for model_id in state:
+        check_id(model_id)
+    missing = sorted(set(slots) - set(state))
+    if missing:
+        raise WeightsError(f"model state lacks models {missing}")
+    staged = {}
+    for model_id, (_, reference) in slots.items():
+        entry = state[model_id]
+        version = entry.get("version") if isinstance(entry, Mapping) else None
+        version = check_policy_version(version, f"model state of {model_id!r}: version")
+        weights = entry.get("weights") if isinstance(entry, Mapping) else None
+        # raises unless a mapping of fitting tensors
+        staged[model_id] = (version, stage_weights(model_id, weights, reference))
+    return staged
 
 
 class ReceiveBuffers:

@@ -75,7 +75,7 @@ class Fleet:
         ledger: The counters of ``stats()``.
         book: The weights each actor should hold.
         batch_timeout: Stall deadline of a stream owing a batch.
-        slabs: Receives sync rounds into shared slabs; None for fresh buffers.
+        slabs: The shared slabs each actor's batches are received into.
     """
 
     def __init__(
@@ -88,7 +88,7 @@ class Fleet:
         ledger: Ledger,
         book: WeightBook,
         batch_timeout: float,
-        slabs: PacketSlabs | None,
+        slabs: PacketSlabs,
     ) -> None:
         self._conn = conn
         self._loop = loop
@@ -147,7 +147,7 @@ class Fleet:
                 streams=self._streams,
                 ledger=self._ledger,
                 admit=self._admit,
-                allocate=None if self._slabs is None else self._slabs.for_worker(d.worker_id),
+                allocate=self._slabs.for_worker(d.worker_id),
             )
             for d, c in zip(descriptions, channels, strict=True)
         ]

@@ -75,10 +75,10 @@ class Ledger:
     """Thread-safe counters behind ``GrpcCollector.stats()`` and the learner's metrics.
 
     Args:
-        lag_histogram: Observes the policy lag of every delivered batch; None observes nothing.
+        lag_histogram: Observes the policy lag of every delivered batch.
     """
 
-    def __init__(self, lag_histogram: Histogram | None = None) -> None:
+    def __init__(self, lag_histogram: Histogram) -> None:
         self._lock = threading.Lock()
         self._lag_histogram = lag_histogram
         self.frames = 0
@@ -112,8 +112,7 @@ class Ledger:
                 self.worker_batches[wid] = self.worker_batches.get(wid, 0) + 1
             self.policy_lag = lag
             self.policy_lag_max = max(self.policy_lag_max, lag)
-        if self._lag_histogram is not None:
-            self._lag_histogram.observe(lag)
+        self._lag_histogram.observe(lag)
 
     def failure(self, worker_id: int) -> None:
         """Count a broken stream or failed connection attempt."""

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.errors import SessionStateError, UnknownModelError, is_transient
-from learner_client._deltas import DeltaTracker, WeightPushSettings
+from learner_client._deltas import DeltaTracker
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, PushResults
 from learner_client._ledger import Ledger
@@ -47,8 +47,8 @@ class Pusher:
         fleet: The actors the weights go to.
         book: The weights given, their versions, and which worker is due an update.
         ledger: Counts automatic pushes, bytes, pauses and delta fallbacks.
-        metrics: Times every push and counts its outcome, per model; None records nothing.
-        deltas: What each worker holds, for ``delta=True`` pushes (None: a default tracker).
+        metrics: Times every push and counts its outcome, per model.
+        deltas: What each worker holds, for ``delta=True`` pushes.
     """
 
     def __init__(
@@ -56,14 +56,14 @@ class Pusher:
         fleet: Fleet,
         book: WeightBook,
         ledger: Ledger,
-        metrics: LearnerMetrics | None = None,
-        deltas: DeltaTracker | None = None,
+        metrics: LearnerMetrics,
+        deltas: DeltaTracker,
     ) -> None:
         self._fleet = fleet
         self._book = book
         self._ledger = ledger
         self._metrics = metrics
-        self._deltas = deltas or DeltaTracker(book, WeightPushSettings())
+        self._deltas = deltas
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -78,9 +78,9 @@ class Pusher:
         """
         targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
         self._check_models(request.sources, targets)
-        pairs: list[tuple[int, EncodedWeights]] = []
         if request.delta:
             return self._update_delta(request, targets)
+        pairs: list[tuple[int, EncodedWeights]] = []
         for mid, src in request.sources.items():
             given = request.options or PushOptions()  # new weights: as the call says
             if request.per_worker is not None:  # TorchRL's {worker_id: weights}
@@ -183,10 +183,9 @@ class Pusher:
             fallbacks=fallbacks,
             continues=continues,
         )
-        if self._metrics is not None:
-            seconds = time.monotonic() - started
-            for model_id in sorted({encoded.model_id for _, encoded in pairs}):
-                self._metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
+        seconds = time.monotonic() - started
+        for model_id in sorted({encoded.model_id for _, encoded in pairs}):
+            self._metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
         return succeeded, failed
 
 

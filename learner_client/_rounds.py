@@ -42,7 +42,7 @@ class Rounds:
         mailbox: Where the batches wait.
         ledger: Counts what is delivered.
         book: The policy versions, and each worker's batches since its last update.
-        slabs: The shared slabs sync rounds are received into, or None.
+        slabs: The shared slabs sync rounds are received into.
         metrics: Observes how long each take waited for its batch (user code's wait).
 
     Attributes:
@@ -59,7 +59,7 @@ class Rounds:
         mailbox: Mailbox,
         ledger: Ledger,
         book: WeightBook,
-        slabs: PacketSlabs | None,
+        slabs: PacketSlabs,
         metrics: LearnerMetrics,
     ) -> None:
         self._settings = settings
@@ -130,8 +130,7 @@ class Rounds:
 
     def _take_sync(self) -> list[Delivery]:
         worker_ids = self._fleet.worker_ids
-        if self._slabs is not None:  # each actor's packets land in its slot of shared slabs
-            self._slabs.set_layout(worker_ids)
+        self._slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
         self._mailbox.want_round()
         taken, missing = self._mailbox.take_round(
             worker_ids,

@@ -2,14 +2,18 @@
 
 ::
 
-    user thread                               loop thread (LoopThread)
-    GrpcCollector ── Rounds ──take──▶ Mailbox ◀──put── ActorLink ──▶ CollectStream ──▶ actor
-                 └── Pusher ──push──▶ Fleet ──────────────────────▶ ActorChannel  ──▶ actor
-                      Mailbox ── credits, acks ──▶ OpenStreams ──▶ CollectStream
+    user thread                                  │ loop thread (LoopThread)
+    GrpcCollector ── Rounds ──take──▶ Mailbox ◀──┼──put── ActorLink ──▶ CollectStream ──▶ actor
+         │                  credits, acks ───────┼──▶ OpenStreams ──▶ CollectStream
+         ├── Pusher ──push──▶ Fleet ── run() ────┼──▶ ActorChannel ──▶ actor
+         └── seed, state, start, resize ─▶ Fleet │
     LearnerMetrics ◀── lag (Ledger), push times (Pusher), waits (Rounds); stats() on scrape
 
-:func:`assemble` builds every part once and hands each one exactly what it
-uses; nothing reaches another part through a third.
+The :class:`~learner_client._weights.WeightBook` (versions, what each actor holds) is
+shared by Fleet, Pusher and Rounds; the :class:`~learner_client._slabs.PacketSlabs`
+receive each link's sync batches in place (Fleet gives every link its slot, Rounds
+sets the layout). :func:`assemble` builds every part once and hands each one exactly
+what it uses; nothing reaches another part through a third.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pathlib
-import random
 import time
 from typing import Any
 
@@ -23,6 +22,8 @@ import torch
 from torch import nn
 
 from common.llm import GenerationSettings, build_policy, build_task
+from learner_client._job.cli import seed_everything
+from learner_client._job.report import Progress
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client.grpo._evaluate import Evaluator, held_out_problems
@@ -30,7 +31,6 @@ from learner_client.grpo._loss import GRPOConfig, GRPOLearner
 from learner_client.grpo._report import Curve, GRPOSummary, save_run
 from learner_client.grpo._settings import GRPOSettings
 from learner_client.grpo._torchrl_loss import TorchRLGRPO
-from learner_client.train._report import Progress
 
 __all__ = ["MODEL_SPEC", "train"]
 
@@ -49,7 +49,7 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     Returns:
         The summary also written to ``summary.json``.
     """
-    _seed_everything(settings.seed)
+    seed_everything(settings.seed)
     model, tokenizer = build_policy(MODEL_SPEC, **settings.model_kwargs)
     if settings.embedding_std > 0:
         _init_embeddings(model, settings.embedding_std)
@@ -145,13 +145,6 @@ def _init_embeddings(model: nn.Module, std: float) -> None:
         for module in model.modules():
             if isinstance(module, nn.Embedding):
                 module.weight.normal_(0.0, std)
-
-
-def _seed_everything(seed: int) -> None:
-    # A tiny model gains nothing from intra-op threads, and the actors need the cores.
-    torch.set_num_threads(1)
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _mean_reward(batch: Any, stats: dict[str, float]) -> float:

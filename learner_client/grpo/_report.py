@@ -10,17 +10,14 @@ model), ``summary.json`` (the outcome and the settings) and ``learning_curve.png
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
-from common.weights import encode_weights
+from learner_client._job.report import CURVE_FILE, new_plot, save_plot, save_weights_and_summary
 from learner_client.grpo._settings import GRPOSettings
-from learner_client.train._report import CURVE_FILE, POLICY_FILE, SUMMARY_FILE
 
 __all__ = ["Curve", "GRPOSummary", "plot_curve", "save_run"]
 
@@ -163,32 +160,20 @@ def plot_curve(path: pathlib.Path, curve: Curve, *, target: float, title: str) -
     Returns:
         True if written; False if matplotlib is missing (a message says so).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(
-            "matplotlib is not installed (pip install 'rlfleet[train]'): no learning curve",
-            file=sys.stderr,
-        )
+    plot = new_plot()
+    if plot is None:
         return False
+    fig, ax = plot
     evaluated = [
         (s, a) for s, a in zip(curve.steps, curve.accuracies, strict=True) if a is not None
     ]
-    fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([s for s, _ in evaluated], [a for _, a in evaluated], "-", label="greedy accuracy")
     rewarded = [(s, r) for s, r in zip(curve.steps, curve.rewards, strict=True) if r is not None]
     ax.plot([s for s, _ in rewarded], [r for _, r in rewarded], ".", alpha=0.4, label="mean reward")
     ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g}")
     ax.set_xlabel("update")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_plot(fig, ax, path, title)
     return True
 
 
@@ -200,19 +185,17 @@ def save_run(
     curve: Curve,
 ) -> None:
     """Write the weights, ``summary.json`` (with the settings and the curve) and the plot."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     metadata = {
         "task": summary.task,
         "steps": str(summary.steps),
         "policy_version": str(summary.policy_version),
     }
-    (out_dir / POLICY_FILE).write_bytes(encode_weights(model, metadata=metadata))
     record = {
         **dataclasses.asdict(summary),
         "settings": dict(settings),
         "curve": dataclasses.asdict(curve),
     }
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    save_weights_and_summary(out_dir, model, metadata, record)
     plot_curve(
         out_dir / CURVE_FILE,
         curve,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.llm import TASK_NAMES, VOCABS
-from learner_client.train._settings import opt, settings_parser
+from learner_client._job.settings import check_positive_ints, opt, parse_settings
 
 __all__ = ["LOSSES", "GRPOSettings", "parse_args"]
 
@@ -104,22 +104,22 @@ class GRPOSettings:
     progress: bool = opt(True, "show a tqdm progress bar")
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_actors",
-            "hidden",
-            "layers",
-            "heads",
-            "prompts_per_step",
-            "group_size",
-            "max_new_tokens",
-            "epochs",
-            "eval_problems",
-            "eval_every",
-            "max_steps",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_ints(
+            self,
+            (
+                "num_actors",
+                "hidden",
+                "layers",
+                "heads",
+                "prompts_per_step",
+                "group_size",
+                "max_new_tokens",
+                "epochs",
+                "eval_problems",
+                "eval_every",
+                "max_steps",
+            ),
+        )
         for name in ("lr", "clip_eps", "max_grad_norm", "sampling_temperature"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -203,25 +203,14 @@ class GRPOSettings:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> GRPOSettings:
-    """Parse a command line into validated settings.
+    """Parse a command line into validated settings (SystemExit, from argparse, if invalid).
 
     Args:
         argv: The arguments without the program name; None reads ``sys.argv``.
-
-    Returns:
-        The settings.
-
-    Raises:
-        SystemExit: On an unknown flag or an invalid value (argparse prints why).
     """
-    parser = settings_parser(
+    return parse_settings(
         GRPOSettings,
         "rlfleet-grpo",
         "GRPO on a language-model task against 2 local LLM actors it starts itself.",
+        argv,
     )
-    namespace = parser.parse_args(argv)
-    try:
-        return GRPOSettings(**vars(namespace))
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
-        raise  # parser.error exits; this keeps type checkers informed

@@ -10,26 +10,16 @@ stop also shuts the local fleet down in order.
 
 from __future__ import annotations
 
-import signal
-import sys
 from collections.abc import Sequence
-from types import FrameType
 
 import gymnasium
 
 from common.errors import RlfleetError
+from learner_client._job.cli import run_job
 from learner_client.train._loop import train
 from learner_client.train._settings import parse_args
 
 __all__ = ["main"]
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,17 +31,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The process exit code.
     """
-    settings = parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        summary = train(settings)
-    except KeyboardInterrupt:
-        print("rlfleet-train: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except (RlfleetError, OSError, gymnasium.error.Error) as exc:
-        print(f"rlfleet-train: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    print(summary.to_text())
-    return EXIT_OK
+    return run_job(
+        "rlfleet-train", parse_args(argv), train, (RlfleetError, OSError, gymnasium.error.Error)
+    )

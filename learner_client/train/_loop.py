@@ -15,21 +15,21 @@ import contextlib
 import dataclasses
 import os
 import pathlib
-import random
 import time
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
 from learner_client import GrpcCollector, serve_metrics
+from learner_client._job.cli import seed_everything
+from learner_client._job.report import Progress
 from learner_client._local_fleet import LocalFleet
 from learner_client.train._episodes import EpisodeTracker
 from learner_client.train._ppo import PPOConfig, PPOLearner
-from learner_client.train._report import Progress, TrainSummary, save_run
+from learner_client.train._report import TrainSummary, save_run
 from learner_client.train._settings import RETURN_WINDOW, TrainSettings
 
 __all__ = ["train"]
@@ -44,7 +44,7 @@ def train(settings: TrainSettings) -> TrainSummary:
     Returns:
         The summary also written to ``summary.json``.
     """
-    _seed_everything(settings.seed)
+    seed_everything(settings.seed)
     policy, learner = _build_learner(settings)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     target = settings.effective_target_return
@@ -160,14 +160,6 @@ def _local_fleet(settings: TrainSettings) -> LocalFleet:
         policy_kwargs={"hidden": list(settings.hidden)},
         seed=settings.seed,
     )
-
-
-def _seed_everything(seed: int) -> None:
-    # Small MLPs gain nothing from intra-op threads, and the actors need the cores.
-    torch.set_num_threads(1)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:

@@ -1,40 +1,28 @@
 """The settings of one ``rlfleet-train`` run, which are also its command line.
 
 :class:`TrainSettings` is a frozen dataclass with one documented field per
-flag; :func:`parse_args` builds the ``argparse`` parser from its fields (the
-field name with dashes is the flag, the field's ``help`` metadata its help), so
-the command line and the settings cannot drift apart. Values are validated in
+flag; :func:`parse_args` builds the ``argparse`` parser from its fields
+(:mod:`learner_client._job.settings`: the field name with dashes is the flag, the
+field's ``help`` metadata its help), so the command line and the settings cannot
+drift apart. Values are validated in
 ``__post_init__``, whether they come from the command line or from code.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from learner_client._job.settings import check_positive_ints, opt, parse_settings
 from learner_client._metrics import check_metrics_port
 
-__all__ = [
-    "CARTPOLE_TARGET_RETURN",
-    "RETURN_WINDOW",
-    "TrainSettings",
-    "opt",
-    "parse_args",
-    "settings_parser",
-]
+__all__ = ["CARTPOLE_TARGET_RETURN", "RETURN_WINDOW", "TrainSettings", "parse_args"]
 
 #: Mean return over the last RETURN_WINDOW episodes that counts as solving CartPole-v1.
 CARTPOLE_TARGET_RETURN = 475.0
 #: Finished episodes averaged for the reported (and target-checked) return.
 RETURN_WINDOW = 20
-
-
-def opt(default: Any, help_text: str, **extra: Any) -> Any:
-    """A settings field: its default and its command-line help (``extra``: more metadata)."""
-    return dataclasses.field(default=default, metadata={"help": help_text, **extra})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,18 +98,18 @@ class TrainSettings:
     metrics_port: int | None = opt(None, "serve the learner's Prometheus /metrics on this port")
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_actors",
-            "num_envs",
-            "frames_per_batch",
-            "total_frames",
-            "epochs",
-            "minibatch_size",
-            "log_every",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_ints(
+            self,
+            (
+                "num_actors",
+                "num_envs",
+                "frames_per_batch",
+                "total_frames",
+                "epochs",
+                "minibatch_size",
+                "log_every",
+            ),
+        )
         for name in ("lr", "clip_eps", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -169,107 +157,15 @@ class TrainSettings:
         return self.out or f"runs/{self.env}-seed{self.seed}"
 
 
-def _parse_ints(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part.strip())
-
-
-def _parse_strs(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _parse_optional_int(text: str) -> int | None:
-    return None if text.strip().lower() in ("", "none") else int(text)
-
-
-def _parse_optional_float(text: str) -> float | None:
-    return None if text.lower() in ("", "none") else float(text)
-
-
-# Field types are strings under `from __future__ import annotations`.
-_PARSERS: dict[str, Callable[[str], Any]] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "tuple[int, ...]": _parse_ints,
-    "tuple[str, ...]": _parse_strs,
-    "float | None": _parse_optional_float,
-    "int | None": _parse_optional_int,
-}
-
-
-def settings_parser(settings_type: type, prog: str, description: str) -> argparse.ArgumentParser:
-    """Build a parser with one flag per field of a settings dataclass.
-
-    The field name with dashes is the flag and its ``help`` metadata the help; a
-    ``bool`` field is ``--flag/--no-flag``, or ``--flag/--<negative>`` when its
-    metadata names a ``negative``.
-
-    Args:
-        settings_type: A dataclass whose fields have ``help`` metadata.
-        prog: The program name shown in the usage line.
-        description: The parser's description.
-
-    Returns:
-        A parser whose namespace holds one attribute per field.
-    """
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    for field in dataclasses.fields(settings_type):
-        flag = "--" + field.name.replace("_", "-")
-        help_text = field.metadata["help"]
-        if field.type == "bool":
-            negative = field.metadata.get("negative")
-            if negative:
-                group = parser.add_mutually_exclusive_group()
-                group.add_argument(flag, dest=field.name, action="store_true", help=help_text)
-                group.add_argument("--" + negative, dest=field.name, action="store_false")
-                parser.set_defaults(**{field.name: field.default})
-            else:
-                parser.add_argument(
-                    flag,
-                    action=argparse.BooleanOptionalAction,
-                    default=field.default,
-                    help=help_text,
-                )
-            continue
-        parser.add_argument(
-            flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
-        )
-    return parser
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Build the ``rlfleet-train`` parser from the fields of :class:`TrainSettings`.
-
-    Returns:
-        A parser whose namespace holds one attribute per field.
-    """
-    return settings_parser(
-        TrainSettings,
-        "rlfleet-train",
-        "PPO against a fleet of rlfleet actors (started locally unless --actors).",
-    )
-
-
 def parse_args(argv: Sequence[str] | None = None) -> TrainSettings:
-    """Parse a command line into validated settings.
+    """Parse a command line into validated settings (SystemExit, from argparse, if invalid).
 
     Args:
         argv: The arguments without the program name; None reads ``sys.argv``.
-
-    Returns:
-        The settings.
-
-    Raises:
-        SystemExit: On an unknown flag or an invalid value (argparse prints why).
     """
-    parser = build_parser()
-    namespace = parser.parse_args(argv)
-    try:
-        return TrainSettings(**vars(namespace))
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
-        raise  # parser.error exits; this keeps type checkers informed
+    return parse_settings(
+        TrainSettings,
+        "rlfleet-train",
+        "PPO against a fleet of rlfleet actors (started locally unless --actors).",
+        argv,
+    )

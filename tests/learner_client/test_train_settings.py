@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from common.weights import decode_weights
-from learner_client.train._report import Progress, TrainSummary, plot_learning_curve, save_run
+from learner_client._job.report import Progress
+from learner_client.train._report import TrainSummary, plot_learning_curve, save_run
 from learner_client.train._settings import TrainSettings, parse_args
 
 

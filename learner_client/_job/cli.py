@@ -1,0 +1,78 @@
+"""The entry point of a reference learner: train, print the summary, map failures to exit codes.
+
+Exit codes: 0 when training finished, 1 with a one-line message on one of the
+errors the job names (an rlfleet error, an OS error...), 2 on bad flags
+(argparse, before :func:`run_job` is reached), 130 on Ctrl-C. SIGTERM is handled
+like Ctrl-C, so a container stop also shuts a local fleet down in order.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Protocol, TypeVar
+
+import numpy as np
+import torch
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "run_job", "seed_everything"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+S = TypeVar("S")
+
+
+class Summary(Protocol):
+    """What a job's train function returns: something with a one-line text form."""
+
+    def to_text(self) -> str: ...
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_job(
+    prog: str,
+    settings: S,
+    train: Callable[[S], Summary],
+    errors: tuple[type[BaseException], ...],
+) -> int:
+    """Run ``train(settings)`` with SIGTERM as Ctrl-C and print its summary.
+
+    Args:
+        prog: The program name that prefixes the messages (``rlfleet-train``).
+        settings: The parsed settings.
+        train: The job's loop.
+        errors: What ends the run with a one-line message and exit code 1.
+
+    Returns:
+        The process exit code.
+    """
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = train(settings)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except errors as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(summary.to_text())
+    return EXIT_OK
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's generators; one intra-op thread."""
+    # Small models gain nothing from intra-op threads, and the actors need the cores.
+    torch.set_num_threads(1)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

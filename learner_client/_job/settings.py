@@ -1,0 +1,136 @@
+"""A frozen settings dataclass as a command line: one flag per field, validated by the class.
+
+A job declares its fields with :func:`opt` (default and help text); :func:`parse_settings`
+builds the ``argparse`` parser from them (the field name with dashes is the flag), so
+the command line and the settings cannot drift apart, and turns a value the dataclass
+refuses into an argparse error (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["check_positive_ints", "opt", "parse_settings", "settings_parser"]
+
+S = TypeVar("S")
+
+
+def opt(default: Any, help_text: str, **extra: Any) -> Any:
+    """A settings field: its default and its command-line help (``extra``: more metadata)."""
+    return dataclasses.field(default=default, metadata={"help": help_text, **extra})
+
+
+def check_positive_ints(settings: object, names: Iterable[str]) -> None:
+    """Refuse any of the fields ``names`` of ``settings`` that is not a positive int.
+
+    Raises:
+        ValueError: Naming the first offending field and its value.
+    """
+    for name in names:
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _parse_ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def _parse_strs(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none") else int(text)
+
+
+def _parse_optional_float(text: str) -> float | None:
+    return None if text.lower() in ("", "none") else float(text)
+
+
+# Field types are strings under `from __future__ import annotations`.
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "tuple[int, ...]": _parse_ints,
+    "tuple[str, ...]": _parse_strs,
+    "float | None": _parse_optional_float,
+    "int | None": _parse_optional_int,
+}
+
+
+def settings_parser(settings_type: type, prog: str, description: str) -> argparse.ArgumentParser:
+    """Build a parser with one flag per field of a settings dataclass.
+
+    The field name with dashes is the flag and its ``help`` metadata the help; a
+    ``bool`` field is ``--flag/--no-flag``, or ``--flag/--<negative>`` when its
+    metadata names a ``negative``.
+
+    Args:
+        settings_type: A dataclass whose fields have ``help`` metadata.
+        prog: The program name shown in the usage line.
+        description: The parser's description.
+
+    Returns:
+        A parser whose namespace holds one attribute per field.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for field in dataclasses.fields(settings_type):
+        flag = "--" + field.name.replace("_", "-")
+        help_text = field.metadata["help"]
+        if field.type == "bool":
+            negative = field.metadata.get("negative")
+            if negative:
+                group = parser.add_mutually_exclusive_group()
+                group.add_argument(flag, dest=field.name, action="store_true", help=help_text)
+                group.add_argument("--" + negative, dest=field.name, action="store_false")
+                parser.set_defaults(**{field.name: field.default})
+            else:
+                parser.add_argument(
+                    flag,
+                    action=argparse.BooleanOptionalAction,
+                    default=field.default,
+                    help=help_text,
+                )
+            continue
+        parser.add_argument(
+            flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
+        )
+    return parser
+
+
+def parse_settings(
+    settings_type: type[S],
+    prog: str,
+    description: str,
+    argv: Sequence[str] | None,
+) -> S:
+    """Parse a command line into validated settings of ``settings_type``.
+
+    Args:
+        settings_type: The settings dataclass (its fields are the flags).
+        prog: The program name shown in the usage line.
+        description: The parser's description.
+        argv: The arguments without the program name; None reads ``sys.argv``.
+
+    Returns:
+        The settings.
+
+    Raises:
+        SystemExit: On an unknown flag or an invalid value (argparse prints why).
+    """
+    parser = settings_parser(settings_type, prog, description)
+    namespace = parser.parse_args(argv)
+    try:
+        return settings_type(**vars(namespace))
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+        raise  # parser.error exits; this keeps type checkers informed
