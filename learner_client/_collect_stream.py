@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from tensordict import TensorDictBase
+from google.protobuf.message import Message
 
 from common.assembly import BatchAssembler
 from common.config import CollectSettings
@@ -29,9 +29,12 @@ from common.packets import PacketLimits
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._collect_wire import Chunk
 from learner_client._loop import LoopThread
+from learner_client._mailbox import Delivery
 from learner_client._transport import ActorChannel, translate_errors
 
-__all__ = ["BatchEvent", "CollectStream", "EndEvent", "OpenStreams", "SessionInfo"]
+__all__ = ["CollectStream", "EndEvent", "OpenStreams", "SessionInfo"]
+
+M = TypeVar("M", bound=Message)
 
 # Packets above this size are decoded on a worker thread, not on the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
@@ -46,19 +49,6 @@ class SessionInfo:
     epoch: int
     next_seq: int
     resumed: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchEvent:
-    """A complete, checked, decoded batch."""
-
-    worker_id: int
-    epoch: int
-    seq: int
-    frames: int
-    version_min: int
-    version_max: int
-    batch: TensorDictBase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,23 +75,16 @@ def _env_error(end: pb.StreamEnd) -> EnvError | None:
     return EnvError(failure.env, failure.exception_type, text)
 
 
+def _to_proto(message: type[M], settings: Any, **converted: Any) -> M:
+    """The wire message of a settings dataclass, whose fields it shares by name."""
+    values = {field.name: getattr(settings, field.name) for field in dataclasses.fields(settings)}
+    return message(**values | converted)
+
+
 def llm_settings_to_proto(llm: LLMSettings) -> pb.LLMSettings:
     """The ``LLMSettings`` message of an LLM session (every generation field set)."""
-    generation = llm.generation
-    return pb.LLMSettings(
-        generation=pb.GenerationSettings(
-            max_new_tokens=generation.max_new_tokens,
-            temperature=generation.temperature,
-            top_p=generation.top_p,
-            top_k=generation.top_k,
-            stop_token_ids=list(generation.stop_token_ids),
-        ),
-        group_size=llm.group_size,
-        yield_completed_trajectories=llm.yield_completed_trajectories,
-        yield_only_last_steps=llm.yield_only_last_steps,
-        max_turns=llm.max_turns,
-        token_versions=llm.token_versions,
-    )
+    generation = _to_proto(pb.GenerationSettings, llm.generation)
+    return _to_proto(pb.LLMSettings, llm, generation=generation)
 
 
 def _open_request(
@@ -111,21 +94,9 @@ def _open_request(
     take_over: bool,
     learner_id: str,
 ) -> pb.CollectRequest:
-    wire = pb.CollectSettings(
-        frames_per_batch=settings.frames_per_batch,
-        max_frames_per_traj=settings.max_frames_per_traj,
-        init_random_frames=settings.init_random_frames,
-        reset_at_each_iter=settings.reset_at_each_iter,
-        reset_when_done=settings.reset_when_done,
-        split_trajs=settings.split_trajs,
-        exploration_type=f"EXPLORATION_TYPE_{settings.exploration_type.name}",
-        set_truncated=settings.set_truncated,
-        total_frames=settings.total_frames,
-        model_id=settings.model_id,
-        fold_observations=settings.fold_observations,
-    )
-    if settings.llm is not None:
-        wire.llm.CopyFrom(llm_settings_to_proto(settings.llm))
+    llm = None if settings.llm is None else llm_settings_to_proto(settings.llm)
+    exploration = f"EXPLORATION_TYPE_{settings.exploration_type.name}"
+    wire = _to_proto(pb.CollectSettings, settings, exploration_type=exploration, llm=llm)
     return pb.CollectRequest(
         open=pb.OpenSession(
             settings=wire,
@@ -243,7 +214,7 @@ class CollectStream:
         *,
         waiting: Callable[[], bool] | None = None,
         on_start: Callable[[int], None] | None = None,
-    ) -> BatchEvent | EndEvent:
+    ) -> Delivery | EndEvent:
         """The next whole batch or the end marker.
 
         Args:
@@ -300,20 +271,20 @@ class CollectStream:
             allocate=self._allocate,
         )
 
-    async def _finish(self, assembler: BatchAssembler, info: pb.BatchInfo) -> BatchEvent:
+    async def _finish(self, assembler: BatchAssembler, info: pb.BatchInfo) -> Delivery:
         if info.frame_bytes < _DECODE_OFF_LOOP_BYTES:
             batch = assembler.finish(expected_crc32c=info.crc32c)
         else:
             loop = asyncio.get_running_loop()
             batch = await loop.run_in_executor(None, assembler.finish, info.crc32c)
-        return BatchEvent(
-            worker_id=info.worker_id,
-            epoch=info.epoch,
-            seq=info.seq,
-            frames=info.frames,
+        return Delivery(
+            info.worker_id,
+            info.epoch,
+            info.seq,
+            batch,
+            info.frames,
             version_min=info.policy_version_min,
             version_max=info.policy_version_max,
-            batch=batch,
         )
 
 

@@ -39,7 +39,7 @@ from common.errors import (
     SessionStateError,
 )
 from learner_client._aggregate import name_time_dim, tag_worker
-from learner_client._collect_stream import BatchEvent, CollectStream, EndEvent, OpenStreams
+from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._settings import ConnectionSettings
@@ -368,7 +368,7 @@ class ActorLink:
         buffered_outstanding = self._mailbox.snapshot().get(self.worker_id)
         return bool(buffered_outstanding and buffered_outstanding[1])
 
-    def _deliver(self, event: BatchEvent) -> None:
+    def _deliver(self, event: Delivery) -> None:
         if event.worker_id != self.worker_id:
             raise ProtocolError(
                 f"{self.address}: batch claims worker_id {event.worker_id}, "
@@ -385,17 +385,7 @@ class ActorLink:
         frames = event.frames or batch.numel()
         self._frames_received += frames
         self._delivered, self._env_failures = True, 0
-        fresh = self._mailbox.put(
-            Delivery(
-                worker_id=self.worker_id,
-                epoch=event.epoch,
-                seq=event.seq,
-                batch=batch,
-                frames=frames,
-                version_min=event.version_min,
-                version_max=event.version_max,
-            )
-        )
+        fresh = self._mailbox.put(dataclasses.replace(event, batch=batch, frames=frames))
         if not fresh:  # collected before the actor was reseeded
             self._ledger.add_discarded(1)
 
