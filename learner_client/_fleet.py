@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,7 +34,6 @@ from learner_client._transport import (
     ActorChannel,
     ActorDescription,
     PushMessages,
-    PushReply,
     push_messages,
 )
 from learner_client._weights import EncodedWeights, WeightBook
@@ -42,6 +41,7 @@ from learner_client._weights import EncodedWeights, WeightBook
 __all__ = ["Fleet", "PushResults", "RemoteActor"]
 
 log = logging.getLogger("learner_client")
+T = TypeVar("T")
 
 # Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
 _MARGIN = 5.0
@@ -128,7 +128,7 @@ class Fleet:
         ]
         descriptions = [r for r in results if isinstance(r, ActorDescription)]
         if failed:
-            await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+            await _settle(c.close() for c in channels)
             others = [e for _, e in failed if not is_transient(e)]
             if others:  # e.g. a bad token: say so rather than "unreachable"
                 raise others[0]
@@ -161,11 +161,7 @@ class Fleet:
 
     def discard(self, links: Sequence[ActorLink]) -> None:
         """Close the channels of links that were refused."""
-
-        async def close_all() -> None:
-            await asyncio.gather(*(link.channel.close() for link in links), return_exceptions=True)
-
-        self._loop.run(close_all(), _MARGIN)
+        self._loop.run(_settle(link.channel.close() for link in links), _MARGIN)
 
     @property
     def worker_ids(self) -> list[int]:
@@ -201,21 +197,11 @@ class Fleet:
     def start(self, settings: CollectSettings, links: Sequence[ActorLink] | None = None) -> None:
         """Open sessions on ``links`` (default: all) with ``settings``."""
         targets = list(self._links.values()) if links is None else list(links)
-
-        async def start_all() -> None:
-            for link in targets:
-                link.start(settings)
-
-        self._loop.run(start_all(), _MARGIN)
+        self._loop.run(_each(targets, lambda link: link.start(settings)), _MARGIN)
 
     def restart(self, settings: CollectSettings) -> None:
         """Re-open every running session with new settings (the fleet was resized)."""
-
-        async def restart_all() -> None:
-            for link in self._links.values():
-                link.restart(settings)
-
-        self._loop.run(restart_all(), _MARGIN)
+        self._loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
 
     # -------------------------------------------------------------- weights
 
@@ -262,7 +248,13 @@ class Fleet:
         """
         # Serialised once per distinct push, however many workers receive it.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
-        results = self._loop.run(self._push_all(pairs, messages), self._conn.call_timeout + _MARGIN)
+        calls = (  # created on the loop, as _settle unpacks them
+            self._links[w].channel.push_weights(
+                enc.model_id, enc.version, messages[_key(enc)], self._conn.call_timeout
+            )
+            for w, enc in pairs
+        )
+        results = self._loop.run(_settle(calls), self._conn.call_timeout + _MARGIN)
         succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for _, enc in pairs}
         failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
         for (wid, enc), result in zip(pairs, results, strict=True):
@@ -278,18 +270,6 @@ class Fleet:
                 if pauses is not None:
                     pauses.append(result.pause_seconds)
         return succeeded, failed
-
-    async def _push_all(
-        self,
-        pairs: Sequence[tuple[int, EncodedWeights]],
-        messages: dict[tuple, PushMessages],
-    ) -> list[PushReply | BaseException]:
-        async def one(wid: int, enc: EncodedWeights) -> PushReply:
-            return await self._links[wid].channel.push_weights(
-                enc.model_id, enc.version, messages[_key(enc)], self._conn.call_timeout
-            )
-
-        return await asyncio.gather(*(one(w, e) for w, e in pairs), return_exceptions=True)
 
     # -------------------------------------------------------- control calls
 
@@ -420,16 +400,23 @@ class Fleet:
 
     def close(self, timeout: float) -> None:
         """End every session cleanly within ``timeout`` (the caller then stops the loop)."""
-
-        async def stop_all() -> None:
-            await asyncio.gather(
-                *(link.stop(timeout) for link in self._links.values()), return_exceptions=True
-            )
-
         try:
-            self._loop.run(stop_all(), timeout + _MARGIN)
+            self._loop.run(
+                _settle(link.stop(timeout) for link in self._links.values()), timeout + _MARGIN
+            )
         except (RlfleetError, RuntimeError) as exc:
             log.warning("closing the actor sessions: %s", exc)
+
+
+async def _settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:
+    """Await every call concurrently (on the loop); failures are returned, not raised."""
+    return await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def _each(links: Iterable[ActorLink], call: Callable[[ActorLink], None]) -> None:
+    """Call ``call`` on every link, on the loop (where links run their sessions)."""
+    for link in links:
+        call(link)
 
 
 def _messages(enc: EncodedWeights) -> PushMessages:
