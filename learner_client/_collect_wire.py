@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["Chunk", "parse_collect_response"]
@@ -55,19 +56,16 @@ def parse_collect_response(data: bytes) -> pb.CollectResponse | Chunk:
     Raises:
         google.protobuf.message.DecodeError: ``data`` is not a valid message.
     """
-    chunk = _plain_chunk(memoryview(data))
+    body = length_delimited(data, _CHUNK_TAG)
+    chunk = None if body is None else _plain_chunk(body)
     return chunk if chunk is not None else pb.CollectResponse.FromString(data)
 
 
 def _plain_chunk(view: memoryview) -> Chunk | None:
-    """The chunk if ``view`` is one ``chunk`` field of known, unrepeated fields; else None."""
-    if not view.nbytes or view[0] != _CHUNK_TAG:
-        return None
-    length, pos = _varint(view, 1)
-    if length is None or pos + length != view.nbytes:
-        return None
+    """The chunk if ``view`` (a chunk's body) holds only known, unrepeated fields; else None."""
     numbers: dict[int, int] = {}
     views: dict[int, memoryview] = {}
+    pos = 0
     while pos < view.nbytes:
         key, pos = _varint(view, pos)
         if key is None or _CHUNK_FIELDS.get(key >> 3) != key & 7:

@@ -12,6 +12,7 @@ collector stores into it like into a replay buffer.
 
 from __future__ import annotations
 
+import contextlib
 import queue as queue_module
 import threading
 import time
@@ -92,11 +93,9 @@ class _QueueSink:
                     self.target.put_nowait(item)
                     break
                 except queue_module.Full:
-                    try:
+                    with contextlib.suppress(queue_module.Empty):
                         self.target.get_nowait()
                         self.dropped += 1
-                    except queue_module.Empty:
-                        pass
 
 
 def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:

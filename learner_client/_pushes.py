@@ -92,9 +92,7 @@ class Pusher:
                 enc = self._book.encode(mid, src, given)
                 pairs += [(wid, enc) for wid in targets]
         succeeded, failed = self._push(pairs)
-        if any(failed.values()):
-            raise push_error(succeeded, failed, nested=request.nested)
-        return succeeded if request.nested else next(iter(succeeded.values()))
+        return _outcome(succeeded, failed, nested=request.nested)
 
     def _update_delta(self, request: WeightRequest, targets: list[int]) -> dict:
         """A ``delta=True`` push: deltas where the tracker can, full pushes elsewhere."""
@@ -126,9 +124,7 @@ class Pusher:
                 failed[mid].update(still[mid])
         for mid in request.sources:
             self._deltas.settle(mid, succeeded.get(mid, {}), failed.get(mid, {}))
-        if any(failed.values()):
-            raise push_error(succeeded, failed, nested=request.nested)
-        return succeeded if request.nested else next(iter(succeeded.values()))
+        return _outcome(succeeded, failed, nested=request.nested)
 
     def _check_models(self, sources: dict[str, Any], targets: list[int]) -> None:
         for mid in sources:
@@ -187,6 +183,13 @@ class Pusher:
         for model_id in sorted({encoded.model_id for _, encoded in pairs}):
             self._metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
         return succeeded, failed
+
+
+def _outcome(succeeded: dict, failed: dict, *, nested: bool) -> dict:
+    """What ``update_policy_weights_`` returns, or the error it raises if any target failed."""
+    if any(failed.values()):
+        raise push_error(succeeded, failed, nested=nested)
+    return succeeded if nested else next(iter(succeeded.values()))
 
 
 def push_error(succeeded: dict, failed: dict, *, nested: bool) -> WeightPushError:

@@ -189,15 +189,8 @@ def normalize_update_args(
 def _normalize(*args: Any) -> WeightRequest:
     """:func:`normalize_update_args` but ``delta``, its arguments in their order."""
     policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options = args
-    given = [
-        n
-        for n, v in (
-            ("policy_or_weights", policy_or_weights),
-            ("weights", weights),
-            ("policy", policy),
-        )
-        if v is not None
-    ]
+    named = {"policy_or_weights": policy_or_weights, "weights": weights, "policy": policy}
+    given = [name for name, value in named.items() if value is not None]
     if len(given) > 1:
         raise ValueError(f"pass the weights once: got {' and '.join(given)}")
     targets = _normalize_worker_ids(worker_ids)
@@ -209,7 +202,7 @@ def _normalize(*args: Any) -> WeightRequest:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
         return WeightRequest(_models(weights_dict), targets, nested=True, options=opts)
     mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
-    source = next((v for v in (policy_or_weights, weights, policy) if v is not None), None)
+    source = named[given[0]] if given else None
     if policy is not None and not isinstance(policy, nn.Module):
         raise TypeError(f"policy must be an nn.Module, got {type(policy).__name__}")
     if weights is not None and not isinstance(weights, TensorDictBase | Mapping):
@@ -399,8 +392,7 @@ class WeightBook:
         opts = self.options(model_id, options)
         blob = opts.encode(source, model_id)
         digest, crc = checksums(blob, self.checksum)
-        with self._lock:
-            self._options[model_id] = opts
+        self.use_options(model_id, opts)
         version = self.claim_version(model_id, source if given else None)
         return EncodedWeights(model_id, version, blob, digest, crc)
 
