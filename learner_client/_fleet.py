@@ -64,10 +64,11 @@ class RemoteActor:
     worker_id: int
 
 
+@dataclasses.dataclass(eq=False, repr=False)  # no repr: conn holds the bearer token
 class Fleet:
     """Actors, their links and the fleet-wide calls.
 
-    Args:
+    Attributes:
         conn: Connection settings.
         loop: The event-loop thread every call runs on.
         mailbox: Where the links deliver batches.
@@ -78,27 +79,16 @@ class Fleet:
         slabs: The shared slabs each actor's batches are received into.
     """
 
-    def __init__(
-        self,
-        conn: ConnectionSettings,
-        *,
-        loop: LoopThread,
-        mailbox: Mailbox,
-        streams: OpenStreams,
-        ledger: Ledger,
-        book: WeightBook,
-        batch_timeout: float,
-        slabs: PacketSlabs,
-    ) -> None:
-        self._conn = conn
-        self._loop = loop
-        self._mailbox = mailbox
-        self._streams = streams
-        self._ledger = ledger
-        self._book = book
-        self._batch_timeout = batch_timeout
-        self._slabs = slabs
-        self._links: dict[int, ActorLink] = {}
+    conn: ConnectionSettings
+    _: dataclasses.KW_ONLY
+    loop: LoopThread
+    mailbox: Mailbox
+    streams: OpenStreams
+    ledger: Ledger
+    book: WeightBook
+    batch_timeout: float
+    slabs: PacketSlabs
+    _links: dict[int, ActorLink] = dataclasses.field(default_factory=dict, init=False)
 
     # ----------------------------------------------------------- membership
 
@@ -108,17 +98,16 @@ class Fleet:
         Raises:
             ActorUnavailableError: Naming every address that could not be reached.
         """
-        return self._loop.run(
-            self._describe_all(list(addresses)), self._conn.connect_timeout + _MARGIN
+        return self.loop.run(
+            self._describe_all(list(addresses)), self.conn.connect_timeout + _MARGIN
         )
 
     async def _describe_all(self, addresses: list[str]) -> list[ActorLink]:
         channels = [
-            ActorChannel(a, self._conn.metadata(), self._conn.channel_credentials)
-            for a in addresses
+            ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials) for a in addresses
         ]
         results = await asyncio.gather(
-            *(c.describe(self._conn.connect_timeout, wait_for_ready=True) for c in channels),
+            *(c.describe(self.conn.connect_timeout, wait_for_ready=True) for c in channels),
             return_exceptions=True,
         )
         failed = [
@@ -134,20 +123,20 @@ class Fleet:
                 raise others[0]
             detail = "; ".join(f"{a} ({e})" for a, e in failed)
             raise ActorUnavailableError(
-                f"actor(s) unreachable within connect_timeout={self._conn.connect_timeout} s: "
+                f"actor(s) unreachable within connect_timeout={self.conn.connect_timeout} s: "
                 f"{detail}"
             )
         return [
             ActorLink(
                 d,
                 c,
-                self._conn,
-                batch_timeout=self._batch_timeout,
-                mailbox=self._mailbox,
-                streams=self._streams,
-                ledger=self._ledger,
+                self.conn,
+                batch_timeout=self.batch_timeout,
+                mailbox=self.mailbox,
+                streams=self.streams,
+                ledger=self.ledger,
                 admit=self._admit,
-                allocate=self._slabs.for_worker(d.worker_id),
+                allocate=self.slabs.for_worker(d.worker_id),
             )
             for d, c in zip(descriptions, channels, strict=True)
         ]
@@ -156,12 +145,12 @@ class Fleet:
         """Make links part of the fleet (after the fleet checks passed)."""
         for link in links:
             self._links[link.worker_id] = link
-            self._mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
-            self._book.observe(link.worker_id, link.description.models)
+            self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
+            self.book.observe(link.worker_id, link.description.models)
 
     def discard(self, links: Sequence[ActorLink]) -> None:
         """Close the channels of links that were refused."""
-        self._loop.run(_settle(link.channel.close() for link in links), _MARGIN)
+        self.loop.run(_settle(link.channel.close() for link in links), _MARGIN)
 
     @property
     def worker_ids(self) -> list[int]:
@@ -197,27 +186,27 @@ class Fleet:
     def start(self, settings: CollectSettings, links: Sequence[ActorLink] | None = None) -> None:
         """Open sessions on ``links`` (default: all) with ``settings``."""
         targets = list(self._links.values()) if links is None else list(links)
-        self._loop.run(_each(targets, lambda link: link.start(settings)), _MARGIN)
+        self.loop.run(_each(targets, lambda link: link.start(settings)), _MARGIN)
 
     def restart(self, settings: CollectSettings) -> None:
         """Re-open every running session with new settings (the fleet was resized)."""
-        self._loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
+        self.loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
 
     # -------------------------------------------------------------- weights
 
     async def _admit(self, link: ActorLink, desc: ActorDescription) -> None:
         # A returning actor must hold the weights addressed to it before its data is used.
-        self._book.observe(link.worker_id, desc.models)
-        for enc in self._book.pending(link.worker_id, desc.models):
+        self.book.observe(link.worker_id, desc.models)
+        for enc in self.book.pending(link.worker_id, desc.models):
             try:
                 reply = await link.channel.push_weights(
-                    enc.model_id, enc.version, _messages(enc), self._conn.call_timeout
+                    enc.model_id, enc.version, _messages(enc), self.conn.call_timeout
                 )
             except RlfleetError as exc:
                 if is_transient(exc):
                     raise  # the session is retried, with this push first
                 # Retrying a push the actor rejects would keep it out for good.
-                self._book.forget(link.worker_id, enc.model_id)
+                self.book.forget(link.worker_id, enc.model_id)
                 log.error(
                     "worker_id %d rejected %s version %d on re-admission: %s",
                     link.worker_id,
@@ -226,8 +215,8 @@ class Fleet:
                     exc,
                 )
                 continue
-            self._book.acknowledged(link.worker_id, enc.model_id, reply.version)
-            self._ledger.pushed(len(enc.blob), reply.pause_seconds)
+            self.book.acknowledged(link.worker_id, enc.model_id, reply.version)
+            self.ledger.pushed(len(enc.blob), reply.pause_seconds)
             log.info(
                 "pushed %s version %d to worker_id %d before its data is used",
                 enc.model_id,
@@ -250,22 +239,22 @@ class Fleet:
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
         calls = (  # created on the loop, as _settle unpacks them
             self._links[w].channel.push_weights(
-                enc.model_id, enc.version, messages[_key(enc)], self._conn.call_timeout
+                enc.model_id, enc.version, messages[_key(enc)], self.conn.call_timeout
             )
             for w, enc in pairs
         )
-        results = self._loop.run(_settle(calls), self._conn.call_timeout + _MARGIN)
+        results = self.loop.run(_settle(calls), self.conn.call_timeout + _MARGIN)
         succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for _, enc in pairs}
         failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
         for (wid, enc), result in zip(pairs, results, strict=True):
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
                 if is_transient(result):  # it gets this push when it is re-admitted
-                    self._book.addressed([wid], enc)
+                    self.book.addressed([wid], enc)
             else:
-                self._book.addressed([wid], enc)
-                self._book.acknowledged(wid, enc.model_id, result.version)
-                self._ledger.pushed(len(enc.blob), result.pause_seconds)
+                self.book.addressed([wid], enc)
+                self.book.acknowledged(wid, enc.model_id, result.version)
+                self.ledger.pushed(len(enc.blob), result.pause_seconds)
                 succeeded[enc.model_id][wid] = result.version
                 if pauses is not None:
                     pauses.append(result.pause_seconds)
@@ -281,12 +270,12 @@ class Fleet:
         """
         for wid in self.worker_ids:
             link = self._links[wid]
-            seed, first_seq = self._loop.run(
-                link.channel.set_seed(seed, static_seed, self._conn.call_timeout),
-                self._conn.call_timeout + _MARGIN,
+            seed, first_seq = self.loop.run(
+                link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
+                self.conn.call_timeout + _MARGIN,
             )
             epoch = link.tracker.epoch or link.description.epoch
-            self._ledger.add_discarded(self._mailbox.discard_before(wid, epoch, first_seq))
+            self.ledger.add_discarded(self.mailbox.discard_before(wid, epoch, first_seq))
         return seed
 
     def state_dict(self) -> dict[str, Any]:
@@ -294,14 +283,14 @@ class Fleet:
 
         async def fetch() -> list:
             return await asyncio.gather(
-                *(link.channel.get_state(self._conn.call_timeout) for link in self._links.values())
+                *(link.channel.get_state(self.conn.call_timeout) for link in self._links.values())
             )
 
-        blobs = self._loop.run(fetch(), self._conn.call_timeout + _MARGIN)
+        blobs = self.loop.run(fetch(), self.conn.call_timeout + _MARGIN)
         return {
-            "frames": self._ledger.frames,
-            "batches": self._ledger.batches,
-            "policy_version": self._book.versions(),
+            "frames": self.ledger.frames,
+            "batches": self.ledger.batches,
+            "policy_version": self.book.versions(),
             "workers": {
                 w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
                 for w, b in sorted(zip(self._links, blobs, strict=True))
@@ -331,20 +320,20 @@ class Fleet:
                 *(
                     # Restoring a checkpoint is an explicit rollback of the actors' versions.
                     self._links[w].channel.load_state(
-                        blob, self._conn.call_timeout, allow_rollback=True
+                        blob, self.conn.call_timeout, allow_rollback=True
                     )
                     for w, blob in workers.items()
                 )
             )
             descs = await asyncio.gather(
-                *(self._links[w].channel.describe(self._conn.call_timeout) for w in workers)
+                *(self._links[w].channel.describe(self.conn.call_timeout) for w in workers)
             )
             for desc in descs:
-                self._book.observe(desc.worker_id, desc.models)
+                self.book.observe(desc.worker_id, desc.models)
 
-        self._book.restore_versions(state_dict["policy_version"])
-        self._ledger.restore(int(state_dict["frames"]), int(state_dict["batches"]))
-        self._loop.run(load(), 2 * self._conn.call_timeout + _MARGIN)
+        self.book.restore_versions(state_dict["policy_version"])
+        self.ledger.restore(int(state_dict["frames"]), int(state_dict["batches"]))
+        self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
 
     def states(self) -> dict[int, str]:
         """Each link's state name, by worker_id."""
@@ -352,8 +341,8 @@ class Fleet:
 
     def stats(self, acting_model: str) -> dict[str, int | float | bool]:
         """The fleet's counters as flat scalars (see ``GrpcCollector.stats``)."""
-        ledger, links = self._ledger, self._links
-        versions = self._book.versions()
+        ledger, links = self.ledger, self._links
+        versions = self.book.versions()
         out: dict[str, int | float | bool] = {
             "frames": ledger.frames,
             "batches": ledger.batches,
@@ -370,7 +359,7 @@ class Fleet:
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
             **ledger.push_stats(),
-            "queued_batches": sum(slot[0] for slot in self._mailbox.snapshot().values()),
+            "queued_batches": sum(slot[0] for slot in self.mailbox.snapshot().values()),
         }
         out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})
         return out
@@ -382,7 +371,7 @@ class Fleet:
 
     def worker_stats(self, acting_model: str) -> dict[str, int | float | bool]:
         """Each actor's counters as ``worker_<id>/<metric>`` scalars."""
-        ledger = self._ledger
+        ledger = self.ledger
         out: dict[str, int | float | bool] = {}
         for wid, link in sorted(self._links.items()):
             prefix = f"worker_{wid}/"
@@ -393,7 +382,7 @@ class Fleet:
             out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)
             out[prefix + "gaps"] = link.tracker.gaps
             out[prefix + "duplicates"] = link.tracker.duplicates
-            out[prefix + "policy_version"] = self._book.applied(wid).get(acting_model, 0)
+            out[prefix + "policy_version"] = self.book.applied(wid).get(acting_model, 0)
         return out
 
     # ------------------------------------------------------------ shutdown
@@ -401,7 +390,7 @@ class Fleet:
     def close(self, timeout: float) -> None:
         """End every session cleanly within ``timeout`` (the caller then stops the loop)."""
         try:
-            self._loop.run(
+            self.loop.run(
                 _settle(link.stop(timeout) for link in self._links.values()), timeout + _MARGIN
             )
         except (RlfleetError, RuntimeError) as exc:

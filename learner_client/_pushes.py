@@ -16,6 +16,7 @@ state and version at once, which the caller never sees as an error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -40,10 +41,11 @@ __all__ = ["Pusher"]
 log = logging.getLogger("learner_client")
 
 
+@dataclasses.dataclass(eq=False)
 class Pusher:
     """Issues the collector's weight pushes.
 
-    Args:
+    Attributes:
         fleet: The actors the weights go to.
         book: The weights given, their versions, and which worker is due an update.
         ledger: Counts automatic pushes, bytes, pauses and delta fallbacks.
@@ -51,19 +53,11 @@ class Pusher:
         deltas: What each worker holds, for ``delta=True`` pushes.
     """
 
-    def __init__(
-        self,
-        fleet: Fleet,
-        book: WeightBook,
-        ledger: Ledger,
-        metrics: LearnerMetrics,
-        deltas: DeltaTracker,
-    ) -> None:
-        self._fleet = fleet
-        self._book = book
-        self._ledger = ledger
-        self._metrics = metrics
-        self._deltas = deltas
+    fleet: Fleet
+    book: WeightBook
+    ledger: Ledger
+    metrics: LearnerMetrics
+    deltas: DeltaTracker
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -76,7 +70,7 @@ class Pusher:
             UnknownModelError: A target without the model.
             WeightPushError: Some targets failed.
         """
-        targets = resolve_worker_ids(request.worker_ids, self._fleet.worker_ids)
+        targets = resolve_worker_ids(request.worker_ids, self.fleet.worker_ids)
         self._check_models(request.sources, targets)
         if request.delta:
             return self._update_delta(request, targets)
@@ -84,12 +78,12 @@ class Pusher:
         for mid, src in request.sources.items():
             given = request.options or PushOptions()  # new weights: as the call says
             if request.per_worker is not None:  # TorchRL's {worker_id: weights}
-                pairs += sorted(self._book.encode_for(mid, request.per_worker, given).items())
+                pairs += sorted(self.book.encode_for(mid, request.per_worker, given).items())
             elif src is None:  # re-send the last weights, in the last form unless told
                 sources = dict.fromkeys(targets)
-                pairs += sorted(self._book.encode_for(mid, sources, request.options).items())
+                pairs += sorted(self.book.encode_for(mid, sources, request.options).items())
             else:
-                enc = self._book.encode(mid, src, given)
+                enc = self.book.encode(mid, src, given)
                 pairs += [(wid, enc) for wid in targets]
         succeeded, failed = self._push(pairs)
         return _outcome(succeeded, failed, nested=request.nested)
@@ -98,16 +92,14 @@ class Pusher:
         """A ``delta=True`` push: deltas where the tracker can, full pushes elsewhere."""
         pairs: list[tuple[int, EncodedWeights]] = []
         for mid, src in request.sources.items():
-            sources = {
-                w: src if src is not None else self._book.source_for(mid, w) for w in targets
-            }
+            sources = {w: src if src is not None else self.book.source_for(mid, w) for w in targets}
             # New weights: as the call says; a re-send of the last ones: as last encoded.
             form = request.options or PushOptions()
             if src is None:
-                form = self._book.options(mid, request.options)
-            version = self._book.claim_version(mid, src)
-            pairs += sorted(self._deltas.encode(mid, sources, version, form).items())
-            self._book.use_options(mid, form)
+                form = self.book.options(mid, request.options)
+            version = self.book.claim_version(mid, src)
+            pairs += sorted(self.deltas.encode(mid, sources, version, form).items())
+            self.book.use_options(mid, form)
         succeeded, failed = self._push(pairs)
         # A target at another version than the delta's base: the full push, at once.
         retry = [
@@ -123,14 +115,14 @@ class Pusher:
                     succeeded[mid][wid] = version
                 failed[mid].update(still[mid])
         for mid in request.sources:
-            self._deltas.settle(mid, succeeded.get(mid, {}), failed.get(mid, {}))
+            self.deltas.settle(mid, succeeded.get(mid, {}), failed.get(mid, {}))
         return _outcome(succeeded, failed, nested=request.nested)
 
     def _check_models(self, sources: dict[str, Any], targets: list[int]) -> None:
         for mid in sources:
-            lacking = [w for w in targets if mid not in self._fleet.models_of(w)]
+            lacking = [w for w in targets if mid not in self.fleet.models_of(w)]
             if lacking:
-                have = {w: self._fleet.models_of(w) for w in lacking}
+                have = {w: self.fleet.models_of(w) for w in lacking}
                 raise UnknownModelError(
                     f"model_id {mid!r} is not registered on worker_ids {lacking}; they have {have}"
                 )
@@ -142,19 +134,17 @@ class Pusher:
             WeightPushError: A reachable worker rejected the push (unreachable ones are
                 logged; they get the weights when they are re-admitted).
         """
-        models = self._book.models_with_sources()
+        models = self.book.models_with_sources()
         if interval is None or not models:
             return
-        due = [w for w in candidates if self._fleet.reachable(w) and self._book.due(w, interval)]
+        due = [w for w in candidates if self.fleet.reachable(w) and self.book.due(w, interval)]
         if not due:
             return
         pairs = [
-            pair
-            for mid in models
-            for pair in self._book.encode_for(mid, dict.fromkeys(due)).items()
+            pair for mid in models for pair in self.book.encode_for(mid, dict.fromkeys(due)).items()
         ]
         succeeded, failed = self._push(pairs)
-        self._ledger.add_auto_push()
+        self.ledger.add_auto_push()
         fatal = {
             mid: {w: e for w, e in errs.items() if not is_transient(e)}
             for mid, errs in failed.items()
@@ -170,9 +160,9 @@ class Pusher:
     ) -> PushResults:
         started = time.monotonic()
         pauses: list[float] = []
-        succeeded, failed = self._fleet.push(pairs, pauses)
+        succeeded, failed = self.fleet.push(pairs, pauses)
         applied = [enc for w, enc in pairs if w in succeeded.get(enc.model_id, {})]
-        self._ledger.push_call(
+        self.ledger.push_call(
             sum(len(enc.blob) for w, enc in pairs),
             max(pauses, default=0.0),
             deltas=sum(enc.base_version is not None for enc in applied),
@@ -181,7 +171,7 @@ class Pusher:
         )
         seconds = time.monotonic() - started
         for model_id in sorted({encoded.model_id for _, encoded in pairs}):
-            self._metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
+            self.metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
         return succeeded, failed
 
 

@@ -11,6 +11,7 @@ shrinks, so actors are not asked for frames the learner will not use.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -32,10 +33,11 @@ __all__ = ["Rounds"]
 log = logging.getLogger("learner_client")
 
 
+@dataclasses.dataclass(eq=False)
 class Rounds:
     """Produces the collector's batches from the mailbox.
 
-    Args:
+    Attributes:
         settings: How batches are assembled.
         acting_model: The model whose version the policy lag is measured against.
         fleet: The actors (their worker_ids and states).
@@ -44,38 +46,25 @@ class Rounds:
         book: The policy versions, and each worker's batches since its last update.
         slabs: The shared slabs sync rounds are received into.
         metrics: Observes how long each take waited for its batch (user code's wait).
-
-    Attributes:
         missing_workers: Workers absent from the last (partial) sync batch.
         last_workers: Workers that produced the last batch.
     """
 
-    def __init__(
-        self,
-        settings: BatchSettings,
-        acting_model: str,
-        *,
-        fleet: Fleet,
-        mailbox: Mailbox,
-        ledger: Ledger,
-        book: WeightBook,
-        slabs: PacketSlabs,
-        metrics: LearnerMetrics,
-    ) -> None:
-        self._settings = settings
-        self._metrics = metrics
-        self._acting_model = acting_model
-        self._fleet = fleet
-        self._mailbox = mailbox
-        self._ledger = ledger
-        self._book = book
-        self._slabs = slabs
-        self.missing_workers: list[int] = []
-        self.last_workers: list[int] = []
+    settings: BatchSettings
+    acting_model: str
+    _: dataclasses.KW_ONLY
+    fleet: Fleet
+    mailbox: Mailbox
+    ledger: Ledger
+    book: WeightBook
+    slabs: PacketSlabs
+    metrics: LearnerMetrics
+    missing_workers: list[int] = dataclasses.field(default_factory=list, init=False)
+    last_workers: list[int] = dataclasses.field(default_factory=list, init=False)
 
     def _remaining_frames(self) -> int | None:
-        s = self._settings
-        return None if s.endless else int(s.total_frames or 0) - self._ledger.frames
+        s = self.settings
+        return None if s.endless else int(s.total_frames or 0) - self.ledger.frames
 
     def exhausted(self) -> bool:
         """Whether ``total_frames`` were delivered."""
@@ -84,9 +73,9 @@ class Rounds:
 
     def update_budget(self) -> None:
         """Tell the mailbox how many more batches (async) or rounds (sync) are wanted."""
-        s, remaining = self._settings, self._remaining_frames()
+        s, remaining = self.settings, self._remaining_frames()
         budget = None if remaining is None else math.ceil(max(0, remaining) / s.frames_per_batch)
-        self._mailbox.set_budget(budget, per_worker=bool(s.sync))
+        self.mailbox.set_budget(budget, per_worker=bool(s.sync))
 
     def take(self) -> TensorDictBase:
         """The next batch (may raise ``Paused`` from the mailbox).
@@ -96,12 +85,12 @@ class Rounds:
                 Async: no actor delivered anything within ``batch_timeout``.
         """
         parts = self.take_parts()
-        if self._settings.llm is not None:
+        if self.settings.llm is not None:
             return merge_padded(parts)
-        if not self._settings.sync:
+        if not self.settings.sync:
             return parts[0]
-        cat = "stack" if self._settings.cat_results is None else self._settings.cat_results
-        return combine(parts, cat_results=cat, split_trajs=bool(self._settings.split_trajs))
+        cat = "stack" if self.settings.cat_results is None else self.settings.cat_results
+        return combine(parts, cat_results=cat, split_trajs=bool(self.settings.split_trajs))
 
     def take_parts(self) -> list[TensorDictBase]:
         """The next batch as each actor sent it (``[envs, time]``), in worker_id order.
@@ -109,39 +98,39 @@ class Rounds:
         A replay buffer is extended with these, as TorchRL's multi-worker collectors
         extend it with each worker's batch. Raises as :meth:`take`.
         """
-        take = self._take_sync if self._settings.sync else self._take_async
-        deliveries = self._metrics.waited_for(take)
-        if self._settings.llm is not None:
+        take = self._take_sync if self.settings.sync else self._take_async
+        deliveries = self.metrics.waited_for(take)
+        if self.settings.llm is not None:
             for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
                 check_padded(delivery.batch.exclude(WORKER_ID_KEY))
         self._account(deliveries)
         return [d.batch for d in deliveries]
 
     def _take_async(self) -> list[Delivery]:
-        delivery = self._mailbox.take_any(self._settings.batch_timeout)
+        delivery = self.mailbox.take_any(self.settings.batch_timeout)
         if delivery is None:
-            states = self._fleet.states()
+            states = self.fleet.states()
             raise MissingWorkersError(
-                f"no actor delivered a batch within batch_timeout={self._settings.batch_timeout} "
+                f"no actor delivered a batch within batch_timeout={self.settings.batch_timeout} "
                 f"s (actor states: {states})",
                 worker_ids=list(states),
             )
         return [delivery]
 
     def _take_sync(self) -> list[Delivery]:
-        worker_ids = self._fleet.worker_ids
-        self._slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
-        self._mailbox.want_round()
-        taken, missing = self._mailbox.take_round(
+        worker_ids = self.fleet.worker_ids
+        self.slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
+        self.mailbox.want_round()
+        taken, missing = self.mailbox.take_round(
             worker_ids,
-            self._settings.batch_timeout,
-            partial=self._settings.allow_partial_batches,
+            self.settings.batch_timeout,
+            partial=self.settings.allow_partial_batches,
         )
         if not taken:
-            states = self._fleet.states()
+            states = self.fleet.states()
             raise MissingWorkersError(
                 f"sync batch incomplete: worker_ids {missing} sent nothing within "
-                f"batch_timeout={self._settings.batch_timeout} s or are down (actor states: "
+                f"batch_timeout={self.settings.batch_timeout} s or are down (actor states: "
                 f"{ {w: states[w] for w in missing} })",
                 worker_ids=missing,
             )
@@ -151,10 +140,10 @@ class Rounds:
         return taken
 
     def _account(self, deliveries: list[Delivery]) -> None:
-        acting = self._book.versions().get(self._acting_model, 0)
+        acting = self.book.versions().get(self.acting_model, 0)
         lag = max(0, acting - min(d.version_min for d in deliveries))
-        self._ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
+        self.ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
         for delivery in deliveries:
-            self._book.count_batch(delivery.worker_id)
+            self.book.count_batch(delivery.worker_id)
         self.last_workers = [d.worker_id for d in deliveries]
         self.update_budget()
