@@ -34,7 +34,6 @@ from learner_client._settings import (
     check_addresses,
     check_fleet,
     check_hooks,
-    settings_from,
 )
 from learner_client._stats import snapshot
 from learner_client._weights import PushOptions, normalize_update_args
@@ -150,22 +149,48 @@ class GrpcCollector:
         llm: LLMSettings | None = None,
         weight_push: WeightPushSettings | None = None,
     ) -> None:
-        arguments = locals()  # TorchRL's flat keywords, grouped at once by name
-        self._batch = settings_from(BatchSettings, arguments)
-        self._rollout = settings_from(RolloutSettings, arguments)
-        conn = settings_from(ConnectionSettings, arguments)
-        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
+        self._batch = BatchSettings(
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            sync=sync,
+            cat_results=cat_results,
+            allow_partial_batches=allow_partial_batches,
+            batch_timeout=batch_timeout,
+            split_trajs=split_trajs,
+            update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval,
+            prefetch=prefetch,
+            llm=llm,
+        )
+        self._rollout = RolloutSettings(
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            reset_when_done=reset_when_done,
+            split_trajs=split_trajs,
+            exploration_type=exploration_type,
+            set_truncated=set_truncated,
+            model_id=model_id,
+            llm=llm,
+        )
+        link = (connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over)
+        conn = ConnectionSettings(*link)
+        self._connect(conn, actors, dns_refresh_interval, (postproc, replay_buffer), weight_push)
+
+    def _connect(
+        self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any, push: Any
+    ) -> None:
+        self.postproc, self.replay_buffer = check_hooks(*hooks)
         addresses = check_addresses(resolve_actors(actors))
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        parts = assemble(self._batch, self._rollout.model_id, conn, self.stats, weight_push)
-        self._parts = parts
+        parts = self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats, push)
         self._mailbox, self._ledger, self._book = parts.mailbox, parts.ledger, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self.add_collectors, self._known_addresses, interval=dns_refresh_interval
+            actors, self.add_collectors, self._known_addresses, interval=dns
         )
         try:
             self._admit(self._fleet.describe(addresses))

@@ -18,16 +18,13 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client._members import FleetMember, check_kinds
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 __all__ = [
     "BatchSettings",
@@ -40,10 +37,7 @@ __all__ = [
     "normalize_exploration_type",
     "positive_int",
     "positive_timeout",
-    "settings_from",
 ]
-
-S = TypeVar("S", bound="DataclassInstance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,10 +214,21 @@ class RolloutSettings:
         Returns:
             The session settings.
         """
-        shared = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        random_frames = math.ceil(max(0, _int(self.init_random_frames)) / max(num_actors, 1))
-        shared.update(init_random_frames=random_frames, total_frames=-1)
-        return CollectSettings(frames_per_batch, **shared)
+        random_frames = max(0, _int(self.init_random_frames))
+        return CollectSettings(
+            frames_per_batch=frames_per_batch,
+            max_frames_per_traj=_int(self.max_frames_per_traj),
+            init_random_frames=math.ceil(random_frames / max(num_actors, 1)),
+            reset_at_each_iter=self.reset_at_each_iter,
+            reset_when_done=self.reset_when_done,
+            split_trajs=bool(self.split_trajs),
+            exploration_type=self.exploration_type,
+            set_truncated=self.set_truncated,
+            total_frames=-1,
+            model_id=self.model_id,
+            llm=self.llm,
+            fold_observations=self.fold_observations,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,16 +277,6 @@ class ConnectionSettings:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata: the bearer token when one is set."""
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
-
-
-def settings_from(cls: type[S], arguments: Mapping[str, Any]) -> S:
-    """Build a settings dataclass from the ``arguments`` named like its fields.
-
-    The public signatures take flat keywords (TorchRL's); each group picks its own,
-    and fields without an argument keep their defaults.
-    """
-    names = {field.name for field in dataclasses.fields(cls)}
-    return cls(**{name: value for name, value in arguments.items() if name in names})
 
 
 def new_learner_id() -> str:
