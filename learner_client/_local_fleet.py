@@ -67,13 +67,13 @@ class LocalFleet:
 
     Args:
         num_actors: Actors to start; their worker ids are ``0..num_actors-1``.
-        env: Gymnasium id each actor runs.
+        env: Gymnasium id each actor runs (env actors only).
         num_envs: Size of each actor's env pool (LLM actors: chat slots).
         policy: Policy factory of each actor (``"mlp"``, ``"random"`` or
             ``"package.module:function"``); LLM actors: a model spec
             (``"rlfleet:tiny-qwen2"``, the default, or ``"hf:DIR"``).
         policy_kwargs: Keyword arguments of the policy factory (sent as JSON).
-        env_kwargs: Keyword arguments of ``gymnasium.make`` (sent as JSON).
+        env_kwargs: Keyword arguments of ``gymnasium.make`` (sent as JSON; env actors only).
         seed: Actor ``i`` is seeded with ``seed + i``; None lets each actor draw one.
         host: Address the actors bind (addresses use loopback for ``0.0.0.0``).
         extra_args: More ``rlfleet-actor`` flags, appended last (so they win).
@@ -139,11 +139,9 @@ class LocalFleet:
         self._seed = seed
         flags = {
             "--host": host,
-            "--env": env,
             "--num-envs": num_envs,
             "--policy": policy,
             "--policy-kwargs": json.dumps(dict(policy_kwargs or {})),
-            "--env-kwargs": json.dumps(dict(env_kwargs or {})),
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model
@@ -152,6 +150,8 @@ class LocalFleet:
                 "--task": task,
                 "--task-kwargs": json.dumps(dict(task_kwargs or {})),
             }
+        else:
+            flags |= {"--env": env, "--env-kwargs": json.dumps(dict(env_kwargs or {}))}
         self._common_args = [str(part) for flag in flags.items() for part in flag]
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
