@@ -27,11 +27,10 @@ LOSSES = ("builtin", "torchrl")
 class GRPOSettings:
     """Everything a GRPO run needs; each field is one command-line flag.
 
-    The defaults are the best measured so far for the built-in tiny Qwen2 with its
-    ``compact`` task-alphabet vocabulary on one-digit ``arith`` (``a+b=``, the answer
-    modulo 10) with 2 local actors: greedy accuracy rises from 0.10 to about 0.55 in
-    180 s and 0.68 in 330 s on a loaded 2-core VM, short of the 0.9 target within 3
-    minutes (``docs/grpo.md``).
+    The defaults are the best measured so far for the built-in tiny Qwen2 on one-digit
+    ``arith`` (``a+b=``, the answer modulo 10) with 2 local actors: the 24-token
+    ``arith`` vocabulary and weights redrawn at 0.1 reach 0.9 greedy accuracy in about
+    120-370 updates, 66-164 s on a loaded 2-core VM (``docs/grpo.md``).
 
     Attributes:
         task: The actors' task (``arith``, ``reverse``, ``countdown``, ``jsonl:PATH``, ...).

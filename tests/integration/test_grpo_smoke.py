@@ -117,3 +117,17 @@ def test_grpo_vocab_auto_is_arith_for_the_arith_task_and_compact_for_the_others(
     assert parse_args([]).model_kwargs["vocab"] == "arith"
     assert parse_args(["--task", "reverse"]).model_kwargs["vocab"] == "compact"
     assert parse_args(["--vocab", "bytes"]).model_kwargs["vocab"] == "bytes"
+
+
+def test_grpo_init_std_redraws_every_weight_matrix_and_zeroes_the_biases():
+    from learner_client.grpo._loop import _init_weights
+
+    model, _ = build_policy("rlfleet:tiny-qwen2", hidden=64, layers=2, heads=4, vocab="arith")
+    _init_weights(model, 0.1)
+    for name, tensor in model.state_dict().items():
+        if name.endswith("bias"):
+            assert (tensor == 0).all(), name
+        elif "norm" in name:
+            assert (tensor == 1).all(), name  # the norms keep their weights
+        elif tensor.numel() >= 1024:
+            assert 0.09 < float(tensor.std()) < 0.11, name
