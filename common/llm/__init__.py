@@ -41,7 +41,7 @@ from common.llm._tasks import (
     build_task,
     check_task_spec,
 )
-from common.llm._vocab import COMPACT_CHARS, VOCABS
+from common.llm._vocab import ARITH_CHARS, COMPACT_CHARS, VOCABS
 
 if TYPE_CHECKING:
     from common.llm._decode import (
@@ -86,6 +86,7 @@ __all__ = [
     "PolicySpecError",
     "build_tokenizer",
     "check_policy_spec",
+    "ARITH_CHARS",
     "COMPACT_CHARS",
     "VOCABS",
 ]

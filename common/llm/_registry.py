@@ -6,7 +6,7 @@ A spec names where a causal LM and its tokenizer come from:
   weights (seeded by ``seed``, 0 by default, so a learner and an actor that pass the
   same kwargs hold identical weights) and a tokenizer built in code with a ChatML
   chat template (``vocab``: ``"bytes"``, 260 byte-level tokens, by default, or
-  ``"compact"``, one token per character of a task alphabet; see ``_vocab``); sized
+  ``"compact"`` or ``"arith"``, one token per character of a task alphabet; see ``_vocab``); sized
   by ``hidden``, ``layers``, ``heads``, ``max_positions``.
 * ``hf:DIR`` — a local Hugging Face checkpoint directory, loaded with
   ``local_files_only=True``; nothing is ever downloaded.
@@ -91,7 +91,7 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
         spec: ``rlfleet:tiny-qwen2``, ``rlfleet:tiny-gpt2`` or ``hf:DIR``.
         **kwargs: Tiny models: ``hidden`` (64), ``layers`` (2), ``heads`` (4),
             ``max_positions`` (512), ``seed`` (0), ``vocab`` (``"bytes"`` or
-            ``"compact"``). ``hf:DIR``: ``dtype``
+            ``"compact"`` or ``"arith"``). ``hf:DIR``: ``dtype``
             (``"float32"`` default or ``"bfloat16"``).
 
     Returns:

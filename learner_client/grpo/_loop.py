@@ -51,6 +51,8 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     """
     seed_everything(settings.seed)
     model, tokenizer = build_policy(MODEL_SPEC, **settings.model_kwargs)
+    if settings.init_std > 0:
+        _init_weights(model, settings.init_std)
     if settings.embedding_std > 0:
         _init_embeddings(model, settings.embedding_std)
     task = build_task(settings.task, **settings.task_kwargs_dict)
@@ -133,13 +135,29 @@ def _collector(
     )
 
 
+def _init_weights(model: nn.Module, std: float) -> None:
+    """Redraw every weight matrix and embedding from N(0, std) and zero the biases.
+
+    The tiny models are built with a spread of 0.2, so large that their first answers
+    are peaked on arbitrary tokens and training plateaus; 0.02 (Hugging Face's usual)
+    is so small that attention starts uniform over the ChatML prompt and does not
+    find the operands for a long while. 0.1 learns one-digit sums fastest
+    (``docs/grpo.md``). The norms keep their weights of 1.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.weight.normal_(0.0, std)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    bias.zero_()
+
+
 def _init_embeddings(model: nn.Module, std: float) -> None:
     """Draw the token embeddings (tied with the output layer) from N(0, std).
 
-    The tiny models are initialised with a large spread (0.2) that makes their first
-    answers peaked on arbitrary tokens; with small embeddings the first answers are
-    near-uniform and the right one gets sampled. The other weights keep their spread,
-    which lets attention pick the operands out quickly.
+    Small embeddings make the first answers near-uniform over the vocabulary, so the
+    right one gets sampled; the other weights keep their spread.
     """
     with torch.no_grad():
         for module in model.modules():

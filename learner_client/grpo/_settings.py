@@ -27,11 +27,10 @@ LOSSES = ("builtin", "torchrl")
 class GRPOSettings:
     """Everything a GRPO run needs; each field is one command-line flag.
 
-    The defaults are the best measured so far for the built-in tiny Qwen2 with its
-    ``compact`` task-alphabet vocabulary on one-digit ``arith`` (``a+b=``, the answer
-    modulo 10) with 2 local actors: greedy accuracy rises from 0.10 to about 0.55 in
-    180 s and 0.68 in 330 s on a loaded 2-core VM, short of the 0.9 target within 3
-    minutes (``docs/grpo.md``).
+    The defaults are the best measured so far for the built-in tiny Qwen2 on one-digit
+    ``arith`` (``a+b=``, the answer modulo 10) with 2 local actors: the 24-token
+    ``arith`` vocabulary and weights redrawn at 0.1 reach 0.9 greedy accuracy in about
+    120-370 updates, 66-164 s on a loaded 2-core VM (``docs/grpo.md``).
 
     Attributes:
         task: The actors' task (``arith``, ``reverse``, ``countdown``, ``jsonl:PATH``, ...).
@@ -40,12 +39,15 @@ class GRPOSettings:
         hidden: Width of the tiny Qwen2 (``rlfleet:tiny-qwen2``).
         layers: Decoder layers of the tiny Qwen2.
         heads: Attention heads of the tiny Qwen2.
-        vocab: Tokenizer of the tiny Qwen2: ``compact`` (one token per character of the
-            built-in tasks' alphabet, 60 tokens) or ``bytes`` (260 byte-level tokens).
+        vocab: Tokenizer of the tiny Qwen2: ``arith`` (the arith task's alphabet, 24
+            tokens), ``compact`` (the built-in tasks' alphabet, 60 tokens), ``bytes``
+            (260 byte-level tokens) or ``auto``: ``arith`` for the arith task,
+            ``compact`` for the others.
+        init_std: Standard deviation every weight matrix and embedding of the learner's
+            copy is redrawn with before the first push (which gives them to the
+            actors); biases are zeroed. 0 keeps the model's own initialisation (0.2).
         embedding_std: Standard deviation of the learner's initial token embeddings (tied
-            with the output layer; the first push gives them to the actors): small
-            embeddings make the first answers near-uniform over the vocabulary, so
-            the right one gets sampled; 0 keeps the model's own initialisation.
+            with the output layer; drawn after ``init_std``); 0 leaves them as they are.
         prompts_per_step: Distinct problems per update; each is answered ``group_size``
             times, so an update sees ``prompts_per_step * group_size`` dialog turns.
         group_size: GRPO's G: answers per problem, normalised against each other.
@@ -80,8 +82,9 @@ class GRPOSettings:
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
     heads: int = opt(4, "attention heads of the tiny Qwen2")
-    vocab: str = opt("compact", "tokenizer of the tiny Qwen2: compact (task alphabet) or bytes")
-    embedding_std: float = opt(0.0, "std of the initial token embeddings (0: the model's own)")
+    vocab: str = opt("auto", "tokenizer of the tiny Qwen2: auto, arith, compact or bytes")
+    init_std: float = opt(0.1, "std every initial weight is redrawn with (0: the model's own)")
+    embedding_std: float = opt(0.0, "std of the initial token embeddings (0: as they are)")
     prompts_per_step: int = opt(32, "distinct problems per update")
     group_size: int = opt(8, "answers per problem (GRPO's G)")
     max_new_tokens: int = opt(1, "most tokens per answer")
@@ -124,7 +127,7 @@ class GRPOSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-        for name in ("ent_coef", "entropy_floor", "embedding_std"):
+        for name in ("ent_coef", "entropy_floor", "init_std", "embedding_std"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
@@ -132,8 +135,8 @@ class GRPOSettings:
             raise ValueError(f"max_seconds must be finite and >= 0, got {self.max_seconds!r}")
         if not 0.0 < self.target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
-        if self.vocab not in VOCABS:
-            raise ValueError(f"vocab must be one of {VOCABS}, got {self.vocab!r}")
+        if self.vocab not in ("auto", *VOCABS):
+            raise ValueError(f"vocab must be auto or one of {VOCABS}, got {self.vocab!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "torchrl" and self.sampling_temperature != 1.0:
@@ -179,13 +182,20 @@ class GRPOSettings:
         return 1.0 if self.loss == "torchrl" else 1.5
 
     @property
+    def model_vocab(self) -> str:
+        """The vocabulary in force: ``vocab``; ``auto`` is ``arith`` for arith, else ``compact``."""
+        if self.vocab != "auto":
+            return self.vocab
+        return "arith" if self.task == "arith" else "compact"
+
+    @property
     def model_kwargs(self) -> dict[str, int | str]:
         """The ``rlfleet:tiny-qwen2`` kwargs learner and actors build the model with."""
         return {
             "hidden": self.hidden,
             "layers": self.layers,
             "heads": self.heads,
-            "vocab": self.vocab,
+            "vocab": self.model_vocab,
             "seed": self.seed,
         }
 

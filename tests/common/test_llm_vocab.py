@@ -1,10 +1,10 @@
-"""The tiny models' ``compact`` tokenizer: a token per task character, ChatML, unk else."""
+"""The tiny models' ``compact`` and ``arith`` tokenizers: a token per task character, ChatML."""
 
 from __future__ import annotations
 
 import pytest
 
-from common.llm import COMPACT_CHARS, build_policy, build_tokenizer
+from common.llm import ARITH_CHARS, COMPACT_CHARS, build_policy, build_tokenizer
 
 pytest.importorskip("transformers")
 
@@ -80,3 +80,30 @@ def test_compact_models_are_sized_by_the_vocab_and_identical_from_the_same_kwarg
 def test_unknown_vocab_raises() -> None:
     with pytest.raises(ValueError, match="vocab must be one of"):
         build_tokenizer("words")
+
+
+def test_arith_vocab_is_the_arith_alphabet_with_chatml_and_unk_else() -> None:
+    tokenizer = build_tokenizer("arith")
+    assert len(tokenizer) == len(ARITH_CHARS) + 8 == 24
+    for char in ARITH_CHARS:
+        assert len(tokenizer.encode(char, add_special_tokens=False)) == 1
+    assert tokenizer.decode(tokenizer.encode("7*8=56\n", add_special_tokens=False)) == "7*8=56\n"
+    # Letters are unknown (a retry message encodes, its letters decode as nothing).
+    ids = tokenizer.encode("No. 3", add_special_tokens=False)
+    assert ids.count(tokenizer.unk_token_id) == 4
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "3"
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "3+4="}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    assert tokenizer.decode(prompt) == "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n"
+    assert len(prompt) == 12  # the role names are one token each
+
+
+def test_arith_models_are_sized_by_the_vocab() -> None:
+    model, tokenizer = build_policy(
+        "rlfleet:tiny-qwen2", hidden=16, layers=1, heads=2, vocab="arith"
+    )
+    assert model.config.vocab_size == len(tokenizer) == 24

@@ -57,9 +57,9 @@ def test_grpo_entry_point_runs_a_few_updates_and_writes_its_outputs(tmp_path):
 
     state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
     assert metadata["task"] == "arith"
-    assert summary["settings"]["vocab"] == "compact"
+    assert summary["settings"]["vocab"] == "auto"  # the arith task: the arith vocabulary
     fresh, _ = build_policy(
-        "rlfleet:tiny-qwen2", hidden=32, layers=2, heads=4, vocab="compact", seed=5
+        "rlfleet:tiny-qwen2", hidden=32, layers=2, heads=4, vocab="arith", seed=5
     )
     assert {k: v.shape for k, v in state.items()} == {
         k: v.shape for k, v in fresh.state_dict().items()
@@ -102,7 +102,8 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
         (["--prompts-per-step", "3"], "must be a multiple of num_actors"),
         (["--loss", "torchrl", "--temperature", "0.7"], "temperature 1"),
         (["--max-seconds", "nan"], "max_seconds must be finite"),
-        (["--vocab", "words"], "vocab must be one of"),
+        (["--vocab", "words"], "vocab must be auto or one of"),
+        (["--init-std", "-0.1"], "init_std must be finite and >= 0"),
     ],
 )
 def test_grpo_parse_args_refuses_bad_flags_with_exit_2(flags, message, capsys):
@@ -110,3 +111,23 @@ def test_grpo_parse_args_refuses_bad_flags_with_exit_2(flags, message, capsys):
         parse_args(flags)
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_grpo_vocab_auto_is_arith_for_the_arith_task_and_compact_for_the_others():
+    assert parse_args([]).model_kwargs["vocab"] == "arith"
+    assert parse_args(["--task", "reverse"]).model_kwargs["vocab"] == "compact"
+    assert parse_args(["--vocab", "bytes"]).model_kwargs["vocab"] == "bytes"
+
+
+def test_grpo_init_std_redraws_every_weight_matrix_and_zeroes_the_biases():
+    from learner_client.grpo._loop import _init_weights
+
+    model, _ = build_policy("rlfleet:tiny-qwen2", hidden=64, layers=2, heads=4, vocab="arith")
+    _init_weights(model, 0.1)
+    for name, tensor in model.state_dict().items():
+        if name.endswith("bias"):
+            assert (tensor == 0).all(), name
+        elif "norm" in name:
+            assert (tensor == 1).all(), name  # the norms keep their weights
+        elif tensor.numel() >= 1024:
+            assert 0.09 < float(tensor.std()) < 0.11, name
