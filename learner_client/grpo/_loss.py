@@ -37,11 +37,11 @@ class GRPOConfig:
         max_grad_norm: Gradient-norm clip.
     """
 
-    lr: float = 1e-3
+    lr: float = 5e-4
     epochs: int = 1
     clip_eps: float = 0.2
     ent_coef: float = 0.05
-    entropy_floor: float = 1.0
+    entropy_floor: float = 0.5
     max_grad_norm: float = 1.0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -128,3 +130,11 @@ def test_evaluator_scores_greedy_answers_with_the_task():
     assert Evaluator(task, problems, tok, max_new_tokens=1).accuracy(model) == 0.1
     # With room for two tokens it answers "77": never right.
     assert Evaluator(task, problems, tok, max_new_tokens=2).accuracy(model) == 0.0
+
+
+def test_grpo_config_defaults_are_the_command_lines() -> None:
+    from learner_client.grpo._settings import GRPOSettings
+
+    settings = GRPOSettings()
+    for field in dataclasses.fields(GRPOConfig):
+        assert field.default == getattr(settings, field.name), field.name
