@@ -238,9 +238,21 @@ def run_replay(args: argparse.Namespace, report: Report) -> None:
     _record(report, samples)
 
 
+#: The unit of each measured quantity, by the end of its figure's name.
+_UNITS = {
+    "frames/s": "frames/s",
+    "cpu s per Mframes": "s/Mframes",
+    "cpu s per GB": "s/GB",
+    "GB/s per core": "GB/s",
+    "learner cores busy": "cores",
+    "wire bytes per frame": "bytes",
+}
+
+
 def _record(report: Report, samples: dict[str, list[float]]) -> None:
     for name, values in samples.items():
-        report.figure(name, "", values)
+        unit = next((u for end, u in _UNITS.items() if name.endswith(end)), "us/frame")
+        report.figure(name, unit, values)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
