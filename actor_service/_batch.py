@@ -95,6 +95,11 @@ class BatchBuffers:
         self.extras = {
             k: torch.zeros((n, t, *shape), dtype=dtype) for k, (shape, dtype) in extras.items()
         }
+        # One view per step, made once: copying into a ready view costs ~0.7 us where
+        # indexing a column (``action[:, t] = ...``) costs 2-4 us per key and step.
+        self._action_steps = self.action.unbind(1)
+        self._extra_steps = {k: v.unbind(1) for k, v in self.extras.items()}
+        self._obs_steps = obs_codec.encode(self.obs).unbind(1) if obs_codec.is_view else None
         self.reward = np.zeros((n, t), dtype=np.float32)
         self.terminated = np.zeros((n, t), dtype=bool)
         self.truncated = np.zeros((n, t), dtype=bool)
@@ -102,6 +107,18 @@ class BatchBuffers:
         self.versions = np.zeros(t, dtype=np.int64)
         self.step_count = np.zeros((n, t), dtype=np.int64) if step_counts else None
         self.final_obs: list[tuple[int, int, np.ndarray]] = []
+
+    def policy_input(self, t: int) -> torch.Tensor:
+        """The observations ``[N, ...]`` the policy sees at step ``t``, in batch form."""
+        if self._obs_steps is not None:
+            return self._obs_steps[t]
+        return self._obs_codec.encode(self.obs[:, t])
+
+    def record_policy(self, t: int, action: torch.Tensor, extras: dict[str, torch.Tensor]) -> None:
+        """Copy step ``t``'s compact action ``[N, ...]`` and extra outputs into the batch."""
+        self._action_steps[t].copy_(action)
+        for key, value in extras.items():
+            self._extra_steps[key][t].copy_(value)
 
     def to_tensordict(self, set_truncated: bool) -> TensorDict:
         """Assemble TorchRL's batch layout: ``[N, T]``, last dim named ``"time"``."""

@@ -297,7 +297,7 @@ class RolloutWorker:
         random: bool,
         timings: np.ndarray | None,
     ) -> None:
-        obs = self.models.observation_codec.encode(buf.obs[:, t])
+        obs = buf.policy_input(t)
         extras: dict[str, torch.Tensor]
         start = time.perf_counter()
         if random:
@@ -307,9 +307,7 @@ class RolloutWorker:
             version, action, extras = self.models.act_compact(settings.model_id, obs)
         acted = time.perf_counter()
         buf.versions[t] = version
-        buf.action[:, t] = action
-        for key, value in extras.items():
-            buf.extras[key][:, t] = value
+        buf.record_policy(t, action, extras)
         buf.traj_ids[:, t] = self._traj_ids
         env_action = self.models.action_codec.to_env(action)
         stepping = time.perf_counter()
@@ -326,13 +324,13 @@ class RolloutWorker:
             buf.step_count[:, t] = self._step_count
             self._step_count += 1
             limit = self._step_count >= settings.max_frames_per_traj
-            if limit.any():
+            if np.count_nonzero(limit):
                 truncated = truncated | limit
                 done = ended | limit
                 self._cut(t, buf, limit & ~ended)
         buf.terminated[:, t] = terminated
         buf.truncated[:, t] = truncated
-        if done.any():
+        if np.count_nonzero(done):  # 0.2 us where done.any() takes 1 us, every step
             self._end_trajectories(t, buf, ended, done, info)
 
     def _cut(self, t: int, buf: BatchBuffers, envs: np.ndarray) -> None:
@@ -348,7 +346,7 @@ class RolloutWorker:
         self, t: int, buf: BatchBuffers, ended: np.ndarray, done: np.ndarray, info: dict[str, Any]
     ) -> None:
         """Record final observations of auto-reset envs; give every done env a new traj id."""
-        if ended.any():
+        if np.count_nonzero(ended):
             final = info["final_obs"]
             for env in np.flatnonzero(ended):
                 buf.final_obs.append((int(env), t, np.asarray(final[env])))

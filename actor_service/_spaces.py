@@ -60,12 +60,15 @@ class ObservationCodec:
         raw_dtype: Its numpy dtype.
         shape: Per-env shape in a batch.
         dtype: Torch dtype in a batch.
+        is_view: :meth:`encode` returns a view of its input (every space but Discrete,
+            which becomes one-hot).
     """
 
     def __init__(self, space: gymnasium.Space) -> None:
         check_space(space, "observation")
         self.space = space
         self._discrete = isinstance(space, gymnasium.spaces.Discrete)
+        self.is_view = not self._discrete
         self.raw_shape: tuple[int, ...] = tuple(space.shape or ())
         self.raw_dtype = np.dtype(space.dtype)
         if isinstance(space, gymnasium.spaces.Discrete):

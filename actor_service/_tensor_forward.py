@@ -161,7 +161,11 @@ def _module_step(module: TensorDictModule, known: set[Any]) -> _Step | None:
 
     def step(values: dict[Any, Any]) -> None:
         out = call(*[values[k] for k in in_keys], **kwargs)
-        if isinstance(out, dict | TensorDictBase) and all(k in out for k in out_keys):
+        if (
+            type(out) is not torch.Tensor
+            and isinstance(out, dict | TensorDictBase)
+            and all(k in out for k in out_keys)
+        ):
             out = tuple(out[k] for k in out_keys)
         outputs = out if isinstance(out, tuple) else (out,)
         if len(outputs) != len(out_keys):

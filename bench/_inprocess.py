@@ -11,6 +11,8 @@ collector must do to hand out a batch.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +25,7 @@ from tensordict.nn import InteractionType, set_interaction_type
 
 from common.policies import make_policy
 
-__all__ = ["in_process_fps"]
+__all__ = ["in_process_fps", "parallel_in_process_fps"]
 
 
 def in_process_fps(
@@ -107,3 +109,39 @@ def _fill(
             buf["next_observation"][t][done] = np.stack(info["final_obs"][done])
     state["obs"] = obs
     return steps * env.num_envs
+
+
+# One in-process loop in a fresh interpreter: CartPole, the user-style policy; prints frames/s.
+_LOOP = """
+import functools, sys, gymnasium, torch
+torch.set_num_threads(1)
+from bench._inprocess import in_process_fps
+from bench.policies import sequential_policy
+env = gymnasium.make("CartPole-v1")
+policy = sequential_policy(env.observation_space, env.action_space)
+num_envs, steps, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+make = functools.partial(gymnasium.make, "CartPole-v1")
+fps = in_process_fps(make, num_envs=num_envs, steps_per_batch=steps, seconds=seconds, policy=policy)
+print(fps)
+"""
+
+
+def parallel_in_process_fps(
+    processes: int, *, num_envs: int, steps_per_batch: int, seconds: float
+) -> float:
+    """Frames/s of ``processes`` in-process CartPole loops (user-style policy) run at once.
+
+    The machine's ceiling for a fleet of that many actors of ``num_envs`` envs each:
+    what the env and policy alone reach when every process runs all the time, with no
+    transport and no learner. The processes import and warm up before their windows
+    overlap (each spends the same start-up before timing), so the windows run together.
+    """
+    args = [str(num_envs), str(steps_per_batch), str(seconds)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _LOOP, *args], stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    outputs = [proc.communicate()[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError(f"an in-process loop failed: exit codes {[p.returncode for p in procs]}")
+    return sum(float(out.strip().splitlines()[-1]) for out in outputs)

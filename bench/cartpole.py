@@ -9,12 +9,17 @@ this one run:
 - rlfleet: ``GrpcCollector`` over a ``LocalFleet`` of actor subprocesses, in three
   modes: sync by default (on-policy: an actor collects only the batch requested, as
   TorchRL's sync collectors do), sync with ``prefetch=1`` (each actor collects one batch
-  ahead: faster, off-policy by one batch) and async (one batch ahead per actor, as
-  ``MultiAsyncCollector``);
+  ahead: off-policy by one batch; its next credit comes when its batch is taken, so
+  with a learner that trains nothing it gains nothing), ``prefetch=2`` (user policy:
+  off-policy by up to two, each actor keeps collecting while the last batch travels)
+  and async (one batch ahead per actor, as ``MultiAsyncCollector``);
 - TorchRL: ``MultiSyncCollector`` / ``MultiAsyncCollector``, 2 workers x 8 envs,
   same policy module, with the env layout that was fastest in a probe of
   ``--torchrl-layouts`` (see :mod:`bench._torchrl`);
-- the in-process limit: ``SyncVectorEnv(16)`` + the batched policy, one process.
+- the in-process limit: ``SyncVectorEnv(16)`` + the batched policy, one process;
+- the machine's ceiling for this fleet: one such loop of 8 envs (user policy) per
+  actor, all running at once in their own processes, with no transport and no
+  learner (``parallel in-process loops``): the most 2 actors x 8 envs can reach here.
 
 Batches are 1024 frames per actor (2048 per sync batch, 1024 per async
 batch) in every system. Repetitions interleave the systems so each ratio is
@@ -24,7 +29,8 @@ Targets: rlfleet >= 10x TorchRL's best multi-process collector (default sync vs
 sync, async vs async) and >= 60% of the in-process limit. The prefetching mode is
 reported beside them, without a target: the headline compares like with like. With
 the user policy: sync >= 4x TorchRL with the same policy and >= 1.2x the in-process
-limit; sync with ``prefetch=1`` >= 1.5x the in-process limit.
+limit; sync with prefetching (``prefetch=1`` and ``prefetch=2`` each) >= 1.5x the
+in-process limit. Each user-policy mode is also printed as a share of the ceiling.
 
 Usage: ``python -m bench.cartpole [--quick] [--reps 3] [--window 4]``.
 """
@@ -46,6 +52,8 @@ __all__ = ["main"]
 
 ENV_ID = "CartPole-v1"
 USER_POLICY = "bench.policies:sequential_policy"
+# Figure: one in-process loop per actor (user policy, 8 envs each), all at once.
+CEILING = "parallel in-process loops"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -125,6 +133,7 @@ WINDOWS: tuple[tuple[str, str, bool, dict[str, Any], str | None], ...] = (
     ("async", "mlp", False, {}, "async"),
     ("user sync", "user", True, {}, "user sync"),
     ("user sync prefetch=1", "user", True, {"prefetch": 1}, None),
+    ("user sync prefetch=2", "user", True, {"prefetch": 2}, None),
 )
 
 
@@ -188,7 +197,7 @@ def _repetition(
     samples: dict[str, list[float]],
 ) -> None:
     """One window of every system, back to back; appends a sample to each figure."""
-    from bench._inprocess import in_process_fps
+    from bench._inprocess import in_process_fps, parallel_in_process_fps
 
     for name, fleet, sync, extra, counterpart in WINDOWS:
         fps = _rlfleet_window(fleets[fleet].addresses, sync, args, extra)
@@ -200,6 +209,14 @@ def _repetition(
         in_process_fps(
             functools.partial(gymnasium.make, ENV_ID),
             num_envs=args.actors * args.num_envs,
+            steps_per_batch=args.frames_per_actor // args.num_envs,
+            seconds=args.window,
+        )
+    )
+    samples.setdefault(CEILING, []).append(
+        parallel_in_process_fps(
+            args.actors,
+            num_envs=args.num_envs,
             steps_per_batch=args.frames_per_actor // args.num_envs,
             seconds=args.window,
         )
@@ -226,7 +243,17 @@ def _ratios_and_targets(report: Report, layout: str) -> None:
         "in-process limit",
     )
     report.target("user policy, prefetch=1: rlfleet >= 1.5x the in-process limit", limit, 1.5)
+    limit = report.ratio(
+        "rlfleet user sync prefetch=2/in-process limit",
+        "rlfleet user sync prefetch=2",
+        "in-process limit",
+    )
+    report.target("user policy, prefetch=2: rlfleet >= 1.5x the in-process limit", limit, 1.5)
     report.ratio("rlfleet user sync/rlfleet sync", user, "rlfleet sync")
+    # The ceiling of a 2x8 fleet on this machine, and how much of it each mode reaches.
+    report.ratio(f"{CEILING}/in-process limit", CEILING, "in-process limit")
+    for mode in ("user sync", "user sync prefetch=1", "user sync prefetch=2"):
+        report.ratio(f"rlfleet {mode}/{CEILING}", f"rlfleet {mode}", CEILING)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

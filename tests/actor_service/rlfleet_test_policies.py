@@ -247,3 +247,31 @@ def bias_policy(observation_space: Any, action_space: Any, bias: float = 0.0) ->
         module.weight.zero_()
         module.bias.fill_(float(bias))
     return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+
+
+class _ReusedOutput(nn.Module):
+    """Writes every call's outputs into the same tensors (as a CUDA-graph replay does)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.calls = 0
+        self.action: torch.Tensor | None = None
+        self.step: torch.Tensor | None = None
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = observation.shape[0]
+        if self.action is None or self.action.shape[0] != batch:
+            self.action = torch.zeros(batch, dtype=torch.int64)
+            self.step = torch.zeros(batch)
+        assert self.step is not None
+        self.calls += 1
+        self.action.fill_(self.calls % self.n)
+        self.step.fill_(float(self.calls))
+        return self.action, self.step
+
+
+def reused_output_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """Returns the same two tensors at every call, overwritten in place."""
+    module = _ReusedOutput(int(action_space.n))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action", "step"])

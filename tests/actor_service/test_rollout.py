@@ -373,3 +373,17 @@ def test_rollout_worker_raises_deadline_error_if_an_async_env_hangs() -> None:
     assert time.monotonic() - started < 10.0
     worker.close()
     assert all(process_gone(pid) for pid in pids)
+
+
+def test_rollout_worker_keeps_each_steps_outputs_when_the_policy_reuses_its_tensors() -> None:
+    # The rollout copies a step's action and extras as it records them: a policy that
+    # overwrites the tensors it returned (preallocated outputs, CUDA-graph replays) must
+    # not rewrite the steps before.
+    model = (ModelSpec(factory="rlfleet_test_policies:reused_output_policy"),)
+    with _worker(models=model) as worker:
+        batch = _collect(worker, 64)
+    steps = batch["step"][0]
+    assert steps.unique().numel() == 16  # one value per step, not the last step's everywhere
+    assert torch.equal(steps, steps[0] + torch.arange(16.0))
+    assert torch.equal(batch["action"].argmax(-1)[0], steps.long() % 2)
+    assert torch.equal(batch["step"], steps.expand(4, 16))
