@@ -31,10 +31,12 @@ EXPECTED = {
             "rlfleet async",
             "rlfleet user sync",
             "rlfleet user sync prefetch=1",
+            "rlfleet user sync prefetch=2",
             "torchrl sync",
             "torchrl async",
             "torchrl user sync",
             "in-process limit",
+            "parallel in-process loops",
         ],
         [
             "rlfleet/torchrl sync",
@@ -44,6 +46,9 @@ EXPECTED = {
             "rlfleet/torchrl user sync",
             "rlfleet user sync/in-process limit",
             "rlfleet user sync prefetch=1/in-process limit",
+            "rlfleet user sync prefetch=2/in-process limit",
+            "parallel in-process loops/in-process limit",
+            "rlfleet user sync prefetch=2/parallel in-process loops",
         ],
     ),
     "large_obs": (
