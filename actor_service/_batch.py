@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._spaces import ActionCodec, ObservationCodec
-from common.folding import FoldedBatch, fold_from_steps
+from common.packets.folding import FoldedBatch, fold_from_steps
 
 __all__ = ["FOLD_MIN_FRAME_BYTES", "BatchBuffers", "TrajIds", "split_trajectories"]
 
@@ -133,7 +133,7 @@ class BatchBuffers:
         return int(np.prod(shape)) * dtype.itemsize >= FOLD_MIN_FRAME_BYTES
 
     def to_folded(self, set_truncated: bool) -> FoldedBatch:
-        """The same batch folded (:mod:`common.folding`): each observation held once.
+        """The same batch folded (:mod:`common.packets.folding`): each observation held once.
 
         ``("next", "observation")`` is left out; the finals hold it where it is
         not the following step's observation: the final observations of ended

@@ -1,7 +1,7 @@
 """A collected batch as the serialised chunk messages that carry it, built on the collection thread.
 
 :func:`collect_encoded` collects one batch and encodes it: the batch's packet
-and, for a folded batch (:mod:`common.folding`), its finals packet, cut into
+and, for a folded batch (:mod:`common.packets.folding`), its finals packet, cut into
 chunks of at most ``CHUNK_BYTES`` without copying and checksummed from the
 batch's own memory; each chunk is then copied once, into its serialised
 ``CollectResponse`` (:func:`actor_service._wire.encode_chunk`), the first one
@@ -18,8 +18,8 @@ from tensordict import TensorDictBase
 
 from actor_service._runtime import CollectionCore
 from actor_service._wire import encode_chunk
-from common.folding import FoldedBatch
 from common.packets import checksummed_pieces, encode_packet
+from common.packets.folding import FoldedBatch
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["EncodedBatch", "collect_encoded"]

@@ -44,8 +44,8 @@ from common.errors import (
     RlfleetError,
     SessionStateError,
 )
-from common.folding import FoldedBatch
 from common.packets import DEFAULT_LIMITS, encode_packet
+from common.packets.folding import FoldedBatch
 from common.policies import RandomPolicy
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class RolloutWorker:
     def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch:
         """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
 
-        Folded (:class:`~common.folding.FoldedBatch`) when the settings ask for
+        Folded (:class:`~common.packets.folding.FoldedBatch`) when the settings ask for
         ``fold_observations``, do not ``split_trajs`` and observations are large enough
         (``FOLD_MIN_FRAME_BYTES``).
 

@@ -31,7 +31,7 @@ from actor_service._session import SessionBook
 from actor_service._staging import Swap
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
-from common.folding import FoldedBatch
+from common.packets.folding import FoldedBatch
 from common.weights import Delta, PushForm
 
 if TYPE_CHECKING:

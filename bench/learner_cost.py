@@ -73,7 +73,7 @@ def wire_bytes(batch: Any, fold: bool) -> int:
     for part in batch.unbind(0):
         part = part.exclude(("collector", "worker_id")).contiguous()
         if fold:
-            from common.folding import fold as fold_batch
+            from common.packets.folding import fold as fold_batch
 
             folded = fold_batch(part, ["observation"])
             total += encode_packet(folded.batch).nbytes + encode_packet(folded.finals).nbytes

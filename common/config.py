@@ -79,7 +79,7 @@ class CollectSettings:
         model_id: The registered model that acts.
         llm: LLM collection settings (``frames_per_batch`` and ``total_frames`` then count
             dialog turns); None for env actors.
-        fold_observations: Send each observation once (:mod:`common.folding`); the
+        fold_observations: Send each observation once (:mod:`common.packets.folding`); the
             receiver rebuilds ``("next", key)``. Ignored with ``split_trajs``.
     """
 

@@ -2,7 +2,7 @@
 
 :class:`CollectStream` sends ``open`` then credits, acks and ``close`` from a
 queue; it reads ``opened``, then reassembles each batch's chunks with
-:class:`~common.assembly.BatchAssembler` (chunk data read as views of the
+:class:`~common.packets.assembly.BatchAssembler` (chunk data read as views of the
 received messages and copied once, into the buffer ``allocate`` gives; crc32c
 checked; decoded, and a folded batch rebuilt, off the loop when large) and
 returns whole batches or the ``end`` marker. A protocol violation or a broken call raises;
@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from common.assembly import BatchAssembler
 from common.config import CollectSettings
 from common.errors import DeadlineError, EnvError, ProtocolError
 from common.llm import LLMSettings
 from common.packets import PacketLimits
+from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._collect_wire import Chunk
 from learner_client._loop import LoopThread

@@ -1,7 +1,7 @@
 """Sparse-delta weight pushes on the learner: what each worker holds, and the push it needs.
 
 ``update_policy_weights_(..., delta=True)`` sends each target only the elements
-that changed since the weights it holds (``common._delta``), with the version
+that changed since the weights it holds (``common.weights._delta``), with the version
 they apply on top of. :class:`DeltaTracker` remembers, per model_id and
 worker_id, the snapshot each worker was last sent and applied (a copy of the
 state at that version *in the form it travelled*, shared by every worker that

@@ -173,7 +173,7 @@ class RolloutSettings:
         set_truncated: Mark the last frame of each batch truncated.
         model_id: The model that acts.
         llm: LLM actors: what each session collects (sent with the settings).
-        fold_observations: Send each observation once, rebuilt exactly (``common.folding``).
+        fold_observations: Send each observation once, rebuilt exactly (``common.packets.folding``).
 
     Raises:
         ValueError: A value out of range.

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from actor_service._config import ActorConfig
 from actor_service._rollout import RolloutWorker
 from common.config import CollectSettings
-from common.folding import INDEX, FoldedBatch
+from common.packets.folding import INDEX, FoldedBatch
 
 
 def _collect(fold: bool, batches: int, env: str, **settings) -> list[TensorDict | FoldedBatch]:

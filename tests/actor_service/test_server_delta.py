@@ -17,10 +17,10 @@ from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actor_service._config import ModelSpec
-from common._delta import encode_delta
-from common._safetensors import write_blob
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import BlobAssembler, crc32c, encode_weights, iter_blob_chunks, sha256_hex
+from common.weights._delta import encode_delta
+from common.weights._safetensors import write_blob
 
 MB = 1 << 20
 

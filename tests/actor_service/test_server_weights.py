@@ -19,11 +19,11 @@ from helpers import poll_until
 
 from actor_service._logging import configure_logging, get_logger
 from bench.hostile_push import hostile_blob
-from common._blobs import crc32c
 from common.errors import RlfleetError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
+from common.weights._blobs import crc32c
 from learner_client._transport import ActorChannel, push_messages
 
 DETERMINISTIC = pb.EXPLORATION_TYPE_DETERMINISTIC

@@ -61,8 +61,8 @@ def test_receive_buffers_lend_one_buffer_at_a_time_and_keep_the_largest() -> Non
 
 def test_llm_models_swap_a_delta_between_decode_steps_bit_exactly() -> None:
     from actor_service._llm_models import LLMModels
-    from common._delta import decode_delta, encode_delta
     from common.weights import to_state_dict
+    from common.weights._delta import decode_delta, encode_delta
 
     models = LLMModels("rlfleet:tiny-qwen2", {}, torch.device("cpu"))
     old = to_state_dict(models.model)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common._delta import apply_delta, changed_elements, decode_delta, encode_delta
-from common._safetensors import write_blob
 from common.errors import DataLossError, WeightsError, WeightsTooLargeError
 from common.weights import BlobAssembler, checksums, crc32c
+from common.weights._delta import apply_delta, changed_elements, decode_delta, encode_delta
+from common.weights._safetensors import write_blob
 
 MB = 1 << 20
 

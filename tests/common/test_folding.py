@@ -8,10 +8,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from common.assembly import BatchAssembler
 from common.errors import DataLossError, ProtocolError
-from common.folding import INDEX, FoldedBatch, fold, unfold
 from common.packets import checksummed_pieces, encode_packet
+from common.packets.assembly import BatchAssembler
+from common.packets.folding import INDEX, FoldedBatch, fold, unfold
 
 torchrl_envs = pytest.importorskip("torchrl.envs")
 torchrl_collectors = pytest.importorskip("torchrl.collectors")

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from common._aliases import ALIASES_KEY
 from common.errors import WeightsError
 from common.weights import (
     DEFAULT_MAX_WEIGHT_BYTES,
@@ -21,6 +20,7 @@ from common.weights import (
     stage_state,
     state_nbytes,
 )
+from common.weights._aliases import ALIASES_KEY
 
 
 class SharedLinear(nn.Module):

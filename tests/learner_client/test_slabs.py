@@ -114,9 +114,9 @@ def test_collector_sync_batches_view_their_round_slab_and_stay_intact(fleet):
 
 
 def test_folded_batches_of_one_round_rebuild_next_entries_into_one_slab():
-    from common.assembly import BatchAssembler
-    from common.folding import fold
     from common.packets import checksummed_pieces, encode_packet
+    from common.packets.assembly import BatchAssembler
+    from common.packets.folding import fold
 
     slabs = PacketSlabs()
     batches = []

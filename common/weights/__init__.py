@@ -8,22 +8,22 @@ dtypes, shapes and bytes — no code, no pickle — and is read with bounds chec
 the receiver binds it to an architecture it already has. Keys are the flat
 dotted names of ``nn.Module.state_dict()`` (``"0.weight"``, ``"net.1.bias"``).
 Tied tensors travel once and are named as aliases in the header
-(``common._aliases``); the header also declares a subset push or a wire dtype
-(``common._push_form``).
+(``common.weights._aliases``); the header also declares a subset push or a wire dtype
+(``common.weights._push_form``).
 Blobs larger than a gRPC message are split by :func:`iter_blob_chunks` and put
 back together by :class:`BlobAssembler` (size cap before allocation, overflow,
 missing bytes and the announced CRC-32C and/or sha256 checked; both live in
-``common._blobs``).
+``common.weights._blobs``).
 :func:`decode_weights` caps the blob and header sizes before parsing, checks
 the header length against the blob, allows only known dtypes, validates the
 offsets as safetensors does, returns views over the received buffer rather
-than copies (``common._safetensors``) and refuses non-finite floats
+than copies (``common.weights._safetensors``) and refuses non-finite floats
 (safetensors does not); :func:`stage_state` checks
 keys, shapes, dtypes and ties against the live model and casts, and
 :func:`apply_staged` copies only once every check has passed
-(``common._staging``). Sparse deltas (only the changed elements, on top of a
+(``common.weights._fit``). Sparse deltas (only the changed elements, on top of a
 version the receiver holds) are encoded, checked and applied by
-:func:`encode_delta`, :func:`decode_delta` and :func:`apply_delta` (``common._delta``).
+:func:`encode_delta`, :func:`decode_delta` and :func:`apply_delta` (``common.weights._delta``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common._aliases import ALIASES_KEY, decode_aliases, encode_aliases, expand_aliases
-from common._aliases import split_aliases as _split_aliases
-from common._blobs import (
+from common.errors import WeightsError, WeightsTooLargeError
+from common.weights._aliases import ALIASES_KEY, decode_aliases, encode_aliases, expand_aliases
+from common.weights._aliases import split_aliases as _split_aliases
+from common.weights._blobs import (
     CHECKSUMS,
     DEFAULT_MAX_WEIGHT_BYTES,
     BlobAssembler,
@@ -47,9 +48,17 @@ from common._blobs import (
     iter_blob_chunks,
     sha256_hex,
 )
-from common._delta import Delta, apply_delta, decode_delta, encode_delta
-from common._push_form import WIRE_DTYPES, PushForm, check_fit
-from common._safetensors import (
+from common.weights._delta import Delta, apply_delta, decode_delta, encode_delta
+from common.weights._fit import (
+    apply_staged,
+    check_compatible,
+    check_finite,
+    load_into,
+    stage_state,
+    state_nbytes,
+)
+from common.weights._push_form import WIRE_DTYPES, PushForm, check_fit
+from common.weights._safetensors import (
     DEFAULT_MAX_KEYS,
     DTYPES,
     METADATA_KEY,
@@ -58,15 +67,6 @@ from common._safetensors import (
     read_blob,
     write_blob,
 )
-from common._staging import (
-    apply_staged,
-    check_compatible,
-    check_finite,
-    load_into,
-    stage_state,
-    state_nbytes,
-)
-from common.errors import WeightsError, WeightsTooLargeError
 
 __all__ = [
     "CHECKSUMS",
@@ -251,7 +251,7 @@ def encode_weights(
     """Serialise weights once into safetensors bytes.
 
     Tied tensors (several keys, one tensor) travel once: the header's metadata
-    names the other keys as aliases (``common._aliases``), and the decoder gives
+    names the other keys as aliases (``common.weights._aliases``), and the decoder gives
     them the same tensor again. The sender may send any values (NaN included);
     receivers check them.
 
@@ -328,7 +328,7 @@ def decode_weights(
             are counted in the raw bytes before the JSON is parsed.
         expected: ``{key: (shape, dtype)}`` the receiver holds; when given, an
             unknown key, a missing key (unless the blob declares a subset) or a
-            shape or dtype that does not fit (:func:`common._push_form.fit_problems`)
+            shape or dtype that does not fit (:func:`common.weights._push_form.fit_problems`)
             is refused before a tensor is built (and the header bound is ``len(expected)``).
         allow_non_finite: Skip the NaN/Inf scan (for a caller that validates the
             state before use, so the values are scanned once).

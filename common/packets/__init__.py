@@ -33,7 +33,7 @@ the batch (``NonTensorData``), any other shape is a ``NonTensorStack`` of that
 shape; the region holds ``count`` (the shape's product, 1 for ``[]``) uint64 end
 offsets, then the concatenated UTF-8 strings, ``nbytes = 8 * count + text bytes``.
 
-Decoding trusts nothing (:mod:`common._packet_decode`): every field, type, size
+Decoding trusts nothing (:mod:`common.packets._decode`): every field, type, size
 and offset is checked against :class:`PacketLimits` before anything is allocated,
 entries must be packed exactly as above, and every failure raises
 :class:`~common.errors.ProtocolError` (:class:`~common.errors.PacketTooLargeError`
@@ -53,11 +53,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 
-from common._packet_decode import ALIGN, MAGIC, PREAMBLE, PacketLimits, decode
-from common._packet_encode import Encoder, cut_chunks
-from common._packet_encode import crc32c as _crc32c
+from common.checksum import crc32c as _crc32c
 from common.config import CHUNK_BYTES
 from common.errors import DataLossError, PacketTooLargeError, ProtocolError, SessionStateError
+from common.packets._decode import ALIGN, MAGIC, PREAMBLE, PacketLimits, decode
+from common.packets._encode import Encoder, cut_chunks
 
 __all__ = [
     "EncodedPacket",
@@ -238,7 +238,7 @@ class PacketAssembler:
             contiguous 1-D uint8 CPU tensor of exactly that length, starting 16-byte
             aligned, that nothing else writes to. None allocates a fresh one.
         checksum: Fold each chunk into a CRC-32C; False when the caller checksums a
-            stream of several packets itself (:class:`common.assembly.BatchAssembler`).
+            stream of several packets itself (:class:`common.packets.assembly.BatchAssembler`).
 
     Raises:
         ProtocolError: If ``total_bytes`` is too small for a packet, or ``allocate``

@@ -1,7 +1,7 @@
 """Receiving one batch from its chunks: one packet, or a folded batch's two, checksummed whole.
 
 A batch's chunks carry ``total_bytes`` of data: the batch's packet, followed,
-when the batch is folded (:mod:`common.folding`), by its finals packet of
+when the batch is folded (:mod:`common.packets.folding`), by its finals packet of
 ``finals_bytes``. :class:`BatchAssembler` copies each chunk once, into the
 packet it belongs to (the batch packet into the buffer ``allocate`` gives, so
 sync rounds line up in slabs), folds every byte into one CRC-32C as it
@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict
 
-from common._packet_encode import crc32c
+from common.checksum import crc32c
 from common.errors import DataLossError, ProtocolError, SessionStateError
-from common.folding import unfold
 from common.packets import DEFAULT_LIMITS, PacketAssembler, PacketLimits
+from common.packets.folding import unfold
 
 __all__ = ["BatchAssembler"]
 

@@ -1,6 +1,6 @@
 """Sparse-delta weights: only the elements that changed since a version the receiver holds.
 
-A delta is a safetensors blob (:mod:`common._safetensors`) holding, for every
+A delta is a safetensors blob (:mod:`common.weights._safetensors`) holding, for every
 tensor with at least one changed element, two 1-D tensors:
 
 * ``indices:<key>`` — ``int32`` (or ``int64`` for tensors of 2**31 elements or
@@ -12,7 +12,7 @@ tensor with at least one changed element, two 1-D tensors:
   delta of scattered elements is half the bytes;
 * ``values:<key>`` — the new values at those indices, in the tensor's dtype, or
   in the *wire dtype* the header declares (``rlfleet.dtype``, as a full push
-  does: :mod:`common._push_form`), cast into the receiver's floating dtype.
+  does: :mod:`common.weights._push_form`), cast into the receiver's floating dtype.
 
 Unchanged tensors are absent. "Changed" compares bit patterns, not values (so
 ``-0.0`` after ``0.0`` is a change), and applying every delta of a sequence
@@ -37,9 +37,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from common._push_form import PushForm
-from common._safetensors import Expected, read_blob, write_blob
 from common.errors import WeightsError, WeightsTooLargeError
+from common.weights._push_form import PushForm
+from common.weights._safetensors import Expected, read_blob, write_blob
 
 __all__ = [
     "DELTA_MARK",

@@ -17,11 +17,10 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
-from common._blobs import crc32c
-from common._packet_decode import ALIGN, DTYPES, STR
 from common.errors import ProtocolError
+from common.packets._decode import ALIGN, DTYPES, STR
 
-__all__ = ["Encoder", "crc32c", "cut_chunks"]
+__all__ = ["Encoder", "cut_chunks"]
 
 _ZEROS = memoryview(bytes(ALIGN))
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from common._aliases import split_aliases
-from common._push_form import FULL, PushForm, check_fit
 from common.errors import WeightsError
+from common.weights._aliases import split_aliases
+from common.weights._push_form import FULL, PushForm, check_fit
 
 __all__ = [
     "apply_staged",
@@ -63,7 +63,7 @@ def check_compatible(
 
     A full push (the default ``form``) must hold exactly the reference's keys,
     each in its dtype; a subset may lack keys, and a declared wire dtype may
-    stand for any floating dtype (:func:`common._push_form.fit_problems`).
+    stand for any floating dtype (:func:`common.weights._push_form.fit_problems`).
 
     Args:
         state: The incoming tensors by key.

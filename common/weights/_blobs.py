@@ -16,10 +16,9 @@ import hashlib
 import re
 from collections.abc import Iterator
 
-import google_crc32c
-import numpy as np
 import torch
 
+from common.checksum import MAX_CRC32C, crc32c
 from common.config import CHUNK_BYTES
 from common.errors import DataLossError, SessionStateError, WeightsError, WeightsTooLargeError
 
@@ -53,8 +52,6 @@ def default_max_weight_bytes(model_bytes: int) -> int:
 
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-#: The largest CRC-32C value.
-MAX_CRC32C = 0xFFFFFFFF
 #: The checksums a sender may put beside a blob: fast (hardware CRC) or cryptographic.
 CHECKSUMS = ("crc32c", "sha256")
 
@@ -62,16 +59,6 @@ CHECKSUMS = ("crc32c", "sha256")
 def sha256_hex(blob: bytes | bytearray | memoryview) -> str:
     """Return the lowercase hex sha256 of a blob."""
     return hashlib.sha256(blob).hexdigest()
-
-
-def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
-    """CRC-32C of ``data`` continued from ``crc``; SSE4.2 / ARMv8 CRC instructions when present.
-
-    ``google_crc32c`` takes read-only ``bytes`` or an ndarray: a zero-copy uint8 view of
-    any buffer is the way in without a copy.
-    """
-    view = np.frombuffer(data, dtype=np.uint8)
-    return int(google_crc32c.extend(crc, view))
 
 
 def checksums(blob: bytes | bytearray | memoryview, kind: str) -> tuple[str, int | None]:
