@@ -12,20 +12,22 @@
 
 :class:`LocalFleet` starts a fleet of actor subprocesses on loopback for a
 single-machine run; :func:`serve_metrics` exposes a collector's Prometheus metrics over HTTP
-(see ``docs/observability.md``). Everything else in this package is private (modules start
-with ``_``) except the ``train`` subpackage, the PPO entry point, and ``cli``, the ``rlfleet``
-command.
+(see ``docs/observability.md``); :func:`resolve_actors` expands a ``dns:`` name into the
+fleet's addresses. Everything else in this package is private (modules start with ``_``).
+Programs built on the library (the reference learners, the ``rlfleet`` command) live in
+``apps``.
 """
 
 from __future__ import annotations
 
 from learner_client._collector import GrpcCollector
 from learner_client._deltas import WeightPushSettings
+from learner_client._discovery import resolve_actors
 from learner_client._errors import MissingWorkersError, WeightPushError
 from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
-from learner_client._metrics import serve_metrics
+from learner_client._metrics import check_metrics_port, serve_metrics
 
 __all__ = [
     "GrpcCollector",
@@ -35,5 +37,7 @@ __all__ = [
     "RemoteActor",
     "WeightPushError",
     "WeightPushSettings",
+    "check_metrics_port",
+    "resolve_actors",
     "serve_metrics",
 ]

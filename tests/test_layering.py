@@ -1,7 +1,9 @@
-"""Dependencies point one way (common <- actor_service, learner_client); no torchrl at run time.
+"""Dependencies point one way (common <- actor_service, learner_client <- apps); no torchrl.
 
-The one exception is ``rlfleet-grpo --loss torchrl``, TorchRL interop asked for by name: its
-module may import torchrl inside a function (on that path only, never when a package loads).
+The libraries (``common``, ``actor_service``, ``learner_client``) never import torchrl, nor the
+applications built on them (``apps``). In ``apps``, ``rlfleet-grpo --loss torchrl`` is TorchRL
+interop asked for by name: its module may import torchrl inside a function (on that path only,
+never when a package loads).
 
 A package uses another package only through its public modules: ``common._x`` is private to
 ``common``, whoever imports it.
@@ -16,13 +18,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FORBIDDEN = {
-    "common": {"actor_service", "learner_client", "torchrl", "bench"},
-    "actor_service": {"learner_client", "torchrl", "bench"},
-    "learner_client": {"actor_service", "torchrl", "bench"},
+    "common": {"actor_service", "learner_client", "apps", "torchrl", "bench"},
+    "actor_service": {"learner_client", "apps", "torchrl", "bench"},
+    "learner_client": {"actor_service", "apps", "torchrl", "bench"},
+    "apps": {"torchrl", "bench"},
 }
-OUR_PACKAGES = ("common", "actor_service", "learner_client", "bench")
+OUR_PACKAGES = ("common", "actor_service", "learner_client", "apps", "bench")
 #: Modules that may import these packages inside functions (never at module level).
-LAZY_INTEROP = {"learner_client/grpo/_torchrl_loss.py": {"torchrl"}}
+LAZY_INTEROP = {"apps/grpo/_torchrl_loss.py": {"torchrl"}}
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("actor_service", "learner_client", "common", "bench")
+PACKAGES = ("actor_service", "learner_client", "apps", "common", "bench")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 

@@ -56,7 +56,7 @@ READY_RE = re.compile(r"^rlfleet-actor ready worker_id=(\d+) port=(\d+)$")
 LOCAL_PROGRAMS = {
     "rlfleet-entrypoint": ["sh", str(ENTRYPOINT_SCRIPT)],
     "rlfleet-actor": [sys.executable, "-m", "actor_service"],
-    "rlfleet-train": [sys.executable, "-m", "learner_client.train"],
+    "rlfleet-train": [sys.executable, "-m", "apps.ppo"],
     "python": [sys.executable],
 }
 TINY_BUDGET = {"--total-frames": "1024", "--frames-per-batch": "512"}
@@ -339,7 +339,7 @@ def test_image_programs_are_the_installed_console_scripts() -> None:
     # The image runs rlfleet-actor / rlfleet-train; here they run as python -m, the same mains.
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["rlfleet-actor"] == "actor_service.__main__:main"
-    assert scripts["rlfleet-train"] == "learner_client.train:main"
+    assert scripts["rlfleet-train"] == "apps.ppo:main"
     assert (ROOT / "learner_client" / "train" / "__main__.py").exists()
 
 

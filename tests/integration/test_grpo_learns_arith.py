@@ -25,7 +25,7 @@ def test_grpo_defaults_reach_0_9_greedy_accuracy_on_arith_within_3_minutes(tmp_p
         [
             sys.executable,
             "-m",
-            "learner_client.grpo",
+            "apps.grpo",
             "--task",
             "arith",
             "--max-seconds",

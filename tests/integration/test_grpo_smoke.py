@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from apps.grpo import parse_args
 from common.llm import build_policy
 from common.weights import decode_weights
-from learner_client.grpo import parse_args
 
 pytest.importorskip("transformers")
 
@@ -22,7 +22,7 @@ TINY = ["--hidden", "32", "--prompts-per-step", "4", "--eval-problems", "20"]
 
 def _grpo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "learner_client.grpo", *args],
+        [sys.executable, "-m", "apps.grpo", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -120,7 +120,7 @@ def test_grpo_vocab_auto_is_arith_for_the_arith_task_and_compact_for_the_others(
 
 
 def test_grpo_init_std_redraws_every_weight_matrix_and_zeroes_the_biases():
-    from learner_client.grpo._loop import _init_weights
+    from apps.grpo._loop import _init_weights
 
     model, _ = build_policy("rlfleet:tiny-qwen2", hidden=64, layers=2, heads=4, vocab="arith")
     _init_weights(model, 0.1)

@@ -39,7 +39,7 @@ def _actor_processes(seed: int) -> list[int]:
 
 def _train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "learner_client.train", *args],
+        [sys.executable, "-m", "apps.ppo", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -144,7 +144,7 @@ def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path,
         [
             sys.executable,
             "-m",
-            "learner_client.train",
+            "apps.ppo",
             "--actors",
             ",".join(external_fleet.addresses),
             "--frames-per-batch",

@@ -19,7 +19,7 @@ def test_train_defaults_reach_the_cartpole_target_within_budget(tmp_path):
         [
             sys.executable,
             "-m",
-            "learner_client.train",
+            "apps.ppo",
             "--seed",
             "1",
             "--out",

@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.errors import ClosedError
 from learner_client import GrpcCollector, WeightPushError, serve_metrics
-from learner_client.train import parse_args
 
 
 def scrape(port: int) -> tuple[str, dict[str, dict[tuple, float]]]:
@@ -104,15 +103,3 @@ def test_serve_metrics_raises_if_the_port_is_bad_or_the_collector_closed(
         collector.shutdown()
     with pytest.raises(ClosedError):
         serve_metrics(collector, 0)
-
-
-def test_train_metrics_port_flag_reaches_the_collector_settings(
-    capsys: pytest.CaptureFixture,
-) -> None:
-    assert parse_args(["--metrics-port", "9400"]).metrics_port == 9400
-    assert parse_args([]).metrics_port is None
-    for bad in ("70000", "-1"):
-        with pytest.raises(SystemExit) as exited:
-            parse_args(["--metrics-port", bad])
-        assert exited.value.code == 2
-        assert "metrics_port must be in 0..65535" in capsys.readouterr().err

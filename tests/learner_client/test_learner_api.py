@@ -15,6 +15,8 @@ def test_learner_client_all_is_pinned():
         "RemoteActor",
         "WeightPushError",
         "WeightPushSettings",
+        "check_metrics_port",
+        "resolve_actors",
         "serve_metrics",
     ]
     for name in learner_client.__all__:

@@ -1,6 +1,6 @@
 """What a PPO run leaves behind: its summary, and the learning curve of episode returns.
 
-Under the output directory (through :mod:`learner_client._job.report`):
+Under the output directory (through :mod:`apps._job.report`):
 ``policy.safetensors`` (the policy's state dict), ``summary.json`` (the outcome and
 the settings) and ``learning_curve.png`` (episode returns against frames).
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from learner_client._job.report import CURVE_FILE, new_plot, save_plot, save_weights_and_summary
+from apps._job.report import CURVE_FILE, new_plot, save_plot, save_weights_and_summary
 
 __all__ = ["TrainSummary", "plot_learning_curve", "save_run"]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from learner_client.train._episodes import EpisodeTracker
-from learner_client.train._ppo import compute_gae
+from apps.ppo._episodes import EpisodeTracker
+from apps.ppo._ppo import compute_gae
 
 
 def _reference_gae(reward, value, next_value, terminated, done, gamma, lam):

@@ -21,16 +21,15 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from apps._job.cli import seed_everything
+from apps._job.report import Progress
+from apps.ppo._episodes import EpisodeTracker
+from apps.ppo._ppo import PPOConfig, PPOLearner
+from apps.ppo._report import TrainSummary, save_run
+from apps.ppo._settings import RETURN_WINDOW, TrainSettings
 from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
-from learner_client import GrpcCollector, serve_metrics
-from learner_client._job.cli import seed_everything
-from learner_client._job.report import Progress
-from learner_client._local_fleet import LocalFleet
-from learner_client.train._episodes import EpisodeTracker
-from learner_client.train._ppo import PPOConfig, PPOLearner
-from learner_client.train._report import TrainSummary, save_run
-from learner_client.train._settings import RETURN_WINDOW, TrainSettings
+from learner_client import GrpcCollector, LocalFleet, serve_metrics
 
 __all__ = ["train"]
 

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from apps._job.settings import check_positive_ints, opt, parse_settings
 from common.llm import TASK_NAMES, VOCABS
-from learner_client._job.settings import check_positive_ints, opt, parse_settings
 
 __all__ = ["LOSSES", "GRPOSettings", "parse_args"]
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import gymnasium
 
+from apps._job.cli import run_job
+from apps.ppo._loop import train
+from apps.ppo._settings import parse_args
 from common.errors import RlfleetError
-from learner_client._job.cli import run_job
-from learner_client.train._loop import train
-from learner_client.train._settings import parse_args
 
 __all__ = ["main"]
 

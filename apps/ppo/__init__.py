@@ -2,7 +2,7 @@
 
 CleanRL style: :class:`TrainSettings` is the command line, :func:`train` is
 the rollout/update loop, and :func:`main` is the entry point that
-``python -m learner_client.train`` and the ``rlfleet-train`` script run. By
+``python -m apps.ppo`` and the ``rlfleet-train`` script run. By
 default it starts a :class:`~learner_client._local_fleet.LocalFleet` of
 actor subprocesses on loopback; ``--actors host:port,...`` trains against an
 existing fleet instead. Usage::
@@ -14,9 +14,9 @@ existing fleet instead. Usage::
 
 from __future__ import annotations
 
-from learner_client.train._cli import main
-from learner_client.train._loop import train
-from learner_client.train._report import TrainSummary
-from learner_client.train._settings import TrainSettings, parse_args
+from apps.ppo._cli import main
+from apps.ppo._loop import train
+from apps.ppo._report import TrainSummary
+from apps.ppo._settings import TrainSettings, parse_args
 
 __all__ = ["TrainSettings", "TrainSummary", "main", "parse_args", "train"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from apps._job.cli import run_job
+from apps.grpo._loop import train
+from apps.grpo._settings import parse_args
 from common.errors import RlfleetError
-from learner_client._job.cli import run_job
-from learner_client.grpo._loop import train
-from learner_client.grpo._settings import parse_args
 
 __all__ = ["main"]
 

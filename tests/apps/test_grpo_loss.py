@@ -8,6 +8,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from apps.grpo._evaluate import Evaluator, held_out_problems
+from apps.grpo._loss import GRPOConfig, GRPOLearner, group_advantages
 from common.llm import (
     GenerationSettings,
     build_policy,
@@ -16,8 +18,6 @@ from common.llm import (
     generate,
     response_log_probs,
 )
-from learner_client.grpo._evaluate import Evaluator, held_out_problems
-from learner_client.grpo._loss import GRPOConfig, GRPOLearner, group_advantages
 
 pytest.importorskip("transformers")
 
@@ -133,7 +133,7 @@ def test_evaluator_scores_greedy_answers_with_the_task():
 
 
 def test_grpo_config_defaults_are_the_command_lines() -> None:
-    from learner_client.grpo._settings import GRPOSettings
+    from apps.grpo._settings import GRPOSettings
 
     settings = GRPOSettings()
     for field in dataclasses.fields(GRPOConfig):

@@ -26,9 +26,9 @@ from typing import TextIO
 
 import grpc
 
+from apps.status._status import ActorStatus, Probe, format_table, with_rates
 from common.errors import ActorUnavailableError
-from learner_client._discovery import resolve_actors
-from learner_client.cli._status import ActorStatus, Probe, format_table, with_rates
+from learner_client import resolve_actors
 
 __all__ = ["main"]
 

@@ -2,7 +2,7 @@
 
 In the style of ``rlfleet-train``: :class:`GRPOSettings` is the command line,
 :func:`train` is the collect/update/push loop and :func:`main` the entry point that
-``python -m learner_client.grpo`` and the ``rlfleet-grpo`` script run. It starts a
+``python -m apps.grpo`` and the ``rlfleet-grpo`` script run. It starts a
 local fleet of LLM actors (:class:`~learner_client.LocalFleet` with ``kind="llm"``)
 serving the built-in tiny Qwen2, trains it with GRPO on a built-in task and stops
 when greedy accuracy on the task's held-out problems reaches the target. Usage::
@@ -14,9 +14,9 @@ when greedy accuracy on the task's held-out problems reaches the target. Usage::
 
 from __future__ import annotations
 
-from learner_client.grpo._cli import main
-from learner_client.grpo._loop import train
-from learner_client.grpo._report import GRPOSummary
-from learner_client.grpo._settings import GRPOSettings, parse_args
+from apps.grpo._cli import main
+from apps.grpo._loop import train
+from apps.grpo._report import GRPOSummary
+from apps.grpo._settings import GRPOSettings, parse_args
 
 __all__ = ["GRPOSettings", "GRPOSummary", "main", "parse_args", "train"]

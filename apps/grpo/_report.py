@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import nn
 
-from learner_client._job.report import CURVE_FILE, new_plot, save_plot, save_weights_and_summary
-from learner_client.grpo._settings import GRPOSettings
+from apps._job.report import CURVE_FILE, new_plot, save_plot, save_weights_and_summary
+from apps.grpo._settings import GRPOSettings
 
 __all__ = ["Curve", "GRPOSummary", "plot_curve", "save_run"]
 

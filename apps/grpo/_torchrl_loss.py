@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from learner_client.grpo._loss import GRPOConfig
+from apps.grpo._loss import GRPOConfig
 
 __all__ = ["TorchRLGRPO", "import_torchrl"]
 

@@ -2,7 +2,7 @@
 
 :class:`TrainSettings` is a frozen dataclass with one documented field per
 flag; :func:`parse_args` builds the ``argparse`` parser from its fields
-(:mod:`learner_client._job.settings`: the field name with dashes is the flag, the
+(:mod:`apps._job.settings`: the field name with dashes is the flag, the
 field's ``help`` metadata its help), so the command line and the settings cannot
 drift apart. Values are validated in
 ``__post_init__``, whether they come from the command line or from code.
@@ -14,8 +14,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from learner_client._job.settings import check_positive_ints, opt, parse_settings
-from learner_client._metrics import check_metrics_port
+from apps._job.settings import check_positive_ints, opt, parse_settings
+from learner_client import check_metrics_port
 
 __all__ = ["CARTPOLE_TARGET_RETURN", "RETURN_WINDOW", "TrainSettings", "parse_args"]
 

@@ -21,16 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from apps._job.cli import seed_everything
+from apps._job.report import Progress
+from apps.grpo._evaluate import Evaluator, held_out_problems
+from apps.grpo._loss import GRPOConfig, GRPOLearner
+from apps.grpo._report import Curve, GRPOSummary, save_run
+from apps.grpo._settings import GRPOSettings
+from apps.grpo._torchrl_loss import TorchRLGRPO
 from common.llm import GenerationSettings, build_policy, build_task
-from learner_client._job.cli import seed_everything
-from learner_client._job.report import Progress
-from learner_client._llm_collector import GrpcLLMCollector
-from learner_client._local_fleet import LocalFleet
-from learner_client.grpo._evaluate import Evaluator, held_out_problems
-from learner_client.grpo._loss import GRPOConfig, GRPOLearner
-from learner_client.grpo._report import Curve, GRPOSummary, save_run
-from learner_client.grpo._settings import GRPOSettings
-from learner_client.grpo._torchrl_loss import TorchRLGRPO
+from learner_client import GrpcLLMCollector, LocalFleet
 
 __all__ = ["MODEL_SPEC", "train"]
 

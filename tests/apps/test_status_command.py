@@ -1,4 +1,4 @@
-"""``rlfleet status`` (``python -m learner_client.cli status``) against live actor processes."""
+"""``rlfleet status`` (``python -m apps.status status``) against live actor processes."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import grpc
 import pytest
 from helpers import ActorProcess, poll_until, self_signed_cert, start_actor
 
+from apps import status as cli
+from apps.status._status import ActorStatus, with_rates
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from learner_client import cli
-from learner_client.cli._status import ActorStatus, with_rates
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LEARNER = "status-test-learner"
@@ -35,7 +35,7 @@ def rlfleet(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     }
     env.pop("RLFLEET_TOKEN", None)
     return subprocess.run(
-        [sys.executable, "-m", "learner_client.cli", *args],
+        [sys.executable, "-m", "apps.status", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

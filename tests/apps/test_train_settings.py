@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from apps._job.report import Progress
+from apps.ppo._report import TrainSummary, plot_learning_curve, save_run
+from apps.ppo._settings import TrainSettings, parse_args
 from common.weights import decode_weights
-from learner_client._job.report import Progress
-from learner_client.train._report import TrainSummary, plot_learning_curve, save_run
-from learner_client.train._settings import TrainSettings, parse_args
 
 
 def test_parse_args_defaults_equal_the_dataclass_defaults():
@@ -148,3 +148,15 @@ def test_summary_to_text_names_the_outcome():
     text = _summary("runs/x").to_text()
     assert "2048 frames" in text
     assert "target 475 not reached" in text
+
+
+def test_train_metrics_port_flag_reaches_the_collector_settings(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert parse_args(["--metrics-port", "9400"]).metrics_port == 9400
+    assert parse_args([]).metrics_port is None
+    for bad in ("70000", "-1"):
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--metrics-port", bad])
+        assert exited.value.code == 2
+        assert "metrics_port must be in 0..65535" in capsys.readouterr().err
