@@ -90,7 +90,7 @@ def collect_encoded(
         epoch=epoch,
         seq=seq,
         frames=frames,
-        frame_bytes=nbytes,
+        total_bytes=nbytes,
         crc32c=crc32c,
         model_id=model_id,
         policy_version_min=low,

@@ -265,14 +265,14 @@ class CollectStream:
         if chunk.index != 0 or chunk.info is None or chunk.count < 1:
             raise ProtocolError(f"{self.address}: batch seq {chunk.seq} starts without info")
         return BatchAssembler(
-            chunk.info.frame_bytes,
+            chunk.info.total_bytes,
             finals_bytes=chunk.info.fold.finals_bytes,
             limits=self._limits,
             allocate=self._allocate,
         )
 
     async def _finish(self, assembler: BatchAssembler, info: pb.BatchInfo) -> Delivery:
-        if info.frame_bytes < _DECODE_OFF_LOOP_BYTES:
+        if info.total_bytes < _DECODE_OFF_LOOP_BYTES:
             batch = assembler.finish(expected_crc32c=info.crc32c)
         else:
             loop = asyncio.get_running_loop()

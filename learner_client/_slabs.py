@@ -65,7 +65,7 @@ class PacketSlabs:
 
         slabs = PacketSlabs()
         allocate = slabs.allocator(position=0, width=2)  # the first of two actors
-        assembler = PacketAssembler(info.frame_bytes, allocate=allocate)
+        assembler = PacketAssembler(info.total_bytes, allocate=allocate)
     """
 
     def __init__(self) -> None:

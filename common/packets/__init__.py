@@ -226,7 +226,7 @@ class PacketAssembler:
 
     Example::
 
-        assembler = PacketAssembler(info.frame_bytes)
+        assembler = PacketAssembler(info.total_bytes)
         for data in chunks:
             assembler.add(data)
         batch = assembler.finish(expected_crc32c=info.crc32c)

@@ -29,7 +29,7 @@ class BatchAssembler:
 
     Example::
 
-        assembler = BatchAssembler(info.frame_bytes, finals_bytes=info.fold.finals_bytes)
+        assembler = BatchAssembler(info.total_bytes, finals_bytes=info.fold.finals_bytes)
         for data in chunks:
             assembler.add(data)
         batch = assembler.finish(expected_crc32c=info.crc32c)

@@ -156,7 +156,7 @@ class RawCollect:
         chunk = message.chunk
         info = chunk.info
         assert chunk.index == 0
-        assembler = PacketAssembler(info.frame_bytes)
+        assembler = PacketAssembler(info.total_bytes)
         assembler.add(chunk.data)
         for index in range(1, chunk.count):
             nxt = self.next(timeout)

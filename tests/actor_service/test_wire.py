@@ -20,7 +20,7 @@ def _info(seq: int) -> pb.BatchInfo:
         epoch=2**33,
         seq=seq,
         frames=256,
-        frame_bytes=14_500_000,
+        total_bytes=14_500_000,
         crc32c=0xDEADBEEF,
         model_id="policy",
         policy_version_min=4,

@@ -24,7 +24,7 @@ def _same(parsed, data: bytes) -> None:
 @pytest.mark.parametrize("seq", [0, 1, 2**64 - 1])
 def test_parse_collect_response_views_the_data_of_a_chunk(size: int, seq: int) -> None:
     info = pb.BatchInfo(
-        seq=seq, frame_bytes=size, crc32c=7, fold=pb.ObservationFold(finals_bytes=3)
+        seq=seq, total_bytes=size, crc32c=7, fold=pb.ObservationFold(finals_bytes=3)
     )
     data = encode_chunk(
         seq=seq,

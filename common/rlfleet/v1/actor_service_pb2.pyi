@@ -152,28 +152,28 @@ class SessionOpened(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_seq: _Optional[int] = ..., max_credits: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class BatchInfo(_message.Message):
-    __slots__ = ("worker_id", "epoch", "seq", "frames", "frame_bytes", "crc32c", "model_id", "policy_version_min", "policy_version_max", "fold")
+    __slots__ = ("worker_id", "epoch", "seq", "frames", "crc32c", "model_id", "policy_version_min", "policy_version_max", "fold", "total_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
-    FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_MIN_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_MAX_FIELD_NUMBER: _ClassVar[int]
     FOLD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     epoch: int
     seq: int
     frames: int
-    frame_bytes: int
     crc32c: int
     model_id: str
     policy_version_min: int
     policy_version_max: int
     fold: ObservationFold
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., frame_bytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., fold: _Optional[_Union[ObservationFold, _Mapping]] = ...) -> None: ...
+    total_bytes: int
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., frames: _Optional[int] = ..., crc32c: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version_min: _Optional[int] = ..., policy_version_max: _Optional[int] = ..., fold: _Optional[_Union[ObservationFold, _Mapping]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class ObservationFold(_message.Message):
     __slots__ = ("finals_bytes",)
