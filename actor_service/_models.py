@@ -32,7 +32,7 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
-from actor_service._staging import Swap, push_delta, push_full, restore, snapshot
+from actor_service._swap import Swap, push_delta, push_full, restore, snapshot
 from actor_service._tensor_forward import TensorForward, tensor_forward
 from actor_service._weight_rules import stage_weights
 from common.config import ExplorationType
@@ -408,7 +408,7 @@ class ModelRegistry:
     ) -> dict[str, tuple[int, int]]:
         """Restore every model's weights and version, all or nothing; ``{model_id: (old, new)}``.
 
-        ``state`` is a :meth:`state_dict`; see ``actor_service._staging.restore`` for the
+        ``state`` is a :meth:`state_dict`; see ``actor_service._swap.restore`` for the
         checks (UnknownModelError, WeightsError, StaleVersionError unless ``allow_rollback``).
         """
         slots = {model_id: (m, m.reference) for model_id, m in self._models.items()}

@@ -28,7 +28,7 @@ from actor_service._config import ActorConfig
 from actor_service._identity import ActorIdentity
 from actor_service._logging import log_event
 from actor_service._session import SessionBook
-from actor_service._staging import Swap
+from actor_service._swap import Swap
 from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
 from common.packets.folding import FoldedBatch
