@@ -10,9 +10,11 @@ import pytest
 import torch
 from helpers import process_gone
 from tensordict import TensorDict
+from tensordict.nn import set_interaction_type
 
 import common
 from actor_service._config import ActorConfig, ModelSpec
+from actor_service._models import interaction_of
 from actor_service._rollout import RolloutWorker, derive_seed
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
@@ -112,9 +114,10 @@ def test_rollout_worker_raises_if_worker_id_out_of_range(worker_id: int) -> None
 def test_rollout_worker_deterministic_exploration_acts_on_the_logits_mode() -> None:
     with _worker() as worker:
         batch = _collect(worker, 64, exploration_type=ExplorationType.DETERMINISTIC)
-        again = worker.models.act(
-            "policy", batch["observation"].reshape(-1, 4), ExplorationType.DETERMINISTIC
-        )
+        observation = batch["observation"].reshape(-1, 4)
+        with torch.no_grad(), set_interaction_type(interaction_of(ExplorationType.DETERMINISTIC)):
+            _, action, _ = worker.models.act_compact("policy", observation)
+        again = {"action": worker.models.action_codec.to_batch(action)}
     assert torch.equal(batch["action"].argmax(-1), batch["logits"].argmax(-1))
     assert torch.equal(again["action"].reshape(4, 16, 2), batch["action"])
 
