@@ -1,4 +1,4 @@
-"""RolloutWorker: batches, settings, weights between steps, seeding, traj ids, backends."""
+"""EnvCore: batches, settings, weights between steps, seeding, traj ids, backends."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from tensordict.nn import set_interaction_type
 
 import common
 from actor_service._config import ActorConfig, ModelSpec
+from actor_service._core._env import EnvCore, derive_seed
 from actor_service._models import interaction_of
-from actor_service._rollout import RolloutWorker, derive_seed
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
     DeadlineError,
@@ -34,12 +34,12 @@ def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(HERE)
 
 
-def _worker(**overrides) -> RolloutWorker:
+def _worker(**overrides) -> EnvCore:
     fields = {"num_envs": 4, "seed": 0, **overrides}
-    return RolloutWorker(ActorConfig(**fields))
+    return EnvCore(ActorConfig(**fields))
 
 
-def _collect(worker: RolloutWorker, frames: int = 64, **settings) -> TensorDict:
+def _collect(worker: EnvCore, frames: int = 64, **settings) -> TensorDict:
     worker.configure(CollectSettings(frames_per_batch=frames, **settings))
     return worker.collect_batch()
 
@@ -305,7 +305,7 @@ def test_rollout_worker_describes_itself() -> None:
     with _worker(worker_id=9, models=(ModelSpec(), ModelSpec("explorer", "random"))) as worker:
         description = worker.describe()
     assert (description.worker_id, description.epoch) == (9, worker.epoch)
-    assert (description.env_id, description.num_envs, description.env_backend) == (
+    assert (description.env_id, description.num_slots, description.backend) == (
         "CartPole-v1",
         4,
         "sync",
