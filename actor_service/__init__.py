@@ -1,4 +1,4 @@
-"""The rlfleet actor: an env pool plus a local policy, served as ``rlfleet.v1.ActorService``.
+"""The rlfleet actor: an env pool or LLM chat slots with local models, served as ``ActorService``.
 
 Run one with the ``rlfleet-actor`` command (or ``python -m actor_service``), or
 in-process::

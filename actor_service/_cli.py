@@ -459,11 +459,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.captureWarnings(True)
     return serve(config)
-
-
-def config_summary(config: ActorConfig) -> dict[str, Any]:
-    """The config as loggable fields, with the token masked."""
-    fields = dataclasses.asdict(config)
-    if fields.get("token"):
-        fields["token"] = "***"
-    return fields

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from actor_service._core import ActorIdentity
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import RlfleetError
 from common.llm import GenerationSettings, LLMSettings
@@ -131,12 +132,15 @@ def _space_kind(space: Any) -> str:
 
 
 def describe_to_proto(
-    description: Any, *, max_credits: int, busy: bool, max_new_tokens_cap: int = 0
+    description: ActorIdentity, *, max_credits: int, busy: bool, max_new_tokens_cap: int = 0
 ) -> pb.DescribeResponse:
     """Turn the core's ``ActorIdentity`` into a ``DescribeResponse``.
 
+    The identity's neutral ``num_slots`` and ``backend`` go on the wire as ``num_envs``
+    and ``env_backend``.
+
     Args:
-        description: What ``RolloutWorker.describe()`` returned.
+        description: What the collection core's ``describe()`` returned.
         max_credits: The actor's credit cap.
         busy: Whether a learner session is active.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
@@ -163,8 +167,8 @@ def describe_to_proto(
         policy=description.policy,
         max_new_tokens_cap=max_new_tokens_cap if description.kind == "llm" else 0,
         **spaces,
-        num_envs=description.num_envs,
-        env_backend=str(description.env_backend),
+        num_envs=description.num_slots,
+        env_backend=str(description.backend),
         device=str(description.device),
         software_version=str(description.software_version),
         max_credits=max_credits,

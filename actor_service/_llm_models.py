@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from actor_service._staging import Swap, push_delta, push_full, restore, snapshot
+from actor_service._swap import Swap, push_delta, push_full, restore, snapshot
 from actor_service._weight_rules import stage_weights
 from common.config import DEFAULT_MODEL_ID
 from common.errors import UnknownModelError

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -33,14 +33,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from actor_service._core import CollectionCore
+from actor_service._session import SessionBook
 from common.errors import ActorUnavailableError
 from common.metrics import new_registry
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-if TYPE_CHECKING:
-    from actor_service._runtime import ActorRuntime
-
-__all__ = ["ActorMetrics", "BatchHistogram"]
+__all__ = ["ActorMetrics", "BatchHistogram", "WatchedActor"]
 
 #: Buckets of the per-step latencies (forward pass, env step): 10 µs to 2.5 s.
 STEP_BUCKETS: tuple[float, ...] = (
@@ -59,6 +58,36 @@ _END_REASONS = {
     for name, value in pb.EndReason.items()
     if value != pb.END_REASON_UNSPECIFIED
 }
+
+
+class WatchedActor(Protocol):
+    """What the scrape-time gauges read of a serving actor (the runtime).
+
+    ``book`` and ``worker`` raise ``ActorUnavailableError`` while the actor starts
+    (``worker`` also once it stopped).
+    """
+
+    draining: bool
+
+    @property
+    def ready(self) -> bool:
+        """Whether the core is built and the actor is not draining."""
+        ...
+
+    @property
+    def busy(self) -> bool:
+        """Whether a learner session is active or its last batch is being given up."""
+        ...
+
+    @property
+    def book(self) -> SessionBook[Any]:
+        """The session bookkeeping of this actor epoch."""
+        ...
+
+    @property
+    def worker(self) -> CollectionCore:
+        """The collection core."""
+        ...
 
 
 class BatchHistogram(Collector):
@@ -195,7 +224,7 @@ class ActorMetrics:
         self.forward_seconds.observe_many(step_seconds[:, 0])
         self.env_step_seconds.observe_many(step_seconds[:, 1])
 
-    def watch(self, runtime: ActorRuntime) -> None:
+    def watch(self, runtime: WatchedActor) -> None:
         """Report ``runtime``'s state (session, credits, versions) at every scrape."""
         self.registry.register(_RuntimeCollector(runtime, self._info))
 
@@ -203,7 +232,7 @@ class ActorMetrics:
 class _RuntimeCollector(Collector):
     """Gauges read from the runtime when Prometheus scrapes."""
 
-    def __init__(self, runtime: ActorRuntime, info: dict[str, str]) -> None:
+    def __init__(self, runtime: WatchedActor, info: dict[str, str]) -> None:
         self._rt = runtime
         self._info = info
         self._started = time.time()
@@ -263,7 +292,7 @@ class _RuntimeCollector(Collector):
         return versions
 
 
-def _session_state(runtime: ActorRuntime) -> str:
+def _session_state(runtime: WatchedActor) -> str:
     if runtime.draining:
         return "draining"
     if not runtime.ready:

@@ -32,7 +32,7 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._spaces import ActionCodec, ObservationCodec
-from actor_service._staging import Swap, push_delta, push_full, restore, snapshot
+from actor_service._swap import Swap, push_delta, push_full, restore, snapshot
 from actor_service._tensor_forward import TensorForward, tensor_forward
 from actor_service._weight_rules import stage_weights
 from common.config import ExplorationType
@@ -311,36 +311,6 @@ class ModelRegistry:
             action, extras = model.forward(observation)
             return model.version, action, extras
 
-    def act(
-        self,
-        model_id: str,
-        observation: torch.Tensor,
-        exploration_type: ExplorationType | None = None,
-    ) -> TensorDict:
-        """Batched inference without gradients, outputs in batch form.
-
-        Args:
-            model_id: The acting model.
-            observation: ``[B, *obs_shape]`` in batch form.
-            exploration_type: The interaction type to set; None keeps the ambient one
-                (``tensordict.nn.set_interaction_type``).
-
-        Returns:
-            A ``[B]`` TensorDict on CPU with ``"action"`` (one-hot ``int64`` for Discrete),
-            the extra outputs (e.g. ``"logits"``, ``"action_log_prob"``) and ``"policy_version"``.
-        """
-        with torch.no_grad():
-            if exploration_type is None:
-                version, action, extras = self.act_compact(model_id, observation)
-            else:
-                with set_interaction_type(interaction_of(exploration_type)):
-                    version, action, extras = self.act_compact(model_id, observation)
-        batch = observation.shape[0]
-        out = TensorDict({k: v.detach().cpu() for k, v in extras.items()}, batch_size=[batch])
-        out.set("action", self.action_codec.to_batch(action.cpu()))
-        out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
-        return out
-
     def validate(
         self, model_id: str, state: object, form: PushForm | None = None
     ) -> dict[str, torch.Tensor]:
@@ -408,7 +378,7 @@ class ModelRegistry:
     ) -> dict[str, tuple[int, int]]:
         """Restore every model's weights and version, all or nothing; ``{model_id: (old, new)}``.
 
-        ``state`` is a :meth:`state_dict`; see ``actor_service._staging.restore`` for the
+        ``state`` is a :meth:`state_dict`; see ``actor_service._swap.restore`` for the
         checks (UnknownModelError, WeightsError, StaleVersionError unless ``allow_rollback``).
         """
         slots = {model_id: (m, m.reference) for model_id, m in self._models.items()}

@@ -1,9 +1,10 @@
 """What one actor process holds while it serves: the collection core, its thread, sessions, drain.
 
-:class:`ActorRuntime` owns the :class:`~actor_service._rollout.RolloutWorker`
-(built off the event loop, since it starts the env pool), the single
-collection thread every call that steps or reseeds the env pool runs on (so
-those calls never overlap and never block the event loop), the
+:class:`ActorRuntime` holds the collection core (a
+:class:`~actor_service._core.CollectionCore`, built off the event loop by the
+factory the server picked, since building it starts the env pool or loads the
+model), the single collection thread every call that steps or reseeds the core
+runs on (so those calls never overlap and never block the event loop), the
 :class:`~actor_service._session.SessionBook` of the actor epoch, the one
 active ``Collect`` stream, and the draining flag set on SIGTERM. The gRPC
 servicer and server are thin layers over it.
@@ -16,34 +17,18 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-import torch
-from tensordict import TensorDict
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from actor_service._config import ActorConfig
-from actor_service._identity import ActorIdentity
+from actor_service._core import CollectionCore
 from actor_service._logging import log_event
+from actor_service._metrics import ActorMetrics
 from actor_service._session import SessionBook
-from actor_service._staging import Swap
-from common.config import CollectSettings
 from common.errors import ActorBusyError, ActorUnavailableError
-from common.packets.folding import FoldedBatch
-from common.weights import Delta, PushForm
 
-if TYPE_CHECKING:
-    from actor_service._metrics import ActorMetrics
-
-__all__ = [
-    "SHUTDOWN_REAP_BOUND",
-    "ActiveSession",
-    "ActorRuntime",
-    "CollectionCore",
-    "CoreModels",
-]
+__all__ = ["SHUTDOWN_REAP_BOUND", "ActiveSession", "ActorRuntime"]
 
 #: Seconds beyond the grace period within which a stopping actor has reaped every
 #: child it started, even when an env step hangs: closing the pool gets what is
@@ -54,55 +39,6 @@ __all__ = [
 SHUTDOWN_REAP_BOUND = 5.0
 
 T = TypeVar("T")
-
-
-class CoreModels(Protocol):
-    """What the serving layer uses of a core's models (``ModelRegistry``, ``LLMModels``)."""
-
-    @property
-    def model_ids(self) -> tuple[str, ...]: ...
-    def policy_version(self, model_id: str) -> int: ...
-    def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]: ...
-    def load_weights(
-        self,
-        model_id: str,
-        version: int,
-        state: Mapping[str, torch.Tensor],
-        form: PushForm | None = None,
-    ) -> int: ...
-    def swap_weights(
-        self,
-        model_id: str,
-        version: int,
-        state: Mapping[str, torch.Tensor],
-        form: PushForm | None = None,
-    ) -> Swap: ...
-    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap: ...
-
-
-class CollectionCore(Protocol):
-    """What the serving layer uses of the collection core.
-
-    ``RolloutWorker`` (env actors) and ``LLMRolloutWorker`` (LLM actors) are the real ones.
-    """
-
-    epoch: int
-    num_envs: int
-    frames: int
-
-    @property
-    def models(self) -> CoreModels: ...
-
-    def describe(self) -> ActorIdentity: ...
-    def configure(self, settings: CollectSettings) -> None: ...
-    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch: ...
-    def set_seed(self, seed: int, static_seed: bool = False) -> int: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(
-        self, state: dict[str, Any], *, allow_rollback: bool = False
-    ) -> dict[str, tuple[int, int]]: ...
-    def kill_pool(self) -> int: ...
-    def close(self) -> None: ...
 
 
 class ActiveSession(Protocol):
@@ -120,34 +56,20 @@ class ActiveSession(Protocol):
     async def wait_finished(self) -> None: ...
 
 
-def _default_core(config: ActorConfig, metrics: ActorMetrics | None = None) -> CollectionCore:
-    """The real collection core of ``config.kind``: an env pool or LLM chat slots.
-
-    ``metrics`` counts the env pool's batches and step latencies (LLM slots count none).
-    """
-    if config.kind == "llm":
-        from actor_service._llm_rollout import LLMRolloutWorker
-
-        return LLMRolloutWorker(config)
-    from actor_service._rollout import RolloutWorker
-
-    return RolloutWorker(config, metrics=metrics)
-
-
 class ActorRuntime:
     """The actor's serving state, shared by every RPC handler on one event loop.
 
     Args:
         config: The actor's settings.
-        worker_factory: Builds the collection core from the config (the real
-            ``RolloutWorker`` by default); called once, on the collection thread.
-        metrics: What the default collection core counts into; None counts nothing.
+        worker_factory: Builds the collection core from the config (the server picks
+            it); called once, on the collection thread.
+        metrics: What the ``Collect`` streams count into; None counts nothing.
     """
 
     def __init__(
         self,
         config: ActorConfig,
-        worker_factory: Callable[[ActorConfig], CollectionCore] | None = None,
+        worker_factory: Callable[[ActorConfig], CollectionCore],
         metrics: ActorMetrics | None = None,
     ) -> None:
         self.config = config
@@ -170,12 +92,11 @@ class ActorRuntime:
     # ------------------------------------------------------------------ life
 
     async def start(self) -> None:
-        """Build the collection core (env pool and models) on the collection thread."""
-        factory = self._worker_factory or functools.partial(_default_core, metrics=self.metrics)
-        worker = await self.run_collect(factory, self.config)
+        """Build the collection core (env pool or chat slots, models) on the collection thread."""
+        worker = await self.run_collect(self._worker_factory, self.config)
         self._book = SessionBook(epoch=worker.epoch, max_credits=self.config.max_credits)
         self._worker = worker
-        log_event("actor.ready", logging.INFO, epoch=worker.epoch, num_envs=worker.num_envs)
+        log_event("actor.ready", logging.INFO, epoch=worker.epoch, num_envs=worker.num_slots)
 
     @property
     def ready(self) -> bool:
@@ -324,7 +245,7 @@ class ActorRuntime:
             try:
                 await asyncio.wait_for(self.run_collect(worker.close), max(0.1, timeout))
             except TimeoutError:
-                killed = await asyncio.to_thread(worker.kill_pool)
+                killed = await asyncio.to_thread(worker.force_close)
                 log_event(
                     "actor.children_killed",
                     logging.WARNING,

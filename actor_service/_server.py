@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -36,6 +37,10 @@ from grpc_reflection.v1alpha import reflection
 
 from actor_service._auth import TokenAuthInterceptor
 from actor_service._config import ActorConfig
+from actor_service._core import BatchRecorder, CollectionCore
+from actor_service._core._base import CoreBase
+from actor_service._core._env import EnvCore
+from actor_service._core._llm import LLMCore
 from actor_service._env_pool import env_name
 from actor_service._limits import CallLimiter
 from actor_service._logging import log_event
@@ -48,7 +53,15 @@ from common.errors import SessionStateError
 from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-__all__ = ["SERVICE_NAME", "ActorServer", "ServerThread", "create_server", "serve"]
+__all__ = [
+    "CORES",
+    "SERVICE_NAME",
+    "ActorServer",
+    "ServerThread",
+    "core_factory",
+    "create_server",
+    "serve",
+]
 
 #: Full name of the actor service, as health and reflection report it.
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
@@ -60,6 +73,21 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _MAX_STREAMS_PER_CONNECTION = 32
 
 
+#: The collection core of each ``ActorConfig.kind``: a new kind is one module in
+#: ``actor_service._core`` and one line here.
+CORES: dict[str, type[CoreBase]] = {
+    "env": EnvCore,
+    "llm": LLMCore,
+}
+
+
+def core_factory(
+    config: ActorConfig, metrics: BatchRecorder | None = None
+) -> Callable[[ActorConfig], CollectionCore]:
+    """What builds the collection core of ``config.kind``, counting its batches into ``metrics``."""
+    return functools.partial(CORES[config.kind], metrics=metrics)
+
+
 class ActorServer:
     """One actor's gRPC server(s) over an :class:`ActorRuntime`.
 
@@ -68,11 +96,14 @@ class ActorServer:
 
     Args:
         config: The actor's settings.
-        worker_factory: Builds the collection core (``RolloutWorker`` by default).
+        worker_factory: Builds the collection core (by default the one :data:`CORES`
+            names for ``config.kind``).
     """
 
     def __init__(
-        self, config: ActorConfig, worker_factory: Callable[[ActorConfig], Any] | None = None
+        self,
+        config: ActorConfig,
+        worker_factory: Callable[[ActorConfig], CollectionCore] | None = None,
     ) -> None:
         self.config = config
         self._worker_factory = worker_factory
@@ -104,7 +135,8 @@ class ActorServer:
                 env_id=env_name(self.config),
                 model_ids=[spec.model_id for spec in self.config.models],
             )
-        self.runtime = ActorRuntime(self.config, self._worker_factory, self.metrics)
+        factory = self._worker_factory or core_factory(self.config, self.metrics)
+        self.runtime = ActorRuntime(self.config, factory, self.metrics)
         if self.metrics is not None:
             self.metrics.watch(self.runtime)
             self._metrics_endpoint = MetricsEndpoint(
@@ -273,13 +305,14 @@ class ServerThread:
 
 
 def create_server(
-    config: ActorConfig, worker_factory: Callable[[ActorConfig], Any] | None = None
+    config: ActorConfig, worker_factory: Callable[[ActorConfig], CollectionCore] | None = None
 ) -> ActorServer:
     """Build (not start) the actor server for ``config``.
 
     Args:
         config: The actor's settings.
-        worker_factory: Builds the collection core (``RolloutWorker`` by default).
+        worker_factory: Builds the collection core (by default the one :data:`CORES`
+            names for ``config.kind``).
     """
     return ActorServer(config, worker_factory)
 

@@ -24,8 +24,8 @@ from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
 from actor_service._runtime import ActorRuntime
-from actor_service._staging import ReceiveBuffers, Swap, check_base
 from actor_service._state import decode_state, encode_state
+from actor_service._swap import ReceiveBuffers, Swap, check_base
 from actor_service._weight_rules import check_newer
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (

@@ -1,8 +1,8 @@
 """The actor-state file of GetState / LoadState: the core's state dict as one safetensors blob.
 
-``RolloutWorker.state_dict()`` is a nested dict of tensors and plain values
-(counters, versions, seeds, RNG states). It travels through
-:mod:`common.weights` as one safetensors file, never pickled:
+A collection core's ``state_dict()`` (``CoreBase.state_dict``) is a nested dict
+of tensors and plain values (counters, versions, seeds, RNG states). It travels
+through :mod:`common.weights` as one safetensors file, never pickled:
 
 * every tensor is stored under its path joined with ``/``; model weights end
   up as ``models/<model_id>/<name>`` because that is where the core keeps them;

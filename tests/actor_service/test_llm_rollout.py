@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._llm_rollout import LLMRolloutWorker
+from actor_service._core._llm import LLMCore
 from common.config import CollectSettings
 from common.errors import StaleVersionError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("loopback_only")
 TINY = {"hidden": 32, "layers": 1, "seed": 0}
 
 
-def _worker(**overrides) -> LLMRolloutWorker:
+def _worker(**overrides) -> LLMCore:
     base = {
         "kind": "llm",
         "task": "arith",
@@ -25,7 +25,7 @@ def _worker(**overrides) -> LLMRolloutWorker:
         "num_envs": 2,
         "seed": 0,
     }
-    return LLMRolloutWorker(ActorConfig(**(base | overrides)))
+    return LLMCore(ActorConfig(**(base | overrides)))
 
 
 def _settings(fpb: int = 2, **llm) -> CollectSettings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 
 import gymnasium
@@ -12,7 +13,7 @@ from tensordict import TensorDict
 from tensordict.nn import InteractionType, set_interaction_type
 
 from actor_service._config import ModelSpec
-from actor_service._models import ModelRegistry
+from actor_service._models import ModelRegistry, interaction_of
 from actor_service._spaces import ActionCodec
 from common.config import ExplorationType
 from common.errors import StaleVersionError, UnknownModelError, WeightsError
@@ -37,8 +38,27 @@ def _obs(batch: int = 16, dim: int = 4) -> torch.Tensor:
     return torch.randn(batch, dim, generator=torch.Generator().manual_seed(1))
 
 
+def _act(
+    registry: ModelRegistry,
+    model_id: str,
+    observation: torch.Tensor,
+    exploration_type: ExplorationType | None = None,
+) -> TensorDict:
+    """One step's forward pass as the rollout takes it (``act_compact``), in batch form on CPU."""
+    mode = contextlib.nullcontext()
+    if exploration_type is not None:
+        mode = set_interaction_type(interaction_of(exploration_type))
+    with torch.no_grad(), mode:
+        version, action, extras = registry.act_compact(model_id, observation)
+    batch = observation.shape[0]
+    out = TensorDict({k: v.detach().cpu() for k, v in extras.items()}, batch_size=[batch])
+    out.set("action", registry.action_codec.to_batch(action.cpu()))
+    out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
+    return out
+
+
 def _deterministic(registry: ModelRegistry, model_id: str = "policy") -> torch.Tensor:
-    return registry.act(model_id, _obs(), ExplorationType.DETERMINISTIC)["action"]
+    return _act(registry, model_id, _obs(), ExplorationType.DETERMINISTIC)["action"]
 
 
 @pytest.mark.parametrize("env", [CARTPOLE, PENDULUM], ids=["discrete", "box"])
@@ -104,7 +124,7 @@ def test_make_policy_raises_if_name_unknown_or_kwargs_wrong() -> None:
 
 
 def test_registry_act_returns_torchrl_form_and_extras() -> None:
-    td = _registry().act("policy", _obs())
+    td = _act(_registry(), "policy", _obs())
     assert td["action"].shape == (16, 2)
     assert td["action"].dtype == torch.int64
     assert td["logits"].shape == (16, 2)
@@ -183,7 +203,7 @@ def test_registry_random_model_has_no_parameters_and_accepts_empty_pushes() -> N
     registry = _registry(ModelSpec("policy", "random"))
     assert registry.parameters_info("policy") == {}
     assert registry.load_weights("policy", 1, {}) == 1
-    action = registry.act("policy", _obs())["action"]
+    action = _act(registry, "policy", _obs())["action"]
     assert action.dtype == torch.int64
     assert action.sum(-1).eq(1).all()
 
@@ -191,7 +211,7 @@ def test_registry_random_model_has_no_parameters_and_accepts_empty_pushes() -> N
 @pytest.mark.parametrize("factory", ["plain_index_policy", "plain_one_hot_policy"])
 def test_registry_wraps_plain_modules_into_one_hot_actions(factory: str) -> None:
     registry = _registry(ModelSpec(factory=f"rlfleet_test_policies:{factory}"))
-    td = registry.act("policy", _obs())
+    td = _act(registry, "policy", _obs())
     assert td["action"].dtype == torch.int64
     assert td["action"].sum(-1).eq(1).all()
     assert set(td.keys()) == {"action", "policy_version"}
@@ -200,7 +220,7 @@ def test_registry_wraps_plain_modules_into_one_hot_actions(factory: str) -> None
 def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
     registry = _registry(ModelSpec(factory="rlfleet_test_policies:td_policy_with_extras"))
     assert registry.output_specs("policy")["score"] == ((), torch.float32)
-    assert registry.act("policy", _obs())["score"].shape == (16,)
+    assert _act(registry, "policy", _obs())["score"].shape == (16,)
 
 
 @pytest.mark.parametrize(

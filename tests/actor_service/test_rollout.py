@@ -1,4 +1,4 @@
-"""RolloutWorker: batches, settings, weights between steps, seeding, traj ids, backends."""
+"""EnvCore: batches, settings, weights between steps, seeding, traj ids, backends."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 import torch
 from helpers import process_gone
 from tensordict import TensorDict
+from tensordict.nn import set_interaction_type
 
 import common
 from actor_service._config import ActorConfig, ModelSpec
-from actor_service._rollout import RolloutWorker, derive_seed
+from actor_service._core._env import EnvCore, derive_seed
+from actor_service._models import interaction_of
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
     DeadlineError,
@@ -32,12 +34,12 @@ def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(HERE)
 
 
-def _worker(**overrides) -> RolloutWorker:
+def _worker(**overrides) -> EnvCore:
     fields = {"num_envs": 4, "seed": 0, **overrides}
-    return RolloutWorker(ActorConfig(**fields))
+    return EnvCore(ActorConfig(**fields))
 
 
-def _collect(worker: RolloutWorker, frames: int = 64, **settings) -> TensorDict:
+def _collect(worker: EnvCore, frames: int = 64, **settings) -> TensorDict:
     worker.configure(CollectSettings(frames_per_batch=frames, **settings))
     return worker.collect_batch()
 
@@ -112,9 +114,10 @@ def test_rollout_worker_raises_if_worker_id_out_of_range(worker_id: int) -> None
 def test_rollout_worker_deterministic_exploration_acts_on_the_logits_mode() -> None:
     with _worker() as worker:
         batch = _collect(worker, 64, exploration_type=ExplorationType.DETERMINISTIC)
-        again = worker.models.act(
-            "policy", batch["observation"].reshape(-1, 4), ExplorationType.DETERMINISTIC
-        )
+        observation = batch["observation"].reshape(-1, 4)
+        with torch.no_grad(), set_interaction_type(interaction_of(ExplorationType.DETERMINISTIC)):
+            _, action, _ = worker.models.act_compact("policy", observation)
+        again = {"action": worker.models.action_codec.to_batch(action)}
     assert torch.equal(batch["action"].argmax(-1), batch["logits"].argmax(-1))
     assert torch.equal(again["action"].reshape(4, 16, 2), batch["action"])
 
@@ -302,7 +305,7 @@ def test_rollout_worker_describes_itself() -> None:
     with _worker(worker_id=9, models=(ModelSpec(), ModelSpec("explorer", "random"))) as worker:
         description = worker.describe()
     assert (description.worker_id, description.epoch) == (9, worker.epoch)
-    assert (description.env_id, description.num_envs, description.env_backend) == (
+    assert (description.env_id, description.num_slots, description.backend) == (
         "CartPole-v1",
         4,
         "sync",

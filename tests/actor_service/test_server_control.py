@@ -15,7 +15,7 @@ from helpers import poll_until
 
 from actor_service import ActorConfig, create_server, serve
 from actor_service import _servicer as servicer_module
-from actor_service._rollout import RolloutWorker
+from actor_service._core._env import EnvCore
 from actor_service._state import decode_state, state_to_blob
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -242,9 +242,9 @@ def test_set_seed_names_the_first_batch_collected_with_the_new_seed(actor: Actor
 def test_health_is_not_serving_until_the_pool_is_built() -> None:
     release = threading.Event()
 
-    def slow_factory(config: ActorConfig) -> RolloutWorker:
+    def slow_factory(config: ActorConfig) -> EnvCore:
         release.wait(30)
-        return RolloutWorker(config)
+        return EnvCore(config)
 
     server = create_server(ActorConfig(host="127.0.0.1", port=0, num_envs=2), slow_factory)
     loop = asyncio.new_event_loop()

@@ -16,7 +16,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 from actor_service._config import ActorConfig, ModelSpec
-from actor_service._rollout import RolloutWorker
+from actor_service._core._env import EnvCore
 from actor_service._tensor_forward import tensor_forward
 from common.config import CollectSettings, ExplorationType
 
@@ -36,12 +36,12 @@ def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(HERE)
 
 
-def _worker(factory: str, **kwargs: object) -> RolloutWorker:
+def _worker(factory: str, **kwargs: object) -> EnvCore:
     spec = ModelSpec(factory=f"rlfleet_test_policies:{factory}", kwargs=dict(kwargs))
-    return RolloutWorker(ActorConfig(num_envs=3, seed=7, models=(spec,)))
+    return EnvCore(ActorConfig(num_envs=3, seed=7, models=(spec,)))
 
 
-def _batches(worker: RolloutWorker, count: int = 3) -> list[TensorDict]:
+def _batches(worker: EnvCore, count: int = 3) -> list[TensorDict]:
     """Collect right after the worker seeded torch's (process-wide) RNG."""
     worker.configure(
         CollectSettings(frames_per_batch=3 * 40, exploration_type=ExplorationType.RANDOM)
@@ -112,7 +112,7 @@ def test_a_policy_the_tensor_path_cannot_take_still_collects_on_the_tensordict_p
 
 
 def test_built_in_and_plain_policies_keep_their_own_paths() -> None:
-    with RolloutWorker(ActorConfig(num_envs=2, seed=0)) as worker:
+    with EnvCore(ActorConfig(num_envs=2, seed=0)) as worker:
         assert worker.models.forward_path("policy") == "compact"
     with _worker("plain_index_policy") as worker:
         assert worker.models.forward_path("policy") == "module"

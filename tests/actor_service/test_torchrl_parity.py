@@ -1,6 +1,6 @@
 """Our batches against TorchRL's ``Collector`` for the same env and policy.
 
-Each test collects one batch with a ``RolloutWorker`` and one with
+Each test collects one batch with a ``EnvCore`` and one with
 ``torchrl.collectors.Collector(SerialEnv(N, GymEnv(id)), policy,
 track_policy_version=...)`` and compares the key sets (nesting included), dtypes,
 shapes, dim names and done/trajectory semantics. Values differ (different random
@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig, ModelSpec
-from actor_service._rollout import RolloutWorker, derive_seed
+from actor_service._core._env import EnvCore, derive_seed
 from common.config import CollectSettings
 from common.policies import make_policy
 
@@ -35,7 +35,7 @@ def _ours(env_id: str, factory: str, num_envs: int, **settings) -> TensorDict:
     config = ActorConfig(
         env=env_id, num_envs=num_envs, seed=0, models=(ModelSpec(factory=factory),)
     )
-    with RolloutWorker(config) as worker:
+    with EnvCore(config) as worker:
         frames = settings.pop("frames_per_batch")
         worker.configure(CollectSettings(frames_per_batch=frames, **settings))
         return worker.collect_batch()

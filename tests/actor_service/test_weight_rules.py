@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._llm_rollout import LLMRolloutWorker
-from actor_service._rollout import RolloutWorker
+from actor_service._core._env import EnvCore
+from actor_service._core._llm import LLMCore
 from common.config import MAX_SEED, check_model_id, check_seed
 from common.errors import StaleVersionError, WeightsError
 
@@ -19,11 +19,11 @@ TINY = {"hidden": 32, "layers": 1, "seed": 0}
 MAX_INT64 = 2**63 - 1
 
 
-def _env_worker() -> RolloutWorker:
-    return RolloutWorker(ActorConfig(num_envs=2, seed=0))
+def _env_worker() -> EnvCore:
+    return EnvCore(ActorConfig(num_envs=2, seed=0))
 
 
-def _llm_worker() -> LLMRolloutWorker:
+def _llm_worker() -> LLMCore:
     config = ActorConfig(
         kind="llm",
         task="arith",
@@ -31,7 +31,7 @@ def _llm_worker() -> LLMRolloutWorker:
         num_envs=2,
         seed=0,
     )
-    return LLMRolloutWorker(config)
+    return LLMCore(config)
 
 
 _NO_TRANSFORMERS = importlib.util.find_spec("transformers") is None
@@ -45,7 +45,7 @@ WORKERS = [
 ]
 
 
-def _weights(worker: RolloutWorker | LLMRolloutWorker) -> dict[str, torch.Tensor]:
+def _weights(worker: EnvCore | LLMCore) -> dict[str, torch.Tensor]:
     return worker.state_dict()["models"]["policy"]["weights"]
 
 

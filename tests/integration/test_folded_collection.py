@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._rollout import RolloutWorker
+from actor_service._core._env import EnvCore
 from common.config import CollectSettings
 from learner_client import GrpcCollector, LocalFleet
 
@@ -22,7 +22,7 @@ def test_collector_rebuilds_folded_batches_bit_for_bit() -> None:
     config = ActorConfig(
         env="FrozenLake-v1", num_envs=3, seed=5, models=(ModelSpec(factory="random"),)
     )
-    with RolloutWorker(config) as worker:  # the same actor, in process, not folding
+    with EnvCore(config) as worker:  # the same actor, in process, not folding
         worker.configure(CollectSettings(frames_per_batch=60, max_frames_per_traj=4))
         expected = [worker.collect_batch() for _ in received]
     assert len(received) == 3

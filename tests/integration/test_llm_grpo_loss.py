@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._llm_rollout import LLMRolloutWorker
+from actor_service._core._llm import LLMCore
 from common.config import CollectSettings
 from common.llm import GenerationSettings, LLMSettings, build_policy, to_torchrl
 
@@ -36,7 +36,7 @@ def test_grpo_loss_consumes_a_batch_unchanged() -> None:
         group_size=4,
         yield_completed_trajectories=True,
     )
-    with LLMRolloutWorker(config) as worker:
+    with LLMCore(config) as worker:
         worker.configure(CollectSettings(frames_per_batch=8, llm=llm))
         batch = to_torchrl(worker.collect_batch())
     model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)  # the learner's identical copy

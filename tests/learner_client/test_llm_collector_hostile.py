@@ -7,7 +7,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from actor_service import ActorConfig, create_server
-from actor_service._identity import ActorIdentity
+from actor_service._core import ActorIdentity
 from actor_service._llm_models import MODEL_ID
 from common.errors import ProtocolError
 from learner_client import GrpcLLMCollector
@@ -64,7 +64,7 @@ class _HostileCore:
 
     def __init__(self, config: ActorConfig, broken: dict) -> None:
         self.config, self.broken = config, broken
-        self.worker_id, self.epoch, self.num_envs = config.worker_id, 77, 2
+        self.worker_id, self.epoch, self.num_slots = config.worker_id, 77, 2
         self.frames = self.batches = 0
         self.models = _Models()
 
@@ -72,7 +72,7 @@ class _HostileCore:
         return ActorIdentity(
             worker_id=self.worker_id, epoch=self.epoch, env_id="hostile",
             observation_space=None, action_space=None, models={MODEL_ID: (0, {})},
-            num_envs=2, env_backend="llm", device="cpu", software_version="0",
+            num_slots=2, backend="llm", device="cpu", software_version="0",
             kind="llm", policy="rlfleet:tiny-qwen2",
         )  # fmt: skip
 
@@ -86,7 +86,7 @@ class _HostileCore:
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         return seed
 
-    def kill_pool(self) -> int:
+    def force_close(self) -> int:
         return 0
 
     def close(self) -> None:

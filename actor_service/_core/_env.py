@@ -1,29 +1,30 @@
-"""The actor's collection core: env pool + models → batches with TorchRL Collector semantics.
+"""The env actor's collection core: env pool + models → batches with TorchRL Collector semantics.
 
-A :class:`RolloutWorker` has no gRPC in it. One thread collects (``collect_batch``,
+An :class:`EnvCore` has no gRPC in it. One thread collects (``collect_batch``,
 ``set_seed``, ``configure``, ``load_state_dict``, ``close``); others may call
 ``describe`` and ``models.load_weights`` at any time. A step costs one batched forward
 pass for the whole pool and one vector-env step; per-step results go into
 preallocated ``[num_envs, T]`` buffers and become a TensorDict once per batch. A hung
 or crashed env raises (``DeadlineError`` / ``EnvError``) and the pool is
-rebuilt before the next batch.
+rebuilt before the next batch. Its slots are the envs of the pool.
 """
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict
 from tensordict.nn import set_interaction_type
 
-import common
-from actor_service._batch import BatchBuffers, TrajIds, split_trajectories
+from actor_service._batch import BatchBuffers, split_trajectories
 from actor_service._config import ActorConfig
+from actor_service._core._base import CoreBase
+from actor_service._core._protocol import BatchRecorder
 from actor_service._env_pool import (
     close_pool,
     derive_seed,
@@ -33,28 +34,17 @@ from actor_service._env_pool import (
     reset_pool,
     step_pool,
 )
-from actor_service._identity import ActorIdentity, describe_models, draw_epoch
 from actor_service._models import ModelRegistry, interaction_of
-from actor_service._state import core_counters, core_state
-from common.config import MAX_FRAMES_PER_BATCH, CollectSettings, check_seed
-from common.errors import (
-    ClosedError,
-    DeadlineError,
-    EnvError,
-    RlfleetError,
-    SessionStateError,
-)
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.errors import DeadlineError, EnvError, RlfleetError, SessionStateError
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.packets.folding import FoldedBatch
 from common.policies import RandomPolicy
 
-if TYPE_CHECKING:
-    from actor_service._metrics import ActorMetrics
-
-__all__ = ["ActorIdentity", "RolloutWorker", "derive_seed"]
+__all__ = ["EnvCore", "derive_seed"]
 
 
-class RolloutWorker:
+class EnvCore(CoreBase):
     """Env pool + models → batches, with TorchRL Collector semantics.
 
     Thread-compatible: one thread collects, others may call ``models.load_weights`` and
@@ -77,15 +67,12 @@ class RolloutWorker:
         metrics: Where to count batches and step latencies; None counts nothing.
 
     Attributes:
-        worker_id: The actor's id in the fleet.
-        epoch: Random 63-bit, nonzero, drawn from the OS at each start.
-        num_envs: Size of the env pool.
-        device: Where the models run.
+        num_slots: Size of the env pool (``config.num_envs``).
         models: The :class:`~actor_service._models.ModelRegistry` (pushes go through it).
         observation_space: The single-env observation space.
         action_space: The single-env action space.
-        frames: Frames collected so far (restored by ``load_state_dict``).
-        batches: Batches collected so far.
+
+    The rest (``worker_id``, ``epoch``, ``frames``, ...) is :class:`CoreBase`'s.
 
     Raises:
         ValueError: A bad setting, an env or model that cannot be built, or
@@ -93,33 +80,24 @@ class RolloutWorker:
 
     Example::
 
-        with RolloutWorker(ActorConfig(num_envs=8)) as worker:
-            worker.configure(CollectSettings(frames_per_batch=1024))
-            batch = worker.collect_batch()        # [8, 128]
-            worker.models.load_weights("policy", 1, state)
+        with EnvCore(ActorConfig(num_envs=8)) as core:
+            core.configure(CollectSettings(frames_per_batch=1024))
+            batch = core.collect_batch()        # [8, 128]
+            core.models.load_weights("policy", 1, state)
     """
 
+    kind = "env"
+    models: ModelRegistry
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
     _obs: np.ndarray  # the envs' current observations, set by every reset
 
-    def __init__(self, config: ActorConfig, metrics: ActorMetrics | None = None) -> None:
-        if not isinstance(config, ActorConfig):
-            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
-        self.config = config
-        self._metrics = metrics
-        self.worker_id = config.worker_id
-        self.epoch = draw_epoch()
-        self.num_envs = config.num_envs
-        self.device = torch.device(config.device)
-        self.frames = 0
-        self.batches = 0
+    def __init__(self, config: ActorConfig, metrics: BatchRecorder | None = None) -> None:
+        super().__init__(config, metrics)
+        self.env_id = env_name(config)
+        self.backend = config.env_backend
         self._session_frames = 0
-        self._env_name = env_name(config)
-        self._settings: CollectSettings | None = None
-        self._closed = False
-        self._lock = threading.RLock()
-        torch.set_num_threads(config.torch_threads)
-        seed = config.seed if config.seed is not None else secrets.randbits(32)
-        torch.manual_seed(seed)  # model initialisation is part of what a seed fixes
+        torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
         self._pool = make_env_pool(config)
         try:
             self.observation_space = self._pool.single_observation_space
@@ -128,33 +106,11 @@ class RolloutWorker:
                 config.models, self.observation_space, self.action_space, self.device
             )
             self._random = RandomPolicy(self.observation_space, self.action_space)
-            self._traj = TrajIds(config.worker_id, self.epoch)
             self._pool_broken = self._needs_reset = False
-            self.set_seed(seed)
+            self.set_seed(self._first_seed)
         except BaseException:
             close_pool(self._pool, force=True)
             raise
-
-    def __enter__(self) -> RolloutWorker:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def describe(self) -> ActorIdentity:
-        """A snapshot of what this actor is (safe from any thread)."""
-        return ActorIdentity(
-            worker_id=self.worker_id,
-            epoch=self.epoch,
-            env_id=env_name(self.config),
-            observation_space=self.observation_space,
-            action_space=self.action_space,
-            models=describe_models(self.models),
-            num_envs=self.num_envs,
-            env_backend=self.config.env_backend,
-            device=str(self.device),
-            software_version=common.__version__,
-        )
 
     def configure(self, settings: CollectSettings) -> None:
         """Validate and apply collection settings for the following batches.
@@ -168,16 +124,15 @@ class RolloutWorker:
             ValueError: ``frames_per_batch`` is not a multiple of ``num_envs``.
             UnknownModelError: ``settings.model_id`` is not registered.
         """
-        if not isinstance(settings, CollectSettings):
-            raise TypeError(f"settings must be a CollectSettings, got {type(settings).__name__}")
+        self._check_settings_type(settings)
         if settings.llm is not None:
             raise ValueError(
                 "this is an env actor: LLM settings need an actor started with --kind llm"
             )
-        if settings.frames_per_batch % self.num_envs:
+        if settings.frames_per_batch % self.num_slots:
             raise ValueError(
                 f"frames_per_batch={settings.frames_per_batch} is not a positive multiple of "
-                f"num_envs={self.num_envs}"
+                f"num_envs={self.num_slots}"
             )
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
         largest = self.max_frames_per_batch(settings)
@@ -195,7 +150,7 @@ class RolloutWorker:
         """The largest ``frames_per_batch`` (a multiple of ``num_envs``) ``settings`` may ask for.
 
         A batch's packet must fit the packet cap learners decode by default
-        (``common.frames.DEFAULT_LIMITS.max_packet_bytes``) and hold at most
+        (``common.packets.DEFAULT_LIMITS.max_packet_bytes``) and hold at most
         ``MAX_FRAMES_PER_BATCH`` frames; the packet size is measured by encoding
         empty batches of one and two steps (``split_trajs`` pads batches beyond this).
         """
@@ -203,14 +158,14 @@ class RolloutWorker:
         per_step = max(1, two - one)
         # Each entry may gain up to 15 bytes of alignment padding as the batch grows.
         steps = 1 + (DEFAULT_LIMITS.max_packet_bytes - one - 16 * 64) // per_step
-        return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_envs)) * self.num_envs
+        return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_slots)) * self.num_slots
 
     def _buffers(self, steps: int, settings: CollectSettings) -> BatchBuffers:
         """Empty buffers for a batch of ``steps`` steps of every env, as ``settings`` shape it."""
         extras = self.models.output_specs(settings.model_id)
         extras.pop("action")
         return BatchBuffers(
-            self.num_envs,
+            self.num_slots,
             steps,
             self.models.observation_codec,
             self.models.action_codec,
@@ -235,15 +190,13 @@ class RolloutWorker:
                 (its session ended); the envs are reset before the next batch.
 
         Raises:
-            SessionStateError: Not configured, closed, or abandoned.
+            SessionStateError: Not configured, or abandoned.
+            ClosedError: The core is closed.
             DeadlineError: An env step exceeded ``step_timeout`` (async backend).
             EnvError: An env raised; the pool is rebuilt on the next call.
         """
         with self._lock:
-            self._check_open()
-            settings = self._settings
-            if settings is None:
-                raise SessionStateError("configure() the worker before collect_batch()")
+            settings = self._configured()
             self._ensure_pool()
             if settings.reset_at_each_iter:
                 self._reset(seeds=None)
@@ -259,7 +212,7 @@ class RolloutWorker:
     def _rollout(
         self, settings: CollectSettings, abandon: threading.Event | None
     ) -> TensorDict | FoldedBatch:
-        steps = settings.frames_per_batch // self.num_envs
+        steps = settings.frames_per_batch // self.num_slots
         random = self._session_frames < settings.init_random_frames
         buffers = self._buffers(steps, settings)
         buffers.obs[:, 0] = self._obs
@@ -302,7 +255,7 @@ class RolloutWorker:
         start = time.perf_counter()
         if random:
             version = self.models.policy_version(settings.model_id)
-            action, extras = self._random.sample_compact(self.num_envs), {}
+            action, extras = self._random.sample_compact(self.num_slots), {}
         else:
             version, action, extras = self.models.act_compact(settings.model_id, obs)
         acted = time.perf_counter()
@@ -312,7 +265,7 @@ class RolloutWorker:
         env_action = self.models.action_codec.to_env(action)
         stepping = time.perf_counter()
         next_obs, reward, terminated, truncated, info = step_pool(
-            self._pool, env_action, self.config.step_timeout, env=self._env_name
+            self._pool, env_action, self.config.step_timeout, env=self.env_id
         )
         if timings is not None:
             timings[t] = (acted - start, time.perf_counter() - stepping)
@@ -339,7 +292,7 @@ class RolloutWorker:
             return
         for env in np.flatnonzero(envs):
             buf.final_obs.append((int(env), t, buf.obs[env, t + 1].copy()))
-        reset_obs = reset_pool(self._pool, self.config.step_timeout, mask=envs, env=self._env_name)
+        reset_obs = reset_pool(self._pool, self.config.step_timeout, mask=envs, env=self.env_id)
         buf.obs[envs, t + 1] = reset_obs[envs]
 
     def _end_trajectories(
@@ -356,14 +309,14 @@ class RolloutWorker:
     def _reset(self, seeds: list[int] | None) -> None:
         """Reset every env: fresh observations, new traj ids, step counts at 0."""
         try:
-            obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds, env=self._env_name)
+            obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds, env=self.env_id)
         except RlfleetError:
             self._pool_broken = True
             raise
         self._obs = np.array(obs, copy=True)
         self._needs_reset = False
-        self._traj_ids = self._traj.take(self.num_envs)
-        self._step_count = np.zeros(self.num_envs, dtype=np.int64)
+        self._traj_ids = self._traj.take(self.num_slots)
+        self._step_count = np.zeros(self.num_slots, dtype=np.int64)
 
     def _ensure_pool(self) -> None:
         """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
@@ -375,94 +328,33 @@ class RolloutWorker:
         if self._needs_reset:
             self._reset(seeds=None)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"actor {self.worker_id}'s rollout worker is closed")
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+    def _seed(self, seed: int, static_seed: bool) -> int:
         """Seed the envs (each is reset with its seed), torch and numpy; chain like TorchRL.
 
         Env ``i`` gets ``seed_i``: ``seed_0 = seed`` and ``seed_{i+1} = derive_seed(seed_i)``
         (every env gets ``seed`` when ``static_seed``). Every env is reset, so new
-        trajectories start.
-
-        Args:
-            seed: A non-negative int below 2**64.
-            static_seed: Use ``seed`` as is for every env.
-
-        Returns:
-            The seed for the next actor: ``derive_seed`` of the last env's seed, or ``seed``
-            when ``static_seed``.
-
-        Raises:
-            ValueError: ``seed`` is not an int in ``[0, 2**64)``.
+        trajectories start. Returns the seed for the next actor: ``derive_seed`` of the
+        last env's seed, or ``seed`` when ``static_seed``.
         """
-        check_seed(seed)
-        with self._lock:
-            self._check_open()
-            seeds, current = [], seed
-            for _ in range(self.num_envs):
-                seeds.append(current)
-                if not static_seed:
-                    current = derive_seed(current)
-            torch.manual_seed(seed)
-            np.random.seed(seed % 2**32)
-            if self._pool_broken:
-                self._ensure_pool()
-            self._reset(seeds=seeds)
-            return current
+        seeds, current = [], seed
+        for _ in range(self.num_slots):
+            seeds.append(current)
+            if not static_seed:
+                current = derive_seed(current)
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        if self._pool_broken:
+            self._ensure_pool()
+        self._reset(seeds=seeds)
+        return current
 
-    def state_dict(self) -> dict[str, Any]:
-        """Weights, versions and counters, as nested dicts of tensors and ints (``core_state``)."""
-        with self._lock:
-            return core_state(
-                self.models.state_dict(), self.frames, self.batches, self._traj.counter
-            )
+    def _restored(self) -> None:
+        self._traj_ids = self._traj.take(self.num_slots)
 
-    def load_state_dict(
-        self, state: dict[str, Any], *, allow_rollback: bool = False
-    ) -> dict[str, tuple[int, int]]:
-        """Restore a :meth:`state_dict`, all or nothing; trajectories in flight get new ids.
-
-        Every part (counters in int64 range, every model's version and weights)
-        is validated before any is applied.
-
-        Args:
-            state: What :meth:`state_dict` returned (possibly from another actor).
-            allow_rollback: Accept policy versions older than those in force.
-
-        Returns:
-            ``{model_id: (old_version, new_version)}``.
-
-        Raises:
-            WeightsError: A malformed state, a number out of range or weights that do not fit.
-            UnknownModelError: The state names a model this actor lacks.
-            StaleVersionError: A version would go back and ``allow_rollback`` is false.
-        """
-        counters = core_counters(state)
-        with self._lock:
-            self._check_open()
-            changes = self.models.load_state_dict(
-                state.get("models"), allow_rollback=allow_rollback
-            )
-            self.frames, self.batches = counters["frames"], counters["batches"]
-            self._traj.counter = counters["traj_counter"]
-            self._traj_ids = self._traj.take(self.num_envs)
-        return changes
-
-    def kill_pool(self) -> int:
-        """SIGKILL the env pool's subprocesses now, without the lock; returns how many lived.
-
-        For a shutdown whose collection thread is stuck in a hung env step
-        (:meth:`close` would wait for it). The worker is unusable afterwards.
-        """
-        self._closed = True
+    def _release_now(self) -> int:
+        """SIGKILL the env pool's subprocesses; returns how many lived."""
         return kill_pool(self._pool)
 
-    def close(self) -> None:
-        """Close the env pool and reap its subprocesses; idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            close_pool(self._pool, force=self._pool_broken)
+    def _release(self) -> None:
+        """Close the env pool and reap its subprocesses."""
+        close_pool(self._pool, force=self._pool_broken)

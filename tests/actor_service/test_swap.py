@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from actor_service._staging import ReceiveBuffers, swap_delta, swap_full
+from actor_service._swap import ReceiveBuffers, swap_delta, swap_full
 from common.errors import SessionStateError, StaleVersionError
 
 

@@ -1,9 +1,10 @@
 """The LLM actor's collection core: chat slots + task + language model → batches of dialog turns.
 
-:class:`LLMRolloutWorker` has no gRPC in it and the surface of the env actor's
-``RolloutWorker`` (``configure``, ``collect_batch``, ``set_seed``, ``describe``,
-``state_dict``/``load_state_dict``, ``models``, ``close``), so the same server,
-sessions, credits and pushes serve it. Its semantics are TorchRL's ``LLMCollector``:
+:class:`LLMCore` has no gRPC in it and shares the env core's base (``CoreBase``:
+``describe``, ``state_dict``/``load_state_dict``, ``close``) and surface
+(``configure``, ``collect_batch``, ``set_seed``, ``models``), so the same server,
+sessions, credits and pushes serve it. Its slots are chat slots. Its semantics are
+TorchRL's ``LLMCollector``:
 
 * steps mode: every slot runs one turn per step, ``T = frames_per_batch / num_envs``
   steps, batch ``[num_envs, T]``; a slot whose dialog ended starts a new one at the
@@ -23,96 +24,62 @@ from __future__ import annotations
 
 import collections
 import random
-import secrets
 import threading
-from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-import common
-from actor_service._batch import TrajIds
 from actor_service._config import ActorConfig
-from actor_service._identity import ActorIdentity, describe_models, draw_epoch
+from actor_service._core._base import CoreBase, TrajIds
+from actor_service._core._protocol import BatchRecorder
 from actor_service._llm_models import LLMModels
 from actor_service._llm_turns import Dialog, DialogEngine, Turn, pack_turns
-from actor_service._state import core_counters, core_state
-from common.config import CollectSettings, check_seed
+from common.config import CollectSettings
 from common.errors import SessionStateError
 from common.llm import LLMSettings, build_task
 
-__all__ = ["LLMRolloutWorker"]
+__all__ = ["LLMCore"]
 
 
-class LLMRolloutWorker:
+class LLMCore(CoreBase):
     """Chat slots, a task and a causal LM → batches of dialog turns (see the module docstring).
 
     Args:
         config: The actor's settings (``kind="llm"``, ``task``, the ``policy`` model spec).
+        metrics: Accepted like every core's; an LLM core counts no batches into it.
 
     Attributes:
-        worker_id: The actor's id in the fleet.
-        epoch: Random 63-bit, nonzero, drawn at each start.
-        num_envs: Number of chat slots.
+        num_slots: Number of chat slots (``config.num_envs``).
         models: The :class:`LLMModels` (pushes go through it).
         frames: Dialog turns collected so far (dropped ones included).
-        batches: Batches collected so far.
         dropped_dialogs: Dialogs abandoned in progress (``reset_at_each_iter``, reseeding).
         last_batch_frames: Turns the last batch accounts for.
+
+    The rest (``worker_id``, ``epoch``, ``batches``, ...) is :class:`CoreBase`'s.
 
     Raises:
         ValueError: A bad setting, task or model spec.
     """
 
     kind = "llm"
+    models: LLMModels
 
-    def __init__(self, config: ActorConfig) -> None:
-        if not isinstance(config, ActorConfig):
-            raise TypeError(f"config must be an ActorConfig, got {type(config).__name__}")
-        self.config = config
-        self.worker_id = config.worker_id
-        self.epoch = draw_epoch()
-        self.num_envs = config.num_envs
-        self.device = torch.device(config.device)
-        self.frames = self.batches = self.dropped_dialogs = self.last_batch_frames = 0
-        self._settings: CollectSettings | None = None
+    def __init__(self, config: ActorConfig, metrics: BatchRecorder | None = None) -> None:
+        super().__init__(config, metrics)
+        self.env_id = config.task
+        self.backend = "llm"
+        self.dropped_dialogs = self.last_batch_frames = 0
         self._llm = LLMSettings()
-        self._closed = False
         self._abandon: threading.Event | None = None
-        self._lock = threading.RLock()
-        torch.set_num_threads(config.torch_threads)
         spec = config.models[0]
         self.models = LLMModels(spec.factory, spec.kwargs, self.device, config.lora)
+        self.policy = self.models.spec
         self.engine = DialogEngine(self.models, build_task(config.task, **config.task_kwargs))
-        self._traj = TrajIds(config.worker_id, self.epoch)
         self._groups = TrajIds(config.worker_id, self.epoch)
-        self._slots: list[Dialog | None] = [None] * self.num_envs
-        self._partial: list[list[Turn]] = [[] for _ in range(self.num_envs)]
+        self._slots: list[Dialog | None] = [None] * self.num_slots
+        self._partial: list[list[Turn]] = [[] for _ in range(self.num_slots)]
         self._ready: collections.deque[list[list[Turn]]] = collections.deque()
-        self.set_seed(config.seed if config.seed is not None else secrets.randbits(32))
-
-    def __enter__(self) -> LLMRolloutWorker:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def describe(self) -> ActorIdentity:
-        """A snapshot of what this actor is (safe from any thread)."""
-        return ActorIdentity(
-            worker_id=self.worker_id,
-            epoch=self.epoch,
-            env_id=self.config.task,
-            observation_space=None,
-            action_space=None,
-            models=describe_models(self.models),
-            num_envs=self.num_envs,
-            env_backend="llm",
-            device=str(self.device),
-            software_version=common.__version__,
-            kind="llm",
-            policy=self.models.spec,
-        )
+        self.set_seed(self._first_seed)
 
     def configure(self, settings: CollectSettings) -> None:
         """Validate settings against this actor; a change of LLM settings restarts the dialogs.
@@ -122,19 +89,18 @@ class LLMRolloutWorker:
                 size that does not divide the slots, generation settings beyond this
                 actor's caps or vocabulary.
         """
-        if not isinstance(settings, CollectSettings):
-            raise TypeError(f"settings must be a CollectSettings, got {type(settings).__name__}")
+        self._check_settings_type(settings)
         llm = settings.llm
         if llm is None:
             raise ValueError("this is an LLM actor: open the session with LLM settings")
-        if not llm.trajectories and settings.frames_per_batch % self.num_envs:
+        if not llm.trajectories and settings.frames_per_batch % self.num_slots:
             raise ValueError(
                 f"dialog_turns_per_batch={settings.frames_per_batch} is not a multiple of "
-                f"num_envs={self.num_envs}"
+                f"num_envs={self.num_slots}"
             )
-        if self.num_envs % llm.group_size:
+        if self.num_slots % llm.group_size:
             raise ValueError(
-                f"group_size={llm.group_size} does not divide num_envs={self.num_envs}"
+                f"group_size={llm.group_size} does not divide num_envs={self.num_slots}"
             )
         self._check_generation(llm)
         self.models.policy_version(settings.model_id)
@@ -166,22 +132,20 @@ class LLMRolloutWorker:
             abandon: Set from another thread to give the batch up before its next turn.
 
         Raises:
-            SessionStateError: Not configured, closed, or abandoned.
+            SessionStateError: Not configured, or abandoned.
+            ClosedError: The core is closed.
         """
         self._abandon = abandon
         with self._lock:
-            self._check_open()
-            settings = self._settings
-            if settings is None:
-                raise SessionStateError("configure() the worker before collect_batch()")
+            settings = self._configured()
             if settings.reset_at_each_iter:
                 self._restart()
             if self._llm.trajectories:
                 turns, frames = self._trajectories(settings.frames_per_batch)
                 shape: tuple[int, ...] = (len(turns),)
             else:
-                turns = self._steps(settings.frames_per_batch // self.num_envs)
-                frames, shape = len(turns), (self.num_envs, len(turns) // self.num_envs)
+                turns = self._steps(settings.frames_per_batch // self.num_slots)
+                frames, shape = len(turns), (self.num_slots, len(turns) // self.num_slots)
             self.frames += frames
             self.batches += 1
             self.last_batch_frames = frames
@@ -197,7 +161,7 @@ class LLMRolloutWorker:
         return self._llm.max_turns or self.engine.task.max_turns
 
     def _steps(self, steps: int) -> list[Turn]:
-        grid: list[list[Turn]] = [[] for _ in range(self.num_envs)]
+        grid: list[list[Turn]] = [[] for _ in range(self.num_slots)]
         for _ in range(steps):
             self._check_abandon()
             self._refill(whole_blocks=False)
@@ -236,7 +200,7 @@ class LLMRolloutWorker:
 
     def _collect_groups(self) -> None:
         size = self._llm.group_size
-        for start in range(0, self.num_envs, size):
+        for start in range(0, self.num_slots, size):
             block = range(start, start + size)
             if any(self._slots[s] is not None or not self._partial[s] for s in block):
                 continue
@@ -247,7 +211,7 @@ class LLMRolloutWorker:
     def _refill(self, *, whole_blocks: bool) -> None:
         """Start dialogs in idle slots; a block's slots starting together share a problem."""
         size = self._llm.group_size
-        for start in range(0, self.num_envs, size):
+        for start in range(0, self.num_slots, size):
             idle = [s for s in range(start, start + size) if self._slots[s] is None]
             if not idle or (whole_blocks and len(idle) < size):
                 continue
@@ -262,67 +226,20 @@ class LLMRolloutWorker:
         """Abandon every dialog in progress (counted in ``dropped_dialogs``)."""
         in_progress = {id(d) for d in self._slots if d is not None}
         self.dropped_dialogs += len(in_progress)
-        self._slots = [None] * self.num_envs
-        self._partial = [[] for _ in range(self.num_envs)]
+        self._slots = [None] * self.num_slots
+        self._partial = [[] for _ in range(self.num_slots)]
         self._ready.clear()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SessionStateError(f"actor {self.worker_id}'s LLM worker is closed")
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+    def _seed(self, seed: int, static_seed: bool) -> int:
         """Seed problem sampling and token sampling; every dialog restarts.
 
-        Returns:
-            The seed for the next actor (``seed + 1``, or ``seed`` when ``static_seed``).
-
-        Raises:
-            ValueError: ``seed`` is not an int in ``[0, 2**64)``.
+        Returns the seed for the next actor: ``seed + 1``, or ``seed`` when ``static_seed``.
         """
-        check_seed(seed)
-        with self._lock:
-            self._check_open()
-            self._rng = random.Random(seed)
-            self._gen = torch.Generator().manual_seed(seed % 2**63)
-            self._restart()
-            return seed if static_seed else (seed + 1) % 2**64
+        self._rng = random.Random(seed)
+        self._gen = torch.Generator().manual_seed(seed % 2**63)
+        self._restart()
+        return seed if static_seed else (seed + 1) % 2**64
 
-    def state_dict(self) -> dict[str, Any]:
-        """Weights, versions and counters: ``models``, ``frames``, ``batches``, ``traj_counter``."""
-        with self._lock:
-            return core_state(
-                self.models.state_dict(), self.frames, self.batches, self._traj.counter
-            )
-
-    def load_state_dict(
-        self, state: dict[str, Any], *, allow_rollback: bool = False
-    ) -> dict[str, tuple[int, int]]:
-        """Restore a :meth:`state_dict`, all or nothing; dialogs in progress restart.
-
-        Returns:
-            ``{"policy": (old_version, new_version)}``.
-
-        Raises:
-            WeightsError: A malformed state or weights that do not fit.
-            StaleVersionError: The version would go back and ``allow_rollback`` is false.
-        """
-        counters = core_counters(state)
-        with self._lock:
-            self._check_open()
-            changes = self.models.load_state_dict(
-                state.get("models"), allow_rollback=allow_rollback
-            )
-            self.frames, self.batches = counters["frames"], counters["batches"]
-            self._traj.counter = counters["traj_counter"]
-            self._restart()
-            return changes
-
-    def kill_pool(self) -> int:
-        """No subprocesses to kill (the model runs in process): mark closed; returns 0."""
-        self._closed = True
-        return 0
-
-    def close(self) -> None:
-        """Mark the worker closed; idempotent."""
-        with self._lock:
-            self._closed = True
+    def _restored(self) -> None:
+        """Dialogs in progress restart after a restore."""
+        self._restart()

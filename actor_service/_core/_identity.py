@@ -1,23 +1,21 @@
-"""Who an actor is: its random epoch and its description.
+"""Who an actor is: its random epoch and the description ``Describe`` reports.
 
 :func:`draw_epoch` draws the random id that, with ``worker_id`` and a batch
-``seq``, names a batch uniquely; :class:`ActorIdentity` is what ``Describe``
-reports. (The settings validate themselves: ``ActorConfig.__post_init__``.)
+``seq``, names a batch uniquely; :class:`ActorIdentity` is what a collection core
+says it is, in neutral words (slots, backend) that the servicer translates into
+the wire's ``num_envs`` and ``env_backend``. (The settings validate themselves:
+``ActorConfig.__post_init__``.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-from typing import TYPE_CHECKING
 
 import gymnasium
 import torch
 
-if TYPE_CHECKING:
-    from actor_service._runtime import CoreModels
-
-__all__ = ["ActorIdentity", "describe_models", "draw_epoch"]
+__all__ = ["ActorIdentity", "draw_epoch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,12 +25,14 @@ class ActorIdentity:
     Attributes:
         worker_id: The actor's id in the fleet.
         epoch: Random, nonzero, new at each start.
-        env_id: The gymnasium id or the env factory string.
+        env_id: What it collects from: the gymnasium id or env factory string, or the LLM task.
         observation_space: The single-env observation space (None for an LLM actor).
         action_space: The single-env action space (None for an LLM actor).
         models: ``{model_id: (policy_version, {param: (shape, dtype)})}``.
-        num_envs: Size of the env pool.
-        env_backend: ``"sync"`` or ``"async"``.
+        num_slots: How many trajectories it runs side by side (envs of the pool, chat slots);
+            ``num_envs`` on the wire.
+        backend: How the slots run: ``"sync"`` or ``"async"`` (env pools), ``"llm"``;
+            ``env_backend`` on the wire.
         device: The models' device.
         software_version: ``common.__version__``.
         kind: ``"env"`` or ``"llm"``.
@@ -45,21 +45,12 @@ class ActorIdentity:
     observation_space: gymnasium.Space | None
     action_space: gymnasium.Space | None
     models: dict[str, tuple[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]]
-    num_envs: int
-    env_backend: str
+    num_slots: int
+    backend: str
     device: str
     software_version: str
     kind: str = "env"
     policy: str = ""
-
-
-def describe_models(
-    models: CoreModels,
-) -> dict[str, tuple[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]]:
-    """``ActorIdentity.models`` of a core's models, env or LLM: version and parameters by id."""
-    return {
-        mid: (models.policy_version(mid), models.parameters_info(mid)) for mid in models.model_ids
-    }
 
 
 def draw_epoch() -> int:
