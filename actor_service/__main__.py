@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from actor_service._cli import main as _cli_main
 
 __all__ = ["main"]
@@ -11,7 +9,10 @@ __all__ = ["main"]
 
 def main() -> None:
     """Parse flags and ``RLFLEET_*`` variables, serve until SIGTERM/SIGINT, exit with the code."""
-    sys.exit(_cli_main())
+    code = _cli_main()
+    from actor_service._server import exit_now  # imported by _cli_main already
+
+    exit_now(code)  # within the grace period: no interpreter finalization after the stop
 
 
 if __name__ == "__main__":

@@ -171,7 +171,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("device", _nonempty, "torch device of the policy"),
     ("seed", _optional(_int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
     ("max_credits", _ranged("max_credits"), "most unconsumed credits / retained batches"),
-    ("grace_period", _float_min(0.0, strict=False), "seconds SIGTERM waits for streams to drain"),
+    (
+        "grace_period",
+        _float_min(0.0, strict=False),
+        "seconds from SIGTERM to exit (drain, then teardown)",
+    ),
     ("token", str, "bearer token required on every ActorService call"),
     ("tls_cert", _existing_file_or_empty, "PEM certificate chain (with --tls-key enables TLS)"),
     ("tls_key", _existing_file_or_empty, "PEM private key"),

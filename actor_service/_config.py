@@ -81,7 +81,7 @@ class ActorConfig:
         device: Torch device of the policy (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         seed: Seed for envs, torch and numpy at start; None draws one.
         max_credits: Most batches a learner may have granted and not yet acknowledged.
-        grace_period: Seconds SIGTERM waits for streams to drain before stopping.
+        grace_period: Seconds from SIGTERM to exit: the drain, then the teardown.
         token: Bearer token required on every call (learner role); empty disables auth.
         tls_cert: PEM certificate chain file; with ``tls_key`` enables TLS.
         tls_key: PEM private key file.

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import ActorProcess, grpcurl_path, poll_until, start_actor
 
 from actor_service._runtime import SHUTDOWN_REAP_BOUND
+from actor_service._server import TEARDOWN_RESERVE
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -161,6 +162,35 @@ def test_sigterm_drains_the_stream_and_exits_0_within_grace() -> None:
             timeout=5,
             message="env subprocesses reaped",
         )
+
+
+@pytest.mark.parametrize(("backend", "num_envs"), [("sync", 16), ("async", 4)])
+def test_sigterm_mid_batch_under_load_exits_0_within_grace(backend: str, num_envs: int) -> None:
+    """The promise for a busy actor: SIGTERM while a learner's batch is being collected
+    (one far too long to finish) ends the process, exit code 0, within --grace-period."""
+    grace = 2.0
+    args = ["--num-envs", str(num_envs), "--env-backend", backend, "--grace-period", str(grace)]
+    with start_actor([*args, "--log-format", "json"]) as actor:
+        with grpc.insecure_channel(actor.address) as channel:
+            session = RawCollect.open(
+                pb_grpc.ActorServiceStub(channel),
+                open_request(frames_per_batch=25_000 * num_envs, credits=2),
+            )
+            session.opened()
+            time.sleep(0.5)  # collecting: 100k+ frames take far longer than the grace period
+            start = time.monotonic()
+            actor.terminate()
+            code = actor.wait(timeout=grace + SHUTDOWN_REAP_BOUND + 10)
+            elapsed = time.monotonic() - start
+        logged = [json.loads(line) for line in actor.stderr().splitlines() if line.startswith("{")]
+        events = {entry["event"]: entry["fields"] for entry in logged}
+        assert code == 0
+        assert "actor.drain_timeout" in events, "the signal came in the middle of a batch"
+        assert "session.batch_abandoned" in events
+        assert "actor.children_killed" not in events, "the env pool was closed, not killed"
+        # What the actor controls: its stop ends a quarter of the reserve before the deadline.
+        assert events["actor.stopped"]["seconds"] < grace - TEARDOWN_RESERVE / 4
+        assert elapsed < grace, f"exited {elapsed:.2f} s after SIGTERM (grace {grace} s)"
 
 
 def _descendants(pid: int) -> list[int]:
