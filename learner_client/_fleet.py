@@ -359,7 +359,7 @@ class Fleet:
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
             **ledger.push_stats(),
-            "queued_batches": sum(slot[0] for slot in self.mailbox.snapshot().values()),
+            "queued_batches": sum(slot.buffered for slot in self.mailbox.snapshot().values()),
         }
         out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})
         return out

@@ -365,8 +365,8 @@ class ActorLink:
             stream.cancel()
 
     def _owed(self) -> bool:
-        buffered_outstanding = self._mailbox.snapshot().get(self.worker_id)
-        return bool(buffered_outstanding and buffered_outstanding[1])
+        slot = self._mailbox.snapshot().get(self.worker_id)
+        return slot is not None and slot.outstanding > 0
 
     def _deliver(self, event: Delivery) -> None:
         if event.worker_id != self.worker_id:
