@@ -28,7 +28,7 @@ from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember
-from learner_client._settings import ConnectionSettings
+from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._slabs import PacketSlabs
 from learner_client._transport import (
     ActorChannel,
@@ -148,6 +148,20 @@ class Fleet:
             self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
             self.book.observe(link.worker_id, link.description.models)
 
+    def join(self, links: Sequence[ActorLink], batch: BatchSettings, acting_model: str) -> None:
+        """Register ``links`` if the fleet grown by them passes :func:`check_fleet`.
+
+        Raises:
+            ValueError, UnknownModelError: As :func:`check_fleet`; the links' channels are
+                closed and nothing is registered.
+        """
+        try:
+            check_fleet(batch, self.members(links), acting_model)
+        except BaseException:
+            self.discard(links)
+            raise
+        self.register(links)
+
     def discard(self, links: Sequence[ActorLink]) -> None:
         """Close the channels of links that were refused."""
         self.loop.run(_settle(link.channel.close() for link in links), _MARGIN)
@@ -191,6 +205,22 @@ class Fleet:
     def restart(self, settings: CollectSettings) -> None:
         """Re-open every running session with new settings (the fleet was resized)."""
         self.loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
+
+    def start_joined(
+        self, links: Sequence[ActorLink], settings: CollectSettings, *, sync: bool
+    ) -> None:
+        """Open sessions on links that joined while collecting, with the new ``settings``.
+
+        Sync: the per-actor share changed, so every other session restarts with
+        ``settings`` and the batches they buffered under the old split are dropped
+        (counted as discarded).
+        """
+        if sync:
+            added = {link.worker_id for link in links}
+            old = [w for w in self.worker_ids if w not in added]
+            self.restart(settings)
+            self.ledger.add_discarded(self.mailbox.drop_buffered(old))
+        self.start(settings, links)
 
     # -------------------------------------------------------------- weights
 
