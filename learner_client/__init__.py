@@ -12,9 +12,10 @@
 
 :class:`LocalFleet` starts a fleet of actor subprocesses on loopback for a
 single-machine run; :func:`serve_metrics` exposes a collector's Prometheus metrics over HTTP
-(see ``docs/observability.md``). Everything else in this package is private (modules start
-with ``_``) except the ``train`` subpackage, the PPO entry point, and ``cli``, the ``rlfleet``
-command.
+(see ``docs/observability.md``); :class:`ActorDescription` decodes what an actor's
+``Describe`` reports (``rlfleet status`` prints it). Everything else in this package is
+private (modules start with ``_``) except the ``train`` subpackage, the PPO entry point, and
+``cli``, the ``rlfleet`` command.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import serve_metrics
+from learner_client._transport import ActorDescription
 
 __all__ = [
+    "ActorDescription",
     "GrpcCollector",
     "GrpcLLMCollector",
     "LocalFleet",

@@ -160,6 +160,9 @@ class PushReply:
 class ActorDescription:
     """What Describe reports about one actor, as plain values.
 
+    :meth:`from_response` is the one decoder of ``DescribeResponse``, for the
+    collector and for ``rlfleet status`` alike.
+
     Attributes:
         address: ``host:port`` it was reached at.
         worker_id: Its id in the fleet.
@@ -169,6 +172,12 @@ class ActorDescription:
         max_credits: Most outstanding credits it honours.
         kind: ``"env"`` or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
+        env: The env id it collects from (an LLM actor's task).
+        busy: Whether a learner session is active.
+        draining: Whether it is shutting down (it accepts no new session).
+        learner_id: The learner holding the active session; empty when none.
+        frames: Frames it collected.
+        uptime_seconds: Seconds since it started.
     """
 
     address: str
@@ -179,6 +188,39 @@ class ActorDescription:
     max_credits: int
     kind: str = "env"
     max_new_tokens_cap: int = 0
+    env: str = ""
+    busy: bool = False
+    draining: bool = False
+    learner_id: str = ""
+    frames: int = 0
+    uptime_seconds: float = 0.0
+
+    @classmethod
+    def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
+        """Decode the ``DescribeResponse`` that the actor at ``address`` sent.
+
+        Example::
+
+            reply = stub.Describe(pb.DescribeRequest(), timeout=5.0)
+            ActorDescription.from_response("10.0.0.1:50051", reply).worker_id
+        """
+        return cls(
+            address=address,
+            worker_id=int(reply.worker_id),
+            epoch=int(reply.epoch),
+            num_envs=int(reply.num_envs),
+            models={m.model_id: int(m.version) for m in reply.models},
+            max_credits=int(reply.max_credits),
+            # Actors that predate the kind field collect from gymnasium envs.
+            kind=reply.kind or "env",
+            max_new_tokens_cap=int(reply.max_new_tokens_cap),
+            env=reply.env_id,
+            busy=bool(reply.busy),
+            draining=bool(reply.draining),
+            learner_id=reply.learner_id,
+            frames=int(reply.frames),
+            uptime_seconds=float(reply.uptime_seconds),
+        )
 
 
 class ActorChannel:
@@ -238,16 +280,7 @@ class ActorChannel:
                 metadata=self._metadata,
                 wait_for_ready=wait_for_ready,
             )
-        return ActorDescription(
-            address=self.address,
-            worker_id=r.worker_id,
-            epoch=r.epoch,
-            num_envs=r.num_envs,
-            models={m.model_id: m.version for m in r.models},
-            max_credits=r.max_credits,
-            kind=r.kind or "env",
-            max_new_tokens_cap=r.max_new_tokens_cap,
-        )
+        return ActorDescription.from_response(self.address, r)
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:
         """Seed the actor.
