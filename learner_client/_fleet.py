@@ -48,6 +48,9 @@ _MARGIN = 5.0
 
 _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
+#: The fleet's links, over real gRPC channels.
+Link = ActorLink[ActorChannel]
+
 PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
 
 
@@ -88,11 +91,11 @@ class Fleet:
     book: WeightBook
     batch_timeout: float
     slabs: PacketSlabs
-    _links: dict[int, ActorLink] = dataclasses.field(default_factory=dict, init=False)
+    _links: dict[int, Link] = dataclasses.field(default_factory=dict, init=False)
 
     # ----------------------------------------------------------- membership
 
-    def describe(self, addresses: Sequence[str]) -> list[ActorLink]:
+    def describe(self, addresses: Sequence[str]) -> list[Link]:
         """Reach every address within ``connect_timeout`` and build (unregistered) links.
 
         Raises:
@@ -102,7 +105,7 @@ class Fleet:
             self._describe_all(list(addresses)), self.conn.connect_timeout + _MARGIN
         )
 
-    async def _describe_all(self, addresses: list[str]) -> list[ActorLink]:
+    async def _describe_all(self, addresses: list[str]) -> list[Link]:
         channels = [
             ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials) for a in addresses
         ]
@@ -141,14 +144,14 @@ class Fleet:
             for d, c in zip(descriptions, channels, strict=True)
         ]
 
-    def register(self, links: Sequence[ActorLink]) -> None:
+    def register(self, links: Sequence[Link]) -> None:
         """Make links part of the fleet (after the fleet checks passed)."""
         for link in links:
             self._links[link.worker_id] = link
             self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
             self.book.observe(link.worker_id, link.description.models)
 
-    def join(self, links: Sequence[ActorLink], batch: BatchSettings, acting_model: str) -> None:
+    def join(self, links: Sequence[Link], batch: BatchSettings, acting_model: str) -> None:
         """Register ``links`` if the fleet grown by them passes :func:`check_fleet`.
 
         Raises:
@@ -162,7 +165,7 @@ class Fleet:
             raise
         self.register(links)
 
-    def discard(self, links: Sequence[ActorLink]) -> None:
+    def discard(self, links: Sequence[Link]) -> None:
         """Close the channels of links that were refused."""
         self.loop.run(_settle(link.channel.close() for link in links), _MARGIN)
 
@@ -171,7 +174,7 @@ class Fleet:
         """The fleet's worker_ids, sorted."""
         return sorted(self._links)
 
-    def members(self, extra: Sequence[ActorLink] = ()) -> list[FleetMember]:
+    def members(self, extra: Sequence[Link] = ()) -> list[FleetMember]:
         """What the fleet checks need about every actor, plus ``extra`` links not yet in it."""
         return [
             FleetMember(
@@ -197,7 +200,7 @@ class Fleet:
         """Whether an actor's link is not down, lost, failed or closed."""
         return self._links[worker_id].state not in _UNREACHABLE
 
-    def start(self, settings: CollectSettings, links: Sequence[ActorLink] | None = None) -> None:
+    def start(self, settings: CollectSettings, links: Sequence[Link] | None = None) -> None:
         """Open sessions on ``links`` (default: all) with ``settings``."""
         targets = list(self._links.values()) if links is None else list(links)
         self.loop.run(_each(targets, lambda link: link.start(settings)), _MARGIN)
@@ -206,9 +209,7 @@ class Fleet:
         """Re-open every running session with new settings (the fleet was resized)."""
         self.loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
 
-    def start_joined(
-        self, links: Sequence[ActorLink], settings: CollectSettings, *, sync: bool
-    ) -> None:
+    def start_joined(self, links: Sequence[Link], settings: CollectSettings, *, sync: bool) -> None:
         """Open sessions on links that joined while collecting, with the new ``settings``.
 
         Sync: the per-actor share changed, so every other session restarts with
@@ -224,7 +225,7 @@ class Fleet:
 
     # -------------------------------------------------------------- weights
 
-    async def _admit(self, link: ActorLink, desc: ActorDescription) -> None:
+    async def _admit(self, link: Link, desc: ActorDescription) -> None:
         # A returning actor must hold the weights addressed to it before its data is used.
         self.book.observe(link.worker_id, desc.models)
         for enc in self.book.pending(link.worker_id, desc.models):
@@ -432,7 +433,7 @@ async def _settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
-async def _each(links: Iterable[ActorLink], call: Callable[[ActorLink], None]) -> None:
+async def _each(links: Iterable[Link], call: Callable[[Link], None]) -> None:
     """Call ``call`` on every link, on the loop (where links run their sessions)."""
     for link in links:
         call(link)

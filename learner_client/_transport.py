@@ -7,6 +7,9 @@ asyncio event loop (see :mod:`learner_client._loop`):
 * :class:`ActorChannel` — a ``grpc.aio`` channel to one actor with every unary
   and client/server-streaming call (Describe, SetSeed, PushWeights, GetState,
   LoadState), each under a deadline, each returning plain Python values.
+* :class:`Channel` — the part of it that an actor link and its ``Collect``
+  streams use (Describe, starting ``Collect``, closing), so that tests can drive
+  a link over a fake.
 * :func:`push_messages` — a weight push's requests, wire-encoded once (each
   ``chunk`` straight from the blob: the field's tag, the varint length, the
   data; built as the first target's stream reaches it) and sent unchanged to
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import grpc
 
@@ -35,6 +38,8 @@ from learner_client._collect_wire import parse_collect_response
 __all__ = [
     "ActorChannel",
     "ActorDescription",
+    "Channel",
+    "CollectCall",
     "PushMessages",
     "PushReply",
     "encode_chunk",
@@ -223,6 +228,42 @@ class ActorDescription:
         )
 
 
+class CollectCall(Protocol):
+    """What the learner uses of a running ``Collect`` call (``grpc.aio``'s stream-stream call)."""
+
+    async def read(self) -> Any:
+        """The next response (a ``CollectResponse`` or a :class:`Chunk`), or ``grpc.aio.EOF``."""
+        ...
+
+    def cancel(self) -> bool:
+        """Tear the call down."""
+        ...
+
+
+class Channel(Protocol):
+    """What an :class:`~learner_client._link.ActorLink` needs of its channel to an actor.
+
+    :class:`ActorChannel` is the real one; the link's unit tests use a fake.
+    """
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the actor."""
+        ...
+
+    async def describe(self, timeout: float) -> ActorDescription:
+        """Ask the actor what it is (see :meth:`ActorChannel.describe`)."""
+        ...
+
+    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
+        """Start a ``Collect`` call sending ``requests``."""
+        ...
+
+    async def close(self) -> None:
+        """Close the channel, cancelling its calls."""
+        ...
+
+
 class ActorChannel:
     """A ``grpc.aio`` channel to one actor; create and use it on the learner's event loop.
 
@@ -367,6 +408,6 @@ class ActorChannel:
             r = await self._stub.LoadState(requests(), timeout=timeout, metadata=self._metadata)
         return r.worker_id
 
-    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> Any:
+    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
         """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
         return self._collect(requests, metadata=self._metadata)
