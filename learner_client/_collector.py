@@ -204,7 +204,7 @@ class GrpcCollector:
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self.add_collectors, self._known_addresses, interval=dns_refresh_interval
+            actors, self.add_collectors, self._fleet.known_addresses, interval=dns_refresh_interval
         )
         try:
             links = self._fleet.describe(addresses)
@@ -216,9 +216,6 @@ class GrpcCollector:
             raise
 
     # ----------------------------------------------------------- the fleet
-
-    def _known_addresses(self) -> set[str]:
-        return set(self._fleet.addresses().values())
 
     def _session_settings(self) -> CollectSettings:
         """What every session is opened with, for the current fleet size."""
@@ -244,10 +241,7 @@ class GrpcCollector:
         """
         with self._lock:
             self._check_open()
-            new = check_addresses(addresses)
-            if clash := sorted(set(new) & self._known_addresses()):
-                raise ValueError(f"actor address(es) {clash} are already in the fleet")
-            links = self._fleet.describe(new)
+            links = self._fleet.describe(check_addresses(addresses))
             self._fleet.join(links, self._batch, self._rollout.model_id)
             if self._state is _State.RUNNING:
                 settings = self._session_settings()
@@ -368,10 +362,16 @@ class GrpcCollector:
             SessionStateError: None given and no weights were given before for that model.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
-        kw = dict(weights=weights, policy=policy, worker_ids=worker_ids, model_id=model_id)
-        kw.update(weights_dict=weights_dict, delta=delta)
-        options = PushOptions.given(dtype, only_trainable)
-        request = normalize_update_args(policy_or_weights, **kw, options=options)
+        request = normalize_update_args(
+            policy_or_weights,
+            weights=weights,
+            policy=policy,
+            worker_ids=worker_ids,
+            model_id=model_id,
+            weights_dict=weights_dict,
+            delta=delta,
+            options=PushOptions.given(dtype, only_trainable),
+        )
         with self._lock:
             self._check_open()
             return self._pusher.update(request)

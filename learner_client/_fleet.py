@@ -99,8 +99,11 @@ class Fleet:
         """Reach every address within ``connect_timeout`` and build (unregistered) links.
 
         Raises:
+            ValueError: An address is already in the fleet (nothing is reached).
             ActorUnavailableError: Naming every address that could not be reached.
         """
+        if clash := sorted(set(addresses) & self.known_addresses()):
+            raise ValueError(f"actor address(es) {clash} are already in the fleet")
         return self.loop.run(
             self._describe_all(list(addresses)), self.conn.connect_timeout + _MARGIN
         )
@@ -191,6 +194,10 @@ class Fleet:
     def addresses(self) -> dict[int, str]:
         """Each actor's address, by worker_id (sorted)."""
         return {w: link.address for w, link in sorted(self._links.items())}
+
+    def known_addresses(self) -> set[str]:
+        """The addresses of the actors in the fleet."""
+        return {link.address for link in self._links.values()}
 
     def models_of(self, worker_id: int) -> list[str]:
         """The model_ids an actor reported, sorted."""
