@@ -61,9 +61,8 @@ def batch(seq: int, epoch: int = 1) -> pb.CollectResponse:
 
 
 def end(reason: str, message: str = "", env_failure: pb.EnvFailure | None = None) -> Step:
-    number = pb.EndReason.Value(f"END_REASON_{reason}")
     return pb.CollectResponse(
-        end=pb.StreamEnd(reason=number, message=message, env_failure=env_failure)
+        end=pb.StreamEnd(reason=f"END_REASON_{reason}", message=message, env_failure=env_failure)
     )
 
 
@@ -215,7 +214,9 @@ def test_link_streams_batches_into_the_mailbox() -> None:
     assert r.link.state is LinkState.CLOSED
     assert r.channel.closed
     assert r.link.tracker.last == 2
-    assert r.mailbox.take_any(0).batch["collector", "worker_id"].unique().tolist() == [0]
+    delivery = r.mailbox.take_any(0)
+    assert delivery is not None
+    assert delivery.batch["collector", "worker_id"].unique().tolist() == [0]
     assert r.backoff.attempts == []
 
 
