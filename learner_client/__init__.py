@@ -13,9 +13,10 @@
 :class:`LocalFleet` starts a fleet of actor subprocesses on loopback for a
 single-machine run; :func:`serve_metrics` exposes a collector's Prometheus metrics over HTTP
 (see ``docs/observability.md``); :func:`resolve_actors` expands a ``dns:`` name into the
-fleet's addresses. Everything else in this package is private (modules start with ``_``).
-Programs built on the library (the reference learners, the ``rlfleet`` command) live in
-``apps``.
+fleet's addresses; :class:`ActorDescription` decodes what an actor's ``Describe`` reports
+(``rlfleet status`` prints it). Everything else in this package is private (modules start
+with ``_``). Programs built on the library (the reference learners, the ``rlfleet`` command)
+live in ``apps``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import check_metrics_port, serve_metrics
+from learner_client._transport import ActorDescription
 
 __all__ = [
+    "ActorDescription",
     "GrpcCollector",
     "GrpcLLMCollector",
     "LocalFleet",

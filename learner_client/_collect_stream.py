@@ -30,7 +30,7 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._collect_wire import Chunk
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Delivery
-from learner_client._transport import ActorChannel, translate_errors
+from learner_client._transport import Channel, translate_errors
 
 __all__ = ["CollectStream", "EndEvent", "OpenStreams", "SessionInfo"]
 
@@ -128,7 +128,7 @@ class CollectStream:
 
     def __init__(
         self,
-        channel: ActorChannel,
+        channel: Channel,
         settings: CollectSettings,
         *,
         credits: int,

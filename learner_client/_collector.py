@@ -25,14 +25,12 @@ from learner_client._background import Background
 from learner_client._deltas import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
-from learner_client._link import ActorLink
 from learner_client._mailbox import Paused
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
     RolloutSettings,
     check_addresses,
-    check_fleet,
     check_hooks,
 )
 from learner_client._stats import snapshot
@@ -173,27 +171,44 @@ class GrpcCollector:
             model_id=model_id,
             llm=llm,
         )
-        link = (connect_timeout, call_timeout, channel_credentials, token, learner_id, take_over)
-        conn = ConnectionSettings(*link)
-        self._connect(conn, actors, dns_refresh_interval, (postproc, replay_buffer), weight_push)
+        conn = ConnectionSettings(
+            connect_timeout=connect_timeout,
+            call_timeout=call_timeout,
+            channel_credentials=channel_credentials,
+            token=token,
+            learner_id=learner_id,
+            take_over=take_over,
+        )
+        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
+        self._connect(
+            actors, conn, dns_refresh_interval=dns_refresh_interval, weight_push=weight_push
+        )
 
     def _connect(
-        self, conn: ConnectionSettings, actors: Any, dns: float, hooks: Any, push: Any
+        self,
+        actors: Sequence[str] | str,
+        conn: ConnectionSettings,
+        *,
+        dns_refresh_interval: float,
+        weight_push: WeightPushSettings | None,
     ) -> None:
-        self.postproc, self.replay_buffer = check_hooks(*hooks)
+        """Wire the parts, describe and admit the actors, start watching ``dns:`` targets."""
         addresses = check_addresses(resolve_actors(actors))
         self._state = _State.READY
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
-        parts = self._parts = assemble(self._batch, self._rollout.model_id, conn, self.stats, push)
-        self._mailbox, self._ledger, self._book = parts.mailbox, parts.ledger, parts.book
+        parts = self._parts = assemble(
+            self._batch, self._rollout.model_id, conn, self.stats, weight_push
+        )
+        self._mailbox, self._book = parts.mailbox, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self.add_collectors, self._known_addresses, interval=dns
+            actors, self.add_collectors, self._fleet.known_addresses, interval=dns_refresh_interval
         )
         try:
-            self._admit(self._fleet.describe(addresses))
+            links = self._fleet.describe(addresses)
+            self._fleet.join(links, self._batch, self._rollout.model_id)
             self._membership.start()
         except BaseException:
             self._membership.close()
@@ -201,17 +216,6 @@ class GrpcCollector:
             raise
 
     # ----------------------------------------------------------- the fleet
-
-    def _admit(self, links: list[ActorLink]) -> None:
-        try:
-            check_fleet(self._batch, self._fleet.members(links), self._rollout.model_id)
-        except BaseException:
-            self._fleet.discard(links)
-            raise
-        self._fleet.register(links)
-
-    def _known_addresses(self) -> set[str]:
-        return set(self._fleet.addresses().values())
 
     def _session_settings(self) -> CollectSettings:
         """What every session is opened with, for the current fleet size."""
@@ -237,18 +241,11 @@ class GrpcCollector:
         """
         with self._lock:
             self._check_open()
-            new = check_addresses(addresses)
-            if clash := sorted(set(new) & self._known_addresses()):
-                raise ValueError(f"actor address(es) {clash} are already in the fleet")
-            links = self._fleet.describe(new)
-            self._admit(links)
+            links = self._fleet.describe(check_addresses(addresses))
+            self._fleet.join(links, self._batch, self._rollout.model_id)
             if self._state is _State.RUNNING:
-                if self._batch.sync:
-                    added = {n.worker_id for n in links}
-                    old = [w for w in self._fleet.worker_ids if w not in added]
-                    self._fleet.restart(self._session_settings())
-                    self._ledger.add_discarded(self._mailbox.drop_buffered(old))
-                self._fleet.start(self._session_settings(), links)
+                settings = self._session_settings()
+                self._fleet.start_joined(links, settings, sync=bool(self._batch.sync))
                 self._rounds.update_budget()
             return [RemoteActor(link.address, link.worker_id) for link in links]
 
@@ -365,10 +362,16 @@ class GrpcCollector:
             SessionStateError: None given and no weights were given before for that model.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
-        kw = dict(weights=weights, policy=policy, worker_ids=worker_ids, model_id=model_id)
-        kw.update(weights_dict=weights_dict, delta=delta)
-        options = PushOptions.given(dtype, only_trainable)
-        request = normalize_update_args(policy_or_weights, **kw, options=options)
+        request = normalize_update_args(
+            policy_or_weights,
+            weights=weights,
+            policy=policy,
+            worker_ids=worker_ids,
+            model_id=model_id,
+            weights_dict=weights_dict,
+            delta=delta,
+            options=PushOptions.given(dtype, only_trainable),
+        )
         with self._lock:
             self._check_open()
             return self._pusher.update(request)

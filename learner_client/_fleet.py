@@ -28,7 +28,7 @@ from learner_client._link import ActorLink, LinkState
 from learner_client._loop import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember
-from learner_client._settings import ConnectionSettings
+from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._slabs import PacketSlabs
 from learner_client._transport import (
     ActorChannel,
@@ -47,6 +47,9 @@ T = TypeVar("T")
 _MARGIN = 5.0
 
 _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
+
+#: The fleet's links, over real gRPC channels.
+Link = ActorLink[ActorChannel]
 
 PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
 
@@ -88,21 +91,24 @@ class Fleet:
     book: WeightBook
     batch_timeout: float
     slabs: PacketSlabs
-    _links: dict[int, ActorLink] = dataclasses.field(default_factory=dict, init=False)
+    _links: dict[int, Link] = dataclasses.field(default_factory=dict, init=False)
 
     # ----------------------------------------------------------- membership
 
-    def describe(self, addresses: Sequence[str]) -> list[ActorLink]:
+    def describe(self, addresses: Sequence[str]) -> list[Link]:
         """Reach every address within ``connect_timeout`` and build (unregistered) links.
 
         Raises:
+            ValueError: An address is already in the fleet (nothing is reached).
             ActorUnavailableError: Naming every address that could not be reached.
         """
+        if clash := sorted(set(addresses) & self.known_addresses()):
+            raise ValueError(f"actor address(es) {clash} are already in the fleet")
         return self.loop.run(
             self._describe_all(list(addresses)), self.conn.connect_timeout + _MARGIN
         )
 
-    async def _describe_all(self, addresses: list[str]) -> list[ActorLink]:
+    async def _describe_all(self, addresses: list[str]) -> list[Link]:
         channels = [
             ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials) for a in addresses
         ]
@@ -141,14 +147,28 @@ class Fleet:
             for d, c in zip(descriptions, channels, strict=True)
         ]
 
-    def register(self, links: Sequence[ActorLink]) -> None:
+    def register(self, links: Sequence[Link]) -> None:
         """Make links part of the fleet (after the fleet checks passed)."""
         for link in links:
             self._links[link.worker_id] = link
             self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
             self.book.observe(link.worker_id, link.description.models)
 
-    def discard(self, links: Sequence[ActorLink]) -> None:
+    def join(self, links: Sequence[Link], batch: BatchSettings, acting_model: str) -> None:
+        """Register ``links`` if the fleet grown by them passes :func:`check_fleet`.
+
+        Raises:
+            ValueError, UnknownModelError: As :func:`check_fleet`; the links' channels are
+                closed and nothing is registered.
+        """
+        try:
+            check_fleet(batch, self.members(links), acting_model)
+        except BaseException:
+            self.discard(links)
+            raise
+        self.register(links)
+
+    def discard(self, links: Sequence[Link]) -> None:
         """Close the channels of links that were refused."""
         self.loop.run(_settle(link.channel.close() for link in links), _MARGIN)
 
@@ -157,7 +177,7 @@ class Fleet:
         """The fleet's worker_ids, sorted."""
         return sorted(self._links)
 
-    def members(self, extra: Sequence[ActorLink] = ()) -> list[FleetMember]:
+    def members(self, extra: Sequence[Link] = ()) -> list[FleetMember]:
         """What the fleet checks need about every actor, plus ``extra`` links not yet in it."""
         return [
             FleetMember(
@@ -175,6 +195,10 @@ class Fleet:
         """Each actor's address, by worker_id (sorted)."""
         return {w: link.address for w, link in sorted(self._links.items())}
 
+    def known_addresses(self) -> set[str]:
+        """The addresses of the actors in the fleet."""
+        return {link.address for link in self._links.values()}
+
     def models_of(self, worker_id: int) -> list[str]:
         """The model_ids an actor reported, sorted."""
         return sorted(self._links[worker_id].description.models)
@@ -183,7 +207,7 @@ class Fleet:
         """Whether an actor's link is not down, lost, failed or closed."""
         return self._links[worker_id].state not in _UNREACHABLE
 
-    def start(self, settings: CollectSettings, links: Sequence[ActorLink] | None = None) -> None:
+    def start(self, settings: CollectSettings, links: Sequence[Link] | None = None) -> None:
         """Open sessions on ``links`` (default: all) with ``settings``."""
         targets = list(self._links.values()) if links is None else list(links)
         self.loop.run(_each(targets, lambda link: link.start(settings)), _MARGIN)
@@ -192,9 +216,23 @@ class Fleet:
         """Re-open every running session with new settings (the fleet was resized)."""
         self.loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
 
+    def start_joined(self, links: Sequence[Link], settings: CollectSettings, *, sync: bool) -> None:
+        """Open sessions on links that joined while collecting, with the new ``settings``.
+
+        Sync: the per-actor share changed, so every other session restarts with
+        ``settings`` and the batches they buffered under the old split are dropped
+        (counted as discarded).
+        """
+        if sync:
+            added = {link.worker_id for link in links}
+            old = [w for w in self.worker_ids if w not in added]
+            self.restart(settings)
+            self.ledger.add_discarded(self.mailbox.drop_buffered(old))
+        self.start(settings, links)
+
     # -------------------------------------------------------------- weights
 
-    async def _admit(self, link: ActorLink, desc: ActorDescription) -> None:
+    async def _admit(self, link: Link, desc: ActorDescription) -> None:
         # A returning actor must hold the weights addressed to it before its data is used.
         self.book.observe(link.worker_id, desc.models)
         for enc in self.book.pending(link.worker_id, desc.models):
@@ -359,7 +397,7 @@ class Fleet:
             "discarded": ledger.discarded,
             "auto_pushes": ledger.auto_pushes,
             **ledger.push_stats(),
-            "queued_batches": sum(slot[0] for slot in self.mailbox.snapshot().values()),
+            "queued_batches": sum(slot.buffered for slot in self.mailbox.snapshot().values()),
         }
         out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})
         return out
@@ -402,7 +440,7 @@ async def _settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
-async def _each(links: Iterable[ActorLink], call: Callable[[ActorLink], None]) -> None:
+async def _each(links: Iterable[Link], call: Callable[[Link], None]) -> None:
     """Call ``call`` on every link, on the loop (where links run their sessions)."""
     for link in links:
         call(link)

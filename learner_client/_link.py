@@ -18,6 +18,11 @@ growing backoff; after ``ENV_FAILURE_ATTEMPTS`` in a row without a batch, the
 link stops and the user's next take raises an
 :class:`~common.errors.EnvError` naming the worker, the env and the env's
 exception (as TorchRL raises the env's error).
+
+What follows each session is one :class:`AfterSession` decision: ``STOP``,
+``REOPEN`` at once, ``RETRY`` after the backoff, or ``CLOSE`` when the learner
+is closing the link. The link takes its channel as a :class:`~learner_client._transport.Channel`,
+so its unit tests drive it over a fake.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from common.config import CollectSettings
 from common.errors import (
@@ -43,9 +48,9 @@ from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._settings import ConnectionSettings
-from learner_client._transport import ActorChannel, ActorDescription
+from learner_client._transport import ActorDescription, Channel
 
-__all__ = ["ActorLink", "Backoff", "LinkState"]
+__all__ = ["ENV_FAILURE_ATTEMPTS", "ActorLink", "AfterSession", "Backoff", "LinkState"]
 
 log = logging.getLogger("learner_client")
 
@@ -66,6 +71,15 @@ class LinkState(enum.Enum):
     CLOSED = "closed"
 
 
+class AfterSession(enum.Enum):
+    """What a link does once a session ended (cleanly or not)."""
+
+    STOP = "stop"  # taken over, the env failed too often, or a bug: never again
+    REOPEN = "reopen"  # the learner closed it to change the settings: reopen at once
+    RETRY = "retry"  # the actor ended it or it broke: reconnect after the backoff
+    CLOSE = "close"  # the learner is closing the link
+
+
 @dataclasses.dataclass(frozen=True)
 class Backoff:
     """Jittered exponential backoff between reconnection attempts.
@@ -83,15 +97,19 @@ class Backoff:
         return random.uniform(0.5, 1.0) * min(self.cap, self.base * 2 ** min(attempt, 30))
 
 
-Admit = Callable[["ActorLink", ActorDescription], Awaitable[None]]
+C = TypeVar("C", bound=Channel)
+
+#: Called before each session opens, with the link and the actor's fresh description.
+Admit = Callable[["ActorLink[C]", ActorDescription], Awaitable[None]]
 
 
-class ActorLink:
+class ActorLink(Generic[C]):
     """The learner's connection to one actor (create, start and stop it on the event loop).
 
     Args:
         description: What Describe reported at construction.
-        channel: The channel the description came through; the link owns it from now on.
+        channel: The channel the description came through (any :class:`Channel`); the link
+            owns it from now on.
         conn: Channel settings, deadlines and the learner id.
         batch_timeout: Seconds a stream owing a batch may stay silent before it counts as stalled.
         mailbox: Where batches go; also tells whether credits are outstanding.
@@ -105,14 +123,14 @@ class ActorLink:
     def __init__(
         self,
         description: ActorDescription,
-        channel: ActorChannel,
+        channel: C,
         conn: ConnectionSettings,
         *,
         batch_timeout: float,
         mailbox: Mailbox,
         streams: OpenStreams,
         ledger: Ledger,
-        admit: Admit,
+        admit: Admit[C],
         allocate: Callable[[int], Any] | None = None,
         backoff: Backoff = Backoff(),
     ) -> None:
@@ -139,6 +157,7 @@ class ActorLink:
         self._closing = False
         self._fresh_next = False
         self._streamed = False
+        self._failed_streaming = False  # the last attempt broke after its stream opened
 
     # -------------------------------------------------------------- control
 
@@ -185,32 +204,20 @@ class ActorLink:
         while not self._closing:
             self._streamed = self._delivered = False
             try:
-                end = await self._session(reconnecting)
-                if self._closing:
-                    break
-                after = self._session_ended(end)
-                if after == "stop":
-                    return
-                if self._env_failed(end):
-                    return
-                if after == "reopen":
-                    reconnecting = True
-                    continue
-            except RlfleetError as exc:  # a transport or protocol failure: counted and retried
-                if self._closing:
-                    break
-                attempt = 0 if self._streamed else attempt
-                self._failed(exc, attempt)
-            except Exception as exc:  # a bug: retrying would hide it
-                self._stop_on_bug(exc)
-                return
+                after = await self._attempt(reconnecting, attempt)
             finally:
                 self._stream = None
                 self._mailbox.session_closed(self.worker_id)
+            if after is AfterSession.STOP:
+                return
+            if after is AfterSession.CLOSE:
+                break
+            reconnecting = True
+            if after is AfterSession.REOPEN:
+                continue
             # Backoff grows across attempts that brought no batch (a session opened only to
             # fail, e.g. on an env that raises, counts: no tight restart loop).
-            attempt = 0 if self._delivered else attempt
-            reconnecting = True
+            attempt = 0 if self._delivered or self._failed_streaming else attempt
             if self.state is not LinkState.DOWN:
                 self._set_state(LinkState.CONNECTING)
             delay = self._backoff.delay(attempt)
@@ -221,8 +228,27 @@ class ActorLink:
             await asyncio.sleep(delay)
         self._set_state(LinkState.CLOSED)
 
-    def _session_ended(self, end: EndEvent) -> str:
-        """What follows a clean end: ``"stop"``, ``"reopen"`` at once, or ``"retry"``."""
+    async def _attempt(self, reconnecting: bool, attempt: int) -> AfterSession:
+        """One session, from Describe to its end, and what follows it."""
+        self._failed_streaming = False
+        try:
+            end = await self._session(reconnecting)
+            if self._closing:
+                return AfterSession.CLOSE
+            return self._session_ended(end)
+        except RlfleetError as exc:  # a transport or protocol failure: counted and retried
+            if self._closing:
+                return AfterSession.CLOSE
+            # A stream that opened before it broke starts a new outage.
+            self._failed_streaming = self._streamed
+            self._failed(exc, 0 if self._streamed else attempt)
+            return AfterSession.RETRY
+        except Exception as exc:  # a bug: retrying would hide it
+            self._stop_on_bug(exc)
+            return AfterSession.STOP
+
+    def _session_ended(self, end: EndEvent) -> AfterSession:
+        """What follows a session the actor ended with ``end`` (an ``end`` marker)."""
         if end.reason == "TAKEN_OVER":
             log.error(
                 "actor %s (worker_id %d) was taken over by another learner; "
@@ -231,18 +257,20 @@ class ActorLink:
                 self.worker_id,
             )
             self._set_state(LinkState.LOST)
-            return "stop"
-        if self._fresh_next and end.reason == "CLOSED":
-            return "reopen"
-        log.warning(
-            "actor %s (worker_id %d) ended the session: %s %s",
-            self.address,
-            self.worker_id,
-            end.reason,
-            end.message,
-        )
-        self._ledger.failure(self.worker_id)
-        return "retry"
+            return AfterSession.STOP
+        reopen = self._fresh_next and end.reason == "CLOSED"
+        if not reopen:
+            log.warning(
+                "actor %s (worker_id %d) ended the session: %s %s",
+                self.address,
+                self.worker_id,
+                end.reason,
+                end.message,
+            )
+            self._ledger.failure(self.worker_id)
+        if self._env_failed(end):
+            return AfterSession.STOP
+        return AfterSession.REOPEN if reopen else AfterSession.RETRY
 
     def _env_failed(self, end: EndEvent) -> bool:
         """Count a session the actor's env ended; stop the link after too many in a row.
@@ -365,8 +393,8 @@ class ActorLink:
             stream.cancel()
 
     def _owed(self) -> bool:
-        buffered_outstanding = self._mailbox.snapshot().get(self.worker_id)
-        return bool(buffered_outstanding and buffered_outstanding[1])
+        slot = self._mailbox.snapshot().get(self.worker_id)
+        return slot is not None and slot.outstanding > 0
 
     def _deliver(self, event: Delivery) -> None:
         if event.worker_id != self.worker_id:

@@ -127,6 +127,13 @@ def _modes(
     return completed, last, flatten
 
 
+def _turns_per_batch(given: int | None, completed: bool) -> int:
+    """``dialog_turns_per_batch``: required in steps mode, 1 by default with whole dialogs."""
+    if given is None and not completed:
+        raise ValueError("dialog_turns_per_batch is required in steps mode")
+    return 1 if given is None else given
+
+
 class GrpcLLMCollector:
     """Collects dialog turns from rlfleet LLM actors, with TorchRL's ``LLMCollector`` API.
 
@@ -221,9 +228,7 @@ class GrpcLLMCollector:
             reset_at_each_iter,
             has_buffer=replay_buffer is not None or queue is not None,
         )
-        if dialog_turns_per_batch is None and not completed:
-            raise ValueError("dialog_turns_per_batch is required in steps mode")
-        dialog_turns_per_batch = 1 if dialog_turns_per_batch is None else dialog_turns_per_batch
+        dialog_turns_per_batch = _turns_per_batch(dialog_turns_per_batch, completed)
         self.llm_settings = LLMSettings(
             generation=GenerationSettings.from_mapping(generation),
             group_size=group_size,
@@ -249,7 +254,9 @@ class GrpcLLMCollector:
         )
         self.dialog_turns_per_batch = dialog_turns_per_batch
         self.total_dialog_turns = total_dialog_turns
-        self.replay_buffer, self.queue = replay_buffer, queue
+        self.replay_buffer = replay_buffer
+        self.queue = queue
+        self._connected = True  # the inner collector reached every actor
 
     # ------------------------------------------------------------ iteration
 
@@ -317,8 +324,11 @@ class GrpcLLMCollector:
         return self._inner.add_collectors(addresses)
 
     def is_initialized(self) -> bool:
-        """True once connected (construction connects)."""
-        return True
+        """Whether the collector is ready to collect (TorchRL's ``LLMCollector`` knob).
+
+        True from construction, which reaches every actor, until :meth:`shutdown`.
+        """
+        return self._connected
 
     def stats(
         self, workers: str = "aggregate", *, timeout: float | None = 10.0
@@ -354,10 +364,12 @@ class GrpcLLMCollector:
 
     def async_shutdown(self, timeout: float | None = None) -> None:
         """Stop background collection, then shut down."""
+        self._connected = False
         self._inner.async_shutdown(timeout)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Close every session and channel (bounded, idempotent)."""
+        self._connected = False
         self._inner.shutdown(timeout)
 
     def __enter__(self) -> GrpcLLMCollector:

@@ -31,7 +31,7 @@ from tensordict import TensorDictBase
 
 from common.errors import ClosedError
 
-__all__ = ["Delivery", "Mailbox", "Paused"]
+__all__ = ["Delivery", "Mailbox", "MailboxStats", "Paused"]
 
 # Waits re-check their condition at least this often (a missed notify costs no more).
 _POLL_SECONDS = 0.5
@@ -63,6 +63,23 @@ class Delivery:
     version_min: int = 0
     version_max: int = 0
     arrival: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MailboxStats:
+    """One actor's slot in the mailbox at one moment (see :meth:`Mailbox.snapshot`).
+
+    Attributes:
+        buffered: Complete batches waiting for the user.
+        outstanding: Credits granted to the open session and not yet used.
+        open: Whether a session is open.
+        alive: Whether the actor counts as reachable.
+    """
+
+    buffered: int
+    outstanding: int
+    open: bool
+    alive: bool
 
 
 @dataclasses.dataclass
@@ -236,11 +253,12 @@ class Mailbox:
                     return busy
                 self._cond.wait(min(remaining, _POLL_SECONDS))
 
-    def snapshot(self) -> dict[int, tuple[int, int, bool, bool]]:
-        """``{worker_id: (buffered, outstanding, open, alive)}``, for stats and tests."""
+    def snapshot(self) -> dict[int, MailboxStats]:
+        """Each actor's :class:`MailboxStats` by worker_id, for stats and tests."""
         with self._cond:
             return {
-                w: (len(s.buffered), s.outstanding, s.open, s.alive) for w, s in self._slots.items()
+                w: MailboxStats(len(s.buffered), s.outstanding, s.open, s.alive)
+                for w, s in self._slots.items()
             }
 
     # ---------------------------------------------------------- user side

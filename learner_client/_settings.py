@@ -18,8 +18,10 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast
+
+from tensordict import TensorDictBase
 
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
 from common.errors import UnknownModelError
@@ -29,6 +31,8 @@ from learner_client._members import FleetMember, check_kinds
 __all__ = [
     "BatchSettings",
     "ConnectionSettings",
+    "Postproc",
+    "ReplayBufferLike",
     "RolloutSettings",
     "check_addresses",
     "check_fleet",
@@ -407,7 +411,21 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
         )
 
 
-def check_hooks(postproc: Any, replay_buffer: Any) -> tuple[Any, Any]:
+#: What ``postproc`` is: applied to every batch before it is yielded or stored.
+Postproc = Callable[[TensorDictBase], TensorDictBase]
+
+
+class ReplayBufferLike(Protocol):
+    """What the collector needs of a ``replay_buffer``: an ``extend()`` taking each batch."""
+
+    def extend(self, data: TensorDictBase, /) -> object:
+        """Store ``data`` (one actor's batch)."""
+        ...
+
+
+def check_hooks(
+    postproc: object, replay_buffer: object
+) -> tuple[Postproc | None, ReplayBufferLike | None]:
     """Return ``(postproc, replay_buffer)`` once each is None or usable.
 
     Raises:
@@ -417,7 +435,7 @@ def check_hooks(postproc: Any, replay_buffer: Any) -> tuple[Any, Any]:
         raise TypeError(f"postproc must be callable, got {postproc!r}")
     if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
         raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
-    return postproc, replay_buffer
+    return cast("Postproc | None", postproc), cast("ReplayBufferLike | None", replay_buffer)
 
 
 def check_addresses(actors: object) -> list[str]:

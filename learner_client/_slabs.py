@@ -142,9 +142,3 @@ class PacketSlabs:
                 slab.free = set(range(width))
                 return slab
         return None
-
-    @property
-    def open_slabs(self) -> int:
-        """Slabs with a slot still free."""
-        with self._lock:
-            return len(self._open)

@@ -7,6 +7,9 @@ asyncio event loop (see :mod:`learner_client._loop`):
 * :class:`ActorChannel` — a ``grpc.aio`` channel to one actor with every unary
   and client/server-streaming call (Describe, SetSeed, PushWeights, GetState,
   LoadState), each under a deadline, each returning plain Python values.
+* :class:`Channel` — the part of it that an actor link and its ``Collect``
+  streams use (Describe, starting ``Collect``, closing), so that tests can drive
+  a link over a fake.
 * :func:`push_messages` — a weight push's requests, wire-encoded once (each
   ``chunk`` straight from the blob: the field's tag, the varint length, the
   data; built as the first target's stream reaches it) and sent unchanged to
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import grpc
 
@@ -35,6 +38,8 @@ from learner_client._collect_wire import parse_collect_response
 __all__ = [
     "ActorChannel",
     "ActorDescription",
+    "Channel",
+    "CollectCall",
     "PushMessages",
     "PushReply",
     "encode_chunk",
@@ -160,6 +165,9 @@ class PushReply:
 class ActorDescription:
     """What Describe reports about one actor, as plain values.
 
+    :meth:`from_response` is the one decoder of ``DescribeResponse``, for the
+    collector and for ``rlfleet status`` alike.
+
     Attributes:
         address: ``host:port`` it was reached at.
         worker_id: Its id in the fleet.
@@ -169,6 +177,12 @@ class ActorDescription:
         max_credits: Most outstanding credits it honours.
         kind: ``"env"`` or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
+        env: The env id it collects from (an LLM actor's task).
+        busy: Whether a learner session is active.
+        draining: Whether it is shutting down (it accepts no new session).
+        learner_id: The learner holding the active session; empty when none.
+        frames: Frames it collected.
+        uptime_seconds: Seconds since it started.
     """
 
     address: str
@@ -179,6 +193,75 @@ class ActorDescription:
     max_credits: int
     kind: str = "env"
     max_new_tokens_cap: int = 0
+    env: str = ""
+    busy: bool = False
+    draining: bool = False
+    learner_id: str = ""
+    frames: int = 0
+    uptime_seconds: float = 0.0
+
+    @classmethod
+    def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
+        """Decode the ``DescribeResponse`` that the actor at ``address`` sent.
+
+        Example::
+
+            reply = stub.Describe(pb.DescribeRequest(), timeout=5.0)
+            ActorDescription.from_response("10.0.0.1:50051", reply).worker_id
+        """
+        return cls(
+            address=address,
+            worker_id=int(reply.worker_id),
+            epoch=int(reply.epoch),
+            num_envs=int(reply.num_envs),
+            models={m.model_id: int(m.version) for m in reply.models},
+            max_credits=int(reply.max_credits),
+            # Actors that predate the kind field collect from gymnasium envs.
+            kind=reply.kind or "env",
+            max_new_tokens_cap=int(reply.max_new_tokens_cap),
+            env=reply.env_id,
+            busy=bool(reply.busy),
+            draining=bool(reply.draining),
+            learner_id=reply.learner_id,
+            frames=int(reply.frames),
+            uptime_seconds=float(reply.uptime_seconds),
+        )
+
+
+class CollectCall(Protocol):
+    """What the learner uses of a running ``Collect`` call (``grpc.aio``'s stream-stream call)."""
+
+    async def read(self) -> Any:
+        """The next response (a ``CollectResponse`` or a :class:`Chunk`), or ``grpc.aio.EOF``."""
+        ...
+
+    def cancel(self) -> bool:
+        """Tear the call down."""
+        ...
+
+
+class Channel(Protocol):
+    """What an :class:`~learner_client._link.ActorLink` needs of its channel to an actor.
+
+    :class:`ActorChannel` is the real one; the link's unit tests use a fake.
+    """
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the actor."""
+        ...
+
+    async def describe(self, timeout: float) -> ActorDescription:
+        """Ask the actor what it is (see :meth:`ActorChannel.describe`)."""
+        ...
+
+    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
+        """Start a ``Collect`` call sending ``requests``."""
+        ...
+
+    async def close(self) -> None:
+        """Close the channel, cancelling its calls."""
+        ...
 
 
 class ActorChannel:
@@ -238,16 +321,7 @@ class ActorChannel:
                 metadata=self._metadata,
                 wait_for_ready=wait_for_ready,
             )
-        return ActorDescription(
-            address=self.address,
-            worker_id=r.worker_id,
-            epoch=r.epoch,
-            num_envs=r.num_envs,
-            models={m.model_id: m.version for m in r.models},
-            max_credits=r.max_credits,
-            kind=r.kind or "env",
-            max_new_tokens_cap=r.max_new_tokens_cap,
-        )
+        return ActorDescription.from_response(self.address, r)
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:
         """Seed the actor.
@@ -334,6 +408,6 @@ class ActorChannel:
             r = await self._stub.LoadState(requests(), timeout=timeout, metadata=self._metadata)
         return r.worker_id
 
-    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> Any:
+    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
         """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
         return self._collect(requests, metadata=self._metadata)

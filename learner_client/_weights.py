@@ -179,47 +179,54 @@ def normalize_update_args(
     """
     if not isinstance(delta, bool):
         raise TypeError(f"delta must be a bool, got {delta!r}")
-    args = (policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options)
-    request = _normalize(*args)
-    if delta and request.per_worker is not None:
-        raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
-    return dataclasses.replace(request, delta=delta)
-
-
-def _normalize(*args: Any) -> WeightRequest:
-    """:func:`normalize_update_args` but ``delta``, its arguments in their order."""
-    policy_or_weights, weights, policy, worker_ids, model_id, weights_dict, options = args
     named = {"policy_or_weights": policy_or_weights, "weights": weights, "policy": policy}
     given = [name for name, value in named.items() if value is not None]
     if len(given) > 1:
         raise ValueError(f"pass the weights once: got {' and '.join(given)}")
     targets = _normalize_worker_ids(worker_ids)
-    opts = options
     if weights_dict is not None:
         if model_id is not None:
             raise ValueError("weights_dict and model_id are mutually exclusive")
         if given:
             raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
-        return WeightRequest(_models(weights_dict), targets, nested=True, options=opts)
+        request = WeightRequest(_models(weights_dict), targets, nested=True, options=options)
+    else:
+        name = given[0] if given else None
+        source = named[name] if name is not None else None
+        request = _one_model(name, source, model_id, targets, options)
+    if delta and request.per_worker is not None:
+        raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
+    return dataclasses.replace(request, delta=delta)
+
+
+def _one_model(
+    given: str | None,
+    source: object,
+    model_id: object,
+    targets: tuple[int, ...] | None,
+    options: PushOptions | None,
+) -> WeightRequest:
+    """The request for one model, whose ``source`` came as the argument named ``given``.
+
+    ``given`` None means no weights were passed: the model's last ones are sent again.
+    """
     mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
-    source = named[given[0]] if given else None
-    if policy is not None and not isinstance(policy, nn.Module):
-        raise TypeError(f"policy must be an nn.Module, got {type(policy).__name__}")
-    if weights is not None and not isinstance(weights, TensorDictBase | Mapping):
+    if given == "policy" and not isinstance(source, nn.Module):
+        raise TypeError(f"policy must be an nn.Module, got {type(source).__name__}")
+    if given == "weights" and not isinstance(source, TensorDictBase | Mapping):
         raise TypeError(
-            f"weights must be a TensorDict or a dict of tensors, got {type(weights).__name__}"
+            f"weights must be a TensorDict or a dict of tensors, got {type(source).__name__}"
         )
-    if _is_per_worker(source):
+    if isinstance(source, Mapping) and _is_per_worker(source):
         if targets is not None:
             raise ValueError(
                 "pass per-worker weights either as {worker_id: weights} or with worker_ids=, "
                 "not both"
             )
-        assert isinstance(source, Mapping)
-        per_worker = {wid: _check_source(f"{given[0]}[{wid}]", src) for wid, src in source.items()}
-        return WeightRequest({mid: None}, tuple(per_worker), False, per_worker, opts)
-    checked = None if source is None else _check_source(given[0], source)
-    return WeightRequest({mid: checked}, targets, nested=False, options=opts)
+        per_worker = {wid: _check_source(f"{given}[{wid}]", src) for wid, src in source.items()}
+        return WeightRequest({mid: None}, tuple(per_worker), False, per_worker, options)
+    checked = None if given is None else _check_source(given, source)
+    return WeightRequest({mid: checked}, targets, nested=False, options=options)
 
 
 def _models(weights_dict: object) -> dict[str, WeightSource | None]:

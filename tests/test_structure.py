@@ -12,6 +12,15 @@ PACKAGES = ("actor_service", "learner_client", "apps", "common", "bench")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
+#: Functions that honestly need more than MAX_FUNCTION_LINES, as ``path: qualname``, each
+#: with its reason (better than meeting the limit by packing arguments into tuples).
+EXEMPT_FUNCTIONS = {
+    "learner_client/_collector.py: GrpcCollector.__init__": (
+        "TorchRL's knobs are the public signature (31 lines); the body only groups them, "
+        "by name, into the batch, rollout and connection settings"
+    ),
+}
+
 
 def _modules(package: str) -> list[pathlib.Path]:
     return [
@@ -75,10 +84,23 @@ def test_structure_modules_stay_within_500_lines(package: str) -> None:
     assert not offenders, "split by responsibility:\n" + "\n".join(offenders)
 
 
+def _exemption(offender: str) -> str:
+    """The ``path: qualname`` key of a :func:`long_functions` line."""
+    path, _, rest = offender.split(":", 2)
+    return f"{path}: {rest.split()[0]}"
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_structure_functions_stay_within_60_lines(package: str) -> None:
-    offenders = long_functions(_modules(package))
+    found = long_functions(_modules(package))
+    offenders = [o for o in found if _exemption(o) not in EXEMPT_FUNCTIONS]
     assert not offenders, "split by responsibility:\n" + "\n".join(offenders)
+
+
+def test_structure_exemptions_name_functions_still_too_long() -> None:
+    found = {_exemption(o) for package in PACKAGES for o in long_functions(_modules(package))}
+    stale = sorted(set(EXEMPT_FUNCTIONS) - found)
+    assert not stale, "drop these exemptions, the functions fit now:\n" + "\n".join(stale)
 
 
 def test_structure_checks_report_offenders_with_file_and_line(tmp_path: pathlib.Path) -> None:

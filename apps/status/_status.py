@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.config import client_channel_options
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from learner_client import ActorDescription
 
 __all__ = ["ActorStatus", "Probe", "format_table", "with_rates"]
 
@@ -124,20 +125,20 @@ class Probe:
 
 
 def _from_describe(address: str, health: str, reply: pb.DescribeResponse) -> ActorStatus:
-    session = "draining" if reply.draining else ("held" if reply.busy else "free")
+    actor = ActorDescription.from_response(address, reply)
+    session = "draining" if actor.draining else ("held" if actor.busy else "free")
     return ActorStatus(
         address=address,
         health=health,
-        worker_id=int(reply.worker_id),
-        # Actors that predate the kind field collect from gymnasium envs.
-        kind=str(getattr(reply, "kind", "") or "env"),
-        env=str(getattr(reply, "task", "") or reply.env_id),
+        worker_id=actor.worker_id,
+        kind=actor.kind,
+        env=actor.env,
         session=session,
-        learner_id=reply.learner_id,
-        policy_versions={m.model_id: int(m.version) for m in reply.models},
-        epoch=int(reply.epoch),
-        frames=int(reply.frames),
-        uptime_seconds=float(reply.uptime_seconds),
+        learner_id=actor.learner_id,
+        policy_versions=actor.models,
+        epoch=actor.epoch,
+        frames=actor.frames,
+        uptime_seconds=actor.uptime_seconds,
     )
 
 

@@ -118,27 +118,6 @@ class EncodedPacket:
         """The packet as consecutive byte views: the header, then the payload."""
         return [memoryview(self.header), *self.payload]
 
-    def checksummed_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], int]:
-        """Cuts the packet like :meth:`chunks` and checksums it in the same pass.
-
-        Each piece is checksummed right after it is built, while its bytes are still
-        in cache, so the CRC costs no separate pass over the packet.
-
-        Args:
-            chunk_bytes: Largest piece; every piece but the last has exactly this length.
-
-        Returns:
-            The pieces, and the packet's :func:`packet_crc32c`.
-
-        Raises:
-            ValueError: If ``chunk_bytes`` is not a positive int.
-        """
-        pieces, crc = [], 0
-        for piece in self.chunks(chunk_bytes):
-            crc = _crc32c(piece, crc)
-            pieces.append(piece)
-        return pieces, crc
-
     def tobytes(self) -> bytes:
         """Returns the whole packet as one ``bytes`` object."""
         return b"".join((self.header, *self.payload))

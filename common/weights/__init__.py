@@ -343,14 +343,7 @@ def decode_weights(
             or holds non-finite values.
         TypeError: ``blob`` is not bytes-like.
     """
-    if not isinstance(blob, bytes | bytearray | memoryview):
-        raise TypeError(f"weights blob must be bytes-like, got {type(blob).__name__}")
-    view = memoryview(blob).cast("B")
-    size = view.nbytes
-    if size > max_bytes:
-        raise WeightsTooLargeError(
-            f"weights blob of {size} bytes exceeds the cap of {max_bytes} bytes"
-        )
+    view = _capped_view(blob, max_bytes)
     aliases: dict[str, str] = {}
     check = _header_check(max_keys if expected is None else len(expected), expected, aliases)
     state, metadata = read_blob(
@@ -360,6 +353,23 @@ def decode_weights(
         check_finite(state)
     expand_aliases(state, aliases)
     return state, metadata
+
+
+def _capped_view(blob: object, max_bytes: int) -> memoryview:
+    """``blob`` as a byte view, checked bytes-like and within ``max_bytes`` before any parsing.
+
+    Raises:
+        TypeError: ``blob`` is not bytes-like.
+        WeightsTooLargeError: ``blob`` is over ``max_bytes``.
+    """
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        raise TypeError(f"weights blob must be bytes-like, got {type(blob).__name__}")
+    view = memoryview(blob).cast("B")
+    if view.nbytes > max_bytes:
+        raise WeightsTooLargeError(
+            f"weights blob of {view.nbytes} bytes exceeds the cap of {max_bytes} bytes"
+        )
+    return view
 
 
 def _header_check(limit: int, expected: Expected | None, aliases: dict[str, str]) -> HeaderCheck:

@@ -174,11 +174,6 @@ class BlobAssembler:
         """The ``uint8`` tensor the blob is assembled into (complete only after :meth:`finish`)."""
         return self._buffer
 
-    @property
-    def received_bytes(self) -> int:
-        """How many bytes have been added so far."""
-        return self._received
-
     def add(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append the next chunk.
 

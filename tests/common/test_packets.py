@@ -19,6 +19,7 @@ from common.packets import (
     EncodedPacket,
     PacketAssembler,
     PacketLimits,
+    checksummed_pieces,
     decode_packet,
     encode_packet,
     packet_crc32c,
@@ -237,12 +238,12 @@ def test_packet_assembler_raises_data_loss_if_the_checksum_differs() -> None:
 
 @FAST
 @given(td=tensordicts(), chunk_bytes=st.integers(1, 300))
-def test_encoded_packet_checksummed_chunks_equal_chunks_and_packet_crc32c(
+def test_checksummed_pieces_equal_chunks_and_packet_crc32c(
     td: TensorDict, chunk_bytes: int
 ) -> None:
     packet = encode_packet(td)
-    pieces, crc = packet.checksummed_chunks(chunk_bytes)
-    assert pieces == list(packet.chunks(chunk_bytes))
+    pieces, crc = checksummed_pieces([packet], chunk_bytes)
+    assert [b"".join(piece) for piece in pieces] == list(packet.chunks(chunk_bytes))
     assert crc == packet_crc32c(packet)
 
 

@@ -140,7 +140,7 @@ def test_collector_replay_buffer_start_pause_async_shutdown(fleet):
         with collector.pause():
             held = len(rb)
             # Nothing may arrive while paused: no credits are out and nothing is handed over.
-            assert all(out == 0 for _, out, _, _ in collector._mailbox.snapshot().values())
+            assert all(s.outstanding == 0 for s in collector._mailbox.snapshot().values())
             time.sleep(0.3)
             assert len(rb) == held
         poll_until(lambda: len(rb) > held, timeout=30, message="collection resumed")
@@ -156,7 +156,7 @@ def test_collector_pause_holds_iteration_and_refuses_to_deadlock(fleet):
         collector.next()
         with collector.pause():
             snapshot = collector._mailbox.snapshot()
-            assert snapshot[0][1] == 0  # no credit outstanding while paused
+            assert snapshot[0].outstanding == 0  # no credit outstanding while paused
             with pytest.raises(RuntimeError, match="inside pause"):
                 collector.next()
             with pytest.raises(RuntimeError, match="already paused"), collector.pause():

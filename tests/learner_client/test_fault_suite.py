@@ -84,10 +84,10 @@ class Books:
         mailbox = self.collector._mailbox
         mailbox.set_paused(True)  # no new credits: the books stop moving once granted ones arrive
         try:
-            poll_until(lambda: mailbox.snapshot()[link.worker_id][1] == 0, timeout=10)
+            poll_until(lambda: mailbox.snapshot()[link.worker_id].outstanding == 0, timeout=10)
             time.sleep(0.2)
             stats = self.collector.stats()
-            received = stats["batches"] + mailbox.snapshot()[link.worker_id][0]
+            received = stats["batches"] + mailbox.snapshot()[link.worker_id].buffered
             last = link.tracker.last
         finally:
             mailbox.set_paused(False)

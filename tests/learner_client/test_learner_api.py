@@ -8,6 +8,7 @@ from common.errors import ActorUnavailableError, RlfleetError
 
 def test_learner_client_all_is_pinned():
     assert learner_client.__all__ == [
+        "ActorDescription",
         "GrpcCollector",
         "GrpcLLMCollector",
         "LocalFleet",

@@ -301,3 +301,12 @@ def test_background_collection_state_and_remote_collectors(llm_fleet) -> None:
             assert collector.is_running()
         collector.async_shutdown()
     assert size >= 8
+
+
+def test_is_initialized_from_construction_until_shutdown(llm_fleet) -> None:
+    collector = _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS)
+    try:
+        assert collector.is_initialized()
+    finally:
+        collector.shutdown()
+    assert not collector.is_initialized()

@@ -46,7 +46,7 @@ def test_packet_slabs_put_the_nth_packet_of_each_position_in_one_slab():
     assert b2.untyped_storage().data_ptr() == a2.untyped_storage().data_ptr()
     assert a1.untyped_storage().data_ptr() != a2.untyped_storage().data_ptr()
     assert b1.data_ptr() - a1.data_ptr() == 112  # 100 rounded up to 16
-    assert slabs.open_slabs == 0
+    assert not slabs._open  # no slab has a slot still free
 
 
 def test_packet_slabs_raise_if_the_position_is_outside_the_width():

@@ -1,0 +1,45 @@
+"""``ActorDescription.from_response``: the one decoder of ``DescribeResponse``."""
+
+from __future__ import annotations
+
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from learner_client import ActorDescription
+
+
+def test_actor_description_from_response_decodes_every_field() -> None:
+    reply = pb.DescribeResponse(
+        worker_id=3,
+        epoch=17,
+        env_id="CartPole-v1",
+        models=[pb.ModelInfo(model_id="policy", version=4)],
+        num_envs=8,
+        max_credits=2,
+        busy=True,
+        kind="llm",
+        max_new_tokens_cap=64,
+        learner_id="trainer-7",
+        draining=True,
+        frames=1_000,
+        uptime_seconds=12.5,
+    )
+    assert ActorDescription.from_response("a:1", reply) == ActorDescription(
+        address="a:1",
+        worker_id=3,
+        epoch=17,
+        num_envs=8,
+        models={"policy": 4},
+        max_credits=2,
+        kind="llm",
+        max_new_tokens_cap=64,
+        env="CartPole-v1",
+        busy=True,
+        draining=True,
+        learner_id="trainer-7",
+        frames=1_000,
+        uptime_seconds=12.5,
+    )
+
+
+def test_actor_description_from_response_reads_an_actor_without_kind_as_env() -> None:
+    description = ActorDescription.from_response("a:1", pb.DescribeResponse(worker_id=0))
+    assert (description.kind, description.busy, description.learner_id) == ("env", False, "")

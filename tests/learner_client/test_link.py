@@ -1,0 +1,410 @@
+"""``ActorLink``'s reconnect decisions, driven over a fake channel (no server, no network).
+
+Each test scripts what the actor says: Describe's answers (or errors) and, per
+``Collect`` call, the responses it sends (or the error it breaks with); the fake
+answers the learner's ``close`` with ``end(CLOSED)`` as an actor does. The
+real-server fault tests (``test_fault_suite.py``, ``test_collector_faults.py``)
+cover the same paths end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from common.config import CollectSettings
+from common.errors import ActorUnavailableError, EnvError
+from common.packets import encode_packet, packet_crc32c
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from learner_client._collect_stream import OpenStreams
+from learner_client._ledger import Ledger
+from learner_client._link import ENV_FAILURE_ATTEMPTS, ActorLink, Backoff, LinkState
+from learner_client._mailbox import Mailbox
+from learner_client._settings import ConnectionSettings
+from learner_client._transport import ActorDescription
+
+ADDRESS = "fake:1"
+SETTINGS = CollectSettings(frames_per_batch=6)
+
+# What a scripted Collect call does: send a response, or break with an error.
+Step = pb.CollectResponse | Exception
+
+
+def described(epoch: int = 1, worker_id: int = 0) -> ActorDescription:
+    return ActorDescription(ADDRESS, worker_id, epoch, num_envs=2, models={}, max_credits=2)
+
+
+def opened(epoch: int = 1, next_seq: int = 1, resumed: bool = False) -> pb.CollectResponse:
+    return pb.CollectResponse(
+        opened=pb.SessionOpened(worker_id=0, epoch=epoch, next_seq=next_seq, resumed=resumed)
+    )
+
+
+def batch(seq: int, epoch: int = 1) -> pb.CollectResponse:
+    packet = encode_packet(TensorDict({"observation": torch.zeros(2, 3, 4)}, batch_size=[2, 3]))
+    info = pb.BatchInfo(
+        worker_id=0,
+        epoch=epoch,
+        seq=seq,
+        frames=6,
+        frame_bytes=packet.nbytes,
+        crc32c=packet_crc32c(packet),
+    )
+    chunk = pb.BatchChunk(seq=seq, index=0, count=1, data=packet.tobytes(), info=info)
+    return pb.CollectResponse(chunk=chunk)
+
+
+def end(reason: str, message: str = "", env_failure: pb.EnvFailure | None = None) -> Step:
+    return pb.CollectResponse(
+        end=pb.StreamEnd(reason=f"END_REASON_{reason}", message=message, env_failure=env_failure)
+    )
+
+
+class FakeCall:
+    """One ``Collect`` call: sends its script, then stays silent until closed or cancelled."""
+
+    def __init__(self, script: list[Step], requests: AsyncIterator[pb.CollectRequest]) -> None:
+        self.requests: list[pb.CollectRequest] = []
+        self.cancelled = False
+        self._responses: asyncio.Queue[Step] = asyncio.Queue()
+        for step in script:
+            self._responses.put_nowait(step)
+        self._reader = asyncio.ensure_future(self._read_requests(requests))
+
+    async def _read_requests(self, requests: AsyncIterator[pb.CollectRequest]) -> None:
+        async for request in requests:
+            self.requests.append(request)
+            if request.WhichOneof("kind") == "close":
+                self._responses.put_nowait(end("CLOSED"))
+
+    @property
+    def open_request(self) -> pb.OpenSession:
+        return self.requests[0].open
+
+    async def read(self) -> pb.CollectResponse:
+        step = await self._responses.get()
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        self._reader.cancel()
+        return True
+
+
+class FakeChannel:
+    """Scripted answers to Describe (the last one repeats) and one script per Collect call."""
+
+    def __init__(
+        self,
+        sessions: list[list[Step]],
+        descriptions: list[ActorDescription | Exception] | None = None,
+    ) -> None:
+        self.address = ADDRESS
+        self.calls: list[FakeCall] = []
+        self.describes = 0
+        self.closed = False
+        self._sessions = list(sessions)
+        self._descriptions = list(descriptions or [described()])
+
+    async def describe(self, timeout: float) -> ActorDescription:
+        self.describes += 1
+        answer = self._descriptions.pop(0) if len(self._descriptions) > 1 else self._descriptions[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> FakeCall:
+        call = FakeCall(self._sessions.pop(0) if self._sessions else [], requests)
+        self.calls.append(call)
+        return call
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordingBackoff(Backoff):
+    """Records the attempt of every delay it is asked for; waits ``wait`` seconds."""
+
+    attempts: list[int] = dataclasses.field(default_factory=list)
+    wait: float = 0.0
+
+    def delay(self, attempt: int) -> float:
+        self.attempts.append(attempt)
+        return self.wait
+
+
+class _Histogram:
+    def observe(self, value: float) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class Rig:
+    """A link over a fake channel and what it talks to."""
+
+    link: ActorLink[FakeChannel]
+    channel: FakeChannel
+    mailbox: Mailbox
+    ledger: Ledger
+    backoff: RecordingBackoff
+    admitted: list[int]
+
+
+def rig(
+    channel: FakeChannel, backoff: RecordingBackoff | None = None, batch_timeout: float = 30.0
+) -> Rig:
+    mailbox = Mailbox(2, send_credit=lambda w, n: None, send_ack=lambda w, s: None)
+    mailbox.add_worker(0, 2)
+    ledger = Ledger(_Histogram())  # type: ignore[arg-type]
+    admitted: list[int] = []
+
+    async def admit(link: ActorLink[FakeChannel], desc: ActorDescription) -> None:
+        admitted.append(desc.epoch)
+
+    backoff = RecordingBackoff() if backoff is None else backoff
+    link = ActorLink(
+        described(),
+        channel,
+        ConnectionSettings(learner_id="learner-under-test"),
+        batch_timeout=batch_timeout,
+        mailbox=mailbox,
+        streams=OpenStreams(None),  # type: ignore[arg-type]  # credits are not routed here
+        ledger=ledger,
+        admit=admit,
+        backoff=backoff,
+    )
+    return Rig(link, channel, mailbox, ledger, backoff, admitted)
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
+
+
+def finished(r: Rig) -> bool:
+    return r.link._task is not None and r.link._task.done()
+
+
+def test_link_streams_batches_into_the_mailbox() -> None:
+    r = rig(FakeChannel([[opened(), batch(1), batch(2)]]))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 2)
+        assert r.link.state is LinkState.STREAMING
+        assert (r.channel.describes, r.admitted) == (1, [1])
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.link.state is LinkState.CLOSED
+    assert r.channel.closed
+    assert r.link.tracker.last == 2
+    delivery = r.mailbox.take_any(0)
+    assert delivery is not None
+    assert delivery.batch["collector", "worker_id"].unique().tolist() == [0]
+    assert r.backoff.attempts == []
+
+
+def test_link_stops_when_another_learner_takes_the_session_over() -> None:
+    r = rig(FakeChannel([[opened(), end("TAKEN_OVER")]]))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: finished(r))
+
+    run(scenario)
+    assert r.link.state is LinkState.LOST  # AfterSession.STOP: never retried
+    assert len(r.channel.calls) == 1
+    assert r.backoff.attempts == []
+    assert r.mailbox.snapshot()[0].alive is False
+
+
+def test_link_retries_after_the_backoff_when_the_actor_ends_the_session() -> None:
+    r = rig(FakeChannel([[opened(), batch(1), end("ERROR", "env pool broke")], [opened()]]))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.ledger.failures == {0: 1}
+    assert r.ledger.reconnects == {0: 1}
+    assert r.backoff.attempts == [0]  # AfterSession.RETRY, after the first delay
+    # The same actor process: the new session resumes after the last batch received.
+    second = r.channel.calls[1].open_request
+    assert (second.resume_epoch, second.resume_after_seq) == (1, 1)
+    assert second.learner_id == "learner-under-test"
+
+
+def test_link_backoff_grows_over_failed_attempts_and_restarts_after_a_batch() -> None:
+    unreachable = ActorUnavailableError(f"{ADDRESS}: connection refused")
+    channel = FakeChannel(
+        [[opened(), batch(1), ActorUnavailableError("stream broke")], [opened()]],
+        [unreachable, unreachable, unreachable, described()],
+    )
+    r = rig(channel)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    # Three refused connections grow the backoff; a stream that delivered starts over.
+    assert r.backoff.attempts == [0, 1, 2, 0]
+    assert r.ledger.failures == {0: 4}
+    assert r.mailbox.snapshot()[0].buffered == 1
+
+
+def test_link_backoff_restarts_when_a_stream_opened_before_it_broke() -> None:
+    unreachable = ActorUnavailableError(f"{ADDRESS}: connection refused")
+    channel = FakeChannel(
+        [[opened(), ActorUnavailableError("stream broke")], [opened()]],
+        [unreachable, unreachable, described()],
+    )
+    r = rig(channel)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.backoff.attempts == [0, 1, 0]  # the actor was back: a new outage began
+    assert r.ledger.failures == {0: 3}
+
+
+def test_link_retries_a_stream_that_owes_a_batch_and_stays_silent() -> None:
+    # Both sessions open and then say nothing while credits are outstanding (a
+    # partition that drops packets without resetting the connection).
+    r = rig(FakeChannel([[opened()], [opened()]]), batch_timeout=0.05)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.channel.calls) == 2)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.channel.calls[0].cancelled  # the stalled call was torn down
+    assert r.ledger.failures[0] >= 1
+    assert r.backoff.attempts[0] == 0
+
+
+def test_link_reopens_at_once_with_fresh_settings_on_restart() -> None:
+    r = rig(FakeChannel([[opened(), batch(1)], [opened(next_seq=2)]]))
+    resized = dataclasses.replace(SETTINGS, frames_per_batch=4)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
+        r.link.restart(resized)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.backoff.attempts == []  # AfterSession.REOPEN: no backoff, no failure
+    assert r.ledger.failures == {}
+    second = r.channel.calls[1].open_request
+    assert (second.resume_epoch, second.resume_after_seq) == (0, 0)  # a fresh session
+    assert second.settings.frames_per_batch == 4
+
+
+def test_link_follows_an_actor_that_restarted_under_a_new_epoch() -> None:
+    channel = FakeChannel(
+        [[opened(epoch=1), batch(1), ActorUnavailableError("actor died")], [opened(epoch=2)]],
+        [described(epoch=1), described(epoch=2)],
+    )
+    r = rig(channel)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.ledger.restarts == {0: 1}
+    assert r.ledger.lost_in_progress == 2  # one trajectory per env of the old process
+    assert r.admitted == [1, 2]  # re-admitted (weights pushed) before its data is used
+    assert r.link.tracker.epoch == 2
+
+
+def test_link_stays_down_while_the_address_reports_another_worker_id() -> None:
+    channel = FakeChannel(
+        [[opened(), ActorUnavailableError("stream broke")]],
+        [described(), described(worker_id=5)],
+    )
+    r = rig(channel)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.backoff.attempts) >= 3)  # every re-describe is refused
+        assert r.link.state is LinkState.DOWN
+        assert r.mailbox.snapshot()[0].alive is False
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert len(r.channel.calls) == 1  # no session opens on another worker's actor
+    assert r.backoff.attempts[:3] == [0, 1, 2]
+
+
+def test_link_raises_the_env_error_after_env_failures_in_a_row() -> None:
+    failure = pb.EnvFailure(
+        env="CartPole-v1", exception_type="RuntimeError", exception_message="boom"
+    )
+    sessions = [[opened(), end("ERROR", "env raised", failure)]] * ENV_FAILURE_ATTEMPTS
+    r = rig(FakeChannel(sessions))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: finished(r))
+
+    run(scenario)
+    assert r.link.state is LinkState.FAILED  # AfterSession.STOP
+    assert r.backoff.attempts == [0, 1]  # retried with a growing backoff until then
+    with pytest.raises(EnvError, match="boom") as raised:
+        r.mailbox.take_any(0)
+    assert raised.value.worker_id == 0
+
+
+def test_link_stops_on_a_bug_instead_of_retrying_it() -> None:
+    r = rig(FakeChannel([], [ValueError("a bug in the learner")]))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: finished(r))
+
+    run(scenario)
+    assert r.link.state is LinkState.FAILED
+    assert r.backoff.attempts == []
+    with pytest.raises(ValueError, match="a bug") as raised:
+        r.mailbox.take_any(0)
+    assert any(ADDRESS in note for note in raised.value.__notes__)
+
+
+def test_link_stop_while_waiting_to_retry_ends_the_loop() -> None:
+    r = rig(FakeChannel([], [ActorUnavailableError("refused")]), RecordingBackoff(wait=60.0))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.backoff.attempts == [0])
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.link.state is LinkState.CLOSED
+    assert r.channel.closed
