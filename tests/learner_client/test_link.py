@@ -53,7 +53,7 @@ def batch(seq: int, epoch: int = 1) -> pb.CollectResponse:
         epoch=epoch,
         seq=seq,
         frames=6,
-        frame_bytes=packet.nbytes,
+        total_bytes=packet.nbytes,
         crc32c=packet_crc32c(packet),
     )
     chunk = pb.BatchChunk(seq=seq, index=0, count=1, data=packet.tobytes(), info=info)
