@@ -22,7 +22,7 @@ live in ``apps``.
 from __future__ import annotations
 
 from learner_client._collector import GrpcCollector
-from learner_client._deltas import WeightPushSettings
+from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import resolve_actors
 from learner_client._errors import MissingWorkersError, WeightPushError
 from learner_client._fleet import RemoteActor

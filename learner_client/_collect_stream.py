@@ -28,7 +28,7 @@ from common.packets import PacketLimits
 from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._collect_wire import Chunk
-from learner_client._loop import LoopThread
+from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
 from learner_client._transport import Channel, translate_errors
 

@@ -22,7 +22,7 @@ from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, ch
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
-from learner_client._deltas import WeightPushSettings
+from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._mailbox import Paused

@@ -25,7 +25,7 @@ from common.errors import ActorUnavailableError, RlfleetError, UnknownWorkerErro
 from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
-from learner_client._loop import LoopThread
+from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet

@@ -9,7 +9,7 @@ and the successes. Automatic pushes (``update_after_each_batch``,
 ``max_weight_update_interval``) re-read the last weights given, so in-place
 training is picked up; an actor that is down is skipped and receives the
 weights when it is re-admitted. A ``delta=True`` push sends each target a sparse
-delta where it can (:class:`~learner_client._deltas.DeltaTracker`); a target
+delta where it can (:class:`~learner_client._delta_tracker.DeltaTracker`); a target
 that refuses its delta with FAILED_PRECONDITION gets the full push of the same
 state and version at once, which the caller never sees as an error.
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.errors import SessionStateError, UnknownModelError, is_transient
-from learner_client._deltas import DeltaTracker
+from learner_client._delta_tracker import DeltaTracker
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, PushResults
 from learner_client._ledger import Ledger

@@ -2,7 +2,7 @@
 
 With :mod:`learner_client._collect_stream` (the ``Collect`` session), this is
 where the learner touches the generated stubs. It runs on the learner's single
-asyncio event loop (see :mod:`learner_client._loop`):
+asyncio event loop (see :mod:`learner_client._loop_thread`):
 
 * :class:`ActorChannel` — a ``grpc.aio`` channel to one actor with every unary
   and client/server-streaming call (Describe, SetSeed, PushWeights, GetState,

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from learner_client._collect_stream import OpenStreams
-from learner_client._deltas import DeltaTracker, WeightPushSettings
+from learner_client._delta_tracker import DeltaTracker, WeightPushSettings
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
-from learner_client._loop import LoopThread
+from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import Pusher
