@@ -340,7 +340,7 @@ def test_image_programs_are_the_installed_console_scripts() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["rlfleet-actor"] == "actor_service.__main__:main"
     assert scripts["rlfleet-train"] == "apps.ppo:main"
-    assert (ROOT / "learner_client" / "train" / "__main__.py").exists()
+    assert (ROOT / "apps" / "ppo" / "__main__.py").exists()
 
 
 def test_image_healthcheck_fails_when_no_actor_answers() -> None:
