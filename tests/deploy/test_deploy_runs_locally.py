@@ -227,7 +227,7 @@ def learner_resolves_dns() -> bool:
     """Whether rlfleet-train expands ``dns:///`` targets itself yet."""
     sources = [
         ROOT / "learner_client" / "_collector.py",
-        ROOT / "learner_client" / "train" / "_loop.py",
+        ROOT / "apps" / "ppo" / "_loop.py",
     ]
     return any("resolve_actors" in path.read_text() for path in sources if path.exists())
 
