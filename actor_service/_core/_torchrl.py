@@ -1,0 +1,484 @@
+"""The TorchRL-env actor's collection core: a TorchRL env pool + TensorDict policies → batches.
+
+A :class:`TorchRLCore` (``ActorConfig.kind="torchrl"``) hosts what a worker of TorchRL's
+collector hosts: a ``torchrl.envs.EnvBase`` with its transforms and any
+``TensorDictModuleBase`` policy, and collects with the semantics of TorchRL 0.14.1's
+``Collector(env, policy, frames_per_batch=..., track_policy_version=True)``, using
+TorchRL's own ``env.step_and_maybe_reset`` and ``rand_action``: whatever keys the env,
+its transforms and the policy write reach the batch with TorchRL's nesting and dtypes.
+
+The env pool (:func:`build_pool`): ``GymEnv(env, **env_kwargs)`` or the
+``env_factory``'s env, ``num_envs`` copies in a ``SerialEnv`` (``env_backend="sync"``,
+in-process) or a ``ParallelEnv`` (``"async"``, spawned subprocesses); an env that is
+batched itself is the pool as it is. What rlfleet adds stays: credits and sessions (the
+serving layer), the weight swap between steps and the version of the weights that chose
+each frame (``policy_version``), fleet-unique ``("collector", "traj_ids")``,
+``init_random_frames`` per session, the seed chain, state, metrics and draining.
+
+torchrl is an optional extra (``rlfleet[torchrl]``): it is imported here only, inside
+functions, so an actor of another kind never loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, set_interaction_type
+from torch import nn
+
+from actor_service._batch import FOLD_MIN_FRAME_BYTES, split_trajectories
+from actor_service._config import ActorConfig, ModelSpec
+from actor_service._core._base import CoreBase
+from actor_service._core._protocol import BatchRecorder
+from actor_service._env_pool import env_name
+from actor_service._models import interaction_of
+from actor_service._td_models import TDModel, TDModels
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.errors import EnvError, SessionStateError
+from common.packets import DEFAULT_LIMITS, encode_packet
+from common.packets.folding import FoldedBatch, fold
+from common.policies import load_callable
+
+__all__ = ["TORCHRL_EXTRA", "TorchRLCore", "build_pool", "check_torchrl_config"]
+
+#: What to install for a TorchRL-env actor.
+TORCHRL_EXTRA = "pip install 'rlfleet[torchrl]'"
+_TRAJ_IDS = ("collector", "traj_ids")
+
+
+def _torchrl_envs() -> Any:
+    """``torchrl.envs``, or a ValueError naming the extra to install."""
+    try:
+        import torchrl.envs
+    except ImportError as exc:
+        raise ValueError(
+            f"kind 'torchrl' needs torchrl, which is not installed ({exc}): {TORCHRL_EXTRA}"
+        ) from None
+    return torchrl.envs
+
+
+def _env_maker(config: ActorConfig) -> Callable[[], Any]:
+    # A partial of an importable callable pickles by reference (ParallelEnv's workers).
+    if config.env_factory:
+        return functools.partial(load_callable(config.env_factory), **dict(config.env_kwargs))
+    return functools.partial(_torchrl_envs().GymEnv, config.env, **dict(config.env_kwargs))
+
+
+def _first_env(config: ActorConfig) -> Any:
+    """One env from the factory (or ``GymEnv``), checked to be a ``torchrl.envs.EnvBase``."""
+    envs = _torchrl_envs()
+    make = _env_maker(config)
+    try:
+        env = make()
+    except Exception as exc:
+        raise ValueError(
+            f"env factory {env_name(config)!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(env, envs.EnvBase):
+        raise ValueError(
+            f"env factory {env_name(config)!r} returned a {type(env).__name__}, "
+            "not a torchrl.envs.EnvBase (kind 'torchrl')"
+        )
+    if env.batch_size and (env.batch_dims != 1 or env.batch_size[0] != config.num_envs):
+        env.close(raise_if_closed=False)
+        raise ValueError(
+            f"env factory {env_name(config)!r} returned an env batched as "
+            f"{list(env.batch_size)}: num_envs must be its batch size, got {config.num_envs}"
+        )
+    return env
+
+
+def check_torchrl_config(config: ActorConfig) -> None:
+    """What the command line checks before binding a port: torchrl, the env, the models.
+
+    Builds one env and every model on it (on the CPU), then closes the env.
+
+    Raises:
+        ValueError: torchrl missing (naming the extra), an env factory that raises or
+            returns no TorchRL env, or a model the kind cannot build (``mlp``, a policy
+            factory that raises or returns no ``TensorDictModuleBase``).
+    """
+    for spec in config.models:
+        _check_factory(spec)
+    env = _first_env(config)
+    try:
+        for spec in config.models:
+            _build_model(spec, env, env, torch.device("cpu"))
+    finally:
+        env.close(raise_if_closed=False)
+
+
+def build_pool(config: ActorConfig) -> tuple[Any, Any]:
+    """The env pool and the env a policy factory gets (one env of the pool's kind).
+
+    Returns:
+        ``(pool, env)``: ``num_envs`` envs in a ``SerialEnv`` (``sync``) or a
+        ``ParallelEnv`` (``async``, spawned), and a single env of the same kind (the
+        caller closes it); or the env itself twice when it is batched already.
+    """
+    env = _first_env(config)
+    if env.batch_size:
+        return env, env
+    envs = _torchrl_envs()
+    make = _env_maker(config)
+    if config.env_backend == "sync":
+        return envs.SerialEnv(config.num_envs, make), env
+    return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
+
+
+def _check_factory(spec: ModelSpec) -> None:
+    if spec.factory == "mlp":
+        raise ValueError(
+            f"model {spec.model_id!r}: the built-in 'mlp' reads gymnasium spaces; a TorchRL-env "
+            "actor takes 'random' or 'package.module:function' (called with (env, **kwargs))"
+        )
+
+
+def _build_model(spec: ModelSpec, env: Any, pool: Any, device: torch.device) -> TDModel:
+    """A model: ``random`` acts with the pool's action spec, a factory gets ``env``."""
+    _check_factory(spec)
+    if spec.factory == "random":  # TorchRL's RandomPolicy draws from the action spec alike
+        return TDModel(spec.factory, nn.Module(), pool.rand_action)
+    factory = load_callable(spec.factory)
+    try:
+        module = factory(env, **dict(spec.kwargs))
+    except Exception as exc:
+        raise ValueError(
+            f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(module, TensorDictModuleBase):
+        raise ValueError(
+            f"model {spec.model_id!r}: policy factory {spec.factory!r} returned a "
+            f"{type(module).__name__}, not a tensordict.nn.TensorDictModuleBase"
+        )
+    module = module.to(device)
+    return TDModel(spec.factory, module, module)
+
+
+class TorchRLCore(CoreBase):
+    """A TorchRL env pool + TensorDict policies → batches (see the module docstring).
+
+    Batches are ``[num_envs, T]`` (names ``[None, "time"]``, no device) with exactly
+    the keys, nesting and dtypes TorchRL's ``Collector`` yields for the same env and
+    policy (its private ``_`` keys left out, as TorchRL leaves them out), plus
+    ``policy_version`` and ``("next", "policy_version")`` (``[N, T]`` int64: the version
+    of the weights that chose the action) and ``("collector", "traj_ids")`` unique
+    across the fleet. Episode ends are reset by ``env.step_and_maybe_reset``.
+
+    Args:
+        config: The actor's settings (``kind="torchrl"``).
+        metrics: Where to count batches and step latencies; None counts nothing.
+
+    Attributes:
+        num_slots: The pool's batch size (``config.num_envs``).
+        models: The :class:`~actor_service._td_models.TDModels` (pushes go through it).
+        env: The env policy factories got (specs at hand; closed once the models exist).
+
+    Raises:
+        ValueError: torchrl missing, an env or a model that cannot be built, a policy
+            that fails on the probe step, or a step whose keys cannot travel.
+
+    Example::
+
+        config = ActorConfig(kind="torchrl", env="CartPole-v1", num_envs=4,
+                             models=(ModelSpec(factory="random"),))
+        with TorchRLCore(config) as core:
+            core.configure(CollectSettings(frames_per_batch=64))
+            batch = core.collect_batch()        # [4, 16]
+    """
+
+    kind = "torchrl"
+    models: TDModels
+    _carrier: TensorDictBase  # the envs' current step, set by every reset and step
+
+    def __init__(self, config: ActorConfig, metrics: BatchRecorder | None = None) -> None:
+        super().__init__(config, metrics)
+        self.env_id = env_name(config)
+        self.backend = config.env_backend
+        self._session_frames = 0
+        self._pool_broken = self._needs_reset = False
+        torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
+        self._pool, self.env = build_pool(config)
+        try:
+            self.models = TDModels(
+                {
+                    s.model_id: _build_model(s, self.env, self._pool, self.device)
+                    for s in config.models
+                }
+            )
+            if self.env is not self._pool:
+                self.env.close(raise_if_closed=False)
+            self._probe()
+            self.set_seed(self._first_seed)
+        except BaseException:
+            self._pool.close(raise_if_closed=False)
+            raise
+
+    def _probe(self) -> None:
+        """One reset and step with every model: it must act and its keys must travel.
+
+        Sets ``_step_bytes``, the largest packet of one step of every env, and
+        ``_outputs``, each model's outputs: a random frame holds them as zeros, as
+        TorchRL's batches do.
+        """
+        self._step_bytes = 0
+        self._outputs: dict[str, dict[Any, tuple[torch.Size, torch.dtype]]] = {}
+        with torch.random.fork_rng(), torch.no_grad():
+            for model_id in self.models.model_ids:
+                carrier = self._pool.reset()
+                before = set(carrier.keys(True, True))
+                try:
+                    self.models.act(model_id, carrier)
+                    self._outputs[model_id] = {
+                        k: (v.shape, v.dtype)
+                        for k, v in carrier.items(True, True)
+                        if k not in before and isinstance(v, torch.Tensor)
+                    }
+                    stepped = self._pool.step(carrier)
+                except Exception as exc:
+                    raise ValueError(
+                        f"model {model_id!r} fails on the probe step of {self.env_id!r}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                try:
+                    size = encode_packet(stepped.clear_device_()).nbytes
+                    self._step_bytes = max(self._step_bytes, size)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(
+                        f"a step of {self.env_id!r} with model {model_id!r} cannot travel: {exc}"
+                    ) from exc
+
+    def configure(self, settings: CollectSettings) -> None:
+        """Validate and apply collection settings; a new count for ``init_random_frames``.
+
+        Raises:
+            TypeError: ``settings`` is not a ``CollectSettings``.
+            ValueError: LLM settings, ``frames_per_batch`` not a multiple of ``num_envs``
+                or above ``MAX_FRAMES_PER_BATCH``, or ``max_frames_per_traj`` (give the
+                env a ``StepCounter(max_steps=...)`` instead).
+            UnknownModelError: ``settings.model_id`` is not registered.
+        """
+        self._check_settings_type(settings)
+        if settings.llm is not None:
+            raise ValueError("this is a TorchRL-env actor: LLM settings need --kind llm")
+        largest = self.max_frames_per_batch()
+        if settings.frames_per_batch % self.num_slots or settings.frames_per_batch > largest:
+            raise ValueError(
+                f"frames_per_batch={settings.frames_per_batch} is not a multiple of "
+                f"num_envs={self.num_slots} that fits a batch (at most {MAX_FRAMES_PER_BATCH} "
+                f"frames in a {DEFAULT_LIMITS.max_packet_bytes}-byte packet): the largest is "
+                f"{largest}"
+            )
+        if settings.max_frames_per_traj > 0:
+            raise ValueError(
+                "max_frames_per_traj is not supported on a TorchRL-env actor yet: append "
+                "StepCounter(max_steps=...) to the env in its factory instead"
+            )
+        self.models.policy_version(settings.model_id)  # raises UnknownModelError
+        with self._lock:
+            self._settings = settings
+            self._session_frames = 0
+
+    def max_frames_per_batch(self) -> int:
+        """The largest ``frames_per_batch`` (a multiple of ``num_envs``) a session may ask for.
+
+        A batch must hold at most ``MAX_FRAMES_PER_BATCH`` frames and fit the packet cap
+        learners decode by default; a step's size is the probe step's packet, with a
+        quarter more for the policy version and alignment.
+        """
+        steps = DEFAULT_LIMITS.max_packet_bytes // (self._step_bytes * 5 // 4 + 1)
+        return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_slots)) * self.num_slots
+
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch:
+        """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
+
+        Folded when the settings ask for ``fold_observations``, do not ``split_trajs`` and
+        the env's observations are at least ``FOLD_MIN_FRAME_BYTES`` a frame.
+
+        Raises:
+            SessionStateError: Not configured, or abandoned.
+            ClosedError: The core is closed.
+            EnvError: The env raised while stepping; the pool is rebuilt on the next call.
+            Exception: Whatever the policy raised; the envs are reset on the next call.
+        """
+        with self._lock:
+            settings = self._configured()
+            self._ensure_pool()
+            if settings.reset_at_each_iter:
+                self._reset()
+            batch = self._rollout(settings, abandon)
+            self.frames += batch.numel()
+            self._session_frames += batch.numel()
+            self.batches += 1
+        if settings.split_trajs:
+            return split_trajectories(batch)
+        if settings.fold_observations:
+            return self._folded(batch)
+        return batch
+
+    def _folded(self, batch: TensorDict) -> TensorDict | FoldedBatch:
+        """``batch`` folded on the env's observation keys, when they are large enough."""
+        keys = [
+            k
+            for k in self._pool.full_observation_spec.keys(True, True)
+            if k in batch.keys(True, True)
+            and ("next", *((k,) if isinstance(k, str) else k)) in batch.keys(True, True)
+        ]
+        per_frame = sum(batch.get(k)[0, 0].numel() * batch.get(k).element_size() for k in keys)
+        if not keys or per_frame < FOLD_MIN_FRAME_BYTES:
+            return batch
+        return fold(batch, keys)
+
+    def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
+        steps = settings.frames_per_batch // self.num_slots
+        random = self._session_frames < settings.init_random_frames
+        timings = None if self._metrics is None else np.empty((steps, 2))
+        started = time.perf_counter()
+        frames: list[TensorDictBase] = []
+        try:
+            with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
+                for t in range(steps):
+                    if abandon is not None and abandon.is_set():
+                        raise SessionStateError(
+                            f"batch abandoned after {t} of {steps} steps: its session ended"
+                        )
+                    frames.append(self._step(settings.model_id, random, timings, t))
+        except EnvError:
+            self._pool_broken = True
+            raise
+        except BaseException:
+            self._needs_reset = True  # the envs moved on from the carrier's trajectories
+            raise
+        batch = self._stack(frames, settings.set_truncated)
+        if self._metrics is not None and timings is not None:
+            self._metrics.record_batch(
+                settings.frames_per_batch, timings, time.perf_counter() - started
+            )
+        return batch
+
+    def _step(
+        self, model_id: str, random: bool, timings: np.ndarray | None, t: int
+    ) -> TensorDictBase:
+        """One step of every env as TorchRL's collector takes it; the frame it stores."""
+        carrier = self._carrier
+        start = time.perf_counter()
+        if random:
+            version = self.models.policy_version(model_id)
+            self._pool.rand_action(carrier)
+            for key, (shape, dtype) in self._outputs[model_id].items():
+                if key not in carrier.keys(True, True):
+                    carrier.set(key, torch.zeros(shape, dtype=dtype))
+        else:
+            version = self.models.act(model_id, carrier)
+        acted = time.perf_counter()
+        versions = torch.full(self._pool.batch_size, version, dtype=torch.int64)
+        carrier.set("policy_version", versions)
+        try:
+            frame, following = self._pool.step_and_maybe_reset(carrier)
+        except Exception as exc:
+            raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
+        if timings is not None:
+            timings[t] = (acted - start, time.perf_counter() - acted)
+        frame.set(("next", "policy_version"), versions.clone())
+        following = following.clear_device_()
+        following.set("collector", frame.get("collector").copy())
+        ended = self._end_of_traj(frame.get("next"))
+        if ended.any():
+            ids = frame.get(_TRAJ_IDS).clone()
+            ids[ended] = torch.from_numpy(self._traj.take(int(ended.sum())))
+            following.set(_TRAJ_IDS, ids)
+        self._carrier = following
+        return frame
+
+    def _stack(self, frames: list[TensorDictBase], set_truncated: bool) -> TensorDict:
+        """The frames as one ``[N, T]`` batch, private keys left out, as TorchRL yields it."""
+        batch: TensorDict = torch.stack(frames, dim=len(self._pool.batch_size)).contiguous()
+        private = [
+            k
+            for k in batch.keys(True)
+            if any(part.startswith("_") for part in ((k,) if isinstance(k, str) else k))
+        ]
+        batch = batch.exclude(*private).clear_device_()
+        batch.refine_names(*([None] * (batch.batch_dims - 1)), "time")
+        if set_truncated:  # TorchRL's _maybe_set_truncated
+            for key in self._pool.done_keys:
+                parts = (key,) if isinstance(key, str) else key
+                if parts[-1] != "truncated":
+                    continue
+                truncated = batch.get(("next", *parts)).clone()
+                truncated[:, -1] = True
+                batch.set(("next", *parts), truncated)
+                done = ("next", *parts[:-1], "done")
+                batch.set(done, batch.get(done) | truncated)
+        return batch
+
+    def _end_of_traj(self, nxt: TensorDictBase) -> torch.Tensor:
+        from torchrl.envs.utils import _aggregate_end_of_traj
+
+        return _aggregate_end_of_traj(nxt, done_keys=self._pool.done_keys).reshape(
+            self._pool.batch_size
+        )
+
+    def _reset(self) -> None:
+        """Reset every env: a fresh carrier with new trajectory ids."""
+        try:
+            carrier = self._pool.reset()
+        except Exception as exc:
+            self._pool_broken = True
+            raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
+        carrier = carrier.clear_device_()
+        ids = torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size)
+        carrier.set(_TRAJ_IDS, ids)
+        self._carrier = carrier
+        self._needs_reset = False
+
+    def _ensure_pool(self) -> None:
+        """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
+        if self._pool_broken:
+            self._pool.close(raise_if_closed=False)
+            self._pool, env = build_pool(self.config)
+            if env is not self._pool:
+                env.close(raise_if_closed=False)
+            self._pool_broken = False
+            self._needs_reset = True
+        if self._needs_reset:
+            self._reset()
+
+    def _seed(self, seed: int, static_seed: bool) -> int:
+        """Seed the envs as TorchRL's ``set_seed`` does (``env.set_seed``), torch and numpy.
+
+        Env ``i`` gets the ``i``-th link of TorchRL's seed chain; every env is reset, so
+        new trajectories start. Returns the seed for the next actor (``env.set_seed``'s).
+        """
+        if self._pool_broken:
+            self._ensure_pool()
+        following = self._pool.set_seed(seed, static_seed=static_seed)
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        self._reset()
+        return int(following)
+
+    def _restored(self) -> None:
+        self._carrier.set(
+            _TRAJ_IDS,
+            torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size),
+        )
+
+    def _release_now(self) -> int:
+        """Kill a ``ParallelEnv``'s workers (SIGKILL); how many lived."""
+        workers = [p for p in getattr(self._pool, "_workers", []) if p.is_alive()]
+        for process in workers:
+            process.kill()
+        return len(workers)
+
+    def _release(self) -> None:
+        """Close the env pool (and a ``ParallelEnv``'s subprocesses)."""
+        self._pool.close(raise_if_closed=False)

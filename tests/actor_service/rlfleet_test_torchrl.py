@@ -1,0 +1,111 @@
+"""TorchRL env and policy factories the TorchRL-env actor tests load by ``module:function``.
+
+The actors import them as ``rlfleet_test_torchrl:<name>`` (this directory is on their path).
+Every policy initialises its weights from its own ``seed``, so an actor and a TorchRL
+collector built from the same factory hold the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import rlfleet_test_envs
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.envs import (
+    CatFrames,
+    Compose,
+    DoubleToFloat,
+    EnvBase,
+    GymEnv,
+    GymWrapper,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
+from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+
+def cartpole() -> EnvBase:
+    """CartPole-v1 with the transforms TorchRL's scripts add: episode reward, step count."""
+    return TransformedEnv(
+        GymEnv("CartPole-v1"), Compose(RewardSum(), StepCounter(), DoubleToFloat())
+    )
+
+
+def stacked_cartpole(frames: int = 4) -> EnvBase:
+    """CartPole-v1 with its last ``frames`` observations stacked (64 bytes a frame for 4)."""
+    cat = CatFrames(N=frames, dim=-1, in_keys=["observation"])
+    return TransformedEnv(GymEnv("CartPole-v1"), Compose(DoubleToFloat(), cat, RewardSum()))
+
+
+def batched_cartpole(envs: int = 2) -> EnvBase:
+    """An env batched itself: ``envs`` CartPoles in a ``SerialEnv``."""
+    return SerialEnv(envs, cartpole)
+
+
+def crashing_cartpole(steps: int = 3) -> EnvBase:
+    """CartPole whose gymnasium ``step`` raises after ``steps`` steps (the probe takes one)."""
+    return GymWrapper(rlfleet_test_envs.crashing_cartpole(steps))
+
+
+def raising_env() -> EnvBase:
+    """A factory that fails."""
+    raise RuntimeError("no env today")
+
+
+def not_an_env() -> Any:
+    """A factory that returns something else than an env."""
+    return "CartPole-v1"
+
+
+class _Greedy(nn.Module):
+    """Logits of a linear layer plus a buffer; the one-hot argmax as the action."""
+
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(observations, actions)
+        self.register_buffer("offset", torch.zeros(actions))
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.linear(observation) + self.offset
+        action = nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+        return logits, action
+
+
+def _sizes(env: EnvBase) -> tuple[int, int]:
+    return env.observation_spec["observation"].shape[-1], env.action_spec.shape[-1]
+
+
+def greedy_policy(env: EnvBase, seed: int = 0) -> TensorDictModule:
+    """A deterministic policy: ``observation`` → ``logits``, one-hot ``action``."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = _Greedy(*_sizes(env))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
+
+
+def sampling_policy(env: EnvBase, seed: int = 0) -> ProbabilisticActor:
+    """A ``ProbabilisticActor`` sampling a one-hot action, with its log-probability."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        linear = nn.Linear(*_sizes(env))
+    return ProbabilisticActor(
+        TensorDictModule(linear, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=env.action_spec,
+        return_log_prob=True,
+    )
+
+
+def raising_policy(env: EnvBase) -> TensorDictModule:
+    """A policy factory that fails."""
+    raise ValueError("no policy today")
+
+
+def wrong_key_policy(env: EnvBase) -> TensorDictModule:
+    """A policy that reads a key the env does not write."""
+    return TensorDictModule(nn.Linear(4, 2), in_keys=["pixels"], out_keys=["action"])
