@@ -66,6 +66,14 @@ class _Actor:
 _DEFAULT_POLICY = {"env": "mlp", "torchrl": "random", "llm": "rlfleet:tiny-qwen2"}
 
 
+def _env_flags(env: str, env_kwargs: Mapping[str, Any] | None, env_factory: str) -> dict[str, str]:
+    """The ``rlfleet-actor`` flags of an env (gymnasium or TorchRL) actor's env."""
+    flags = {"--env": env, "--env-kwargs": json.dumps(dict(env_kwargs or {}))}
+    if env_factory:
+        flags["--env-factory"] = env_factory
+    return flags
+
+
 class LocalFleet:
     """Start ``num_actors`` actor servers on this machine and stop them on exit.
 
@@ -162,19 +170,10 @@ class LocalFleet:
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model
-            flags |= {
-                "--kind": "llm",
-                "--task": task,
-                "--task-kwargs": json.dumps(dict(task_kwargs or {})),
-            }
+            flags |= {"--task": task, "--task-kwargs": json.dumps(dict(task_kwargs or {}))}
         else:
-            flags |= {
-                "--kind": kind,
-                "--env": env,
-                "--env-kwargs": json.dumps(dict(env_kwargs or {})),
-            }
-            if env_factory:
-                flags["--env-factory"] = env_factory
+            flags |= _env_flags(env, env_kwargs, env_factory)
+        flags["--kind"] = kind
         self._common_args = [str(part) for flag in flags.items() for part in flag]
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
