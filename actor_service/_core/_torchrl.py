@@ -10,10 +10,12 @@ its transforms and the policy write reach the batch with TorchRL's nesting and d
 The env pool (:func:`build_pool`): ``GymEnv(env, **env_kwargs)`` or the
 ``env_factory``'s env, ``num_envs`` copies in a ``SerialEnv`` (``env_backend="sync"``,
 in-process) or a ``ParallelEnv`` (``"async"``, spawned subprocesses); an env that is
-batched itself is the pool as it is. What rlfleet adds stays: credits and sessions (the
-serving layer), the weight swap between steps and the version of the weights that chose
-each frame (``policy_version``), fleet-unique ``("collector", "traj_ids")``,
-``init_random_frames`` per session, the seed chain, state, metrics and draining.
+batched itself is the pool as it is; ``max_frames_per_traj`` steps it under a
+``StepCounter``, as TorchRL's collector wraps its env. What rlfleet adds stays: credits
+and sessions (the serving layer), the weight swap between steps and the version of the
+weights that chose each frame (``policy_version``), fleet-unique ``("collector",
+"traj_ids")``, ``init_random_frames`` per session, the seed chain, state, metrics and
+draining.
 
 torchrl is an optional extra (``rlfleet[torchrl]``): it is imported here only, inside
 functions, so an actor of another kind never loads it.
@@ -33,17 +35,18 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, set_interaction_type
 from torch import nn
 
-from actor_service._batch import FOLD_MIN_FRAME_BYTES, split_trajectories
+from actor_service._batch import split_trajectories
 from actor_service._config import ActorConfig, ModelSpec
 from actor_service._core._base import CoreBase
 from actor_service._core._protocol import BatchRecorder
 from actor_service._env_pool import env_name
 from actor_service._models import interaction_of
+from actor_service._td_batch import fold_observations, stack_frames
 from actor_service._td_models import TDModel, TDModels
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import EnvError, SessionStateError
 from common.packets import DEFAULT_LIMITS, encode_packet
-from common.packets.folding import FoldedBatch, fold
+from common.packets.folding import FoldedBatch
 from common.policies import load_callable
 
 __all__ = ["TORCHRL_EXTRA", "TorchRLCore", "build_pool", "check_torchrl_config"]
@@ -133,6 +136,26 @@ def build_pool(config: ActorConfig) -> tuple[Any, Any]:
     return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
 
 
+def _limited(base: Any, limit: int) -> Any:
+    """``base`` as TorchRL's collector steps it for ``max_frames_per_traj=limit``.
+
+    Raises:
+        ValueError: The env counts steps already (TorchRL refuses it alike).
+    """
+    if limit <= 0:
+        return base
+    if any(
+        "step_count" in ((k,) if isinstance(k, str) else k)
+        for k in base.output_spec.keys(True, True)
+    ):
+        raise ValueError(
+            "max_frames_per_traj: the env has a 'step_count' key already (a StepCounter); "
+            "set its max_steps in the factory instead"
+        )
+    envs = _torchrl_envs()
+    return envs.TransformedEnv(base, envs.StepCounter(max_steps=limit))
+
+
 def _check_factory(spec: ModelSpec) -> None:
     if spec.factory == "mlp":
         raise ValueError(
@@ -206,7 +229,10 @@ class TorchRLCore(CoreBase):
         self._session_frames = 0
         self._pool_broken = self._needs_reset = False
         torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
-        self._pool, self.env = build_pool(config)
+        self._base, self.env = build_pool(config)
+        #: What is stepped: the base pool, or it under the StepCounter of max_frames_per_traj
+        #: (one per limit, kept: a TorchRL env closes what it wraps when collected).
+        self._pool, self._limit, self._limited = self._base, 0, {0: self._base}
         try:
             self.models = TDModels(
                 {
@@ -219,7 +245,7 @@ class TorchRLCore(CoreBase):
             self._probe()
             self.set_seed(self._first_seed)
         except BaseException:
-            self._pool.close(raise_if_closed=False)
+            self._base.close(raise_if_closed=False)
             raise
 
     def _probe(self) -> None:
@@ -262,8 +288,7 @@ class TorchRLCore(CoreBase):
         Raises:
             TypeError: ``settings`` is not a ``CollectSettings``.
             ValueError: LLM settings, ``frames_per_batch`` not a multiple of ``num_envs``
-                or above ``MAX_FRAMES_PER_BATCH``, or ``max_frames_per_traj`` (give the
-                env a ``StepCounter(max_steps=...)`` instead).
+                or too large, or ``max_frames_per_traj`` on an env that counts steps itself.
             UnknownModelError: ``settings.model_id`` is not registered.
         """
         self._check_settings_type(settings)
@@ -277,15 +302,30 @@ class TorchRLCore(CoreBase):
                 f"frames in a {DEFAULT_LIMITS.max_packet_bytes}-byte packet): the largest is "
                 f"{largest}"
             )
-        if settings.max_frames_per_traj > 0:
-            raise ValueError(
-                "max_frames_per_traj is not supported on a TorchRL-env actor yet: append "
-                "StepCounter(max_steps=...) to the env in its factory instead"
-            )
+        limit = max(settings.max_frames_per_traj, 0)
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
         with self._lock:
+            if limit != self._limit:
+                self._limit_steps(limit)
             self._settings = settings
             self._session_frames = 0
+
+    def _limit_steps(self, limit: int) -> None:
+        """Step under ``max_frames_per_traj=limit`` (0: none), as TorchRL's collector does.
+
+        Envs just reset start counting now; envs in the middle of a trajectory are reset
+        before the next batch.
+        """
+        if limit not in self._limited:
+            self._limited[limit] = _limited(self._base, limit)
+        self._pool, self._limit = self._limited[limit], limit
+        if not self._fresh:
+            self._needs_reset = True
+        elif limit:  # what StepCounter's reset writes
+            count = torch.zeros((*self._base.batch_size, 1), dtype=torch.int64)
+            self._carrier.set("step_count", count)
+        else:
+            self._carrier = self._carrier.exclude("step_count")
 
     def max_frames_per_batch(self) -> int:
         """The largest ``frames_per_batch`` (a multiple of ``num_envs``) a session may ask for.
@@ -321,21 +361,8 @@ class TorchRLCore(CoreBase):
         if settings.split_trajs:
             return split_trajectories(batch)
         if settings.fold_observations:
-            return self._folded(batch)
+            return fold_observations(batch, self._pool.full_observation_spec.keys(True, True))
         return batch
-
-    def _folded(self, batch: TensorDict) -> TensorDict | FoldedBatch:
-        """``batch`` folded on the env's observation keys, when they are large enough."""
-        keys = [
-            k
-            for k in self._pool.full_observation_spec.keys(True, True)
-            if k in batch.keys(True, True)
-            and ("next", *((k,) if isinstance(k, str) else k)) in batch.keys(True, True)
-        ]
-        per_frame = sum(batch.get(k)[0, 0].numel() * batch.get(k).element_size() for k in keys)
-        if not keys or per_frame < FOLD_MIN_FRAME_BYTES:
-            return batch
-        return fold(batch, keys)
 
     def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
         steps = settings.frames_per_batch // self.num_slots
@@ -357,7 +384,7 @@ class TorchRLCore(CoreBase):
         except BaseException:
             self._needs_reset = True  # the envs moved on from the carrier's trajectories
             raise
-        batch = self._stack(frames, settings.set_truncated)
+        batch = stack_frames(frames, self._pool.done_keys, settings.set_truncated)
         if self._metrics is not None and timings is not None:
             self._metrics.record_batch(
                 settings.frames_per_batch, timings, time.perf_counter() - started
@@ -395,30 +422,8 @@ class TorchRLCore(CoreBase):
             ids = frame.get(_TRAJ_IDS).clone()
             ids[ended] = torch.from_numpy(self._traj.take(int(ended.sum())))
             following.set(_TRAJ_IDS, ids)
-        self._carrier = following
+        self._carrier, self._fresh = following, False
         return frame
-
-    def _stack(self, frames: list[TensorDictBase], set_truncated: bool) -> TensorDict:
-        """The frames as one ``[N, T]`` batch, private keys left out, as TorchRL yields it."""
-        batch: TensorDict = torch.stack(frames, dim=len(self._pool.batch_size)).contiguous()
-        private = [
-            k
-            for k in batch.keys(True)
-            if any(part.startswith("_") for part in ((k,) if isinstance(k, str) else k))
-        ]
-        batch = batch.exclude(*private).clear_device_()
-        batch.refine_names(*([None] * (batch.batch_dims - 1)), "time")
-        if set_truncated:  # TorchRL's _maybe_set_truncated
-            for key in self._pool.done_keys:
-                parts = (key,) if isinstance(key, str) else key
-                if parts[-1] != "truncated":
-                    continue
-                truncated = batch.get(("next", *parts)).clone()
-                truncated[:, -1] = True
-                batch.set(("next", *parts), truncated)
-                done = ("next", *parts[:-1], "done")
-                batch.set(done, batch.get(done) | truncated)
-        return batch
 
     def _end_of_traj(self, nxt: TensorDictBase) -> torch.Tensor:
         from torchrl.envs.utils import _aggregate_end_of_traj
@@ -437,16 +442,18 @@ class TorchRLCore(CoreBase):
         carrier = carrier.clear_device_()
         ids = torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size)
         carrier.set(_TRAJ_IDS, ids)
-        self._carrier = carrier
+        self._carrier, self._fresh = carrier, True
         self._needs_reset = False
 
     def _ensure_pool(self) -> None:
         """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
         if self._pool_broken:
-            self._pool.close(raise_if_closed=False)
-            self._pool, env = build_pool(self.config)
-            if env is not self._pool:
+            self._base.close(raise_if_closed=False)
+            self._base, env = build_pool(self.config)
+            if env is not self._base:
                 env.close(raise_if_closed=False)
+            self._limited = {0: self._base}
+            self._pool = self._limited[self._limit] = _limited(self._base, self._limit)
             self._pool_broken = False
             self._needs_reset = True
         if self._needs_reset:
@@ -474,11 +481,11 @@ class TorchRLCore(CoreBase):
 
     def _release_now(self) -> int:
         """Kill a ``ParallelEnv``'s workers (SIGKILL); how many lived."""
-        workers = [p for p in getattr(self._pool, "_workers", []) if p.is_alive()]
+        workers = [p for p in getattr(self._base, "_workers", []) if p.is_alive()]
         for process in workers:
             process.kill()
         return len(workers)
 
     def _release(self) -> None:
         """Close the env pool (and a ``ParallelEnv``'s subprocesses)."""
-        self._pool.close(raise_if_closed=False)
+        self._base.close(raise_if_closed=False)

@@ -79,12 +79,14 @@ def _leaves(batch: TensorDict) -> dict[Any, torch.Tensor]:
     return dict(batch.items(include_nested=True, leaves_only=True))
 
 
-def _assert_equal_batches(ours: TensorDict, theirs: TensorDict) -> None:
+def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool = False) -> None:
     mine, reference = _leaves(ours), _leaves(theirs)
     assert set(mine) - set(reference) == {("collector", "worker_id")}
     assert set(reference) <= set(mine)
     assert ours.batch_size == theirs.batch_size
-    assert ours.names == theirs.names
+    # The learner names the last dim "time" on every batch (learner_client/_aggregate.py),
+    # split ones included; TorchRL's split_trajectories leaves it unnamed once it splits.
+    assert ours.names == (theirs.names if not split else [None, "time"])
     for key, value in reference.items():
         assert (mine[key].dtype, mine[key].shape) == (value.dtype, value.shape), key
         if key not in RLFLEET_ONLY:
@@ -101,8 +103,18 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict) -> None:
         ("cartpole", "sampling_policy", {"init_random_frames": 60}),
         ("cartpole", "greedy_policy", {"set_truncated": True, "reset_at_each_iter": True}),
         ("stacked_cartpole", "greedy_policy", {}),
+        ("stacked_cartpole", "sampling_policy", {"max_frames_per_traj": 7}),
+        ("stacked_cartpole", "sampling_policy", {"split_trajs": True}),
     ],
-    ids=["greedy", "probabilistic", "init-random-frames", "truncated-reset", "folded"],
+    ids=[
+        "greedy",
+        "probabilistic",
+        "init-random-frames",
+        "truncated-reset",
+        "folded",
+        "max-frames-per-traj",
+        "split-trajs",
+    ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
     env: str, policy: str, settings: dict[str, Any]
@@ -110,7 +122,7 @@ def test_torchrl_actor_batches_equal_torchrl_collector_batches(
     ours = _fleet_batches(_config(env, policy), 2, **settings)
     theirs = _torchrl_batches(env, policy, 2, **settings)
     for mine, reference in zip(ours, theirs, strict=True):
-        _assert_equal_batches(mine, reference)
+        _assert_equal_batches(mine, reference, split=settings.get("split_trajs", False))
     assert ("next", "episode_reward") in ours[0].keys(True, True)
     ended = any(bool(batch["next", "done"].any()) for batch in ours)
     assert ended, "an episode must end for the check to mean something"
@@ -233,8 +245,24 @@ def test_torchrl_core_raises_if_settings_do_not_fit() -> None:
     with TorchRLCore(_config()) as core:
         with pytest.raises(ValueError, match="multiple of num_envs=2"):
             core.configure(CollectSettings(frames_per_batch=21))
-        with pytest.raises(ValueError, match="StepCounter"):
+        with pytest.raises(ValueError, match="'step_count' key already"):
             core.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=5))
+
+
+def test_torchrl_core_max_frames_per_traj_changes_between_sessions() -> None:
+    with TorchRLCore(_config("stacked_cartpole", "sampling_policy")) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        first = core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=3))
+        limited = core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=20))
+        unlimited = core.collect_batch()
+    assert "step_count" not in first
+    assert "step_count" not in unlimited
+    assert limited["next", "step_count"].max() == 3
+    assert limited["step_count"][:, 0].eq(0).all()  # in-flight episodes were reset
+    ids = limited.get(TRAJ_IDS)
+    assert not set(ids.unique().tolist()) & set(first.get(TRAJ_IDS).unique().tolist())
 
 
 def test_torchrl_core_async_backend_steps_a_parallel_env_in_subprocesses() -> None:
