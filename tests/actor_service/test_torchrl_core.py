@@ -293,3 +293,39 @@ def test_torchrl_core_raises_env_error_and_rebuilds_the_pool_when_the_env_crashe
         batch = core.collect_batch()  # on a rebuilt pool, whose new envs have steps left
     assert isinstance(batch, TensorDict)
     assert batch.batch_size == (1, 2)
+
+
+def test_torchrl_actor_takes_pushes_with_buffers_seeds_and_state_from_the_learner() -> None:
+    policy = factories.greedy_policy(factories.cartpole())
+    policy.module.offset.copy_(torch.tensor([0.0, 1e6]))  # a buffer: always push right
+    pool = SerialEnv(2, factories.cartpole)
+    expected_seed = pool.set_seed(7)
+    pool.close()
+    with (
+        create_server(_config()).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20) as collector,
+    ):
+        collector.update_policy_weights_(policy)
+        assert collector.set_seed(7) == expected_seed
+        batch = collector.next()  # the first batch of the new seed, after the push
+        state = collector.state_dict()
+        collector.load_state_dict(state)
+        assert actor.server.ready
+    assert (batch["next", "policy_version"] == 1).all()
+    assert (batch["action"].argmax(-1) == 1).all()
+
+
+def test_torchrl_actor_env_crash_reaches_the_learner_and_the_actor_keeps_serving() -> None:
+    config = _config(env="crashing_cartpole", num_envs=1)
+    with create_server(config).run_in_thread() as actor:
+        address = f"127.0.0.1:{actor.port}"
+        with (
+            GrpcCollector([address], frames_per_batch=8, batch_timeout=60) as collector,
+            pytest.raises(EnvError) as info,
+        ):
+            collector.next()
+        assert info.value.env == "rlfleet_test_torchrl:crashing_cartpole"
+        assert info.value.exception_message == "simulator crashed"
+        assert actor.server.ready
+        with GrpcCollector([address], frames_per_batch=2) as collector:
+            assert collector.next().batch_size == (1, 2)  # a rebuilt pool, steps left
