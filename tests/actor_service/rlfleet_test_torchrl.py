@@ -11,7 +11,7 @@ from typing import Any
 
 import rlfleet_test_envs
 import torch
-from tensordict.nn import TensorDictModule
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.envs import (
     CatFrames,
@@ -20,12 +20,18 @@ from torchrl.envs import (
     EnvBase,
     GymEnv,
     GymWrapper,
+    InitTracker,
     RewardSum,
     SerialEnv,
     StepCounter,
     TransformedEnv,
 )
-from torchrl.modules import OneHotCategorical, ProbabilisticActor
+from torchrl.modules import (
+    LSTMModule,
+    OneHotCategorical,
+    OrnsteinUhlenbeckProcessModule,
+    ProbabilisticActor,
+)
 
 
 def cartpole() -> EnvBase:
@@ -109,3 +115,43 @@ def raising_policy(env: EnvBase) -> TensorDictModule:
 def wrong_key_policy(env: EnvBase) -> TensorDictModule:
     """A policy that reads a key the env does not write."""
     return TensorDictModule(nn.Linear(4, 2), in_keys=["pixels"], out_keys=["action"])
+
+
+def pendulum(steps: int = 20) -> EnvBase:
+    """Pendulum-v1 cut at ``steps`` steps, with ``is_init`` (what OU noise resets on)."""
+    base = GymEnv("Pendulum-v1", max_episode_steps=steps)
+    return TransformedEnv(base, Compose(InitTracker(), DoubleToFloat(), RewardSum()))
+
+
+def ou_policy(env: EnvBase, seed: int = 0) -> TensorDictSequential:
+    """DDPG's exploration policy: a linear actor plus Ornstein-Uhlenbeck noise (stateful)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        actor = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    return TensorDictSequential(actor, OrnsteinUhlenbeckProcessModule(spec=env.action_spec.clone()))
+
+
+def _lstm(seed: int) -> LSTMModule:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="embed")
+
+
+def lstm_cartpole() -> EnvBase:
+    """CartPole-v1 with ``is_init`` and the primer of :func:`lstm_policy`'s recurrent state."""
+    transforms = Compose(InitTracker(), DoubleToFloat(), RewardSum())
+    env = TransformedEnv(GymEnv("CartPole-v1"), transforms)
+    return env.append_transform(_lstm(0).make_tensordict_primer())
+
+
+def _one_hot(logits: torch.Tensor) -> torch.Tensor:
+    return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+
+
+def lstm_policy(env: EnvBase, seed: int = 0) -> TensorDictSequential:
+    """A recurrent policy: an LSTM over observations (state carried per env), a greedy head."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed + 1)
+        head = TensorDictModule(nn.Linear(8, 2), in_keys=["embed"], out_keys=["logits"])
+    greedy = TensorDictModule(_one_hot, in_keys=["logits"], out_keys=["action"])
+    return TensorDictSequential(_lstm(seed), head, greedy)

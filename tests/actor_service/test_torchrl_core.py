@@ -58,7 +58,6 @@ def _torchrl_batches(env: str, policy: str, batches: int, **settings: Any) -> li
     make = getattr(factories, env)
     pool = SerialEnv(2, make)
     pool.set_seed(0)
-    torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchRL's advisories (InitTracker), not ours
         collector = Collector(
@@ -68,6 +67,9 @@ def _torchrl_batches(env: str, policy: str, batches: int, **settings: Any) -> li
             track_policy_version=PolicyVersion(),
             **settings,
         )
+    # The actor seeds torch once its envs are seeded; TorchRL's Collector may call the
+    # policy while it is built (OU noise draws then), so torch is seeded after that.
+    torch.manual_seed(0)
     try:
         iterator = iter(collector)
         return [next(iterator) for _ in range(batches)]
@@ -105,6 +107,8 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         ("stacked_cartpole", "greedy_policy", {}),
         ("stacked_cartpole", "sampling_policy", {"max_frames_per_traj": 7}),
         ("stacked_cartpole", "sampling_policy", {"split_trajs": True}),
+        ("pendulum", "ou_policy", {}),
+        ("lstm_cartpole", "lstm_policy", {}),
     ],
     ids=[
         "greedy",
@@ -114,6 +118,8 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         "folded",
         "max-frames-per-traj",
         "split-trajs",
+        "ou-noise",
+        "lstm",
     ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
