@@ -2,30 +2,35 @@
 
 :class:`TDModels` is the TorchRL core's counterpart of the env actor's
 ``ModelRegistry``: one module per ``model_id``, each a ``TensorDictModuleBase`` (or
-the env's random policy) called on the rollout's TensorDict as TorchRL's ``Collector``
+the env's random actions) called on the rollout's TensorDict as TorchRL's ``Collector``
 calls its policy, with a policy version (0 at start, then whatever the last applied
 push said). A module's weights are its ``state_dict()``, buffers included, so an
 annealed epsilon or sigma pushed by a learner reaches the actor. Every forward and
 every swap take the model's lock, so a push lands between two env steps; pushes and
 restores are validated in full first (``actor_service._swap``,
-``actor_service._weight_rules``). No torchrl import: the core builds the modules.
+``actor_service._weight_rules``). :func:`build_td_model` builds one from its spec. No
+torchrl import: the core passes the env in.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
+from actor_service._config import ModelSpec
 from actor_service._swap import Swap, push_delta, push_full, restore, snapshot
 from actor_service._weight_rules import stage_weights
 from common.errors import UnknownModelError
+from common.policies import load_callable
 from common.weights import Delta, PushForm, to_state_dict
 
-__all__ = ["TDModel", "TDModels"]
+__all__ = ["TDModel", "TDModels", "build_td_model", "check_td_factory"]
 
 #: How a model acts: the rollout's TensorDict in, the same TensorDict (written) out.
 Act = Callable[[TensorDictBase], TensorDictBase]
@@ -50,6 +55,42 @@ class TDModel:
         self.parameters_info = {
             k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
         }
+
+
+def check_td_factory(spec: ModelSpec) -> None:
+    """Refuse a model spec a TorchRL-env actor cannot build (``mlp`` reads gymnasium spaces)."""
+    if spec.factory == "mlp":
+        raise ValueError(
+            f"model {spec.model_id!r}: the built-in 'mlp' reads gymnasium spaces; a TorchRL-env "
+            "actor takes 'random' or 'package.module:function' (called with (env, **kwargs))"
+        )
+
+
+def build_td_model(spec: ModelSpec, env: Any, rand_action: Act, device: torch.device) -> TDModel:
+    """A model of a TorchRL-env actor: ``random`` acts by ``rand_action``, a factory gets ``env``.
+
+    Raises:
+        ValueError: ``mlp``, an unimportable factory, one that raises or returns no
+            ``TensorDictModuleBase`` (naming the model and the factory).
+    """
+    check_td_factory(spec)
+    if spec.factory == "random":  # TorchRL's RandomPolicy draws from the action spec alike
+        return TDModel(spec.factory, nn.Module(), rand_action)
+    factory = load_callable(spec.factory)
+    try:
+        module = factory(env, **dict(spec.kwargs))
+    except Exception as exc:
+        raise ValueError(
+            f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(module, TensorDictModuleBase):
+        raise ValueError(
+            f"model {spec.model_id!r}: policy factory {spec.factory!r} returned a "
+            f"{type(module).__name__}, not a tensordict.nn.TensorDictModuleBase"
+        )
+    module = module.to(device)
+    return TDModel(spec.factory, module, module)
 
 
 class TDModels:

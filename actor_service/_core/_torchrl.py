@@ -32,17 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase, set_interaction_type
-from torch import nn
+from tensordict.nn import set_interaction_type
 
 from actor_service._batch import split_trajectories
-from actor_service._config import ActorConfig, ModelSpec
+from actor_service._config import ActorConfig
 from actor_service._core._base import CoreBase
 from actor_service._core._protocol import BatchRecorder
 from actor_service._env_pool import env_name
 from actor_service._models import interaction_of
 from actor_service._td_batch import fold_observations, stack_frames
-from actor_service._td_models import TDModel, TDModels
+from actor_service._td_models import TDModels, build_td_model, check_td_factory
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import EnvError, SessionStateError
 from common.packets import DEFAULT_LIMITS, encode_packet
@@ -109,11 +108,11 @@ def check_torchrl_config(config: ActorConfig) -> None:
             factory that raises or returns no ``TensorDictModuleBase``).
     """
     for spec in config.models:
-        _check_factory(spec)
+        check_td_factory(spec)
     env = _first_env(config)
     try:
         for spec in config.models:
-            _build_model(spec, env, env, torch.device("cpu"))
+            build_td_model(spec, env, env.rand_action, torch.device("cpu"))
     finally:
         env.close(raise_if_closed=False)
 
@@ -154,36 +153,6 @@ def _limited(base: Any, limit: int) -> Any:
         )
     envs = _torchrl_envs()
     return envs.TransformedEnv(base, envs.StepCounter(max_steps=limit))
-
-
-def _check_factory(spec: ModelSpec) -> None:
-    if spec.factory == "mlp":
-        raise ValueError(
-            f"model {spec.model_id!r}: the built-in 'mlp' reads gymnasium spaces; a TorchRL-env "
-            "actor takes 'random' or 'package.module:function' (called with (env, **kwargs))"
-        )
-
-
-def _build_model(spec: ModelSpec, env: Any, pool: Any, device: torch.device) -> TDModel:
-    """A model: ``random`` acts with the pool's action spec, a factory gets ``env``."""
-    _check_factory(spec)
-    if spec.factory == "random":  # TorchRL's RandomPolicy draws from the action spec alike
-        return TDModel(spec.factory, nn.Module(), pool.rand_action)
-    factory = load_callable(spec.factory)
-    try:
-        module = factory(env, **dict(spec.kwargs))
-    except Exception as exc:
-        raise ValueError(
-            f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(module, TensorDictModuleBase):
-        raise ValueError(
-            f"model {spec.model_id!r}: policy factory {spec.factory!r} returned a "
-            f"{type(module).__name__}, not a tensordict.nn.TensorDictModuleBase"
-        )
-    module = module.to(device)
-    return TDModel(spec.factory, module, module)
 
 
 class TorchRLCore(CoreBase):
@@ -236,7 +205,7 @@ class TorchRLCore(CoreBase):
         try:
             self.models = TDModels(
                 {
-                    s.model_id: _build_model(s, self.env, self._pool, self.device)
+                    s.model_id: build_td_model(s, self.env, self._pool.rand_action, self.device)
                     for s in config.models
                 }
             )
@@ -288,7 +257,8 @@ class TorchRLCore(CoreBase):
         Raises:
             TypeError: ``settings`` is not a ``CollectSettings``.
             ValueError: LLM settings, ``frames_per_batch`` not a multiple of ``num_envs``
-                or too large, or ``max_frames_per_traj`` on an env that counts steps itself.
+                or too large, ``max_frames_per_traj`` on an env that counts steps itself,
+                or ``set_truncated`` on an env without a truncated key.
             UnknownModelError: ``settings.model_id`` is not registered.
         """
         self._check_settings_type(settings)
@@ -302,6 +272,10 @@ class TorchRLCore(CoreBase):
                 f"frames in a {DEFAULT_LIMITS.max_packet_bytes}-byte packet): the largest is "
                 f"{largest}"
             )
+        if settings.set_truncated and not any(
+            (k if isinstance(k, str) else k[-1]) == "truncated" for k in self._base.done_keys
+        ):
+            raise ValueError("set_truncated: the env has no truncated key (TorchRL refuses it too)")
         limit = max(settings.max_frames_per_traj, 0)
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
         with self._lock:

@@ -21,17 +21,21 @@ from torchrl.envs import (
     GymEnv,
     GymWrapper,
     InitTracker,
+    ObservationNorm,
     RewardSum,
     SerialEnv,
     StepCounter,
     TransformedEnv,
 )
 from torchrl.modules import (
+    EGreedyModule,
     LSTMModule,
     OneHotCategorical,
     OrnsteinUhlenbeckProcessModule,
     ProbabilisticActor,
+    QValueActor,
 )
+from torchrl.testing.mocking_classes import NestedCountingEnv
 
 
 def cartpole() -> EnvBase:
@@ -155,3 +159,29 @@ def lstm_policy(env: EnvBase, seed: int = 0) -> TensorDictSequential:
         head = TensorDictModule(nn.Linear(8, 2), in_keys=["embed"], out_keys=["logits"])
     greedy = TensorDictModule(_one_hot, in_keys=["logits"], out_keys=["action"])
     return TensorDictSequential(_lstm(seed), head, greedy)
+
+
+def categorical_cartpole() -> EnvBase:
+    """CartPole-v1 with index actions (a Categorical spec) and fixed observation statistics."""
+    norm = ObservationNorm(
+        loc=torch.tensor([0.0, 0.1, 0.0, -0.1]),
+        scale=torch.tensor([2.0, 1.0, 4.0, 1.0]),
+        in_keys=["observation"],
+    )
+    base = GymEnv("CartPole-v1", categorical_action_encoding=True)
+    return TransformedEnv(base, Compose(DoubleToFloat(), norm, RewardSum(), StepCounter()))
+
+
+def egreedy_policy(env: EnvBase, seed: int = 0, eps: float = 0.5) -> TensorDictSequential:
+    """DQN's exploration policy: a ``QValueActor`` and an ``EGreedyModule`` (``eps`` a buffer)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = nn.Linear(4, 2)
+    actor = QValueActor(net, in_keys=["observation"], spec=env.action_spec)
+    greedy = EGreedyModule(env.action_spec, eps_init=eps, eps_end=0.0, annealing_num_steps=10)
+    return TensorDictSequential(actor, greedy)
+
+
+def nested_counting() -> EnvBase:
+    """TorchRL's own mock env whose keys are all nested under ``"data"`` (3 agents)."""
+    return NestedCountingEnv(max_steps=7, nested_dim=3)

@@ -34,6 +34,10 @@ TRAJ_IDS = ("collector", "traj_ids")
 RLFLEET_ONLY = {TRAJ_IDS, ("collector", "worker_id")}
 
 
+def _factory(policy: str) -> str:
+    return policy if policy == "random" else f"rlfleet_test_torchrl:{policy}"
+
+
 def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: Any) -> ActorConfig:
     base: dict[str, Any] = {
         "kind": "torchrl",
@@ -42,7 +46,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         "num_envs": 2,
         "seed": 0,
         "grace_period": 2.0,
-        "models": (ModelSpec(factory=f"rlfleet_test_torchrl:{policy}"),),
+        "models": (ModelSpec(factory=_factory(policy)),),
     }
     return ActorConfig(**(base | overrides))
 
@@ -62,7 +66,7 @@ def _torchrl_batches(env: str, policy: str, batches: int, **settings: Any) -> li
         warnings.simplefilter("ignore")  # TorchRL's advisories (InitTracker), not ours
         collector = Collector(
             pool,
-            getattr(factories, policy)(make()),
+            None if policy == "random" else getattr(factories, policy)(make()),
             frames_per_batch=60,
             track_policy_version=PolicyVersion(),
             **settings,
@@ -109,6 +113,8 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         ("stacked_cartpole", "sampling_policy", {"split_trajs": True}),
         ("pendulum", "ou_policy", {}),
         ("lstm_cartpole", "lstm_policy", {}),
+        ("categorical_cartpole", "egreedy_policy", {}),
+        ("nested_counting", "random", {}),
     ],
     ids=[
         "greedy",
@@ -120,6 +126,8 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         "split-trajs",
         "ou-noise",
         "lstm",
+        "qvalue-egreedy",
+        "nested-keys",
     ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
@@ -129,8 +137,12 @@ def test_torchrl_actor_batches_equal_torchrl_collector_batches(
     theirs = _torchrl_batches(env, policy, 2, **settings)
     for mine, reference in zip(ours, theirs, strict=True):
         _assert_equal_batches(mine, reference, split=settings.get("split_trajs", False))
-    assert ("next", "episode_reward") in ours[0].keys(True, True)
-    ended = any(bool(batch["next", "done"].any()) for batch in ours)
+    ended = any(
+        bool(value.any())
+        for batch in ours
+        for key, value in batch["next"].items(True, True)
+        if (key if isinstance(key, str) else key[-1]) == "done"
+    )
     assert ended, "an episode must end for the check to mean something"
 
 
@@ -253,6 +265,11 @@ def test_torchrl_core_raises_if_settings_do_not_fit() -> None:
             core.configure(CollectSettings(frames_per_batch=21))
         with pytest.raises(ValueError, match="'step_count' key already"):
             core.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=5))
+    with (
+        TorchRLCore(_config("nested_counting", "random")) as core,
+        pytest.raises(ValueError, match="no truncated key"),
+    ):
+        core.configure(CollectSettings(frames_per_batch=20, set_truncated=True))
 
 
 def test_torchrl_core_max_frames_per_traj_changes_between_sessions() -> None:
@@ -335,3 +352,18 @@ def test_torchrl_actor_env_crash_reaches_the_learner_and_the_actor_keeps_serving
         assert actor.server.ready
         with GrpcCollector([address], frames_per_batch=2) as collector:
             assert collector.next().batch_size == (1, 2)  # a rebuilt pool, steps left
+
+
+def test_torchrl_core_push_of_an_annealed_epsilon_reaches_the_exploration_module() -> None:
+    with TorchRLCore(_config("categorical_cartpole", "egreedy_policy")) as core:
+        module = core.models.module("policy")
+        learner = factories.egreedy_policy(factories.categorical_cartpole())
+        learner.load_state_dict(module.state_dict())
+        learner[1].step(10)  # annealed to eps_end = 0 on the learner
+        assert "module.1.eps" in core.models.parameters_info("policy")
+        core.models.load_weights("policy", 1, learner.state_dict())
+        core.configure(CollectSettings(frames_per_batch=40))
+        batch = core.collect_batch()
+    assert isinstance(batch, TensorDict)
+    assert batch["action"].dtype == torch.int64  # an index, as the Categorical spec encodes it
+    assert torch.equal(batch["action"], batch["action_value"].argmax(-1))  # no exploration left
