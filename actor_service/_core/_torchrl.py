@@ -40,7 +40,7 @@ from actor_service._core._base import CoreBase
 from actor_service._core._protocol import BatchRecorder
 from actor_service._env_pool import env_name
 from actor_service._models import interaction_of
-from actor_service._td_batch import fold_observations, stack_frames
+from actor_service._td_batch import fold_observations, nested_state, stack_frames, stage_env_state
 from actor_service._td_models import TDModels, build_td_model, check_td_factory
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import EnvError, SessionStateError
@@ -302,11 +302,9 @@ class TorchRLCore(CoreBase):
             self._carrier = self._carrier.exclude("step_count")
 
     def max_frames_per_batch(self) -> int:
-        """The largest ``frames_per_batch`` (a multiple of ``num_envs``) a session may ask for.
+        """The largest ``frames_per_batch``: at most ``MAX_FRAMES_PER_BATCH``, in a packet.
 
-        A batch must hold at most ``MAX_FRAMES_PER_BATCH`` frames and fit the packet cap
-        learners decode by default; a step's size is the probe step's packet, with a
-        quarter more for the policy version and alignment.
+        The packet cap learners decode by default, for the probe step's size and a quarter more.
         """
         steps = DEFAULT_LIMITS.max_packet_bytes // (self._step_bytes * 5 // 4 + 1)
         return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_slots)) * self.num_slots
@@ -446,6 +444,32 @@ class TorchRLCore(CoreBase):
         np.random.seed(seed % 2**32)
         self._reset()
         return int(following)
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`CoreBase.state_dict` plus ``"env"``: the env's state (stateful transforms)."""
+        with self._lock:
+            state = super().state_dict()
+            state["env"] = nested_state(self._base.state_dict())
+            return state
+
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """:meth:`CoreBase.load_state_dict`, and the env's state when ``state`` holds one.
+
+        The env's state (``"env"``) is checked in full against the env's own (keys,
+        shapes, dtypes, finite values) before anything is applied.
+
+        Raises:
+            WeightsError: Also for an env state that does not fit this actor's env.
+        """
+        env = state.get("env") if isinstance(state, dict) else None
+        with self._lock:
+            staged = None if env is None else stage_env_state(env, self._base.state_dict())
+            changes = super().load_state_dict(state, allow_rollback=allow_rollback)
+            if staged is not None:
+                self._base.load_state_dict(staged)
+            return changes
 
     def _restored(self) -> None:
         self._carrier.set(

@@ -26,6 +26,7 @@ from torchrl.envs import (
     SerialEnv,
     StepCounter,
     TransformedEnv,
+    VecNorm,
 )
 from torchrl.modules import (
     EGreedyModule,
@@ -185,3 +186,9 @@ def egreedy_policy(env: EnvBase, seed: int = 0, eps: float = 0.5) -> TensorDictS
 def nested_counting() -> EnvBase:
     """TorchRL's own mock env whose keys are all nested under ``"data"`` (3 agents)."""
     return NestedCountingEnv(max_steps=7, nested_dim=3)
+
+
+def normalized_pendulum() -> EnvBase:
+    """Pendulum-v1 whose observations a ``VecNorm`` normalises with running statistics."""
+    norm = VecNorm(in_keys=["observation"], new_api=True)
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm, RewardSum()))

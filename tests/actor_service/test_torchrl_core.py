@@ -25,6 +25,8 @@ from torchrl.envs.llm.transforms import PolicyVersion
 
 from actor_service import ActorConfig, ModelSpec, create_server
 from actor_service._core._torchrl import TorchRLCore
+from actor_service._state import decode_state
+from actor_service._td_batch import flat_state
 from common.config import CollectSettings
 from common.errors import EnvError, StaleVersionError, WeightsError
 from common.packets.folding import FoldedBatch
@@ -367,3 +369,46 @@ def test_torchrl_core_push_of_an_annealed_epsilon_reaches_the_exploration_module
     assert isinstance(batch, TensorDict)
     assert batch["action"].dtype == torch.int64  # an index, as the Categorical spec encodes it
     assert torch.equal(batch["action"], batch["action_value"].argmax(-1))  # no exploration left
+
+
+def _env_stats(core: TorchRLCore) -> dict[str, torch.Tensor]:
+    return flat_state(core.state_dict()["env"])
+
+
+def test_torchrl_core_state_holds_the_env_transforms_state() -> None:
+    config = _config("normalized_pendulum", "random")
+    with TorchRLCore(config) as first, TorchRLCore(config) as second:
+        first.configure(CollectSettings(frames_per_batch=40))
+        first.collect_batch()
+        stats = _env_stats(first)
+        assert any("loc" in key for key in stats), list(stats)
+        assert any(not torch.equal(stats[k], v) for k, v in _env_stats(second).items())
+        second.load_state_dict(first.state_dict())
+        restored = _env_stats(second)
+        assert restored.keys() == stats.keys()
+        assert all(torch.equal(restored[k], v) for k, v in stats.items())
+        bad = first.state_dict()
+        stats_of_worker = bad["env"]["worker0"]["transforms.1._extra_state"]
+        key = next(k for k in stats_of_worker if k.startswith("loc"))
+        stats_of_worker[key] = torch.full_like(stats_of_worker[key], float("nan"))
+        with pytest.raises(WeightsError):
+            second.load_state_dict(bad)
+        assert all(torch.equal(_env_stats(second)[k], v) for k, v in stats.items())
+
+
+def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> None:
+    with (
+        create_server(_config("normalized_pendulum", "random")).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20) as collector,
+    ):
+        collector.next()
+        saved = collector.state_dict()
+        blob = saved["workers"][0].numpy().tobytes()  # the actor's state file, as GetState sent it
+        stats = flat_state(decode_state(blob)["env"])
+        core = actor.server.runtime.worker
+        for _ in range(3):  # the running statistics move on with every batch
+            collector.next()
+        assert any(not torch.equal(_env_stats(core)[k], v) for k, v in stats.items())
+        collector.load_state_dict(saved)
+        after = _env_stats(core)
+    assert all(torch.equal(after[k], v) for k, v in stats.items())
