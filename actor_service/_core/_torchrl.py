@@ -75,6 +75,10 @@ def _env_maker(config: ActorConfig) -> Callable[[], Any]:
 
 def _first_env(config: ActorConfig) -> Any:
     """One env from the factory (or ``GymEnv``), checked to be a ``torchrl.envs.EnvBase``."""
+    if torch.device(config.device).type != "cpu":  # the carrier stays on the env's device
+        raise ValueError(
+            f"kind 'torchrl' runs its policies on the CPU for now, not {config.device!r}"
+        )
     envs = _torchrl_envs()
     make = _env_maker(config)
     try:
@@ -103,9 +107,9 @@ def check_torchrl_config(config: ActorConfig) -> None:
     Builds one env and every model on it (on the CPU), then closes the env.
 
     Raises:
-        ValueError: torchrl missing (naming the extra), an env factory that raises or
-            returns no TorchRL env, or a model the kind cannot build (``mlp``, a policy
-            factory that raises or returns no ``TensorDictModuleBase``).
+        ValueError: torchrl missing (naming the extra), a device other than the CPU, an env
+            factory that raises or returns no TorchRL env, or a model the kind cannot build
+            (``mlp``, a policy factory that raises or returns no ``TensorDictModuleBase``).
     """
     for spec in config.models:
         check_td_factory(spec)
