@@ -183,9 +183,14 @@ def egreedy_policy(env: EnvBase, seed: int = 0, eps: float = 0.5) -> TensorDictS
     return TensorDictSequential(actor, greedy)
 
 
-def nested_counting() -> EnvBase:
-    """TorchRL's own mock env whose keys are all nested under ``"data"`` (3 agents)."""
-    return NestedCountingEnv(max_steps=7, nested_dim=3)
+def nested_counting(agents: int = 3) -> EnvBase:
+    """TorchRL's own mock env whose keys are all nested under ``"data"``, one row per agent."""
+    return NestedCountingEnv(max_steps=7, nested_dim=agents)
+
+
+def crowded_counting() -> EnvBase:
+    """:func:`nested_counting` with 32 agents: 128 bytes of nested observations a frame."""
+    return nested_counting(32)
 
 
 def normalized_pendulum() -> EnvBase:

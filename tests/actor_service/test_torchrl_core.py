@@ -117,6 +117,7 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         ("lstm_cartpole", "lstm_policy", {}),
         ("categorical_cartpole", "egreedy_policy", {}),
         ("nested_counting", "random", {}),
+        ("crowded_counting", "random", {}),
     ],
     ids=[
         "greedy",
@@ -130,6 +131,7 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         "lstm",
         "qvalue-egreedy",
         "nested-keys",
+        "nested-keys-folded",
     ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
@@ -216,6 +218,19 @@ def test_torchrl_core_folds_large_observations_exactly() -> None:
     assert ("next", "observation") not in folded.batch.keys(True, True)
     assert set(folded.finals.keys()) == {"index", "observation", "episode_reward"}
     # Two cores draw two epochs, so their trajectory ids differ; all else is equal.
+    assert (folded.unfold().exclude(TRAJ_IDS) == plain.exclude(TRAJ_IDS)).all()
+
+
+def test_torchrl_core_folds_nested_observation_keys_exactly() -> None:
+    batches = []
+    for fold in (False, True):
+        with TorchRLCore(_config("crowded_counting", "random")) as core:
+            core.configure(CollectSettings(frames_per_batch=40, fold_observations=fold))
+            batches.append(core.collect_batch())
+    plain, folded = batches
+    assert isinstance(folded, FoldedBatch)
+    assert ("data", "states") in folded.finals.keys(True, True)
+    assert ("next", "data", "states") not in folded.batch.keys(True, True)
     assert (folded.unfold().exclude(TRAJ_IDS) == plain.exclude(TRAJ_IDS)).all()
 
 
