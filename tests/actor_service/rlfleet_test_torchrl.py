@@ -197,3 +197,13 @@ def normalized_pendulum() -> EnvBase:
     """Pendulum-v1 whose observations a ``VecNorm`` normalises with running statistics."""
     norm = VecNorm(in_keys=["observation"], new_api=True)
     return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm, RewardSum()))
+
+
+def gym_ou_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:
+    """:func:`ou_policy` with a gymnasium policy factory's signature (for a gymnasium actor)."""
+    return ou_policy(pendulum())
+
+
+def gym_lstm_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:
+    """:func:`lstm_policy` with a gymnasium policy factory's signature (for a gymnasium actor)."""
+    return lstm_policy(lstm_cartpole())
