@@ -102,9 +102,7 @@ def _first_env(config: ActorConfig) -> Any:
 
 
 def check_torchrl_config(config: ActorConfig) -> None:
-    """What the command line checks before binding a port: torchrl, the env, the models.
-
-    Builds one env and every model on it (on the CPU), then closes the env.
+    """What the command line checks before binding a port: one env and every model on it.
 
     Raises:
         ValueError: torchrl missing (naming the extra), a device other than the CPU, an env
@@ -122,12 +120,10 @@ def check_torchrl_config(config: ActorConfig) -> None:
 
 
 def build_pool(config: ActorConfig) -> tuple[Any, Any]:
-    """The env pool and the env a policy factory gets (one env of the pool's kind).
+    """The env pool and one env of its kind for the policy factories (the caller closes it).
 
-    Returns:
-        ``(pool, env)``: ``num_envs`` envs in a ``SerialEnv`` (``sync``) or a
-        ``ParallelEnv`` (``async``, spawned), and a single env of the same kind (the
-        caller closes it); or the env itself twice when it is batched already.
+    ``num_envs`` envs in a ``SerialEnv`` (``sync``) or ``ParallelEnv`` (``async``, spawned);
+    an env batched already is both.
     """
     env = _first_env(config)
     if env.batch_size:
@@ -209,7 +205,7 @@ class TorchRLCore(CoreBase):
         try:
             self.models = TDModels(
                 {
-                    s.model_id: build_td_model(s, self.env, self._pool.rand_action, self.device)
+                    s.model_id: build_td_model(s, self.env, self._rand_action, self.device)
                     for s in config.models
                 }
             )
@@ -220,6 +216,10 @@ class TorchRLCore(CoreBase):
         except BaseException:
             self._base.close(raise_if_closed=False)
             raise
+
+    def _rand_action(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Random actions from the action spec of the pool in use (rebuilt after a crash)."""
+        return self._pool.rand_action(tensordict)
 
     def _probe(self) -> None:
         """One reset and step with every model: it must act and its keys must travel.
@@ -291,8 +291,7 @@ class TorchRLCore(CoreBase):
     def _limit_steps(self, limit: int) -> None:
         """Step under ``max_frames_per_traj=limit`` (0: none), as TorchRL's collector does.
 
-        Envs just reset start counting now; envs in the middle of a trajectory are reset
-        before the next batch.
+        Envs in the middle of a trajectory are reset first; envs just reset count from now.
         """
         if limit not in self._limited:
             self._limited[limit] = _limited(self._base, limit)
@@ -375,7 +374,7 @@ class TorchRLCore(CoreBase):
         start = time.perf_counter()
         if random:
             version = self.models.policy_version(model_id)
-            self._pool.rand_action(carrier)
+            self._rand_action(carrier)
             for key, (shape, dtype) in self._outputs[model_id].items():
                 if key not in carrier.keys(True, True):
                     carrier.set(key, torch.zeros(shape, dtype=dtype))

@@ -323,8 +323,11 @@ def test_torchrl_core_async_backend_steps_a_parallel_env_in_subprocesses() -> No
     assert (parallel.exclude(TRAJ_IDS) == serial.exclude(TRAJ_IDS)).all()
 
 
-def test_torchrl_core_raises_env_error_and_rebuilds_the_pool_when_the_env_crashes() -> None:
-    with TorchRLCore(_config(env="crashing_cartpole", num_envs=1)) as core:
+@pytest.mark.parametrize("policy", ["greedy_policy", "random"])
+def test_torchrl_core_raises_env_error_and_rebuilds_the_pool_when_the_env_crashes(
+    policy: str,
+) -> None:
+    with TorchRLCore(_config(env="crashing_cartpole", policy=policy, num_envs=1)) as core:
         core.configure(CollectSettings(frames_per_batch=10))
         with pytest.raises(EnvError, match="simulator crashed") as info:
             core.collect_batch()
