@@ -232,9 +232,9 @@ class TorchRLCore(CoreBase):
         self._outputs: dict[str, dict[Any, tuple[torch.Size, torch.dtype]]] = {}
         with torch.random.fork_rng(), torch.no_grad():
             for model_id in self.models.model_ids:
-                carrier = self._pool.reset()
-                before = set(carrier.keys(True, True))
                 try:
+                    carrier = self._pool.reset()
+                    before = set(carrier.keys(True, True))
                     self.models.act(model_id, carrier)
                     self._outputs[model_id] = {
                         k: (v.shape, v.dtype)

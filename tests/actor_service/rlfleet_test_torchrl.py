@@ -36,7 +36,12 @@ from torchrl.modules import (
     ProbabilisticActor,
     QValueActor,
 )
-from torchrl.testing.mocking_classes import NestedCountingEnv
+from torchrl.testing.mocking_classes import (
+    CountingEnv,
+    HeterogeneousCountingEnv,
+    MultiKeyCountingEnv,
+    NestedCountingEnv,
+)
 
 
 def cartpole() -> EnvBase:
@@ -207,3 +212,18 @@ def gym_ou_policy(observation_space: Any, action_space: Any) -> TensorDictSequen
 def gym_lstm_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:
     """:func:`lstm_policy` with a gymnasium policy factory's signature (for a gymnasium actor)."""
     return lstm_policy(lstm_cartpole())
+
+
+def counting() -> EnvBase:
+    """TorchRL's ``CountingEnv`` (its collector tests' workhorse): done after 7 steps."""
+    return CountingEnv(max_steps=7)
+
+
+def multi_key_counting() -> EnvBase:
+    """TorchRL's ``MultiKeyCountingEnv``: two nested action keys, several done keys."""
+    return MultiKeyCountingEnv(max_steps=7)
+
+
+def heterogeneous_counting() -> EnvBase:
+    """TorchRL's ``HeterogeneousCountingEnv``: agents whose observations differ in shape."""
+    return HeterogeneousCountingEnv(max_steps=7)

@@ -118,6 +118,8 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         ("categorical_cartpole", "egreedy_policy", {}),
         ("nested_counting", "random", {}),
         ("crowded_counting", "random", {}),
+        ("counting", "random", {}),
+        ("multi_key_counting", "random", {}),
     ],
     ids=[
         "greedy",
@@ -132,6 +134,8 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
         "qvalue-egreedy",
         "nested-keys",
         "nested-keys-folded",
+        "counting",
+        "multi-key",
     ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
@@ -257,8 +261,24 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         ({"models": (ModelSpec(factory="rlfleet_test_torchrl:wrong_key_policy"),)}, "probe"),
         ({"models": (ModelSpec(factory="mlp"),)}, "gymnasium spaces"),
         ({"num_envs": 3, "env_factory": "rlfleet_test_torchrl:batched_cartpole"}, "batch size"),
+        # Agents of different shapes need lazy stacks, which a dense packet cannot carry.
+        (
+            {
+                "env_factory": "rlfleet_test_torchrl:heterogeneous_counting",
+                "models": (ModelSpec(factory="random"),),
+            },
+            "probe step",
+        ),
     ],
-    ids=["env-raises", "not-an-env", "policy-raises", "policy-fails-probe", "mlp", "batched"],
+    ids=[
+        "env-raises",
+        "not-an-env",
+        "policy-raises",
+        "policy-fails-probe",
+        "mlp",
+        "batched",
+        "heterogeneous",
+    ],
 )
 def test_torchrl_core_raises_if_the_env_or_policy_cannot_be_built(
     overrides: dict[str, Any], message: str
