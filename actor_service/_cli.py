@@ -159,9 +159,17 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("worker_id", _ranged("worker_id"), "this actor's id (default: hostname ordinal)"),
     ("env", _nonempty, "registered gymnasium env id"),
     ("env_kwargs", _json_object, "JSON object of kwargs for gymnasium.make or the factory"),
-    ("env_factory", _import_path_or_empty, "package.module:function returning a gymnasium Env"),
+    (
+        "env_factory",
+        _import_path_or_empty,
+        "package.module:function returning a gymnasium Env (--kind torchrl: a TorchRL EnvBase)",
+    ),
     ("num_envs", _ranged("num_envs"), "size of the env pool"),
-    ("env_backend", _chosen("env_backend"), "sync (in-process) or async (subprocesses)"),
+    (
+        "env_backend",
+        _chosen("env_backend"),
+        "sync (in-process) or async (subprocesses); --kind torchrl: SerialEnv or ParallelEnv",
+    ),
     ("step_timeout", _float_min(0.0, strict=True), "seconds an async env step may take"),
     (
         "env_error_detail",
@@ -188,7 +196,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("torch_threads", _ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", _chosen("log_level"), "log level"),
     ("log_format", _chosen("log_format"), "text or json (one object per line)"),
-    ("kind", _chosen("kind"), "env (an env pool) or llm (chat slots + a language model)"),
+    (
+        "kind",
+        _chosen("kind"),
+        "env (gymnasium envs), torchrl (TorchRL envs) or llm (chat slots + a language model)",
+    ),
     ("task", _nonempty, "llm: arith | reverse | countdown | jsonl:PATH | pkg.mod:factory"),
     ("task_kwargs", _json_object, "llm: JSON object of kwargs for the task"),
     (
@@ -222,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policy",
         metavar="FACTORY",
-        help="the 'policy' model: random | mlp | pkg.mod:fn; with --kind llm "
+        help="the 'policy' model: random | mlp | pkg.mod:fn; with --kind torchrl random "
+        "(default) | pkg.mod:fn called (env, **kwargs); with --kind llm "
         "rlfleet:tiny-qwen2 | rlfleet:tiny-gpt2 | hf:DIR [RLFLEET_POLICY]",
     )
     parser.add_argument(
@@ -299,8 +312,9 @@ def parse_config(
         if values.get("kind") == "llm":
             values["models"] = _llm_model(args, environ)
             _check_task(values.get("task", "arith"), values.get("task_kwargs", {}))
-        else:
-            values["models"] = _models(args, environ)
+        else:  # a TorchRL-env actor acts at random unless given a policy factory
+            default = "random" if values.get("kind") == "torchrl" else "mlp"
+            values["models"] = _models(args, environ, default)
     except _FieldError as exc:
         parser.error(str(exc))
     try:
@@ -334,8 +348,10 @@ def _lookup(
     return _MISSING
 
 
-def _models(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[ModelSpec, ...]:
-    policy = _pick(args.policy, environ, "POLICY", "--policy", _factory, "mlp")
+def _models(
+    args: argparse.Namespace, environ: Mapping[str, str], default: str
+) -> tuple[ModelSpec, ...]:
+    policy = _pick(args.policy, environ, "POLICY", "--policy", _factory, default)
     policy_kwargs = _pick(
         args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", _json_object, {}
     )
@@ -444,6 +460,21 @@ def _with_flags(message: str) -> str:
     return f"{message} ({sources})" if sources else message
 
 
+def _check_torchrl(config: ActorConfig) -> None:
+    """Exit 2 before a port is bound if a TorchRL-env actor cannot start.
+
+    torchrl missing (the message names the extra), an env factory that raises or
+    returns no TorchRL env, a model the kind cannot build: the env is built once
+    here, then closed.
+    """
+    from actor_service._core._torchrl import check_torchrl_config
+
+    try:
+        check_torchrl_config(config)
+    except ValueError as exc:
+        build_parser().error(f"--kind torchrl: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``rlfleet-actor``: parse, set up logging, serve until SIGTERM/SIGINT.
 
@@ -454,6 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code: 0 after a graceful stop, 1 if the actor failed to start.
     """
     config = parse_config(argv)
+    if config.kind == "torchrl":
+        _check_torchrl(config)
     # torch and gRPC are imported only once the arguments are known to be good.
     from actor_service._logging import configure_logging
     from actor_service._server import serve

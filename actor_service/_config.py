@@ -34,7 +34,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env_error_detail": ("full", "type"),
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("text", "json"),
-    "kind": ("env", "llm"),
+    "kind": ("env", "torchrl", "llm"),
 }
 
 
@@ -47,7 +47,9 @@ class ModelSpec:
         factory: ``"random"``, ``"mlp"`` or ``"package.module:function"``; the function is
             called with ``(observation_space, action_space, **kwargs)`` and returns an
             ``nn.Module`` (observation tensor -> action tensor) or a TensorDictModule
-            (reads ``"observation"``, writes ``"action"`` and any extra keys).
+            (reads ``"observation"``, writes ``"action"`` and any extra keys). On a
+            TorchRL-env actor (kind ``"torchrl"``): ``"random"`` (the env's action spec) or a
+            function called with ``(env, **kwargs)`` returning any ``TensorDictModuleBase``.
         kwargs: Keyword arguments for the factory (e.g. ``{"hidden": [64, 64]}`` for ``mlp``).
     """
 
@@ -70,9 +72,12 @@ class ActorConfig:
         worker_id: This actor's id in the fleet (0..65535).
         env: A registered gymnasium id, used when ``env_factory`` is empty.
         env_kwargs: Keyword arguments for ``gymnasium.make`` or the factory.
-        env_factory: ``"package.module:function"`` returning a gymnasium ``Env``.
-        num_envs: Size of the env pool.
-        env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context).
+        env_factory: ``"package.module:function"`` returning a gymnasium ``Env`` (kind
+            ``"env"``) or a ``torchrl.envs.EnvBase`` (kind ``"torchrl"``).
+        num_envs: Size of the env pool (kind ``"torchrl"`` with an env that is batched
+            itself: its batch size).
+        env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context);
+            kind ``"torchrl"``: a ``SerialEnv`` or a ``ParallelEnv`` of the envs.
         step_timeout: Seconds an async env step may take before it counts as hung.
         env_error_detail: What a session's end message tells the learner when an env
             raises: ``"full"`` (the exception's type and text) or ``"type"`` (its type
@@ -91,9 +96,12 @@ class ActorConfig:
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
-        kind: ``"env"`` (an env pool) or ``"llm"`` (chat slots, a task and a language
-            model: ``num_envs`` is the number of slots, the ``policy`` model spec is
-            ``rlfleet:tiny-qwen2``, ``hf:DIR``...).
+        kind: ``"env"`` (a pool of gymnasium envs), ``"torchrl"`` (a pool of TorchRL
+            envs: ``GymEnv(env, **env_kwargs)`` or ``env_factory``; models are ``random``
+            or factories called ``factory(env, **kwargs)``; needs the ``torchrl`` extra)
+            or ``"llm"`` (chat slots, a task and a language model: ``num_envs`` is the
+            number of slots, the ``policy`` model spec is ``rlfleet:tiny-qwen2``,
+            ``hf:DIR``...).
         task: The LLM task: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
             ``package.module:factory``.
         task_kwargs: Keyword arguments for the task.

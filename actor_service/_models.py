@@ -40,7 +40,7 @@ from common.errors import InternalError, UnknownModelError
 from common.policies import make_policy
 from common.weights import Delta, PushForm, to_state_dict
 
-__all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of"]
+__all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of", "unsupplied_keys"]
 
 #: Batch keys the rollout writes itself; a policy may not output them.
 RESERVED_KEYS = frozenset(
@@ -107,6 +107,13 @@ class _Model:
         if not isinstance(module, TensorDictModuleBase):
             self.path = "module"
             return lambda obs: (self._act.from_policy(module(obs), obs.shape[0]), {})
+        missing = unsupplied_keys(module)
+        if missing:
+            raise ValueError(
+                f"model {self.spec.model_id!r} ({self.spec.factory}) reads {missing}, which a "
+                "gymnasium env actor does not provide (its steps hold 'observation' only): run "
+                "it on a TorchRL-env actor (--kind torchrl), whose steps carry them"
+            )
         extras = [k for k in module.out_keys if k != "action" and not _private(k)]
         general = functools.partial(self._td_forward, extras=extras)
         on_tensors = tensor_forward(module)
@@ -191,6 +198,23 @@ def _equal(a: Compact, b: Compact) -> bool:
         and bool(torch.equal(x, y) or torch.allclose(x, y, rtol=0, atol=0, equal_nan=True))
         for x, y in pairs
     )
+
+
+def unsupplied_keys(module: TensorDictModuleBase) -> list[str]:
+    """What ``module`` reads that a gymnasium actor's steps do not hold (they hold ``observation``).
+
+    Its ``in_keys`` beyond ``observation`` (recurrent states, ``is_init``, pixels...) and
+    the ``is_init_key`` of its exploration modules that restart their state on it (TorchRL's
+    ``OrnsteinUhlenbeckProcessModule``, which would otherwise warn and run on uncorrelated
+    noise).
+    """
+    keys = {str(k if isinstance(k, str) else tuple(k)) for k in module.in_keys}
+    for sub in module.modules():
+        key = getattr(sub, "is_init_key", None)
+        if isinstance(key, str | tuple):
+            keys.add(str(key))
+    keys.discard("observation")
+    return sorted(keys)
 
 
 def _private(key: str | tuple) -> bool:

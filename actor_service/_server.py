@@ -42,6 +42,7 @@ from actor_service._core import BatchRecorder, CollectionCore
 from actor_service._core._base import CoreBase
 from actor_service._core._env import EnvCore
 from actor_service._core._llm import LLMCore
+from actor_service._core._torchrl import TorchRLCore
 from actor_service._env_pool import env_name
 from actor_service._limits import CallLimiter
 from actor_service._logging import log_event
@@ -85,6 +86,7 @@ TEARDOWN_RESERVE = 1.0
 #: ``actor_service._core`` and one line here.
 CORES: dict[str, type[CoreBase]] = {
     "env": EnvCore,
+    "torchrl": TorchRLCore,
     "llm": LLMCore,
 }
 

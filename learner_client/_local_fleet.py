@@ -62,18 +62,36 @@ class _Actor:
     final_tail: str = ""
 
 
+#: The policy of each kind of actor when none is given.
+_DEFAULT_POLICY = {"env": "mlp", "torchrl": "random", "llm": "rlfleet:tiny-qwen2"}
+
+
+def _env_flags(env: str, env_kwargs: Mapping[str, Any] | None, env_factory: str) -> dict[str, str]:
+    """The ``rlfleet-actor`` flags of an env (gymnasium or TorchRL) actor's env."""
+    flags = {"--env": env, "--env-kwargs": json.dumps(dict(env_kwargs or {}))}
+    if env_factory:
+        flags["--env-factory"] = env_factory
+    return flags
+
+
 class LocalFleet:
     """Start ``num_actors`` actor servers on this machine and stop them on exit.
 
     Args:
         num_actors: Actors to start; their worker ids are ``0..num_actors-1``.
-        env: Gymnasium id each actor runs (env actors only).
+        env: Gymnasium id each actor runs (env and TorchRL-env actors; the latter wrap it
+            in TorchRL's ``GymEnv``).
         num_envs: Size of each actor's env pool (LLM actors: chat slots).
         policy: Policy factory of each actor (``"mlp"``, ``"random"`` or
-            ``"package.module:function"``); LLM actors: a model spec
+            ``"package.module:function"``); TorchRL-env actors: ``"random"`` (the default)
+            or a function called ``(env, **policy_kwargs)``; LLM actors: a model spec
             (``"rlfleet:tiny-qwen2"``, the default, or ``"hf:DIR"``).
         policy_kwargs: Keyword arguments of the policy factory (sent as JSON).
-        env_kwargs: Keyword arguments of ``gymnasium.make`` (sent as JSON; env actors only).
+        env_kwargs: Keyword arguments of ``gymnasium.make``, ``GymEnv`` or the env factory
+            (sent as JSON; env and TorchRL-env actors).
+        env_factory: ``"package.module:function"`` building each actor's env instead of
+            ``env`` (a gymnasium ``Env``, or a TorchRL ``EnvBase`` for ``kind="torchrl"``);
+            the module must be importable by the actors (on their ``PYTHONPATH``).
         seed: Actor ``i`` is seeded with ``seed + i``; None lets each actor draw one.
         host: Address the actors bind (addresses use loopback for ``0.0.0.0``).
         extra_args: More ``rlfleet-actor`` flags, appended last (so they win).
@@ -81,7 +99,9 @@ class LocalFleet:
         grace_period: Seconds an actor may drain after SIGTERM; it is SIGKILLed when it
             has not exited ``2`` seconds after that.
         python: Interpreter that runs ``-m actor_service``.
-        kind: ``"env"`` or ``"llm"`` (chat slots, a task and a language model).
+        kind: ``"env"`` (gymnasium envs), ``"torchrl"`` (TorchRL envs and TensorDict
+            policies; needs the ``torchrl`` extra) or ``"llm"`` (chat slots, a task and a
+            language model).
         task: LLM actors: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
             ``package.module:factory``.
         task_kwargs: LLM actors: keyword arguments of the task (sent as JSON).
@@ -94,6 +114,10 @@ class LocalFleet:
         with LocalFleet(2, "CartPole-v1", num_envs=8, seed=1) as fleet:
             with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
                 ...
+
+        with LocalFleet(2, kind="torchrl", env_factory="my_envs:make_env",
+                        policy="my_envs:make_policy", num_envs=4, seed=0) as fleet:
+            ...  # GrpcCollector(fleet.addresses, ...): TorchRL's batches
 
         with LocalFleet(2, kind="llm", task="arith", num_envs=8, seed=0) as fleet:
             ...  # GrpcLLMCollector(fleet.addresses, ...)
@@ -117,6 +141,7 @@ class LocalFleet:
         kind: str = "env",
         task: str = "arith",
         task_kwargs: Mapping[str, Any] | None = None,
+        env_factory: str = "",
     ) -> None:
         _check_int("num_actors", num_actors, 1)
         _check_int("num_envs", num_envs, 1)
@@ -126,9 +151,9 @@ class LocalFleet:
             raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
         if not grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
-        if kind not in ("env", "llm"):
-            raise ValueError(f"kind must be 'env' or 'llm', got {kind!r}")
-        policy = policy or ("rlfleet:tiny-qwen2" if kind == "llm" else "mlp")
+        if kind not in _DEFAULT_POLICY:
+            raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
+        policy = policy or _DEFAULT_POLICY[kind]
         if isinstance(extra_args, str):
             raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
         self.num_actors = num_actors
@@ -145,13 +170,10 @@ class LocalFleet:
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model
-            flags |= {
-                "--kind": "llm",
-                "--task": task,
-                "--task-kwargs": json.dumps(dict(task_kwargs or {})),
-            }
+            flags |= {"--task": task, "--task-kwargs": json.dumps(dict(task_kwargs or {}))}
         else:
-            flags |= {"--env": env, "--env-kwargs": json.dumps(dict(env_kwargs or {}))}
+            flags |= _env_flags(env, env_kwargs, env_factory)
+        flags["--kind"] = kind
         self._common_args = [str(part) for flag in flags.items() for part in flag]
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}

@@ -27,7 +27,7 @@ class FleetMember:
         worker_id: The id the actor reported.
         num_envs: Its env pool size (LLM actors: chat slots).
         models: The model_ids it holds.
-        kind: ``"env"`` or ``"llm"``.
+        kind: ``"env"``, ``"torchrl"`` (an env actor on a TorchRL env) or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
     """
 
@@ -42,7 +42,9 @@ class FleetMember:
 def check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:
     """Env collectors need env actors; LLM collectors LLM actors within their token caps."""
     want = "env" if llm is None else "llm"
-    wrong = [m for m in members if m.kind != want]
+    # A TorchRL-env actor collects env batches too: an env collector takes it.
+    kinds = ("env", "torchrl") if llm is None else ("llm",)
+    wrong = [m for m in members if m.kind not in kinds]
     if wrong:
         detail = ", ".join(f"{m.address} (worker_id {m.worker_id}) is {m.kind!r}" for m in wrong)
         use = "GrpcCollector" if llm is None else "GrpcLLMCollector"

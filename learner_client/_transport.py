@@ -175,7 +175,7 @@ class ActorDescription:
         num_envs: Its env pool size.
         models: ``{model_id: policy version}``.
         max_credits: Most outstanding credits it honours.
-        kind: ``"env"`` or ``"llm"``.
+        kind: ``"env"``, ``"torchrl"`` or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
         env: The env id it collects from (an LLM actor's task).
         busy: Whether a learner session is active.

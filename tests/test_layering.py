@@ -1,9 +1,10 @@
 """Dependencies point one way (common <- actor_service, learner_client <- apps); no torchrl.
 
 The libraries (``common``, ``actor_service``, ``learner_client``) never import torchrl, nor the
-applications built on them (``apps``). In ``apps``, ``rlfleet-grpo --loss torchrl`` is TorchRL
-interop asked for by name: its module may import torchrl inside a function (on that path only,
-never when a package loads).
+applications built on them (``apps``), except where TorchRL interop is asked for by name:
+``rlfleet-grpo --loss torchrl`` in ``apps`` and the TorchRL-env actor (``--kind torchrl``, the
+``rlfleet[torchrl]`` extra) in ``actor_service``. Each has one module that may import torchrl
+inside its functions (on that path only, never when a package loads).
 
 A package uses another package only through its public modules: ``common._x`` is private to
 ``common``, whoever imports it.
@@ -25,7 +26,10 @@ FORBIDDEN = {
 }
 OUR_PACKAGES = ("common", "actor_service", "learner_client", "apps", "bench")
 #: Modules that may import these packages inside functions (never at module level).
-LAZY_INTEROP = {"apps/grpo/_torchrl_loss.py": {"torchrl"}}
+LAZY_INTEROP = {
+    "apps/grpo/_torchrl_loss.py": {"torchrl"},
+    "actor_service/_core/_torchrl.py": {"torchrl"},
+}
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:

@@ -10,7 +10,9 @@ state) and never import the serving layer:
 * ``_identity``: :class:`ActorIdentity` (what ``Describe`` reports) and the epoch;
 * ``_base``: :class:`CoreBase`, what every kind shares (lock, counters,
   trajectory ids, state dict, describe, close);
-* ``_env``: :class:`EnvCore`, an env pool and its models (``kind="env"``);
+* ``_env``: :class:`EnvCore`, a gymnasium env pool and its models (``kind="env"``);
+* ``_torchrl``: :class:`TorchRLCore`, a TorchRL env pool and TensorDict policies
+  (``kind="torchrl"``; the only module that imports torchrl, lazily);
 * ``_llm``: :class:`LLMCore`, chat slots, a task and a language model (``kind="llm"``).
 
 The server that assembles an actor picks the core of its ``ActorConfig.kind``

@@ -5,7 +5,7 @@ epoch, holds the lock that the collection thread takes, the frame and batch
 counters, the fleet-unique trajectory ids (:class:`TrajIds`), the state dict of
 GetState/LoadState (``actor_service._state``), ``describe`` and the close that
 leaves every later call raising :class:`~common.errors.ClosedError`. A kind of
-core (``env``, ``llm``) is one subclass in its own module that builds its models
+core (``env``, ``torchrl``, ``llm``) is one subclass in its own module that builds its models
 and says how it configures, collects and seeds.
 """
 

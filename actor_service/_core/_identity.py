@@ -26,8 +26,9 @@ class ActorIdentity:
         worker_id: The actor's id in the fleet.
         epoch: Random, nonzero, new at each start.
         env_id: What it collects from: the gymnasium id or env factory string, or the LLM task.
-        observation_space: The single-env observation space (None for an LLM actor).
-        action_space: The single-env action space (None for an LLM actor).
+        observation_space: The single-env observation space (None for LLM and TorchRL-env
+            actors).
+        action_space: The single-env action space (None for LLM and TorchRL-env actors).
         models: ``{model_id: (policy_version, {param: (shape, dtype)})}``.
         num_slots: How many trajectories it runs side by side (envs of the pool, chat slots);
             ``num_envs`` on the wire.
@@ -35,7 +36,7 @@ class ActorIdentity:
             ``env_backend`` on the wire.
         device: The models' device.
         software_version: ``common.__version__``.
-        kind: ``"env"`` or ``"llm"``.
+        kind: ``"env"``, ``"torchrl"`` or ``"llm"``.
         policy: The LLM actor's model spec (empty for env actors).
     """
 

@@ -170,13 +170,29 @@ def unfold(
     nxt = TensorDict({}, batch_size=old.batch_size)
     for key, value in rebuilt.items():
         nxt.set(key, value)
-    for key, value in old.items():
-        nxt.set(key, value)
     names = batch.names
-    batch.set("next", nxt)
+    batch.set("next", _merged(nxt, old))
     if any(name is not None for name in names):
         batch.names = names
     return batch
+
+
+def _merged(rebuilt: TensorDictBase, old: TensorDictBase) -> TensorDict:
+    """``rebuilt``'s entries first, then ``old``'s; a sub-tensordict both hold is merged alike.
+
+    The result has ``old``'s batch size at every level, so a nested folded key (say
+    ``("agents", "observation")`` under an ``"agents"`` of batch ``[N, T, A]``) lands
+    beside its siblings without changing their tensordict's shape.
+    """
+    out = TensorDict({}, batch_size=old.batch_size)
+    for key, value in rebuilt.items():
+        sibling = old.get(key, None)
+        both = isinstance(value, TensorDictBase) and isinstance(sibling, TensorDictBase)
+        out.set(key, _merged(value, sibling) if both else value)
+    for key, value in old.items():
+        if out.get(key, None) is None:
+            out.set(key, value)
+    return out
 
 
 def _plan(batch: TensorDict, finals: TensorDict) -> list[tuple[Key, torch.Tensor]]:

@@ -271,3 +271,20 @@ def test_action_codec_offsets_discrete_start_for_the_env() -> None:
     codec = ActionCodec(gymnasium.spaces.Discrete(3, start=-1))
     assert codec.to_env(torch.tensor([0, 2])).tolist() == [-1, 1]
     assert codec.to_batch(torch.tensor([0, 2])).tolist() == [[1, 0, 0], [0, 0, 1]]
+
+
+@pytest.mark.parametrize(
+    ("factory", "env", "needs"),
+    [
+        ("rlfleet_test_torchrl:gym_ou_policy", PENDULUM, "['is_init']"),
+        ("rlfleet_test_torchrl:gym_lstm_policy", CARTPOLE, "'recurrent_state_c'"),
+    ],
+    ids=["ou-noise", "lstm"],
+)
+def test_registry_raises_if_a_policy_reads_more_than_a_gymnasium_step_holds(
+    factory: str, env: gymnasium.Env, needs: str
+) -> None:
+    pytest.importorskip("torchrl")
+    with pytest.raises(ValueError, match="--kind torchrl") as info:
+        _registry(ModelSpec(factory=factory), env=env)
+    assert needs in str(info.value)

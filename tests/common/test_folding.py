@@ -105,6 +105,21 @@ def test_fold_of_dict_observations_unfolds_exactly() -> None:
     _equal_bitwise(_through_the_wire(folded), full.clone())
 
 
+def test_fold_of_nested_agent_observations_unfolds_exactly_with_their_batch_size() -> None:
+    from torchrl.testing.mocking_classes import NestedCountingEnv
+
+    full = _torchrl_batch(
+        lambda: NestedCountingEnv(max_steps=7, nested_dim=5), envs=2, frames=40, max_steps=0
+    )
+    assert full.get(("next", "data")).batch_size == (2, 20, 5)
+    folded = fold(full, [("data", "states")])
+    assert ("next", "data", "states") not in folded.batch.keys(True)
+    assert ("next", "data", "reward") in folded.batch.keys(True)
+    for rebuilt in (_through_the_wire(folded), folded.unfold()):
+        _equal_bitwise(rebuilt, full.clone())
+        assert rebuilt.get(("next", "data")).batch_size == (2, 20, 5)
+
+
 def test_fold_keeps_a_next_observation_that_differs_without_an_episode_end() -> None:
     obs = torch.arange(2 * 4 * 2, dtype=torch.float32).view(2, 4, 2)
     nxt = torch.roll(obs, -1, dims=1).clone()

@@ -12,6 +12,7 @@ import textwrap
 
 import grpc
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
@@ -157,3 +158,34 @@ def test_local_fleet_leaves_no_actor_after_the_learner_is_signalled(sig):
     finally:
         learner.kill()
         learner.communicate()
+
+
+def test_local_fleet_starts_torchrl_env_actors_from_importable_factories(monkeypatch) -> None:
+    pytest.importorskip("torchrl")
+    from learner_client import GrpcCollector
+
+    factories = ROOT / "tests" / "actor_service"  # rlfleet_test_torchrl, on the actors' path
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(factories)]))
+    fleet = LocalFleet(
+        2,
+        kind="torchrl",
+        env_factory="rlfleet_test_torchrl:cartpole",
+        policy="rlfleet_test_torchrl:sampling_policy",
+        policy_kwargs={"seed": 3},
+        num_envs=2,
+        seed=0,
+        grace_period=1.0,
+    )
+    with fleet, GrpcCollector(fleet.addresses, frames_per_batch=80, sync=True) as collector:
+        batch = collector.next()
+    assert batch.batch_size == (2, 2, 20)  # [workers, envs, time]
+    assert batch["next", "episode_reward"].dtype == torch.float32
+    assert batch["step_count"].dtype == torch.int64
+    assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 1]
+    ids = batch["collector", "traj_ids"]
+    assert not set(ids[0].unique().tolist()) & set(ids[1].unique().tolist())
+
+
+def test_local_fleet_raises_if_the_kind_is_unknown() -> None:
+    with pytest.raises(ValueError, match="kind must be one of"):
+        LocalFleet(1, kind="vmas")

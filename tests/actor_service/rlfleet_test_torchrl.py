@@ -1,0 +1,229 @@
+"""TorchRL env and policy factories the TorchRL-env actor tests load by ``module:function``.
+
+The actors import them as ``rlfleet_test_torchrl:<name>`` (this directory is on their path).
+Every policy initialises its weights from its own ``seed``, so an actor and a TorchRL
+collector built from the same factory hold the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import rlfleet_test_envs
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.envs import (
+    CatFrames,
+    Compose,
+    DoubleToFloat,
+    EnvBase,
+    GymEnv,
+    GymWrapper,
+    InitTracker,
+    ObservationNorm,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+    VecNorm,
+)
+from torchrl.modules import (
+    EGreedyModule,
+    LSTMModule,
+    OneHotCategorical,
+    OrnsteinUhlenbeckProcessModule,
+    ProbabilisticActor,
+    QValueActor,
+)
+from torchrl.testing.mocking_classes import (
+    CountingEnv,
+    HeterogeneousCountingEnv,
+    MultiKeyCountingEnv,
+    NestedCountingEnv,
+)
+
+
+def cartpole() -> EnvBase:
+    """CartPole-v1 with the transforms TorchRL's scripts add: episode reward, step count."""
+    return TransformedEnv(
+        GymEnv("CartPole-v1"), Compose(RewardSum(), StepCounter(), DoubleToFloat())
+    )
+
+
+def stacked_cartpole(frames: int = 4) -> EnvBase:
+    """CartPole-v1 with its last ``frames`` observations stacked (64 bytes a frame for 4)."""
+    cat = CatFrames(N=frames, dim=-1, in_keys=["observation"])
+    return TransformedEnv(GymEnv("CartPole-v1"), Compose(DoubleToFloat(), cat, RewardSum()))
+
+
+def batched_cartpole(envs: int = 2) -> EnvBase:
+    """An env batched itself: ``envs`` CartPoles in a ``SerialEnv``."""
+    return SerialEnv(envs, cartpole)
+
+
+def crashing_cartpole(steps: int = 3) -> EnvBase:
+    """CartPole whose gymnasium ``step`` raises after ``steps`` steps (the probe takes one)."""
+    return GymWrapper(rlfleet_test_envs.crashing_cartpole(steps))
+
+
+def raising_env() -> EnvBase:
+    """A factory that fails."""
+    raise RuntimeError("no env today")
+
+
+def not_an_env() -> Any:
+    """A factory that returns something else than an env."""
+    return "CartPole-v1"
+
+
+class _Greedy(nn.Module):
+    """Logits of a linear layer plus a buffer; the one-hot argmax as the action."""
+
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(observations, actions)
+        self.register_buffer("offset", torch.zeros(actions))
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.linear(observation) + self.offset
+        action = nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+        return logits, action
+
+
+def _sizes(env: EnvBase) -> tuple[int, int]:
+    return env.observation_spec["observation"].shape[-1], env.action_spec.shape[-1]
+
+
+def greedy_policy(env: EnvBase, seed: int = 0) -> TensorDictModule:
+    """A deterministic policy: ``observation`` → ``logits``, one-hot ``action``."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = _Greedy(*_sizes(env))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
+
+
+def sampling_policy(env: EnvBase, seed: int = 0) -> ProbabilisticActor:
+    """A ``ProbabilisticActor`` sampling a one-hot action, with its log-probability."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        linear = nn.Linear(*_sizes(env))
+    return ProbabilisticActor(
+        TensorDictModule(linear, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=env.action_spec,
+        return_log_prob=True,
+    )
+
+
+def raising_policy(env: EnvBase) -> TensorDictModule:
+    """A policy factory that fails."""
+    raise ValueError("no policy today")
+
+
+def wrong_key_policy(env: EnvBase) -> TensorDictModule:
+    """A policy that reads a key the env does not write."""
+    return TensorDictModule(nn.Linear(4, 2), in_keys=["pixels"], out_keys=["action"])
+
+
+def pendulum(steps: int = 20) -> EnvBase:
+    """Pendulum-v1 cut at ``steps`` steps, with ``is_init`` (what OU noise resets on)."""
+    base = GymEnv("Pendulum-v1", max_episode_steps=steps)
+    return TransformedEnv(base, Compose(InitTracker(), DoubleToFloat(), RewardSum()))
+
+
+def ou_policy(env: EnvBase, seed: int = 0) -> TensorDictSequential:
+    """DDPG's exploration policy: a linear actor plus Ornstein-Uhlenbeck noise (stateful)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        actor = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    return TensorDictSequential(actor, OrnsteinUhlenbeckProcessModule(spec=env.action_spec.clone()))
+
+
+def _lstm(seed: int) -> LSTMModule:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="embed")
+
+
+def lstm_cartpole() -> EnvBase:
+    """CartPole-v1 with ``is_init`` and the primer of :func:`lstm_policy`'s recurrent state."""
+    transforms = Compose(InitTracker(), DoubleToFloat(), RewardSum())
+    env = TransformedEnv(GymEnv("CartPole-v1"), transforms)
+    return env.append_transform(_lstm(0).make_tensordict_primer())
+
+
+def _one_hot(logits: torch.Tensor) -> torch.Tensor:
+    return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+
+
+def lstm_policy(env: EnvBase, seed: int = 0) -> TensorDictSequential:
+    """A recurrent policy: an LSTM over observations (state carried per env), a greedy head."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed + 1)
+        head = TensorDictModule(nn.Linear(8, 2), in_keys=["embed"], out_keys=["logits"])
+    greedy = TensorDictModule(_one_hot, in_keys=["logits"], out_keys=["action"])
+    return TensorDictSequential(_lstm(seed), head, greedy)
+
+
+def categorical_cartpole() -> EnvBase:
+    """CartPole-v1 with index actions (a Categorical spec) and fixed observation statistics."""
+    norm = ObservationNorm(
+        loc=torch.tensor([0.0, 0.1, 0.0, -0.1]),
+        scale=torch.tensor([2.0, 1.0, 4.0, 1.0]),
+        in_keys=["observation"],
+    )
+    base = GymEnv("CartPole-v1", categorical_action_encoding=True)
+    return TransformedEnv(base, Compose(DoubleToFloat(), norm, RewardSum(), StepCounter()))
+
+
+def egreedy_policy(env: EnvBase, seed: int = 0, eps: float = 0.5) -> TensorDictSequential:
+    """DQN's exploration policy: a ``QValueActor`` and an ``EGreedyModule`` (``eps`` a buffer)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = nn.Linear(4, 2)
+    actor = QValueActor(net, in_keys=["observation"], spec=env.action_spec)
+    greedy = EGreedyModule(env.action_spec, eps_init=eps, eps_end=0.0, annealing_num_steps=10)
+    return TensorDictSequential(actor, greedy)
+
+
+def nested_counting(agents: int = 3) -> EnvBase:
+    """TorchRL's own mock env whose keys are all nested under ``"data"``, one row per agent."""
+    return NestedCountingEnv(max_steps=7, nested_dim=agents)
+
+
+def crowded_counting() -> EnvBase:
+    """:func:`nested_counting` with 32 agents: 128 bytes of nested observations a frame."""
+    return nested_counting(32)
+
+
+def normalized_pendulum() -> EnvBase:
+    """Pendulum-v1 whose observations a ``VecNorm`` normalises with running statistics."""
+    norm = VecNorm(in_keys=["observation"], new_api=True)
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm, RewardSum()))
+
+
+def gym_ou_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:
+    """:func:`ou_policy` with a gymnasium policy factory's signature (for a gymnasium actor)."""
+    return ou_policy(pendulum())
+
+
+def gym_lstm_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:
+    """:func:`lstm_policy` with a gymnasium policy factory's signature (for a gymnasium actor)."""
+    return lstm_policy(lstm_cartpole())
+
+
+def counting() -> EnvBase:
+    """TorchRL's ``CountingEnv`` (its collector tests' workhorse): done after 7 steps."""
+    return CountingEnv(max_steps=7)
+
+
+def multi_key_counting() -> EnvBase:
+    """TorchRL's ``MultiKeyCountingEnv``: two nested action keys, several done keys."""
+    return MultiKeyCountingEnv(max_steps=7)
+
+
+def heterogeneous_counting() -> EnvBase:
+    """TorchRL's ``HeterogeneousCountingEnv``: agents whose observations differ in shape."""
+    return HeterogeneousCountingEnv(max_steps=7)
