@@ -1,7 +1,8 @@
 """The models an actor holds: built on its device, versioned, swapped atomically between steps.
 
 A :class:`ModelRegistry` owns one module per ``model_id`` plus its policy version
-(0 at start, then whatever the last applied push said). Inference and weight loads
+(0 at start, then whatever the last applied push said); lookup, versions and pushes
+are its :class:`~actor_service._model_book.ModelBook` base's. Inference and weight loads
 take the same per-model lock, so a push lands between two env steps, never during
 one, and the version recorded for a frame is the version of the weights that chose
 its action. A push is validated in full (keys, shapes, dtypes, finiteness) before the
@@ -31,14 +32,13 @@ from tensordict.nn.probabilistic import InteractionType
 from torch import nn
 
 from actor_service._config import ModelSpec
+from actor_service._model_book import ModelBook
 from actor_service._spaces import ActionCodec, ObservationCodec
-from actor_service._swap import Swap, push_delta, push_full, restore, snapshot
 from actor_service._tensor_forward import TensorForward, tensor_forward
-from actor_service._weight_rules import stage_weights
 from common.config import ExplorationType
-from common.errors import InternalError, UnknownModelError
+from common.errors import InternalError
 from common.policies import make_policy
-from common.weights import Delta, PushForm, to_state_dict
+from common.weights import to_state_dict
 
 __all__ = ["RESERVED_KEYS", "ModelRegistry", "interaction_of", "unsupplied_keys"]
 
@@ -66,6 +66,13 @@ _INTERACTION = {
 }
 
 Compact = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+def _check_id(model_id: str, models: Mapping[str, object]) -> None:
+    if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
+        raise ValueError(f"model_id must match {_MODEL_ID.pattern}, got {model_id!r}")
+    if model_id in models:
+        raise ValueError(f"model_id {model_id!r} is registered twice")
 
 
 def interaction_of(exploration_type: ExplorationType) -> InteractionType:
@@ -222,7 +229,7 @@ def _private(key: str | tuple) -> bool:
     return any(p.startswith("_") for p in parts)
 
 
-class ModelRegistry:
+class ModelRegistry(ModelBook[_Model]):
     """The models of one actor, by ``model_id``.
 
     Args:
@@ -238,7 +245,7 @@ class ModelRegistry:
     Example::
 
         registry = ModelRegistry([ModelSpec()], env.observation_space, env.action_space, "cpu")
-        td = registry.act("policy", torch.zeros(8, 4))
+        version, action, extras = registry.act_compact("policy", torch.zeros(8, 4))
         registry.load_weights("policy", 1, new_state)   # -> 1
     """
 
@@ -254,9 +261,9 @@ class ModelRegistry:
         self.device = torch.device(device)
         self.observation_codec = ObservationCodec(observation_space)
         self.action_codec = ActionCodec(action_space)
-        self._models: dict[str, _Model] = {}
+        models: dict[str, _Model] = {}
         for spec in specs:
-            self._check_id(spec.model_id)
+            _check_id(spec.model_id, models)
             try:
                 module = make_policy(
                     spec.factory, observation_space, action_space, **dict(spec.kwargs)
@@ -264,32 +271,10 @@ class ModelRegistry:
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
             module = module.to(self.device).eval()
-            self._models[spec.model_id] = _Model(
+            models[spec.model_id] = _Model(
                 spec, module, self.observation_codec, self.action_codec, self.device
             )
-
-    def _check_id(self, model_id: str) -> None:
-        if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
-            raise ValueError(f"model_id must match {_MODEL_ID.pattern}, got {model_id!r}")
-        if model_id in self._models:
-            raise ValueError(f"model_id {model_id!r} is registered twice")
-
-    def _get(self, model_id: str) -> _Model:
-        try:
-            return self._models[model_id]
-        except (KeyError, TypeError):
-            raise UnknownModelError(
-                f"no model {model_id!r} on this actor; known model_ids: {list(self._models)}"
-            ) from None
-
-    @property
-    def model_ids(self) -> tuple[str, ...]:
-        """The registered ids, in registration order (the first acts by default)."""
-        return tuple(self._models)
-
-    def module(self, model_id: str) -> nn.Module:
-        """The live module of ``model_id`` (read it only between weight loads)."""
-        return self._get(model_id).module
+        super().__init__(models)
 
     def forward_path(self, model_id: str) -> str:
         """How ``model_id`` is called each step.
@@ -300,14 +285,6 @@ class ModelRegistry:
         ``nn.Module`` called on the observation).
         """
         return self._get(model_id).path
-
-    def policy_version(self, model_id: str) -> int:
-        """The version of the weights ``model_id`` acts with now (0 until a push)."""
-        return self._get(model_id).version
-
-    def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """State-dict keys of ``model_id`` with their shapes and dtypes (what a push must match)."""
-        return dict(self._get(model_id).parameters_info)
 
     def output_specs(self, model_id: str) -> dict[str | tuple, tuple[tuple[int, ...], torch.dtype]]:
         """Per-env shape and dtype of ``"action"`` (batch form) and every extra output."""
@@ -334,76 +311,3 @@ class ModelRegistry:
         with model.lock:
             action, extras = model.forward(observation)
             return model.version, action, extras
-
-    def validate(
-        self, model_id: str, state: object, form: PushForm | None = None
-    ) -> dict[str, torch.Tensor]:
-        """Check ``state`` against ``model_id`` and stage it; change nothing.
-
-        Keys, shapes, dtypes (under ``form``: a subset, a wire dtype), ties and
-        finiteness (``common.weights.stage_state``).
-
-        Returns:
-            The tensors cast into the model's dtypes, on its device.
-
-        Raises:
-            UnknownModelError: No such model.
-            WeightsError: Naming every offending key.
-        """
-        return stage_weights(model_id, state, self._get(model_id).reference, form)
-
-    def load_weights(
-        self,
-        model_id: str,
-        version: int,
-        state: Mapping[str, torch.Tensor],
-        form: PushForm | None = None,
-    ) -> int:
-        """Validate ``state`` in full, then swap it in between two env steps; the new version."""
-        return self.swap_weights(model_id, version, state, form).version
-
-    def swap_weights(
-        self,
-        model_id: str,
-        version: int,
-        state: Mapping[str, torch.Tensor],
-        form: PushForm | None = None,
-    ) -> Swap:
-        """Validate ``state`` in full, then swap it in between two env steps.
-
-        Args:
-            model_id: The model to update.
-            version: The new policy version; must be greater than the current one.
-            state: Tensors by state-dict key (``common.weights.decode_weights`` output).
-            form: What the push declares (a subset of the keys, a wire dtype); None: full.
-
-        Returns:
-            The version now in force and how long the swap paused the rollout.
-
-        Raises:
-            UnknownModelError: No such model (the message lists the known ids).
-            StaleVersionError: ``version`` is not greater than the current one.
-            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
-        """
-        model = self._get(model_id)
-        return push_full(model, model_id, version, model.reference, state, form)
-
-    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
-        """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
-        model = self._get(model_id)
-        return push_delta(model, model_id, base_version, version, model.reference, delta)
-
-    def state_dict(self) -> dict[str, dict]:
-        """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
-        return {model_id: snapshot(m, m.module) for model_id, m in self._models.items()}
-
-    def load_state_dict(
-        self, state: object, *, allow_rollback: bool = False
-    ) -> dict[str, tuple[int, int]]:
-        """Restore every model's weights and version, all or nothing; ``{model_id: (old, new)}``.
-
-        ``state`` is a :meth:`state_dict`; see ``actor_service._swap.restore`` for the
-        checks (UnknownModelError, WeightsError, StaleVersionError unless ``allow_rollback``).
-        """
-        slots = {model_id: (m, m.reference) for model_id, m in self._models.items()}
-        return restore(slots, state, self._get, allow_rollback=allow_rollback)

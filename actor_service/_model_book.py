@@ -1,0 +1,149 @@
+"""An actor's models by ``model_id``: lookup, versions, and every push, whatever the models are.
+
+:class:`ModelBook` is what the env actor's :class:`~actor_service._models.ModelRegistry`
+and the TorchRL-env actor's :class:`~actor_service._td_models.TDModels` share: finding a
+model (``UnknownModelError`` naming the known ids), its version and parameters, and the
+whole push path of ``actor_service._swap`` (a full push or a delta, validated in full
+before the model's lock is taken, swapped between two steps) with the state dict of
+GetState/LoadState. Each kind of model says only how it is built and how it acts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Generic, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+from actor_service._swap import Slot, Swap, push_delta, push_full, restore, snapshot
+from actor_service._weight_rules import stage_weights
+from common.errors import UnknownModelError
+from common.weights import Delta, PushForm
+
+__all__ = ["BookModel", "ModelBook"]
+
+
+class BookModel(Slot, Protocol):
+    """What the book needs of one model: its lock and version, module and reference state."""
+
+    module: nn.Module
+    reference: dict[str, torch.Tensor]
+    parameters_info: dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+M = TypeVar("M", bound=BookModel)
+
+
+class ModelBook(Generic[M]):
+    """The models of one actor by ``model_id``, in registration order (the first acts).
+
+    Args:
+        models: The models by id.
+
+    Raises:
+        ValueError: No model.
+    """
+
+    def __init__(self, models: Mapping[str, M]) -> None:
+        if not models:
+            raise ValueError("an actor needs at least one model")
+        self._models = dict(models)
+
+    def _get(self, model_id: str) -> M:
+        try:
+            return self._models[model_id]
+        except (KeyError, TypeError):
+            raise UnknownModelError(
+                f"no model {model_id!r} on this actor; known model_ids: {list(self._models)}"
+            ) from None
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The registered ids, in registration order (the first acts by default)."""
+        return tuple(self._models)
+
+    def module(self, model_id: str) -> nn.Module:
+        """The live module of ``model_id`` (read it only between weight loads)."""
+        return self._get(model_id).module
+
+    def policy_version(self, model_id: str) -> int:
+        """The version of the weights ``model_id`` acts with now (0 until a push)."""
+        return self._get(model_id).version
+
+    def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """State-dict keys of ``model_id`` with their shapes and dtypes (what a push must match)."""
+        return dict(self._get(model_id).parameters_info)
+
+    def validate(
+        self, model_id: str, state: object, form: PushForm | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Check ``state`` against ``model_id`` and stage it; change nothing.
+
+        Keys, shapes, dtypes (under ``form``: a subset, a wire dtype), ties and
+        finiteness (``common.weights.stage_state``).
+
+        Returns:
+            The tensors cast into the model's dtypes, on its device.
+
+        Raises:
+            UnknownModelError: No such model.
+            WeightsError: Naming every offending key.
+        """
+        return stage_weights(model_id, state, self._get(model_id).reference, form)
+
+    def load_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> int:
+        """Validate ``state`` in full, then swap it in between two env steps; the new version."""
+        return self.swap_weights(model_id, version, state, form).version
+
+    def swap_weights(
+        self,
+        model_id: str,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        form: PushForm | None = None,
+    ) -> Swap:
+        """Validate ``state`` in full, then swap it in between two env steps.
+
+        Args:
+            model_id: The model to update.
+            version: The new policy version; must be greater than the current one.
+            state: Tensors by state-dict key (``common.weights.decode_weights`` output).
+            form: What the push declares (a subset of the keys, a wire dtype); None: full.
+
+        Returns:
+            The version now in force and how long the swap paused the rollout.
+
+        Raises:
+            UnknownModelError: No such model (the message lists the known ids).
+            StaleVersionError: ``version`` is not greater than the current one.
+            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
+        """
+        model = self._get(model_id)
+        return push_full(model, model_id, version, model.reference, state, form)
+
+    def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:
+        """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
+        model = self._get(model_id)
+        return push_delta(model, model_id, base_version, version, model.reference, delta)
+
+    def state_dict(self) -> dict[str, dict]:
+        """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""
+        return {model_id: snapshot(m, m.module) for model_id, m in self._models.items()}
+
+    def load_state_dict(
+        self, state: object, *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """Restore every model's weights and version, all or nothing; ``{model_id: (old, new)}``.
+
+        ``state`` is a :meth:`state_dict`; see ``actor_service._swap.restore`` for the
+        checks (UnknownModelError, WeightsError, StaleVersionError unless ``allow_rollback``).
+        """
+        slots = {model_id: (m, m.reference) for model_id, m in self._models.items()}
+        return restore(slots, state, self._get, allow_rollback=allow_rollback)
