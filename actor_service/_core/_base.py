@@ -30,7 +30,7 @@ from common.config import CollectSettings, check_seed
 from common.errors import ClosedError, SessionStateError
 from common.packets.folding import FoldedBatch
 
-__all__ = ["CoreBase", "TrajIds", "describe_models"]
+__all__ = ["CoreBase", "TrajIds", "check_abandoned", "describe_models"]
 
 _COUNTER_BITS = 32
 _TAG_BITS = 15
@@ -72,6 +72,16 @@ class TrajIds:
         )
         self.counter += count
         return low | self.base
+
+
+def check_abandoned(abandon: threading.Event | None, done: int, steps: int) -> None:
+    """Stop a batch whose session ended (``abandon`` set) after ``done`` of its ``steps``.
+
+    Raises:
+        SessionStateError: The batch was abandoned; nothing of it is kept.
+    """
+    if abandon is not None and abandon.is_set():
+        raise SessionStateError(f"batch abandoned after {done} of {steps} steps: its session ended")
 
 
 def describe_models(

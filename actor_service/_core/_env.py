@@ -23,7 +23,7 @@ from tensordict.nn import set_interaction_type
 
 from actor_service._batch import BatchBuffers, split_trajectories
 from actor_service._config import ActorConfig
-from actor_service._core._base import CoreBase
+from actor_service._core._base import CoreBase, check_abandoned
 from actor_service._core._protocol import BatchRecorder
 from actor_service._env_pool import (
     close_pool,
@@ -36,7 +36,7 @@ from actor_service._env_pool import (
 )
 from actor_service._models import ModelRegistry, interaction_of
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
-from common.errors import DeadlineError, EnvError, RlfleetError, SessionStateError
+from common.errors import DeadlineError, EnvError, RlfleetError
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.packets.folding import FoldedBatch
 from common.policies import RandomPolicy
@@ -222,10 +222,7 @@ class EnvCore(CoreBase):
         try:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
-                    if abandon is not None and abandon.is_set():
-                        raise SessionStateError(
-                            f"batch abandoned after {t} of {steps} steps: its session ended"
-                        )
+                    check_abandoned(abandon, t, steps)
                     self._step(t, buffers, settings, random, timings)
         except (DeadlineError, EnvError):
             self._pool_broken = True

@@ -36,14 +36,14 @@ from tensordict.nn import set_interaction_type
 
 from actor_service._batch import split_trajectories
 from actor_service._config import ActorConfig
-from actor_service._core._base import CoreBase
+from actor_service._core._base import CoreBase, check_abandoned
 from actor_service._core._protocol import BatchRecorder
 from actor_service._env_pool import env_name
 from actor_service._models import interaction_of
 from actor_service._td_batch import fold_observations, nested_state, stack_frames, stage_env_state
 from actor_service._td_models import TDModels, build_td_model, check_td_factory
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
-from common.errors import EnvError, SessionStateError
+from common.errors import EnvError
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.packets.folding import FoldedBatch
 from common.policies import load_callable
@@ -348,10 +348,7 @@ class TorchRLCore(CoreBase):
         try:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
-                    if abandon is not None and abandon.is_set():
-                        raise SessionStateError(
-                            f"batch abandoned after {t} of {steps} steps: its session ended"
-                        )
+                    check_abandoned(abandon, t, steps)
                     frames.append(self._step(settings.model_id, random, timings, t))
         except EnvError:
             self._pool_broken = True
