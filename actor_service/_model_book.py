@@ -1,10 +1,11 @@
 """An actor's models by ``model_id``: lookup, versions, and every push, whatever the models are.
 
-:class:`ModelBook` is what the env actor's :class:`~actor_service._models.ModelRegistry`
-and the TorchRL-env actor's :class:`~actor_service._td_models.TDModels` share: finding a
+:class:`ModelBook` is what the env actor's :class:`~actor_service._models.ModelRegistry`,
+the TorchRL-env actor's :class:`~actor_service._td_models.TDModels` and the LLM actor's
+:class:`~actor_service._llm_models.LLMModels` share: finding a
 model (``UnknownModelError`` naming the known ids), its version and parameters, and the
 whole push path of ``actor_service._swap`` (a full push or a delta, validated in full
-before the model's lock is taken, swapped between two steps) with the state dict of
+before the model's lock is taken, swapped between two env or decode steps) with the state dict of
 GetState/LoadState. Each kind of model says only how it is built and how it acts.
 """
 
@@ -99,7 +100,7 @@ class ModelBook(Generic[M]):
         state: Mapping[str, torch.Tensor],
         form: PushForm | None = None,
     ) -> int:
-        """Validate ``state`` in full, then swap it in between two env steps; the new version."""
+        """Validate ``state`` in full, then swap it in between two steps; the new version."""
         return self.swap_weights(model_id, version, state, form).version
 
     def swap_weights(
@@ -109,7 +110,7 @@ class ModelBook(Generic[M]):
         state: Mapping[str, torch.Tensor],
         form: PushForm | None = None,
     ) -> Swap:
-        """Validate ``state`` in full, then swap it in between two env steps.
+        """Validate ``state`` in full, then swap it in between two steps (env or decode).
 
         Args:
             model_id: The model to update.
