@@ -201,8 +201,6 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         check_model_id(self.model_id)
-        if not isinstance(self.placement, ActorPlacement):
-            raise TypeError(f"placement must be an ActorPlacement, got {self.placement!r:.60}")
         if not _flag("reset_when_done", self.reset_when_done):
             raise ValueError("reset_when_done=False is not supported (TorchRL deprecated it too)")
         for name in ("max_frames_per_traj", "init_random_frames"):
@@ -238,10 +236,7 @@ class RolloutSettings:
             model_id=self.model_id,
             llm=self.llm,
             fold_observations=self.fold_observations,
-            policy_device=self.placement.policy_device,
-            env_device=self.placement.env_device,
-            compile_policy=self.placement.compile_policy,
-            cudagraph_policy=self.placement.cudagraph_policy,
+            **vars(self.placement),  # policy_device, env_device, compile_policy, cudagraph_policy
         )
 
 
