@@ -22,6 +22,7 @@ from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, ch
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
+from learner_client._delivery import Placement
 from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
@@ -107,6 +108,8 @@ class GrpcCollector:
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
         weight_push: Pushes' checksum and full-push interval of deltas (``WeightPushSettings``).
+        device, storing_device: Where batches are delivered (``storing_device``, else
+            ``device``; default: the host); docs/collector.md says what each copy costs.
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
@@ -146,7 +149,10 @@ class GrpcCollector:
         dns_refresh_interval: float = 10.0,
         llm: LLMSettings | None = None,
         weight_push: WeightPushSettings | None = None,
+        device: Any = None,
+        storing_device: Any = None,
     ) -> None:
+        self._placement = Placement(device, storing_device)
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -198,7 +204,12 @@ class GrpcCollector:
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
         parts = self._parts = assemble(
-            self._batch, self._rollout.model_id, conn, self.stats, weight_push
+            self._batch,
+            self._rollout.model_id,
+            conn,
+            self.stats,
+            weight_push,
+            pin_memory=self._placement.pin_memory,
         )
         self._mailbox, self._book = parts.mailbox, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
@@ -215,8 +226,6 @@ class GrpcCollector:
             self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
 
-    # ----------------------------------------------------------- the fleet
-
     def _session_settings(self) -> CollectSettings:
         """What every session is opened with, for the current fleet size."""
         count = len(self._fleet.worker_ids)
@@ -229,15 +238,9 @@ class GrpcCollector:
         changes, so every session restarts with the new split; batches already
         collected with the old split are dropped (``stats()["discarded"]``).
 
-        Args:
-            addresses: New ``host:port`` addresses.
-
-        Returns:
-            The added actors.
-
-        Raises:
-            ValueError: As at construction (duplicate worker_id, divisibility).
-            ActorUnavailableError: A new actor is unreachable within ``connect_timeout``.
+        Returns the added actors. Raises ValueError as at construction (duplicate
+        worker_id, divisibility) and ActorUnavailableError for an actor unreachable within
+        ``connect_timeout``.
         """
         with self._lock:
             self._check_open()
@@ -268,8 +271,6 @@ class GrpcCollector:
     def policy_version(self) -> dict[str, int]:
         """The learner's policy version per model_id (never behind any actor's)."""
         return self._book.versions()
-
-    # ------------------------------------------------------------ iteration
 
     def __len__(self) -> int:
         """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
@@ -318,6 +319,7 @@ class GrpcCollector:
             except Paused:
                 self._background.wait_resumed()
                 continue
+            parts = [self._placement.place(p) for p in parts]
             return parts if self.postproc is None else [self.postproc(p) for p in parts]
 
     def _ensure_running(self) -> None:
@@ -379,8 +381,7 @@ class GrpcCollector:
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every actor in worker_id order, each with the seed the previous one returned.
 
-        Returns:
-            The seed returned by the last actor (to chain further).
+        Returns the seed returned by the last actor (to chain further).
         """
         check_seed(seed)
         with self._lock:
@@ -402,9 +403,7 @@ class GrpcCollector:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (all workers listed must be in the fleet).
 
-        Raises:
-            ValueError: Missing keys.
-            UnknownWorkerError: A worker_id not in the fleet.
+        Raises ValueError (missing keys) or UnknownWorkerError (a worker_id not in the fleet).
         """
         with self._lock:
             self._check_open()
@@ -436,8 +435,6 @@ class GrpcCollector:
         """Each actor's link state by worker_id (``"streaming"``, ``"down"``, ``"failed"``…)."""
         return self._fleet.states()
 
-    # ------------------------------------------------------------ lifecycle
-
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
             raise ClosedError("the collector is shut down")
@@ -445,8 +442,7 @@ class GrpcCollector:
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
 
-        Raises:
-            RuntimeError: No replay buffer was given.
+        Raises RuntimeError when no replay buffer was given.
         """
         if self.replay_buffer is None:
             raise RuntimeError("start() needs a replay_buffer (pass replay_buffer=...)")
