@@ -23,6 +23,7 @@ from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._background import Background
+from learner_client._delivery import Placement
 from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
@@ -121,6 +122,8 @@ class GrpcCollector(FleetState):
             it changed before the next batch (TorchRL's shared policy).
         create_env_fn: Its env's keys, shapes and dtypes are checked against the first batch.
         policy_device, env_device, compile_policy, cudagraph_policy: Sent with each session.
+        device, storing_device: Where batches are delivered (``storing_device``, else
+            ``device``; default: the host); docs/collector.md says what each copy costs.
     Every other TorchRL argument: docs/collector.md, "Coming from TorchRL".
 
     Raises:
@@ -204,6 +207,8 @@ class GrpcCollector(FleetState):
         trajs_per_batch: int | None = None,
         trajs_per_write: int | None = None,
         traj_format: str | None = None,
+        device: Any = None,
+        storing_device: Any = None,
     ) -> None:
         given = locals()  # TorchRL's arguments by name, before any other local exists
         check_torchrl_only(given)  # refuses trajs_per_batch, warns where it should
@@ -213,6 +218,7 @@ class GrpcCollector(FleetState):
         self._env_check = (
             None if create_env_fn is None else env_signature(create_env_fn, create_env_kwargs)
         )
+        self._placement = Placement(device, storing_device)
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
             total_frames=total_frames,
@@ -265,7 +271,12 @@ class GrpcCollector(FleetState):
         self._lock = threading.RLock()
         self._iterator: Iterator[TensorDictBase | None] | None = None
         parts = self._parts = assemble(
-            self._batch, self._rollout.model_id, conn, self.stats, weight_push
+            self._batch,
+            self._rollout.model_id,
+            conn,
+            self.stats,
+            weight_push,
+            pin_memory=self._placement.pin_memory,
         )
         self._mailbox, self._book = parts.mailbox, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
@@ -282,8 +293,6 @@ class GrpcCollector(FleetState):
             self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
 
-    # ----------------------------------------------------------- the fleet
-
     def _session_settings(self) -> CollectSettings:
         """What every session is opened with, for the current fleet size."""
         count = len(self._fleet.worker_ids)
@@ -296,15 +305,9 @@ class GrpcCollector(FleetState):
         changes, so every session restarts with the new split; batches already
         collected with the old split are dropped (``stats()["discarded"]``).
 
-        Args:
-            addresses: New ``host:port`` addresses.
-
-        Returns:
-            The added actors.
-
-        Raises:
-            ValueError: As at construction (duplicate worker_id, divisibility).
-            ActorUnavailableError: A new actor is unreachable within ``connect_timeout``.
+        Returns the added actors. Raises ValueError as at construction (duplicate
+        worker_id, divisibility) and ActorUnavailableError for an actor unreachable within
+        ``connect_timeout``.
         """
         with self._lock:
             self._check_open()
@@ -315,8 +318,6 @@ class GrpcCollector(FleetState):
                 self._fleet.start_joined(links, settings, sync=bool(self._batch.sync))
                 self._rounds.update_budget()
             return [RemoteActor(link.address, link.worker_id) for link in links]
-
-    # ------------------------------------------------------------ iteration
 
     def __len__(self) -> int:
         """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
@@ -369,6 +370,7 @@ class GrpcCollector(FleetState):
             if self._env_check is not None:  # create_env_fn's env against the first batch
                 check_env_signature(self._env_check, parts[0], f"actors {self.worker_ids}")
                 self._env_check = None
+            parts = [self._placement.place(p) for p in parts]
             return parts if self.postproc is None else [self.postproc(p) for p in parts]
 
     def _ensure_running(self) -> None:
@@ -432,8 +434,6 @@ class GrpcCollector(FleetState):
             self._check_open()
             return self._pusher.update(request)
 
-    # ------------------------------------------------------------ lifecycle
-
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
             raise ClosedError("the collector is shut down")
@@ -441,8 +441,7 @@ class GrpcCollector(FleetState):
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
 
-        Raises:
-            RuntimeError: No replay buffer was given.
+        Raises RuntimeError when no replay buffer was given.
         """
         if self.replay_buffer is None:
             raise RuntimeError("start() needs a replay_buffer (pass replay_buffer=...)")

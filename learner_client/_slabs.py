@@ -13,7 +13,8 @@ delivered batch keep their slab out of reuse for as long as any of them lives,
 so a batch you keep is never overwritten, and a dropped one gives its memory,
 already paged in, to a later round (fresh memory costs a page fault per 4 KiB).
 A packet outside any round (async collection, an actor not yet in the layout)
-gets a one-slot slab, reused the same way. Slots never filled (a missing actor)
+gets a one-slot slab, reused the same way. Slabs are page-locked when batches
+go on to a CUDA device (``pin_memory``). Slots never filled (a missing actor)
 are never touched, so they cost address space, not memory.
 """
 
@@ -42,10 +43,10 @@ def _users(storage: torch.Tensor) -> int | None:
 
 
 class _Slab:
-    def __init__(self, width: int, slot_bytes: int) -> None:
+    def __init__(self, width: int, slot_bytes: int, pin_memory: bool) -> None:
         self.width = width
         self.slot_bytes = slot_bytes
-        self.storage = torch.empty(width * slot_bytes, dtype=torch.uint8)
+        self.storage = torch.empty(width * slot_bytes, dtype=torch.uint8, pin_memory=pin_memory)
         self.free = set(range(width))
         self._own_users = _users(self.storage)
 
@@ -61,6 +62,10 @@ class _Slab:
 class PacketSlabs:
     """Hands out packet buffers so that one round's packets share one storage, evenly spaced.
 
+    Args:
+        pin_memory: Allocate page-locked slabs, so batches reach a CUDA device in one
+            ``non_blocking`` copy (:mod:`learner_client._delivery`).
+
     Example::
 
         slabs = PacketSlabs()
@@ -68,7 +73,8 @@ class PacketSlabs:
         assembler = PacketAssembler(info.total_bytes, allocate=allocate)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pin_memory: bool = False) -> None:
+        self.pin_memory = pin_memory
         self._open: list[_Slab] = []
         self._filled: list[_Slab] = []
         self._lock = threading.Lock()
@@ -123,7 +129,9 @@ class PacketSlabs:
                 (s for s in self._open if s.fits(width, slot_bytes) and position in s.free), None
             )
             if slab is None:
-                slab = self._reusable(width, slot_bytes) or _Slab(width, slot_bytes)
+                slab = self._reusable(width, slot_bytes) or _Slab(
+                    width, slot_bytes, self.pin_memory
+                )
                 self._open.append(slab)
                 del self._open[:-_MAX_OPEN]
             slab.free.discard(position)

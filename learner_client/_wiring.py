@@ -63,6 +63,8 @@ def assemble(
     conn: ConnectionSettings,
     stats: Callable[..., Mapping[str, Any]],
     push: WeightPushSettings | None = None,
+    *,
+    pin_memory: bool = False,
 ) -> Parts:
     """Build the loop thread, the mailbox and every collaborator (the loop thread starts).
 
@@ -74,6 +76,7 @@ def assemble(
             The metrics (served by ``serve_metrics``) are fed by the ledger (policy lag),
             the pusher (push times) and the rounds (user code's wait); closed with the parts.
         push: How weight pushes travel (checksum, full-push interval of deltas).
+        pin_memory: Receive packets into page-locked memory (batches go on to a CUDA device).
     """
     push = push or WeightPushSettings()
     metrics = LearnerMetrics(stats)
@@ -82,7 +85,9 @@ def assemble(
     book = WeightBook(push.checksum)
     streams = OpenStreams(loop)
     mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
-    slabs = PacketSlabs()  # stacked sync rounds line up in them; every batch reuses memory
+    slabs = PacketSlabs(
+        pin_memory
+    )  # stacked sync rounds line up in them; every batch reuses memory
     fleet = Fleet(
         conn,
         loop=loop,
