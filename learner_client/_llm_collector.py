@@ -203,7 +203,7 @@ class GrpcLLMCollector:
             remote_config, sync_iter, num_cpus, num_gpus: ``LLMCollector``'s and
             ``RayLLMCollector``'s, accepted with their defaults; none has an effect over
             gRPC (the actors hold the model; pushes are ``update_policy_weights_(model)``),
-            and ``policy_factory`` or ``weight_updater`` given warn (docs/llm.md).
+            and ``policy_factory`` or ``weight_updater`` given warn (docs/collector.md).
         **kwargs: ``GrpcCollector``'s connection, credit, deadline, TLS and token
             settings (``prefetch``, ``connect_timeout``, ``call_timeout``,
             ``batch_timeout``, ``allow_partial_batches``, ``channel_credentials``,
