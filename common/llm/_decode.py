@@ -231,8 +231,19 @@ def _draw(
     if settings.greedy:
         token = logits.argmax(-1)
     else:
-        token = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+        token = _multinomial(log_probs.exp(), generator)
     return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _multinomial(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row: ``torch.multinomial(probs, 1)``'s own algorithm, without its check.
+
+    ``argmax(p / q)``, ``q ~ Exp(1)``, is what ``torch.multinomial`` computes for one
+    sample (the same draws from the same generator: equal tokens on the CPU), but it
+    first checks the probabilities with an ``.item()``, a host sync per token on CUDA.
+    These probabilities come from a softmax, so the check has nothing to find.
+    """
+    return (probs / torch.empty_like(probs).exponential_(1, generator=generator)).argmax(-1)
 
 
 def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int, steps: int) -> torch.Tensor:
