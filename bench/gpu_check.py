@@ -48,14 +48,14 @@ STEPS: dict[str, tuple[list[str], int]] = {
             "no:cacheprovider",
             "--continue-on-collection-errors",
         ],
-        150,
+        120,
     ),
     "pixels": (
         [sys.executable, "-m", "bench.gpu_pixels", "--actors", "4", "--reps", "2", "--window", "6"],
-        130,
+        110,
     ),
-    "push": ([sys.executable, "-m", "bench.gpu_push", "--reps", "3"], 120),
-    "llm": ([sys.executable, "-m", "bench.gpu_llm"], 160),
+    "push": ([sys.executable, "-m", "bench.gpu_push", "--reps", "3"], 100),
+    "llm": ([sys.executable, "-m", "bench.gpu_llm"], 150),
 }
 
 
