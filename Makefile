@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train train-llm test test-slow soak lint protos bench clean
+.PHONY: train train-llm test test-slow soak lint protos bench gpu-check clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -42,6 +42,10 @@ protos: $(STAMP)
 ## Benchmarks against TorchRL's collectors.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(ARGS)
+
+## The GPU checks (CUDA tests and GPU benchmarks, ~7 min) on a machine with CUDA; logs in OUT.
+gpu-check:
+	$(PYTHON) -m bench.gpu_check $(ARGS)
 
 ## Lint and types: ruff's rules, ruff's formatting, mypy (configuration in pyproject.toml).
 lint: $(STAMP)

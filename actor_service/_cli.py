@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actor_service._config import CHOICES, INT_RANGES, ActorConfig, ModelSpec
+from actor_service._startup_checks import check_startup
 from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
@@ -460,21 +461,6 @@ def _with_flags(message: str) -> str:
     return f"{message} ({sources})" if sources else message
 
 
-def _check_torchrl(config: ActorConfig) -> None:
-    """Exit 2 before a port is bound if a TorchRL-env actor cannot start.
-
-    torchrl missing (the message names the extra), an env factory that raises or
-    returns no TorchRL env, a model the kind cannot build: the env is built once
-    here, then closed.
-    """
-    from actor_service._core._torchrl import check_torchrl_config
-
-    try:
-        check_torchrl_config(config)
-    except ValueError as exc:
-        build_parser().error(f"--kind torchrl: {exc}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``rlfleet-actor``: parse, set up logging, serve until SIGTERM/SIGINT.
 
@@ -485,8 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code: 0 after a graceful stop, 1 if the actor failed to start.
     """
     config = parse_config(argv)
-    if config.kind == "torchrl":
-        _check_torchrl(config)
+    try:
+        check_startup(config)
+    except ValueError as exc:
+        build_parser().error(str(exc))
     # torch and gRPC are imported only once the arguments are known to be good.
     from actor_service._logging import configure_logging
     from actor_service._server import serve

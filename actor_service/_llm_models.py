@@ -20,7 +20,7 @@ from torch import nn
 
 from actor_service._model_book import ModelBook
 from common.config import DEFAULT_MODEL_ID
-from common.llm import LoraSpec, apply_lora, build_policy, cached_forward
+from common.llm import LoraSpec, apply_lora, build_policy, cached_forward, default_dtype
 from common.weights import to_state_dict
 
 __all__ = ["LLMModels"]
@@ -46,8 +46,10 @@ class LLMModels(ModelBook[_Slot]):
 
     Args:
         spec: The model spec (``rlfleet:tiny-qwen2``, ``hf:DIR``).
-        kwargs: Keyword arguments for :func:`common.llm.build_policy`.
-        device: Where the model runs.
+        kwargs: Keyword arguments for :func:`common.llm.build_policy`; without a
+            ``dtype``, the model is held in :func:`common.llm.default_dtype` of
+            ``device`` (``bfloat16`` on CUDA, ``float32`` elsewhere), and so is its KV cache.
+        device: Where the model runs (and the decode loop with it).
         lora: A LoRA adapter to wrap the model in; None holds the plain model.
 
     Raises:
@@ -64,7 +66,9 @@ class LLMModels(ModelBook[_Slot]):
     ) -> None:
         self.spec = spec
         self.device = device
-        model, self.tokenizer = build_policy(spec, **dict(kwargs))
+        kwargs = dict(kwargs)
+        kwargs.setdefault("dtype", default_dtype(device))
+        model, self.tokenizer = build_policy(spec, **kwargs)
         if lora is not None:
             model = apply_lora(model, lora).eval()
         self._slot = _Slot(model.to(device))
@@ -87,10 +91,11 @@ class LLMModels(ModelBook[_Slot]):
     def forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any
     ) -> tuple[torch.Tensor, Any, int]:
-        """One decode-loop forward under the lock: ``(last logits, cache, version)``."""
+        """One decode-loop forward under the lock: ``(last logits, cache, version)``.
+
+        The inputs are on :attr:`device` already, and the logits stay there (in the
+        model's dtype): the decode loop samples where the model runs.
+        """
         with self._slot.lock, torch.no_grad():
-            device = self.device
-            logits, cache = cached_forward(
-                self.model, ids.to(device), mask.to(device), positions.to(device), past
-            )
-            return logits.float().cpu(), cache, self._slot.version
+            logits, cache = cached_forward(self.model, ids, mask, positions, past)
+            return logits, cache, self._slot.version

@@ -110,6 +110,7 @@ class DialogEngine:
                 stop_ids=(self.eos_id, *settings.stop_token_ids),
                 pad_id=self.pad_id,
                 generator=generator,
+                device=self.models.device,
             )
         turns = []
         for index, dialog in enumerate(dialogs):

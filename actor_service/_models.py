@@ -32,6 +32,7 @@ from tensordict.nn.probabilistic import InteractionType
 from torch import nn
 
 from actor_service._config import ModelSpec
+from actor_service._device_stage import DeviceStage
 from actor_service._model_book import ModelBook
 from actor_service._placement import CompiledForward
 from actor_service._spaces import ActionCodec, ObservationCodec
@@ -261,6 +262,7 @@ class ModelRegistry(ModelBook[_Model]):
         if not specs:
             raise ValueError("an actor needs at least one model")
         self.device = torch.device(device)
+        self._stage = DeviceStage(self.device)
         self.observation_codec = ObservationCodec(observation_space)
         self.action_codec = ActionCodec(action_space)
         models: dict[str, _Model] = {}
@@ -305,11 +307,17 @@ class ModelRegistry(ModelBook[_Model]):
 
         Returns:
             ``(version, action, extras)``: the version of the weights used, the compact
-            action and the extra outputs, on the model's device.
+            action and the extra outputs, on the host for a CUDA model (after one
+            synchronisation, in buffers reused by the next call:
+            :mod:`actor_service._device_stage`), else on the model's device.
         """
         model = self._get(model_id)
-        if observation.device != self.device:
-            observation = observation.to(self.device)
+        observation = self._stage.to_device(observation)
         with model.lock:
             action, extras = model.forward(observation)
-            return model.version, action, extras
+            version = model.version
+        if self._stage.staged:
+            action, extras = self._stage.to_host(action, extras)
+            if model.path != "compact":  # a built-in's index is in range by construction
+                self.action_codec.check_range(action)
+        return version, action, extras

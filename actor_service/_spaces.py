@@ -190,9 +190,22 @@ class ActionCodec:
                 f"the policy returned an action of shape {list(action.shape)}, expected "
                 f"one-hot [{batch}, {self.n}] or an index [{batch}]"
             )
-        low, high = int(index.min()), int(index.max())
+        if index.device.type == "cpu":
+            self.check_range(index)
+        return index.long()
+
+    def check_range(self, compact: torch.Tensor) -> None:
+        """Refuse Discrete indices outside ``[0, n)`` (read on the host: it synchronises).
+
+        A policy on another device is checked once its action is back on the host.
+
+        Raises:
+            InternalError: An index out of range.
+        """
+        if not self.discrete or compact.numel() == 0:
+            return
+        low, high = int(compact.min()), int(compact.max())
         if low < 0 or high >= self.n:
             raise InternalError(
                 f"the policy returned action indices in [{low}, {high}], outside [0, {self.n})"
             )
-        return index.long()

@@ -96,7 +96,7 @@ def state_to_blob(state: dict[str, Any]) -> bytes:
     tensors: dict[str, torch.Tensor] = {}
     tree = _split(state, (), tensors)
     metadata = {_FORMAT_KEY: STATE_FORMAT, _TREE_KEY: json.dumps(tree, allow_nan=False)}
-    return encode_weights(tensors, metadata=metadata)
+    return bytes(encode_weights(tensors, metadata=metadata))  # CPU tensors: bytes already
 
 
 def _split(value: Any, path: tuple[str, ...], tensors: dict[str, torch.Tensor]) -> Any:

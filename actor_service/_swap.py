@@ -166,7 +166,7 @@ def push_delta(
     reference: Mapping[str, torch.Tensor],
     delta: Delta,
 ) -> Swap:
-    """A whole delta push: check the version, then :func:`swap_delta` on ``base_version``.
+    """A whole delta push: check the version, stage it on the device, :func:`swap_delta`.
 
     Raises:
         SessionStateError: Another version is in force (nothing is written).
@@ -175,7 +175,16 @@ def push_delta(
     """
     check_policy_version(version)
     newer = functools.partial(check_newer, model_id)
-    return swap_delta(slot, model_id, base_version, version, reference, delta, newer)
+    staged = _on_devices(delta, reference)
+    return swap_delta(slot, model_id, base_version, version, reference, staged, newer)
+
+
+def _on_devices(delta: Delta, reference: Mapping[str, torch.Tensor]) -> Delta:
+    """The delta's indices and values on their targets' devices, copied before the lock."""
+    return {
+        key: (index.to(reference[key].device), values.to(reference[key].device))
+        for key, (index, values) in delta.items()
+    }
 
 
 def snapshot(slot: Slot, module: nn.Module) -> dict[str, Any]:

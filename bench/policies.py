@@ -53,3 +53,26 @@ def pixel_policy(
         width = int(size)
     layers.append(nn.Linear(width, int(action_space.n)))
     return TensorDictModule(nn.Sequential(*layers), in_keys=["observation"], out_keys=["action"])
+
+
+def nature_cnn_policy(observation_space: Any, action_space: Any) -> TensorDictModule:
+    """``observation -> action`` on ``(4, 84, 84)`` uint8 frame stacks: the Nature DQN network.
+
+    Three convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1), a 512-unit layer and one
+    score per action, as a user writes it (a ``TensorDictModule``).
+    """
+    channels = int(observation_space.shape[0])
+    network = nn.Sequential(
+        _Scale(),
+        nn.Conv2d(channels, 32, 8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(-3),
+        nn.Linear(64 * 7 * 7, 512),
+        nn.ReLU(),
+        nn.Linear(512, int(action_space.n)),
+    )
+    return TensorDictModule(network, in_keys=["observation"], out_keys=["action"])

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["PacketSlabs"]
+__all__ = ["PacketSlabs", "storage_users"]
 
 _ALIGN = 16
 # Slabs waiting for a slot to be filled; older ones are let go (their packets simply
@@ -36,7 +36,7 @@ _MAX_OPEN = 8
 _MAX_FILLED = 16
 
 
-def _users(storage: torch.Tensor) -> int | None:
+def storage_users(storage: torch.Tensor) -> int | None:
     """How many tensors (and storage objects) share ``storage``'s memory; None if unknown."""
     count = getattr(torch._C, "_storage_Use_Count", None)
     return None if count is None else int(count(storage.untyped_storage()._cdata))
@@ -48,11 +48,11 @@ class _Slab:
         self.slot_bytes = slot_bytes
         self.storage = torch.empty(width * slot_bytes, dtype=torch.uint8, pin_memory=pin_memory)
         self.free = set(range(width))
-        self._own_users = _users(self.storage)
+        self._own_users = storage_users(self.storage)
 
     def idle(self) -> bool:
         """No tensor but the slab's own views its memory (False when torch cannot tell)."""
-        users = _users(self.storage)
+        users = storage_users(self.storage)
         return users is not None and users == self._own_users
 
     def fits(self, width: int, slot_bytes: int) -> bool:

@@ -111,7 +111,7 @@ class PushMessages(Sequence[bytes]):
 def push_messages(
     model_id: str,
     version: int,
-    blob: bytes,
+    blob: bytes | memoryview,
     sha256: str,
     chunk_bytes: int = CHUNK_BYTES,
     *,

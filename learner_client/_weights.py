@@ -9,8 +9,8 @@ counter per model_id (never behind any actor's), the last source given per
 model_id (re-read at every automatic push, so in-place training is seen), the
 encoded push each worker should hold (so a restarted actor gets exactly those
 bytes back) and the batches each worker delivered since its last update.
-:class:`PushOptions` (a wire dtype, ``only_trainable``) shape every encode; a
-mapping source is sent as a subset of the model's keys, a module as all of them.
+:class:`PushOptions` (a wire dtype, ``only_trainable``) shape every encode; a mapping
+source is a subset of the model's keys, a module all of them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch import nn
 from common.config import DEFAULT_MODEL_ID, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import PushForm, checksums, encode_weights
+from learner_client._blob_buffers import BlobBuffers
 
 __all__ = [
     "EncodedWeights",
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 WeightSource: TypeAlias = "nn.Module | TensorDictBase | Mapping[str, Any]"
+Blob: TypeAlias = "bytes | memoryview"
+Allocate: TypeAlias = "Callable[[int], torch.Tensor] | None"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,10 @@ class PushOptions:
         PushForm(wire_dtype=dtype)  # raises ValueError for a dtype that cannot travel
         return None if dtype is None and not only_trainable else cls(dtype, only_trainable)
 
-    def encode(self, source: WeightSource, model_id: str) -> bytes:
+    def encode(self, source: WeightSource, model_id: str, allocate: Allocate = None) -> Blob:
         """Encode ``source`` for ``model_id``: a module whole, a mapping as a subset.
+
+        ``allocate`` gives the host buffer a source on an accelerator is written into.
 
         Raises:
             TypeError: ``only_trainable`` with a source that is not a module.
@@ -80,6 +85,7 @@ class PushOptions:
             dtype=self.dtype,
             only_trainable=self.only_trainable,
             subset=not isinstance(source, nn.Module),
+            allocate=allocate,
         )
 
 
@@ -122,7 +128,7 @@ class EncodedWeights:
 
     model_id: str
     version: int
-    blob: bytes
+    blob: Blob
     sha256: str
     crc32c: int | None = None
     base_version: int | None = None
@@ -293,13 +299,13 @@ class WeightBook:
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._sources: dict[str, WeightSource] = {}
-        # How each model was last encoded; automatic pushes encode the same way.
-        self._options: dict[str, PushOptions] = {}
+        self._options: dict[str, PushOptions] = {}  # how each model was last encoded
         # Weights given to one worker alone ({worker_id: weights}), by model_id.
         self._worker_sources: dict[str, dict[int, WeightSource]] = {}
         self._desired: dict[int, dict[str, EncodedWeights]] = {}
         self._applied: dict[int, dict[str, int]] = {}
         self._since_update: dict[int, int | None] = {}
+        self._blob_buffers = BlobBuffers()  # pushes of CUDA modules are written into them
 
     # ----------------------------------------------------------------- reading
 
@@ -397,7 +403,7 @@ class WeightBook:
         if source is None:
             source = self.source(model_id)
         opts = self.options(model_id, options)
-        blob = opts.encode(source, model_id)
+        blob = opts.encode(source, model_id, self._blob_buffers.for_model(model_id))
         digest, crc = checksums(blob, self.checksum)
         self.use_options(model_id, opts)
         version = self.claim_version(model_id, source if given else None)
@@ -443,10 +449,10 @@ class WeightBook:
             for wid, src in sources.items()
         }
         opts = self.options(model_id, options)
-        blobs: dict[int, tuple[bytes, str, int | None]] = {}
+        blobs: dict[int, tuple[Blob, str, int | None]] = {}
         for src in resolved.values():
             if id(src) not in blobs:
-                blob = opts.encode(src, model_id)
+                blob = opts.encode(src, model_id, self._blob_buffers.for_model(model_id))
                 blobs[id(src)] = (blob, *checksums(blob, self.checksum))
         with self._lock:
             self._options[model_id] = opts

@@ -236,7 +236,8 @@ class LLMCore(CoreBase):
         Returns the seed for the next actor: ``seed + 1``, or ``seed`` when ``static_seed``.
         """
         self._rng = random.Random(seed)
-        self._gen = torch.Generator().manual_seed(seed % 2**63)
+        # On the model's device: tokens are drawn where the logits are.
+        self._gen = torch.Generator(device=self.device).manual_seed(seed % 2**63)
         self._restart()
         return seed if static_seed else (seed + 1) % 2**64
 

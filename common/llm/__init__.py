@@ -7,6 +7,7 @@
 * :func:`generate` / :func:`response_log_probs` — the decode loop with exact behaviour
   log-probs, and the learner's recomputation of them (:func:`response_distributions`
   gives the whole distributions, e.g. for an entropy bonus);
+* :func:`default_dtype` — the dtype a model is held in on a device (bf16 on CUDA);
 * :class:`GenerationSettings`, :class:`LLMSettings` — what a session asks for;
 * :class:`LoraSpec`, :func:`parse_lora`, :func:`apply_lora` — a LoRA adapter (``--lora``),
   applied the same way by actors and learners (``peft``, the ``lora`` extra);
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
         response_distributions,
         response_log_probs,
     )
+    from common.llm._device import default_dtype
     from common.llm._layout import check_padded, to_torchrl
     from common.llm._merge import merge_padded
 
@@ -68,6 +70,7 @@ __all__ = [
     "Generation",
     "cached_forward",
     "generate",
+    "default_dtype",
     "process_logits",
     "response_log_probs",
     "response_distributions",
@@ -96,6 +99,7 @@ _LAZY = {
     "Generation": "_decode",
     "cached_forward": "_decode",
     "generate": "_decode",
+    "default_dtype": "_device",
     "process_logits": "_decode",
     "response_log_probs": "_decode",
     "response_distributions": "_decode",

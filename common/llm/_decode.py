@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from common.llm._device import AllFinished, to_device
 from common.llm._settings import GenerationSettings
 
 __all__ = [
@@ -126,54 +127,100 @@ def generate(
     stop_ids: Sequence[int],
     pad_id: int,
     generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    finish_lag: int | None = None,
 ) -> Generation:
-    """Generate a response for every prompt at once, with a KV cache.
+    """Generate a response for every prompt at once, with a KV cache, on ``device``.
+
+    The prompts go to ``device`` once; tokens, log-probs, versions, lengths, the
+    sampling and the stop checks stay there, with no host copy per token besides the
+    "all rows finished" flag (read one step late on CUDA, so the GPU never waits:
+    :class:`~common.llm._device.AllFinished`). The result comes back to the host
+    once, at the end.
 
     Args:
-        forward: One model call (see :data:`Forward`); prefill gets the whole padded
-            prompts, then one token per row per call.
+        forward: One model call (see :data:`Forward`) on tensors on ``device``;
+            prefill gets the whole padded prompts, then one token per row per call.
         prompts: Token ids per row (non-empty).
         settings: How tokens are drawn.
         budgets: Most new tokens per row (>= 1 each).
         stop_ids: Tokens that end a row's response (included in it).
         pad_id: Filler for left padding and finished rows.
-        generator: The sampling generator (reproducible batches).
+        generator: The sampling generator, on ``device`` (reproducible batches; a CPU
+            and a CUDA generator seeded alike draw different streams).
+        device: Where the model runs, and so the loop.
+        finish_lag: Steps the "all rows finished" check lags: None (1 on CUDA, 0
+            elsewhere), 0 or 1.
     """
-    rows = len(prompts)
-    ids, mask, positions = _left_padded(prompts, pad_id)
-    budget = torch.as_tensor(list(budgets), dtype=torch.long)
-    steps = int(budget.max())
-    out = torch.full((rows, steps), pad_id, dtype=torch.long)
-    out_lp = torch.zeros((rows, steps), dtype=torch.float32)
-    out_version = torch.zeros((rows, steps), dtype=torch.long)
-    lengths = torch.zeros(rows, dtype=torch.long)
-    stopped = torch.zeros(rows, dtype=torch.bool)
-    active = torch.ones(rows, dtype=torch.bool)
-    stops = torch.as_tensor(sorted(set(stop_ids)), dtype=torch.long)
-    logits, past, version = forward(ids, mask, positions, None)
-    position = positions[:, -1:] + 1
-    for step in range(steps):
+    loop = _Loop(prompts, budgets, stop_ids, pad_id, torch.device(device))
+    all_finished = AllFinished(loop.device, finish_lag)
+    logits, past, version = forward(loop.ids, loop.mask(0), loop.positions, None)
+    position = loop.positions[:, -1:] + 1
+    for step in range(loop.steps):
         token, chosen = _draw(logits, settings, generator)
-        out[:, step] = torch.where(active, token, pad_id)
-        out_lp[:, step] = torch.where(active, chosen, 0.0)
-        out_version[:, step] = torch.where(active, version, 0)
-        lengths += active.long()
-        hit_stop = active & torch.isin(token, stops)
-        stopped |= hit_stop
-        active &= ~hit_stop & (lengths < budget)
-        if not active.any():
+        loop.record(step, token, chosen, version)
+        if step + 1 == loop.steps or all_finished(loop.active):
             break
-        mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
-        logits, past, version = forward(out[:, step : step + 1], mask, position, past)
+        ids = loop.out[:, step : step + 1]
+        logits, past, version = forward(ids, loop.mask(step + 1), position, past)
         position = position + 1
-    used = int(lengths.max())
-    return Generation(
-        tokens=out[:, :used].contiguous(),
-        lengths=lengths,
-        log_probs=out_lp[:, :used].contiguous(),
-        versions=out_version[:, :used].contiguous(),
-        stopped=stopped,
-    )
+    return loop.result()
+
+
+class _Loop:
+    """One decode loop's state, all on its device: inputs, outputs, lengths, budgets, stops."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        stop_ids: Sequence[int],
+        pad_id: int,
+        device: torch.device,
+    ) -> None:
+        rows, self.device, self.pad_id = len(prompts), device, pad_id
+        budget = torch.as_tensor(list(budgets), dtype=torch.long)
+        self.steps = int(budget.max())
+        self.width = max(len(p) for p in prompts)
+        # ids and the attention mask of every step to come, moved in one copy.
+        packed = to_device(_left_padded(prompts, pad_id, self.steps), device)
+        self.ids, self._mask = packed[0, :, : self.width], packed[1]
+        self.positions = (self._mask[:, : self.width].cumsum(-1) - 1).clamp(min=0)
+        self.budget = to_device(budget, device)
+        self.stops = to_device(torch.as_tensor(sorted(set(stop_ids)), dtype=torch.long), device)
+        self.out = torch.full((rows, self.steps), pad_id, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros((rows, self.steps), dtype=torch.float32, device=device)
+        self.versions = torch.zeros((rows, self.steps), dtype=torch.long, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self.stopped = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.active = torch.ones(rows, dtype=torch.bool, device=device)
+
+    def mask(self, step: int) -> torch.Tensor:
+        """The attention mask of the forward that feeds token ``step`` (0: the prefill)."""
+        return self._mask[:, : self.width + step]
+
+    def record(self, step: int, token: torch.Tensor, chosen: torch.Tensor, version: int) -> None:
+        """Write step ``step``'s tokens into the active rows; stop rows at a stop or budget."""
+        active = self.active
+        self.out[:, step] = torch.where(active, token, self.pad_id)
+        self.log_probs[:, step] = torch.where(active, chosen, 0.0)
+        self.versions[:, step] = torch.where(active, version, 0)
+        self.lengths += active.long()
+        hit_stop = active & torch.isin(token, self.stops)
+        self.stopped |= hit_stop
+        active &= ~hit_stop & (self.lengths < self.budget)
+
+    def result(self) -> Generation:
+        """The responses, on the host, cut to the longest."""
+        lengths = self.lengths.cpu()
+        used = int(lengths.max())
+        return Generation(
+            tokens=self.out[:, :used].cpu().contiguous(),
+            lengths=lengths,
+            log_probs=self.log_probs[:, :used].cpu().contiguous(),
+            versions=self.versions[:, :used].cpu().contiguous(),
+            stopped=self.stopped.cpu(),
+        )
 
 
 def _draw(
@@ -184,21 +231,33 @@ def _draw(
     if settings.greedy:
         token = logits.argmax(-1)
     else:
-        token = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+        token = _multinomial(log_probs.exp(), generator)
     return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
 
 
-def _left_padded(
-    prompts: Sequence[Sequence[int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prompts left-padded into ``(input_ids, attention_mask, position_ids)``."""
+def _multinomial(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row: ``torch.multinomial(probs, 1)``'s own algorithm, without its check.
+
+    ``argmax(p / q)``, ``q ~ Exp(1)``, is what ``torch.multinomial`` computes for one
+    sample (the same draws from the same generator: equal tokens on the CPU), but it
+    first checks the probabilities with an ``.item()``, a host sync per token on CUDA.
+    These probabilities come from a softmax, so the check has nothing to find.
+    """
+    return (probs / torch.empty_like(probs).exponential_(1, generator=generator)).argmax(-1)
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int, steps: int) -> torch.Tensor:
+    """``[2, B, W + steps]``: prompts left-padded to ``W`` (then ``pad_id``), and the mask.
+
+    The mask is 1 on prompt tokens and on the ``steps`` positions generation appends.
+    """
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    packed = torch.full((2, len(prompts), width + steps), pad_id, dtype=torch.long)
+    packed[1] = 1
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+        packed[0, row, width - len(prompt) : width] = torch.as_tensor(prompt, dtype=torch.long)
+        packed[1, row, : width - len(prompt)] = 0
+    return packed
 
 
 def response_distributions(

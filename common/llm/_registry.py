@@ -91,8 +91,8 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
         spec: ``rlfleet:tiny-qwen2``, ``rlfleet:tiny-gpt2`` or ``hf:DIR``.
         **kwargs: Tiny models: ``hidden`` (64), ``layers`` (2), ``heads`` (4),
             ``max_positions`` (512), ``seed`` (0), ``vocab`` (``"bytes"`` or
-            ``"compact"`` or ``"arith"``). ``hf:DIR``: ``dtype``
-            (``"float32"`` default or ``"bfloat16"``).
+            ``"compact"`` or ``"arith"``). Every spec: ``dtype`` (``"float32"``, the
+            default, or ``"bfloat16"``; a tiny model is initialised in float32 and cast).
 
     Returns:
         ``(model, tokenizer)``: a ``PreTrainedModel`` in eval mode on CPU and a
@@ -108,10 +108,12 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
     """
     check_policy_spec(spec)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    dtype = _dtype(kwargs.pop("dtype", "float32"))
     if spec.startswith("hf:"):
-        model, tokenizer = _load_local(spec[3:], **kwargs)
+        model, tokenizer = _load_local(spec[3:], dtype, **kwargs)
     else:
         model, tokenizer = _build_tiny(spec.split(":", 1)[1], **kwargs)
+        model = model.to(dtype)  # initialised in float32: every dtype holds the same draws
     if not getattr(tokenizer, "chat_template", None):
         raise PolicySpecError(f"model spec {spec!r}: the tokenizer has no chat template")
     if tokenizer.pad_token_id is None:
@@ -123,7 +125,7 @@ def _tiny_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, int], str]:
     """The tiny model's int kwargs and its vocabulary, checked."""
     unknown = sorted(set(kwargs) - {*_TINY_DEFAULTS, "vocab"})
     if unknown:
-        known = sorted({*_TINY_DEFAULTS, "vocab"})
+        known = sorted({*_TINY_DEFAULTS, "vocab", "dtype"})
         raise PolicySpecError(f"unknown kwargs {unknown} for a tiny model; known: {known}")
     values = {**_TINY_DEFAULTS, **kwargs}
     vocab = values.pop("vocab", VOCABS[0])
@@ -184,21 +186,24 @@ def _build_tiny(arch: str, **kwargs: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _load_local(path: str, dtype: str = "float32", **kwargs: Any) -> tuple[Any, Any]:
+def _dtype(name: object) -> Any:
+    """The torch dtype of the ``dtype`` kwarg (``"float32"`` or ``"bfloat16"``)."""
+    from common.llm._device import model_dtype
+
+    try:
+        return model_dtype(name, "cpu")
+    except ValueError as exc:
+        raise PolicySpecError(str(exc)) from None
+
+
+def _load_local(path: str, dtype: Any, **kwargs: Any) -> tuple[Any, Any]:
     if kwargs:
         raise PolicySpecError(f"unknown kwargs {sorted(kwargs)} for hf:DIR; known: ['dtype']")
-    import torch
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if dtype not in dtypes:
-        raise PolicySpecError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=dtypes[dtype]
-        )
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise PolicySpecError(f"hf:{path}: cannot load the checkpoint: {exc}") from None
     _neutral_generation_config(model)

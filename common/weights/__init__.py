@@ -28,7 +28,7 @@ version the receiver holds) are encoded, checked and applied by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import torch
@@ -205,7 +205,7 @@ def _normalise_tensor(
     value = value.detach()
     if dtype is not None and value.is_floating_point():
         value = value.to(dtype)  # on the source device: less to move
-    return value.to("cpu").contiguous()
+    return value.contiguous()  # a device tensor is copied to the host once, into the blob
 
 
 def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -222,6 +222,18 @@ def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             seen.add(ptr)
     return state
+
+
+def _checked_metadata(metadata: object) -> dict[str, str]:
+    """A copy of the caller's header metadata, which must map ``str`` to ``str``."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping of str to str, got {type(metadata).__name__}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
+    return dict(metadata)
 
 
 def _trainable(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -247,7 +259,8 @@ def encode_weights(
     dtype: torch.dtype | None = None,
     only_trainable: bool = False,
     subset: bool = False,
-) -> bytes:
+    allocate: Callable[[int], torch.Tensor] | None = None,
+) -> bytes | memoryview:
     """Serialise weights once into safetensors bytes.
 
     Tied tensors (several keys, one tensor) travel once: the header's metadata
@@ -265,6 +278,9 @@ def encode_weights(
             ``nn.Module``; e.g. a LoRA adapter), as a subset push.
         subset: Declare the blob a subset of the receiver's keys (the others keep
             their values); implied by ``only_trainable``.
+        allocate: Where the blob of a model on an accelerator is written: a ``uint8``
+            host buffer of the size asked (page-locked and reused by the caller);
+            each tensor is copied from the device once, into its place in the blob.
 
     Returns:
         The safetensors blob.
@@ -284,20 +300,11 @@ def encode_weights(
     flat = _trainable(obj) if only_trainable else _flat(obj)  # type: ignore[arg-type]
     unique, aliases = _split_aliases(flat)
     state = {name: _normalise_tensor(name, value, dtype) for name, value in unique.items()}
-    meta: dict[str, str] = {}
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise TypeError(
-                f"metadata must be a mapping of str to str, got {type(metadata).__name__}"
-            )
-        for key, value in metadata.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
-        meta.update(metadata)
+    meta = _checked_metadata(metadata)
     meta.update(form.metadata())
     if aliases:
         meta[ALIASES_KEY] = encode_aliases(aliases)
-    return write_blob(_unshare(state), meta or None)
+    return write_blob(_unshare(state), meta or None, allocate)
 
 
 def decode_weights(

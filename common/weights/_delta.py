@@ -102,7 +102,7 @@ def encode_delta(
     *,
     metadata: Mapping[str, str] | None = None,
     max_bytes: int | None = None,
-) -> bytes | None:
+) -> bytes | memoryview | None:
     """The delta that turns ``old`` into ``new`` (same keys, shapes, dtypes), as safetensors.
 
     Args:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from actor_service._cli import default_worker_id, parse_config
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
@@ -216,6 +217,31 @@ def test_cli_subprocess_exits_2_on_a_bad_flag() -> None:
     assert result.returncode == 2
     assert "--num-envs" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        pytest.param(
+            "cuda",
+            "no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        ("gpu0", "not a torch device"),
+    ],
+)
+def test_cli_subprocess_exits_2_on_a_device_it_does_not_have(device: str, message: str) -> None:
+    for kind in ("env", "llm"):
+        result = subprocess.run(
+            [sys.executable, "-m", "actor_service", "--kind", kind, "--device", device],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "--device" in result.stderr
+        assert message in result.stderr
+        assert result.stdout == ""
 
 
 def test_logging_json_lines_carry_event_and_fields() -> None:

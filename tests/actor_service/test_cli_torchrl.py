@@ -40,9 +40,9 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
         (["--policy", "rlfleet_test_torchrl:raising_policy"], "no policy today"),
         (["--policy", "mlp"], "gymnasium spaces"),
         (["--env-factory", "no_such_module_x:make"], "no_such_module_x"),
-        (["--device", "cuda"], "on the CPU for now"),
+        (["--device", "meta"], "on the CPU for now"),
     ],
-    ids=["env-raises", "not-an-env", "policy-raises", "mlp", "no-module", "cuda"],
+    ids=["env-raises", "not-an-env", "policy-raises", "mlp", "no-module", "meta-device"],
 )
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:
     out = _run(args)
