@@ -173,7 +173,7 @@ def test_a_script_that_never_pushes_trains_the_actors(cartpole: list[str]) -> No
     """TorchRL's shared policy: with ``policy=``, every optimiser step reaches the actors
     before the next batch, though the script never calls update_policy_weights_."""
     policy = cartpole_policy()
-    optim = torch.optim.SGD(policy.parameters(), lr=0.5)
+    optim = torch.optim.SGD(policy.parameters(), lr=0.05)
     with GrpcCollector(
         cartpole, frames_per_batch=16, total_frames=16 * 4, sync=True, policy=policy
     ) as collector:
@@ -181,7 +181,9 @@ def test_a_script_that_never_pushes_trains_the_actors(cartpole: list[str]) -> No
         versions = []
         for batch in collector:
             with torch.no_grad():  # the batch was acted by exactly the learner's module
-                torch.testing.assert_close(batch["logits"], policy(batch["observation"])[0])
+                torch.testing.assert_close(
+                    batch["logits"], policy(batch["observation"])[0], rtol=1e-4, atol=1e-4
+                )  # the actor batches 2 observations, the learner 16: float sums differ
             versions.append(int(batch["next", "policy_version"].max()))
             optim.zero_grad()
             policy(batch["observation"])[0].sum().backward()
