@@ -228,10 +228,7 @@ def _draw(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its log-prob under the distribution it was drawn from."""
     log_probs = process_logits(logits, settings)
-    if settings.greedy:
-        token = logits.argmax(-1)
-    else:
-        token = _multinomial(log_probs.exp(), generator)
+    token = logits.argmax(-1) if settings.greedy else _multinomial(log_probs.exp(), generator)
     return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
 
 
