@@ -467,7 +467,7 @@ def _check_torchrl(config: ActorConfig) -> None:
     returns no TorchRL env, a model the kind cannot build: the env is built once
     here, then closed.
     """
-    from actor_service._core._torchrl import check_torchrl_config
+    from actor_service._core._torchrl_pool import check_torchrl_config
 
     try:
         check_torchrl_config(config)

@@ -41,8 +41,12 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
         (["--policy", "mlp"], "gymnasium spaces"),
         (["--env-factory", "no_such_module_x:make"], "no_such_module_x"),
         (["--device", "cuda"], "on the CPU for now"),
+        (
+            ["--env-factory", "rlfleet_test_torchrl:heterogeneous_counting"],
+            "agents of different shapes",
+        ),
     ],
-    ids=["env-raises", "not-an-env", "policy-raises", "mlp", "no-module", "cuda"],
+    ids=["env-raises", "not-an-env", "policy-raises", "mlp", "no-module", "cuda", "heterogeneous"],
 )
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:
     out = _run(args)
