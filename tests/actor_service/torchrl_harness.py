@@ -13,6 +13,7 @@ name alone; the policy ``"random"`` is the actor's random policy (TorchRL's ``No
 
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from collections.abc import Callable
@@ -43,7 +44,10 @@ def load(name: str) -> Callable[..., Any]:
 
 
 def torchrl_config(
-    env: str = "cartpole", policy: str = "greedy_policy", **overrides: Any
+    env: str = "cartpole",
+    policy: str = "greedy_policy",
+    policy_kwargs: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> ActorConfig:
     """A TorchRL-env actor of 2 envs, seed 0, on port 0."""
     base: dict[str, Any] = {
@@ -53,7 +57,7 @@ def torchrl_config(
         "num_envs": 2,
         "seed": 0,
         "grace_period": 2.0,
-        "models": (ModelSpec(factory=factory_path(policy)),),
+        "models": (ModelSpec(factory=factory_path(policy), kwargs=policy_kwargs or {}),),
     }
     return ActorConfig(**(base | overrides))
 
@@ -75,6 +79,8 @@ def torchrl_batches(
     frames_per_batch: int = 60,
     num_envs: int | None = 2,
     reset_after_seed: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+    policy_kwargs: dict[str, Any] | None = None,
     **settings: Any,
 ) -> list[TensorDict]:
     """TorchRL's ``Collector`` on ``SerialEnv(num_envs, env)`` (the env itself for None).
@@ -82,9 +88,9 @@ def torchrl_batches(
     ``reset_after_seed``: reset the envs once torch is seeded, as the actor does, for envs
     whose reset draws from torch's generator (the collector's own reset came before).
     """
-    make = load(env)
+    make = functools.partial(load(env), **(env_kwargs or {}))
     # The policy's env first: building an env may draw from global generators (VMAS does).
-    module = None if policy == "random" else load(policy)(make())
+    module = None if policy == "random" else load(policy)(make(), **(policy_kwargs or {}))
     pool: EnvBase = make() if num_envs is None else SerialEnv(num_envs, make)
     pool.set_seed(0)
     with warnings.catch_warnings():
