@@ -460,19 +460,19 @@ def _with_flags(message: str) -> str:
     return f"{message} ({sources})" if sources else message
 
 
-def _check_torchrl(config: ActorConfig) -> None:
-    """Exit 2 before a port is bound if a TorchRL-env actor cannot start.
+def _check_before_binding(config: ActorConfig) -> None:
+    """Exit 2 before a port is bound if the actor's env or models cannot start.
 
-    torchrl missing (the message names the extra), an env factory that raises or
-    returns no TorchRL env, a model the kind cannot build: the env is built once
-    here, then closed.
+    torchrl missing (the message names the extra), an env factory that raises or returns
+    the wrong kind of env, a model the kind cannot build or one that reads keys its steps
+    do not hold (see :mod:`actor_service._cli_checks`).
     """
-    from actor_service._core._torchrl_pool import check_torchrl_config
+    from actor_service._cli_checks import check_before_binding
 
     try:
-        check_torchrl_config(config)
+        check_before_binding(config)
     except ValueError as exc:
-        build_parser().error(f"--kind torchrl: {exc}")
+        build_parser().error(f"--kind {config.kind}: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -485,8 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code: 0 after a graceful stop, 1 if the actor failed to start.
     """
     config = parse_config(argv)
-    if config.kind == "torchrl":
-        _check_torchrl(config)
+    _check_before_binding(config)
     # torch and gRPC are imported only once the arguments are known to be good.
     from actor_service._logging import configure_logging
     from actor_service._server import serve
