@@ -31,7 +31,7 @@ from actor_service._core._torchrl import TorchRLCore
 from actor_service._state import decode_state
 from actor_service._td_batch import flat_state
 from common.config import CollectSettings
-from common.errors import EnvError, StaleVersionError, WeightsError
+from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
 from common.packets.folding import FoldedBatch
 from learner_client import GrpcCollector
 
@@ -381,3 +381,22 @@ def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> N
         collector.load_state_dict(saved)
         after = _env_stats(core)
     assert all(torch.equal(after[k], v) for k, v in stats.items())
+
+
+def test_torchrl_actor_state_reads_one_actors_transform_state_from_the_learner() -> None:
+    config = _config("normalized_pendulum", "random")
+    with (
+        create_server(config).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20, prefetch=0, sync=True) as c,
+    ):
+        c.next()  # and nothing collected ahead: the state stays put
+        state = c.actor_state(0)
+        expected = _env_stats(actor.server.runtime.worker)
+        with pytest.raises(UnknownWorkerError):
+            c.actor_state(5)
+    stats = flat_state(state["env"])
+    assert stats.keys() == expected.keys()
+    assert any("loc" in key for key in stats)
+    assert all(torch.equal(stats[k], v) for k, v in expected.items())
+    assert state["frames"] == 20
+    assert set(state) >= {"models", "frames", "batches", "traj_counter", "env"}
