@@ -204,6 +204,7 @@ class CollectSession:
     async def _start(self) -> pb.SessionOpened:
         book, request = self._rt.book, self._open
         try:
+            await self._rt.run_collect(self._rt.worker.place, self._settings)
             await self._rt.run_collect(self._rt.worker.configure, self._settings)
         except RlfleetError:
             raise

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 
 from actor_service._core import ActorIdentity
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, CollectSettings, CompileSettings, ExplorationType
 from common.errors import RlfleetError
 from common.llm import GenerationSettings, LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -72,9 +72,26 @@ def settings_from_proto(msg: pb.CollectSettings) -> CollectSettings:
             model_id=msg.model_id or DEFAULT_MODEL_ID,
             llm=llm,
             fold_observations=msg.fold_observations,
+            policy_device=msg.policy_device,
+            env_device=msg.env_device,
+            compile_policy=_compile_from_proto(msg),
+            cudagraph_policy=msg.cudagraph_policy,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
+
+
+def _compile_from_proto(msg: pb.CollectSettings) -> CompileSettings | None:
+    """The session's ``torch.compile`` options; None when it asks for none (ValueError if bad)."""
+    if not msg.HasField("compile_policy"):
+        return None
+    wire = msg.compile_policy
+    return CompileSettings(
+        backend=wire.backend,
+        mode=wire.mode,
+        fullgraph=wire.fullgraph if wire.HasField("fullgraph") else None,
+        dynamic=wire.dynamic if wire.HasField("dynamic") else None,
+    )
 
 
 def llm_settings_from_proto(msg: pb.LLMSettings) -> LLMSettings:

@@ -17,8 +17,10 @@ from typing import Generic, Protocol, TypeVar
 import torch
 from torch import nn
 
+from actor_service._placement import CompiledForward, PlacementError
 from actor_service._swap import Slot, Swap, push_delta, push_full, restore, snapshot
 from actor_service._weight_rules import stage_weights
+from common.config import CompileSettings
 from common.errors import UnknownModelError
 from common.weights import Delta, PushForm
 
@@ -75,6 +77,21 @@ class ModelBook(Generic[M]):
     def parameters_info(self, model_id: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """State-dict keys of ``model_id`` with their shapes and dtypes (what a push must match)."""
         return dict(self._get(model_id).parameters_info)
+
+    def use_compiled(self, model_id: str, settings: CompileSettings | None) -> None:
+        """``torch.compile`` how ``model_id`` acts with ``settings``, or act eagerly (None).
+
+        Raises:
+            PlacementError: Compilation asked of a model that cannot be compiled here.
+        """
+        model = self._get(model_id)
+        runner = getattr(model, "runner", None)
+        if not isinstance(runner, CompiledForward):
+            if settings is None:
+                return
+            raise PlacementError(f"model {model_id!r} of this actor cannot be compiled")
+        with model.lock:
+            runner.use(settings)
 
     def validate(
         self, model_id: str, state: object, form: PushForm | None = None

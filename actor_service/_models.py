@@ -34,6 +34,7 @@ from torch import nn
 from actor_service._config import ModelSpec
 from actor_service._device_stage import DeviceStage
 from actor_service._model_book import ModelBook
+from actor_service._placement import CompiledForward
 from actor_service._spaces import ActionCodec, ObservationCodec
 from actor_service._tensor_forward import TensorForward, tensor_forward
 from common.config import ExplorationType
@@ -100,7 +101,8 @@ class _Model:
         self._act = act
         self._obs = obs
         self.path = ""
-        self.forward = self._pick_forward(module)
+        # The forward in force: eager, or compiled for a session (compile_policy).
+        self.runner = self.forward = CompiledForward(self._pick_forward(module))
         self.reference = {k: v.detach() for k, v in module.state_dict().items()}
         self.parameters_info = {
             k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()

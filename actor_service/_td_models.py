@@ -25,6 +25,7 @@ from torch import nn
 
 from actor_service._config import ModelSpec
 from actor_service._model_book import ModelBook
+from actor_service._placement import CompiledForward
 from common.policies import load_callable
 from common.weights import to_state_dict
 
@@ -46,7 +47,8 @@ class TDModel:
     def __init__(self, factory: str, module: nn.Module, act: Act) -> None:
         self.factory = factory
         self.module = module
-        self.act = act
+        # How it acts in force: eager, or compiled for a session (compile_policy).
+        self.runner = self.act = CompiledForward(act)
         self.version = 0
         self.lock = threading.Lock()
         self.reference = {k: v.detach() for k, v in module.state_dict().items()}

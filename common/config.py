@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 from common.llm._settings import LLMSettings
 
@@ -20,8 +21,13 @@ __all__ = [
     "MAX_FRAMES_PER_BATCH",
     "MAX_MESSAGE_BYTES",
     "MAX_SEED",
+    "COMPILE_BACKENDS",
+    "COMPILE_MODES",
     "CollectSettings",
+    "CompileSettings",
     "ExplorationType",
+    "check_device_name",
+    "same_device",
     "check_model_id",
     "check_seed",
     "client_channel_options",
@@ -60,6 +66,89 @@ class ExplorationType(enum.Enum):
     MEAN = "mean"
 
 
+#: ``torch.compile`` backends a session may ask an actor for ("" is torch's default).
+COMPILE_BACKENDS = ("", "inductor", "eager", "aot_eager", "cudagraphs")
+#: ``torch.compile`` modes a session may ask an actor for ("" is torch's default).
+COMPILE_MODES = ("", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: The longest device name a session may carry (``"cuda:15"`` needs 7).
+_MAX_DEVICE_NAME = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+    """``torch.compile`` options for the acting policy (TorchRL's ``compile_policy`` dict).
+
+    Only plain options travel: each is checked against the values torch accepts, so
+    nothing a learner sends makes an actor import or call anything else.
+
+    Attributes:
+        backend: ``torch.compile``'s backend (one of ``COMPILE_BACKENDS``; "" is inductor).
+        mode: ``torch.compile``'s mode (one of ``COMPILE_MODES``; "" is the default).
+        fullgraph: Refuse graph breaks (None: torch's default).
+        dynamic: Dynamic shapes (None: torch's default, decided on recompilation).
+
+    Raises:
+        ValueError: A backend or mode not listed.
+        TypeError: A flag that is not a bool or None.
+    """
+
+    backend: str = ""
+    mode: str = ""
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in COMPILE_BACKENDS:
+            raise ValueError(
+                f"compile backend must be one of {COMPILE_BACKENDS}, got {self.backend!r:.60}"
+            )
+        if self.mode not in COMPILE_MODES:
+            raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {self.mode!r:.60}")
+        for name in ("fullgraph", "dynamic"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"compile {name} must be a bool or None, got {value!r:.60}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``torch.compile`` (unset options left out)."""
+        named = {"backend": self.backend, "mode": self.mode}
+        flags = {"fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        return {k: v for k, v in named.items() if v} | {
+            k: v for k, v in flags.items() if v is not None
+        }
+
+
+def same_device(requested: str, actual: object) -> bool:
+    """Whether the device a session names is the device an actor runs on.
+
+    ``"cuda"`` without an index matches any CUDA device; ``"cuda:1"`` only the second.
+    """
+    import torch
+
+    want, have = torch.device(requested), torch.device(str(actual))
+    if want.type != have.type:
+        return False
+    return want.index is None or want.index == (have.index or 0)
+
+
+def check_device_name(name: object, what: str) -> str:
+    """Return ``name`` if it is "" (no request) or a short device name torch parses.
+
+    Raises:
+        ValueError: Naming ``what`` and the value.
+    """
+    if not isinstance(name, str) or len(name) > _MAX_DEVICE_NAME:
+        raise ValueError(f"{what} must be a device name of at most 32 characters, got {name!r:.60}")
+    if name:
+        import torch  # common.config stays importable without torch loaded
+
+        try:
+            torch.device(name)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"{what} is not a device torch knows: {name!r}") from None
+    return name
+
+
 @dataclasses.dataclass(frozen=True)
 class CollectSettings:
     """The knobs of one collection session, as in TorchRL's ``Collector``.
@@ -81,6 +170,11 @@ class CollectSettings:
             dialog turns); None for env actors.
         fold_observations: Send each observation once (:mod:`common.packets.folding`); the
             receiver rebuilds ``("next", key)``. Ignored with ``split_trajs``.
+        policy_device: The device the learner expects the policy on ("": the actor's own);
+            an actor on another device refuses the session.
+        env_device: The device the learner expects the envs on ("": the actor's own).
+        compile_policy: ``torch.compile`` the acting policy for the session; None: eager.
+        cudagraph_policy: Capture the acting policy in CUDA graphs (CUDA actors only).
     """
 
     frames_per_batch: int
@@ -95,6 +189,10 @@ class CollectSettings:
     model_id: str = DEFAULT_MODEL_ID
     llm: LLMSettings | None = None
     fold_observations: bool = False
+    policy_device: str = ""
+    env_device: str = ""
+    compile_policy: CompileSettings | None = None
+    cudagraph_policy: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.frames_per_batch, int) or self.frames_per_batch <= 0:
@@ -110,6 +208,12 @@ class CollectSettings:
         check_model_id(self.model_id)
         if self.llm is not None and not isinstance(self.llm, LLMSettings):
             raise TypeError(f"llm must be an LLMSettings or None, got {type(self.llm).__name__}")
+        check_device_name(self.policy_device, "policy_device")
+        check_device_name(self.env_device, "env_device")
+        if self.compile_policy is not None and not isinstance(self.compile_policy, CompileSettings):
+            raise TypeError(
+                f"compile_policy must be a CompileSettings or None, got {self.compile_policy!r:.60}"
+            )
 
 
 def check_model_id(model_id: object) -> str:

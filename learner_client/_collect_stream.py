@@ -96,7 +96,14 @@ def _open_request(
 ) -> pb.CollectRequest:
     llm = None if settings.llm is None else llm_settings_to_proto(settings.llm)
     exploration = f"EXPLORATION_TYPE_{settings.exploration_type.name}"
-    wire = _to_proto(pb.CollectSettings, settings, exploration_type=exploration, llm=llm)
+    compiled = settings.compile_policy
+    wire = _to_proto(
+        pb.CollectSettings,
+        settings,
+        exploration_type=exploration,
+        llm=llm,
+        compile_policy=None if compiled is None else _to_proto(pb.CompileSettings, compiled),
+    )
     return pb.CollectRequest(
         open=pb.OpenSession(
             settings=wire,

@@ -17,16 +17,17 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tensordict import TensorDictBase
+from torch import nn
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_seed
+from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
 from common.errors import ClosedError
 from common.llm import LLMSettings
-from learner_client._actor_state import actor_state_of
 from learner_client._background import Background
 from learner_client._delivery import Placement
 from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
+from learner_client._fleet_state import FleetState
 from learner_client._mailbox import Paused
 from learner_client._settings import (
     BatchSettings,
@@ -35,7 +36,14 @@ from learner_client._settings import (
     check_addresses,
     check_hooks,
 )
-from learner_client._stats import snapshot
+from learner_client._shared_policy import SharedPolicy, push_shared
+from learner_client._torchrl_args import (
+    ActorPlacement,
+    check_env_signature,
+    check_torchrl_only,
+    env_signature,
+    update_flag,
+)
 from learner_client._weights import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
@@ -52,7 +60,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class GrpcCollector:
+class GrpcCollector(FleetState):
     """Collects batches from remote rlfleet actors, with TorchRL's collector API.
 
     Knobs carry TorchRL's names and meanings (``RayCollector`` /
@@ -109,8 +117,14 @@ class GrpcCollector:
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
         weight_push: Pushes' checksum and full-push interval of deltas (``WeightPushSettings``).
+        policy: The learner's module, pushed (buffers too) before the first batch, by
+            ``update_policy_weights_()`` and, unless ``push_policy_changes=False``, whenever
+            it changed before the next batch (TorchRL's shared policy).
+        create_env_fn: Its env's keys, shapes and dtypes are checked against the first batch.
+        policy_device, env_device, compile_policy, cudagraph_policy: Sent with each session.
         device, storing_device: Where batches are delivered (``storing_device``, else
             ``device``; default: the host); docs/collector.md says what each copy costs.
+    Every other TorchRL argument: docs/collector.md, "Coming from TorchRL".
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
@@ -118,7 +132,7 @@ class GrpcCollector:
         UnknownModelError: An actor without ``model_id``.
     """
 
-    def __init__(
+    def __init__(  # TorchRL's signature, by name (docs/collector.md)
         self,
         actors: Sequence[str] | str,
         *,
@@ -150,9 +164,60 @@ class GrpcCollector:
         dns_refresh_interval: float = 10.0,
         llm: LLMSettings | None = None,
         weight_push: WeightPushSettings | None = None,
+        policy: nn.Module | None = None,
+        push_policy_changes: bool = True,
+        create_env_fn: Callable[..., Any] | None = None,
+        create_env_kwargs: dict[str, Any] | None = None,
+        policy_device: Any = None,
+        env_device: Any = None,
+        compile_policy: bool | dict[str, Any] | None = None,
+        cudagraph_policy: bool | dict[str, Any] | None = None,
+        update_at_each_batch: bool = False,
+        policy_factory: Any = None,
+        backend: str | None = None,
+        backend_options: dict[str, Any] | None = None,
+        num_collectors: int | None = None,
+        num_workers: int | None = None,
+        collector_class: Any = None,
+        collector_kwargs: Any = None,
+        num_workers_per_collector: int = 1,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_configs: Any = None,
+        use_env_creator: bool = False,
+        init_fn: Callable[[int], None] | None = None,
+        num_threads: int | None = None,
+        num_sub_threads: int = 1,
+        worker_idx: int | None = None,
+        interruptor: Any = None,
+        preemptive_threshold: float | None = None,
+        return_same_td: bool = False,
+        use_buffers: bool | None = None,
+        track_traj_ids: bool = True,
+        track_policy_version: Any = False,
+        trust_policy: bool | None = None,
+        no_cuda_sync: bool | None = False,
+        extend_buffer: bool = True,
+        weight_updater: Any = None,
+        weight_sync_schemes: Any = None,
+        weight_recv_schemes: Any = None,
+        auto_register_policy_transforms: bool | None = None,
+        pre_collect_hook: Callable[..., Any] | None = None,
+        post_collect_hook: Callable[..., Any] | None = None,
+        compact_obs: bool = False,
+        trajs_per_batch: int | None = None,
+        trajs_per_write: int | None = None,
+        traj_format: str | None = None,
         device: Any = None,
         storing_device: Any = None,
     ) -> None:
+        given = locals()  # TorchRL's arguments by name, before any other local exists
+        check_torchrl_only(given)  # refuses trajs_per_batch, warns where it should
+        on_actors = ActorPlacement.from_arguments(given)
+        update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
+        self._shared = None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
+        self._env_check = (
+            None if create_env_fn is None else env_signature(create_env_fn, create_env_kwargs)
+        )
         self._placement = Placement(device, storing_device)
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
@@ -177,6 +242,7 @@ class GrpcCollector:
             set_truncated=set_truncated,
             model_id=model_id,
             llm=llm,
+            placement=on_actors,
         )
         conn = ConnectionSettings(
             connect_timeout=connect_timeout,
@@ -220,7 +286,7 @@ class GrpcCollector:
         )
         try:
             links = self._fleet.describe(addresses)
-            self._fleet.join(links, self._batch, self._rollout.model_id)
+            self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
             self._membership.start()
         except BaseException:
             self._membership.close()
@@ -246,32 +312,12 @@ class GrpcCollector:
         with self._lock:
             self._check_open()
             links = self._fleet.describe(check_addresses(addresses))
-            self._fleet.join(links, self._batch, self._rollout.model_id)
+            self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
             if self._state is _State.RUNNING:
                 settings = self._session_settings()
                 self._fleet.start_joined(links, settings, sync=bool(self._batch.sync))
                 self._rounds.update_budget()
             return [RemoteActor(link.address, link.worker_id) for link in links]
-
-    @property
-    def missing_workers(self) -> list[int]:
-        """Worker_ids absent from the last sync batch (``allow_partial_batches=True``)."""
-        return list(self._rounds.missing_workers)
-
-    @property
-    def worker_ids(self) -> list[int]:
-        """The fleet's worker_ids, sorted."""
-        return self._fleet.worker_ids
-
-    @property
-    def remote_collectors(self) -> list[RemoteActor]:
-        """The actors, as ``(address, worker_id)`` records ordered by worker_id."""
-        return [RemoteActor(address, w) for w, address in self._fleet.addresses().items()]
-
-    @property
-    def policy_version(self) -> dict[str, int]:
-        """The learner's policy version per model_id (never behind any actor's)."""
-        return self._book.versions()
 
     def __len__(self) -> int:
         """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
@@ -310,6 +356,7 @@ class GrpcCollector:
                 self._check_open()
                 if self._rounds.exhausted():
                     return None
+                push_shared(self._shared, self._pusher, self._rollout.model_id)
                 self._ensure_running()
             try:
                 candidates = (
@@ -320,6 +367,9 @@ class GrpcCollector:
             except Paused:
                 self._background.wait_resumed()
                 continue
+            if self._env_check is not None:  # create_env_fn's env against the first batch
+                check_env_signature(self._env_check, parts[0], f"actors {self.worker_ids}")
+                self._env_check = None
             parts = [self._placement.place(p) for p in parts]
             return parts if self.postproc is None else [self.postproc(p) for p in parts]
 
@@ -365,6 +415,11 @@ class GrpcCollector:
             SessionStateError: None given and no weights were given before for that model.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
+        shared = self._shared
+        given = (policy_or_weights, weights, policy, weights_dict)
+        if shared is not None and all(v is None for v in given) and model_id is None:
+            policy = shared.module  # TorchRL's no-argument form: the collector's own policy
+            shared.mark_pushed()
         request = normalize_update_args(
             policy_or_weights,
             weights=weights,
@@ -378,74 +433,6 @@ class GrpcCollector:
         with self._lock:
             self._check_open()
             return self._pusher.update(request)
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed every actor in worker_id order, each with the seed the previous one returned.
-
-        Returns the seed returned by the last actor (to chain further).
-        """
-        check_seed(seed)
-        with self._lock:
-            self._check_open()
-            return self._fleet.set_seed(seed, bool(static_seed))
-
-    def state_dict(self) -> dict[str, Any]:
-        """Learner counters plus each actor's state (GetState), keyed by worker_id.
-
-        Returns:
-            ``{"frames", "batches", "policy_version": {model_id: v},
-            "workers": {worker_id: uint8 tensor of the actor's safetensors state}}``
-            — plain tensors and ints, so ``torch.save`` and weights-only loading work.
-        """
-        with self._lock:
-            self._check_open()
-            return self._fleet.state_dict()
-
-    def actor_state(self, worker_id: int) -> dict[str, Any]:
-        """One actor's state, decoded (:mod:`learner_client._actor_state`).
-
-        On a TorchRL-env actor, ``"env"`` holds its transforms' state (``VecNorm``'s
-        statistics, as an eval env needs them).
-
-        Raises:
-            UnknownWorkerError: No actor in the fleet has ``worker_id``.
-        """
-        return actor_state_of(self.state_dict()["workers"], worker_id)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (all workers listed must be in the fleet).
-
-        Raises ValueError (missing keys) or UnknownWorkerError (a worker_id not in the fleet).
-        """
-        with self._lock:
-            self._check_open()
-            self._fleet.load_state_dict(state_dict)
-            self._rounds.update_budget()
-
-    def stats(
-        self, workers: str = "aggregate", *, timeout: float | None = 10.0
-    ) -> dict[str, int | float | bool]:
-        """TorchRL's flat, cheap snapshot of scalars (keys: ``docs/collector.md``, stats).
-
-        ``workers`` is TorchRL's view (``"aggregate"``, ``"per_worker"``, ``"both"``);
-        ``timeout`` (None or seconds) never matters: nothing waits on an actor.
-        ValueError for an unknown view or a bad timeout.
-        """
-        return snapshot(
-            workers,
-            timeout,
-            fleet=self._fleet,
-            batch=self._batch,
-            acting_model=self._rollout.model_id,
-            missing=self.missing_workers,
-            background_failed=self._background.error is not None,
-            completed=self._rounds.exhausted(),
-        )
-
-    @property
-    def worker_states(self) -> dict[int, str]:
-        """Each actor's link state by worker_id (``"streaming"``, ``"down"``, ``"failed"``…)."""
-        return self._fleet.states()
 
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:

@@ -27,9 +27,10 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._members import FleetMember
+from learner_client._members import FleetMember, check_devices
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._slabs import PacketSlabs
+from learner_client._torchrl_args import ActorPlacement
 from learner_client._transport import (
     ActorChannel,
     ActorDescription,
@@ -154,8 +155,16 @@ class Fleet:
             self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
             self.book.observe(link.worker_id, link.description.models)
 
-    def join(self, links: Sequence[Link], batch: BatchSettings, acting_model: str) -> None:
+    def join(
+        self,
+        links: Sequence[Link],
+        batch: BatchSettings,
+        acting_model: str,
+        placement: ActorPlacement | None = None,
+    ) -> None:
         """Register ``links`` if the fleet grown by them passes :func:`check_fleet`.
+
+        With ``placement``, every actor must also offer its devices (:func:`check_devices`).
 
         Raises:
             ValueError, UnknownModelError: As :func:`check_fleet`; the links' channels are
@@ -163,6 +172,9 @@ class Fleet:
         """
         try:
             check_fleet(batch, self.members(links), acting_model)
+            if placement is not None:
+                devices = placement.policy_device, placement.cudagraph_policy
+                check_devices(self.members(links), *devices)
         except BaseException:
             self.discard(links)
             raise
@@ -187,6 +199,7 @@ class Fleet:
                 tuple(link.description.models),
                 link.description.kind,
                 link.description.max_new_tokens_cap,
+                link.description.device,
             )
             for link in [*self._links.values(), *extra]
         ]

@@ -16,6 +16,7 @@ import contextlib
 import queue as queue_module
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -96,6 +97,18 @@ class _QueueSink:
                     with contextlib.suppress(queue_module.Empty):
                         self.target.get_nowait()
                         self.dropped += 1
+
+
+def _check_llm_only(**given: object) -> None:
+    """Warn about TorchRL LLM arguments that do nothing over gRPC although a user set them."""
+    for name, value in given.items():
+        if value is not None:
+            warnings.warn(
+                f"GrpcLLMCollector: {name}={value!r:.60} has no effect over gRPC (the actors "
+                "hold the model; push it with update_policy_weights_(model))",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
@@ -186,6 +199,11 @@ class GrpcLLMCollector:
         layout: ``"torchrl"`` or ``"padded"``.
         max_turns: Turn limit per dialog; 0 keeps the task's.
         token_versions: Record the policy version of every response token.
+        policy, policy_factory, async_envs, weight_updater, verbose, ray_init_config,
+            remote_config, sync_iter, num_cpus, num_gpus: ``LLMCollector``'s and
+            ``RayLLMCollector``'s, accepted with their defaults; none has an effect over
+            gRPC (the actors hold the model; pushes are ``update_policy_weights_(model)``),
+            and ``policy_factory`` or ``weight_updater`` given warn (docs/collector.md).
         **kwargs: ``GrpcCollector``'s connection, credit, deadline, TLS and token
             settings (``prefetch``, ``connect_timeout``, ``call_timeout``,
             ``batch_timeout``, ``allow_partial_batches``, ``channel_credentials``,
@@ -218,8 +236,19 @@ class GrpcLLMCollector:
         layout: str = "torchrl",
         max_turns: int = 0,
         token_versions: bool = False,
+        policy: Any = None,
+        policy_factory: Any = None,
+        async_envs: bool | None = None,
+        weight_updater: Any = None,
+        verbose: bool = False,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_config: dict[str, Any] | None = None,
+        sync_iter: bool = True,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
         **kwargs: Any,
     ) -> None:
+        _check_llm_only(policy_factory=policy_factory, weight_updater=weight_updater)
         _check_sinks(layout, queue_overflow, queue, replay_buffer)
         completed, last, flatten = _modes(
             yield_completed_trajectories,
@@ -259,6 +288,16 @@ class GrpcLLMCollector:
         self._connected = True  # the inner collector reached every actor
 
     # ------------------------------------------------------------ iteration
+
+    def set_postproc(self, postproc: Callable[[TensorDictBase], TensorDictBase] | None) -> None:
+        """Apply ``postproc`` to every following batch, after the layout (TorchRL's method).
+
+        Raises:
+            TypeError: ``postproc`` is neither callable nor None.
+        """
+        if postproc is not None and not callable(postproc):
+            raise TypeError(f"postproc must be callable or None, got {postproc!r:.60}")
+        self._shaper.postproc = postproc
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
         """Yield batches (None per batch stored in the buffer or queue) until the budget."""

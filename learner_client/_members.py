@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from common.config import DEFAULT_MODEL_ID
+from common.config import DEFAULT_MODEL_ID, same_device
 from common.llm import LLMSettings
 
-__all__ = ["FleetMember", "check_kinds"]
+__all__ = ["FleetMember", "check_devices", "check_kinds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,7 @@ class FleetMember:
         models: The model_ids it holds.
         kind: ``"env"``, ``"torchrl"`` (an env actor on a TorchRL env) or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
+        device: Where its policy runs.
     """
 
     address: str
@@ -37,6 +38,7 @@ class FleetMember:
     models: tuple[str, ...] = (DEFAULT_MODEL_ID,)
     kind: str = "env"
     max_new_tokens_cap: int = 0
+    device: str = "cpu"
 
 
 def check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:
@@ -59,3 +61,25 @@ def check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None
         raise ValueError(
             f"max_new_tokens={llm.generation.max_new_tokens} is above an actor's cap: {detail}"
         )
+
+
+def check_devices(members: Sequence[FleetMember], policy_device: str, cudagraph: bool) -> None:
+    """The actors run their policy on ``policy_device`` (if named), on CUDA for CUDA graphs.
+
+    The actors refuse such sessions themselves (FAILED_PRECONDITION); checking what
+    Describe reported turns the mistake into an error at construction.
+
+    Raises:
+        ValueError: Naming each actor on another device, its device and the one asked.
+    """
+    if policy_device:
+        wrong = [m for m in members if not same_device(policy_device, m.device)]
+        if wrong:
+            detail = ", ".join(f"worker_id {m.worker_id} runs it on {m.device}" for m in wrong)
+            raise ValueError(
+                f"policy_device={policy_device!r}, but {detail}: start the actors with "
+                f"--device {policy_device} (an actor never moves its policy)"
+            )
+    on_cpu = [m.worker_id for m in members if m.device.startswith("cpu")]
+    if cudagraph and on_cpu:
+        raise ValueError(f"cudagraph_policy needs CUDA actors; worker_ids {on_cpu} run on the CPU")

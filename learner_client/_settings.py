@@ -27,6 +27,7 @@ from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, ch
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client._members import FleetMember, check_kinds
+from learner_client._torchrl_args import ActorPlacement
 
 __all__ = [
     "BatchSettings",
@@ -178,6 +179,8 @@ class RolloutSettings:
         model_id: The model that acts.
         llm: LLM actors: what each session collects (sent with the settings).
         fold_observations: Send each observation once, rebuilt exactly (``common.packets.folding``).
+        placement: The devices and the policy form the actors must offer (TorchRL's
+            ``policy_device``, ``env_device``, ``compile_policy``, ``cudagraph_policy``).
 
     Raises:
         ValueError: A value out of range.
@@ -194,6 +197,7 @@ class RolloutSettings:
     model_id: str = DEFAULT_MODEL_ID
     llm: LLMSettings | None = None
     fold_observations: bool = True
+    placement: ActorPlacement = dataclasses.field(default_factory=ActorPlacement)
 
     def __post_init__(self) -> None:
         check_model_id(self.model_id)
@@ -232,6 +236,7 @@ class RolloutSettings:
             model_id=self.model_id,
             llm=self.llm,
             fold_observations=self.fold_observations,
+            **vars(self.placement),  # policy_device, env_device, compile_policy, cudagraph_policy
         )
 
 

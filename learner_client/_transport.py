@@ -183,6 +183,7 @@ class ActorDescription:
         learner_id: The learner holding the active session; empty when none.
         frames: Frames it collected.
         uptime_seconds: Seconds since it started.
+        device: Where its policy runs (``--device``).
     """
 
     address: str
@@ -199,6 +200,7 @@ class ActorDescription:
     learner_id: str = ""
     frames: int = 0
     uptime_seconds: float = 0.0
+    device: str = "cpu"
 
     @classmethod
     def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
@@ -225,6 +227,7 @@ class ActorDescription:
             learner_id=reply.learner_id,
             frames=int(reply.frames),
             uptime_seconds=float(reply.uptime_seconds),
+            device=reply.device or "cpu",
         )
 
 

@@ -25,6 +25,7 @@ import common
 from actor_service._config import ActorConfig
 from actor_service._core._identity import ActorIdentity, draw_epoch
 from actor_service._core._protocol import BatchRecorder, CoreModels
+from actor_service._placement import check_placement
 from actor_service._state import core_counters, core_state
 from common.config import CollectSettings, check_seed
 from common.errors import ClosedError, SessionStateError
@@ -176,6 +177,29 @@ class CoreBase(abc.ABC):
             kind=self.kind,
             policy=self.policy,
         )
+
+    @property
+    def env_device(self) -> str:
+        """Where the envs step: gymnasium envs, and the TorchRL envs hosted so far, on the CPU."""
+        return "cpu"
+
+    def place(self, settings: CollectSettings) -> None:
+        """Refuse a session asking for other devices or CUDA graphs; compile its policy or not.
+
+        Called on the collection thread before :meth:`configure`.
+
+        Raises:
+            PlacementError: As :func:`~actor_service._placement.check_placement`, or a
+                compiled policy asked of a model that cannot be compiled.
+            UnknownModelError: ``settings.model_id`` is not registered.
+        """
+        check_placement(
+            settings,
+            worker_id=self.worker_id,
+            policy_device=self.device,
+            env_device=self.env_device,
+        )
+        self.models.use_compiled(settings.model_id, settings.compile_policy)
 
     @abc.abstractmethod
     def configure(self, settings: CollectSettings) -> None:

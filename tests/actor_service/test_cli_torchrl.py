@@ -48,7 +48,15 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
             "agents of different shapes",
         ),
     ],
-    ids=["env-raises", "not-an-env", "policy-raises", "mlp", "no-module", "meta-device", "heterogeneous"],
+    ids=[
+        "env-raises",
+        "not-an-env",
+        "policy-raises",
+        "mlp",
+        "no-module",
+        "meta-device",
+        "heterogeneous",
+    ],
 )
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:
     out = _run(args)

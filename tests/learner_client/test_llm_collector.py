@@ -310,3 +310,33 @@ def test_is_initialized_from_construction_until_shutdown(llm_fleet) -> None:
     finally:
         collector.shutdown()
     assert not collector.is_initialized()
+
+
+def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
+    """LLMCollector's and RayLLMCollector's arguments (read from the installed torchrl) are
+    GrpcLLMCollector's, each default accepted without a warning; set_postproc applies."""
+    import inspect
+    import warnings
+
+    from torchrl.collectors.llm import LLMCollector, RayLLMCollector
+
+    ours = inspect.signature(GrpcLLMCollector.__init__).parameters
+    defaults: dict[str, object] = {}
+    for cls in (LLMCollector, RayLLMCollector):
+        for name, param in inspect.signature(cls.__init__).parameters.items():
+            if name in ("self", "env"):  # the fleet's addresses stand for the env
+                continue
+            assert name in ours, f"{cls.__name__}({name}=...) is not a GrpcLLMCollector argument"
+            if param.default is not param.empty and name != "dialog_turns_per_batch":
+                defaults[name] = param.default
+    assert {"remote_config", "sync_iter", "weight_updater", "num_gpus"} <= set(defaults)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        collector = _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, **defaults)
+    with collector:
+        collector.set_postproc(lambda batch: batch.set("seen", torch.ones(batch.shape)))
+        assert collector.next()["seen"].all()
+        with pytest.raises(TypeError, match="postproc"):
+            collector.set_postproc(3)  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match="weight_updater"):
+        _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, weight_updater=object()).shutdown()

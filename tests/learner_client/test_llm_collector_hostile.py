@@ -76,6 +76,9 @@ class _HostileCore:
             kind="llm", policy="rlfleet:tiny-qwen2",
         )  # fmt: skip
 
+    def place(self, settings) -> None:
+        pass  # no device or compile asked of it
+
     def configure(self, settings) -> None:
         self.settings = settings
 

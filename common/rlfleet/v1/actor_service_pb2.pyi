@@ -36,7 +36,7 @@ END_REASON_TAKEN_OVER: EndReason
 END_REASON_CLOSED: EndReason
 
 class CollectSettings(_message.Message):
-    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id", "llm", "fold_observations")
+    __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id", "llm", "fold_observations", "policy_device", "env_device", "compile_policy", "cudagraph_policy")
     FRAMES_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAMES_PER_TRAJ_FIELD_NUMBER: _ClassVar[int]
     INIT_RANDOM_FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,10 @@ class CollectSettings(_message.Message):
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     LLM_FIELD_NUMBER: _ClassVar[int]
     FOLD_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ENV_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    CUDAGRAPH_POLICY_FIELD_NUMBER: _ClassVar[int]
     frames_per_batch: int
     max_frames_per_traj: int
     init_random_frames: int
@@ -61,7 +65,23 @@ class CollectSettings(_message.Message):
     model_id: str
     llm: LLMSettings
     fold_observations: bool
-    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ..., llm: _Optional[_Union[LLMSettings, _Mapping]] = ..., fold_observations: _Optional[bool] = ...) -> None: ...
+    policy_device: str
+    env_device: str
+    compile_policy: CompileSettings
+    cudagraph_policy: bool
+    def __init__(self, frames_per_batch: _Optional[int] = ..., max_frames_per_traj: _Optional[int] = ..., init_random_frames: _Optional[int] = ..., reset_at_each_iter: _Optional[bool] = ..., reset_when_done: _Optional[bool] = ..., split_trajs: _Optional[bool] = ..., exploration_type: _Optional[_Union[ExplorationType, str]] = ..., set_truncated: _Optional[bool] = ..., total_frames: _Optional[int] = ..., model_id: _Optional[str] = ..., llm: _Optional[_Union[LLMSettings, _Mapping]] = ..., fold_observations: _Optional[bool] = ..., policy_device: _Optional[str] = ..., env_device: _Optional[str] = ..., compile_policy: _Optional[_Union[CompileSettings, _Mapping]] = ..., cudagraph_policy: _Optional[bool] = ...) -> None: ...
+
+class CompileSettings(_message.Message):
+    __slots__ = ("backend", "mode", "fullgraph", "dynamic")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FULLGRAPH_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    mode: str
+    fullgraph: bool
+    dynamic: bool
+    def __init__(self, backend: _Optional[str] = ..., mode: _Optional[str] = ..., fullgraph: _Optional[bool] = ..., dynamic: _Optional[bool] = ...) -> None: ...
 
 class GenerationSettings(_message.Message):
     __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids")

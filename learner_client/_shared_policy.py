@@ -1,0 +1,134 @@
+"""The learner's policy module, followed as TorchRL's collectors share it with their workers.
+
+TorchRL's ``Collector(env, policy, ...)`` holds the learner's own policy object: its
+workers read its memory, so an optimiser step or an annealed exploration buffer
+(``EGreedyModule.step()``) is what the next batch acts with, and many scripts never
+call ``update_policy_weights_``. ``GrpcCollector(..., policy=module)`` gives the same
+result over the network: :class:`SharedPolicy` remembers the module, and the collector
+pushes it (parameters and buffers) before the first batch and, unless told otherwise,
+whenever it changed before the next batch is requested.
+
+Noticing a change is cheap: a parameter changed in place (an optimiser step, a
+``copy_`` under ``no_grad``) bumps its version counter, and buffers (an epsilon, a noise
+scale, normalisation statistics: a few numbers) are compared with a copy of their last
+pushed values. Nothing is compared element by element on the parameters. A change made
+through ``.data`` on a *parameter* bumps no counter and is not seen: push it with
+``update_policy_weights_()``. Buffers of more than :data:`VALUE_CHECKED_BUFFER_ELEMENTS`
+elements are followed by their version counters alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from common.errors import is_transient
+from learner_client._errors import WeightPushError
+from learner_client._pushes import Pusher
+from learner_client._weights import normalize_update_args
+
+__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy", "push_shared"]
+
+log = logging.getLogger("learner_client")
+
+#: Buffers up to this size are compared by value (``.data.copy_`` bumps no version counter,
+#: and TorchRL's exploration modules anneal their buffers that way).
+VALUE_CHECKED_BUFFER_ELEMENTS = 1 << 16
+
+
+class SharedPolicy:
+    """The module passed as ``policy=``, and whether it changed since it was last pushed.
+
+    Args:
+        module: The learner's policy.
+        follow: Push it whenever it changed before each batch (TorchRL's shared policy);
+            False pushes it only at the start and when ``update_policy_weights_`` asks.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module``, ``follow`` not a bool.
+    """
+
+    def __init__(self, module: nn.Module, *, follow: bool) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"policy must be an nn.Module (the actors act with their own copy), "
+                f"got {type(module).__name__}"
+            )
+        if not isinstance(follow, bool):
+            raise TypeError(f"push_policy_changes must be a bool, got {follow!r}")
+        self.module = module
+        self.follow = follow
+        self.pushed = False
+        self._versions: tuple[tuple[int, int], ...] = ()
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def due(self) -> bool:
+        """Whether the module must be pushed before the next batch.
+
+        True before the first push; afterwards, when following and a parameter or
+        buffer changed since the last push.
+        """
+        if not self.pushed:
+            return True
+        return self.follow and self.changed()
+
+    def changed(self) -> bool:
+        """Whether a parameter or buffer changed since :meth:`mark_pushed` (cheap)."""
+        if self._counters() != self._versions:
+            return True
+        for name, buffer in self.module.named_buffers():
+            old = self._buffers.get(name)
+            if old is not None and not torch.equal(old, buffer.detach()):
+                return True
+        return False
+
+    def mark_pushed(self) -> None:
+        """Record the module's state as pushed (call right before the push reads it)."""
+        self.pushed = True
+        self._versions = self._counters()
+        self._buffers = {
+            name: buffer.detach().clone()
+            for name, buffer in self.module.named_buffers()
+            if buffer.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS
+        }
+
+    def forget(self) -> None:
+        """Treat the module as changed (its last push failed somewhere)."""
+        self._versions = ()
+
+    def _counters(self) -> tuple[tuple[int, int], ...]:
+        tensors = [*self.module.parameters(), *self.module.buffers()]
+        return tuple((id(t), t._version) for t in tensors)
+
+
+def push_shared(shared: SharedPolicy | None, pusher: Pusher, model_id: str) -> None:
+    """Push ``shared`` to every reachable actor if it is due (before the next batch).
+
+    Each push is a delta where the actors hold the previous one and it is smaller
+    (``learner_client._delta_tracker``), a full push otherwise. An actor that is down
+    gets the weights when it is re-admitted.
+
+    Raises:
+        WeightPushError: A reachable actor refused the push (not a transient failure).
+    """
+    if shared is None or not shared.due():
+        return
+    targets = [w for w in pusher.fleet.worker_ids if pusher.fleet.reachable(w)]
+    if not targets:
+        return
+    shared.mark_pushed()  # before encoding: a change made while it travels is seen next time
+    request = normalize_update_args(
+        policy=shared.module, model_id=model_id, worker_ids=targets, delta=True
+    )
+    try:
+        pusher.update(request)
+    except WeightPushError as exc:
+        shared.forget()
+        fatal = {w: e for w, e in exc.failed.items() if not is_transient(e)}
+        if fatal:
+            raise
+        log.warning(
+            "pushing the shared policy to worker_ids %s failed: %s", sorted(exc.failed), exc
+        )

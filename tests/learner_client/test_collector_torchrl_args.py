@@ -1,0 +1,248 @@
+"""A TorchRL script's collector line, pointed at a fleet: every argument, the shared policy.
+
+TorchRL 0.14.1's collectors are read from the installed package (signatures, the
+``EGreedyModule`` that anneals a buffer); the actors are real subprocesses on loopback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pathlib
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from learner_fleet import cartpole_policy, start_actors
+from torchrl.collectors import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
+from torchrl.collectors.distributed import RayCollector
+from torchrl.envs import GymEnv
+
+from actor_service._placement import CompiledForward
+from common.config import CompileSettings
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from learner_client import GrpcCollector
+from learner_client._torchrl_args import NO_EFFECT
+
+ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
+ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
+TORCHRL_CLASSES = (Collector, MultiSyncCollector, MultiAsyncCollector, AsyncCollector, RayCollector)
+# Arguments TorchRL requires (no default) or that a fleet takes as its first argument.
+REQUIRED = {"self", "create_env_fn", "frames_per_batch"}
+
+sys.path.insert(0, str(ACTOR_TESTS))
+import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
+
+
+@pytest.fixture(scope="module")
+def cartpole() -> Iterator[list[str]]:
+    args = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(50 + w)] for w in range(2)]
+    actors = start_actors(args)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+def _declared(cls: type) -> dict[str, inspect.Parameter]:
+    """The named ``__init__`` parameters of ``cls`` (the first class up the MRO that has them)."""
+    for klass in cls.__mro__:
+        params = inspect.signature(klass.__init__).parameters
+        named = {
+            n: p
+            for n, p in params.items()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n != "self"
+        }
+        if named:
+            return named
+    raise AssertionError(f"no named __init__ parameters on {cls}")
+
+
+def test_every_argument_of_torchrl_collectors_is_accepted_with_its_default(
+    cartpole: list[str],
+) -> None:
+    """Each argument TorchRL's Collector, MultiSyncCollector, MultiAsyncCollector,
+    AsyncCollector and RayCollector declare is a GrpcCollector argument; each of their
+    defaults constructs a collector without a TypeError and without a warning."""
+    ours = inspect.signature(GrpcCollector.__init__).parameters
+    declared: dict[str, list[Any]] = {}
+    for cls in TORCHRL_CLASSES:
+        for name, param in _declared(cls).items():
+            assert name in ours, f"{cls.__name__}({name}=...) is not a GrpcCollector argument"
+            values = declared.setdefault(name, [])
+            if param.default is not param.empty and param.default not in values:
+                values.append(param.default)
+    assert {"device", "storing_device", "policy_device", "compile_policy"} <= set(declared)
+    assert {"weight_sync_schemes", "update_at_each_batch", "trust_policy"} <= set(declared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name, values in sorted(declared.items()):
+            for value in values if name not in REQUIRED else []:
+                with GrpcCollector(cartpole, frames_per_batch=16, **{name: value}) as collector:
+                    assert collector.worker_ids == [0, 1], (name, value)
+    assert set(NO_EFFECT) <= set(declared)  # nothing documented as inert that TorchRL lacks
+
+
+def test_torchrl_attributes_aliases_and_refusals(cartpole: list[str]) -> None:
+    """The attributes scripts read; ``update_at_each_batch``; what is refused or warned."""
+    with GrpcCollector(
+        cartpole, frames_per_batch=16, total_frames=64, init_random_frames=32, sync=True
+    ) as collector:
+        assert (collector.total_frames, collector.frames_per_batch) == (64, 16)
+        assert collector.requested_frames_per_batch == 16
+        assert collector.init_random_frames == 32
+        assert collector.policy is None
+        with pytest.raises(AttributeError):
+            collector.total_frames = 1  # type: ignore[misc]
+    with GrpcCollector(cartpole, frames_per_batch=16, update_at_each_batch=True) as collector:
+        assert collector._batch.update_after_each_batch
+    with pytest.raises(ValueError, match="trajs_per_batch"):
+        GrpcCollector(cartpole, frames_per_batch=16, trajs_per_batch=4)
+    with pytest.warns(UserWarning, match="weight_sync_schemes"):
+        GrpcCollector(cartpole, frames_per_batch=16, weight_sync_schemes={"policy": 1}).shutdown()
+    with pytest.raises(ValueError, match="compile_policy options"):
+        GrpcCollector(cartpole, frames_per_batch=16, compile_policy={"options": {"x": 1}})
+
+
+def test_a_policy_device_the_actors_do_not_run_on_is_refused(cartpole: list[str]) -> None:
+    """policy_device / cudagraph_policy on CPU actors: refused at construction, naming each
+    actor and both devices; never a silent fall back to the CPU."""
+    with pytest.raises(ValueError, match=r"policy_device='cuda:1'.*worker_id 0 runs it on cpu"):
+        GrpcCollector(cartpole, frames_per_batch=16, policy_device=torch.device("cuda", 1))
+    with pytest.raises(
+        ValueError, match=r"cudagraph_policy needs CUDA actors; worker_ids \[0, 1\]"
+    ):
+        GrpcCollector(cartpole, frames_per_batch=16, cudagraph_policy=True)
+    with GrpcCollector(
+        cartpole, frames_per_batch=16, policy_device="cpu", env_device="cpu", sync=True
+    ) as collector:
+        assert collector.next().batch_size == (2, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("env_device", "cuda:0", ["actor 1", "env", "cpu", "'cuda:0'"]),
+        ("policy_device", "meta", ["actor 1", "policy", "cpu", "'meta'"]),
+        ("cudagraph_policy", True, ["actor 1", "CUDA graphs"]),
+    ],
+)
+def test_actor_refuses_a_session_placed_elsewhere_with_failed_precondition(
+    cartpole: list[str], field: str, value: object, words: list[str]
+) -> None:
+    """The actor itself refuses, whatever the learner checked: FAILED_PRECONDITION naming it."""
+    settings = pb.CollectSettings(frames_per_batch=8, reset_when_done=True, **{field: value})
+    request = pb.CollectRequest(open=pb.OpenSession(settings=settings, credits=1, learner_id="t"))
+    with grpc.insecure_channel(cartpole[1]) as channel:
+        call = pb_grpc.ActorServiceStub(channel).Collect(iter([request]), timeout=10)
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    for word in words:
+        assert word in info.value.details()
+
+
+def test_compile_policy_compiles_the_actors_policy_for_the_session(cartpole: list[str]) -> None:
+    """``compile_policy`` travels as plain options; the actors act through torch.compile."""
+    policy = cartpole_policy()
+    with GrpcCollector(
+        cartpole,
+        frames_per_batch=16,
+        sync=True,
+        policy=policy,
+        compile_policy={"backend": "eager", "fullgraph": False},
+    ) as collector:
+        batch = collector.next()
+        with torch.no_grad():
+            expected = policy(batch["observation"])[0]  # (logits, action, log_prob)
+        torch.testing.assert_close(batch["logits"], expected)
+    forward = CompiledForward(torch.nn.Linear(3, 2))
+    forward.use(CompileSettings(backend="eager"))
+    assert forward.compiled
+    x = torch.ones(4, 3)
+    torch.testing.assert_close(forward(x), forward.eager(x))
+    forward.use(None)
+    assert not forward.compiled
+
+
+def test_a_script_that_never_pushes_trains_the_actors(cartpole: list[str]) -> None:
+    """TorchRL's shared policy: with ``policy=``, every optimiser step reaches the actors
+    before the next batch, though the script never calls update_policy_weights_."""
+    policy = cartpole_policy()
+    optim = torch.optim.SGD(policy.parameters(), lr=0.5)
+    with GrpcCollector(
+        cartpole, frames_per_batch=16, total_frames=16 * 4, sync=True, policy=policy
+    ) as collector:
+        assert collector.policy is policy
+        versions = []
+        for batch in collector:
+            with torch.no_grad():  # the batch was acted by exactly the learner's module
+                torch.testing.assert_close(batch["logits"], policy(batch["observation"])[0])
+            versions.append(int(batch["next", "policy_version"].max()))
+            optim.zero_grad()
+            policy(batch["observation"])[0].sum().backward()
+            optim.step()
+        assert versions == list(range(versions[0], versions[0] + 4))  # one push per step
+        assert collector.stats()["push_bytes"] > 0
+    with GrpcCollector(
+        cartpole, frames_per_batch=16, sync=True, policy=policy, push_policy_changes=False
+    ) as collector:
+        first = int(collector.next()["next", "policy_version"].max())
+        with torch.no_grad():
+            for param in policy.parameters():
+                param.add_(1.0)
+        assert int(collector.next()["next", "policy_version"].max()) == first  # not followed
+        assert collector.update_policy_weights_() == {0: first + 1, 1: first + 1}
+
+
+@pytest.fixture(scope="module")
+def egreedy() -> Iterator[list[str]]:
+    base = ["--kind", "torchrl", "--env-factory", "rlfleet_test_torchrl:cartpole"]
+    policy = ["--policy", "rlfleet_test_torchrl:egreedy_policy", "--policy-kwargs", '{"eps": 1.0}']
+    args = [[*base, *policy, "--worker-id", str(w), "--num-envs", "2"] for w in range(2)]
+    actors = start_actors(args, env=ACTOR_ENV)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+def test_an_annealed_epsilon_reaches_torchrl_actors(egreedy: list[str]) -> None:
+    """DQN's ``EGreedyModule.step()`` anneals a buffer (through ``.data``); the next batch of
+    every actor acts with the annealed epsilon, and create_env_fn's env matches the fleet."""
+    policy = rlfleet_test_torchrl.egreedy_policy(rlfleet_test_torchrl.cartpole(), eps=1.0)
+    with GrpcCollector(
+        egreedy,
+        create_env_fn=rlfleet_test_torchrl.cartpole,
+        policy=policy,
+        frames_per_batch=64,
+        sync=True,
+    ) as collector:
+        batch = collector.next()
+        greedy = batch["action"].argmax(-1) == batch["action_value"].argmax(-1)
+        assert greedy.float().mean() < 0.9  # eps = 1: random actions
+        policy[1].step(10)  # eps: 1.0 -> 0.0
+        assert float(policy[1].eps) == 0.0
+        batch = collector.next()
+        assert (batch["action"].argmax(-1) == batch["action_value"].argmax(-1)).all()
+    with (
+        pytest.raises(ValueError, match="create_env_fn's env has 'pixels'"),
+        GrpcCollector(
+            egreedy,
+            create_env_fn=lambda: GymEnv("CartPole-v1", from_pixels=False).append_transform(
+                _pixels_transform()
+            ),
+            frames_per_batch=64,
+            sync=True,
+        ) as collector,
+    ):
+        collector.next()
+
+
+def _pixels_transform() -> Any:
+    from torchrl.envs import UnsqueezeTransform
+
+    return UnsqueezeTransform(dim=-1, in_keys=["observation"], out_keys=["pixels"])
