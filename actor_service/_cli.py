@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actor_service._config import CHOICES, INT_RANGES, ActorConfig, ModelSpec
-from actor_service._startup_checks import check_startup
 from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
@@ -461,6 +460,21 @@ def _with_flags(message: str) -> str:
     return f"{message} ({sources})" if sources else message
 
 
+def _check_before_binding(config: ActorConfig) -> None:
+    """Exit 2 before a port is bound if the actor's env or models cannot start.
+
+    torchrl missing (the message names the extra), an env factory that raises or returns
+    the wrong kind of env, a model the kind cannot build or one that reads keys its steps
+    do not hold (see :mod:`actor_service._cli_checks`).
+    """
+    from actor_service._cli_checks import check_before_binding
+
+    try:
+        check_before_binding(config)
+    except ValueError as exc:
+        build_parser().error(f"--kind {config.kind}: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``rlfleet-actor``: parse, set up logging, serve until SIGTERM/SIGINT.
 
@@ -471,10 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code: 0 after a graceful stop, 1 if the actor failed to start.
     """
     config = parse_config(argv)
-    try:
-        check_startup(config)
-    except ValueError as exc:
-        build_parser().error(str(exc))
+    _check_before_binding(config)
     # torch and gRPC are imported only once the arguments are known to be good.
     from actor_service._logging import configure_logging
     from actor_service._server import serve

@@ -30,6 +30,7 @@ from common.policies import load_callable
 __all__ = [
     "close_pool",
     "derive_seed",
+    "env_fn",
     "env_name",
     "kill_pool",
     "make_env_pool",
@@ -59,7 +60,8 @@ def env_name(config: ActorConfig) -> str:
     return config.env_factory or config.env
 
 
-def _env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
+def env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
+    """What makes one env of the pool: the factory or ``gymnasium.make``, with ``env_kwargs``."""
     # A partial of the user's own callable pickles by reference, and a spawned worker
     # then imports only that callable's module (not ours, which would pull in torch).
     if config.env_factory:
@@ -89,7 +91,7 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
         raise ValueError(f"env_backend must be 'sync' or 'async', got {config.env_backend!r}")
     if not config.env_factory and not config.env:
         raise ValueError("set env (a gymnasium id) or env_factory ('package.module:function')")
-    env_fns = [_env_fn(config)] * config.num_envs
+    env_fns = [env_fn(config)] * config.num_envs
     try:
         if config.env_backend == "sync":
             pool: VectorEnv = SyncVectorEnv(

@@ -31,6 +31,7 @@ __all__ = ["BENCHES", "main", "run_one"]
 #: Script name -> module, in the order they run.
 BENCHES = {
     "cartpole": "bench.cartpole",
+    "torchrl_envs": "bench.torchrl_envs",
     "large_obs": "bench.large_obs",
     "learner_cost": "bench.learner_cost",
     "weight_push": "bench.weight_push",
@@ -45,6 +46,7 @@ BENCHES = {
 # Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
 _FLEET_FLAGS = {
     "cartpole",
+    "torchrl_envs",
     "large_obs",
     "learner_cost",
     "weight_push",

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from common.config import check_seed
+from learner_client._actor_state import actor_state_of
 from learner_client._background import Background
 from learner_client._fleet import Fleet, RemoteActor
 from learner_client._rounds import Rounds
@@ -108,6 +109,17 @@ class FleetState:
         with self._lock:
             self._check_open()
             return self._fleet.state_dict()
+
+    def actor_state(self, worker_id: int) -> dict[str, Any]:
+        """One actor's state, decoded (:mod:`learner_client._actor_state`).
+
+        On a TorchRL-env actor, ``"env"`` holds its transforms' state (``VecNorm``'s
+        statistics, as an eval env needs them).
+
+        Raises:
+            UnknownWorkerError: No actor in the fleet has ``worker_id``.
+        """
+        return actor_state_of(self.state_dict()["workers"], worker_id)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (all workers listed must be in the fleet).

@@ -29,6 +29,7 @@ OUR_PACKAGES = ("common", "actor_service", "learner_client", "apps", "bench")
 LAZY_INTEROP = {
     "apps/grpo/_torchrl_loss.py": {"torchrl"},
     "actor_service/_core/_torchrl.py": {"torchrl"},
+    "actor_service/_core/_torchrl_pool.py": {"torchrl"},
 }
 
 

@@ -7,15 +7,13 @@ collector hosts: a ``torchrl.envs.EnvBase`` with its transforms and any
 TorchRL's own ``env.step_and_maybe_reset`` and ``rand_action``: whatever keys the env,
 its transforms and the policy write reach the batch with TorchRL's nesting and dtypes.
 
-The env pool (:func:`build_pool`): ``GymEnv(env, **env_kwargs)`` or the
-``env_factory``'s env, ``num_envs`` copies in a ``SerialEnv`` (``env_backend="sync"``,
-in-process) or a ``ParallelEnv`` (``"async"``, spawned subprocesses); an env that is
-batched itself is the pool as it is; ``max_frames_per_traj`` steps it under a
-``StepCounter``, as TorchRL's collector wraps its env. What rlfleet adds stays: credits
-and sessions (the serving layer), the weight swap between steps and the version of the
-weights that chose each frame (``policy_version``), fleet-unique ``("collector",
-"traj_ids")``, ``init_random_frames`` per session, the seed chain, state, metrics and
-draining.
+The env pool comes from :func:`~actor_service._core._torchrl_pool.build_pool` (a
+``SerialEnv``/``ParallelEnv`` of ``num_envs`` envs, or an env batched itself);
+``max_frames_per_traj`` steps it under a ``StepCounter``, as TorchRL's collector wraps
+its env. What rlfleet adds stays: credits and sessions (the serving layer), the weight
+swap between steps and the version of the weights that chose each frame
+(``policy_version``), fleet-unique ``("collector", "traj_ids")``, ``init_random_frames``
+per session, the seed chain, state, metrics and draining.
 
 torchrl is an optional extra (``rlfleet[torchrl]``): it is imported here only, inside
 functions, so an actor of another kind never loads it.
@@ -23,10 +21,8 @@ functions, so an actor of another kind never loads it.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,121 +34,19 @@ from actor_service._batch import split_trajectories
 from actor_service._config import ActorConfig
 from actor_service._core._base import CoreBase, check_abandoned
 from actor_service._core._protocol import BatchRecorder
+from actor_service._core._torchrl_pool import build_pool, limited
 from actor_service._env_pool import env_name
 from actor_service._models import interaction_of
 from actor_service._td_batch import fold_observations, nested_state, stack_frames, stage_env_state
-from actor_service._td_models import TDModels, build_td_model, check_td_factory
+from actor_service._td_models import TDModels, build_td_model
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import EnvError
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.packets.folding import FoldedBatch
-from common.policies import load_callable
 
-__all__ = ["TORCHRL_EXTRA", "TorchRLCore", "build_pool", "check_torchrl_config"]
+__all__ = ["TorchRLCore"]
 
-#: What to install for a TorchRL-env actor.
-TORCHRL_EXTRA = "pip install 'rlfleet[torchrl]'"
 _TRAJ_IDS = ("collector", "traj_ids")
-
-
-def _torchrl_envs() -> Any:
-    """``torchrl.envs``, or a ValueError naming the extra to install."""
-    try:
-        import torchrl.envs
-    except ImportError as exc:
-        raise ValueError(
-            f"kind 'torchrl' needs torchrl, which is not installed ({exc}): {TORCHRL_EXTRA}"
-        ) from None
-    return torchrl.envs
-
-
-def _env_maker(config: ActorConfig) -> Callable[[], Any]:
-    # A partial of an importable callable pickles by reference (ParallelEnv's workers).
-    if config.env_factory:
-        return functools.partial(load_callable(config.env_factory), **dict(config.env_kwargs))
-    return functools.partial(_torchrl_envs().GymEnv, config.env, **dict(config.env_kwargs))
-
-
-def _first_env(config: ActorConfig) -> Any:
-    """One env from the factory (or ``GymEnv``), checked to be a ``torchrl.envs.EnvBase``."""
-    if torch.device(config.device).type != "cpu":  # the carrier stays on the env's device
-        raise ValueError(
-            f"kind 'torchrl' runs its policies on the CPU for now, not {config.device!r}"
-        )
-    envs = _torchrl_envs()
-    make = _env_maker(config)
-    try:
-        env = make()
-    except Exception as exc:
-        raise ValueError(
-            f"env factory {env_name(config)!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(env, envs.EnvBase):
-        raise ValueError(
-            f"env factory {env_name(config)!r} returned a {type(env).__name__}, "
-            "not a torchrl.envs.EnvBase (kind 'torchrl')"
-        )
-    if env.batch_size and (env.batch_dims != 1 or env.batch_size[0] != config.num_envs):
-        env.close(raise_if_closed=False)
-        raise ValueError(
-            f"env factory {env_name(config)!r} returned an env batched as "
-            f"{list(env.batch_size)}: num_envs must be its batch size, got {config.num_envs}"
-        )
-    return env
-
-
-def check_torchrl_config(config: ActorConfig) -> None:
-    """What the command line checks before binding a port: one env and every model on it.
-
-    Raises:
-        ValueError: torchrl missing (naming the extra), a device other than the CPU, an env
-            factory that raises or returns no TorchRL env, or a model the kind cannot build
-            (``mlp``, a policy factory that raises or returns no ``TensorDictModuleBase``).
-    """
-    for spec in config.models:
-        check_td_factory(spec)
-    env = _first_env(config)
-    try:
-        for spec in config.models:
-            build_td_model(spec, env, env.rand_action, torch.device("cpu"))
-    finally:
-        env.close(raise_if_closed=False)
-
-
-def build_pool(config: ActorConfig) -> tuple[Any, Any]:
-    """The env pool and one env of its kind for the policy factories (the caller closes it).
-
-    ``num_envs`` envs in a ``SerialEnv`` (``sync``) or ``ParallelEnv`` (``async``, spawned);
-    an env batched already is both.
-    """
-    env = _first_env(config)
-    if env.batch_size:
-        return env, env
-    envs = _torchrl_envs()
-    make = _env_maker(config)
-    if config.env_backend == "sync":
-        return envs.SerialEnv(config.num_envs, make), env
-    return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
-
-
-def _limited(base: Any, limit: int) -> Any:
-    """``base`` as TorchRL's collector steps it for ``max_frames_per_traj=limit``.
-
-    Raises:
-        ValueError: The env counts steps already (TorchRL refuses it alike).
-    """
-    if limit <= 0:
-        return base
-    if any(
-        "step_count" in ((k,) if isinstance(k, str) else k)
-        for k in base.output_spec.keys(True, True)
-    ):
-        raise ValueError(
-            "max_frames_per_traj: the env has a 'step_count' key already (a StepCounter); "
-            "set its max_steps in the factory instead"
-        )
-    envs = _torchrl_envs()
-    return envs.TransformedEnv(base, envs.StepCounter(max_steps=limit))
 
 
 class TorchRLCore(CoreBase):
@@ -294,7 +188,7 @@ class TorchRLCore(CoreBase):
         Envs in the middle of a trajectory are reset first; envs just reset count from now.
         """
         if limit not in self._limited:
-            self._limited[limit] = _limited(self._base, limit)
+            self._limited[limit] = limited(self._base, limit)
         self._pool, self._limit = self._limited[limit], limit
         if not self._fresh:
             self._needs_reset = True
@@ -425,7 +319,7 @@ class TorchRLCore(CoreBase):
             if env is not self._base:
                 env.close(raise_if_closed=False)
             self._limited = {0: self._base}
-            self._pool = self._limited[self._limit] = _limited(self._base, self._limit)
+            self._pool = self._limited[self._limit] = limited(self._base, self._limit)
             self._pool_broken = False
             self._needs_reset = True
         if self._needs_reset:

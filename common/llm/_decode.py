@@ -5,6 +5,8 @@ token for every row at once, through a caller-given ``forward`` (the actor wraps
 call in its model lock, so a weight push lands between two tokens, never inside a
 forward, and reports the version each token was drawn at). Each token is drawn from
 :func:`process_logits` and its log-prob under exactly that distribution is recorded.
+The loop runs where the model is: its state and the sampling stay on that device, and
+the host sees the responses once, at the end (``common.llm._device``).
 
 :func:`response_log_probs` is the learner's side: one forward pass over right-padded
 ``prompt ‖ response`` tokens gives the same log-probs (to float rounding) at the same
@@ -228,10 +230,7 @@ def _draw(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its log-prob under the distribution it was drawn from."""
     log_probs = process_logits(logits, settings)
-    if settings.greedy:
-        token = logits.argmax(-1)
-    else:
-        token = _multinomial(log_probs.exp(), generator)
+    token = logits.argmax(-1) if settings.greedy else _multinomial(log_probs.exp(), generator)
     return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
 
 

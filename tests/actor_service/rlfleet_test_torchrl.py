@@ -39,6 +39,7 @@ from torchrl.modules import (
 from torchrl.testing.mocking_classes import (
     CountingEnv,
     HeterogeneousCountingEnv,
+    MultiAgentCountingEnv,
     MultiKeyCountingEnv,
     NestedCountingEnv,
 )
@@ -227,3 +228,8 @@ def multi_key_counting() -> EnvBase:
 def heterogeneous_counting() -> EnvBase:
     """TorchRL's ``HeterogeneousCountingEnv``: agents whose observations differ in shape."""
     return HeterogeneousCountingEnv(max_steps=7)
+
+
+def multi_agent_counting(agents: int = 3) -> EnvBase:
+    """TorchRL's ``MultiAgentCountingEnv``: ``("agents", "agent_i", ...)`` keys, own reward/done."""
+    return MultiAgentCountingEnv(n_agents=agents, max_steps=7)

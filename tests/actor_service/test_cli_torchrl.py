@@ -16,10 +16,12 @@ ROOT = HERE.parents[1]
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
 
 
-def _run(args: list[str], prelude: str = "") -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], prelude: str = "", kind: str = "torchrl"
+) -> subprocess.CompletedProcess[str]:
     code = f"{prelude}\nfrom actor_service.__main__ import main\nmain()"
     return subprocess.run(
-        [sys.executable, "-c", code, "--kind", "torchrl", "--port", "0", *args],
+        [sys.executable, "-c", code, "--kind", kind, "--port", "0", *args],
         capture_output=True, text=True, timeout=120, env=ENV,
     )  # fmt: skip
 
@@ -41,8 +43,20 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
         (["--policy", "mlp"], "gymnasium spaces"),
         (["--env-factory", "no_such_module_x:make"], "no_such_module_x"),
         (["--device", "meta"], "on the CPU for now"),
+        (
+            ["--env-factory", "rlfleet_test_torchrl:heterogeneous_counting"],
+            "agents of different shapes",
+        ),
     ],
-    ids=["env-raises", "not-an-env", "policy-raises", "mlp", "no-module", "meta-device"],
+    ids=[
+        "env-raises",
+        "not-an-env",
+        "policy-raises",
+        "mlp",
+        "no-module",
+        "meta-device",
+        "heterogeneous",
+    ],
 )
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:
     out = _run(args)
@@ -56,4 +70,22 @@ def test_cli_torchrl_exits_2_naming_the_extra_without_torchrl() -> None:
     out = _run([], prelude="import sys; sys.modules['torchrl'] = None")
     assert out.returncode == 2, out.stderr
     assert "pip install 'rlfleet[torchrl]'" in out.stderr
+    assert "ready" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "policy", "needs"),
+    [
+        ("CartPole-v1", "gym_lstm_policy", "'recurrent_state_c'"),
+        ("Pendulum-v1", "gym_ou_policy", "'is_init'"),
+    ],
+    ids=["lstm", "ou-noise"],
+)
+def test_cli_gymnasium_actor_exits_2_before_binding_on_a_policy_that_needs_torchrl(
+    env: str, policy: str, needs: str
+) -> None:
+    out = _run(["--env", env, "--policy", f"rlfleet_test_torchrl:{policy}"], kind="env")
+    assert out.returncode == 2, out.stderr
+    assert needs in out.stderr
+    assert "--kind torchrl" in out.stderr
     assert "ready" not in out.stdout

@@ -2,15 +2,12 @@
 
 The parity tests run a real actor server on loopback and a real learner
 (``GrpcCollector``), and TorchRL's ``Collector`` on the same env factory, policy factory
-and seed: the batches must be equal in keys, nesting, dtypes, shapes, names and values.
-Only what rlfleet adds differs: ``("collector", "traj_ids")`` are unique across the fleet
-(their boundaries must be TorchRL's) and the learner adds ``("collector", "worker_id")``.
+and seed: the batches must be equal but for what rlfleet adds (``torchrl_harness``).
 The other tests drive a :class:`TorchRLCore` directly.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
@@ -19,88 +16,28 @@ from tensordict import TensorDict
 
 pytest.importorskip("torchrl")
 import rlfleet_test_torchrl as factories
-from torchrl.collectors import Collector
 from torchrl.envs import SerialEnv
-from torchrl.envs.llm.transforms import PolicyVersion
+from torchrl_harness import (
+    TRAJ_IDS,
+    any_done,
+    assert_equal_batches,
+    fleet_batches,
+    torchrl_batches,
+    torchrl_config,
+)
 
 from actor_service import ActorConfig, ModelSpec, create_server
 from actor_service._core._torchrl import TorchRLCore
 from actor_service._state import decode_state
 from actor_service._td_batch import flat_state
 from common.config import CollectSettings
-from common.errors import EnvError, StaleVersionError, WeightsError
+from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
 from common.packets.folding import FoldedBatch
 from learner_client import GrpcCollector
 
-TRAJ_IDS = ("collector", "traj_ids")
-RLFLEET_ONLY = {TRAJ_IDS, ("collector", "worker_id")}
-
-
-def _factory(policy: str) -> str:
-    return policy if policy == "random" else f"rlfleet_test_torchrl:{policy}"
-
 
 def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: Any) -> ActorConfig:
-    base: dict[str, Any] = {
-        "kind": "torchrl",
-        "port": 0,
-        "env_factory": f"rlfleet_test_torchrl:{env}",
-        "num_envs": 2,
-        "seed": 0,
-        "grace_period": 2.0,
-        "models": (ModelSpec(factory=_factory(policy)),),
-    }
-    return ActorConfig(**(base | overrides))
-
-
-def _fleet_batches(config: ActorConfig, batches: int, **settings: Any) -> list[TensorDict]:
-    with create_server(config).run_in_thread() as actor:
-        address = f"127.0.0.1:{actor.port}"
-        with GrpcCollector([address], frames_per_batch=60, **settings) as collector:
-            return [collector.next() for _ in range(batches)]
-
-
-def _torchrl_batches(env: str, policy: str, batches: int, **settings: Any) -> list[TensorDict]:
-    make = getattr(factories, env)
-    pool = SerialEnv(2, make)
-    pool.set_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TorchRL's advisories (InitTracker), not ours
-        collector = Collector(
-            pool,
-            None if policy == "random" else getattr(factories, policy)(make()),
-            frames_per_batch=60,
-            track_policy_version=PolicyVersion(),
-            **settings,
-        )
-    # The actor seeds torch once its envs are seeded; TorchRL's Collector may call the
-    # policy while it is built (OU noise draws then), so torch is seeded after that.
-    torch.manual_seed(0)
-    try:
-        iterator = iter(collector)
-        return [next(iterator) for _ in range(batches)]
-    finally:
-        collector.shutdown()
-
-
-def _leaves(batch: TensorDict) -> dict[Any, torch.Tensor]:
-    return dict(batch.items(include_nested=True, leaves_only=True))
-
-
-def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool = False) -> None:
-    mine, reference = _leaves(ours), _leaves(theirs)
-    assert set(mine) - set(reference) == {("collector", "worker_id")}
-    assert set(reference) <= set(mine)
-    assert ours.batch_size == theirs.batch_size
-    # The learner names the last dim "time" on every batch (learner_client/_aggregate.py),
-    # split ones included; TorchRL's split_trajectories leaves it unnamed once it splits.
-    assert ours.names == (theirs.names if not split else [None, "time"])
-    for key, value in reference.items():
-        assert (mine[key].dtype, mine[key].shape) == (value.dtype, value.shape), key
-        if key not in RLFLEET_ONLY:
-            assert torch.equal(mine[key], value), key
-    ids, their_ids = ours.get(TRAJ_IDS), theirs.get(TRAJ_IDS)
-    assert torch.equal(ids[:, 1:] != ids[:, :-1], their_ids[:, 1:] != their_ids[:, :-1])
+    return torchrl_config(env, policy, **overrides)
 
 
 @pytest.mark.parametrize(
@@ -141,17 +78,11 @@ def _assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool =
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
     env: str, policy: str, settings: dict[str, Any]
 ) -> None:
-    ours = _fleet_batches(_config(env, policy), 2, **settings)
-    theirs = _torchrl_batches(env, policy, 2, **settings)
+    ours = fleet_batches(_config(env, policy), 2, **settings)
+    theirs = torchrl_batches(env, policy, 2, **settings)
     for mine, reference in zip(ours, theirs, strict=True):
-        _assert_equal_batches(mine, reference, split=settings.get("split_trajs", False))
-    ended = any(
-        bool(value.any())
-        for batch in ours
-        for key, value in batch["next"].items(True, True)
-        if (key if isinstance(key, str) else key[-1]) == "done"
-    )
-    assert ended, "an episode must end for the check to mean something"
+        assert_equal_batches(mine, reference, split=settings.get("split_trajs", False))
+    assert any_done(ours), "an episode must end for the check to mean something"
 
 
 def test_torchrl_core_trajectory_ids_are_fleet_unique_and_renewed_at_episode_ends() -> None:
@@ -267,7 +198,7 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
                 "env_factory": "rlfleet_test_torchrl:heterogeneous_counting",
                 "models": (ModelSpec(factory="random"),),
             },
-            "probe step",
+            "agents of different shapes under 'lazy'",
         ),
     ],
     ids=[
@@ -450,3 +381,22 @@ def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> N
         collector.load_state_dict(saved)
         after = _env_stats(core)
     assert all(torch.equal(after[k], v) for k, v in stats.items())
+
+
+def test_torchrl_actor_state_reads_one_actors_transform_state_from_the_learner() -> None:
+    config = _config("normalized_pendulum", "random")
+    with (
+        create_server(config).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20, prefetch=0, sync=True) as c,
+    ):
+        c.next()  # and nothing collected ahead: the state stays put
+        state = c.actor_state(0)
+        expected = _env_stats(actor.server.runtime.worker)
+        with pytest.raises(UnknownWorkerError):
+            c.actor_state(5)
+    stats = flat_state(state["env"])
+    assert stats.keys() == expected.keys()
+    assert any("loc" in key for key in stats)
+    assert all(torch.equal(stats[k], v) for k, v in expected.items())
+    assert state["frames"] == 20
+    assert set(state) >= {"models", "frames", "batches", "traj_counter", "env"}

@@ -51,6 +51,15 @@ EXPECTED = {
             "rlfleet user sync prefetch=2/parallel in-process loops",
         ],
     ),
+    "torchrl_envs": (
+        [
+            "rlfleet frames/s",
+            "rlfleet CPU us/frame",
+            "torchrl frames/s",
+            "torchrl CPU us/frame",
+        ],
+        ["rlfleet/torchrl", "CPU/frame rlfleet/torchrl"],
+    ),
     "large_obs": (
         [
             "rlfleet frames",

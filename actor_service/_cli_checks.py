@@ -1,0 +1,87 @@
+"""What ``rlfleet-actor`` checks before it binds a port, so bad input exits 2, not 1.
+
+:func:`check_before_binding` builds what an actor of ``config.kind`` would fail on at
+start and raises ``ValueError`` with the reason: a ``--device`` this machine does not
+have; for ``torchrl``, one env and every
+model on it (:func:`~actor_service._core._torchrl_pool.check_torchrl_config`); for
+``env`` (gymnasium), every model from a ``package.module:function`` factory, built on
+one env's spaces, which must not read more than a gymnasium step holds (a TensorDict
+policy that needs ``is_init``, recurrent states or keys other than ``observation``
+belongs on ``--kind torchrl``). The env is built once here, then closed. The command
+line turns the error into its usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+from actor_service._config import ActorConfig
+
+__all__ = ["check_before_binding"]
+
+
+def check_before_binding(config: ActorConfig) -> None:
+    """Raise ``ValueError`` if an actor of ``config`` would fail to start on its env or models.
+
+    Raises:
+        ValueError: The reason, naming the factory, the model and the offending keys.
+    """
+    if config.device != "cpu":
+        _check_device(config.device)
+    if config.kind == "torchrl":
+        from actor_service._core._torchrl_pool import check_torchrl_config
+
+        check_torchrl_config(config)
+    elif config.kind == "env":
+        _check_env_policies(config)
+
+
+def _check_env_policies(config: ActorConfig) -> None:
+    """A gymnasium actor's custom policies, built on one env's spaces, read only ``observation``."""
+    custom = [spec for spec in config.models if ":" in spec.factory]
+    if not custom:
+        return  # the built-ins read observations only
+    from tensordict.nn import TensorDictModuleBase
+
+    from actor_service._env_pool import env_fn, env_name
+    from actor_service._models import unsupplied_keys
+    from common.policies import make_policy
+
+    try:
+        env = env_fn(config)()
+    except Exception as exc:
+        raise ValueError(f"env {env_name(config)!r} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        spaces = env.observation_space, env.action_space
+    finally:
+        env.close()
+    for spec in custom:
+        try:
+            module = make_policy(spec.factory, *spaces, **dict(spec.kwargs))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
+        missing = unsupplied_keys(module) if isinstance(module, TensorDictModuleBase) else []
+        if missing:
+            raise ValueError(
+                f"model {spec.model_id!r} ({spec.factory}) reads {missing}, which a gymnasium "
+                "env actor does not provide (its steps hold 'observation' only): run it on a "
+                "TorchRL-env actor, --kind torchrl, whose steps carry them"
+            )
+
+
+def _check_device(name: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device: {name!r} is not a torch device") from None
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name}: this machine has no CUDA device torch can use "
+            "(torch.cuda.is_available() is False); run with --device cpu"
+        )
+    if (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"--device {name}: no such CUDA device (torch sees {torch.cuda.device_count()})"
+        )

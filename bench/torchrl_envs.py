@@ -1,0 +1,170 @@
+"""A TorchRL env on an rlfleet fleet vs TorchRL's ``MultiSyncCollector``: frames/s and CPU/frame.
+
+Workload (the same factories on both sides): ``TransformedEnv(GymEnv("CartPole-v1"),
+Compose(RewardSum(), StepCounter(), DoubleToFloat()))`` (:func:`make_env`) and a
+``ProbabilisticActor`` over a 64x64 tanh MLP with a one-hot categorical
+(:func:`make_policy`). Systems, interleaved in one run:
+
+- rlfleet: 2 ``--kind torchrl`` actors (``LocalFleet`` subprocesses), each a
+  ``SerialEnv`` of 8 envs, under a sync ``GrpcCollector`` (1024 frames per actor batch);
+- TorchRL: ``MultiSyncCollector`` with 2 workers, each a ``SerialEnv`` of the same 8
+  envs, same policy, 2048 frames per batch.
+
+Figures: the median frames/s of each, their ratio (target >= 1.0x, goal 1.3x) and each
+side's CPU per frame (``/proc`` user+system time of one actor or one TorchRL worker
+and its children, over a window, per frame it collected).
+
+Usage: ``python -m bench.torchrl_envs [--quick] [--reps 3] [--window 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.collectors import MultiSyncCollector
+from torchrl.envs import (
+    Compose,
+    DoubleToFloat,
+    EnvBase,
+    GymEnv,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
+from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+from bench._common import Report, base_parser, parse, reps_of, set_single_thread, time_batches
+from bench._rss import descendants
+
+__all__ = ["main", "make_env", "make_policy"]
+
+ENV_FACTORY = "bench.torchrl_envs:make_env"
+POLICY_FACTORY = "bench.torchrl_envs:make_policy"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def make_env() -> EnvBase:
+    """CartPole-v1 with the transforms TorchRL's scripts add (the benchmark's env factory)."""
+    transforms = Compose(RewardSum(), StepCounter(), DoubleToFloat())
+    return TransformedEnv(GymEnv("CartPole-v1"), transforms)
+
+
+def make_policy(env: EnvBase, seed: int = 0) -> ProbabilisticActor:
+    """A ``ProbabilisticActor``: 64x64 tanh MLP → logits → one-hot categorical action."""
+    observations, actions = env.observation_spec["observation"].shape[-1], 2
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = nn.Sequential(
+            nn.Linear(observations, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+            nn.Linear(64, actions),
+        )  # fmt: skip
+    return ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=env.full_action_spec["action"],
+        return_log_prob=True,
+    )
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (``/proc``)."""
+    total = 0
+    for each in (pid, *descendants(pid)):
+        try:
+            with open(f"/proc/{each}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / _TICKS
+
+
+def _window(iterator: Iterator[Any], pids: Sequence[int], seconds: float) -> tuple[float, float]:
+    """Frames/s over a window and CPU seconds per frame of one of ``pids`` (their mean)."""
+    next(iterator)  # a warm-up batch, untimed
+    before = [_cpu_seconds(p) for p in pids]
+    fps, _ = time_batches(iterator, seconds=seconds, warmup=0)
+    after = [_cpu_seconds(p) for p in pids]
+    frames_each = fps * seconds / len(pids)  # frames one process collected, about
+    cpu = sum(a - b for a, b in zip(after, before, strict=True)) / len(pids)
+    return fps, cpu / frames_each
+
+
+def run(args: argparse.Namespace, report: Report) -> None:
+    """Measure both systems, interleaved; record figures, the ratio and CPU per frame."""
+    from bench import _rlfleet
+
+    pool = functools.partial(SerialEnv, args.num_envs, make_env)  # pickles by reference
+    fpb = args.frames_per_actor * args.actors
+    samples: dict[str, list[float]] = {}
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(
+            _rlfleet.LocalFleet(
+                args.actors, num_envs=args.num_envs, policy=POLICY_FACTORY, kind="torchrl",
+                env_factory=ENV_FACTORY, seed=1, extra_args=["--torch-threads", "1"],
+                start_timeout=180.0,
+            )
+        )  # fmt: skip
+        ours = stack.enter_context(
+            _rlfleet.collector(fleet.addresses, sync=True, frames_per_batch=fpb)
+        )
+        theirs = MultiSyncCollector(
+            [pool] * args.actors, make_policy(make_env()), frames_per_batch=fpb,
+            total_frames=-1, num_sub_threads=1, num_threads=1,
+        )  # fmt: skip
+        stack.callback(theirs.shutdown)
+        systems: dict[str, tuple[Iterator[Any], Callable[[], list[int]]]] = {
+            "rlfleet": (iter(ours), lambda: fleet.pids),
+            "torchrl": (iter(theirs), lambda: [p.pid for p in theirs.procs]),
+        }
+        for _ in range(reps_of(args)):
+            for name, (iterator, pids) in systems.items():
+                fps, cpu = _window(iterator, pids(), args.window)
+                samples.setdefault(f"{name} frames/s", []).append(fps)
+                samples.setdefault(f"{name} CPU us/frame", []).append(cpu * 1e6)
+    for name, values in samples.items():
+        report.figure(name, "" if "CPU" in name else "frames/s", values)
+    ratio = report.ratio("rlfleet/torchrl", "rlfleet frames/s", "torchrl frames/s")
+    report.target("TorchRL env, sync: rlfleet >= 1.0x TorchRL's MultiSyncCollector", ratio, 1.0)
+    report.target("TorchRL env, sync: rlfleet >= 1.3x (goal)", ratio, 1.3)
+    report.ratio("CPU/frame rlfleet/torchrl", "rlfleet CPU us/frame", "torchrl CPU us/frame")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = base_parser(__doc__.splitlines()[0], num_envs=8)
+    parser.add_argument("--frames-per-actor", type=int, default=1024, help="frames per actor batch")
+    parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
+    args = parse(parser, argv)
+    if args.window is None:
+        args.window = 0.5 if args.quick else 4.0
+    if args.quick:
+        args.frames_per_actor = min(args.frames_per_actor, 16 * args.num_envs)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; prints the table and the final JSON line; returns the payload."""
+    args = parse_args(argv)
+    set_single_thread()
+    report = Report("torchrl_envs", quick=args.quick)
+    report.note(
+        f"{args.actors} actors/workers x SerialEnv({args.num_envs}), {args.frames_per_actor} "
+        f"frames per actor batch, {args.window:g} s windows"
+    )
+    run(args, report)
+    return report.emit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
