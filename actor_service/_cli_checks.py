@@ -14,6 +14,7 @@ line turns the error into its usage error (exit 2).
 from __future__ import annotations
 
 from actor_service._config import ActorConfig
+from common.config import local_device
 
 __all__ = ["check_before_binding"]
 
@@ -25,7 +26,7 @@ def check_before_binding(config: ActorConfig) -> None:
         ValueError: The reason, naming the factory, the model and the offending keys.
     """
     if config.device != "cpu":
-        _check_device(config.device)
+        local_device(config.device, "--device")
     if config.kind == "torchrl":
         from actor_service._core._torchrl_pool import check_torchrl_config
 
@@ -65,23 +66,3 @@ def _check_env_policies(config: ActorConfig) -> None:
                 "env actor does not provide (its steps hold 'observation' only): run it on a "
                 "TorchRL-env actor, --kind torchrl, whose steps carry them"
             )
-
-
-def _check_device(name: str) -> None:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"--device: {name!r} is not a torch device") from None
-    if device.type != "cuda":
-        return
-    if not torch.cuda.is_available():
-        raise ValueError(
-            f"--device {name}: this machine has no CUDA device torch can use "
-            "(torch.cuda.is_available() is False); run with --device cpu"
-        )
-    if (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(
-            f"--device {name}: no such CUDA device (torch sees {torch.cuda.device_count()})"
-        )

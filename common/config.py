@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.llm._settings import LLMSettings
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "CHUNK_BYTES",
@@ -27,6 +30,7 @@ __all__ = [
     "CompileSettings",
     "ExplorationType",
     "check_device_name",
+    "local_device",
     "same_device",
     "check_model_id",
     "check_seed",
@@ -129,6 +133,40 @@ def same_device(requested: str, actual: object) -> bool:
     if want.type != have.type:
         return False
     return want.index is None or want.index == (have.index or 0)
+
+
+def local_device(value: object, what: str) -> torch.device:
+    """``value`` as a ``torch.device`` this process has (a CUDA one with its index).
+
+    The one check of a device that is used here, not sent away: the learner's
+    ``device`` / ``storing_device`` and an actor's ``--device``.
+
+    Raises:
+        ValueError: Naming ``what``: not a torch device, CUDA without CUDA, or no such
+            CUDA device.
+    """
+    import torch  # common.config stays importable without torch loaded
+
+    try:
+        device: torch.device = torch.device(value)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{what}: {value!r:.60} is not a torch device (it must be a torch device such as "
+            "'cpu', 'cuda' or 'cuda:1')"
+        ) from None
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"{what}={value!r}: no CUDA device here (this process does not have one torch can "
+            "use: torch.cuda.is_available() is False); use 'cpu'"
+        )
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise ValueError(
+            f"{what}={value!r}: no such CUDA device (torch sees {torch.cuda.device_count()})"
+        )
+    return torch.device("cuda", index)
 
 
 def check_device_name(name: object, what: str) -> str:

@@ -24,30 +24,9 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from common.config import local_device
+
 __all__ = ["Placement"]
-
-
-def _device(name: str, value: Any) -> torch.device | None:
-    if value is None:
-        return None
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{name} must be a torch device, got {value!r}") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"{name}={value!r} asks for CUDA, which this process does not have "
-                "(torch.cuda.is_available() is False); pass 'cpu' or leave it out"
-            )
-        index = torch.cuda.current_device() if device.index is None else device.index
-        if index >= torch.cuda.device_count():
-            raise ValueError(
-                f"{name}={value!r}: no such CUDA device (this process sees "
-                f"{torch.cuda.device_count()})"
-            )
-        device = torch.device("cuda", index)
-    return device
 
 
 class Placement:
@@ -63,8 +42,10 @@ class Placement:
     """
 
     def __init__(self, device: Any = None, storing_device: Any = None) -> None:
-        given = _device("storing_device", storing_device)
-        self.device = given if given is not None else _device("device", device)
+        chosen, name = (
+            (device, "device") if storing_device is None else (storing_device, "storing_device")
+        )
+        self.device = None if chosen is None else local_device(chosen, name)
         self._in_flight: collections.deque[tuple[Any, TensorDictBase]] = collections.deque()
 
     @property
