@@ -58,6 +58,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
             ["--env-factory", "rlfleet_test_torchrl:heterogeneous_counting"],
             "agents of different shapes",
         ),
+        (["--env-factory", "rlfleet_test_torchrl:metadata_env"], "non_tensor"),
     ],
     ids=[
         "env-raises",
@@ -67,6 +68,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
         "no-module",
         "meta-device",
         "heterogeneous",
+        "non-tensor-int",
     ],
 )
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:
