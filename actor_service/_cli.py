@@ -101,6 +101,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         optional(ranged("max_weight_bytes")),
         "largest weight or state blob accepted (default: max(1 GiB, 1.25 x the model's bytes))",
     ),
+    (
+        "decode",
+        chosen("decode"),
+        "LLM actors: eager (growing KV cache), static (fixed-size cache) or compiled",
+    ),
     ("torch_threads", ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", chosen("log_level"), "log level"),
     ("log_format", chosen("log_format"), "text or json (one object per line)"),
