@@ -24,7 +24,7 @@ from __future__ import annotations
 from learner_client._collector import GrpcCollector
 from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import resolve_actors
-from learner_client._errors import MissingWorkersError, WeightPushError
+from learner_client._errors import MissingWorkersError, VersionConflictError, WeightPushError
 from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
@@ -38,6 +38,7 @@ __all__ = [
     "LocalFleet",
     "MissingWorkersError",
     "RemoteActor",
+    "VersionConflictError",
     "WeightPushError",
     "WeightPushSettings",
     "check_metrics_port",

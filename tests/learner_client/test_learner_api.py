@@ -14,6 +14,7 @@ def test_learner_client_all_is_pinned():
         "LocalFleet",
         "MissingWorkersError",
         "RemoteActor",
+        "VersionConflictError",
         "WeightPushError",
         "WeightPushSettings",
         "check_metrics_port",
