@@ -47,7 +47,9 @@ def launch_ranks(nproc_per_node: int, argv: Sequence[str]) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", "apps.ppo", *argv]
+    # Every rank is on this machine: they meet on loopback, whatever the host name resolves to.
+    args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "--local-addr=127.0.0.1"]
+    args += ["-m", "apps.ppo", *argv]
     try:
         torchrun.main(args)
     except ChildFailedError as exc:
