@@ -14,6 +14,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -23,7 +24,7 @@ from learner_fleet import cartpole_policy, start_actors
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from learner_client import ActorDescription, GrpcCollector
+from learner_client import ActorDescription, GrpcCollector, serve_metrics
 from learner_client._ranks import Ranks
 
 ARGS = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(w)] for w in range(4)]
@@ -116,6 +117,14 @@ def test_two_ranks_split_the_fleet_and_push_versions_to_their_own(
             2,
         )
         assert "worker_1/frames" not in first.stats("per_worker")
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{serve_metrics(second, 0).port}/metrics"
+        ) as r:
+            metrics = r.read().decode()
+        assert "rlfleet_learner_rank 1.0" in metrics
+        assert "rlfleet_learner_world_size 2.0" in metrics
+        assert 'rlfleet_learner_frames_total{worker_id="3"}' in metrics
+        assert 'worker_id="0"' not in metrics  # another rank's actor
         assert "rank=0/2" in repr(first)
     held = {a.worker_id: _describe(a).models["policy"] for a in four}
     assert held == {0: start + 5, 1: start, 2: start + 5, 3: start}
