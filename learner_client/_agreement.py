@@ -74,11 +74,15 @@ class VersionAgreement:
             and (dist.get_rank(), dist.get_world_size()) == (self.ranks.rank, self.ranks.world_size)
         )
 
-    def check(self, version: int, digest: int) -> None:
+    def check(self, version: int, digest: int, *, refused: bool = False) -> None:
         """Gather every rank's ``(version, digest)`` and compare them.
 
+        A rank that refuses the push itself (``refused``) still takes part, so the others
+        learn it at once instead of waiting out the timeout; it then raises its own error.
+
         Raises:
-            VersionConflictError: Some rank gave another version or other weights.
+            VersionConflictError: Some rank gave another version or other weights, or
+                refused the push (raised on the other ranks).
             DeadlineError: Some rank did not push within ``timeout``.
         """
         if not self.active:
@@ -88,7 +92,7 @@ class VersionAgreement:
             self._group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=self.timeout)
             )
-        mine = torch.tensor([version, digest], dtype=torch.int64)
+        mine = torch.tensor([version, digest, refused], dtype=torch.int64)
         gathered = [torch.empty_like(mine) for _ in range(self.ranks.world_size)]
         try:
             dist.all_gather(gathered, mine, group=self._group)
@@ -98,6 +102,15 @@ class VersionAgreement:
                 f"within {self.timeout} s (every rank pushes every agreed version): {exc}"
             ) from None
         pushed = {r: (int(t[0]), int(t[1])) for r, t in enumerate(gathered)}
+        others = [r for r, t in enumerate(gathered) if t[2] and r != self.ranks.rank]
+        if refused:
+            return
+        if others:
+            raise VersionConflictError(
+                f"rank(s) {others} refused version {version} (their log says why); nothing "
+                "was pushed",
+                pushed=pushed,
+            )
         if len(set(pushed.values())) > 1:
             detail = ", ".join(
                 f"rank {r}: version {v} digest {d:08x}" for r, (v, d) in pushed.items()
@@ -140,17 +153,25 @@ def push_versioned(
         VersionConflictError, DeadlineError: As :meth:`VersionAgreement.check`.
     """
     version = check_policy_version(version, "version")
+    refusal = _refusal(book, request, version)
+    if agreement.active:
+        digest = 0 if refusal else _request_digest(book, request)
+        agreement.check(version, digest, refused=refusal is not None)
+    if refusal is not None:
+        raise ValueError(refusal)
+    book.restore_versions(dict.fromkeys(request.sources, version - 1))  # v is claimed next
+    return pusher.update(request)
+
+
+def _refusal(book: WeightBook, request: WeightRequest, version: int) -> str | None:
+    """Why this rank cannot push ``request`` under ``version``, or None."""
     if request.per_worker is not None:
-        raise ValueError("version= takes one set of weights for every actor, not per-worker ones")
-    models = sorted(request.sources)
+        return "version= takes one set of weights for every actor, not per-worker ones"
     held = book.versions()
-    behind = {m: held[m] for m in models if held.get(m, 0) >= version}
+    behind = {m: held[m] for m in sorted(request.sources) if held.get(m, 0) >= version}
     if behind:
-        raise ValueError(
+        return (
             f"version={version} is not above the version this collector's actors hold "
             f"({behind}): versions only go up"
         )
-    if agreement.active:
-        agreement.check(version, _request_digest(book, request))
-    book.restore_versions({m: version - 1 for m in models})  # the next version claimed is v
-    return pusher.update(request)
+    return None

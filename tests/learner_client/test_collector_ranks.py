@@ -282,6 +282,10 @@ with GrpcCollector(json.loads(sys.argv[1]), frames_per_batch=8, rank="env") as c
         collector.update_policy_weights_(cartpole_policy(0), version=version + 1 + rank)
     except VersionConflictError as exc:
         out["steps"] = {str(r): v for r, (v, _) in exc.pushed.items()}
+    try:  # a rank that refuses its own push (a stale version) tells the others at once
+        collector.update_policy_weights_(policy, version=version + 1 - rank)
+    except (ValueError, VersionConflictError) as exc:
+        out["refused"] = type(exc).__name__
 print(json.dumps(out), flush=True)
 dist.destroy_process_group()
 """
@@ -315,6 +319,7 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         assert out["agreed"] == {str(w): version for w in owned}
         assert out["conflict"] == {"0": version + 1, "1": version + 1}
         assert out["steps"] == {"0": version + 1, "1": version + 2}
+    assert [out["refused"] for out in outs] == ["VersionConflictError", "ValueError"]
     # Nothing was pushed by the refused calls.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
         range(4), version
