@@ -193,6 +193,7 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         _optional(_ranged("max_weight_bytes")),
         "largest weight or state blob accepted (default: max(1 GiB, 1.25 x the model's bytes))",
     ),
+    ("part_deadline_s", _float_min(0.0, strict=True), "seconds a multi-part push may take"),
     ("torch_threads", _ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", _chosen("log_level"), "log level"),
     ("log_format", _chosen("log_format"), "text or json (one object per line)"),
