@@ -44,7 +44,7 @@ from learner_client._torchrl_args import (
     env_signature,
     update_flag,
 )
-from learner_client._weights import PushOptions, normalize_update_args
+from learner_client._weight_args import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
 __all__ = ["GrpcCollector"]
@@ -391,6 +391,8 @@ class GrpcCollector(FleetState):
         dtype: Any = None,
         only_trainable: bool = False,
         delta: bool = False,
+        version: int | None = None,
+        part: tuple[int, int] | None = None,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
@@ -405,6 +407,9 @@ class GrpcCollector(FleetState):
             dtype: Wire dtype of floating tensors (``torch.bfloat16``), cast once (docs/weights.md).
             only_trainable: Send only the module's parameters with ``requires_grad``.
             delta: Send each target only what changed since the weights it holds (docs/weights.md).
+            version: The version to install (learner ranks agree on it); None: the next one.
+            part: ``(rank, world_size)``: these weights are this rank's part of ``version``,
+                applied with the others' (docs/weights.md); a ``PartResult`` per worker.
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
@@ -429,6 +434,8 @@ class GrpcCollector(FleetState):
             weights_dict=weights_dict,
             delta=delta,
             options=PushOptions.given(dtype, only_trainable),
+            version=version,
+            part=part,
         )
         with self._lock:
             self._check_open()
@@ -439,10 +446,7 @@ class GrpcCollector(FleetState):
             raise ClosedError("the collector is shut down")
 
     def start(self) -> None:
-        """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
-
-        Raises RuntimeError when no replay buffer was given.
-        """
+        """Collect in a background thread into ``replay_buffer`` (RuntimeError if none given)."""
         if self.replay_buffer is None:
             raise RuntimeError("start() needs a replay_buffer (pass replay_buffer=...)")
         self._check_open()
