@@ -272,11 +272,13 @@ def test_an_incomplete_version_expires_and_is_never_revived(parts_actor: Actor) 
         started = time.monotonic()
         assert _part(actor, first, 1, 0, 2).outcome == STAGED
 
-        def dropped() -> list[dict]:
+        def events(name: str) -> list[dict]:
             lines = map(json.loads, stream.getvalue().splitlines())
-            return [r["fields"] for r in lines if r["event"] == "weights.parts.dropped"]
+            return [r["fields"] for r in lines if r["event"] == name]
 
-        drops = poll_until(dropped, timeout=10, message="no weights.parts.dropped line")
+        pushes = events("weights.push")
+        assert [(p["part"], p["outcome"], p["result"]) for p in pushes] == [("0/2", "STAGED", "OK")]
+        drops = poll_until(lambda: events("weights.parts.dropped"), timeout=10, message="no drop")
         assert time.monotonic() - started >= 1.5
         assert drops[0]["reason"] == "expired"
         assert (drops[0]["version"], drops[0]["parts"], drops[0]["count"]) == (1, [0], 2)
