@@ -408,8 +408,7 @@ class GrpcCollector(FleetState):
             only_trainable: Send only the module's parameters with ``requires_grad``.
             delta: Send each target only what changed since the weights it holds (docs/weights.md).
             version: The version to install (learner ranks agree on it); None: the next one.
-            part: ``(rank, world_size)``: these weights are this rank's part of ``version``,
-                applied with the others' (docs/weights.md); a ``PartResult`` per worker.
+            part: ``(rank, world_size)``: this rank's part of ``version``; a ``PartResult`` each.
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
