@@ -323,6 +323,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             mid, version = push.model_id, push.version
             cap = self._max_bytes([mid])
             staged = decode_part(models, mid, blob, part, push.base_version, cap)
+            check_newer(mid, version, models.policy_version(mid))  # a whole push may have won
             info = models.parameters_info(mid)
             count, whole = self._parts.stage(mid, version, staged, info, state_nbytes(info))
             if whole is None:
