@@ -190,6 +190,11 @@ class Fleet:
         """The fleet's worker_ids, sorted."""
         return sorted(self._links)
 
+    @property
+    def member_ids(self) -> list[int]:
+        """Every member's worker_id, owned or not, sorted."""
+        return sorted(self._links)
+
     def members(self, extra: Sequence[Link] = ()) -> list[FleetMember]:
         """What the fleet checks need about every actor, plus ``extra`` links not yet in it."""
         return [

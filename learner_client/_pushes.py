@@ -69,7 +69,9 @@ class Pusher:
             UnknownModelError: A target without the model.
             WeightPushError: Some targets failed.
         """
-        targets = resolve_worker_ids(request.worker_ids, self.fleet.worker_ids)
+        # A part goes to every member: each actor needs every rank's part of a version.
+        known = self.fleet.worker_ids if request.part is None else self.fleet.member_ids
+        targets = resolve_worker_ids(request.worker_ids, known)
         self._check_models(request.sources, targets)
         if request.part is not None:
             check_parts_accepted(self.fleet, targets)
