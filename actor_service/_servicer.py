@@ -12,6 +12,7 @@ multi-part pushes are staged and swapped in whole by ``actor_service._parts``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -23,7 +24,7 @@ import grpc
 from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
-from actor_service._parts import PartStaging, decode_part
+from actor_service._parts import PartBuffers, PartStaging, StagedPart, decode_part
 from actor_service._push_call import PushCall
 from actor_service._runtime import ActorRuntime
 from actor_service._state import decode_state, encode_state
@@ -175,7 +176,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self._metrics = metrics
         self._calls = 0
         self._buffers = ReceiveBuffers()
-        self._parts = PartStaging(runtime.config.part_deadline_s)
+        self._part_buffers = PartBuffers()
+        self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
 
     @_mapped
     async def Collect(
@@ -265,9 +267,9 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
     async def _receive_weights(
         self, requests: AsyncIterator[pb.PushWeightsRequest], push: PushCall
     ) -> bytes | memoryview:
-        # A staged part views its own buffer until its version is swapped in or dropped.
-        lent = None if push.is_part else self._buffers.take(push.model_id, push.total_bytes)
-        push.buffer = lent
+        # A staged part views its buffer until its version is swapped in or dropped.
+        pool = self._part_buffers if push.is_part else self._buffers
+        push.buffer = pool.take(push.model_id, push.total_bytes)
         assembler = BlobAssembler(
             push.total_bytes,
             max_bytes=self._max_bytes([push.model_id]),
@@ -323,9 +325,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             mid, version = push.model_id, push.version
             cap = self._max_bytes([mid])
             staged = decode_part(models, mid, blob, part, push.base_version, cap)
+            staged = dataclasses.replace(staged, buffer=push.buffer, lent=not push.fresh)
             check_newer(mid, version, models.policy_version(mid))  # a whole push may have won
             info = models.parameters_info(mid)
-            count, whole = self._parts.stage(mid, version, staged, info, state_nbytes(info))
+            count, whole, parts = self._parts.stage(mid, version, staged, info, state_nbytes(info))
+            push.buffer = None  # the staging holds it now
             if whole is None:
                 push.outcome = PushOutcome.STAGED
                 push.audit(None)
@@ -334,9 +338,12 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
                 swap = models.swap_parts(mid, version, whole)
             except RlfleetError as exc:
                 self._parts.failed(mid, version, str(exc))
+                self._release_parts(mid, parts, False)
                 raise
+            self._release_parts(mid, parts, True)
         except BaseException as exc:
             push.audit(exc)
+            self._give_back(push, applied=False)
             raise
         push.outcome, push.pause = PushOutcome.COMPLETED, swap.pause_seconds
         push.audit(None)
@@ -346,8 +353,24 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         # A buffer of a refused push is kept only if it was lent: a peer cannot make
         # the actor hold memory for sizes it announced but never applied.
         if push.buffer is not None and (applied or not push.fresh):
-            self._buffers.give_back(push.model_id, push.buffer)
+            if push.is_part:
+                budget = self._part_budget(push.model_id)
+                self._part_buffers.give_back(push.model_id, [push.buffer], budget)
+            else:
+                self._buffers.give_back(push.model_id, push.buffer)
         push.buffer = None
+
+    def _release_parts(self, model_id: str, parts: list[StagedPart], applied: bool) -> None:
+        """Keep the receive buffers of a swapped-in version's parts (of a dropped one: the lent)."""
+        buffers = [p.buffer for p in parts if p.buffer is not None and (applied or p.lent)]
+        self._part_buffers.give_back(model_id, buffers, self._part_budget(model_id))
+
+    def _part_budget(self, model_id: str) -> int:
+        """The most bytes of spare part buffers a model keeps: twice its bytes (two splits)."""
+        try:
+            return 2 * state_nbytes(self._rt.worker.models.parameters_info(model_id)) + (1 << 20)
+        except RlfleetError:  # an actor stopping: keep nothing
+            return 0
 
     @_mapped
     async def Describe(

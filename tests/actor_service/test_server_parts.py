@@ -310,3 +310,18 @@ def test_a_whole_push_supersedes_a_staging_version(make_actor) -> None:
 def test_describe_advertises_the_part_deadline(make_actor) -> None:
     actor = make_actor(part_deadline_s=12.5)
     assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).part_deadline_seconds == 12.5
+
+
+def test_versions_in_a_row_reuse_receive_buffers_without_mixing_their_bytes(make_actor) -> None:
+    actor = make_actor()
+    for version in (1, 2, 3):  # from version 2 on, parts are received into kept buffers
+        first, second = _halves(actor, 20 + version)
+        _part(actor, second, version, 1, 2)
+        _part(actor, first, version, 0, 2)
+        _assert_holds(actor, first | second, version)
+    stale, _ = _halves(actor, 30)
+    _part(actor, stale, 4, 0, 2)  # lent a kept buffer, then dropped with its version
+    first, second = _halves(actor, 31)
+    _part(actor, first, 5, 0, 2)  # supersedes version 4: its buffer goes back to the pool
+    assert _part(actor, second, 5, 1, 2).outcome == COMPLETED  # may be received into it
+    _assert_holds(actor, first | second, 5)
