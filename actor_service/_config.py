@@ -46,6 +46,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("text", "json"),
     "kind": ("env", "torchrl", "llm"),
+    "decode": ("eager", "static", "compiled"),
 }
 
 
@@ -123,6 +124,10 @@ class ActorConfig:
         lora: A LoRA adapter the LLM actor wraps its model in (``common.llm.LoraSpec``,
             ``--lora r=16,targets=q_proj,v_proj``); its pushes may carry the adapter alone.
             None: the plain model. Needs ``peft`` (the ``lora`` extra).
+        decode: How an LLM actor's decode loop runs its forwards: ``"eager"`` (a KV cache
+            that grows by a token a step), ``"static"`` (a fixed-size cache:
+            ``common.llm.StaticDecode``) or ``"compiled"`` (that, with the per-token step
+            compiled by ``torch.compile``; CUDA graphs on CUDA).
     """
 
     host: str = "127.0.0.1"
@@ -156,6 +161,7 @@ class ActorConfig:
     task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_new_tokens_cap: int = 4096
     lora: LoraSpec | None = None
+    decode: str = "eager"
 
     def __post_init__(self) -> None:
         """Refuse settings the actor cannot run with, naming the field and its range.

@@ -72,7 +72,13 @@ class LLMCore(CoreBase):
         self._llm = LLMSettings()
         self._abandon: threading.Event | None = None
         spec = config.models[0]
-        self.models = LLMModels(spec.factory, spec.kwargs, self.device, config.lora)
+        self.models = LLMModels(
+            spec.factory,
+            spec.kwargs,
+            self.device,
+            config.lora,
+            decode=config.decode,
+        )
         self.policy = self.models.spec
         self.engine = DialogEngine(self.models, build_task(config.task, **config.task_kwargs))
         self._groups = TrajIds(config.worker_id, self.epoch)
@@ -108,6 +114,7 @@ class LLMCore(CoreBase):
             if llm != self._llm:
                 self._restart()
             self._settings, self._llm = settings, llm
+            self.models.plan_generation(llm.generation.max_new_tokens)
 
     def _check_generation(self, llm: LLMSettings) -> None:
         generation, cap = llm.generation, self.config.max_new_tokens_cap

@@ -341,3 +341,13 @@ def test_cli_and_actor_config_share_one_range_per_field(
     with pytest.raises(ValueError, match="num_envs"):
         ActorConfig(num_envs=high + 1)
     assert ActorConfig(num_envs=low).num_envs == low
+
+
+def test_cli_decode_takes_the_three_modes_and_refuses_others() -> None:
+    assert parse_config(["--kind", "llm"], {}, hostname="h").decode == "eager"
+    for mode in ("eager", "static", "compiled"):
+        assert parse_config(["--kind", "llm", "--decode", mode], {}, hostname="h").decode == mode
+    assert parse_config([], {"RLFLEET_DECODE": "static"}, hostname="h").decode == "static"
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--decode", "graphs"], {}, hostname="h")
+    assert exc.value.code == 2
