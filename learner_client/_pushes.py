@@ -123,12 +123,10 @@ class Pusher:
                     failed[mid].pop(wid, None)
                     succeeded[mid][wid] = reply
                 failed[mid].update(still[mid])
+        # A part staged or completed: the worker is taken to hold its version.
+        part_version = request.version if request.part is not None else None
         for mid in request.sources:
-            # A part staged or completed: the worker is taken to hold its version.
-            held = {
-                w: r.version if request.part is None else version
-                for w, r in succeeded.get(mid, {}).items()
-            }
+            held = {w: part_version or r.version for w, r in succeeded.get(mid, {}).items()}
             self.deltas.settle(mid, held, failed.get(mid, {}))
         return _outcome(succeeded, failed, request)
 
