@@ -106,6 +106,7 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         chosen("decode"),
         "LLM actors: eager (growing KV cache), static (fixed-size cache) or compiled",
     ),
+    ("part_deadline_s", float_min(0.0, strict=True), "seconds a multi-part push may take"),
     ("torch_threads", ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", chosen("log_level"), "log level"),
     ("log_format", chosen("log_format"), "text or json (one object per line)"),

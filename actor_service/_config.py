@@ -13,7 +13,18 @@ from typing import Any
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT, MAX_SEED
 from common.llm import LoraSpec, check_peft
 
-__all__ = ["CHOICES", "INT_RANGES", "OPTIONAL_INTS", "ActorConfig", "ModelSpec"]
+__all__ = [
+    "CHOICES",
+    "INT_RANGES",
+    "MAX_PART_DEADLINE_S",
+    "OPTIONAL_INTS",
+    "ActorConfig",
+    "ModelSpec",
+]
+
+#: The longest an incomplete multi-part version may wait for its last part (seconds):
+#: its staged parts hold up to one copy of the model meanwhile.
+MAX_PART_DEADLINE_S = 600.0
 
 # The one home of every integer range and choice of an actor's settings (CLI and config).
 INT_RANGES: dict[str, tuple[int, int | None]] = {
@@ -94,6 +105,9 @@ class ActorConfig:
         tls_client_ca: PEM CA file; when set, clients must present a certificate (mTLS).
         max_weight_bytes: Largest weight or state blob accepted; None follows the model:
             ``max(1 GiB, 1.25 x its bytes)`` (``common.weights.default_max_weight_bytes``).
+        part_deadline_s: Seconds an incomplete multi-part version (learner ranks each
+            pushing a part) waits for its last part from its first before it expires,
+            in ``(0, MAX_PART_DEADLINE_S]``; its parts are dropped and none of it applies.
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
@@ -138,6 +152,7 @@ class ActorConfig:
     tls_key: str = ""
     tls_client_ca: str = ""
     max_weight_bytes: int | None = None
+    part_deadline_s: float = 60.0
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"
@@ -157,8 +172,9 @@ class ActorConfig:
         Raises:
             ValueError: A field out of its range or choices, a seed outside
                 ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
-                ``grace_period``, TLS files given by halves, no models, or a
-                ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft installed.
+                ``grace_period``, a ``part_deadline_s`` out of range, TLS files given
+                by halves, no models, or a ``lora`` that is not a ``LoraSpec`` on an LLM
+                actor with peft installed.
         """
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
@@ -176,6 +192,11 @@ class ActorConfig:
             raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
         if not self.grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
+        if not 0 < self.part_deadline_s <= MAX_PART_DEADLINE_S:
+            raise ValueError(
+                f"part_deadline_s must be in (0, {MAX_PART_DEADLINE_S:g}], "
+                f"got {self.part_deadline_s!r}"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key must be given together")
         if self.tls_client_ca and not self.tls_cert:

@@ -29,6 +29,7 @@ from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import check_metrics_port, serve_metrics
+from learner_client._part_pushes import PartResult
 from learner_client._transport import ActorDescription
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "GrpcLLMCollector",
     "LocalFleet",
     "MissingWorkersError",
+    "PartResult",
     "RemoteActor",
     "VersionConflictError",
     "WeightPushError",

@@ -20,11 +20,12 @@ import torch
 
 from common.checksum import crc32c
 from common.errors import DeadlineError
-from common.weights import check_policy_version, wire_state
+from common.weights import wire_state
 from learner_client._errors import VersionConflictError
 from learner_client._pushes import Pusher
 from learner_client._ranks import Ranks
-from learner_client._weights import PushOptions, WeightBook, WeightRequest
+from learner_client._weight_args import PushOptions, WeightRequest
+from learner_client._weights import WeightBook
 
 __all__ = ["VersionAgreement", "push_versioned", "weights_digest"]
 
@@ -135,13 +136,12 @@ def _request_digest(book: WeightBook, request: WeightRequest) -> int:
 
 
 def push_versioned(
-    pusher: Pusher,
-    book: WeightBook,
-    agreement: VersionAgreement,
-    request: WeightRequest,
-    version: object,
+    pusher: Pusher, book: WeightBook, agreement: VersionAgreement, request: WeightRequest
 ) -> dict:
-    """Push ``request`` under the explicit ``version`` (after every rank agreed on it).
+    """Push ``request`` under its explicit ``version`` (after every rank agreed on it).
+
+    A part of a multi-part push (``request.part``) is pushed as is: each rank's part holds
+    other weights on purpose, so there is nothing to agree on.
 
     Returns:
         What ``update_policy_weights_`` returns.
@@ -149,17 +149,17 @@ def push_versioned(
     Raises:
         ValueError: ``version`` not above the version this rank's actors hold, or per-worker
             weights (an agreed version names one set of weights).
-        WeightsError: ``version`` outside the wire's range.
         VersionConflictError, DeadlineError: As :meth:`VersionAgreement.check`.
     """
-    version = check_policy_version(version, "version")
+    version = request.version
+    if version is None or request.part is not None:
+        return pusher.update(request)
     refusal = _refusal(book, request, version)
     if agreement.active:
         digest = 0 if refusal else _request_digest(book, request)
         agreement.check(version, digest, refused=refusal is not None)
     if refusal is not None:
         raise ValueError(refusal)
-    book.restore_versions(dict.fromkeys(request.sources, version - 1))  # v is claimed next
     return pusher.update(request)
 
 

@@ -45,7 +45,7 @@ from learner_client._torchrl_args import (
     env_signature,
     update_flag,
 )
-from learner_client._weights import PushOptions, normalize_update_args
+from learner_client._weight_args import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
 __all__ = ["GrpcCollector"]
@@ -377,6 +377,7 @@ class GrpcCollector(FleetState):
         only_trainable: bool = False,
         delta: bool = False,
         version: int | None = None,
+        part: tuple[int, int] | None = None,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
@@ -391,15 +392,15 @@ class GrpcCollector(FleetState):
             dtype: Wire dtype of floating tensors (``torch.bfloat16``), cast once (docs/weights.md).
             only_trainable: Send only the module's parameters with ``requires_grad``.
             delta: Send each target only what changed since the weights it holds (docs/weights.md).
-            version: The version to push under (ranks: the agreed step count; compared over
-                torch.distributed first, docs/collector.md); None: the next one.
+            version: The version to push under (ranks: the agreed step count, docs/collector.md).
+            part: ``(rank, world_size)``: this rank's part of ``version``; a ``PartResult`` each.
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
 
         Raises:
             ValueError: Conflicting arguments (TorchRL's rules; a mapping and ``worker_ids``).
-            UnknownWorkerError, UnknownModelError: A target not in the fleet, or without the model.
+            UnknownWorkerError, UnknownModelError: A target not in the fleet or without the model.
             SessionStateError: None given and no weights were given before for that model.
             VersionConflictError: Another rank pushes ``version`` with other weights.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
@@ -418,12 +419,12 @@ class GrpcCollector(FleetState):
             weights_dict=weights_dict,
             delta=delta,
             options=PushOptions.given(dtype, only_trainable),
+            version=version,
+            part=part,
         )
         with self._lock:
             self._check_open()
-            if version is None:
-                return self._pusher.update(request)
-            return push_versioned(self._pusher, self._book, self._agreement, request, version)
+            return push_versioned(self._pusher, self._book, self._agreement, request)
 
     def _is_running(self) -> bool:
         return self._state is _State.RUNNING
@@ -433,10 +434,7 @@ class GrpcCollector(FleetState):
             raise ClosedError("the collector is shut down")
 
     def start(self) -> None:
-        """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
-
-        Raises RuntimeError when no replay buffer was given.
-        """
+        """Collect in a background thread into ``replay_buffer`` (RuntimeError if none given)."""
         if self.replay_buffer is None:
             raise RuntimeError("start() needs a replay_buffer (pass replay_buffer=...)")
         self._check_open()

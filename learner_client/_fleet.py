@@ -42,6 +42,7 @@ from learner_client._transport import (
     ActorChannel,
     ActorDescription,
     PushMessages,
+    PushReply,
     push_messages,
 )
 from learner_client._weights import EncodedWeights, WeightBook
@@ -59,7 +60,7 @@ _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOS
 #: The fleet's links, over real gRPC channels.
 Link = ActorLink[ActorChannel]
 
-PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
+PushResults = tuple[dict[str, dict[int, PushReply]], dict[str, dict[int, BaseException]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,41 +312,50 @@ class Fleet:
                 link.worker_id,
             )
 
-    def push(
-        self, pairs: Sequence[tuple[int, EncodedWeights]], pauses: list[float] | None = None
-    ) -> PushResults:
+    def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> PushResults:
         """Push each ``(worker_id, encoded model)`` pair, all concurrently.
 
-        ``pauses``, when given, receives the generation pause each applied push reported.
+        A part of a multi-part push is never re-sent to a returning actor (alone it
+        could not complete its version); a worker that staged or completed one is
+        taken to hold its version (a delta part builds on it; if the version never
+        completed, the actor refuses that base and gets the whole part instead).
 
         Returns:
-            ``(succeeded, failed)``: ``{model_id: {worker_id: version}}`` and
+            ``(succeeded, failed)``: ``{model_id: {worker_id: the actor's reply}}`` and
             ``{model_id: {worker_id: exception}}``.
         """
         # Serialised once per distinct push, however many workers receive it.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
         calls = (  # created on the loop, as _settle unpacks them
             self._links[w].channel.push_weights(
-                enc.model_id, enc.version, messages[_key(enc)], self.conn.call_timeout
+                enc.model_id,
+                enc.version,
+                messages[_key(enc)],
+                self.conn.call_timeout,
+                part=enc.part is not None,
             )
             for w, enc in pairs
         )
         results = self.loop.run(_settle(calls), self.conn.call_timeout + _MARGIN)
-        succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for _, enc in pairs}
+        succeeded: dict[str, dict[int, PushReply]] = {enc.model_id: {} for _, enc in pairs}
         failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
         for (wid, enc), result in zip(pairs, results, strict=True):
+            whole = enc.part is None
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
-                if is_transient(result):  # it gets this push when it is re-admitted
+                if whole and is_transient(result):  # it gets this push when it is re-admitted
                     self.book.addressed([wid], enc)
             else:
-                self.book.addressed([wid], enc)
-                self.book.acknowledged(wid, enc.model_id, result.version)
+                if whole:
+                    self.book.addressed([wid], enc)
+                self.book.acknowledged(wid, enc.model_id, result.version if whole else enc.version)
                 self.ledger.pushed(len(enc.blob), result.pause_seconds)
-                succeeded[enc.model_id][wid] = result.version
-                if pauses is not None:
-                    pauses.append(result.pause_seconds)
+                succeeded[enc.model_id][wid] = result
         return succeeded, failed
+
+    def accepts_parts(self, worker_id: int) -> bool:
+        """Whether an actor takes multi-part pushes (its Describe gives a part deadline)."""
+        return self._links[worker_id].description.part_deadline > 0
 
     # -------------------------------------------------------- control calls
 
@@ -458,6 +468,7 @@ def _messages(enc: EncodedWeights) -> PushMessages:
         enc.sha256,
         crc32c=enc.crc32c,
         base_version=enc.base_version,
+        part=enc.part,
     )
 
 
@@ -469,6 +480,6 @@ def _as_bytes(value: Any) -> bytes:
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
 
 
-def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None]:
+def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None, object]:
     """What makes two encoded pushes the same bytes on the wire (the blob itself, not its CRC)."""
-    return enc.model_id, enc.version, id(enc.blob), enc.base_version
+    return enc.model_id, enc.version, id(enc.blob), enc.base_version, enc.part

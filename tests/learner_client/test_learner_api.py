@@ -13,6 +13,7 @@ def test_learner_client_all_is_pinned():
         "GrpcLLMCollector",
         "LocalFleet",
         "MissingWorkersError",
+        "PartResult",
         "RemoteActor",
         "VersionConflictError",
         "WeightPushError",
