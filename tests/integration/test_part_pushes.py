@@ -74,6 +74,21 @@ def test_two_ranks_parts_apply_whole_and_each_rank_learns_what_its_part_did(rank
     _assert_actors_hold(rank0, state, 4)
 
 
+def test_ranks_that_own_half_the_fleet_each_send_their_part_to_every_member(actors) -> None:
+    state = _state(3)
+    first, second = _shards(state)
+    with (
+        GrpcCollector(actors, frames_per_batch=4, rank=0, world_size=2) as rank0,
+        GrpcCollector(actors, frames_per_batch=4, rank=1, world_size=2) as rank1,
+    ):
+        assert (rank0.worker_ids, rank1.worker_ids) == ([0], [1])
+        assert rank0.update_policy_weights_(first, version=6, part=(0, 2)).keys() == {0, 1}
+        completed = rank1.update_policy_weights_(second, version=6, part=(1, 2))
+        assert completed == {w: PartResult(PushOutcome.COMPLETED, 6, 6, 2) for w in (0, 1)}
+        for collector in (rank0, rank1):  # each rank reads its own actor back
+            _assert_actors_hold(collector, state, 6)
+
+
 def test_bf16_delta_parts_track_each_rank_and_fall_back_after_an_expired_version(ranks) -> None:
     rank0, rank1 = ranks
     state = _state(2)
