@@ -7,7 +7,7 @@ and push the new weights to every actor, until the target return or the frame
 budget is reached. The policy and critic are built by the same factories the
 actors use (``common.policies``), so the pushed state dicts fit the actors'
 policies key for key. Under torchrun the same loop runs on every rank, data-parallel
-(:mod:`apps.ppo._ddp`): each rank on its own actors, pushing agreed versions.
+(:mod:`apps._job.ranks`): each rank on its own actors, pushing agreed versions.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import gymnasium as gym
 import torch
 
 from apps._job.cli import seed_everything
+from apps._job.ranks import DataParallel
 from apps._job.report import Progress
-from apps.ppo._ddp import DataParallel
 from apps.ppo._episodes import EpisodeTracker
 from apps.ppo._ppo import PPOConfig, PPOLearner
 from apps.ppo._report import TrainSummary, save_run

@@ -1,26 +1,25 @@
-"""Data-parallel PPO: several learner ranks (DDP), one fleet split between them.
+"""Data-parallel reference learners: several learner ranks, one fleet split between them.
 
-``rlfleet-train --nproc-per-node N`` re-runs itself under ``torch.distributed.run``
-(torchrun, standalone c10d rendezvous on this machine): :func:`launch_ranks`. Under
-torchrun (``torchrun --nproc-per-node N -m apps.ppo ...``, or many machines with
-``--rdzv-backend c10d``) each rank joins the process group (:class:`DataParallel`):
-gloo on the CPU, NCCL when the learner runs on CUDA. Every rank:
+``rlfleet-train --nproc-per-node N`` and ``rlfleet-grpo --nproc-per-node N`` re-run
+themselves under ``torch.distributed.run`` (torchrun, standalone c10d rendezvous on this
+machine): :func:`launch_ranks`. Under torchrun (``torchrun --nproc-per-node N -m apps.ppo
+...``, or many machines with ``--rdzv-backend c10d``) each rank joins the process group
+(:class:`DataParallel`): gloo on the CPU, NCCL when the learner runs on CUDA. Every rank:
 
-* owns the actors with ``worker_id % N == rank`` (``GrpcCollector(rank="env")``); without
-  ``--actors`` it starts its own share of the local fleet (worker_ids ``rank, rank + N, ...``),
-  so no rank waits for another's actors and each share dies with its rank;
-* trains on its own batches (``frames_per_batch`` and ``total_frames`` are per rank), DDP
-  averaging the gradients, so every rank holds the same weights after each step;
-* pushes them to its own actors under one agreed version, ``base + 1 + batches`` where
-  ``base`` is the highest version any actor held at the start (so a restarted job never
-  pushes a stale one); the collector checks that the ranks' weights agree;
-* stops when every rank does: at the frame budget, or when the mean over ranks of their
-  recent returns reaches the target.
+* owns the actors with ``worker_id % N == rank`` (``GrpcCollector(rank=, world_size=)``);
+  without ``--actors`` it starts its own share of the local fleet (worker_ids ``rank,
+  rank + N, ...``), so no rank waits for another's actors and each share dies with its rank;
+* trains on its own batches, DDP averaging the gradients, so every rank holds the same
+  weights after each step;
+* pushes them under one agreed version, ``base + 1 + steps`` where ``base`` is the highest
+  version any actor held at the start (so a restarted job never pushes a stale one);
+* stops when every rank does (the decision is taken together).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from collections.abc import Sequence
 
@@ -38,8 +37,14 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch_ranks(nproc_per_node: int, argv: Sequence[str]) -> int:
-    """Run ``python -m apps.ppo ARGV`` as ``nproc_per_node`` ranks under torchrun.
+def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str]) -> int:
+    """Run ``python -m MODULE ARGV`` as ``nproc_per_node`` ranks under torchrun.
+
+    Args:
+        prog: The program name that prefixes the error message (``rlfleet-train``).
+        module: The learner's package (``apps.ppo``).
+        nproc_per_node: Ranks to start on this machine.
+        argv: The learner's arguments.
 
     Returns:
         0 when every rank finished; 1 when one failed (torchrun names it and its error).
@@ -49,17 +54,17 @@ def launch_ranks(nproc_per_node: int, argv: Sequence[str]) -> int:
 
     # Every rank is on this machine: they meet on loopback, whatever the host name resolves to.
     args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "--local-addr=127.0.0.1"]
-    args += ["-m", "apps.ppo", *argv]
+    args += ["-m", module, *argv]
     try:
         torchrun.main(args)
     except ChildFailedError as exc:
-        print(f"rlfleet-train: error: {exc.get_first_failure()[1].message}", flush=True)
+        print(f"{prog}: error: {exc.get_first_failure()[1].message}", flush=True)
         return 1
     return 0
 
 
 class DataParallel:
-    """This process's place in a torchrun job, and the few collectives PPO's loop needs.
+    """This process's place in a torchrun job, and the few collectives the loops need.
 
     Outside torchrun (or with one rank) it is rank 0 of 1 and every method is local.
 
@@ -103,6 +108,28 @@ class DataParallel:
         tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
+
+    def gather_strings(self, values: Sequence[str]) -> list[str]:
+        """Every rank's ``values``, in rank order (a rank's actor addresses, to reach them all).
+
+        The strings travel as UTF-8 JSON in tensors (never pickled).
+        """
+        if not self.active:
+            return list(values)
+        data = torch.tensor(list(json.dumps(list(values)).encode()), dtype=torch.uint8)
+        size = self.agreed_max(data.numel())
+        padded = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        padded[: data.numel()] = data.to(self.device)
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded)
+        out: list[str] = []
+        for tensor in gathered:
+            out += json.loads(bytes(tensor.cpu().tolist()).rstrip(b"\0").decode())
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank (a decision every rank then takes)."""
+        return bool(self.agreed_max(int(flag)))
 
     def mean_and_all(self, value: float | None, flag: bool) -> tuple[float | None, bool]:
         """The mean of ``value`` over the ranks (None if any has none) and whether all flag."""
