@@ -41,6 +41,8 @@ __all__ = ["MODEL_SPEC", "train"]
 MODEL_SPEC = "rlfleet:tiny-qwen2"
 # The held-out problems are drawn with their own seed, apart from the actors' draws.
 _EVAL_SEED_OFFSET = 10_007
+# Accuracies travel between ranks as integers (the all-reduce of the agreed versions).
+_ACCURACY_SCALE = 10**9
 
 
 def train(settings: GRPOSettings) -> GRPOSummary:
@@ -90,7 +92,7 @@ def _run(
     trained = DistributedDataParallel(model) if ranks.active else model
     learner = GRPOLearner(trained, generation, config)
     curve = Curve()
-    evaluate = ranks.rank == 0  # the weights are the same on every rank
+    evaluate = ranks.rank == 0  # rank 0 shows progress and writes the outputs
 
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(_local_fleet(settings, ranks))
@@ -106,15 +108,15 @@ def _run(
         start = time.monotonic()
         pusher = RankPusher(collector, ranks, settings.shard_pushes, collector.model_id)
         pusher.push(model)  # the actors sample from the learner's policy
-        curve.add(0, evaluator.accuracy(model) if evaluate else None, None, 0.0)
+        curve.add(0, _shared_accuracy(evaluator, model, ranks), None, 0.0)
         for step, batch in enumerate(collector, start=1):
             stats = torchrl_update.update() if torchrl_update else learner.update(batch)
             reward = _mean_reward(batch, stats)
             pusher.push(model)
             collector_stats = collector.stats()
             accuracy = None
-            if evaluate and (step % settings.eval_every == 0 or step == settings.max_steps):
-                accuracy = evaluator.accuracy(model)
+            if step % settings.eval_every == 0 or step == settings.max_steps:
+                accuracy = _shared_accuracy(evaluator, model, ranks)
             curve.add(step, accuracy, reward, time.monotonic() - start, stats, collector_stats)
             progress.update(step, _fields(curve, collector_stats))
             # Every rank stops together (one leaving alone would hang DDP's next all-reduce).
@@ -131,6 +133,14 @@ def _run(
     if evaluate:  # rank 0 writes the outputs
         save_run(out_dir, model, summary, dataclasses.asdict(settings), curve)
     return summary
+
+
+def _shared_accuracy(evaluator: Evaluator, model: nn.Module, ranks: DataParallel) -> float:
+    """Rank 0's greedy accuracy, given to every rank (the weights are the same on all)."""
+    if not ranks.active:
+        return evaluator.accuracy(model)
+    mine = evaluator.accuracy(model) if ranks.rank == 0 else -1.0
+    return ranks.agreed_max(round(mine * _ACCURACY_SCALE)) / _ACCURACY_SCALE
 
 
 def _local_fleet(settings: GRPOSettings, ranks: DataParallel) -> LocalFleet:

@@ -36,6 +36,10 @@ def _grpo(out: pathlib.Path, *args: str) -> list[dict]:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())  # written by rank 0
+    # Both ranks print a summary with rank 0's accuracy (the weights are the same).
+    lines = [line for line in result.stdout.splitlines() if line.startswith("GRPO on arith")]
+    assert len(lines) == 2
+    assert all(f"accuracy {summary['accuracy']:.2f}" in line for line in lines), lines
     assert summary["steps"] == STEPS
     assert summary["policy_version"] == STEPS + 1  # version 1: the initial weights
     records = [json.loads((out / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
