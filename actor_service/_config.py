@@ -26,15 +26,17 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_weight_bytes": (1, None),
     "torch_threads": (1, 1024),
     "max_new_tokens_cap": (1, 1 << 20),
+    "max_model_len": (1, 1 << 24),
 }
 # Integer settings that may also be None (off).
-OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes"})
+OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes", "max_model_len"})
 CHOICES: dict[str, tuple[str, ...]] = {
     "env_backend": ("sync", "async"),
     "env_error_detail": ("full", "type"),
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("text", "json"),
     "kind": ("env", "torchrl", "llm"),
+    "engine": ("transformers", "vllm"),
 }
 
 
@@ -109,6 +111,12 @@ class ActorConfig:
         lora: A LoRA adapter the LLM actor wraps its model in (``common.llm.LoraSpec``,
             ``--lora r=16,targets=q_proj,v_proj``); its pushes may carry the adapter alone.
             None: the plain model. Needs ``peft`` (the ``lora`` extra).
+        engine: What decodes on an LLM actor: ``"transformers"`` (rlfleet's own decode loop
+            over a ``transformers`` model) or ``"vllm"`` (a vLLM engine in the actor's
+            process; see docs/llm.md, "Choosing an engine").
+        gpu_memory_utilization: vLLM: share of the GPU memory it may take; None: vLLM's default.
+        max_model_len: vLLM: longest prompt + response (the actor's context); None: the model's.
+        enable_prefix_caching: vLLM: reuse the KV cache of shared prompt prefixes.
     """
 
     host: str = "127.0.0.1"
@@ -141,6 +149,10 @@ class ActorConfig:
     task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_new_tokens_cap: int = 4096
     lora: LoraSpec | None = None
+    engine: str = "transformers"
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         """Refuse settings the actor cannot run with, naming the field and its range.
@@ -151,8 +163,9 @@ class ActorConfig:
         Raises:
             ValueError: A field out of its range or choices, a seed outside
                 ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
-                ``grace_period``, TLS files given by halves, no models, or a
-                ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft installed.
+                ``grace_period``, TLS files given by halves, no models, a
+                ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft installed,
+                or vLLM settings without ``engine="vllm"`` on an LLM actor.
         """
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
@@ -182,6 +195,32 @@ class ActorConfig:
             if self.kind != "llm":
                 raise ValueError("lora adapts a language model: it needs kind 'llm'")
             check_peft()
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        """The engine rules: vLLM serves LLM actors, without LoRA; its knobs need it."""
+        if self.engine == "vllm":
+            if self.kind != "llm":
+                raise ValueError("engine 'vllm' decodes for a language model: it needs kind 'llm'")
+            if self.lora is not None:
+                raise ValueError(
+                    "engine 'vllm' does not take lora: push full weights or deltas instead"
+                )
+        knobs = {
+            "gpu_memory_utilization": self.gpu_memory_utilization is not None,
+            "max_model_len": self.max_model_len is not None,
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
+        given = [name for name, set_ in knobs.items() if set_]
+        if given and self.engine != "vllm":
+            raise ValueError(f"{', '.join(given)} configure vLLM: they need engine 'vllm'")
+        share = self.gpu_memory_utilization
+        if share is not None and not (isinstance(share, float) and 0.0 < share <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be a float in (0, 1], got {share!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
+            )
 
 
 def _int_within(value: object, low: int, high: int | None) -> bool:
