@@ -189,13 +189,13 @@ class ActorConfig:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if not self.models:
             raise ValueError("models must name at least one model")
+        self._check_engine()
         if self.lora is not None:
             if not isinstance(self.lora, LoraSpec):
                 raise ValueError(f"lora must be a LoraSpec or None, got {self.lora!r:.80}")
             if self.kind != "llm":
                 raise ValueError("lora adapts a language model: it needs kind 'llm'")
             check_peft()
-        self._check_engine()
 
     def _check_engine(self) -> None:
         """The engine rules: vLLM serves LLM actors, without LoRA; its knobs need it."""

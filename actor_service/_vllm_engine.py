@@ -62,6 +62,9 @@ def import_vllm() -> Any:
     """The ``vllm`` module, in-process engine mode set; ValueError naming the install if absent."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM's own log handler writes to stdout, where the actor's ready line must come first;
+    # unconfigured, its records go through the actor's logging (stderr) like everyone's.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     try:
         import vllm
     except ImportError as exc:
