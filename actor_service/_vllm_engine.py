@@ -80,7 +80,7 @@ def _engine_kwargs(dtype: torch.dtype, options: VLLMOptions, seed: int) -> dict[
         "generation_config": "vllm",
         "enable_prefix_caching": options.enable_prefix_caching,
         "async_scheduling": False,
-        "seed": seed,
+        "seed": seed % 2**32,  # vLLM seeds numpy's global generator with it
     }
     if options.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
@@ -197,10 +197,15 @@ class VLLMEngine:
         versions: list[list[int]] = [[] for _ in prompts]
         stopped = [False] * len(prompts)
         pending = set(rows)
-        try:
+
+        def add() -> list[Any]:
             for request, row in rows.items():
                 prompt = TokensPrompt(prompt_token_ids=list(prompts[row]))
                 self._engine.add_request(request, prompt, params[row])
+            return []
+
+        try:
+            locked(add)
             while pending:
                 outputs, version = locked(self._engine.step)
                 for out in outputs:
@@ -215,9 +220,9 @@ class VLLMEngine:
                         stopped[row] = completion.finish_reason == "stop"
                         pending.discard(out.request_id)
         finally:
-            if pending:
+            if pending:  # given up (an error): its requests leave the engine
                 with contextlib.suppress(Exception):
-                    self._engine.abort_request(sorted(pending))
+                    locked(lambda: self._engine.abort_request(sorted(pending)) or [])
         return _padded(tokens, log_probs, versions, stopped, pad_id)
 
     def reload(

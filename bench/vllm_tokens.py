@@ -7,8 +7,9 @@ tokens), sampling at temperature 1 from the full softmax, ``--new-tokens`` (32) 
 per answer, ``--num-envs`` (16) chat slots answered as one turn. Two one-actor fleets
 (``LocalFleet``), each read by a sync ``GrpcLLMCollector`` (``layout="padded"``):
 ``--engine transformers`` (our loop, 1 torch thread, as an actor runs by default) and
-``--engine vllm`` (an in-process vLLM engine with its own CPU thread binding), timed in
-windows interleaved repetition by repetition. Tokens are response tokens.
+``--engine vllm`` (an in-process vLLM engine; ``--vllm-bind`` sets its OpenMP binding:
+one core by default, so both actors decode on one thread), timed in windows interleaved
+repetition by repetition. Tokens are response tokens.
 
 Needs vLLM (``.venv-vllm``, made by ``scripts/vllm_venv.sh``). On the CPU this is
 vLLM's correctness path, not its speed path: no GPU figure comes from this script.
@@ -36,6 +37,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__.splitlines()[0], num_envs=16)
     parser.add_argument("--new-tokens", type=int, default=32, help="new tokens per answer")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
+    parser.add_argument(
+        "--vllm-bind",
+        default="0",
+        help="VLLM_CPU_OMP_THREADS_BIND of the vLLM actor: 0 (one core, one thread, as the "
+        "loop's actor), auto (vLLM's default: every core it sees), or a core list",
+    )
     args = parse(parser, argv)
     if args.window is None:
         args.window = 1.0 if args.quick else 6.0
@@ -85,6 +92,7 @@ def _window(batches: Iterator[Any], seconds: float) -> float:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_bind
     engines = ("transformers", "vllm")
     samples: dict[str, list[float]] = {engine: [] for engine in engines}
     with contextlib.ExitStack() as stack:
@@ -101,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report.figure("our decode loop actor", "tokens/s", samples["transformers"])
     report.figure("vLLM engine actor", "tokens/s", samples["vllm"])
     report.ratio("vLLM / our loop", "vLLM engine actor", "our decode loop actor")
+    report.note(f"vLLM actor's VLLM_CPU_OMP_THREADS_BIND={args.vllm_bind}; loop actor: 1 thread")
     report.note("CPU only: vLLM's correctness path; no GPU figure (needs a GPU run)")
     return report.emit()
 

@@ -14,6 +14,10 @@ TorchRL's ``LLMCollector``:
   dialog, ``[n]``, until at least ``frames_per_batch`` rows (the dropped turns count in
   ``last_batch_frames``, as TorchRL 0.14.1 counts them toward the budget).
 
+A turn of every active slot is decoded by the engine ``config.engine`` names: rlfleet's
+decode loop (``LLMModels``) or vLLM (``VLLMModels``, ``actor_service._vllm_models``); both
+give the same :class:`common.llm.Generation`, so what follows holds for either.
+
 Groups: slots ``[gG, (g+1)G)`` form block ``g``; slots of a block that start a dialog
 together share one problem and one ``("collector", "group_id")``. In the trajectory
 modes a block starts a group only when all its slots are idle, and a batch holds whole

@@ -289,6 +289,32 @@ def test_a_push_during_a_turn_shows_in_the_token_versions(vllm_actor) -> None:
     assert (td["policy_version"] == start).all()
 
 
+def test_prefix_caching_never_serves_kv_computed_with_older_weights() -> None:
+    from actor_service import ActorConfig
+    from actor_service._core._llm import LLMCore
+    from common.config import CollectSettings
+    from common.llm import LLMSettings
+
+    config = ActorConfig(
+        kind="llm",
+        engine="vllm",
+        enable_prefix_caching=True,
+        task="countdown",  # a long shared system prompt: whole KV blocks to cache
+        models=(ModelSpec("policy", "rlfleet:tiny-qwen2", {**TINY, "seed": 0}),),
+        num_envs=SLOTS,
+        seed=0,
+    )
+    greedy = GenerationSettings(max_new_tokens=6, temperature=0.0)
+    with LLMCore(config) as core:
+        core.configure(CollectSettings(frames_per_batch=SLOTS, llm=LLMSettings(generation=greedy)))
+        core.collect_batch()  # the cache now holds the prompts' KV under version 0
+        new = _model(21)
+        core.models.load_weights("policy", 1, new.state_dict())
+        td = core.collect_batch().reshape(-1)
+    assert (td["policy_version"] == 1).all()
+    assert _responses(td) == _loop_greedy(new, td)
+
+
 def test_a_restored_state_is_what_vllm_serves(vllm_actor) -> None:
     model = _model(10)
     vllm_actor.push(model.state_dict())
