@@ -30,11 +30,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(ARGS)
 
-## The vLLM engine's tests (marked vllm), in their own venv: scripts/vllm_venv.sh makes it.
+## The vLLM engine's tests (marked vllm, in tests/*/test_*vllm*.py), in their own venv:
+## scripts/vllm_venv.sh makes it. Only those files are collected there (with vLLM installed,
+## torchrl imports it, and its warnings would fail the other files' collection).
 VLLM_VENV ?= .venv-vllm
 test-vllm:
 	PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm $(ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py) $(ARGS)
 
 ## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
 soak: $(STAMP)

@@ -88,6 +88,47 @@ def test_kill_9_mid_batch_loses_whole_groups_and_the_restarted_actor_gets_curren
     assert stats["dropped_dialogs"] == SLOTS  # its in-progress dialogs: whole groups
 
 
+def test_prefix_caching_never_serves_kv_computed_with_older_weights(monkeypatch) -> None:
+    from common.llm import GenerationSettings, build_policy, cached_forward, generate
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    long_context = {**TINY, "max_positions": 2048}  # countdown's system prompt is long
+    new, _ = build_policy("rlfleet:tiny-qwen2", **{**long_context, "seed": 21})
+    with (
+        LocalFleet(
+            1, kind="llm", task="countdown", policy="rlfleet:tiny-qwen2",
+            policy_kwargs=long_context, num_envs=SLOTS, seed=0, grace_period=1.0,
+            start_timeout=300.0, extra_args=["--engine", "vllm", "--enable-prefix-caching", "true"],
+        ) as fleet,
+        GrpcLLMCollector(
+            fleet.addresses, dialog_turns_per_batch=SLOTS, total_dialog_turns=-1, sync=True,
+            layout="padded", generation={"max_new_tokens": 6, "temperature": 0.0},
+            batch_timeout=120.0,
+        ) as collector,
+    ):  # fmt: skip
+        batches = iter(collector)
+        next(batches)  # the cache now holds the shared system prompt's KV under version 0
+        version = max(collector.update_policy_weights_(new).values())
+        td = next(batches).reshape(-1)
+    assert (td["policy_version"] == version).all()
+    assert int(td["prompt_len"].min()) > 64  # whole KV blocks of a shared prefix
+    for row in range(td.shape[0]):
+        prompt = td["tokens"][row, : int(td["prompt_len"][row])].tolist()
+        expected = generate(
+            lambda i, m, p, past: (*cached_forward(new, i, m, p, past), 0),
+            [prompt],
+            GenerationSettings(max_new_tokens=6, temperature=0.0),
+            budgets=[6],
+            stop_ids=[int(new.config.eos_token_id)],
+            pad_id=0,
+        )
+        length = int(td["response_len"][row])
+        assert length == int(expected.lengths[0])
+        got = td["tokens"][row, len(prompt) : len(prompt) + length].tolist()
+        assert got == expected.tokens[0, :length].tolist()
+
+
 BUDGET_S = 420
 
 
