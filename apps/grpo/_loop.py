@@ -111,6 +111,9 @@ def _local_fleet(settings: GRPOSettings) -> LocalFleet:
         policy=MODEL_SPEC,
         policy_kwargs=settings.model_kwargs,
         seed=settings.seed,
+        extra_args=["--engine", settings.engine],
+        # a vLLM engine takes tens of seconds to start on a loaded CPU
+        start_timeout=300.0 if settings.engine == "vllm" else 60.0,
     )
 
 
