@@ -26,6 +26,7 @@ from typing import Any
 from actor_service._cli_values import (
     TORCHRL_BACKEND,
     BadValue,
+    boolean,
     choice,
     chosen,
     existing_file_or_empty,
@@ -38,6 +39,7 @@ from actor_service._cli_values import (
     nonempty,
     optional,
     ranged,
+    share,
 )
 from actor_service._config import CHOICES, INT_RANGES, ActorConfig, ModelSpec
 from common.config import DEFAULT_MODEL_ID
@@ -123,6 +125,10 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         "llm: most new tokens per turn a learner may ask",
     ),
     ("lora", lora, "llm: a LoRA adapter on the model, r=16,targets=q_proj,v_proj[,alpha=32]"),
+    ("engine", chosen("engine"), "llm: transformers (rlfleet's decode loop) or vllm"),
+    ("gpu_memory_utilization", share, "vllm: share of the GPU's memory vLLM may take"),
+    ("max_model_len", optional(ranged("max_model_len")), "vllm: longest prompt + response"),
+    ("enable_prefix_caching", boolean, "vllm: reuse the KV cache of shared prompt prefixes"),
 )
 
 

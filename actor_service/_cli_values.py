@@ -18,6 +18,7 @@ from actor_service._config import CHOICES, INT_RANGES
 __all__ = [
     "TORCHRL_BACKEND",
     "BadValue",
+    "boolean",
     "choice",
     "chosen",
     "existing_file_or_empty",
@@ -30,6 +31,7 @@ __all__ = [
     "nonempty",
     "optional",
     "ranged",
+    "share",
 ]
 
 FACTORY_RE = re.compile(r"^(random|mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
@@ -73,6 +75,25 @@ def float_min(low: float, *, strict: bool) -> Callable[[str], float]:
         return value
 
     return convert
+
+
+def share(text: str) -> float:
+    """A fraction in (0, 1]."""
+    value = float_min(0.0, strict=True)(text)
+    if value > 1.0:
+        raise BadValue(f"expected a number in (0, 1], got {text}")
+    return value
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def boolean(text: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``)."""
+    try:
+        return _BOOLEANS[text.strip().lower()]
+    except KeyError:
+        raise BadValue(f"expected true or false, got {text!r}") from None
 
 
 def choice(*choices: str) -> Callable[[str], str]:

@@ -37,9 +37,10 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_weight_bytes": (1, None),
     "torch_threads": (1, 1024),
     "max_new_tokens_cap": (1, 1 << 20),
+    "max_model_len": (1, 1 << 24),
 }
 # Integer settings that may also be None (off).
-OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes"})
+OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes", "max_model_len"})
 CHOICES: dict[str, tuple[str, ...]] = {
     "env_backend": ("sync", "async"),
     "env_error_detail": ("full", "type"),
@@ -47,6 +48,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_format": ("text", "json"),
     "kind": ("env", "torchrl", "llm"),
     "decode": ("eager", "static", "compiled"),
+    "engine": ("transformers", "vllm"),
 }
 
 
@@ -128,6 +130,12 @@ class ActorConfig:
             that grows by a token a step), ``"static"`` (a fixed-size cache:
             ``common.llm.StaticDecode``) or ``"compiled"`` (that, with the per-token step
             compiled by ``torch.compile``; CUDA graphs on CUDA).
+        engine: What decodes on an LLM actor: ``"transformers"`` (rlfleet's own decode loop
+            over a ``transformers`` model) or ``"vllm"`` (a vLLM engine in the actor's
+            process; see docs/llm.md, "Choosing an engine").
+        gpu_memory_utilization: vLLM: share of the GPU memory it may take; None: vLLM's default.
+        max_model_len: vLLM: longest prompt + response (the actor's context); None: the model's.
+        enable_prefix_caching: vLLM: reuse the KV cache of shared prompt prefixes.
     """
 
     host: str = "127.0.0.1"
@@ -162,6 +170,10 @@ class ActorConfig:
     max_new_tokens_cap: int = 4096
     lora: LoraSpec | None = None
     decode: str = "eager"
+    engine: str = "transformers"
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         """Refuse settings the actor cannot run with, naming the field and its range.
@@ -173,8 +185,9 @@ class ActorConfig:
             ValueError: A field out of its range or choices, a seed outside
                 ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
                 ``grace_period``, a ``part_deadline_s`` out of range, TLS files given
-                by halves, no models, or a ``lora`` that is not a ``LoraSpec`` on an LLM
-                actor with peft installed.
+                by halves, no models, a ``lora`` that is not a ``LoraSpec`` on an LLM
+                actor with peft installed, vLLM settings without ``engine="vllm"`` on an
+                LLM actor, or a ``decode`` other than ``"eager"`` with ``engine="vllm"``.
         """
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
@@ -203,12 +216,43 @@ class ActorConfig:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if not self.models:
             raise ValueError("models must name at least one model")
+        self._check_engine()
         if self.lora is not None:
             if not isinstance(self.lora, LoraSpec):
                 raise ValueError(f"lora must be a LoraSpec or None, got {self.lora!r:.80}")
             if self.kind != "llm":
                 raise ValueError("lora adapts a language model: it needs kind 'llm'")
             check_peft()
+
+    def _check_engine(self) -> None:
+        """The engine rules: vLLM serves LLM actors, without LoRA; its knobs need it."""
+        if self.engine == "vllm":
+            if self.kind != "llm":
+                raise ValueError("engine 'vllm' decodes for a language model: it needs kind 'llm'")
+            if self.lora is not None:
+                raise ValueError(
+                    "engine 'vllm' does not take lora: push full weights or deltas instead"
+                )
+            if self.decode != "eager":
+                raise ValueError(
+                    f"decode {self.decode!r} runs rlfleet's decode loop: engine 'vllm' decodes "
+                    "in vLLM (leave decode at 'eager')"
+                )
+        knobs = {
+            "gpu_memory_utilization": self.gpu_memory_utilization is not None,
+            "max_model_len": self.max_model_len is not None,
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
+        given = [name for name, set_ in knobs.items() if set_]
+        if given and self.engine != "vllm":
+            raise ValueError(f"{', '.join(given)} configure vLLM: they need engine 'vllm'")
+        share = self.gpu_memory_utilization
+        if share is not None and not (isinstance(share, float) and 0.0 < share <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be a float in (0, 1], got {share!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
+            )
 
 
 def _int_within(value: object, low: int, high: int | None) -> bool:

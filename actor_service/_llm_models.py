@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,12 +22,15 @@ from torch import nn
 from actor_service._model_book import ModelBook
 from common.config import DEFAULT_MODEL_ID
 from common.llm import (
+    Generation,
+    GenerationSettings,
     LoraSpec,
     StaticDecode,
     apply_lora,
     build_policy,
     cached_forward,
     default_dtype,
+    generate,
 )
 from common.weights import to_state_dict
 
@@ -123,3 +126,31 @@ class LLMModels(ModelBook[_Slot]):
         with self._slot.lock, torch.no_grad():
             logits, cache = self._decode(ids, mask, positions, past)
             return logits, cache, self._slot.version
+
+    def check_generation(self, settings: GenerationSettings) -> None:
+        """Refuse generation settings the engine cannot honour (ValueError); the loop takes all."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: GenerationSettings,
+        *,
+        budgets: Sequence[int],
+        stop_ids: Sequence[int],
+        pad_id: int,
+        generator: torch.Generator,
+    ) -> Generation:
+        """One response per prompt (:func:`common.llm.generate` over :meth:`forward`)."""
+        return generate(
+            self.forward,
+            prompts,
+            settings,
+            budgets=budgets,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            generator=generator,
+            device=self.device,
+        )
+
+    def close(self) -> None:
+        """Release what the engine holds beyond the model (nothing for the decode loop)."""

@@ -154,6 +154,9 @@ def _local_fleet(settings: GRPOSettings, ranks: DataParallel) -> LocalFleet:
         policy_kwargs=settings.model_kwargs,
         seed=settings.seed,
         worker_ids=ranks.worker_ids(settings.num_actors),
+        extra_args=["--engine", settings.engine],
+        # a vLLM engine takes tens of seconds to start on a loaded CPU
+        start_timeout=300.0 if settings.engine == "vllm" else 60.0,
     )
 
 

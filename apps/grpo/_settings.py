@@ -21,6 +21,7 @@ __all__ = ["LOSSES", "GRPOSettings", "parse_args"]
 
 #: ``builtin``: the plain-torch loss of this package; ``torchrl``: TorchRL's GRPOLoss.
 LOSSES = ("builtin", "torchrl")
+ENGINES = ("transformers", "vllm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,8 @@ class GRPOSettings:
         shard_pushes: Each rank pushes only its part of the weights (sorted keys
             ``[rank::nproc_per_node]``) to every actor, which swaps a version in when all
             parts arrived; without it each rank pushes the whole model to its own actors.
+        engine: What decodes on the actors: ``transformers`` (rlfleet's decode loop) or
+            ``vllm`` (a vLLM engine per actor; docs/llm.md, "Choosing an engine").
         hidden: Width of the tiny Qwen2 (``rlfleet:tiny-qwen2``).
         layers: Decoder layers of the tiny Qwen2.
         heads: Attention heads of the tiny Qwen2.
@@ -87,6 +90,7 @@ class GRPOSettings:
     num_actors: int = opt(2, "LLM actor servers to start on loopback")
     nproc_per_node: int = opt(1, "learner ranks (DDP) to start on this machine")
     shard_pushes: bool = opt(False, "each rank pushes its part of the weights to every actor")
+    engine: str = opt("transformers", "the actors' engine: transformers or vllm")
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
     heads: int = opt(4, "attention heads of the tiny Qwen2")
@@ -146,6 +150,8 @@ class GRPOSettings:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
         if self.vocab not in ("auto", *VOCABS):
             raise ValueError(f"vocab must be auto or one of {VOCABS}, got {self.vocab!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "torchrl" and self.sampling_temperature != 1.0:

@@ -351,3 +351,9 @@ def test_cli_decode_takes_the_three_modes_and_refuses_others() -> None:
     with pytest.raises(SystemExit) as exc:
         parse_config(["--decode", "graphs"], {}, hostname="h")
     assert exc.value.code == 2
+
+
+def test_cli_decode_other_than_eager_is_refused_with_the_vllm_engine() -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--kind", "llm", "--engine", "vllm", "--decode", "static"], {}, hostname="h")
+    assert exc.value.code == 2
