@@ -10,6 +10,7 @@ would encode with torchcodec, not a dependency here).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import runpy
 import sys
@@ -33,12 +34,22 @@ def _mean_of_many() -> None:
 
 
 def main() -> None:
-    """Run ``sys.argv[1]`` with the rest of the arguments as its own."""
+    """Run ``sys.argv[1]`` with the rest of the arguments as its own.
+
+    With ``RLFLEET_RESULT`` set (a tutorial, which logs nothing), that expression over the
+    script's globals is its final return, written as the scalar ``result``.
+    """
     script = pathlib.Path(sys.argv[1]).resolve()
     sys.argv = [str(script), *sys.argv[2:]]
     sys.path.insert(0, str(script.parent))
     _mean_of_many()
-    runpy.run_path(str(script), run_name="__main__")
+    found = runpy.run_path(str(script), run_name="__main__")
+    expression = os.environ.get("RLFLEET_RESULT", "")
+    if expression:
+        value = float(eval(expression, dict(found)))  # our own expression (a spec's metric)
+        out = pathlib.Path("scalars")
+        out.mkdir(exist_ok=True)
+        (out / "result.csv").write_text(f"0,{value}\n")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ for the tutorials a pytorch/rl checkout named by ``RLFLEET_TORCHRL_SOURCE``. A r
 subprocess (``python script.py overrides...``) in its own folder, with the script's folder
 and this repository on ``PYTHONPATH`` (the port's actors import the script's helpers and
 ``bench.torchrl_scripts.fleets``); the final return is the last value of the script's own
-logged scalar, from TorchRL's CSV logger.
+logged scalar, from TorchRL's CSV logger. Every process of a run (the script, its actors,
+TorchRL's env workers) uses one torch thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import os
 import pathlib
@@ -24,7 +26,14 @@ from collections.abc import Sequence
 from bench.torchrl_scripts._port import port_source
 from bench.torchrl_scripts._specs import ScriptSpec
 
-__all__ = ["RunResult", "layout", "original", "originals_root", "run_script"]
+__all__ = [
+    "RunResult",
+    "layout",
+    "missing_needs",
+    "original",
+    "originals_root",
+    "run_script",
+]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
@@ -44,6 +53,16 @@ class RunResult:
     wall_s: float
     returncode: int
     log_tail: str
+
+
+def missing_needs(spec: ScriptSpec) -> str:
+    """Why ``spec`` cannot run here (a module it needs fails to import), or ``""``."""
+    for module in spec.needs:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # torchvision beside another torch raises RuntimeError
+            return f"{spec.script} needs {module}, which does not import here: {exc}"
+    return ""
 
 
 def originals_root(spec: ScriptSpec) -> pathlib.Path | None:
@@ -96,6 +115,17 @@ def layout(spec: ScriptSpec, variant: str, dest: pathlib.Path) -> pathlib.Path:
     return dest / spec.script
 
 
+def _edit(script: pathlib.Path, edits: Sequence[str]) -> None:
+    """Apply a tutorial's budget edits (``"OLD=>NEW"``, each found exactly once)."""
+    text = script.read_text()
+    for edit in edits:
+        old, new = edit.split("=>", 1)
+        if text.count(old) != 1:
+            raise ValueError(f"{script.name}: {old!r} occurs {text.count(old)} times, not once")
+        text = text.replace(old, new)
+    script.write_text(text)
+
+
 def run_script(
     spec: ScriptSpec,
     variant: str,
@@ -108,9 +138,16 @@ def run_script(
     """Run ``spec`` (``"torchrl"`` or ``"fleet"``) in ``dest`` with hydra ``overrides``."""
     script = layout(spec, variant, dest)
     env = dict(os.environ)
+    if spec.tutorial:  # no hydra: its budget is its constants, its return an expression
+        _edit(script, overrides)
+        overrides = ()
+        env["RLFLEET_RESULT"] = spec.metric
     env["PYTHONPATH"] = os.pathsep.join([str(dest), str(ROOT), env.get("PYTHONPATH", "")])
     env.update(MPLBACKEND="Agg", SDL_VIDEODRIVER="dummy", HYDRA_FULL_ERROR="1")
     env.update(WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    # One torch thread per process, on both sides: a learner and its actors (or TorchRL's
+    # workers) sharing a few cores run small networks far slower with a pool each.
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     start = time.monotonic()
     with open(dest / "run.log", "wb") as log:
         done = subprocess.run(
@@ -124,7 +161,7 @@ def run_script(
         )
     wall = time.monotonic() - start
     tail = (dest / "run.log").read_bytes()[-_TAIL:].decode(errors="replace")
-    final = last_scalar(dest, spec.metric)
+    final = last_scalar(dest, "result" if spec.tutorial else spec.metric)
     return RunResult(spec.name, variant, frames, final, wall, done.returncode, tail)
 
 

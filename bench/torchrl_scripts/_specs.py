@@ -35,6 +35,7 @@ class ScriptSpec:
         metric: The scalar read as the final return.
         threshold: The return at which the task counts as solved at this budget (None:
             none is claimed).
+        needs: Modules the script imports that the test extra cannot provide.
     """
 
     name: str
@@ -49,6 +50,7 @@ class ScriptSpec:
     frames: int
     metric: str
     threshold: float | None = None
+    needs: tuple[str, ...] = ()
 
     @property
     def tutorial(self) -> bool:
@@ -162,6 +164,7 @@ _SAC = ScriptSpec(
         "collector.env_per_collector=1",
         "optim.batch_size=32",
         "network.hidden_sizes=[32,32]",
+        "optim.utd_ratio=0.1",
         "logger.eval_iter=1000000",
     ),
     bench=(
@@ -220,10 +223,11 @@ _MAPPO = ScriptSpec(
     ),
     config="mappo_ippo",
     smoke=(
-        "collector.frames_per_batch=200",
+        "env.max_steps=20",
+        "collector.frames_per_batch=40",
         "collector.n_iters=2",
         "train.num_epochs=1",
-        "train.minibatch_size=100",
+        "train.minibatch_size=20",
         "eval.evaluation_episodes=1",
     ),
     bench=(
@@ -239,4 +243,62 @@ _MAPPO = ScriptSpec(
     metric="eval/episode_reward_mean",
 )
 
-SPECS: dict[str, ScriptSpec] = {spec.name: spec for spec in (_DQN, _PPO, _A2C, _SAC, _DDPG, _MAPPO)}
+_TUTORIALS = "tutorials/sphinx-tutorials"
+
+
+def _stats_kwargs(index: int) -> str:
+    """Env kwargs carrying the learner's ``ObservationNorm`` (``env.transform[index]``)."""
+    norm = f"env.transform[{index}]"
+    return f'{{"loc": {norm}.loc.tolist(), "scale": {norm}.scale.tolist()}}'
+
+
+def _tutorial_fleet(name: str, stats: int) -> str:
+    return (
+        f'2, kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
+        f'policy="{_FLEETS}.{name}:make_policy", env_kwargs={_stats_kwargs(stats)}, '
+        "num_envs=1, seed=0"
+    )
+
+
+_CODING_PPO = ScriptSpec(
+    name="coding_ppo",
+    folder=_TUTORIALS,
+    script="coding_ppo.py",
+    helpers=(),
+    collector_file="coding_ppo.py",
+    fleet=_tutorial_fleet("coding_ppo", 0),
+    config="",
+    smoke=(
+        "frames_per_batch = 1000=>frames_per_batch = 200",
+        "total_frames = 10_000=>total_frames = 400",
+        "num_epochs = 10  #=>num_epochs = 1  #",
+        "init_stats(num_iter=1000,=>init_stats(num_iter=100,",
+    ),
+    # 21 batches: the tutorial evaluates every 10th, so the last one is evaluated.
+    bench=("total_frames = 10_000=>total_frames = 21_000",),
+    frames=21_000,
+    metric='logs["eval reward (sum)"][-1]',
+)
+
+_DQN_RNN = ScriptSpec(
+    name="dqn_with_rnn",
+    folder=_TUTORIALS,
+    script="dqn_with_rnn.py",
+    helpers=(),
+    collector_file="dqn_with_rnn.py",
+    fleet=_tutorial_fleet("dqn_with_rnn", 6),
+    config="",
+    smoke=("init_stats(1000,=>init_stats(100,",),
+    # The tutorial's own budget: 200 frames, which it collects without training (it trains
+    # once its replay buffer holds 1000 entries); what it stored is compared.
+    bench=(),
+    frames=200,
+    metric="len(rb)",
+    # Its Resize transform calls torchvision, which does not import beside torch's CPU
+    # wheel that the project pins (no matching torchvision build on PyPI).
+    needs=("torchvision",),
+)
+
+SPECS: dict[str, ScriptSpec] = {
+    spec.name: spec for spec in (_DQN, _PPO, _A2C, _SAC, _DDPG, _MAPPO, _CODING_PPO, _DQN_RNN)
+}

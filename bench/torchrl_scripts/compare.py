@@ -17,7 +17,7 @@ import json
 import pathlib
 import tempfile
 
-from bench.torchrl_scripts._run import RunResult, originals_root, run_script
+from bench.torchrl_scripts._run import RunResult, missing_needs, originals_root, run_script
 from bench.torchrl_scripts._specs import SPECS, ScriptSpec
 
 __all__ = ["main", "within_criterion"]
@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     for name in names:
         spec = SPECS[name]
-        if originals_root(spec) is None:
-            print(f"| {name} | not on this machine | | | | |")
+        why = "not on this machine" if originals_root(spec) is None else missing_needs(spec)
+        if why:
+            print(f"| {name} | {why} | | | | |")
             continue
         runs = {
             variant: run_script(

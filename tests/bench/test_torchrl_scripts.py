@@ -22,17 +22,19 @@ pytest.importorskip("torchrl")
 pytest.importorskip("hydra")
 
 from bench.torchrl_scripts._port import PortError, check_port, collector_call, port_source
-from bench.torchrl_scripts._run import original, originals_root, run_script
+from bench.torchrl_scripts._run import missing_needs, original, originals_root, run_script
 from bench.torchrl_scripts._specs import SPECS, ScriptSpec
 from bench.torchrl_scripts.compare import within_criterion
 
 NAMES = sorted(SPECS)
 
 
-def _spec(name: str) -> ScriptSpec:
+def _spec(name: str, *, to_run: bool = False) -> ScriptSpec:
     spec = SPECS[name]
     if originals_root(spec) is None:
         pytest.skip(f"{spec.folder}/{spec.script} is not on this machine")
+    if to_run and missing_needs(spec):
+        pytest.skip(missing_needs(spec))
     return spec
 
 
@@ -47,7 +49,8 @@ def test_torchrl_script_port_changes_only_the_collector(name: str) -> None:
     # The check is not vacuous: one changed argument and one changed line elsewhere.
     found = collector_call(source)
     keyword = found.call.keywords[0]
-    tampered = ported.replace(f"{keyword.arg}=", f"{keyword.arg}=1 + ", 1)
+    at = ported.index("GrpcCollector(\n")
+    tampered = ported[:at] + ported[at:].replace(f"{keyword.arg}=", f"{keyword.arg}=1 + ", 1)
     assert any("differs from the original" in p for p in check_port(source, tampered))
     edited = ported.rstrip("\n") + "  # edited\n"  # the file's last line: not the collector
     assert any("outside the collector" in p for p in check_port(source, edited))
@@ -60,7 +63,7 @@ def test_torchrl_script_port_raises_if_no_collector_is_built() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_torchrl_script_runs_on_a_fleet(name: str, tmp_path: pathlib.Path) -> None:
-    spec = _spec(name)
+    spec = _spec(name, to_run=True)
     result = run_script(spec, "fleet", spec.smoke, tmp_path / name, timeout=240)
     assert result.returncode == 0, result.log_tail
     ported = (tmp_path / name / spec.collector_file).read_text()
@@ -70,7 +73,7 @@ def test_torchrl_script_runs_on_a_fleet(name: str, tmp_path: pathlib.Path) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_torchrl_script_on_a_fleet_returns_as_on_torchrl(name: str, tmp_path: pathlib.Path) -> None:
-    spec = _spec(name)
+    spec = _spec(name, to_run=True)
     ours = run_script(spec, "fleet", spec.bench, tmp_path / "fleet", timeout=1800)
     theirs = run_script(spec, "torchrl", spec.bench, tmp_path / "torchrl", timeout=1800)
     assert ours.returncode == 0, ours.log_tail
