@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train train-llm test test-slow test-vllm soak lint protos bench gpu-check clean
+.PHONY: train train-llm test test-slow test-vllm soak lint protos bench torchrl-scripts gpu-check clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -50,6 +50,11 @@ protos: $(STAMP)
 ## Benchmarks against TorchRL's collectors.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(ARGS)
+
+## TorchRL's own training scripts on TorchRL's collector and on a fleet: final returns and wall
+## times (bench/torchrl_scripts; ARGS="--only dqn_cartpole").
+torchrl-scripts: $(STAMP)
+	$(BIN)/python -m bench.torchrl_scripts $(ARGS)
 
 ## The GPU checks (CUDA tests and GPU benchmarks, ~7 min) on a machine with CUDA; logs in OUT.
 gpu-check:

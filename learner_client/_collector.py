@@ -30,6 +30,7 @@ from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet_state import FleetState
 from learner_client._mailbox import Paused
 from learner_client._ranks import Ranks
+from learner_client._script_env import ScriptEnv
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
@@ -38,13 +39,7 @@ from learner_client._settings import (
     check_hooks,
 )
 from learner_client._shared_policy import SharedPolicy, push_shared
-from learner_client._torchrl_args import (
-    ActorPlacement,
-    check_env_signature,
-    check_torchrl_only,
-    env_signature,
-    update_flag,
-)
+from learner_client._torchrl_args import ActorPlacement, check_torchrl_only, update_flag
 from learner_client._weight_args import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
@@ -224,9 +219,7 @@ class GrpcCollector(FleetState):
         update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
         self._ranks = Ranks.given(rank, world_size)
         self._shared = None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
-        self._env_check = (
-            None if create_env_fn is None else env_signature(create_env_fn, create_env_kwargs)
-        )
+        self._env = None if create_env_fn is None else ScriptEnv(create_env_fn, create_env_kwargs)
         self._placement = Placement(device, storing_device)
         self._batch = BatchSettings(
             frames_per_batch=frames_per_batch,
@@ -352,9 +345,9 @@ class GrpcCollector(FleetState):
             except Paused:
                 self._background.wait_resumed()
                 continue
-            if self._env_check is not None:  # create_env_fn's env against the first batch
-                check_env_signature(self._env_check, parts[0], f"actors {self.worker_ids}")
-                self._env_check = None
+            env = self._env  # create_env_fn: checked, and the script's env followed
+            if env is not None and not env.after_batch(parts[0], self.worker_ids, self.actor_state):
+                self._env = None
             parts = [self._placement.place(p) for p in parts]
             return parts if self.postproc is None else [self.postproc(p) for p in parts]
 

@@ -256,35 +256,45 @@ def env_signature(
     """The keys, trailing shapes and dtypes of one step of the env ``create_env_fn`` builds.
 
     A TorchRL env gives every leaf of its ``fake_tensordict()``; a gymnasium env its
-    ``observation`` (actions are encoded by the actors). The env is closed afterwards.
+    ``observation`` (actions are encoded by the actors). The env is closed afterwards,
+    unless ``create_env_fn`` is a TorchRL env itself, as TorchRL's ``Collector`` also
+    takes one: that env is the script's, read as it is (calling it would run
+    ``EnvBase.forward``) and left open.
 
     Raises:
         TypeError: ``create_env_fn`` is not callable, or builds neither kind of env.
     """
+    if callable(getattr(create_env_fn, "fake_tensordict", None)):
+        return _signature(create_env_fn)
     if not callable(create_env_fn):
         raise TypeError(f"create_env_fn must be callable, got {create_env_fn!r:.60}")
     env = create_env_fn(**dict(create_env_kwargs or {}))
     try:
-        fake = getattr(env, "fake_tensordict", None)
-        if callable(fake):
-            td = fake()
-            dims = len(getattr(env, "batch_size", ()))
-            return {
-                key: (tuple(value.shape[dims:]), value.dtype)
-                for key, value in td.items(include_nested=True, leaves_only=True)
-                if not _private(key)
-            }
-        space = getattr(env, "observation_space", None)
-        if space is None or getattr(space, "dtype", None) is None:
-            raise TypeError(
-                f"create_env_fn returned a {type(env).__name__}: neither a TorchRL env "
-                "nor a gymnasium env with a Box observation space"
-            )
-        return {"observation": (tuple(space.shape), _torch_dtype(space.dtype))}
+        return _signature(env)
     finally:
         close = getattr(env, "close", None)
         if callable(close):
             close()
+
+
+def _signature(env: Any) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
+    """:func:`env_signature` of an env built (or given) already."""
+    fake = getattr(env, "fake_tensordict", None)
+    if callable(fake):
+        td = fake()
+        dims = len(getattr(env, "batch_size", ()))
+        return {
+            key: (tuple(value.shape[dims:]), value.dtype)
+            for key, value in td.items(include_nested=True, leaves_only=True)
+            if not _private(key)
+        }
+    space = getattr(env, "observation_space", None)
+    if space is None or getattr(space, "dtype", None) is None:
+        raise TypeError(
+            f"create_env_fn returned a {type(env).__name__}: neither a TorchRL env "
+            "nor a gymnasium env with a Box observation space"
+        )
+    return {"observation": (tuple(space.shape), _torch_dtype(space.dtype))}
 
 
 def _private(key: object) -> bool:

@@ -1,0 +1,56 @@
+"""Run a TorchRL script as ``__main__`` (``python -m bench.torchrl_scripts._driver SCRIPT ...``).
+
+Two things differ from ``python SCRIPT ...``, alike for the original and the port, both in
+TorchRL's CSV logger (the runs' logger, read back for the final return): it records the
+mean of a scalar given as several values (``sac.py`` logs every episode's reward of a batch
+as one tensor, which the wandb logger it defaults to takes and the CSV logger refuses),
+and it records no videos (``mappo_ippo.py`` logs one per evaluation, which the CSV logger
+would encode with torchcodec, not a dependency here).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import runpy
+import sys
+from typing import Any
+
+
+def _mean_of_many() -> None:
+    """Let TorchRL's CSV logger take a tensor or list of values (it records their mean)."""
+    import torch
+    from torchrl.record.loggers import csv
+
+    add_scalar = csv.CSVExperiment.add_scalar
+
+    def add(self: Any, name: str, value: Any, global_step: int | None = None) -> None:
+        if isinstance(value, list | tuple) or (torch.is_tensor(value) and value.numel() != 1):
+            value = torch.as_tensor(value, dtype=torch.float64).mean().item()
+        add_scalar(self, name, value, global_step)
+
+    csv.CSVExperiment.add_scalar = add
+    csv.CSVLogger.log_video = lambda self, *args, **kwargs: None
+
+
+def main() -> None:
+    """Run ``sys.argv[1]`` with the rest of the arguments as its own.
+
+    With ``RLFLEET_RESULT`` set (a tutorial, which logs nothing), that expression over the
+    script's globals is its final return, written as the scalar ``result``.
+    """
+    script = pathlib.Path(sys.argv[1]).resolve()
+    sys.argv = [str(script), *sys.argv[2:]]
+    sys.path.insert(0, str(script.parent))
+    _mean_of_many()
+    found = runpy.run_path(str(script), run_name="__main__")
+    expression = os.environ.get("RLFLEET_RESULT", "")
+    if expression:
+        value = float(eval(expression, dict(found)))  # our own expression (a spec's metric)
+        out = pathlib.Path("scalars")
+        out.mkdir(exist_ok=True)
+        (out / "result.csv").write_text(f"0,{value}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The port of a TorchRL script: its ``Collector(...)`` call becomes a ``GrpcCollector``.
+
+:func:`port_source` rewrites one file's source and nothing else of it: the statement that
+builds the collector gets ``fleet.addresses`` as the first argument, ``sync=True`` and the
+script's own arguments (positional ones by their TorchRL names), and is preceded by one
+line starting the fleet; two import lines and a header comment are added. The rest of
+the file is left byte for byte. :func:`check_port` is the other side of that promise: it
+diffs an original against a port and names every line changed outside the collector
+statement, so a test fails when a port changes anything else.
+
+``sync=True`` is the one argument the port adds: TorchRL's ``Collector`` collects each
+batch after the previous update, which a fleet does in sync mode (its default,
+``sync=False``, keeps a batch ahead per actor, as ``MultiaSyncCollector`` does).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+
+__all__ = ["IMPORT_LINES", "PortError", "check_port", "collector_call", "port_source"]
+
+#: TorchRL 0.14.1 ``Collector``'s first positional parameters, for positional arguments.
+_POSITIONAL = ("create_env_fn", "policy")
+_MARK = "# rlfleet"
+IMPORT_LINES = (
+    "from learner_client import GrpcCollector, LocalFleet  # rlfleet: the fleet's collector",
+    "from bench.torchrl_scripts.fleets import plain_config  # rlfleet: cfg for the actors",
+)
+_HEADER = (
+    "# rlfleet port: this file is TorchRL's, unchanged but for the statement that builds the",
+    "# collector (a LocalFleet of actors on the script's own env and policy factories, and a",
+    "# GrpcCollector over it with the script's collector arguments): bench/torchrl_scripts.",
+)
+
+
+class PortError(ValueError):
+    """A script's collector cannot be found, or a port changes more than its collector."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectorCall:
+    """Where the ``Collector(...)`` call is: its statement's lines (1-based, inclusive)."""
+
+    call: ast.Call
+    first_line: int
+    last_line: int
+
+
+def collector_call(source: str, name: str = "Collector") -> CollectorCall:
+    """The one call to ``name`` in ``source`` and the statement that holds it.
+
+    Raises:
+        PortError: No such call, or more than one.
+    """
+    tree = ast.parse(source)
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+    ]
+    if len(calls) != 1:
+        raise PortError(f"expected one call to {name}(...), found {len(calls)}")
+    (call,) = calls
+    statements = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.stmt)
+        and not isinstance(node, ast.FunctionDef | ast.If | ast.With | ast.For | ast.Try)
+        and node.lineno <= call.lineno
+        and (node.end_lineno or 0) >= (call.end_lineno or 0)
+    ]
+    innermost = max(statements, key=lambda node: node.lineno)
+    return CollectorCall(call, innermost.lineno, innermost.end_lineno or innermost.lineno)
+
+
+def _arguments(source: str, call: ast.Call) -> list[str]:
+    """The call's arguments as ``name=expression`` source text, positional ones named."""
+    if len(call.args) > len(_POSITIONAL):
+        raise PortError(f"Collector(...) has {len(call.args)} positional arguments")
+    texts = [
+        f"{name}={ast.get_source_segment(source, arg)}"
+        for name, arg in zip(_POSITIONAL, call.args, strict=False)
+    ]
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            raise PortError("Collector(**kwargs) cannot be ported by name")
+        texts.append(str(ast.get_source_segment(source, keyword)))
+    return texts
+
+
+def port_source(source: str, fleet: str) -> str:
+    """``source`` with its collector built by ``GrpcCollector`` over ``LocalFleet(fleet)``.
+
+    Args:
+        source: A TorchRL script or helper module holding one ``Collector(...)`` call.
+        fleet: The source text of ``LocalFleet``'s arguments (the script's factories).
+
+    Raises:
+        PortError: See :func:`collector_call`; or ``**kwargs`` in the call.
+    """
+    found = collector_call(source)
+    lines = source.splitlines()
+    statement = lines[found.first_line - 1]
+    indent = statement[: len(statement) - len(statement.lstrip())]
+    inner = indent + "    "
+    arguments = ["fleet.addresses", "sync=True", *_arguments(source, found.call)]
+    new_call = "GrpcCollector(\n" + "".join(f"{inner}{a},\n" for a in arguments) + f"{indent})"
+    call = found.call
+    head = lines[call.lineno - 1][: call.col_offset]
+    tail = lines[(call.end_lineno or call.lineno) - 1][call.end_col_offset or 0 :]
+    before = lines[found.first_line - 1 : call.lineno - 1]
+    after = lines[(call.end_lineno or call.lineno) : found.last_line]
+    fleet_line = f"{indent}fleet = LocalFleet({fleet}).start()  {_MARK}: actors on its factories"
+    ported = [fleet_line, *before, *(head + new_call + tail).splitlines(), *after]
+    out = lines[: found.first_line - 1] + ported + lines[found.last_line :]
+    out = _insert_imports(out, source)
+    return "\n".join(_insert_header(out)) + "\n"
+
+
+def _insert_imports(lines: list[str], source: str) -> list[str]:
+    """The import lines, right after the last top-level import of the original."""
+    last = max(
+        (n.end_lineno or n.lineno)
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Import | ast.ImportFrom)
+    )
+    return lines[:last] + list(IMPORT_LINES) + lines[last:]
+
+
+def _insert_header(lines: list[str]) -> list[str]:
+    """The header comment, after the licence comment block that opens the file."""
+    end = 0
+    while end < len(lines) and lines[end].startswith("#"):
+        end += 1
+    return lines[:end] + list(_HEADER) + lines[end:]
+
+
+def check_port(original: str, ported: str) -> list[str]:
+    """Every difference between ``original`` and ``ported`` that is not the port's own.
+
+    Allowed: the header comment, the import lines, the fleet line, and the collector
+    statement, which must call ``GrpcCollector`` with ``fleet.addresses`` first and
+    every argument of the original, unchanged. Returns one message per other change
+    (an empty list for a faithful port).
+    """
+    found = collector_call(original)
+    problems = []
+    matcher = difflib.SequenceMatcher(None, original.splitlines(), ported.splitlines(), False)
+    new_lines = ported.splitlines()
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        inside = found.first_line - 1 <= i1 and i2 <= found.last_line
+        added = new_lines[j1:j2]
+        if tag != "insert" and not inside:
+            problems.append(f"original lines {i1 + 1}-{i2} changed outside the collector")
+        elif tag == "insert" and not inside and not all(_ours(line) for line in added):
+            problems.append(f"lines {j1 + 1}-{j2} of the port added outside the collector")
+    problems += _check_call(original, found, ported)
+    return problems
+
+
+def _ours(line: str) -> bool:
+    return line in IMPORT_LINES or line in _HEADER or line.lstrip().startswith("fleet = ")
+
+
+def _check_call(original: str, found: CollectorCall, ported: str) -> list[str]:
+    """The ported call carries the fleet's addresses and the original's arguments."""
+    try:
+        new = collector_call(ported, "GrpcCollector")
+    except PortError as exc:
+        return [str(exc)]
+    first = new.call.args[0] if new.call.args else None
+    if first is None or ast.unparse(first) != "fleet.addresses":
+        return ["GrpcCollector's first argument is not fleet.addresses"]
+    theirs = {ast.unparse(ast.parse(text, mode="eval").body) for text in _kw(original, found)}
+    ours = {
+        ast.unparse(ast.parse(text, mode="eval").body)
+        for text in _kw(ported, new)
+        if text != "dict(sync=True)"
+    }
+    missing, extra = theirs - ours, ours - theirs
+    return [f"argument {a} differs from the original" for a in sorted(missing | extra)]
+
+
+def _kw(source: str, found: CollectorCall) -> list[str]:
+    """Keyword arguments as ``dict(name=value)``-parsable text, positional ones named."""
+    call = found.call
+    if call.args and isinstance(call.args[0], ast.Attribute):  # the port's fleet.addresses
+        call = ast.Call(call.func, call.args[1:], call.keywords)
+    return [f"dict({text})" for text in _arguments(source, call)]

@@ -1,0 +1,306 @@
+"""The ported scripts: where each comes from, its fleet, its budgets and what it returns.
+
+Budgets are hydra overrides (tutorials: edits of their constants) applied alike to the
+original and to the port: ``smoke`` is a few batches (the fast suite), ``bench`` the budget
+of the comparison in ``bench/RESULTS.md``. ``metric`` is the logged scalar read as the
+final return (its last value); a tutorial's is an expression over its globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["SPECS", "ScriptSpec"]
+
+_FLEETS = "bench.torchrl_scripts.fleets"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptSpec:
+    """One TorchRL script and how it runs on a fleet.
+
+    Attributes:
+        name: Its name here (``dqn_cartpole``).
+        folder: Its folder in TorchRL's repository (``sota-implementations/dqn``).
+        script: The file that is run.
+        helpers: Files and folders of the same folder that it imports.
+        collector_file: The file whose ``Collector(...)`` call is ported (the script or
+            the helper that builds its collector).
+        fleet: Source text of the port's ``LocalFleet`` arguments.
+        config: Its hydra config name (``configs/<name>/<config>.yaml``); empty for a
+            tutorial, which has none.
+        smoke: Overrides of the fast-suite run.
+        bench: Overrides of the comparison run.
+        frames: Frames of the comparison run.
+        metric: The scalar read as the final return.
+        threshold: The return at which the task counts as solved at this budget (None:
+            none is claimed).
+        needs: Modules the script imports that the test extra cannot provide.
+    """
+
+    name: str
+    folder: str
+    script: str
+    helpers: tuple[str, ...]
+    collector_file: str
+    fleet: str
+    config: str
+    smoke: tuple[str, ...]
+    bench: tuple[str, ...]
+    frames: int
+    metric: str
+    threshold: float | None = None
+    needs: tuple[str, ...] = ()
+
+    @property
+    def tutorial(self) -> bool:
+        """Whether it is one of TorchRL's tutorials (not shipped in the torchrl wheel)."""
+        return not self.config
+
+
+def _fleet(name: str, num_envs: str, seed: str, env_kwargs: str = "") -> str:
+    """``LocalFleet`` arguments: 2 TorchRL-env actors on ``fleets.<name>``'s factories."""
+    env_kwargs = env_kwargs or '{"cfg": plain_config(cfg)}'
+    return (
+        f'2, kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
+        f'policy="{_FLEETS}.{name}:make_policy", env_kwargs={env_kwargs}, '
+        f'policy_kwargs={{"cfg": plain_config(cfg)}}, num_envs={num_envs}, seed={seed}'
+    )
+
+
+_DQN = ScriptSpec(
+    name="dqn_cartpole",
+    folder="sota-implementations/dqn",
+    script="dqn_cartpole.py",
+    helpers=("utils_cartpole.py",),
+    collector_file="dqn_cartpole.py",
+    fleet=_fleet("dqn_cartpole", "1", "0"),
+    config="config_cartpole",
+    smoke=(
+        "collector.total_frames=400",
+        "collector.frames_per_batch=200",
+        "collector.init_random_frames=200",
+        "loss.num_updates=2",
+        "buffer.batch_size=32",
+        "logger.num_test_episodes=1",
+    ),
+    bench=(
+        "collector.total_frames=40000",
+        "collector.frames_per_batch=1000",
+        "collector.init_random_frames=5000",
+        "collector.annealing_frames=20000",
+        "loss.num_updates=100",
+        "logger.test_interval=13000",  # evaluates after the last batch (i = 39)
+    ),
+    frames=40_000,
+    metric="eval/reward",
+    threshold=475.0,  # CartPole-v1's reward threshold
+)
+
+_PPO = ScriptSpec(
+    name="ppo_mujoco",
+    folder="sota-implementations/ppo",
+    script="ppo_mujoco.py",
+    helpers=("utils_mujoco.py",),
+    collector_file="ppo_mujoco.py",
+    fleet=_fleet("ppo_mujoco", "1", "0"),
+    config="config_mujoco",
+    smoke=(
+        "collector.total_frames=256",
+        "collector.frames_per_batch=128",
+        "loss.mini_batch_size=64",
+        "loss.ppo_epochs=1",
+        "logger.num_test_episodes=1",
+        "env.max_episode_steps=100",
+    ),
+    bench=(
+        "env.env_name=InvertedDoublePendulum-v4",
+        "collector.total_frames=40960",
+        "collector.frames_per_batch=2048",
+    ),
+    frames=40_960,
+    # The script's eval env normalises with a VecNorm of its own, not the training envs'
+    # statistics (on both sides), so its eval return says little: the training episodes' does.
+    metric="train/reward",
+    threshold=9100.0,  # InvertedDoublePendulum's reward threshold
+)
+
+_A2C = ScriptSpec(
+    name="a2c_mujoco",
+    folder="sota-implementations/a2c",
+    script="a2c_mujoco.py",
+    helpers=("utils_mujoco.py",),
+    collector_file="a2c_mujoco.py",
+    fleet=_fleet("a2c_mujoco", "1", "0"),
+    config="config_mujoco",
+    smoke=(
+        "env.env_name=InvertedPendulum-v4",
+        "collector.total_frames=128",
+        "collector.frames_per_batch=64",
+        "loss.mini_batch_size=32",
+        "logger.num_test_episodes=1",
+    ),
+    bench=(
+        "env.env_name=InvertedPendulum-v4",
+        "collector.total_frames=64000",
+        "collector.frames_per_batch=640",
+    ),
+    frames=64_000,
+    metric="train/reward",  # as ppo_mujoco: its test env's VecNorm is its own
+    threshold=950.0,  # InvertedPendulum's reward threshold
+)
+
+_SAC = ScriptSpec(
+    name="sac",
+    folder="sota-implementations/sac",
+    script="sac.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    fleet=_fleet("sac", "max(1, cfg.collector.env_per_collector // 2)", "cfg.env.seed"),
+    config="config",
+    smoke=(
+        "env.max_episode_steps=50",
+        "collector.total_frames=200",
+        "collector.init_random_frames=100",
+        "collector.frames_per_batch=100",
+        "collector.env_per_collector=1",
+        "optim.batch_size=32",
+        "network.hidden_sizes=[32,32]",
+        "optim.utd_ratio=0.1",
+        "logger.eval_iter=1000000",
+    ),
+    bench=(
+        "env.name=InvertedPendulum-v4",
+        "collector.total_frames=12000",
+        "collector.init_random_frames=2000",
+        "collector.frames_per_batch=1000",
+        "collector.env_per_collector=2",
+        "logger.eval_iter=12000",
+    ),
+    frames=12_000,
+    metric="eval/reward",
+    threshold=950.0,
+)
+
+_DDPG = ScriptSpec(
+    name="ddpg",
+    folder="sota-implementations/ddpg",
+    script="ddpg.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    fleet=_fleet("ddpg", "1", "cfg.env.seed"),
+    config="config",
+    smoke=(
+        "env.max_episode_steps=50",
+        "collector.total_frames=200",
+        "collector.init_random_frames=100",
+        "collector.frames_per_batch=100",
+        "optim.batch_size=32",
+        "network.hidden_sizes=[32,32]",
+        "logger.eval_iter=1000000",
+    ),
+    bench=(
+        "env.name=InvertedPendulum-v4",
+        "collector.total_frames=12000",
+        "collector.init_random_frames=2000",
+        "collector.frames_per_batch=1000",
+        "logger.eval_iter=12000",
+    ),
+    frames=12_000,
+    metric="eval/reward",
+    threshold=950.0,
+)
+
+_MAPPO = ScriptSpec(
+    name="mappo_ippo",
+    folder="sota-implementations/multiagent",
+    script="mappo_ippo.py",
+    helpers=("utils",),
+    collector_file="mappo_ippo.py",
+    fleet=_fleet(
+        "mappo_ippo",
+        "cfg.env.vmas_envs // 2",
+        "cfg.seed",
+        env_kwargs='{"cfg": plain_config(cfg), "num_envs": cfg.env.vmas_envs // 2}',
+    ),
+    config="mappo_ippo",
+    smoke=(
+        "env.max_steps=20",
+        "collector.frames_per_batch=40",
+        "collector.n_iters=2",
+        "train.num_epochs=1",
+        "train.minibatch_size=20",
+        "eval.evaluation_episodes=1",
+    ),
+    bench=(
+        "collector.frames_per_batch=6000",
+        "collector.n_iters=10",
+        "train.num_epochs=10",
+        "train.minibatch_size=400",
+        "train.lr=3e-4",
+        "eval.evaluation_episodes=10",
+        "eval.evaluation_interval=9",
+    ),
+    frames=60_000,
+    metric="eval/episode_reward_mean",
+)
+
+_TUTORIALS = "tutorials/sphinx-tutorials"
+
+
+def _stats_kwargs(index: int) -> str:
+    """Env kwargs carrying the learner's ``ObservationNorm`` (``env.transform[index]``)."""
+    norm = f"env.transform[{index}]"
+    return f'{{"loc": {norm}.loc.tolist(), "scale": {norm}.scale.tolist()}}'
+
+
+def _tutorial_fleet(name: str, stats: int) -> str:
+    return (
+        f'2, kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
+        f'policy="{_FLEETS}.{name}:make_policy", env_kwargs={_stats_kwargs(stats)}, '
+        "num_envs=1, seed=0"
+    )
+
+
+_CODING_PPO = ScriptSpec(
+    name="coding_ppo",
+    folder=_TUTORIALS,
+    script="coding_ppo.py",
+    helpers=(),
+    collector_file="coding_ppo.py",
+    fleet=_tutorial_fleet("coding_ppo", 0),
+    config="",
+    smoke=(
+        "frames_per_batch = 1000=>frames_per_batch = 200",
+        "total_frames = 10_000=>total_frames = 400",
+        "num_epochs = 10  #=>num_epochs = 1  #",
+        "init_stats(num_iter=1000,=>init_stats(num_iter=100,",
+    ),
+    # 21 batches: the tutorial evaluates every 10th, so the last one is evaluated.
+    bench=("total_frames = 10_000=>total_frames = 21_000",),
+    frames=21_000,
+    metric='logs["eval reward (sum)"][-1]',
+)
+
+_DQN_RNN = ScriptSpec(
+    name="dqn_with_rnn",
+    folder=_TUTORIALS,
+    script="dqn_with_rnn.py",
+    helpers=(),
+    collector_file="dqn_with_rnn.py",
+    fleet=_tutorial_fleet("dqn_with_rnn", 6),
+    config="",
+    smoke=("init_stats(1000,=>init_stats(100,",),
+    # The tutorial's own budget: 200 frames, which it collects without training (it trains
+    # once its replay buffer holds 1000 entries); what it stored is compared.
+    bench=(),
+    frames=200,
+    metric="len(rb)",
+    # Its Resize transform calls torchvision, which does not import beside torch's CPU
+    # wheel that the project pins (no matching torchvision build on PyPI).
+    needs=("torchvision",),
+)
+
+SPECS: dict[str, ScriptSpec] = {
+    spec.name: spec for spec in (_DQN, _PPO, _A2C, _SAC, _DDPG, _MAPPO, _CODING_PPO, _DQN_RNN)
+}

@@ -1,0 +1,102 @@
+"""``create_env_fn`` on a fleet: checked against the first batch; the script's env, followed.
+
+TorchRL's ``Collector(create_env_fn=env, ...)`` steps the script's own env object, so a
+script may read that env's state afterwards: ``ppo_mujoco.py`` saves its ``VecNorm``
+statistics with every checkpoint (``get_vecnorm_state(train_env)``). On a fleet the actors
+step their own copies and the script's env is never stepped, so :class:`ScriptEnv` loads
+an actor's env state (GetState's ``env``: the transforms' ``state_dict``) into the
+script's env after each batch, when that env has state to follow (an empty
+``state_dict()``: nothing is fetched). The actor is the first worker of the fleet; an
+actor's pool of one env hands over that env's state (``worker0``). A state that does not
+fit the script's env (another env, another pool layout) is logged once and no longer
+followed; an actor that cannot be reached leaves the env as it was until the next batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from common.errors import RlfleetError
+from learner_client._torchrl_args import check_env_signature, env_signature
+
+__all__ = ["ScriptEnv"]
+
+log = logging.getLogger("learner_client")
+
+#: What reads one actor's decoded state (``GrpcCollector.actor_state``).
+StateReader = Callable[[int], Mapping[str, Any]]
+
+
+class ScriptEnv:
+    """The env of ``create_env_fn``: its signature, and the script's env if it is one.
+
+    Args:
+        create_env_fn: TorchRL's argument: an env constructor, or a TorchRL env itself.
+        create_env_kwargs: Keyword arguments of the constructor.
+    """
+
+    def __init__(
+        self, create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
+    ) -> None:
+        self._signature: dict[Any, Any] | None = env_signature(create_env_fn, create_env_kwargs)
+        own = callable(getattr(create_env_fn, "fake_tensordict", None))
+        self._env = create_env_fn if own and _has_state(create_env_fn) else None
+
+    @property
+    def followed(self) -> bool:
+        """Whether the script's env follows an actor's env state after each batch."""
+        return self._env is not None
+
+    def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> bool:
+        """Check the first batch; load an actor's env state into the script's env.
+
+        Returns whether there is anything left to do for later batches.
+
+        Raises:
+            ValueError: The first batch lacks a key of the env, or has it in another
+                shape or dtype (:func:`check_env_signature`).
+        """
+        if self._signature is not None:
+            check_env_signature(self._signature, batch, f"actors {workers}")
+            self._signature = None
+        if self._env is not None and workers:
+            self._follow(workers[0], read_state)
+        return self._env is not None
+
+    def _follow(self, worker_id: int, read_state: StateReader) -> None:
+        try:
+            state = read_state(worker_id).get("env")
+        except RlfleetError as exc:
+            log.warning("the env state of worker_id %d could not be read: %s", worker_id, exc)
+            return
+        if not state:
+            return
+        state = _one_env(state, self._env)
+        try:
+            self._env.load_state_dict(state)  # type: ignore[union-attr]
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            log.warning(
+                "create_env_fn's env no longer follows worker_id %d's env state, which "
+                "does not fit it: %s",
+                worker_id,
+                str(exc).splitlines()[0],
+            )
+            self._env = None
+
+
+def _has_state(env: Any) -> bool:
+    try:
+        return bool(env.state_dict())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+def _one_env(state: Mapping[str, Any], env: Any) -> Mapping[str, Any]:
+    """An actor pool's state as one env's: ``worker0``'s, when the script's env is unbatched."""
+    batched = tuple(getattr(env, "batch_size", ())) != ()
+    inner = state.get("worker0")
+    if not batched and isinstance(inner, Mapping) and all(k.startswith("worker") for k in state):
+        return inner
+    return state

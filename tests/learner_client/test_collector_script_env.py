@@ -1,0 +1,103 @@
+"""``create_env_fn`` given as the script's own TorchRL env, as TorchRL's scripts pass it.
+
+``ppo_mujoco.py``, ``sac.py``, ``mappo_ippo.py`` and ``coding_ppo.py`` hand their env
+object to ``Collector``: the collector must read it without calling it (an ``EnvBase``
+call is ``forward``, which raises) or closing it (the script goes on using it), and a
+script that reads the env's state (``VecNorm``'s statistics, for its checkpoints) must find
+what the actors' envs hold. Real ``--kind torchrl`` actors on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+pytest.importorskip("torchrl")
+from learner_fleet import start_actors
+
+from learner_client import GrpcCollector
+
+ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
+ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
+sys.path.insert(0, str(ACTOR_TESTS))
+import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
+
+
+@pytest.fixture(scope="module")
+def vecnorm_actors() -> Iterator[list[str]]:
+    base = ["--kind", "torchrl", "--env-factory", "rlfleet_test_torchrl:normalized_pendulum"]
+    args = [[*base, "--worker-id", str(w), "--num-envs", "1", "--seed", str(w)] for w in range(2)]
+    actors = start_actors(args, env=ACTOR_ENV)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+def _vecnorm_count(env: object) -> float:
+    return _vecnorm_count_of_state(env.state_dict())  # type: ignore[attr-defined]
+
+
+def _leaves(state: object, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(state, torch.Tensor):
+        return [(prefix, state)]
+    items = state.items() if hasattr(state, "items") else []  # type: ignore[union-attr]
+    return [leaf for k, v in items for leaf in _leaves(v, f"{prefix}.{k}")]
+
+
+def test_collector_reads_the_scripts_env_without_calling_or_closing_it(
+    vecnorm_actors: list[str],
+) -> None:
+    env = rlfleet_test_torchrl.normalized_pendulum()
+    with GrpcCollector(
+        vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
+    ) as collector:
+        for _ in collector:
+            pass
+    assert not env.is_closed
+    assert env.rollout(3).batch_size == (3,)  # still the script's, usable
+
+
+def test_collector_scripts_env_follows_the_actors_vecnorm_state(
+    vecnorm_actors: list[str],
+) -> None:
+    env = rlfleet_test_torchrl.normalized_pendulum()
+    env.rollout(2)  # VecNorm initialised here, with 2 frames (3 with the reset) of its own
+    before = _vecnorm_count(env)
+    with GrpcCollector(
+        vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
+    ) as collector:
+        counts = []
+        for _ in collector:
+            counts.append(_vecnorm_count(env))
+            actor = collector.actor_state(collector.worker_ids[0])
+            assert counts[-1] == _vecnorm_count_of_state(actor["env"])
+    assert counts[0] > before
+    assert counts[1] > counts[0]  # each batch brings the actor's statistics
+
+
+def _vecnorm_count_of_state(state: object) -> float:
+    """Frames VecNorm has seen (its ``count`` entry, as ``VecNorm(new_api=True)`` names it)."""
+    (count,) = [v for k, v in _leaves(state) if "count" in k]
+    return float(count.sum())
+
+
+def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
+    vecnorm_actors: list[str],
+) -> None:
+    built = []
+
+    def make() -> object:
+        built.append(rlfleet_test_torchrl.normalized_pendulum())
+        return built[-1]
+
+    with GrpcCollector(
+        vecnorm_actors, create_env_fn=make, frames_per_batch=32, sync=True
+    ) as collector:
+        collector.next()
+        assert collector._env is None  # checked once, then nothing to follow
+    assert built[0].is_closed  # an env it built for the check is its own to close
