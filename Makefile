@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train train-llm test test-slow soak lint protos bench torchrl-scripts gpu-check clean
+.PHONY: train train-llm test test-slow test-vllm soak lint protos bench torchrl-scripts gpu-check clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -29,6 +29,14 @@ test: $(STAMP)
 ## The slow tests: full training runs, long fault scenarios, benchmark smoke runs.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(ARGS)
+
+## The vLLM engine's tests (marked vllm, in tests/*/test_*vllm*.py), in their own venv:
+## scripts/vllm_venv.sh makes it. Only those files are collected there (with vLLM installed,
+## torchrl imports it, and its warnings would fail the other files' collection).
+VLLM_VENV ?= .venv-vllm
+test-vllm:
+	PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py) $(ARGS)
 
 ## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
 soak: $(STAMP)
@@ -59,4 +67,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

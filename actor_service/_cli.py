@@ -16,199 +16,119 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import logging
-import math
 import os
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from actor_service._cli_values import (
+    TORCHRL_BACKEND,
+    BadValue,
+    boolean,
+    choice,
+    chosen,
+    existing_file_or_empty,
+    factory,
+    float_min,
+    import_path_or_empty,
+    int_in,
+    json_object,
+    lora,
+    nonempty,
+    optional,
+    ranged,
+    share,
+)
 from actor_service._config import CHOICES, INT_RANGES, ActorConfig, ModelSpec
 from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
 _ENV_PREFIX = "RLFLEET_"
-_FACTORY_RE = re.compile(r"^(random|mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
-_IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODEL_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _ORDINAL_RE = re.compile(r"-(\d+)$")
 
 
-class _BadValue(ValueError):
-    """A flag or variable value that does not convert; the message names why."""
-
-
-# ------------------------------------------------------------------ converters
-
-
-def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    def convert(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise _BadValue(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise _BadValue(f"expected an integer {bounds}, got {value}")
-        return value
-
-    return convert
-
-
-def _float_min(low: float, *, strict: bool) -> Callable[[str], float]:
-    def convert(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise _BadValue(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise _BadValue(f"expected a finite number {'>' if strict else '>='} {low}, got {text}")
-        return value
-
-    return convert
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def convert(text: str) -> str:
-        if text not in choices:
-            raise _BadValue(f"expected one of {', '.join(choices)}, got {text!r}")
-        return text
-
-    return convert
-
-
-def _ranged(field: str) -> Callable[[str], int]:
-    """The converter of an integer setting, with its range from :data:`INT_RANGES`."""
-    return _int_in(*INT_RANGES[field])
-
-
-def _chosen(field: str) -> Callable[[str], str]:
-    """The converter of a choice setting, with its choices from :data:`CHOICES`."""
-    return _choice(*CHOICES[field])
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise _BadValue(f"expected a JSON object, got {text!r} ({exc})") from None
-    if not isinstance(value, dict):
-        raise _BadValue(f"expected a JSON object, got {type(value).__name__}: {text!r}")
-    return value
-
-
-def _nonempty(text: str) -> str:
-    if not text.strip():
-        raise _BadValue("expected a non-empty value")
-    return text.strip()
-
-
-def _factory(text: str) -> str:
-    if not _FACTORY_RE.match(text.strip()):
-        raise _BadValue(f"expected random, mlp or package.module:function, got {text!r}")
-    return text.strip()
-
-
-def _import_path_or_empty(text: str) -> str:
-    if text and not _IMPORT_PATH_RE.match(text.strip()):
-        raise _BadValue(f"expected package.module:function, got {text!r}")
-    return text.strip()
-
-
-def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
-    def wrapped(text: str) -> Any:
-        return None if text.strip() == "" else convert(text)
-
-    return wrapped
-
-
-def _lora(text: str) -> Any:
-    from common.llm import parse_lora
-
-    if not text.strip():
-        return None
-    try:
-        return parse_lora(text)
-    except ValueError as exc:
-        raise _BadValue(str(exc)) from None
-
-
-def _existing_file_or_empty(text: str) -> str:
-    if text and not os.path.isfile(text):
-        raise _BadValue(f"no such file: {text!r}")
-    return text
-
-
 # (field, converter, help); the flag is --field-with-dashes, the variable RLFLEET_FIELD.
 _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
-    ("host", _nonempty, "address to bind (0.0.0.0 in containers)"),
-    ("port", _ranged("port"), "port to bind; 0 picks a free one"),
+    ("host", nonempty, "address to bind (0.0.0.0 in containers)"),
+    ("port", ranged("port"), "port to bind; 0 picks a free one"),
     (
         "health_port",
-        _optional(_ranged("health_port")),
+        optional(ranged("health_port")),
         "extra plaintext port with health+reflection",
     ),
     (
         "metrics_port",
-        _optional(_ranged("metrics_port")),
+        optional(ranged("metrics_port")),
         "HTTP port of Prometheus /metrics (off if unset)",
     ),
-    ("worker_id", _ranged("worker_id"), "this actor's id (default: hostname ordinal)"),
-    ("env", _nonempty, "registered gymnasium env id"),
-    ("env_kwargs", _json_object, "JSON object of kwargs for gymnasium.make or the factory"),
+    ("worker_id", ranged("worker_id"), "this actor's id (default: hostname ordinal)"),
+    ("env", nonempty, "registered gymnasium env id"),
+    ("env_kwargs", json_object, "JSON object of kwargs for gymnasium.make or the factory"),
     (
         "env_factory",
-        _import_path_or_empty,
+        import_path_or_empty,
         "package.module:function returning a gymnasium Env (--kind torchrl: a TorchRL EnvBase)",
     ),
-    ("num_envs", _ranged("num_envs"), "size of the env pool"),
+    ("num_envs", ranged("num_envs"), "size of the env pool"),
     (
         "env_backend",
-        _chosen("env_backend"),
-        "sync (in-process) or async (subprocesses); --kind torchrl: SerialEnv or ParallelEnv",
+        choice(*CHOICES["env_backend"], TORCHRL_BACKEND),
+        "sync (in-process) or async (subprocesses); --kind torchrl: SerialEnv or ParallelEnv; "
+        "torchrl: --kind torchrl in-process",
     ),
-    ("step_timeout", _float_min(0.0, strict=True), "seconds an async env step may take"),
+    ("step_timeout", float_min(0.0, strict=True), "seconds an async env step may take"),
     (
         "env_error_detail",
-        _chosen("env_error_detail"),
+        chosen("env_error_detail"),
         "what the learner hears of an env's exception: full (type and text) or type",
     ),
-    ("device", _nonempty, "torch device of the policy"),
-    ("seed", _optional(_int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
-    ("max_credits", _ranged("max_credits"), "most unconsumed credits / retained batches"),
+    ("device", nonempty, "torch device of the policy"),
+    ("seed", optional(int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
+    ("max_credits", ranged("max_credits"), "most unconsumed credits / retained batches"),
     (
         "grace_period",
-        _float_min(0.0, strict=False),
+        float_min(0.0, strict=False),
         "seconds from SIGTERM to exit (drain, then teardown)",
     ),
     ("token", str, "bearer token required on every ActorService call"),
-    ("tls_cert", _existing_file_or_empty, "PEM certificate chain (with --tls-key enables TLS)"),
-    ("tls_key", _existing_file_or_empty, "PEM private key"),
-    ("tls_client_ca", _existing_file_or_empty, "PEM CA; clients must present a certificate"),
+    ("tls_cert", existing_file_or_empty, "PEM certificate chain (with --tls-key enables TLS)"),
+    ("tls_key", existing_file_or_empty, "PEM private key"),
+    ("tls_client_ca", existing_file_or_empty, "PEM CA; clients must present a certificate"),
     (
         "max_weight_bytes",
-        _optional(_ranged("max_weight_bytes")),
+        optional(ranged("max_weight_bytes")),
         "largest weight or state blob accepted (default: max(1 GiB, 1.25 x the model's bytes))",
     ),
-    ("torch_threads", _ranged("torch_threads"), "torch intra-op threads"),
-    ("log_level", _chosen("log_level"), "log level"),
-    ("log_format", _chosen("log_format"), "text or json (one object per line)"),
+    (
+        "decode",
+        chosen("decode"),
+        "LLM actors: eager (growing KV cache), static (fixed-size cache) or compiled",
+    ),
+    ("part_deadline_s", float_min(0.0, strict=True), "seconds a multi-part push may take"),
+    ("torch_threads", ranged("torch_threads"), "torch intra-op threads"),
+    ("log_level", chosen("log_level"), "log level"),
+    ("log_format", chosen("log_format"), "text or json (one object per line)"),
     (
         "kind",
-        _chosen("kind"),
+        chosen("kind"),
         "env (gymnasium envs), torchrl (TorchRL envs) or llm (chat slots + a language model)",
     ),
-    ("task", _nonempty, "llm: arith | reverse | countdown | jsonl:PATH | pkg.mod:factory"),
-    ("task_kwargs", _json_object, "llm: JSON object of kwargs for the task"),
+    ("task", nonempty, "llm: arith | reverse | countdown | jsonl:PATH | pkg.mod:factory"),
+    ("task_kwargs", json_object, "llm: JSON object of kwargs for the task"),
     (
         "max_new_tokens_cap",
-        _ranged("max_new_tokens_cap"),
+        ranged("max_new_tokens_cap"),
         "llm: most new tokens per turn a learner may ask",
     ),
-    ("lora", _lora, "llm: a LoRA adapter on the model, r=16,targets=q_proj,v_proj[,alpha=32]"),
+    ("lora", lora, "llm: a LoRA adapter on the model, r=16,targets=q_proj,v_proj[,alpha=32]"),
+    ("engine", chosen("engine"), "llm: transformers (rlfleet's decode loop) or vllm"),
+    ("gpu_memory_utilization", share, "vllm: share of the GPU's memory vLLM may take"),
+    ("max_model_len", optional(ranged("max_model_len")), "vllm: longest prompt + response"),
+    ("enable_prefix_caching", boolean, "vllm: reuse the KV cache of shared prompt prefixes"),
 )
 
 
@@ -270,7 +190,7 @@ def default_worker_id(environ: Mapping[str, str] | None = None, hostname: str | 
     """
     environ = os.environ if environ is None else environ
     if _var("worker_id") in environ:
-        return _ranged("worker_id")(environ[_var("worker_id")])
+        return ranged("worker_id")(environ[_var("worker_id")])
     match = _ORDINAL_RE.search(hostname if hostname is not None else socket.gethostname())
     if match and int(match.group(1)) <= (INT_RANGES["worker_id"][1] or 0):
         return int(match.group(1))
@@ -309,6 +229,7 @@ def parse_config(
             values["worker_id"] = _guard(
                 f"{_var('worker_id')} / hostname", lambda: default_worker_id(environ, hostname)
             )
+        _torchrl_backend(values)
         if values.get("kind") == "llm":
             values["models"] = _llm_model(args, environ)
             _check_task(values.get("task", "arith"), values.get("task_kwargs", {}))
@@ -326,6 +247,18 @@ def parse_config(
 _MISSING = object()
 
 
+def _torchrl_backend(values: dict[str, Any]) -> None:
+    """Rewrites ``--env-backend torchrl`` as ``--kind torchrl --env-backend sync``."""
+    if values.get("env_backend") != TORCHRL_BACKEND:
+        return
+    if values.get("kind", "torchrl") != "torchrl":
+        raise _FieldError(
+            f"--env-backend torchrl hosts a TorchRL env; it cannot go with --kind {values['kind']}"
+        )
+    values["kind"] = "torchrl"
+    values["env_backend"] = "sync"
+
+
 class _FieldError(Exception):
     """A conversion error already prefixed with the flag or variable name."""
 
@@ -333,7 +266,7 @@ class _FieldError(Exception):
 def _guard(source: str, thunk: Callable[[], Any]) -> Any:
     try:
         return thunk()
-    except _BadValue as exc:
+    except BadValue as exc:
         raise _FieldError(f"{source}: {exc}") from None
 
 
@@ -351,19 +284,21 @@ def _lookup(
 def _models(
     args: argparse.Namespace, environ: Mapping[str, str], default: str
 ) -> tuple[ModelSpec, ...]:
-    policy = _pick(args.policy, environ, "POLICY", "--policy", _factory, default)
+    policy = _pick(args.policy, environ, "POLICY", "--policy", factory, default)
     policy_kwargs = _pick(
-        args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", _json_object, {}
+        args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", json_object, {}
     )
     extra: dict[str, str] = {}
     if args.model is not None:
         for item in args.model:
-            model_id, factory = _guard("--model", functools.partial(_pair, item, _factory))
-            extra[model_id] = factory
+            model_id, model_factory = _guard("--model", functools.partial(_pair, item, factory))
+            extra[model_id] = model_factory
     elif _ENV_PREFIX + "MODELS" in environ and environ[_ENV_PREFIX + "MODELS"].strip():
         for item in environ[_ENV_PREFIX + "MODELS"].split(","):
-            model_id, factory = _guard("RLFLEET_MODELS", functools.partial(_pair, item, _factory))
-            extra[model_id] = factory
+            model_id, model_factory = _guard(
+                "RLFLEET_MODELS", functools.partial(_pair, item, factory)
+            )
+            extra[model_id] = model_factory
     kwargs = _model_kwargs(args, environ)
     if DEFAULT_MODEL_ID in extra:
         raise _FieldError("--model: use --policy for the 'policy' model")
@@ -382,13 +317,11 @@ def _llm_model(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Mo
         try:
             check_policy_spec(text.strip())
         except PolicySpecError as exc:
-            raise _BadValue(str(exc)) from None
+            raise BadValue(str(exc)) from None
         return text.strip()
 
     policy = _pick(args.policy, environ, "POLICY", "--policy", spec, "rlfleet:tiny-qwen2")
-    kwargs = _pick(
-        args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", _json_object, {}
-    )
+    kwargs = _pick(args.policy_kwargs, environ, "POLICY_KWARGS", "--policy-kwargs", json_object, {})
     if args.model is not None or environ.get(_ENV_PREFIX + "MODELS", "").strip():
         raise _FieldError("--model: an LLM actor holds one model, the --policy")
     return (ModelSpec(DEFAULT_MODEL_ID, policy, kwargs),)
@@ -416,13 +349,13 @@ def _model_kwargs(
 ) -> dict[str, dict[str, Any]]:
     if args.model_kwargs is not None:
         return dict(
-            _guard("--model-kwargs", functools.partial(_pair, item, _json_object))
+            _guard("--model-kwargs", functools.partial(_pair, item, json_object))
             for item in args.model_kwargs
         )
     text = environ.get(_ENV_PREFIX + "MODEL_KWARGS", "").strip()
     if not text:
         return {}
-    table: dict[str, dict[str, Any]] = _guard("RLFLEET_MODEL_KWARGS", lambda: _json_object(text))
+    table: dict[str, dict[str, Any]] = _guard("RLFLEET_MODEL_KWARGS", lambda: json_object(text))
     for model_id, value in table.items():
         if not isinstance(value, dict):
             raise _FieldError(f"RLFLEET_MODEL_KWARGS: {model_id!r} must map to a JSON object")
@@ -447,7 +380,7 @@ def _pick(
 def _pair(item: str, convert: Callable[[str], Any]) -> tuple[str, Any]:
     model_id, sep, value = item.strip().partition("=")
     if not sep or not _MODEL_ID_RE.match(model_id):
-        raise _BadValue(f"expected ID=VALUE with an id of letters, digits, _ . -, got {item!r}")
+        raise BadValue(f"expected ID=VALUE with an id of letters, digits, _ . -, got {item!r}")
     return model_id, convert(value)
 
 

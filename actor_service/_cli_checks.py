@@ -7,8 +7,9 @@ model on it (:func:`~actor_service._core._torchrl_pool.check_torchrl_config`); f
 ``env`` (gymnasium), every model from a ``package.module:function`` factory, built on
 one env's spaces, which must not read more than a gymnasium step holds (a TensorDict
 policy that needs ``is_init``, recurrent states or keys other than ``observation``
-belongs on ``--kind torchrl``). The env is built once here, then closed. The command
-line turns the error into its usage error (exit 2).
+belongs on ``--kind torchrl``); for ``llm`` with ``--engine vllm``, that vLLM is
+installed and accepts the model's configuration. The env is built once here, then
+closed. The command line turns the error into its usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -33,6 +34,37 @@ def check_before_binding(config: ActorConfig) -> None:
         check_torchrl_config(config)
     elif config.kind == "env":
         _check_env_policies(config)
+    elif config.engine == "vllm":
+        _check_vllm(config)
+
+
+def _check_vllm(config: ActorConfig) -> None:
+    """Check that vLLM is installed and accepts the model's configuration (else its reason)."""
+    import tempfile
+
+    import torch
+
+    from actor_service._vllm_engine import VLLMOptions, check_checkpoint, import_vllm
+    from common.llm import build_policy, default_dtype
+
+    import_vllm()
+    spec = config.models[0]
+    kwargs = dict(spec.kwargs)
+    kwargs.setdefault("dtype", default_dtype(torch.device(config.device)))
+    options = VLLMOptions(
+        config.gpu_memory_utilization, config.max_model_len, config.enable_prefix_caching
+    )
+    if spec.factory.startswith("hf:"):  # not loaded here: vLLM reads its configuration
+        dtype = kwargs["dtype"]
+        dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"--policy-kwargs: dtype {kwargs['dtype']!r} is not a torch dtype")
+        check_checkpoint(spec.factory[3:], dtype, options)
+        return
+    model, _ = build_policy(spec.factory, **kwargs)  # a built-in model: small, built at once
+    with tempfile.TemporaryDirectory(prefix="rlfleet-vllm-check-") as path:
+        model.config.save_pretrained(path)
+        check_checkpoint(path, model.dtype, options)
 
 
 def _check_env_policies(config: ActorConfig) -> None:

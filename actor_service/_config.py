@@ -13,7 +13,18 @@ from typing import Any
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT, MAX_SEED
 from common.llm import LoraSpec, check_peft
 
-__all__ = ["CHOICES", "INT_RANGES", "OPTIONAL_INTS", "ActorConfig", "ModelSpec"]
+__all__ = [
+    "CHOICES",
+    "INT_RANGES",
+    "MAX_PART_DEADLINE_S",
+    "OPTIONAL_INTS",
+    "ActorConfig",
+    "ModelSpec",
+]
+
+#: The longest an incomplete multi-part version may wait for its last part (seconds):
+#: its staged parts hold up to one copy of the model meanwhile.
+MAX_PART_DEADLINE_S = 600.0
 
 # The one home of every integer range and choice of an actor's settings (CLI and config).
 INT_RANGES: dict[str, tuple[int, int | None]] = {
@@ -26,15 +37,18 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_weight_bytes": (1, None),
     "torch_threads": (1, 1024),
     "max_new_tokens_cap": (1, 1 << 20),
+    "max_model_len": (1, 1 << 24),
 }
 # Integer settings that may also be None (off).
-OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes"})
+OPTIONAL_INTS = frozenset({"health_port", "metrics_port", "max_weight_bytes", "max_model_len"})
 CHOICES: dict[str, tuple[str, ...]] = {
     "env_backend": ("sync", "async"),
     "env_error_detail": ("full", "type"),
     "log_level": ("debug", "info", "warning", "error"),
     "log_format": ("text", "json"),
     "kind": ("env", "torchrl", "llm"),
+    "decode": ("eager", "static", "compiled"),
+    "engine": ("transformers", "vllm"),
 }
 
 
@@ -93,6 +107,9 @@ class ActorConfig:
         tls_client_ca: PEM CA file; when set, clients must present a certificate (mTLS).
         max_weight_bytes: Largest weight or state blob accepted; None follows the model:
             ``max(1 GiB, 1.25 x its bytes)`` (``common.weights.default_max_weight_bytes``).
+        part_deadline_s: Seconds an incomplete multi-part version (learner ranks each
+            pushing a part) waits for its last part from its first before it expires,
+            in ``(0, MAX_PART_DEADLINE_S]``; its parts are dropped and none of it applies.
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
@@ -109,6 +126,16 @@ class ActorConfig:
         lora: A LoRA adapter the LLM actor wraps its model in (``common.llm.LoraSpec``,
             ``--lora r=16,targets=q_proj,v_proj``); its pushes may carry the adapter alone.
             None: the plain model. Needs ``peft`` (the ``lora`` extra).
+        decode: How an LLM actor's decode loop runs its forwards: ``"eager"`` (a KV cache
+            that grows by a token a step), ``"static"`` (a fixed-size cache:
+            ``common.llm.StaticDecode``) or ``"compiled"`` (that, with the per-token step
+            compiled by ``torch.compile``; CUDA graphs on CUDA).
+        engine: What decodes on an LLM actor: ``"transformers"`` (rlfleet's own decode loop
+            over a ``transformers`` model) or ``"vllm"`` (a vLLM engine in the actor's
+            process; see docs/llm.md, "Choosing an engine").
+        gpu_memory_utilization: vLLM: share of the GPU memory it may take; None: vLLM's default.
+        max_model_len: vLLM: longest prompt + response (the actor's context); None: the model's.
+        enable_prefix_caching: vLLM: reuse the KV cache of shared prompt prefixes.
     """
 
     host: str = "127.0.0.1"
@@ -133,6 +160,7 @@ class ActorConfig:
     tls_key: str = ""
     tls_client_ca: str = ""
     max_weight_bytes: int | None = None
+    part_deadline_s: float = 60.0
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"
@@ -141,6 +169,11 @@ class ActorConfig:
     task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_new_tokens_cap: int = 4096
     lora: LoraSpec | None = None
+    decode: str = "eager"
+    engine: str = "transformers"
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         """Refuse settings the actor cannot run with, naming the field and its range.
@@ -151,8 +184,10 @@ class ActorConfig:
         Raises:
             ValueError: A field out of its range or choices, a seed outside
                 ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
-                ``grace_period``, TLS files given by halves, no models, or a
-                ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft installed.
+                ``grace_period``, a ``part_deadline_s`` out of range, TLS files given
+                by halves, no models, a ``lora`` that is not a ``LoraSpec`` on an LLM
+                actor with peft installed, vLLM settings without ``engine="vllm"`` on an
+                LLM actor, or a ``decode`` other than ``"eager"`` with ``engine="vllm"``.
         """
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
@@ -170,18 +205,54 @@ class ActorConfig:
             raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
         if not self.grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
+        if not 0 < self.part_deadline_s <= MAX_PART_DEADLINE_S:
+            raise ValueError(
+                f"part_deadline_s must be in (0, {MAX_PART_DEADLINE_S:g}], "
+                f"got {self.part_deadline_s!r}"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key must be given together")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if not self.models:
             raise ValueError("models must name at least one model")
+        self._check_engine()
         if self.lora is not None:
             if not isinstance(self.lora, LoraSpec):
                 raise ValueError(f"lora must be a LoraSpec or None, got {self.lora!r:.80}")
             if self.kind != "llm":
                 raise ValueError("lora adapts a language model: it needs kind 'llm'")
             check_peft()
+
+    def _check_engine(self) -> None:
+        """The engine rules: vLLM serves LLM actors, without LoRA; its knobs need it."""
+        if self.engine == "vllm":
+            if self.kind != "llm":
+                raise ValueError("engine 'vllm' decodes for a language model: it needs kind 'llm'")
+            if self.lora is not None:
+                raise ValueError(
+                    "engine 'vllm' does not take lora: push full weights or deltas instead"
+                )
+            if self.decode != "eager":
+                raise ValueError(
+                    f"decode {self.decode!r} runs rlfleet's decode loop: engine 'vllm' decodes "
+                    "in vLLM (leave decode at 'eager')"
+                )
+        knobs = {
+            "gpu_memory_utilization": self.gpu_memory_utilization is not None,
+            "max_model_len": self.max_model_len is not None,
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
+        given = [name for name, set_ in knobs.items() if set_]
+        if given and self.engine != "vllm":
+            raise ValueError(f"{', '.join(given)} configure vLLM: they need engine 'vllm'")
+        share = self.gpu_memory_utilization
+        if share is not None and not (isinstance(share, float) and 0.0 < share <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be a float in (0, 1], got {share!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
+            )
 
 
 def _int_within(value: object, low: int, high: int | None) -> bool:

@@ -11,8 +11,9 @@ cast and staged in full before the lock is taken.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +21,17 @@ from torch import nn
 
 from actor_service._model_book import ModelBook
 from common.config import DEFAULT_MODEL_ID
-from common.llm import LoraSpec, apply_lora, build_policy, cached_forward, default_dtype
+from common.llm import (
+    Generation,
+    GenerationSettings,
+    LoraSpec,
+    StaticDecode,
+    apply_lora,
+    build_policy,
+    cached_forward,
+    default_dtype,
+    generate,
+)
 from common.weights import to_state_dict
 
 __all__ = ["LLMModels"]
@@ -51,6 +62,9 @@ class LLMModels(ModelBook[_Slot]):
             ``device`` (``bfloat16`` on CUDA, ``float32`` elsewhere), and so is its KV cache.
         device: Where the model runs (and the decode loop with it).
         lora: A LoRA adapter to wrap the model in; None holds the plain model.
+        decode: ``"eager"`` (:func:`common.llm.cached_forward`), ``"static"`` or
+            ``"compiled"`` (:class:`common.llm.StaticDecode`, sized by
+            :meth:`plan_generation`).
 
     Raises:
         PolicySpecError: The spec names nothing buildable.
@@ -63,6 +77,7 @@ class LLMModels(ModelBook[_Slot]):
         kwargs: Mapping[str, Any],
         device: torch.device,
         lora: LoraSpec | None = None,
+        decode: str = "eager",
     ) -> None:
         self.spec = spec
         self.device = device
@@ -73,6 +88,9 @@ class LLMModels(ModelBook[_Slot]):
             model = apply_lora(model, lora).eval()
         self._slot = _Slot(model.to(device))
         super().__init__({MODEL_ID: self._slot})
+        self._decode: Any = functools.partial(cached_forward, self.model)
+        if decode != "eager":
+            self._decode = StaticDecode(self.model, compiled=decode == "compiled")
         config = self.model.config
         self.context = int(getattr(config, "max_position_embeddings", 0) or 0) or int(
             getattr(config, "n_positions", 0) or 1 << 20
@@ -88,6 +106,15 @@ class LLMModels(ModelBook[_Slot]):
         """The version of the weights in force (0 until a push)."""
         return self._slot.version
 
+    def plan_generation(self, max_new_tokens: int) -> None:
+        """Size a static decode cache for generations of at most ``max_new_tokens`` tokens.
+
+        Takes effect at the next generation; nothing to do for the growing cache.
+        """
+        if isinstance(self._decode, StaticDecode):
+            with self._slot.lock:
+                self._decode.max_new_tokens = max_new_tokens
+
     def forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: Any
     ) -> tuple[torch.Tensor, Any, int]:
@@ -97,5 +124,33 @@ class LLMModels(ModelBook[_Slot]):
         model's dtype): the decode loop samples where the model runs.
         """
         with self._slot.lock, torch.no_grad():
-            logits, cache = cached_forward(self.model, ids, mask, positions, past)
+            logits, cache = self._decode(ids, mask, positions, past)
             return logits, cache, self._slot.version
+
+    def check_generation(self, settings: GenerationSettings) -> None:
+        """Refuse generation settings the engine cannot honour (ValueError); the loop takes all."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: GenerationSettings,
+        *,
+        budgets: Sequence[int],
+        stop_ids: Sequence[int],
+        pad_id: int,
+        generator: torch.Generator,
+    ) -> Generation:
+        """One response per prompt (:func:`common.llm.generate` over :meth:`forward`)."""
+        return generate(
+            self.forward,
+            prompts,
+            settings,
+            budgets=budgets,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            generator=generator,
+            device=self.device,
+        )
+
+    def close(self) -> None:
+        """Release what the engine holds beyond the model (nothing for the decode loop)."""

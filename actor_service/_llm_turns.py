@@ -18,7 +18,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from actor_service._llm_models import LLMModels
-from common.llm import GenerationSettings, Outcome, Problem, Task, generate
+from common.llm import GenerationSettings, Outcome, Problem, Task
 
 __all__ = ["Dialog", "DialogEngine", "Turn", "pack_turns"]
 
@@ -102,15 +102,13 @@ class DialogEngine:
         rows = [i for i, b in enumerate(budgets) if b > 0]
         generation = None
         if rows:
-            generation = generate(
-                self.models.forward,
+            generation = self.models.generate(
                 [prompts[i] for i in rows],
                 settings,
                 budgets=[budgets[i] for i in rows],
                 stop_ids=(self.eos_id, *settings.stop_token_ids),
                 pad_id=self.pad_id,
                 generator=generator,
-                device=self.models.device,
             )
         turns = []
         for index, dialog in enumerate(dialogs):

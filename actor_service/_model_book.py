@@ -4,8 +4,9 @@
 the TorchRL-env actor's :class:`~actor_service._td_models.TDModels` and the LLM actor's
 :class:`~actor_service._llm_models.LLMModels` share: finding a
 model (``UnknownModelError`` naming the known ids), its version and parameters, and the
-whole push path of ``actor_service._swap`` (a full push or a delta, validated in full
-before the model's lock is taken, swapped between two env or decode steps) with the state dict of
+whole push path of ``actor_service._swap`` (a full push, a delta or the staged parts of a
+multi-part push, validated in full before the model's lock is taken, swapped between two env or
+decode steps) with the state dict of
 GetState/LoadState. Each kind of model says only how it is built and how it acts.
 """
 
@@ -18,11 +19,21 @@ import torch
 from torch import nn
 
 from actor_service._placement import CompiledForward, PlacementError
-from actor_service._swap import Slot, Swap, push_delta, push_full, restore, snapshot
+from actor_service._swap import (
+    Slot,
+    StagedParts,
+    Swap,
+    on_devices,
+    push_delta,
+    push_full,
+    restore,
+    snapshot,
+    swap_parts,
+)
 from actor_service._weight_rules import stage_weights
 from common.config import CompileSettings
 from common.errors import UnknownModelError
-from common.weights import Delta, PushForm
+from common.weights import Delta, PushForm, apply_delta
 
 __all__ = ["BookModel", "ModelBook"]
 
@@ -150,6 +161,40 @@ class ModelBook(Generic[M]):
         """Apply a checked delta on ``base_version`` (else SessionStateError, StaleVersionError)."""
         model = self._get(model_id)
         return push_delta(model, model_id, base_version, version, model.reference, delta)
+
+    def stage_delta(self, model_id: str, delta: Delta) -> tuple[dict[str, torch.Tensor], Delta]:
+        """Stage a checked delta (``decode_delta``) of a multi-part push; change nothing.
+
+        Returns:
+            ``(tensors, delta)``: entries whose indices and values outweigh their whole
+            tensor, as whole tensors (a copy of the live values with the change applied),
+            so a staged part never holds more than the model's bytes; the others as a
+            delta, on the model's device. The copy is read without the lock: if a swap
+            changes the model meanwhile, its version moves off the part's base and the
+            parts' swap refuses the base (nothing is written).
+        """
+        reference = self._get(model_id).reference
+        dense = {
+            key
+            for key, (index, values) in delta.items()
+            if index.nbytes + values.nbytes > reference[key].nbytes
+        }
+        tensors = {key: reference[key].detach().clone() for key in sorted(dense)}
+        apply_delta(tensors, {key: delta[key] for key in dense})
+        sparse = {key: entry for key, entry in delta.items() if key not in dense}
+        return tensors, on_devices(sparse, reference)
+
+    def swap_parts(self, model_id: str, version: int, parts: StagedParts) -> Swap:
+        """Swap every staged part of ``version`` in together (``actor_service._swap.swap_parts``).
+
+        Raises:
+            UnknownModelError: No such model.
+            WeightsError: Parts that give tied keys different values.
+            StaleVersionError: ``version`` is no longer newer than the one in force.
+            SessionStateError: A delta part's base is no longer in force.
+        """
+        model = self._get(model_id)
+        return swap_parts(model, model_id, version, model.reference, parts)
 
     def state_dict(self) -> dict[str, dict]:
         """``{model_id: {"version": int, "weights": {key: CPU tensor}}}`` (copies)."""

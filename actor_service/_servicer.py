@@ -5,12 +5,14 @@ inference, weight decoding, state loading) to a thread, and turns every
 exception into a gRPC status with :func:`common.errors.to_status`; an
 unexpected exception becomes INTERNAL with a correlation id that is also
 logged with the traceback. Weight pushes are audit-logged with the peer,
-model_id, version, sha256 and the result.
+model_id, version, sha256 and the result (``actor_service._push_call``); the parts of
+multi-part pushes are staged and swapped in whole by ``actor_service._parts``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -18,16 +20,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-import torch
 
 from actor_service._collect import CollectSession
 from actor_service._convert import describe_to_proto, settings_from_proto
 from actor_service._logging import log_event
+from actor_service._parts import PartBuffers, PartStaging, StagedPart, decode_part
+from actor_service._push_call import PushCall
 from actor_service._runtime import ActorRuntime
 from actor_service._state import decode_state, encode_state
 from actor_service._swap import ReceiveBuffers, Swap, check_base
 from actor_service._weight_rules import check_newer
-from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
     DeadlineError,
@@ -41,7 +43,9 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import (
     BlobAssembler,
+    Part,
     PushForm,
+    PushOutcome,
     check_policy_version,
     decode_delta,
     decode_weights,
@@ -55,6 +59,12 @@ if TYPE_CHECKING:
     from actor_service._metrics import ActorMetrics
 
 __all__ = ["ActorServicer"]
+
+_OUTCOMES = {
+    PushOutcome.APPLIED: pb.PUSH_OUTCOME_APPLIED,
+    PushOutcome.STAGED: pb.PUSH_OUTCOME_STAGED,
+    PushOutcome.COMPLETED: pb.PUSH_OUTCOME_COMPLETED,
+}
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -153,55 +163,6 @@ async def _drain(requests: AsyncIterator[Any], max_bytes: int, rpc: str) -> None
         seen += len(request.chunk)
 
 
-class _Push:
-    """One weight push: its header fields, its audit-log line and its metrics."""
-
-    def __init__(self, header: pb.WeightsHeader, peer: str, metrics: ActorMetrics | None) -> None:
-        self.model_id = header.model_id or DEFAULT_MODEL_ID
-        self.version = int(header.version)
-        self.total_bytes = int(header.total_bytes)
-        self.sha256 = header.sha256
-        self.crc32c = header.crc32c if header.HasField("crc32c") else None
-        self.base_version = header.base_version if header.HasField("base_version") else None
-        self.peer = peer
-        self._metrics = metrics
-        self._started = time.monotonic()
-        self.pause = 0.0
-        self.buffer: torch.Tensor | None = None  # lent by ReceiveBuffers while in use
-        self.fresh = False  # the buffer was allocated for this push, not lent
-
-    def audit(self, exc: BaseException | None) -> None:
-        """Log who pushed what and the result (OK, CANCELLED or the status code); count it."""
-        if exc is None:
-            result = "OK"
-        elif isinstance(exc, asyncio.CancelledError):
-            result = "CANCELLED"
-        else:
-            result = to_status(exc)[0].name
-        if self._metrics is not None:
-            model = self._metrics.model_label(self.model_id)
-            self._metrics.weight_pushes.labels(model, result).inc()
-            if exc is None:
-                self._metrics.weight_push_bytes.labels(model).inc(self.total_bytes)
-                self._metrics.weight_push_seconds.labels(model).observe(
-                    time.monotonic() - self._started
-                )
-                self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
-        log_event(
-            "weights.push",
-            logging.INFO if exc is None else logging.WARNING,
-            peer=self.peer,
-            model_id=self.model_id,
-            version=self.version,
-            sha256=self.sha256,
-            crc32c=self.crc32c,
-            base_version=self.base_version,
-            bytes=self.total_bytes,
-            pause_seconds=round(self.pause, 6),
-            result=result,
-        )
-
-
 class ActorServicer(pb_grpc.ActorServiceServicer):
     """Serves ``rlfleet.v1.ActorService`` over an :class:`ActorRuntime`.
 
@@ -215,6 +176,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self._metrics = metrics
         self._calls = 0
         self._buffers = ReceiveBuffers()
+        self._part_buffers = PartBuffers()
+        self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
 
     @_mapped
     async def Collect(
@@ -241,7 +204,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         """
         requests = aiter(request_iterator)
         header = await _first(requests, "header", "PushWeights")
-        push = _Push(header, context.peer(), self._metrics)
+        push = PushCall(header, context.peer(), self._metrics)
         try:
             self._admit(push)
         except RlfleetError as exc:
@@ -254,15 +217,27 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             push.audit(exc)
             self._give_back(push, applied=False)
             raise
+        if push.part is not None:
+            stage = self._rt.run_side(self._stage_part, blob, push, push.part)
+            reply = await asyncio.shield(stage)
+            if reply.outcome == pb.PUSH_OUTCOME_STAGED:  # drop it if the rest never comes
+                asyncio.get_running_loop().call_later(self._parts.deadline, self._parts.expire)
+            return reply
         swap = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
+        self._parts.settle(push.model_id, swap.version)
+        return self._reply(push, swap.version, swap.pause_seconds)
+
+    def _reply(self, push: PushCall, version: int, pause: float, staged: int = 0) -> Any:
         return pb.PushWeightsResponse(
             worker_id=self._rt.config.worker_id,
             model_id=push.model_id,
-            version=swap.version,
-            pause_seconds=swap.pause_seconds,
+            version=version,
+            pause_seconds=pause,
+            outcome=_OUTCOMES[push.outcome],
+            parts_staged=staged,
         )
 
-    def _admit(self, push: _Push) -> None:
+    def _admit(self, push: PushCall) -> None:
         """Refuse a push from its header alone, before a byte of its blob is buffered."""
         models = self._rt.worker.models
         if push.model_id not in models.model_ids:
@@ -275,10 +250,13 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         if push.base_version is not None:
             check_policy_version(push.base_version, "delta base_version")
             check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
+        push.read_part()
+        if push.part is not None:
+            self._parts.admit(push.model_id, push.version, push.part, push.base_version)
         if not push.sha256 and push.crc32c is None:
             raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
 
-    def _drain_budget(self, push: _Push) -> int:
+    def _drain_budget(self, push: PushCall) -> int:
         """The bytes of a refused push the actor reads and drops: what it would have accepted."""
         try:
             cap = self._max_bytes([push.model_id])
@@ -287,9 +265,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         return push.total_bytes if 0 <= push.total_bytes <= cap else 0
 
     async def _receive_weights(
-        self, requests: AsyncIterator[pb.PushWeightsRequest], push: _Push
+        self, requests: AsyncIterator[pb.PushWeightsRequest], push: PushCall
     ) -> bytes | memoryview:
-        push.buffer = self._buffers.take(push.model_id, push.total_bytes)
+        # A staged part views its buffer until its version is swapped in or dropped.
+        pool = self._part_buffers if push.is_part else self._buffers
+        push.buffer = pool.take(push.model_id, push.total_bytes)
         assembler = BlobAssembler(
             push.total_bytes,
             max_bytes=self._max_bytes([push.model_id]),
@@ -310,7 +290,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             sum(state_nbytes(models.parameters_info(m)) for m in model_ids)
         )
 
-    def _apply_weights(self, blob: bytes | memoryview, push: _Push) -> Swap:
+    def _apply_weights(self, blob: bytes | memoryview, push: PushCall) -> Swap:
         # Runs to the end even if the caller cancels: the whole blob arrived, and
         # the swap is atomic, so the audit log tells the outcome.
         try:
@@ -336,12 +316,61 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         push.audit(None)
         return swap
 
-    def _give_back(self, push: _Push, *, applied: bool) -> None:
+    def _stage_part(
+        self, blob: bytes | memoryview, push: PushCall, part: Part
+    ) -> pb.PushWeightsResponse:
+        # Runs to the end even if the caller cancels, as _apply_weights does.
+        try:
+            models = self._rt.worker.models
+            mid, version = push.model_id, push.version
+            cap = self._max_bytes([mid])
+            staged = decode_part(models, mid, blob, part, push.base_version, cap)
+            staged = dataclasses.replace(staged, buffer=push.buffer, lent=not push.fresh)
+            check_newer(mid, version, models.policy_version(mid))  # a whole push may have won
+            info = models.parameters_info(mid)
+            count, whole, parts = self._parts.stage(mid, version, staged, info, state_nbytes(info))
+            push.buffer = None  # the staging holds it now
+            if whole is None:
+                push.outcome = PushOutcome.STAGED
+                push.audit(None)
+                return self._reply(push, models.policy_version(mid), 0.0, count)
+            try:
+                swap = models.swap_parts(mid, version, whole)
+            except RlfleetError as exc:
+                self._parts.failed(mid, version, str(exc))
+                self._release_parts(mid, parts, False)
+                raise
+            self._release_parts(mid, parts, True)
+        except BaseException as exc:
+            push.audit(exc)
+            self._give_back(push, applied=False)
+            raise
+        push.outcome, push.pause = PushOutcome.COMPLETED, swap.pause_seconds
+        push.audit(None)
+        return self._reply(push, swap.version, swap.pause_seconds, count)
+
+    def _give_back(self, push: PushCall, *, applied: bool) -> None:
         # A buffer of a refused push is kept only if it was lent: a peer cannot make
         # the actor hold memory for sizes it announced but never applied.
         if push.buffer is not None and (applied or not push.fresh):
-            self._buffers.give_back(push.model_id, push.buffer)
+            if push.is_part:
+                budget = self._part_budget(push.model_id)
+                self._part_buffers.give_back(push.model_id, [push.buffer], budget)
+            else:
+                self._buffers.give_back(push.model_id, push.buffer)
         push.buffer = None
+
+    def _release_parts(self, model_id: str, parts: list[StagedPart], applied: bool) -> None:
+        """Keep the receive buffers of a swapped-in version's parts (of a dropped one: the lent)."""
+        buffers = [p.buffer for p in parts if p.buffer is not None and (applied or p.lent)]
+        self._part_buffers.give_back(model_id, buffers, self._part_budget(model_id))
+
+    def _part_budget(self, model_id: str) -> int:
+        """The most bytes of spare part buffers a model keeps: twice its bytes (two splits)."""
+        try:
+            return 2 * state_nbytes(self._rt.worker.models.parameters_info(model_id)) + (1 << 20)
+        except RlfleetError:  # an actor stopping: keep nothing
+            return 0
 
     @_mapped
     async def Describe(
@@ -361,6 +390,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         reply.draining = self._rt.draining
         reply.frames = worker.frames
         reply.uptime_seconds = time.monotonic() - self._rt.started_at
+        reply.part_deadline_seconds = self._parts.deadline
         return reply
 
     @_mapped

@@ -8,7 +8,8 @@ in and set the version. The time the lock was held is the push's generation paus
 returned in a :class:`Swap` and reported in ``PushWeightsResponse.pause_seconds``.
 :func:`push_full` and :func:`push_delta` are a whole push (the version rules of
 ``actor_service._weight_rules``, staging, swap); :func:`snapshot` and :func:`restore`
-are a model's entry in a state dict and its all-or-nothing restore. Both the env
+are a model's entry in a state dict and its all-or-nothing restore; :func:`swap_parts`
+installs the parts of a multi-part push together. Both the env
 actor's ``ModelRegistry`` and the LLM actor's ``LLMModels`` push and restore here.
 :class:`ReceiveBuffers` keeps one receive buffer per model for the next push.
 """
@@ -27,18 +28,28 @@ from torch import nn
 
 from actor_service._weight_rules import check_newer, check_not_older, stage_weights, weight_copies
 from common.errors import SessionStateError, WeightsError
-from common.weights import Delta, PushForm, apply_delta, apply_staged, check_policy_version
+from common.weights import (
+    Delta,
+    PushForm,
+    apply_delta,
+    apply_staged,
+    check_policy_version,
+    check_ties,
+)
 
 __all__ = [
     "ReceiveBuffers",
     "Swap",
+    "StagedParts",
     "check_base",
+    "on_devices",
     "push_delta",
     "push_full",
     "restore",
     "snapshot",
     "swap_delta",
     "swap_full",
+    "swap_parts",
 ]
 
 
@@ -53,6 +64,21 @@ class Swap:
 
     version: int
     pause_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedParts:
+    """Every part of one version, checked and staged, merged: what :func:`swap_parts` copies.
+
+    Attributes:
+        tensors: Whole tensors of the full parts, in the model's dtypes, on its device.
+        delta: The delta parts' entries, on the model's device.
+        base_version: The version the delta parts apply on top of; None without delta parts.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    delta: Delta
+    base_version: int | None
 
 
 class Slot(Protocol):
@@ -175,11 +201,44 @@ def push_delta(
     """
     check_policy_version(version)
     newer = functools.partial(check_newer, model_id)
-    staged = _on_devices(delta, reference)
+    staged = on_devices(delta, reference)
     return swap_delta(slot, model_id, base_version, version, reference, staged, newer)
 
 
-def _on_devices(delta: Delta, reference: Mapping[str, torch.Tensor]) -> Delta:
+def swap_parts(
+    slot: Slot,
+    model_id: str,
+    version: int,
+    reference: Mapping[str, torch.Tensor],
+    parts: StagedParts,
+) -> Swap:
+    """Swap every staged part of one version in together, under the lock (one pause).
+
+    The parts were each checked and staged (``actor_service._parts``); ties across
+    parts are checked here, before the lock. Under the lock the version must still
+    be newer than the one in force and, if a part is a delta, its base in force.
+
+    Raises:
+        WeightsError: Two parts give different values to keys the model ties.
+        StaleVersionError: A newer version came into force meanwhile (nothing is written).
+        SessionStateError: A delta part's base is no longer in force (nothing is written).
+    """
+    check_ties(parts.tensors, reference)
+
+    def check() -> None:
+        check_newer(model_id, version, slot.version)
+        if parts.base_version is not None:
+            check_base(model_id, parts.base_version, slot.version)
+
+    def apply() -> None:
+        apply_staged(reference, parts.tensors)
+        apply_delta(reference, parts.delta)
+        slot.version = version
+
+    return Swap(version, _timed(slot.lock, check, apply))
+
+
+def on_devices(delta: Delta, reference: Mapping[str, torch.Tensor]) -> Delta:
     """The delta's indices and values on their targets' devices, copied before the lock."""
     return {
         key: (index.to(reference[key].device), values.to(reference[key].device))

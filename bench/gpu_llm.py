@@ -9,9 +9,12 @@ prompts (~23 tokens), ``--slots`` (64) answers decoded as one batch, ``--new-tok
 (128) new tokens each, sampling at temperature 1 from the full softmax. Nothing is
 downloaded (``HF_HUB_OFFLINE=1``). Systems, one after the other on the same GPU:
 
-- rlfleet: one LLM actor subprocess with ``--device cuda`` (bf16, its default there)
-  and ``--num-envs`` = slots, read through ``GrpcLLMCollector`` (async);
-- rlfleet's decode loop in this process (``common.llm.generate``, no transport);
+- rlfleet: one LLM actor subprocess with ``--device cuda`` (bf16, its default there),
+  ``--decode`` (``compiled`` on CUDA: a static KV cache and the token step compiled into
+  a CUDA graph; ``eager`` in the CPU smoke run) and ``--num-envs`` = slots, read through
+  ``GrpcLLMCollector`` (async);
+- rlfleet's decode loop in this process (``common.llm.generate``, the same ``--decode``,
+  no transport);
 - the anchor: HF ``model.generate(..., cache_implementation="static")`` as
   transformers runs it by default on CUDA (it compiles the forward, CUDA graphs:
   the first call takes tens of seconds and is not timed), and the same without
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -67,6 +71,7 @@ class Workload:
         slots: Answers decoded as one batch (an actor's chat slots).
         new_tokens: New tokens per answer.
         window: Seconds each timed system runs (at least two batches).
+        decode: The LLM actor's ``--decode`` (``eager``, ``static`` or ``compiled``).
     """
 
     device: str
@@ -74,6 +79,7 @@ class Workload:
     slots: int
     new_tokens: int
     window: float
+    decode: str = "eager"
 
     @property
     def dtype_name(self) -> str:
@@ -88,6 +94,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens (128; smoke 8)")
     parser.add_argument("--window", type=float, default=None, help="seconds per system (4)")
     parser.add_argument("--no-torchrl", action="store_true", help="skip TorchRL's collector")
+    parser.add_argument(
+        "--decode", default=None, help="the actor's --decode (compiled on CUDA, eager on CPU)"
+    )
     parser.add_argument("--out", default=None, help="also write the JSON payload to this file")
     return parser.parse_args(argv)
 
@@ -103,6 +112,7 @@ def workload_of(args: argparse.Namespace) -> Workload:
         slots=args.slots or (64 if gpu else 4),
         new_tokens=args.new_tokens or (128 if gpu else 8),
         window=args.window if args.window is not None else (4.0 if gpu else 0.5),
+        decode=args.decode or ("compiled" if gpu else "eager"),
     )
 
 
@@ -209,14 +219,17 @@ def in_process(model: Any, tok: Any, prompts: list[list[int]], work: Workload) -
     """Tokens/s of rlfleet's decode loop (``common.llm.generate``) in this process."""
     import torch
 
-    from common.llm import GenerationSettings, cached_forward, generate
+    from common.llm import GenerationSettings, StaticDecode, cached_forward, generate
 
     settings = GenerationSettings(max_new_tokens=work.new_tokens, temperature=1.0)
     generator = torch.Generator(device=work.device).manual_seed(0)
+    decode: Any = functools.partial(cached_forward, model)
+    if work.decode != "eager":
+        decode = StaticDecode(model, work.new_tokens, compiled=work.decode == "compiled")
 
     @torch.no_grad()
     def forward(ids: Any, mask: Any, positions: Any, past: Any) -> tuple[Any, Any, int]:
-        return (*cached_forward(model, ids, mask, positions, past), 0)
+        return (*decode(ids, mask, positions, past), 0)
 
     def one_batch() -> int:
         result = generate(
@@ -315,7 +328,7 @@ def measure(work: Workload, *, torchrl: bool = True) -> Report:
         print(f"model built and saved ({time.perf_counter() - start:.0f} s)", flush=True)
         fleet = LocalFleet(
             1, kind="llm", task="arith", policy=f"hf:{directory}", num_envs=work.slots, seed=0,
-            extra_args=["--device", work.device], start_timeout=180.0,
+            extra_args=["--device", work.device, "--decode", work.decode], start_timeout=180.0,
         )  # fmt: skip
         with fleet:
             _timed(report, "rlfleet actor", lambda: rlfleet(fleet.addresses, work))
@@ -334,7 +347,7 @@ def measure(work: Workload, *, torchrl: bool = True) -> Report:
     report.note(
         f"Qwen2 {work.shape} ({params / 1e6:.0f}M parameters), {work.dtype_name} on "
         f"{_device_name(work.device)}; {work.slots} slots x {work.new_tokens} new tokens, "
-        "temperature 1, full softmax"
+        f"temperature 1, full softmax; rlfleet --decode {work.decode}"
     )
     return report
 

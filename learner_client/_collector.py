@@ -19,16 +19,17 @@ from typing import Any
 from tensordict import TensorDictBase
 from torch import nn
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType
+from common.config import DEFAULT_MODEL_ID, ExplorationType
 from common.errors import ClosedError
 from common.llm import LLMSettings
+from learner_client._agreement import VersionAgreement, push_versioned
 from learner_client._background import Background
 from learner_client._delivery import Placement
 from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
-from learner_client._fleet import RemoteActor
 from learner_client._fleet_state import FleetState
 from learner_client._mailbox import Paused
+from learner_client._ranks import Ranks
 from learner_client._script_env import ScriptEnv
 from learner_client._settings import (
     BatchSettings,
@@ -39,7 +40,7 @@ from learner_client._settings import (
 )
 from learner_client._shared_policy import SharedPolicy, push_shared
 from learner_client._torchrl_args import ActorPlacement, check_torchrl_only, update_flag
-from learner_client._weights import PushOptions, normalize_update_args
+from learner_client._weight_args import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
 __all__ = ["GrpcCollector"]
@@ -111,6 +112,11 @@ class GrpcCollector(FleetState):
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
+        rank, world_size: Several learner ranks sharing the fleet: this one owns the actors
+            with ``worker_id % world_size == rank`` (sessions, pushes, stats, seeds, state;
+            ``frames_per_batch`` and ``total_frames`` are per rank). ``rank="env"`` reads
+            both from torch.distributed (or torchrun's ``RANK``/``WORLD_SIZE``). A given
+            ``learner_id`` becomes ``<learner_id>/rank<r>``. See docs/collector.md.
         weight_push: Pushes' checksum and full-push interval of deltas (``WeightPushSettings``).
         policy: The learner's module, pushed (buffers too) before the first batch, by
             ``update_policy_weights_()`` and, unless ``push_policy_changes=False``, whenever
@@ -157,6 +163,8 @@ class GrpcCollector(FleetState):
         take_over: bool = False,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
+        rank: int | str | None = None,
+        world_size: int | None = None,
         llm: LLMSettings | None = None,
         weight_push: WeightPushSettings | None = None,
         policy: nn.Module | None = None,
@@ -209,6 +217,7 @@ class GrpcCollector(FleetState):
         check_torchrl_only(given)  # refuses trajs_per_batch, warns where it should
         on_actors = ActorPlacement.from_arguments(given)
         update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
+        self._ranks = Ranks.given(rank, world_size)
         self._shared = None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
         self._env = None if create_env_fn is None else ScriptEnv(create_env_fn, create_env_kwargs)
         self._placement = Placement(device, storing_device)
@@ -242,7 +251,7 @@ class GrpcCollector(FleetState):
             call_timeout=call_timeout,
             channel_credentials=channel_credentials,
             token=token,
-            learner_id=learner_id,
+            learner_id=self._ranks.learner_id(learner_id),
             take_over=take_over,
         )
         self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
@@ -270,7 +279,9 @@ class GrpcCollector(FleetState):
             self.stats,
             weight_push,
             pin_memory=self._placement.pin_memory,
+            ranks=self._ranks,
         )
+        self._agreement = VersionAgreement(self._ranks, conn.call_timeout)
         self._mailbox, self._book = parts.mailbox, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
@@ -285,32 +296,6 @@ class GrpcCollector(FleetState):
             self._membership.close()
             self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
-
-    def _session_settings(self) -> CollectSettings:
-        """What every session is opened with, for the current fleet size."""
-        count = len(self._fleet.worker_ids)
-        return self._rollout.for_actor(self._batch.frames_per_actor(count), count)
-
-    def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
-        """Grow the fleet, also while collecting.
-
-        Async: new actors start contributing at once. Sync: the per-actor share
-        changes, so every session restarts with the new split; batches already
-        collected with the old split are dropped (``stats()["discarded"]``).
-
-        Returns the added actors. Raises ValueError as at construction (duplicate
-        worker_id, divisibility) and ActorUnavailableError for an actor unreachable within
-        ``connect_timeout``.
-        """
-        with self._lock:
-            self._check_open()
-            links = self._fleet.describe(check_addresses(addresses))
-            self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
-            if self._state is _State.RUNNING:
-                settings = self._session_settings()
-                self._fleet.start_joined(links, settings, sync=bool(self._batch.sync))
-                self._rounds.update_budget()
-            return [RemoteActor(link.address, link.worker_id) for link in links]
 
     def __len__(self) -> int:
         """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
@@ -384,6 +369,8 @@ class GrpcCollector(FleetState):
         dtype: Any = None,
         only_trainable: bool = False,
         delta: bool = False,
+        version: int | None = None,
+        part: tuple[int, int] | None = None,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
@@ -398,14 +385,17 @@ class GrpcCollector(FleetState):
             dtype: Wire dtype of floating tensors (``torch.bfloat16``), cast once (docs/weights.md).
             only_trainable: Send only the module's parameters with ``requires_grad``.
             delta: Send each target only what changed since the weights it holds (docs/weights.md).
+            version: The version to push under (ranks: the agreed step count, docs/collector.md).
+            part: ``(rank, world_size)``: this rank's part of ``version``; a ``PartResult`` each.
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
 
         Raises:
             ValueError: Conflicting arguments (TorchRL's rules; a mapping and ``worker_ids``).
-            UnknownWorkerError, UnknownModelError: A target not in the fleet, or without the model.
+            UnknownWorkerError, UnknownModelError: A target not in the fleet or without the model.
             SessionStateError: None given and no weights were given before for that model.
+            VersionConflictError: Another rank pushes ``version`` with other weights.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
         shared = self._shared
@@ -422,20 +412,22 @@ class GrpcCollector(FleetState):
             weights_dict=weights_dict,
             delta=delta,
             options=PushOptions.given(dtype, only_trainable),
+            version=version,
+            part=part,
         )
         with self._lock:
             self._check_open()
-            return self._pusher.update(request)
+            return push_versioned(self._pusher, self._book, self._agreement, request)
+
+    def _is_running(self) -> bool:
+        return self._state is _State.RUNNING
 
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
             raise ClosedError("the collector is shut down")
 
     def start(self) -> None:
-        """Collect in a background thread into ``replay_buffer`` (see :meth:`pause`).
-
-        Raises RuntimeError when no replay buffer was given.
-        """
+        """Collect in a background thread into ``replay_buffer`` (RuntimeError if none given)."""
         if self.replay_buffer is None:
             raise RuntimeError("start() needs a replay_buffer (pass replay_buffer=...)")
         self._check_open()
@@ -481,8 +473,10 @@ class GrpcCollector(FleetState):
 
     def __repr__(self) -> str:
         mode = "sync" if self._batch.sync else "async"
+        ranks = self._ranks
+        shard = f", rank={ranks.rank}/{ranks.world_size}" if ranks.world_size > 1 else ""
         return (
-            f"GrpcCollector({mode}, worker_ids={self.worker_ids}, "
+            f"GrpcCollector({mode}{shard}, worker_ids={self.worker_ids}, "
             f"frames_per_batch={self._batch.frames_per_batch}, "
             f"total_frames={self._batch.total_frames}, state={self._state.value})"
         )

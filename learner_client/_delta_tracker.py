@@ -49,7 +49,8 @@ from common.weights import (
     encode_weights,
     wire_state,
 )
-from learner_client._weights import EncodedWeights, PushOptions, WeightBook, WeightSource
+from learner_client._weight_args import PushOptions, WeightSource
+from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = ["DEFAULT_FULL_PUSH_EVERY", "DeltaTracker", "WeightPushSettings"]
 

@@ -1,10 +1,11 @@
-"""Errors only the learner raises: a partly failed weight push, workers missing from a sync batch.
+"""Errors only the learner raises: a partly failed or disagreeing push, missing workers.
 
 Both extend :mod:`common.errors` so ``except RlfleetError`` still catches
 everything rlfleet raises on purpose::
 
     RlfleetError
     ├── WeightPushError                       some targets did not apply a push
+    ├── VersionConflictError (ValueError)     learner ranks pushed one version differently
     └── ActorUnavailableError (ConnectionError)
         └── MissingWorkersError               a sync batch lacks these worker_ids
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 from common.errors import ActorUnavailableError, RlfleetError
 
-__all__ = ["MissingWorkersError", "WeightPushError"]
+__all__ = ["MissingWorkersError", "VersionConflictError", "WeightPushError"]
 
 
 class WeightPushError(RlfleetError):
@@ -39,6 +40,20 @@ class WeightPushError(RlfleetError):
         super().__init__(message)
         self.succeeded = dict(succeeded)
         self.failed = dict(failed)
+
+
+class VersionConflictError(RlfleetError, ValueError):
+    """Learner ranks pushed one policy version with different weights (or other versions).
+
+    Raised on every rank, before anything is sent.
+
+    Attributes:
+        pushed: ``{rank: (version, digest)}`` as each rank gave it.
+    """
+
+    def __init__(self, message: str, *, pushed: Mapping[int, tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.pushed = dict(pushed)
 
 
 class MissingWorkersError(ActorUnavailableError):

@@ -8,6 +8,12 @@ event-loop thread, the :class:`~learner_client._mailbox.Mailbox`, the
 bounded: describing new actors (within ``connect_timeout``), starting
 sessions, concurrent weight pushes with per-worker results, admission pushes
 for actors that come back, chained seeding, state save/load, and stopping the links.
+
+With several learner ranks (:class:`~learner_client._ranks.Ranks`) the fleet knows two
+sets: its *members*, every actor described (each keeps a link, for calls that reach the
+whole fleet), and the actors it *owns* (``worker_id % world_size == rank``), the only ones
+it opens sessions on, pushes replicated weights to, seeds, checkpoints and counts.
+``worker_ids`` are the owned ones; ``member_ids`` all of them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._members import FleetMember, check_devices
+from learner_client._members import FleetMember, check_devices, check_unique
+from learner_client._ranks import Ranks
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._slabs import PacketSlabs
 from learner_client._torchrl_args import ActorPlacement
@@ -35,6 +42,7 @@ from learner_client._transport import (
     ActorChannel,
     ActorDescription,
     PushMessages,
+    PushReply,
     push_messages,
 )
 from learner_client._weights import EncodedWeights, WeightBook
@@ -52,7 +60,7 @@ _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOS
 #: The fleet's links, over real gRPC channels.
 Link = ActorLink[ActorChannel]
 
-PushResults = tuple[dict[str, dict[int, int]], dict[str, dict[int, BaseException]]]
+PushResults = tuple[dict[str, dict[int, PushReply]], dict[str, dict[int, BaseException]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +89,7 @@ class Fleet:
         book: The weights each actor should hold.
         batch_timeout: Stall deadline of a stream owing a batch.
         slabs: The shared slabs each actor's batches are received into.
+        ranks: Which actors this learner rank owns (default: every one).
     """
 
     conn: ConnectionSettings
@@ -92,7 +101,9 @@ class Fleet:
     book: WeightBook
     batch_timeout: float
     slabs: PacketSlabs
-    _links: dict[int, Link] = dataclasses.field(default_factory=dict, init=False)
+    ranks: Ranks = dataclasses.field(default_factory=Ranks)
+    _links: dict[int, Link] = dataclasses.field(default_factory=dict, init=False)  # members
+    _owned: set[int] = dataclasses.field(default_factory=set, init=False)
 
     # ----------------------------------------------------------- membership
 
@@ -149,11 +160,13 @@ class Fleet:
         ]
 
     def register(self, links: Sequence[Link]) -> None:
-        """Make links part of the fleet (after the fleet checks passed)."""
+        """Make links members of the fleet (after the fleet checks passed); own the rank's."""
         for link in links:
             self._links[link.worker_id] = link
-            self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
-            self.book.observe(link.worker_id, link.description.models)
+            if self.ranks.owns(link.worker_id):
+                self._owned.add(link.worker_id)
+                self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
+                self.book.observe(link.worker_id, link.description.models)
 
     def join(
         self,
@@ -165,16 +178,21 @@ class Fleet:
         """Register ``links`` if the fleet grown by them passes :func:`check_fleet`.
 
         With ``placement``, every actor must also offer its devices (:func:`check_devices`).
+        Batch shapes are checked over the actors this rank owns; worker_ids over every member.
 
         Raises:
-            ValueError, UnknownModelError: As :func:`check_fleet`; the links' channels are
-                closed and nothing is registered.
+            ValueError, UnknownModelError: As :func:`check_fleet` (and a rank owning no
+                actor); the links' channels are closed and nothing is registered.
         """
         try:
-            check_fleet(batch, self.members(links), acting_model)
+            everyone = self.members(links, owned_only=False)
+            self.ranks.check_owns_some([m.worker_id for m in everyone])
+            check_unique(everyone)
+            owned = self.members([x for x in links if self.ranks.owns(x.worker_id)])
+            check_fleet(batch, owned, acting_model)
             if placement is not None:
                 devices = placement.policy_device, placement.cudagraph_policy
-                check_devices(self.members(links), *devices)
+                check_devices(owned, *devices)
         except BaseException:
             self.discard(links)
             raise
@@ -186,11 +204,25 @@ class Fleet:
 
     @property
     def worker_ids(self) -> list[int]:
-        """The fleet's worker_ids, sorted."""
+        """The worker_ids this rank owns (collects from, pushes to), sorted."""
+        return sorted(self._owned)
+
+    @property
+    def member_ids(self) -> list[int]:
+        """Every member's worker_id, owned or not, sorted."""
         return sorted(self._links)
 
-    def members(self, extra: Sequence[Link] = ()) -> list[FleetMember]:
-        """What the fleet checks need about every actor, plus ``extra`` links not yet in it."""
+    def owned_links(self) -> dict[int, Link]:
+        """The links of the actors this rank owns, by worker_id (sorted)."""
+        return {w: self._links[w] for w in sorted(self._owned)}
+
+    def member_links(self) -> dict[int, Link]:
+        """Every member's link, by worker_id (sorted)."""
+        return dict(sorted(self._links.items()))
+
+    def members(self, extra: Sequence[Link] = (), *, owned_only: bool = True) -> list[FleetMember]:
+        """What the fleet checks need about the owned actors (or every member), plus ``extra``."""
+        known = self.owned_links() if owned_only else self._links
         return [
             FleetMember(
                 link.address,
@@ -201,15 +233,15 @@ class Fleet:
                 link.description.max_new_tokens_cap,
                 link.description.device,
             )
-            for link in [*self._links.values(), *extra]
+            for link in [*known.values(), *extra]
         ]
 
     def addresses(self) -> dict[int, str]:
-        """Each actor's address, by worker_id (sorted)."""
-        return {w: link.address for w, link in sorted(self._links.items())}
+        """Each owned actor's address, by worker_id (sorted)."""
+        return {w: link.address for w, link in self.owned_links().items()}
 
     def known_addresses(self) -> set[str]:
-        """The addresses of the actors in the fleet."""
+        """The addresses of every member."""
         return {link.address for link in self._links.values()}
 
     def models_of(self, worker_id: int) -> list[str]:
@@ -221,21 +253,26 @@ class Fleet:
         return self._links[worker_id].state not in _UNREACHABLE
 
     def start(self, settings: CollectSettings, links: Sequence[Link] | None = None) -> None:
-        """Open sessions on ``links`` (default: all) with ``settings``."""
-        targets = list(self._links.values()) if links is None else list(links)
+        """Open sessions on the owned ones of ``links`` (default: every owned actor)."""
+        known = self.owned_links().values() if links is None else links
+        targets = [link for link in known if link.worker_id in self._owned]
         self.loop.run(_each(targets, lambda link: link.start(settings)), _MARGIN)
 
     def restart(self, settings: CollectSettings) -> None:
         """Re-open every running session with new settings (the fleet was resized)."""
-        self.loop.run(_each(self._links.values(), lambda link: link.restart(settings)), _MARGIN)
+        links = self.owned_links().values()
+        self.loop.run(_each(links, lambda link: link.restart(settings)), _MARGIN)
 
     def start_joined(self, links: Sequence[Link], settings: CollectSettings, *, sync: bool) -> None:
         """Open sessions on links that joined while collecting, with the new ``settings``.
 
         Sync: the per-actor share changed, so every other session restarts with
         ``settings`` and the batches they buffered under the old split are dropped
-        (counted as discarded).
+        (counted as discarded). Members this rank does not own are left alone.
         """
+        links = [link for link in links if link.worker_id in self._owned]
+        if not links:
+            return
         if sync:
             added = {link.worker_id for link in links}
             old = [w for w in self.worker_ids if w not in added]
@@ -275,41 +312,50 @@ class Fleet:
                 link.worker_id,
             )
 
-    def push(
-        self, pairs: Sequence[tuple[int, EncodedWeights]], pauses: list[float] | None = None
-    ) -> PushResults:
+    def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> PushResults:
         """Push each ``(worker_id, encoded model)`` pair, all concurrently.
 
-        ``pauses``, when given, receives the generation pause each applied push reported.
+        A part of a multi-part push is never re-sent to a returning actor (alone it
+        could not complete its version); a worker that staged or completed one is
+        taken to hold its version (a delta part builds on it; if the version never
+        completed, the actor refuses that base and gets the whole part instead).
 
         Returns:
-            ``(succeeded, failed)``: ``{model_id: {worker_id: version}}`` and
+            ``(succeeded, failed)``: ``{model_id: {worker_id: the actor's reply}}`` and
             ``{model_id: {worker_id: exception}}``.
         """
         # Serialised once per distinct push, however many workers receive it.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
         calls = (  # created on the loop, as _settle unpacks them
             self._links[w].channel.push_weights(
-                enc.model_id, enc.version, messages[_key(enc)], self.conn.call_timeout
+                enc.model_id,
+                enc.version,
+                messages[_key(enc)],
+                self.conn.call_timeout,
+                part=enc.part is not None,
             )
             for w, enc in pairs
         )
         results = self.loop.run(_settle(calls), self.conn.call_timeout + _MARGIN)
-        succeeded: dict[str, dict[int, int]] = {enc.model_id: {} for _, enc in pairs}
+        succeeded: dict[str, dict[int, PushReply]] = {enc.model_id: {} for _, enc in pairs}
         failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
         for (wid, enc), result in zip(pairs, results, strict=True):
+            whole = enc.part is None
             if isinstance(result, BaseException):
                 failed[enc.model_id][wid] = result
-                if is_transient(result):  # it gets this push when it is re-admitted
+                if whole and is_transient(result):  # it gets this push when it is re-admitted
                     self.book.addressed([wid], enc)
             else:
-                self.book.addressed([wid], enc)
-                self.book.acknowledged(wid, enc.model_id, result.version)
+                if whole:
+                    self.book.addressed([wid], enc)
+                self.book.acknowledged(wid, enc.model_id, result.version if whole else enc.version)
                 self.ledger.pushed(len(enc.blob), result.pause_seconds)
-                succeeded[enc.model_id][wid] = result.version
-                if pauses is not None:
-                    pauses.append(result.pause_seconds)
+                succeeded[enc.model_id][wid] = result
         return succeeded, failed
+
+    def accepts_parts(self, worker_id: int) -> bool:
+        """Whether an actor takes multi-part pushes (its Describe gives a part deadline)."""
+        return self._links[worker_id].description.part_deadline > 0
 
     # -------------------------------------------------------- control calls
 
@@ -330,11 +376,12 @@ class Fleet:
         return seed
 
     def state_dict(self) -> dict[str, Any]:
-        """Learner counters plus every actor's state blob (as a uint8 tensor), by worker_id."""
+        """Learner counters plus every owned actor's state blob (a uint8 tensor), by worker_id."""
+        owned = self.owned_links()
 
         async def fetch() -> list:
             return await asyncio.gather(
-                *(link.channel.get_state(self.conn.call_timeout) for link in self._links.values())
+                *(link.channel.get_state(self.conn.call_timeout) for link in owned.values())
             )
 
         blobs = self.loop.run(fetch(), self.conn.call_timeout + _MARGIN)
@@ -344,7 +391,7 @@ class Fleet:
             "policy_version": self.book.versions(),
             "workers": {
                 w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
-                for w, b in sorted(zip(self._links, blobs, strict=True))
+                for w, b in sorted(zip(owned, blobs, strict=True))
             },
         }
 
@@ -359,7 +406,7 @@ class Fleet:
         if missing:
             raise ValueError(f"state_dict lacks keys {sorted(missing)}")
         workers = {int(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
-        unknown = sorted(set(workers) - set(self._links))
+        unknown = sorted(set(workers) - self._owned)
         if unknown:
             raise UnknownWorkerError(
                 f"state_dict holds unknown worker_ids {unknown}; the "
@@ -387,54 +434,8 @@ class Fleet:
         self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
 
     def states(self) -> dict[int, str]:
-        """Each link's state name, by worker_id."""
-        return {w: link.state.value for w, link in sorted(self._links.items())}
-
-    def stats(self, acting_model: str) -> dict[str, int | float | bool]:
-        """The fleet's counters as flat scalars (see ``GrpcCollector.stats``)."""
-        ledger, links = self.ledger, self._links
-        versions = self.book.versions()
-        out: dict[str, int | float | bool] = {
-            "frames": ledger.frames,
-            "batches": ledger.batches,
-            "worker_frames": sum(ledger.worker_frames.values()),
-            "policy_version": versions.get(acting_model, 0),
-            "policy_lag": ledger.policy_lag,
-            "policy_lag_max": ledger.policy_lag_max,
-            "gaps": sum(link.tracker.gaps for link in links.values()),
-            "duplicates": sum(link.tracker.duplicates for link in links.values()),
-            "reconnects": sum(ledger.reconnects.values()),
-            "failures": sum(ledger.failures.values()),
-            "restarts": sum(ledger.restarts.values()),
-            "lost_in_progress": ledger.lost_in_progress,
-            "discarded": ledger.discarded,
-            "auto_pushes": ledger.auto_pushes,
-            **ledger.push_stats(),
-            "queued_batches": sum(slot.buffered for slot in self.mailbox.snapshot().values()),
-        }
-        out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})
-        return out
-
-    def liveness(self) -> dict[str, int]:
-        """``workers`` and ``workers_alive``, which every view of ``stats()`` reports."""
-        alive = sum(1 for wid in self._links if self.reachable(wid))
-        return {"workers": len(self._links), "workers_alive": alive}
-
-    def worker_stats(self, acting_model: str) -> dict[str, int | float | bool]:
-        """Each actor's counters as ``worker_<id>/<metric>`` scalars."""
-        ledger = self.ledger
-        out: dict[str, int | float | bool] = {}
-        for wid, link in sorted(self._links.items()):
-            prefix = f"worker_{wid}/"
-            out[prefix + "frames"] = ledger.worker_frames.get(wid, 0)
-            out[prefix + "batches"] = ledger.worker_batches.get(wid, 0)
-            out[prefix + "alive"] = self.reachable(wid)
-            out[prefix + "failures"] = ledger.failures.get(wid, 0)
-            out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)
-            out[prefix + "gaps"] = link.tracker.gaps
-            out[prefix + "duplicates"] = link.tracker.duplicates
-            out[prefix + "policy_version"] = self.book.applied(wid).get(acting_model, 0)
-        return out
+        """Each owned actor's link state name, by worker_id."""
+        return {w: link.state.value for w, link in self.owned_links().items()}
 
     # ------------------------------------------------------------ shutdown
 
@@ -467,6 +468,7 @@ def _messages(enc: EncodedWeights) -> PushMessages:
         enc.sha256,
         crc32c=enc.crc32c,
         base_version=enc.base_version,
+        part=enc.part,
     )
 
 
@@ -478,6 +480,6 @@ def _as_bytes(value: Any) -> bytes:
     raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
 
 
-def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None]:
+def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None, object]:
     """What makes two encoded pushes the same bytes on the wire (the blob itself, not its CRC)."""
-    return enc.model_id, enc.version, id(enc.blob), enc.base_version
+    return enc.model_id, enc.version, id(enc.blob), enc.base_version, enc.part

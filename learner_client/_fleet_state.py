@@ -1,24 +1,27 @@
 """What a collector tells and restores about its fleet: membership, seeds, state, stats.
 
-:class:`FleetState` is the part of :class:`~learner_client.GrpcCollector` that reads or
-resets the fleet between batches, as TorchRL's collectors do for their workers
-(``set_seed``, ``state_dict``, ``stats``, the workers' ids and link states). It works on
-the parts :mod:`learner_client._wiring` built, which the collector sets in ``_connect``.
+:class:`FleetState` is the part of :class:`~learner_client.GrpcCollector` that reads,
+grows or resets the fleet between batches, as TorchRL's collectors do for their workers
+(``set_seed``, ``state_dict``, ``stats``, ``add_collectors``, the workers' ids and link
+states), and names this collector's learner rank. It works on the parts
+:mod:`learner_client._wiring` built, which the collector sets in ``_connect``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
 
-from common.config import check_seed
+from common.config import CollectSettings, check_seed
 from learner_client._actor_state import actor_state_of
 from learner_client._background import Background
 from learner_client._fleet import Fleet, RemoteActor
+from learner_client._ranks import Ranks
 from learner_client._rounds import Rounds
-from learner_client._settings import BatchSettings, RolloutSettings
+from learner_client._settings import BatchSettings, RolloutSettings, check_addresses
 from learner_client._shared_policy import SharedPolicy
 from learner_client._stats import snapshot
 from learner_client._weights import WeightBook
@@ -36,11 +39,30 @@ class FleetState:
     _batch: BatchSettings
     _rollout: RolloutSettings
     _background: Background
+    _ranks: Ranks
 
     _shared: SharedPolicy | None
 
     def _check_open(self) -> None:
         raise NotImplementedError
+
+    def _is_running(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def rank(self) -> int:
+        """This collector's learner rank (0 for a single learner)."""
+        return self._ranks.rank
+
+    @property
+    def world_size(self) -> int:
+        """Learner ranks sharing the fleet (1 for a single learner)."""
+        return self._ranks.world_size
+
+    @property
+    def member_ids(self) -> list[int]:
+        """Every actor of the fleet this collector knows, owned or not, sorted."""
+        return self._fleet.member_ids
 
     @property
     def total_frames(self) -> int:
@@ -74,7 +96,7 @@ class FleetState:
 
     @property
     def worker_ids(self) -> list[int]:
-        """The fleet's worker_ids, sorted."""
+        """The worker_ids this collector collects from (its rank's own), sorted."""
         return self._fleet.worker_ids
 
     @property
@@ -87,8 +109,39 @@ class FleetState:
         """The learner's policy version per model_id (never behind any actor's)."""
         return self._book.versions()
 
+    def _session_settings(self) -> CollectSettings:
+        """What every session is opened with, for the current number of owned actors."""
+        count = len(self._fleet.worker_ids)
+        return self._rollout.for_actor(self._batch.frames_per_actor(count), count)
+
+    def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
+        """Grow the fleet, also while collecting.
+
+        Async: new actors start contributing at once. Sync: the per-actor share
+        changes, so every session restarts with the new split; batches already
+        collected with the old split are dropped (``stats()["discarded"]``). With
+        several ranks, actors another rank owns become members only.
+
+        Returns the added actors this collector owns. Raises ValueError as at construction
+        (duplicate worker_id, divisibility) and ActorUnavailableError for an actor
+        unreachable within ``connect_timeout``.
+        """
+        with self._lock:
+            self._check_open()
+            links = self._fleet.describe(check_addresses(addresses))
+            self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
+            if self._is_running():
+                settings = self._session_settings()
+                self._fleet.start_joined(links, settings, sync=bool(self._batch.sync))
+                self._rounds.update_budget()
+            owned = [link for link in links if self._ranks.owns(link.worker_id)]
+            return [RemoteActor(link.address, link.worker_id) for link in owned]
+
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed every actor in worker_id order, each with the seed the previous one returned.
+        """Seed every owned actor in worker_id order, each with the seed the previous returned.
+
+        Ranks seeding their actors with one seed give them equal seeds: seed each rank
+        apart (e.g. ``seed + 10_000 * rank``).
 
         Returns:
             The seed returned by the last actor (to chain further).

@@ -347,6 +347,11 @@ class ActorLink(Generic[C]):
         if left != settings.init_random_frames:
             settings = dataclasses.replace(settings, init_random_frames=left)
         resume = (0, 0) if self._fresh_next else self.tracker.resume_point()
+        if resume == (0, 0) and not self._fresh_next and self._left_open():
+            # A restarted learner process under the same learner_id: the actor still
+            # holds the session the old process left open, and lets only its owner resume
+            # it. What that session retained is re-sent and dropped here as duplicates.
+            resume = (self.description.epoch, 0)
         self._fresh_next = False
         # A reconnect resumes our own session (the actor matches our learner_id, even
         # if it still thinks our old stream alive); another learner's session is ended
@@ -363,6 +368,12 @@ class ActorLink(Generic[C]):
         self._stream = stream
         self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost
         return stream
+
+    def _left_open(self) -> bool:
+        """Whether the actor reports an active session under our learner_id."""
+        return bool(self.description.learner_id) and (
+            self.description.learner_id == self._conn.learner_id
+        )
 
     async def _session(self, reconnecting: bool) -> EndEvent:
         await self._readmit()

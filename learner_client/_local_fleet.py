@@ -78,7 +78,8 @@ class LocalFleet:
     """Start ``num_actors`` actor servers on this machine and stop them on exit.
 
     Args:
-        num_actors: Actors to start; their worker ids are ``0..num_actors-1``.
+        num_actors: Actors to start; their worker ids are ``0..num_actors-1`` unless
+            ``worker_ids`` names them.
         env: Gymnasium id each actor runs (env and TorchRL-env actors; the latter wrap it
             in TorchRL's ``GymEnv``).
         num_envs: Size of each actor's env pool (LLM actors: chat slots).
@@ -105,6 +106,9 @@ class LocalFleet:
         task: LLM actors: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
             ``package.module:factory``.
         task_kwargs: LLM actors: keyword arguments of the task (sent as JSON).
+        worker_ids: The actors' worker ids, ``num_actors`` distinct ints >= 0 (e.g. one
+            learner rank's share of a fleet: ``range(rank, num_actors * world_size,
+            world_size)``); None: ``0..num_actors-1``.
 
     Start and restart actors from a thread that outlives the fleet (normally the
     main thread): Linux delivers the parent-death signal when that thread exits.
@@ -142,8 +146,10 @@ class LocalFleet:
         task: str = "arith",
         task_kwargs: Mapping[str, Any] | None = None,
         env_factory: str = "",
+        worker_ids: Sequence[int] | None = None,
     ) -> None:
         _check_int("num_actors", num_actors, 1)
+        self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_int("num_envs", num_envs, 1)
         if seed is not None:
             _check_int("seed", seed, 0)
@@ -197,7 +203,7 @@ class LocalFleet:
             raise SessionStateError(f"LocalFleet.start() called on a {self._state} fleet")
         self._state = "running"
         try:
-            for worker_id in range(self.num_actors):
+            for worker_id in self.worker_ids:
                 self._actors[worker_id] = self._spawn(worker_id, port=0)
             self._wait_ready(list(self._actors.values()))
         except BaseException:
@@ -389,7 +395,7 @@ class LocalFleet:
             return self._actors[worker_id]
         except KeyError:
             raise UnknownWorkerError(
-                f"no actor with worker_id={worker_id!r}; this fleet has 0..{self.num_actors - 1}"
+                f"no actor with worker_id={worker_id!r}; this fleet has {self.worker_ids}"
             ) from None
 
     def _check_running(self) -> None:
@@ -402,6 +408,18 @@ class LocalFleet:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
         return f"{host}:{actor.port}"
+
+
+def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:
+    """``worker_ids`` checked (``num_actors`` distinct ints >= 0), or ``0..num_actors-1``."""
+    if worker_ids is None:
+        return list(range(num_actors))
+    ids = list(worker_ids)
+    for worker_id in ids:
+        _check_int("worker_ids[...]", worker_id, 0)
+    if len(ids) != num_actors or len(set(ids)) != len(ids):
+        raise ValueError(f"worker_ids must be {num_actors} distinct ints, got {ids}")
+    return ids
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from common.config import DEFAULT_MODEL_ID, same_device
 from common.llm import LLMSettings
 
-__all__ = ["FleetMember", "check_devices", "check_kinds"]
+__all__ = ["FleetMember", "check_devices", "check_kinds", "check_unique"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,23 @@ class FleetMember:
     kind: str = "env"
     max_new_tokens_cap: int = 0
     device: str = "cpu"
+
+
+def check_unique(members: Sequence[FleetMember]) -> None:
+    """Refuse two actors reporting one worker_id.
+
+    Raises:
+        ValueError: Naming each shared worker_id and its addresses.
+    """
+    by_id: dict[int, list[str]] = {}
+    for member in members:
+        by_id.setdefault(member.worker_id, []).append(member.address)
+    duplicates = {wid: addrs for wid, addrs in by_id.items() if len(addrs) > 1}
+    if duplicates:
+        detail = "; ".join(
+            f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
+        )
+        raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
 
 
 def check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:

@@ -9,7 +9,9 @@ batches, gaps and reconnects per worker, queue depth, workers by state). The
 hooks cost a few microseconds per batch; nothing is served until
 :func:`serve_metrics` asks for it.
 
-Labels stay bounded: ``worker_id`` is one of the fleet's actors, ``model_id``
+Each learner rank serves its own metrics, about the actors it owns, with its ``rank`` and
+``world_size`` as gauges; worker_ids never repeat across ranks, so per-worker series
+add up over ranks. Labels stay bounded: ``worker_id`` is one of the fleet's actors, ``model_id``
 one the learner pushed, ``result`` and ``state`` come from fixed sets. No label
 ever names an actor's address.
 """
@@ -138,6 +140,11 @@ class _StatsCollector(Collector):
         ("reconnects", "reconnects", "Collect streams re-opened after a failure, per worker."),
     )
 
+    _RANK = (
+        ("rank", "This learner's rank among the ranks sharing the fleet (0 when alone)."),
+        ("world_size", "Learner ranks sharing the fleet (1 when alone)."),
+    )
+
     def __init__(self, stats: Callable[..., Mapping[str, Any]]) -> None:
         self._stats = stats
 
@@ -156,8 +163,10 @@ class _StatsCollector(Collector):
             "Batches received and not yet taken by user code.",
             stats.get("queued_batches", 0),
         )
+        for key, documentation in self._RANK:
+            yield GaugeMetricFamily(_PREFIX + key, documentation, int(stats.get(key, 0)))
         workers = GaugeMetricFamily(
-            _PREFIX + "workers", "Actors of the fleet, alive or down.", labels=["state"]
+            _PREFIX + "workers", "Actors this learner owns, alive or down.", labels=["state"]
         )
         alive = int(stats.get("workers_alive", 0))
         workers.add_metric(["alive"], alive)

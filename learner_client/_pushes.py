@@ -11,7 +11,10 @@ training is picked up; an actor that is down is skipped and receives the
 weights when it is re-admitted. A ``delta=True`` push sends each target a sparse
 delta where it can (:class:`~learner_client._delta_tracker.DeltaTracker`); a target
 that refuses its delta with FAILED_PRECONDITION gets the full push of the same
-state and version at once, which the caller never sees as an error.
+state and version at once, which the caller never sees as an error. A ``part=`` push
+(``learner_client._part_pushes``) takes the same path, every form included, with an
+explicit version, and reports per worker whether its part was staged or completed the
+version.
 """
 
 from __future__ import annotations
@@ -28,13 +31,9 @@ from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, PushResults
 from learner_client._ledger import Ledger
 from learner_client._metrics import LearnerMetrics
-from learner_client._weights import (
-    EncodedWeights,
-    PushOptions,
-    WeightBook,
-    WeightRequest,
-    resolve_worker_ids,
-)
+from learner_client._part_pushes import as_parts, check_parts_accepted, part_result
+from learner_client._weight_args import PushOptions, WeightRequest, resolve_worker_ids
+from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = ["Pusher"]
 
@@ -70,23 +69,30 @@ class Pusher:
             UnknownModelError: A target without the model.
             WeightPushError: Some targets failed.
         """
-        targets = resolve_worker_ids(request.worker_ids, self.fleet.worker_ids)
+        # A part goes to every member: each actor needs every rank's part of a version.
+        known = self.fleet.worker_ids if request.part is None else self.fleet.member_ids
+        targets = resolve_worker_ids(request.worker_ids, known)
         self._check_models(request.sources, targets)
+        if request.part is not None:
+            check_parts_accepted(self.fleet, targets)
         if request.delta:
             return self._update_delta(request, targets)
         pairs: list[tuple[int, EncodedWeights]] = []
+        version = request.version
         for mid, src in request.sources.items():
             given = request.options or PushOptions()  # new weights: as the call says
             if request.per_worker is not None:  # TorchRL's {worker_id: weights}
-                pairs += sorted(self.book.encode_for(mid, request.per_worker, given).items())
+                encoded = self.book.encode_for(mid, request.per_worker, given, version)
+                pairs += sorted(encoded.items())
             elif src is None:  # re-send the last weights, in the last form unless told
                 sources = dict.fromkeys(targets)
-                pairs += sorted(self.book.encode_for(mid, sources, request.options).items())
+                encoded = self.book.encode_for(mid, sources, request.options, version)
+                pairs += sorted(encoded.items())
             else:
-                enc = self.book.encode(mid, src, given)
+                enc = self.book.encode(mid, src, given, version=version, part=request.part)
                 pairs += [(wid, enc) for wid in targets]
         succeeded, failed = self._push(pairs)
-        return _outcome(succeeded, failed, nested=request.nested)
+        return _outcome(succeeded, failed, request)
 
     def _update_delta(self, request: WeightRequest, targets: list[int]) -> dict:
         """A ``delta=True`` push: deltas where the tracker can, full pushes elsewhere."""
@@ -97,9 +103,12 @@ class Pusher:
             form = request.options or PushOptions()
             if src is None:
                 form = self.book.options(mid, request.options)
-            version = self.book.claim_version(mid, src)
-            pairs += sorted(self.deltas.encode(mid, sources, version, form).items())
-            self.book.use_options(mid, form)
+            whole = request.part is None  # a part is not the model's last weights
+            version = self.book.claim_version(mid, src if whole else None, request.version)
+            encoded = self.deltas.encode(mid, sources, version, form)
+            pairs += sorted(as_parts(encoded, request.part).items())
+            if whole:
+                self.book.use_options(mid, form)
         succeeded, failed = self._push(pairs)
         # A target at another version than the delta's base: the full push, at once.
         retry = [
@@ -110,13 +119,16 @@ class Pusher:
         if retry:
             again, still = self._push(retry, fallbacks=len(retry), continues=True)
             for mid in again:
-                for wid, version in again[mid].items():
+                for wid, reply in again[mid].items():
                     failed[mid].pop(wid, None)
-                    succeeded[mid][wid] = version
+                    succeeded[mid][wid] = reply
                 failed[mid].update(still[mid])
+        # A part staged or completed: the worker is taken to hold its version.
+        part_version = request.version if request.part is not None else None
         for mid in request.sources:
-            self.deltas.settle(mid, succeeded.get(mid, {}), failed.get(mid, {}))
-        return _outcome(succeeded, failed, nested=request.nested)
+            held = {w: part_version or r.version for w, r in succeeded.get(mid, {}).items()}
+            self.deltas.settle(mid, held, failed.get(mid, {}))
+        return _outcome(succeeded, failed, request)
 
     def _check_models(self, sources: dict[str, Any], targets: list[int]) -> None:
         for mid in sources:
@@ -153,15 +165,16 @@ class Pusher:
             for wid, exc in errs.items():
                 log.warning("automatic push of %s to worker_id %d failed: %s", mid, wid, exc)
         if any(fatal.values()):
-            raise push_error(succeeded, fatal, nested=True)
+            versions = {m: {w: r.version for w, r in rs.items()} for m, rs in succeeded.items()}
+            raise push_error(versions, fatal, nested=True)
 
     def _push(
         self, pairs: list[tuple[int, EncodedWeights]], fallbacks: int = 0, continues: bool = False
     ) -> PushResults:
         started = time.monotonic()
-        pauses: list[float] = []
-        succeeded, failed = self.fleet.push(pairs, pauses)
+        succeeded, failed = self.fleet.push(pairs)
         applied = [enc for w, enc in pairs if w in succeeded.get(enc.model_id, {})]
+        pauses = [r.pause_seconds for replies in succeeded.values() for r in replies.values()]
         self.ledger.push_call(
             sum(len(enc.blob) for w, enc in pairs),
             max(pauses, default=0.0),
@@ -175,11 +188,18 @@ class Pusher:
         return succeeded, failed
 
 
-def _outcome(succeeded: dict, failed: dict, *, nested: bool) -> dict:
-    """What ``update_policy_weights_`` returns, or the error it raises if any target failed."""
+def _outcome(succeeded: dict, failed: dict, request: WeightRequest) -> dict:
+    """What ``update_policy_weights_`` returns, or the error it raises if any target failed.
+
+    Per worker: the version now in force (a whole push), or a :class:`PartResult`.
+    """
+    results = {
+        mid: {wid: part_result(reply, request) for wid, reply in replies.items()}
+        for mid, replies in succeeded.items()
+    }
     if any(failed.values()):
-        raise push_error(succeeded, failed, nested=nested)
-    return succeeded if nested else next(iter(succeeded.values()))
+        raise push_error(results, failed, nested=request.nested)
+    return results if request.nested else next(iter(results.values()))
 
 
 def push_error(succeeded: dict, failed: dict, *, nested: bool) -> WeightPushError:

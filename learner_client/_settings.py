@@ -26,7 +26,7 @@ from tensordict import TensorDictBase
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
-from learner_client._members import FleetMember, check_kinds
+from learner_client._members import FleetMember, check_kinds, check_unique
 from learner_client._torchrl_args import ActorPlacement
 
 __all__ = [
@@ -378,15 +378,7 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"{m.address} (worker_id {m.worker_id}) has {sorted(m.models)}" for m in lacking
         )
         raise UnknownModelError(f"the acting model_id {model_id!r} is missing: {detail}")
-    by_id: dict[int, list[str]] = {}
-    for member in members:
-        by_id.setdefault(member.worker_id, []).append(member.address)
-    duplicates = {wid: addrs for wid, addrs in by_id.items() if len(addrs) > 1}
-    if duplicates:
-        detail = "; ".join(
-            f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
-        )
-        raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
+    check_unique(members)
     check_kinds(members, settings.llm)
     fpb, count = settings.frames_per_batch, len(members)
     if settings.sync and fpb % count:

@@ -27,7 +27,7 @@ from torch import nn
 from common.errors import is_transient
 from learner_client._errors import WeightPushError
 from learner_client._pushes import Pusher
-from learner_client._weights import normalize_update_args
+from learner_client._weight_args import normalize_update_args
 
 __all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy", "push_shared"]
 

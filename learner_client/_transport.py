@@ -32,7 +32,7 @@ from common.errors import ProtocolError, SessionStateError, from_status
 from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.weights import BlobAssembler, iter_blob_chunks, sha256_hex
+from common.weights import BlobAssembler, Part, PushOutcome, iter_blob_chunks, sha256_hex
 from learner_client._collect_wire import parse_collect_response
 
 __all__ = [
@@ -60,6 +60,11 @@ _RECONNECT_OPTIONS = [
 # Field tag of PushWeightsRequest.chunk (a oneof member, so an empty value is
 # still written: tag, then length 0).
 _CHUNK_TAG = pb.PushWeightsRequest(chunk=b"").SerializeToString()[:-1]
+_OUTCOMES = {
+    pb.PUSH_OUTCOME_APPLIED: PushOutcome.APPLIED,
+    pb.PUSH_OUTCOME_STAGED: PushOutcome.STAGED,
+    pb.PUSH_OUTCOME_COMPLETED: PushOutcome.COMPLETED,
+}
 
 
 def encode_chunk(piece: bytes | memoryview) -> bytes:
@@ -117,10 +122,12 @@ def push_messages(
     *,
     crc32c: int | None = None,
     base_version: int | None = None,
+    part: Part | None = None,
 ) -> PushMessages:
     """The messages of one push (:class:`PushMessages`), built once per push for every target.
 
-    ``sha256`` may be "" when ``crc32c`` is given; ``base_version`` marks a sparse delta.
+    ``sha256`` may be "" when ``crc32c`` is given; ``base_version`` marks a sparse delta,
+    ``part`` one part of a multi-part push.
     """
     header = pb.WeightsHeader(
         model_id=model_id,
@@ -129,8 +136,17 @@ def push_messages(
         sha256=sha256,
         crc32c=crc32c,
         base_version=base_version,
+        part=None if part is None else pb.PartOf(index=part.index, count=part.count),
     )
     return PushMessages(encode_header(header), blob, chunk_bytes)
+
+
+def _outcome_name(value: int) -> str:
+    """The name of a ``PushOutcome`` value, or the number an actor sent that is none."""
+    try:
+        return str(pb.PushOutcome.Name(value))
+    except ValueError:
+        return str(value)
 
 
 def _pre_serialized(message: bytes) -> bytes:
@@ -155,10 +171,14 @@ class PushReply:
     Attributes:
         version: The version now in force.
         pause_seconds: How long the swap paused the actor's generation (collection).
+        outcome: Applied (a whole push); staged or completed (a part).
+        parts_staged: A part: the parts of its version the actor held once it was staged.
     """
 
     version: int
     pause_seconds: float
+    outcome: PushOutcome = PushOutcome.APPLIED
+    parts_staged: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +204,8 @@ class ActorDescription:
         frames: Frames it collected.
         uptime_seconds: Seconds since it started.
         device: Where its policy runs (``--device``).
+        part_deadline: Seconds an incomplete multi-part version waits on it before it
+            expires; 0: it takes no multi-part pushes (it predates them).
     """
 
     address: str
@@ -201,6 +223,7 @@ class ActorDescription:
     frames: int = 0
     uptime_seconds: float = 0.0
     device: str = "cpu"
+    part_deadline: float = 0.0
 
     @classmethod
     def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
@@ -228,6 +251,7 @@ class ActorDescription:
             frames=int(reply.frames),
             uptime_seconds=float(reply.uptime_seconds),
             device=reply.device or "cpu",
+            part_deadline=float(reply.part_deadline_seconds),
         )
 
 
@@ -343,7 +367,13 @@ class ActorChannel:
         return r.next_seed, r.first_seq
 
     async def push_weights(
-        self, model_id: str, version: int, messages: Sequence[bytes], timeout: float
+        self,
+        model_id: str,
+        version: int,
+        messages: Sequence[bytes],
+        timeout: float,
+        *,
+        part: bool = False,
     ) -> PushReply:
         """Stream one weight push; returns the version now in force and the actor's pause.
 
@@ -352,10 +382,11 @@ class ActorChannel:
             version: The version it installs.
             messages: The serialised requests (:func:`push_messages`).
             timeout: Deadline in seconds.
+            part: The push is a part of a multi-part push (its header says so).
 
         Raises:
-            SessionStateError: The actor answered with another model or version, so
-                it did not apply this push.
+            SessionStateError: The actor answered with another model, version or
+                outcome than this push can have, so it did not apply (or stage) it.
         """
 
         async def requests() -> AsyncIterator[bytes]:
@@ -364,13 +395,25 @@ class ActorChannel:
 
         with translate_errors(self.address):
             r = await self._push_raw(requests(), timeout=timeout, metadata=self._metadata)
-        if r.model_id not in ("", model_id) or r.version != version:
+        outcome = _OUTCOMES.get(r.outcome)
+        if part:  # staged: an older version stays in force; completed: this one is
+            fits = (outcome is PushOutcome.STAGED and r.version < version) or (
+                outcome is PushOutcome.COMPLETED and r.version == version
+            )
+        else:  # actors that predate outcomes leave it unset
+            fits = outcome in (None, PushOutcome.APPLIED) and r.version == version
+        if r.model_id not in ("", model_id) or not fits:
             raise SessionStateError(
                 f"{self.address}: push of {model_id!r} version {version} answered with "
-                f"{r.model_id!r} version {r.version}"
+                f"{r.model_id!r} version {r.version} (outcome {_outcome_name(r.outcome)})"
             )
         pause = float(r.pause_seconds)
-        return PushReply(r.version, pause if 0.0 <= pause < float("inf") else 0.0)
+        return PushReply(
+            r.version,
+            pause if 0.0 <= pause < float("inf") else 0.0,
+            outcome or PushOutcome.APPLIED,
+            int(r.parts_staged),
+        )
 
     async def get_state(self, timeout: float) -> bytes:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""

@@ -1,115 +1,29 @@
-"""Normalising ``update_policy_weights_`` arguments, and the learner's weight bookkeeping.
+"""The learner's weight bookkeeping: versions, the weights given, what each worker should hold.
 
-TorchRL's signature takes weights four ways (positionally, ``weights=``,
-``policy=``, ``weights_dict=``); :func:`normalize_update_args` turns any of
-them into one :class:`WeightRequest` ({model_id: source}, target worker_ids)
-or raises TorchRL's ValueErrors for conflicting arguments.
 :class:`WeightBook` holds what the learner knows about weights: the version
 counter per model_id (never behind any actor's), the last source given per
 model_id (re-read at every automatic push, so in-place training is seen), the
 encoded push each worker should hold (so a restarted actor gets exactly those
 bytes back) and the batches each worker delivered since its last update.
-:class:`PushOptions` (a wire dtype, ``only_trainable``) shape every encode; a mapping
-source is a subset of the model's keys, a module all of them.
+:class:`EncodedWeights` is one push, encoded once for all its targets. The
+arguments of ``update_policy_weights_`` are normalised in ``learner_client._weight_args``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeAlias
 
-import torch
-from tensordict import TensorDictBase
-from torch import nn
-
-from common.config import DEFAULT_MODEL_ID, check_model_id
-from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import PushForm, checksums, encode_weights
+from common.errors import SessionStateError
+from common.weights import Part, checksums
 from learner_client._blob_buffers import BlobBuffers
+from learner_client._weight_args import PushOptions, WeightSource
 
-__all__ = [
-    "EncodedWeights",
-    "PushOptions",
-    "WeightBook",
-    "WeightRequest",
-    "normalize_update_args",
-    "resolve_worker_ids",
-]
+__all__ = ["EncodedWeights", "WeightBook"]
 
-WeightSource: TypeAlias = "nn.Module | TensorDictBase | Mapping[str, Any]"
 Blob: TypeAlias = "bytes | memoryview"
-Allocate: TypeAlias = "Callable[[int], torch.Tensor] | None"
-
-
-@dataclasses.dataclass(frozen=True)
-class PushOptions:
-    """How a push is encoded (``update_policy_weights_``'s ``dtype`` and ``only_trainable``).
-
-    Attributes:
-        dtype: The wire dtype floating tensors are cast to once, on the learner
-            (``common.weights.WIRE_DTYPES``); None sends them as they are.
-        only_trainable: Send only the module's parameters with ``requires_grad``.
-    """
-
-    dtype: torch.dtype | None = None
-    only_trainable: bool = False
-
-    @classmethod
-    def given(cls, dtype: object = None, only_trainable: object = False) -> PushOptions | None:
-        """Check the public arguments; None when neither was given.
-
-        Raises:
-            TypeError: ``dtype`` is not a ``torch.dtype``, ``only_trainable`` not a bool.
-            ValueError: A dtype weights cannot travel in (e.g. an integer dtype).
-        """
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype or None, got {dtype!r:.80}")
-        if not isinstance(only_trainable, bool):
-            raise TypeError(f"only_trainable must be a bool, got {only_trainable!r:.80}")
-        PushForm(wire_dtype=dtype)  # raises ValueError for a dtype that cannot travel
-        return None if dtype is None and not only_trainable else cls(dtype, only_trainable)
-
-    def encode(self, source: WeightSource, model_id: str, allocate: Allocate = None) -> Blob:
-        """Encode ``source`` for ``model_id``: a module whole, a mapping as a subset.
-
-        ``allocate`` gives the host buffer a source on an accelerator is written into.
-
-        Raises:
-            TypeError: ``only_trainable`` with a source that is not a module.
-        """
-        return encode_weights(
-            source,
-            metadata={"model_id": model_id},
-            dtype=self.dtype,
-            only_trainable=self.only_trainable,
-            subset=not isinstance(source, nn.Module),
-            allocate=allocate,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightRequest:
-    """One normalised ``update_policy_weights_`` call.
-
-    Attributes:
-        sources: ``{model_id: source}``; a None source means "the last one given".
-        worker_ids: Targets as given (None: every worker); checked later against the fleet.
-        nested: The caller used ``weights_dict``, so results are keyed by model_id.
-        per_worker: TorchRL's per-worker form ``{worker_id: weights}`` for the one model
-            in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
-        options: How every model of the request is encoded; None: not given (new weights
-            are sent as they are, a re-send of the last weights as they were last sent).
-        delta: Send each target only what changed since it last applied (``_deltas``).
-    """
-
-    sources: dict[str, WeightSource | None]
-    worker_ids: tuple[int, ...] | None
-    nested: bool
-    per_worker: dict[int, WeightSource] | None = None
-    options: PushOptions | None = None
-    delta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +38,7 @@ class EncodedWeights:
         crc32c: CRC-32C of ``blob``, or None when only ``sha256`` is sent.
         base_version: Set on a sparse delta: the version it applies on top of.
         full: A delta's full equivalent (re-sent to a worker that comes back), built on demand.
+        part: The part of a multi-part push this is; None: a whole push.
     """
 
     model_id: str
@@ -133,158 +48,7 @@ class EncodedWeights:
     crc32c: int | None = None
     base_version: int | None = None
     full: Callable[[], EncodedWeights] | None = dataclasses.field(default=None, compare=False)
-
-
-def _check_source(name: str, value: object) -> WeightSource:
-    if isinstance(value, nn.Module | TensorDictBase | Mapping):
-        return value
-    raise TypeError(
-        f"{name} must be an nn.Module, a TensorDict or a dict of tensors, "
-        f"got {type(value).__name__}"
-    )
-
-
-def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
-    if worker_ids is None:
-        return None
-    items = [worker_ids] if isinstance(worker_ids, int) else worker_ids
-    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
-        raise TypeError(f"worker_ids must be an int, a list of ints or None, got {worker_ids!r}")
-    out: list[int] = []
-    for wid in items:
-        if isinstance(wid, bool) or not isinstance(wid, int):
-            raise TypeError(f"worker_ids must hold ints, got {wid!r} in {worker_ids!r}")
-        if wid not in out:
-            out.append(wid)
-    if not out:
-        raise ValueError("worker_ids is empty; pass None to update every worker")
-    return tuple(out)
-
-
-def normalize_update_args(
-    policy_or_weights: object = None,
-    *,
-    weights: object = None,
-    policy: object = None,
-    worker_ids: object = None,
-    model_id: object = None,
-    weights_dict: object = None,
-    delta: object = False,
-    options: PushOptions | None = None,
-) -> WeightRequest:
-    """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
-
-    ``options`` (a wire dtype, ``only_trainable``) apply to every model of the request.
-
-    Raises:
-        ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
-            ``weights_dict`` with ``model_id`` or with any of those three; an empty
-            ``weights_dict`` or ``worker_ids``; an empty ``model_id``; ``delta`` with
-            per-worker weights (``delta`` combines with ``options``).
-        TypeError: A source, ``weights_dict``, ``worker_ids`` or ``delta`` of the wrong type.
-    """
-    if not isinstance(delta, bool):
-        raise TypeError(f"delta must be a bool, got {delta!r}")
-    named = {"policy_or_weights": policy_or_weights, "weights": weights, "policy": policy}
-    given = [name for name, value in named.items() if value is not None]
-    if len(given) > 1:
-        raise ValueError(f"pass the weights once: got {' and '.join(given)}")
-    targets = _normalize_worker_ids(worker_ids)
-    if weights_dict is not None:
-        if model_id is not None:
-            raise ValueError("weights_dict and model_id are mutually exclusive")
-        if given:
-            raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
-        request = WeightRequest(_models(weights_dict), targets, nested=True, options=options)
-    else:
-        name = given[0] if given else None
-        source = named[name] if name is not None else None
-        request = _one_model(name, source, model_id, targets, options)
-    if delta and request.per_worker is not None:
-        raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
-    return dataclasses.replace(request, delta=delta)
-
-
-def _one_model(
-    given: str | None,
-    source: object,
-    model_id: object,
-    targets: tuple[int, ...] | None,
-    options: PushOptions | None,
-) -> WeightRequest:
-    """The request for one model, whose ``source`` came as the argument named ``given``.
-
-    ``given`` None means no weights were passed: the model's last ones are sent again.
-    """
-    mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
-    if given == "policy" and not isinstance(source, nn.Module):
-        raise TypeError(f"policy must be an nn.Module, got {type(source).__name__}")
-    if given == "weights" and not isinstance(source, TensorDictBase | Mapping):
-        raise TypeError(
-            f"weights must be a TensorDict or a dict of tensors, got {type(source).__name__}"
-        )
-    if isinstance(source, Mapping) and _is_per_worker(source):
-        if targets is not None:
-            raise ValueError(
-                "pass per-worker weights either as {worker_id: weights} or with worker_ids=, "
-                "not both"
-            )
-        per_worker = {wid: _check_source(f"{given}[{wid}]", src) for wid, src in source.items()}
-        return WeightRequest({mid: None}, tuple(per_worker), False, per_worker, options)
-    checked = None if given is None else _check_source(given, source)
-    return WeightRequest({mid: checked}, targets, nested=False, options=options)
-
-
-def _models(weights_dict: object) -> dict[str, WeightSource | None]:
-    """``weights_dict`` checked: ``{model_id: weights or None}``, not empty."""
-    if not isinstance(weights_dict, Mapping):
-        raise TypeError(
-            f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
-        )
-    if not weights_dict:
-        raise ValueError("weights_dict is empty")
-    return {
-        check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
-        for mid, src in weights_dict.items()
-    }
-
-
-def _is_per_worker(source: object) -> bool:
-    """Whether ``source`` is TorchRL's ``{worker_index: weights}`` (int keys), not a state dict.
-
-    Raises:
-        ValueError: An empty mapping (neither form holds anything).
-        TypeError: A mapping mixing worker ids and parameter names.
-    """
-    if not isinstance(source, Mapping) or isinstance(source, TensorDictBase):
-        return False
-    if not source:
-        raise ValueError("the weights mapping is empty: pass a state dict or {worker_id: weights}")
-    worker_keys = [k for k in source if isinstance(k, int) and not isinstance(k, bool)]
-    if not worker_keys:
-        return False
-    if len(worker_keys) != len(source):
-        others = [k for k in source if k not in worker_keys][:3]
-        raise TypeError(
-            f"per-worker weights map int worker_ids to weights; the mapping also has {others}"
-        )
-    return True
-
-
-def resolve_worker_ids(worker_ids: tuple[int, ...] | None, known: Sequence[int]) -> list[int]:
-    """The target worker_ids of a push, checked against the fleet.
-
-    Raises:
-        UnknownWorkerError: An id no actor has, naming the known ids.
-    """
-    if worker_ids is None:
-        return sorted(known)
-    unknown = [w for w in worker_ids if w not in known]
-    if unknown:
-        raise UnknownWorkerError(
-            f"unknown worker_ids {unknown}; the fleet has worker_ids {sorted(known)}"
-        )
-    return list(worker_ids)
+    part: Part | None = None
 
 
 class WeightBook:
@@ -387,41 +151,59 @@ class WeightBook:
             return self._options.get(model_id, PushOptions())
 
     def encode(
-        self, model_id: str, source: WeightSource | None, options: PushOptions | None = None
+        self,
+        model_id: str,
+        source: WeightSource | None,
+        options: PushOptions | None = None,
+        *,
+        version: int | None = None,
+        part: Part | None = None,
     ) -> EncodedWeights:
-        """Encode one push under the next version of ``model_id`` and remember the source.
+        """Encode one push under the next (or the given) version of ``model_id``.
+
+        A whole push's source becomes the model's last weights (re-read by automatic
+        pushes); a part's never does: it is one rank's share of the model.
 
         Args:
             model_id: The model to update.
             source: The weights; None re-reads the last ones given.
             options: How to encode; None: as ``model_id`` was last encoded.
+            version: The version to install; None: the model's next one.
+            part: This rank's part of a multi-part push of ``version``.
 
         Returns:
-            The encoded push (the version counter is bumped only if encoding succeeded).
+            The encoded push (the version counter moves only if encoding succeeded).
         """
-        given = source is not None
+        given = source is not None and part is None
         if source is None:
             source = self.source(model_id)
         opts = self.options(model_id, options)
         blob = opts.encode(source, model_id, self._blob_buffers.for_model(model_id))
         digest, crc = checksums(blob, self.checksum)
-        self.use_options(model_id, opts)
-        version = self.claim_version(model_id, source if given else None)
-        return EncodedWeights(model_id, version, blob, digest, crc)
+        if part is None:
+            self.use_options(model_id, opts)
+        version = self.claim_version(model_id, source if given else None, version)
+        return EncodedWeights(model_id, version, blob, digest, crc, part=part)
 
     def use_options(self, model_id: str, options: PushOptions) -> None:
         """Record the form ``model_id`` was encoded in: automatic pushes encode the same way."""
         with self._lock:
             self._options[model_id] = options
 
-    def claim_version(self, model_id: str, source: WeightSource | None) -> int:
-        """The next version of ``model_id``; a given ``source`` becomes the shared last weights."""
+    def claim_version(
+        self, model_id: str, source: WeightSource | None, version: int | None = None
+    ) -> int:
+        """The next version of ``model_id``, or ``version`` as given (the counter never falls).
+
+        A given ``source`` becomes the shared last weights.
+        """
         with self._lock:
             if source is not None:  # new shared weights replace any given to single workers
                 self._sources[model_id] = source
                 self._worker_sources.pop(model_id, None)
-            version = self._versions.get(model_id, 0) + 1
-            self._versions[model_id] = version
+            current = self._versions.get(model_id, 0)
+            version = current + 1 if version is None else version
+            self._versions[model_id] = max(current, version)
         return version
 
     def encode_for(
@@ -429,6 +211,7 @@ class WeightBook:
         model_id: str,
         sources: Mapping[int, WeightSource | None],
         options: PushOptions | None = None,
+        version: int | None = None,
     ) -> dict[int, EncodedWeights]:
         """Encode one push of ``model_id`` in which each worker gets its own weights.
 
@@ -440,6 +223,7 @@ class WeightBook:
             model_id: The model to update.
             sources: ``{worker_id: weights}``; None re-reads that worker's last weights.
             options: How to encode; None: as ``model_id`` was last encoded.
+            version: The version to install; None: the model's next one.
 
         Returns:
             ``{worker_id: encoded push}`` (the version is bumped only if every encode succeeded).
@@ -458,8 +242,9 @@ class WeightBook:
             self._options[model_id] = opts
             own = self._worker_sources.setdefault(model_id, {})
             own.update({wid: src for wid, src in sources.items() if src is not None})
-            version = self._versions.get(model_id, 0) + 1
-            self._versions[model_id] = version
+            current = self._versions.get(model_id, 0)
+            version = current + 1 if version is None else version
+            self._versions[model_id] = max(current, version)
         return {
             wid: EncodedWeights(model_id, version, *blobs[id(src)]) for wid, src in resolved.items()
         }

@@ -29,6 +29,7 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import Pusher
+from learner_client._ranks import Ranks
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings
 from learner_client._slabs import PacketSlabs
@@ -65,6 +66,7 @@ def assemble(
     push: WeightPushSettings | None = None,
     *,
     pin_memory: bool = False,
+    ranks: Ranks | None = None,
 ) -> Parts:
     """Build the loop thread, the mailbox and every collaborator (the loop thread starts).
 
@@ -77,6 +79,7 @@ def assemble(
             the pusher (push times) and the rounds (user code's wait); closed with the parts.
         push: How weight pushes travel (checksum, full-push interval of deltas).
         pin_memory: Receive packets into page-locked memory (batches go on to a CUDA device).
+        ranks: Which actors this learner rank owns (None: every one).
     """
     push = push or WeightPushSettings()
     metrics = LearnerMetrics(stats)
@@ -97,6 +100,7 @@ def assemble(
         book=book,
         batch_timeout=batch.batch_timeout,
         slabs=slabs,
+        ranks=ranks or Ranks(),
     )
     pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push))
     rounds = Rounds(

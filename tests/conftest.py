@@ -1,5 +1,6 @@
 """Shared pytest configuration."""
 
+import importlib.util
 import ipaddress
 import os
 import socket
@@ -13,13 +14,17 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` skip where torch sees no CUDA device (CI, CPU machines)."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    """Tests marked ``cuda`` skip where torch sees no CUDA device (CI, CPU machines), and
+    tests marked ``vllm`` where vLLM is not installed (its own venv: ``make test-vllm``)."""
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["cuda"] = "needs a CUDA device (torch.cuda.is_available() is False)"
+    if importlib.util.find_spec("vllm") is None:
+        skips["vllm"] = "needs vLLM (make test-vllm runs these in .venv-vllm)"
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in skips.items():
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

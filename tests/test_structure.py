@@ -19,6 +19,10 @@ EXEMPT_FUNCTIONS = {
         "every argument of TorchRL's collectors is the public signature (~80 lines); the "
         "body only groups them, by name, into the batch, rollout and connection settings"
     ),
+    "learner_client/_collector.py: GrpcCollector.update_policy_weights_": (
+        "TorchRL's signature plus version= and part= (a docstring line for each of its 12 "
+        "arguments); the body only normalises them into one request and hands it on"
+    ),
     "learner_client/_llm_collector.py: GrpcLLMCollector.__init__": (
         "every argument of TorchRL's LLMCollector and RayLLMCollector is the public signature; "
         "the body only turns them into the LLM settings and the inner collector"

@@ -14,6 +14,10 @@ TorchRL's ``LLMCollector``:
   dialog, ``[n]``, until at least ``frames_per_batch`` rows (the dropped turns count in
   ``last_batch_frames``, as TorchRL 0.14.1 counts them toward the budget).
 
+A turn of every active slot is decoded by the engine ``config.engine`` names: rlfleet's
+decode loop (``LLMModels``) or vLLM (``VLLMModels``, ``actor_service._vllm_models``); both
+give the same :class:`common.llm.Generation`, so what follows holds for either.
+
 Groups: slots ``[gG, (g+1)G)`` form block ``g``; slots of a block that start a dialog
 together share one problem and one ``("collector", "group_id")``. In the trajectory
 modes a block starts a group only when all its slots are idle, and a batch holds whole
@@ -71,8 +75,9 @@ class LLMCore(CoreBase):
         self.dropped_dialogs = self.last_batch_frames = 0
         self._llm = LLMSettings()
         self._abandon: threading.Event | None = None
-        spec = config.models[0]
-        self.models = LLMModels(spec.factory, spec.kwargs, self.device, config.lora)
+        self.models = _build_models(config, self.device, self._first_seed)
+        if config.engine == "vllm":
+            self.backend = "vllm"
         self.policy = self.models.spec
         self.engine = DialogEngine(self.models, build_task(config.task, **config.task_kwargs))
         self._groups = TrajIds(config.worker_id, self.epoch)
@@ -108,6 +113,7 @@ class LLMCore(CoreBase):
             if llm != self._llm:
                 self._restart()
             self._settings, self._llm = settings, llm
+            self.models.plan_generation(llm.generation.max_new_tokens)
 
     def _check_generation(self, llm: LLMSettings) -> None:
         generation, cap = llm.generation, self.config.max_new_tokens_cap
@@ -124,6 +130,7 @@ class LLMCore(CoreBase):
             raise ValueError(
                 f"stop_token_ids {bad} are outside the vocabulary of {self.engine.vocab}"
             )
+        self.models.check_generation(generation)
 
     def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict:
         """Collect one batch of dialog turns (blocking).
@@ -244,3 +251,21 @@ class LLMCore(CoreBase):
     def _restored(self) -> None:
         """Dialogs in progress restart after a restore."""
         self._restart()
+
+    def _release(self) -> None:
+        """Shut the engine down (vLLM's; the decode loop holds nothing more)."""
+        self.models.close()
+
+
+def _build_models(config: ActorConfig, device: torch.device, seed: int) -> LLMModels:
+    """The model of ``config.engine``: our decode loop's, or one served by vLLM."""
+    spec = config.models[0]
+    if config.engine != "vllm":
+        return LLMModels(spec.factory, spec.kwargs, device, config.lora, decode=config.decode)
+    from actor_service._vllm_engine import VLLMOptions
+    from actor_service._vllm_models import VLLMModels
+
+    options = VLLMOptions(
+        config.gpu_memory_utilization, config.max_model_len, config.enable_prefix_caching
+    )
+    return VLLMModels(spec.factory, spec.kwargs, device, options, seed)

@@ -21,6 +21,7 @@ functions, so an actor of another kind never loads it.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -34,14 +35,14 @@ from actor_service._batch import split_trajectories
 from actor_service._config import ActorConfig
 from actor_service._core._base import CoreBase, check_abandoned
 from actor_service._core._protocol import BatchRecorder
-from actor_service._core._torchrl_pool import build_pool, limited
+from actor_service._core._torchrl_pool import build_pool, limited, probe_step
 from actor_service._env_pool import env_name
 from actor_service._models import interaction_of
 from actor_service._td_batch import fold_observations, nested_state, stack_frames, stage_env_state
 from actor_service._td_models import TDModels, build_td_model
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import EnvError
-from common.packets import DEFAULT_LIMITS, encode_packet
+from common.packets import DEFAULT_LIMITS
 from common.packets.folding import FoldedBatch
 
 __all__ = ["TorchRLCore"]
@@ -126,28 +127,10 @@ class TorchRLCore(CoreBase):
         self._outputs: dict[str, dict[Any, tuple[torch.Size, torch.dtype]]] = {}
         with torch.random.fork_rng(), torch.no_grad():
             for model_id in self.models.model_ids:
-                try:
-                    carrier = self._pool.reset()
-                    before = set(carrier.keys(True, True))
-                    self.models.act(model_id, carrier)
-                    self._outputs[model_id] = {
-                        k: (v.shape, v.dtype)
-                        for k, v in carrier.items(True, True)
-                        if k not in before and isinstance(v, torch.Tensor)
-                    }
-                    stepped = self._pool.step(carrier)
-                except Exception as exc:
-                    raise ValueError(
-                        f"model {model_id!r} fails on the probe step of {self.env_id!r}: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                try:
-                    size = encode_packet(stepped.clear_device_()).nbytes
-                    self._step_bytes = max(self._step_bytes, size)
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(
-                        f"a step of {self.env_id!r} with model {model_id!r} cannot travel: {exc}"
-                    ) from exc
+                act = functools.partial(self.models.act, model_id)
+                outputs, size = probe_step(self._pool, self.env_id, model_id, act)
+                self._outputs[model_id] = outputs
+                self._step_bytes = max(self._step_bytes, size)
 
     def configure(self, settings: CollectSettings) -> None:
         """Validate and apply collection settings; a new count for ``init_random_frames``.

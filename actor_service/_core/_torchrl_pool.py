@@ -25,10 +25,18 @@ import torch
 
 from actor_service._config import ActorConfig
 from actor_service._env_pool import env_name
-from actor_service._td_models import build_td_model, check_td_factory
+from actor_service._td_models import TDModels, build_td_model, check_td_factory
+from common.packets import encode_packet
 from common.policies import load_callable
 
-__all__ = ["TORCHRL_EXTRA", "build_pool", "check_torchrl_config", "limited", "torchrl_envs"]
+__all__ = [
+    "TORCHRL_EXTRA",
+    "build_pool",
+    "check_torchrl_config",
+    "limited",
+    "probe_step",
+    "torchrl_envs",
+]
 
 #: What to install for a TorchRL-env actor.
 TORCHRL_EXTRA = "pip install 'rlfleet[torchrl]'"
@@ -112,10 +120,51 @@ def check_torchrl_config(config: ActorConfig) -> None:
         check_td_factory(spec)
     env = _first_env(config)
     try:
-        for spec in config.models:
-            build_td_model(spec, env, env.rand_action, torch.device("cpu"))
+        models = {
+            spec.model_id: build_td_model(spec, env, env.rand_action, torch.device("cpu"))
+            for spec in config.models
+        }
+        book = TDModels(models)
+        with torch.random.fork_rng(), torch.no_grad():
+            for model_id in models:
+                probe_step(env, env_name(config), model_id, functools.partial(book.act, model_id))
     finally:
         env.close(raise_if_closed=False)
+
+
+def probe_step(
+    env: Any, env_id: str, model_id: str, act: Callable[[Any], object]
+) -> tuple[dict[Any, tuple[torch.Size, torch.dtype]], int]:
+    """One reset and step of ``env`` with a model: what it must do before collecting.
+
+    Returns:
+        The shape and dtype of each tensor the model adds, and the step's packet size.
+
+    Raises:
+        ValueError: The model or the env fails on the step, or the step cannot travel
+            (a key whose value no packet holds, such as a non-string Python object).
+    """
+    try:
+        carrier = env.reset()
+        before = set(carrier.keys(True, True))
+        act(carrier)
+        outputs = {
+            key: (value.shape, value.dtype)
+            for key, value in carrier.items(True, True)
+            if key not in before and isinstance(value, torch.Tensor)
+        }
+        stepped = env.step(carrier)
+    except Exception as exc:
+        raise ValueError(
+            f"model {model_id!r} fails on the probe step of {env_id!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        size = encode_packet(stepped.clear_device_()).nbytes
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"a step of {env_id!r} with model {model_id!r} cannot travel: {exc}"
+        ) from exc
+    return outputs, size
 
 
 def build_pool(config: ActorConfig) -> tuple[Any, Any]:

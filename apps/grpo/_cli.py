@@ -4,14 +4,18 @@ Exit codes: 0 when training finished (the target accuracy or a budget was reache
 1 with a one-line message on an rlfleet error (an actor that cannot be started or
 reached, a rejected weight push...), an OS error, or a missing package (transformers,
 or torchrl for ``--loss torchrl``), 2 on bad flags (argparse), 130 on Ctrl-C. SIGTERM
-is handled like Ctrl-C, so the local fleet is shut down in order.
+is handled like Ctrl-C, so the local fleet is shut down in order. ``--nproc-per-node N``
+(outside torchrun) runs the same command as N data-parallel ranks under
+``torch.distributed.run`` (:mod:`apps._job.ranks`); it exits 1 when a rank failed.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from apps._job.cli import run_job
+from apps._job.ranks import launch_ranks, under_torchrun
 from apps.grpo._loop import train
 from apps.grpo._settings import parse_args
 from common.errors import RlfleetError
@@ -28,4 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The process exit code.
     """
-    return run_job("rlfleet-grpo", parse_args(argv), train, (RlfleetError, OSError, ImportError))
+    settings = parse_args(argv)
+    if settings.nproc_per_node > 1 and not under_torchrun():
+        args = sys.argv[1:] if argv is None else argv
+        return launch_ranks("rlfleet-grpo", "apps.grpo", settings.nproc_per_node, args)
+    return run_job("rlfleet-grpo", settings, train, (RlfleetError, OSError, ImportError))

@@ -7,7 +7,8 @@ the local LLM fleet, push the weights so every actor samples from the learner's
 policy (whatever it held before), then per batch: update (built-in loss or
 TorchRL's), push the new weights to every actor, and evaluate greedy accuracy on the
 held-out problems with the learner's copy — until the target accuracy, the step
-budget or the time budget.
+budget or the time budget. Under ``--nproc-per-node N`` every rank runs this loop on its
+own share of the fleet (:mod:`apps.grpo._ranks`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from apps._job.cli import seed_everything
+from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.grpo._evaluate import Evaluator, held_out_problems
 from apps.grpo._loss import GRPOConfig, GRPOLearner
+from apps.grpo._ranks import RankPusher, rank_record, write_rank_record
 from apps.grpo._report import Curve, GRPOSummary, save_run
 from apps.grpo._settings import GRPOSettings
 from apps.grpo._torchrl_loss import TorchRLGRPO
@@ -37,18 +41,23 @@ __all__ = ["MODEL_SPEC", "train"]
 MODEL_SPEC = "rlfleet:tiny-qwen2"
 # The held-out problems are drawn with their own seed, apart from the actors' draws.
 _EVAL_SEED_OFFSET = 10_007
+# Accuracies travel between ranks as integers (the all-reduce of the agreed versions).
+_ACCURACY_SCALE = 10**9
 
 
 def train(settings: GRPOSettings) -> GRPOSummary:
     """Train a language model with GRPO against a local LLM fleet and write the outputs.
 
+    Under torchrun (``--nproc-per-node N``) this is one rank: it starts and owns its share
+    of the fleet, updates through DDP and pushes under the agreed version (:mod:`._ranks`).
+
     Args:
         settings: The run's settings.
 
     Returns:
-        The summary also written to ``summary.json``.
+        The summary also written to ``summary.json`` (by rank 0).
     """
-    seed_everything(settings.seed)
+    seed_everything(settings.seed)  # the same on every rank (DDP starts from rank 0's)
     model, tokenizer = build_policy(MODEL_SPEC, **settings.model_kwargs)
     if settings.init_std > 0:
         _init_weights(model, settings.init_std)
@@ -60,6 +69,18 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     generation = GenerationSettings(
         max_new_tokens=settings.max_new_tokens, temperature=settings.sampling_temperature
     )
+    with DataParallel(torch.device("cpu")) as ranks:
+        return _run(settings, ranks, model, tokenizer, evaluator, generation)
+
+
+def _run(
+    settings: GRPOSettings,
+    ranks: DataParallel,
+    model: nn.Module,
+    tokenizer: Any,
+    evaluator: Evaluator,
+    generation: GenerationSettings,
+) -> GRPOSummary:
     config = GRPOConfig(
         **{f.name: getattr(settings, f.name) for f in dataclasses.fields(GRPOConfig)}
     )
@@ -67,43 +88,64 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     if settings.loss == "torchrl":
         capacity = settings.prompts_per_step * settings.group_size
         torchrl_update = TorchRLGRPO(model, tokenizer, settings.group_size, capacity, config)
-    learner = GRPOLearner(model, generation, config)
+    # DDP makes every rank start from rank 0's weights and averages each gradient.
+    trained = DistributedDataParallel(model) if ranks.active else model
+    learner = GRPOLearner(trained, generation, config)
     curve = Curve()
+    evaluate = ranks.rank == 0  # rank 0 shows progress and writes the outputs
 
     with contextlib.ExitStack() as stack:
-        fleet = stack.enter_context(_local_fleet(settings))
+        fleet = stack.enter_context(_local_fleet(settings, ranks))
+        addresses = ranks.gather_strings(fleet.addresses)  # every rank reaches every actor
         collector = stack.enter_context(
-            _collector(settings, fleet.addresses, generation, torchrl_update)
+            _collector(settings, addresses, generation, torchrl_update, ranks)
         )
         progress = stack.enter_context(
-            contextlib.closing(Progress(settings.max_steps, enabled=settings.progress, unit="step"))
+            contextlib.closing(
+                Progress(settings.max_steps, enabled=settings.progress and evaluate, unit="step")
+            )
         )
         start = time.monotonic()
-        collector.update_policy_weights_(model)  # the actors sample from the learner's policy
-        curve.add(0, evaluator.accuracy(model), None, 0.0)
+        pusher = RankPusher(collector, ranks, settings.shard_pushes, collector.model_id)
+        pusher.push(model)  # the actors sample from the learner's policy
+        curve.add(0, _shared_accuracy(evaluator, model, ranks), None, 0.0)
         for step, batch in enumerate(collector, start=1):
             stats = torchrl_update.update() if torchrl_update else learner.update(batch)
             reward = _mean_reward(batch, stats)
-            collector.update_policy_weights_(model)
+            pusher.push(model)
             collector_stats = collector.stats()
             accuracy = None
             if step % settings.eval_every == 0 or step == settings.max_steps:
-                accuracy = evaluator.accuracy(model)
+                accuracy = _shared_accuracy(evaluator, model, ranks)
             curve.add(step, accuracy, reward, time.monotonic() - start, stats, collector_stats)
             progress.update(step, _fields(curve, collector_stats))
-            if _finished(settings, curve, step, time.monotonic() - start):
+            # Every rank stops together (one leaving alone would hang DDP's next all-reduce).
+            if ranks.any(_finished(settings, curve, step, time.monotonic() - start)):
                 break
         wall = time.monotonic() - start
         final = collector.stats()
+        record = rank_record(collector, pusher, model) if ranks.active else None
 
-    summary = GRPOSummary.from_run(settings, curve, final, wall, version=collector.policy_version)
-    save_run(pathlib.Path(settings.out_dir), model, summary, dataclasses.asdict(settings), curve)
+    summary = GRPOSummary.from_run(settings, curve, final, wall, version=pusher.version)
+    out_dir = pathlib.Path(settings.out_dir)
+    if record is not None:
+        write_rank_record(out_dir, record)
+    if evaluate:  # rank 0 writes the outputs
+        save_run(out_dir, model, summary, dataclasses.asdict(settings), curve)
     return summary
 
 
-def _local_fleet(settings: GRPOSettings) -> LocalFleet:
+def _shared_accuracy(evaluator: Evaluator, model: nn.Module, ranks: DataParallel) -> float:
+    """Rank 0's greedy accuracy, given to every rank (the weights are the same on all)."""
+    if not ranks.active:
+        return evaluator.accuracy(model)
+    mine = evaluator.accuracy(model) if ranks.rank == 0 else -1.0
+    return ranks.agreed_max(round(mine * _ACCURACY_SCALE)) / _ACCURACY_SCALE
+
+
+def _local_fleet(settings: GRPOSettings, ranks: DataParallel) -> LocalFleet:
     return LocalFleet(
-        settings.num_actors,
+        settings.actors_per_rank,
         num_envs=settings.slots_per_actor,
         kind="llm",
         task=settings.task,
@@ -111,6 +153,10 @@ def _local_fleet(settings: GRPOSettings) -> LocalFleet:
         policy=MODEL_SPEC,
         policy_kwargs=settings.model_kwargs,
         seed=settings.seed,
+        worker_ids=ranks.worker_ids(settings.num_actors),
+        extra_args=["--engine", settings.engine],
+        # a vLLM engine takes tens of seconds to start on a loaded CPU
+        start_timeout=300.0 if settings.engine == "vllm" else 60.0,
     )
 
 
@@ -119,6 +165,7 @@ def _collector(
     addresses: list[str],
     generation: GenerationSettings,
     torchrl_update: TorchRLGRPO | None,
+    ranks: DataParallel,
 ) -> GrpcLLMCollector:
     turns = settings.prompts_per_step * settings.group_size
     return GrpcLLMCollector(
@@ -131,6 +178,8 @@ def _collector(
         generation=dataclasses.asdict(generation),
         layout="torchrl" if torchrl_update else "padded",
         replay_buffer=torchrl_update.replay_buffer if torchrl_update else None,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
     )
 
 

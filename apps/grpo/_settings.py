@@ -21,6 +21,7 @@ __all__ = ["LOSSES", "GRPOSettings", "parse_args"]
 
 #: ``builtin``: the plain-torch loss of this package; ``torchrl``: TorchRL's GRPOLoss.
 LOSSES = ("builtin", "torchrl")
+ENGINES = ("transformers", "vllm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,15 @@ class GRPOSettings:
     Attributes:
         task: The actors' task (``arith``, ``reverse``, ``countdown``, ``jsonl:PATH``, ...).
         task_kwargs: The task's keyword arguments, as JSON.
-        num_actors: LLM actor servers to start on loopback.
+        num_actors: LLM actor servers to start on loopback (every rank's together).
+        nproc_per_node: Learner ranks to start on this machine (data-parallel GRPO through
+            torchrun, ``docs/grpo.md``); each starts and owns ``num_actors / nproc_per_node``
+            actors and updates on ``prompts_per_step`` problems of its own per step.
+        shard_pushes: Each rank pushes only its part of the weights (sorted keys
+            ``[rank::nproc_per_node]``) to every actor, which swaps a version in when all
+            parts arrived; without it each rank pushes the whole model to its own actors.
+        engine: What decodes on the actors: ``transformers`` (rlfleet's decode loop) or
+            ``vllm`` (a vLLM engine per actor; docs/llm.md, "Choosing an engine").
         hidden: Width of the tiny Qwen2 (``rlfleet:tiny-qwen2``).
         layers: Decoder layers of the tiny Qwen2.
         heads: Attention heads of the tiny Qwen2.
@@ -79,6 +88,9 @@ class GRPOSettings:
     task: str = opt("arith", "the actors' task")
     task_kwargs: str = opt("{}", "the task's keyword arguments, as JSON")
     num_actors: int = opt(2, "LLM actor servers to start on loopback")
+    nproc_per_node: int = opt(1, "learner ranks (DDP) to start on this machine")
+    shard_pushes: bool = opt(False, "each rank pushes its part of the weights to every actor")
+    engine: str = opt("transformers", "the actors' engine: transformers or vllm")
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
     heads: int = opt(4, "attention heads of the tiny Qwen2")
@@ -111,6 +123,7 @@ class GRPOSettings:
             self,
             (
                 "num_actors",
+                "nproc_per_node",
                 "hidden",
                 "layers",
                 "heads",
@@ -137,6 +150,8 @@ class GRPOSettings:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
         if self.vocab not in ("auto", *VOCABS):
             raise ValueError(f"vocab must be auto or one of {VOCABS}, got {self.vocab!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "torchrl" and self.sampling_temperature != 1.0:
@@ -151,10 +166,11 @@ class GRPOSettings:
             raise ValueError(
                 f"hidden ({self.hidden}) must be a multiple of 2 * heads ({self.heads})"
             )
-        if self.prompts_per_step % self.num_actors and self.sync:
+        self._check_ranks()
+        if self.prompts_per_step % self.actors_per_rank and self.sync:
             raise ValueError(
                 f"prompts_per_step ({self.prompts_per_step}) must be a multiple of "
-                f"num_actors ({self.num_actors}) in sync mode"
+                f"num_actors / nproc_per_node ({self.actors_per_rank}) in sync mode"
             )
         self.task_kwargs_dict  # noqa: B018 (parses and checks the JSON)
         if self.task not in TASK_NAMES and ":" not in self.task:
@@ -162,6 +178,26 @@ class GRPOSettings:
                 f"task must be one of {TASK_NAMES}, jsonl:PATH or package.module:factory, "
                 f"got {self.task!r}"
             )
+
+    def _check_ranks(self) -> None:
+        ranks = self.nproc_per_node
+        if self.shard_pushes and ranks < 2:
+            raise ValueError(
+                f"--shard-pushes needs --nproc-per-node 2 or more (each rank pushes its part "
+                f"of the weights), got nproc_per_node={ranks}"
+            )
+        if self.num_actors % ranks:
+            raise ValueError(
+                f"num_actors ({self.num_actors}) must be a multiple of nproc_per_node ({ranks}): "
+                "each learner rank starts an equal share of the fleet"
+            )
+        if ranks > 1 and self.loss != "builtin":
+            raise ValueError(f"--nproc-per-node {ranks} needs --loss builtin, got {self.loss!r}")
+
+    @property
+    def actors_per_rank(self) -> int:
+        """The actors each learner rank starts and owns."""
+        return self.num_actors // self.nproc_per_node
 
     @property
     def task_kwargs_dict(self) -> dict[str, Any]:
@@ -203,7 +239,7 @@ class GRPOSettings:
     def slots_per_actor(self) -> int:
         """Chat slots of each actor: its share of an update's dialog turns."""
         turns = self.prompts_per_step * self.group_size
-        return turns // self.num_actors if self.sync else turns
+        return turns // self.actors_per_rank if self.sync else turns
 
     @property
     def out_dir(self) -> str:

@@ -5,16 +5,20 @@ was reached), 1 with a one-line message on an rlfleet error (an actor that
 cannot be started or reached, a rejected weight push...), an OS error (the
 output directory cannot be written) or an unknown env id, 2 on bad flags
 (argparse), 130 on Ctrl-C. SIGTERM is handled like Ctrl-C, so a container
-stop also shuts the local fleet down in order.
+stop also shuts the local fleet down in order. ``--nproc-per-node N`` (outside torchrun)
+runs the same command as N data-parallel ranks under ``torch.distributed.run``
+(:mod:`apps._job.ranks`); it exits 1 when a rank failed.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import gymnasium
 
 from apps._job.cli import run_job
+from apps._job.ranks import launch_ranks, under_torchrun
 from apps.ppo._loop import train
 from apps.ppo._settings import parse_args
 from common.errors import RlfleetError
@@ -31,6 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The process exit code.
     """
-    return run_job(
-        "rlfleet-train", parse_args(argv), train, (RlfleetError, OSError, gymnasium.error.Error)
-    )
+    settings = parse_args(argv)
+    if settings.nproc_per_node > 1 and not under_torchrun():
+        return launch_ranks(
+            "rlfleet-train",
+            "apps.ppo",
+            settings.nproc_per_node,
+            sys.argv[1:] if argv is None else argv,
+        )
+    return run_job("rlfleet-train", settings, train, (RlfleetError, OSError, gymnasium.error.Error))

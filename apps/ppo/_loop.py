@@ -6,7 +6,8 @@ learner's policy, then for every batch track episode returns, run a PPO update
 and push the new weights to every actor, until the target return or the frame
 budget is reached. The policy and critic are built by the same factories the
 actors use (``common.policies``), so the pushed state dicts fit the actors'
-policies key for key.
+policies key for key. Under torchrun the same loop runs on every rank, data-parallel
+(:mod:`apps._job.ranks`): each rank on its own actors, pushing agreed versions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import gymnasium as gym
 import torch
 
 from apps._job.cli import seed_everything
+from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.ppo._episodes import EpisodeTracker
 from apps.ppo._ppo import PPOConfig, PPOLearner
@@ -43,41 +45,31 @@ def train(settings: TrainSettings) -> TrainSummary:
     Returns:
         The summary also written to ``summary.json``.
     """
-    seed_everything(settings.seed)
-    policy, learner = _build_learner(settings)
+    seed_everything(settings.seed)  # the same on every rank (DDP starts from rank 0's)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
-    target = settings.effective_target_return
-
     with contextlib.ExitStack() as stack:
-        collector = _open_collector(stack, settings)
+        ranks = stack.enter_context(DataParallel(torch.device("cpu")))
+        policy, learner = _build_learner(settings, ranks.active)
+        collector = _open_collector(stack, settings, ranks)
         progress = stack.enter_context(
-            contextlib.closing(Progress(settings.total_frames, enabled=settings.progress))
+            contextlib.closing(
+                Progress(settings.total_frames, enabled=settings.progress and ranks.rank == 0)
+            )
         )
         if settings.actors:
-            # A local fleet is seeded at start; an existing one is seeded here.
-            collector.set_seed(settings.seed)
+            # A local fleet is seeded at start; an existing one is seeded here, per rank.
+            collector.set_seed(settings.seed + 100_000 * ranks.rank)
         start = time.monotonic()
-        # Actors start with their own random weights: make them act with ours.
-        collector.update_policy_weights_(policy)
-        frames, batches = _collect_and_learn(settings, collector, learner, tracker, progress)
+        # Actors start with their own random weights: make them act with ours, under a
+        # version above any an actor holds, agreed by every rank.
+        base = ranks.agreed_max(collector.policy_version.get(DEFAULT_MODEL_ID, 0))
+        collector.update_policy_weights_(policy, version=base + 1)
+        loop = _Loop(settings, collector, learner, tracker, progress, ranks, base + 1)
+        loop.run()
         wall = time.monotonic() - start
-        version = collector.policy_version.get(DEFAULT_MODEL_ID, 0)
-
-    summary = TrainSummary(
-        env=settings.env,
-        sync=settings.sync,
-        seed=settings.seed,
-        frames=frames,
-        batches=batches,
-        episodes=len(tracker.returns),
-        wall_time_s=wall,
-        fps=frames / max(wall, 1e-9),
-        final_return=tracker.recent_mean,
-        target_return=target,
-        reached_target=_reached(tracker, target),
-        policy_version=version,
-        out_dir=settings.out_dir,
-    )
+        summary = loop.summary(wall, collector.policy_version.get(DEFAULT_MODEL_ID, 0))
+    if ranks.rank != 0:  # rank 0 writes the outputs; the weights are the same everywhere
+        return summary
     save_run(
         pathlib.Path(settings.out_dir),
         policy,
@@ -89,7 +81,9 @@ def train(settings: TrainSettings) -> TrainSummary:
     return summary
 
 
-def _build_learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner]:
+def _build_learner(
+    settings: TrainSettings, data_parallel: bool
+) -> tuple[torch.nn.Module, PPOLearner]:
     """The policy (built as the actors build theirs) and its PPO learner with a critic."""
     observation_space, action_space = _spaces(settings.env)
     policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
@@ -98,13 +92,21 @@ def _build_learner(settings: TrainSettings) -> tuple[torch.nn.Module, PPOLearner
         policy,
         value,
         PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
+        data_parallel=data_parallel,
     )
     return policy, learner
 
 
-def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> GrpcCollector:
-    """A collector on the given fleet, or on a local fleet started (and stopped) by ``stack``."""
-    addresses = list(settings.actors) or stack.enter_context(_local_fleet(settings)).addresses
+def _open_collector(
+    stack: contextlib.ExitStack, settings: TrainSettings, ranks: DataParallel
+) -> GrpcCollector:
+    """A collector on the given fleet, or on a local fleet started (and stopped) by ``stack``.
+
+    Each rank owns its share of the fleet; without ``--actors`` it starts that share itself.
+    """
+    addresses = list(settings.actors)
+    if not addresses:
+        addresses = stack.enter_context(_local_fleet(settings, ranks)).addresses
     collector = stack.enter_context(
         GrpcCollector(
             addresses,
@@ -113,51 +115,105 @@ def _open_collector(stack: contextlib.ExitStack, settings: TrainSettings) -> Grp
             sync=settings.sync,
             # From the environment only: a flag would show in `ps` and in summary.json.
             token=os.environ.get("RLFLEET_TOKEN") or None,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            # A rank restarted by torchrun resumes the sessions its last process left open.
+            learner_id=os.environ.get("TORCHELASTIC_RUN_ID", ""),
         )
     )
     if settings.metrics_port is not None:  # on all interfaces, until the collector shuts down
-        serve_metrics(collector, settings.metrics_port)
+        port = settings.metrics_port and settings.metrics_port + ranks.local_rank
+        serve_metrics(collector, port)
     return collector
 
 
-def _collect_and_learn(
-    settings: TrainSettings,
-    collector: GrpcCollector,
-    learner: PPOLearner,
-    tracker: EpisodeTracker,
-    progress: Progress,
-) -> tuple[int, int]:
+class _Loop:
     """Update PPO on every batch and push the weights, until the target or the budget.
 
-    Returns:
-        ``(frames, batches)`` collected.
+    On several ranks every decision to stop is taken together (a rank leaving the loop
+    alone would leave the others waiting in DDP's next all-reduce).
     """
-    target = settings.effective_target_return
-    frames = batches = 0
-    for batch in collector:
-        assert batch is not None  # batches are yielded: there is no replay buffer
-        frames += batch.numel()
-        batches += 1
-        tracker.add(batch, frames)
-        if settings.anneal_lr:
-            learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
-        learner.update(batch)
-        collector.update_policy_weights_(learner.policy)
-        if batches % settings.log_every == 0:
-            progress.update(frames, _fields(tracker, collector.stats()))
-        if _reached(tracker, target) or frames >= settings.total_frames:
-            break
-    return frames, batches
+
+    def __init__(
+        self,
+        settings: TrainSettings,
+        collector: GrpcCollector,
+        learner: PPOLearner,
+        tracker: EpisodeTracker,
+        progress: Progress,
+        ranks: DataParallel,
+        version: int,
+    ) -> None:
+        self.settings, self.collector, self.learner = settings, collector, learner
+        self.tracker, self.progress, self.ranks = tracker, progress, ranks
+        self.version = version
+        self.reached = False
+        self.frames = self.batches = 0  # this rank's
+        self.final_return: float | None = None  # the mean over ranks
+
+    def run(self) -> None:
+        """Train until the target return (over every rank) or the frame budget."""
+        settings, learner, collector = self.settings, self.learner, self.collector
+        frames = batches = 0
+        final_return = None
+        for batch in collector:
+            assert batch is not None  # batches are yielded: there is no replay buffer
+            frames += batch.numel()
+            batches += 1
+            self.tracker.add(batch, frames)
+            if settings.anneal_lr:
+                learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
+            learner.update(batch)
+            self.version += 1  # every rank took the same step: the same version
+            collector.update_policy_weights_(learner.policy, version=self.version)
+            final_return, self.reached = self._reached()
+            if self.ranks.rank == 0 and batches % settings.log_every == 0:
+                fields = _fields(final_return, len(self.tracker.returns), collector.stats())
+                self.progress.update(frames, fields)
+            if self.reached or frames >= settings.total_frames:
+                break
+        self.frames, self.batches, self.final_return = frames, batches, final_return
+
+    def summary(self, wall: float, version: int) -> TrainSummary:
+        """The run's summary, as this rank saw it (``frames`` counts every rank's)."""
+        settings, ranks = self.settings, self.ranks
+        frames = self.frames * ranks.world_size  # every rank trained on as many
+        return TrainSummary(
+            env=settings.env,
+            sync=settings.sync,
+            seed=settings.seed,
+            frames=frames,
+            batches=self.batches,
+            episodes=len(self.tracker.returns),
+            wall_time_s=wall,
+            fps=frames / max(wall, 1e-9),
+            final_return=self.final_return,
+            target_return=settings.effective_target_return,
+            reached_target=self.reached,
+            policy_version=version,
+            out_dir=settings.out_dir,
+            ranks=ranks.world_size,
+            rank=ranks.rank,
+        )
+
+    def _reached(self) -> tuple[float | None, bool]:
+        """The mean over ranks of their recent returns, and whether it reached the target."""
+        target = self.settings.effective_target_return
+        tracker = self.tracker
+        mean, full = self.ranks.mean_and_all(tracker.recent_mean, tracker.recent_full)
+        return mean, target is not None and full and mean is not None and mean >= target
 
 
-def _local_fleet(settings: TrainSettings) -> LocalFleet:
+def _local_fleet(settings: TrainSettings, ranks: DataParallel) -> LocalFleet:
+    worker_ids = ranks.worker_ids(settings.num_actors)
     return LocalFleet(
-        settings.num_actors,
+        len(worker_ids),
         settings.env,
         settings.num_envs,
         "mlp",
         policy_kwargs={"hidden": list(settings.hidden)},
         seed=settings.seed,
+        worker_ids=worker_ids,
     )
 
 
@@ -170,16 +226,10 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         env.close()
 
 
-def _reached(tracker: EpisodeTracker, target: float | None) -> bool:
-    mean = tracker.recent_mean
-    return target is not None and tracker.recent_full and mean is not None and mean >= target
-
-
-def _fields(tracker: EpisodeTracker, stats: dict[str, Any]) -> dict[str, str]:
-    mean = tracker.recent_mean
+def _fields(mean: float | None, episodes: int, stats: dict[str, Any]) -> dict[str, str]:
     return {
         "return": "n/a" if mean is None else f"{mean:.1f}",
-        "episodes": str(len(tracker.returns)),
+        "episodes": str(episodes),
         # Versions between the learner's latest push and the oldest frame of the last batch.
         "lag": str(stats.get("policy_lag", "n/a")),
     }

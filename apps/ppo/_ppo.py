@@ -18,8 +18,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictSequential
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["PPOConfig", "PPOLearner", "compute_gae"]
+__all__ = ["ActorCritic", "PPOConfig", "PPOLearner", "compute_gae"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,32 @@ def _per_sample(log_prob: torch.Tensor, batch_ndim: int) -> torch.Tensor:
     return log_prob
 
 
+class ActorCritic(nn.Module):
+    """The policy and the value network as one module: what a gradient step runs.
+
+    One module, so that DDP can wrap both and average every gradient across ranks.
+
+    Args:
+        policy: Reads ``"observation"`` and offers ``get_dist``.
+        value: Maps an observation tensor to a ``[..., 1]`` value.
+    """
+
+    def __init__(self, policy: ProbabilisticTensorDictSequential, value: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value = value
+
+    def forward(
+        self, observation: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log_prob of action, entropy, value)`` per sample of a ``[minibatch]`` input."""
+        obs = TensorDict({"observation": observation}, batch_size=observation.shape[:1])
+        dist = self.policy.get_dist(obs)
+        log_prob = _per_sample(dist.log_prob(action), 1)
+        entropy = _per_sample(dist.entropy(), 1)
+        return log_prob, entropy, self.value(observation).squeeze(-1)
+
+
 class PPOLearner:
     """Clipped-objective PPO on a policy module and a value network.
 
@@ -102,6 +129,8 @@ class PPOLearner:
             ``"observation"`` and offers ``get_dist`` (``common.policies.make_policy``).
         value: An ``nn.Module`` mapping an observation tensor to a ``[..., 1]`` value.
         config: The update knobs.
+        data_parallel: Wrap the networks in ``DistributedDataParallel`` (torch.distributed
+            must be initialised): every rank steps with the gradients averaged over all.
 
     Example::
 
@@ -112,11 +141,19 @@ class PPOLearner:
     """
 
     def __init__(
-        self, policy: ProbabilisticTensorDictSequential, value: nn.Module, config: PPOConfig
+        self,
+        policy: ProbabilisticTensorDictSequential,
+        value: nn.Module,
+        config: PPOConfig,
+        *,
+        data_parallel: bool = False,
     ) -> None:
         self.policy = policy
         self.value = value
         self.config = config
+        model = ActorCritic(policy, value)
+        # DDP makes every rank start from rank 0's weights and average each gradient.
+        self.model: nn.Module = DistributedDataParallel(model) if data_parallel else model
         params = list(dict.fromkeys([*policy.parameters(), *value.parameters()]))
         self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=1e-5)
         self._params = params
@@ -189,9 +226,8 @@ class PPOLearner:
 
     def _step(self, mb: TensorDict) -> dict[str, float]:
         cfg = self.config
-        dist = self.policy.get_dist(mb.select("observation"))
-        log_prob = _per_sample(dist.log_prob(mb["action"]), 1)
-        entropy = _per_sample(dist.entropy(), 1).mean()
+        log_prob, entropies, value = self.model(mb["observation"], mb["action"])
+        entropy = entropies.mean()
         log_ratio = log_prob - mb["old_log_prob"]
         ratio = log_ratio.exp()
         adv = mb["advantage"]
@@ -199,7 +235,6 @@ class PPOLearner:
         loss_policy = -torch.min(
             ratio * adv, ratio.clamp(1.0 - cfg.clip_eps, 1.0 + cfg.clip_eps) * adv
         ).mean()
-        value = self.value(mb["observation"]).squeeze(-1)
         loss_value = 0.5 * (value - mb["value_target"]).pow(2).mean()
         loss = loss_policy + cfg.vf_coef * loss_value - cfg.ent_coef * entropy
         self.optimizer.zero_grad(set_to_none=True)

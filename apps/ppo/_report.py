@@ -36,6 +36,9 @@ class TrainSummary:
         reached_target: Whether ``final_return`` reached the target.
         policy_version: Weight pushes made (the actors' policy version at the end).
         out_dir: Where the outputs were written.
+        ranks: Learner ranks that trained together (``frames`` counts all of theirs;
+            ``episodes`` are this rank's own; ``final_return`` is the mean over ranks).
+        rank: The rank this summary is from (rank 0 writes the outputs).
     """
 
     env: str
@@ -51,6 +54,8 @@ class TrainSummary:
     reached_target: bool
     policy_version: int
     out_dir: str
+    ranks: int = 1
+    rank: int = 0
 
     def to_text(self) -> str:
         """A short human-readable summary."""
@@ -60,10 +65,13 @@ class TrainSummary:
         else:
             verdict = "reached" if self.reached_target else "not reached"
             target = f"target {self.target_return:g} {verdict}"
+        mode = "sync" if self.sync else "async"
+        who = f"rank {self.rank} of {self.ranks}: " if self.ranks > 1 else ""
+        outputs = f"outputs in {self.out_dir}" if self.rank == 0 else "outputs by rank 0"
         return (
-            f"{self.env} ({'sync' if self.sync else 'async'}, seed {self.seed}): "
+            f"{who}{self.env} ({mode}, seed {self.seed}): "
             f"{self.frames} frames in {self.wall_time_s:.1f}s ({self.fps:.0f} frames/s), "
-            f"{self.episodes} episodes, final return {ret}, {target}; outputs in {self.out_dir}"
+            f"{self.episodes} episodes, final return {ret}, {target}; {outputs}"
         )
 
 

@@ -30,7 +30,9 @@ class TrainSettings:
     """Everything a PPO run needs; each field is one command-line flag.
 
     The defaults solve CartPole-v1 (mean return of the last 20 episodes >= 475)
-    with 2 actors x 8 envs on 2 CPU cores in about a minute.
+    with 2 actors x 8 envs on 2 CPU cores in about a minute. With several learner
+    ranks (``nproc_per_node``, or under torchrun) ``num_actors`` counts every rank's,
+    and ``frames_per_batch`` and ``total_frames`` are each rank's.
 
     Attributes:
         env: Gymnasium id the actors run (CartPole-v1: discrete; Pendulum-v1: continuous).
@@ -63,7 +65,10 @@ class TrainSettings:
         log_every: Batches between progress updates (and log lines without tqdm).
         progress: Show a tqdm progress bar (log lines instead when off or not installed).
         metrics_port: Serve the collector's Prometheus metrics on this port (all
-            interfaces; 0 picks a free one); None serves none.
+            interfaces; 0 picks a free one); None serves none. The ranks on one machine
+            serve on ``metrics_port + LOCAL_RANK``.
+        nproc_per_node: Learner ranks to start on this machine (data-parallel PPO through
+            ``torch.distributed.run``); under torchrun, torchrun's own flag decides.
     """
 
     env: str = opt("CartPole-v1", "gymnasium env id")
@@ -96,6 +101,7 @@ class TrainSettings:
     log_every: int = opt(1, "batches between progress updates")
     progress: bool = opt(True, "show a tqdm progress bar")
     metrics_port: int | None = opt(None, "serve the learner's Prometheus /metrics on this port")
+    nproc_per_node: int = opt(1, "learner ranks (DDP) to start on this machine")
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -108,6 +114,7 @@ class TrainSettings:
                 "epochs",
                 "minibatch_size",
                 "log_every",
+                "nproc_per_node",
             ),
         )
         for name in ("lr", "clip_eps", "max_grad_norm"):
@@ -135,13 +142,21 @@ class TrainSettings:
         check_metrics_port(self.metrics_port)
 
     def _check_local_batch_shape(self) -> None:
+        ranks = self.nproc_per_node
+        if self.num_actors % ranks:
+            raise ValueError(
+                f"num_actors ({self.num_actors}) must be a multiple of nproc_per_node ({ranks}): "
+                "each learner rank starts an equal share of the fleet"
+            )
         # An actor's batch is num_envs x T, so its share of frames must divide evenly.
-        per_actor = self.frames_per_batch // self.num_actors if self.sync else self.frames_per_batch
-        if (self.sync and self.frames_per_batch % self.num_actors) or per_actor % self.num_envs:
-            mode = "num_actors * num_envs" if self.sync else "num_envs"
+        actors = self.num_actors // ranks
+        per_actor = self.frames_per_batch // actors if self.sync else self.frames_per_batch
+        if (self.sync and self.frames_per_batch % actors) or per_actor % self.num_envs:
+            per_rank = "num_actors" if ranks == 1 else "(num_actors / nproc_per_node)"
+            mode = f"{per_rank} * num_envs" if self.sync else "num_envs"
             raise ValueError(
                 f"frames_per_batch ({self.frames_per_batch}) must be a multiple of {mode} "
-                f"(num_actors={self.num_actors}, num_envs={self.num_envs})"
+                f"(num_actors={self.num_actors} over {ranks} rank(s), num_envs={self.num_envs})"
             )
 
     @property

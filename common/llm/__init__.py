@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from common.llm._device import default_dtype
     from common.llm._layout import check_padded, to_torchrl
     from common.llm._merge import merge_padded
+    from common.llm._static import StaticDecode
 
 __all__ = [
     "build_policy",
@@ -78,6 +79,7 @@ __all__ = [
     "check_padded",
     "to_torchrl",
     "merge_padded",
+    "StaticDecode",
     "Task",
     "Problem",
     "Outcome",
@@ -107,6 +109,7 @@ _LAZY = {
     "check_padded": "_layout",
     "to_torchrl": "_layout",
     "merge_padded": "_merge",
+    "StaticDecode": "_static",
 }
 
 

@@ -29,6 +29,7 @@ from common.llm._settings import GenerationSettings
 __all__ = [
     "Forward",
     "Generation",
+    "cache_keyword",
     "cached_forward",
     "chosen_log_probs",
     "generate",
@@ -58,7 +59,7 @@ def cached_forward(
         past: The cache of the previous call (None at prefill).
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    name = _cache_keyword(base.__class__)
+    name = cache_keyword(base.__class__)
     out = model(
         input_ids=ids,
         attention_mask=mask,
@@ -71,7 +72,8 @@ def cached_forward(
 
 
 @functools.cache
-def _cache_keyword(model_class: Any) -> str:
+def cache_keyword(model_class: Any) -> str:
+    """A model class's cache argument: ``cache`` (transformers 5.24+) or ``past_key_values``."""
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 

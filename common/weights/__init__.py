@@ -24,10 +24,13 @@ keys, shapes, dtypes and ties against the live model and casts, and
 (``common.weights._fit``). Sparse deltas (only the changed elements, on top of a
 version the receiver holds) are encoded, checked and applied by
 :func:`encode_delta`, :func:`decode_delta` and :func:`apply_delta` (``common.weights._delta``).
+A push may be one :class:`Part` of a version that several learner ranks send together
+(``common.weights._parts``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -53,10 +56,12 @@ from common.weights._fit import (
     apply_staged,
     check_compatible,
     check_finite,
+    check_ties,
     load_into,
     stage_state,
     state_nbytes,
 )
+from common.weights._parts import MAX_PARTS, Part, PushOutcome
 from common.weights._push_form import WIRE_DTYPES, PushForm, check_fit
 from common.weights._safetensors import (
     DEFAULT_MAX_KEYS,
@@ -73,16 +78,20 @@ __all__ = [
     "Delta",
     "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
+    "MAX_PARTS",
     "MAX_POLICY_VERSION",
     "WIRE_DTYPES",
     "Expected",
     "BlobAssembler",
     "apply_delta",
+    "Part",
     "PushForm",
+    "PushOutcome",
     "apply_staged",
     "check_policy_version",
     "check_compatible",
     "check_finite",
+    "check_ties",
     "checksums",
     "crc32c",
     "decode_delta",
@@ -314,6 +323,7 @@ def decode_weights(
     max_keys: int = DEFAULT_MAX_KEYS,
     expected: Expected | None = None,
     allow_non_finite: bool = False,
+    subset: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a safetensors blob a peer sent, strictly.
 
@@ -339,6 +349,8 @@ def decode_weights(
             is refused before a tensor is built (and the header bound is ``len(expected)``).
         allow_non_finite: Skip the NaN/Inf scan (for a caller that validates the
             state before use, so the values are scanned once).
+        subset: Check the blob against ``expected`` as a subset whatever it declares
+            (a :class:`Part` of a multi-part push holds some of the keys by nature).
 
     Returns:
         ``(state, metadata)``: CPU tensors by dotted key (an alias maps to the very
@@ -352,7 +364,8 @@ def decode_weights(
     """
     view = _capped_view(blob, max_bytes)
     aliases: dict[str, str] = {}
-    check = _header_check(max_keys if expected is None else len(expected), expected, aliases)
+    limit = max_keys if expected is None else len(expected)
+    check = _header_check(limit, expected, aliases, subset)
     state, metadata = read_blob(
         view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
     )
@@ -379,11 +392,15 @@ def _capped_view(blob: object, max_bytes: int) -> memoryview:
     return view
 
 
-def _header_check(limit: int, expected: Expected | None, aliases: dict[str, str]) -> HeaderCheck:
+def _header_check(
+    limit: int, expected: Expected | None, aliases: dict[str, str], subset: bool
+) -> HeaderCheck:
     """The check of a parsed header: form, alias map (into ``aliases``), fit to ``expected``."""
 
     def check(infos: dict[str, Any], metadata: dict[str, str]) -> None:
         form = PushForm.from_metadata(metadata)
+        if subset:
+            form = dataclasses.replace(form, subset=True)
         aliases.update(decode_aliases(metadata, infos, max(0, limit - len(infos))))
         if expected is not None:
             got = {k: (i["shape"], DTYPES[i["dtype"]]) for k, i in infos.items()}

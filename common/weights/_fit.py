@@ -22,6 +22,7 @@ __all__ = [
     "apply_staged",
     "check_compatible",
     "check_finite",
+    "check_ties",
     "load_into",
     "stage_state",
     "state_nbytes",
@@ -125,6 +126,17 @@ def stage_state(
         if slot not in cast:
             cast[slot] = value.to(device=target.device, dtype=target.dtype)
         staged[key] = cast[slot]
+    check_ties(staged, reference)
+    check_finite(_distinct(staged))
+    return staged
+
+
+def check_ties(staged: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> None:
+    """Refuse two different values for keys the model ties (one tensor under several keys).
+
+    Raises:
+        WeightsError: Naming the tied pairs given different values.
+    """
     _, ties = split_aliases(reference)
     broken = [
         f"{alias} and {target}"
@@ -139,8 +151,6 @@ def stage_state(
             f"weights give different values to keys this model ties (one tensor): "
             f"{broken[:10]}; send them tied, or as one key"
         )
-    check_finite(_distinct(staged))
-    return staged
 
 
 def _distinct(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -134,3 +134,28 @@ class _NaNAfter(gymnasium.Wrapper):
 def nan_cartpole(every: int = 7) -> gymnasium.Env:
     """CartPole whose every ``every``-th step returns a NaN observation and reward."""
     return _NaNAfter(gymnasium.make("CartPole-v1"), every)
+
+
+class _Lives(gymnasium.Wrapper):
+    """An env with Atari-style lives: one is lost every ``every`` steps (``lives()``)."""
+
+    def __init__(self, env: gymnasium.Env, lives: int = 3, every: int = 5) -> None:
+        super().__init__(env)
+        self._lives, self._every, self._steps = lives, every, 0
+
+    def reset(self, **kwargs: Any) -> Any:
+        self._steps = 0
+        return super().reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self._steps += 1
+        return super().step(action)
+
+    def lives(self) -> int:
+        """Lives left, as ALE's ``ale.lives()``."""
+        return max(self._lives - self._steps // self._every, 0)
+
+
+def cartpole_with_lives(lives: int = 3, every: int = 5) -> gymnasium.Env:
+    """CartPole-v1 with ``lives()``, what TorchRL's ``EndOfLifeTransform`` reads."""
+    return _Lives(gymnasium.make("CartPole-v1"), lives, every)

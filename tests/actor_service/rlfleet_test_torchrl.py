@@ -28,6 +28,7 @@ from torchrl.envs import (
     TransformedEnv,
     VecNorm,
 )
+from torchrl.envs.transforms import EndOfLifeTransform
 from torchrl.modules import (
     EGreedyModule,
     LSTMModule,
@@ -38,6 +39,8 @@ from torchrl.modules import (
 )
 from torchrl.testing.mocking_classes import (
     CountingEnv,
+    CountingEnvWithString,
+    EnvWithMetadata,
     HeterogeneousCountingEnv,
     MultiAgentCountingEnv,
     MultiKeyCountingEnv,
@@ -66,6 +69,25 @@ def batched_cartpole(envs: int = 2) -> EnvBase:
 def crashing_cartpole(steps: int = 3) -> EnvBase:
     """CartPole whose gymnasium ``step`` raises after ``steps`` steps (the probe takes one)."""
     return GymWrapper(rlfleet_test_envs.crashing_cartpole(steps))
+
+
+def end_of_life_cartpole() -> EnvBase:
+    """CartPole with lives and TorchRL's ``EndOfLifeTransform``: ``end-of-life`` and ``lives``."""
+    lives = EndOfLifeTransform(eol_attribute="lives")
+    return TransformedEnv(
+        GymWrapper(rlfleet_test_envs.cartpole_with_lives()),
+        Compose(lives, RewardSum(), DoubleToFloat()),
+    )
+
+
+def string_counting() -> EnvBase:
+    """TorchRL's mock ``CountingEnvWithString``: a ``string`` key that holds text."""
+    return CountingEnvWithString()
+
+
+def metadata_env() -> EnvBase:
+    """TorchRL's mock ``EnvWithMetadata``: a ``non_tensor`` key that holds a Python int."""
+    return EnvWithMetadata()
 
 
 def raising_env() -> EnvBase:

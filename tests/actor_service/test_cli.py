@@ -90,6 +90,8 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
             str(ca),
             "--max-weight-bytes",
             "1000",
+            "--part-deadline-s",
+            "7.5",
             "--torch-threads",
             "2",
             "--log-level",
@@ -123,6 +125,7 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
         tls_key=str(key),
         tls_client_ca=str(ca),
         max_weight_bytes=1000,
+        part_deadline_s=7.5,
         torch_threads=2,
         log_level="debug",
         log_format="json",
@@ -302,12 +305,23 @@ def test_logging_renders_other_libraries_in_the_same_format() -> None:
         ("log_format", "xml"),
         ("seed", 2**64),
         ("grace_period", -1.0),
+        ("part_deadline_s", 0.0),
+        ("part_deadline_s", 601.0),
+        ("part_deadline_s", float("nan")),
         ("models", ()),
     ],
 )
 def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ActorConfig(**{field: value})
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "601", "nan", "soon"])
+def test_cli_raises_if_the_part_deadline_is_out_of_range(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert "--part-deadline-s" in _error(capsys, ["--part-deadline-s", value])
+    assert parse_config(["--part-deadline-s", "600"], {}).part_deadline_s == 600.0
 
 
 def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:
@@ -327,3 +341,19 @@ def test_cli_and_actor_config_share_one_range_per_field(
     with pytest.raises(ValueError, match="num_envs"):
         ActorConfig(num_envs=high + 1)
     assert ActorConfig(num_envs=low).num_envs == low
+
+
+def test_cli_decode_takes_the_three_modes_and_refuses_others() -> None:
+    assert parse_config(["--kind", "llm"], {}, hostname="h").decode == "eager"
+    for mode in ("eager", "static", "compiled"):
+        assert parse_config(["--kind", "llm", "--decode", mode], {}, hostname="h").decode == mode
+    assert parse_config([], {"RLFLEET_DECODE": "static"}, hostname="h").decode == "static"
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--decode", "graphs"], {}, hostname="h")
+    assert exc.value.code == 2
+
+
+def test_cli_decode_other_than_eager_is_refused_with_the_vllm_engine() -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--kind", "llm", "--engine", "vllm", "--decode", "static"], {}, hostname="h")
+    assert exc.value.code == 2

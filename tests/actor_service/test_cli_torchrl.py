@@ -34,6 +34,17 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
     assert given.models[0].factory == "pkg.mod:make"
 
 
+def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
+    config = parse_config(["--env", "Pendulum-v1", "--env-backend", "torchrl"], {}, hostname="h")
+    assert (config.kind, config.env_backend, config.env) == ("torchrl", "sync", "Pendulum-v1")
+    assert config.models[0].factory == "random"
+    by_variable = parse_config([], {"RLFLEET_ENV_BACKEND": "torchrl"}, hostname="h")
+    assert (by_variable.kind, by_variable.env_backend) == ("torchrl", "sync")
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--kind", "llm", "--env-backend", "torchrl"], {}, hostname="h")
+    assert exc.value.code == 2
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -47,6 +58,7 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
             ["--env-factory", "rlfleet_test_torchrl:heterogeneous_counting"],
             "agents of different shapes",
         ),
+        (["--env-factory", "rlfleet_test_torchrl:metadata_env"], "non_tensor"),
     ],
     ids=[
         "env-raises",
@@ -56,6 +68,7 @@ def test_cli_torchrl_kind_acts_at_random_unless_given_a_policy() -> None:
         "no-module",
         "meta-device",
         "heterogeneous",
+        "non-tensor-int",
     ],
 )
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:

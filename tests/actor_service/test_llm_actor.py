@@ -240,3 +240,30 @@ def test_a_learner_forward_pass_reproduces_the_batch_log_probs(llm_actor, genera
     span = recomputed.shape[1]
     assert span > 0
     torch.testing.assert_close(recomputed, flat["log_probs"][:, :span], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_static_cache_actor_serves_the_growing_cache_actors_batches(
+    make_actor, temperature: float
+) -> None:
+    """``--decode static``: same seed, same model, same batches as the default decode."""
+    batches = []
+    for decode in ("eager", "static"):
+        actor = make_actor(
+            kind="llm",
+            task="arith",
+            task_kwargs={"retries": 1},
+            models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
+            num_envs=4,
+            max_new_tokens_cap=32,
+            decode=decode,
+            seed=3,
+        )
+        generation = {"max_new_tokens": 6, "temperature": temperature}
+        llm = _llm(group_size=2, generation=generation)
+        session = RawCollect.open(actor.stub, open_request(frames_per_batch=8, credits=2, llm=llm))
+        session.opened()
+        batches.append(session.batch()[1])
+    eager, static = batches
+    assert torch.equal(eager["tokens"], static["tokens"])
+    assert torch.allclose(eager["log_probs"], static["log_probs"], atol=1e-4)

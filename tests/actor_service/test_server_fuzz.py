@@ -103,6 +103,31 @@ def test_fuzzed_pushes_end_documented_and_change_nothing(live, data, version) ->
 
 
 @FUZZ
+@given(
+    data=st.data(),
+    version=st.integers(0, 2**64 - 1),
+    index=st.integers(0, 2**32 - 1),
+    count=st.integers(0, 2**32 - 1),
+)
+def test_fuzzed_parts_end_documented_and_change_nothing(live, data, version, index, count) -> None:
+    actor, weights = live
+    half = dict(sorted(weights.items())[::2])  # every part holds the same half: none completes
+    blob = encode_weights(half, subset=True)
+    if data.draw(st.booleans()):
+        blob = _mutate(blob, data)
+    header = pb.WeightsHeader(
+        version=version,
+        total_bytes=len(blob),
+        sha256=sha256_hex(blob),
+        part=pb.PartOf(index=index, count=count),
+    )
+    _documented(
+        lambda: actor.stub.PushWeights(_chunks(header, blob, pb.PushWeightsRequest), timeout=30)
+    )
+    _healthy(actor, weights)
+
+
+@FUZZ
 @given(data=st.data(), rollback=st.booleans())
 def test_fuzzed_state_loads_end_documented_and_change_nothing(live, data, rollback) -> None:
     actor, weights = live

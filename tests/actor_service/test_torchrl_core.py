@@ -57,6 +57,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         ("crowded_counting", "random", {}),
         ("counting", "random", {}),
         ("multi_key_counting", "random", {}),
+        ("end_of_life_cartpole", "sampling_policy", {}),
     ],
     ids=[
         "greedy",
@@ -73,6 +74,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         "nested-keys-folded",
         "counting",
         "multi-key",
+        "end-of-life",
     ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
@@ -83,6 +85,26 @@ def test_torchrl_actor_batches_equal_torchrl_collector_batches(
     for mine, reference in zip(ours, theirs, strict=True):
         assert_equal_batches(mine, reference, split=settings.get("split_trajs", False))
     assert any_done(ours), "an episode must end for the check to mean something"
+
+
+def test_torchrl_actor_carries_end_of_life_and_lives_as_torchrl_sets_them() -> None:
+    (batch,) = fleet_batches(_config("end_of_life_cartpole", "sampling_policy"), 1)
+    lost = batch["next", "end-of-life"].squeeze(-1)
+    lives = batch["next", "lives"]
+    assert lost.dtype == torch.bool
+    assert lives.dtype == torch.int64
+    assert lost.any(), "a life must be lost for the check to mean something"
+    # a life is lost on the step where ``lives`` drops, and only there
+    assert (lost == (lives < batch["lives"])).all()
+
+
+def test_torchrl_actor_carries_string_keys_as_non_tensor_stacks() -> None:
+    (batch,) = fleet_batches(_config("string_counting", "random"), 1, frames_per_batch=8)
+    texts = [list(row) for row in batch["next", "string"]]  # a NonTensorStack's data
+    assert len(texts) == 2
+    assert all(len(row) == 4 for row in texts)
+    assert all(isinstance(text, str) and text for row in texts for text in row)
+    assert [list(row)[1:] for row in batch["string"]] == [row[:-1] for row in texts]
 
 
 def test_torchrl_core_trajectory_ids_are_fleet_unique_and_renewed_at_episode_ends() -> None:

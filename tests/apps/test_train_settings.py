@@ -68,6 +68,7 @@ def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
         (["--gamma", "1.5"], "gamma"),
         (["--minibatch-size", "4096"], "minibatch_size"),
         (["--frames-per-batch", "1000"], "multiple of num_actors"),
+        (["--num-actors", "3", "--nproc-per-node", "2"], "multiple of nproc_per_node"),
         (["--actors", "nohostport"], "host:port"),
         (["--hidden", "0"], "hidden"),
     ],

@@ -107,6 +107,10 @@ EXPECTED = {
             "tiny delta bf16 adam 1e-05 bytes/bf16",
         ],
     ),
+    "sharded_push": (
+        ["one rank", "one rank pause", "two ranks", "two ranks pause"],
+        ["two ranks/one rank", "two ranks pause/one rank pause"],
+    ),
     "llm_push": (
         [
             "llm 25m full",

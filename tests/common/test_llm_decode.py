@@ -12,7 +12,7 @@ from common.llm import (
     generate,
     response_log_probs,
 )
-from common.llm._decode import _cache_keyword
+from common.llm._decode import cache_keyword
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -93,7 +93,7 @@ class _OlderTransformersLM(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.inner = model
-        self.name = _cache_keyword(type(model))  # the installed transformers' own name
+        self.name = cache_keyword(type(model))  # the installed transformers' own name
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache,
                 logits_to_keep):  # fmt: skip

@@ -16,7 +16,9 @@ from common.config import CHUNK_BYTES
 from common.errors import DataLossError, WeightsError, WeightsTooLargeError
 from common.weights import (
     DEFAULT_MAX_WEIGHT_BYTES,
+    MAX_PARTS,
     BlobAssembler,
+    Part,
     check_compatible,
     check_finite,
     decode_weights,
@@ -83,9 +85,35 @@ def test_weights_module_pins_its_public_names() -> None:
             "apply_delta",
             "decode_delta",
             "encode_delta",
+            "MAX_PARTS",
+            "Part",
+            "PushOutcome",
+            "check_ties",
         ]
     )
     assert DEFAULT_MAX_WEIGHT_BYTES == 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("index", "count", "needle"),
+    [
+        (0, 0, "count 0"),
+        (2, 2, "index 2"),
+        (-1, 2, "index -1"),
+        (0, MAX_PARTS + 1, f"count {MAX_PARTS + 1}"),
+        (0, 2**32 - 1, "4294967295"),
+        (True, 2, "int"),
+        (0, 2.0, "int"),
+    ],
+)
+def test_part_raises_if_index_or_count_is_out_of_range(index, count, needle: str) -> None:
+    with pytest.raises(WeightsError, match=needle):
+        Part(index, count)
+
+
+def test_part_names_itself_index_of_count() -> None:
+    assert str(Part(1, 2)) == "1/2"
+    assert Part(MAX_PARTS - 1, MAX_PARTS).count == MAX_PARTS
 
 
 # --- round trips -------------------------------------------------------------

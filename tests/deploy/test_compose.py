@@ -21,6 +21,7 @@ from deploy_files import (
     run_compose,
 )
 
+from apps.ppo import parse_args
 from learner_client._discovery import parse_dns_target
 
 
@@ -107,6 +108,14 @@ def test_compose_learner_settings_match_the_actors(model: dict) -> None:
     assert env["RLFLEET_POLICY"] == "mlp"  # rlfleet-train pushes mlp weights
     frames = int(_flag_value(learner["command"], "--frames-per-batch"))
     assert frames % int(env["RLFLEET_NUM_ENVS"]) == 0
+
+
+def test_compose_learner_runs_two_ranks_sharing_the_actors(model: dict) -> None:
+    learner, actor = model["services"]["learner"], model["services"]["actor"]
+    settings = parse_args(learner["command"][1:])  # what rlfleet-train makes of it
+    assert settings.nproc_per_node == 2
+    # Rank r owns the worker_ids of parity r: the default scale gives each rank one.
+    assert actor["deploy"]["replicas"] % settings.nproc_per_node == 0
 
 
 def test_compose_fleet_network_is_internal(model: dict) -> None:

@@ -93,8 +93,8 @@ def test_compose_actors_serve_metrics_on_the_port_prometheus_scrapes(model: dict
     assert actors["names"] == ["actor"]  # the compose service: one address per replica
     assert (actors["type"], actors["port"]) == ("A", config.metrics_port)
     assert scrape["rlfleet-actors"]["metrics_path"] == "/metrics"
-    (learner,) = scrape["rlfleet-learner"]["dns_sd_configs"]
-    assert learner["names"] == ["learner"]
+    for learner in scrape["rlfleet-learner"]["dns_sd_configs"]:  # one per learner rank
+        assert learner["names"] == ["learner"]
 
 
 def test_grafana_is_provisioned_with_prometheus_and_the_dashboard(model: dict) -> None:
@@ -227,12 +227,18 @@ def test_dashboard_queries_only_metrics_a_live_actor_and_learner_export() -> Non
 
 def test_learner_metrics_are_on_and_scraped_in_compose_and_kubernetes(model: dict) -> None:
     learner = model["services"]["learner"]
-    port = learner["command"][learner["command"].index("--metrics-port") + 1]
-    assert learner["expose"] == [port]
+    command = learner["command"]
+    port = int(command[command.index("--metrics-port") + 1])
+    # Each rank serves on the port plus its local rank.
+    ranks = int(command[command.index("--nproc-per-node") + 1])
+    ports = [port + rank for rank in range(ranks)]
+    assert learner["expose"] == [str(p) for p in ports]
     scrape = {
         job["job_name"]: job for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]
     }
-    assert scrape["rlfleet-learner"]["dns_sd_configs"][0]["port"] == int(port)
+    configs = scrape["rlfleet-learner"]["dns_sd_configs"]
+    assert sorted(c["port"] for c in configs) == ports
+    assert {name for c in configs for name in c["names"]} == {"learner"}
     job = k8s_object("Job", "learner")["spec"]["template"]
     spec = container(job["spec"], "learner")
     k8s_port = int(spec["args"][spec["args"].index("--metrics-port") + 1])

@@ -174,3 +174,28 @@ def test_lora_flag_through_the_command_line_takes_adapter_pushes() -> None:
         collector.update_policy_weights_(learner, only_trainable=True)
         _, weights = actor_weights(collector)
     assert_bit_identical(weights, {k: v.clone() for k, v in learner.state_dict().items()})
+
+
+def test_llm_parts_from_two_ranks_apply_whole_and_keep_the_tie_across_parts(plain_actor) -> None:
+    learner, _ = build_policy("rlfleet:tiny-qwen2", **(TINY | {"seed": 9}))
+    state = {k: v.clone() for k, v in learner.state_dict().items()}
+    keys = sorted(state)  # lm_head.weight lands in part 0, the embedding it ties in part 1
+    shards = [{k: state[k] for k in keys[r::2]} for r in (0, 1)]
+    with _collector(plain_actor) as rank0, _collector(plain_actor) as rank1:
+        version = max(rank0.update_policy_weights_(shards[0] | shards[1]).values()) + 1
+        bad = dict(shards[0])  # a head that no longer equals the embedding it is tied to
+        bad["lm_head.weight"] = bad["lm_head.weight"] + 1
+        rank0.update_policy_weights_(bad, version=version, part=(0, 2))
+        with pytest.raises(WeightPushError, match="ties") as error:
+            rank1.update_policy_weights_(shards[1], version=version, part=(1, 2))
+        assert isinstance(error.value.failed[0], WeightsError)
+        assert actor_weights(rank0)[0] == version - 1  # nothing of the broken version
+        rank0.update_policy_weights_(shards[0], version=version + 1, part=(0, 2))
+        rank1.update_policy_weights_(shards[1], version=version + 1, part=(1, 2))
+        got_version, weights = actor_weights(rank0)
+    model = _actor_model(plain_actor)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, learner(IDS).logits)
+    assert got_version == version + 1
+    assert_bit_identical(weights, state)

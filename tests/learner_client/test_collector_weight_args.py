@@ -8,8 +8,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import decode_weights
-from learner_client._weights import WeightBook, normalize_update_args, resolve_worker_ids
+from common.weights import Part, decode_weights
+from learner_client._weight_args import PushOptions, normalize_update_args, resolve_worker_ids
+from learner_client._weights import WeightBook
 
 
 def test_normalize_update_args_accepts_every_torchrl_form():
@@ -155,3 +156,60 @@ def test_weight_book_encodes_a_per_worker_push_under_one_version():
     # Shared weights given later replace the per-worker ones.
     book.encode("policy", {"w": torch.full((2,), 3.0)})
     assert book.encode_for("policy", {0: None})[0].blob == book.encode("policy", None).blob
+
+
+def test_normalize_update_args_takes_a_version_and_a_part():
+    shard = {"w": torch.ones(1)}
+    request = normalize_update_args(shard, version=7, part=(1, 2))
+    assert (request.version, request.part) == (7, Part(1, 2))
+    assert normalize_update_args(shard, version=7, part=Part(0, 1)).part == Part(0, 1)
+    assert normalize_update_args(shard, version=2**63 - 1).part is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"version": 0}, ValueError, r"version must be in \[1"),
+        ({"version": 2**63}, ValueError, "version must be in"),
+        ({"version": True}, TypeError, "version must be an int"),
+        ({"version": 1.0}, TypeError, "version must be an int"),
+        ({"part": (0, 2)}, ValueError, "part= needs version="),
+        ({"version": 1, "part": (2, 2)}, ValueError, "index 2"),
+        ({"version": 1, "part": (0, 0)}, ValueError, "count 0"),
+        ({"version": 1, "part": (0, 2**32 - 1)}, ValueError, "4294967295"),
+        ({"version": 1, "part": 2}, TypeError, r"\(index, count\)"),
+        ({"version": 1, "part": (0, 1, 2)}, TypeError, r"\(index, count\)"),
+        ({"version": 1, "part": ("0", 2)}, ValueError, "must be an int"),
+    ],
+)
+def test_normalize_update_args_raises_if_version_or_part_is_bad(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        normalize_update_args({"w": torch.ones(1)}, **kwargs)
+
+
+def test_normalize_update_args_raises_if_a_part_lacks_its_weights():
+    with pytest.raises(ValueError, match="this rank's weights"):
+        normalize_update_args(version=3, part=(0, 2))  # "the last weights given"
+    with pytest.raises(ValueError, match="this rank's weights"):
+        normalize_update_args({0: {"w": torch.ones(1)}}, version=3, part=(0, 2))
+    trainable = PushOptions(only_trainable=True)
+    with pytest.raises(ValueError, match="only_trainable"):
+        normalize_update_args(nn.Linear(1, 1), version=3, part=(0, 2), options=trainable)
+
+
+def test_weight_book_takes_an_explicit_version_and_never_falls_back():
+    book = WeightBook()
+    assert book.claim_version("policy", None) == 1
+    assert book.claim_version("policy", None, 10) == 10
+    assert book.claim_version("policy", None, 4) == 4  # as given; the actor judges it
+    assert book.versions() == {"policy": 10}
+    assert book.claim_version("policy", None) == 11
+
+
+def test_weight_book_never_takes_a_part_for_the_model_s_last_weights():
+    book = WeightBook()
+    shard = {"w": torch.ones(1)}
+    encoded = book.encode("policy", shard, version=5, part=Part(0, 2))
+    assert (encoded.version, encoded.part) == (5, Part(0, 2))
+    with pytest.raises(SessionStateError, match="no weights were given"):
+        book.source("policy")

@@ -23,6 +23,13 @@ class EndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     END_REASON_ERROR: _ClassVar[EndReason]
     END_REASON_TAKEN_OVER: _ClassVar[EndReason]
     END_REASON_CLOSED: _ClassVar[EndReason]
+
+class PushOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PUSH_OUTCOME_UNSPECIFIED: _ClassVar[PushOutcome]
+    PUSH_OUTCOME_APPLIED: _ClassVar[PushOutcome]
+    PUSH_OUTCOME_STAGED: _ClassVar[PushOutcome]
+    PUSH_OUTCOME_COMPLETED: _ClassVar[PushOutcome]
 EXPLORATION_TYPE_UNSPECIFIED: ExplorationType
 EXPLORATION_TYPE_RANDOM: ExplorationType
 EXPLORATION_TYPE_DETERMINISTIC: ExplorationType
@@ -34,6 +41,10 @@ END_REASON_DRAINING: EndReason
 END_REASON_ERROR: EndReason
 END_REASON_TAKEN_OVER: EndReason
 END_REASON_CLOSED: EndReason
+PUSH_OUTCOME_UNSPECIFIED: PushOutcome
+PUSH_OUTCOME_APPLIED: PushOutcome
+PUSH_OUTCOME_STAGED: PushOutcome
+PUSH_OUTCOME_COMPLETED: PushOutcome
 
 class CollectSettings(_message.Message):
     __slots__ = ("frames_per_batch", "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "reset_when_done", "split_trajs", "exploration_type", "set_truncated", "total_frames", "model_id", "llm", "fold_observations", "policy_device", "env_device", "compile_policy", "cudagraph_policy")
@@ -250,20 +261,30 @@ class CollectResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., chunk: _Optional[_Union[BatchChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version")
+    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version", "part")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     version: int
     total_bytes: int
     sha256: str
     crc32c: int
     base_version: int
-    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
+    part: PartOf
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ..., part: _Optional[_Union[PartOf, _Mapping]] = ...) -> None: ...
+
+class PartOf(_message.Message):
+    __slots__ = ("index", "count")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    count: int
+    def __init__(self, index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -274,16 +295,20 @@ class PushWeightsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("worker_id", "model_id", "version", "pause_seconds")
+    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PARTS_STAGED_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     model_id: str
     version: int
     pause_seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ...) -> None: ...
+    outcome: PushOutcome
+    parts_staged: int
+    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ...) -> None: ...
 
 class SpaceSpec(_message.Message):
     __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "text")
@@ -328,7 +353,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "learner_id", "draining", "frames", "uptime_seconds")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "learner_id", "draining", "frames", "uptime_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +369,7 @@ class DescribeResponse(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_CAP_FIELD_NUMBER: _ClassVar[int]
+    PART_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -363,11 +389,12 @@ class DescribeResponse(_message.Message):
     kind: str
     policy: str
     max_new_tokens_cap: int
+    part_deadline_seconds: float
     learner_id: str
     draining: bool
     frames: int
     uptime_seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
 
 class StateHeader(_message.Message):
     __slots__ = ("total_bytes", "sha256", "allow_rollback")

@@ -108,6 +108,11 @@ class ActorServiceServicer:
         The push is applied only after the whole file arrived and passed every
         check; otherwise nothing changes. Generation (collection) goes on while the
         file arrives and is checked; it pauses only for the in-memory swap.
+        A header with `part` set carries one part of a version that several
+        learner ranks push together: the part is checked the same way and staged
+        (outcome STAGED); the version is applied whole when its last part arrives
+        (outcome COMPLETED), or dropped if that does not happen within the actor's
+        part deadline (DescribeResponse.part_deadline_seconds).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

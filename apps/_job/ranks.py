@@ -1,0 +1,146 @@
+"""Data-parallel reference learners: several learner ranks, one fleet split between them.
+
+``rlfleet-train --nproc-per-node N`` and ``rlfleet-grpo --nproc-per-node N`` re-run
+themselves under ``torch.distributed.run`` (torchrun, standalone c10d rendezvous on this
+machine): :func:`launch_ranks`. Under torchrun (``torchrun --nproc-per-node N -m apps.ppo
+...``, or many machines with ``--rdzv-backend c10d``) each rank joins the process group
+(:class:`DataParallel`): gloo on the CPU, NCCL when the learner runs on CUDA. Every rank:
+
+* owns the actors with ``worker_id % N == rank`` (``GrpcCollector(rank=, world_size=)``);
+  without ``--actors`` it starts its own share of the local fleet (worker_ids ``rank,
+  rank + N, ...``), so no rank waits for another's actors and each share dies with its rank;
+* trains on its own batches, DDP averaging the gradients, so every rank holds the same
+  weights after each step;
+* pushes them under one agreed version, ``base + 1 + steps`` where ``base`` is the highest
+  version any actor held at the start (so a restarted job never pushes a stale one);
+* stops when every rank does (the decision is taken together).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DataParallel", "launch_ranks", "under_torchrun"]
+
+#: Seconds a collective may wait for the slowest rank (a rank collecting its first batch).
+_TIMEOUT = datetime.timedelta(seconds=300)
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a torchrun job (its variables are set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str]) -> int:
+    """Run ``python -m MODULE ARGV`` as ``nproc_per_node`` ranks under torchrun.
+
+    Args:
+        prog: The program name that prefixes the error message (``rlfleet-train``).
+        module: The learner's package (``apps.ppo``).
+        nproc_per_node: Ranks to start on this machine.
+        argv: The learner's arguments.
+
+    Returns:
+        0 when every rank finished; 1 when one failed (torchrun names it and its error).
+    """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    # Every rank is on this machine: they meet on loopback, whatever the host name resolves to.
+    args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "--local-addr=127.0.0.1"]
+    args += ["-m", module, *argv]
+    try:
+        torchrun.main(args)
+    except ChildFailedError as exc:
+        print(f"{prog}: error: {exc.get_first_failure()[1].message}", flush=True)
+        return 1
+    return 0
+
+
+class DataParallel:
+    """This process's place in a torchrun job, and the few collectives the loops need.
+
+    Outside torchrun (or with one rank) it is rank 0 of 1 and every method is local.
+
+    Args:
+        device: The learner's device; CUDA uses NCCL (one GPU per local rank), else gloo.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.rank = int(os.environ.get("RANK", "0")) if under_torchrun() else 0
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun() else 1
+        #: This rank's index on its machine (torchrun's ``LOCAL_RANK``).
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if under_torchrun() else 0
+        self.device = device
+        self._started = False
+
+    @property
+    def active(self) -> bool:
+        """Whether several ranks train together."""
+        return self.world_size > 1
+
+    def __enter__(self) -> DataParallel:
+        if self.active and not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=_TIMEOUT)
+            self._started = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._started:
+            dist.destroy_process_group()
+            self._started = False
+
+    def worker_ids(self, num_actors: int) -> list[int]:
+        """The worker_ids of this rank's share of a local fleet of ``num_actors`` actors."""
+        return list(range(self.rank, num_actors, self.world_size))
+
+    def agreed_max(self, value: int) -> int:
+        """The largest ``value`` over the ranks."""
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def gather_strings(self, values: Sequence[str]) -> list[str]:
+        """Every rank's ``values``, in rank order (a rank's actor addresses, to reach them all).
+
+        The strings travel as UTF-8 JSON in tensors (never pickled).
+        """
+        if not self.active:
+            return list(values)
+        data = torch.tensor(list(json.dumps(list(values)).encode()), dtype=torch.uint8)
+        size = self.agreed_max(data.numel())
+        padded = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        padded[: data.numel()] = data.to(self.device)
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded)
+        out: list[str] = []
+        for tensor in gathered:
+            out += json.loads(bytes(tensor.cpu().tolist()).rstrip(b"\0").decode())
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank (a decision every rank then takes)."""
+        return bool(self.agreed_max(int(flag)))
+
+    def mean_and_all(self, value: float | None, flag: bool) -> tuple[float | None, bool]:
+        """The mean of ``value`` over the ranks (None if any has none) and whether all flag."""
+        if not self.active:
+            return value, flag
+        tensor = torch.tensor(
+            [0.0 if value is None else value, value is None, not flag],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(tensor)
+        total, missing, unflagged = tensor.tolist()
+        mean = None if missing else total / self.world_size
+        return mean, not unflagged
