@@ -242,7 +242,7 @@ _MAPPO = ScriptSpec(
         "eval.evaluation_interval=9",
     ),
     frames=60_000,
-    metric="eval/episode_reward_mean",
+    metric="eval_episode_reward_mean",  # its logger writes "/" as "_"
 )
 
 _TUTORIALS = "tutorials/sphinx-tutorials"
