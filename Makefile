@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train train-llm test test-slow test-vllm soak lint protos bench torchrl-scripts gpu-check clean
+.PHONY: train train-llm test test-slow test-vllm test-torchvision soak lint protos bench torchrl-scripts gpu-check clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -37,6 +37,16 @@ VLLM_VENV ?= .venv-vllm
 test-vllm:
 	PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py) $(ARGS)
+
+## The tests of TorchRL's torchvision-backed transforms (marked torchvision: `Resize`, and the
+## dqn_with_rnn.py tutorial where RLFLEET_TORCHRL_SOURCE names a pytorch/rl checkout) in their
+## own venv: torchvision does not import beside the pinned CPU torch, so
+## scripts/torchvision_venv.sh makes one with torch 2.14.1 and torchvision 0.29.1.
+TV_VENV ?= .venv-tv
+TV_TESTS := tests/actor_service/test_torchrl_pixels_agents.py tests/bench/test_torchrl_scripts.py
+test-torchvision:
+	PYTHON=$(PYTHON) scripts/torchvision_venv.sh $(TV_VENV)
+	$(TV_VENV)/bin/python -m pytest -m "torchvision and not slow" $(TV_TESTS) $(ARGS)
 
 ## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
 soak: $(STAMP)

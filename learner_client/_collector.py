@@ -345,9 +345,10 @@ class GrpcCollector(FleetState):
             except Paused:
                 self._background.wait_resumed()
                 continue
-            env = self._env  # create_env_fn: checked, and the script's env followed
-            if env is not None and not env.after_batch(parts[0], self.worker_ids, self.actor_state):
-                self._env = None
+            env = self._env  # create_env_fn: checked, followed, its batch layout taken
+            if env is not None:
+                env.after_batch(parts[0], self.worker_ids, self.actor_state)
+                parts = [env.shaped(p) for p in parts]
             parts = [self._placement.place(p) for p in parts]
             return parts if self.postproc is None else [self.postproc(p) for p in parts]
 

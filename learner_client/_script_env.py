@@ -10,11 +10,19 @@ script's env after each batch, when that env has state to follow (an empty
 actor's pool of one env hands over that env's state (``worker0``). A state that does not
 fit the script's env (another env, another pool layout) is logged once and no longer
 followed; an actor that cannot be reached leaves the env as it was until the next batch.
+
+A batch also takes the layout of the script's env where the fleet can give it: TorchRL's
+``Collector`` gives ``env.batch_size + [T]`` (``[T]`` for one unbatched env), a fleet
+``[actors, envs, T]`` (each actor's part ``[envs, T]``), so :meth:`ScriptEnv.shaped` gives
+a batch the script env's ``batch_size`` where the fleet steps as many envs: one actor with
+one env gives a single-env script TorchRL's ``[T]``, two actors sharing a ``ParallelEnv``'s
+four envs give its ``[4, T]``, in the batches and in the replay buffer alike.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,7 +48,9 @@ class ScriptEnv:
     def __init__(
         self, create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
     ) -> None:
-        self._signature: dict[Any, Any] | None = env_signature(create_env_fn, create_env_kwargs)
+        signature = env_signature(create_env_fn, create_env_kwargs)
+        self._signature: dict[Any, Any] | None = signature.keys
+        self._batch_size = signature.batch_size
         own = callable(getattr(create_env_fn, "fake_tensordict", None))
         self._env = create_env_fn if own and _has_state(create_env_fn) else None
 
@@ -49,10 +59,21 @@ class ScriptEnv:
         """Whether the script's env follows an actor's env state after each batch."""
         return self._env is not None
 
-    def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> bool:
-        """Check the first batch; load an actor's env state into the script's env.
+    def shaped(self, batch: Any) -> Any:
+        """``batch`` (``[actors, envs, T]`` or ``[envs, T]``) as ``env.batch_size + [T]``.
 
-        Returns whether there is anything left to do for later batches.
+        Only where the envs are as many as the script's env steps; otherwise unchanged.
+        """
+        size = self._batch_size
+        lead = tuple(batch.batch_size[:-1])
+        if size is None or lead == size or math.prod(lead) != math.prod(size):
+            return batch
+        if not size:
+            return batch[(0,) * len(lead)]
+        return batch.reshape(*size, batch.batch_size[-1])
+
+    def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> None:
+        """Check the first batch; load an actor's env state into the script's env.
 
         Raises:
             ValueError: The first batch lacks a key of the env, or has it in another
@@ -63,7 +84,6 @@ class ScriptEnv:
             self._signature = None
         if self._env is not None and workers:
             self._follow(workers[0], read_state)
-        return self._env is not None
 
     def _follow(self, worker_id: int, read_state: StateReader) -> None:
         try:

@@ -250,9 +250,26 @@ def _cudagraph(value: object) -> bool:
     raise TypeError(f"cudagraph_policy must be a bool, a dict or None, got {value!r:.60}")
 
 
+#: A key's trailing shape and dtype in one step of an env.
+KeySpec = tuple[tuple[int, ...], torch.dtype]
+
+
+class EnvSignature(NamedTuple):
+    """What ``create_env_fn``'s env says a batch holds.
+
+    Attributes:
+        keys: Each key's trailing shape and dtype in one step.
+        batch_size: The env's ``batch_size`` for a TorchRL env; None for a gymnasium env
+            (TorchRL's collectors take no such env).
+    """
+
+    keys: dict[Any, KeySpec]
+    batch_size: tuple[int, ...] | None
+
+
 def env_signature(
     create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
-) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
+) -> EnvSignature:
     """The keys, trailing shapes and dtypes of one step of the env ``create_env_fn`` builds.
 
     A TorchRL env gives every leaf of its ``fake_tensordict()``; a gymnasium env its
@@ -277,24 +294,26 @@ def env_signature(
             close()
 
 
-def _signature(env: Any) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
+def _signature(env: Any) -> EnvSignature:
     """:func:`env_signature` of an env built (or given) already."""
     fake = getattr(env, "fake_tensordict", None)
     if callable(fake):
         td = fake()
-        dims = len(getattr(env, "batch_size", ()))
-        return {
+        size = tuple(getattr(env, "batch_size", ()))
+        dims = len(size)
+        keys = {
             key: (tuple(value.shape[dims:]), value.dtype)
             for key, value in td.items(include_nested=True, leaves_only=True)
             if not _private(key)
         }
+        return EnvSignature(keys, size)
     space = getattr(env, "observation_space", None)
     if space is None or getattr(space, "dtype", None) is None:
         raise TypeError(
             f"create_env_fn returned a {type(env).__name__}: neither a TorchRL env "
             "nor a gymnasium env with a Box observation space"
         )
-    return {"observation": (tuple(space.shape), _torch_dtype(space.dtype))}
+    return EnvSignature({"observation": (tuple(space.shape), _torch_dtype(space.dtype))}, None)
 
 
 def _private(key: object) -> bool:
@@ -308,9 +327,7 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
-def check_env_signature(
-    expected: Mapping[Any, tuple[tuple[int, ...], torch.dtype]], batch: Any, worker: str
-) -> None:
+def check_env_signature(expected: Mapping[Any, KeySpec], batch: Any, worker: str) -> None:
     """Check a fleet batch against :func:`env_signature` of ``create_env_fn``'s env.
 
     Raises:

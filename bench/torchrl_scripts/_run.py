@@ -88,10 +88,11 @@ def original(spec: ScriptSpec, name: str) -> str:
     return (root / name).read_text()
 
 
-def layout(spec: ScriptSpec, variant: str, dest: pathlib.Path) -> pathlib.Path:
+def layout(spec: ScriptSpec, variant: str, dest: pathlib.Path, *, actors: int = 0) -> pathlib.Path:
     """Copy ``spec``'s script, helpers and config into ``dest``; port it for ``"fleet"``.
 
-    Returns the script's path in ``dest``.
+    The port's fleet has ``actors`` actors (``spec.actors`` when 0). Returns the script's
+    path in ``dest``.
     """
     if variant not in ("torchrl", "fleet"):
         raise ValueError(f"variant must be 'torchrl' or 'fleet', got {variant!r}")
@@ -111,7 +112,8 @@ def layout(spec: ScriptSpec, variant: str, dest: pathlib.Path) -> pathlib.Path:
         shutil.copyfile(config, dest / config.name)
     if variant == "fleet":
         target = dest / spec.collector_file
-        target.write_text(port_source(original(spec, spec.collector_file), spec.fleet))
+        fleet = spec.fleet_args(actors)
+        target.write_text(port_source(original(spec, spec.collector_file), fleet))
     return dest / spec.script
 
 
@@ -134,9 +136,13 @@ def run_script(
     *,
     timeout: float,
     frames: int = 0,
+    actors: int = 0,
 ) -> RunResult:
-    """Run ``spec`` (``"torchrl"`` or ``"fleet"``) in ``dest`` with hydra ``overrides``."""
-    script = layout(spec, variant, dest)
+    """Run ``spec`` (``"torchrl"`` or ``"fleet"``) in ``dest`` with hydra ``overrides``.
+
+    A port's fleet has ``actors`` actors (``spec.actors`` when 0).
+    """
+    script = layout(spec, variant, dest, actors=actors)
     env = dict(os.environ)
     if spec.tutorial:  # no hydra: its budget is its constants, its return an expression
         _edit(script, overrides)

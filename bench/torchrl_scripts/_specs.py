@@ -26,7 +26,10 @@ class ScriptSpec:
         helpers: Files and folders of the same folder that it imports.
         collector_file: The file whose ``Collector(...)`` call is ported (the script or
             the helper that builds its collector).
-        fleet: Source text of the port's ``LocalFleet`` arguments.
+        fleet: Source text of the port's ``LocalFleet`` arguments after the count.
+        actors: The fleet's actor count: as many envs as the script's collector steps,
+            so one actor for a script with one env (each batch then has TorchRL's
+            layout) and two sharing the envs of a script with several.
         config: Its hydra config name (``configs/<name>/<config>.yaml``); empty for a
             tutorial, which has none.
         smoke: Overrides of the fast-suite run.
@@ -44,6 +47,7 @@ class ScriptSpec:
     helpers: tuple[str, ...]
     collector_file: str
     fleet: str
+    actors: int
     config: str
     smoke: tuple[str, ...]
     bench: tuple[str, ...]
@@ -52,6 +56,10 @@ class ScriptSpec:
     threshold: float | None = None
     needs: tuple[str, ...] = ()
 
+    def fleet_args(self, actors: int = 0) -> str:
+        """The port's ``LocalFleet`` arguments, with ``actors`` actors (``self.actors`` if 0)."""
+        return f"{actors or self.actors}, {self.fleet}"
+
     @property
     def tutorial(self) -> bool:
         """Whether it is one of TorchRL's tutorials (not shipped in the torchrl wheel)."""
@@ -59,10 +67,10 @@ class ScriptSpec:
 
 
 def _fleet(name: str, num_envs: str, seed: str, env_kwargs: str = "") -> str:
-    """``LocalFleet`` arguments: 2 TorchRL-env actors on ``fleets.<name>``'s factories."""
+    """``LocalFleet`` arguments after the count: TorchRL-env actors on ``fleets.<name>``."""
     env_kwargs = env_kwargs or '{"cfg": plain_config(cfg)}'
     return (
-        f'2, kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
+        f'kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
         f'policy="{_FLEETS}.{name}:make_policy", env_kwargs={env_kwargs}, '
         f'policy_kwargs={{"cfg": plain_config(cfg)}}, num_envs={num_envs}, seed={seed}'
     )
@@ -74,6 +82,7 @@ _DQN = ScriptSpec(
     script="dqn_cartpole.py",
     helpers=("utils_cartpole.py",),
     collector_file="dqn_cartpole.py",
+    actors=1,
     fleet=_fleet("dqn_cartpole", "1", "0"),
     config="config_cartpole",
     smoke=(
@@ -103,6 +112,7 @@ _PPO = ScriptSpec(
     script="ppo_mujoco.py",
     helpers=("utils_mujoco.py",),
     collector_file="ppo_mujoco.py",
+    actors=1,
     fleet=_fleet("ppo_mujoco", "1", "0"),
     config="config_mujoco",
     smoke=(
@@ -131,6 +141,7 @@ _A2C = ScriptSpec(
     script="a2c_mujoco.py",
     helpers=("utils_mujoco.py",),
     collector_file="a2c_mujoco.py",
+    actors=1,
     fleet=_fleet("a2c_mujoco", "1", "0"),
     config="config_mujoco",
     smoke=(
@@ -156,6 +167,7 @@ _SAC = ScriptSpec(
     script="sac.py",
     helpers=("utils.py",),
     collector_file="utils.py",
+    actors=2,
     fleet=_fleet("sac", "max(1, cfg.collector.env_per_collector // 2)", "cfg.env.seed"),
     config="config",
     smoke=(
@@ -188,6 +200,7 @@ _DDPG = ScriptSpec(
     script="ddpg.py",
     helpers=("utils.py",),
     collector_file="utils.py",
+    actors=1,
     fleet=_fleet("ddpg", "1", "cfg.env.seed"),
     config="config",
     smoke=(
@@ -217,6 +230,7 @@ _MAPPO = ScriptSpec(
     script="mappo_ippo.py",
     helpers=("utils",),
     collector_file="mappo_ippo.py",
+    actors=2,
     fleet=_fleet(
         "mappo_ippo",
         "cfg.env.vmas_envs // 2",
@@ -256,7 +270,7 @@ def _stats_kwargs(index: int) -> str:
 
 def _tutorial_fleet(name: str, stats: int) -> str:
     return (
-        f'2, kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
+        f'kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
         f'policy="{_FLEETS}.{name}:make_policy", env_kwargs={_stats_kwargs(stats)}, '
         "num_envs=1, seed=0"
     )
@@ -268,6 +282,7 @@ _CODING_PPO = ScriptSpec(
     script="coding_ppo.py",
     helpers=(),
     collector_file="coding_ppo.py",
+    actors=1,
     fleet=_tutorial_fleet("coding_ppo", 0),
     config="",
     smoke=(
@@ -288,6 +303,7 @@ _DQN_RNN = ScriptSpec(
     script="dqn_with_rnn.py",
     helpers=(),
     collector_file="dqn_with_rnn.py",
+    actors=1,
     fleet=_tutorial_fleet("dqn_with_rnn", 6),
     config="",
     smoke=("init_stats(1000,=>init_stats(100,",),

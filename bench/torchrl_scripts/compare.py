@@ -2,11 +2,12 @@
 
 Each script of :data:`~bench.torchrl_scripts._specs.SPECS` runs twice at its comparison
 budget (``ScriptSpec.bench``: the same overrides, frames and seeds on both sides), first as
-TorchRL ships it, then ported (its collector a ``GrpcCollector`` over two local actors), each
-in its own process and folder. The criterion (:func:`within_criterion`): the fleet's final
-return is within 20% of TorchRL's, or both reach the task's threshold.
+TorchRL ships it, then ported (its collector a ``GrpcCollector`` over ``ScriptSpec.actors``
+local actors, or ``--actors``), each in its own process and folder; ``--runs N`` repeats
+both, alternating, and compares medians. The criterion (:func:`within_criterion`): the
+fleet's final return is within 20% of TorchRL's, or both reach the task's threshold.
 
-Usage: ``python -m bench.torchrl_scripts [--only dqn_cartpole,sac] [--workdir DIR]``;
+Usage: ``python -m bench.torchrl_scripts [--only dqn_cartpole,sac] [--runs 3] [--workdir DIR]``;
 prints a table and, last, one JSON line (``bench/RESULTS.md`` records the table).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import tempfile
 
 from bench.torchrl_scripts._run import RunResult, missing_needs, originals_root, run_script
@@ -35,22 +37,51 @@ def within_criterion(spec: ScriptSpec, ours: float | None, theirs: float | None)
     return abs(ours - theirs) <= TOLERANCE * abs(theirs)
 
 
-def _row(spec: ScriptSpec, fleet: RunResult, torchrl: RunResult) -> dict[str, object]:
+def _median(values: list[float | None]) -> float | None:
+    """The median of the runs' returns (None if a run gave none)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(statistics.median(v for v in values if v is not None))
+
+
+def _row(spec: ScriptSpec, runs: dict[str, list[RunResult]], actors: int) -> dict[str, object]:
+    fleet, torchrl = runs["fleet"], runs["torchrl"]
+    ours = _median([r.final_return for r in fleet])
+    theirs = _median([r.final_return for r in torchrl])
     return {
         "script": spec.name,
         "frames": spec.frames,
-        "rlfleet_return": fleet.final_return,
-        "rlfleet_wall_s": round(fleet.wall_s, 1),
-        "torchrl_return": torchrl.final_return,
-        "torchrl_wall_s": round(torchrl.wall_s, 1),
-        "ok": fleet.returncode == 0
-        and torchrl.returncode == 0
-        and within_criterion(spec, fleet.final_return, torchrl.final_return),
+        "rlfleet_return": ours,
+        "rlfleet_wall_s": round(statistics.median(r.wall_s for r in fleet), 1),
+        "torchrl_return": theirs,
+        "torchrl_wall_s": round(statistics.median(r.wall_s for r in torchrl), 1),
+        "actors": actors,
+        "rlfleet_runs": [r.final_return for r in fleet],
+        "torchrl_runs": [r.final_return for r in torchrl],
+        "ok": all(r.returncode == 0 for r in fleet + torchrl)
+        and within_criterion(spec, ours, theirs),
     }
 
 
 def _fmt(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _compare(
+    spec: ScriptSpec, args: argparse.Namespace, workdir: pathlib.Path
+) -> dict[str, object]:
+    """``args.runs`` runs of each side, alternating, and their row."""
+    runs: dict[str, list[RunResult]] = {"torchrl": [], "fleet": []}
+    for index in range(args.runs):
+        for variant in runs:
+            dest = workdir / spec.name / f"{variant}{index}"
+            run = run_script(
+                spec, variant, spec.bench, dest, timeout=args.timeout, actors=args.actors
+            )
+            runs[variant].append(run)
+            if run.returncode != 0:
+                print(f"{spec.name} {variant} failed ({run.returncode}):\n{run.log_tail}")
+    return _row(spec, runs, args.actors or spec.actors)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="", help="comma-separated script names")
     parser.add_argument("--workdir", default="", help="where the runs' folders go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each side (medians)")
+    parser.add_argument("--actors", type=int, default=0, help="the fleet's actors (0: spec's)")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(SPECS)
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="torchrl-scripts-"))
@@ -71,19 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         if why:
             print(f"| {name} | {why} | | | | |")
             continue
-        runs = {
-            variant: run_script(
-                spec, variant, spec.bench, workdir / name / variant, timeout=args.timeout
-            )
-            for variant in ("torchrl", "fleet")
-        }
-        row = _row(spec, runs["fleet"], runs["torchrl"])
+        row = _compare(spec, args, workdir)
         rows.append(row)
         cells = [_fmt(row[k]) for k in list(row)[:6]]
         print("| " + " | ".join(cells) + " |", flush=True)
-        for run in runs.values():
-            if run.returncode != 0:
-                print(f"{name} {run.variant} failed ({run.returncode}):\n{run.log_tail}")
     print(json.dumps({"workdir": str(workdir), "rows": rows}))
 
 

@@ -70,6 +70,7 @@ def test_torchrl_actor_pixel_batches_equal_torchrl_collector_batches(
         assert stacked.shape[-3:] == (pixels.STACK, *(2 * [8 if pixels.HAS_RESIZE else 12]))
 
 
+@pytest.mark.torchvision
 @pytest.mark.skipif(not pixels.HAS_RESIZE, reason="TorchRL's Resize needs torchvision")
 def test_torchrl_actor_resized_pixels_equal_torchrl_collector_batches() -> None:
     _parity("rlfleet_test_pixels:atari_like", "rlfleet_test_pixels:pixel_policy")

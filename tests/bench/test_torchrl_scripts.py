@@ -26,7 +26,10 @@ from bench.torchrl_scripts._run import missing_needs, original, originals_root, 
 from bench.torchrl_scripts._specs import SPECS, ScriptSpec
 from bench.torchrl_scripts.compare import within_criterion
 
-NAMES = sorted(SPECS)
+NAMES = [
+    pytest.param(name, marks=[pytest.mark.torchvision]) if "torchvision" in spec.needs else name
+    for name, spec in sorted(SPECS.items())
+]
 
 
 def _spec(name: str, *, to_run: bool = False) -> ScriptSpec:
@@ -42,7 +45,7 @@ def _spec(name: str, *, to_run: bool = False) -> ScriptSpec:
 def test_torchrl_script_port_changes_only_the_collector(name: str) -> None:
     spec = _spec(name)
     source = original(spec, spec.collector_file)
-    ported = port_source(source, spec.fleet)
+    ported = port_source(source, spec.fleet_args())
     assert check_port(source, ported) == []
     assert "GrpcCollector(\n" in ported
     assert "fleet.addresses" in ported

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from tensordict import TensorDictBase
 
 pytest.importorskip("torchrl")
 from learner_fleet import start_actors
@@ -99,5 +100,48 @@ def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
         vecnorm_actors, create_env_fn=make, frames_per_batch=32, sync=True
     ) as collector:
         collector.next()
-        assert collector._env is None  # checked once, then nothing to follow
+        assert collector._env is not None
+        assert not collector._env.followed  # checked once, nothing to follow
     assert built[0].is_closed  # an env it built for the check is its own to close
+
+
+class _Recorder:
+    """A replay buffer that records what it is extended with."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    def extend(self, data: TensorDictBase) -> None:
+        self.shapes.append(tuple(data.batch_size))
+
+
+def test_collector_batches_take_the_scripts_env_layout(vecnorm_actors: list[str]) -> None:
+    from torchrl.envs import SerialEnv
+
+    single = rlfleet_test_torchrl.normalized_pendulum()
+    assert single.batch_size == ()
+    shapes = {}
+    for name, env in (("single", single), ("serial", SerialEnv(2, single_env_factory))):
+        with GrpcCollector(
+            vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=32, sync=True
+        ) as collector:
+            shapes[name] = tuple(collector.next().batch_size)
+        assert set(collector.worker_ids) == {0, 1}
+    # Two actors of one env each: TorchRL's [2, T] for the script's 2 envs; the fleet's
+    # [actors, envs, T] for a script of one env, which two actors cannot give its [T].
+    assert shapes == {"serial": (2, 16), "single": (2, 1, 16)}
+    buffer = _Recorder()
+    with GrpcCollector(
+        vecnorm_actors,
+        create_env_fn=single,
+        replay_buffer=buffer,
+        frames_per_batch=32,
+        total_frames=32,
+        sync=True,
+    ) as collector:
+        assert list(collector) == [None]
+    assert buffer.shapes == [(16,), (16,)]  # each actor's part is one env's [T], as TorchRL's
+
+
+def single_env_factory() -> object:
+    return rlfleet_test_torchrl.normalized_pendulum()
