@@ -52,15 +52,20 @@ def _row(spec: ScriptSpec, runs: dict[str, list[RunResult]], actors: int) -> dic
         "script": spec.name,
         "frames": spec.frames,
         "rlfleet_return": ours,
-        "rlfleet_wall_s": round(statistics.median(r.wall_s for r in fleet), 1),
+        "rlfleet_wall_s": _median_wall(fleet),
         "torchrl_return": theirs,
-        "torchrl_wall_s": round(statistics.median(r.wall_s for r in torchrl), 1),
+        "torchrl_wall_s": _median_wall(torchrl),
         "actors": actors,
         "rlfleet_runs": [r.final_return for r in fleet],
         "torchrl_runs": [r.final_return for r in torchrl],
-        "ok": all(r.returncode == 0 for r in fleet + torchrl)
+        "ok": bool(fleet and torchrl)
+        and all(r.returncode == 0 for r in fleet + torchrl)
         and within_criterion(spec, ours, theirs),
     }
+
+
+def _median_wall(runs: list[RunResult]) -> float | None:
+    return round(statistics.median(r.wall_s for r in runs), 1) if runs else None
 
 
 def _fmt(value: object) -> str:
@@ -73,7 +78,7 @@ def _compare(
     """``args.runs`` runs of each side, alternating, and their row."""
     runs: dict[str, list[RunResult]] = {"torchrl": [], "fleet": []}
     for index in range(args.runs):
-        for variant in runs:
+        for variant in args.sides.split(","):
             dest = workdir / spec.name / f"{variant}{index}"
             run = run_script(
                 spec, variant, spec.bench, dest, timeout=args.timeout, actors=args.actors
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     parser.add_argument("--runs", type=int, default=1, help="runs of each side (medians)")
     parser.add_argument("--actors", type=int, default=0, help="the fleet's actors (0: spec's)")
+    parser.add_argument("--sides", default="torchrl,fleet", help="which sides run: torchrl,fleet")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(SPECS)
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="torchrl-scripts-"))

@@ -7,7 +7,7 @@ skipped without one):
 - the port differs from TorchRL's file only in the statement that builds the collector
   (plus its imports and header), and a port that changed anything else is caught;
 - the port runs end to end at a tiny budget (a few batches) on a real ``LocalFleet`` of
-  two actors running the script's own env and policy factories (fast suite);
+  actors (``ScriptSpec.actors``) running the script's own env and policy factories (fast suite);
 - at the comparison budget (slow), the port's final return is within 20% of the same
   script on TorchRL's own collector, or both reach the task's threshold.
 """
