@@ -18,11 +18,12 @@ import json
 import pathlib
 import statistics
 import tempfile
+from collections.abc import Sequence
 
 from bench.torchrl_scripts._run import RunResult, missing_needs, originals_root, run_script
 from bench.torchrl_scripts._specs import SPECS, ScriptSpec
 
-__all__ = ["main", "within_criterion"]
+__all__ = ["compare", "main", "within_criterion"]
 
 #: How far (relative to TorchRL's) the fleet's final return may be.
 TOLERANCE = 0.2
@@ -72,21 +73,25 @@ def _fmt(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
-def _compare(
-    spec: ScriptSpec, args: argparse.Namespace, workdir: pathlib.Path
+def compare(
+    spec: ScriptSpec,
+    workdir: pathlib.Path,
+    *,
+    runs: int = 1,
+    timeout: float = 3600.0,
+    actors: int = 0,
+    sides: Sequence[str] = ("torchrl", "fleet"),
 ) -> dict[str, object]:
-    """``args.runs`` runs of each side, alternating, and their row."""
-    runs: dict[str, list[RunResult]] = {"torchrl": [], "fleet": []}
-    for index in range(args.runs):
-        for variant in args.sides.split(","):
+    """``runs`` runs of each side, alternating, and their row (``"ok"``: the criterion)."""
+    results: dict[str, list[RunResult]] = {"torchrl": [], "fleet": []}
+    for index in range(runs):
+        for variant in sides:
             dest = workdir / spec.name / f"{variant}{index}"
-            run = run_script(
-                spec, variant, spec.bench, dest, timeout=args.timeout, actors=args.actors
-            )
-            runs[variant].append(run)
+            run = run_script(spec, variant, spec.bench, dest, timeout=timeout, actors=actors)
+            results[variant].append(run)
             if run.returncode != 0:
                 print(f"{spec.name} {variant} failed ({run.returncode}):\n{run.log_tail}")
-    return _row(spec, runs, args.actors or spec.actors)
+    return _row(spec, results, actors or spec.actors)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,7 +115,10 @@ def main(argv: list[str] | None = None) -> None:
         if why:
             print(f"| {name} | {why} | | | | |")
             continue
-        row = _compare(spec, args, workdir)
+        sides = args.sides.split(",")
+        row = compare(
+            spec, workdir, runs=args.runs, timeout=args.timeout, actors=args.actors, sides=sides
+        )
         rows.append(row)
         cells = [_fmt(row[k]) for k in list(row)[:6]]
         print("| " + " | ".join(cells) + " |", flush=True)
