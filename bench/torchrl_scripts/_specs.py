@@ -39,6 +39,8 @@ class ScriptSpec:
         threshold: The return at which the task counts as solved at this budget (None:
             none is claimed).
         needs: Modules the script imports that the test extra cannot provide.
+        seed_key: The config key of the script's seed (empty: it seeds nothing); run ``i``
+            of a comparison sets it to ``i`` on both sides, so seeded runs differ.
     """
 
     name: str
@@ -55,6 +57,7 @@ class ScriptSpec:
     metric: str
     threshold: float | None = None
     needs: tuple[str, ...] = ()
+    seed_key: str = ""
 
     def fleet_args(self, actors: int = 0) -> str:
         """The port's ``LocalFleet`` arguments, with ``actors`` actors (``self.actors`` if 0)."""
@@ -192,6 +195,7 @@ _SAC = ScriptSpec(
     frames=12_000,
     metric="eval/reward",
     threshold=950.0,
+    seed_key="env.seed",
 )
 
 _DDPG = ScriptSpec(
@@ -222,6 +226,7 @@ _DDPG = ScriptSpec(
     frames=12_000,
     metric="eval/reward",
     threshold=950.0,
+    seed_key="env.seed",
 )
 
 _MAPPO = ScriptSpec(
@@ -257,6 +262,7 @@ _MAPPO = ScriptSpec(
     ),
     frames=60_000,
     metric="eval_episode_reward_mean",  # its logger writes "/" as "_"
+    seed_key="seed",
 )
 
 _TUTORIALS = "tutorials/sphinx-tutorials"

@@ -4,8 +4,9 @@ Each script of :data:`~bench.torchrl_scripts._specs.SPECS` runs twice at its com
 budget (``ScriptSpec.bench``: the same overrides, frames and seeds on both sides), first as
 TorchRL ships it, then ported (its collector a ``GrpcCollector`` over ``ScriptSpec.actors``
 local actors, or ``--actors``), each in its own process and folder; ``--runs N`` repeats
-both, alternating, and compares medians. The criterion (:func:`within_criterion`): the
-fleet's final return is within 20% of TorchRL's, or both reach the task's threshold.
+both, alternating (run ``i`` of a seeded script with seed ``i``), and compares medians.
+The criterion (:func:`within_criterion`): the fleet's final return is within 20% of
+TorchRL's, or both reach the task's threshold.
 
 Usage: ``python -m bench.torchrl_scripts [--only dqn_cartpole,sac] [--runs 3] [--workdir DIR]``;
 prints a table and, last, one JSON line (``bench/RESULTS.md`` records the table).
@@ -87,7 +88,9 @@ def compare(
     for index in range(runs):
         for variant in sides:
             dest = workdir / spec.name / f"{variant}{index}"
-            run = run_script(spec, variant, spec.bench, dest, timeout=timeout, actors=actors)
+            seed = (f"{spec.seed_key}={index}",) if spec.seed_key else ()
+            overrides = (*spec.bench, *seed)
+            run = run_script(spec, variant, overrides, dest, timeout=timeout, actors=actors)
             results[variant].append(run)
             if run.returncode != 0:
                 print(f"{spec.name} {variant} failed ({run.returncode}):\n{run.log_tail}")
