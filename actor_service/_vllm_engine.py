@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from actor_service._config import vllm_lora_rank
-from actor_service._vllm_lora import LORA_ID, verify_adapter
+from actor_service._vllm_lora import LORA_ID, lora_modules, verify_adapter
 from actor_service._vllm_worker import engine_layout, reload_and_verify
 from common.llm import Generation, GenerationSettings
 
@@ -267,6 +267,10 @@ class VLLMEngine:
         if not self._engine.add_lora(request):
             raise RuntimeError(f"vLLM did not load the adapter at {path}")
         self.adapter = LoRARequest("policy", LORA_ID, path)
+
+    def lora_modules(self) -> list[str]:
+        """The module names this engine serves LoRA on (``q_proj``, ``down_proj``, ...)."""
+        return list(self._llm.collective_rpc(lora_modules)[0])
 
     def read_adapter(self, expected: Sequence[tuple[str, int, str, torch.Tensor]]) -> list[str]:
         """What of ``expected`` vLLM's LoRA slots do not hold (``_vllm_lora.verify_adapter``)."""

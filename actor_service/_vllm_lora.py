@@ -35,7 +35,9 @@ __all__ = [
     "LORA_ID",
     "EngineAdapter",
     "adapter_keys",
+    "check_targets",
     "checkpoint_names",
+    "lora_modules",
     "verify_adapter",
 ]
 
@@ -43,11 +45,13 @@ __all__ = [
 LORA_ID = 1
 _PEFT_PREFIX = "base_model.model."
 _MARKS = (".lora_A.", ".lora_B.")
+# peft's adapters on embeddings (vLLM serves LoRA on linear layers only).
+_EMBEDDING_MARKS = (".lora_embedding_A.", ".lora_embedding_B.")
 
 
 def adapter_keys(keys: Iterable[str]) -> list[str]:
     """The keys of a peft model's LoRA adapter (``...lora_A.<name>.weight``, ``lora_B``)."""
-    return [k for k in keys if any(m in k for m in _MARKS)]
+    return [k for k in keys if any(m in k for m in (*_MARKS, *_EMBEDDING_MARKS))]
 
 
 def checkpoint_names(keys: Iterable[str]) -> dict[str, str]:
@@ -57,8 +61,10 @@ def checkpoint_names(keys: Iterable[str]) -> dict[str, str]:
     keys are left out.
     """
     names = {}
+    keys = list(keys)
+    adapter = set(adapter_keys(keys))
     for key in keys:
-        if any(m in key for m in _MARKS):
+        if key in adapter:
             continue
         name = key.removeprefix(_PEFT_PREFIX) if key.startswith(_PEFT_PREFIX) else key
         names[key] = name.replace(".base_layer.", ".")
@@ -170,6 +176,31 @@ class EngineAdapter:
     def close(self) -> None:
         """Remove the adapters' directory (idempotent)."""
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+def check_targets(keys: Iterable[str], supported: Iterable[str]) -> None:
+    """Refuse an adapter on modules vLLM serves no LoRA on, naming those it does.
+
+    Raises:
+        ValueError: The adapter's modules that are not among ``supported``.
+    """
+    wrapped = {k.split(".lora_", 1)[0].rpartition(".")[2] for k in adapter_keys(keys)}
+    wrong = sorted(wrapped - set(supported))
+    if wrong:
+        raise ValueError(
+            f"lora targets {wrong} are modules vLLM serves no LoRA adapter on; it serves "
+            f"them on {sorted(supported)} of this model"
+        )
+
+
+def lora_modules(worker: Any) -> list[str]:
+    """The module names vLLM serves LoRA on (unpacked: ``q_proj``, not ``qkv_proj``).
+
+    Called through ``LLM.collective_rpc``.
+    """
+    manager = worker.model_runner.lora_manager._adapter_manager
+    packed = manager.packed_modules_mapping
+    return sorted({p for m in manager.supported_lora_modules for p in packed.get(m, [m])})
 
 
 def verify_adapter(

@@ -33,7 +33,12 @@ import torch
 from actor_service._llm_models import LLMModels
 from actor_service._swap import Swap, check_base, swap_full
 from actor_service._vllm_engine import VLLMEngine, VLLMOptions
-from actor_service._vllm_lora import EngineAdapter, adapter_keys, checkpoint_names
+from actor_service._vllm_lora import (
+    EngineAdapter,
+    adapter_keys,
+    check_targets,
+    checkpoint_names,
+)
 from actor_service._vllm_worker import PROBE_COLUMNS, engine_module, load_groups
 from actor_service._weight_rules import check_newer, stage_weights
 from common.errors import InternalError, WeightsError
@@ -83,6 +88,7 @@ class VLLMModels(LLMModels):
                 checkpoint, self.dtype, options, seed, None if lora is None else lora.r
             )
             if lora is not None:
+                check_targets(reference, self.engine.lora_modules())
                 self._adapter = EngineAdapter(self.engine, self.model.peft_config["default"])
                 self._load_adapter({})
                 self._adapter.commit()
