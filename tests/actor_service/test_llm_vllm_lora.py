@@ -76,6 +76,18 @@ def test_describe_lists_the_peft_models_keys_as_with_our_loop(lora_actor) -> Non
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight" in got
 
 
+def test_vllm_serves_the_host_copys_adapter_bit_for_bit(lora_actor) -> None:
+    models = lora_actor.worker.models
+    with models._slot.lock:
+        held = {k: v.clone() for k, v in models._slot.reference.items() if ".lora_" in k}
+        expected = models._adapter._expected(held)
+        assert expected
+        assert models.engine.read_adapter(expected) == []
+        key = next(k for k in held if "lora_A" in k)
+        held[key] = held[key] + 1.0  # the read-back sees a difference
+        assert models.engine.read_adapter(models._adapter._expected(held)) != []
+
+
 def test_greedy_tokens_with_the_adapter_equal_our_decode_loop(lora_actor) -> None:
     learner = _learner(1)
     lora_actor.push(learner.state_dict())  # a full push: base and adapter
