@@ -101,25 +101,23 @@ class EngineAdapter:
         """Write ``state`` (every adapter key, host names), load it in place, read it back.
 
         Call under the model lock. On success the new adapter serves and the previous
-        one waits for :meth:`commit` or :meth:`rollback`; on failure the previous one
-        serves again.
+        one's directory waits for :meth:`commit` or :meth:`rollback`; on failure the
+        caller has vLLM :meth:`reload` the one still named :attr:`serving`.
 
         Raises:
-            RuntimeError: vLLM refused the adapter (its reason).
+            OSError: The adapter could not be written (nothing reached vLLM).
             LookupError: vLLM does not serve what was sent (the parts that differ).
+            Exception: vLLM refused the adapter (its reason).
         """
         path = self._write(state)
         try:
             self._engine.load_adapter(path)
             wrong = self._engine.read_adapter(self._expected(state))
-        except Exception:
-            self._reload(self.serving)
+            if wrong:
+                raise LookupError(", ".join(wrong[:8]))
+        except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        if wrong:
-            self._reload(self.serving)
-            shutil.rmtree(path, ignore_errors=True)
-            raise LookupError(", ".join(wrong[:8]))
         self._previous, self.serving = self.serving, path
 
     def commit(self) -> None:
@@ -129,21 +127,22 @@ class EngineAdapter:
             self._previous = None
 
     def rollback(self) -> None:
-        """Serve the previous adapter again (the push that replaced it was refused).
+        """Name the previous adapter :attr:`serving` again (then :meth:`reload` it)."""
+        if self._previous is not None:
+            if self.serving is not None:
+                shutil.rmtree(self.serving, ignore_errors=True)
+            self.serving, self._previous = self._previous, None
+
+    def reload(self, state: Mapping[str, torch.Tensor]) -> list[str]:
+        """Load :attr:`serving` into vLLM in place; what of ``state`` does not read back.
 
         Raises:
-            Exception: vLLM could not reload it (the caller stops serving).
+            Exception: vLLM refused it (the caller stops serving).
         """
-        if self._previous is None:
-            return
-        new, self.serving, self._previous = self.serving, self._previous, None
-        self._reload(self.serving)
-        if new is not None:
-            shutil.rmtree(new, ignore_errors=True)
-
-    def _reload(self, path: str | None) -> None:
-        if path is not None:
-            self._engine.load_adapter(path)
+        if self.serving is None:
+            return []
+        self._engine.load_adapter(self.serving)
+        return list(self._engine.read_adapter(self._expected(state)))
 
     def _write(self, state: Mapping[str, torch.Tensor]) -> str:
         from safetensors.torch import save_file

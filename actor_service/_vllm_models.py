@@ -90,7 +90,7 @@ class VLLMModels(LLMModels):
             if lora is not None:
                 check_targets(reference, self.engine.lora_modules())
                 self._adapter = EngineAdapter(self.engine, self.model.peft_config["default"])
-                self._load_adapter({})
+                self._adapter.load(self._adapter_state({}))
                 self._adapter.commit()
         except BaseException:
             self.close()
@@ -233,33 +233,51 @@ class VLLMModels(LLMModels):
         apply_staged(reference, new)
         self._cache_version = None
 
-    def _load_adapter(self, changed: Mapping[str, torch.Tensor]) -> None:
-        """Serve the host copy's adapter with ``changed`` over it (vLLM reads it back)."""
-        assert self._adapter is not None
+    def _adapter_state(self, changed: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The host copy's adapter with ``changed`` over it."""
         reference = self._slot.reference
-        state = {k: changed.get(k, reference[k]) for k in adapter_keys(reference)}
+        return {k: changed.get(k, reference[k]) for k in adapter_keys(reference)}
+
+    def _load_adapter(self, changed: Mapping[str, torch.Tensor]) -> None:
+        """Serve the host copy's adapter with ``changed`` over it (vLLM reads it back).
+
+        On failure the host copy's adapter is reloaded into vLLM (it serves on).
+        """
+        assert self._adapter is not None
         try:
-            self._adapter.load(state)
+            self._adapter.load(self._adapter_state(changed))
         except LookupError as exc:
+            self._reinstate_adapter()
             raise InternalError(
                 f"vLLM did not serve the pushed LoRA adapter: {exc} read back otherwise; "
                 "the previous adapter still serves"
             ) from None
+        except OSError as exc:
+            raise InternalError(f"the pushed LoRA adapter could not be written: {exc}") from None
         except Exception as exc:  # vLLM's loader raises many kinds; the reason is theirs
+            self._reinstate_adapter()
             raise WeightsError(
                 f"vLLM refused the pushed LoRA adapter ({type(exc).__name__}: {exc}); "
                 "the previous adapter still serves"
             ) from None
 
     def _rollback_adapter(self) -> None:
-        """Serve the previous adapter again; if even that fails, stop serving."""
+        """Serve the previous adapter again (a push's base tensors were refused)."""
+        assert self._adapter is not None
+        self._adapter.rollback()
+        self._reinstate_adapter()
+
+    def _reinstate_adapter(self) -> None:
+        """Reload the host copy's adapter into vLLM and read it back; else stop serving."""
         assert self._adapter is not None
         try:
-            self._adapter.rollback()
+            wrong = self._adapter.reload(self._adapter_state({}))
         except Exception as exc:  # reported through _broken
+            wrong = [f"{type(exc).__name__}: {exc}"]
+        if wrong:
             self._broken = (
                 "vLLM could not be given its previous LoRA adapter back after a refused push "
-                f"({type(exc).__name__}: {exc}); restart this actor"
+                f"({', '.join(wrong[:4])}); restart this actor"
             )
 
     def _reload_base(
@@ -307,13 +325,13 @@ class VLLMModels(LLMModels):
             with self._slot.lock:
                 self._broken = ""  # a whole reload that reads back makes vLLM whole again
                 self._reinstate(list(self._base))
-                self._reinstate_adapter()
+                self._restore_adapter()
                 self._cache_version = None
                 if self._broken:
                     raise InternalError(self._broken)
         return changes
 
-    def _reinstate_adapter(self) -> None:
+    def _restore_adapter(self) -> None:
         """Serve the host copy's adapter (after a restore); if that fails, stop serving."""
         if self._adapter is None:
             return

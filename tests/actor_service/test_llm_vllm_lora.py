@@ -142,31 +142,60 @@ def test_a_bad_adapter_push_is_refused_and_the_old_adapter_serves(lora_actor) ->
     _assert_serves(lora_actor, serving)
 
 
+def _first_load_instead(engine, first):
+    """vLLM's adapter loader, with its first call replaced by ``first``."""
+    load, calls = engine.load_adapter, []
+
+    def load_adapter(path):
+        calls.append(path)
+        return first(path) if len(calls) == 1 else load(path)
+
+    return load_adapter
+
+
 def test_an_adapter_vllm_refuses_or_does_not_serve_leaves_the_old_one(lora_actor) -> None:
     serving = _learner(6)
     lora_actor.push(serving.state_dict())
     engine = lora_actor.worker.models.engine
-    load = engine.load_adapter
-    calls = []
 
-    def fails_once(path):  # vLLM's loader raises on the new adapter, then reloads the old one
-        calls.append(path)
-        if len(calls) == 1:
-            raise RuntimeError("simulated load failure")
-        return load(path)
+    def refuses(path):
+        raise RuntimeError("simulated load failure")
 
-    engine.load_adapter = fails_once
-    try:
+    engine.load_adapter = _first_load_instead(engine, refuses)
+    try:  # then the old adapter is reloaded, by the real loader
         details = _refused(lora_actor, _learner(7), grpc.StatusCode.INVALID_ARGUMENT)
     finally:
         del engine.load_adapter
     assert "simulated load failure" in details
-    engine.read_adapter = lambda expected: ["model.layers.0.self_attn.qkv_proj[0].lora_A"]
-    try:  # vLLM "loads" and does not serve it: caught by the read-back
+    engine.load_adapter = _first_load_instead(engine, lambda path: None)
+    try:  # vLLM "loads" and serves the old adapter still: the field's silent no-op
         details = _refused(lora_actor, _learner(8), grpc.StatusCode.INTERNAL, only_trainable=True)
     finally:
-        del engine.read_adapter
+        del engine.load_adapter
     assert "did not serve the pushed LoRA adapter" in details
+    _assert_serves(lora_actor, serving)
+
+
+def test_a_full_push_whose_base_vllm_refuses_puts_the_old_adapter_back(lora_actor) -> None:
+    serving = _learner(15)
+    lora_actor.push(serving.state_dict())
+    engine = lora_actor.worker.models.engine
+    reload, calls = engine.reload, []
+
+    def refuses_once(weights, columns):  # after the new adapter went in
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated base load failure")
+        return reload(weights, columns)
+
+    engine.reload = refuses_once
+    try:
+        details = _refused(
+            lora_actor, _learner(16, base_seed=1).state_dict(), grpc.StatusCode.INVALID_ARGUMENT
+        )
+    finally:
+        del engine.reload
+    assert "simulated base load failure" in details
     _assert_serves(lora_actor, serving)
 
 
@@ -239,3 +268,22 @@ def test_a_restored_state_puts_its_adapter_back_into_vllm(lora_actor) -> None:
     lora_actor.worker.load_state_dict(state, allow_rollback=True)
     lora_actor.version = state["models"]["policy"]["version"]
     _assert_serves(lora_actor, model)
+
+
+def test_a_delta_push_to_the_adapter_is_served(lora_actor) -> None:
+    from learner_client import GrpcLLMCollector
+
+    learner = _learner(14)
+    address = f"127.0.0.1:{lora_actor.handle.port}"
+    with GrpcLLMCollector([address], dialog_turns_per_batch=SLOTS, total_dialog_turns=-1) as c:
+        c.update_policy_weights_(learner, delta=True)  # the first push of a delta tracker: full
+        with torch.no_grad():
+            layer = learner.base_model.model.model.layers[1].self_attn
+            layer.v_proj.lora_B.default.weight[:5] *= -3.0
+        versions = c.update_policy_weights_(learner, delta=True)
+        assert c.stats()["delta_pushes"] >= 1
+    lora_actor.version = max(versions.values())
+    td = lora_actor.batch(GREEDY)
+    assert (td["policy_version"] == lora_actor.version).all()
+    assert _responses(td) == _loop_greedy(learner, td)
+    assert _responses(td) != _loop_greedy(_learner(14), td)  # the delta changed the tokens
