@@ -59,9 +59,12 @@ class VLLMModels(LLMModels):
         device: The actor's device (the host copy stays on the CPU; vLLM picks its own).
         options: vLLM's knobs.
         seed: vLLM's global seed.
+        lora: A LoRA adapter to wrap the host copy in (as the decode loop's ``--lora``),
+            served by vLLM's LoRA; None: the plain model.
 
     Raises:
-        ValueError: vLLM is missing (naming the install).
+        ValueError: vLLM is missing (naming the install), or the adapter targets modules
+            vLLM serves no LoRA on (naming those it does).
     """
 
     def __init__(

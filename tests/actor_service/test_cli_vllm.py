@@ -146,6 +146,21 @@ def _recomputed(model, td):
         )
 
 
+#: How far bfloat16 log-probs may drift from a float32 pass over the same bf16 weights: the
+#: activations are rounded too (measured on this CPU: mean ~0.02 nat, the worst token ~0.12).
+BF16_MEAN, BF16_MAX = 0.05, 0.25
+
+
+def _assert_log_probs_near(td, reference, mean: float, most: float) -> None:
+    recomputed = _recomputed(reference, td)
+    span = recomputed.shape[1]
+    mask = torch.arange(span) < td["response_len"][:, None]
+    error = (td["log_probs"][:, :span] - recomputed).abs()[mask]
+    assert error.numel() > 0
+    assert float(error.mean()) <= mean, error
+    assert float(error.max()) <= most, error
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_a_bfloat16_actor_serves_and_a_bfloat16_push_lands_in_vllm(monkeypatch) -> None:
@@ -164,19 +179,17 @@ def test_a_bfloat16_actor_serves_and_a_bfloat16_push_lands_in_vllm(monkeypatch) 
     for key, value in learner.state_dict().items():  # the host copy: the push, bit for bit
         assert torch.equal(weights[key], value.to(torch.bfloat16)), key
     # vLLM read the pushed tensors back before the version moved (else INTERNAL); what it
-    # serves is the pushed model up to bfloat16 arithmetic: log-probs within 0.1 nat of
-    # the learner's float32 pass over the bfloat16 weights.
+    # serves is the pushed model up to bfloat16 arithmetic.
     reference = learner.to(torch.bfloat16).to(torch.float32)
-    recomputed = _recomputed(reference, td)
-    span = recomputed.shape[1]
-    mask = torch.arange(span) < td["response_len"][:, None]
-    error = (td["log_probs"][:, :span] - recomputed).abs()[mask]
-    assert float(error.max()) < 0.1, error
+    _assert_log_probs_near(td, reference, BF16_MEAN, BF16_MAX)
 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_lora_through_the_command_line_takes_an_adapter_push(monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "mean", "most"), [("float32", 1e-4, 1e-4), ("bfloat16", BF16_MEAN, BF16_MAX)]
+)
+def test_lora_through_the_command_line_takes_an_adapter_push(monkeypatch, dtype, mean, most):
     pytest.importorskip("peft")
     from common.llm import apply_lora, build_policy
 
@@ -187,11 +200,12 @@ def test_lora_through_the_command_line_takes_an_adapter_push(monkeypatch) -> Non
         for parameter in learner.parameters():
             if parameter.requires_grad:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    for collector in _fleet_batches(monkeypatch, VLLM_TINY, ["--lora", lora]):
+    actor = {**VLLM_TINY, "dtype": dtype}
+    for collector in _fleet_batches(monkeypatch, actor, ["--lora", lora]):
         version = max(collector.update_policy_weights_(learner, only_trainable=True).values())
         td = next(iter(collector)).reshape(-1)
     assert (td["policy_version"] == version).all()
-    recomputed = _recomputed(learner, td)
-    torch.testing.assert_close(
-        td["log_probs"][:, : recomputed.shape[1]], recomputed, atol=1e-4, rtol=0
-    )
+    # float32: the decode loop's log-probs; bfloat16: up to bf16 arithmetic (the adapter
+    # itself was read back from vLLM's slots bit for bit).
+    reference = learner.to(getattr(torch, dtype)).to(torch.float32)
+    _assert_log_probs_near(td, reference, mean, most)
