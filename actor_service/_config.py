@@ -18,8 +18,10 @@ __all__ = [
     "INT_RANGES",
     "MAX_PART_DEADLINE_S",
     "OPTIONAL_INTS",
+    "VLLM_LORA_RANKS",
     "ActorConfig",
     "ModelSpec",
+    "vllm_lora_rank",
 ]
 
 #: The longest an incomplete multi-part version may wait for its last part (seconds):
@@ -50,6 +52,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decode": ("eager", "static", "compiled"),
     "engine": ("transformers", "vllm"),
 }
+#: The ``max_lora_rank`` values vLLM 0.32 takes; an adapter's rank fits the next one up.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,14 +229,12 @@ class ActorConfig:
             check_peft()
 
     def _check_engine(self) -> None:
-        """The engine rules: vLLM serves LLM actors, without LoRA; its knobs need it."""
+        """The engine rules: vLLM serves LLM actors and LoRA ranks it has slots for."""
         if self.engine == "vllm":
             if self.kind != "llm":
                 raise ValueError("engine 'vllm' decodes for a language model: it needs kind 'llm'")
-            if self.lora is not None:
-                raise ValueError(
-                    "engine 'vllm' does not take lora: push full weights or deltas instead"
-                )
+            if isinstance(self.lora, LoraSpec):
+                vllm_lora_rank(self.lora.r)
             if self.decode != "eager":
                 raise ValueError(
                     f"decode {self.decode!r} runs rlfleet's decode loop: engine 'vllm' decodes "
@@ -253,6 +255,20 @@ class ActorConfig:
             raise ValueError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The ``max_lora_rank`` vLLM gets for an adapter of ``rank``: the smallest that fits.
+
+    Raises:
+        ValueError: ``rank`` above vLLM's largest, naming it.
+    """
+    for slot in VLLM_LORA_RANKS:
+        if rank <= slot:
+            return slot
+    raise ValueError(
+        f"engine 'vllm' serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got lora r={rank}"
+    )
 
 
 def _int_within(value: object, low: int, high: int | None) -> bool:

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from actor_service._config import vllm_lora_rank
+from actor_service._vllm_lora import LORA_ID, lora_modules, verify_adapter
 from actor_service._vllm_worker import engine_layout, reload_and_verify
 from common.llm import Generation, GenerationSettings
 
@@ -72,7 +74,9 @@ def import_vllm() -> Any:
     return vllm
 
 
-def _engine_kwargs(dtype: torch.dtype, options: VLLMOptions, seed: int) -> dict[str, Any]:
+def _engine_kwargs(
+    dtype: torch.dtype, options: VLLMOptions, seed: int, lora_rank: int | None = None
+) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "skip_tokenizer_init": True,
         "dtype": str(dtype).removeprefix("torch."),
@@ -86,6 +90,8 @@ def _engine_kwargs(dtype: torch.dtype, options: VLLMOptions, seed: int) -> dict[
         kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
     if options.max_model_len is not None:
         kwargs["max_model_len"] = options.max_model_len
+    if lora_rank is not None:  # one adapter, replaced in place (actor_service._vllm_lora)
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
     return kwargs
 
 
@@ -127,6 +133,8 @@ class VLLMEngine:
         dtype: The dtype vLLM holds the model in (the actor's host copy's).
         options: vLLM's knobs.
         seed: vLLM's global seed (each request also carries its own).
+        lora_rank: The rank of the LoRA adapter every request runs with (loaded by
+            :meth:`load_adapter`); None: no adapter.
 
     Raises:
         ValueError: vLLM is missing.
@@ -134,11 +142,18 @@ class VLLMEngine:
     """
 
     def __init__(
-        self, checkpoint: str, dtype: torch.dtype, options: VLLMOptions, seed: int
+        self,
+        checkpoint: str,
+        dtype: torch.dtype,
+        options: VLLMOptions,
+        seed: int,
+        lora_rank: int | None = None,
     ) -> None:
         vllm = import_vllm()
         self._vllm = vllm
-        self._llm = vllm.LLM(model=checkpoint, **_engine_kwargs(dtype, options, seed))
+        kwargs = _engine_kwargs(dtype, options, seed, lora_rank)
+        self._llm = vllm.LLM(model=checkpoint, **kwargs)
+        self.adapter: Any = None  # the LoRARequest requests are added with
         self._engine = self._llm.llm_engine
         self.max_model_len = int(self._engine.model_config.max_model_len)
         self.packed: dict[str, list[str]] = self._llm.collective_rpc(engine_layout)[0]
@@ -201,7 +216,7 @@ class VLLMEngine:
         def add() -> list[Any]:
             for request, row in rows.items():
                 prompt = TokensPrompt(prompt_token_ids=list(prompts[row]))
-                self._engine.add_request(request, prompt, params[row])
+                self._engine.add_request(request, prompt, params[row], lora_request=self.adapter)
             return []
 
         try:
@@ -236,6 +251,30 @@ class VLLMEngine:
         return list(
             self._llm.collective_rpc(reload_and_verify, args=(weights, self.packed, columns))[0]
         )
+
+    def load_adapter(self, path: str) -> None:
+        """Load the peft adapter at ``path`` in place of the one serving (call under the lock).
+
+        vLLM loads and checks the new adapter before it drops the old one; requests in
+        flight run on the new one from their next step.
+
+        Raises:
+            Exception: vLLM refused it (the old adapter still serves).
+        """
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest("policy", LORA_ID, path, load_inplace=True)
+        if not self._engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapter at {path}")
+        self.adapter = LoRARequest("policy", LORA_ID, path)
+
+    def lora_modules(self) -> list[str]:
+        """The module names this engine serves LoRA on (``q_proj``, ``down_proj``, ...)."""
+        return list(self._llm.collective_rpc(lora_modules)[0])
+
+    def read_adapter(self, expected: Sequence[tuple[str, int, str, torch.Tensor]]) -> list[str]:
+        """What of ``expected`` vLLM's LoRA slots do not hold (``_vllm_lora.verify_adapter``)."""
+        return list(self._llm.collective_rpc(verify_adapter, args=(expected, LORA_ID))[0])
 
     def reset_prefix_cache(self) -> bool:
         """Empty the prefix cache (no request running); whether vLLM did."""

@@ -268,4 +268,4 @@ def _build_models(config: ActorConfig, device: torch.device, seed: int) -> LLMMo
     options = VLLMOptions(
         config.gpu_memory_utilization, config.max_model_len, config.enable_prefix_caching
     )
-    return VLLMModels(spec.factory, spec.kwargs, device, options, seed)
+    return VLLMModels(spec.factory, spec.kwargs, device, options, seed, config.lora)

@@ -46,7 +46,7 @@ SLOTS = 4
 class VLLMActor:
     """The module's actor: its stub, channel, core, and the version it holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, **overrides) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         config = small_config(
             kind="llm",
@@ -55,6 +55,7 @@ class VLLMActor:
             models=(ModelSpec("policy", "rlfleet:tiny-qwen2", {**TINY, "seed": 0}),),
             num_envs=SLOTS,
             max_new_tokens_cap=32,
+            **overrides,
         )
         self.handle = create_server(config).run_in_thread()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.handle.port}")
