@@ -319,7 +319,8 @@ _DQN_RNN = ScriptSpec(
     frames=200,
     metric="len(rb)",
     # Its Resize transform calls torchvision, which does not import beside torch's CPU
-    # wheel that the project pins (no matching torchvision build on PyPI).
+    # wheel that the project pins (no matching torchvision build on PyPI): it runs in the
+    # venv of `make test-torchvision` (scripts/torchvision_venv.sh).
     needs=("torchvision",),
 )
 
