@@ -68,7 +68,8 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     generation = GenerationSettings(
         max_new_tokens=settings.max_new_tokens, temperature=settings.sampling_temperature
     )
-    with DataParallel("cpu") as ranks:  # the GRPO learner runs on the CPU
+    with DataParallel(settings.learner_device) as ranks:
+        model.to(ranks.device)  # the actors' copies stay theirs; pushes read from here
         return _run(settings, ranks, model, tokenizer, evaluator, generation)
 
 

@@ -12,6 +12,8 @@ from torch import nn
 
 from apps._job.device import check_learner_device, rank_device, ranks_per_node
 from apps._job.ranks import DataParallel
+from apps.grpo._settings import GRPOSettings
+from apps.grpo._settings import parse_args as parse_grpo_args
 from apps.ppo._settings import TrainSettings, parse_args
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -120,3 +122,21 @@ def test_train_exits_2_naming_the_device_without_cuda(extra: list[str]) -> None:
     assert result.returncode == 2, result.stderr
     assert "learner_device 'cuda': no CUDA device here" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_grpo_settings_check_the_learner_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert GRPOSettings(learner_device="cpu", loss="torchrl").learner_device == "cpu"
+    monkeypatch.setattr("apps.grpo._settings.cuda_device_count", lambda: 2)
+    assert GRPOSettings(learner_device="cuda", nproc_per_node=2).learner_device == "cuda"
+    with pytest.raises(ValueError, match=r"needs --loss builtin .* got 'torchrl'"):
+        GRPOSettings(learner_device="cuda", loss="torchrl")
+    with pytest.raises(ValueError, match="names one GPU for 2 ranks"):
+        GRPOSettings(learner_device="cuda:0", nproc_per_node=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+def test_grpo_command_line_refuses_cuda_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_grpo_args(["--learner-device", "cuda:1"])
+    assert info.value.code == 2
+    assert "learner_device 'cuda:1': no CUDA device here" in capsys.readouterr().err
