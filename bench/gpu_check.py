@@ -1,11 +1,12 @@
-"""The GPU checks, in one run that fits a short lease on a CUDA machine (about 7 minutes).
+"""The GPU checks, in one run that fits a short lease on a CUDA machine (about 8 minutes).
 
 Steps, each in its own process with its own time limit, in order of value;
 a step that fails or runs out of time is reported and the next one runs:
 
 1. ``pytest -m cuda``: every test that needs a CUDA device (CPU/CUDA parity of an
    env actor's batches, pinned staging, CUDA learner delivery, CUDA pushes, LLM
-   decoding on the device);
+   decoding on the device, ``rlfleet-train`` and ``rlfleet-grpo`` with ``--learner-device
+   cuda``);
 2. :mod:`bench.gpu_pixels`: Nature-CNN pixel actors on CUDA vs on the CPU vs the
    in-process limit, and the learner's delivery into device memory;
 3. :mod:`bench.gpu_push`: a 0.5B model's bf16 push from a CUDA learner to 2 CUDA
@@ -48,7 +49,7 @@ STEPS: dict[str, tuple[list[str], int]] = {
             "no:cacheprovider",
             "--continue-on-collection-errors",
         ],
-        100,
+        160,  # the two reference learners' runs on the GPU take about a minute of it
     ),
     "pixels": (
         [sys.executable, "-m", "bench.gpu_pixels", "--actors", "4", "--reps", "2", "--window", "6"],

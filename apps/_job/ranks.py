@@ -4,7 +4,8 @@
 themselves under ``torch.distributed.run`` (torchrun, standalone c10d rendezvous on this
 machine): :func:`launch_ranks`. Under torchrun (``torchrun --nproc-per-node N -m apps.ppo
 ...``, or many machines with ``--rdzv-backend c10d``) each rank joins the process group
-(:class:`DataParallel`): gloo on the CPU, NCCL when the learner runs on CUDA. Every rank:
+(:class:`DataParallel`): gloo on the CPU, NCCL when the learner runs on CUDA
+(``--learner-device cuda``: each rank on ``cuda:LOCAL_RANK``, :mod:`apps._job.device`). Every rank:
 
 * owns the actors with ``worker_id % N == rank`` (``GrpcCollector(rank=, world_size=)``);
   without ``--actors`` it starts its own share of the local fleet (worker_ids ``rank,
@@ -25,6 +26,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from apps._job.device import rank_device
 
 __all__ = ["DataParallel", "launch_ranks", "under_torchrun"]
 
@@ -69,15 +74,19 @@ class DataParallel:
     Outside torchrun (or with one rank) it is rank 0 of 1 and every method is local.
 
     Args:
-        device: The learner's device; CUDA uses NCCL (one GPU per local rank), else gloo.
+        learner_device: ``--learner-device`` (checked by the settings): ``cuda`` puts this
+            rank on ``cuda:LOCAL_RANK`` and the ranks on NCCL; ``cpu`` on gloo.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, learner_device: str = "cpu") -> None:
         self.rank = int(os.environ.get("RANK", "0")) if under_torchrun() else 0
         self.world_size = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun() else 1
         #: This rank's index on its machine (torchrun's ``LOCAL_RANK``).
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if under_torchrun() else 0
-        self.device = device
+        #: Where this rank's model, optimiser and batches live.
+        self.device = rank_device(learner_device, self.local_rank)
+        #: The process group's backend: NCCL between GPUs, gloo between CPUs.
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._started = False
 
     @property
@@ -86,9 +95,11 @@ class DataParallel:
         return self.world_size > 1
 
     def __enter__(self) -> DataParallel:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL and DDP work on the current device
         if self.active and not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, timeout=_TIMEOUT)
+            device_id = self.device if self.device.type == "cuda" else None
+            dist.init_process_group(self.backend, timeout=_TIMEOUT, device_id=device_id)
             self._started = True
         return self
 
@@ -96,6 +107,16 @@ class DataParallel:
         if self._started:
             dist.destroy_process_group()
             self._started = False
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """``module`` (on :attr:`device`) in DDP when several ranks train together, else itself.
+
+        DDP makes every rank start from rank 0's weights and averages each gradient.
+        """
+        if not self.active:
+            return module
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids)
 
     def worker_ids(self, num_actors: int) -> list[int]:
         """The worker_ids of this rank's share of a local fleet of ``num_actors`` actors."""

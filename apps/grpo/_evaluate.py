@@ -79,6 +79,7 @@ class Evaluator:
             budgets=[self.settings.max_new_tokens] * len(self.prompts),
             stop_ids=(eos,),
             pad_id=int(self.tokenizer.pad_token_id),
+            device=next(model.parameters()).device,  # decode where the learner's model is
         )
         right = 0
         for row, problem in enumerate(self.problems):

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from apps._job.cli import seed_everything
 from apps._job.ranks import DataParallel
@@ -69,7 +68,8 @@ def train(settings: GRPOSettings) -> GRPOSummary:
     generation = GenerationSettings(
         max_new_tokens=settings.max_new_tokens, temperature=settings.sampling_temperature
     )
-    with DataParallel(torch.device("cpu")) as ranks:
+    with DataParallel(settings.learner_device) as ranks:
+        model.to(ranks.device)  # the actors' copies stay theirs; pushes read from here
         return _run(settings, ranks, model, tokenizer, evaluator, generation)
 
 
@@ -88,8 +88,7 @@ def _run(
     if settings.loss == "torchrl":
         capacity = settings.prompts_per_step * settings.group_size
         torchrl_update = TorchRLGRPO(model, tokenizer, settings.group_size, capacity, config)
-    # DDP makes every rank start from rank 0's weights and averages each gradient.
-    trained = DistributedDataParallel(model) if ranks.active else model
+    trained = ranks.wrap(model)  # DDP on several ranks: the same weights on every rank
     learner = GRPOLearner(trained, generation, config)
     curve = Curve()
     evaluate = ranks.rank == 0  # rank 0 shows progress and writes the outputs

@@ -103,8 +103,11 @@ class GRPOLearner:
         """
         batch = batch.reshape(-1)
         advantage = group_advantages(
-            batch["next", "reward"].reshape(-1), batch["collector", "group_id"].reshape(-1)
+            batch["next", "reward"].reshape(-1).cpu(),
+            batch["collector", "group_id"].reshape(-1).cpu(),
         )
+        device = next(self.model.parameters()).device  # the update runs where the model is
+        batch, advantage = batch.to(device), advantage.to(device)
         totals: dict[str, float] = {}
         self.model.train()
         for _ in range(self.config.epochs):
@@ -125,7 +128,7 @@ class GRPOLearner:
         )
         log_prob = chosen_log_probs(dists, tokens, prompt_len, response_len)
         span = log_prob.shape[1]
-        mask = (torch.arange(span)[None, :] < response_len[:, None]).float()
+        mask = (torch.arange(span, device=tokens.device)[None, :] < response_len[:, None]).float()
         old = batch["log_probs"][:, :span].float()
         log_ratio = (log_prob - old) * mask
         ratio = log_ratio.exp()

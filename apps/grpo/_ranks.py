@@ -87,7 +87,7 @@ def rank_record(collector: GrpcLLMCollector, pusher: RankPusher, model: nn.Modul
         held = decode_state(blob.numpy().tobytes())["models"][pusher.model_id]
         weights = held["weights"]
         equal = bool(weights) and all(
-            key in mine and torch.equal(value, mine[key].to(value.dtype))
+            key in mine and torch.equal(value, mine[key].to(value.device, value.dtype))
             for key, value in weights.items()
         )
         actors[str(worker_id)] = {"version": int(held["version"]), "weights_equal": equal}

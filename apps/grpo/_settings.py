@@ -14,6 +14,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from apps._job.device import (
+    LEARNER_DEVICE_HELP,
+    check_learner_device,
+    cuda_device_count,
+    ranks_per_node,
+)
 from apps._job.settings import check_positive_ints, opt, parse_settings
 from common.llm import TASK_NAMES, VOCABS
 
@@ -40,6 +46,10 @@ class GRPOSettings:
         nproc_per_node: Learner ranks to start on this machine (data-parallel GRPO through
             torchrun, ``docs/grpo.md``); each starts and owns ``num_actors / nproc_per_node``
             actors and updates on ``prompts_per_step`` problems of its own per step.
+        learner_device: Where the learner's model, optimiser and update run: ``cpu``,
+            ``cuda`` (each rank on ``cuda:LOCAL_RANK``, NCCL between ranks: one GPU per
+            rank) or ``cuda:N`` (one rank); the built-in loss only. Checked before
+            anything starts.
         shard_pushes: Each rank pushes only its part of the weights (sorted keys
             ``[rank::nproc_per_node]``) to every actor, which swaps a version in when all
             parts arrived; without it each rank pushes the whole model to its own actors.
@@ -90,6 +100,7 @@ class GRPOSettings:
     num_actors: int = opt(2, "LLM actor servers to start on loopback")
     nproc_per_node: int = opt(1, "learner ranks (DDP) to start on this machine")
     shard_pushes: bool = opt(False, "each rank pushes its part of the weights to every actor")
+    learner_device: str = opt("cpu", LEARNER_DEVICE_HELP)
     engine: str = opt("transformers", "the actors' engine: transformers or vllm")
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
@@ -193,6 +204,13 @@ class GRPOSettings:
             )
         if ranks > 1 and self.loss != "builtin":
             raise ValueError(f"--nproc-per-node {ranks} needs --loss builtin, got {self.loss!r}")
+        if self.learner_device != "cpu":  # the CPU needs no look at the GPUs
+            if self.loss != "builtin":
+                raise ValueError(
+                    f"--learner-device {self.learner_device} needs --loss builtin (TorchRL's "
+                    f"loss runs on the CPU), got {self.loss!r}"
+                )
+            check_learner_device(self.learner_device, ranks_per_node(ranks), cuda_device_count())
 
     @property
     def actors_per_rank(self) -> int:

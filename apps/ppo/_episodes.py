@@ -70,11 +70,14 @@ class EpisodeTracker:
         Returns:
             The returns of the episodes that finished in this batch.
         """
-        traj = batch["collector", "traj_ids"].reshape(-1)
+        # The bookkeeping is on the host, whichever device the learner's batches are on.
+        traj = batch["collector", "traj_ids"].reshape(-1).cpu()
         worker = batch.get(("collector", "worker_id"), None)
-        worker = torch.zeros_like(traj) if worker is None else worker.reshape(-1).to(traj.dtype)
-        reward = batch["next", "reward"].reshape(traj.shape[0], -1).sum(-1).double()
-        done = batch["next", "done"].reshape(traj.shape[0], -1).any(-1)
+        worker = (
+            torch.zeros_like(traj) if worker is None else worker.reshape(-1).cpu().to(traj.dtype)
+        )
+        reward = batch["next", "reward"].reshape(traj.shape[0], -1).sum(-1).double().cpu()
+        done = batch["next", "done"].reshape(traj.shape[0], -1).any(-1).cpu()
 
         keys, inverse = torch.unique(torch.stack([worker, traj], -1), dim=0, return_inverse=True)
         sums = torch.zeros(len(keys), dtype=torch.float64).index_add_(0, inverse, reward)

@@ -48,8 +48,8 @@ def train(settings: TrainSettings) -> TrainSummary:
     seed_everything(settings.seed)  # the same on every rank (DDP starts from rank 0's)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
     with contextlib.ExitStack() as stack:
-        ranks = stack.enter_context(DataParallel(torch.device("cpu")))
-        policy, learner = _build_learner(settings, ranks.active)
+        ranks = stack.enter_context(DataParallel(settings.learner_device))
+        policy, learner = _build_learner(settings, ranks)
         collector = _open_collector(stack, settings, ranks)
         progress = stack.enter_context(
             contextlib.closing(
@@ -82,17 +82,22 @@ def train(settings: TrainSettings) -> TrainSummary:
 
 
 def _build_learner(
-    settings: TrainSettings, data_parallel: bool
+    settings: TrainSettings, ranks: DataParallel
 ) -> tuple[torch.nn.Module, PPOLearner]:
-    """The policy (built as the actors build theirs) and its PPO learner with a critic."""
+    """The policy (built as the actors build theirs) and its PPO learner with a critic.
+
+    Both live on the rank's device; DDP (several ranks) averages their gradients.
+    """
     observation_space, action_space = _spaces(settings.env)
     policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
     value = make_value_mlp(observation_space, hidden=settings.hidden)
+    policy.to(ranks.device)
+    value.to(ranks.device)
     learner = PPOLearner(
         policy,
         value,
         PPOConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(PPOConfig)}),
-        data_parallel=data_parallel,
+        wrap=ranks.wrap,
     )
     return policy, learner
 
@@ -117,6 +122,8 @@ def _open_collector(
             token=os.environ.get("RLFLEET_TOKEN") or None,
             rank=ranks.rank,
             world_size=ranks.world_size,
+            # Batches land where the learner's model is (None: as received, on the host).
+            device=None if ranks.device.type == "cpu" else ranks.device,
             # A rank restarted by torchrun resumes the sessions its last process left open.
             learner_id=os.environ.get("TORCHELASTIC_RUN_ID", ""),
         )

@@ -13,12 +13,12 @@ advantage leak into the next trajectory.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictSequential
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["ActorCritic", "PPOConfig", "PPOLearner", "compute_gae"]
 
@@ -129,8 +129,9 @@ class PPOLearner:
             ``"observation"`` and offers ``get_dist`` (``common.policies.make_policy``).
         value: An ``nn.Module`` mapping an observation tensor to a ``[..., 1]`` value.
         config: The update knobs.
-        data_parallel: Wrap the networks in ``DistributedDataParallel`` (torch.distributed
-            must be initialised): every rank steps with the gradients averaged over all.
+        wrap: Wraps the policy and value as one module for the gradient steps, on their
+            device: ``DataParallel.wrap`` (DDP, torch.distributed initialised) makes every
+            rank step with the gradients averaged over all; None steps on them as they are.
 
     Example::
 
@@ -146,14 +147,13 @@ class PPOLearner:
         value: nn.Module,
         config: PPOConfig,
         *,
-        data_parallel: bool = False,
+        wrap: Callable[[nn.Module], nn.Module] | None = None,
     ) -> None:
         self.policy = policy
         self.value = value
         self.config = config
         model = ActorCritic(policy, value)
-        # DDP makes every rank start from rank 0's weights and average each gradient.
-        self.model: nn.Module = DistributedDataParallel(model) if data_parallel else model
+        self.model: nn.Module = model if wrap is None else wrap(model)
         params = list(dict.fromkeys([*policy.parameters(), *value.parameters()]))
         self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=1e-5)
         self._params = params
@@ -180,7 +180,7 @@ class PPOLearner:
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(self.config.epochs):
-            order = torch.randperm(size)
+            order = torch.randperm(size, device=data.device)
             for start in range(0, size - minibatch + 1, minibatch):
                 stats = self._step(data[order[start : start + minibatch]])
                 for key, val in stats.items():

@@ -14,6 +14,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from apps._job.device import (
+    LEARNER_DEVICE_HELP,
+    check_learner_device,
+    cuda_device_count,
+    ranks_per_node,
+)
 from apps._job.settings import check_positive_ints, opt, parse_settings
 from learner_client import check_metrics_port
 
@@ -69,6 +75,9 @@ class TrainSettings:
             serve on ``metrics_port + LOCAL_RANK``.
         nproc_per_node: Learner ranks to start on this machine (data-parallel PPO through
             ``torch.distributed.run``); under torchrun, torchrun's own flag decides.
+        learner_device: Where the policy, the critic, the optimiser and the delivered
+            batches live: ``cpu``, ``cuda`` (each rank on ``cuda:LOCAL_RANK``, NCCL between
+            ranks: one GPU per rank) or ``cuda:N`` (one rank); checked before anything starts.
     """
 
     env: str = opt("CartPole-v1", "gymnasium env id")
@@ -102,6 +111,7 @@ class TrainSettings:
     progress: bool = opt(True, "show a tqdm progress bar")
     metrics_port: int | None = opt(None, "serve the learner's Prometheus /metrics on this port")
     nproc_per_node: int = opt(1, "learner ranks (DDP) to start on this machine")
+    learner_device: str = opt("cpu", LEARNER_DEVICE_HELP)
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -140,6 +150,9 @@ class TrainSettings:
         if not self.actors:
             self._check_local_batch_shape()
         check_metrics_port(self.metrics_port)
+        if self.learner_device != "cpu":  # the CPU needs no look at the GPUs
+            ranks = ranks_per_node(self.nproc_per_node)
+            check_learner_device(self.learner_device, ranks, cuda_device_count())
 
     def _check_local_batch_shape(self) -> None:
         ranks = self.nproc_per_node

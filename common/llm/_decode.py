@@ -283,11 +283,12 @@ def response_distributions(
         whatever follows its end (mask them); differentiable.
     """
     rows, width = tokens.shape
-    index = torch.arange(width)
+    index = torch.arange(width, device=tokens.device)
     mask = (index[None, :] < (prompt_len + response_len)[:, None]).long()
     logits = model(input_ids=tokens, attention_mask=mask).logits
     span = int(response_len.max()) if rows else 0
-    offsets = (prompt_len[:, None] - 1 + torch.arange(span)[None, :]).clamp(0, width - 1)
+    steps = torch.arange(span, device=tokens.device)
+    offsets = (prompt_len[:, None] - 1 + steps[None, :]).clamp(0, width - 1)
     picked = logits.gather(1, offsets[..., None].expand(-1, -1, logits.shape[-1]))
     return process_logits(picked, settings)
 
@@ -328,7 +329,8 @@ def chosen_log_probs(
         ``[B, R]`` log-probs of the response tokens, 0 past each row's length.
     """
     width, span = tokens.shape[1], log_probs.shape[1]
-    offsets = (prompt_len[:, None] + torch.arange(span)[None, :]).clamp(max=width - 1)
+    steps = torch.arange(span, device=tokens.device)
+    offsets = (prompt_len[:, None] + steps[None, :]).clamp(max=width - 1)
     chosen = log_probs.gather(-1, tokens.gather(1, offsets)[..., None]).squeeze(-1)
-    valid = torch.arange(span)[None, :] < response_len[:, None]
+    valid = steps[None, :] < response_len[:, None]
     return torch.where(valid, chosen, torch.zeros_like(chosen))
