@@ -5,7 +5,8 @@ TorchRL's CSV logger (the runs' logger, read back for the final return): it reco
 mean of a scalar given as several values (``sac.py`` logs every episode's reward of a batch
 as one tensor, which the wandb logger it defaults to takes and the CSV logger refuses),
 and it records no videos (``mappo_ippo.py`` logs one per evaluation, which the CSV logger
-would encode with torchcodec, not a dependency here).
+would encode with torchcodec, not a dependency here). With ``RLFLEET_SEED`` set, torch,
+numpy and random are seeded with it first, alike on both sides.
 """
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ def _mean_of_many() -> None:
     csv.CSVLogger.log_video = lambda self, *args, **kwargs: None
 
 
+def _seed() -> None:
+    """Seed torch, numpy and random with ``RLFLEET_SEED`` where it is set.
+
+    Most of TorchRL's scripts seed nothing, so every run starts from torch's default seed:
+    a comparison's run ``i`` sets it to ``i`` on both sides, alike, before the script runs.
+    """
+    seed = os.environ.get("RLFLEET_SEED", "")
+    if seed:
+        import random
+
+        import numpy as np
+        import torch
+
+        random.seed(int(seed))
+        np.random.seed(int(seed))
+        torch.manual_seed(int(seed))
+
+
 def main() -> None:
     """Run ``sys.argv[1]`` with the rest of the arguments as its own.
 
@@ -43,6 +62,7 @@ def main() -> None:
     sys.argv = [str(script), *sys.argv[2:]]
     sys.path.insert(0, str(script.parent))
     _mean_of_many()
+    _seed()
     found = runpy.run_path(str(script), run_name="__main__")
     expression = os.environ.get("RLFLEET_RESULT", "")
     if expression:

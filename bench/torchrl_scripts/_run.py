@@ -137,10 +137,12 @@ def run_script(
     timeout: float,
     frames: int = 0,
     actors: int = 0,
+    seed: int | None = None,
 ) -> RunResult:
     """Run ``spec`` (``"torchrl"`` or ``"fleet"``) in ``dest`` with hydra ``overrides``.
 
-    A port's fleet has ``actors`` actors (``spec.actors`` when 0).
+    A port's fleet has ``actors`` actors (``spec.actors`` when 0); ``seed`` seeds torch,
+    numpy and random before the script runs (``_driver``), None leaves them unseeded.
     """
     script = layout(spec, variant, dest, actors=actors)
     env = dict(os.environ)
@@ -151,6 +153,9 @@ def run_script(
     env["PYTHONPATH"] = os.pathsep.join([str(dest), str(ROOT), env.get("PYTHONPATH", "")])
     env.update(MPLBACKEND="Agg", SDL_VIDEODRIVER="dummy", HYDRA_FULL_ERROR="1")
     env.update(WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    env.pop("RLFLEET_SEED", None)
+    if seed is not None:
+        env["RLFLEET_SEED"] = str(seed)
     # One torch thread per process, on both sides: a learner and its actors (or TorchRL's
     # workers) sharing a few cores run small networks far slower with a pool each.
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

@@ -4,7 +4,8 @@ Each script of :data:`~bench.torchrl_scripts._specs.SPECS` runs twice at its com
 budget (``ScriptSpec.bench``: the same overrides, frames and seeds on both sides), first as
 TorchRL ships it, then ported (its collector a ``GrpcCollector`` over ``ScriptSpec.actors``
 local actors, or ``--actors``), each in its own process and folder; ``--runs N`` repeats
-both, alternating (run ``i`` of a seeded script with seed ``i``), and compares medians.
+both, alternating (run ``i`` with seed ``i``: torch's, numpy's and random's before the
+script runs, and a seeded script's own), and compares medians.
 The criterion (:func:`within_criterion`): the fleet's final return is within 20% of
 TorchRL's, or both reach the task's threshold.
 
@@ -90,7 +91,9 @@ def compare(
             dest = workdir / spec.name / f"{variant}{index}"
             seed = (f"{spec.seed_key}={index}",) if spec.seed_key else ()
             overrides = (*spec.bench, *seed)
-            run = run_script(spec, variant, overrides, dest, timeout=timeout, actors=actors)
+            run = run_script(
+                spec, variant, overrides, dest, timeout=timeout, actors=actors, seed=index
+            )
             results[variant].append(run)
             if run.returncode != 0:
                 print(f"{spec.name} {variant} failed ({run.returncode}):\n{run.log_tail}")
