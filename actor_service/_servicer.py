@@ -326,14 +326,18 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             cap = self._max_bytes([mid])
             staged = decode_part(models, mid, blob, part, push.base_version, cap)
             staged = dataclasses.replace(staged, buffer=push.buffer, lent=not push.fresh)
-            check_newer(mid, version, models.policy_version(mid))  # a whole push may have won
+            # Read once, before staging: another rank's part may complete this version
+            # the moment this one is staged, and a STAGED reply names the version that
+            # was in force while it staged (older than its own).
+            in_force = models.policy_version(mid)
+            check_newer(mid, version, in_force)  # a whole push may have won
             info = models.parameters_info(mid)
             count, whole, parts = self._parts.stage(mid, version, staged, info, state_nbytes(info))
             push.buffer = None  # the staging holds it now
             if whole is None:
                 push.outcome = PushOutcome.STAGED
                 push.audit(None)
-                return self._reply(push, models.policy_version(mid), 0.0, count)
+                return self._reply(push, in_force, 0.0, count)
             try:
                 swap = models.swap_parts(mid, version, whole)
             except RlfleetError as exc:

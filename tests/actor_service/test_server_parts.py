@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -117,6 +119,36 @@ def test_parts_arrive_in_any_order_and_a_single_part_is_a_whole_version(make_act
     third, fourth = _halves(actor, 3)
     assert _part(actor, third | fourth, 4, 0, 1).outcome == COMPLETED
     _assert_holds(actor, third | fourth, 4)
+
+
+def test_parts_arriving_together_name_the_version_in_force_when_they_staged(make_actor) -> None:
+    # Two ranks' parts of each version race: whichever stages first is answered STAGED with
+    # the older version (never the one its sibling completes a moment later), the other
+    # COMPLETED with its own. A learner refuses any other pair (SessionStateError).
+    actor = make_actor()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two lines, as under load
+    try:
+        _race_parts(actor, 40)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _race_parts(actor: Actor, versions: int) -> None:
+    first: dict = {}
+    second: dict = {}
+    with ThreadPoolExecutor(2) as pool:
+        for version in range(1, versions + 1):
+            first, second = _halves(actor, version)
+            replies = list(
+                pool.map(
+                    lambda job: _part(actor, job[0], job[1], job[2], 2),
+                    [(first, version, 0), (second, version, 1)],
+                )
+            )
+            pairs = sorted((r.outcome, r.version) for r in replies)
+            assert pairs == [(STAGED, version - 1), (COMPLETED, version)], (version, pairs)
+    _assert_holds(actor, first | second, versions)
 
 
 def test_bf16_and_delta_parts_apply_like_their_whole_pushes(make_actor) -> None:
