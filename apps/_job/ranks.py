@@ -87,6 +87,10 @@ class DataParallel:
         self.device = rank_device(learner_device, self.local_rank)
         #: The process group's backend: NCCL between GPUs, gloo between CPUs.
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        #: The collector's ``learner_id``: torchrun's run id, the same across a rank's
+        #: restarts, so a restarted rank resumes the sessions its last process left open
+        #: (empty outside torchrun: a unique one).
+        self.learner_id = os.environ.get("TORCHELASTIC_RUN_ID", "") if under_torchrun() else ""
         self._started = False
 
     @property

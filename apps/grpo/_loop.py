@@ -179,6 +179,7 @@ def _collector(
         replay_buffer=torchrl_update.replay_buffer if torchrl_update else None,
         rank=ranks.rank,
         world_size=ranks.world_size,
+        learner_id=ranks.learner_id,
     )
 
 

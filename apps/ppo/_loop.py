@@ -124,8 +124,7 @@ def _open_collector(
             world_size=ranks.world_size,
             # Batches land where the learner's model is (None: as received, on the host).
             device=None if ranks.device.type == "cpu" else ranks.device,
-            # A rank restarted by torchrun resumes the sessions its last process left open.
-            learner_id=os.environ.get("TORCHELASTIC_RUN_ID", ""),
+            learner_id=ranks.learner_id,
         )
     )
     if settings.metrics_port is not None:  # on all interfaces, until the collector shuts down

@@ -9,7 +9,8 @@ script runs, and a seeded script's own), and compares medians.
 The criterion (:func:`within_criterion`): the fleet's final return is within 20% of
 TorchRL's, or both reach the task's threshold.
 
-Usage: ``python -m bench.torchrl_scripts [--only dqn_cartpole,sac] [--runs 3] [--workdir DIR]``;
+Usage: ``python -m bench.torchrl_scripts [--only dqn_cartpole,sac] [--runs 3] [--workdir DIR]
+[--first-seed 3] [--override env.name=Pendulum-v1 ...]``;
 prints a table and, last, one JSON line (``bench/RESULTS.md`` records the table).
 """
 
@@ -83,14 +84,20 @@ def compare(
     timeout: float = 3600.0,
     actors: int = 0,
     sides: Sequence[str] = ("torchrl", "fleet"),
+    first_seed: int = 0,
+    extra: Sequence[str] = (),
 ) -> dict[str, object]:
-    """``runs`` runs of each side, alternating, and their row (``"ok"``: the criterion)."""
+    """``runs`` runs of each side, alternating, and their row (``"ok"``: the criterion).
+
+    Run ``i`` has seed ``first_seed + i``; ``extra`` hydra overrides follow the spec's
+    budget on both sides (another env or budget for the same comparison).
+    """
     results: dict[str, list[RunResult]] = {"torchrl": [], "fleet": []}
-    for index in range(runs):
+    for index in range(first_seed, first_seed + runs):
         for variant in sides:
             dest = workdir / spec.name / f"{variant}{index}"
             seed = (f"{spec.seed_key}={index}",) if spec.seed_key else ()
-            overrides = (*spec.bench, *seed)
+            overrides = (*spec.bench, *extra, *seed)
             run = run_script(
                 spec, variant, overrides, dest, timeout=timeout, actors=actors, seed=index
             )
@@ -109,6 +116,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs of each side (medians)")
     parser.add_argument("--actors", type=int, default=0, help="the fleet's actors (0: spec's)")
     parser.add_argument("--sides", default="torchrl,fleet", help="which sides run: torchrl,fleet")
+    parser.add_argument("--first-seed", type=int, default=0, help="run i has seed first-seed + i")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a hydra override for both sides, after the spec's budget (repeatable)",
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(SPECS)
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="torchrl-scripts-"))
@@ -123,7 +137,14 @@ def main(argv: list[str] | None = None) -> None:
             continue
         sides = args.sides.split(",")
         row = compare(
-            spec, workdir, runs=args.runs, timeout=args.timeout, actors=args.actors, sides=sides
+            spec,
+            workdir,
+            runs=args.runs,
+            timeout=args.timeout,
+            actors=args.actors,
+            sides=sides,
+            first_seed=args.first_seed,
+            extra=args.override,
         )
         rows.append(row)
         cells = [_fmt(row[k]) for k in list(row)[:6]]

@@ -140,3 +140,13 @@ def test_grpo_command_line_refuses_cuda_without_cuda(capsys: pytest.CaptureFixtu
         parse_grpo_args(["--learner-device", "cuda:1"])
     assert info.value.code == 2
     assert "learner_device 'cuda:1': no CUDA device here" in capsys.readouterr().err
+
+
+def test_a_ranks_learner_id_is_torchruns_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same across a rank's restarts: the replacement resumes its actors' sessions.
+    _as_rank(monkeypatch, rank=1, world=2, local=1)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    assert DataParallel("cpu").learner_id == "job-7"
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    assert DataParallel("cpu").learner_id == ""  # one process: a unique id per collector
