@@ -8,11 +8,15 @@ model on it (:func:`~actor_service._core._torchrl_pool.check_torchrl_config`); f
 one env's spaces, which must not read more than a gymnasium step holds (a TensorDict
 policy that needs ``is_init``, recurrent states or keys other than ``observation``
 belongs on ``--kind torchrl``); for ``llm`` with ``--engine vllm``, that vLLM is
-installed and accepts the model's configuration. The env is built once here, then
-closed. The command line turns the error into its usage error (exit 2).
+installed and accepts the model's configuration; for ``llm`` with ``--lora``, that its
+targets are modules of the model (and, with vLLM, layers vLLM serves LoRA on). The env is
+built once here, then closed. The command line turns the error into its usage error
+(exit 2).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from actor_service._config import ActorConfig
 from common.config import local_device
@@ -34,8 +38,50 @@ def check_before_binding(config: ActorConfig) -> None:
         check_torchrl_config(config)
     elif config.kind == "env":
         _check_env_policies(config)
-    elif config.engine == "vllm":
-        _check_vllm(config)
+    elif config.kind == "llm":
+        if config.engine == "vllm":
+            _check_vllm(config)
+        if config.lora is not None:
+            _check_lora(config)
+
+
+def _check_lora(config: ActorConfig) -> None:
+    """The adapter's targets are modules of the model, on its skeleton (no weights).
+
+    peft refuses targets the model lacks. vLLM serves LoRA on every linear layer but the
+    output head (``lm_head`` is an embedding there); the engine checks its own list again
+    once it is up (:func:`actor_service._vllm_lora.check_targets`).
+    """
+    import torch
+    from torch import nn
+
+    from actor_service._vllm_lora import check_targets
+    from common.llm import apply_lora
+
+    assert config.lora is not None
+    model = _skeleton(config.models[0].factory, dict(config.models[0].kwargs))
+    linear = {n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    with torch.device("meta"):
+        wrapped = apply_lora(model, config.lora)
+    if config.engine == "vllm":
+        check_targets(wrapped.state_dict(), linear - {"lm_head"})
+
+
+def _skeleton(factory: str, kwargs: dict[str, object]) -> Any:
+    """The model of ``factory`` on the meta device: its modules, no memory for weights."""
+    import torch
+
+    from common.llm import build_policy
+
+    kwargs.pop("dtype", None)  # a skeleton's modules do not depend on it
+    if not factory.startswith("hf:"):
+        with torch.device("meta"):
+            return build_policy(factory, **kwargs)[0]
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.from_pretrained(factory[3:], local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config)
 
 
 def _check_vllm(config: ActorConfig) -> None:

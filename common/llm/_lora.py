@@ -142,6 +142,7 @@ def apply_lora(model: Any, spec: LoraSpec | str) -> Any:
     check_peft()
     from peft import LoraConfig, get_peft_model
 
+    _check_targets_exist(model, spec)
     config = LoraConfig(
         r=spec.r,
         lora_alpha=spec.r if spec.alpha is None else spec.alpha,
@@ -155,3 +156,16 @@ def apply_lora(model: Any, spec: LoraSpec | str) -> Any:
             return get_peft_model(model, config)
         except ValueError as exc:
             raise ValueError(f"lora {spec}: {exc}") from None
+
+
+def _check_targets_exist(model: Any, spec: LoraSpec) -> None:
+    """Refuse a target no module of ``model`` is named (peft only refuses all missing)."""
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in spec.targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted(
+            {n.rpartition(".")[2] for n, m in model.named_modules() if not [*m.children()]}
+        )
+        raise ValueError(
+            f"lora {spec}: the model has no module named {missing}; its leaf modules: {leaves}"
+        )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +14,7 @@ from actor_service._cli import parse_config
 from common.llm import LoraSpec, parse_lora
 
 LLM = ["--kind", "llm"]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict | None = None) -> str:
@@ -77,3 +81,29 @@ def test_max_weight_bytes_defaults_to_following_the_model() -> None:
     assert parse_config(["--max-weight-bytes", "1000"], {}, hostname="x").max_weight_bytes == 1000
     with pytest.raises(ValueError, match="max_weight_bytes"):
         ActorConfig(max_weight_bytes=0)
+
+
+def _actor(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "actor_service", *LLM, "--port", "0", *argv],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", ["rlfleet:tiny-qwen2", "hf"])
+def test_lora_targets_the_model_lacks_exit_2_before_binding(spec: str, tmp_path) -> None:
+    # Checked on the model's skeleton (a checkpoint's config alone: its weights are not read).
+    pytest.importorskip("peft")
+    if spec == "hf":
+        from common.llm import build_policy
+
+        model, tokenizer = build_policy("rlfleet:tiny-qwen2", hidden=32, heads=2, layers=1)
+        model.save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+        (tmp_path / "model.safetensors").write_bytes(b"")  # nothing of it may be read
+        spec = f"hf:{tmp_path}"
+    out = _actor(["--policy", spec, "--lora", "r=4,targets=q_proj,foo_proj"])
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "the model has no module named ['foo_proj']" in out.stderr
+    assert "'q_proj'" in out.stderr  # what it could have named
+    assert "listening" not in out.stdout + out.stderr

@@ -106,6 +106,18 @@ def test_a_head_size_vllm_cannot_run_on_the_cpu_exits_2() -> None:
     assert "ready" not in out.stdout
 
 
+@pytest.mark.vllm
+def test_a_lora_target_vllm_serves_no_adapter_on_exits_2() -> None:
+    # lm_head is a linear layer to peft and the decode loop, an embedding to vLLM.
+    pytest.importorskip("peft")
+    kwargs = '{"hidden": 128, "heads": 2, "layers": 1}'
+    argv = ["--engine", "vllm", "--policy-kwargs", kwargs, "--lora", "r=4,targets=q_proj,lm_head"]
+    out = _actor(argv)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "lora targets ['lm_head'] are modules vLLM serves no LoRA adapter on" in out.stderr
+    assert "ready" not in out.stdout
+
+
 #: A tiny model vLLM's CPU attention takes (head size 64).
 VLLM_TINY = {"hidden": 128, "heads": 2, "layers": 1, "seed": 0}
 
