@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
 from actor_service._logging import configure_logging, get_logger
+from actor_service._parts import PartStaging
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import crc32c, encode_delta, encode_weights, iter_blob_chunks
 
@@ -121,34 +122,44 @@ def test_parts_arrive_in_any_order_and_a_single_part_is_a_whole_version(make_act
     _assert_holds(actor, third | fourth, 4)
 
 
-def test_parts_arriving_together_name_the_version_in_force_when_they_staged(make_actor) -> None:
-    # Two ranks' parts of each version race: whichever stages first is answered STAGED with
-    # the older version (never the one its sibling completes a moment later), the other
-    # COMPLETED with its own. A learner refuses any other pair (SessionStateError).
+def test_a_part_staged_as_its_sibling_completes_the_version_names_the_older_one(
+    make_actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two ranks' parts of one version race: part 0 is staged, then, before its reply is
+    # written, part 1 completes the version. Part 0 is still answered STAGED with the version
+    # in force when it staged (a learner refuses STAGED with its own version as an answer no
+    # push can have). The hooks only order the two calls; both go through gRPC.
     actor = make_actor()
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads interleave between any two lines, as under load
-    try:
-        _race_parts(actor, 40)
-    finally:
-        sys.setswitchinterval(interval)
+    first_staged, completed = threading.Event(), threading.Event()
+    stage = PartStaging.stage
 
+    def stage_then_hold(self: PartStaging, *args: object) -> tuple:
+        count, whole, parts = stage(self, *args)  # type: ignore[arg-type]
+        if whole is None:
+            first_staged.set()
+            assert completed.wait(10), "the sibling part never completed the version"
+        return count, whole, parts
 
-def _race_parts(actor: Actor, versions: int) -> None:
-    first: dict = {}
-    second: dict = {}
+    models = actor.worker.models
+    swap_parts = models.swap_parts
+
+    def swap_then_signal(*args: object) -> object:
+        try:
+            return swap_parts(*args)
+        finally:
+            completed.set()
+
+    monkeypatch.setattr(PartStaging, "stage", stage_then_hold)
+    monkeypatch.setattr(models, "swap_parts", swap_then_signal)
+    first, second = _halves(actor, 7)
     with ThreadPoolExecutor(2) as pool:
-        for version in range(1, versions + 1):
-            first, second = _halves(actor, version)
-            replies = list(
-                pool.map(
-                    lambda job: _part(actor, job[0], job[1], job[2], 2),
-                    [(first, version, 0), (second, version, 1)],
-                )
-            )
-            pairs = sorted((r.outcome, r.version) for r in replies)
-            assert pairs == [(STAGED, version - 1), (COMPLETED, version)], (version, pairs)
-    _assert_holds(actor, first | second, versions)
+        staged = pool.submit(_part, actor, first, 1, 0, 2)
+        assert first_staged.wait(10)
+        done = _part(actor, second, 1, 1, 2)
+        staged_reply = staged.result(timeout=30)
+    assert (done.outcome, done.version) == (COMPLETED, 1)
+    assert (staged_reply.outcome, staged_reply.version) == (STAGED, 0)
+    _assert_holds(actor, first | second, 1)
 
 
 def test_bf16_and_delta_parts_apply_like_their_whole_pushes(make_actor) -> None:
