@@ -26,6 +26,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tensordict import NonTensorStack, TensorDictBase
+
 from common.errors import RlfleetError
 from learner_client._torchrl_args import check_env_signature, env_signature
 
@@ -70,7 +72,7 @@ class ScriptEnv:
             return batch
         if not size:
             return batch[(0,) * len(lead)]
-        return batch.reshape(*size, batch.batch_size[-1])
+        return _reshape(batch, (*size, batch.batch_size[-1]))
 
     def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> None:
         """Check the first batch; load an actor's env state into the script's env.
@@ -120,3 +122,25 @@ def _one_env(state: Mapping[str, Any], env: Any) -> Mapping[str, Any]:
     if not batched and isinstance(inner, Mapping) and all(k.startswith("worker") for k in state):
         return inner
     return state
+
+
+def _reshape(batch: Any, size: tuple[int, ...]) -> Any:
+    """``batch.reshape(*size)``, its text (``NonTensorStack``) keys included.
+
+    tensordict's reshape leaves a ``NonTensorStack`` in its old shape when the reshape only
+    drops a unit dimension (``[2, 1, T]`` to ``[2, T]``); those are rebuilt, row for row.
+    """
+    shaped = batch.reshape(*size)
+
+    def leaf(cls: type) -> bool:
+        return issubclass(cls, NonTensorStack) or not issubclass(cls, TensorDictBase)
+
+    for key, value in list(shaped.items(True, True, is_leaf=leaf)):
+        if isinstance(value, NonTensorStack) and tuple(value.batch_size) != size:
+            items = value.tolist()
+            for _ in range(value.batch_dims - 1):
+                items = [item for row in items for item in row]
+            for width in reversed(size[1:]):
+                items = [items[i : i + width] for i in range(0, len(items), width)]
+            shaped.set(key, NonTensorStack.from_list(items))
+    return shaped

@@ -145,3 +145,34 @@ def test_collector_batches_take_the_scripts_env_layout(vecnorm_actors: list[str]
 
 def single_env_factory() -> object:
     return rlfleet_test_torchrl.normalized_pendulum()
+
+
+@pytest.fixture
+def string_actors() -> Iterator[list[str]]:
+    base = ["--kind", "torchrl", "--env-factory", "rlfleet_test_torchrl:string_counting"]
+    args = [[*base, "--worker-id", str(w), "--num-envs", "1", "--seed", str(w)] for w in range(2)]
+    actors = start_actors(args, env=ACTOR_ENV)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+def test_text_keys_take_the_scripts_env_layout_too(string_actors: list[str]) -> None:
+    # [actors=2, envs=1, T] becomes the SerialEnv's [2, T]: a NonTensorStack included, row
+    # for row (tensordict's reshape alone leaves it [2, 1, T] when a unit dimension goes).
+    from torchrl.envs import SerialEnv
+
+    env = SerialEnv(2, rlfleet_test_torchrl.string_counting)
+    with GrpcCollector(
+        string_actors, create_env_fn=env, frames_per_batch=8, total_frames=8, sync=True
+    ) as collector:
+        batch = collector.next()
+    assert tuple(batch.batch_size) == (2, 4)
+    for key in ("string", ("next", "string")):
+        text = batch.get(key)
+        assert tuple(text.batch_size) == (2, 4), key
+        rows = text.tolist()
+        assert [len(row) for row in rows] == [4, 4]
+        assert all(isinstance(item, str) for row in rows for item in row)
+        # each row is one actor's trajectory: its text is that step's, as the actor sent it
+        assert rows[1][2] == batch[1, 2][key]
