@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from actor_service._scratch import scratch_dir
 from actor_service._vllm_worker import engine_module
 
 __all__ = [
@@ -92,7 +92,7 @@ class EngineAdapter:
         self._engine = engine
         self._config = config
         self._scaling = float(config.lora_alpha) / float(config.r)
-        self._root = tempfile.mkdtemp(prefix="rlfleet-vllm-lora-")
+        self._root = scratch_dir("vllm-lora")
         self._count = 0
         self.serving: str | None = None
         self._previous: str | None = None

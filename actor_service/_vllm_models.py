@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import functools
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from actor_service._llm_models import LLMModels
+from actor_service._scratch import scratch_dir
 from actor_service._swap import Swap, check_base, swap_full
 from actor_service._vllm_engine import VLLMEngine, VLLMOptions
 from actor_service._vllm_lora import (
@@ -108,7 +108,7 @@ class VLLMModels(LLMModels):
             self._storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(key)
 
     def _save_checkpoint(self, unwrap: bool) -> str:
-        self._export = tempfile.mkdtemp(prefix="rlfleet-vllm-")
+        self._export = scratch_dir("vllm")
         model = self.model
         if unwrap:  # vLLM loads the base; the adapter goes in on its own
             model = copy.deepcopy(model).unload()
