@@ -31,7 +31,12 @@ import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built he
 
 @pytest.fixture(scope="module")
 def vecnorm_actors() -> Iterator[list[str]]:
-    base = ["--kind", "torchrl", "--env-factory", "rlfleet_test_torchrl:normalized_pendulum"]
+    yield from _two_actors("rlfleet_test_torchrl:normalized_pendulum")
+
+
+def _two_actors(factory: str) -> Iterator[list[str]]:
+    """Two TorchRL actors of one env each from ``factory``, seeds 0 and 1."""
+    base = ["--kind", "torchrl", "--env-factory", factory]
     args = [[*base, "--worker-id", str(w), "--num-envs", "1", "--seed", str(w)] for w in range(2)]
     actors = start_actors(args, env=ACTOR_ENV)
     yield [a.address for a in actors]
@@ -149,12 +154,7 @@ def single_env_factory() -> object:
 
 @pytest.fixture
 def string_actors() -> Iterator[list[str]]:
-    base = ["--kind", "torchrl", "--env-factory", "rlfleet_test_torchrl:string_counting"]
-    args = [[*base, "--worker-id", str(w), "--num-envs", "1", "--seed", str(w)] for w in range(2)]
-    actors = start_actors(args, env=ACTOR_ENV)
-    yield [a.address for a in actors]
-    for actor in actors:
-        actor.close()
+    yield from _two_actors("rlfleet_test_torchrl:string_counting")
 
 
 def test_text_keys_take_the_scripts_env_layout_too(string_actors: list[str]) -> None:
