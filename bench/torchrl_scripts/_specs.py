@@ -218,7 +218,8 @@ _DDPG = ScriptSpec(
     ),
     # Pendulum-v1 at 30,000 frames: with TorchRL's defaults (OU noise, lr 3e-4) the script
     # learns it in ~20,000 frames (InvertedPendulum-v4 at 12,000 it learns on neither side:
-    # every episode 4 steps). Evaluations at 10, 20 and 30 thousand frames.
+    # every episode 4 steps). Evaluations at 10, 20 and 30 thousand frames, each the mean of
+    # 10 episodes (the default's one episode from one start swings by 2x between evaluations).
     bench=(
         "env.name=Pendulum-v1",
         "env.max_episode_steps=200",
@@ -226,6 +227,7 @@ _DDPG = ScriptSpec(
         "collector.init_random_frames=2000",
         "collector.frames_per_batch=1000",
         "logger.eval_iter=10000",
+        "logger.num_eval_envs=10",
     ),
     frames=30_000,
     metric="eval/reward",
