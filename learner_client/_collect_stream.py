@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -152,6 +153,9 @@ class CollectStream:
         self._call = channel.start_collect(self._requests())
         self._read: asyncio.Future | None = None
         self._limits = PacketLimits()
+        # When credits last went out: an actor owes nothing before it gets them, so its
+        # silence counts from here (or from its last message, whichever is later).
+        self._credited_at = time.monotonic()
 
     async def _requests(self) -> AsyncIterator[pb.CollectRequest]:
         while True:
@@ -163,6 +167,7 @@ class CollectStream:
     def grant(self, batches: int) -> None:
         """Grant ``batches`` more credits."""
         if batches > 0 and not self._closing:
+            self._credited_at = time.monotonic()
             self._outbox.put_nowait(pb.CollectRequest(credit=pb.Credit(batches=batches)))
 
     def ack(self, seq: int) -> None:
@@ -191,14 +196,22 @@ class CollectStream:
         self, idle: float | None, stalled: Callable[[], bool] | None = None
     ) -> pb.CollectResponse | Chunk | None:
         # One read stays pending across idle checks: cancelling a read breaks the call.
+        # Silence counts from the later of this read and the last credit granted: a learner
+        # that trained for longer than ``idle`` before asking owes the actor its full ``idle``.
         if self._read is None:
             self._read = asyncio.ensure_future(self._call.read())
+        quiet_from = time.monotonic()
         while True:
-            done, _ = await asyncio.wait({self._read}, timeout=idle)
+            start = max(quiet_from, self._credited_at)
+            timeout = None if idle is None else max(0.0, start + idle - time.monotonic())
+            done, _ = await asyncio.wait({self._read}, timeout=timeout)
             if done:
                 break
+            if self._credited_at > start:
+                continue  # credits went out while waiting: the actor's time starts there
             if stalled is None or stalled():
                 raise DeadlineError(f"{self.address}: no message from the actor for {idle:.1f} s")
+            quiet_from = time.monotonic()  # nothing owed: the silence so far does not count
         read, self._read = self._read, None
         with translate_errors(self.address):
             message = read.result()

@@ -6,6 +6,7 @@ on the same ports, so they do not share the session fleet.
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import Iterator
 
@@ -231,3 +232,23 @@ def test_a_reconnecting_learner_never_takes_over_another_learners_session(actors
             if collector is not None:
                 collector.shutdown(timeout=5)
         proxy.close()
+
+
+def test_a_learner_that_trains_longer_than_batch_timeout_keeps_its_stream() -> None:
+    # Sync: the actor gets its credit only when the learner asks, after training. The
+    # actor's batch (8 steps of 0.1 s) must get the whole batch_timeout from that credit,
+    # not what is left of it since the previous batch arrived (which would have fired
+    # 0.5 s after the credit and reconnected a healthy stream).
+    envs = str(pathlib.Path(__file__).parents[1] / "actor_service")
+    slow = ["--env-factory", "rlfleet_test_envs:slow_cartpole", "--env-kwargs", '{"delay": 0.1}']
+    with start_actor(["--num-envs", "1", *slow], env={"PYTHONPATH": envs}) as actor:
+        collector = GrpcCollector([actor.address], frames_per_batch=8, sync=True, batch_timeout=3)
+        try:
+            for _ in range(3):
+                collector.next()
+                time.sleep(2.5)  # "training": nothing is owed meanwhile
+            collector.next()
+            stats = collector.stats()
+            assert (stats["failures"], stats["reconnects"]) == (0, 0)
+        finally:
+            collector.shutdown(timeout=5)
