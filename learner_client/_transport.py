@@ -1,21 +1,17 @@
-"""The learner's side of the ``rlfleet.v1`` wire: a channel per actor and its unary calls.
+"""The learner's side of the ``rlfleet.v1`` wire: a channel per actor, its calls, its bytes.
 
-With :mod:`learner_client._collect_stream` (the ``Collect`` session), this is
-where the learner touches the generated stubs. It runs on the learner's single
-asyncio event loop (see :mod:`learner_client._loop_thread`):
-
-* :class:`ActorChannel` — a ``grpc.aio`` channel to one actor with every unary
-  and client/server-streaming call (Describe, SetSeed, PushWeights, GetState,
-  LoadState), each under a deadline, each returning plain Python values.
-* :class:`Channel` — the part of it that an actor link and its ``Collect``
-  streams use (Describe, starting ``Collect``, closing), so that tests can drive
-  a link over a fake.
-* :func:`push_messages` — a weight push's requests, wire-encoded once (each
-  ``chunk`` straight from the blob: the field's tag, the varint length, the
-  data; built as the first target's stream reaches it) and sent unchanged to
-  every target with an identity serializer.
-* :func:`translate_errors` — the one place ``grpc.RpcError`` becomes an
-  :mod:`common.errors` exception, prefixed with the actor's address.
+With :mod:`learner_client._collect_stream` (the ``Collect`` session), this is where the
+learner touches the generated stubs; it runs on the learner's single asyncio event loop
+(:mod:`learner_client._loop_thread`). Each call to an actor has a deadline and returns
+plain Python values, and ``grpc.RpcError`` becomes an :mod:`common.errors` exception, naming
+the actor's address, in one place. The bytes are handled here too, both ways: a weight
+push is wire-encoded once (each ``chunk`` straight from the blob) and sent unchanged to
+every target; a ``Collect`` response that is one plain chunk is read without copying its
+data (protobuf's parser would copy a 3 MiB chunk into a new ``bytes`` before the assembler
+copies it again): its ``data`` views gRPC's message bytes, and anything else is parsed by
+protobuf as before, so every message means what protobuf says (the tests compare both
+parsers on the same bytes). Link logic sees a channel only through :class:`Channel`, so
+tests drive a link over a fake.
 """
 
 from __future__ import annotations
@@ -29,21 +25,22 @@ import grpc
 
 from common.config import CHUNK_BYTES, client_channel_options
 from common.errors import ProtocolError, SessionStateError, from_status
-from common.protowire import varint
+from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, Part, PushOutcome, iter_blob_chunks, sha256_hex
-from learner_client._collect_wire import parse_collect_response
 
 __all__ = [
     "ActorChannel",
     "ActorDescription",
     "Channel",
+    "Chunk",
     "CollectCall",
     "PushMessages",
     "PushReply",
     "encode_chunk",
     "encode_header",
+    "parse_collect_response",
     "push_messages",
     "translate_errors",
 ]
@@ -321,7 +318,7 @@ class ActorChannel:
             response_deserializer=pb.PushWeightsResponse.FromString,
             _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
         )
-        # Collect with chunk data read as views of the received messages (see _collect_wire).
+        # Collect with chunk data read as views of the received messages (parse_collect_response).
         self._collect = self._channel.stream_stream(
             "/rlfleet.v1.ActorService/Collect",
             request_serializer=pb.CollectRequest.SerializeToString,
@@ -457,3 +454,86 @@ class ActorChannel:
     def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
         """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
         return self._collect(requests, metadata=self._metadata)
+
+
+# ------------------------------------------------ Collect responses, read as views
+
+# CollectResponse.chunk: field 2, length-delimited.
+_COLLECT_CHUNK_TAG = 0x12
+# BatchChunk fields: number -> wire type (0 varint, 2 length-delimited).
+_CHUNK_FIELDS = {1: 0, 2: 0, 3: 0, 4: 2, 5: 2}
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """A ``BatchChunk`` whose data views the received message (the fields of ``pb.BatchChunk``)."""
+
+    seq: int
+    index: int
+    count: int
+    data: memoryview
+    info: pb.BatchInfo | None
+
+    @classmethod
+    def from_proto(cls, chunk: pb.BatchChunk) -> Chunk:
+        """The same chunk from a parsed message."""
+        info = chunk.info if chunk.HasField("info") else None
+        return cls(chunk.seq, chunk.index, chunk.count, memoryview(chunk.data), info)
+
+
+def parse_collect_response(data: bytes) -> pb.CollectResponse | Chunk:
+    """The ``Collect`` response deserializer: a :class:`Chunk` for a plain chunk message.
+
+    Args:
+        data: One serialised ``CollectResponse``.
+
+    Returns:
+        A :class:`Chunk` viewing ``data``, or the message as protobuf parses it.
+
+    Raises:
+        google.protobuf.message.DecodeError: ``data`` is not a valid message.
+    """
+    body = length_delimited(data, _COLLECT_CHUNK_TAG)
+    chunk = None if body is None else _plain_chunk(body)
+    return chunk if chunk is not None else pb.CollectResponse.FromString(data)
+
+
+def _plain_chunk(view: memoryview) -> Chunk | None:
+    """The chunk if ``view`` (a chunk's body) holds only known, unrepeated fields; else None."""
+    numbers: dict[int, int] = {}
+    views: dict[int, memoryview] = {}
+    pos = 0
+    while pos < view.nbytes:
+        key, pos = _varint(view, pos)
+        if key is None or _CHUNK_FIELDS.get(key >> 3) != key & 7:
+            return None
+        field = key >> 3
+        value, pos = _varint(view, pos)
+        if value is None or field in numbers or field in views:
+            return None
+        if key & 7 == 2:
+            if pos + value > view.nbytes:
+                return None
+            views[field], pos = view[pos : pos + value], pos + value
+        else:
+            numbers[field] = value
+    seq, index, count = (numbers.get(n, 0) for n in (1, 2, 3))
+    if seq > _U64 or index > _U32 or count > _U32:
+        return None  # protobuf's own rules apply to out-of-range varints
+    raw_info = views.get(5)
+    info = None if raw_info is None else pb.BatchInfo.FromString(raw_info.tobytes())
+    return Chunk(seq, index, count, views.get(4, memoryview(b"")), info)
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int | None, int]:
+    """The varint at ``pos`` and the position after it; None if truncated or over 10 bytes."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, view.nbytes)):
+        byte = view[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    return None, pos
