@@ -1,21 +1,28 @@
-"""Packet buffers laid out so that a sync round can be stacked without copying.
+"""The learner's reusable host memory: packet slabs that stack a sync round without copying,
+and the page-locked buffers weight pushes of a model on an accelerator are written into.
 
-A sync batch stacks one packet per actor. When the packets of one round were
-received into one storage, at the same distance from each other, every stacked
-entry is a strided view of that storage (:func:`learner_client._aggregate.combine`
-checks this per entry and copies only what does not line up). :class:`PacketSlabs`
-hands out such buffers: a slab holds one slot per actor position, and the n-th
-packet of each actor goes to the oldest slab whose slot for that actor is free,
-so rounds line up as long as actors deliver rounds in order (the sync mailbox
-makes them). A slab is reused only once no tensor views it any more (torch's
-count of the storage's users is back to the slab's own): the tensors of a
-delivered batch keep their slab out of reuse for as long as any of them lives,
-so a batch you keep is never overwritten, and a dropped one gives its memory,
-already paged in, to a later round (fresh memory costs a page fault per 4 KiB).
-A packet outside any round (async collection, an actor not yet in the layout)
-gets a one-slot slab, reused the same way. Slabs are page-locked when batches
-go on to a CUDA device (``pin_memory``). Slots never filled (a missing actor)
-are never touched, so they cost address space, not memory.
+Fresh memory costs a page fault per 4 KiB and page-locked memory is slow to allocate, so
+both are reused, by one rule: a buffer is handed out again only once no tensor views it
+any more (torch's count of the storage's users is back to the buffer's own,
+:func:`storage_users`). A batch or a blob you keep is never overwritten; a dropped one
+gives its memory, already paged in, to the next.
+
+*Packet slabs.* A sync batch stacks one packet per actor. When the packets of one round
+were received into one storage, at the same distance from each other, every stacked entry
+is a strided view of that storage (:func:`learner_client._rounds.combine` checks this per
+entry and copies only what does not line up). :class:`PacketSlabs` hands out such buffers:
+a slab holds one slot per actor position, and the n-th packet of each actor goes to the
+oldest slab whose slot for that actor is free, so rounds line up as long as actors deliver
+rounds in order (the sync mailbox makes them). A packet outside any round (async
+collection, an actor not yet in the layout) gets a one-slot slab, reused the same way.
+Slabs are page-locked when batches go on to a CUDA device (``pin_memory``). Slots never
+filled (a missing actor) are never touched, so they cost address space, not memory.
+
+*Blob buffers.* A push of a CUDA module is encoded straight into one host buffer: each
+tensor is copied from the device once, into its place in the blob, which then goes on the
+wire as it is (``common.weights.encode_weights``'s ``allocate``). :class:`BlobBuffers`
+keeps each model's buffers; a model's last push is kept for re-sends, so two buffers per
+model are in use at most.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["PacketSlabs", "storage_users"]
+__all__ = ["BlobBuffers", "PacketSlabs", "storage_users"]
 
 _ALIGN = 16
 # Slabs waiting for a slot to be filled; older ones are let go (their packets simply
@@ -150,3 +157,34 @@ class PacketSlabs:
                 slab.free = set(range(width))
                 return slab
         return None
+
+
+# ------------------------------------------------ blob buffers of weight pushes
+
+# A model's push buffers kept for reuse (its last push is kept for re-sends).
+_KEPT_PER_MODEL = 2
+
+
+class BlobBuffers:
+    """Reusable page-locked blob buffers, per model_id (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, list[tuple[torch.Tensor, int | None]]] = {}
+
+    def for_model(self, model_id: str) -> Callable[[int], torch.Tensor]:
+        """The ``allocate`` of ``model_id``'s pushes: a buffer of at least the size asked."""
+        return lambda nbytes: self.take(model_id, nbytes)
+
+    def take(self, model_id: str, nbytes: int) -> torch.Tensor:
+        """An idle buffer of ``model_id`` holding ``nbytes``, else a new one (kept for reuse)."""
+        with self._lock:
+            kept = self._kept.setdefault(model_id, [])
+            for buffer, own in kept:
+                if buffer.numel() >= nbytes and own is not None and storage_users(buffer) == own:
+                    return buffer
+            pinned = torch.cuda.is_available()
+            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+            kept.append((buffer, storage_users(buffer)))
+            del kept[:-_KEPT_PER_MODEL]
+            return buffer

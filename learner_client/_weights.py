@@ -18,7 +18,7 @@ from typing import TypeAlias
 
 from common.errors import SessionStateError
 from common.weights import Part, checksums
-from learner_client._blob_buffers import BlobBuffers
+from learner_client._slabs import BlobBuffers
 from learner_client._weight_args import PushOptions, WeightSource
 
 __all__ = ["EncodedWeights", "WeightBook"]

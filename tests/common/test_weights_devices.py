@@ -8,7 +8,7 @@ from torch import nn
 
 from common.weights import decode_weights, encode_weights
 from common.weights._safetensors import _layout, _write_in_place, write_blob
-from learner_client._blob_buffers import BlobBuffers
+from learner_client._slabs import BlobBuffers
 
 
 def state() -> dict[str, torch.Tensor]:
