@@ -24,12 +24,12 @@ from common.errors import ClosedError
 from common.llm import LLMSettings
 from learner_client._agreement import VersionAgreement, push_versioned
 from learner_client._background import Background
-from learner_client._delivery import Placement
 from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet_state import FleetState
 from learner_client._mailbox import Paused
 from learner_client._ranks import Ranks
+from learner_client._rounds import Placement
 from learner_client._script_env import ScriptEnv
 from learner_client._settings import (
     BatchSettings,

@@ -43,10 +43,10 @@ from common.errors import (
     RlfleetError,
     SessionStateError,
 )
-from learner_client._aggregate import name_time_dim, tag_worker
 from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
+from learner_client._rounds import name_time_dim, tag_worker
 from learner_client._settings import ConnectionSettings
 from learner_client._transport import ActorDescription, Channel
 

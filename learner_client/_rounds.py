@@ -1,26 +1,48 @@
-"""Taking the next batch out of the mailbox, sync or async, and the bookkeeping of each one.
+"""What the collector yields: the next batch, laid out as TorchRL's, on its storing device.
 
-Async: the batch that arrived first, from whichever actor (a slow actor
-never blocks the others). Sync: one batch from every actor, in worker_id
-order, stacked or concatenated; a missing actor raises
-:class:`~learner_client._errors.MissingWorkersError` naming it as soon as it is
-known to be down or when ``batch_timeout`` runs out, unless partial batches
-are allowed. After each batch the frame budget handed to the mailbox
-shrinks, so actors are not asked for frames the learner will not use.
+Each batch is taken from the mailbox and counted in the ledger. Async: the batch that
+arrived first, from whichever actor (a slow actor never blocks the others). Sync: one batch
+from every actor, in worker_id order; a missing actor raises
+:class:`~learner_client._errors.MissingWorkersError` naming it as soon as it is known to be
+down or when ``batch_timeout`` runs out, unless partial batches are allowed. After each
+batch the frame budget handed to the mailbox shrinks, so actors are not asked for frames the
+learner will not use.
+
+The layout follows TorchRL's ``MultiSyncCollector`` (``docs/collector.md``, sync and async
+batches): ``("collector", "worker_id")`` on every batch (the link tags each one as it
+arrives), the last dim named ``"time"``, sync batches stacked in worker_id order (a lazy
+stack when the actors' shapes differ), concatenated with ``cat_results=0``, or zero-padded
+trajectories with ``split_trajs``. A stacked entry whose per-actor tensors were received
+into one slab (:mod:`learner_client._slabs`) is a strided view of it rather than a copy, so
+it is not contiguous (``view`` across dim 0 needs ``.contiguous()`` first).
+
+Where batches are delivered is TorchRL's ``device`` / ``storing_device``: a batch is yielded
+(and stored in a replay buffer) on ``storing_device``, or on ``device`` when only that is
+given. On a fleet these name the learner's side alone: the actors keep the device they were
+started with (``--device``), and ``policy_device`` / ``env_device`` are what a session asks
+of them. On CUDA the packets are received into pinned slabs and every batch goes to the
+device in one ``non_blocking`` copy per tensor, enqueued on the calling thread's current
+stream: kernels the user launches on that stream afterwards see the data, and nothing on the
+host waits for the copy. The host batch is kept until the copy is done (a CUDA event is
+recorded after it), so its slab is never overwritten while a copy still reads it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from tensordict import TensorDictBase
+import tensordict
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
+from common.config import local_device
 from common.llm import check_padded, merge_padded
-from learner_client._aggregate import WORKER_ID_KEY, combine
 from learner_client._errors import MissingWorkersError
-from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._metrics import LearnerMetrics
@@ -28,9 +50,22 @@ from learner_client._settings import BatchSettings
 from learner_client._slabs import PacketSlabs
 from learner_client._weights import WeightBook
 
-__all__ = ["Rounds"]
+__all__ = ["Placement", "Rounds", "WORKER_ID_KEY", "combine", "name_time_dim", "tag_worker"]
 
 log = logging.getLogger("learner_client")
+
+
+class Actors(Protocol):
+    """What rounds need of the fleet (:class:`~learner_client._fleet.Fleet` is the real one)."""
+
+    @property
+    def worker_ids(self) -> list[int]:
+        """The worker_ids this collector collects from, sorted."""
+        ...
+
+    def states(self) -> dict[int, str]:
+        """Each actor's link state name, by worker_id."""
+        ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -53,7 +88,7 @@ class Rounds:
     settings: BatchSettings
     acting_model: str
     _: dataclasses.KW_ONLY
-    fleet: Fleet
+    fleet: Actors
     mailbox: Mailbox
     ledger: Ledger
     book: WeightBook
@@ -147,3 +182,173 @@ class Rounds:
             self.book.count_batch(delivery.worker_id)
         self.last_workers = [d.worker_id for d in deliveries]
         self.update_budget()
+
+
+# ------------------------------------------------------------- batch layout
+
+WORKER_ID_KEY = ("collector", "worker_id")
+_TRAJ_IDS_KEY = ("collector", "traj_ids")
+
+
+def name_time_dim(batch: TensorDictBase) -> TensorDictBase:
+    """Name the last batch dim ``"time"`` (and the others None), in place."""
+    ndim = batch.batch_dims
+    if ndim and batch.names != [None] * (ndim - 1) + ["time"]:
+        batch.names = [None] * (ndim - 1) + ["time"]
+    return batch
+
+
+def tag_worker(batch: TensorDictBase, worker_id: int) -> TensorDictBase:
+    """Add ``("collector", "worker_id")`` filled with ``worker_id``, in place.
+
+    The entry has the shape of ``("collector", "traj_ids")`` when present, else
+    the batch shape, so the two index the same frames.
+    """
+    traj_ids = batch.get(_TRAJ_IDS_KEY, None)
+    shape = traj_ids.shape if traj_ids is not None else batch.batch_size
+    batch.set(WORKER_ID_KEY, torch.full(shape, worker_id, dtype=torch.int64))
+    return batch
+
+
+def combine(
+    batches: Sequence[TensorDictBase], *, cat_results: str | int, split_trajs: bool
+) -> TensorDictBase:
+    """Assemble one sync batch from per-actor batches (already in worker_id order).
+
+    Args:
+        batches: One tagged batch per actor.
+        cat_results: ``"stack"`` or ``0``.
+        split_trajs: The batches are split trajectories ``[trajs, time]``.
+
+    Returns:
+        The stacked or concatenated batch, last dim named ``"time"``.
+
+    Raises:
+        ValueError: No batches.
+    """
+    if not batches:
+        raise ValueError("cannot combine zero batches")
+    if split_trajs:
+        return name_time_dim(torch.cat(_pad_time(batches), 0))
+    if cat_results == 0:
+        return name_time_dim(torch.cat(list(batches), 0))
+    if len({tuple(b.batch_size) for b in batches}) > 1:
+        # Actors with different env pool sizes give different [envs, time]
+        # shapes; TorchRL's MultiSyncCollector returns a lazy stack then too.
+        return LazyStackedTensorDict.lazy_stack(list(batches), 0)
+    out = _stack_views(batches)
+    return name_time_dim(torch.stack(list(batches), 0) if out is None else out)
+
+
+def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:
+    """``torch.stack(batches, 0)`` that views, rather than copies, the entries that allow it.
+
+    An entry whose per-batch tensors lie in one storage at a constant distance
+    (frames received into one slab, see :mod:`learner_client._slabs`) becomes one
+    strided view; other entries are stacked (copied). Returns None when the
+    structure is not plain tensors in plain tensordicts with identical keys, for
+    ``torch.stack`` to handle (and report) instead.
+    """
+    first = batches[0]
+    keys = set(first.keys())
+    if any(type(b) is not TensorDict or set(b.keys()) != keys for b in batches):
+        return None
+    out = {}
+    for key in first.keys():  # noqa: SIM118 (iterating a tensordict walks dim 0, not keys)
+        values = [b.get(key) for b in batches]
+        if all(type(v) is torch.Tensor for v in values):
+            out[key] = _view_stack(values)
+        elif all(type(v) is TensorDict for v in values):
+            sub = _stack_views(values)
+            if sub is None:
+                return None
+            out[key] = sub
+        else:
+            return None
+    return TensorDict(out, batch_size=[len(batches), *first.batch_size])
+
+
+def _view_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    first = tensors[0]
+    if len(tensors) > 1 and first.numel():
+        step = tensors[1].data_ptr() - first.data_ptr()
+        storage = first.untyped_storage().data_ptr()
+        # The views must not overlap: each batch's tensor ends before the next starts.
+        span = first.element_size() * (
+            1 + sum((n - 1) * st for n, st in zip(first.shape, first.stride(), strict=True))
+        )
+        if (
+            step >= span
+            and step % first.element_size() == 0
+            and all(
+                t.dtype == first.dtype
+                and t.shape == first.shape
+                and t.stride() == first.stride()
+                and t.untyped_storage().data_ptr() == storage
+                and t.data_ptr() - first.data_ptr() == i * step
+                for i, t in enumerate(tensors)
+            )
+        ):
+            stride = (step // first.element_size(), *first.stride())
+            return first.as_strided((len(tensors), *first.shape), stride)
+    return torch.stack(tensors, 0)
+
+
+def _pad_time(batches: Sequence[TensorDictBase]) -> list[TensorDictBase]:
+    longest = max(b.batch_size[-1] for b in batches)
+    padded = []
+    for batch in batches:
+        missing = longest - batch.batch_size[-1]
+        padded.append(tensordict.pad(batch, [0, 0, 0, missing]) if missing else batch)
+    return padded
+
+
+# ---------------------------------------------------------- storing device
+
+
+class Placement:
+    """Moves each delivered batch to the learner's storing device.
+
+    Args:
+        device: TorchRL's ``device``: the storing device when ``storing_device`` is None.
+        storing_device: Where batches are delivered; None and ``device`` None: as received
+            (on the host).
+
+    Raises:
+        ValueError: Not a device, or a CUDA device this process does not have.
+    """
+
+    def __init__(self, device: Any = None, storing_device: Any = None) -> None:
+        chosen, name = (
+            (device, "device") if storing_device is None else (storing_device, "storing_device")
+        )
+        self.device = None if chosen is None else local_device(chosen, name)
+        self._in_flight: collections.deque[tuple[Any, TensorDictBase]] = collections.deque()
+
+    @property
+    def pin_memory(self) -> bool:
+        """Whether received packets should land in pinned host memory (a CUDA target)."""
+        return self.device is not None and self.device.type == "cuda"
+
+    def place(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch`` on the storing device (itself when that is the host or None)."""
+        device = self.device
+        if device is None or device.type == "cpu":
+            return batch
+        if device.type != "cuda":
+            return batch.to(device)
+        stream = torch.cuda.current_stream(device)
+        placed = batch.to(device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+        self._forget_finished()
+        self._in_flight.append((done, batch))
+        return placed
+
+    def _forget_finished(self) -> None:
+        """Let go of host batches whose copies are done (their slabs become reusable)."""
+        while self._in_flight and self._in_flight[0][0].query():
+            self._in_flight.popleft()
+
+    def __repr__(self) -> str:
+        return f"Placement(device={self.device})"

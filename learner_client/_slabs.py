@@ -1,6 +1,7 @@
-"""The learner's reusable host memory: packet slabs that stack a sync round without copying,
-and the page-locked buffers weight pushes of a model on an accelerator are written into.
+"""The learner's reusable host memory: packet slabs, and the buffers weight pushes fill.
 
+Packet slabs let a sync round be stacked without copying; blob buffers are the page-locked
+memory a push of a model on an accelerator is encoded into.
 Fresh memory costs a page fault per 4 KiB and page-locked memory is slow to allocate, so
 both are reused, by one rule: a buffer is handed out again only once no tensor views it
 any more (torch's count of the storage's users is back to the buffer's own,
@@ -71,7 +72,7 @@ class PacketSlabs:
 
     Args:
         pin_memory: Allocate page-locked slabs, so batches reach a CUDA device in one
-            ``non_blocking`` copy (:mod:`learner_client._delivery`).
+            ``non_blocking`` copy (:class:`learner_client._rounds.Placement`).
 
     Example::
 

@@ -9,9 +9,9 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict
 
 from common.errors import SessionStateError
-from learner_client._aggregate import WORKER_ID_KEY, combine, name_time_dim, tag_worker
 from learner_client._ledger import SeqTracker
 from learner_client._mailbox import Delivery, Mailbox, Paused
+from learner_client._rounds import WORKER_ID_KEY, combine, name_time_dim, tag_worker
 
 
 def batch(envs: int, steps: int, fill: float = 0.0) -> TensorDict:

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from common.packets import PacketAssembler, encode_packet
-from learner_client._aggregate import WORKER_ID_KEY, combine, name_time_dim, tag_worker
+from learner_client._rounds import WORKER_ID_KEY, combine, name_time_dim, tag_worker
 from learner_client._slabs import PacketSlabs
 
 

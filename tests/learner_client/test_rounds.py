@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from learner_client import GrpcCollector
-from learner_client._delivery import Placement
+from learner_client._rounds import Placement
 from learner_client._slabs import PacketSlabs
 
 
