@@ -22,8 +22,8 @@ from common.checksum import crc32c
 from common.errors import DeadlineError
 from common.weights import wire_state
 from learner_client._errors import VersionConflictError
+from learner_client._members import Ranks
 from learner_client._pushes import Pusher
-from learner_client._ranks import Ranks
 from learner_client._weight_args import PushOptions, WeightRequest
 from learner_client._weights import WeightBook
 

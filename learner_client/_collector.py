@@ -28,7 +28,7 @@ from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet_state import FleetState
 from learner_client._mailbox import Paused
-from learner_client._ranks import Ranks
+from learner_client._members import Ranks
 from learner_client._rounds import Placement
 from learner_client._script_env import ScriptEnv
 from learner_client._settings import (

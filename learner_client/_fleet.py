@@ -9,7 +9,7 @@ bounded: describing new actors (within ``connect_timeout``), starting
 sessions, concurrent weight pushes with per-worker results, admission pushes
 for actors that come back, chained seeding, state save/load, and stopping the links.
 
-With several learner ranks (:class:`~learner_client._ranks.Ranks`) the fleet knows two
+With several learner ranks (:class:`~learner_client._members.Ranks`) the fleet knows two
 sets: its *members*, every actor described (each keeps a link, for calls that reach the
 whole fleet), and the actors it *owns* (``worker_id % world_size == rank``), the only ones
 it opens sessions on, pushes replicated weights to, seeds, checkpoints and counts.
@@ -33,8 +33,7 @@ from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._members import FleetMember, check_devices, check_unique
-from learner_client._ranks import Ranks
+from learner_client._members import FleetMember, Ranks, check_devices, check_unique
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._slabs import PacketSlabs
 from learner_client._torchrl_args import ActorPlacement

@@ -16,10 +16,9 @@ from typing import Any
 from torch import nn
 
 from common.config import CollectSettings, check_seed
-from learner_client._actor_state import actor_state_of
 from learner_client._background import Background
 from learner_client._fleet import Fleet, RemoteActor
-from learner_client._ranks import Ranks
+from learner_client._members import Ranks, actor_state_of
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, RolloutSettings, check_addresses
 from learner_client._shared_policy import SharedPolicy
@@ -164,7 +163,7 @@ class FleetState:
             return self._fleet.state_dict()
 
     def actor_state(self, worker_id: int) -> dict[str, Any]:
-        """One actor's state, decoded (:mod:`learner_client._actor_state`).
+        """One actor's state, decoded (:func:`learner_client._members.actor_state_of`).
 
         On a TorchRL-env actor, ``"env"`` holds its transforms' state (``VecNorm``'s
         statistics, as an eval env needs them).

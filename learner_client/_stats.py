@@ -6,7 +6,7 @@ argument choosing the aggregate or per-worker view (``MultiCollector.stats``)
 and a ``timeout`` (``RayCollector.stats``). Here every value is read on the
 learner, so no view ever waits on an actor. The keys of each view are listed in
 ``docs/collector.md``; they count the actors this learner rank owns (see
-:mod:`learner_client._ranks`), and the aggregate view names the rank.
+:mod:`learner_client._members`), and the aggregate view names the rank.
 """
 
 from __future__ import annotations

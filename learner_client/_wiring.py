@@ -27,9 +27,9 @@ from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
+from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import Pusher
-from learner_client._ranks import Ranks
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings
 from learner_client._slabs import PacketSlabs

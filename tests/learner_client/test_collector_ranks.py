@@ -25,7 +25,7 @@ from learner_fleet import cartpole_policy, start_actors
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import ActorDescription, GrpcCollector, serve_metrics
-from learner_client._ranks import Ranks
+from learner_client._members import Ranks
 
 ARGS = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(w)] for w in range(4)]
 
