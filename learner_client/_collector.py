@@ -30,7 +30,6 @@ from learner_client._fleet_state import FleetState
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks
 from learner_client._rounds import Placement
-from learner_client._script_env import ScriptEnv
 from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
@@ -39,7 +38,12 @@ from learner_client._settings import (
     check_hooks,
 )
 from learner_client._shared_policy import SharedPolicy, push_shared
-from learner_client._torchrl_args import ActorPlacement, check_torchrl_only, update_flag
+from learner_client._torchrl_compat import (
+    ActorPlacement,
+    ScriptEnv,
+    check_torchrl_only,
+    update_flag,
+)
 from learner_client._weight_args import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 

@@ -36,7 +36,7 @@ from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._slabs import PacketSlabs
-from learner_client._torchrl_args import ActorPlacement
+from learner_client._torchrl_compat import ActorPlacement
 from learner_client._transport import (
     ActorChannel,
     ActorDescription,

@@ -27,7 +27,7 @@ from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, ch
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client._members import FleetMember, check_kinds, check_unique
-from learner_client._torchrl_args import ActorPlacement
+from learner_client._torchrl_compat import ActorPlacement
 
 __all__ = [
     "BatchSettings",

@@ -27,7 +27,7 @@ from common.config import CompileSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector
-from learner_client._torchrl_args import NO_EFFECT
+from learner_client._torchrl_compat import NO_EFFECT
 
 ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
 ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}

@@ -1,45 +1,65 @@
-"""TorchRL's collector arguments that have no counterpart in rlfleet's own knobs.
+"""What keeps a TorchRL script's collector line working on a fleet: its arguments and its env.
 
-A TorchRL script builds its collector with arguments that make sense where the
-envs and the policy live in the learner's process (``Collector``,
-``MultiSyncCollector``, ``MultiAsyncCollector``, ``AsyncCollector``, ``RayCollector``).
-``GrpcCollector`` accepts every one of them by name, with TorchRL's default, and
-normalises them here, at once, into one internal form:
+A TorchRL script builds its collector with arguments that make sense where the envs and the
+policy live in the learner's process (``Collector``, ``MultiSyncCollector``,
+``MultiAsyncCollector``, ``AsyncCollector``, ``RayCollector``). ``GrpcCollector`` accepts
+every one of them by name, with TorchRL's default, and they are normalised here, at once,
+into one internal form: the devices and compilation the actors are asked for
+(:class:`ActorPlacement`, sent with each session: an actor on other devices, or without
+CUDA graphs, refuses the session), the arguments that do nothing over gRPC (each with its
+TorchRL default and the reason, warned about only where a user would otherwise be
+surprised), TorchRL's multi-process spelling ``update_at_each_batch``, and the one feature
+refused (complete-trajectory batches, ``trajs_per_batch``).
 
-* :class:`ActorPlacement`: ``policy_device``, ``env_device``, ``compile_policy`` and
-  ``cudagraph_policy``, sent to the actors with each session (an actor on other
-  devices, or without CUDA graphs, refuses the session: ``actor_service._placement``);
-* :data:`NO_EFFECT`: the arguments that do nothing over gRPC, each with its TorchRL
-  default and the reason, warned about only where a user would otherwise be surprised;
-* :func:`update_flag`: ``update_at_each_batch``, TorchRL's multi-process name of
-  ``update_after_each_batch``;
-* :func:`check_unsupported`: complete-trajectory batches (``trajs_per_batch``), refused.
+The script's env (``create_env_fn``) is followed too. The env it builds must match the
+fleet's batches key by key. TorchRL's ``Collector(create_env_fn=env, ...)`` steps the
+script's own env object, so a script may read that env's state afterwards:
+``ppo_mujoco.py`` saves its ``VecNorm`` statistics with every checkpoint
+(``get_vecnorm_state(train_env)``). On a fleet the actors step their own copies and the
+script's env is never stepped, so :class:`ScriptEnv` loads an actor's env state (GetState's
+``env``: the transforms' ``state_dict``) into the script's env after each batch, when that
+env has state to follow (an empty ``state_dict()``: nothing is fetched). The actor is the
+first worker of the fleet; an actor's pool of one env hands over that env's state
+(``worker0``). A state that does not fit the script's env (another env, another pool
+layout) is logged once and no longer followed; an actor that cannot be reached leaves the
+env as it was until the next batch.
 
-``create_env_fn`` is checked by :func:`env_signature`: the env it builds must match
-the fleet's batches key by key. No torchrl import here: the env is whatever the
-user's callable returns.
+A batch also takes the layout of the script's env where the fleet can give it: TorchRL's
+``Collector`` gives ``env.batch_size + [T]`` (``[T]`` for one unbatched env), a fleet
+``[actors, envs, T]`` (each actor's part ``[envs, T]``), so a batch gets the script env's
+``batch_size`` where the fleet steps as many envs: one actor with one env gives a
+single-env script TorchRL's ``[T]``, two actors sharing a ``ParallelEnv``'s four envs give
+its ``[4, T]``, in the batches and in the replay buffer alike. No torchrl import here: the
+env is whatever the user's callable returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
+from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
+from common.errors import RlfleetError
 
 __all__ = [
+    "ActorPlacement",
     "NO_EFFECT",
     "NoEffect",
-    "ActorPlacement",
+    "ScriptEnv",
     "check_no_effect",
     "check_torchrl_only",
     "check_unsupported",
     "update_flag",
 ]
+
+log = logging.getLogger("learner_client")
 
 
 class NoEffect(NamedTuple):
@@ -254,6 +274,9 @@ def _cudagraph(value: object) -> bool:
 KeySpec = tuple[tuple[int, ...], torch.dtype]
 
 
+# ------------------------------------------------------------ the script's env
+
+
 class EnvSignature(NamedTuple):
     """What ``create_env_fn``'s env says a batch holds.
 
@@ -348,3 +371,114 @@ def check_env_signature(expected: Mapping[Any, KeySpec], batch: Any, worker: str
                 f"create_env_fn's env has {key!r} as {list(shape)} {dtype}, the batches of "
                 f"{worker} as {list(trailing)} {value.dtype}: the actors run another env"
             )
+
+
+#: What reads one actor's decoded state (``GrpcCollector.actor_state``).
+StateReader = Callable[[int], Mapping[str, Any]]
+
+
+class ScriptEnv:
+    """The env of ``create_env_fn``: its signature, and the script's env if it is one.
+
+    Args:
+        create_env_fn: TorchRL's argument: an env constructor, or a TorchRL env itself.
+        create_env_kwargs: Keyword arguments of the constructor.
+    """
+
+    def __init__(
+        self, create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
+    ) -> None:
+        signature = env_signature(create_env_fn, create_env_kwargs)
+        self._signature: dict[Any, Any] | None = signature.keys
+        self._batch_size = signature.batch_size
+        own = callable(getattr(create_env_fn, "fake_tensordict", None))
+        self._env = create_env_fn if own and _has_state(create_env_fn) else None
+
+    @property
+    def followed(self) -> bool:
+        """Whether the script's env follows an actor's env state after each batch."""
+        return self._env is not None
+
+    def shaped(self, batch: Any) -> Any:
+        """``batch`` (``[actors, envs, T]`` or ``[envs, T]``) as ``env.batch_size + [T]``.
+
+        Only where the envs are as many as the script's env steps; otherwise unchanged.
+        """
+        size = self._batch_size
+        lead = tuple(batch.batch_size[:-1])
+        if size is None or lead == size or math.prod(lead) != math.prod(size):
+            return batch
+        if not size:
+            return batch[(0,) * len(lead)]
+        return _reshape(batch, (*size, batch.batch_size[-1]))
+
+    def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> None:
+        """Check the first batch; load an actor's env state into the script's env.
+
+        Raises:
+            ValueError: The first batch lacks a key of the env, or has it in another
+                shape or dtype (:func:`check_env_signature`).
+        """
+        if self._signature is not None:
+            check_env_signature(self._signature, batch, f"actors {workers}")
+            self._signature = None
+        if self._env is not None and workers:
+            self._follow(workers[0], read_state)
+
+    def _follow(self, worker_id: int, read_state: StateReader) -> None:
+        try:
+            state = read_state(worker_id).get("env")
+        except RlfleetError as exc:
+            log.warning("the env state of worker_id %d could not be read: %s", worker_id, exc)
+            return
+        if not state:
+            return
+        state = _one_env(state, self._env)
+        try:
+            self._env.load_state_dict(state)  # type: ignore[union-attr]
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            log.warning(
+                "create_env_fn's env no longer follows worker_id %d's env state, which "
+                "does not fit it: %s",
+                worker_id,
+                str(exc).splitlines()[0],
+            )
+            self._env = None
+
+
+def _has_state(env: Any) -> bool:
+    try:
+        return bool(env.state_dict())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+def _one_env(state: Mapping[str, Any], env: Any) -> Mapping[str, Any]:
+    """An actor pool's state as one env's: ``worker0``'s, when the script's env is unbatched."""
+    batched = tuple(getattr(env, "batch_size", ())) != ()
+    inner = state.get("worker0")
+    if not batched and isinstance(inner, Mapping) and all(k.startswith("worker") for k in state):
+        return inner
+    return state
+
+
+def _reshape(batch: Any, size: tuple[int, ...]) -> Any:
+    """``batch.reshape(*size)``, its text (``NonTensorStack``) keys included.
+
+    tensordict's reshape leaves a ``NonTensorStack`` in its old shape when the reshape only
+    drops a unit dimension (``[2, 1, T]`` to ``[2, T]``); those are rebuilt, row for row.
+    """
+    shaped = batch.reshape(*size)
+
+    def leaf(cls: type) -> bool:
+        return issubclass(cls, NonTensorStack) or not issubclass(cls, TensorDictBase)
+
+    for key, value in list(shaped.items(True, True, is_leaf=leaf)):
+        if isinstance(value, NonTensorStack) and tuple(value.batch_size) != size:
+            items = value.tolist()
+            for _ in range(value.batch_dims - 1):
+                items = [item for row in items for item in row]
+            for width in reversed(size[1:]):
+                items = [items[i : i + width] for i in range(0, len(items), width)]
+            shaped.set(key, NonTensorStack.from_list(items))
+    return shaped
