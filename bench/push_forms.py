@@ -24,7 +24,7 @@ Forms, each ``update_policy_weights_`` to every actor until all applied it:
 (lr 1e-6, 1e-5, 1e-4) of a ``Qwen2ForCausalLM`` (``bench.llm_shapes``, random
 init; one language-model loss on 2 x 64 random tokens): the bytes of the delta
 the learner's tracker would encode (``wire_state`` then ``encode_delta``, as
-``learner_client._delta_tracker`` does; it sends the full push when larger) over
+``learner_client._pushes`` does; it sends the full push when larger) over
 those of a bf16 full push (``encode_weights``, tied embedding once).
 
 Each form's bytes are what the collector reports (``stats()["last_push_bytes"]``,

@@ -22,14 +22,13 @@ live in ``apps``.
 from __future__ import annotations
 
 from learner_client._collector import GrpcCollector
-from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import resolve_actors
 from learner_client._errors import MissingWorkersError, VersionConflictError, WeightPushError
 from learner_client._fleet import RemoteActor
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import check_metrics_port, serve_metrics
-from learner_client._part_pushes import PartResult
+from learner_client._pushes import PartResult, WeightPushSettings
 from learner_client._transport import ActorDescription
 
 __all__ = [

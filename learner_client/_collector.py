@@ -24,13 +24,12 @@ from torch import nn
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_seed
 from common.errors import ClosedError
 from common.llm import LLMSettings
-from learner_client._agreement import VersionAgreement, push_versioned
 from learner_client._background import Background
-from learner_client._delta_tracker import WeightPushSettings
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
+from learner_client._pushes import WeightPushSettings
 from learner_client._rounds import Placement
 from learner_client._settings import (
     BatchSettings,
@@ -39,7 +38,7 @@ from learner_client._settings import (
     check_addresses,
     check_hooks,
 )
-from learner_client._shared_policy import SharedPolicy, push_shared
+from learner_client._shared_policy import SharedPolicy
 from learner_client._stats import snapshot
 from learner_client._torchrl_compat import (
     ActorPlacement,
@@ -288,7 +287,6 @@ class GrpcCollector:
             pin_memory=self._placement.pin_memory,
             ranks=self._ranks,
         )
-        self._agreement = VersionAgreement(self._ranks, conn.call_timeout)
         self._mailbox, self._book = parts.mailbox, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
@@ -341,7 +339,7 @@ class GrpcCollector:
                 self._check_open()
                 if self._rounds.exhausted():
                     return None
-                push_shared(self._shared, self._pusher, self._rollout.model_id)
+                self._pusher.push_shared(self._shared, self._rollout.model_id)
                 self._ensure_running()
             try:
                 candidates = (
@@ -425,7 +423,7 @@ class GrpcCollector:
         )
         with self._lock:
             self._check_open()
-            return push_versioned(self._pusher, self._book, self._agreement, request)
+            return self._pusher.update(request)
 
     def _is_running(self) -> bool:
         return self._state is _State.RUNNING

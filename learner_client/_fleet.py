@@ -6,8 +6,9 @@ event-loop thread, the :class:`~learner_client._mailbox.Mailbox`, the
 :class:`~learner_client._ledger.Ledger` and the
 :class:`~learner_client._weights.WeightBook`. Its methods are synchronous and
 bounded: describing new actors (within ``connect_timeout``), starting
-sessions, concurrent weight pushes with per-worker results, admission pushes
-for actors that come back, chained seeding, state save/load, and stopping the links.
+sessions, concurrent weight pushes that return each actor's reply or error (what
+becomes of them is :class:`~learner_client._pushes.Pusher`'s verdict, which also
+admits actors that come back), chained seeding, state save/load, and stopping the links.
 
 With several learner ranks (:class:`~learner_client._members.Ranks`) the fleet knows two
 sets: its *members*, every actor described (each keeps a link, for calls that reach the
@@ -30,7 +31,7 @@ from common.config import CollectSettings
 from common.errors import ActorUnavailableError, RlfleetError, UnknownWorkerError, is_transient
 from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
-from learner_client._link import ActorLink, LinkState
+from learner_client._link import ActorLink, Admit, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
@@ -46,7 +47,7 @@ from learner_client._transport import (
 )
 from learner_client._weights import EncodedWeights, WeightBook
 
-__all__ = ["Fleet", "PushResults", "RemoteActor"]
+__all__ = ["Fleet", "Link", "RemoteActor"]
 
 log = logging.getLogger("learner_client")
 T = TypeVar("T")
@@ -58,8 +59,6 @@ _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOS
 
 #: The fleet's links, over real gRPC channels.
 Link = ActorLink[ActorChannel]
-
-PushResults = tuple[dict[str, dict[int, PushReply]], dict[str, dict[int, BaseException]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +100,9 @@ class Fleet:
     batch_timeout: float
     slabs: PacketSlabs
     ranks: Ranks = dataclasses.field(default_factory=Ranks)
+    #: What a link calls before each session: the pusher re-sends the weights the actor lacks
+    #: (set once the pusher is wired; see :func:`learner_client._wiring.assemble`).
+    admit: Admit[ActorChannel] = dataclasses.field(init=False)
     _links: dict[int, Link] = dataclasses.field(default_factory=dict, init=False)  # members
     _owned: set[int] = dataclasses.field(default_factory=set, init=False)
 
@@ -152,7 +154,7 @@ class Fleet:
                 mailbox=self.mailbox,
                 streams=self.streams,
                 ledger=self.ledger,
-                admit=self._admit,
+                admit=self.admit,
                 allocate=self.slabs.for_worker(d.worker_id),
             )
             for d, c in zip(descriptions, channels, strict=True)
@@ -281,47 +283,23 @@ class Fleet:
 
     # -------------------------------------------------------------- weights
 
-    async def _admit(self, link: Link, desc: ActorDescription) -> None:
-        # A returning actor must hold the weights addressed to it before its data is used.
-        self.book.observe(link.worker_id, desc.models)
-        for enc in self.book.pending(link.worker_id, desc.models):
-            try:
-                reply = await link.channel.push_weights(
-                    enc.model_id, enc.version, _messages(enc), self.conn.call_timeout
-                )
-            except RlfleetError as exc:
-                if is_transient(exc):
-                    raise  # the session is retried, with this push first
-                # Retrying a push the actor rejects would keep it out for good.
-                self.book.forget(link.worker_id, enc.model_id)
-                log.error(
-                    "worker_id %d rejected %s version %d on re-admission: %s",
-                    link.worker_id,
-                    enc.model_id,
-                    enc.version,
-                    exc,
-                )
-                continue
-            self.book.acknowledged(link.worker_id, enc.model_id, reply.version)
-            self.ledger.pushed(len(enc.blob), reply.pause_seconds)
-            log.info(
-                "pushed %s version %d to worker_id %d before its data is used",
-                enc.model_id,
-                reply.version,
-                link.worker_id,
-            )
+    async def push_to(self, link: Link, enc: EncodedWeights) -> PushReply:
+        """Push one encoded model to one actor, on the loop (a returning actor's admission).
 
-    def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> PushResults:
+        Raises:
+            RlfleetError: The actor refused the push or could not be reached.
+        """
+        messages = _messages(enc)
+        return await link.channel.push_weights(
+            enc.model_id, enc.version, messages, self.conn.call_timeout
+        )
+
+    def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> list[PushReply | BaseException]:
         """Push each ``(worker_id, encoded model)`` pair, all concurrently.
 
-        A part of a multi-part push is never re-sent to a returning actor (alone it
-        could not complete its version); a worker that staged or completed one is
-        taken to hold its version (a delta part builds on it; if the version never
-        completed, the actor refuses that base and gets the whole part instead).
-
         Returns:
-            ``(succeeded, failed)``: ``{model_id: {worker_id: the actor's reply}}`` and
-            ``{model_id: {worker_id: exception}}``.
+            Per pair, in order, the actor's reply or the exception its push failed with
+            (what becomes of them is the pusher's verdict).
         """
         # Serialised once per distinct push, however many workers receive it.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
@@ -335,22 +313,7 @@ class Fleet:
             )
             for w, enc in pairs
         )
-        results = self.loop.run(_settle(calls), self.conn.call_timeout + _MARGIN)
-        succeeded: dict[str, dict[int, PushReply]] = {enc.model_id: {} for _, enc in pairs}
-        failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
-        for (wid, enc), result in zip(pairs, results, strict=True):
-            whole = enc.part is None
-            if isinstance(result, BaseException):
-                failed[enc.model_id][wid] = result
-                if whole and is_transient(result):  # it gets this push when it is re-admitted
-                    self.book.addressed([wid], enc)
-            else:
-                if whole:
-                    self.book.addressed([wid], enc)
-                self.book.acknowledged(wid, enc.model_id, result.version if whole else enc.version)
-                self.ledger.pushed(len(enc.blob), result.pause_seconds)
-                succeeded[enc.model_id][wid] = result
-        return succeeded, failed
+        return self.loop.run(_settle(calls), self.conn.call_timeout + _MARGIN)
 
     def accepts_parts(self, worker_id: int) -> bool:
         """Whether an actor takes multi-part pushes (its Describe gives a part deadline)."""

@@ -1,55 +1,197 @@
-"""Weight pushes as the collector issues them: explicit ones, automatic ones, and their errors.
+"""Weight pushes on the learner, told in one place: from the call to each actor's verdict.
 
-One path for every push: check the targets hold the model, encode each
-model once (:meth:`~learner_client._weights.WeightBook.encode`), stream it to
-all targets concurrently (:meth:`~learner_client._fleet.Fleet.push`), then
-report per-worker results. A push that failed on some workers raises
-:class:`~learner_client._errors.WeightPushError` listing both the failures
-and the successes. Automatic pushes (``update_after_each_batch``,
-``max_weight_update_interval``) re-read the last weights given, so in-place
-training is picked up; an actor that is down is skipped and receives the
-weights when it is re-admitted. A ``delta=True`` push sends each target a sparse
-delta where it can (:class:`~learner_client._delta_tracker.DeltaTracker`); a target
-that refuses its delta with FAILED_PRECONDITION gets the full push of the same
-state and version at once, which the caller never sees as an error. A ``part=`` push
-(``learner_client._part_pushes``) takes the same path, every form included, with an
-explicit version, and reports per worker whether its part was staged or completed the
-version.
+1. ``update_policy_weights_`` is normalised into one request (``learner_client._weight_args``).
+2. Under an explicit version, the learner ranks agree first (same version, same weights).
+3. The targets are checked: in the fleet, holding the model, taking parts for a part.
+4. Each model is encoded once (``learner_client._weights.WeightBook``); with ``delta=True``
+   each target gets a delta against what it holds where that is smaller.
+5. The fleet streams every push concurrently and returns each actor's reply or error.
+6. Here alone, per actor, the verdict: applied (book and ledger record it), transient (kept
+   for the actor's re-admission), refused (dropped); a refused delta base: the full, at once.
+7. A failure raises ``WeightPushError`` with failures and successes; automatic pushes log
+   transient ones. A returning actor is re-sent what it lacks before its data is used.
+
+Automatic pushes (``update_after_each_batch``, ``max_weight_update_interval``, the collector's
+``policy=`` module) re-read the last weights given, so in-place training is picked up; an
+actor that is down is skipped and receives the weights when it is re-admitted.
+
+*Versions agreed across ranks.* After an optimiser step every data-parallel rank holds the
+same weights and pushes them to the actors it owns under one explicit version (the step
+count), which must be above what this rank's actors hold (versions only go up). When the
+collector's ranks are torch.distributed's, every versioned push gathers each rank's
+``(version, digest of the weights)`` over a gloo group of its own
+(:class:`VersionAgreement`) and raises :class:`~learner_client._errors.VersionConflictError`
+on every rank when they differ, before anything is sent; a rank that does not push within
+``call_timeout`` makes the others raise :class:`~common.errors.DeadlineError`.
+
+*Deltas.* ``delta=True`` sends each target only the elements that changed since the weights
+it holds (``common.weights._delta``), with the version they apply on top of.
+:class:`DeltaTracker` remembers, per model_id and worker_id, the snapshot each worker was
+last sent and applied (a copy of the state at that version *in the form it travelled*,
+shared by every worker that got the same push), and chooses per worker a **delta** against
+that snapshot when the worker holds one in the form of this push (wire dtype,
+``only_trainable``), the version it last acknowledged or reported is the snapshot's, and
+fewer than :attr:`WeightPushSettings.full_push_every` deltas followed its last full push; a
+**full** push otherwise (first push, a restarted actor, a push the tracker did not see, a
+failed push, a change of form, the periodic anchor that bounds drift, or a change so dense
+that its indices and values would outweigh the whole state). With a wire dtype
+(``dtype=torch.bfloat16``) the snapshot is the state cast to it, and the delta holds the
+elements whose *cast* bits changed: after one small optimizer step most bf16 values stay
+the same although every fp32 value moved. The actor casts them into its dtype element by
+element, as a full push does, so its weights are bit for bit those a full push of the same
+state in the same form would give. A worker that answers a delta with FAILED_PRECONDITION
+(it holds another version) gets the full push of the same state and version at once,
+which the caller never sees as an error; a worker whose push failed loses its snapshot, so
+its next push is full. A delta's :attr:`EncodedWeights.full` builds that full push on
+demand; it is also what a returning actor is re-sent.
+
+*Parts.* When no learner process holds every parameter (FSDP2, tensor or pipeline
+parallel), each rank calls ``update_policy_weights_(its_tensors, version=v, part=(rank,
+world_size))``. The part takes the same path, every form included, with the part in its
+header; each actor stages it and applies version ``v`` whole once every rank's part arrived
+(``actor_service._parts``). Per worker the call returns a :class:`PartResult`: the part was
+staged, or it completed the version.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import functools
 import logging
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
 
-from common.errors import SessionStateError, UnknownModelError, is_transient
-from learner_client._delta_tracker import DeltaTracker
-from learner_client._errors import WeightPushError
-from learner_client._fleet import Fleet, PushResults
+import torch
+from torch import nn
+
+from common.checksum import crc32c
+from common.errors import (
+    DeadlineError,
+    RlfleetError,
+    SessionStateError,
+    UnknownModelError,
+    is_transient,
+)
+from common.weights import (
+    CHECKSUMS,
+    Part,
+    PushForm,
+    PushOutcome,
+    checksums,
+    encode_delta,
+    encode_weights,
+    wire_state,
+)
+from learner_client._errors import VersionConflictError, WeightPushError
+from learner_client._fleet import Fleet, Link
 from learner_client._ledger import Ledger
+from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
-from learner_client._part_pushes import as_parts, check_parts_accepted, part_result
-from learner_client._weight_args import PushOptions, WeightRequest, resolve_worker_ids
+from learner_client._shared_policy import SharedPolicy
+from learner_client._transport import ActorDescription, PushReply
+from learner_client._weight_args import (
+    PushOptions,
+    WeightRequest,
+    WeightSource,
+    normalize_update_args,
+    resolve_worker_ids,
+)
 from learner_client._weights import EncodedWeights, WeightBook
 
-__all__ = ["Pusher"]
+__all__ = [
+    "DEFAULT_FULL_PUSH_EVERY",
+    "DeltaTracker",
+    "PartResult",
+    "PushResults",
+    "Pusher",
+    "VersionAgreement",
+    "WeightPushSettings",
+    "push_error",
+    "weights_digest",
+]
 
 log = logging.getLogger("learner_client")
+
+#: One actor's push: ``(worker_id, the encoded model it gets)``.
+Pair: TypeAlias = "tuple[int, EncodedWeights]"
+#: What one actor answered a push: its reply, or the error it failed with.
+Reply: TypeAlias = "PushReply | BaseException"
+#: ``(succeeded, failed)``: ``{model_id: {worker_id: reply}}``, ``{model_id: {worker_id: error}}``.
+PushResults: TypeAlias = (
+    "tuple[dict[str, dict[int, PushReply]], dict[str, dict[int, BaseException]]]"
+)
+
+#: Consecutive delta pushes a worker gets before the next full one.
+DEFAULT_FULL_PUSH_EVERY = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightPushSettings:
+    """How weight pushes travel.
+
+    Attributes:
+        checksum: ``"crc32c"`` (hardware CRC-32C, ~10 GB/s; the default) or ``"sha256"``
+            (a cryptographic digest, ~2 GB/s, for operators who want one). The actor
+            verifies whichever the push carries.
+        full_push_every: With ``delta=True``, a worker gets a full push after this many
+            consecutive deltas, which bounds the cost of any drift or lost snapshot.
+
+    Example::
+
+        GrpcCollector(actors, frames_per_batch=256,
+                      weight_push=WeightPushSettings(checksum="sha256", full_push_every=4))
+    """
+
+    checksum: str = "crc32c"
+    full_push_every: int = DEFAULT_FULL_PUSH_EVERY
+
+    def __post_init__(self) -> None:
+        if self.checksum not in CHECKSUMS:
+            raise ValueError(f"checksum must be one of {CHECKSUMS}, got {self.checksum!r}")
+        every = self.full_push_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"full_push_every must be an int >= 1, got {every!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartResult:
+    """What one actor did with this rank's part of a multi-part push.
+
+    Attributes:
+        outcome: ``PushOutcome.STAGED`` (checked and held: the version applies when its
+            last part arrives, or expires after the actor's part deadline) or
+            ``PushOutcome.COMPLETED`` (this part was the last: the version is in force).
+        version: The version the part belongs to.
+        version_in_force: The actor's version once it took the part: ``version`` when
+            completed, the one before while the version stages.
+        parts_staged: The parts of ``version`` the actor held once it took this one.
+
+    Example::
+
+        results = collector.update_policy_weights_(shard, version=step, part=(rank, world))
+        done = [w for w, r in results.items() if r.outcome is PushOutcome.COMPLETED]
+    """
+
+    outcome: PushOutcome
+    version: int
+    version_in_force: int
+    parts_staged: int
 
 
 @dataclasses.dataclass(eq=False)
 class Pusher:
-    """Issues the collector's weight pushes.
+    """Issues the collector's weight pushes and keeps the verdict on each actor's push.
 
     Attributes:
-        fleet: The actors the weights go to.
-        book: The weights given, their versions, and which worker is due an update.
+        fleet: The actors the weights go to (it makes the calls and returns the replies).
+        book: The weights given, their versions, what each worker holds and should hold.
         ledger: Counts automatic pushes, bytes, pauses and delta fallbacks.
         metrics: Times every push and counts its outcome, per model.
         deltas: What each worker holds, for ``delta=True`` pushes.
+        agreement: Compares versioned pushes across the learner ranks.
     """
 
     fleet: Fleet
@@ -57,6 +199,7 @@ class Pusher:
     ledger: Ledger
     metrics: LearnerMetrics
     deltas: DeltaTracker
+    agreement: VersionAgreement
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -65,10 +208,14 @@ class Pusher:
             ``{worker_id: version}``, or ``{model_id: {worker_id: version}}`` when nested.
 
         Raises:
+            ValueError: An explicit version not above what this rank's actors hold, or
+                per-worker weights under one (an agreed version names one set of weights).
+            VersionConflictError, DeadlineError: As :meth:`VersionAgreement.check`.
             UnknownWorkerError: A target not in the fleet.
             UnknownModelError: A target without the model.
             WeightPushError: Some targets failed.
         """
+        self._agree(request)
         # A part goes to every member: each actor needs every rank's part of a version.
         known = self.fleet.worker_ids if request.part is None else self.fleet.member_ids
         targets = resolve_worker_ids(request.worker_ids, known)
@@ -76,8 +223,28 @@ class Pusher:
         if request.part is not None:
             check_parts_accepted(self.fleet, targets)
         if request.delta:
-            return self._update_delta(request, targets)
-        pairs: list[tuple[int, EncodedWeights]] = []
+            return _outcome(*self._push_deltas(request, targets), request)
+        return _outcome(*self._push(self._encode(request, targets)), request)
+
+    def _agree(self, request: WeightRequest) -> None:
+        """Refuse, or agree with the other ranks on, an explicit version before anything is sent.
+
+        A part of a multi-part push is pushed as is: each rank's part holds other weights on
+        purpose, so there is nothing to agree on.
+        """
+        version = request.version
+        if version is None or request.part is not None:
+            return
+        refusal = _refusal(self.book, request, version)
+        if self.agreement.active:
+            digest = 0 if refusal else _request_digest(self.book, request)
+            self.agreement.check(version, digest, refused=refusal is not None)
+        if refusal is not None:
+            raise ValueError(refusal)
+
+    def _encode(self, request: WeightRequest, targets: list[int]) -> list[Pair]:
+        """Each target's push of a whole (or part) request, each distinct one encoded once."""
+        pairs: list[Pair] = []
         version = request.version
         for mid, src in request.sources.items():
             given = request.options or PushOptions()  # new weights: as the call says
@@ -91,12 +258,11 @@ class Pusher:
             else:
                 enc = self.book.encode(mid, src, given, version=version, part=request.part)
                 pairs += [(wid, enc) for wid in targets]
-        succeeded, failed = self._push(pairs)
-        return _outcome(succeeded, failed, request)
+        return pairs
 
-    def _update_delta(self, request: WeightRequest, targets: list[int]) -> dict:
+    def _push_deltas(self, request: WeightRequest, targets: list[int]) -> PushResults:
         """A ``delta=True`` push: deltas where the tracker can, full pushes elsewhere."""
-        pairs: list[tuple[int, EncodedWeights]] = []
+        pairs: list[Pair] = []
         for mid, src in request.sources.items():
             sources = {w: src if src is not None else self.book.source_for(mid, w) for w in targets}
             # New weights: as the call says; a re-send of the last ones: as last encoded.
@@ -128,9 +294,9 @@ class Pusher:
         for mid in request.sources:
             held = {w: part_version or r.version for w, r in succeeded.get(mid, {}).items()}
             self.deltas.settle(mid, held, failed.get(mid, {}))
-        return _outcome(succeeded, failed, request)
+        return succeeded, failed
 
-    def _check_models(self, sources: dict[str, Any], targets: list[int]) -> None:
+    def _check_models(self, sources: Mapping[str, object], targets: list[int]) -> None:
         for mid in sources:
             lacking = [w for w in targets if mid not in self.fleet.models_of(w)]
             if lacking:
@@ -157,23 +323,87 @@ class Pusher:
         ]
         succeeded, failed = self._push(pairs)
         self.ledger.add_auto_push()
-        fatal = {
-            mid: {w: e for w, e in errs.items() if not is_transient(e)}
-            for mid, errs in failed.items()
-        }
         for mid, errs in failed.items():
             for wid, exc in errs.items():
                 log.warning("automatic push of %s to worker_id %d failed: %s", mid, wid, exc)
+        fatal = {mid: _refusals(errs) for mid, errs in failed.items()}
         if any(fatal.values()):
             versions = {m: {w: r.version for w, r in rs.items()} for m, rs in succeeded.items()}
             raise push_error(versions, fatal, nested=True)
 
-    def _push(
-        self, pairs: list[tuple[int, EncodedWeights]], fallbacks: int = 0, continues: bool = False
-    ) -> PushResults:
+    def push_shared(self, shared: SharedPolicy | None, model_id: str) -> None:
+        """Push the collector's ``policy=`` module to every reachable actor if it is due.
+
+        Each push is a delta where the actors hold the previous one and it is smaller, a
+        full push otherwise. An actor that is down gets the weights when it is re-admitted.
+
+        Raises:
+            WeightPushError: A reachable actor refused the push (not a transient failure).
+        """
+        if shared is None or not shared.due():
+            return
+        targets = [w for w in self.fleet.worker_ids if self.fleet.reachable(w)]
+        if not targets:
+            return
+        shared.mark_pushed()  # before encoding: a change made while it travels is seen next time
+        request = normalize_update_args(
+            policy=shared.module, model_id=model_id, worker_ids=targets, delta=True
+        )
+        try:
+            self.update(request)
+        except WeightPushError as exc:
+            shared.forget()
+            if _refusals(exc.failed):
+                raise
+            log.warning(
+                "pushing the shared policy to worker_ids %s failed: %s", sorted(exc.failed), exc
+            )
+
+    async def admit(self, link: Link, desc: ActorDescription) -> None:
+        """Re-send a returning actor what it should hold, before its data is used (loop thread).
+
+        Raises:
+            RlfleetError: A transient failure: the session is retried, with this push first.
+        """
+        self.book.observe(link.worker_id, desc.models)
+        for enc in self.book.pending(link.worker_id, desc.models):
+            try:
+                reply = await self.fleet.push_to(link, enc)
+            except RlfleetError as exc:
+                if is_transient(exc):
+                    raise
+                # Retrying a push the actor rejects would keep it out for good.
+                self.book.forget(link.worker_id, enc.model_id)
+                log.error(
+                    "worker_id %d rejected %s version %d on re-admission: %s",
+                    link.worker_id,
+                    enc.model_id,
+                    enc.version,
+                    exc,
+                )
+                continue
+            self.book.acknowledged(link.worker_id, enc.model_id, reply.version)
+            self.ledger.pushed(len(enc.blob), reply.pause_seconds)
+            log.info(
+                "pushed %s version %d to worker_id %d before its data is used",
+                enc.model_id,
+                reply.version,
+                link.worker_id,
+            )
+
+    def _push(self, pairs: list[Pair], fallbacks: int = 0, continues: bool = False) -> PushResults:
+        """Send every pair concurrently; record each actor's verdict, the call's bytes and time."""
         started = time.monotonic()
-        succeeded, failed = self.fleet.push(pairs)
-        applied = [enc for w, enc in pairs if w in succeeded.get(enc.model_id, {})]
+        replies = self.fleet.push(pairs)
+        succeeded: dict[str, dict[int, PushReply]] = {enc.model_id: {} for _, enc in pairs}
+        failed: dict[str, dict[int, BaseException]] = {enc.model_id: {} for _, enc in pairs}
+        for (wid, enc), reply in zip(pairs, replies, strict=True):
+            self._record(wid, enc, reply)
+            if isinstance(reply, BaseException):
+                failed[enc.model_id][wid] = reply
+            else:
+                succeeded[enc.model_id][wid] = reply
+        applied = [enc for w, enc in pairs if w in succeeded[enc.model_id]]
         pauses = [r.pause_seconds for replies in succeeded.values() for r in replies.values()]
         self.ledger.push_call(
             sum(len(enc.blob) for w, enc in pairs),
@@ -186,6 +416,33 @@ class Pusher:
         for model_id in sorted({encoded.model_id for _, encoded in pairs}):
             self.metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
         return succeeded, failed
+
+    def _record(
+        self, worker_id: int, enc: EncodedWeights, reply: PushReply | BaseException
+    ) -> None:
+        """The verdict on one actor's push: what the book and the ledger keep of it.
+
+        Applied: the actor holds the push's version (a part's too: it staged or completed
+        it; a delta part builds on it, and an actor whose version never completed refuses
+        that base and gets the whole part instead), and a whole push is what it should hold
+        from now on. Failed transiently (the actor is down): a whole push is still what it
+        should hold, re-sent when it is re-admitted. Refused: nothing is kept. A part is
+        never re-sent to a returning actor: alone it could not complete its version.
+        """
+        whole = enc.part is None
+        if isinstance(reply, BaseException):
+            if whole and is_transient(reply):
+                self.book.addressed([worker_id], enc)
+            return
+        if whole:
+            self.book.addressed([worker_id], enc)
+        self.book.acknowledged(worker_id, enc.model_id, reply.version if whole else enc.version)
+        self.ledger.pushed(len(enc.blob), reply.pause_seconds)
+
+
+def _refusals(failed: Mapping[int, BaseException]) -> dict[int, BaseException]:
+    """The failures that are not transient: the actor refused the push, it was not down."""
+    return {w: e for w, e in failed.items() if not is_transient(e)}
 
 
 def _outcome(succeeded: dict, failed: dict, request: WeightRequest) -> dict:
@@ -214,3 +471,304 @@ def push_error(succeeded: dict, failed: dict, *, nested: bool) -> WeightPushErro
     return WeightPushError(
         f"weight push failed ({detail}); succeeded: {succeeded}", succeeded=succeeded, failed=failed
     )
+
+
+# ------------------------------------------------------- versions agreed across ranks
+
+
+def _request_digest(book: WeightBook, request: WeightRequest) -> int:
+    """One digest of every model a request pushes, in the form each is pushed in."""
+    digest = 0
+    for mid, src in sorted(request.sources.items()):
+        if src is None:  # the last weights given, in the form they were last sent
+            source, form = book.source(mid), book.options(mid, request.options)
+        else:
+            source, form = src, request.options or PushOptions()
+        digest = crc32c(f"{mid}:{weights_digest(source, form)};".encode(), digest)
+    return digest
+
+
+def _refusal(book: WeightBook, request: WeightRequest, version: int) -> str | None:
+    """Why this rank cannot push ``request`` under ``version``, or None."""
+    if request.per_worker is not None:
+        return "version= takes one set of weights for every actor, not per-worker ones"
+    held = book.versions()
+    behind = {m: held[m] for m in sorted(request.sources) if held.get(m, 0) >= version}
+    if behind:
+        return (
+            f"version={version} is not above the version this collector's actors hold "
+            f"({behind}): versions only go up"
+        )
+    return None
+
+
+def weights_digest(source: Any, options: PushOptions) -> int:
+    """CRC-32C of the tensors a push of ``source`` carries: keys, dtypes, shapes and bytes.
+
+    Equal weights in equal form give equal digests on every rank and every machine.
+    """
+    state = wire_state(source, dtype=options.dtype, only_trainable=options.only_trainable)
+    digest = 0
+    for key in sorted(state):
+        tensor = state[key]
+        head = f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode()
+        digest = crc32c(head, digest)
+        if tensor.numel():
+            digest = crc32c(tensor.reshape(-1).view(torch.uint8).numpy().data, digest)
+    return digest
+
+
+class VersionAgreement:
+    """Checks, before each versioned push, that every rank pushes the same weights.
+
+    Active only when the collector's ranks are torch.distributed's (same rank and world
+    size, more than one rank); otherwise :meth:`check` does nothing. The gloo group it
+    gathers over is created at the first versioned push, which every rank makes at the
+    same step (a collective, as DDP's own).
+
+    Args:
+        ranks: The collector's ranks.
+        timeout: Seconds a rank waits for the others' digests.
+    """
+
+    def __init__(self, ranks: Ranks, timeout: float) -> None:
+        self.ranks = ranks
+        self.timeout = timeout
+        self._group: Any = None
+
+    @property
+    def active(self) -> bool:
+        """Whether versioned pushes are compared across ranks."""
+        dist = torch.distributed
+        return (
+            self.ranks.world_size > 1
+            and dist.is_available()
+            and dist.is_initialized()
+            and (dist.get_rank(), dist.get_world_size()) == (self.ranks.rank, self.ranks.world_size)
+        )
+
+    def check(self, version: int, digest: int, *, refused: bool = False) -> None:
+        """Gather every rank's ``(version, digest)`` and compare them.
+
+        A rank that refuses the push itself (``refused``) still takes part, so the others
+        learn it at once instead of waiting out the timeout; it then raises its own error.
+
+        Raises:
+            VersionConflictError: Some rank gave another version or other weights, or
+                refused the push (raised on the other ranks).
+            DeadlineError: Some rank did not push within ``timeout``.
+        """
+        if not self.active:
+            return
+        dist = torch.distributed
+        if self._group is None:
+            self._group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=self.timeout)
+            )
+        mine = torch.tensor([version, digest, refused], dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(self.ranks.world_size)]
+        try:
+            dist.all_gather(gathered, mine, group=self._group)
+        except RuntimeError as exc:  # gloo's timeout, or a rank that left
+            raise DeadlineError(
+                f"rank {self.ranks.rank}: the other ranks did not push version {version} "
+                f"within {self.timeout} s (every rank pushes every agreed version): {exc}"
+            ) from None
+        pushed = {r: (int(t[0]), int(t[1])) for r, t in enumerate(gathered)}
+        others = [r for r, t in enumerate(gathered) if t[2] and r != self.ranks.rank]
+        if refused:
+            return
+        if others:
+            raise VersionConflictError(
+                f"rank(s) {others} refused version {version} (their log says why); nothing "
+                "was pushed",
+                pushed=pushed,
+            )
+        if len(set(pushed.values())) > 1:
+            detail = ", ".join(
+                f"rank {r}: version {v} digest {d:08x}" for r, (v, d) in pushed.items()
+            )
+            raise VersionConflictError(
+                f"the learner ranks disagree on version {version}: {detail}; nothing was "
+                "pushed (every rank must push the same weights under one agreed version)",
+                pushed=pushed,
+            )
+
+
+# ---------------------------------------------------------------------------- deltas
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What one worker holds: the snapshot it was sent (never modified) at ``version``."""
+
+    version: int
+    state: dict[str, torch.Tensor]
+    deltas: int  # consecutive deltas since its last full push
+    form: PushOptions  # the form ``state`` travelled in (wire dtype, only_trainable)
+
+
+class DeltaTracker:
+    """The snapshots each worker holds, and the delta or full push each one needs.
+
+    Args:
+        book: The learner's weight bookkeeping (versions acknowledged and reported).
+        settings: The checksum and the full-push interval.
+    """
+
+    def __init__(self, book: WeightBook, settings: WeightPushSettings) -> None:
+        self._book = book
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._held: dict[str, dict[int, _Held]] = {}
+        self._sent: dict[tuple[str, int], _Held] = {}
+
+    def encode(
+        self,
+        model_id: str,
+        sources: Mapping[int, WeightSource],
+        version: int,
+        form: PushOptions | None = None,
+    ) -> dict[int, EncodedWeights]:
+        """One push of ``version``: per worker, a delta against what it holds, or a full push.
+
+        Each distinct source is snapshotted once (in ``form``; None: as it is), each
+        distinct (base, source) delta and each full blob encoded once, however many
+        workers receive it.
+        """
+        form = form or PushOptions()
+        snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        fulls: dict[int, Callable[[], EncodedWeights]] = {}  # encoded only if needed
+        deltas: dict[tuple[int, int], EncodedWeights | None] = {}
+        out: dict[int, EncodedWeights] = {}
+        for wid, src in sources.items():
+            if id(src) not in snapshots:
+                snapshots[id(src)] = _snapshot(src, form)
+            state = snapshots[id(src)]
+            if id(state) not in fulls:
+                subset = form.only_trainable or not isinstance(src, nn.Module)
+                encode = functools.partial(self._full, model_id, version, state, form, subset)
+                fulls[id(state)] = functools.cache(encode)
+            held = self._usable(model_id, wid, form)
+            delta = None
+            if held is not None:
+                key = (id(held.state), id(state))
+                if key not in deltas:
+                    deltas[key] = self._delta(model_id, version, held, state, fulls[id(state)])
+                delta = deltas[key]
+            if held is None or delta is None:  # nothing to build on, or a dense change
+                out[wid], sent = fulls[id(state)](), _Held(version, state, 0, form)
+            else:
+                out[wid], sent = delta, _Held(version, state, held.deltas + 1, form)
+            with self._lock:
+                self._sent[(model_id, wid)] = sent
+        return out
+
+    def settle(
+        self, model_id: str, applied: Mapping[int, int], failed: Mapping[int, object]
+    ) -> None:
+        """Record the outcome of a push: workers that applied it hold its snapshot; others none."""
+        with self._lock:
+            held = self._held.setdefault(model_id, {})
+            for wid in applied:
+                sent = self._sent.pop((model_id, wid), None)
+                if sent is not None and sent.version == applied[wid]:
+                    held[wid] = sent
+            for wid in failed:
+                self._sent.pop((model_id, wid), None)
+                held.pop(wid, None)
+
+    def _usable(self, model_id: str, worker_id: int, form: PushOptions) -> _Held | None:
+        with self._lock:
+            held = self._held.get(model_id, {}).get(worker_id)
+        if held is None or held.deltas >= self._settings.full_push_every or held.form != form:
+            return None
+        if self._book.applied(worker_id).get(model_id) != held.version:
+            return None  # restarted, or updated by a push this tracker did not send
+        return held
+
+    def _full(
+        self,
+        model_id: str,
+        version: int,
+        state: dict[str, torch.Tensor],
+        form: PushOptions,
+        subset: bool,
+    ) -> EncodedWeights:
+        """The full push of a snapshot (already in ``form``'s wire dtype), declaring its form."""
+        meta = {"model_id": model_id}
+        blob = encode_weights(state, metadata=meta, dtype=form.dtype, subset=subset)
+        return EncodedWeights(model_id, version, blob, *checksums(blob, self._settings.checksum))
+
+    def _delta(
+        self,
+        model_id: str,
+        version: int,
+        held: _Held,
+        state: dict[str, torch.Tensor],
+        full: Callable[[], EncodedWeights],
+    ) -> EncodedWeights | None:
+        """The delta from ``held`` to ``state``; None when it would not be smaller than full.
+
+        Also None when the keys, a shape or a dtype changed since ``held`` (e.g. a mapping
+        of other keys than the module last sent): there is nothing to diff against.
+        """
+        if _layout(held.state) != _layout(state):
+            return None
+        whole = sum(t.numel() * t.element_size() for t in state.values())
+        meta = {"model_id": model_id, **PushForm(wire_dtype=held.form.dtype).metadata()}
+        blob = encode_delta(held.state, state, metadata=meta, max_bytes=whole)
+        if blob is None:
+            return None
+        digest, crc = checksums(blob, self._settings.checksum)
+        return EncodedWeights(
+            model_id, version, blob, digest, crc, base_version=held.version, full=full
+        )
+
+
+def _layout(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    return {key: (tensor.shape, tensor.dtype) for key, tensor in state.items()}
+
+
+def _snapshot(source: WeightSource, form: PushOptions) -> dict[str, torch.Tensor]:
+    """A private copy of the weights as they travel now (training changes the source in place)."""
+    return wire_state(source, dtype=form.dtype, only_trainable=form.only_trainable)
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def check_parts_accepted(fleet: Fleet, targets: Sequence[int]) -> None:
+    """Refuse a part push before anything is sent if a target cannot stage parts.
+
+    Raises:
+        SessionStateError: Naming the workers whose actors predate multi-part pushes
+            (an older one would take a part for a whole subset push).
+    """
+    lacking = [w for w in targets if not fleet.accepts_parts(w)]
+    if lacking:
+        raise SessionStateError(
+            f"worker_ids {lacking} take no multi-part pushes (their Describe gives no part "
+            f"deadline): run an rlfleet-actor that does, or push whole weights"
+        )
+
+
+def as_parts(encoded: Mapping[int, EncodedWeights], part: Part | None) -> dict[int, EncodedWeights]:
+    """Each worker's push as ``part`` (a delta's full fallback too); unchanged if None."""
+    if part is None:
+        return dict(encoded)
+    return {wid: _as_part(enc, part) for wid, enc in encoded.items()}
+
+
+def _as_part(enc: EncodedWeights, part: Part) -> EncodedWeights:
+    full = enc.full
+    if full is None:
+        return dataclasses.replace(enc, part=part)
+    return dataclasses.replace(enc, part=part, full=lambda: dataclasses.replace(full(), part=part))
+
+
+def part_result(reply: PushReply, request: WeightRequest) -> int | PartResult:
+    """A worker's entry in ``update_policy_weights_``'s result: a version, or a part's result."""
+    if request.part is None or request.version is None:
+        return reply.version
+    return PartResult(reply.outcome, request.version, reply.version, reply.parts_staged)

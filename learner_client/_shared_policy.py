@@ -1,37 +1,29 @@
 """The learner's policy module, followed as TorchRL's collectors share it with their workers.
 
-TorchRL's ``Collector(env, policy, ...)`` holds the learner's own policy object: its
-workers read its memory, so an optimiser step or an annealed exploration buffer
-(``EGreedyModule.step()``) is what the next batch acts with, and many scripts never
-call ``update_policy_weights_``. ``GrpcCollector(..., policy=module)`` gives the same
-result over the network: :class:`SharedPolicy` remembers the module, and the collector
-pushes it (parameters and buffers) before the first batch and, unless told otherwise,
-whenever it changed before the next batch is requested.
+TorchRL's ``Collector(env, policy, ...)`` holds the learner's own policy object: its workers
+read its memory, so an optimiser step or an annealed exploration buffer
+(``EGreedyModule.step()``) is what the next batch acts with, and many scripts never call
+``update_policy_weights_``. ``GrpcCollector(..., policy=module)`` gives the same result over
+the network: :class:`SharedPolicy` remembers the module, and the collector's pusher
+(:meth:`learner_client._pushes.Pusher.push_shared`) pushes it (parameters and buffers)
+before the first batch and, unless told otherwise, whenever it changed before the next batch
+is requested.
 
-Noticing a change is cheap: a parameter changed in place (an optimiser step, a
-``copy_`` under ``no_grad``) bumps its version counter, and buffers (an epsilon, a noise
-scale, normalisation statistics: a few numbers) are compared with a copy of their last
-pushed values. Nothing is compared element by element on the parameters. A change made
-through ``.data`` on a *parameter* bumps no counter and is not seen: push it with
+Noticing a change is cheap: a parameter changed in place (an optimiser step, a ``copy_``
+under ``no_grad``) bumps its version counter, and buffers (an epsilon, a noise scale,
+normalisation statistics: a few numbers) are compared with a copy of their last pushed
+values. Nothing is compared element by element on the parameters. A change made through
+``.data`` on a *parameter* bumps no counter and is not seen: push it with
 ``update_policy_weights_()``. Buffers of more than :data:`VALUE_CHECKED_BUFFER_ELEMENTS`
 elements are followed by their version counters alone.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
-from common.errors import is_transient
-from learner_client._errors import WeightPushError
-from learner_client._pushes import Pusher
-from learner_client._weight_args import normalize_update_args
-
-__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy", "push_shared"]
-
-log = logging.getLogger("learner_client")
+__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy"]
 
 #: Buffers up to this size are compared by value (``.data.copy_`` bumps no version counter,
 #: and TorchRL's exploration modules anneal their buffers that way).
@@ -101,34 +93,3 @@ class SharedPolicy:
     def _counters(self) -> tuple[tuple[int, int], ...]:
         tensors = [*self.module.parameters(), *self.module.buffers()]
         return tuple((id(t), t._version) for t in tensors)
-
-
-def push_shared(shared: SharedPolicy | None, pusher: Pusher, model_id: str) -> None:
-    """Push ``shared`` to every reachable actor if it is due (before the next batch).
-
-    Each push is a delta where the actors hold the previous one and it is smaller
-    (``learner_client._delta_tracker``), a full push otherwise. An actor that is down
-    gets the weights when it is re-admitted.
-
-    Raises:
-        WeightPushError: A reachable actor refused the push (not a transient failure).
-    """
-    if shared is None or not shared.due():
-        return
-    targets = [w for w in pusher.fleet.worker_ids if pusher.fleet.reachable(w)]
-    if not targets:
-        return
-    shared.mark_pushed()  # before encoding: a change made while it travels is seen next time
-    request = normalize_update_args(
-        policy=shared.module, model_id=model_id, worker_ids=targets, delta=True
-    )
-    try:
-        pusher.update(request)
-    except WeightPushError as exc:
-        shared.forget()
-        fatal = {w: e for w, e in exc.failed.items() if not is_transient(e)}
-        if fatal:
-            raise
-        log.warning(
-            "pushing the shared policy to worker_ids %s failed: %s", sorted(exc.failed), exc
-        )

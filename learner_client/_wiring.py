@@ -6,14 +6,16 @@
     GrpcCollector ── Rounds ──take──▶ Mailbox ◀──┼──put── ActorLink ──▶ CollectStream ──▶ actor
          │                  credits, acks ───────┼──▶ OpenStreams ──▶ CollectStream
          ├── Pusher ──push──▶ Fleet ── run() ────┼──▶ ActorChannel ──▶ actor
+         │     ▲ admit (an actor comes back) ────┼─── ActorLink
          └── seed, state, start, resize ─▶ Fleet │
     LearnerMetrics ◀── lag (Ledger), push times (Pusher), waits (Rounds); stats() on scrape
 
-The :class:`~learner_client._weights.WeightBook` (versions, what each actor holds) is
-shared by Fleet, Pusher and Rounds; the :class:`~learner_client._slabs.PacketSlabs`
-receive each link's sync batches in place (Fleet gives every link its slot, Rounds
-sets the layout). :func:`assemble` builds every part once and hands each one exactly
-what it uses; nothing reaches another part through a third.
+The :class:`~learner_client._weights.WeightBook` (versions, what each actor holds) is shared
+by Fleet, Pusher and Rounds, and only the Pusher records push results in it (the fleet's
+links admit a returning actor through :meth:`~learner_client._pushes.Pusher.admit`); the
+:class:`~learner_client._slabs.PacketSlabs` receive each link's sync batches in place (Fleet
+gives every link its slot, Rounds sets the layout). :func:`assemble` builds every part once
+and hands each one exactly what it uses; nothing reaches another part through a third.
 """
 
 from __future__ import annotations
@@ -22,14 +24,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from learner_client._collect_stream import OpenStreams
-from learner_client._delta_tracker import DeltaTracker, WeightPushSettings
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
-from learner_client._pushes import Pusher
+from learner_client._pushes import DeltaTracker, Pusher, VersionAgreement, WeightPushSettings
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings
 from learner_client._slabs import PacketSlabs
@@ -102,7 +103,9 @@ def assemble(
         slabs=slabs,
         ranks=ranks or Ranks(),
     )
-    pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push))
+    agreement = VersionAgreement(fleet.ranks, conn.call_timeout)
+    pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push), agreement)
+    fleet.admit = pusher.admit  # a returning actor gets what it lacks through the pusher
     rounds = Rounds(
         batch,
         acting_model,
