@@ -1,4 +1,8 @@
-"""Sizes the team keeps: modules of at most 500 lines, functions of at most 60 (stubs aside)."""
+"""Sizes the team keeps: modules of at most 800 lines, functions of at most 60 (stubs aside).
+
+A module follows its concept (a class split across files to fit a cap is not one); the
+function cap keeps functions readable, and the few that honestly need more are named below.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("actor_service", "learner_client", "apps", "common", "bench")
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60
 
 #: Functions that honestly need more than MAX_FUNCTION_LINES, as ``path: qualname``, each
@@ -87,7 +91,7 @@ def _relative(path: pathlib.Path) -> str:
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_structure_modules_stay_within_500_lines(package: str) -> None:
+def test_structure_modules_stay_within_800_lines(package: str) -> None:
     offenders = long_modules(_modules(package))
     assert not offenders, "split by responsibility:\n" + "\n".join(offenders)
 
@@ -122,5 +126,5 @@ def test_structure_checks_report_offenders_with_file_and_line(tmp_path: pathlib.
         * 400
     )
     assert long_functions([module]) == [f"{module}:65: C.too_long is 61 lines"]
-    assert long_modules([module]) == [f"{module}:1: 525 lines (max 500)"]
+    assert long_modules([module], limit=500) == [f"{module}:1: 525 lines (max 500)"]
     assert long_modules([module], limit=525) == []
