@@ -38,8 +38,9 @@ M = TypeVar("M", bound=Message)
 
 # Packets above this size are decoded on a worker thread, not on the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
-_END_REASONS = {v.number: v.name.removeprefix("END_REASON_") for v in
-                pb.EndReason.DESCRIPTOR.values}  # fmt: skip
+_END_REASONS = {
+    v.number: v.name.removeprefix("END_REASON_") for v in pb.EndReason.DESCRIPTOR.values
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,9 +89,8 @@ def assemble(
     book = WeightBook(push.checksum)
     streams = OpenStreams(loop)
     mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
-    slabs = PacketSlabs(
-        pin_memory
-    )  # stacked sync rounds line up in them; every batch reuses memory
+    # Stacked sync rounds line up in the slabs; every batch reuses memory.
+    slabs = PacketSlabs(pin_memory)
     fleet = Fleet(
         conn,
         loop=loop,

@@ -321,10 +321,15 @@ class PacketAssembler:
 
 
 def _checked_buffer(buffer: Any, total_bytes: int) -> torch.Tensor:
-    if (not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8
-            or buffer.device.type != "cpu" or buffer.dim() != 1
-            or buffer.numel() != total_bytes or not buffer.is_contiguous()
-            or buffer.data_ptr() % ALIGN):  # fmt: skip
+    if (
+        not isinstance(buffer, torch.Tensor)
+        or buffer.dtype != torch.uint8
+        or buffer.device.type != "cpu"
+        or buffer.dim() != 1
+        or buffer.numel() != total_bytes
+        or not buffer.is_contiguous()
+        or buffer.data_ptr() % ALIGN
+    ):
         raise ProtocolError(
             f"allocate({total_bytes}) must return a contiguous 1-D uint8 CPU tensor of that "
             f"length starting {ALIGN}-byte aligned, got {type(buffer).__name__} "

@@ -31,10 +31,17 @@ PREAMBLE = struct.Struct("<4sQ")
 ALIGN = 16
 STR = "str"
 DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
-    "bfloat16": torch.bfloat16, "uint8": torch.uint8, "int8": torch.int8,
-    "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}  # fmt: skip
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
 _TOP_FIELDS = frozenset({"batch_size", "names", "tds", "entries", "payload_bytes"})
 _TD_FIELDS = frozenset({"key", "batch_size", "names"})
 _ENTRY_FIELDS = frozenset({"key", "dtype", "shape", "offset", "nbytes"})
@@ -139,8 +146,9 @@ def _fields(value: Any, expected: frozenset[str], what: str) -> dict[str, Any]:
     if type(value) is not dict:
         raise ProtocolError(f"{what} must be a JSON object, got {type(value).__name__}")
     if value.keys() != expected:
-        raise ProtocolError(f"{what} must have exactly the fields {sorted(expected)}, got "
-                         f"{sorted(value)[:10]}")  # fmt: skip
+        raise ProtocolError(
+            f"{what} must have exactly the fields {sorted(expected)}, got {sorted(value)[:10]}"
+        )
     return value
 
 
@@ -238,8 +246,10 @@ class _Header:
         parent_batch, parent_names = self._parent(key, set())
         batch_size = _shape(item["batch_size"], f"td {list(key)} batch_size", self.limits)
         names = _names(item["names"], len(batch_size), f"td {list(key)} names", self.limits)
-        if (batch_size[: len(parent_batch)] != parent_batch
-                or names[: len(parent_names)] != parent_names):  # fmt: skip
+        if (
+            batch_size[: len(parent_batch)] != parent_batch
+            or names[: len(parent_names)] != parent_names
+        ):
             raise ProtocolError(
                 f"td {list(key)}: batch size {list(batch_size)} / names {names} do not extend "
                 f"the parent's {list(parent_batch)} / {parent_names}"
@@ -275,8 +285,10 @@ class _Header:
             raise ProtocolError(f"entry {list(key)}: nbytes {nbytes} != {count} x {dtype} size")
         expected = previous_end + -previous_end % ALIGN
         if offset != expected:
-            raise ProtocolError(f"entry {list(key)}: offset {offset}, expected {expected} "
-                             "(entries are packed in order, 16-byte aligned)")  # fmt: skip
+            raise ProtocolError(
+                f"entry {list(key)}: offset {offset}, expected {expected} "
+                "(entries are packed in order, 16-byte aligned)"
+            )
         if offset + nbytes > self.payload_bytes:
             raise ProtocolError(f"entry {list(key)} ends past payload_bytes={self.payload_bytes}")
         self._seen.add(key)
@@ -325,8 +337,10 @@ def _strings(entry: _Entry, region: memoryview, batch_size: tuple[int, ...]) -> 
     body = bytes(region[8 * count :])
     last = int(ends[-1]) if count else 0
     if last != len(body) or (count > 1 and bool((ends[1:] < ends[:-1]).any())):
-        raise ProtocolError(f"entry {list(entry.key)}: string offsets are not monotonic up to "
-                         f"the {len(body)} text bytes")  # fmt: skip
+        raise ProtocolError(
+            f"entry {list(entry.key)}: string offsets are not monotonic up to "
+            f"the {len(body)} text bytes"
+        )
     bounds = ends.tolist()
     try:
         texts = [body[a:b].decode("utf-8") for a, b in zip([0, *bounds], bounds, strict=False)]
@@ -336,8 +350,9 @@ def _strings(entry: _Entry, region: memoryview, batch_size: tuple[int, ...]) -> 
         return NonTensorData(data=texts[0], batch_size=batch_size)
     stack = NonTensorStack.from_list(_nest(texts, entry.shape))
     if tuple(stack.batch_size) != entry.shape:
-        raise ProtocolError(f"entry {list(entry.key)}: cannot build a string stack of shape "
-                         f"{list(entry.shape)}")  # fmt: skip
+        raise ProtocolError(
+            f"entry {list(entry.key)}: cannot build a string stack of shape {list(entry.shape)}"
+        )
     return stack
 
 
