@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -76,7 +76,13 @@ def _env_error(end: pb.StreamEnd) -> EnvError | None:
     return EnvError(failure.env, failure.exception_type, text)
 
 
-def _to_proto(message: type[M], settings: Any, **converted: Any) -> M:
+class Settings(Protocol):
+    """A settings dataclass (what :func:`dataclasses.fields` reads), sent field by field."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+
+def _to_proto(message: type[M], settings: Settings, **converted: object) -> M:
     """The wire message of a settings dataclass, whose fields it shares by name."""
     values = {field.name: getattr(settings, field.name) for field in dataclasses.fields(settings)}
     return message(**values | converted)

@@ -29,6 +29,7 @@ from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
+from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import WeightPushSettings
 from learner_client._rounds import Placement
 from learner_client._settings import (
@@ -424,6 +425,10 @@ class GrpcCollector:
         with self._lock:
             self._check_open()
             return self._pusher.update(request)
+
+    def _learner_metrics(self) -> LearnerMetrics:
+        """What :func:`~learner_client.serve_metrics` serves (closed with the collector)."""
+        return self._parts.metrics
 
     def _is_running(self) -> bool:
         return self._state is _State.RUNNING

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -174,7 +174,15 @@ class _StatsCollector(Collector):
         yield workers
 
 
-def serve_metrics(collector: Any, port: int, *, host: str = "0.0.0.0") -> MetricsEndpoint:
+class Measured(Protocol):
+    """A collector whose metrics can be served: a ``GrpcCollector``."""
+
+    def _learner_metrics(self) -> LearnerMetrics:
+        """The collector's :class:`LearnerMetrics` (its registry, closed with the collector)."""
+        ...
+
+
+def serve_metrics(collector: Measured, port: int, *, host: str = "0.0.0.0") -> MetricsEndpoint:
     """Serve ``collector``'s metrics at ``http://host:port/metrics`` until it shuts down.
 
     Example::
@@ -195,5 +203,4 @@ def serve_metrics(collector: Any, port: int, *, host: str = "0.0.0.0") -> Metric
         ClosedError: The collector is shut down.
         OSError: The address cannot be bound.
     """
-    metrics: LearnerMetrics = collector._parts.metrics
-    return metrics.endpoint(port, host)
+    return collector._learner_metrics().endpoint(port, host)
