@@ -44,6 +44,7 @@ from learner_client._stats import snapshot
 from learner_client._torchrl_compat import (
     ActorPlacement,
     ScriptEnv,
+    TorchRLOnly,
     check_torchrl_only,
     update_flag,
 )
@@ -220,9 +221,51 @@ class GrpcCollector:
         device: Any = None,
         storing_device: Any = None,
     ) -> None:
-        given = locals()  # TorchRL's arguments by name, before any other local exists
-        check_torchrl_only(given)  # refuses trajs_per_batch, warns where it should
-        on_actors = ActorPlacement.from_arguments(given)
+        check_torchrl_only(  # refuses trajs_per_batch, warns where it should
+            TorchRLOnly(
+                policy_factory=policy_factory,
+                create_env_kwargs=create_env_kwargs,
+                backend=backend,
+                backend_options=backend_options,
+                num_collectors=num_collectors,
+                num_workers=num_workers,
+                collector_class=collector_class,
+                collector_kwargs=collector_kwargs,
+                num_workers_per_collector=num_workers_per_collector,
+                ray_init_config=ray_init_config,
+                remote_configs=remote_configs,
+                use_env_creator=use_env_creator,
+                init_fn=init_fn,
+                num_threads=num_threads,
+                num_sub_threads=num_sub_threads,
+                worker_idx=worker_idx,
+                interruptor=interruptor,
+                preemptive_threshold=preemptive_threshold,
+                return_same_td=return_same_td,
+                use_buffers=use_buffers,
+                track_traj_ids=track_traj_ids,
+                track_policy_version=track_policy_version,
+                trust_policy=trust_policy,
+                no_cuda_sync=no_cuda_sync,
+                extend_buffer=extend_buffer,
+                weight_updater=weight_updater,
+                weight_sync_schemes=weight_sync_schemes,
+                weight_recv_schemes=weight_recv_schemes,
+                auto_register_policy_transforms=auto_register_policy_transforms,
+                pre_collect_hook=pre_collect_hook,
+                post_collect_hook=post_collect_hook,
+                compact_obs=compact_obs,
+                trajs_per_batch=trajs_per_batch,
+                trajs_per_write=trajs_per_write,
+                traj_format=traj_format,
+            )
+        )
+        on_actors = ActorPlacement.from_torchrl(
+            policy_device=policy_device,
+            env_device=env_device,
+            compile_policy=compile_policy,
+            cudagraph_policy=cudagraph_policy,
+        )
         update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
         self._ranks = Ranks.given(rank, world_size)
         self._shared = None if policy is None else SharedPolicy(policy, follow=push_policy_changes)

@@ -40,7 +40,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from tensordict import NonTensorStack, TensorDictBase
@@ -53,6 +53,7 @@ __all__ = [
     "NO_EFFECT",
     "NoEffect",
     "ScriptEnv",
+    "TorchRLOnly",
     "check_no_effect",
     "check_torchrl_only",
     "check_unsupported",
@@ -118,6 +119,52 @@ NO_EFFECT: dict[str, NoEffect] = {
 _UNSUPPORTED = ("trajs_per_batch", "trajs_per_write", "traj_format")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TorchRLOnly:
+    """TorchRL's collector arguments that rlfleet takes by name but does not use.
+
+    Every name of :data:`NO_EFFECT`, then the complete-trajectory arguments, which are refused
+    (:func:`check_torchrl_only`). The collector passes each one by name, so a name missing
+    here or there is a type error, not an argument silently left unchecked.
+    """
+
+    policy_factory: object
+    create_env_kwargs: object
+    backend: object
+    backend_options: object
+    num_collectors: object
+    num_workers: object
+    collector_class: object
+    collector_kwargs: object
+    num_workers_per_collector: object
+    ray_init_config: object
+    remote_configs: object
+    use_env_creator: object
+    init_fn: object
+    num_threads: object
+    num_sub_threads: object
+    worker_idx: object
+    interruptor: object
+    preemptive_threshold: object
+    return_same_td: object
+    use_buffers: object
+    track_traj_ids: object
+    track_policy_version: object
+    trust_policy: object
+    no_cuda_sync: object
+    extend_buffer: object
+    weight_updater: object
+    weight_sync_schemes: object
+    weight_recv_schemes: object
+    auto_register_policy_transforms: object
+    pre_collect_hook: object
+    post_collect_hook: object
+    compact_obs: object
+    trajs_per_batch: object
+    trajs_per_write: object
+    traj_format: object
+
+
 def check_no_effect(values: Mapping[str, object]) -> None:
     """Accept TorchRL's arguments that do nothing here; warn where a user would be surprised.
 
@@ -140,14 +187,15 @@ def _is_default(value: object, default: object) -> bool:
     return type(value) is type(default) and value == default
 
 
-def check_torchrl_only(arguments: Mapping[str, object]) -> None:
-    """Check the TorchRL-only arguments among ``arguments`` (all of a constructor's, by name).
+def check_torchrl_only(arguments: TorchRLOnly) -> None:
+    """Refuse complete-trajectory batches; accept the rest, warning where it should.
 
     Raises:
         ValueError: As :func:`check_unsupported`.
     """
-    check_unsupported(arguments)
-    check_no_effect({name: arguments[name] for name in NO_EFFECT if name in arguments})
+    values = {f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)}
+    check_unsupported(values)
+    check_no_effect({name: values[name] for name in NO_EFFECT})
 
 
 def check_unsupported(values: Mapping[str, object]) -> None:
@@ -194,19 +242,6 @@ class ActorPlacement:
     env_device: str = ""
     compile_policy: CompileSettings | None = None
     cudagraph_policy: bool = False
-
-    #: The TorchRL arguments :meth:`from_torchrl` takes.
-    TORCHRL_NAMES: ClassVar[tuple[str, ...]] = (
-        "policy_device",
-        "env_device",
-        "compile_policy",
-        "cudagraph_policy",
-    )
-
-    @classmethod
-    def from_arguments(cls, arguments: Mapping[str, Any]) -> ActorPlacement:
-        """:meth:`from_torchrl` of the TorchRL arguments among ``arguments`` (by name)."""
-        return cls.from_torchrl(**{k: arguments.get(k) for k in cls.TORCHRL_NAMES})
 
     @classmethod
     def from_torchrl(
