@@ -1,13 +1,13 @@
-"""Batches delivered on the learner's storing device (``device`` / ``storing_device``)."""
+"""What the collector yields: the batch layout (tagging, stacking) and the storing device."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 
 from learner_client import GrpcCollector
-from learner_client._rounds import Placement
+from learner_client._rounds import WORKER_ID_KEY, Placement, combine, name_time_dim, tag_worker
 from learner_client._slabs import PacketSlabs
 
 
@@ -95,3 +95,56 @@ def test_collector_sync_batches_repeat_after_the_same_seed_on_the_host(fleet):
     first, second = collect(fleet, True, device="cpu"), collect(fleet, True, storing_device="cpu")
     for a, b in zip(first, second, strict=True):
         assert (a == b).all()
+
+
+def batch(envs: int, steps: int, fill: float = 0.0) -> TensorDict:
+    td = TensorDict(
+        {
+            "observation": torch.full((envs, steps, 4), fill),
+            ("collector", "traj_ids"): torch.zeros(envs, steps, dtype=torch.int64),
+        },
+        batch_size=[envs, steps],
+    )
+    return name_time_dim(td)
+
+
+def test_tag_worker_adds_an_int64_id_shaped_like_traj_ids():
+    td = tag_worker(batch(2, 3), 7)
+    ids = td[WORKER_ID_KEY]
+    assert ids.dtype == torch.int64
+    assert ids.shape == td["collector", "traj_ids"].shape
+    assert bool((ids == 7).all())
+    assert td.names == [None, "time"]
+
+
+def test_combine_stacks_in_order_with_named_time():
+    out = combine(
+        [tag_worker(batch(2, 4, i), i) for i in range(3)], cat_results="stack", split_trajs=False
+    )
+    assert out.batch_size == torch.Size([3, 2, 4])
+    assert out.names == [None, None, "time"]
+    assert out[WORKER_ID_KEY][:, 0, 0].tolist() == [0, 1, 2]
+
+
+def test_combine_concatenates_on_dim_zero_with_cat_results_0():
+    out = combine([batch(2, 4), batch(2, 4)], cat_results=0, split_trajs=False)
+    assert out.batch_size == torch.Size([4, 4])
+    assert out.names == [None, "time"]
+
+
+def test_combine_lazy_stacks_actors_of_different_shapes():
+    out = combine([batch(2, 4), batch(4, 2)], cat_results="stack", split_trajs=False)
+    assert isinstance(out, LazyStackedTensorDict)
+    assert out[0].batch_size == torch.Size([2, 4])
+    assert out[1].batch_size == torch.Size([4, 2])
+
+
+def test_combine_pads_split_trajectories_to_the_longest():
+    out = combine([batch(3, 5, 1.0), batch(2, 7, 2.0)], cat_results="stack", split_trajs=True)
+    assert out.batch_size == torch.Size([5, 7])
+    assert bool((out["observation"][:3, 5:] == 0).all())
+
+
+def test_combine_raises_if_given_nothing():
+    with pytest.raises(ValueError, match="zero"):
+        combine([], cat_results="stack", split_trajs=False)

@@ -1,4 +1,4 @@
-"""Batch assembly (tagging, stacking), delivery bookkeeping and credit rules, without a server."""
+"""The mailbox: per-actor buffers, the credit rule and the takes, without a server."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import threading
 
 import pytest
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict
+from tensordict import TensorDict
 
 from common.errors import SessionStateError
-from learner_client._ledger import SeqTracker
 from learner_client._mailbox import Delivery, Mailbox, Paused
-from learner_client._rounds import WORKER_ID_KEY, combine, name_time_dim, tag_worker
+from learner_client._rounds import name_time_dim
 
 
 def batch(envs: int, steps: int, fill: float = 0.0) -> TensorDict:
@@ -23,72 +22,6 @@ def batch(envs: int, steps: int, fill: float = 0.0) -> TensorDict:
         batch_size=[envs, steps],
     )
     return name_time_dim(td)
-
-
-def test_tag_worker_adds_an_int64_id_shaped_like_traj_ids():
-    td = tag_worker(batch(2, 3), 7)
-    ids = td[WORKER_ID_KEY]
-    assert ids.dtype == torch.int64
-    assert ids.shape == td["collector", "traj_ids"].shape
-    assert bool((ids == 7).all())
-    assert td.names == [None, "time"]
-
-
-def test_combine_stacks_in_order_with_named_time():
-    out = combine(
-        [tag_worker(batch(2, 4, i), i) for i in range(3)], cat_results="stack", split_trajs=False
-    )
-    assert out.batch_size == torch.Size([3, 2, 4])
-    assert out.names == [None, None, "time"]
-    assert out[WORKER_ID_KEY][:, 0, 0].tolist() == [0, 1, 2]
-
-
-def test_combine_concatenates_on_dim_zero_with_cat_results_0():
-    out = combine([batch(2, 4), batch(2, 4)], cat_results=0, split_trajs=False)
-    assert out.batch_size == torch.Size([4, 4])
-    assert out.names == [None, "time"]
-
-
-def test_combine_lazy_stacks_actors_of_different_shapes():
-    out = combine([batch(2, 4), batch(4, 2)], cat_results="stack", split_trajs=False)
-    assert isinstance(out, LazyStackedTensorDict)
-    assert out[0].batch_size == torch.Size([2, 4])
-    assert out[1].batch_size == torch.Size([4, 2])
-
-
-def test_combine_pads_split_trajectories_to_the_longest():
-    out = combine([batch(3, 5, 1.0), batch(2, 7, 2.0)], cat_results="stack", split_trajs=True)
-    assert out.batch_size == torch.Size([5, 7])
-    assert bool((out["observation"][:3, 5:] == 0).all())
-
-
-def test_combine_raises_if_given_nothing():
-    with pytest.raises(ValueError, match="zero"):
-        combine([], cat_results="stack", split_trajs=False)
-
-
-def test_seq_tracker_delivers_at_most_once_and_counts_skipped_seqs():
-    tracker = SeqTracker()
-    tracker.opened(epoch=11, next_seq=1, resumed=False)
-    assert [tracker.accept(s) for s in (1, 2, 2, 1, 5)] == [True, True, False, False, True]
-    assert (tracker.duplicates, tracker.gaps) == (2, 2)
-    assert tracker.resume_point() == (11, 5)
-
-
-def test_seq_tracker_counts_a_partial_batch_lost_with_the_old_process():
-    tracker = SeqTracker()
-    tracker.opened(epoch=11, next_seq=4, resumed=False)  # seqs 1..3 were another learner's
-    assert tracker.accept(4)
-    assert tracker.gaps == 0
-    tracker.chunk_started(5)  # the stream broke inside batch 5
-    tracker.opened(epoch=11, next_seq=6, resumed=True)  # same process: 5 is re-sent
-    assert tracker.gaps == 0
-    assert tracker.accept(5)
-    tracker.chunk_started(6)
-    tracker.opened(epoch=99, next_seq=1, resumed=False)  # new process: 6 is gone
-    assert tracker.gaps == 1
-    assert tracker.resume_point() == (99, 0)
-    assert tracker.accept(1)
 
 
 class Wire:
