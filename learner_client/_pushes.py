@@ -502,7 +502,7 @@ def _refusal(book: WeightBook, request: WeightRequest, version: int) -> str | No
     return None
 
 
-def weights_digest(source: Any, options: PushOptions) -> int:
+def weights_digest(source: WeightSource, options: PushOptions) -> int:
     """CRC-32C of the tensors a push of ``source`` carries: keys, dtypes, shapes and bytes.
 
     Equal weights in equal form give equal digests on every rank and every machine.
