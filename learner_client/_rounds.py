@@ -323,7 +323,9 @@ class Placement:
             (device, "device") if storing_device is None else (storing_device, "storing_device")
         )
         self.device = None if chosen is None else local_device(chosen, name)
-        self._in_flight: collections.deque[tuple[Any, TensorDictBase]] = collections.deque()
+        self._in_flight: collections.deque[tuple[torch.cuda.Event, TensorDictBase]] = (
+            collections.deque()
+        )
 
     @property
     def pin_memory(self) -> bool:
