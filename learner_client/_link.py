@@ -2,8 +2,8 @@
 
 An :class:`ActorLink` runs as one task on the learner's event loop. Each
 attempt re-describes the actor (a different worker_id at the address is
-refused; a new epoch means the process restarted), lets the fleet *admit* it
-(push the weights it should hold, before any of its data is used), opens a
+refused; a new epoch means the process restarted), has it *admitted* (the pusher
+pushes the weights it should hold, before any of its data is used), opens a
 ``Collect`` session (resuming the last epoch and seq when the actor is the same
 process, so retained batches are re-sent and duplicates dropped), then hands
 every complete new batch to the :class:`~learner_client._mailbox.Mailbox`.
