@@ -2,6 +2,7 @@
 
 Packet slabs let a sync round be stacked without copying; blob buffers are the page-locked
 memory a push of a model on an accelerator is encoded into.
+
 Fresh memory costs a page fault per 4 KiB and page-locked memory is slow to allocate, so
 both are reused, by one rule: a buffer is handed out again only once no tensor views it
 any more (torch's count of the storage's users is back to the buffer's own,
