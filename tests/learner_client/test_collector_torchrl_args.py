@@ -6,6 +6,7 @@ TorchRL 0.14.1's collectors are read from the installed package (signatures, the
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import pathlib
@@ -27,7 +28,7 @@ from common.config import CompileSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector
-from learner_client._torchrl_compat import NO_EFFECT
+from learner_client._torchrl_compat import NO_EFFECT, TorchRLOnly
 
 ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
 ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
@@ -85,6 +86,12 @@ def test_every_argument_of_torchrl_collectors_is_accepted_with_its_default(
                 with GrpcCollector(cartpole, frames_per_batch=16, **{name: value}) as collector:
                     assert collector.worker_ids == [0, 1], (name, value)
     assert set(NO_EFFECT) <= set(declared)  # nothing documented as inert that TorchRL lacks
+
+
+def test_torchrl_only_holds_every_inert_and_every_refused_argument() -> None:
+    """What the collector passes by name is exactly what is checked, no name left over."""
+    refused = {"trajs_per_batch", "trajs_per_write", "traj_format"}
+    assert {f.name for f in dataclasses.fields(TorchRLOnly)} == set(NO_EFFECT) | refused
 
 
 def test_torchrl_attributes_aliases_and_refusals(cartpole: list[str]) -> None:
