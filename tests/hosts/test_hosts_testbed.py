@@ -53,7 +53,9 @@ def test_testbed_names_cut_reboot_and_cleanup(make_bed) -> None:
     bed = make_bed(2)
     looked_up = subprocess.run(
         ["ip", "netns", "exec", bed.host("host2").ns, "getent", "hosts", "host1", "learner"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert looked_up == [bed.address("host1"), "host1", bed.address("learner"), "learner"]
     server = _py(bed, "learner", _SERVE, "learner")
@@ -71,7 +73,9 @@ def test_testbed_names_cut_reboot_and_cleanup(make_bed) -> None:
     assert bed.address("host1") != old
     looked_up = subprocess.run(
         ["ip", "netns", "exec", bed.host("learner").ns, "getent", "hosts", "host1"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert looked_up == [bed.address("host1"), "host1"]
     sleeper = bed.run("host2", ["sleep", "600"])

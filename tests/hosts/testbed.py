@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import ipaddress
 import os
@@ -96,10 +97,8 @@ def _kill_inside(ns: str) -> None:
         if not listed:
             return
         for pid in listed:
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
         time.sleep(0.05)
 
 
@@ -212,7 +211,8 @@ class TestBed:
 
     def _add(self, name: str, rate: str | None) -> Host:
         ns = f"{PREFIX}-{self.tag}-{name}"
-        link, peer = f"{PREFIX}{self.tag}x{self._next_link}", f"{PREFIX}{self.tag}p{self._next_link}"
+        link = f"{PREFIX}{self.tag}x{self._next_link}"
+        peer = f"{PREFIX}{self.tag}p{self._next_link}"
         self._next_link += 1
         host = Host(name=name, ns=ns, address=self._take_address(), link=link, rate=rate)
         self.hosts[name] = host
@@ -339,10 +339,8 @@ def _reap(process: subprocess.Popen[Any]) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             process.kill()
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
