@@ -184,6 +184,7 @@ class TestBed:
         self.tag = os.getpid()
         self.bridge = f"{PREFIX}{self.tag}br"
         self.hosts: dict[str, Host] = {}
+        self._aliases: dict[str, list[str]] = {}
         self._next_address = 1
         self._next_link = 0
         self._closed = False
@@ -248,6 +249,7 @@ class TestBed:
     def _write_names(self) -> None:
         """Every host's ``/etc/hosts``, rewritten in place (running processes see the change)."""
         lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in self.hosts.values()]
+        lines += [f"{self.hosts[h].address} {a}" for a, hs in self._aliases.items() for h in hs]
         text = "\n".join(lines) + "\n"
         for host in self.hosts.values():
             with (_NETNS_ETC / host.ns / "hosts").open("r+") as handle:
@@ -262,6 +264,13 @@ class TestBed:
             return self.hosts[name]
         except KeyError:
             raise KeyError(f"no host {name!r} in the bed (hosts: {sorted(self.hosts)})") from None
+
+    def alias(self, name: str, hosts: Sequence[str]) -> None:
+        """Let ``name`` resolve to every one of ``hosts`` (a DNS name over a fleet)."""
+        for host in hosts:
+            self.host(host)
+        self._aliases[name] = list(hosts)
+        self._write_names()
 
     def address(self, name: str) -> str:
         """The host's address now."""
@@ -341,6 +350,10 @@ def _reap(process: subprocess.Popen[Any]) -> None:
             process.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(10)
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
