@@ -84,14 +84,18 @@ class HostActor:
 def start_actor_on(
     bed: TestBed, host: str, args: Sequence[str], *, port: int = 0, timeout: float = 90.0
 ) -> HostActor:
-    """Start ``python -m actor_service ARGS --host <host> --port <port>`` in ``host``.
+    """Start ``python -m actor_service ARGS --host <host>`` in ``host``.
+
+    ``--port <port>`` is added unless ``args`` sets it (each host has its own ports).
 
     Raises:
         AssertionError: It exited or printed no ready line in time (with its log's tail).
     """
     fd, name = tempfile.mkstemp(prefix=f"rlfh-{host}-", suffix=".log")
     log = pathlib.Path(name)
-    argv = [sys.executable, "-m", "actor_service", *args, "--host", host, "--port", str(port)]
+    argv = [sys.executable, "-m", "actor_service", *args, "--host", host]
+    if "--port" not in args:
+        argv += ["--port", str(port)]
     with os.fdopen(fd, "w") as stderr:
         process = bed.run(
             host, argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(), cwd=_ROOT
