@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train train-llm test test-slow test-vllm test-torchvision soak lint protos bench torchrl-scripts gpu-check clean
+.PHONY: train train-llm test test-hosts test-slow test-vllm test-torchvision soak lint protos bench torchrl-scripts gpu-check clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -24,7 +24,12 @@ train-llm: $(STAMP)
 
 ## The whole test suite (what CI runs); tests marked slow are left to `make test-slow`.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -m "not slow and not hosts" $(ARGS)
+
+## The tests across hosts (tests/hosts, marked hosts): network namespaces on a bridge as hosts,
+## real actors in them, silent cuts and link rates. Needs root; skipped with the reason otherwise.
+test-hosts: $(STAMP)
+	$(BIN)/python -m pytest -m "hosts and not slow" tests/hosts $(ARGS)
 
 ## The slow tests: full training runs, long fault scenarios, benchmark smoke runs.
 test-slow: $(STAMP)

@@ -91,6 +91,8 @@ class _Slot:
     alive: bool = True
     # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
     floor: tuple[int, int] = (0, 0)
+    # Batches with frames acted by an older policy version than this are dropped.
+    min_version: int = 0
 
 
 class Mailbox:
@@ -184,7 +186,7 @@ class Mailbox:
         with self._cond:
             slot = self._slots[delivery.worker_id]
             slot.outstanding = max(0, slot.outstanding - 1)
-            if _stale(delivery, slot.floor):
+            if _stale(delivery, slot):
                 self._send_ack(delivery.worker_id, delivery.seq)
                 self._flush()
                 return False
@@ -206,14 +208,31 @@ class Mailbox:
         with self._cond:
             slot = self._slots[worker_id]
             slot.floor = (epoch, seq)
-            stale = [d for d in slot.buffered if _stale(d, slot.floor)]
-            if stale:
-                slot.buffered = collections.deque(
-                    d for d in slot.buffered if not _stale(d, slot.floor)
-                )
-                self._send_ack(worker_id, max(d.seq for d in stale))
-            self._flush()
-            return len(stale)
+            return self._drop_stale(worker_id, slot)
+
+    def discard_older(self, worker_id: int, version: int) -> int:
+        """Drop an actor's batches with frames acted by a policy version below ``version``.
+
+        A sync round abandoned for a missing actor leaves the other actors' shares
+        buffered; after a weight push they no longer act with the weights the next
+        round promises. They are dropped, buffered now and still arriving, and their
+        credits are granted again.
+
+        Returns:
+            How many buffered batches were dropped.
+        """
+        with self._cond:
+            slot = self._slots[worker_id]
+            slot.min_version = version
+            return self._drop_stale(worker_id, slot)
+
+    def _drop_stale(self, worker_id: int, slot: _Slot) -> int:
+        stale = [d for d in slot.buffered if _stale(d, slot)]
+        if stale:
+            slot.buffered = collections.deque(d for d in slot.buffered if not _stale(d, slot))
+            self._send_ack(worker_id, max(d.seq for d in stale))
+        self._flush()
+        return len(stale)
 
     # ------------------------------------------------------------- control
 
@@ -357,5 +376,6 @@ class Mailbox:
                 self._send_credit(wid, grant)
 
 
-def _stale(delivery: Delivery, floor: tuple[int, int]) -> bool:
-    return delivery.epoch == floor[0] and delivery.seq < floor[1]
+def _stale(delivery: Delivery, slot: _Slot) -> bool:
+    reseeded = delivery.epoch == slot.floor[0] and delivery.seq < slot.floor[1]
+    return reseeded or delivery.version_min < slot.min_version

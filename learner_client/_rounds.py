@@ -155,6 +155,8 @@ class Rounds:
     def _take_sync(self) -> list[Delivery]:
         worker_ids = self.fleet.worker_ids
         self.slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
+        if self.settings.on_demand:
+            self._drop_older_shares(worker_ids)
         self.mailbox.want_round()
         taken, missing = self.mailbox.take_round(
             worker_ids,
@@ -173,6 +175,20 @@ class Rounds:
             log.warning("partial sync batch without worker_ids %s", missing)
         self.missing_workers = missing
         return taken
+
+    def _drop_older_shares(self, worker_ids: list[int]) -> None:
+        """Drop shares collected with weights older than each actor now holds.
+
+        An abandoned round (a missing actor) leaves the others' shares buffered; the
+        round after a weight push must act entirely with the new weights.
+        """
+        dropped = 0
+        for wid in worker_ids:
+            applied = self.book.applied(wid).get(self.acting_model, 0)
+            dropped += self.mailbox.discard_older(wid, applied)
+        if dropped:
+            log.info("dropped %d sync shares collected before a weight push", dropped)
+            self.ledger.add_discarded(dropped)
 
     def _account(self, deliveries: list[Delivery]) -> None:
         acting = self.book.versions().get(self.acting_model, 0)
