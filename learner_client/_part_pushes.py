@@ -5,7 +5,7 @@ each rank calls ``update_policy_weights_(its_tensors, version=v, part=(rank, wor
 The push takes the collector's one push path (``learner_client._pushes``: encode once,
 stream to every target, ``delta=`` and ``dtype=`` as for a whole push) with the part in
 its header; each actor stages the part and applies version ``v`` whole once every rank's
-part arrived (``actor_service._parts``). Per worker, the call returns a
+part arrived (``actor_service._serve._parts``). Per worker, the call returns a
 :class:`PartResult`: the part was staged, or it completed the version. A refusal raises
 ``WeightPushError`` as any push does, listing the workers that took the part.
 """

@@ -8,7 +8,7 @@ normalises them here, at once, into one internal form:
 
 * :class:`ActorPlacement`: ``policy_device``, ``env_device``, ``compile_policy`` and
   ``cudagraph_policy``, sent to the actors with each session (an actor on other
-  devices, or without CUDA graphs, refuses the session: ``actor_service._placement``);
+  devices, or without CUDA graphs, refuses the session: ``actor_service._core._placement``);
 * :data:`NO_EFFECT`: the arguments that do nothing over gRPC, each with its TorchRL
   default and the reason, warned about only where a user would otherwise be surprised;
 * :func:`update_flag`: ``update_at_each_batch``, TorchRL's multi-process name of

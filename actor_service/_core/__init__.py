@@ -16,7 +16,7 @@ state) and never import the serving layer:
 * ``_llm``: :class:`LLMCore`, chat slots, a task and a language model (``kind="llm"``).
 
 The server that assembles an actor picks the core of its ``ActorConfig.kind``
-(``actor_service._server.CORES``): a new kind of core is one module here, a
+(``actor_service._serve._server.CORES``): a new kind of core is one module here, a
 ``CoreBase`` subclass, and one line there.
 """
 

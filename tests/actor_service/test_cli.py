@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from actor_service._cli import default_worker_id, parse_config
+from actor_service._cli._main import default_worker_id, parse_config
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
-from actor_service._logging import configure_logging, get_logger, log_event
+from actor_service._serve._logging import configure_logging, get_logger, log_event
 
 
 def _parse(

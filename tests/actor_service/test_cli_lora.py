@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from actor_service import ActorConfig
-from actor_service._cli import parse_config
+from actor_service._cli._main import parse_config
 from common.llm import LoraSpec, parse_lora
 
 LLM = ["--kind", "llm"]

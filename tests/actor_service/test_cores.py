@@ -7,7 +7,7 @@ import pytest
 from actor_service import ActorConfig, ModelSpec
 from actor_service._config import CHOICES
 from actor_service._core._base import CoreBase
-from actor_service._server import CORES, core_factory
+from actor_service._kinds import CORES, core_factory
 from common.config import CollectSettings
 from common.errors import ClosedError
 from common.llm import LLMSettings

@@ -9,8 +9,8 @@ from helpers import start_actor
 from tensordict.nn import InteractionType, set_interaction_type
 
 from actor_service._config import ModelSpec
-from actor_service._device_stage import DeviceStage
-from actor_service._models import ModelRegistry
+from actor_service._kinds.env.device_stage import DeviceStage
+from actor_service._kinds.env.models import ModelRegistry
 from common.config import ExplorationType
 from common.errors import InternalError
 from learner_client import GrpcCollector

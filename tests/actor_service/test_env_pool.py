@@ -11,7 +11,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from helpers import process_gone
 
 from actor_service._config import ActorConfig
-from actor_service._env_pool import close_pool, make_env_pool, reset_pool, step_pool
+from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
 from common.errors import DeadlineError, EnvError
 
 HERE = str(pathlib.Path(__file__).resolve().parent)

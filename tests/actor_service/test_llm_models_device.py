@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from actor_service._llm_models import LLMModels
+from actor_service._kinds.llm.models import LLMModels
 from common.llm import GenerationSettings, generate, parse_lora
 from common.llm._device import model_dtype
 from common.weights import PushForm, decode_delta, decode_weights, encode_delta, encode_weights

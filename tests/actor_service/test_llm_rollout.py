@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._core._llm import LLMCore
+from actor_service._kinds.llm.core import LLMCore
 from common.config import CollectSettings
 from common.errors import StaleVersionError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded

@@ -64,7 +64,7 @@ class VLLMActor:
 
     @property
     def worker(self):
-        return self.handle.server.runtime.worker
+        return self.handle.server.runtime.core
 
     def push(self, state, **options):
         """A raw push of ``state`` (``encode_weights`` options) at the next version."""
@@ -229,7 +229,7 @@ def test_a_refused_push_leaves_the_old_weights_serving(vllm_actor) -> None:
 def test_an_engine_that_does_not_take_a_push_is_caught_and_the_old_weights_serve(
     vllm_actor,
 ) -> None:
-    from actor_service._vllm_worker import verify_loaded
+    from actor_service._kinds.llm.vllm_worker import verify_loaded
 
     model = _model(6)
     vllm_actor.push(model.state_dict())

@@ -67,7 +67,7 @@ def _assert_serves(actor: VLLMActor, model) -> None:
 
 
 def test_describe_lists_the_peft_models_keys_as_with_our_loop(lora_actor) -> None:
-    from actor_service._llm_models import LLMModels
+    from actor_service._kinds.llm.models import LLMModels
 
     reply = lora_actor.stub.Describe(pb.DescribeRequest(), timeout=10)
     got = {p.name: tuple(p.shape) for p in reply.models[0].parameters}

@@ -13,8 +13,9 @@ from tensordict import TensorDict
 from tensordict.nn import InteractionType, set_interaction_type
 
 from actor_service._config import ModelSpec
-from actor_service._models import ModelRegistry, interaction_of
-from actor_service._spaces import ActionCodec
+from actor_service._core._frames import interaction_of
+from actor_service._kinds.env.models import ModelRegistry
+from actor_service._kinds.env.spaces import ActionCodec
 from common.config import ExplorationType
 from common.errors import StaleVersionError, UnknownModelError, WeightsError
 from common.policies import load_callable, make_policy, make_value_mlp

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actor_service._parts import PartBuffers, PartStaging, StagedPart
+from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart
 from common.errors import StaleVersionError, WeightsError, WeightsTooLargeError
 from common.weights import Part
 

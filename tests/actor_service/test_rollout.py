@@ -14,8 +14,8 @@ from tensordict.nn import set_interaction_type
 
 import common
 from actor_service._config import ActorConfig, ModelSpec
-from actor_service._core._env import EnvCore, derive_seed
-from actor_service._models import interaction_of
+from actor_service._core._frames import interaction_of
+from actor_service._kinds.env.core import EnvCore, derive_seed
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
     DeadlineError,

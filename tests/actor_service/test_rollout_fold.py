@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
-from actor_service._core._env import EnvCore
+from actor_service._kinds.env.core import EnvCore
 from common.config import CollectSettings
 from common.packets.folding import INDEX, FoldedBatch
 

@@ -7,7 +7,7 @@ import pathlib
 import subprocess
 import sys
 
-from actor_service._scratch import scratch_dir, sweep_scratch
+from actor_service._core._scratch import scratch_dir, sweep_scratch
 
 
 def _dead_pid() -> int:

@@ -15,8 +15,8 @@ from helpers import poll_until
 
 from actor_service import ActorConfig, create_server, serve
 from actor_service import _servicer as servicer_module
-from actor_service._core._env import EnvCore
-from actor_service._state import decode_state, state_to_blob
+from actor_service._core._state import decode_state, state_to_blob
+from actor_service._kinds.env.core import EnvCore
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex

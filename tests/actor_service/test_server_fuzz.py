@@ -19,7 +19,7 @@ from helpers import poll_until
 from hypothesis import HealthCheck, given, settings
 
 from actor_service import create_server
-from actor_service._state import state_to_blob
+from actor_service._core._state import state_to_blob
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex

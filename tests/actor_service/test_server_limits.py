@@ -13,7 +13,7 @@ import pytest
 from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from actor_service._limits import MAX_WATCH_STREAMS
+from actor_service._serve._limits import MAX_WATCH_STREAMS
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 TOKEN = "flood-test-token"

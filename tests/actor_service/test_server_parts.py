@@ -21,8 +21,8 @@ from actor_harness import Actor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
-from actor_service._logging import configure_logging, get_logger
-from actor_service._parts import PartStaging
+from actor_service._serve._logging import configure_logging, get_logger
+from actor_service._serve._parts import PartStaging
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import crc32c, encode_delta, encode_weights, iter_blob_chunks
 

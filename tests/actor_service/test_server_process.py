@@ -16,8 +16,8 @@ from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import ActorProcess, grpcurl_path, poll_until, start_actor
 
-from actor_service._runtime import SHUTDOWN_REAP_BOUND
-from actor_service._server import TEARDOWN_RESERVE
+from actor_service._serve._runtime import SHUTDOWN_REAP_BOUND
+from actor_service._serve._server import TEARDOWN_RESERVE
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 

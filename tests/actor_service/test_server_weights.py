@@ -17,7 +17,7 @@ from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
-from actor_service._logging import configure_logging, get_logger
+from actor_service._serve._logging import configure_logging, get_logger
 from bench.hostile_push import hostile_blob
 from common.errors import RlfleetError
 from common.rlfleet.v1 import actor_service_pb2 as pb

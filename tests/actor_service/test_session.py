@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actor_service._session import SessionBook
+from actor_service._serve._session import SessionBook
 from common.errors import ActorBusyError, SequenceConflictError, SessionStateError
 
 EPOCH = 77

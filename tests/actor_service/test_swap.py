@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from actor_service._swap import ReceiveBuffers, swap_delta, swap_full
+from actor_service._core._swap import ReceiveBuffers, swap_delta, swap_full
 from common.errors import SessionStateError, StaleVersionError
 
 
@@ -60,7 +60,7 @@ def test_receive_buffers_lend_one_buffer_at_a_time_and_keep_the_largest() -> Non
 
 
 def test_llm_models_swap_a_delta_between_decode_steps_bit_exactly() -> None:
-    from actor_service._llm_models import LLMModels
+    from actor_service._kinds.llm.models import LLMModels
     from common.weights import to_state_dict
     from common.weights._delta import decode_delta, encode_delta
 

@@ -16,8 +16,8 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 from actor_service._config import ActorConfig, ModelSpec
-from actor_service._core._env import EnvCore
-from actor_service._tensor_forward import tensor_forward
+from actor_service._kinds.env.core import EnvCore
+from actor_service._kinds.env.tensor_forward import tensor_forward
 from common.config import CollectSettings, ExplorationType
 
 HERE = str(pathlib.Path(__file__).resolve().parent)

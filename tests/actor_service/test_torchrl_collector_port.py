@@ -26,7 +26,7 @@ from torchrl_harness import (
 )
 
 from actor_service import create_server
-from actor_service._core._torchrl import TorchRLCore
+from actor_service._kinds.torchrl.core import TorchRLCore
 from learner_client import GrpcCollector
 
 NESTED = "rlfleet_test_mocks:nested"

@@ -27,9 +27,9 @@ from torchrl_harness import (
 )
 
 from actor_service import ActorConfig, ModelSpec, create_server
-from actor_service._core._torchrl import TorchRLCore
-from actor_service._state import decode_state
-from actor_service._td_batch import flat_state
+from actor_service._core._state import decode_state
+from actor_service._kinds.torchrl.batch import flat_state
+from actor_service._kinds.torchrl.core import TorchRLCore
 from common.config import CollectSettings
 from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
 from common.packets.folding import FoldedBatch
@@ -396,7 +396,7 @@ def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> N
         saved = collector.state_dict()
         blob = saved["workers"][0].numpy().tobytes()  # the actor's state file, as GetState sent it
         stats = flat_state(decode_state(blob)["env"])
-        core = actor.server.runtime.worker
+        core = actor.server.runtime.core
         for _ in range(3):  # the running statistics move on with every batch
             collector.next()
         assert any(not torch.equal(_env_stats(core)[k], v) for k, v in stats.items())
@@ -413,7 +413,7 @@ def test_torchrl_actor_state_reads_one_actors_transform_state_from_the_learner()
     ):
         c.next()  # and nothing collected ahead: the state stays put
         state = c.actor_state(0)
-        expected = _env_stats(actor.server.runtime.worker)
+        expected = _env_stats(actor.server.runtime.core)
         with pytest.raises(UnknownWorkerError):
             c.actor_state(5)
     stats = flat_state(state["env"])

@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig, ModelSpec
-from actor_service._core._env import EnvCore, derive_seed
+from actor_service._kinds.env.core import EnvCore, derive_seed
 from common.config import CollectSettings
 from common.policies import make_policy
 

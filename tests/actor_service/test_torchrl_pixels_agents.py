@@ -27,7 +27,7 @@ from torchrl_harness import (
     torchrl_config,
 )
 
-from actor_service._core._torchrl import TorchRLCore
+from actor_service._kinds.torchrl.core import TorchRLCore
 from common.config import CollectSettings
 from common.packets.folding import FoldedBatch
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._core._env import EnvCore
-from actor_service._core._llm import LLMCore
+from actor_service._kinds.env.core import EnvCore
+from actor_service._kinds.llm.core import LLMCore
 from common.config import MAX_SEED, check_model_id, check_seed
 from common.errors import StaleVersionError, WeightsError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf.message import DecodeError
 
-from actor_service._wire import RawChunk, decode_push_request, encode_chunk, encode_control
+from actor_service._serve._wire import RawChunk, decode_push_request, encode_chunk, encode_control
 from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
