@@ -9,7 +9,7 @@ re-exported here).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from common.actor_state import STATE_FORMAT, decode_state, state_to_blob
 from common.errors import WeightsError
@@ -17,6 +17,7 @@ from common.weights import check_policy_version
 
 __all__ = [
     "STATE_FORMAT",
+    "StateHolder",
     "core_counters",
     "core_state",
     "decode_state",
@@ -58,6 +59,14 @@ def core_counters(state: object) -> dict[str, int]:
     return counters
 
 
-def encode_state(worker: Any) -> bytes:
-    """Serialise ``worker.state_dict()`` (runs on the collection thread)."""
-    return state_to_blob(worker.state_dict())
+class StateHolder(Protocol):
+    """What :func:`encode_state` reads: a collection core's whole state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state ``GetState`` sends (see :func:`core_state`)."""
+        ...
+
+
+def encode_state(core: StateHolder) -> bytes:
+    """Serialise ``core.state_dict()`` (runs on the collection thread)."""
+    return state_to_blob(core.state_dict())

@@ -16,8 +16,8 @@ copy protobuf's parser makes; every other message is parsed by protobuf.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import grpc
 
@@ -25,7 +25,14 @@ from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
-__all__ = ["RawChunk", "add_actor_service", "decode_push_request", "encode_chunk", "encode_control"]
+__all__ = [
+    "ActorServiceImpl",
+    "RawChunk",
+    "add_actor_service",
+    "decode_push_request",
+    "encode_chunk",
+    "encode_control",
+]
 
 # Tag of CollectResponse.chunk (field 2, length-delimited) and of BatchChunk.data
 # (field 4, length-delimited).
@@ -95,6 +102,30 @@ def _identity(payload: bytes) -> bytes:
     return payload
 
 
+class ActorServiceImpl(Protocol):
+    """An ``ActorService`` servicer, as :func:`add_actor_service` registers it.
+
+    Every generated method is registered as generated; these two get our own
+    serializers, so their signatures are what this module relies on.
+    """
+
+    async def Collect(
+        self,
+        request_iterator: AsyncIterator[pb.CollectRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """A collection session, written as the bytes of :func:`encode_chunk` and the like."""
+        ...
+
+    async def PushWeights(
+        self,
+        request_iterator: AsyncIterator[pb.PushWeightsRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.PushWeightsResponse:
+        """A weight push, its chunks read through :func:`decode_push_request`."""
+        ...
+
+
 class _HandlerRecorder:
     """Stands in for a server to capture the generated method handlers of a service."""
 
@@ -111,7 +142,7 @@ class _HandlerRecorder:
         self.handlers.update(handlers)
 
 
-def add_actor_service(servicer: Any, server: grpc.aio.Server) -> None:
+def add_actor_service(servicer: ActorServiceImpl, server: grpc.aio.Server) -> None:
     """Register ``ActorService`` with ``Collect`` sending bytes and ``PushWeights`` viewing them.
 
     Every other method keeps its generated handler; ``Collect`` keeps its path

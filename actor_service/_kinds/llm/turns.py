@@ -127,11 +127,17 @@ class DialogEngine:
             overflow = len(prompts[index]) + len(response) >= self.models.context
             turns.append(
                 self._score(
-                    dialog, prompts[index], response, log_probs, versions, version, stopped,
+                    dialog,
+                    prompts[index],
+                    response,
+                    log_probs,
+                    versions,
+                    version,
+                    stopped,
                     truncate=overflow or dialog.turns + 1 >= max_turns,
                     tokenizer=tokenizer,
                 )
-            )  # fmt: skip
+            )
         return turns
 
     def _prompt_ids(self, dialog: Dialog) -> list[int]:
