@@ -12,7 +12,7 @@ import torch
 
 from actor_service import parse_config
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 LLM = ["--kind", "llm", "--port", "0"]
 
 

@@ -204,7 +204,7 @@ def _descendants(pid: int) -> list[int]:
 
 def test_sigterm_with_a_hung_env_reaps_every_child_within_grace_plus_bound() -> None:
     grace = 2.0
-    here = str(pathlib.Path(__file__).parent)
+    here = str(pathlib.Path(__file__).parents[1])  # the helpers of tests/actor_service
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     args = ["--num-envs", "2", "--env-backend", "async", "--grace-period", str(grace)]
     args += ["--env-factory", "rlfleet_test_envs:hanging_cartpole", "--env-kwargs", '{"steps": 3}']

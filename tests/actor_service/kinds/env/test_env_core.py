@@ -25,7 +25,7 @@ from common.errors import (
     WeightsError,
 )
 
-HERE = str(pathlib.Path(__file__).resolve().parent)
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 RANDOM_MODEL = (ModelSpec(factory="random"),)
 
 

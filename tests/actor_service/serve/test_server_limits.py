@@ -17,7 +17,7 @@ from actor_service._serve._limits import MAX_WATCH_STREAMS
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 TOKEN = "flood-test-token"
-_FLOOD = pathlib.Path(__file__).with_name("watch_flood.py")
+_FLOOD = pathlib.Path(__file__).parents[1] / "watch_flood.py"
 
 
 @pytest.fixture

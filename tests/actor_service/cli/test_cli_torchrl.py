@@ -11,7 +11,7 @@ import pytest
 
 from actor_service import parse_config
 
-HERE = pathlib.Path(__file__).resolve().parent
+HERE = pathlib.Path(__file__).resolve().parents[1]  # the helpers of tests/actor_service
 ROOT = HERE.parents[1]
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
 

@@ -14,7 +14,7 @@ from actor_service._cli._main import parse_config
 from common.llm import LoraSpec, parse_lora
 
 LLM = ["--kind", "llm"]
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict | None = None) -> str:

@@ -22,7 +22,7 @@ from common.policies import load_callable, make_policy, make_value_mlp
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 PENDULUM = gymnasium.make("Pendulum-v1")
-HERE = str(pathlib.Path(__file__).resolve().parent)
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 
 
 @pytest.fixture(autouse=True)

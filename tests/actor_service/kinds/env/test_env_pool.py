@@ -14,7 +14,7 @@ from actor_service._config import ActorConfig
 from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
 from common.errors import DeadlineError, EnvError
 
-HERE = str(pathlib.Path(__file__).resolve().parent)
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from actor_service._kinds.env.core import EnvCore
 from actor_service._kinds.env.tensor_forward import tensor_forward
 from common.config import CollectSettings, ExplorationType
 
-HERE = str(pathlib.Path(__file__).resolve().parent)
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 USER_POLICIES = [
     "user_sequential",
     "user_chain",
