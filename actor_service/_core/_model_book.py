@@ -1,8 +1,7 @@
 """An actor's models by ``model_id``: lookup, versions, and every push, whatever the models are.
 
-:class:`ModelBook` is what the env actor's :class:`~actor_service._kinds.env.models.ModelRegistry`,
-the TorchRL-env actor's :class:`~actor_service._kinds.torchrl.models.TDModels` and the LLM actor's
-:class:`~actor_service._kinds.llm.models.LLMModels` share: finding a
+:class:`ModelBook` is what the models of every kind of actor (``models.py`` in each folder
+of ``actor_service._kinds``) share: finding a
 model (``UnknownModelError`` naming the known ids), its version and parameters, and the
 whole push path of ``actor_service._core._swap`` (a full push, a delta or the staged parts of a
 multi-part push, validated in full before the model's lock is taken, swapped between two env or

@@ -6,12 +6,9 @@ model's lock (the one every forward takes, so the swap lands between two env ste
 or decode steps), re-check the version rule (a concurrent push may have won), copy
 in and set the version. The time the lock was held is the push's generation pause,
 returned in a :class:`Swap` and reported in ``PushWeightsResponse.pause_seconds``.
-:func:`push_full` and :func:`push_delta` are a whole push (the version rules of
-``actor_service._core._weight_rules``, staging, swap); :func:`snapshot` and :func:`restore`
-are a model's entry in a state dict and its all-or-nothing restore; :func:`swap_parts`
-installs the parts of a multi-part push together. Both the env
-actor's ``ModelRegistry`` and the LLM actor's ``LLMModels`` push and restore here.
-:class:`ReceiveBuffers` keeps one receive buffer per model for the next push.
+Every kind of actor pushes, restores and installs multi-part pushes through here (its
+models are a :class:`~actor_service._core._model_book.ModelBook`), so a push waits the same
+way whatever the model.
 """
 
 from __future__ import annotations

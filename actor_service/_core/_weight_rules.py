@@ -1,12 +1,10 @@
 """The rules every weight swap on an actor follows, whatever model it holds.
 
-Env actors (:class:`~actor_service._kinds.env.models.ModelRegistry`) and LLM actors
-(:class:`~actor_service._kinds.llm.models.LLMModels`) apply pushes and restored states
-the same way: the weights are checked against the model's own tensors and staged
-before anything changes (:func:`stage_weights`), a push must be newer than the version
-in force (:func:`check_newer`), a restored state may not go back unless asked
-(:func:`check_not_older`), and the swap (``common.weights.apply_staged``) runs under the
-model's lock once every check passed. Snapshots are copies (:func:`weight_copies`).
+Every kind of actor applies pushes and restored states the same way: the weights are
+checked against the model's own tensors and staged before anything changes, a push must
+be newer than the version in force, a restored state may not go back unless asked, and
+the swap (``common.weights.apply_staged``) runs under the model's lock once every check
+passed.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
 from actor_service import ActorConfig, create_server, serve
-from actor_service import _servicer as servicer_module
 from actor_service._core._state import decode_state, state_to_blob
 from actor_service._kinds.env.core import EnvCore
+from actor_service._serve import _servicer as servicer_module
+from actor_service._serve import _streams as streams_module
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
@@ -325,7 +326,7 @@ def _refused(actor: Actor) -> bool:
 def test_collect_raises_if_open_does_not_arrive_in_time(
     actor: Actor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(servicer_module, "_IDLE_TIMEOUT", 0.2)
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.2)
     error = RawCollect(actor.stub).error(timeout=10)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "Collect" in error.details()
