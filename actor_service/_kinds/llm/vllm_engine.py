@@ -273,7 +273,7 @@ class VLLMEngine:
         return list(self._llm.collective_rpc(lora_modules)[0])
 
     def read_adapter(self, expected: Sequence[tuple[str, int, str, torch.Tensor]]) -> list[str]:
-        """What of ``expected`` vLLM's LoRA slots do not hold (``_vllm_lora.verify_adapter``)."""
+        """What of ``expected`` vLLM's LoRA slots do not hold (``vllm_lora.verify_adapter``)."""
         return list(self._llm.collective_rpc(verify_adapter, args=(expected, LORA_ID))[0])
 
     def reset_prefix_cache(self) -> bool:
