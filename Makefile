@@ -35,20 +35,20 @@ test-hosts: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(ARGS)
 
-## The vLLM engine's tests (marked vllm, in tests/*/test_*vllm*.py), in their own venv:
+## The vLLM engine's tests (marked vllm, in test_*vllm*.py files), in their own venv:
 ## scripts/vllm_venv.sh makes it. Only those files are collected there (with vLLM installed,
 ## torchrl imports it, and its warnings would fail the other files' collection).
 VLLM_VENV ?= .venv-vllm
 test-vllm:
 	PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py) $(ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py tests/actor_service/*/test_*vllm*.py tests/actor_service/kinds/*/test_*vllm*.py) $(ARGS)
 
 ## The tests of TorchRL's torchvision-backed transforms (marked torchvision: `Resize`, and the
 ## dqn_with_rnn.py tutorial where RLFLEET_TORCHRL_SOURCE names a pytorch/rl checkout) in their
 ## own venv: torchvision does not import beside the pinned CPU torch, so
 ## scripts/torchvision_venv.sh makes one with torch 2.14.1 and torchvision 0.29.1.
 TV_VENV ?= .venv-tv
-TV_TESTS := tests/actor_service/test_torchrl_pixels_agents.py tests/bench/test_torchrl_scripts.py
+TV_TESTS := tests/actor_service/kinds/torchrl/test_torchrl_pixels_agents.py tests/bench/test_torchrl_scripts.py
 test-torchvision:
 	PYTHON=$(PYTHON) scripts/torchvision_venv.sh $(TV_VENV)
 	$(TV_VENV)/bin/python -m pytest -m "torchvision and not slow" $(TV_TESTS) $(ARGS)

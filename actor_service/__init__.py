@@ -31,12 +31,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "ActorServer": "actor_service._server",
-    "ServerThread": "actor_service._server",
-    "create_server": "actor_service._server",
-    "serve": "actor_service._server",
-    "parse_config": "actor_service._cli",
-    "main": "actor_service._cli",
+    "ActorServer": "actor_service._serve._server",
+    "ServerThread": "actor_service._serve._server",
+    "create_server": "actor_service._serve._server",
+    "serve": "actor_service._serve._server",
+    "parse_config": "actor_service._cli._main",
+    "main": "actor_service._cli._main",
 }
 
 

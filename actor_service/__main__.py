@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actor_service._cli import main as _cli_main
+from actor_service._cli._main import main as _cli_main
 
 __all__ = ["main"]
 
@@ -10,7 +10,7 @@ __all__ = ["main"]
 def main() -> None:
     """Parse flags and ``RLFLEET_*`` variables, serve until SIGTERM/SIGINT, exit with the code."""
     code = _cli_main()
-    from actor_service._server import exit_now  # imported by _cli_main already
+    from actor_service._serve._server import exit_now  # imported by _cli_main already
 
     exit_now(code)  # within the grace period: no interpreter finalization after the stop
 

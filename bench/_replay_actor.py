@@ -50,7 +50,7 @@ async def _serve(config: ActorConfig) -> None:
     server = create_server(config)
     await server.start()
     assert server.runtime is not None
-    replaying(server.runtime.worker)
+    replaying(server.runtime.core)
     print(f"rlfleet-actor ready worker_id={config.worker_id} port={server.port}", flush=True)
     await stop.wait()
     await server.stop(1.0)

@@ -118,7 +118,7 @@ def _loop_pair(args: argparse.Namespace) -> tuple[float, float]:
     ):
         assert off.server.metrics is None
         assert on.server.metrics is not None
-        workers = {"off": off.server.runtime.worker, "on": on.server.runtime.worker}
+        workers = {"off": off.server.runtime.core, "on": on.server.runtime.core}
         for worker in workers.values():
             worker.configure(settings)
             worker.collect_batch()  # warm-up

@@ -49,7 +49,7 @@ demand; it is also what a returning actor is re-sent.
 parallel), each rank calls ``update_policy_weights_(its_tensors, version=v, part=(rank,
 world_size))``. The part takes the same path, every form included, with the part in its
 header; each actor stages it and applies version ``v`` whole once every rank's part arrived
-(``actor_service._parts``). Per worker the call returns a :class:`PartResult`: the part was
+(``actor_service._serve._parts``). Per worker the call returns a :class:`PartResult`: the part was
 staged, or it completed the version.
 """
 

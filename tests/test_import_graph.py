@@ -4,15 +4,25 @@ The graph's nodes are our modules (a package's ``__init__`` is the package's nod
 any import statement anywhere in the file: at module level, under ``if TYPE_CHECKING:`` or
 inside a function. A lazy or type-only import hides a circle at run time, not in the design,
 so the graph must have no cycle at all.
+
+Inside ``actor_service`` the roles are layers (``_cli`` over ``_serve`` over ``_kinds`` over
+``_core``), each kind of actor is one folder under ``_kinds`` that imports no other kind, and
+no kind's helper is left flat at the package's top.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "actor_service", "learner_client", "apps")
+KINDS = "actor_service._kinds"
+#: The roles of ``actor_service``, lowest first: a role imports only the ones before it.
+ACTOR_LAYERS = ("actor_service._core", KINDS, "actor_service._serve", "actor_service._cli")
+#: File names of kind helpers (TensorDict, LLM, vLLM, TorchRL, env) that belong in a kind folder.
+KIND_HELPER = re.compile(r"^_(td|llm|vllm|torchrl|env)[_.]")
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -125,3 +135,74 @@ def test_cycles_are_found_through_type_only_and_function_level_imports(
         "pkg.low",
         "pkg.other",
     }
+
+
+def kind_of(module: str) -> str | None:
+    """The actor kind whose folder holds ``module`` (``actor_service._kinds.<kind>...``), if any."""
+    prefix = KINDS + "."
+    return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+
+def imports_between_kinds(edges: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import from one actor kind's folder into another's."""
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in edges.items()
+        for target in targets
+        if kind_of(source) and kind_of(target) and kind_of(source) != kind_of(target)
+    )
+
+
+def layer_of(module: str) -> int | None:
+    """The index of ``module``'s role in :data:`ACTOR_LAYERS`, if it has one."""
+    for index, layer in enumerate(ACTOR_LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return index
+    return None
+
+
+def upward_actor_imports(edges: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import from an actor role into a role above it."""
+    found = []
+    for source, targets in edges.items():
+        low = layer_of(source)
+        for target in targets:
+            high = layer_of(target)
+            if low is not None and high is not None and high > low:
+                found.append(f"{source} -> {target}")
+    return sorted(found)
+
+
+def test_actor_kinds_import_no_other_kind() -> None:
+    assert imports_between_kinds(graph()) == []
+
+
+def test_actor_roles_import_only_the_roles_below() -> None:
+    assert upward_actor_imports(graph()) == []
+
+
+def test_actor_kind_helpers_live_in_their_kind_folder() -> None:
+    flat = [
+        str(path.relative_to(ROOT))
+        for folder in (ROOT / "actor_service", ROOT / "actor_service" / "_core")
+        for path in sorted(folder.glob("*.py"))
+        if KIND_HELPER.match(path.name)
+    ]
+    assert flat == []
+
+
+def test_imports_between_kinds_and_upward_are_found() -> None:
+    edges = {
+        f"{KINDS}.env.core": {f"{KINDS}.torchrl.batch", "actor_service._core._frames"},
+        f"{KINDS}.llm.turns": {f"{KINDS}.llm.models"},
+        "actor_service._core._base": {f"{KINDS}.env.pool"},
+        KINDS: {f"{KINDS}.env.core", f"{KINDS}.llm.core"},
+    }
+    assert imports_between_kinds(edges) == [
+        f"{KINDS}.env.core -> {KINDS}.torchrl.batch",
+    ]
+    assert upward_actor_imports(edges) == [f"actor_service._core._base -> {KINDS}.env.pool"]
+    assert KIND_HELPER.match("_td_batch.py")
+    assert KIND_HELPER.match("_vllm_engine.py")
+    assert KIND_HELPER.match("_torchrl.py")
+    assert not KIND_HELPER.match("_frames.py")

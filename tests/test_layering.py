@@ -28,8 +28,8 @@ OUR_PACKAGES = ("common", "actor_service", "learner_client", "apps", "bench")
 #: Modules that may import these packages inside functions (never at module level).
 LAZY_INTEROP = {
     "apps/grpo/_torchrl_loss.py": {"torchrl"},
-    "actor_service/_core/_torchrl.py": {"torchrl"},
-    "actor_service/_core/_torchrl_pool.py": {"torchrl"},
+    "actor_service/_kinds/torchrl/core.py": {"torchrl"},
+    "actor_service/_kinds/torchrl/pool.py": {"torchrl"},
 }
 
 

@@ -3,7 +3,7 @@
 :class:`CoreBase` is the opening of every core: it checks the config, draws the
 epoch, holds the lock that the collection thread takes, the frame and batch
 counters, the fleet-unique trajectory ids (:class:`TrajIds`), the state dict of
-GetState/LoadState (``actor_service._state``), ``describe`` and the close that
+GetState/LoadState (``actor_service._core._state``), ``describe`` and the close that
 leaves every later call raising :class:`~common.errors.ClosedError`. A kind of
 core (``env``, ``torchrl``, ``llm``) is one subclass in its own module that builds its models
 and says how it configures, collects and seeds.
@@ -24,9 +24,9 @@ from tensordict import TensorDict
 import common
 from actor_service._config import ActorConfig
 from actor_service._core._identity import ActorIdentity, draw_epoch
+from actor_service._core._placement import check_placement
 from actor_service._core._protocol import BatchRecorder, CoreModels
-from actor_service._placement import check_placement
-from actor_service._state import core_counters, core_state
+from actor_service._core._state import core_counters, core_state
 from common.config import CollectSettings, check_seed
 from common.errors import ClosedError, SessionStateError
 from common.packets.folding import FoldedBatch
@@ -189,7 +189,7 @@ class CoreBase(abc.ABC):
         Called on the collection thread before :meth:`configure`.
 
         Raises:
-            PlacementError: As :func:`~actor_service._placement.check_placement`, or a
+            PlacementError: As :func:`~actor_service._core._placement.check_placement`, or a
                 compiled policy asked of a model that cannot be compiled.
             UnknownModelError: ``settings.model_id`` is not registered.
         """

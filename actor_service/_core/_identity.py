@@ -15,7 +15,9 @@ import secrets
 import gymnasium
 import torch
 
-__all__ = ["ActorIdentity", "draw_epoch"]
+from actor_service._config import ActorConfig
+
+__all__ = ["ActorIdentity", "draw_epoch", "env_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,3 +63,8 @@ def draw_epoch() -> int:
         epoch = secrets.randbits(63)
         if epoch:
             return epoch
+
+
+def env_name(config: ActorConfig) -> str:
+    """The env's name for logs and ``describe``: the factory string or the gymnasium id."""
+    return config.env_factory or config.env

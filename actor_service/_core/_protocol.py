@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._core._identity import ActorIdentity
-from actor_service._swap import StagedParts, Swap
+from actor_service._core._swap import StagedParts, Swap
 from common.config import CollectSettings, CompileSettings
 from common.packets.folding import FoldedBatch
 from common.weights import Delta, PushForm

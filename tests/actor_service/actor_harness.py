@@ -55,7 +55,7 @@ class Actor:
 
     @property
     def worker(self) -> Any:
-        return self.handle.server.runtime.worker
+        return self.handle.server.runtime.core
 
 
 def open_request(frames_per_batch: int = 10, credits: int = 0, **kw: Any) -> pb.OpenSession:

@@ -19,8 +19,8 @@ from hypothesis import given
 from packet_strategies import FAST
 from tensordict import TensorDict
 
-from actor_service._convert import InvalidSettingsError, settings_from_proto
-from actor_service._state import decode_state, state_to_blob
+from actor_service._core._state import decode_state, state_to_blob
+from actor_service._serve._convert import InvalidSettingsError, settings_from_proto
 from common.errors import DataLossError, ProtocolError, WeightsError
 from common.packets import PacketAssembler, encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actor_service._llm_models import LLMModels
+from actor_service._kinds.llm.models import LLMModels
 from common.llm import GenerationSettings, StaticDecode, generate
 from common.llm._static import WIDTH_STEP
 from common.weights import PushForm, decode_weights, encode_weights

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch import nn
 
 from actor_service import ActorConfig, create_server
-from actor_service._state import decode_state
+from actor_service._core._state import decode_state
 
 
 class SharedLinearPolicy(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._core._env import EnvCore
+from actor_service._kinds.env.core import EnvCore
 from common.config import CollectSettings
 from learner_client import GrpcCollector, LocalFleet
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
-from actor_service._core._llm import LLMCore
+from actor_service._kinds.llm.core import LLMCore
 from common.config import CollectSettings
 from common.llm import GenerationSettings, LLMSettings, build_policy, to_torchrl
 

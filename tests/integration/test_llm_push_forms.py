@@ -49,7 +49,7 @@ def _collector(actor) -> GrpcLLMCollector:
 
 
 def _actor_model(actor):
-    return actor.server.runtime.worker.models.model
+    return actor.server.runtime.core.models.model
 
 
 def _peft_learner(seed: int):

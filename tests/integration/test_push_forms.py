@@ -58,7 +58,7 @@ def _learner_policy(seed: int) -> SharedLinearPolicy:
 
 
 def _actor_module(actor) -> SharedLinearPolicy:
-    return actor.server.runtime.worker.models.module("policy")
+    return actor.server.runtime.core.models.module("policy")
 
 
 def test_full_push_sends_the_shared_linear_once_and_keeps_it_tied(actor, collector) -> None:
@@ -165,7 +165,7 @@ def test_push_raises_if_only_trainable_is_given_a_mapping(collector) -> None:
 
 
 def test_default_push_cap_is_sized_from_the_model_and_refuses_beyond(actor) -> None:
-    models = actor.server.runtime.worker.models
+    models = actor.server.runtime.core.models
     cap = default_max_weight_bytes(state_nbytes(models.parameters_info("policy")))
     assert cap == DEFAULT_MAX_WEIGHT_BYTES  # a small model keeps the 1 GiB floor
     header = pb.WeightsHeader(

@@ -23,7 +23,7 @@ from torchrl.collectors import AsyncCollector, Collector, MultiAsyncCollector, M
 from torchrl.collectors.distributed import RayCollector
 from torchrl.envs import GymEnv
 
-from actor_service._placement import CompiledForward
+from actor_service._core._placement import CompiledForward
 from common.config import CompileSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc

@@ -24,7 +24,7 @@ from helpers import ActorProcess, poll_until, start_actor
 from learner_fleet import cartpole_policy
 from tcp_proxy import FaultProxy
 
-from actor_service._state import decode_state
+from actor_service._core._state import decode_state
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler

@@ -8,7 +8,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from actor_service import ActorConfig, create_server
 from actor_service._core import ActorIdentity
-from actor_service._llm_models import MODEL_ID
+from actor_service._kinds.llm.models import MODEL_ID
 from common.errors import ProtocolError
 from learner_client import GrpcLLMCollector
 
@@ -115,7 +115,7 @@ class _Models:
 )
 def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken) -> None:
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
-    server = create_server(config, worker_factory=lambda c: _HostileCore(c, broken))
+    server = create_server(config, core_factory=lambda c: _HostileCore(c, broken))
     with server.run_in_thread() as actor, GrpcLLMCollector(
         [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
         yield_completed_trajectories=True, batch_timeout=10.0,
@@ -129,7 +129,7 @@ def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken
 
 def test_the_same_batch_unbroken_is_yielded() -> None:
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
-    server = create_server(config, worker_factory=lambda c: _HostileCore(c, {}))
+    server = create_server(config, core_factory=lambda c: _HostileCore(c, {}))
     with (
         server.run_in_thread() as actor,
         GrpcLLMCollector(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf.message import DecodeError
 
-from actor_service._wire import encode_chunk
+from actor_service._serve._wire import encode_chunk
 from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._transport import Chunk, parse_collect_response

@@ -1,0 +1,238 @@
+"""The env pool: N gymnasium envs stepped together, in-process or in spawned subprocesses.
+
+:func:`make_env_pool` builds a gymnasium ``SyncVectorEnv`` (``env_backend="sync"``) or
+``AsyncVectorEnv(context="spawn")`` (``"async"``; gRPC is not fork-safe), both with
+``AutoresetMode.SAME_STEP``: when an episode ends, the step returns the reset
+observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` and
+:func:`reset_pool` bound every async call by ``step_timeout`` and turn a hung or
+crashed env into an error (:class:`~common.errors.DeadlineError`, or
+:class:`~common.errors.EnvError` naming the env's exception) instead of a hang; :func:`close_pool`
+reaps the subprocesses even when an env hangs. :func:`derive_seed` chains per-env
+seeds exactly as TorchRL does.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+
+from actor_service._config import ActorConfig
+from actor_service._core._identity import env_name
+from actor_service._kinds.env.spaces import check_space
+from common.errors import DeadlineError, EnvError
+from common.policies import load_callable
+
+__all__ = [
+    "close_pool",
+    "derive_seed",
+    "env_fn",
+    "kill_pool",
+    "make_env_pool",
+    "reset_pool",
+    "step_pool",
+]
+
+_SEED_MODULUS = 2**32 - 1
+
+
+def derive_seed(seed: int) -> int:
+    """The next seed of a chain, exactly as TorchRL's ``seed_generator`` derives it."""
+    rng = np.random.default_rng(seed)
+    return int.from_bytes(rng.bytes(8), "big") % _SEED_MODULUS
+
+
+# How long a terminated env subprocess gets to exit before it is killed.
+_REAP_TIMEOUT = 5.0
+# How long a killed env subprocess is waited for (SIGKILL cannot be ignored).
+_KILL_JOIN = 1.0
+
+StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+def env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
+    """What makes one env of the pool: the factory or ``gymnasium.make``, with ``env_kwargs``."""
+    # A partial of the user's own callable pickles by reference, and a spawned worker
+    # then imports only that callable's module (not ours, which would pull in torch).
+    if config.env_factory:
+        factory = load_callable(config.env_factory)
+        return functools.partial(factory, **dict(config.env_kwargs))
+    return functools.partial(gymnasium.make, config.env, **dict(config.env_kwargs))
+
+
+def make_env_pool(config: ActorConfig) -> VectorEnv:
+    """Build the env pool an actor steps.
+
+    Args:
+        config: Reads ``env``/``env_factory``, ``env_kwargs``, ``num_envs``, ``env_backend``
+            and ``step_timeout``.
+
+    Returns:
+        A gymnasium vector env with ``AutoresetMode.SAME_STEP``; not reset yet.
+
+    Raises:
+        ValueError: A malformed or unimportable ``env_factory``, an unknown backend, a
+            bad ``num_envs``, envs that fail to build (the cause is chained), or
+            unsupported spaces (the pool is closed first).
+    """
+    if not isinstance(config.num_envs, int) or config.num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {config.num_envs!r}")
+    if config.env_backend not in ("sync", "async"):
+        raise ValueError(f"env_backend must be 'sync' or 'async', got {config.env_backend!r}")
+    if not config.env_factory and not config.env:
+        raise ValueError("set env (a gymnasium id) or env_factory ('package.module:function')")
+    env_fns = [env_fn(config)] * config.num_envs
+    try:
+        if config.env_backend == "sync":
+            pool: VectorEnv = SyncVectorEnv(
+                env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
+            )
+        else:
+            pool = AsyncVectorEnv(
+                env_fns, copy=False, context="spawn", autoreset_mode=AutoresetMode.SAME_STEP
+            )
+    except Exception as exc:
+        raise ValueError(
+            f"cannot create {config.num_envs} {env_name(config)!r} envs "
+            f"({config.env_backend}): {exc}"
+        ) from exc
+    try:
+        check_space(pool.single_observation_space, "observation")
+        check_space(pool.single_action_space, "action")
+    except ValueError:
+        close_pool(pool)
+        raise
+    return pool
+
+
+def step_pool(
+    pool: VectorEnv, actions: np.ndarray, timeout: float, *, env: str = "env"
+) -> StepResult:
+    """Step every env once.
+
+    Args:
+        pool: The vector env.
+        actions: One action per env.
+        timeout: Seconds an async step may take.
+        env: The env's name, for errors.
+
+    Returns:
+        ``(obs, reward, terminated, truncated, info)`` as gymnasium returns them.
+
+    Raises:
+        DeadlineError: An async env did not answer within ``timeout``.
+        EnvError: An env raised or its subprocess died (cause chained).
+    """
+    try:
+        if isinstance(pool, AsyncVectorEnv):
+            pool.step_async(actions)
+            return pool.step_wait(timeout=timeout)
+        return pool.step(actions)
+    except multiprocessing.TimeoutError:
+        raise DeadlineError(
+            f"an env step took longer than step_timeout={timeout} s; the env pool is rebuilt "
+            "before the next batch"
+        ) from None
+    except Exception as exc:
+        raise EnvError(env, type(exc).__name__, str(exc)) from exc
+
+
+def reset_pool(
+    pool: VectorEnv,
+    timeout: float,
+    seed: list[int] | None = None,
+    mask: np.ndarray | None = None,
+    *,
+    env: str = "env",
+) -> np.ndarray:
+    """Reset every env, or those in ``mask``; return the observations of all envs.
+
+    Args:
+        pool: The vector env.
+        timeout: Seconds an async reset may take.
+        seed: One seed per env, or None to continue each env's generator.
+        mask: Bool ``[num_envs]``; None resets all.
+        env: The env's name, for errors.
+
+    Raises:
+        DeadlineError: An async env did not answer within ``timeout``.
+        EnvError: An env raised or its subprocess died (cause chained).
+    """
+    options = None if mask is None else {"reset_mask": mask}
+    # One seed per env: gymnasium's vector envs take a list, though VectorEnv.reset is
+    # annotated ``int | None``.
+    seeds: Any = seed
+    try:
+        if isinstance(pool, AsyncVectorEnv):
+            pool.reset_async(seed=seeds, options=options)
+            obs, _ = pool.reset_wait(timeout=timeout)
+        else:
+            obs, _ = pool.reset(seed=seeds, options=options)
+    except multiprocessing.TimeoutError:
+        raise DeadlineError(
+            f"an env reset took longer than step_timeout={timeout} s; the env pool is rebuilt "
+            "before the next batch"
+        ) from None
+    except Exception as exc:
+        raise EnvError(env, type(exc).__name__, str(exc)) from exc
+    return obs
+
+
+def close_pool(pool: VectorEnv, *, force: bool = False) -> None:
+    """Close the pool and reap its subprocesses; never hangs on a hung env.
+
+    Args:
+        pool: The vector env (closing twice is a no-op).
+        force: Terminate async workers instead of asking them to close (after a
+            timeout or a crash, a worker may never answer).
+    """
+    if pool.closed:
+        return
+    if not isinstance(pool, AsyncVectorEnv):
+        pool.close()
+        return
+    if not force and not all(p.is_alive() for p in pool.processes):
+        force = True
+    if force:
+        _terminate(pool.processes)
+    try:
+        pool.close(terminate=force)
+    except Exception:  # a broken worker pipe must not keep the others alive
+        _terminate(pool.processes)
+        pool.closed = True
+
+
+def kill_pool(pool: VectorEnv | None) -> int:
+    """SIGKILL the pool's live subprocesses and reap them; safe from any thread.
+
+    For a shutdown whose collection thread is stuck in a hung env step: it
+    takes no lock and sends nothing to the workers. The pool is not usable
+    afterwards. Reaping takes at most ``_KILL_JOIN`` seconds per process.
+
+    Returns:
+        How many subprocesses were alive.
+    """
+    if not isinstance(pool, AsyncVectorEnv):
+        return 0
+    alive = [p for p in pool.processes if p.is_alive()]
+    for process in alive:
+        process.kill()
+    for process in alive:
+        process.join(_KILL_JOIN)
+    return len(alive)
+
+
+def _terminate(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(_REAP_TIMEOUT)
+        if process.is_alive():
+            process.kill()
+            process.join(_REAP_TIMEOUT)

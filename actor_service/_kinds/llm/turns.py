@@ -1,0 +1,278 @@
+"""Dialog turns of an LLM actor: chat slots, one batched turn over them, and the padded batch.
+
+A *turn* is one response of one dialog: its prompt is the chat template applied to the
+dialog's history, its response comes from :func:`common.llm.generate`, and the task
+scores it. :class:`DialogEngine` runs a turn for many slots at once (one decode loop);
+:func:`pack_turns` lays turns out in the dense wire form described in
+:func:`common.llm.check_padded`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from actor_service._kinds.llm.models import LLMModels
+from common.llm import GenerationSettings, Outcome, Problem, Task
+
+__all__ = ["Dialog", "DialogEngine", "Turn", "pack_turns"]
+
+
+@dataclasses.dataclass
+class Dialog:
+    """A dialog in progress in one slot."""
+
+    problem: Problem
+    messages: list[dict[str, str]]
+    traj_id: int
+    group_id: int
+    turns: int = 0
+
+
+@dataclasses.dataclass
+class Turn:
+    """One turn: what the batch records for it."""
+
+    prompt: list[int]
+    response: list[int]
+    log_probs: torch.Tensor
+    versions: torch.Tensor
+    version: int
+    query: str
+    text_prompt: str
+    text_response: str
+    messages: list[dict[str, str]]
+    reward: float
+    terminated: bool
+    truncated: bool
+    success: bool
+    stopped: bool
+    traj_id: int
+    group_id: int
+    dialog_turns: int
+
+    @property
+    def done(self) -> bool:
+        """Whether the dialog ended with this turn."""
+        return self.terminated or self.truncated
+
+
+class DialogEngine:
+    """Runs turns of dialogs with one model and one task.
+
+    Args:
+        models: The model, tokenizer and lock.
+        task: The task that makes problems and scores responses.
+    """
+
+    def __init__(self, models: LLMModels, task: Task) -> None:
+        self.models = models
+        self.task = task
+        tokenizer = models.tokenizer
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.vocab = len(tokenizer)
+
+    def new_dialog(self, problem: Problem, traj_id: int, group_id: int) -> Dialog:
+        """A dialog starting from ``problem`` (system prompt, then the query)."""
+        messages = [{"role": "system", "content": problem.system}] if problem.system else []
+        messages.append({"role": "user", "content": problem.query})
+        return Dialog(problem, messages, traj_id, group_id)
+
+    def sample(self, rng: random.Random) -> Problem:
+        """A new problem from the task."""
+        return self.task.sample(rng)
+
+    def run(
+        self,
+        dialogs: Sequence[Dialog],
+        settings: GenerationSettings,
+        max_turns: int,
+        generator: torch.Generator,
+    ) -> list[Turn]:
+        """One turn of every dialog (advanced in place); returns the turns in order."""
+        tokenizer = self.models.tokenizer
+        prompts = [self._prompt_ids(d) for d in dialogs]
+        budgets = [min(settings.max_new_tokens, self.models.context - len(p)) for p in prompts]
+        rows = [i for i, b in enumerate(budgets) if b > 0]
+        generation = None
+        if rows:
+            generation = self.models.generate(
+                [prompts[i] for i in rows],
+                settings,
+                budgets=[budgets[i] for i in rows],
+                stop_ids=(self.eos_id, *settings.stop_token_ids),
+                pad_id=self.pad_id,
+                generator=generator,
+            )
+        turns = []
+        for index, dialog in enumerate(dialogs):
+            if generation is not None and index in rows:
+                row = rows.index(index)
+                length = int(generation.lengths[row])
+                response = generation.tokens[row, :length].tolist()
+                log_probs = generation.log_probs[row, :length]
+                versions = generation.versions[row, :length]
+                stopped = bool(generation.stopped[row])
+            else:  # the prompt fills the context: the dialog ends truncated
+                response, stopped = [], False
+                log_probs = torch.zeros(0)
+                versions = torch.zeros(0, dtype=torch.long)
+            version = int(versions[0]) if len(response) else self.models.version
+            overflow = len(prompts[index]) + len(response) >= self.models.context
+            turns.append(
+                self._score(
+                    dialog,
+                    prompts[index],
+                    response,
+                    log_probs,
+                    versions,
+                    version,
+                    stopped,
+                    truncate=overflow or dialog.turns + 1 >= max_turns,
+                    tokenizer=tokenizer,
+                )
+            )
+        return turns
+
+    def _prompt_ids(self, dialog: Dialog) -> list[int]:
+        out = self.models.tokenizer.apply_chat_template(
+            dialog.messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    def _score(
+        self,
+        dialog: Dialog,
+        prompt: list[int],
+        response: list[int],
+        log_probs: torch.Tensor,
+        versions: torch.Tensor,
+        version: int,
+        stopped: bool,
+        *,
+        truncate: bool,
+        tokenizer: Any,
+    ) -> Turn:
+        body = response[:-1] if stopped else response
+        content = tokenizer.decode(body, skip_special_tokens=True)
+        dialog.turns += 1
+        if response:
+            outcome = self.task.score(dialog.problem, content, dialog.turns)
+        else:  # no room left in the context: the dialog is cut, not judged
+            outcome = Outcome(0.0, terminated=False)
+        full = [*dialog.messages, {"role": "assistant", "content": content}]
+        terminated = bool(outcome.terminated)
+        truncated = not terminated and truncate
+        dialog.messages = (
+            [*full, {"role": "user", "content": outcome.reply}] if outcome.reply else full
+        )
+        return Turn(
+            prompt=prompt,
+            response=response,
+            log_probs=log_probs,
+            versions=versions,
+            version=version,
+            query=dialog.problem.query,
+            text_prompt=tokenizer.decode(prompt),
+            text_response=tokenizer.decode(response),
+            messages=full,
+            reward=float(outcome.reward),
+            terminated=terminated,
+            truncated=truncated,
+            success=bool(outcome.success),
+            stopped=stopped,
+            traj_id=dialog.traj_id,
+            group_id=dialog.group_id,
+            dialog_turns=dialog.turns,
+        )
+
+
+def _strings(values: list[Any], shape: tuple[int, ...]) -> NonTensorStack:
+    nested: Any = values
+    for size in reversed(shape[1:]):
+        nested = [nested[i : i + size] for i in range(0, len(nested), size)]
+    return NonTensorStack.from_list(nested) if shape else NonTensorStack(*values)
+
+
+def pack_turns(
+    turns: Sequence[Turn], shape: tuple[int, ...], pad_id: int, token_versions: bool
+) -> TensorDict:
+    """Lay turns out in the padded wire form, batch ``shape`` (row-major over ``turns``)."""
+    count = len(turns)
+    tokens, log_probs, versions = _dense(turns, pad_id)
+    width, span = tokens.shape[-1], log_probs.shape[-1]
+    messages = max((len(t.messages) for t in turns), default=0)
+    roles = [m["role"] for t in turns for m in _padded(t.messages, messages)]
+    contents = [m["content"] for t in turns for m in _padded(t.messages, messages)]
+
+    def column(values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=dtype).reshape(shape)
+
+    def flag(values: list[bool]) -> torch.Tensor:
+        return column(values, torch.bool).unsqueeze(-1)
+
+    false = [False] * count
+    td = TensorDict(
+        {
+            "tokens": tokens.reshape(*shape, width),
+            "prompt_len": column([len(t.prompt) for t in turns], torch.long),
+            "response_len": column([len(t.response) for t in turns], torch.long),
+            "log_probs": log_probs.reshape(*shape, span),
+            "policy_version": column([t.version for t in turns], torch.long),
+            "done": flag(false),
+            "terminated": flag(false),
+            "truncated": flag(false),
+            "history": {
+                "length": column([len(t.messages) for t in turns], torch.long),
+                "role": _strings(roles, (*shape, messages)),
+                "content": _strings(contents, (*shape, messages)),
+            },
+            "text": {
+                "prompt": _strings([t.text_prompt for t in turns], shape),
+                "response": _strings([t.text_response for t in turns], shape),
+            },
+            "query": _strings([t.query for t in turns], shape),
+            "collector": {
+                "traj_ids": column([t.traj_id for t in turns], torch.long),
+                "group_id": column([t.group_id for t in turns], torch.long),
+                "stopped": column([t.stopped for t in turns], torch.bool),
+                "dialog_turns": column([t.dialog_turns for t in turns], torch.long),
+            },
+            "next": {
+                "reward": column([t.reward for t in turns], torch.float32).unsqueeze(-1),
+                "success": flag([t.success for t in turns]),
+                "done": flag([t.done for t in turns]),
+                "terminated": flag([t.terminated for t in turns]),
+                "truncated": flag([t.truncated for t in turns]),
+            },
+        },
+        batch_size=shape,
+    )
+    if token_versions:
+        td.set(("collector", "token_policy_version"), versions.reshape(*shape, span))
+    return td
+
+
+def _dense(turns: Sequence[Turn], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt ‖ response`` tokens, response log-probs and token versions."""
+    width = max((len(t.prompt) + len(t.response) for t in turns), default=0)
+    span = max((len(t.response) for t in turns), default=0)
+    tokens = torch.full((len(turns), width), pad_id, dtype=torch.long)
+    log_probs = torch.zeros((len(turns), span), dtype=torch.float32)
+    versions = torch.zeros((len(turns), span), dtype=torch.long)
+    for i, turn in enumerate(turns):
+        full = turn.prompt + turn.response
+        tokens[i, : len(full)] = torch.as_tensor(full, dtype=torch.long)
+        log_probs[i, : len(turn.response)] = turn.log_probs
+        versions[i, : len(turn.response)] = turn.versions
+    return tokens, log_probs, versions
+
+
+def _padded(messages: list[dict[str, str]], size: int) -> list[dict[str, str]]:
+    return messages + [{"role": "", "content": ""}] * (size - len(messages))

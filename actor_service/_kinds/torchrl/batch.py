@@ -1,0 +1,130 @@
+"""A TorchRL-env actor's frames into one batch (stacked, trimmed, truncated, folded); its env state.
+
+The TorchRL core collects one TensorDict per step (what TorchRL's ``Collector`` keeps
+per step); :func:`stack_frames` makes them the ``[N, T]`` batch TorchRL yields (private
+``_`` keys left out, no device, the last dim named ``"time"``, ``set_truncated``
+applied as TorchRL's ``_maybe_set_truncated`` does), and :func:`fold_observations`
+folds the env's observation keys when that pays (``common.packets.folding``).
+:func:`nested_state` and :func:`stage_env_state` turn an env's ``state_dict()`` (its
+stateful transforms: ``VecNorm``, ``ObservationNorm``, ...) into the nested dicts a
+state file holds, and a peer's back after a check as strict as a push's. No torchrl
+import: the core passes the env's keys and state in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from actor_service._core._frames import FOLD_MIN_FRAME_BYTES
+from actor_service._core._weight_rules import stage_weights
+from common.packets.folding import FoldedBatch, fold
+
+__all__ = [
+    "flat_state",
+    "fold_observations",
+    "nested_state",
+    "rebuild_state",
+    "stack_frames",
+    "stage_env_state",
+]
+
+Key = str | tuple[str, ...]
+
+
+def _parts(key: Key) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def stack_frames(
+    frames: Sequence[TensorDictBase], done_keys: Iterable[Key], set_truncated: bool
+) -> TensorDict:
+    """The per-step frames (batch ``[N]``) as one ``[N, T]`` batch, as TorchRL yields it.
+
+    Args:
+        frames: One TensorDict per step, each with its ``"next"`` entries.
+        done_keys: The env's done keys (``env.done_keys``).
+        set_truncated: Mark the last step of every env truncated (and done).
+    """
+    batch: TensorDict = torch.stack(list(frames), dim=frames[0].batch_dims).contiguous()
+    private = [k for k in batch.keys(True) if any(p.startswith("_") for p in _parts(k))]
+    batch = batch.exclude(*private).clear_device_()
+    batch.refine_names(*([None] * (batch.batch_dims - 1)), "time")
+    if set_truncated:
+        for key in done_keys:
+            parts = _parts(key)
+            if parts[-1] != "truncated":
+                continue
+            truncated = batch.get(("next", *parts)).clone()
+            truncated[(slice(None),) * (batch.batch_dims - 1) + (-1,)] = True  # the last step
+            batch.set(("next", *parts), truncated)
+            done = ("next", *parts[:-1], "done")
+            batch.set(done, batch.get(done) | truncated)
+    return batch
+
+
+def fold_observations(
+    batch: TensorDict, observation_keys: Iterable[Key]
+) -> TensorDict | FoldedBatch:
+    """``batch`` folded on the observation keys it holds at the root and under ``"next"``.
+
+    Unfolded when those keys hold fewer than ``FOLD_MIN_FRAME_BYTES`` a frame (rebuilding
+    them would cost the learner more than receiving them).
+    """
+    present = set(batch.keys(True, True))
+    keys = [k for k in observation_keys if k in present and ("next", *_parts(k)) in present]
+    per_frame = sum(batch.get(k)[0, 0].numel() * batch.get(k).element_size() for k in keys)
+    if not keys or per_frame < FOLD_MIN_FRAME_BYTES:
+        return batch
+    return fold(batch, keys)
+
+
+def nested_state(state: Any) -> dict[str, Any]:
+    """An env's ``state_dict()`` as nested dicts of tensor copies (what a state file holds)."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.detach().clone()
+        elif isinstance(value, Mapping | TensorDictBase):
+            out[key] = nested_state(value)
+    return out
+
+
+def flat_state(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """An env's ``state_dict()`` (mappings and TensorDicts of tensors) as ``{"a/b/c": tensor}``."""
+    flat: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            flat[path] = value
+        elif isinstance(value, Mapping | TensorDictBase):
+            flat |= flat_state(value, f"{path}/")
+    return flat
+
+
+def rebuild_state(reference: Any, flat: Mapping[str, torch.Tensor], prefix: str = "") -> Any:
+    """``reference``'s structure (mappings, TensorDicts) holding the tensors of ``flat``."""
+    out: dict[str, Any] = {}
+    for key, value in reference.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            out[key] = flat[path]
+        elif isinstance(value, Mapping | TensorDictBase):
+            out[key] = rebuild_state(value, flat, f"{path}/")
+    if isinstance(reference, TensorDictBase):
+        return TensorDict(out, batch_size=reference.batch_size)
+    return type(reference)(out) if isinstance(reference, OrderedDict) else out
+
+
+def stage_env_state(state: object, reference: Any) -> Any:
+    """An env state a peer sent, checked against the env's own ``reference``, in its structure.
+
+    Raises:
+        WeightsError: Not a mapping, or keys, shapes, dtypes or values that do not fit.
+    """
+    flat = flat_state(state) if isinstance(state, Mapping) else state
+    return rebuild_state(reference, stage_weights("env", flat, flat_state(reference)))

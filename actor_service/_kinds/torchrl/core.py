@@ -1,0 +1,370 @@
+"""The TorchRL-env actor's collection core: a TorchRL env pool + TensorDict policies → batches.
+
+A :class:`TorchRLCore` (``ActorConfig.kind="torchrl"``) hosts what a worker of TorchRL's
+collector hosts: a ``torchrl.envs.EnvBase`` with its transforms and any
+``TensorDictModuleBase`` policy, and collects with the semantics of TorchRL 0.14.1's
+``Collector(env, policy, frames_per_batch=..., track_policy_version=True)``, using
+TorchRL's own ``env.step_and_maybe_reset`` and ``rand_action``: whatever keys the env,
+its transforms and the policy write reach the batch with TorchRL's nesting and dtypes.
+
+The env pool comes from :func:`~actor_service._kinds.torchrl.pool.build_pool` (a
+``SerialEnv``/``ParallelEnv`` of ``num_envs`` envs, or an env batched itself);
+``max_frames_per_traj`` steps it under a ``StepCounter``, as TorchRL's collector wraps
+its env. What rlfleet adds stays: credits and sessions (the serving layer), the weight
+swap between steps and the version of the weights that chose each frame
+(``policy_version``), fleet-unique ``("collector", "traj_ids")``, ``init_random_frames``
+per session, the seed chain, state, metrics and draining.
+
+torchrl is an optional extra (``rlfleet[torchrl]``): it is imported here only, inside
+functions, so an actor of another kind never loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import set_interaction_type
+
+from actor_service._config import ActorConfig
+from actor_service._core._base import CoreBase, check_abandoned
+from actor_service._core._frames import interaction_of, split_trajectories
+from actor_service._core._identity import env_name
+from actor_service._core._protocol import BatchRecorder
+from actor_service._kinds.torchrl.batch import (
+    fold_observations,
+    nested_state,
+    stack_frames,
+    stage_env_state,
+)
+from actor_service._kinds.torchrl.models import TDModels, build_td_model
+from actor_service._kinds.torchrl.pool import build_pool, limited, probe_step
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.errors import EnvError
+from common.packets import DEFAULT_LIMITS
+from common.packets.folding import FoldedBatch
+
+__all__ = ["TorchRLCore"]
+
+_TRAJ_IDS = ("collector", "traj_ids")
+
+
+class TorchRLCore(CoreBase):
+    """A TorchRL env pool + TensorDict policies → batches (see the module docstring).
+
+    Batches are ``[num_envs, T]`` (names ``[None, "time"]``, no device) with exactly
+    the keys, nesting and dtypes TorchRL's ``Collector`` yields for the same env and
+    policy (its private ``_`` keys left out, as TorchRL leaves them out), plus
+    ``policy_version`` and ``("next", "policy_version")`` (``[N, T]`` int64: the version
+    of the weights that chose the action) and ``("collector", "traj_ids")`` unique
+    across the fleet. Episode ends are reset by ``env.step_and_maybe_reset``.
+
+    Args:
+        config: The actor's settings (``kind="torchrl"``).
+        metrics: Where to count batches and step latencies; None counts nothing.
+
+    Attributes:
+        num_slots: The pool's batch size (``config.num_envs``).
+        models: The :class:`~actor_service._kinds.torchrl.models.TDModels` (pushes go through it).
+        env: The env policy factories got (specs at hand; closed once the models exist).
+
+    Raises:
+        ValueError: torchrl missing, an env or a model that cannot be built, a policy
+            that fails on the probe step, or a step whose keys cannot travel.
+
+    Example::
+
+        config = ActorConfig(kind="torchrl", env="CartPole-v1", num_envs=4,
+                             models=(ModelSpec(factory="random"),))
+        with TorchRLCore(config) as core:
+            core.configure(CollectSettings(frames_per_batch=64))
+            batch = core.collect_batch()        # [4, 16]
+    """
+
+    kind = "torchrl"
+    models: TDModels
+    _carrier: TensorDictBase  # the envs' current step, set by every reset and step
+
+    def __init__(self, config: ActorConfig, metrics: BatchRecorder | None = None) -> None:
+        super().__init__(config, metrics)
+        self.env_id = env_name(config)
+        self.backend = config.env_backend
+        self._session_frames = 0
+        self._pool_broken = self._needs_reset = False
+        torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
+        self._base, self.env = build_pool(config)
+        #: What is stepped: the base pool, or it under the StepCounter of max_frames_per_traj
+        #: (one per limit, kept: a TorchRL env closes what it wraps when collected).
+        self._pool, self._limit, self._limited = self._base, 0, {0: self._base}
+        try:
+            self.models = TDModels(
+                {
+                    s.model_id: build_td_model(s, self.env, self._rand_action, self.device)
+                    for s in config.models
+                }
+            )
+            if self.env is not self._pool:
+                self.env.close(raise_if_closed=False)
+            self._probe()
+            self.set_seed(self._first_seed)
+        except BaseException:
+            self._base.close(raise_if_closed=False)
+            raise
+
+    def _rand_action(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Random actions from the action spec of the pool in use (rebuilt after a crash)."""
+        return self._pool.rand_action(tensordict)
+
+    def _probe(self) -> None:
+        """One reset and step with every model: it must act and its keys must travel.
+
+        Sets ``_step_bytes``, the largest packet of one step of every env, and
+        ``_outputs``, each model's outputs: a random frame holds them as zeros, as
+        TorchRL's batches do.
+        """
+        self._step_bytes = 0
+        self._outputs: dict[str, dict[Any, tuple[torch.Size, torch.dtype]]] = {}
+        with torch.random.fork_rng(), torch.no_grad():
+            for model_id in self.models.model_ids:
+                act = functools.partial(self.models.act, model_id)
+                outputs, size = probe_step(self._pool, self.env_id, model_id, act)
+                self._outputs[model_id] = outputs
+                self._step_bytes = max(self._step_bytes, size)
+
+    def configure(self, settings: CollectSettings) -> None:
+        """Validate and apply collection settings; a new count for ``init_random_frames``.
+
+        Raises:
+            TypeError: ``settings`` is not a ``CollectSettings``.
+            ValueError: LLM settings, ``frames_per_batch`` not a multiple of ``num_envs``
+                or too large, ``max_frames_per_traj`` on an env that counts steps itself,
+                or ``set_truncated`` on an env without a truncated key.
+            UnknownModelError: ``settings.model_id`` is not registered.
+        """
+        self._check_settings_type(settings)
+        if settings.llm is not None:
+            raise ValueError("this is a TorchRL-env actor: LLM settings need --kind llm")
+        largest = self.max_frames_per_batch()
+        if settings.frames_per_batch % self.num_slots or settings.frames_per_batch > largest:
+            raise ValueError(
+                f"frames_per_batch={settings.frames_per_batch} is not a multiple of "
+                f"num_envs={self.num_slots} that fits a batch (at most {MAX_FRAMES_PER_BATCH} "
+                f"frames in a {DEFAULT_LIMITS.max_packet_bytes}-byte packet): the largest is "
+                f"{largest}"
+            )
+        if settings.set_truncated and not any(
+            (k if isinstance(k, str) else k[-1]) == "truncated" for k in self._base.done_keys
+        ):
+            raise ValueError("set_truncated: the env has no truncated key (TorchRL refuses it too)")
+        limit = max(settings.max_frames_per_traj, 0)
+        self.models.policy_version(settings.model_id)  # raises UnknownModelError
+        with self._lock:
+            if limit != self._limit:
+                self._limit_steps(limit)
+            self._settings = settings
+            self._session_frames = 0
+
+    def _limit_steps(self, limit: int) -> None:
+        """Step under ``max_frames_per_traj=limit`` (0: none), as TorchRL's collector does.
+
+        Envs in the middle of a trajectory are reset first; envs just reset count from now.
+        """
+        if limit not in self._limited:
+            self._limited[limit] = limited(self._base, limit)
+        self._pool, self._limit = self._limited[limit], limit
+        if not self._fresh:
+            self._needs_reset = True
+        elif limit:  # what StepCounter's reset writes
+            count = torch.zeros((*self._base.batch_size, 1), dtype=torch.int64)
+            self._carrier.set("step_count", count)
+        else:
+            self._carrier = self._carrier.exclude("step_count")
+
+    def max_frames_per_batch(self) -> int:
+        """The largest ``frames_per_batch``: at most ``MAX_FRAMES_PER_BATCH``, in a packet.
+
+        The packet cap learners decode by default, for the probe step's size and a quarter more.
+        """
+        steps = DEFAULT_LIMITS.max_packet_bytes // (self._step_bytes * 5 // 4 + 1)
+        return max(0, min(steps, MAX_FRAMES_PER_BATCH // self.num_slots)) * self.num_slots
+
+    def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch:
+        """Collect one batch (blocking): ``frames_per_batch`` frames as ``[num_envs, T]``.
+
+        Folded when the settings ask for ``fold_observations``, do not ``split_trajs`` and
+        the env's observations are at least ``FOLD_MIN_FRAME_BYTES`` a frame.
+
+        Raises:
+            SessionStateError: Not configured, or abandoned.
+            ClosedError: The core is closed.
+            EnvError: The env raised while stepping; the pool is rebuilt on the next call.
+            Exception: Whatever the policy raised; the envs are reset on the next call.
+        """
+        with self._lock:
+            settings = self._configured()
+            self._ensure_pool()
+            if settings.reset_at_each_iter:
+                self._reset()
+            batch = self._rollout(settings, abandon)
+            self.frames += batch.numel()
+            self._session_frames += batch.numel()
+            self.batches += 1
+        if settings.split_trajs:
+            return split_trajectories(batch)
+        if settings.fold_observations:
+            return fold_observations(batch, self._pool.full_observation_spec.keys(True, True))
+        return batch
+
+    def _rollout(self, settings: CollectSettings, abandon: threading.Event | None) -> TensorDict:
+        steps = settings.frames_per_batch // self.num_slots
+        random = self._session_frames < settings.init_random_frames
+        timings = None if self._metrics is None else np.empty((steps, 2))
+        started = time.perf_counter()
+        frames: list[TensorDictBase] = []
+        try:
+            with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
+                for t in range(steps):
+                    check_abandoned(abandon, t, steps)
+                    frames.append(self._step(settings.model_id, random, timings, t))
+        except EnvError:
+            self._pool_broken = True
+            raise
+        except BaseException:
+            self._needs_reset = True  # the envs moved on from the carrier's trajectories
+            raise
+        batch = stack_frames(frames, self._pool.done_keys, settings.set_truncated)
+        if self._metrics is not None and timings is not None:
+            self._metrics.record_batch(
+                settings.frames_per_batch, timings, time.perf_counter() - started
+            )
+        return batch
+
+    def _step(
+        self, model_id: str, random: bool, timings: np.ndarray | None, t: int
+    ) -> TensorDictBase:
+        """One step of every env as TorchRL's collector takes it; the frame it stores."""
+        carrier = self._carrier
+        start = time.perf_counter()
+        if random:
+            version = self.models.policy_version(model_id)
+            self._rand_action(carrier)
+            for key, (shape, dtype) in self._outputs[model_id].items():
+                if key not in carrier.keys(True, True):
+                    carrier.set(key, torch.zeros(shape, dtype=dtype))
+        else:
+            version = self.models.act(model_id, carrier)
+        acted = time.perf_counter()
+        versions = torch.full(self._pool.batch_size, version, dtype=torch.int64)
+        carrier.set("policy_version", versions)
+        try:
+            frame, following = self._pool.step_and_maybe_reset(carrier)
+        except Exception as exc:
+            raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
+        if timings is not None:
+            timings[t] = (acted - start, time.perf_counter() - acted)
+        frame.set(("next", "policy_version"), versions.clone())
+        following = following.clear_device_()
+        following.set("collector", frame.get("collector").copy())
+        ended = self._end_of_traj(frame.get("next"))
+        if ended.any():
+            ids = frame.get(_TRAJ_IDS).clone()
+            ids[ended] = torch.from_numpy(self._traj.take(int(ended.sum())))
+            following.set(_TRAJ_IDS, ids)
+        self._carrier, self._fresh = following, False
+        return frame
+
+    def _end_of_traj(self, nxt: TensorDictBase) -> torch.Tensor:
+        from torchrl.envs.utils import _aggregate_end_of_traj
+
+        return _aggregate_end_of_traj(nxt, done_keys=self._pool.done_keys).reshape(
+            self._pool.batch_size
+        )
+
+    def _reset(self) -> None:
+        """Reset every env: a fresh carrier with new trajectory ids."""
+        try:
+            carrier = self._pool.reset()
+        except Exception as exc:
+            self._pool_broken = True
+            raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
+        carrier = carrier.clear_device_()
+        ids = torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size)
+        carrier.set(_TRAJ_IDS, ids)
+        self._carrier, self._fresh = carrier, True
+        self._needs_reset = False
+
+    def _ensure_pool(self) -> None:
+        """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
+        if self._pool_broken:
+            self._base.close(raise_if_closed=False)
+            self._base, env = build_pool(self.config)
+            if env is not self._base:
+                env.close(raise_if_closed=False)
+            self._limited = {0: self._base}
+            self._pool = self._limited[self._limit] = limited(self._base, self._limit)
+            self._pool_broken = False
+            self._needs_reset = True
+        if self._needs_reset:
+            self._reset()
+
+    def _seed(self, seed: int, static_seed: bool) -> int:
+        """Seed the envs as TorchRL's ``set_seed`` does (``env.set_seed``), torch and numpy.
+
+        Env ``i`` gets the ``i``-th link of TorchRL's seed chain; every env is reset, so
+        new trajectories start. Returns the seed for the next actor (``env.set_seed``'s).
+        """
+        if self._pool_broken:
+            self._ensure_pool()
+        following = self._pool.set_seed(seed, static_seed=static_seed)
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        self._reset()
+        return int(following)
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`CoreBase.state_dict` plus ``"env"``: the env's state (stateful transforms)."""
+        with self._lock:
+            state = super().state_dict()
+            state["env"] = nested_state(self._base.state_dict())
+            return state
+
+    def load_state_dict(
+        self, state: dict[str, Any], *, allow_rollback: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """:meth:`CoreBase.load_state_dict`, and the env's state when ``state`` holds one.
+
+        The env's state (``"env"``) is checked in full against the env's own (keys,
+        shapes, dtypes, finite values) before anything is applied.
+
+        Raises:
+            WeightsError: Also for an env state that does not fit this actor's env.
+        """
+        env = state.get("env") if isinstance(state, dict) else None
+        with self._lock:
+            staged = None if env is None else stage_env_state(env, self._base.state_dict())
+            changes = super().load_state_dict(state, allow_rollback=allow_rollback)
+            if staged is not None:
+                self._base.load_state_dict(staged)
+            return changes
+
+    def _restored(self) -> None:
+        self._carrier.set(
+            _TRAJ_IDS,
+            torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size),
+        )
+
+    def _release_now(self) -> int:
+        """Kill a ``ParallelEnv``'s workers (SIGKILL); how many lived."""
+        workers = [p for p in getattr(self._base, "_workers", []) if p.is_alive()]
+        for process in workers:
+            process.kill()
+        return len(workers)
+
+    def _release(self) -> None:
+        """Close the env pool (and a ``ParallelEnv``'s subprocesses)."""
+        self._base.close(raise_if_closed=False)

@@ -1,0 +1,123 @@
+"""The TensorDict policies a TorchRL-env actor holds: versioned, swapped atomically between steps.
+
+:class:`TDModels` is the TorchRL core's counterpart of the env actor's
+``ModelRegistry``: one module per ``model_id``, each a ``TensorDictModuleBase`` (or
+the env's random actions) called on the rollout's TensorDict as TorchRL's ``Collector``
+calls its policy, with a policy version (0 at start, then whatever the last applied
+push said). A module's weights are its ``state_dict()``, buffers included, so an
+annealed epsilon or sigma pushed by a learner reaches the actor. Every forward and
+every swap take the model's lock, so a push lands between two env steps; pushes and
+restores are validated in full first, by the same
+:class:`~actor_service._core._model_book.ModelBook` as the env actor's. :func:`build_td_model`
+builds one from its spec. No torchrl import: the core passes the env in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+from actor_service._config import ModelSpec
+from actor_service._core._model_book import ModelBook
+from actor_service._core._placement import CompiledForward
+from common.policies import load_callable
+from common.weights import to_state_dict
+
+__all__ = ["TDModel", "TDModels", "build_td_model", "check_td_factory"]
+
+#: How a model acts: the rollout's TensorDict in, the same TensorDict (written) out.
+Act = Callable[[TensorDictBase], TensorDictBase]
+
+
+class TDModel:
+    """One model: the module holding its weights, how it acts, its version and lock.
+
+    Args:
+        factory: What built it (``"random"`` or ``"package.module:function"``), for messages.
+        module: The ``nn.Module`` whose ``state_dict()`` (buffers included) is its weights.
+        act: Called on the rollout's TensorDict; writes the action and any other outputs.
+    """
+
+    def __init__(self, factory: str, module: nn.Module, act: Act) -> None:
+        self.factory = factory
+        self.module = module
+        # How it acts in force: eager, or compiled for a session (compile_policy).
+        self.runner = self.act = CompiledForward(act)
+        self.version = 0
+        self.lock = threading.Lock()
+        self.reference = {k: v.detach() for k, v in module.state_dict().items()}
+        self.parameters_info = {
+            k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
+        }
+
+
+def check_td_factory(spec: ModelSpec) -> None:
+    """Refuse a model spec a TorchRL-env actor cannot build (``mlp`` reads gymnasium spaces)."""
+    if spec.factory == "mlp":
+        raise ValueError(
+            f"model {spec.model_id!r}: the built-in 'mlp' reads gymnasium spaces; a TorchRL-env "
+            "actor takes 'random' or 'package.module:function' (called with (env, **kwargs))"
+        )
+
+
+def build_td_model(spec: ModelSpec, env: Any, rand_action: Act, device: torch.device) -> TDModel:
+    """A model of a TorchRL-env actor: ``random`` acts by ``rand_action``, a factory gets ``env``.
+
+    Raises:
+        ValueError: ``mlp``, an unimportable factory, one that raises or returns no
+            ``TensorDictModuleBase`` (naming the model and the factory).
+    """
+    check_td_factory(spec)
+    if spec.factory == "random":  # TorchRL's RandomPolicy draws from the action spec alike
+        return TDModel(spec.factory, nn.Module(), rand_action)
+    factory = load_callable(spec.factory)
+    try:
+        module = factory(env, **dict(spec.kwargs))
+    except Exception as exc:
+        raise ValueError(
+            f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(module, TensorDictModuleBase):
+        raise ValueError(
+            f"model {spec.model_id!r}: policy factory {spec.factory!r} returned a "
+            f"{type(module).__name__}, not a tensordict.nn.TensorDictModuleBase"
+        )
+    module = module.to(device)
+    return TDModel(spec.factory, module, module)
+
+
+class TDModels(ModelBook[TDModel]):
+    """The TensorDict policies of a TorchRL-env actor, by ``model_id``.
+
+    Thread-safe: the collection thread acts, other threads push; both take the
+    model's lock.
+
+    Args:
+        models: The built models by ``model_id`` (the first acts by default).
+
+    Example::
+
+        models = TDModels({"policy": TDModel("pkg.mod:make", module, module)})
+        version = models.act("policy", carrier)     # writes carrier["action"]
+        models.load_weights("policy", 1, module.state_dict())
+    """
+
+    def act(self, model_id: str, tensordict: TensorDictBase) -> int:
+        """Call ``model_id`` on ``tensordict`` under its lock; the version of the weights used.
+
+        The caller sets grad mode and the exploration type.
+        """
+        model = self._get(model_id)
+        with model.lock:
+            out = model.act(tensordict)
+            version = model.version
+        if out is not None and out is not tensordict:  # as TorchRL's collector merges it
+            tensordict.update(out)
+        return version

@@ -1,0 +1,203 @@
+"""The TorchRL-env actor's env pool: built from a factory or ``GymEnv``, checked, limited.
+
+:func:`build_pool` makes what a :class:`~actor_service._kinds.torchrl.core.TorchRLCore`
+steps: ``GymEnv(env, **env_kwargs)`` or the ``env_factory``'s env, ``num_envs`` copies
+in a ``SerialEnv`` (``env_backend="sync"``, in-process) or a ``ParallelEnv``
+(``"async"``, spawned subprocesses); an env that is batched itself (``VmasEnv``, a
+``SerialEnv`` of its own) is the pool as it is. :func:`limited` puts a pool under the
+``StepCounter`` of ``max_frames_per_traj``, as TorchRL's collector wraps its env.
+:func:`check_torchrl_config` is what the command line runs before it binds a port.
+
+Envs whose agents differ in shape (TorchRL's lazy stacks, ``StackedComposite`` specs)
+are refused: a batch is a dense TensorDict, and a lazy stack is not one.
+
+torchrl is an optional extra (``rlfleet[torchrl]``): it is imported inside functions
+only, so an actor of another kind never loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from actor_service._config import ActorConfig
+from actor_service._core._identity import env_name
+from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
+from common.packets import encode_packet
+from common.policies import load_callable
+
+__all__ = [
+    "TORCHRL_EXTRA",
+    "build_pool",
+    "check_torchrl_config",
+    "limited",
+    "probe_step",
+    "torchrl_envs",
+]
+
+#: What to install for a TorchRL-env actor.
+TORCHRL_EXTRA = "pip install 'rlfleet[torchrl]'"
+
+
+def torchrl_envs() -> Any:
+    """``torchrl.envs``, or a ValueError naming the extra to install."""
+    try:
+        import torchrl.envs
+    except ImportError as exc:
+        raise ValueError(
+            f"kind 'torchrl' needs torchrl, which is not installed ({exc}): {TORCHRL_EXTRA}"
+        ) from None
+    return torchrl.envs
+
+
+def _env_maker(config: ActorConfig) -> Callable[[], Any]:
+    # A partial of an importable callable pickles by reference (ParallelEnv's workers).
+    if config.env_factory:
+        return functools.partial(load_callable(config.env_factory), **dict(config.env_kwargs))
+    return functools.partial(torchrl_envs().GymEnv, config.env, **dict(config.env_kwargs))
+
+
+def _first_env(config: ActorConfig) -> Any:
+    """One env from the factory (or ``GymEnv``), checked to be a ``torchrl.envs.EnvBase``."""
+    if torch.device(config.device).type != "cpu":  # the carrier stays on the env's device
+        raise ValueError(
+            f"kind 'torchrl' runs its policies on the CPU for now, not {config.device!r}"
+        )
+    envs = torchrl_envs()
+    make = _env_maker(config)
+    try:
+        env = make()
+    except Exception as exc:
+        raise ValueError(
+            f"env factory {env_name(config)!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(env, envs.EnvBase):
+        raise ValueError(
+            f"env factory {env_name(config)!r} returned a {type(env).__name__}, "
+            "not a torchrl.envs.EnvBase (kind 'torchrl')"
+        )
+    _check_dense(env, config)
+    if env.batch_size and (env.batch_dims != 1 or env.batch_size[0] != config.num_envs):
+        env.close(raise_if_closed=False)
+        raise ValueError(
+            f"env factory {env_name(config)!r} returned an env batched as "
+            f"{list(env.batch_size)}: num_envs must be its batch size, got {config.num_envs}"
+        )
+    return env
+
+
+def _check_dense(env: Any, config: ActorConfig) -> None:
+    """Refuse an env whose specs hold lazy stacks (agents of different shapes)."""
+    from torchrl.data import StackedComposite
+
+    lazy = {  # output_spec's keys start with the spec's own name ("full_observation_spec")
+        key[1] if len(key) == 2 else key[1:]
+        for key, spec in env.output_spec.items(True, False)
+        if isinstance(spec, StackedComposite) and len(key) > 1
+    }
+    if lazy:
+        env.close(raise_if_closed=False)
+        where = ", ".join(sorted(repr(k) for k in lazy))
+        raise ValueError(
+            f"env factory {env_name(config)!r} has agents of different shapes under {where} "
+            "(a lazy stack, heterogeneous agents): kind 'torchrl' sends dense batches only; "
+            "give the agents one shape or put each kind of agent in a group of its own"
+        )
+
+
+def check_torchrl_config(config: ActorConfig) -> None:
+    """What the command line checks before binding a port: one env and every model on it.
+
+    Raises:
+        ValueError: torchrl missing (naming the extra), a device other than the CPU, an env
+            factory that raises or returns no TorchRL env, or a model the kind cannot build
+            (``mlp``, a policy factory that raises or returns no ``TensorDictModuleBase``).
+    """
+    for spec in config.models:
+        check_td_factory(spec)
+    env = _first_env(config)
+    try:
+        models = {
+            spec.model_id: build_td_model(spec, env, env.rand_action, torch.device("cpu"))
+            for spec in config.models
+        }
+        book = TDModels(models)
+        with torch.random.fork_rng(), torch.no_grad():
+            for model_id in models:
+                probe_step(env, env_name(config), model_id, functools.partial(book.act, model_id))
+    finally:
+        env.close(raise_if_closed=False)
+
+
+def probe_step(
+    env: Any, env_id: str, model_id: str, act: Callable[[Any], object]
+) -> tuple[dict[Any, tuple[torch.Size, torch.dtype]], int]:
+    """One reset and step of ``env`` with a model: what it must do before collecting.
+
+    Returns:
+        The shape and dtype of each tensor the model adds, and the step's packet size.
+
+    Raises:
+        ValueError: The model or the env fails on the step, or the step cannot travel
+            (a key whose value no packet holds, such as a non-string Python object).
+    """
+    try:
+        carrier = env.reset()
+        before = set(carrier.keys(True, True))
+        act(carrier)
+        outputs = {
+            key: (value.shape, value.dtype)
+            for key, value in carrier.items(True, True)
+            if key not in before and isinstance(value, torch.Tensor)
+        }
+        stepped = env.step(carrier)
+    except Exception as exc:
+        raise ValueError(
+            f"model {model_id!r} fails on the probe step of {env_id!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        size = encode_packet(stepped.clear_device_()).nbytes
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"a step of {env_id!r} with model {model_id!r} cannot travel: {exc}"
+        ) from exc
+    return outputs, size
+
+
+def build_pool(config: ActorConfig) -> tuple[Any, Any]:
+    """The env pool and one env of its kind for the policy factories (the caller closes it).
+
+    ``num_envs`` envs in a ``SerialEnv`` (``sync``) or ``ParallelEnv`` (``async``, spawned);
+    an env batched already is both.
+    """
+    env = _first_env(config)
+    if env.batch_size:
+        return env, env
+    envs = torchrl_envs()
+    make = _env_maker(config)
+    if config.env_backend == "sync":
+        return envs.SerialEnv(config.num_envs, make), env
+    return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
+
+
+def limited(base: Any, limit: int) -> Any:
+    """``base`` as TorchRL's collector steps it for ``max_frames_per_traj=limit``.
+
+    Raises:
+        ValueError: The env counts steps already (TorchRL refuses it alike).
+    """
+    if limit <= 0:
+        return base
+    if any(
+        "step_count" in ((k,) if isinstance(k, str) else k)
+        for k in base.output_spec.keys(True, True)
+    ):
+        raise ValueError(
+            "max_frames_per_traj: the env has a 'step_count' key already (a StepCounter); "
+            "set its max_steps in the factory instead"
+        )
+    envs = torchrl_envs()
+    return envs.TransformedEnv(base, envs.StepCounter(max_steps=limit))

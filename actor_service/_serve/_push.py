@@ -1,0 +1,332 @@
+"""Weight pushes as the actor serves them: admitted, received, checked, staged, swapped in.
+
+A push is refused from its header alone when it can be (unknown model, stale version,
+no checksum), before a byte of its blob is buffered; its blob arrives into a reused
+receive buffer while collection goes on, is decoded and checked off the event loop, and
+only the swap pauses the model (``actor_service._core._swap``). A part of a multi-part
+version is staged until its last part arrives (``_parts``). Every push, whole or one
+part, is audit-logged once as the ``weights.push`` event (peer, model_id, version,
+sha256, crc32c, base_version, part, bytes, pause, outcome, result) and counted in the
+actor's metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from actor_service._core._swap import ReceiveBuffers, Swap, check_base
+from actor_service._core._weight_rules import check_newer
+from actor_service._serve._logging import log_event
+from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart, decode_part
+from actor_service._serve._runtime import ActorRuntime
+from actor_service._serve._streams import drain, first_message, read_blob
+from common.config import DEFAULT_MODEL_ID
+from common.errors import RlfleetError, UnknownModelError, WeightsError, to_status
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.weights import (
+    BlobAssembler,
+    Part,
+    PushForm,
+    PushOutcome,
+    check_policy_version,
+    decode_delta,
+    decode_weights,
+    default_max_weight_bytes,
+    state_nbytes,
+)
+
+if TYPE_CHECKING:
+    from actor_service._serve._metrics import ActorMetrics
+
+__all__ = ["PushCall", "WeightPushes"]
+
+_OUTCOMES = {
+    PushOutcome.APPLIED: pb.PUSH_OUTCOME_APPLIED,
+    PushOutcome.STAGED: pb.PUSH_OUTCOME_STAGED,
+    PushOutcome.COMPLETED: pb.PUSH_OUTCOME_COMPLETED,
+}
+
+
+class PushCall:
+    """One weight push: its header fields, its audit-log line and its metrics.
+
+    Args:
+        header: The push's header as received (its part is checked by :meth:`read_part`).
+        peer: Who pushed.
+        metrics: Where to count it; None counts nothing.
+    """
+
+    def __init__(self, header: pb.WeightsHeader, peer: str, metrics: ActorMetrics | None) -> None:
+        self.model_id = header.model_id or DEFAULT_MODEL_ID
+        self.version = int(header.version)
+        self.total_bytes = int(header.total_bytes)
+        self.sha256 = header.sha256
+        self.crc32c = header.crc32c if header.HasField("crc32c") else None
+        self.base_version = header.base_version if header.HasField("base_version") else None
+        self._part_fields = (
+            (int(header.part.index), int(header.part.count)) if header.HasField("part") else None
+        )
+        self.part: Part | None = None  # set by read_part once checked
+        self.outcome = PushOutcome.APPLIED
+        self.peer = peer
+        self._metrics = metrics
+        self._started = time.monotonic()
+        self.pause = 0.0
+        self.buffer: torch.Tensor | None = None  # lent by ReceiveBuffers while in use
+        self.fresh = False  # the buffer was allocated for this push, not lent
+
+    @property
+    def is_part(self) -> bool:
+        """Whether the header names a part of a multi-part push."""
+        return self._part_fields is not None
+
+    def read_part(self) -> None:
+        """Check the header's part (``common.weights.Part``: WeightsError when out of range)."""
+        if self._part_fields is not None:
+            self.part = Part(*self._part_fields)
+
+    def audit(self, exc: BaseException | None) -> None:
+        """Log who pushed what and the result (OK, CANCELLED or the status code); count it."""
+        if exc is None:
+            result = "OK"
+        elif isinstance(exc, asyncio.CancelledError):
+            result = "CANCELLED"
+        else:
+            result = to_status(exc)[0].name
+        if self._metrics is not None:
+            model = self._metrics.model_label(self.model_id)
+            self._metrics.weight_pushes.labels(model, result).inc()
+            if exc is None:
+                self._metrics.weight_push_bytes.labels(model).inc(self.total_bytes)
+                self._metrics.weight_push_seconds.labels(model).observe(
+                    time.monotonic() - self._started
+                )
+                self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
+        fields: dict[str, Any] = {}
+        if self._part_fields is not None:
+            fields = {"part": "{}/{}".format(*self._part_fields), "outcome": self.outcome.name}
+        log_event(
+            "weights.push",
+            logging.INFO if exc is None else logging.WARNING,
+            peer=self.peer,
+            model_id=self.model_id,
+            version=self.version,
+            sha256=self.sha256,
+            crc32c=self.crc32c,
+            base_version=self.base_version,
+            bytes=self.total_bytes,
+            pause_seconds=round(self.pause, 6),
+            result=result,
+            **fields,
+        )
+
+
+class WeightPushes:
+    """The ``PushWeights`` calls of one actor: admitted, received, staged or swapped in.
+
+    Args:
+        runtime: The actor's serving state (its core's models take the pushes).
+        metrics: Where to count pushes; None counts nothing.
+    """
+
+    def __init__(self, runtime: ActorRuntime, metrics: ActorMetrics | None) -> None:
+        self._rt = runtime
+        self._metrics = metrics
+        self._buffers = ReceiveBuffers()
+        self._part_buffers = PartBuffers()
+        self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
+
+    @property
+    def part_deadline(self) -> float:
+        """Seconds an incomplete multi-part version waits for its last part."""
+        return self._parts.deadline
+
+    async def receive(
+        self, requests: AsyncIterator[pb.PushWeightsRequest], peer: str
+    ) -> pb.PushWeightsResponse:
+        """Receive a safetensors blob (whole, a delta or a part) and apply it, all or nothing.
+
+        The collection goes on while the blob arrives and is checked; it pauses only
+        for the in-memory swap, whose length the response reports.
+        """
+        header = await first_message(requests, "header", "PushWeights")
+        push = PushCall(header, peer, self._metrics)
+        try:
+            self._admit(push)
+        except RlfleetError as exc:
+            push.audit(exc)
+            await drain(requests, self._drain_budget(push), "PushWeights")
+            raise
+        try:
+            blob = await self._receive_weights(requests, push)
+        except BaseException as exc:
+            push.audit(exc)
+            self._give_back(push, applied=False)
+            raise
+        if push.part is not None:
+            stage = self._rt.run_side(self._stage_part, blob, push, push.part)
+            reply = await asyncio.shield(stage)
+            if reply.outcome == pb.PUSH_OUTCOME_STAGED:  # drop it if the rest never comes
+                asyncio.get_running_loop().call_later(self._parts.deadline, self._parts.expire)
+            return reply
+        swap = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
+        self._parts.settle(push.model_id, swap.version)
+        return self._reply(push, swap.version, swap.pause_seconds)
+
+    def _reply(
+        self, push: PushCall, version: int, pause: float, staged: int = 0
+    ) -> pb.PushWeightsResponse:
+        return pb.PushWeightsResponse(
+            worker_id=self._rt.config.worker_id,
+            model_id=push.model_id,
+            version=version,
+            pause_seconds=pause,
+            outcome=_OUTCOMES[push.outcome],
+            parts_staged=staged,
+        )
+
+    def _admit(self, push: PushCall) -> None:
+        """Refuse a push from its header alone, before a byte of its blob is buffered."""
+        models = self._rt.core.models
+        if push.model_id not in models.model_ids:
+            raise UnknownModelError(
+                f"actor {self._rt.config.worker_id} has no model {push.model_id!r} "
+                f"(models: {sorted(models.model_ids)})"
+            )
+        check_policy_version(push.version, "weights version")
+        check_newer(push.model_id, push.version, models.policy_version(push.model_id))
+        if push.base_version is not None:
+            check_policy_version(push.base_version, "delta base_version")
+            check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
+        push.read_part()
+        if push.part is not None:
+            self._parts.admit(push.model_id, push.version, push.part, push.base_version)
+        if not push.sha256 and push.crc32c is None:
+            raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
+
+    def _drain_budget(self, push: PushCall) -> int:
+        """The bytes of a refused push the actor reads and drops: what it would have accepted."""
+        try:
+            cap = self.max_bytes([push.model_id])
+        except RlfleetError:  # an unknown model, or an actor still starting
+            cap = self._rt.config.max_weight_bytes or default_max_weight_bytes(0)
+        return push.total_bytes if 0 <= push.total_bytes <= cap else 0
+
+    async def _receive_weights(
+        self, requests: AsyncIterator[pb.PushWeightsRequest], push: PushCall
+    ) -> bytes | memoryview:
+        # A staged part views its buffer until its version is swapped in or dropped.
+        pool = self._part_buffers if push.is_part else self._buffers
+        push.buffer = pool.take(push.model_id, push.total_bytes)
+        assembler = BlobAssembler(
+            push.total_bytes,
+            max_bytes=self.max_bytes([push.model_id]),
+            sha256=push.sha256,
+            crc32c=push.crc32c,
+            buffer=push.buffer,
+        )
+        if push.buffer is None:
+            push.buffer, push.fresh = assembler.buffer, True
+        return await read_blob(requests, assembler, "PushWeights")
+
+    def max_bytes(self, model_ids: Iterable[str]) -> int:
+        """The largest blob accepted for these models: the flag, else sized from their bytes."""
+        if self._rt.config.max_weight_bytes is not None:
+            return self._rt.config.max_weight_bytes
+        models = self._rt.core.models
+        return default_max_weight_bytes(
+            sum(state_nbytes(models.parameters_info(m)) for m in model_ids)
+        )
+
+    def _apply_weights(self, blob: bytes | memoryview, push: PushCall) -> Swap:
+        # Runs to the end even if the caller cancels: the whole blob arrived, and
+        # the swap is atomic, so the audit log tells the outcome.
+        try:
+            models = self._rt.core.models
+            expected = models.parameters_info(push.model_id)
+            cap = self.max_bytes([push.model_id])
+            if push.base_version is None:
+                # swap_weights checks keys, shapes and finiteness: the values are scanned once.
+                state, metadata = decode_weights(
+                    blob, max_bytes=cap, expected=expected, allow_non_finite=True
+                )
+                form = PushForm.from_metadata(metadata)  # a subset, a wire dtype (checked)
+                swap = models.swap_weights(push.model_id, push.version, state, form)
+            else:
+                delta = decode_delta(memoryview(blob), expected, max_bytes=cap)
+                swap = models.swap_delta(push.model_id, push.base_version, push.version, delta)
+        except BaseException as exc:
+            push.audit(exc)
+            self._give_back(push, applied=False)
+            raise
+        self._give_back(push, applied=True)  # the decoded tensors were copied into the model
+        push.pause = swap.pause_seconds
+        push.audit(None)
+        return swap
+
+    def _stage_part(
+        self, blob: bytes | memoryview, push: PushCall, part: Part
+    ) -> pb.PushWeightsResponse:
+        # Runs to the end even if the caller cancels, as _apply_weights does.
+        try:
+            models = self._rt.core.models
+            mid, version = push.model_id, push.version
+            cap = self.max_bytes([mid])
+            staged = decode_part(models, mid, blob, part, push.base_version, cap)
+            staged = dataclasses.replace(staged, buffer=push.buffer, lent=not push.fresh)
+            # Read once, before staging: another rank's part may complete this version
+            # the moment this one is staged, and a STAGED reply names the version that
+            # was in force while it staged (older than its own).
+            in_force = models.policy_version(mid)
+            check_newer(mid, version, in_force)  # a whole push may have won
+            info = models.parameters_info(mid)
+            count, whole, parts = self._parts.stage(mid, version, staged, info, state_nbytes(info))
+            push.buffer = None  # the staging holds it now
+            if whole is None:
+                push.outcome = PushOutcome.STAGED
+                push.audit(None)
+                return self._reply(push, in_force, 0.0, count)
+            try:
+                swap = models.swap_parts(mid, version, whole)
+            except RlfleetError as exc:
+                self._parts.failed(mid, version, str(exc))
+                self._release_parts(mid, parts, False)
+                raise
+            self._release_parts(mid, parts, True)
+        except BaseException as exc:
+            push.audit(exc)
+            self._give_back(push, applied=False)
+            raise
+        push.outcome, push.pause = PushOutcome.COMPLETED, swap.pause_seconds
+        push.audit(None)
+        return self._reply(push, swap.version, swap.pause_seconds, count)
+
+    def _give_back(self, push: PushCall, *, applied: bool) -> None:
+        # A buffer of a refused push is kept only if it was lent: a peer cannot make
+        # the actor hold memory for sizes it announced but never applied.
+        if push.buffer is not None and (applied or not push.fresh):
+            if push.is_part:
+                budget = self._part_budget(push.model_id)
+                self._part_buffers.give_back(push.model_id, [push.buffer], budget)
+            else:
+                self._buffers.give_back(push.model_id, push.buffer)
+        push.buffer = None
+
+    def _release_parts(self, model_id: str, parts: list[StagedPart], applied: bool) -> None:
+        """Keep the receive buffers of a swapped-in version's parts (of a dropped one: the lent)."""
+        buffers = [p.buffer for p in parts if p.buffer is not None and (applied or p.lent)]
+        self._part_buffers.give_back(model_id, buffers, self._part_budget(model_id))
+
+    def _part_budget(self, model_id: str) -> int:
+        """The most bytes of spare part buffers a model keeps: twice its bytes (two splits)."""
+        try:
+            return 2 * state_nbytes(self._rt.core.models.parameters_info(model_id)) + (1 << 20)
+        except RlfleetError:  # an actor stopping: keep nothing
+            return 0

@@ -1,0 +1,214 @@
+"""The ``rlfleet.v1.ActorService`` servicer: decode, call the collection core, encode, map errors.
+
+Each handler validates what the learner sent, hands blocking work (env steps,
+inference, weight decoding, state loading) to a thread, and turns every
+exception into a gRPC status with :func:`common.errors.to_status`; an
+unexpected exception becomes INTERNAL with a correlation id that is also
+logged with the traceback. The servicer holds the RPC methods only: a weight push is
+received, checked and swapped in by ``_push``, a ``Collect`` stream is run by ``_collect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from actor_service._core._state import decode_state, encode_state
+from actor_service._serve._collect import CollectSession
+from actor_service._serve._convert import describe_to_proto, settings_from_proto
+from actor_service._serve._logging import log_event
+from actor_service._serve._push import WeightPushes
+from actor_service._serve._runtime import ActorRuntime
+from actor_service._serve._streams import first_message, read_blob
+from common.errors import (
+    ActorBusyError,
+    WeightsError,
+    to_status,
+)
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import (
+    BlobAssembler,
+    iter_blob_chunks,
+    sha256_hex,
+)
+
+if TYPE_CHECKING:
+    from actor_service._serve._metrics import ActorMetrics
+
+__all__ = ["ActorServicer"]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: Concurrent ActorService calls; the server admits more RPCs in total, so that
+#: health checks always find room (see ``_server``).
+MAX_ACTOR_CALLS = 64
+
+
+def _mapped(handler: F) -> F:
+    """Cap concurrent calls and turn exceptions into a status (INTERNAL ones logged with an id)."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: ActorServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            if self._calls >= MAX_ACTOR_CALLS:
+                raise ActorBusyError(
+                    f"actor {self._rt.config.worker_id} is serving {self._calls} calls already"
+                )
+            self._calls += 1
+            try:
+                return await handler(self, request, context)
+            finally:
+                self._calls -= 1
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            code, details = to_status(exc)
+            if self._metrics is not None:
+                self._metrics.rpc_errors.labels(handler.__name__, code.name).inc()
+            level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.INFO
+            log_event(
+                "rpc.failed",
+                level,
+                method=handler.__name__,
+                peer=context.peer(),
+                code=code.name,
+                details=details,
+                error=repr(exc),
+                exc_info=code == grpc.StatusCode.INTERNAL,
+            )
+            await context.abort(code, details)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ActorServicer(pb_grpc.ActorServiceServicer):
+    """Serves ``rlfleet.v1.ActorService`` over an :class:`ActorRuntime`.
+
+    Args:
+        runtime: The actor's serving state.
+        metrics: Where to count errors, pushes and sessions; None counts nothing.
+    """
+
+    def __init__(self, runtime: ActorRuntime, metrics: ActorMetrics | None = None) -> None:
+        self._rt = runtime
+        self._metrics = metrics
+        self._calls = 0
+        self._pushes = WeightPushes(runtime, metrics)
+
+    @_mapped
+    async def Collect(
+        self, request_iterator: AsyncIterator[pb.CollectRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        """A collection session (see the proto for the message order)."""
+        requests = aiter(request_iterator)
+        request = await first_message(requests, "open", "Collect")
+        self._rt.require_core()  # UNAVAILABLE while the actor starts
+        settings = settings_from_proto(request.settings)
+        stream = CollectSession(self._rt, request, settings, context.peer())
+        await stream.run(requests, context)
+
+    @_mapped
+    async def PushWeights(
+        self,
+        request_iterator: AsyncIterator[pb.PushWeightsRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.PushWeightsResponse:
+        """Receive a safetensors blob (whole or a delta) and apply it to one model, all or nothing.
+
+        The collection goes on while the blob arrives and is checked; it pauses only
+        for the in-memory swap, whose length the response reports.
+        """
+        return await self._pushes.receive(aiter(request_iterator), context.peer())
+
+    @_mapped
+    async def Describe(
+        self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeResponse:
+        """What this actor is (worker_id, env, spaces, models, pool) and how it is doing."""
+        core = self._rt.core
+        description = await self._rt.run_side(core.describe)
+        reply = describe_to_proto(
+            description,
+            max_credits=self._rt.config.max_credits,
+            busy=self._rt.busy,
+            max_new_tokens_cap=self._rt.config.max_new_tokens_cap,
+        )
+        current = self._rt.current
+        reply.learner_id = current.learner_id if (current is not None and current.active) else ""
+        reply.draining = self._rt.draining
+        reply.frames = core.frames
+        reply.uptime_seconds = time.monotonic() - self._rt.started_at
+        reply.part_deadline_seconds = self._pushes.part_deadline
+        return reply
+
+    @_mapped
+    async def GetState(
+        self, request: pb.GetStateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Stream the actor's state as one safetensors file (header, then chunks)."""
+        core = self._rt.core
+        blob = await self._rt.run_collect(encode_state, core)
+        await context.write(
+            pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob)))
+        )
+        for piece in iter_blob_chunks(blob):
+            await context.write(pb.StateChunk(chunk=bytes(piece)))
+
+    @_mapped
+    async def LoadState(
+        self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
+    ) -> pb.LoadStateResponse:
+        """Load a state produced by GetState, all or nothing, audit-logged like a push."""
+        requests = aiter(request_iterator)
+        header = await first_message(requests, "header", "LoadState")
+        audit = functools.partial(
+            log_event,
+            "weights.load_state",
+            peer=context.peer(),
+            sha256=header.sha256,
+            bytes=int(header.total_bytes),
+            allow_rollback=header.allow_rollback,
+        )
+        try:
+            changes = await self._load_state(requests, header)
+        except BaseException as exc:
+            result = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else None
+            audit(logging.WARNING, result=result or to_status(exc)[0].name)
+            raise
+        audit(
+            logging.INFO,
+            result="OK",
+            versions={m: f"{old}->{new}" for m, (old, new) in changes.items()},
+        )
+        return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
+
+    async def _load_state(
+        self, requests: AsyncIterator[pb.StateChunk], header: pb.StateHeader
+    ) -> dict[str, tuple[int, int]]:
+        core = self._rt.core
+        if not header.sha256:
+            raise WeightsError("LoadState header must carry the state blob's sha256")
+        models = core.models
+        cap = self._pushes.max_bytes(models.model_ids)
+        assembler = BlobAssembler(header.total_bytes, max_bytes=cap, sha256=header.sha256)
+        blob = await read_blob(requests, assembler, "LoadState")
+        # A state holds every model's tensors and a few more (RNG states): no more are accepted.
+        max_keys = sum(len(models.parameters_info(m)) for m in models.model_ids) + 1024
+        state = await self._rt.run_side(decode_state, blob, max_bytes=cap, max_keys=max_keys)
+        load = functools.partial(core.load_state_dict, allow_rollback=header.allow_rollback)
+        return await asyncio.shield(self._rt.run_collect(load, state))
+
+    @_mapped
+    async def SetSeed(
+        self, request: pb.SetSeedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetSeedResponse:
+        """Seed the env pool, torch and numpy; return the next seed to chain."""
+        next_seed, first_seq = await self._rt.reseed(int(request.seed), bool(request.static_seed))
+        return pb.SetSeedResponse(next_seed=int(next_seed), first_seq=first_seq)

@@ -1,0 +1,71 @@
+"""Reading a client stream of ``ActorService``: one message at a time, never waiting forever.
+
+``PushWeights`` and ``LoadState`` are client streams of a header, then chunks; a caller
+that stops sending must not hold a call slot or a half-received blob, and a refused
+stream is read to its end (within bounds) so the refusal reaches the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from common.errors import DeadlineError, SessionStateError
+from common.weights import BlobAssembler
+
+__all__ = ["drain", "first_message", "next_message", "read_blob"]
+
+# A client stream that goes this long without its next message is dropped, so an
+# idle caller cannot hold a call slot or a half-received blob forever.
+_IDLE_TIMEOUT = 60.0
+
+
+async def next_message(requests: AsyncIterator[Any], rpc: str) -> Any:
+    """The next message of a client stream, or None at its end.
+
+    Raises:
+        DeadlineError: Nothing arrived within the idle timeout.
+    """
+    try:
+        return await asyncio.wait_for(anext(requests, None), _IDLE_TIMEOUT)
+    except TimeoutError:
+        raise DeadlineError(f"{rpc}: no message for {_IDLE_TIMEOUT:.0f} s") from None
+
+
+async def first_message(requests: AsyncIterator[Any], kind: str, rpc: str) -> Any:
+    """The first message of a client stream, which must be of ``kind``."""
+    first = await next_message(requests, rpc)
+    got = "no message" if first is None else (first.WhichOneof("kind") or "an empty message")
+    if got != kind:
+        raise SessionStateError(f"{rpc} must start with `{kind}`, got {got}")
+    return getattr(first, kind)
+
+
+async def read_blob(requests: AsyncIterator[Any], assembler: BlobAssembler, rpc: str) -> Any:
+    """Add every following ``chunk`` message to ``assembler``; return the whole blob."""
+    while (request := await next_message(requests, rpc)) is not None:
+        if request.WhichOneof("kind") != "chunk":
+            raise SessionStateError(f"{rpc}: only `chunk` messages may follow the header")
+        assembler.add(request.chunk)
+    return assembler.finish()
+
+
+async def drain(requests: AsyncIterator[Any], max_bytes: int, rpc: str) -> None:
+    """Read and drop the rest of a refused client stream, so the refusal reaches the caller.
+
+    A server that answers a client stream before reading it to the end races the
+    client's next write, and gRPC's asyncio client then reports INTERNAL ("Internal
+    error from Core") in place of the answer (grpc/grpc#36066). Bounded: at most
+    ``max_bytes`` of chunks (what the actor would have accepted) and the idle timeout
+    per message; anything else than a chunk ends the drain.
+    """
+    seen = 0
+    while seen < max_bytes:
+        try:
+            request = await next_message(requests, rpc)
+        except DeadlineError:
+            return
+        if request is None or request.WhichOneof("kind") != "chunk":
+            return
+        seen += len(request.chunk)

@@ -1,0 +1,177 @@
+"""Serialised ``Collect`` responses, built off the event loop and sent unchanged.
+
+Serialising a ``CollectResponse`` chunk copies its 3 MiB of data; done by
+gRPC's response serializer, that copy ran on the actor's one event-loop
+thread. Here each chunk is wire-encoded on the collection thread, once, and
+the ``Collect`` method is registered with an identity response serializer, so
+the loop only hands the ``bytes`` to gRPC. The encoding is protobuf's own: a
+message is the concatenation of its fields in field-number order, a message
+field is its tag, the varint length of its body and the body. The service
+descriptor is unchanged, so reflection and clients see the same method.
+
+``PushWeights`` requests go the other way: :func:`decode_push_request` gives a
+``chunk`` message's payload as a view of the bytes gRPC received, without the
+copy protobuf's parser makes; every other message is parsed by protobuf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import grpc
+
+from common.protowire import length_delimited, varint
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+
+__all__ = [
+    "ActorServiceImpl",
+    "RawChunk",
+    "add_actor_service",
+    "decode_push_request",
+    "encode_chunk",
+    "encode_control",
+]
+
+# Tag of CollectResponse.chunk (field 2, length-delimited) and of BatchChunk.data
+# (field 4, length-delimited).
+_RESPONSE_CHUNK_TAG = b"\x12"
+_DATA_TAG = b"\x22"
+# Tag of PushWeightsRequest.chunk (field 2, length-delimited).
+_PUSH_CHUNK_TAG = 0x12
+
+
+class RawChunk:
+    """A ``PushWeightsRequest(chunk=...)`` whose ``chunk`` views the received bytes."""
+
+    __slots__ = ("chunk",)
+
+    def __init__(self, chunk: memoryview) -> None:
+        self.chunk = chunk
+
+    def WhichOneof(self, group: str) -> str:  # protobuf's name
+        """``"chunk"``, as protobuf answers for the ``kind`` oneof."""
+        return "chunk"
+
+
+def decode_push_request(data: bytes) -> pb.PushWeightsRequest | RawChunk:
+    """Parse one ``PushWeightsRequest``: chunks without a copy, anything else by protobuf."""
+    payload = length_delimited(data, _PUSH_CHUNK_TAG)
+    if payload is not None:
+        return RawChunk(payload)
+    return pb.PushWeightsRequest.FromString(data)
+
+
+def encode_chunk(
+    *,
+    seq: int,
+    index: int,
+    count: int,
+    data: bytes | memoryview | Sequence[memoryview],
+    info: pb.BatchInfo | None,
+) -> bytes:
+    """Return the serialised ``CollectResponse(chunk=BatchChunk(...))`` with one copy of ``data``.
+
+    The bytes equal what ``SerializeToString`` gives for the same message.
+
+    Args:
+        seq: The batch's seq.
+        index: The chunk's index in the batch.
+        count: The batch's number of chunks.
+        data: The chunk's slice of the packet, or the consecutive views that make it up.
+        info: The batch's ``BatchInfo`` (the first chunk only), or None.
+    """
+    views = [data] if isinstance(data, bytes | memoryview) else list(data)
+    views = [memoryview(view).cast("B") for view in views]
+    nbytes = sum(view.nbytes for view in views)
+    # Small fields go through protobuf itself; only the data field is framed by hand.
+    head = pb.BatchChunk(seq=seq, index=index, count=count).SerializeToString()
+    data_field = (_DATA_TAG, varint(nbytes)) if nbytes else ()
+    tail = pb.BatchChunk(info=info).SerializeToString() if info is not None else b""
+    body_len = len(head) + sum(map(len, data_field)) + nbytes + len(tail)
+    return b"".join((_RESPONSE_CHUNK_TAG, varint(body_len), head, *data_field, *views, tail))
+
+
+def encode_control(message: pb.CollectResponse) -> bytes:
+    """Return a control response (``opened``, ``end``) serialised for the identity serializer."""
+    return message.SerializeToString()
+
+
+def _identity(payload: bytes) -> bytes:
+    return payload
+
+
+class ActorServiceImpl(Protocol):
+    """An ``ActorService`` servicer, as :func:`add_actor_service` registers it.
+
+    Every generated method is registered as generated; these two get our own
+    serializers, so their signatures are what this module relies on.
+    """
+
+    async def Collect(
+        self,
+        request_iterator: AsyncIterator[pb.CollectRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """A collection session, written as the bytes of :func:`encode_chunk` and the like."""
+        ...
+
+    async def PushWeights(
+        self,
+        request_iterator: AsyncIterator[pb.PushWeightsRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.PushWeightsResponse:
+        """A weight push, its chunks read through :func:`decode_push_request`."""
+        ...
+
+
+class _HandlerRecorder:
+    """Stands in for a server to capture the generated method handlers of a service."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """Ignored: the registered handlers below carry the same methods."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Record the service's method handlers."""
+        self.handlers.update(handlers)
+
+
+def add_actor_service(servicer: ActorServiceImpl, server: grpc.aio.Server) -> None:
+    """Register ``ActorService`` with ``Collect`` sending bytes and ``PushWeights`` viewing them.
+
+    Every other method keeps its generated handler; ``Collect`` keeps its path
+    and request deserializer, and its response serializer is the identity, so
+    its handler must write ``bytes`` (see :func:`encode_chunk`, :func:`encode_control`);
+    ``PushWeights`` reads its chunks through :func:`decode_push_request`.
+
+    Args:
+        servicer: The ``ActorService`` implementation.
+        server: The server to register on.
+
+    Raises:
+        RuntimeError: The generated code did not register a ``Collect`` handler.
+    """
+    recorder = _HandlerRecorder()
+    pb_grpc.add_ActorServiceServicer_to_server(servicer, recorder)
+    handlers = dict(recorder.handlers)
+    if "Collect" not in handlers or "PushWeights" not in handlers:
+        raise RuntimeError(f"generated ActorService handlers lack a method: {sorted(handlers)}")
+    handlers["Collect"] = grpc.stream_stream_rpc_method_handler(
+        servicer.Collect,
+        request_deserializer=pb.CollectRequest.FromString,
+        response_serializer=_identity,
+    )
+    handlers["PushWeights"] = grpc.stream_unary_rpc_method_handler(
+        servicer.PushWeights,
+        request_deserializer=decode_push_request,
+        response_serializer=pb.PushWeightsResponse.SerializeToString,
+    )
+    service = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]

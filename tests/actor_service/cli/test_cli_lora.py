@@ -1,0 +1,109 @@
+"""The ``--lora`` flag and the model-sized ``--max-weight-bytes`` default of the actor CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from actor_service import ActorConfig
+from actor_service._cli._main import parse_config
+from common.llm import LoraSpec, parse_lora
+
+LLM = ["--kind", "llm"]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict | None = None) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv, environ or {}, hostname="laptop")
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_lora_flag_and_variable_build_a_lora_spec() -> None:
+    pytest.importorskip("peft")
+    config = parse_config([*LLM, "--lora", "r=16,targets=q_proj,v_proj"], {}, hostname="x")
+    assert config.lora == LoraSpec(r=16, targets=("q_proj", "v_proj"))
+    config = parse_config(LLM, {"RLFLEET_LORA": "r=8, targets=q_proj, alpha=32"}, hostname="x")
+    assert config.lora == LoraSpec(r=8, targets=("q_proj",), alpha=32)
+    assert parse_config(LLM, {}, hostname="x").lora is None
+    assert str(parse_lora("r=4,targets=a,b,alpha=8")) == "r=4,targets=a,b,alpha=8"
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("r=0,targets=q_proj", "lora r must be an int in 1..4096"),
+        ("r=5000,targets=q_proj", "lora r must be an int in 1..4096"),
+        ("r=x,targets=q_proj", "lora r must be an integer"),
+        ("r=4,rank=3", "unknown field 'rank'"),
+        ("r=4,r=5,targets=q", "r is given twice"),
+        ("q_proj", "expected r=N,targets=A,B"),
+        ("r=4,targets=", "is not a module name"),
+        ("r=4,targets=q;rm -rf", "is not a module name"),
+        ("r=4,targets=q,alpha=0", "lora alpha must be an int"),
+    ],
+)
+def test_cli_raises_if_the_lora_spec_is_bad(
+    capsys: pytest.CaptureFixture[str], value: str, needle: str
+) -> None:
+    message = _error(capsys, [*LLM, "--lora", value])
+    assert "--lora" in message
+    assert needle in message
+
+
+def test_cli_raises_if_lora_is_given_to_an_env_actor(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("peft")
+    assert "needs kind 'llm'" in _error(capsys, ["--lora", "r=4,targets=q_proj"])
+
+
+def test_cli_raises_if_peft_is_missing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "peft" else find_spec(name, *a),
+    )
+    message = _error(capsys, [*LLM, "--lora", "r=4,targets=q_proj"])
+    assert "pip install 'rlfleet[lora]'" in message
+    with pytest.raises(ValueError, match="peft"):
+        ActorConfig(kind="llm", lora=LoraSpec())
+
+
+def test_max_weight_bytes_defaults_to_following_the_model() -> None:
+    assert parse_config([], {}, hostname="x").max_weight_bytes is None
+    assert parse_config(["--max-weight-bytes", "1000"], {}, hostname="x").max_weight_bytes == 1000
+    with pytest.raises(ValueError, match="max_weight_bytes"):
+        ActorConfig(max_weight_bytes=0)
+
+
+def _actor(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "actor_service", *LLM, "--port", "0", *argv],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", ["rlfleet:tiny-qwen2", "hf"])
+def test_lora_targets_the_model_lacks_exit_2_before_binding(spec: str, tmp_path) -> None:
+    # Checked on the model's skeleton (a checkpoint's config alone: its weights are not read).
+    pytest.importorskip("peft")
+    if spec == "hf":
+        from common.llm import build_policy
+
+        model, tokenizer = build_policy("rlfleet:tiny-qwen2", hidden=32, heads=2, layers=1)
+        model.save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+        (tmp_path / "model.safetensors").write_bytes(b"")  # nothing of it may be read
+        spec = f"hf:{tmp_path}"
+    out = _actor(["--policy", spec, "--lora", "r=4,targets=q_proj,foo_proj"])
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "the model has no module named ['foo_proj']" in out.stderr
+    assert "'q_proj'" in out.stderr  # what it could have named
+    assert "listening" not in out.stdout + out.stderr

@@ -1,0 +1,359 @@
+"""The rlfleet-actor command line: flags, RLFLEET_* variables, defaults and errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from actor_service._cli._main import default_worker_id, parse_config
+from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
+from actor_service._serve._logging import configure_logging, get_logger, log_event
+
+
+def _parse(
+    argv: list[str], environ: dict[str, str] | None = None, hostname: str = "laptop"
+) -> ActorConfig:
+    return parse_config(argv, environ or {}, hostname=hostname)
+
+
+def _error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str] | None = None
+) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(argv, environ)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_defaults_match_actor_config() -> None:
+    config = _parse([])
+    assert config == ActorConfig(worker_id=0)
+
+
+def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
+    cert, key, ca = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem"))
+    for path in (cert, key, ca):
+        path.write_text("x")
+    config = _parse(
+        [
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "6000",
+            "--health-port",
+            "6001",
+            "--worker-id",
+            "7",
+            "--env",
+            "Pendulum-v1",
+            "--env-kwargs",
+            '{"g": 9.8}',
+            "--env-factory",
+            "pkg.mod:make",
+            "--num-envs",
+            "3",
+            "--env-backend",
+            "async",
+            "--step-timeout",
+            "2.5",
+            "--env-error-detail",
+            "type",
+            "--policy",
+            "random",
+            "--policy-kwargs",
+            '{"a": 1}',
+            "--model",
+            "critic=mlp",
+            "--model-kwargs",
+            'critic={"hidden": [8]}',
+            "--device",
+            "cpu",
+            "--seed",
+            "11",
+            "--max-credits",
+            "6",
+            "--grace-period",
+            "3",
+            "--token",
+            "s3cret",
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--tls-client-ca",
+            str(ca),
+            "--max-weight-bytes",
+            "1000",
+            "--part-deadline-s",
+            "7.5",
+            "--torch-threads",
+            "2",
+            "--log-level",
+            "debug",
+            "--log-format",
+            "json",
+        ]
+    )
+    assert config == ActorConfig(
+        host="0.0.0.0",
+        port=6000,
+        health_port=6001,
+        worker_id=7,
+        env="Pendulum-v1",
+        env_kwargs={"g": 9.8},
+        env_factory="pkg.mod:make",
+        num_envs=3,
+        env_backend="async",
+        step_timeout=2.5,
+        env_error_detail="type",
+        models=(
+            ModelSpec("policy", "random", {"a": 1}),
+            ModelSpec("critic", "mlp", {"hidden": [8]}),
+        ),
+        device="cpu",
+        seed=11,
+        max_credits=6,
+        grace_period=3.0,
+        token="s3cret",
+        tls_cert=str(cert),
+        tls_key=str(key),
+        tls_client_ca=str(ca),
+        max_weight_bytes=1000,
+        part_deadline_s=7.5,
+        torch_threads=2,
+        log_level="debug",
+        log_format="json",
+    )
+
+
+def test_cli_environment_variables_are_read() -> None:
+    config = _parse(
+        [],
+        {
+            "RLFLEET_NUM_ENVS": "5",
+            "RLFLEET_PORT": "7000",
+            "RLFLEET_TOKEN": "t",
+            "RLFLEET_POLICY": "random",
+            "RLFLEET_MODELS": "critic=mlp,value=pkg.m:f",
+            "RLFLEET_MODEL_KWARGS": '{"critic": {"hidden": [4]}}',
+            "RLFLEET_HEALTH_PORT": "",
+            "RLFLEET_SEED": "3",
+            "RLFLEET_ENV_ERROR_DETAIL": "type",
+        },
+    )
+    assert (config.num_envs, config.port, config.token, config.seed) == (5, 7000, "t", 3)
+    assert config.env_error_detail == "type"
+    assert config.health_port is None
+    assert config.models == (
+        ModelSpec("policy", "random", {}),
+        ModelSpec("critic", "mlp", {"hidden": [4]}),
+        ModelSpec("value", "pkg.m:f", {}),
+    )
+
+
+def test_cli_flag_wins_over_environment_variable() -> None:
+    config = _parse(
+        ["--num-envs", "2", "--policy", "mlp"],
+        {"RLFLEET_NUM_ENVS": "9", "RLFLEET_POLICY": "random"},
+    )
+    assert config.num_envs == 2
+    assert config.models[0].factory == "mlp"
+
+
+def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
+    assert _parse([], hostname="actor-3").worker_id == 3
+    assert _parse([], {"RLFLEET_WORKER_ID": "5"}, hostname="actor-3").worker_id == 5
+    assert _parse(["--worker-id", "8"], {"RLFLEET_WORKER_ID": "5"}).worker_id == 8
+    assert default_worker_id({}, "my-host") == 0
+    assert default_worker_id({}, "rlfleet-actor-12") == 12
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "needle"),
+    [
+        (["--num-envs", "0"], {}, "--num-envs"),
+        (["--num-envs", "many"], {}, "--num-envs"),
+        ([], {"RLFLEET_NUM_ENVS": "-1"}, "RLFLEET_NUM_ENVS"),
+        (["--port", "70000"], {}, "--port"),
+        (["--env-backend", "threads"], {}, "--env-backend"),
+        (["--env-kwargs", "[1, 2]"], {}, "--env-kwargs"),
+        ([], {"RLFLEET_ENV_KWARGS": "{bad"}, "RLFLEET_ENV_KWARGS"),
+        (["--policy", "not a factory"], {}, "--policy"),
+        (["--model", "critic"], {}, "--model"),
+        (["--model-kwargs", 'critic={"a": 1}'], {}, "--model-kwargs"),
+        (["--step-timeout", "nan"], {}, "--step-timeout"),
+        (["--grace-period", "-1"], {}, "--grace-period"),
+        (["--tls-cert", "/no/such/cert.pem"], {}, "--tls-cert"),
+        (["--log-format", "xml"], {}, "--log-format"),
+        ([], {"RLFLEET_WORKER_ID": "x"}, "RLFLEET_WORKER_ID"),
+        (["--max-credits", "0"], {}, "--max-credits"),
+        (["--env-error-detail", "none"], {}, "--env-error-detail"),
+    ],
+)
+def test_cli_raises_if_a_value_is_bad(
+    capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str], needle: str
+) -> None:
+    assert needle in _error(capsys, argv, environ)
+
+
+def test_cli_raises_if_tls_key_is_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: pytest.TempPathFactory
+) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    assert "--tls-key" in _error(capsys, ["--tls-cert", str(cert)])
+
+
+def test_cli_subprocess_exits_2_on_a_bad_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "actor_service", "--num-envs", "zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--num-envs" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        pytest.param(
+            "cuda",
+            "no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        ("gpu0", "not a torch device"),
+    ],
+)
+def test_cli_subprocess_exits_2_on_a_device_it_does_not_have(device: str, message: str) -> None:
+    for kind in ("env", "llm"):
+        result = subprocess.run(
+            [sys.executable, "-m", "actor_service", "--kind", kind, "--device", device],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "--device" in result.stderr
+        assert message in result.stderr
+        assert result.stdout == ""
+
+
+def test_logging_json_lines_carry_event_and_fields() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "json", worker_id=4, stream=stream)
+    try:
+        log_event("session.opened", logging.INFO, learner="L1", credits=2)
+        log_event("hidden", logging.DEBUG)
+    finally:
+        get_logger().removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["event"] == "session.opened"
+    assert record["worker_id"] == 4
+    assert record["level"] == "info"
+    assert record["fields"] == {"learner": "L1", "credits": 2}
+    assert "ts" in record
+
+
+def test_logging_text_lines_are_key_value() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("debug", "text", worker_id=1, stream=stream)
+    try:
+        log_event("weights.push", logging.WARNING, model_id="policy", result="ABORTED")
+    finally:
+        get_logger().removeHandler(handler)
+    line = stream.getvalue().strip()
+    assert "WARNING" in line
+    assert "weights.push model_id=policy result=ABORTED" in line
+
+
+def test_logging_renders_other_libraries_in_the_same_format() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "json", stream=stream, include_others=True)
+    try:
+        logging.getLogger("grpc.somewhere").warning("channel %s broke", "x")
+        logging.getLogger("grpc.somewhere").info("not shown")
+    finally:
+        get_logger().removeHandler(handler)
+        for other in [h for h in logging.getLogger().handlers if getattr(h, "_rlfleet", False)]:
+            logging.getLogger().removeHandler(other)
+    (line,) = stream.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["event"] == "log"
+    assert record["fields"] == {"logger": "grpc.somewhere", "message": "channel x broke"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_envs", 0),
+        ("port", 70000),
+        ("metrics_port", -1),
+        ("max_credits", 10**12),
+        ("worker_id", True),
+        ("env_backend", "threads"),
+        ("log_format", "xml"),
+        ("seed", 2**64),
+        ("grace_period", -1.0),
+        ("part_deadline_s", 0.0),
+        ("part_deadline_s", 601.0),
+        ("part_deadline_s", float("nan")),
+        ("models", ()),
+    ],
+)
+def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ActorConfig(**{field: value})
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "601", "nan", "soon"])
+def test_cli_raises_if_the_part_deadline_is_out_of_range(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert "--part-deadline-s" in _error(capsys, ["--part-deadline-s", value])
+    assert parse_config(["--part-deadline-s", "600"], {}).part_deadline_s == 600.0
+
+
+def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:
+    with pytest.raises(ValueError, match="tls_cert and tls_key"):
+        ActorConfig(tls_cert="c.pem")
+    with pytest.raises(ValueError, match="tls_client_ca"):
+        ActorConfig(tls_client_ca="ca.pem")
+
+
+def test_cli_and_actor_config_share_one_range_per_field(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    low, high = INT_RANGES["num_envs"]
+    assert high is not None
+    assert parse_config(["--num-envs", str(high)], {}).num_envs == high
+    assert "--num-envs" in _error(capsys, ["--num-envs", str(high + 1)])
+    with pytest.raises(ValueError, match="num_envs"):
+        ActorConfig(num_envs=high + 1)
+    assert ActorConfig(num_envs=low).num_envs == low
+
+
+def test_cli_decode_takes_the_three_modes_and_refuses_others() -> None:
+    assert parse_config(["--kind", "llm"], {}, hostname="h").decode == "eager"
+    for mode in ("eager", "static", "compiled"):
+        assert parse_config(["--kind", "llm", "--decode", mode], {}, hostname="h").decode == mode
+    assert parse_config([], {"RLFLEET_DECODE": "static"}, hostname="h").decode == "static"
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--decode", "graphs"], {}, hostname="h")
+    assert exc.value.code == 2
+
+
+def test_cli_decode_other_than_eager_is_refused_with_the_vllm_engine() -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--kind", "llm", "--engine", "vllm", "--decode", "static"], {}, hostname="h")
+    assert exc.value.code == 2

@@ -1,0 +1,392 @@
+"""EnvCore: batches, settings, weights between steps, seeding, traj ids, backends."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+
+import pytest
+import torch
+from helpers import process_gone
+from tensordict import TensorDict
+from tensordict.nn import set_interaction_type
+
+import common
+from actor_service._config import ActorConfig, ModelSpec
+from actor_service._core._frames import interaction_of
+from actor_service._kinds.env.core import EnvCore, derive_seed
+from common.config import CollectSettings, ExplorationType
+from common.errors import (
+    DeadlineError,
+    EnvError,
+    SessionStateError,
+    UnknownModelError,
+    WeightsError,
+)
+
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
+RANDOM_MODEL = (ModelSpec(factory="random"),)
+
+
+@pytest.fixture(autouse=True)
+def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(HERE)
+
+
+def _worker(**overrides) -> EnvCore:
+    fields = {"num_envs": 4, "seed": 0, **overrides}
+    return EnvCore(ActorConfig(**fields))
+
+
+def _collect(worker: EnvCore, frames: int = 64, **settings) -> TensorDict:
+    worker.configure(CollectSettings(frames_per_batch=frames, **settings))
+    return worker.collect_batch()
+
+
+def _flag(batch: TensorDict, *key: str) -> torch.Tensor:
+    return batch.get(key).squeeze(-1)
+
+
+def test_rollout_worker_collects_a_cartpole_batch_of_the_configured_size() -> None:
+    with _worker() as worker:
+        batch = _collect(worker)
+        assert isinstance(batch, TensorDict)
+        assert batch.batch_size == torch.Size([4, 16])
+        assert batch.names == [None, "time"]
+        assert batch["action"].dtype == torch.int64
+        assert batch["action"].sum(-1).eq(1).all()
+        assert (worker.frames, worker.batches) == (64, 1)
+
+
+def test_rollout_worker_links_steps_and_batches_like_torchrl() -> None:
+    with _worker(models=RANDOM_MODEL) as worker:
+        first, second = _collect(worker, 200), worker.collect_batch()
+    done = _flag(first, "next", "done")
+    assert done.any()  # 50 random CartPole steps always end an episode
+    follows = (first["next", "observation"][:, :-1] == first["observation"][:, 1:]).all(-1)
+    assert follows[~done[:, :-1]].all()
+    assert not follows[done[:, :-1]].any()  # after a done comes a reset observation
+    traj = first["collector", "traj_ids"]
+    assert torch.equal(traj[:, 1:] != traj[:, :-1], done[:, :-1])
+    assert not first["done"].any()
+    assert not first["terminated"].any()
+    assert not first["truncated"].any()
+    carried = (first["next", "observation"][:, -1] == second["observation"][:, 0]).all(-1)
+    assert carried[~done[:, -1]].all()
+
+
+@pytest.mark.parametrize(("frames", "num_envs"), [(30, 4), (0, 4), (-8, 4)])
+def test_rollout_worker_configure_raises_if_frames_per_batch_is_not_a_multiple(
+    frames: int, num_envs: int
+) -> None:
+    with _worker(num_envs=num_envs) as worker, pytest.raises(ValueError, match="frames_per_batch"):
+        worker.configure(CollectSettings(frames_per_batch=frames))
+
+
+def test_rollout_worker_configure_names_both_numbers() -> None:
+    with _worker() as worker, pytest.raises(ValueError, match=r"frames_per_batch=30 .* num_envs=4"):
+        worker.configure(CollectSettings(frames_per_batch=30))
+
+
+def test_rollout_worker_configure_raises_if_model_unknown() -> None:
+    with _worker() as worker, pytest.raises(UnknownModelError, match="critic"):
+        worker.configure(CollectSettings(frames_per_batch=8, model_id="critic"))
+
+
+def test_rollout_worker_collect_raises_if_not_configured_or_closed() -> None:
+    worker = _worker()
+    with pytest.raises(SessionStateError, match="configure"):
+        worker.collect_batch()
+    worker.configure(CollectSettings(frames_per_batch=8))
+    worker.close()
+    worker.close()  # idempotent
+    with pytest.raises(SessionStateError, match="closed"):
+        worker.collect_batch()
+
+
+@pytest.mark.parametrize("worker_id", [-1, 65536])
+def test_rollout_worker_raises_if_worker_id_out_of_range(worker_id: int) -> None:
+    with pytest.raises(ValueError, match="worker_id"):
+        _worker(worker_id=worker_id)
+
+
+def test_rollout_worker_deterministic_exploration_acts_on_the_logits_mode() -> None:
+    with _worker() as worker:
+        batch = _collect(worker, 64, exploration_type=ExplorationType.DETERMINISTIC)
+        observation = batch["observation"].reshape(-1, 4)
+        with torch.no_grad(), set_interaction_type(interaction_of(ExplorationType.DETERMINISTIC)):
+            _, action, _ = worker.models.act_compact("policy", observation)
+        again = {"action": worker.models.action_codec.to_batch(action)}
+    assert torch.equal(batch["action"].argmax(-1), batch["logits"].argmax(-1))
+    assert torch.equal(again["action"].reshape(4, 16, 2), batch["action"])
+
+
+def test_rollout_worker_records_the_pushed_version_on_later_frames() -> None:
+    with _worker() as worker:
+        assert _collect(worker)["policy_version"].eq(0).all()
+        state = worker.models.module("policy").state_dict()
+        worker.models.load_weights("policy", 5, {k: v + 0.1 for k, v in state.items()})
+        batch = worker.collect_batch()
+    assert batch["policy_version"].eq(5).all()
+    assert batch["next", "policy_version"].eq(5).all()
+
+
+def test_rollout_worker_swaps_weights_between_steps_and_tags_each_frame() -> None:
+    model = ModelSpec(factory="rlfleet_test_policies:versioned_policy")
+    with _worker(models=(model,)) as worker:
+        worker.configure(CollectSettings(frames_per_batch=4 * 100))
+        stop = threading.Event()
+
+        def push() -> None:
+            version = 0
+            while not stop.is_set():
+                version += 1
+                value = torch.tensor(float(version))
+                worker.models.load_weights(
+                    "policy", version, {"module.a": value, "module.b": value}
+                )
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        try:
+            batch = worker.collect_batch()
+        finally:
+            stop.set()
+            pusher.join()
+    versions = batch["policy_version"].float()
+    assert torch.equal(batch["weight_a"], batch["weight_b"])  # never half-applied
+    assert torch.equal(batch["weight_a"], versions)  # the version is the one that acted
+    assert versions[0, -1] > versions[0, 0]
+
+
+def test_rollout_worker_acts_randomly_for_init_random_frames() -> None:
+    with _worker() as worker:
+        settings = {"exploration_type": ExplorationType.DETERMINISTIC, "init_random_frames": 64}
+        random_batch, policy_batch = _collect(worker, 64, **settings), worker.collect_batch()
+    assert random_batch["logits"].eq(0).all()
+    assert not torch.equal(
+        random_batch["action"][..., 0], random_batch["action"][:, :1, 0].expand(4, 16)
+    )
+    assert torch.equal(policy_batch["action"].argmax(-1), policy_batch["logits"].argmax(-1))
+    assert policy_batch["logits"].ne(0).all()
+
+
+def test_rollout_worker_counts_init_random_frames_per_session_not_per_life() -> None:
+    # TorchRL counts init_random_frames with the collector's own frames: a new
+    # session (a new collector) gets its random frames even on an actor that
+    # already collected many.
+    settings = {"exploration_type": ExplorationType.DETERMINISTIC, "init_random_frames": 64}
+    with _worker() as worker:
+        _collect(worker, 64)
+        _collect(worker, 64)
+        assert worker.frames == 128
+        random_batch, policy_batch = _collect(worker, 64, **settings), worker.collect_batch()
+    assert random_batch["logits"].eq(0).all()
+    assert policy_batch["logits"].ne(0).all()
+
+
+def test_rollout_worker_reset_at_each_iter_starts_new_trajectories() -> None:
+    with _worker(models=RANDOM_MODEL) as worker:
+        first = _collect(worker, 16, reset_at_each_iter=True)
+        second = worker.collect_batch()
+    old = set(first["collector", "traj_ids"].unique().tolist())
+    assert not old & set(second["collector", "traj_ids"][:, 0].tolist())
+    assert second["observation"][:, 0].abs().max() <= 0.05  # CartPole reset states
+
+
+def test_rollout_worker_traj_ids_are_unique_across_workers() -> None:
+    ids = []
+    for worker_id in (1, 2):
+        with _worker(worker_id=worker_id, models=RANDOM_MODEL) as worker:
+            traj = _collect(worker, 200)["collector", "traj_ids"]
+        assert (traj >> 47).eq(worker_id).all()
+        assert ((traj >> 32) & 0x7FFF).eq(worker.epoch & 0x7FFF).all()
+        ids.append(set(traj.unique().tolist()))
+    assert not ids[0] & ids[1]
+
+
+def test_rollout_worker_epoch_is_random_and_nonzero_even_when_seeded() -> None:
+    with _worker() as one, _worker() as two:
+        assert one.epoch != two.epoch
+        assert 0 < one.epoch < 2**63
+
+
+def test_rollout_worker_set_seed_reproduces_batches_and_chains_seeds() -> None:
+    with _worker() as worker:
+        next_seed = worker.set_seed(123)
+        first = _collect(worker, 64, init_random_frames=32)
+        assert worker.set_seed(123) == next_seed
+        second = _collect(worker, 64, init_random_frames=32)  # a new session: random again
+        assert worker.set_seed(123, static_seed=True) == 123
+    expected = 123
+    for _ in range(4):
+        expected = derive_seed(expected)
+    assert next_seed == expected
+    for key in first.keys(include_nested=True, leaves_only=True):
+        if key != ("collector", "traj_ids"):
+            assert torch.equal(first[key], second[key]), key
+
+
+def test_rollout_worker_truncates_at_max_frames_per_traj() -> None:
+    with _worker(env="Pendulum-v1", num_envs=2, models=RANDOM_MODEL) as worker:
+        batch = _collect(worker, 20, max_frames_per_traj=3)
+    count = _flag(batch, "step_count")
+    assert count[0].tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    assert torch.equal(_flag(batch, "next", "step_count"), count + 1)
+    truncated = _flag(batch, "next", "truncated")
+    assert torch.equal(truncated, count == 2)
+    assert torch.equal(_flag(batch, "next", "done"), truncated)
+    traj = batch["collector", "traj_ids"]
+    assert torch.equal(traj[:, 1:] != traj[:, :-1], truncated[:, :-1])
+    after = batch["observation"][:, 1:][truncated[:, :-1]]
+    final = batch["next", "observation"][:, :-1][truncated[:, :-1]]
+    assert not (after == final).all(-1).any()  # reset observations follow the cut
+
+
+def test_rollout_worker_set_truncated_marks_the_last_frame_only() -> None:
+    with _worker(env="Pendulum-v1", num_envs=2, models=RANDOM_MODEL) as worker:
+        batch = _collect(worker, 20, set_truncated=True)
+        following = worker.collect_batch()
+    truncated = _flag(batch, "next", "truncated")
+    assert truncated[:, -1].all()
+    assert not truncated[:, :-1].any()
+    assert _flag(batch, "next", "done")[:, -1].all()
+    assert torch.equal(
+        following["collector", "traj_ids"][:, 0], batch["collector", "traj_ids"][:, -1]
+    )
+
+
+def test_rollout_worker_split_trajs_pads_trajectories_with_a_mask() -> None:
+    with _worker(env="Pendulum-v1", num_envs=2, models=RANDOM_MODEL) as worker:
+        worker.set_seed(7)
+        worker.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=3))
+        plain = worker.collect_batch()
+        worker.set_seed(7)
+        worker.configure(
+            CollectSettings(frames_per_batch=20, max_frames_per_traj=3, split_trajs=True)
+        )
+        split = worker.collect_batch()
+    mask = split["collector", "mask"]
+    assert split.batch_size == (8, 3)
+    assert mask.sum(-1).tolist() == [3, 3, 3, 1] * 2
+    assert torch.equal(split["observation"][mask], plain["observation"].reshape(20, 3))
+    assert split["observation"][~mask].eq(0).all()
+
+
+def test_rollout_worker_state_dict_round_trips_weights_versions_and_counters() -> None:
+    with _worker() as source, _worker() as target:
+        _collect(source)
+        state = {k: v.clone() for k, v in source.models.module("policy").state_dict().items()}
+        source.models.load_weights("policy", 4, {k: v * 2 for k, v in state.items()})
+        saved = source.state_dict()
+        target.load_state_dict(saved)
+        assert (target.frames, target.batches) == (64, 1)
+        assert target.models.policy_version("policy") == 4
+        restored = target.models.module("policy").state_dict()
+        assert all(torch.equal(restored[k], v * 2) for k, v in state.items())
+        assert target.state_dict()["traj_counter"] > saved["traj_counter"]
+
+
+def test_rollout_worker_load_state_dict_raises_and_changes_nothing_if_state_is_bad() -> None:
+    with _worker() as worker:
+        state = worker.state_dict()
+        state["frames"] = 99
+        first = next(iter(state["models"]["policy"]["weights"]))
+        state["models"]["policy"]["weights"][first] = torch.zeros(1)
+        with pytest.raises(WeightsError, match="shape mismatch"):
+            worker.load_state_dict(state)
+        with pytest.raises(WeightsError, match="frames"):
+            worker.load_state_dict({**state, "frames": -1})
+        assert worker.frames == 0
+
+
+def test_rollout_worker_describes_itself() -> None:
+    with _worker(worker_id=9, models=(ModelSpec(), ModelSpec("explorer", "random"))) as worker:
+        description = worker.describe()
+    assert (description.worker_id, description.epoch) == (9, worker.epoch)
+    assert (description.env_id, description.num_slots, description.backend) == (
+        "CartPole-v1",
+        4,
+        "sync",
+    )
+    assert description.models["explorer"] == (0, {})
+    assert description.models["policy"][1] == worker.models.parameters_info("policy")
+    assert description.software_version == common.__version__
+    assert description.device == "cpu"
+    assert description.action_space == worker.action_space
+
+
+def test_rollout_worker_batches_multi_binary_and_multi_discrete_spaces() -> None:
+    with _worker(env_factory="rlfleet_test_envs:multi_env", models=RANDOM_MODEL) as worker:
+        batch = _collect(worker, 40)
+    assert (batch["observation"].dtype, batch["observation"].shape) == (torch.int8, (4, 10, 3))
+    assert (batch["action"].dtype, batch["action"].shape) == (torch.int64, (4, 10, 2))
+    assert batch["action"][..., 0].max() <= 2
+    assert batch["action"][..., 1].max() <= 1
+    assert batch["action"].min() >= 0
+    # the env rewards the action it received: the compact index plus the space's start
+    assert torch.equal(_flag(batch, "next", "reward"), batch["action"].sum(-1).float() + 1)
+    assert _flag(batch, "next", "terminated")[:, 4].all()
+
+
+def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
+    import rlfleet_test_envs
+
+    rlfleet_test_envs._CRASHED["done"] = False
+    with _worker(
+        env_factory="rlfleet_test_envs:crash_once_cartpole", env_kwargs={"steps": 5}
+    ) as worker:
+        worker.configure(CollectSettings(frames_per_batch=40))
+        with pytest.raises(EnvError, match="simulator crashed") as info:
+            worker.collect_batch()
+        batch = worker.collect_batch()
+    assert info.value.exception_type == "RuntimeError"
+    assert info.value.env == "rlfleet_test_envs:crash_once_cartpole"
+    assert batch.batch_size == (4, 10)
+
+
+def test_rollout_worker_async_backend_collects_and_close_reaps_subprocesses() -> None:
+    worker = _worker(num_envs=2, env_backend="async", models=RANDOM_MODEL)
+    pids = [p.pid for p in worker._pool.processes]
+    batch = _collect(worker, 120, max_frames_per_traj=15)
+    worker.close()
+    assert batch.batch_size == (2, 60)
+    assert all(process_gone(pid) for pid in pids)
+    done = _flag(batch, "next", "done")
+    assert _flag(batch, "next", "terminated").any()  # autoreset inside the subprocesses
+    assert _flag(batch, "step_count").max() == 14  # and cuts with a masked reset
+    follows = (batch["next", "observation"][:, :-1] == batch["observation"][:, 1:]).all(-1)
+    assert torch.equal(follows, ~done[:, :-1])
+
+
+def test_rollout_worker_raises_deadline_error_if_an_async_env_hangs() -> None:
+    worker = _worker(
+        num_envs=2,
+        env_backend="async",
+        step_timeout=0.3,
+        env_factory="rlfleet_test_envs:hanging_cartpole",
+        env_kwargs={"steps": 3},
+    )
+    pids = [p.pid for p in worker._pool.processes]
+    worker.configure(CollectSettings(frames_per_batch=20))
+    started = time.monotonic()
+    with pytest.raises(DeadlineError, match="step_timeout"):
+        worker.collect_batch()
+    assert time.monotonic() - started < 10.0
+    worker.close()
+    assert all(process_gone(pid) for pid in pids)
+
+
+def test_rollout_worker_keeps_each_steps_outputs_when_the_policy_reuses_its_tensors() -> None:
+    # The rollout copies a step's action and extras as it records them: a policy that
+    # overwrites the tensors it returned (preallocated outputs, CUDA-graph replays) must
+    # not rewrite the steps before.
+    model = (ModelSpec(factory="rlfleet_test_policies:reused_output_policy"),)
+    with _worker(models=model) as worker:
+        batch = _collect(worker, 64)
+    steps = batch["step"][0]
+    assert steps.unique().numel() == 16  # one value per step, not the last step's everywhere
+    assert torch.equal(steps, steps[0] + torch.arange(16.0))
+    assert torch.equal(batch["action"].argmax(-1)[0], steps.long() % 2)
+    assert torch.equal(batch["step"], steps.expand(4, 16))

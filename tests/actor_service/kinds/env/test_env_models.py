@@ -1,0 +1,291 @@
+"""Built-in policies, the model registry (inference, versions, all-or-nothing pushes), codecs."""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import InteractionType, set_interaction_type
+
+from actor_service._config import ModelSpec
+from actor_service._core._frames import interaction_of
+from actor_service._kinds.env.models import ModelRegistry
+from actor_service._kinds.env.spaces import ActionCodec
+from common.config import ExplorationType
+from common.errors import StaleVersionError, UnknownModelError, WeightsError
+from common.policies import load_callable, make_policy, make_value_mlp
+
+CARTPOLE = gymnasium.make("CartPole-v1")
+PENDULUM = gymnasium.make("Pendulum-v1")
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
+
+
+@pytest.fixture(autouse=True)
+def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(HERE)
+
+
+def _registry(*specs: ModelSpec, env: gymnasium.Env = CARTPOLE) -> ModelRegistry:
+    torch.manual_seed(0)
+    return ModelRegistry(specs or (ModelSpec(),), env.observation_space, env.action_space, "cpu")
+
+
+def _obs(batch: int = 16, dim: int = 4) -> torch.Tensor:
+    return torch.randn(batch, dim, generator=torch.Generator().manual_seed(1))
+
+
+def _act(
+    registry: ModelRegistry,
+    model_id: str,
+    observation: torch.Tensor,
+    exploration_type: ExplorationType | None = None,
+) -> TensorDict:
+    """One step's forward pass as the rollout takes it (``act_compact``), in batch form on CPU."""
+    mode = contextlib.nullcontext()
+    if exploration_type is not None:
+        mode = set_interaction_type(interaction_of(exploration_type))
+    with torch.no_grad(), mode:
+        version, action, extras = registry.act_compact(model_id, observation)
+    batch = observation.shape[0]
+    out = TensorDict({k: v.detach().cpu() for k, v in extras.items()}, batch_size=[batch])
+    out.set("action", registry.action_codec.to_batch(action.cpu()))
+    out.set("policy_version", torch.full((batch,), version, dtype=torch.int64))
+    return out
+
+
+def _deterministic(registry: ModelRegistry, model_id: str = "policy") -> torch.Tensor:
+    return _act(registry, model_id, _obs(), ExplorationType.DETERMINISTIC)["action"]
+
+
+@pytest.mark.parametrize("env", [CARTPOLE, PENDULUM], ids=["discrete", "box"])
+def test_mlp_policy_fast_path_matches_tensordict_forward(env: gymnasium.Env) -> None:
+    policy = make_policy("mlp", env.observation_space, env.action_space, hidden=(8,))
+    obs = _obs(dim=env.observation_space.shape[0])
+    for mode in (InteractionType.RANDOM, InteractionType.DETERMINISTIC, InteractionType.MEAN):
+        with torch.no_grad(), set_interaction_type(mode):
+            torch.manual_seed(5)
+            td = policy(TensorDict({"observation": obs}, batch_size=[16]))
+            torch.manual_seed(5)
+            action, extras = policy.act_compact(obs)
+        expected = td["action"].argmax(-1) if policy.discrete else td["action"]
+        assert torch.equal(action, expected)
+        assert torch.allclose(extras["action_log_prob"], td["action_log_prob"], atol=1e-6)
+        log_prob = policy.get_dist(td).log_prob(td["action"])
+        assert torch.allclose(log_prob, td["action_log_prob"], atol=1e-6)
+
+
+def test_mlp_policy_samples_one_hot_int64_with_the_softmax_frequencies() -> None:
+    policy = make_policy("mlp", CARTPOLE.observation_space, CARTPOLE.action_space)
+    obs = torch.zeros(20_000, 4)
+    with torch.no_grad(), set_interaction_type(InteractionType.RANDOM):
+        td = policy(TensorDict({"observation": obs}, batch_size=[20_000]))
+    assert td["action"].dtype == torch.int64
+    frequency = td["action"].float().mean(0)
+    assert torch.allclose(frequency, td["logits"][0].softmax(-1), atol=0.02)
+
+
+def test_make_value_mlp_maps_observations_to_one_value() -> None:
+    value = make_value_mlp(CARTPOLE.observation_space, hidden=[16])
+    assert value(torch.zeros(3, 7, 4)).shape == (3, 7, 1)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "nope",
+        "no_colon.module",
+        "a:b:c",
+        ":f",
+        "m:",
+        "not_a_module_xyz:f",
+        "rlfleet_test_envs:nope",
+    ],
+)
+def test_load_callable_raises_if_spec_is_bad(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"module|expected"):
+        load_callable(spec)
+
+
+def test_make_policy_raises_if_name_unknown_or_kwargs_wrong() -> None:
+    with pytest.raises(ValueError, match="'random', 'mlp'"):
+        make_policy("transformer", CARTPOLE.observation_space, CARTPOLE.action_space)
+    with pytest.raises(ValueError, match="hidden and activation"):
+        make_policy("mlp", CARTPOLE.observation_space, CARTPOLE.action_space, width=3)
+    with pytest.raises(ValueError, match="activation"):
+        make_policy("mlp", CARTPOLE.observation_space, CARTPOLE.action_space, activation="x")
+    with pytest.raises(TypeError, match=r"not an nn\.Module"):
+        make_policy(
+            "rlfleet_test_policies:not_a_module", CARTPOLE.observation_space, CARTPOLE.action_space
+        )
+
+
+def test_registry_act_returns_torchrl_form_and_extras() -> None:
+    td = _act(_registry(), "policy", _obs())
+    assert td["action"].shape == (16, 2)
+    assert td["action"].dtype == torch.int64
+    assert td["logits"].shape == (16, 2)
+    assert td["action_log_prob"].shape == (16,)
+    assert td["policy_version"].eq(0).all()
+
+
+def test_registry_parameters_info_lists_state_dict_shapes_and_dtypes() -> None:
+    registry = _registry(ModelSpec(kwargs={"hidden": [8]}))
+    info = registry.parameters_info("policy")
+    state = registry.module("policy").state_dict()
+    assert info == {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+    assert info["module.0.module.1.weight"] == ((8, 4), torch.float32)
+
+
+def test_registry_deterministic_exploration_gives_the_same_actions() -> None:
+    registry = _registry()
+    assert torch.equal(_deterministic(registry), _deterministic(registry))
+
+
+def test_registry_load_weights_changes_deterministic_actions_and_version() -> None:
+    registry = _registry()
+    before = _deterministic(registry)
+    state = {k: v.clone() for k, v in registry.module("policy").state_dict().items()}
+    last_bias = [k for k in state if k.endswith("bias")][-1]
+    state[last_bias] = torch.tensor([10.0, -10.0])  # always action 0
+    assert registry.load_weights("policy", 3, state) == 3
+    after = _deterministic(registry)
+    assert registry.policy_version("policy") == 3
+    assert after[:, 0].eq(1).all()
+    assert not torch.equal(before, after)
+
+
+def _bad_pushes(state: dict) -> dict:
+    first = next(iter(state))
+    wrong_shape = {**state, first: torch.zeros(3, 3)}
+    nan = {**state, first: torch.full_like(state[first], float("nan"))}
+    wrong_dtype = {**state, first: state[first].double()}
+    unknown = {**state, "extra.weight": torch.zeros(1)}
+    missing = {k: v for k, v in state.items() if k != first}
+    return {
+        "shape": (WeightsError, "policy", 3, wrong_shape, "shape mismatch"),
+        "nan": (WeightsError, "policy", 3, nan, "non-finite"),
+        "dtype": (WeightsError, "policy", 3, wrong_dtype, "dtype mismatch"),
+        "unknown_key": (WeightsError, "policy", 3, unknown, "unexpected keys"),
+        "missing_key": (WeightsError, "policy", 3, missing, "missing keys"),
+        "unknown_model": (UnknownModelError, "critic", 3, state, "known model_ids"),
+        "stale": (StaleVersionError, "policy", 2, state, "not newer"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["shape", "nan", "dtype", "unknown_key", "missing_key", "unknown_model", "stale"]
+)
+def test_registry_load_weights_raises_and_changes_nothing_if_push_is_bad(case: str) -> None:
+    registry = _registry()
+    good = {k: v.clone() + 0.5 for k, v in registry.module("policy").state_dict().items()}
+    registry.load_weights("policy", 2, good)
+    before_actions, before_state = _deterministic(registry), registry.state_dict()
+    error, model_id, version, state, message = _bad_pushes(good)[case]
+    with pytest.raises(error, match=message):
+        registry.load_weights(model_id, version, state)
+    assert registry.policy_version("policy") == 2
+    assert torch.equal(_deterministic(registry), before_actions)
+    after_state = registry.state_dict()["policy"]["weights"]
+    assert all(torch.equal(v, after_state[k]) for k, v in before_state["policy"]["weights"].items())
+
+
+def test_registry_unknown_model_error_names_the_known_ids() -> None:
+    registry = _registry(ModelSpec("policy"), ModelSpec("explorer", "random"))
+    with pytest.raises(UnknownModelError, match=r"\['policy', 'explorer'\]"):
+        registry.policy_version("critic")
+
+
+def test_registry_random_model_has_no_parameters_and_accepts_empty_pushes() -> None:
+    registry = _registry(ModelSpec("policy", "random"))
+    assert registry.parameters_info("policy") == {}
+    assert registry.load_weights("policy", 1, {}) == 1
+    action = _act(registry, "policy", _obs())["action"]
+    assert action.dtype == torch.int64
+    assert action.sum(-1).eq(1).all()
+
+
+@pytest.mark.parametrize("factory", ["plain_index_policy", "plain_one_hot_policy"])
+def test_registry_wraps_plain_modules_into_one_hot_actions(factory: str) -> None:
+    registry = _registry(ModelSpec(factory=f"rlfleet_test_policies:{factory}"))
+    td = _act(registry, "policy", _obs())
+    assert td["action"].dtype == torch.int64
+    assert td["action"].sum(-1).eq(1).all()
+    assert set(td.keys()) == {"action", "policy_version"}
+
+
+def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
+    registry = _registry(ModelSpec(factory="rlfleet_test_policies:td_policy_with_extras"))
+    assert registry.output_specs("policy")["score"] == ((), torch.float32)
+    assert _act(registry, "policy", _obs())["score"].shape == (16,)
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        ((ModelSpec(factory="rlfleet_test_policies:td_policy_writing_reward"),), "rollout writes"),
+        ((ModelSpec("a/b"),), "model_id must match"),
+        ((ModelSpec("p"), ModelSpec("p", "random")), "registered twice"),
+        ((ModelSpec(factory="rlfleet_test_policies:not_a_module"),), "not an nn.Module"),
+        ((ModelSpec(factory="rlfleet_test_policies:wrong_input_policy"),), "placeholder"),
+        ((), "at least one model"),
+    ],
+)
+def test_registry_raises_if_models_are_misconfigured(specs: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelRegistry(specs, CARTPOLE.observation_space, CARTPOLE.action_space, "cpu")
+
+
+def test_registry_state_dict_round_trips_weights_and_versions() -> None:
+    source, target = _registry(), _registry(ModelSpec(kwargs={"hidden": [64, 64]}))
+    torch.nn.init.constant_(next(source.module("policy").parameters()), 0.25)
+    source.load_weights("policy", 7, source.module("policy").state_dict())
+    target.load_state_dict(source.state_dict())
+    assert target.policy_version("policy") == 7
+    assert torch.equal(_deterministic(target), _deterministic(source))
+
+
+def test_registry_load_state_dict_raises_and_changes_nothing_if_state_is_bad() -> None:
+    registry = _registry()
+    state = registry.state_dict()
+    state["policy"]["version"] = 5
+    next(iter(state["policy"]["weights"].values())).fill_(float("inf"))
+    with pytest.raises(WeightsError, match="non-finite"):
+        registry.load_state_dict(state)
+    assert registry.policy_version("policy") == 0
+    with pytest.raises(UnknownModelError):
+        registry.load_state_dict({**state, "critic": state["policy"]})
+
+
+def test_action_codec_clips_box_actions_for_the_env_only() -> None:
+    codec = ActionCodec(PENDULUM.action_space)
+    sampled = torch.tensor([[3.5], [-0.5], [-9.0]])
+    assert np.array_equal(codec.to_env(sampled), np.array([[2.0], [-0.5], [-2.0]], np.float32))
+    assert torch.equal(codec.to_batch(sampled), sampled)
+
+
+def test_action_codec_offsets_discrete_start_for_the_env() -> None:
+    codec = ActionCodec(gymnasium.spaces.Discrete(3, start=-1))
+    assert codec.to_env(torch.tensor([0, 2])).tolist() == [-1, 1]
+    assert codec.to_batch(torch.tensor([0, 2])).tolist() == [[1, 0, 0], [0, 0, 1]]
+
+
+@pytest.mark.parametrize(
+    ("factory", "env", "needs"),
+    [
+        ("rlfleet_test_torchrl:gym_ou_policy", PENDULUM, "['is_init']"),
+        ("rlfleet_test_torchrl:gym_lstm_policy", CARTPOLE, "'recurrent_state_c'"),
+    ],
+    ids=["ou-noise", "lstm"],
+)
+def test_registry_raises_if_a_policy_reads_more_than_a_gymnasium_step_holds(
+    factory: str, env: gymnasium.Env, needs: str
+) -> None:
+    pytest.importorskip("torchrl")
+    with pytest.raises(ValueError, match="--kind torchrl") as info:
+        _registry(ModelSpec(factory=factory), env=env)
+    assert needs in str(info.value)

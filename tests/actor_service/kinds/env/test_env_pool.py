@@ -1,0 +1,104 @@
+"""The env pool: gymnasium vector envs with same-step autoreset, timeouts and reaping."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import numpy as np
+import pytest
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from helpers import process_gone
+
+from actor_service._config import ActorConfig
+from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
+from common.errors import DeadlineError, EnvError
+
+HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
+
+
+@pytest.fixture(autouse=True)
+def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(HERE)
+
+
+def test_make_env_pool_autoresets_in_the_same_step_with_final_obs_in_info() -> None:
+    config = ActorConfig(num_envs=2, env_kwargs={"max_episode_steps": 3})
+    pool = make_env_pool(config)
+    try:
+        assert isinstance(pool, SyncVectorEnv)
+        first = reset_pool(pool, 1.0, seed=[1, 2]).copy()
+        for _ in range(2):
+            obs, _, _, truncated, info = step_pool(pool, np.zeros(2, dtype=np.int64), 1.0)
+            assert not truncated.any()
+        obs, _, _, truncated, info = step_pool(pool, np.zeros(2, dtype=np.int64), 1.0)
+        assert truncated.all()  # env_kwargs reached gymnasium.make
+        assert info["_final_obs"].all()
+        assert not np.allclose(info["final_obs"][0], obs[0])
+        assert np.abs(obs).max() <= 0.05
+        assert np.abs(first).max() <= 0.05
+    finally:
+        close_pool(pool)
+
+
+def test_make_env_pool_calls_the_factory_with_env_kwargs() -> None:
+    config = ActorConfig(
+        num_envs=1, env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 1}
+    )
+    pool = make_env_pool(config)
+    try:
+        reset_pool(pool, 1.0)
+        step_pool(pool, np.zeros(1, dtype=np.int64), 1.0)
+        with pytest.raises(EnvError, match="simulator crashed") as info:
+            step_pool(pool, np.zeros(1, dtype=np.int64), 1.0, env="crashing")
+        assert (info.value.env, info.value.exception_type) == ("crashing", "RuntimeError")
+        assert info.value.exception_message == "simulator crashed"
+    finally:
+        close_pool(pool)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"env_factory": "no_colon"}, "package.module:function"),
+        ({"env_factory": "not_a_module_xyz:make"}, "cannot import module"),
+        ({"env_factory": "rlfleet_test_envs:missing"}, "has no attribute"),
+        ({"env_factory": "rlfleet_test_envs:text_env"}, "observation space .* not supported"),
+        ({"env": "NoSuchEnv-v9"}, "cannot create"),
+        ({"env_backend": "threads"}, "env_backend"),
+        ({"num_envs": 0}, "num_envs"),
+    ],
+)
+def test_make_env_pool_raises_if_misconfigured(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_env_pool(ActorConfig(**{"num_envs": 1, **overrides}))
+
+
+def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
+    pool = make_env_pool(ActorConfig(num_envs=2, env_backend="async"))
+    assert isinstance(pool, AsyncVectorEnv)
+    pids = [p.pid for p in pool.processes]
+    reset_pool(pool, 30.0, seed=[0, 1])
+    obs, reward, *_ = step_pool(pool, np.zeros(2, dtype=np.int64), 30.0)
+    assert obs.shape == (2, 4)
+    assert reward.tolist() == [1.0, 1.0]
+    close_pool(pool)
+    close_pool(pool)  # idempotent
+    assert all(process_gone(pid) for pid in pids)
+
+
+def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
+    config = ActorConfig(
+        num_envs=2, env_backend="async", env_factory="rlfleet_test_envs:hanging_cartpole"
+    )
+    pool = make_env_pool(config)
+    pids = [p.pid for p in pool.processes]
+    try:
+        reset_pool(pool, 30.0)
+        started = time.monotonic()
+        with pytest.raises(DeadlineError, match=r"step_timeout=0\.3"):
+            step_pool(pool, np.zeros(2, dtype=np.int64), 0.3)
+        assert time.monotonic() - started < 5.0
+    finally:
+        close_pool(pool, force=True)
+    assert all(process_gone(pid) for pid in pids)

@@ -1,0 +1,115 @@
+"""The LLM collection core without gRPC: versions mid-generation, context limits, seeds, resets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actor_service import ActorConfig, ModelSpec
+from actor_service._kinds.llm.core import LLMCore
+from common.config import CollectSettings
+from common.errors import StaleVersionError
+from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+TINY = {"hidden": 32, "layers": 1, "seed": 0}
+
+
+def _worker(**overrides) -> LLMCore:
+    base = {
+        "kind": "llm",
+        "task": "arith",
+        "models": (ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
+        "num_envs": 2,
+        "seed": 0,
+    }
+    return LLMCore(ActorConfig(**(base | overrides)))
+
+
+def _settings(fpb: int = 2, **llm) -> CollectSettings:
+    generation = GenerationSettings(**llm.pop("generation", {"max_new_tokens": 3}))
+    return CollectSettings(frames_per_batch=fpb, llm=LLMSettings(generation=generation, **llm))
+
+
+def test_a_push_during_a_long_generation_shows_in_the_token_versions() -> None:
+    new, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 1})
+    with _worker() as worker:
+        greedy = {"max_new_tokens": 12, "temperature": 0.0}
+        worker.configure(_settings(generation=greedy, token_versions=True))
+        inner, calls = worker.models.forward, []
+
+        def forward(*args):  # runs between decode steps, outside the model lock
+            calls.append(1)
+            if len(calls) == 5:  # prefill, then 3 tokens: the push lands before token 5
+                worker.models.load_weights("policy", 1, new.state_dict())
+            return inner(*args)
+
+        worker.models.forward = forward  # type: ignore[method-assign]
+        td = worker.collect_batch()
+    check_padded(td)
+    lengths = td["response_len"][:, 0]
+    assert (lengths > 5).any(), "every response stopped before the push"
+    for row, length in enumerate(lengths.tolist()):
+        seen = td["collector", "token_policy_version"][row, 0, :length].tolist()
+        assert seen == [0] * min(length, 4) + [1] * max(length - 4, 0)
+    assert (td["policy_version"] == 0).all()  # the version each turn started at
+
+
+def test_a_prompt_longer_than_the_context_ends_the_dialog_truncated() -> None:
+    tiny_context = {**TINY, "max_positions": 24}
+    with _worker(
+        task="reverse",
+        task_kwargs={"length": 40},
+        models=(ModelSpec("policy", "rlfleet:tiny-qwen2", tiny_context),),
+    ) as worker:
+        worker.configure(_settings())
+        td = worker.collect_batch()
+    check_padded(td)
+    assert (td["response_len"] == 0).all()
+    assert td["next", "truncated"].all()
+    assert not td["next", "terminated"].any()
+
+
+def test_the_same_seed_gives_the_same_first_batches() -> None:
+    batches = []
+    for _ in range(2):
+        with _worker() as worker:
+            worker.set_seed(123)
+            worker.configure(_settings(4, generation={"max_new_tokens": 4, "temperature": 1.0}))
+            batches.append([worker.collect_batch() for _ in range(2)])
+    for a, b in zip(*batches, strict=True):
+        assert torch.equal(a["tokens"], b["tokens"])
+        assert torch.equal(a["log_probs"], b["log_probs"])
+        assert a["query"] == b["query"] or list(a["query"]) == list(b["query"])
+
+
+def test_reset_at_each_iter_counts_dropped_dialogs() -> None:
+    with _worker(task="arith", task_kwargs={"retries": 5}) as worker:
+        settings = _settings(2)
+        worker.configure(
+            CollectSettings(frames_per_batch=2, reset_at_each_iter=True, llm=settings.llm)
+        )
+        worker.collect_batch()
+        dropped = worker.dropped_dialogs
+        worker.collect_batch()
+        assert worker.dropped_dialogs >= dropped  # unfinished dialogs of batch 1 were dropped
+
+
+def test_state_dict_round_trip_restores_weights_and_counters() -> None:
+    with _worker() as worker:
+        worker.configure(_settings())
+        worker.collect_batch()
+        state = worker.state_dict()
+        new, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 4})
+        worker.models.load_weights("policy", 2, new.state_dict())
+        with pytest.raises(StaleVersionError):
+            worker.load_state_dict(state)  # version 2 -> 0 is a rollback
+        assert worker.load_state_dict(state, allow_rollback=True) == {"policy": (2, 0)}
+        assert worker.models.version == 0
+        assert worker.frames == 2
+        restored = worker.models.model.state_dict()
+        assert all(
+            torch.equal(restored[k], v) for k, v in state["models"]["policy"]["weights"].items()
+        )

@@ -1,0 +1,129 @@
+"""TorchRL's own collector tests on its mock envs (``test/test_collector.py``), on actors.
+
+Each test is one of TorchRL's, run on a real actor and learner over loopback with the
+same mock env and policy (``rlfleet_test_mocks``), and held to what TorchRL's test
+checks; where the env is deterministic, the batches must also equal its ``Collector``'s.
+TorchRL's ``MultiSyncCollector``/``MultiaSyncCollector`` consistency tests become two
+actors: consecutive batches differ, and the last dim is named ``"time"``.
+Heterogeneous agents (lazy stacks) are refused at start (``test_torchrl_core.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("torchrl")
+from torchrl.testing.assertions import check_rollout_consistency_multikey_env
+from torchrl_harness import (
+    any_done,
+    assert_equal_batches,
+    fleet_batches,
+    torchrl_batches,
+    torchrl_config,
+)
+
+from actor_service import create_server
+from actor_service._kinds.torchrl.core import TorchRLCore
+from learner_client import GrpcCollector
+
+NESTED = "rlfleet_test_mocks:nested"
+COUNT = "rlfleet_test_mocks:count_policy"
+MULTI_KEY = "rlfleet_test_mocks:multi_key"
+
+
+@pytest.mark.parametrize("nest_obs_action", [True, False])
+@pytest.mark.parametrize("nest_done", [True, False])
+@pytest.mark.parametrize("nest_reward", [True, False])
+def test_port_collector_nested_env_combinations(
+    nest_obs_action: bool, nest_done: bool, nest_reward: bool
+) -> None:
+    kwargs = {
+        "nest_reward": nest_reward,
+        "nest_done": nest_done,
+        "nest_obs_action": nest_obs_action,
+    }
+    config = torchrl_config(NESTED, COUNT, env_kwargs=kwargs)
+    ours = fleet_batches(config, 2, 20)
+    theirs = torchrl_batches(NESTED, COUNT, 2, 20, env_kwargs=kwargs)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert_equal_batches(mine, reference)
+    assert any_done(ours)
+
+
+@pytest.mark.parametrize("batch", [0, 5])
+def test_port_nested_env_dims(batch: int) -> None:
+    nested_dim = 5
+    kwargs = {"nested_dim": nested_dim, "batch": batch}
+    config = torchrl_config(NESTED, COUNT, env_kwargs=kwargs, num_envs=batch or 2)
+    (td,) = fleet_batches(config, 1, 20)
+    envs = batch or 2
+    assert ("data", "reward") not in td.keys(True)
+    assert td.batch_size == (envs, 20 // envs)
+    assert td["data"].batch_size == (envs, 20 // envs, nested_dim)
+    assert td["next", "data"].batch_size == (envs, 20 // envs, nested_dim)
+
+
+def test_port_nested_env_of_two_batch_dims_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"batched as \[5, 2\]"):
+        TorchRLCore(torchrl_config("rlfleet_test_mocks:nested_2d", COUNT, num_envs=10))
+
+
+@pytest.mark.parametrize("batch", [0, 2])
+@pytest.mark.parametrize("frames_per_batch", [4, 8, 16])
+@pytest.mark.parametrize("max_steps", [2, 3])
+def test_port_multi_key_collector(batch: int, frames_per_batch: int, max_steps: int) -> None:
+    envs = batch or 2
+    config = torchrl_config(
+        MULTI_KEY,
+        "rlfleet_test_mocks:multi_key_policy",
+        policy_kwargs={"envs": 0 if batch else envs},
+        env_kwargs={"max_steps": max_steps, "batch": batch},
+        num_envs=envs,
+    )
+    (td,) = fleet_batches(config, 1, frames_per_batch)
+    for key in td.keys(True, True):
+        assert (key if isinstance(key, str) else key[-1]) != "_reset", key
+    check_rollout_consistency_multikey_env(td.exclude("collector"), max_steps=max_steps)
+
+
+@pytest.mark.parametrize(
+    ("env", "policy", "kwargs"),
+    [
+        (NESTED, COUNT, {}),
+        (MULTI_KEY, "rlfleet_test_mocks:multi_key_policy", {"deterministic": True, "envs": 1}),
+    ],
+    ids=["nested", "multi-key"],
+)
+def test_port_multi_collector_consistency(env: str, policy: str, kwargs: dict[str, Any]) -> None:
+    # One env, 20 steps a batch; episodes whose length does not divide 20 (TorchRL's).
+    env_kwargs = {"max_steps": 5} if env == MULTI_KEY else {}
+    config = torchrl_config(env, policy, kwargs, num_envs=1, env_kwargs=env_kwargs)
+    with create_server(config).run_in_thread() as actor:
+        batches = {}
+        for sync in (True, False):
+            with GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20, sync=sync) as c:
+                one, two = c.next(), c.next()
+            assert one.names[-1] == "time"
+            assert not (one.exclude("collector") == two.exclude("collector")).all()
+            batches[sync] = one.exclude("collector")
+    assert batches[True].batch_size == (1, 1, 20)  # [workers, envs, time] when sync
+    assert batches[False].batch_size == (1, 20)
+
+
+def test_port_reset_heterogeneous_envs() -> None:
+    config = torchrl_config("rlfleet_test_mocks:mixed_limits", "random")
+    (data,) = fleet_batches(config, 1, 100)
+    truncated = data["next", "truncated"].squeeze(-1)
+    assert torch.equal(truncated[0], torch.tensor([False, True]).repeat(25))
+    assert torch.equal(truncated[1], torch.tensor([False, False, True]).repeat(17)[:50])
+
+
+def test_port_policy_with_mask_is_never_called_on_zeros() -> None:
+    config = torchrl_config(
+        "rlfleet_test_mocks:counting_batched", "rlfleet_test_mocks:no_zeros_policy", num_envs=1
+    )
+    (data,) = fleet_batches(config, 1, 10)
+    assert (data["observation"] >= 10).all()

@@ -1,0 +1,424 @@
+"""The TorchRL-env actor (``kind="torchrl"``) against TorchRL 0.14.1's own ``Collector``.
+
+The parity tests run a real actor server on loopback and a real learner
+(``GrpcCollector``), and TorchRL's ``Collector`` on the same env factory, policy factory
+and seed: the batches must be equal but for what rlfleet adds (``torchrl_harness``).
+The other tests drive a :class:`TorchRLCore` directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+pytest.importorskip("torchrl")
+import rlfleet_test_torchrl as factories
+from torchrl.envs import SerialEnv
+from torchrl_harness import (
+    TRAJ_IDS,
+    any_done,
+    assert_equal_batches,
+    fleet_batches,
+    torchrl_batches,
+    torchrl_config,
+)
+
+from actor_service import ActorConfig, ModelSpec, create_server
+from actor_service._core._state import decode_state
+from actor_service._kinds.torchrl.batch import flat_state
+from actor_service._kinds.torchrl.core import TorchRLCore
+from common.config import CollectSettings
+from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
+from common.packets.folding import FoldedBatch
+from learner_client import GrpcCollector
+
+
+def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: Any) -> ActorConfig:
+    return torchrl_config(env, policy, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("env", "policy", "settings"),
+    [
+        ("cartpole", "greedy_policy", {}),
+        ("cartpole", "sampling_policy", {}),
+        ("cartpole", "sampling_policy", {"init_random_frames": 60}),
+        ("cartpole", "greedy_policy", {"set_truncated": True, "reset_at_each_iter": True}),
+        ("stacked_cartpole", "greedy_policy", {}),
+        ("stacked_cartpole", "sampling_policy", {"max_frames_per_traj": 7}),
+        ("stacked_cartpole", "sampling_policy", {"split_trajs": True}),
+        ("pendulum", "ou_policy", {}),
+        ("lstm_cartpole", "lstm_policy", {}),
+        ("categorical_cartpole", "egreedy_policy", {}),
+        ("nested_counting", "random", {}),
+        ("crowded_counting", "random", {}),
+        ("counting", "random", {}),
+        ("multi_key_counting", "random", {}),
+        ("end_of_life_cartpole", "sampling_policy", {}),
+    ],
+    ids=[
+        "greedy",
+        "probabilistic",
+        "init-random-frames",
+        "truncated-reset",
+        "folded",
+        "max-frames-per-traj",
+        "split-trajs",
+        "ou-noise",
+        "lstm",
+        "qvalue-egreedy",
+        "nested-keys",
+        "nested-keys-folded",
+        "counting",
+        "multi-key",
+        "end-of-life",
+    ],
+)
+def test_torchrl_actor_batches_equal_torchrl_collector_batches(
+    env: str, policy: str, settings: dict[str, Any]
+) -> None:
+    ours = fleet_batches(_config(env, policy), 2, **settings)
+    theirs = torchrl_batches(env, policy, 2, **settings)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert_equal_batches(mine, reference, split=settings.get("split_trajs", False))
+    assert any_done(ours), "an episode must end for the check to mean something"
+
+
+def test_torchrl_actor_carries_end_of_life_and_lives_as_torchrl_sets_them() -> None:
+    (batch,) = fleet_batches(_config("end_of_life_cartpole", "sampling_policy"), 1)
+    lost = batch["next", "end-of-life"].squeeze(-1)
+    lives = batch["next", "lives"]
+    assert lost.dtype == torch.bool
+    assert lives.dtype == torch.int64
+    assert lost.any(), "a life must be lost for the check to mean something"
+    # a life is lost on the step where ``lives`` drops, and only there
+    assert (lost == (lives < batch["lives"])).all()
+
+
+def test_torchrl_actor_carries_string_keys_as_non_tensor_stacks() -> None:
+    (batch,) = fleet_batches(_config("string_counting", "random"), 1, frames_per_batch=8)
+    texts = [list(row) for row in batch["next", "string"]]  # a NonTensorStack's data
+    assert len(texts) == 2
+    assert all(len(row) == 4 for row in texts)
+    assert all(isinstance(text, str) and text for row in texts for text in row)
+    assert [list(row)[1:] for row in batch["string"]] == [row[:-1] for row in texts]
+
+
+def test_torchrl_core_trajectory_ids_are_fleet_unique_and_renewed_at_episode_ends() -> None:
+    with TorchRLCore(_config(policy="sampling_policy", worker_id=7)) as core:
+        core.configure(CollectSettings(frames_per_batch=100))
+        batch = core.collect_batch()
+    assert isinstance(batch, TensorDict)
+    ids, done = batch.get(TRAJ_IDS), batch["next", "done"].squeeze(-1)
+    assert done.any()
+    assert ((ids >> 47) == 7).all()
+    assert torch.equal(ids[:, 1:] != ids[:, :-1], done[:, :-1])
+    assert ids.unique().numel() == 2 + int(done[:, :-1].sum())
+
+
+def test_torchrl_core_push_swaps_weights_and_buffers_between_steps() -> None:
+    with TorchRLCore(_config()) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        module = core.models.module("policy")
+        state = {k: v.clone() for k, v in module.state_dict().items()}
+        assert "module.offset" in state  # buffers travel with the weights
+        state["module.offset"] = torch.tensor([0.0, 1e6])
+        assert core.models.load_weights("policy", 3, state) == 3
+        batch = core.collect_batch()
+        assert isinstance(batch, TensorDict)
+        assert (batch["action"].argmax(-1) == 1).all()
+        assert (batch["policy_version"] == 3).all()
+        assert (batch["next", "policy_version"] == 3).all()
+        with pytest.raises(StaleVersionError):
+            core.models.load_weights("policy", 3, state)
+        with pytest.raises(WeightsError, match="offset"):
+            core.models.load_weights("policy", 4, state | {"module.offset": torch.zeros(3)})
+
+
+def test_torchrl_core_seed_chains_like_torchrl_and_repeats_batches() -> None:
+    pool = SerialEnv(2, factories.cartpole)
+    expected = pool.set_seed(5)
+    pool.close()
+    batches = []
+    for _ in range(2):
+        with TorchRLCore(_config(policy="sampling_policy")) as core:
+            assert core.set_seed(5) == expected
+            core.configure(CollectSettings(frames_per_batch=20))
+            batches.append(core.collect_batch())
+    for key in ("action", "observation", ("next", "episode_reward")):
+        assert torch.equal(batches[0][key], batches[1][key]), key
+
+
+def test_torchrl_core_state_dict_restores_weights_buffers_and_counters() -> None:
+    with TorchRLCore(_config()) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        core.collect_batch()
+        state = core.state_dict()
+        assert state["frames"] == 20
+        assert "module.offset" in state["models"]["policy"]["weights"]
+    with TorchRLCore(_config()) as other:
+        assert other.load_state_dict(state) == {"policy": (0, 0)}
+        assert other.frames == 20
+
+
+def test_torchrl_core_folds_large_observations_exactly() -> None:
+    batches = []
+    for fold in (False, True):
+        with TorchRLCore(_config("stacked_cartpole")) as core:
+            core.configure(CollectSettings(frames_per_batch=60, fold_observations=fold))
+            batches.append(core.collect_batch())
+    plain, folded = batches
+    assert isinstance(folded, FoldedBatch)
+    assert ("next", "observation") not in folded.batch.keys(True, True)
+    assert set(folded.finals.keys()) == {"index", "observation", "episode_reward"}
+    # Two cores draw two epochs, so their trajectory ids differ; all else is equal.
+    assert (folded.unfold().exclude(TRAJ_IDS) == plain.exclude(TRAJ_IDS)).all()
+
+
+def test_torchrl_core_folds_nested_observation_keys_exactly() -> None:
+    batches = []
+    for fold in (False, True):
+        with TorchRLCore(_config("crowded_counting", "random")) as core:
+            core.configure(CollectSettings(frames_per_batch=40, fold_observations=fold))
+            batches.append(core.collect_batch())
+    plain, folded = batches
+    assert isinstance(folded, FoldedBatch)
+    assert ("data", "states") in folded.finals.keys(True, True)
+    assert ("next", "data", "states") not in folded.batch.keys(True, True)
+    assert (folded.unfold().exclude(TRAJ_IDS) == plain.exclude(TRAJ_IDS)).all()
+
+
+def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
+    config = ActorConfig(
+        kind="torchrl", env="CartPole-v1", num_envs=3, seed=1, models=(ModelSpec(factory="random"),)
+    )
+    with TorchRLCore(config) as core:
+        assert core.models.parameters_info("policy") == {}
+        core.configure(CollectSettings(frames_per_batch=30))
+        batch = core.collect_batch()
+    assert isinstance(batch, TensorDict)
+    assert batch.batch_size == (3, 10)
+    assert (batch["action"].sum(-1) == 1).all()  # one-hot, as TorchRL's GymEnv encodes it
+    assert core.describe().kind == "torchrl"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"env_factory": "rlfleet_test_torchrl:raising_env"}, "no env today"),
+        ({"env_factory": "rlfleet_test_torchrl:not_an_env"}, "not a torchrl.envs.EnvBase"),
+        ({"models": (ModelSpec(factory="rlfleet_test_torchrl:raising_policy"),)}, "no policy"),
+        ({"models": (ModelSpec(factory="rlfleet_test_torchrl:wrong_key_policy"),)}, "probe"),
+        ({"models": (ModelSpec(factory="mlp"),)}, "gymnasium spaces"),
+        ({"num_envs": 3, "env_factory": "rlfleet_test_torchrl:batched_cartpole"}, "batch size"),
+        # Agents of different shapes need lazy stacks, which a dense packet cannot carry.
+        (
+            {
+                "env_factory": "rlfleet_test_torchrl:heterogeneous_counting",
+                "models": (ModelSpec(factory="random"),),
+            },
+            "agents of different shapes under 'lazy'",
+        ),
+    ],
+    ids=[
+        "env-raises",
+        "not-an-env",
+        "policy-raises",
+        "policy-fails-probe",
+        "mlp",
+        "batched",
+        "heterogeneous",
+    ],
+)
+def test_torchrl_core_raises_if_the_env_or_policy_cannot_be_built(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TorchRLCore(_config(**overrides))
+
+
+def test_torchrl_core_takes_an_env_that_is_batched_itself() -> None:
+    config = _config(env="batched_cartpole", policy="greedy_policy")
+    with TorchRLCore(config) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        batch = core.collect_batch()
+    assert isinstance(batch, TensorDict)
+    assert batch.batch_size == (2, 10)
+
+
+def test_torchrl_core_raises_if_settings_do_not_fit() -> None:
+    with TorchRLCore(_config()) as core:
+        with pytest.raises(ValueError, match="multiple of num_envs=2"):
+            core.configure(CollectSettings(frames_per_batch=21))
+        with pytest.raises(ValueError, match="'step_count' key already"):
+            core.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=5))
+    with (
+        TorchRLCore(_config("nested_counting", "random")) as core,
+        pytest.raises(ValueError, match="no truncated key"),
+    ):
+        core.configure(CollectSettings(frames_per_batch=20, set_truncated=True))
+
+
+def test_torchrl_core_max_frames_per_traj_changes_between_sessions() -> None:
+    with TorchRLCore(_config("stacked_cartpole", "sampling_policy")) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        first = core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=3))
+        limited = core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=20))
+        unlimited = core.collect_batch()
+    assert "step_count" not in first
+    assert "step_count" not in unlimited
+    assert limited["next", "step_count"].max() == 3
+    assert limited["step_count"][:, 0].eq(0).all()  # in-flight episodes were reset
+    ids = limited.get(TRAJ_IDS)
+    assert not set(ids.unique().tolist()) & set(first.get(TRAJ_IDS).unique().tolist())
+
+
+def test_torchrl_core_async_backend_steps_a_parallel_env_in_subprocesses() -> None:
+    batches = []
+    for backend in ("async", "sync"):
+        with TorchRLCore(_config(env_backend=backend)) as core:
+            assert (
+                type(core._pool).__name__ == {"async": "ParallelEnv", "sync": "SerialEnv"}[backend]
+            )
+            core.configure(CollectSettings(frames_per_batch=20))
+            batches.append(core.collect_batch())
+            if backend == "async":
+                workers = list(core._pool._workers)
+                assert len(workers) == 2
+                assert all(p.is_alive() for p in workers)
+    assert not any(p.is_alive() for p in workers)  # closed with the core
+    parallel, serial = batches
+    assert (parallel.exclude(TRAJ_IDS) == serial.exclude(TRAJ_IDS)).all()
+
+
+@pytest.mark.parametrize("policy", ["greedy_policy", "random"])
+def test_torchrl_core_raises_env_error_and_rebuilds_the_pool_when_the_env_crashes(
+    policy: str,
+) -> None:
+    with TorchRLCore(_config(env="crashing_cartpole", policy=policy, num_envs=1)) as core:
+        core.configure(CollectSettings(frames_per_batch=10))
+        with pytest.raises(EnvError, match="simulator crashed") as info:
+            core.collect_batch()
+        assert info.value.env == "rlfleet_test_torchrl:crashing_cartpole"
+        core.configure(CollectSettings(frames_per_batch=2))
+        batch = core.collect_batch()  # on a rebuilt pool, whose new envs have steps left
+    assert isinstance(batch, TensorDict)
+    assert batch.batch_size == (1, 2)
+
+
+def test_torchrl_actor_takes_pushes_with_buffers_seeds_and_state_from_the_learner() -> None:
+    policy = factories.greedy_policy(factories.cartpole())
+    policy.module.offset.copy_(torch.tensor([0.0, 1e6]))  # a buffer: always push right
+    pool = SerialEnv(2, factories.cartpole)
+    expected_seed = pool.set_seed(7)
+    pool.close()
+    with (
+        create_server(_config()).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20) as collector,
+    ):
+        collector.update_policy_weights_(policy)
+        assert collector.set_seed(7) == expected_seed
+        batch = collector.next()  # the first batch of the new seed, after the push
+        state = collector.state_dict()
+        collector.load_state_dict(state)
+        assert actor.server.ready
+    assert (batch["next", "policy_version"] == 1).all()
+    assert (batch["action"].argmax(-1) == 1).all()
+
+
+def test_torchrl_actor_env_crash_reaches_the_learner_and_the_actor_keeps_serving() -> None:
+    config = _config(env="crashing_cartpole", num_envs=1)
+    with create_server(config).run_in_thread() as actor:
+        address = f"127.0.0.1:{actor.port}"
+        with (
+            GrpcCollector([address], frames_per_batch=8, batch_timeout=60) as collector,
+            pytest.raises(EnvError) as info,
+        ):
+            collector.next()
+        assert info.value.env == "rlfleet_test_torchrl:crashing_cartpole"
+        assert info.value.exception_message == "simulator crashed"
+        assert actor.server.ready
+        with GrpcCollector([address], frames_per_batch=2) as collector:
+            assert collector.next().batch_size == (1, 2)  # a rebuilt pool, steps left
+
+
+def test_torchrl_core_push_of_an_annealed_epsilon_reaches_the_exploration_module() -> None:
+    with TorchRLCore(_config("categorical_cartpole", "egreedy_policy")) as core:
+        module = core.models.module("policy")
+        learner = factories.egreedy_policy(factories.categorical_cartpole())
+        learner.load_state_dict(module.state_dict())
+        learner[1].step(10)  # annealed to eps_end = 0 on the learner
+        assert "module.1.eps" in core.models.parameters_info("policy")
+        core.models.load_weights("policy", 1, learner.state_dict())
+        core.configure(CollectSettings(frames_per_batch=40))
+        batch = core.collect_batch()
+    assert isinstance(batch, TensorDict)
+    assert batch["action"].dtype == torch.int64  # an index, as the Categorical spec encodes it
+    assert torch.equal(batch["action"], batch["action_value"].argmax(-1))  # no exploration left
+
+
+def _env_stats(core: TorchRLCore) -> dict[str, torch.Tensor]:
+    return flat_state(core.state_dict()["env"])
+
+
+def test_torchrl_core_state_holds_the_env_transforms_state() -> None:
+    config = _config("normalized_pendulum", "random")
+    with TorchRLCore(config) as first, TorchRLCore(config) as second:
+        first.configure(CollectSettings(frames_per_batch=40))
+        first.collect_batch()
+        stats = _env_stats(first)
+        assert any("loc" in key for key in stats), list(stats)
+        assert any(not torch.equal(stats[k], v) for k, v in _env_stats(second).items())
+        second.load_state_dict(first.state_dict())
+        restored = _env_stats(second)
+        assert restored.keys() == stats.keys()
+        assert all(torch.equal(restored[k], v) for k, v in stats.items())
+        bad = first.state_dict()
+        stats_of_worker = bad["env"]["worker0"]["transforms.1._extra_state"]
+        key = next(k for k in stats_of_worker if k.startswith("loc"))
+        stats_of_worker[key] = torch.full_like(stats_of_worker[key], float("nan"))
+        with pytest.raises(WeightsError):
+            second.load_state_dict(bad)
+        assert all(torch.equal(_env_stats(second)[k], v) for k, v in stats.items())
+
+
+def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> None:
+    with (
+        create_server(_config("normalized_pendulum", "random")).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20) as collector,
+    ):
+        collector.next()
+        saved = collector.state_dict()
+        blob = saved["workers"][0].numpy().tobytes()  # the actor's state file, as GetState sent it
+        stats = flat_state(decode_state(blob)["env"])
+        core = actor.server.runtime.core
+        for _ in range(3):  # the running statistics move on with every batch
+            collector.next()
+        assert any(not torch.equal(_env_stats(core)[k], v) for k, v in stats.items())
+        collector.load_state_dict(saved)
+        after = _env_stats(core)
+    assert all(torch.equal(after[k], v) for k, v in stats.items())
+
+
+def test_torchrl_actor_state_reads_one_actors_transform_state_from_the_learner() -> None:
+    config = _config("normalized_pendulum", "random")
+    with (
+        create_server(config).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20, prefetch=0, sync=True) as c,
+    ):
+        c.next()  # and nothing collected ahead: the state stays put
+        state = c.actor_state(0)
+        expected = _env_stats(actor.server.runtime.core)
+        with pytest.raises(UnknownWorkerError):
+            c.actor_state(5)
+    stats = flat_state(state["env"])
+    assert stats.keys() == expected.keys()
+    assert any("loc" in key for key in stats)
+    assert all(torch.equal(stats[k], v) for k, v in expected.items())
+    assert state["frames"] == 20
+    assert set(state) >= {"models", "frames", "batches", "traj_counter", "env"}

@@ -1,0 +1,115 @@
+"""The actor's part staging on its own: a fake clock for expiry, drops released, buffers pooled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart
+from common.errors import StaleVersionError, WeightsError, WeightsTooLargeError
+from common.weights import Part
+
+MODEL = {"a": None, "b": None}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _part(index: int, count: int, key: str, *, base: int | None = None) -> StagedPart:
+    tensor = torch.zeros(4)
+    if base is None:
+        return StagedPart(Part(index, count), {key: tensor}, {}, buffer=torch.empty(8))
+    delta = {key: (torch.tensor([0]), torch.ones(1))}
+    return StagedPart(Part(index, count), {}, delta, base, buffer=torch.empty(8))
+
+
+@pytest.fixture
+def staging():
+    clock, released = Clock(), []
+    staging = PartStaging(5.0, lambda m, parts, applied: released.append((m, parts)), clock)
+    return staging, clock, released
+
+
+def test_parts_complete_a_version_once_all_arrived(staging) -> None:
+    parts, _, released = staging
+    assert parts.stage("policy", 3, _part(1, 2, "b"), MODEL, 64)[:2] == (1, None)
+    assert parts.staging() == {"policy": (3, [1], 2)}
+    count, whole, done = parts.stage("policy", 3, _part(0, 2, "a"), MODEL, 64)
+    assert count == 2
+    assert whole is not None
+    assert sorted(whole.tensors) == ["a", "b"]
+    assert [p.part.index for p in done] == [1, 0]
+    assert parts.staging() == {}
+    assert released == []  # released by the caller once swapped in
+    with pytest.raises(StaleVersionError, match="comes too late"):
+        parts.admit("policy", 3, Part(0, 2), None)  # a finished version is never taken again
+
+
+def test_a_version_expires_at_its_deadline_and_its_parts_are_released(staging) -> None:
+    parts, clock, released = staging
+    first = _part(0, 2, "a")
+    parts.stage("policy", 3, first, MODEL, 64)
+    clock.now += 4.9
+    parts.expire()
+    assert parts.staging() == {"policy": (3, [0], 2)}
+    clock.now += 0.1
+    parts.expire()
+    assert parts.staging() == {}
+    assert released == [("policy", [first])]
+    with pytest.raises(StaleVersionError, match="version 3 expired"):
+        parts.admit("policy", 3, Part(1, 2), None)
+    with pytest.raises(StaleVersionError, match="comes too late"):
+        parts.admit("policy", 2, Part(1, 2), None)  # older than an expired one
+    parts.admit("policy", 4, Part(1, 2), None)  # a newer version is welcome
+
+
+def test_a_newer_version_supersedes_only_once_its_part_is_accepted(staging) -> None:
+    parts, _, released = staging
+    parts.stage("policy", 3, _part(0, 2, "a"), MODEL, 64)
+    with pytest.raises(WeightsTooLargeError):  # refused: version 3 keeps staging
+        parts.stage("policy", 4, _part(0, 2, "a"), MODEL, 8)
+    assert parts.staging() == {"policy": (3, [0], 2)}
+    parts.stage("policy", 4, _part(0, 2, "a"), MODEL, 64)
+    assert parts.staging() == {"policy": (4, [0], 2)}
+    assert len(released) == 1
+    with pytest.raises(StaleVersionError, match="superseded by version 4"):
+        parts.admit("policy", 3, Part(1, 2), None)
+
+
+def test_a_whole_push_drops_a_staging_version_not_newer(staging) -> None:
+    parts, _, released = staging
+    parts.stage("policy", 3, _part(0, 2, "a"), MODEL, 64)
+    parts.settle("policy", 2)
+    assert parts.staging() == {"policy": (3, [0], 2)}
+    parts.settle("policy", 3)
+    assert parts.staging() == {}
+    assert len(released) == 1
+
+
+def test_delta_parts_share_a_base_and_need_not_cover_every_key(staging) -> None:
+    parts, _, _ = staging
+    parts.stage("policy", 3, _part(0, 3, "a", base=2), MODEL, 64)
+    with pytest.raises(WeightsError, match="applies on version 1"):
+        parts.stage("policy", 3, _part(1, 3, "b", base=1), MODEL, 64)
+    parts.stage("policy", 3, _part(1, 3, "b"), MODEL, 64)  # a whole part beside them
+    _, whole, _ = parts.stage("policy", 3, StagedPart(Part(2, 3), {}, {}, 2), MODEL, 64)
+    assert whole is not None
+    assert whole.base_version == 2
+
+
+def test_part_buffers_lend_the_smallest_fitting_and_keep_within_the_budget() -> None:
+    pool = PartBuffers()
+    small, large = torch.empty(10, dtype=torch.uint8), torch.empty(20, dtype=torch.uint8)
+    pool.give_back("policy", [small, large, small], budget=40)  # the same buffer once
+    assert pool.take("policy", 30) is None
+    assert pool.take("policy", 5) is small
+    assert pool.take("policy", 5) is large
+    assert pool.take("policy", 5) is None
+    pool.give_back("policy", [small, large], budget=25)  # over budget: the smallest goes
+    assert pool.take("policy", 1) is large
+    assert pool.take("policy", 1) is None

@@ -1,0 +1,332 @@
+"""Describe, GetState / LoadState, SetSeed and health on an in-process actor."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+from actor_harness import Actor, RawCollect, open_request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import poll_until
+
+from actor_service import ActorConfig, create_server, serve
+from actor_service._core._state import decode_state, state_to_blob
+from actor_service._kinds.env.core import EnvCore
+from actor_service._serve import _servicer as servicer_module
+from actor_service._serve import _streams as streams_module
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
+
+
+def _get_state(actor: Actor) -> bytes:
+    stream = actor.stub.GetState(pb.GetStateRequest(), timeout=30)
+    header = next(stream).header
+    assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
+    for message in stream:
+        assembler.add(message.chunk)
+    return bytes(assembler.finish())
+
+
+def _load_requests(
+    blob: bytes, sha256: str | None = None, *, allow_rollback: bool = False
+) -> Iterator[pb.StateChunk]:
+    header = pb.StateHeader(
+        total_bytes=len(blob), sha256=sha256 or sha256_hex(blob), allow_rollback=allow_rollback
+    )
+    yield pb.StateChunk(header=header)
+    for piece in iter_blob_chunks(blob, 4096):
+        yield pb.StateChunk(chunk=bytes(piece))
+
+
+def _policy_weights(actor: Actor) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in actor.worker.models.module("policy").state_dict().items()}
+
+
+def test_describe_reports_worker_env_spaces_and_models(make_actor: object) -> None:
+    actor = make_actor(worker_id=5, max_credits=3)
+    described = actor.stub.Describe(pb.DescribeRequest(), timeout=10)
+    assert described.worker_id == 5
+    assert described.epoch == actor.worker.epoch != 0
+    assert described.env_id == "CartPole-v1"
+    assert described.num_envs == 2
+    assert described.max_credits == 3
+    assert not described.busy
+    assert described.observation_spec.kind == "box"
+    assert list(described.observation_spec.shape) == [4]
+    assert described.action_spec.kind == "discrete"
+    assert list(described.action_spec.n) == [2]
+    (model,) = described.models
+    assert model.model_id == "policy"
+    assert model.version == 0
+    assert {p.name for p in model.parameters} == set(_policy_weights(actor))
+
+
+def test_describe_reports_busy_during_a_session(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=0))
+    session.opened()
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).busy
+    session.cancel()
+    poll_until(lambda: not actor.stub.Describe(pb.DescribeRequest(), timeout=10).busy)
+
+
+def test_get_state_round_trips_through_load_state(make_actor: object) -> None:
+    source = make_actor(seed=1)
+    session = RawCollect.open(source.stub, open_request(credits=2))
+    session.opened()
+    session.batch(), session.batch()
+    session.cancel()
+    blob = _get_state(source)
+    state = decode_state(blob)
+    assert "models" in state
+    target = make_actor(seed=2)
+    assert not all(
+        torch.equal(_policy_weights(source)[k], v) for k, v in _policy_weights(target).items()
+    )
+    response = target.stub.LoadState(_load_requests(blob), timeout=30)
+    assert response.worker_id == 0
+    for key, value in _policy_weights(target).items():
+        assert torch.equal(value, _policy_weights(source)[key]), key
+
+
+def test_load_state_raises_if_state_is_bad_and_changes_nothing(actor: Actor) -> None:
+    before = _policy_weights(actor)
+    good = decode_state(_get_state(actor))
+    weights = good["models"]["policy"]["weights"]
+    name = next(iter(weights))
+    weights[name] = torch.zeros(7)
+    cases = [
+        (state_to_blob(good), None, grpc.StatusCode.INVALID_ARGUMENT),
+        (encode_weights(before), None, grpc.StatusCode.INVALID_ARGUMENT),  # not a state file
+        (state_to_blob(good), "0" * 64, grpc.StatusCode.DATA_LOSS),
+    ]
+    for blob, sha, code in cases:
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.LoadState(_load_requests(blob, sha), timeout=30)
+        assert error.value.code() == code
+    for key, value in _policy_weights(actor).items():
+        assert torch.equal(value, before[key])
+
+
+def _snapshot(actor: Actor) -> tuple:
+    worker = actor.worker
+    return (
+        _policy_weights(actor),
+        worker.models.policy_version("policy"),
+        worker.frames,
+        worker.batches,
+        worker.state_dict()["traj_counter"],
+    )
+
+
+def _assert_same(actor: Actor, before: tuple) -> None:
+    weights, *rest = _snapshot(actor)
+    assert rest == list(before[1:])
+    for key, value in weights.items():
+        assert torch.equal(value, before[0][key]), key
+
+
+def _nested_state_blob(depth: int) -> bytes:
+    tree = "[" * depth + "]" * depth
+    metadata = {"rlfleet.format": "actor-state/1", "rlfleet.state": tree}
+    return encode_weights({}, metadata=metadata)
+
+
+def test_load_state_raises_invalid_argument_if_a_number_is_out_of_range(actor: Actor) -> None:
+    before = _snapshot(actor)
+    good = decode_state(_get_state(actor))
+    other = {k: torch.full_like(v, 0.5) for k, v in good["models"]["policy"]["weights"].items()}
+    good["models"]["policy"]["weights"] = other  # would be visible if anything were applied
+    bad_states = [
+        {**good, "traj_counter": 2**70},
+        {**good, "frames": 2**64},
+        {**good, "batches": -1},
+        {**good, "models": {"policy": {"version": 2**63, "weights": other}}},
+        {**good, "models": {"policy": {"version": 1.5, "weights": other}}},
+    ]
+    blobs = [state_to_blob(s) for s in bad_states] + [_nested_state_blob(100_000)]
+    for blob in blobs:
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.LoadState(_load_requests(blob), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+        _assert_same(actor, before)
+    session = RawCollect.open(actor.stub, open_request(credits=1))  # the actor still collects
+    session.opened()
+    assert session.batch()[1]["policy_version"].eq(0).all()
+    session.cancel()
+
+
+def test_load_state_refuses_a_rollback_unless_allowed_and_audits_every_load(
+    actor: Actor, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = _get_state(actor)  # version 0
+    state = decode_state(old)
+    newer = {k: torch.full_like(v, 0.25) for k, v in state["models"]["policy"]["weights"].items()}
+    state["models"]["policy"] = {"version": 3, "weights": newer}
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        actor.stub.LoadState(_load_requests(state_to_blob(state)), timeout=30)  # forward: fine
+        before = _snapshot(actor)
+        assert before[1] == 3
+        with pytest.raises(grpc.RpcError) as error:
+            actor.stub.LoadState(_load_requests(old), timeout=30)
+        assert error.value.code() == grpc.StatusCode.ABORTED
+        assert "allow_rollback" in error.value.details()
+        _assert_same(actor, before)
+        actor.stub.LoadState(_load_requests(old, allow_rollback=True), timeout=30)
+    assert actor.worker.models.policy_version("policy") == 0
+    loads = [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "weights.load_state"]
+    results = [r.rlfleet_fields["result"] for r in loads]
+    assert results == ["OK", "ABORTED", "OK"]
+    assert loads[0].rlfleet_fields["versions"] == {"policy": "0->3"}
+    assert loads[2].rlfleet_fields["versions"] == {"policy": "3->0"}
+    assert all(r.rlfleet_fields["peer"].startswith("ipv") for r in loads)
+    assert [r.rlfleet_fields["allow_rollback"] for r in loads] == [False, False, True]
+
+
+def test_set_seed_returns_the_next_seed_and_makes_collection_repeatable(actor: Actor) -> None:
+    def first_batch_after_seed() -> tuple[int, torch.Tensor]:
+        next_seed = actor.stub.SetSeed(pb.SetSeedRequest(seed=123), timeout=10).next_seed
+        session = RawCollect.open(
+            actor.stub,
+            open_request(
+                credits=1,
+                reset_at_each_iter=True,
+                exploration_type=pb.EXPLORATION_TYPE_DETERMINISTIC,
+            ),
+        )
+        session.opened()
+        _, td = session.batch()
+        session.cancel()
+        poll_until(lambda: not actor.handle.server.runtime.busy)
+        return next_seed, td["observation"]
+
+    seed_a, obs_a = first_batch_after_seed()
+    seed_b, obs_b = first_batch_after_seed()
+    assert seed_a == seed_b != 123
+    assert torch.equal(obs_a, obs_b)
+
+
+def test_set_seed_names_the_first_batch_collected_with_the_new_seed(actor: Actor) -> None:
+    # A learner must know which batches (already sent or still in flight) predate a
+    # reseed, to drop them as TorchRL does: first_seq is the first seq seeded anew.
+    assert actor.stub.SetSeed(pb.SetSeedRequest(seed=5), timeout=10).first_seq == 1
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=200, credits=4))
+    session.opened()
+    poll_until(lambda: actor.worker.batches >= 2, message="two batches collected")
+    first_seq = actor.stub.SetSeed(pb.SetSeedRequest(seed=7), timeout=30).first_seq
+    # Everything below first_seq had been collected when SetSeed returned; nothing at or
+    # above it had started before the seeding.
+    assert 3 <= first_seq <= actor.worker.batches + 1
+    seeded_first = None
+    for _ in range(6):
+        info, td = session.batch()
+        session.credit(1)
+        if info.seq == first_seq:
+            seeded_first = td
+            break
+    session.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy)
+    assert seeded_first is not None
+    # Replaying the same seed on a fresh session reproduces that first batch.
+    actor.stub.SetSeed(pb.SetSeedRequest(seed=7), timeout=30)
+    again = RawCollect.open(actor.stub, open_request(frames_per_batch=200, credits=1))
+    again.opened()
+    _, replay = again.batch()
+    again.cancel()
+    assert torch.equal(replay["observation"], seeded_first["observation"])
+
+
+def test_health_is_not_serving_until_the_pool_is_built() -> None:
+    release = threading.Event()
+
+    def slow_factory(config: ActorConfig) -> EnvCore:
+        release.wait(30)
+        return EnvCore(config)
+
+    server = create_server(ActorConfig(host="127.0.0.1", port=0, num_envs=2), slow_factory)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
+    try:
+        poll_until(lambda: server.port is not None, message="bound")
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "rlfleet.v1.ActorService"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as error:
+            pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        release.set()
+        started.result(30)
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        channel.close()
+    finally:
+        release.set()
+        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: object) -> None:
+    actor = make_actor()
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    watch = health.Watch(
+        health_pb2.HealthCheckRequest(service="rlfleet.v1.ActorService"), timeout=30
+    )
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    stopping = threading.Thread(target=actor.handle.stop, args=(0.5,))
+    stopping.start()
+    assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    stopping.join(30)
+    watch.cancel()
+
+
+def test_serve_returns_1_if_the_env_cannot_be_built() -> None:
+    config = ActorConfig(
+        host="127.0.0.1",
+        port=0,
+        env="NoSuchEnv-v0",
+        num_envs=1,
+        torch_threads=torch.get_num_threads(),
+    )
+    assert serve(config) == 1
+
+
+def test_actor_calls_are_capped_and_health_keeps_answering(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(servicer_module, "MAX_ACTOR_CALLS", 3)
+    idle = [RawCollect(actor.stub) for _ in range(3)]  # calls waiting for their `open`
+    poll_until(lambda: _refused(actor), message="a 4th call refused")
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
+        health_pb2.HealthCheckResponse.SERVING
+    )
+    for call in idle:
+        call.cancel()
+    poll_until(lambda: not _refused(actor), message="calls admitted again")
+
+
+def _refused(actor: Actor) -> bool:
+    """Whether Describe is refused because the call cap (3) is reached."""
+    future = actor.stub.Describe.future(pb.DescribeRequest(), timeout=5)
+    if future.exception() is None:
+        return False
+    return future.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 calls" in future.details()
+
+
+def test_collect_raises_if_open_does_not_arrive_in_time(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.2)
+    error = RawCollect(actor.stub).error(timeout=10)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "Collect" in error.details()

@@ -1,0 +1,103 @@
+"""Hand-composed ``CollectResponse`` chunks and hand-read ``PushWeights`` chunks vs protobuf."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import DecodeError
+
+from actor_service._serve._wire import RawChunk, decode_push_request, encode_chunk, encode_control
+from common.protowire import length_delimited
+from common.rlfleet.v1 import actor_service_pb2 as pb
+
+# Around each varint length boundary of the data and of the chunk body, plus a full chunk.
+DATA_SIZES = [0, 1, 7, 100, 127, 128, 129, 16_300, 16_383, 16_384, 16_385, 3 * 2**20]
+SEQS = [0, 1, 127, 128, 2**40]
+
+
+def _info(seq: int) -> pb.BatchInfo:
+    return pb.BatchInfo(
+        worker_id=3,
+        epoch=2**33,
+        seq=seq,
+        frames=256,
+        total_bytes=14_500_000,
+        crc32c=0xDEADBEEF,
+        model_id="policy",
+        policy_version_min=4,
+        policy_version_max=5,
+    )
+
+
+def _expected(
+    seq: int, index: int, count: int, data: bytes, info: pb.BatchInfo | None
+) -> pb.CollectResponse:
+    message = pb.CollectResponse()
+    message.chunk.seq, message.chunk.index, message.chunk.count = seq, index, count
+    message.chunk.data = data
+    if info is not None:
+        message.chunk.info.CopyFrom(info)
+    return message
+
+
+@pytest.mark.parametrize("size", DATA_SIZES)
+@pytest.mark.parametrize("seq", SEQS)
+@pytest.mark.parametrize("first", [True, False])
+def test_encode_chunk_matches_protobuf(size: int, seq: int, first: bool) -> None:
+    data = bytes((i * 7 + size) % 251 for i in range(min(size, 4096))) * (size // 4096 + 1)
+    data = data[:size]
+    info = _info(seq) if first else None
+    index, count = (0, 5) if first else (300, 301)
+    expected = _expected(seq, index, count, data, info)
+
+    encoded = encode_chunk(seq=seq, index=index, count=count, data=memoryview(data), info=info)
+
+    assert pb.CollectResponse.FromString(encoded) == expected
+    assert encoded == expected.SerializeToString()
+
+
+@pytest.mark.parametrize("info_size", [0, 120, 126, 127, 128, 16_380, 16_384])
+def test_encode_chunk_matches_protobuf_around_body_length_boundaries(info_size: int) -> None:
+    # A long model_id moves the chunk body's own length across varint boundaries.
+    info = pb.BatchInfo(seq=9, model_id="m" * info_size)
+    for size in (0, 1, 100):
+        data = b"\x01" * size
+        encoded = encode_chunk(seq=9, index=0, count=1, data=data, info=info)
+        expected = _expected(9, 0, 1, data, info)
+        assert encoded == expected.SerializeToString(), (info_size, size)
+
+
+def test_encode_chunk_keeps_an_empty_info_on_the_first_chunk() -> None:
+    encoded = encode_chunk(seq=1, index=0, count=1, data=b"x", info=pb.BatchInfo())
+
+    assert pb.CollectResponse.FromString(encoded).chunk.HasField("info")
+    assert encoded == _expected(1, 0, 1, b"x", pb.BatchInfo()).SerializeToString()
+
+
+def test_encode_control_round_trips() -> None:
+    end = pb.CollectResponse(end=pb.StreamEnd(reason=pb.END_REASON_DRAINING, last_seq=12))
+
+    assert pb.CollectResponse.FromString(encode_control(end)) == end
+
+
+@pytest.mark.parametrize("size", DATA_SIZES)
+def test_decode_push_request_views_chunks_as_protobuf_parses_them(size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    wire = pb.PushWeightsRequest(chunk=data).SerializeToString()
+    decoded = decode_push_request(wire)
+    assert isinstance(decoded, RawChunk)
+    assert decoded.WhichOneof("kind") == "chunk"
+    assert bytes(decoded.chunk) == pb.PushWeightsRequest.FromString(wire).chunk
+
+
+def test_decode_push_request_leaves_everything_else_to_protobuf() -> None:
+    header = pb.PushWeightsRequest(header=pb.WeightsHeader(model_id="policy", version=3))
+    assert decode_push_request(header.SerializeToString()) == header
+    chunk = pb.PushWeightsRequest(chunk=b"abc").SerializeToString()
+    assert length_delimited(chunk + b"\x12\x00", 0x12) is None  # a second field follows
+    assert length_delimited(chunk[:-1], 0x12) is None  # truncated payload
+    assert length_delimited(b"\x12\xff\xff", 0x12) is None  # truncated varint
+    assert length_delimited(b"\x12" + b"\xff" * 11 + b"\x01", 0x12) is None  # overlong varint
+    assert length_delimited(b"", 0x12) is None
+    assert decode_push_request(chunk + b"\x12\x01z").chunk == b"z"  # protobuf: last one wins
+    with pytest.raises(DecodeError):
+        decode_push_request(b"\x12\xff\xff")
