@@ -125,7 +125,7 @@ def assert_equal_batches(ours: TensorDict, theirs: TensorDict, *, split: bool = 
     assert set(mine) - set(reference) == {("collector", "worker_id")}
     assert set(reference) <= set(mine)
     assert ours.batch_size == theirs.batch_size
-    # The learner names the last dim "time" on every batch (learner_client/_aggregate.py),
+    # The learner names the last dim "time" on every batch (learner_client/_rounds.py),
     # split ones included; TorchRL's split_trajectories leaves it unnamed once it splits.
     assert ours.names == (theirs.names if not split else [None, "time"])
     for key, value in reference.items():
