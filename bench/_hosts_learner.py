@@ -7,8 +7,9 @@ between measurements while this process, with torch imported, lives on):
 - ``{"op": "collect", "targets": [...], "sync": bool, "frames_per_batch": n,
   "prefetch": p | null, "seconds": s, "warmup": k}``: open a ``GrpcCollector``,
   pull ``k`` untimed batches, time batches for ``s`` seconds, close it. Answers
-  ``{"frames_per_s", "rx_bytes_per_s", "tx_bytes_per_s"}``: the bytes counted by this
-  host's ``eth0`` (its whole link, headers included) over the timed window;
+  ``{"frames_per_s", "rx_bytes_per_s", "tx_bytes_per_s", "cpu_busy"}``: the bytes counted
+  by this host's ``eth0`` (its whole link, headers included) over the timed window, and
+  the share of the whole machine's CPU time that was busy meanwhile (every process);
 - ``{"op": "push", "targets": [...], "hidden": h, "counts": [1, 2, ...]}``: one timed
   ``update_policy_weights_`` of the ``"mlp"`` CartPole policy (two hidden layers of
   ``h``) to the first ``c`` actors, for every ``c`` (after one untimed warm-up push to
@@ -23,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["collect", "main", "push"]
+__all__ = ["collect", "cpu_times", "link_bytes", "main", "push"]
 
 _STATS = "/sys/class/net/eth0/statistics/"
 
@@ -32,6 +33,14 @@ def link_bytes() -> tuple[int, int]:
     """``(rx_bytes, tx_bytes)`` of this host's link so far."""
     with open(_STATS + "rx_bytes") as rx, open(_STATS + "tx_bytes") as tx:
         return int(rx.read()), int(tx.read())
+
+
+def cpu_times() -> tuple[int, int]:
+    """``(busy, total)`` jiffies of the whole machine so far (``/proc/stat`` is not per host)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def collect(cmd: dict[str, Any]) -> dict[str, float]:
@@ -54,6 +63,7 @@ def collect(cmd: dict[str, Any]) -> dict[str, float]:
             next(batches)
         frames, count = 0, 0
         rx0, tx0 = link_bytes()
+        busy0, total0 = cpu_times()
         start = time.perf_counter()
         while True:
             frames += int(next(batches).numel())
@@ -62,7 +72,9 @@ def collect(cmd: dict[str, Any]) -> dict[str, float]:
             if elapsed >= float(cmd["seconds"]) and count >= 2:
                 break
         rx1, tx1 = link_bytes()
+        busy1, total1 = cpu_times()
     return {
+        "cpu_busy": (busy1 - busy0) / max(1, total1 - total0),
         "frames_per_s": frames / elapsed,
         "rx_bytes_per_s": (rx1 - rx0) / elapsed,
         "tx_bytes_per_s": (tx1 - tx0) / elapsed,

@@ -82,6 +82,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--push-rate", default=None, help="link rate of the push runs")
     parser.add_argument("--hidden", type=int, default=None, help="push policy hidden width")
     parser.add_argument("--push-actors", default=None, help="actor counts pushed to")
+    parser.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help=f"of {list(WORKLOADS)}, comma-separated"
+    )
     args = parse(parser, argv)
     quick = args.quick
     args.rates = (args.rates or ("100mbit" if quick else "10gbit,1gbit,100mbit")).split(",")
@@ -94,6 +97,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.push_actors = [
         int(c) for c in (args.push_actors or ("1" if quick else "1,2,4")).split(",")
     ]
+    args.workloads = args.workloads.split(",")
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown --workloads {unknown}; known: {list(WORKLOADS)}")
     for rate in [*args.rates, args.latency_rate, args.push_rate]:
         rate_bits(rate)  # ValueError now, not after minutes of setup
     return args
@@ -184,7 +191,8 @@ def measure_links(
     for _ in range(reps_of(args)):
         for rate in args.rates:
             set_rate(bed, rate)
-            for name, (group, sync, fpa) in WORKLOADS.items():
+            for name in args.workloads:
+                group, sync, fpa = WORKLOADS[name]
                 per_actor = fpa[1] if args.quick else fpa[0]
                 got = learner.ask(
                     op="collect",
@@ -200,16 +208,17 @@ def measure_links(
                 samples.setdefault(f"{name} @{rate} link fraction", []).append(
                     rx * 8 / rate_bits(rate)
                 )
+                samples.setdefault(f"{name} @{rate} machine cpu busy", []).append(got["cpu_busy"])
     return samples
 
 
 def record_links(report: Report, samples: dict[str, list[float]], args: argparse.Namespace) -> None:
     """Record the link figures; a target where the link, not the CPU, is the limit."""
     for name, values in samples.items():
-        unit = "frames/s" if name.endswith("frames/s") else "B" if "bytes" in name else "of link"
+        unit = "frames/s" if name.endswith("frames/s") else "B" if "bytes" in name else "share"
         report.figure(name, unit, values)
     top = max(args.rates, key=rate_bits)
-    for workload in WORKLOADS:
+    for workload in args.workloads:
         cpu_fps = median(samples[f"{workload} @{top} frames/s"])
         for rate in args.rates:
             per_frame = median(samples[f"{workload} @{rate} wire bytes/frame"])
