@@ -13,7 +13,8 @@ rates change between measurements while every process lives on. In one run:
   ``bench.policies:sequential_policy`` (8 envs per actor) sync (1024 frames per actor
   per batch) and async (1024 per batch), and fresh random pixel frames
   (``bench.envs:make_fresh_pixel_env``, ``bench.policies:pixel_policy``, 4 envs per
-  actor) sync (128 frames per actor per batch) and async (128 per batch). Wire bytes
+  actor) sync (128 frames per actor per batch) and async (128 per batch); by
+  ``--workloads``, also ``pixels sync prefetch=2`` (each actor collects ahead). Wire bytes
   are what the learner's ``eth0`` received in the timed window (headers included),
   and "link fraction" is (wire bytes per frame x frames/s) / link rate. A workload is
   *link-bound* at a rate when that link could carry fewer frames/s than the workload
@@ -47,20 +48,23 @@ from typing import Any
 
 from bench._common import Report, base_parser, median, parse, reps_of
 
-__all__ = ["WORKLOADS", "main"]
+__all__ = ["DEFAULT_WORKLOADS", "WORKLOADS", "main"]
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _HOSTS_TESTS = _ROOT / "tests" / "hosts"
 CARTPOLE = ["--env", "CartPole-v1", "--policy", "bench.policies:sequential_policy"]
 PIXELS = ["--env-factory", "bench.envs:make_fresh_pixel_env", "--num-envs", "4"]
 PIXELS += ["--policy", "bench.policies:pixel_policy"]
-#: name -> (actor group, sync, frames per actor per batch (full, quick)).
+#: name -> (actor group, sync, frames per actor per batch (full, quick), prefetch).
 WORKLOADS = {
-    "cartpole sync": ("cartpole", True, (1024, 32)),
-    "cartpole async": ("cartpole", False, (1024, 32)),
-    "pixels sync": ("pixels", True, (128, 16)),
-    "pixels async": ("pixels", False, (128, 16)),
+    "cartpole sync": ("cartpole", True, (1024, 32), None),
+    "cartpole async": ("cartpole", False, (1024, 32), None),
+    "pixels sync": ("pixels", True, (128, 16), None),
+    "pixels async": ("pixels", False, (128, 16), None),
+    "pixels sync prefetch=2": ("pixels", True, (128, 16), 2),
 }
+#: What runs unless ``--workloads`` says otherwise.
+DEFAULT_WORKLOADS = ["cartpole sync", "cartpole async", "pixels sync", "pixels async"]
 _UNITS = {"k": 10**3, "m": 10**6, "g": 10**9}
 
 
@@ -83,7 +87,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=None, help="push policy hidden width")
     parser.add_argument("--push-actors", default=None, help="actor counts pushed to")
     parser.add_argument(
-        "--workloads", default=",".join(WORKLOADS), help=f"of {list(WORKLOADS)}, comma-separated"
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"of {list(WORKLOADS)}, comma-separated",
     )
     args = parse(parser, argv)
     quick = args.quick
@@ -192,12 +198,13 @@ def measure_links(
         for rate in args.rates:
             set_rate(bed, rate)
             for name in args.workloads:
-                group, sync, fpa = WORKLOADS[name]
+                group, sync, fpa, prefetch = WORKLOADS[name]
                 per_actor = fpa[1] if args.quick else fpa[0]
                 got = learner.ask(
                     op="collect",
                     targets=targets[group],
                     sync=sync,
+                    prefetch=prefetch,
                     frames_per_batch=per_actor * (len(targets[group]) if sync else 1),
                     seconds=args.window,
                     warmup=1 if args.quick else 2,
@@ -241,7 +248,7 @@ def measure_latency(
     bed: Any, targets: dict[str, list[str]], learner: Learner, args: argparse.Namespace
 ) -> dict[str, list[float]]:
     """CartPole sync (user policy) through the delay proxy, per prefetch and delay."""
-    group, _, fpa = WORKLOADS["cartpole sync"]
+    group, _, fpa, _ = WORKLOADS["cartpole sync"]
     per_actor = fpa[1] if args.quick else fpa[0]
     proxies = {d: start_proxy(bed, d, targets[group]) for d in [0.0, *args.delays]}
     set_rate(bed, args.latency_rate)
