@@ -47,7 +47,9 @@ def collect(cmd: dict[str, Any]) -> dict[str, float]:
     """Time one collection window (see the module docstring)."""
     from learner_client import GrpcCollector
 
-    extra = {} if cmd.get("prefetch") is None else {"prefetch": int(cmd["prefetch"])}
+    extra: dict[str, Any] = (
+        {} if cmd.get("prefetch") is None else {"prefetch": int(cmd["prefetch"])}
+    )
     with GrpcCollector(
         list(cmd["targets"]),
         frames_per_batch=int(cmd["frames_per_batch"]),
@@ -66,7 +68,9 @@ def collect(cmd: dict[str, Any]) -> dict[str, float]:
         busy0, total0 = cpu_times()
         start = time.perf_counter()
         while True:
-            frames += int(next(batches).numel())
+            batch = next(batches)
+            assert batch is not None  # an endless collector yields batches, never None
+            frames += int(batch.numel())
             count += 1
             elapsed = time.perf_counter() - start
             if elapsed >= float(cmd["seconds"]) and count >= 2:

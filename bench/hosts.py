@@ -128,7 +128,7 @@ class Learner:
     """:mod:`bench._hosts_learner` in the learner host: one command, one answer."""
 
     def __init__(self, bed: Any) -> None:
-        from on_hosts import LearnerScript
+        from on_hosts import LearnerScript  # type: ignore[import-not-found]  # tests/hosts
 
         self.script = LearnerScript(bed, "from bench._hosts_learner import main\nmain()\n")
         self.script.read(timeout=300)  # its ready line: torch imported
@@ -163,7 +163,7 @@ def start_proxy(bed: Any, delay_ms: float, targets: Sequence[str]) -> list[str]:
 def host_bed(args: argparse.Namespace) -> Iterator[tuple[Any, dict[str, list[str]], Learner]]:
     """The bed, its actors by group (``cartpole``, ``pixels``, ``push``) and the learner."""
     from on_hosts import start_actors_on
-    from testbed import TestBed
+    from testbed import TestBed  # type: ignore[import-not-found]  # tests/hosts
 
     hosts = max(args.actors, *args.push_actors)
     push_flags = ["--env", "CartPole-v1", "--num-envs", "1", "--policy", "mlp"]
