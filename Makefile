@@ -29,7 +29,7 @@ test: $(STAMP)
 ## The tests across hosts (tests/hosts, marked hosts): network namespaces on a bridge as hosts,
 ## real actors in them, silent cuts and link rates. Needs root; skipped with the reason otherwise.
 test-hosts: $(STAMP)
-	$(BIN)/python -m pytest -m "hosts and not slow" tests/hosts $(ARGS)
+	$(BIN)/python -m pytest -m "hosts and not slow" tests/hosts tests/bench/test_hosts_bench.py $(ARGS)
 
 ## The slow tests: full training runs, long fault scenarios, benchmark smoke runs.
 test-slow: $(STAMP)

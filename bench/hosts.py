@@ -1,186 +1,375 @@
-"""Pushes and collection across shaped links, against what the link can carry.
+"""Across hosts: collection and pushes over shaped links, against what each link can carry.
 
-Actors run in network namespaces as hosts (``tests/hosts/testbed.py``: a bridge, one
-veth per host, ``tc tbf`` at ``rate`` on both ends of every link, the learner's link
-included, so the learner's uplink is shared by every actor). Each actor holds the
-``"mlp"`` CartPole policy with two hidden layers of ``--hidden`` (5000: 25,040,002
-float32 parameters, 100 MB); the learner, in its own host, times
-``update_policy_weights_`` of that policy to one actor and to every actor. A push is
-sent to each actor on its own (unicast), so to ``A`` actors behind one uplink its
-floor is ``A * bytes / rate``; the table gives each time as a multiple of that floor.
+Hosts are network namespaces on a bridge (``tests/hosts/testbed.py``): a learner
+host and actor hosts, each link shaped by ``tc tbf`` on both ends of its veth; the
+learner's link carries every actor's traffic (the fleet's shared uplink) and is
+shaped at the same rate as the actors' links. Actors are real ``python -m
+actor_service`` processes started inside their hosts; the learner is
+:mod:`bench._hosts_learner` inside the learner host, driven by JSON lines, so link
+rates change between measurements while every process lives on. In one run:
 
-``--collect``: collection instead, from ``--actors`` actors of 4 pixel envs each
-(``bench.envs:make_fresh_pixel_env``: uint8 ``(4, 84, 84)`` frames of fresh random
-data, ``bench.policies:pixel_policy``), sync (256 frames per actor per batch) and
-async (256 frames per batch), ``--seconds`` each after a warm-up: frames/s, and the
-bytes the learner's link received (its interface counters, headers included) as a
-fraction of its rate.
+- collection from ``--actors`` actors (2) at each of ``--rates`` (10gbit, 1gbit,
+  100mbit; repetitions interleave the rates): CartPole-v1 with the user-style policy
+  ``bench.policies:sequential_policy`` (8 envs per actor) sync (1024 frames per actor
+  per batch) and async (1024 per batch), and fresh random pixel frames
+  (``bench.envs:make_fresh_pixel_env``, ``bench.policies:pixel_policy``, 4 envs per
+  actor) sync (128 frames per actor per batch) and async (128 per batch); by
+  ``--workloads``, also ``pixels sync prefetch=2`` (each actor collects ahead). Wire bytes
+  are what the learner's ``eth0`` received in the timed window (headers included),
+  and "link fraction" is (wire bytes per frame x frames/s) / link rate. A workload is
+  *link-bound* at a rate when that link could carry fewer frames/s than the workload
+  made at the highest rate (the CPU's figure); only there is the target >= 0.9 of the
+  link set, elsewhere the row is noted as CPU-bound;
+- collection through ``--delays`` (5 and 25 ms) added each way by
+  :mod:`bench._delay_proxy` (a TCP proxy in the learner host: netem is absent), CartPole
+  sync with the user policy, ``prefetch`` 1 and 2, at ``--latency-rate`` (1gbit), each
+  against the same prefetch through the proxy at 0 ms (target >= 0.9 with prefetch=2);
+- ``update_policy_weights_`` of the ``"mlp"`` CartPole policy with two hidden layers
+  of ``--hidden`` (5000: 25,040,002 float32 parameters, 100 MB) over ``--push-rate``
+  (1gbit) links to 1, 2 and 4 actors on their own hosts behind the learner's link of
+  the same rate, against the link's floor (``actors x bytes / rate``: a push is one
+  unicast per actor today). Target: <= 1.3x the floor for one actor.
 
-Needs root (network namespaces). Usage:
-``python -m bench.hosts [--rates 1gbit,100mbit] [--actors 2] [--hidden 5000] [--reps 2]``,
-``python -m bench.hosts --collect [--rates 1gbit,100mbit] [--seconds 10]``.
+Needs root (network namespaces); without it the run records one skip and exits 0.
+Usage: ``python -m bench.hosts [--quick] [--reps 3] [--window 4] [--rates 1gbit,100mbit]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from bench._common import Report, base_parser, median, parse, reps_of
+
+__all__ = ["DEFAULT_WORKLOADS", "WORKLOADS", "main"]
+
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-_LEARNER = """
-import json, sys, time
-import gymnasium, torch
-from common.policies import make_policy
-from learner_client import GrpcCollector
-targets, hidden, reps = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
-env = gymnasium.make("CartPole-v1")
-policy = make_policy("mlp", env.observation_space, env.action_space, hidden=(hidden, hidden))
-nbytes = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
-with GrpcCollector(targets, frames_per_batch=len(targets) * 2, call_timeout=600) as c:
-    c.update_policy_weights_(policy, worker_ids=[c.worker_ids[0]])  # warm-up, not timed
-    out = {"bytes": nbytes, "times": {}}
-    for count in sorted({1, len(targets)}):
-        times = []
-        for _ in range(reps):
-            with torch.no_grad():
-                next(policy.parameters()).add_(1e-3)  # a push nobody may skip
-            start = time.perf_counter()
-            c.update_policy_weights_(policy, worker_ids=c.worker_ids[:count])
-            times.append(time.perf_counter() - start)
-        out["times"][count] = times
-print(json.dumps(out), flush=True)
-"""
+_HOSTS_TESTS = _ROOT / "tests" / "hosts"
+CARTPOLE = ["--env", "CartPole-v1", "--policy", "bench.policies:sequential_policy"]
+PIXELS = ["--env-factory", "bench.envs:make_fresh_pixel_env", "--num-envs", "4"]
+PIXELS += ["--policy", "bench.policies:pixel_policy"]
+#: name -> (actor group, sync, frames per actor per batch (full, quick), prefetch).
+WORKLOADS = {
+    "cartpole sync": ("cartpole", True, (1024, 32), None),
+    "cartpole async": ("cartpole", False, (1024, 32), None),
+    "pixels sync": ("pixels", True, (128, 16), None),
+    "pixels async": ("pixels", False, (128, 16), None),
+    "pixels sync prefetch=2": ("pixels", True, (128, 16), 2),
+}
+#: What runs unless ``--workloads`` says otherwise.
+DEFAULT_WORKLOADS = ["cartpole sync", "cartpole async", "pixels sync", "pixels async"]
+_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9}
 
 
-_COLLECT = """
-import json, sys, time
-from learner_client import GrpcCollector
-targets, seconds = sys.argv[1].split(","), float(sys.argv[2])
-def rx():
-    return int(open("/sys/class/net/eth0/statistics/rx_bytes").read())
-out = {}
-for mode, sync, fpb in (("sync", True, 256 * len(targets)), ("async", False, 256)):
-    with GrpcCollector(targets, frames_per_batch=fpb, sync=sync, batch_timeout=120) as c:
-        for _ in range(3 * len(targets)):  # warm-up
-            c.next()
-        frames, bytes0, start = 0, rx(), time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            frames += c.next().numel()
-        elapsed = time.perf_counter() - start
-        out[mode] = {"frames_per_s": frames / elapsed, "rx_bytes_per_s": (rx() - bytes0) / elapsed}
-print(json.dumps(out), flush=True)
-"""
+def rate_bits(rate: str) -> float:
+    """Bits per second of a ``tc`` rate such as ``"100mbit"``."""
+    value = rate.strip().lower().removesuffix("bit")
+    if value and value[-1] in _UNITS:
+        return float(value[:-1]) * _UNITS[value[-1]]
+    return float(value)
 
 
-def _bits(rate: str) -> float:
-    units = {"k": 1e3, "m": 1e6, "g": 1e9}
-    value = rate.lower().removesuffix("bit")
-    return float(value[:-1]) * units[value[-1]] if value[-1] in units else float(value)
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = base_parser(__doc__.splitlines()[0], num_envs=8)
+    parser.add_argument("--rates", default=None, help="link rates, comma-separated (tc syntax)")
+    parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
+    parser.add_argument("--delays", default=None, help="added ms each way, comma-separated")
+    parser.add_argument("--prefetch", default=None, help="prefetch values under latency")
+    parser.add_argument("--latency-rate", default=None, help="link rate of the latency runs")
+    parser.add_argument("--push-rate", default=None, help="link rate of the push runs")
+    parser.add_argument("--hidden", type=int, default=None, help="push policy hidden width")
+    parser.add_argument("--push-actors", default=None, help="actor counts pushed to")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"of {list(WORKLOADS)}, comma-separated",
+    )
+    args = parse(parser, argv)
+    quick = args.quick
+    args.rates = (args.rates or ("100mbit" if quick else "10gbit,1gbit,100mbit")).split(",")
+    args.window = args.window or (0.5 if quick else 4.0)
+    args.delays = [float(d) for d in (args.delays or ("5" if quick else "5,25")).split(",")]
+    args.prefetch = [int(p) for p in (args.prefetch or ("2" if quick else "1,2")).split(",")]
+    args.latency_rate = args.latency_rate or ("100mbit" if quick else "1gbit")
+    args.push_rate = args.push_rate or ("100mbit" if quick else "1gbit")
+    args.hidden = args.hidden or (16 if quick else 5000)
+    args.push_actors = [
+        int(c) for c in (args.push_actors or ("1" if quick else "1,2,4")).split(",")
+    ]
+    args.workloads = args.workloads.split(",")
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown --workloads {unknown}; known: {list(WORKLOADS)}")
+    for rate in [*args.rates, args.latency_rate, args.push_rate]:
+        rate_bits(rate)  # ValueError now, not after minutes of setup
+    return args
 
 
-def _start_actor(bed: Any, host: str, worker_id: int, flags: Sequence[str]) -> Any:
-    argv = [sys.executable, "-m", "actor_service", "--host", host, "--port", "50051"]
-    argv += ["--worker-id", str(worker_id), *flags]
+def set_rate(bed: Any, rate: str) -> None:
+    """Shape every link of the bed (both ends of each veth) at ``rate`` with ``tc tbf``."""
+    burst = str(max(int(rate_bits(rate)) // 8 // 100, 256 * 1024))  # 10 ms, whole GSO packets
+    tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", "200ms"]
+    for host in bed.hosts.values():
+        for argv in (
+            ["tc", "qdisc", "replace", "dev", host.link, *tbf],
+            ["ip", "netns", "exec", host.ns, "tc", "qdisc", "replace", "dev", "eth0", *tbf],
+        ):
+            subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+
+
+class Learner:
+    """:mod:`bench._hosts_learner` in the learner host: one command, one answer."""
+
+    def __init__(self, bed: Any) -> None:
+        from on_hosts import LearnerScript  # type: ignore[import-not-found]  # tests/hosts
+
+        self.script = LearnerScript(bed, "from bench._hosts_learner import main\nmain()\n")
+        self.script.read(timeout=300)  # its ready line: torch imported
+
+    def ask(self, timeout: float = 600.0, **cmd: Any) -> dict[str, Any]:
+        """Send ``cmd``; its answer (RuntimeError when the learner reports an error)."""
+        self.script.say(json.dumps(cmd))
+        answer: dict[str, Any] = self.script.read(timeout=timeout)
+        if "error" in answer:
+            raise RuntimeError(f"learner: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        """Ask it to quit and wait (the bed kills it otherwise)."""
+        with contextlib.suppress(Exception):
+            self.script.say(json.dumps({"op": "quit"}))
+            self.script.process.wait(30)
+
+
+def start_proxy(bed: Any, delay_ms: float, targets: Sequence[str]) -> list[str]:
+    """A :mod:`bench._delay_proxy` in the learner host; the addresses to dial instead."""
     env = {**os.environ, "PYTHONPATH": str(_ROOT)}
-    return bed.run(
-        host, argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
+    argv = [sys.executable, "-m", "bench._delay_proxy", "--delay-ms", str(delay_ms), *targets]
+    process = bed.run("learner", argv, stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT)
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the delay proxy ({delay_ms} ms) did not start")
+    return list(json.loads(line))
 
 
-def _run_on_bed(
-    rate: str, actors: int, flags: Sequence[str], script: str, args: Sequence[str]
-) -> dict[str, Any]:
-    """Start ``actors`` actors with ``flags`` on links of ``rate``, run ``script`` as learner."""
-    from tests.hosts.testbed import TestBed
+@contextlib.contextmanager
+def host_bed(args: argparse.Namespace) -> Iterator[tuple[Any, dict[str, list[str]], Learner]]:
+    """The bed, its actors by group (``cartpole``, ``pixels``, ``push``) and the learner."""
+    from on_hosts import start_actors_on
+    from testbed import TestBed  # type: ignore[import-not-found]  # tests/hosts
 
-    with TestBed(actors, rate=rate, learner_rate=rate) as bed:
-        started = [_start_actor(bed, f"host{i}", i, flags) for i in range(1, actors + 1)]
-        for process in started:
-            line = process.stdout.readline()
-            if "ready" not in line:
-                raise RuntimeError(f"an actor did not start: {line!r}")
-        targets = ",".join(f"host{i}:50051" for i in range(1, actors + 1))
-        learner = bed.run(
-            "learner",
-            [sys.executable, "-c", script, targets, *args],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(_ROOT)},
+    hosts = max(args.actors, *args.push_actors)
+    push_flags = ["--env", "CartPole-v1", "--num-envs", "1", "--policy", "mlp"]
+    push_flags += ["--policy-kwargs", json.dumps({"hidden": [args.hidden] * 2})]
+    cartpole = [*CARTPOLE, "--num-envs", str(args.num_envs)]
+    groups = {"cartpole": (cartpole, args.actors), "pixels": (PIXELS, args.actors)}
+    groups["push"] = (push_flags, max(args.push_actors))
+    with TestBed(hosts, rate=args.rates[0], learner_rate=args.rates[0]) as bed:
+        specs, owners = [], []
+        for offset, (group, (flags, count)) in enumerate(groups.items()):
+            for index in range(1, count + 1):
+                wid = ["--worker-id", str(100 * offset + index), "--torch-threads", "1"]
+                specs.append((f"host{index}", [*flags, *wid]))
+                owners.append(group)
+        actors = start_actors_on(bed, specs)
+        targets: dict[str, list[str]] = {group: [] for group in groups}
+        for group, actor in zip(owners, actors, strict=True):
+            targets[group].append(actor.target)
+        learner = Learner(bed)
+        try:
+            yield bed, targets, learner
+        finally:
+            learner.close()
+
+
+def measure_links(
+    bed: Any, targets: dict[str, list[str]], learner: Learner, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """Every workload at every rate, repetitions interleaving the rates."""
+    samples: dict[str, list[float]] = {}
+    for _ in range(reps_of(args)):
+        for rate in args.rates:
+            set_rate(bed, rate)
+            for name in args.workloads:
+                group, sync, fpa, prefetch = WORKLOADS[name]
+                per_actor = fpa[1] if args.quick else fpa[0]
+                got = learner.ask(
+                    op="collect",
+                    targets=targets[group],
+                    sync=sync,
+                    prefetch=prefetch,
+                    frames_per_batch=per_actor * (len(targets[group]) if sync else 1),
+                    seconds=args.window,
+                    warmup=1 if args.quick else 2,
+                )
+                fps, rx = got["frames_per_s"], got["rx_bytes_per_s"]
+                samples.setdefault(f"{name} @{rate} frames/s", []).append(fps)
+                samples.setdefault(f"{name} @{rate} wire bytes/frame", []).append(rx / fps)
+                samples.setdefault(f"{name} @{rate} link fraction", []).append(
+                    rx * 8 / rate_bits(rate)
+                )
+                samples.setdefault(f"{name} @{rate} machine cpu busy", []).append(got["cpu_busy"])
+    return samples
+
+
+def record_links(report: Report, samples: dict[str, list[float]], args: argparse.Namespace) -> None:
+    """Record the link figures; a target where the link, not the CPU, is the limit."""
+    for name, values in samples.items():
+        unit = "frames/s" if name.endswith("frames/s") else "B" if "bytes" in name else "share"
+        report.figure(name, unit, values)
+    top = max(args.rates, key=rate_bits)
+    for workload in args.workloads:
+        cpu_fps = median(samples[f"{workload} @{top} frames/s"])
+        for rate in args.rates:
+            per_frame = median(samples[f"{workload} @{rate} wire bytes/frame"])
+            carry = rate_bits(rate) / 8 / per_frame
+            fraction = median(samples[f"{workload} @{rate} link fraction"])
+            if len(args.rates) > 1 and rate != top and carry < cpu_fps:
+                report.target(f"{workload} @{rate}: >= 0.9 of the link", fraction, 0.9)
+            elif len(args.rates) == 1:
+                report.note(
+                    f"{workload} @{rate}: {fraction:.3f} of the link (one rate: no CPU figure)"
+                )
+            else:
+                report.note(
+                    f"{workload} @{rate}: CPU-bound ({fraction:.3f} of the link; it could carry "
+                    f"{carry:,.0f} frames/s, the fleet made {cpu_fps:,.0f} at {top})"
+                )
+
+
+def measure_latency(
+    bed: Any, targets: dict[str, list[str]], learner: Learner, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """CartPole sync (user policy) through the delay proxy, per prefetch and delay."""
+    group, _, fpa, _ = WORKLOADS["cartpole sync"]
+    per_actor = fpa[1] if args.quick else fpa[0]
+    proxies = {d: start_proxy(bed, d, targets[group]) for d in [0.0, *args.delays]}
+    set_rate(bed, args.latency_rate)
+    samples: dict[str, list[float]] = {}
+    for _ in range(reps_of(args)):
+        for prefetch in args.prefetch:
+            for delay, addresses in proxies.items():
+                got = learner.ask(
+                    op="collect",
+                    targets=addresses,
+                    sync=True,
+                    prefetch=prefetch,
+                    frames_per_batch=per_actor * len(addresses),
+                    seconds=args.window,
+                    warmup=1 if args.quick else 3,
+                )
+                name = f"cartpole sync prefetch={prefetch} delay={delay:g}ms frames/s"
+                samples.setdefault(name, []).append(got["frames_per_s"])
+    return samples
+
+
+def record_latency(
+    report: Report, samples: dict[str, list[float]], args: argparse.Namespace
+) -> None:
+    """Each delay as a fraction of 0 ms through the same proxy, same prefetch."""
+    for name, values in samples.items():
+        report.figure(name, "frames/s", values)
+    for prefetch in args.prefetch:
+        base = f"cartpole sync prefetch={prefetch} delay=0ms frames/s"
+        for delay in args.delays:
+            name = f"cartpole sync prefetch={prefetch} delay={delay:g}ms frames/s"
+            ratio = report.ratio(f"prefetch={prefetch} {delay:g}ms/0ms", name, base)
+            if prefetch >= 2:
+                report.target(
+                    f"prefetch={prefetch}, {delay:g} ms each way: >= 0.9x 0 ms", ratio, 0.9
+                )
+
+
+def measure_push(
+    bed: Any, targets: dict[str, list[str]], learner: Learner, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """Push times to 1, 2, 4 actors at ``--push-rate``, and their floors."""
+    set_rate(bed, args.push_rate)
+    samples: dict[str, list[float]] = {}
+    for _ in range(reps_of(args)):
+        got = learner.ask(
+            timeout=1200.0,
+            op="push",
+            targets=targets["push"],
+            hidden=args.hidden,
+            counts=args.push_actors,
         )
-        out, _ = learner.communicate(timeout=1800)
-        if learner.returncode:
-            raise RuntimeError(f"the learner failed (exit {learner.returncode})")
-        return json.loads(out.strip().splitlines()[-1])
-
-
-def measure(rate: str, actors: int, hidden: int, reps: int) -> dict[str, Any]:
-    """Push times to 1 and to ``actors`` actors over links of ``rate`` (learner's too)."""
-    flags = ["--num-envs", "1", "--policy", "mlp"]
-    flags += ["--policy-kwargs", json.dumps({"hidden": [hidden, hidden]})]
-    return _run_on_bed(rate, actors, flags, _LEARNER, [str(hidden), str(reps)])
-
-
-def collect(rate: str, actors: int, seconds: float) -> dict[str, Any]:
-    """Pixel collection, sync and async, from ``actors`` actors over links of ``rate``."""
-    flags = ["--num-envs", "4", "--env-factory", "bench.envs:make_fresh_pixel_env"]
-    flags += ["--policy", "bench.policies:pixel_policy"]
-    return _run_on_bed(rate, actors, flags, _COLLECT, [str(seconds)])
-
-
-def _collect_table(rates: Sequence[str], actors: int, seconds: float) -> None:
-    print("| link (each, and the learner's) | mode | frames/s | learner link MB/s | of the link |")
-    print("|---|---|---|---|---|")
-    for rate in rates:
-        result = collect(rate, actors, seconds)
-        for mode, row in result.items():
-            share = row["rx_bytes_per_s"] * 8 / _bits(rate)
-            print(
-                f"| {rate} | {mode} | {row['frames_per_s']:,.0f} | "
-                f"{row['rx_bytes_per_s'] / 1e6:.1f} | {share:.2f} |",
-                flush=True,
+        for count in args.push_actors:
+            floor = count * got["bytes"] * 8 / rate_bits(args.push_rate)
+            samples.setdefault(f"push to {count} @{args.push_rate} s", []).append(
+                got["seconds"][str(count)]
             )
+            samples.setdefault(f"push to {count} @{args.push_rate} floor s", []).append(floor)
+            samples.setdefault(f"push to {count} wire/payload bytes", []).append(
+                got["tx_bytes"][str(count)] / (count * got["bytes"])
+            )
+        samples.setdefault("push payload bytes", []).append(got["bytes"])
+    return samples
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the push table and print it (Markdown)."""
-    parser = argparse.ArgumentParser(prog="python -m bench.hosts", description=__doc__)
-    parser.add_argument("--rates", default="1gbit,100mbit", help="link rates (tc syntax)")
-    parser.add_argument("--actors", type=int, default=2, help="actor hosts")
-    parser.add_argument("--hidden", type=int, default=5000, help="hidden width of the MLP")
-    parser.add_argument("--reps", type=int, default=2, help="timed pushes per row")
-    parser.add_argument("--collect", action="store_true", help="collection instead of pushes")
-    parser.add_argument("--seconds", type=float, default=10.0, help="collection time per mode")
-    args = parser.parse_args(argv)
-    if args.collect:
-        _collect_table(args.rates.split(","), args.actors, args.seconds)
-        return 0
-    print(
-        "| link (each, and the learner's) | actors | MB | push s (each rep) | floor s | x floor |"
+def record_push(report: Report, samples: dict[str, list[float]], args: argparse.Namespace) -> None:
+    """Each push against its floor; the target for one actor."""
+    for name, values in samples.items():
+        report.figure(name, "s" if name.endswith(" s") else "x" if "/" in name else "B", values)
+    for count in args.push_actors:
+        name = f"push to {count} @{args.push_rate}"
+        ratio = report.ratio(f"{name}/floor", f"{name} s", f"{name} floor s")
+        if count == 1:
+            report.target(
+                f"push to 1 actor @{args.push_rate}: <= 1.3x the floor",
+                ratio,
+                1.3,
+                higher_is_better=False,
+            )
+    report.note(
+        f"push floor = actors x bytes / {args.push_rate}: one unicast per actor through the "
+        "learner's link"
     )
-    print("|---|---|---|---|---|---|")
-    for rate in args.rates.split(","):
-        started = time.monotonic()
-        result = measure(rate, args.actors, args.hidden, args.reps)
-        megabytes = result["bytes"] / 1e6
-        for count, times in sorted(result["times"].items(), key=lambda kv: int(kv[0])):
-            floor = int(count) * result["bytes"] * 8 / _bits(rate)
-            shown = ", ".join(f"{t:.2f}" for t in times)
-            print(
-                f"| {rate} | {count} | {megabytes:.0f} | {shown} | {floor:.2f} | "
-                f"{min(times) / floor:.2f} |",
-                flush=True,
-            )
-        print(f"<!-- {rate}: {time.monotonic() - started:.0f} s -->", flush=True)
-    return 0
+
+
+def run(args: argparse.Namespace, report: Report) -> None:
+    """Make the bed, measure links, latency and pushes, record everything."""
+    with host_bed(args) as (bed, targets, learner):
+        links = measure_links(bed, targets, learner, args)
+        latency = measure_latency(bed, targets, learner, args)
+        pushes = measure_push(bed, targets, learner, args)
+    record_links(report, links, args)
+    record_latency(report, latency, args)
+    record_push(report, pushes, args)
+
+
+def _load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; prints the table and the final JSON line; returns the payload."""
+    args = parse_args(argv)
+    if str(_HOSTS_TESTS) not in sys.path:
+        sys.path.insert(0, str(_HOSTS_TESTS))
+    from testbed import unavailable
+
+    report = Report("hosts", quick=args.quick)
+    reason = unavailable()
+    if reason is not None:
+        report.skip("hosts", reason)
+        return report.emit()
+    report.note(
+        f"{args.actors} collecting actors, each on its own host; link rates {args.rates} (the "
+        f"learner's link at the same rate, shared); {args.window:g} s windows; "
+        f"{reps_of(args)} reps; at start: {_load()}"
+    )
+    run(args, report)
+    report.note(f"at end: {_load()}")
+    return report.emit()
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main(sys.argv[1:])
