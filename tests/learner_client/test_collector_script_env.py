@@ -74,18 +74,16 @@ def test_collector_reads_the_scripts_env_without_calling_or_closing_it(
     assert env.rollout(3).batch_size == (3,)  # still the script's, usable
 
 
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # its subject is another
 def test_collector_scripts_env_follows_the_actors_vecnorm_state(
     vecnorm_actors: list[str],
 ) -> None:
     env = rlfleet_test_torchrl.normalized_pendulum()
     env.rollout(2)  # VecNorm initialised here, with 2 frames (3 with the reset) of its own
     before = _vecnorm_count(env)
-    with (
-        pytest.warns(UserWarning, match=LAYOUT_WARNING),
-        GrpcCollector(
-            vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
-        ) as collector,
-    ):
+    with GrpcCollector(
+        vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
+    ) as collector:
         counts = []
         for _ in collector:
             counts.append(_vecnorm_count(env))
@@ -101,6 +99,7 @@ def _vecnorm_count_of_state(state: object) -> float:
     return float(count.sum())
 
 
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # its subject is another
 def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
     vecnorm_actors: list[str],
 ) -> None:
@@ -110,12 +109,9 @@ def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
         built.append(rlfleet_test_torchrl.normalized_pendulum())
         return built[-1]
 
-    with (
-        pytest.warns(UserWarning, match=LAYOUT_WARNING),
-        GrpcCollector(
-            vecnorm_actors, create_env_fn=make, frames_per_batch=32, sync=True
-        ) as collector,
-    ):
+    with GrpcCollector(
+        vecnorm_actors, create_env_fn=make, frames_per_batch=32, sync=True
+    ) as collector:
         collector.next()
         assert collector._env is not None
         assert not collector._env.followed  # checked once, nothing to follow
