@@ -501,7 +501,7 @@ class GrpcCollector:
                 raise
 
     def _held_versions(self) -> dict[Any, Any]:
-        """``{worker_id: version}`` each owned worker holds of the acting model."""
+        """``{worker_id: version}`` each owned worker holds of ``"policy"`` (a push's default)."""
         with self._lock:
             self._check_open()
             mid = DEFAULT_MODEL_ID
