@@ -25,6 +25,7 @@ from learner_client._collector import GrpcCollector
 from learner_client._discovery import resolve_actors
 from learner_client._errors import MissingWorkersError, VersionConflictError, WeightPushError
 from learner_client._fleet import RemoteActor
+from learner_client._given_fleet import ActorFleet
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import check_metrics_port, serve_metrics
@@ -33,6 +34,7 @@ from learner_client._transport import ActorDescription
 
 __all__ = [
     "ActorDescription",
+    "ActorFleet",
     "GrpcCollector",
     "GrpcLLMCollector",
     "LocalFleet",

@@ -27,6 +27,7 @@ from common.llm import LLMSettings
 from learner_client._background import Background
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
+from learner_client._given_fleet import ActorFleet, FleetOwner, check_positional
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
 from learner_client._metrics import LearnerMetrics
@@ -83,7 +84,9 @@ class GrpcCollector:
     Args:
         actors: ``"host:port"`` addresses, or ``dns:///name:port`` targets standing for
             every address the name resolves to (re-resolved, joiners added); workers are
-            known by the worker_id each reports (duplicates are refused).
+            known by the worker_id each reports (duplicates are refused). Or a fleet
+            object (``LocalFleet``, any :class:`~learner_client.ActorFleet`): the collector
+            then owns it, starts it if it was not and stops it at ``shutdown()``.
         frames_per_batch: Frames per batch. Sync: the total, split evenly over the actors
             (each share a multiple of that actor's env pool size). Async: each batch's.
         total_frames: Frames after which iteration stops (``len`` = ceil(total/fpb));
@@ -136,15 +139,17 @@ class GrpcCollector:
     Every other TorchRL argument: docs/collector.md, "Coming from TorchRL".
 
     Raises:
-        ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames); TypeError.
+        ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames).
+        TypeError: A bad type; TorchRL's positional ``(create_env_fn, policy)`` (the
+            message says to pass them by keyword).
         ActorUnavailableError: An actor unreachable within ``connect_timeout``.
         UnknownModelError: An actor without ``model_id``.
     """
 
     def __init__(  # TorchRL's signature, by name (docs/collector.md)
         self,
-        actors: Sequence[str] | str,
-        *,
+        actors: Sequence[str] | str | ActorFleet,
+        *positional: Any,
         frames_per_batch: int,
         total_frames: int | None = -1,
         sync: bool | None = False,
@@ -221,93 +226,103 @@ class GrpcCollector:
         device: Any = None,
         storing_device: Any = None,
     ) -> None:
-        check_torchrl_only(  # refuses trajs_per_batch, warns where it should
-            TorchRLOnly(
-                policy_factory=policy_factory,
-                create_env_kwargs=create_env_kwargs,
-                backend=backend,
-                backend_options=backend_options,
-                num_collectors=num_collectors,
-                num_workers=num_workers,
-                collector_class=collector_class,
-                collector_kwargs=collector_kwargs,
-                num_workers_per_collector=num_workers_per_collector,
-                ray_init_config=ray_init_config,
-                remote_configs=remote_configs,
-                use_env_creator=use_env_creator,
-                init_fn=init_fn,
-                num_threads=num_threads,
-                num_sub_threads=num_sub_threads,
-                worker_idx=worker_idx,
-                interruptor=interruptor,
-                preemptive_threshold=preemptive_threshold,
-                return_same_td=return_same_td,
-                use_buffers=use_buffers,
-                track_traj_ids=track_traj_ids,
-                track_policy_version=track_policy_version,
-                trust_policy=trust_policy,
-                no_cuda_sync=no_cuda_sync,
-                extend_buffer=extend_buffer,
-                weight_updater=weight_updater,
-                weight_sync_schemes=weight_sync_schemes,
-                weight_recv_schemes=weight_recv_schemes,
-                auto_register_policy_transforms=auto_register_policy_transforms,
-                pre_collect_hook=pre_collect_hook,
-                post_collect_hook=post_collect_hook,
-                compact_obs=compact_obs,
-                trajs_per_batch=trajs_per_batch,
-                trajs_per_write=trajs_per_write,
-                traj_format=traj_format,
+        check_positional(actors, positional)  # TorchRL's (create_env_fn, policy): keywords
+        self._owner = FleetOwner(actors)  # a fleet given: the collector's from here on
+        with self._owner.closed_on_error():
+            check_torchrl_only(  # refuses trajs_per_batch, warns where it should
+                TorchRLOnly(
+                    policy_factory=policy_factory,
+                    create_env_kwargs=create_env_kwargs,
+                    backend=backend,
+                    backend_options=backend_options,
+                    num_collectors=num_collectors,
+                    num_workers=num_workers,
+                    collector_class=collector_class,
+                    collector_kwargs=collector_kwargs,
+                    num_workers_per_collector=num_workers_per_collector,
+                    ray_init_config=ray_init_config,
+                    remote_configs=remote_configs,
+                    use_env_creator=use_env_creator,
+                    init_fn=init_fn,
+                    num_threads=num_threads,
+                    num_sub_threads=num_sub_threads,
+                    worker_idx=worker_idx,
+                    interruptor=interruptor,
+                    preemptive_threshold=preemptive_threshold,
+                    return_same_td=return_same_td,
+                    use_buffers=use_buffers,
+                    track_traj_ids=track_traj_ids,
+                    track_policy_version=track_policy_version,
+                    trust_policy=trust_policy,
+                    no_cuda_sync=no_cuda_sync,
+                    extend_buffer=extend_buffer,
+                    weight_updater=weight_updater,
+                    weight_sync_schemes=weight_sync_schemes,
+                    weight_recv_schemes=weight_recv_schemes,
+                    auto_register_policy_transforms=auto_register_policy_transforms,
+                    pre_collect_hook=pre_collect_hook,
+                    post_collect_hook=post_collect_hook,
+                    compact_obs=compact_obs,
+                    trajs_per_batch=trajs_per_batch,
+                    trajs_per_write=trajs_per_write,
+                    traj_format=traj_format,
+                )
             )
-        )
-        on_actors = ActorPlacement.from_torchrl(
-            policy_device=policy_device,
-            env_device=env_device,
-            compile_policy=compile_policy,
-            cudagraph_policy=cudagraph_policy,
-        )
-        update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
-        self._ranks = Ranks.given(rank, world_size)
-        self._shared = None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
-        self._env = None if create_env_fn is None else ScriptEnv(create_env_fn, create_env_kwargs)
-        self._placement = Placement(device, storing_device)
-        self._batch = BatchSettings(
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            sync=sync,
-            cat_results=cat_results,
-            allow_partial_batches=allow_partial_batches,
-            batch_timeout=batch_timeout,
-            split_trajs=split_trajs,
-            update_after_each_batch=update_after_each_batch,
-            max_weight_update_interval=max_weight_update_interval,
-            prefetch=prefetch,
-            llm=llm,
-        )
-        self._rollout = RolloutSettings(
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            reset_when_done=reset_when_done,
-            split_trajs=split_trajs,
-            exploration_type=exploration_type,
-            set_truncated=set_truncated,
-            model_id=model_id,
-            llm=llm,
-            placement=on_actors,
-        )
-        conn = ConnectionSettings(
-            connect_timeout=connect_timeout,
-            call_timeout=call_timeout,
-            channel_credentials=channel_credentials,
-            token=token,
-            learner_id=self._ranks.learner_id(learner_id),
-            take_over=take_over,
-        )
-        self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
-        self._connect(
-            actors, conn, dns_refresh_interval=dns_refresh_interval, weight_push=weight_push
-        )
+            on_actors = ActorPlacement.from_torchrl(
+                policy_device=policy_device,
+                env_device=env_device,
+                compile_policy=compile_policy,
+                cudagraph_policy=cudagraph_policy,
+            )
+            update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
+            self._ranks = Ranks.given(rank, world_size)
+            self._shared = (
+                None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
+            )
+            self._env = (
+                None if create_env_fn is None else ScriptEnv(create_env_fn, create_env_kwargs)
+            )
+            self._placement = Placement(device, storing_device)
+            self._batch = BatchSettings(
+                frames_per_batch=frames_per_batch,
+                total_frames=total_frames,
+                sync=sync,
+                cat_results=cat_results,
+                allow_partial_batches=allow_partial_batches,
+                batch_timeout=batch_timeout,
+                split_trajs=split_trajs,
+                update_after_each_batch=update_after_each_batch,
+                max_weight_update_interval=max_weight_update_interval,
+                prefetch=prefetch,
+                llm=llm,
+            )
+            self._rollout = RolloutSettings(
+                max_frames_per_traj=max_frames_per_traj,
+                init_random_frames=init_random_frames,
+                reset_at_each_iter=reset_at_each_iter,
+                reset_when_done=reset_when_done,
+                split_trajs=split_trajs,
+                exploration_type=exploration_type,
+                set_truncated=set_truncated,
+                model_id=model_id,
+                llm=llm,
+                placement=on_actors,
+            )
+            conn = ConnectionSettings(
+                connect_timeout=connect_timeout,
+                call_timeout=call_timeout,
+                channel_credentials=channel_credentials,
+                token=token,
+                learner_id=self._ranks.learner_id(learner_id),
+                take_over=take_over,
+            )
+            self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
+            self._connect(
+                self._owner.addresses(),
+                conn,
+                dns_refresh_interval=dns_refresh_interval,
+                weight_push=weight_push,
+            )
 
     def _connect(
         self,
@@ -426,7 +441,11 @@ class GrpcCollector:
 
         Args:
             policy_or_weights: An ``nn.Module``, a TensorDict or dict of tensors (any subset of
-                the model's keys), TorchRL's ``{worker_id: weights}``, or None (the last given).
+                the model's keys), TorchRL's ``{worker_id: weights}``, or None (the last given;
+                with ``policy=``, that module). With ``policy=`` and nothing else given, a
+                module whose parameters and buffers did not change since its last push
+                (version counters, small buffers by value) is not sent again: the call
+                returns the versions the workers hold, and the version stays.
             weights: Same as ``policy_or_weights`` (not a module).
             policy: Same, as an ``nn.Module``.
             worker_ids: An int or a list of worker_ids; None targets every worker.
@@ -448,11 +467,18 @@ class GrpcCollector:
             VersionConflictError: Another rank pushes ``version`` with other weights.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
-        shared = self._shared
+        shared, marked = self._shared, False
         given = (policy_or_weights, weights, policy, weights_dict)
+        whole = worker_ids is None and dtype is None and not only_trainable and part is None
+        if shared is not None and model_id is None and whole and version is None:
+            if all(v is None for v in given) and shared.pushed and not shared.changed():
+                return self._held_versions()  # unchanged since its last push: nothing sent
+            module = shared.module
+            if all(v is None for v in given) or module is policy_or_weights or module is policy:
+                marked = True  # the whole module, to every worker: no automatic push after
+                shared.mark_pushed()
         if shared is not None and all(v is None for v in given) and model_id is None:
             policy = shared.module  # TorchRL's no-argument form: the collector's own policy
-            shared.mark_pushed()
         request = normalize_update_args(
             policy_or_weights,
             weights=weights,
@@ -467,7 +493,19 @@ class GrpcCollector:
         )
         with self._lock:
             self._check_open()
-            return self._pusher.update(request)
+            try:
+                return self._pusher.update(request)
+            except BaseException:
+                if marked and shared is not None:
+                    shared.forget()  # pushed again before the next batch
+                raise
+
+    def _held_versions(self) -> dict[Any, Any]:
+        """``{worker_id: version}`` each owned worker holds of ``"policy"`` (a push's default)."""
+        with self._lock:
+            self._check_open()
+            mid = DEFAULT_MODEL_ID
+            return {w: self._book.applied(w).get(mid, 0) for w in self._fleet.worker_ids}
 
     def _learner_metrics(self) -> LearnerMetrics:
         """What :func:`~learner_client.serve_metrics` serves (closed with the collector)."""
@@ -508,16 +546,20 @@ class GrpcCollector:
         """Stop collecting, close every session and channel, join every thread.
 
         Bounded by ``timeout`` (default 10 s) per phase, idempotent, tolerant of dead actors.
+        A fleet object given to the collector (not its addresses) is stopped too.
         """
         limit = _DEFAULT_SHUTDOWN_TIMEOUT if timeout is None else float(timeout)
         with self._lock:
             if self._state is _State.CLOSED:
                 return
             self._state = _State.CLOSED
-        self._membership.close()
-        self._background.stop()
-        self._parts.close(limit)
-        self._background.join(limit)
+        try:
+            self._membership.close()
+            self._background.stop()
+            self._parts.close(limit)
+            self._background.join(limit)
+        finally:
+            self._owner.close()  # a fleet given to the collector stops with it
 
     # ------------------------------------------------ the fleet: views, seeds, state
 

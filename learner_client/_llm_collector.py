@@ -26,6 +26,7 @@ from common.config import DEFAULT_MODEL_ID
 from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
+from learner_client._given_fleet import ActorFleet
 
 __all__ = ["GrpcLLMCollector"]
 
@@ -171,7 +172,9 @@ class GrpcLLMCollector:
                 collector.update_policy_weights_(model)
 
     Args:
-        actors: Actor addresses (``host:port`` or ``dns:///name:port``).
+        actors: Actor addresses (``host:port`` or ``dns:///name:port``), or a fleet object
+            (``LocalFleet``) that the collector then owns: started if it was not, stopped
+            at ``shutdown()``.
         dialog_turns_per_batch: Turns per batch (sync: in total over the fleet, split
             evenly; steps mode: each share a multiple of the actors' slot count). Defaults
             to 1 with ``yield_completed_trajectories``, else required.
@@ -217,7 +220,7 @@ class GrpcLLMCollector:
 
     def __init__(
         self,
-        actors: Sequence[str] | str,
+        actors: Sequence[str] | str | ActorFleet,
         *,
         dialog_turns_per_batch: int | None = None,
         total_dialog_turns: int = -1,

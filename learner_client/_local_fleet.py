@@ -113,11 +113,18 @@ class LocalFleet:
     Start and restart actors from a thread that outlives the fleet (normally the
     main thread): Linux delivers the parent-death signal when that thread exits.
 
+    Given to a collector (``GrpcCollector(fleet, ...)``) instead of its addresses, the
+    fleet is the collector's: started if it was not, stopped by the collector's
+    ``shutdown()``, also where a helper built the collector and returned it.
+
     Example::
 
         with LocalFleet(2, "CartPole-v1", num_envs=8, seed=1) as fleet:
             with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
                 ...
+
+        def make_collector() -> GrpcCollector:  # the fleet stops with the collector
+            return GrpcCollector(LocalFleet(2, "CartPole-v1"), frames_per_batch=1024)
 
         with LocalFleet(2, kind="torchrl", env_factory="my_envs:make_env",
                         policy="my_envs:make_policy", num_envs=4, seed=0) as fleet:
@@ -217,6 +224,15 @@ class LocalFleet:
             return
         self._state = "stopped"
         self._stop_actors(list(self._actors.values()))
+
+    def close(self) -> None:
+        """:meth:`stop` under the name every fleet has (``learner_client.ActorFleet``)."""
+        self.stop()
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called (the fleet may have been stopped since)."""
+        return self._state != "new"
 
     def __enter__(self) -> LocalFleet:
         return self.start()

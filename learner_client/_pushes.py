@@ -351,6 +351,7 @@ class Pusher:
         )
         try:
             self.update(request)
+            self.ledger.add_auto_push()
         except WeightPushError as exc:
             shared.forget()
             if _refusals(exc.failed):

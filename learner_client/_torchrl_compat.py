@@ -412,6 +412,19 @@ def check_env_signature(expected: Mapping[Any, KeySpec], batch: Any, worker: str
 StateReader = Callable[[int], Mapping[str, Any]]
 
 
+def _layout_message(size: tuple[int, ...], got: tuple[int, ...]) -> str:
+    """The warning for a fleet stepping another number of envs than the script's env."""
+    envs = math.prod(size)
+    return (
+        f"the fleet steps {math.prod(got[:-1])} envs per batch, batches {list(got)} "
+        f"([actors, envs, time] when sync), where the script's env (create_env_fn) has "
+        f"batch_size {list(size)}, so TorchRL's collector would give {[*size, got[-1]]}; "
+        f"for TorchRL's layout give the fleet {envs} env{'s' * (envs != 1)} in all "
+        f"(actors x num_envs, e.g. LocalFleet(1, num_envs={envs}, ...)), or keep this "
+        f"layout and read the batches as [actors, envs, time]"
+    )
+
+
 class ScriptEnv:
     """The env of ``create_env_fn``: its signature, and the script's env if it is one.
 
@@ -426,6 +439,7 @@ class ScriptEnv:
         signature = env_signature(create_env_fn, create_env_kwargs)
         self._signature: dict[Any, Any] | None = signature.keys
         self._batch_size = signature.batch_size
+        self._warned = False  # about a fleet stepping another number of envs
         own = callable(getattr(create_env_fn, "fake_tensordict", None))
         self._env = create_env_fn if own and _has_state(create_env_fn) else None
 
@@ -441,6 +455,9 @@ class ScriptEnv:
         """
         size = self._batch_size
         lead = tuple(batch.batch_size[:-1])
+        if size is not None and math.prod(lead) != math.prod(size) and not self._warned:
+            self._warned = True
+            warnings.warn(_layout_message(size, tuple(batch.batch_size)), UserWarning, stacklevel=4)
         if size is None or lead == size or math.prod(lead) != math.prod(size):
             return batch
         if not size:

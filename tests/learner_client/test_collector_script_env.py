@@ -9,6 +9,7 @@ what the actors' envs hold. Real ``--kind torchrl`` actors on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import sys
@@ -23,6 +24,8 @@ from learner_fleet import start_actors
 
 from learner_client import GrpcCollector
 
+# The warning of a fleet stepping another number of envs than the script's env.
+LAYOUT_WARNING = r"TorchRL's collector would give .* LocalFleet\(1, num_envs=1"
 ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
 ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
 sys.path.insert(0, str(ACTOR_TESTS))
@@ -59,15 +62,19 @@ def test_collector_reads_the_scripts_env_without_calling_or_closing_it(
     vecnorm_actors: list[str],
 ) -> None:
     env = rlfleet_test_torchrl.normalized_pendulum()
-    with GrpcCollector(
-        vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
-    ) as collector:
+    with (
+        pytest.warns(UserWarning, match=LAYOUT_WARNING),
+        GrpcCollector(
+            vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
+        ) as collector,
+    ):
         for _ in collector:
             pass
     assert not env.is_closed
     assert env.rollout(3).batch_size == (3,)  # still the script's, usable
 
 
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # its subject is another
 def test_collector_scripts_env_follows_the_actors_vecnorm_state(
     vecnorm_actors: list[str],
 ) -> None:
@@ -92,6 +99,7 @@ def _vecnorm_count_of_state(state: object) -> float:
     return float(count.sum())
 
 
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # its subject is another
 def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
     vecnorm_actors: list[str],
 ) -> None:
@@ -127,10 +135,19 @@ def test_collector_batches_take_the_scripts_env_layout(vecnorm_actors: list[str]
     assert single.batch_size == ()
     shapes = {}
     for name, env in (("single", single), ("serial", SerialEnv(2, single_env_factory))):
-        with GrpcCollector(
-            vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=32, sync=True
-        ) as collector:
+        # a fleet of 2 envs for a script of 1: warned once, naming both layouts and the knob
+        warned = pytest.warns(UserWarning, match=LAYOUT_WARNING)
+        with (
+            warned if name == "single" else contextlib.nullcontext(),
+            GrpcCollector(
+                vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=32, sync=True
+            ) as collector,
+        ):
             shapes[name] = tuple(collector.next().batch_size)
+        if name == "single":
+            assert len(warned) == 1
+            assert "[2, 1, 16]" in str(warned[0].message)
+            assert "[16]" in str(warned[0].message)
         assert set(collector.worker_ids) == {0, 1}
     # Two actors of one env each: TorchRL's [2, T] for the script's 2 envs; the fleet's
     # [actors, envs, T] for a script of one env, which two actors cannot give its [T].

@@ -219,6 +219,7 @@ def egreedy() -> Iterator[list[str]]:
         actor.close()
 
 
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # 4 envs for 1
 def test_an_annealed_epsilon_reaches_torchrl_actors(egreedy: list[str]) -> None:
     """DQN's ``EGreedyModule.step()`` anneals a buffer (through ``.data``); the next batch of
     every actor acts with the annealed epsilon, and create_env_fn's env matches the fleet."""
