@@ -14,6 +14,7 @@ def test_learner_client_all_is_pinned():
         "LocalFleet",
         "MissingWorkersError",
         "PartResult",
+        "RayFleet",
         "RemoteActor",
         "VersionConflictError",
         "WeightPushError",
