@@ -191,8 +191,6 @@ class RayFleet:
             raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
         if kind not in _DEFAULT_POLICY:
             raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
-        if isinstance(extra_args, str):
-            raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
         self.num_actors = num_actors
         self.start_timeout = float(start_timeout)
         self.grace_period = float(grace_period)
@@ -214,7 +212,7 @@ class RayFleet:
             flags |= _env_flags(env, env_kwargs, env_factory)
         flags["--kind"] = kind
         self._common_args = [str(part) for flag in flags.items() for part in flag]
-        self._extra_args = list(extra_args)
+        self._extra_args = _extra_args(extra_args)
         self._handles: dict[int, Any] = {}
         self._owns_ray = False
         self._state = "new"
@@ -374,6 +372,12 @@ class RayFleet:
             raise SessionStateError(
                 f"the fleet is {self._state}; use it inside `with` or after start()"
             )
+
+
+def _extra_args(extra_args: Sequence[str]) -> list[str]:
+    if isinstance(extra_args, str):
+        raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
+    return list(extra_args)
 
 
 def _remote_configs(

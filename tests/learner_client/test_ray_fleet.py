@@ -76,7 +76,10 @@ def test_ray_fleet_collects_sync_and_async_batches(ray_cluster: Any) -> None:
 
 
 def test_ray_fleet_asks_each_actor_its_resources(ray_cluster: Any) -> None:
-    cpus, slots, memory = (_available(ray_cluster, n) for n in ("CPU", SLOT, "memory"))
+    total = ray_cluster.cluster_resources()
+    cpus, slots, memory = (float(total[name]) for name in ("CPU", SLOT, "memory"))
+    # Resources freed by the fleets before this one come back to Ray asynchronously.
+    poll_until(lambda: _available(ray_cluster, "CPU") == cpus, timeout=30)
     configs = [
         {"num_cpus": 1, "memory": 64 * MIB, "resources": {SLOT: 1.5}},
         {"num_cpus": 0.5, "memory": 32 * MIB, "resources": {SLOT: 0.5}},
