@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: train train-llm test test-hosts test-slow test-vllm test-torchvision soak lint protos bench torchrl-scripts gpu-check clean
+.PHONY: train train-llm test test-hosts test-slow test-vllm test-torchvision test-ray soak lint protos bench torchrl-scripts gpu-check clean
 
 # Virtual environment with torch pinned to the CPU wheel, then rlfleet and its extras.
 $(STAMP): pyproject.toml
@@ -53,6 +53,14 @@ test-torchvision:
 	PYTHON=$(PYTHON) scripts/torchvision_venv.sh $(TV_VENV)
 	$(TV_VENV)/bin/python -m pytest -m "torchvision and not slow" $(TV_TESTS) $(ARGS)
 
+## The tests marked ray (learner_client.RayFleet on a local Ray cluster each test module starts,
+## in tests/*/test_*ray*.py), in their own venv: scripts/ray_venv.sh makes it (ray 2.60.0
+## beside the pinned torch), so the main venv stays without Ray.
+RAY_VENV ?= .venv-ray
+test-ray:
+	PYTHON=$(PYTHON) scripts/ray_venv.sh $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pytest -m ray $(wildcard tests/*/test_*ray*.py) $(ARGS)
+
 ## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
 soak: $(STAMP)
 	$(BIN)/python tests/soak.py $(ARGS)
@@ -82,4 +90,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) .pytest_cache

@@ -11,7 +11,8 @@
             ...
 
 :class:`LocalFleet` starts a fleet of actor subprocesses on loopback for a
-single-machine run; :func:`serve_metrics` exposes a collector's Prometheus metrics over HTTP
+single-machine run; :class:`RayFleet` places one on a Ray cluster (the ``rlfleet[ray]``
+extra); :func:`serve_metrics` exposes a collector's Prometheus metrics over HTTP
 (see ``docs/observability.md``); :func:`resolve_actors` expands a ``dns:`` name into the
 fleet's addresses; :class:`ActorDescription` decodes what an actor's ``Describe`` reports
 (``rlfleet status`` prints it). Everything else in this package is private (modules start
@@ -30,6 +31,7 @@ from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import check_metrics_port, serve_metrics
 from learner_client._pushes import PartResult, WeightPushSettings
+from learner_client._ray_fleet import RayFleet
 from learner_client._transport import ActorDescription
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "LocalFleet",
     "MissingWorkersError",
     "PartResult",
+    "RayFleet",
     "RemoteActor",
     "VersionConflictError",
     "WeightPushError",

@@ -15,12 +15,15 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``cuda`` skip where torch sees no CUDA device (CI, CPU machines), and
-    tests marked ``vllm`` where vLLM is not installed (its own venv: ``make test-vllm``)."""
+    tests marked ``vllm`` where vLLM is not installed (its own venv: ``make test-vllm``), and
+    tests marked ``ray`` where Ray is not installed (``make test-ray``)."""
     skips = {}
     if not torch.cuda.is_available():
         skips["cuda"] = "needs a CUDA device (torch.cuda.is_available() is False)"
     if importlib.util.find_spec("vllm") is None:
         skips["vllm"] = "needs vLLM (make test-vllm runs these in .venv-vllm)"
+    if importlib.util.find_spec("ray") is None:
+        skips["ray"] = "needs Ray (make test-ray runs these in .venv-ray)"
     for item in items:
         for marker, reason in skips.items():
             if marker in item.keywords:

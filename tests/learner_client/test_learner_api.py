@@ -9,11 +9,13 @@ from common.errors import ActorUnavailableError, RlfleetError
 def test_learner_client_all_is_pinned():
     assert learner_client.__all__ == [
         "ActorDescription",
+        "ActorFleet",
         "GrpcCollector",
         "GrpcLLMCollector",
         "LocalFleet",
         "MissingWorkersError",
         "PartResult",
+        "RayFleet",
         "RemoteActor",
         "VersionConflictError",
         "WeightPushError",

@@ -1,0 +1,400 @@
+"""A fleet of actor servers placed on a Ray cluster, one Ray actor each.
+
+:class:`RayFleet` asks Ray to place ``num_actors`` Ray actors with the resources each
+needs (``remote_configs``); each Ray actor starts the actor server as a child process on
+its node, ``python -m actor_service`` as :class:`LocalFleet` does (``actor_service`` is
+never imported here), bound to the node's IP on a free port, and reports its address.
+Ray places and restarts; the data path stays gRPC, never Ray's object store.
+
+Ray is imported inside the methods only (the ``rlfleet[ray]`` extra), so ``learner_client``
+loads without it. The child dies with its Ray actor: it is started through
+:class:`LocalFleet`'s launcher, which sets ``PR_SET_PDEATHSIG`` before ``exec``, so the kernel
+kills the server when the Ray worker process dies, even by SIGKILL; a Ray actor restarted
+by Ray (``max_restarts``) starts a new server, on a new port, maybe on another node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import IO, Any
+
+from common.errors import ActorUnavailableError, DeadlineError, SessionStateError
+from learner_client._local_fleet import (
+    _DEFAULT_POLICY,
+    _EXIT_MARGIN,
+    _LAUNCHER,
+    _POLL_INTERVAL,
+    _READY_RE,
+    _TAIL_BYTES,
+    _check_int,
+    _env_flags,
+    _head,
+    _tail,
+    _worker_ids,
+)
+
+__all__ = ["RayFleet"]
+
+#: The options a Ray actor takes from ``remote_configs`` when none are given.
+_DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
+#: Seconds allowed for a Ray actor's own calls (stop, address) beyond the server's timeouts.
+_CALL_MARGIN = 10.0
+
+
+class _ServerHost:
+    """The body of each Ray actor: runs one actor server as a child process on its node.
+
+    Created by Ray on the node it places the actor on (and again there or elsewhere when
+    Ray restarts it): ``argv`` is the server's command line without ``--host``, which this
+    adds (the node's IP unless ``host`` names one).
+    """
+
+    def __init__(self, argv: list[str], host: str | None) -> None:
+        import ray
+
+        self.node_ip = ray.util.get_node_ip_address()
+        self.host = host or self.node_ip
+        python = argv[0] or sys.executable
+        argv = [python, "-c", _LAUNCHER, str(os.getpid()), python, *argv[1:], "--host", self.host]
+        self.stdout: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            env=env,
+            start_new_session=True,
+        )
+        self.port: int | None = None
+
+    def ready(self, timeout: float) -> tuple[str, int, int, int]:
+        """Wait for the server's ready line: ``(host, port, server pid, Ray worker pid)``."""
+        deadline = time.monotonic() + timeout
+        while self.port is None:
+            match = _READY_RE.search(_head(self.stdout))
+            if match:
+                self.port = int(match.group(2))
+            elif self.process.poll() is not None:
+                raise ActorUnavailableError(
+                    f"actor server on {self.node_ip} exited with code "
+                    f"{self.process.returncode} before it was ready; stderr tail:\n"
+                    f"{_tail(self.stderr, _TAIL_BYTES)}"
+                )
+            elif time.monotonic() > deadline:
+                raise DeadlineError(
+                    f"actor server on {self.node_ip} not ready after {timeout:.1f}s; "
+                    f"stderr tail:\n{_tail(self.stderr, _TAIL_BYTES)}"
+                )
+            else:
+                time.sleep(_POLL_INTERVAL)
+        return self.host, self.port, self.process.pid, os.getpid()
+
+    def is_alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self.process.poll() is None
+
+    def stderr_tail(self, max_bytes: int) -> str:
+        """What the server last wrote on stderr (its log)."""
+        return "" if self.stderr.closed else _tail(self.stderr, max_bytes)
+
+    def stop(self, grace_period: float) -> int:
+        """SIGTERM the server, SIGKILL it ``2`` s after its grace period; its exit code."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_period + _EXIT_MARGIN)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.stdout.close()
+        self.stderr.close()
+        return self.process.returncode
+
+
+class RayFleet:
+    """Place ``num_actors`` actor servers on a Ray cluster and stop them on exit.
+
+    Takes :class:`LocalFleet`'s arguments (``kind``, env and policy factories,
+    ``num_envs``, ``seed``, ``worker_ids``; the factories must be importable on every node)
+    and those of TorchRL's ``RayCollector`` that say where actors go.
+
+    Args:
+        num_actors: Actors to place; worker ids ``0..num_actors-1`` unless ``worker_ids``.
+        env, num_envs, policy, policy_kwargs, env_kwargs, env_factory, seed, kind, task,
+            task_kwargs, worker_ids, extra_args, start_timeout, grace_period: As for
+            :class:`LocalFleet`.
+        ray_init_config: Keyword arguments of ``ray.init`` when Ray is not initialised in
+            this process yet (``{"address": "auto"}`` attaches to a running cluster; none
+            starts a local one, without its dashboard). An initialised Ray is reused.
+        remote_configs: Ray actor options (``num_cpus``, ``num_gpus``, ``memory``,
+            ``resources``, ``scheduling_strategy``, ``max_restarts``, ...): one dict for
+            every actor or a sequence of one per actor. Default ``{"num_cpus": 1}``.
+        shutdown_ray: Shut Ray down on stop even when this fleet did not initialise it
+            (when it did, it always does).
+        host: Address each server binds; None: its node's IP (``ray.util.get_node_ip_address``).
+        python: Interpreter that runs ``-m actor_service`` on the nodes; None: the Ray
+            worker's own.
+
+    Example::
+
+        with RayFleet(2, "CartPole-v1", num_envs=8, seed=1,
+                      ray_init_config={"address": "auto"},
+                      remote_configs={"num_cpus": 2, "max_restarts": 3}) as fleet:
+            with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
+                ...
+    """
+
+    def __init__(
+        self,
+        num_actors: int,
+        env: str = "CartPole-v1",
+        num_envs: int = 8,
+        policy: str | None = None,
+        *,
+        policy_kwargs: Mapping[str, Any] | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        extra_args: Sequence[str] = (),
+        start_timeout: float = 120.0,
+        grace_period: float = 5.0,
+        kind: str = "env",
+        task: str = "arith",
+        task_kwargs: Mapping[str, Any] | None = None,
+        env_factory: str = "",
+        worker_ids: Sequence[int] | None = None,
+        ray_init_config: Mapping[str, Any] | None = None,
+        remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        shutdown_ray: bool = False,
+        host: str | None = None,
+        python: str | None = None,
+    ) -> None:
+        _check_int("num_actors", num_actors, 1)
+        self.worker_ids = _worker_ids(num_actors, worker_ids)
+        _check_int("num_envs", num_envs, 1)
+        if seed is not None:
+            _check_int("seed", seed, 0)
+        if not start_timeout > 0:
+            raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
+        if not grace_period >= 0:
+            raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
+        if kind not in _DEFAULT_POLICY:
+            raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
+        self.num_actors = num_actors
+        self.start_timeout = float(start_timeout)
+        self.grace_period = float(grace_period)
+        self.host = host
+        self.remote_configs = _remote_configs(remote_configs, num_actors)
+        self._ray_init_config = dict(ray_init_config or {})
+        self._shutdown_ray = shutdown_ray
+        self._python = python
+        self._seed = seed
+        flags = {
+            "--num-envs": num_envs,
+            "--policy": policy or _DEFAULT_POLICY[kind],
+            "--policy-kwargs": json.dumps(dict(policy_kwargs or {})),
+            "--grace-period": grace_period,
+        }
+        if kind == "llm":
+            flags |= {"--task": task, "--task-kwargs": json.dumps(dict(task_kwargs or {}))}
+        else:
+            flags |= _env_flags(env, env_kwargs, env_factory)
+        flags["--kind"] = kind
+        self._common_args = [str(part) for flag in flags.items() for part in flag]
+        self._extra_args = _extra_args(extra_args)
+        self._handles: dict[int, Any] = {}
+        self._owns_ray = False
+        self._state = "new"
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> RayFleet:
+        """Initialise Ray if needed, place every actor and wait until all report ready.
+
+        Returns:
+            The fleet itself.
+
+        Raises:
+            ActorUnavailableError: A server exited before it was ready (its stderr
+                quoted); every Ray actor is stopped.
+            DeadlineError: An actor was not placed and ready within ``start_timeout``.
+            SessionStateError: The fleet was already started or stopped.
+        """
+        if self._state != "new":
+            raise SessionStateError(f"RayFleet.start() called on a {self._state} fleet")
+        self._state = "running"
+        try:
+            ray = self._init_ray()
+            host_class = ray.remote(_ServerHost)
+            for worker_id, options in zip(self.worker_ids, self.remote_configs, strict=True):
+                self._handles[worker_id] = host_class.options(**options).remote(
+                    self._argv(worker_id), self.host
+                )
+            self._ready(list(self._handles))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every server (SIGTERM, then SIGKILL) and kill its Ray actor. Idempotent.
+
+        Ray itself is shut down only if this fleet initialised it or ``shutdown_ray``.
+        """
+        if self._state == "stopped":
+            return
+        self._state = "stopped"
+        if not self._handles and not self._owns_ray and not self._shutdown_ray:
+            return
+        import ray
+
+        try:
+            stops = [handle.stop.remote(self.grace_period) for handle in self._handles.values()]
+            with contextlib.suppress(Exception):
+                ray.wait(stops, num_returns=len(stops), timeout=self.grace_period + _CALL_MARGIN)
+        finally:
+            for handle in self._handles.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            if self._owns_ray or self._shutdown_ray:
+                ray.shutdown()
+
+    def close(self) -> None:
+        """Same as :meth:`stop`."""
+        self.stop()
+
+    def __enter__(self) -> RayFleet:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------- inspection
+
+    @property
+    def addresses(self) -> list[str]:
+        """``host:port`` of every actor, in worker-id order, asked of the Ray actors now.
+
+        A Ray actor that Ray restarted reports its new server's address (this waits for
+        it, up to ``start_timeout``).
+        """
+        return [_address(host, port) for host, port, _, _ in self._ready(self.worker_ids)]
+
+    @property
+    def pids(self) -> list[int]:
+        """Process id of every actor server (on its node), in worker-id order."""
+        return [server_pid for _, _, server_pid, _ in self._ready(self.worker_ids)]
+
+    @property
+    def ray_pids(self) -> list[int]:
+        """Process id of every Ray actor (the server's parent), in worker-id order."""
+        return [ray_pid for _, _, _, ray_pid in self._ready(self.worker_ids)]
+
+    @property
+    def actor_handles(self) -> dict[int, Any]:
+        """The Ray actor handle of each worker id (for ``ray.util.state`` and fault tests)."""
+        self._check_running()
+        return dict(self._handles)
+
+    def is_alive(self, worker_id: int) -> bool:
+        """Whether the actor server with ``worker_id`` is running (False if unreachable)."""
+        import ray
+
+        self._check_running()
+        try:
+            return bool(ray.get(self._handles[worker_id].is_alive.remote(), timeout=_CALL_MARGIN))
+        except (ray.exceptions.RayError, TimeoutError):
+            return False
+
+    def stderr_tail(self, worker_id: int, max_bytes: int = _TAIL_BYTES) -> str:
+        """What the actor server last wrote on stderr (its log)."""
+        import ray
+
+        self._check_running()
+        return str(
+            ray.get(self._handles[worker_id].stderr_tail.remote(max_bytes), timeout=_CALL_MARGIN)
+        )
+
+    # ------------------------------------------------------------ internals
+
+    def _init_ray(self) -> Any:
+        import ray
+
+        if not ray.is_initialized():
+            config = dict(self._ray_init_config)
+            if config.get("address") is None:
+                config.setdefault("include_dashboard", False)
+            ray.init(**config)
+            self._owns_ray = True
+        return ray
+
+    def _argv(self, worker_id: int) -> list[str]:
+        argv = [self._python or "", "-m", "actor_service", *self._common_args]
+        argv += ["--port", "0", "--worker-id", str(worker_id)]
+        if self._seed is not None:
+            argv += ["--seed", str(self._seed + worker_id)]
+        return argv + self._extra_args
+
+    def _ready(self, worker_ids: Sequence[int]) -> list[tuple[str, int, int, int]]:
+        import ray
+
+        self._check_running()
+        refs = [self._handles[w].ready.remote(self.start_timeout) for w in worker_ids]
+        try:
+            return list(ray.get(refs, timeout=self.start_timeout + _CALL_MARGIN))
+        except ray.exceptions.GetTimeoutError:
+            raise DeadlineError(
+                f"Ray actors not placed and ready after {self.start_timeout:.1f}s "
+                f"(worker ids {list(worker_ids)}): does the cluster have the resources "
+                f"asked ({self.remote_configs})?"
+            ) from None
+        except ray.exceptions.RayTaskError as error:
+            raise error.as_instanceof_cause() from None
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise SessionStateError(
+                f"the fleet is {self._state}; use it inside `with` or after start()"
+            )
+
+
+def _extra_args(extra_args: Sequence[str]) -> list[str]:
+    if isinstance(extra_args, str):
+        raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
+    return list(extra_args)
+
+
+def _remote_configs(
+    configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, num_actors: int
+) -> list[dict[str, Any]]:
+    """One dict of Ray actor options per actor, from one dict, one per actor, or none."""
+    if configs is None:
+        return [dict(_DEFAULT_REMOTE_CONFIG) for _ in range(num_actors)]
+    if isinstance(configs, Mapping):
+        return [dict(configs) for _ in range(num_actors)]
+    listed = [dict(config) for config in configs]
+    if len(listed) != num_actors:
+        raise ValueError(
+            f"remote_configs must be one dict or {num_actors} (one per actor), got {len(listed)}"
+        )
+    return listed
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

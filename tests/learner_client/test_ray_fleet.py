@@ -1,0 +1,148 @@
+"""RayFleet on a real local Ray cluster: placement, collection, resources, shutdown, restarts.
+
+The module starts one Ray head in this process (2 CPUs, no dashboard, a temporary directory
+of its own) and every fleet reuses it; `make test-ray` runs these in `.venv-ray`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import poll_until
+
+from common.errors import ActorUnavailableError, SessionStateError
+from learner_client import GrpcCollector, RayFleet
+
+pytestmark = pytest.mark.ray
+
+#: A custom resource of the test cluster, asked per actor so its accounting is exact.
+SLOT = "rlfleet_slot"
+SLOTS = 4.0
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """A local Ray head for this module: 2 CPUs, 4 ``rlfleet_slot`` resources, no dashboard."""
+    ray = pytest.importorskip("ray")
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's sockets live there
+    ray.init(
+        num_cpus=2,
+        resources={SLOT: SLOTS},
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    # A zombie waiting for init to reap it is as good as gone.
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _available(ray: Any, name: str) -> float:
+    return float(ray.available_resources().get(name, 0.0))
+
+
+def test_ray_fleet_collects_sync_and_async_batches(ray_cluster: Any) -> None:
+    with RayFleet(2, "CartPole-v1", num_envs=4, seed=0, grace_period=1.0) as fleet:
+        addresses = fleet.addresses
+        assert len(set(addresses)) == 2
+        node_ip = ray_cluster.util.get_node_ip_address()
+        assert all(address.startswith(f"{node_ip}:") for address in addresses)
+        with GrpcCollector(addresses, frames_per_batch=64, total_frames=128, sync=True) as c:
+            shapes = [tuple(batch.batch_size) for batch in c]
+        assert shapes == [(2, 4, 8), (2, 4, 8)]
+        with GrpcCollector(addresses, frames_per_batch=32, total_frames=128, sync=False) as c:
+            batches = list(c)
+        assert [tuple(batch.batch_size) for batch in batches] == [(4, 8)] * 4
+        workers = {int(batch["collector", "worker_id"].flatten()[0]) for batch in batches}
+        assert workers <= {0, 1}
+    assert ray_cluster.is_initialized()  # the fleet reused this Ray: it leaves it running
+
+
+def test_ray_fleet_asks_each_actor_its_resources(ray_cluster: Any) -> None:
+    total = ray_cluster.cluster_resources()
+    cpus, slots, memory = (float(total[name]) for name in ("CPU", SLOT, "memory"))
+    # Resources freed by the fleets before this one come back to Ray asynchronously.
+    poll_until(lambda: _available(ray_cluster, "CPU") == cpus, timeout=30)
+    configs = [
+        {"num_cpus": 1, "memory": 64 * MIB, "resources": {SLOT: 1.5}},
+        {"num_cpus": 0.5, "memory": 32 * MIB, "resources": {SLOT: 0.5}},
+    ]
+    with RayFleet(2, num_envs=1, grace_period=1.0, remote_configs=configs) as fleet:
+        assert len(fleet.addresses) == 2
+        poll_until(lambda: _available(ray_cluster, SLOT) == slots - 2.0, timeout=30)
+        assert _available(ray_cluster, "CPU") == cpus - 1.5
+        assert _available(ray_cluster, "memory") == memory - 96 * MIB
+    poll_until(lambda: _available(ray_cluster, SLOT) == slots, timeout=30)
+    poll_until(lambda: _available(ray_cluster, "CPU") == cpus, timeout=30)
+
+
+def test_ray_fleet_stop_leaves_no_actor_and_no_server(ray_cluster: Any) -> None:
+    fleet = RayFleet(2, num_envs=1, grace_period=1.0, remote_configs={"num_cpus": 0.5})
+    with fleet:
+        servers, workers = fleet.pids, fleet.ray_pids
+        handles = list(fleet.actor_handles.values())
+        assert all(_alive(pid) for pid in servers + workers)
+    poll_until(lambda: not any(_alive(pid) for pid in servers), timeout=30)
+    for handle in handles:  # each Ray actor is dead, for good
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(handle.is_alive.remote(), timeout=30)
+    poll_until(lambda: not any(_alive(pid) for pid in workers), timeout=30)
+    assert ray_cluster.is_initialized()
+    fleet.stop()  # idempotent
+    with pytest.raises(SessionStateError, match="stopped"):
+        _ = fleet.addresses
+
+
+def test_ray_fleet_kills_the_server_when_its_ray_actor_is_killed(ray_cluster: Any) -> None:
+    with RayFleet(1, num_envs=1, grace_period=1.0, remote_configs={"num_cpus": 0.5}) as fleet:
+        (server,), (worker,) = fleet.pids, fleet.ray_pids
+        ray_cluster.kill(fleet.actor_handles[0], no_restart=True)
+        poll_until(lambda: not _alive(server), timeout=30, message="server outlived its actor")
+        poll_until(lambda: not _alive(worker), timeout=30, message="the Ray actor lives on")
+
+
+def test_ray_fleet_reports_a_server_that_dies_before_ready(ray_cluster: Any) -> None:
+    fleet = RayFleet(1, num_envs=1, extra_args=["--num-envs", "0"], start_timeout=60)
+    with pytest.raises(ActorUnavailableError, match="before it was ready"):
+        fleet.start()
+    with pytest.raises(SessionStateError):
+        _ = fleet.addresses
+
+
+def test_ray_fleet_restarted_actor_comes_back_at_a_new_address(ray_cluster: Any) -> None:
+    config = {"num_cpus": 0.5, "max_restarts": 1}
+    with RayFleet(1, num_envs=2, seed=0, grace_period=1.0, remote_configs=config) as fleet:
+        (old_address,), (server,), (worker,) = fleet.addresses, fleet.pids, fleet.ray_pids
+        os.kill(worker, signal.SIGKILL)  # the Ray worker crashes; Ray restarts the actor
+        poll_until(lambda: not _alive(server), timeout=30, message="server outlived its actor")
+
+        def new_address() -> str | None:
+            try:
+                (address,) = fleet.addresses
+            except ray_cluster.exceptions.RayActorError:
+                return None  # asked while Ray still saw the old actor
+            return address if address != old_address else None
+
+        address = poll_until(new_address, timeout=60, interval=0.5)
+        (new_server,) = fleet.pids
+        assert new_server != server
+        assert fleet.is_alive(0)
+        with GrpcCollector([address], frames_per_batch=16, total_frames=32, sync=True) as c:
+            assert [tuple(batch.batch_size) for batch in c] == [(1, 2, 8)] * 2
