@@ -128,3 +128,13 @@ def test_structure_checks_report_offenders_with_file_and_line(tmp_path: pathlib.
     assert long_functions([module]) == [f"{module}:65: C.too_long is 61 lines"]
     assert long_modules([module], limit=500) == [f"{module}:1: 525 lines (max 500)"]
     assert long_modules([module], limit=525) == []
+
+
+def test_structure_test_files_have_unique_names() -> None:
+    # Test folders hold no __init__.py, so pytest's default import mode imports each test
+    # file by its base name: two files of one name break the collection of the whole suite.
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(_relative(path))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, f"rename one of each: {twice}"
