@@ -39,6 +39,7 @@ def _python_blocks() -> list:
     ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("block", _python_blocks())
 def test_docs_python_block_runs(block, tmp_path: pathlib.Path) -> None:
     if block.skip_reason:

@@ -27,6 +27,8 @@ from bench.torchrl_scripts._run import missing_needs, original, originals_root, 
 from bench.torchrl_scripts._specs import SPECS, ScriptSpec
 from bench.torchrl_scripts.compare import compare, within_criterion
 
+pytestmark = pytest.mark.long
+
 NAMES = [
     pytest.param(name, marks=[pytest.mark.torchvision]) if "torchvision" in spec.needs else name
     for name, spec in sorted(SPECS.items())

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.long
+
 pytest.importorskip("transformers")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

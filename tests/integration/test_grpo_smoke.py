@@ -13,6 +13,8 @@ from apps.grpo import parse_args
 from common.llm import build_policy
 from common.weights import decode_weights
 
+pytestmark = pytest.mark.long
+
 pytest.importorskip("transformers")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -7,6 +7,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.long
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.long
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

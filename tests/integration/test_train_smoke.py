@@ -20,6 +20,8 @@ from common.weights import decode_weights, load_into
 from learner_client import GrpcCollector
 from learner_client._local_fleet import LocalFleet
 
+pytestmark = pytest.mark.long
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -31,6 +31,8 @@ ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PY
 sys.path.insert(0, str(ACTOR_TESTS))
 import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
 
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture(scope="module")
 def vecnorm_actors() -> Iterator[list[str]]:

@@ -20,6 +20,8 @@ from tensordict import TensorDictBase
 
 from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 
+pytestmark = pytest.mark.long
+
 _ARGS = ["--num-envs", "1", "--policy", "mlp"]
 
 

@@ -39,6 +39,8 @@ REQUIRED = {"self", "create_env_fn", "frames_per_batch"}
 sys.path.insert(0, str(ACTOR_TESTS))
 import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
 
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture(scope="module")
 def cartpole() -> Iterator[list[str]]:

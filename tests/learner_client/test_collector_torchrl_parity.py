@@ -41,6 +41,8 @@ from common.config import ExplorationType
 from common.errors import EnvError, UnknownWorkerError
 from learner_client import GrpcCollector
 
+pytestmark = pytest.mark.long
+
 ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
 # The actors import the test env and policy factories from tests/actor_service.
 ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}

@@ -237,6 +237,7 @@ def test_an_env_collector_refuses_llm_actors_and_vice_versa(llm_fleet) -> None:
         _collector(env_fleet, dialog_turns_per_batch=2)
 
 
+@pytest.mark.long
 def test_kill_9_loses_whole_groups_and_the_restarted_actor_gets_current_weights() -> None:
     from common.llm import build_policy
 

@@ -89,6 +89,7 @@ def test_local_fleet_raises_if_an_actor_dies_before_ready():
     assert "num-envs" in message  # the actor's own complaint, from its stderr
 
 
+@pytest.mark.long
 def test_local_fleet_kill_and_restart_keep_worker_id_and_address():
     with LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet:
         address = fleet.addresses[1]
@@ -145,7 +146,11 @@ def _start_learner() -> tuple[subprocess.Popen, list[int]]:
 
 
 @pytest.mark.parametrize(
-    "sig", [signal.SIGINT, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)]
+    "sig",
+    [
+        pytest.param(signal.SIGINT, marks=pytest.mark.long),
+        pytest.param(signal.SIGKILL, marks=pytest.mark.slow),
+    ],
 )
 def test_local_fleet_leaves_no_actor_after_the_learner_is_signalled(sig):
     learner, pids = _start_learner()
@@ -160,6 +165,7 @@ def test_local_fleet_leaves_no_actor_after_the_learner_is_signalled(sig):
         learner.communicate()
 
 
+@pytest.mark.long
 def test_local_fleet_starts_torchrl_env_actors_from_importable_factories(monkeypatch) -> None:
     pytest.importorskip("torchrl")
     from learner_client import GrpcCollector
