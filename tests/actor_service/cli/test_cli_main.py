@@ -13,6 +13,7 @@ import torch
 
 from actor_service._cli._main import default_worker_id, parse_config
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._serve._logging import configure_logging, get_logger, log_event
 
 
@@ -105,12 +106,14 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
         port=6000,
         health_port=6001,
         worker_id=7,
-        env="Pendulum-v1",
-        env_kwargs={"g": 9.8},
-        env_factory="pkg.mod:make",
+        env_pool=EnvPoolSettings(
+            env="Pendulum-v1",
+            env_kwargs={"g": 9.8},
+            env_factory="pkg.mod:make",
+            env_backend="async",
+            step_timeout=2.5,
+        ),
         num_envs=3,
-        env_backend="async",
-        step_timeout=2.5,
         env_error_detail="type",
         models=(
             ModelSpec("policy", "random", {"a": 1}),
@@ -312,8 +315,11 @@ def test_logging_renders_other_libraries_in_the_same_format() -> None:
     ],
 )
 def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: object) -> None:
+    given: dict[str, object] = {field: value}
+    if field == "env_backend":  # a setting of the env pool's section
+        given = {"env_pool": EnvPoolSettings(env_backend=value)}
     with pytest.raises(ValueError, match=field):
-        ActorConfig(**{field: value})
+        ActorConfig(**given)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "601", "nan", "soon"])
