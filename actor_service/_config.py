@@ -210,13 +210,13 @@ class ActorConfig:
 
         Raises:
             ValueError: A section that is not its settings class, a field out of its
-                range or choices, a seed outside
-                ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
-                ``grace_period``, a ``part_deadline_s`` out of range, TLS files given
-                by halves, no models, a ``lora`` that is not a ``LoraSpec`` on an LLM
-                actor with peft installed, vLLM settings without ``engine="vllm"`` on an
-                LLM actor, a ``decode`` other than ``"eager"`` with ``engine="vllm"``, or
-                a section other than its defaults on an actor of a kind it is not for.
+                range or choices, a seed outside ``[0, 2**64)``, a non-positive
+                ``step_timeout``, a negative ``grace_period``, a ``part_deadline_s`` out
+                of range, TLS files given by halves, no models, a ``lora`` that is not a
+                ``LoraSpec`` on an LLM actor with peft installed, vLLM settings without
+                ``engine="vllm"`` on an LLM actor, a ``decode`` other than ``"eager"``
+                with ``engine="vllm"``, or (unless ``keep_other_kinds``) a section other
+                than its defaults on an actor of a kind it is not for.
         """
         for name, section in SECTIONS.items():
             if not isinstance(getattr(self, name), section.settings):
