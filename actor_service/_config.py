@@ -219,9 +219,10 @@ class ActorConfig:
                 than its defaults on an actor of a kind it is not for.
         """
         for name, section in SECTIONS.items():
-            if not isinstance(getattr(self, name), section.settings):
+            given = getattr(self, name)
+            if not isinstance(given, section.settings):
                 raise ValueError(
-                    f"{name} must be a {section.settings.__name__}, got {getattr(self, name)!r:.80}"
+                    f"{name} must be an {section.settings.__name__}, got {given!r:.80}"
                 )
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)

@@ -14,6 +14,7 @@ import torch
 from actor_service._cli._main import default_worker_id, parse_config
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
 from actor_service._core._settings import EnvPoolSettings
+from actor_service._kinds.llm.settings import LLMActorSettings
 from actor_service._serve._logging import configure_logging, get_logger, log_event
 
 
@@ -328,6 +329,26 @@ def test_cli_raises_if_the_part_deadline_is_out_of_range(
 ) -> None:
     assert "--part-deadline-s" in _error(capsys, ["--part-deadline-s", value])
     assert parse_config(["--part-deadline-s", "600"], {}).part_deadline_s == 600.0
+
+
+def test_actor_config_raises_if_a_section_is_for_another_kind() -> None:
+    with pytest.raises(ValueError, match=r"llm settings \(task\) are for kind 'llm', not 'env'"):
+        ActorConfig(llm=LLMActorSettings(task="reverse"))
+    with pytest.raises(
+        ValueError, match=r"env_pool settings \(env\) are for kind 'env' or 'torchrl'"
+    ):
+        ActorConfig(kind="llm", env_pool=EnvPoolSettings(env="Pendulum-v1"))
+    with pytest.raises(ValueError, match="llm must be an LLMActorSettings"):
+        ActorConfig(llm=EnvPoolSettings())
+    assert ActorConfig(kind="llm", llm=LLMActorSettings(task="reverse")).task == "reverse"
+    config = ActorConfig(kind="torchrl", env_pool=EnvPoolSettings(env="Pendulum-v1"))
+    assert (config.env, config.env_pool.env) == ("Pendulum-v1", "Pendulum-v1")
+    assert ActorConfig(llm=LLMActorSettings()) == ActorConfig()  # its defaults: nothing given
+
+
+def test_cli_keeps_another_kinds_settings_unread() -> None:
+    config = _parse([], {"RLFLEET_TASK": "reverse"})  # a variable the fleet's LLM actors read
+    assert (config.kind, config.llm.task) == ("env", "reverse")
 
 
 def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:
