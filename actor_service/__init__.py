@@ -8,6 +8,10 @@ in-process::
     with create_server(ActorConfig(port=0, num_envs=4)).run_in_thread() as actor:
         print(actor.port)   # SERVING: health, reflection and ActorService
 
+A kind's settings are a typed section of the config:
+``ActorConfig(kind="llm", llm=LLMActorSettings(task="reverse"))``,
+``ActorConfig(env_pool=EnvPoolSettings(env="Pendulum-v1"))``.
+
 The server and its dependencies (torch, gRPC) are imported on first use, so the
 command line reports bad flags without loading them.
 """
@@ -18,9 +22,13 @@ import importlib
 from typing import Any
 
 from actor_service._config import ActorConfig, ModelSpec
+from actor_service._core._settings import EnvPoolSettings
+from actor_service._kinds.llm.settings import LLMActorSettings
 
 __all__ = [
     "ActorConfig",
+    "EnvPoolSettings",
+    "LLMActorSettings",
     "ModelSpec",
     "ActorServer",
     "ServerThread",

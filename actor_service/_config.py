@@ -1,8 +1,18 @@
 """The settings of one actor server, filled from command-line flags or ``RLFLEET_*`` variables.
 
-Each field of :class:`ActorConfig` has one flag (``--num-envs``) and one
-environment variable (``RLFLEET_NUM_ENVS``); the flag wins. The CLI module
-builds the config; the collection core and the server read it.
+:class:`ActorConfig` holds what every actor has (address, ports, ``worker_id``, auth and
+TLS, limits, models, device, seed, ``num_envs``) and one typed section per group of kinds
+(:data:`SECTIONS`): ``env_pool`` (:class:`~actor_service._core._settings.EnvPoolSettings`,
+what the ``env`` and ``torchrl`` kinds step) and ``llm``
+(:class:`~actor_service._kinds.llm.settings.LLMActorSettings`). A section is built by its
+own class, ``ActorConfig(kind="llm", llm=LLMActorSettings(task="reverse"))``, and refused
+on an actor of another kind unless it holds only its defaults. The sections are leaves
+(they import nothing of ``actor_service``); this module composes them under every role.
+
+Every setting, a section's included, has one flag (``--num-envs``, ``--task``) and one
+environment variable (``RLFLEET_NUM_ENVS``, ``RLFLEET_TASK``); the flag wins. The CLI
+module builds the config; the collection core and the server read it, a section's fields
+by their flat names too (``config.task`` is ``config.llm.task``).
 """
 
 from __future__ import annotations
@@ -10,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from actor_service._core._settings import EnvPoolSettings
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT, MAX_SEED
 from common.llm import LoraSpec, check_peft
 
@@ -18,9 +30,12 @@ __all__ = [
     "INT_RANGES",
     "MAX_PART_DEADLINE_S",
     "OPTIONAL_INTS",
+    "SECTIONS",
     "VLLM_LORA_RANKS",
     "ActorConfig",
     "ModelSpec",
+    "Section",
+    "section_of",
     "vllm_lora_rank",
 ]
 
@@ -57,6 +72,35 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclasses.dataclass(frozen=True)
+class Section:
+    """One settings section of :class:`ActorConfig`: its class and the kinds it is for.
+
+    Attributes:
+        settings: The frozen dataclass that declares the section's fields.
+        kinds: The ``ActorConfig.kind`` values that read it.
+    """
+
+    settings: type[EnvPoolSettings] | type[LLMActorSettings]
+    kinds: tuple[str, ...]
+
+
+#: Each section field of :class:`ActorConfig`, by name. A kind with settings of its own
+#: declares them in ``_kinds/<kind>/settings.py`` and adds its field and a line here.
+SECTIONS: dict[str, Section] = {
+    "env_pool": Section(EnvPoolSettings, ("env", "torchrl")),
+    "llm": Section(LLMActorSettings, ("llm",)),
+}
+
+
+def section_of(name: str) -> str | None:
+    """The section that declares the setting ``name``, or None for a setting of every actor."""
+    for section_name, section in SECTIONS.items():
+        if name in {f.name for f in dataclasses.fields(section.settings)}:
+            return section_name
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """One named model an actor holds.
 
@@ -88,15 +132,8 @@ class ActorConfig:
         metrics_port: When set, Prometheus metrics over plain HTTP at ``/metrics`` on this
             port (0 picks a free one); nothing else is served there. Off by default.
         worker_id: This actor's id in the fleet (0..65535).
-        env: A registered gymnasium id, used when ``env_factory`` is empty.
-        env_kwargs: Keyword arguments for ``gymnasium.make`` or the factory.
-        env_factory: ``"package.module:function"`` returning a gymnasium ``Env`` (kind
-            ``"env"``) or a ``torchrl.envs.EnvBase`` (kind ``"torchrl"``).
         num_envs: Size of the env pool (kind ``"torchrl"`` with an env that is batched
-            itself: its batch size).
-        env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context);
-            kind ``"torchrl"``: a ``SerialEnv`` or a ``ParallelEnv`` of the envs.
-        step_timeout: Seconds an async env step may take before it counts as hung.
+            itself: its batch size; kind ``"llm"``: the number of chat slots).
         env_error_detail: What a session's end message tells the learner when an env
             raises: ``"full"`` (the exception's type and text) or ``"type"`` (its type
             only; the text, which may hold paths or data, stays in the actor's log).
@@ -123,23 +160,20 @@ class ActorConfig:
             or ``"llm"`` (chat slots, a task and a language model: ``num_envs`` is the
             number of slots, the ``policy`` model spec is ``rlfleet:tiny-qwen2``,
             ``hf:DIR``...).
-        task: The LLM task: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
-            ``package.module:factory``.
-        task_kwargs: Keyword arguments for the task.
-        max_new_tokens_cap: Most new tokens per turn a learner may ask an LLM actor for.
-        lora: A LoRA adapter the LLM actor wraps its model in (``common.llm.LoraSpec``,
-            ``--lora r=16,targets=q_proj,v_proj``); its pushes may carry the adapter alone.
-            None: the plain model. Needs ``peft`` (the ``lora`` extra).
-        decode: How an LLM actor's decode loop runs its forwards: ``"eager"`` (a KV cache
-            that grows by a token a step), ``"static"`` (a fixed-size cache:
-            ``common.llm.StaticDecode``) or ``"compiled"`` (that, with the per-token step
-            compiled by ``torch.compile``; CUDA graphs on CUDA).
-        engine: What decodes on an LLM actor: ``"transformers"`` (rlfleet's own decode loop
-            over a ``transformers`` model) or ``"vllm"`` (a vLLM engine in the actor's
-            process; see docs/llm.md, "Choosing an engine").
-        gpu_memory_utilization: vLLM: share of the GPU memory it may take; None: vLLM's default.
-        max_model_len: vLLM: longest prompt + response (the actor's context); None: the model's.
-        enable_prefix_caching: vLLM: reuse the KV cache of shared prompt prefixes.
+        env_pool: What an ``env`` or ``torchrl`` actor steps and how its env pool runs
+            (:class:`~actor_service._core._settings.EnvPoolSettings`: ``env``,
+            ``env_kwargs``, ``env_factory``, ``env_backend``, ``step_timeout``).
+        llm: What an ``llm`` actor decodes with and for which task
+            (:class:`~actor_service._kinds.llm.settings.LLMActorSettings`: ``task``,
+            ``task_kwargs``, ``max_new_tokens_cap``, ``lora``, ``decode``, ``engine`` and
+            the vLLM knobs).
+
+    A section's fields read flat too (``config.env`` is ``config.env_pool.env``).
+
+    Args:
+        keep_other_kinds: Keep, unread, a section another kind reads instead of refusing
+            it. The command line sets it: its ``RLFLEET_*`` variables may be shared by a
+            fleet's actors of every kind (not a field: it is not part of the settings).
     """
 
     host: str = "127.0.0.1"
@@ -147,12 +181,7 @@ class ActorConfig:
     health_port: int | None = None
     metrics_port: int | None = None
     worker_id: int = 0
-    env: str = "CartPole-v1"
-    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    env_factory: str = ""
     num_envs: int = 8
-    env_backend: str = "sync"
-    step_timeout: float = 30.0
     env_error_detail: str = "full"
     models: tuple[ModelSpec, ...] = (ModelSpec(),)
     device: str = "cpu"
@@ -169,30 +198,32 @@ class ActorConfig:
     log_level: str = "info"
     log_format: str = "text"
     kind: str = "env"
-    task: str = "arith"
-    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    max_new_tokens_cap: int = 4096
-    lora: LoraSpec | None = None
-    decode: str = "eager"
-    engine: str = "transformers"
-    gpu_memory_utilization: float | None = None
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = False
+    env_pool: EnvPoolSettings = dataclasses.field(default_factory=EnvPoolSettings)
+    llm: LLMActorSettings = dataclasses.field(default_factory=LLMActorSettings)
+    keep_other_kinds: dataclasses.InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, keep_other_kinds: bool) -> None:
         """Refuse settings the actor cannot run with, naming the field and its range.
 
         The ranges live in :data:`INT_RANGES` and :data:`CHOICES`; the command line
         reads the same tables, so a flag and a programmatic config obey one rule.
 
         Raises:
-            ValueError: A field out of its range or choices, a seed outside
-                ``[0, 2**64)``, a non-positive ``step_timeout``, a negative
-                ``grace_period``, a ``part_deadline_s`` out of range, TLS files given
-                by halves, no models, a ``lora`` that is not a ``LoraSpec`` on an LLM
-                actor with peft installed, vLLM settings without ``engine="vllm"`` on an
-                LLM actor, or a ``decode`` other than ``"eager"`` with ``engine="vllm"``.
+            ValueError: A section that is not its settings class, a field out of its
+                range or choices, a seed outside ``[0, 2**64)``, a non-positive
+                ``step_timeout``, a negative ``grace_period``, a ``part_deadline_s`` out
+                of range, TLS files given by halves, no models, a ``lora`` that is not a
+                ``LoraSpec`` on an LLM actor with peft installed, vLLM settings without
+                ``engine="vllm"`` on an LLM actor, a ``decode`` other than ``"eager"``
+                with ``engine="vllm"``, or (unless ``keep_other_kinds``) a section other
+                than its defaults on an actor of a kind it is not for.
         """
+        for name, section in SECTIONS.items():
+            given = getattr(self, name)
+            if not isinstance(given, section.settings):
+                raise ValueError(
+                    f"{name} must be an {section.settings.__name__}, got {given!r:.80}"
+                )
         for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
             if value is None and name in OPTIONAL_INTS:
@@ -227,6 +258,95 @@ class ActorConfig:
             if self.kind != "llm":
                 raise ValueError("lora adapts a language model: it needs kind 'llm'")
             check_peft()
+        if not keep_other_kinds:
+            self._check_sections()
+
+    def _check_sections(self) -> None:
+        """A section other than its defaults is for the kinds that read it."""
+        for name, section in SECTIONS.items():
+            given, default = getattr(self, name), section.settings()
+            if self.kind in section.kinds or given == default:
+                continue
+            changed = [
+                f.name
+                for f in dataclasses.fields(given)
+                if getattr(given, f.name) != getattr(default, f.name)
+            ]
+            kinds = " or ".join(repr(kind) for kind in section.kinds)
+            raise ValueError(
+                f"{name} settings ({', '.join(changed)}) are for kind {kinds}, not {self.kind!r}"
+            )
+
+    # A section's fields, read flat: code and logs name them as the flags do.
+    @property
+    def env(self) -> str:
+        """``env_pool.env``."""
+        return self.env_pool.env
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """``env_pool.env_kwargs``."""
+        return self.env_pool.env_kwargs
+
+    @property
+    def env_factory(self) -> str:
+        """``env_pool.env_factory``."""
+        return self.env_pool.env_factory
+
+    @property
+    def env_backend(self) -> str:
+        """``env_pool.env_backend``."""
+        return self.env_pool.env_backend
+
+    @property
+    def step_timeout(self) -> float:
+        """``env_pool.step_timeout``."""
+        return self.env_pool.step_timeout
+
+    @property
+    def task(self) -> str:
+        """``llm.task``."""
+        return self.llm.task
+
+    @property
+    def task_kwargs(self) -> dict[str, Any]:
+        """``llm.task_kwargs``."""
+        return self.llm.task_kwargs
+
+    @property
+    def max_new_tokens_cap(self) -> int:
+        """``llm.max_new_tokens_cap``."""
+        return self.llm.max_new_tokens_cap
+
+    @property
+    def lora(self) -> LoraSpec | None:
+        """``llm.lora``."""
+        return self.llm.lora
+
+    @property
+    def decode(self) -> str:
+        """``llm.decode``."""
+        return self.llm.decode
+
+    @property
+    def engine(self) -> str:
+        """``llm.engine``."""
+        return self.llm.engine
+
+    @property
+    def gpu_memory_utilization(self) -> float | None:
+        """``llm.gpu_memory_utilization``."""
+        return self.llm.gpu_memory_utilization
+
+    @property
+    def max_model_len(self) -> int | None:
+        """``llm.max_model_len``."""
+        return self.llm.max_model_len
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """``llm.enable_prefix_caching``."""
+        return self.llm.enable_prefix_caching
 
     def _check_engine(self) -> None:
         """The engine rules: vLLM serves LLM actors and LoRA ranks it has slots for."""

@@ -49,7 +49,7 @@ from learner_client._torchrl_compat import (
     check_torchrl_only,
     update_flag,
 )
-from learner_client._weight_args import PushOptions, normalize_update_args
+from learner_client._weights import PushOptions, normalize_update_args
 from learner_client._wiring import assemble
 
 __all__ = ["GrpcCollector"]

@@ -1,6 +1,6 @@
 """Weight pushes on the learner, told in one place: from the call to each actor's verdict.
 
-1. ``update_policy_weights_`` is normalised into one request (``learner_client._weight_args``).
+1. ``update_policy_weights_`` is normalised into one request (``learner_client._weights``).
 2. Under an explicit version, the learner ranks agree first (same version, same weights).
 3. The targets are checked: in the fleet, holding the model, taking parts for a part.
 4. Each model is encoded once (``learner_client._weights.WeightBook``); with ``delta=True``
@@ -92,14 +92,15 @@ from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
 from learner_client._shared_policy import SharedPolicy
 from learner_client._transport import ActorDescription, PushReply
-from learner_client._weight_args import (
+from learner_client._weights import (
+    EncodedWeights,
     PushOptions,
+    WeightBook,
     WeightRequest,
     WeightSource,
     normalize_update_args,
     resolve_worker_ids,
 )
-from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = [
     "DEFAULT_FULL_PUSH_EVERY",

@@ -19,6 +19,8 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "actor_service", "learner_client", "apps")
 KINDS = "actor_service._kinds"
+#: The module beside the kind folders that names every kind (it imports each kind's core).
+REGISTRY = KINDS + ".registry"
 #: The roles of ``actor_service``, lowest first: a role imports only the ones before it.
 ACTOR_LAYERS = ("actor_service._core", KINDS, "actor_service._serve", "actor_service._cli")
 #: File names of kind helpers (TensorDict, LLM, vLLM, TorchRL, env) that belong in a kind folder.
@@ -140,7 +142,9 @@ def test_cycles_are_found_through_type_only_and_function_level_imports(
 def kind_of(module: str) -> str | None:
     """The actor kind whose folder holds ``module`` (``actor_service._kinds.<kind>...``), if any."""
     prefix = KINDS + "."
-    return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+    if module == REGISTRY or not module.startswith(prefix):
+        return None
+    return module[len(prefix) :].split(".")[0]
 
 
 def imports_between_kinds(edges: dict[str, set[str]]) -> list[str]:

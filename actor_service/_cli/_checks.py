@@ -22,6 +22,6 @@ def check_before_binding(config: ActorConfig) -> None:
     """
     if config.device != "cpu":
         local_device(config.device, "--device")
-    from actor_service._kinds import KINDS
+    from actor_service._kinds.registry import KINDS
 
     KINDS[config.kind].check(config)

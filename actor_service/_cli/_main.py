@@ -1,7 +1,8 @@
 """The ``rlfleet-actor`` command line: flags and ``RLFLEET_*`` variables into an ActorConfig.
 
-Every :class:`~actor_service._config.ActorConfig` field has one flag and one
-environment variable (``--num-envs`` / ``RLFLEET_NUM_ENVS``); the flag wins.
+Every :class:`~actor_service._config.ActorConfig` setting, a section's included, has one
+flag and one environment variable (``--num-envs`` / ``RLFLEET_NUM_ENVS``, ``--task`` /
+``RLFLEET_TASK``); the flag wins, and a section's settings fill its section.
 Models are given as ``--policy FACTORY`` (the ``"policy"`` model) plus
 repeatable ``--model ID=FACTORY`` and ``--model-kwargs ID=JSON``; their
 variables are ``RLFLEET_POLICY``, ``RLFLEET_POLICY_KWARGS``, ``RLFLEET_MODELS``
@@ -41,7 +42,16 @@ from actor_service._cli._values import (
     ranged,
     share,
 )
-from actor_service._config import CHOICES, INT_RANGES, ActorConfig, ModelSpec
+from actor_service._config import (
+    CHOICES,
+    INT_RANGES,
+    SECTIONS,
+    ActorConfig,
+    ModelSpec,
+    section_of,
+)
+from actor_service._core._settings import EnvPoolSettings
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import DEFAULT_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
@@ -239,9 +249,24 @@ def parse_config(
     except _FieldError as exc:
         parser.error(str(exc))
     try:
-        return ActorConfig(**values)
+        return _config(values)
     except ValueError as exc:  # a rule across fields (see ActorConfig)
         parser.error(_with_flags(str(exc)))
+
+
+def _config(values: dict[str, Any]) -> ActorConfig:
+    """The config of the parsed ``values``, each section's settings in its section."""
+    sections: dict[str, dict[str, Any]] = {"env_pool": {}, "llm": {}}
+    for name in list(values):
+        section = section_of(name)
+        if section is not None:
+            sections[section][name] = values.pop(name)
+    return ActorConfig(
+        **values,
+        env_pool=EnvPoolSettings(**sections["env_pool"]),
+        llm=LLMActorSettings(**sections["llm"]),
+        keep_other_kinds=True,  # a fleet's variables may name every kind's settings
+    )
 
 
 _MISSING = object()
@@ -386,9 +411,10 @@ def _pair(item: str, convert: Callable[[str], Any]) -> tuple[str, Any]:
 
 def _with_flags(message: str) -> str:
     """A config error with the flags and variables of the fields it names appended."""
-    named = [
-        f.name for f in dataclasses.fields(ActorConfig) if re.search(rf"\b{f.name}\b", message)
-    ]
+    names = [f.name for f in dataclasses.fields(ActorConfig) if f.name not in SECTIONS]
+    names += [f.name for f in dataclasses.fields(EnvPoolSettings)]
+    names += [f.name for f in dataclasses.fields(LLMActorSettings)]
+    named = [name for name in names if re.search(rf"\b{name}\b", message)]
     sources = ", ".join(f"{_flag(name)} / {_var(name)}" for name in named)
     return f"{message} ({sources})" if sources else message
 

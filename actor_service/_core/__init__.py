@@ -5,11 +5,7 @@ The serving layer (``actor_service._serve``) sees a core only through
 count into; each kind of actor (``actor_service._kinds``) builds its core on
 ``CoreBase`` and its models on the shared model book, swap and weight rules here. Nothing
 here imports a kind or the serving layer.
+
+The package imports nothing itself (no torch): the settings a config reads
+(``_settings``) load without the cores.
 """
-
-from __future__ import annotations
-
-from actor_service._core._identity import ActorIdentity
-from actor_service._core._protocol import BatchRecorder, CollectionCore, CoreModels
-
-__all__ = ["ActorIdentity", "BatchRecorder", "CollectionCore", "CoreModels"]

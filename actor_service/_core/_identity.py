@@ -15,9 +15,7 @@ import secrets
 import gymnasium
 import torch
 
-from actor_service._config import ActorConfig
-
-__all__ = ["ActorIdentity", "draw_epoch", "env_name"]
+__all__ = ["ActorIdentity", "draw_epoch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +61,3 @@ def draw_epoch() -> int:
         epoch = secrets.randbits(63)
         if epoch:
             return epoch
-
-
-def env_name(config: ActorConfig) -> str:
-    """The env's name for logs and ``describe``: the factory string or the gymnasium id."""
-    return config.env_factory or config.env

@@ -1,60 +1,10 @@
-"""The kinds of actor, one folder each, and the registry that names them.
+"""The kinds of actor, one folder each, and the registry that names them (``registry.py``).
 
 Every kind has the same file roles where the role exists: ``core.py`` (its collection
 core, a :class:`~actor_service._core._base.CoreBase`), ``models.py`` (what it holds and
-swaps pushes into), ``batch.py``, ``pool.py`` and ``check.py`` (what ``rlfleet-actor``
-checks before it binds a port); ``llm/`` adds ``turns.py`` and the vLLM engine files.
-Kinds share only what ``actor_service._core`` holds; none imports another.
-
-A new kind is one folder here and one line in :data:`KINDS`.
+swaps pushes into), ``batch.py``, ``pool.py``, ``check.py`` (what ``rlfleet-actor``
+checks before it binds a port) and ``settings.py`` (the settings only that kind has, a
+section of ``ActorConfig``); ``llm/`` adds ``turns.py`` and the vLLM engine files.
+Kinds share only what ``actor_service._core`` holds; none imports another. This package
+imports nothing itself, so a kind's settings load without the cores.
 """
-
-from __future__ import annotations
-
-import dataclasses
-import functools
-from collections.abc import Callable
-
-from actor_service._config import ActorConfig
-from actor_service._core import BatchRecorder, CollectionCore
-from actor_service._core._base import CoreBase
-from actor_service._kinds.env import check as env_check
-from actor_service._kinds.env.core import EnvCore
-from actor_service._kinds.llm import check as llm_check
-from actor_service._kinds.llm.core import LLMCore
-from actor_service._kinds.torchrl import check as torchrl_check
-from actor_service._kinds.torchrl.core import TorchRLCore
-
-__all__ = ["CORES", "KINDS", "Kind", "core_factory"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """One kind of actor, as the server and the command line need it.
-
-    Attributes:
-        core: The collection core an actor of this kind runs.
-        check: Raises ``ValueError`` for what would fail at start (``rlfleet-actor``
-            turns it into a usage error before it binds a port).
-    """
-
-    core: type[CoreBase]
-    check: Callable[[ActorConfig], None]
-
-
-#: Every ``ActorConfig.kind``: its core and its checks.
-KINDS: dict[str, Kind] = {
-    "env": Kind(EnvCore, env_check.check),
-    "torchrl": Kind(TorchRLCore, torchrl_check.check),
-    "llm": Kind(LLMCore, llm_check.check),
-}
-
-#: The collection core of each ``ActorConfig.kind``.
-CORES: dict[str, type[CoreBase]] = {name: kind.core for name, kind in KINDS.items()}
-
-
-def core_factory(
-    config: ActorConfig, metrics: BatchRecorder | None = None
-) -> Callable[[ActorConfig], CollectionCore]:
-    """What builds the collection core of ``config.kind``, counting its batches into ``metrics``."""
-    return functools.partial(CORES[config.kind], metrics=metrics)

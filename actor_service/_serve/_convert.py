@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from actor_service._core import ActorIdentity
+from actor_service._core._identity import ActorIdentity
 from common.config import DEFAULT_MODEL_ID, CollectSettings, CompileSettings, ExplorationType
 from common.errors import RlfleetError
 from common.llm import GenerationSettings, LLMSettings

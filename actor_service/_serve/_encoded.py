@@ -16,7 +16,7 @@ import threading
 import torch
 from tensordict import TensorDictBase
 
-from actor_service._core import CollectionCore
+from actor_service._core._protocol import CollectionCore
 from actor_service._serve._wire import encode_chunk
 from common.packets import checksummed_pieces, encode_packet
 from common.packets.folding import FoldedBatch

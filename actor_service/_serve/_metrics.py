@@ -33,7 +33,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from actor_service._core import CollectionCore
+from actor_service._core._protocol import CollectionCore
 from actor_service._serve._session import SessionBook
 from common.errors import ActorUnavailableError
 from common.metrics import new_registry

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from actor_service._core import CoreModels
+from actor_service._core._protocol import CoreModels
 from actor_service._core._swap import StagedParts
 from actor_service._serve._logging import log_event
 from common.errors import StaleVersionError, WeightsError, WeightsTooLargeError

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from actor_service._config import ActorConfig
-from actor_service._core import CollectionCore
+from actor_service._core._protocol import CollectionCore
 from actor_service._serve._logging import log_event
 from actor_service._serve._metrics import ActorMetrics
 from actor_service._serve._session import SessionBook

@@ -36,9 +36,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from actor_service._config import ActorConfig
-from actor_service._core import CollectionCore
-from actor_service._core._identity import env_name
-from actor_service._kinds import core_factory as kind_core_factory
+from actor_service._core._protocol import CollectionCore
+from actor_service._core._settings import env_name
+from actor_service._kinds.registry import core_factory as kind_core_factory
 from actor_service._serve._auth import TokenAuthInterceptor
 from actor_service._serve._limits import CallLimiter
 from actor_service._serve._logging import log_event
@@ -85,7 +85,7 @@ class ActorServer:
     Args:
         config: The actor's settings.
         core_factory: Builds the collection core (by default the one
-            :data:`~actor_service._kinds.CORES` names for ``config.kind``).
+            :data:`~actor_service._kinds.registry.CORES` names for ``config.kind``).
     """
 
     def __init__(
@@ -120,7 +120,7 @@ class ActorServer:
         if self.config.metrics_port is not None:
             self.metrics = ActorMetrics(
                 worker_id=self.config.worker_id,
-                env_id=env_name(self.config),
+                env_id=env_name(self.config.env_pool),
                 model_ids=[spec.model_id for spec in self.config.models],
             )
         factory = self._core_factory or kind_core_factory(self.config, self.metrics)
@@ -308,7 +308,7 @@ def create_server(
     Args:
         config: The actor's settings.
         core_factory: Builds the collection core (by default the one
-            :data:`~actor_service._kinds.CORES` names for ``config.kind``).
+            :data:`~actor_service._kinds.registry.CORES` names for ``config.kind``).
     """
     return ActorServer(config, core_factory)
 

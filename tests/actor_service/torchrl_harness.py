@@ -26,6 +26,7 @@ from torchrl.envs import EnvBase, SerialEnv
 from torchrl.envs.llm.transforms import PolicyVersion
 
 from actor_service import ActorConfig, ModelSpec, create_server
+from actor_service._core._settings import EnvPoolSettings
 from learner_client import GrpcCollector
 
 TRAJ_IDS = ("collector", "traj_ids")
@@ -47,13 +48,19 @@ def torchrl_config(
     env: str = "cartpole",
     policy: str = "greedy_policy",
     policy_kwargs: dict[str, Any] | None = None,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    env_backend: str = "sync",
     **overrides: Any,
 ) -> ActorConfig:
     """A TorchRL-env actor of 2 envs, seed 0, on port 0."""
+    pool = EnvPoolSettings(
+        env_factory=factory_path(env), env_kwargs=env_kwargs or {}, env_backend=env_backend
+    )
     base: dict[str, Any] = {
         "kind": "torchrl",
         "port": 0,
-        "env_factory": factory_path(env),
+        "env_pool": pool,
         "num_envs": 2,
         "seed": 0,
         "grace_period": 2.0,

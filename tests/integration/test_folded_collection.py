@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from actor_service import ActorConfig, ModelSpec
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.core import EnvCore
 from common.config import CollectSettings
 from learner_client import GrpcCollector, LocalFleet
@@ -20,7 +21,10 @@ def test_collector_rebuilds_folded_batches_bit_for_bit() -> None:
     ):
         received = list(collector)
     config = ActorConfig(
-        env="FrozenLake-v1", num_envs=3, seed=5, models=(ModelSpec(factory="random"),)
+        env_pool=EnvPoolSettings(env="FrozenLake-v1"),
+        num_envs=3,
+        seed=5,
+        models=(ModelSpec(factory="random"),),
     )
     with EnvCore(config) as worker:  # the same actor, in process, not folding
         worker.configure(CollectSettings(frames_per_batch=60, max_frames_per_traj=4))

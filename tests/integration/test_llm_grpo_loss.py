@@ -9,6 +9,7 @@ import torch
 
 from actor_service import ActorConfig, ModelSpec
 from actor_service._kinds.llm.core import LLMCore
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import CollectSettings
 from common.llm import GenerationSettings, LLMSettings, build_policy, to_torchrl
 
@@ -25,8 +26,8 @@ def test_grpo_loss_consumes_a_batch_unchanged() -> None:
 
     config = ActorConfig(
         kind="llm",
-        task="arith",
-        task_kwargs={"retries": 1},  # dialogs of 1 or 2 turns: ragged tokens
+        # dialogs of 1 or 2 turns: ragged tokens
+        llm=LLMActorSettings(task="arith", task_kwargs={"retries": 1}),
         models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
         num_envs=4,
         seed=0,

@@ -8,6 +8,7 @@ import torch
 from push_policies import actor_weights, assert_bit_identical, in_process_actor, serving
 
 from actor_service import ModelSpec
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.errors import WeightsError
 from common.weights import encode_weights
 from learner_client import GrpcLLMCollector, WeightPushError
@@ -23,12 +24,11 @@ LORA = LoraSpec(r=4, targets=("q_proj", "v_proj"))
 IDS = torch.tensor([[5, 17, 42, 3, 99, 7]])
 
 
-def _llm_actor(**overrides):
+def _llm_actor(lora: LoraSpec | None = None):
     return in_process_actor(
         kind="llm",
-        task="arith",
+        llm=LLMActorSettings(task="arith", lora=lora),
         models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
-        **overrides,
     )
 
 

@@ -1,14 +1,22 @@
-"""The learner's weight bookkeeping: versions, the weights given, what each worker should hold."""
+"""What a push sends: ``update_policy_weights_``'s arguments normalised into one request, its
+targets checked, and the learner's weight bookkeeping (versions, the weights given, what each
+worker should hold)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torch import nn
 
-from common.errors import SessionStateError
+from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import Part, decode_weights
-from learner_client._weights import WeightBook
+from learner_client._weights import (
+    PushOptions,
+    WeightBook,
+    normalize_update_args,
+    resolve_worker_ids,
+)
 
 
 def test_weight_book_versions_start_at_the_highest_actor_version():
@@ -92,3 +100,122 @@ def test_weight_book_never_takes_a_part_for_the_model_s_last_weights():
     assert (encoded.version, encoded.part) == (5, Part(0, 2))
     with pytest.raises(SessionStateError, match="no weights were given"):
         book.source("policy")
+
+
+def test_normalize_update_args_accepts_every_torchrl_form():
+    module = nn.Linear(2, 2)
+    td = TensorDict.from_module(module)
+    assert normalize_update_args(module).sources == {"policy": module}
+    assert normalize_update_args(weights=td).sources == {"policy": td}
+    assert normalize_update_args(policy=module, model_id="critic").sources == {"critic": module}
+    assert normalize_update_args().sources == {"policy": None}
+    request = normalize_update_args(weights_dict={"policy": td, "critic": {"w": torch.ones(1)}})
+    assert request.nested
+    assert set(request.sources) == {"policy", "critic"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"policy_or_weights": {"w": torch.ones(1)}, "weights": {"w": torch.ones(1)}},
+            "policy_or_weights and weights",
+        ),
+        ({"weights": {"w": torch.ones(1)}, "policy": nn.Linear(1, 1)}, "weights and policy"),
+        ({"weights_dict": {"policy": {}}, "model_id": "policy"}, "model_id"),
+        ({"weights_dict": {"policy": {}}, "policy": nn.Linear(1, 1)}, "policy"),
+        ({"weights_dict": {}}, "empty"),
+        ({"worker_ids": []}, "empty"),
+        ({"model_id": ""}, "model_id"),
+    ],
+)
+def test_normalize_update_args_raises_if_arguments_conflict(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_update_args(**kwargs)
+
+
+def test_normalize_update_args_raises_if_types_are_wrong():
+    with pytest.raises(TypeError, match=r"nn\.Module"):
+        normalize_update_args(policy={"w": torch.ones(1)})
+    with pytest.raises(TypeError, match="dict of tensors, got int"):
+        normalize_update_args(42)
+    with pytest.raises(TypeError, match="ints"):
+        normalize_update_args(worker_ids=[0, "1"])
+    with pytest.raises(TypeError, match="ints"):
+        normalize_update_args(worker_ids=True)
+
+
+def test_normalize_update_args_dedupes_worker_ids_in_order():
+    assert normalize_update_args(worker_ids=3).worker_ids == (3,)
+    assert normalize_update_args(worker_ids=[2, 0, 2]).worker_ids == (2, 0)
+
+
+def test_resolve_worker_ids_raises_if_an_id_is_unknown_naming_the_known_ones():
+    assert resolve_worker_ids(None, [4, 1]) == [1, 4]
+    with pytest.raises(UnknownWorkerError, match=r"\[7\].*\[1, 4\]") as info:
+        resolve_worker_ids((1, 7), [4, 1])
+    assert isinstance(info.value, LookupError)
+
+
+def test_normalize_update_args_accepts_torchrl_per_worker_mapping():
+    w0, w1 = {"w": torch.zeros(1)}, TensorDict({"w": torch.ones(1)}, [])
+    request = normalize_update_args({0: w0, 1: w1})
+    assert request.per_worker == {0: w0, 1: w1}
+    assert request.worker_ids == (0, 1)
+    assert request.sources == {"policy": None}
+    assert normalize_update_args(weights={2: w1}, model_id="critic").sources == {"critic": None}
+    # A state dict keyed by parameter names is not a per-worker mapping.
+    assert normalize_update_args({"w": torch.zeros(1)}).per_worker is None
+
+
+def test_normalize_update_args_raises_if_per_worker_mapping_is_malformed():
+    w = {"w": torch.zeros(1)}
+    with pytest.raises(ValueError, match="not both"):
+        normalize_update_args({0: w}, worker_ids=[0])
+    with pytest.raises(ValueError, match="empty"):
+        normalize_update_args({})
+    with pytest.raises(TypeError, match="worker_ids"):
+        normalize_update_args({0: w, "w": torch.zeros(1)})
+    with pytest.raises(TypeError, match=r"\[1\]"):
+        normalize_update_args({1: "weights"})
+    with pytest.raises(ValueError, match="weights_dict"):
+        normalize_update_args({0: w}, weights_dict={"policy": w})
+
+
+def test_normalize_update_args_takes_a_version_and_a_part():
+    shard = {"w": torch.ones(1)}
+    request = normalize_update_args(shard, version=7, part=(1, 2))
+    assert (request.version, request.part) == (7, Part(1, 2))
+    assert normalize_update_args(shard, version=7, part=Part(0, 1)).part == Part(0, 1)
+    assert normalize_update_args(shard, version=2**63 - 1).part is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"version": 0}, ValueError, r"version must be in \[1"),
+        ({"version": 2**63}, ValueError, "version must be in"),
+        ({"version": True}, TypeError, "version must be an int"),
+        ({"version": 1.0}, TypeError, "version must be an int"),
+        ({"part": (0, 2)}, ValueError, "part= needs version="),
+        ({"version": 1, "part": (2, 2)}, ValueError, "index 2"),
+        ({"version": 1, "part": (0, 0)}, ValueError, "count 0"),
+        ({"version": 1, "part": (0, 2**32 - 1)}, ValueError, "4294967295"),
+        ({"version": 1, "part": 2}, TypeError, r"\(index, count\)"),
+        ({"version": 1, "part": (0, 1, 2)}, TypeError, r"\(index, count\)"),
+        ({"version": 1, "part": ("0", 2)}, ValueError, "must be an int"),
+    ],
+)
+def test_normalize_update_args_raises_if_version_or_part_is_bad(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        normalize_update_args({"w": torch.ones(1)}, **kwargs)
+
+
+def test_normalize_update_args_raises_if_a_part_lacks_its_weights():
+    with pytest.raises(ValueError, match="this rank's weights"):
+        normalize_update_args(version=3, part=(0, 2))  # "the last weights given"
+    with pytest.raises(ValueError, match="this rank's weights"):
+        normalize_update_args({0: {"w": torch.ones(1)}}, version=3, part=(0, 2))
+    trainable = PushOptions(only_trainable=True)
+    with pytest.raises(ValueError, match="only_trainable"):
+        normalize_update_args(nn.Linear(1, 1), version=3, part=(0, 2), options=trainable)

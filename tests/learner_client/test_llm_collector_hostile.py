@@ -7,7 +7,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from actor_service import ActorConfig, create_server
-from actor_service._core import ActorIdentity
+from actor_service._core._identity import ActorIdentity
 from actor_service._kinds.llm.models import MODEL_ID
 from common.errors import ProtocolError
 from learner_client import GrpcLLMCollector

@@ -24,7 +24,7 @@ def check(config: ActorConfig) -> None:
         return  # the built-ins read observations only
     from tensordict.nn import TensorDictModuleBase
 
-    from actor_service._core._identity import env_name
+    from actor_service._core._settings import env_name
     from actor_service._kinds.env.models import unsupplied_keys
     from actor_service._kinds.env.pool import env_fn
     from common.policies import make_policy
@@ -32,7 +32,9 @@ def check(config: ActorConfig) -> None:
     try:
         env = env_fn(config)()
     except Exception as exc:
-        raise ValueError(f"env {env_name(config)!r} raised {type(exc).__name__}: {exc}") from exc
+        raise ValueError(
+            f"env {env_name(config.env_pool)!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         spaces = env.observation_space, env.action_space
     finally:

@@ -24,8 +24,8 @@ from tensordict.nn import set_interaction_type
 from actor_service._config import ActorConfig
 from actor_service._core._base import CoreBase, check_abandoned
 from actor_service._core._frames import interaction_of, split_trajectories
-from actor_service._core._identity import env_name
 from actor_service._core._protocol import BatchRecorder
+from actor_service._core._settings import env_name
 from actor_service._kinds.env.batch import BatchBuffers
 from actor_service._kinds.env.models import ModelRegistry
 from actor_service._kinds.env.pool import (
@@ -95,7 +95,7 @@ class EnvCore(CoreBase):
 
     def __init__(self, config: ActorConfig, metrics: BatchRecorder | None = None) -> None:
         super().__init__(config, metrics)
-        self.env_id = env_name(config)
+        self.env_id = env_name(config.env_pool)
         self.backend = config.env_backend
         self._session_frames = 0
         torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes

@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from actor_service._config import ActorConfig
-from actor_service._core._identity import env_name
+from actor_service._core._settings import env_name
 from actor_service._kinds.env.spaces import check_space
 from common.errors import DeadlineError, EnvError
 from common.policies import load_callable
@@ -98,7 +98,7 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
             )
     except Exception as exc:
         raise ValueError(
-            f"cannot create {config.num_envs} {env_name(config)!r} envs "
+            f"cannot create {config.num_envs} {env_name(config.env_pool)!r} envs "
             f"({config.env_backend}): {exc}"
         ) from exc
     try:

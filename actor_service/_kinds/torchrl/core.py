@@ -34,8 +34,8 @@ from tensordict.nn import set_interaction_type
 from actor_service._config import ActorConfig
 from actor_service._core._base import CoreBase, check_abandoned
 from actor_service._core._frames import interaction_of, split_trajectories
-from actor_service._core._identity import env_name
 from actor_service._core._protocol import BatchRecorder
+from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.batch import (
     fold_observations,
     nested_state,
@@ -92,7 +92,7 @@ class TorchRLCore(CoreBase):
 
     def __init__(self, config: ActorConfig, metrics: BatchRecorder | None = None) -> None:
         super().__init__(config, metrics)
-        self.env_id = env_name(config)
+        self.env_id = env_name(config.env_pool)
         self.backend = config.env_backend
         self._session_frames = 0
         self._pool_broken = self._needs_reset = False

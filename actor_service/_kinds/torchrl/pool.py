@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from actor_service._config import ActorConfig
-from actor_service._core._identity import env_name
+from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
 from common.packets import encode_packet
 from common.policies import load_callable
@@ -72,18 +72,18 @@ def _first_env(config: ActorConfig) -> Any:
         env = make()
     except Exception as exc:
         raise ValueError(
-            f"env factory {env_name(config)!r} raised {type(exc).__name__}: {exc}"
+            f"env factory {env_name(config.env_pool)!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(env, envs.EnvBase):
         raise ValueError(
-            f"env factory {env_name(config)!r} returned a {type(env).__name__}, "
+            f"env factory {env_name(config.env_pool)!r} returned a {type(env).__name__}, "
             "not a torchrl.envs.EnvBase (kind 'torchrl')"
         )
     _check_dense(env, config)
     if env.batch_size and (env.batch_dims != 1 or env.batch_size[0] != config.num_envs):
         env.close(raise_if_closed=False)
         raise ValueError(
-            f"env factory {env_name(config)!r} returned an env batched as "
+            f"env factory {env_name(config.env_pool)!r} returned an env batched as "
             f"{list(env.batch_size)}: num_envs must be its batch size, got {config.num_envs}"
         )
     return env
@@ -102,7 +102,8 @@ def _check_dense(env: Any, config: ActorConfig) -> None:
         env.close(raise_if_closed=False)
         where = ", ".join(sorted(repr(k) for k in lazy))
         raise ValueError(
-            f"env factory {env_name(config)!r} has agents of different shapes under {where} "
+            f"env factory {env_name(config.env_pool)!r} has agents of different shapes "
+            f"under {where} "
             "(a lazy stack, heterogeneous agents): kind 'torchrl' sends dense batches only; "
             "give the agents one shape or put each kind of agent in a group of its own"
         )
@@ -127,7 +128,9 @@ def check_torchrl_config(config: ActorConfig) -> None:
         book = TDModels(models)
         with torch.random.fork_rng(), torch.no_grad():
             for model_id in models:
-                probe_step(env, env_name(config), model_id, functools.partial(book.act, model_id))
+                probe_step(
+                    env, env_name(config.env_pool), model_id, functools.partial(book.act, model_id)
+                )
     finally:
         env.close(raise_if_closed=False)
 

@@ -11,6 +11,7 @@ import pytest
 
 from actor_service import ActorConfig
 from actor_service._cli._main import parse_config
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.llm import LoraSpec, parse_lora
 
 LLM = ["--kind", "llm"]
@@ -73,7 +74,7 @@ def test_cli_raises_if_peft_is_missing(
     message = _error(capsys, [*LLM, "--lora", "r=4,targets=q_proj"])
     assert "pip install 'rlfleet[lora]'" in message
     with pytest.raises(ValueError, match="peft"):
-        ActorConfig(kind="llm", lora=LoraSpec())
+        ActorConfig(kind="llm", llm=LLMActorSettings(lora=LoraSpec()))
 
 
 def test_max_weight_bytes_defaults_to_following_the_model() -> None:

@@ -13,6 +13,8 @@ import torch
 
 from actor_service._cli._main import default_worker_id, parse_config
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
+from actor_service._core._settings import EnvPoolSettings
+from actor_service._kinds.llm.settings import LLMActorSettings
 from actor_service._serve._logging import configure_logging, get_logger, log_event
 
 
@@ -105,12 +107,14 @@ def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
         port=6000,
         health_port=6001,
         worker_id=7,
-        env="Pendulum-v1",
-        env_kwargs={"g": 9.8},
-        env_factory="pkg.mod:make",
+        env_pool=EnvPoolSettings(
+            env="Pendulum-v1",
+            env_kwargs={"g": 9.8},
+            env_factory="pkg.mod:make",
+            env_backend="async",
+            step_timeout=2.5,
+        ),
         num_envs=3,
-        env_backend="async",
-        step_timeout=2.5,
         env_error_detail="type",
         models=(
             ModelSpec("policy", "random", {"a": 1}),
@@ -312,8 +316,11 @@ def test_logging_renders_other_libraries_in_the_same_format() -> None:
     ],
 )
 def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: object) -> None:
+    given: dict[str, object] = {field: value}
+    if field == "env_backend":  # a setting of the env pool's section
+        given = {"env_pool": EnvPoolSettings(env_backend=value)}
     with pytest.raises(ValueError, match=field):
-        ActorConfig(**{field: value})
+        ActorConfig(**given)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "601", "nan", "soon"])
@@ -322,6 +329,26 @@ def test_cli_raises_if_the_part_deadline_is_out_of_range(
 ) -> None:
     assert "--part-deadline-s" in _error(capsys, ["--part-deadline-s", value])
     assert parse_config(["--part-deadline-s", "600"], {}).part_deadline_s == 600.0
+
+
+def test_actor_config_raises_if_a_section_is_for_another_kind() -> None:
+    with pytest.raises(ValueError, match=r"llm settings \(task\) are for kind 'llm', not 'env'"):
+        ActorConfig(llm=LLMActorSettings(task="reverse"))
+    with pytest.raises(
+        ValueError, match=r"env_pool settings \(env\) are for kind 'env' or 'torchrl'"
+    ):
+        ActorConfig(kind="llm", env_pool=EnvPoolSettings(env="Pendulum-v1"))
+    with pytest.raises(ValueError, match="llm must be an LLMActorSettings"):
+        ActorConfig(llm=EnvPoolSettings())
+    assert ActorConfig(kind="llm", llm=LLMActorSettings(task="reverse")).task == "reverse"
+    config = ActorConfig(kind="torchrl", env_pool=EnvPoolSettings(env="Pendulum-v1"))
+    assert (config.env, config.env_pool.env) == ("Pendulum-v1", "Pendulum-v1")
+    assert ActorConfig(llm=LLMActorSettings()) == ActorConfig()  # its defaults: nothing given
+
+
+def test_cli_keeps_another_kinds_settings_unread() -> None:
+    config = _parse([], {"RLFLEET_TASK": "reverse"})  # a variable the fleet's LLM actors read
+    assert (config.kind, config.llm.task) == ("env", "reverse")
 
 
 def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:

@@ -10,6 +10,7 @@ import torch
 from actor_service import ActorConfig, ModelSpec
 from actor_service._kinds.env.core import EnvCore
 from actor_service._kinds.llm.core import LLMCore
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import MAX_SEED, check_model_id, check_seed
 from common.errors import StaleVersionError, WeightsError
 
@@ -26,7 +27,7 @@ def _env_worker() -> EnvCore:
 def _llm_worker() -> LLMCore:
     config = ActorConfig(
         kind="llm",
-        task="arith",
+        llm=LLMActorSettings(task="arith"),
         models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
         num_envs=2,
         seed=0,

@@ -7,14 +7,15 @@ import pytest
 from actor_service import ActorConfig, ModelSpec
 from actor_service._config import CHOICES
 from actor_service._core._base import CoreBase
-from actor_service._kinds import CORES, core_factory
+from actor_service._kinds.llm.settings import LLMActorSettings
+from actor_service._kinds.registry import CORES, core_factory
 from common.config import CollectSettings
 from common.errors import ClosedError
 from common.llm import LLMSettings
 
 LLM = {
     "kind": "llm",
-    "task": "arith",
+    "llm": LLMActorSettings(task="arith"),
     "models": (ModelSpec("policy", "rlfleet:tiny-qwen2", {"hidden": 32, "layers": 1}),),
 }
 

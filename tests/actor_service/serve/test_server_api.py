@@ -12,6 +12,8 @@ def test_actor_service_exports_exactly_the_public_api() -> None:
     assert sorted(actor_service.__all__) == sorted(
         [
             "ActorConfig",
+            "EnvPoolSettings",
+            "LLMActorSettings",
             "ModelSpec",
             "ActorServer",
             "ServerThread",

@@ -10,6 +10,7 @@ from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
+from actor_service._core._settings import EnvPoolSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 
@@ -309,7 +310,11 @@ def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_
     make_actor: object,
 ) -> None:
     # 0.3 s per step, 40 steps: 12 s if the batch were finished.
-    actor = make_actor(env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3})
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3}
+        )
+    )
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
     session.opened()
     time.sleep(1.0)  # a few steps into the batch
@@ -348,7 +353,11 @@ def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:
 
 
 def test_collect_env_crash_ends_with_error_and_the_actor_recovers(make_actor: object) -> None:
-    actor = make_actor(env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 7})
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 7}
+        )
+    )
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
     session.opened()
     end, seqs = session.end()
@@ -371,8 +380,9 @@ def test_collect_env_crash_ends_with_error_and_the_actor_recovers(make_actor: ob
 def test_collect_env_crash_withholds_the_text_when_detail_is_type(make_actor: object) -> None:
     # The env's exception text can hold paths or data: an operator may keep it in the log.
     actor = make_actor(
-        env_factory="rlfleet_test_envs:crashing_cartpole",
-        env_kwargs={"steps": 0},
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 0}
+        ),
         env_error_detail="type",
     )
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1))

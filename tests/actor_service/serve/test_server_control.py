@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
 from actor_service import ActorConfig, create_server, serve
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._core._state import decode_state, state_to_blob
 from actor_service._kinds.env.core import EnvCore
 from actor_service._serve import _servicer as servicer_module
@@ -293,7 +294,7 @@ def test_serve_returns_1_if_the_env_cannot_be_built() -> None:
     config = ActorConfig(
         host="127.0.0.1",
         port=0,
-        env="NoSuchEnv-v0",
+        env_pool=EnvPoolSettings(env="NoSuchEnv-v0"),
         num_envs=1,
         torch_threads=torch.get_num_threads(),
     )

@@ -15,6 +15,7 @@ from tensordict.nn import set_interaction_type
 import common
 from actor_service._config import ActorConfig, ModelSpec
 from actor_service._core._frames import interaction_of
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.core import EnvCore, derive_seed
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
@@ -229,7 +230,9 @@ def test_rollout_worker_set_seed_reproduces_batches_and_chains_seeds() -> None:
 
 
 def test_rollout_worker_truncates_at_max_frames_per_traj() -> None:
-    with _worker(env="Pendulum-v1", num_envs=2, models=RANDOM_MODEL) as worker:
+    with _worker(
+        env_pool=EnvPoolSettings(env="Pendulum-v1"), num_envs=2, models=RANDOM_MODEL
+    ) as worker:
         batch = _collect(worker, 20, max_frames_per_traj=3)
     count = _flag(batch, "step_count")
     assert count[0].tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
@@ -245,7 +248,9 @@ def test_rollout_worker_truncates_at_max_frames_per_traj() -> None:
 
 
 def test_rollout_worker_set_truncated_marks_the_last_frame_only() -> None:
-    with _worker(env="Pendulum-v1", num_envs=2, models=RANDOM_MODEL) as worker:
+    with _worker(
+        env_pool=EnvPoolSettings(env="Pendulum-v1"), num_envs=2, models=RANDOM_MODEL
+    ) as worker:
         batch = _collect(worker, 20, set_truncated=True)
         following = worker.collect_batch()
     truncated = _flag(batch, "next", "truncated")
@@ -258,7 +263,9 @@ def test_rollout_worker_set_truncated_marks_the_last_frame_only() -> None:
 
 
 def test_rollout_worker_split_trajs_pads_trajectories_with_a_mask() -> None:
-    with _worker(env="Pendulum-v1", num_envs=2, models=RANDOM_MODEL) as worker:
+    with _worker(
+        env_pool=EnvPoolSettings(env="Pendulum-v1"), num_envs=2, models=RANDOM_MODEL
+    ) as worker:
         worker.set_seed(7)
         worker.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=3))
         plain = worker.collect_batch()
@@ -318,7 +325,9 @@ def test_rollout_worker_describes_itself() -> None:
 
 
 def test_rollout_worker_batches_multi_binary_and_multi_discrete_spaces() -> None:
-    with _worker(env_factory="rlfleet_test_envs:multi_env", models=RANDOM_MODEL) as worker:
+    with _worker(
+        env_pool=EnvPoolSettings(env_factory="rlfleet_test_envs:multi_env"), models=RANDOM_MODEL
+    ) as worker:
         batch = _collect(worker, 40)
     assert (batch["observation"].dtype, batch["observation"].shape) == (torch.int8, (4, 10, 3))
     assert (batch["action"].dtype, batch["action"].shape) == (torch.int64, (4, 10, 2))
@@ -335,7 +344,9 @@ def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
 
     rlfleet_test_envs._CRASHED["done"] = False
     with _worker(
-        env_factory="rlfleet_test_envs:crash_once_cartpole", env_kwargs={"steps": 5}
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:crash_once_cartpole", env_kwargs={"steps": 5}
+        )
     ) as worker:
         worker.configure(CollectSettings(frames_per_batch=40))
         with pytest.raises(EnvError, match="simulator crashed") as info:
@@ -347,7 +358,7 @@ def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
 
 
 def test_rollout_worker_async_backend_collects_and_close_reaps_subprocesses() -> None:
-    worker = _worker(num_envs=2, env_backend="async", models=RANDOM_MODEL)
+    worker = _worker(num_envs=2, env_pool=EnvPoolSettings(env_backend="async"), models=RANDOM_MODEL)
     pids = [p.pid for p in worker._pool.processes]
     batch = _collect(worker, 120, max_frames_per_traj=15)
     worker.close()
@@ -363,10 +374,12 @@ def test_rollout_worker_async_backend_collects_and_close_reaps_subprocesses() ->
 def test_rollout_worker_raises_deadline_error_if_an_async_env_hangs() -> None:
     worker = _worker(
         num_envs=2,
-        env_backend="async",
-        step_timeout=0.3,
-        env_factory="rlfleet_test_envs:hanging_cartpole",
-        env_kwargs={"steps": 3},
+        env_pool=EnvPoolSettings(
+            env_backend="async",
+            step_timeout=0.3,
+            env_factory="rlfleet_test_envs:hanging_cartpole",
+            env_kwargs={"steps": 3},
+        ),
     )
     pids = [p.pid for p in worker._pool.processes]
     worker.configure(CollectSettings(frames_per_batch=20))

@@ -7,13 +7,14 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.core import EnvCore
 from common.config import CollectSettings
 from common.packets.folding import INDEX, FoldedBatch
 
 
 def _collect(fold: bool, batches: int, env: str, **settings) -> list[TensorDict | FoldedBatch]:
-    with EnvCore(ActorConfig(env=env, num_envs=3, seed=7)) as worker:
+    with EnvCore(ActorConfig(env_pool=EnvPoolSettings(env=env), num_envs=3, seed=7)) as worker:
         worker.configure(CollectSettings(frames_per_batch=60, fold_observations=fold, **settings))
         return [worker.collect_batch() for _ in range(batches)]
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pathlib
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from helpers import process_gone
 
-from actor_service._config import ActorConfig
+from actor_service._config import ActorConfig, section_of
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
 from common.errors import DeadlineError, EnvError
 
@@ -23,7 +25,7 @@ def _test_factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_make_env_pool_autoresets_in_the_same_step_with_final_obs_in_info() -> None:
-    config = ActorConfig(num_envs=2, env_kwargs={"max_episode_steps": 3})
+    config = ActorConfig(num_envs=2, env_pool=EnvPoolSettings(env_kwargs={"max_episode_steps": 3}))
     pool = make_env_pool(config)
     try:
         assert isinstance(pool, SyncVectorEnv)
@@ -43,7 +45,10 @@ def test_make_env_pool_autoresets_in_the_same_step_with_final_obs_in_info() -> N
 
 def test_make_env_pool_calls_the_factory_with_env_kwargs() -> None:
     config = ActorConfig(
-        num_envs=1, env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 1}
+        num_envs=1,
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 1}
+        ),
     )
     pool = make_env_pool(config)
     try:
@@ -55,6 +60,12 @@ def test_make_env_pool_calls_the_factory_with_env_kwargs() -> None:
         assert info.value.exception_message == "simulator crashed"
     finally:
         close_pool(pool)
+
+
+def _config(fields: dict[str, Any]) -> ActorConfig:
+    """The config of ``fields``, the env pool's in its section."""
+    pool = {name: fields.pop(name) for name in list(fields) if section_of(name) == "env_pool"}
+    return ActorConfig(env_pool=EnvPoolSettings(**pool), **fields)
 
 
 @pytest.mark.parametrize(
@@ -71,11 +82,11 @@ def test_make_env_pool_calls_the_factory_with_env_kwargs() -> None:
 )
 def test_make_env_pool_raises_if_misconfigured(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        make_env_pool(ActorConfig(**{"num_envs": 1, **overrides}))
+        make_env_pool(_config({"num_envs": 1, **overrides}))
 
 
 def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
-    pool = make_env_pool(ActorConfig(num_envs=2, env_backend="async"))
+    pool = make_env_pool(ActorConfig(num_envs=2, env_pool=EnvPoolSettings(env_backend="async")))
     assert isinstance(pool, AsyncVectorEnv)
     pids = [p.pid for p in pool.processes]
     reset_pool(pool, 30.0, seed=[0, 1])
@@ -89,7 +100,10 @@ def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
 
 def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
     config = ActorConfig(
-        num_envs=2, env_backend="async", env_factory="rlfleet_test_envs:hanging_cartpole"
+        num_envs=2,
+        env_pool=EnvPoolSettings(
+            env_backend="async", env_factory="rlfleet_test_envs:hanging_cartpole"
+        ),
     )
     pool = make_env_pool(config)
     pids = [p.pid for p in pool.processes]

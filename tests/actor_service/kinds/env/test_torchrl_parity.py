@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig, ModelSpec
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.core import EnvCore, derive_seed
 from common.config import CollectSettings
 from common.policies import make_policy
@@ -33,7 +34,10 @@ VERSION_KEYS = {"policy_version", ("next", "policy_version")}
 
 def _ours(env_id: str, factory: str, num_envs: int, **settings) -> TensorDict:
     config = ActorConfig(
-        env=env_id, num_envs=num_envs, seed=0, models=(ModelSpec(factory=factory),)
+        env_pool=EnvPoolSettings(env=env_id),
+        num_envs=num_envs,
+        seed=0,
+        models=(ModelSpec(factory=factory),),
     )
     with EnvCore(config) as worker:
         frames = settings.pop("frames_per_batch")

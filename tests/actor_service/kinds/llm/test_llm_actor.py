@@ -12,6 +12,7 @@ from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actor_service import ModelSpec
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.llm import build_policy, check_padded
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
@@ -26,11 +27,9 @@ TINY = {"hidden": 32, "layers": 1, "seed": 0}
 def llm_actor(make_actor):
     return make_actor(
         kind="llm",
-        task="arith",
-        task_kwargs={"retries": 1},
+        llm=LLMActorSettings(task="arith", task_kwargs={"retries": 1}, max_new_tokens_cap=32),
         models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
         num_envs=4,
-        max_new_tokens_cap=32,
     )
 
 
@@ -251,12 +250,11 @@ def test_a_static_cache_actor_serves_the_growing_cache_actors_batches(
     for decode in ("eager", "static"):
         actor = make_actor(
             kind="llm",
-            task="arith",
-            task_kwargs={"retries": 1},
+            llm=LLMActorSettings(
+                task="arith", task_kwargs={"retries": 1}, max_new_tokens_cap=32, decode=decode
+            ),
             models=(ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
             num_envs=4,
-            max_new_tokens_cap=32,
-            decode=decode,
             seed=3,
         )
         generation = {"max_new_tokens": 6, "temperature": temperature}

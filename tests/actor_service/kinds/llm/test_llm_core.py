@@ -7,6 +7,7 @@ import torch
 
 from actor_service import ActorConfig, ModelSpec
 from actor_service._kinds.llm.core import LLMCore
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import CollectSettings
 from common.errors import StaleVersionError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
@@ -20,7 +21,7 @@ TINY = {"hidden": 32, "layers": 1, "seed": 0}
 def _worker(**overrides) -> LLMCore:
     base = {
         "kind": "llm",
-        "task": "arith",
+        "llm": LLMActorSettings(task="arith"),
         "models": (ModelSpec("policy", "rlfleet:tiny-qwen2", TINY),),
         "num_envs": 2,
         "seed": 0,
@@ -60,8 +61,7 @@ def test_a_push_during_a_long_generation_shows_in_the_token_versions() -> None:
 def test_a_prompt_longer_than_the_context_ends_the_dialog_truncated() -> None:
     tiny_context = {**TINY, "max_positions": 24}
     with _worker(
-        task="reverse",
-        task_kwargs={"length": 40},
+        llm=LLMActorSettings(task="reverse", task_kwargs={"length": 40}),
         models=(ModelSpec("policy", "rlfleet:tiny-qwen2", tiny_context),),
     ) as worker:
         worker.configure(_settings())
@@ -86,7 +86,7 @@ def test_the_same_seed_gives_the_same_first_batches() -> None:
 
 
 def test_reset_at_each_iter_counts_dropped_dialogs() -> None:
-    with _worker(task="arith", task_kwargs={"retries": 5}) as worker:
+    with _worker(llm=LLMActorSettings(task="arith", task_kwargs={"retries": 5})) as worker:
         settings = _settings(2)
         worker.configure(
             CollectSettings(frames_per_batch=2, reset_at_each_iter=True, llm=settings.llm)

@@ -18,8 +18,10 @@ from actor_harness import RawCollect, open_request, small_config
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actor_service import ModelSpec, create_server
+from actor_service._kinds.llm.settings import LLMActorSettings
 from common.llm import (
     GenerationSettings,
+    LoraSpec,
     build_policy,
     cached_forward,
     check_padded,
@@ -46,16 +48,13 @@ SLOTS = 4
 class VLLMActor:
     """The module's actor: its stub, channel, core, and the version it holds."""
 
-    def __init__(self, **overrides) -> None:
+    def __init__(self, lora: LoraSpec | None = None) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         config = small_config(
             kind="llm",
-            engine="vllm",
-            task="arith",
+            llm=LLMActorSettings(engine="vllm", task="arith", max_new_tokens_cap=32, lora=lora),
             models=(ModelSpec("policy", "rlfleet:tiny-qwen2", {**TINY, "seed": 0}),),
             num_envs=SLOTS,
-            max_new_tokens_cap=32,
-            **overrides,
         )
         self.handle = create_server(config).run_in_thread()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.handle.port}")

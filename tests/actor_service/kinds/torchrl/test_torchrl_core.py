@@ -27,6 +27,7 @@ from torchrl_harness import (
 )
 
 from actor_service import ActorConfig, ModelSpec, create_server
+from actor_service._core._settings import EnvPoolSettings
 from actor_service._core._state import decode_state
 from actor_service._kinds.torchrl.batch import flat_state
 from actor_service._kinds.torchrl.core import TorchRLCore
@@ -193,7 +194,11 @@ def test_torchrl_core_folds_nested_observation_keys_exactly() -> None:
 
 def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
     config = ActorConfig(
-        kind="torchrl", env="CartPole-v1", num_envs=3, seed=1, models=(ModelSpec(factory="random"),)
+        kind="torchrl",
+        env_pool=EnvPoolSettings(env="CartPole-v1"),
+        num_envs=3,
+        seed=1,
+        models=(ModelSpec(factory="random"),),
     )
     with TorchRLCore(config) as core:
         assert core.models.parameters_info("policy") == {}
@@ -236,8 +241,9 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
 def test_torchrl_core_raises_if_the_env_or_policy_cannot_be_built(
     overrides: dict[str, Any], message: str
 ) -> None:
+    env = overrides.pop("env_factory", "cartpole")  # the harness's env, by its factory
     with pytest.raises(ValueError, match=message):
-        TorchRLCore(_config(**overrides))
+        TorchRLCore(_config(env, **overrides))
 
 
 def test_torchrl_core_takes_an_env_that_is_batched_itself() -> None:
