@@ -260,6 +260,25 @@ def stateful_pendulum() -> EnvBase:
     return env
 
 
+def _require_dictconfig(cfg: Any) -> None:
+    from omegaconf import DictConfig
+
+    if not isinstance(cfg, DictConfig):
+        raise TypeError(f"cfg is a {type(cfg).__name__}, not the script's DictConfig")
+
+
+def cfg_pendulum(cfg: Any) -> EnvBase:
+    """A Hydra script's ``make_env(cfg)``: reads ``cfg.env.name`` as a ``DictConfig``."""
+    _require_dictconfig(cfg)
+    return TransformedEnv(GymEnv(cfg.env.name), Compose(DoubleToFloat(), StepCounter()))
+
+
+def cfg_policy(env: EnvBase, cfg: Any) -> TensorDictSequential:
+    """A Hydra script's ``make_policy(env, cfg)``: its seed from ``cfg.seed`` (a ``DictConfig``)."""
+    _require_dictconfig(cfg)
+    return ou_policy(env, seed=cfg.seed)
+
+
 def gym_ou_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:
     """:func:`ou_policy` with a gymnasium policy factory's signature (for a gymnasium actor)."""
     return ou_policy(pendulum())

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from actor_service._config import ActorConfig, ModelSpec
+from common.plain_config import from_plain
 
 __all__ = ["check"]
 
@@ -63,7 +64,7 @@ def _check_policies(custom: list[ModelSpec], spaces: tuple[Any, Any]) -> None:
 
     for spec in custom:
         try:
-            module = make_policy(spec.factory, *spaces, **dict(spec.kwargs))
+            module = make_policy(spec.factory, *spaces, **from_plain(spec.kwargs))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
         missing = unsupplied_keys(module) if isinstance(module, TensorDictModuleBase) else []
