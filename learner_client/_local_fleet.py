@@ -31,6 +31,7 @@ from common.errors import (
     SessionStateError,
     UnknownWorkerError,
 )
+from common.plain_config import to_plain
 
 __all__ = ["LocalFleet"]
 
@@ -68,7 +69,7 @@ _DEFAULT_POLICY = {"env": "mlp", "torchrl": "random", "llm": "rlfleet:tiny-qwen2
 
 def _env_flags(env: str, env_kwargs: Mapping[str, Any] | None, env_factory: str) -> dict[str, str]:
     """The ``rlfleet-actor`` flags of an env (gymnasium or TorchRL) actor's env."""
-    flags = {"--env": env, "--env-kwargs": json.dumps(dict(env_kwargs or {}))}
+    flags = {"--env": env, "--env-kwargs": json.dumps(to_plain(env_kwargs or {}))}
     if env_factory:
         flags["--env-factory"] = env_factory
     return flags
@@ -87,9 +88,11 @@ class LocalFleet:
             ``"package.module:function"``); TorchRL-env actors: ``"random"`` (the default)
             or a function called ``(env, **policy_kwargs)``; LLM actors: a model spec
             (``"rlfleet:tiny-qwen2"``, the default, or ``"hf:DIR"``).
-        policy_kwargs: Keyword arguments of the policy factory (sent as JSON).
+        policy_kwargs: Keyword arguments of the policy factory (sent as JSON; a Hydra
+            ``DictConfig`` among them, or as all of them, is sent as its plain data and is
+            a ``DictConfig`` again for the factory where the actor has omegaconf).
         env_kwargs: Keyword arguments of ``gymnasium.make``, ``GymEnv`` or the env factory
-            (sent as JSON; env and TorchRL-env actors).
+            (sent as JSON, configs as for ``policy_kwargs``; env and TorchRL-env actors).
         env_factory: ``"package.module:function"`` building each actor's env instead of
             ``env`` (a gymnasium ``Env``, or a TorchRL ``EnvBase`` for ``kind="torchrl"``);
             the module must be importable by the actors (on their ``PYTHONPATH``).
@@ -179,7 +182,7 @@ class LocalFleet:
             "--host": host,
             "--num-envs": num_envs,
             "--policy": policy,
-            "--policy-kwargs": json.dumps(dict(policy_kwargs or {})),
+            "--policy-kwargs": json.dumps(to_plain(policy_kwargs or {})),
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from common.errors import ActorUnavailableError, DeadlineError, SessionStateError
+from common.plain_config import to_plain
 from learner_client._local_fleet import (
     _DEFAULT_POLICY,
     _EXIT_MARGIN,
@@ -203,7 +204,7 @@ class RayFleet:
         flags = {
             "--num-envs": num_envs,
             "--policy": policy or _DEFAULT_POLICY[kind],
-            "--policy-kwargs": json.dumps(dict(policy_kwargs or {})),
+            "--policy-kwargs": json.dumps(to_plain(policy_kwargs or {})),
             "--grace-period": grace_period,
         }
         if kind == "llm":

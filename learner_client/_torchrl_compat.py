@@ -18,7 +18,9 @@ script's own env object, so a script may read that env's state afterwards:
 (``get_vecnorm_state(train_env)``). On a fleet the actors step their own copies and the
 script's env is never stepped, so :class:`ScriptEnv` loads an actor's env state (GetState's
 ``env``: the transforms' ``state_dict``) into the script's env after each batch, when that
-env has state to follow (an empty ``state_dict()``: nothing is fetched). The actor is the
+env has state to follow (an empty ``state_dict()``: nothing is fetched), also an env that
+never stepped (:func:`load_env_state`: a fresh ``VecNorm`` gets ``loc``/``scale``, lazy
+buffers such as ``CatFrames``'s are made in the actor's shapes). The actor is the
 first worker of the fleet; an actor's pool of one env hands over that env's state
 (``worker0``). A state that does not fit the script's env (another env, another pool
 layout) is logged once and no longer followed; an actor that cannot be reached leaves the
@@ -35,11 +37,12 @@ env is whatever the user's callable returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -487,7 +490,7 @@ class ScriptEnv:
             return
         state = _one_env(state, self._env)
         try:
-            self._env.load_state_dict(state)  # type: ignore[union-attr]
+            load_env_state(self._env, state)
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             log.warning(
                 "create_env_fn's env no longer follows worker_id %d's env state, which "
@@ -498,11 +501,63 @@ class ScriptEnv:
             self._env = None
 
 
+#: TorchRL's warnings about a ``VecNorm`` read or loaded before it saw a frame: they concern
+#: statistics shared between processes, which the script's env (one process) never shares.
+_FRESH_VECNORM = ("Querying state_dict on an uninitialized VecNorm", "VecNorm wasn't initialized")
+
+
+@contextlib.contextmanager
+def _quiet_fresh_vecnorm() -> Iterator[None]:
+    """Hide :data:`_FRESH_VECNORM` (and nothing else) within the block."""
+    with warnings.catch_warnings():
+        for message in _FRESH_VECNORM:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        yield
+
+
 def _has_state(env: Any) -> bool:
-    try:
-        return bool(env.state_dict())
-    except (RuntimeError, AttributeError, TypeError):
-        return False
+    """Whether ``env`` has state to follow: stateful transforms, initialised or not yet.
+
+    A transform that builds its buffers at the first step (``CatFrames``'s frames, an
+    ``ObservationNorm`` before ``init_stats``) has state too: its ``state_dict()`` raises.
+    """
+    with _quiet_fresh_vecnorm():
+        try:
+            return bool(env.state_dict())
+        except ValueError:  # an uninitialised (lazy) buffer: state, once the env steps
+            return True
+        except (RuntimeError, AttributeError, TypeError):
+            return False
+
+
+def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
+    """Load an actor's env state (its ``state_dict()``) into ``env``, as if ``env`` had stepped.
+
+    What TorchRL's helpers read after a ``Collector`` stepped the env is then there:
+    ``VecNorm``'s ``loc``/``scale`` (v1 and v2) on an env that never stepped itself, and
+    the buffers transforms build at their first step (``CatFrames``) materialised in the
+    actor's shapes. TorchRL's warnings about a ``VecNorm`` loaded before its first frame
+    (they concern statistics shared between processes) are not raised.
+
+    Raises:
+        RuntimeError, KeyError, ValueError, TypeError: ``state`` does not fit ``env``.
+    """
+    _materialize(env, state)
+    with _quiet_fresh_vecnorm():
+        env.load_state_dict(state)
+
+
+def _materialize(env: Any, state: Mapping[str, Any]) -> None:
+    """Give ``env``'s uninitialised buffers the shape and dtype of their entry in ``state``."""
+    transform = getattr(env, "transform", None)
+    if not isinstance(transform, torch.nn.Module):
+        return
+    for name, buffer in transform.named_buffers():
+        value = state.get(name)
+        if isinstance(buffer, torch.nn.parameter.UninitializedBuffer) and isinstance(
+            value, torch.Tensor
+        ):
+            buffer.materialize(value.shape, device=buffer.device, dtype=value.dtype)
 
 
 def _one_env(state: Mapping[str, Any], env: Any) -> Mapping[str, Any]:

@@ -1,12 +1,14 @@
 """The port of a TorchRL script: its ``Collector(...)`` call becomes a ``GrpcCollector``.
 
 :func:`port_source` rewrites one file's source and nothing else of it: the statement that
-builds the collector gets ``fleet.addresses`` as the first argument, ``sync=True`` and the
+builds the collector gets the fleet as the first argument, ``sync=True`` and the
 script's own arguments (positional ones by their TorchRL names), and is preceded by one
-line starting the fleet; two import lines and a header comment are added. The rest of
-the file is left byte for byte. :func:`check_port` is the other side of that promise: it
-diffs an original against a port and names every line changed outside the collector
-statement, so a test fails when a port changes anything else.
+line making the fleet (``fleet = LocalFleet(...)``: the collector given the fleet starts it
+and stops it at ``shutdown()``, also where a helper builds and returns the collector); two
+import lines and a header comment are added. The rest of the file is left byte for byte.
+:func:`check_port` is the other side of that promise: it diffs an original against a
+port and names every line changed outside the collector statement, so a test fails when a
+port changes anything else.
 
 ``sync=True`` is the one argument the port adds: TorchRL's ``Collector`` collects each
 batch after the previous update, which a fleet does in sync mode (its default,
@@ -105,14 +107,14 @@ def port_source(source: str, fleet: str) -> str:
     statement = lines[found.first_line - 1]
     indent = statement[: len(statement) - len(statement.lstrip())]
     inner = indent + "    "
-    arguments = ["fleet.addresses", "sync=True", *_arguments(source, found.call)]
+    arguments = ["fleet", "sync=True", *_arguments(source, found.call)]
     new_call = "GrpcCollector(\n" + "".join(f"{inner}{a},\n" for a in arguments) + f"{indent})"
     call = found.call
     head = lines[call.lineno - 1][: call.col_offset]
     tail = lines[(call.end_lineno or call.lineno) - 1][call.end_col_offset or 0 :]
     before = lines[found.first_line - 1 : call.lineno - 1]
     after = lines[(call.end_lineno or call.lineno) : found.last_line]
-    fleet_line = f"{indent}fleet = LocalFleet({fleet}).start()  {_MARK}: actors on its factories"
+    fleet_line = f"{indent}fleet = LocalFleet({fleet})  {_MARK}: the collector starts and stops it"
     ported = [fleet_line, *before, *(head + new_call + tail).splitlines(), *after]
     out = lines[: found.first_line - 1] + ported + lines[found.last_line :]
     out = _insert_imports(out, source)
@@ -141,7 +143,7 @@ def check_port(original: str, ported: str) -> list[str]:
     """Every difference between ``original`` and ``ported`` that is not the port's own.
 
     Allowed: the header comment, the import lines, the fleet line, and the collector
-    statement, which must call ``GrpcCollector`` with ``fleet.addresses`` first and
+    statement, which must call ``GrpcCollector`` with ``fleet`` first and
     every argument of the original, unchanged. Returns one message per other change
     (an empty list for a faithful port).
     """
@@ -167,14 +169,14 @@ def _ours(line: str) -> bool:
 
 
 def _check_call(original: str, found: CollectorCall, ported: str) -> list[str]:
-    """The ported call carries the fleet's addresses and the original's arguments."""
+    """The ported call carries the fleet and the original's arguments."""
     try:
         new = collector_call(ported, "GrpcCollector")
     except PortError as exc:
         return [str(exc)]
     first = new.call.args[0] if new.call.args else None
-    if first is None or ast.unparse(first) != "fleet.addresses":
-        return ["GrpcCollector's first argument is not fleet.addresses"]
+    if first is None or ast.unparse(first) != "fleet":
+        return ["GrpcCollector's first argument is not the fleet"]
     theirs = {ast.unparse(ast.parse(text, mode="eval").body) for text in _kw(original, found)}
     ours = {
         ast.unparse(ast.parse(text, mode="eval").body)
@@ -188,6 +190,6 @@ def _check_call(original: str, found: CollectorCall, ported: str) -> list[str]:
 def _kw(source: str, found: CollectorCall) -> list[str]:
     """Keyword arguments as ``dict(name=value)``-parsable text, positional ones named."""
     call = found.call
-    if call.args and isinstance(call.args[0], ast.Attribute):  # the port's fleet.addresses
+    if call.args and ast.unparse(call.args[0]) == "fleet":  # the port's fleet
         call = ast.Call(call.func, call.args[1:], call.keywords)
     return [f"dict({text})" for text in _arguments(source, call)]

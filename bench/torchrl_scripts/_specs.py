@@ -275,6 +275,36 @@ _MAPPO = ScriptSpec(
     seed_key="seed",
 )
 
+# pytorch/rl main at ae9719f17b1517af5c2523a36c4616f003ee55cf holds the same discrete_sac.py
+# and utils.py as the torchrl 0.14.1 wheel, from which they are read.
+_DISCRETE_SAC = ScriptSpec(
+    name="discrete_sac",
+    folder="sota-implementations/discrete_sac",
+    script="discrete_sac.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=1,
+    fleet=_fleet("discrete_sac", "cfg.collector.env_per_collector", "cfg.env.seed"),
+    config="config",
+    smoke=(
+        "env.max_episode_steps=50",
+        "collector.total_frames=200",
+        "collector.init_random_frames=100",
+        "collector.frames_per_batch=100",
+        "optim.batch_size=32",
+        "network.hidden_sizes=[32,32]",
+        "logger.eval_iter=1000000",
+    ),
+    # 20,000 frames, evaluated after the last batch.
+    bench=(
+        "collector.total_frames=20000",
+        "logger.eval_iter=20000",
+    ),
+    frames=20_000,
+    metric="eval/reward",
+    seed_key="env.seed",
+)
+
 _TUTORIALS = "tutorials/sphinx-tutorials"
 
 
@@ -335,5 +365,6 @@ _DQN_RNN = ScriptSpec(
 )
 
 SPECS: dict[str, ScriptSpec] = {
-    spec.name: spec for spec in (_DQN, _PPO, _A2C, _SAC, _DDPG, _MAPPO, _CODING_PPO, _DQN_RNN)
+    spec.name: spec
+    for spec in (_DQN, _PPO, _A2C, _SAC, _DDPG, _DISCRETE_SAC, _MAPPO, _CODING_PPO, _DQN_RNN)
 }

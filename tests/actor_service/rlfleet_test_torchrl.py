@@ -22,6 +22,7 @@ from torchrl.envs import (
     GymWrapper,
     InitTracker,
     ObservationNorm,
+    RewardScaling,
     RewardSum,
     SerialEnv,
     StepCounter,
@@ -225,6 +226,57 @@ def normalized_pendulum() -> EnvBase:
     """Pendulum-v1 whose observations a ``VecNorm`` normalises with running statistics."""
     norm = VecNorm(in_keys=["observation"], new_api=True)
     return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm, RewardSum()))
+
+
+def vecnorm_v1_pendulum() -> EnvBase:
+    """Pendulum-v1 with ``ppo_mujoco.py``'s ``VecNorm`` (TorchRL's first API, sums and counts)."""
+    norm = VecNorm(in_keys=["observation"], decay=0.99999, eps=1e-2)
+    return TransformedEnv(
+        GymEnv("Pendulum-v1"), Compose(norm, RewardSum(), StepCounter(), DoubleToFloat())
+    )
+
+
+def stateful_pendulum() -> EnvBase:
+    """Pendulum-v1 with a stateful transform of each kind TorchRL ships, ``VecNorm`` v2 first.
+
+    ``ObservationNorm`` (its ``loc``/``scale`` buffers, set by ``init_stats`` here, as a
+    script sets them), ``RewardScaling``, ``StepCounter``, ``InitTracker``, ``CatFrames``.
+    """
+    obs_norm = ObservationNorm(in_keys=["observation"], standard_normal=True)
+    env = TransformedEnv(
+        GymEnv("Pendulum-v1"),
+        Compose(
+            DoubleToFloat(),
+            VecNorm(in_keys=["observation"], out_keys=["vn_observation"], new_api=True),
+            obs_norm,
+            RewardScaling(loc=0.5, scale=2.0),
+            StepCounter(),
+            InitTracker(),
+            CatFrames(N=3, dim=-1, in_keys=["observation"], out_keys=["stacked"]),
+        ),
+    )
+    torch.manual_seed(0)
+    obs_norm.init_stats(num_iter=4, reduce_dim=0, cat_dim=0)
+    return env
+
+
+def _require_dictconfig(cfg: Any) -> None:
+    from omegaconf import DictConfig
+
+    if not isinstance(cfg, DictConfig):
+        raise TypeError(f"cfg is a {type(cfg).__name__}, not the script's DictConfig")
+
+
+def cfg_pendulum(cfg: Any) -> EnvBase:
+    """A Hydra script's ``make_env(cfg)``: reads ``cfg.env.name`` as a ``DictConfig``."""
+    _require_dictconfig(cfg)
+    return TransformedEnv(GymEnv(cfg.env.name), Compose(DoubleToFloat(), StepCounter()))
+
+
+def cfg_policy(env: EnvBase, cfg: Any) -> TensorDictSequential:
+    """A Hydra script's ``make_policy(env, cfg)``: its seed from ``cfg.seed`` (a ``DictConfig``)."""
+    _require_dictconfig(cfg)
+    return ou_policy(env, seed=cfg.seed)
 
 
 def gym_ou_policy(observation_space: Any, action_space: Any) -> TensorDictSequential:

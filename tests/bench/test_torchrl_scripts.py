@@ -51,7 +51,9 @@ def test_torchrl_script_port_changes_only_the_collector(name: str) -> None:
     ported = port_source(source, spec.fleet_args())
     assert check_port(source, ported) == []
     assert "GrpcCollector(\n" in ported
-    assert "fleet.addresses" in ported
+    assert "GrpcCollector(\n    fleet,\n" in ported.replace("        ", "    ")  # the fleet itself
+    (fleet_line,) = [line for line in ported.splitlines() if "fleet = LocalFleet(" in line]
+    assert ".start()" not in fleet_line  # the collector starts it and stops it at shutdown()
     # The check is not vacuous: one changed argument and one changed line elsewhere.
     found = collector_call(source)
     keyword = found.call.keywords[0]
@@ -74,6 +76,37 @@ def test_torchrl_script_runs_on_a_fleet(name: str, tmp_path: pathlib.Path) -> No
     assert result.returncode == 0, result.log_tail
     ported = (tmp_path / name / spec.collector_file).read_text()
     assert "GrpcCollector(" in ported
+
+
+def _find(payload: object, key: str) -> object:
+    """The first value under ``key`` in nested mappings, lists and attribute holders."""
+    items = payload.items() if isinstance(payload, dict) else []
+    if isinstance(payload, dict) and key in payload:
+        return payload[key]
+    children = [v for _, v in items] + (list(payload) if isinstance(payload, list | tuple) else [])
+    children += list(vars(payload).values()) if hasattr(payload, "__dict__") else []
+    for child in children:
+        found = _find(child, key)
+        if found is not None:
+            return found
+    return None
+
+
+def test_ppo_mujoco_checkpoint_on_a_fleet_holds_vecnorm_and_loads_in_rlrender(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The script's final checkpoint reads ``get_vecnorm_state(train_env)`` of the learner's env."""
+    spec = _spec("ppo_mujoco", to_run=True)
+    render = pytest.importorskip("torchrl.render.checkpoint")
+    path = tmp_path / "ppo.pt"
+    overrides = (*spec.smoke, f"checkpoint.path={path}")
+    result = run_script(spec, "fleet", overrides, tmp_path / "run", timeout=240)
+    assert result.returncode == 0, result.log_tail
+    vecnorm = _find(render.load_checkpoint(path), "vecnorm")
+    assert isinstance(vecnorm, dict), vecnorm
+    assert set(vecnorm) == {"loc", "scale"}
+    assert vecnorm["loc"].shape == vecnorm["scale"].shape
+    assert bool((vecnorm["scale"] > 0).all())
 
 
 @pytest.mark.slow

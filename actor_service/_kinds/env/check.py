@@ -1,5 +1,6 @@
 """What ``rlfleet-actor --kind env`` checks before it binds a port.
 
+An env factory must return a gymnasium env (a TorchRL env names ``--kind torchrl``).
 A gymnasium actor's custom policies are built on one env's spaces, which must not read
 more than a gymnasium step holds: a TensorDict policy that needs ``is_init``, recurrent
 states or keys other than ``observation`` belongs on ``--kind torchrl``. The env is
@@ -8,26 +9,26 @@ built once here, then closed.
 
 from __future__ import annotations
 
-from actor_service._config import ActorConfig
+from typing import Any
+
+from actor_service._config import ActorConfig, ModelSpec
+from common.plain_config import from_plain
 
 __all__ = ["check"]
 
 
 def check(config: ActorConfig) -> None:
-    """Raise ``ValueError`` if a custom policy of ``config`` reads what an env step lacks.
+    """Raise ``ValueError`` if the env factory or a custom policy of ``config`` cannot run here.
 
     Raises:
-        ValueError: The reason, naming the env or the model and the offending keys.
+        ValueError: The reason, naming the env or the model and the offending keys; an env
+            factory that returns a TorchRL env names ``--kind torchrl``.
     """
     custom = [spec for spec in config.models if ":" in spec.factory]
-    if not custom:
-        return  # the built-ins read observations only
-    from tensordict.nn import TensorDictModuleBase
-
+    if not custom and not config.env_factory:
+        return  # gymnasium.make's env, and built-ins that read observations only
     from actor_service._core._settings import env_name
-    from actor_service._kinds.env.models import unsupplied_keys
     from actor_service._kinds.env.pool import env_fn
-    from common.policies import make_policy
 
     try:
         env = env_fn(config)()
@@ -36,12 +37,36 @@ def check(config: ActorConfig) -> None:
             f"env {env_name(config.env_pool)!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     try:
+        _check_not_torchrl(config, env)
         spaces = env.observation_space, env.action_space
     finally:
         env.close()
+    _check_policies(custom, spaces)
+
+
+def _check_not_torchrl(config: ActorConfig, env: Any) -> None:
+    """A TorchRL env from the factory: the fix is ``--kind torchrl``, not a gymnasium error."""
+    if callable(getattr(env, "fake_tensordict", None)) or type(env).__module__.startswith(
+        "torchrl."
+    ):
+        raise ValueError(
+            f"env_factory {config.env_factory!r} returns a TorchRL env "
+            f"({type(env).__name__}), which a gymnasium actor (--kind env, the default) "
+            f"cannot step: run it on a TorchRL-env actor, --kind torchrl "
+            f'(LocalFleet(..., kind="torchrl"), RLFLEET_KIND=torchrl)'
+        )
+
+
+def _check_policies(custom: list[ModelSpec], spaces: tuple[Any, Any]) -> None:
+    """Build each custom policy on the env's spaces; refuse one that reads other keys."""
+    from tensordict.nn import TensorDictModuleBase
+
+    from actor_service._kinds.env.models import unsupplied_keys
+    from common.policies import make_policy
+
     for spec in custom:
         try:
-            module = make_policy(spec.factory, *spaces, **dict(spec.kwargs))
+            module = make_policy(spec.factory, *spaces, **from_plain(spec.kwargs))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
         missing = unsupplied_keys(module) if isinstance(module, TensorDictModuleBase) else []

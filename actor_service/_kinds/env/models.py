@@ -38,6 +38,7 @@ from actor_service._kinds.env.device_stage import DeviceStage
 from actor_service._kinds.env.spaces import ActionCodec, ObservationCodec
 from actor_service._kinds.env.tensor_forward import TensorForward, tensor_forward
 from common.errors import InternalError
+from common.plain_config import from_plain
 from common.policies import make_policy
 from common.weights import to_state_dict
 
@@ -257,7 +258,7 @@ class ModelRegistry(ModelBook[_Model]):
             _check_id(spec.model_id, models)
             try:
                 module = make_policy(
-                    spec.factory, observation_space, action_space, **dict(spec.kwargs)
+                    spec.factory, observation_space, action_space, **from_plain(spec.kwargs)
                 )
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"model {spec.model_id!r}: {exc}") from exc

@@ -26,6 +26,7 @@ from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.env.spaces import check_space
 from common.errors import DeadlineError, EnvError
+from common.plain_config import from_plain
 from common.policies import load_callable
 
 __all__ = [
@@ -61,8 +62,8 @@ def env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
     # then imports only that callable's module (not ours, which would pull in torch).
     if config.env_factory:
         factory = load_callable(config.env_factory)
-        return functools.partial(factory, **dict(config.env_kwargs))
-    return functools.partial(gymnasium.make, config.env, **dict(config.env_kwargs))
+        return functools.partial(factory, **from_plain(config.env_kwargs))
+    return functools.partial(gymnasium.make, config.env, **from_plain(config.env_kwargs))
 
 
 def make_env_pool(config: ActorConfig) -> VectorEnv:

@@ -26,6 +26,7 @@ from torch import nn
 from actor_service._config import ModelSpec
 from actor_service._core._model_book import ModelBook
 from actor_service._core._placement import CompiledForward
+from common.plain_config import from_plain
 from common.policies import load_callable
 from common.weights import to_state_dict
 
@@ -78,7 +79,7 @@ def build_td_model(spec: ModelSpec, env: Any, rand_action: Act, device: torch.de
         return TDModel(spec.factory, nn.Module(), rand_action)
     factory = load_callable(spec.factory)
     try:
-        module = factory(env, **dict(spec.kwargs))
+        module = factory(env, **from_plain(spec.kwargs))
     except Exception as exc:
         raise ValueError(
             f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "

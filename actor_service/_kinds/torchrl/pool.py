@@ -27,6 +27,7 @@ from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
 from common.packets import encode_packet
+from common.plain_config import from_plain
 from common.policies import load_callable
 
 __all__ = [
@@ -56,8 +57,8 @@ def torchrl_envs() -> Any:
 def _env_maker(config: ActorConfig) -> Callable[[], Any]:
     # A partial of an importable callable pickles by reference (ParallelEnv's workers).
     if config.env_factory:
-        return functools.partial(load_callable(config.env_factory), **dict(config.env_kwargs))
-    return functools.partial(torchrl_envs().GymEnv, config.env, **dict(config.env_kwargs))
+        return functools.partial(load_callable(config.env_factory), **from_plain(config.env_kwargs))
+    return functools.partial(torchrl_envs().GymEnv, config.env, **from_plain(config.env_kwargs))
 
 
 def _first_env(config: ActorConfig) -> Any:

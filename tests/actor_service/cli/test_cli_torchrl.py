@@ -102,3 +102,27 @@ def test_cli_gymnasium_actor_exits_2_before_binding_on_a_policy_that_needs_torch
     assert needs in out.stderr
     assert "--kind torchrl" in out.stderr
     assert "ready" not in out.stdout
+
+
+@pytest.mark.parametrize("factory", ["cartpole", "stacked_cartpole"])
+def test_cli_gymnasium_actor_exits_2_before_binding_on_a_torchrl_env_naming_the_kind(
+    factory: str,
+) -> None:
+    out = _run(["--env-factory", f"rlfleet_test_torchrl:{factory}"], kind="env")
+    assert out.returncode == 2, out.stderr
+    assert "returns a TorchRL env" in out.stderr
+    assert "--kind torchrl" in out.stderr
+    assert 'kind="torchrl"' in out.stderr
+    assert "ready" not in out.stdout
+
+
+@pytest.mark.parametrize("kind", ["torchrl", "env"])
+@pytest.mark.parametrize("flag", ["--env-factory", "--policy"])
+def test_cli_a_factory_the_actor_cannot_import_names_the_actors_path(kind: str, flag: str) -> None:
+    out = _run([flag, "no_such_module_x:make"], kind=kind)
+    assert out.returncode == 2, out.stderr
+    assert "this actor process cannot import 'no_such_module_x'" in out.stderr
+    assert f"PYTHONPATH '{ENV['PYTHONPATH']}'" in out.stderr
+    assert str(HERE) in out.stderr  # its sys.path, as the actor has it
+    assert "put the folder that holds 'no_such_module_x'" in out.stderr
+    assert "ready" not in out.stdout

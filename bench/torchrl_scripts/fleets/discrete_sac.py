@@ -1,0 +1,30 @@
+"""``discrete_sac/discrete_sac.py`` on actors: ``utils.env_maker`` under its transforms, its actor.
+
+The file is the same at pytorch/rl main (ae9719f17b1517af5c2523a36c4616f003ee55cf) as in
+the torchrl 0.14.1 wheel the port reads it from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.torchrl_scripts.fleets import config_of
+
+
+def make_env(cfg: dict[str, Any]) -> Any:
+    """One env of the script's ``make_environment``: ``env_maker`` + ``apply_env_transforms``.
+
+    The script batches ``env_per_collector`` of them in a ``ParallelEnv`` (one by default,
+    serial); the actors pool their share (``num_envs``) in a ``SerialEnv``.
+    """
+    from utils import apply_env_transforms, env_maker
+
+    c = config_of(cfg)
+    return apply_env_transforms(env_maker(c), max_episode_steps=c.env.max_episode_steps)
+
+
+def make_policy(env: Any, cfg: dict[str, Any]) -> Any:
+    """The acting policy of the script's ``make_sac_agent`` (``model[0]``, the actor)."""
+    from utils import make_sac_agent
+
+    return make_sac_agent(config_of(cfg), env, make_env(cfg), "cpu")[0]

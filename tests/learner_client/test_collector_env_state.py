@@ -1,0 +1,161 @@
+"""The script's env after N batches on a fleet: what TorchRL's helpers and ``state_dict()`` expect.
+
+TorchRL's ``Collector(create_env_fn=train_env, ...)`` steps ``train_env`` itself, so a
+script reads its stateful transforms afterwards: ``ppo_mujoco.py`` at pytorch/rl main
+saves ``utils_mujoco.get_vecnorm_state(train_env)`` with every checkpoint (copied below).
+On a fleet the actors step their own envs and the script's env, never stepped, takes the
+first actor's env state after each batch: for each stateful transform TorchRL ships it must
+then hold what a stepped env holds (``VecNorm`` v1's ``loc`` included, which a fresh
+``VecNorm`` lacks) and round-trip through ``state_dict()``. Real ``--kind torchrl`` actors
+on loopback, on Pendulum-v1.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("torchrl")
+from learner_fleet import start_actors
+from torchrl.envs import VecNorm
+
+from learner_client import GrpcCollector
+
+ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
+ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
+sys.path.insert(0, str(ACTOR_TESTS))
+import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
+
+pytestmark = [
+    pytest.mark.usefixtures("loopback_only"),
+    pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning"),  # another test's subject
+]
+
+
+# Copied from pytorch/rl main (commit ae9719f17b1517af5c2523a36c4616f003ee55cf),
+# sota-implementations/ppo/utils_mujoco.py, BSD-licensed, Copyright (c) Meta Platforms, Inc.
+def get_vecnorm_state(env: Any) -> dict[str, torch.Tensor] | None:
+    """Extracts frozen VecNorm observation statistics for rlrender checkpoints.
+
+    Returns ``None`` when the environment holds no reachable VecNorm transform
+    (e.g. observation normalization is disabled).
+    """
+    transform = getattr(env, "transform", None)
+    if transform is None:
+        return None
+    try:
+        transforms = list(transform)
+    except TypeError:
+        transforms = [transform]
+    for item in transforms:
+        if isinstance(item, VecNorm):
+            loc = item.loc.get("observation", None)
+            scale = item.scale.get("observation", None)
+            if loc is None or scale is None:
+                return None
+            return {
+                "loc": loc.detach().cpu().clone(),
+                "scale": scale.detach().cpu().clone(),
+            }
+    return None
+
+
+def _actor(factory: str) -> Iterator[str]:
+    base = ["--kind", "torchrl", "--env-factory", f"rlfleet_test_torchrl:{factory}"]
+    (actor,) = start_actors(
+        [[*base, "--worker-id", "0", "--num-envs", "1", "--seed", "0"]], ACTOR_ENV
+    )
+    yield actor.address
+    actor.close()
+
+
+@pytest.fixture(scope="module")
+def vecnorm_v1_actor() -> Iterator[str]:
+    yield from _actor("vecnorm_v1_pendulum")
+
+
+@pytest.fixture(scope="module")
+def stateful_actor() -> Iterator[str]:
+    yield from _actor("stateful_pendulum")
+
+
+def _run(address: str, env: Any, batches: int = 3) -> dict[str, Any]:
+    """``batches`` batches with ``env`` as ``create_env_fn``; the actor's env state then."""
+    with GrpcCollector(
+        [address], create_env_fn=env, frames_per_batch=16, total_frames=16 * batches, sync=True
+    ) as collector:
+        assert len(list(collector)) == batches
+        return dict(collector.actor_state(0)["env"]["worker0"])
+
+
+def _flat(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            out[f"{prefix}{key}"] = value
+        elif hasattr(value, "items"):
+            out |= _flat(value, f"{prefix}{key}/")
+    return out
+
+
+def _assert_same_state(got: Any, want: Any) -> None:
+    got, want = _flat(got), _flat(want)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].shape == value.shape, key
+        assert torch.equal(got[key].to(value.dtype), value), key
+
+
+def test_get_vecnorm_state_reads_a_never_stepped_scripts_env(vecnorm_v1_actor: str) -> None:
+    env = rlfleet_test_torchrl.vecnorm_v1_pendulum()  # ppo_mujoco's VecNorm, never stepped
+    actor = _run(vecnorm_v1_actor, env)
+    stats = get_vecnorm_state(env)
+    assert stats is not None
+    (extra,) = [v for k, v in actor.items() if k.endswith("_extra_state")]
+    loc = extra["observation_sum"] / extra["observation_count"]
+    assert torch.allclose(stats["loc"], loc)
+    assert stats["scale"].shape == loc.shape
+    assert float(extra["observation_count"]) > 16  # three batches of statistics
+
+
+# TorchRL's own warning at a plain load into a VecNorm that saw no frame (shared statistics)
+@pytest.mark.filterwarnings("ignore:VecNorm wasn't initialized:UserWarning")
+def test_a_vecnorm_v1_state_round_trips_into_a_fresh_env(vecnorm_v1_actor: str) -> None:
+    env = rlfleet_test_torchrl.vecnorm_v1_pendulum()
+    _run(vecnorm_v1_actor, env, batches=2)
+    fresh = rlfleet_test_torchrl.vecnorm_v1_pendulum()
+    fresh.load_state_dict(env.state_dict())
+    _assert_same_state(fresh.state_dict(), env.state_dict())
+    assert torch.equal(get_vecnorm_state(fresh)["loc"], get_vecnorm_state(env)["loc"])
+
+
+@pytest.mark.parametrize("stepped", [False, True], ids=["never-stepped", "stepped"])
+def test_every_stateful_transform_holds_the_actors_state(
+    stateful_actor: str, stepped: bool
+) -> None:
+    env = rlfleet_test_torchrl.stateful_pendulum()
+    if stepped:
+        env.rollout(2)  # the script's own frames: replaced by the actor's
+    actor = _run(stateful_actor, env)
+    state = env.state_dict()
+    _assert_same_state(state, actor)
+    names = {type(t).__name__ for t in env.transform}
+    assert {"VecNormV2", "ObservationNorm", "RewardScaling", "StepCounter", "InitTracker"} <= names
+    assert "CatFrames" in names
+    reference = rlfleet_test_torchrl.stateful_pendulum()  # TorchRL's own path: a plain load
+    reference.rollout(1)
+    reference.load_state_dict(actor)
+    for got, want in zip(env.transform, reference.transform, strict=True):
+        for name in ("loc", "scale"):
+            if hasattr(want, name):
+                torch.testing.assert_close(getattr(got, name), getattr(want, name))
+    fresh = rlfleet_test_torchrl.stateful_pendulum()
+    fresh.rollout(1)  # CatFrames builds its buffer at the first step
+    fresh.load_state_dict(state)
+    _assert_same_state(fresh.state_dict(), state)
