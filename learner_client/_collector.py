@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -350,7 +350,7 @@ class GrpcCollector:
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self.add_collectors, self._fleet.known_addresses, interval=dns_refresh_interval
+            actors, self._add_listed, self._fleet.known_addresses, interval=dns_refresh_interval
         )
         try:
             links = self._fleet.describe(addresses)
@@ -636,17 +636,30 @@ class GrpcCollector:
         collected with the old split are dropped (``stats()["discarded"]``). With
         several ranks, actors another rank owns become members only.
 
+        An actor presenting the worker_id of a member whose link is down (it could not
+        be reached) takes that member's place: the worker_id keeps its counters and its
+        seqs, and the actor is re-admitted as after a restart (docs/reliability.md).
+
         Returns the added actors this collector owns. Raises ValueError as at construction
-        (duplicate worker_id, divisibility) and ActorUnavailableError for an actor
-        unreachable within ``connect_timeout``.
+        (duplicate worker_id of a reachable member, divisibility) and ActorUnavailableError
+        for an actor unreachable within ``connect_timeout``.
         """
+        return self._add(addresses, gone=())
+
+    def _add_listed(self, addresses: Sequence[str], gone: Iterable[str]) -> list[RemoteActor]:
+        """Admit addresses that joined DNS; ``gone`` lists those that left it."""
+        return self._add(addresses, gone=gone)
+
+    def _add(self, addresses: Sequence[str], *, gone: Iterable[str]) -> list[RemoteActor]:
         with self._lock:
             self._check_open()
             links = self._fleet.describe(check_addresses(addresses))
-            self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
-            if self._is_running():
+            placement = self._rollout.placement
+            model = self._rollout.model_id
+            fresh = self._fleet.join(links, self._batch, model, placement, gone=gone)
+            if self._is_running() and fresh:
                 settings = self._session_settings()
-                self._fleet.start_joined(links, settings, sync=bool(self._batch.sync))
+                self._fleet.start_joined(fresh, settings, sync=bool(self._batch.sync))
                 self._rounds.update_budget()
             owned = [link for link in links if self._ranks.owns(link.worker_id)]
             return [RemoteActor(link.address, link.worker_id) for link in owned]

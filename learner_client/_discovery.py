@@ -14,7 +14,11 @@ look like the whole fleet leaving. :class:`DnsMembership` is the collector's
 use of them: it admits the addresses that join; one that could not be admitted
 is forgotten by its watcher, so the next resolution offers it again. Actors
 that leave DNS need no action: their links see the stream break and reconnect
-with backoff, as for any dead actor.
+with backoff, as for any dead actor. A host that comes back under a new address
+(a rebooted or rescheduled one) presents the worker_id of such a member: it takes
+the member's place once the old address has left DNS, or once the old link is
+declared dead (it could not be reached); while the old address is both listed and
+reachable the newcomer is refused and offered again at each resolution.
 
 Target syntax (gRPC's naming scheme, without an authority)::
 
@@ -357,7 +361,10 @@ class DnsMembership:
 
     Args:
         actors: What the user passed as ``actors`` (a string or a list).
-        admit: Adds addresses to the fleet; raises when it cannot.
+        admit: ``admit(joined, gone)`` adds the ``joined`` addresses to the fleet, where
+            ``gone`` are the addresses DNS listed once and lists no more (members there
+            may be succeeded by a newcomer presenting their worker_id); raises when it
+            cannot.
         known: Returns the addresses already in the fleet.
         interval: Seconds between re-resolutions.
     """
@@ -365,7 +372,7 @@ class DnsMembership:
     def __init__(
         self,
         actors: str | Sequence[str],
-        admit: Callable[[list[str]], object],
+        admit: Callable[[list[str], set[str]], object],
         known: Callable[[], set[str]],
         *,
         interval: float = 10.0,
@@ -373,6 +380,7 @@ class DnsMembership:
         targets = [actors] if isinstance(actors, str) else list(actors)
         self._admit = admit
         self._known = known
+        self._seen: set[str] = set()  # every address a watcher ever listed
         self._watchers = [
             DnsWatcher(target, interval=interval, on_change=self._on_change)
             for target in targets
@@ -397,11 +405,14 @@ class DnsMembership:
     def _on_change(self, change: DnsChange) -> None:
         if change.left:
             _log.info("actors left DNS: %s", list(change.left))
+        self._seen.update(change.joined)
         joined = [a for a in change.joined if a not in self._known()]
         if not joined:
             return
+        listed = {a for watcher in self._watchers for a in watcher.addresses}
+        listed.update(change.addresses)  # the calling watcher's, set before this call
         try:
-            self._admit(joined)
+            self._admit(joined, self._seen - listed)
             _log.info("admitted actors that joined DNS: %s", joined)
         except Exception as exc:  # retried at the next resolution
             _log.warning("could not admit actors %s yet: %s", joined, exc)

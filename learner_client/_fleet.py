@@ -175,21 +175,38 @@ class Fleet:
         batch: BatchSettings,
         acting_model: str,
         placement: ActorPlacement | None = None,
-    ) -> None:
+        *,
+        gone: Iterable[str] = (),
+    ) -> list[Link]:
         """Register ``links`` if the fleet grown by them passes :func:`check_fleet`.
 
         With ``placement``, every actor must also offer its devices (:func:`check_devices`).
         Batch shapes are checked over the actors this rank owns; worker_ids over every member.
+        A link presenting a member's worker_id *succeeds* that member (see
+        :meth:`successors`): the member's link follows the actor to the new address and
+        keeps its place; any other shared worker_id is refused.
+
+        Args:
+            links: Described actors (from :meth:`describe`).
+            batch: The batch settings the grown fleet must fit.
+            acting_model: The model_id the actors act with.
+            placement: Where the policy runs, if the actors must offer that device.
+            gone: Addresses that DNS listed once and lists no more.
+
+        Returns:
+            The links that became new members (successors are not: their members moved).
 
         Raises:
             ValueError, UnknownModelError: As :func:`check_fleet` (and a rank owning no
                 actor); the links' channels are closed and nothing is registered.
         """
         try:
-            everyone = self.members(links, owned_only=False)
+            moving = self.successors(links, gone)
+            everyone = self.members(links, owned_only=False, replaced=moving)
             self.ranks.check_owns_some([m.worker_id for m in everyone])
             check_unique(everyone)
-            owned = self.members([x for x in links if self.ranks.owns(x.worker_id)])
+            mine = [x for x in links if self.ranks.owns(x.worker_id)]
+            owned = self.members(mine, replaced=moving)
             check_fleet(batch, owned, acting_model)
             if placement is not None:
                 devices = placement.policy_device, placement.cudagraph_policy
@@ -197,7 +214,33 @@ class Fleet:
         except BaseException:
             self.discard(links)
             raise
-        self.register(links)
+        fresh = [link for link in links if link.worker_id not in moving]
+        self.register(fresh)
+        self._move(list(moving.values()))
+        return fresh
+
+    def successors(self, links: Sequence[Link], gone: Iterable[str] = ()) -> dict[int, Link]:
+        """The links that take over a member's worker_id, by worker_id.
+
+        A newcomer presenting a member's worker_id takes that member's place when the
+        member's address has left DNS (is in ``gone``) or its link is declared dead
+        (down, lost, failed or closed: it could not be reached). A member that is still
+        listed and reachable keeps its worker_id; the newcomer is then refused by
+        :func:`check_unique`.
+        """
+        left = set(gone)
+        result: dict[int, Link] = {}
+        for link in links:
+            member = self._links.get(link.worker_id)
+            if member is not None and (member.address in left or member.state in _UNREACHABLE):
+                result[link.worker_id] = link
+        return result
+
+    def _move(self, successors: Sequence[Link]) -> None:
+        """Hand each successor's channel to the member it succeeds (on the loop)."""
+        for link in successors:
+            member = self._links[link.worker_id]
+            self.loop.run(member.move(link.channel, link.description), _MARGIN)
 
     def discard(self, links: Sequence[Link]) -> None:
         """Close the channels of links that were refused."""
@@ -221,9 +264,20 @@ class Fleet:
         """Every member's link, by worker_id (sorted)."""
         return dict(sorted(self._links.items()))
 
-    def members(self, extra: Sequence[Link] = (), *, owned_only: bool = True) -> list[FleetMember]:
-        """What the fleet checks need about the owned actors (or every member), plus ``extra``."""
+    def members(
+        self,
+        extra: Sequence[Link] = (),
+        *,
+        owned_only: bool = True,
+        replaced: Mapping[int, Link] | None = None,
+    ) -> list[FleetMember]:
+        """What the fleet checks need about the owned actors (or every member), plus ``extra``.
+
+        Members whose worker_id is in ``replaced`` are left out (their successors are in
+        ``extra``).
+        """
         known = self.owned_links() if owned_only else self._links
+        kept = [link for w, link in known.items() if w not in (replaced or {})]
         return [
             FleetMember(
                 link.address,
@@ -234,7 +288,7 @@ class Fleet:
                 link.description.max_new_tokens_cap,
                 link.description.device,
             )
-            for link in [*known.values(), *extra]
+            for link in [*kept, *extra]
         ]
 
     def addresses(self) -> dict[int, str]:

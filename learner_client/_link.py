@@ -196,11 +196,37 @@ class ActorLink(Generic[C]):
         self.state = LinkState.CLOSED
         await self.channel.close()
 
+    async def move(self, channel: C, description: ActorDescription) -> None:
+        """Follow the actor to another address: a host that came back under a new one.
+
+        The old channel is closed and, if the session loop runs, it is restarted at once
+        on ``channel`` as a reconnection: the worker_id keeps its mailbox slot, ledger
+        and seq tracker, so the actor is re-described (a new epoch counts a restart),
+        admitted with the newest weights before its frames count, and resumed or started
+        afresh exactly as after a restart at the same address.
+
+        Args:
+            channel: A channel to the actor's new address (the link owns it from now on).
+            description: What Describe reported through ``channel`` (same worker_id).
+        """
+        old, self.channel = self.channel, channel
+        log.warning(
+            "worker_id %d moved from %s to %s", self.worker_id, self.address, description.address
+        )
+        self.address, self.description = description.address, description
+        task = self._task
+        if task is not None and not task.done() and not self._closing:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(reconnecting=True), name=f"rlfleet-link-{self.worker_id}"
+            )
+        await old.close()
+
     # ----------------------------------------------------------- the loop
 
-    async def _run(self) -> None:
+    async def _run(self, *, reconnecting: bool = False) -> None:
         attempt = 0
-        reconnecting = False
         while not self._closing:
             self._streamed = self._delivered = False
             try:

@@ -39,11 +39,6 @@ c.shutdown()
 """
 
 
-@pytest.mark.skip(
-    reason="known defect: the old address keeps worker_id 1 as a member after it leaves DNS, so "
-    "the rebooted actor is refused ('worker_ids must be unique across the fleet'); the "
-    "collector has no way yet to let a newcomer take over a member that left DNS"
-)
 def test_hosts_a_rebooted_host_rejoins_under_its_name_behind_dns(make_bed) -> None:
     bed = make_bed(2)
     bed.alias("actors", ["host1", "host2"])

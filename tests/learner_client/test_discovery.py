@@ -23,6 +23,7 @@ from common.errors import ActorUnavailableError, SessionStateError
 from learner_client import _discovery
 from learner_client._discovery import (
     DnsChange,
+    DnsMembership,
     DnsWatcher,
     getaddrinfo_resolver,
     is_dns_target,
@@ -382,3 +383,24 @@ class _LineReader:
             line = self._lines[self._taken]
         self._taken += 1
         return line
+
+
+def test_dns_membership_tells_admit_which_listed_addresses_left(monkeypatch) -> None:
+    answer = ["10.0.0.1", "10.0.0.2"]
+    monkeypatch.setattr(_discovery, "getaddrinfo_resolver", lambda host, port: list(answer))
+    members: set[str] = set()
+    calls: list[tuple[list[str], list[str]]] = []
+
+    def admit(joined: list[str], gone: set[str]) -> None:
+        calls.append((sorted(joined), sorted(gone)))
+        members.update(joined)
+
+    membership = DnsMembership("dns:///actors:7", admit, lambda: set(members), interval=0.05)
+    members.update({"10.0.0.1:7", "10.0.0.2:7"})  # admitted at construction
+    membership.start()
+    try:
+        answer[:] = ["10.0.0.1", "10.0.0.3"]  # .2 rebooted as .3
+        poll_until(lambda: calls, timeout=10)
+        assert calls[0] == (["10.0.0.3:7"], ["10.0.0.2:7"])
+    finally:
+        membership.close()

@@ -408,3 +408,28 @@ def test_link_stop_while_waiting_to_retry_ends_the_loop() -> None:
     run(scenario)
     assert r.link.state is LinkState.CLOSED
     assert r.channel.closed
+
+
+def test_link_follows_a_moved_actor_as_a_restart_keeping_its_slot_and_seqs() -> None:
+    r = rig(FakeChannel([[opened(), batch(1)]]))  # then silent: a cut host
+    moved = FakeChannel([[opened(epoch=2), batch(1, epoch=2)]], [described(epoch=2)])
+    moved.address = "fake:2"
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
+        await r.link.move(moved, dataclasses.replace(described(epoch=2), address="fake:2"))
+        await until(lambda: moved.calls and r.link.state is LinkState.STREAMING)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 2)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.channel.closed
+    assert r.channel.calls[0].cancelled
+    assert r.link.address == "fake:2"
+    assert r.admitted == [1, 2]  # re-admitted (the newest weights) before its frames count
+    assert r.ledger.restarts == {0: 1}
+    assert r.ledger.reconnects == {0: 1}
+    assert (r.link.tracker.gaps, r.link.tracker.duplicates) == (0, 0)
+    second = moved.calls[0].open_request
+    assert (second.resume_epoch, second.resume_after_seq) == (1, 1)
