@@ -350,7 +350,11 @@ class GrpcCollector:
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self.add_collectors, self._fleet.known_addresses, interval=dns_refresh_interval
+            actors,
+            self.add_collectors,
+            self._fleet.known_addresses,
+            interval=dns_refresh_interval,
+            follow=self._owner.follow(),
         )
         try:
             links = self._fleet.describe(addresses)
@@ -636,6 +640,9 @@ class GrpcCollector:
         collected with the old split are dropped (``stats()["discarded"]``). With
         several ranks, actors another rank owns become members only.
 
+        An address where a member that is down now answers (its worker_id, restarted
+        elsewhere) is not added: that member's link moves there and re-admits it.
+
         Returns the added actors this collector owns. Raises ValueError as at construction
         (duplicate worker_id, divisibility) and ActorUnavailableError for an actor
         unreachable within ``connect_timeout``.
@@ -643,6 +650,9 @@ class GrpcCollector:
         with self._lock:
             self._check_open()
             links = self._fleet.describe(check_addresses(addresses))
+            links = self._fleet.readdress(links)  # members that moved rejoin at their links
+            if not links:
+                return []
             self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
             if self._is_running():
                 settings = self._session_settings()

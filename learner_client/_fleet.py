@@ -56,6 +56,9 @@ T = TypeVar("T")
 _MARGIN = 5.0
 
 _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
+#: A member in these states may have moved: a description of its worker_id elsewhere
+#: readdresses its link (:meth:`Fleet.readdress`).
+_MOVABLE = (LinkState.DOWN, LinkState.CONNECTING)
 
 #: The fleet's links, over real gRPC channels.
 Link = ActorLink[ActorChannel]
@@ -198,6 +201,27 @@ class Fleet:
             self.discard(links)
             raise
         self.register(links)
+
+    def readdress(self, links: Sequence[Link]) -> list[Link]:
+        """Hand the channel of each returning actor to its link; the newcomers' links back.
+
+        A link is returning when its worker_id is a member that is down or reconnecting at
+        another address (a restarted actor placed anew, on another port or host): that
+        member's link reaches it there from its next attempt on, and is admitted as any
+        returning actor. A worker_id whose member is still streaming stays a newcomer, so
+        :meth:`join` refuses it as a duplicate.
+        """
+        moved = [
+            (self._links[link.worker_id], link)
+            for link in links
+            if link.worker_id in self._links
+            and self._links[link.worker_id].state in _MOVABLE
+            and self._links[link.worker_id].address != link.address
+        ]
+        if moved:
+            self.loop.run(_settle(old.retarget(new.channel) for old, new in moved), _MARGIN)
+        taken = {id(new) for _, new in moved}
+        return [link for link in links if id(link) not in taken]
 
     def discard(self, links: Sequence[Link]) -> None:
         """Close the channels of links that were refused."""

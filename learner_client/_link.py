@@ -196,6 +196,20 @@ class ActorLink(Generic[C]):
         self.state = LinkState.CLOSED
         await self.channel.close()
 
+    async def retarget(self, channel: C) -> None:
+        """Reach the actor at a new address from the next attempt on (it moved while down).
+
+        The old channel is closed, which ends an attempt still waiting on it; the next
+        attempt re-describes the actor through ``channel`` and is admitted as any
+        returning actor (a new epoch: counted as restarted, given the newest weights).
+        """
+        old, self.channel = self.channel, channel
+        log.warning(
+            "actor worker_id %d moved: %s -> %s", self.worker_id, self.address, channel.address
+        )
+        self.address = channel.address
+        await old.close()
+
     # ----------------------------------------------------------- the loop
 
     async def _run(self) -> None:
