@@ -10,7 +10,8 @@ Ray is imported inside the methods only (the ``rlfleet[ray]`` extra), so ``learn
 loads without it. The child dies with its Ray actor: it is started through
 :class:`LocalFleet`'s launcher, which sets ``PR_SET_PDEATHSIG`` before ``exec``, so the kernel
 kills the server when the Ray worker process dies, even by SIGKILL; a Ray actor restarted
-by Ray (``max_restarts``) starts a new server, on a new port, maybe on another node.
+by Ray (``max_restarts``) starts a new server, on a new port, maybe on another node; a
+collector given the fleet itself follows it there (:meth:`RayFleet.live_addresses`).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ class RayFleet:
         with RayFleet(2, "CartPole-v1", num_envs=8, seed=1,
                       ray_init_config={"address": "auto"},
                       remote_configs={"num_cpus": 2, "max_restarts": 3}) as fleet:
-            with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
+            with GrpcCollector(fleet, frames_per_batch=1024) as collector:  # follows restarts
                 ...
     """
 
