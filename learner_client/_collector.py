@@ -350,7 +350,11 @@ class GrpcCollector:
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
         self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
         self._membership = DnsMembership(
-            actors, self._add_listed, self._fleet.known_addresses, interval=dns_refresh_interval
+            actors,
+            self._add_listed,
+            self._fleet.known_addresses,
+            interval=dns_refresh_interval,
+            follow=self._owner.follow(),
         )
         try:
             links = self._fleet.describe(addresses)

@@ -227,6 +227,8 @@ class DnsWatcher:
         interval: Seconds between background resolutions.
         on_change: Called with each non-empty change.
         resolver: Replaces :func:`getaddrinfo_resolver`.
+        lookup: Replaces the resolution of ``target`` altogether: returns the addresses
+            known now (a fleet object's live members); ``target`` is then only its name.
     """
 
     def __init__(
@@ -236,8 +238,10 @@ class DnsWatcher:
         interval: float = 10.0,
         on_change: Callable[[DnsChange], None] | None = None,
         resolver: Resolver | None = None,
+        lookup: Callable[[], Sequence[str]] | None = None,
     ) -> None:
-        self._host, self._port = parse_dns_target(target)
+        self._host, self._port = (target, 0) if lookup else parse_dns_target(target)
+        self._lookup = lookup
         if (
             isinstance(interval, bool)
             or not isinstance(interval, int | float)
@@ -274,7 +278,7 @@ class DnsWatcher:
             if self._closed:
                 raise ClosedError(f"DnsWatcher({self.target!r}) is closed")
             try:
-                now = _actor_addresses(self._host, self._port, self._resolver)
+                now = self._look_up()
             except ActorUnavailableError:
                 self.failures += 1
                 raise
@@ -288,6 +292,11 @@ class DnsWatcher:
             if change and self._on_change is not None:
                 self._on_change(change)
             return change
+
+    def _look_up(self) -> tuple[str, ...]:
+        if self._lookup is not None:
+            return tuple(sorted(set(self._lookup())))
+        return _actor_addresses(self._host, self._port, self._resolver)
 
     def forget(self, address: str) -> None:
         """Drop ``address`` from the known set, so the next resolution reports it joined again.
@@ -359,6 +368,11 @@ class DnsWatcher:
 class DnsMembership:
     """Watches the ``dns:`` targets among ``actors`` and admits joining addresses.
 
+    A fleet object that reports its live members (``RayFleet.live_addresses``, whose
+    actors Ray restarts at new addresses) is followed the same way: ``follow`` is polled
+    as a target is resolved, and an address that answers for a member that is down is
+    admitted by moving that member's link there (``admit`` does it).
+
     Args:
         actors: What the user passed as ``actors`` (a string or a list).
         admit: ``admit(joined, gone)`` adds the ``joined`` addresses to the fleet, where
@@ -367,6 +381,7 @@ class DnsMembership:
             cannot.
         known: Returns the addresses already in the fleet.
         interval: Seconds between re-resolutions.
+        follow: The live addresses of the fleet object the collector was given, if any.
     """
 
     def __init__(
@@ -376,6 +391,7 @@ class DnsMembership:
         known: Callable[[], set[str]],
         *,
         interval: float = 10.0,
+        follow: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         targets = [actors] if isinstance(actors, str) else list(actors)
         self._admit = admit
@@ -386,6 +402,10 @@ class DnsMembership:
             for target in targets
             if is_dns_target(target)
         ]
+        if follow is not None:
+            self._watchers.append(
+                DnsWatcher("fleet", interval=interval, on_change=self._on_change, lookup=follow)
+            )
 
     def start(self) -> None:
         """Resolve every target once, then re-resolve in the background.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 __all__ = ["ActorFleet", "FleetOwner", "check_positional", "is_fleet"]
@@ -77,6 +77,16 @@ class FleetOwner:
         if getattr(fleet, "started", True) is False and callable(getattr(fleet, "start", None)):
             fleet.start()  # type: ignore[attr-defined]
         return list(fleet.addresses)
+
+    def follow(self) -> Callable[[], Sequence[str]] | None:
+        """The fleet's ``live_addresses`` to poll for members that moved, if it has one.
+
+        A fleet whose actors can come back elsewhere (``RayFleet``: Ray restarts a dead
+        actor on a new port, maybe another node) reports its members' current addresses;
+        the collector follows them as it follows a ``dns:`` target.
+        """
+        live = getattr(self.fleet, "live_addresses", None)
+        return live if callable(live) else None
 
     @contextlib.contextmanager
     def closed_on_error(self) -> Iterator[None]:

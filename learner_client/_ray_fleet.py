@@ -10,7 +10,8 @@ Ray is imported inside the methods only (the ``rlfleet[ray]`` extra), so ``learn
 loads without it. The child dies with its Ray actor: it is started through
 :class:`LocalFleet`'s launcher, which sets ``PR_SET_PDEATHSIG`` before ``exec``, so the kernel
 kills the server when the Ray worker process dies, even by SIGKILL; a Ray actor restarted
-by Ray (``max_restarts``) starts a new server, on a new port, maybe on another node.
+by Ray (``max_restarts``) starts a new server, on a new port, maybe on another node; a
+collector given the fleet itself follows it there (:meth:`RayFleet.live_addresses`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ __all__ = ["RayFleet"]
 _DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
 #: Seconds allowed for a Ray actor's own calls (stop, address) beyond the server's timeouts.
 _CALL_MARGIN = 10.0
+#: Seconds :meth:`RayFleet.live_addresses` waits for the actors to answer.
+_LIVE_TIMEOUT = 2.0
 
 
 class _ServerHost:
@@ -153,7 +156,7 @@ class RayFleet:
         with RayFleet(2, "CartPole-v1", num_envs=8, seed=1,
                       ray_init_config={"address": "auto"},
                       remote_configs={"num_cpus": 2, "max_restarts": 3}) as fleet:
-            with GrpcCollector(fleet.addresses, frames_per_batch=1024) as collector:
+            with GrpcCollector(fleet, frames_per_batch=1024) as collector:  # follows restarts
                 ...
     """
 
@@ -275,6 +278,11 @@ class RayFleet:
         """Same as :meth:`stop`."""
         self.stop()
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called (the fleet may have been stopped since)."""
+        return self._state != "new"
+
     def __enter__(self) -> RayFleet:
         return self.start()
 
@@ -296,6 +304,26 @@ class RayFleet:
         it, up to ``start_timeout``).
         """
         return [_address(host, port) for host, port, _, _ in self._ready(self.worker_ids)]
+
+    def live_addresses(self, timeout: float = _LIVE_TIMEOUT) -> list[str]:
+        """``host:port`` of the actors whose server answers within ``timeout``, as of now.
+
+        What a collector given this fleet polls to follow it: an actor Ray is restarting
+        is left out until its new server is ready, then listed at its new address (the
+        collector moves that worker's link there). A stopped fleet has none.
+        """
+        import ray
+
+        if self._state != "running":
+            return []
+        refs = {h.ready.remote(self.start_timeout): w for w, h in self._handles.items()}
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        live: dict[int, str] = {}
+        for ref in done:
+            with contextlib.suppress(ray.exceptions.RayError):
+                host, port, _, _ = ray.get(ref, timeout=0)
+                live[refs[ref]] = _address(host, port)
+        return [live[w] for w in sorted(live)]
 
     @property
     def pids(self) -> list[int]:

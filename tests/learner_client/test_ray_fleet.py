@@ -6,16 +6,20 @@ of its own) and every fleet reuses it; `make test-ray` runs these in `.venv-ray`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers import poll_until
+from learner_fleet import cartpole_policy
+from tensordict import TensorDictBase
 
 from common.errors import ActorUnavailableError, SessionStateError
 from learner_client import GrpcCollector, RayFleet
@@ -146,3 +150,64 @@ def test_ray_fleet_restarted_actor_comes_back_at_a_new_address(ray_cluster: Any)
         assert fleet.is_alive(0)
         with GrpcCollector([address], frames_per_batch=16, total_frames=32, sync=True) as c:
             assert [tuple(batch.batch_size) for batch in c] == [(1, 2, 8)] * 2
+
+
+def _worker(batch: TensorDictBase) -> int:
+    return int(batch["collector", "worker_id"].flatten()[0])
+
+
+def test_ray_fleet_restarted_actor_rejoins_the_same_collector(ray_cluster: Any) -> None:
+    config = {"num_cpus": 0.5, "max_restarts": 1}
+    fleet = RayFleet(2, num_envs=2, seed=0, grace_period=1.0, remote_configs=config)
+    with GrpcCollector(
+        fleet, frames_per_batch=16, batch_timeout=10.0, dns_refresh_interval=0.5
+    ) as c:
+        prints: list[str] = []
+
+        def take() -> TensorDictBase:
+            batch = c.next()
+            assert batch is not None
+            prints.append(hashlib.sha256(batch["observation"].numpy().tobytes()).hexdigest())
+            return batch
+
+        seen: set[int] = set()
+        while seen != {0, 1}:
+            seen.add(_worker(take()))
+        version = c.update_policy_weights_(cartpole_policy())[0]
+        old_address, worker = fleet.addresses[0], fleet.ray_pids[0]
+        os.kill(worker, signal.SIGKILL)  # Ray restarts the actor: a new server, a new port
+        killed = time.monotonic()
+        while True:  # the same collector takes worker 0's batches again, at its new address
+            batch = take()
+            if _worker(batch) == 0 and c.stats()["restarts"] >= 1:
+                break
+            assert time.monotonic() - killed < 60, "the restarted actor did not come back"
+        assert c.remote_collectors[0].address != old_address
+        assert c.remote_collectors[0].address == fleet.addresses[0]
+        # Re-admitted with the newest weights before its first frame counted.
+        assert set(batch["policy_version"].flatten().tolist()) == {version}
+        assert {_worker(take()) for _ in range(8)} <= {0, 1}
+        stats = c.stats()
+        assert stats["duplicates"] == 0
+        assert len(set(prints)) == len(prints)
+    with pytest.raises(SessionStateError, match="stopped"):  # stopped with the collector
+        _ = fleet.addresses
+
+
+def test_ray_fleet_dead_actor_is_reported_by_the_collector(ray_cluster: Any) -> None:
+    config = {"num_cpus": 0.5, "max_restarts": 0}
+    fleet = RayFleet(2, num_envs=2, seed=0, grace_period=1.0, remote_configs=config)
+    with GrpcCollector(
+        fleet, frames_per_batch=16, batch_timeout=10.0, dns_refresh_interval=0.5
+    ) as c:
+        seen: set[int] = set()
+        while seen != {0, 1}:
+            batch = c.next()
+            assert batch is not None
+            seen.add(_worker(batch))
+        os.kill(fleet.ray_pids[0], signal.SIGKILL)  # for good: no restart left
+        poll_until(lambda: c.worker_states[0] == "down", timeout=60, interval=0.5)
+        # Collection goes on from the other (batches worker 0 sent before it died may come first).
+        assert 1 in {_worker(b) for b in (c.next() for _ in range(6)) if b is not None}
+        assert c.worker_states[0] != "streaming"
+        assert fleet.live_addresses() == [c.remote_collectors[1].address]
