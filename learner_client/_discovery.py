@@ -396,7 +396,7 @@ class DnsMembership:
         targets = [actors] if isinstance(actors, str) else list(actors)
         self._admit = admit
         self._known = known
-        self._seen: set[str] = set()  # every address a watcher ever listed
+        self._seen: set[str] = set()  # listed once, and still listed or a member's
         self._watchers = [
             DnsWatcher(target, interval=interval, on_change=self._on_change)
             for target in targets
@@ -425,12 +425,15 @@ class DnsMembership:
     def _on_change(self, change: DnsChange) -> None:
         if change.left:
             _log.info("actors left DNS: %s", list(change.left))
-        self._seen.update(change.joined)
-        joined = [a for a in change.joined if a not in self._known()]
-        if not joined:
-            return
+        known = self._known()
         listed = {a for watcher in self._watchers for a in watcher.addresses}
         listed.update(change.addresses)  # the calling watcher's, set before this call
+        # What left DNS matters only while a member holds it: the set stays bounded by the
+        # listing and the fleet, however many addresses come and go over a long run.
+        self._seen = {a for a in self._seen | set(change.joined) if a in listed or a in known}
+        joined = [a for a in change.joined if a not in known]
+        if not joined:
+            return
         try:
             self._admit(joined, self._seen - listed)
             _log.info("admitted actors that joined DNS: %s", joined)

@@ -404,3 +404,26 @@ def test_dns_membership_tells_admit_which_listed_addresses_left(monkeypatch) -> 
         assert calls[0] == (["10.0.0.3:7"], ["10.0.0.2:7"])
     finally:
         membership.close()
+
+
+def test_dns_membership_forgets_addresses_that_left_once_no_member_holds_them(monkeypatch) -> None:
+    answer = ["10.0.0.1", "10.0.0.2"]
+    monkeypatch.setattr(_discovery, "getaddrinfo_resolver", lambda host, port: list(answer))
+    members: set[str] = {"10.0.0.1:7", "10.0.0.2:7"}
+    calls: list[tuple[list[str], list[str]]] = []
+
+    def admit(joined: list[str], gone: set[str]) -> None:
+        calls.append((sorted(joined), sorted(gone)))
+        members.difference_update(gone)  # each newcomer took over the member that left
+        members.update(joined)
+
+    membership = DnsMembership("dns:///actors:7", admit, lambda: set(members), interval=0.05)
+    membership.start()
+    try:
+        for old, new in (("2", "3"), ("3", "4"), ("4", "5")):
+            answer[:] = ["10.0.0.1", f"10.0.0.{new}"]
+            poll_until(lambda new=new: any(f"10.0.0.{new}:7" in c[0] for c in calls), timeout=10)
+            # only the member that left, never every address listed once over the run
+            assert calls[-1] == ([f"10.0.0.{new}:7"], [f"10.0.0.{old}:7"])
+    finally:
+        membership.close()
