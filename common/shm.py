@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import secrets
+import socket
 import stat
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ __all__ = [
     "SHM_ROOT",
     "ShmError",
     "Segment",
+    "host_identity",
     "read_segment",
     "remove_segment",
     "sweep_segments",
@@ -137,6 +139,24 @@ def sweep_segments(root: str = SHM_ROOT) -> list[str]:
         remove_segment(name, root)
         removed.append(name)
     return removed
+
+
+def host_identity(root: str = SHM_ROOT) -> str:
+    """This host as a user of ``root`` sees it: boot id, host name, ``root``'s device and inode.
+
+    Two processes with equal identities share the kernel, and the same ``/dev/shm`` mount
+    (containers that do not share it differ in its device or inode). Empty when any part
+    cannot be read: such a host shares nothing.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            boot = file.read().strip()
+        info = os.stat(root)
+    except OSError:
+        return ""
+    if not boot:
+        return ""
+    return f"{boot}/{socket.gethostname()}/{info.st_dev}:{info.st_ino}"
 
 
 def _alive(pid: int) -> bool:

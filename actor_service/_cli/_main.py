@@ -109,6 +109,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         "LLM actors: eager (growing KV cache), static (fixed-size cache) or compiled",
     ),
     ("part_deadline_s", float_min(0.0, strict=True), "seconds a multi-part push may take"),
+    (
+        "shared_memory",
+        boolean,
+        "take weight pushes through /dev/shm from a learner on this host (false: over gRPC)",
+    ),
     ("torch_threads", ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", chosen("log_level"), "log level"),
     ("log_format", chosen("log_format"), "text or json (one object per line)"),
