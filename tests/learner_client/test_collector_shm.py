@@ -9,6 +9,8 @@ control is refused with its reason and leaves the actor serving.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -193,3 +195,20 @@ def test_only_actors_of_this_host_that_read_the_probe_are_local():
     off.admit(0, "boot/host/1:2", probe_ok=True)
     assert not off.is_local(0)
     assert off.probe() is None
+
+
+def test_a_starting_learner_sweeps_the_segments_of_a_killed_one():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"rlfleet-shm-{dead.pid}-{'ab' * 16}"
+    path = os.path.join(SHM_ROOT, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    mine = write_segment(b"in flight")  # a live writer's segment stays
+    try:
+        _shm.ShmRoute(enabled=True)
+        assert not os.path.exists(path)
+        assert os.path.exists(os.path.join(SHM_ROOT, mine.name))
+    finally:
+        _shm.remove_segment(name)
+        _shm.remove_segment(mine.name)
