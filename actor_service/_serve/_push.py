@@ -267,9 +267,11 @@ class WeightPushes:
         if await next_message(requests, "PushWeights") is not None:
             raise SessionStateError("PushWeights: no chunk may follow a header naming a segment")
         assembler = self._assembler(push)  # the size cap, before the segment is read
-        enabled = self._rt.config.shared_memory
-        data = await self._rt.run_side(read_push_segment, header, enabled)
-        assembler.add(data)
+        return await self._rt.run_side(self._fill, header, assembler)
+
+    def _fill(self, header: pb.WeightsHeader, assembler: BlobAssembler) -> bytes | memoryview:
+        """Read a push's segment into its assembler and check it (off the event loop)."""
+        assembler.add(read_push_segment(header, self._rt.config.shared_memory))
         return assembler.finish()
 
     def _shm_refused(self, push: PushCall, exc: ShmError) -> pb.PushWeightsResponse:
