@@ -157,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
             _flag(field), dest=field, metavar=field.upper(), help=f"{text} [{_var(field)}]"
         )
     parser.add_argument(
+        "--no-shared-memory",
+        dest="shared_memory",
+        action="store_const",
+        const="false",
+        help="the same as --shared-memory false [RLFLEET_SHARED_MEMORY=0]",
+    )
+    parser.add_argument(
         "--policy",
         metavar="FACTORY",
         help="the 'policy' model: random | mlp | pkg.mod:fn; with --kind torchrl random "

@@ -18,6 +18,7 @@ import safetensors.torch
 import torch
 from learner_fleet import cartpole_policy
 
+from actor_service._cli._main import parse_config
 from common.checksum import crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -212,3 +213,11 @@ def test_a_starting_learner_sweeps_the_segments_of_a_killed_one():
     finally:
         _shm.remove_segment(name)
         _shm.remove_segment(mine.name)
+
+
+def test_the_actor_switch_reads_a_flag_or_a_variable():
+    assert parse_config([]).shared_memory
+    assert not parse_config(["--no-shared-memory"]).shared_memory
+    assert not parse_config(["--shared-memory", "false"]).shared_memory
+    assert not parse_config([], {"RLFLEET_SHARED_MEMORY": "0"}).shared_memory
+    assert parse_config(["--shared-memory", "true"], {"RLFLEET_SHARED_MEMORY": "0"}).shared_memory
