@@ -151,6 +151,8 @@ class ActorConfig:
         part_deadline_s: Seconds an incomplete multi-part version (learner ranks each
             pushing a part) waits for its last part from its first before it expires,
             in ``(0, MAX_PART_DEADLINE_S]``; its parts are dropped and none of it applies.
+        shared_memory: Take weight pushes through a shared-memory segment when the
+            learner shares this host (False: every push's bytes come over gRPC).
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).
@@ -194,6 +196,7 @@ class ActorConfig:
     tls_client_ca: str = ""
     max_weight_bytes: int | None = None
     part_deadline_s: float = 60.0
+    shared_memory: bool = True
     torch_threads: int = 1
     log_level: str = "info"
     log_format: str = "text"

@@ -36,6 +36,7 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
+from learner_client._shm import ShmRefusedError, ShmRoute
 from learner_client._slabs import PacketSlabs
 from learner_client._torchrl_compat import ActorPlacement
 from learner_client._transport import (
@@ -44,6 +45,7 @@ from learner_client._transport import (
     PushMessages,
     PushReply,
     push_messages,
+    shm_messages,
 )
 from learner_client._weights import EncodedWeights, WeightBook
 
@@ -88,6 +90,7 @@ class Fleet:
         batch_timeout: Stall deadline of a stream owing a batch.
         slabs: The shared slabs each actor's batches are received into.
         ranks: Which actors this learner rank owns (default: every one).
+        shm: Which actors share this host; pushes to them travel through shared memory.
     """
 
     conn: ConnectionSettings
@@ -100,6 +103,7 @@ class Fleet:
     batch_timeout: float
     slabs: PacketSlabs
     ranks: Ranks = dataclasses.field(default_factory=Ranks)
+    shm: ShmRoute = dataclasses.field(default_factory=ShmRoute)
     #: What a link calls before each session: the pusher re-sends the weights the actor lacks
     #: (set once the pusher is wired; see :func:`learner_client._wiring.assemble`).
     admit: Admit[ActorChannel] = dataclasses.field(init=False)
@@ -125,16 +129,26 @@ class Fleet:
         channels = [
             ActorChannel(a, self.conn.metadata(), self.conn.channel_credentials) for a in addresses
         ]
-        results = await asyncio.gather(
-            *(c.describe(self.conn.connect_timeout, wait_for_ready=True) for c in channels),
-            return_exceptions=True,
-        )
+        probe = self.shm.probe()
+        try:
+            results = await asyncio.gather(
+                *(
+                    c.describe(self.conn.connect_timeout, wait_for_ready=True, probe=probe)
+                    for c in channels
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            if probe is not None:
+                self.shm.release([probe])
         failed = [
             (c.address, r)
             for c, r in zip(channels, results, strict=True)
             if isinstance(r, BaseException)
         ]
         descriptions = [r for r in results if isinstance(r, ActorDescription)]
+        for d in descriptions:
+            self.shm.admit(d.worker_id, d.host_identity, d.shm_probe_ok)
         if failed:
             await _settle(c.close() for c in channels)
             others = [e for _, e in failed if not is_transient(e)]
@@ -355,19 +369,60 @@ class Fleet:
             Per pair, in order, the actor's reply or the exception its push failed with
             (what becomes of them is the pusher's verdict).
         """
-        # Serialised once per distinct push, however many workers receive it.
+        # Serialised once per distinct push, however many workers receive it; the blob of
+        # a push to actors on this host written once into a segment they all read.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
-        calls = (  # created on the loop, as _settle unpacks them
+        local = [self.shm.is_local(w) for w, _ in pairs]
+        blobs = {_key(enc): enc.blob for (_, enc), near in zip(pairs, local, strict=True) if near}
+        segments = self.shm.write(blobs)
+        try:
+            sent = [
+                shm_messages(messages[_key(enc)], segments[_key(enc)]) if near else None
+                for (_, enc), near in zip(pairs, local, strict=True)
+            ]
+            replies = self._push_calls(
+                [
+                    (w, enc, s or messages[_key(enc)])
+                    for (w, enc), s in zip(pairs, sent, strict=True)
+                ]
+            )
+            refused = [i for i, r in enumerate(replies) if isinstance(r, ShmRefusedError)]
+            for i, reply in zip(refused, self._resend(pairs, refused, messages), strict=True):
+                log.info("worker_id %d: %s; the bytes were sent instead", pairs[i][0], replies[i])
+                replies[i] = reply
+        finally:
+            self.shm.release(segments.values())
+        self.shm.count(sum(local) - len(refused), len(refused))
+        return replies
+
+    def _resend(
+        self,
+        pairs: Sequence[tuple[int, EncodedWeights]],
+        indices: list[int],
+        messages: Mapping[tuple, PushMessages],
+    ) -> list[PushReply | BaseException]:
+        """The bytes of the pushes whose actors refused their segment (nothing was applied)."""
+        if not indices:
+            return []
+        return self._push_calls(
+            [(pairs[i][0], pairs[i][1], messages[_key(pairs[i][1])]) for i in indices]
+        )
+
+    def _push_calls(
+        self, calls: Sequence[tuple[int, EncodedWeights, Sequence[bytes]]]
+    ) -> list[PushReply | BaseException]:
+        """Stream each push with its messages, all concurrently; each reply or error."""
+        pending = (  # created on the loop, as _settle unpacks them
             self._links[w].channel.push_weights(
                 enc.model_id,
                 enc.version,
-                messages[_key(enc)],
+                sent,
                 self.conn.call_timeout,
                 part=enc.part is not None,
             )
-            for w, enc in pairs
+            for w, enc, sent in calls
         )
-        return self.loop.run(_settle(calls), self.conn.call_timeout + _MARGIN)
+        return self.loop.run(_settle(pending), self.conn.call_timeout + _MARGIN)
 
     def accepts_parts(self, worker_id: int) -> bool:
         """Whether an actor takes multi-part pushes (its Describe gives a part deadline)."""

@@ -139,6 +139,10 @@ class WeightPushSettings:
             verifies whichever the push carries.
         full_push_every: With ``delta=True``, a worker gets a full push after this many
             consecutive deltas, which bounds the cost of any drift or lost snapshot.
+        shared_memory: Push to actors proven to share this host through a shared-memory
+            segment under ``/dev/shm`` (written once per push, read by each of them)
+            instead of the bytes over gRPC; False sends every actor the bytes
+            (``docs/weights.md``).
 
     Example::
 
@@ -148,6 +152,7 @@ class WeightPushSettings:
 
     checksum: str = "crc32c"
     full_push_every: int = DEFAULT_FULL_PUSH_EVERY
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.checksum not in CHECKSUMS:
@@ -155,6 +160,8 @@ class WeightPushSettings:
         every = self.full_push_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"full_push_every must be an int >= 1, got {every!r}")
+        if not isinstance(self.shared_memory, bool):
+            raise ValueError(f"shared_memory must be a bool, got {self.shared_memory!r}")
 
 
 @dataclasses.dataclass(frozen=True)

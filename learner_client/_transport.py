@@ -28,7 +28,9 @@ from common.errors import ProtocolError, SessionStateError, from_status
 from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.shm import Segment
 from common.weights import BlobAssembler, Part, PushOutcome, iter_blob_chunks, sha256_hex
+from learner_client._shm import ShmRefusedError
 
 __all__ = [
     "ActorChannel",
@@ -42,6 +44,8 @@ __all__ = [
     "encode_header",
     "parse_collect_response",
     "push_messages",
+    "shm_control",
+    "shm_messages",
     "translate_errors",
 ]
 
@@ -68,6 +72,18 @@ def encode_chunk(piece: bytes | memoryview) -> bytes:
     """Return the serialised ``PushWeightsRequest(chunk=piece)`` with one copy of ``piece``."""
     view = memoryview(piece).cast("B")
     return b"".join((_CHUNK_TAG, varint(view.nbytes), view))
+
+
+def shm_control(segment: Segment) -> pb.ShmSegment:
+    """The control of a segment as it travels (name, size, CRC-32C)."""
+    return pb.ShmSegment(name=segment.name, size=segment.size, crc32c=segment.crc32c)
+
+
+def shm_messages(messages: PushMessages, segment: Segment) -> list[bytes]:
+    """The one message of a push whose blob lies in ``segment``: its header naming it."""
+    header = pb.PushWeightsRequest.FromString(messages[0]).header
+    header.shm.CopyFrom(shm_control(segment))
+    return [encode_header(header)]
 
 
 def encode_header(header: pb.WeightsHeader) -> bytes:
@@ -203,6 +219,8 @@ class ActorDescription:
         device: Where its policy runs (``--device``).
         part_deadline: Seconds an incomplete multi-part version waits on it before it
             expires; 0: it takes no multi-part pushes (it predates them).
+        host_identity: Its host's identity (``common.shm.host_identity``); empty if unknown.
+        shm_probe_ok: It read back the probe segment the Describe named.
     """
 
     address: str
@@ -221,6 +239,8 @@ class ActorDescription:
     uptime_seconds: float = 0.0
     device: str = "cpu"
     part_deadline: float = 0.0
+    host_identity: str = ""
+    shm_probe_ok: bool = False
 
     @classmethod
     def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
@@ -249,6 +269,8 @@ class ActorDescription:
             uptime_seconds=float(reply.uptime_seconds),
             device=reply.device or "cpu",
             part_deadline=float(reply.part_deadline_seconds),
+            host_identity=reply.host_identity,
+            shm_probe_ok=bool(reply.shm_probe_ok),
         )
 
 
@@ -330,17 +352,23 @@ class ActorChannel:
         """Close the channel, cancelling its calls."""
         await self._channel.close(grace=None)
 
-    async def describe(self, timeout: float, *, wait_for_ready: bool = False) -> ActorDescription:
+    async def describe(
+        self, timeout: float, *, wait_for_ready: bool = False, probe: Segment | None = None
+    ) -> ActorDescription:
         """Ask the actor what it is.
 
         Args:
             timeout: Deadline in seconds.
             wait_for_ready: Wait (within the deadline) for an actor that is not up yet
                 instead of failing at once.
+            probe: A probe segment the actor reads back if it shares this host.
         """
+        request = pb.DescribeRequest()
+        if probe is not None:
+            request.shm_probe.CopyFrom(shm_control(probe))
         with translate_errors(self.address):
             r = await self._stub.Describe(
-                pb.DescribeRequest(),
+                request,
                 timeout=timeout,
                 metadata=self._metadata,
                 wait_for_ready=wait_for_ready,
@@ -392,6 +420,8 @@ class ActorChannel:
 
         with translate_errors(self.address):
             r = await self._push_raw(requests(), timeout=timeout, metadata=self._metadata)
+        if r.shm_refused:
+            raise ShmRefusedError(f"{self.address}: {r.shm_refused}")
         outcome = _OUTCOMES.get(r.outcome)
         if part:  # staged: an older version stays in force; completed: this one is
             fits = (outcome is PushOutcome.STAGED and r.version < version) or (

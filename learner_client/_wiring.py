@@ -33,6 +33,7 @@ from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import DeltaTracker, Pusher, VersionAgreement, WeightPushSettings
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings
+from learner_client._shm import ShmRoute
 from learner_client._slabs import PacketSlabs
 from learner_client._weights import WeightBook
 
@@ -101,6 +102,7 @@ def assemble(
         batch_timeout=batch.batch_timeout,
         slabs=slabs,
         ranks=ranks or Ranks(),
+        shm=ShmRoute(push.shared_memory),
     )
     agreement = VersionAgreement(fleet.ranks, conn.call_timeout)
     pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push), agreement)

@@ -119,6 +119,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         "LLM actors: eager (growing KV cache), static (fixed-size cache) or compiled",
     ),
     ("part_deadline_s", float_min(0.0, strict=True), "seconds a multi-part push may take"),
+    (
+        "shared_memory",
+        boolean,
+        "take weight pushes through /dev/shm from a learner on this host (false: over gRPC)",
+    ),
     ("torch_threads", ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", chosen("log_level"), "log level"),
     ("log_format", chosen("log_format"), "text or json (one object per line)"),
@@ -161,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             _flag(field), dest=field, metavar=field.upper(), help=f"{text} [{_var(field)}]"
         )
+    parser.add_argument(
+        "--no-shared-memory",
+        dest="shared_memory",
+        action="store_const",
+        const="false",
+        help="the same as --shared-memory false [RLFLEET_SHARED_MEMORY=0]",
+    )
     parser.add_argument(
         "--policy",
         metavar="FACTORY",

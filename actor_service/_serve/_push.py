@@ -26,10 +26,18 @@ from actor_service._core._weight_rules import check_newer
 from actor_service._serve._logging import log_event
 from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart, decode_part
 from actor_service._serve._runtime import ActorRuntime
-from actor_service._serve._streams import drain, first_message, read_blob
+from actor_service._serve._shm import read_push_segment
+from actor_service._serve._streams import drain, first_message, next_message, read_blob
 from common.config import DEFAULT_MODEL_ID
-from common.errors import RlfleetError, UnknownModelError, WeightsError, to_status
+from common.errors import (
+    RlfleetError,
+    SessionStateError,
+    UnknownModelError,
+    WeightsError,
+    to_status,
+)
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.shm import ShmError
 from common.weights import (
     BlobAssembler,
     Part,
@@ -165,7 +173,12 @@ class WeightPushes:
             await drain(requests, self._drain_budget(push), "PushWeights")
             raise
         try:
-            blob = await self._receive_weights(requests, push)
+            if header.HasField("shm"):
+                blob = await self._read_segment(requests, header, push)
+            else:
+                blob = await self._receive_weights(requests, push)
+        except ShmError as exc:
+            return self._shm_refused(push, exc)
         except BaseException as exc:
             push.audit(exc)
             self._give_back(push, applied=False)
@@ -222,6 +235,10 @@ class WeightPushes:
     async def _receive_weights(
         self, requests: AsyncIterator[pb.PushWeightsRequest], push: PushCall
     ) -> bytes | memoryview:
+        return await read_blob(requests, self._assembler(push), "PushWeights")
+
+    def _assembler(self, push: PushCall) -> BlobAssembler:
+        """Where a push's blob is checked (size cap, digests) and reassembled."""
         # A staged part views its buffer until its version is swapped in or dropped.
         pool = self._part_buffers if push.is_part else self._buffers
         push.buffer = pool.take(push.model_id, push.total_bytes)
@@ -234,7 +251,47 @@ class WeightPushes:
         )
         if push.buffer is None:
             push.buffer, push.fresh = assembler.buffer, True
-        return await read_blob(requests, assembler, "PushWeights")
+        return assembler
+
+    async def _read_segment(
+        self,
+        requests: AsyncIterator[pb.PushWeightsRequest],
+        header: pb.WeightsHeader,
+        push: PushCall,
+    ) -> bytes | memoryview:
+        """The blob of a push through shared memory, checked as a chunked push's bytes are.
+
+        Raises:
+            ShmError: The segment cannot be read or trusted (nothing is applied).
+        """
+        if await next_message(requests, "PushWeights") is not None:
+            raise SessionStateError("PushWeights: no chunk may follow a header naming a segment")
+        assembler = self._assembler(push)  # the size cap, before the segment is read
+        return await self._rt.run_side(self._fill, header, assembler)
+
+    def _fill(self, header: pb.WeightsHeader, assembler: BlobAssembler) -> bytes | memoryview:
+        """Read a push's segment into its assembler and check it (off the event loop)."""
+        assembler.add(read_push_segment(header, self._rt.config.shared_memory))
+        return assembler.finish()
+
+    def _shm_refused(self, push: PushCall, exc: ShmError) -> pb.PushWeightsResponse:
+        """The reply to a push whose segment was not read: why, and nothing applied."""
+        self._give_back(push, applied=False)
+        log_event(
+            "weights.shm_refused",
+            logging.WARNING,
+            peer=push.peer,
+            model_id=push.model_id,
+            version=push.version,
+            reason=str(exc),
+        )
+        version = self._rt.core.models.policy_version(push.model_id)
+        return pb.PushWeightsResponse(
+            worker_id=self._rt.config.worker_id,
+            model_id=push.model_id,
+            version=version,
+            shm_refused=str(exc),
+        )
 
     def max_bytes(self, model_ids: Iterable[str]) -> int:
         """The largest blob accepted for these models: the flag, else sized from their bytes."""

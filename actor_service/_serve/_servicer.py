@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from actor_service._core._state import decode_state, encode_state
+from actor_service._serve import _shm as shm
 from actor_service._serve._collect import CollectSession
 from actor_service._serve._convert import describe_to_proto, settings_from_proto
 from actor_service._serve._logging import log_event
@@ -146,6 +147,8 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         reply.frames = core.frames
         reply.uptime_seconds = time.monotonic() - self._rt.started_at
         reply.part_deadline_seconds = self._pushes.part_deadline
+        reply.host_identity = shm.identity()
+        reply.shm_probe_ok = shm.probe_ok(request, self._rt.config.shared_memory)
         return reply
 
     @_mapped

@@ -261,7 +261,7 @@ class CollectResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., chunk: _Optional[_Union[BatchChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version", "part")
+    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version", "part", "shm")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,7 @@ class WeightsHeader(_message.Message):
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     version: int
     total_bytes: int
@@ -276,7 +277,18 @@ class WeightsHeader(_message.Message):
     crc32c: int
     base_version: int
     part: PartOf
-    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ..., part: _Optional[_Union[PartOf, _Mapping]] = ...) -> None: ...
+    shm: ShmSegment
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ..., part: _Optional[_Union[PartOf, _Mapping]] = ..., shm: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
+
+class ShmSegment(_message.Message):
+    __slots__ = ("name", "size", "crc32c")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    crc32c: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class PartOf(_message.Message):
     __slots__ = ("index", "count")
@@ -295,20 +307,22 @@ class PushWeightsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged")
+    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged", "shm_refused")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PARTS_STAGED_FIELD_NUMBER: _ClassVar[int]
+    SHM_REFUSED_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     model_id: str
     version: int
     pause_seconds: float
     outcome: PushOutcome
     parts_staged: int
-    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ...) -> None: ...
+    shm_refused: str
+    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ..., shm_refused: _Optional[str] = ...) -> None: ...
 
 class SpaceSpec(_message.Message):
     __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "text")
@@ -349,11 +363,13 @@ class ModelInfo(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., parameters: _Optional[_Iterable[_Union[ParameterInfo, _Mapping]]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("shm_probe",)
+    SHM_PROBE_FIELD_NUMBER: _ClassVar[int]
+    shm_probe: ShmSegment
+    def __init__(self, shm_probe: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "learner_id", "draining", "frames", "uptime_seconds")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "learner_id", "draining", "frames", "uptime_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +386,8 @@ class DescribeResponse(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_CAP_FIELD_NUMBER: _ClassVar[int]
     PART_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOST_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    SHM_PROBE_OK_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -390,11 +408,13 @@ class DescribeResponse(_message.Message):
     policy: str
     max_new_tokens_cap: int
     part_deadline_seconds: float
+    host_identity: str
+    shm_probe_ok: bool
     learner_id: str
     draining: bool
     frames: int
     uptime_seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
 
 class StateHeader(_message.Message):
     __slots__ = ("total_bytes", "sha256", "allow_rollback")

@@ -1,0 +1,170 @@
+"""Weight blobs in shared memory: one segment written once, read and checked by each local reader.
+
+A segment is a file under ``/dev/shm`` named ``rlfleet-shm-<pid>-<32 hex>`` (the writer's
+pid, then 128 random bits), created ``0600`` with ``O_EXCL``. The control that travels
+elsewhere (name, size, CRC-32C) is all a reader trusts: :func:`read_segment` refuses a name
+outside the pattern (no path traversal), a link, a file not owned by this user or readable by
+others, a size other than the one announced, and a digest mismatch. It raises
+:class:`ShmError` on any of them, so the caller falls back to the bytes path and applies
+nothing. :func:`sweep_segments` removes the segments of writers that are gone (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import socket
+import stat
+from dataclasses import dataclass
+
+from common.checksum import crc32c
+
+__all__ = [
+    "SHM_ROOT",
+    "ShmError",
+    "Segment",
+    "host_identity",
+    "read_segment",
+    "remove_segment",
+    "sweep_segments",
+    "write_segment",
+]
+
+#: Where segments live (tmpfs on Linux).
+SHM_ROOT = "/dev/shm"
+#: The largest segment a reader accepts (64 GiB).
+MAX_SEGMENT = 1 << 36
+
+_NAME = re.compile(r"^rlfleet-shm-(\d{1,10})-[0-9a-f]{32}$")
+
+
+class ShmError(Exception):
+    """A segment cannot be trusted or read; the caller falls back to the bytes path."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The control of one segment: what a reader is told, and all it trusts."""
+
+    name: str
+    size: int
+    crc32c: int
+
+
+def write_segment(blob: bytes | bytearray | memoryview, root: str = SHM_ROOT) -> Segment:
+    """Write ``blob`` once into a new ``0600`` segment under ``root``; its control back."""
+    name = f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
+    path = os.path.join(root, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(blob).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    except BaseException:
+        os.close(fd)
+        remove_segment(name, root)
+        raise
+    os.close(fd)
+    return Segment(name=name, size=len(view), crc32c=crc32c(view))
+
+
+def remove_segment(name: str, root: str = SHM_ROOT) -> None:
+    """Remove segment ``name`` (a name outside the pattern, or one gone, is left alone)."""
+    if _NAME.match(name) is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, name))
+
+
+def read_segment(control: Segment, root: str = SHM_ROOT) -> bytes:
+    """The bytes of a segment, checked against ``control``; :class:`ShmError` on any doubt."""
+    if not isinstance(control.name, str) or _NAME.match(control.name) is None:
+        raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
+    if not 0 <= control.size <= MAX_SEGMENT:
+        raise ShmError(f"segment size {control.size} is out of range")
+    try:
+        fd = os.open(os.path.join(root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
+    try:
+        info = os.fstat(fd)
+        _check_owner(info, control)
+        data = _read_all(fd, control.size)
+    finally:
+        os.close(fd)
+    if crc32c(data) != control.crc32c:
+        raise ShmError(f"segment {control.name} fails its CRC-32C")
+    return data
+
+
+def _check_owner(info: os.stat_result, control: Segment) -> None:
+    """Refuse a segment that is not a regular file of this user, private, of the announced size."""
+    if not stat.S_ISREG(info.st_mode):
+        raise ShmError(f"segment {control.name} is not a regular file")
+    if info.st_uid != os.geteuid():
+        raise ShmError(f"segment {control.name} is owned by another user")
+    if info.st_mode & 0o077:
+        raise ShmError(f"segment {control.name} is readable or writable by others")
+    if info.st_size != control.size:
+        raise ShmError(f"segment {control.name} holds {info.st_size} bytes, not {control.size}")
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """Exactly ``size`` bytes from ``fd``; :class:`ShmError` when it is shorter."""
+    data = os.pread(fd, size, 0) if size else b""
+    if len(data) != size:
+        raise ShmError(f"segment shrank to {len(data)} of {size} bytes while read")
+    return data
+
+
+def sweep_segments(root: str = SHM_ROOT) -> list[str]:
+    """Remove this user's segments whose writer process is gone; the names removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        match = _NAME.match(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            if os.lstat(os.path.join(root, name)).st_uid != os.geteuid():
+                continue
+        except OSError:
+            continue
+        remove_segment(name, root)
+        removed.append(name)
+    return removed
+
+
+def host_identity(root: str = SHM_ROOT) -> str:
+    """This host as a user of ``root`` sees it: boot id, host name, ``root``'s device and inode.
+
+    Two processes with equal identities share the kernel, and the same ``/dev/shm`` mount
+    (containers that do not share it differ in its device or inode). Empty when any part
+    cannot be read: such a host shares nothing.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            boot = file.read().strip()
+        info = os.stat(root)
+    except OSError:
+        return ""
+    if not boot:
+        return ""
+    return f"{boot}/{socket.gethostname()}/{info.st_dev}:{info.st_ino}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,88 @@
+"""Shared-memory segments: written once, read back checked, refused on doubt, swept on SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from common.shm import (
+    Segment,
+    ShmError,
+    read_segment,
+    remove_segment,
+    sweep_segments,
+    write_segment,
+)
+
+
+def test_round_trip_private_and_removed(tmp_path: Path) -> None:
+    blob = os.urandom(1 << 20)
+    seg = write_segment(blob, str(tmp_path))
+    assert (os.stat(tmp_path / seg.name).st_mode & 0o777) == 0o600
+    assert read_segment(seg, str(tmp_path)) == blob
+    remove_segment(seg.name, str(tmp_path))
+    assert not (tmp_path / seg.name).exists()
+
+
+def test_corrupt_missing_and_resized_are_refused(tmp_path: Path) -> None:
+    seg = write_segment(b"x" * 4096, str(tmp_path))
+    with open(tmp_path / seg.name, "r+b") as f:
+        f.write(b"y")
+    with pytest.raises(ShmError, match="CRC"):
+        read_segment(seg, str(tmp_path))
+    with pytest.raises(ShmError, match="bytes, not"):
+        read_segment(replace(seg, size=10), str(tmp_path))
+    os.unlink(tmp_path / seg.name)
+    with pytest.raises(ShmError, match="cannot be opened"):
+        read_segment(seg, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../etc/passwd",
+        "rlfleet-shm-1-../../x",
+        "other",
+        "rlfleet-shm-1-" + "0" * 31,
+        "/dev/shm/rlfleet-shm-1-" + "0" * 32,
+    ],
+)
+def test_names_outside_the_pattern_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ShmError, match="outside"):
+        read_segment(Segment(name=name, size=0, crc32c=0), str(tmp_path))
+
+
+def test_huge_size_and_shared_mode_and_links_are_refused(tmp_path: Path) -> None:
+    seg = write_segment(b"abc", str(tmp_path))
+    with pytest.raises(ShmError, match="out of range"):
+        read_segment(replace(seg, size=2**64 - 1), str(tmp_path))
+    os.chmod(tmp_path / seg.name, 0o644)
+    with pytest.raises(ShmError, match="others"):
+        read_segment(seg, str(tmp_path))
+    link = "rlfleet-shm-1-" + "a" * 32
+    os.symlink(tmp_path / seg.name, tmp_path / link)
+    with pytest.raises(ShmError, match="cannot be opened"):
+        read_segment(replace(seg, name=link), str(tmp_path))
+
+
+def test_sweep_removes_a_killed_writers_segment(tmp_path: Path) -> None:
+    code = (
+        "import sys, time; from common.shm import write_segment;"
+        f" print(write_segment(b'z' * 100, {str(tmp_path)!r}).name, flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    name = proc.stdout.readline().strip()
+    mine = write_segment(b"live", str(tmp_path))
+    assert sweep_segments(str(tmp_path)) == []
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert sweep_segments(str(tmp_path)) == [name]
+    assert sorted(os.listdir(tmp_path)) == [mine.name]

@@ -1,0 +1,223 @@
+"""Weight pushes through shared memory to actors on the learner's host (real actor processes).
+
+A push to a local actor travels as a segment under /dev/shm plus its control; the weights it
+applies equal the pushed ones, and ``stats()`` counts it. A segment deleted or corrupted
+before the actor reads it is refused (nothing applied) and the bytes follow. A hostile
+control is refused with its reason and leaves the actor serving.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+import safetensors.torch
+import torch
+from learner_fleet import cartpole_policy
+
+from actor_service._cli._main import parse_config
+from common.checksum import crc32c
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.shm import SHM_ROOT, write_segment
+from learner_client import GrpcCollector, LocalFleet, WeightPushSettings, _shm
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with LocalFleet(2, "CartPole-v1", num_envs=2, seed=0, grace_period=1.0) as actors:
+        yield actors
+
+
+def actor_policy(address: str) -> dict[str, torch.Tensor]:
+    """The policy tensors an actor holds, read back with GetState."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.ActorServiceStub(channel)
+        chunks = list(stub.GetState(pb.GetStateRequest(), timeout=30))
+    blob = b"".join(c.chunk for c in chunks if c.WhichOneof("kind") == "chunk")
+    state = safetensors.torch.load(blob)
+    return dict(state)
+
+
+def same_weights(held: dict[str, torch.Tensor], module: torch.nn.Module) -> bool:
+    prefix = "models/policy/weights/"
+    wanted = module.state_dict()
+    return all(torch.equal(held[prefix + name], tensor) for name, tensor in wanted.items())
+
+
+def ours() -> set[str]:
+    return {n for n in os.listdir(SHM_ROOT) if n.startswith(f"rlfleet-shm-{os.getpid()}-")}
+
+
+def test_push_through_shared_memory_applies_the_pushed_weights(fleet):
+    before = ours()
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        policy = cartpole_policy()
+        version = collector.update_policy_weights_(policy)[0]
+        stats = collector.stats()
+        assert stats["shm_pushes"] == 2
+        assert stats["shm_fallbacks"] == 0
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), policy)
+        assert collector.policy_version["policy"] == version
+    assert ours() <= before  # the push's segment and the probe are gone
+
+
+def test_shared_memory_off_sends_the_bytes(fleet):
+    push = WeightPushSettings(shared_memory=False)
+    with GrpcCollector(fleet.addresses, frames_per_batch=4, weight_push=push) as collector:
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy)
+        stats = collector.stats()
+        assert stats["shm_pushes"] == 0
+        assert stats["shm_fallbacks"] == 0
+        assert same_weights(actor_policy(fleet.addresses[0]), policy)
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
+    def damaged(blob):
+        segment = write_segment(blob)
+        path = os.path.join(SHM_ROOT, segment.name)
+        if damage == "delete":
+            os.unlink(path)
+        else:
+            with open(path, "r+b") as file:
+                file.seek(segment.size // 2)
+                byte = file.read(1)
+                file.seek(segment.size // 2)
+                file.write(bytes([byte[0] ^ 0xFF]))
+        return segment
+
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        monkeypatch.setattr(_shm, "write_segment", damaged)
+        policy = cartpole_policy()
+        version = collector.update_policy_weights_(policy)[0]
+        stats = collector.stats()
+        assert stats["shm_pushes"] == 0
+        assert stats["shm_fallbacks"] == 2
+        assert collector.policy_version["policy"] == version
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), policy)
+
+
+def hostile_push(address: str, control: pb.ShmSegment, version: int, total: int | None) -> str:
+    """Why the actor refused the push: its ``shm_refused``, or its error status."""
+    header = pb.WeightsHeader(
+        model_id="policy",
+        version=version,
+        total_bytes=control.size if total is None else total,
+        crc32c=control.crc32c,
+    )
+    header.shm.CopyFrom(control)
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.ActorServiceStub(channel)
+        try:
+            reply = stub.PushWeights(iter([pb.PushWeightsRequest(header=header)]), timeout=30)
+        except grpc.RpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+    assert reply.version < version
+    return reply.shm_refused
+
+
+def describe(address: str) -> pb.DescribeResponse:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=30)
+
+
+def foreign_segment(mode: int, owner: int | None) -> pb.ShmSegment:
+    segment = write_segment(b"x" * 64)
+    path = os.path.join(SHM_ROOT, segment.name)
+    os.chmod(path, mode)
+    if owner is not None:
+        os.chown(path, owner, owner)
+    return pb.ShmSegment(name=segment.name, size=segment.size, crc32c=segment.crc32c)
+
+
+HUGE = pb.ShmSegment(name=f"rlfleet-shm-1-{'0' * 32}", size=2**64 - 1, crc32c=0)
+#: case: (the control, the header's total_bytes (None: the control's size), the reason).
+HOSTILE = {
+    "bad name": (lambda: pb.ShmSegment(name="rlfleet-shm-1-zz", size=4, crc32c=0), None, "pattern"),
+    "traversal": (
+        lambda: pb.ShmSegment(name="../../etc/passwd", size=4, crc32c=crc32c(b"root")),
+        None,
+        "pattern",
+    ),
+    "huge size": (lambda: HUGE, None, "RESOURCE_EXHAUSTED: blob of 18446744073709551615 bytes"),
+    "huge control size": (lambda: HUGE, 64, "differs from the push's total_bytes"),
+    "readable by others": (lambda: foreign_segment(0o644, None), None, "readable or writable"),
+    "foreign owner": (lambda: foreign_segment(0o600, 65534), None, "another user"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_control_is_refused_and_the_actor_keeps_serving(fleet, case):
+    if case == "foreign owner" and os.geteuid() != 0:
+        pytest.skip("making a file of another user takes root")
+    make, total, reason = HOSTILE[case]
+    address = fleet.addresses[0]
+    before = {m.model_id: m.version for m in describe(address).models}["policy"]
+    control = make()
+    try:
+        refusal = hostile_push(address, control, before + 1000, total)
+    finally:
+        _shm.remove_segment(control.name)
+    assert reason in refusal
+    assert {m.model_id: m.version for m in describe(address).models}["policy"] == before
+    with GrpcCollector([address], frames_per_batch=4) as collector:
+        collector.update_policy_weights_(cartpole_policy())
+        assert collector.stats()["shm_pushes"] == 1
+        assert collector.next().numel() == 4
+
+
+def test_actor_with_shared_memory_off_gets_the_bytes():
+    args = ["--shared-memory", "false"]
+    with LocalFleet(1, "CartPole-v1", num_envs=2, seed=0, grace_period=1.0, extra_args=args) as one:
+        assert not describe(one.addresses[0]).shm_probe_ok
+        with GrpcCollector(one.addresses, frames_per_batch=4) as collector:
+            policy = cartpole_policy()
+            collector.update_policy_weights_(policy)
+            assert collector.stats()["shm_pushes"] == 0
+            assert same_weights(actor_policy(one.addresses[0]), policy)
+
+
+def test_only_actors_of_this_host_that_read_the_probe_are_local():
+    route = _shm.ShmRoute(enabled=True, identity="boot/host/1:2")
+    route.admit(0, "boot/host/1:2", probe_ok=True)
+    route.admit(1, "boot/host/1:2", probe_ok=False)  # another /dev/shm, or shm off there
+    route.admit(2, "other-boot/host/1:2", probe_ok=True)  # a probe read elsewhere proves nothing
+    assert [route.is_local(w) for w in range(3)] == [True, False, False]
+    route.admit(0, "", probe_ok=True)  # described again from elsewhere
+    assert not route.is_local(0)
+    off = _shm.ShmRoute(enabled=False, identity="boot/host/1:2")
+    off.admit(0, "boot/host/1:2", probe_ok=True)
+    assert not off.is_local(0)
+    assert off.probe() is None
+
+
+def test_a_starting_learner_sweeps_the_segments_of_a_killed_one():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"rlfleet-shm-{dead.pid}-{'ab' * 16}"
+    path = os.path.join(SHM_ROOT, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    mine = write_segment(b"in flight")  # a live writer's segment stays
+    try:
+        _shm.ShmRoute(enabled=True)
+        assert not os.path.exists(path)
+        assert os.path.exists(os.path.join(SHM_ROOT, mine.name))
+    finally:
+        _shm.remove_segment(name)
+        _shm.remove_segment(mine.name)
+
+
+def test_the_actor_switch_reads_a_flag_or_a_variable():
+    assert parse_config([]).shared_memory
+    assert not parse_config(["--no-shared-memory"]).shared_memory
+    assert not parse_config(["--shared-memory", "false"]).shared_memory
+    assert not parse_config([], {"RLFLEET_SHARED_MEMORY": "0"}).shared_memory
+    assert parse_config(["--shared-memory", "true"], {"RLFLEET_SHARED_MEMORY": "0"}).shared_memory
