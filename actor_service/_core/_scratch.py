@@ -10,11 +10,14 @@ at most one set per running actor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import tempfile
+
+from common.leftovers import sweep_leftovers
 
 __all__ = ["scratch_dir", "sweep_scratch"]
 
@@ -36,35 +39,15 @@ def sweep_scratch(root: str | None = None) -> list[str]:
         The folders removed. Another user's, and a live process's, are left alone.
     """
     root = root or tempfile.gettempdir()
-    removed: list[str] = []
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return removed
-    for name in names:
-        match = _NAME.match(name)
-        path = os.path.join(root, name)
-        if match is None or _alive(int(match.group(1))) or not _ours(path):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+    removed = sweep_leftovers(root, _NAME, _remove_folder)
     if removed:
         log.info("removed %d scratch folders of actors no longer running", len(removed))
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's process (or no pid at all): not ours to judge
-    return True
-
-
-def _ours(path: str) -> bool:
-    try:
-        return os.path.isdir(path) and os.stat(path).st_uid == os.getuid()
-    except OSError:
-        return False
+def _remove_folder(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
