@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -50,6 +51,8 @@ __all__ = ["RayFleet"]
 _DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
 #: Seconds allowed for a Ray actor's own calls (stop, address) beyond the server's timeouts.
 _CALL_MARGIN = 10.0
+#: Bits of the seed a restarted Ray actor draws (envs' seeds stay within a C int).
+_RESTART_SEED_BITS = 30
 #: Seconds :meth:`RayFleet.live_addresses` waits for the actors to answer.
 _LIVE_TIMEOUT = 2.0
 
@@ -58,15 +61,22 @@ class _ServerHost:
     """The body of each Ray actor: runs one actor server as a child process on its node.
 
     Created by Ray on the node it places the actor on (and again there or elsewhere when
-    Ray restarts it): ``argv`` is the server's command line without ``--host``, which this
-    adds (the node's IP unless ``host`` names one).
+    Ray restarts it): ``argv`` is the server's command line without ``--host`` and
+    ``--seed``, which this adds (the node's IP unless ``host`` names one; ``seed``). A Ray
+    actor that Ray restarted draws a fresh seed instead: with the first one its envs would
+    replay the trajectories they already sent (the learner would train on them twice).
     """
 
-    def __init__(self, argv: list[str], host: str | None) -> None:
+    def __init__(self, argv: list[str], host: str | None, seed: int | None = None) -> None:
         import ray
 
         self.node_ip = ray.util.get_node_ip_address()
         self.host = host or self.node_ip
+        if seed is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+            seed = secrets.randbits(_RESTART_SEED_BITS)
+        self.seed = seed
+        if seed is not None:
+            argv = [*argv, "--seed", str(seed)]
         python = argv[0] or sys.executable
         argv = [python, "-c", _LAUNCHER, str(os.getpid()), python, *argv[1:], "--host", self.host]
         self.stdout: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop
@@ -138,7 +148,8 @@ class RayFleet:
         num_actors: Actors to place; worker ids ``0..num_actors-1`` unless ``worker_ids``.
         env, num_envs, policy, policy_kwargs, env_kwargs, env_factory, seed, kind, task,
             task_kwargs, worker_ids, extra_args, start_timeout, grace_period: As for
-            :class:`LocalFleet`.
+            :class:`LocalFleet` (worker ``i`` is seeded ``seed + i``; a Ray actor that Ray
+            restarted draws a fresh random seed, so that it does not replay its envs).
         ray_init_config: Keyword arguments of ``ray.init`` when Ray is not initialised in
             this process yet (``{"address": "auto"}`` attaches to a running cluster; none
             starts a local one, without its dashboard). An initialised Ray is reused.
@@ -243,7 +254,7 @@ class RayFleet:
             host_class = ray.remote(_ServerHost)
             for worker_id, options in zip(self.worker_ids, self.remote_configs, strict=True):
                 self._handles[worker_id] = host_class.options(**options).remote(
-                    self._argv(worker_id), self.host
+                    self._argv(worker_id), self.host, self._seed_of(worker_id)
                 )
             self._ready(list(self._handles))
         except BaseException:
@@ -376,9 +387,10 @@ class RayFleet:
     def _argv(self, worker_id: int) -> list[str]:
         argv = [self._python or "", "-m", "actor_service", *self._common_args]
         argv += ["--port", "0", "--worker-id", str(worker_id)]
-        if self._seed is not None:
-            argv += ["--seed", str(self._seed + worker_id)]
         return argv + self._extra_args
+
+    def _seed_of(self, worker_id: int) -> int | None:
+        return None if self._seed is None else self._seed + worker_id
 
     def _ready(self, worker_ids: Sequence[int]) -> list[tuple[str, int, int, int]]:
         import ray

@@ -156,10 +156,6 @@ def _worker(batch: TensorDictBase) -> int:
     return int(batch["collector", "worker_id"].flatten()[0])
 
 
-@pytest.mark.skip(
-    reason="known defect: CI saw 2 repeated batch fingerprints of 1256 after a Ray "
-    "restart (the restarted actor replays its seed?), under study"
-)
 def test_ray_fleet_restarted_actor_rejoins_the_same_collector(ray_cluster: Any) -> None:
     config = {"num_cpus": 0.5, "max_restarts": 1}
     fleet = RayFleet(2, num_envs=2, seed=0, grace_period=1.0, remote_configs=config)
