@@ -102,6 +102,7 @@ def fleet() -> Iterator[list[ActorProcess]]:
         actor.close()
 
 
+@pytest.mark.long
 def test_status_shows_a_healthy_fleet_and_exits_0(fleet: list[ActorProcess]) -> None:
     learner = Learner(fleet[0].address)
     try:
@@ -138,6 +139,7 @@ def test_status_shows_a_healthy_fleet_and_exits_0(fleet: list[ActorProcess]) -> 
     assert summary.startswith("2/2 serving, ")
 
 
+@pytest.mark.long
 def test_status_exits_1_and_shows_a_killed_actor_not_serving(fleet: list[ActorProcess]) -> None:
     fleet[1].kill()
     result = rlfleet("status", *(a.address for a in fleet), "--json", "--interval", "0.2")

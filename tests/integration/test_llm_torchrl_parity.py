@@ -116,6 +116,7 @@ def _first_batch(collector):
     [{}, {"yield_completed_trajectories": True}, {"yield_only_last_steps": True}],
     ids=["steps", "completed_trajectories", "last_steps"],
 )
+@pytest.mark.long
 def test_torchrl_and_rlfleet_generate_the_same_tokens_with_the_same_key_tree(
     rlfleet_actor, modes
 ) -> None:

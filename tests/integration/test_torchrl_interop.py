@@ -53,6 +53,7 @@ def _ppo_step_on(batch):
     return actor
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("sync", "shape"), [(True, (2, 2, 8)), (False, (2, 16))])
 def test_torchrl_gae_and_clip_ppo_loss_accept_collector_batches(fleet, sync, shape):
     with GrpcCollector(

@@ -19,6 +19,7 @@ def addresses(fleet, *worker_ids):
     return [fleet[w].address for w in worker_ids]
 
 
+@pytest.mark.long
 def test_collector_sync_stacks_workers_envs_time(fleet):
     with GrpcCollector(
         addresses(fleet, 0, 1, 2), frames_per_batch=12, total_frames=36, sync=True

@@ -234,6 +234,7 @@ def test_a_reconnecting_learner_never_takes_over_another_learners_session(actors
         proxy.close()
 
 
+@pytest.mark.long
 def test_a_learner_that_trains_longer_than_batch_timeout_keeps_its_stream() -> None:
     # Sync: the actor gets its credit only when the learner asks, after training. The
     # actor's batch (8 steps of 0.1 s) must get the whole batch_timeout from that credit,

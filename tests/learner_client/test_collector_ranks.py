@@ -82,6 +82,7 @@ def test_ranks_read_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> Non
         Ranks.given("env", None)
 
 
+@pytest.mark.long
 def test_collector_raises_if_its_rank_owns_no_actor(four: list[ActorProcess]) -> None:
     with pytest.raises(ValueError, match=r"rank 3 of 4 owns no actor.*\[0, 1\]"):
         GrpcCollector([a.address for a in four[:2]], frames_per_batch=8, rank=3, world_size=4)
@@ -130,6 +131,7 @@ def test_two_ranks_split_the_fleet_and_push_versions_to_their_own(
     assert held == {0: start + 5, 1: start, 2: start + 5, 3: start}
 
 
+@pytest.mark.long
 def test_ownership_follows_actors_as_they_join_and_return(four: list[ActorProcess]) -> None:
     with _rank(four[:2], 0, sync=False) as first, _rank(four[:2], 1, sync=False) as second:
         first.next(), second.next()
@@ -219,6 +221,7 @@ def _report(process: subprocess.Popen[str]) -> dict:
     return json.loads(line)
 
 
+@pytest.mark.long
 def test_a_restarted_rank_resumes_its_own_sessions_and_pushes(four: list[ActorProcess]) -> None:
     version = max(max(_describe(a).models.values()) for a in four) + 1
     with _rank(four, 0, learner_id="job") as rank_zero:
@@ -291,6 +294,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.long
 def test_ranks_pushing_one_version_differently_raise_on_every_rank(
     four: list[ActorProcess],
 ) -> None:

@@ -42,6 +42,7 @@ def make_collector(num_envs: int = 2) -> tuple[GrpcCollector, LocalFleet]:
     return collector, fleet
 
 
+@pytest.mark.long
 def test_a_fleet_given_to_the_collector_is_started_and_stops_with_it() -> None:
     collector, fleet = make_collector()
     as_protocol: ActorFleet = fleet  # what a collector takes of a fleet
@@ -68,6 +69,7 @@ def test_a_started_fleet_by_keyword_stops_at_the_with_blocks_end() -> None:
     fleet.stop()  # the user's own stop afterwards: harmless
 
 
+@pytest.mark.long
 def test_a_fleets_addresses_leave_the_fleet_to_its_owner() -> None:
     with LocalFleet(1, "CartPole-v1", num_envs=2, seed=0, grace_period=1.0) as fleet:
         with GrpcCollector(fleet.addresses, frames_per_batch=8, total_frames=8) as collector:
@@ -78,6 +80,7 @@ def test_a_fleets_addresses_leave_the_fleet_to_its_owner() -> None:
     assert _gone(fleet.pids)
 
 
+@pytest.mark.long
 def test_a_collector_that_fails_to_construct_stops_the_fleet_it_was_given() -> None:
     fleet = LocalFleet(1, "CartPole-v1", num_envs=2, seed=0, grace_period=1.0)
     with pytest.raises(ValueError, match="frames_per_batch"):
@@ -86,6 +89,7 @@ def test_a_collector_that_fails_to_construct_stops_the_fleet_it_was_given() -> N
     assert _gone(fleet.pids)
 
 
+@pytest.mark.long
 def test_the_llm_collector_takes_a_fleet_too() -> None:
     fleet = LocalFleet(
         1,
@@ -132,6 +136,7 @@ def _step(policy: torch.nn.Module) -> None:
             parameter.add_(0.01)
 
 
+@pytest.mark.long
 def test_an_argument_less_push_of_an_unchanged_policy_sends_nothing(cartpole_fleet) -> None:
     policy = cartpole_policy()
     with GrpcCollector(
@@ -180,6 +185,7 @@ def test_auto_pushes_count_the_pushes_of_a_followed_policy(cartpole_fleet) -> No
         assert collector.stats()["auto_pushes"] == 4  # before batches 1, 2, 3 and 4
 
 
+@pytest.mark.long
 def test_a_fleet_of_as_many_envs_as_the_scripts_env_is_not_warned() -> None:
     pytest.importorskip("torchrl")
     from torchrl.envs import GymEnv
@@ -196,6 +202,7 @@ def test_a_fleet_of_as_many_envs_as_the_scripts_env_is_not_warned() -> None:
             assert [tuple(b.batch_size) for b in collector] == [(8,), (8,)]  # TorchRL's
 
 
+@pytest.mark.long
 def test_a_fleet_of_more_envs_than_the_scripts_env_is_warned_once() -> None:
     pytest.importorskip("torchrl")
     from torchrl.envs import GymEnv

@@ -97,6 +97,7 @@ class Books:
         return stats
 
 
+@pytest.mark.long
 def test_fault_bit_flips_through_a_proxy_are_caught_and_the_stream_recovers(actor) -> None:
     proxy = FaultProxy(("127.0.0.1", actor.port))
     make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64)
@@ -161,6 +162,7 @@ def test_fault_slow_consumer_pauses_the_actor_at_its_credit_window(actor) -> Non
         collector.shutdown(timeout=5)
 
 
+@pytest.mark.long
 def test_fault_sigkill_during_a_push_and_a_nan_env_leave_the_survivor_working() -> None:
     nan_env = ("--env-factory", "rlfleet_test_envs:nan_cartpole")  # NaN every 7th step
     with _actor("--worker-id", "0") as doomed, _actor("--worker-id", "1", *nan_env) as survivor:

@@ -45,6 +45,7 @@ def _groups_whole(batch, size: int) -> bool:
     return all(groups.count(g) == size for g in groups)
 
 
+@pytest.mark.long
 def test_sync_steps_mode_yields_slots_by_turns_with_an_exact_budget(llm_fleet) -> None:
     with _collector(
         llm_fleet, dialog_turns_per_batch=2 * SLOTS * 2, total_dialog_turns=32, sync=True
@@ -225,6 +226,7 @@ def test_settings_beyond_the_actor_cap_are_refused_at_construction(llm_fleet) ->
         )
 
 
+@pytest.mark.long
 def test_an_env_collector_refuses_llm_actors_and_vice_versa(llm_fleet) -> None:
     from learner_client import GrpcCollector
 

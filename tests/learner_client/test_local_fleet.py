@@ -50,6 +50,7 @@ def _worker_id(address: str) -> int:
         return stub.Describe(actor_service_pb2.DescribeRequest(), timeout=5).worker_id
 
 
+@pytest.mark.long
 def test_local_fleet_starts_actors_that_answer_health_with_their_worker_ids():
     with LocalFleet(2, num_envs=2, seed=3, grace_period=1.0) as fleet:
         addresses = fleet.addresses
@@ -72,6 +73,7 @@ def _fail_inside_a_fleet(pids: list[int]) -> None:
         raise RuntimeError("boom")
 
 
+@pytest.mark.long
 def test_local_fleet_stops_actors_when_the_body_raises():
     pids: list[int] = []
     with pytest.raises(RuntimeError, match="boom"):

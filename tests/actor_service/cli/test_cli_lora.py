@@ -91,6 +91,7 @@ def _actor(argv: list[str]) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("spec", ["rlfleet:tiny-qwen2", "hf"])
 def test_lora_targets_the_model_lacks_exit_2_before_binding(spec: str, tmp_path) -> None:
     # Checked on the model's skeleton (a checkpoint's config alone: its weights are not read).

@@ -71,6 +71,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
         "non-tensor-int",
     ],
 )
+@pytest.mark.long
 def test_cli_torchrl_exits_2_before_binding_on_bad_factories(args: list[str], message: str) -> None:
     out = _run(args)
     assert out.returncode == 2, out.stderr
@@ -94,6 +95,7 @@ def test_cli_torchrl_exits_2_naming_the_extra_without_torchrl() -> None:
     ],
     ids=["lstm", "ou-noise"],
 )
+@pytest.mark.long
 def test_cli_gymnasium_actor_exits_2_before_binding_on_a_policy_that_needs_torchrl(
     env: str, policy: str, needs: str
 ) -> None:

@@ -164,6 +164,7 @@ def test_sigterm_drains_the_stream_and_exits_0_within_grace() -> None:
         )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("backend", "num_envs"), [("sync", 16), ("async", 4)])
 def test_sigterm_mid_batch_under_load_exits_0_within_grace(backend: str, num_envs: int) -> None:
     """The promise for a busy actor: SIGTERM while a learner's batch is being collected
@@ -202,6 +203,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.long
 def test_sigterm_with_a_hung_env_reaps_every_child_within_grace_plus_bound() -> None:
     grace = 2.0
     here = str(pathlib.Path(__file__).parents[1])  # the helpers of tests/actor_service

@@ -197,6 +197,7 @@ def test_push_weights_raises_if_version_does_not_fit_int64(actor: Actor, version
     assert (versions == 2**63 - 1).all()
 
 
+@pytest.mark.long
 def test_push_weights_refuses_a_300000_key_header_cheaply(actor: Actor) -> None:
     blob = hostile_blob(300_000)  # 17 MB of zero-size tensors
     tracemalloc.start()  # traces the actor's threads too: it runs in this process

@@ -27,6 +27,7 @@ def _llm_open(**kw) -> pb.OpenSession:
     return open_request(frames_per_batch=4, llm=llm, **kw)
 
 
+@pytest.mark.long
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 def test_llm_actor_over_tls_with_a_token_serves_resumes_and_drains(tmp_path) -> None:
     cert, key = self_signed_cert(tmp_path, "server")
@@ -78,6 +79,7 @@ def test_llm_actor_over_tls_with_a_token_serves_resumes_and_drains(tmp_path) -> 
         assert "actor.stopped" in events
 
 
+@pytest.mark.long
 def test_llm_actor_state_round_trips_and_reflection_lists_the_service() -> None:
     args = [
         "--kind", "llm", "--policy-kwargs", '{"hidden": 32, "layers": 1}', "--num-envs", "2",

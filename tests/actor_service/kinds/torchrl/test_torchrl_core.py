@@ -284,6 +284,7 @@ def test_torchrl_core_max_frames_per_traj_changes_between_sessions() -> None:
     assert not set(ids.unique().tolist()) & set(first.get(TRAJ_IDS).unique().tolist())
 
 
+@pytest.mark.long
 def test_torchrl_core_async_backend_steps_a_parallel_env_in_subprocesses() -> None:
     batches = []
     for backend in ("async", "sync"):
