@@ -282,6 +282,7 @@ class RayFleet:
             for handle in self._handles.values():
                 with contextlib.suppress(Exception):
                     ray.kill(handle, no_restart=True)
+            _await_death(ray, list(self._handles.values()), self.grace_period + _CALL_MARGIN)
             if self._owns_ray or self._shutdown_ray:
                 ray.shutdown()
 
@@ -413,6 +414,22 @@ class RayFleet:
             raise SessionStateError(
                 f"the fleet is {self._state}; use it inside `with` or after start()"
             )
+
+
+def _await_death(ray: Any, handles: Sequence[Any], timeout: float) -> None:
+    """Wait until every Ray actor of ``handles`` answers calls as dead (up to ``timeout``).
+
+    ``ray.kill`` only asks: a call made just after it may still run on the actor, so
+    :meth:`RayFleet.stop` returns once each actor refuses one.
+    """
+    deadline = time.monotonic() + timeout
+    for handle in handles:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ray.get(handle.is_alive.remote(), timeout=left)
+            except (ray.exceptions.RayError, TimeoutError):  # dead, or no answer in time
+                break
+            time.sleep(_POLL_INTERVAL)
 
 
 def _extra_args(extra_args: Sequence[str]) -> list[str]:
