@@ -6,7 +6,11 @@ Systems, all in this one run, each holding 2 workers with that policy:
 
 - rlfleet: ``GrpcCollector.update_policy_weights_(policy)`` to 2 actor
   subprocesses (``--policy mlp --policy-kwargs '{"hidden": [h, h]}'``): encode
-  to safetensors, stream in chunks to both actors, wait until both applied it;
+  to safetensors, write the blob once into a shared-memory segment both actors
+  read (they share this host), wait until both applied it;
+- rlfleet bytes: the same push to 2 other actors with
+  ``WeightPushSettings(shared_memory=False)``: the blob streamed in chunks over gRPC to
+  each actor (the path across hosts);
 - TorchRL ``MultiSyncCollector.update_policy_weights_`` (its default CPU
   scheme, shared memory: the learner's parameters *are* the workers' buffers,
   so a push is a signal plus an ack and moves no bytes);
@@ -37,6 +41,7 @@ from typing import Any
 import torch
 
 from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+from learner_client import WeightPushSettings
 
 __all__ = ["SIZES", "main"]
 
@@ -134,6 +139,17 @@ def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool
         coll = stack.enter_context(
             _rlfleet.collector(fleet.addresses, sync=False, frames_per_batch=16)
         )
+        bytes_fleet = stack.enter_context(  # its own actors: versions are per collector
+            _rlfleet.fleet(args.actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
+        )
+        bytes_coll = stack.enter_context(
+            _rlfleet.collector(
+                bytes_fleet.addresses,
+                sync=False,
+                frames_per_batch=16,
+                weight_push=WeightPushSettings(shared_memory=False),
+            )
+        )
         trl = _torchrl.make_collector(
             True, env_fn, policy, workers=args.actors, frames_per_batch=32
         )
@@ -142,6 +158,7 @@ def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool
         payload = memoryview(bytearray(nbytes))
         systems: dict[str, Callable[[], Any]] = {
             "rlfleet": lambda: coll.update_policy_weights_(policy),
+            "rlfleet bytes": lambda: bytes_coll.update_policy_weights_(policy),
             "torchrl multisync": lambda: trl.update_policy_weights_(policy),
             "raw loopback": lambda: rx.transfer(payload),
         }
@@ -167,6 +184,9 @@ def record(
     for name, values in samples.items():
         report.figure(name, "s", values)
     raw = report.ratio(f"{size} rlfleet/raw loopback", f"{size} rlfleet", f"{size} raw loopback")
+    report.ratio(
+        f"{size} rlfleet bytes/raw loopback", f"{size} rlfleet bytes", f"{size} raw loopback"
+    )
     report.ratio(
         f"{size} rlfleet/torchrl multisync", f"{size} rlfleet", f"{size} torchrl multisync"
     )

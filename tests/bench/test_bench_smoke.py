@@ -86,8 +86,12 @@ EXPECTED = {
         [],
     ),
     "weight_push": (
-        ["tiny rlfleet", "tiny torchrl multisync", "tiny raw loopback"],
-        ["tiny rlfleet/raw loopback", "tiny rlfleet/torchrl multisync"],
+        ["tiny rlfleet", "tiny rlfleet bytes", "tiny torchrl multisync", "tiny raw loopback"],
+        [
+            "tiny rlfleet/raw loopback",
+            "tiny rlfleet bytes/raw loopback",
+            "tiny rlfleet/torchrl multisync",
+        ],
     ),
     "push_forms": (
         [
