@@ -28,6 +28,7 @@ __all__ = [
     "Segment",
     "host_identity",
     "read_segment",
+    "read_segment_into",
     "remove_segment",
     "sweep_segments",
     "write_segment",
@@ -54,8 +55,13 @@ class Segment:
     crc32c: int
 
 
-def write_segment(blob: bytes | bytearray | memoryview, root: str = SHM_ROOT) -> Segment:
-    """Write ``blob`` once into a new ``0600`` segment under ``root``; its control back."""
+def write_segment(
+    blob: bytes | bytearray | memoryview, root: str = SHM_ROOT, crc: int | None = None
+) -> Segment:
+    """Write ``blob`` once into a new ``0600`` segment under ``root``; its control back.
+
+    ``crc`` is the blob's CRC-32C when the caller has it already (computed otherwise).
+    """
     name = f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
     path = os.path.join(root, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -69,7 +75,7 @@ def write_segment(blob: bytes | bytearray | memoryview, root: str = SHM_ROOT) ->
         remove_segment(name, root)
         raise
     os.close(fd)
-    return Segment(name=name, size=len(view), crc32c=crc32c(view))
+    return Segment(name=name, size=len(view), crc32c=crc32c(view) if crc is None else crc)
 
 
 def remove_segment(name: str, root: str = SHM_ROOT) -> None:
@@ -82,23 +88,41 @@ def remove_segment(name: str, root: str = SHM_ROOT) -> None:
 
 def read_segment(control: Segment, root: str = SHM_ROOT) -> bytes:
     """The bytes of a segment, checked against ``control``; :class:`ShmError` on any doubt."""
+    data = bytearray(control.size if _size_ok(control) else 0)
+    read_segment_into(control, memoryview(data), root)
+    if crc32c(data) != control.crc32c:
+        raise ShmError(f"segment {control.name} fails its CRC-32C")
+    return bytes(data)
+
+
+def read_segment_into(control: Segment, into: memoryview, root: str = SHM_ROOT) -> None:
+    """Read a segment straight into ``into`` (exactly ``control.size`` bytes long).
+
+    Checks everything but the CRC-32C (name, size, owner, mode), which the caller checks
+    over ``into``, the private copy (the segment itself may change under a reader).
+
+    Raises:
+        ShmError: The segment cannot be read or trusted.
+    """
     if not isinstance(control.name, str) or _NAME.match(control.name) is None:
         raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
-    if not 0 <= control.size <= MAX_SEGMENT:
+    if not _size_ok(control):
         raise ShmError(f"segment size {control.size} is out of range")
+    if into.nbytes != control.size:
+        raise ShmError(f"segment size {control.size} differs from the {into.nbytes} bytes expected")
     try:
         fd = os.open(os.path.join(root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
     try:
-        info = os.fstat(fd)
-        _check_owner(info, control)
-        data = _read_all(fd, control.size)
+        _check_owner(os.fstat(fd), control)
+        _read_all(fd, into)
     finally:
         os.close(fd)
-    if crc32c(data) != control.crc32c:
-        raise ShmError(f"segment {control.name} fails its CRC-32C")
-    return data
+
+
+def _size_ok(control: Segment) -> bool:
+    return isinstance(control.size, int) and 0 <= control.size <= MAX_SEGMENT
 
 
 def _check_owner(info: os.stat_result, control: Segment) -> None:
@@ -113,12 +137,14 @@ def _check_owner(info: os.stat_result, control: Segment) -> None:
         raise ShmError(f"segment {control.name} holds {info.st_size} bytes, not {control.size}")
 
 
-def _read_all(fd: int, size: int) -> bytes:
-    """Exactly ``size`` bytes from ``fd``; :class:`ShmError` when it is shorter."""
-    data = os.pread(fd, size, 0) if size else b""
-    if len(data) != size:
-        raise ShmError(f"segment shrank to {len(data)} of {size} bytes while read")
-    return data
+def _read_all(fd: int, into: memoryview) -> None:
+    """Fill ``into`` from the start of ``fd``; :class:`ShmError` when the file is shorter."""
+    done = 0
+    while done < into.nbytes:
+        got = os.preadv(fd, [into[done:]], done)
+        if got == 0:
+            raise ShmError(f"segment shrank to {done} of {into.nbytes} bytes while read")
+        done += got
 
 
 def sweep_segments(root: str = SHM_ROOT) -> list[str]:

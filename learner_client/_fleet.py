@@ -373,7 +373,11 @@ class Fleet:
         # a push to actors on this host written once into a segment they all read.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
         local = [self.shm.is_local(w) for w, _ in pairs]
-        blobs = {_key(enc): enc.blob for (_, enc), near in zip(pairs, local, strict=True) if near}
+        blobs = {
+            _key(enc): (enc.blob, enc.crc32c)
+            for (_, enc), near in zip(pairs, local, strict=True)
+            if near
+        }
         segments = self.shm.write(blobs)
         try:
             sent = [

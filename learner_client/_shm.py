@@ -70,12 +70,15 @@ class ShmRoute:
         with self._lock:
             return worker_id in self._local
 
-    def write(self, blobs: Mapping[K, bytes | memoryview]) -> dict[K, Segment]:
-        """One segment per blob, each written once; on a failure none is left behind."""
+    def write(self, blobs: Mapping[K, tuple[bytes | memoryview, int | None]]) -> dict[K, Segment]:
+        """One segment per ``(blob, its CRC-32C or None)``, each written once.
+
+        On a failure none is left behind.
+        """
         segments: dict[K, Segment] = {}
         try:
-            for key, blob in blobs.items():
-                segments[key] = write_segment(blob)
+            for key, (blob, crc) in blobs.items():
+                segments[key] = write_segment(blob, crc=crc)
         except BaseException:
             self.release(segments.values())
             raise

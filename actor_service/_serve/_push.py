@@ -30,6 +30,7 @@ from actor_service._serve._shm import read_push_segment
 from actor_service._serve._streams import drain, first_message, next_message, read_blob
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
+    DataLossError,
     RlfleetError,
     SessionStateError,
     UnknownModelError,
@@ -271,8 +272,11 @@ class WeightPushes:
 
     def _fill(self, header: pb.WeightsHeader, assembler: BlobAssembler) -> bytes | memoryview:
         """Read a push's segment into its assembler and check it (off the event loop)."""
-        assembler.add(read_push_segment(header, self._rt.config.shared_memory))
-        return assembler.finish()
+        read_push_segment(header, self._rt.config.shared_memory, assembler)
+        try:
+            return assembler.finish()
+        except DataLossError as exc:  # the segment changed or was damaged: the bytes follow
+            raise ShmError(f"segment {header.shm.name} fails its check: {exc}") from exc
 
     def _shm_refused(self, push: PushCall, exc: ShmError) -> pb.PushWeightsResponse:
         """The reply to a push whose segment was not read: why, and nothing applied."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.shm import Segment, ShmError, host_identity, read_segment
+from common.shm import Segment, ShmError, host_identity, read_segment, read_segment_into
+from common.weights import BlobAssembler
 
 __all__ = ["identity", "probe_ok", "read_push_segment"]
 
@@ -36,8 +37,10 @@ def probe_ok(request: pb.DescribeRequest, enabled: bool) -> bool:
     return True
 
 
-def read_push_segment(header: pb.WeightsHeader, enabled: bool) -> bytes:
-    """The blob of a push from its segment, checked against the header's control.
+def read_push_segment(header: pb.WeightsHeader, enabled: bool, assembler: BlobAssembler) -> None:
+    """Read a push's segment straight into its assembler, checked against the header's control.
+
+    The assembler digests the private copy; :meth:`BlobAssembler.finish` checks it.
 
     Raises:
         ShmError: Shared memory is off here, or the segment cannot be trusted or read.
@@ -51,7 +54,7 @@ def read_push_segment(header: pb.WeightsHeader, enabled: bool) -> bytes:
         )
     if header.HasField("crc32c") and control.crc32c != header.crc32c:
         raise ShmError("segment crc32c differs from the push's crc32c")
-    return read_segment(control)
+    assembler.add_rest(lambda into: read_segment_into(control, into))
 
 
 def _control(message: pb.ShmSegment) -> Segment:

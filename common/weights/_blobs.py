@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -191,10 +191,29 @@ class BlobAssembler:
                 f"the announced {self._total}-byte blob"
             )
         self._view[self._received : end] = view
+        self._count(end)
+
+    def add_rest(self, read: Callable[[memoryview], None]) -> None:
+        """Let ``read`` write the rest of the blob straight into the buffer (no chunk copy).
+
+        ``read`` gets the buffer's unfilled part and must fill all of it (or raise); the
+        bytes are then digested as :meth:`add` digests a chunk's.
+
+        Raises:
+            SessionStateError: The blob was already finished.
+        """
+        if self._result is not None:
+            raise SessionStateError("blob already finished; no more chunks accepted")
+        read(self._view[self._received : self._total])
+        self._count(self._total)
+
+    def _count(self, end: int) -> None:
+        """Digest the buffer's bytes from the last chunk's end to ``end``, now received."""
+        view = self._view[self._received : end]
         if self._hasher is not None:
             self._hasher.update(view)
         if self._expected_crc is not None and view.nbytes:
-            self._crc = crc32c(self._view[self._received : end], self._crc)
+            self._crc = crc32c(view, self._crc)
         self._received = end
 
     def finish(self) -> bytes | memoryview:

@@ -11,14 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from common.checksum import crc32c
+from common.errors import DataLossError
 from common.shm import (
     Segment,
     ShmError,
     read_segment,
+    read_segment_into,
     remove_segment,
     sweep_segments,
     write_segment,
 )
+from common.weights import BlobAssembler
 
 
 def test_round_trip_private_and_removed(tmp_path: Path) -> None:
@@ -41,6 +45,25 @@ def test_corrupt_missing_and_resized_are_refused(tmp_path: Path) -> None:
     os.unlink(tmp_path / seg.name)
     with pytest.raises(ShmError, match="cannot be opened"):
         read_segment(seg, str(tmp_path))
+
+
+def test_read_into_a_buffer_and_the_assembler_checks_the_private_copy(tmp_path: Path) -> None:
+    blob = os.urandom(3 << 20)
+    seg = write_segment(blob, str(tmp_path))
+    into = memoryview(bytearray(len(blob)))
+    read_segment_into(seg, into, str(tmp_path))
+    assert into == blob
+    with pytest.raises(ShmError, match="differs from the 10 bytes expected"):
+        read_segment_into(seg, into[:10], str(tmp_path))
+    assembler = BlobAssembler(len(blob), crc32c=crc32c(blob))
+    assembler.add_rest(lambda view: read_segment_into(seg, view, str(tmp_path)))
+    assert assembler.finish() == blob
+    with open(tmp_path / seg.name, "r+b") as f:  # changed after the learner's CRC
+        f.write(b"\x00" if blob[0] else b"\x01")
+    damaged = BlobAssembler(len(blob), crc32c=crc32c(blob))
+    damaged.add_rest(lambda view: read_segment_into(seg, view, str(tmp_path)))
+    with pytest.raises(DataLossError, match="crc32c mismatch"):
+        damaged.finish()
 
 
 @pytest.mark.parametrize(

@@ -79,8 +79,8 @@ def test_shared_memory_off_sends_the_bytes(fleet):
 
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])
 def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
-    def damaged(blob):
-        segment = write_segment(blob)
+    def damaged(blob, crc=None):
+        segment = write_segment(blob, crc=crc)
         path = os.path.join(SHM_ROOT, segment.name)
         if damage == "delete":
             os.unlink(path)
