@@ -302,7 +302,9 @@ class ActorConfig:
         factories += [(f"model {spec.model_id!r}", spec.factory) for spec in self.models]
         for name, factory in factories:
             if not isinstance(factory, str) and not callable(factory):
-                raise ValueError(f"{name} must be an import path or a callable, got {factory!r:.80}")
+                raise ValueError(
+                    f"{name} must be an import path or a callable, got {factory!r:.80}"
+                )
         given = [name for name, factory in factories if not isinstance(factory, str)]
         if given and self.kind != "torchrl":
             raise ValueError(

@@ -61,4 +61,4 @@ def factory_name(factory: str | Callable[..., Any]) -> str:
     if isinstance(factory, str):
         return factory
     name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
-    return f"<{name}>"
+    return name if name.startswith("<") else f"<{name}>"

@@ -87,8 +87,7 @@ def build_td_model(spec: ModelSpec, env: Any, rand_action: Act, device: torch.de
         module = factory(env, **from_plain(spec.kwargs))
     except Exception as exc:
         raise ValueError(
-            f"model {spec.model_id!r}: policy factory {name!r} raised "
-            f"{type(exc).__name__}: {exc}"
+            f"model {spec.model_id!r}: policy factory {name!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(module, TensorDictModuleBase):
         raise ValueError(
