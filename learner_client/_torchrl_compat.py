@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -168,15 +168,21 @@ class TorchRLOnly:
     traj_format: object
 
 
-def check_no_effect(values: Mapping[str, object]) -> None:
+def check_no_effect(values: Mapping[str, object], warned: Collection[str] = ()) -> None:
     """Accept TorchRL's arguments that do nothing here; warn where a user would be surprised.
+
+    Args:
+        values: Each argument's value, by name.
+        warned: Names that warn too when given (None counts as not given), beyond those
+            :data:`NO_EFFECT` marks.
 
     Raises:
         KeyError: A name not in :data:`NO_EFFECT` (a bug in the caller).
     """
     for name, value in values.items():
         entry = NO_EFFECT[name]
-        if entry.warn and not _is_default(value, entry.default):
+        warn = entry.warn or (name in warned and value is not None)
+        if warn and not _is_default(value, entry.default):
             warnings.warn(
                 f"GrpcCollector: {name}={value!r:.60} has no effect over gRPC ({entry.reason})",
                 UserWarning,
@@ -190,15 +196,23 @@ def _is_default(value: object, default: object) -> bool:
     return type(value) is type(default) and value == default
 
 
-def check_torchrl_only(arguments: TorchRLOnly) -> None:
+def check_torchrl_only(
+    arguments: TorchRLOnly, *, with_effect: Collection[str] = (), warned: Collection[str] = ()
+) -> None:
     """Refuse complete-trajectory batches; accept the rest, warning where it should.
+
+    Args:
+        arguments: The arguments, by name.
+        with_effect: Names that do act in this form of the collector (RayCollector's
+            placement arguments when it places its own actors on Ray): not checked.
+        warned: Names that warn when given in this form (:func:`check_no_effect`).
 
     Raises:
         ValueError: As :func:`check_unsupported`.
     """
     values = {f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)}
     check_unsupported(values)
-    check_no_effect({name: values[name] for name in NO_EFFECT})
+    check_no_effect({n: values[n] for n in NO_EFFECT if n not in with_effect}, warned)
 
 
 def check_unsupported(values: Mapping[str, object]) -> None:
