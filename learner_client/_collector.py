@@ -323,7 +323,9 @@ class GrpcCollector:
                 None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
             )
             env_fn = script_env_fn(create_env_fn)  # RayCollector's list: its first
-            self._env = None if env_fn is None else ScriptEnv(env_fn, create_env_kwargs)
+            self._env = (
+                None if env_fn is None else ScriptEnv(env_fn, create_env_kwargs, per_actor=on_ray)
+            )
             self._placement = Placement(device, storing_device)
             self._batch = BatchSettings(
                 frames_per_batch=frames_per_batch,

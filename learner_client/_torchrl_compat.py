@@ -448,11 +448,20 @@ class ScriptEnv:
     Args:
         create_env_fn: TorchRL's argument: an env constructor, or a TorchRL env itself.
         create_env_kwargs: Keyword arguments of the constructor.
+        per_actor: Shape each actor's part as ``RayCollector`` does, each remote
+            collector's batch being its env's (RayCollector's drop-in form): the env
+            dimension of ``[..., envs, T]`` becomes the env's ``batch_size`` where the actor
+            steps as many envs, the actors' dimension (sync) stays; never warns.
     """
 
     def __init__(
-        self, create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
+        self,
+        create_env_fn: Callable[..., Any],
+        create_env_kwargs: Mapping[str, Any] | None,
+        *,
+        per_actor: bool = False,
     ) -> None:
+        self._per_actor = per_actor
         signature = env_signature(create_env_fn, create_env_kwargs)
         self._signature: dict[Any, Any] | None = signature.keys
         self._batch_size = signature.batch_size
@@ -471,6 +480,8 @@ class ScriptEnv:
         Only where the envs are as many as the script's env steps; otherwise unchanged.
         """
         size = self._batch_size
+        if self._per_actor:
+            return self._per_actor_shaped(batch)
         lead = tuple(batch.batch_size[:-1])
         if size is not None and math.prod(lead) != math.prod(size) and not self._warned:
             self._warned = True
@@ -480,6 +491,16 @@ class ScriptEnv:
         if not size:
             return batch[(0,) * len(lead)]
         return _reshape(batch, (*size, batch.batch_size[-1]))
+
+    def _per_actor_shaped(self, batch: Any) -> Any:
+        """``[..., envs, T]`` as ``[..., *env.batch_size, T]`` where the envs are as many."""
+        size, shape = self._batch_size, tuple(batch.batch_size)
+        if size is None or len(shape) < 2 or shape[-2] != math.prod(size) or shape[-2:-1] == size:
+            return batch
+        outer = shape[:-2]
+        if not size and not outer:
+            return batch[0]
+        return _reshape(batch, (*outer, *size, shape[-1]))
 
     def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> None:
         """Check the first batch; load an actor's env state into the script's env.
