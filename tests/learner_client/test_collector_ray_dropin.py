@@ -64,9 +64,8 @@ def _example() -> str:
         "from learner_client import GrpcCollector",
     ).replace("RayCollector(", "GrpcCollector(")
     assert swapped.count("GrpcCollector") == 2  # the import and the collector line
-    assert "enumerate(collector)" in swapped and "collector =" not in swapped.replace(
-        "distributed_collector =", ""
-    )
+    assert "enumerate(collector)" in swapped
+    assert "collector =" not in swapped.replace("distributed_collector =", "")
     return swapped.replace("enumerate(collector)", "enumerate(distributed_collector)")
 
 
@@ -95,7 +94,7 @@ def test_ray_dropin_runs_torchrl_raycollector_example(ray_cluster: Any) -> None:
     namespace: dict[str, Any] = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(_example(), "raycollector_example", "exec"), namespace)  # noqa: S102
+        exec(compile(_example(), "raycollector_example", "exec"), namespace)
     collector = namespace["distributed_collector"]
     try:
         data = namespace["data"]
@@ -108,7 +107,8 @@ def test_ray_dropin_runs_torchrl_raycollector_example(ray_cluster: Any) -> None:
         assert "TensorDict(" in printed.getvalue()
         node_ip = ray_cluster.util.get_node_ip_address()
         addresses = [actor.address for actor in collector.remote_collectors]
-        assert len(addresses) == 1 and addresses[0].startswith(f"{node_ip}:")
+        assert len(addresses) == 1
+        assert addresses[0].startswith(f"{node_ip}:")
         handles = _handles(collector)
     finally:
         collector.shutdown()
