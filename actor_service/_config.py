@@ -18,6 +18,7 @@ by their flat names too (``config.task`` is ``config.llm.task``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from actor_service._core._settings import EnvPoolSettings
@@ -111,13 +112,27 @@ class ModelSpec:
             ``nn.Module`` (observation tensor -> action tensor) or a TensorDictModule
             (reads ``"observation"``, writes ``"action"`` and any extra keys). On a
             TorchRL-env actor (kind ``"torchrl"``): ``"random"`` (the env's action spec) or a
-            function called with ``(env, **kwargs)`` returning any ``TensorDictModuleBase``.
+            function called with ``(env, **kwargs)`` returning any ``TensorDictModuleBase``;
+            there a server built in-process (``create_server``) also takes that function
+            itself (a closure); the command line takes names only.
         kwargs: Keyword arguments for the factory (e.g. ``{"hidden": [64, 64]}`` for ``mlp``).
     """
 
     model_id: str = DEFAULT_MODEL_ID
-    factory: str = "mlp"
+    factory: str | Callable[..., Any] = "mlp"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        """``factory`` as a name or import path: what every kind but ``torchrl`` reads.
+
+        Raises:
+            TypeError: The factory was given in memory (``ActorConfig`` allows that for
+                kind ``torchrl`` only).
+        """
+        if not isinstance(self.factory, str):
+            raise TypeError(f"model {self.model_id!r}: its factory is a callable, not a name")
+        return self.factory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +269,7 @@ class ActorConfig:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if not self.models:
             raise ValueError("models must name at least one model")
+        self._check_in_memory()
         self._check_engine()
         if self.lora is not None:
             if not isinstance(self.lora, LoraSpec):
@@ -280,6 +296,23 @@ class ActorConfig:
                 f"{name} settings ({', '.join(changed)}) are for kind {kinds}, not {self.kind!r}"
             )
 
+    def _check_in_memory(self) -> None:
+        """Factories given in memory (callables, not import paths) are for kind ``torchrl``."""
+        factories = [("env_factory", self.env_pool.env_factory)]
+        factories += [(f"model {spec.model_id!r}", spec.factory) for spec in self.models]
+        for name, factory in factories:
+            if not isinstance(factory, str) and not callable(factory):
+                raise ValueError(
+                    f"{name} must be an import path or a callable, got {factory!r:.80}"
+                )
+        given = [name for name, factory in factories if not isinstance(factory, str)]
+        if given and self.kind != "torchrl":
+            raise ValueError(
+                f"{', '.join(given)} given as a callable: in-memory factories are for kind "
+                f"'torchrl' (in-process servers); kind {self.kind!r} takes import paths "
+                "('package.module:function')"
+            )
+
     # A section's fields, read flat: code and logs name them as the flags do.
     @property
     def env(self) -> str:
@@ -292,7 +325,7 @@ class ActorConfig:
         return self.env_pool.env_kwargs
 
     @property
-    def env_factory(self) -> str:
+    def env_factory(self) -> str | Callable[..., Any]:
         """``env_pool.env_factory``."""
         return self.env_pool.env_factory
 

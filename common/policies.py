@@ -66,7 +66,7 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 
 
-def load_callable(spec: str) -> Callable[..., Any]:
+def load_callable(spec: object) -> Callable[..., Any]:
     """Import the function named by ``"package.module:function"``.
 
     Args:
@@ -77,7 +77,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
         The callable.
 
     Raises:
-        ValueError: The string is malformed, the import fails, the attribute is
+        ValueError: Not a string, or a malformed one; the import fails, the attribute is
             missing or is not callable.
     """
     if not isinstance(spec, str) or spec.count(":") != 1:

@@ -32,6 +32,13 @@ from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import WeightPushSettings
+from learner_client._ray_dropin import (
+    RAY_ARGUMENTS,
+    RAY_WARNED,
+    RayPlacement,
+    ray_fleet_of,
+    script_env_fn,
+)
 from learner_client._rounds import Placement
 from learner_client._settings import (
     BatchSettings,
@@ -57,6 +64,20 @@ __all__ = ["GrpcCollector"]
 log = logging.getLogger("learner_client")
 
 _DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+
+
+def _place_on_ray(placement: RayPlacement) -> ActorFleet:
+    """The fleet of RayCollector's drop-in form (no actors given), from its arguments.
+
+    Raises:
+        TypeError: Neither actors nor ``create_env_fn`` given.
+    """
+    if placement.create_env_fn is None:
+        raise TypeError(
+            "GrpcCollector needs the actors (their addresses or a fleet), or RayCollector's "
+            "create_env_fn (with policy, num_collectors, ...) to place its own on Ray"
+        )
+    return ray_fleet_of(placement)
 
 
 class _State(enum.Enum):
@@ -86,7 +107,12 @@ class GrpcCollector:
             every address the name resolves to (re-resolved, joiners added); workers are
             known by the worker_id each reports (duplicates are refused). Or a fleet
             object (``LocalFleet``, any :class:`~learner_client.ActorFleet`): the collector
-            then owns it, starts it if it was not and stops it at ``shutdown()``.
+            then owns it, starts it if it was not and stops it at ``shutdown()``. None:
+            TorchRL ``RayCollector``'s drop-in form: ``create_env_fn``, ``policy``,
+            ``num_collectors``, ``collector_class``, ``collector_kwargs``,
+            ``num_workers_per_collector``, ``ray_init_config`` and ``remote_configs``
+            place a ``RayFleet`` of the script's callables, owned the same way
+            (docs/collector.md, "From RayCollector").
         frames_per_batch: Frames per batch. Sync: the total, split evenly over the actors
             (each share a multiple of that actor's env pool size). Async: each batch's.
         total_frames: Frames after which iteration stops (``len`` = ceil(total/fpb));
@@ -148,7 +174,7 @@ class GrpcCollector:
 
     def __init__(  # TorchRL's signature, by name (docs/collector.md)
         self,
-        actors: Sequence[str] | str | ActorFleet,
+        actors: Sequence[str] | str | ActorFleet | None = None,
         *positional: Any,
         frames_per_batch: int,
         total_frames: int | None = -1,
@@ -227,6 +253,21 @@ class GrpcCollector:
         storing_device: Any = None,
     ) -> None:
         check_positional(actors, positional)  # TorchRL's (create_env_fn, policy): keywords
+        on_ray = actors is None  # RayCollector's drop-in form: its own fleet, placed on Ray
+        if on_ray:
+            actors = _place_on_ray(
+                RayPlacement(
+                    create_env_fn=create_env_fn,
+                    create_env_kwargs=create_env_kwargs,
+                    policy=policy,
+                    num_collectors=num_collectors,
+                    collector_class=collector_class,
+                    collector_kwargs=collector_kwargs,
+                    num_workers_per_collector=num_workers_per_collector,
+                    ray_init_config=ray_init_config,
+                    remote_configs=remote_configs,
+                )
+            )
         self._owner = FleetOwner(actors)  # a fleet given: the collector's from here on
         with self._owner.closed_on_error():
             check_torchrl_only(  # refuses trajs_per_batch, warns where it should
@@ -266,7 +307,9 @@ class GrpcCollector:
                     trajs_per_batch=trajs_per_batch,
                     trajs_per_write=trajs_per_write,
                     traj_format=traj_format,
-                )
+                ),
+                with_effect=RAY_ARGUMENTS if on_ray else (),
+                warned=RAY_WARNED if on_ray else (),
             )
             on_actors = ActorPlacement.from_torchrl(
                 policy_device=policy_device,
@@ -279,8 +322,9 @@ class GrpcCollector:
             self._shared = (
                 None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
             )
+            env_fn = script_env_fn(create_env_fn)  # RayCollector's list: its first
             self._env = (
-                None if create_env_fn is None else ScriptEnv(create_env_fn, create_env_kwargs)
+                None if env_fn is None else ScriptEnv(env_fn, create_env_kwargs, per_actor=on_ray)
             )
             self._placement = Placement(device, storing_device)
             self._batch = BatchSettings(

@@ -6,8 +6,16 @@ its node, ``python -m actor_service`` as :class:`LocalFleet` does (``actor_servi
 never imported here), bound to the node's IP on a free port, and reports its address.
 Ray places and restarts; the data path stays gRPC, never Ray's object store.
 
+Given the script's own callables instead (``create_env_fn``: lambdas, closures, TorchRL env
+objects; ``policy``: a ``TensorDictModuleBase``), each Ray actor serves the actor server
+in-process instead (:class:`_InProcessHost`): Ray ships the callables to it with its own
+serialisation (Ray's channel between the learner and its Ray actors; the gRPC wire stays
+free of pickles), and the Ray actor builds a ``torchrl``-kind server from them. The actor
+code is named there, inside the Ray worker, never imported by ``learner_client``.
+
 Ray is imported inside the methods only (the ``rlfleet[ray]`` extra), so ``learner_client``
-loads without it. The child dies with its Ray actor: it is started through
+loads without it; a fleet that needs it and does not find it raises an ``ImportError``
+naming the extra. The child dies with its Ray actor: it is started through
 :class:`LocalFleet`'s launcher, which sets ``PR_SET_PDEATHSIG`` before ``exec``, so the kernel
 kills the server when the Ray worker process dies, even by SIGKILL; a Ray actor restarted
 by Ray (``max_restarts``) starts a new server, on a new port, maybe on another node; a
@@ -17,6 +25,7 @@ collector given the fleet itself follows it there (:meth:`RayFleet.live_addresse
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import secrets
@@ -25,7 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
@@ -55,6 +65,28 @@ _CALL_MARGIN = 10.0
 _RESTART_SEED_BITS = 30
 #: Seconds :meth:`RayFleet.live_addresses` waits for the actors to answer.
 _LIVE_TIMEOUT = 2.0
+#: What to install for a fleet placed on Ray.
+RAY_EXTRA = "pip install 'rlfleet[ray]'"
+#: The actor side's package, which an in-process Ray actor imports by name on its node.
+_ACTOR_PACKAGE = "actor_service"
+
+
+def import_ray() -> Any:
+    """``ray``, or an ``ImportError`` naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"placing actors on Ray needs Ray, which is not installed ({exc}): {RAY_EXTRA}"
+        ) from exc
+    return ray
+
+
+def _incarnation_seed(ray: Any, seed: int | None) -> int | None:
+    """``seed``, or a fresh one for a Ray actor that Ray restarted (its envs must not replay)."""
+    if seed is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+        return secrets.randbits(_RESTART_SEED_BITS)
+    return seed
 
 
 class _ServerHost:
@@ -72,9 +104,7 @@ class _ServerHost:
 
         self.node_ip = ray.util.get_node_ip_address()
         self.host = host or self.node_ip
-        if seed is not None and ray.get_runtime_context().was_current_actor_reconstructed:
-            seed = secrets.randbits(_RESTART_SEED_BITS)
-        self.seed = seed
+        self.seed = seed = _incarnation_seed(ray, seed)
         if seed is not None:
             argv = [*argv, "--seed", str(seed)]
         python = argv[0] or sys.executable
@@ -137,12 +167,94 @@ class _ServerHost:
         return self.process.returncode
 
 
+class _InProcessHost:
+    """The body of each Ray actor of a fleet given callables: the actor server in-process.
+
+    ``argv`` is the server's command line as :class:`_ServerHost` takes it; its flags are
+    read by the actor side's own parser, then the env factory and the policy are set to the
+    objects Ray shipped here (``env_fn``: a callable or a TorchRL env; ``policy``: a
+    ``TensorDictModuleBase``, or None for the flags' policy). The actor side is imported
+    by name, here in the Ray worker. A server that fails to start is reported by
+    :meth:`ready`, with the traceback it raised on this node.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        host: str | None,
+        seed: int | None,
+        env_fn: Callable[..., Any],
+        policy: Any = None,
+    ) -> None:
+        import ray
+
+        self.node_ip = ray.util.get_node_ip_address()
+        self.host = host or self.node_ip
+        self.seed = seed = _incarnation_seed(ray, seed)
+        flags = [*argv[3:], "--host", self.host]
+        if seed is not None:
+            flags += ["--seed", str(seed)]
+        self.server: Any = None
+        self.failure = ""
+        try:
+            self.server = _serve_in_process(flags, env_fn, policy)
+        except BaseException as exc:  # reported by ready(), with this node's traceback
+            self.failure = (
+                f"{type(exc).__name__}: {exc}\nthe actor's traceback (on {self.node_ip}):\n"
+                f"{traceback.format_exc()}"
+            )
+
+    def ready(self, timeout: float) -> tuple[str, int, int, int]:
+        """``(host, port, pid, pid)``: the server and its Ray actor are one process."""
+        del timeout  # the server was started (or failed) in __init__
+        if self.server is None:
+            raise ActorUnavailableError(
+                f"actor server on {self.node_ip} failed to start: {self.failure}"
+            )
+        return self.host, int(self.server.port), os.getpid(), os.getpid()
+
+    def is_alive(self) -> bool:
+        """Whether the server was started and not stopped."""
+        return self.server is not None
+
+    def stderr_tail(self, max_bytes: int) -> str:
+        """Why the server failed to start, if it did (its log goes to the Ray worker's)."""
+        return self.failure[-max_bytes:]
+
+    def stop(self, grace_period: float) -> int:
+        """Stop the server (drain within ``grace_period``); 0."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop(grace_period)
+        return 0
+
+
+def _serve_in_process(flags: list[str], env_fn: Callable[..., Any], policy: Any) -> Any:
+    """Start a ``torchrl``-kind server from ``flags`` with in-memory factories; its thread."""
+    import dataclasses
+
+    import torch
+
+    actor = importlib.import_module(_ACTOR_PACKAGE)
+    config = actor.parse_config(flags)
+    config = dataclasses.replace(
+        config, env_pool=dataclasses.replace(config.env_pool, env_factory=env_fn)
+    )
+    if policy is not None:
+        spec = actor.ModelSpec(config.models[0].model_id, lambda env: policy)
+        config = dataclasses.replace(config, models=(spec, *config.models[1:]))
+    torch.set_num_threads(config.torch_threads)
+    return actor.create_server(config).run_in_thread()
+
+
 class RayFleet:
     """Place ``num_actors`` actor servers on a Ray cluster and stop them on exit.
 
     Takes :class:`LocalFleet`'s arguments (``kind``, env and policy factories,
     ``num_envs``, ``seed``, ``worker_ids``; the factories must be importable on every node)
-    and those of TorchRL's ``RayCollector`` that say where actors go.
+    and those of TorchRL's ``RayCollector`` that say where actors go. Or the script's own
+    callables (``create_env_fn``, and ``policy`` as a module), shipped to the nodes by Ray:
+    then each Ray actor serves a ``torchrl``-kind actor in-process, built from them.
 
     Args:
         num_actors: Actors to place; worker ids ``0..num_actors-1`` unless ``worker_ids``.
@@ -161,6 +273,13 @@ class RayFleet:
         host: Address each server binds; None: its node's IP (``ray.util.get_node_ip_address``).
         python: Interpreter that runs ``-m actor_service`` on the nodes; None: the Ray
             worker's own.
+        create_env_fn: The callable form: what builds each actor's envs, in memory (a
+            lambda, a closure, a TorchRL ``EnvBase`` copied for each env), one for every
+            actor or a sequence of one per actor; called with ``env_kwargs``. The actors
+            are of kind ``torchrl`` and serve in their Ray actor's process; ``policy`` may
+            then be a ``tensordict.nn.TensorDictModuleBase`` object (None: random actions;
+            a string: a factory as above). ``env``, ``env_factory`` and ``python`` are not
+            used.
 
     Example::
 
@@ -176,7 +295,7 @@ class RayFleet:
         num_actors: int,
         env: str = "CartPole-v1",
         num_envs: int = 8,
-        policy: str | None = None,
+        policy: str | Any = None,
         *,
         policy_kwargs: Mapping[str, Any] | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
@@ -194,8 +313,21 @@ class RayFleet:
         shutdown_ray: bool = False,
         host: str | None = None,
         python: str | None = None,
+        create_env_fn: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     ) -> None:
         _check_int("num_actors", num_actors, 1)
+        self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
+        self._policy_module = None if isinstance(policy, str | None) else policy
+        if self._env_fns is not None:
+            if kind == "llm":
+                raise ValueError("create_env_fn builds TorchRL envs: it cannot serve kind 'llm'")
+            kind = "torchrl"
+        elif self._policy_module is not None:
+            raise TypeError(
+                f"policy is a {type(policy).__name__}: a module object is shipped to the "
+                "actors with create_env_fn only; otherwise name a factory "
+                "('package.module:function')"
+            )
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_int("num_envs", num_envs, 1)
         if seed is not None:
@@ -217,7 +349,7 @@ class RayFleet:
         self._seed = seed
         flags = {
             "--num-envs": num_envs,
-            "--policy": policy or _DEFAULT_POLICY[kind],
+            "--policy": policy if isinstance(policy, str) and policy else _DEFAULT_POLICY[kind],
             "--policy-kwargs": json.dumps(to_plain(policy_kwargs or {})),
             "--grace-period": grace_period,
         }
@@ -251,11 +383,14 @@ class RayFleet:
         self._state = "running"
         try:
             ray = self._init_ray()
-            host_class = ray.remote(_ServerHost)
-            for worker_id, options in zip(self.worker_ids, self.remote_configs, strict=True):
-                self._handles[worker_id] = host_class.options(**options).remote(
-                    self._argv(worker_id), self.host, self._seed_of(worker_id)
-                )
+            host_class = ray.remote(_ServerHost if self._env_fns is None else _InProcessHost)
+            for i, (worker_id, options) in enumerate(
+                zip(self.worker_ids, self.remote_configs, strict=True)
+            ):
+                args: list[Any] = [self._argv(worker_id), self.host, self._seed_of(worker_id)]
+                if self._env_fns is not None:
+                    args += [self._env_fns[i], self._policy_module]
+                self._handles[worker_id] = host_class.options(**options).remote(*args)
             self._ready(list(self._handles))
         except BaseException:
             self.stop()
@@ -375,8 +510,7 @@ class RayFleet:
     # ------------------------------------------------------------ internals
 
     def _init_ray(self) -> Any:
-        import ray
-
+        ray = import_ray()
         if not ray.is_initialized():
             config = dict(self._ray_init_config)
             if config.get("address") is None:
@@ -430,6 +564,23 @@ def _await_death(ray: Any, handles: Sequence[Any], timeout: float) -> None:
             except (ray.exceptions.RayError, TimeoutError):  # dead, or no answer in time
                 break
             time.sleep(_POLL_INTERVAL)
+
+
+def _per_actor(
+    name: str, given: Callable[..., Any] | Sequence[Callable[..., Any]] | None, num_actors: int
+) -> list[Callable[..., Any]] | None:
+    """One callable per actor, from one for every actor or a sequence of one per actor."""
+    if given is None:
+        return None
+    listed = list(given) if isinstance(given, Sequence) else [given] * num_actors
+    if len(listed) != num_actors:
+        raise ValueError(
+            f"{name} must be one callable or {num_actors} (one per actor), got {len(listed)}"
+        )
+    for fn in listed:
+        if not callable(fn):
+            raise TypeError(f"{name} must hold callables or TorchRL envs, got {fn!r:.60}")
+    return listed
 
 
 def _extra_args(extra_args: Sequence[str]) -> list[str]:

@@ -206,7 +206,9 @@ class RolloutSettings:
         for name in ("max_frames_per_traj", "init_random_frames"):
             _set(self, name, _frames(name, getattr(self, name), endless=False))
         _set(self, "split_trajs", _optional_flag("split_trajs", self.split_trajs))
-        for name in ("reset_at_each_iter", "set_truncated", "fold_observations"):
+        # TorchRL's RayCollector example passes reset_at_each_iter=-False (the int 0).
+        _set(self, "reset_at_each_iter", _int_flag("reset_at_each_iter", self.reset_at_each_iter))
+        for name in ("set_truncated", "fold_observations"):
             _flag(name, getattr(self, name))
         _set(self, "exploration_type", normalize_exploration_type(self.exploration_type))
 
@@ -484,6 +486,13 @@ def _frames(name: str, value: object, *, endless: bool) -> int:
 def _optional_flag(name: str, value: object) -> bool:
     """A flag where None (a TorchRL default) means False."""
     return False if value is None else _flag(name, value)
+
+
+def _int_flag(name: str, value: object) -> bool:
+    """A flag also given as the int 0 or 1 (TorchRL reads it by truth), as a bool."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return _flag(name, value)
 
 
 def _flag(name: str, value: object) -> bool:

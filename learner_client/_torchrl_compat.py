@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -168,15 +168,21 @@ class TorchRLOnly:
     traj_format: object
 
 
-def check_no_effect(values: Mapping[str, object]) -> None:
+def check_no_effect(values: Mapping[str, object], warned: Collection[str] = ()) -> None:
     """Accept TorchRL's arguments that do nothing here; warn where a user would be surprised.
+
+    Args:
+        values: Each argument's value, by name.
+        warned: Names that warn too when given (None counts as not given), beyond those
+            :data:`NO_EFFECT` marks.
 
     Raises:
         KeyError: A name not in :data:`NO_EFFECT` (a bug in the caller).
     """
     for name, value in values.items():
         entry = NO_EFFECT[name]
-        if entry.warn and not _is_default(value, entry.default):
+        warn = entry.warn or (name in warned and value is not None)
+        if warn and not _is_default(value, entry.default):
             warnings.warn(
                 f"GrpcCollector: {name}={value!r:.60} has no effect over gRPC ({entry.reason})",
                 UserWarning,
@@ -190,15 +196,23 @@ def _is_default(value: object, default: object) -> bool:
     return type(value) is type(default) and value == default
 
 
-def check_torchrl_only(arguments: TorchRLOnly) -> None:
+def check_torchrl_only(
+    arguments: TorchRLOnly, *, with_effect: Collection[str] = (), warned: Collection[str] = ()
+) -> None:
     """Refuse complete-trajectory batches; accept the rest, warning where it should.
+
+    Args:
+        arguments: The arguments, by name.
+        with_effect: Names that do act in this form of the collector (RayCollector's
+            placement arguments when it places its own actors on Ray): not checked.
+        warned: Names that warn when given in this form (:func:`check_no_effect`).
 
     Raises:
         ValueError: As :func:`check_unsupported`.
     """
     values = {f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)}
     check_unsupported(values)
-    check_no_effect({name: values[name] for name in NO_EFFECT})
+    check_no_effect({n: values[n] for n in NO_EFFECT if n not in with_effect}, warned)
 
 
 def check_unsupported(values: Mapping[str, object]) -> None:
@@ -434,11 +448,20 @@ class ScriptEnv:
     Args:
         create_env_fn: TorchRL's argument: an env constructor, or a TorchRL env itself.
         create_env_kwargs: Keyword arguments of the constructor.
+        per_actor: Shape each actor's part as ``RayCollector`` does, each remote
+            collector's batch being its env's (RayCollector's drop-in form): the env
+            dimension of ``[..., envs, T]`` becomes the env's ``batch_size`` where the actor
+            steps as many envs, the actors' dimension (sync) stays; never warns.
     """
 
     def __init__(
-        self, create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
+        self,
+        create_env_fn: Callable[..., Any],
+        create_env_kwargs: Mapping[str, Any] | None,
+        *,
+        per_actor: bool = False,
     ) -> None:
+        self._per_actor = per_actor
         signature = env_signature(create_env_fn, create_env_kwargs)
         self._signature: dict[Any, Any] | None = signature.keys
         self._batch_size = signature.batch_size
@@ -457,6 +480,8 @@ class ScriptEnv:
         Only where the envs are as many as the script's env steps; otherwise unchanged.
         """
         size = self._batch_size
+        if self._per_actor:
+            return self._per_actor_shaped(batch)
         lead = tuple(batch.batch_size[:-1])
         if size is not None and math.prod(lead) != math.prod(size) and not self._warned:
             self._warned = True
@@ -466,6 +491,16 @@ class ScriptEnv:
         if not size:
             return batch[(0,) * len(lead)]
         return _reshape(batch, (*size, batch.batch_size[-1]))
+
+    def _per_actor_shaped(self, batch: Any) -> Any:
+        """``[..., envs, T]`` as ``[..., *env.batch_size, T]`` where the envs are as many."""
+        size, shape = self._batch_size, tuple(batch.batch_size)
+        if size is None or len(shape) < 2 or shape[-2] != math.prod(size) or shape[-2:-1] == size:
+            return batch
+        outer = shape[:-2]
+        if not size and not outer:
+            return batch[0]
+        return _reshape(batch, (*outer, *size, shape[-1]))
 
     def after_batch(self, batch: Any, workers: list[int], read_state: StateReader) -> None:
         """Check the first batch; load an actor's env state into the script's env.

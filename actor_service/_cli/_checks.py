@@ -37,8 +37,8 @@ def _check_importable(config: ActorConfig) -> None:
     """Import the module of each ``module:function`` factory of an env or TorchRL actor."""
     if config.kind == "llm":
         return  # its model specs name checkpoints (``rlfleet:tiny-qwen2``), not modules
-    specs = [("env_factory", config.env_factory)]
-    specs += [(f"model {m.model_id!r}", m.factory) for m in config.models if ":" in m.factory]
+    specs = [("env_factory", config.env_factory)] if isinstance(config.env_factory, str) else []
+    specs += [(f"model {m.model_id!r}", m.path) for m in config.models if ":" in m.path]
     for what, spec in specs:
         module = spec.partition(":")[0]
         if not module:

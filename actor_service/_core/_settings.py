@@ -10,9 +10,10 @@ imports nothing of ``actor_service``, so the config that composes the sections s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EnvPoolSettings", "env_name"]
+__all__ = ["EnvPoolSettings", "factory_name", "env_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,10 @@ class EnvPoolSettings:
         env: A registered gymnasium id, used when ``env_factory`` is empty.
         env_kwargs: Keyword arguments for ``gymnasium.make`` or the factory.
         env_factory: ``"package.module:function"`` returning a gymnasium ``Env`` (kind
-            ``"env"``) or a ``torchrl.envs.EnvBase`` (kind ``"torchrl"``).
+            ``"env"``) or a ``torchrl.envs.EnvBase`` (kind ``"torchrl"``). A server built
+            in-process (``create_server``) of kind ``"torchrl"`` also takes the callable
+            itself (a lambda, a closure) or a ``torchrl.envs.EnvBase`` (each env of the pool
+            a deep copy of it); the command line and its variables take import paths only.
         env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context);
             kind ``"torchrl"``: a ``SerialEnv`` or a ``ParallelEnv`` of the envs.
         step_timeout: Seconds an async env step may take before it counts as hung.
@@ -34,11 +38,27 @@ class EnvPoolSettings:
 
     env: str = "CartPole-v1"
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    env_factory: str = ""
+    env_factory: str | Callable[..., Any] = ""
     env_backend: str = "sync"
     step_timeout: float = 30.0
 
 
 def env_name(pool: EnvPoolSettings) -> str:
-    """The env's name for logs and ``describe``: the factory string or the gymnasium id."""
-    return pool.env_factory or pool.env
+    """The env's name for logs and ``describe``: the factory's or the gymnasium id.
+
+    A factory given as an import path is named by it; one given in memory by its
+    ``<qualname>`` (``<lambda>``, ``<GymEnv>``).
+    """
+    return factory_name(pool.env_factory) or pool.env
+
+
+def factory_name(factory: str | Callable[..., Any]) -> str:
+    """How messages and ``describe`` name a factory: its import path, or an in-memory one's.
+
+    A callable given in memory (a lambda, a closure, an object such as a TorchRL env) is
+    named ``<qualname>``: ``<lambda>``, ``<make_env.<locals>.make>``, ``<GymEnv>``.
+    """
+    if isinstance(factory, str):
+        return factory
+    name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+    return name if name.startswith("<") else f"<{name}>"

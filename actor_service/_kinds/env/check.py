@@ -24,7 +24,7 @@ def check(config: ActorConfig) -> None:
         ValueError: The reason, naming the env or the model and the offending keys; an env
             factory that returns a TorchRL env names ``--kind torchrl``.
     """
-    custom = [spec for spec in config.models if ":" in spec.factory]
+    custom = [spec for spec in config.models if ":" in spec.path]
     if not custom and not config.env_factory:
         return  # gymnasium.make's env, and built-ins that read observations only
     from actor_service._core._settings import env_name
@@ -66,7 +66,7 @@ def _check_policies(custom: list[ModelSpec], spaces: tuple[Any, Any]) -> None:
 
     for spec in custom:
         try:
-            module = make_policy(spec.factory, *spaces, **from_plain(spec.kwargs))
+            module = make_policy(spec.path, *spaces, **from_plain(spec.kwargs))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
         missing = unsupplied_keys(module) if isinstance(module, TensorDictModuleBase) else []

@@ -258,7 +258,7 @@ class ModelRegistry(ModelBook[_Model]):
             _check_id(spec.model_id, models)
             try:
                 module = make_policy(
-                    spec.factory, observation_space, action_space, **from_plain(spec.kwargs)
+                    spec.path, observation_space, action_space, **from_plain(spec.kwargs)
                 )
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"model {spec.model_id!r}: {exc}") from exc

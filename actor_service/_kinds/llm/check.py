@@ -40,7 +40,7 @@ def _check_lora(config: ActorConfig) -> None:
     from common.llm import apply_lora
 
     assert config.lora is not None
-    model = _skeleton(config.models[0].factory, dict(config.models[0].kwargs))
+    model = _skeleton(config.models[0].path, dict(config.models[0].kwargs))
     linear = {n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     with torch.device("meta"):
         wrapped = apply_lora(model, config.lora)
@@ -81,14 +81,14 @@ def _check_vllm(config: ActorConfig) -> None:
     options = VLLMOptions(
         config.gpu_memory_utilization, config.max_model_len, config.enable_prefix_caching
     )
-    if spec.factory.startswith("hf:"):  # not loaded here: vLLM reads its configuration
+    if spec.path.startswith("hf:"):  # not loaded here: vLLM reads its configuration
         dtype = kwargs["dtype"]
         dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"--policy-kwargs: dtype {kwargs['dtype']!r} is not a torch dtype")
-        check_checkpoint(spec.factory[3:], dtype, options)
+        check_checkpoint(spec.path[3:], dtype, options)
         return
-    model, _ = build_policy(spec.factory, **kwargs)  # a built-in model: small, built at once
+    model, _ = build_policy(spec.path, **kwargs)  # a built-in model: small, built at once
     with tempfile.TemporaryDirectory(prefix="rlfleet-vllm-check-") as path:
         model.config.save_pretrained(path)
         check_checkpoint(path, model.dtype, options)

@@ -261,11 +261,11 @@ def _build_models(config: ActorConfig, device: torch.device, seed: int) -> LLMMo
     """The model of ``config.engine``: our decode loop's, or one served by vLLM."""
     spec = config.models[0]
     if config.engine != "vllm":
-        return LLMModels(spec.factory, spec.kwargs, device, config.lora, decode=config.decode)
+        return LLMModels(spec.path, spec.kwargs, device, config.lora, decode=config.decode)
     from actor_service._kinds.llm.vllm_engine import VLLMOptions
     from actor_service._kinds.llm.vllm_models import VLLMModels
 
     options = VLLMOptions(
         config.gpu_memory_utilization, config.max_model_len, config.enable_prefix_caching
     )
-    return VLLMModels(spec.factory, spec.kwargs, device, options, seed, config.lora)
+    return VLLMModels(spec.path, spec.kwargs, device, options, seed, config.lora)

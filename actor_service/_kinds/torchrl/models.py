@@ -26,6 +26,7 @@ from torch import nn
 from actor_service._config import ModelSpec
 from actor_service._core._model_book import ModelBook
 from actor_service._core._placement import CompiledForward
+from actor_service._core._settings import factory_name
 from common.plain_config import from_plain
 from common.policies import load_callable
 from common.weights import to_state_dict
@@ -40,7 +41,8 @@ class TDModel:
     """One model: the module holding its weights, how it acts, its version and lock.
 
     Args:
-        factory: What built it (``"random"`` or ``"package.module:function"``), for messages.
+        factory: What built it (``"random"``, ``"package.module:function"`` or the name of
+            an in-memory factory), for messages.
         module: The ``nn.Module`` whose ``state_dict()`` (buffers included) is its weights.
         act: Called on the rollout's TensorDict; writes the action and any other outputs.
     """
@@ -70,28 +72,30 @@ def check_td_factory(spec: ModelSpec) -> None:
 def build_td_model(spec: ModelSpec, env: Any, rand_action: Act, device: torch.device) -> TDModel:
     """A model of a TorchRL-env actor: ``random`` acts by ``rand_action``, a factory gets ``env``.
 
+    The factory is an import path or, in an in-process server, the callable itself.
+
     Raises:
         ValueError: ``mlp``, an unimportable factory, one that raises or returns no
             ``TensorDictModuleBase`` (naming the model and the factory).
     """
     check_td_factory(spec)
+    name = factory_name(spec.factory)
     if spec.factory == "random":  # TorchRL's RandomPolicy draws from the action spec alike
-        return TDModel(spec.factory, nn.Module(), rand_action)
-    factory = load_callable(spec.factory)
+        return TDModel(name, nn.Module(), rand_action)
+    factory = spec.factory if callable(spec.factory) else load_callable(spec.factory)
     try:
         module = factory(env, **from_plain(spec.kwargs))
     except Exception as exc:
         raise ValueError(
-            f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "
-            f"{type(exc).__name__}: {exc}"
+            f"model {spec.model_id!r}: policy factory {name!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(module, TensorDictModuleBase):
         raise ValueError(
-            f"model {spec.model_id!r}: policy factory {spec.factory!r} returned a "
+            f"model {spec.model_id!r}: policy factory {name!r} returned a "
             f"{type(module).__name__}, not a tensordict.nn.TensorDictModuleBase"
         )
     module = module.to(device)
-    return TDModel(spec.factory, module, module)
+    return TDModel(name, module, module)
 
 
 class TDModels(ModelBook[TDModel]):

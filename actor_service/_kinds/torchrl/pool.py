@@ -17,6 +17,7 @@ only, so an actor of another kind never loads it.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -55,9 +56,19 @@ def torchrl_envs() -> Any:
 
 
 def _env_maker(config: ActorConfig) -> Callable[[], Any]:
-    # A partial of an importable callable pickles by reference (ParallelEnv's workers).
-    if config.env_factory:
-        return functools.partial(load_callable(config.env_factory), **from_plain(config.env_kwargs))
+    """What builds one env: the factory (an import path, or in memory), or ``GymEnv``.
+
+    A partial of an importable callable pickles by reference (ParallelEnv's workers); an
+    in-memory one by value (TorchRL wraps it in ``EnvCreator``). An env object given as the
+    factory (in-process servers) is deep-copied for each env of the pool.
+    """
+    factory = config.env_factory
+    if isinstance(factory, torchrl_envs().EnvBase):
+        return functools.partial(copy.deepcopy, factory)
+    if callable(factory):
+        return functools.partial(factory, **from_plain(config.env_kwargs))
+    if factory:
+        return functools.partial(load_callable(factory), **from_plain(config.env_kwargs))
     return functools.partial(torchrl_envs().GymEnv, config.env, **from_plain(config.env_kwargs))
 
 

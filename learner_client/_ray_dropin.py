@@ -1,0 +1,208 @@
+"""TorchRL ``RayCollector``'s own arguments, read as a fleet to place: the drop-in form.
+
+A script written for ``RayCollector(create_env_fn=[...], policy=..., num_collectors=N,
+ray_init_config=..., remote_configs=..., ...)`` keeps its line with ``GrpcCollector`` in its
+place and no addresses: :func:`ray_fleet_of` reads what those arguments say about the actors
+into one :class:`~learner_client._ray_fleet.RayFleet` of the callable form (the script's
+callables shipped by Ray, one ``torchrl``-kind actor per collector), which the collector then
+owns like any fleet given to it: started at construction, stopped at ``shutdown()``.
+
+RayCollector's rules are kept: ``create_env_fn``, ``collector_kwargs`` and
+``remote_configs`` are each one value for every collector or a list of one per collector
+(``num_collectors`` long when given, else as long as the lists); ``remote_configs`` defaults
+to RayCollector's ``{"num_cpus": 1, "num_gpus": 0.2 (with CUDA), "memory": 2 GiB}``, and
+``ray_init_config`` goes to ``ray.init`` (none: a running cluster Ray finds by itself, or a
+local one). Each remote collector steps ``num_workers_per_collector`` copies of its env: an
+actor with as many envs, in-process (a ``SerialEnv``) for TorchRL's ``Collector`` and in
+subprocesses (a ``ParallelEnv``) for ``MultiSyncCollector`` / ``MultiAsyncCollector``
+(``"single"``, ``"sync"``, ``"async"`` alike). RayCollector overwrites the keys of
+``collector_kwargs`` that its own arguments set (devices, frames, rollout knobs), so they do
+nothing here either; any other key has no effect and warns once, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict.nn import TensorDictModuleBase
+
+from learner_client._ray_fleet import RayFleet, import_ray
+
+__all__ = ["RAY_ARGUMENTS", "RAY_WARNED", "RayPlacement", "ray_fleet_of"]
+
+#: TorchRL's arguments that place the actors in the drop-in form (no effect otherwise).
+RAY_ARGUMENTS = frozenset(
+    {
+        "num_collectors",
+        "collector_class",
+        "collector_kwargs",
+        "num_workers_per_collector",
+        "ray_init_config",
+        "remote_configs",
+        "create_env_kwargs",
+    }
+)
+#: RayCollector's arguments that warn in the drop-in form when given (no effect there).
+RAY_WARNED = frozenset({"trust_policy", "use_env_creator", "no_cuda_sync"})
+#: RayCollector's ``remote_configs`` when none are given (``DEFAULT_REMOTE_CLASS_CONFIG``).
+_GIB = 1024**3
+#: The keys of ``collector_kwargs`` RayCollector overwrites with its own arguments.
+_OVERWRITTEN = frozenset(
+    {
+        "device",
+        "storing_device",
+        "env_device",
+        "policy_device",
+        "frames_per_batch",
+        "max_frames_per_traj",
+        "init_random_frames",
+        "reset_at_each_iter",
+        "exploration_type",
+        "split_trajs",
+        "trust_policy",
+        "no_cuda_sync",
+        "policy_factory",
+        "worker_idx",
+    }
+)
+#: ``collector_class`` by name: whether its envs run in subprocesses (a ``ParallelEnv``).
+_PARALLEL = {"single": False, "sync": True, "async": True}
+_SERIAL_CLASSES = ("Collector", "SyncDataCollector")
+_PARALLEL_CLASSES = ("MultiSyncCollector", "MultiAsyncCollector", "MultiCollector")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayPlacement:
+    """RayCollector's arguments that say which actors to place and where (all by name)."""
+
+    create_env_fn: Any
+    create_env_kwargs: Mapping[str, Any] | None
+    policy: Any
+    num_collectors: int | None
+    collector_class: Any
+    collector_kwargs: Any
+    num_workers_per_collector: int
+    ray_init_config: Mapping[str, Any] | None
+    remote_configs: Any
+
+
+def ray_fleet_of(placement: RayPlacement) -> RayFleet:
+    """The fleet RayCollector's arguments describe (not started: the collector starts it).
+
+    Raises:
+        ImportError: Ray is not installed (naming ``rlfleet[ray]``).
+        ValueError: Lists of another length than ``num_collectors`` or than each other.
+        TypeError: A policy that is not a ``TensorDictModuleBase``; an unknown
+            ``collector_class``.
+    """
+    import_ray()
+    env_fns, kwargs, configs = _per_collector(placement)
+    _warn_collector_kwargs(kwargs)
+    policy = placement.policy
+    if policy is not None and not isinstance(policy, TensorDictModuleBase):
+        raise TypeError(
+            f"policy is a {type(policy).__name__}: the actors placed on Ray act with a "
+            "tensordict.nn.TensorDictModuleBase; wrap it: TensorDictModule(module, "
+            "in_keys=['observation'], out_keys=['action'])"
+        )
+    parallel = _parallel(placement.collector_class)
+    return RayFleet(
+        len(env_fns),
+        num_envs=placement.num_workers_per_collector,
+        policy=policy,
+        env_kwargs=placement.create_env_kwargs,
+        create_env_fn=env_fns,
+        extra_args=["--env-backend", "async" if parallel else "sync"],
+        ray_init_config=placement.ray_init_config,
+        remote_configs=configs,
+    )
+
+
+def script_env_fn(create_env_fn: Any) -> Any:
+    """The env the learner checks batches against: the first of a list, else as given."""
+    if isinstance(create_env_fn, list | tuple):
+        return create_env_fn[0] if create_env_fn else None
+    return create_env_fn
+
+
+def _per_collector(
+    placement: RayPlacement,
+) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """``create_env_fn``, ``collector_kwargs`` and ``remote_configs``, one per collector."""
+    configs = placement.remote_configs
+    values = {
+        "create_env_fn": placement.create_env_fn,
+        "collector_kwargs": placement.collector_kwargs or {},
+        "remote_configs": _default_remote_config() if configs is None else configs,
+    }
+    count = placement.num_collectors
+    lengths = {name: len(v) for name, v in values.items() if isinstance(v, list | tuple)}
+    if count is not None:
+        wrong = {name: n for name, n in lengths.items() if n != count}
+        if wrong:
+            raise ValueError(f"num_collectors is {count}, but these lists are not: {wrong}")
+    elif len(set(lengths.values())) > 1:
+        raise ValueError(
+            f"create_env_fn, collector_kwargs and remote_configs are lists of different "
+            f"lengths: {lengths}"
+        )
+    else:
+        count = next(iter(lengths.values()), 1)
+    if count < 1:
+        raise ValueError(f"num_collectors must be >= 1, got {count}")
+    listed = {
+        name: list(v) if isinstance(v, list | tuple) else [v] * count for name, v in values.items()
+    }
+    return (
+        listed["create_env_fn"],
+        [dict(k) for k in listed["collector_kwargs"]],
+        [dict(c) for c in listed["remote_configs"]],
+    )
+
+
+def _default_remote_config() -> dict[str, Any]:
+    """RayCollector's ``DEFAULT_REMOTE_CLASS_CONFIG`` (its ``None`` left out, as Ray's default)."""
+    config: dict[str, Any] = {"num_cpus": 1, "memory": 2 * _GIB}
+    if torch.cuda.is_available():
+        config["num_gpus"] = 0.2
+    return config
+
+
+def _parallel(collector_class: Any) -> bool:
+    """Whether a remote collector of ``collector_class`` steps its envs in subprocesses."""
+    if collector_class is None:
+        return False
+    if isinstance(collector_class, str):
+        if collector_class not in _PARALLEL:
+            raise TypeError(
+                f"collector_class {collector_class!r} is none of {sorted(_PARALLEL)} "
+                "nor a TorchRL collector class"
+            )
+        return _PARALLEL[collector_class]
+    names = [cls.__name__ for cls in getattr(collector_class, "__mro__", ())]
+    for name in names:  # the nearest TorchRL collector class it derives from
+        if name in _PARALLEL_CLASSES:
+            return True
+        if name in _SERIAL_CLASSES:
+            return False
+    raise TypeError(
+        f"collector_class must be a TorchRL collector class (Collector, MultiSyncCollector, "
+        f"MultiAsyncCollector or a subclass) or one of {sorted(_PARALLEL)}, "
+        f"got {collector_class!r:.60}"
+    )
+
+
+def _warn_collector_kwargs(kwargs: Sequence[Mapping[str, Any]]) -> None:
+    """Warn once per key of ``collector_kwargs`` that has no effect on the actors."""
+    keys = sorted({str(key) for one in kwargs for key in one} - _OVERWRITTEN)
+    for key in keys:
+        warnings.warn(
+            f"GrpcCollector: collector_kwargs[{key!r}] has no effect on the actors placed on "
+            "Ray (each steps its envs as TorchRL's Collector; the fleet's own settings rule)",
+            UserWarning,
+            stacklevel=4,
+        )
