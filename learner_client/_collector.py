@@ -66,20 +66,6 @@ log = logging.getLogger("learner_client")
 _DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
-def _place_on_ray(placement: RayPlacement) -> ActorFleet:
-    """The fleet of RayCollector's drop-in form (no actors given), from its arguments.
-
-    Raises:
-        TypeError: Neither actors nor ``create_env_fn`` given.
-    """
-    if placement.create_env_fn is None:
-        raise TypeError(
-            "GrpcCollector needs the actors (their addresses or a fleet), or RayCollector's "
-            "create_env_fn (with policy, num_collectors, ...) to place its own on Ray"
-        )
-    return ray_fleet_of(placement)
-
-
 class _State(enum.Enum):
     READY = "ready"  # actors described, no session open yet
     RUNNING = "running"
@@ -255,7 +241,7 @@ class GrpcCollector:
         check_positional(actors, positional)  # TorchRL's (create_env_fn, policy): keywords
         on_ray = actors is None  # RayCollector's drop-in form: its own fleet, placed on Ray
         if on_ray:
-            actors = _place_on_ray(
+            actors = ray_fleet_of(
                 RayPlacement(
                     create_env_fn=create_env_fn,
                     create_env_kwargs=create_env_kwargs,

@@ -96,9 +96,14 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
     Raises:
         ImportError: Ray is not installed (naming ``rlfleet[ray]``).
         ValueError: Lists of another length than ``num_collectors`` or than each other.
-        TypeError: A policy that is not a ``TensorDictModuleBase``; an unknown
-            ``collector_class``.
+        TypeError: No ``create_env_fn`` (and no actors given to the collector); a policy
+            that is not a ``TensorDictModuleBase``; an unknown ``collector_class``.
     """
+    if placement.create_env_fn is None:
+        raise TypeError(
+            "GrpcCollector needs the actors (their addresses or a fleet), or RayCollector's "
+            "create_env_fn (with policy, num_collectors, ...) to place its own on Ray"
+        )
     import_ray()
     env_fns, kwargs, configs = _per_collector(placement)
     _warn_collector_kwargs(kwargs)

@@ -318,24 +318,10 @@ class RayFleet:
         _check_int("num_actors", num_actors, 1)
         self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
         self._policy_module = None if isinstance(policy, str | None) else policy
-        if self._env_fns is not None:
-            if kind == "llm":
-                raise ValueError("create_env_fn builds TorchRL envs: it cannot serve kind 'llm'")
-            kind = "torchrl"
-        elif self._policy_module is not None:
-            raise TypeError(
-                f"policy is a {type(policy).__name__}: a module object is shipped to the "
-                "actors with create_env_fn only; otherwise name a factory "
-                "('package.module:function')"
-            )
+        kind = _kind_of(kind, self._env_fns is not None, self._policy_module)
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_int("num_envs", num_envs, 1)
-        if seed is not None:
-            _check_int("seed", seed, 0)
-        if not start_timeout > 0:
-            raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
-        if not grace_period >= 0:
-            raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
+        _check_numbers(start_timeout, grace_period, seed)
         if kind not in _DEFAULT_POLICY:
             raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
         self.num_actors = num_actors
@@ -564,6 +550,30 @@ def _await_death(ray: Any, handles: Sequence[Any], timeout: float) -> None:
             except (ray.exceptions.RayError, TimeoutError):  # dead, or no answer in time
                 break
             time.sleep(_POLL_INTERVAL)
+
+
+def _kind_of(kind: str, callable_form: bool, policy_module: Any) -> str:
+    """The actors' kind: ``torchrl`` in the callable form, where a policy module may go."""
+    if callable_form:
+        if kind == "llm":
+            raise ValueError("create_env_fn builds TorchRL envs: it cannot serve kind 'llm'")
+        return "torchrl"
+    if policy_module is not None:
+        raise TypeError(
+            f"policy is a {type(policy_module).__name__}: a module object is shipped to the "
+            "actors with create_env_fn only; otherwise name a factory "
+            "('package.module:function')"
+        )
+    return kind
+
+
+def _check_numbers(start_timeout: float, grace_period: float, seed: int | None) -> None:
+    if seed is not None:
+        _check_int("seed", seed, 0)
+    if not start_timeout > 0:
+        raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
+    if not grace_period >= 0:
+        raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
 
 
 def _per_actor(
