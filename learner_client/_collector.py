@@ -194,7 +194,7 @@ class GrpcCollector:
         weight_push: WeightPushSettings | None = None,
         policy: nn.Module | None = None,
         push_policy_changes: bool = True,
-        create_env_fn: Callable[..., Any] | None = None,
+        create_env_fn: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
         create_env_kwargs: dict[str, Any] | None = None,
         policy_device: Any = None,
         env_device: Any = None,
