@@ -160,18 +160,8 @@ class LocalFleet:
     ) -> None:
         _check_int("num_actors", num_actors, 1)
         self.worker_ids = _worker_ids(num_actors, worker_ids)
-        _check_int("num_envs", num_envs, 1)
-        if seed is not None:
-            _check_int("seed", seed, 0)
-        if not start_timeout > 0:
-            raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
-        if not grace_period >= 0:
-            raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
-        if kind not in _DEFAULT_POLICY:
-            raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
+        _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
         policy = policy or _DEFAULT_POLICY[kind]
-        if isinstance(extra_args, str):
-            raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
         self.num_actors = num_actors
         self.host = host
         self.start_timeout = float(start_timeout)
@@ -439,6 +429,28 @@ def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:
     if len(ids) != num_actors or len(set(ids)) != len(ids):
         raise ValueError(f"worker_ids must be {num_actors} distinct ints, got {ids}")
     return ids
+
+
+def _check_fleet_args(
+    num_envs: int,
+    seed: int | None,
+    start_timeout: float,
+    grace_period: float,
+    kind: str,
+    extra_args: Sequence[str],
+) -> None:
+    """The checks of the arguments every fleet takes (``LocalFleet``'s and ``RayFleet``'s)."""
+    _check_int("num_envs", num_envs, 1)
+    if seed is not None:
+        _check_int("seed", seed, 0)
+    if not start_timeout > 0:
+        raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
+    if not grace_period >= 0:
+        raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
+    if kind not in _DEFAULT_POLICY:
+        raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
+    if isinstance(extra_args, str):
+        raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
 
 
 def _check_int(name: str, value: object, low: int) -> None:

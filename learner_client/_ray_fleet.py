@@ -48,6 +48,7 @@ from learner_client._local_fleet import (
     _POLL_INTERVAL,
     _READY_RE,
     _TAIL_BYTES,
+    _check_fleet_args,
     _check_int,
     _env_flags,
     _head,
@@ -320,10 +321,7 @@ class RayFleet:
         self._policy_module = None if isinstance(policy, str | None) else policy
         kind = _kind_of(kind, self._env_fns is not None, self._policy_module)
         self.worker_ids = _worker_ids(num_actors, worker_ids)
-        _check_int("num_envs", num_envs, 1)
-        _check_numbers(start_timeout, grace_period, seed)
-        if kind not in _DEFAULT_POLICY:
-            raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
+        _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
         self.num_actors = num_actors
         self.start_timeout = float(start_timeout)
         self.grace_period = float(grace_period)
@@ -345,7 +343,7 @@ class RayFleet:
             flags |= _env_flags(env, env_kwargs, env_factory)
         flags["--kind"] = kind
         self._common_args = [str(part) for flag in flags.items() for part in flag]
-        self._extra_args = _extra_args(extra_args)
+        self._extra_args = list(extra_args)
         self._handles: dict[int, Any] = {}
         self._owns_ray = False
         self._state = "new"
@@ -567,15 +565,6 @@ def _kind_of(kind: str, callable_form: bool, policy_module: Any) -> str:
     return kind
 
 
-def _check_numbers(start_timeout: float, grace_period: float, seed: int | None) -> None:
-    if seed is not None:
-        _check_int("seed", seed, 0)
-    if not start_timeout > 0:
-        raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
-    if not grace_period >= 0:
-        raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
-
-
 def _per_actor(
     name: str, given: Callable[..., Any] | Sequence[Callable[..., Any]] | None, num_actors: int
 ) -> list[Callable[..., Any]] | None:
@@ -591,12 +580,6 @@ def _per_actor(
         if not callable(fn):
             raise TypeError(f"{name} must hold callables or TorchRL envs, got {fn!r:.60}")
     return listed
-
-
-def _extra_args(extra_args: Sequence[str]) -> list[str]:
-    if isinstance(extra_args, str):
-        raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
-    return list(extra_args)
 
 
 def _remote_configs(
