@@ -10,10 +10,12 @@ between measurements while this process, with torch imported, lives on):
   ``{"frames_per_s", "rx_bytes_per_s", "tx_bytes_per_s", "cpu_busy"}``: the bytes counted
   by this host's ``eth0`` (its whole link, headers included) over the timed window, and
   the share of the whole machine's CPU time that was busy meanwhile (every process);
-- ``{"op": "push", "targets": [...], "hidden": h, "counts": [1, 2, ...]}``: one timed
+- ``{"op": "push", "targets": [...], "hidden": h, "counts": [1, 2, ...], "relay": [false,
+  true]}``: for each route (each actor sent the bytes, or relayed down a chain), one timed
   ``update_policy_weights_`` of the ``"mlp"`` CartPole policy (two hidden layers of
   ``h``) to the first ``c`` actors, for every ``c`` (after one untimed warm-up push to
-  all). Answers ``{"bytes", "seconds": {c: s}, "tx_bytes": {c: n}}``;
+  all). Answers ``{"bytes", "direct" | "relayed": {"seconds": {c: s}, "tx_bytes": {c: n},
+  "fallbacks": n}}``;
 - ``{"op": "quit"}``.
 """
 
@@ -88,22 +90,40 @@ def collect(cmd: dict[str, Any]) -> dict[str, float]:
 def push(cmd: dict[str, Any]) -> dict[str, Any]:
     """Time pushes of a 2-layer MLP to the first ``c`` actors (see the module docstring)."""
     import gymnasium
-    import torch
 
     from common.policies import make_policy
-    from learner_client import GrpcCollector
 
     env = gymnasium.make("CartPole-v1")
     hidden = int(cmd["hidden"])
     policy = make_policy("mlp", env.observation_space, env.action_space, hidden=(hidden, hidden))
     nbytes = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
-    targets = list(cmd["targets"])
-    out: dict[str, Any] = {"bytes": nbytes, "seconds": {}, "tx_bytes": {}}
+    out: dict[str, Any] = {"bytes": nbytes}
+    for relay in cmd.get("relay", [False]):
+        out[_route(relay)] = _timed_pushes(policy, list(cmd["targets"]), cmd["counts"], relay)
+    return out
+
+
+def _route(relay: bool) -> str:
+    return "relayed" if relay else "direct"
+
+
+def _timed_pushes(policy: Any, targets: list[str], counts: list[int], relay: bool) -> dict:
+    """Seconds and learner bytes sent per push to the first ``c`` actors, for each ``c``."""
+    import torch
+
+    from learner_client import GrpcCollector, WeightPushSettings
+
+    out: dict[str, Any] = {"seconds": {}, "tx_bytes": {}, "fallbacks": 0}
     with GrpcCollector(
-        targets, frames_per_batch=2 * len(targets), total_frames=-1, call_timeout=600.0
+        targets,
+        frames_per_batch=2 * len(targets),
+        total_frames=-1,
+        call_timeout=600.0,
+        # The bed's hosts share this machine's /dev/shm; real hosts would not.
+        weight_push=WeightPushSettings(shared_memory=False, relay=relay),
     ) as coll:
         coll.update_policy_weights_(policy)  # warm-up, not timed: channels, buffers
-        for count in cmd["counts"]:
+        for count in counts:
             with torch.no_grad():
                 next(policy.parameters()).add_(1e-3)  # a push nobody may skip
             _, tx0 = link_bytes()
@@ -111,6 +131,7 @@ def push(cmd: dict[str, Any]) -> dict[str, Any]:
             coll.update_policy_weights_(policy, worker_ids=coll.worker_ids[: int(count)])
             out["seconds"][str(count)] = time.perf_counter() - start
             out["tx_bytes"][str(count)] = link_bytes()[1] - tx0
+        out["fallbacks"] = coll.stats()["relay_fallbacks"]
     return out
 
 

@@ -9,8 +9,11 @@ Systems, all in this one run, each holding 2 workers with that policy:
   to safetensors, write the blob once into a shared-memory segment both actors
   read (they share this host), wait until both applied it;
 - rlfleet bytes: the same push to 2 other actors with
-  ``WeightPushSettings(shared_memory=False)``: the blob streamed in chunks over gRPC to
-  each actor (the path across hosts);
+  ``WeightPushSettings(shared_memory=False, relay=False)``: the blob streamed in chunks
+  over gRPC to each actor;
+- rlfleet relayed: the same to 2 other actors with ``WeightPushSettings(shared_memory=False)``:
+  the blob streamed once, to the first actor, which forwards it to the second as it
+  arrives (the path across hosts; blobs of 8 MiB or more);
 - TorchRL ``MultiSyncCollector.update_policy_weights_`` (its default CPU
   scheme, shared memory: the learner's parameters *are* the workers' buffers,
   so a push is a signal plus an ack and moves no bytes);
@@ -147,6 +150,17 @@ def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool
                 bytes_fleet.addresses,
                 sync=False,
                 frames_per_batch=16,
+                weight_push=WeightPushSettings(shared_memory=False, relay=False),
+            )
+        )
+        relay_fleet = stack.enter_context(
+            _rlfleet.fleet(args.actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
+        )
+        relay_coll = stack.enter_context(
+            _rlfleet.collector(
+                relay_fleet.addresses,
+                sync=False,
+                frames_per_batch=16,
                 weight_push=WeightPushSettings(shared_memory=False),
             )
         )
@@ -159,6 +173,7 @@ def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool
         systems: dict[str, Callable[[], Any]] = {
             "rlfleet": lambda: coll.update_policy_weights_(policy),
             "rlfleet bytes": lambda: bytes_coll.update_policy_weights_(policy),
+            "rlfleet relayed": lambda: relay_coll.update_policy_weights_(policy),
             "torchrl multisync": lambda: trl.update_policy_weights_(policy),
             "raw loopback": lambda: rx.transfer(payload),
         }
@@ -187,11 +202,20 @@ def record(
     report.ratio(
         f"{size} rlfleet bytes/raw loopback", f"{size} rlfleet bytes", f"{size} raw loopback"
     )
+    relayed = report.ratio(
+        f"{size} rlfleet relayed/raw loopback", f"{size} rlfleet relayed", f"{size} raw loopback"
+    )
     report.ratio(
         f"{size} rlfleet/torchrl multisync", f"{size} rlfleet", f"{size} torchrl multisync"
     )
     if size == "25M" or args.quick:
         report.target(f"{size}: rlfleet push <= 2x raw loopback", raw, 2.0, higher_is_better=False)
+        report.target(
+            f"{size}: rlfleet relayed push <= 3x raw loopback",
+            relayed,
+            3.0,
+            higher_is_better=False,
+        )
     if with_ray:
         vs_ray = report.ratio(
             f"{size} rlfleet/torchrl ray", f"{size} rlfleet", f"{size} torchrl ray"

@@ -47,6 +47,7 @@ __all__ = [
     "EnvError",
     "InternalError",
     "PacketTooLargeError",
+    "PermissionDeniedError",
     "ProtocolError",
     "RlfleetError",
     "SequenceConflictError",
@@ -207,6 +208,12 @@ class AuthenticationError(RlfleetError, PermissionError):
     """Credentials are missing or wrong."""
 
     status_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(AuthenticationError):
+    """The caller is known but may not do this (a relay ticket the learner did not name)."""
+
+    status_code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class DataLossError(RlfleetError, OSError):

@@ -35,6 +35,7 @@ from learner_client._link import ActorLink, Admit, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
+from learner_client._relay import RelayRoute
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._shm import ShmRefusedError, ShmRoute
 from learner_client._slabs import PacketSlabs
@@ -44,6 +45,7 @@ from learner_client._transport import (
     ActorDescription,
     PushMessages,
     PushReply,
+    RelayFailedError,
     push_messages,
     shm_messages,
 )
@@ -91,6 +93,7 @@ class Fleet:
         slabs: The shared slabs each actor's batches are received into.
         ranks: Which actors this learner rank owns (default: every one).
         shm: Which actors share this host; pushes to them travel through shared memory.
+        relay: Which pushes to remote actors travel down a chain of actors.
     """
 
     conn: ConnectionSettings
@@ -104,6 +107,7 @@ class Fleet:
     slabs: PacketSlabs
     ranks: Ranks = dataclasses.field(default_factory=Ranks)
     shm: ShmRoute = dataclasses.field(default_factory=ShmRoute)
+    relay: RelayRoute = dataclasses.field(default_factory=RelayRoute)
     #: What a link calls before each session: the pusher re-sends the weights the actor lacks
     #: (set once the pusher is wired; see :func:`learner_client._wiring.assemble`).
     admit: Admit[ActorChannel] = dataclasses.field(init=False)
@@ -380,15 +384,18 @@ class Fleet:
         }
         segments = self.shm.write(blobs)
         try:
-            sent = [
-                shm_messages(messages[_key(enc)], segments[_key(enc)]) if near else None
+            sent: list[Sequence[bytes]] = [
+                shm_messages(messages[_key(enc)], segments[_key(enc)])
+                if near
+                else messages[_key(enc)]
                 for (_, enc), near in zip(pairs, local, strict=True)
             ]
+            relayed = self._relayed(pairs, local, messages)
+            for i, chained in relayed.items():
+                sent[i] = chained
             replies = self._push_calls(
-                [
-                    (w, enc, s or messages[_key(enc)])
-                    for (w, enc), s in zip(pairs, sent, strict=True)
-                ]
+                [(w, enc, s) for (w, enc), s in zip(pairs, sent, strict=True)],
+                {i: messages[_key(pairs[i][1])] for i in relayed},
             )
             refused = [i for i, r in enumerate(replies) if isinstance(r, ShmRefusedError)]
             for i, reply in zip(refused, self._resend(pairs, refused, messages), strict=True):
@@ -398,6 +405,28 @@ class Fleet:
             self.shm.release(segments.values())
         self.shm.count(sum(local) - len(refused), len(refused))
         return replies
+
+    def _relayed(
+        self,
+        pairs: Sequence[tuple[int, EncodedWeights]],
+        local: Sequence[bool],
+        messages: Mapping[tuple, PushMessages],
+    ) -> dict[int, Sequence[bytes]]:
+        """Per pair relayed (``learner_client._relay``), the messages its actor gets."""
+        groups: dict[tuple, list[int]] = {}
+        for i, ((_, enc), near) in enumerate(zip(pairs, local, strict=True)):
+            if not near:
+                groups.setdefault(_key(enc), []).append(i)
+        tls = self.conn.channel_credentials is not None
+        relayed: dict[int, Sequence[bytes]] = {}
+        for key, indices in groups.items():
+            size = _nbytes(pairs[indices[0]][1].blob)
+            if not self.relay.relays(size, len(indices), tls=tls):
+                continue
+            addresses = [self._links[pairs[i][0]].channel.address for i in indices]
+            chained = self.relay.chain(messages[key], addresses, size)
+            relayed.update(zip(indices, chained, strict=True))
+        return relayed
 
     def _resend(
         self,
@@ -413,20 +442,49 @@ class Fleet:
         )
 
     def _push_calls(
-        self, calls: Sequence[tuple[int, EncodedWeights, Sequence[bytes]]]
+        self,
+        calls: Sequence[tuple[int, EncodedWeights, Sequence[bytes]]],
+        direct: Mapping[int, Sequence[bytes]] | None = None,
     ) -> list[PushReply | BaseException]:
-        """Stream each push with its messages, all concurrently; each reply or error."""
+        """Stream each push with its messages, all concurrently; each reply or error.
+
+        A call in ``direct`` (by index) was relayed: if its relayed bytes fail, its actor
+        is sent those messages at once.
+        """
+        direct = direct or {}
         pending = (  # created on the loop, as _settle unpacks them
-            self._links[w].channel.push_weights(
+            self._push_one(w, enc, sent, direct.get(i)) for i, (w, enc, sent) in enumerate(calls)
+        )
+        rounds = 2 if direct else 1
+        return self.loop.run(_settle(pending), rounds * self.conn.call_timeout + _MARGIN)
+
+    async def _push_one(
+        self,
+        worker_id: int,
+        enc: EncodedWeights,
+        sent: Sequence[bytes],
+        direct: Sequence[bytes] | None,
+    ) -> PushReply:
+        """One actor's push; a relayed one whose bytes failed is sent ``direct`` at once."""
+        channel = self._links[worker_id].channel
+
+        async def call(messages: Sequence[bytes]) -> PushReply:
+            return await channel.push_weights(
                 enc.model_id,
                 enc.version,
-                sent,
+                messages,
                 self.conn.call_timeout,
                 part=enc.part is not None,
             )
-            for w, enc, sent in calls
-        )
-        return self.loop.run(_settle(pending), self.conn.call_timeout + _MARGIN)
+
+        try:
+            return await call(sent)
+        except RelayFailedError as exc:
+            if direct is None:
+                raise
+            log.info("worker_id %d: %s; the bytes were sent instead", worker_id, exc)
+            self.relay.fell_back(_nbytes(enc.blob))
+            return await call(direct)
 
     def accepts_parts(self, worker_id: int) -> bool:
         """Whether an actor takes multi-part pushes (its Describe gives a part deadline)."""
@@ -545,6 +603,10 @@ def _messages(enc: EncodedWeights) -> PushMessages:
         base_version=enc.base_version,
         part=enc.part,
     )
+
+
+def _nbytes(blob: Any) -> int:
+    return memoryview(blob).nbytes
 
 
 def _as_bytes(value: Any) -> bytes:

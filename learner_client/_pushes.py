@@ -143,6 +143,11 @@ class WeightPushSettings:
             segment under ``/dev/shm`` (written once per push, read by each of them)
             instead of the bytes over gRPC; False sends every actor the bytes
             (``docs/weights.md``).
+        relay: Send a blob that several remote actors get (8 MiB or more, no TLS) once,
+            to the first of a chain of them, each forwarding it to the next as it arrives
+            (``docs/weights.md``, "How a push travels"); False sends each actor the bytes.
+        relay_stall_seconds: How long an actor of a chain waits for new bytes from its
+            relay before it gives them up and the learner sends it the bytes itself.
 
     Example::
 
@@ -153,6 +158,8 @@ class WeightPushSettings:
     checksum: str = "crc32c"
     full_push_every: int = DEFAULT_FULL_PUSH_EVERY
     shared_memory: bool = True
+    relay: bool = True
+    relay_stall_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.checksum not in CHECKSUMS:
@@ -162,6 +169,11 @@ class WeightPushSettings:
             raise ValueError(f"full_push_every must be an int >= 1, got {every!r}")
         if not isinstance(self.shared_memory, bool):
             raise ValueError(f"shared_memory must be a bool, got {self.shared_memory!r}")
+        if not isinstance(self.relay, bool):
+            raise ValueError(f"relay must be a bool, got {self.relay!r}")
+        stall = self.relay_stall_seconds
+        if isinstance(stall, bool) or not isinstance(stall, int | float) or not 0.1 <= stall <= 600:
+            raise ValueError(f"relay_stall_seconds must be in [0.1, 600], got {stall!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,7 @@ __all__ = [
     "CollectCall",
     "PushMessages",
     "PushReply",
+    "RelayFailedError",
     "encode_chunk",
     "encode_header",
     "parse_collect_response",
@@ -66,6 +67,13 @@ _OUTCOMES = {
     pb.PUSH_OUTCOME_STAGED: PushOutcome.STAGED,
     pb.PUSH_OUTCOME_COMPLETED: PushOutcome.COMPLETED,
 }
+
+
+class RelayFailedError(Exception):
+    """An actor's relayed bytes did not arrive whole (``learner_client._relay``).
+
+    It applied nothing; the learner sends it the bytes.
+    """
 
 
 def encode_chunk(piece: bytes | memoryview) -> bytes:
@@ -106,6 +114,12 @@ class PushMessages(Sequence[bytes]):
 
     def __len__(self) -> int:
         return 1 + len(self._pieces)
+
+    def with_header(self, header: bytes) -> PushMessages:
+        """The same chunks (built once for both) after another header."""
+        other = PushMessages.__new__(PushMessages)
+        other._header, other._pieces, other._built = header, self._pieces, self._built
+        return other
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -422,6 +436,8 @@ class ActorChannel:
             r = await self._push_raw(requests(), timeout=timeout, metadata=self._metadata)
         if r.shm_refused:
             raise ShmRefusedError(f"{self.address}: {r.shm_refused}")
+        if r.relay_failed:
+            raise RelayFailedError(f"{self.address}: {r.relay_failed}")
         outcome = _OUTCOMES.get(r.outcome)
         if part:  # staged: an older version stays in force; completed: this one is
             fits = (outcome is PushOutcome.STAGED and r.version < version) or (

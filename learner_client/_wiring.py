@@ -31,6 +31,7 @@ from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import DeltaTracker, Pusher, VersionAgreement, WeightPushSettings
+from learner_client._relay import RelayRoute
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings
 from learner_client._shm import ShmRoute
@@ -103,6 +104,7 @@ def assemble(
         slabs=slabs,
         ranks=ranks or Ranks(),
         shm=ShmRoute(push.shared_memory),
+        relay=RelayRoute(push.relay, push.relay_stall_seconds),
     )
     agreement = VersionAgreement(fleet.ranks, conn.call_timeout)
     pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push), agreement)

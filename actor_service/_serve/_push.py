@@ -25,9 +25,16 @@ from actor_service._core._swap import ReceiveBuffers, Swap, check_base
 from actor_service._core._weight_rules import check_newer
 from actor_service._serve._logging import log_event
 from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart, decode_part
+from actor_service._serve._relay import (
+    Forwarder,
+    RelayFailed,
+    RelayInbox,
+    check_relay,
+    relayed_chunks,
+)
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._shm import read_push_segment
-from actor_service._serve._streams import drain, first_message, next_message, read_blob
+from actor_service._serve._streams import chunks, drain, first_message, next_message, read_blob
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     DataLossError,
@@ -83,6 +90,7 @@ class PushCall:
             (int(header.part.index), int(header.part.count)) if header.HasField("part") else None
         )
         self.part: Part | None = None  # set by read_part once checked
+        self.relay = header.relay if header.HasField("relay") else None
         self.outcome = PushOutcome.APPLIED
         self.peer = peer
         self._metrics = metrics
@@ -121,6 +129,9 @@ class PushCall:
         fields: dict[str, Any] = {}
         if self._part_fields is not None:
             fields = {"part": "{}/{}".format(*self._part_fields), "outcome": self.outcome.name}
+        if self.relay is not None:
+            fields["relayed"] = "from a relay" if self.relay.source_ticket else "from the learner"
+            fields["forward_to"] = self.relay.forward_to
         log_event(
             "weights.push",
             logging.INFO if exc is None else logging.WARNING,
@@ -151,6 +162,7 @@ class WeightPushes:
         self._buffers = ReceiveBuffers()
         self._part_buffers = PartBuffers()
         self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
+        self._inbox = RelayInbox()
 
     @property
     def part_deadline(self) -> float:
@@ -176,10 +188,14 @@ class WeightPushes:
         try:
             if header.HasField("shm"):
                 blob = await self._read_segment(requests, header, push)
+            elif push.relay is not None:
+                blob = await self._receive_relayed(requests, push, push.relay)
             else:
                 blob = await self._receive_weights(requests, push)
         except ShmError as exc:
             return self._shm_refused(push, exc)
+        except RelayFailed as exc:
+            return self._relay_failed(push, exc)
         except BaseException as exc:
             push.audit(exc)
             self._give_back(push, applied=False)
@@ -224,6 +240,8 @@ class WeightPushes:
             self._parts.admit(push.model_id, push.version, push.part, push.base_version)
         if not push.sha256 and push.crc32c is None:
             raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
+        if push.relay is not None:
+            check_relay(push.relay)
 
     def _drain_budget(self, push: PushCall) -> int:
         """The bytes of a refused push the actor reads and drops: what it would have accepted."""
@@ -253,6 +271,55 @@ class WeightPushes:
         if push.buffer is None:
             push.buffer, push.fresh = assembler.buffer, True
         return assembler
+
+    async def _receive_relayed(
+        self, requests: AsyncIterator[pb.PushWeightsRequest], push: PushCall, relay: pb.Relay
+    ) -> bytes | memoryview:
+        """A relayed push's blob, from the learner or its relay, forwarded as it arrives.
+
+        Raises:
+            RelayFailed: The relay's bytes stopped, ended early or fail the header's digests.
+        """
+        assembler = self._assembler(push)
+        forward = Forwarder(relay, self._rt.config.token) if relay.forward_to else None
+        try:
+            if not relay.source_ticket:  # the first of the chain: the learner's chunks
+                await _take(chunks(requests, "PushWeights"), assembler, forward)
+                return assembler.finish()
+            if await next_message(requests, "PushWeights") is not None:
+                raise SessionStateError("PushWeights: no chunk may follow a relayed header")
+            try:
+                async with self._inbox.opened(relay) as inbound:
+                    got = relayed_chunks(inbound, push.total_bytes, relay.stall_seconds)
+                    await _take(got, assembler, forward)
+                return assembler.finish()
+            except (DataLossError, WeightsError) as exc:  # too many bytes, or other ones
+                raise RelayFailed(f"the relayed blob fails its check: {exc}") from exc
+        except BaseException:
+            if forward is not None:
+                forward.abandon()
+            raise
+        finally:
+            if forward is not None:
+                await forward.close()
+
+    async def relay_in(
+        self, opening: pb.RelayOpen, requests: AsyncIterator[pb.RelayRequest]
+    ) -> pb.RelayResponse:
+        """Take a relay's chunks for the push it names (``RelayWeights``)."""
+        inbound = await self._inbox.take(opening)
+        return pb.RelayResponse(bytes_received=await self._inbox.fill(inbound, requests))
+
+    def _relay_failed(self, push: PushCall, exc: RelayFailed) -> pb.PushWeightsResponse:
+        """The reply to a relayed push whose bytes did not arrive whole: why, nothing applied."""
+        self._give_back(push, applied=False)
+        push.audit(exc)
+        return pb.PushWeightsResponse(
+            worker_id=self._rt.config.worker_id,
+            model_id=push.model_id,
+            version=self._rt.core.models.policy_version(push.model_id),
+            relay_failed=str(exc),
+        )
 
     async def _read_segment(
         self,
@@ -391,3 +458,13 @@ class WeightPushes:
             return 2 * state_nbytes(self._rt.core.models.parameters_info(model_id)) + (1 << 20)
         except RlfleetError:  # an actor stopping: keep nothing
             return 0
+
+
+async def _take(
+    pieces: AsyncIterator[bytes], assembler: BlobAssembler, forward: Forwarder | None
+) -> None:
+    """Forward each piece (first, so the next actor is not held up), then assemble it."""
+    async for piece in pieces:
+        if forward is not None:
+            await forward.send(piece)
+        assembler.add(piece)

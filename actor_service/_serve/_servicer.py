@@ -129,6 +129,15 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         return await self._pushes.receive(aiter(request_iterator), context.peer())
 
     @_mapped
+    async def RelayWeights(
+        self, request_iterator: AsyncIterator[pb.RelayRequest], context: grpc.aio.ServicerContext
+    ) -> pb.RelayResponse:
+        """Take the bytes of a relayed push from the relay the learner named."""
+        requests = aiter(request_iterator)
+        opening = await first_message(requests, "open", "RelayWeights")
+        return await self._pushes.relay_in(opening, requests)
+
+    @_mapped
     async def Describe(
         self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeResponse:

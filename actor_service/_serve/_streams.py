@@ -14,7 +14,7 @@ from typing import Any
 from common.errors import DeadlineError, SessionStateError
 from common.weights import BlobAssembler
 
-__all__ = ["drain", "first_message", "next_message", "read_blob"]
+__all__ = ["chunks", "drain", "first_message", "next_message", "read_blob"]
 
 # A client stream that goes this long without its next message is dropped, so an
 # idle caller cannot hold a call slot or a half-received blob forever.
@@ -42,12 +42,18 @@ async def first_message(requests: AsyncIterator[Any], kind: str, rpc: str) -> An
     return getattr(first, kind)
 
 
-async def read_blob(requests: AsyncIterator[Any], assembler: BlobAssembler, rpc: str) -> Any:
-    """Add every following ``chunk`` message to ``assembler``; return the whole blob."""
+async def chunks(requests: AsyncIterator[Any], rpc: str) -> AsyncIterator[bytes]:
+    """The bytes of every following ``chunk`` message, to the stream's end."""
     while (request := await next_message(requests, rpc)) is not None:
         if request.WhichOneof("kind") != "chunk":
             raise SessionStateError(f"{rpc}: only `chunk` messages may follow the header")
-        assembler.add(request.chunk)
+        yield request.chunk
+
+
+async def read_blob(requests: AsyncIterator[Any], assembler: BlobAssembler, rpc: str) -> Any:
+    """Add every following ``chunk`` message to ``assembler``; return the whole blob."""
+    async for chunk in chunks(requests, rpc):
+        assembler.add(chunk)
     return assembler.finish()
 
 

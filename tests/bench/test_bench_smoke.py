@@ -86,10 +86,17 @@ EXPECTED = {
         [],
     ),
     "weight_push": (
-        ["tiny rlfleet", "tiny rlfleet bytes", "tiny torchrl multisync", "tiny raw loopback"],
+        [
+            "tiny rlfleet",
+            "tiny rlfleet bytes",
+            "tiny rlfleet relayed",
+            "tiny torchrl multisync",
+            "tiny raw loopback",
+        ],
         [
             "tiny rlfleet/raw loopback",
             "tiny rlfleet bytes/raw loopback",
+            "tiny rlfleet relayed/raw loopback",
             "tiny rlfleet/torchrl multisync",
         ],
     ),

@@ -53,9 +53,19 @@ def test_hosts_quick_reports_links_latency_and_pushes(quick_payload: dict) -> No
         assert figures[f"{workload} @100mbit link fraction"]["median"] > 0
     assert "cartpole sync prefetch=2 delay=0ms frames/s" in figures
     assert "cartpole sync prefetch=2 delay=5ms frames/s" in figures
-    assert figures["push to 1 @100mbit s"]["median"] > 0
-    assert figures["push to 1 @100mbit floor s"]["median"] > 0
-    assert set(payload["ratios"]) == {"prefetch=2 5ms/0ms", "push to 1 @100mbit/floor"}
+    for route in ("direct", "relayed"):
+        assert figures[f"push to 2 @100mbit {route} s"]["median"] > 0
+    assert figures["push to 1 direct floor s"]["median"] > 0
+    assert figures["push relayed fallbacks"]["median"] == 0  # 9 MB: relayed, and whole
+    # Bytes, not time: relayed, the learner's link carries the blob once, direct twice.
+    assert figures["push to 2 @100mbit relayed learner/payload bytes"]["median"] < 1.5
+    assert figures["push to 2 @100mbit direct learner/payload bytes"]["median"] > 1.9
+    assert set(payload["ratios"]) == {
+        "prefetch=2 5ms/0ms",
+        "push to 1 direct/floor",
+        "push to 2 direct/push to 1",
+        "push to 2 relayed/push to 1",
+    }
     names = {target["name"] for target in payload["targets"]}
     assert names == {
         "prefetch=2, 5 ms each way: >= 0.9x 0 ms",

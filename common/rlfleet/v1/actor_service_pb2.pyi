@@ -261,7 +261,7 @@ class CollectResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., chunk: _Optional[_Union[BatchChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
 
 class WeightsHeader(_message.Message):
-    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version", "part", "shm")
+    __slots__ = ("model_id", "version", "total_bytes", "sha256", "crc32c", "base_version", "part", "shm", "relay")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,7 @@ class WeightsHeader(_message.Message):
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     version: int
     total_bytes: int
@@ -278,7 +279,52 @@ class WeightsHeader(_message.Message):
     base_version: int
     part: PartOf
     shm: ShmSegment
-    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ..., part: _Optional[_Union[PartOf, _Mapping]] = ..., shm: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
+    relay: Relay
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., crc32c: _Optional[int] = ..., base_version: _Optional[int] = ..., part: _Optional[_Union[PartOf, _Mapping]] = ..., shm: _Optional[_Union[ShmSegment, _Mapping]] = ..., relay: _Optional[_Union[Relay, _Mapping]] = ...) -> None: ...
+
+class Relay(_message.Message):
+    __slots__ = ("push_id", "source_ticket", "forward_to", "forward_ticket", "stall_seconds")
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_TICKET_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TO_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TICKET_FIELD_NUMBER: _ClassVar[int]
+    STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    push_id: bytes
+    source_ticket: bytes
+    forward_to: str
+    forward_ticket: bytes
+    stall_seconds: float
+    def __init__(self, push_id: _Optional[bytes] = ..., source_ticket: _Optional[bytes] = ..., forward_to: _Optional[str] = ..., forward_ticket: _Optional[bytes] = ..., stall_seconds: _Optional[float] = ...) -> None: ...
+
+class RelayRequest(_message.Message):
+    __slots__ = ("open", "chunk")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    open: RelayOpen
+    chunk: RelayChunk
+    def __init__(self, open: _Optional[_Union[RelayOpen, _Mapping]] = ..., chunk: _Optional[_Union[RelayChunk, _Mapping]] = ...) -> None: ...
+
+class RelayOpen(_message.Message):
+    __slots__ = ("push_id", "ticket")
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    push_id: bytes
+    ticket: bytes
+    def __init__(self, push_id: _Optional[bytes] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class RelayChunk(_message.Message):
+    __slots__ = ("data", "crc32c")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    crc32c: int
+    def __init__(self, data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class RelayResponse(_message.Message):
+    __slots__ = ("bytes_received",)
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    bytes_received: int
+    def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
 
 class ShmSegment(_message.Message):
     __slots__ = ("name", "size", "crc32c")
@@ -307,7 +353,7 @@ class PushWeightsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged", "shm_refused")
+    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged", "shm_refused", "relay_failed")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +361,7 @@ class PushWeightsResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PARTS_STAGED_FIELD_NUMBER: _ClassVar[int]
     SHM_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FAILED_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     model_id: str
     version: int
@@ -322,7 +369,8 @@ class PushWeightsResponse(_message.Message):
     outcome: PushOutcome
     parts_staged: int
     shm_refused: str
-    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ..., shm_refused: _Optional[str] = ...) -> None: ...
+    relay_failed: str
+    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ..., shm_refused: _Optional[str] = ..., relay_failed: _Optional[str] = ...) -> None: ...
 
 class SpaceSpec(_message.Message):
     __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "text")

@@ -46,6 +46,11 @@ class ActorServiceStub:
                 request_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.PushWeightsRequest.SerializeToString,
                 response_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.PushWeightsResponse.FromString,
                 _registered_method=True)
+        self.RelayWeights = channel.stream_unary(
+                '/rlfleet.v1.ActorService/RelayWeights',
+                request_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayRequest.SerializeToString,
+                response_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayResponse.FromString,
+                _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/rlfleet.v1.ActorService/Describe',
                 request_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.DescribeRequest.SerializeToString,
@@ -118,6 +123,19 @@ class ActorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RelayWeights(self, request_iterator, context):
+        """The bytes of a relayed push (WeightsHeader.relay), forwarded by the actor the
+        learner named to relay them here: one `open` naming the push and presenting the
+        ticket the learner gave that relay, then `chunk` messages, in order, forming
+        the blob. Accepted only for a push the learner opened on this actor, only once,
+        only with the ticket the learner named (PERMISSION_DENIED otherwise); a push
+        not opened within a few seconds is NOT_FOUND. The actor's verdict on the push
+        goes to the learner on the learner's own PushWeights call, never through relays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Describe(self, request, context):
         """What this actor is: worker_id, env, spaces, models, pool, device.
         """
@@ -163,6 +181,11 @@ def add_ActorServiceServicer_to_server(servicer, server):
                     servicer.PushWeights,
                     request_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.PushWeightsRequest.FromString,
                     response_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.PushWeightsResponse.SerializeToString,
+            ),
+            'RelayWeights': grpc.stream_unary_rpc_method_handler(
+                    servicer.RelayWeights,
+                    request_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayRequest.FromString,
+                    response_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
@@ -241,6 +264,33 @@ class ActorService:
             '/rlfleet.v1.ActorService/PushWeights',
             common_dot_rlfleet_dot_v1_dot_actor__service__pb2.PushWeightsRequest.SerializeToString,
             common_dot_rlfleet_dot_v1_dot_actor__service__pb2.PushWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayWeights(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rlfleet.v1.ActorService/RelayWeights',
+            common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayRequest.SerializeToString,
+            common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayResponse.FromString,
             options,
             channel_credentials,
             insecure,

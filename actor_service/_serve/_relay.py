@@ -1,0 +1,254 @@
+"""Relayed pushes on the actor: bytes taken from the named relay, forwarded to the next actor.
+
+A relayed push (``WeightsHeader.relay``) reaches each actor of a chain the learner chose
+as its own ``PushWeights`` call, header only but for the first actor, whose call carries
+the chunks. Each actor forwards every chunk as it arrives to the next actor of the chain
+(:class:`Forwarder`, a ``RelayWeights`` call presenting the ticket the learner gave it),
+and takes its own bytes either from the learner's call or from the relay the learner
+named (:class:`RelayInbox`: the ``RelayWeights`` call must name a push opened here and
+present that push's ticket, once). Every actor checks the whole blob against the digests
+in its own header, as a direct push; bytes that stop for ``stall_seconds``, end early or
+fail a chunk's CRC raise :class:`RelayFailed`, which the push answers with
+``relay_failed`` (nothing applied) so the learner sends it the bytes itself. A forward that
+fails or stalls is ended and never holds up this actor's own push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from actor_service._serve._logging import log_event
+from actor_service._serve._streams import next_message
+from common.checksum import crc32c
+from common.config import client_channel_options
+from common.errors import (
+    ActorBusyError,
+    PermissionDeniedError,
+    ProtocolError,
+    RlfleetError,
+    SessionStateError,
+    UnknownModelError,
+)
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+
+__all__ = ["Forwarder", "RelayFailed", "RelayInbox", "check_relay", "relayed_chunks"]
+
+#: Length of a push id; tickets are 16 to 64 bytes.
+PUSH_ID_BYTES = 16
+_TICKET_BYTES = (16, 64)
+_STALL_SECONDS = (0.1, 600.0)
+_MAX_ADDRESS = 255
+#: How long a relay's call waits for the learner to open its push here.
+OPEN_WAIT_SECONDS = 5.0
+#: Relay calls waiting for their push at once; more are refused RESOURCE_EXHAUSTED.
+MAX_WAITING = 16
+#: Chunks a relayed push buffers between its relay and its own reading.
+_QUEUE_CHUNKS = 8
+
+
+class RelayFailed(RlfleetError):
+    """The relayed bytes did not arrive whole from the named relay; nothing is applied.
+
+    Never a call's status: the push answers ``relay_failed`` (its audit line says UNAVAILABLE).
+    """
+
+    status_code = grpc.StatusCode.UNAVAILABLE
+
+
+def check_relay(relay: pb.Relay) -> None:
+    """Check a header's relay fields before anything is opened or dialled.
+
+    Raises:
+        ProtocolError: A field is out of range (its name and the range in the message).
+    """
+    if len(relay.push_id) != PUSH_ID_BYTES:
+        raise ProtocolError(f"relay.push_id must be {PUSH_ID_BYTES} bytes")
+    low, high = _TICKET_BYTES
+    for name in ("source_ticket", "forward_ticket"):
+        ticket = getattr(relay, name)
+        if ticket and not low <= len(ticket) <= high:
+            raise ProtocolError(f"relay.{name} must be {low} to {high} bytes")
+    if bool(relay.forward_to) != bool(relay.forward_ticket):
+        raise ProtocolError("relay.forward_to and relay.forward_ticket go together")
+    address = relay.forward_to
+    if address and (len(address) > _MAX_ADDRESS or ":" not in address or "/" in address):
+        raise ProtocolError(f"relay.forward_to must be host:port, got {address[:64]!r}")
+    if not _STALL_SECONDS[0] <= relay.stall_seconds <= _STALL_SECONDS[1]:
+        raise ProtocolError(f"relay.stall_seconds must be in {list(_STALL_SECONDS)}")
+
+
+class _Inbound:
+    """One push waiting for its relayed bytes: the ticket to check, the chunks received."""
+
+    def __init__(self, ticket: bytes) -> None:
+        self.ticket = ticket
+        self.taken = False
+        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        self.done = asyncio.Event()  # the push read its bytes, or gave them up
+
+
+class RelayInbox:
+    """The pushes of this actor that wait for bytes from a relay, by push id."""
+
+    def __init__(self) -> None:
+        self._open: dict[bytes, _Inbound] = {}
+        self._opened = asyncio.Condition()
+        self._waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def opened(self, relay: pb.Relay) -> AsyncIterator[_Inbound]:
+        """Open a push for its relay's call while the block runs; closed at its end."""
+        if relay.push_id in self._open:
+            raise SessionStateError("relay.push_id is already open on this actor")
+        inbound = self._open[relay.push_id] = _Inbound(relay.source_ticket)
+        async with self._opened:
+            self._opened.notify_all()
+        try:
+            yield inbound
+        finally:
+            inbound.done.set()
+            del self._open[relay.push_id]
+
+    async def take(self, request: pb.RelayOpen) -> _Inbound:
+        """The open push a relay's call names, once its ticket is checked.
+
+        Raises:
+            UnknownModelError: No such push was opened here within :data:`OPEN_WAIT_SECONDS`
+                (NOT_FOUND).
+            ActorBusyError: :data:`MAX_WAITING` relay calls wait already (RESOURCE_EXHAUSTED).
+            PermissionDeniedError: The ticket is not the one the learner named
+                (PERMISSION_DENIED), or the push took its relay's call already.
+        """
+        if self._waiting >= MAX_WAITING:
+            raise ActorBusyError(f"{self._waiting} relay calls wait for their push already")
+        self._waiting += 1
+        try:
+            async with self._opened:
+                await asyncio.wait_for(
+                    self._opened.wait_for(lambda: request.push_id in self._open),
+                    OPEN_WAIT_SECONDS,
+                )
+        except TimeoutError:
+            raise UnknownModelError("no relayed push of this id is open on this actor") from None
+        finally:
+            self._waiting -= 1
+        inbound = self._open[request.push_id]
+        if inbound.taken or not hmac.compare_digest(inbound.ticket, request.ticket):
+            raise PermissionDeniedError("relay ticket refused for this push")
+        inbound.taken = True
+        return inbound
+
+    async def fill(self, inbound: _Inbound, requests: AsyncIterator[pb.RelayRequest]) -> int:
+        """Pass a relay's chunks (each CRC-checked) to the push; the bytes taken.
+
+        A chunk that fails its CRC ends the relay's bytes: the push gives them up.
+        """
+        taken = 0
+        try:
+            while (request := await next_message(requests, "RelayWeights")) is not None:
+                if inbound.done.is_set():
+                    break
+                chunk = request.chunk if request.WhichOneof("kind") == "chunk" else None
+                if chunk is None or crc32c(chunk.data) != chunk.crc32c:
+                    raise ProtocolError("relay chunk fails its CRC-32C (or is not a chunk)")
+                put = asyncio.ensure_future(inbound.chunks.put(chunk.data))
+                done = asyncio.ensure_future(inbound.done.wait())
+                await asyncio.wait([put, done], return_when=asyncio.FIRST_COMPLETED)
+                done.cancel()
+                if not put.done():
+                    put.cancel()
+                    break
+                taken += len(chunk.data)
+        finally:
+            if not inbound.done.is_set():
+                with contextlib.suppress(asyncio.QueueFull):
+                    inbound.chunks.put_nowait(None)  # the relay's bytes ended here
+        return taken
+
+
+async def relayed_chunks(inbound: _Inbound, total_bytes: int, stall: float) -> AsyncIterator[bytes]:
+    """The chunks of a push's blob as its relay passes them, until ``total_bytes``.
+
+    Raises:
+        RelayFailed: Nothing new for ``stall`` seconds, or the relay's bytes ended early.
+    """
+    received = 0
+    while received < total_bytes:
+        try:
+            chunk = await asyncio.wait_for(inbound.chunks.get(), stall)
+        except TimeoutError:
+            raise RelayFailed(f"no relayed bytes for {stall:g} s at {received}") from None
+        if chunk is None:
+            raise RelayFailed(f"the relay's bytes ended at {received} of {total_bytes}")
+        received += len(chunk)
+        yield chunk
+
+
+class Forwarder:
+    """The forward of one push's chunks to the next actor of its chain.
+
+    A forward that fails, or whose next actor does not take a chunk within the stall
+    time, is ended: that actor answers the learner ``relay_failed`` and gets the bytes
+    directly; this actor's own push goes on.
+
+    Args:
+        relay: The header's relay fields (``forward_to``, ``forward_ticket``, ``stall_seconds``).
+        token: The fleet's bearer token, presented to the next actor; "" for none.
+    """
+
+    def __init__(self, relay: pb.Relay, token: str) -> None:
+        self._address = relay.forward_to
+        self._stall = relay.stall_seconds
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        self._channel = grpc.aio.insecure_channel(self._address, options=client_channel_options())
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        stub = pb_grpc.ActorServiceStub(self._channel)
+        self._call = stub.RelayWeights(self._requests(relay), metadata=metadata)
+        self.failed: str | None = None
+
+    async def _requests(self, relay: pb.Relay) -> AsyncIterator[pb.RelayRequest]:
+        yield pb.RelayRequest(open=pb.RelayOpen(push_id=relay.push_id, ticket=relay.forward_ticket))
+        while (data := await self._queue.get()) is not None:
+            yield pb.RelayRequest(chunk=pb.RelayChunk(data=data, crc32c=crc32c(data)))
+
+    async def send(self, chunk: bytes | memoryview) -> None:
+        """Queue one chunk for the next actor; ends the forward if it does not move."""
+        if self.failed is not None:
+            return
+        try:
+            await asyncio.wait_for(self._queue.put(bytes(chunk)), self._stall)
+        except TimeoutError:
+            self._fail(f"{self._address} took no chunk for {self._stall:g} s")
+
+    async def close(self) -> None:
+        """End the forward (all sent, or given up) and close its channel."""
+        if self.failed is None:
+            try:
+                await asyncio.wait_for(self._queue.put(None), self._stall)
+                await asyncio.wait_for(self._call, 2 * self._stall)  # its last chunks land
+            except (TimeoutError, grpc.RpcError) as exc:
+                self._fail(f"{self._address}: {_describe(exc)}")
+        await self._channel.close(None)
+
+    def abandon(self) -> None:
+        """Give the forward up (this actor's bytes failed): the next actor is told at once."""
+        self._fail("the relay's own bytes failed")
+
+    def _fail(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+            self._call.cancel()
+            log_event("weights.relay_forward_failed", logging.WARNING, to=self._address, why=why)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return f"{exc.code().name}: {exc.details()}"
+    return type(exc).__name__

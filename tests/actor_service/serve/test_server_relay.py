@@ -1,0 +1,228 @@
+"""Relayed pushes against hostile peers, on in-process actors over real gRPC.
+
+A push the learner opens with ``relay.source_ticket`` takes its bytes only from a
+``RelayWeights`` call that names it and presents that ticket, once. A wrong ticket, a
+replayed one, an unknown push, a damaged chunk, forged bytes that pass every chunk's CRC
+but not the learner's digest, a relay that stalls: each is refused or answered
+``relay_failed``, nothing is applied, and the actor goes on serving.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import safetensors.torch
+from actor_harness import Actor
+from test_server_delta import _actor_weights, _bits_equal, _serving, _step, _version
+
+from common.checksum import crc32c
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import encode_weights, iter_blob_chunks
+
+TOKEN = "relay-token"
+CHUNK = 2048
+
+
+def relay_header(blob: bytes, version: int, **relay: object) -> pb.PushWeightsRequest:
+    fields = {"push_id": secrets.token_bytes(16), "stall_seconds": 1.0} | relay
+    header = pb.WeightsHeader(
+        model_id="policy",
+        version=version,
+        total_bytes=len(blob),
+        crc32c=crc32c(blob),
+        relay=pb.Relay(**fields),
+    )
+    return pb.PushWeightsRequest(header=header)
+
+
+def relay_requests(
+    push_id: bytes, ticket: bytes, blob: bytes, *, damage: bool = False, stop_at: int = -1
+) -> Iterator[pb.RelayRequest]:
+    yield pb.RelayRequest(open=pb.RelayOpen(push_id=push_id, ticket=ticket))
+    for i, piece in enumerate(iter_blob_chunks(blob, CHUNK)):
+        if i == stop_at:
+            time.sleep(5)  # holds the call open, sending nothing
+            return
+        data = bytes(piece)
+        crc = crc32c(data) ^ (1 if damage and i == 1 else 0)
+        yield pb.RelayRequest(chunk=pb.RelayChunk(data=data, crc32c=crc))
+
+
+class Opened:
+    """A push opened on ``actor`` by the learner, its bytes to come from a relay."""
+
+    def __init__(self, actor: Actor, blob: bytes, version: int) -> None:
+        self.ticket = secrets.token_bytes(32)
+        self.request = relay_header(blob, version, source_ticket=self.ticket)
+        self.push_id = self.request.header.relay.push_id
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        self.reply = pool.submit(actor.stub.PushWeights, iter([self.request]), timeout=30)
+        pool.shutdown(wait=False)
+
+
+def a_new_state(actor: Actor) -> tuple[dict, bytes, int]:
+    state = _step(_actor_weights(actor), 7)
+    return state, encode_weights(state), _version(actor) + 1
+
+
+def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as raised:
+        call()
+    return raised.value.code()
+
+
+def test_the_relay_the_learner_named_delivers_and_the_push_applies(actor: Actor) -> None:
+    state, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+    sent = actor.stub.RelayWeights(relay_requests(opened.push_id, opened.ticket, blob), timeout=30)
+    assert sent.bytes_received == len(blob)
+    reply = opened.reply.result(30)
+    assert (reply.version, reply.relay_failed) == (version, "")
+    assert _bits_equal(_actor_weights(actor), state)
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["wrong ticket", "replayed ticket"])
+def test_a_ticket_not_the_learners_is_refused_and_nothing_applies(actor: Actor, replay) -> None:
+    before = _actor_weights(actor)
+    _, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+    if replay:  # the named relay takes the push; the same ticket again is refused
+        good = relay_requests(opened.push_id, opened.ticket, blob, stop_at=2)
+        first = concurrent.futures.ThreadPoolExecutor(1).submit(
+            actor.stub.RelayWeights, good, timeout=30
+        )
+        time.sleep(0.5)
+        ticket = opened.ticket
+    else:
+        ticket = secrets.token_bytes(32)
+    forged = relay_requests(opened.push_id, ticket, blob)
+    code = code_of(lambda: actor.stub.RelayWeights(forged, timeout=30))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    reply = opened.reply.result(30)
+    assert reply.relay_failed
+    assert reply.version < version
+    assert _bits_equal(_actor_weights(actor), before)
+    assert _serving(actor)
+    if replay:
+        assert first.result(30).bytes_received < len(blob)  # the push gave its relay up
+
+
+@pytest.mark.parametrize(
+    "case", ["damaged chunk", "forged bytes", "too many bytes", "stalled relay"]
+)
+def test_bytes_that_fail_are_answered_relay_failed_and_nothing_applies(actor: Actor, case) -> None:
+    before = _actor_weights(actor)
+    _, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+    sent = blob
+    if case == "forged bytes":  # every chunk's CRC is right; the learner's digest is not
+        sent = encode_weights(_step(_actor_weights(actor), 99))
+        assert len(sent) == len(blob)
+    if case == "too many bytes":
+        sent = blob + bytes(CHUNK + 100)
+    requests = relay_requests(
+        opened.push_id,
+        opened.ticket,
+        sent,
+        damage=case == "damaged chunk",
+        stop_at=3 if case == "stalled relay" else -1,
+    )
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) if case == "damaged chunk" else contextlib.nullcontext():
+        actor.stub.RelayWeights(requests, timeout=30)
+    reply = opened.reply.result(30)
+    reason = {
+        "damaged chunk": "ended",
+        "forged bytes": "fails its check",
+        "too many bytes": "fails its check",
+        "stalled relay": "no",
+    }
+    assert reason[case] in reply.relay_failed
+    assert reply.version == version - 1
+    assert time.monotonic() - started < 10
+    assert _bits_equal(_actor_weights(actor), before)
+    assert _serving(actor)
+
+
+def test_a_relay_call_for_a_push_never_opened_is_not_found(actor: Actor) -> None:
+    requests = relay_requests(secrets.token_bytes(16), secrets.token_bytes(32), b"x" * 10)
+    assert code_of(lambda: actor.stub.RelayWeights(requests, timeout=30)) == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    assert _serving(actor)
+
+
+HOSTILE_RELAY = {
+    "short push id": {"push_id": b"x"},
+    "huge push id": {"push_id": b"x" * 100_000},
+    "short ticket": {"source_ticket": b"t"},
+    "forward without ticket": {"forward_to": "127.0.0.1:1"},
+    "forward to a path": {"forward_to": "unix:/tmp/x", "forward_ticket": b"t" * 32},
+    "forward to a huge name": {"forward_to": "h" * 10_000 + ":1", "forward_ticket": b"t" * 32},
+    "zero stall": {"stall_seconds": 0.0},
+    "huge stall": {"stall_seconds": 1e12},
+    "nan stall": {"stall_seconds": float("nan")},
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_RELAY))
+def test_a_hostile_relay_header_is_refused_invalid_argument(actor: Actor, case) -> None:
+    before = _actor_weights(actor)
+    _, blob, version = a_new_state(actor)
+    request = relay_header(blob, version, **HOSTILE_RELAY[case])
+    code = code_of(lambda: actor.stub.PushWeights(iter([request]), timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert _bits_equal(_actor_weights(actor), before)
+    assert _serving(actor)
+
+
+def test_a_chain_of_token_actors_forwards_with_the_token(make_actor) -> None:
+    first, second = make_actor(token=TOKEN), make_actor(token=TOKEN)
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    stranger = relay_requests(secrets.token_bytes(16), secrets.token_bytes(32), b"x")
+    code = code_of(lambda: second.stub.RelayWeights(stranger, timeout=30))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    state = _step(_actor_weights_with(first, auth), 5)
+    blob, push_id, ticket = encode_weights(state), secrets.token_bytes(16), secrets.token_bytes(32)
+    head = relay_header(
+        blob, 1, push_id=push_id, forward_to=f"127.0.0.1:{second.port}", forward_ticket=ticket
+    )
+    tail = relay_header(blob, 1, push_id=push_id, source_ticket=ticket)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    waiting = pool.submit(second.stub.PushWeights, iter([tail]), timeout=30, metadata=auth)
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    assert first.stub.PushWeights(iter([head, *chunks]), timeout=30, metadata=auth).version == 1
+    assert waiting.result(30).version == 1
+    assert _bits_equal(_actor_weights_with(second, auth), state)
+
+
+def test_a_forward_that_cannot_be_made_leaves_the_relays_own_push_whole(actor: Actor) -> None:
+    state, blob, version = a_new_state(actor)
+    head = relay_header(
+        blob, version, forward_to="127.0.0.1:1", forward_ticket=secrets.token_bytes(32)
+    )
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    assert actor.stub.PushWeights(iter([head, *chunks]), timeout=30).version == version
+    assert _bits_equal(_actor_weights(actor), state)
+
+
+def _actor_weights_with(actor: Actor, metadata: tuple) -> dict:
+    stub = pb_grpc.ActorServiceStub(actor.channel)
+    header = None
+    parts = []
+    for message in stub.GetState(pb.GetStateRequest(), timeout=30, metadata=metadata):
+        if message.WhichOneof("kind") == "header":
+            header = message.header
+        else:
+            parts.append(message.chunk)
+    assert header is not None
+    state = safetensors.torch.load(b"".join(parts))
+    prefix = "models/policy/weights/"
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
