@@ -113,6 +113,10 @@ class Fleet:
     admit: Admit[ActorChannel] = dataclasses.field(init=False)
     _links: dict[int, Link] = dataclasses.field(default_factory=dict, init=False)  # members
     _owned: set[int] = dataclasses.field(default_factory=set, init=False)
+    #: Per model, the last whole push's bytes (its key) and the workers that applied them.
+    _holders: dict[str, tuple[tuple, frozenset[int]]] = dataclasses.field(
+        default_factory=dict, init=False
+    )
 
     # ----------------------------------------------------------- membership
 
@@ -358,13 +362,62 @@ class Fleet:
     async def push_to(self, link: Link, enc: EncodedWeights) -> PushReply:
         """Push one encoded model to one actor, on the loop (a returning actor's admission).
 
+        From a peer that applied these very bytes when one can (``learner_client._relay``),
+        else (or if that fails) from the learner.
+
         Raises:
             RlfleetError: The actor refused the push or could not be reached.
         """
         messages = _messages(enc)
+        peer = self._holder_for(link, enc)
+        if peer is not None:
+            try:
+                return await self._catch_up(link, peer, enc, messages)
+            except RelayFailedError as exc:
+                log.info("worker_id %d: %s; the bytes were sent instead", link.worker_id, exc)
+                self.relay.fell_back(_nbytes(enc.blob))
         return await link.channel.push_weights(
             enc.model_id, enc.version, messages, self.conn.call_timeout
         )
+
+    def _holder_for(self, link: Link, enc: EncodedWeights) -> Link | None:
+        """A reachable peer that applied exactly ``enc``'s bytes, if catching up may use one."""
+        held = self._holders.get(enc.model_id)
+        tls = self.conn.channel_credentials is not None
+        if held is None or held[0] != _key(enc) or enc.crc32c is None:
+            return None
+        if not self.relay.relays(_nbytes(enc.blob), 2, tls=tls):
+            return None
+        peers = [w for w in sorted(held[1]) if w != link.worker_id and w in self._links]
+        return next((self._links[w] for w in peers if self.reachable(w)), None)
+
+    async def _catch_up(
+        self, link: Link, peer: Link, enc: EncodedWeights, messages: PushMessages
+    ) -> PushReply:
+        """The returning actor's push, its bytes forwarded by ``peer``."""
+        request, sent = self.relay.catch_up(
+            messages, peer.channel.address, link.channel.address, _nbytes(enc.blob)
+        )
+        timeout = self.conn.call_timeout
+        target = asyncio.ensure_future(
+            link.channel.push_weights(enc.model_id, enc.version, sent, timeout)
+        )
+        try:
+            await peer.channel.forward_weights(request, timeout)
+        except RlfleetError as exc:
+            target.cancel()
+            await asyncio.gather(target, return_exceptions=True)
+            raise RelayFailedError(f"worker_id {peer.worker_id} did not forward: {exc}") from exc
+        return await target
+
+    def _hold(self, pairs: Sequence[tuple[int, EncodedWeights]], replies: Sequence[object]) -> None:
+        """Remember who applied each whole push's bytes (peers a returning actor may use)."""
+        for (w, enc), reply in zip(pairs, replies, strict=True):
+            if isinstance(reply, PushReply) and enc.part is None and enc.base_version is None:
+                held = self._holders.get(enc.model_id)
+                workers = held[1] if held is not None and held[0] == _key(enc) else frozenset()
+                # A new pair, never changed in place: the loop thread reads it unlocked.
+                self._holders[enc.model_id] = (_key(enc), workers | {w})
 
     def push(self, pairs: Sequence[tuple[int, EncodedWeights]]) -> list[PushReply | BaseException]:
         """Push each ``(worker_id, encoded model)`` pair, all concurrently.
@@ -404,6 +457,7 @@ class Fleet:
         finally:
             self.shm.release(segments.values())
         self.shm.count(sum(local) - len(refused), len(refused))
+        self._hold(pairs, replies)
         return replies
 
     def _relayed(

@@ -10,6 +10,11 @@ its relay must present, and answers on it: its verdict is its own, never a relay
 actor whose relayed bytes fail (the relay died, stalled, was cut or sent damaged bytes)
 answers ``relay_failed`` having applied nothing, and is sent the bytes directly at once.
 
+*Peer catch-up.* An actor that returns (restarted, reconnected, joined late) lacking the
+current weights gets them from a peer that applied that very push, over a chain of two: the
+learner opens the push on the returning actor and asks the peer (``ForwardWeights``) to
+forward the blob its receive buffer still holds; the learner's link carries headers only.
+
 What goes direct: actors on this host (shared memory), a blob under
 :data:`MIN_RELAY_BYTES` (a few round trips, which a chain would add per actor), a push to
 one actor, and TLS fleets (actors hold a server identity, not credentials for each other).
@@ -52,6 +57,7 @@ class RelayRoute:
             "relay_fallbacks": 0,
             "relay_bytes_saved": 0,
             "relay_depth": 0,
+            "peer_catch_ups": 0,
         },
         init=False,
     )
@@ -89,6 +95,26 @@ class RelayRoute:
             self._counts["relay_depth"] = max(self._counts["relay_depth"], len(addresses))
         return sent
 
+    def catch_up(
+        self, messages: PushMessages, peer: str, target: str, total_bytes: int
+    ) -> tuple[pb.ForwardRequest, Sequence[bytes]]:
+        """A chain of two for a returning actor: the peer's ForwardRequest, the target's messages.
+
+        The peer forwards the blob it holds (the last whole push it applied, these bytes).
+        """
+        first, second = self.chain(messages, [peer, target], total_bytes)
+        header = pb.PushWeightsRequest.FromString(first[0]).header
+        request = pb.ForwardRequest(
+            model_id=header.model_id,
+            version=header.version,
+            total_bytes=header.total_bytes,
+            crc32c=header.crc32c,
+            relay=header.relay,
+        )
+        with self._lock:
+            self._counts["peer_catch_ups"] += 1
+        return request, second
+
     def fell_back(self, total_bytes: int) -> None:
         """Count an actor whose relayed bytes failed and that was sent them directly."""
         with self._lock:
@@ -100,7 +126,8 @@ class RelayRoute:
 
         ``relayed_pushes`` (actors sent their bytes through a relay), ``relay_fallbacks``
         (relayed actors sent the bytes directly after all), ``relay_bytes_saved`` (bytes the
-        learner did not send), ``relay_depth`` (the longest chain so far).
+        learner did not send), ``relay_depth`` (the longest chain so far), ``peer_catch_ups``
+        (returning actors sent the current weights by a peer that holds them).
         """
         with self._lock:
             return dict(self._counts)

@@ -458,6 +458,12 @@ class ActorChannel:
             int(r.parts_staged),
         )
 
+    async def forward_weights(self, request: pb.ForwardRequest, timeout: float) -> int:
+        """Have the actor forward the blob it holds to another actor; the bytes taken there."""
+        with translate_errors(self.address):
+            r = await self._stub.ForwardWeights(request, timeout=timeout, metadata=self._metadata)
+        return int(r.bytes_received)
+
     async def get_state(self, timeout: float) -> bytes:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""
         assembler: BlobAssembler | None = None

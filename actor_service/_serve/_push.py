@@ -35,9 +35,12 @@ from actor_service._serve._relay import (
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._shm import read_push_segment
 from actor_service._serve._streams import chunks, drain, first_message, next_message, read_blob
-from common.config import DEFAULT_MODEL_ID
+from common.checksum import crc32c
+from common.config import CHUNK_BYTES, DEFAULT_MODEL_ID
 from common.errors import (
+    ActorUnavailableError,
     DataLossError,
+    ProtocolError,
     RlfleetError,
     SessionStateError,
     UnknownModelError,
@@ -55,6 +58,7 @@ from common.weights import (
     decode_delta,
     decode_weights,
     default_max_weight_bytes,
+    iter_blob_chunks,
     state_nbytes,
 )
 
@@ -163,6 +167,8 @@ class WeightPushes:
         self._part_buffers = PartBuffers()
         self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
         self._inbox = RelayInbox()
+        #: Per model, the last whole push applied, whose bytes its receive buffer still holds.
+        self._held: dict[str, HeldBlob] = {}
 
     @property
     def part_deadline(self) -> float:
@@ -261,6 +267,9 @@ class WeightPushes:
         # A staged part views its buffer until its version is swapped in or dropped.
         pool = self._part_buffers if push.is_part else self._buffers
         push.buffer = pool.take(push.model_id, push.total_bytes)
+        held = self._held.get(push.model_id)
+        if held is not None and push.buffer is held.buffer:  # about to be overwritten
+            del self._held[push.model_id]
         assembler = BlobAssembler(
             push.total_bytes,
             max_bytes=self.max_bytes([push.model_id]),
@@ -309,6 +318,44 @@ class WeightPushes:
         """Take a relay's chunks for the push it names (``RelayWeights``)."""
         inbound = await self._inbox.take(opening)
         return pb.RelayResponse(bytes_received=await self._inbox.fill(inbound, requests))
+
+    async def forward_held(self, request: pb.ForwardRequest) -> pb.ForwardResponse:
+        """Forward the blob of the last whole push applied to another actor (``ForwardWeights``).
+
+        Raises:
+            ProtocolError: The relay fields are out of range, or name no next actor.
+            SessionStateError: This actor no longer holds exactly that blob.
+            ActorUnavailableError: The next actor did not take it.
+        """
+        check_relay(request.relay)
+        if request.relay.source_ticket or not request.relay.forward_to:
+            raise ProtocolError("ForwardWeights: relay names a forward_to and no source_ticket")
+        mid = request.model_id or DEFAULT_MODEL_ID
+        wanted = (int(request.version), int(request.crc32c), int(request.total_bytes))
+        held = self._held.get(mid)
+        buffer = self._buffers.take(mid, held.nbytes) if held is not None else None
+        try:
+            if held is None or buffer is not held.buffer or held.key != wanted:
+                raise SessionStateError(
+                    f"actor {self._rt.config.worker_id} holds no blob of {mid!r} version "
+                    f"{wanted[0]} of {wanted[2]} bytes with that CRC-32C"
+                )
+            view = held.buffer.numpy().data[: held.nbytes]
+            if await self._rt.run_side(crc32c, view) != held.crc32c:
+                raise SessionStateError(f"the held blob of {mid!r} changed; not forwarded")
+            await _forward(view, Forwarder(request.relay, self._rt.config.token))
+        finally:
+            if buffer is not None:
+                self._buffers.give_back(mid, buffer)
+        log_event(
+            "weights.forwarded",
+            logging.INFO,
+            model_id=mid,
+            version=wanted[0],
+            bytes=held.nbytes,
+            to=request.relay.forward_to,
+        )
+        return pb.ForwardResponse(bytes_received=held.nbytes)
 
     def _relay_failed(self, push: PushCall, exc: RelayFailed) -> pb.PushWeightsResponse:
         """The reply to a relayed push whose bytes did not arrive whole: why, nothing applied."""
@@ -394,6 +441,10 @@ class WeightPushes:
             push.audit(exc)
             self._give_back(push, applied=False)
             raise
+        if push.base_version is None and push.crc32c is not None and push.buffer is not None:
+            self._held[push.model_id] = HeldBlob(
+                push.version, push.crc32c, push.total_bytes, push.buffer
+            )
         self._give_back(push, applied=True)  # the decoded tensors were copied into the model
         push.pause = swap.pause_seconds
         push.audit(None)
@@ -468,3 +519,31 @@ async def _take(
         if forward is not None:
             await forward.send(piece)
         assembler.add(piece)
+
+
+async def _forward(blob: memoryview, forward: Forwarder) -> None:
+    """Send a held blob down a forward, in chunks; ActorUnavailableError if it fails."""
+    try:
+        for piece in iter_blob_chunks(blob, CHUNK_BYTES):
+            await forward.send(piece)
+            if forward.failed is not None:
+                break
+    finally:
+        await forward.close()
+    if forward.failed is not None:
+        raise ActorUnavailableError(f"forward failed: {forward.failed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldBlob:
+    """The bytes of the last whole push of a model, as its receive buffer holds them."""
+
+    version: int
+    crc32c: int
+    nbytes: int
+    buffer: torch.Tensor
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """``(version, crc32c, nbytes)``: what a ``ForwardRequest`` must name."""
+        return self.version, self.crc32c, self.nbytes

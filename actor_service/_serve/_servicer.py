@@ -138,6 +138,13 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         return await self._pushes.relay_in(opening, requests)
 
     @_mapped
+    async def ForwardWeights(
+        self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ForwardResponse:
+        """Forward the blob of the last whole push applied to the actor the learner names."""
+        return await self._pushes.forward_held(request)
+
+    @_mapped
     async def Describe(
         self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeResponse:

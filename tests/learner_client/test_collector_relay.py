@@ -16,13 +16,15 @@ import time
 
 import grpc
 import pytest
-from helpers import ActorProcess
+from helpers import ActorProcess, start_actor
 from learner_fleet import cartpole_policy, start_actors
 from test_collector_shm import actor_policy, same_weights
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector, WeightPushError, WeightPushSettings
+
+pytestmark = pytest.mark.long  # three actor processes per test
 
 #: 1600 x 1600 hidden: a policy of ~10 MB, above the size from which pushes are relayed.
 HIDDEN = (1600, 1600)
@@ -102,3 +104,31 @@ def test_a_relay_lost_mid_push_leaves_the_others_applying_the_new_version(actors
         os.kill(relay.process.pid, signal.SIGCONT)
         held = actor_policy(relay.address)  # it never applied a part of the new version
         assert same_weights(held, old) or same_weights(held, new)
+
+
+def test_a_restarted_actor_catches_up_from_a_peer_not_the_learner(actors):
+    addresses = [a.address for a in actors]
+    with GrpcCollector(
+        addresses, frames_per_batch=4, batch_timeout=30, weight_push=PUSH
+    ) as collector:
+        policy = cartpole_policy(hidden=HIDDEN)
+        version = collector.update_policy_weights_(policy)[0]
+        collector.next()
+        port = actors[2].port
+        actors[2].close()
+        actors[2] = start_actor([*ARGS, "--worker-id", "2", "--seed", "2", "--port", str(port)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # batches of the old process may still come first
+            batch = collector.next()
+            caught_up = collector.stats()["peer_catch_ups"] == 1
+            if caught_up and int(batch["collector", "worker_id"].flatten()[0]) == 2:
+                break
+        else:
+            raise AssertionError("no batch from the restarted worker_id 2 within 60 s")
+        assert bool((batch["policy_version"] == version).all())
+        stats = collector.stats()
+        assert stats["peer_catch_ups"] == 1
+        assert stats["relay_fallbacks"] == 0
+        assert same_weights(actor_policy(actors[2].address), policy)
+    assert 'relayed="from a relay"' in actors[2].stderr()
+    assert sum("weights.forwarded" in a.stderr() for a in actors[:2]) == 1

@@ -320,6 +320,26 @@ class RelayChunk(_message.Message):
     crc32c: int
     def __init__(self, data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
+class ForwardRequest(_message.Message):
+    __slots__ = ("model_id", "version", "total_bytes", "crc32c", "relay")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    version: int
+    total_bytes: int
+    crc32c: int
+    relay: Relay
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., relay: _Optional[_Union[Relay, _Mapping]] = ...) -> None: ...
+
+class ForwardResponse(_message.Message):
+    __slots__ = ("bytes_received",)
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    bytes_received: int
+    def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
+
 class RelayResponse(_message.Message):
     __slots__ = ("bytes_received",)
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]

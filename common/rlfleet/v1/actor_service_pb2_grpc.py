@@ -51,6 +51,11 @@ class ActorServiceStub:
                 request_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayRequest.SerializeToString,
                 response_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayResponse.FromString,
                 _registered_method=True)
+        self.ForwardWeights = channel.unary_unary(
+                '/rlfleet.v1.ActorService/ForwardWeights',
+                request_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.ForwardRequest.SerializeToString,
+                response_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.ForwardResponse.FromString,
+                _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/rlfleet.v1.ActorService/Describe',
                 request_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.DescribeRequest.SerializeToString,
@@ -136,6 +141,17 @@ class ActorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForwardWeights(self, request, context):
+        """Forwards the blob of the last whole push this actor applied (its bytes, kept in its
+        receive buffer) to another actor, as a relay of a push the learner opened there
+        (`relay.forward_to`, `relay.forward_ticket`): a returning actor catches up from a
+        peer instead of the learner's link. FAILED_PRECONDITION when the actor no longer
+        holds exactly that blob (another version, size or CRC-32C; a push since).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Describe(self, request, context):
         """What this actor is: worker_id, env, spaces, models, pool, device.
         """
@@ -186,6 +202,11 @@ def add_ActorServiceServicer_to_server(servicer, server):
                     servicer.RelayWeights,
                     request_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayRequest.FromString,
                     response_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayResponse.SerializeToString,
+            ),
+            'ForwardWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForwardWeights,
+                    request_deserializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.ForwardRequest.FromString,
+                    response_serializer=common_dot_rlfleet_dot_v1_dot_actor__service__pb2.ForwardResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
@@ -291,6 +312,33 @@ class ActorService:
             '/rlfleet.v1.ActorService/RelayWeights',
             common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayRequest.SerializeToString,
             common_dot_rlfleet_dot_v1_dot_actor__service__pb2.RelayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.ActorService/ForwardWeights',
+            common_dot_rlfleet_dot_v1_dot_actor__service__pb2.ForwardRequest.SerializeToString,
+            common_dot_rlfleet_dot_v1_dot_actor__service__pb2.ForwardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -226,3 +226,50 @@ def _actor_weights_with(actor: Actor, metadata: tuple) -> dict:
     state = safetensors.torch.load(b"".join(parts))
     prefix = "models/policy/weights/"
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def forward_request(blob: bytes, version: int, to: int, ticket: bytes, push_id: bytes):
+    return pb.ForwardRequest(
+        model_id="policy",
+        version=version,
+        total_bytes=len(blob),
+        crc32c=crc32c(blob),
+        relay=pb.Relay(
+            push_id=push_id,
+            forward_to=f"127.0.0.1:{to}",
+            forward_ticket=ticket,
+            stall_seconds=1.0,
+        ),
+    )
+
+
+def test_an_actor_forwards_the_blob_it_applied_to_a_returning_peer(make_actor) -> None:
+    holder, returning = make_actor(), make_actor()
+    state, blob, version = a_new_state(holder)
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    head = relay_header(blob, version)
+    assert holder.stub.PushWeights(iter([head, *chunks]), timeout=30).version == version
+    opened = Opened(returning, blob, version)
+    request = forward_request(blob, version, returning.port, opened.ticket, opened.push_id)
+    assert holder.stub.ForwardWeights(request, timeout=30).bytes_received == len(blob)
+    assert opened.reply.result(30).version == version
+    assert _bits_equal(_actor_weights(returning), state)
+
+
+def test_a_forward_of_a_blob_not_held_is_refused_and_sends_nothing(make_actor) -> None:
+    holder, other = make_actor(), make_actor()
+    _, blob, version = a_new_state(holder)
+    ticket, push_id = secrets.token_bytes(32), secrets.token_bytes(16)
+    never = forward_request(blob, version, other.port, ticket, push_id)
+    code = code_of(lambda: holder.stub.ForwardWeights(never, timeout=30))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    holder.stub.PushWeights(iter([relay_header(blob, version), *chunks]), timeout=30)
+    wrong = forward_request(blob, version + 1, other.port, ticket, push_id)  # another version
+    code = code_of(lambda: holder.stub.ForwardWeights(wrong, timeout=30))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    hostile = forward_request(blob, version, other.port, ticket, push_id)
+    hostile.relay.source_ticket = ticket  # a forward names no source
+    code = code_of(lambda: holder.stub.ForwardWeights(hostile, timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert _serving(holder)
