@@ -145,6 +145,20 @@ class _StatsCollector(Collector):
         ("world_size", "Learner ranks sharing the fleet (1 when alone)."),
     )
 
+    _PUSH_ROUTES = (
+        (
+            "relayed_pushes",
+            "Actors sent a push's bytes by another actor (a relay), not the learner.",
+        ),
+        (
+            "relay_fallbacks",
+            "Relayed actors whose bytes failed, sent them by the learner after all.",
+        ),
+        ("relay_bytes_saved", "Bytes the learner did not upload thanks to relays and catch-ups."),
+        ("peer_catch_ups", "Returning actors sent the current weights by a peer."),
+        ("shm_pushes", "Actor pushes read from a shared-memory segment on this host."),
+    )
+
     def __init__(self, stats: Callable[..., Mapping[str, Any]]) -> None:
         self._stats = stats
 
@@ -165,6 +179,8 @@ class _StatsCollector(Collector):
         )
         for key, documentation in self._RANK:
             yield GaugeMetricFamily(_PREFIX + key, documentation, int(stats.get(key, 0)))
+        for key, documentation in self._PUSH_ROUTES:
+            yield CounterMetricFamily(_PREFIX + key, documentation, int(stats.get(key, 0)))
         workers = GaugeMetricFamily(
             _PREFIX + "workers", "Actors this learner owns, alive or down.", labels=["state"]
         )

@@ -27,6 +27,7 @@ from actor_service._serve._logging import log_event
 from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart, decode_part
 from actor_service._serve._relay import (
     Forwarder,
+    Piece,
     RelayFailed,
     RelayInbox,
     check_relay,
@@ -293,7 +294,7 @@ class WeightPushes:
         forward = Forwarder(relay, self._rt.config.token) if relay.forward_to else None
         try:
             if not relay.source_ticket:  # the first of the chain: the learner's chunks
-                await _take(chunks(requests, "PushWeights"), assembler, forward)
+                await _take(_from_learner(requests), assembler, forward)
                 return assembler.finish()
             if await next_message(requests, "PushWeights") is not None:
                 raise SessionStateError("PushWeights: no chunk may follow a relayed header")
@@ -512,13 +513,19 @@ class WeightPushes:
 
 
 async def _take(
-    pieces: AsyncIterator[bytes], assembler: BlobAssembler, forward: Forwarder | None
+    pieces: AsyncIterator[Piece], assembler: BlobAssembler, forward: Forwarder | None
 ) -> None:
     """Forward each piece (first, so the next actor is not held up), then assemble it."""
-    async for piece in pieces:
+    async for piece, raw in pieces:
         if forward is not None:
-            await forward.send(piece)
+            await forward.send(piece, raw)
         assembler.add(piece)
+
+
+async def _from_learner(requests: AsyncIterator[pb.PushWeightsRequest]) -> AsyncIterator[Piece]:
+    """The learner's chunks of a relayed push, as pieces that no relay framed."""
+    async for chunk in chunks(requests, "PushWeights"):
+        yield chunk, None
 
 
 async def _forward(blob: memoryview, forward: Forwarder) -> None:

@@ -25,6 +25,7 @@ import grpc
 
 from actor_service._serve._logging import log_event
 from actor_service._serve._streams import next_message
+from actor_service._serve._wire import RawRelayChunk, encode_relay_chunk
 from common.checksum import crc32c
 from common.config import client_channel_options
 from common.errors import (
@@ -36,9 +37,8 @@ from common.errors import (
     UnknownModelError,
 )
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
-__all__ = ["Forwarder", "RelayFailed", "RelayInbox", "check_relay", "relayed_chunks"]
+__all__ = ["Forwarder", "Piece", "RelayFailed", "RelayInbox", "check_relay", "relayed_chunks"]
 
 #: Length of a push id; tickets are 16 to 64 bytes.
 PUSH_ID_BYTES = 16
@@ -84,13 +84,17 @@ def check_relay(relay: pb.Relay) -> None:
         raise ProtocolError(f"relay.stall_seconds must be in {list(_STALL_SECONDS)}")
 
 
+#: A chunk of a blob, and the serialised ``RelayRequest`` that carried it (None: not one).
+Piece = tuple[memoryview | bytes, bytes | None]
+
+
 class _Inbound:
     """One push waiting for its relayed bytes: the ticket to check, the chunks received."""
 
     def __init__(self, ticket: bytes) -> None:
         self.ticket = ticket
         self.taken = False
-        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        self.chunks: asyncio.Queue[Piece | None] = asyncio.Queue(_QUEUE_CHUNKS)
         self.done = asyncio.Event()  # the push read its bytes, or gave them up
 
 
@@ -158,7 +162,8 @@ class RelayInbox:
                 chunk = request.chunk if request.WhichOneof("kind") == "chunk" else None
                 if chunk is None or crc32c(chunk.data) != chunk.crc32c:
                     raise ProtocolError("relay chunk fails its CRC-32C (or is not a chunk)")
-                put = asyncio.ensure_future(inbound.chunks.put(chunk.data))
+                raw = request.raw if isinstance(request, RawRelayChunk) else None
+                put = asyncio.ensure_future(inbound.chunks.put((chunk.data, raw)))
                 done = asyncio.ensure_future(inbound.done.wait())
                 await asyncio.wait([put, done], return_when=asyncio.FIRST_COMPLETED)
                 done.cancel()
@@ -173,8 +178,8 @@ class RelayInbox:
         return taken
 
 
-async def relayed_chunks(inbound: _Inbound, total_bytes: int, stall: float) -> AsyncIterator[bytes]:
-    """The chunks of a push's blob as its relay passes them, until ``total_bytes``.
+async def relayed_chunks(inbound: _Inbound, total_bytes: int, stall: float) -> AsyncIterator[Piece]:
+    """The pieces of a push's blob as its relay passes them, until ``total_bytes``.
 
     Raises:
         RelayFailed: Nothing new for ``stall`` seconds, or the relay's bytes ended early.
@@ -187,7 +192,7 @@ async def relayed_chunks(inbound: _Inbound, total_bytes: int, stall: float) -> A
             raise RelayFailed(f"no relayed bytes for {stall:g} s at {received}") from None
         if chunk is None:
             raise RelayFailed(f"the relay's bytes ended at {received} of {total_bytes}")
-        received += len(chunk)
+        received += memoryview(chunk[0]).nbytes
         yield chunk
 
 
@@ -209,21 +214,32 @@ class Forwarder:
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
         self._channel = grpc.aio.insecure_channel(self._address, options=client_channel_options())
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        stub = pb_grpc.ActorServiceStub(self._channel)
-        self._call = stub.RelayWeights(self._requests(relay), metadata=metadata)
+        relay_raw = self._channel.stream_unary(  # requests serialised beforehand
+            "/rlfleet.v1.ActorService/RelayWeights",
+            request_serializer=_identity,
+            response_deserializer=pb.RelayResponse.FromString,
+            _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
+        )
+        self._call = relay_raw(self._requests(relay), metadata=metadata)
         self.failed: str | None = None
 
-    async def _requests(self, relay: pb.Relay) -> AsyncIterator[pb.RelayRequest]:
-        yield pb.RelayRequest(open=pb.RelayOpen(push_id=relay.push_id, ticket=relay.forward_ticket))
-        while (data := await self._queue.get()) is not None:
-            yield pb.RelayRequest(chunk=pb.RelayChunk(data=data, crc32c=crc32c(data)))
+    async def _requests(self, relay: pb.Relay) -> AsyncIterator[bytes]:
+        opening = pb.RelayOpen(push_id=relay.push_id, ticket=relay.forward_ticket)
+        yield pb.RelayRequest(open=opening).SerializeToString()
+        while (message := await self._queue.get()) is not None:
+            yield message
 
-    async def send(self, chunk: bytes | memoryview) -> None:
-        """Queue one chunk for the next actor; ends the forward if it does not move."""
+    async def send(self, chunk: bytes | memoryview, raw: bytes | None = None) -> None:
+        """Queue one chunk for the next actor; ends the forward if it does not move.
+
+        ``raw``, the serialised ``RelayRequest`` the chunk came in, is forwarded unchanged;
+        without it the chunk is framed once, with its CRC-32C.
+        """
         if self.failed is not None:
             return
+        message = raw if raw is not None else encode_relay_chunk(chunk, crc32c(chunk))
         try:
-            await asyncio.wait_for(self._queue.put(bytes(chunk)), self._stall)
+            await asyncio.wait_for(self._queue.put(message), self._stall)
         except TimeoutError:
             self._fail(f"{self._address} took no chunk for {self._stall:g} s")
 
@@ -246,6 +262,10 @@ class Forwarder:
             self.failed = why
             self._call.cancel()
             log_event("weights.relay_forward_failed", logging.WARNING, to=self._address, why=why)
+
+
+def _identity(message: bytes) -> bytes:
+    return message
 
 
 def _describe(exc: BaseException) -> str:

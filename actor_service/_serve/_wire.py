@@ -12,6 +12,9 @@ descriptor is unchanged, so reflection and clients see the same method.
 ``PushWeights`` requests go the other way: :func:`decode_push_request` gives a
 ``chunk`` message's payload as a view of the bytes gRPC received, without the
 copy protobuf's parser makes; every other message is parsed by protobuf.
+``RelayWeights`` chunks likewise (:func:`decode_relay_request`), and keep the bytes as
+received, so a relay forwards them to the next actor unchanged; a relay whose bytes came
+from the learner frames them once (:func:`encode_relay_chunk`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 __all__ = [
     "ActorServiceImpl",
     "RawChunk",
+    "RawRelayChunk",
     "add_actor_service",
     "decode_push_request",
+    "decode_relay_request",
+    "encode_relay_chunk",
     "encode_chunk",
     "encode_control",
 ]
@@ -40,6 +46,11 @@ _RESPONSE_CHUNK_TAG = b"\x12"
 _DATA_TAG = b"\x22"
 # Tag of PushWeightsRequest.chunk (field 2, length-delimited).
 _PUSH_CHUNK_TAG = 0x12
+# Tags of RelayRequest.chunk (field 2, length-delimited), RelayChunk.data (field 1,
+# length-delimited) and RelayChunk.crc32c (field 2, varint).
+_RELAY_CHUNK_TAG = 0x12
+_RELAY_DATA_TAG = 0x0A
+_RELAY_CRC_TAG = 0x10
 
 
 class RawChunk:
@@ -61,6 +72,64 @@ def decode_push_request(data: bytes) -> pb.PushWeightsRequest | RawChunk:
     if payload is not None:
         return RawChunk(payload)
     return pb.PushWeightsRequest.FromString(data)
+
+
+class RawRelayChunk:
+    """A ``RelayRequest(chunk=RelayChunk(...))``: ``data`` views the received bytes, ``raw``."""
+
+    __slots__ = ("crc32c", "data", "raw")
+
+    def __init__(self, data: memoryview, crc: int, raw: bytes) -> None:
+        self.data, self.crc32c, self.raw = data, crc, raw
+
+    @property
+    def chunk(self) -> RawRelayChunk:
+        """Itself: ``request.chunk.data`` reads as on a parsed message."""
+        return self
+
+    def WhichOneof(self, group: str) -> str:  # protobuf's name
+        """``"chunk"``, as protobuf answers for the ``kind`` oneof."""
+        return "chunk"
+
+
+def decode_relay_request(data: bytes) -> pb.RelayRequest | RawRelayChunk:
+    """Parse one ``RelayRequest``: chunks without a copy, anything else by protobuf."""
+    body = length_delimited(data, _RELAY_CHUNK_TAG)
+    if body is not None and len(body) > 1 and body[0] == _RELAY_DATA_TAG:
+        size, pos = _varint_at(body, 1)
+        if size is not None and pos + size <= len(body):
+            rest = body[pos + size :]
+            crc, end = (0, 0) if not len(rest) else _varint_at(rest, 1)
+            if not len(rest) or (
+                rest[0] == _RELAY_CRC_TAG and crc is not None and end == len(rest)
+            ):
+                return RawRelayChunk(body[pos : pos + size], crc or 0, data)
+    return pb.RelayRequest.FromString(data)
+
+
+def encode_relay_chunk(data: bytes | memoryview, crc: int) -> bytes:
+    """Return the serialised ``RelayRequest(chunk=RelayChunk(data, crc32c))``, one copy of ``data``.
+
+    The bytes equal what ``SerializeToString`` gives for the same message.
+    """
+    view = memoryview(data).cast("B")
+    tail = bytes((_RELAY_CRC_TAG,)) + varint(crc) if crc else b""
+    head = bytes((_RELAY_DATA_TAG,)) + varint(view.nbytes) if view.nbytes else b""
+    body_len = len(head) + view.nbytes + len(tail)
+    return b"".join((bytes((_RELAY_CHUNK_TAG,)), varint(body_len), head, view, tail))
+
+
+def _varint_at(view: memoryview, pos: int) -> tuple[int | None, int]:
+    """The varint at ``pos`` and the position after it; None for a truncated or overlong one."""
+    value, shift = 0, 0
+    while pos < len(view) and shift < 64:
+        byte = view[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    return None, pos
 
 
 def encode_chunk(
@@ -125,6 +194,14 @@ class ActorServiceImpl(Protocol):
         """A weight push, its chunks read through :func:`decode_push_request`."""
         ...
 
+    async def RelayWeights(
+        self,
+        request_iterator: AsyncIterator[pb.RelayRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.RelayResponse:
+        """A relayed push's bytes, its chunks read through :func:`decode_relay_request`."""
+        ...
+
 
 class _HandlerRecorder:
     """Stands in for a server to capture the generated method handlers of a service."""
@@ -160,7 +237,7 @@ def add_actor_service(servicer: ActorServiceImpl, server: grpc.aio.Server) -> No
     recorder = _HandlerRecorder()
     pb_grpc.add_ActorServiceServicer_to_server(servicer, recorder)
     handlers = dict(recorder.handlers)
-    if "Collect" not in handlers or "PushWeights" not in handlers:
+    if not {"Collect", "PushWeights", "RelayWeights"} <= handlers.keys():
         raise RuntimeError(f"generated ActorService handlers lack a method: {sorted(handlers)}")
     handlers["Collect"] = grpc.stream_stream_rpc_method_handler(
         servicer.Collect,
@@ -171,6 +248,11 @@ def add_actor_service(servicer: ActorServiceImpl, server: grpc.aio.Server) -> No
         servicer.PushWeights,
         request_deserializer=decode_push_request,
         response_serializer=pb.PushWeightsResponse.SerializeToString,
+    )
+    handlers["RelayWeights"] = grpc.stream_unary_rpc_method_handler(
+        servicer.RelayWeights,
+        request_deserializer=decode_relay_request,
+        response_serializer=pb.RelayResponse.SerializeToString,
     )
     service = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

@@ -179,10 +179,10 @@ def test_k8s_pods_run_as_the_image_user_without_privileges() -> None:
             assert context["capabilities"]["drop"] == ["ALL"]
 
 
-def test_k8s_network_policy_admits_only_the_learner() -> None:
+def test_k8s_network_policy_admits_only_the_learner_and_relaying_actors() -> None:
     policy = k8s_object("NetworkPolicy", "actors-from-learner-only")
     assert policy["spec"]["podSelector"]["matchLabels"] == ACTOR_LABELS
-    rule, scrape = policy["spec"]["ingress"]
+    rule, relay, scrape = policy["spec"]["ingress"]
     # Prometheus may scrape from any namespace, but only the metrics port.
     assert scrape == {
         "from": [{"namespaceSelector": {}}],
@@ -194,7 +194,15 @@ def test_k8s_network_policy_admits_only_the_learner() -> None:
     learner_labels = k8s_object("Job", "learner")["spec"]["template"]["metadata"]["labels"]
     assert LEARNER_LABELS.items() <= learner_labels.items()
     assert [p["port"] for p in rule["ports"]] == ["grpc"]
-    assert policy["spec"]["egress"] == []
+    # Relayed pushes: actors reach each other's gRPC port, and nothing else.
+    assert relay == {
+        "from": [{"podSelector": {"matchLabels": ACTOR_LABELS}}],
+        "ports": [{"port": "grpc", "protocol": "TCP"}],
+    }
+    (egress,) = policy["spec"]["egress"]
+    assert egress["to"] == [{"podSelector": {"matchLabels": ACTOR_LABELS}}]
+    port = k8s_object("Service", "actors")["spec"]["ports"][0]["port"]
+    assert egress["ports"] == [{"port": port, "protocol": "TCP"}]
     assert "Egress" in policy["spec"]["policyTypes"]
 
 

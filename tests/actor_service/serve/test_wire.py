@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from google.protobuf.message import DecodeError
 
-from actor_service._serve._wire import RawChunk, decode_push_request, encode_chunk, encode_control
+from actor_service._serve._wire import (
+    RawChunk,
+    RawRelayChunk,
+    decode_push_request,
+    decode_relay_request,
+    encode_chunk,
+    encode_control,
+    encode_relay_chunk,
+)
 from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
@@ -101,3 +109,28 @@ def test_decode_push_request_leaves_everything_else_to_protobuf() -> None:
     assert decode_push_request(chunk + b"\x12\x01z").chunk == b"z"  # protobuf: last one wins
     with pytest.raises(DecodeError):
         decode_push_request(b"\x12\xff\xff")
+
+
+@pytest.mark.parametrize("crc", [0, 1, 0xFFFFFFFF])
+@pytest.mark.parametrize("size", [0, 1, 200, 3 << 20])
+def test_relay_chunks_are_framed_as_protobuf_and_read_back_without_a_copy(size, crc) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    framed = encode_relay_chunk(data, crc)
+    message = pb.RelayRequest(chunk=pb.RelayChunk(data=data, crc32c=crc))
+    assert framed == message.SerializeToString()
+    read = decode_relay_request(framed)
+    assert (bytes(read.chunk.data), read.chunk.crc32c) == (data, crc)
+    if size:  # (protobuf writes no field for empty bytes: that one is parsed by protobuf)
+        assert isinstance(read, RawRelayChunk)
+        assert read.raw == framed
+        assert read.data.obj is framed  # a view of the received bytes
+
+
+def test_relay_messages_other_than_a_plain_chunk_are_parsed_by_protobuf() -> None:
+    opening = pb.RelayRequest(open=pb.RelayOpen(push_id=b"p" * 16, ticket=b"t" * 32))
+    assert decode_relay_request(opening.SerializeToString()) == opening
+    odd = pb.RelayChunk(data=b"abc", crc32c=7).SerializeToString() + b"\x18\x01"  # a field 3
+    message = pb.RelayRequest.FromString(b"\x12" + bytes([len(odd)]) + odd)
+    read = decode_relay_request(b"\x12" + bytes([len(odd)]) + odd)
+    assert not isinstance(read, RawRelayChunk)
+    assert read == message

@@ -1,0 +1,78 @@
+"""Relayed pushes across hosts: the middle relay of a chain cut silently in the middle of a push.
+
+Three actor hosts behind 100 Mbit links; the learner pushes a ~10 MB policy, relayed down
+the chain host1 -> host2 -> host3. host2 is cut (packets dropped, no FIN, no RST) while
+the push flows through it: host1 still applies the new version, host3 gets the bytes from
+the learner once its relayed bytes stall and applies it, host2 is the only failure, and
+the learner's link carried the blob about twice (host1's copy and host3's), not three times.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from on_hosts import LearnerScript, start_actors_on
+
+pytestmark = pytest.mark.hosts
+
+PORT = 50051
+CALL_TIMEOUT = 10.0
+HIDDEN = 1600  # ~10 MB of float32: relayed
+
+_LEARNER = f"""
+import gymnasium
+import torch
+from common.policies import make_policy
+from learner_client import GrpcCollector, WeightPushError, WeightPushSettings
+
+def tx():
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+env = gymnasium.make("CartPole-v1")
+policy = make_policy("mlp", env.observation_space, env.action_space, hidden=({HIDDEN}, {HIDDEN}))
+size = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+push = WeightPushSettings(shared_memory=False, relay_stall_seconds=1.0)  # the bed shares /dev/shm
+c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=6, call_timeout={CALL_TIMEOUT},
+                  weight_push=push)
+first = c.update_policy_weights_(policy)
+say({{"first": first, "stats": c.stats()["relayed_pushes"]}})
+wait()
+with torch.no_grad():
+    next(policy.parameters()).add_(1e-3)
+say("pushing")
+t, sent = time.monotonic(), tx()
+try:
+    say({{"applied": c.update_policy_weights_(policy)}})
+except WeightPushError as exc:
+    say({{"succeeded": {{str(w): v for w, v in exc.succeeded.items()}},
+         "failed": sorted(exc.failed), "seconds": time.monotonic() - t,
+         "sent": (tx() - sent) / size,
+         "fallbacks": c.stats()["relay_fallbacks"]}})
+c.shutdown(timeout=5)
+"""
+
+
+def test_hosts_a_relay_cut_mid_push_leaves_the_chain_applying_and_names_it(make_bed) -> None:
+    bed = make_bed(3, rate="100mbit", learner_rate="100mbit")
+    args = ["--num-envs", "1", "--policy", "mlp", "--port", str(PORT)]
+    args += ["--policy-kwargs", f'{{"hidden": [{HIDDEN}, {HIDDEN}]}}']
+    actors = start_actors_on(
+        bed, [(f"host{i}", ["--worker-id", str(i), "--seed", str(i), *args]) for i in (1, 2, 3)]
+    )
+    learner = LearnerScript(bed, _LEARNER, [",".join(a.target for a in actors)])
+    first = learner.read(timeout=180)
+    assert first["stats"] == 2, first  # host2 and host3 were sent their bytes by a relay
+    version = first["first"]["1"]
+    learner.say()
+    assert learner.read() == "pushing"
+    time.sleep(0.4)  # ~10 MB at 100 Mbit: ~0.8 s per link; the blob is flowing through host2
+    bed.cut("host2")
+    pushed = learner.read(timeout=120)
+    assert pushed.get("failed") == [2], pushed  # never reported applied where it was not
+    assert pushed["succeeded"] == {"1": version + 1, "3": version + 1}, pushed
+    assert pushed["fallbacks"] == 1, pushed
+    assert pushed["seconds"] < CALL_TIMEOUT + 5, pushed
+    assert pushed["sent"] < 2.6, pushed  # host1's copy, host3's direct one, a part of host2's
+    learner.finish()
