@@ -1,10 +1,14 @@
-"""Relayed pushes across hosts: the middle relay of a chain cut silently in the middle of a push.
+"""Relayed pushes across hosts: a relay cut mid-push; a restarted actor catching up from a peer.
 
 Three actor hosts behind 100 Mbit links; the learner pushes a ~10 MB policy, relayed down
 the chain host1 -> host2 -> host3. host2 is cut (packets dropped, no FIN, no RST) while
 the push flows through it: host1 still applies the new version, host3 gets the bytes from
 the learner once its relayed bytes stall and applies it, host2 is the only failure, and
 the learner's link carried the blob about twice (host1's copy and host3's), not three times.
+
+Four actors hold a pushed policy; one is killed and started again on its host: it is sent the
+current weights by a peer that holds them, and the learner's link carries under a tenth of
+the model's bytes meanwhile.
 """
 
 from __future__ import annotations
@@ -75,4 +79,55 @@ def test_hosts_a_relay_cut_mid_push_leaves_the_chain_applying_and_names_it(make_
     assert pushed["fallbacks"] == 1, pushed
     assert pushed["seconds"] < CALL_TIMEOUT + 5, pushed
     assert pushed["sent"] < 2.6, pushed  # host1's copy, host3's direct one, a part of host2's
+    learner.finish()
+
+
+_CATCH_UP = f"""
+import gymnasium
+from common.policies import make_policy
+from learner_client import GrpcCollector, WeightPushSettings
+
+def tx():
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+env = gymnasium.make("CartPole-v1")
+policy = make_policy("mlp", env.observation_space, env.action_space, hidden=({HIDDEN}, {HIDDEN}))
+size = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+push = WeightPushSettings(shared_memory=False)  # the bed shares /dev/shm
+c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=4, batch_timeout=30,
+                  weight_push=push)
+version = c.update_policy_weights_(policy)[4]
+say(version)
+wait()  # worker 4 is killed and started again
+sent, t = tx(), time.monotonic()
+while time.monotonic() - t < 120:
+    b = c.next()
+    if c.stats()["peer_catch_ups"] and int(b["collector", "worker_id"].flatten()[0]) == 4:
+        break
+stats = c.stats()
+say({{"sent": (tx() - sent) / size, "catch_ups": stats["peer_catch_ups"],
+     "fallbacks": stats["relay_fallbacks"],
+     "versions": sorted(set(b["policy_version"].flatten().tolist()))}})
+c.shutdown(timeout=5)
+"""
+
+
+def test_hosts_a_restarted_actor_among_four_catches_up_from_a_peer(make_bed) -> None:
+    bed = make_bed(4, rate="1gbit", learner_rate="1gbit")
+    args = ["--num-envs", "1", "--policy", "mlp", "--port", str(PORT)]
+    args += ["--policy-kwargs", f'{{"hidden": [{HIDDEN}, {HIDDEN}]}}']
+    specs = [(f"host{i}", ["--worker-id", str(i), "--seed", str(i), *args]) for i in range(1, 5)]
+    actors = start_actors_on(bed, specs)
+    learner = LearnerScript(bed, _CATCH_UP, [",".join(a.target for a in actors)])
+    version = learner.read(timeout=180)
+    actors[3].process.kill()
+    actors[3].process.wait(10)
+    start_actors_on(bed, [specs[3]])
+    learner.say()
+    back = learner.read(timeout=180)
+    assert back["catch_ups"] == 1, back
+    assert back["fallbacks"] == 0, back
+    assert back["versions"] == [version], back  # its first batch acts with the current weights
+    assert back["sent"] < 0.1, back  # the learner's link carried headers, acks and credits
     learner.finish()
