@@ -123,9 +123,24 @@ def _start_ray(args: argparse.Namespace, report: Report) -> bool:
     return True
 
 
+def _rlfleet_collector(
+    stack: contextlib.ExitStack, actors: int, hidden: tuple[int, ...], push: Any
+) -> Any:
+    """A collector on a fleet of its own (versions are per collector), pushing as ``push`` says."""
+    from bench import _rlfleet
+
+    fleet = stack.enter_context(
+        _rlfleet.fleet(actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
+    )
+    kwargs = {} if push is None else {"weight_push": push}
+    return stack.enter_context(
+        _rlfleet.collector(fleet.addresses, sync=False, frames_per_batch=16, **kwargs)
+    )
+
+
 def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool) -> None:
     """Measure every system for one policy size, repetitions interleaved."""
-    from bench import _rlfleet, _torchrl
+    from bench import _torchrl
     from bench._loopback import LoopbackReceivers
     from bench.cartpole import mlp_policy
 
@@ -136,32 +151,12 @@ def run_size(size: str, args: argparse.Namespace, report: Report, with_ray: bool
     env_fn = _torchrl.cartpole_env("gym_sync", 1)
     samples: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
-        fleet = stack.enter_context(
-            _rlfleet.fleet(args.actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
-        )
-        coll = stack.enter_context(
-            _rlfleet.collector(fleet.addresses, sync=False, frames_per_batch=16)
-        )
-        bytes_fleet = stack.enter_context(  # its own actors: versions are per collector
-            _rlfleet.fleet(args.actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
-        )
-        bytes_coll = stack.enter_context(
-            _rlfleet.collector(
-                bytes_fleet.addresses,
-                sync=False,
-                frames_per_batch=16,
-                weight_push=WeightPushSettings(shared_memory=False, relay=False),
-            )
-        )
-        relay_fleet = stack.enter_context(
-            _rlfleet.fleet(args.actors, num_envs=1, policy_kwargs={"hidden": list(hidden)})
-        )
-        relay_coll = stack.enter_context(
-            _rlfleet.collector(
-                relay_fleet.addresses,
-                sync=False,
-                frames_per_batch=16,
-                weight_push=WeightPushSettings(shared_memory=False),
+        coll, bytes_coll, relay_coll = (
+            _rlfleet_collector(stack, args.actors, hidden, push)
+            for push in (
+                None,
+                WeightPushSettings(shared_memory=False, relay=False),
+                WeightPushSettings(shared_memory=False),
             )
         )
         trl = _torchrl.make_collector(

@@ -39,6 +39,7 @@ __all__ = [
     "Chunk",
     "CollectCall",
     "PushMessages",
+    "PushInFlight",
     "PushReply",
     "RelayFailedError",
     "encode_chunk",
@@ -59,6 +60,8 @@ _RECONNECT_OPTIONS = [
 ]
 
 
+#: Pushes in flight read from a Describe.
+_LISTED_PUSHES = 16
 # Field tag of PushWeightsRequest.chunk (a oneof member, so an empty value is
 # still written: tag, then length 0).
 _CHUNK_TAG = pb.PushWeightsRequest(chunk=b"").SerializeToString()[:-1]
@@ -209,6 +212,39 @@ class PushReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class PushInFlight:
+    """A weight push an actor is receiving, as its Describe reports it.
+
+    Attributes:
+        model_id: The model it updates.
+        version: The version it carries.
+        total_bytes: Its blob's size.
+        received_bytes: The bytes received and checked so far.
+        source: ``"learner"``, ``"relay"`` or ``"shared memory"``.
+        seconds: Seconds since its header arrived.
+    """
+
+    model_id: str
+    version: int
+    total_bytes: int
+    received_bytes: int
+    source: str
+    seconds: float
+
+    @classmethod
+    def from_proto(cls, push: pb.PushInFlight) -> PushInFlight:
+        """Decode one ``PushInFlight`` (at most 64 characters of its text fields kept)."""
+        return cls(
+            model_id=push.model_id[:64] or "policy",
+            version=int(push.version),
+            total_bytes=int(push.total_bytes),
+            received_bytes=int(push.received_bytes),
+            source=push.source[:64],
+            seconds=float(push.seconds),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ActorDescription:
     """What Describe reports about one actor, as plain values.
 
@@ -235,6 +271,7 @@ class ActorDescription:
             expires; 0: it takes no multi-part pushes (it predates them).
         host_identity: Its host's identity (``common.shm.host_identity``); empty if unknown.
         shm_probe_ok: It read back the probe segment the Describe named.
+        pushes_in_flight: The weight pushes it is receiving (at most 16).
     """
 
     address: str
@@ -255,6 +292,7 @@ class ActorDescription:
     part_deadline: float = 0.0
     host_identity: str = ""
     shm_probe_ok: bool = False
+    pushes_in_flight: tuple[PushInFlight, ...] = ()
 
     @classmethod
     def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
@@ -285,6 +323,9 @@ class ActorDescription:
             part_deadline=float(reply.part_deadline_seconds),
             host_identity=reply.host_identity,
             shm_probe_ok=bool(reply.shm_probe_ok),
+            pushes_in_flight=tuple(
+                PushInFlight.from_proto(p) for p in reply.pushes_in_flight[:_LISTED_PUSHES]
+            ),
         )
 
 

@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PushCall", "WeightPushes"]
 
+#: Pushes in flight that Describe lists.
+_MAX_LISTED = 16
 _OUTCOMES = {
     PushOutcome.APPLIED: pb.PUSH_OUTCOME_APPLIED,
     PushOutcome.STAGED: pb.PUSH_OUTCOME_STAGED,
@@ -99,7 +101,9 @@ class PushCall:
         self.outcome = PushOutcome.APPLIED
         self.peer = peer
         self._metrics = metrics
-        self._started = time.monotonic()
+        self.started = time.monotonic()
+        self.source = "learner"  # where the bytes come from: learner, relay, shared memory
+        self.assembler: BlobAssembler | None = None  # set once the blob is being received
         self.pause = 0.0
         self.buffer: torch.Tensor | None = None  # lent by ReceiveBuffers while in use
         self.fresh = False  # the buffer was allocated for this push, not lent
@@ -128,7 +132,7 @@ class PushCall:
             if exc is None:
                 self._metrics.weight_push_bytes.labels(model).inc(self.total_bytes)
                 self._metrics.weight_push_seconds.labels(model).observe(
-                    time.monotonic() - self._started
+                    time.monotonic() - self.started
                 )
                 self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
         fields: dict[str, Any] = {}
@@ -168,6 +172,7 @@ class WeightPushes:
         self._part_buffers = PartBuffers()
         self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
         self._inbox = RelayInbox()
+        self._in_flight: set[PushCall] = set()
         #: Per model, the last whole push applied, whose bytes its receive buffer still holds.
         self._held: dict[str, HeldBlob] = {}
 
@@ -192,10 +197,25 @@ class WeightPushes:
             push.audit(exc)
             await drain(requests, self._drain_budget(push), "PushWeights")
             raise
+        self._in_flight.add(push)
+        try:
+            return await self._take_in(requests, header, push)
+        finally:
+            self._in_flight.discard(push)
+
+    async def _take_in(
+        self,
+        requests: AsyncIterator[pb.PushWeightsRequest],
+        header: pb.WeightsHeader,
+        push: PushCall,
+    ) -> pb.PushWeightsResponse:
+        """An admitted push: its blob received (by its route), checked, staged or swapped in."""
         try:
             if header.HasField("shm"):
+                push.source = "shared memory"
                 blob = await self._read_segment(requests, header, push)
             elif push.relay is not None:
+                push.source = "relay" if push.relay.source_ticket else "learner"
                 blob = await self._receive_relayed(requests, push, push.relay)
             else:
                 blob = await self._receive_weights(requests, push)
@@ -216,6 +236,21 @@ class WeightPushes:
         swap = await asyncio.shield(self._rt.run_side(self._apply_weights, blob, push))
         self._parts.settle(push.model_id, swap.version)
         return self._reply(push, swap.version, swap.pause_seconds)
+
+    def in_flight(self) -> list[pb.PushInFlight]:
+        """The pushes arriving now, for Describe (at most :data:`_MAX_LISTED`)."""
+        now = time.monotonic()
+        return [
+            pb.PushInFlight(
+                model_id=push.model_id,
+                version=push.version,
+                total_bytes=push.total_bytes,
+                received_bytes=push.assembler.received if push.assembler is not None else 0,
+                source=push.source,
+                seconds=now - push.started,
+            )
+            for push in list(self._in_flight)[:_MAX_LISTED]
+        ]
 
     def _reply(
         self, push: PushCall, version: int, pause: float, staged: int = 0
@@ -280,6 +315,7 @@ class WeightPushes:
         )
         if push.buffer is None:
             push.buffer, push.fresh = assembler.buffer, True
+        push.assembler = assembler
         return assembler
 
     async def _receive_relayed(

@@ -46,6 +46,8 @@ class ActorStatus:
         frames: Frames it collected.
         uptime_seconds: Seconds since it started.
         frames_per_second: Rate since the previous round; None when unknown.
+        pushes: The weight pushes it is receiving now (model_id, version, total and
+            received bytes, source, seconds).
         error: Why Describe failed (status code and details); empty when it did not.
     """
 
@@ -61,6 +63,7 @@ class ActorStatus:
     frames: int = 0
     uptime_seconds: float = 0.0
     frames_per_second: float | None = None
+    pushes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     error: str = ""
 
     @property
@@ -139,6 +142,7 @@ def _from_describe(address: str, health: str, reply: pb.DescribeResponse) -> Act
         epoch=actor.epoch,
         frames=actor.frames,
         uptime_seconds=actor.uptime_seconds,
+        pushes=[dataclasses.asdict(p) for p in actor.pushes_in_flight],
     )
 
 
@@ -188,6 +192,9 @@ def _row(s: ActorStatus) -> tuple[str, ...]:
         return ("-", "-", "-", s.health, "-", "-", "-", "-", s.address)
     session = f"held by {s.learner_id}" if s.session == "held" and s.learner_id else s.session
     policy = " ".join(f"{mid}={v}" for mid, v in sorted(s.policy_versions.items())) or "-"
+    for push in s.pushes:  # e.g. "policy=4 (<- policy=5 40% from relay)"
+        done = push["received_bytes"] / max(1, push["total_bytes"])
+        policy += f" (<- {push['model_id']}={push['version']} {done:.0%} from {push['source']})"
     rate = "-" if s.frames_per_second is None else f"{s.frames_per_second:,.0f}"
     return (
         str(s.worker_id),

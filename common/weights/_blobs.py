@@ -165,6 +165,11 @@ class BlobAssembler:
         self._result: memoryview | None = None
 
     @property
+    def received(self) -> int:
+        """Bytes added so far."""
+        return self._received
+
+    @property
     def total_bytes(self) -> int:
         """The blob size announced by the peer."""
         return self._total

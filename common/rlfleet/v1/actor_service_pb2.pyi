@@ -437,7 +437,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, shm_probe: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "learner_id", "draining", "frames", "uptime_seconds")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "learner_id", "draining", "frames", "uptime_seconds", "pushes_in_flight")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +460,7 @@ class DescribeResponse(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     epoch: int
     env_id: str
@@ -482,7 +483,24 @@ class DescribeResponse(_message.Message):
     draining: bool
     frames: int
     uptime_seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
+    pushes_in_flight: _containers.RepeatedCompositeFieldContainer[PushInFlight]
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., pushes_in_flight: _Optional[_Iterable[_Union[PushInFlight, _Mapping]]] = ...) -> None: ...
+
+class PushInFlight(_message.Message):
+    __slots__ = ("model_id", "version", "total_bytes", "received_bytes", "source", "seconds")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    version: int
+    total_bytes: int
+    received_bytes: int
+    source: str
+    seconds: float
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., received_bytes: _Optional[int] = ..., source: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class StateHeader(_message.Message):
     __slots__ = ("total_bytes", "sha256", "allow_rollback")

@@ -21,6 +21,7 @@ import safetensors.torch
 from actor_harness import Actor
 from test_server_delta import _actor_weights, _bits_equal, _serving, _step, _version
 
+from apps.status._status import _from_describe, format_table
 from common.checksum import crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -273,3 +274,21 @@ def test_a_forward_of_a_blob_not_held_is_refused_and_sends_nothing(make_actor) -
     code = code_of(lambda: holder.stub.ForwardWeights(hostile, timeout=30))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert _serving(holder)
+
+
+def test_describe_lists_the_pushes_in_flight_and_status_shows_them(actor: Actor) -> None:
+    _, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)  # waits for its relay: in flight, nothing received
+    deadline = time.monotonic() + 10
+    while not (listed := actor.stub.Describe(pb.DescribeRequest(), timeout=10).pushes_in_flight):
+        assert time.monotonic() < deadline, "the opened push was never listed"
+        time.sleep(0.05)
+    (push,) = listed
+    assert (push.model_id, push.version, push.total_bytes) == ("policy", version, len(blob))
+    assert (push.received_bytes, push.source) == (0, "relay")
+    reply = actor.stub.Describe(pb.DescribeRequest(), timeout=10)
+    status = _from_describe(f"127.0.0.1:{actor.port}", "SERVING", reply)
+    assert f"(<- policy={version} 0% from relay)" in format_table([status])
+    assert status.as_json()["pushes"][0]["source"] == "relay"
+    assert opened.reply.result(30).relay_failed  # no relay came: given up, nothing applied
+    assert not actor.stub.Describe(pb.DescribeRequest(), timeout=10).pushes_in_flight
