@@ -35,6 +35,7 @@ __all__ = [
     "check_model_id",
     "check_seed",
     "client_channel_options",
+    "is_relay_address",
     "server_channel_options",
 ]
 
@@ -274,6 +275,19 @@ def check_seed(seed: object) -> int:
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
     return seed
+
+
+#: The longest address a relayed push may be forwarded to.
+MAX_RELAY_ADDRESS = 255
+
+
+def is_relay_address(address: str) -> bool:
+    """Whether a relayed push may be forwarded to ``address``: a plain ``host:port``.
+
+    No scheme or path (``dns:///``, ``unix:``), at most :data:`MAX_RELAY_ADDRESS` characters.
+    The learner relays only to such addresses; an actor refuses any other ``forward_to``.
+    """
+    return 0 < len(address) <= MAX_RELAY_ADDRESS and ":" in address and "/" not in address
 
 
 def server_channel_options() -> list[tuple[str, int]]:

@@ -386,10 +386,12 @@ class Fleet:
         tls = self.conn.channel_credentials is not None
         if held is None or held[0] != _key(enc) or enc.crc32c is None:
             return None
-        if not self.relay.relays(_nbytes(enc.blob), 2, tls=tls):
-            return None
         peers = [w for w in sorted(held[1]) if w != link.worker_id and w in self._links]
-        return next((self._links[w] for w in peers if self.reachable(w)), None)
+        peer = next((self._links[w] for w in peers if self.reachable(w)), None)
+        if peer is None:
+            return None
+        chain = [peer.channel.address, link.channel.address]
+        return peer if self.relay.relays(_nbytes(enc.blob), chain, tls=tls) else None
 
     async def _catch_up(
         self, link: Link, peer: Link, enc: EncodedWeights, messages: PushMessages
@@ -475,9 +477,9 @@ class Fleet:
         relayed: dict[int, Sequence[bytes]] = {}
         for key, indices in groups.items():
             size = _nbytes(pairs[indices[0]][1].blob)
-            if not self.relay.relays(size, len(indices), tls=tls):
-                continue
             addresses = [self._links[pairs[i][0]].channel.address for i in indices]
+            if not self.relay.relays(size, addresses, tls=tls):
+                continue
             chained = self.relay.chain(messages[key], addresses, size)
             relayed.update(zip(indices, chained, strict=True))
         return relayed

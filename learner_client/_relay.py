@@ -17,7 +17,8 @@ forward the blob its receive buffer still holds; the learner's link carries head
 
 What goes direct: actors on this host (shared memory), a blob under
 :data:`MIN_RELAY_BYTES` (a few round trips, which a chain would add per actor), a push to
-one actor, and TLS fleets (actors hold a server identity, not credentials for each other).
+one actor, actors known by other than ``host:port`` (a ``unix:`` socket), and TLS fleets
+(actors hold a server identity, not credentials for each other).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import secrets
 import threading
 from collections.abc import Sequence
 
+from common.config import is_relay_address
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._transport import PushMessages, encode_header
 
@@ -62,9 +64,18 @@ class RelayRoute:
         init=False,
     )
 
-    def relays(self, total_bytes: int, targets: int, *, tls: bool) -> bool:
-        """Whether a blob of ``total_bytes`` to ``targets`` remote actors is relayed."""
-        return self.enabled and not tls and targets >= 2 and total_bytes >= MIN_RELAY_BYTES
+    def relays(self, total_bytes: int, addresses: Sequence[str], *, tls: bool) -> bool:
+        """Whether a blob of ``total_bytes`` to remote actors at ``addresses`` is relayed.
+
+        Only to plain ``host:port`` addresses (``common.config.is_relay_address``).
+        """
+        return (
+            self.enabled
+            and not tls
+            and len(addresses) >= 2
+            and total_bytes >= MIN_RELAY_BYTES
+            and all(is_relay_address(a) for a in addresses)
+        )
 
     def chain(
         self, messages: PushMessages, addresses: Sequence[str], total_bytes: int

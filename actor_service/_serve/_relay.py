@@ -27,7 +27,7 @@ from actor_service._serve._logging import log_event
 from actor_service._serve._streams import next_message
 from actor_service._serve._wire import RawRelayChunk, encode_relay_chunk
 from common.checksum import crc32c
-from common.config import client_channel_options
+from common.config import client_channel_options, is_relay_address
 from common.errors import (
     ActorBusyError,
     PermissionDeniedError,
@@ -44,7 +44,6 @@ __all__ = ["Forwarder", "Piece", "RelayFailed", "RelayInbox", "check_relay", "re
 PUSH_ID_BYTES = 16
 _TICKET_BYTES = (16, 64)
 _STALL_SECONDS = (0.1, 600.0)
-_MAX_ADDRESS = 255
 #: How long a relay's call waits for the learner to open its push here.
 OPEN_WAIT_SECONDS = 5.0
 #: Relay calls waiting for their push at once; more are refused RESOURCE_EXHAUSTED.
@@ -78,7 +77,7 @@ def check_relay(relay: pb.Relay) -> None:
     if bool(relay.forward_to) != bool(relay.forward_ticket):
         raise ProtocolError("relay.forward_to and relay.forward_ticket go together")
     address = relay.forward_to
-    if address and (len(address) > _MAX_ADDRESS or ":" not in address or "/" in address):
+    if address and not is_relay_address(address):
         raise ProtocolError(f"relay.forward_to must be host:port, got {address[:64]!r}")
     if not _STALL_SECONDS[0] <= relay.stall_seconds <= _STALL_SECONDS[1]:
         raise ProtocolError(f"relay.stall_seconds must be in {list(_STALL_SECONDS)}")

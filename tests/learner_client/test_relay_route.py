@@ -1,0 +1,36 @@
+"""Which pushes the learner relays (``learner_client._relay.RelayRoute.relays``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import is_relay_address
+from learner_client._relay import MIN_RELAY_BYTES, RelayRoute
+
+PLAIN = ["10.0.0.1:50051", "10.0.0.2:50051"]
+
+
+@pytest.mark.parametrize(
+    ("route", "size", "addresses", "tls", "relayed"),
+    [
+        (RelayRoute(), MIN_RELAY_BYTES, PLAIN, False, True),
+        (RelayRoute(), MIN_RELAY_BYTES, ["[fd00::1]:50051", "actor-1.actors:50051"], False, True),
+        (RelayRoute(), MIN_RELAY_BYTES - 1, PLAIN, False, False),  # a few round trips
+        (RelayRoute(), MIN_RELAY_BYTES, PLAIN[:1], False, False),  # one actor
+        (RelayRoute(), MIN_RELAY_BYTES, PLAIN, True, False),  # TLS goes direct
+        (RelayRoute(enabled=False), MIN_RELAY_BYTES, PLAIN, False, False),
+        (RelayRoute(), MIN_RELAY_BYTES, [PLAIN[0], "unix:/run/actor.sock"], False, False),
+        (RelayRoute(), MIN_RELAY_BYTES, [PLAIN[0], "dns:///actors:50051"], False, False),
+        (RelayRoute(), MIN_RELAY_BYTES, [PLAIN[0], "h" * 300 + ":1"], False, False),
+    ],
+)
+def test_a_push_is_relayed_only_where_every_condition_holds(
+    route, size, addresses, tls, relayed
+) -> None:
+    assert route.relays(size, addresses, tls=tls) is relayed
+
+
+def test_relay_addresses_are_plain_host_and_port() -> None:
+    assert is_relay_address("127.0.0.1:1")
+    for address in ("", "localhost", "unix:/tmp/a", "dns:///a:1", "a" * 256 + ":1"):
+        assert not is_relay_address(address)
