@@ -24,7 +24,7 @@ PORT = 50051
 CALL_TIMEOUT = 10.0
 HIDDEN = 1600  # ~10 MB of float32: relayed
 
-_LEARNER = f"""
+_HEAD = f"""
 import gymnasium
 import torch
 from common.policies import make_policy
@@ -37,6 +37,11 @@ def tx():
 env = gymnasium.make("CartPole-v1")
 policy = make_policy("mlp", env.observation_space, env.action_space, hidden=({HIDDEN}, {HIDDEN}))
 size = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+"""
+
+_LEARNER = (
+    _HEAD
+    + f"""
 push = WeightPushSettings(shared_memory=False, relay_stall_seconds=1.0)  # the bed shares /dev/shm
 c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=6, call_timeout={CALL_TIMEOUT},
                   weight_push=push)
@@ -56,6 +61,7 @@ except WeightPushError as exc:
          "fallbacks": c.stats()["relay_fallbacks"]}})
 c.shutdown(timeout=5)
 """
+)
 
 
 def test_hosts_a_relay_cut_mid_push_leaves_the_chain_applying_and_names_it(make_bed) -> None:
@@ -82,18 +88,9 @@ def test_hosts_a_relay_cut_mid_push_leaves_the_chain_applying_and_names_it(make_
     learner.finish()
 
 
-_CATCH_UP = f"""
-import gymnasium
-from common.policies import make_policy
-from learner_client import GrpcCollector, WeightPushSettings
-
-def tx():
-    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
-        return int(f.read())
-
-env = gymnasium.make("CartPole-v1")
-policy = make_policy("mlp", env.observation_space, env.action_space, hidden=({HIDDEN}, {HIDDEN}))
-size = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+_CATCH_UP = (
+    _HEAD
+    + """
 push = WeightPushSettings(shared_memory=False)  # the bed shares /dev/shm
 c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=4, batch_timeout=30,
                   weight_push=push)
@@ -106,11 +103,12 @@ while time.monotonic() - t < 120:
     if c.stats()["peer_catch_ups"] and int(b["collector", "worker_id"].flatten()[0]) == 4:
         break
 stats = c.stats()
-say({{"sent": (tx() - sent) / size, "catch_ups": stats["peer_catch_ups"],
+say({"sent": (tx() - sent) / size, "catch_ups": stats["peer_catch_ups"],
      "fallbacks": stats["relay_fallbacks"],
-     "versions": sorted(set(b["policy_version"].flatten().tolist()))}})
+     "versions": sorted(set(b["policy_version"].flatten().tolist()))})
 c.shutdown(timeout=5)
 """
+)
 
 
 def test_hosts_a_restarted_actor_among_four_catches_up_from_a_peer(make_bed) -> None:
