@@ -1,7 +1,9 @@
 """Weight blobs in shared memory: one segment written once, read and checked by each local reader.
 
 A segment is a file under ``/dev/shm`` named ``rlfleet-shm-<pid>-<32 hex>`` (the writer's
-pid, then 128 random bits), created ``0600`` with ``O_EXCL``. The control that travels
+pid, then 128 random bits), created ``0600`` with ``O_EXCL``: written once
+(:func:`write_segment`), or mapped by its writer and filled again push after push, its pages
+reserved up front and kept (:class:`SharedBuffer`). The control that travels
 elsewhere (name, size, CRC-32C) is all a reader trusts: :func:`read_segment` refuses a name
 outside the pattern (no path traversal), a link, a file not owned by this user or readable by
 others, a size other than the one announced, and a digest mismatch. It raises
@@ -12,6 +14,7 @@ nothing. :func:`sweep_segments` removes the segments of writers that are gone (S
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import secrets
@@ -26,6 +29,7 @@ __all__ = [
     "SHM_ROOT",
     "ShmError",
     "Segment",
+    "SharedBuffer",
     "host_identity",
     "read_segment",
     "read_segment_into",
@@ -76,6 +80,57 @@ def write_segment(
         raise
     os.close(fd)
     return Segment(name=name, size=len(view), crc32c=crc32c(view) if crc is None else crc)
+
+
+class SharedBuffer:
+    """A segment its writer keeps mapped and fills again, push after push.
+
+    Its pages are reserved when it is made (``posix_fallocate``: a full ``/dev/shm`` is an
+    ``OSError`` here, never a ``SIGBUS`` at a later write) and stay allocated while it
+    lives, so filling it again costs one copy and no page faults. Readers open it by name
+    as any segment and check what they read against the control; the writer fills it only
+    while no reader is told of it. :meth:`close` removes it.
+
+    Args:
+        size: Its exact size in bytes (readers check the file's size against the control).
+        root: The folder it lives in.
+
+    Raises:
+        OSError: The segment cannot be made (``/dev/shm`` full, absent, not writable).
+    """
+
+    def __init__(self, size: int, root: str = SHM_ROOT) -> None:
+        if size <= 0:
+            raise OSError(f"a shared buffer holds at least one byte, not {size}")
+        self.root = root
+        self.name = f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
+        self.size = size
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            self._memory = mmap.mmap(fd, size)
+        except BaseException:
+            remove_segment(self.name, root)
+            raise
+        finally:
+            os.close(fd)
+
+    @property
+    def _path(self) -> str:
+        return os.path.join(self.root, self.name)
+
+    def fill(self, blob: bytes | bytearray | memoryview, crc: int) -> Segment:
+        """Copy ``blob`` (exactly :attr:`size` bytes, of CRC-32C ``crc``) in; its control back."""
+        view = memoryview(blob).cast("B")
+        if view.nbytes != self.size:
+            raise ValueError(f"a blob of {view.nbytes} bytes in a segment of {self.size}")
+        self._memory[:] = view
+        return Segment(name=self.name, size=self.size, crc32c=crc)
+
+    def close(self) -> None:
+        """Unmap and remove the segment."""
+        self._memory.close()
+        remove_segment(self.name, self.root)
 
 
 def remove_segment(name: str, root: str = SHM_ROOT) -> None:

@@ -148,7 +148,7 @@ class Fleet:
             )
         finally:
             if probe is not None:
-                self.shm.release([probe])
+                self.shm.remove_probe(probe)
         failed = [
             (c.address, r)
             for c, r in zip(channels, results, strict=True)
@@ -429,21 +429,22 @@ class Fleet:
             (what becomes of them is the pusher's verdict).
         """
         # Serialised once per distinct push, however many workers receive it; the blob of
-        # a push to actors on this host written once into a segment they all read.
+        # a push to actors on this host copied once into a segment they all read.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
-        local = [self.shm.is_local(w) for w, _ in pairs]
+        near = [self.shm.is_local(w) for w, _ in pairs]
         blobs = {
-            _key(enc): (enc.blob, enc.crc32c)
-            for (_, enc), near in zip(pairs, local, strict=True)
-            if near
+            _key(enc): (enc.blob, enc.crc32c) for (_, enc), n in zip(pairs, near, strict=True) if n
         }
         segments = self.shm.write(blobs)
+        # A local actor whose blob got no segment (/dev/shm full) is sent the bytes.
+        local = [n and _key(enc) in segments for (_, enc), n in zip(pairs, near, strict=True)]
+        refused: list[int] = []
         try:
             sent: list[Sequence[bytes]] = [
                 shm_messages(messages[_key(enc)], segments[_key(enc)])
-                if near
+                if shared
                 else messages[_key(enc)]
-                for (_, enc), near in zip(pairs, local, strict=True)
+                for (_, enc), shared in zip(pairs, local, strict=True)
             ]
             relayed = self._relayed(pairs, local, messages)
             for i, chained in relayed.items():
@@ -457,8 +458,10 @@ class Fleet:
                 log.info("worker_id %d: %s; the bytes were sent instead", pairs[i][0], replies[i])
                 replies[i] = reply
         finally:
-            self.shm.release(segments.values())
-        self.shm.count(sum(local) - len(refused), len(refused))
+            # A segment an actor refused is not trusted again (removed, not kept).
+            spoiled = {segments[_key(pairs[i][1])].name for i in refused}
+            self.shm.release(segments.values(), spoiled)
+        self.shm.count(sum(local) - len(refused), len(refused) + sum(near) - sum(local))
         self._hold(pairs, replies)
         return replies
 
@@ -636,6 +639,8 @@ class Fleet:
             )
         except (RlfleetError, RuntimeError) as exc:
             log.warning("closing the actor sessions: %s", exc)
+        finally:
+            self.shm.close()
 
 
 async def _settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:

@@ -3,24 +3,44 @@
 At Describe the learner writes a probe segment (``common.shm``) and names it in the
 request; an actor that takes shared-memory pushes reads it back and answers with its host
 identity. Only an actor whose identity equals the learner's and that read the probe is
-*local*. A push to local actors writes its blob once into one segment and sends each of
+*local*. A push to local actors copies its blob once into one segment and sends each of
 them only the control (name, size, CRC-32C) in the push's header; every other actor gets
-the bytes. An actor that cannot or will not read the segment answers ``shm_refused``,
-applies nothing, and is sent the bytes at once. Segments are removed once every reply is
-in; those of a learner killed mid-push are swept when the next one starts.
+the bytes. The CRC-32C is the learner's, computed over its private blob: whatever the
+segment holds when read is checked against it. An actor that cannot or will not read the
+segment answers ``shm_refused``, applies nothing, and is sent the bytes at once; a segment
+that cannot be made (``/dev/shm`` full) sends them the bytes too.
+
+Segments are kept for reuse (``common.shm.SharedBuffer``: pages allocated once): once every
+reply of a push is in, its segments wait, at most :data:`IDLE_SEGMENTS` of them, for the
+next push of the same size. Those of a learner killed mid-push are swept when the next
+one starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import threading
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from typing import TypeVar
 
-from common.shm import Segment, host_identity, remove_segment, sweep_segments, write_segment
+from common.checksum import crc32c
+from common.shm import (
+    Segment,
+    SharedBuffer,
+    host_identity,
+    remove_segment,
+    sweep_segments,
+    write_segment,
+)
 
-__all__ = ["ShmRefusedError", "ShmRoute"]
+__all__ = ["IDLE_SEGMENTS", "ShmRefusedError", "ShmRoute"]
+
+log = logging.getLogger(__name__)
+
+#: Segments kept between pushes (one per model pushed in turn, and its parts).
+IDLE_SEGMENTS = 4
 
 K = TypeVar("K", bound=Hashable)
 
@@ -41,6 +61,8 @@ class ShmRoute:
     enabled: bool = True
     identity: str = dataclasses.field(default_factory=host_identity)
     _local: set[int] = dataclasses.field(default_factory=set, init=False)
+    _idle: list[SharedBuffer] = dataclasses.field(default_factory=list, init=False)
+    _busy: dict[str, SharedBuffer] = dataclasses.field(default_factory=dict, init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
     _counts: dict[str, int] = dataclasses.field(
         default_factory=lambda: {"shm_pushes": 0, "shm_fallbacks": 0}, init=False
@@ -55,6 +77,11 @@ class ShmRoute:
         if not (self.enabled and self.identity):
             return None
         return write_segment(secrets.token_bytes(32))
+
+    @staticmethod
+    def remove_probe(probe: Segment) -> None:
+        """Remove a probe segment once its Describes are answered."""
+        remove_segment(probe.name)
 
     def admit(self, worker_id: int, identity: str, probe_ok: bool) -> None:
         """Mark an actor local (same host identity, probe read back) or not."""
@@ -71,24 +98,60 @@ class ShmRoute:
             return worker_id in self._local
 
     def write(self, blobs: Mapping[K, tuple[bytes | memoryview, int | None]]) -> dict[K, Segment]:
-        """One segment per ``(blob, its CRC-32C or None)``, each written once.
+        """Copy each ``(blob, its CRC-32C or None)`` into a segment; their controls, by key.
 
-        On a failure none is left behind.
+        A blob whose segment cannot be made (``/dev/shm`` full or absent) has none: its
+        actors get the bytes. Give every control back to :meth:`release`.
         """
         segments: dict[K, Segment] = {}
-        try:
-            for key, (blob, crc) in blobs.items():
-                segments[key] = write_segment(blob, crc=crc)
-        except BaseException:
-            self.release(segments.values())
-            raise
+        for key, (blob, crc) in blobs.items():
+            buffer = self._take(len(memoryview(blob).cast("B")))
+            if buffer is not None:
+                segments[key] = buffer.fill(blob, crc32c(blob) if crc is None else crc)
         return segments
 
-    @staticmethod
-    def release(segments: Iterable[Segment]) -> None:
-        """Remove the segments of a push once every reply is in."""
-        for segment in segments:
-            remove_segment(segment.name)
+    def _take(self, size: int) -> SharedBuffer | None:
+        """An idle segment of exactly ``size`` bytes, else a new one (None if none can be made)."""
+        with self._lock:
+            buffer = next((b for b in self._idle if b.size == size), None)
+            if buffer is not None:
+                self._idle.remove(buffer)
+        if buffer is None:
+            try:
+                buffer = SharedBuffer(size)
+            except OSError as exc:
+                log.warning("a push of %d bytes goes as bytes: no /dev/shm segment: %s", size, exc)
+                return None
+        with self._lock:
+            self._busy[buffer.name] = buffer
+        return buffer
+
+    def release(self, segments: Iterable[Segment], spoiled: Collection[str] = ()) -> None:
+        """Every reply of a push is in: its segments wait for the next push (or go).
+
+        Args:
+            segments: The push's controls, from :meth:`write`.
+            spoiled: Names of segments an actor refused: removed, never filled again.
+        """
+        gone: list[SharedBuffer] = []
+        with self._lock:
+            for segment in segments:
+                buffer = self._busy.pop(segment.name, None)
+                if buffer is not None and buffer.name in spoiled:
+                    gone.append(buffer)
+                elif buffer is not None:
+                    self._idle.insert(0, buffer)
+            gone += self._idle[IDLE_SEGMENTS:]
+            del self._idle[IDLE_SEGMENTS:]
+        for buffer in gone:
+            buffer.close()
+
+    def close(self) -> None:
+        """Remove the idle segments (the collector is shutting down)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for buffer in idle:
+            buffer.close()
 
     def count(self, pushes: int, fallbacks: int) -> None:
         """Count actor pushes that travelled through shared memory, and the refused ones."""

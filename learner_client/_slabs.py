@@ -1,7 +1,7 @@
 """The learner's reusable host memory: packet slabs, and the buffers weight pushes fill.
 
 Packet slabs let a sync round be stacked without copying; blob buffers are the page-locked
-memory a push of a model on an accelerator is encoded into.
+memory a push is encoded into.
 
 Fresh memory costs a page fault per 4 KiB and page-locked memory is slow to allocate, so
 both are reused, by one rule: a buffer is handed out again only once no tensor views it
@@ -20,9 +20,9 @@ collection, an actor not yet in the layout) gets a one-slot slab, reused the sam
 Slabs are page-locked when batches go on to a CUDA device (``pin_memory``). Slots never
 filled (a missing actor) are never touched, so they cost address space, not memory.
 
-*Blob buffers.* A push of a CUDA module is encoded straight into one host buffer: each
-tensor is copied from the device once, into its place in the blob, which then goes on the
-wire as it is (``common.weights.encode_weights``'s ``allocate``). :class:`BlobBuffers`
+*Blob buffers.* A push is encoded straight into one host buffer: each tensor is copied once
+(from its device or its CPU memory) into its place in the blob, which then goes on the wire
+as it is (``common.weights.encode_weights``'s ``allocate``). :class:`BlobBuffers`
 keeps each model's buffers; a model's last push is kept for re-sends, so two buffers per
 model are in use at most.
 """
@@ -168,7 +168,7 @@ _KEPT_PER_MODEL = 2
 
 
 class BlobBuffers:
-    """Reusable page-locked blob buffers, per model_id (thread-safe)."""
+    """Reusable blob buffers, per model_id (page-locked when CUDA is present; thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

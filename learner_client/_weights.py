@@ -354,7 +354,7 @@ class WeightBook:
         self._desired: dict[int, dict[str, EncodedWeights]] = {}
         self._applied: dict[int, dict[str, int]] = {}
         self._since_update: dict[int, int | None] = {}
-        self._blob_buffers = BlobBuffers()  # pushes of CUDA modules are written into them
+        self._blob_buffers = BlobBuffers()  # every push's blob is written into one of them
 
     # ----------------------------------------------------------------- reading
 

@@ -287,9 +287,10 @@ def encode_weights(
             ``nn.Module``; e.g. a LoRA adapter), as a subset push.
         subset: Declare the blob a subset of the receiver's keys (the others keep
             their values); implied by ``only_trainable``.
-        allocate: Where the blob of a model on an accelerator is written: a ``uint8``
-            host buffer of the size asked (page-locked and reused by the caller);
-            each tensor is copied from the device once, into its place in the blob.
+        allocate: Where the blob is written: a ``uint8`` host buffer of the size asked
+            (reused by the caller; page-locked for a model on an accelerator); each
+            tensor is copied once, into its place in the blob. None: CPU tensors are
+            joined into fresh ``bytes``.
 
     Returns:
         The safetensors blob.

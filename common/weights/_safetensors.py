@@ -119,23 +119,22 @@ def write_blob(
     The bytes are those ``safetensors.torch.save`` writes: tensors laid out by
     decreasing dtype rank, then by name, after a compact JSON header padded
     with spaces to a multiple of 8, so every offset is aligned to its element
-    size. CPU tensors are joined into ``bytes``. When some tensor lives on an
-    accelerator, the blob is written into one host buffer instead (``allocate``'s,
-    page-locked and reused by the caller, else a fresh one): each tensor is copied
-    once, straight from the device into its place, all copies ``non_blocking``
-    with one synchronisation at the end.
+    size. Given ``allocate``, or when some tensor lives on an accelerator, the blob is
+    written into one host buffer (``allocate``'s, reused by the caller, else a fresh
+    one): each tensor is copied once, straight into its place, device copies
+    ``non_blocking`` with one synchronisation at the end. Otherwise CPU tensors are
+    joined into ``bytes``.
 
     Args:
         state: Contiguous tensors of :data:`DTYPES` by key, sharing no memory.
         metadata: String pairs for the header's ``__metadata__``, or None.
-        allocate: Gives a ``uint8`` host tensor of (at least) the blob's size, for
-            blobs of device tensors.
+        allocate: Gives a ``uint8`` host tensor of (at least) the blob's size.
 
     Returns:
-        The blob (a ``memoryview`` of the buffer for device tensors).
+        The blob (a ``memoryview`` of the buffer when written in place).
     """
     order, prefix = _layout(state, metadata)
-    if all(state[key].device.type == "cpu" for key in order):
+    if allocate is None and all(state[key].device.type == "cpu" for key in order):
         parts: list[bytes | memoryview] = [prefix]
         parts.extend(_as_bytes(state[key]) for key in order if state[key].numel())
         return b"".join(parts)

@@ -22,7 +22,7 @@ from actor_service._cli._main import parse_config
 from common.checksum import crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.shm import SHM_ROOT, write_segment
+from common.shm import SHM_ROOT, SharedBuffer, write_segment
 from learner_client import GrpcCollector, LocalFleet, WeightPushSettings, _shm
 
 
@@ -79,8 +79,12 @@ def test_shared_memory_off_sends_the_bytes(fleet):
 
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])
 def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
-    def damaged(blob, crc=None):
-        segment = write_segment(blob, crc=crc)
+    fill = SharedBuffer.fill
+    spoiled = []
+
+    def damaged(buffer, blob, crc):
+        segment = fill(buffer, blob, crc)
+        spoiled.append(segment.name)
         path = os.path.join(SHM_ROOT, segment.name)
         if damage == "delete":
             os.unlink(path)
@@ -93,13 +97,53 @@ def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
         return segment
 
     with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
-        monkeypatch.setattr(_shm, "write_segment", damaged)
+        monkeypatch.setattr(SharedBuffer, "fill", damaged)
         policy = cartpole_policy()
         version = collector.update_policy_weights_(policy)[0]
         stats = collector.stats()
         assert stats["shm_pushes"] == 0
         assert stats["shm_fallbacks"] == 2
         assert collector.policy_version["policy"] == version
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), policy)
+        assert spoiled
+        assert not set(spoiled) & ours()  # a refused segment is not kept
+        monkeypatch.setattr(SharedBuffer, "fill", fill)
+        collector.update_policy_weights_(cartpole_policy())  # a fresh segment serves again
+        assert collector.stats()["shm_pushes"] == 2
+
+
+def test_segments_are_reused_push_after_push(fleet):
+    """A segment is kept between pushes of one size (no new pages); gone when the collector is."""
+    before = ours()
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy)
+        kept = ours() - before
+        assert len(kept) == 1
+        for _ in range(3):
+            with torch.no_grad():
+                next(policy.parameters()).add_(1.0)
+            collector.update_policy_weights_(policy)
+            assert ours() - before == kept
+            for address in fleet.addresses:
+                assert same_weights(actor_policy(address), policy)
+        assert collector.stats()["shm_pushes"] == 8
+    assert ours() <= before
+
+
+def test_full_dev_shm_sends_the_bytes(fleet, monkeypatch):
+    """No segment can be made (a container's small /dev/shm): local actors get the bytes."""
+
+    def full(buffer, size, root=SHM_ROOT):
+        raise OSError(28, "No space left on device")
+
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        monkeypatch.setattr(SharedBuffer, "__init__", full)
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy)
+        stats = collector.stats()
+        assert (stats["shm_pushes"], stats["shm_fallbacks"]) == (0, 2)
         for address in fleet.addresses:
             assert same_weights(actor_policy(address), policy)
 
