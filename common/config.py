@@ -24,6 +24,8 @@ __all__ = [
     "MAX_FRAMES_PER_BATCH",
     "MAX_MESSAGE_BYTES",
     "MAX_SEED",
+    "RELAY_PUSH_ID_BYTES",
+    "RELAY_TICKET_BYTES",
     "COMPILE_BACKENDS",
     "COMPILE_MODES",
     "CollectSettings",
@@ -279,6 +281,10 @@ def check_seed(seed: object) -> int:
 
 #: The longest address a relayed push may be forwarded to.
 MAX_RELAY_ADDRESS = 255
+#: The length of a relayed push's id (``Relay.push_id``), learner and actor alike.
+RELAY_PUSH_ID_BYTES = 16
+#: The lengths a relay ticket may have (``Relay.source_ticket``, ``forward_ticket``).
+RELAY_TICKET_BYTES = (16, 64)
 
 
 def is_relay_address(address: str) -> bool:

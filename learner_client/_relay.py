@@ -28,7 +28,7 @@ import secrets
 import threading
 from collections.abc import Sequence
 
-from common.config import is_relay_address
+from common.config import RELAY_PUSH_ID_BYTES, is_relay_address
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client._transport import PushMessages, encode_header
 
@@ -36,7 +36,7 @@ __all__ = ["MIN_RELAY_BYTES", "RelayRoute"]
 
 #: The smallest blob that is relayed.
 MIN_RELAY_BYTES = 8 << 20
-_PUSH_ID_BYTES = 16
+#: The tickets the learner draws (within ``common.config.RELAY_TICKET_BYTES``).
 _TICKET_BYTES = 32
 
 
@@ -85,7 +85,7 @@ class RelayRoute:
         The first gets the header and every chunk and forwards to the second; each next
         one gets its header alone, naming the ticket its relay presents.
         """
-        push_id = secrets.token_bytes(_PUSH_ID_BYTES)
+        push_id = secrets.token_bytes(RELAY_PUSH_ID_BYTES)
         tickets = [secrets.token_bytes(_TICKET_BYTES) for _ in addresses[1:]]
         base = pb.PushWeightsRequest.FromString(messages[0]).header
         sent: list[Sequence[bytes]] = []

@@ -27,7 +27,12 @@ from actor_service._serve._logging import log_event
 from actor_service._serve._streams import next_message
 from actor_service._serve._wire import RawRelayChunk, encode_relay_chunk
 from common.checksum import crc32c
-from common.config import client_channel_options, is_relay_address
+from common.config import (
+    RELAY_PUSH_ID_BYTES,
+    RELAY_TICKET_BYTES,
+    client_channel_options,
+    is_relay_address,
+)
 from common.errors import (
     ActorBusyError,
     PermissionDeniedError,
@@ -40,9 +45,6 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["Forwarder", "Piece", "RelayFailed", "RelayInbox", "check_relay", "relayed_chunks"]
 
-#: Length of a push id; tickets are 16 to 64 bytes.
-PUSH_ID_BYTES = 16
-_TICKET_BYTES = (16, 64)
 _STALL_SECONDS = (0.1, 600.0)
 #: How long a relay's call waits for the learner to open its push here.
 OPEN_WAIT_SECONDS = 5.0
@@ -67,9 +69,9 @@ def check_relay(relay: pb.Relay) -> None:
     Raises:
         ProtocolError: A field is out of range (its name and the range in the message).
     """
-    if len(relay.push_id) != PUSH_ID_BYTES:
-        raise ProtocolError(f"relay.push_id must be {PUSH_ID_BYTES} bytes")
-    low, high = _TICKET_BYTES
+    if len(relay.push_id) != RELAY_PUSH_ID_BYTES:
+        raise ProtocolError(f"relay.push_id must be {RELAY_PUSH_ID_BYTES} bytes")
+    low, high = RELAY_TICKET_BYTES
     for name in ("source_ticket", "forward_ticket"):
         ticket = getattr(relay, name)
         if ticket and not low <= len(ticket) <= high:

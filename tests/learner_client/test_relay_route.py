@@ -34,3 +34,25 @@ def test_relay_addresses_are_plain_host_and_port() -> None:
     assert is_relay_address("127.0.0.1:1")
     for address in ("", "localhost", "unix:/tmp/a", "dns:///a:1", "a" * 256 + ":1"):
         assert not is_relay_address(address)
+
+
+def test_the_learners_relay_headers_pass_the_actors_check() -> None:
+    """Push id and tickets have the lengths both sides take from common.config."""
+    from actor_service._serve._relay import check_relay
+    from common.checksum import crc32c
+    from common.config import RELAY_PUSH_ID_BYTES, RELAY_TICKET_BYTES
+    from common.rlfleet.v1 import actor_service_pb2 as pb
+    from learner_client._transport import push_messages
+
+    blob = bytes(range(256)) * 64
+    messages = push_messages("policy", 3, blob, "", crc32c=crc32c(blob))
+    addresses = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
+    sent = RelayRoute().chain(messages, addresses, len(blob))
+    relays = [pb.PushWeightsRequest.FromString(s[0]).header.relay for s in sent]
+    for relay in relays:
+        check_relay(relay)  # raises ProtocolError on any length out of range
+        assert len(relay.push_id) == RELAY_PUSH_ID_BYTES
+    low, high = RELAY_TICKET_BYTES
+    assert all(low <= len(r.forward_ticket) <= high for r in relays[:-1])
+    assert [r.source_ticket for r in relays[1:]] == [r.forward_ticket for r in relays[:-1]]
+    assert relays[-1].forward_to == ""
