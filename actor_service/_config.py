@@ -161,6 +161,9 @@ class ActorConfig:
         tls_cert: PEM certificate chain file; with ``tls_key`` enables TLS.
         tls_key: PEM private key file.
         tls_client_ca: PEM CA file; when set, clients must present a certificate (mTLS).
+        relay_ca: PEM CA file of the other actors' certificates: with TLS, this actor
+            forwards relayed pushes over TLS, presenting ``tls_cert`` as its client
+            certificate (for mTLS fleets); empty: a TLS actor forwards nothing.
         max_weight_bytes: Largest weight or state blob accepted; None follows the model:
             ``max(1 GiB, 1.25 x its bytes)`` (``common.weights.default_max_weight_bytes``).
         part_deadline_s: Seconds an incomplete multi-part version (learner ranks each
@@ -209,6 +212,7 @@ class ActorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
+    relay_ca: str = ""
     max_weight_bytes: int | None = None
     part_deadline_s: float = 60.0
     shared_memory: bool = True
@@ -230,11 +234,12 @@ class ActorConfig:
             ValueError: A section that is not its settings class, a field out of its
                 range or choices, a seed outside ``[0, 2**64)``, a non-positive
                 ``step_timeout``, a negative ``grace_period``, a ``part_deadline_s`` out
-                of range, TLS files given by halves, no models, a ``lora`` that is not a
-                ``LoraSpec`` on an LLM actor with peft installed, vLLM settings without
-                ``engine="vllm"`` on an LLM actor, a ``decode`` other than ``"eager"``
-                with ``engine="vllm"``, or (unless ``keep_other_kinds``) a section other
-                than its defaults on an actor of a kind it is not for.
+                of range, TLS files given by halves (``relay_ca`` included), no models,
+                a ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft
+                installed, vLLM settings without ``engine="vllm"`` on an LLM actor, a
+                ``decode`` other than ``"eager"`` with ``engine="vllm"``, or (unless
+                ``keep_other_kinds``) a section other than its defaults on an actor of
+                a kind it is not for.
         """
         for name, section in SECTIONS.items():
             given = getattr(self, name)
@@ -263,10 +268,7 @@ class ActorConfig:
                 f"part_deadline_s must be in (0, {MAX_PART_DEADLINE_S:g}], "
                 f"got {self.part_deadline_s!r}"
             )
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("tls_cert and tls_key must be given together")
-        if self.tls_client_ca and not self.tls_cert:
-            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        self._check_tls()
         if not self.models:
             raise ValueError("models must name at least one model")
         self._check_in_memory()
@@ -279,6 +281,15 @@ class ActorConfig:
             check_peft()
         if not keep_other_kinds:
             self._check_sections()
+
+    def _check_tls(self) -> None:
+        """TLS files come whole: a key with its certificate, CAs only with both."""
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key must be given together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        if self.relay_ca and not self.tls_cert:
+            raise ValueError("relay_ca needs tls_cert and tls_key (it is for TLS fleets)")
 
     def _check_sections(self) -> None:
         """A section other than its defaults is for the kinds that read it."""

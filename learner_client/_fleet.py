@@ -362,13 +362,18 @@ class Fleet:
     async def push_to(self, link: Link, enc: EncodedWeights) -> PushReply:
         """Push one encoded model to one actor, on the loop (a returning actor's admission).
 
-        From a peer that applied these very bytes when one can (``learner_client._relay``),
-        else (or if that fails) from the learner.
+        An actor on this host reads it from a segment (``learner_client._shm``); another
+        gets it from a peer that applied these very bytes when one can
+        (``learner_client._relay``); else (or if either fails) from the learner.
 
         Raises:
             RlfleetError: The actor refused the push or could not be reached.
         """
         messages = _messages(enc)
+        if self.shm.is_local(link.worker_id):
+            shared = await self._push_shared(link, enc, messages)
+            if shared is not None:
+                return shared
         peer = self._holder_for(link, enc)
         if peer is not None:
             try:
@@ -379,6 +384,32 @@ class Fleet:
         return await link.channel.push_weights(
             enc.model_id, enc.version, messages, self.conn.call_timeout
         )
+
+    async def _push_shared(
+        self, link: Link, enc: EncodedWeights, messages: PushMessages
+    ) -> PushReply | None:
+        """One local actor's push through a segment; None when it must get the bytes instead."""
+        segments = await asyncio.to_thread(self.shm.write, {0: (enc.blob, enc.crc32c)})
+        if not segments:  # no room in /dev/shm
+            self.shm.count(0, 1)
+            return None
+        spoiled: set[str] = set()
+        try:
+            reply = await link.channel.push_weights(
+                enc.model_id,
+                enc.version,
+                shm_messages(messages, segments[0]),
+                self.conn.call_timeout,
+            )
+        except ShmRefusedError as exc:
+            log.info("worker_id %d: %s; the bytes were sent instead", link.worker_id, exc)
+            spoiled.add(segments[0].name)
+            self.shm.count(0, 1)
+            return None
+        finally:
+            self.shm.release(segments.values(), spoiled)
+        self.shm.count(1, 0)
+        return reply
 
     def _holder_for(self, link: Link, enc: EncodedWeights) -> Link | None:
         """A reachable peer that applied exactly ``enc``'s bytes, if catching up may use one."""
@@ -391,7 +422,12 @@ class Fleet:
         if peer is None:
             return None
         chain = [peer.channel.address, link.channel.address]
-        return peer if self.relay.relays(_nbytes(enc.blob), chain, tls=tls) else None
+        over_tls = [peer.description.relays_over_tls, False]
+        return (
+            peer
+            if self.relay.relays(_nbytes(enc.blob), chain, tls=tls, over_tls=over_tls)
+            else None
+        )
 
     async def _catch_up(
         self, link: Link, peer: Link, enc: EncodedWeights, messages: PushMessages
@@ -480,8 +516,10 @@ class Fleet:
         relayed: dict[int, Sequence[bytes]] = {}
         for key, indices in groups.items():
             size = _nbytes(pairs[indices[0]][1].blob)
-            addresses = [self._links[pairs[i][0]].channel.address for i in indices]
-            if not self.relay.relays(size, addresses, tls=tls):
+            links = [self._links[pairs[i][0]] for i in indices]
+            addresses = [link.channel.address for link in links]
+            over_tls = [link.description.relays_over_tls for link in links]
+            if not self.relay.relays(size, addresses, tls=tls, over_tls=over_tls):
                 continue
             chained = self.relay.chain(messages[key], addresses, size)
             relayed.update(zip(indices, chained, strict=True))

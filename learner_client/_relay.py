@@ -64,14 +64,26 @@ class RelayRoute:
         init=False,
     )
 
-    def relays(self, total_bytes: int, addresses: Sequence[str], *, tls: bool) -> bool:
+    def relays(
+        self,
+        total_bytes: int,
+        addresses: Sequence[str],
+        *,
+        tls: bool,
+        over_tls: Sequence[bool] = (),
+    ) -> bool:
         """Whether a blob of ``total_bytes`` to remote actors at ``addresses`` is relayed.
 
-        Only to plain ``host:port`` addresses (``common.config.is_relay_address``).
+        Only to plain ``host:port`` addresses (``common.config.is_relay_address``); in a
+        TLS fleet (``tls``) only when every actor that forwards (all but the last) does so
+        over TLS (``over_tls``, per address: its Describe's ``relays_over_tls``).
         """
+        forwarders_ok = not tls or (
+            len(over_tls) == len(addresses) and all(over_tls[: len(addresses) - 1])
+        )
         return (
             self.enabled
-            and not tls
+            and forwarders_ok
             and len(addresses) >= 2
             and total_bytes >= MIN_RELAY_BYTES
             and all(is_relay_address(a) for a in addresses)

@@ -271,6 +271,7 @@ class ActorDescription:
             expires; 0: it takes no multi-part pushes (it predates them).
         host_identity: Its host's identity (``common.shm.host_identity``); empty if unknown.
         shm_probe_ok: It read back the probe segment the Describe named.
+        relays_over_tls: It forwards relayed pushes over TLS (its ``--relay-ca``).
         pushes_in_flight: The weight pushes it is receiving (at most 16).
     """
 
@@ -292,6 +293,7 @@ class ActorDescription:
     part_deadline: float = 0.0
     host_identity: str = ""
     shm_probe_ok: bool = False
+    relays_over_tls: bool = False
     pushes_in_flight: tuple[PushInFlight, ...] = ()
 
     @classmethod
@@ -323,6 +325,7 @@ class ActorDescription:
             part_deadline=float(reply.part_deadline_seconds),
             host_identity=reply.host_identity,
             shm_probe_ok=bool(reply.shm_probe_ok),
+            relays_over_tls=bool(reply.relays_over_tls),
             pushes_in_flight=tuple(
                 PushInFlight.from_proto(p) for p in reply.pushes_in_flight[:_LISTED_PUSHES]
             ),

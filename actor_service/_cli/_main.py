@@ -109,6 +109,11 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("tls_key", existing_file_or_empty, "PEM private key"),
     ("tls_client_ca", existing_file_or_empty, "PEM CA; clients must present a certificate"),
     (
+        "relay_ca",
+        existing_file_or_empty,
+        "PEM CA of the other actors' certificates: forward relayed pushes over TLS",
+    ),
+    (
         "max_weight_bytes",
         optional(ranged("max_weight_bytes")),
         "largest weight or state blob accepted (default: max(1 GiB, 1.25 x the model's bytes))",

@@ -31,6 +31,7 @@ from actor_service._serve._relay import (
     RelayFailed,
     RelayInbox,
     check_relay,
+    relay_credentials,
     relayed_chunks,
 )
 from actor_service._serve._runtime import ActorRuntime
@@ -135,7 +136,7 @@ class PushCall:
                     time.monotonic() - self.started
                 )
                 self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {"source": self.source}
         if self._part_fields is not None:
             fields = {"part": "{}/{}".format(*self._part_fields), "outcome": self.outcome.name}
         if self.relay is not None:
@@ -172,6 +173,7 @@ class WeightPushes:
         self._part_buffers = PartBuffers()
         self._parts = PartStaging(runtime.config.part_deadline_s, self._release_parts)
         self._inbox = RelayInbox()
+        self._relay_credentials = relay_credentials(runtime.config)  # TLS to the next actor
         self._in_flight: set[PushCall] = set()
         #: Per model, the last whole push applied, whose bytes its receive buffer still holds.
         self._held: dict[str, HeldBlob] = {}
@@ -327,7 +329,11 @@ class WeightPushes:
             RelayFailed: The relay's bytes stopped, ended early or fail the header's digests.
         """
         assembler = self._assembler(push)
-        forward = Forwarder(relay, self._rt.config.token) if relay.forward_to else None
+        forward = (
+            Forwarder(relay, self._rt.config.token, self._relay_credentials)
+            if relay.forward_to
+            else None
+        )
         try:
             if not relay.source_ticket:  # the first of the chain: the learner's chunks
                 await _take(_from_learner(requests), assembler, forward)
@@ -380,7 +386,8 @@ class WeightPushes:
             view = held.buffer.numpy().data[: held.nbytes]
             if await self._rt.run_side(crc32c, view) != held.crc32c:
                 raise SessionStateError(f"the held blob of {mid!r} changed; not forwarded")
-            await _forward(view, Forwarder(request.relay, self._rt.config.token))
+            forward = Forwarder(request.relay, self._rt.config.token, self._relay_credentials)
+            await _forward(view, forward)
         finally:
             if buffer is not None:
                 self._buffers.give_back(mid, buffer)

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from actor_service._config import ActorConfig
 from actor_service._serve._logging import log_event
 from actor_service._serve._streams import next_message
 from actor_service._serve._wire import RawRelayChunk, encode_relay_chunk
@@ -43,7 +44,15 @@ from common.errors import (
 )
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-__all__ = ["Forwarder", "Piece", "RelayFailed", "RelayInbox", "check_relay", "relayed_chunks"]
+__all__ = [
+    "Forwarder",
+    "Piece",
+    "RelayFailed",
+    "RelayInbox",
+    "check_relay",
+    "relay_credentials",
+    "relayed_chunks",
+]
 
 _STALL_SECONDS = (0.1, 600.0)
 #: How long a relay's call waits for the learner to open its push here.
@@ -197,6 +206,26 @@ async def relayed_chunks(inbound: _Inbound, total_bytes: int, stall: float) -> A
         yield chunk
 
 
+def relay_credentials(config: ActorConfig) -> grpc.ChannelCredentials | None:
+    """How this actor calls the next one of a chain: TLS with ``relay_ca``, else plaintext.
+
+    With TLS the actor verifies the next actor's certificate against ``relay_ca`` and
+    presents its own (``tls_cert``, ``tls_key``), which an mTLS fleet's actors require.
+    """
+    if not config.relay_ca:
+        return None
+
+    def read(path: str) -> bytes:
+        with open(path, "rb") as file:
+            return file.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(config.relay_ca),
+        private_key=read(config.tls_key),
+        certificate_chain=read(config.tls_cert),
+    )
+
+
 class Forwarder:
     """The forward of one push's chunks to the next actor of its chain.
 
@@ -207,13 +236,21 @@ class Forwarder:
     Args:
         relay: The header's relay fields (``forward_to``, ``forward_ticket``, ``stall_seconds``).
         token: The fleet's bearer token, presented to the next actor; "" for none.
+        credentials: TLS to the next actor (:func:`relay_credentials`); None: plaintext.
     """
 
-    def __init__(self, relay: pb.Relay, token: str) -> None:
+    def __init__(
+        self, relay: pb.Relay, token: str, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
         self._address = relay.forward_to
         self._stall = relay.stall_seconds
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
-        self._channel = grpc.aio.insecure_channel(self._address, options=client_channel_options())
+        options = client_channel_options()
+        self._channel = (
+            grpc.aio.insecure_channel(self._address, options=options)
+            if credentials is None
+            else grpc.aio.secure_channel(self._address, credentials, options=options)
+        )
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         relay_raw = self._channel.stream_unary(  # requests serialised beforehand
             "/rlfleet.v1.ActorService/RelayWeights",

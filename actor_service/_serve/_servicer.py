@@ -165,6 +165,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         reply.part_deadline_seconds = self._pushes.part_deadline
         reply.host_identity = shm.identity()
         reply.shm_probe_ok = shm.probe_ok(request, self._rt.config.shared_memory)
+        reply.relays_over_tls = bool(self._rt.config.relay_ca)
         reply.pushes_in_flight.extend(self._pushes.in_flight())
         return reply
 

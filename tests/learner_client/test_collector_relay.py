@@ -10,18 +10,20 @@ from the learner), the dead or frozen one is reported failed, and none applies a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
 
 import grpc
 import pytest
-from helpers import ActorProcess, start_actor
+from helpers import ActorProcess, self_signed_cert, start_actor
 from learner_fleet import cartpole_policy, start_actors
 from test_collector_shm import actor_policy, same_weights
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import decode_weights
 from learner_client import GrpcCollector, WeightPushError, WeightPushSettings
 
 pytestmark = pytest.mark.long  # three actor processes per test
@@ -132,3 +134,64 @@ def test_a_restarted_actor_catches_up_from_a_peer_not_the_learner(actors):
         assert same_weights(actor_policy(actors[2].address), policy)
     assert 'relayed="from a relay"' in actors[2].stderr()
     assert sum("weights.forwarded" in a.stderr() for a in actors[:2]) == 1
+
+
+def test_a_restarted_actor_on_this_host_catches_up_through_shared_memory(actors):
+    """A returning local actor reads what it lacks from a segment, not from a peer or the wire."""
+    addresses = [a.address for a in actors]
+    with GrpcCollector(addresses, frames_per_batch=4, batch_timeout=30) as collector:
+        policy = cartpole_policy(hidden=HIDDEN)
+        version = collector.update_policy_weights_(policy)[0]
+        assert collector.stats()["shm_pushes"] == 3
+        port = actors[2].port
+        actors[2].close()
+        actors[2] = start_actor([*ARGS, "--worker-id", "2", "--seed", "2", "--port", str(port)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # batches of the old process may still come first
+            batch = collector.next()
+            if int(batch["collector", "worker_id"].flatten()[0]) == 2:
+                break
+        else:
+            raise AssertionError("no batch from the restarted worker_id 2 within 60 s")
+        assert bool((batch["policy_version"] == version).all())
+        stats = collector.stats()
+        assert (stats["shm_pushes"], stats["shm_fallbacks"]) == (4, 0)
+        assert stats["peer_catch_ups"] == 0
+        assert same_weights(actor_policy(actors[2].address), policy)
+    assert 'source="shared memory"' in actors[2].stderr()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_an_mtls_fleet_relays_over_tls_between_actors(tmp_path):
+    """Actors with --relay-ca forward over mTLS, each presenting its certificate to the next."""
+    actor_cert, actor_key = self_signed_cert(tmp_path, "actor")
+    learner_cert, learner_key = self_signed_cert(tmp_path, "learner")
+    clients = tmp_path / "clients.pem"  # the learner and the actors may call an actor
+    clients.write_bytes(actor_cert.read_bytes() + learner_cert.read_bytes())
+    tls = ["--tls-cert", str(actor_cert), "--tls-key", str(actor_key)]
+    tls += ["--tls-client-ca", str(clients), "--relay-ca", str(actor_cert)]
+    actors = start_actors([["--worker-id", str(i), *ARGS, *tls] for i in range(3)])
+    credentials = grpc.ssl_channel_credentials(
+        actor_cert.read_bytes(), learner_key.read_bytes(), learner_cert.read_bytes()
+    )
+    try:
+        addresses = [a.address for a in actors]
+        with GrpcCollector(
+            addresses, frames_per_batch=4, weight_push=PUSH, channel_credentials=credentials
+        ) as collector:
+            policy = cartpole_policy(hidden=HIDDEN)
+            collector.update_policy_weights_(policy)
+            stats = collector.stats()
+            assert (stats["relayed_pushes"], stats["relay_fallbacks"]) == (2, 0)
+            for address in addresses:
+                with grpc.secure_channel(address, credentials) as channel:
+                    stub = pb_grpc.ActorServiceStub(channel)
+                    chunks = list(stub.GetState(pb.GetStateRequest(), timeout=30))
+                blob = b"".join(c.chunk for c in chunks if c.WhichOneof("kind") == "chunk")
+                held = decode_weights(blob, max_bytes=1 << 30, max_keys=1 << 20)[0]
+                assert same_weights(held, policy)
+        logs = [a.stderr() for a in actors]
+        assert sum('relayed="from a relay"' in log for log in logs) == 2
+    finally:
+        for actor in actors:
+            actor.close()

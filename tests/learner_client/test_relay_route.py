@@ -17,7 +17,7 @@ PLAIN = ["10.0.0.1:50051", "10.0.0.2:50051"]
         (RelayRoute(), MIN_RELAY_BYTES, ["[fd00::1]:50051", "actor-1.actors:50051"], False, True),
         (RelayRoute(), MIN_RELAY_BYTES - 1, PLAIN, False, False),  # a few round trips
         (RelayRoute(), MIN_RELAY_BYTES, PLAIN[:1], False, False),  # one actor
-        (RelayRoute(), MIN_RELAY_BYTES, PLAIN, True, False),  # TLS goes direct
+        (RelayRoute(), MIN_RELAY_BYTES, PLAIN, True, False),  # TLS: no actor said it forwards
         (RelayRoute(enabled=False), MIN_RELAY_BYTES, PLAIN, False, False),
         (RelayRoute(), MIN_RELAY_BYTES, [PLAIN[0], "unix:/run/actor.sock"], False, False),
         (RelayRoute(), MIN_RELAY_BYTES, [PLAIN[0], "dns:///actors:50051"], False, False),
@@ -28,6 +28,25 @@ def test_a_push_is_relayed_only_where_every_condition_holds(
     route, size, addresses, tls, relayed
 ) -> None:
     assert route.relays(size, addresses, tls=tls) is relayed
+
+
+THREE = [*PLAIN, "10.0.0.3:50051"]
+
+
+@pytest.mark.parametrize(
+    ("over_tls", "relayed"),
+    [
+        ([True, True, False], True),  # the last forwards to no one
+        ([True, True, True], True),
+        ([True, False, True], False),  # the second would forward in the clear
+        ([False, True, True], False),
+        ([True, True], False),  # not one flag per address
+    ],
+)
+def test_a_tls_fleet_relays_only_through_actors_that_forward_over_tls(over_tls, relayed) -> None:
+    route = RelayRoute()
+    assert route.relays(MIN_RELAY_BYTES, THREE, tls=True, over_tls=over_tls) is relayed
+    assert route.relays(MIN_RELAY_BYTES, THREE, tls=False, over_tls=over_tls) is True
 
 
 def test_relay_addresses_are_plain_host_and_port() -> None:

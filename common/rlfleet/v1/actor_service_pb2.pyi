@@ -437,7 +437,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, shm_probe: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "learner_id", "draining", "frames", "uptime_seconds", "pushes_in_flight")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "relays_over_tls", "learner_id", "draining", "frames", "uptime_seconds", "pushes_in_flight")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +456,7 @@ class DescribeResponse(_message.Message):
     PART_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HOST_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     SHM_PROBE_OK_FIELD_NUMBER: _ClassVar[int]
+    RELAYS_OVER_TLS_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -479,12 +480,13 @@ class DescribeResponse(_message.Message):
     part_deadline_seconds: float
     host_identity: str
     shm_probe_ok: bool
+    relays_over_tls: bool
     learner_id: str
     draining: bool
     frames: int
     uptime_seconds: float
     pushes_in_flight: _containers.RepeatedCompositeFieldContainer[PushInFlight]
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., pushes_in_flight: _Optional[_Iterable[_Union[PushInFlight, _Mapping]]] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., relays_over_tls: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., pushes_in_flight: _Optional[_Iterable[_Union[PushInFlight, _Mapping]]] = ...) -> None: ...
 
 class PushInFlight(_message.Message):
     __slots__ = ("model_id", "version", "total_bytes", "received_bytes", "source", "seconds")

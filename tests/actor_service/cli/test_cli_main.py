@@ -356,6 +356,8 @@ def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:
         ActorConfig(tls_cert="c.pem")
     with pytest.raises(ValueError, match="tls_client_ca"):
         ActorConfig(tls_client_ca="ca.pem")
+    with pytest.raises(ValueError, match="relay_ca needs tls_cert"):
+        ActorConfig(relay_ca="ca.pem")  # a plaintext actor forwards in the clear already
 
 
 def test_cli_and_actor_config_share_one_range_per_field(
