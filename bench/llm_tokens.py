@@ -8,6 +8,9 @@ Systems, all in this one run, interleaved repetition by repetition:
 
 - the limit: :func:`common.llm.generate` on the model in this process, batch of
   ``slots`` — what one core does with no transport at all;
+- the fleet's ceiling: ``actors`` such in-process decoders in their own processes, their
+  timed windows started together (what the machine's cores give that many decoders
+  at once, with no transport and no learner);
 - rlfleet: ``GrpcLLMCollector`` (async) over a ``LocalFleet`` of 2 LLM actors with
   ``slots`` chat slots each; tokens/s of the fleet and per actor;
 - TorchRL: ``LLMCollector(ChatEnv + TransformersWrapper(generate=True))``, one
@@ -16,7 +19,8 @@ Systems, all in this one run, interleaved repetition by repetition:
 
 Tokens are response tokens (an answer that hits EOS early counts only its tokens;
 every system counts them the same way). Targets: each rlfleet actor >= 0.9x the
-in-process rate; the fleet >= 2x TorchRL's ``LLMCollector``.
+in-process rate, or, where the decoders' contention for the cores is the limit, the fleet
+>= 0.95x its ceiling; the fleet >= 2x TorchRL's ``LLMCollector``.
 
 Usage: ``python -m bench.llm_tokens [--quick] [--reps 3] [--window 6]``.
 """
@@ -24,6 +28,8 @@ Usage: ``python -m bench.llm_tokens [--quick] [--reps 3] [--window 6]``.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -40,6 +46,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(__doc__.splitlines()[0], num_envs=16)
     parser.add_argument("--new-tokens", type=int, default=32, help="new tokens per answer")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
+    parser.add_argument(
+        "--decoder", action="store_true", help=argparse.SUPPRESS
+    )  # one ceiling decoder: ready, wait for a line on stdin, print tokens/s
     args = parse(parser, argv)
     if args.window is None:
         args.window = 1.0 if args.quick else 6.0
@@ -65,8 +74,11 @@ def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
     ]
 
 
-def in_process(args: argparse.Namespace) -> float:
-    """Response tokens/s of :func:`common.llm.generate` in this process."""
+def in_process(args: argparse.Namespace, start: Any = None) -> float:
+    """Response tokens/s of :func:`common.llm.generate` in this process.
+
+    ``start``, when given, is called after a warm-up batch, before the timed window.
+    """
     import torch
 
     from common.llm import GenerationSettings, build_policy, cached_forward, generate
@@ -92,7 +104,47 @@ def in_process(args: argparse.Namespace) -> float:
         )
         return int(result.lengths.sum())
 
+    if start is not None:
+        one_batch()
+        start()
     return _rate(one_batch, args.window)
+
+
+def ceiling(args: argparse.Namespace) -> float:
+    """Tokens/s of ``actors`` in-process decoders in their own processes, timed together."""
+    argv = [sys.executable, "-m", "bench.llm_tokens", "--decoder", "--window", str(args.window)]
+    argv += ["--new-tokens", str(args.new_tokens), "--num-envs", str(args.num_envs)]
+    procs = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(args.actors)
+    ]
+    try:
+        for proc in procs:  # every decoder built and warmed up
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a ceiling decoder failed to start")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = [proc.communicate()[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError(f"a ceiling decoder failed: exit codes {[p.returncode for p in procs]}")
+    return sum(float(out.strip().splitlines()[-1]) for out in outputs)
+
+
+def _decoder(args: argparse.Namespace) -> None:
+    """One ceiling decoder (``--decoder``): warm up, say ready, wait for go, print tokens/s."""
+
+    def start() -> None:
+        print("ready", flush=True)
+        sys.stdin.readline()
+
+    print(in_process(args, start), flush=True)
 
 
 def rlfleet(args: argparse.Namespace, addresses: list[str]) -> float:
@@ -178,7 +230,12 @@ def run(args: argparse.Namespace, report: Report) -> None:
     from learner_client import LocalFleet
 
     reps = reps_of(args)
-    samples: dict[str, list[float]] = {"in-process": [], "rlfleet": [], "torchrl": []}
+    samples: dict[str, list[float]] = {
+        "in-process": [],
+        "ceiling": [],
+        "rlfleet": [],
+        "torchrl": [],
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchRL's experimental-API warnings
         theirs = torchrl_collector(args)
@@ -194,6 +251,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
         with fleet:
             for rep in range(reps):
                 samples["in-process"].append(in_process(args))
+                samples["ceiling"].append(ceiling(args))
                 samples["rlfleet"].append(rlfleet(args, fleet.addresses))
                 samples["torchrl"].append(torchrl_rate(args, theirs))
                 print(
@@ -204,14 +262,19 @@ def run(args: argparse.Namespace, report: Report) -> None:
         theirs.shutdown()
     per_actor = [v / args.actors for v in samples["rlfleet"]]
     report.figure("in-process generate (1 core)", "tokens/s", samples["in-process"])
+    report.figure(f"ceiling: {args.actors} decoders at once", "tokens/s", samples["ceiling"])
     report.figure("rlfleet fleet", "tokens/s", samples["rlfleet"])
     report.figure("rlfleet per actor", "tokens/s", per_actor)
     report.figure("torchrl LLMCollector", "tokens/s", samples["torchrl"])
     per = report.ratio(
         "per actor / in-process", "rlfleet per actor", "in-process generate (1 core)"
     )
+    share = report.ratio(
+        "fleet / its ceiling", "rlfleet fleet", f"ceiling: {args.actors} decoders at once"
+    )
     vs = report.ratio("fleet / torchrl", "rlfleet fleet", "torchrl LLMCollector")
     report.target("each actor >= 0.9x in-process decoding", per, 0.9)
+    report.target("fleet >= 0.95x its ceiling (decoders at once)", share, 0.95)
     report.target("fleet >= 2x TorchRL LLMCollector", vs, 2.0)
     report.note(
         f"tiny-qwen2 {MODEL}, {args.actors} actors x {args.num_envs} slots, "
@@ -223,6 +286,9 @@ def run(args: argparse.Namespace, report: Report) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     set_single_thread()
+    if args.decoder:
+        _decoder(args)
+        return 0
     report = Report("llm_tokens", quick=args.quick)
     run(args, report)
     report.emit()

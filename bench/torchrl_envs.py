@@ -134,7 +134,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
                 samples.setdefault(f"{name} frames/s", []).append(fps)
                 samples.setdefault(f"{name} CPU us/frame", []).append(cpu * 1e6)
     for name, values in samples.items():
-        report.figure(name, "" if "CPU" in name else "frames/s", values)
+        report.figure(name, "us/frame" if "CPU" in name else "frames/s", values)
     ratio = report.ratio("rlfleet/torchrl", "rlfleet frames/s", "torchrl frames/s")
     report.target("TorchRL env, sync: rlfleet >= 1.0x TorchRL's MultiSyncCollector", ratio, 1.0)
     report.target("TorchRL env, sync: rlfleet >= 1.3x (goal)", ratio, 1.3)
