@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import secrets
 import threading
+import weakref
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from typing import TypeVar
 
@@ -71,6 +72,8 @@ class ShmRoute:
     def __post_init__(self) -> None:
         if self.enabled and self.identity:
             sweep_segments()  # leftovers of learners that died mid-push
+        # A learner that exits (or drops its collector) without shutdown() leaves none behind.
+        weakref.finalize(self, _close_all, self._idle, self._busy)
 
     def probe(self) -> Segment | None:
         """A fresh probe segment for a Describe, or None when shared memory is off."""
@@ -147,11 +150,9 @@ class ShmRoute:
             buffer.close()
 
     def close(self) -> None:
-        """Remove the idle segments (the collector is shutting down)."""
+        """Remove every segment (the collector is shutting down)."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        for buffer in idle:
-            buffer.close()
+            _close_all(self._idle, self._busy)
 
     def count(self, pushes: int, fallbacks: int) -> None:
         """Count actor pushes that travelled through shared memory, and the refused ones."""
@@ -163,3 +164,11 @@ class ShmRoute:
         """``shm_pushes`` and ``shm_fallbacks`` (see ``GrpcCollector.stats()``)."""
         with self._lock:
             return dict(self._counts)
+
+
+def _close_all(idle: list[SharedBuffer], busy: dict[str, SharedBuffer]) -> None:
+    """Remove the segments of ``idle`` and ``busy`` and forget them (in place)."""
+    for buffer in [*idle, *busy.values()]:
+        buffer.close()
+    idle.clear()
+    busy.clear()

@@ -8,6 +8,7 @@ control is refused with its reason and leaves the actor serving.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -257,6 +258,18 @@ def test_a_starting_learner_sweeps_the_segments_of_a_killed_one():
     finally:
         _shm.remove_segment(name)
         _shm.remove_segment(mine.name)
+
+
+def test_a_route_dropped_without_shutdown_leaves_no_segment():
+    """Kept segments go with their route (also at interpreter exit), not only at shutdown()."""
+    before = ours()
+    route = _shm.ShmRoute(enabled=True)
+    segments = route.write({"a": (b"x" * 4096, None), "b": (b"y" * 64, None)})
+    route.release([segments["a"]])  # one kept idle, one still busy
+    assert {s.name for s in segments.values()} <= ours()
+    del route
+    gc.collect()
+    assert ours() <= before
 
 
 def test_the_actor_switch_reads_a_flag_or_a_variable():
