@@ -46,6 +46,11 @@ MAX_SEGMENT = 1 << 36
 _NAME = re.compile(r"^rlfleet-shm-(\d{1,10})-[0-9a-f]{32}$")
 
 
+def _new_name() -> str:
+    """A fresh segment name of this process (the pattern :data:`_NAME` accepts)."""
+    return f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
+
+
 class ShmError(Exception):
     """A segment cannot be trusted or read; the caller falls back to the bytes path."""
 
@@ -66,7 +71,7 @@ def write_segment(
 
     ``crc`` is the blob's CRC-32C when the caller has it already (computed otherwise).
     """
-    name = f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
+    name = _new_name()
     path = os.path.join(root, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -103,7 +108,7 @@ class SharedBuffer:
         if size <= 0:
             raise OSError(f"a shared buffer holds at least one byte, not {size}")
         self.root = root
-        self.name = f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
+        self.name = _new_name()
         self.size = size
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
