@@ -165,6 +165,14 @@ def ou_policy(env: EnvBase, seed: int = 0) -> TensorDictSequential:
     return TensorDictSequential(actor, OrnsteinUhlenbeckProcessModule(spec=env.action_spec.clone()))
 
 
+def batch_norm_policy(env: EnvBase, seed: int = 0) -> TensorDictModule:
+    """An actor with a batch-norm layer in eval mode (as CrossQ's): it needs batched steps."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Linear(8, 1), nn.Tanh())
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"]).eval()
+
+
 def _lstm(seed: int) -> LSTMModule:
     with torch.random.fork_rng():
         torch.manual_seed(seed)

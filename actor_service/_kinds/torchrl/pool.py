@@ -132,6 +132,9 @@ def check_torchrl_config(config: ActorConfig) -> None:
     for spec in config.models:
         check_td_factory(spec)
     env = _first_env(config)
+    # The pool batches an unbatched env (a SerialEnv of one here): models see batched
+    # steps, as on TorchRL's batched envs (a batch-norm layer needs the batch dimension).
+    pooled = env if env.batch_size else torchrl_envs().SerialEnv(1, lambda: env)
     try:
         models = {
             spec.model_id: build_td_model(spec, env, env.rand_action, torch.device("cpu"))
@@ -140,10 +143,10 @@ def check_torchrl_config(config: ActorConfig) -> None:
         book = TDModels(models)
         with torch.random.fork_rng(), torch.no_grad():
             for model_id in models:
-                probe_step(
-                    env, env_name(config.env_pool), model_id, functools.partial(book.act, model_id)
-                )
+                act = functools.partial(book.act, model_id)
+                probe_step(pooled, env_name(config.env_pool), model_id, act)
     finally:
+        pooled.close(raise_if_closed=False)
         env.close(raise_if_closed=False)
 
 

@@ -31,6 +31,7 @@ from actor_service._core._settings import EnvPoolSettings
 from actor_service._core._state import decode_state
 from actor_service._kinds.torchrl.batch import flat_state
 from actor_service._kinds.torchrl.core import TorchRLCore
+from actor_service._kinds.torchrl.pool import check_torchrl_config
 from common.config import CollectSettings
 from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
 from common.packets.folding import FoldedBatch
@@ -52,6 +53,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         ("stacked_cartpole", "sampling_policy", {"max_frames_per_traj": 7}),
         ("stacked_cartpole", "sampling_policy", {"split_trajs": True}),
         ("pendulum", "ou_policy", {}),
+        ("pendulum", "batch_norm_policy", {}),
         ("lstm_cartpole", "lstm_policy", {}),
         ("categorical_cartpole", "egreedy_policy", {}),
         ("nested_counting", "random", {}),
@@ -69,6 +71,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         "max-frames-per-traj",
         "split-trajs",
         "ou-noise",
+        "batch-norm",
         "lstm",
         "qvalue-egreedy",
         "nested-keys",
@@ -244,6 +247,17 @@ def test_torchrl_core_raises_if_the_env_or_policy_cannot_be_built(
     env = overrides.pop("env_factory", "cartpole")  # the harness's env, by its factory
     with pytest.raises(ValueError, match=message):
         TorchRLCore(_config(env, **overrides))
+
+
+def test_torchrl_pre_bind_check_steps_models_on_a_batch_as_the_pool_does() -> None:
+    """A batch-norm policy fails on one unbatched step; the pool and the check batch it."""
+    config = _config(env="pendulum", policy="batch_norm_policy")
+    check_torchrl_config(config)  # before: "BatchNorm1d ... expected 2D or 3D input (got 1D)"
+    with TorchRLCore(config) as core:
+        core.configure(CollectSettings(frames_per_batch=4))
+        assert core.collect_batch().batch_size == (2, 2)
+    with pytest.raises(ValueError, match="fails on the probe step"):
+        check_torchrl_config(_config(env="pendulum", policy="wrong_key_policy"))
 
 
 def test_torchrl_core_takes_an_env_that_is_batched_itself() -> None:
