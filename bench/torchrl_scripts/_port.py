@@ -4,8 +4,8 @@
 builds the collector gets the fleet as the first argument, ``sync=True`` and the
 script's own arguments (positional ones by their TorchRL names), and is preceded by one
 line making the fleet (``fleet = LocalFleet(...)``: the collector given the fleet starts it
-and stops it at ``shutdown()``, also where a helper builds and returns the collector); two
-import lines and a header comment are added. The rest of the file is left byte for byte.
+and stops it at ``shutdown()``, also where a helper builds and returns the collector); one
+import line and a header comment are added. The rest of the file is left byte for byte.
 :func:`check_port` is the other side of that promise: it diffs an original against a
 port and names every line changed outside the collector statement, so a test fails when a
 port changes anything else.
@@ -28,7 +28,6 @@ _POSITIONAL = ("create_env_fn", "policy")
 _MARK = "# rlfleet"
 IMPORT_LINES = (
     "from learner_client import GrpcCollector, LocalFleet  # rlfleet: the fleet's collector",
-    "from bench.torchrl_scripts.fleets import plain_config  # rlfleet: cfg for the actors",
 )
 _HEADER = (
     "# rlfleet port: this file is TorchRL's, unchanged but for the statement that builds the",

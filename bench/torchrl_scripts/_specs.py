@@ -71,12 +71,17 @@ class ScriptSpec:
 
 def _fleet(name: str, num_envs: str, seed: str, env_kwargs: str = "") -> str:
     """``LocalFleet`` arguments after the count: TorchRL-env actors on ``fleets.<name>``."""
-    env_kwargs = env_kwargs or '{"cfg": plain_config(cfg)}'
+    env_kwargs = env_kwargs or '{"cfg": cfg}'
     return (
         f'kind="torchrl", env_factory="{_FLEETS}.{name}:make_env", '
         f'policy="{_FLEETS}.{name}:make_policy", env_kwargs={env_kwargs}, '
-        f'policy_kwargs={{"cfg": plain_config(cfg)}}, num_envs={num_envs}, seed={seed}'
+        f'policy_kwargs={{"cfg": cfg}}, num_envs={num_envs}, seed={seed}'
     )
+
+
+def _two_actors(name: str) -> str:
+    """Fleet arguments of a script batching ``env_per_collector`` envs: two actors share them."""
+    return _fleet(name, "max(1, cfg.collector.env_per_collector // 2)", "cfg.env.seed")
 
 
 _DQN = ScriptSpec(
@@ -171,7 +176,7 @@ _SAC = ScriptSpec(
     helpers=("utils.py",),
     collector_file="utils.py",
     actors=2,
-    fleet=_fleet("sac", "max(1, cfg.collector.env_per_collector // 2)", "cfg.env.seed"),
+    fleet=_two_actors("sac"),
     config="config",
     smoke=(
         "env.max_episode_steps=50",
@@ -247,7 +252,7 @@ _MAPPO = ScriptSpec(
         "mappo_ippo",
         "cfg.env.vmas_envs // 2",
         "cfg.seed",
-        env_kwargs='{"cfg": plain_config(cfg), "num_envs": cfg.env.vmas_envs // 2}',
+        env_kwargs='{"cfg": cfg, "num_envs": cfg.env.vmas_envs // 2}',
     ),
     config="mappo_ippo",
     smoke=(
@@ -304,6 +309,219 @@ _DISCRETE_SAC = ScriptSpec(
     metric="eval/reward",
     seed_key="env.seed",
 )
+
+# The scripts below are pytorch/rl main's at ae9719f17b1517af5c2523a36c4616f003ee55cf, byte for
+# byte the torchrl 0.14.1 wheel's (cql's utils.py differs in one line of a model it does not
+# build); their configs are main's at that commit (the wheel ships none).
+
+
+def _off_policy_smoke(*extra: str) -> tuple[str, ...]:
+    """A few batches of 100 frames of an off-policy script, no evaluation."""
+    return (
+        "collector.total_frames=200",
+        "collector.init_random_frames=100",
+        "collector.frames_per_batch=100",
+        "optim.batch_size=32",
+        *extra,
+    )
+
+
+#: Pendulum-v1 at 15,000 frames (2,000 random, batches of 1,000), evaluated after the last
+#: batch: the off-policy actor-critics' comparison budget (Pendulum's episodes are 200 steps).
+_PENDULUM_15K = (
+    "env.name=Pendulum-v1",
+    "env.max_episode_steps=200",
+    "collector.total_frames=15000",
+    "collector.init_random_frames=2000",
+    "collector.frames_per_batch=1000",
+)
+
+
+_TD3 = ScriptSpec(
+    name="td3",
+    folder="sota-implementations/td3",
+    script="td3.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=2,
+    fleet=_two_actors("td3"),
+    config="config",
+    smoke=_off_policy_smoke(
+        "env.max_episode_steps=50",
+        "collector.env_per_collector=1",
+        "network.hidden_sizes=[32,32]",
+        "logger.eval_iter=1000000",
+    ),
+    bench=(*_PENDULUM_15K, "collector.env_per_collector=2", "logger.eval_iter=15000"),
+    frames=15_000,
+    metric="eval/reward",
+    threshold=-200.0,  # as ddpg: Pendulum-v1 registers none
+    seed_key="env.seed",
+)
+
+_TQC = ScriptSpec(
+    name="tqc",
+    folder="sota-implementations/tqc",
+    script="tqc.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=2,
+    fleet=_two_actors("tqc"),
+    config="config",
+    smoke=_off_policy_smoke(
+        "env.max_episode_steps=50",
+        "collector.env_per_collector=1",
+        "network.actor_hidden_sizes=[32,32]",
+        "network.critic_hidden_sizes=[32,32]",
+        "optim.utd_ratio=0.1",
+        "logger.eval_iter=1000000",
+    ),
+    # Critics of [256, 256] (TorchRL's: 5 of [512, 512, 512]) and one update per 4 frames:
+    # the same on both sides, to fit two cores.
+    bench=(
+        *_PENDULUM_15K,
+        "collector.env_per_collector=2",
+        "network.critic_hidden_sizes=[256,256]",
+        "optim.utd_ratio=0.25",
+        "logger.eval_iter=15000",
+    ),
+    frames=15_000,
+    metric="eval/reward",
+    threshold=-200.0,
+    seed_key="env.seed",
+)
+
+_CROSSQ = ScriptSpec(
+    name="crossq",
+    folder="sota-implementations/crossq",
+    script="crossq.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=1,
+    fleet=_fleet("crossq", "cfg.collector.env_per_collector", "cfg.env.seed"),
+    config="config",
+    smoke=_off_policy_smoke(
+        "env.max_episode_steps=50",
+        "network.actor_hidden_sizes=[32,32]",
+        "network.critic_hidden_sizes=[32,32]",
+        "logger.eval_iter=1000000",
+    ),
+    # Critics of [256, 256] (TorchRL's: [2048, 2048]), batch-norm warm-up over 5,000 steps
+    # (TorchRL's: 100,000, past this budget): the same on both sides.
+    bench=(
+        *_PENDULUM_15K,
+        "network.critic_hidden_sizes=[256,256]",
+        "network.warmup_steps=5000",
+        "logger.eval_iter=15000",
+    ),
+    frames=15_000,
+    metric="eval/reward",
+    threshold=-200.0,
+    seed_key="env.seed",
+)
+
+_IQL_ONLINE = ScriptSpec(
+    name="iql_online",
+    folder="sota-implementations/iql",
+    script="iql_online.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=1,
+    fleet=_fleet("iql_online", "cfg.env.train_num_envs", "cfg.env.seed"),
+    config="online_config",
+    smoke=_off_policy_smoke(
+        "collector.max_frames_per_traj=50",
+        "model.hidden_sizes=[32,32]",
+        "optim.utd_ratio=0.1",
+        "logger.eval_iter=1000000",
+    ),
+    # TorchRL's own budget is Pendulum-v1 at 20,000 frames; evaluated after the last batch.
+    bench=("logger.eval_iter=20000",),
+    frames=20_000,
+    metric="eval/reward",
+    threshold=-200.0,
+    seed_key="env.seed",
+)
+
+_CQL_ONLINE = ScriptSpec(
+    name="cql_online",
+    folder="sota-implementations/cql",
+    script="cql_online.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=1,
+    fleet=_fleet("cql_online", "cfg.env.train_num_envs", "cfg.env.seed"),
+    config="online_config",
+    smoke=_off_policy_smoke(
+        "collector.max_frames_per_traj=50",
+        "model.hidden_sizes=[32,32]",
+        "optim.utd_ratio=0.1",
+        "logger.log_interval=1000000",
+        "logger.eval_steps=50",
+    ),
+    # Pendulum-v1 (TorchRL's default env) at 15,000 frames, evaluated at the last batch.
+    bench=(
+        "collector.total_frames=15000",
+        "collector.init_random_frames=2000",
+        "logger.log_interval=15000",
+        "logger.eval_steps=200",
+    ),
+    frames=15_000,
+    metric="eval/reward",
+    threshold=-200.0,
+    seed_key="env.seed",
+)
+
+
+#: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
+_VMAS_SMOKE = (
+    "env.max_steps=20",
+    "collector.frames_per_batch=40",
+    "collector.n_iters=2",
+    "train.num_epochs=1",
+    "train.minibatch_size=20",
+    "eval.evaluation_episodes=1",
+)
+
+#: VMAS balance at 60,000 frames (10 batches of 6,000), TorchRL's 45 epochs a batch over
+#: minibatches of 400; the last iteration (9) evaluated over 200 episodes.
+_VMAS_60K = (
+    "collector.frames_per_batch=6000",
+    "collector.n_iters=10",
+    "train.minibatch_size=400",
+    "eval.evaluation_episodes=200",
+    "eval.evaluation_interval=9",
+)
+
+
+def _vmas_script(name: str, script: str, fleet: str, config: str = "") -> ScriptSpec:
+    """A ``multiagent/`` script: two actors share its VMAS envs."""
+    return ScriptSpec(
+        name=name,
+        folder="sota-implementations/multiagent",
+        script=script,
+        helpers=("utils",),
+        collector_file=script,
+        actors=2,
+        fleet=_fleet(
+            fleet,
+            "cfg.env.vmas_envs // 2",
+            "cfg.seed",
+            env_kwargs='{"cfg": cfg, "num_envs": cfg.env.vmas_envs // 2}',
+        ),
+        config=config or script.removesuffix(".py"),
+        smoke=_VMAS_SMOKE,
+        bench=_VMAS_60K,
+        frames=60_000,
+        metric="eval_episode_reward_mean",  # its logger writes "/" as "_"
+        seed_key="seed",
+    )
+
+
+_MARL_IQL = _vmas_script("marl_iql", "iql.py", "marl_qnet")
+_QMIX_VDN = _vmas_script("qmix_vdn", "qmix_vdn.py", "marl_qnet")
+_MADDPG = _vmas_script("maddpg_iddpg", "maddpg_iddpg.py", "maddpg_iddpg")
+_MARL_SAC = _vmas_script("marl_sac", "sac.py", "marl_sac")
 
 _TUTORIALS = "tutorials/sphinx-tutorials"
 
@@ -366,5 +584,24 @@ _DQN_RNN = ScriptSpec(
 
 SPECS: dict[str, ScriptSpec] = {
     spec.name: spec
-    for spec in (_DQN, _PPO, _A2C, _SAC, _DDPG, _DISCRETE_SAC, _MAPPO, _CODING_PPO, _DQN_RNN)
+    for spec in (
+        _DQN,
+        _PPO,
+        _A2C,
+        _SAC,
+        _DDPG,
+        _DISCRETE_SAC,
+        _MAPPO,
+        _CODING_PPO,
+        _DQN_RNN,
+        _TD3,
+        _TQC,
+        _CROSSQ,
+        _IQL_ONLINE,
+        _CQL_ONLINE,
+        _MARL_IQL,
+        _QMIX_VDN,
+        _MADDPG,
+        _MARL_SAC,
+    )
 }

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets import config_of
 
-
-def make_env(cfg: dict[str, Any]) -> Any:
+def make_env(cfg: Any) -> Any:
     """One env of the script's ``make_environment``: ``env_maker`` + ``apply_env_transforms``."""
     from utils import apply_env_transforms, env_maker
 
-    c = config_of(cfg)
-    return apply_env_transforms(env_maker(c), max_episode_steps=c.env.max_episode_steps)
+    return apply_env_transforms(env_maker(cfg), max_episode_steps=cfg.env.max_episode_steps)
 
 
-def make_policy(env: Any, cfg: dict[str, Any]) -> Any:
+def make_policy(env: Any, cfg: Any) -> Any:
     """The exploration policy of the script's ``make_ddpg_agent`` (``OrnsteinUhlenbeck``).
 
     ``make_ddpg_agent`` closes the env it initialises the networks on: it gets one of its own.
     """
     from utils import make_ddpg_agent
 
-    return make_ddpg_agent(config_of(cfg), env, make_env(cfg), "cpu")[1]
+    return make_ddpg_agent(cfg, env, make_env(cfg), "cpu")[1]

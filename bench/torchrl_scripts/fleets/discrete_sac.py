@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets import config_of
 
-
-def make_env(cfg: dict[str, Any]) -> Any:
+def make_env(cfg: Any) -> Any:
     """One env of the script's ``make_environment``: ``env_maker`` + ``apply_env_transforms``.
 
     The script batches ``env_per_collector`` of them in a ``ParallelEnv`` (one by default,
@@ -19,12 +17,11 @@ def make_env(cfg: dict[str, Any]) -> Any:
     """
     from utils import apply_env_transforms, env_maker
 
-    c = config_of(cfg)
-    return apply_env_transforms(env_maker(c), max_episode_steps=c.env.max_episode_steps)
+    return apply_env_transforms(env_maker(cfg), max_episode_steps=cfg.env.max_episode_steps)
 
 
-def make_policy(env: Any, cfg: dict[str, Any]) -> Any:
+def make_policy(env: Any, cfg: Any) -> Any:
     """The acting policy of the script's ``make_sac_agent`` (``model[0]``, the actor)."""
     from utils import make_sac_agent
 
-    return make_sac_agent(config_of(cfg), env, make_env(cfg), "cpu")[0]
+    return make_sac_agent(cfg, env, make_env(cfg), "cpu")[0]

@@ -1,50 +1,33 @@
 """``multiagent/mappo_ippo.py`` on actors: its VMAS env and its policy, as the script builds them.
 
-The script builds both inline; these are its lines, with the actor's share of the VMAS
-envs (a ``VmasEnv`` is batched itself: it is the actor's pool as it is).
+The script builds both inline; these are its lines (the env: :func:`vmas_env`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets import config_of
+from bench.torchrl_scripts.fleets.vmas import vmas_env
 
 
-def make_env(cfg: dict[str, Any], num_envs: int) -> Any:
-    """``TransformedEnv(VmasEnv(...), RewardSum(...))`` of ``num_envs`` envs."""
-    from torchrl.envs import RewardSum, TransformedEnv
-    from torchrl.envs.libs.vmas import VmasEnv
-
-    c = config_of(cfg)
-    env = VmasEnv(
-        scenario=c.env.scenario_name,
-        num_envs=num_envs,
-        continuous_actions=True,
-        max_steps=c.env.max_steps,
-        device="cpu",
-        seed=c.seed,
-        **c.env.scenario,
-    )
-    return TransformedEnv(
-        env, RewardSum(in_keys=[env.reward_key], out_keys=[("agents", "episode_reward")])
-    )
+def make_env(cfg: Any, num_envs: int) -> Any:
+    """``num_envs`` of the script's VMAS envs, continuous actions."""
+    return vmas_env(cfg, num_envs, continuous_actions=True)
 
 
-def make_policy(env: Any, cfg: dict[str, Any]) -> Any:
+def make_policy(env: Any, cfg: Any) -> Any:
     """The script's ``ProbabilisticActor`` over a ``MultiAgentMLP``."""
     from tensordict.nn import NormalParamExtractor, TensorDictModule
     from torch import nn
     from torchrl.modules import MultiAgentMLP, ProbabilisticActor, TanhNormal
 
-    c = config_of(cfg)
     actor_net = nn.Sequential(
         MultiAgentMLP(
             n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
             n_agent_outputs=2 * env.full_action_spec_unbatched[env.action_key].shape[-1],
             n_agents=env.n_agents,
             centralised=False,
-            share_params=c.model.shared_parameters,
+            share_params=cfg.model.shared_parameters,
             device="cpu",
             depth=2,
             num_cells=256,

@@ -1,0 +1,57 @@
+"""``multiagent/maddpg_iddpg.py`` on actors: VMAS, and the deterministic policy with noise.
+
+The script builds both inline; these are its lines. The noise scale the learner anneals is
+a buffer of ``AdditiveGaussianModule``, so it travels with every push.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.torchrl_scripts.fleets.vmas import vmas_env
+
+
+def make_env(cfg: Any, num_envs: int) -> Any:
+    """``num_envs`` of the script's VMAS envs, continuous actions."""
+    return vmas_env(cfg, num_envs, continuous_actions=True)
+
+
+def make_policy(env: Any, cfg: Any) -> Any:
+    """The script's ``policy_explore``: a ``TanhDelta`` actor and ``AdditiveGaussianModule``."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torch import nn
+    from torchrl.modules import AdditiveGaussianModule, MultiAgentMLP, ProbabilisticActor
+    from torchrl.modules.distributions import TanhDelta
+
+    action = env.full_action_spec_unbatched[("agents", "action")]
+    actor_net = MultiAgentMLP(
+        n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
+        n_agent_outputs=env.full_action_spec_unbatched[env.action_key].shape[-1],
+        n_agents=env.n_agents,
+        centralised=False,
+        share_params=cfg.model.shared_parameters,
+        device="cpu",
+        depth=2,
+        num_cells=256,
+        activation_class=nn.Tanh,
+    )
+    policy = ProbabilisticActor(
+        module=TensorDictModule(
+            actor_net, in_keys=[("agents", "observation")], out_keys=[("agents", "param")]
+        ),
+        spec=env.full_action_spec_unbatched,
+        in_keys=[("agents", "param")],
+        out_keys=[env.action_key],
+        distribution_class=TanhDelta,
+        distribution_kwargs={"low": action.space.low, "high": action.space.high},
+        return_log_prob=False,
+    )
+    return TensorDictSequential(
+        policy,
+        AdditiveGaussianModule(
+            spec=env.full_action_spec_unbatched,
+            annealing_num_steps=int(cfg.collector.total_frames * (1 / 2)),
+            action_key=env.action_key,
+            device="cpu",
+        ),
+    )

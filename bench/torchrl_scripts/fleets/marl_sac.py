@@ -1,0 +1,68 @@
+"""``multiagent/sac.py`` on actors: VMAS, and the script's actor (continuous or discrete).
+
+The script builds both inline, by ``env.continuous_actions``; these are its lines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.torchrl_scripts.fleets.vmas import vmas_env
+
+
+def make_env(cfg: Any, num_envs: int) -> Any:
+    """``num_envs`` of the script's VMAS envs, with its action settings."""
+    return vmas_env(
+        cfg,
+        num_envs,
+        continuous_actions=cfg.env.continuous_actions,
+        categorical_actions=cfg.env.categorical_actions,
+    )
+
+
+def make_policy(env: Any, cfg: Any) -> Any:
+    """The script's ``ProbabilisticActor``: ``TanhNormal``, or categorical for discrete actions."""
+    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from torch import nn
+    from torch.distributions import Categorical, OneHotCategorical
+    from torchrl.modules import MultiAgentMLP, ProbabilisticActor, TanhNormal
+
+    action = env.full_action_spec_unbatched["agents", "action"]
+    continuous = cfg.env.continuous_actions
+    net = MultiAgentMLP(
+        n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
+        n_agent_outputs=2 * action.shape[-1] if continuous else action.space.n,
+        n_agents=env.n_agents,
+        centralised=False,
+        share_params=cfg.model.shared_parameters,
+        device="cpu",
+        depth=2,
+        num_cells=256,
+        activation_class=nn.Tanh,
+    )
+    if not continuous:
+        return ProbabilisticActor(
+            module=TensorDictModule(
+                nn.Sequential(net),
+                in_keys=[("agents", "observation")],
+                out_keys=[("agents", "logits")],
+            ),
+            spec=action,
+            in_keys=[("agents", "logits")],
+            out_keys=[env.action_key],
+            distribution_class=Categorical if cfg.env.categorical_actions else OneHotCategorical,
+            return_log_prob=True,
+        )
+    return ProbabilisticActor(
+        module=TensorDictModule(
+            nn.Sequential(net, NormalParamExtractor()),
+            in_keys=[("agents", "observation")],
+            out_keys=[("agents", "loc"), ("agents", "scale")],
+        ),
+        spec=env.full_action_spec_unbatched,
+        in_keys=[("agents", "loc"), ("agents", "scale")],
+        out_keys=[env.action_key],
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": action.space.low, "high": action.space.high},
+        return_log_prob=True,
+    )

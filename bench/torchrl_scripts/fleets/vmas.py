@@ -1,0 +1,36 @@
+"""The VMAS env of TorchRL's ``multiagent/`` scripts, as each builds it for its collector.
+
+Every script of that folder builds ``TransformedEnv(VmasEnv(...), RewardSum(...))`` inline,
+differing only in the kind of actions; on an actor it has the actor's share of the VMAS envs
+(a ``VmasEnv`` is batched itself: it is the actor's pool as it is).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["vmas_env"]
+
+
+def vmas_env(cfg: Any, num_envs: int, *, continuous_actions: bool, **vmas: Any) -> Any:
+    """The script's env of ``num_envs`` VMAS envs under ``RewardSum`` (config ``cfg``).
+
+    ``vmas`` adds ``VmasEnv`` arguments a script passes beyond the common ones
+    (``multiagent/sac.py``: ``categorical_actions``).
+    """
+    from torchrl.envs import RewardSum, TransformedEnv
+    from torchrl.envs.libs.vmas import VmasEnv
+
+    env = VmasEnv(
+        scenario=cfg.env.scenario_name,
+        num_envs=num_envs,
+        continuous_actions=continuous_actions,
+        max_steps=cfg.env.max_steps,
+        device="cpu",
+        seed=cfg.seed,
+        **vmas,
+        **cfg.env.scenario,
+    )
+    return TransformedEnv(
+        env, RewardSum(in_keys=[env.reward_key], out_keys=[("agents", "episode_reward")])
+    )
