@@ -121,3 +121,24 @@ def test_torchrl_actor_vmas_batches_equal_torchrl_collector_batches() -> None:
         assert_equal_batches(mine, reference)
     assert ours[0]["next", "agents", "reward"].shape == (4, 12, 3, 1)
     assert any_done(ours)
+
+
+@pytest.mark.skipif(not HAS_VMAS, reason="vmas is not installed")
+def test_torchrl_actor_heterogeneous_agent_groups_equal_torchrl_collector_batches() -> None:
+    """Agents of two shapes, a group each (VMAS's default grouping): dense per group."""
+    env, policy = "rlfleet_test_agents:vmas_tag", "rlfleet_test_agents:vmas_groups_policy"
+    ours = fleet_batches(torchrl_config(env, policy, num_envs=4), 2, 48)
+    theirs = torchrl_batches(env, policy, 2, 48, num_envs=None)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert_equal_batches(mine, reference)
+    assert ours[0]["next", "adversary", "observation"].shape == (4, 12, 3, 16)
+    assert ours[0]["next", "agent", "observation"].shape == (4, 12, 1, 14)
+    assert any_done(ours)
+
+
+@pytest.mark.skipif(not HAS_VMAS, reason="vmas is not installed")
+def test_torchrl_actor_refuses_one_group_of_two_shapes_naming_the_groups_fix() -> None:
+    config = torchrl_config("rlfleet_test_agents:vmas_tag_one_group", "random", num_envs=4)
+    with pytest.raises(ValueError, match="agents of different shapes") as raised:
+        TorchRLCore(config)
+    assert "a group of its own" in str(raised.value)
