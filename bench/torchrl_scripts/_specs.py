@@ -477,6 +477,33 @@ _CQL_ONLINE = ScriptSpec(
 )
 
 
+_DISCRETE_CQL_ONLINE = ScriptSpec(
+    name="discrete_cql_online",
+    folder="sota-implementations/cql",
+    script="discrete_cql_online.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    actors=1,
+    fleet=_fleet("discrete_cql_online", "1", "cfg.env.seed"),
+    config="discrete_online_config",
+    smoke=_off_policy_smoke(
+        "collector.max_frames_per_traj=50",
+        "model.hidden_sizes=[32,32]",
+        "optim.utd_ratio=0.1",
+        "logger.eval_iter=1000000",
+    ),
+    # CartPole-v1 (TorchRL's default env) at 20,000 frames, one update per 4 frames (its: one
+    # per frame), evaluated after the last batch (200 steps at most: 200 is the best return).
+    bench=(
+        "collector.total_frames=20000",
+        "optim.utd_ratio=0.25",
+        "logger.eval_iter=20000",
+    ),
+    frames=20_000,
+    metric="eval/reward",
+    seed_key="env.seed",
+)
+
 #: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
 _VMAS_SMOKE = (
     "env.max_steps=20",
@@ -603,6 +630,7 @@ SPECS: dict[str, ScriptSpec] = {
         _CROSSQ,
         _IQL_ONLINE,
         _CQL_ONLINE,
+        _DISCRETE_CQL_ONLINE,
         _MARL_IQL,
         _QMIX_VDN,
         _MADDPG,
