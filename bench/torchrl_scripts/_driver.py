@@ -6,16 +6,25 @@ mean of a scalar given as several values (``sac.py`` logs every episode's reward
 as one tensor, which the wandb logger it defaults to takes and the CSV logger refuses),
 and it records no videos (``mappo_ippo.py`` logs one per evaluation, which the CSV logger
 would encode with torchcodec, not a dependency here). With ``RLFLEET_SEED`` set, torch,
-numpy and random are seeded with it first, alike on both sides.
+numpy and random are seeded with it first, alike on both sides. The seconds the script's
+loop waits on its collector for batches (``next`` of TorchRL's collectors or of
+``GrpcCollector``, the same measure on both sides) are written to ``collection.json``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import runpy
 import sys
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
+
+#: Where the waits on the collector are written, in the run's folder.
+COLLECTION_FILE = "collection.json"
+_waited = {"collection_s": 0.0, "batches": 0}
 
 
 def _mean_of_many() -> None:
@@ -32,6 +41,38 @@ def _mean_of_many() -> None:
 
     csv.CSVExperiment.add_scalar = add
     csv.CSVLogger.log_video = lambda self, *args, **kwargs: None
+
+
+def _timed(iterate: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+    """``__iter__`` that adds the time spent in each ``next`` of ``iterate`` to ``_waited``."""
+
+    def __iter__(self: Any) -> Iterator[Any]:
+        inner = iterate(self)
+        try:
+            while True:
+                start = time.perf_counter()
+                try:
+                    item = next(inner)
+                except StopIteration:
+                    return
+                finally:
+                    _waited["collection_s"] += time.perf_counter() - start
+                _waited["batches"] += 1
+                yield item
+        finally:
+            inner.close()  # a script that breaks out of its loop closes the collector's too
+
+    return __iter__
+
+
+def _time_collection() -> None:
+    """Time the waits for batches of TorchRL's collectors and of ``GrpcCollector``."""
+    from torchrl.collectors._base import BaseCollector
+
+    from learner_client import GrpcCollector
+
+    for cls in (BaseCollector, GrpcCollector):
+        cls.__iter__ = _timed(cls.__iter__)  # type: ignore[method-assign]
 
 
 def _seed() -> None:
@@ -63,7 +104,11 @@ def main() -> None:
     sys.path.insert(0, str(script.parent))
     _mean_of_many()
     _seed()
-    found = runpy.run_path(str(script), run_name="__main__")
+    _time_collection()
+    try:
+        found = runpy.run_path(str(script), run_name="__main__")
+    finally:
+        pathlib.Path(COLLECTION_FILE).write_text(json.dumps(_waited))
     expression = os.environ.get("RLFLEET_RESULT", "")
     if expression:
         value = float(eval(expression, dict(found)))  # our own expression (a spec's metric)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import json
 import os
 import pathlib
 import shutil
@@ -23,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from bench.torchrl_scripts._driver import COLLECTION_FILE
 from bench.torchrl_scripts._port import port_source
 from bench.torchrl_scripts._specs import ScriptSpec
 
@@ -44,7 +46,7 @@ _TAIL = 4000
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """One run of a script: its final return, frames and wall time."""
+    """One run of a script: its final return, frames, wall time and time waiting on batches."""
 
     script: str
     variant: str
@@ -53,6 +55,7 @@ class RunResult:
     wall_s: float
     returncode: int
     log_tail: str
+    collection_s: float | None = None
 
 
 def missing_needs(spec: ScriptSpec) -> str:
@@ -173,7 +176,16 @@ def run_script(
     wall = time.monotonic() - start
     tail = (dest / "run.log").read_bytes()[-_TAIL:].decode(errors="replace")
     final = last_scalar(dest, "result" if spec.tutorial else spec.metric)
-    return RunResult(spec.name, variant, frames, final, wall, done.returncode, tail)
+    collection = _collection_s(dest)
+    return RunResult(spec.name, variant, frames, final, wall, done.returncode, tail, collection)
+
+
+def _collection_s(dest: pathlib.Path) -> float | None:
+    """The seconds the run's script waited on its collector (``_driver``), None if unknown."""
+    path = dest / COLLECTION_FILE
+    if not path.is_file():
+        return None
+    return float(json.loads(path.read_text())["collection_s"])
 
 
 def last_scalar(dest: pathlib.Path, metric: str) -> float | None:

@@ -57,8 +57,10 @@ def _row(spec: ScriptSpec, runs: dict[str, list[RunResult]], actors: int) -> dic
         "frames": spec.frames,
         "rlfleet_return": ours,
         "rlfleet_wall_s": _median_wall(fleet),
+        "rlfleet_collect_s": _median_collection(fleet),
         "torchrl_return": theirs,
         "torchrl_wall_s": _median_wall(torchrl),
+        "torchrl_collect_s": _median_collection(torchrl),
         "actors": actors,
         "rlfleet_runs": [r.final_return for r in fleet],
         "torchrl_runs": [r.final_return for r in torchrl],
@@ -70,6 +72,14 @@ def _row(spec: ScriptSpec, runs: dict[str, list[RunResult]], actors: int) -> dic
 
 def _median_wall(runs: list[RunResult]) -> float | None:
     return round(statistics.median(r.wall_s for r in runs), 1) if runs else None
+
+
+def _median_collection(runs: list[RunResult]) -> float | None:
+    """The median of the runs' seconds waiting on the collector (None if one has none)."""
+    values = [r.collection_s for r in runs]
+    if not values or any(v is None for v in values):
+        return None
+    return round(statistics.median(v for v in values if v is not None), 1)
 
 
 def _fmt(value: object) -> str:
@@ -127,13 +137,16 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n in args.only.split(",") if n] or list(SPECS)
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="torchrl-scripts-"))
     rows = []
-    print("| script | frames | rlfleet return | rlfleet wall s | torchrl return | torchrl wall s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| script | frames | rlfleet return | rlfleet wall s | rlfleet collect s "
+        "| torchrl return | torchrl wall s | torchrl collect s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         spec = SPECS[name]
         why = "not on this machine" if originals_root(spec) is None else missing_needs(spec)
         if why:
-            print(f"| {name} | {why} | | | | |")
+            print(f"| {name} | {why} | | | | | | |")
             continue
         sides = args.sides.split(",")
         row = compare(
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             extra=args.override,
         )
         rows.append(row)
-        cells = [_fmt(row[k]) for k in list(row)[:6]]
+        cells = [_fmt(row[k]) for k in list(row)[:8]]
         print("| " + " | ".join(cells) + " |", flush=True)
     print(json.dumps({"workdir": str(workdir), "rows": rows}))
 

@@ -15,6 +15,7 @@ skipped without one):
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 pytest.importorskip("torchrl")
 pytest.importorskip("hydra")
 
+from bench.torchrl_scripts._driver import COLLECTION_FILE
 from bench.torchrl_scripts._port import PortError, check_port, collector_call, port_source
 from bench.torchrl_scripts._run import missing_needs, original, originals_root, run_script
 from bench.torchrl_scripts._specs import SPECS, ScriptSpec
@@ -76,6 +78,10 @@ def test_torchrl_script_runs_on_a_fleet(name: str, tmp_path: pathlib.Path) -> No
     assert result.returncode == 0, result.log_tail
     ported = (tmp_path / name / spec.collector_file).read_text()
     assert "GrpcCollector(" in ported
+    # The script's waits on its collector were timed: at least two batches, some seconds.
+    waited = json.loads((tmp_path / name / COLLECTION_FILE).read_text())
+    assert waited["batches"] >= 2, waited
+    assert 0 < waited["collection_s"] == result.collection_s < result.wall_s
 
 
 def _find(payload: object, key: str) -> object:
