@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets.vmas import vmas_env
+from bench.torchrl_scripts.fleets.vmas import actor_mlp, vmas_env
 
 
 def make_env(cfg: Any, num_envs: int) -> Any:
@@ -19,22 +19,11 @@ def make_env(cfg: Any, num_envs: int) -> Any:
 def make_policy(env: Any, cfg: Any) -> Any:
     """The script's ``policy_explore``: a ``TanhDelta`` actor and ``AdditiveGaussianModule``."""
     from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torch import nn
-    from torchrl.modules import AdditiveGaussianModule, MultiAgentMLP, ProbabilisticActor
+    from torchrl.modules import AdditiveGaussianModule, ProbabilisticActor
     from torchrl.modules.distributions import TanhDelta
 
     action = env.full_action_spec_unbatched[("agents", "action")]
-    actor_net = MultiAgentMLP(
-        n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
-        n_agent_outputs=env.full_action_spec_unbatched[env.action_key].shape[-1],
-        n_agents=env.n_agents,
-        centralised=False,
-        share_params=cfg.model.shared_parameters,
-        device="cpu",
-        depth=2,
-        num_cells=256,
-        activation_class=nn.Tanh,
-    )
+    actor_net = actor_mlp(env, cfg, env.full_action_spec_unbatched[env.action_key].shape[-1])
     policy = ProbabilisticActor(
         module=TensorDictModule(
             actor_net, in_keys=[("agents", "observation")], out_keys=[("agents", "param")]

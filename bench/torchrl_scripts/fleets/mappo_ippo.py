@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets.vmas import vmas_env
+from bench.torchrl_scripts.fleets.vmas import actor_mlp, vmas_env
 
 
 def make_env(cfg: Any, num_envs: int) -> Any:
@@ -19,20 +19,10 @@ def make_policy(env: Any, cfg: Any) -> Any:
     """The script's ``ProbabilisticActor`` over a ``MultiAgentMLP``."""
     from tensordict.nn import NormalParamExtractor, TensorDictModule
     from torch import nn
-    from torchrl.modules import MultiAgentMLP, ProbabilisticActor, TanhNormal
+    from torchrl.modules import ProbabilisticActor, TanhNormal
 
     actor_net = nn.Sequential(
-        MultiAgentMLP(
-            n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
-            n_agent_outputs=2 * env.full_action_spec_unbatched[env.action_key].shape[-1],
-            n_agents=env.n_agents,
-            centralised=False,
-            share_params=cfg.model.shared_parameters,
-            device="cpu",
-            depth=2,
-            num_cells=256,
-            activation_class=nn.Tanh,
-        ),
+        actor_mlp(env, cfg, 2 * env.full_action_spec_unbatched[env.action_key].shape[-1]),
         NormalParamExtractor(),
     )
     policy_module = TensorDictModule(

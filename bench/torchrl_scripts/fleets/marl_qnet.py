@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets.vmas import vmas_env
+from bench.torchrl_scripts.fleets.vmas import actor_mlp, vmas_env
 
 
 def make_env(cfg: Any, num_envs: int) -> Any:
@@ -20,20 +20,9 @@ def make_env(cfg: Any, num_envs: int) -> Any:
 def make_policy(env: Any, cfg: Any) -> Any:
     """The script's ``qnet_explore``: a ``MultiAgentMLP`` Q-net, ``QValueModule``, e-greedy."""
     from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torch import nn
-    from torchrl.modules import EGreedyModule, MultiAgentMLP, QValueModule, SafeSequential
+    from torchrl.modules import EGreedyModule, QValueModule, SafeSequential
 
-    net = MultiAgentMLP(
-        n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
-        n_agent_outputs=env.full_action_spec["agents", "action"].space.n,
-        n_agents=env.n_agents,
-        centralised=False,
-        share_params=cfg.model.shared_parameters,
-        device="cpu",
-        depth=2,
-        num_cells=256,
-        activation_class=nn.Tanh,
-    )
+    net = actor_mlp(env, cfg, env.full_action_spec["agents", "action"].space.n)
     module = TensorDictModule(
         net, in_keys=[("agents", "observation")], out_keys=[("agents", "action_value")]
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets.vmas import vmas_env
+from bench.torchrl_scripts.fleets.vmas import actor_mlp, vmas_env
 
 
 def make_env(cfg: Any, num_envs: int) -> Any:
@@ -25,21 +25,11 @@ def make_policy(env: Any, cfg: Any) -> Any:
     from tensordict.nn import NormalParamExtractor, TensorDictModule
     from torch import nn
     from torch.distributions import Categorical, OneHotCategorical
-    from torchrl.modules import MultiAgentMLP, ProbabilisticActor, TanhNormal
+    from torchrl.modules import ProbabilisticActor, TanhNormal
 
     action = env.full_action_spec_unbatched["agents", "action"]
     continuous = cfg.env.continuous_actions
-    net = MultiAgentMLP(
-        n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
-        n_agent_outputs=2 * action.shape[-1] if continuous else action.space.n,
-        n_agents=env.n_agents,
-        centralised=False,
-        share_params=cfg.model.shared_parameters,
-        device="cpu",
-        depth=2,
-        num_cells=256,
-        activation_class=nn.Tanh,
-    )
+    net = actor_mlp(env, cfg, 2 * action.shape[-1] if continuous else action.space.n)
     if not continuous:
         return ProbabilisticActor(
             module=TensorDictModule(

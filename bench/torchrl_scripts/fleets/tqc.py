@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.torchrl_scripts.fleets.utils_env import make_env
 
-def make_env(cfg: Any) -> Any:
-    """One env of the script's ``make_environment``: ``env_maker`` + ``apply_env_transforms``.
-
-    The script batches ``env_per_collector`` of them in a ``ParallelEnv``; the actors pool
-    their share (``num_envs``) in a ``SerialEnv``.
-    """
-    from utils import apply_env_transforms, env_maker
-
-    return apply_env_transforms(env_maker(cfg), cfg.env.max_episode_steps)
+__all__ = ["make_env", "make_policy"]
 
 
 def make_policy(env: Any, cfg: Any) -> Any:

@@ -1,15 +1,16 @@
-"""The VMAS env of TorchRL's ``multiagent/`` scripts, as each builds it for its collector.
+"""The VMAS env and the actor network of TorchRL's ``multiagent/`` scripts, as each builds them.
 
 Every script of that folder builds ``TransformedEnv(VmasEnv(...), RewardSum(...))`` inline,
 differing only in the kind of actions; on an actor it has the actor's share of the VMAS envs
-(a ``VmasEnv`` is batched itself: it is the actor's pool as it is).
+(a ``VmasEnv`` is batched itself: it is the actor's pool as it is). Each builds its acting
+network as the same decentralised ``MultiAgentMLP``, differing only in its outputs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["vmas_env"]
+__all__ = ["actor_mlp", "vmas_env"]
 
 
 def vmas_env(cfg: Any, num_envs: int, *, continuous_actions: bool, **vmas: Any) -> Any:
@@ -33,4 +34,22 @@ def vmas_env(cfg: Any, num_envs: int, *, continuous_actions: bool, **vmas: Any) 
     )
     return TransformedEnv(
         env, RewardSum(in_keys=[env.reward_key], out_keys=[("agents", "episode_reward")])
+    )
+
+
+def actor_mlp(env: Any, cfg: Any, n_agent_outputs: int) -> Any:
+    """The scripts' acting ``MultiAgentMLP``: per agent, 2 layers of 256, tanh, on the CPU."""
+    from torch import nn
+    from torchrl.modules import MultiAgentMLP
+
+    return MultiAgentMLP(
+        n_agent_inputs=env.observation_spec["agents", "observation"].shape[-1],
+        n_agent_outputs=n_agent_outputs,
+        n_agents=env.n_agents,
+        centralised=False,
+        share_params=cfg.model.shared_parameters,
+        device="cpu",
+        depth=2,
+        num_cells=256,
+        activation_class=nn.Tanh,
     )
