@@ -5,7 +5,9 @@ same mock env and policy (``rlfleet_test_mocks``), and held to what TorchRL's te
 checks; where the env is deterministic, the batches must also equal its ``Collector``'s.
 TorchRL's ``MultiSyncCollector``/``MultiaSyncCollector`` consistency tests become two
 actors: consecutive batches differ, and the last dim is named ``"time"``.
-Heterogeneous agents (lazy stacks) are refused at start (``test_torchrl_core.py``).
+TorchRL's ``TestHeterogeneousEnvsCollector`` (agents of different shapes in one group, lazy
+stacks) is refused at start (``test_torchrl_core.py``); heterogeneous agents travel in the
+per-group layout instead (``test_torchrl_pixels_agents.py``, VMAS ``simple_tag``).
 """
 
 from __future__ import annotations
