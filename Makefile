@@ -57,10 +57,10 @@ test-vllm:
 	PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py tests/actor_service/*/test_*vllm*.py tests/actor_service/kinds/*/test_*vllm*.py) $(ARGS)
 
-## The tests of TorchRL's torchvision-backed transforms (marked torchvision: `Resize`, and the
-## dqn_with_rnn.py tutorial where RLFLEET_TORCHRL_SOURCE names a pytorch/rl checkout) in their
+## The tests of TorchRL's torchvision-backed transforms (marked torchvision: `Resize`, dqn_atari.py
+## on a fleet, and the dqn_with_rnn.py tutorial where RLFLEET_TORCHRL_SOURCE names a pytorch/rl checkout) in their
 ## own venv: torchvision does not import beside the pinned CPU torch, so
-## scripts/torchvision_venv.sh makes one with torch 2.14.1 and torchvision 0.29.1.
+## scripts/torchvision_venv.sh makes one with torch 2.14.1, torchvision 0.29.1 and ale-py 0.12.1.
 TV_VENV ?= .venv-tv
 TV_TESTS := tests/actor_service/kinds/torchrl/test_torchrl_pixels_agents.py tests/bench/test_torchrl_scripts.py
 test-torchvision:

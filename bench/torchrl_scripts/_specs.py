@@ -504,6 +504,39 @@ _DISCRETE_CQL_ONLINE = ScriptSpec(
     seed_key="env.seed",
 )
 
+_DQN_ATARI = ScriptSpec(
+    name="dqn_atari",
+    folder="sota-implementations/dqn",
+    script="dqn_atari.py",
+    helpers=("utils_atari.py",),
+    collector_file="dqn_atari.py",
+    actors=1,
+    fleet=_fleet("dqn_atari", "1", "0"),
+    config="config_atari",
+    # Frames are the script's (4 env steps each, its frame_skip): 2 batches of 200 steps.
+    smoke=(
+        "collector.total_frames=1600",
+        "collector.frames_per_batch=800",
+        "collector.init_random_frames=800",
+        "buffer.buffer_size=2000",
+        "loss.num_updates=2",
+        "logger.test_interval=1000000",
+    ),
+    # Pong at 200,000 frames learns nothing on either side (TorchRL's budget is 40 M): what
+    # is compared is that both run, and their wall and collection times.
+    bench=(
+        "collector.total_frames=200000",
+        "collector.init_random_frames=20000",
+        "buffer.buffer_size=50000",
+        "logger.test_interval=200000",
+        "logger.num_test_episodes=1",
+    ),
+    frames=200_000,
+    metric="eval/reward",
+    # Its Resize needs torchvision (the venv of `make test-torchvision`), Pong needs ale-py.
+    needs=("torchvision", "ale_py"),
+)
+
 #: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
 _VMAS_SMOKE = (
     "env.max_steps=20",
@@ -631,6 +664,7 @@ SPECS: dict[str, ScriptSpec] = {
         _IQL_ONLINE,
         _CQL_ONLINE,
         _DISCRETE_CQL_ONLINE,
+        _DQN_ATARI,
         _MARL_IQL,
         _QMIX_VDN,
         _MADDPG,
