@@ -34,7 +34,7 @@ class ScriptSpec:
             tutorial, which has none.
         smoke: Overrides of the fast-suite run.
         bench: Overrides of the comparison run.
-        frames: Frames of the comparison run.
+        frames: Frames of the comparison run (0: none, the script is not compared).
         metric: The scalar read as the final return.
         threshold: The return at which the task counts as solved at this budget (None:
             none is claimed).
@@ -62,6 +62,11 @@ class ScriptSpec:
     def fleet_args(self, actors: int = 0) -> str:
         """The port's ``LocalFleet`` arguments, with ``actors`` actors (``self.actors`` if 0)."""
         return f"{actors or self.actors}, {self.fleet}"
+
+    @property
+    def compared(self) -> bool:
+        """Whether it has a comparison budget (``frames`` 0: it runs in the smoke suite only)."""
+        return self.frames > 0
 
     @property
     def tutorial(self) -> bool:
@@ -537,6 +542,42 @@ _DQN_ATARI = ScriptSpec(
     needs=("torchvision", "ale_py"),
 )
 
+
+def _atari_actor_critic(name: str, folder: str, smoke_batch: str) -> ScriptSpec:
+    """``ppo_atari.py`` or ``a2c_atari.py``: two actors share the script's ``env.num_envs``."""
+    return ScriptSpec(
+        name=name,
+        folder=f"sota-implementations/{folder}",
+        script=f"{name}.py",
+        helpers=("utils_atari.py",),
+        collector_file=f"{name}.py",
+        actors=2,
+        fleet=_fleet(
+            "atari_actor_critic",
+            "cfg.env.num_envs // 2",
+            "0",
+            env_kwargs='{"cfg": cfg, "num_envs": cfg.env.num_envs // 2}',
+        ),
+        config="config_atari",
+        # Frames are the script's (4 env steps each): 2 batches of 2 envs, 1 epoch.
+        smoke=(
+            "env.num_envs=2",
+            f"collector.frames_per_batch={smoke_batch}",
+            f"collector.total_frames={2 * int(smoke_batch)}",
+            "logger.test_interval=1000000000",
+            *(("loss.ppo_epochs=1", "loss.mini_batch_size=64") if name == "ppo_atari" else ()),
+        ),
+        bench=(),  # TorchRL's 40 M frames are out of reach of two cores: not compared here
+        frames=0,
+        metric="train/reward",
+        # Its Resize needs torchvision (the venv of `make test-torchvision`), Pong ale-py.
+        needs=("torchvision", "ale_py"),
+    )
+
+
+_PPO_ATARI = _atari_actor_critic("ppo_atari", "ppo", "256")
+_A2C_ATARI = _atari_actor_critic("a2c_atari", "a2c", "160")
+
 #: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
 _VMAS_SMOKE = (
     "env.max_steps=20",
@@ -665,6 +706,8 @@ SPECS: dict[str, ScriptSpec] = {
         _CQL_ONLINE,
         _DISCRETE_CQL_ONLINE,
         _DQN_ATARI,
+        _PPO_ATARI,
+        _A2C_ATARI,
         _MARL_IQL,
         _QMIX_VDN,
         _MADDPG,

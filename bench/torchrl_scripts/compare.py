@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         spec = SPECS[name]
         why = "not on this machine" if originals_root(spec) is None else missing_needs(spec)
+        why = why or ("" if spec.compared else "no comparison budget (smoke runs only)")
         if why:
             print(f"| {name} | {why} | | | | | | |")
             continue

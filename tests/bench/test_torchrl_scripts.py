@@ -119,6 +119,8 @@ def test_ppo_mujoco_checkpoint_on_a_fleet_holds_vecnorm_and_loads_in_rlrender(
 @pytest.mark.parametrize("name", NAMES)
 def test_torchrl_script_on_a_fleet_returns_as_on_torchrl(name: str, tmp_path: pathlib.Path) -> None:
     spec = _spec(name, to_run=True)
+    if not spec.compared:
+        pytest.skip(f"{spec.script} has no comparison budget")
     row = compare(spec, tmp_path, runs=3, timeout=1800)
     assert row["ok"], row
 
