@@ -12,7 +12,9 @@ port changes anything else.
 
 ``sync=True`` is the one argument the port adds: TorchRL's ``Collector`` collects each
 batch after the previous update, which a fleet does in sync mode (its default,
-``sync=False``, keeps a batch ahead per actor, as ``MultiaSyncCollector`` does).
+``sync=False``, keeps a batch ahead per actor, as ``MultiaSyncCollector`` does). A script
+that passes ``sync=`` itself (``Collector(..., num_collectors=N, sync=False)``, TorchRL's
+``MultiaSyncCollector`` form) keeps its own.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def port_source(source: str, fleet: str) -> str:
     statement = lines[found.first_line - 1]
     indent = statement[: len(statement) - len(statement.lstrip())]
     inner = indent + "    "
-    arguments = ["fleet", "sync=True", *_arguments(source, found.call)]
+    sets_sync = any(keyword.arg == "sync" for keyword in found.call.keywords)
+    arguments = ["fleet", *([] if sets_sync else ["sync=True"]), *_arguments(source, found.call)]
     new_call = "GrpcCollector(\n" + "".join(f"{inner}{a},\n" for a in arguments) + f"{indent})"
     call = found.call
     head = lines[call.lineno - 1][: call.col_offset]
@@ -177,11 +180,8 @@ def _check_call(original: str, found: CollectorCall, ported: str) -> list[str]:
     if first is None or ast.unparse(first) != "fleet":
         return ["GrpcCollector's first argument is not the fleet"]
     theirs = {ast.unparse(ast.parse(text, mode="eval").body) for text in _kw(original, found)}
-    ours = {
-        ast.unparse(ast.parse(text, mode="eval").body)
-        for text in _kw(ported, new)
-        if text != "dict(sync=True)"
-    }
+    ours = {ast.unparse(ast.parse(text, mode="eval").body) for text in _kw(ported, new)}
+    ours -= {"dict(sync=True)"} - theirs  # the one argument a port adds, unless it had it
     missing, extra = theirs - ours, ours - theirs
     return [f"argument {a} differs from the original" for a in sorted(missing | extra)]
 

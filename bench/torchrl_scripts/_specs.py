@@ -578,6 +578,28 @@ def _atari_actor_critic(name: str, folder: str, smoke_batch: str) -> ScriptSpec:
 _PPO_ATARI = _atari_actor_critic("ppo_atari", "ppo", "256")
 _A2C_ATARI = _atari_actor_critic("a2c_atari", "a2c", "160")
 
+_IMPALA = ScriptSpec(
+    name="impala_single_node",
+    folder="sota-implementations/impala",
+    script="impala_single_node.py",
+    helpers=("utils.py",),
+    collector_file="impala_single_node.py",
+    actors=2,  # the script's workers, one env each (it keeps its own sync=False)
+    fleet=_fleet("impala_single_node", "1", "0"),
+    config="config_single_node",
+    # Frames are the script's (4 env steps each): 4 rollouts of 20 steps, trained 2 at a time.
+    smoke=(
+        "collector.total_frames=320",
+        "collector.num_workers=2",
+        "loss.batch_size=2",
+        "logger.test_interval=1000000000",
+    ),
+    bench=(),  # TorchRL's 200 M frames are out of reach of two cores: not compared here
+    frames=0,
+    metric="train/reward",
+    needs=("torchvision", "ale_py"),
+)
+
 #: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
 _VMAS_SMOKE = (
     "env.max_steps=20",
@@ -708,6 +730,7 @@ SPECS: dict[str, ScriptSpec] = {
         _DQN_ATARI,
         _PPO_ATARI,
         _A2C_ATARI,
+        _IMPALA,
         _MARL_IQL,
         _QMIX_VDN,
         _MADDPG,
