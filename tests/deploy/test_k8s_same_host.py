@@ -17,9 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from deploy_files import K8S, image_argv
-from helpers import free_port_on
-from hosts_namespace import HostsNamespace
-from test_deploy_runs_locally import (
+from deploy_processes import (
     TINY_BUDGET,
     local_argv,
     policy_versions,
@@ -27,6 +25,8 @@ from test_deploy_runs_locally import (
     replicas,
     with_flag,
 )
+from helpers import free_port_on
+from hosts_namespace import HostsNamespace
 from test_k8s import K8S_VERSIONS
 
 MANIFEST = K8S / "same-host" / "learner-with-actors.yaml"
