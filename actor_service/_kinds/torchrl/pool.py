@@ -136,8 +136,8 @@ def check_torchrl_config(config: ActorConfig) -> None:
     # steps, as on TorchRL's batched envs (a batch-norm layer needs the batch dimension).
     pooled = env if env.batch_size else torchrl_envs().SerialEnv(1, lambda: env)
     try:
-        models = {
-            spec.model_id: build_td_model(spec, env, env.rand_action, torch.device("cpu"))
+        models = {  # random actions for the pool's batch, as the core draws them
+            spec.model_id: build_td_model(spec, env, pooled.rand_action, torch.device("cpu"))
             for spec in config.models
         }
         book = TDModels(models)

@@ -253,6 +253,7 @@ def test_torchrl_pre_bind_check_steps_models_on_a_batch_as_the_pool_does() -> No
     """A batch-norm policy fails on one unbatched step; the pool and the check batch it."""
     config = _config(env="pendulum", policy="batch_norm_policy")
     check_torchrl_config(config)  # before: "BatchNorm1d ... expected 2D or 3D input (got 1D)"
+    check_torchrl_config(_config(env="pendulum", policy="random"))  # random actions, batched
     with TorchRLCore(config) as core:
         core.configure(CollectSettings(frames_per_batch=4))
         assert core.collect_batch().batch_size == (2, 2)
