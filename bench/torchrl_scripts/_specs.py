@@ -316,8 +316,8 @@ _DISCRETE_SAC = ScriptSpec(
 )
 
 # The scripts below are pytorch/rl main's at ae9719f17b1517af5c2523a36c4616f003ee55cf, byte for
-# byte the torchrl 0.14.1 wheel's (cql's utils.py differs in one line of a model it does not
-# build); their configs are main's at that commit (the wheel ships none).
+# byte the torchrl 0.14.1 wheel's (cql's utils.py differs in one line of make_discretecql_model:
+# the wheel's is kept); their configs are main's at that commit (the wheel ships none).
 
 
 def _off_policy_smoke(*extra: str) -> tuple[str, ...]:
