@@ -2,7 +2,8 @@
 
 The originals are read where TorchRL ships them, never copied into this repository: the
 ``sota-implementations/`` of the installed torchrl wheel (the test extra pins 0.14.1), and
-for the tutorials a pytorch/rl checkout named by ``RLFLEET_TORCHRL_SOURCE``. A run is a
+for the tutorials and the scripts of TorchRL main that the wheel lacks, a pytorch/rl
+checkout named by ``RLFLEET_TORCHRL_SOURCE``. A run is a
 subprocess (``python script.py overrides...``) in its own folder, with the script's folder
 and this repository on ``PYTHONPATH`` (the port's actors import the script's helpers and
 ``bench.torchrl_scripts.fleets``); the final return is the last value of the script's own
@@ -39,7 +40,7 @@ __all__ = [
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
-#: Environment variable naming a pytorch/rl checkout (for the tutorials).
+#: Environment variable naming a pytorch/rl checkout (tutorials, main's scripts not in the wheel).
 SOURCE_VAR = "RLFLEET_TORCHRL_SOURCE"
 _TAIL = 4000
 
@@ -70,7 +71,7 @@ def missing_needs(spec: ScriptSpec) -> str:
 
 def originals_root(spec: ScriptSpec) -> pathlib.Path | None:
     """The folder holding ``spec``'s original files, or None where they are not here."""
-    if spec.tutorial:
+    if spec.tutorial or spec.checkout:
         source = os.environ.get(SOURCE_VAR, "")
         folder = pathlib.Path(source) / spec.folder if source else None
     else:
@@ -189,7 +190,16 @@ def _collection_s(dest: pathlib.Path) -> float | None:
 
 
 def last_scalar(dest: pathlib.Path, metric: str) -> float | None:
-    """The last value TorchRL's CSV logger wrote for ``metric`` under ``dest``."""
+    """The last value TorchRL's CSV logger wrote for ``metric`` under ``dest``.
+
+    A ``metric`` of the form ``FILE.json:KEY`` is the last item of the list ``KEY`` of the
+    JSON file the script wrote (``dreamer_v3.py``'s ``logger.metrics_json``).
+    """
+    if ".json:" in metric:
+        name, key = metric.split(":", 1)
+        written = sorted(dest.rglob(name))
+        values = json.loads(written[-1].read_text()).get(key) if written else None
+        return float(values[-1]) if values else None
     found = sorted(dest.rglob(f"scalars/{metric}.csv"))
     if not found:
         return None

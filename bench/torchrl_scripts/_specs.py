@@ -41,6 +41,8 @@ class ScriptSpec:
         needs: Modules the script imports that the test extra cannot provide.
         seed_key: The config key of the script's seed (empty: it seeds nothing); run ``i``
             of a comparison sets it to ``i`` on both sides, so seeded runs differ.
+        checkout: Read from a pytorch/rl checkout, as the tutorials are: a script of
+            TorchRL main that the torchrl wheel does not ship.
     """
 
     name: str
@@ -58,6 +60,7 @@ class ScriptSpec:
     threshold: float | None = None
     needs: tuple[str, ...] = ()
     seed_key: str = ""
+    checkout: bool = False
 
     def fleet_args(self, actors: int = 0) -> str:
         """The port's ``LocalFleet`` arguments, with ``actors`` actors (``self.actors`` if 0)."""
@@ -650,6 +653,28 @@ _QMIX_VDN = _vmas_script("qmix_vdn", "qmix_vdn.py", "marl_qnet")
 _MADDPG = _vmas_script("maddpg_iddpg", "maddpg_iddpg.py", "maddpg_iddpg")
 _MARL_SAC = _vmas_script("marl_sac", "sac.py", "marl_sac")
 
+_DREAMER_V3 = ScriptSpec(
+    name="dreamer_v3",
+    folder="sota-implementations/dreamer_v3",
+    script="dreamer_v3.py",
+    helpers=(),
+    collector_file="dreamer_v3.py",
+    actors=1,
+    fleet=_fleet("dreamer_v3", "1", "cfg.env.seed + 2"),
+    config="config",
+    # Training starts after 512 frames (2 x 16 sequences of 16); 4 batches of 200.
+    smoke=(
+        "collector.total_frames=800",
+        "optimization.updates_per_batch=2",
+        "logger.eval_episodes=1",
+    ),
+    bench=(),  # TorchRL's own budget: 5,000 frames, evaluated every 500 (3 episodes)
+    frames=5_000,
+    metric="metrics.json:evaluation_returns",
+    seed_key="env.seed",
+    checkout=True,  # main's DreamerV3; the wheel's dreamer_v3/train.py is an older script
+)
+
 _TUTORIALS = "tutorials/sphinx-tutorials"
 
 
@@ -735,5 +760,6 @@ SPECS: dict[str, ScriptSpec] = {
         _QMIX_VDN,
         _MADDPG,
         _MARL_SAC,
+        _DREAMER_V3,
     )
 }
