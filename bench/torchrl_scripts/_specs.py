@@ -92,6 +92,17 @@ def _two_actors(name: str) -> str:
     return _fleet(name, "max(1, cfg.collector.env_per_collector // 2)", "cfg.env.seed")
 
 
+def _off_policy_smoke(*extra: str) -> tuple[str, ...]:
+    """A few batches of 100 frames of an off-policy script, no evaluation."""
+    return (
+        "collector.total_frames=200",
+        "collector.init_random_frames=100",
+        "collector.frames_per_batch=100",
+        "optim.batch_size=32",
+        *extra,
+    )
+
+
 _DQN = ScriptSpec(
     name="dqn_cartpole",
     folder="sota-implementations/dqn",
@@ -186,13 +197,9 @@ _SAC = ScriptSpec(
     actors=2,
     fleet=_two_actors("sac"),
     config="config",
-    smoke=(
+    smoke=_off_policy_smoke(
         "env.max_episode_steps=50",
-        "collector.total_frames=200",
-        "collector.init_random_frames=100",
-        "collector.frames_per_batch=100",
         "collector.env_per_collector=1",
-        "optim.batch_size=32",
         "network.hidden_sizes=[32,32]",
         "optim.utd_ratio=0.1",
         "logger.eval_iter=1000000",
@@ -220,12 +227,8 @@ _DDPG = ScriptSpec(
     actors=1,
     fleet=_fleet("ddpg", "1", "cfg.env.seed"),
     config="config",
-    smoke=(
+    smoke=_off_policy_smoke(
         "env.max_episode_steps=50",
-        "collector.total_frames=200",
-        "collector.init_random_frames=100",
-        "collector.frames_per_batch=100",
-        "optim.batch_size=32",
         "network.hidden_sizes=[32,32]",
         "logger.eval_iter=1000000",
     ),
@@ -299,12 +302,8 @@ _DISCRETE_SAC = ScriptSpec(
     actors=1,
     fleet=_fleet("discrete_sac", "cfg.collector.env_per_collector", "cfg.env.seed"),
     config="config",
-    smoke=(
+    smoke=_off_policy_smoke(
         "env.max_episode_steps=50",
-        "collector.total_frames=200",
-        "collector.init_random_frames=100",
-        "collector.frames_per_batch=100",
-        "optim.batch_size=32",
         "network.hidden_sizes=[32,32]",
         "logger.eval_iter=1000000",
     ),
@@ -321,17 +320,6 @@ _DISCRETE_SAC = ScriptSpec(
 # The scripts below are pytorch/rl main's at ae9719f17b1517af5c2523a36c4616f003ee55cf, byte for
 # byte the torchrl 0.14.1 wheel's (cql's utils.py differs in one line of make_discretecql_model:
 # the wheel's is kept); their configs are main's at that commit (the wheel ships none).
-
-
-def _off_policy_smoke(*extra: str) -> tuple[str, ...]:
-    """A few batches of 100 frames of an off-policy script, no evaluation."""
-    return (
-        "collector.total_frames=200",
-        "collector.init_random_frames=100",
-        "collector.frames_per_batch=100",
-        "optim.batch_size=32",
-        *extra,
-    )
 
 
 #: Pendulum-v1 at 15,000 frames (2,000 random, batches of 1,000), evaluated after the last

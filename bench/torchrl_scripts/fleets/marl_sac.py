@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.torchrl_scripts.fleets.vmas import actor_mlp, vmas_env
+from bench.torchrl_scripts.fleets.vmas import actor_mlp, tanh_normal_actor, vmas_env
 
 
 def make_env(cfg: Any, num_envs: int) -> Any:
@@ -22,37 +22,23 @@ def make_env(cfg: Any, num_envs: int) -> Any:
 
 def make_policy(env: Any, cfg: Any) -> Any:
     """The script's ``ProbabilisticActor``: ``TanhNormal``, or categorical for discrete actions."""
-    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    if cfg.env.continuous_actions:
+        return tanh_normal_actor(env, cfg)
+    from tensordict.nn import TensorDictModule
     from torch import nn
     from torch.distributions import Categorical, OneHotCategorical
-    from torchrl.modules import ProbabilisticActor, TanhNormal
+    from torchrl.modules import ProbabilisticActor
 
     action = env.full_action_spec_unbatched["agents", "action"]
-    continuous = cfg.env.continuous_actions
-    net = actor_mlp(env, cfg, 2 * action.shape[-1] if continuous else action.space.n)
-    if not continuous:
-        return ProbabilisticActor(
-            module=TensorDictModule(
-                nn.Sequential(net),
-                in_keys=[("agents", "observation")],
-                out_keys=[("agents", "logits")],
-            ),
-            spec=action,
-            in_keys=[("agents", "logits")],
-            out_keys=[env.action_key],
-            distribution_class=Categorical if cfg.env.categorical_actions else OneHotCategorical,
-            return_log_prob=True,
-        )
     return ProbabilisticActor(
         module=TensorDictModule(
-            nn.Sequential(net, NormalParamExtractor()),
+            nn.Sequential(actor_mlp(env, cfg, action.space.n)),
             in_keys=[("agents", "observation")],
-            out_keys=[("agents", "loc"), ("agents", "scale")],
+            out_keys=[("agents", "logits")],
         ),
-        spec=env.full_action_spec_unbatched,
-        in_keys=[("agents", "loc"), ("agents", "scale")],
+        spec=action,
+        in_keys=[("agents", "logits")],
         out_keys=[env.action_key],
-        distribution_class=TanhNormal,
-        distribution_kwargs={"low": action.space.low, "high": action.space.high},
+        distribution_class=Categorical if cfg.env.categorical_actions else OneHotCategorical,
         return_log_prob=True,
     )

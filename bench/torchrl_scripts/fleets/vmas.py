@@ -3,14 +3,15 @@
 Every script of that folder builds ``TransformedEnv(VmasEnv(...), RewardSum(...))`` inline,
 differing only in the kind of actions; on an actor it has the actor's share of the VMAS envs
 (a ``VmasEnv`` is batched itself: it is the actor's pool as it is). Each builds its acting
-network as the same decentralised ``MultiAgentMLP``, differing only in its outputs.
+network as the same decentralised ``MultiAgentMLP``, differing only in its outputs, and the
+continuous ones the same ``TanhNormal`` actor around it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["actor_mlp", "vmas_env"]
+__all__ = ["actor_mlp", "tanh_normal_actor", "vmas_env"]
 
 
 def vmas_env(cfg: Any, num_envs: int, *, continuous_actions: bool, **vmas: Any) -> Any:
@@ -52,4 +53,26 @@ def actor_mlp(env: Any, cfg: Any, n_agent_outputs: int) -> Any:
         depth=2,
         num_cells=256,
         activation_class=nn.Tanh,
+    )
+
+
+def tanh_normal_actor(env: Any, cfg: Any) -> Any:
+    """The scripts' continuous ``ProbabilisticActor``: ``TanhNormal`` over :func:`actor_mlp`."""
+    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from torch import nn
+    from torchrl.modules import ProbabilisticActor, TanhNormal
+
+    action = env.full_action_spec_unbatched[("agents", "action")]
+    return ProbabilisticActor(
+        module=TensorDictModule(
+            nn.Sequential(actor_mlp(env, cfg, 2 * action.shape[-1]), NormalParamExtractor()),
+            in_keys=[("agents", "observation")],
+            out_keys=[("agents", "loc"), ("agents", "scale")],
+        ),
+        spec=env.full_action_spec_unbatched,
+        in_keys=[("agents", "loc"), ("agents", "scale")],
+        out_keys=[env.action_key],
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": action.space.low, "high": action.space.high},
+        return_log_prob=True,
     )
