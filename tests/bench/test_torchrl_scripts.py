@@ -1,8 +1,8 @@
 """TorchRL's own training scripts on a fleet, with only their collector line changed.
 
 For each script of ``bench/torchrl_scripts/_specs.py`` (originals from the installed torchrl
-0.14.1 wheel; the tutorials from a pytorch/rl checkout named by ``RLFLEET_TORCHRL_SOURCE``,
-skipped without one):
+0.14.1 wheel; the tutorials and main's ``dreamer_v3.py`` from a pytorch/rl checkout named by
+``RLFLEET_TORCHRL_SOURCE``, skipped without one):
 
 - the port differs from TorchRL's file only in the statement that builds the collector
   (plus its imports and header), and a port that changed anything else is caught;
