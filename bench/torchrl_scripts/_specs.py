@@ -458,12 +458,14 @@ _CQL_ONLINE = ScriptSpec(
         "logger.eval_steps=50",
     ),
     # Pendulum-v1 (TorchRL's default env) at 15,000 frames, one update per 4 frames (its: one
-    # per frame), evaluated at the last batch.
+    # per frame), evaluated at the last batch: the script evaluates batch i (from 0) when
+    # i * frames_per_batch passes a multiple of log_interval (its check of the final batch
+    # compares one batch's frames with the total, never true), so 14,000 is the 15th batch.
     bench=(
         "collector.total_frames=15000",
         "collector.init_random_frames=2000",
         "optim.utd_ratio=0.25",
-        "logger.log_interval=15000",
+        "logger.log_interval=14000",
         "logger.eval_steps=200",
     ),
     frames=15_000,
