@@ -6,6 +6,7 @@ TorchRL 0.14.1's collectors are read from the installed package (signatures, the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import os
@@ -19,6 +20,7 @@ import grpc
 import pytest
 import torch
 from learner_fleet import cartpole_policy, start_actors
+from tensordict import TensorDict
 from torchrl.collectors import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.collectors.distributed import RayCollector
 from torchrl.envs import GymEnv
@@ -258,3 +260,38 @@ def _pixels_transform() -> Any:
     from torchrl.envs import UnsqueezeTransform
 
     return UnsqueezeTransform(dim=-1, in_keys=["observation"], out_keys=["pixels"])
+
+
+@pytest.fixture(scope="module")
+def batch_norm() -> Iterator[list[str]]:
+    factories = ["--env-factory", "rlfleet_test_torchrl:pendulum"]
+    policy = ["--policy", "rlfleet_test_torchrl:batch_norm_policy"]
+    args = [["--kind", "torchrl", *factories, *policy, "--num-envs", "2"]]
+    actors = start_actors(args, env=ACTOR_ENV)
+    yield [a.address for a in actors]
+    for actor in actors:
+        actor.close()
+
+
+def test_running_statistics_a_loss_updates_in_place_reach_the_actors(
+    batch_norm: list[str],
+) -> None:
+    """CrossQ's pattern: the collector's policy is a batch-norm actor in eval mode, and the
+    loss runs a train-mode copy sharing its tensors (``TensorDict.to_module``), whose forward
+    updates the running statistics in place. No parameter changes, no explicit push: the next
+    batch is acted with the updated statistics, exactly as the learner's module acts."""
+    policy = rlfleet_test_torchrl.batch_norm_policy(rlfleet_test_torchrl.pendulum())
+    in_loss = copy.deepcopy(policy).train()
+    TensorDict.from_module(policy).to_module(in_loss)  # shares parameters and buffers
+    norm = policy.module[1]
+    with GrpcCollector(batch_norm, frames_per_batch=16, sync=True, policy=policy) as collector:
+        collector.next()
+        before = norm.running_mean.clone()
+        for _ in range(3):
+            in_loss(TensorDict(observation=torch.randn(64, 3) * 4 + 2, batch_size=[64]))
+        assert not torch.equal(norm.running_mean, before)  # moved through the loss's copy
+        batch = collector.next().reshape(-1)
+        with torch.no_grad():
+            expected = policy(batch.select("observation").clone())["action"]
+        torch.testing.assert_close(batch["action"], expected)
+        assert collector.stats()["auto_pushes"] >= 1
