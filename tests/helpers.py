@@ -83,6 +83,19 @@ def process_gone(pid: int) -> bool:
     return False
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie waiting to be reaped is as good as gone).
+
+    A process that exits while its ``/proc`` entry is read counts as gone (the read raises
+    ``ProcessLookupError``, not ``FileNotFoundError``).
+    """
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def free_port_on(hosts: Sequence[str]) -> int:
     """A port that was free on every one of ``hosts`` (127.0.0.1, 127.0.0.2 …) a moment ago."""
     for _ in range(50):

@@ -10,11 +10,11 @@ on loopback.
 
 from __future__ import annotations
 
-import pathlib
 import warnings
 
 import pytest
 import torch
+from helpers import process_alive
 from learner_fleet import cartpole_policy
 
 from common.errors import SessionStateError
@@ -23,16 +23,8 @@ from learner_client import ActorFleet, GrpcCollector, GrpcLLMCollector, LocalFle
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _gone(pids: list[int]) -> bool:
-    return not any(_alive(pid) for pid in pids)
+    return not any(process_alive(pid) for pid in pids)
 
 
 def make_collector(num_envs: int = 2) -> tuple[GrpcCollector, LocalFleet]:

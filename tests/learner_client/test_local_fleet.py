@@ -14,7 +14,7 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import poll_until
+from helpers import poll_until, process_alive
 
 from common.errors import ActorUnavailableError, SessionStateError, UnknownWorkerError
 from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
@@ -23,17 +23,8 @@ from learner_client._local_fleet import LocalFleet
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _alive(pid: int) -> bool:
-    # A zombie waiting for init to reap it is as good as gone.
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _all_gone(pids) -> bool:
-    return not any(_alive(pid) for pid in pids)
+    return not any(process_alive(pid) for pid in pids)
 
 
 def _health(address: str) -> int:
@@ -157,7 +148,7 @@ def _start_learner() -> tuple[subprocess.Popen, list[int]]:
 def test_local_fleet_leaves_no_actor_after_the_learner_is_signalled(sig):
     learner, pids = _start_learner()
     try:
-        assert all(_alive(pid) for pid in pids)
+        assert all(process_alive(pid) for pid in pids)
         os.kill(learner.pid, sig)
         learner.communicate(timeout=30)
         # SIGINT: the learner stops them; SIGKILL: the kernel's parent-death signal does.

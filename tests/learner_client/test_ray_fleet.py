@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pathlib
 import shutil
 import signal
 import tempfile
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import poll_until
+from helpers import poll_until, process_alive
 from learner_fleet import cartpole_policy
 from tensordict import TensorDictBase
 
@@ -47,15 +46,6 @@ def ray_cluster() -> Iterator[Any]:
     yield ray
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    # A zombie waiting for init to reap it is as good as gone.
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _available(ray: Any, name: str) -> float:
@@ -102,12 +92,12 @@ def test_ray_fleet_stop_leaves_no_actor_and_no_server(ray_cluster: Any) -> None:
     with fleet:
         servers, workers = fleet.pids, fleet.ray_pids
         handles = list(fleet.actor_handles.values())
-        assert all(_alive(pid) for pid in servers + workers)
-    poll_until(lambda: not any(_alive(pid) for pid in servers), timeout=30)
+        assert all(process_alive(pid) for pid in servers + workers)
+    poll_until(lambda: not any(process_alive(pid) for pid in servers), timeout=30)
     for handle in handles:  # each Ray actor is dead, for good
         with pytest.raises(ray_cluster.exceptions.RayActorError):
             ray_cluster.get(handle.is_alive.remote(), timeout=30)
-    poll_until(lambda: not any(_alive(pid) for pid in workers), timeout=30)
+    poll_until(lambda: not any(process_alive(pid) for pid in workers), timeout=30)
     assert ray_cluster.is_initialized()
     fleet.stop()  # idempotent
     with pytest.raises(SessionStateError, match="stopped"):
@@ -118,8 +108,10 @@ def test_ray_fleet_kills_the_server_when_its_ray_actor_is_killed(ray_cluster: An
     with RayFleet(1, num_envs=1, grace_period=1.0, remote_configs={"num_cpus": 0.5}) as fleet:
         (server,), (worker,) = fleet.pids, fleet.ray_pids
         ray_cluster.kill(fleet.actor_handles[0], no_restart=True)
-        poll_until(lambda: not _alive(server), timeout=30, message="server outlived its actor")
-        poll_until(lambda: not _alive(worker), timeout=30, message="the Ray actor lives on")
+        poll_until(
+            lambda: not process_alive(server), timeout=30, message="server outlived its actor"
+        )
+        poll_until(lambda: not process_alive(worker), timeout=30, message="the Ray actor lives on")
 
 
 def test_ray_fleet_reports_a_server_that_dies_before_ready(ray_cluster: Any) -> None:
@@ -135,7 +127,9 @@ def test_ray_fleet_restarted_actor_comes_back_at_a_new_address(ray_cluster: Any)
     with RayFleet(1, num_envs=2, seed=0, grace_period=1.0, remote_configs=config) as fleet:
         (old_address,), (server,), (worker,) = fleet.addresses, fleet.pids, fleet.ray_pids
         os.kill(worker, signal.SIGKILL)  # the Ray worker crashes; Ray restarts the actor
-        poll_until(lambda: not _alive(server), timeout=30, message="server outlived its actor")
+        poll_until(
+            lambda: not process_alive(server), timeout=30, message="server outlived its actor"
+        )
 
         def new_address() -> str | None:
             try:
