@@ -49,13 +49,19 @@ test-hosts: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(ARGS)
 
+## The three targets below each test in a venv of their own. With DROP_VENVS=1 (.ci/run sets
+## it) each one's venv is removed once its tests ran, so a CI disk holds one at a time (the
+## torchvision one alone takes ~5.5 GB).
+drop_venv = $(if $(DROP_VENVS),rm -rf $(1),true)
+
 ## The vLLM engine's tests (marked vllm, in test_*vllm*.py files), in their own venv:
 ## scripts/vllm_venv.sh makes it. Only those files are collected there (with vLLM installed,
 ## torchrl imports it, and its warnings would fail the other files' collection).
 VLLM_VENV ?= .venv-vllm
 test-vllm:
-	PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py tests/actor_service/*/test_*vllm*.py tests/actor_service/kinds/*/test_*vllm*.py) $(ARGS)
+	status=0; PYTHON=$(PYTHON) scripts/vllm_venv.sh $(VLLM_VENV) && \
+	$(VLLM_VENV)/bin/python -m pytest -m vllm $(wildcard tests/*/test_*vllm*.py tests/actor_service/*/test_*vllm*.py tests/actor_service/kinds/*/test_*vllm*.py) $(ARGS) \
+	|| status=$$?; $(call drop_venv,$(VLLM_VENV)); exit $$status
 
 ## The tests of TorchRL's torchvision-backed transforms (marked torchvision: `Resize`, dqn_atari.py
 ## on a fleet, and the dqn_with_rnn.py tutorial where RLFLEET_TORCHRL_SOURCE names a pytorch/rl checkout) in their
@@ -64,16 +70,18 @@ test-vllm:
 TV_VENV ?= .venv-tv
 TV_TESTS := tests/actor_service/kinds/torchrl/test_torchrl_pixels_agents.py tests/bench/test_torchrl_scripts.py
 test-torchvision:
-	PYTHON=$(PYTHON) scripts/torchvision_venv.sh $(TV_VENV)
-	$(TV_VENV)/bin/python -m pytest -m "torchvision and not slow" $(TV_TESTS) $(ARGS)
+	status=0; PYTHON=$(PYTHON) scripts/torchvision_venv.sh $(TV_VENV) && \
+	$(TV_VENV)/bin/python -m pytest -m "torchvision and not slow" $(TV_TESTS) $(ARGS) \
+	|| status=$$?; $(call drop_venv,$(TV_VENV)); exit $$status
 
 ## The tests marked ray (learner_client.RayFleet on a local Ray cluster each test module starts,
 ## in tests/*/test_*ray*.py), in their own venv: scripts/ray_venv.sh makes it (ray 2.60.0
 ## beside the pinned torch), so the main venv stays without Ray.
 RAY_VENV ?= .venv-ray
 test-ray:
-	PYTHON=$(PYTHON) scripts/ray_venv.sh $(RAY_VENV)
-	$(RAY_VENV)/bin/python -m pytest -m ray $(wildcard tests/*/test_*ray*.py) $(ARGS)
+	status=0; PYTHON=$(PYTHON) scripts/ray_venv.sh $(RAY_VENV) && \
+	$(RAY_VENV)/bin/python -m pytest -m ray $(wildcard tests/*/test_*ray*.py) $(ARGS) \
+	|| status=$$?; $(call drop_venv,$(RAY_VENV)); exit $$status
 
 ## An hour of mixed faults against two real actors; a report at the end (ARGS="--minutes 2").
 soak: $(STAMP)
@@ -104,4 +112,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) $(TV_VENV) .pytest_cache
