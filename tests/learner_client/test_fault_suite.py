@@ -28,7 +28,7 @@ from actor_service._core._state import decode_state
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler
-from learner_client import GrpcCollector, WeightPushError
+from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 
 _ENVS = pathlib.Path(__file__).parents[1] / "actor_service"
 _MAX_CREDITS = 4
@@ -97,20 +97,60 @@ class Books:
         return stats
 
 
+def _take_past_a_stall(books: Books) -> bool:
+    """Take one batch; True when the stream stalled first.
+
+    A flipped bit in a gRPC message's length prefix can make the learner wait for bytes the
+    actor never sends (its credits are spent and the transport is whole, so keepalive pings
+    pass). The stream is silent while owing a batch: after ``batch_timeout`` the round raises
+    ``MissingWorkersError`` (the only actor delivered nothing) and the link reconnects the
+    stream, so the next take goes on.
+    """
+    try:
+        books.take(1)
+    except MissingWorkersError:
+        books.take(1)
+        return True
+    return False
+
+
 @pytest.mark.long
 def test_fault_bit_flips_through_a_proxy_are_caught_and_the_stream_recovers(actor) -> None:
     proxy = FaultProxy(("127.0.0.1", actor.port))
-    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64)
+    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64, batch_timeout=10)
     books = Books(actor.address, make)
     collector = books.collector
     try:
         books.take(3)
         for offset in (50, 700, 5000):
             proxy.corrupt_after(offset)
-            books.take(3)  # a corrupt frame breaks the stream or fails the crc: resumed
+            # a corrupt frame breaks the stream, fails the crc or stalls it: resumed each way
+            stalls = sum(_take_past_a_stall(books) for _ in range(3))
+            assert stalls <= 1, "a stream stalled twice after one flipped bit"
         assert proxy.corrupted >= 1
         stats = books.check()
         assert stats["failures"] >= 1
+    finally:
+        collector.shutdown(timeout=5)
+        proxy.close()
+
+
+def test_fault_a_stretched_message_length_stalls_the_stream_then_it_resumes(actor) -> None:
+    """The stall a bit flip in a length prefix causes (see ``_take_past_a_stall``), on purpose."""
+    proxy = FaultProxy(("127.0.0.1", actor.port))
+    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64, batch_timeout=3)
+    books = Books(actor.address, make)
+    collector = books.collector
+    try:
+        books.take(2)
+        proxy.stretch_next_message()
+        with pytest.raises(MissingWorkersError, match=r"within batch_timeout=3\.0 s"):
+            books.take(_MAX_CREDITS + 2)  # what was buffered, then the stretched batch
+        assert proxy.stretched == 1
+        books.take(3)  # the link reconnected the silent stream: it flows again
+        stats = books.check()
+        assert stats["failures"] >= 1, stats
+        assert stats["reconnects"] >= 1, stats
     finally:
         collector.shutdown(timeout=5)
         proxy.close()
