@@ -1,6 +1,6 @@
 """TorchRL's own training scripts on a fleet, with only their collector line changed.
 
-For each script of ``bench/torchrl_scripts/_specs.py`` (originals from the installed torchrl
+For each script of ``bench/torchrl_scripts/_specs/`` (originals from the installed torchrl
 0.14.1 wheel; the tutorials and main's ``dreamer_v3.py`` from a pytorch/rl checkout named by
 ``RLFLEET_TORCHRL_SOURCE``, skipped without one):
 
