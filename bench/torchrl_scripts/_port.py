@@ -15,6 +15,14 @@ batch after the previous update, which a fleet does in sync mode (its default,
 ``sync=False``, keeps a batch ahead per actor, as ``MultiaSyncCollector`` does). A script
 that passes ``sync=`` itself (``Collector(..., num_collectors=N, sync=False)``, TorchRL's
 ``MultiaSyncCollector`` form) keeps its own.
+
+A script may build its collector with one of ``torchrl.trainers.helpers``' collector helpers
+instead, as ``helper(**kwargs)`` with ``kwargs`` a dict literal of the same source (``redq``'s
+``collector_helper(**collector_helper_kwargs)``): the port then passes ``sync=helper is
+sync_sync_collector`` (``sync_sync_collector`` builds a ``MultiSyncCollector``,
+``sync_async_collector`` a ``MultiaSyncCollector``) and each key of the dict by its
+``Collector`` name, read from the dict; the keys that lay the envs out (``env_kwargs``,
+``num_env_per_collector``, ``num_collectors``) are the fleet's to say, not the collector's.
 """
 
 from __future__ import annotations
@@ -27,6 +35,10 @@ __all__ = ["IMPORT_LINES", "PortError", "check_port", "collector_call", "port_so
 
 #: TorchRL 0.14.1 ``Collector``'s first positional parameters, for positional arguments.
 _POSITIONAL = ("create_env_fn", "policy")
+#: A collector helper's keyword names that ``Collector`` spells otherwise.
+_HELPER_RENAMED = {"env_fns": "create_env_fn"}
+#: A collector helper's keywords that lay the envs out: on a fleet, its actors and ``num_envs``.
+_HELPER_LAYOUT = ("env_kwargs", "num_env_per_collector", "num_collectors")
 _MARK = "# rlfleet"
 IMPORT_LINES = (
     "from learner_client import GrpcCollector, LocalFleet  # rlfleet: the fleet's collector",
@@ -80,6 +92,8 @@ def collector_call(source: str, name: str = "Collector") -> CollectorCall:
 
 def _arguments(source: str, call: ast.Call) -> list[str]:
     """The call's arguments as ``name=expression`` source text, positional ones named."""
+    if isinstance(call.func, ast.Name) and call.func.id not in ("Collector", "GrpcCollector"):
+        return _helper_arguments(source, call)
     if len(call.args) > len(_POSITIONAL):
         raise PortError(f"Collector(...) has {len(call.args)} positional arguments")
     texts = [
@@ -93,23 +107,50 @@ def _arguments(source: str, call: ast.Call) -> list[str]:
     return texts
 
 
-def port_source(source: str, fleet: str) -> str:
+def _helper_arguments(source: str, call: ast.Call) -> list[str]:
+    """A collector helper's ``helper(**kwargs)`` as ``GrpcCollector`` arguments (module doc)."""
+    helper = ast.unparse(call.func)
+    (keyword,) = call.keywords if len(call.keywords) == 1 and not call.args else (None,)
+    if keyword is None or keyword.arg is not None or not isinstance(keyword.value, ast.Name):
+        raise PortError(f"expected {helper}(**kwargs), got {ast.unparse(call)}")
+    name = keyword.value.id
+    literals = [
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign)
+        and [ast.unparse(target) for target in node.targets] == [name]
+        and isinstance(node.value, ast.Dict)
+    ]
+    if len(literals) != 1:
+        raise PortError(f"expected one dict literal assigned to {name}, found {len(literals)}")
+    keys = [key.value for key in literals[0].keys if isinstance(key, ast.Constant)]
+    if len(keys) != len(literals[0].keys) or not all(isinstance(key, str) for key in keys):
+        raise PortError(f"{name}'s keys are not all string literals")
+    texts = [f"sync={helper} is sync_sync_collector"]
+    texts += [f'{_HELPER_RENAMED.get(k, k)}={name}["{k}"]' for k in keys if k not in _HELPER_LAYOUT]
+    return texts
+
+
+def port_source(source: str, fleet: str, call_name: str = "Collector") -> str:
     """``source`` with its collector built by ``GrpcCollector`` over ``LocalFleet(fleet)``.
 
     Args:
         source: A TorchRL script or helper module holding one ``Collector(...)`` call.
         fleet: The source text of ``LocalFleet``'s arguments (the script's factories).
+        call_name: The call that builds the collector: ``Collector``, or the name a
+            collector helper is called by (``helper(**kwargs)``, see the module doc).
 
     Raises:
-        PortError: See :func:`collector_call`; or ``**kwargs`` in the call.
+        PortError: See :func:`collector_call`; or ``**kwargs`` in a ``Collector`` call.
     """
-    found = collector_call(source)
+    found = collector_call(source, call_name)
     lines = source.splitlines()
     statement = lines[found.first_line - 1]
     indent = statement[: len(statement) - len(statement.lstrip())]
     inner = indent + "    "
-    sets_sync = any(keyword.arg == "sync" for keyword in found.call.keywords)
-    arguments = ["fleet", *([] if sets_sync else ["sync=True"]), *_arguments(source, found.call)]
+    given = _arguments(source, found.call)
+    sets_sync = any(text.startswith("sync=") for text in given)
+    arguments = ["fleet", *([] if sets_sync else ["sync=True"]), *given]
     new_call = "GrpcCollector(\n" + "".join(f"{inner}{a},\n" for a in arguments) + f"{indent})"
     call = found.call
     head = lines[call.lineno - 1][: call.col_offset]
@@ -141,15 +182,15 @@ def _insert_header(lines: list[str]) -> list[str]:
     return lines[:end] + list(_HEADER) + lines[end:]
 
 
-def check_port(original: str, ported: str) -> list[str]:
+def check_port(original: str, ported: str, call_name: str = "Collector") -> list[str]:
     """Every difference between ``original`` and ``ported`` that is not the port's own.
 
     Allowed: the header comment, the import lines, the fleet line, and the collector
-    statement, which must call ``GrpcCollector`` with ``fleet`` first and
-    every argument of the original, unchanged. Returns one message per other change
-    (an empty list for a faithful port).
+    statement (the call to ``call_name``), which must call ``GrpcCollector`` with ``fleet``
+    first and every argument of the original, unchanged. Returns one message per other
+    change (an empty list for a faithful port).
     """
-    found = collector_call(original)
+    found = collector_call(original, call_name)
     problems = []
     matcher = difflib.SequenceMatcher(None, original.splitlines(), ported.splitlines(), False)
     new_lines = ported.splitlines()

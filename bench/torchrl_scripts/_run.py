@@ -117,7 +117,9 @@ def layout(spec: ScriptSpec, variant: str, dest: pathlib.Path, *, actors: int = 
     if variant == "fleet":
         target = dest / spec.collector_file
         fleet = spec.fleet_args(actors)
-        target.write_text(port_source(original(spec, spec.collector_file), fleet))
+        target.write_text(
+            port_source(original(spec, spec.collector_file), fleet, spec.collector_call)
+        )
     return dest / spec.script
 
 
@@ -157,6 +159,7 @@ def run_script(
     env["PYTHONPATH"] = os.pathsep.join([str(dest), str(ROOT), env.get("PYTHONPATH", "")])
     env.update(MPLBACKEND="Agg", SDL_VIDEODRIVER="dummy", HYDRA_FULL_ERROR="1")
     env.update(WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+    env.setdefault("MUJOCO_GL", "egl")  # redq's evaluation env renders MuJoCo, with no screen
     env.pop("RLFLEET_SEED", None)
     if seed is not None:
         env["RLFLEET_SEED"] = str(seed)

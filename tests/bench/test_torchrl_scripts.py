@@ -15,6 +15,7 @@ For each script of ``bench/torchrl_scripts/_specs/`` (originals from the install
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
 
@@ -50,20 +51,68 @@ def _spec(name: str, *, to_run: bool = False) -> ScriptSpec:
 def test_torchrl_script_port_changes_only_the_collector(name: str) -> None:
     spec = _spec(name)
     source = original(spec, spec.collector_file)
-    ported = port_source(source, spec.fleet_args())
-    assert check_port(source, ported) == []
+    ported = port_source(source, spec.fleet_args(), spec.collector_call)
+    assert check_port(source, ported, spec.collector_call) == []
     assert "GrpcCollector(\n" in ported
     assert "GrpcCollector(\n    fleet,\n" in ported.replace("        ", "    ")  # the fleet itself
     (fleet_line,) = [line for line in ported.splitlines() if "fleet = LocalFleet(" in line]
     assert ".start()" not in fleet_line  # the collector starts it and stops it at shutdown()
     # The check is not vacuous: one changed argument and one changed line elsewhere.
-    found = collector_call(source)
-    keyword = found.call.keywords[0]
+    new = collector_call(ported, "GrpcCollector")
+    keyword = next(k for k in new.call.keywords if k.arg != "sync")
     at = ported.index("GrpcCollector(\n")
-    tampered = ported[:at] + ported[at:].replace(f"{keyword.arg}=", f"{keyword.arg}=1 + ", 1)
-    assert any("differs from the original" in p for p in check_port(source, tampered))
+    changed = ported[at:].replace(f"    {keyword.arg}=", f"    {keyword.arg}=1 + ", 1)
+    tampered = ported[:at] + changed
+    assert tampered != ported
+    problems = check_port(source, tampered, spec.collector_call)
+    assert any("differs from the original" in p for p in problems)
     edited = ported.rstrip("\n") + "  # edited\n"  # the file's last line: not the collector
-    assert any("outside the collector" in p for p in check_port(source, edited))
+    assert any(
+        "outside the collector" in p for p in check_port(source, edited, spec.collector_call)
+    )
+
+
+_HELPER_SCRIPT = """from torchrl.trainers.helpers import sync_async_collector, sync_sync_collector
+
+
+def make_collector(cfg, make_env, policy):
+    collector_helper = sync_async_collector if cfg.asynchronous else sync_sync_collector
+    collector_helper_kwargs = {
+        "env_fns": make_env,
+        "env_kwargs": {},
+        "policy": policy,
+        "frames_per_batch": cfg.frames_per_batch,
+        "num_env_per_collector": 1,
+        "num_collectors": 2,
+    }
+    collector = collector_helper(**collector_helper_kwargs)
+    return collector
+"""
+
+
+def test_torchrl_script_port_of_a_collector_helper_passes_its_kwargs_by_collector_names() -> None:
+    ported = port_source(_HELPER_SCRIPT, "2", "collector_helper")
+    assert check_port(_HELPER_SCRIPT, ported, "collector_helper") == []
+    call = collector_call(ported, "GrpcCollector").call
+    assert [ast.unparse(arg) for arg in call.args] == ["fleet"]
+    # sync from the helper (sync_sync_collector: MultiSyncCollector), keys by Collector's
+    # names, and the env layout (env_kwargs, num_env_per_collector, num_collectors) left out.
+    assert {k.arg: ast.unparse(k.value) for k in call.keywords} == {
+        "sync": "collector_helper is sync_sync_collector",
+        "create_env_fn": "collector_helper_kwargs['env_fns']",
+        "policy": "collector_helper_kwargs['policy']",
+        "frames_per_batch": "collector_helper_kwargs['frames_per_batch']",
+    }
+
+
+def test_torchrl_script_port_of_a_collector_helper_raises_without_a_dict_literal() -> None:
+    head, rest = _HELPER_SCRIPT.split("    collector_helper_kwargs = {")
+    by_name = head + "    collector_helper_kwargs = kwargs_of(cfg)\n" + rest.split("    }\n", 1)[1]
+    with pytest.raises(PortError, match="one dict literal assigned to collector_helper_kwargs"):
+        port_source(by_name, "2", "collector_helper")
+    positional = _HELPER_SCRIPT.replace("(**collector_helper_kwargs)", "(make_env, policy)")
+    with pytest.raises(PortError, match=r"expected collector_helper\(\*\*kwargs\)"):
+        port_source(positional, "2", "collector_helper")
 
 
 def test_torchrl_script_port_raises_if_no_collector_is_built() -> None:

@@ -405,6 +405,48 @@ _DREAMER_V3 = ScriptSpec(
     checkout=True,  # main's DreamerV3; the wheel's dreamer_v3/train.py is an older script
 )
 
+
+def _obs_norm_kwargs() -> str:
+    """Env kwargs carrying the ``ObservationNorm`` of ``make_env``, the learner's env (redq)."""
+    norm = "(norm := next(t for t in make_env().transform if isinstance(t, ObservationNorm)))"
+    return f'{{"cfg": cfg, "loc": {norm}.loc.tolist(), "scale": norm.scale.tolist()}}'
+
+
+# redq's collector comes from a torchrl.trainers.helpers collector helper (the port's
+# helper form, _port.py): MultiaSyncCollector by default, over num_workers // env_per_collector
+# collectors of one env each, which are the fleet's actors.
+_REDQ = ScriptSpec(
+    name="redq",
+    folder="sota-implementations/redq",
+    script="redq.py",
+    helpers=("utils.py",),
+    collector_file="utils.py",
+    collector_call="collector_helper",
+    actors=2,
+    fleet=torchrl_fleet("redq", "1", "cfg.seed", env_kwargs=_obs_norm_kwargs()),
+    config="config",
+    # Two batches of 200 frames; the script's evaluations (at start and every
+    # record_interval) over 20 frames.
+    smoke=(
+        "collector.total_frames=400",
+        "collector.frames_per_batch=200",
+        "collector.init_random_frames=200",
+        "optim.init_random_frames=0",
+        "env.init_env_steps=100",
+        "optim.steps_per_batch=2",
+        "buffer.batch_size=32",
+        "logger.record_frames=20",
+        "logger.record_interval=1000000",
+        "network.actor_cells=32",
+        "network.qvalue_cells=32",
+    ),
+    bench=(),
+    frames=0,
+    metric="r_evaluation",
+    seed_key="seed",
+)
+
+
 #: This family's scripts, in the order they run.
 SPECS = (
     _DQN,
@@ -420,4 +462,5 @@ SPECS = (
     _CQL_ONLINE,
     _DISCRETE_CQL_ONLINE,
     _DREAMER_V3,
+    _REDQ,
 )

@@ -43,6 +43,8 @@ class ScriptSpec:
             of a comparison sets it to ``i`` on both sides, so seeded runs differ.
         checkout: Read from a pytorch/rl checkout, as the tutorials are: a script of
             TorchRL main that the torchrl wheel does not ship.
+        collector_call: The call the port rewrites: ``Collector``, or the name a
+            ``torchrl.trainers.helpers`` collector helper is called by (``_port.py``).
     """
 
     name: str
@@ -61,6 +63,7 @@ class ScriptSpec:
     needs: tuple[str, ...] = ()
     seed_key: str = ""
     checkout: bool = False
+    collector_call: str = "Collector"
 
     def fleet_args(self, actors: int = 0) -> str:
         """The port's ``LocalFleet`` arguments, with ``actors`` actors (``self.actors`` if 0)."""
