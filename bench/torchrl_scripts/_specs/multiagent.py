@@ -6,6 +6,15 @@ from bench.torchrl_scripts._specs.spec import ScriptSpec, torchrl_fleet
 
 __all__ = ["SPECS"]
 
+#: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
+_VMAS_SMOKE = (
+    "env.max_steps=20",
+    "collector.frames_per_batch=40",
+    "collector.n_iters=2",
+    "train.num_epochs=1",
+    "train.minibatch_size=20",
+    "eval.evaluation_episodes=1",
+)
 
 _MAPPO = ScriptSpec(
     name="mappo_ippo",
@@ -21,14 +30,7 @@ _MAPPO = ScriptSpec(
         env_kwargs='{"cfg": cfg, "num_envs": cfg.env.vmas_envs // 2}',
     ),
     config="mappo_ippo",
-    smoke=(
-        "env.max_steps=20",
-        "collector.frames_per_batch=40",
-        "collector.n_iters=2",
-        "train.num_epochs=1",
-        "train.minibatch_size=20",
-        "eval.evaluation_episodes=1",
-    ),
+    smoke=_VMAS_SMOKE,
     # 300,000 frames: at 60,000 the returns are still near 0 on both sides (around -3 to +8
     # at the last evaluation), where a relative criterion says nothing; at 300,000 both reach
     # ~37. The last evaluation (iteration 49) over 200 episodes, not 10 (less noise).
@@ -44,16 +46,6 @@ _MAPPO = ScriptSpec(
     frames=300_000,
     metric="eval_episode_reward_mean",  # its logger writes "/" as "_"
     seed_key="seed",
-)
-
-#: A few VMAS batches of ``multiagent/`` scripts (two iterations of 40 frames).
-_VMAS_SMOKE = (
-    "env.max_steps=20",
-    "collector.frames_per_batch=40",
-    "collector.n_iters=2",
-    "train.num_epochs=1",
-    "train.minibatch_size=20",
-    "eval.evaluation_episodes=1",
 )
 
 #: VMAS balance at 60,000 frames (10 batches of 6,000), TorchRL's 45 epochs a batch over
