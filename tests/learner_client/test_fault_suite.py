@@ -10,6 +10,7 @@ the surviving side keeps working. The hour-long mix is ``make soak``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -97,6 +98,19 @@ class Books:
         return stats
 
 
+@contextlib.contextmanager
+def _through_a_proxy(actor: ActorProcess, **settings: float) -> Iterator[tuple[FaultProxy, Books]]:
+    """A ``FaultProxy`` in front of ``actor`` and the books of a collector dialing it."""
+    proxy = FaultProxy(("127.0.0.1", actor.port))
+    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64, **settings)
+    books = Books(actor.address, make)
+    try:
+        yield proxy, books
+    finally:
+        books.collector.shutdown(timeout=5)
+        proxy.close()
+
+
 def _take_past_a_stall(books: Books) -> bool:
     """Take one batch; True when the stream stalled first.
 
@@ -116,11 +130,7 @@ def _take_past_a_stall(books: Books) -> bool:
 
 @pytest.mark.long
 def test_fault_bit_flips_through_a_proxy_are_caught_and_the_stream_recovers(actor) -> None:
-    proxy = FaultProxy(("127.0.0.1", actor.port))
-    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64, batch_timeout=10)
-    books = Books(actor.address, make)
-    collector = books.collector
-    try:
+    with _through_a_proxy(actor, batch_timeout=10) as (proxy, books):
         books.take(3)
         for offset in (50, 700, 5000):
             proxy.corrupt_after(offset)
@@ -130,18 +140,11 @@ def test_fault_bit_flips_through_a_proxy_are_caught_and_the_stream_recovers(acto
         assert proxy.corrupted >= 1
         stats = books.check()
         assert stats["failures"] >= 1
-    finally:
-        collector.shutdown(timeout=5)
-        proxy.close()
 
 
 def test_fault_a_stretched_message_length_stalls_the_stream_then_it_resumes(actor) -> None:
     """The stall a bit flip in a length prefix causes (see ``_take_past_a_stall``), on purpose."""
-    proxy = FaultProxy(("127.0.0.1", actor.port))
-    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64, batch_timeout=3)
-    books = Books(actor.address, make)
-    collector = books.collector
-    try:
+    with _through_a_proxy(actor, batch_timeout=3) as (proxy, books):
         books.take(2)
         proxy.stretch_next_message()
         with pytest.raises(MissingWorkersError, match=r"within batch_timeout=3\.0 s"):
@@ -151,25 +154,15 @@ def test_fault_a_stretched_message_length_stalls_the_stream_then_it_resumes(acto
         stats = books.check()
         assert stats["failures"] >= 1, stats
         assert stats["reconnects"] >= 1, stats
-    finally:
-        collector.shutdown(timeout=5)
-        proxy.close()
 
 
 def test_fault_resets_mid_stream_lose_nothing(actor) -> None:
-    proxy = FaultProxy(("127.0.0.1", actor.port))
-    make = functools.partial(GrpcCollector, [proxy.address], frames_per_batch=64)
-    books = Books(actor.address, make)
-    collector = books.collector
-    try:
+    with _through_a_proxy(actor) as (proxy, books):
         for _ in range(4):
             books.take(2)
             proxy.reset()
         books.take(2)
         assert books.check()["reconnects"] >= 1
-    finally:
-        collector.shutdown(timeout=5)
-        proxy.close()
 
 
 def test_fault_sigstop_of_the_actor_mid_stream_is_survived(actor) -> None:
