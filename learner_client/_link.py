@@ -451,7 +451,7 @@ class ActorLink(Generic[C]):
         self._frames_received += frames
         self._delivered, self._env_failures = True, 0
         fresh = self._mailbox.put(dataclasses.replace(event, batch=batch, frames=frames))
-        if not fresh:  # collected before the actor was reseeded
+        if not fresh:  # collected before a reseed, or with weights its actor replaced
             self._ledger.add_discarded(1)
 
     def _stop_on_bug(self, exc: Exception) -> None:

@@ -91,8 +91,6 @@ class _Slot:
     alive: bool = True
     # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
     floor: tuple[int, int] = (0, 0)
-    # Batches with frames acted by an older policy version than this are dropped.
-    min_version: int = 0
 
 
 class Mailbox:
@@ -103,6 +101,10 @@ class Mailbox:
         send_credit: ``(worker_id, batches)``; grants credits on that actor's stream.
         send_ack: ``(worker_id, seq)``; acknowledges delivered batches.
         lazy: Grant one credit per requested round only (see the module docstring).
+        version_floor: ``worker_id -> version``: a batch with frames acted by an older
+            policy version than its actor holds now is dropped (sync rounds on demand:
+            see :meth:`discard_older`). Read at every put, so a version the actor got
+            while the round was waiting (a returning actor's catch-up) counts at once.
     """
 
     def __init__(
@@ -112,8 +114,10 @@ class Mailbox:
         send_ack: Callable[[int, int], None],
         *,
         lazy: bool = False,
+        version_floor: Callable[[int], int] | None = None,
     ) -> None:
         self._window = window
+        self._version_floor = version_floor
         self._send_credit = send_credit
         self._send_ack = send_ack
         self._lazy = lazy
@@ -181,12 +185,13 @@ class Mailbox:
         """Buffer a complete new batch; it used one credit.
 
         Returns:
-            False if the batch predates a reseed (see :meth:`discard_before`) and was dropped.
+            False if the batch was dropped: it predates a reseed (see :meth:`discard_before`)
+            or acts with older weights than its actor holds (see :meth:`discard_older`).
         """
         with self._cond:
             slot = self._slots[delivery.worker_id]
             slot.outstanding = max(0, slot.outstanding - 1)
-            if _stale(delivery, slot):
+            if self._stale(delivery, slot):
                 self._send_ack(delivery.worker_id, delivery.seq)
                 self._flush()
                 return False
@@ -210,29 +215,35 @@ class Mailbox:
             slot.floor = (epoch, seq)
             return self._drop_stale(worker_id, slot)
 
-    def discard_older(self, worker_id: int, version: int) -> int:
-        """Drop an actor's batches with frames acted by a policy version below ``version``.
+    def discard_older(self, worker_ids: Iterable[int]) -> int:
+        """Drop those actors' batches with frames acted by an older version than they hold.
 
         A sync round abandoned for a missing actor leaves the other actors' shares
         buffered; after a weight push they no longer act with the weights the next
-        round promises. They are dropped, buffered now and still arriving, and their
-        credits are granted again.
+        round promises. They are dropped (those still arriving at :meth:`put`, against
+        ``version_floor``) and their credits are granted again.
 
         Returns:
             How many buffered batches were dropped.
         """
         with self._cond:
-            slot = self._slots[worker_id]
-            slot.min_version = version
-            return self._drop_stale(worker_id, slot)
+            return sum(self._drop_stale(w, self._slots[w]) for w in worker_ids)
 
     def _drop_stale(self, worker_id: int, slot: _Slot) -> int:
-        stale = [d for d in slot.buffered if _stale(d, slot)]
+        stale = [d for d in slot.buffered if self._stale(d, slot)]
         if stale:
-            slot.buffered = collections.deque(d for d in slot.buffered if not _stale(d, slot))
+            slot.buffered = collections.deque(d for d in slot.buffered if not self._stale(d, slot))
             self._send_ack(worker_id, max(d.seq for d in stale))
         self._flush()
         return len(stale)
+
+
+    def _stale(self, delivery: Delivery, slot: _Slot) -> bool:
+        """Collected before its actor was reseeded, or with weights older than it holds."""
+        if delivery.epoch == slot.floor[0] and delivery.seq < slot.floor[1]:
+            return True
+        floor = self._version_floor
+        return floor is not None and delivery.version_min < floor(delivery.worker_id)
 
     # ------------------------------------------------------------- control
 
@@ -376,6 +387,3 @@ class Mailbox:
                 self._send_credit(wid, grant)
 
 
-def _stale(delivery: Delivery, slot: _Slot) -> bool:
-    reseeded = delivery.epoch == slot.floor[0] and delivery.seq < slot.floor[1]
-    return reseeded or delivery.version_min < slot.min_version

@@ -180,12 +180,11 @@ class Rounds:
         """Drop shares collected with weights older than each actor now holds.
 
         An abandoned round (a missing actor) leaves the others' shares buffered; the
-        round after a weight push must act entirely with the new weights.
+        round after a weight push must act entirely with the new weights. The mailbox
+        holds each actor's version floor (wired from the weight book), so shares that
+        arrive later, or that a returning actor re-sends after its catch-up, meet it too.
         """
-        dropped = 0
-        for wid in worker_ids:
-            applied = self.book.applied(wid).get(self.acting_model, 0)
-            dropped += self.mailbox.discard_older(wid, applied)
+        dropped = self.mailbox.discard_older(worker_ids)
         if dropped:
             log.info("dropped %d sync shares collected before a weight push", dropped)
             self.ledger.add_discarded(dropped)

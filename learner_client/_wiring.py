@@ -90,7 +90,11 @@ def assemble(
     ledger = Ledger(metrics.policy_lag)
     book = WeightBook(push.checksum)
     streams = OpenStreams(loop)
-    mailbox = Mailbox(batch.window, streams.grant, streams.ack, lazy=batch.on_demand)
+    # On-demand sync rounds count a share only if acted with the weights its actor holds now.
+    floor = _acting_version(book, acting_model) if batch.on_demand else None
+    mailbox = Mailbox(
+        batch.window, streams.grant, streams.ack, lazy=batch.on_demand, version_floor=floor
+    )
     # Stacked sync rounds line up in the slabs; every batch reuses memory.
     slabs = PacketSlabs(pin_memory)
     fleet = Fleet(
@@ -120,3 +124,8 @@ def assemble(
         metrics=metrics,
     )
     return Parts(loop, mailbox, ledger, book, fleet, pusher, rounds, metrics)
+
+
+def _acting_version(book: WeightBook, model_id: str) -> Callable[[int], int]:
+    """``worker_id -> the version of model_id that worker last applied`` (0: none pushed)."""
+    return lambda worker_id: book.applied(worker_id).get(model_id, 0)

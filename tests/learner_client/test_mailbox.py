@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -112,6 +113,37 @@ def test_mailbox_lazy_mode_grants_one_credit_per_requested_round():
     box.put(delivery(0, 1))
     box.take_round([0], 1.0, partial=False)
     assert wire.credits == [(0, 1)]  # nothing until the next round is requested
+
+
+def test_mailbox_version_floor_is_read_when_each_batch_arrives():
+    """A floor raised while a round waits (a returning actor's catch-up) drops what it re-sends."""
+    held = {0: 0}
+    box, wire = make_mailbox(window=2, lazy=True, version_floor=lambda w: held[w])
+    box.add_worker(0, 4)
+    box.session_opened(0)
+    box.want_round()
+    held[0] = 3  # the actor applied version 3 after the round was asked for
+    old = dataclasses.replace(delivery(0, 1), version_min=2, version_max=2)
+    assert box.put(old) is False
+    assert wire.acks == [(0, 1)]  # acknowledged: the actor does not keep re-sending it
+    assert wire.credits == [(0, 1), (0, 1)]  # its credit is granted again
+    assert box.put(dataclasses.replace(delivery(0, 2), version_min=3, version_max=3))
+    taken, missing = box.take_round([0], 1.0, partial=False)
+    assert [d.seq for d in taken] == [2] and missing == []
+
+
+def test_mailbox_discard_older_drops_buffered_shares_below_the_floor():
+    held = {0: 0, 1: 0}
+    box, wire = make_mailbox(window=2, version_floor=lambda w: held[w])
+    for wid in (0, 1):
+        box.add_worker(wid, 4)
+        box.session_opened(wid)
+    box.put(delivery(0, 1))
+    box.put(delivery(1, 1))
+    held[1] = 1  # only worker 1 applied the push
+    assert box.discard_older([0, 1]) == 1
+    assert wire.acks == [(1, 1)]
+    assert box.take_any(1.0).worker_id == 0
 
 
 def test_mailbox_pause_withholds_credits_and_batches():
