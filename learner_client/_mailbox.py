@@ -237,7 +237,6 @@ class Mailbox:
         self._flush()
         return len(stale)
 
-
     def _stale(self, delivery: Delivery, slot: _Slot) -> bool:
         """Collected before its actor was reseeded, or with weights older than it holds."""
         if delivery.epoch == slot.floor[0] and delivery.seq < slot.floor[1]:
@@ -385,5 +384,3 @@ class Mailbox:
                 if room is not None:
                     room -= grant
                 self._send_credit(wid, grant)
-
-

@@ -129,7 +129,8 @@ def test_mailbox_version_floor_is_read_when_each_batch_arrives():
     assert wire.credits == [(0, 1), (0, 1)]  # its credit is granted again
     assert box.put(dataclasses.replace(delivery(0, 2), version_min=3, version_max=3))
     taken, missing = box.take_round([0], 1.0, partial=False)
-    assert [d.seq for d in taken] == [2] and missing == []
+    assert [d.seq for d in taken] == [2]
+    assert missing == []
 
 
 def test_mailbox_discard_older_drops_buffered_shares_below_the_floor():
