@@ -101,6 +101,7 @@ class TorchRLCore(CoreBase):
         #: What is stepped: the base pool, or it under the StepCounter of max_frames_per_traj
         #: (one per limit, kept: a TorchRL env closes what it wraps when collected).
         self._pool, self._limit, self._limited = self._base, 0, {0: self._base}
+        self._envs_shape = self._base.batch_size  # the pool's, read once per batch
         try:
             self.models = TDModels(
                 {
@@ -226,6 +227,7 @@ class TorchRLCore(CoreBase):
         timings = None if self._metrics is None else np.empty((steps, 2))
         started = time.perf_counter()
         frames: list[TensorDictBase] = []
+        self._envs_shape = self._pool.batch_size  # a property TorchRL computes on each read
         try:
             with torch.no_grad(), set_interaction_type(interaction_of(settings.exploration_type)):
                 for t in range(steps):
@@ -259,7 +261,7 @@ class TorchRLCore(CoreBase):
         else:
             version = self.models.act(model_id, carrier)
         acted = time.perf_counter()
-        versions = torch.full(self._pool.batch_size, version, dtype=torch.int64)
+        versions = torch.full(self._envs_shape, version, dtype=torch.int64)
         carrier.set("policy_version", versions)
         try:
             frame, following = self._pool.step_and_maybe_reset(carrier)
@@ -268,7 +270,6 @@ class TorchRLCore(CoreBase):
         if timings is not None:
             timings[t] = (acted - start, time.perf_counter() - acted)
         frame.set(("next", "policy_version"), versions.clone())
-        following = following.clear_device_()
         following.set("collector", frame.get("collector").copy())
         ended = self._end_of_traj(frame.get("next"))
         if ended.any():
@@ -281,9 +282,7 @@ class TorchRLCore(CoreBase):
     def _end_of_traj(self, nxt: TensorDictBase) -> torch.Tensor:
         from torchrl.envs.utils import _aggregate_end_of_traj
 
-        return _aggregate_end_of_traj(nxt, done_keys=self._pool.done_keys).reshape(
-            self._pool.batch_size
-        )
+        return _aggregate_end_of_traj(nxt, done_keys=self._pool.done_keys).reshape(self._envs_shape)
 
     def _reset(self) -> None:
         """Reset every env: a fresh carrier with new trajectory ids."""
@@ -292,7 +291,6 @@ class TorchRLCore(CoreBase):
         except Exception as exc:
             self._pool_broken = True
             raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
-        carrier = carrier.clear_device_()
         ids = torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size)
         carrier.set(_TRAJ_IDS, ids)
         self._carrier, self._fresh = carrier, True
