@@ -28,13 +28,20 @@ _waited = {"collection_s": 0.0, "batches": 0}
 
 
 def _mean_of_many() -> None:
-    """Let TorchRL's CSV logger take a tensor or list of values (it records their mean)."""
+    """Let TorchRL's CSV logger take a tensor or list of values (it records their mean).
+
+    A None is not recorded: scripts log tqdm's ``format_dict["rate"]``, which is None until
+    tqdm's first refresh (a first batch within its 0.1 s ``mininterval``); the CSV
+    logger's ``float(None)`` would end the run on either side.
+    """
     import torch
     from torchrl.record.loggers import csv
 
     add_scalar = csv.CSVExperiment.add_scalar
 
     def add(self: Any, name: str, value: Any, global_step: int | None = None) -> None:
+        if value is None:
+            return
         if isinstance(value, list | tuple) or (torch.is_tensor(value) and value.numel() != 1):
             value = torch.as_tensor(value, dtype=torch.float64).mean().item()
         add_scalar(self, name, value, global_step)
