@@ -8,7 +8,9 @@ Compose(RewardSum(), StepCounter(), DoubleToFloat()))`` (:func:`make_env`) and a
 - rlfleet: 2 ``--kind torchrl`` actors (``LocalFleet`` subprocesses), each a
   ``SerialEnv`` of 8 envs, under a sync ``GrpcCollector`` (1024 frames per actor batch);
 - TorchRL: ``MultiSyncCollector`` with 2 workers, each a ``SerialEnv`` of the same 8
-  envs, same policy, 2048 frames per batch.
+  envs, same policy, 2048 frames per batch. With ``--actors 1`` it is TorchRL's
+  ``Collector`` in the benchmark's own process (what a one-env script builds), and its
+  CPU per frame is that process's.
 
 Figures: the median frames/s of each, their ratio (target >= 1.0x, goal 1.3x) and each
 side's CPU per frame (``/proc`` user+system time of one actor or one TorchRL worker
@@ -24,13 +26,14 @@ import contextlib
 import functools
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
-from torchrl.collectors import MultiSyncCollector
+from torchrl.collectors import Collector, MultiSyncCollector
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
@@ -90,22 +93,29 @@ def _cpu_seconds(pid: int) -> float:
     return total / _TICKS
 
 
-def _window(iterator: Iterator[Any], pids: Sequence[int], seconds: float) -> tuple[float, float]:
-    """Frames/s over a window and CPU seconds per frame of one of ``pids`` (their mean)."""
+def _window(
+    iterator: Iterator[Any], processes: int, cpu: Callable[[], float], seconds: float
+) -> tuple[float, float]:
+    """Frames/s over a window and CPU seconds per frame of one of the ``processes``.
+
+    ``cpu`` gives the CPU seconds those processes used so far, in all.
+    """
     next(iterator)  # a warm-up batch, untimed
-    before = [_cpu_seconds(p) for p in pids]
+    before = cpu()
     fps, _ = time_batches(iterator, seconds=seconds, warmup=0)
-    after = [_cpu_seconds(p) for p in pids]
-    frames_each = fps * seconds / len(pids)  # frames one process collected, about
-    cpu = sum(a - b for a, b in zip(after, before, strict=True)) / len(pids)
-    return fps, cpu / frames_each
+    frames_each = fps * seconds / processes  # frames one process collected, about
+    return fps, (cpu() - before) / processes / frames_each
+
+
+def _cpu_of(pids: Callable[[], list[int]]) -> tuple[int, Callable[[], float]]:
+    """How many processes ``pids`` names, and their CPU seconds (with their children)."""
+    return len(pids()), lambda: sum(_cpu_seconds(p) for p in pids())
 
 
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure both systems, interleaved; record figures, the ratio and CPU per frame."""
     from bench import _rlfleet
 
-    pool = functools.partial(SerialEnv, args.num_envs, make_env)  # pickles by reference
     fpb = args.frames_per_actor * args.actors
     samples: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
@@ -119,26 +129,44 @@ def run(args: argparse.Namespace, report: Report) -> None:
         ours = stack.enter_context(
             _rlfleet.collector(fleet.addresses, sync=True, frames_per_batch=fpb)
         )
-        theirs = MultiSyncCollector(
-            [pool] * args.actors, make_policy(make_env()), frames_per_batch=fpb,
-            total_frames=-1, num_sub_threads=1, num_threads=1,
-        )  # fmt: skip
+        theirs, their_cpu = _anchor(args, fpb)
         stack.callback(theirs.shutdown)
-        systems: dict[str, tuple[Iterator[Any], Callable[[], list[int]]]] = {
-            "rlfleet": (iter(ours), lambda: fleet.pids),
-            "torchrl": (iter(theirs), lambda: [p.pid for p in theirs.procs]),
+        systems: dict[str, tuple[Iterator[Any], tuple[int, Callable[[], float]]]] = {
+            "rlfleet": (iter(ours), _cpu_of(lambda: fleet.pids)),
+            "torchrl": (iter(theirs), their_cpu),
         }
         for _ in range(reps_of(args)):
-            for name, (iterator, pids) in systems.items():
-                fps, cpu = _window(iterator, pids(), args.window)
+            for name, (iterator, (processes, cpu_seconds)) in systems.items():
+                fps, cpu = _window(iterator, processes, cpu_seconds, args.window)
                 samples.setdefault(f"{name} frames/s", []).append(fps)
                 samples.setdefault(f"{name} CPU us/frame", []).append(cpu * 1e6)
     for name, values in samples.items():
         report.figure(name, "us/frame" if "CPU" in name else "frames/s", values)
     ratio = report.ratio("rlfleet/torchrl", "rlfleet frames/s", "torchrl frames/s")
-    report.target("TorchRL env, sync: rlfleet >= 1.0x TorchRL's MultiSyncCollector", ratio, 1.0)
+    anchor = "Collector" if args.actors == 1 else "MultiSyncCollector"
+    report.target(f"TorchRL env, sync: rlfleet >= 1.0x TorchRL's {anchor}", ratio, 1.0)
     report.target("TorchRL env, sync: rlfleet >= 1.3x (goal)", ratio, 1.3)
     report.ratio("CPU/frame rlfleet/torchrl", "rlfleet CPU us/frame", "torchrl CPU us/frame")
+
+
+def _anchor(args: argparse.Namespace, fpb: int) -> tuple[Any, tuple[int, Callable[[], float]]]:
+    """TorchRL's collector for the same envs and policy, and its processes' CPU (``_cpu_of``).
+
+    One actor: TorchRL's ``Collector`` in this process, as a one-env script runs it; more:
+    a ``MultiSyncCollector`` with a worker process per actor.
+    """
+    policy = make_policy(make_env())
+    if args.actors == 1:
+        single = Collector(
+            SerialEnv(args.num_envs, make_env), policy, frames_per_batch=fpb, total_frames=-1
+        )
+        return single, (1, time.process_time)  # this process alone, not the fleet's actors
+    pool = functools.partial(SerialEnv, args.num_envs, make_env)  # pickles by reference
+    multi = MultiSyncCollector(
+        [pool] * args.actors, policy, frames_per_batch=fpb,
+        total_frames=-1, num_sub_threads=1, num_threads=1,
+    )  # fmt: skip
+    return multi, _cpu_of(lambda: [p.pid for p in multi.procs])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
