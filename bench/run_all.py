@@ -32,6 +32,7 @@ __all__ = ["BENCHES", "main", "run_one"]
 BENCHES = {
     "cartpole": "bench.cartpole",
     "torchrl_envs": "bench.torchrl_envs",
+    "one_env": "bench.one_env",
     "large_obs": "bench.large_obs",
     "learner_cost": "bench.learner_cost",
     "weight_push": "bench.weight_push",

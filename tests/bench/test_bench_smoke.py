@@ -60,6 +60,10 @@ EXPECTED = {
         ],
         ["rlfleet/torchrl", "CPU/frame rlfleet/torchrl"],
     ),
+    "one_env": (
+        ["torchrl", "in-process limit", "rlfleet"],
+        ["rlfleet/torchrl", "in-process limit/torchrl", "rlfleet/in-process limit"],
+    ),
     "large_obs": (
         [
             "rlfleet frames",
