@@ -7,14 +7,16 @@ interleaved, each timed over a window per repetition:
 
 - torchrl: TorchRL's ``Collector`` on the script's ``make_environment`` env and
   ``make_crossQ_agent`` actor, in this process (what the script builds);
-- in-process limit: the actor's own collection (``TorchRLCore``) on the fleet's factories
-  (``bench.torchrl_scripts.fleets.crossq``), in this process: no transport, no learner;
+- torchrl pooled: TorchRL's ``Collector`` on the fleet's factories
+  (``bench.torchrl_scripts.fleets.crossq``), the env in a ``SerialEnv`` of one as an actor
+  pools it, in this process;
 - rlfleet: ``LocalFleet(1, kind="torchrl")`` on those factories under a sync
   ``GrpcCollector`` (what the ported script collects with).
 
 Figures: frames/s of each (medians of ``--reps``); ratios rlfleet/torchrl (target >= 1.0x:
-a script on a same-host fleet is not slower), in-process limit/torchrl and
-rlfleet/in-process limit (what the transport costs).
+a script on a same-host fleet is not slower), torchrl pooled/torchrl (what the pool's
+layout costs) and rlfleet/torchrl pooled (what the actor's loop and the transport cost
+beyond TorchRL's loop on the same env and policy).
 
 Usage: ``python -m bench.one_env [--quick] [--reps 5] [--frames 1000] [--window 6]``.
 """
@@ -73,24 +75,24 @@ def _torchrl(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Iterator[Any
     return iter(collector)
 
 
-def _core(plain: dict[str, Any], frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
-    """The actor's collection loop in this process, on the fleet's factories."""
-    from actor_service import ActorConfig, ModelSpec
-    from actor_service._core._settings import EnvPoolSettings
-    from actor_service._kinds.torchrl.core import TorchRLCore
-    from common.config import CollectSettings
+def _torchrl_pooled(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
+    """TorchRL's ``Collector`` on the fleet's factories, the env pooled as an actor pools it.
 
-    config = ActorConfig(
-        kind="torchrl",
-        port=0,
-        env_pool=EnvPoolSettings(env_factory=f"{_FLEET}:make_env", env_kwargs={"cfg": plain}),
-        num_envs=1,
-        seed=0,
-        models=(ModelSpec(factory=f"{_FLEET}:make_policy", kwargs={"cfg": plain}),),
-    )
-    core = stack.enter_context(TorchRLCore(config))
-    core.configure(CollectSettings(frames_per_batch=frames))
-    return iter(core.collect_batch, None)
+    The actor runs ``SerialEnv(num_envs, make_env)`` where the script batches first and
+    transforms after: this system tells the layout's share from the actor's own.
+    """
+    import functools
+
+    from torchrl.collectors import Collector
+    from torchrl.envs import SerialEnv
+
+    from bench.torchrl_scripts.fleets.crossq import make_env, make_policy
+
+    env = SerialEnv(1, functools.partial(make_env, cfg))
+    policy = make_policy(make_env(cfg), cfg)
+    collector = Collector(env, policy, frames_per_batch=frames, total_frames=-1, device="cpu")
+    stack.callback(collector.shutdown)
+    return iter(collector)
 
 
 def _fleet(plain: dict[str, Any], frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
     with contextlib.ExitStack() as stack:
         systems = {
             "torchrl": _torchrl(cfg, args.frames, stack),
-            "in-process limit": _core(plain, args.frames, stack),
+            "torchrl pooled": _torchrl_pooled(cfg, args.frames, stack),
             "rlfleet": _fleet(plain, args.frames, stack),
         }
         for _ in range(reps_of(args)):
@@ -138,8 +140,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
     for name, values in samples.items():
         report.figure(name, "frames/s", values)
     ratio = report.ratio("rlfleet/torchrl", "rlfleet", "torchrl")
-    report.ratio("in-process limit/torchrl", "in-process limit", "torchrl")
-    report.ratio("rlfleet/in-process limit", "rlfleet", "in-process limit")
+    report.ratio("torchrl pooled/torchrl", "torchrl pooled", "torchrl")
+    report.ratio("rlfleet/torchrl pooled", "rlfleet", "torchrl pooled")
     report.target("one env, sync: rlfleet >= 1.0x TorchRL's Collector", ratio, 1.0)
 
 

@@ -61,8 +61,8 @@ EXPECTED = {
         ["rlfleet/torchrl", "CPU/frame rlfleet/torchrl"],
     ),
     "one_env": (
-        ["torchrl", "in-process limit", "rlfleet"],
-        ["rlfleet/torchrl", "in-process limit/torchrl", "rlfleet/in-process limit"],
+        ["torchrl", "torchrl pooled", "rlfleet"],
+        ["rlfleet/torchrl", "torchrl pooled/torchrl", "rlfleet/torchrl pooled"],
     ),
     "large_obs": (
         [
