@@ -90,11 +90,7 @@ def assemble(
     ledger = Ledger(metrics.policy_lag)
     book = WeightBook(push.checksum)
     streams = OpenStreams(loop)
-    # On-demand sync rounds count a share only if acted with the weights its actor holds now.
-    floor = _acting_version(book, acting_model) if batch.on_demand else None
-    mailbox = Mailbox(
-        batch.window, streams.grant, streams.ack, lazy=batch.on_demand, version_floor=floor
-    )
+    mailbox = _mailbox(batch, streams, book, acting_model)
     # Stacked sync rounds line up in the slabs; every batch reuses memory.
     slabs = PacketSlabs(pin_memory)
     fleet = Fleet(
@@ -126,6 +122,22 @@ def assemble(
     return Parts(loop, mailbox, ledger, book, fleet, pusher, rounds, metrics)
 
 
-def _acting_version(book: WeightBook, model_id: str) -> Callable[[int], int]:
-    """``worker_id -> the version of model_id that worker last applied`` (0: none pushed)."""
-    return lambda worker_id: book.applied(worker_id).get(model_id, 0)
+def _mailbox(
+    batch: BatchSettings, streams: OpenStreams, book: WeightBook, acting_model: str
+) -> Mailbox:
+    """The mailbox, with the version floor of on-demand sync rounds.
+
+    Such a round counts a share only if acted with the weights its actor holds now: the
+    acting model's version the book has for it (0 if none was pushed).
+    """
+
+    def floor(worker_id: int) -> int:
+        return book.applied(worker_id).get(acting_model, 0)
+
+    return Mailbox(
+        batch.window,
+        streams.grant,
+        streams.ack,
+        lazy=batch.on_demand,
+        version_floor=floor if batch.on_demand else None,
+    )
