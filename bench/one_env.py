@@ -89,7 +89,7 @@ def _torchrl_pooled(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Itera
     from bench.torchrl_scripts.fleets.crossq import make_env, make_policy
 
     env = SerialEnv(1, functools.partial(make_env, cfg))
-    policy = make_policy(make_env(cfg), cfg)
+    policy = make_policy(env, cfg)
     collector = Collector(env, policy, frames_per_batch=frames, total_frames=-1, device="cpu")
     stack.callback(collector.shutdown)
     return iter(collector)
