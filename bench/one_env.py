@@ -51,7 +51,7 @@ def _config(quick: bool) -> Any:
     return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
 
 
-def _script_folder() -> str:
+def _script_folder() -> None:
     """The crossq folder in the installed torchrl, put on this process's and the actors' path."""
     folder = originals_root(SPECS["crossq"])
     if folder is None:
@@ -59,7 +59,6 @@ def _script_folder() -> str:
     paths = [str(folder), str(ROOT), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     sys.path[:0] = [str(folder)]
-    return str(folder)
 
 
 def _torchrl(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
@@ -95,8 +94,11 @@ def _torchrl_pooled(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Itera
     return iter(collector)
 
 
-def _fleet(plain: dict[str, Any], frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
-    """One actor on this host, collected by a sync ``GrpcCollector``."""
+def _fleet(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
+    """One actor on this host, collected by a sync ``GrpcCollector``.
+
+    ``LocalFleet`` sends the OmegaConf ``cfg`` as plain data; the actor rebuilds it.
+    """
     from bench import _rlfleet
 
     fleet = stack.enter_context(
@@ -105,9 +107,9 @@ def _fleet(plain: dict[str, Any], frames: int, stack: contextlib.ExitStack) -> I
             num_envs=1,
             kind="torchrl",
             env_factory=f"{_FLEET}:make_env",
-            env_kwargs={"cfg": plain},
+            env_kwargs={"cfg": cfg},
             policy=f"{_FLEET}:make_policy",
-            policy_kwargs={"cfg": plain},
+            policy_kwargs={"cfg": cfg},
             seed=0,
             extra_args=["--torch-threads", "1"],
             start_timeout=180.0,
@@ -121,17 +123,14 @@ def _fleet(plain: dict[str, Any], frames: int, stack: contextlib.ExitStack) -> I
 
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure the three systems, interleaved; record their figures and ratios."""
-    from omegaconf import OmegaConf
-
     _script_folder()
     cfg = _config(args.quick)
-    plain = {"__omegaconf__": OmegaConf.to_container(cfg)}
     samples: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
         systems = {
             "torchrl": _torchrl(cfg, args.frames, stack),
             "torchrl pooled": _torchrl_pooled(cfg, args.frames, stack),
-            "rlfleet": _fleet(plain, args.frames, stack),
+            "rlfleet": _fleet(cfg, args.frames, stack),
         }
         for _ in range(reps_of(args)):
             for name, iterator in systems.items():
