@@ -55,6 +55,20 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
 
 
+def _carries(host: Host) -> bool:
+    """Whether both ends of the host's link are up and its bridge port forwards."""
+    inside = _ip("-n", host.ns, "-o", "link", "show", "eth0", check=False).stdout
+    outside = _ip("-o", "link", "show", host.link, check=False).stdout
+    port = subprocess.run(
+        ["bridge", "-o", "link", "show", "dev", host.link],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    return "state UP" in inside and "state UP" in outside and "state forwarding" in port
+
+
 def _tc(*args: str) -> None:
     subprocess.run(["tc", *args], capture_output=True, text=True, timeout=30, check=True)
 
@@ -281,8 +295,23 @@ class TestBed:
         _ip("link", "set", self.host(name).link, "down")
 
     def heal(self, name: str) -> None:
-        """Bring a cut link back."""
-        _ip("link", "set", self.host(name).link, "up")
+        """Bring a cut link back, as a cable plugged in again and settled.
+
+        Returns once both ends carry (the bridge port forwards, the host's ``eth0`` is up) and
+        no host keeps a neighbour entry the cut left unresolved: such an entry fails its last
+        probe shortly after the heal and takes the first new connection with it
+        (``EHOSTUNREACH``), which is the cut's echo, not the heal.
+        """
+        host = self.host(name)
+        _ip("link", "set", host.link, "up")
+        deadline = time.monotonic() + 10
+        while not _carries(host):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}'s link did not come back up within 10 s")
+            time.sleep(0.01)
+        for other in self.hosts.values():
+            for state in ("incomplete", "failed"):
+                _ip("-n", other.ns, "neigh", "flush", "dev", "eth0", "nud", state)
 
     def reboot(self, name: str) -> Host:
         """Kill the host's processes and bring it back with the same name and a new address.
