@@ -169,8 +169,9 @@ class ActorConfig:
         part_deadline_s: Seconds an incomplete multi-part version (learner ranks each
             pushing a part) waits for its last part from its first before it expires,
             in ``(0, MAX_PART_DEADLINE_S]``; its parts are dropped and none of it applies.
-        shared_memory: Take weight pushes through a shared-memory segment when the
-            learner shares this host (False: every push's bytes come over gRPC).
+        shared_memory: Take weight pushes through a shared-memory segment, and send batches
+            through segments when asked, when the learner shares this host (False: every
+            push's and batch's bytes travel over gRPC).
         torch_threads: Torch intra-op threads (1 keeps many actors per host from fighting).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"`` (one JSON object per line).

@@ -10,6 +10,9 @@ Systems:
 
 - rlfleet: ``GrpcCollector`` (sync) over actors started with
   ``--env-factory bench.envs:make_fresh_pixel_env --policy bench.policies:pixel_policy``;
+  the actors share the learner's host, so batches travel through shared memory; "rlfleet
+  bytes" is the same with ``shared_memory_batches=False`` (every batch over gRPC), each
+  window on a collector of its own, one after the other;
 - TorchRL: ``MultiSyncCollector``, 2 workers, each a ``GymWrapper`` around a
   gymnasium ``SyncVectorEnv`` of 4 such envs, the same policy module;
 - loopback TCP: one process sending 256 MB to another over a plain socket;
@@ -87,32 +90,35 @@ def run(args: argparse.Namespace, report: Report) -> None:
         )
         try:
             trl_iter = iter(trl)
-            with _rlfleet.collector(fleet.addresses, sync=True, frames_per_batch=fpb) as coll:
-                rl_iter = iter(coll)
-                first = next(rl_iter)
-                samples["wire bytes per frame"] = [wire_bytes(first, True) / first.numel()]
-                samples["payload bytes per frame"] = [payload_bytes(first) / first.numel()]
-                for _ in range(reps_of(args)):
-                    fps, bps = time_batches(
-                        rl_iter, seconds=args.window, warmup=2, extra=payload_bytes
-                    )
-                    samples.setdefault("rlfleet frames", []).append(fps)
-                    samples.setdefault("rlfleet payload", []).append(bps / 1e6)
-                    fps, bps = time_batches(
-                        trl_iter, seconds=args.window, warmup=1, extra=payload_bytes
-                    )
-                    samples.setdefault("torchrl frames", []).append(fps)
-                    samples.setdefault("torchrl payload", []).append(bps / 1e6)
-                    samples.setdefault("loopback tcp", []).extend(loopback_bandwidth(tcp_bytes, 1))
-                    samples.setdefault("in-process limit frames", []).append(
-                        in_process_fps(
-                            make_fresh_pixel_env,
-                            num_envs=args.actors * args.num_envs,
-                            steps_per_batch=args.frames_per_actor // args.num_envs,
-                            seconds=args.window,
-                            policy=policy,
+            for _ in range(reps_of(args)):
+                for name, shm in (("rlfleet", True), ("rlfleet bytes", False)):
+                    with _rlfleet.collector(
+                        fleet.addresses, sync=True, frames_per_batch=fpb, shared_memory_batches=shm
+                    ) as coll:
+                        rl_iter = iter(coll)
+                        first = next(rl_iter)
+                        samples["wire bytes per frame"] = [wire_bytes(first, True) / first.numel()]
+                        samples["payload bytes per frame"] = [payload_bytes(first) / first.numel()]
+                        fps, bps = time_batches(
+                            rl_iter, seconds=args.window, warmup=2, extra=payload_bytes
                         )
+                    samples.setdefault(f"{name} frames", []).append(fps)
+                    samples.setdefault(f"{name} payload", []).append(bps / 1e6)
+                fps, bps = time_batches(
+                    trl_iter, seconds=args.window, warmup=1, extra=payload_bytes
+                )
+                samples.setdefault("torchrl frames", []).append(fps)
+                samples.setdefault("torchrl payload", []).append(bps / 1e6)
+                samples.setdefault("loopback tcp", []).extend(loopback_bandwidth(tcp_bytes, 1))
+                samples.setdefault("in-process limit frames", []).append(
+                    in_process_fps(
+                        make_fresh_pixel_env,
+                        num_envs=args.actors * args.num_envs,
+                        steps_per_batch=args.frames_per_actor // args.num_envs,
+                        seconds=args.window,
+                        policy=policy,
                     )
+                )
         finally:
             trl.shutdown()
     _record(report, samples)
@@ -124,6 +130,7 @@ def _record(report: Report, samples: dict[str, list[float]]) -> None:
         unit = "bytes" if "per frame" in name else "frames/s" if name.endswith("frames") else "MB/s"
         report.figure(name, unit, values)
     report.ratio("rlfleet payload/loopback tcp", "rlfleet payload", "loopback tcp")
+    report.ratio("shared memory/bytes frames", "rlfleet frames", "rlfleet bytes frames")
     speedup = report.ratio("rlfleet/torchrl frames", "rlfleet frames", "torchrl frames")
     report.target("rlfleet frames/s >= 2x TorchRL", speedup, 2.0)
     report.ratio("torchrl payload/loopback tcp", "torchrl payload", "loopback tcp")

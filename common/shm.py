@@ -1,14 +1,18 @@
-"""Weight blobs in shared memory: one segment written once, read and checked by each local reader.
+"""Weight blobs and batches in shared memory: a segment written once, read and checked by readers.
 
-A segment is a file under ``/dev/shm`` named ``rlfleet-shm-<pid>-<32 hex>`` (the writer's
-pid, then 128 random bits), created ``0600`` with ``O_EXCL``: written once
-(:func:`write_segment`), or mapped by its writer and filled again push after push, its pages
+The learner writes weight blobs for the actors on its host; an actor writes batches for a
+learner on its host (:func:`opened_segment` reads them in place, packet by packet). A
+segment is a file under ``/dev/shm`` named ``rlfleet-shm-<pid>-<32 hex>`` (the writer's pid,
+then 128 random bits), created ``0600`` with ``O_EXCL``: written once (:func:`write_segment`),
+or mapped by its writer and filled again push after push (batch after batch), its pages
 reserved up front and kept (:class:`SharedBuffer`). The control that travels
 elsewhere (name, size, CRC-32C) is all a reader trusts: :func:`read_segment` refuses a name
 outside the pattern (no path traversal), a link, a file not owned by this user or readable by
-others, a size other than the one announced, and a digest mismatch. It raises
+others, a size other than the one announced, and a digest mismatch (:func:`opened_segment`
+checks all but the digest, which its caller checks over what it read). They raise
 :class:`ShmError` on any of them, so the caller falls back to the bytes path and applies
-nothing. :func:`sweep_segments` removes the segments of writers that are gone (SIGKILL).
+nothing (or takes the batch as bytes). :func:`sweep_segments` removes the segments of
+writers that are gone (SIGKILL).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 import secrets
 import socket
 import stat
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from common.checksum import crc32c
@@ -31,6 +36,7 @@ __all__ = [
     "Segment",
     "SharedBuffer",
     "host_identity",
+    "opened_segment",
     "read_segment",
     "read_segment_into",
     "remove_segment",
@@ -113,6 +119,7 @@ class SharedBuffer:
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.posix_fallocate(fd, 0, size)
+            self._inode = os.fstat(fd).st_ino
             self._memory = mmap.mmap(fd, size)
         except BaseException:
             remove_segment(self.name, root)
@@ -124,12 +131,44 @@ class SharedBuffer:
     def _path(self) -> str:
         return os.path.join(self.root, self.name)
 
+    def intact(self) -> bool:
+        """Whether its name still leads to its own file, private and of its size.
+
+        Another process of this user may remove, replace or open up a segment; a writer
+        that asks before filling one again makes a new one instead of naming a spoiled one.
+        """
+        try:
+            info = os.stat(self._path, follow_symlinks=False)
+        except OSError:
+            return False
+        private = stat.S_ISREG(info.st_mode) and not info.st_mode & 0o077
+        return private and info.st_ino == self._inode and info.st_size == self.size
+
     def fill(self, blob: bytes | bytearray | memoryview, crc: int) -> Segment:
         """Copy ``blob`` (exactly :attr:`size` bytes, of CRC-32C ``crc``) in; its control back."""
-        view = memoryview(blob).cast("B")
-        if view.nbytes != self.size:
-            raise ValueError(f"a blob of {view.nbytes} bytes in a segment of {self.size}")
-        self._memory[:] = view
+        return self.fill_pieces([blob], crc)
+
+    def fill_pieces(self, pieces: Iterable[bytes | bytearray | memoryview], crc: int) -> Segment:
+        """Copy consecutive ``pieces`` (exactly :attr:`size` bytes in all, of CRC-32C ``crc``) in.
+
+        Returns:
+            The segment's control.
+
+        Raises:
+            ValueError: The pieces do not add up to :attr:`size` bytes.
+        """
+        at = 0
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            end = at + view.nbytes
+            if end > self.size:
+                raise ValueError(
+                    f"pieces of more than {self.size} bytes in a segment of {self.size}"
+                )
+            self._memory[at:end] = view
+            at = end
+        if at != self.size:
+            raise ValueError(f"pieces of {at} bytes in a segment of {self.size}")
         return Segment(name=self.name, size=self.size, crc32c=crc)
 
     def close(self) -> None:
@@ -164,19 +203,44 @@ def read_segment_into(control: Segment, into: memoryview, root: str = SHM_ROOT) 
     Raises:
         ShmError: The segment cannot be read or trusted.
     """
+    if _size_ok(control) and into.nbytes != control.size:
+        raise ShmError(f"segment size {control.size} differs from the {into.nbytes} bytes expected")
+    with opened_segment(control, root) as read_at:
+        read_at(into, 0)
+
+
+@contextlib.contextmanager
+def opened_segment(
+    control: Segment, root: str = SHM_ROOT
+) -> Iterator[Callable[[memoryview, int], None]]:
+    """A segment opened and checked against ``control`` (name, size, owner, mode).
+
+    Yields ``read_at(into, offset)``, which fills ``into`` from the segment's byte
+    ``offset`` on. The CRC-32C is the caller's to check, over what it read (the segment
+    itself may change under a reader).
+
+    Raises:
+        ShmError: The segment cannot be opened, trusted or read (also from ``read_at``).
+    """
     if not isinstance(control.name, str) or _NAME.match(control.name) is None:
         raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
     if not _size_ok(control):
         raise ShmError(f"segment size {control.size} is out of range")
-    if into.nbytes != control.size:
-        raise ShmError(f"segment size {control.size} differs from the {into.nbytes} bytes expected")
     try:
         fd = os.open(os.path.join(root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
     try:
         _check_owner(os.fstat(fd), control)
-        _read_all(fd, into)
+
+        def read_at(into: memoryview, offset: int) -> None:
+            if offset < 0 or offset + into.nbytes > control.size:
+                raise ShmError(
+                    f"a read of {into.nbytes} bytes at {offset} overruns segment {control.name}"
+                )
+            _read_all(fd, into, offset)
+
+        yield read_at
     finally:
         os.close(fd)
 
@@ -197,11 +261,11 @@ def _check_owner(info: os.stat_result, control: Segment) -> None:
         raise ShmError(f"segment {control.name} holds {info.st_size} bytes, not {control.size}")
 
 
-def _read_all(fd: int, into: memoryview) -> None:
-    """Fill ``into`` from the start of ``fd``; :class:`ShmError` when the file is shorter."""
+def _read_all(fd: int, into: memoryview, offset: int = 0) -> None:
+    """Fill ``into`` from ``fd`` at ``offset``; :class:`ShmError` when the file is shorter."""
     done = 0
     while done < into.nbytes:
-        got = os.preadv(fd, [into[done:]], done)
+        got = os.preadv(fd, [into[done:]], offset + done)
         if got == 0:
             raise ShmError(f"segment shrank to {done} of {into.nbytes} bytes while read")
         done += got

@@ -5,7 +5,13 @@ queue; it reads ``opened``, then reassembles each batch's chunks with
 :class:`~common.packets.assembly.BatchAssembler` (chunk data read as views of the
 received messages and copied once, into the buffer ``allocate`` gives; crc32c
 checked; decoded, and a folded batch rebuilt, off the loop when large) and
-returns whole batches or the ``end`` marker. A protocol violation or a broken call raises;
+returns whole batches or the ``end`` marker. A session opened with ``shm_batches`` (the
+actor proved it shares this host) may get a batch as one chunk naming a shared-memory
+segment: it is read straight into the buffer ``allocate`` gives, checked like any other
+(``common.shm``: name, owner, mode, size; then the CRC-32C over the copy), and a batch that
+cannot be read or fails its check raises :class:`ShmBatchError`, after which the link
+re-opens the session taking bytes (the batch comes again). A protocol violation or a broken
+call raises;
 the partial batch is dropped with the stream. :class:`OpenStreams` is the
 direct route of the mailbox's credits and acks to the open stream of each
 actor. Everything here runs on the learner's event loop.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -23,16 +30,17 @@ import grpc
 from google.protobuf.message import Message
 
 from common.config import CollectSettings
-from common.errors import DeadlineError, EnvError, ProtocolError
+from common.errors import DataLossError, DeadlineError, EnvError, ProtocolError
 from common.llm import LLMSettings
 from common.packets import PacketLimits
 from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.shm import Segment, ShmError, opened_segment
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
 from learner_client._transport import Channel, Chunk, translate_errors
 
-__all__ = ["CollectStream", "EndEvent", "OpenStreams", "SessionInfo"]
+__all__ = ["CollectStream", "EndEvent", "OpenStreams", "SessionInfo", "ShmBatchError"]
 
 M = TypeVar("M", bound=Message)
 
@@ -41,6 +49,10 @@ _DECODE_OFF_LOOP_BYTES = 1 << 20
 _END_REASONS = {
     v.number: v.name.removeprefix("END_REASON_") for v in pb.EndReason.DESCRIPTOR.values
 }
+
+
+class ShmBatchError(DataLossError):
+    """A batch could not be read from its shared-memory segment; the session goes on as bytes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +112,7 @@ def _open_request(
     resume: tuple[int, int],
     take_over: bool,
     learner_id: str,
+    shm_batches: bool,
 ) -> pb.CollectRequest:
     llm = None if settings.llm is None else llm_settings_to_proto(settings.llm)
     exploration = f"EXPLORATION_TYPE_{settings.exploration_type.name}"
@@ -119,6 +132,7 @@ def _open_request(
             resume_epoch=resume[0],
             resume_after_seq=resume[1],
             learner_id=learner_id,
+            shm_batches=shm_batches,
         )
     )
 
@@ -138,6 +152,8 @@ class CollectStream:
         take_over: Replace a session of ours the actor still holds.
         learner_id: Our name in the actor's logs.
         allocate: Gives the buffer each batch is received into; None allocates fresh ones.
+        shm_batches: Ask for batches through shared memory (the actor shares this host);
+            called for each batch read from a segment. None: batches come as bytes.
     """
 
     def __init__(
@@ -150,11 +166,15 @@ class CollectStream:
         take_over: bool,
         learner_id: str,
         allocate: Callable[[int], Any] | None = None,
+        shm_batches: Callable[[], None] | None = None,
     ) -> None:
         self.address = channel.address
         self._allocate = allocate
+        self._shm_batches = shm_batches
         self._outbox: asyncio.Queue[pb.CollectRequest | None] = asyncio.Queue()
-        self._outbox.put_nowait(_open_request(settings, credits, resume, take_over, learner_id))
+        shm = shm_batches is not None
+        opening = _open_request(settings, credits, resume, take_over, learner_id, shm)
+        self._outbox.put_nowait(opening)
         self._closing = False
         self._call = channel.start_collect(self._requests())
         self._read: asyncio.Future | None = None
@@ -254,6 +274,7 @@ class CollectStream:
         Raises:
             ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
             DataLossError: A batch failed its crc32c.
+            ShmBatchError: A batch could not be read from its shared-memory segment.
             ActorUnavailableError: The call broke (or any other translated status).
         """
         assembler: BatchAssembler | None = None
@@ -272,6 +293,14 @@ class CollectStream:
             if kind != "chunk":
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message if isinstance(message, Chunk) else Chunk.from_proto(message.chunk)
+            if assembler is None and chunk.shm is not None:
+                if on_start is not None:
+                    on_start(chunk.seq)
+                return await self._shared_batch(chunk, chunk.shm)
+            if chunk.shm is not None:
+                raise ProtocolError(
+                    f"{self.address}: a shared-memory chunk inside batch {info.seq}"
+                )
             if assembler is None:
                 info, assembler, expected = chunk.info, self._start_batch(chunk), 0
                 if on_start is not None:
@@ -284,7 +313,7 @@ class CollectStream:
             assembler.add(chunk.data)
             expected += 1
             if expected == chunk.count:
-                return await self._finish(assembler, info)
+                return await self._finish(functools.partial(assembler.finish, info.crc32c), info)
 
     def _start_batch(self, chunk: Chunk) -> BatchAssembler:
         """The assembler of the batch ``chunk`` (its first) starts, sized by its info."""
@@ -297,12 +326,48 @@ class CollectStream:
             allocate=self._allocate,
         )
 
-    async def _finish(self, assembler: BatchAssembler, info: pb.BatchInfo) -> Delivery:
+    async def _shared_batch(self, chunk: Chunk, shm: pb.ShmSegment) -> Delivery:
+        """A batch that lies in a shared-memory segment: read into place, checked, decoded."""
+        if self._shm_batches is None:
+            raise ProtocolError(
+                f"{self.address}: batch seq {chunk.seq} names a shared-memory segment, "
+                "but this session did not ask for any"
+            )
+        info = chunk.info
+        if chunk.count != 1 or chunk.data.nbytes or info is None:
+            raise ProtocolError(
+                f"{self.address}: shared-memory batch seq {chunk.seq} must be one chunk "
+                "with info and no data"
+            )
+        if shm.size != info.total_bytes or shm.crc32c != info.crc32c:
+            raise ProtocolError(
+                f"{self.address}: shared-memory batch seq {chunk.seq}: the segment's size or "
+                "crc32c differs from the batch's info"
+            )
+        assembler = self._start_batch(chunk)  # sizes checked against the packet limits
+        control = Segment(name=shm.name, size=int(shm.size), crc32c=int(shm.crc32c))
+
+        def read_and_decode() -> Any:
+            with opened_segment(control) as read_at:
+                assembler.add_rest(read_at)
+            return assembler.finish(expected_crc32c=info.crc32c)
+
+        try:
+            delivery = await self._finish(read_and_decode, info)
+        except (ShmError, DataLossError) as exc:
+            raise ShmBatchError(
+                f"{self.address}: batch seq {chunk.seq} could not be read from shared "
+                f"memory ({exc}); the session re-opens taking bytes"
+            ) from exc
+        self._shm_batches()
+        return delivery
+
+    async def _finish(self, decode: Callable[[], Any], info: pb.BatchInfo) -> Delivery:
+        """The delivery of a batch ``decode`` finishes (off the loop when it is large)."""
         if info.total_bytes < _DECODE_OFF_LOOP_BYTES:
-            batch = assembler.finish(expected_crc32c=info.crc32c)
+            batch = decode()
         else:
-            loop = asyncio.get_running_loop()
-            batch = await loop.run_in_executor(None, assembler.finish, info.crc32c)
+            batch = await asyncio.get_running_loop().run_in_executor(None, decode)
         return Delivery(
             info.worker_id,
             info.epoch,

@@ -133,6 +133,9 @@ class GrpcCollector:
         token: Bearer token the actors require.
         learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
+        shared_memory_batches: Take batches from actors proven to share this host through
+            shared-memory segments (gRPC carries only their control); False: every batch
+            as bytes over gRPC.
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
         rank, world_size: Several learner ranks sharing the fleet: this one owns the actors
@@ -186,6 +189,7 @@ class GrpcCollector:
         token: str | None = None,
         learner_id: str = "",
         take_over: bool = False,
+        shared_memory_batches: bool = True,
         model_id: str = DEFAULT_MODEL_ID,
         dns_refresh_interval: float = 10.0,
         rank: int | str | None = None,
@@ -345,6 +349,7 @@ class GrpcCollector:
                 token=token,
                 learner_id=self._ranks.learner_id(learner_id),
                 take_over=take_over,
+                shared_memory_batches=shared_memory_batches,
             )
             self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
             self._connect(

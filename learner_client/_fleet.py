@@ -178,6 +178,7 @@ class Fleet:
                 ledger=self.ledger,
                 admit=self.admit,
                 allocate=self.slabs.for_worker(d.worker_id),
+                shm=self.shm,
             )
             for d, c in zip(descriptions, channels, strict=True)
         ]

@@ -43,11 +43,12 @@ from common.errors import (
     RlfleetError,
     SessionStateError,
 )
-from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams
+from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams, ShmBatchError
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._rounds import name_time_dim, tag_worker
 from learner_client._settings import ConnectionSettings
+from learner_client._shm import ShmRoute
 from learner_client._transport import ActorDescription, Channel
 
 __all__ = ["ENV_FAILURE_ATTEMPTS", "ActorLink", "AfterSession", "Backoff", "LinkState"]
@@ -118,6 +119,8 @@ class ActorLink(Generic[C]):
         admit: Called before each session opens (pushes the weights the actor lacks).
         allocate: Gives the buffer each batch is received into; None allocates fresh ones.
         backoff: The delays between reconnection attempts.
+        shm: Which actors share this host: sessions with those ask for batches through
+            shared memory (until one such batch fails to read). None: bytes only.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class ActorLink(Generic[C]):
         admit: Admit[C],
         allocate: Callable[[int], Any] | None = None,
         backoff: Backoff = Backoff(),
+        shm: ShmRoute | None = None,
     ) -> None:
         self.address = description.address
         self.worker_id = description.worker_id
@@ -146,6 +150,7 @@ class ActorLink(Generic[C]):
         self._streams = streams
         self._ledger = ledger
         self._allocate = allocate
+        self._shm = shm
         self._admit = admit
         self._backoff = backoff
         self._settings: CollectSettings | None = None
@@ -265,6 +270,8 @@ class ActorLink(Generic[C]):
         except RlfleetError as exc:  # a transport or protocol failure: counted and retried
             if self._closing:
                 return AfterSession.CLOSE
+            if isinstance(exc, ShmBatchError) and self._shm is not None:
+                self._shm.batch_failed(self.worker_id)  # the re-opened session takes bytes
             # A stream that opened before it broke starts a new outage.
             self._failed_streaming = self._streamed
             self._failed(exc, 0 if self._streamed else attempt)
@@ -390,10 +397,16 @@ class ActorLink(Generic[C]):
             take_over=self._conn.take_over,
             learner_id=self._conn.learner_id,
             allocate=self._allocate,
+            shm_batches=self._shm_batches(),
         )
         self._stream = stream
         self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost
         return stream
+
+    def _shm_batches(self) -> Callable[[], None] | None:
+        """What the session counts shared-memory batches with, if it asks for them."""
+        shm = self._shm
+        return shm.batch_read if shm is not None and shm.batches_from(self.worker_id) else None
 
     def _left_open(self) -> bool:
         """Whether the actor reports an active session under our learner_id."""

@@ -157,6 +157,11 @@ class _StatsCollector(Collector):
         ("relay_bytes_saved", "Bytes the learner did not upload thanks to relays and catch-ups."),
         ("peer_catch_ups", "Returning actors sent the current weights by a peer."),
         ("shm_pushes", "Actor pushes read from a shared-memory segment on this host."),
+        ("shm_batches", "Batches read from an actor's shared-memory segment on this host."),
+        (
+            "shm_batch_fallbacks",
+            "Batches that could not be read from a segment (their actor then sends bytes).",
+        ),
     )
 
     def __init__(self, stats: Callable[..., Mapping[str, Any]]) -> None:

@@ -257,6 +257,8 @@ class ConnectionSettings:
             deliberate restart.
         take_over: End another learner's active session on each actor instead of
             waiting for it to end (an operator's choice; the actors log it).
+        shared_memory_batches: Ask actors proven to share this host for batches through
+            shared-memory segments.
 
     Raises:
         ValueError: A value out of range.
@@ -269,6 +271,7 @@ class ConnectionSettings:
     token: str | None = None
     learner_id: str = ""
     take_over: bool = False
+    shared_memory_batches: bool = True
 
     def __post_init__(self) -> None:
         token = self.token
@@ -280,8 +283,9 @@ class ConnectionSettings:
             raise ValueError(
                 f"learner_id must be a string of 1 to 256 characters, got {self.learner_id!r:.80}"
             )
-        if not isinstance(self.take_over, bool):
-            raise TypeError(f"take_over must be a bool, got {self.take_over!r}")
+        for name in ("take_over", "shared_memory_batches"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("connect_timeout", "call_timeout"):
             _set(self, name, positive_timeout(name, getattr(self, name)))
 

@@ -55,29 +55,41 @@ class ShmRoute:
     """Which actors take pushes through shared memory, and the segments of a push.
 
     Attributes:
-        enabled: Use shared memory at all (``WeightPushSettings.shared_memory``).
+        enabled: Push through shared memory (``WeightPushSettings.shared_memory``).
         identity: This host's identity (``common.shm.host_identity``).
+        batches: Ask local actors for batches through shared memory
+            (``GrpcCollector(shared_memory_batches=...)``).
     """
 
     enabled: bool = True
     identity: str = dataclasses.field(default_factory=host_identity)
+    batches: bool = False
     _local: set[int] = dataclasses.field(default_factory=set, init=False)
+    _bytes_only: set[int] = dataclasses.field(default_factory=set, init=False)
     _idle: list[SharedBuffer] = dataclasses.field(default_factory=list, init=False)
     _busy: dict[str, SharedBuffer] = dataclasses.field(default_factory=dict, init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
     _counts: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {"shm_pushes": 0, "shm_fallbacks": 0}, init=False
+        default_factory=lambda: dict.fromkeys(
+            ("shm_pushes", "shm_fallbacks", "shm_batches", "shm_batch_fallbacks"), 0
+        ),
+        init=False,
     )
 
     def __post_init__(self) -> None:
-        if self.enabled and self.identity:
-            sweep_segments()  # leftovers of learners that died mid-push
+        if self._probing:
+            sweep_segments()  # leftovers of learners and actors that died mid-push
         # A learner that exits (or drops its collector) without shutdown() leaves none behind.
         weakref.finalize(self, _close_all, self._idle, self._busy)
 
+    @property
+    def _probing(self) -> bool:
+        """Whether actors are probed at all (some use of shared memory is on, on a known host)."""
+        return (self.enabled or self.batches) and bool(self.identity)
+
     def probe(self) -> Segment | None:
         """A fresh probe segment for a Describe, or None when shared memory is off."""
-        if not (self.enabled and self.identity):
+        if not self._probing:
             return None
         return write_segment(secrets.token_bytes(32))
 
@@ -88,7 +100,7 @@ class ShmRoute:
 
     def admit(self, worker_id: int, identity: str, probe_ok: bool) -> None:
         """Mark an actor local (same host identity, probe read back) or not."""
-        local = self.enabled and bool(self.identity) and identity == self.identity and probe_ok
+        local = self._probing and identity == self.identity and probe_ok
         with self._lock:
             if local:
                 self._local.add(worker_id)
@@ -98,7 +110,23 @@ class ShmRoute:
     def is_local(self, worker_id: int) -> bool:
         """Whether pushes to this actor go through shared memory."""
         with self._lock:
-            return worker_id in self._local
+            return self.enabled and worker_id in self._local
+
+    def batches_from(self, worker_id: int) -> bool:
+        """Whether this actor's next session is asked for batches through shared memory."""
+        with self._lock:
+            return self.batches and worker_id in self._local and worker_id not in self._bytes_only
+
+    def batch_read(self) -> None:
+        """Count a batch read from a segment."""
+        with self._lock:
+            self._counts["shm_batches"] += 1
+
+    def batch_failed(self, worker_id: int) -> None:
+        """A batch of this actor could not be read from its segment: it sends bytes from now."""
+        with self._lock:
+            self._bytes_only.add(worker_id)
+            self._counts["shm_batch_fallbacks"] += 1
 
     def write(self, blobs: Mapping[K, tuple[bytes | memoryview, int | None]]) -> dict[K, Segment]:
         """Copy each ``(blob, its CRC-32C or None)`` into a segment; their controls, by key.
@@ -161,7 +189,7 @@ class ShmRoute:
             self._counts["shm_fallbacks"] += fallbacks
 
     def stats(self) -> dict[str, int]:
-        """``shm_pushes`` and ``shm_fallbacks`` (see ``GrpcCollector.stats()``)."""
+        """``shm_pushes``, ``shm_fallbacks``, ``shm_batches``, ``shm_batch_fallbacks``."""
         with self._lock:
             return dict(self._counts)
 

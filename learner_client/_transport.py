@@ -571,12 +571,14 @@ class Chunk:
     count: int
     data: memoryview
     info: pb.BatchInfo | None
+    shm: pb.ShmSegment | None = None
 
     @classmethod
     def from_proto(cls, chunk: pb.BatchChunk) -> Chunk:
         """The same chunk from a parsed message."""
         info = chunk.info if chunk.HasField("info") else None
-        return cls(chunk.seq, chunk.index, chunk.count, memoryview(chunk.data), info)
+        shm = chunk.shm if chunk.HasField("shm") else None
+        return cls(chunk.seq, chunk.index, chunk.count, memoryview(chunk.data), info, shm)
 
 
 def parse_collect_response(data: bytes) -> pb.CollectResponse | Chunk:

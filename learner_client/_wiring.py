@@ -103,7 +103,7 @@ def assemble(
         batch_timeout=batch.batch_timeout,
         slabs=slabs,
         ranks=ranks or Ranks(),
-        shm=ShmRoute(push.shared_memory),
+        shm=ShmRoute(push.shared_memory, batches=conn.shared_memory_batches),
         relay=RelayRoute(push.relay, push.relay_stall_seconds),
     )
     agreement = VersionAgreement(fleet.ranks, conn.call_timeout)

@@ -127,7 +127,8 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     (
         "shared_memory",
         boolean,
-        "take weight pushes through /dev/shm from a learner on this host (false: over gRPC)",
+        "take pushes and send batches through /dev/shm with a learner on this host "
+        "(false: over gRPC)",
     ),
     ("torch_threads", ranged("torch_threads"), "torch intra-op threads"),
     ("log_level", chosen("log_level"), "log level"),

@@ -38,6 +38,7 @@ from actor_service._serve._encoded import EncodedBatch, collect_encoded
 from actor_service._serve._logging import log_event
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._session import RetainedBatch
+from actor_service._serve._shm import BatchSegments
 from actor_service._serve._wire import encode_control
 from common.config import CollectSettings
 from common.errors import EnvError, RlfleetError, SessionStateError, to_status
@@ -50,7 +51,11 @@ _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.
 
 
 def _collect_numbered(
-    runtime: ActorRuntime, model_id: str, seq: int, abandon: threading.Event
+    runtime: ActorRuntime,
+    model_id: str,
+    seq: int,
+    abandon: threading.Event,
+    segments: BatchSegments | None,
 ) -> EncodedBatch:
     """Collect batch ``seq`` on the collection thread and record it as the last collected."""
     encoded = collect_encoded(
@@ -60,6 +65,7 @@ def _collect_numbered(
         epoch=runtime.book.epoch,
         worker_id=runtime.config.worker_id,
         abandon=abandon,
+        segments=segments,
     )
     runtime.last_collected_seq = seq
     return encoded
@@ -98,6 +104,9 @@ class CollectSession:
         self._metrics = runtime.metrics  # counts sends and session ends; None counts nothing
         self._open = request
         self._settings = settings
+        # Batches through shared memory: the learner asked (it proved it shares this host)
+        # and this actor allows it.
+        self._segments = runtime.batch_segments() if request.shm_batches else None
         self.learner_id = request.learner_id or peer
         self._peer = peer
         self.active = False
@@ -259,6 +268,8 @@ class CollectSession:
                     self._rt.book.grant(request.credit.batches)
                 elif kind == "ack":
                     self._rt.book.ack(request.ack.seq)
+                    if self._segments is not None:
+                        self._segments.acked(self._rt.book.epoch, request.ack.seq)
                 elif kind == "close":
                     self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")
                     return
@@ -295,13 +306,7 @@ class CollectSession:
                     return
                 book.start_batch()
                 try:
-                    encoded = await self._rt.run_collect(
-                        _collect_numbered,
-                        self._rt,
-                        self._settings.model_id,
-                        book.next_seq,
-                        self._abandon,
-                    )
+                    encoded = await self._collect_next(book.next_seq)
                 except BaseException:
                     book.abandon_batch()
                     if self._abandon.is_set():
@@ -339,6 +344,17 @@ class CollectSession:
             self._collector_idle.set()
             self._wake()
 
+    async def _collect_next(self, seq: int) -> EncodedBatch:
+        """Collect batch ``seq`` on the collection thread (into a segment if the session asks)."""
+        return await self._rt.run_collect(
+            _collect_numbered,
+            self._rt,
+            self._settings.model_id,
+            seq,
+            self._abandon,
+            self._segments,
+        )
+
     async def _write_loop(self, context: grpc.aio.ServicerContext) -> None:
         def ready() -> bool:
             return bool(self._outbox) or (
@@ -354,7 +370,7 @@ class CollectSession:
     async def _send(
         self, context: grpc.aio.ServicerContext, batch: RetainedBatch[EncodedBatch]
     ) -> None:
-        for message in batch.payload.messages:
+        for message in batch.payload.wire(self._segments is not None):
             await context.write(message)
         self._last_sent = batch.seq
         self._sent += 1

@@ -5,7 +5,10 @@ and, for a folded batch (:mod:`common.packets.folding`), its finals packet, cut 
 chunks of at most ``CHUNK_BYTES`` without copying and checksummed from the
 batch's own memory; each chunk is then copied once, into its serialised
 ``CollectResponse`` (:func:`actor_service._serve._wire.encode_chunk`), the first one
-carrying the ``BatchInfo``.
+carrying the ``BatchInfo``. In a session that takes batches through shared memory the data
+is copied once into a segment instead (:class:`~actor_service._serve._shm.BatchSegments`)
+and the batch travels as one control message; its chunk messages are built only if it is
+re-sent to a session that takes bytes.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import torch
 from tensordict import TensorDictBase
 
 from actor_service._core._protocol import CollectionCore
-from actor_service._serve._wire import encode_chunk
+from actor_service._serve._shm import BatchSegments
+from actor_service._serve._wire import encode_chunk, encode_control
 from common.packets import checksummed_pieces, encode_packet
 from common.packets.folding import FoldedBatch
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.shm import Segment
 
 __all__ = ["EncodedBatch", "collect_encoded"]
 
@@ -35,25 +40,38 @@ class EncodedBatch:
     the event loop only writes them; a resend writes the same bytes.
 
     Attributes:
+        info: The ``BatchInfo`` its first chunk carries: seq, frames, length
+            (``total_bytes``: the packet, and the finals packet when folded), CRC-32C,
+            model and policy versions.
         messages: One serialised ``CollectResponse(chunk=...)`` per chunk, in
-            order; their data concatenate to the packet.
-        seq: The seq the batch was encoded with.
-        packet_bytes: Length of the data: the packet, and the finals packet when folded.
-        crc32c: CRC-32C of the data.
-        frames: Frames in the batch.
-        model_id: The model that acted.
-        policy_version_min: Lowest policy version among the frames.
-        policy_version_max: Highest policy version among the frames.
+            order; their data concatenate to the packet. Empty when the batch went
+            into a segment (:meth:`wire` builds them from ``pieces`` if needed).
+        pieces: The chunks' data, as views of the batch's memory (kept for a resend as
+            bytes of a batch that went into a segment; empty otherwise).
+        shm_message: The serialised ``CollectResponse(chunk=...)`` naming the batch's
+            segment, when it went into one.
     """
 
+    info: pb.BatchInfo
     messages: tuple[bytes, ...]
-    seq: int
-    packet_bytes: int
-    crc32c: int
-    frames: int
-    model_id: str
-    policy_version_min: int
-    policy_version_max: int
+    pieces: tuple[list[memoryview], ...] = ()
+    shm_message: bytes | None = None
+
+    @property
+    def seq(self) -> int:
+        """The seq the batch was encoded with."""
+        return int(self.info.seq)
+
+    @property
+    def frames(self) -> int:
+        """Frames in the batch (an LLM batch of last steps counts the turns it dropped too)."""
+        return int(self.info.frames)
+
+    def wire(self, shm_batches: bool) -> tuple[bytes, ...]:
+        """The messages that send this batch on a session with or without ``shm_batches``."""
+        if self.shm_message is not None and shm_batches:
+            return (self.shm_message,)
+        return self.messages or _chunk_messages(list(self.pieces), self.seq, self.info)
 
 
 def collect_encoded(
@@ -64,6 +82,7 @@ def collect_encoded(
     epoch: int,
     worker_id: int,
     abandon: threading.Event | None = None,
+    segments: BatchSegments | None = None,
 ) -> EncodedBatch:
     """Collect one batch and encode it as batch ``seq`` of ``epoch``; runs on the collection thread.
 
@@ -74,6 +93,8 @@ def collect_encoded(
         epoch: The actor epoch.
         worker_id: The actor's worker id.
         abandon: Set to give the batch up before its next env step.
+        segments: Write the batch into one of these (the session takes shared-memory
+            batches); None, or no segment to be had, encodes chunk messages.
     """
     collected = core.collect_batch(abandon)
     td = collected.batch if isinstance(collected, FoldedBatch) else collected
@@ -98,16 +119,30 @@ def collect_encoded(
     )
     if len(packets) > 1:
         info.fold.finals_bytes = packets[1].nbytes
+    return _encoded(pieces, info, segments)
+
+
+def _encoded(
+    pieces: list[list[memoryview]], info: pb.BatchInfo, segments: BatchSegments | None
+) -> EncodedBatch:
+    """The batch of ``info`` whose data ``pieces`` are: in a segment, or as chunk messages."""
+    segment = None
+    if segments is not None:
+        views = (view for piece in pieces for view in piece)
+        segment = segments.write((info.epoch, info.seq), views, info.total_bytes, info.crc32c)
     return EncodedBatch(
-        messages=_chunk_messages(pieces, seq, info),
-        seq=seq,
-        packet_bytes=nbytes,
-        crc32c=crc32c,
-        frames=frames,
-        model_id=model_id,
-        policy_version_min=low,
-        policy_version_max=high,
+        info=info,
+        messages=() if segment is not None else _chunk_messages(pieces, info.seq, info),
+        pieces=tuple(pieces) if segment is not None else (),
+        shm_message=None if segment is None else _shm_message(info.seq, info, segment),
     )
+
+
+def _shm_message(seq: int, info: pb.BatchInfo, segment: Segment) -> bytes:
+    """The one chunk message of a batch that lies in ``segment``."""
+    shm = pb.ShmSegment(name=segment.name, size=segment.size, crc32c=segment.crc32c)
+    chunk = pb.BatchChunk(seq=seq, index=0, count=1, info=info, shm=shm)
+    return encode_control(pb.CollectResponse(chunk=chunk))
 
 
 def _version_range(td: TensorDictBase, core: CollectionCore, model_id: str) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from actor_service._core._protocol import CollectionCore
 from actor_service._serve._logging import log_event
 from actor_service._serve._metrics import ActorMetrics
 from actor_service._serve._session import SessionBook
+from actor_service._serve._shm import BatchSegments
 from common.errors import ActorBusyError, ActorUnavailableError
 
 __all__ = ["SHUTDOWN_REAP_BOUND", "ActiveSession", "ActorRuntime"]
@@ -88,6 +89,7 @@ class ActorRuntime:
         self.draining = False
         self._closed = False
         self._open_lock = asyncio.Lock()
+        self._batch_segments: BatchSegments | None = None
 
     # ------------------------------------------------------------------ life
 
@@ -130,6 +132,15 @@ class ActorRuntime:
         if self._book is None:
             raise ActorUnavailableError(f"actor {self.config.worker_id} is starting")
         return self._book
+
+    def batch_segments(self) -> BatchSegments | None:
+        """Where batches for a learner on this host go; None with shared memory off."""
+        if not self.config.shared_memory or self._closed:
+            return None
+        if self._batch_segments is None:
+            # Unacked batches: those retained (max_credits), the one in flight and a spare.
+            self._batch_segments = BatchSegments(self.config.max_credits + 2)
+        return self._batch_segments
 
     async def run_collect(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the collection thread and wait for it without blocking the loop."""
@@ -259,3 +270,5 @@ class ActorRuntime:
             except Exception as exc:  # a failing close must not keep the process alive
                 log_event("actor.close_failed", logging.ERROR, error=repr(exc))
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._batch_segments is not None:
+            self._batch_segments.close()

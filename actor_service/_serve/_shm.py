@@ -1,4 +1,4 @@
-"""The actor's side of weight pushes through shared memory (``common.shm``).
+"""The actor's side of shared memory (``common.shm``): pushes it reads, batches it writes.
 
 A learner on this host proves it at Describe: it names a probe segment, which the actor
 reads back (:func:`probe_ok`), and the actor reports its host identity. A push whose
@@ -7,17 +7,41 @@ the control is checked (name pattern, owner, mode, size, CRC-32C) before a byte 
 trusted, and any doubt raises :class:`~common.shm.ShmError`, which the push answers with
 ``shm_refused`` and no apply. What was read then goes through the same checks and swap as
 a chunked push's bytes.
+
+A session opened with ``shm_batches`` (the learner proved it shares this host) gets its
+batches written into segments of :class:`BatchSegments`: one per batch, kept unchanged until
+the learner acks it (the learner copies a batch out before it acks it), then filled again by
+a later batch of the same size. Segments of batches the learner has not acked stay, at most
+``max_credits + 2`` of them (the oldest beyond go: a learner that still wanted one reads
+nothing and takes that batch as bytes); a full ``/dev/shm`` sends the batch as bytes.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import logging
+import threading
+from collections.abc import Iterable
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.shm import Segment, ShmError, host_identity, read_segment, read_segment_into
+from common.shm import (
+    Segment,
+    SharedBuffer,
+    ShmError,
+    host_identity,
+    read_segment,
+    read_segment_into,
+    sweep_segments,
+)
 from common.weights import BlobAssembler
 
-__all__ = ["identity", "probe_ok", "read_push_segment"]
+__all__ = ["BatchSegments", "identity", "probe_ok", "read_push_segment"]
+
+log = logging.getLogger(__name__)
+
+#: Acked segments kept for the next batches (a session's batches share one size, mostly).
+IDLE_BATCH_SEGMENTS = 4
 
 
 @functools.cache
@@ -59,3 +83,75 @@ def read_push_segment(header: pb.WeightsHeader, enabled: bool, assembler: BlobAs
 
 def _control(message: pb.ShmSegment) -> Segment:
     return Segment(name=message.name, size=int(message.size), crc32c=int(message.crc32c))
+
+
+class BatchSegments:
+    """The segments an actor writes its batches into, reused once the learner acks them.
+
+    Used from the collection thread (:meth:`write`) and the event loop (:meth:`acked`).
+
+    Args:
+        held: Most segments of unacked batches kept (the oldest beyond are removed).
+    """
+
+    def __init__(self, held: int) -> None:
+        self._cap = max(1, held)
+        self._held: collections.OrderedDict[tuple[int, int], SharedBuffer] = (
+            collections.OrderedDict()
+        )
+        self._idle: list[SharedBuffer] = []
+        self._lock = threading.Lock()
+        sweep_segments()  # what actors and learners killed on this host left behind
+
+    def write(
+        self, key: tuple[int, int], pieces: Iterable[memoryview], nbytes: int, crc: int
+    ) -> Segment | None:
+        """Copy batch ``key`` (epoch, seq)'s ``pieces`` into a segment; None if none can be made."""
+        buffer = self._take(nbytes)
+        if buffer is None:
+            return None
+        segment = buffer.fill_pieces(pieces, crc)
+        with self._lock:
+            stale = self._held.pop(key, None)
+            self._held[key] = buffer
+            while len(self._held) > self._cap:
+                self._held.popitem(last=False)[1].close()
+        if stale is not None:
+            stale.close()
+        return segment
+
+    def _take(self, nbytes: int) -> SharedBuffer | None:
+        """An acked segment of ``nbytes`` still intact, else a new one (None if none can be)."""
+        with self._lock:
+            buffer = next((b for b in self._idle if b.size == nbytes), None)
+            if buffer is not None:
+                self._idle.remove(buffer)
+        if buffer is not None and buffer.intact():
+            return buffer
+        if buffer is not None:
+            buffer.close()  # removed, replaced or opened up by another process: never named again
+        try:
+            return SharedBuffer(nbytes)
+        except OSError as exc:
+            log.warning("a batch of %d bytes goes as bytes: no /dev/shm segment: %s", nbytes, exc)
+            return None
+
+    def acked(self, epoch: int, seq: int) -> None:
+        """The learner holds every batch of ``epoch`` up to ``seq``: their segments are free."""
+        with self._lock:
+            done = [key for key in self._held if key[0] == epoch and key[1] <= seq]
+            for key in done:
+                self._idle.insert(0, self._held.pop(key))
+            extra = self._idle[IDLE_BATCH_SEGMENTS:]
+            del self._idle[IDLE_BATCH_SEGMENTS:]
+        for buffer in extra:
+            buffer.close()
+
+    def close(self) -> None:
+        """Remove every segment (the actor is shutting down)."""
+        with self._lock:
+            buffers = [*self._held.values(), *self._idle]
+            self._held.clear()
+            self._idle.clear()
+        for buffer in buffers:
+            buffer.close()

@@ -287,6 +287,27 @@ class PacketAssembler:
             self._crc = _crc32c(piece, self._crc)
         self._received = end
 
+    def add_rest(self, read: Callable[[memoryview], None]) -> memoryview:
+        """Let ``read`` fill the rest of the packet buffer in place (no chunk copy).
+
+        ``read`` gets the buffer's unfilled part and must fill all of it (or raise); the
+        bytes are then checksummed as :meth:`add` checksums a chunk's.
+
+        Returns:
+            The part ``read`` filled.
+
+        Raises:
+            SessionStateError: If :meth:`finish` was already called.
+        """
+        if self._buffer is None:
+            raise SessionStateError("PacketAssembler.add_rest called after finish()")
+        view = self._view[self._received : self._total]
+        read(view)
+        if self._checksum:
+            self._crc = _crc32c(view, self._crc)
+        self._received = self._total
+        return view
+
     def finish(self, expected_crc32c: int | None = None) -> TensorDict:
         """Checks completeness (and the checksum when given), then decodes the packet.
 

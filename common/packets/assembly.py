@@ -100,6 +100,29 @@ class BatchAssembler:
         self._crc = crc32c(piece, self._crc)
         self._received = end
 
+    def add_rest(self, read_at: Callable[[memoryview, int], None]) -> None:
+        """Let ``read_at(into, offset)`` fill each packet's rest in place (no chunk copy).
+
+        ``offset`` counts from the batch's first byte; ``read_at`` must fill all of
+        ``into`` (or raise). The bytes are checksummed as :meth:`add` checksums a chunk's.
+
+        Raises:
+            SessionStateError: :meth:`finish` was already called.
+        """
+        if self._done:
+            raise SessionStateError("BatchAssembler.add_rest called after finish()")
+        offset = 0
+        for part in self._parts:
+            start = offset + part.received
+
+            def read(into: memoryview, at: int = start) -> None:
+                read_at(into, at)
+
+            filled = part.add_rest(read)
+            self._crc = crc32c(filled, self._crc)
+            offset += part.total_bytes
+        self._received = self.total_bytes
+
     def finish(self, expected_crc32c: int | None = None) -> TensorDict:
         """Checks completeness and the checksum, decodes, and unfolds a folded batch.
 

@@ -68,13 +68,19 @@ EXPECTED = {
         [
             "rlfleet frames",
             "rlfleet payload",
+            "rlfleet bytes frames",
             "torchrl frames",
             "torchrl payload",
             "loopback tcp",
             "in-process limit frames",
             "wire bytes per frame",
         ],
-        ["rlfleet/torchrl frames", "rlfleet/in-process limit frames", "wire/payload bytes"],
+        [
+            "rlfleet/torchrl frames",
+            "rlfleet/in-process limit frames",
+            "shared memory/bytes frames",
+            "wire/payload bytes",
+        ],
     ),
     "learner_cost": (
         [

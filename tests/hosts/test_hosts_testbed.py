@@ -58,6 +58,8 @@ def test_testbed_names_cut_reboot_and_cleanup(make_bed) -> None:
         check=True,
     ).stdout.split()
     assert looked_up == [bed.address("host1"), "host1", bed.address("learner"), "learner"]
+    named = bed.run("host2", ["hostname"], stdout=subprocess.PIPE, text=True)
+    assert named.communicate(timeout=20)[0].strip() == "host2"  # a machine of its own
     server = _py(bed, "learner", _SERVE, "learner")
     assert server.stdout.readline().strip() == "listening"
     bed.cut("host1")

@@ -12,7 +12,8 @@ uplink. :meth:`TestBed.cut` drops a link silently (its bridge end goes down:
 no FIN, no RST, no ICMP reaches the peer), :meth:`TestBed.heal` brings it
 back, :meth:`TestBed.reboot` kills a host's processes and brings it back
 under the same name with a new address, and :meth:`TestBed.run` starts a
-process inside a host.
+process inside a host, under the host's name as its host name (so rlfleet sees each host as a
+machine of its own, and shares memory only within one).
 
 Everything made is named with ``rlfh`` and the creating process's pid:
 :func:`sweep` removes what dead processes left behind, and every bed is
@@ -334,11 +335,15 @@ class TestBed:
         """Start ``argv`` inside the host (``ip netns exec``); it is killed at :meth:`close`.
 
         ``popen`` goes to ``subprocess.Popen`` (stdout, stderr, env, text …). The process
-        gets its own session, so killing it reaches its children too.
+        gets its own session, so killing it reaches its children too, and its own UTS
+        namespace named after the host: hosts of the bed share the machine's kernel and
+        ``/dev/shm``, and their names are what tells them apart as machines (rlfleet's host
+        identity, so shared memory is used only within one host, as across real machines).
         """
         host = self.host(name)
+        named = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', name]
         process = subprocess.Popen(
-            ["ip", "netns", "exec", host.ns, *argv], start_new_session=True, **popen
+            ["ip", "netns", "exec", host.ns, *named, *argv], start_new_session=True, **popen
         )
         host.processes.append(process)
         return process

@@ -4,7 +4,8 @@ Each test scripts what the actor says: Describe's answers (or errors) and, per
 ``Collect`` call, the responses it sends (or the error it breaks with); the fake
 answers the learner's ``close`` with ``end(CLOSED)`` as an actor does. The
 real-server fault tests (``test_fault_suite.py``, ``test_collector_faults.py``)
-cover the same paths end to end.
+cover the same paths end to end. A scripted actor may also name shared-memory segments the
+learner did not ask for, or cannot read (``test_collector_shm_batches.py`` runs real ones).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from common.config import CollectSettings
 from common.errors import ActorUnavailableError, EnvError
 from common.packets import encode_packet, packet_crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.shm import remove_segment, write_segment
 from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
 from learner_client._link import ENV_FAILURE_ATTEMPTS, ActorLink, Backoff, LinkState
 from learner_client._mailbox import Mailbox
 from learner_client._settings import ConnectionSettings
+from learner_client._shm import ShmRoute
 from learner_client._transport import ActorDescription
 
 ADDRESS = "fake:1"
@@ -58,6 +61,25 @@ def batch(seq: int, epoch: int = 1) -> pb.CollectResponse:
     )
     chunk = pb.BatchChunk(seq=seq, index=0, count=1, data=packet.tobytes(), info=info)
     return pb.CollectResponse(chunk=chunk)
+
+
+def shm_batch(seq: int, name: str | None = None) -> pb.CollectResponse:
+    """Batch ``seq`` as one chunk naming a segment: ``name``, or one written with its packet."""
+    bytes_batch = batch(seq).chunk
+    info, data = bytes_batch.info, bytes_batch.data
+    segment = write_segment(data) if name is None else None
+    shm = pb.ShmSegment(
+        name=segment.name if segment else name, size=info.total_bytes, crc32c=info.crc32c
+    )
+    chunk = pb.BatchChunk(seq=seq, index=0, count=1, info=info, shm=shm)
+    return pb.CollectResponse(chunk=chunk)
+
+
+def local_route() -> ShmRoute:
+    """A route on which worker 0 is proven local (batches through shared memory only)."""
+    route = ShmRoute(enabled=False, identity="boot/host/1:2", batches=True)
+    route.admit(0, "boot/host/1:2", probe_ok=True)
+    return route
 
 
 def end(reason: str, message: str = "", env_failure: pb.EnvFailure | None = None) -> Step:
@@ -160,7 +182,10 @@ class Rig:
 
 
 def rig(
-    channel: FakeChannel, backoff: RecordingBackoff | None = None, batch_timeout: float = 30.0
+    channel: FakeChannel,
+    backoff: RecordingBackoff | None = None,
+    batch_timeout: float = 30.0,
+    shm: ShmRoute | None = None,
 ) -> Rig:
     mailbox = Mailbox(2, send_credit=lambda w, n: None, send_ack=lambda w, s: None)
     mailbox.add_worker(0, 2)
@@ -181,6 +206,7 @@ def rig(
         ledger=ledger,
         admit=admit,
         backoff=backoff,
+        shm=shm,
     )
     return Rig(link, channel, mailbox, ledger, backoff, admitted)
 
@@ -433,3 +459,61 @@ def test_link_follows_a_moved_actor_as_a_restart_keeping_its_slot_and_seqs() -> 
     assert (r.link.tracker.gaps, r.link.tracker.duplicates) == (0, 0)
     second = moved.calls[0].open_request
     assert (second.resume_epoch, second.resume_after_seq) == (1, 1)
+
+
+def test_link_asks_a_local_actor_for_segments_and_reads_them() -> None:
+    batches = [shm_batch(1), shm_batch(2)]
+    r = rig(FakeChannel([[opened(), *batches]]), shm=local_route())
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 2)
+        await r.link.stop(1.0)
+
+    try:
+        run(scenario)
+    finally:
+        for response in batches:
+            remove_segment(response.chunk.shm.name)
+    assert r.channel.calls[0].open_request.shm_batches
+    assert r.link._shm is not None
+    assert r.link._shm.stats()["shm_batches"] == 2
+    assert r.ledger.failures == {}
+    delivery = r.mailbox.take_any(0)
+    assert delivery is not None
+    assert torch.equal(delivery.batch["observation"], torch.zeros(2, 3, 4))
+
+
+def test_link_refuses_a_segment_it_did_not_ask_for() -> None:
+    hostile = shm_batch(1, name="rlfleet-shm-1-" + "0" * 32)
+    r = rig(FakeChannel([[opened(), hostile], [opened(), batch(1)]]))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert not any(call.open_request.shm_batches for call in r.channel.calls)
+    assert r.ledger.failures == {0: 1}  # a protocol error: the stream is dropped and retried
+    assert r.link.tracker.last == 1
+
+
+@pytest.mark.parametrize(
+    "name", ["rlfleet-shm-1-" + "0" * 32, "../../etc/passwd", "rlfleet-shm-1-" + "f" * 31]
+)
+def test_link_falls_back_to_bytes_when_a_segment_cannot_be_read(name: str) -> None:
+    r = rig(FakeChannel([[opened(), shm_batch(1, name)], [opened(), batch(1), batch(2)]]))
+    r.link._shm = local_route()
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 2)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    first, second = (call.open_request for call in r.channel.calls)
+    assert (first.shm_batches, second.shm_batches) == (True, False)
+    assert (second.resume_epoch, second.resume_after_seq) == (1, 0)  # batch 1 comes again
+    assert r.link._shm.stats()["shm_batch_fallbacks"] == 1
+    assert r.link.tracker.last == 2  # batch 1 once, as bytes, then batch 2

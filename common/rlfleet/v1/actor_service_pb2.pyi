@@ -125,20 +125,22 @@ class LLMSettings(_message.Message):
     def __init__(self, generation: _Optional[_Union[GenerationSettings, _Mapping]] = ..., group_size: _Optional[int] = ..., yield_completed_trajectories: _Optional[bool] = ..., yield_only_last_steps: _Optional[bool] = ..., max_turns: _Optional[int] = ..., token_versions: _Optional[bool] = ...) -> None: ...
 
 class OpenSession(_message.Message):
-    __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id")
+    __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id", "shm_batches")
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
     RESUME_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    SHM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     settings: CollectSettings
     credits: int
     take_over: bool
     resume_epoch: int
     resume_after_seq: int
     learner_id: str
-    def __init__(self, settings: _Optional[_Union[CollectSettings, _Mapping]] = ..., credits: _Optional[int] = ..., take_over: _Optional[bool] = ..., resume_epoch: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., learner_id: _Optional[str] = ...) -> None: ...
+    shm_batches: bool
+    def __init__(self, settings: _Optional[_Union[CollectSettings, _Mapping]] = ..., credits: _Optional[int] = ..., take_over: _Optional[bool] = ..., resume_epoch: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., learner_id: _Optional[str] = ..., shm_batches: _Optional[bool] = ...) -> None: ...
 
 class Credit(_message.Message):
     __slots__ = ("batches",)
@@ -213,18 +215,20 @@ class ObservationFold(_message.Message):
     def __init__(self, finals_bytes: _Optional[int] = ...) -> None: ...
 
 class BatchChunk(_message.Message):
-    __slots__ = ("seq", "index", "count", "data", "info")
+    __slots__ = ("seq", "index", "count", "data", "info", "shm")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     seq: int
     index: int
     count: int
     data: bytes
     info: BatchInfo
-    def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., data: _Optional[bytes] = ..., info: _Optional[_Union[BatchInfo, _Mapping]] = ...) -> None: ...
+    shm: ShmSegment
+    def __init__(self, seq: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., data: _Optional[bytes] = ..., info: _Optional[_Union[BatchInfo, _Mapping]] = ..., shm: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
 
 class EnvFailure(_message.Message):
     __slots__ = ("env", "exception_type", "exception_message", "message_withheld")
