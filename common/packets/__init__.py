@@ -287,25 +287,29 @@ class PacketAssembler:
             self._crc = _crc32c(piece, self._crc)
         self._received = end
 
-    def add_rest(self, read: Callable[[memoryview], None]) -> memoryview:
-        """Let ``read`` fill the rest of the packet buffer in place (no chunk copy).
+    def fill_next(self, nbytes: int, read: Callable[[memoryview], None]) -> memoryview:
+        """Let ``read`` fill the packet's next ``nbytes`` in place (no chunk copy).
 
-        ``read`` gets the buffer's unfilled part and must fill all of it (or raise); the
+        ``read`` gets that part of the buffer and must fill all of it (or raise); the
         bytes are then checksummed as :meth:`add` checksums a chunk's.
 
         Returns:
             The part ``read`` filled.
 
         Raises:
+            ProtocolError: If ``nbytes`` would take the packet past its announced length.
             SessionStateError: If :meth:`finish` was already called.
         """
         if self._buffer is None:
-            raise SessionStateError("PacketAssembler.add_rest called after finish()")
-        view = self._view[self._received : self._total]
+            raise SessionStateError("PacketAssembler.fill_next called after finish()")
+        end = self._received + nbytes
+        if nbytes < 0 or end > self._total:
+            raise ProtocolError(f"packet overflow: {end} bytes of {self._total} announced")
+        view = self._view[self._received : end]
         read(view)
         if self._checksum:
             self._crc = _crc32c(view, self._crc)
-        self._received = self._total
+        self._received = end
         return view
 
     def finish(self, expected_crc32c: int | None = None) -> TensorDict:

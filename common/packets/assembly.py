@@ -21,7 +21,10 @@ from common.errors import DataLossError, ProtocolError, SessionStateError
 from common.packets import DEFAULT_LIMITS, PacketAssembler, PacketLimits
 from common.packets.folding import unfold
 
-__all__ = ["BatchAssembler"]
+__all__ = ["READ_PIECE", "BatchAssembler"]
+
+#: Bytes :meth:`BatchAssembler.add_rest` reads at a time (within a core's L2 cache).
+READ_PIECE = 1 << 19
 
 
 class BatchAssembler:
@@ -104,7 +107,8 @@ class BatchAssembler:
         """Let ``read_at(into, offset)`` fill each packet's rest in place (no chunk copy).
 
         ``offset`` counts from the batch's first byte; ``read_at`` must fill all of
-        ``into`` (or raise). The bytes are checksummed as :meth:`add` checksums a chunk's.
+        ``into`` (or raise). It is called for pieces of at most :data:`READ_PIECE` bytes,
+        each checksummed while it is still in the CPU's cache.
 
         Raises:
             SessionStateError: :meth:`finish` was already called.
@@ -113,13 +117,14 @@ class BatchAssembler:
             raise SessionStateError("BatchAssembler.add_rest called after finish()")
         offset = 0
         for part in self._parts:
-            start = offset + part.received
+            while part.received < part.total_bytes:
+                start = offset + part.received
 
-            def read(into: memoryview, at: int = start) -> None:
-                read_at(into, at)
+                def read(into: memoryview, at: int = start) -> None:
+                    read_at(into, at)
 
-            filled = part.add_rest(read)
-            self._crc = crc32c(filled, self._crc)
+                size = min(READ_PIECE, part.total_bytes - part.received)
+                self._crc = crc32c(part.fill_next(size, read), self._crc)
             offset += part.total_bytes
         self._received = self.total_bytes
 

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from common.errors import DataLossError, ProtocolError
-from common.packets import checksummed_pieces, encode_packet
+from common.packets import assembly, checksummed_pieces, encode_packet
 from common.packets.assembly import BatchAssembler
 from common.packets.folding import INDEX, FoldedBatch, fold, unfold
 
@@ -222,3 +222,37 @@ def test_batch_assembler_raises_on_hostile_sizes_and_bad_checksums() -> None:
     wrong_split.add(b"".join(pieces[0]))
     with pytest.raises(ProtocolError):
         wrong_split.finish(expected_crc32c=crc)
+
+
+@pytest.mark.parametrize("piece", [7, 1000, 1 << 19])
+def test_batch_assembler_reads_in_place_in_pieces_as_chunks_would_arrive(monkeypatch, piece):
+    full = _torchrl_batch(
+        lambda: torchrl_envs.GymEnv("CartPole-v1"), envs=3, frames=90, max_steps=13
+    )
+    folded = fold(full, ["observation"])
+    packets = [encode_packet(folded.batch), encode_packet(folded.finals)]
+    data = b"".join(bytes(part) for packet in packets for part in packet.parts())
+    _, crc = checksummed_pieces(packets)
+    monkeypatch.setattr(assembly, "READ_PIECE", piece)
+    reads: list[tuple[int, int]] = []
+
+    def read_at(into: memoryview, offset: int) -> None:
+        reads.append((offset, into.nbytes))
+        into[:] = data[offset : offset + into.nbytes]
+
+    assembler = BatchAssembler(len(data), finals_bytes=packets[1].nbytes)
+    assembler.add(data[:5])  # a batch may start as chunks: the reads go on from there
+    assembler.add_rest(read_at)
+    _equal_bitwise(assembler.finish(expected_crc32c=crc), full.clone())
+    assert reads[0][0] == 5
+    assert all(size <= piece for _, size in reads)
+    assert sum(size for _, size in reads) == len(data) - 5
+
+    def flipped(into: memoryview, offset: int) -> None:  # what another process could write
+        read_at(into, offset)
+        into[0] ^= 0xFF
+
+    damaged = BatchAssembler(len(data), finals_bytes=packets[1].nbytes)
+    damaged.add_rest(flipped)
+    with pytest.raises(DataLossError):
+        damaged.finish(expected_crc32c=crc)
