@@ -22,6 +22,8 @@ from tensordict import TensorDictBase
 from actor_service._core._protocol import CollectionCore
 from actor_service._serve._shm import BatchSegments
 from actor_service._serve._wire import encode_chunk, encode_control
+from common.checksum import crc32c
+from common.errors import SessionStateError
 from common.packets import checksummed_pieces, encode_packet
 from common.packets.folding import FoldedBatch
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -68,10 +70,25 @@ class EncodedBatch:
         return int(self.info.frames)
 
     def wire(self, shm_batches: bool) -> tuple[bytes, ...]:
-        """The messages that send this batch on a session with or without ``shm_batches``."""
+        """The messages that send this batch on a session with or without ``shm_batches``.
+
+        Raises:
+            SessionStateError: The batch's memory changed since it was encoded (a core
+                that reused it), so it cannot be sent again as bytes.
+        """
         if self.shm_message is not None and shm_batches:
             return (self.shm_message,)
-        return self.messages or _chunk_messages(list(self.pieces), self.seq, self.info)
+        if self.messages:
+            return self.messages
+        crc = 0
+        for view in (view for piece in self.pieces for view in piece):
+            crc = crc32c(view, crc)
+        if crc != self.info.crc32c:
+            raise SessionStateError(
+                f"batch seq {self.seq} changed in memory since it was encoded: "
+                "it cannot be sent again as bytes"
+            )
+        return _chunk_messages(list(self.pieces), self.seq, self.info)
 
 
 def collect_encoded(
