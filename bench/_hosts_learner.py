@@ -119,8 +119,9 @@ def _timed_pushes(policy: Any, targets: list[str], counts: list[int], relay: boo
         frames_per_batch=2 * len(targets),
         total_frames=-1,
         call_timeout=600.0,
-        # The bed's hosts share this machine's /dev/shm; real hosts would not.
-        weight_push=WeightPushSettings(shared_memory=False, relay=relay),
+        # Each host of the bed has a name of its own: rlfleet finds no actor local, as on
+        # real hosts, so every push crosses the links.
+        weight_push=WeightPushSettings(relay=relay),
     ) as coll:
         coll.update_policy_weights_(policy)  # warm-up, not timed: channels, buffers
         for count in counts:

@@ -34,7 +34,9 @@ while True:
         break
     if time.monotonic() > deadline:
         raise SystemExit("worker_id 1 never rejoined: %s" % c.stats())
-say({"worker_ids": sorted(c.worker_ids), "restarts": c.stats()["restarts"]})
+stats = c.stats()
+say({"worker_ids": sorted(c.worker_ids), "restarts": stats["restarts"],
+     "shm_batches": stats["shm_batches"]})
 c.shutdown()
 """
 
@@ -52,6 +54,7 @@ def test_hosts_a_rebooted_host_rejoins_under_its_name_behind_dns(make_bed) -> No
     learner.say()
     rejoined = learner.read(timeout=180)
     assert rejoined["worker_ids"] == [1, 2], rejoined
+    assert rejoined["shm_batches"] == 0, rejoined  # other hosts: every batch over the link
     learner.finish()
 
 

@@ -42,11 +42,11 @@ size = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
 _LEARNER = (
     _HEAD
     + f"""
-push = WeightPushSettings(shared_memory=False, relay_stall_seconds=1.0)  # the bed shares /dev/shm
+push = WeightPushSettings(relay_stall_seconds=1.0)  # hosts of their own: no shared memory
 c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=6, call_timeout={CALL_TIMEOUT},
                   weight_push=push)
 first = c.update_policy_weights_(policy)
-say({{"first": first, "stats": c.stats()["relayed_pushes"]}})
+say({{"first": first, "stats": c.stats()["relayed_pushes"], "shm": c.stats()["shm_pushes"]}})
 wait()
 with torch.no_grad():
     next(policy.parameters()).add_(1e-3)
@@ -74,6 +74,7 @@ def test_hosts_a_relay_cut_mid_push_leaves_the_chain_applying_and_names_it(make_
     learner = LearnerScript(bed, _LEARNER, [",".join(a.target for a in actors)])
     first = learner.read(timeout=180)
     assert first["stats"] == 2, first  # host2 and host3 were sent their bytes by a relay
+    assert first["shm"] == 0, first  # other hosts: nothing through shared memory
     version = first["first"]["1"]
     learner.say()
     assert learner.read() == "pushing"
@@ -91,7 +92,7 @@ def test_hosts_a_relay_cut_mid_push_leaves_the_chain_applying_and_names_it(make_
 _CATCH_UP = (
     _HEAD
     + """
-push = WeightPushSettings(shared_memory=False)  # the bed shares /dev/shm
+push = WeightPushSettings()  # hosts of their own: no shared memory
 c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=4, batch_timeout=30,
                   weight_push=push)
 version = c.update_policy_weights_(policy)[4]
