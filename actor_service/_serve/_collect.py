@@ -247,6 +247,7 @@ class CollectSession:
             next_seq=opened.next_seq,
             frames_per_batch=self._settings.frames_per_batch,
             model_id=self._settings.model_id,
+            shm_batches=self._segments is not None,
         )
         return pb.SessionOpened(
             worker_id=self._rt.config.worker_id,

@@ -1,4 +1,4 @@
-"""``docker/k8s/same-host/``: a learner and its actor sidecars in one pod, pushes through /dev/shm.
+"""``docker/k8s/same-host/``: a learner and its actor sidecars in one pod, through /dev/shm.
 
 The manifest validates against the Kubernetes schema (native sidecars: 1.29 or later), holds
 what the learner's same-host proof needs (one memory-backed ``/dev/shm`` in every container,
@@ -116,3 +116,6 @@ def test_k8s_same_host_pod_runs_locally_and_pushes_through_shared_memory(
             assert pushes, replica.log()[-2000:]
             assert {e["source"] for e in pushes} == {source}, pushes
             assert {e["result"] for e in pushes} == {"OK"}, pushes
+            # Batches travel as pushes do: through /dev/shm unless the actor turns it off.
+            opened = [e["fields"] for e in replica.events() if e["event"] == "session.opened"]
+            assert {e["shm_batches"] for e in opened} == {not switch}, opened
