@@ -334,11 +334,13 @@ class CollectStream:
                 "but this session did not ask for any"
             )
         info = chunk.info
-        if chunk.count != 1 or chunk.data.nbytes or info is None:
+        if info is None or (chunk.index, chunk.count, chunk.seq) != (0, 1, info.seq):
             raise ProtocolError(
                 f"{self.address}: shared-memory batch seq {chunk.seq} must be one chunk "
-                "with info and no data"
+                "(index 0, count 1) with its info"
             )
+        if chunk.data.nbytes:
+            raise ProtocolError(f"{self.address}: shared-memory batch seq {chunk.seq} has data")
         if shm.size != info.total_bytes or shm.crc32c != info.crc32c:
             raise ProtocolError(
                 f"{self.address}: shared-memory batch seq {chunk.seq}: the segment's size or "

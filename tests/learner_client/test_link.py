@@ -484,6 +484,35 @@ def test_link_asks_a_local_actor_for_segments_and_reads_them() -> None:
     assert torch.equal(delivery.batch["observation"], torch.zeros(2, 3, 4))
 
 
+@pytest.mark.parametrize("flaw", ["two chunks", "index 1", "another seq", "data too", "size"])
+def test_link_refuses_a_malformed_segment_chunk(flaw: str) -> None:
+    response = shm_batch(1, name="rlfleet-shm-1-" + "0" * 32)
+    chunk = response.chunk
+    if flaw == "two chunks":
+        chunk.count = 2
+    elif flaw == "index 1":
+        chunk.index = 1
+    elif flaw == "another seq":
+        chunk.seq = 2
+    elif flaw == "data too":
+        chunk.data = b"x"
+    else:
+        chunk.shm.size += 1
+    r = rig(FakeChannel([[opened(), response], [opened(), batch(1)]]), shm=local_route())
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.ledger.failures == {0: 1}  # a protocol error, not a fallback to bytes
+    assert r.link._shm is not None
+    assert r.link._shm.stats()["shm_batch_fallbacks"] == 0
+    assert r.channel.calls[1].open_request.shm_batches  # the next session still asks
+    assert r.link.tracker.last == 1
+
+
 def test_link_refuses_a_segment_it_did_not_ask_for() -> None:
     hostile = shm_batch(1, name="rlfleet-shm-1-" + "0" * 32)
     r = rig(FakeChannel([[opened(), hostile], [opened(), batch(1)]]))
