@@ -8,6 +8,8 @@ import socket
 import pytest
 import torch
 
+from common.shm import sweep_segments
+
 # Nothing downloads at test time: Hugging Face libraries stay offline.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -28,6 +30,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in skips.items():
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the shared-memory segments of the actors the tests killed (SIGKILL leaves
+    them), as the next actor or learner on the host would."""
+    sweep_segments()
 
 
 @pytest.fixture
