@@ -1,4 +1,4 @@
-"""Weight pushes through shared memory to the actors proven to share the learner's host.
+"""Which actors share the learner's host: pushes to them, and their batches, through shared memory.
 
 At Describe the learner writes a probe segment (``common.shm``) and names it in the
 request; an actor that takes shared-memory pushes reads it back and answers with its host
@@ -8,7 +8,8 @@ them only the control (name, size, CRC-32C) in the push's header; every other ac
 the bytes. The CRC-32C is the learner's, computed over its private blob: whatever the
 segment holds when read is checked against it. An actor that cannot or will not read the
 segment answers ``shm_refused``, applies nothing, and is sent the bytes at once; a segment
-that cannot be made (``/dev/shm`` full) sends them the bytes too.
+that cannot be made (``/dev/shm`` full) sends them the bytes too. Local actors are also asked
+for their batches through segments they write, until one of their batches fails to read.
 
 Segments are kept for reuse (``common.shm.SharedBuffer``: pages allocated once): once every
 reply of a push is in, its segments wait, at most :data:`IDLE_SEGMENTS` of them, for the
@@ -52,7 +53,10 @@ class ShmRefusedError(Exception):
 
 @dataclasses.dataclass(eq=False)
 class ShmRoute:
-    """Which actors take pushes through shared memory, and the segments of a push.
+    """Which actors take pushes (and send batches) through shared memory; a push's segments.
+
+    Batches are read by each actor's ``CollectStream`` (``learner_client._collect_stream``);
+    this route only says which actors are asked for them, and counts them.
 
     Attributes:
         enabled: Push through shared memory (``WeightPushSettings.shared_memory``).
