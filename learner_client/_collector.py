@@ -438,6 +438,8 @@ class GrpcCollector:
                 if self._rounds.exhausted():
                     return None
                 self._pusher.push_shared(self._shared, self._rollout.model_id)
+                if self._env is not None:
+                    self._env.push_weights(self._pusher.push_shared)
                 self._ensure_running()
             try:
                 candidates = (

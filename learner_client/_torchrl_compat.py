@@ -49,7 +49,17 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
-from common.errors import RlfleetError
+from common.env_weights import (
+    ENV_MODEL_ID,
+    env_parameters,
+    parameters_module,
+    trains_parameters,
+)
+from common.errors import RlfleetError, UnknownModelError
+from learner_client._shared_policy import SharedPolicy
+
+#: How the collector pushes a followed module when it is due (``Pusher.push_shared``).
+PushShared = Callable[[SharedPolicy | None, str], None]
 
 __all__ = [
     "ActorPlacement",
@@ -468,6 +478,25 @@ class ScriptEnv:
         self._warned = False  # about a fleet stepping another number of envs
         own = callable(getattr(create_env_fn, "fake_tensordict", None))
         self._env = create_env_fn if own and _has_state(create_env_fn) else None
+        #: The script's env's own weights, pushed to the actors' envs whenever they changed,
+        #: when the script trains some of them (``common.env_weights``); None otherwise.
+        self.weights = _trained_weights(create_env_fn) if own else None
+
+    def push_weights(self, push_shared: PushShared) -> None:
+        """Push the env's weights to the actors' envs if they changed (docs/collector.md).
+
+        Raises:
+            UnknownModelError: The actors' envs hold no weights to take them.
+        """
+        try:
+            push_shared(self.weights, ENV_MODEL_ID)
+        except UnknownModelError as exc:
+            raise UnknownModelError(
+                f"create_env_fn's env holds weights the script trains (an RNDTransform's "
+                f"networks, say), which the actors' envs must step with: {exc}. Run the actors "
+                f"with --kind torchrl, env_backend 'sync', and an env factory that builds the "
+                f"same transforms (docs/collector.md, 'An env with weights')"
+            ) from exc
 
     @property
     def followed(self) -> bool:
@@ -572,14 +601,48 @@ def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
     ``VecNorm``'s ``loc``/``scale`` (v1 and v2) on an env that never stepped itself, and
     the buffers transforms build at their first step (``CatFrames``) materialised in the
     actor's shapes. TorchRL's warnings about a ``VecNorm`` loaded before its first frame
-    (they concern statistics shared between processes) are not raised.
+    (they concern statistics shared between processes) are not raised. ``env``'s
+    parameters (networks in its transforms) are the learner's: they are kept, never
+    replaced by the actor's copy (the learner pushes them, ``common.env_weights``).
 
     Raises:
         RuntimeError, KeyError, ValueError, TypeError: ``state`` does not fit ``env``.
     """
     _materialize(env, state)
     with _quiet_fresh_vecnorm():
-        env.load_state_dict(state)
+        owned = _parameter_keys(env)
+        if not owned:
+            env.load_state_dict(state)
+            return
+        kept = {k: v for k, v in state.items() if k not in owned}
+        missing = set(env.state_dict()) - owned - kept.keys()
+        if missing or kept.keys() - env.state_dict().keys():
+            raise KeyError(
+                f"the env states differ: missing {sorted(missing)[:5]}, unexpected "
+                f"{sorted(kept.keys() - env.state_dict().keys())[:5]}"
+            )
+        env.load_state_dict(kept, strict=False)
+
+
+def _parameter_keys(env: Any) -> set[str]:
+    """The keys of ``env.state_dict()`` that hold its parameters (by shared memory)."""
+    if not isinstance(env, torch.nn.Module):
+        return set()
+    pointers = {p.data_ptr() for p in env.parameters()}
+    if not pointers:
+        return set()
+    return {
+        k
+        for k, v in env.state_dict().items()
+        if isinstance(v, torch.Tensor) and v.data_ptr() in pointers
+    }
+
+
+def _trained_weights(env: Any) -> SharedPolicy | None:
+    """``env``'s weights as a followed module, when the script trains some of them."""
+    if not isinstance(env, torch.nn.Module) or not trains_parameters(env):
+        return None
+    return SharedPolicy(parameters_module(env_parameters(env)), follow=True)
 
 
 def _materialize(env: Any, state: Mapping[str, Any]) -> None:

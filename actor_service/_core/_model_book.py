@@ -63,6 +63,16 @@ class ModelBook(Generic[M]):
             raise ValueError("an actor needs at least one model")
         self._models = dict(models)
 
+    def add(self, model_id: str, model: M) -> None:
+        """Register one more model, last (while the actor is built, before it serves).
+
+        Raises:
+            ValueError: ``model_id`` is taken.
+        """
+        if model_id in self._models:
+            raise ValueError(f"model_id {model_id!r} is registered already")
+        self._models[model_id] = model
+
     def _get(self, model_id: str) -> M:
         try:
             return self._models[model_id]

@@ -50,6 +50,11 @@ def crashing_cartpole(steps: int = 0) -> gymnasium.Env:
     return _CrashAfter(gymnasium.make("CartPole-v1"), steps)
 
 
+def crashing_pendulum(steps: int = 0) -> gymnasium.Env:
+    """Pendulum whose ``step`` raises after ``steps`` steps."""
+    return _CrashAfter(gymnasium.make("Pendulum-v1"), steps)
+
+
 def text_env() -> gymnasium.Env:
     """An env with a Text observation space, which actors do not support."""
 

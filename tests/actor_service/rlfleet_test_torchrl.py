@@ -29,7 +29,7 @@ from torchrl.envs import (
     TransformedEnv,
     VecNorm,
 )
-from torchrl.envs.transforms import EndOfLifeTransform
+from torchrl.envs.transforms import EndOfLifeTransform, RNDTransform
 from torchrl.modules import (
     EGreedyModule,
     LSTMModule,
@@ -242,6 +242,37 @@ def vecnorm_v1_pendulum() -> EnvBase:
     return TransformedEnv(
         GymEnv("Pendulum-v1"), Compose(norm, RewardSum(), StepCounter(), DoubleToFloat())
     )
+
+
+def rnd_networks(seed: int) -> tuple[nn.Module, nn.Module]:
+    """``rnd_mujoco.py``'s target and predictor shapes for Pendulum (3 inputs, 8 features)."""
+    torch.manual_seed(seed)
+    target = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 8)).requires_grad_(False)
+    predictor = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 8))
+    return target, predictor
+
+
+def rnd_pendulum(seed: int = 1, crash_after: int = 0) -> EnvBase:
+    """Pendulum-v1 as ``rnd_mujoco.py``'s ``make_env`` builds it: ``VecNorm``, then RND.
+
+    The RND networks are initialised from ``seed`` (the learner's env uses another seed,
+    so only a push makes them equal); the intrinsic reward is the raw prediction error.
+    ``crash_after``: the simulator raises after that many steps (0: never).
+    """
+    target, predictor = rnd_networks(seed)
+    rnd = RNDTransform(
+        target_network=target,
+        predictor_network=predictor,
+        normalize_obs=False,
+        normalize_reward=False,
+    )
+    norm = VecNorm(in_keys=["observation"], decay=0.99999, eps=1e-2)
+    base = (
+        GymWrapper(rlfleet_test_envs.crashing_pendulum(crash_after))
+        if crash_after
+        else GymEnv("Pendulum-v1")
+    )
+    return TransformedEnv(base, Compose(norm, DoubleToFloat(), rnd))
 
 
 def stateful_pendulum() -> EnvBase:

@@ -21,7 +21,9 @@ functions, so an actor of another kind never loads it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import threading
 import time
 from typing import Any
@@ -42,9 +44,10 @@ from actor_service._kinds.torchrl.batch import (
     stack_frames,
     stage_env_state,
 )
-from actor_service._kinds.torchrl.models import TDModels, build_td_model
-from actor_service._kinds.torchrl.pool import build_pool, limited, probe_step
+from actor_service._kinds.torchrl.models import TDModel, TDModels, build_td_model
+from actor_service._kinds.torchrl.pool import build_pool, limited, pool_envs, probe_step
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.env_weights import ENV_MODEL_ID, env_parameters, parameters_module, tie_parameters
 from common.errors import EnvError
 from common.packets import DEFAULT_LIMITS
 from common.packets.folding import FoldedBatch
@@ -52,6 +55,8 @@ from common.packets.folding import FoldedBatch
 __all__ = ["TorchRLCore"]
 
 _TRAJ_IDS = ("collector", "traj_ids")
+
+log = logging.getLogger(__name__)
 
 
 class TorchRLCore(CoreBase):
@@ -112,10 +117,50 @@ class TorchRLCore(CoreBase):
             if self.env is not self._pool:
                 self.env.close(raise_if_closed=False)
             self._probe()
+            self._env_weights = self._hold_env_weights()
             self.set_seed(self._first_seed)
         except BaseException:
             self._base.close(raise_if_closed=False)
             raise
+
+    def _hold_env_weights(self) -> dict[str, torch.nn.Parameter]:
+        """Hold the envs' own weights (their transforms' networks) as the model ``"env"``.
+
+        Every env of the pool is tied to the first one's parameters, so a push of
+        :data:`~common.env_weights.ENV_MODEL_ID` reaches all of them, between two steps
+        (:meth:`_step` steps under that model's lock). Empty when the envs have no weights.
+
+        Raises:
+            ValueError: A policy model is named ``"env"``, or the envs build different networks.
+        """
+        envs = pool_envs(self._base)
+        if envs is None:
+            if env_parameters(self.env):
+                log.warning(
+                    "the env holds weights (%d parameters) that pushes cannot reach in "
+                    "env_backend='async' (its envs live in other processes): use 'sync' if "
+                    "the learner trains them",
+                    len(env_parameters(self.env)),
+                )
+            return {}
+        named = env_parameters(envs[0])
+        if not named:
+            return {}
+        if ENV_MODEL_ID in self.models.model_ids:
+            raise ValueError(
+                f"model_id {ENV_MODEL_ID!r} names the env's own weights on this actor (its "
+                "transforms hold parameters): give the policy model another id"
+            )
+        for env in envs[1:]:
+            tie_parameters(env, named)
+        self.models.add(ENV_MODEL_ID, TDModel("env", parameters_module(named), _does_not_act))
+        return named
+
+    def _env_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """The lock of the env's weights (a push lands between two steps), if it has any."""
+        if not self._env_weights:
+            return contextlib.nullcontext()
+        return self.models._get(ENV_MODEL_ID).lock
 
     def _rand_action(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Random actions from the action spec of the pool in use (rebuilt after a crash)."""
@@ -164,6 +209,8 @@ class TorchRLCore(CoreBase):
             raise ValueError("set_truncated: the env has no truncated key (TorchRL refuses it too)")
         limit = max(settings.max_frames_per_traj, 0)
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
+        if self._env_weights and settings.model_id == ENV_MODEL_ID:
+            raise ValueError(f"model_id {ENV_MODEL_ID!r} holds the env's weights: it does not act")
         with self._lock:
             if limit != self._limit:
                 self._limit_steps(limit)
@@ -264,7 +311,8 @@ class TorchRLCore(CoreBase):
         versions = torch.full(self._envs_shape, version, dtype=torch.int64)
         carrier.set("policy_version", versions)
         try:
-            frame, following = self._pool.step_and_maybe_reset(carrier)
+            with self._env_lock():
+                frame, following = self._pool.step_and_maybe_reset(carrier)
         except Exception as exc:
             raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
         if timings is not None:
@@ -307,6 +355,10 @@ class TorchRLCore(CoreBase):
             self._pool = self._limited[self._limit] = limited(self._base, self._limit)
             self._pool_broken = False
             self._needs_reset = True
+            if self._env_weights:  # its envs (made by the reset) built fresh weights
+                self._reset()
+                for env in pool_envs(self._base) or ():
+                    tie_parameters(env, self._env_weights)
         if self._needs_reset:
             self._reset()
 
@@ -366,3 +418,8 @@ class TorchRLCore(CoreBase):
     def _release(self) -> None:
         """Close the env pool (and a ``ParallelEnv``'s subprocesses)."""
         self._base.close(raise_if_closed=False)
+
+
+def _does_not_act(tensordict: TensorDictBase) -> TensorDictBase:
+    """What the env's weights do when asked to act (never: :meth:`TorchRLCore.configure`)."""
+    raise ValueError(f"model_id {ENV_MODEL_ID!r} holds the env's weights: it does not act")

@@ -35,6 +35,7 @@ __all__ = [
     "TORCHRL_EXTRA",
     "build_pool",
     "check_torchrl_config",
+    "pool_envs",
     "limited",
     "probe_step",
     "torchrl_envs",
@@ -199,6 +200,19 @@ def build_pool(config: ActorConfig) -> tuple[Any, Any]:
     if config.env_backend == "sync":
         return envs.SerialEnv(config.num_envs, make), env
     return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
+
+
+def pool_envs(pool: Any) -> list[Any] | None:
+    """The envs ``pool`` steps in this process (a push reaches their weights); None: ParallelEnv.
+
+    A ``SerialEnv``'s envs exist once it was reset (the core's probe step resets it).
+    """
+    envs = torchrl_envs()
+    if isinstance(pool, envs.ParallelEnv):
+        return None
+    if isinstance(pool, envs.SerialEnv):
+        return list(pool._envs)
+    return [pool]
 
 
 def limited(base: Any, limit: int) -> Any:

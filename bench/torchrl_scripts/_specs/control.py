@@ -23,6 +23,26 @@ def _off_policy_smoke(*extra: str) -> tuple[str, ...]:
     )
 
 
+def _ppo_smoke(*extra: str) -> tuple[str, ...]:
+    """Two batches of 128 frames of a PPO script, one epoch, one test episode."""
+    return (
+        "collector.total_frames=256",
+        "collector.frames_per_batch=128",
+        "loss.mini_batch_size=64",
+        "loss.ppo_epochs=1",
+        "logger.num_test_episodes=1",
+        *extra,
+    )
+
+
+#: The comparison budget of the PPO MuJoCo scripts: InvertedDoublePendulum, 20 batches.
+_PPO_MUJOCO_BENCH = (
+    "env.env_name=InvertedDoublePendulum-v4",
+    "collector.total_frames=40960",
+    "collector.frames_per_batch=2048",
+)
+
+
 _DQN = ScriptSpec(
     name="dqn_cartpole",
     folder="sota-implementations/dqn",
@@ -62,23 +82,28 @@ _PPO = ScriptSpec(
     actors=1,
     fleet=torchrl_fleet("ppo_mujoco", "1", "0"),
     config="config_mujoco",
-    smoke=(
-        "collector.total_frames=256",
-        "collector.frames_per_batch=128",
-        "loss.mini_batch_size=64",
-        "loss.ppo_epochs=1",
-        "logger.num_test_episodes=1",
-        "env.max_episode_steps=100",
-    ),
-    bench=(
-        "env.env_name=InvertedDoublePendulum-v4",
-        "collector.total_frames=40960",
-        "collector.frames_per_batch=2048",
-    ),
+    smoke=_ppo_smoke("env.max_episode_steps=100"),
+    bench=_PPO_MUJOCO_BENCH,
     frames=40_960,
     # The script's eval env normalises with a VecNorm of its own, not the training envs'
     # statistics (on both sides), so its eval return says little: the training episodes' does.
     metric="train/reward",
+    threshold=9100.0,  # InvertedDoublePendulum's reward threshold
+)
+
+_RND = ScriptSpec(
+    name="rnd_mujoco",
+    folder="sota-implementations/rnd",
+    script="rnd_mujoco.py",
+    helpers=("utils_mujoco.py",),
+    collector_file="rnd_mujoco.py",
+    actors=1,
+    fleet=torchrl_fleet("rnd_mujoco", "1", "0"),
+    config="config_mujoco",
+    smoke=_ppo_smoke(),
+    bench=_PPO_MUJOCO_BENCH,
+    frames=40_960,
+    metric="train/reward",  # as ppo_mujoco: the training episodes' extrinsic return
     threshold=9100.0,  # InvertedDoublePendulum's reward threshold
 )
 
@@ -451,6 +476,7 @@ _REDQ = ScriptSpec(
 SPECS = (
     _DQN,
     _PPO,
+    _RND,
     _A2C,
     _SAC,
     _DDPG,

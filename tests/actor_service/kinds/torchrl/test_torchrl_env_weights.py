@@ -1,0 +1,109 @@
+"""A TorchRL-env actor whose envs hold weights (an ``RNDTransform``'s networks).
+
+The actor holds them as the model ``"env"``, one set shared by every env of its pool, so a
+push reaches each env between two steps, and a pool rebuilt after a crash steps with the
+weights last pushed. The tests drive a :class:`TorchRLCore` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("torchrl")
+import rlfleet_test_torchrl as factories
+from torchrl_harness import torchrl_config
+
+from actor_service import ModelSpec
+from actor_service._kinds.torchrl.core import TorchRLCore
+from actor_service._kinds.torchrl.pool import pool_envs
+from common.config import CollectSettings
+from common.env_weights import ENV_MODEL_ID, env_parameters
+from common.errors import EnvError
+
+
+def _rnd(env: torch.nn.Module) -> torch.nn.Module:
+    (rnd,) = [t for t in env.transform if type(t).__name__ == "RNDTransform"]
+    return rnd
+
+
+def _learner_weights() -> dict[str, torch.Tensor]:
+    """The weights a learner's ``rnd_pendulum(seed=0)`` pushes (other than the actor's)."""
+    return {k: v.detach().clone() for k, v in env_parameters(factories.rnd_pendulum(0)).items()}
+
+
+def _intrinsic(weights: dict[str, torch.Tensor], observation: torch.Tensor) -> torch.Tensor:
+    env = factories.rnd_pendulum(0)
+    for name, parameter in env_parameters(env).items():
+        parameter.data.copy_(weights[name])
+    rnd = _rnd(env)
+    with torch.no_grad():
+        error = rnd.predictor_network(observation) - rnd.target_network(observation)
+        return error.pow(2).mean(dim=-1, keepdim=True)
+
+
+def _assert_steps_with(batch: torch.Tensor, weights: dict[str, torch.Tensor]) -> None:
+    got = batch["next", "intrinsic_reward"]
+    assert torch.allclose(got, _intrinsic(weights, batch["next", "observation"]), atol=1e-6)
+
+
+def test_every_env_of_the_pool_steps_with_the_pushed_env_weights() -> None:
+    config = torchrl_config("rnd_pendulum", "random", num_envs=3)
+    with TorchRLCore(config) as core:
+        assert core.models.model_ids == ("policy", ENV_MODEL_ID)
+        envs = pool_envs(core._base)
+        assert envs is not None
+        assert len(envs) == 3
+        first = env_parameters(envs[0])
+        for env in envs[1:]:  # one set of Parameter objects
+            assert all(p is first[n] for n, p in env_parameters(env).items())
+        weights = _learner_weights()
+        assert not torch.equal(first[next(iter(weights))], next(iter(weights.values())))
+        core.models.load_weights(ENV_MODEL_ID, 1, weights)
+        assert core.models.policy_version(ENV_MODEL_ID) == 1
+        core.configure(CollectSettings(frames_per_batch=30))
+        batch = core.collect_batch()
+    assert batch.batch_size == (3, 10)
+    _assert_steps_with(batch, weights)
+
+
+def test_a_rebuilt_pool_steps_with_the_env_weights_last_pushed() -> None:
+    config = torchrl_config("rnd_pendulum", "random", num_envs=2, env_kwargs={"crash_after": 4})
+    with TorchRLCore(config) as core:
+        weights = _learner_weights()
+        core.models.load_weights(ENV_MODEL_ID, 1, weights)
+        core.configure(CollectSettings(frames_per_batch=20))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=4))
+        batch = core.collect_batch()  # new envs, built with their own random networks
+    _assert_steps_with(batch, weights)
+
+
+def test_the_env_weights_do_not_act_and_no_policy_may_take_their_id() -> None:
+    with (
+        TorchRLCore(torchrl_config("rnd_pendulum", "random")) as core,
+        pytest.raises(ValueError, match="holds the env's weights: it does not act"),
+    ):
+        core.configure(CollectSettings(frames_per_batch=8, model_id=ENV_MODEL_ID))
+    taken = torchrl_config(
+        "rnd_pendulum", "random", models=(ModelSpec(model_id=ENV_MODEL_ID, factory="random"),)
+    )
+    with pytest.raises(ValueError, match="give the policy model another id"):
+        TorchRLCore(taken)
+
+
+def test_envs_without_weights_hold_no_env_model() -> None:
+    with TorchRLCore(torchrl_config("pendulum", "random")) as core:
+        assert core.models.model_ids == ("policy",)
+
+
+def test_envs_in_other_processes_cannot_take_env_weights_and_say_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = torchrl_config("rnd_pendulum", "random", env_backend="async", num_envs=1)
+    with caplog.at_level(logging.WARNING), TorchRLCore(config) as core:
+        assert core.models.model_ids == ("policy",)
+    assert "use 'sync' if the learner trains them" in caplog.text
