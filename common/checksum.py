@@ -9,10 +9,14 @@ from __future__ import annotations
 import google_crc32c
 import numpy as np
 
-__all__ = ["MAX_CRC32C", "crc32c"]
+__all__ = ["MAX_CRC32C", "READ_PIECE", "crc32c"]
 
 #: The largest CRC-32C value.
 MAX_CRC32C = 0xFFFFFFFF
+
+#: Bytes read from shared memory at a time, each checksummed while still in a core's L2
+#: cache (batches: ``BatchAssembler.add_rest``; pushes: ``BlobAssembler.add_rest``).
+READ_PIECE = 1 << 19
 
 
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:

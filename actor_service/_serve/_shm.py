@@ -30,8 +30,8 @@ from common.shm import (
     SharedBuffer,
     ShmError,
     host_identity,
+    opened_segment,
     read_segment,
-    read_segment_into,
     sweep_segments,
 )
 from common.weights import BlobAssembler
@@ -78,7 +78,8 @@ def read_push_segment(header: pb.WeightsHeader, enabled: bool, assembler: BlobAs
         )
     if header.HasField("crc32c") and control.crc32c != header.crc32c:
         raise ShmError("segment crc32c differs from the push's crc32c")
-    assembler.add_rest(lambda into: read_segment_into(control, into))
+    with opened_segment(control) as read_at:
+        assembler.add_rest(read_at)
 
 
 def _control(message: pb.ShmSegment) -> Segment:

@@ -16,15 +16,13 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict
 
+from common import checksum
 from common.checksum import crc32c
 from common.errors import DataLossError, ProtocolError, SessionStateError
 from common.packets import DEFAULT_LIMITS, PacketAssembler, PacketLimits
 from common.packets.folding import unfold
 
-__all__ = ["READ_PIECE", "BatchAssembler"]
-
-#: Bytes :meth:`BatchAssembler.add_rest` reads at a time (within a core's L2 cache).
-READ_PIECE = 1 << 19
+__all__ = ["BatchAssembler"]
 
 
 class BatchAssembler:
@@ -107,8 +105,8 @@ class BatchAssembler:
         """Let ``read_at(into, offset)`` fill each packet's rest in place (no chunk copy).
 
         ``offset`` counts from the batch's first byte; ``read_at`` must fill all of
-        ``into`` (or raise). It is called for pieces of at most :data:`READ_PIECE` bytes,
-        each checksummed while it is still in the CPU's cache.
+        ``into`` (or raise). It is called for pieces of at most
+        :data:`~common.checksum.READ_PIECE` bytes, each checksummed while still in cache.
 
         Raises:
             SessionStateError: :meth:`finish` was already called.
@@ -123,7 +121,7 @@ class BatchAssembler:
                 def read(into: memoryview, at: int = start) -> None:
                     read_at(into, at)
 
-                size = min(READ_PIECE, part.total_bytes - part.received)
+                size = min(checksum.READ_PIECE, part.total_bytes - part.received)
                 self._crc = crc32c(part.fill_next(size, read), self._crc)
             offset += part.total_bytes
         self._received = self.total_bytes

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from common import checksum
 from common.checksum import MAX_CRC32C, crc32c
 from common.config import CHUNK_BYTES
 from common.errors import DataLossError, SessionStateError, WeightsError, WeightsTooLargeError
@@ -198,19 +199,22 @@ class BlobAssembler:
         self._view[self._received : end] = view
         self._count(end)
 
-    def add_rest(self, read: Callable[[memoryview], None]) -> None:
-        """Let ``read`` write the rest of the blob straight into the buffer (no chunk copy).
+    def add_rest(self, read_at: Callable[[memoryview, int], None]) -> None:
+        """Let ``read_at(into, offset)`` write the rest of the blob straight into the buffer.
 
-        ``read`` gets the buffer's unfilled part and must fill all of it (or raise); the
-        bytes are then digested as :meth:`add` digests a chunk's.
+        ``offset`` counts from the blob's first byte; ``read_at`` must fill all of ``into``
+        (or raise). It is called for pieces of at most :data:`~common.checksum.READ_PIECE`
+        bytes, each digested as :meth:`add` digests a chunk's, while still in the CPU's cache.
 
         Raises:
             SessionStateError: The blob was already finished.
         """
         if self._result is not None:
             raise SessionStateError("blob already finished; no more chunks accepted")
-        read(self._view[self._received : self._total])
-        self._count(self._total)
+        while self._received < self._total:
+            end = min(self._received + checksum.READ_PIECE, self._total)
+            read_at(self._view[self._received : end], self._received)
+            self._count(end)
 
     def _count(self, end: int) -> None:
         """Digest the buffer's bytes from the last chunk's end to ``end``, now received."""

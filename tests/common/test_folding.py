@@ -8,8 +8,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from common import checksum
 from common.errors import DataLossError, ProtocolError
-from common.packets import assembly, checksummed_pieces, encode_packet
+from common.packets import checksummed_pieces, encode_packet
 from common.packets.assembly import BatchAssembler
 from common.packets.folding import INDEX, FoldedBatch, fold, unfold
 
@@ -233,7 +234,7 @@ def test_batch_assembler_reads_in_place_in_pieces_as_chunks_would_arrive(monkeyp
     packets = [encode_packet(folded.batch), encode_packet(folded.finals)]
     data = b"".join(bytes(part) for packet in packets for part in packet.parts())
     _, crc = checksummed_pieces(packets)
-    monkeypatch.setattr(assembly, "READ_PIECE", piece)
+    monkeypatch.setattr(checksum, "READ_PIECE", piece)
     reads: list[tuple[int, int]] = []
 
     def read_at(into: memoryview, offset: int) -> None:

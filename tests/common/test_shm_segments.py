@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from common import checksum
 from common.checksum import crc32c
 from common.errors import DataLossError
 from common.shm import (
     Segment,
     ShmError,
+    opened_segment,
     read_segment,
     read_segment_into,
     remove_segment,
@@ -56,12 +58,14 @@ def test_read_into_a_buffer_and_the_assembler_checks_the_private_copy(tmp_path: 
     with pytest.raises(ShmError, match="differs from the 10 bytes expected"):
         read_segment_into(seg, into[:10], str(tmp_path))
     assembler = BlobAssembler(len(blob), crc32c=crc32c(blob))
-    assembler.add_rest(lambda view: read_segment_into(seg, view, str(tmp_path)))
+    with opened_segment(seg, str(tmp_path)) as read_at:
+        assembler.add_rest(read_at)
     assert assembler.finish() == blob
     with open(tmp_path / seg.name, "r+b") as f:  # changed after the learner's CRC
         f.write(b"\x00" if blob[0] else b"\x01")
     damaged = BlobAssembler(len(blob), crc32c=crc32c(blob))
-    damaged.add_rest(lambda view: read_segment_into(seg, view, str(tmp_path)))
+    with opened_segment(seg, str(tmp_path)) as read_at:
+        damaged.add_rest(read_at)
     with pytest.raises(DataLossError, match="crc32c mismatch"):
         damaged.finish()
 
@@ -109,3 +113,27 @@ def test_sweep_removes_a_killed_writers_segment(tmp_path: Path) -> None:
     proc.stdout.close()
     assert sweep_segments(str(tmp_path)) == [name]
     assert sorted(os.listdir(tmp_path)) == [mine.name]
+
+
+@pytest.mark.parametrize("piece", [7, 1 << 19])
+def test_the_assembler_reads_a_segment_in_pieces_each_checked_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    blob = os.urandom((1 << 20) + 3)
+    seg = write_segment(blob, str(tmp_path))
+    monkeypatch.setattr(checksum, "READ_PIECE", piece)
+    reads: list[tuple[int, int]] = []
+    assembler = BlobAssembler(len(blob), crc32c=crc32c(blob))
+    assembler.add(blob[:5])  # chunks first: the reads go on from there
+    with opened_segment(seg, str(tmp_path)) as read_at:
+
+        def recorded(into: memoryview, offset: int) -> None:
+            reads.append((offset, into.nbytes))
+            read_at(into, offset)
+
+        assembler.add_rest(recorded)
+    assert assembler.finish() == blob
+    assert reads[0] == (5, min(piece, len(blob) - 5))
+    assert all(size <= piece for _, size in reads)
+    assert sum(size for _, size in reads) == len(blob) - 5
+    assert [o for o, _ in reads] == sorted(o for o, _ in reads)
