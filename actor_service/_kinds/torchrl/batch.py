@@ -45,12 +45,17 @@ def stack_frames(
 ) -> TensorDict:
     """The per-step frames (batch ``[N]``) as one ``[N, T]`` batch, as TorchRL yields it.
 
+    Frames of one unbatched env (batch ``[]``) give ``[1, T]``.
+
     Args:
         frames: One TensorDict per step, each with its ``"next"`` entries.
         done_keys: The env's done keys (``env.done_keys``).
         set_truncated: Mark the last step of every env truncated (and done).
     """
-    batch: TensorDict = torch.stack(list(frames), dim=frames[0].batch_dims).contiguous()
+    batch: TensorDict = torch.stack(list(frames), dim=frames[0].batch_dims)
+    if not frames[0].batch_dims:
+        batch = batch.unsqueeze(0)
+    batch = batch.contiguous()
     private = [k for k in batch.keys(True) if any(p.startswith("_") for p in _parts(k))]
     batch = batch.exclude(*private).clear_device_()
     batch.refine_names(*([None] * (batch.batch_dims - 1)), "time")

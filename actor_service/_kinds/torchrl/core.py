@@ -380,8 +380,13 @@ class TorchRLCore(CoreBase):
         """:meth:`CoreBase.state_dict` plus ``"env"``: the env's state (stateful transforms)."""
         with self._lock:
             state = super().state_dict()
-            state["env"] = nested_state(self._base.state_dict())
+            state["env"] = nested_state(self._pool_state())
             return state
+
+    def _pool_state(self) -> Any:
+        """The pool's ``state_dict()``; one env stepped as it is reads as a pool of one."""
+        state = self._base.state_dict()
+        return {"worker0": state} if self._base.batch_size == () else state
 
     def load_state_dict(
         self, state: dict[str, Any], *, allow_rollback: bool = False
@@ -396,10 +401,11 @@ class TorchRLCore(CoreBase):
         """
         env = state.get("env") if isinstance(state, dict) else None
         with self._lock:
-            staged = None if env is None else stage_env_state(env, self._base.state_dict())
+            staged = None if env is None else stage_env_state(env, self._pool_state())
             changes = super().load_state_dict(state, allow_rollback=allow_rollback)
             if staged is not None:
-                self._base.load_state_dict(staged)
+                single = self._base.batch_size == ()
+                self._base.load_state_dict(staged["worker0"] if single else staged)
             return changes
 
     def _restored(self) -> None:

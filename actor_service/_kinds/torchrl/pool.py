@@ -36,6 +36,7 @@ __all__ = [
     "build_pool",
     "check_torchrl_config",
     "pool_envs",
+    "single_env",
     "limited",
     "probe_step",
     "torchrl_envs",
@@ -133,9 +134,10 @@ def check_torchrl_config(config: ActorConfig) -> None:
     for spec in config.models:
         check_td_factory(spec)
     env = _first_env(config)
-    # The pool batches an unbatched env (a SerialEnv of one here): models see batched
-    # steps, as on TorchRL's batched envs (a batch-norm layer needs the batch dimension).
-    pooled = env if env.batch_size else torchrl_envs().SerialEnv(1, lambda: env)
+    # Models see the pool's steps: batched where it batches several envs (a SerialEnv of
+    # one here), unbatched where it is one unbatched env, as TorchRL's collector steps it.
+    batched = env.batch_size or single_env(config)
+    pooled = env if batched else torchrl_envs().SerialEnv(1, lambda: env)
     try:
         models = {  # random actions for the pool's batch, as the core draws them
             spec.model_id: build_td_model(spec, env, pooled.rand_action, torch.device("cpu"))
@@ -190,16 +192,26 @@ def build_pool(config: ActorConfig) -> tuple[Any, Any]:
     """The env pool and one env of its kind for the policy factories (the caller closes it).
 
     ``num_envs`` envs in a ``SerialEnv`` (``sync``) or ``ParallelEnv`` (``async``, spawned);
-    an env batched already is both.
+    an env batched already, or the one env of a sync pool of one (:func:`single_env`), is both.
     """
     env = _first_env(config)
-    if env.batch_size:
+    if env.batch_size or single_env(config):
         return env, env
     envs = torchrl_envs()
     make = _env_maker(config)
     if config.env_backend == "sync":
         return envs.SerialEnv(config.num_envs, make), env
     return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
+
+
+def single_env(config: ActorConfig) -> bool:
+    """Whether the pool is one env stepped as it is, in-process (``--num-envs 1``, sync).
+
+    TorchRL's ``Collector`` steps a single env as it is; a ``SerialEnv`` of one around it
+    would cost a fifth more per step on a MuJoCo env with transforms, and give its
+    policy a batch dimension TorchRL's does not. Batches still travel as ``[1, T]``.
+    """
+    return config.num_envs == 1 and config.env_backend == "sync"
 
 
 def pool_envs(pool: Any) -> list[Any] | None:

@@ -3,8 +3,9 @@
 ``sac``, ``ddpg``, ``discrete_sac``, ``td3``, ``tqc`` and ``crossq`` cut episodes in
 ``apply_env_transforms(env, max_episode_steps)``; ``iql_online``, ``cql_online`` and
 ``discrete_cql_online`` in their collector (``apply_env_transforms(env)``). Each script's
-``make_environment`` batches such envs in a ``ParallelEnv``; an actor pools its share
-(``num_envs``) in a ``SerialEnv``. ``utils`` is the script's own: its folder is on the
+``make_environment`` batches such envs in a ``ParallelEnv``; an actor steps its share
+(``num_envs``) in a ``SerialEnv``, or its one env as it is (``crossq``, whose batch-norm
+actor needs the batch dimension, builds the script's batch of one itself). ``utils`` is the script's own: its folder is on the
 actors' ``PYTHONPATH``.
 """
 

@@ -95,7 +95,8 @@ def test_port_multi_key_collector(batch: int, frames_per_batch: int, max_steps: 
     ("env", "policy", "kwargs"),
     [
         (NESTED, COUNT, {}),
-        (MULTI_KEY, "rlfleet_test_mocks:multi_key_policy", {"deterministic": True, "envs": 1}),
+        # One env is stepped as it is (TorchRL's Collector on it): the policy's spec unbatched.
+        (MULTI_KEY, "rlfleet_test_mocks:multi_key_policy", {"deterministic": True}),
     ],
     ids=["nested", "multi-key"],
 )

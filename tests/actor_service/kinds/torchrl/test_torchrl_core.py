@@ -91,6 +91,24 @@ def test_torchrl_actor_batches_equal_torchrl_collector_batches(
     assert any_done(ours), "an episode must end for the check to mean something"
 
 
+@pytest.mark.parametrize(
+    ("env", "policy"),
+    [("cartpole", "sampling_policy"), ("pendulum", "ou_policy")],
+    ids=["probabilistic", "ou-noise"],
+)
+def test_one_env_is_stepped_as_it_is_as_torchrl_collector_steps_it(env: str, policy: str) -> None:
+    # TorchRL's Collector on the env itself, no SerialEnv of one around it: the policy
+    # sees the env's unbatched steps; the fleet's batch is that batch as [1, T].
+    with TorchRLCore(_config(env, policy, num_envs=1)) as core:
+        assert core._pool.batch_size == ()
+    ours = fleet_batches(_config(env, policy, num_envs=1), 2)
+    theirs = torchrl_batches(env, policy, 2, num_envs=None)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert mine.batch_size == (1, 60)
+        assert_equal_batches(mine, reference.unsqueeze(0))
+    assert any_done(ours), "an episode must end for the check to mean something"
+
+
 def test_torchrl_actor_carries_end_of_life_and_lives_as_torchrl_sets_them() -> None:
     (batch,) = fleet_batches(_config("end_of_life_cartpole", "sampling_policy"), 1)
     lost = batch["next", "end-of-life"].squeeze(-1)
