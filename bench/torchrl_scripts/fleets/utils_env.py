@@ -5,8 +5,8 @@
 ``discrete_cql_online`` in their collector (``apply_env_transforms(env)``). Each script's
 ``make_environment`` batches such envs in a ``ParallelEnv``; an actor steps its share
 (``num_envs``) in a ``SerialEnv``, or its one env as it is (``crossq``, whose batch-norm
-actor needs the batch dimension, builds the script's batch of one itself). ``utils`` is the script's own: its folder is on the
-actors' ``PYTHONPATH``.
+actor needs the batch dimension, builds the script's batch of one itself). ``utils`` is the
+script's own: its folder is on the actors' ``PYTHONPATH``.
 """
 
 from __future__ import annotations
