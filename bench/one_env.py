@@ -8,13 +8,13 @@ interleaved, each timed over a window per repetition:
 - torchrl: TorchRL's ``Collector`` on the script's ``make_environment`` env and
   ``make_crossQ_agent`` actor, in this process (what the script builds);
 - torchrl pooled: TorchRL's ``Collector`` on the fleet's factories
-  (``bench.torchrl_scripts.fleets.crossq``), the env in a ``SerialEnv`` of one as an actor
-  pools it, in this process;
+  (``bench.torchrl_scripts.fleets.crossq``), the env as an actor steps it (its one env as it
+  is), in this process;
 - rlfleet: ``LocalFleet(1, kind="torchrl")`` on those factories under a sync
   ``GrpcCollector`` (what the ported script collects with).
 
 Figures: frames/s of each (medians of ``--reps``); ratios rlfleet/torchrl (target >= 1.0x:
-a script on a same-host fleet is not slower), torchrl pooled/torchrl (what the pool's
+a script on a same-host fleet is not slower), torchrl pooled/torchrl (what the factories'
 layout costs) and rlfleet/torchrl pooled (what the actor's loop and the transport cost
 beyond TorchRL's loop on the same env and policy).
 
@@ -75,19 +75,16 @@ def _torchrl(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Iterator[Any
 
 
 def _torchrl_pooled(cfg: Any, frames: int, stack: contextlib.ExitStack) -> Iterator[Any]:
-    """TorchRL's ``Collector`` on the fleet's factories, the env pooled as an actor pools it.
+    """TorchRL's ``Collector`` on the fleet's factories, the env as an actor steps it.
 
-    The actor runs ``SerialEnv(num_envs, make_env)`` where the script batches first and
-    transforms after: this system tells the layout's share from the actor's own.
+    The actor steps its one env as it is: the factory's, the script's batch of one under its
+    transforms. This system tells the factories' share from the actor's own.
     """
-    import functools
-
     from torchrl.collectors import Collector
-    from torchrl.envs import SerialEnv
 
     from bench.torchrl_scripts.fleets.crossq import make_env, make_policy
 
-    env = SerialEnv(1, functools.partial(make_env, cfg))
+    env = make_env(cfg)
     policy = make_policy(env, cfg)
     collector = Collector(env, policy, frames_per_batch=frames, total_frames=-1, device="cpu")
     stack.callback(collector.shutdown)
