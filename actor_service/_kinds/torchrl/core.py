@@ -128,19 +128,21 @@ class TorchRLCore(CoreBase):
 
         Every env of the pool is tied to the first one's parameters, so a push of
         :data:`~common.env_weights.ENV_MODEL_ID` reaches all of them, between two steps
-        (:meth:`_step` steps under that model's lock). Empty when the envs have no weights.
+        (:meth:`_step` steps under ``_env_guard``, that model's lock). Empty when the envs
+        have no weights.
 
         Raises:
             ValueError: A policy model is named ``"env"``, or the envs build different networks.
         """
+        self._env_guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         envs = pool_envs(self._base)
         if envs is None:
-            if env_parameters(self.env):
+            if held := len(env_parameters(self.env)):
                 log.warning(
                     "the env holds weights (%d parameters) that pushes cannot reach in "
                     "env_backend='async' (its envs live in other processes): use 'sync' if "
                     "the learner trains them",
-                    len(env_parameters(self.env)),
+                    held,
                 )
             return {}
         named = env_parameters(envs[0])
@@ -153,14 +155,10 @@ class TorchRLCore(CoreBase):
             )
         for env in envs[1:]:
             tie_parameters(env, named)
-        self.models.add(ENV_MODEL_ID, TDModel("env", parameters_module(named), _does_not_act))
+        model = TDModel("env", parameters_module(named), _does_not_act)
+        self.models.add(ENV_MODEL_ID, model)
+        self._env_guard = model.lock  # a push lands between two steps
         return named
-
-    def _env_lock(self) -> contextlib.AbstractContextManager[Any]:
-        """The lock of the env's weights (a push lands between two steps), if it has any."""
-        if not self._env_weights:
-            return contextlib.nullcontext()
-        return self.models._get(ENV_MODEL_ID).lock
 
     def _rand_action(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Random actions from the action spec of the pool in use (rebuilt after a crash)."""
@@ -311,7 +309,7 @@ class TorchRLCore(CoreBase):
         versions = torch.full(self._envs_shape, version, dtype=torch.int64)
         carrier.set("policy_version", versions)
         try:
-            with self._env_lock():
+            with self._env_guard:
                 frame, following = self._pool.step_and_maybe_reset(carrier)
         except Exception as exc:
             raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
