@@ -610,32 +610,32 @@ def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
     """
     _materialize(env, state)
     with _quiet_fresh_vecnorm():
-        owned = _parameter_keys(env)
-        if not owned:
+        kept = _without_parameters(env, state)
+        if kept is None:
             env.load_state_dict(state)
-            return
-        kept = {k: v for k, v in state.items() if k not in owned}
-        missing = set(env.state_dict()) - owned - kept.keys()
-        if missing or kept.keys() - env.state_dict().keys():
-            raise KeyError(
-                f"the env states differ: missing {sorted(missing)[:5]}, unexpected "
-                f"{sorted(kept.keys() - env.state_dict().keys())[:5]}"
-            )
-        env.load_state_dict(kept, strict=False)
+        else:
+            env.load_state_dict(kept, strict=False)
 
 
-def _parameter_keys(env: Any) -> set[str]:
-    """The keys of ``env.state_dict()`` that hold its parameters (by shared memory)."""
-    if not isinstance(env, torch.nn.Module):
-        return set()
-    pointers = {p.data_ptr() for p in env.parameters()}
+def _without_parameters(env: Any, state: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``state`` less the entries of ``env``'s parameters; None when ``env`` has none.
+
+    Raises:
+        KeyError: ``state`` lacks another entry of ``env``'s, or has one ``env`` lacks.
+    """
+    pointers = {p.data_ptr() for p in env.parameters()} if isinstance(env, torch.nn.Module) else ()
     if not pointers:
-        return set()
-    return {
-        k
-        for k, v in env.state_dict().items()
-        if isinstance(v, torch.Tensor) and v.data_ptr() in pointers
-    }
+        return None
+    own = env.state_dict()
+    owned = {k for k, v in own.items() if isinstance(v, torch.Tensor) and v.data_ptr() in pointers}
+    kept = {k: v for k, v in state.items() if k not in owned}
+    missing, unexpected = own.keys() - owned - kept.keys(), kept.keys() - own.keys()
+    if missing or unexpected:
+        raise KeyError(
+            f"the env states differ: missing {sorted(missing)[:5]}, unexpected "
+            f"{sorted(unexpected)[:5]}"
+        )
+    return kept
 
 
 def _trained_weights(env: Any) -> SharedPolicy | None:

@@ -35,10 +35,10 @@ __all__ = [
     "TORCHRL_EXTRA",
     "build_pool",
     "check_torchrl_config",
-    "pool_envs",
-    "single_env",
     "limited",
+    "pool_envs",
     "probe_step",
+    "single_env",
     "torchrl_envs",
 ]
 
