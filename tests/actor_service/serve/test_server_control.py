@@ -306,7 +306,14 @@ def test_actor_calls_are_capped_and_health_keeps_answering(
 ) -> None:
     monkeypatch.setattr(servicer_module, "MAX_ACTOR_CALLS", 3)
     idle = [RawCollect(actor.stub) for _ in range(3)]  # calls waiting for their `open`
-    poll_until(lambda: _refused(actor), message="a 4th call refused")
+
+    def cap_reached() -> bool:
+        # A probe can take a slot before an idle call arrives and get that call refused:
+        # such a call is replaced, so that three idle calls hold the slots.
+        idle[:] = [RawCollect(actor.stub) if call.call.done() else call for call in idle]
+        return _refused(actor)
+
+    poll_until(cap_reached, message="a 4th call refused")
     health = health_pb2_grpc.HealthStub(actor.channel)
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == (
         health_pb2.HealthCheckResponse.SERVING
