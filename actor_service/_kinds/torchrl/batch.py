@@ -1,7 +1,9 @@
 """A TorchRL-env actor's frames into one batch (stacked, trimmed, truncated, folded); its env state.
 
 The TorchRL core collects one TensorDict per step (what TorchRL's ``Collector`` keeps
-per step); :func:`stack_frames` makes them the ``[N, T]`` batch TorchRL yields (private
+per step); :func:`stack_frames` makes them the ``[N, T]`` batch TorchRL yields (stacked
+by a :class:`FrameStacker` into tensors laid out like the last batch's, as TorchRL's
+``Collector`` stacks into its buffer; private
 ``_`` keys left out, no device, the last dim named ``"time"``, ``set_truncated``
 applied as TorchRL's ``_maybe_set_truncated`` does), and :func:`fold_observations`
 folds the env's observation keys when that pays (``common.packets.folding``).
@@ -18,13 +20,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from actor_service._core._frames import FOLD_MIN_FRAME_BYTES
 from actor_service._core._weight_rules import stage_weights
 from common.packets.folding import FoldedBatch, fold
 
 __all__ = [
+    "FrameStacker",
     "flat_state",
     "fold_observations",
     "nested_state",
@@ -40,8 +43,74 @@ def _parts(key: Key) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
+class FrameStacker:
+    """Stacks each batch's frames into fresh tensors laid out like the last batch's.
+
+    A dense ``torch.stack`` of TensorDicts checks every frame's keys and shapes as it
+    allocates (48 ms for 1,000 Pendulum frames here); stacking into tensors allocated from
+    the last batch's layout, as TorchRL's ``Collector`` stacks into its buffer, takes 20.
+    The layout is used only when the frames fit it: every frame has as many entries at
+    every level as the layout, and the first frame the layout's shapes and dtypes (a frame
+    missing an entry, or of another shape, makes the stack raise and the dense stack run).
+    As in TorchRL's buffer, a later frame's dtype is cast to the layout's. The first batch,
+    a new layout, or frames holding non-tensor data are stacked densely.
+    """
+
+    def __init__(self) -> None:
+        self._last: TensorDictBase | None = None
+        self._signature: dict[Key, tuple[torch.Size, torch.dtype]] = {}
+        self._counts: list[tuple[Key, int]] = []
+
+    def stack(self, frames: Sequence[TensorDictBase]) -> TensorDictBase:
+        """The frames stacked on a new last batch dim (their own batch dims first)."""
+        dim = frames[0].batch_dims
+        if self._last is not None and self._fits(frames, dim):
+            out = self._last.apply(torch.empty_like)
+            try:
+                torch.stack(list(frames), dim, out=out)
+            except (RuntimeError, TypeError, KeyError, ValueError):
+                pass  # frames the layout does not hold: stacked densely below
+            else:
+                self._last = out
+                return out
+        batch = torch.stack(list(frames), dim=dim).contiguous()
+        self._remember(frames[0], batch)
+        return batch
+
+    def _fits(self, frames: Sequence[TensorDictBase], dim: int) -> bool:
+        last = self._last
+        assert last is not None
+        first = frames[0]
+        size = (*first.batch_size[:dim], len(frames), *first.batch_size[dim:])
+        if last.batch_size != torch.Size(size) or _signature(first) != self._signature:
+            return False
+        return all(
+            len(frame.keys() if key == () else frame.get(key).keys()) == count
+            for frame in frames
+            for key, count in self._counts
+        )
+
+    def _remember(self, first: TensorDictBase, batch: TensorDictBase) -> None:
+        levels = [((), batch), *((k, v) for k, v in batch.items(True) if is_tensor_collection(v))]
+        leaves = list(batch.values(True, True))
+        plain = all(type(td) is TensorDict for _, td in levels)
+        if not plain or not all(type(leaf) is torch.Tensor for leaf in leaves):
+            self._last = None
+            return
+        self._last = batch
+        self._signature = _signature(first)
+        self._counts = [(key, len(td.keys())) for key, td in levels]
+
+
+def _signature(frame: TensorDictBase) -> dict[Key, tuple[torch.Size, torch.dtype]]:
+    return {k: (v.shape, v.dtype) for k, v in frame.items(True, True)}
+
+
 def stack_frames(
-    frames: Sequence[TensorDictBase], done_keys: Iterable[Key], set_truncated: bool
+    frames: Sequence[TensorDictBase],
+    done_keys: Iterable[Key],
+    set_truncated: bool,
+    stacker: FrameStacker | None = None,
 ) -> TensorDict:
     """The per-step frames (batch ``[N]``) as one ``[N, T]`` batch, as TorchRL yields it.
 
@@ -51,11 +120,10 @@ def stack_frames(
         frames: One TensorDict per step, each with its ``"next"`` entries.
         done_keys: The env's done keys (``env.done_keys``).
         set_truncated: Mark the last step of every env truncated (and done).
+        stacker: Stacks into the last batch's layout; None stacks densely.
     """
-    batch: TensorDict = torch.stack(list(frames), dim=frames[0].batch_dims)
-    if not frames[0].batch_dims:
-        batch = batch.unsqueeze(0)
-    batch = batch.contiguous()
+    stacked = (stacker or FrameStacker()).stack(frames)
+    batch: TensorDict = stacked if frames[0].batch_dims else stacked.unsqueeze(0).contiguous()
     private = [k for k in batch.keys(True) if any(p.startswith("_") for p in _parts(k))]
     batch = batch.exclude(*private).clear_device_()
     batch.refine_names(*([None] * (batch.batch_dims - 1)), "time")

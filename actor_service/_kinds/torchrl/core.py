@@ -39,6 +39,7 @@ from actor_service._core._frames import interaction_of, split_trajectories
 from actor_service._core._protocol import BatchRecorder
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.batch import (
+    FrameStacker,
     fold_observations,
     nested_state,
     stack_frames,
@@ -107,6 +108,7 @@ class TorchRLCore(CoreBase):
         #: (one per limit, kept: a TorchRL env closes what it wraps when collected).
         self._pool, self._limit, self._limited = self._base, 0, {0: self._base}
         self._envs_shape = self._base.batch_size  # the pool's, read once per batch
+        self._stacker = FrameStacker()
         try:
             self.models = TDModels(
                 {
@@ -284,7 +286,7 @@ class TorchRLCore(CoreBase):
         except BaseException:
             self._needs_reset = True  # the envs moved on from the carrier's trajectories
             raise
-        batch = stack_frames(frames, self._pool.done_keys, settings.set_truncated)
+        batch = stack_frames(frames, self._pool.done_keys, settings.set_truncated, self._stacker)
         if self._metrics is not None and timings is not None:
             self._metrics.record_batch(
                 settings.frames_per_batch, timings, time.perf_counter() - started
