@@ -1,7 +1,8 @@
 """Helpers of the GrpcCollector tests: actor subprocesses, CartPole policies, thread snapshots.
 
 Import them as ``from learner_fleet import ...`` (a unique module name: ``conftest``
-is ambiguous across test directories). The fixtures live in ``conftest.py``.
+is ambiguous across test directories). The fixtures live in ``conftest.py``, which imports
+this module before any test module: the actor tests' factories are importable from then on.
 ``FLEET_ARGS`` describes the shared fleet: three CartPole actors (2 envs each)
 started through the ``rlfleet-actor`` command line; worker_ids 0 and 2 hold the
 default MLP policy plus a ``critic`` model, worker_id 1 holds a narrower MLP (a
@@ -11,6 +12,9 @@ different architecture, so a push of the others' weights is rejected there).
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import pathlib
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -20,6 +24,15 @@ from helpers import ActorProcess, start_actor
 from torch import nn
 
 from common.policies import make_policy
+
+#: The actor tests' folder, whose env and policy factories (``rlfleet_test_torchrl``,
+#: ``rlfleet_test_envs``) these tests' actors build and their learners import: it is on
+#: this process's path once this module is imported, and ``ACTOR_ENV`` puts it on an actor's.
+ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
+#: The environment of an actor that imports those factories.
+ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
+if str(ACTOR_TESTS) not in sys.path:
+    sys.path.insert(0, str(ACTOR_TESTS))
 
 FLEET_ARGS = [
     ["--worker-id", "0", "--num-envs", "2", "--seed", "10", "--model", "critic=mlp"],

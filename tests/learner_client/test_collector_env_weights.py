@@ -10,25 +10,18 @@ Real ``--kind torchrl`` actors on loopback, on Pendulum-v1.
 
 from __future__ import annotations
 
-import os
-import pathlib
-import sys
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 pytest.importorskip("torchrl")
-from learner_fleet import start_actors
+import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fleet sets)
+from learner_fleet import ACTOR_ENV, start_actors
 
 from common.env_weights import ENV_MODEL_ID
 from common.errors import UnknownModelError
 from learner_client import GrpcCollector
-
-ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
-ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
-sys.path.insert(0, str(ACTOR_TESTS))
-import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
 
 pytestmark = [
     pytest.mark.usefixtures("loopback_only"),

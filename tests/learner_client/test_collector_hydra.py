@@ -7,23 +7,19 @@ factories here raise on anything else). A real ``LocalFleet`` of one TorchRL-env
 
 from __future__ import annotations
 
-import os
-import pathlib
-
 import pytest
 
 pytest.importorskip("torchrl")
-from learner_client import GrpcCollector, LocalFleet
+from learner_fleet import ACTOR_ENV
 
-ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
-ACTOR_PATH = os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])
+from learner_client import GrpcCollector, LocalFleet
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 def test_factories_get_the_scripts_hydra_config_as_a_dictconfig(monkeypatch) -> None:
     omegaconf = pytest.importorskip("omegaconf")
-    monkeypatch.setenv("PYTHONPATH", ACTOR_PATH)  # LocalFleet's actors inherit it
+    monkeypatch.setenv("PYTHONPATH", ACTOR_ENV["PYTHONPATH"])  # LocalFleet's actors inherit it
     cfg = omegaconf.OmegaConf.create({"env": {"name": "Pendulum-v1"}, "seed": 1})
     fleet = LocalFleet(
         1,

@@ -10,9 +10,6 @@ what the actors' envs hold. Real ``--kind torchrl`` actors on loopback.
 from __future__ import annotations
 
 import contextlib
-import os
-import pathlib
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -20,16 +17,13 @@ import torch
 from tensordict import TensorDictBase
 
 pytest.importorskip("torchrl")
-from learner_fleet import start_actors
+import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fleet sets)
+from learner_fleet import ACTOR_ENV, start_actors
 
 from learner_client import GrpcCollector
 
 # The warning of a fleet stepping another number of envs than the script's env.
 LAYOUT_WARNING = r"TorchRL's collector would give .* LocalFleet\(1, num_envs=1"
-ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
-ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
-sys.path.insert(0, str(ACTOR_TESTS))
-import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
 
 pytestmark = pytest.mark.long
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import os
-import pathlib
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fleet sets)
 import torch
-from learner_fleet import cartpole_policy, start_actors
+from learner_fleet import ACTOR_ENV, cartpole_policy, start_actors
 from tensordict import TensorDict
 from torchrl.collectors import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.collectors.distributed import RayCollector
@@ -32,14 +30,9 @@ from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector
 from learner_client._torchrl_compat import NO_EFFECT, TorchRLOnly
 
-ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
-ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
 TORCHRL_CLASSES = (Collector, MultiSyncCollector, MultiAsyncCollector, AsyncCollector, RayCollector)
 # Arguments TorchRL requires (no default) or that a fleet takes as its first argument.
 REQUIRED = {"self", "create_env_fn", "frames_per_batch"}
-
-sys.path.insert(0, str(ACTOR_TESTS))
-import rlfleet_test_torchrl  # noqa: E402  # the actors' own factories, built here too
 
 pytestmark = pytest.mark.long
 

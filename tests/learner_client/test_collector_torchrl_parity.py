@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
 import pathlib
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import gymnasium
 import pytest
 import torch
-from learner_fleet import cartpole_policy, start_actors
+from learner_fleet import ACTOR_ENV, cartpole_policy, start_actors
 from tensordict import TensorDict
 from tensordict.nn import InteractionType, TensorDictModule
 from torch import nn
@@ -43,9 +42,6 @@ from learner_client import GrpcCollector
 
 pytestmark = pytest.mark.long
 
-ACTOR_TESTS = pathlib.Path(__file__).resolve().parents[1] / "actor_service"
-# The actors import the test env and policy factories from tests/actor_service.
-ACTOR_ENV = {"PYTHONPATH": os.pathsep.join([str(ACTOR_TESTS), os.environ.get("PYTHONPATH", "")])}
 
 # Two CartPole actors with two envs each; the default MLP policy.
 CARTPOLE = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(30 + w)] for w in range(2)]
@@ -568,11 +564,6 @@ def test_env_error_text_is_withheld_when_the_actor_says_so(crashing: list[Any]) 
 
 
 def _import_crashing() -> gymnasium.Env:
-    import sys
+    import rlfleet_test_envs  # the actors' own env factories (on the path learner_fleet sets)
 
-    sys.path.insert(0, str(ACTOR_TESTS))
-    try:
-        import rlfleet_test_envs
-    finally:
-        sys.path.remove(str(ACTOR_TESTS))
     return rlfleet_test_envs.crashing_cartpole(steps=10)
