@@ -24,7 +24,8 @@ from typing import Any
 
 #: Where the waits on the collector are written, in the run's folder.
 COLLECTION_FILE = "collection.json"
-_waited = {"collection_s": 0.0, "batches": 0}
+#: ``first_batch_s``: the first batch's wait alone (on a fleet, the actors' start-up with it).
+_waited = {"collection_s": 0.0, "first_batch_s": 0.0, "batches": 0}
 
 
 def _mean_of_many() -> None:
@@ -63,7 +64,10 @@ def _timed(iterate: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[
                 except StopIteration:
                     return
                 finally:
-                    _waited["collection_s"] += time.perf_counter() - start
+                    waited = time.perf_counter() - start
+                    _waited["collection_s"] += waited
+                    if not _waited["batches"]:
+                        _waited["first_batch_s"] = waited
                 _waited["batches"] += 1
                 yield item
         finally:

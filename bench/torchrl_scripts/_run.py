@@ -57,6 +57,7 @@ class RunResult:
     returncode: int
     log_tail: str
     collection_s: float | None = None
+    first_batch_s: float | None = None
 
 
 def missing_needs(spec: ScriptSpec) -> str:
@@ -180,16 +181,22 @@ def run_script(
     wall = time.monotonic() - start
     tail = (dest / "run.log").read_bytes()[-_TAIL:].decode(errors="replace")
     final = last_scalar(dest, "result" if spec.tutorial else spec.metric)
-    collection = _collection_s(dest)
-    return RunResult(spec.name, variant, frames, final, wall, done.returncode, tail, collection)
+    collection, first = _waits(dest)
+    return RunResult(
+        spec.name, variant, frames, final, wall, done.returncode, tail, collection, first
+    )
 
 
-def _collection_s(dest: pathlib.Path) -> float | None:
-    """The seconds the run's script waited on its collector (``_driver``), None if unknown."""
+def _waits(dest: pathlib.Path) -> tuple[float | None, float | None]:
+    """The seconds the run's script waited on its collector, then on its first batch alone.
+
+    Both as ``_driver`` recorded them; None where unknown.
+    """
     path = dest / COLLECTION_FILE
     if not path.is_file():
-        return None
-    return float(json.loads(path.read_text())["collection_s"])
+        return None, None
+    waited = json.loads(path.read_text())
+    return float(waited["collection_s"]), float(waited["first_batch_s"])
 
 
 def last_scalar(dest: pathlib.Path, metric: str) -> float | None:

@@ -74,12 +74,18 @@ def _median_wall(runs: list[RunResult]) -> float | None:
     return round(statistics.median(r.wall_s for r in runs), 1) if runs else None
 
 
-def _median_collection(runs: list[RunResult]) -> float | None:
-    """The median of the runs' seconds waiting on the collector (None if one has none)."""
-    values = [r.collection_s for r in runs]
-    if not values or any(v is None for v in values):
+def _median_collection(runs: list[RunResult]) -> str | None:
+    """The median of the runs' seconds waiting on the collector, then (bracketed) the first's.
+
+    The first batch's wait holds, on a fleet, the actors' start-up. None if a run has none.
+    """
+    waits = [r.collection_s for r in runs]
+    firsts = [r.first_batch_s for r in runs]
+    if not waits or any(v is None for v in waits + firsts):
         return None
-    return round(statistics.median(v for v in values if v is not None), 1)
+    wait = statistics.median(v for v in waits if v is not None)
+    first = statistics.median(v for v in firsts if v is not None)
+    return f"{wait:.1f} ({first:.1f})"
 
 
 def _fmt(value: object) -> str:
@@ -138,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="torchrl-scripts-"))
     rows = []
     print(
-        "| script | frames | rlfleet return | rlfleet wall s | rlfleet collect s "
-        "| torchrl return | torchrl wall s | torchrl collect s |"
+        "| script | frames | rlfleet return | rlfleet wall s | rlfleet collect s (first batch) "
+        "| torchrl return | torchrl wall s | torchrl collect s (first batch) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for name in names:

@@ -131,6 +131,7 @@ def test_torchrl_script_runs_on_a_fleet(name: str, tmp_path: pathlib.Path) -> No
     waited = json.loads((tmp_path / name / COLLECTION_FILE).read_text())
     assert waited["batches"] >= 2, waited
     assert 0 < waited["collection_s"] == result.collection_s < result.wall_s
+    assert 0 < waited["first_batch_s"] == result.first_batch_s < result.collection_s
 
 
 def _find(payload: object, key: str) -> object:
