@@ -259,10 +259,10 @@ def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:
     """``torch.stack(batches, 0)`` that views, rather than copies, the entries that allow it.
 
     An entry whose per-batch tensors lie in one storage at a constant distance
-    (frames received into one slab, see :mod:`learner_client._slabs`) becomes one
-    strided view; other entries are stacked (copied). Returns None when the
-    structure is not plain tensors in plain tensordicts with identical keys, for
-    ``torch.stack`` to handle (and report) instead.
+    (frames received into one slab, see :mod:`learner_client._slabs`), or that one
+    actor's batch holds alone, becomes one view; other entries are stacked (copied).
+    Returns None when the structure is not plain tensors in plain tensordicts with
+    identical keys, for ``torch.stack`` to handle (and report) instead.
     """
     first = batches[0]
     keys = set(first.keys())
@@ -285,7 +285,9 @@ def _stack_views(batches: Sequence[TensorDictBase]) -> TensorDictBase | None:
 
 def _view_stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
-    if len(tensors) > 1 and first.numel():
+    if len(tensors) == 1:  # one actor: its batch is the round's, viewed with a dim in front
+        return first.unsqueeze(0)
+    if first.numel():
         step = tensors[1].data_ptr() - first.data_ptr()
         storage = first.untyped_storage().data_ptr()
         # The views must not overlap: each batch's tensor ends before the next starts.

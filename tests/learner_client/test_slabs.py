@@ -74,6 +74,18 @@ def test_combine_views_packets_received_into_one_slab():
     assert out[WORKER_ID_KEY][:, 0, 0].tolist() == [0, 1, 2]
 
 
+def test_combine_views_the_batch_of_one_actor():
+    slabs = PacketSlabs()
+    (only,) = [tag_worker(name_time_dim(received(actor_batch(0), slabs.allocator(0, 1))), 0)]
+    expected = name_time_dim(torch.stack([only.clone()], 0))
+    out = combine([only], cat_results="stack", split_trajs=False)
+    assert out.batch_size == torch.Size([1, 2, 5])
+    assert out.names == expected.names
+    assert bool((out == expected).all())
+    for key in (("observation",), ("next", "observation"), WORKER_ID_KEY):
+        assert out[key].data_ptr() == only[key].data_ptr()  # a view, not a copy
+
+
 def test_combine_copies_packets_received_into_separate_buffers():
     batches = [tag_worker(name_time_dim(received(actor_batch(i))), i) for i in range(2)]
     out = combine(batches, cat_results="stack", split_trajs=False)
