@@ -53,36 +53,39 @@ class FrameStacker:
     every level as the layout, and the first frame the layout's shapes and dtypes (a frame
     missing an entry, or of another shape, makes the stack raise and the dense stack run).
     As in TorchRL's buffer, a later frame's dtype is cast to the layout's. The first batch,
-    a new layout, or frames holding non-tensor data are stacked densely.
+    a new layout, or frames holding non-tensor data or tensors on several devices are
+    stacked densely. The layout is kept on the ``meta`` device: no batch is held between
+    two batches.
     """
 
     def __init__(self) -> None:
-        self._last: TensorDictBase | None = None
+        self._layout: TensorDictBase | None = None  # the last dense batch's, on "meta"
+        self._devices: tuple[torch.device | None, torch.device] = (None, torch.device("cpu"))
         self._signature: dict[Key, tuple[torch.Size, torch.dtype]] = {}
         self._counts: list[tuple[Key, int]] = []
 
     def stack(self, frames: Sequence[TensorDictBase]) -> TensorDictBase:
         """The frames stacked on a new last batch dim (their own batch dims first)."""
         dim = frames[0].batch_dims
-        if self._last is not None and self._fits(frames, dim):
-            out = self._last.apply(torch.empty_like)
+        if self._layout is not None and self._fits(frames, dim):
+            batch_device, device = self._devices
+            out = self._layout.apply(
+                lambda t: torch.empty(t.shape, dtype=t.dtype, device=device), device=batch_device
+            )
             try:
-                torch.stack(list(frames), dim, out=out)
+                return torch.stack(list(frames), dim, out=out)
             except (RuntimeError, TypeError, KeyError, ValueError):
                 pass  # frames the layout does not hold: stacked densely below
-            else:
-                self._last = out
-                return out
         batch = torch.stack(list(frames), dim=dim).contiguous()
         self._remember(frames[0], batch)
         return batch
 
     def _fits(self, frames: Sequence[TensorDictBase], dim: int) -> bool:
-        last = self._last
-        assert last is not None
+        layout = self._layout
+        assert layout is not None
         first = frames[0]
         size = (*first.batch_size[:dim], len(frames), *first.batch_size[dim:])
-        if last.batch_size != torch.Size(size) or _signature(first) != self._signature:
+        if layout.batch_size != torch.Size(size) or _signature(first) != self._signature:
             return False
         return all(
             len(frame.keys() if key == () else frame.get(key).keys()) == count
@@ -94,10 +97,15 @@ class FrameStacker:
         levels = [((), batch), *((k, v) for k, v in batch.items(True) if is_tensor_collection(v))]
         leaves = list(batch.values(True, True))
         plain = all(type(td) is TensorDict for _, td in levels)
-        if not plain or not all(type(leaf) is torch.Tensor for leaf in leaves):
-            self._last = None
+        tensors = all(type(leaf) is torch.Tensor for leaf in leaves)
+        devices = {leaf.device for leaf in leaves} if tensors else set()
+        if not plain or len(devices) != 1:
+            self._layout = None
             return
-        self._last = batch
+        self._layout = batch.apply(
+            lambda t: torch.empty_like(t, device="meta"), device=torch.device("meta")
+        )
+        self._devices = (batch.device, devices.pop())
         self._signature = _signature(first)
         self._counts = [(key, len(td.keys())) for key, td in levels]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -52,6 +54,16 @@ def test_batches_stacked_into_the_last_layout_equal_dense_stacks_in_fresh_tensor
     assert (first == kept).all()
     first_ptrs = {v.data_ptr() for v in first.values(True, True)}
     assert not first_ptrs & {v.data_ptr() for v in second.values(True, True)}
+
+
+def test_no_batch_is_held_between_two_batches() -> None:
+    stacker = FrameStacker()
+    for start in (0, 5):  # the dense first batch, then one stacked into the layout
+        batch = stacker.stack(_frames(5, start=start))
+        observation = weakref.ref(batch["next", "observation"])
+        del batch
+        gc.collect()
+        assert observation() is None, "the stacker keeps a batch handed on alive"
 
 
 _CHANGES = {
