@@ -38,6 +38,13 @@ def _frames(steps: int, start: int = 0, **kw: int) -> list[TensorDict]:
     return [_frame(start + t, **kw) for t in range(steps)]
 
 
+def _laid_out() -> FrameStacker:
+    """A stacker that has stacked one batch of 4 frames: the next fitting batch uses its layout."""
+    stacker = FrameStacker()
+    stacker.stack(_frames(4))
+    return stacker
+
+
 def _dense(frames: list[TensorDict]) -> TensorDictBase:
     return torch.stack(frames, dim=frames[0].batch_dims).contiguous()
 
@@ -77,8 +84,7 @@ _CHANGES = {
 def test_frames_with_an_entry_the_layout_lacks_are_stacked_whole(
     change: Callable[[TensorDict], object],
 ) -> None:
-    stacker = FrameStacker()
-    stacker.stack(_frames(4))
+    stacker = _laid_out()
     frames = _frames(4, start=4)
     for frame in frames:
         change(frame)
@@ -92,8 +98,7 @@ def test_one_later_frame_with_an_entry_more_is_refused_as_a_dense_stack_refuses_
     change: Callable[[TensorDict], object],
 ) -> None:
     # Stacked into the layout, the entry would be dropped without a word.
-    stacker = FrameStacker()
-    stacker.stack(_frames(4))
+    stacker = _laid_out()
     frames = _frames(4, start=4)
     change(frames[2])
     with pytest.raises(RuntimeError, match="keys"):
@@ -103,8 +108,7 @@ def test_one_later_frame_with_an_entry_more_is_refused_as_a_dense_stack_refuses_
 
 
 def test_a_later_frame_missing_an_entry_or_of_another_shape_raises_as_a_dense_stack() -> None:
-    stacker = FrameStacker()
-    stacker.stack(_frames(4))
+    stacker = _laid_out()
     missing = _frames(4, start=4)
     del missing[2]["next", "reward"]
     with pytest.raises(RuntimeError, match="keys"):
