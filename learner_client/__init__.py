@@ -30,8 +30,9 @@ from learner_client._given_fleet import ActorFleet
 from learner_client._llm_collector import GrpcLLMCollector
 from learner_client._local_fleet import LocalFleet
 from learner_client._metrics import check_metrics_port, serve_metrics
-from learner_client._pushes import PartResult, WeightPushSettings
+from learner_client._pushes import PartResult
 from learner_client._ray_fleet import RayFleet
+from learner_client._settings import WeightPushSettings
 from learner_client._transport import ActorDescription
 
 __all__ = [

@@ -31,7 +31,6 @@ from learner_client._given_fleet import ActorFleet, FleetOwner, check_positional
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
 from learner_client._metrics import LearnerMetrics
-from learner_client._pushes import WeightPushSettings
 from learner_client._ray_dropin import (
     RAY_ARGUMENTS,
     RAY_WARNED,
@@ -44,6 +43,7 @@ from learner_client._settings import (
     BatchSettings,
     ConnectionSettings,
     RolloutSettings,
+    WeightPushSettings,
     check_addresses,
     check_hooks,
 )
@@ -143,7 +143,8 @@ class GrpcCollector:
             ``frames_per_batch`` and ``total_frames`` are per rank). ``rank="env"`` reads
             both from torch.distributed (or torchrun's ``RANK``/``WORLD_SIZE``). A given
             ``learner_id`` becomes ``<learner_id>/rank<r>``. See docs/collector.md.
-        weight_push: Pushes' checksum and full-push interval of deltas (``WeightPushSettings``).
+        weight_push: How pushes travel: checksum, deltas' full-push interval, shared memory,
+            relays, parallel streams (``WeightPushSettings``).
         policy: The learner's module, pushed (buffers too) before the first batch, by
             ``update_policy_weights_()`` and, unless ``push_policy_changes=False``, whenever
             it changed before the next batch (TorchRL's shared policy).

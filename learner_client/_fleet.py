@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from common.config import CollectSettings
+from common.config import CHUNK_BYTES, CollectSettings
 from common.errors import ActorUnavailableError, RlfleetError, UnknownWorkerError, is_transient
 from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
@@ -39,6 +39,7 @@ from learner_client._relay import RelayRoute
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._shm import ShmRefusedError, ShmRoute
 from learner_client._slabs import PacketSlabs
+from learner_client._stripes import Striped, StripeRoute
 from learner_client._torchrl_compat import ActorPlacement
 from learner_client._transport import (
     ActorChannel,
@@ -94,6 +95,7 @@ class Fleet:
         ranks: Which actors this learner rank owns (default: every one).
         shm: Which actors share this host; pushes to them travel through shared memory.
         relay: Which pushes to remote actors travel down a chain of actors.
+        stripes: Which pushes to a remote actor travel striped over parallel streams.
     """
 
     conn: ConnectionSettings
@@ -108,6 +110,7 @@ class Fleet:
     ranks: Ranks = dataclasses.field(default_factory=Ranks)
     shm: ShmRoute = dataclasses.field(default_factory=ShmRoute)
     relay: RelayRoute = dataclasses.field(default_factory=RelayRoute)
+    stripes: StripeRoute = dataclasses.field(default_factory=StripeRoute)
     #: What a link calls before each session: the pusher re-sends the weights the actor lacks
     #: (set once the pusher is wired; see :func:`learner_client._wiring.assemble`).
     admit: Admit[ActorChannel] = dataclasses.field(init=False)
@@ -382,6 +385,12 @@ class Fleet:
             except RelayFailedError as exc:
                 log.info("worker_id %d: %s; the bytes were sent instead", link.worker_id, exc)
                 self.relay.fell_back(_nbytes(enc.blob))
+        striped = self._striped(link.worker_id, enc)
+        if striped is not None:
+            self.stripes.count(1)
+            return await link.channel.push_parts(
+                enc.model_id, enc.version, striped.parts, self.conn.call_timeout
+            )
         return await link.channel.push_weights(
             enc.model_id, enc.version, messages, self.conn.call_timeout
         )
@@ -449,9 +458,19 @@ class Fleet:
             raise RelayFailedError(f"worker_id {peer.worker_id} did not forward: {exc}") from exc
         return await target
 
-    def _hold(self, pairs: Sequence[tuple[int, EncodedWeights]], replies: Sequence[object]) -> None:
-        """Remember who applied each whole push's bytes (peers a returning actor may use)."""
-        for (w, enc), reply in zip(pairs, replies, strict=True):
+    def _hold(
+        self,
+        pairs: Sequence[tuple[int, EncodedWeights]],
+        replies: Sequence[object],
+        striped: Collection[int],
+    ) -> None:
+        """Remember who applied each whole push's bytes (peers a returning actor may use).
+
+        An actor sent a push striped holds its parts, not the blob, so it is no such peer.
+        """
+        for i, ((w, enc), reply) in enumerate(zip(pairs, replies, strict=True)):
+            if i in striped:
+                continue
             if isinstance(reply, PushReply) and enc.part is None and enc.base_version is None:
                 held = self._holders.get(enc.model_id)
                 workers = held[1] if held is not None and held[0] == _key(enc) else frozenset()
@@ -477,7 +496,7 @@ class Fleet:
         local = [n and _key(enc) in segments for (_, enc), n in zip(pairs, near, strict=True)]
         refused: list[int] = []
         try:
-            sent: list[Sequence[bytes]] = [
+            sent: list[Sequence[bytes] | Striped] = [
                 shm_messages(messages[_key(enc)], segments[_key(enc)])
                 if shared
                 else messages[_key(enc)]
@@ -486,6 +505,9 @@ class Fleet:
             relayed = self._relayed(pairs, local, messages)
             for i, chained in relayed.items():
                 sent[i] = chained
+            striped = self._striped_all(pairs, [n or i in relayed for i, n in enumerate(local)])
+            for i, parts in striped.items():
+                sent[i] = parts
             replies = self._push_calls(
                 [(w, enc, s) for (w, enc), s in zip(pairs, sent, strict=True)],
                 {i: messages[_key(pairs[i][1])] for i in relayed},
@@ -499,8 +521,36 @@ class Fleet:
             spoiled = {segments[_key(pairs[i][1])].name for i in refused}
             self.shm.release(segments.values(), spoiled)
         self.shm.count(sum(local) - len(refused), len(refused) + sum(near) - sum(local))
-        self._hold(pairs, replies)
+        self._hold(pairs, replies, striped)
         return replies
+
+    def _striped(self, worker_id: int, enc: EncodedWeights) -> Striped | None:
+        """The parts of a push to a remote actor, when it travels striped (``_stripes``)."""
+        if not self._may_stripe(worker_id):
+            return None
+        return self.stripes.striped(enc, CHUNK_BYTES)
+
+    def _may_stripe(self, worker_id: int) -> bool:
+        """Whether a push to this actor may travel striped: remote, and it takes parts."""
+        return self.accepts_parts(worker_id) and not self.shm.is_local(worker_id)
+
+    def _striped_all(
+        self, pairs: Sequence[tuple[int, EncodedWeights]], routed: Sequence[bool]
+    ) -> dict[int, Striped]:
+        """Per pair striped, its parts (each distinct push split once); ``routed``: not direct."""
+        split: dict[tuple, Striped | None] = {}
+        striped: dict[int, Striped] = {}
+        for i, ((w, enc), other_route) in enumerate(zip(pairs, routed, strict=True)):
+            if other_route or not self._may_stripe(w):
+                continue
+            key = _key(enc)
+            if key not in split:
+                split[key] = self.stripes.striped(enc, CHUNK_BYTES)
+            parts = split[key]
+            if parts is not None:
+                striped[i] = parts
+        self.stripes.count(len(striped))
+        return striped
 
     def _relayed(
         self,
@@ -541,7 +591,7 @@ class Fleet:
 
     def _push_calls(
         self,
-        calls: Sequence[tuple[int, EncodedWeights, Sequence[bytes]]],
+        calls: Sequence[tuple[int, EncodedWeights, Sequence[bytes] | Striped]],
         direct: Mapping[int, Sequence[bytes]] | None = None,
     ) -> list[PushReply | BaseException]:
         """Stream each push with its messages, all concurrently; each reply or error.
@@ -560,13 +610,17 @@ class Fleet:
         self,
         worker_id: int,
         enc: EncodedWeights,
-        sent: Sequence[bytes],
+        sent: Sequence[bytes] | Striped,
         direct: Sequence[bytes] | None,
     ) -> PushReply:
         """One actor's push; a relayed one whose bytes failed is sent ``direct`` at once."""
         channel = self._links[worker_id].channel
 
-        async def call(messages: Sequence[bytes]) -> PushReply:
+        async def call(messages: Sequence[bytes] | Striped) -> PushReply:
+            if isinstance(messages, Striped):
+                return await channel.push_parts(
+                    enc.model_id, enc.version, messages.parts, self.conn.call_timeout
+                )
             return await channel.push_weights(
                 enc.model_id,
                 enc.version,

@@ -156,6 +156,7 @@ class _StatsCollector(Collector):
         ),
         ("relay_bytes_saved", "Bytes the learner did not upload thanks to relays and catch-ups."),
         ("peer_catch_ups", "Returning actors sent the current weights by a peer."),
+        ("striped_pushes", "Actor pushes striped over parallel streams, one part per stream."),
         ("shm_pushes", "Actor pushes read from a shared-memory segment on this host."),
         ("shm_batches", "Batches read from an actor's shared-memory segment on this host."),
         (

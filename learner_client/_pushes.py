@@ -76,7 +76,6 @@ from common.errors import (
     is_transient,
 )
 from common.weights import (
-    CHECKSUMS,
     Part,
     PushForm,
     PushOutcome,
@@ -90,6 +89,7 @@ from learner_client._fleet import Fleet, Link
 from learner_client._ledger import Ledger
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
+from learner_client._settings import WeightPushSettings
 from learner_client._shared_policy import SharedPolicy
 from learner_client._transport import ActorDescription, PushReply
 from learner_client._weights import (
@@ -103,13 +103,11 @@ from learner_client._weights import (
 )
 
 __all__ = [
-    "DEFAULT_FULL_PUSH_EVERY",
     "DeltaTracker",
     "PartResult",
     "PushResults",
     "Pusher",
     "VersionAgreement",
-    "WeightPushSettings",
     "push_error",
     "weights_digest",
 ]
@@ -124,56 +122,6 @@ Reply: TypeAlias = "PushReply | BaseException"
 PushResults: TypeAlias = (
     "tuple[dict[str, dict[int, PushReply]], dict[str, dict[int, BaseException]]]"
 )
-
-#: Consecutive delta pushes a worker gets before the next full one.
-DEFAULT_FULL_PUSH_EVERY = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightPushSettings:
-    """How weight pushes travel.
-
-    Attributes:
-        checksum: ``"crc32c"`` (hardware CRC-32C, ~10 GB/s; the default) or ``"sha256"``
-            (a cryptographic digest, ~2 GB/s, for operators who want one). The actor
-            verifies whichever the push carries.
-        full_push_every: With ``delta=True``, a worker gets a full push after this many
-            consecutive deltas, which bounds the cost of any drift or lost snapshot.
-        shared_memory: Push to actors proven to share this host through a shared-memory
-            segment under ``/dev/shm`` (written once per push, read by each of them)
-            instead of the bytes over gRPC; False sends every actor the bytes
-            (``docs/weights.md``).
-        relay: Send a blob that several remote actors get (8 MiB or more, no TLS) once,
-            to the first of a chain of them, each forwarding it to the next as it arrives
-            (``docs/weights.md``, "How a push travels"); False sends each actor the bytes.
-        relay_stall_seconds: How long an actor of a chain waits for new bytes from its
-            relay before it gives them up and the learner sends it the bytes itself.
-
-    Example::
-
-        GrpcCollector(actors, frames_per_batch=256,
-                      weight_push=WeightPushSettings(checksum="sha256", full_push_every=4))
-    """
-
-    checksum: str = "crc32c"
-    full_push_every: int = DEFAULT_FULL_PUSH_EVERY
-    shared_memory: bool = True
-    relay: bool = True
-    relay_stall_seconds: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.checksum not in CHECKSUMS:
-            raise ValueError(f"checksum must be one of {CHECKSUMS}, got {self.checksum!r}")
-        every = self.full_push_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"full_push_every must be an int >= 1, got {every!r}")
-        if not isinstance(self.shared_memory, bool):
-            raise ValueError(f"shared_memory must be a bool, got {self.shared_memory!r}")
-        if not isinstance(self.relay, bool):
-            raise ValueError(f"relay must be a bool, got {self.relay!r}")
-        stall = self.relay_stall_seconds
-        if isinstance(stall, bool) or not isinstance(stall, int | float) or not 0.1 <= stall <= 600:
-            raise ValueError(f"relay_stall_seconds must be in [0.1, 600], got {stall!r}")
 
 
 @dataclasses.dataclass(frozen=True)

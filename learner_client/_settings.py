@@ -26,15 +26,19 @@ from tensordict import TensorDictBase
 from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
+from common.weights import CHECKSUMS
 from learner_client._members import FleetMember, check_kinds, check_unique
 from learner_client._torchrl_compat import ActorPlacement
 
 __all__ = [
+    "DEFAULT_FULL_PUSH_EVERY",
+    "MAX_STREAMS",
     "BatchSettings",
     "ConnectionSettings",
     "Postproc",
     "ReplayBufferLike",
     "RolloutSettings",
+    "WeightPushSettings",
     "check_addresses",
     "check_fleet",
     "check_hooks",
@@ -503,3 +507,65 @@ def _flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
+
+
+#: Consecutive delta pushes a worker gets before the next full one.
+DEFAULT_FULL_PUSH_EVERY = 10
+#: The most parallel streams one push may be striped over.
+MAX_STREAMS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightPushSettings:
+    """How weight pushes travel.
+
+    Attributes:
+        checksum: ``"crc32c"`` (hardware CRC-32C, ~10 GB/s; the default) or ``"sha256"``
+            (a cryptographic digest, ~2 GB/s, for operators who want one). The actor
+            verifies whichever the push carries.
+        full_push_every: With ``delta=True``, a worker gets a full push after this many
+            consecutive deltas, which bounds the cost of any drift or lost snapshot.
+        shared_memory: Push to actors proven to share this host through a shared-memory
+            segment under ``/dev/shm`` (written once per push, read by each of them)
+            instead of the bytes over gRPC; False sends every actor the bytes
+            (``docs/weights.md``).
+        relay: Send a blob that several remote actors get (8 MiB or more, no TLS) once,
+            to the first of a chain of them, each forwarding it to the next as it arrives
+            (``docs/weights.md``, "How a push travels"); False sends each actor the bytes.
+        relay_stall_seconds: How long an actor of a chain waits for new bytes from its
+            relay before it gives them up and the learner sends it the bytes itself.
+        streams: Stripe a full push of at least ``streams x 8 MiB`` to an actor reached
+            over the network over up to this many parallel streams, each a connection of
+            its own, as the parts of its version (``docs/weights.md``); 1 (the default)
+            sends each push as one stream. For fast links that one connection cannot fill.
+
+    Example::
+
+        GrpcCollector(actors, frames_per_batch=256,
+                      weight_push=WeightPushSettings(checksum="sha256", full_push_every=4))
+    """
+
+    checksum: str = "crc32c"
+    full_push_every: int = DEFAULT_FULL_PUSH_EVERY
+    shared_memory: bool = True
+    relay: bool = True
+    relay_stall_seconds: float = 5.0
+    streams: int = 1
+
+    def __post_init__(self) -> None:
+        if self.checksum not in CHECKSUMS:
+            raise ValueError(f"checksum must be one of {CHECKSUMS}, got {self.checksum!r}")
+        every = self.full_push_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"full_push_every must be an int >= 1, got {every!r}")
+        if not isinstance(self.shared_memory, bool):
+            raise ValueError(f"shared_memory must be a bool, got {self.shared_memory!r}")
+        if not isinstance(self.relay, bool):
+            raise ValueError(f"relay must be a bool, got {self.relay!r}")
+        stall = self.relay_stall_seconds
+        if isinstance(stall, bool) or not isinstance(stall, int | float) or not 0.1 <= stall <= 600:
+            raise ValueError(f"relay_stall_seconds must be in [0.1, 600], got {stall!r}")
+        streams = self.streams
+        is_int = isinstance(streams, int) and not isinstance(streams, bool)
+        if not is_int or not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be an int in [1, {MAX_STREAMS}], got {streams!r}")

@@ -85,6 +85,7 @@ def fleet_stats(fleet: Fleet, acting_model: str) -> dict[str, Scalar]:
         **ledger.push_stats(),
         **fleet.shm.stats(),
         **fleet.relay.stats(),
+        **fleet.stripes.stats(),
         "queued_batches": sum(slot.buffered for slot in fleet.mailbox.snapshot().values()),
     }
     out.update({f"policy_version/{mid}": v for mid, v in sorted(versions.items())})

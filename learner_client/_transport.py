@@ -16,6 +16,7 @@ tests drive a link over a fake.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -110,9 +111,15 @@ class PushMessages(Sequence[bytes]):
     it, so encoding overlaps with sending instead of preceding it.
     """
 
-    def __init__(self, header: bytes, blob: bytes | memoryview, chunk_bytes: int) -> None:
+    def __init__(
+        self, header: bytes, blob: bytes | memoryview, chunk_bytes: int, prefix: bytes = b""
+    ) -> None:
         self._header = header
-        self._pieces = list(iter_blob_chunks(blob, chunk_bytes))
+        # ``prefix``: bytes of the pushed blob before ``blob`` (a part's own safetensors
+        # header before its run of a split blob's data), sent as a chunk of their own.
+        self._pieces = ([memoryview(prefix)] if prefix else []) + list(
+            iter_blob_chunks(blob, chunk_bytes)
+        )
         self._built: list[bytes | None] = [None] * len(self._pieces)
 
     def __len__(self) -> int:
@@ -169,6 +176,16 @@ def push_messages(
         part=None if part is None else pb.PartOf(index=part.index, count=part.count),
     )
     return PushMessages(encode_header(header), blob, chunk_bytes)
+
+
+def _push_method(channel: grpc.aio.Channel) -> Any:
+    """``channel``'s PushWeights call, requests serialised beforehand (:func:`push_messages`)."""
+    return channel.stream_unary(
+        "/rlfleet.v1.ActorService/PushWeights",
+        request_serializer=_pre_serialized,
+        response_deserializer=pb.PushWeightsResponse.FromString,
+        _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
+    )
 
 
 def _outcome_name(value: int) -> str:
@@ -385,19 +402,14 @@ class ActorChannel:
     ) -> None:
         self.address = address
         self._metadata = metadata
-        options = client_channel_options() + _RECONNECT_OPTIONS
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(address, options=options)
-        else:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
+        self._credentials = credentials
+        self._channel = self._open(own_connection=False)
         self._stub = pb_grpc.ActorServiceStub(self._channel)
-        # PushWeights with requests serialised beforehand (see push_messages).
-        self._push_raw = self._channel.stream_unary(
-            "/rlfleet.v1.ActorService/PushWeights",
-            request_serializer=_pre_serialized,
-            response_deserializer=pb.PushWeightsResponse.FromString,
-            _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
-        )
+        # PushWeights with requests serialised beforehand (see push_messages), per
+        # connection: the first is the channel's; the others, each a TCP connection of its
+        # own, carry the parts of a push striped over parallel streams (opened on first use).
+        self._pushes = [_push_method(self._channel)]
+        self._striping: list[grpc.aio.Channel] = []
         # Collect with chunk data read as views of the received messages (parse_collect_response).
         self._collect = self._channel.stream_stream(
             "/rlfleet.v1.ActorService/Collect",
@@ -406,9 +418,27 @@ class ActorChannel:
             _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
         )
 
+    def _open(self, *, own_connection: bool) -> grpc.aio.Channel:
+        """A channel to the actor; ``own_connection``: not sharing another channel's TCP one."""
+        options = client_channel_options() + _RECONNECT_OPTIONS
+        if own_connection:  # channels to one target share a connection unless told not to
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(self.address, options=options)
+        return grpc.aio.secure_channel(self.address, self._credentials, options=options)
+
+    def _push_on(self, connection: int) -> Any:
+        """The PushWeights call on connection ``connection`` (0: the channel's own)."""
+        while len(self._pushes) <= connection:
+            channel = self._open(own_connection=True)
+            self._striping.append(channel)
+            self._pushes.append(_push_method(channel))
+        return self._pushes[connection]
+
     async def close(self) -> None:
-        """Close the channel, cancelling its calls."""
-        await self._channel.close(grace=None)
+        """Close the channel (and the connections of striped pushes), cancelling their calls."""
+        for channel in [self._channel, *self._striping]:
+            await channel.close(grace=None)
 
     async def describe(
         self, timeout: float, *, wait_for_ready: bool = False, probe: Segment | None = None
@@ -457,6 +487,7 @@ class ActorChannel:
         timeout: float,
         *,
         part: bool = False,
+        connection: int = 0,
     ) -> PushReply:
         """Stream one weight push; returns the version now in force and the actor's pause.
 
@@ -466,6 +497,8 @@ class ActorChannel:
             messages: The serialised requests (:func:`push_messages`).
             timeout: Deadline in seconds.
             part: The push is a part of a multi-part push (its header says so).
+            connection: Which connection to the actor carries it (0: the channel's own;
+                another opens a TCP connection of its own on first use).
 
         Raises:
             SessionStateError: The actor answered with another model, version or
@@ -477,7 +510,11 @@ class ActorChannel:
                 yield message
 
         with translate_errors(self.address):
-            r = await self._push_raw(requests(), timeout=timeout, metadata=self._metadata)
+            # A further connection may still be reconnecting while the channel's own is up
+            # (an actor restarted): its call waits for it, within the deadline.
+            r = await self._push_on(connection)(
+                requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=connection > 0
+            )
         if r.shm_refused:
             raise ShmRefusedError(f"{self.address}: {r.shm_refused}")
         if r.relay_failed:
@@ -501,6 +538,39 @@ class ActorChannel:
             outcome or PushOutcome.APPLIED,
             int(r.parts_staged),
         )
+
+    async def push_parts(
+        self, model_id: str, version: int, parts: Sequence[Sequence[bytes]], timeout: float
+    ) -> PushReply:
+        """Stream the parts of one version, each on a connection of its own, all at once.
+
+        The actor applies the version whole when the last part arrives; its replies are
+        read as its one verdict on the version (``learner_client._stripes``). The first part
+        to fail cancels the others: the version cannot complete.
+
+        Raises:
+            RlfleetError: The first part's failure; the version did not apply.
+            SessionStateError: Every part was taken, yet none completed the version.
+        """
+        calls = [
+            asyncio.ensure_future(
+                self.push_weights(model_id, version, messages, timeout, part=True, connection=i)
+            )
+            for i, messages in enumerate(parts)
+        ]
+        try:
+            done = [await call for call in asyncio.as_completed(calls)]
+        finally:
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+        completing = [r for r in done if r.outcome is PushOutcome.COMPLETED]
+        if len(completing) != 1:
+            raise SessionStateError(
+                f"{self.address}: the {len(parts)} parts of {model_id!r} version {version} "
+                f"were taken, but {len(completing)} of them completed it"
+            )
+        return PushReply(version, completing[0].pause_seconds)
 
     async def forward_weights(self, request: pb.ForwardRequest, timeout: float) -> int:
         """Have the actor forward the blob it holds to another actor; the bytes taken there."""

@@ -30,12 +30,13 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
-from learner_client._pushes import DeltaTracker, Pusher, VersionAgreement, WeightPushSettings
+from learner_client._pushes import DeltaTracker, Pusher, VersionAgreement
 from learner_client._relay import RelayRoute
 from learner_client._rounds import Rounds
-from learner_client._settings import BatchSettings, ConnectionSettings
+from learner_client._settings import BatchSettings, ConnectionSettings, WeightPushSettings
 from learner_client._shm import ShmRoute
 from learner_client._slabs import PacketSlabs
+from learner_client._stripes import StripeRoute
 from learner_client._weights import WeightBook
 
 __all__ = ["Parts", "assemble"]
@@ -105,6 +106,7 @@ def assemble(
         ranks=ranks or Ranks(),
         shm=ShmRoute(push.shared_memory, batches=conn.shared_memory_batches),
         relay=RelayRoute(push.relay, push.relay_stall_seconds),
+        stripes=StripeRoute(push.streams),
     )
     agreement = VersionAgreement(fleet.ranks, conn.call_timeout)
     pusher = Pusher(fleet, book, ledger, metrics, DeltaTracker(book, push), agreement)

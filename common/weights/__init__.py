@@ -25,7 +25,8 @@ keys, shapes, dtypes and ties against the live model and casts, and
 version the receiver holds) are encoded, checked and applied by
 :func:`encode_delta`, :func:`decode_delta` and :func:`apply_delta` (``common.weights._delta``).
 A push may be one :class:`Part` of a version that several learner ranks send together
-(``common.weights._parts``).
+(``common.weights._parts``); :func:`split_blob` cuts one whole blob into such parts, views
+of its bytes, for a push striped over parallel streams (``common.weights._split``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from common.weights._safetensors import (
     read_blob,
     write_blob,
 )
+from common.weights._split import BlobPart, split_blob
 
 __all__ = [
     "CHECKSUMS",
@@ -83,6 +85,7 @@ __all__ = [
     "WIRE_DTYPES",
     "Expected",
     "BlobAssembler",
+    "BlobPart",
     "apply_delta",
     "Part",
     "PushForm",
@@ -102,6 +105,7 @@ __all__ = [
     "iter_blob_chunks",
     "load_into",
     "sha256_hex",
+    "split_blob",
     "stage_state",
     "state_nbytes",
     "to_state_dict",

@@ -32,6 +32,8 @@ __all__ = [
     "METADATA_KEY",
     "Expected",
     "HeaderCheck",
+    "header_bytes",
+    "parse_header",
     "read_blob",
     "write_blob",
 ]
@@ -159,9 +161,14 @@ def _layout(
             "data_offsets": [offset, end],
         }
         offset = end
+    return order, header_bytes(header)
+
+
+def header_bytes(header: Mapping[str, Any]) -> bytes:
+    """A blob's prefix: the 8-byte length, then the compact JSON header padded to 8 bytes."""
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
-    return order, len(text).to_bytes(HEADER_PREFIX, "little") + text
+    return len(text).to_bytes(HEADER_PREFIX, "little") + text
 
 
 def _write_in_place(

@@ -132,6 +132,15 @@ EXPECTED = {
         ["one rank", "one rank pause", "two ranks", "two ranks pause"],
         ["two ranks/one rank", "two ranks pause/one rank pause"],
     ),
+    "push_streams": (
+        ["1 stream", "2 streams", "4 streams", "raw loopback"],
+        [
+            "1 stream/raw loopback",
+            "4 streams/raw loopback",
+            "2 streams/1 stream",
+            "4 streams/1 stream",
+        ],
+    ),
     "llm_push": (
         [
             "llm 25m full",

@@ -69,6 +69,8 @@ def test_weights_module_pins_its_public_names() -> None:
             "MAX_POLICY_VERSION",
             "check_policy_version",
             "BlobAssembler",
+            "BlobPart",
+            "split_blob",
             "check_compatible",
             "check_finite",
             "decode_weights",

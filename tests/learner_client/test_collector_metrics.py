@@ -62,7 +62,13 @@ def test_learner_metrics_move_as_batches_flow_and_pushes_happen(
     assert value(after, "rlfleet_learner_pushes_total", model_id="policy", result="ok") == 1
     assert value(after, "rlfleet_learner_push_seconds_count", model_id="policy") == 2
     assert value(after, "rlfleet_learner_queue_batches") >= 0
-    for key in ("relayed_pushes", "relay_fallbacks", "relay_bytes_saved", "peer_catch_ups"):
+    for key in (
+        "relayed_pushes",
+        "relay_fallbacks",
+        "relay_bytes_saved",
+        "peer_catch_ups",
+        "striped_pushes",
+    ):
         assert value(after, f"rlfleet_learner_{key}_total") == stats[key]
     assert value(after, "rlfleet_learner_shm_pushes_total") == stats["shm_pushes"]
     assert sum(after["rlfleet_learner_workers"].values()) == 3

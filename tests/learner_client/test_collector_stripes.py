@@ -1,0 +1,131 @@
+"""Pushes striped over parallel streams, against real actor processes.
+
+With ``WeightPushSettings(streams=K)`` a full push of a large model to a remote actor travels
+as up to K parts of its version, each on a TCP connection of its own; the actor applies the
+version whole when the last part arrives. Each actor here gets exactly the pushed weights,
+its audit log shows the parts arriving from distinct connections, and a push one of whose
+parts is refused leaves the actor with the version before, whole.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+from helpers import start_actor
+from learner_fleet import cartpole_policy, start_actors
+from test_collector_relay import versions
+from test_collector_shm import actor_policy, same_weights
+
+from learner_client import GrpcCollector, WeightPushError, WeightPushSettings
+
+pytestmark = pytest.mark.long  # actor processes holding a 27 MB policy
+
+#: Three 1500 x 1500 layers (9 MB each): a 27 MB policy, striped into three parts.
+HIDDEN = (1500, 1500, 1500, 1500)
+ARGS = ["--num-envs", "1", "--policy-kwargs", '{"hidden": [1500, 1500, 1500, 1500]}']
+PREFIX = "models/policy/weights/"
+STRIPED = WeightPushSettings(shared_memory=False, relay=False, streams=4)
+
+
+@pytest.fixture
+def actors():
+    started = start_actors([["--worker-id", str(i), "--seed", str(i), *ARGS] for i in range(2)])
+    yield started
+    for actor in started:
+        actor.close()
+
+
+def push_peers(log: str, version: int) -> list[str]:
+    """The peers of the actor's ``weights.push`` audit lines for ``version``, in order."""
+    lines = [line for line in log.splitlines() if "weights.push" in line]
+    return [
+        re.search(r'peer="?([^" ]+)', line).group(1)  # type: ignore[union-attr]
+        for line in lines
+        if re.search(rf"\bversion={version}\b", line)
+    ]
+
+
+def test_a_striped_push_is_applied_whole_from_parts_on_their_own_connections(actors):
+    addresses = [a.address for a in actors]
+    with GrpcCollector(addresses, frames_per_batch=4, weight_push=STRIPED) as collector:
+        policy = cartpole_policy(hidden=HIDDEN)
+        version = collector.update_policy_weights_(policy)[0]
+        assert collector.update_policy_weights_(policy)[0] == version + 1
+        assert collector.stats()["striped_pushes"] == 4  # two pushes to two actors
+        assert collector.stats()["relayed_pushes"] == 0
+        for actor in actors:
+            assert same_weights(actor_policy(actor.address), policy)
+            assert versions(actor) == version + 1
+        batch = collector.next()
+        assert bool((batch["policy_version"] == version + 1).all())
+    for actor in actors:
+        peers = push_peers(actor.stderr(), version)
+        assert len(peers) == 3, actor.stderr()[-3000:]
+        assert len(set(peers)) == 3  # three TCP connections, one per part
+
+
+def test_one_refused_part_leaves_the_version_before_whole(actors):
+    addresses = [a.address for a in actors]
+    with GrpcCollector(addresses, frames_per_batch=4, weight_push=STRIPED) as collector:
+        old = cartpole_policy(hidden=HIDDEN)
+        collector.update_policy_weights_(old)
+        before = [versions(a) for a in actors]
+        bad = cartpole_policy(hidden=HIDDEN)
+        with torch.no_grad():  # only the first part holds a NaN: the others stage
+            bad.state_dict()["module.0.module.1.weight"][0, 0] = float("nan")
+        with pytest.raises(WeightPushError) as raised:
+            collector.update_policy_weights_(bad)
+        assert set(raised.value.failed) == {0, 1}
+        for actor, version in zip(actors, before, strict=True):
+            assert versions(actor) == version
+            assert same_weights(actor_policy(actor.address), old)
+        new = cartpole_policy(hidden=HIDDEN)  # the next version supersedes the staged parts
+        version = collector.update_policy_weights_(new)[0]
+        for actor in actors:
+            assert versions(actor) == version
+            assert same_weights(actor_policy(actor.address), new)
+
+
+def test_a_subset_push_and_a_push_under_two_stripes_go_as_one_stream(actors):
+    addresses = [a.address for a in actors]
+    with GrpcCollector(addresses, frames_per_batch=4, weight_push=STRIPED) as collector:
+        policy = cartpole_policy(hidden=HIDDEN)
+        collector.update_policy_weights_(policy)
+        assert collector.stats()["striped_pushes"] == 2
+        some = {k: v for k, v in policy.state_dict().items() if ".module.3." in k}
+        collector.update_policy_weights_(some)  # some keys: parts must hold every key
+        collector.update_policy_weights_(policy, dtype=torch.bfloat16)  # 13.5 MB: one part
+        assert collector.stats()["striped_pushes"] == 2
+        rounded = {k: v.to(torch.bfloat16).float() for k, v in policy.state_dict().items()}
+        for actor in actors:
+            held = actor_policy(actor.address)
+            assert all(torch.equal(held[PREFIX + k], v) for k, v in rounded.items())
+
+
+def test_a_restarted_actor_is_sent_the_weights_striped(actors):
+    addresses = [a.address for a in actors]
+    with GrpcCollector(
+        addresses, frames_per_batch=4, batch_timeout=30, weight_push=STRIPED
+    ) as collector:
+        policy = cartpole_policy(hidden=HIDDEN)
+        version = collector.update_policy_weights_(policy)[0]
+        collector.next()
+        port = actors[1].port
+        actors[1].close()
+        actors[1] = start_actor([*ARGS, "--worker-id", "1", "--seed", "1", "--port", str(port)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # its first batch comes once it holds the weights
+            batch = collector.next()
+            returned = collector.stats()["striped_pushes"] == 3  # the old process's are sent
+            if returned and int(batch["collector", "worker_id"].flatten()[0]) == 1:
+                break
+        else:
+            raise AssertionError("no batch from the restarted actor within 60 s")
+        stats = collector.stats()
+        assert stats["striped_pushes"] == 3  # one push to each, then the returning actor's
+        assert stats["peer_catch_ups"] == 0
+        assert versions(actors[1]) == version
+        assert same_weights(actor_policy(actors[1].address), policy)
