@@ -15,7 +15,7 @@ between measurements while this process, with torch imported, lives on):
   ``update_policy_weights_`` of the ``"mlp"`` CartPole policy (two hidden layers of
   ``h``) to the first ``c`` actors, for every ``c`` (after one untimed warm-up push to
   all). Answers ``{"bytes", "direct" | "relayed": {"seconds": {c: s}, "tx_bytes": {c: n},
-  "fallbacks": n}}``;
+  "cpu_busy": {c: share of the machine's CPU busy during the push}, "fallbacks": n}}``;
 - ``{"op": "quit"}``.
 """
 
@@ -113,7 +113,7 @@ def _timed_pushes(policy: Any, targets: list[str], counts: list[int], relay: boo
 
     from learner_client import GrpcCollector, WeightPushSettings
 
-    out: dict[str, Any] = {"seconds": {}, "tx_bytes": {}, "fallbacks": 0}
+    out: dict[str, Any] = {"seconds": {}, "tx_bytes": {}, "cpu_busy": {}, "fallbacks": 0}
     with GrpcCollector(
         targets,
         frames_per_batch=2 * len(targets),
@@ -128,10 +128,13 @@ def _timed_pushes(policy: Any, targets: list[str], counts: list[int], relay: boo
             with torch.no_grad():
                 next(policy.parameters()).add_(1e-3)  # a push nobody may skip
             _, tx0 = link_bytes()
+            busy0, total0 = cpu_times()
             start = time.perf_counter()
             coll.update_policy_weights_(policy, worker_ids=coll.worker_ids[: int(count)])
             out["seconds"][str(count)] = time.perf_counter() - start
             out["tx_bytes"][str(count)] = link_bytes()[1] - tx0
+            busy1, total1 = cpu_times()
+            out["cpu_busy"][str(count)] = (busy1 - busy0) / max(1, total1 - total0)
         out["fallbacks"] = coll.stats()["relay_fallbacks"]
     return out
 

@@ -28,8 +28,10 @@ rates change between measurements while every process lives on. In one run:
   of ``--hidden`` (5000: 25,040,002 float32 parameters, 100 MB) over ``--push-rate``
   (1gbit) links to 1, 2, 4 and 8 actors on their own hosts behind the learner's link of
   the same rate, each actor sent the bytes (direct: against the link's floor, ``actors x
-  bytes / rate``) and relayed down a chain of the actors (sent once). Targets: <= 1.3x the
-  floor for one actor; relayed to 4 actors <= 1.3x, to 8 <= 1.5x the push to one.
+  bytes / rate``) and relayed down a chain of the actors (sent once), with the share of the
+  machine's CPU busy during each push ("cpu busy/all": every host shares the same cores).
+  Targets: <= 1.3x the floor for one actor; relayed to 4 actors <= 1.3x, to 8 <= 1.5x the
+  push to one.
 
 Needs root (network namespaces); without it the run records one skip and exits 0.
 Usage: ``python -m bench.hosts [--quick] [--reps 3] [--window 4] [--rates 1gbit,100mbit]
@@ -320,6 +322,9 @@ def measure_push(
                 samples.setdefault(f"{name} s", []).append(got[route]["seconds"][str(count)])
                 samples.setdefault(f"{name} learner/payload bytes", []).append(
                     got[route]["tx_bytes"][str(count)] / got["bytes"]
+                )
+                samples.setdefault(f"{name} cpu busy/all", []).append(
+                    got[route]["cpu_busy"][str(count)]
                 )
                 if route == "direct":
                     samples.setdefault(f"push to {count} direct floor s", []).append(floor)
