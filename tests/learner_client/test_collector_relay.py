@@ -108,17 +108,18 @@ def test_a_relay_lost_mid_push_leaves_the_others_applying_the_new_version(actors
         assert same_weights(held, old) or same_weights(held, new)
 
 
-def restart_last(actors, collector, ready):
-    """Restart ``actors[2]`` on its port; the first batch it sends once ``ready()`` holds."""
-    port = actors[2].port
-    actors[2].close()
-    actors[2] = start_actor([*ARGS, "--worker-id", "2", "--seed", "2", "--port", str(port)])
+def restart_actor(actors, index, args, collector, ready):
+    """Restart ``actors[index]`` on its port; the first batch it sends once ``ready()`` holds."""
+    port = actors[index].port
+    actors[index].close()
+    flags = ["--worker-id", str(index), "--seed", str(index), "--port", str(port)]
+    actors[index] = start_actor([*args, *flags])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # batches of the old process may still come first
         batch = collector.next()
-        if ready() and int(batch["collector", "worker_id"].flatten()[0]) == 2:
+        if ready() and int(batch["collector", "worker_id"].flatten()[0]) == index:
             return batch
-    raise AssertionError("no batch from the restarted worker_id 2 within 60 s")
+    raise AssertionError(f"no batch from the restarted worker_id {index} within 60 s")
 
 
 def test_a_restarted_actor_catches_up_from_a_peer_not_the_learner(actors):
@@ -129,7 +130,9 @@ def test_a_restarted_actor_catches_up_from_a_peer_not_the_learner(actors):
         policy = cartpole_policy(hidden=HIDDEN)
         version = collector.update_policy_weights_(policy)[0]
         collector.next()
-        batch = restart_last(actors, collector, lambda: collector.stats()["peer_catch_ups"] == 1)
+        batch = restart_actor(
+            actors, 2, ARGS, collector, lambda: collector.stats()["peer_catch_ups"] == 1
+        )
         assert bool((batch["policy_version"] == version).all())
         stats = collector.stats()
         assert stats["peer_catch_ups"] == 1
@@ -146,7 +149,7 @@ def test_a_restarted_actor_on_this_host_catches_up_through_shared_memory(actors)
         policy = cartpole_policy(hidden=HIDDEN)
         version = collector.update_policy_weights_(policy)[0]
         assert collector.stats()["shm_pushes"] == 3
-        batch = restart_last(actors, collector, lambda: True)
+        batch = restart_actor(actors, 2, ARGS, collector, lambda: True)
         assert bool((batch["policy_version"] == version).all())
         stats = collector.stats()
         assert (stats["shm_pushes"], stats["shm_fallbacks"]) == (4, 0)

@@ -10,13 +10,11 @@ parts is refused leaves the actor with the version before, whole.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import torch
-from helpers import start_actor
 from learner_fleet import cartpole_policy, start_actors
-from test_collector_relay import versions
+from test_collector_relay import restart_actor, versions
 from test_collector_shm import actor_policy, same_weights
 
 from learner_client import GrpcCollector, WeightPushError, WeightPushSettings
@@ -113,17 +111,8 @@ def test_a_restarted_actor_is_sent_the_weights_striped(actors):
         policy = cartpole_policy(hidden=HIDDEN)
         version = collector.update_policy_weights_(policy)[0]
         collector.next()
-        port = actors[1].port
-        actors[1].close()
-        actors[1] = start_actor([*ARGS, "--worker-id", "1", "--seed", "1", "--port", str(port)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # its first batch comes once it holds the weights
-            batch = collector.next()
-            returned = collector.stats()["striped_pushes"] == 3  # the old process's are sent
-            if returned and int(batch["collector", "worker_id"].flatten()[0]) == 1:
-                break
-        else:
-            raise AssertionError("no batch from the restarted actor within 60 s")
+        # Its first batch comes once it holds the weights, sent as the third striped push.
+        restart_actor(actors, 1, ARGS, collector, lambda: collector.stats()["striped_pushes"] == 3)
         stats = collector.stats()
         assert stats["striped_pushes"] == 3  # one push to each, then the returning actor's
         assert stats["peer_catch_ups"] == 0
