@@ -9,7 +9,10 @@ parts is refused leaves the actor with the version before, whole.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 
 import pytest
 import torch
@@ -118,3 +121,21 @@ def test_a_restarted_actor_is_sent_the_weights_striped(actors):
         assert stats["peer_catch_ups"] == 0
         assert versions(actors[1]) == version
         assert same_weights(actor_policy(actors[1].address), policy)
+
+
+def test_an_actor_killed_mid_push_is_the_only_failure_and_the_other_applies(actors):
+    addresses = [a.address for a in actors]
+    with GrpcCollector(
+        addresses, frames_per_batch=4, weight_push=STRIPED, call_timeout=8.0
+    ) as collector:
+        collector.update_policy_weights_(cartpole_policy(hidden=HIDDEN))
+        before = versions(actors[0])
+        os.kill(actors[1].process.pid, signal.SIGSTOP)  # frozen as its parts arrive
+        threading.Timer(1.0, actors[1].kill).start()  # then dies with them half-sent
+        new = cartpole_policy(hidden=HIDDEN)
+        with pytest.raises(WeightPushError) as raised:
+            collector.update_policy_weights_(new)
+        assert set(raised.value.failed) == {1}
+        assert set(raised.value.succeeded) == {0}
+        assert versions(actors[0]) == before + 1
+        assert same_weights(actor_policy(actors[0].address), new)
