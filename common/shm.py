@@ -144,6 +144,22 @@ class SharedBuffer:
         private = stat.S_ISREG(info.st_mode) and not info.st_mode & 0o077
         return private and info.st_ino == self._inode and info.st_size == self.size
 
+    def view(self) -> memoryview:
+        """The writer's view of the whole mapping (to encode a blob straight into it).
+
+        While any view lives, :meth:`close` raises ``BufferError``; a writer that hands out
+        views lets go with :meth:`remove` instead, and the mapping goes with the last view.
+        """
+        return memoryview(self._memory)
+
+    def control(self, crc: int) -> Segment:
+        """The control of what the segment holds now, of CRC-32C ``crc`` (the writer's)."""
+        return Segment(name=self.name, size=self.size, crc32c=crc)
+
+    def remove(self) -> None:
+        """Remove the segment's name: no reader opens it again (the mapping stays the writer's)."""
+        remove_segment(self.name, self.root)
+
     def fill(self, blob: bytes | bytearray | memoryview, crc: int) -> Segment:
         """Copy ``blob`` (exactly :attr:`size` bytes, of CRC-32C ``crc``) in; its control back."""
         return self.fill_pieces([blob], crc)
@@ -169,12 +185,12 @@ class SharedBuffer:
             at = end
         if at != self.size:
             raise ValueError(f"pieces of {at} bytes in a segment of {self.size}")
-        return Segment(name=self.name, size=self.size, crc32c=crc)
+        return self.control(crc)
 
     def close(self) -> None:
         """Unmap and remove the segment."""
         self._memory.close()
-        remove_segment(self.name, self.root)
+        self.remove()
 
 
 def remove_segment(name: str, root: str = SHM_ROOT) -> None:

@@ -11,10 +11,15 @@ segment answers ``shm_refused``, applies nothing, and is sent the bytes at once;
 that cannot be made (``/dev/shm`` full) sends them the bytes too. Local actors are also asked
 for their batches through segments they write, until one of their batches fails to read.
 
-Segments are kept for reuse (``common.shm.SharedBuffer``: pages allocated once): once every
-reply of a push is in, its segments wait, at most :data:`IDLE_SEGMENTS` of them, for the
-next push of the same size. Those of a learner killed mid-push are swept when the next
-one starts.
+Segments are kept for reuse (``common.shm.SharedBuffer``: pages allocated once). While
+some actor is local, a push is encoded straight into a segment (a *blob segment*, made by
+:meth:`ShmRoute.make` for ``learner_client._slabs.BlobBuffers``, which reuses it as it
+reuses any blob buffer: once nothing views the blob any more): such a blob is named to the
+actors as it lies, with no copy. Any other blob is copied into a segment that, once every
+reply of its push is in, waits, at most :data:`IDLE_SEGMENTS` of them, for the next push
+of the same size. A segment an actor refused, or one found removed or replaced, is never
+named again (a blob segment goes on as the blob's private memory). Those of a learner
+killed mid-push are swept when the next one starts.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import threading
 import weakref
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from typing import TypeVar
+
+import numpy as np
 
 from common.checksum import crc32c
 from common.shm import (
@@ -72,6 +79,8 @@ class ShmRoute:
     _bytes_only: set[int] = dataclasses.field(default_factory=set, init=False)
     _idle: list[SharedBuffer] = dataclasses.field(default_factory=list, init=False)
     _busy: dict[str, SharedBuffer] = dataclasses.field(default_factory=dict, init=False)
+    # Blob segments by the address of their mapping (the blob encoded into one starts there).
+    _blobs: dict[int, SharedBuffer] = dataclasses.field(default_factory=dict, init=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
     _counts: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(
@@ -84,7 +93,7 @@ class ShmRoute:
         if self._probing:
             sweep_segments()  # leftovers of learners and actors that died mid-push
         # A learner that exits (or drops its collector) without shutdown() leaves none behind.
-        weakref.finalize(self, _close_all, self._idle, self._busy)
+        weakref.finalize(self, _close_all, self._idle, self._busy, self._blobs)
 
     @property
     def _probing(self) -> bool:
@@ -132,18 +141,57 @@ class ShmRoute:
             self._bytes_only.add(worker_id)
             self._counts["shm_batch_fallbacks"] += 1
 
-    def write(self, blobs: Mapping[K, tuple[bytes | memoryview, int | None]]) -> dict[K, Segment]:
-        """Copy each ``(blob, its CRC-32C or None)`` into a segment; their controls, by key.
+    def wanted(self) -> bool:
+        """Whether pushes now reach local actors (their blobs belong in blob segments)."""
+        with self._lock:
+            return self.enabled and bool(self._local)
 
-        A blob whose segment cannot be made (``/dev/shm`` full or absent) has none: its
-        actors get the bytes. Give every control back to :meth:`release`.
+    def make(self, nbytes: int) -> SharedBuffer | None:
+        """A new blob segment of ``nbytes``; None when none can be made (plain memory then)."""
+        try:
+            buffer = SharedBuffer(nbytes)
+        except OSError as exc:
+            log.warning("a blob of %d bytes is encoded outside /dev/shm: %s", nbytes, exc)
+            return None
+        with self._lock:
+            self._blobs[_address(buffer.view())] = buffer
+        return buffer
+
+    def forget(self, buffer: SharedBuffer) -> None:
+        """A blob segment no longer kept: its name is removed (its mapping goes with its views)."""
+        with self._lock:
+            for at in [at for at, kept in self._blobs.items() if kept is buffer]:
+                del self._blobs[at]  # in place: the finalizer holds this dict
+        buffer.remove()
+
+    def write(self, blobs: Mapping[K, tuple[bytes | memoryview, int | None]]) -> dict[K, Segment]:
+        """The segment of each ``(blob, its CRC-32C or None)``, by key: its controls.
+
+        A blob encoded into a blob segment is named as it lies; any other is copied into a
+        segment. A blob whose segment cannot be made (``/dev/shm`` full or absent) has none:
+        its actors get the bytes. Give every control back to :meth:`release`.
         """
         segments: dict[K, Segment] = {}
         for key, (blob, crc) in blobs.items():
-            buffer = self._take(len(memoryview(blob).cast("B")))
-            if buffer is not None:
-                segments[key] = buffer.fill(blob, crc32c(blob) if crc is None else crc)
+            view = memoryview(blob).cast("B")
+            crc = crc32c(view) if crc is None else crc
+            lying = self._blob_segment(view)
+            if lying is not None:
+                segments[key] = lying.control(crc)
+            elif (buffer := self._take(view.nbytes)) is not None:
+                segments[key] = buffer.fill(view, crc)
         return segments
+
+    def _blob_segment(self, view: memoryview) -> SharedBuffer | None:
+        """The blob segment ``view`` fills exactly, if it is one still intact."""
+        with self._lock:
+            buffer = self._blobs.get(_address(view)) if self._blobs else None
+        if buffer is None or buffer.size != view.nbytes:
+            return None
+        if not buffer.intact():  # removed, replaced or opened up by another process
+            self.forget(buffer)
+            return None
+        return buffer
 
     def _take(self, size: int) -> SharedBuffer | None:
         """An idle segment of exactly ``size`` bytes, else a new one (None if none can be made)."""
@@ -178,13 +226,16 @@ class ShmRoute:
                     self._idle.insert(0, buffer)
             gone += self._idle[IDLE_SEGMENTS:]
             del self._idle[IDLE_SEGMENTS:]
+            spoiled_blobs = [b for b in self._blobs.values() if b.name in spoiled]
         for buffer in gone:
             buffer.close()
+        for buffer in spoiled_blobs:
+            self.forget(buffer)
 
     def close(self) -> None:
         """Remove every segment (the collector is shutting down)."""
         with self._lock:
-            _close_all(self._idle, self._busy)
+            _close_all(self._idle, self._busy, self._blobs)
 
     def count(self, pushes: int, fallbacks: int) -> None:
         """Count actor pushes that travelled through shared memory, and the refused ones."""
@@ -198,9 +249,22 @@ class ShmRoute:
             return dict(self._counts)
 
 
-def _close_all(idle: list[SharedBuffer], busy: dict[str, SharedBuffer]) -> None:
-    """Remove the segments of ``idle`` and ``busy`` and forget them (in place)."""
+def _close_all(
+    idle: list[SharedBuffer], busy: dict[str, SharedBuffer], blobs: dict[int, SharedBuffer]
+) -> None:
+    """Remove the segments of ``idle``, ``busy`` and ``blobs`` and forget them (in place).
+
+    Blob segments lose their names only: a blob the caller still holds stays readable.
+    """
     for buffer in [*idle, *busy.values()]:
         buffer.close()
+    for buffer in blobs.values():
+        buffer.remove()
     idle.clear()
     busy.clear()
+    blobs.clear()
+
+
+def _address(view: memoryview) -> int:
+    """Where ``view``'s first byte lies in this process's memory."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)

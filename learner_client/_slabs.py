@@ -24,17 +24,23 @@ filled (a missing actor) are never touched, so they cost address space, not memo
 (from its device or its CPU memory) into its place in the blob, which then goes on the wire
 as it is (``common.weights.encode_weights``'s ``allocate``). :class:`BlobBuffers`
 keeps each model's buffers; a model's last push is kept for re-sends, so two buffers per
-model are in use at most.
+model are in use at most. While actors share the learner's host, a model's buffers are
+shared-memory segments (:class:`BlobSegments`, ``learner_client._shm``): the blob is
+encoded straight into the segment those actors read, and is not copied again to reach them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
-__all__ = ["BlobBuffers", "PacketSlabs", "storage_users"]
+from common.shm import SharedBuffer
+
+__all__ = ["BlobBuffers", "BlobSegments", "PacketSlabs", "storage_users"]
 
 _ALIGN = 16
 # Slabs waiting for a slot to be filled; older ones are let go (their packets simply
@@ -167,12 +173,49 @@ class PacketSlabs:
 _KEPT_PER_MODEL = 2
 
 
-class BlobBuffers:
-    """Reusable blob buffers, per model_id (page-locked when CUDA is present; thread-safe)."""
+class BlobSegments(Protocol):
+    """Where blob buffers in shared memory come from (``learner_client._shm.ShmRoute``)."""
 
-    def __init__(self) -> None:
+    def wanted(self) -> bool:
+        """Whether pushes now go to actors that read segments (blobs belong in one)."""
+
+    def make(self, nbytes: int) -> SharedBuffer | None:
+        """A new segment of exactly ``nbytes`` for a blob; None when none can be made."""
+
+    def forget(self, buffer: SharedBuffer) -> None:
+        """A blob segment is no longer kept: it is never named to a reader again."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Kept:
+    buffer: torch.Tensor
+    own_users: int | None
+    segment: SharedBuffer | None = None
+
+    def idle(self, nbytes: int, shared: bool) -> bool:
+        """Free for a blob of ``nbytes``: nothing else views it, and it is of the kind asked.
+
+        A segment serves only a blob of exactly its size (readers check a segment's size).
+        """
+        if (self.segment is not None) != shared or self.own_users is None:
+            return False
+        fits = self.buffer.numel() == nbytes if shared else self.buffer.numel() >= nbytes
+        return fits and storage_users(self.buffer) == self.own_users
+
+
+class BlobBuffers:
+    """Reusable blob buffers, per model_id (page-locked when CUDA is present; thread-safe).
+
+    Args:
+        segments: Gives shared-memory buffers while actors read segments; None: never
+            (nor on a learner with CUDA, whose device copies want page-locked memory).
+    """
+
+    def __init__(self, segments: BlobSegments | None = None) -> None:
         self._lock = threading.Lock()
-        self._kept: dict[str, list[tuple[torch.Tensor, int | None]]] = {}
+        # A learner with CUDA keeps page-locked buffers for its device copies.
+        self._segments = None if torch.cuda.is_available() else segments
+        self._kept: dict[str, list[_Kept]] = {}
 
     def for_model(self, model_id: str) -> Callable[[int], torch.Tensor]:
         """The ``allocate`` of ``model_id``'s pushes: a buffer of at least the size asked."""
@@ -180,13 +223,28 @@ class BlobBuffers:
 
     def take(self, model_id: str, nbytes: int) -> torch.Tensor:
         """An idle buffer of ``model_id`` holding ``nbytes``, else a new one (kept for reuse)."""
+        shared = self._segments is not None and self._segments.wanted()
         with self._lock:
             kept = self._kept.setdefault(model_id, [])
-            for buffer, own in kept:
-                if buffer.numel() >= nbytes and own is not None and storage_users(buffer) == own:
-                    return buffer
-            pinned = torch.cuda.is_available()
-            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-            kept.append((buffer, storage_users(buffer)))
+            for entry in kept:
+                if entry.idle(nbytes, shared):
+                    return entry.buffer
+            entry = self._new(nbytes, shared)
+            kept.append(entry)
+            dropped = kept[:-_KEPT_PER_MODEL]
             del kept[:-_KEPT_PER_MODEL]
-            return buffer
+        for old in dropped:
+            self._let_go(old)
+        return entry.buffer
+
+    def _new(self, nbytes: int, shared: bool) -> _Kept:
+        segment = self._segments.make(nbytes) if shared and self._segments is not None else None
+        if segment is not None:
+            buffer = torch.frombuffer(segment.view(), dtype=torch.uint8)
+        else:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        return _Kept(buffer, storage_users(buffer), segment)
+
+    def _let_go(self, entry: _Kept) -> None:
+        if entry.segment is not None and self._segments is not None:
+            self._segments.forget(entry.segment)

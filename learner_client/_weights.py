@@ -28,7 +28,7 @@ from torch import nn
 from common.config import DEFAULT_MODEL_ID, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import MAX_POLICY_VERSION, Part, PushForm, checksums, encode_weights
-from learner_client._slabs import BlobBuffers
+from learner_client._slabs import BlobBuffers, BlobSegments
 
 __all__ = [
     "EncodedWeights",
@@ -341,9 +341,13 @@ class WeightBook:
 
     Version counters start at the highest version any actor reports (see
     :meth:`observe`), so a restarted learner never pushes a stale version.
+
+    Args:
+        checksum: ``"crc32c"`` or ``"sha256"`` (``WeightPushSettings.checksum``).
+        segments: Shared memory for the blobs of pushes to actors on this host.
     """
 
-    def __init__(self, checksum: str = "crc32c") -> None:
+    def __init__(self, checksum: str = "crc32c", segments: BlobSegments | None = None) -> None:
         self.checksum = checksum
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
@@ -354,7 +358,7 @@ class WeightBook:
         self._desired: dict[int, dict[str, EncodedWeights]] = {}
         self._applied: dict[int, dict[str, int]] = {}
         self._since_update: dict[int, int | None] = {}
-        self._blob_buffers = BlobBuffers()  # every push's blob is written into one of them
+        self._blob_buffers = BlobBuffers(segments)  # every push's blob is written into one of them
 
     # ----------------------------------------------------------------- reading
 

@@ -89,11 +89,11 @@ def assemble(
     metrics = LearnerMetrics(stats)
     loop = LoopThread()
     ledger = Ledger(metrics.policy_lag)
-    book = WeightBook(push.checksum)
+    shm = ShmRoute(push.shared_memory, batches=conn.shared_memory_batches)
+    book = WeightBook(push.checksum, segments=shm)  # blobs for local actors: in segments
     streams = OpenStreams(loop)
     mailbox = _mailbox(batch, streams, book, acting_model)
-    # Stacked sync rounds line up in the slabs; every batch reuses memory.
-    slabs = PacketSlabs(pin_memory)
+    slabs = PacketSlabs(pin_memory)  # sync rounds stack without copies; batches reuse memory
     fleet = Fleet(
         conn,
         loop=loop,
@@ -104,7 +104,7 @@ def assemble(
         batch_timeout=batch.batch_timeout,
         slabs=slabs,
         ranks=ranks or Ranks(),
-        shm=ShmRoute(push.shared_memory, batches=conn.shared_memory_batches),
+        shm=shm,
         relay=RelayRoute(push.relay, push.relay_stall_seconds),
         stripes=StripeRoute(push.streams),
     )

@@ -24,7 +24,8 @@ from common.checksum import crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.shm import SHM_ROOT, SharedBuffer, write_segment
-from learner_client import GrpcCollector, LocalFleet, WeightPushSettings, _shm
+from learner_client import GrpcCollector, LocalFleet, WeightPushError, WeightPushSettings, _shm
+from learner_client._slabs import BlobBuffers
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +79,13 @@ def test_shared_memory_off_sends_the_bytes(fleet):
         assert same_weights(actor_policy(fleet.addresses[0]), policy)
 
 
-@pytest.mark.parametrize("damage", ["delete", "corrupt"])
-def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
-    fill = SharedBuffer.fill
-    spoiled = []
+def damage_named_segments(monkeypatch, damage: str) -> list[str]:
+    """Delete or corrupt every segment the learner names to actors (its probe aside)."""
+    control = SharedBuffer.control
+    spoiled: list[str] = []
 
-    def damaged(buffer, blob, crc):
-        segment = fill(buffer, blob, crc)
+    def damaged(buffer, crc):
+        segment = control(buffer, crc)
         spoiled.append(segment.name)
         path = os.path.join(SHM_ROOT, segment.name)
         if damage == "delete":
@@ -97,8 +98,17 @@ def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
                 file.write(bytes([byte[0] ^ 0xFF]))
         return segment
 
+    monkeypatch.setattr(SharedBuffer, "control", damaged)
+    return spoiled
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_damaged_copy_falls_back_to_the_bytes(fleet, monkeypatch, damage):
+    """A blob copied into a segment (no blob segment: e.g. a learner with CUDA): the learner's
+    own copy is intact, so the bytes follow a refused segment and every actor applies them."""
+    monkeypatch.setattr(_shm.ShmRoute, "make", lambda route, nbytes: None)
     with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
-        monkeypatch.setattr(SharedBuffer, "fill", damaged)
+        spoiled = damage_named_segments(monkeypatch, damage)
         policy = cartpole_policy()
         version = collector.update_policy_weights_(policy)[0]
         stats = collector.stats()
@@ -109,28 +119,98 @@ def test_damaged_segment_falls_back_to_the_bytes(fleet, monkeypatch, damage):
             assert same_weights(actor_policy(address), policy)
         assert spoiled
         assert not set(spoiled) & ours()  # a refused segment is not kept
-        monkeypatch.setattr(SharedBuffer, "fill", fill)
+        monkeypatch.undo()
         collector.update_policy_weights_(cartpole_policy())  # a fresh segment serves again
         assert collector.stats()["shm_pushes"] == 2
 
 
+def test_deleted_blob_segment_falls_back_to_the_bytes(fleet, monkeypatch):
+    """A blob encoded into its segment, the segment's name removed: the bytes follow."""
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        spoiled = damage_named_segments(monkeypatch, "delete")
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy)
+        assert (collector.stats()["shm_pushes"], collector.stats()["shm_fallbacks"]) == (0, 2)
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), policy)
+        assert spoiled
+        monkeypatch.undo()
+        collector.update_policy_weights_(cartpole_policy())  # a fresh segment serves again
+        assert collector.stats()["shm_pushes"] == 2
+
+
+def test_corrupted_blob_segment_is_never_applied(fleet, monkeypatch):
+    """Another process writes into the segment a blob was encoded into: that is the learner's
+    blob too, so neither the segment nor the bytes pass the actors' checks. The push fails,
+    every actor keeps its weights, and the next push (a fresh segment) applies."""
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        old = cartpole_policy()
+        collector.update_policy_weights_(old)
+        spoiled = damage_named_segments(monkeypatch, "corrupt")
+        with pytest.raises(WeightPushError, match=r"DATA_LOSS: blob crc32c mismatch") as failed:
+            collector.update_policy_weights_(cartpole_policy())
+        assert str(failed.value).count("crc32c mismatch") == 2  # both actors, nothing applied
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), old)
+        assert spoiled
+        assert not set(spoiled) & ours()
+        monkeypatch.undo()
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy)
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), policy)
+
+
 def test_segments_are_reused_push_after_push(fleet):
-    """A segment is kept between pushes of one size (no new pages); gone when the collector is."""
+    """Pushes are encoded into segments kept for the next pushes of the model (no new pages):
+    two of them, as the last push stays whole for re-sends; gone when the collector is."""
     before = ours()
     with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
         policy = cartpole_policy()
-        collector.update_policy_weights_(policy)
-        kept = ours() - before
-        assert len(kept) == 1
-        for _ in range(3):
+        kept: set[str] = set()
+        for push in range(5):
             with torch.no_grad():
                 next(policy.parameters()).add_(1.0)
             collector.update_policy_weights_(policy)
-            assert ours() - before == kept
+            kept |= ours() - before
+            assert len(ours() - before) == min(push + 1, 2)
             for address in fleet.addresses:
                 assert same_weights(actor_policy(address), policy)
-        assert collector.stats()["shm_pushes"] == 8
+        assert len(kept) == 2  # the same two, push after push
+        assert collector.stats()["shm_pushes"] == 10
     assert ours() <= before
+
+
+def test_a_blob_segment_is_named_as_it_lies_and_reused_once_let_go():
+    """A blob encoded into a blob segment is named without a copy; one still viewed is not
+    filled again, one let go is; a refused one is never named again; close() removes names."""
+    before = ours()
+    route = _shm.ShmRoute(enabled=True)
+    route.admit(7, route.identity, probe_ok=True)
+    buffers = BlobBuffers(route)
+    blob = buffers.take("policy", 4096)[:4096]  # a view, as an encoded blob is
+    blob.copy_(torch.arange(4096) % 251)
+    segment = route.write({0: (blob.numpy().data, None)})[0]
+    assert segment.name in ours() - before
+    with open(os.path.join(SHM_ROOT, segment.name), "rb") as file:
+        assert file.read() == blob.numpy().tobytes()  # the blob itself, not a copy
+    assert segment.crc32c == crc32c(blob.numpy().data)
+    route.release([segment])
+    first = blob.data_ptr()
+    assert buffers.take("policy", 4096).data_ptr() != first  # still viewed: not filled again
+    del blob
+    assert buffers.take("policy", 4096).data_ptr() == first  # let go: filled again
+    blob = buffers.take("policy", 4096)[:4096]
+    segment = route.write({0: (blob.numpy().data, None)})[0]
+    route.release([segment], spoiled={segment.name})
+    assert segment.name not in ours()  # refused: never named again
+    again = route.write({0: (blob.numpy().data, None)})[0]
+    assert again.name != segment.name  # copied into a segment of the route's own
+    route.release([again])
+    blob.fill_(7)
+    route.close()
+    assert ours() <= before
+    assert bool((blob == 7).all())  # the caller's memory outlives the names
 
 
 def test_full_dev_shm_sends_the_bytes(fleet, monkeypatch):
