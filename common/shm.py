@@ -17,7 +17,9 @@ writers that are gone (SIGKILL).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import fcntl
 import mmap
 import os
 import re
@@ -34,6 +36,7 @@ __all__ = [
     "SHM_ROOT",
     "ShmError",
     "Segment",
+    "SegmentMaps",
     "SharedBuffer",
     "host_identity",
     "opened_segment",
@@ -122,10 +125,30 @@ class SharedBuffer:
             self._inode = os.fstat(fd).st_ino
             self._memory = mmap.mmap(fd, size)
         except BaseException:
+            os.close(fd)
             remove_segment(self.name, root)
             raise
-        finally:
-            os.close(fd)
+        self._fd: int | None = fd  # kept for the write lock
+
+    def lock_for_writing(self) -> bool:
+        """Take the segment's write lock (``flock`` exclusive); False while a reader holds it.
+
+        Readers that apply what they read in place (:class:`SegmentMaps`) hold the shared
+        lock from their check to their last read, so the writer fills a segment only while
+        it holds this lock, and lets it go (:meth:`unlock`) before it names the segment.
+        """
+        if self._fd is None:
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self) -> None:
+        """Let go of the write lock: readers may now hold the segment."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     @property
     def _path(self) -> str:
@@ -159,6 +182,9 @@ class SharedBuffer:
     def remove(self) -> None:
         """Remove the segment's name: no reader opens it again (the mapping stays the writer's)."""
         remove_segment(self.name, self.root)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def fill(self, blob: bytes | bytearray | memoryview, crc: int) -> Segment:
         """Copy ``blob`` (exactly :attr:`size` bytes, of CRC-32C ``crc``) in; its control back."""
@@ -259,6 +285,79 @@ def opened_segment(
         yield read_at
     finally:
         os.close(fd)
+
+
+class SegmentMaps:
+    """A reader's mappings of the segments it applies in place, kept for the next read.
+
+    A learner encodes push after push into the same few segments; a reader that keeps their
+    mappings reads them without a page fault. :meth:`locked` checks a segment as
+    :func:`opened_segment` does and holds its shared lock while the caller reads: the
+    writer (:class:`SharedBuffer`) fills a segment only under the exclusive lock, so what
+    the caller checks stays what it then applies. Mappings are copy-on-write and never
+    written, so they are writable memory (``torch.frombuffer`` views them) that sees the
+    writer's later fills. A mapping whose name is gone or leads to another file is dropped
+    at the next read; its pages go with the last view of them.
+
+    Args:
+        keep: Mappings kept (a model's pushes alternate between two segments).
+        root: The folder segments live in.
+    """
+
+    def __init__(self, keep: int = 2, root: str = SHM_ROOT) -> None:
+        self._keep = keep
+        self._root = root
+        self._maps: collections.OrderedDict[tuple[str, int], mmap.mmap] = collections.OrderedDict()
+
+    @contextlib.contextmanager
+    def locked(self, control: Segment) -> Iterator[memoryview]:
+        """The segment's bytes, checked (name, owner, mode, size) and held against its writer.
+
+        The CRC-32C is the caller's to check, over the view it is given, before use.
+
+        Raises:
+            ShmError: The segment cannot be opened or trusted, or its writer holds it.
+        """
+        if not isinstance(control.name, str) or _NAME.match(control.name) is None:
+            raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
+        if not _size_ok(control) or control.size == 0:
+            raise ShmError(f"segment size {control.size} is out of range")
+        try:
+            fd = os.open(os.path.join(self._root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
+        try:
+            info = os.fstat(fd)
+            _check_owner(info, control)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ShmError(f"segment {control.name} is being written") from None
+            try:
+                yield memoryview(self._mapping(fd, control, info.st_ino))
+            finally:
+                # Explicitly: the mapping's own duplicate of fd would keep the lock held.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _mapping(self, fd: int, control: Segment, inode: int) -> mmap.mmap:
+        key = (control.name, inode)
+        mapping = self._maps.pop(key, None)
+        if mapping is None:
+            mapping = mmap.mmap(fd, control.size, access=mmap.ACCESS_COPY)
+        self._maps[key] = mapping
+        for name, ino in list(self._maps)[:-1]:
+            if len(self._maps) > self._keep or not _leads_to(self._root, name, ino):
+                del self._maps[(name, ino)]  # unmapped with its last view, never closed here
+        return mapping
+
+
+def _leads_to(root: str, name: str, inode: int) -> bool:
+    try:
+        return os.stat(os.path.join(root, name), follow_symlinks=False).st_ino == inode
+    except OSError:
+        return False
 
 
 def _size_ok(control: Segment) -> bool:

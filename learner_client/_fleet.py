@@ -462,14 +462,15 @@ class Fleet:
         self,
         pairs: Sequence[tuple[int, EncodedWeights]],
         replies: Sequence[object],
-        striped: Collection[int],
+        unheld: Collection[int],
     ) -> None:
         """Remember who applied each whole push's bytes (peers a returning actor may use).
 
-        An actor sent a push striped holds its parts, not the blob, so it is no such peer.
+        An actor sent a push striped holds its parts, not the blob, and one sent it through
+        a segment applied it from there (``unheld``): neither is such a peer.
         """
         for i, ((w, enc), reply) in enumerate(zip(pairs, replies, strict=True)):
-            if i in striped:
+            if i in unheld:
                 continue
             if isinstance(reply, PushReply) and enc.part is None and enc.base_version is None:
                 held = self._holders.get(enc.model_id)
@@ -521,7 +522,7 @@ class Fleet:
             spoiled = {segments[_key(pairs[i][1])].name for i in refused}
             self.shm.release(segments.values(), spoiled)
         self.shm.count(sum(local) - len(refused), len(refused) + sum(near) - sum(local))
-        self._hold(pairs, replies, striped)
+        self._hold(pairs, replies, {*striped, *(i for i, shared in enumerate(local) if shared)})
         return replies
 
     def _striped(self, worker_id: int, enc: EncodedWeights) -> Striped | None:

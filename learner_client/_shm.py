@@ -153,6 +153,7 @@ class ShmRoute:
         except OSError as exc:
             log.warning("a blob of %d bytes is encoded outside /dev/shm: %s", nbytes, exc)
             return None
+        buffer.lock_for_writing()  # until write() names it
         with self._lock:
             self._blobs[_address(buffer.view())] = buffer
         return buffer
@@ -177,9 +178,11 @@ class ShmRoute:
             crc = crc32c(view) if crc is None else crc
             lying = self._blob_segment(view)
             if lying is not None:
+                lying.unlock()
                 segments[key] = lying.control(crc)
             elif (buffer := self._take(view.nbytes)) is not None:
                 segments[key] = buffer.fill(view, crc)
+                buffer.unlock()
         return segments
 
     def _blob_segment(self, view: memoryview) -> SharedBuffer | None:
@@ -194,17 +197,25 @@ class ShmRoute:
         return buffer
 
     def _take(self, size: int) -> SharedBuffer | None:
-        """An idle segment of exactly ``size`` bytes, else a new one (None if none can be made)."""
+        """An idle segment of exactly ``size`` bytes, else a new one (None if none can be made).
+
+        Either is write-locked; an idle one that an actor still reads (past its push's
+        deadline) is removed instead.
+        """
         with self._lock:
             buffer = next((b for b in self._idle if b.size == size), None)
             if buffer is not None:
                 self._idle.remove(buffer)
+        if buffer is not None and not buffer.lock_for_writing():
+            buffer.close()
+            buffer = None
         if buffer is None:
             try:
                 buffer = SharedBuffer(size)
             except OSError as exc:
                 log.warning("a push of %d bytes goes as bytes: no /dev/shm segment: %s", size, exc)
                 return None
+            buffer.lock_for_writing()
         with self._lock:
             self._busy[buffer.name] = buffer
         return buffer

@@ -180,7 +180,7 @@ class BlobSegments(Protocol):
         """Whether pushes now go to actors that read segments (blobs belong in one)."""
 
     def make(self, nbytes: int) -> SharedBuffer | None:
-        """A new segment of exactly ``nbytes`` for a blob; None when none can be made."""
+        """A new segment of exactly ``nbytes`` for a blob, write-locked; None if none can be."""
 
     def forget(self, buffer: SharedBuffer) -> None:
         """A blob segment is no longer kept: it is never named to a reader again."""
@@ -200,7 +200,9 @@ class _Kept:
         if (self.segment is not None) != shared or self.own_users is None:
             return False
         fits = self.buffer.numel() == nbytes if shared else self.buffer.numel() >= nbytes
-        return fits and storage_users(self.buffer) == self.own_users
+        free = fits and storage_users(self.buffer) == self.own_users
+        # A segment is written only under its write lock (no actor still reads it).
+        return free and (self.segment is None or self.segment.lock_for_writing())
 
 
 class BlobBuffers:

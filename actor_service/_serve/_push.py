@@ -35,7 +35,7 @@ from actor_service._serve._relay import (
     relayed_chunks,
 )
 from actor_service._serve._runtime import ActorRuntime
-from actor_service._serve._shm import read_push_segment
+from actor_service._serve._shm import mapped_push, read_push_segment
 from actor_service._serve._streams import chunks, drain, first_message, next_message, read_blob
 from common.checksum import crc32c
 from common.config import CHUNK_BYTES, DEFAULT_MODEL_ID
@@ -50,12 +50,13 @@ from common.errors import (
     to_status,
 )
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.shm import ShmError
+from common.shm import SegmentMaps, ShmError
 from common.weights import (
     BlobAssembler,
     Part,
     PushForm,
     PushOutcome,
+    check_blob_size,
     check_policy_version,
     decode_delta,
     decode_weights,
@@ -177,6 +178,7 @@ class WeightPushes:
         self._in_flight: set[PushCall] = set()
         #: Per model, the last whole push applied, whose bytes its receive buffer still holds.
         self._held: dict[str, HeldBlob] = {}
+        self._maps = SegmentMaps()  # segments whole pushes are applied from, kept mapped
 
     @property
     def part_deadline(self) -> float:
@@ -201,9 +203,63 @@ class WeightPushes:
             raise
         self._in_flight.add(push)
         try:
+            if header.HasField("shm") and push.part is None and push.base_version is None:
+                return await self._apply_in_place(requests, header, push)
             return await self._take_in(requests, header, push)
         finally:
             self._in_flight.discard(push)
+
+    async def _apply_in_place(
+        self,
+        requests: AsyncIterator[pb.PushWeightsRequest],
+        header: pb.WeightsHeader,
+        push: PushCall,
+    ) -> pb.PushWeightsResponse:
+        """A whole push through shared memory: checked and applied where it lies."""
+        push.source = "shared memory"
+        try:
+            if await next_message(requests, "PushWeights") is not None:
+                raise SessionStateError(
+                    "PushWeights: no chunk may follow a header naming a segment"
+                )
+            swap = await asyncio.shield(self._rt.run_side(self._apply_segment, header, push))
+        except ShmError as exc:
+            return self._shm_refused(push, exc)
+        except SessionStateError as exc:
+            push.audit(exc)
+            raise
+        self._parts.settle(push.model_id, swap.version)
+        return self._reply(push, swap.version, swap.pause_seconds)
+
+    def _apply_segment(self, header: pb.WeightsHeader, push: PushCall) -> Swap:
+        """Check a push's segment in place and apply it, holding it against the learner.
+
+        Off the event loop. The digests are checked over the segment itself before anything
+        is applied; the learner cannot fill it again until the copy into the model is done.
+
+        Raises:
+            ShmError: The segment cannot be trusted, held, or fails its digests.
+        """
+        cap = self.max_bytes([push.model_id])
+        try:
+            check_blob_size(push.total_bytes, cap)  # as a chunked push's, before the segment
+        except RlfleetError as exc:
+            push.audit(exc)
+            raise
+        with mapped_push(header, self._rt.config.shared_memory, self._maps) as view:
+            push.assembler = BlobAssembler(
+                push.total_bytes,
+                max_bytes=cap,
+                sha256=push.sha256,
+                crc32c=push.crc32c,
+                buffer=torch.frombuffer(view, dtype=torch.uint8),
+            )
+            push.assembler.add_rest(_in_place)  # digests the segment piece by piece
+            try:
+                blob = push.assembler.finish()
+            except DataLossError as exc:
+                raise ShmError(f"segment {header.shm.name} fails its check: {exc}") from exc
+            return self._apply_weights(blob, push)
 
     async def _take_in(
         self,
@@ -553,6 +609,10 @@ class WeightPushes:
             return 2 * state_nbytes(self._rt.core.models.parameters_info(model_id)) + (1 << 20)
         except RlfleetError:  # an actor stopping: keep nothing
             return 0
+
+
+def _in_place(into: memoryview, offset: int) -> None:
+    """``BlobAssembler.add_rest``'s reader for a blob already where it is assembled."""
 
 
 async def _take(

@@ -2,11 +2,14 @@
 
 A learner on this host proves it at Describe: it names a probe segment, which the actor
 reads back (:func:`probe_ok`), and the actor reports its host identity. A push whose
-header names a segment (``WeightsHeader.shm``) is read with :func:`read_push_segment`:
-the control is checked (name pattern, owner, mode, size, CRC-32C) before a byte is
-trusted, and any doubt raises :class:`~common.shm.ShmError`, which the push answers with
-``shm_refused`` and no apply. What was read then goes through the same checks and swap as
-a chunked push's bytes.
+header names a segment (``WeightsHeader.shm``) has its control checked (name pattern,
+owner, mode, size, CRC-32C) before a byte is trusted, and any doubt raises
+:class:`~common.shm.ShmError`, which the push answers with ``shm_refused`` and no apply. A
+whole push is applied where it lies (:func:`mapped_push`: the segment mapped and held
+against the learner's write lock while its digests are checked over it and it is copied
+into the model); a part or a delta, which waits for more, is read into a receive buffer of
+the actor's own (:func:`read_push_segment`). Either then goes through the same checks and
+swap as a chunked push's bytes.
 
 A session opened with ``shm_batches`` (the learner proved it shares this host) gets its
 batches written into segments of :class:`BatchSegments`: one per batch, kept unchanged until
@@ -23,10 +26,12 @@ import functools
 import logging
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import (
     Segment,
+    SegmentMaps,
     SharedBuffer,
     ShmError,
     host_identity,
@@ -36,7 +41,7 @@ from common.shm import (
 )
 from common.weights import BlobAssembler
 
-__all__ = ["BatchSegments", "identity", "probe_ok", "read_push_segment"]
+__all__ = ["BatchSegments", "identity", "mapped_push", "probe_ok", "read_push_segment"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,26 @@ def read_push_segment(header: pb.WeightsHeader, enabled: bool, assembler: BlobAs
     Raises:
         ShmError: Shared memory is off here, or the segment cannot be trusted or read.
     """
+    with opened_segment(_push_control(header, enabled)) as read_at:
+        assembler.add_rest(read_at)
+
+
+def mapped_push(
+    header: pb.WeightsHeader, enabled: bool, maps: SegmentMaps
+) -> AbstractContextManager[memoryview]:
+    """A whole push's segment where it lies, held against the learner while it is used.
+
+    The caller checks the digests over the view before it applies anything (the learner
+    fills a segment only under its write lock, which the hold keeps off).
+
+    Raises:
+        ShmError: Shared memory is off here, or the segment cannot be trusted or held.
+    """
+    return maps.locked(_push_control(header, enabled))
+
+
+def _push_control(header: pb.WeightsHeader, enabled: bool) -> Segment:
+    """The control of a push's segment, checked against the push's header."""
     if not enabled:
         raise ShmError("this actor takes no pushes through shared memory (--shared-memory false)")
     control = _control(header.shm)
@@ -78,8 +103,7 @@ def read_push_segment(header: pb.WeightsHeader, enabled: bool, assembler: BlobAs
         )
     if header.HasField("crc32c") and control.crc32c != header.crc32c:
         raise ShmError("segment crc32c differs from the push's crc32c")
-    with opened_segment(control) as read_at:
-        assembler.add_rest(read_at)
+    return control
 
 
 def _control(message: pb.ShmSegment) -> Segment:

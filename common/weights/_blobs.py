@@ -28,6 +28,7 @@ __all__ = [
     "MAX_CRC32C",
     "CHECKSUMS",
     "BlobAssembler",
+    "check_blob_size",
     "checksums",
     "crc32c",
     "default_max_weight_bytes",
@@ -99,6 +100,24 @@ def iter_blob_chunks(
         yield view[start : start + chunk_bytes]
 
 
+def check_blob_size(total_bytes: int, max_bytes: int) -> None:
+    """The one rule of an announced blob size: an int in ``[0, max_bytes]``.
+
+    Raises:
+        TypeError: ``total_bytes`` is not an int.
+        WeightsError: It is negative.
+        WeightsTooLargeError: It is over ``max_bytes`` (RESOURCE_EXHAUSTED).
+    """
+    if isinstance(total_bytes, bool) or not isinstance(total_bytes, int):
+        raise TypeError(f"total_bytes must be an int, got {type(total_bytes).__name__}")
+    if total_bytes < 0:
+        raise WeightsError(f"blob size must be non-negative, got {total_bytes}")
+    if total_bytes > max_bytes:
+        raise WeightsTooLargeError(
+            f"blob of {total_bytes} bytes exceeds the cap of {max_bytes} bytes"
+        )
+
+
 class BlobAssembler:
     """Reassembles a chunked blob (weights or state) received from a peer.
 
@@ -135,14 +154,7 @@ class BlobAssembler:
         crc32c: int | None = None,
         buffer: torch.Tensor | None = None,
     ) -> None:
-        if isinstance(total_bytes, bool) or not isinstance(total_bytes, int):
-            raise TypeError(f"total_bytes must be an int, got {type(total_bytes).__name__}")
-        if total_bytes < 0:
-            raise WeightsError(f"blob size must be non-negative, got {total_bytes}")
-        if total_bytes > max_bytes:
-            raise WeightsTooLargeError(
-                f"blob of {total_bytes} bytes exceeds the cap of {max_bytes} bytes"
-            )
+        check_blob_size(total_bytes, max_bytes)
         digest = sha256.lower()
         if digest and not _SHA256_RE.fullmatch(digest):
             raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")

@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common import checksum
@@ -16,6 +17,8 @@ from common.checksum import crc32c
 from common.errors import DataLossError
 from common.shm import (
     Segment,
+    SegmentMaps,
+    SharedBuffer,
     ShmError,
     opened_segment,
     read_segment,
@@ -137,3 +140,64 @@ def test_the_assembler_reads_a_segment_in_pieces_each_checked_in_turn(
     assert all(size <= piece for _, size in reads)
     assert sum(size for _, size in reads) == len(blob) - 5
     assert [o for o, _ in reads] == sorted(o for o, _ in reads)
+
+
+def _shared(tmp_path: Path, blob: bytes) -> SharedBuffer:
+    buffer = SharedBuffer(len(blob), str(tmp_path))
+    buffer.fill(blob, crc32c(blob))
+    return buffer
+
+
+def test_a_held_segment_is_seen_in_place_and_kept_from_its_writer(tmp_path: Path) -> None:
+    blob = os.urandom(1 << 20)
+    buffer = _shared(tmp_path, blob)
+    control = buffer.control(crc32c(blob))
+    maps = SegmentMaps(root=str(tmp_path))
+    with maps.locked(control) as view:
+        assert view == blob
+        assert not view.readonly  # torch.frombuffer views it without a copy
+        assert not buffer.lock_for_writing()  # a reader holds it: the writer waits
+    assert buffer.lock_for_writing()  # let go when the reader is done
+    with pytest.raises(ShmError, match="being written"), maps.locked(control):
+        pass
+    buffer.fill(blob[::-1], 0)  # the writer fills it again, under its lock
+    buffer.unlock()
+    with maps.locked(control) as view:
+        assert view == blob[::-1]  # the kept mapping sees the new fill
+    buffer.close()
+
+
+def test_kept_mappings_follow_their_files(tmp_path: Path) -> None:
+    """A reader keeps mappings for the next reads; one whose name is gone is let go."""
+    maps = SegmentMaps(keep=2, root=str(tmp_path))
+    buffers = [_shared(tmp_path, bytes([i]) * 4096) for i in range(3)]
+    controls = [b.control(0) for b in buffers]
+    with maps.locked(controls[0]) as first:
+        address = np.frombuffer(first, dtype=np.uint8).ctypes.data
+    with maps.locked(controls[0]) as again:
+        assert np.frombuffer(again, dtype=np.uint8).ctypes.data == address  # no new mapping
+    buffers[0].close()
+    with maps.locked(controls[1]):
+        pass
+    assert [name for name, _ in maps._maps] == [controls[1].name]  # the removed one went
+    for control in controls[1:]:
+        with maps.locked(control):
+            pass
+    assert len(maps._maps) == 2
+    with pytest.raises(ShmError, match="cannot be opened"), maps.locked(controls[0]):
+        pass
+    for buffer in buffers[1:]:
+        buffer.close()
+
+
+@pytest.mark.parametrize(
+    ("control", "reason"),
+    [
+        (Segment("../etc/passwd", 4, 0), "pattern"),
+        (Segment(f"rlfleet-shm-1-{'0' * 32}", 2**64 - 1, 0), "out of range"),
+        (Segment(f"rlfleet-shm-1-{'0' * 32}", 0, 0), "out of range"),
+    ],
+)
+def test_a_held_segment_is_checked_as_any(tmp_path: Path, control: Segment, reason: str) -> None:
+    with pytest.raises(ShmError, match=reason), SegmentMaps(root=str(tmp_path)).locked(control):
+        pass

@@ -69,6 +69,7 @@ def test_weights_module_pins_its_public_names() -> None:
             "MAX_POLICY_VERSION",
             "check_policy_version",
             "BlobAssembler",
+            "check_blob_size",
             "BlobPart",
             "split_blob",
             "check_compatible",

@@ -8,6 +8,7 @@ control is refused with its reason and leaves the actor serving.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import subprocess
@@ -211,6 +212,47 @@ def test_a_blob_segment_is_named_as_it_lies_and_reused_once_let_go():
     route.close()
     assert ours() <= before
     assert bool((blob == 7).all())  # the caller's memory outlives the names
+
+
+def test_a_segment_an_actor_still_holds_is_never_filled_again(fleet):
+    """An actor applies a push where it lies, holding the segment (a shared flock) from its
+    check to its copy; the learner fills a segment only under the exclusive lock, so a
+    segment still held (here by this test, as by an actor past its deadline) is left as it
+    is and the next pushes take others."""
+    before = ours()
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        first = cartpole_policy()
+        collector.update_policy_weights_(first)
+        (held,) = ours() - before
+        path = os.path.join(SHM_ROOT, held)
+        with open(path, "rb") as file:
+            fcntl.flock(file, fcntl.LOCK_SH)
+            content = file.read()
+            for _ in range(3):
+                policy = cartpole_policy()
+                collector.update_policy_weights_(policy)
+                for address in fleet.addresses:
+                    assert same_weights(actor_policy(address), policy)
+            file.seek(0)
+            assert file.read() == content  # never written while held (its name may be gone)
+        assert collector.stats()["shm_pushes"] == 8
+        assert collector.stats()["shm_fallbacks"] == 0
+
+
+def test_a_segment_being_written_is_refused(fleet):
+    """A segment whose writer holds its write lock is refused, nothing applied."""
+    address = fleet.addresses[0]
+    before = {m.model_id: m.version for m in describe(address).models}["policy"]
+    blob = b"x" * 64
+    buffer = SharedBuffer(len(blob))
+    try:
+        segment = buffer.fill(blob, crc32c(blob))
+        assert buffer.lock_for_writing()
+        control = pb.ShmSegment(name=segment.name, size=segment.size, crc32c=segment.crc32c)
+        assert "is being written" in hostile_push(address, control, before + 1000, None)
+    finally:
+        buffer.close()
+    assert {m.model_id: m.version for m in describe(address).models}["policy"] == before
 
 
 def test_full_dev_shm_sends_the_bytes(fleet, monkeypatch):
