@@ -42,6 +42,7 @@ from actor_service._kinds.registry import core_factory as kind_core_factory
 from actor_service._serve._auth import TokenAuthInterceptor
 from actor_service._serve._limits import CallLimiter
 from actor_service._serve._logging import log_event
+from actor_service._serve._memory import keep_freed_memory
 from actor_service._serve._metrics import ActorMetrics
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._servicer import ActorServicer
@@ -329,6 +330,7 @@ def serve(config: ActorConfig) -> int:
     import torch
 
     torch.set_num_threads(config.torch_threads)
+    keep_freed_memory()  # pushes reuse the pages of the last one
     code = asyncio.run(_serve(config))
     # A hung env step would keep the collection thread, and so the process, alive.
     busy = [t for t in threading.enumerate() if t.name.startswith("rlfleet-collect")]
