@@ -486,7 +486,8 @@ class Fleet:
             (what becomes of them is the pusher's verdict).
         """
         # Serialised once per distinct push, however many workers receive it; the blob of
-        # a push to actors on this host copied once into a segment they all read.
+        # a push to actors on this host is encoded into (or else copied once into) a segment
+        # they all read.
         messages = {_key(enc): _messages(enc) for _, enc in pairs}
         near = [self.shm.is_local(w) for w, _ in pairs]
         blobs = {
