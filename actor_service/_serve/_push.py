@@ -222,12 +222,13 @@ class WeightPushes:
                 raise SessionStateError(
                     "PushWeights: no chunk may follow a header naming a segment"
                 )
+        except BaseException as exc:
+            push.audit(exc)
+            raise
+        try:  # any other failure is audited where it happens
             swap = await asyncio.shield(self._rt.run_side(self._apply_segment, header, push))
         except ShmError as exc:
             return self._shm_refused(push, exc)
-        except SessionStateError as exc:
-            push.audit(exc)
-            raise
         self._parts.settle(push.model_id, swap.version)
         return self._reply(push, swap.version, swap.pause_seconds)
 
@@ -247,6 +248,18 @@ class WeightPushes:
             push.audit(exc)
             raise
         with mapped_push(header, self._rt.config.shared_memory, self._maps) as view:
+            blob = self._check_in_place(view, cap, header, push)
+            return self._apply_weights(blob, push)
+
+    def _check_in_place(
+        self, view: memoryview, cap: int, header: pb.WeightsHeader, push: PushCall
+    ) -> memoryview | bytes:
+        """The segment's bytes once their digests match the header's (a failure is audited).
+
+        Raises:
+            ShmError: The segment fails its digests (the bytes follow).
+        """
+        try:
             push.assembler = BlobAssembler(
                 push.total_bytes,
                 max_bytes=cap,
@@ -255,11 +268,12 @@ class WeightPushes:
                 buffer=torch.frombuffer(view, dtype=torch.uint8),
             )
             push.assembler.add_rest(_in_place)  # digests the segment piece by piece
-            try:
-                blob = push.assembler.finish()
-            except DataLossError as exc:
-                raise ShmError(f"segment {header.shm.name} fails its check: {exc}") from exc
-            return self._apply_weights(blob, push)
+            return push.assembler.finish()
+        except DataLossError as exc:
+            raise ShmError(f"segment {header.shm.name} fails its check: {exc}") from exc
+        except BaseException as exc:
+            push.audit(exc)
+            raise
 
     async def _take_in(
         self,
