@@ -6,9 +6,8 @@ Systems, all in this one run, each holding 2 workers with that policy:
 
 - rlfleet: ``GrpcCollector.update_policy_weights_(policy)`` to 2 actor
   subprocesses (``--policy mlp --policy-kwargs '{"hidden": [h, h]}'``): encode
-  to safetensors into a reused buffer, copy the blob once into a reused
-  shared-memory segment both actors read (they share this host), wait until both
-  applied it;
+  to safetensors straight into a reused shared-memory segment both actors read
+  (they share this host), each applying it from there, wait until both applied it;
 - rlfleet bytes: the same push to 2 other actors with
   ``WeightPushSettings(shared_memory=False, relay=False)``: the blob streamed in chunks
   over gRPC to each actor;

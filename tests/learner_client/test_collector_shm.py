@@ -214,6 +214,21 @@ def test_a_blob_segment_is_named_as_it_lies_and_reused_once_let_go():
     assert bool((blob == 7).all())  # the caller's memory outlives the names
 
 
+def test_an_actor_applies_a_whole_push_from_the_segment_itself(fleet):
+    """A whole push is applied where it lies: each actor maps the segment the learner named
+    (kept mapped for the next push into it) instead of reading it into a buffer of its own."""
+    before = ours()
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy)
+        (named,) = ours() - before
+        for pid in fleet.pids:
+            with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
+                assert named in maps.read()
+        for address in fleet.addresses:
+            assert same_weights(actor_policy(address), policy)
+
+
 def test_a_segment_an_actor_still_holds_is_never_filled_again(fleet):
     """An actor applies a push where it lies, holding the segment (a shared flock) from its
     check to its copy; the learner fills a segment only under the exclusive lock, so a
