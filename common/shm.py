@@ -264,16 +264,7 @@ def opened_segment(
     Raises:
         ShmError: The segment cannot be opened, trusted or read (also from ``read_at``).
     """
-    if not isinstance(control.name, str) or _NAME.match(control.name) is None:
-        raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
-    if not _size_ok(control):
-        raise ShmError(f"segment size {control.size} is out of range")
-    try:
-        fd = os.open(os.path.join(root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
-    try:
-        _check_owner(os.fstat(fd), control)
+    with _checked_fd(control, root) as (fd, _info):
 
         def read_at(into: memoryview, offset: int) -> None:
             if offset < 0 or offset + into.nbytes > control.size:
@@ -283,6 +274,26 @@ def opened_segment(
             _read_all(fd, into, offset)
 
         yield read_at
+
+
+@contextlib.contextmanager
+def _checked_fd(control: Segment, root: str) -> Iterator[tuple[int, os.stat_result]]:
+    """The segment's file, opened read-only and checked (name, size, owner, mode), and its stat.
+
+    The one place a reader decides whether a segment named by a peer may be touched.
+    """
+    if not isinstance(control.name, str) or _NAME.match(control.name) is None:
+        raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
+    if not _size_ok(control):
+        raise ShmError(f"segment size {control.size} is out of range")
+    try:
+        fd = os.open(os.path.join(root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
+    try:
+        info = os.fstat(fd)
+        _check_owner(info, control)
+        yield fd, info
     finally:
         os.close(fd)
 
@@ -318,17 +329,9 @@ class SegmentMaps:
         Raises:
             ShmError: The segment cannot be opened or trusted, or its writer holds it.
         """
-        if not isinstance(control.name, str) or _NAME.match(control.name) is None:
-            raise ShmError(f"segment name {control.name!r} is outside the allowed pattern")
-        if not _size_ok(control) or control.size == 0:
-            raise ShmError(f"segment size {control.size} is out of range")
-        try:
-            fd = os.open(os.path.join(self._root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
-        try:
-            info = os.fstat(fd)
-            _check_owner(info, control)
+        if control.size == 0:  # nothing to map; every other check is _checked_fd's
+            raise ShmError("segment size 0 is out of range for a mapping")
+        with _checked_fd(control, self._root) as (fd, info):
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -338,8 +341,6 @@ class SegmentMaps:
             finally:
                 # Explicitly: the mapping's own duplicate of fd would keep the lock held.
                 fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
 
     def _mapping(self, fd: int, control: Segment, inode: int) -> mmap.mmap:
         key = (control.name, inode)
