@@ -234,6 +234,44 @@ def test_decode_packet_raises_if_a_bool_is_not_0_or_1() -> None:
     assert "bool" in str(refused_fast(packet))
 
 
+def test_a_header_seen_before_still_has_every_payload_checked() -> None:
+    # Batches of one layout share their header bytes, whose parse the decoder reuses:
+    # what the payload holds is checked anew each time.
+    td = TensorDict({"done": torch.zeros(4, dtype=torch.bool), "x": torch.zeros(3)}, [])
+    good = encode_packet(td).tobytes()
+    assert decode_packet(bytearray(good))["done"].dtype is torch.bool
+    # The payload's last 28 bytes: "done" (4), zero padding (12), "x" (12).
+    bad_bool = bytearray(good)
+    bad_bool[len(good) - 28] = 2
+    assert "bool" in str(refused_fast(bad_bool))
+    bad_padding = bytearray(good)
+    bad_padding[len(good) - 13] = 1
+    assert "padding" in str(refused_fast(bad_padding))
+    assert decode_packet(bytearray(good))["x"].shape == (3,)
+
+
+def test_a_header_accepted_under_loose_limits_is_refused_under_strict_ones() -> None:
+    packet = encode_packet(TensorDict({f"k{i}": torch.zeros(1) for i in range(8)}, [])).tobytes()
+    assert len(decode_packet(bytearray(packet)).keys()) == 8
+    with pytest.raises(PacketTooLargeError, match="max_entries"):
+        decode_packet(bytearray(packet), PacketLimits(max_entries=4))
+
+
+def test_ten_thousand_distinct_headers_keep_the_decoder_s_memory_bounded() -> None:
+    tracemalloc.start()
+    try:
+        for i in range(200):  # warm: whatever the decoder keeps, it keeps by now
+            decode_packet(bytearray(encode_packet(TensorDict({f"w{i}": torch.zeros(1)})).tobytes()))
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(10_000):
+            key = f"k{i}" + "x" * 200  # a header of ~300 bytes, different every time
+            decode_packet(bytearray(encode_packet(TensorDict({key: torch.zeros(1)})).tobytes()))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 1 << 20, f"the decoder kept {grown} bytes after 10,000 distinct headers"
+
+
 def test_decode_packet_raises_if_keys_collide_or_have_no_parent() -> None:
     entry = {"key": ["a"], "dtype": "uint8", "shape": [0], "offset": 0, "nbytes": 0}
     cases = [
