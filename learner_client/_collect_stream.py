@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -387,6 +388,8 @@ class OpenStreams:
     :meth:`grant` and :meth:`ack` may be called from any thread; they run on the
     loop, on the stream open at that moment. With none open they are dropped:
     the next ``open`` carries fresh credits and resumes after the last seq seen.
+    Sends queued before the loop gets to them go in one wake-up of the loop, in the
+    order they were made (a sync round's acks and credits: one wake-up, not one each).
 
     Args:
         loop: The learner's event loop.
@@ -395,6 +398,8 @@ class OpenStreams:
     def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
         self._streams: dict[int, CollectStream] = {}
+        self._pending: list[tuple[int, Callable[[CollectStream, int], None], int]] = []
+        self._pending_lock = threading.Lock()
 
     def attach(self, worker_id: int, stream: CollectStream) -> None:
         """Route ``worker_id``'s credits and acks to ``stream`` (on the loop)."""
@@ -407,15 +412,25 @@ class OpenStreams:
 
     def grant(self, worker_id: int, batches: int) -> None:
         """Grant ``batches`` credits on ``worker_id``'s open stream."""
-        self._loop.call_soon(self._on_stream, worker_id, CollectStream.grant, batches)
+        self._queue(worker_id, CollectStream.grant, batches)
 
     def ack(self, worker_id: int, seq: int) -> None:
         """Acknowledge batches up to ``seq`` on ``worker_id``'s open stream."""
-        self._loop.call_soon(self._on_stream, worker_id, CollectStream.ack, seq)
+        self._queue(worker_id, CollectStream.ack, seq)
 
-    def _on_stream(
+    def _queue(
         self, worker_id: int, send: Callable[[CollectStream, int], None], value: int
     ) -> None:
-        stream = self._streams.get(worker_id)
-        if stream is not None:
-            send(stream, value)
+        with self._pending_lock:
+            first = not self._pending
+            self._pending.append((worker_id, send, value))
+        if first:  # later sends join this wake-up until the loop takes the queue
+            self._loop.call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for worker_id, send, value in pending:
+            stream = self._streams.get(worker_id)
+            if stream is not None:
+                send(stream, value)

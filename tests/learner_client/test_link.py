@@ -6,12 +6,15 @@ answers the learner's ``close`` with ``end(CLOSED)`` as an actor does. The
 real-server fault tests (``test_fault_suite.py``, ``test_collector_faults.py``)
 cover the same paths end to end. A scripted actor may also name shared-memory segments the
 learner did not ask for, or cannot read (``test_collector_shm_batches.py`` runs real ones).
+The last test routes acks and credits through ``OpenStreams`` to a stream on the fake channel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -24,9 +27,10 @@ from common.errors import ActorUnavailableError, EnvError
 from common.packets import encode_packet, packet_crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import remove_segment, write_segment
-from learner_client._collect_stream import OpenStreams
+from learner_client._collect_stream import CollectStream, OpenStreams
 from learner_client._ledger import Ledger
 from learner_client._link import ENV_FAILURE_ATTEMPTS, ActorLink, Backoff, LinkState
+from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._settings import ConnectionSettings
 from learner_client._shm import ShmRoute
@@ -546,3 +550,54 @@ def test_link_falls_back_to_bytes_when_a_segment_cannot_be_read(name: str) -> No
     assert (second.resume_epoch, second.resume_after_seq) == (1, 0)  # batch 1 comes again
     assert r.link._shm.stats()["shm_batch_fallbacks"] == 1
     assert r.link.tracker.last == 2  # batch 1 once, as bytes, then batch 2
+
+
+class CountingLoop(LoopThread):
+    """The learner's loop thread, counting the callbacks other threads hand it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = 0
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.handed += 1
+        super().call_soon(fn, *args)
+
+
+def test_acks_and_credits_reach_the_stream_in_order_in_one_wake_up() -> None:
+    loop = CountingLoop()
+    streams = OpenStreams(loop)
+    channel = FakeChannel([[opened()]])
+
+    async def attach() -> CollectStream:
+        stream = CollectStream(
+            channel, SETTINGS, credits=0, resume=(0, 0), take_over=False, learner_id="l"
+        )
+        streams.attach(0, stream)
+        return stream
+
+    stream = loop.run(attach(), timeout=5)
+    busy, release = threading.Event(), threading.Event()
+    loop.call_soon(lambda: (busy.set(), release.wait(5)))  # the loop is busy meanwhile
+    assert busy.wait(5)
+    handed = loop.handed
+    streams.ack(0, 5)
+    streams.grant(0, 2)
+    streams.ack(0, 6)
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(channel.calls[0].requests) < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    sent = channel.calls[0].requests[1:]
+    assert [(r.WhichOneof("kind"), r.ack.seq or r.credit.batches) for r in sent] == [
+        ("ack", 5),
+        ("credit", 2),
+        ("ack", 6),
+    ]
+    assert loop.handed - handed == 1, "three sends queued while the loop was busy: one wake-up"
+    loop.run(_cancelled(stream), timeout=5)
+    loop.close(5)
+
+
+async def _cancelled(stream: CollectStream) -> None:
+    stream.cancel()
