@@ -51,6 +51,8 @@ __all__ = [
 SHM_ROOT = "/dev/shm"
 #: The largest segment a reader accepts (64 GiB).
 MAX_SEGMENT = 1 << 36
+# Bytes SharedBuffer.fill_pieces copies, then checksums while they are in the cache.
+_FILL_BLOCK = 256 << 10
 
 _NAME = re.compile(r"^rlfleet-shm-(\d{1,10})-[0-9a-f]{32}$")
 
@@ -188,18 +190,26 @@ class SharedBuffer:
 
     def fill(self, blob: bytes | bytearray | memoryview, crc: int) -> Segment:
         """Copy ``blob`` (exactly :attr:`size` bytes, of CRC-32C ``crc``) in; its control back."""
-        return self.fill_pieces([blob], crc)
+        view = memoryview(blob).cast("B")
+        if view.nbytes != self.size:
+            raise ValueError(f"a blob of {view.nbytes} bytes in a segment of {self.size}")
+        self._memory[:] = view
+        return self.control(crc)
 
-    def fill_pieces(self, pieces: Iterable[bytes | bytearray | memoryview], crc: int) -> Segment:
-        """Copy consecutive ``pieces`` (exactly :attr:`size` bytes in all, of CRC-32C ``crc``) in.
+    def fill_pieces(self, pieces: Iterable[bytes | bytearray | memoryview]) -> Segment:
+        """Copy consecutive ``pieces`` (exactly :attr:`size` bytes in all) in, and checksum them.
+
+        Each block of ``_FILL_BLOCK`` bytes is checksummed right after it is copied, from
+        the writer's own memory while the copy has left it in the cache: the CRC-32C
+        takes no second pass over memory.
 
         Returns:
-            The segment's control.
+            The segment's control, with the pieces' CRC-32C.
 
         Raises:
             ValueError: The pieces do not add up to :attr:`size` bytes.
         """
-        at = 0
+        at, crc = 0, 0
         for piece in pieces:
             view = memoryview(piece).cast("B")
             end = at + view.nbytes
@@ -207,7 +217,10 @@ class SharedBuffer:
                 raise ValueError(
                     f"pieces of more than {self.size} bytes in a segment of {self.size}"
                 )
-            self._memory[at:end] = view
+            for start in range(0, view.nbytes, _FILL_BLOCK):
+                block = view[start : start + _FILL_BLOCK]
+                self._memory[at + start : at + start + block.nbytes] = block
+                crc = crc32c(block, crc)
             at = end
         if at != self.size:
             raise ValueError(f"pieces of {at} bytes in a segment of {self.size}")

@@ -23,8 +23,9 @@ from actor_service._core._protocol import CollectionCore
 from actor_service._serve._shm import BatchSegments
 from actor_service._serve._wire import encode_chunk, encode_control
 from common.checksum import crc32c
+from common.config import CHUNK_BYTES
 from common.errors import SessionStateError
-from common.packets import checksummed_pieces, encode_packet
+from common.packets import EncodedPacket, checksummed_pieces, cut_chunks, encode_packet
 from common.packets.folding import FoldedBatch
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import Segment
@@ -119,7 +120,6 @@ def collect_encoded(
     if isinstance(collected, FoldedBatch):
         packets.append(encode_packet(collected.finals))
     low, high = _version_range(td, core, model_id)
-    pieces, crc32c = checksummed_pieces(packets)
     nbytes = sum(packet.nbytes for packet in packets)
     # An LLM batch of last steps only accounts for the dialog turns it dropped too.
     frames = int(getattr(core, "last_batch_frames", 0) or td.numel())
@@ -129,30 +129,39 @@ def collect_encoded(
         seq=seq,
         frames=frames,
         total_bytes=nbytes,
-        crc32c=crc32c,
         model_id=model_id,
         policy_version_min=low,
         policy_version_max=high,
     )
     if len(packets) > 1:
         info.fold.finals_bytes = packets[1].nbytes
-    return _encoded(pieces, info, segments)
+    return _encoded(packets, info, segments)
 
 
 def _encoded(
-    pieces: list[list[memoryview]], info: pb.BatchInfo, segments: BatchSegments | None
+    packets: list[EncodedPacket],
+    info: pb.BatchInfo,
+    segments: BatchSegments | None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> EncodedBatch:
-    """The batch of ``info`` whose data ``pieces`` are: in a segment, or as chunk messages."""
-    segment = None
+    """The batch of ``info`` (its CRC-32C still to set) whose data ``packets`` are.
+
+    In a segment when ``segments`` has one (checksummed as it is copied there), else as
+    chunk messages (checksummed first: the first message carries the CRC-32C).
+    """
     if segments is not None:
-        views = (view for piece in pieces for view in piece)
-        segment = segments.write((info.epoch, info.seq), views, info.total_bytes, info.crc32c)
-    return EncodedBatch(
-        info=info,
-        messages=() if segment is not None else _chunk_messages(pieces, info.seq, info),
-        pieces=tuple(pieces) if segment is not None else (),
-        shm_message=None if segment is None else _shm_message(info.seq, info, segment),
-    )
+        parts = [part for packet in packets for part in packet.parts()]
+        segment = segments.write((info.epoch, info.seq), parts, info.total_bytes)
+        if segment is not None:
+            info.crc32c = segment.crc32c
+            return EncodedBatch(
+                info=info,
+                messages=(),
+                pieces=tuple(cut_chunks(parts, chunk_bytes)),
+                shm_message=_shm_message(info.seq, info, segment),
+            )
+    pieces, info.crc32c = checksummed_pieces(packets, chunk_bytes)
+    return EncodedBatch(info=info, messages=_chunk_messages(pieces, info.seq, info), pieces=())
 
 
 def _shm_message(seq: int, info: pb.BatchInfo, segment: Segment) -> bytes:

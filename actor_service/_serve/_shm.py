@@ -129,13 +129,16 @@ class BatchSegments:
         sweep_segments()  # what actors and learners killed on this host left behind
 
     def write(
-        self, key: tuple[int, int], pieces: Iterable[memoryview], nbytes: int, crc: int
+        self, key: tuple[int, int], pieces: Iterable[memoryview], nbytes: int
     ) -> Segment | None:
-        """Copy batch ``key`` (epoch, seq)'s ``pieces`` into a segment; None if none can be made."""
+        """Copy batch ``key`` (epoch, seq)'s ``pieces`` into a segment; None if none can be made.
+
+        The segment's control carries the pieces' CRC-32C, taken as they are copied.
+        """
         buffer = self._take(nbytes)
         if buffer is None:
             return None
-        segment = buffer.fill_pieces(pieces, crc)
+        segment = buffer.fill_pieces(pieces)
         with self._lock:
             stale = self._held.pop(key, None)
             self._held[key] = buffer

@@ -67,6 +67,7 @@ __all__ = [
     "MAGIC",
     "decode_packet",
     "checksummed_pieces",
+    "cut_chunks",
     "encode_packet",
     "packet_crc32c",
 ]

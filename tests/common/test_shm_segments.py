@@ -148,6 +148,23 @@ def _shared(tmp_path: Path, blob: bytes) -> SharedBuffer:
     return buffer
 
 
+def test_pieces_are_checksummed_as_they_are_copied_across_blocks(tmp_path: Path) -> None:
+    sizes = [1, 300_000, 256 << 10, 0, 7, (1 << 20) + 3]  # blocks of 256 KiB, cut unevenly
+    pieces = [os.urandom(n) for n in sizes]
+    blob = b"".join(pieces)
+    buffer = SharedBuffer(len(blob), str(tmp_path))
+    try:
+        control = buffer.fill_pieces(memoryview(p) for p in pieces)
+        assert control.crc32c == crc32c(blob)
+        assert read_segment(control, str(tmp_path)) == blob
+        with pytest.raises(ValueError, match="pieces of"):
+            buffer.fill_pieces([blob[:-1]])
+        with pytest.raises(ValueError, match="pieces of more than"):
+            buffer.fill_pieces([blob, b"x"])
+    finally:
+        buffer.close()
+
+
 def test_a_held_segment_is_seen_in_place_and_kept_from_its_writer(tmp_path: Path) -> None:
     blob = os.urandom(1 << 20)
     buffer = _shared(tmp_path, blob)

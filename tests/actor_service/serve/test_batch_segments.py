@@ -22,8 +22,9 @@ from common.shm import SHM_ROOT, Segment, read_segment
 
 
 def _write(segments: BatchSegments, seq: int, data: bytes) -> Segment:
-    segment = segments.write((1, seq), [memoryview(data)], len(data), crc32c(data))
+    segment = segments.write((1, seq), [memoryview(data)], len(data))
     assert segment is not None
+    assert segment.crc32c == crc32c(data)
     return segment
 
 
@@ -91,10 +92,10 @@ def test_a_batch_in_a_segment_is_sent_again_as_bytes_while_its_memory_is_unchang
     batch = TensorDict({"observation": torch.arange(96.0).view(2, 3, 16)}, batch_size=[2, 3])
     packet = encode_packet(batch)
     pieces, crc = checksummed_pieces([packet], chunk_bytes=128)
-    info = pb.BatchInfo(seq=5, epoch=1, frames=6, total_bytes=packet.nbytes, crc32c=crc)
+    info = pb.BatchInfo(seq=5, epoch=1, frames=6, total_bytes=packet.nbytes)
     segments = BatchSegments(held=2)
     try:
-        encoded = _encoded(pieces, info, segments)
+        encoded = _encoded([packet], info, segments, chunk_bytes=128)
         assert encoded.messages == ()
         (control,) = encoded.wire(True)
         chunk = pb.CollectResponse.FromString(control).chunk
