@@ -41,6 +41,7 @@ BENCHES = {
     "push_streams": "bench.push_streams",
     "llm_push": "bench.llm_push",
     "startup": "bench.startup",
+    "sync_round": "bench.sync_round",
     "memory": "bench.memory",
     "codec": "bench.codec_bench",
     "metrics": "bench.metrics_overhead",
@@ -58,6 +59,7 @@ _FLEET_FLAGS = {
     "push_streams",
     "llm_push",
     "startup",
+    "sync_round",
     "memory",
     "llm_tokens",
 }

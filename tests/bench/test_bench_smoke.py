@@ -158,6 +158,18 @@ EXPECTED = {
         ],
     ),
     "startup": (["rlfleet sync", "torchrl sync"], ["rlfleet/torchrl sync"]),
+    "sync_round": (
+        [
+            "rlfleet tiny round",
+            "rlfleet tiny learner cpu",
+            "rlfleet tiny actor cpu",
+            "torchrl tiny round",
+            "rlfleet cartpole round",
+            "rlfleet cartpole learner cpu",
+            "in-process cartpole round",
+        ],
+        ["rlfleet/torchrl tiny round", "rlfleet cartpole round/in-process"],
+    ),
     "metrics": (
         ["metrics off", "metrics on", "loop metrics off", "loop metrics on"],
         ["metrics on/off", "loop metrics on/off"],
