@@ -1,10 +1,12 @@
-"""Resident memory of processes, read from ``/proc`` (Linux), for the memory benchmark."""
+"""Resident memory and CPU time of processes, read from ``/proc`` (Linux), for the benchmarks."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["descendants", "rss_mb"]
+__all__ = ["cpu_seconds", "descendants", "rss_mb"]
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -38,3 +40,16 @@ def descendants(pid: int) -> list[int]:
             found.extend(kids)
             frontier.extend(kids)
     return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants so far."""
+    total = 0
+    for each in (pid, *descendants(pid)):
+        try:
+            with open(f"/proc/{each}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / _TICKS

@@ -21,7 +21,6 @@ Usage: ``python -m bench.sync_round [--quick] [--reps 3] [--window 4]``.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import time
@@ -29,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+from bench._rss import cpu_seconds
 
 __all__ = ["main"]
 
@@ -45,13 +45,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -61,13 +54,13 @@ def _time_rounds(rounds: Iterator[Any], seconds: float, pids: Sequence[int]) -> 
     """Milliseconds a round, and CPU milliseconds a round of this process and of ``pids``."""
     for _ in range(3):  # warm-up
         next(rounds)
-    actors0, own0 = [_cpu_seconds(pid) for pid in pids], _own_cpu_seconds()
+    actors0, own0 = [cpu_seconds(pid) for pid in pids], _own_cpu_seconds()
     start, count = time.perf_counter(), 0
     while count < 2 or time.perf_counter() - start < seconds:
         next(rounds)
         count += 1
     elapsed = time.perf_counter() - start
-    actors = [_cpu_seconds(pid) - before for pid, before in zip(pids, actors0, strict=True)]
+    actors = [cpu_seconds(pid) - before for pid, before in zip(pids, actors0, strict=True)]
     per_round = 1000.0 / count
     out = {"round": elapsed * per_round, "learner cpu": (_own_cpu_seconds() - own0) * per_round}
     if actors:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,13 +46,12 @@ from torchrl.envs import (
 from torchrl.modules import OneHotCategorical, ProbabilisticActor
 
 from bench._common import Report, base_parser, parse, reps_of, set_single_thread, time_batches
-from bench._rss import descendants
+from bench._rss import cpu_seconds
 
 __all__ = ["main", "make_env", "make_policy"]
 
 ENV_FACTORY = "bench.torchrl_envs:make_env"
 POLICY_FACTORY = "bench.torchrl_envs:make_policy"
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def make_env() -> EnvBase:
@@ -80,19 +78,6 @@ def make_policy(env: EnvBase, seed: int = 0) -> ProbabilisticActor:
     )
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live descendants (``/proc``)."""
-    total = 0
-    for each in (pid, *descendants(pid)):
-        try:
-            with open(f"/proc/{each}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, ValueError, IndexError):
-            continue
-    return total / _TICKS
-
-
 def _window(
     iterator: Iterator[Any], processes: int, cpu: Callable[[], float], seconds: float
 ) -> tuple[float, float]:
@@ -109,7 +94,7 @@ def _window(
 
 def _cpu_of(pids: Callable[[], list[int]]) -> tuple[int, Callable[[], float]]:
     """How many processes ``pids`` names, and their CPU seconds (with their children)."""
-    return len(pids()), lambda: sum(_cpu_seconds(p) for p in pids())
+    return len(pids()), lambda: sum(cpu_seconds(p) for p in pids())
 
 
 def run(args: argparse.Namespace, report: Report) -> None:
@@ -136,8 +121,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
             "torchrl": (iter(theirs), their_cpu),
         }
         for _ in range(reps_of(args)):
-            for name, (iterator, (processes, cpu_seconds)) in systems.items():
-                fps, cpu = _window(iterator, processes, cpu_seconds, args.window)
+            for name, (iterator, (processes, cpu_so_far)) in systems.items():
+                fps, cpu = _window(iterator, processes, cpu_so_far, args.window)
                 samples.setdefault(f"{name} frames/s", []).append(fps)
                 samples.setdefault(f"{name} CPU us/frame", []).append(cpu * 1e6)
     for name, values in samples.items():
