@@ -21,7 +21,6 @@ Usage: ``python -m bench.sync_round [--quick] [--reps 3] [--window 4]``.
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -45,16 +44,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _time_rounds(rounds: Iterator[Any], seconds: float, pids: Sequence[int]) -> dict[str, float]:
     """Milliseconds a round, and CPU milliseconds a round of this process and of ``pids``."""
     for _ in range(3):  # warm-up
         next(rounds)
-    actors0, own0 = [cpu_seconds(pid) for pid in pids], _own_cpu_seconds()
+    actors0, own0 = [cpu_seconds(pid) for pid in pids], time.process_time()
     start, count = time.perf_counter(), 0
     while count < 2 or time.perf_counter() - start < seconds:
         next(rounds)
@@ -62,7 +56,7 @@ def _time_rounds(rounds: Iterator[Any], seconds: float, pids: Sequence[int]) -> 
     elapsed = time.perf_counter() - start
     actors = [cpu_seconds(pid) - before for pid, before in zip(pids, actors0, strict=True)]
     per_round = 1000.0 / count
-    out = {"round": elapsed * per_round, "learner cpu": (_own_cpu_seconds() - own0) * per_round}
+    out = {"round": elapsed * per_round, "learner cpu": (time.process_time() - own0) * per_round}
     if actors:
         out["actor cpu"] = sum(actors) / len(actors) * per_round
     return out
