@@ -1,7 +1,8 @@
 """Weight blobs and batches in shared memory: a segment written once, read and checked by readers.
 
 The learner writes weight blobs for the actors on its host; an actor writes batches for a
-learner on its host (:func:`opened_segment` reads them in place, packet by packet). A
+learner on its host (the learner copies them out of its kept mappings,
+:meth:`SegmentMaps.reader`, packet by packet). A
 segment is a file under ``/dev/shm`` named ``rlfleet-shm-<pid>-<32 hex>`` (the writer's pid,
 then 128 random bits), created ``0600`` with ``O_EXCL``: written once (:func:`write_segment`),
 or mapped by its writer and filled again push after push (batch after batch), its pages
@@ -9,7 +10,8 @@ reserved up front and kept (:class:`SharedBuffer`). The control that travels
 elsewhere (name, size, CRC-32C) is all a reader trusts: :func:`read_segment` refuses a name
 outside the pattern (no path traversal), a link, a file not owned by this user or readable by
 others, a size other than the one announced, and a digest mismatch (:func:`opened_segment`
-checks all but the digest, which its caller checks over what it read). They raise
+and :class:`SegmentMaps` check all but the digest, which their caller checks over what it
+read). They raise
 :class:`ShmError` on any of them, so the caller falls back to the bytes path and applies
 nothing (or takes the batch as bytes). :func:`sweep_segments` removes the segments of
 writers that are gone (SIGKILL).
@@ -280,13 +282,15 @@ def opened_segment(
     with _checked_fd(control, root) as (fd, _info):
 
         def read_at(into: memoryview, offset: int) -> None:
-            if offset < 0 or offset + into.nbytes > control.size:
-                raise ShmError(
-                    f"a read of {into.nbytes} bytes at {offset} overruns segment {control.name}"
-                )
+            _check_read(control, into, offset)
             _read_all(fd, into, offset)
 
         yield read_at
+
+
+def _check_read(control: Segment, into: memoryview, offset: int) -> None:
+    if offset < 0 or offset + into.nbytes > control.size:
+        raise ShmError(f"a read of {into.nbytes} bytes at {offset} overruns segment {control.name}")
 
 
 @contextlib.contextmanager
@@ -312,10 +316,15 @@ def _checked_fd(control: Segment, root: str) -> Iterator[tuple[int, os.stat_resu
 
 
 class SegmentMaps:
-    """A reader's mappings of the segments it applies in place, kept for the next read.
+    """A reader's mappings of the segments it reads again and again, kept for the next read.
 
-    A learner encodes push after push into the same few segments; a reader that keeps their
-    mappings reads them without a page fault. :meth:`locked` checks a segment as
+    A learner encodes push after push into the same few segments, and an actor fills the
+    same few with batch after batch; a reader that keeps their mappings reads them without
+    a page fault (:meth:`reader` copies out of one; :meth:`locked` holds one to apply it
+    in place). Writers never shrink a segment (:class:`SharedBuffer`); a process of the
+    fleet's own user that does can crash a reader (``SIGBUS``), as it can kill it outright.
+
+    :meth:`locked` checks a segment as
     :func:`opened_segment` does and holds its shared lock while the caller reads: the
     writer (:class:`SharedBuffer`) fills a segment only under the exclusive lock, so what
     the caller checks stays what it then applies. Mappings are copy-on-write and never
@@ -354,6 +363,30 @@ class SegmentMaps:
             finally:
                 # Explicitly: the mapping's own duplicate of fd would keep the lock held.
                 fcntl.flock(fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def reader(self, control: Segment) -> Iterator[Callable[[memoryview, int], None]]:
+        """:func:`opened_segment`'s ``read_at``, copying from this reader's kept mapping.
+
+        For segments a writer fills again and again (an actor's batch segments): once
+        mapped, a read is a plain copy, with neither a page fault nor a system call a
+        piece, about twice as fast as reading the file. The segment is checked as
+        :func:`opened_segment` checks it, and the CRC-32C is the caller's to check over
+        what it read, as there.
+
+        Raises:
+            ShmError: The segment cannot be opened or trusted (also from ``read_at``).
+        """
+        if control.size == 0:  # nothing to map; every other check is _checked_fd's
+            raise ShmError("segment size 0 is out of range for a mapping")
+        with _checked_fd(control, self._root) as (fd, info):
+            mapping = memoryview(self._mapping(fd, control, info.st_ino))
+
+            def read_at(into: memoryview, offset: int) -> None:
+                _check_read(control, into, offset)
+                into[:] = mapping[offset : offset + into.nbytes]
+
+            yield read_at
 
     def _mapping(self, fd: int, control: Segment, inode: int) -> mmap.mmap:
         key = (control.name, inode)

@@ -36,7 +36,7 @@ from common.llm import LLMSettings
 from common.packets import PacketLimits
 from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.shm import Segment, ShmError, opened_segment
+from common.shm import Segment, SegmentMaps, ShmError
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
 from learner_client._transport import Channel, Chunk, translate_errors
@@ -47,6 +47,8 @@ M = TypeVar("M", bound=Message)
 
 # Packets above this size are decoded on a worker thread, not on the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
+# Mappings of an actor's batch segments kept: as many as it keeps idle for reuse.
+_KEPT_SEGMENTS = 4
 _END_REASONS = {
     v.number: v.name.removeprefix("END_REASON_") for v in pb.EndReason.DESCRIPTOR.values
 }
@@ -172,6 +174,9 @@ class CollectStream:
         self.address = channel.address
         self._allocate = allocate
         self._shm_batches = shm_batches
+        # The actor fills the same few segments again (once their batches are acked):
+        # their mappings are kept, and a batch is copied from one with no page fault.
+        self._segments = SegmentMaps(keep=_KEPT_SEGMENTS) if shm_batches is not None else None
         self._outbox: asyncio.Queue[pb.CollectRequest | None] = asyncio.Queue()
         shm = shm_batches is not None
         opening = _open_request(settings, credits, resume, take_over, learner_id, shm)
@@ -329,7 +334,8 @@ class CollectStream:
 
     async def _shared_batch(self, chunk: Chunk, shm: pb.ShmSegment) -> Delivery:
         """A batch that lies in a shared-memory segment: read into place, checked, decoded."""
-        if self._shm_batches is None:
+        segments = self._segments
+        if self._shm_batches is None or segments is None:
             raise ProtocolError(
                 f"{self.address}: batch seq {chunk.seq} names a shared-memory segment, "
                 "but this session did not ask for any"
@@ -351,7 +357,7 @@ class CollectStream:
         control = Segment(name=shm.name, size=int(shm.size), crc32c=int(shm.crc32c))
 
         def read_and_decode() -> Any:
-            with opened_segment(control) as read_at:
+            with segments.reader(control) as read_at:
                 assembler.add_rest(read_at)
             return assembler.finish(expected_crc32c=info.crc32c)
 

@@ -218,3 +218,62 @@ def test_kept_mappings_follow_their_files(tmp_path: Path) -> None:
 def test_a_held_segment_is_checked_as_any(tmp_path: Path, control: Segment, reason: str) -> None:
     with pytest.raises(ShmError, match=reason), SegmentMaps(root=str(tmp_path)).locked(control):
         pass
+
+
+def test_a_reader_copies_from_its_kept_mapping_and_sees_each_new_fill(tmp_path: Path) -> None:
+    """``reader``: the bytes ``opened_segment`` reads, from one mapping kept across fills."""
+    blob = os.urandom(3 << 20)
+    buffer = _shared(tmp_path, blob)
+    control = buffer.control(crc32c(blob))
+    maps = SegmentMaps(keep=2, root=str(tmp_path))
+    into = memoryview(bytearray(len(blob)))
+    with maps.reader(control) as read_at:
+        read_at(into[: 1 << 20], 0)
+        read_at(into[1 << 20 :], 1 << 20)
+        with pytest.raises(ShmError, match="overruns"):
+            read_at(into[:2], len(blob) - 1)
+        with pytest.raises(ShmError, match="overruns"):
+            read_at(into[:2], -1)
+    assert into == blob
+    (mapping,) = maps._maps.values()
+    assert buffer.lock_for_writing()  # a reader takes no lock: it checks its own copy
+    buffer.fill(blob[::-1], 0)  # the writer fills it again
+    buffer.unlock()
+    with maps.reader(control) as read_at:
+        read_at(into, 0)
+    assert into == blob[::-1]
+    assert list(maps._maps.values()) == [mapping]  # the same mapping, no page fault
+    buffer.close()
+    with pytest.raises(ShmError, match="cannot be opened"), maps.reader(control):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("control", "reason"),
+    [
+        (Segment("../etc/passwd", 4, 0), "pattern"),
+        (Segment(f"rlfleet-shm-1-{'0' * 32}", 2**64 - 1, 0), "out of range"),
+        (Segment(f"rlfleet-shm-1-{'0' * 32}", 0, 0), "out of range"),
+    ],
+)
+def test_a_read_segment_is_checked_as_any(tmp_path: Path, control: Segment, reason: str) -> None:
+    with pytest.raises(ShmError, match=reason), SegmentMaps(root=str(tmp_path)).reader(control):
+        pass
+
+
+def test_a_reader_refuses_a_segment_of_another_size_or_opened_up(tmp_path: Path) -> None:
+    blob = os.urandom(8192)
+    buffer = _shared(tmp_path, blob)
+    maps = SegmentMaps(root=str(tmp_path))
+    with (
+        pytest.raises(ShmError, match="bytes, not"),
+        maps.reader(replace(buffer.control(0), size=4096)),
+    ):
+        pass
+    os.chmod(tmp_path / buffer.name, 0o644)
+    with (
+        pytest.raises(ShmError, match="readable or writable by others"),
+        maps.reader(buffer.control(0)),
+    ):
+        pass
+    buffer.close()

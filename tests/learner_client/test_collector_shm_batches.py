@@ -29,8 +29,8 @@ from common.checksum import crc32c
 from common.config import CollectSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.shm import SHM_ROOT, Segment, read_segment
-from learner_client import GrpcCollector, LocalFleet, _collect_stream, _shm
+from common.shm import SHM_ROOT, Segment, SegmentMaps, read_segment
+from learner_client import GrpcCollector, LocalFleet, _shm
 from learner_client._collect_stream import _open_request
 
 FRAMES = 32  # per actor and batch: 2 envs x 16 steps
@@ -99,15 +99,15 @@ def _damage(path: str, damage: str) -> None:
 
 @pytest.mark.parametrize("damage", ["removed", "opened to others", "corrupted"])
 def test_a_damaged_segment_sends_that_actors_batches_as_bytes(fleet, monkeypatch, damage):
-    opened = _collect_stream.opened_segment
+    reader = SegmentMaps.reader
     spoiled: list[str] = []
 
     @contextlib.contextmanager
-    def damaged_first(control: Segment, *args):
+    def damaged_first(maps: SegmentMaps, control: Segment):
         if len(spoiled) < 3:  # between the actor's write and the learner's read
             spoiled.append(control.name)
             _damage(os.path.join(SHM_ROOT, control.name), damage)
-        with opened(control, *args) as read_at:
+        with reader(maps, control) as read_at:
             yield read_at
 
     frames = FRAMES * fleet.num_actors
@@ -118,7 +118,7 @@ def test_a_damaged_segment_sends_that_actors_batches_as_bytes(fleet, monkeypatch
         stream = iter(collector)
         batches = [next(stream).clone() for _ in range(2)]
         assert collector.stats()["shm_batches"] == 4
-        monkeypatch.setattr(_collect_stream, "opened_segment", damaged_first)
+        monkeypatch.setattr(SegmentMaps, "reader", damaged_first)
         batches += [batch.clone() for batch in stream]
         stats = collector.stats()
     assert len(batches) == 12
