@@ -12,7 +12,11 @@ Systems, all in this one run, interleaved repetition by repetition:
   timed windows started together (what the machine's cores give that many decoders
   at once, with no transport and no learner);
 - rlfleet: ``GrpcLLMCollector`` (async) over a ``LocalFleet`` of 2 LLM actors with
-  ``slots`` chat slots each; tokens/s of the fleet and per actor;
+  ``slots`` chat slots each; tokens/s of the fleet and per actor; with the default
+  ``prefetch`` (TorchRL's ``MultiAsyncCollector``: an actor starts its next batch once its
+  last one is taken, so it idles for the round trip of a credit), and with ``prefetch=2``
+  (rlfleet's opt-in: one batch more ahead, up to one batch older weights), which takes that
+  round trip off the actors;
 - TorchRL: ``LLMCollector(ChatEnv + TransformersWrapper(generate=True))``, one
   process, the same model, batch and sampling (``do_sample=True``, ``top_k`` = the
   vocabulary, the same new-token budget).
@@ -147,7 +151,7 @@ def _decoder(args: argparse.Namespace) -> None:
     print(in_process(args, start), flush=True)
 
 
-def rlfleet(args: argparse.Namespace, addresses: list[str]) -> float:
+def rlfleet(args: argparse.Namespace, addresses: list[str], prefetch: int | None = None) -> float:
     """Response tokens/s of the whole fleet through ``GrpcLLMCollector`` (async)."""
     from learner_client import GrpcLLMCollector
 
@@ -157,6 +161,7 @@ def rlfleet(args: argparse.Namespace, addresses: list[str]) -> float:
         sync=False,
         generation={"max_new_tokens": args.new_tokens, "temperature": 1.0},
         layout="padded",
+        prefetch=prefetch,
     ) as collector:
         batches = iter(collector)
         for _ in range(2 * len(addresses)):  # warm-up: every actor's first batch
@@ -234,6 +239,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
         "in-process": [],
         "ceiling": [],
         "rlfleet": [],
+        "rlfleet prefetch=2": [],
         "torchrl": [],
     }
     with warnings.catch_warnings():
@@ -253,6 +259,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
                 samples["in-process"].append(in_process(args))
                 samples["ceiling"].append(ceiling(args))
                 samples["rlfleet"].append(rlfleet(args, fleet.addresses))
+                samples["rlfleet prefetch=2"].append(rlfleet(args, fleet.addresses, prefetch=2))
                 samples["torchrl"].append(torchrl_rate(args, theirs))
                 print(
                     f"rep {rep + 1}/{reps}: "
@@ -261,16 +268,23 @@ def run(args: argparse.Namespace, report: Report) -> None:
                 )
         theirs.shutdown()
     per_actor = [v / args.actors for v in samples["rlfleet"]]
+    per_actor_ahead = [v / args.actors for v in samples["rlfleet prefetch=2"]]
     report.figure("in-process generate (1 core)", "tokens/s", samples["in-process"])
     report.figure(f"ceiling: {args.actors} decoders at once", "tokens/s", samples["ceiling"])
     report.figure("rlfleet fleet", "tokens/s", samples["rlfleet"])
     report.figure("rlfleet per actor", "tokens/s", per_actor)
+    report.figure("rlfleet prefetch=2 per actor", "tokens/s", per_actor_ahead)
     report.figure("torchrl LLMCollector", "tokens/s", samples["torchrl"])
     per = report.ratio(
         "per actor / in-process", "rlfleet per actor", "in-process generate (1 core)"
     )
     share = report.ratio(
         "fleet / its ceiling", "rlfleet fleet", f"ceiling: {args.actors} decoders at once"
+    )
+    report.ratio(
+        "per actor / in-process, prefetch=2",
+        "rlfleet prefetch=2 per actor",
+        "in-process generate (1 core)",
     )
     vs = report.ratio("fleet / torchrl", "rlfleet fleet", "torchrl LLMCollector")
     report.target("each actor >= 0.9x in-process decoding", per, 0.9)
