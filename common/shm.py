@@ -28,6 +28,7 @@ import re
 import secrets
 import socket
 import stat
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -330,7 +331,8 @@ class SegmentMaps:
     the caller checks stays what it then applies. Mappings are copy-on-write and never
     written, so they are writable memory (``torch.frombuffer`` views them) that sees the
     writer's later fills. A mapping whose name is gone or leads to another file is dropped
-    at the next read; its pages go with the last view of them.
+    at the next read; its pages go with the last view of them. Reads may come from several
+    threads at once (an actor applies two models' pushes side by side).
 
     Args:
         keep: Mappings kept (a model's pushes alternate between two segments).
@@ -341,6 +343,8 @@ class SegmentMaps:
         self._keep = keep
         self._root = root
         self._maps: collections.OrderedDict[tuple[str, int], mmap.mmap] = collections.OrderedDict()
+        # Reads may come from several threads at once (an actor applies two models' pushes).
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def locked(self, control: Segment) -> Iterator[memoryview]:
@@ -390,13 +394,14 @@ class SegmentMaps:
 
     def _mapping(self, fd: int, control: Segment, inode: int) -> mmap.mmap:
         key = (control.name, inode)
-        mapping = self._maps.pop(key, None)
-        if mapping is None:
-            mapping = mmap.mmap(fd, control.size, access=mmap.ACCESS_COPY)
-        self._maps[key] = mapping
-        for name, ino in list(self._maps)[:-1]:
-            if len(self._maps) > self._keep or not _leads_to(self._root, name, ino):
-                del self._maps[(name, ino)]  # unmapped with its last view, never closed here
+        with self._lock:
+            mapping = self._maps.pop(key, None)
+            if mapping is None:
+                mapping = mmap.mmap(fd, control.size, access=mmap.ACCESS_COPY)
+            self._maps[key] = mapping
+            for name, ino in list(self._maps)[:-1]:
+                if len(self._maps) > self._keep or not _leads_to(self._root, name, ino):
+                    del self._maps[(name, ino)]  # unmapped with its last view, never closed here
         return mapping
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -277,3 +278,54 @@ def test_a_reader_refuses_a_segment_of_another_size_or_opened_up(tmp_path: Path)
     ):
         pass
     buffer.close()
+
+
+def test_kept_mappings_may_be_used_from_several_threads_at_once(tmp_path: Path) -> None:
+    """An actor applies two models' pushes at once: their reads share one ``SegmentMaps``.
+
+    Segments are replaced meanwhile (as a learner's are), so kept mappings go stale and are
+    let go by whichever thread reads next.
+    """
+    buffers = [_shared(tmp_path, bytes([i]) * 4096) for i in range(4)]
+    maps = SegmentMaps(keep=2, root=str(tmp_path))
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read_all(first: int) -> None:
+        for i in range(3000):
+            buffer = buffers[(first + i) % len(buffers)]
+            try:
+                into = memoryview(bytearray(1))
+                with maps.reader(buffer.control(0)) as read_at:
+                    read_at(into, 4095)
+                with maps.locked(buffer.control(0)):
+                    pass
+            except ShmError:  # replaced meanwhile: refused, as it should be
+                continue
+            except BaseException as exc:  # reported by the test thread
+                errors.append(exc)
+                return
+
+    def replace_segments() -> None:
+        while not done.is_set():
+            for index, old in enumerate(list(buffers)):
+                buffers[index] = _shared(tmp_path, bytes([index]) * 4096)
+                old.close()
+
+    readers = [threading.Thread(target=read_all, args=(n,)) for n in range(4)]
+    writer = threading.Thread(target=replace_segments)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns often: a race shows within the test
+    try:
+        writer.start()
+        for thread in readers:
+            thread.start()
+        for thread in readers:
+            thread.join()
+    finally:
+        done.set()
+        writer.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    for buffer in buffers:
+        buffer.close()
