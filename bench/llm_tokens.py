@@ -267,6 +267,11 @@ def run(args: argparse.Namespace, report: Report) -> None:
                     flush=True,
                 )
         theirs.shutdown()
+    _record(args, report, samples)
+
+
+def _record(args: argparse.Namespace, report: Report, samples: dict[str, list[float]]) -> None:
+    """The figures, ratios and targets of :func:`run`'s samples."""
     per_actor = [v / args.actors for v in samples["rlfleet"]]
     per_actor_ahead = [v / args.actors for v in samples["rlfleet prefetch=2"]]
     report.figure("in-process generate (1 core)", "tokens/s", samples["in-process"])

@@ -179,9 +179,10 @@ EXPECTED = {
             "in-process generate (1 core)",
             "rlfleet fleet",
             "rlfleet per actor",
+            "rlfleet prefetch=2 per actor",
             "torchrl LLMCollector",
         ],
-        ["per actor / in-process", "fleet / torchrl"],
+        ["per actor / in-process", "per actor / in-process, prefetch=2", "fleet / torchrl"],
     ),
     "memory": (
         ["learner rss growth", "learner rss slope", "actor 0 rss growth", "frames collected"],
