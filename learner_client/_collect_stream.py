@@ -182,6 +182,7 @@ class CollectStream:
         opening = _open_request(settings, credits, resume, take_over, learner_id, shm)
         self._outbox.put_nowait(opening)
         self._closing = False
+        self._acks_in_credit = False  # the actor's SessionOpened says whether it reads them
         self._call = channel.start_collect(self._requests())
         self._read: asyncio.Future | None = None
         self._limits = PacketLimits()
@@ -206,6 +207,21 @@ class CollectStream:
         """Acknowledge every batch up to ``seq``."""
         if not self._closing:
             self._outbox.put_nowait(pb.CollectRequest(ack=pb.Ack(seq=seq)))
+
+    def ack_and_grant(self, seq: int, batches: int) -> None:
+        """Acknowledge every batch up to ``seq`` (0: none), then grant ``batches`` credits.
+
+        One ``credit`` message carries both when the actor reads its ``ack_seq``
+        (``SessionOpened.acks_in_credit``); else an ``ack`` goes first, then a ``credit``.
+        """
+        if seq and batches > 0 and self._acks_in_credit and not self._closing:
+            self._credited_at = time.monotonic()
+            request = pb.CollectRequest(credit=pb.Credit(batches=batches, ack_seq=seq))
+            self._outbox.put_nowait(request)
+            return
+        if seq:
+            self.ack(seq)
+        self.grant(batches)
 
     def close(self) -> None:
         """Send ``close`` and half-close; the actor answers with ``end``."""
@@ -258,6 +274,7 @@ class CollectStream:
                 kind = message.WhichOneof("kind")
             raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
         opened = message.opened
+        self._acks_in_credit = opened.acks_in_credit
         return SessionInfo(opened.epoch, opened.next_seq, opened.resumed)
 
     async def next_event(
@@ -394,8 +411,10 @@ class OpenStreams:
     :meth:`grant` and :meth:`ack` may be called from any thread; they run on the
     loop, on the stream open at that moment. With none open they are dropped:
     the next ``open`` carries fresh credits and resumes after the last seq seen.
-    Sends queued before the loop gets to them go in one wake-up of the loop, in the
-    order they were made (a sync round's acks and credits: one wake-up, not one each).
+    Sends queued before the loop gets to them go in one wake-up of the loop, an
+    actor's in one message where it can: acks are cumulative and credits add up,
+    so its highest ack and the sum of its credits go as one ``credit`` (a sync
+    round's ack and next credit: one message to each actor, not two).
 
     Args:
         loop: The learner's event loop.
@@ -404,7 +423,8 @@ class OpenStreams:
     def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
         self._streams: dict[int, CollectStream] = {}
-        self._pending: list[tuple[int, Callable[[CollectStream, int], None], int]] = []
+        # worker_id -> [highest seq to ack (0: none), credits to grant], until the loop sends them.
+        self._pending: dict[int, list[int]] = {}
         self._pending_lock = threading.Lock()
 
     def attach(self, worker_id: int, stream: CollectStream) -> None:
@@ -418,25 +438,25 @@ class OpenStreams:
 
     def grant(self, worker_id: int, batches: int) -> None:
         """Grant ``batches`` credits on ``worker_id``'s open stream."""
-        self._queue(worker_id, CollectStream.grant, batches)
+        self._queue(worker_id, 0, batches)
 
     def ack(self, worker_id: int, seq: int) -> None:
         """Acknowledge batches up to ``seq`` on ``worker_id``'s open stream."""
-        self._queue(worker_id, CollectStream.ack, seq)
+        self._queue(worker_id, seq, 0)
 
-    def _queue(
-        self, worker_id: int, send: Callable[[CollectStream, int], None], value: int
-    ) -> None:
+    def _queue(self, worker_id: int, seq: int, batches: int) -> None:
         with self._pending_lock:
             first = not self._pending
-            self._pending.append((worker_id, send, value))
+            pending = self._pending.setdefault(worker_id, [0, 0])
+            pending[0] = max(pending[0], seq)
+            pending[1] += batches
         if first:  # later sends join this wake-up until the loop takes the queue
             self._loop.call_soon(self._send_pending)
 
     def _send_pending(self) -> None:
         with self._pending_lock:
-            pending, self._pending = self._pending, []
-        for worker_id, send, value in pending:
+            pending, self._pending = self._pending, {}
+        for worker_id, (seq, batches) in pending.items():
             stream = self._streams.get(worker_id)
             if stream is not None:
-                send(stream, value)
+                stream.ack_and_grant(seq, batches)

@@ -255,6 +255,7 @@ class CollectSession:
             next_seq=opened.next_seq,
             max_credits=book.max_credits,
             resumed=opened.resumed,
+            acks_in_credit=True,
         )
 
     # ------------------------------------------------------------- parts
@@ -266,11 +267,11 @@ class CollectSession:
                 if not self._is_current() or self._stop is not None:
                     continue  # ended or taken over: the learner's late messages change nothing
                 if kind == "credit":
+                    if request.credit.ack_seq:  # an ack sent with the credit, first
+                        self._acknowledge(request.credit.ack_seq)
                     self._rt.book.grant(request.credit.batches)
                 elif kind == "ack":
-                    self._rt.book.ack(request.ack.seq)
-                    if self._segments is not None:
-                        self._segments.acked(self._rt.book.epoch, request.ack.seq)
+                    self._acknowledge(request.ack.seq)
                 elif kind == "close":
                     self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")
                     return
@@ -289,6 +290,12 @@ class CollectSession:
         except Exception as exc:  # the request stream broke; the handler is cancelled too
             log_event("session.read_failed", logging.DEBUG, error=repr(exc))
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
+
+    def _acknowledge(self, seq: int) -> None:
+        """The learner holds every batch up to ``seq``: release them (and their segments)."""
+        self._rt.book.ack(seq)
+        if self._segments is not None:
+            self._segments.acked(self._rt.book.epoch, seq)
 
     async def _collect(self) -> None:
         book = self._rt.book

@@ -143,10 +143,12 @@ class OpenSession(_message.Message):
     def __init__(self, settings: _Optional[_Union[CollectSettings, _Mapping]] = ..., credits: _Optional[int] = ..., take_over: _Optional[bool] = ..., resume_epoch: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., learner_id: _Optional[str] = ..., shm_batches: _Optional[bool] = ...) -> None: ...
 
 class Credit(_message.Message):
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "ack_seq")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     batches: int
-    def __init__(self, batches: _Optional[int] = ...) -> None: ...
+    ack_seq: int
+    def __init__(self, batches: _Optional[int] = ..., ack_seq: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -171,18 +173,20 @@ class CollectRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("worker_id", "epoch", "next_seq", "max_credits", "resumed")
+    __slots__ = ("worker_id", "epoch", "next_seq", "max_credits", "resumed", "acks_in_credit")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     MAX_CREDITS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FIELD_NUMBER: _ClassVar[int]
+    ACKS_IN_CREDIT_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     epoch: int
     next_seq: int
     max_credits: int
     resumed: bool
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_seq: _Optional[int] = ..., max_credits: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
+    acks_in_credit: bool
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_seq: _Optional[int] = ..., max_credits: _Optional[int] = ..., resumed: _Optional[bool] = ..., acks_in_credit: _Optional[bool] = ...) -> None: ...
 
 class BatchInfo(_message.Message):
     __slots__ = ("worker_id", "epoch", "seq", "frames", "crc32c", "model_id", "policy_version_min", "policy_version_max", "fold", "total_bytes")

@@ -68,11 +68,18 @@ def test_collect_credits_above_max_credits_are_ignored(make_actor: object) -> No
     session.cancel()
 
 
-def test_collect_resume_resends_unacked_batches_first(actor: Actor) -> None:
+@pytest.mark.parametrize("acked_by", ["ack", "credit"])
+def test_collect_resume_resends_unacked_batches_first(actor: Actor, acked_by: str) -> None:
+    """Batch 1 is acknowledged by an ``ack``, or by a ``credit``'s ``ack_seq`` (no credit)."""
     first = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=3))
-    epoch = first.opened().epoch
+    opened = first.opened()
+    epoch = opened.epoch
+    assert opened.acks_in_credit
     sent = {info.seq: (info.crc32c, td) for info, td in (first.batch() for _ in range(3))}
-    first.ack(1)
+    if acked_by == "ack":
+        first.ack(1)
+    else:
+        first.send(pb.CollectRequest(credit=pb.Credit(batches=0, ack_seq=1)))
     first.cancel()
     poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
 
@@ -203,14 +210,22 @@ def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor)
     stuck.cancel()
 
 
-def test_collect_raises_if_ack_names_a_batch_never_produced(actor: Actor) -> None:
+@pytest.mark.parametrize("seq", [5, 2**64 - 1])
+@pytest.mark.parametrize("acked_by", ["ack", "credit"])
+def test_collect_raises_if_ack_names_a_batch_never_produced(
+    actor: Actor, acked_by: str, seq: int
+) -> None:
     session = RawCollect.open(actor.stub, open_request(credits=1))
     session.opened()
     session.batch()
-    session.ack(5)
+    if acked_by == "ack":
+        session.ack(seq)
+    else:
+        session.send(pb.CollectRequest(credit=pb.Credit(batches=1, ack_seq=seq)))
     error = session.error()
     assert error.code() == grpc.StatusCode.ABORTED
-    assert "seq 5" in error.details()
+    assert f"seq {seq} " in error.details()
+    assert actor.worker.batches == 1, "the credit sent with a bad ack was not honoured"
 
 
 def test_collect_raises_if_data_comes_before_open(actor: Actor) -> None:
