@@ -413,8 +413,10 @@ class OpenStreams:
     the next ``open`` carries fresh credits and resumes after the last seq seen.
     Sends queued before the loop gets to them go in one wake-up of the loop, an
     actor's in one message where it can: acks are cumulative and credits add up,
-    so its highest ack and the sum of its credits go as one ``credit`` (a sync
-    round's ack and next credit: one message to each actor, not two).
+    so its highest ack and the sum of its credits go as one ``credit`` (an async
+    collector's ack of a batch and credit for the next: one message, not two; a
+    sync round's ack leaves when the round is taken, its credit when the next
+    round is asked for, so they travel apart unless both are queued by then).
 
     Args:
         loop: The learner's event loop.
