@@ -9,7 +9,8 @@ around timed windows:
   ``bench.policies:pixel_policy``; actors and learner share the 2 cores.
 - ``replay``: actors replaying one pre-collected batch (``bench._replay_actor``:
   no env, no policy; each batch encoded and sent), so the learner is the
-  bottleneck: the most frames/s one learner process takes, pixels and CartPole.
+  bottleneck: the most frames/s one learner process takes, pixels and CartPole
+  (CartPole sync and async).
 
 Bytes received are the batches' bytes as they cross the wire (each per-actor
 batch encoded as its actor sends it: folded, or whole with ``--unfolded-wire``
@@ -65,12 +66,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def wire_bytes(batch: Any, fold: bool) -> int:
-    """Bytes a sync batch took on the wire: each actor's batch encoded as the actor sends it."""
+def wire_bytes(batch: Any, fold: bool, sync: bool = True) -> int:
+    """Bytes a batch took on the wire: each actor's batch encoded as the actor sends it.
+
+    A sync batch stacks one batch per actor on dim 0; an async batch is one actor's.
+    """
     from common.packets import encode_packet
 
     total = 0
-    for part in batch.unbind(0):
+    for part in batch.unbind(0) if sync else [batch]:
         part = part.exclude(("collector", "worker_id")).contiguous()
         if fold:
             from common.packets.folding import fold as fold_batch
@@ -99,7 +103,9 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def measure(iterator: Iterator[Any], seconds: float, fold: bool) -> dict[str, float]:
+def measure(
+    iterator: Iterator[Any], seconds: float, fold: bool, sync: bool = True
+) -> dict[str, float]:
     """One timed window: frames/s, learner CPU per Mframes and per GB, and GB/s per core.
 
     Also the CPU microseconds per frame of each kind of learner thread (by name).
@@ -107,7 +113,7 @@ def measure(iterator: Iterator[Any], seconds: float, fold: bool) -> dict[str, fl
     per_frame = None
     for _ in range(2):
         batch = next(iterator)
-        per_frame = wire_bytes(batch, fold) / batch.numel()
+        per_frame = wire_bytes(batch, fold, sync) / batch.numel()
     assert per_frame is not None
     frames = 0
     threads = thread_cpu()
@@ -217,23 +223,29 @@ def _pixel_session(args: argparse.Namespace, reps: int) -> dict[str, list[float]
 
 
 def run_replay(args: argparse.Namespace, report: Report) -> None:
-    """The most frames/s one learner takes from actors replaying a batch (pixels, CartPole)."""
+    """The most frames/s one learner takes from actors replaying a batch (pixels, CartPole).
+
+    CartPole also async (``sync=False``: each actor's batch yielded as it comes, its ack
+    and its next credit sent together), where the learner's cost per batch is all there is.
+    """
     from bench import _rlfleet
 
     fold = not args.unfolded_wire
-    workloads = {
-        "replay pixels": (["--env-factory", PIXELS, "--policy", "random"], args.num_envs),
-        "replay cartpole": (["--env", "CartPole-v1", "--policy", "random"], 8),
+    cartpole = ["--env", "CartPole-v1", "--policy", "random"]
+    workloads = {  # name: (actor flags, envs per actor, sync)
+        "replay pixels": (["--env-factory", PIXELS, "--policy", "random"], args.num_envs, True),
+        "replay cartpole": (cartpole, 8, True),
+        "replay cartpole async": (cartpole, 8, False),
     }
     samples: dict[str, list[float]] = {}
-    for name, (env_args, num_envs) in workloads.items():
+    for name, (env_args, num_envs, sync) in workloads.items():
         frames = args.frames_per_actor if "pixels" in name else 1024
         with replay_actors(args.actors, env_args, num_envs) as addresses, _rlfleet.collector(
-            addresses, sync=True, frames_per_batch=frames * args.actors
+            addresses, sync=sync, frames_per_batch=frames * (args.actors if sync else 1)
         ) as coll:  # fmt: skip
             batches = iter(coll)
             for _ in range(reps_of(args)):
-                for key, value in measure(batches, args.window, fold).items():
+                for key, value in measure(batches, args.window, fold, sync).items():
                     samples.setdefault(f"{name} {key}", []).append(value)
     _record(report, samples)
 
@@ -262,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = Report("learner_cost", quick=args.quick)
     modes = set(args.mode.split(","))
     report.note(
-        f"{args.actors} actors, sync, {args.frames_per_actor} frames per actor batch (pixels), "
+        f"{args.actors} actors, sync (but 'replay cartpole async'), "
+        f"{args.frames_per_actor} frames per actor batch (pixels), "
         f"{args.window:g} s windows, {'unfolded' if args.unfolded_wire else 'folded'} batches; "
         "CPU = time.process_time of the learner process (all its threads)"
     )

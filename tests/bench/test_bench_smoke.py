@@ -92,6 +92,8 @@ EXPECTED = {
             "replay pixels cpu s per Mframes",
             "replay cartpole frames/s",
             "replay cartpole cpu s per Mframes",
+            "replay cartpole async frames/s",
+            "replay cartpole async cpu s per Mframes",
         ],
         [],
     ),
