@@ -197,11 +197,12 @@ class CollectStream:
                 return
             yield message
 
-    def grant(self, batches: int) -> None:
-        """Grant ``batches`` more credits."""
+    def grant(self, batches: int, ack_seq: int = 0) -> None:
+        """Grant ``batches`` more credits; an ``ack_seq`` (not 0) acknowledges up to it too."""
         if batches > 0 and not self._closing:
             self._credited_at = time.monotonic()
-            self._outbox.put_nowait(pb.CollectRequest(credit=pb.Credit(batches=batches)))
+            credit = pb.Credit(batches=batches, ack_seq=ack_seq)
+            self._outbox.put_nowait(pb.CollectRequest(credit=credit))
 
     def ack(self, seq: int) -> None:
         """Acknowledge every batch up to ``seq``."""
@@ -214,10 +215,8 @@ class CollectStream:
         One ``credit`` message carries both when the actor reads its ``ack_seq``
         (``SessionOpened.acks_in_credit``); else an ``ack`` goes first, then a ``credit``.
         """
-        if seq and batches > 0 and self._acks_in_credit and not self._closing:
-            self._credited_at = time.monotonic()
-            request = pb.CollectRequest(credit=pb.Credit(batches=batches, ack_seq=seq))
-            self._outbox.put_nowait(request)
+        if seq and batches > 0 and self._acks_in_credit:
+            self.grant(batches, ack_seq=seq)
             return
         if seq:
             self.ack(seq)
