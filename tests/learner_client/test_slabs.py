@@ -8,7 +8,9 @@ from tensordict import TensorDict
 
 from common.packets import PacketAssembler, encode_packet
 from learner_client._rounds import WORKER_ID_KEY, combine, name_time_dim, tag_worker
-from learner_client._slabs import PacketSlabs
+from learner_client._slabs import PacketSlabs, host_memory
+
+MIB = 1 << 20
 
 
 def actor_batch(fill: int, envs: int = 2, steps: int = 5) -> TensorDict:
@@ -155,21 +157,22 @@ def test_folded_batches_of_one_round_rebuild_next_entries_into_one_slab():
         assert torch.equal(out[key], torch.stack([full[key] for _, full in batches]))
 
 
-def test_slabs_reuse_a_round_only_once_nothing_views_it():
+@pytest.mark.parametrize("nbytes", [100, 3 * MIB], ids=["small", "huge-pages"])
+def test_slabs_reuse_a_round_only_once_nothing_views_it(nbytes):
     slabs = PacketSlabs()
 
     def storage(buffers: list[torch.Tensor]) -> int:
         return buffers[0].untyped_storage().data_ptr()
 
-    first = [slabs.buffer(p, 2, 100) for p in range(2)]
+    first = [slabs.buffer(p, 2, nbytes) for p in range(2)]
     first_slab = storage(first)
     kept = first[1][8:16].view(torch.int64)  # a view of a view keeps the slab too
     del first
-    second = [slabs.buffer(p, 2, 100) for p in range(2)]
+    second = [slabs.buffer(p, 2, nbytes) for p in range(2)]
     second_slab = storage(second)
     assert second_slab != first_slab  # `kept` still views the first round
     del kept, second
-    third = [slabs.buffer(p, 2, 100) for p in range(2)]
+    third = [slabs.buffer(p, 2, nbytes) for p in range(2)]
     assert storage(third) in {first_slab, second_slab}  # memory of a dropped round
     assert third[1].untyped_storage().data_ptr() == storage(third)
 
@@ -184,3 +187,63 @@ def test_slabs_never_hand_out_memory_a_kept_batch_views():
         allocate(64).fill_(255)  # dropped at once: these may share memory
     assert [int(b[0]) for b in kept] == list(range(20))
     assert len({b.data_ptr() for b in kept}) == 20
+
+
+def _mapping_of(address: int) -> str | None:
+    """The ``/proc/self/smaps`` block of the mapping holding ``address``; None if unmapped."""
+    with open("/proc/self/smaps") as f:
+        blocks = f.read().split("\n")
+    current: list[str] = []
+    found = None
+    for line in blocks:
+        head = line.split(" ", 1)[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            if found is not None:
+                break
+            start, end = (int(x, 16) for x in head.split("-"))
+            current = [line]
+            if start <= address < end:
+                found = current
+        elif current is not None:
+            current.append(line)
+    return None if found is None else "\n".join(found)
+
+
+def _huge_pages_madvisable() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            enabled = f.read()
+        with open("/sys/kernel/mm/transparent_hugepage/defrag") as f:
+            defrag = f.read()
+    except OSError:
+        return False
+    return "[never]" not in enabled and "[never]" not in defrag and "[defer]" not in defrag
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE")
+def test_host_memory_starts_on_a_huge_page_and_goes_with_its_last_view():
+    memory = host_memory(5 * MIB)
+    assert memory.dtype == torch.uint8
+    assert memory.shape == (5 * MIB,)
+    assert memory.data_ptr() % (2 * MIB) == 0
+    memory.fill_(7)
+    tail = memory[-16:]
+    address = memory.data_ptr()
+    if _huge_pages_madvisable():  # the kernel backs the two whole huge pages inside
+        block = _mapping_of(address)
+        assert block is not None
+        huge_kb = int(block.split("AnonHugePages:")[1].split()[0])
+        assert huge_kb >= 2048, block
+    del memory
+    assert _mapping_of(address) is not None  # `tail` still views it
+    assert int(tail.sum()) == 7 * 16
+    del tail
+    assert _mapping_of(address) is None
+
+
+def test_host_memory_below_a_huge_page_is_plain_memory():
+    memory = host_memory(MIB)
+    assert memory.shape == (MIB,)
+    assert memory.is_contiguous()
+    memory.fill_(1)
+    assert int(memory.sum()) == MIB
