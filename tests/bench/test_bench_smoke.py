@@ -69,6 +69,7 @@ EXPECTED = {
             "rlfleet frames",
             "rlfleet payload",
             "rlfleet bytes frames",
+            "rlfleet prefetch=2 frames",
             "torchrl frames",
             "torchrl payload",
             "loopback tcp",
@@ -78,6 +79,7 @@ EXPECTED = {
         [
             "rlfleet/torchrl frames",
             "rlfleet/in-process limit frames",
+            "rlfleet prefetch=2/in-process limit frames",
             "shared memory/bytes frames",
             "wire/payload bytes",
         ],
