@@ -25,7 +25,7 @@ from tensordict.nn import InteractionType, set_interaction_type
 
 from common.policies import make_policy
 
-__all__ = ["in_process_fps", "parallel_in_process_fps"]
+__all__ = ["CARTPOLE", "in_process_fps", "parallel_in_process_fps"]
 
 
 def in_process_fps(
@@ -111,32 +111,53 @@ def _fill(
     return steps * env.num_envs
 
 
-# One in-process loop in a fresh interpreter: CartPole, the user-style policy; prints frames/s.
+# One in-process loop in a fresh interpreter: the env and policy factories named, the
+# policy called with the env's spaces; prints frames/s.
 _LOOP = """
-import functools, sys, gymnasium, torch
+import importlib, sys, torch
 torch.set_num_threads(1)
 from bench._inprocess import in_process_fps
-from bench.policies import sequential_policy
-env = gymnasium.make("CartPole-v1")
-policy = sequential_policy(env.observation_space, env.action_space)
-num_envs, steps, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-make = functools.partial(gymnasium.make, "CartPole-v1")
-fps = in_process_fps(make, num_envs=num_envs, steps_per_batch=steps, seconds=seconds, policy=policy)
-print(fps)
+def load(path):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+make_env, make_policy = load(sys.argv[1]), load(sys.argv[2])
+env = make_env()
+policy = make_policy(env.observation_space, env.action_space)
+num_envs, steps, seconds = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+print(in_process_fps(make_env, num_envs=num_envs, steps_per_batch=steps, seconds=seconds,
+                     policy=policy))
 """
+
+#: CartPole-v1, as ``parallel_in_process_fps`` names an env factory.
+CARTPOLE = "bench.envs:make_cartpole"
 
 
 def parallel_in_process_fps(
-    processes: int, *, num_envs: int, steps_per_batch: int, seconds: float
+    processes: int,
+    *,
+    num_envs: int,
+    steps_per_batch: int,
+    seconds: float,
+    env_factory: str = CARTPOLE,
+    policy: str = "bench.policies:sequential_policy",
 ) -> float:
-    """Frames/s of ``processes`` in-process CartPole loops (user-style policy) run at once.
+    """Frames/s of ``processes`` in-process loops (a user-style policy) run at once.
 
     The machine's ceiling for a fleet of that many actors of ``num_envs`` envs each:
     what the env and policy alone reach when every process runs all the time, with no
     transport and no learner. The processes import and warm up before their windows
     overlap (each spends the same start-up before timing), so the windows run together.
+
+    Args:
+        processes: Loops run at once, one process each.
+        num_envs: Envs of each loop's vector env.
+        steps_per_batch: Steps per buffer fill.
+        seconds: Length of each loop's timed window.
+        env_factory: ``"module:function"`` building one env (CartPole by default).
+        policy: ``"module:function"`` called with the env's observation and action
+            spaces, returning a ``TensorDictModule`` (see :func:`in_process_fps`).
     """
-    args = [str(num_envs), str(steps_per_batch), str(seconds)]
+    args = [env_factory, policy, str(num_envs), str(steps_per_batch), str(seconds)]
     procs = [
         subprocess.Popen([sys.executable, "-c", _LOOP, *args], stdout=subprocess.PIPE, text=True)
         for _ in range(processes)

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-__all__ = ["PIXEL_SHAPE", "PixelEnv", "make_fresh_pixel_env", "make_pixel_env"]
+__all__ = ["PIXEL_SHAPE", "PixelEnv", "make_cartpole", "make_fresh_pixel_env", "make_pixel_env"]
 
 PIXEL_SHAPE = (4, 84, 84)
 
@@ -69,6 +69,11 @@ class PixelEnv(gymnasium.Env):
         # A sliding window over the noise: a new frame each step for the cost of one copy.
         offset = (self._t * 4099) % self._size
         return self._noise[offset : offset + self._size].reshape(PIXEL_SHAPE).copy()
+
+
+def make_cartpole(**kwargs: Any) -> gymnasium.Env:
+    """``gymnasium.make("CartPole-v1", **kwargs)``, as a factory named by its import path."""
+    return gymnasium.make("CartPole-v1", **kwargs)
 
 
 def make_pixel_env(**kwargs: Any) -> gymnasium.Env:

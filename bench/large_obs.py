@@ -21,7 +21,10 @@ Systems:
 - loopback TCP: one process sending 256 MB to another over a plain socket;
 - the single-process limit: one process stepping ``SyncVectorEnv`` of all 8
   envs, the same policy's network on the observation tensor each step, into
-  preallocated buffers (no transport).
+  preallocated buffers (no transport);
+- the fleet's ceiling on this machine: one such loop of 4 envs per actor, all running
+  at once in their own processes, with no transport and no learner (``parallel
+  in-process loops``): the most 2 actors x 4 envs can reach here.
 
 Payload MB/s counts the bytes of every tensor in the yielded batches (10**6
 bytes per MB), the same measure on both sides; "wire bytes per frame" is what
@@ -78,7 +81,7 @@ def payload_bytes(batch: Any) -> int:
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure rlfleet, TorchRL and loopback TCP, interleaved, and record the ratios."""
     from bench import _rlfleet, _torchrl
-    from bench._inprocess import in_process_fps
+    from bench._inprocess import in_process_fps, parallel_in_process_fps
     from bench._loopback import loopback_bandwidth
     from bench.envs import make_fresh_pixel_env
     from bench.learner_cost import wire_bytes
@@ -130,6 +133,16 @@ def run(args: argparse.Namespace, report: Report) -> None:
                         policy=policy,
                     )
                 )
+                samples.setdefault("parallel in-process loops frames", []).append(
+                    parallel_in_process_fps(
+                        args.actors,
+                        num_envs=args.num_envs,
+                        steps_per_batch=args.frames_per_actor // args.num_envs,
+                        seconds=args.window,
+                        env_factory=ENV_FACTORY,
+                        policy=POLICY,
+                    )
+                )
         finally:
             trl.shutdown()
     _record(report, samples)
@@ -154,6 +167,15 @@ def _record(report: Report, samples: dict[str, list[float]]) -> None:
         "rlfleet prefetch=2 frames",
         "in-process limit frames",
     )
+    report.ratio(
+        "parallel loops/in-process limit frames",
+        "parallel in-process loops frames",
+        "in-process limit frames",
+    )
+    for name in ("rlfleet", "rlfleet prefetch=2"):
+        report.ratio(
+            f"{name}/parallel loops frames", f"{name} frames", "parallel in-process loops frames"
+        )
     report.ratio("wire/payload bytes", "wire bytes per frame", "payload bytes per frame")
 
 
