@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -247,3 +250,27 @@ def test_host_memory_below_a_huge_page_is_plain_memory():
     assert memory.is_contiguous()
     memory.fill_(1)
     assert int(memory.sum()) == MIB
+
+
+_REFUSED = """
+import resource, torch
+from learner_client._slabs import host_memory
+with open("/proc/self/status") as f:
+    size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+try:
+    host_memory(1 << 30)
+except RuntimeError as exc:
+    print("RuntimeError", exc)
+else:
+    print("allocated")
+"""
+
+
+def test_host_memory_refused_by_a_memory_limit_raises_as_torch_does():
+    """Past ``RLIMIT_AS`` the mapping is refused: torch's allocator raises its own error."""
+    out = subprocess.run(
+        [sys.executable, "-c", _REFUSED], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert out.startswith("RuntimeError"), out
+    assert "allocate" in out, out
