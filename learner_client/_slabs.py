@@ -67,9 +67,10 @@ def host_memory(nbytes: int) -> torch.Tensor:
     A batch of megabytes is copied twice on its way in (out of its segment or chunks, and
     the ``"next"`` entries of a folded batch rebuilt); in 4 KiB pages every copy walks a
     TLB miss per page. Measured on a pixel fleet, the two copies took 6% less CPU in
-    2 MiB pages (median of six pairs). Below one huge page, or where the kernel has no ``MADV_HUGEPAGE`` (or
-    refuses it), this is plain ``torch.empty``'s memory; either way it is untouched until
-    written, and freed with the last tensor that views it.
+    2 MiB pages (median of six pairs). Below one huge page, or where the kernel has no
+    ``MADV_HUGEPAGE`` (or refuses the mapping or the advice), this is plain
+    ``torch.empty``'s memory; either way it is untouched until written, and freed with the
+    last tensor that views it.
     """
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or nbytes < _HUGE_PAGE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -195,21 +196,13 @@ def test_slabs_never_hand_out_memory_a_kept_batch_views():
 def _mapping_of(address: int) -> str | None:
     """The ``/proc/self/smaps`` block of the mapping holding ``address``; None if unmapped."""
     with open("/proc/self/smaps") as f:
-        blocks = f.read().split("\n")
-    current: list[str] = []
-    found = None
-    for line in blocks:
-        head = line.split(" ", 1)[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            if found is not None:
-                break
-            start, end = (int(x, 16) for x in head.split("-"))
-            current = [line]
-            if start <= address < end:
-                found = current
-        elif current is not None:
-            current.append(line)
-    return None if found is None else "\n".join(found)
+        lines = f.read().splitlines()
+    starts = [i for i, line in enumerate(lines) if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line)]
+    for first, end in zip(starts, [*starts[1:], len(lines)], strict=True):
+        low, high = (int(x, 16) for x in lines[first].split(" ", 1)[0].split("-"))
+        if low <= address < high:
+            return "\n".join(lines[first:end])
+    return None
 
 
 def _huge_pages_madvisable() -> bool:
