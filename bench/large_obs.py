@@ -81,15 +81,11 @@ def payload_bytes(batch: Any) -> int:
 def run(args: argparse.Namespace, report: Report) -> None:
     """Measure rlfleet, TorchRL and loopback TCP, interleaved, and record the ratios."""
     from bench import _rlfleet, _torchrl
-    from bench._inprocess import in_process_fps, parallel_in_process_fps
-    from bench._loopback import loopback_bandwidth
     from bench.envs import make_fresh_pixel_env
-    from bench.learner_cost import wire_bytes
     from bench.policies import pixel_policy
 
     fpb = args.frames_per_actor * args.actors
     samples: dict[str, list[float]] = {}
-    tcp_bytes = args.tcp_mb * 10**6
     env = make_fresh_pixel_env()
     policy = pixel_policy(env.observation_space, env.action_space)
     with _rlfleet.fleet(
@@ -105,47 +101,64 @@ def run(args: argparse.Namespace, report: Report) -> None:
         try:
             trl_iter = iter(trl)
             for _ in range(reps_of(args)):
-                for name, options in FLEET_MODES.items():
-                    with _rlfleet.collector(
-                        fleet.addresses, sync=True, frames_per_batch=fpb, **options
-                    ) as coll:
-                        rl_iter = iter(coll)
-                        first = next(rl_iter)
-                        samples["wire bytes per frame"] = [wire_bytes(first, True) / first.numel()]
-                        samples["payload bytes per frame"] = [payload_bytes(first) / first.numel()]
-                        fps, bps = time_batches(
-                            rl_iter, seconds=args.window, warmup=2, extra=payload_bytes
-                        )
-                    samples.setdefault(f"{name} frames", []).append(fps)
-                    samples.setdefault(f"{name} payload", []).append(bps / 1e6)
-                fps, bps = time_batches(
-                    trl_iter, seconds=args.window, warmup=1, extra=payload_bytes
-                )
-                samples.setdefault("torchrl frames", []).append(fps)
-                samples.setdefault("torchrl payload", []).append(bps / 1e6)
-                samples.setdefault("loopback tcp", []).extend(loopback_bandwidth(tcp_bytes, 1))
-                samples.setdefault("in-process limit frames", []).append(
-                    in_process_fps(
-                        make_fresh_pixel_env,
-                        num_envs=args.actors * args.num_envs,
-                        steps_per_batch=args.frames_per_actor // args.num_envs,
-                        seconds=args.window,
-                        policy=policy,
-                    )
-                )
-                samples.setdefault("parallel in-process loops frames", []).append(
-                    parallel_in_process_fps(
-                        args.actors,
-                        num_envs=args.num_envs,
-                        steps_per_batch=args.frames_per_actor // args.num_envs,
-                        seconds=args.window,
-                        env_factory=ENV_FACTORY,
-                        policy=POLICY,
-                    )
-                )
+                _fleet_windows(args, fleet.addresses, samples)
+                _anchor_windows(args, trl_iter, policy, samples)
         finally:
             trl.shutdown()
     _record(report, samples)
+
+
+def _fleet_windows(
+    args: argparse.Namespace, addresses: Sequence[str], samples: dict[str, list[float]]
+) -> None:
+    """One window of each of the fleet's modes, each on a collector of its own."""
+    from bench import _rlfleet
+    from bench.learner_cost import wire_bytes
+
+    fpb = args.frames_per_actor * args.actors
+    for name, options in FLEET_MODES.items():
+        with _rlfleet.collector(addresses, sync=True, frames_per_batch=fpb, **options) as coll:
+            rl_iter = iter(coll)
+            first = next(rl_iter)
+            samples["wire bytes per frame"] = [wire_bytes(first, True) / first.numel()]
+            samples["payload bytes per frame"] = [payload_bytes(first) / first.numel()]
+            fps, bps = time_batches(rl_iter, seconds=args.window, warmup=2, extra=payload_bytes)
+        samples.setdefault(f"{name} frames", []).append(fps)
+        samples.setdefault(f"{name} payload", []).append(bps / 1e6)
+
+
+def _anchor_windows(
+    args: argparse.Namespace, trl_iter: Any, policy: Any, samples: dict[str, list[float]]
+) -> None:
+    """One window of TorchRL, loopback TCP, the single-process limit and the two loops."""
+    from bench._inprocess import in_process_fps, parallel_in_process_fps
+    from bench._loopback import loopback_bandwidth
+    from bench.envs import make_fresh_pixel_env
+
+    fps, bps = time_batches(trl_iter, seconds=args.window, warmup=1, extra=payload_bytes)
+    samples.setdefault("torchrl frames", []).append(fps)
+    samples.setdefault("torchrl payload", []).append(bps / 1e6)
+    samples.setdefault("loopback tcp", []).extend(loopback_bandwidth(args.tcp_mb * 10**6, 1))
+    steps = args.frames_per_actor // args.num_envs
+    samples.setdefault("in-process limit frames", []).append(
+        in_process_fps(
+            make_fresh_pixel_env,
+            num_envs=args.actors * args.num_envs,
+            steps_per_batch=steps,
+            seconds=args.window,
+            policy=policy,
+        )
+    )
+    samples.setdefault("parallel in-process loops frames", []).append(
+        parallel_in_process_fps(
+            args.actors,
+            num_envs=args.num_envs,
+            steps_per_batch=steps,
+            seconds=args.window,
+            env_factory=ENV_FACTORY,
+            policy=POLICY,
+        )
+    )
 
 
 def _record(report: Report, samples: dict[str, list[float]]) -> None:
