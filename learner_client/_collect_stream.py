@@ -140,6 +140,11 @@ def _open_request(
     )
 
 
+def _claims_nothing(seq: int) -> bool:
+    """``next_event``'s default ``on_start``: no take claims a batch as it arrives."""
+    return False
+
+
 class CollectStream:
     """One ``Collect`` session seen from the learner (use on the event loop).
 
@@ -281,17 +286,17 @@ class CollectStream:
         idle: float | None = None,
         *,
         waiting: Callable[[], bool] | None = None,
-        on_start: Callable[[int], None] | None = None,
+        on_start: Callable[[int], bool | None] | None = None,
     ) -> Delivery | EndEvent:
         """The next whole batch or the end marker.
 
         Args:
             idle: Seconds without any message after which the stream counts as
                 stalled (:class:`DeadlineError`); None waits forever.
-            waiting: Tells whether the learner is owed a batch (credits are
-                outstanding); an idle stream that owes nothing is not stalled.
-                Inside a batch, idleness always counts.
-            on_start: Called with a batch's seq when its first chunk arrives.
+            waiting: Tells whether the learner is owed a batch (credits outstanding): an
+                idle stream that owes nothing is not stalled; inside a batch, idleness counts.
+            on_start: Called with a batch's seq when its first chunk arrives; a true
+                result (a waiting take claimed the batch) decodes it off the loop.
 
         Raises:
             ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
@@ -302,6 +307,7 @@ class CollectStream:
         assembler: BatchAssembler | None = None
         info: Any = None
         expected = 0
+        started = on_start or _claims_nothing
         while True:
             message = await self._receive(idle, waiting if assembler is None else None)
             if message is None:
@@ -316,17 +322,15 @@ class CollectStream:
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message if isinstance(message, Chunk) else Chunk.from_proto(message.chunk)
             if assembler is None and chunk.shm is not None:
-                if on_start is not None:
-                    on_start(chunk.seq)
-                return await self._shared_batch(chunk, chunk.shm)
+                claimed = bool(started(chunk.seq))  # a waiting take claimed it: decode off loop
+                return await self._shared_batch(chunk, chunk.shm, off_loop=claimed)
             if chunk.shm is not None:
                 raise ProtocolError(
                     f"{self.address}: a shared-memory chunk inside batch {info.seq}"
                 )
             if assembler is None:
                 info, assembler, expected = chunk.info, self._start_batch(chunk), 0
-                if on_start is not None:
-                    on_start(chunk.seq)
+                claimed = bool(started(chunk.seq))
             if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
                 raise ProtocolError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
@@ -335,7 +339,8 @@ class CollectStream:
             assembler.add(chunk.data)
             expected += 1
             if expected == chunk.count:
-                return await self._finish(functools.partial(assembler.finish, info.crc32c), info)
+                finish = functools.partial(assembler.finish, info.crc32c)
+                return await self._finish(finish, info, off_loop=claimed)
 
     def _start_batch(self, chunk: Chunk) -> BatchAssembler:
         """The assembler of the batch ``chunk`` (its first) starts, sized by its info."""
@@ -348,7 +353,9 @@ class CollectStream:
             allocate=self._allocate,
         )
 
-    async def _shared_batch(self, chunk: Chunk, shm: pb.ShmSegment) -> Delivery:
+    async def _shared_batch(
+        self, chunk: Chunk, shm: pb.ShmSegment, *, off_loop: bool = False
+    ) -> Delivery:
         """A batch that lies in a shared-memory segment: read into place, checked, decoded."""
         segments = self._segments
         if self._shm_batches is None or segments is None:
@@ -378,7 +385,7 @@ class CollectStream:
             return assembler.finish(expected_crc32c=info.crc32c)
 
         try:
-            delivery = await self._finish(read_and_decode, info)
+            delivery = await self._finish(read_and_decode, info, off_loop=off_loop)
         except (ShmError, DataLossError) as exc:
             raise ShmBatchError(
                 f"{self.address}: batch seq {chunk.seq} could not be read from shared "
@@ -387,9 +394,15 @@ class CollectStream:
         self._shm_batches()
         return delivery
 
-    async def _finish(self, decode: Callable[[], Any], info: pb.BatchInfo) -> Delivery:
-        """The delivery of a batch ``decode`` finishes (off the loop when it is large)."""
-        if info.total_bytes < _DECODE_OFF_LOOP_BYTES:
+    async def _finish(
+        self, decode: Callable[[], Any], info: pb.BatchInfo, *, off_loop: bool = False
+    ) -> Delivery:
+        """The delivery of a batch ``decode`` finishes (off the loop when large or ``off_loop``).
+
+        A claimed batch is decoded off the loop whatever its size, so the credit its
+        claim granted leaves while it decodes.
+        """
+        if info.total_bytes < _DECODE_OFF_LOOP_BYTES and not off_loop:
             batch = decode()
         else:
             batch = await asyncio.get_running_loop().run_in_executor(None, decode)

@@ -433,7 +433,7 @@ class ActorLink(Generic[C]):
                 )
             while True:
                 event = await stream.next_event(
-                    self._batch_timeout, waiting=self._owed, on_start=self.tracker.chunk_started
+                    self._batch_timeout, waiting=self._owed, on_start=self._batch_started
                 )
                 if isinstance(event, EndEvent):
                     return event
@@ -441,6 +441,12 @@ class ActorLink(Generic[C]):
         finally:
             self._streams.detach(self.worker_id, stream)
             stream.cancel()
+
+    def _batch_started(self, seq: int) -> bool:
+        """A batch's first chunk arrived: a waiting take may claim it (see ``Mailbox.arriving``)."""
+        self.tracker.chunk_started(seq)
+        new = seq > self.tracker.last and not self._fresh_next
+        return new and self._mailbox.arriving(self.worker_id)
 
     def _owed(self) -> bool:
         slot = self._mailbox.snapshot().get(self.worker_id)
@@ -453,10 +459,12 @@ class ActorLink(Generic[C]):
                 f"expected {self.worker_id}"
             )
         if not self.tracker.accept(event.seq):
+            self._mailbox.unclaim(self.worker_id)
             log.debug("dropping re-sent batch seq %d of worker_id %d", event.seq, self.worker_id)
             return
         if self._fresh_next:
             # Collected under settings that were just replaced (the fleet was resized).
+            self._mailbox.unclaim(self.worker_id)
             self._ledger.add_discarded(1)
             return
         batch = tag_worker(name_time_dim(event.batch), self.worker_id)

@@ -4,6 +4,14 @@ Each actor has a slot: complete batches waiting for the user, and credits
 granted but not yet used. The invariant ``outstanding + buffered <= window``
 (``window = min(prefetch or 1, actor max_credits)``) bounds memory: a credit
 is granted only when a batch is taken, so a slow learner pauses the actors.
+
+A batch is *taken* when a take gets it, or as it starts arriving if a take is already
+waiting with nothing buffered (:meth:`Mailbox.arriving`): that take *claims* it, and its
+actor's next credit leaves at once, while the batch is still being read and decoded, as
+TorchRL's ``MultiaSyncCollector`` tells a worker to go on as it dequeues its batch. A
+claimed batch is the next one handed out; until it lands, it counts as taken. (Should the
+claiming take give up first, paused or failed, the batch waits buffered beside the credit it
+freed: one batch over the window, until it is taken.)
 Credits are also withheld while paused and beyond the frame budget, and in
 *lazy* mode (sync collection without prefetch, TorchRL's default, or with
 automatic weight updates) each actor gets exactly one credit per requested
@@ -91,6 +99,8 @@ class _Slot:
     alive: bool = True
     # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
     floor: tuple[int, int] = (0, 0)
+    # The arrival number of the batch a waiting take claimed while it is read (see arriving).
+    claimed: int | None = None
 
 
 class Mailbox:
@@ -130,6 +140,8 @@ class Mailbox:
         self._budget: int | None = None
         self._per_worker_budget = False
         self._failures: collections.deque[BaseException] = collections.deque()
+        self._waiting_takes = 0
+        self._claimed_by: int | None = None  # the worker whose arriving batch is claimed
 
     # ------------------------------------------------------------ membership
 
@@ -165,6 +177,7 @@ class Mailbox:
         with self._cond:
             slot = self._slots[worker_id]
             slot.open, slot.outstanding = False, 0
+            self._drop_claim(slot)
             self._flush()
             self._cond.notify_all()
 
@@ -181,6 +194,44 @@ class Mailbox:
             self._failures.append(exc)
             self._cond.notify_all()
 
+    def arriving(self, worker_id: int) -> bool:
+        """A new batch of ``worker_id`` started arriving; a waiting take claims it if it can.
+
+        A take (:meth:`take_any`) waiting with nothing buffered claims the batch: the
+        credit it used is freed, the actor's next credit is granted now, and the batch is
+        the next one handed out once :meth:`put` (or gone, :meth:`unclaim`). Lazy mode
+        and sync rounds never claim: their credits follow the rounds asked for.
+
+        Returns:
+            Whether the batch was claimed (its reader should not hold the event loop).
+        """
+        with self._cond:
+            slot = self._slots[worker_id]
+            if self._lazy or self._paused or not self._waiting_takes:
+                return False
+            if self._claimed_by is not None or not (slot.open and slot.outstanding):
+                return False
+            if any(s.buffered for s in self._slots.values()):
+                return False
+            slot.outstanding -= 1
+            slot.claimed = next(self._arrivals)
+            self._claimed_by = worker_id
+            self._flush()
+            return True
+
+    def unclaim(self, worker_id: int) -> None:
+        """The batch ``worker_id`` started sending will not be put (a duplicate, dropped)."""
+        with self._cond:
+            self._drop_claim(self._slots[worker_id])
+
+    def _drop_claim(self, slot: _Slot) -> int | None:
+        """Release ``slot``'s claim; returns the claimed batch's arrival number, if any."""
+        claimed, slot.claimed = slot.claimed, None
+        if claimed is not None:
+            self._claimed_by = None
+            self._cond.notify_all()
+        return claimed
+
     def put(self, delivery: Delivery) -> bool:
         """Buffer a complete new batch; it used one credit.
 
@@ -190,12 +241,14 @@ class Mailbox:
         """
         with self._cond:
             slot = self._slots[delivery.worker_id]
-            slot.outstanding = max(0, slot.outstanding - 1)
+            claimed = self._drop_claim(slot)
+            if claimed is None:  # a claimed batch's credit was freed when it was claimed
+                slot.outstanding = max(0, slot.outstanding - 1)
             if self._stale(delivery, slot):
                 self._send_ack(delivery.worker_id, delivery.seq)
                 self._flush()
                 return False
-            delivery.arrival = next(self._arrivals)
+            delivery.arrival = next(self._arrivals) if claimed is None else claimed
             slot.buffered.append(delivery)
             self._cond.notify_all()
             return True
@@ -293,21 +346,30 @@ class Mailbox:
     # ---------------------------------------------------------- user side
 
     def take_any(self, timeout: float) -> Delivery | None:
-        """The batch that arrived first across all actors, or None after ``timeout``."""
+        """The batch that arrived first across all actors, or None after ``timeout``.
+
+        A batch this take claimed (:meth:`arriving`) is waited for past ``timeout``:
+        it is on its way, and it lands or its session ends.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 self._check_open()
                 heads = [s.buffered[0] for s in self._slots.values() if s.buffered]
-                if heads:
+                if heads and self._claimed_by is None:
                     first = min(heads, key=lambda d: d.arrival)
                     self._slots[first.worker_id].buffered.popleft()
                     self._delivered([first])
                     return first
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 and self._claimed_by is None:
                     return None
-                self._cond.wait(min(remaining, _POLL_SECONDS))
+                wait = min(remaining, _POLL_SECONDS) if remaining > 0 else _POLL_SECONDS
+                self._waiting_takes += 1
+                try:
+                    self._cond.wait(wait)
+                finally:
+                    self._waiting_takes -= 1
 
     def take_round(
         self, worker_ids: list[int], timeout: float, *, partial: bool
@@ -363,7 +425,9 @@ class Mailbox:
     def _async_room(self) -> int | None:
         if self._budget is None or self._per_worker_budget:
             return None
-        used = sum(s.outstanding + len(s.buffered) for s in self._slots.values())
+        used = sum(
+            s.outstanding + len(s.buffered) + (s.claimed is not None) for s in self._slots.values()
+        )
         return max(0, self._budget - used)
 
     def _grant_for(self, worker_id: int, slot: _Slot, room: int | None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -177,3 +178,108 @@ def test_mailbox_close_wakes_a_waiting_taker():
     thread.join(5.0)
     assert not thread.is_alive()
     assert len(errors) == 1
+
+
+class WaitingTake:
+    """A ``take_any`` running in a thread, as the user's ``next`` waits for a batch."""
+
+    def __init__(self, box: Mailbox, timeout: float = 10.0) -> None:
+        self.result: list[Delivery | None] = []
+        self._thread = threading.Thread(target=lambda: self.result.append(box.take_any(timeout)))
+        self._thread.start()
+
+    def claim(self, box: Mailbox, worker_id: int) -> None:
+        """``worker_id``'s batch starts arriving, retried until the take waits and claims it."""
+        deadline = time.monotonic() + 5.0
+        while not box.arriving(worker_id):
+            assert time.monotonic() < deadline, "the waiting take never claimed the batch"
+            time.sleep(0.005)
+
+    def join(self) -> Delivery | None:
+        self._thread.join(10.0)
+        assert not self._thread.is_alive()
+        return self.result[0]
+
+
+def opened(box: Mailbox, *worker_ids: int) -> None:
+    for wid in worker_ids:
+        box.add_worker(wid, 4)
+        box.session_opened(wid)
+
+
+def test_mailbox_a_waiting_take_claims_an_arriving_batch_and_frees_its_credit_at_once():
+    """TorchRL's MultiaSyncCollector tells a worker to go on as it dequeues its batch."""
+    box, wire = make_mailbox(window=1)
+    opened(box, 0)
+    take = WaitingTake(box)
+    take.claim(box, 0)
+    assert wire.credits == [(0, 1)]  # before the batch is read, decoded and put
+    assert wire.acks == []
+    box.put(delivery(0, 1))
+    assert take.join().seq == 1
+    assert wire.acks == [(0, 1)]
+    assert wire.credits == [(0, 1)]  # the take grants nothing more: the window holds
+    assert box.snapshot()[0].outstanding == 1
+
+
+def test_mailbox_claims_nothing_without_a_waiting_take_nor_in_lazy_mode():
+    box, wire = make_mailbox(window=1)
+    opened(box, 0)
+    assert not box.arriving(0)
+    assert wire.credits == []
+    lazy, lazy_wire = make_mailbox(window=1, lazy=True)
+    lazy.add_worker(0, 4)
+    lazy.session_opened(0)
+    lazy.want_round()
+    take = WaitingTake(lazy, timeout=0.3)
+    time.sleep(0.1)
+    assert not lazy.arriving(0)  # sync rounds: credits follow the rounds asked for
+    assert take.join() is None
+    assert lazy_wire.credits == [(0, 1)]
+
+
+def test_mailbox_a_claimed_batch_is_handed_out_before_one_put_earlier():
+    box, _ = make_mailbox(window=1)
+    opened(box, 0, 1)
+    take = WaitingTake(box)
+    take.claim(box, 0)
+    assert not box.arriving(1)  # one claim at a time
+    box.put(delivery(1, 1))  # decoded first, arrived second
+    time.sleep(0.05)
+    box.put(delivery(0, 1))
+    assert take.join().worker_id == 0
+    assert box.take_any(1.0).worker_id == 1
+
+
+def test_mailbox_a_take_waits_past_its_timeout_for_the_batch_it_claimed():
+    box, _ = make_mailbox(window=1)
+    opened(box, 0)
+    take = WaitingTake(box, timeout=0.1)
+    take.claim(box, 0)
+    time.sleep(0.4)
+    box.put(delivery(0, 1))
+    assert take.join().seq == 1
+
+
+@pytest.mark.parametrize("release", ["unclaim", "session_closed"])
+def test_mailbox_a_claim_released_lets_the_take_time_out_and_grants_nothing_more(release):
+    box, wire = make_mailbox(window=1)
+    opened(box, 0)
+    take = WaitingTake(box, timeout=0.3)
+    take.claim(box, 0)
+    getattr(box, release)(0)
+    assert take.join() is None
+    assert wire.credits == [(0, 1)]
+    assert box.snapshot()[0].buffered == 0
+
+
+def test_mailbox_a_claimed_batch_counts_against_the_frame_budget():
+    box, wire = make_mailbox(window=1)
+    box.set_budget(1, per_worker=False)  # the batch on its way is the last one wanted
+    opened(box, 0)
+    take = WaitingTake(box)
+    take.claim(box, 0)
+    assert wire.credits == []  # no credit for a batch past the budget
+    box.put(delivery(0, 1))
+    assert take.join().seq == 1
+    assert wire.credits == []
