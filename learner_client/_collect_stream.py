@@ -296,7 +296,7 @@ class CollectStream:
             waiting: Tells whether the learner is owed a batch (credits outstanding): an
                 idle stream that owes nothing is not stalled; inside a batch, idleness counts.
             on_start: Called with a batch's seq when its first chunk arrives; a true
-                result (a waiting take claimed the batch) decodes it off the loop.
+                result (a waiting take claimed the batch) lets its credit leave first.
 
         Raises:
             ProtocolError: Chunks out of order or inconsistent, or a malformed packet.
@@ -322,8 +322,8 @@ class CollectStream:
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message if isinstance(message, Chunk) else Chunk.from_proto(message.chunk)
             if assembler is None and chunk.shm is not None:
-                claimed = bool(started(chunk.seq))  # a waiting take claimed it: decode off loop
-                return await self._shared_batch(chunk, chunk.shm, off_loop=claimed)
+                claimed = bool(started(chunk.seq))  # a take claimed it: its credit goes first
+                return await self._shared_batch(chunk, chunk.shm, claimed=claimed)
             if chunk.shm is not None:
                 raise ProtocolError(
                     f"{self.address}: a shared-memory chunk inside batch {info.seq}"
@@ -340,7 +340,7 @@ class CollectStream:
             expected += 1
             if expected == chunk.count:
                 finish = functools.partial(assembler.finish, info.crc32c)
-                return await self._finish(finish, info, off_loop=claimed)
+                return await self._finish(finish, info, claimed=claimed)
 
     def _start_batch(self, chunk: Chunk) -> BatchAssembler:
         """The assembler of the batch ``chunk`` (its first) starts, sized by its info."""
@@ -354,7 +354,7 @@ class CollectStream:
         )
 
     async def _shared_batch(
-        self, chunk: Chunk, shm: pb.ShmSegment, *, off_loop: bool = False
+        self, chunk: Chunk, shm: pb.ShmSegment, *, claimed: bool = False
     ) -> Delivery:
         """A batch that lies in a shared-memory segment: read into place, checked, decoded."""
         segments = self._segments
@@ -385,7 +385,7 @@ class CollectStream:
             return assembler.finish(expected_crc32c=info.crc32c)
 
         try:
-            delivery = await self._finish(read_and_decode, info, off_loop=off_loop)
+            delivery = await self._finish(read_and_decode, info, claimed=claimed)
         except (ShmError, DataLossError) as exc:
             raise ShmBatchError(
                 f"{self.address}: batch seq {chunk.seq} could not be read from shared "
@@ -395,14 +395,16 @@ class CollectStream:
         return delivery
 
     async def _finish(
-        self, decode: Callable[[], Any], info: pb.BatchInfo, *, off_loop: bool = False
+        self, decode: Callable[[], Any], info: pb.BatchInfo, *, claimed: bool = False
     ) -> Delivery:
-        """The delivery of a batch ``decode`` finishes (off the loop when large or ``off_loop``).
+        """The delivery of a batch ``decode`` finishes (off the loop when it is large).
 
-        A claimed batch is decoded off the loop whatever its size, so the credit its
-        claim granted leaves while it decodes.
+        A ``claimed`` batch first lets the loop run once, so that the credit its claim
+        queued is handed to gRPC before the decode holds the loop.
         """
-        if info.total_bytes < _DECODE_OFF_LOOP_BYTES and not off_loop:
+        if claimed:
+            await asyncio.sleep(0)
+        if info.total_bytes < _DECODE_OFF_LOOP_BYTES:
             batch = decode()
         else:
             batch = await asyncio.get_running_loop().run_in_executor(None, decode)
@@ -466,6 +468,10 @@ class OpenStreams:
             pending[1] += batches
         if first:  # later sends join this wake-up until the loop takes the queue
             self._loop.call_soon(self._send_pending)
+
+    def send_now(self) -> None:
+        """Send what is queued now, without waiting for the queued wake-up (on the loop)."""
+        self._send_pending()
 
     def _send_pending(self) -> None:
         with self._pending_lock:

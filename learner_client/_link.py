@@ -32,6 +32,7 @@ import dataclasses
 import enum
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -58,6 +59,11 @@ log = logging.getLogger("learner_client")
 #: Sessions in a row an actor's env may end (each retried after a growing backoff)
 #: before the collector raises the env's error instead of retrying.
 ENV_FAILURE_ATTEMPTS = 3
+#: A waiting take claims an actor's arriving batch (``Mailbox.arriving``: its credit leaves
+#: before the batch is read and decoded) only when that actor's last batch took at least
+#: this long from its first chunk to its delivery. Below it, the claim's credit, sent apart
+#: from the ack it would otherwise carry, costs the learner more than the actor waits.
+CLAIM_AFTER_S = 0.001
 
 
 class LinkState(enum.Enum):
@@ -161,6 +167,8 @@ class ActorLink(Generic[C]):
         self._task: asyncio.Task | None = None
         self._closing = False
         self._fresh_next = False
+        self._arriving_since = 0.0  # when the batch being read sent its first chunk
+        self._arrival_s = 0.0  # how long the last batch took from its first chunk to delivery
         self._streamed = False
         self._failed_streaming = False  # the last attempt broke after its stream opened
 
@@ -445,14 +453,20 @@ class ActorLink(Generic[C]):
     def _batch_started(self, seq: int) -> bool:
         """A batch's first chunk arrived: a waiting take may claim it (see ``Mailbox.arriving``)."""
         self.tracker.chunk_started(seq)
-        new = seq > self.tracker.last and not self._fresh_next
-        return new and self._mailbox.arriving(self.worker_id)
+        self._arriving_since = time.perf_counter()
+        if seq <= self.tracker.last or self._fresh_next or self._arrival_s < CLAIM_AFTER_S:
+            return False
+        if not self._mailbox.arriving(self.worker_id):
+            return False
+        self._streams.send_now()  # the claim's credit, queued for the stream's writer
+        return True
 
     def _owed(self) -> bool:
         slot = self._mailbox.snapshot().get(self.worker_id)
         return slot is not None and slot.outstanding > 0
 
     def _deliver(self, event: Delivery) -> None:
+        self._arrival_s = time.perf_counter() - self._arriving_since
         if event.worker_id != self.worker_id:
             raise ProtocolError(
                 f"{self.address}: batch claims worker_id {event.worker_id}, "

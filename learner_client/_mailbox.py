@@ -203,7 +203,7 @@ class Mailbox:
         and sync rounds never claim: their credits follow the rounds asked for.
 
         Returns:
-            Whether the batch was claimed (its reader should not hold the event loop).
+            Whether the batch was claimed (its reader lets the credit leave before decoding).
         """
         with self._cond:
             slot = self._slots[worker_id]
