@@ -5,6 +5,12 @@ granted but not yet used. The invariant ``outstanding + buffered <= window``
 (``window = min(prefetch or 1, actor max_credits)``) bounds memory: a credit
 is granted only when a batch is taken, so a slow learner pauses the actors.
 
+Credits are also withheld while paused and beyond the frame budget, and in
+*lazy* mode (sync collection without prefetch, TorchRL's default, or with
+automatic weight updates) each actor gets exactly one credit per requested
+round, after any weight push the user or the collector made before asking, so
+every frame of the round runs the newest weights.
+
 A batch is *taken* when a take gets it, or as it starts arriving if a take is already
 waiting with nothing buffered (:meth:`Mailbox.arriving`): that take *claims* it, and its
 actor's next credit leaves at once, while the batch is still being read and decoded, as
@@ -12,15 +18,10 @@ TorchRL's ``MultiaSyncCollector`` tells a worker to go on as it dequeues its bat
 claimed batch is the next one handed out; until it lands, it counts as taken. (Should the
 claiming take give up first, paused or failed, the batch waits buffered beside the credit it
 freed: one batch over the window, until it is taken.)
-Credits are also withheld while paused and beyond the frame budget, and in
-*lazy* mode (sync collection without prefetch, TorchRL's default, or with
-automatic weight updates) each actor gets exactly one credit per requested
-round, after any weight push the user or the collector made before asking, so
-every frame of the round runs the newest weights.
 
-The transport thread calls :meth:`Mailbox.session_opened`, :meth:`put`,
-:meth:`session_closed`, :meth:`set_alive` and :meth:`fail` (a bug on the
-loop, raised by the user's next take); the user thread calls
+The transport thread calls :meth:`Mailbox.session_opened`, :meth:`arriving`,
+:meth:`put`, :meth:`unclaim`, :meth:`session_closed`, :meth:`set_alive` and
+:meth:`fail` (a bug on the loop, raised by the user's next take); the user thread calls
 :meth:`take_any` / :meth:`take_round`. Credits and acks leave through the
 ``send_credit`` / ``send_ack`` callbacks, which must be thread-safe and must
 not block.

@@ -27,6 +27,7 @@ from common.errors import ActorUnavailableError, EnvError
 from common.packets import encode_packet, packet_crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import remove_segment, write_segment
+from learner_client import _link
 from learner_client._collect_stream import CollectStream, OpenStreams
 from learner_client._ledger import Ledger
 from learner_client._link import ENV_FAILURE_ATTEMPTS, ActorLink, Backoff, LinkState
@@ -190,8 +191,10 @@ def rig(
     backoff: RecordingBackoff | None = None,
     batch_timeout: float = 30.0,
     shm: ShmRoute | None = None,
+    mailbox: Mailbox | None = None,
 ) -> Rig:
-    mailbox = Mailbox(2, send_credit=lambda w, n: None, send_ack=lambda w, s: None)
+    if mailbox is None:
+        mailbox = Mailbox(2, send_credit=lambda w, n: None, send_ack=lambda w, s: None)
     mailbox.add_worker(0, 2)
     ledger = Ledger(_Histogram())  # type: ignore[arg-type]
     admitted: list[int] = []
@@ -550,6 +553,39 @@ def test_link_falls_back_to_bytes_when_a_segment_cannot_be_read(name: str) -> No
     assert (second.resume_epoch, second.resume_after_seq) == (1, 0)  # batch 1 comes again
     assert r.link._shm.stats()["shm_batch_fallbacks"] == 1
     assert r.link.tracker.last == 2  # batch 1 once, as bytes, then batch 2
+
+
+@pytest.mark.parametrize("claim_after_s", [0.0, 60.0], ids=["slow-batches", "quick-batches"])
+def test_link_a_waiting_take_claims_a_batch_as_it_arrives_for_actors_with_slow_batches(
+    monkeypatch: pytest.MonkeyPatch, claim_after_s: float
+) -> None:
+    """The credit for the next batch leaves as batch 2 arrives (before the link accepts it)
+    when the actor's last batch took ``CLAIM_AFTER_S`` or more; else when batch 2 is taken."""
+    monkeypatch.setattr(_link, "CLAIM_AFTER_S", claim_after_s)
+    seen_at_credit: list[int] = []  # the last seq the link had accepted when a credit left
+    mailbox = Mailbox(
+        1,
+        send_credit=lambda w, n: seen_at_credit.append(r.link.tracker.last),
+        send_ack=lambda w, s: None,
+    )
+    r = rig(FakeChannel([[opened(), batch(1)]]), mailbox=mailbox)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
+        first = r.mailbox.take_any(0)
+        assert first is not None
+        assert first.seq == 1
+        take = asyncio.ensure_future(asyncio.to_thread(r.mailbox.take_any, 5.0))
+        await until(lambda: r.mailbox._waiting_takes > 0)
+        r.channel.calls[0]._responses.put_nowait(batch(2))
+        second = await take
+        assert second is not None
+        assert second.seq == 2
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert seen_at_credit == ([1, 1] if claim_after_s == 0.0 else [1, 2])
 
 
 class CountingLoop(LoopThread):
