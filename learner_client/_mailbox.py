@@ -15,9 +15,10 @@ A batch is *taken* when a take gets it, or as it starts arriving if a take is al
 waiting with nothing buffered (:meth:`Mailbox.arriving`): that take *claims* it, and its
 actor's next credit leaves at once, while the batch is still being read and decoded, as
 TorchRL's ``MultiaSyncCollector`` tells a worker to go on as it dequeues its batch. A
-claimed batch is the next one handed out; until it lands, it counts as taken. (Should the
-claiming take give up first, paused or failed, the batch waits buffered beside the credit it
-freed: one batch over the window, until it is taken.)
+claimed batch counts as taken until it lands, then is the first handed out. A batch that
+lands ready meanwhile is not held back for it; then, or should the claiming take give up
+(paused, failed), the claimed batch waits buffered beside the credit it freed: one batch over
+the window, until it is taken (no new claim is made while it waits).
 
 The transport thread calls :meth:`Mailbox.session_opened`, :meth:`arriving`,
 :meth:`put`, :meth:`unclaim`, :meth:`session_closed`, :meth:`set_alive` and
@@ -199,9 +200,9 @@ class Mailbox:
         """A new batch of ``worker_id`` started arriving; a waiting take claims it if it can.
 
         A take (:meth:`take_any`) waiting with nothing buffered claims the batch: the
-        credit it used is freed, the actor's next credit is granted now, and the batch is
-        the next one handed out once :meth:`put` (or gone, :meth:`unclaim`). Lazy mode
-        and sync rounds never claim: their credits follow the rounds asked for.
+        credit it used is freed, the actor's next credit is granted now, and once
+        :meth:`put` (or gone, :meth:`unclaim`) the batch is the first handed out. Lazy
+        mode and sync rounds never claim: their credits follow the rounds asked for.
 
         Returns:
             Whether the batch was claimed (its reader lets the credit leave before decoding).
@@ -349,15 +350,16 @@ class Mailbox:
     def take_any(self, timeout: float) -> Delivery | None:
         """The batch that arrived first across all actors, or None after ``timeout``.
 
-        A batch this take claimed (:meth:`arriving`) is waited for past ``timeout``:
-        it is on its way, and it lands or its session ends.
+        With nothing buffered, a claimed batch (:meth:`arriving`) is waited for past
+        ``timeout``: it is on its way, and it lands or its session ends. A batch buffered
+        meanwhile is handed out at once: a slow claimed batch never holds up the others.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 self._check_open()
                 heads = [s.buffered[0] for s in self._slots.values() if s.buffered]
-                if heads and self._claimed_by is None:
+                if heads:
                     first = min(heads, key=lambda d: d.arrival)
                     self._slots[first.worker_id].buffered.popleft()
                     self._delivered([first])

@@ -238,17 +238,19 @@ def test_mailbox_claims_nothing_without_a_waiting_take_nor_in_lazy_mode():
     assert lazy_wire.credits == [(0, 1)]
 
 
-def test_mailbox_a_claimed_batch_is_handed_out_before_one_put_earlier():
-    box, _ = make_mailbox(window=1)
+def test_mailbox_a_claimed_batch_holds_no_ready_batch_back_and_is_first_once_it_lands():
+    """An actor stalled in the middle of a claimed batch never holds up the others."""
+    box, wire = make_mailbox(window=1)
     opened(box, 0, 1)
     take = WaitingTake(box)
     take.claim(box, 0)
     assert not box.arriving(1)  # one claim at a time
-    box.put(delivery(1, 1))  # decoded first, arrived second
-    time.sleep(0.05)
-    box.put(delivery(0, 1))
-    assert take.join().worker_id == 0
-    assert box.take_any(1.0).worker_id == 1
+    box.put(delivery(1, 1))  # ready while the claimed batch is still on its way
+    assert take.join().worker_id == 1
+    box.put(delivery(1, 2))  # actor 1's next batch, on the credit its take granted
+    box.put(delivery(0, 1))  # the claimed batch lands: arrived first, handed out first
+    assert [box.take_any(1.0).worker_id for _ in range(2)] == [0, 1]
+    assert wire.granted(0) == 1  # the claim's: still unused, so its take grants none
 
 
 def test_mailbox_a_take_waits_past_its_timeout_for_the_batch_it_claimed():
