@@ -17,8 +17,8 @@ actor's next credit leaves at once, while the batch is still being read and deco
 TorchRL's ``MultiaSyncCollector`` tells a worker to go on as it dequeues its batch. A
 claimed batch counts as taken until it lands, then is the first handed out. A batch that
 lands ready meanwhile is not held back for it; then, or should the claiming take give up
-(paused, failed), the claimed batch waits buffered beside the credit it freed: one batch over
-the window, until it is taken (no new claim is made while it waits).
+(timed out, paused, failed), the claimed batch waits buffered beside the credit it freed: one
+batch over the window, until it is taken (no new claim is made while it waits).
 
 The transport thread calls :meth:`Mailbox.session_opened`, :meth:`arriving`,
 :meth:`put`, :meth:`unclaim`, :meth:`session_closed`, :meth:`set_alive` and
@@ -350,9 +350,9 @@ class Mailbox:
     def take_any(self, timeout: float) -> Delivery | None:
         """The batch that arrived first across all actors, or None after ``timeout``.
 
-        With nothing buffered, a claimed batch (:meth:`arriving`) is waited for past
-        ``timeout``: it is on its way, and it lands or its session ends. A batch buffered
-        meanwhile is handed out at once: a slow claimed batch never holds up the others.
+        A batch buffered while a claimed one (:meth:`arriving`) is still on its way is
+        handed out at once: a slow claimed batch never holds up the others. A claimed batch
+        that lands after this take timed out is buffered for the next one.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -365,12 +365,11 @@ class Mailbox:
                     self._delivered([first])
                     return first
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 and self._claimed_by is None:
+                if remaining <= 0:
                     return None
-                wait = min(remaining, _POLL_SECONDS) if remaining > 0 else _POLL_SECONDS
                 self._waiting_takes += 1
                 try:
-                    self._cond.wait(wait)
+                    self._cond.wait(min(remaining, _POLL_SECONDS))
                 finally:
                     self._waiting_takes -= 1
 

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from common.errors import SessionStateError
-from learner_client._mailbox import Delivery, Mailbox, Paused
+from learner_client._mailbox import Delivery, Mailbox, MailboxStats, Paused
 from learner_client._rounds import name_time_dim
 
 
@@ -253,14 +253,17 @@ def test_mailbox_a_claimed_batch_holds_no_ready_batch_back_and_is_first_once_it_
     assert wire.granted(0) == 1  # the claim's: still unused, so its take grants none
 
 
-def test_mailbox_a_take_waits_past_its_timeout_for_the_batch_it_claimed():
-    box, _ = make_mailbox(window=1)
+def test_mailbox_a_claimed_batch_landing_after_its_take_timed_out_waits_for_the_next():
+    box, wire = make_mailbox(window=1)
     opened(box, 0)
-    take = WaitingTake(box, timeout=0.1)
+    take = WaitingTake(box, timeout=0.3)
     take.claim(box, 0)
-    time.sleep(0.4)
+    assert take.join() is None  # the take keeps its deadline
     box.put(delivery(0, 1))
-    assert take.join().seq == 1
+    assert box.snapshot()[0] == MailboxStats(buffered=1, outstanding=1, open=True, alive=True)
+    assert not box.arriving(0)  # nothing is claimed while a batch waits buffered
+    assert box.take_any(1.0).seq == 1
+    assert wire.granted(0) == 1  # the claim's credit, still unused: the take grants none
 
 
 @pytest.mark.parametrize("release", ["unclaim", "session_closed"])
