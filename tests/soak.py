@@ -17,11 +17,16 @@ import collections
 import hashlib
 import json
 import os
+import pathlib
 import random
 import signal
 import statistics
 import sys
 import time
+
+# Run as a script, this folder is first on sys.path, and its learner_client/ (a folder of
+# tests, no package) would shadow the package under test: the repository root goes first.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import gymnasium
 from helpers import start_actor

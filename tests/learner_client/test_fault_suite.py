@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -219,3 +222,29 @@ def test_fault_sigkill_during_a_push_and_a_nan_env_leave_the_survivor_working() 
             assert seen == 3, "the surviving actor stopped delivering"
         finally:
             collector.shutdown(timeout=5)
+
+
+@pytest.mark.long
+def test_the_soak_runs_as_make_soak_runs_it() -> None:
+    """``make soak``'s script, for half a minute: faults injected, batches delivered once each.
+
+    It runs as the Makefile runs it (``python tests/soak.py``, no ``PYTHONPATH``), where its own
+    folder comes first on the path: a soak that cannot import the package under test (shadowed
+    by ``tests/learner_client``) fails here, not an hour in.
+    """
+    soak = pathlib.Path(__file__).resolve().parents[1] / "soak.py"
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, str(soak), "--minutes", "0.4"],
+        cwd=soak.parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    assert report["healthy"]
+    assert report["duplicates_seen"] == 0
+    assert sum(report["faults"].values()) >= 3  # one every 5 s, the kinds drawn from the seed
+    assert report["batches_delivered"] > 0
