@@ -22,8 +22,11 @@ __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_PORT",
     "MAX_FRAMES_PER_BATCH",
+    "MAX_LEARNER_ID",
     "MAX_MESSAGE_BYTES",
+    "MAX_MODEL_ID",
     "MAX_SEED",
+    "MAX_WIRE_LEARNER_ID",
     "RELAY_PUSH_ID_BYTES",
     "RELAY_TICKET_BYTES",
     "COMPILE_BACKENDS",
@@ -32,6 +35,7 @@ __all__ = [
     "CompileSettings",
     "ExplorationType",
     "check_device_name",
+    "check_learner_id",
     "local_device",
     "same_device",
     "check_model_id",
@@ -56,6 +60,13 @@ DEFAULT_PORT = 50051
 DEFAULT_MODEL_ID = "policy"
 #: The largest seed: seeds are uint64 on the wire (``SetSeedRequest.seed``).
 MAX_SEED = 2**64 - 1
+#: The longest ``model_id`` (an actor's ``--model`` names and every weight address).
+MAX_MODEL_ID = 64
+#: The longest ``learner_id`` a collector takes.
+MAX_LEARNER_ID = 256
+#: The longest ``OpenSession.learner_id`` an actor accepts: a collector's id, and the
+#: ``/rank<r>`` a rank appends to it.
+MAX_WIRE_LEARNER_ID = MAX_LEARNER_ID + 32
 
 # Keepalive: the client pings every 20 s and gives up 10 s after an unanswered
 # ping; the server accepts pings 10 s apart, so the client never trips it.
@@ -258,14 +269,30 @@ class CollectSettings:
 
 
 def check_model_id(model_id: object) -> str:
-    """Return ``model_id`` if it is a non-empty string.
+    """Return ``model_id`` if it is a non-empty string of at most :data:`MAX_MODEL_ID` characters.
 
     Raises:
-        ValueError: Naming the value.
+        ValueError: Naming the value (its first 80 characters).
     """
-    if not isinstance(model_id, str) or not model_id:
-        raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
+    if not isinstance(model_id, str) or not 0 < len(model_id) <= MAX_MODEL_ID:
+        raise ValueError(
+            f"model_id must be a non-empty string of at most {MAX_MODEL_ID} characters, "
+            f"got {model_id!r:.80}"
+        )
     return model_id
+
+
+def check_learner_id(learner_id: object, limit: int) -> str:
+    """Return ``learner_id`` if it is a non-empty string of at most ``limit`` characters.
+
+    Raises:
+        ValueError: Naming the value (its first 80 characters).
+    """
+    if not isinstance(learner_id, str) or not 0 < len(learner_id) <= limit:
+        raise ValueError(
+            f"learner_id must be a string of 1 to {limit} characters, got {learner_id!r:.80}"
+        )
+    return learner_id
 
 
 def check_seed(seed: object) -> int:

@@ -23,7 +23,14 @@ from typing import Any, Protocol, cast
 
 from tensordict import TensorDictBase
 
-from common.config import DEFAULT_MODEL_ID, CollectSettings, ExplorationType, check_model_id
+from common.config import (
+    DEFAULT_MODEL_ID,
+    MAX_LEARNER_ID,
+    CollectSettings,
+    ExplorationType,
+    check_learner_id,
+    check_model_id,
+)
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from common.weights import CHECKSUMS
@@ -283,10 +290,7 @@ class ConnectionSettings:
             raise ValueError("token must be a non-empty string or None")
         if self.learner_id == "":
             _set(self, "learner_id", new_learner_id())
-        if not isinstance(self.learner_id, str) or not 0 < len(self.learner_id) <= 256:
-            raise ValueError(
-                f"learner_id must be a string of 1 to 256 characters, got {self.learner_id!r:.80}"
-            )
+        check_learner_id(self.learner_id, MAX_LEARNER_ID)
         for name in ("take_over", "shared_memory_batches"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

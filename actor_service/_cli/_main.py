@@ -52,12 +52,12 @@ from actor_service._config import (
 )
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import DEFAULT_MODEL_ID
+from common.config import DEFAULT_MODEL_ID, MAX_MODEL_ID
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
 _ENV_PREFIX = "RLFLEET_"
-_MODEL_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_MODEL_ID_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_MODEL_ID - 1}}}$")
 _ORDINAL_RE = re.compile(r"-(\d+)$")
 
 

@@ -271,7 +271,7 @@ def restore(
         slots: Each model (its lock and version) and its own tensors, by model_id.
         state: ``{model_id: {"version": int, "weights": {key: tensor}}}`` for every model.
         check_id: Raises UnknownModelError for an id the actor lacks.
-        allow_rollback: Accept versions older than those in force.
+        allow_rollback: Accept versions older than those in force (or equal, other weights).
 
     Returns:
         ``{model_id: (old_version, new_version)}``.
@@ -280,8 +280,8 @@ def restore(
         UnknownModelError: ``state`` names a model this actor lacks.
         WeightsError: A model is missing, a version is not an int in int64 range, or
             weights do not fit.
-        StaleVersionError: A version is older than the one in force and
-            ``allow_rollback`` is false.
+        StaleVersionError: A version is older than the one in force, or equal with other
+            weights, and ``allow_rollback`` is false.
     """
     staged = _stage_entries(slots, state, check_id)
     held = [slots[model_id][0] for model_id in staged]
@@ -289,8 +289,9 @@ def restore(
         slot.lock.acquire()
     try:
         if not allow_rollback:
-            for model_id, (version, _) in staged.items():
-                check_not_older(model_id, version, slots[model_id][0].version)
+            for model_id, (version, weights) in staged.items():
+                slot, live = slots[model_id]
+                check_not_older(model_id, version, slot.version, weights, live)
         changes = {}
         for model_id, (version, weights) in staged.items():
             slot, reference = slots[model_id]

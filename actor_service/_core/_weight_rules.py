@@ -57,17 +57,38 @@ def check_newer(model_id: str, version: int, current: int) -> None:
         )
 
 
-def check_not_older(model_id: str, version: int, current: int) -> None:
-    """A restored state may not take a model's version back (unless ``allow_rollback``).
+def check_not_older(
+    model_id: str,
+    version: int,
+    current: int,
+    staged: Mapping[str, torch.Tensor],
+    live: Mapping[str, torch.Tensor],
+) -> None:
+    """A restored state may not take a model back (unless ``allow_rollback``).
+
+    Back is an older version, or other weights under the version in force: a pushed
+    version names one set of weights, which the versions on every batch rely on. Version 0
+    is each actor's own first weights (its factory's), so a state at 0 may carry another
+    actor's. The weights are compared only when the versions are equal.
 
     Raises:
-        StaleVersionError: ``version < current``.
+        StaleVersionError: ``version < current``, or ``version == current > 0`` with
+            ``staged`` unlike ``live``.
     """
     if version < current:
         raise StaleVersionError(
             f"state version {version} for model {model_id!r} is older than the "
             f"version in force, {current}; set allow_rollback to load it anyway"
         )
+    if version == current > 0 and not _equal_tensors(staged, live):
+        raise StaleVersionError(
+            f"state version {version} for model {model_id!r} is the version in force, "
+            "with other weights; set allow_rollback to load it anyway"
+        )
+
+
+def _equal_tensors(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def weight_copies(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -40,8 +40,8 @@ from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._session import RetainedBatch
 from actor_service._serve._shm import BatchSegments
 from actor_service._serve._wire import encode_control
-from common.config import CollectSettings
-from common.errors import EnvError, RlfleetError, SessionStateError, to_status
+from common.config import MAX_WIRE_LEARNER_ID, CollectSettings, check_learner_id
+from common.errors import EnvError, ProtocolError, RlfleetError, SessionStateError, to_status
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["CollectSession", "env_failure"]
@@ -87,6 +87,20 @@ def _as_sent(failure: pb.EnvFailure) -> EnvError:
     return EnvError(failure.env, failure.exception_type, text)
 
 
+def _learner_of(request: pb.OpenSession, peer: str) -> str:
+    """Who opens the session: its ``learner_id`` (checked for length), else its address.
+
+    Raises:
+        ProtocolError: A ``learner_id`` longer than :data:`MAX_WIRE_LEARNER_ID`.
+    """
+    if not request.learner_id:
+        return peer
+    try:
+        return check_learner_id(request.learner_id, MAX_WIRE_LEARNER_ID)
+    except ValueError as exc:
+        raise ProtocolError(f"OpenSession: {exc}") from None
+
+
 class CollectSession:
     """A learner session on one ``Collect`` call.
 
@@ -107,7 +121,7 @@ class CollectSession:
         # Batches through shared memory: the learner asked (it proved it shares this host)
         # and this actor allows it.
         self._segments = runtime.batch_segments() if request.shm_batches else None
-        self.learner_id = request.learner_id or peer
+        self.learner_id = _learner_of(request, peer)
         self._peer = peer
         self.active = False
         self._session_id = 0

@@ -12,7 +12,9 @@ own and answers a call over its group's cap RESOURCE_EXHAUSTED at once:
 * ActorService calls are capped by the servicer (``MAX_ACTOR_CALLS``), and with
   a token, callers without it are refused before they hold anything.
 
-So probes and the learner always find room whatever unauthenticated callers hold.
+So probes always find room, and in a fleet with a token the learner too, whatever
+unauthenticated callers hold. Without a token every caller counts as the learner: calls
+that hold the ActorService cap are dropped after the idle timeout (docs/security.md).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ event name (``session.opened``, ``weights.pushed`` …) and key/value fields.
 that renders them either as ``text`` (``ts LEVEL event key=value …``) or as
 ``json`` (``{"ts", "level", "event", "worker_id", "fields"}``), so log
 collectors can parse actor output without regular expressions.
+
+A field's text is cut at :data:`MAX_FIELD_CHARS` (its length said after the cut): fields
+carry what peers sent (ids, error messages quoting them), and a peer must not make one
+short request write megabytes of log.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import sys
 from typing import Any, TextIO
 
-__all__ = ["LOGGER_NAME", "configure_logging", "get_logger", "log_event"]
+__all__ = ["LOGGER_NAME", "MAX_FIELD_CHARS", "configure_logging", "get_logger", "log_event"]
 
 LOGGER_NAME = "rlfleet.actor"
 _LEVELS = {
@@ -26,6 +30,8 @@ _LEVELS = {
     "error": logging.ERROR,
 }
 _FORMATS = ("text", "json")
+#: The most characters of one field's text a log line keeps.
+MAX_FIELD_CHARS = 2000
 
 
 def get_logger() -> logging.Logger:
@@ -66,7 +72,7 @@ class _Formatter(logging.Formatter):
         ts = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
         event = getattr(record, "rlfleet_event", None)
         if event is not None:
-            fields = dict(getattr(record, "rlfleet_fields", {}))
+            fields = {k: _cut(v) for k, v in getattr(record, "rlfleet_fields", {}).items()}
         else:  # a record of another library (gRPC, asyncio, warnings)
             event, fields = "log", {"logger": record.name, "message": record.getMessage()}
         if record.exc_info:
@@ -85,6 +91,16 @@ class _Formatter(logging.Formatter):
         pairs = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
         line = f"{ts.strftime('%H:%M:%S.%f')[:-3]} {record.levelname:<7} worker={self._worker_id} "
         return (line + f"{event} {pairs}").rstrip()
+
+
+def _cut(value: Any) -> Any:
+    """``value``, or its text cut at :data:`MAX_FIELD_CHARS` when longer."""
+    if isinstance(value, bool | int | float | None):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= MAX_FIELD_CHARS:
+        return value
+    return f"{text[:MAX_FIELD_CHARS]}... ({len(text)} characters)"
 
 
 def _text_value(value: Any) -> str:

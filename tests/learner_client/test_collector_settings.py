@@ -156,6 +156,7 @@ def test_check_fleet_raises_if_the_acting_model_is_missing():
 
 
 def test_connection_settings_give_each_learner_its_own_identity() -> None:
+    from common.config import MAX_LEARNER_ID, MAX_WIRE_LEARNER_ID
     from learner_client._settings import ConnectionSettings
 
     first, second = ConnectionSettings(), ConnectionSettings()
@@ -163,6 +164,8 @@ def test_connection_settings_give_each_learner_its_own_identity() -> None:
     assert not first.take_over
     assert ConnectionSettings(learner_id="trainer-7").learner_id == "trainer-7"
     with pytest.raises(ValueError, match="learner_id"):
-        ConnectionSettings(learner_id="x" * 300)
+        ConnectionSettings(learner_id="x" * (MAX_LEARNER_ID + 1))
+    longest = ConnectionSettings(learner_id="x" * MAX_LEARNER_ID).learner_id
+    assert len(f"{longest}/rank{2**31 - 1}") <= MAX_WIRE_LEARNER_ID  # what a rank opens with
     with pytest.raises(TypeError, match="take_over"):
         ConnectionSettings(take_over="yes")

@@ -15,7 +15,12 @@ from actor_service._cli._main import default_worker_id, parse_config
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
-from actor_service._serve._logging import configure_logging, get_logger, log_event
+from actor_service._serve._logging import (
+    MAX_FIELD_CHARS,
+    configure_logging,
+    get_logger,
+    log_event,
+)
 
 
 def _parse(
@@ -279,6 +284,25 @@ def test_logging_text_lines_are_key_value() -> None:
     line = stream.getvalue().strip()
     assert "WARNING" in line
     assert "weights.push model_id=policy result=ABORTED" in line
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_logging_cuts_a_long_field_and_says_how_long_it_was(fmt: str) -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", fmt, stream=stream)
+    long = "L" * (MAX_FIELD_CHARS * 50)
+    try:
+        log_event("rpc.failed", logging.INFO, details=long, error=ValueError(long), count=7)
+    finally:
+        get_logger().removeHandler(handler)
+    (line,) = stream.getvalue().splitlines()
+    assert len(line) < 3 * MAX_FIELD_CHARS
+    assert f"({len(long)} characters)" in line
+    if fmt == "json":
+        fields = json.loads(line)["fields"]
+        assert fields["details"] == "L" * MAX_FIELD_CHARS + f"... ({len(long)} characters)"
+        assert fields["error"] == fields["details"]  # an exception's text is cut alike
+        assert fields["count"] == 7  # numbers stay numbers
 
 
 def test_logging_renders_other_libraries_in_the_same_format() -> None:

@@ -11,7 +11,7 @@ from actor_service import ActorConfig, ModelSpec
 from actor_service._kinds.env.core import EnvCore
 from actor_service._kinds.llm.core import LLMCore
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import MAX_SEED, check_model_id, check_seed
+from common.config import MAX_MODEL_ID, MAX_SEED, check_model_id, check_seed
 from common.errors import StaleVersionError, WeightsError
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -107,12 +107,39 @@ def test_set_seed_takes_the_whole_uint64_range_and_nothing_beyond(make) -> None:
                 worker.set_seed(bad)
 
 
+@pytest.mark.parametrize("make", WORKERS)
+def test_load_state_dict_refuses_other_weights_under_the_version_in_force(make) -> None:
+    with make() as worker:
+        worker.models.load_weights("policy", 5, _weights(worker))
+        same = worker.state_dict()
+        assert worker.load_state_dict(same) == {"policy": (5, 5)}  # the same state: a no-op
+        other = worker.state_dict()
+        weights = other["models"]["policy"]["weights"]
+        key = next(k for k, v in weights.items() if v.is_floating_point())
+        weights.update({k: v + 1 for k, v in weights.items() if v.is_floating_point()})
+        with pytest.raises(StaleVersionError, match="version in force, with other weights"):
+            worker.load_state_dict(other)
+        assert torch.equal(_weights(worker)[key], same["models"]["policy"]["weights"][key])
+        assert worker.load_state_dict(other, allow_rollback=True) == {"policy": (5, 5)}
+        assert torch.equal(_weights(worker)[key], weights[key])
+
+
+@pytest.mark.parametrize("make", WORKERS)
+def test_load_state_dict_takes_another_actors_first_weights_at_version_0(make) -> None:
+    with make() as worker:
+        other = worker.state_dict()  # version 0: the weights an actor built, its own
+        weights = other["models"]["policy"]["weights"]
+        weights.update({k: v + 1 for k, v in weights.items() if v.is_floating_point()})
+        assert worker.load_state_dict(other) == {"policy": (0, 0)}
+
+
 def test_check_seed_and_check_model_id_name_the_value() -> None:
     assert check_seed(0) == 0
     assert check_seed(MAX_SEED) == MAX_SEED
     with pytest.raises(ValueError, match=str(MAX_SEED + 1)):
         check_seed(MAX_SEED + 1)
     assert check_model_id("critic") == "critic"
-    for bad in ("", None, 3):
-        with pytest.raises(ValueError, match="model_id must be a non-empty string"):
+    assert check_model_id("m" * MAX_MODEL_ID) == "m" * MAX_MODEL_ID
+    for bad in ("", None, 3, "m" * (MAX_MODEL_ID + 1)):
+        with pytest.raises(ValueError, match="model_id must be a non-empty string of at most"):
             check_model_id(bad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 
 import grpc
@@ -11,6 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
 from actor_service._core._settings import EnvPoolSettings
+from actor_service._serve._logging import MAX_FIELD_CHARS, configure_logging, get_logger
+from common.config import MAX_WIRE_LEARNER_ID
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 
@@ -125,6 +128,34 @@ def test_collect_second_learner_is_refused_with_resource_exhausted(actor: Actor)
     first.credit(1)
     assert first.batch()[0].seq == 1  # the first session is unharmed
     first.cancel()
+
+
+def test_collect_refuses_a_learner_id_over_its_bound_and_logs_no_more_than_a_line(
+    actor: Actor,
+) -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "text", stream=stream)
+    try:
+        huge = RawCollect.open(actor.stub, open_request(credits=0, learner_id="L" * 4_000_000))
+        error = huge.error()
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"1 to {MAX_WIRE_LEARNER_ID} characters" in error.details()
+        assert len(error.details()) < 300
+        longest = "A" * MAX_WIRE_LEARNER_ID
+        first = RawCollect.open(actor.stub, open_request(credits=0, learner_id=longest))
+        first.opened()
+        assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).learner_id == longest
+        for _ in range(5):  # each refusal quotes the holder's id: bounded, so is the log
+            refused = RawCollect.open(actor.stub, open_request(credits=0, learner_id="B"))
+            assert refused.error().code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        first.credit(1)
+        assert first.batch()[0].seq == 1  # the session is unharmed
+        first.cancel()
+    finally:
+        get_logger().removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert sum("rpc.failed" in line for line in lines) == 6
+    assert max(map(len, lines)) < 3 * MAX_FIELD_CHARS
 
 
 def test_collect_a_learner_resumes_its_own_half_open_session_without_take_over(

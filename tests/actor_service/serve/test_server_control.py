@@ -188,6 +188,26 @@ def test_load_state_refuses_a_rollback_unless_allowed_and_audits_every_load(
     assert [r.rlfleet_fields["allow_rollback"] for r in loads] == [False, False, True]
 
 
+def test_load_state_refuses_other_weights_under_the_version_in_force(actor: Actor) -> None:
+    state = decode_state(_get_state(actor))
+    newer = {k: torch.full_like(v, 0.25) for k, v in state["models"]["policy"]["weights"].items()}
+    state["models"]["policy"] = {"version": 1, "weights": newer}
+    actor.stub.LoadState(_load_requests(state_to_blob(state)), timeout=30)
+    actor.stub.LoadState(_load_requests(state_to_blob(state)), timeout=30)  # again: a no-op
+    before = _snapshot(actor)
+    other = {k: torch.full_like(v, -7.0) for k, v in newer.items()}
+    state["models"]["policy"] = {"version": 1, "weights": other}
+    with pytest.raises(grpc.RpcError) as error:
+        actor.stub.LoadState(_load_requests(state_to_blob(state)), timeout=30)
+    assert error.value.code() == grpc.StatusCode.ABORTED
+    assert "with other weights; set allow_rollback" in error.value.details()
+    _assert_same(actor, before)
+    actor.stub.LoadState(_load_requests(state_to_blob(state), allow_rollback=True), timeout=30)
+    weights, version, *_ = _snapshot(actor)
+    assert version == 1
+    assert all(value.eq(-7.0).all() for value in weights.values())
+
+
 def test_set_seed_returns_the_next_seed_and_makes_collection_repeatable(actor: Actor) -> None:
     def first_batch_after_seed() -> tuple[int, torch.Tensor]:
         next_seed = actor.stub.SetSeed(pb.SetSeedRequest(seed=123), timeout=10).next_seed
