@@ -454,7 +454,8 @@ class GrpcCollector:
             env = self._env  # create_env_fn: checked, followed, its batch layout taken
             if env is not None:
                 env.after_batch(parts[0], self.worker_ids, self.actor_state)
-                parts = [env.shaped(p) for p in parts]
+                if not self._batch.split_trajs:  # [trajectories, time] whatever the envs
+                    parts = [env.shaped(p) for p in parts]
             parts = [self._placement.place(p) for p in parts]
             return parts if self.postproc is None else [self.postproc(p) for p in parts]
 

@@ -13,7 +13,7 @@ from tensordict.nn.probabilistic import InteractionType
 
 from common.config import ExplorationType
 
-__all__ = ["FOLD_MIN_FRAME_BYTES", "interaction_of", "split_trajectories"]
+__all__ = ["FOLD_MIN_FRAME_BYTES", "SPLIT_MASK", "interaction_of", "split_trajectories"]
 
 #: Folding pays from this many observation bytes per frame: below it, rebuilding
 #: ("next", "observation") costs the learner more CPU than receiving it (CartPole's
@@ -26,6 +26,10 @@ _INTERACTION = {
     ExplorationType.MODE: InteractionType.MODE,
     ExplorationType.MEAN: InteractionType.MEAN,
 }
+
+
+#: A split batch's entry marking its real frames (the rest is zero padding), as TorchRL's.
+SPLIT_MASK = ("collector", "mask")
 
 
 def interaction_of(exploration_type: ExplorationType) -> InteractionType:
@@ -66,5 +70,5 @@ def split_trajectories(batch: TensorDict) -> TensorDict:
     out = flat.apply(scatter, batch_size=shape)
     mask = torch.zeros(shape, dtype=torch.bool)
     mask[row, col] = True
-    out.set(("collector", "mask"), mask)
+    out.set(SPLIT_MASK, mask)
     return out

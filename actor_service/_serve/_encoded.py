@@ -19,6 +19,7 @@ import threading
 import torch
 from tensordict import TensorDictBase
 
+from actor_service._core._frames import SPLIT_MASK
 from actor_service._core._protocol import CollectionCore
 from actor_service._serve._shm import BatchSegments
 from actor_service._serve._wire import encode_chunk, encode_control
@@ -119,10 +120,12 @@ def collect_encoded(
     packets = [encode_packet(td)]
     if isinstance(collected, FoldedBatch):
         packets.append(encode_packet(collected.finals))
-    low, high = _version_range(td, core, model_id)
+    real = td.get(SPLIT_MASK, None)  # a split batch's real frames; the rest is padding
+    low, high = _version_range(td, core, model_id, real)
     nbytes = sum(packet.nbytes for packet in packets)
     # An LLM batch of last steps only accounts for the dialog turns it dropped too.
-    frames = int(getattr(core, "last_batch_frames", 0) or td.numel())
+    counted = td.numel() if real is None else int(real.sum())
+    frames = int(getattr(core, "last_batch_frames", 0) or counted)
     info = pb.BatchInfo(
         worker_id=worker_id,
         epoch=epoch,
@@ -171,13 +174,17 @@ def _shm_message(seq: int, info: pb.BatchInfo, segment: Segment) -> bytes:
     return encode_control(pb.CollectResponse(chunk=chunk))
 
 
-def _version_range(td: TensorDictBase, core: CollectionCore, model_id: str) -> tuple[int, int]:
-    """Lowest and highest policy version among a batch's frames."""
+def _version_range(
+    td: TensorDictBase, core: CollectionCore, model_id: str, real: torch.Tensor | None
+) -> tuple[int, int]:
+    """Lowest and highest policy version among a batch's frames (``real`` ones, if given)."""
     versions = [
         td.get(key)
         for key in ("policy_version", ("next", "policy_version"))
         if key in td.keys(include_nested=True)
     ]
+    if real is not None:  # a split batch's padding holds version 0
+        versions = [v.reshape(*real.shape, -1)[real] for v in versions]
     if versions:
         flat = torch.cat([v.reshape(-1) for v in versions])
         return int(flat.min()), int(flat.max())

@@ -75,6 +75,39 @@ def test_collector_sync_split_trajs_pads_and_concatenates_trajectories(fleet):
     assert set(rows.tolist()) == {0, 1, 2}
 
 
+def test_collector_split_trajs_counts_real_frames_and_keeps_batches_after_each_push(fleet):
+    import gymnasium as gym
+
+    from common.policies import make_policy
+
+    env = gym.make("CartPole-v1")
+    policy = make_policy("mlp", env.observation_space, env.action_space)
+    with GrpcCollector(
+        addresses(fleet, 0, 2),
+        frames_per_batch=40,
+        total_frames=200,
+        sync=True,
+        split_trajs=True,
+        max_frames_per_traj=3,  # trajectories of 1-3 steps: every batch is padded
+        batch_timeout=20,
+    ) as collector:
+        batches, pushed = [], []
+        for batch in collector:
+            batches.append(batch)
+            collector.update_policy_weights_(policy)  # the next batch acts with it, or waits
+            pushed.append(collector.policy_version["policy"])
+        stats = collector.stats()
+    assert len(batches) == len(collector) == 5  # frames are real frames, not padded ones
+    for batch in batches:
+        mask = batch["collector", "mask"]
+        assert int(mask.sum()) == 40 < mask.numel()
+    for batch, version in zip(batches[1:], pushed, strict=False):
+        real = batch["policy_version"][batch["collector", "mask"]]
+        assert real.unique().tolist() == [version]  # padding (version 0) does not count
+    assert stats["frames"] == 200
+    assert stats["discarded"] == 0
+
+
 def test_collector_passes_rollout_settings_to_the_actors(fleet):
     with GrpcCollector(
         addresses(fleet, 0),

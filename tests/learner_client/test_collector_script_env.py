@@ -10,6 +10,7 @@ what the actors' envs hold. Real ``--kind torchrl`` actors on loopback.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -159,6 +160,29 @@ def test_collector_batches_take_the_scripts_env_layout(vecnorm_actors: list[str]
     ) as collector:
         assert list(collector) == [None]
     assert buffer.shapes == [(16,), (16,)]  # each actor's part is one env's [T], as TorchRL's
+
+
+def test_split_batches_stay_trajectories_by_time_whatever_the_scripts_env(
+    vecnorm_actors: list[str],
+) -> None:
+    env = rlfleet_test_torchrl.normalized_pendulum()  # one env, as the one actor steps
+    shapes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no layout warning: the rows are trajectories
+        for max_steps in (-1, 10):
+            with GrpcCollector(
+                vecnorm_actors[:1],
+                create_env_fn=env,
+                frames_per_batch=32,
+                total_frames=32,
+                max_frames_per_traj=max_steps,
+                split_trajs=True,
+                sync=True,
+            ) as collector:
+                batch = collector.next()
+            assert batch["collector", "mask"].shape == batch.batch_size
+            shapes.append(tuple(batch.batch_size))
+    assert shapes == [(1, 32), (4, 10)]  # TorchRL's [n_traj, T_max], one trajectory or four
 
 
 def single_env_factory() -> object:
