@@ -82,11 +82,9 @@ class GrpcCollector:
     Example::
 
         with GrpcCollector(["10.0.0.1:50051", "10.0.0.2:50051"], frames_per_batch=512,
-                           total_frames=100_000, sync=True) as collector:
-            collector.update_policy_weights_(policy)
-            for batch in collector:          # [workers, envs, time]
-                train(batch)
-                collector.update_policy_weights_(policy)
+                           total_frames=100_000, sync=True, policy=policy) as collector:
+            for batch in collector:  # [workers, envs, time]
+                train(batch)  # policy's new weights reach the actors before the next batch
 
     Args:
         actors: ``"host:port"`` addresses, or ``dns:///name:port`` targets standing for
@@ -117,8 +115,7 @@ class GrpcCollector:
         exploration_type: ``ExplorationType`` or tensordict's ``InteractionType``.
         set_truncated: Mark the last frame of each batch truncated.
         postproc: Callable applied to every batch before it is yielded or stored.
-        replay_buffer: Anything with ``extend()``, extended with each actor's batch;
-            iteration then yields None.
+        replay_buffer: Anything with ``extend()``, given each actor's batch (iteration: None).
         update_after_each_batch: Push the last weights given before each collection (sync:
             to all workers, each round; async: to the worker whose batch was just yielded).
         max_weight_update_interval: Push to a worker once more than this many of its batches
@@ -126,16 +123,14 @@ class GrpcCollector:
         cat_results: ``"stack"`` (None) or ``0`` (concatenate sync batches on dim 0).
         connect_timeout: Seconds to reach every actor at construction.
         call_timeout: Deadline of every control call and weight push.
-        batch_timeout: Seconds a sync batch may wait for an actor (and a stream owing a
-            batch may stay silent) before it is declared missing.
+        batch_timeout: Seconds a sync batch waits for an actor (or a stream owing one is silent).
         allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
         token: Bearer token the actors require.
         learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
-        shared_memory_batches: Take batches from actors proven to share this host through
-            shared-memory segments (gRPC carries only their control); False: every batch
-            as bytes over gRPC.
+        shared_memory_batches: Batches from actors proven on this host through shared memory
+            (gRPC carries their control); False: every batch as bytes over gRPC.
         model_id: The model that acts on the actors.
         dns_refresh_interval: Seconds between re-resolutions of ``dns:`` targets.
         rank, world_size: Several learner ranks sharing the fleet: this one owns the actors
@@ -143,8 +138,7 @@ class GrpcCollector:
             ``frames_per_batch`` and ``total_frames`` are per rank). ``rank="env"`` reads
             both from torch.distributed (or torchrun's ``RANK``/``WORLD_SIZE``). A given
             ``learner_id`` becomes ``<learner_id>/rank<r>``. See docs/collector.md.
-        weight_push: How pushes travel: checksum, deltas' full-push interval, shared memory,
-            relays, parallel streams (``WeightPushSettings``).
+        weight_push: How pushes travel (``WeightPushSettings``: checksums, deltas, relays...).
         policy: The learner's module, pushed (buffers too) before the first batch, by
             ``update_policy_weights_()`` and, unless ``push_policy_changes=False``, whenever
             it changed before the next batch (TorchRL's shared policy).
@@ -156,8 +150,7 @@ class GrpcCollector:
 
     Raises:
         ValueError: A bad value or fleet (duplicate worker_ids, indivisible frames).
-        TypeError: A bad type; TorchRL's positional ``(create_env_fn, policy)`` (the
-            message says to pass them by keyword).
+        TypeError: A bad type; TorchRL's positional ``(create_env_fn, policy)`` (use keywords).
         ActorUnavailableError: An actor unreachable within ``connect_timeout``.
         UnknownModelError: An actor without ``model_id``.
     """
@@ -554,9 +547,6 @@ class GrpcCollector:
         """What :func:`~learner_client.serve_metrics` serves (closed with the collector)."""
         return self._parts.metrics
 
-    def _is_running(self) -> bool:
-        return self._state is _State.RUNNING
-
     def _check_open(self) -> None:
         if self._state is _State.CLOSED:
             raise ClosedError("the collector is shut down")
@@ -666,6 +656,18 @@ class GrpcCollector:
         """The learner's policy version per model_id (never behind any actor's)."""
         return self._book.versions()
 
+    def get_policy_version(self) -> dict[str, int]:
+        """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""
+        return self.policy_version
+
+    def increment_version(self) -> dict[str, int]:
+        """TorchRL's bump after an update; versions move by pushes: ``update_policy_weights_()``.
+
+        With ``policy=`` it pushes only a changed module (update-then-increment sends once).
+        """
+        self.update_policy_weights_()
+        return self.policy_version
+
     def _session_settings(self) -> CollectSettings:
         """What every session is opened with, for the current number of owned actors."""
         count = len(self._fleet.worker_ids)
@@ -700,7 +702,7 @@ class GrpcCollector:
             placement = self._rollout.placement
             model = self._rollout.model_id
             fresh = self._fleet.join(links, self._batch, model, placement, gone=gone)
-            if self._is_running() and fresh:
+            if self._state is _State.RUNNING and fresh:
                 settings = self._session_settings()
                 self._fleet.start_joined(fresh, settings, sync=bool(self._batch.sync))
                 self._rounds.update_budget()

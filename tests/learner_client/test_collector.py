@@ -108,6 +108,30 @@ def test_collector_split_trajs_counts_real_frames_and_keeps_batches_after_each_p
     assert stats["discarded"] == 0
 
 
+def test_collector_increment_version_is_torchrls_call_after_an_update(fleet):
+    import gymnasium as gym
+
+    from common.policies import make_policy
+
+    env = gym.make("CartPole-v1")
+    policy = make_policy("mlp", env.observation_space, env.action_space)
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, policy=policy) as collector:
+        collector.next()
+        first = collector.get_policy_version()["policy"]
+        with torch.no_grad():
+            next(policy.parameters()).add_(1.0)
+        collector.update_policy_weights_()  # dreamer.py's pair: one push, not two
+        assert collector.increment_version()["policy"] == first + 1
+        assert collector.increment_version()["policy"] == first + 1  # nothing changed since
+    weights = {k: v.clone() for k, v in policy.state_dict().items()}
+    with GrpcCollector(addresses(fleet, 2), frames_per_batch=8) as collector:
+        collector.update_policy_weights_(weights)
+        pushed = collector.get_policy_version()["policy"]
+        assert collector.increment_version()["policy"] == pushed + 1  # the last weights again
+        batch = collector.next()
+        assert batch["policy_version"].min() >= pushed + 1
+
+
 def test_collector_passes_rollout_settings_to_the_actors(fleet):
     with GrpcCollector(
         addresses(fleet, 0),
