@@ -448,8 +448,9 @@ def _check_before_binding(config: ActorConfig) -> None:
 
     try:
         check_before_binding(config)
-    except ValueError as exc:
-        build_parser().error(f"--kind {config.kind}: {exc}")
+    except ValueError as exc:  # the factories' own failure, not the flags': no usage text
+        parser = build_parser()
+        parser.exit(2, f"{parser.prog}: error: --kind {config.kind}: {exc}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

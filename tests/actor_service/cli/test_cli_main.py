@@ -228,6 +228,7 @@ def test_cli_subprocess_exits_2_on_a_bad_flag() -> None:
     )
     assert result.returncode == 2
     assert "--num-envs" in result.stderr
+    assert "usage: " in result.stderr  # the flags are wrong: they are recalled
     assert result.stdout == ""
 
 

@@ -124,6 +124,7 @@ def test_cli_a_factory_the_actor_cannot_import_names_the_actors_path(kind: str, 
     out = _run([flag, "no_such_module_x:make"], kind=kind)
     assert out.returncode == 2, out.stderr
     assert "this actor process cannot import 'no_such_module_x'" in out.stderr
+    assert "usage:" not in out.stderr  # the flags are fine: no usage text
     assert f"PYTHONPATH '{ENV['PYTHONPATH']}'" in out.stderr
     assert str(HERE) in out.stderr  # its sys.path, as the actor has it
     assert "put the folder that holds 'no_such_module_x'" in out.stderr
