@@ -24,7 +24,12 @@ from __future__ import annotations
 
 from learner_client._collector import GrpcCollector
 from learner_client._discovery import resolve_actors
-from learner_client._errors import MissingWorkersError, VersionConflictError, WeightPushError
+from learner_client._errors import (
+    MissingWorkersError,
+    SettingsRefusedError,
+    VersionConflictError,
+    WeightPushError,
+)
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet
 from learner_client._llm_collector import GrpcLLMCollector
@@ -45,6 +50,7 @@ __all__ = [
     "PartResult",
     "RayFleet",
     "RemoteActor",
+    "SettingsRefusedError",
     "VersionConflictError",
     "WeightPushError",
     "WeightPushSettings",

@@ -31,12 +31,13 @@ import grpc
 from google.protobuf.message import Message
 
 from common.config import CollectSettings
-from common.errors import DataLossError, DeadlineError, EnvError, ProtocolError
+from common.errors import DataLossError, DeadlineError, EnvError, ProtocolError, WeightsError
 from common.llm import LLMSettings
 from common.packets import PacketLimits
 from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import Segment, SegmentMaps, ShmError
+from learner_client._errors import SettingsRefusedError
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
 from learner_client._transport import Channel, Chunk, translate_errors
@@ -270,8 +271,15 @@ class CollectStream:
         return None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
 
     async def opened(self, timeout: float) -> SessionInfo:
-        """Wait for the ``opened`` reply."""
-        message = await self._receive(timeout)
+        """Wait for the ``opened`` reply.
+
+        Raises:
+            SettingsRefusedError: The actor answered INVALID_ARGUMENT: the settings.
+        """
+        try:
+            message = await self._receive(timeout)
+        except (ProtocolError, WeightsError) as exc:  # here only a status: INVALID_ARGUMENT
+            raise SettingsRefusedError(str(exc)) from None
         if not isinstance(message, pb.CollectResponse) or message.WhichOneof("kind") != "opened":
             kind = None if message is None else "chunk"
             if isinstance(message, pb.CollectResponse):

@@ -1,4 +1,4 @@
-"""Errors only the learner raises: a partly failed or disagreeing push, missing workers.
+"""Errors only the learner raises: a push failed or disagreeing, settings refused, missing workers.
 
 Both extend :mod:`common.errors` so ``except RlfleetError`` still catches
 everything rlfleet raises on purpose::
@@ -6,6 +6,8 @@ everything rlfleet raises on purpose::
     RlfleetError
     ├── WeightPushError                       some targets did not apply a push
     ├── VersionConflictError (ValueError)     learner ranks pushed one version differently
+    ├── ProtocolError (ValueError)
+    │   └── SettingsRefusedError              an actor refused the session's settings
     └── ActorUnavailableError (ConnectionError)
         └── MissingWorkersError               a sync batch lacks these worker_ids
 """
@@ -15,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.errors import ActorUnavailableError, RlfleetError
+from common.errors import ActorUnavailableError, ProtocolError, RlfleetError
 
-__all__ = ["MissingWorkersError", "VersionConflictError", "WeightPushError"]
+__all__ = ["MissingWorkersError", "SettingsRefusedError", "VersionConflictError", "WeightPushError"]
 
 
 class WeightPushError(RlfleetError):
@@ -54,6 +56,14 @@ class VersionConflictError(RlfleetError, ValueError):
     def __init__(self, message: str, *, pushed: Mapping[int, tuple[int, int]]) -> None:
         super().__init__(message)
         self.pushed = dict(pushed)
+
+
+class SettingsRefusedError(ProtocolError):
+    """An actor answered a session's open with INVALID_ARGUMENT: it cannot collect with them.
+
+    Retrying would ask the same again, so the actor's link stops and the next batch taken
+    raises this, naming the actor and its reason (a stop token outside its vocabulary...).
+    """
 
 
 class MissingWorkersError(ActorUnavailableError):

@@ -45,6 +45,7 @@ from common.errors import (
     SessionStateError,
 )
 from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams, ShmBatchError
+from learner_client._errors import SettingsRefusedError
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._rounds import name_time_dim, tag_worker
@@ -275,6 +276,13 @@ class ActorLink(Generic[C]):
             if self._closing:
                 return AfterSession.CLOSE
             return self._session_ended(end)
+        except SettingsRefusedError as exc:  # asking again would ask the same
+            log.error(
+                "actor %s (worker_id %d) is no longer used: %s", self.address, self.worker_id, exc
+            )
+            self._set_state(LinkState.FAILED)
+            self._mailbox.fail(self.worker_id, exc)
+            return AfterSession.STOP
         except RlfleetError as exc:  # a transport or protocol failure: counted and retried
             if self._closing:
                 return AfterSession.CLOSE

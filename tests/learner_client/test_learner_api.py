@@ -17,6 +17,7 @@ def test_learner_client_all_is_pinned():
         "PartResult",
         "RayFleet",
         "RemoteActor",
+        "SettingsRefusedError",
         "VersionConflictError",
         "WeightPushError",
         "WeightPushSettings",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import queue
+import time
 import warnings
 
 import pytest
 import torch
 
-from learner_client import GrpcLLMCollector, LocalFleet
+from learner_client import GrpcLLMCollector, LocalFleet, SettingsRefusedError
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -224,6 +225,27 @@ def test_settings_beyond_the_actor_cap_are_refused_at_construction(llm_fleet) ->
         _collector(
             llm_fleet, dialog_turns_per_batch=2 * SLOTS, generation={"max_new_tokens": 10**6}
         )
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_settings_an_actor_refuses_raise_at_the_first_batch_with_its_reason(
+    llm_fleet, sync: bool
+) -> None:
+    vocab = 260  # the tiny model's: a stop token only the actor can check
+    started = time.monotonic()
+    refused = pytest.raises(SettingsRefusedError, match=r"outside the vocabulary of 260")
+    with (
+        _collector(
+            llm_fleet,
+            dialog_turns_per_batch=2 * SLOTS,
+            generation={"max_new_tokens": 3, "stop_token_ids": [vocab]},
+            sync=sync,
+        ) as collector,
+        refused as error,
+    ):
+        collector.next()
+    assert "INVALID_ARGUMENT" in str(error.value)
+    assert time.monotonic() - started < 30  # not batch_timeout's 60 s of retries
 
 
 @pytest.mark.long
