@@ -23,7 +23,14 @@ from typing import Any
 
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import DEFAULT_MODEL_ID, DEFAULT_PORT, MAX_SEED
+from common.config import (
+    DEFAULT_MODEL_ID,
+    DEFAULT_PORT,
+    MAX_CREDITS,
+    MAX_NUM_ENVS,
+    MAX_SEED,
+    MAX_WORKER_ID,
+)
 from common.llm import LoraSpec, check_peft
 
 __all__ = [
@@ -49,9 +56,9 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "port": (0, 65535),
     "health_port": (0, 65535),
     "metrics_port": (0, 65535),
-    "worker_id": (0, 65535),
-    "num_envs": (1, 4096),
-    "max_credits": (1, 1024),
+    "worker_id": (0, MAX_WORKER_ID),
+    "num_envs": (1, MAX_NUM_ENVS),
+    "max_credits": (1, MAX_CREDITS),
     "max_weight_bytes": (1, None),
     "torch_threads": (1, 1024),
     "max_new_tokens_cap": (1, 1 << 20),

@@ -38,6 +38,9 @@ __all__ = [
     "check_learner_id",
     "local_device",
     "same_device",
+    "MAX_CREDITS",
+    "MAX_NUM_ENVS",
+    "MAX_WORKER_ID",
     "check_model_id",
     "check_seed",
     "client_channel_options",
@@ -54,6 +57,12 @@ CHUNK_BYTES = 3 * 1024 * 1024
 #: is collected whole before it is sent, so this bounds the actor's memory and the
 #: time a batch holds the env pool.
 MAX_FRAMES_PER_BATCH = 1 << 22
+#: The largest ``worker_id`` (an actor's id in its fleet; ``--worker-id``).
+MAX_WORKER_ID = 65535
+#: The largest env pool (an LLM actor's chat slots) one actor holds (``--num-envs``).
+MAX_NUM_ENVS = 4096
+#: The most unconsumed credits (and retained batches) an actor may honour (``--max-credits``).
+MAX_CREDITS = 1024
 #: The port an actor listens on unless told otherwise.
 DEFAULT_PORT = 50051
 #: The model that acts, and that weights are addressed to, unless told otherwise.

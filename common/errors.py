@@ -59,6 +59,7 @@ __all__ = [
     "WeightsTooLargeError",
     "from_status",
     "is_transient",
+    "one_line",
     "to_status",
 ]
 
@@ -260,7 +261,7 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         ``(code, details)`` for ``context.abort``.
     """
     if isinstance(exc, RlfleetError):
-        return exc.status_code, _one_line(str(exc))
+        return exc.status_code, one_line(str(exc))
     correlation_id = uuid.uuid4().hex[:12]
     return grpc.StatusCode.INTERNAL, f"internal error (correlation id {correlation_id})"
 
@@ -290,6 +291,7 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, ActorUnavailableError | DeadlineError)
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """``text`` on one line and cut to 1,000 characters: what a peer's message may fill."""
     text = " ".join(text.split())
     return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 3] + "..."

@@ -5,16 +5,16 @@ queue; it reads ``opened``, then reassembles each batch's chunks with
 :class:`~common.packets.assembly.BatchAssembler` (chunk data read as views of the
 received messages and copied once, into the buffer ``allocate`` gives; crc32c
 checked; decoded, and a folded batch rebuilt, off the loop when large) and
-returns whole batches or the ``end`` marker. A session opened with ``shm_batches`` (the
-actor proved it shares this host) may get a batch as one chunk naming a shared-memory
-segment: it is read straight into the buffer ``allocate`` gives, checked like any other
-(``common.shm``: name, owner, mode, size; then the CRC-32C over the copy), and a batch that
-cannot be read or fails its check raises :class:`ShmBatchError`, after which the link
-re-opens the session taking bytes (the batch comes again). A protocol violation or a broken
-call raises;
-the partial batch is dropped with the stream. :class:`OpenStreams` is the
-direct route of the mailbox's credits and acks to the open stream of each
-actor. Everything here runs on the learner's event loop.
+returns whole batches or the ``end`` marker; each batch's info and decoded size are
+checked against what the session allows (:class:`~learner_client._batch_bounds.BatchBounds`).
+A session opened with ``shm_batches`` (the actor proved it shares this host) may get a
+batch as one chunk naming a shared-memory segment: it is read straight into the buffer
+``allocate`` gives, checked like any other (``common.shm``: name, owner, mode, size; then
+the CRC-32C over the copy), and a batch that cannot be read or fails its check raises
+:class:`ShmBatchError`, after which the link re-opens the session taking bytes (the batch
+comes again). A protocol violation or a broken call raises; the partial batch is dropped
+with the stream. :class:`OpenStreams` is the direct route of the mailbox's credits and
+acks to the open stream of each actor. Everything here runs on the learner's event loop.
 """
 
 from __future__ import annotations
@@ -31,12 +31,20 @@ import grpc
 from google.protobuf.message import Message
 
 from common.config import CollectSettings
-from common.errors import DataLossError, DeadlineError, EnvError, ProtocolError, WeightsError
+from common.errors import (
+    DataLossError,
+    DeadlineError,
+    EnvError,
+    ProtocolError,
+    WeightsError,
+    one_line,
+)
 from common.llm import LLMSettings
 from common.packets import PacketLimits
 from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import Segment, SegmentMaps, ShmError
+from learner_client._batch_bounds import BatchBounds
 from learner_client._errors import SettingsRefusedError
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
@@ -50,6 +58,8 @@ M = TypeVar("M", bound=Message)
 _DECODE_OFF_LOOP_BYTES = 1 << 20
 # Mappings of an actor's batch segments kept: as many as it keeps idle for reuse.
 _KEPT_SEGMENTS = 4
+# The characters of an env's exception message kept (an actor's ``end`` may carry 4 MiB).
+_MAX_ENV_MESSAGE = 4000
 _END_REASONS = {
     v.number: v.name.removeprefix("END_REASON_") for v in pb.EndReason.DESCRIPTOR.values
 }
@@ -74,7 +84,7 @@ class EndEvent:
 
     Attributes:
         reason: The end reason's name (``"ERROR"``, ``"CLOSED"``, ...).
-        message: The actor's message.
+        message: The actor's message (one line, at most 1,000 characters).
         env_error: What the actor's env raised, when that ended the session.
     """
 
@@ -89,7 +99,9 @@ def _env_error(end: pb.StreamEnd) -> EnvError | None:
         return None
     failure = end.env_failure
     text = None if failure.message_withheld else failure.exception_message
-    return EnvError(failure.env, failure.exception_type, text)
+    if text is not None and len(text) > _MAX_ENV_MESSAGE:  # its lines kept: a traceback's
+        text = text[: _MAX_ENV_MESSAGE - 3] + "..."
+    return EnvError(one_line(failure.env), one_line(failure.exception_type), text)
 
 
 class Settings(Protocol):
@@ -187,6 +199,7 @@ class CollectStream:
         shm = shm_batches is not None
         opening = _open_request(settings, credits, resume, take_over, learner_id, shm)
         self._outbox.put_nowait(opening)
+        self._bounds = BatchBounds(self.address, settings, credits)
         self._closing = False
         self._acks_in_credit = False  # the actor's SessionOpened says whether it reads them
         self._call = channel.start_collect(self._requests())
@@ -207,6 +220,7 @@ class CollectStream:
         """Grant ``batches`` more credits; an ``ack_seq`` (not 0) acknowledges up to it too."""
         if batches > 0 and not self._closing:
             self._credited_at = time.monotonic()
+            self._bounds.granted(batches)
             credit = pb.Credit(batches=batches, ack_seq=ack_seq)
             self._outbox.put_nowait(pb.CollectRequest(credit=credit))
 
@@ -286,6 +300,7 @@ class CollectStream:
                 kind = message.WhichOneof("kind")
             raise ProtocolError(f"{self.address}: expected 'opened' first, got {kind!r}")
         opened = message.opened
+        self._bounds.opened(opened.epoch, opened.next_seq)
         self._acks_in_credit = opened.acks_in_credit
         return SessionInfo(opened.epoch, opened.next_seq, opened.resumed)
 
@@ -323,15 +338,13 @@ class CollectStream:
             kind = "chunk" if isinstance(message, Chunk) else message.WhichOneof("kind")
             if kind == "end" and assembler is None:
                 end = message.end  # type: ignore[union-attr]  # a Chunk is never "end"
-                return EndEvent(
-                    _END_REASONS.get(end.reason, str(end.reason)), end.message, _env_error(end)
-                )
+                reason = _END_REASONS.get(end.reason, str(end.reason))
+                return EndEvent(reason, one_line(end.message), _env_error(end))
             if kind != "chunk":
                 raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
             chunk = message if isinstance(message, Chunk) else Chunk.from_proto(message.chunk)
             if assembler is None and chunk.shm is not None:
-                claimed = bool(started(chunk.seq))  # a take claimed it: its credit goes first
-                return await self._shared_batch(chunk, chunk.shm, claimed=claimed)
+                return await self._shared_batch(chunk, chunk.shm, started)
             if chunk.shm is not None:
                 raise ProtocolError(
                     f"{self.address}: a shared-memory chunk inside batch {info.seq}"
@@ -354,6 +367,7 @@ class CollectStream:
         """The assembler of the batch ``chunk`` (its first) starts, sized by its info."""
         if chunk.index != 0 or chunk.info is None or chunk.count < 1:
             raise ProtocolError(f"{self.address}: batch seq {chunk.seq} starts without info")
+        self._bounds.check_info(chunk.info)
         return BatchAssembler(
             chunk.info.total_bytes,
             finals_bytes=chunk.info.fold.finals_bytes,
@@ -362,7 +376,7 @@ class CollectStream:
         )
 
     async def _shared_batch(
-        self, chunk: Chunk, shm: pb.ShmSegment, *, claimed: bool = False
+        self, chunk: Chunk, shm: pb.ShmSegment, started: Callable[[int], bool | None]
     ) -> Delivery:
         """A batch that lies in a shared-memory segment: read into place, checked, decoded."""
         segments = self._segments
@@ -385,6 +399,7 @@ class CollectStream:
                 "crc32c differs from the batch's info"
             )
         assembler = self._start_batch(chunk)  # sizes checked against the packet limits
+        claimed = bool(started(chunk.seq))  # a take claimed it: its credit goes first
         control = Segment(name=shm.name, size=int(shm.size), crc32c=int(shm.crc32c))
 
         def read_and_decode() -> Any:
@@ -416,12 +431,13 @@ class CollectStream:
             batch = decode()
         else:
             batch = await asyncio.get_running_loop().run_in_executor(None, decode)
+        frames = self._bounds.check_batch(info, batch)
         return Delivery(
             info.worker_id,
             info.epoch,
             info.seq,
             batch,
-            info.frames,
+            frames,
             version_min=info.policy_version_min,
             version_max=info.policy_version_max,
         )

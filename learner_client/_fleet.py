@@ -724,6 +724,11 @@ class Fleet:
         """Each owned actor's link state name, by worker_id."""
         return {w: link.state.value for w, link in self.owned_links().items()}
 
+    def last_failures(self) -> dict[int, str]:
+        """The last failure of each owned actor that had one, by worker_id."""
+        links = self.owned_links().items()
+        return {w: link.last_failure for w, link in links if link.last_failure}
+
     # ------------------------------------------------------------ shutdown
 
     def close(self, timeout: float) -> None:

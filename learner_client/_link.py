@@ -10,7 +10,9 @@ every complete new batch to the :class:`~learner_client._mailbox.Mailbox`.
 A transport or protocol failure (any :class:`~common.errors.RlfleetError`: a
 broken or stalled stream, a malformed packet, an error status) is counted,
 logged and retried after a jittered exponential backoff (bounded delay,
-retried until the collector closes); the other actors are not affected. Any
+retried until the collector closes; a session that delivered a batch, or whose open
+stream broke on the transport, starts the backoff over, one that broke the protocol does
+not); the other actors are not affected. Any
 other exception is a bug: the link stops (``FAILED``) and the user's next
 take raises it. A session taken over by another learner is not retried. A
 session the actor ends because its env raised is retried after the same
@@ -65,6 +67,8 @@ ENV_FAILURE_ATTEMPTS = 3
 #: this long from its first chunk to its delivery. Below it, the claim's credit, sent apart
 #: from the ack it would otherwise carry, costs the learner more than the actor waits.
 CLAIM_AFTER_S = 0.001
+# The characters of a failure kept for the errors that name a missing actor.
+_FAILURE_CHARS = 300
 
 
 class LinkState(enum.Enum):
@@ -172,6 +176,8 @@ class ActorLink(Generic[C]):
         self._arrival_s = 0.0  # how long the last batch took from its first chunk to delivery
         self._streamed = False
         self._failed_streaming = False  # the last attempt broke after its stream opened
+        #: The last failure of a session or connection attempt ("" before any), for errors.
+        self.last_failure = ""
 
     # -------------------------------------------------------------- control
 
@@ -288,9 +294,10 @@ class ActorLink(Generic[C]):
                 return AfterSession.CLOSE
             if isinstance(exc, ShmBatchError) and self._shm is not None:
                 self._shm.batch_failed(self.worker_id)  # the re-opened session takes bytes
-            # A stream that opened before it broke starts a new outage.
-            self._failed_streaming = self._streamed
-            self._failed(exc, 0 if self._streamed else attempt)
+            # A stream that opened before it broke starts a new outage; not one the actor
+            # broke by sending what it may not (no tight reconnect loop with a bad peer).
+            self._failed_streaming = self._streamed and not isinstance(exc, ProtocolError)
+            self._failed(exc, 0 if self._failed_streaming else attempt)
             return AfterSession.RETRY
         except Exception as exc:  # a bug: retrying would hide it
             self._stop_on_bug(exc)
@@ -350,6 +357,7 @@ class ActorLink(Generic[C]):
 
     def _failed(self, exc: RlfleetError, attempt: int) -> None:
         self._ledger.failure(self.worker_id)
+        self.last_failure = f"{type(exc).__name__}: {exc}"[:_FAILURE_CHARS]
         # The first failure of an outage is news; the retries that follow are not.
         log.log(
             logging.WARNING if attempt == 0 else logging.INFO,
@@ -490,10 +498,9 @@ class ActorLink(Generic[C]):
             self._ledger.add_discarded(1)
             return
         batch = tag_worker(name_time_dim(event.batch), self.worker_id)
-        frames = event.frames or batch.numel()
-        self._frames_received += frames
+        self._frames_received += event.frames  # checked against the batch's rows (BatchBounds)
         self._delivered, self._env_failures = True, 0
-        fresh = self._mailbox.put(dataclasses.replace(event, batch=batch, frames=frames))
+        fresh = self._mailbox.put(dataclasses.replace(event, batch=batch))
         if not fresh:  # collected before a reseed, or with weights its actor replaced
             self._ledger.add_discarded(1)
 

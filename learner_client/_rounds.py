@@ -67,6 +67,10 @@ class Actors(Protocol):
         """Each actor's link state name, by worker_id."""
         ...
 
+    def last_failures(self) -> dict[int, str]:
+        """The last failure of each actor that had one, by worker_id."""
+        ...
+
 
 @dataclasses.dataclass(eq=False)
 class Rounds:
@@ -147,7 +151,7 @@ class Rounds:
             states = self.fleet.states()
             raise MissingWorkersError(
                 f"no actor delivered a batch within batch_timeout={self.settings.batch_timeout} "
-                f"s (actor states: {states})",
+                f"s (actor states: {states}){self._failures_of(list(states))}",
                 worker_ids=list(states),
             )
         return [delivery]
@@ -168,13 +172,19 @@ class Rounds:
             raise MissingWorkersError(
                 f"sync batch incomplete: worker_ids {missing} sent nothing within "
                 f"batch_timeout={self.settings.batch_timeout} s or are down (actor states: "
-                f"{ {w: states[w] for w in missing} })",
+                f"{ {w: states[w] for w in missing} }){self._failures_of(missing)}",
                 worker_ids=missing,
             )
         if missing:
             log.warning("partial sync batch without worker_ids %s", missing)
         self.missing_workers = missing
         return taken
+
+    def _failures_of(self, worker_ids: list[int]) -> str:
+        """What the missing ``worker_ids`` last failed with, to end an error's message."""
+        failures = self.fleet.last_failures()
+        named = [f"worker_id {w}: {failures[w]}" for w in worker_ids if w in failures]
+        return "; last failures: " + "; ".join(named) if named else ""
 
     def _drop_older_shares(self, worker_ids: list[int]) -> None:
         """Drop shares collected with weights older than each actor now holds.

@@ -24,13 +24,27 @@ from typing import Any, Protocol, overload
 
 import grpc
 
-from common.config import CHUNK_BYTES, client_channel_options
+from common.config import (
+    CHUNK_BYTES,
+    MAX_CREDITS,
+    MAX_NUM_ENVS,
+    MAX_WORKER_ID,
+    check_model_id,
+    client_channel_options,
+)
 from common.errors import ProtocolError, SessionStateError, from_status
 from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.shm import Segment
-from common.weights import BlobAssembler, Part, PushOutcome, iter_blob_chunks, sha256_hex
+from common.weights import (
+    MAX_POLICY_VERSION,
+    BlobAssembler,
+    Part,
+    PushOutcome,
+    iter_blob_chunks,
+    sha256_hex,
+)
 from learner_client._shm import ShmRefusedError
 
 __all__ = [
@@ -322,6 +336,7 @@ class ActorDescription:
             reply = stub.Describe(pb.DescribeRequest(), timeout=5.0)
             ActorDescription.from_response("10.0.0.1:50051", reply).worker_id
         """
+        _check_description(address, reply)
         return cls(
             address=address,
             worker_id=int(reply.worker_id),
@@ -347,6 +362,33 @@ class ActorDescription:
                 PushInFlight.from_proto(p) for p in reply.pushes_in_flight[:_LISTED_PUSHES]
             ),
         )
+
+
+def _check_description(address: str, reply: pb.DescribeResponse) -> None:
+    """Refuse a ``DescribeResponse`` whose numbers no actor reports (each within its range).
+
+    Raises:
+        ProtocolError: A field outside the range an actor's own settings allow.
+    """
+    ranges = {
+        "worker_id": (reply.worker_id, 0, MAX_WORKER_ID),
+        "epoch": (reply.epoch, 1, None),
+        "num_envs": (reply.num_envs, 1, MAX_NUM_ENVS),
+        "max_credits": (reply.max_credits, 0, MAX_CREDITS),
+    }
+    ranges |= {
+        f"the version of model {m.model_id!r:.80}": (m.version, 0, MAX_POLICY_VERSION)
+        for m in reply.models
+    }
+    for what, (value, low, high) in ranges.items():
+        if value < low or (high is not None and value > high):
+            span = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ProtocolError(f"{address}: Describe reports {what} {value}, outside {span}")
+    for model in reply.models:
+        try:
+            check_model_id(model.model_id)
+        except ValueError as exc:
+            raise ProtocolError(f"{address}: Describe reports a bad model: {exc}") from None
 
 
 class CollectCall(Protocol):

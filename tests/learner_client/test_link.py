@@ -563,14 +563,19 @@ def test_link_a_waiting_take_claims_a_batch_as_it_arrives_for_actors_with_slow_b
     when the actor's last batch took ``CLAIM_AFTER_S`` or more; else when batch 2 is taken."""
     monkeypatch.setattr(_link, "CLAIM_AFTER_S", claim_after_s)
     seen_at_credit: list[int] = []  # the last seq the link had accepted when a credit left
-    mailbox = Mailbox(
-        1,
-        send_credit=lambda w, n: seen_at_credit.append(r.link.tracker.last),
-        send_ack=lambda w, s: None,
-    )
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def send_credit(worker_id: int, batches: int) -> None:
+        seen_at_credit.append(r.link.tracker.last)
+        stream = r.link._stream  # the credit reaches the session (batch 2 needs one)
+        if stream is not None:
+            loops[0].call_soon_threadsafe(stream.grant, batches)
+
+    mailbox = Mailbox(1, send_credit=send_credit, send_ack=lambda w, s: None)
     r = rig(FakeChannel([[opened(), batch(1)]]), mailbox=mailbox)
 
     async def scenario() -> None:
+        loops.append(asyncio.get_running_loop())
         r.link.start(SETTINGS)
         await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
         first = r.mailbox.take_any(0)

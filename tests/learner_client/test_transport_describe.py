@@ -41,5 +41,7 @@ def test_actor_description_from_response_decodes_every_field() -> None:
 
 
 def test_actor_description_from_response_reads_an_actor_without_kind_as_env() -> None:
-    description = ActorDescription.from_response("a:1", pb.DescribeResponse(worker_id=0))
+    description = ActorDescription.from_response(
+        "a:1", pb.DescribeResponse(worker_id=0, epoch=1, num_envs=1)
+    )
     assert (description.kind, description.busy, description.learner_id) == ("env", False, "")

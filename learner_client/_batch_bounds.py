@@ -1,0 +1,103 @@
+"""What an actor's batches may claim in one ``Collect`` session, checked before they are used.
+
+Every number a ``BatchInfo`` carries comes from the peer. A :class:`BatchBounds` per
+session holds the facts the learner knows for itself (the epoch and first new seq the
+actor's ``opened`` gave, the credits granted since, the session's settings) and checks
+each batch against them: its epoch is the session's; its seq lies between 1 and the last
+seq the credits granted so far allow (a batch is started only on a credit, so a larger
+seq was never collected); its ``model_id`` is the session's; its policy versions form a
+range within ``[0, MAX_POLICY_VERSION]``; its frames are no more than its rows (an LLM
+batch of last steps counts each dialog's turns, at most its turn limit); and its rows are
+no more than its bytes (every batch holds at least one byte per row, its done flags or
+its tokens), so a small packet cannot make the learner allocate by a large declared
+batch size. A batch that fails raises :class:`~common.errors.ProtocolError`; the link
+drops it with the stream and reconnects.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from tensordict import TensorDictBase
+
+from common.config import CollectSettings
+from common.errors import ProtocolError
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.weights import MAX_POLICY_VERSION
+
+__all__ = ["BatchBounds"]
+
+#: The turns an LLM dialog may count when the session does not set its own limit:
+#: ``LLMSettings.max_turns``'s own upper bound.
+_MAX_DIALOG_TURNS = 1 << 20
+
+
+class BatchBounds:
+    """The checks one session's batches pass (use on the learner's event loop).
+
+    Args:
+        address: The actor's address, for messages.
+        settings: The session's settings.
+        credits: Credits granted in ``open``.
+    """
+
+    def __init__(self, address: str, settings: CollectSettings, credits: int) -> None:
+        self._address = address
+        self._model_id = settings.model_id
+        self._frames_per_row = 1
+        llm = settings.llm
+        if llm is not None and llm.yield_only_last_steps:
+            self._frames_per_row = llm.max_turns or _MAX_DIALOG_TURNS
+        self._credits = credits
+        self._epoch = 0
+        self._next_seq = 1
+
+    def opened(self, epoch: int, next_seq: int) -> None:
+        """The actor's ``opened``: the session's epoch and its first new seq."""
+        if epoch < 1 or next_seq < 1:
+            raise ProtocolError(
+                f"{self._address}: 'opened' gives epoch {epoch} and next_seq {next_seq}; "
+                "both start at 1"
+            )
+        self._epoch, self._next_seq = epoch, next_seq
+
+    def granted(self, batches: int) -> None:
+        """Count credits granted after ``open``."""
+        self._credits += batches
+
+    def check_info(self, info: pb.BatchInfo) -> None:
+        """Check a batch's info as its first chunk arrives (before anything is allocated)."""
+        if info.epoch != self._epoch:
+            self._refuse(info, f"epoch {info.epoch}, but the session is epoch {self._epoch}")
+        last = self._next_seq - 1 + self._credits
+        if not 1 <= info.seq <= last:
+            self._refuse(info, f"a seq outside 1..{last} (the credits granted allow no more)")
+        if info.model_id and info.model_id != self._model_id:
+            self._refuse(
+                info,
+                f"model_id {info.model_id!r:.80}; the session collects with {self._model_id!r}",
+            )
+        low, high = info.policy_version_min, info.policy_version_max
+        if not low <= high <= MAX_POLICY_VERSION:
+            self._refuse(
+                info, f"policy versions {low}..{high}, not a range within 0..{MAX_POLICY_VERSION}"
+            )
+
+    def check_batch(self, info: pb.BatchInfo, batch: TensorDictBase) -> int:
+        """Check a decoded batch against its info; return the frames it counts for.
+
+        A ``frames`` of 0 (an actor that does not count them) counts the batch's rows.
+        """
+        rows = batch.numel()
+        if rows > info.total_bytes:
+            self._refuse(
+                info,
+                f"{rows} rows in {info.total_bytes} bytes; a batch holds at least a byte per row",
+            )
+        most = rows * self._frames_per_row
+        if info.frames > most:
+            self._refuse(info, f"{info.frames} frames for {rows} rows (at most {most})")
+        return info.frames or rows
+
+    def _refuse(self, info: pb.BatchInfo, what: str) -> NoReturn:
+        raise ProtocolError(f"{self._address}: batch seq {info.seq} claims {what}")

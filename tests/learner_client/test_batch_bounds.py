@@ -1,0 +1,94 @@
+"""BatchBounds: what one session's batches may claim, at the edges an honest actor reaches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from common.config import CollectSettings
+from common.errors import ProtocolError
+from common.llm import LLMSettings
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.weights import MAX_POLICY_VERSION
+from learner_client._batch_bounds import BatchBounds
+
+SETTINGS = CollectSettings(frames_per_batch=8)
+
+
+def info(seq: int, **fields: int | str) -> pb.BatchInfo:
+    values: dict = {"epoch": 3, "seq": seq, "frames": 8, "total_bytes": 1000} | fields
+    return pb.BatchInfo(**values)
+
+
+def bounds(settings: CollectSettings = SETTINGS, credits: int = 2, next_seq: int = 1):
+    checked = BatchBounds("actor:1", settings, credits)
+    checked.opened(3, next_seq)
+    return checked
+
+
+def test_seqs_follow_the_credits_granted() -> None:
+    checked = bounds(credits=2)
+    checked.check_info(info(1))
+    checked.check_info(info(2))
+    with pytest.raises(ProtocolError, match=r"batch seq 3 claims a seq outside 1\.\.2"):
+        checked.check_info(info(3))
+    checked.granted(1)
+    checked.check_info(info(3))
+
+
+def test_a_resumed_session_resends_older_seqs_and_continues_from_next_seq() -> None:
+    checked = bounds(credits=1, next_seq=11)  # seqs 7..10 retained, re-sent first
+    for seq in (7, 8, 9, 10, 11):
+        checked.check_info(info(seq))
+    with pytest.raises(ProtocolError, match=r"seq outside 1\.\.11"):
+        checked.check_info(info(12))
+    with pytest.raises(ProtocolError, match="seq outside"):
+        checked.check_info(info(0))
+
+
+def test_opened_must_start_at_one() -> None:
+    with pytest.raises(ProtocolError, match="both start at 1"):
+        BatchBounds("actor:1", SETTINGS, 1).opened(0, 1)
+    with pytest.raises(ProtocolError, match="both start at 1"):
+        BatchBounds("actor:1", SETTINGS, 1).opened(3, 0)
+
+
+def test_versions_form_a_range_up_to_the_largest_version() -> None:
+    checked = bounds()
+    checked.check_info(info(1, policy_version_min=0, policy_version_max=MAX_POLICY_VERSION))
+    checked.check_info(info(1, policy_version_min=4, policy_version_max=4))
+    with pytest.raises(ProtocolError, match="not a range"):
+        checked.check_info(info(1, policy_version_max=MAX_POLICY_VERSION + 1))
+
+
+def test_an_empty_model_id_is_the_sessions() -> None:
+    bounds().check_info(info(1, model_id=""))
+    bounds().check_info(info(1, model_id="policy"))
+
+
+def test_frames_are_at_most_the_rows_and_zero_counts_the_rows() -> None:
+    batch = TensorDict({"done": torch.zeros(2, 4, dtype=torch.bool)}, batch_size=[2, 4])
+    checked = bounds()
+    assert checked.check_batch(info(1, frames=8), batch) == 8
+    assert checked.check_batch(info(1, frames=5), batch) == 5  # split_trajs: the real frames
+    assert checked.check_batch(info(1, frames=0), batch) == 8
+    with pytest.raises(ProtocolError, match="9 frames for 8 rows"):
+        checked.check_batch(info(1, frames=9), batch)
+    with pytest.raises(ProtocolError, match="8 rows in 7 bytes"):
+        checked.check_batch(info(1, total_bytes=7), batch)
+
+
+def test_an_llm_batch_of_last_steps_counts_each_dialogs_turns() -> None:
+    rows = TensorDict({"done": torch.zeros(3, dtype=torch.bool)}, batch_size=[3])
+    last_steps = CollectSettings(
+        frames_per_batch=3, llm=LLMSettings(yield_only_last_steps=True, max_turns=4)
+    )
+    checked = bounds(last_steps)
+    assert checked.check_batch(info(1, frames=12), rows) == 12
+    with pytest.raises(ProtocolError, match="13 frames for 3 rows"):
+        checked.check_batch(info(1, frames=13), rows)
+    unlimited = CollectSettings(frames_per_batch=3, llm=LLMSettings(yield_only_last_steps=True))
+    assert bounds(unlimited).check_batch(info(1, frames=3000), rows) == 3000
+    with pytest.raises(ProtocolError, match="frames for 3 rows"):
+        bounds(unlimited).check_batch(info(1, frames=2**64 - 1), rows)

@@ -1,0 +1,216 @@
+"""A real gRPC server speaking rlfleet.v1 as a hostile actor: every number it sends is checked.
+
+The server answers Describe with a real actor's description (one field changed where a test
+says so) and a ``Collect`` with ``opened`` and then the batches a test builds, byte for byte
+as an actor frames them. The collector must refuse what no actor sends (a frame count of
+2^64-1, a seq far beyond the credits granted, a batch size with no data behind it, another
+epoch, an inverted version range), count none of it, name it in the error the user sees,
+and retry that actor with a growing backoff, not in a tight loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from tensordict import TensorDict
+
+from actor_service import ActorConfig, create_server
+from common.errors import EnvError, ProtocolError
+from common.packets import encode_packet, packet_crc32c
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from learner_client import GrpcCollector, MissingWorkersError
+
+U64 = 2**64 - 1
+FRAMES = 8  # one env, 8 steps a batch
+EPOCH = 41
+
+Batch = Callable[[int], pb.CollectResponse]
+
+
+def _data(batch_size: list[int], *, empty: bool = False) -> TensorDict:
+    if empty:
+        return TensorDict({}, batch_size=batch_size)
+    done = torch.zeros(*batch_size, 1, dtype=torch.bool)
+    return TensorDict(
+        {
+            "observation": torch.zeros(*batch_size, 4),
+            "action": torch.zeros(*batch_size, dtype=torch.int64),
+            "done": done,
+            "next": {"observation": torch.zeros(*batch_size, 4), "done": done.clone(),
+                     "reward": torch.ones(*batch_size, 1)},
+        },
+        batch_size=batch_size,
+    )  # fmt: skip
+
+
+def batch(seq: int, td: TensorDict | None = None, **info: Any) -> pb.CollectResponse:
+    """Batch ``seq`` as one chunk; ``info`` overrides what an honest actor would say."""
+    packet = encode_packet(_data([1, FRAMES]) if td is None else td)
+    fields = {"worker_id": 0, "epoch": EPOCH, "seq": seq, "frames": FRAMES, "model_id": "policy"}
+    fields |= info
+    described = pb.BatchInfo(total_bytes=packet.nbytes, crc32c=packet_crc32c(packet), **fields)
+    chunk = pb.BatchChunk(seq=seq, index=0, count=1, data=packet.tobytes(), info=described)
+    return pb.CollectResponse(chunk=chunk)
+
+
+class HostileActor(pb_grpc.ActorServiceServicer):
+    """Describes itself as ``description`` says and sends ``batches(seq)`` for seq 1, 2..."""
+
+    def __init__(self, description: pb.DescribeResponse, batches: Batch) -> None:
+        self.description = description
+        self.batches = batches
+        self.sessions = 0
+        self._lock = threading.Lock()
+
+    def Describe(self, request: pb.DescribeRequest, context: Any) -> pb.DescribeResponse:
+        return self.description
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        opening = next(requests).open
+        with self._lock:
+            self.sessions += 1
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+        seq = 1
+        later = (r.credit.batches if r.HasField("credit") else 0 for r in requests)
+        for granted in itertools.chain([opening.credits], later):  # a batch per credit
+            for _ in range(granted):
+                yield self.batches(seq)
+                seq += 1
+
+
+@pytest.fixture(scope="module")
+def description() -> pb.DescribeResponse:
+    """A real CartPole actor's Describe, under the hostile actor's epoch."""
+    config = ActorConfig(host="127.0.0.1", port=0, num_envs=1)  # CartPole-v1
+    with create_server(config).run_in_thread() as actor:
+        channel = grpc.insecure_channel(f"127.0.0.1:{actor.port}")
+        reply = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
+        channel.close()
+    reply.epoch = EPOCH
+    return reply
+
+
+def serve(servicer: HostileActor) -> tuple[grpc.Server, str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_ActorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_an_honest_batch_from_the_test_server_is_yielded(description) -> None:
+    """The harness itself: the same server's honest batches reach the user."""
+    servicer = HostileActor(description, lambda seq: batch(seq))
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector([address], frames_per_batch=FRAMES, total_frames=2 * FRAMES) as c:
+            batches = list(c)
+            frames = c.stats()["frames"]
+    finally:
+        server.stop(None)
+    assert [b.numel() for b in batches] == [FRAMES, FRAMES]
+    assert frames == 2 * FRAMES
+
+
+HOSTILE = {
+    "frames_2^64-1": (lambda seq: batch(seq, frames=U64), "18446744073709551615 frames"),
+    "frames_beyond_rows": (lambda seq: batch(seq, frames=FRAMES + 1), "9 frames for 8 rows"),
+    "seq_far_ahead": (lambda seq: batch(seq + 2**40), "a seq outside"),
+    "seq_2^64-1": (lambda seq: batch(U64), "a seq outside"),
+    "other_epoch": (lambda seq: batch(seq, epoch=EPOCH + 1), f"epoch {EPOCH + 1}"),
+    "versions_inverted": (
+        lambda seq: batch(seq, policy_version_min=5, policy_version_max=4),
+        "policy versions 5..4",
+    ),
+    "version_2^64-1": (lambda seq: batch(seq, policy_version_max=U64), "policy versions 0.."),
+    "other_model": (lambda seq: batch(seq, model_id="critic"), "model_id 'critic'"),
+    # 2 x 2^26 rows in a packet of a few hundred bytes: refused before the learner's worker
+    # tag (8 bytes a row) would allocate 1 GiB for it.
+    "rows_without_data": (
+        lambda seq: batch(seq, _data([2, 2**26], empty=True), frames=0),
+        "a byte per row",
+    ),
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE), ids=list(HOSTILE))
+def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
+    description, hostile: str
+) -> None:
+    batches, named = HOSTILE[hostile]
+    servicer = HostileActor(description, batches)
+    server, address = serve(servicer)
+    timeout = 2.0
+    try:
+        with GrpcCollector(
+            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=timeout
+        ) as collector:
+            started = time.monotonic()
+            with pytest.raises(MissingWorkersError) as raised:
+                collector.next()
+            waited = time.monotonic() - started
+            stats = collector.stats()
+    finally:
+        server.stop(None)
+    assert "ProtocolError" in str(raised.value)
+    assert named in str(raised.value)
+    assert (stats["frames"], stats["batches"]) == (0, 0)
+    # The backoff (0.1 s, doubling per bad session, jittered 50-100 %) allows at most 6
+    # sessions in 2 s; a backoff reset after each 'opened' made about 22.
+    assert waited < 2 * timeout
+    assert 2 <= servicer.sessions <= 6, servicer.sessions
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("num_envs", 0, "num_envs 0, outside 1..4096"),
+        ("num_envs", 2**32 - 1, "num_envs 4294967295"),
+        ("epoch", 0, "epoch 0"),
+        ("worker_id", 2**32 - 1, "worker_id 4294967295, outside 0..65535"),
+        ("max_credits", 10**9, "max_credits 1000000000, outside 0..1024"),
+        ("version", U64, "the version of model 'policy' 18446744073709551615"),
+        ("model_id", "m" * 65, "model_id must be a non-empty string of at most 64"),
+    ],
+)
+def test_a_description_outside_an_actors_ranges_is_refused_at_construction(
+    description, field: str, value: object, named: str
+) -> None:
+    hostile = pb.DescribeResponse()
+    hostile.CopyFrom(description)
+    if field in ("version", "model_id"):
+        setattr(hostile.models[0], field, value)
+    else:
+        setattr(hostile, field, value)
+    server, address = serve(HostileActor(hostile, lambda seq: batch(seq)))
+    try:
+        with pytest.raises(ProtocolError, match=named):
+            GrpcCollector([address], frames_per_batch=FRAMES, connect_timeout=5.0)
+    finally:
+        server.stop(None)
+
+
+def test_an_end_carrying_megabytes_of_text_reaches_the_user_cut(description) -> None:
+    """An ``end`` whose env failure fills 3 MB: the EnvError the user gets stays readable."""
+    failure = pb.EnvFailure(env="e" * 1_000_000, exception_type="T" * 1_000_000,
+                            exception_message="line\n" * 200_000)  # fmt: skip
+    end = pb.StreamEnd(reason=pb.END_REASON_ERROR, message="m " * 500_000, env_failure=failure)
+    server, address = serve(HostileActor(description, lambda seq: pb.CollectResponse(end=end)))
+    try:
+        collector = GrpcCollector([address], frames_per_batch=FRAMES, batch_timeout=20.0)
+        with collector, pytest.raises(EnvError) as raised:
+            collector.next()
+    finally:
+        server.stop(None)
+    assert len(str(raised.value)) < 8000
+    assert "line\nline\n" in str(raised.value)  # a traceback keeps its lines
+    assert raised.value.exception_type == "T" * 997 + "..."
