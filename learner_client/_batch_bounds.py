@@ -7,7 +7,9 @@ each batch against them: its epoch is the session's; its seq lies between 1 and 
 seq the credits granted so far allow (a batch is started only on a credit, so a larger
 seq was never collected); its ``model_id`` is the session's; its policy versions form a
 range within ``[0, MAX_POLICY_VERSION]``; its frames are no more than its rows (an LLM
-batch of last steps counts each dialog's turns, at most its turn limit); and its rows are
+batch of last steps counts each dialog's turns, at most its turn limit); a batch of steps
+has the session's shape (``frames_per_batch`` frames, ``frames_per_batch // num_envs``
+steps last); and its rows are
 no more than its bytes (every batch holds at least one byte per row, its done flags or
 its tokens), so a small packet cannot make the learner allocate by a large declared
 batch size. A batch that fails raises :class:`~common.errors.ProtocolError`; the link
@@ -39,15 +41,25 @@ class BatchBounds:
         address: The actor's address, for messages.
         settings: The session's settings.
         credits: Credits granted in ``open``.
+        num_envs: The actor's env pool (chat slots) as Describe reported it.
     """
 
-    def __init__(self, address: str, settings: CollectSettings, credits: int) -> None:
+    def __init__(
+        self, address: str, settings: CollectSettings, credits: int, num_envs: int
+    ) -> None:
         self._address = address
         self._model_id = settings.model_id
         self._frames_per_row = 1
         llm = settings.llm
         if llm is not None and llm.yield_only_last_steps:
             self._frames_per_row = llm.max_turns or _MAX_DIALOG_TURNS
+        # Batches of steps are [envs, T] (an env pool of more dims: [*envs, T]) with
+        # T = frames_per_batch // num_envs; split trajectories and LLM dialogs vary.
+        self._steps: int | None = None
+        self._rows = 0
+        if not settings.split_trajs and (llm is None or not llm.trajectories):
+            self._steps = settings.frames_per_batch // max(num_envs, 1)
+            self._rows = self._steps * num_envs
         self._credits = credits
         self._epoch = 0
         self._next_seq = 1
@@ -89,6 +101,13 @@ class BatchBounds:
         A ``frames`` of 0 (an actor that does not count them) counts the batch's rows.
         """
         rows = batch.numel()
+        steps = self._steps
+        if steps is not None and (rows != self._rows or batch.batch_size[-1:] != (steps,)):
+            self._refuse(
+                info,
+                f"batch size {list(batch.batch_size)}; the session's batches are "
+                f"{self._rows} frames, {steps} steps of each env",
+            )
         if rows > info.total_bytes:
             self._refuse(
                 info,

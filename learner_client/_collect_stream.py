@@ -175,6 +175,8 @@ class CollectStream:
         allocate: Gives the buffer each batch is received into; None allocates fresh ones.
         shm_batches: Ask for batches through shared memory (the actor shares this host);
             called for each batch read from a segment. None: batches come as bytes.
+        num_envs: The actor's env pool (chat slots) as Describe reported it: the shape of
+            its batches of steps.
     """
 
     def __init__(
@@ -188,6 +190,7 @@ class CollectStream:
         learner_id: str,
         allocate: Callable[[int], Any] | None = None,
         shm_batches: Callable[[], None] | None = None,
+        num_envs: int,
     ) -> None:
         self.address = channel.address
         self._allocate = allocate
@@ -199,7 +202,7 @@ class CollectStream:
         shm = shm_batches is not None
         opening = _open_request(settings, credits, resume, take_over, learner_id, shm)
         self._outbox.put_nowait(opening)
-        self._bounds = BatchBounds(self.address, settings, credits)
+        self._bounds = BatchBounds(self.address, settings, credits, num_envs)
         self._closing = False
         self._acks_in_credit = False  # the actor's SessionOpened says whether it reads them
         self._call = channel.start_collect(self._requests())

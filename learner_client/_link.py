@@ -422,6 +422,7 @@ class ActorLink(Generic[C]):
             learner_id=self._conn.learner_id,
             allocate=self._allocate,
             shm_batches=self._shm_batches(),
+            num_envs=self.description.num_envs,
         )
         self._stream = stream
         self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost

@@ -32,7 +32,7 @@ from common.config import (
     check_model_id,
     client_channel_options,
 )
-from common.errors import ProtocolError, SessionStateError, from_status
+from common.errors import ProtocolError, SessionStateError, from_status, one_line
 from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -558,9 +558,9 @@ class ActorChannel:
                 requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=connection > 0
             )
         if r.shm_refused:
-            raise ShmRefusedError(f"{self.address}: {r.shm_refused}")
+            raise ShmRefusedError(f"{self.address}: {one_line(r.shm_refused)}")
         if r.relay_failed:
-            raise RelayFailedError(f"{self.address}: {r.relay_failed}")
+            raise RelayFailedError(f"{self.address}: {one_line(r.relay_failed)}")
         outcome = _OUTCOMES.get(r.outcome)
         if part:  # staged: an older version stays in force; completed: this one is
             fits = (outcome is PushOutcome.STAGED and r.version < version) or (

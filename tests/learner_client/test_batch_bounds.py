@@ -22,7 +22,7 @@ def info(seq: int, **fields: int | str) -> pb.BatchInfo:
 
 
 def bounds(settings: CollectSettings = SETTINGS, credits: int = 2, next_seq: int = 1):
-    checked = BatchBounds("actor:1", settings, credits)
+    checked = BatchBounds("actor:1", settings, credits, num_envs=2)
     checked.opened(3, next_seq)
     return checked
 
@@ -49,9 +49,9 @@ def test_a_resumed_session_resends_older_seqs_and_continues_from_next_seq() -> N
 
 def test_opened_must_start_at_one() -> None:
     with pytest.raises(ProtocolError, match="both start at 1"):
-        BatchBounds("actor:1", SETTINGS, 1).opened(0, 1)
+        BatchBounds("actor:1", SETTINGS, 1, 2).opened(0, 1)
     with pytest.raises(ProtocolError, match="both start at 1"):
-        BatchBounds("actor:1", SETTINGS, 1).opened(3, 0)
+        BatchBounds("actor:1", SETTINGS, 1, 2).opened(3, 0)
 
 
 def test_versions_form_a_range_up_to_the_largest_version() -> None:
@@ -92,3 +92,17 @@ def test_an_llm_batch_of_last_steps_counts_each_dialogs_turns() -> None:
     assert bounds(unlimited).check_batch(info(1, frames=3000), rows) == 3000
     with pytest.raises(ProtocolError, match="frames for 3 rows"):
         bounds(unlimited).check_batch(info(1, frames=2**64 - 1), rows)
+
+
+def test_a_batch_of_steps_has_the_sessions_shape() -> None:
+    def rows(*shape: int) -> TensorDict:
+        return TensorDict({"done": torch.zeros(*shape, dtype=torch.bool)}, batch_size=shape)
+
+    checked = bounds()  # 8 frames from 2 envs: [2, 4]
+    assert checked.check_batch(info(1), rows(2, 4)) == 8
+    assert checked.check_batch(info(1), rows(1, 2, 4)) == 8  # an env pool of more dims
+    for shape in [(4, 2), (1, 8), (2, 3), (8,)]:
+        with pytest.raises(ProtocolError, match=r"8 frames, 4 steps of each env"):
+            checked.check_batch(info(1, frames=0), rows(*shape))
+    split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
+    assert split.check_batch(info(1, frames=7), rows(3, 4)) == 7  # trajectories, padded

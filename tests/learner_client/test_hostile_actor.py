@@ -133,9 +133,14 @@ HOSTILE = {
     ),
     "version_2^64-1": (lambda seq: batch(seq, policy_version_max=U64), "policy versions 0.."),
     "other_model": (lambda seq: batch(seq, model_id="critic"), "model_id 'critic'"),
+    "wrong_shape": (lambda seq: batch(seq, _data([2, 4]), frames=8), "batch size [2, 4]"),
     # 2 x 2^26 rows in a packet of a few hundred bytes: refused before the learner's worker
-    # tag (8 bytes a row) would allocate 1 GiB for it.
+    # tag (8 bytes a row) would allocate 1 GiB for it, as steps and as split trajectories.
     "rows_without_data": (
+        lambda seq: batch(seq, _data([2, 2**26], empty=True), frames=0),
+        "batch size [2, 6710",
+    ),
+    "split_rows_without_data": (
         lambda seq: batch(seq, _data([2, 2**26], empty=True), frames=0),
         "a byte per row",
     ),
@@ -150,10 +155,12 @@ def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
     servicer = HostileActor(description, batches)
     server, address = serve(servicer)
     timeout = 2.0
+    split = {"split_trajs": True} if hostile.startswith("split") else {}
     try:
         with GrpcCollector(
-            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=timeout
-        ) as collector:
+            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=timeout,
+            **split,
+        ) as collector:  # fmt: skip
             started = time.monotonic()
             with pytest.raises(MissingWorkersError) as raised:
                 collector.next()

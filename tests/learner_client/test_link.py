@@ -618,7 +618,13 @@ def test_acks_and_credits_reach_the_stream_in_one_wake_up(acks_in_credit: bool) 
 
     async def attach() -> CollectStream:
         stream = CollectStream(
-            channel, SETTINGS, credits=0, resume=(0, 0), take_over=False, learner_id="l"
+            channel,
+            SETTINGS,
+            credits=0,
+            resume=(0, 0),
+            take_over=False,
+            learner_id="l",
+            num_envs=2,
         )
         await stream.opened(5)
         streams.attach(0, stream)
