@@ -193,7 +193,9 @@ class GrpcLLMCollector:
         postproc: Applied to every batch after the layout.
         reset_at_each_iter: Restart every slot's dialog at each batch (counted as dropped
             on the actors).
-        track_policy_version: Keep ``policy_version`` in batches (always recorded).
+        track_policy_version: Keep ``policy_version`` in batches (TorchRL's default, False,
+            leaves it out; the actors always record it, and ``policy_version`` and the
+            push counters do not depend on it).
         sync: One batch from every actor per iteration, or first ready, first served.
         group_size: GRPO G: each prompt answered G times on one actor, marked by
             ``("collector", "group_id")``; a batch never splits a group.
@@ -232,7 +234,7 @@ class GrpcLLMCollector:
         queue_overflow: str = "block",
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
         reset_at_each_iter: bool = False,
-        track_policy_version: bool = True,
+        track_policy_version: bool = False,
         sync: bool = False,
         group_size: int = 1,
         generation: Mapping[str, Any] | None = None,

@@ -25,7 +25,8 @@ def test_a_cuda_llm_actor_decodes_in_bf16_and_a_bf16_learner_agrees() -> None:
         LocalFleet(1, kind="llm", policy_kwargs=TINY, num_envs=4, seed=0,
                    extra_args=["--device", "cuda"]) as fleet,
         GrpcLLMCollector(fleet.addresses, dialog_turns_per_batch=4, total_dialog_turns=8,
-                         sync=True, generation=generation, layout="padded") as collector,
+                         sync=True, generation=generation, layout="padded",
+                         track_policy_version=True) as collector,
     ):  # fmt: skip
         batches = iter(collector)
         first = next(batches).reshape(-1)

@@ -147,6 +147,7 @@ def test_lora_actor_generates_with_the_pushed_adapter(lora_actor) -> None:
         dialog_turns_per_batch=2,
         total_dialog_turns=2,
         sync=True,
+        track_policy_version=True,
         generation={"max_new_tokens": 2},
     ) as collector:
         version = collector.update_policy_weights_(learner, only_trainable=True)[0]

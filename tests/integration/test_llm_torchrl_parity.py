@@ -97,6 +97,7 @@ def _rlfleet_batch(fleet, **modes):
         total_dialog_turns=len(QUERIES) * TURNS,
         sync=True,
         generation={"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
+        track_policy_version=True,  # as TorchRL's collector above
         **modes,
     ) as collector:
         return next(iter(collector))

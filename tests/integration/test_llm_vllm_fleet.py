@@ -63,6 +63,7 @@ def test_kill_9_mid_batch_loses_whole_groups_and_the_restarted_actor_gets_curren
             total_dialog_turns=-1,
             yield_completed_trajectories=True,
             group_size=2,
+            track_policy_version=True,
             generation={"max_new_tokens": 16},
             batch_timeout=120.0,
         ) as collector,
@@ -104,7 +105,7 @@ def test_prefix_caching_never_serves_kv_computed_with_older_weights(monkeypatch)
         GrpcLLMCollector(
             fleet.addresses, dialog_turns_per_batch=SLOTS, total_dialog_turns=-1, sync=True,
             layout="padded", generation={"max_new_tokens": 6, "temperature": 0.0},
-            batch_timeout=120.0,
+            batch_timeout=120.0, track_policy_version=True,
         ) as collector,
     ):  # fmt: skip
         batches = iter(collector)

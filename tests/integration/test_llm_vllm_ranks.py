@@ -73,6 +73,7 @@ def test_two_ranks_push_the_same_versions_and_each_vllm_actor_serves_them(monkey
                     layout="padded",
                     generation={"max_new_tokens": 4},
                     batch_timeout=120.0,
+                    track_policy_version=True,
                     rank=rank,
                     world_size=2,
                     learner_id="job",

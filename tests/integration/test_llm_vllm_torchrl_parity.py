@@ -90,6 +90,7 @@ def _rlfleet_batch():
             sync=True,
             generation={"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
             batch_timeout=120.0,
+            track_policy_version=True,  # as TorchRL's collector above
         ) as collector,
     ):
         return next(iter(collector))

@@ -77,6 +77,7 @@ def test_async_completed_trajectories_hold_whole_groups(llm_fleet) -> None:
     assert stats["turns"] - batches[-1].numel() < 24  # it stopped at the first batch reaching it
     for batch in batches:
         assert batch.ndim == 1
+        assert batch.get("policy_version", None) is None  # track_policy_version=False
         assert bool(batch[-1]["next", "done"])  # whole dialogs only
         assert _groups_whole(batch, 2)
         assert len(set(batch["collector", "worker_id"].tolist())) == 1  # one actor per group
@@ -107,6 +108,7 @@ def test_a_push_between_sync_batches_makes_the_next_batch_the_new_version(llm_fl
         dialog_turns_per_batch=2 * SLOTS,
         total_dialog_turns=-1,
         sync=True,
+        track_policy_version=True,
     ) as collector:
         iterator = iter(collector)
         next(iterator)
@@ -284,6 +286,7 @@ def test_kill_9_loses_whole_groups_and_the_restarted_actor_gets_current_weights(
             yield_completed_trajectories=True,
             group_size=2,
             batch_timeout=30.0,
+            track_policy_version=True,
         ) as collector,
     ):
         version = max(collector.update_policy_weights_(model).values())

@@ -135,7 +135,7 @@ def _fleet_batches(monkeypatch, policy_kwargs: dict, extra: list[str]):
         collector = GrpcLLMCollector(
             fleet.addresses, dialog_turns_per_batch=4, total_dialog_turns=-1, sync=True,
             layout="padded", generation={"max_new_tokens": 8, "temperature": 0.0},
-            batch_timeout=120.0,
+            batch_timeout=120.0, track_policy_version=True,
         )  # fmt: skip
         with collector:
             yield collector
