@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import client_channel_options
+from common.errors import ProtocolError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import ActorDescription
@@ -48,7 +49,8 @@ class ActorStatus:
         frames_per_second: Rate since the previous round; None when unknown.
         pushes: The weight pushes it is receiving now (model_id, version, total and
             received bytes, source, seconds).
-        error: Why Describe failed (status code and details); empty when it did not.
+        error: Why Describe failed (status code and details, or a field no actor reports);
+            empty when it did not.
     """
 
     address: str
@@ -113,7 +115,10 @@ class Probe:
                 )
             except grpc.RpcError as exc:
                 return ActorStatus(address, health, error=_rpc_error(exc))
-        return _from_describe(address, health, reply)
+        try:
+            return _from_describe(address, health, reply)
+        except ProtocolError as exc:  # a Describe no actor sends: shown, not raised
+            return ActorStatus(address, health, error=str(exc))
 
     def _health(self, channel: grpc.Channel) -> str:
         stub = health_pb2_grpc.HealthStub(channel)

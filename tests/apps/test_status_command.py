@@ -244,3 +244,29 @@ def test_status_shows_a_draining_actor_not_serving(capsys: pytest.CaptureFixture
         stopping.join(30)
     assert code == 1
     assert (row["health"], row["session"], row["serving"]) == ("NOT_SERVING", "draining", False)
+
+
+class _OddDescribe(pb_grpc.ActorServiceServicer):
+    """Answers Describe with num_envs 0, which no actor reports."""
+
+    def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
+        return pb.DescribeResponse(worker_id=3, epoch=5, num_envs=0, max_credits=4)
+
+
+def test_status_shows_a_describe_no_actor_sends_as_that_actors_error() -> None:
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_ActorServiceServicer_to_server(_OddDescribe(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        result = rlfleet("status", f"127.0.0.1:{port}", "--json", "--interval", "0.2")
+    finally:
+        server.stop(None)
+    assert result.returncode == 1, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert "Describe reports num_envs 0, outside 1..4096" in row["error"]
