@@ -297,11 +297,19 @@ class GrpcLLMCollector:
     def set_postproc(self, postproc: Callable[[TensorDictBase], TensorDictBase] | None) -> None:
         """Apply ``postproc`` to every following batch, after the layout (TorchRL's method).
 
+        As in TorchRL, a collector takes one postproc: the one given here or at construction.
+
         Raises:
             TypeError: ``postproc`` is neither callable nor None.
+            RuntimeError: a postproc is already set (TorchRL's "Postproc already set").
         """
         if postproc is not None and not callable(postproc):
             raise TypeError(f"postproc must be callable or None, got {postproc!r:.60}")
+        if self._shaper.postproc is not None:
+            raise RuntimeError(
+                f"Postproc already set ({self._shaper.postproc!r:.60}); a collector takes one "
+                "postproc, as TorchRL's LLMCollector: compose both into one callable"
+            )
         self._shaper.postproc = postproc
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:

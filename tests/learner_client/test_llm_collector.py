@@ -342,7 +342,7 @@ def test_is_initialized_from_construction_until_shutdown(llm_fleet) -> None:
 
 def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
     """LLMCollector's and RayLLMCollector's arguments (read from the installed torchrl) are
-    GrpcLLMCollector's, each default accepted without a warning; set_postproc applies."""
+    GrpcLLMCollector's, each default accepted without a warning; set_postproc applies once, as TorchRL's."""
     import inspect
     import warnings
 
@@ -366,5 +366,8 @@ def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
         assert collector.next()["seen"].all()
         with pytest.raises(TypeError, match="postproc"):
             collector.set_postproc(3)  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="Postproc already set"):  # as TorchRL's
+            collector.set_postproc(lambda batch: batch)
+        assert collector.next()["seen"].all()  # the first one stays
     with pytest.warns(UserWarning, match="weight_updater"):
         _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, weight_updater=object()).shutdown()
