@@ -25,6 +25,28 @@ T = TypeVar("T")
 log = logging.getLogger("learner_client")
 
 
+def _drop_completions_of_closed_loops(
+    loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    """Report a loop's unhandled errors, less grpc's hand-offs to a closed loop.
+
+    grpc.aio's poller gives every completion to whichever loop reads its socket first, and
+    that loop forwards it to the call's own loop. A call of an earlier collector in this
+    process (its channel closed, its call cancelled) can complete after that collector's
+    loop closed; the forward then raises "Event loop is closed" here. Nothing waits on that
+    call any more and grpc goes on with the next completions, so it is dropped (debug log).
+    """
+    error = context.get("exception")
+    if (
+        isinstance(error, RuntimeError)
+        and str(error) == "Event loop is closed"
+        and "PollerCompletionQueue._handle_events" in repr(context.get("handle"))
+    ):
+        log.debug("dropped a grpc completion for a closed event loop (an earlier collector's)")
+        return
+    loop.default_exception_handler(context)
+
+
 class LoopThread:
     """An event loop running in a daemon thread.
 
@@ -34,6 +56,7 @@ class LoopThread:
 
     def __init__(self, name: str = "rlfleet-learner") -> None:
         self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(_drop_completions_of_closed_loops)
         self._closed = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()

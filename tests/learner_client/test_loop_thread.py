@@ -1,0 +1,80 @@
+"""The learner's loop thread: grpc completions of a closed collector's loop stay quiet."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import grpc
+import pytest
+
+from learner_client._loop_thread import LoopThread
+
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+# Nothing listens on port 9 (discard) here; wait_for_ready keeps a call pending to its deadline.
+_NOWHERE = "127.0.0.1:9"
+_KEPT: list[object] = []
+
+
+async def _pending_call(deadline: float) -> None:
+    channel = grpc.aio.insecure_channel(_NOWHERE)
+    call = channel.unary_unary("/rlfleet.v1.Nowhere/Call")(
+        b"", timeout=deadline, wait_for_ready=True
+    )
+    _KEPT.append((channel, call))  # referenced past this coroutine, as a session's call is
+
+
+async def _wait_in_grpc(seconds: float) -> None:
+    async with grpc.aio.insecure_channel(_NOWHERE) as channel:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await channel.unary_unary("/rlfleet.v1.Nowhere/Call")(
+                b"", timeout=seconds, wait_for_ready=True
+            )
+
+
+def test_a_late_completion_for_a_closed_loop_is_not_reported_by_the_next_collectors_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """grpc hands a completion whose loop is closed to the loop that reads its poller: the
+    next collector's. That loop drops it (debug log) instead of printing grpc's traceback."""
+    old = asyncio.new_event_loop()
+    thread = threading.Thread(target=old.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(_pending_call(0.5), old).result(5)
+    old.call_soon_threadsafe(old.stop)
+    thread.join(5)
+    old.close()  # the old call is still pending in grpc's core, bound to this closed loop
+
+    caplog.set_level(logging.DEBUG)
+    started = time.monotonic()
+    loop = LoopThread("test-next-collector")
+    try:
+        loop.run(_wait_in_grpc(1.5), 10)  # the old call's deadline passes meanwhile
+    finally:
+        loop.close(5)
+    assert time.monotonic() - started >= 1.0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert "closed event loop" in caplog.text  # it was seen, and dropped
+    _KEPT.clear()
+
+
+def test_other_errors_on_the_loop_are_still_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """The filter is narrow: a callback raising "Event loop is closed" itself, or any other
+    error, reaches asyncio's handler as before."""
+
+    def fails(message: str) -> None:
+        raise RuntimeError(message)
+
+    loop = LoopThread("test-errors")
+    try:
+        loop.call_soon(fails, "Event loop is closed")
+        loop.call_soon(fails, "a user's callback failed")
+        loop.run(asyncio.sleep(0.05), 5)
+    finally:
+        loop.close(5)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2, errors
+    assert all("Exception in callback" in e for e in errors), errors
