@@ -11,10 +11,11 @@ learner will not use.
 The layout follows TorchRL's ``MultiSyncCollector`` (``docs/collector.md``, sync and async
 batches): ``("collector", "worker_id")`` on every batch (the link tags each one as it
 arrives), the last dim named ``"time"``, sync batches stacked in worker_id order (a lazy
-stack when the actors' shapes differ), concatenated with ``cat_results=0``, or zero-padded
-trajectories with ``split_trajs``. A stacked entry whose per-actor tensors were received
-into one slab (:mod:`learner_client._slabs`) is a strided view of it rather than a copy, so
-it is not contiguous (``view`` across dim 0 needs ``.contiguous()`` first).
+stack, with a warning, when the actors' shapes or entries differ), concatenated with
+``cat_results=0``, or zero-padded trajectories with ``split_trajs``. A stacked entry whose
+per-actor tensors were received into one slab (:mod:`learner_client._slabs`) is a strided
+view of it rather than a copy, so it is not contiguous (``view`` across dim 0 needs
+``.contiguous()`` first).
 
 Where batches are delivered is TorchRL's ``device`` / ``storing_device``: a batch is yielded
 (and stored in a replay buffer) on ``storing_device``, or on ``device`` when only that is
@@ -50,7 +51,15 @@ from learner_client._settings import BatchSettings
 from learner_client._slabs import PacketSlabs
 from learner_client._weights import WeightBook
 
-__all__ = ["Placement", "Rounds", "WORKER_ID_KEY", "combine", "name_time_dim", "tag_worker"]
+__all__ = [
+    "Placement",
+    "Rounds",
+    "WORKER_ID_KEY",
+    "combine",
+    "entries_apart",
+    "name_time_dim",
+    "tag_worker",
+]
 
 log = logging.getLogger("learner_client")
 
@@ -100,6 +109,7 @@ class Rounds:
     metrics: LearnerMetrics
     missing_workers: list[int] = dataclasses.field(default_factory=list, init=False)
     last_workers: list[int] = dataclasses.field(default_factory=list, init=False)
+    _warned_apart: set[str] = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def _remaining_frames(self) -> int | None:
         s = self.settings
@@ -129,7 +139,19 @@ class Rounds:
         if not self.settings.sync:
             return parts[0]
         cat = "stack" if self.settings.cat_results is None else self.settings.cat_results
-        return combine(parts, cat_results=cat, split_trajs=bool(self.settings.split_trajs))
+        split = bool(self.settings.split_trajs)
+        apart = entries_apart(parts)
+        if apart is not None:
+            named = f"sync batch of worker_ids {self.last_workers}: {apart}"
+            if cat != "stack" or split:
+                raise ValueError(
+                    f"{named}; cat_results=0 and split_trajs need every actor's batch to hold "
+                    "the same entries (start the actors with the same env and policy)"
+                )
+            if apart not in self._warned_apart:
+                self._warned_apart.add(apart)
+                log.warning("%s; yielding a lazy stack, as TorchRL's MultiSyncCollector", named)
+        return combine(parts, cat_results=cat, split_trajs=split, dense=apart is None)
 
     def take_parts(self) -> list[TensorDictBase]:
         """The next batch as each actor sent it (``[envs, time]``), in worker_id order.
@@ -235,8 +257,37 @@ def tag_worker(batch: TensorDictBase, worker_id: int) -> TensorDictBase:
     return batch
 
 
+def entries_apart(batches: Sequence[TensorDictBase]) -> str | None:
+    """What keeps per-actor ``batches`` from one dense stack, in words; None when nothing.
+
+    Batches stack densely when they hold the same entries with the same shapes past their
+    batch dims (dtypes are promoted). Actors started with other envs or policies, or a
+    peer sending what no actor of this fleet sends, differ; the words name the entries.
+    """
+    leaves = [
+        {key: tuple(value.shape[b.batch_dims :]) for key, value in b.items(True, True)}
+        for b in batches
+    ]
+    first = leaves[0]
+    for index, other in enumerate(leaves[1:], start=1):
+        if other == first:
+            continue
+        only_first = sorted(map(str, first.keys() - other.keys()))[:5]
+        only_other = sorted(map(str, other.keys() - first.keys()))[:5]
+        shaped = sorted(str(k) for k in first.keys() & other.keys() if first[k] != other[k])[:5]
+        return (
+            f"batch {index} in worker_id order differs from the first: entries only in the "
+            f"first {only_first}, only in it {only_other}, of other shapes {shaped}"
+        )
+    return None
+
+
 def combine(
-    batches: Sequence[TensorDictBase], *, cat_results: str | int, split_trajs: bool
+    batches: Sequence[TensorDictBase],
+    *,
+    cat_results: str | int,
+    split_trajs: bool,
+    dense: bool = True,
 ) -> TensorDictBase:
     """Assemble one sync batch from per-actor batches (already in worker_id order).
 
@@ -244,6 +295,7 @@ def combine(
         batches: One tagged batch per actor.
         cat_results: ``"stack"`` or ``0``.
         split_trajs: The batches are split trajectories ``[trajs, time]``.
+        dense: False when :func:`entries_apart` found the batches apart: stacked lazily.
 
     Returns:
         The stacked or concatenated batch, last dim named ``"time"``.
@@ -257,9 +309,10 @@ def combine(
         return name_time_dim(torch.cat(_pad_time(batches), 0))
     if cat_results == 0:
         return name_time_dim(torch.cat(list(batches), 0))
-    if len({tuple(b.batch_size) for b in batches}) > 1:
+    if not dense or len({tuple(b.batch_size) for b in batches}) > 1:
         # Actors with different env pool sizes give different [envs, time]
-        # shapes; TorchRL's MultiSyncCollector returns a lazy stack then too.
+        # shapes, others other entries; TorchRL's MultiSyncCollector returns a
+        # lazy stack then too (maybe_dense_stack).
         return LazyStackedTensorDict.lazy_stack(list(batches), 0)
     out = _stack_views(batches)
     return name_time_dim(torch.stack(list(batches), 0) if out is None else out)

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 
 from actor_service import ActorConfig, create_server
 from common.errors import EnvError, ProtocolError
@@ -78,7 +78,10 @@ class HostileActor(pb_grpc.ActorServiceServicer):
         opening = next(requests).open
         with self._lock:
             self.sessions += 1
-        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+        worker_id = self.description.worker_id
+        yield pb.CollectResponse(
+            opened=pb.SessionOpened(worker_id=worker_id, epoch=EPOCH, next_seq=1)
+        )
         seq = 1
         later = (r.credit.batches if r.HasField("credit") else 0 for r in requests)
         for granted in itertools.chain([opening.credits], later):  # a batch per credit
@@ -221,3 +224,47 @@ def test_an_end_carrying_megabytes_of_text_reaches_the_user_cut(description) -> 
     assert len(str(raised.value)) < 8000
     assert "line\nline\n" in str(raised.value)  # a traceback keeps its lines
     assert raised.value.exception_type == "T" * 997 + "..."
+
+
+def _extra_entry(seq: int) -> pb.CollectResponse:
+    td = _data([1, FRAMES])
+    td["z"] = torch.ones(1, FRAMES, 3)  # an entry the other actor's batches lack
+    td["next", "observation"] = torch.zeros(1, FRAMES, 5)  # and another shape
+    return batch(seq, td, worker_id=1)
+
+
+@pytest.mark.parametrize("cat_results", ["stack", 0])
+def test_a_sync_round_whose_actors_send_other_entries_is_a_lazy_stack_or_a_clear_error(
+    description, cat_results: str | int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two actors whose batches hold other entries (other envs, or a peer sending what the
+    fleet does not): stacked lazily with one warning naming them, as TorchRL's
+    MultiSyncCollector's maybe_dense_stack; cat_results=0 raises a ValueError naming them
+    (it used to be tensordict's RuntimeError about exclusive keys)."""
+    other = pb.DescribeResponse()
+    other.CopyFrom(description)
+    other.worker_id = 1
+    servers = [serve(HostileActor(description, lambda seq: batch(seq))),
+               serve(HostileActor(other, _extra_entry))]  # fmt: skip
+    try:
+        with GrpcCollector(
+            [address for _, address in servers], sync=True, frames_per_batch=2 * FRAMES,
+            total_frames=6 * FRAMES, cat_results=cat_results, batch_timeout=20.0,
+        ) as collector:  # fmt: skip
+            if cat_results == 0:
+                with pytest.raises(ValueError, match=r"only in it \['z'\]") as raised:
+                    collector.next()
+                assert "('next', 'observation')" in str(raised.value)
+                return
+            batches = list(collector)
+    finally:
+        for server, _ in servers:
+            server.stop(None)
+    assert len(batches) == 3
+    assert all(isinstance(b, LazyStackedTensorDict) for b in batches)
+    assert batches[1][1]["z"].shape == (1, FRAMES, 3)
+    assert batches[1][0]["next", "observation"].shape == (1, FRAMES, 4)
+    assert "z" not in batches[1].keys()  # noqa: SIM118 (a lazy stack shows the shared entries)
+    warned = [r for r in caplog.records if "lazy stack" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert "worker_ids [0, 1]" in warned[0].getMessage()

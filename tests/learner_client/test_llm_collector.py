@@ -342,7 +342,8 @@ def test_is_initialized_from_construction_until_shutdown(llm_fleet) -> None:
 
 def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
     """LLMCollector's and RayLLMCollector's arguments (read from the installed torchrl) are
-    GrpcLLMCollector's, each default accepted without a warning; set_postproc applies once, as TorchRL's."""
+    GrpcLLMCollector's, each default accepted without a warning; set_postproc applies once,
+    as TorchRL's."""
     import inspect
     import warnings
 
