@@ -11,11 +11,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS_CAP", "GenerationSettings", "LLMSettings"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS_CAP", "MIN_TEMPERATURE", "GenerationSettings", "LLMSettings"]
 
 #: The most new tokens per turn an actor accepts unless configured otherwise.
 DEFAULT_MAX_NEW_TOKENS_CAP = 4096
 _MAX_STOP_TOKENS = 64
+#: The lowest sampling temperature: vLLM samples at 0.01 below it (and the recorded
+#: log-probs would not be those of the draw), and float32 ``logits / T`` overflows to
+#: NaN log-probs as T nears float32's range. 0 stays greedy.
+MIN_TEMPERATURE = 0.01
 
 
 def _int(name: str, value: Any, low: int, high: int) -> int:
@@ -35,7 +39,8 @@ class GenerationSettings:
 
     Attributes:
         max_new_tokens: Most tokens generated per turn (> 0, at most the actor's cap).
-        temperature: 0 is greedy (argmax); > 0 samples from ``softmax(logits / T)``.
+        temperature: 0 is greedy (argmax); from ``MIN_TEMPERATURE`` (0.01) it samples from
+            ``softmax(logits / T)``.
         top_p: Nucleus mass in (0, 1]; 1 is off.
         top_k: Keep the k most likely tokens; 0 is off.
         stop_token_ids: Tokens that end a response besides the tokenizer's EOS.
@@ -55,6 +60,12 @@ class GenerationSettings:
                 raise ValueError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
+                f"{self.temperature!r} (below it vLLM samples at {MIN_TEMPERATURE} and "
+                "logits / temperature overflows float32)"
+            )
         if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         _int("top_k", self.top_k, 0, 2**31 - 1)

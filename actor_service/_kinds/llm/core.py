@@ -37,10 +37,11 @@ from actor_service._config import ActorConfig
 from actor_service._core._base import CoreBase, TrajIds
 from actor_service._core._protocol import BatchRecorder
 from actor_service._kinds.llm.models import LLMModels
-from actor_service._kinds.llm.turns import Dialog, DialogEngine, Turn, pack_turns
-from common.config import CollectSettings
-from common.errors import SessionStateError
+from actor_service._kinds.llm.turns import Dialog, DialogEngine, PackedSize, Turn, pack_turns
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.errors import PacketTooLargeError, SessionStateError
 from common.llm import LLMSettings, build_task
+from common.packets import DEFAULT_LIMITS
 
 __all__ = ["LLMCore"]
 
@@ -98,6 +99,11 @@ class LLMCore(CoreBase):
         llm = settings.llm
         if llm is None:
             raise ValueError("this is an LLM actor: open the session with LLM settings")
+        if settings.frames_per_batch > MAX_FRAMES_PER_BATCH:
+            raise ValueError(
+                f"dialog_turns_per_batch={settings.frames_per_batch} is above the "
+                f"{MAX_FRAMES_PER_BATCH} dialog turns a batch may hold"
+            )
         if not llm.trajectories and settings.frames_per_batch % self.num_slots:
             raise ValueError(
                 f"dialog_turns_per_batch={settings.frames_per_batch} is not a multiple of "
@@ -167,13 +173,32 @@ class LLMCore(CoreBase):
     def _max_turns(self) -> int:
         return self._llm.max_turns or self.engine.task.max_turns
 
+    def _check_size(self, size: PackedSize, turns: list[Turn]) -> None:
+        """Count ``turns`` into this batch's ``size``; refuse a batch past the packet cap.
+
+        Raises:
+            PacketTooLargeError: The batch would not fit the packet cap learners decode
+                (every dialog restarts: what was held is dropped).
+        """
+        size.add(turns)
+        cap = DEFAULT_LIMITS.max_packet_bytes
+        if size.nbytes > cap:
+            self._restart()
+            raise PacketTooLargeError(
+                f"a batch of dialog_turns_per_batch={self._configured().frames_per_batch} "
+                f"holds more than the {cap}-byte packet cap allows ({size.rows} turns so "
+                f"far, about {size.nbytes} bytes): ask for fewer dialog turns per batch"
+            )
+
     def _steps(self, steps: int) -> list[Turn]:
         grid: list[list[Turn]] = [[] for _ in range(self.num_slots)]
+        size = PackedSize()
         for _ in range(steps):
             self._check_abandon()
             self._refill(whole_blocks=False)
             dialogs = [d for d in self._slots if d is not None]
             turns = self.engine.run(dialogs, self._llm.generation, self._max_turns(), self._gen)
+            self._check_size(size, turns)
             for slot, turn in enumerate(turns):
                 grid[slot].append(turn)
                 if turn.done:
@@ -182,12 +207,14 @@ class LLMCore(CoreBase):
 
     def _trajectories(self, wanted: int) -> tuple[list[Turn], int]:
         last_only = self._llm.yield_only_last_steps
+        size = PackedSize()  # every turn held, as the dialogs of this batch are
         while sum(self._rows(group, last_only) for group in self._ready) < wanted:
             self._check_abandon()
             self._refill(whole_blocks=True)
             active = [s for s, d in enumerate(self._slots) if d is not None]
             dialogs = [self._slots[s] for s in active]
             turns = self.engine.run(dialogs, self._llm.generation, self._max_turns(), self._gen)  # type: ignore[arg-type]
+            self._check_size(size, turns)
             for slot, turn in zip(active, turns, strict=True):
                 self._partial[slot].append(turn)
                 if turn.done:

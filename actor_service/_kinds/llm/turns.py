@@ -200,6 +200,37 @@ def _strings(values: list[Any], shape: tuple[int, ...]) -> NonTensorStack:
     return NonTensorStack.from_list(nested) if shape else NonTensorStack(*values)
 
 
+class PackedSize:
+    """A running estimate of the packet :func:`pack_turns` makes of the turns added.
+
+    Rows are padded to the widest turn, so a row costs the widest turn's tokens (8 bytes
+    each), log-probs and token versions (12 bytes a response token) and message slots;
+    texts cost a byte a character (more for non-ASCII: the encoder's own cap then
+    refuses the batch). An LLM batch grows turn by turn; this lets the core stop a batch
+    the packet cap would refuse before it fills the actor's memory.
+    """
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._width = self._span = self._messages = self._text = 0
+
+    def add(self, turns: Sequence[Turn]) -> None:
+        """Count ``turns`` in."""
+        for turn in turns:
+            self.rows += 1
+            self._width = max(self._width, len(turn.prompt) + len(turn.response))
+            self._span = max(self._span, len(turn.response))
+            self._messages = max(self._messages, len(turn.messages))
+            self._text += len(turn.text_prompt) + len(turn.text_response) + len(turn.query)
+            self._text += sum(len(m["role"]) + len(m["content"]) for m in turn.messages)
+
+    @property
+    def nbytes(self) -> int:
+        """The estimated packet bytes."""
+        per_row = 8 * self._width + 12 * self._span + 16 * self._messages + 128
+        return self.rows * per_row + self._text
+
+
 def pack_turns(
     turns: Sequence[Turn], shape: tuple[int, ...], pad_id: int, token_versions: bool
 ) -> TensorDict:

@@ -107,6 +107,9 @@ def test_collect_trajectory_modes_yield_whole_groups(llm_actor, mode) -> None:
         {"generation": {"max_new_tokens": 0}},
         {"generation": {"max_new_tokens": 33}},
         {"generation": {"temperature": -1.0}},
+        {"generation": {"temperature": 1e-300}},  # gave NaN log-probs in every batch
+        {"frames_per_batch": 2**64 - 2},  # grew the actor's memory without bound
+        {"frames_per_batch": 2**64 - 1, "yield_completed_trajectories": True},
         {"generation": {"top_p": 0.0}},
         {"generation": {"top_p": 1.01}},
         {"generation": {"stop_token_ids": [10**6]}},
@@ -114,8 +117,9 @@ def test_collect_trajectory_modes_yield_whole_groups(llm_actor, mode) -> None:
     ],
 )
 def test_collect_raises_invalid_argument_on_bad_settings_and_stays_serving(llm_actor, llm) -> None:
+    frames = llm.pop("frames_per_batch", 4)
     session = RawCollect.open(
-        llm_actor.stub, open_request(frames_per_batch=4, credits=1, llm=_llm(**llm))
+        llm_actor.stub, open_request(frames_per_batch=frames, credits=1, llm=_llm(**llm))
     )
     error = session.error()
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec
+from actor_service._kinds.llm import core as llm_core
 from actor_service._kinds.llm.core import LLMCore
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import CollectSettings
-from common.errors import StaleVersionError
+from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.errors import PacketTooLargeError, StaleVersionError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
+from common.llm._settings import MIN_TEMPERATURE
+from common.packets import PacketLimits
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -113,3 +118,38 @@ def test_state_dict_round_trip_restores_weights_and_counters() -> None:
         assert all(
             torch.equal(restored[k], v) for k, v in state["models"]["policy"]["weights"].items()
         )
+
+
+@pytest.mark.parametrize("mode", [{}, {"yield_completed_trajectories": True}])
+def test_a_batch_past_the_packet_cap_ends_with_a_clear_error_and_frees_its_turns(
+    monkeypatch: pytest.MonkeyPatch, mode: dict
+) -> None:
+    """A batch grows turn by turn; one the packet cap would refuse is stopped as it passes
+    the cap (here lowered to 8 KiB), not after filling the actor's memory: its dialogs
+    restart, and a batch that fits is collected next."""
+    monkeypatch.setattr(llm_core, "DEFAULT_LIMITS", PacketLimits(max_packet_bytes=8192))
+    with _worker() as worker:
+        worker.configure(_settings(2 * 10_000, **mode))
+        with pytest.raises(PacketTooLargeError, match="dialog_turns_per_batch=20000 holds more"):
+            worker.collect_batch()
+        assert worker.frames == 0
+        assert worker._ready == collections.deque()  # what it held is dropped
+        assert all(not turns for turns in worker._partial)
+        worker.configure(_settings(2))
+        check_padded(worker.collect_batch())
+
+
+def test_turns_per_batch_above_the_frames_cap_are_refused_at_configure() -> None:
+    with _worker() as worker:
+        for turns in (MAX_FRAMES_PER_BATCH + 2, 2**64 - 2):
+            with pytest.raises(ValueError, match="dialog turns a batch may hold"):
+                worker.configure(_settings(turns))
+        worker.configure(_settings(MAX_FRAMES_PER_BATCH))  # the bound itself is accepted
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-38, 0.0099])
+def test_a_temperature_between_0_and_its_floor_is_refused(temperature: float) -> None:
+    """T in (0, 0.01): vLLM would sample at 0.01; float32 logits / 1e-38 gave NaN log-probs."""
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or at least 0\.01"):
+        _settings(generation={"max_new_tokens": 3, "temperature": temperature})
+    assert _settings(generation={"temperature": MIN_TEMPERATURE}).llm.generation.temperature
