@@ -40,6 +40,7 @@ from actor_service._core._protocol import BatchRecorder
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.batch import (
     FrameStacker,
+    flat_state,
     fold_observations,
     nested_state,
     stack_frames,
@@ -49,7 +50,7 @@ from actor_service._kinds.torchrl.models import TDModel, TDModels, build_td_mode
 from actor_service._kinds.torchrl.pool import build_pool, limited, pool_envs, probe_step
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.env_weights import ENV_MODEL_ID, env_parameters, parameters_module, tie_parameters
-from common.errors import EnvError
+from common.errors import EnvError, WeightsError
 from common.packets import DEFAULT_LIMITS
 from common.packets.folding import FoldedBatch
 
@@ -402,11 +403,47 @@ class TorchRLCore(CoreBase):
         env = state.get("env") if isinstance(state, dict) else None
         with self._lock:
             staged = None if env is None else stage_env_state(env, self._pool_state())
+            if staged is not None:
+                self._check_env_weight_copies(state, staged)
             changes = super().load_state_dict(state, allow_rollback=allow_rollback)
             if staged is not None:
                 single = self._base.batch_size == ()
                 self._base.load_state_dict(staged["worker0"] if single else staged)
             return changes
+
+    def _check_env_weight_copies(self, state: dict[str, Any], staged: Any) -> None:
+        """The env state's copies of the ``"env"`` model's weights must be those in force after.
+
+        The env's ``state_dict()`` holds its transforms' networks, which this actor holds as
+        the model ``"env"``, under a version. An env section carrying other values would
+        change them under that version (or undo the model's own section): refused before
+        anything is applied. The copies are found by storage, whatever the env names them.
+
+        Raises:
+            WeightsError: A copy differs from the state's ``models/env`` weights (or, when the
+                state has none, from the weights held now).
+        """
+        if not self._env_weights:
+            return
+        named = {p.data_ptr(): n for n, p in self._env_weights.items() if p.numel()}
+        models = state.get("models")
+        carried = models.get(ENV_MODEL_ID) if isinstance(models, dict) else None
+        weights = carried.get("weights") if isinstance(carried, dict) else None
+        weights = weights if isinstance(weights, dict) else None
+        reference = flat_state(self._pool_state())
+        for path, copy in flat_state(staged).items():
+            name = named.get(reference[path].data_ptr()) if reference[path].numel() else None
+            if name is None:
+                continue
+            held = self._env_weights[name].detach() if weights is None else weights.get(name)
+            if not isinstance(held, torch.Tensor) or held.shape != copy.shape:
+                continue  # the models section is refused on its own
+            if not torch.equal(copy, held.to(copy.dtype)):
+                raise WeightsError(
+                    f"the env state's {path!r} is the {ENV_MODEL_ID!r} model's weight {name!r} "
+                    f"with other values than the state's {ENV_MODEL_ID!r} model holds: the env's "
+                    "weights change only with that model (its version); load them there"
+                )
 
     def _restored(self) -> None:
         self._carrier.set(

@@ -21,7 +21,7 @@ from actor_service._kinds.torchrl.core import TorchRLCore
 from actor_service._kinds.torchrl.pool import pool_envs
 from common.config import CollectSettings
 from common.env_weights import ENV_MODEL_ID, env_parameters
-from common.errors import EnvError
+from common.errors import EnvError, WeightsError
 
 
 def _rnd(env: torch.nn.Module) -> torch.nn.Module:
@@ -107,3 +107,49 @@ def test_envs_in_other_processes_cannot_take_env_weights_and_say_so(
     with caplog.at_level(logging.WARNING), TorchRLCore(config) as core:
         assert core.models.model_ids == ("policy",)
     assert "use 'sync' if the learner trains them" in caplog.text
+
+
+def _predictor_copies(env_state: dict) -> list[torch.Tensor]:
+    return [
+        weights[key]
+        for weights in env_state.values()
+        for key in weights
+        if key.startswith("transforms.2.predictor_network.0.weight")
+    ]
+
+
+def test_load_state_cannot_change_the_env_weights_past_their_models_version() -> None:
+    """The env's state_dict() holds its RND networks too, which the actor holds as the model
+    "env" under a version. A LoadState whose env section carries other values for them (its
+    models/env untouched), or new models/env weights with the env section's old copies, is
+    refused with nothing applied; the round trip of a GetState stays accepted."""
+    config = torchrl_config("rnd_pendulum", "random", num_envs=2)
+    with TorchRLCore(config) as core:
+        core.models.load_weights(ENV_MODEL_ID, 3, _learner_weights())
+        state = core.state_dict()
+        before = {k: v.detach().clone() for k, v in core._env_weights.items()}
+        core.load_state_dict(state)  # its own state: accepted
+        forged = core.state_dict()
+        for copy in _predictor_copies(forged["env"]):
+            copy.fill_(42.0)
+        with pytest.raises(WeightsError, match="change only with that model"):
+            core.load_state_dict(forged)
+        newer = core.state_dict()  # version 4 with new weights, the env section's old copies
+        newer["models"][ENV_MODEL_ID]["version"] = 4
+        for weights in newer["models"][ENV_MODEL_ID]["weights"].values():
+            weights.add_(1.0)
+        with pytest.raises(WeightsError, match="change only with that model"):
+            core.load_state_dict(newer)
+        assert core.models.policy_version(ENV_MODEL_ID) == 3
+        assert all(torch.equal(p, before[n]) for n, p in core._env_weights.items())
+        consistent = core.state_dict()  # both sections moved together: applied
+        consistent["models"][ENV_MODEL_ID]["version"] = 4
+        for weights in consistent["models"][ENV_MODEL_ID]["weights"].values():
+            weights.add_(1.0)
+        for worker in consistent["env"].values():
+            for key, value in worker.items():
+                if "_network" in key:
+                    value.add_(1.0)
+        core.load_state_dict(consistent)
+        assert core.models.policy_version(ENV_MODEL_ID) == 4
+        assert all(torch.equal(p, before[n] + 1.0) for n, p in core._env_weights.items())
