@@ -106,8 +106,8 @@ class TorchRLCore(CoreBase):
         torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
         self._base, self.env = build_pool(config)
         #: What is stepped: the base pool, or it under the StepCounter of max_frames_per_traj
-        #: (one per limit, kept: a TorchRL env closes what it wraps when collected).
-        self._pool, self._limit, self._limited = self._base, 0, {0: self._base}
+        #: (one wrapper, kept: a TorchRL env closes what it wraps when collected).
+        self._pool, self._limit, self._counted = self._base, 0, None
         self._envs_shape = self._base.batch_size  # the pool's, read once per batch
         self._stacker = FrameStacker()
         try:
@@ -223,9 +223,7 @@ class TorchRLCore(CoreBase):
 
         Envs in the middle of a trajectory are reset first; envs just reset count from now.
         """
-        if limit not in self._limited:
-            self._limited[limit] = limited(self._base, limit)
-        self._pool, self._limit = self._limited[limit], limit
+        self._pool, self._limit = self._pool_for(limit), limit
         if not self._fresh:
             self._needs_reset = True
         elif limit:  # what StepCounter's reset writes
@@ -233,6 +231,21 @@ class TorchRLCore(CoreBase):
             self._carrier.set("step_count", count)
         else:
             self._carrier = self._carrier.exclude("step_count")
+
+    def _pool_for(self, limit: int) -> Any:
+        """The base pool, or for ``limit`` > 0 the one StepCounter wrapper, set to ``limit``.
+
+        One wrapper serves every limit (its ``max_steps`` is read at each step): a wrapper
+        per limit would have to be kept (dropping one closes the base pool), and a learner
+        opening sessions with ever new limits would grow the actor without bound.
+        """
+        if limit <= 0:
+            return self._base
+        if self._counted is None:
+            self._counted = limited(self._base, limit)
+        else:
+            self._counted.transform.max_steps = limit
+        return self._counted
 
     def max_frames_per_batch(self) -> int:
         """The largest ``frames_per_batch``: at most ``MAX_FRAMES_PER_BATCH``, in a packet.
@@ -352,8 +365,8 @@ class TorchRLCore(CoreBase):
             self._base, env = build_pool(self.config)
             if env is not self._base:
                 env.close(raise_if_closed=False)
-            self._limited = {0: self._base}
-            self._pool = self._limited[self._limit] = limited(self._base, self._limit)
+            self._counted = None
+            self._pool = self._pool_for(self._limit)
             self._pool_broken = False
             self._needs_reset = True
             if self._env_weights:  # its envs (made by the reset) built fresh weights

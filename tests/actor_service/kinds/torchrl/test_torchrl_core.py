@@ -317,6 +317,25 @@ def test_torchrl_core_max_frames_per_traj_changes_between_sessions() -> None:
     assert not set(ids.unique().tolist()) & set(first.get(TRAJ_IDS).unique().tolist())
 
 
+def test_torchrl_core_one_step_counter_serves_every_max_frames_per_traj() -> None:
+    """Each session may ask another limit; the actor keeps one StepCounter wrapper and sets
+    its max_steps (it kept a wrapper per limit: a learner's 3,000 limits grew it by 13 MB)."""
+    with TorchRLCore(_config("stacked_cartpole", "sampling_policy")) as core:
+        wrappers = set()
+        for limit in (2, 5, 3, 0, 4):
+            core.configure(CollectSettings(frames_per_batch=20, max_frames_per_traj=limit))
+            batch = core.collect_batch()
+            if limit:
+                wrappers.add(id(core._pool))
+                assert batch["next", "step_count"].max() == limit
+                truncated = batch["next", "truncated"] & ~batch["next", "terminated"]
+                assert batch["next", "step_count"][truncated].eq(limit).all()
+            else:
+                assert "step_count" not in batch
+        assert len(wrappers) == 1
+        assert not core._base.is_closed
+
+
 @pytest.mark.long
 def test_torchrl_core_async_backend_steps_a_parallel_env_in_subprocesses() -> None:
     batches = []
