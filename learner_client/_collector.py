@@ -57,7 +57,7 @@ from learner_client._torchrl_compat import (
     update_flag,
 )
 from learner_client._weights import PushOptions, normalize_update_args
-from learner_client._wiring import assemble
+from learner_client._wiring import Teardown, assemble, weakly
 
 __all__ = ["GrpcCollector"]
 
@@ -370,17 +370,19 @@ class GrpcCollector:
             self._batch,
             self._rollout.model_id,
             conn,
-            self.stats,
+            weakly(self.stats),
             weight_push,
             pin_memory=self._placement.pin_memory,
             ranks=self._ranks,
         )
         self._mailbox, self._book = parts.mailbox, parts.book
         self._fleet, self._pusher, self._rounds = parts.fleet, parts.pusher, parts.rounds
-        self._background = Background(self._mailbox, self._batch.batch_timeout, self.__iter__)
+        self._background = Background(
+            self._mailbox, self._batch.batch_timeout, weakly(self.__iter__)
+        )
         self._membership = DnsMembership(
             actors,
-            self._add_listed,
+            weakly(self._add_listed),
             self._fleet.known_addresses,
             interval=dns_refresh_interval,
             follow=self._owner.follow(),
@@ -393,6 +395,8 @@ class GrpcCollector:
             self._membership.close()
             self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
             raise
+        self._teardown = Teardown(parts, self._membership, self._background, self._owner)
+        self._dropped = self._teardown.when_dropped(self, _DEFAULT_SHUTDOWN_TIMEOUT)
 
     def __len__(self) -> int:
         """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
@@ -586,13 +590,8 @@ class GrpcCollector:
             if self._state is _State.CLOSED:
                 return
             self._state = _State.CLOSED
-        try:
-            self._membership.close()
-            self._background.stop()
-            self._parts.close(limit)
-            self._background.join(limit)
-        finally:
-            self._owner.close()  # a fleet given to the collector stops with it
+        self._dropped.detach()
+        self._teardown(limit)  # a fleet given to the collector stops with it
 
     # ------------------------------------------------ the fleet: views, seeds, state
 

@@ -408,9 +408,15 @@ class LocalFleet:
             ) from None
 
     def _check_running(self) -> None:
+        if self._state == "new":
+            raise SessionStateError(
+                "the fleet is not started; use it inside `with` or after start()"
+            )
         if self._state != "running":
             raise SessionStateError(
-                f"the fleet is {self._state}; use it inside `with` or after start()"
+                f"the fleet is {self._state}: stopped by stop(), by leaving its `with`, or by "
+                "the shutdown of a collector it was given (a collector given the fleet object "
+                "owns it; give it `fleet.addresses` to use the fleet after that collector)"
             )
 
     def _address(self, actor: _Actor) -> str:

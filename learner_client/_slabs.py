@@ -278,6 +278,14 @@ class BlobBuffers:
             self._let_go(old)
         return entry.buffer
 
+    def clear(self) -> None:
+        """Let every kept buffer go (its segment's name first; its memory with its views)."""
+        with self._lock:
+            kept = [entry for entries in self._kept.values() for entry in entries]
+            self._kept = {}
+        for entry in kept:
+            self._let_go(entry)
+
     def _new(self, nbytes: int, shared: bool) -> _Kept:
         segment = self._segments.make(nbytes) if shared and self._segments is not None else None
         if segment is not None:

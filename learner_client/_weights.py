@@ -360,6 +360,14 @@ class WeightBook:
         self._since_update: dict[int, int | None] = {}
         self._blob_buffers = BlobBuffers(segments)  # every push's blob is written into one of them
 
+    def close(self) -> None:
+        """Drop every weight and blob held (the collector is shut down: nothing is pushed)."""
+        with self._lock:
+            self._sources.clear()
+            self._worker_sources.clear()
+            self._desired.clear()
+        self._blob_buffers.clear()
+
     # ----------------------------------------------------------------- reading
 
     def versions(self) -> dict[str, int]:

@@ -20,9 +20,13 @@ and hands each one exactly what it uses; nothing reaches another part through a 
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
+from common.errors import ClosedError
 from learner_client._collect_stream import OpenStreams
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
@@ -39,7 +43,9 @@ from learner_client._slabs import PacketSlabs
 from learner_client._stripes import StripeRoute
 from learner_client._weights import WeightBook
 
-__all__ = ["Parts", "assemble"]
+__all__ = ["Parts", "Teardown", "assemble", "weakly"]
+
+T = TypeVar("T")
 
 
 class Parts(NamedTuple):
@@ -60,6 +66,82 @@ class Parts(NamedTuple):
         self.fleet.close(timeout)
         self.loop.close(timeout)
         self.metrics.close()
+        self.book.close()  # the blobs and their shared-memory mappings
+
+
+def weakly(method: Callable[..., T]) -> Callable[..., T]:
+    """The bound ``method``, called without keeping its object alive.
+
+    The parts' threads run until the collector closes them; handed the collector's methods
+    weakly, they do not keep a collector the user dropped alive, so its :class:`Teardown`
+    runs. A call once the object is gone raises :class:`~common.errors.ClosedError`.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any, **kwargs: Any) -> T:
+        bound = ref()
+        if bound is None:
+            raise ClosedError("the collector was dropped")
+        return bound(*args, **kwargs)
+
+    return call
+
+
+class _Closing(Protocol):
+    def close(self) -> None: ...
+
+
+class _Thread(Protocol):
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float) -> None: ...
+
+
+@dataclasses.dataclass
+class Teardown:
+    """What a collector closes, in order: by ``shutdown()``, or when the collector is dropped.
+
+    Attributes:
+        parts: The wired parts.
+        membership: The ``dns:`` watcher.
+        background: The replay-buffer thread.
+        owner: The fleet given to the collector, stopped last (also when the rest fails).
+    """
+
+    parts: Parts
+    membership: _Closing
+    background: _Thread
+    owner: _Closing
+
+    def __call__(self, timeout: float) -> None:
+        """Close everything, each phase bounded by ``timeout``."""
+        try:
+            self.membership.close()
+            self.background.stop()
+            self.parts.close(timeout)
+            self.background.join(timeout)
+        finally:
+            self.owner.close()
+
+    def when_dropped(self, collector: object, timeout: float) -> weakref.finalize:
+        """Run when ``collector`` is collected, or at interpreter exit, unless detached.
+
+        As TorchRL's collectors shut down in ``__del__``: a collector dropped without
+        ``shutdown()`` (a failed trial of a sweep, a helper's) no longer holds its actors'
+        sessions, its thread and its fleet.
+        """
+        return weakref.finalize(collector, _release, self, timeout)
+
+
+def _release(teardown: Teardown, timeout: float) -> None:
+    """Run ``teardown``; off the main thread, on a thread of its own.
+
+    A collection may run on any thread, one that ``teardown`` joins among them.
+    """
+    if threading.current_thread() is threading.main_thread():
+        teardown(timeout)
+    else:
+        threading.Thread(target=teardown, args=(timeout,), name="rlfleet-release").start()
 
 
 def assemble(

@@ -47,7 +47,7 @@ def test_a_fleet_given_to_the_collector_is_started_and_stops_with_it() -> None:
     assert _gone(pids)
     collector.shutdown()  # twice: harmless
     fleet.close()
-    with pytest.raises(SessionStateError, match="stopped"):
+    with pytest.raises(SessionStateError, match=r"stopped.*give it `fleet\.addresses`"):
         fleet.addresses  # noqa: B018
 
 
