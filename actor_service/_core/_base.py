@@ -124,12 +124,15 @@ class CoreBase(abc.ABC):
         policy: The model spec ``describe`` reports (empty unless the kind reports one).
         observation_space: The single-slot observation space, or None.
         action_space: The single-slot action space, or None.
+        state_sections: The keys the kind adds to the base state (``load_state_dict``
+            refuses others).
 
     Raises:
         TypeError: ``config`` is not an ``ActorConfig``.
     """
 
     kind: ClassVar[str]
+    state_sections: ClassVar[frozenset[str]] = frozenset()
     models: CoreModels
     env_id: str
     backend: str
@@ -281,7 +284,7 @@ class CoreBase(abc.ABC):
             StaleVersionError: A version would go back and ``allow_rollback`` is false.
             ClosedError: The core is closed.
         """
-        counters = core_counters(state)
+        counters = core_counters(state, self.state_sections)
         with self._lock:
             self._check_open()
             changes = self.models.load_state_dict(

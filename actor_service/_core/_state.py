@@ -38,19 +38,32 @@ def core_state(models: dict[str, Any], frames: int, batches: int, traj_counter: 
     return {"models": models, "frames": frames, "batches": batches, "traj_counter": traj_counter}
 
 
-def core_counters(state: object) -> dict[str, int]:
+def core_counters(state: object, sections: frozenset[str] = frozenset()) -> dict[str, int]:
     """The counters of a :func:`core_state` a peer sent back, checked before anything is applied.
+
+    Args:
+        state: The state.
+        sections: The keys this kind of core adds to :func:`core_state`'s (a TorchRL env's
+            ``"env"``); any other key is refused, not ignored (a state of another kind of
+            actor would be restored in part).
 
     Returns:
         ``{"frames", "batches", "traj_counter"}``; the trajectory counter keeps the 32 bits
         an id uses, so it never overflows int64.
 
     Raises:
-        WeightsError: Not a dict, or a counter that is not an int in the int64 range
-            (the range of policy versions).
+        WeightsError: Not a dict, an unknown key, or a counter that is not an int in the
+            int64 range (the range of policy versions).
     """
     if not isinstance(state, dict):
         raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
+    known = {"models", "frames", "batches", "traj_counter", *sections}
+    unknown = sorted(str(key)[:64] for key in state if key not in known)
+    if unknown:
+        raise WeightsError(
+            f"actor state keys {unknown[:5]} are not this actor's (it holds {sorted(known)}): "
+            "a state of another kind of actor?"
+        )
     counters = {
         key: check_policy_version(state.get(key), f"actor state {key!r}")
         for key in ("frames", "batches", "traj_counter")

@@ -94,6 +94,7 @@ class TorchRLCore(CoreBase):
     """
 
     kind = "torchrl"
+    state_sections = frozenset({"env"})  # the env's state (stateful transforms)
     models: TDModels
     _carrier: TensorDictBase  # the envs' current step, set by every reset and step
 

@@ -12,7 +12,7 @@ from actor_service._kinds.llm import core as llm_core
 from actor_service._kinds.llm.core import LLMCore
 from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
-from common.errors import PacketTooLargeError, StaleVersionError
+from common.errors import PacketTooLargeError, StaleVersionError, WeightsError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
 from common.llm._settings import MIN_TEMPERATURE
 from common.packets import PacketLimits
@@ -153,3 +153,16 @@ def test_a_temperature_between_0_and_its_floor_is_refused(temperature: float) ->
     with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or at least 0\.01"):
         _settings(generation={"max_new_tokens": 3, "temperature": temperature})
     assert _settings(generation={"temperature": MIN_TEMPERATURE}).llm.generation.temperature
+
+
+@pytest.mark.parametrize("extra", [{"env": {"worker0": {}}}, {"junk": {"a": {"b": 1}}}])
+def test_a_state_with_keys_this_actor_lacks_is_refused_with_nothing_applied(extra) -> None:
+    """A TorchRL actor's state (its "env" section) or a junk key was ignored: a state of
+    another kind of actor was restored in part. Now refused, naming the keys."""
+    with _worker() as worker:
+        worker.configure(_settings())
+        worker.collect_batch()
+        state = worker.state_dict() | {"frames": 1000} | extra
+        with pytest.raises(WeightsError, match=f"keys \\['{next(iter(extra))}'\\] are not"):
+            worker.load_state_dict(state)
+        assert worker.frames == 2
