@@ -140,18 +140,22 @@ class Rounds:
             return parts[0]
         cat = "stack" if self.settings.cat_results is None else self.settings.cat_results
         split = bool(self.settings.split_trajs)
-        apart = entries_apart(parts)
-        if apart is not None:
-            named = f"sync batch of worker_ids {self.last_workers}: {apart}"
-            if cat != "stack" or split:
-                raise ValueError(
-                    f"{named}; cat_results=0 and split_trajs need every actor's batch to hold "
-                    "the same entries (start the actors with the same env and policy)"
-                )
-            if apart not in self._warned_apart:
-                self._warned_apart.add(apart)
-                log.warning("%s; yielding a lazy stack, as TorchRL's MultiSyncCollector", named)
-        return combine(parts, cat_results=cat, split_trajs=split, dense=apart is None)
+        try:
+            return combine(parts, cat_results=cat, split_trajs=split)
+        except (RuntimeError, KeyError):  # what tensordict raises for batches apart
+            apart = entries_apart(parts)  # only then: the rounds that stack pay nothing
+            if apart is None:
+                raise
+        named = f"sync batch of worker_ids {self.last_workers}: {apart}"
+        if cat != "stack" or split:
+            raise ValueError(
+                f"{named}; cat_results=0 and split_trajs need every actor's batch to hold "
+                "the same entries (start the actors with the same env and policy)"
+            )
+        if apart not in self._warned_apart:
+            self._warned_apart.add(apart)
+            log.warning("%s; yielding a lazy stack, as TorchRL's MultiSyncCollector", named)
+        return combine(parts, cat_results=cat, split_trajs=split, dense=False)
 
     def take_parts(self) -> list[TensorDictBase]:
         """The next batch as each actor sent it (``[envs, time]``), in worker_id order.
