@@ -39,6 +39,7 @@ __all__ = [
     "ExplorationType",
     "check_device_name",
     "check_learner_id",
+    "check_no_env_settings",
     "local_device",
     "same_device",
     "check_model_id",
@@ -269,12 +270,45 @@ class CollectSettings:
         check_model_id(self.model_id)
         if self.llm is not None and not isinstance(self.llm, LLMSettings):
             raise TypeError(f"llm must be an LLMSettings or None, got {type(self.llm).__name__}")
+        if self.llm is not None:
+            check_no_env_settings(vars(self))
         check_device_name(self.policy_device, "policy_device")
         check_device_name(self.env_device, "env_device")
         if self.compile_policy is not None and not isinstance(self.compile_policy, CompileSettings):
             raise TypeError(
                 f"compile_policy must be a CompileSettings or None, got {self.compile_policy!r:.60}"
             )
+
+
+# Env collection's knobs that mean nothing to LLM actors (a dialog's turn limit is max_turns).
+_ENV_ONLY_SETTINGS = (
+    "max_frames_per_traj",
+    "init_random_frames",
+    "split_trajs",
+    "set_truncated",
+    "compile_policy",
+    "cudagraph_policy",
+)
+
+
+def check_no_env_settings(values: dict[str, Any]) -> None:
+    """An LLM collection's settings ``values`` ask for none of env collection's knobs.
+
+    A knob is unset at None, False or a count ``<= 0`` (TorchRL's "none").
+
+    Raises:
+        ValueError: Naming each one set, so that it is not silently ignored.
+    """
+    asked = [
+        f"{name}={values[name]!r:.40}"
+        for name in _ENV_ONLY_SETTINGS
+        if values.get(name) and not (type(values[name]) is int and values[name] <= 0)
+    ]
+    if asked:
+        raise ValueError(
+            f"LLM collection takes none of env collection's {', '.join(asked)} (LLM actors "
+            "would ignore them; a dialog's turn limit is max_turns)"
+        )
 
 
 def check_model_id(model_id: object) -> str:

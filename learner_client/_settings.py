@@ -30,6 +30,7 @@ from common.config import (
     ExplorationType,
     check_learner_id,
     check_model_id,
+    check_no_env_settings,
 )
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
@@ -222,6 +223,8 @@ class RolloutSettings:
         for name in ("set_truncated", "fold_observations"):
             _flag(name, getattr(self, name))
         _set(self, "exploration_type", normalize_exploration_type(self.exploration_type))
+        if self.llm is not None:
+            check_no_env_settings({**vars(self), **vars(self.placement)})
 
     def for_actor(self, frames_per_batch: int, num_actors: int) -> CollectSettings:
         """The settings one actor's session is opened with.

@@ -212,6 +212,9 @@ def test_drop_oldest_queue_counts_drops(llm_fleet) -> None:
         ({"yield_only_last_steps": True, "flatten_data": True}, "flatten_data"),
         ({"layout": "ragged"}, "layout"),
         ({"dialog_turns_per_batch": None}, "required"),
+        ({"max_frames_per_traj": 5}, "max_frames_per_traj=5 .*max_turns"),
+        ({"split_trajs": True, "init_random_frames": 8}, "init_random_frames=8, split_trajs"),
+        ({"set_truncated": True}, "set_truncated"),
     ],
 )
 def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:

@@ -416,22 +416,26 @@ class TorchRLCore(CoreBase):
         """
         env = state.get("env") if isinstance(state, dict) else None
         with self._lock:
-            staged = None if env is None else stage_env_state(env, self._pool_state())
+            reference = None if env is None else self._pool_state()
+            staged = None if env is None else stage_env_state(env, reference)
             if staged is not None:
-                self._check_env_weight_copies(state, staged)
+                self._check_env_weight_copies(state, staged, flat_state(reference))
             changes = super().load_state_dict(state, allow_rollback=allow_rollback)
             if staged is not None:
                 single = self._base.batch_size == ()
                 self._base.load_state_dict(staged["worker0"] if single else staged)
             return changes
 
-    def _check_env_weight_copies(self, state: dict[str, Any], staged: Any) -> None:
+    def _check_env_weight_copies(
+        self, state: dict[str, Any], staged: Any, reference: dict[str, torch.Tensor]
+    ) -> None:
         """The env state's copies of the ``"env"`` model's weights must be those in force after.
 
         The env's ``state_dict()`` holds its transforms' networks, which this actor holds as
         the model ``"env"``, under a version. An env section carrying other values would
         change them under that version (or undo the model's own section): refused before
-        anything is applied. The copies are found by storage, whatever the env names them.
+        anything is applied. The copies are found by storage (``reference``: the env's state
+        now, flat), whatever the env names them.
 
         Raises:
             WeightsError: A copy differs from the state's ``models/env`` weights (or, when the
@@ -444,7 +448,6 @@ class TorchRLCore(CoreBase):
         carried = models.get(ENV_MODEL_ID) if isinstance(models, dict) else None
         weights = carried.get("weights") if isinstance(carried, dict) else None
         weights = weights if isinstance(weights, dict) else None
-        reference = flat_state(self._pool_state())
         for path, copy in flat_state(staged).items():
             name = named.get(reference[path].data_ptr()) if reference[path].numel() else None
             if name is None:

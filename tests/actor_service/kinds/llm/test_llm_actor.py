@@ -114,12 +114,19 @@ def test_collect_trajectory_modes_yield_whole_groups(llm_actor, mode) -> None:
         {"generation": {"top_p": 1.01}},
         {"generation": {"stop_token_ids": [10**6]}},
         {"group_size": 3},
+        # env collection's knobs, which an LLM actor used to ignore silently
+        {"settings": {"max_frames_per_traj": 3}},
+        {"settings": {"split_trajs": True, "init_random_frames": 10}},
+        {"settings": {"set_truncated": True}},
+        {"settings": {"cudagraph_policy": True}},
     ],
 )
 def test_collect_raises_invalid_argument_on_bad_settings_and_stays_serving(llm_actor, llm) -> None:
     frames = llm.pop("frames_per_batch", 4)
+    settings = llm.pop("settings", {})
     session = RawCollect.open(
-        llm_actor.stub, open_request(frames_per_batch=frames, credits=1, llm=_llm(**llm))
+        llm_actor.stub,
+        open_request(frames_per_batch=frames, credits=1, llm=_llm(**llm), **settings),
     )
     error = session.error()
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
