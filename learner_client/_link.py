@@ -45,6 +45,7 @@ from common.errors import (
     ProtocolError,
     RlfleetError,
     SessionStateError,
+    one_line,
 )
 from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams, ShmBatchError
 from learner_client._errors import SettingsRefusedError
@@ -357,7 +358,7 @@ class ActorLink(Generic[C]):
 
     def _failed(self, exc: RlfleetError, attempt: int) -> None:
         self._ledger.failure(self.worker_id)
-        self.last_failure = f"{type(exc).__name__}: {exc}"[:_FAILURE_CHARS]
+        self.last_failure = one_line(f"{type(exc).__name__}: {exc}")[:_FAILURE_CHARS]
         # The first failure of an outage is news; the retries that follow are not.
         log.log(
             logging.WARNING if attempt == 0 else logging.INFO,
