@@ -1,8 +1,9 @@
 """Weight pushes on the learner, told in one place: from the call to each actor's verdict.
 
 1. ``update_policy_weights_`` is normalised into one request (``learner_client._weights``).
-2. Under an explicit version, the learner ranks agree first (same version, same weights).
-3. The targets are checked: in the fleet, holding the model, taking parts for a part.
+2. The targets are checked: in the fleet, holding the model, taking parts for a part.
+3. Under an explicit version, the learner ranks agree (same version, same weights), a
+   rank whose check failed included: it refuses, and the others raise.
 4. Each model is encoded once (``learner_client._weights.WeightBook``); with ``delta=True``
    each target gets a delta against what it holds where that is smaller.
 5. The fleet streams every push concurrently and returns each actor's reply or error.
@@ -19,10 +20,13 @@ actor that is down is skipped and receives the weights when it is re-admitted.
 same weights and pushes them to the actors it owns under one explicit version (the step
 count), which must be above what this rank's actors hold (versions only go up). When the
 collector's ranks are torch.distributed's, every versioned push gathers each rank's
-``(version, digest of the weights)`` over a gloo group of its own
-(:class:`VersionAgreement`) and raises :class:`~learner_client._errors.VersionConflictError`
-on every rank when they differ, before anything is sent; a rank that does not push within
-``call_timeout`` makes the others raise :class:`~common.errors.DeadlineError`.
+``(version, digest of the weights)`` through torch.distributed's store
+(:class:`~learner_client._agreement.VersionAgreement`) and raises
+:class:`~learner_client._errors.VersionConflictError` on every rank when they differ, before
+anything is sent; a rank that does not push within ``call_timeout`` makes the others raise
+:class:`~common.errors.DeadlineError`. The targets and models are checked before the ranks
+agree: a rank that cannot push (an unknown worker_id, a model its actors lack, a stale
+version) tells the others, which raise too, instead of pushing alone.
 
 *Deltas.* ``delta=True`` sends each target only the elements that changed since the weights
 it holds (``common.weights._delta``), with the version they apply on top of.
@@ -56,23 +60,22 @@ staged, or it completed the version.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import torch
 from torch import nn
 
 from common.checksum import crc32c
 from common.errors import (
-    DeadlineError,
     RlfleetError,
     SessionStateError,
     UnknownModelError,
+    UnknownWorkerError,
     is_transient,
 )
 from common.weights import (
@@ -84,10 +87,10 @@ from common.weights import (
     encode_weights,
     wire_state,
 )
-from learner_client._errors import VersionConflictError, WeightPushError
+from learner_client._agreement import VersionAgreement
+from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, Link
 from learner_client._ledger import Ledger
-from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
 from learner_client._settings import WeightPushSettings
 from learner_client._shared_policy import SharedPolicy
@@ -107,7 +110,6 @@ __all__ = [
     "PartResult",
     "PushResults",
     "Pusher",
-    "VersionAgreement",
     "push_error",
     "weights_digest",
 ]
@@ -183,32 +185,44 @@ class Pusher:
             UnknownModelError: A target without the model.
             WeightPushError: Some targets failed.
         """
-        self._agree(request)
-        # A part goes to every member: each actor needs every rank's part of a version.
-        known = self.fleet.worker_ids if request.part is None else self.fleet.member_ids
-        targets = resolve_worker_ids(request.worker_ids, known)
-        self._check_models(request.sources, targets)
-        if request.part is not None:
-            check_parts_accepted(self.fleet, targets)
+        try:
+            targets, refusal = self._targets(request), None
+        except (UnknownWorkerError, UnknownModelError, SessionStateError) as exc:
+            targets, refusal = [], exc
+        self._agree(request, refusal)
         if request.delta:
             return _outcome(*self._push_deltas(request, targets), request)
         return _outcome(*self._push(self._encode(request, targets)), request)
 
-    def _agree(self, request: WeightRequest) -> None:
-        """Refuse, or agree with the other ranks on, an explicit version before anything is sent.
+    def _targets(self, request: WeightRequest) -> list[int]:
+        """The push's target worker_ids, checked: in the fleet, holding the models, taking parts.
 
-        A part of a multi-part push is pushed as is: each rank's part holds other weights on
+        A part goes to every member: each actor needs every rank's part of a version.
+        """
+        known = self.fleet.worker_ids if request.part is None else self.fleet.member_ids
+        targets = resolve_worker_ids(request.worker_ids, known, self.fleet.member_ids)
+        self._check_models(request.sources, targets)
+        if request.part is not None:
+            check_parts_accepted(self.fleet, targets)
+        return targets
+
+    def _agree(self, request: WeightRequest, refusal: Exception | None) -> None:
+        """Agree with the other ranks on an explicit version, or refuse, before anything is sent.
+
+        ``refusal`` is this rank's own (a target check failed); a version not above what
+        its actors hold is another. Either is raised after the other ranks learned of it. A
+        part of a multi-part push is pushed as is: each rank's part holds other weights on
         purpose, so there is nothing to agree on.
         """
         version = request.version
-        if version is None or request.part is not None:
-            return
-        refusal = _refusal(self.book, request, version)
-        if self.agreement.active:
+        if refusal is None and version is not None and request.part is None:
+            stale = _refusal(self.book, request, version)
+            refusal = ValueError(stale) if stale is not None else None
+        if version is not None and request.part is None and self.agreement.active:
             digest = 0 if refusal else _request_digest(self.book, request)
             self.agreement.check(version, digest, refused=refusal is not None)
         if refusal is not None:
-            raise ValueError(refusal)
+            raise refusal
 
     def _encode(self, request: WeightRequest, targets: list[int]) -> list[Pair]:
         """Each target's push of a whole (or part) request, each distinct one encoded once."""
@@ -261,7 +275,7 @@ class Pusher:
         part_version = request.version if request.part is not None else None
         for mid in request.sources:
             held = {w: part_version or r.version for w, r in succeeded.get(mid, {}).items()}
-            self.deltas.settle(mid, held, failed.get(mid, {}))
+            self.deltas.settle(mid, held, failed.get(mid, {}), part=part_version is not None)
         return succeeded, failed
 
     def _check_models(self, sources: Mapping[str, object], targets: list[int]) -> None:
@@ -391,12 +405,12 @@ class Pusher:
     ) -> None:
         """The verdict on one actor's push: what the book and the ledger keep of it.
 
-        Applied: the actor holds the push's version (a part's too: it staged or completed
-        it; a delta part builds on it, and an actor whose version never completed refuses
-        that base and gets the whole part instead), and a whole push is what it should hold
-        from now on. Failed transiently (the actor is down): a whole push is still what it
-        should hold, re-sent when it is re-admitted. Refused: nothing is kept. A part is
-        never re-sent to a returning actor: alone it could not complete its version.
+        Applied: the actor holds the version its reply says is in force (a part's: the
+        version before while the part's version stages, so batches acted with it still
+        count), and a whole push is what it should hold from now on. Failed transiently
+        (the actor is down): a whole push is still what it should hold, re-sent when it is
+        re-admitted. Refused: nothing is kept. A part is never re-sent to a returning actor:
+        alone it could not complete its version.
         """
         whole = enc.part is None
         if isinstance(reply, BaseException):
@@ -405,7 +419,7 @@ class Pusher:
             return
         if whole:
             self.book.addressed([worker_id], enc)
-        self.book.acknowledged(worker_id, enc.model_id, reply.version if whole else enc.version)
+        self.book.acknowledged(worker_id, enc.model_id, reply.version)
         self.ledger.pushed(len(enc.blob), reply.pause_seconds)
 
 
@@ -487,83 +501,6 @@ def weights_digest(source: WeightSource, options: PushOptions) -> int:
     return digest
 
 
-class VersionAgreement:
-    """Checks, before each versioned push, that every rank pushes the same weights.
-
-    Active only when the collector's ranks are torch.distributed's (same rank and world
-    size, more than one rank); otherwise :meth:`check` does nothing. The gloo group it
-    gathers over is created at the first versioned push, which every rank makes at the
-    same step (a collective, as DDP's own).
-
-    Args:
-        ranks: The collector's ranks.
-        timeout: Seconds a rank waits for the others' digests.
-    """
-
-    def __init__(self, ranks: Ranks, timeout: float) -> None:
-        self.ranks = ranks
-        self.timeout = timeout
-        self._group: Any = None
-
-    @property
-    def active(self) -> bool:
-        """Whether versioned pushes are compared across ranks."""
-        dist = torch.distributed
-        return (
-            self.ranks.world_size > 1
-            and dist.is_available()
-            and dist.is_initialized()
-            and (dist.get_rank(), dist.get_world_size()) == (self.ranks.rank, self.ranks.world_size)
-        )
-
-    def check(self, version: int, digest: int, *, refused: bool = False) -> None:
-        """Gather every rank's ``(version, digest)`` and compare them.
-
-        A rank that refuses the push itself (``refused``) still takes part, so the others
-        learn it at once instead of waiting out the timeout; it then raises its own error.
-
-        Raises:
-            VersionConflictError: Some rank gave another version or other weights, or
-                refused the push (raised on the other ranks).
-            DeadlineError: Some rank did not push within ``timeout``.
-        """
-        if not self.active:
-            return
-        dist = torch.distributed
-        if self._group is None:
-            self._group = dist.new_group(
-                backend="gloo", timeout=datetime.timedelta(seconds=self.timeout)
-            )
-        mine = torch.tensor([version, digest, refused], dtype=torch.int64)
-        gathered = [torch.empty_like(mine) for _ in range(self.ranks.world_size)]
-        try:
-            dist.all_gather(gathered, mine, group=self._group)
-        except RuntimeError as exc:  # gloo's timeout, or a rank that left
-            raise DeadlineError(
-                f"rank {self.ranks.rank}: the other ranks did not push version {version} "
-                f"within {self.timeout} s (every rank pushes every agreed version): {exc}"
-            ) from None
-        pushed = {r: (int(t[0]), int(t[1])) for r, t in enumerate(gathered)}
-        others = [r for r, t in enumerate(gathered) if t[2] and r != self.ranks.rank]
-        if refused:
-            return
-        if others:
-            raise VersionConflictError(
-                f"rank(s) {others} refused version {version} (their log says why); nothing "
-                "was pushed",
-                pushed=pushed,
-            )
-        if len(set(pushed.values())) > 1:
-            detail = ", ".join(
-                f"rank {r}: version {v} digest {d:08x}" for r, (v, d) in pushed.items()
-            )
-            raise VersionConflictError(
-                f"the learner ranks disagree on version {version}: {detail}; nothing was "
-                "pushed (every rank must push the same weights under one agreed version)",
-                pushed=pushed,
-            )
-
-
 # ---------------------------------------------------------------------------- deltas
 
 
@@ -575,6 +512,8 @@ class _Held:
     state: dict[str, torch.Tensor]
     deltas: int  # consecutive deltas since its last full push
     form: PushOptions  # the form ``state`` travelled in (wire dtype, only_trainable)
+    # Sent as a part: its version may still stage, or have completed unseen by this rank.
+    part: bool = False
 
 
 class DeltaTracker:
@@ -634,15 +573,25 @@ class DeltaTracker:
         return out
 
     def settle(
-        self, model_id: str, applied: Mapping[int, int], failed: Mapping[int, object]
+        self,
+        model_id: str,
+        applied: Mapping[int, int],
+        failed: Mapping[int, object],
+        *,
+        part: bool = False,
     ) -> None:
-        """Record the outcome of a push: workers that applied it hold its snapshot; others none."""
+        """Record the outcome of a push: workers that applied it hold its snapshot; others none.
+
+        A ``part`` taken (staged or completed) counts as held: the next delta part builds on
+        it, and an actor whose version never completed refuses that base and gets the
+        whole part instead.
+        """
         with self._lock:
             held = self._held.setdefault(model_id, {})
             for wid in applied:
                 sent = self._sent.pop((model_id, wid), None)
                 if sent is not None and sent.version == applied[wid]:
-                    held[wid] = sent
+                    held[wid] = dataclasses.replace(sent, part=part)
             for wid in failed:
                 self._sent.pop((model_id, wid), None)
                 held.pop(wid, None)
@@ -652,7 +601,8 @@ class DeltaTracker:
             held = self._held.get(model_id, {}).get(worker_id)
         if held is None or held.deltas >= self._settings.full_push_every or held.form != form:
             return None
-        if self._book.applied(worker_id).get(model_id) != held.version:
+        applied = self._book.applied(worker_id).get(model_id, 0)
+        if applied != held.version and not (held.part and applied < held.version):
             return None  # restarted, or updated by a push this tracker did not send
         return held
 

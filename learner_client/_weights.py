@@ -295,18 +295,32 @@ def _is_per_worker(source: object) -> bool:
     return True
 
 
-def resolve_worker_ids(worker_ids: tuple[int, ...] | None, known: Sequence[int]) -> list[int]:
-    """The target worker_ids of a push, checked against the fleet.
+def resolve_worker_ids(
+    worker_ids: tuple[int, ...] | None, known: Sequence[int], members: Sequence[int] = ()
+) -> list[int]:
+    """The target worker_ids of a push, checked against those this collector pushes to.
+
+    Args:
+        worker_ids: The ids asked for; None: every one of ``known``.
+        known: The ids this collector pushes to (its rank's own actors).
+        members: Every actor of the fleet, other ranks' included.
 
     Raises:
-        UnknownWorkerError: An id no actor has, naming the known ids.
+        UnknownWorkerError: An id not in ``known``, naming the known ids (and saying
+            when the id is another rank's actor).
     """
     if worker_ids is None:
         return sorted(known)
     unknown = [w for w in worker_ids if w not in known]
     if unknown:
+        others = [w for w in unknown if w in members]
+        whose = (
+            f" ({others} are other learner ranks' actors: each rank pushes to its own)"
+            if others
+            else ""
+        )
         raise UnknownWorkerError(
-            f"unknown worker_ids {unknown}; the fleet has worker_ids {sorted(known)}"
+            f"unknown worker_ids {unknown}; the fleet has worker_ids {sorted(known)}{whose}"
         )
     return list(worker_ids)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from common.errors import ClosedError
+from learner_client._agreement import VersionAgreement
 from learner_client._collect_stream import OpenStreams
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
@@ -34,7 +35,7 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
-from learner_client._pushes import DeltaTracker, Pusher, VersionAgreement
+from learner_client._pushes import DeltaTracker, Pusher
 from learner_client._relay import RelayRoute
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings, WeightPushSettings

@@ -89,6 +89,30 @@ def test_ranks_that_own_half_the_fleet_each_send_their_part_to_every_member(acto
             _assert_actors_hold(collector, state, 6)
 
 
+def test_a_version_whose_parts_never_complete_leaves_collection_on_the_version_in_force(
+    actors,
+) -> None:
+    """A staged part is not the version in force: the batches acted with the one before count.
+
+    The rank used to take a staged part for its version applied, and so dropped every
+    batch of the version still in force (``MissingWorkersError`` after ``batch_timeout``).
+    """
+    first, _ = _shards(_state(4))
+    with GrpcCollector(actors, frames_per_batch=8, sync=True, batch_timeout=5.0) as collector:
+        batches = iter(collector)
+        next(batches)
+        staged = collector.update_policy_weights_(first, version=5, part=(0, 2))
+        assert {r.outcome for r in staged.values()} == {PushOutcome.STAGED}
+        for _ in range(2):  # during the staging, then after the version expired
+            batch = next(batches)
+            assert set(batch["policy_version"].unique().tolist()) == {0}
+            time.sleep(DEADLINE + 0.3)
+        stats = collector.stats("both")
+        assert stats["discarded"] == 0
+        assert [stats[f"worker_{w}/policy_version"] for w in (0, 1)] == [0, 0]
+        assert collector.policy_version == {"policy": 5}  # the learner's own counter
+
+
 def test_bf16_delta_parts_track_each_rank_and_fall_back_after_an_expired_version(ranks) -> None:
     rank0, rank1 = ranks
     state = _state(2)

@@ -260,9 +260,10 @@ def test_a_restarted_rank_resumes_its_own_sessions_and_pushes(four: list[ActorPr
 
 
 _DDP_RANK = """
-import json, os, sys
+import json, os, sys, time
 import torch
 import torch.distributed as dist
+from common.errors import DeadlineError, UnknownWorkerError
 from learner_client import GrpcCollector, VersionConflictError
 from learner_fleet import cartpole_policy
 dist.init_process_group("gloo")
@@ -271,7 +272,8 @@ torch.manual_seed(0)
 policy = cartpole_policy()  # the same weights on both ranks
 version = int(sys.argv[2])
 out = {}
-with GrpcCollector(json.loads(sys.argv[1]), frames_per_batch=8, rank="env") as collector:
+actors = json.loads(sys.argv[1])
+with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as collector:
     out["ranks"] = [collector.rank, collector.world_size, collector.worker_ids]
     out["agreed"] = collector.update_policy_weights_(policy, version=version)
     if rank == 1:  # this rank's weights drift from the other's
@@ -289,7 +291,22 @@ with GrpcCollector(json.loads(sys.argv[1]), frames_per_batch=8, rank="env") as c
         collector.update_policy_weights_(policy, version=version + 1 - rank)
     except (ValueError, VersionConflictError) as exc:
         out["refused"] = type(exc).__name__
+    fresh = cartpole_policy(0)
+    if rank == 1:  # late past call_timeout: rank 0 gives up; rank 1 then finds its entry
+        time.sleep(4)
+    try:
+        out["late"] = list(collector.update_policy_weights_(fresh, version=version + 2).values())
+    except DeadlineError:
+        out["late"] = "DeadlineError"
+    # ... and both meet at the next version (a timed-out gloo collective stays broken).
+    out["met"] = list(collector.update_policy_weights_(fresh, version=version + 3).values())
+    try:  # rank 1 names rank 0's actor: it refuses, and tells rank 0, before anything is sent
+        targets = [0] if rank else None
+        collector.update_policy_weights_(fresh, version=version + 4, worker_ids=targets)
+    except (UnknownWorkerError, VersionConflictError) as exc:
+        out["target"] = [type(exc).__name__, "other learner ranks' actors" in str(exc)]
 print(json.dumps(out), flush=True)
+dist.barrier()  # rank 0 serves the store: it stays until rank 1 is done with it
 dist.destroy_process_group()
 """
 
@@ -312,11 +329,10 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         )
         for r in range(2)
     ]
-    outs = []
-    for process in ranks:
-        out, err = process.communicate(timeout=120)
+    ended = [process.communicate(timeout=120) for process in ranks]
+    for process, (_, err) in zip(ranks, ended, strict=True):
         assert process.returncode == 0, err[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    outs = [json.loads(out.strip().splitlines()[-1]) for out, _ in ended]
     for rank, out in enumerate(outs):
         owned = [rank, rank + 2]
         assert out["ranks"] == [rank, 2, owned]
@@ -324,7 +340,13 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         assert out["conflict"] == {"0": version + 1, "1": version + 1}
         assert out["steps"] == {"0": version + 1, "1": version + 2}
     assert [out["refused"] for out in outs] == ["VersionConflictError", "ValueError"]
-    # Nothing was pushed by the refused calls.
+    assert [out["late"] for out in outs] == ["DeadlineError", [version + 2] * 2]
+    assert [out["met"] for out in outs] == [[version + 3] * 2] * 2
+    assert [out["target"] for out in outs] == [
+        ["VersionConflictError", False],
+        ["UnknownWorkerError", True],
+    ]
+    # Nothing was pushed by the refused calls: every actor holds the version both met at.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
-        range(4), version
+        range(4), version + 3
     )
