@@ -727,7 +727,12 @@ class Fleet:
     def last_failures(self) -> dict[int, str]:
         """The last failure of each owned actor that had one, by worker_id."""
         links = self.owned_links().items()
-        return {w: link.last_failure for w, link in links if link.last_failure}
+        hint = self.ranks.unsharded_hint()
+        return {
+            w: link.last_failure + (hint if link.last_failure.startswith("ActorBusyError") else "")
+            for w, link in links
+            if link.last_failure
+        }
 
     # ------------------------------------------------------------ shutdown
 

@@ -192,6 +192,25 @@ class Ranks:
             raise TypeError(f'rank must be an int or "env", got {rank!r:.80}')
         return cls(rank, world_size)
 
+    def unsharded_hint(self) -> str:
+        """A hint for an actor busy with another learner, when the others may be ranks.
+
+        This collector claims every actor (no ``rank``) while torchrun (or
+        torch.distributed) runs several ranks, whose collectors claim them too. "" otherwise.
+        """
+        if self.world_size > 1:
+            return ""
+        try:
+            world = _from_environment()[1]
+        except ValueError:
+            return ""
+        if world <= 1:
+            return ""
+        return (
+            f" (this collector claims every actor, and {world} learner ranks run: pass "
+            'rank="env" so that each rank owns its share)'
+        )
+
     def owns(self, worker_id: int) -> bool:
         """Whether this rank collects from and pushes to the actor ``worker_id``."""
         return worker_id % self.world_size == self.rank

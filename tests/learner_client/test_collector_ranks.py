@@ -24,7 +24,7 @@ from learner_fleet import cartpole_policy, start_actors
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from learner_client import ActorDescription, GrpcCollector, serve_metrics
+from learner_client import ActorDescription, GrpcCollector, MissingWorkersError, serve_metrics
 from learner_client._members import Ranks
 
 ARGS = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(w)] for w in range(4)]
@@ -178,6 +178,23 @@ def test_a_second_rank_claiming_an_owned_actor_is_refused_naming_the_owner(
         assert "is serving learner 'job/rank0'" in refusals[0], refusals
         assert owner.stats()["failures"] == 0
     assert "session.taken_over" not in four[0].stderr()
+
+
+def test_a_collector_without_rank_under_torchrun_says_to_pass_rank_env(
+    four: list[ActorProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank's collector claims every actor when none is given ``rank``: say so."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    addresses = [a.address for a in four[:2]]
+    with _rank(four[:2], 0, learner_id="job") as owner:  # another rank's collector
+        owner.next()
+        late = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=2)
+        with late, pytest.raises(MissingWorkersError, match=r'ActorBusyError.*pass rank="env"'):
+            late.next()
+    assert Ranks(1, 2).unsharded_hint() == ""  # a collector given its rank: no hint
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a single learner: no hint
+    assert Ranks().unsharded_hint() == ""
 
 
 _RANK_ONE = """
