@@ -19,7 +19,10 @@ one copy of the model's bytes. The rules, each refusal naming the version and th
   the last few are remembered) is stale: ABORTED. An expired version is never revived;
 * a part of an older version than the one staging is stale (ABORTED); a part of a newer
   version drops the staging one, which is superseded;
-* a part index staged already is a replay (ABORTED); a count that differs from the
+* a part index staged already is a replay (ABORTED); one whose header names other bytes
+  (its checksums) is another push of the version (a learner job restarted between its
+  ranks' parts): the version is dropped too, so that it never completes with parts of
+  two pushes; a count that differs from the
   staging parts', keys another part holds already, a delta base other than the other
   delta parts' or, once the last part arrives, whole parts that do not cover every key
   of the model (a version with delta parts keeps its base's values for the keys no part
@@ -28,7 +31,7 @@ one copy of the model's bytes. The rules, each refusal naming the version and th
   version that can no longer complete is dropped.
 
 Every drop is logged as ``weights.parts.dropped`` (reason ``expired``, ``superseded``,
-``failed``) with the version, the parts staged and their count.
+``failed``, ``conflict``) with the version, the parts staged and their count.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class StagedPart:
             model's dtypes, on its device.
         delta: A delta part's sparse entries, on the model's device.
         base_version: A delta part's base version; None for a whole part.
+        digest: The checksums its header named (which bytes it is).
         buffer: The receive buffer the part's tensors may view, held until its version
             is swapped in or dropped (then :class:`PartBuffers` may keep it).
         lent: ``buffer`` came from :class:`PartBuffers` (else it was allocated for the part).
@@ -74,6 +78,7 @@ class StagedPart:
     tensors: dict[str, torch.Tensor]
     delta: Delta
     base_version: int | None = None
+    digest: str = ""
     buffer: torch.Tensor | None = dataclasses.field(default=None, compare=False)
     lent: bool = False
 
@@ -171,20 +176,23 @@ class PartStaging:
 
     # ------------------------------------------------------------------ checks
 
-    def admit(self, model_id: str, version: int, part: Part, base_version: int | None) -> None:
+    def admit(
+        self, model_id: str, version: int, part: Part, base_version: int | None, digest: str
+    ) -> None:
         """Refuse a part from its header alone, before its bytes are buffered.
 
         Raises:
             StaleVersionError: A dropped or finished version, one older than the staging
-                one, or a part index staged already.
+                one, or a part index staged already (with other bytes: ``digest``, the
+                version is dropped).
             WeightsError: A count or a delta base that disagrees with the staged parts.
         """
         with self._lock:
             self._expire_locked()
-            self._check_locked(model_id, version, part, base_version)
+            self._check_locked(model_id, version, part, base_version, digest)
 
     def _check_locked(
-        self, model_id: str, version: int, part: Part, base_version: int | None
+        self, model_id: str, version: int, part: Part, base_version: int | None, digest: str
     ) -> None:
         floor = self._floor.get(model_id)
         if floor is not None and version <= floor:
@@ -209,10 +217,16 @@ class PartStaging:
                 f"parts, but its staged parts say {staging.count}"
             )
         if part.index in staging.parts:
-            raise StaleVersionError(
-                f"part {part} of version {version} of model {model_id!r} is staged already "
-                f"(a replayed part)"
-            )
+            where = f"part {part} of version {version} of model {model_id!r}"
+            if digest != staging.parts[part.index].digest:
+                why = f"was dropped: its {where} came again with other bytes (another push)"
+                self._drop_locked(model_id, why, "conflict")
+                raise StaleVersionError(
+                    f"{where} is staged already with other bytes: another push of version "
+                    f"{version} (a learner restarted between its ranks' parts?); the version "
+                    "is dropped, push a newer one"
+                )
+            raise StaleVersionError(f"{where} is staged already (a replayed part)")
         if base_version is not None and staging.base_version not in (None, base_version):
             raise WeightsError(
                 f"delta part {part} of version {version} of model {model_id!r} applies on "
@@ -244,7 +258,7 @@ class PartStaging:
         """
         with self._lock:
             self._expire_locked()
-            self._check_locked(model_id, version, staged.part, staged.base_version)
+            self._check_locked(model_id, version, staged.part, staged.base_version, staged.digest)
             staging = self._staging.get(model_id)
             if staging is None or staging.version < version:
                 fresh = _Staging(version, staged.part.count, self._clock())

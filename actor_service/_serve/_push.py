@@ -111,6 +111,11 @@ class PushCall:
         self.fresh = False  # the buffer was allocated for this push, not lent
 
     @property
+    def digest(self) -> str:
+        """Which bytes the header names: its checksums (a part staged again is compared)."""
+        return f"{self.sha256}:{self.crc32c}"
+
+    @property
     def is_part(self) -> bool:
         """Whether the header names a part of a multi-part push."""
         return self._part_fields is not None
@@ -351,7 +356,9 @@ class WeightPushes:
             check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
         push.read_part()
         if push.part is not None:
-            self._parts.admit(push.model_id, push.version, push.part, push.base_version)
+            self._parts.admit(
+                push.model_id, push.version, push.part, push.base_version, push.digest
+            )
         if not push.sha256 and push.crc32c is None:
             raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
         if push.relay is not None:
@@ -573,7 +580,9 @@ class WeightPushes:
             mid, version = push.model_id, push.version
             cap = self.max_bytes([mid])
             staged = decode_part(models, mid, blob, part, push.base_version, cap)
-            staged = dataclasses.replace(staged, buffer=push.buffer, lent=not push.fresh)
+            staged = dataclasses.replace(
+                staged, buffer=push.buffer, lent=not push.fresh, digest=push.digest
+            )
             # Read once, before staging: another rank's part may complete this version
             # the moment this one is staged, and a STAGED reply names the version that
             # was in force while it staged (older than its own).

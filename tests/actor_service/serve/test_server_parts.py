@@ -336,6 +336,27 @@ def test_an_incomplete_version_expires_and_is_never_revived(parts_actor: Actor) 
         get_logger().removeHandler(handler)
 
 
+def test_a_part_staged_again_with_other_bytes_drops_its_version(make_actor) -> None:
+    """Another push of a staging version (a job restarted between its ranks' parts) must
+    not complete it with parts of two pushes: the version is dropped, the next one applies.
+    """
+    actor = make_actor()
+    before = _live(actor)
+    old_first, _ = _halves(actor, 11)  # the first job's part 0, its rank 1 died
+    first, second = _halves(actor, 12)  # the restarted job's weights for the same version
+    assert _part(actor, old_first, 1, 0, 2).outcome == STAGED
+    again = _refused(actor, old_first, 1, 0, 2)  # the same bytes: a replay, nothing dropped
+    assert (again.code(), "replayed" in again.details()) == (ABORTED, True)
+    other = _refused(actor, first, 1, 0, 2)
+    assert (other.code(), "other bytes" in other.details()) == (ABORTED, True)
+    late = _refused(actor, second, 1, 1, 2)  # used to complete version 1 with old_first
+    assert (late.code(), "other bytes" in late.details()) == (ABORTED, True)
+    _assert_holds(actor, before, 0)
+    assert _part(actor, first, 2, 0, 2).outcome == STAGED
+    assert _part(actor, second, 2, 1, 2).outcome == COMPLETED
+    _assert_holds(actor, first | second, 2)
+
+
 def test_a_whole_push_supersedes_a_staging_version(make_actor) -> None:
     actor = make_actor()
     first, second = _halves(actor, 10)
