@@ -375,6 +375,9 @@ def server_channel_options() -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", _MIN_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.keepalive_permit_without_calls", 1),
+        # gRPC binds with SO_REUSEPORT by default: a second actor on a port in use would
+        # start and take half of the new connections. Off, it fails to bind.
+        ("grpc.so_reuseport", 0),
     ]
 
 

@@ -35,6 +35,7 @@ from common.config import (
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from common.weights import CHECKSUMS
+from learner_client._discovery import check_address
 from learner_client._members import FleetMember, check_kinds, check_unique
 from learner_client._torchrl_compat import ActorPlacement
 
@@ -467,9 +468,7 @@ def check_addresses(actors: object) -> list[str]:
     for address in actors:
         if not isinstance(address, str):
             raise TypeError(f"actor addresses must be strings, got {address!r}")
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"actor address must be 'host:port', got {address!r}")
+        check_address(address)
         if address in seen:
             raise ValueError(f"actor address {address!r} is listed twice")
         seen.append(address)

@@ -179,11 +179,21 @@ class ActorServer:
         return server
 
     def _bind(self, server: grpc.aio.Server, port: int, *, secure: bool) -> int:
-        address = f"{self.config.host}:{port}"
-        if secure and self.config.tls_cert:
-            bound = server.add_secure_port(address, self._credentials())
-        else:
-            bound = server.add_insecure_port(address)
+        host = self.config.host
+        # An IPv6 literal ("::1", the wildcard "::") is bracketed, as gRPC's addresses need.
+        address = (
+            f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        )
+        try:
+            if secure and self.config.tls_cert:
+                bound = server.add_secure_port(address, self._credentials())
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"cannot bind {address} (in use by another process, or not an address of this "
+                f"host): {exc}"
+            ) from None
         if bound == 0:
             raise RuntimeError(f"cannot bind {address}")
         return bound

@@ -122,9 +122,9 @@ def _addresses(args: argparse.Namespace, known: list[str] | None = None) -> list
         raise ValueError("give actor addresses (host:port) or --dns NAME:PORT")
     try:
         return resolve_actors(targets)
-    except ActorUnavailableError as exc:
+    except ActorUnavailableError:
         if known is None:
-            raise ValueError(str(exc)) from None
+            raise  # no actor to probe: none serves (exit 1), the arguments were fine
         return known
 
 
@@ -143,7 +143,11 @@ def status(args: argparse.Namespace, out: TextIO) -> int:
         token=args.token if args.token is not None else os.environ.get("RLFLEET_TOKEN", ""),
         timeout=args.timeout,
     )
-    addresses = _addresses(args)
+    try:
+        addresses = _addresses(args)
+    except ActorUnavailableError as exc:
+        sys.stderr.write(f"rlfleet status: {exc}\n")
+        return 1
     previous = probe.round(addresses)
     rounds = 0
     while True:

@@ -174,6 +174,8 @@ def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
     [
         ((), "give actor addresses"),
         (("--dns", "actor:99999"), "port must be in 1..65535"),
+        (("127.0.0.1:99999",), "port must be in 1..65535"),  # gRPC dialled 34463
+        (("127.0.0.1",), "must be 'host:port'"),  # gRPC dialled 443
         (("127.0.0.1:1", "--interval", "0"), "expected a finite number > 0"),
         (("127.0.0.1:1", "--tls-cert", "x.pem"), "--tls-cert and --tls-key"),
         (("127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"), "cannot read"),
@@ -186,6 +188,12 @@ def test_status_raises_if_arguments_are_bad(
         cli.main(["status", *args])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_status_exits_1_when_a_dns_name_resolves_to_no_actor(capsys: pytest.CaptureFixture) -> None:
+    """No actor to probe is a fleet not serving (1), not bad arguments (2)."""
+    assert cli.main(["status", "--dns", "no-such-actor.invalid:50051"]) == 1
+    assert "no-such-actor.invalid" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -41,6 +42,40 @@ def test_cli_prints_one_ready_line_with_worker_id_and_port(cli_actor: ActorProce
     assert cli_actor.worker_id == 3
     assert cli_actor.port > 0
     assert cli_actor.stdout_lines() == []
+
+
+def test_a_second_actor_on_a_port_in_use_exits_1_naming_it(cli_actor: ActorProcess) -> None:
+    """gRPC binds with SO_REUSEPORT by default: the second actor used to start and take
+    half of the new connections. Each of its ports is refused, the health port included.
+    """
+    for flags in (
+        ["--port", str(cli_actor.port)],
+        ["--port", "0", "--health-port", str(cli_actor.port)],
+    ):
+        started = subprocess.run(
+            [sys.executable, "-m", "actor_service", "--host", "127.0.0.1", *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert started.returncode == 1, started.stderr[-2000:]
+        assert "rlfleet-actor ready" not in started.stdout
+        assert f"cannot bind 127.0.0.1:{cli_actor.port} (in use" in started.stderr
+    described = [_describe_worker(cli_actor.port) for _ in range(6)]
+    assert described == [3] * 6  # every connection reaches the one actor on its port
+
+
+def test_an_actor_binds_an_ipv6_literal_without_brackets() -> None:
+    with start_actor(["--host", "::1", "--num-envs", "1"]) as actor:
+        with grpc.insecure_channel(f"[::1]:{actor.port}") as channel:
+            reply = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
+        assert reply.num_envs == 1
+
+
+def _describe_worker(port: int) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
+    return int(reply.worker_id)
 
 
 def test_grpcurl_lists_and_describes_the_service_through_reflection(
