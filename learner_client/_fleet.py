@@ -28,7 +28,13 @@ from typing import Any, TypeVar
 import torch
 
 from common.config import CHUNK_BYTES, CollectSettings
-from common.errors import ActorUnavailableError, RlfleetError, UnknownWorkerError, is_transient
+from common.errors import (
+    ActorUnavailableError,
+    DeadlineError,
+    RlfleetError,
+    UnknownWorkerError,
+    is_transient,
+)
 from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, Admit, LinkState
@@ -59,6 +65,8 @@ T = TypeVar("T")
 
 # Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
 _MARGIN = 5.0
+# Seconds a fast-failing call may take to say why an actor was unreachable.
+_REASON_TIMEOUT = 1.0
 
 _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
@@ -161,11 +169,17 @@ class Fleet:
         for d in descriptions:
             self.shm.admit(d.worker_id, d.host_identity, d.shm_probe_ok)
         if failed:
-            await _settle(c.close() for c in channels)
             others = [e for _, e in failed if not is_transient(e)]
+            unreached = dict(failed)
+            reasons = await asyncio.gather(
+                *(_why_unreachable(c) for c in channels if c.address in unreached and not others)
+            )
+            await _settle(c.close() for c in channels)
             if others:  # e.g. a bad token: say so rather than "unreachable"
                 raise others[0]
-            detail = "; ".join(f"{a} ({e})" for a, e in failed)
+            detail = "; ".join(
+                f"{a} ({why or e})" for (a, e), why in zip(failed, reasons, strict=True)
+            )
             raise ActorUnavailableError(
                 f"actor(s) unreachable within connect_timeout={self.conn.connect_timeout} s: "
                 f"{detail}"
@@ -746,6 +760,21 @@ class Fleet:
             log.warning("closing the actor sessions: %s", exc)
         finally:
             self.shm.close()
+
+
+async def _why_unreachable(channel: ActorChannel) -> str:
+    """Why ``channel`` did not connect: a waiting call's error says only DEADLINE_EXCEEDED.
+
+    One call that fails fast reports the channel's last connection error (refused, no such
+    host, not HTTP/2, a TLS handshake that failed). "" when it says nothing more.
+    """
+    try:
+        await channel.describe(_REASON_TIMEOUT)
+    except Exception as exc:  # the reason, whatever it is
+        return (
+            "" if isinstance(exc, DeadlineError) else str(exc).removeprefix(f"{channel.address}: ")
+        )
+    return ""
 
 
 async def _settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:
