@@ -216,7 +216,7 @@ class ActorConfig:
     seed: int | None = None
     max_credits: int = 4
     grace_period: float = 10.0
-    token: str = ""
+    token: str = dataclasses.field(default="", repr=False)  # a secret: never in a repr
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
@@ -331,6 +331,20 @@ class ActorConfig:
                 f"'torchrl' (in-process servers); kind {self.kind!r} takes import paths "
                 "('package.module:function')"
             )
+
+    def logged(self) -> dict[str, object]:
+        """The settings as the actor logs them at start (``actor.config``).
+
+        Its kind's section is read flat, and the token masked (``"***"`` when one is set).
+        """
+        fields = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("env_pool", "llm", "token")
+        }
+        section = self.llm if self.kind == "llm" else self.env_pool
+        fields |= {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+        return fields | {"token": "***" if self.token else ""}
 
     # A section's fields, read flat: code and logs name them as the flags do.
     @property

@@ -118,6 +118,7 @@ class ActorServer:
         """
         if self.runtime is not None:
             raise SessionStateError("ActorServer.start called twice")
+        log_event("actor.config", logging.INFO, **self.config.logged())
         if self.config.metrics_port is not None:
             self.metrics = ActorMetrics(
                 worker_id=self.config.worker_id,

@@ -17,6 +17,7 @@ from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import ActorProcess, grpcurl_path, poll_until, start_actor
 
+from actor_service._config import ActorConfig
 from actor_service._serve._runtime import SHUTDOWN_REAP_BOUND
 from actor_service._serve._server import TEARDOWN_RESERVE
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -63,6 +64,17 @@ def test_a_second_actor_on_a_port_in_use_exits_1_naming_it(cli_actor: ActorProce
         assert f"cannot bind 127.0.0.1:{cli_actor.port} (in use" in started.stderr
     described = [_describe_worker(cli_actor.port) for _ in range(6)]
     assert described == [3] * 6  # every connection reaches the one actor on its port
+
+
+def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
+    secret = "s3cret-token-value"
+    with start_actor(["--num-envs", "1"], env={"RLFLEET_TOKEN": secret}) as actor:
+        stderr = actor.stderr()
+    line = next(line for line in stderr.splitlines() if "actor.config" in line)
+    for setting in ("num_envs=1", "env=CartPole-v1", "max_credits=4", "token=***"):
+        assert setting in line, line
+    assert secret not in stderr
+    assert secret not in repr(ActorConfig(token=secret))
 
 
 def test_an_actor_binds_an_ipv6_literal_without_brackets() -> None:
