@@ -18,6 +18,7 @@ by their flat names too (``config.task`` is ``config.llm.task``).
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -298,6 +299,8 @@ class ActorConfig:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
         if self.relay_ca and not self.tls_cert:
             raise ValueError("relay_ca needs tls_cert and tls_key (it is for TLS fleets)")
+        if self.tls_cert:
+            _check_pem_files(self.tls_cert, self.tls_key, self.tls_client_ca, self.relay_ca)
 
     def _check_sections(self) -> None:
         """A section other than its defaults is for the kinds that read it."""
@@ -465,3 +468,27 @@ def _int_within(value: object, low: int, high: int | None) -> bool:
     if not isinstance(value, int) or isinstance(value, bool):
         return False
     return low <= value and (high is None or value <= high)
+
+
+def _check_pem_files(cert: str, key: str, *cas: str) -> None:
+    """The TLS files load: a certificate chain with its private key, CA bundles.
+
+    Checked with the standard ``ssl`` module before gRPC reads them, whose own error is
+    "Failed to bind to address" with the cause only in its stderr lines.
+
+    Raises:
+        ValueError: Naming the file(s) and what is wrong.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:  # an encrypted key gets an empty password: gRPC cannot decrypt one either
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(
+            f"tls_cert {cert!r} and tls_key {key!r} are not a PEM certificate chain and its "
+            f"(unencrypted) private key: {exc}"
+        ) from None
+    for ca in filter(None, cas):
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"{ca!r} is not a PEM CA bundle: {exc}") from None

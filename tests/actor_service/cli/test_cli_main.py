@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import pathlib
 import subprocess
 import sys
 
@@ -43,10 +44,12 @@ def test_cli_defaults_match_actor_config() -> None:
     assert config == ActorConfig(worker_id=0)
 
 
-def test_cli_flags_fill_every_field(tmp_path: pytest.TempPathFactory) -> None:
-    cert, key, ca = (tmp_path / n for n in ("c.pem", "k.pem", "ca.pem"))
-    for path in (cert, key, ca):
-        path.write_text("x")
+# A self-signed pair made for these tests alone (openssl, EC P-256): TLS files must load.
+_TLS = pathlib.Path(__file__).parent / "tls"
+
+
+def test_cli_flags_fill_every_field() -> None:
+    cert, key, ca = _TLS / "test-only.crt", _TLS / "test-only.key", _TLS / "test-only.crt"
     config = _parse(
         [
             "--host",
@@ -374,6 +377,25 @@ def test_actor_config_raises_if_a_section_is_for_another_kind() -> None:
 def test_cli_keeps_another_kinds_settings_unread() -> None:
     config = _parse([], {"RLFLEET_TASK": "reverse"})  # a variable the fleet's LLM actors read
     assert (config.kind, config.llm.task) == ("env", "reverse")
+
+
+def test_tls_files_that_do_not_load_exit_2_naming_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    """gRPC's own error was "Failed to bind to address", the cause in its stderr alone."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    cert, key = str(_TLS / "test-only.crt"), str(_TLS / "test-only.key")
+    broken_key = tmp_path / "broken.key"
+    broken_key.write_text((_TLS / "test-only.key").read_text().replace("PRIVATE KEY", "KEY"))
+    for flags, named in (
+        (["--tls-cert", str(garbage), "--tls-key", key], "garbage.pem"),
+        (["--tls-cert", cert, "--tls-key", str(broken_key)], "broken.key"),
+        (["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", str(garbage)], "garbage.pem"),
+        (["--tls-cert", cert, "--tls-key", key, "--relay-ca", str(garbage)], "garbage.pem"),
+    ):
+        assert named in _error(capsys, flags)
+    assert _parse(["--tls-cert", cert, "--tls-key", key]).tls_cert == cert
 
 
 def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:
