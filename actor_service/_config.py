@@ -335,7 +335,7 @@ class ActorConfig:
                 "('package.module:function')"
             )
 
-    def logged(self) -> dict[str, object]:
+    def logged(self) -> dict[str, Any]:
         """The settings as the actor logs them at start (``actor.config``).
 
         Its kind's section is read flat, and the token masked (``"***"`` when one is set).
