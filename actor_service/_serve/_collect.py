@@ -184,6 +184,7 @@ class CollectSession:
             self._finished.set()
             raise
         reader: asyncio.Task[None] | None = None
+        ended = ""  # the reason written in the stream's end; "" when none could be
         try:
             opened = await self._start()
             if self._session_id:  # else taken over or drained while configuring: just end
@@ -203,18 +204,10 @@ class CollectSession:
                 env_failure=self._env_failure,
             )
             await context.write(encode_control(pb.CollectResponse(end=end)))
-            log_event(
-                "session.ended",
-                logging.INFO,
-                learner=self.learner_id,
-                reason=pb.EndReason.Name(end.reason),
-                last_seq=end.last_seq,
-                batches=self._sent,
-            )
+            ended = pb.EndReason.Name(end.reason)
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
-            if self._metrics is not None and self._session_id:
-                self._metrics.session_ended(self._stop or pb.END_REASON_CLOSED)
+            self._count_end(ended)
             if self.collecting:
                 self._abandon.set()
             self.active = False
@@ -223,6 +216,28 @@ class CollectSession:
             if self._is_current():
                 self._rt.book.close()
             self._finished.set()
+
+    def _count_end(self, ended: str) -> None:
+        """Log and count how the session ended (``session.ended``, the sessions counter).
+
+        ``ended`` is the reason its end message gave; ``broken`` when none could be written
+        (the learner vanished, its stream broke).
+
+        A session refused with an error status (a protocol violation) counts as ``error``.
+        """
+        if not self._session_id:
+            return
+        broken = not ended and self._failure is None
+        log_event(
+            "session.ended",
+            logging.INFO,
+            learner=self.learner_id,
+            reason="broken" if broken else ended or pb.EndReason.Name(pb.END_REASON_ERROR),
+            last_seq=self._last_sent,
+            batches=self._sent,
+        )
+        if self._metrics is not None:
+            self._metrics.session_ended(None if broken else self._stop or pb.END_REASON_CLOSED)
 
     async def _start(self) -> pb.SessionOpened:
         book, request = self._rt.book, self._open

@@ -200,9 +200,12 @@ class ActorMetrics:
             _PREFIX + name, documentation, labels, buckets=LONG_BUCKETS, registry=self.registry
         )
 
-    def session_ended(self, reason: int) -> None:
-        """Count a Collect session that ended for ``reason`` (an ``EndReason`` value)."""
-        name = _END_REASONS.get(reason, "unspecified")
+    def session_ended(self, reason: int | None) -> None:
+        """Count a Collect session that ended for ``reason`` (an ``EndReason`` value).
+
+        None: its stream broke before an end could be written (``broken``).
+        """
+        name = "broken" if reason is None else _END_REASONS.get(reason, "unspecified")
         self.sessions_ended.labels(name).inc()
 
     def model_label(self, model_id: str) -> str:

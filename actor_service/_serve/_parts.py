@@ -177,7 +177,7 @@ class PartStaging:
     # ------------------------------------------------------------------ checks
 
     def admit(
-        self, model_id: str, version: int, part: Part, base_version: int | None, digest: str
+        self, model_id: str, version: int, part: Part, base_version: int | None, digest: str = ""
     ) -> None:
         """Refuse a part from its header alone, before its bytes are buffered.
 

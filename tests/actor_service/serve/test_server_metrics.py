@@ -111,6 +111,25 @@ def test_actor_metrics_move_as_batches_flow_and_pushes_happen(make_actor: object
     assert value(after, "rlfleet_actor_sessions_ended_total", reason="closed") == 1
 
 
+def test_a_session_whose_learner_vanishes_ends_broken_not_closed(
+    make_actor: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A learner killed mid-session: no end can be written; counted and logged as broken."""
+    actor: Actor = make_actor(metrics_port=0)
+    port = actor.handle.server.metrics_port
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
+        session.opened()
+        session.batch()
+        session.cancel()  # what the actor sees of a learner killed: its stream breaks
+        poll_until(lambda: value(scrape(port), "rlfleet_actor_session_state", state="free") == 1)
+    after = scrape(port)
+    assert value(after, "rlfleet_actor_sessions_ended_total", reason="broken") == 1
+    assert (("reason", "closed"),) not in after["rlfleet_actor_sessions_ended_total"]
+    ended = [r.rlfleet_fields for r in caplog.records if r.getMessage() == "session.ended"]
+    assert [fields["reason"] for fields in ended] == ["broken"]
+
+
 def test_actor_metrics_port_serves_only_metrics_and_never_the_token(make_actor: object) -> None:
     actor: Actor = make_actor(metrics_port=0, token=TOKEN)
     port = actor.handle.server.metrics_port

@@ -120,7 +120,7 @@ def test_health_port_serves_only_health_and_reflection(cli_actor: ActorProcess) 
     ports = [
         int(line.split("health_port=")[1].split()[0])
         for line in cli_actor.stderr().splitlines()
-        if "health_port=" in line
+        if "actor.listening" in line
     ]
     assert ports
     assert ports[0] not in (0, cli_actor.port)
