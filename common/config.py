@@ -37,6 +37,7 @@ __all__ = [
     "CollectSettings",
     "CompileSettings",
     "ExplorationType",
+    "check_actor_address",
     "check_device_name",
     "check_learner_id",
     "check_no_env_settings",
@@ -309,6 +310,21 @@ def check_no_env_settings(values: dict[str, Any]) -> None:
             f"LLM collection takes none of env collection's {', '.join(asked)} (LLM actors "
             "would ignore them; a dialog's turn limit is max_turns)"
         )
+
+
+def check_actor_address(address: str) -> str:
+    """Return ``address`` if it is ``host:port`` with a port in 1..65535.
+
+    Raises:
+        ValueError: Naming the address (gRPC would dial a larger port modulo 65536, and
+            a host alone on port 443).
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not (port.isascii() and port.isdigit()):
+        raise ValueError(f"actor address must be 'host:port', got {address!r}")
+    if not 0 < int(port) <= 65535:
+        raise ValueError(f"actor address {address!r}: the port must be in 1..65535")
+    return address
 
 
 def check_model_id(model_id: object) -> str:

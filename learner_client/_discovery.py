@@ -38,12 +38,11 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from common.config import DEFAULT_PORT
+from common.config import DEFAULT_PORT, check_actor_address
 from common.errors import ActorUnavailableError, ClosedError, SessionStateError
 
 __all__ = [
     "DnsChange",
-    "check_address",
     "DnsMembership",
     "DnsWatcher",
     "Resolver",
@@ -166,23 +165,8 @@ def resolve_actors(actors: str | Sequence[str], *, resolver: Resolver | None = N
             host, port = parse_dns_target(entry)
             result.extend(_actor_addresses(host, port, resolver or getaddrinfo_resolver))
         else:
-            result.append(check_address(entry))
+            result.append(check_actor_address(entry))
     return result
-
-
-def check_address(address: str) -> str:
-    """Return ``address`` if it is ``host:port`` with a port in 1..65535.
-
-    Raises:
-        ValueError: Naming the address (gRPC would dial a larger port modulo 65536, and
-            a host alone on port 443).
-    """
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()):
-        raise ValueError(f"actor address must be 'host:port', got {address!r}")
-    if not 0 < int(port) <= 65535:
-        raise ValueError(f"actor address {address!r}: the port must be in 1..65535")
-    return address
 
 
 def _entries(actors: str | Sequence[str]) -> list[str]:

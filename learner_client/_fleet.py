@@ -29,11 +29,8 @@ import torch
 
 from common.config import CHUNK_BYTES, CollectSettings
 from common.errors import (
-    ActorUnavailableError,
-    DeadlineError,
     RlfleetError,
     UnknownWorkerError,
-    is_transient,
 )
 from learner_client._collect_stream import OpenStreams
 from learner_client._ledger import Ledger
@@ -53,6 +50,7 @@ from learner_client._transport import (
     PushMessages,
     PushReply,
     RelayFailedError,
+    connect_failure,
     push_messages,
     shm_messages,
 )
@@ -65,8 +63,6 @@ T = TypeVar("T")
 
 # Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
 _MARGIN = 5.0
-# Seconds a fast-failing call may take to say why an actor was unreachable.
-_REASON_TIMEOUT = 1.0
 
 _UNREACHABLE = (LinkState.DOWN, LinkState.LOST, LinkState.FAILED, LinkState.CLOSED)
 
@@ -161,29 +157,15 @@ class Fleet:
             if probe is not None:
                 self.shm.remove_probe(probe)
         failed = [
-            (c.address, r)
-            for c, r in zip(channels, results, strict=True)
-            if isinstance(r, BaseException)
+            (c, r) for c, r in zip(channels, results, strict=True) if isinstance(r, BaseException)
         ]
         descriptions = [r for r in results if isinstance(r, ActorDescription)]
         for d in descriptions:
             self.shm.admit(d.worker_id, d.host_identity, d.shm_probe_ok)
         if failed:
-            others = [e for _, e in failed if not is_transient(e)]
-            unreached = dict(failed)
-            reasons = await asyncio.gather(
-                *(_why_unreachable(c) for c in channels if c.address in unreached and not others)
-            )
+            error = await connect_failure(failed, self.conn.connect_timeout)
             await _settle(c.close() for c in channels)
-            if others:  # e.g. a bad token: say so rather than "unreachable"
-                raise others[0]
-            detail = "; ".join(
-                f"{a} ({why or e})" for (a, e), why in zip(failed, reasons, strict=True)
-            )
-            raise ActorUnavailableError(
-                f"actor(s) unreachable within connect_timeout={self.conn.connect_timeout} s: "
-                f"{detail}"
-            )
+            raise error
         return [
             ActorLink(
                 d,
@@ -760,21 +742,6 @@ class Fleet:
             log.warning("closing the actor sessions: %s", exc)
         finally:
             self.shm.close()
-
-
-async def _why_unreachable(channel: ActorChannel) -> str:
-    """Why ``channel`` did not connect: a waiting call's error says only DEADLINE_EXCEEDED.
-
-    One call that fails fast reports the channel's last connection error (refused, no such
-    host, not HTTP/2, a TLS handshake that failed). "" when it says nothing more.
-    """
-    try:
-        await channel.describe(_REASON_TIMEOUT)
-    except Exception as exc:  # the reason, whatever it is
-        return (
-            "" if isinstance(exc, DeadlineError) else str(exc).removeprefix(f"{channel.address}: ")
-        )
-    return ""
 
 
 async def _settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:

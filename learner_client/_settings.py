@@ -28,6 +28,7 @@ from common.config import (
     MAX_LEARNER_ID,
     CollectSettings,
     ExplorationType,
+    check_actor_address,
     check_learner_id,
     check_model_id,
     check_no_env_settings,
@@ -35,7 +36,6 @@ from common.config import (
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from common.weights import CHECKSUMS
-from learner_client._discovery import check_address
 from learner_client._members import FleetMember, check_kinds, check_unique
 from learner_client._torchrl_compat import ActorPlacement
 
@@ -468,7 +468,7 @@ def check_addresses(actors: object) -> list[str]:
     for address in actors:
         if not isinstance(address, str):
             raise TypeError(f"actor addresses must be strings, got {address!r}")
-        check_address(address)
+        check_actor_address(address)
         if address in seen:
             raise ValueError(f"actor address {address!r} is listed twice")
         seen.append(address)

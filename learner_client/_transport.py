@@ -32,7 +32,15 @@ from common.config import (
     check_model_id,
     client_channel_options,
 )
-from common.errors import ProtocolError, SessionStateError, from_status, one_line
+from common.errors import (
+    ActorUnavailableError,
+    DeadlineError,
+    ProtocolError,
+    SessionStateError,
+    from_status,
+    is_transient,
+    one_line,
+)
 from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -57,6 +65,7 @@ __all__ = [
     "PushInFlight",
     "PushReply",
     "RelayFailedError",
+    "connect_failure",
     "encode_chunk",
     "encode_header",
     "parse_collect_response",
@@ -427,6 +436,30 @@ class Channel(Protocol):
         ...
 
 
+# Seconds a fast-failing call may take to say why an actor was unreachable.
+_REASON_TIMEOUT = 1.0
+
+
+async def connect_failure(
+    failed: Sequence[tuple[ActorChannel, BaseException]], timeout: float
+) -> BaseException:
+    """The error for actors whose Describe failed while connecting within ``timeout``.
+
+    An error that is not a connection's (a bad token) as it is; else one
+    ``ActorUnavailableError`` naming each actor with its channel's own reason.
+    """
+    refused = [e for _, e in failed if not is_transient(e)]
+    if refused:
+        return refused[0]
+    reasons = await asyncio.gather(*(channel.why_unreachable() for channel, _ in failed))
+    detail = "; ".join(
+        f"{channel.address} ({why or error})"
+        for (channel, error), why in zip(failed, reasons, strict=True)
+    )
+    what = f"actor(s) unreachable within connect_timeout={timeout} s"
+    return ActorUnavailableError(f"{what}: {detail}")
+
+
 class ActorChannel:
     """A ``grpc.aio`` channel to one actor; create and use it on the learner's event loop.
 
@@ -504,6 +537,20 @@ class ActorChannel:
                 wait_for_ready=wait_for_ready,
             )
         return ActorDescription.from_response(self.address, r)
+
+    async def why_unreachable(self) -> str:
+        """Why this channel did not connect: a waiting call's error says only DEADLINE_EXCEEDED.
+
+        One call that fails fast reports the channel's last connection error (refused, no
+        such host, not HTTP/2, a failed TLS handshake); "" when it says nothing more.
+        """
+        try:
+            await self.describe(_REASON_TIMEOUT)
+        except DeadlineError:
+            return ""
+        except Exception as exc:  # the reason, whatever it is
+            return str(exc).removeprefix(f"{self.address}: ")
+        return ""
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:
         """Seed the actor.

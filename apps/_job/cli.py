@@ -18,13 +18,27 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "run_job", "seed_everything"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "FleetMismatchError",
+    "run_job",
+    "seed_everything",
+]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 
 S = TypeVar("S")
+
+
+class FleetMismatchError(Exception):
+    """The fleet given does not fit the job (two actors with one worker_id, another env).
+
+    :func:`run_job` ends on it with a one-line message and exit code 1.
+    """
 
 
 class Summary(Protocol):
@@ -49,18 +63,20 @@ def run_job(
         prog: The program name that prefixes the messages (``rlfleet-train``).
         settings: The parsed settings.
         train: The job's loop.
-        errors: What ends the run with a one-line message and exit code 1.
+        errors: What ends the run with a one-line message and exit code 1 (with
+            :class:`FleetMismatchError`).
 
     Returns:
         The process exit code.
     """
+    caught: tuple[type[BaseException], ...] = (*errors, FleetMismatchError)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = train(settings)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except errors as exc:
+    except caught as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:

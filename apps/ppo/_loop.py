@@ -19,10 +19,11 @@ import pathlib
 import time
 from typing import Any
 
+import grpc
 import gymnasium as gym
 import torch
 
-from apps._job.cli import seed_everything
+from apps._job.cli import FleetMismatchError, seed_everything
 from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.ppo._episodes import EpisodeTracker
@@ -31,6 +32,8 @@ from apps.ppo._report import TrainSummary, save_run
 from apps.ppo._settings import RETURN_WINDOW, TrainSettings
 from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector, LocalFleet, serve_metrics
 
 __all__ = ["train"]
@@ -110,23 +113,28 @@ def _open_collector(
     Each rank owns its share of the fleet; without ``--actors`` it starts that share itself.
     """
     addresses = list(settings.actors)
-    if not addresses:
+    token = os.environ.get("RLFLEET_TOKEN") or None
+    if addresses:
+        _check_envs(addresses, settings.env, token)
+    else:
         addresses = stack.enter_context(_local_fleet(settings, ranks)).addresses
-    collector = stack.enter_context(
-        GrpcCollector(
+    try:
+        collector = GrpcCollector(
             addresses,
             frames_per_batch=settings.frames_per_batch,
             total_frames=settings.total_frames,
             sync=settings.sync,
             # From the environment only: a flag would show in `ps` and in summary.json.
-            token=os.environ.get("RLFLEET_TOKEN") or None,
+            token=token,
             rank=ranks.rank,
             world_size=ranks.world_size,
             # Batches land where the learner's model is (None: as received, on the host).
             device=None if ranks.device.type == "cpu" else ranks.device,
             learner_id=ranks.learner_id,
         )
-    )
+    except ValueError as exc:  # the fleet the actors make does not fit (the flags were checked)
+        raise FleetMismatchError(f"the fleet at --actors: {exc}") from None
+    stack.enter_context(collector)
     if settings.metrics_port is not None:  # on all interfaces, until the collector shuts down
         port = settings.metrics_port and settings.metrics_port + ranks.local_rank
         serve_metrics(collector, port)
@@ -208,6 +216,30 @@ class _Loop:
         tracker = self.tracker
         mean, full = self.ranks.mean_and_all(tracker.recent_mean, tracker.recent_full)
         return mean, target is not None and full and mean is not None and mean >= target
+
+
+def _check_envs(addresses: list[str], env: str, token: str | None) -> None:
+    """Every actor at ``addresses`` that answers runs ``env`` (the others fail later).
+
+    Raises:
+        FleetMismatchError: Naming the actors running another env.
+    """
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    other: dict[str, str] = {}
+    for address in addresses:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.ActorServiceStub(channel)
+            try:
+                reply = stub.Describe(pb.DescribeRequest(), timeout=10, metadata=metadata)
+            except grpc.RpcError:
+                continue  # the collector says why it cannot reach it
+        if reply.kind != "llm" and reply.env_id != env:
+            other[address] = reply.env_id
+    if other:
+        raise FleetMismatchError(
+            f"--env {env}, but the actors at {other} (address: env) run another env; start "
+            f"them with --env {env}, or train on theirs"
+        )
 
 
 def _local_fleet(settings: TrainSettings, ranks: DataParallel) -> LocalFleet:

@@ -21,6 +21,7 @@ from apps._job.device import (
     ranks_per_node,
 )
 from apps._job.settings import check_positive_ints, opt, parse_settings
+from common.config import check_actor_address
 from learner_client import check_metrics_port
 
 __all__ = ["CARTPOLE_TARGET_RETURN", "RETURN_WINDOW", "TrainSettings", "parse_args"]
@@ -144,9 +145,12 @@ class TrainSettings:
                 f"frames_per_batch ({self.frames_per_batch})"
             )
         for address in self.actors:
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"actor address must be host:port, got {address!r}")
+            if not address.startswith("dns:"):  # a fleet's name, resolved when it starts
+                check_actor_address(address)
+        if len(set(self.actors)) < len(self.actors):
+            raise ValueError(f"an actor address is listed twice in {','.join(self.actors)}")
+        if not 0 <= self.seed < 2**32:  # numpy's seeds
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         if not self.actors:
             self._check_local_batch_shape()
         check_metrics_port(self.metrics_port)

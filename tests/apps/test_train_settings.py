@@ -70,6 +70,9 @@ def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
         (["--frames-per-batch", "1000"], "multiple of num_actors"),
         (["--num-actors", "3", "--nproc-per-node", "2"], "multiple of nproc_per_node"),
         (["--actors", "nohostport"], "host:port"),
+        (["--actors", "a:1,a:1"], "listed twice"),
+        (["--actors", "a:115688"], "1..65535"),  # gRPC dialled 115688 - 65536
+        (["--seed", "-1"], "seed"),  # numpy's traceback, after the fleet started
         (["--hidden", "0"], "hidden"),
     ],
 )

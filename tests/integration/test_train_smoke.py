@@ -141,6 +141,25 @@ def test_train_entry_point_trains_against_an_existing_fleet_and_leaves_it_runnin
     assert all(_serving(a) for a in external_fleet.addresses)
 
 
+def test_train_entry_point_refuses_a_fleet_that_runs_another_env_or_repeats_a_worker_id(
+    tmp_path, external_fleet
+):
+    """One-line messages and exit 1, not a traceback, nor a run on another env."""
+    addresses = external_fleet.addresses
+    fleet = ",".join(addresses)
+    other_env = _train("--actors", fleet, "--env", "CartPole-v0", "--out", str(tmp_path))
+    assert other_env.returncode == 1, other_env.stderr
+    assert "rlfleet-train: error: --env CartPole-v0, but the actors at" in other_env.stderr
+    assert "CartPole-v1" in other_env.stderr
+    port = addresses[0].rpartition(":")[2]  # one actor under two names: one worker_id twice
+    twice = _train("--actors", f"127.0.0.1:{port},localhost:{port}", "--out", str(tmp_path))
+    assert twice.returncode == 1, twice.stderr
+    assert "rlfleet-train: error: the fleet at --actors: worker_ids must be unique" in twice.stderr
+    for result in (other_env, twice):
+        assert "Traceback" not in result.stderr
+    assert all(_serving(a) for a in addresses)
+
+
 def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path, external_fleet):
     learner = subprocess.Popen(
         [
