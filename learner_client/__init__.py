@@ -23,6 +23,7 @@ live in ``apps``.
 from __future__ import annotations
 
 from learner_client._collector import GrpcCollector
+from learner_client._description import ActorDescription
 from learner_client._discovery import resolve_actors
 from learner_client._errors import (
     MissingWorkersError,
@@ -38,7 +39,6 @@ from learner_client._metrics import check_metrics_port, serve_metrics
 from learner_client._pushes import PartResult
 from learner_client._ray_fleet import RayFleet
 from learner_client._settings import WeightPushSettings
-from learner_client._transport import ActorDescription
 
 __all__ = [
     "ActorDescription",

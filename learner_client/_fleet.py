@@ -33,6 +33,7 @@ from common.errors import (
     UnknownWorkerError,
 )
 from learner_client._collect_stream import OpenStreams
+from learner_client._description import ActorDescription
 from learner_client._ledger import Ledger
 from learner_client._link import ActorLink, Admit, LinkState
 from learner_client._loop_thread import LoopThread
@@ -46,7 +47,6 @@ from learner_client._stripes import Striped, StripeRoute
 from learner_client._torchrl_compat import ActorPlacement
 from learner_client._transport import (
     ActorChannel,
-    ActorDescription,
     PushMessages,
     PushReply,
     RelayFailedError,

@@ -48,13 +48,14 @@ from common.errors import (
     one_line,
 )
 from learner_client._collect_stream import CollectStream, EndEvent, OpenStreams, ShmBatchError
+from learner_client._description import ActorDescription
 from learner_client._errors import SettingsRefusedError
 from learner_client._ledger import Ledger, SeqTracker
 from learner_client._mailbox import Delivery, Mailbox
 from learner_client._rounds import name_time_dim, tag_worker
 from learner_client._settings import ConnectionSettings
 from learner_client._shm import ShmRoute
-from learner_client._transport import ActorDescription, Channel
+from learner_client._transport import Channel
 
 __all__ = ["ENV_FAILURE_ATTEMPTS", "ActorLink", "AfterSession", "Backoff", "LinkState"]
 

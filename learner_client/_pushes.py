@@ -88,13 +88,14 @@ from common.weights import (
     wire_state,
 )
 from learner_client._agreement import VersionAgreement
+from learner_client._description import ActorDescription
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, Link
 from learner_client._ledger import Ledger
 from learner_client._metrics import LearnerMetrics
 from learner_client._settings import WeightPushSettings
 from learner_client._shared_policy import SharedPolicy
-from learner_client._transport import ActorDescription, PushReply
+from learner_client._transport import PushReply
 from learner_client._weights import (
     EncodedWeights,
     PushOptions,

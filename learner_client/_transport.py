@@ -24,14 +24,7 @@ from typing import Any, Protocol, overload
 
 import grpc
 
-from common.config import (
-    CHUNK_BYTES,
-    MAX_CREDITS,
-    MAX_NUM_ENVS,
-    MAX_WORKER_ID,
-    check_model_id,
-    client_channel_options,
-)
+from common.config import CHUNK_BYTES, client_channel_options
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -46,23 +39,21 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.shm import Segment
 from common.weights import (
-    MAX_POLICY_VERSION,
     BlobAssembler,
     Part,
     PushOutcome,
     iter_blob_chunks,
     sha256_hex,
 )
+from learner_client._description import ActorDescription
 from learner_client._shm import ShmRefusedError
 
 __all__ = [
     "ActorChannel",
-    "ActorDescription",
     "Channel",
     "Chunk",
     "CollectCall",
     "PushMessages",
-    "PushInFlight",
     "PushReply",
     "RelayFailedError",
     "connect_failure",
@@ -84,8 +75,6 @@ _RECONNECT_OPTIONS = [
 ]
 
 
-#: Pushes in flight read from a Describe.
-_LISTED_PUSHES = 16
 # Field tag of PushWeightsRequest.chunk (a oneof member, so an empty value is
 # still written: tag, then length 0).
 _CHUNK_TAG = pb.PushWeightsRequest(chunk=b"").SerializeToString()[:-1]
@@ -251,155 +240,6 @@ class PushReply:
     parts_staged: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class PushInFlight:
-    """A weight push an actor is receiving, as its Describe reports it.
-
-    Attributes:
-        model_id: The model it updates.
-        version: The version it carries.
-        total_bytes: Its blob's size.
-        received_bytes: The bytes received and checked so far.
-        source: ``"learner"``, ``"relay"`` or ``"shared memory"``.
-        seconds: Seconds since its header arrived.
-    """
-
-    model_id: str
-    version: int
-    total_bytes: int
-    received_bytes: int
-    source: str
-    seconds: float
-
-    @classmethod
-    def from_proto(cls, push: pb.PushInFlight) -> PushInFlight:
-        """Decode one ``PushInFlight`` (at most 64 characters of its text fields kept)."""
-        return cls(
-            model_id=push.model_id[:64] or "policy",
-            version=int(push.version),
-            total_bytes=int(push.total_bytes),
-            received_bytes=int(push.received_bytes),
-            source=push.source[:64],
-            seconds=float(push.seconds),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ActorDescription:
-    """What Describe reports about one actor, as plain values.
-
-    :meth:`from_response` is the one decoder of ``DescribeResponse``, for the
-    collector and for ``rlfleet status`` alike.
-
-    Attributes:
-        address: ``host:port`` it was reached at.
-        worker_id: Its id in the fleet.
-        epoch: Its current epoch (new at every process start).
-        num_envs: Its env pool size.
-        models: ``{model_id: policy version}``.
-        max_credits: Most outstanding credits it honours.
-        kind: ``"env"``, ``"torchrl"`` or ``"llm"``.
-        max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
-        env: The env id it collects from (an LLM actor's task).
-        busy: Whether a learner session is active.
-        draining: Whether it is shutting down (it accepts no new session).
-        learner_id: The learner holding the active session; empty when none.
-        frames: Frames it collected.
-        uptime_seconds: Seconds since it started.
-        device: Where its policy runs (``--device``).
-        part_deadline: Seconds an incomplete multi-part version waits on it before it
-            expires; 0: it takes no multi-part pushes (it predates them).
-        host_identity: Its host's identity (``common.shm.host_identity``); empty if unknown.
-        shm_probe_ok: It read back the probe segment the Describe named.
-        relays_over_tls: It forwards relayed pushes over TLS (its ``--relay-ca``).
-        pushes_in_flight: The weight pushes it is receiving (at most 16).
-    """
-
-    address: str
-    worker_id: int
-    epoch: int
-    num_envs: int
-    models: dict[str, int]
-    max_credits: int
-    kind: str = "env"
-    max_new_tokens_cap: int = 0
-    env: str = ""
-    busy: bool = False
-    draining: bool = False
-    learner_id: str = ""
-    frames: int = 0
-    uptime_seconds: float = 0.0
-    device: str = "cpu"
-    part_deadline: float = 0.0
-    host_identity: str = ""
-    shm_probe_ok: bool = False
-    relays_over_tls: bool = False
-    pushes_in_flight: tuple[PushInFlight, ...] = ()
-
-    @classmethod
-    def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
-        """Decode the ``DescribeResponse`` that the actor at ``address`` sent.
-
-        Example::
-
-            reply = stub.Describe(pb.DescribeRequest(), timeout=5.0)
-            ActorDescription.from_response("10.0.0.1:50051", reply).worker_id
-        """
-        _check_description(address, reply)
-        return cls(
-            address=address,
-            worker_id=int(reply.worker_id),
-            epoch=int(reply.epoch),
-            num_envs=int(reply.num_envs),
-            models={m.model_id: int(m.version) for m in reply.models},
-            max_credits=int(reply.max_credits),
-            # Actors that predate the kind field collect from gymnasium envs.
-            kind=reply.kind or "env",
-            max_new_tokens_cap=int(reply.max_new_tokens_cap),
-            env=reply.env_id,
-            busy=bool(reply.busy),
-            draining=bool(reply.draining),
-            learner_id=reply.learner_id,
-            frames=int(reply.frames),
-            uptime_seconds=float(reply.uptime_seconds),
-            device=reply.device or "cpu",
-            part_deadline=float(reply.part_deadline_seconds),
-            host_identity=reply.host_identity,
-            shm_probe_ok=bool(reply.shm_probe_ok),
-            relays_over_tls=bool(reply.relays_over_tls),
-            pushes_in_flight=tuple(
-                PushInFlight.from_proto(p) for p in reply.pushes_in_flight[:_LISTED_PUSHES]
-            ),
-        )
-
-
-def _check_description(address: str, reply: pb.DescribeResponse) -> None:
-    """Refuse a ``DescribeResponse`` whose numbers no actor reports (each within its range).
-
-    Raises:
-        ProtocolError: A field outside the range an actor's own settings allow.
-    """
-    ranges = {
-        "worker_id": (reply.worker_id, 0, MAX_WORKER_ID),
-        "epoch": (reply.epoch, 1, None),
-        "num_envs": (reply.num_envs, 1, MAX_NUM_ENVS),
-        "max_credits": (reply.max_credits, 0, MAX_CREDITS),
-    }
-    ranges |= {
-        f"the version of model {m.model_id!r:.80}": (m.version, 0, MAX_POLICY_VERSION)
-        for m in reply.models
-    }
-    for what, (value, low, high) in ranges.items():
-        if value < low or (high is not None and value > high):
-            span = f"{low}..{high}" if high is not None else f">= {low}"
-            raise ProtocolError(f"{address}: Describe reports {what} {value}, outside {span}")
-    for model in reply.models:
-        try:
-            check_model_id(model.model_id)
-        except ValueError as exc:
-            raise ProtocolError(f"{address}: Describe reports a bad model: {exc}") from None
-
-
 class CollectCall(Protocol):
     """What the learner uses of a running ``Collect`` call (``grpc.aio``'s stream-stream call)."""
 
@@ -530,12 +370,20 @@ class ActorChannel:
         if probe is not None:
             request.shm_probe.CopyFrom(shm_control(probe))
         with translate_errors(self.address):
-            r = await self._stub.Describe(
-                request,
-                timeout=timeout,
-                metadata=self._metadata,
-                wait_for_ready=wait_for_ready,
-            )
+            try:
+                r = await self._stub.Describe(
+                    request,
+                    timeout=timeout,
+                    metadata=self._metadata,
+                    wait_for_ready=wait_for_ready,
+                )
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                raise ProtocolError(
+                    f"{self.address}: not an rlfleet actor: it does not serve "
+                    f"rlfleet.v1.ActorService/Describe ({exc.details()}); check the address"
+                ) from None
         return ActorDescription.from_response(self.address, r)
 
     async def why_unreachable(self) -> str:

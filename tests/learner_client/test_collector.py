@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import socket
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 import torch
+from grpc_health.v1 import health, health_pb2_grpc
 from helpers import poll_until
 from learner_fleet import live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from common.errors import ActorUnavailableError, SessionStateError
+from common.errors import ActorUnavailableError, ProtocolError, SessionStateError
 from learner_client import GrpcCollector, RemoteActor
 
 
@@ -248,6 +251,19 @@ def test_collector_raises_if_an_actor_is_unreachable():
         GrpcCollector([dead], frames_per_batch=4, connect_timeout=1.0)
     assert time.monotonic() - start < 8
     assert "Connection refused" in str(error.value)  # the reason, not only the deadline
+
+
+def test_collector_says_a_grpc_server_that_is_no_actor_is_not_one():
+    """A health-only gRPC server answers Describe UNIMPLEMENTED: named, not an INTERNAL."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(ProtocolError, match=r"not an rlfleet actor.*check the address"):
+            GrpcCollector([f"127.0.0.1:{port}"], frames_per_batch=4, connect_timeout=5.0)
+    finally:
+        server.stop(None)
 
 
 def test_collector_raises_if_worker_ids_repeat(fleet):

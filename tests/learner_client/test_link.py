@@ -29,13 +29,13 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import remove_segment, write_segment
 from learner_client import _link
 from learner_client._collect_stream import CollectStream, OpenStreams
+from learner_client._description import ActorDescription
 from learner_client._ledger import Ledger
 from learner_client._link import ENV_FAILURE_ATTEMPTS, ActorLink, Backoff, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._settings import ConnectionSettings
 from learner_client._shm import ShmRoute
-from learner_client._transport import ActorDescription
 
 ADDRESS = "fake:1"
 SETTINGS = CollectSettings(frames_per_batch=6)
