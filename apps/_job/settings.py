@@ -36,7 +36,12 @@ def check_positive_ints(settings: object, names: Iterable[str]) -> None:
 
 
 def _parse_ints(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part.strip())
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers (e.g. 64,64), got {text!r}"
+        ) from None
 
 
 def _parse_strs(text: str) -> tuple[str, ...]:
@@ -78,33 +83,36 @@ def settings_parser(settings_type: type, prog: str, description: str) -> argpars
     Returns:
         A parser whose namespace holds one attribute per field.
     """
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     for field in dataclasses.fields(settings_type):
         flag = "--" + field.name.replace("_", "-")
-        help_text = field.metadata["help"]
-        if field.type == "bool":
-            negative = field.metadata.get("negative")
-            if negative:
-                group = parser.add_mutually_exclusive_group()
-                group.add_argument(flag, dest=field.name, action="store_true", help=help_text)
-                group.add_argument("--" + negative, dest=field.name, action="store_false")
-                parser.set_defaults(**{field.name: field.default})
-            else:
-                parser.add_argument(
-                    flag,
-                    action=argparse.BooleanOptionalAction,
-                    default=field.default,
-                    help=help_text,
-                )
+        if field.type != "bool":
+            help_text = f"{field.metadata['help']} (default: {_shown(field.default)})"
+            parser.add_argument(
+                flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
+            )
             continue
-        parser.add_argument(
-            flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
-        )
+        negative = "--" + field.metadata.get("negative", "no-" + flag[2:])
+        help_text = f"{field.metadata['help']} (default: {flag if field.default else negative})"
+        if field.metadata.get("negative"):
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(flag, dest=field.name, action="store_true", help=help_text)
+            group.add_argument(negative, dest=field.name, action="store_false")
+            parser.set_defaults(**{field.name: field.default})
+        else:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=field.default, help=help_text
+            )
     return parser
+
+
+def _shown(default: object) -> str:
+    """A default as the flag would be written: ``64,64`` for a tuple; ``none`` when unset."""
+    if default in ((), "", None):
+        return "none"
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return str(default)
 
 
 def parse_settings(
