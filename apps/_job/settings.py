@@ -87,7 +87,9 @@ def settings_parser(settings_type: type, prog: str, description: str) -> argpars
     for field in dataclasses.fields(settings_type):
         flag = "--" + field.name.replace("_", "-")
         if field.type != "bool":
-            help_text = f"{field.metadata['help']} (default: {_shown(field.default)})"
+            help_text = field.metadata["help"]
+            if "default" not in help_text:  # some helps say their default in their words
+                help_text += f" (default: {_shown(field.default)})"
             parser.add_argument(
                 flag, type=_PARSERS[str(field.type)], default=field.default, help=help_text
             )
