@@ -472,4 +472,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.log_level, config.log_format, worker_id=config.worker_id, include_others=True
     )
     logging.captureWarnings(True)
+    if not config.token and "RLFLEET_TOKEN" in os.environ:  # e.g. a Secret that is missing
+        from actor_service._serve._logging import log_event
+
+        log_event(
+            "actor.auth_off",
+            logging.WARNING,
+            reason="RLFLEET_TOKEN is set but empty: every caller is accepted",
+        )
     return serve(config)

@@ -75,6 +75,9 @@ def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
         assert setting in line, line
     assert secret not in stderr
     assert secret not in repr(ActorConfig(token=secret))
+    assert "actor.auth_off" not in stderr
+    with start_actor(["--num-envs", "1"], env={"RLFLEET_TOKEN": ""}) as open_actor:
+        assert "actor.auth_off" in open_actor.stderr()  # a Secret missing: auth is off, loudly
 
 
 def test_an_actor_binds_an_ipv6_literal_without_brackets() -> None:
