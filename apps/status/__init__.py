@@ -132,7 +132,8 @@ def _show(statuses: list[ActorStatus], args: argparse.Namespace, out: TextIO) ->
     if args.json:
         out.write(json.dumps([s.as_json() for s in statuses]) + "\n")
     else:
-        out.write((_CLEAR if args.watch else "") + format_table(statuses) + "\n")
+        clear = args.watch and out.isatty()  # piped or logged: rounds follow one another
+        out.write((_CLEAR if clear else "") + format_table(statuses) + "\n")
     out.flush()
 
 
@@ -174,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.count is not None and not args.watch:
+        parser.error("--count counts the refreshes of --watch: add --watch")
     try:
         return status(args, sys.stdout)
     except ValueError as exc:

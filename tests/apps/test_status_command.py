@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pathlib
@@ -166,7 +167,19 @@ def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
     assert len(rounds) == 3
     assert all(r[0]["worker_id"] == 0 and r[0]["serving"] for r in rounds)
     watched = rlfleet("status", fleet[0].address, "--watch", "--count", "2", "--interval", "0.2")
-    assert watched.stdout.count("\x1b[H\x1b[2J") == 2
+    assert watched.stdout.count("1/1 serving") == 2
+    assert "\x1b[" not in watched.stdout  # piped: no screen-clearing codes between rounds
+
+
+def test_status_watch_clears_the_screen_only_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    args = cli.build_parser().parse_args(["status", "a:1", "--watch"])
+    for out, clears in ((Terminal(), 1), (io.StringIO(), 0)):
+        cli._show([], args, out)
+        assert out.getvalue().count("\x1b[H\x1b[2J") == clears
 
 
 @pytest.mark.parametrize(
@@ -177,6 +190,7 @@ def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
         (("127.0.0.1:99999",), "port must be in 1..65535"),  # gRPC dialled 34463
         (("127.0.0.1",), "must be 'host:port'"),  # gRPC dialled 443
         (("127.0.0.1:1", "--interval", "0"), "expected a finite number > 0"),
+        (("127.0.0.1:1", "--count", "2"), "add --watch"),
         (("127.0.0.1:1", "--tls-cert", "x.pem"), "--tls-cert and --tls-key"),
         (("127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"), "cannot read"),
     ],
