@@ -132,7 +132,11 @@ class MetricsEndpoint:
 
     def __init__(self, registry: CollectorRegistry, *, host: str, port: int) -> None:
         server_class = _Server6 if ":" in host else _Server
-        self._server = server_class((host.strip("[]"), port), _QuietHandler)
+        try:
+            self._server = server_class((host.strip("[]"), port), _QuietHandler)
+        except OSError as exc:  # the errno's text alone names neither the port nor the flag
+            where = f"{host}:{port} (--metrics-port)"
+            raise OSError(exc.errno, f"cannot serve /metrics on {where}: {exc.strerror}") from None
         self._server.set_app(_only_metrics(make_wsgi_app(registry)))
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -12,8 +13,10 @@ import pytest
 import torch
 from actor_harness import Actor, RawCollect, open_request
 from helpers import free_port, poll_until, start_actor
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
 
@@ -194,3 +197,12 @@ def test_actor_process_serves_metrics_from_flag_or_variable(how: str) -> None:
         assert process.wait(timeout=30) == 0
     with pytest.raises(urllib.error.URLError):  # the port is released with the process
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_metrics_port_in_use_is_named_with_its_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"127.0.0.1:{port} \(--metrics-port\).*in use"):
+            MetricsEndpoint(CollectorRegistry(), host="127.0.0.1", port=port)
