@@ -80,6 +80,24 @@ def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
         assert "actor.auth_off" in open_actor.stderr()  # a Secret missing: auth is off, loudly
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_actor_starts_exits_0(stop: signal.Signals) -> None:
+    """Stopped while importing torch: exit 0 with a line, not 143 or a traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "actor_service", "--port", "0", "--num-envs", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # its imports take seconds
+    process.send_signal(stop)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+    if "rlfleet-actor ready" not in out:  # stopped before its server's own handlers
+        assert f"stopped by {stop.name} before serving" in err
+
+
 def test_an_actor_binds_an_ipv6_literal_without_brackets() -> None:
     with start_actor(["--host", "::1", "--num-envs", "1"]) as actor:
         with grpc.insecure_channel(f"[::1]:{actor.port}") as channel:
