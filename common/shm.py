@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from common.checksum import crc32c
-from common.leftovers import sweep_leftovers
+from common.leftovers import sweep_leftovers, writer_tag
 
 __all__ = [
     "SHM_ROOT",
@@ -57,12 +57,14 @@ MAX_SEGMENT = 1 << 36
 # Bytes SharedBuffer.fill_pieces copies, then checksums while they are in the cache.
 _FILL_BLOCK = 256 << 10
 
-_NAME = re.compile(r"^rlfleet-shm-(\d{1,10})-[0-9a-f]{32}$")
+# The writer's pid, its PID namespace (left out by writers before it was added), 128
+# random bits.
+_NAME = re.compile(r"^rlfleet-shm-(?P<pid>\d{1,10})-(?:(?P<ns>\d{1,20})-)?[0-9a-f]{32}$")
 
 
 def _new_name() -> str:
     """A fresh segment name of this process (the pattern :data:`_NAME` accepts)."""
-    return f"rlfleet-shm-{os.getpid()}-{secrets.token_hex(16)}"
+    return f"rlfleet-shm-{writer_tag()}-{secrets.token_hex(16)}"
 
 
 class ShmError(Exception):

@@ -17,19 +17,19 @@ import re
 import shutil
 import tempfile
 
-from common.leftovers import sweep_leftovers
+from common.leftovers import sweep_leftovers, writer_tag
 
 __all__ = ["scratch_dir", "sweep_scratch"]
 
 log = logging.getLogger("actor_service")
 
-_NAME = re.compile(r"^rlfleet-scratch-(\d+)-")
+_NAME = re.compile(r"^rlfleet-scratch-(?P<pid>\d+)-(?:(?P<ns>\d+)-)?")
 
 
 def scratch_dir(what: str) -> str:
     """A new folder for this process's ``what`` (``vllm``, ``vllm-lora``), after a sweep."""
     sweep_scratch()
-    return tempfile.mkdtemp(prefix=f"rlfleet-scratch-{os.getpid()}-{what}-")
+    return tempfile.mkdtemp(prefix=f"rlfleet-scratch-{writer_tag()}-{what}-")
 
 
 def sweep_scratch(root: str | None = None) -> list[str]:

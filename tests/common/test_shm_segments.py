@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,28 @@ def test_sweep_removes_a_killed_writers_segment(tmp_path: Path) -> None:
     proc.stdout.close()
     assert sweep_segments(str(tmp_path)) == [name]
     assert sorted(os.listdir(tmp_path)) == [mine.name]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_the_sweep_leaves_the_segments_of_another_pid_namespace(tmp_path: Path) -> None:
+    """Containers of one pod share /dev/shm, not their pids: a pid alive in its writer's
+    namespace may be no one's in the sweeper's, which used to remove live segments.
+    """
+    live = write_segment(b"live", str(tmp_path))  # this process, alive in its namespace
+    code = f"from common.shm import sweep_segments; print(sweep_segments({str(tmp_path)!r}))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    swept = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout.strip() == "[]"  # where this test's pid is no process at all
+    assert os.listdir(tmp_path) == [live.name]
 
 
 @pytest.mark.parametrize("piece", [7, 1 << 19])

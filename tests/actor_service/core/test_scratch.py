@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from actor_service._core._scratch import scratch_dir, sweep_scratch
+from common.leftovers import writer_tag
 
 
 def _dead_pid() -> int:
@@ -39,5 +40,5 @@ def test_scratch_dir_names_this_process(monkeypatch, tmp_path: pathlib.Path) -> 
     left.mkdir()
     path = pathlib.Path(scratch_dir("vllm"))
     assert path.parent == tmp_path
-    assert path.name.startswith(f"rlfleet-scratch-{os.getpid()}-vllm-")
+    assert path.name.startswith(f"rlfleet-scratch-{writer_tag()}-vllm-")
     assert not left.exists()  # a new folder sweeps first
