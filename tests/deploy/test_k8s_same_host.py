@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pathlib
 import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
@@ -66,7 +67,9 @@ def test_k8s_same_host_pod_shares_dev_shm_user_and_loopback() -> None:
         assert actor["restartPolicy"] == "Always"  # a native sidecar: up before the learner
         env = _env(actor)
         assert (env["RLFLEET_WORKER_ID"], env["RLFLEET_HOST"]) == (str(index), "127.0.0.1")
-        assert actor["startupProbe"]["grpc"]["port"] == int(env["RLFLEET_PORT"])
+        # The kubelet's gRPC probe dials the pod IP, where a loopback actor never answers.
+        probe = actor["startupProbe"]["exec"]["command"]
+        assert probe[:3] == ["python", "-m", "actor_service.probe"]
         addresses.append(f"127.0.0.1:{env['RLFLEET_PORT']}")
     args = learner["args"]
     assert args[args.index("--actors") + 1] == ",".join(addresses)
@@ -97,6 +100,12 @@ def test_k8s_same_host_pod_runs_locally_and_pushes_through_shared_memory(
         specs.append((namespace.wrap(argv), env, f"127.0.0.1:{port}"))
     with replicas(specs) as fleet:
         assert [replica.ready_line() for replica in fleet] == [(0, ports[0]), (1, ports[1])]
+        for actor, (_, env, _) in zip(actors, specs, strict=True):  # the sidecars' probes pass
+            probe = actor["startupProbe"]["exec"]["command"]
+            checked = subprocess.run(
+                namespace.wrap([sys.executable, *probe[1:]]), env=env, timeout=30
+            )
+            assert checked.returncode == 0, probe
         argv = with_flag(learner["args"], "--actors", ",".join(r.address for r in fleet))
         for flag, value in TINY_BUDGET.items():
             argv = with_flag(argv, flag, value)
