@@ -40,12 +40,14 @@ from learner_client._ray_dropin import (
 )
 from learner_client._rounds import Placement
 from learner_client._settings import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
     BatchSettings,
     ConnectionSettings,
     RolloutSettings,
     WeightPushSettings,
     check_addresses,
     check_hooks,
+    shutdown_limit,
 )
 from learner_client._shared_policy import SharedPolicy
 from learner_client._stats import snapshot
@@ -62,8 +64,6 @@ from learner_client._wiring import Teardown, assemble, weakly
 __all__ = ["GrpcCollector"]
 
 log = logging.getLogger("learner_client")
-
-_DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
 class _State(enum.Enum):
@@ -393,10 +393,10 @@ class GrpcCollector:
             self._membership.start()
         except BaseException:
             self._membership.close()
-            self._parts.close(_DEFAULT_SHUTDOWN_TIMEOUT)
+            self._parts.close(DEFAULT_SHUTDOWN_TIMEOUT)
             raise
         self._teardown = Teardown(parts, self._membership, self._background, self._owner)
-        self._dropped = self._teardown.when_dropped(self, _DEFAULT_SHUTDOWN_TIMEOUT)
+        self._dropped = self._teardown.when_dropped(self, DEFAULT_SHUTDOWN_TIMEOUT)
 
     def __len__(self) -> int:
         """``ceil(total_frames / frames_per_batch)``; TypeError when endless."""
@@ -585,7 +585,7 @@ class GrpcCollector:
         Bounded by ``timeout`` (default 10 s) per phase, idempotent, tolerant of dead actors.
         A fleet object given to the collector (not its addresses) is stopped too.
         """
-        limit = _DEFAULT_SHUTDOWN_TIMEOUT if timeout is None else float(timeout)
+        limit = shutdown_limit(timeout)  # checked before anything closes
         with self._lock:
             if self._state is _State.CLOSED:
                 return

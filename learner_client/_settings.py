@@ -25,6 +25,7 @@ from tensordict import TensorDictBase
 
 from common.config import (
     DEFAULT_MODEL_ID,
+    MAX_FRAMES_PER_BATCH,
     MAX_LEARNER_ID,
     CollectSettings,
     ExplorationType,
@@ -243,7 +244,7 @@ class RolloutSettings:
         return CollectSettings(
             frames_per_batch=frames_per_batch,
             max_frames_per_traj=_int(self.max_frames_per_traj),
-            init_random_frames=math.ceil(random_frames / max(num_actors, 1)),
+            init_random_frames=-(-random_frames // max(num_actors, 1)),  # exact, as ints
             reset_at_each_iter=self.reset_at_each_iter,
             reset_when_done=self.reset_when_done,
             split_trajs=bool(self.split_trajs),
@@ -292,6 +293,11 @@ class ConnectionSettings:
         token = self.token
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty string or None")
+        # A header value: visible ASCII (no line breaks), within what servers take.
+        if token is not None and not (token.isascii() and token.isprintable()):
+            raise ValueError("token must hold printable ASCII characters only")
+        if token is not None and len(token) > _MAX_TOKEN:
+            raise ValueError(f"token must be at most {_MAX_TOKEN} characters, got {len(token)}")
         if self.learner_id == "":
             _set(self, "learner_id", new_learner_id())
         check_learner_id(self.learner_id, MAX_LEARNER_ID)
@@ -325,18 +331,42 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
+# The longest token sent: an actor's metadata cap is 8 KiB (gRPC's default).
+_MAX_TOKEN = 4096
+
+#: The longest timeout taken (about 116 days): gRPC fails a call whose deadline lies past
+#: about 1e10 s at once, and Python's waits raise OverflowError further on.
+MAX_TIMEOUT_S = 1e7
+
+
 def positive_timeout(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a finite positive number of seconds.
+    """Return ``value`` as a float if it is a positive number of seconds, at most 1e7.
 
     Raises:
         TypeError: Not a number.
-        ValueError: Not finite and positive.
+        ValueError: Not in (0, :data:`MAX_TIMEOUT_S`] (NaN and infinities included).
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    if not 0 < value <= MAX_TIMEOUT_S:  # False for NaN; no float conversion of a huge int
+        raise ValueError(
+            f"{name} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
+            f"got {value!r:.40}"
+        )
     return float(value)
+
+
+#: Seconds each phase of a collector's shutdown may take when none is given.
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+
+
+def shutdown_limit(timeout: object) -> float:
+    """``shutdown(timeout=)`` checked: the default for None, else a positive timeout.
+
+    Raises:
+        TypeError, ValueError: As :func:`positive_timeout` (before anything is closed).
+    """
+    return DEFAULT_SHUTDOWN_TIMEOUT if timeout is None else positive_timeout("timeout", timeout)
 
 
 def normalize_exploration_type(value: object) -> ExplorationType:
@@ -405,6 +435,11 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"but {fpb} is not divisible by {count}"
         )
     share = settings.frames_per_actor(count)
+    if share > MAX_FRAMES_PER_BATCH:  # the actors refuse it: say so before any session
+        raise ValueError(
+            f"frames_per_batch={fpb} gives each actor {share} frames a batch, above the "
+            f"{MAX_FRAMES_PER_BATCH} an actor collects in one"
+        )
     if settings.llm is not None and settings.llm.trajectories:  # whole dialogs: any turn count
         return
     bad = [m for m in members if share % m.num_envs]
@@ -485,16 +520,23 @@ def _int(value: int | None) -> int:
     return -1 if value is None else value
 
 
+# Frame counts travel as int64 (the settings' proto fields).
+_MAX_FRAMES = 2**63 - 1
+
+
 def _frames(name: str, value: object, *, endless: bool) -> int:
+    """A frame count: -1 for none (None; any count <= 0 unless ``endless`` refuses it)."""
     if value is None:
         return -1
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int or None, got {value!r}")
+    if value > _MAX_FRAMES:
+        raise ValueError(f"{name} must be at most 2**63 - 1, got {value!r}")
     if endless and value == -1:
         return -1
     if endless and value <= 0:
         raise ValueError(f"{name} must be positive, or -1 for endless, got {value!r}")
-    return value
+    return max(value, -1)  # any count <= 0 means none
 
 
 def _optional_flag(name: str, value: object) -> bool:

@@ -168,7 +168,9 @@ def assemble(
         pin_memory: Receive packets into page-locked memory (batches go on to a CUDA device).
         ranks: Which actors this learner rank owns (None: every one).
     """
-    push = push or WeightPushSettings()
+    push = WeightPushSettings() if push is None else push
+    if not isinstance(push, WeightPushSettings):  # before a thread starts
+        raise TypeError(f"weight_push must be a WeightPushSettings or None, got {push!r:.80}")
     metrics = LearnerMetrics(stats)
     loop = LoopThread()
     ledger = Ledger(metrics.policy_lag)

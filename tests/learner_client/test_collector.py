@@ -357,3 +357,15 @@ def test_collector_raises_a_bug_on_the_event_loop_at_the_next_batch_instead_of_r
         time.sleep(0.5)  # a retrying link would have called the broken code again by now
         assert calls == [1]
         assert collector.worker_states == {1: "failed"}
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
+def test_shutdown_refuses_a_bad_timeout_before_closing_anything(fleet, timeout):
+    """NaN used to leave the actor's session open and the loop thread alive for good."""
+    collector = GrpcCollector(addresses(fleet, 0), frames_per_batch=4, sync=True)
+    with pytest.raises(ValueError, match="timeout"):
+        collector.shutdown(timeout=timeout)
+    assert collector.next().numel() == 4  # still open, whole
+    collector.shutdown()
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, sync=True) as after:
+        assert after.next().numel() == 4  # the actor's session was released

@@ -66,6 +66,16 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"exploration_type": 3}, TypeError, "exploration_type"),
         ({"model_id": ""}, ValueError, "model_id"),
         ({"sync": "yes"}, TypeError, "sync"),
+        # Values that used to pass construction and fail later, deep inside:
+        ({"batch_timeout": float("nan")}, ValueError, "batch_timeout"),
+        ({"batch_timeout": 2**1100}, ValueError, "batch_timeout"),  # OverflowError in the check
+        ({"call_timeout": 1e10}, ValueError, "call_timeout"),  # every call: DEADLINE_EXCEEDED
+        ({"max_frames_per_traj": 2**63}, ValueError, "max_frames_per_traj"),  # killed the link
+        ({"init_random_frames": 2**64}, ValueError, "init_random_frames"),
+        ({"total_frames": 2**64}, ValueError, "total_frames"),
+        ({"token": "a\r\nX-Evil: 1"}, ValueError, "printable ASCII"),  # grpc's ExecuteBatchError
+        ({"token": "x" * 20_000}, ValueError, "at most 4096"),  # seen as ActorBusyError
+        ({"weight_push": "x"}, TypeError, "weight_push"),  # an AttributeError, a thread left
     ],
 )
 def test_collector_raises_if_a_value_is_out_of_range(override, error, message):
@@ -126,6 +136,19 @@ def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
     dup = [FleetMember("h:1", 5, 2), FleetMember("h:2", 5, 2)]
     with pytest.raises(ValueError, match=r"worker_id 5 at \['h:1', 'h:2'\]"):
         check_fleet(BatchSettings(frames_per_batch=8), dup, "policy")
+
+
+def test_check_fleet_raises_if_an_actors_share_is_above_what_it_collects_in_a_batch():
+    with pytest.raises(ValueError, match=r"each actor 2305843009213693952 frames a batch"):
+        check_fleet(BatchSettings(frames_per_batch=2**62, sync=True), members(1, 1), "policy")
+
+
+def test_integer_ceil_splits_init_random_frames_exactly() -> None:
+    settings = RolloutSettings(init_random_frames=2**63 - 1)  # a float ceil gave 2**63
+    assert settings.for_actor(8, 1).init_random_frames == 2**63 - 1
+    assert RolloutSettings(init_random_frames=2**53 + 1).for_actor(8, 1).init_random_frames == (
+        2**53 + 1
+    )
 
 
 def test_check_fleet_raises_if_sync_frames_do_not_split_evenly():
