@@ -34,7 +34,7 @@ from common.errors import (
 )
 from learner_client._collect_stream import OpenStreams
 from learner_client._description import ActorDescription
-from learner_client._ledger import Ledger
+from learner_client._ledger import Ledger, check_counts
 from learner_client._link import ActorLink, Admit, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
@@ -54,7 +54,7 @@ from learner_client._transport import (
     push_messages,
     shm_messages,
 )
-from learner_client._weights import EncodedWeights, WeightBook
+from learner_client._weights import EncodedWeights, WeightBook, check_versions
 
 __all__ = ["Fleet", "Link", "RemoteActor"]
 
@@ -688,7 +688,10 @@ class Fleet:
         missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
         if missing:
             raise ValueError(f"state_dict lacks keys {sorted(missing)}")
-        workers = {int(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
+        # Everything is checked before anything is applied; the counters after the actors.
+        counts = check_counts(state_dict["frames"], state_dict["batches"])
+        versions = check_versions(state_dict["policy_version"])
+        workers = {_worker_id(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
         unknown = sorted(set(workers) - self._owned)
         if unknown:
             raise UnknownWorkerError(
@@ -712,9 +715,9 @@ class Fleet:
             for desc in descs:
                 self.book.observe(desc.worker_id, desc.models)
 
-        self.book.restore_versions(state_dict["policy_version"])
-        self.ledger.restore(int(state_dict["frames"]), int(state_dict["batches"]))
         self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
+        self.book.restore_versions(versions)
+        self.ledger.restore(*counts)
 
     def states(self) -> dict[int, str]:
         """Each owned actor's link state name, by worker_id."""
@@ -771,12 +774,22 @@ def _nbytes(blob: Any) -> int:
     return memoryview(blob).nbytes
 
 
+def _worker_id(key: object) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    raise ValueError(f"state_dict['workers'] is keyed by worker_id ints, got {key!r:.40}")
+
+
 def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, torch.Tensor):
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch.uint8
+        and value.device.type == "cpu"
+    ):
         return value.contiguous().numpy().tobytes()
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
-    raise TypeError(f"an actor state must be a uint8 tensor or bytes, got {type(value).__name__}")
+    raise TypeError(f"an actor state must be a CPU uint8 tensor or bytes, got {value!r:.60}")
 
 
 def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None, object]:

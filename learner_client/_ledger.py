@@ -176,3 +176,17 @@ class Ledger:
         with self._lock:
             self.frames = frames
             self.batches = batches
+
+
+def check_counts(frames: object, batches: object) -> tuple[int, int]:
+    """A state_dict's ``frames`` and ``batches``: ints in [0, 2**63 - 1].
+
+    Raises:
+        ValueError: Naming the count.
+    """
+    for name, count in (("frames", frames), ("batches", batches)):
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+            raise ValueError(
+                f"state_dict[{name!r}] must be an int in [0, 2**63), got {count!r:.40}"
+            )
+    return frames, batches  # type: ignore[return-value]  # checked above

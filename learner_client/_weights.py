@@ -590,7 +590,24 @@ class WeightBook:
                 self._since_update[worker_id] = since + 1
 
     def restore_versions(self, versions: Mapping[str, int]) -> None:
-        """Raise the counters to at least ``versions`` (from a learner state_dict)."""
+        """Raise the counters to at least ``versions`` (checked: :func:`check_versions`)."""
         with self._lock:
             for mid, version in versions.items():
                 self._versions[mid] = max(self._versions.get(mid, 0), int(version))
+
+
+def check_versions(versions: object) -> dict[str, int]:
+    """A state_dict's ``policy_version``: ``{model_id: version}``, each version in int64.
+
+    Raises:
+        ValueError: Naming the entry that is not a model id and a version.
+    """
+    if not isinstance(versions, Mapping):
+        raise ValueError(f"policy_version must map model ids to versions, got {versions!r:.80}")
+    for mid, version in versions.items():
+        check_model_id(mid)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"policy_version[{mid!r}] must be an int, got {version!r:.40}")
+        if not 0 <= version <= MAX_POLICY_VERSION:
+            raise ValueError(f"policy_version[{mid!r}]={version} is outside [0, 2**63 - 1]")
+    return dict(versions)

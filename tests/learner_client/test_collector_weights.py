@@ -172,6 +172,29 @@ def test_state_dict_round_trips_counters_and_actor_weights(fleet):
         assert version == collector.policy_version["policy"]
 
 
+def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
+    """A bad entry used to leave the counters restored and a bad version in the book."""
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        saved = collector.state_dict()
+        before = (collector.policy_version, collector.stats()["frames"])
+        bad = [
+            ({"workers": {0: b"\x00" * 100}, "policy_version": {"policy": 1000}}, WeightsError),
+            ({"policy_version": {5: 1}}, ValueError),  # then every stats() raised TypeError
+            ({"policy_version": {"policy": 10**30}}, ValueError),  # then every push failed
+            ({"policy_version": None}, ValueError),
+            ({"frames": -(10**30)}, ValueError),
+            ({"workers": {"abc": saved["workers"][0]}}, ValueError),
+            ({"workers": {0: torch.empty(4, dtype=torch.uint8, device="meta")}}, TypeError),
+        ]
+        for override, error in bad:
+            with pytest.raises(error):
+                collector.load_state_dict({**saved, "frames": 123_456, **override})
+            assert (collector.policy_version, collector.stats()["frames"]) == before, override
+        collector.load_state_dict(saved)  # the honest state still loads
+        assert collector.next().numel() == 8
+
+
 def _policy_weights(blob: torch.Tensor) -> dict[str, torch.Tensor]:
     state = safetensors.torch.load(blob.numpy().tobytes())
     return {k: v for k, v in state.items() if k.startswith("models/policy/")}
