@@ -167,8 +167,8 @@ def local_device(value: object, what: str) -> torch.device:
     ``device`` / ``storing_device`` and an actor's ``--device``.
 
     Raises:
-        ValueError: Naming ``what``: not a torch device, CUDA without CUDA, or no such
-            CUDA device.
+        ValueError: Naming ``what``: not a torch device, the meta device, CUDA without
+            CUDA, or no such CUDA device.
     """
     import torch  # common.config stays importable without torch loaded
 
@@ -179,6 +179,8 @@ def local_device(value: object, what: str) -> torch.device:
             f"{what}: {value!r:.60} is not a torch device (it must be a torch device such as "
             "'cpu', 'cuda' or 'cuda:1')"
         ) from None
+    if device.type == "meta":
+        raise ValueError(f"{what}={value!r}: the meta device holds no data; use 'cpu' or 'cuda'")
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():

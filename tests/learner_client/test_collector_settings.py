@@ -76,6 +76,8 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"token": "a\r\nX-Evil: 1"}, ValueError, "printable ASCII"),  # grpc's ExecuteBatchError
         ({"token": "x" * 20_000}, ValueError, "at most 4096"),  # seen as ActorBusyError
         ({"weight_push": "x"}, TypeError, "weight_push"),  # an AttributeError, a thread left
+        ({"device": "meta"}, ValueError, "meta device"),  # batches of no data, silently
+        ({"storing_device": "meta"}, ValueError, "meta device"),
     ],
 )
 def test_collector_raises_if_a_value_is_out_of_range(override, error, message):
