@@ -145,6 +145,19 @@ def _release(teardown: Teardown, timeout: float) -> None:
         threading.Thread(target=teardown, args=(timeout,), name="rlfleet-release").start()
 
 
+def _push_settings(push: object) -> WeightPushSettings:
+    """The collector's ``weight_push``: the defaults for None.
+
+    Raises:
+        TypeError: Anything but a :class:`WeightPushSettings` or None.
+    """
+    if push is None:
+        return WeightPushSettings()
+    if not isinstance(push, WeightPushSettings):
+        raise TypeError(f"weight_push must be a WeightPushSettings or None, got {push!r:.80}")
+    return push
+
+
 def assemble(
     batch: BatchSettings,
     acting_model: str,
@@ -168,9 +181,7 @@ def assemble(
         pin_memory: Receive packets into page-locked memory (batches go on to a CUDA device).
         ranks: Which actors this learner rank owns (None: every one).
     """
-    push = WeightPushSettings() if push is None else push
-    if not isinstance(push, WeightPushSettings):  # before a thread starts
-        raise TypeError(f"weight_push must be a WeightPushSettings or None, got {push!r:.80}")
+    push = _push_settings(push)  # checked before a thread starts
     metrics = LearnerMetrics(stats)
     loop = LoopThread()
     ledger = Ledger(metrics.policy_lag)

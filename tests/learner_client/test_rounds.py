@@ -30,9 +30,13 @@ def test_placement_on_the_host_returns_the_batch_itself():
 
 def test_placement_moves_to_another_device():
     batch = TensorDict({"x": torch.arange(4)}, batch_size=[4])
-    placed = Placement(storing_device="meta").place(batch)
+    placement = Placement()
+    placement.device = torch.device("meta")  # another device on a CPU machine
+    placed = placement.place(batch)
     assert placed.device == torch.device("meta")
     assert placed["x"].shape == (4,)
+    with pytest.raises(ValueError, match="meta device holds no data"):  # not a user's choice
+        Placement(storing_device="meta")
 
 
 @pytest.mark.parametrize("value", ["gpu", 3.5, "cuda:x"])
