@@ -53,7 +53,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
         (["--policy", "rlfleet_test_torchrl:raising_policy"], "no policy today"),
         (["--policy", "mlp"], "gymnasium spaces"),
         (["--env-factory", "no_such_module_x:make"], "no_such_module_x"),
-        (["--device", "meta"], "on the CPU for now"),
+        (["--device", "meta"], "the meta device holds no data"),
         (
             ["--env-factory", "rlfleet_test_torchrl:heterogeneous_counting"],
             "agents of different shapes",
