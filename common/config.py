@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 from typing import TYPE_CHECKING, Any
 
 from common.llm._settings import LLMSettings
@@ -356,15 +357,33 @@ def check_learner_id(learner_id: object, limit: int) -> str:
     return learner_id
 
 
+def as_int(value: object, *, whole_floats: bool = False) -> int | None:
+    """``value`` as a Python int if it is an integer, else None.
+
+    Integers are Python's, numpy's and one-element integer tensors (what TorchRL's
+    collectors take by arithmetic); bools are not. With ``whole_floats``, a float without a
+    fraction is one too (TorchRL reads its frame counts with ``int()``: ``total_frames=1e6``).
+    """
+    if isinstance(value, bool):
+        return None
+    if whole_floats and isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def check_seed(seed: object) -> int:
-    """Return ``seed`` if it is an int in ``[0, 2**64)``, the range of a seed on the wire.
+    """Return ``seed`` as an int if it is an integer in ``[0, 2**64)``, a seed's wire range.
 
     Raises:
         ValueError: Naming the value.
     """
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+    value = as_int(seed)
+    if value is None or not 0 <= value <= MAX_SEED:
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-    return seed
+    return value
 
 
 #: The longest address a relayed push may be forwarded to.

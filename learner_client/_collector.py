@@ -717,7 +717,7 @@ class GrpcCollector:
         Returns:
             The seed returned by the last actor (to chain further).
         """
-        check_seed(seed)
+        seed = check_seed(seed)
         with self._lock:
             self._check_open()
             return self._fleet.set_seed(seed, bool(static_seed))

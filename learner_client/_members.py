@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from common.actor_state import decode_state
-from common.config import DEFAULT_MODEL_ID, same_device
+from common.config import DEFAULT_MODEL_ID, as_int, same_device
 from common.errors import UnknownWorkerError
 from common.llm import LLMSettings
 
@@ -156,9 +156,10 @@ class Ranks:
 
     def __post_init__(self) -> None:
         for name in ("rank", "world_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r:.80}")
+            value = as_int(getattr(self, name))
+            if value is None:
+                raise TypeError(f"{name} must be an int, got {getattr(self, name)!r:.80}")
+            object.__setattr__(self, name, value)  # a numpy int as an int
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:

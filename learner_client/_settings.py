@@ -29,6 +29,7 @@ from common.config import (
     MAX_LEARNER_ID,
     CollectSettings,
     ExplorationType,
+    as_int,
     check_actor_address,
     check_learner_id,
     check_model_id,
@@ -109,21 +110,25 @@ class BatchSettings:
             _set(self, name, _optional_flag(name, getattr(self, name)))
         for name in ("allow_partial_batches", "update_after_each_batch"):
             _flag(name, getattr(self, name))
-        interval = self.max_weight_update_interval
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
-            raise ValueError(f"max_weight_update_interval must be an int >= -1, got {interval!r}")
-        positive_int("frames_per_batch", self.frames_per_batch)
+        interval = as_int(self.max_weight_update_interval)
+        if interval is None or interval < -1:
+            raise ValueError(
+                f"max_weight_update_interval must be an int >= -1, "
+                f"got {self.max_weight_update_interval!r}"
+            )
+        _set(self, "max_weight_update_interval", interval)
+        _set(self, "frames_per_batch", positive_int("frames_per_batch", self.frames_per_batch))
         _set(self, "total_frames", _frames("total_frames", self.total_frames, endless=True))
         _set(self, "cat_results", normalize_cat_results(self.cat_results))
         _set(self, "batch_timeout", positive_timeout("batch_timeout", self.batch_timeout))
         _set(self, "prefetch", self._check_prefetch())
 
     def _check_prefetch(self) -> int:
-        prefetch = self.prefetch
-        if prefetch is None:
+        if self.prefetch is None:
             return 0 if self.sync else 1
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be an int >= 0 or None, got {prefetch!r}")
+        prefetch = as_int(self.prefetch)
+        if prefetch is None or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0 or None, got {self.prefetch!r}")
         if not self.sync and prefetch == 0:
             raise ValueError(
                 "prefetch=0 needs sync=True: async collection keeps at least one batch "
@@ -318,17 +323,18 @@ def new_learner_id() -> str:
 
 
 def positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive int (not a bool), else raise.
+    """Return ``value`` as an int if it is a positive integer (:func:`as_int`), else raise.
 
     Raises:
-        TypeError: Not an int.
+        TypeError: Not an integer.
         ValueError: Not positive.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = as_int(value)
+    if number is None:
         raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
+    if number <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return number
 
 
 # The longest token sent: an actor's metadata cap is 8 KiB (gRPC's default).
@@ -525,18 +531,22 @@ _MAX_FRAMES = 2**63 - 1
 
 
 def _frames(name: str, value: object, *, endless: bool) -> int:
-    """A frame count: -1 for none (None; any count <= 0 unless ``endless`` refuses it)."""
-    if value is None:
+    """A frame count: -1 for none (None; any count <= 0 unless ``endless`` refuses it).
+
+    Integers of every kind and whole floats are counts, as TorchRL reads them (``int()``).
+    """
+    if value is None or (endless and value == math.inf):  # TorchRL's endless float
         return -1
-    if isinstance(value, bool) or not isinstance(value, int):
+    count = as_int(value, whole_floats=True)
+    if count is None:
         raise TypeError(f"{name} must be an int or None, got {value!r}")
-    if value > _MAX_FRAMES:
+    if count > _MAX_FRAMES:
         raise ValueError(f"{name} must be at most 2**63 - 1, got {value!r}")
-    if endless and value == -1:
+    if endless and count == -1:
         return -1
-    if endless and value <= 0:
+    if endless and count <= 0:
         raise ValueError(f"{name} must be positive, or -1 for endless, got {value!r}")
-    return max(value, -1)  # any count <= 0 means none
+    return max(count, -1)  # any count <= 0 means none
 
 
 def _optional_flag(name: str, value: object) -> bool:

@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common.config import DEFAULT_MODEL_ID, check_model_id
+from common.config import DEFAULT_MODEL_ID, as_int, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import MAX_POLICY_VERSION, Part, PushForm, checksums, encode_weights
 from learner_client._slabs import BlobBuffers, BlobSegments
@@ -131,13 +131,15 @@ def _check_source(name: str, value: object) -> WeightSource:
 def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
     if worker_ids is None:
         return None
-    items = [worker_ids] if isinstance(worker_ids, int) else worker_ids
+    single = as_int(worker_ids)
+    items = [single] if single is not None else worker_ids
     if not isinstance(items, Iterable) or isinstance(items, str | bytes):
         raise TypeError(f"worker_ids must be an int, a list of ints or None, got {worker_ids!r}")
     out: list[int] = []
-    for wid in items:
-        if isinstance(wid, bool) or not isinstance(wid, int):
-            raise TypeError(f"worker_ids must hold ints, got {wid!r} in {worker_ids!r}")
+    for item in items:
+        wid = as_int(item)
+        if wid is None:
+            raise TypeError(f"worker_ids must hold ints, got {item!r} in {worker_ids!r:.80}")
         if wid not in out:
             out.append(wid)
     if not out:
@@ -199,11 +201,12 @@ def _check_version(version: object) -> int | None:
     """An explicit version: an int in ``[1, MAX_POLICY_VERSION]`` (actors refuse others)."""
     if version is None:
         return None
-    if not isinstance(version, int) or isinstance(version, bool):
+    number = as_int(version)
+    if number is None:
         raise TypeError(f"version must be an int or None, got {version!r:.80}")
-    if not 1 <= version <= MAX_POLICY_VERSION:
-        raise ValueError(f"version must be in [1, {MAX_POLICY_VERSION}], got {version}")
-    return version
+    if not 1 <= number <= MAX_POLICY_VERSION:
+        raise ValueError(f"version must be in [1, {MAX_POLICY_VERSION}], got {number}")
+    return number
 
 
 def _with_part(request: WeightRequest, part: object) -> WeightRequest:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
+import torch
 from tensordict.nn import InteractionType
 
 from common.config import ExplorationType
@@ -97,6 +101,30 @@ def test_settings_validate_and_normalise_themselves():
     settings = rollout.for_actor(8, 3)
     assert settings.total_frames == -1
     assert settings.frames_per_batch == 8
+
+
+def test_counts_take_numpy_and_tensor_integers_and_whole_floats_as_torchrl_does():
+    """TorchRL does arithmetic on its counts and reads frame counts with ``int()``: a
+    script's ``np.int64`` batch size or ``total_frames=1e6`` works there and must here."""
+    batch = BatchSettings(
+        frames_per_batch=np.int64(64),
+        total_frames=1e6,
+        prefetch=torch.tensor(2),
+        sync=True,
+    )
+    values = (batch.frames_per_batch, batch.total_frames, batch.prefetch)
+    assert values == (64, 1_000_000, 2)
+    interval = BatchSettings(frames_per_batch=8, max_weight_update_interval=np.int32(3))
+    assert interval.max_weight_update_interval == 3
+    assert all(type(v) is int for v in (*values, interval.max_weight_update_interval))
+    assert BatchSettings(frames_per_batch=8, total_frames=math.inf).endless  # TorchRL's endless
+    rollout = RolloutSettings(init_random_frames=np.uint16(256), max_frames_per_traj=500.0)
+    assert (rollout.init_random_frames, rollout.max_frames_per_traj) == (256, 500)
+    for bad in (1.5, np.float64(2.5), "64", np.True_, math.nan):
+        with pytest.raises(TypeError, match="total_frames must be an int"):
+            BatchSettings(frames_per_batch=8, total_frames=bad)
+    with pytest.raises(TypeError, match="frames_per_batch must be a positive int"):
+        BatchSettings(frames_per_batch=64.0)  # TorchRL's shapes fail on a float too
 
 
 def test_prefetch_defaults_to_torchrl_sync_on_demand_and_async_one_ahead():

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fleet sets)
 import torch
@@ -203,6 +204,22 @@ def test_a_script_that_never_pushes_trains_the_actors(cartpole: list[str]) -> No
                 param.add_(1.0)
         assert int(collector.next()["next", "policy_version"].max()) == first  # not followed
         assert collector.update_policy_weights_() == {0: first + 1, 1: first + 1}
+
+
+def test_a_script_counting_in_numpy_collects_pushes_and_seeds(cartpole: list[str]) -> None:
+    """Counts a script computed with numpy (or read as ``1e2``) work as in TorchRL: batches,
+    pushes addressed by numpy worker ids and versions, seeds."""
+    policy = cartpole_policy()
+    with GrpcCollector(
+        cartpole, frames_per_batch=np.int64(16), total_frames=64.0, sync=True, policy=policy
+    ) as collector:
+        assert collector.set_seed(np.uint32(7)) == collector.set_seed(7)
+        frames = [batch.numel() for batch in collector]
+        assert frames == [16] * 4
+        ids = np.arange(2)
+        pushed = collector.update_policy_weights_(policy, worker_ids=ids, version=np.int64(900))
+        assert pushed == {0: 900, 1: 900}
+        assert all(type(k) is int for k in pushed)
 
 
 @pytest.fixture(scope="module")
