@@ -163,8 +163,11 @@ def grpcurl(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def check_actor_with_grpcurl(address: str, worker_id: int) -> None:
-    """What an operator checks: health SERVING, reflection lists and describes, Describe answers."""
+def check_actor_with_grpcurl(address: str, worker_id: int, token: str | None = None) -> None:
+    """What an operator checks: health SERVING, reflection lists and describes, Describe answers.
+
+    With ``token``, Describe needs it: without it the actor answers UNAUTHENTICATED.
+    """
     health = grpcurl("-plaintext", address, "grpc.health.v1.Health/Check")
     assert health.returncode == 0, health.stderr
     assert json.loads(health.stdout)["status"] == "SERVING"
@@ -172,9 +175,20 @@ def check_actor_with_grpcurl(address: str, worker_id: int) -> None:
     assert {"rlfleet.v1.ActorService", "grpc.health.v1.Health"} <= set(listing.stdout.split())
     described = grpcurl("-plaintext", address, "describe", "rlfleet.v1.ActorService")
     assert "rpc Collect ( stream .rlfleet.v1.CollectRequest )" in described.stdout
-    describe = grpcurl("-plaintext", "-d", "{}", address, "rlfleet.v1.ActorService/Describe")
+    describe = grpcurl(*_auth(token), "-plaintext", "-d", "{}", address, DESCRIBE)
     assert describe.returncode == 0, describe.stderr
     assert _field(json.loads(describe.stdout), "worker_id", 0) == worker_id
+    if token is not None:
+        refused = grpcurl("-plaintext", "-d", "{}", address, DESCRIBE)
+        assert "Unauthenticated" in refused.stderr, refused.stderr
+
+
+DESCRIBE = "rlfleet.v1.ActorService/Describe"
+
+
+def _auth(token: str | None) -> list[str]:
+    """grpcurl's header flags carrying ``token``, as a learner sends it."""
+    return [] if token is None else ["-H", f"authorization: Bearer {token}"]
 
 
 def run_healthcheck(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -184,8 +198,8 @@ def run_healthcheck(command: list[str], env: dict[str, str]) -> subprocess.Compl
     )
 
 
-def policy_versions(address: str) -> int:
-    describe = grpcurl("-plaintext", "-d", "{}", address, "rlfleet.v1.ActorService/Describe")
+def policy_versions(address: str, token: str | None = None) -> int:
+    describe = grpcurl(*_auth(token), "-plaintext", "-d", "{}", address, DESCRIBE)
     models = _field(json.loads(describe.stdout), "models", [])
     policy = next(m for m in models if _field(m, "model_id", "") == "policy")
     return int(_field(policy, "version", 0))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import secrets
 import subprocess
 import time
 import tomllib
@@ -67,8 +68,10 @@ def run_learner(
     port: int,
     out: pathlib.Path,
     namespace_dir: pathlib.Path,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """The learner's command with a tiny budget, where ``service`` resolves to ``addresses``."""
+    """The learner's command with a tiny budget and ``env``, where ``service`` resolves to
+    ``addresses``."""
     target = argv[argv.index("--actors") + 1]
     host, _ = parse_dns_target(target)
     assert host == service
@@ -87,7 +90,7 @@ def run_learner(
     namespace = HostsNamespace(namespace_dir, {service: addresses})
     return subprocess.run(
         namespace.wrap(local_argv(argv)),
-        env=process_env({}),
+        env=process_env(env or {}),
         capture_output=True,
         text=True,
         timeout=240,
@@ -183,12 +186,20 @@ def test_image_healthcheck_fails_when_no_actor_answers() -> None:
 # ----------------------------------------------------------------- kubernetes
 
 
-def k8s_env(spec: dict, ordinal: int) -> dict[str, str]:
-    """A container's env as the kubelet fills it for pod ``actors-<ordinal>``."""
+def k8s_env(spec: dict, ordinal: int, secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """A container's env as the kubelet fills it for pod ``actors-<ordinal>``, with the
+    namespace's ``secrets`` (``{name: {key: value}}``); an optional secret absent is unset."""
     env: dict[str, str] = {}
     for entry in spec.get("env", []):
         if "value" in entry:
             env[entry["name"]] = entry["value"]
+            continue
+        secret = entry["valueFrom"].get("secretKeyRef")
+        if secret is not None:
+            if secret["name"] in secrets:
+                env[entry["name"]] = secrets[secret["name"]][secret["key"]]
+            else:
+                assert secret.get("optional"), f"{entry['name']}: secret {secret['name']} needed"
             continue
         field = entry["valueFrom"]["fieldRef"]["fieldPath"]
         assert field == "metadata.labels['apps.kubernetes.io/pod-index']", field
@@ -207,9 +218,14 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
     metrics_port = free_port_on(loopbacks)
     while metrics_port == port:
         metrics_port = free_port_on(loopbacks)
+    # The Secret docker/k8s/10-actors.yaml says to create: actors and learner read it.
+    token = secrets.token_hex(16)
+    namespace_secrets = {"rlfleet-token": {"token": token}}
     specs = []
     for ordinal, loopback in enumerate(loopbacks):
-        env = k8s_env(spec, ordinal) | {"RLFLEET_METRICS_PORT": str(metrics_port)}
+        env = k8s_env(spec, ordinal, namespace_secrets) | {
+            "RLFLEET_METRICS_PORT": str(metrics_port)
+        }
         if ordinal == 1:
             # The documented fallback for clusters without the pod-index label: the hostname.
             del env["RLFLEET_WORKER_ID"]
@@ -226,21 +242,22 @@ def test_statefulset_actors_and_learner_job_run_locally(tmp_path: pathlib.Path) 
         assert [replica.ready_line() for replica in fleet] == [(0, port), (1, port)]
         for ordinal, replica in enumerate(fleet):
             # Also what the kubelet's grpc probe asks: Health/Check, service "", plaintext.
-            check_actor_with_grpcurl(replica.address, ordinal)
+            check_actor_with_grpcurl(replica.address, ordinal, token)
             check_metrics(replica.address, metrics_port, ordinal)
         _wait_for_actors_like_the_init_container(fqdn, loopbacks, port, tmp_path / "init")
-        job = k8s_object("Job", "learner")["spec"]["template"]["spec"]
+        learner = container(k8s_object("Job", "learner")["spec"]["template"]["spec"], "learner")
         run = run_learner(
-            container(job, "learner")["args"],
+            learner["args"],
             fqdn,
             loopbacks,
             port,
             tmp_path / "runs" / "cartpole",
             tmp_path / "learner",
+            k8s_env(learner, 0, namespace_secrets),
         )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         for replica in fleet:
-            assert policy_versions(replica.address) >= 1
+            assert policy_versions(replica.address, token) >= 1
         # Pod deletion: SIGTERM drains and exits 0 before the kubelet would SIGKILL.
         grace = pod["terminationGracePeriodSeconds"]
         assert [replica.stop(grace) for replica in fleet] == [0, 0]

@@ -44,5 +44,7 @@ def test_vllm_image_serves_an_llm_actor_on_the_vllm_engine_offline() -> None:
     assert exec_form(only(stage, "CMD")) == [
         "rlfleet-actor", "--kind", "llm", "--engine", "vllm",
     ]  # fmt: skip
-    assert "HF_HUB_OFFLINE=1" in only(stage, "ENV")
+    env = only(stage, "ENV")
+    assert "HF_HUB_OFFLINE=1" in env
+    assert "VLLM_NO_USAGE_STATS=1" in env  # vLLM reports usage to its servers unless told
     assert only(stage, "USER") == "10001:10001"

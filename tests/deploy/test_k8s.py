@@ -139,6 +139,14 @@ def test_k8s_worker_id_is_the_pod_ordinal() -> None:
     )
 
 
+def test_k8s_actors_and_learner_read_the_token_from_one_optional_secret() -> None:
+    """Creating the Secret turns the token on for both sides; without it both run open."""
+    learner = container(k8s_object("Job", "learner")["spec"]["template"]["spec"], "learner")
+    for spec in (container(_actor_pod(), "actor"), learner):
+        reference = env_of(spec)["RLFLEET_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert reference == {"name": "rlfleet-token", "key": "token", "optional": True}
+
+
 def test_k8s_probes_are_native_grpc_health_checks() -> None:
     actor = container(_actor_pod(), "actor")
     port = actor["ports"][0]["containerPort"]

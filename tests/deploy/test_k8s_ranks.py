@@ -139,3 +139,10 @@ def test_k8s_ranks_run_unprivileged_with_bounded_resources() -> None:
     claim = _object("PersistentVolumeClaim")["metadata"]["name"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == claim
+
+
+def test_k8s_ranks_read_the_actors_token_secret() -> None:
+    """Each rank sends the token the actors require, from their Secret (optional alike)."""
+    rank = env_of(container(_job()["spec"]["template"]["spec"], "learner"))["RLFLEET_TOKEN"]
+    actor = container(k8s_object("StatefulSet", "actors")["spec"]["template"]["spec"], "actor")
+    assert rank["valueFrom"] == env_of(actor)["RLFLEET_TOKEN"]["valueFrom"]
