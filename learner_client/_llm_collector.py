@@ -27,6 +27,7 @@ from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet
+from learner_client._settings import positive_int
 
 __all__ = ["GrpcLLMCollector"]
 
@@ -145,7 +146,7 @@ def _turns_per_batch(given: int | None, completed: bool) -> int:
     """``dialog_turns_per_batch``: required in steps mode, 1 by default with whole dialogs."""
     if given is None and not completed:
         raise ValueError("dialog_turns_per_batch is required in steps mode")
-    return 1 if given is None else given
+    return 1 if given is None else positive_int("dialog_turns_per_batch", given)
 
 
 class GrpcLLMCollector:

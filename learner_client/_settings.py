@@ -117,8 +117,9 @@ class BatchSettings:
                 f"got {self.max_weight_update_interval!r}"
             )
         _set(self, "max_weight_update_interval", interval)
-        _set(self, "frames_per_batch", positive_int("frames_per_batch", self.frames_per_batch))
-        _set(self, "total_frames", _frames("total_frames", self.total_frames, endless=True))
+        per_batch, total = self.count_names
+        _set(self, "frames_per_batch", positive_int(per_batch, self.frames_per_batch))
+        _set(self, "total_frames", _frames(total, self.total_frames, endless=True))
         _set(self, "cat_results", normalize_cat_results(self.cat_results))
         _set(self, "batch_timeout", positive_timeout("batch_timeout", self.batch_timeout))
         _set(self, "prefetch", self._check_prefetch())
@@ -166,6 +167,13 @@ class BatchSettings:
             return self.max_weight_update_interval
         return None
 
+    @property
+    def count_names(self) -> tuple[str, str]:
+        """The batch size's and the budget's names as the user gave them, for messages."""
+        if self.llm is not None:
+            return "dialog_turns_per_batch", "total_dialog_turns"
+        return "frames_per_batch", "total_frames"
+
     def num_batches(self) -> int:
         """``ceil(total_frames / frames_per_batch)``, as TorchRL's ``__len__``.
 
@@ -173,7 +181,7 @@ class BatchSettings:
             TypeError: The collector is endless (``total_frames=-1``), so it has no length.
         """
         if self.endless:
-            raise TypeError("an endless collector (total_frames=-1) has no length")
+            raise TypeError(f"an endless collector ({self.count_names[1]}=-1) has no length")
         return math.ceil(_int(self.total_frames) / self.frames_per_batch)
 
     def frames_per_actor(self, num_actors: int) -> int:
@@ -435,15 +443,16 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
     check_unique(members)
     check_kinds(members, settings.llm)
     fpb, count = settings.frames_per_batch, len(members)
+    name = settings.count_names[0]
     if settings.sync and fpb % count:
         raise ValueError(
-            f"sync collection splits frames_per_batch={fpb} evenly over {count} actors, "
+            f"sync collection splits {name}={fpb} evenly over {count} actors, "
             f"but {fpb} is not divisible by {count}"
         )
     share = settings.frames_per_actor(count)
     if share > MAX_FRAMES_PER_BATCH:  # the actors refuse it: say so before any session
         raise ValueError(
-            f"frames_per_batch={fpb} gives each actor {share} frames a batch, above the "
+            f"{name}={fpb} gives each actor a share of {share} a batch, above the "
             f"{MAX_FRAMES_PER_BATCH} an actor collects in one"
         )
     if settings.llm is not None and settings.llm.trajectories:  # whole dialogs: any turn count
@@ -453,11 +462,7 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
         detail = ", ".join(
             f"{m.address} (worker_id {m.worker_id}, num_envs {m.num_envs})" for m in bad
         )
-        what = (
-            f"the per-actor share {share} of frames_per_batch={fpb}"
-            if settings.sync
-            else (f"frames_per_batch={fpb}")
-        )
+        what = f"the per-actor share {share} of {name}={fpb}" if settings.sync else f"{name}={fpb}"
         raise ValueError(f"{what} is not a multiple of the env pool size of {detail}")
     steps = {share // m.num_envs for m in members}
     if settings.sync and settings.cat_results == 0 and len(steps) > 1 and not settings.split_trajs:

@@ -169,7 +169,7 @@ def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
 
 
 def test_check_fleet_raises_if_an_actors_share_is_above_what_it_collects_in_a_batch():
-    with pytest.raises(ValueError, match=r"each actor 2305843009213693952 frames a batch"):
+    with pytest.raises(ValueError, match=r"each actor a share of 2305843009213693952 a batch"):
         check_fleet(BatchSettings(frames_per_batch=2**62, sync=True), members(1, 1), "policy")
 
 

@@ -215,6 +215,8 @@ def test_drop_oldest_queue_counts_drops(llm_fleet) -> None:
         ({"max_frames_per_traj": 5}, "max_frames_per_traj=5 .*max_turns"),
         ({"split_trajs": True, "init_random_frames": 8}, "init_random_frames=8, split_trajs"),
         ({"set_truncated": True}, "set_truncated"),
+        ({"dialog_turns_per_batch": 0}, "dialog_turns_per_batch must be a positive int"),
+        ({"total_dialog_turns": 2**64}, "total_dialog_turns must be at most 2..63 - 1"),
     ],
 )
 def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:
@@ -230,6 +232,11 @@ def test_settings_beyond_the_actor_cap_are_refused_at_construction(llm_fleet) ->
         _collector(
             llm_fleet, dialog_turns_per_batch=2 * SLOTS, generation={"max_new_tokens": 10**6}
         )
+    # The fleet's checks name the LLM collector's own knob.
+    with pytest.raises(ValueError, match="splits dialog_turns_per_batch=3 evenly over 2"):
+        _collector(llm_fleet, dialog_turns_per_batch=3, sync=True)
+    with pytest.raises(ValueError, match="share 2 of dialog_turns_per_batch=4 is not a multiple"):
+        _collector(llm_fleet, dialog_turns_per_batch=4, sync=True)
 
 
 @pytest.mark.parametrize("sync", [False, True])
