@@ -365,7 +365,7 @@ class GrpcCollector:
         addresses = check_addresses(resolve_actors(actors))
         self._state = _State.READY
         self._lock = threading.RLock()
-        self._iterator: Iterator[TensorDictBase | None] | None = None
+        self._taking = threading.RLock()  # one consumer takes at a time (postproc may nest)
         parts = self._parts = assemble(
             self._batch,
             self._rollout.model_id,
@@ -404,29 +404,24 @@ class GrpcCollector:
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
         """Yield batches (None per batch stored: each actor's goes to the replay buffer)."""
-        while True:
-            parts = self._next_batch(per_actor=self.replay_buffer is not None)
-            if parts is None:
-                return
-            if self.replay_buffer is not None:
-                for part in parts:
-                    self.replay_buffer.extend(part)
-                yield None
-            else:
-                yield parts[0]
+        while (parts := self._take()) is not None:
+            yield self._deliver(parts)
 
     def next(self) -> TensorDictBase | None:
-        """The next batch, or None at the end (as TorchRL's ``next()``)."""
-        if self._iterator is None:
-            self._iterator = iter(self)
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            self._iterator = None
-            return None
-        except BaseException:
-            self._iterator = None
-            raise
+        """The next batch, or None at the end (as TorchRL's ``next()``); threads may share it."""
+        parts = self._take()
+        return None if parts is None else self._deliver(parts)
+
+    def _take(self) -> list[TensorDictBase] | None:
+        with self._taking:  # consumers in turn: the end is seen by whoever comes after it
+            return self._next_batch(per_actor=self.replay_buffer is not None)
+
+    def _deliver(self, parts: list[TensorDictBase]) -> TensorDictBase | None:
+        if self.replay_buffer is None:
+            return parts[0]
+        for part in parts:
+            self.replay_buffer.extend(part)
+        return None
 
     def _next_batch(self, *, per_actor: bool) -> list[TensorDictBase] | None:
         """The next batch (one item), or each actor's part of it; None at the end."""

@@ -180,6 +180,36 @@ def test_collector_next_returns_none_at_the_end(fleet):
         assert collector.next() is None
 
 
+@pytest.mark.parametrize("way", ["next", "iterator"])
+def test_collector_threads_sharing_it_take_turns_and_all_see_the_end(fleet, way):
+    """Two threads calling next() (or each iterating) split the budget exactly; none fails
+    with Python's "generator already executing" or waits batch_timeout past the end."""
+    taken: list[int] = []
+    errors: list[BaseException] = []
+
+    def consume(collector):
+        try:
+            if way == "next":
+                while (batch := collector.next()) is not None:
+                    taken.append(batch.numel())
+            else:
+                taken.extend(batch.numel() for batch in collector)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with GrpcCollector(
+        addresses(fleet, 0, 1), frames_per_batch=8, total_frames=8 * 24, sync=True,
+        batch_timeout=30.0,
+    ) as collector:  # fmt: skip
+        started = time.monotonic()
+        with futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(consume, [collector, collector]))
+        assert errors == []
+        assert time.monotonic() - started < 25
+        assert taken == [8] * 24
+        assert collector.stats()["frames"] == 8 * 24
+
+
 def test_collector_postproc_sees_every_batch(fleet):
     def mark(batch):
         batch["seen"] = torch.ones(batch.shape)
