@@ -303,6 +303,7 @@ class GrpcCollector:
             )
             update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
             self._ranks = Ranks.given(rank, world_size)
+            self._ranks.warn_unowned(self._owner.worker_ids())  # a fleet started per rank
             self._shared = (
                 None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
             )

@@ -78,6 +78,10 @@ class FleetOwner:
             fleet.start()  # type: ignore[attr-defined]
         return list(fleet.addresses)
 
+    def worker_ids(self) -> list[int]:
+        """The worker ids of the fleet object given (none for addresses)."""
+        return [] if self.fleet is None else list(self.fleet.worker_ids)
+
     def follow(self) -> Callable[[], Sequence[str]] | None:
         """The fleet's ``live_addresses`` to poll for members that moved, if it has one.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -227,6 +228,25 @@ class Ranks:
                 f"rank {self.rank} of {self.world_size} owns no actor: it owns the worker_ids "
                 f"w with w % {self.world_size} == {self.rank}, and the fleet has worker_ids "
                 f"{sorted(member_ids)}"
+            )
+
+    def warn_unowned(self, fleet_ids: Sequence[int]) -> None:
+        """Warn when this rank owns only some actors of a fleet object it was given.
+
+        A fleet started in this rank's process (``LocalFleet`` per rank) is reached by no
+        other rank unless its addresses are passed on, so the actors the rule gives to
+        other ranks would idle; per-rank fleets need ids this rank owns.
+        """
+        idle = [w for w in fleet_ids if not self.owns(w)]
+        if self.world_size > 1 and idle:
+            r, n = self.rank, self.world_size
+            warnings.warn(
+                f"rank {r} of {n} owns the actors with worker_id % {n} == {r}: its fleet's "
+                f"actors {idle} idle unless other ranks are given their addresses. A fleet "
+                f"per rank takes ids this rank owns: LocalFleet(k, ..., "
+                f"worker_ids=[{r} + {n} * i for i in range(k)])",
+                UserWarning,
+                stacklevel=3,
             )
 
     def learner_id(self, learner_id: str) -> str:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+import warnings
 from collections.abc import Iterator
 
 import grpc
@@ -24,7 +25,13 @@ from learner_fleet import cartpole_policy, start_actors
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from learner_client import ActorDescription, GrpcCollector, MissingWorkersError, serve_metrics
+from learner_client import (
+    ActorDescription,
+    GrpcCollector,
+    LocalFleet,
+    MissingWorkersError,
+    serve_metrics,
+)
 from learner_client._members import Ranks
 
 ARGS = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(w)] for w in range(4)]
@@ -86,6 +93,25 @@ def test_ranks_read_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_collector_raises_if_its_rank_owns_no_actor(four: list[ActorProcess]) -> None:
     with pytest.raises(ValueError, match=r"rank 3 of 4 owns no actor.*\[0, 1\]"):
         GrpcCollector([a.address for a in four[:2]], frames_per_batch=8, rank=3, world_size=4)
+
+
+def test_a_rank_given_a_fleet_of_its_own_warns_of_the_actors_it_leaves_idle() -> None:
+    """``LocalFleet`` per rank with default ids: rank 1 of 2 owns only worker 1 of its two
+    actors, and worker 0 (no other rank reaches it) would idle; ids it owns are quiet."""
+    with pytest.warns(UserWarning, match=r"actors \[0\] idle.*worker_ids=\[1 \+ 2 \* i"):
+        collector = GrpcCollector(
+            LocalFleet(2, num_envs=2), frames_per_batch=4, total_frames=4, rank=1, world_size=2
+        )
+    with collector:
+        assert collector.worker_ids == [1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with GrpcCollector(
+            LocalFleet(2, num_envs=2, worker_ids=[1, 3]), frames_per_batch=8, total_frames=8,
+            rank=1, world_size=2,
+        ) as collector:  # fmt: skip
+            assert collector.worker_ids == [1, 3]
+            assert collector.next().numel() == 8
 
 
 def test_two_ranks_split_the_fleet_and_push_versions_to_their_own(
