@@ -2,7 +2,7 @@
 
 A :class:`SeqTracker` per worker decides whether a complete batch is new
 (delivered) or a re-send (dropped as a duplicate), and counts gaps: seqs that
-were skipped within an epoch (the actor evicted them) and batches known to be
+were skipped within an epoch (a peer that does not follow the protocol) and batches known to be
 lost with an actor process (a batch whose first chunk arrived but that never
 completed before the actor came back under a new epoch). Gaps are reported,
 never hidden. :class:`Ledger` aggregates the cheap counters ``stats()`` shows.

@@ -269,7 +269,6 @@ class _RuntimeCollector(Collector):
             len(book.retained_seqs) if book else 0,
         )
         counters = (
-            ("batches_evicted", "Sent, unacknowledged batches dropped.", "evicted"),
             (
                 "credits_granted",
                 "Credits accepted from learners (after the cap).",

@@ -7,17 +7,17 @@ can be tested on their own:
 * **Credits.** A learner grants credits; one is consumed when collection of a
   batch *starts*. Unconsumed credits are capped at ``max_credits``; grants
   above the cap are ignored (the accepted amount is returned). A batch is also
-  not started while ``max_credits`` finished batches wait to be sent, so a
+  not started while ``max_credits`` finished batches wait for their ack, so a
   learner that grants credits but never reads cannot make the actor buffer
-  without bound.
+  without bound, and a learner that reconnects again and again (each open
+  grants credits anew) cannot make it drop a batch it has not acknowledged.
 * **Seq numbers.** Every finished batch gets the next seq of the epoch: 1, 2,
   3 …; a seq is never reused, across sessions too. A batch that fails while it
   is collected gets no seq, so seqs have no holes.
 * **Retention.** Finished batches stay retained until acknowledged, so a
-  learner that reconnects can resume. At most ``max_credits`` are kept: when a
-  new batch would exceed that, the oldest batch that was already sent is
-  evicted (the learner sees the gap in the seqs). Unsent batches are never
-  evicted. Retention survives the end of a session, not the actor.
+  learner that reconnects can resume; none is dropped before its ack (at most
+  ``max_credits`` exist, by the credit rule). Retention survives the end of a
+  session, not the actor.
 * **Acks** are cumulative: ``ack(n)`` releases every batch with ``seq <= n``.
 * **Resume.** ``open`` with ``resume_epoch == epoch`` *by the learner that
   owned the last session* (same ``learner_id``) acknowledges everything up to
@@ -113,7 +113,6 @@ class SessionBook(Generic[P]):
         self._total_frames = -1
         self._session_frames = 0
         self._owner: str | None = None
-        self.evicted = 0
         self.credits_granted = 0  # totals over the epoch, for the metrics
         self.batches_acked = 0
 
@@ -180,7 +179,7 @@ class SessionBook(Generic[P]):
             and not self._in_flight
             and self._credits > 0
             and not self.budget_reached()
-            and self.unsent < self.max_credits
+            and len(self._retained) < self.max_credits
         )
 
     # ------------------------------------------------------------ transitions
@@ -297,7 +296,6 @@ class SessionBook(Generic[P]):
         self._next_seq += 1
         self._session_frames += frames
         self._retained[batch.seq] = batch
-        self._evict()
         return batch
 
     def mark_sent(self, seq: int) -> None:
@@ -305,7 +303,6 @@ class SessionBook(Generic[P]):
         batch = self._retained.get(seq)
         if batch is not None:
             batch.sent = True
-            self._evict()
 
     def ack(self, seq: int) -> int:
         """Acknowledge every batch with ``seq`` or lower (cumulative).
@@ -341,12 +338,3 @@ class SessionBook(Generic[P]):
             del self._retained[s]
         self.batches_acked += len(released)
         return len(released)
-
-    def _evict(self) -> None:
-        # Only batches already sent may go: an unsent one would be lost silently.
-        while len(self._retained) > self.max_credits:
-            victim = next((s for s, b in self._retained.items() if b.sent), None)
-            if victim is None:
-                return
-            del self._retained[victim]
-            self.evicted += 1

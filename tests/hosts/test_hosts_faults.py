@@ -234,6 +234,54 @@ c.shutdown()
 )
 
 
+_SLOW_LINK = (
+    _LEARNER_HEAD
+    + """
+c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=4096, batch_timeout=2.0)
+prints = [fingerprint(c.next())]
+say("first")
+wait()  # the link is now slower than a batch per batch_timeout
+errors, t = 0, time.monotonic()
+while time.monotonic() - t < 40:
+    try:
+        prints.append(fingerprint(c.next()))
+    except MissingWorkersError:
+        errors += 1
+say({"errors": errors, "batches": len(prints) - 1})
+wait()  # the link is fast again
+t = time.monotonic()
+while time.monotonic() - t < 15:
+    prints.append(fingerprint(c.next()))
+say({"books": books(c, prints)})
+c.shutdown()
+"""
+)
+
+
+def test_hosts_a_link_slower_than_batch_timeout_loses_no_batch(make_bed) -> None:
+    """A batch that takes longer on the wire than ``batch_timeout`` is cut at the deadline
+    again and again (the stream reconnects); each reconnect grants credits anew, and the
+    actor dropped unacknowledged batches to make room for new ones. It now stops at its
+    ``max_credits`` awaiting their ack: once the link is fast, every batch arrives once."""
+    bed = make_bed(1)
+    (actor,) = _actors(bed, 1)
+    learner = LearnerScript(bed, _SLOW_LINK, [actor.target])
+    assert learner.read() == "first"
+    bed.shape("host1", "1mbit")  # a 4096-frame CartPole batch (~420 kB) takes ~3.4 s
+    learner.say()
+    slow = learner.read(timeout=120)
+    assert slow["errors"] >= 5, slow  # the deadline cut it again and again
+    retained = _scrape(bed, "host1")["rlfleet_actor_batches_retained"]
+    bed.shape("host1", None)
+    learner.say()
+    back = learner.read(timeout=120)
+    assert retained <= 4, retained  # the actor's max_credits
+    assert back["books"]["gaps"] == 0, back
+    assert back["books"]["unique"], back
+    assert back["books"]["batches"] >= slow["batches"] + 10, back
+    learner.finish()
+
+
 def _held(samples: dict[str, float]) -> bool:
     return samples.get('rlfleet_actor_session_state{state="held"}') == 1.0
 

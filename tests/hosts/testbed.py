@@ -314,6 +314,16 @@ class TestBed:
             for state in ("incomplete", "failed"):
                 _ip("-n", other.ns, "neigh", "flush", "dev", "eth0", "nud", state)
 
+    def shape(self, name: str, rate: str | None) -> None:
+        """Set the host's link rate now, both directions (None: unshaped); connections stay."""
+        host = self.host(name)
+        if rate is not None:
+            self._shape(host, rate)
+        elif host.rate is not None:
+            _tc("qdisc", "del", "dev", host.link, "root")
+            _ip("netns", "exec", host.ns, "tc", "qdisc", "del", "dev", "eth0", "root")
+        host.rate = rate
+
     def reboot(self, name: str) -> Host:
         """Kill the host's processes and bring it back with the same name and a new address.
 

@@ -99,8 +99,10 @@ class ActorServiceServicer:
         2. then batches: each batch is `count` consecutive `chunk` messages with
         the same `seq` and `index` 0..count-1; the chunk with index 0 carries
         `info`. Chunks of different batches never interleave. The actor never
-        starts a batch it holds no credit for. On resume, retained unacked
-        batches are re-sent first, in seq order;
+        starts a batch it holds no credit for, nor while `max_credits` of its
+        batches await their ack (it drops none unacknowledged: a learner that
+        keeps batches coming acks them). On resume, retained unacked batches
+        are re-sent first, in seq order;
         3. finally exactly one `end` (StreamEnd) with its reason, then the call
         closes with status OK. A call that closes with another status, or
         without `end`, was broken: its incomplete batch is discarded.

@@ -196,11 +196,13 @@ def test_slow_push_pauses_collection_only_for_the_swap(make_actor: object) -> No
     during = 0
     while pusher.is_alive():
         info, _ = session.batch()
+        session.ack(info.seq)
         session.credit(1)
         during += info.policy_version_max == 0
     transfer = time.perf_counter() - started
     info, _ = session.batch()
     while info.policy_version_max == 0:
+        session.ack(info.seq)
         session.credit(1)
         info, _ = session.batch()
     session.cancel()

@@ -73,13 +73,15 @@ def test_session_grant_raises_if_no_session() -> None:
         _book().grant(1)
 
 
-def test_session_unsent_batches_block_new_starts() -> None:
+def test_session_unacknowledged_batches_block_new_starts() -> None:
     book = _book(max_credits=2)
     _open(book, credits=2)
     _produce(book, 2, send=False)
     book.grant(2)
     assert not book.can_start()
     book.mark_sent(1)
+    assert not book.can_start()  # sent is not received: only an ack frees its place
+    book.ack(1)
     assert book.can_start()
 
 
@@ -102,14 +104,26 @@ def test_session_ack_raises_if_seq_was_never_produced() -> None:
         book.ack(5)
 
 
-def test_session_retention_evicts_the_oldest_sent_batch() -> None:
+def test_session_starts_no_batch_while_max_credits_wait_for_their_ack() -> None:
+    """A learner that keeps reconnecting before a batch gets through (a link slower than
+    its batch_timeout) resumes with fresh credits each time: the actor stops at
+    ``max_credits`` unacknowledged batches and drops none of them."""
     book = _book(max_credits=2)
     _open(book, credits=2)
     _produce(book, 2)
     book.grant(2)
-    _produce(book, 2)
-    assert book.retained_seqs == [3, 4]
-    assert book.evicted == 2
+    assert not book.can_start()  # sent, not acknowledged: kept, and nothing more collected
+    for _ in range(5):
+        book.close()
+        opened = _open(book, credits=1, resume_epoch=EPOCH, resume_after_seq=0)
+        assert [b.seq for b in opened.resend] == [1, 2]
+        for batch in opened.resend:
+            book.mark_sent(batch.seq)
+        assert not book.can_start()
+    assert book.ack(1) == 1
+    assert book.can_start()
+    assert _produce(book, 1) == [3]
+    assert book.retained_seqs == [2, 3]
 
 
 def test_session_second_open_raises_unless_take_over() -> None:
