@@ -191,9 +191,15 @@ class Pusher:
         except (UnknownWorkerError, UnknownModelError, SessionStateError) as exc:
             targets, refusal = [], exc
         self._agree(request, refusal)
+        before = self.book.given(request.sources)
         if request.delta:
-            return _outcome(*self._push_deltas(request, targets), request)
-        return _outcome(*self._push(self._encode(request, targets)), request)
+            results = self._push_deltas(request, targets)
+        else:
+            results = self._push(self._encode(request, targets))
+        for mid, failures in results[1].items():
+            if failures and not results[0].get(mid) and _refusals(failures) == failures:
+                self.book.restore(mid, before)  # every target refused: as if never given
+        return _outcome(*results, request)
 
     def _targets(self, request: WeightRequest) -> list[int]:
         """The push's target worker_ids, checked: in the fleet, holding the models, taking parts.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 from tensordict import TensorDictBase
@@ -353,6 +353,23 @@ class EncodedWeights:
     part: Part | None = None
 
 
+#: ``{model_id: (version, last weights, per-worker weights, form)}`` (:meth:`WeightBook.given`).
+GivenWeights = dict[
+    str, tuple[int | None, "WeightSource | None", dict[int, "WeightSource"], "PushOptions | None"]
+]
+
+
+_T = TypeVar("_T")
+
+
+def _put(table: dict[str, _T], key: str, value: _T | None) -> None:
+    """``table[key] = value``, or no entry for None."""
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
+
+
 class WeightBook:
     """What the learner knows about weights, shared by the user thread and the transport.
 
@@ -448,6 +465,33 @@ class WeightBook:
             return since is None or since > interval
 
     # ----------------------------------------------------------------- writing
+
+    def given(self, model_ids: Iterable[str]) -> GivenWeights:
+        """What :meth:`restore` puts back: the models' counters, last weights and forms."""
+        with self._lock:
+            return {
+                mid: (
+                    self._versions.get(mid),
+                    self._sources.get(mid),
+                    dict(self._worker_sources.get(mid, {})),
+                    self._options.get(mid),
+                )
+                for mid in model_ids
+            }
+
+    def restore(self, model_id: str, given: GivenWeights) -> None:
+        """Undo a push no actor took: ``model_id``'s counter, last weights and form as before.
+
+        Weights every target refused (not finite, another shape...) are not the last weights
+        given: a later argument-less push would send them again, and the version they took
+        would show as the learner's while every actor acts with the one before.
+        """
+        version, source, own, options = given[model_id]
+        with self._lock:
+            _put(self._versions, model_id, version)
+            _put(self._sources, model_id, source)
+            _put(self._options, model_id, options)
+            self._worker_sources[model_id] = own
 
     def observe(self, worker_id: int, reported: Mapping[str, int]) -> None:
         """Record the versions an actor reports (Describe); counters never fall behind them."""

@@ -103,6 +103,27 @@ def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet
         assert collector.next()["collector", "worker_id"][:, 0, 0].tolist() == [0, 1, 2]
 
 
+def test_weights_every_target_refuses_leave_the_version_and_last_weights_as_they_were(fleet):
+    """Not-finite weights refused by every actor: the learner's version does not move (it
+    would show as policy lag), and an argument-less push re-sends the last good weights."""
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4, sync=True) as collector:
+        good = cartpole_policy()
+        version = collector.update_policy_weights_(good)[0]
+        bad = cartpole_policy()
+        with torch.no_grad():
+            next(bad.parameters()).fill_(float("nan"))
+        for _ in range(3):
+            with pytest.raises(WeightPushError, match="finite") as info:
+                collector.update_policy_weights_(bad)
+            assert info.value.succeeded == {}
+        assert collector.policy_version["policy"] == version
+        assert collector.update_policy_weights_() == {0: version + 1, 2: version + 1}
+        batch = first_batch_where(collector, lambda b: (b["policy_version"] > version).all())
+        assert collector.stats()["policy_lag"] == 0
+        with torch.no_grad():
+            assert torch.equal(batch["logits"][0, 0], good(batch["observation"][0, 0])[0])
+
+
 def test_update_after_each_batch_pushes_before_every_sync_round(fleet):
     policy = cartpole_policy(action=0)
     with GrpcCollector(
