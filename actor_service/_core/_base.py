@@ -209,6 +209,14 @@ class CoreBase(abc.ABC):
         """Validate and apply collection settings for the following batches."""
 
     @abc.abstractmethod
+    def start_anew(self) -> None:
+        """A new collector's session begins (not a resumed one): trajectories start anew.
+
+        Envs in the middle of a trajectory are reset before its first batch, as a new
+        TorchRL collector resets its env; envs just reset (seeded) are left as they are.
+        """
+
+    @abc.abstractmethod
     def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch:
         """Collect one batch (blocking); ``abandon`` set from another thread gives it up."""
 

@@ -264,6 +264,8 @@ class CollectSession:
             learner_id=self.learner_id,
         )
         self._session_id = opened.session_id
+        if not opened.resumed:  # a new collector: as TorchRL's, its envs start from a reset
+            await self._rt.run_collect(self._rt.core.start_anew)
         self._outbox.extend(opened.resend)
         log_event(
             "session.opened",

@@ -108,6 +108,7 @@ class EnvCore(CoreBase):
             )
             self._random = RandomPolicy(self.observation_space, self.action_space)
             self._pool_broken = self._needs_reset = False
+            self._fresh = True  # no step since the last reset of every env
             self.set_seed(self._first_seed)
         except BaseException:
             close_pool(self._pool, force=True)
@@ -146,6 +147,12 @@ class EnvCore(CoreBase):
         with self._lock:
             self._settings = settings
             self._session_frames = 0
+
+    def start_anew(self) -> None:
+        """Envs that stepped since their last reset start new trajectories at the next batch."""
+        with self._lock:
+            if not self._fresh:
+                self._needs_reset = True
 
     def max_frames_per_batch(self, settings: CollectSettings) -> int:
         """The largest ``frames_per_batch`` (a multiple of ``num_envs``) ``settings`` may ask for.
@@ -202,6 +209,7 @@ class EnvCore(CoreBase):
             if settings.reset_at_each_iter:
                 self._reset(seeds=None)
             batch = self._rollout(settings, abandon)
+            self._fresh = False
             self.frames += batch.numel()
             self._session_frames += batch.numel()
             self.batches += 1
@@ -312,7 +320,7 @@ class EnvCore(CoreBase):
             self._pool_broken = True
             raise
         self._obs = np.array(obs, copy=True)
-        self._needs_reset = False
+        self._needs_reset, self._fresh = False, True
         self._traj_ids = self._traj.take(self.num_slots)
         self._step_count = np.zeros(self.num_slots, dtype=np.int64)
 

@@ -87,6 +87,9 @@ class LLMCore(CoreBase):
         self._ready: collections.deque[list[list[Turn]]] = collections.deque()
         self.set_seed(self._first_seed)
 
+    def start_anew(self) -> None:
+        """Dialogs under way go on: a group is never cut (a change of settings restarts them)."""
+
     def configure(self, settings: CollectSettings) -> None:
         """Validate settings against this actor; a change of LLM settings restarts the dialogs.
 

@@ -219,6 +219,15 @@ class TorchRLCore(CoreBase):
             self._settings = settings
             self._session_frames = 0
 
+    def start_anew(self) -> None:
+        """Envs that stepped since their last reset start new trajectories at the next batch.
+
+        The last session's policy outputs (and recurrent states) go with the carrier.
+        """
+        with self._lock:
+            if not self._fresh:
+                self._needs_reset = True
+
     def _limit_steps(self, limit: int) -> None:
         """Step under ``max_frames_per_traj=limit`` (0: none), as TorchRL's collector does.
 
