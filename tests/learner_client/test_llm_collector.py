@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import time
 import warnings
 
 import pytest
 import torch
+from learner_fleet import ACTOR_ENV, start_actors
 
+from common.errors import EnvError
 from learner_client import GrpcLLMCollector, LocalFleet, SettingsRefusedError
 
 pytest.importorskip("transformers")
@@ -261,6 +264,30 @@ def test_settings_an_actor_refuses_raise_at_the_first_batch_with_its_reason(
 
 
 @pytest.mark.long
+@pytest.mark.long
+def test_a_task_that_raises_reaches_the_learner_as_an_env_error() -> None:
+    """A user's reward function that raises is the LLM actor's env failing: the learner
+    raises EnvError with its text after bounded attempts, not MissingWorkersError after
+    ``batch_timeout`` (the actor took it for an internal error and retried)."""
+    args = ["--kind", "llm", "--task", "rlfleet_test_tasks:buggy", "--task-kwargs"]
+    args += ['{"mode": "raise"}', "--policy", "rlfleet:tiny-qwen2", "--num-envs", str(SLOTS)]
+    args += ["--policy-kwargs", json.dumps(TINY), "--worker-id", "0"]
+    (actor,) = start_actors([args], env=ACTOR_ENV)
+    started = time.monotonic()
+    try:
+        with (
+            pytest.raises(EnvError, match="user reward function bug") as info,
+            GrpcLLMCollector(
+                [actor.address], dialog_turns_per_batch=SLOTS, sync=True, batch_timeout=60.0
+            ) as collector,
+        ):
+            collector.next()
+    finally:
+        actor.close()
+    assert info.value.env == "rlfleet_test_tasks:buggy"
+    assert time.monotonic() - started < 45
+
+
 def test_an_env_collector_refuses_llm_actors_and_vice_versa(llm_fleet) -> None:
     from learner_client import GrpcCollector
 

@@ -80,7 +80,8 @@ class LLMCore(CoreBase):
         if config.engine == "vllm":
             self.backend = "vllm"
         self.policy = self.models.spec
-        self.engine = DialogEngine(self.models, build_task(config.task, **config.task_kwargs))
+        task = build_task(config.task, **config.task_kwargs)
+        self.engine = DialogEngine(self.models, task, config.task)
         self._groups = TrajIds(config.worker_id, self.epoch)
         self._slots: list[Dialog | None] = [None] * self.num_slots
         self._partial: list[list[Turn]] = [[] for _ in range(self.num_slots)]

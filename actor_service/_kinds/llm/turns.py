@@ -18,6 +18,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from actor_service._kinds.llm.models import LLMModels
+from common.errors import EnvError
 from common.llm import GenerationSettings, Outcome, Problem, Task
 
 __all__ = ["Dialog", "DialogEngine", "Turn", "pack_turns"]
@@ -68,11 +69,13 @@ class DialogEngine:
     Args:
         models: The model, tokenizer and lock.
         task: The task that makes problems and scores responses.
+        name: The task's name in errors (``--task``).
     """
 
-    def __init__(self, models: LLMModels, task: Task) -> None:
+    def __init__(self, models: LLMModels, task: Task, name: str = "task") -> None:
         self.models = models
         self.task = task
+        self.name = name
         tokenizer = models.tokenizer
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
@@ -85,8 +88,38 @@ class DialogEngine:
         return Dialog(problem, messages, traj_id, group_id)
 
     def sample(self, rng: random.Random) -> Problem:
-        """A new problem from the task."""
-        return self.task.sample(rng)
+        """A new problem from the task.
+
+        Raises:
+            EnvError: The task raised, or gave something else than a :class:`Problem`.
+        """
+        try:
+            problem = self.task.sample(rng)
+            if not isinstance(problem, Problem):
+                raise TypeError(f"returned {type(problem).__name__}, not a Problem")
+        except Exception as exc:  # the user's task: its error, as an env's
+            raise EnvError(self.name, type(exc).__name__, f"sample(): {exc}") from exc
+        return problem
+
+    def _judge(self, dialog: Dialog, content: str) -> Outcome:
+        """The task's verdict on a response, checked as a step of an env is.
+
+        Raises:
+            EnvError: ``score`` raised, or gave something else than an :class:`Outcome`
+                with a real reward and a text (or None) reply.
+        """
+        try:
+            outcome = self.task.score(dialog.problem, content, dialog.turns)
+            if not isinstance(outcome, Outcome):
+                raise TypeError(f"returned {type(outcome).__name__}, not an Outcome")
+            if isinstance(outcome.reward, str | bytes):  # float() would parse text
+                raise TypeError(f"reward {outcome.reward!r:.40} is not a number")
+            float(outcome.reward)  # None, a list...: TypeError
+            if outcome.reply is not None and not isinstance(outcome.reply, str):
+                raise TypeError(f"reply {outcome.reply!r:.40} is not a str or None")
+        except Exception as exc:  # the user's task: its error, as an env's
+            raise EnvError(self.name, type(exc).__name__, f"score(): {exc}") from exc
+        return outcome
 
     def run(
         self,
@@ -162,10 +195,8 @@ class DialogEngine:
         body = response[:-1] if stopped else response
         content = tokenizer.decode(body, skip_special_tokens=True)
         dialog.turns += 1
-        if response:
-            outcome = self.task.score(dialog.problem, content, dialog.turns)
-        else:  # no room left in the context: the dialog is cut, not judged
-            outcome = Outcome(0.0, terminated=False)
+        # No room left in the context: the dialog is cut, not judged.
+        outcome = self._judge(dialog, content) if response else Outcome(0.0, terminated=False)
         full = [*dialog.messages, {"role": "assistant", "content": content}]
         terminated = bool(outcome.terminated)
         truncated = not terminated and truncate

@@ -12,7 +12,7 @@ from actor_service._kinds.llm import core as llm_core
 from actor_service._kinds.llm.core import LLMCore
 from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
-from common.errors import PacketTooLargeError, StaleVersionError, WeightsError
+from common.errors import EnvError, PacketTooLargeError, StaleVersionError, WeightsError
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
 from common.llm._settings import MIN_TEMPERATURE
 from common.packets import PacketLimits
@@ -75,6 +75,29 @@ def test_a_prompt_longer_than_the_context_ends_the_dialog_truncated() -> None:
     assert (td["response_len"] == 0).all()
     assert td["next", "truncated"].all()
     assert not td["next", "terminated"].any()
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "text"),
+    [
+        ("raise", "RuntimeError", "score(): user reward function bug"),
+        ("text_reward", "TypeError", "score(): reward 'high' is not a number"),
+        ("tuple", "TypeError", "score(): returned tuple, not an Outcome"),
+        ("sample", "KeyError", "sample(): 'no such problem'"),
+    ],
+)
+def test_a_task_that_fails_raises_an_env_error_naming_it(mode, kind, text) -> None:
+    """A user's task is the LLM actor's env: its failure is the learner's EnvError (with its
+    type and text), not an internal error retried until ``batch_timeout``."""
+    with _worker(
+        llm=LLMActorSettings(task="rlfleet_test_tasks:buggy", task_kwargs={"mode": mode})
+    ) as worker:
+        worker.configure(_settings())
+        with pytest.raises(EnvError) as info:
+            worker.collect_batch()
+    error = info.value
+    assert (error.env, error.exception_type) == ("rlfleet_test_tasks:buggy", kind)
+    assert error.exception_message == text
 
 
 def test_the_same_seed_gives_the_same_first_batches() -> None:

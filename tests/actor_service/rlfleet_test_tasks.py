@@ -1,0 +1,43 @@
+"""Chat tasks with a user's bugs, loaded by LLM actors as ``rlfleet_test_tasks:<name>``.
+
+Each is the built-in ``arith`` task but for one thing its ``score`` (or ``sample``) does
+wrong, as a user's reward function may: raise, return a reward that is no number, or
+return something that is no ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from common.llm import Outcome, Problem, build_task
+
+
+class BuggyTask:
+    """``arith`` whose ``score`` (or ``sample``) goes wrong as ``mode`` says."""
+
+    def __init__(self, mode: str) -> None:
+        self._arith = build_task("arith")
+        self.max_turns = self._arith.max_turns
+        self.mode = mode
+
+    def sample(self, rng: random.Random) -> Problem:
+        """A problem of ``arith``; ``mode="sample"`` raises instead."""
+        if self.mode == "sample":
+            raise KeyError("no such problem")
+        return self._arith.sample(rng)
+
+    def score(self, problem: Problem, response: str, turn: int) -> Any:
+        """Not an ``Outcome`` of a real reward, or an exception, as ``mode`` says."""
+        if self.mode == "raise":
+            raise RuntimeError("user reward function bug")
+        if self.mode == "text_reward":
+            return Outcome("high", terminated=True)  # type: ignore[arg-type]
+        if self.mode == "tuple":
+            return (1.0, True)
+        return self._arith.score(problem, response, turn)
+
+
+def buggy(mode: str) -> BuggyTask:
+    """The task factory (``--task rlfleet_test_tasks:buggy --task-kwargs '{"mode": ...}'``)."""
+    return BuggyTask(mode)
