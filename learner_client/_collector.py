@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -58,7 +59,7 @@ from learner_client._torchrl_compat import (
     check_torchrl_only,
     update_flag,
 )
-from learner_client._weights import PushOptions, normalize_update_args
+from learner_client._weights import PushOptions, normalize_update_args, renamed_weights
 from learner_client._wiring import Teardown, assemble, weakly
 
 __all__ = ["GrpcCollector"]
@@ -472,6 +473,7 @@ class GrpcCollector:
         delta: bool = False,
         version: int | None = None,
         part: tuple[int, int] | None = None,
+        policy_weights: Any = None,
     ) -> dict[Any, Any]:
         """Push weights to the actors, concurrently, and wait until each applied them.
 
@@ -492,6 +494,7 @@ class GrpcCollector:
             delta: Send each target only what changed since the weights it holds (docs/weights.md).
             version: The version to push under (ranks: the agreed step count, docs/collector.md).
             part: ``(rank, world_size)``: this rank's part of ``version``; a ``PartResult`` each.
+            policy_weights: TorchRL's deprecated name of ``policy_or_weights`` (warned).
 
         Returns:
             ``{worker_id: version}``; with ``weights_dict``, ``{model_id: {worker_id: version}}``.
@@ -503,6 +506,7 @@ class GrpcCollector:
             VersionConflictError: Another rank pushes ``version`` with other weights.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
+        policy_or_weights = renamed_weights(policy_or_weights, policy_weights)
         shared, marked = self._shared, False
         given = (policy_or_weights, weights, policy, weights_dict)
         whole = worker_ids is None and dtype is None and not only_trainable and part is None
@@ -607,9 +611,9 @@ class GrpcCollector:
         return self._fleet.member_ids
 
     @property
-    def total_frames(self) -> int:
-        """Frames after which iteration stops (``-1``: endless), as TorchRL's attribute."""
-        return int(self._batch.total_frames or -1)
+    def total_frames(self) -> int | float:
+        """Frames after which iteration stops, as TorchRL's attribute (``inf``: endless)."""
+        return math.inf if self._batch.endless else int(self._batch.total_frames or 0)
 
     @property
     def frames_per_batch(self) -> int:
@@ -623,8 +627,8 @@ class GrpcCollector:
 
     @property
     def init_random_frames(self) -> int:
-        """Random-action frames this collector asks of the fleet (``-1``: none)."""
-        return int(self._rollout.init_random_frames or -1)
+        """Random-action frames this collector asks of the fleet (0: none, as in TorchRL)."""
+        return max(int(self._rollout.init_random_frames or 0), 0)
 
     @property
     def policy(self) -> nn.Module | None:

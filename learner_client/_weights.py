@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -145,6 +146,24 @@ def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
     if not out:
         raise ValueError("worker_ids is empty; pass None to update every worker")
     return tuple(out)
+
+
+def renamed_weights(policy_or_weights: object, policy_weights: object) -> object:
+    """``policy_or_weights``, or TorchRL's deprecated ``policy_weights`` in its place (warned).
+
+    Raises:
+        ValueError: Both given.
+    """
+    if policy_weights is None:
+        return policy_or_weights
+    if policy_or_weights is not None:
+        raise ValueError("pass the weights once: got policy_or_weights and policy_weights")
+    warnings.warn(
+        "policy_weights is deprecated: pass the weights as policy_or_weights",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return policy_weights
 
 
 def normalize_update_args(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -105,6 +106,9 @@ def test_torchrl_attributes_aliases_and_refusals(cartpole: list[str]) -> None:
             collector.total_frames = 1  # type: ignore[misc]
     with GrpcCollector(cartpole, frames_per_batch=16, update_at_each_batch=True) as collector:
         assert collector._batch.update_after_each_batch
+        # TorchRL's values for none: an endless budget is inf (scripts compare frame counts
+        # with it), no random frames 0.
+        assert (collector.total_frames, collector.init_random_frames) == (math.inf, 0)
     with pytest.raises(ValueError, match="trajs_per_batch"):
         GrpcCollector(cartpole, frames_per_batch=16, trajs_per_batch=4)
     with pytest.warns(UserWarning, match="weight_sync_schemes"):

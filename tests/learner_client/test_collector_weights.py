@@ -124,6 +124,17 @@ def test_weights_every_target_refuses_leave_the_version_and_last_weights_as_they
             assert torch.equal(batch["logits"][0, 0], good(batch["observation"][0, 0])[0])
 
 
+def test_torchrls_deprecated_policy_weights_keyword_pushes_with_a_warning(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        version = collector.policy_version["policy"]
+        with pytest.warns(DeprecationWarning, match="policy_weights is deprecated"):
+            assert collector.update_policy_weights_(policy_weights=cartpole_policy()) == {
+                0: version + 1
+            }
+        with pytest.raises(ValueError, match="pass the weights once"):
+            collector.update_policy_weights_(cartpole_policy(), policy_weights=cartpole_policy())
+
+
 def test_update_after_each_batch_pushes_before_every_sync_round(fleet):
     policy = cartpole_policy(action=0)
     with GrpcCollector(
