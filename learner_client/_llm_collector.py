@@ -113,6 +113,17 @@ def _check_llm_only(**given: object) -> None:
             )
 
 
+def _check_frame_names(kwargs: Mapping[str, Any]) -> None:
+    """Refuse an env collector's frame counts, naming the dialog-turn knob that counts here."""
+    for frames, turns in (("frames_per_batch", "dialog_turns_per_batch"),
+                          ("total_frames", "total_dialog_turns")):  # fmt: skip
+        if frames in kwargs:
+            raise TypeError(
+                f"GrpcLLMCollector counts dialog turns: pass {turns}={kwargs[frames]!r:.40}, "
+                f"not {frames} (as TorchRL's LLMCollector)"
+            )
+
+
 def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
@@ -255,6 +266,7 @@ class GrpcLLMCollector:
         **kwargs: Any,
     ) -> None:
         _check_llm_only(policy_factory=policy_factory, weight_updater=weight_updater)
+        _check_frame_names(kwargs)
         _check_sinks(layout, queue_overflow, queue, replay_buffer)
         completed, last, flatten = _modes(
             yield_completed_trajectories,

@@ -111,7 +111,9 @@ class GRPOSettings:
     prompts_per_step: int = opt(32, "distinct problems per update")
     group_size: int = opt(8, "answers per problem (GRPO's G)")
     max_new_tokens: int = opt(1, "most tokens per answer")
-    temperature: float | None = opt(None, "sampling temperature (default 1.5; 1 with torchrl)")
+    temperature: float | None = opt(
+        None, "sampling temperature, > 0: GRPO scores samples (default 1.5; 1 with torchrl)"
+    )
     sync: bool = opt(True, "sync (on-policy) or async collection", negative="async")
     lr: float = opt(5e-4, "Adam learning rate")
     epochs: int = opt(1, "gradient steps per batch")
@@ -147,9 +149,9 @@ class GRPOSettings:
                 "max_steps",
             ),
         )
-        for name in ("lr", "clip_eps", "max_grad_norm", "sampling_temperature"):
+        for name in ("lr", "clip_eps", "max_grad_norm", "temperature"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
+            if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
         for name in ("ent_coef", "entropy_floor", "init_std", "embedding_std"):
             value = getattr(self, name)

@@ -104,6 +104,7 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
         (["--prompts-per-step", "3"], "must be a multiple of num_actors"),
         (["--loss", "torchrl", "--temperature", "0.7"], "temperature 1"),
         (["--max-seconds", "nan"], "max_seconds must be finite"),
+        (["--temperature", "0"], "temperature must be finite and > 0, got 0.0"),
         (["--vocab", "words"], "vocab must be auto or one of"),
         (["--init-std", "-0.1"], "init_std must be finite and >= 0"),
     ],

@@ -223,11 +223,21 @@ def test_drop_oldest_queue_counts_drops(llm_fleet) -> None:
     ],
 )
 def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:
+    """Each bad knob is refused before any actor is dialled, naming the knob."""
     kw.setdefault("dialog_turns_per_batch", 4)
     if kw["dialog_turns_per_batch"] is None:
         del kw["dialog_turns_per_batch"]
     with pytest.raises(ValueError, match=match):
         GrpcLLMCollector(["127.0.0.1:1"], **kw)
+
+
+@pytest.mark.parametrize(
+    ("name", "knob"),
+    [("frames_per_batch", "dialog_turns_per_batch"), ("total_frames", "total_dialog_turns")],
+)
+def test_an_env_collectors_frame_counts_are_refused_naming_the_turn_knob(name, knob) -> None:
+    with pytest.raises(TypeError, match=f"pass {knob}=8, not {name}"):
+        GrpcLLMCollector(["127.0.0.1:1"], dialog_turns_per_batch=4, **{name: 8})
 
 
 def test_settings_beyond_the_actor_cap_are_refused_at_construction(llm_fleet) -> None:
