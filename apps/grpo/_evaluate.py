@@ -35,6 +35,16 @@ def held_out_problems(task: Task, count: int, seed: int) -> list[Problem]:
     return sorted(found.values(), key=lambda p: p.query)
 
 
+def prompt_ids(tokenizer: Any, problem: Problem) -> list[int]:
+    """The tokens of ``problem``'s first prompt, as an actor builds it (chat template)."""
+    messages = [{"role": "system", "content": problem.system}] if problem.system else []
+    messages.append({"role": "user", "content": problem.query})
+    out = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(out["input_ids"])
+
+
 class Evaluator:
     """Scores a model greedily on fixed problems.
 
@@ -55,12 +65,7 @@ class Evaluator:
         self.prompts = [self._prompt(p) for p in problems]
 
     def _prompt(self, problem: Problem) -> list[int]:
-        messages = [{"role": "system", "content": problem.system}] if problem.system else []
-        messages.append({"role": "user", "content": problem.query})
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(out["input_ids"])
+        return prompt_ids(self.tokenizer, problem)
 
     @torch.no_grad()
     def accuracy(self, model: Any) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pathlib
+import random
 import time
 from typing import Any
 
@@ -25,13 +26,13 @@ from torch import nn
 from apps._job.cli import seed_everything
 from apps._job.ranks import DataParallel
 from apps._job.report import Progress
-from apps.grpo._evaluate import Evaluator, held_out_problems
+from apps.grpo._evaluate import Evaluator, held_out_problems, prompt_ids
 from apps.grpo._loss import GRPOConfig, GRPOLearner
 from apps.grpo._ranks import RankPusher, rank_record, write_rank_record
 from apps.grpo._report import Curve, GRPOSummary, save_run
-from apps.grpo._settings import GRPOSettings
+from apps.grpo._settings import DEFAULT_CONTEXT, GRPOSettings
 from apps.grpo._torchrl_loss import TorchRLGRPO
-from common.llm import GenerationSettings, build_policy, build_task
+from common.llm import GenerationSettings, build_policy, build_task, build_tokenizer
 from learner_client import GrpcLLMCollector, LocalFleet
 
 __all__ = ["MODEL_SPEC", "train"]
@@ -42,6 +43,9 @@ MODEL_SPEC = "rlfleet:tiny-qwen2"
 _EVAL_SEED_OFFSET = 10_007
 # Accuracies travel between ranks as integers (the all-reduce of the agreed versions).
 _ACCURACY_SCALE = 10**9
+# Problems drawn to size the context, and the tokens a task's reply may add per turn.
+_CONTEXT_DRAWS = 256
+_REPLY_TOKENS = 32
 
 
 def train(settings: GRPOSettings) -> GRPOSummary:
@@ -57,6 +61,7 @@ def train(settings: GRPOSettings) -> GRPOSummary:
         The summary also written to ``summary.json`` (by rank 0).
     """
     seed_everything(settings.seed)  # the same on every rank (DDP starts from rank 0's)
+    settings = fit_context(settings)
     model, tokenizer = build_policy(MODEL_SPEC, **settings.model_kwargs)
     if settings.init_std > 0:
         _init_weights(model, settings.init_std)
@@ -140,6 +145,24 @@ def _shared_accuracy(evaluator: Evaluator, model: nn.Module, ranks: DataParallel
         return evaluator.accuracy(model)
     mine = evaluator.accuracy(model) if ranks.rank == 0 else -1.0
     return ranks.agreed_max(round(mine * _ACCURACY_SCALE)) / _ACCURACY_SCALE
+
+
+def fit_context(settings: GRPOSettings) -> GRPOSettings:
+    """``settings`` with a model context that holds the task's dialogs (``--max-positions 0``).
+
+    The longest first prompt of 256 drawn problems, plus each turn's answer and a reply of
+    up to 32 tokens, rounded up to 64; 512 (the tiny model's default) at least. A prompt
+    past the context ends its dialog truncated with an empty answer: a run would train on
+    nothing (countdown's prompts pass 512 tokens).
+    """
+    if settings.max_positions:
+        return settings
+    task = build_task(settings.task, **settings.task_kwargs_dict)
+    tokenizer = build_tokenizer(settings.model_vocab)
+    rng = random.Random(settings.seed)
+    longest = max(len(prompt_ids(tokenizer, task.sample(rng))) for _ in range(_CONTEXT_DRAWS))
+    need = longest + task.max_turns * (settings.max_new_tokens + _REPLY_TOKENS)
+    return dataclasses.replace(settings, max_positions=max(DEFAULT_CONTEXT, -(-need // 64) * 64))
 
 
 def _local_fleet(settings: GRPOSettings, ranks: DataParallel) -> LocalFleet:

@@ -27,6 +27,8 @@ __all__ = ["LOSSES", "GRPOSettings", "parse_args"]
 
 #: ``builtin``: the plain-torch loss of this package; ``torchrl``: TorchRL's GRPOLoss.
 LOSSES = ("builtin", "torchrl")
+#: The tiny Qwen2's context when the task needs no more (``--max-positions 0``).
+DEFAULT_CONTEXT = 512
 ENGINES = ("transformers", "vllm")
 
 
@@ -105,6 +107,7 @@ class GRPOSettings:
     hidden: int = opt(128, "width of the tiny Qwen2")
     layers: int = opt(2, "decoder layers of the tiny Qwen2")
     heads: int = opt(4, "attention heads of the tiny Qwen2")
+    max_positions: int = opt(0, "context of the tiny Qwen2 in tokens (0: fit to the task)")
     vocab: str = opt("auto", "tokenizer of the tiny Qwen2: auto, arith, compact or bytes")
     init_std: float = opt(0.1, "std every initial weight is redrawn with (0: the model's own)")
     embedding_std: float = opt(0.0, "std of the initial token embeddings (0: as they are)")
@@ -161,6 +164,8 @@ class GRPOSettings:
             raise ValueError(f"max_seconds must be finite and >= 0, got {self.max_seconds!r}")
         if not 0.0 < self.target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
+        if self.max_positions < 0:
+            raise ValueError(f"max_positions must be >= 0, got {self.max_positions!r}")
         if self.vocab not in ("auto", *VOCABS):
             raise ValueError(f"vocab must be auto or one of {VOCABS}, got {self.vocab!r}")
         if self.engine not in ENGINES:
@@ -251,6 +256,7 @@ class GRPOSettings:
             "hidden": self.hidden,
             "layers": self.layers,
             "heads": self.heads,
+            "max_positions": self.max_positions or DEFAULT_CONTEXT,
             "vocab": self.model_vocab,
             "seed": self.seed,
         }

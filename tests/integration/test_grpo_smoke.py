@@ -116,6 +116,26 @@ def test_grpo_parse_args_refuses_bad_flags_with_exit_2(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_grpo_fits_the_model_context_to_the_tasks_prompts():
+    """countdown's prompts pass the tiny model's 512 positions: every dialog ended truncated
+    with an empty answer and the run trained on nothing. The context now holds them."""
+    import random
+
+    from apps.grpo._evaluate import prompt_ids
+    from apps.grpo._loop import fit_context
+    from common.llm import build_task, build_tokenizer
+
+    settings = fit_context(parse_args(["--task", "countdown", "--max-new-tokens", "8"]))
+    tokenizer = build_tokenizer(settings.model_vocab)
+    task, rng = build_task("countdown"), random.Random(1)
+    longest = max(len(prompt_ids(tokenizer, task.sample(rng))) for _ in range(64))
+    assert longest > 512
+    assert settings.model_kwargs["max_positions"] >= longest + 8
+    assert fit_context(parse_args([])).model_kwargs["max_positions"] == 512  # arith: as before
+    given = fit_context(parse_args(["--task", "countdown", "--max-positions", "256"]))
+    assert given.model_kwargs["max_positions"] == 256  # the user's, as given
+
+
 def test_grpo_vocab_auto_is_arith_for_the_arith_task_and_compact_for_the_others():
     assert parse_args([]).model_kwargs["vocab"] == "arith"
     assert parse_args(["--task", "reverse"]).model_kwargs["vocab"] == "compact"
