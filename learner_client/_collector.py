@@ -57,6 +57,7 @@ from learner_client._torchrl_compat import (
     ScriptEnv,
     TorchRLOnly,
     check_torchrl_only,
+    finished,
     update_flag,
 )
 from learner_client._weights import PushOptions, normalize_update_args, renamed_weights
@@ -450,8 +451,7 @@ class GrpcCollector:
                 env.after_batch(parts[0], self.worker_ids, self.actor_state)
                 if not self._batch.split_trajs:  # [trajectories, time] whatever the envs
                     parts = [env.shaped(p) for p in parts]
-            parts = [self._placement.place(p) for p in parts]
-            return parts if self.postproc is None else [self.postproc(p) for p in parts]
+            return [finished(self._placement.place(p), self.postproc) for p in parts]
 
     def _ensure_running(self) -> None:
         if self._state is _State.READY:

@@ -71,6 +71,7 @@ __all__ = [
     "check_torchrl_only",
     "check_unsupported",
     "update_flag",
+    "finished",
 ]
 
 log = logging.getLogger("learner_client")
@@ -687,3 +688,21 @@ def _reshape(batch: Any, size: tuple[int, ...]) -> Any:
                 items = [items[i : i + width] for i in range(0, len(items), width)]
             shaped.set(key, NonTensorStack.from_list(items))
     return shaped
+
+
+def finished(
+    batch: TensorDictBase, postproc: Callable[[TensorDictBase], TensorDictBase] | None
+) -> TensorDictBase:
+    """``postproc(batch)``, then without the keys a step of whose path starts with ``_``.
+
+    TorchRL's collectors drop them from every batch after ``postproc``: a postproc's
+    scratch entries (``"_tmp"``, ``("next", "_x")``) never reach the script's batches.
+    """
+    if postproc is not None:
+        batch = postproc(batch)
+    private = [
+        key
+        for key in batch.keys(True)
+        if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))
+    ]
+    return batch.exclude(*private, inplace=True) if private else batch

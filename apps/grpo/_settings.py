@@ -156,7 +156,7 @@ class GRPOSettings:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-        for name in ("ent_coef", "entropy_floor", "init_std", "embedding_std"):
+        for name in ("ent_coef", "entropy_floor", "init_std", "embedding_std", "max_positions"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
@@ -164,8 +164,6 @@ class GRPOSettings:
             raise ValueError(f"max_seconds must be finite and >= 0, got {self.max_seconds!r}")
         if not 0.0 < self.target_accuracy <= 1.0:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
-        if self.max_positions < 0:
-            raise ValueError(f"max_positions must be >= 0, got {self.max_positions!r}")
         if self.vocab not in ("auto", *VOCABS):
             raise ValueError(f"vocab must be auto or one of {VOCABS}, got {self.vocab!r}")
         if self.engine not in ENGINES:

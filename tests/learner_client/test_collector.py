@@ -211,14 +211,21 @@ def test_collector_threads_sharing_it_take_turns_and_all_see_the_end(fleet, way)
 
 
 def test_collector_postproc_sees_every_batch(fleet):
+    """As in TorchRL, keys the postproc names with ``_`` (its scratch) are dropped after it."""
+
     def mark(batch):
         batch["seen"] = torch.ones(batch.shape)
+        batch["_scratch"] = torch.ones(batch.shape)
+        batch["next", "_x"] = torch.ones(batch.shape)
         return batch
 
     with GrpcCollector(
         addresses(fleet, 0), frames_per_batch=4, total_frames=8, postproc=mark
     ) as collector:
-        assert all(bool(b["seen"].all()) for b in collector)
+        batches = list(collector)
+    assert all(bool(b["seen"].all()) for b in batches)
+    private = [k for b in batches for k in b.keys(True) if "_scratch" in k or "_x" in k]
+    assert private == []
 
 
 def test_collector_replay_buffer_start_pause_async_shutdown(fleet):

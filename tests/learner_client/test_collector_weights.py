@@ -121,7 +121,8 @@ def test_weights_every_target_refuses_leave_the_version_and_last_weights_as_they
         batch = first_batch_where(collector, lambda b: (b["policy_version"] > version).all())
         assert collector.stats()["policy_lag"] == 0
         with torch.no_grad():
-            assert torch.equal(batch["logits"][0, 0], good(batch["observation"][0, 0])[0])
+            expected = good(batch["observation"][0, 0])[0]
+            torch.testing.assert_close(batch["logits"][0, 0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_torchrls_deprecated_policy_weights_keyword_pushes_with_a_warning(fleet):

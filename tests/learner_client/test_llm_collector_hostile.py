@@ -82,6 +82,9 @@ class _HostileCore:
     def configure(self, settings) -> None:
         self.settings = settings
 
+    def start_anew(self) -> None:
+        pass  # its one batch has no trajectories to cut
+
     def collect_batch(self, abandon=None) -> TensorDict:
         self.batches += 1
         return _batch(self.broken)
