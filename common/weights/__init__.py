@@ -408,6 +408,10 @@ def _header_check(
         form = PushForm.from_metadata(metadata)
         if subset:
             form = dataclasses.replace(form, subset=True)
+        if expected is not None and any(key not in expected for key in infos):
+            # Keys the model lacks first: they, not the alias count they exhaust, are the news.
+            shapes = {k: (i["shape"], DTYPES[i["dtype"]]) for k, i in infos.items()}
+            check_fit(shapes, expected, dataclasses.replace(form, subset=True))
         aliases.update(decode_aliases(metadata, infos, max(0, limit - len(infos))))
         if expected is not None:
             got = {k: (i["shape"], DTYPES[i["dtype"]]) for k, i in infos.items()}

@@ -124,7 +124,24 @@ def _adapter_hint(unknown: list[str], missing: list[str], expected: Shapes) -> s
             "this model holds a LoRA adapter (keys base_model.model.*): push the learner's "
             "peft model (an adapter-only push: only_trainable=True)"
         )
+    prefix = _wrapper_prefix(unknown, expected)
+    if prefix:
+        return (
+            f"the pushed keys carry the prefix {prefix!r} of a wrapper around the model "
+            "(TorchRL's TransformersWrapper holds it as .model): push the wrapped model"
+        )
     return ""
+
+
+def _wrapper_prefix(unknown: list[str], expected: Shapes) -> str:
+    """The first part of the pushed keys, when without it they are the model's own."""
+    heads = {key.split(".", 1)[0] for key in unknown if "." in key}
+    if len(heads) != 1:
+        return ""
+    (head,) = heads
+    stripped = {key.split(".", 1)[1] for key in unknown}
+    own = stripped & set(expected)  # the rest: what the wrapper adds (non-persistent buffers)
+    return head + "." if own and 2 * len(own) >= len(stripped) else ""
 
 
 def fit_problems(got: Shapes, expected: Shapes, form: PushForm = FULL) -> list[str]:

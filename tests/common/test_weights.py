@@ -188,6 +188,22 @@ def test_encode_weights_accepts_tied_weights() -> None:
     assert torch.equal(module.head.weight, state["head.weight"])
 
 
+def test_a_push_with_keys_the_model_lacks_names_them_before_its_tied_aliases() -> None:
+    """``TensorDict.from_module`` of a tied model holds non-persistent buffers too: the keys
+    the model lacks are named, not the alias count they used up; a wrapper's prefix says so."""
+    shared = torch.ones(5, 3)
+    expected = {"embed.weight": ((5, 3), torch.float32), "head.weight": ((5, 3), torch.float32)}
+    extra = {"embed.weight": shared, "head.weight": shared, "rotary.inv_freq": torch.ones(2)}
+    with pytest.raises(WeightsError, match=r"unexpected keys \['rotary.inv_freq'\]"):
+        decode_weights(encode_weights(extra), expected=expected)
+    wrapped = {f"model.{key}": value for key, value in extra.items()}
+    with pytest.raises(WeightsError, match="prefix 'model.' of a wrapper"):
+        decode_weights(encode_weights(wrapped), expected=expected)
+    state, _ = decode_weights(encode_weights({"embed.weight": shared, "head.weight": shared}),
+                              expected=expected)  # fmt: skip
+    assert sorted(state) == ["embed.weight", "head.weight"]
+
+
 def test_encode_weights_accepts_empty_and_scalar_tensors() -> None:
     original = {"empty": torch.zeros(0, 3), "scalar": torch.tensor(2.5)}
     state, _ = decode_weights(encode_weights(original))
