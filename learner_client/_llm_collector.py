@@ -124,6 +124,18 @@ def _check_frame_names(kwargs: Mapping[str, Any]) -> None:
             )
 
 
+def _check_tracker(track_policy_version: object) -> None:
+    """Warn that a ``PolicyVersion`` object is not the one batches carry versions from."""
+    if not isinstance(track_policy_version, bool | None):
+        warnings.warn(
+            f"GrpcLLMCollector: track_policy_version={type(track_policy_version).__name__} is "
+            "taken as True: batches carry the versions the actors applied (integers, moved by "
+            "update_policy_weights_), and the given tracker is neither read nor updated",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
@@ -285,6 +297,7 @@ class GrpcLLMCollector:
             token_versions=token_versions,
         )
         self._sink = _QueueSink(queue, queue_overflow) if queue is not None else None
+        _check_tracker(track_policy_version)
         self._shaper = _Shaper(layout, flatten, bool(track_policy_version), postproc)
         self.model_id = kwargs.get("model_id", DEFAULT_MODEL_ID)
         self._inner = GrpcCollector(

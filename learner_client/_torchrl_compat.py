@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import math
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -354,10 +354,13 @@ class EnvSignature(NamedTuple):
 
 
 def env_signature(
-    create_env_fn: Callable[..., Any], create_env_kwargs: Mapping[str, Any] | None
+    create_env_fn: Callable[..., Any],
+    create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
 ) -> EnvSignature:
     """The keys, trailing shapes and dtypes of one step of the env ``create_env_fn`` builds.
 
+    ``create_env_kwargs`` may be a multi-worker collector's list (one per worker): the
+    first worker's build the env, as the first of ``create_env_fn``'s list is the one read.
     A TorchRL env gives every leaf of its ``fake_tensordict()``; a gymnasium env its
     ``observation`` (actions are encoded by the actors). The env is closed afterwards,
     unless ``create_env_fn`` is a TorchRL env itself, as TorchRL's ``Collector`` also
@@ -371,7 +374,10 @@ def env_signature(
         return _signature(create_env_fn)
     if not callable(create_env_fn):
         raise TypeError(f"create_env_fn must be callable, got {create_env_fn!r:.60}")
-    env = create_env_fn(**dict(create_env_kwargs or {}))
+    kwargs = create_env_kwargs
+    if isinstance(kwargs, list | tuple):  # a multi-worker collector's, one per worker
+        kwargs = kwargs[0] if kwargs else None
+    env = create_env_fn(**dict(cast("Mapping[str, Any] | None", kwargs) or {}))
     try:
         return _signature(env)
     finally:

@@ -197,7 +197,7 @@ def test_a_push_with_keys_the_model_lacks_names_them_before_its_tied_aliases() -
     with pytest.raises(WeightsError, match=r"unexpected keys \['rotary.inv_freq'\]"):
         decode_weights(encode_weights(extra), expected=expected)
     wrapped = {f"model.{key}": value for key, value in extra.items()}
-    with pytest.raises(WeightsError, match="prefix 'model.' of a wrapper"):
+    with pytest.raises(WeightsError, match=r"prefix 'model\.' of a wrapper"):
         decode_weights(encode_weights(wrapped), expected=expected)
     state, _ = decode_weights(encode_weights({"embed.weight": shared, "head.weight": shared}),
                               expected=expected)  # fmt: skip

@@ -115,6 +115,29 @@ def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
     assert built[0].is_closed  # an env it built for the check is its own to close
 
 
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # 2 envs for one env's layout
+def test_a_multi_worker_scripts_per_worker_env_kwargs_build_the_first_workers_env(
+    vecnorm_actors: list[str],
+) -> None:
+    """MultiSyncCollector's ``create_env_kwargs`` is a list, one per worker (it raised a
+    dict-update error): the first worker's build the env read, as its first env is."""
+    tags = []
+
+    def make(tag: int) -> object:
+        tags.append(tag)
+        return rlfleet_test_torchrl.normalized_pendulum()
+
+    with GrpcCollector(
+        vecnorm_actors,
+        create_env_fn=[make, make],
+        create_env_kwargs=[{"tag": 1}, {"tag": 2}],
+        frames_per_batch=32,
+        sync=True,
+    ) as collector:
+        assert collector.next().numel() == 32
+    assert tags == [1]
+
+
 class _Recorder:
     """A replay buffer that records what it is extended with."""
 

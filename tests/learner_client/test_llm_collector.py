@@ -240,6 +240,18 @@ def test_an_env_collectors_frame_counts_are_refused_naming_the_turn_knob(name, k
         GrpcLLMCollector(["127.0.0.1:1"], dialog_turns_per_batch=4, **{name: 8})
 
 
+def test_a_policy_version_tracker_is_warned_of_not_being_read(llm_fleet) -> None:
+    """TorchRL's ``track_policy_version=PolicyVersion(...)``: versions come from the pushes."""
+    from torchrl.envs.llm.transforms import PolicyVersion
+
+    with pytest.warns(UserWarning, match="PolicyVersion is taken as True"):
+        collector = _collector(
+            llm_fleet, dialog_turns_per_batch=SLOTS, track_policy_version=PolicyVersion()
+        )
+    with collector:
+        assert "policy_version" in collector.next()
+
+
 def test_settings_beyond_the_actor_cap_are_refused_at_construction(llm_fleet) -> None:
     with pytest.raises(ValueError, match="above an actor's cap"):
         _collector(
