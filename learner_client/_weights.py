@@ -372,9 +372,9 @@ class EncodedWeights:
     part: Part | None = None
 
 
-#: ``{model_id: (version, last weights, per-worker weights, form)}`` (:meth:`WeightBook.given`).
+#: ``{model_id: (last weights, per-worker weights, form)}`` (:meth:`WeightBook.given`).
 GivenWeights = dict[
-    str, tuple[int | None, "WeightSource | None", dict[int, "WeightSource"], "PushOptions | None"]
+    str, tuple["WeightSource | None", dict[int, "WeightSource"], "PushOptions | None"]
 ]
 
 
@@ -486,11 +486,10 @@ class WeightBook:
     # ----------------------------------------------------------------- writing
 
     def given(self, model_ids: Iterable[str]) -> GivenWeights:
-        """What :meth:`restore` puts back: the models' counters, last weights and forms."""
+        """What :meth:`restore` puts back: the models' last weights and forms."""
         with self._lock:
             return {
                 mid: (
-                    self._versions.get(mid),
                     self._sources.get(mid),
                     dict(self._worker_sources.get(mid, {})),
                     self._options.get(mid),
@@ -499,15 +498,15 @@ class WeightBook:
             }
 
     def restore(self, model_id: str, given: GivenWeights) -> None:
-        """Undo a push no actor took: ``model_id``'s counter, last weights and form as before.
+        """Undo a push no actor took: ``model_id``'s last weights and form as before.
 
         Weights every target refused (not finite, another shape...) are not the last weights
-        given: a later argument-less push would send them again, and the version they took
-        would show as the learner's while every actor acts with the one before.
+        given: a later argument-less push would send them again. The version the push took
+        stays spent: parts of it may be staged on actors (a striped push), which refuse the
+        same version with other bytes.
         """
-        version, source, own, options = given[model_id]
+        source, own, options = given[model_id]
         with self._lock:
-            _put(self._versions, model_id, version)
             _put(self._sources, model_id, source)
             _put(self._options, model_id, options)
             self._worker_sources[model_id] = own

@@ -143,8 +143,10 @@ class PushCall:
                 )
                 self._metrics.weight_push_pause_seconds.labels(model).observe(self.pause)
         fields: dict[str, Any] = {"source": self.source}
-        if self._part_fields is not None:
-            fields = {"part": "{}/{}".format(*self._part_fields), "outcome": self.outcome.name}
+        if self._part_fields is not None:  # a refused part has no outcome: it was not taken
+            fields = {"part": "{}/{}".format(*self._part_fields)}
+            if exc is None:
+                fields["outcome"] = self.outcome.name
         if self.relay is not None:
             fields["relayed"] = "from a relay" if self.relay.source_ticket else "from the learner"
             fields["forward_to"] = self.relay.forward_to

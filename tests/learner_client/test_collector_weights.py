@@ -103,9 +103,9 @@ def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet
         assert collector.next()["collector", "worker_id"][:, 0, 0].tolist() == [0, 1, 2]
 
 
-def test_weights_every_target_refuses_leave_the_version_and_last_weights_as_they_were(fleet):
-    """Not-finite weights refused by every actor: the learner's version does not move (it
-    would show as policy lag), and an argument-less push re-sends the last good weights."""
+def test_weights_every_target_refuses_are_not_the_last_weights_given(fleet):
+    """Not-finite weights refused by every actor: an argument-less push re-sends the last
+    good weights, not the refused ones (each refused push spends its version number)."""
     with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4, sync=True) as collector:
         good = cartpole_policy()
         version = collector.update_policy_weights_(good)[0]
@@ -116,8 +116,8 @@ def test_weights_every_target_refuses_leave_the_version_and_last_weights_as_they
             with pytest.raises(WeightPushError, match="finite") as info:
                 collector.update_policy_weights_(bad)
             assert info.value.succeeded == {}
-        assert collector.policy_version["policy"] == version
-        assert collector.update_policy_weights_() == {0: version + 1, 2: version + 1}
+        resent = collector.update_policy_weights_()
+        assert resent == {0: version + 4, 2: version + 4}
         batch = first_batch_where(collector, lambda b: (b["policy_version"] > version).all())
         assert collector.stats()["policy_lag"] == 0
         with torch.no_grad():

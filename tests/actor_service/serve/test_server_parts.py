@@ -328,6 +328,12 @@ def test_an_incomplete_version_expires_and_is_never_revived(parts_actor: Actor) 
         error = _refused(actor, second, 1, 1, 2)
         assert error.code() == ABORTED
         assert "expired" in error.details()
+        refused = events("weights.push")[-1]  # logged with its status, and no outcome
+        assert (refused["part"], refused["result"], "outcome" in refused) == (
+            "1/2",
+            "ABORTED",
+            False,
+        )
         _assert_holds(actor, before, 0)
         _part(actor, first, 2, 0, 2)
         assert _part(actor, second, 2, 1, 2).outcome == COMPLETED
