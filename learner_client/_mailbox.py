@@ -99,6 +99,8 @@ class _Slot:
     outstanding: int = 0
     open: bool = False
     alive: bool = True
+    # A strict round already failed for this actor being down: the next waits for its return.
+    reported_down: bool = False
     # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
     floor: tuple[int, int] = (0, 0)
     # The arrival number of the batch a waiting take claimed while it is read (see arriving).
@@ -169,6 +171,7 @@ class Mailbox:
         with self._cond:
             slot = self._slots[worker_id]
             slot.open, slot.alive, slot.outstanding = True, True, 0
+            slot.reported_down = False
             credits = self._grant_for(worker_id, slot, self._async_room())
             slot.outstanding = credits
             self._cond.notify_all()
@@ -186,7 +189,9 @@ class Mailbox:
     def set_alive(self, worker_id: int, alive: bool) -> None:
         """Mark an actor reachable or down (down actors fail sync rounds fast)."""
         with self._cond:
-            self._slots[worker_id].alive = alive
+            slot = self._slots[worker_id]
+            slot.alive = alive
+            slot.reported_down = slot.reported_down and not alive
             self._cond.notify_all()
 
     def fail(self, worker_id: int, exc: BaseException) -> None:
@@ -379,7 +384,9 @@ class Mailbox:
         """One batch from each of ``worker_ids``, waiting at most ``timeout``.
 
         Strict (``partial=False``): returns ``([], missing)`` as soon as a
-        missing actor is down, or at the deadline; nothing is taken then.
+        missing actor is down, or at the deadline; nothing is taken then. An actor
+        a strict round already gave up on is waited for (until the deadline) while it
+        stays down, so a caller retrying at once does not spin.
         Partial: returns what is ready once every missing actor is down or at
         the deadline, and the missing ids.
         """
@@ -392,17 +399,24 @@ class Mailbox:
                 remaining = deadline - time.monotonic()
                 if not missing or remaining <= 0:
                     break
-                if not partial and down:
+                if not partial and any(not self._slots[w].reported_down for w in down):
                     break
                 if partial and len(down) == len(missing) and len(missing) < len(worker_ids):
                     break
                 self._cond.wait(min(remaining, _POLL_SECONDS))
             if missing and not partial:
+                for w in down:
+                    self._slots[w].reported_down = True
                 return [], missing
             taken = [self._slots[w].buffered.popleft() for w in worker_ids if w not in missing]
             self._round_wanted = False
             self._delivered(taken)
             return taken, missing
+
+    def down(self, worker_ids: Iterable[int]) -> list[int]:
+        """Those of ``worker_ids`` whose actors are down now."""
+        with self._cond:
+            return [w for w in worker_ids if not self._slots[w].alive]
 
     # ------------------------------------------------------------ internals
 

@@ -194,17 +194,30 @@ class Rounds:
             partial=self.settings.allow_partial_batches,
         )
         if not taken:
-            states = self.fleet.states()
-            raise MissingWorkersError(
-                f"sync batch incomplete: worker_ids {missing} sent nothing within "
-                f"batch_timeout={self.settings.batch_timeout} s or are down (actor states: "
-                f"{ {w: states[w] for w in missing} }){self._failures_of(missing)}",
-                worker_ids=missing,
-            )
+            raise self._incomplete(missing)
         if missing:
             log.warning("partial sync batch without worker_ids %s", missing)
         self.missing_workers = missing
         return taken
+
+    def _incomplete(self, missing: list[int]) -> MissingWorkersError:
+        """The error of a strict round that lacks ``missing``: the down actors, then the late."""
+        states = self.fleet.states()
+        down = self.mailbox.down(missing)
+        late = [w for w in missing if w not in down]
+        timeout = self.settings.batch_timeout
+        parts = [f"worker_ids {down} are down"] if down else []
+        if late:
+            parts.append(
+                f"worker_ids {late} had not delivered their share yet"
+                if down
+                else f"worker_ids {late} sent nothing within batch_timeout={timeout} s"
+            )
+        return MissingWorkersError(
+            f"sync batch incomplete: {'; '.join(parts)} (actor states: "
+            f"{ {w: states[w] for w in missing} }){self._failures_of(missing)}",
+            worker_ids=down or missing,
+        )
 
     def _failures_of(self, worker_ids: list[int]) -> str:
         """What the missing ``worker_ids`` last failed with, to end an error's message."""

@@ -142,6 +142,39 @@ def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
         partial.shutdown(timeout=5)
 
 
+def test_sync_retried_while_an_actor_is_down_waits_for_it_and_names_it_alone(pair):
+    """After a push the dead actor missed, the live actor is not named, and retries do not spin."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=8, sync=True, batch_timeout=2, token=TOKEN
+    )
+    try:
+        collector.next()
+        pair[1].kill()
+        with pytest.raises(MissingWorkersError, match=r"worker_ids \[1\] are down"):
+            drain(collector, 5)
+        with pytest.raises(WeightPushError):
+            collector.update_policy_weights_(cartpole_policy())
+        raised, started = 0, time.monotonic()
+        while time.monotonic() - started < 5:  # a script that catches and retries at once
+            with pytest.raises(MissingWorkersError, match=r"are down") as info:
+                collector.next()
+            assert info.value.worker_ids == [1]
+            raised += 1
+        assert raised <= 4, f"{raised} raises in 5 s: each retry should wait batch_timeout"
+        restart(pair, 1)
+        (batch,) = poll_until(lambda: _next_or_none(collector), timeout=60)
+        assert sorted(batch["collector", "worker_id"].unique().tolist()) == [0, 1]
+    finally:
+        collector.shutdown(timeout=5)
+
+
+def _next_or_none(collector: GrpcCollector) -> list | None:
+    try:
+        return [collector.next()]
+    except MissingWorkersError:
+        return None
+
+
 def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
     with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4, token=TOKEN) as warm:
         list(warm)

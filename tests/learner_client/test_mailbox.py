@@ -288,3 +288,25 @@ def test_mailbox_a_claimed_batch_counts_against_the_frame_budget():
     box.put(delivery(0, 1))
     assert take.join().seq == 1
     assert wire.credits == []
+
+
+def test_mailbox_strict_round_retried_while_an_actor_stays_down_waits_for_it():
+    """A caller that retries at once after a round failed on a down actor does not spin."""
+    box, _ = make_mailbox()
+    for wid in (0, 1):
+        box.add_worker(wid, 4)
+        box.session_opened(wid)
+    box.put(delivery(0, 1))
+    box.set_alive(1, False)
+    assert box.take_round([0, 1], timeout=30.0, partial=False) == ([], [1])
+    started = time.monotonic()
+    assert box.take_round([0, 1], timeout=0.5, partial=False) == ([], [1])
+    assert time.monotonic() - started >= 0.45  # waited for it rather than failing at once
+    threading.Timer(0.2, lambda: (box.set_alive(1, True), box.put(delivery(1, 1)))).start()
+    taken, missing = box.take_round([0, 1], timeout=30.0, partial=False)
+    assert ([d.worker_id for d in taken], missing) == ([0, 1], [])
+    box.set_alive(1, False)  # down again after it came back: reported at once again
+    started = time.monotonic()
+    assert box.take_round([0, 1], timeout=30.0, partial=False) == ([], [0, 1])
+    assert time.monotonic() - started < 5
+    assert box.down([0, 1]) == [1]
