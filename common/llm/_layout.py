@@ -9,8 +9,9 @@ batch shape ``S`` (``[slots, T]`` in steps mode, ``[n]`` otherwise)::
     log_probs                 float32[*S, R]  response log-probs (R >= response_len)
     policy_version            int64  [*S]     version the turn's first token was drawn at
     done/terminated/truncated bool   [*S, 1]  the state at the turn (always False)
-    history.role/.content     str    [*S, M]  the messages of the full history ("" past length)
-    history.length            int64  [*S]     2 <= length <= M (the response is the last message)
+    history.role/.content     str    [*S, M]  the history after the turn ("" past next_length)
+    history.length            int64  [*S]     2 <= length <= M: the turn's prompt and response
+    history.next_length       int64  [*S]     length <= next_length <= M: with the task's reply
     text.prompt/.response     str    [*S]
     query                     str    [*S]
     collector.traj_ids, .group_id, .dialog_turns  int64 [*S]; collector.stopped bool [*S]
@@ -22,7 +23,7 @@ width, negative lengths, counts that do not agree raise :class:`~common.errors.P
 :func:`to_torchrl` rebuilds TorchRL's layout: ragged ``tokens``/``masks``/``log_probs``
 (``prompt``, ``response``, ``full``), ``text``, ``history`` (``prompt``, ``response``,
 ``full`` as ``role``/``content`` string stacks), ``next.history.prompt`` (this turn's
-full history), lazily stacked to ``[B, T]`` or ``[n]``.
+full history and the task's reply: the next turn's prompt), lazily stacked to ``[B, T]`` or ``[n]``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _ROW_INTS = (
     "response_len",
     "policy_version",
     ("history", "length"),
+    ("history", "next_length"),
     ("collector", "traj_ids"),
     ("collector", "group_id"),
     ("collector", "dialog_turns"),
@@ -110,10 +112,12 @@ def check_padded(td: TensorDictBase) -> None:
         raise ProtocolError("LLM batch has a negative policy_version")
     if not bool(torch.isfinite(td.get("log_probs")).all()):
         raise ProtocolError("LLM batch has non-finite log_probs")
-    _check_strings(td, batch, rows[("history", "length")])
+    _check_strings(td, batch, rows[("history", "length")], rows[("history", "next_length")])
 
 
-def _check_strings(td: TensorDictBase, batch: tuple[int, ...], length: torch.Tensor) -> None:
+def _check_strings(
+    td: TensorDictBase, batch: tuple[int, ...], length: torch.Tensor, next_length: torch.Tensor
+) -> None:
     for key in _STRINGS:
         value = _get(td, key, "strings")
         if not isinstance(value, NonTensorStack) or tuple(value.batch_size) != batch:
@@ -134,6 +138,10 @@ def _check_strings(td: TensorDictBase, batch: tuple[int, ...], length: torch.Ten
     if bool((length < 2).any()) or bool((length > messages).any()):
         # at least one prompt message and the response
         raise ProtocolError(f"LLM batch history.length must be in [2, {messages}]")
+    if bool((next_length < length).any()) or bool((next_length > messages).any()):
+        raise ProtocolError(
+            f"LLM batch history.next_length must be in [history.length, {messages}]"
+        )
 
 
 def _history(roles: list[str], contents: list[str]) -> TensorDict:
@@ -147,9 +155,9 @@ def _element(td: TensorDictBase, index: tuple[int, ...]) -> TensorDict:
     e = td[index]
     p, r = int(e["prompt_len"]), int(e["response_len"])
     full = e["tokens"][: p + r].clone()
-    n = int(e["history", "length"])
-    roles, contents = list(e["history", "role"]), list(e["history", "content"])
-    roles, contents = roles[:n], contents[:n]
+    n, following = int(e["history", "length"]), int(e["history", "next_length"])
+    all_roles, all_contents = list(e["history", "role"]), list(e["history", "content"])
+    roles, contents = all_roles[:n], all_contents[:n]
     log_probs = e["log_probs"][:r].clone()
     turns = e["collector", "dialog_turns"].reshape(1).clone()
     text_prompt, text_response = e["text", "prompt"], e["text", "response"]
@@ -183,7 +191,7 @@ def _element(td: TensorDictBase, index: tuple[int, ...]) -> TensorDict:
     out["next"]["reward"] = out["next"]["reward"].reshape(1, 1)
     out["next"].update(
         {
-            "history": {"prompt": _history(roles, contents)},
+            "history": {"prompt": _history(all_roles[:following], all_contents[:following])},
             "policy_version": e["policy_version"].clone(),
             "step_count": turns,
         }

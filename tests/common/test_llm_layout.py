@@ -35,7 +35,8 @@ def padded(n: int = 3, width: int = 10, span: int = 4, messages: int = 2) -> Ten
             "terminated": flag.clone(),
             "truncated": flag.clone(),
             "history": {
-                "length": torch.full((n,), messages),
+                "length": torch.full((n,), min(messages, 2)),
+                "next_length": torch.full((n,), messages),
                 "role": _strings([["user", "assistant", "user"][:messages]] * n),
                 "content": _strings([[f"q{i}", f"a{i}", "x"][:messages] for i in range(n)]),
             },
@@ -80,6 +81,15 @@ def test_a_padded_batch_round_trips_through_a_packet_and_checks() -> None:
     assert out[0]["text", "full"] == "p0r0"
 
 
+def test_next_history_prompt_holds_the_tasks_reply_after_the_turn() -> None:
+    """TorchRL's ChatEnv: the next prompt is the turn's history and the task's reply."""
+    out = to_torchrl(_wire(padded(messages=3)))
+    assert list(out[0]["history", "full", "content"]) == ["q0", "a0"]
+    assert list(out[0]["history", "response", "role"]) == ["assistant"]
+    assert list(out[0]["next", "history", "prompt", "content"]) == ["q0", "a0", "x"]
+    assert list(out[0]["next", "history", "prompt", "role"]) == ["user", "assistant", "user"]
+
+
 def _set(td: TensorDict, key, value) -> TensorDict:
     td.set(key, value)
     return td
@@ -99,6 +109,12 @@ HOSTILE = {
         td, ("history", "length"), torch.tensor([2, 3, 2])
     ),
     "history length 0": lambda td: _set(td, ("history", "length"), torch.tensor([2, 0, 2])),
+    "next history shorter than the turn's": lambda td: _set(
+        td, ("history", "next_length"), torch.tensor([2, 1, 2])
+    ),
+    "next history beyond its messages": lambda td: _set(
+        td, ("history", "next_length"), torch.tensor([2, 2**63 - 1, 2])
+    ),
     "history without a prompt": lambda td: _set(td, ("history", "length"), torch.tensor([1, 2, 2])),
     "role and content counts disagree": lambda td: _set(
         td, ("history", "content"), _strings([["a"]] * 3)

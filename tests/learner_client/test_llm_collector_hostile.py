@@ -28,6 +28,7 @@ def _batch(broken: dict) -> TensorDict:
             "truncated": flag.clone(),
             "history": {
                 "length": torch.full((n,), 2),
+                "next_length": torch.full((n,), 2),
                 "role": NonTensorStack.from_list([["user", "assistant"]] * n),
                 "content": NonTensorStack.from_list([["q", "a"]] * n),
             },

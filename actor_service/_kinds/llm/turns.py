@@ -47,7 +47,11 @@ class Turn:
     query: str
     text_prompt: str
     text_response: str
+    # The history after the turn: its prompt, its response, then the task's reply if any
+    # (the next turn's prompt, TorchRL's ``next.history.prompt``).
     messages: list[dict[str, str]]
+    # How many of ``messages`` are the turn's own (prompt and response: ``history.full``).
+    full_length: int
     reward: float
     terminated: bool
     truncated: bool
@@ -212,7 +216,8 @@ class DialogEngine:
             query=dialog.problem.query,
             text_prompt=tokenizer.decode(prompt),
             text_response=tokenizer.decode(response),
-            messages=full,
+            messages=dialog.messages,
+            full_length=len(full),
             reward=float(outcome.reward),
             terminated=terminated,
             truncated=truncated,
@@ -291,7 +296,8 @@ def pack_turns(
             "terminated": flag(false),
             "truncated": flag(false),
             "history": {
-                "length": column([len(t.messages) for t in turns], torch.long),
+                "length": column([t.full_length for t in turns], torch.long),
+                "next_length": column([len(t.messages) for t in turns], torch.long),
                 "role": _strings(roles, (*shape, messages)),
                 "content": _strings(contents, (*shape, messages)),
             },

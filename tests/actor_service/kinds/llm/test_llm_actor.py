@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actor_service import ModelSpec
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.llm import build_policy, check_padded
+from common.llm import build_policy, check_padded, to_torchrl
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
 
@@ -76,6 +76,31 @@ def test_collect_steps_mode_batches_check_and_score(llm_actor) -> None:
     assert groups[2] == groups[3]
     assert groups[0] != groups[2]
     session.cancel()
+
+
+def test_a_turns_next_prompt_is_the_next_turns_prompt_with_the_tasks_reply(llm_actor) -> None:
+    """TorchRL's ChatEnv: ``next.history.prompt`` of turn t is ``history.prompt`` of t + 1."""
+    session = RawCollect.open(
+        llm_actor.stub, open_request(frames_per_batch=8, credits=1, llm=_llm())
+    )
+    session.opened()
+    _, td = session.batch()
+    session.cancel()
+    check_padded(td)
+    out = to_torchrl(td)
+    followed = 0
+    for b in range(4):
+        step, after = out[b, 0], out[b, 1]
+        if bool(step["next", "done"]) or int(step["collector", "traj_ids"]) != int(
+            after["collector", "traj_ids"]
+        ):
+            continue
+        following = list(step["next", "history", "prompt", "content"])
+        assert following == list(after["history", "prompt", "content"])
+        assert following[-1] == "No. Try again."  # the task's reply to a wrong answer
+        assert list(step["history", "full", "content"]) == following[:-1]
+        followed += 1
+    assert followed, "no dialog went on to a second turn: the tiny model answered right"
 
 
 @pytest.mark.parametrize("mode", ["yield_completed_trajectories", "yield_only_last_steps"])
