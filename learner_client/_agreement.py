@@ -16,12 +16,18 @@ their entries and pushes, and the next round meets as before. A rank that refuse
 itself (a stale version, a target it lacks) still writes its entry, marked refused, so that
 the others raise at once instead of waiting out the timeout.
 
+Rounds are numbered per process, not per collector: a collector rebuilt on one rank (after an
+error) goes on with its process's count and still meets the others. A push retried at the
+version whose round timed out takes that round again, so a late rank's entry is met there
+(a new round would be matched against the late rank's next version for good).
+
 Once every rank's entry of a round is there, each rank deletes its entries of the rounds
 before (every rank is past them): the store holds at most two entries per rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -34,10 +40,35 @@ from learner_client._members import Ranks
 
 __all__ = ["VersionAgreement"]
 
-# The store's keys: a count of agreements per rank (the n-th collector of every rank meets
-# the n-th of the others), then each agreement's entries under its own prefix.
+# The store's keys: a count of processes' channels per rank (the n-th process group of every
+# rank meets the n-th of the others), then each channel's rounds under its own prefix.
 _ROOT = "rlfleet/agreement"
 _POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.05
+
+
+@dataclasses.dataclass
+class _Channel:
+    """This process's rounds on one store, shared by every collector of the process."""
+
+    store: Any
+    prefix: str
+    round: int = 0
+    timed_out: int | None = None  # the version of the last round, when it timed out
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+_CHANNELS: dict[int, _Channel] = {}  # by id(store); the channel keeps its store alive
+_CHANNELS_LOCK = threading.Lock()
+
+
+def _channel(rank: int) -> _Channel:
+    """The process's channel on the process group's store, made at its first use."""
+    store = torch.distributed.distributed_c10d._get_default_store()
+    with _CHANNELS_LOCK:
+        if id(store) not in _CHANNELS:
+            count = store.add(f"{_ROOT}/count/{rank}", 1)
+            _CHANNELS[id(store)] = _Channel(store, f"{_ROOT}/{count}")
+        return _CHANNELS[id(store)]
 
 
 class VersionAgreement:
@@ -54,10 +85,6 @@ class VersionAgreement:
     def __init__(self, ranks: Ranks, timeout: float) -> None:
         self.ranks = ranks
         self.timeout = timeout
-        self._store: Any = None
-        self._prefix = ""
-        self._round = 0
-        self._lock = threading.Lock()  # one round at a time
 
     @property
     def active(self) -> bool:
@@ -83,32 +110,28 @@ class VersionAgreement:
         """
         if not self.active:
             return
-        with self._lock:
-            self._connect()
-            self._round += 1
-            keys = [f"{self._prefix}/{self._round}/{r}" for r in range(self.ranks.world_size)]
-            self._store.set(keys[self.ranks.rank], f"{version} {digest} {int(refused)}")
+        channel = _channel(self.ranks.rank)
+        with channel.lock:  # one round at a time
+            if channel.timed_out != version:  # else a retry: the late rank meets it there
+                channel.round += 1
+            channel.timed_out = None
+            keys = [f"{channel.prefix}/{channel.round}/{r}" for r in range(self.ranks.world_size)]
+            channel.store.set(keys[self.ranks.rank], f"{version} {digest} {int(refused)}")
             try:
-                self._wait(keys, version)
+                self._wait(channel.store, keys, version)
             except DeadlineError:
+                channel.timed_out = version
                 if refused:
                     return  # the caller's own refusal says more
                 raise
-            entries = [_parse(self._store.get(key)) for key in keys]
-            if self._round > 1:  # every rank wrote this round: none reads the last one again
-                self._store.delete_key(f"{self._prefix}/{self._round - 1}/{self.ranks.rank}")
+            entries = [_parse(channel.store.get(key)) for key in keys]
+            if channel.round > 1:  # every rank wrote this round: none reads the last one again
+                last = f"{channel.prefix}/{channel.round - 1}/{self.ranks.rank}"
+                channel.store.delete_key(last)
         if not refused:
             _compare(version, dict(enumerate(entries)))
 
-    def _connect(self) -> None:
-        """Take the process group's store and this agreement's prefix (the n-th of its rank)."""
-        if self._store is not None:
-            return
-        store = torch.distributed.distributed_c10d._get_default_store()
-        count = store.add(f"{_ROOT}/count/{self.ranks.rank}", 1)
-        self._store, self._prefix = store, f"{_ROOT}/{count}"
-
-    def _wait(self, keys: list[str], version: int) -> None:
+    def _wait(self, store: Any, keys: list[str], version: int) -> None:
         """Return once every rank's entry of the round is in the store (polled).
 
         Raises:
@@ -116,14 +139,14 @@ class VersionAgreement:
         """
         deadline = time.monotonic() + self.timeout
         pause = _POLL_FIRST_S
-        while not self._store.check(keys):
+        while not store.check(keys):
             if time.monotonic() >= deadline:
-                missing = [r for r, key in enumerate(keys) if not self._store.check([key])]
+                missing = [r for r, key in enumerate(keys) if not store.check([key])]
                 raise DeadlineError(
                     f"rank {self.ranks.rank}: rank(s) {missing} did not push version {version} "
                     f"within {self.timeout} s (every rank pushes every agreed version; a rank "
-                    "that comes later finds this one's entry and pushes, and the next push "
-                    "meets again)"
+                    "that comes later finds this one's entry and pushes; retrying this version "
+                    "or pushing the next one meets it again)"
                 )
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)

@@ -343,12 +343,26 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
         out["late"] = "DeadlineError"
     # ... and both meet at the next version (a timed-out gloo collective stays broken).
     out["met"] = list(collector.update_policy_weights_(fresh, version=version + 3).values())
+    if rank == 1:  # late again; rank 0 retries the version that timed out and meets it there
+        time.sleep(4)
+    for attempt in range(2 - rank):
+        try:
+            pushed = collector.update_policy_weights_(fresh, version=version + 4)
+            out["retried"] = [attempt, list(pushed.values())]
+            break
+        except DeadlineError:
+            out["retried"] = [attempt, "DeadlineError"]
+    if rank == 0:  # a collector rebuilt on one rank still meets the other rank's
+        collector.shutdown()
+        collector = GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3)
+    out["rebuilt"] = list(collector.update_policy_weights_(fresh, version=version + 5).values())
     try:  # rank 1 names rank 0's actor: it refuses, and tells rank 0, before anything is sent
         targets = [0] if rank else None
-        collector.update_policy_weights_(fresh, version=version + 4, worker_ids=targets)
+        collector.update_policy_weights_(fresh, version=version + 6, worker_ids=targets)
     except (UnknownWorkerError, VersionConflictError) as exc:
         out["target"] = [type(exc).__name__, "other learner ranks' actors" in str(exc)]
 print(json.dumps(out), flush=True)
+collector.shutdown()
 dist.barrier()  # rank 0 serves the store: it stays until rank 1 is done with it
 dist.destroy_process_group()
 """
@@ -385,11 +399,13 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
     assert [out["refused"] for out in outs] == ["VersionConflictError", "ValueError"]
     assert [out["late"] for out in outs] == ["DeadlineError", [version + 2] * 2]
     assert [out["met"] for out in outs] == [[version + 3] * 2] * 2
+    assert [out["retried"] for out in outs] == [[1, [version + 4] * 2], [0, [version + 4] * 2]]
+    assert [out["rebuilt"] for out in outs] == [[version + 5] * 2] * 2
     assert [out["target"] for out in outs] == [
         ["VersionConflictError", False],
         ["UnknownWorkerError", True],
     ]
     # Nothing was pushed by the refused calls: every actor holds the version both met at.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
-        range(4), version + 3
+        range(4), version + 5
     )
