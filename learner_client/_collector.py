@@ -48,6 +48,7 @@ from learner_client._settings import (
     WeightPushSettings,
     check_addresses,
     check_hooks,
+    random_frames_left,
     shutdown_limit,
 )
 from learner_client._shared_policy import SharedPolicy
@@ -329,7 +330,7 @@ class GrpcCollector:
             )
             self._rollout = RolloutSettings(
                 max_frames_per_traj=max_frames_per_traj,
-                init_random_frames=init_random_frames,
+                init_random_frames=random_frames_left(init_random_frames, replay_buffer),
                 reset_at_each_iter=reset_at_each_iter,
                 reset_when_done=reset_when_done,
                 split_trajs=split_trajs,

@@ -499,6 +499,20 @@ def check_hooks(
     return cast("Postproc | None", postproc), cast("ReplayBufferLike | None", replay_buffer)
 
 
+def random_frames_left(init_random_frames: Any, replay_buffer: object) -> Any:
+    """``init_random_frames`` less what ``replay_buffer`` already holds (its ``write_count``).
+
+    TorchRL judges random frames against the buffer's writes when one is given, so a run
+    resumed with a filled buffer takes no random actions again. Anything else is returned
+    as given (the settings check it).
+    """
+    frames = as_int(init_random_frames, whole_floats=True)
+    written = as_int(getattr(replay_buffer, "write_count", 0))
+    if frames is None or written is None or frames <= 0 or written <= 0:
+        return init_random_frames
+    return max(0, frames - written)
+
+
 def check_addresses(actors: object) -> list[str]:
     """The actor addresses as a list of ``host:port`` strings.
 

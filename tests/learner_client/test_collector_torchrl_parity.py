@@ -391,6 +391,32 @@ def test_init_random_frames_with_start_counts_this_collectors_frames(
     assert {"observation", "action", "next"} <= set(data.keys())
 
 
+@pytest.mark.parametrize(("frames", "random_frames"), [(256, 32), (512, 0)])
+def test_init_random_frames_counts_what_the_replay_buffer_already_holds(
+    cartpole: list[str], frames: int, random_frames: int
+) -> None:
+    """TorchRL judges random frames against ``replay_buffer.write_count``: a run resumed with
+    a filled buffer takes only the random frames its writes lack (here rows of 8 steps: 256
+    frames are 32 writes, leaving 32 of the 64 random frames, one batch per actor)."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(512), batch_size=5)
+    with GrpcCollector(
+        cartpole, frames_per_batch=16, total_frames=frames, replay_buffer=rb
+    ) as first:  # the run before: its frames are in the buffer
+        for _ in first:
+            pass
+    written = rb.write_count
+    assert written == frames // 8
+    collector = GrpcCollector(
+        cartpole, frames_per_batch=16, total_frames=128, init_random_frames=64, replay_buffer=rb
+    )
+    with collector:
+        for _ in collector:
+            pass
+    data = rb[written:]
+    assert data.numel() == 128
+    assert int(data["logits"].eq(0).all(-1).sum()) == random_frames
+
+
 # ---------------------------------------------------------------------- stats
 
 
