@@ -246,7 +246,8 @@ class ActorConfig:
                 of range, TLS files given by halves (``relay_ca`` included), no models,
                 a ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft
                 installed, vLLM settings without ``engine="vllm"`` on an LLM actor, a
-                ``decode`` other than ``"eager"`` with ``engine="vllm"``, or (unless
+                ``decode`` other than ``"eager"`` with ``engine="vllm"``, two of
+                ``port``/``health_port``/``metrics_port`` alike, or (unless
                 ``keep_other_kinds``) a section other than its defaults on an actor of
                 a kind it is not for.
         """
@@ -278,6 +279,7 @@ class ActorConfig:
                 f"got {self.part_deadline_s!r}"
             )
         self._check_tls()
+        self._check_ports()
         if not self.models:
             raise ValueError("models must name at least one model")
         self._check_in_memory()
@@ -290,6 +292,17 @@ class ActorConfig:
             check_peft()
         if not keep_other_kinds:
             self._check_sections()
+
+    def _check_ports(self) -> None:
+        """The gRPC, health and metrics ports differ (0, any free port, may repeat)."""
+        named = {"port": self.port, "health_port": self.health_port}
+        named["metrics_port"] = self.metrics_port
+        seen: dict[int, str] = {}
+        for name, port in named.items():
+            if port and port in seen:
+                raise ValueError(f"{name} and {seen[port]} must differ, both are {port}")
+            if port:
+                seen[port] = name
 
     def _check_tls(self) -> None:
         """TLS files come whole: a key with its certificate, CAs only with both."""

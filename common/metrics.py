@@ -107,8 +107,13 @@ def _only_metrics(app: _App) -> _App:
         if environ.get("PATH_INFO") != METRICS_PATH:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"only /metrics is served here\n"]
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        method = environ.get("REQUEST_METHOD")
+        if method not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return [b""]
+        if method == "HEAD":  # GET's headers, no body (prometheus_client answers HEAD 405)
+            body = app({**environ, "REQUEST_METHOD": "GET"}, start_response)
+            getattr(body, "close", lambda: None)()
             return [b""]
         return app(environ, start_response)
 

@@ -27,6 +27,10 @@ __all__ = ["TokenAuthInterceptor"]
 
 # Services a probe needs; everything else requires the token.
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+_REFUSED = (
+    "missing or invalid bearer token (give the actor's --token: token= or RLFLEET_TOKEN on "
+    "the learner, --token or RLFLEET_TOKEN for rlfleet status)"
+)
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
@@ -76,7 +80,7 @@ def _refusing_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMe
 
     async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         log_event("auth.refused", logging.WARNING, method=method, peer=context.peer())
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSED)
 
     async def refuse_streaming(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         await refuse(request_or_iterator, context)

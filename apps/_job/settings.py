@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
+import pathlib
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -52,14 +56,25 @@ def _parse_optional_int(text: str) -> int | None:
     return None if text.strip().lower() in ("", "none") else int(text)
 
 
-def _parse_optional_float(text: str) -> float | None:
-    return None if text.lower() in ("", "none") else float(text)
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError("expected a number, got nan")
+    return value
 
+
+def _parse_optional_float(text: str) -> float | None:
+    return None if text.lower() in ("", "none") else _parse_float(text)
+
+
+# argparse names a parser in its "invalid <name> value" message.
+_parse_optional_int.__name__ = "int"
+_parse_float.__name__ = _parse_optional_float.__name__ = "float"
 
 # Field types are strings under `from __future__ import annotations`.
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "int": int,
-    "float": float,
+    "float": _parse_float,
     "str": str,
     "tuple[int, ...]": _parse_ints,
     "tuple[str, ...]": _parse_strs,
@@ -83,7 +98,8 @@ def settings_parser(settings_type: type, prog: str, description: str) -> argpars
     Returns:
         A parser whose namespace holds one attribute per field.
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    # No abbreviations: a mistyped flag (--num-env) is an error, not another flag.
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     for field in dataclasses.fields(settings_type):
         flag = "--" + field.name.replace("_", "-")
         if field.type != "bool":
@@ -140,7 +156,30 @@ def parse_settings(
     parser = settings_parser(settings_type, prog, description)
     namespace = parser.parse_args(argv)
     try:
-        return settings_type(**vars(namespace))
+        settings = settings_type(**vars(namespace))
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
         raise  # parser.error exits; this keeps type checkers informed
+    out_dir = getattr(settings, "out_dir", None)
+    problem = _unwritable(pathlib.Path(out_dir)) if out_dir else None
+    if problem:  # found before the run, not after it trained
+        parser.error(f"--out {out_dir}: {problem}")
+    return settings
+
+
+def _unwritable(out_dir: pathlib.Path) -> str | None:
+    """Why the job could not write its results to ``out_dir`` (made at the end), or None.
+
+    The directory or its nearest existing parent must be a directory one can make
+    directories in; nothing is left there.
+    """
+    path = out_dir.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is a file, not a directory"
+    try:  # a directory made and removed there: what the job will do (access() trusts root)
+        os.rmdir(tempfile.mkdtemp(prefix=".rlfleet-probe-", dir=path))
+    except OSError as exc:
+        return f"cannot make a directory in {path} ({exc.strerror})"
+    return None

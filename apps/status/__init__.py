@@ -120,6 +120,12 @@ def _addresses(args: argparse.Namespace, known: list[str] | None = None) -> list
     targets = list(args.addresses) + [f"dns:///{name}" for name in args.dns]
     if not targets:
         raise ValueError("give actor addresses (host:port) or --dns NAME:PORT")
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:  # as the learner refuses them
+        raise ValueError(f"actor address {twice[0]} is given twice")
+    portless = [name for name in args.dns if not name.rpartition(":")[2].isdigit()]
+    if portless:
+        raise ValueError(f"--dns {portless[0]}: give NAME:PORT (the actors' gRPC port)")
     try:
         return resolve_actors(targets)
     except ActorUnavailableError:

@@ -193,6 +193,8 @@ def test_status_watch_clears_the_screen_only_on_a_terminal() -> None:
         (("127.0.0.1:1", "--count", "2"), "add --watch"),
         (("127.0.0.1:1", "--tls-cert", "x.pem"), "--tls-cert and --tls-key"),
         (("127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"), "cannot read"),
+        (("127.0.0.1:1", "127.0.0.1:1"), "127.0.0.1:1 is given twice"),  # 2/2 serving of one
+        (("--dns", "localhost"), "--dns localhost: give NAME:PORT"),  # dialled 50051
     ],
 )
 def test_status_raises_if_arguments_are_bad(

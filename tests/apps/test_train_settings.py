@@ -164,3 +164,37 @@ def test_train_metrics_port_flag_reaches_the_collector_settings(
             parse_args(["--metrics-port", bad])
         assert exited.value.code == 2
         assert "metrics_port must be in 0..65535" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys) -> None:
+    """The results are written after training: an --out they cannot go to fails at start."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, why in [
+        (blocker, "is a file"),
+        (blocker / "run", "is a file"),
+        ("/proc/x/y", "cannot"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--out", str(out)])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: " in err
+        assert why in err
+    assert parse_args(["--out", str(tmp_path / "new" / "run")]).out_dir.endswith("new/run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing made at parse
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--target-return", "nan"], "expected a number, got nan"),
+        (["--target-return", "abc"], "invalid float value: 'abc'"),
+        (["--num-env", "4"], "unrecognized arguments: --num-env"),  # no abbreviations
+    ],
+)
+def test_flags_refuse_nan_typos_and_abbreviations(argv, said, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err

@@ -206,6 +206,8 @@ def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
         ([], {"RLFLEET_WORKER_ID": "x"}, "RLFLEET_WORKER_ID"),
         (["--max-credits", "0"], {}, "--max-credits"),
         (["--env-error-detail", "none"], {}, "--env-error-detail"),
+        (["--port", "50091", "--metrics-port", "50091"], {}, "must differ, both are 50091"),
+        (["--health-port", "50092", "--metrics-port", "50092"], {}, "--metrics-port"),
     ],
 )
 def test_cli_raises_if_a_value_is_bad(

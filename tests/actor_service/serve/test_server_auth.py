@@ -31,6 +31,7 @@ def test_auth_raises_if_token_is_missing_or_wrong(make_actor: object, metadata: 
         _describe(actor.stub, metadata)
     assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert TOKEN not in (error.value.details() or "")
+    assert "RLFLEET_TOKEN" in error.value.details()  # where the token goes
 
 
 def test_auth_refuses_streams_before_reading_them(make_actor: object) -> None:

@@ -146,6 +146,12 @@ def test_actor_metrics_port_serves_only_metrics_and_never_the_token(make_actor: 
     connection.request("POST", "/metrics", body=b"x")
     assert connection.getresponse().status == 405
     connection.close()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("HEAD", "/metrics")  # uptime checkers probe with HEAD
+    head = connection.getresponse()
+    assert (head.status, head.read()) == (200, b"")
+    assert head.getheader("Content-Type", "").startswith("text/plain")
+    connection.close()
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         body = reply.read()
     assert TOKEN.encode() not in body
