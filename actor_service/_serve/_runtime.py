@@ -210,7 +210,8 @@ class ActorRuntime:
                     raise ActorBusyError(
                         f"actor {self.config.worker_id} is serving learner "
                         f"{previous.learner_id!r}; a learner resumes only its own session "
-                        "(set take_over to end another learner's session)"
+                        "(take_over=True on GrpcCollector, --take-over on rlfleet-train, ends "
+                        "another learner's session)"
                     )
                 previous.take_over()
             if previous is not None:

@@ -131,6 +131,7 @@ def _open_collector(
             # Batches land where the learner's model is (None: as received, on the host).
             device=None if ranks.device.type == "cpu" else ranks.device,
             learner_id=ranks.learner_id,
+            take_over=settings.take_over,
         )
     except ValueError as exc:  # the fleet the actors make does not fit (the flags were checked)
         raise FleetMismatchError(f"the fleet at --actors: {exc}") from None

@@ -65,6 +65,8 @@ class TrainSettings:
         actors: ``host:port`` addresses (or one ``dns:///name:port``) of an existing fleet to
             train against instead of starting one (the fleet must run ``env`` with an ``mlp``
             policy of ``hidden``). Actors that require a token get ``$RLFLEET_TOKEN``.
+        take_over: End another learner's sessions on the ``actors`` (else an actor that
+            serves another learner is retried until ``batch_timeout``, then the run fails).
         out: Directory for the weights, learning curve and summary (default
             ``runs/<env>-seed<seed>``).
         target_return: Stop once the mean return of the last 20 episodes reaches it; None
@@ -102,6 +104,7 @@ class TrainSettings:
     max_grad_norm: float = opt(0.5, "gradient norm clip")
     hidden: tuple[int, ...] = opt((64, 64), "hidden layer sizes, comma-separated")
     actors: tuple[str, ...] = opt((), "host:port,... of an existing fleet (none: start one)")
+    take_over: bool = opt(False, "end another learner's sessions on the --actors fleet")
     out: str = opt("", "output directory (default runs/<env>-seed<seed>)")
     target_return: float | None = opt(
         None,

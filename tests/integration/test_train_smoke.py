@@ -141,6 +141,22 @@ def test_train_entry_point_trains_against_an_existing_fleet_and_leaves_it_runnin
     assert all(_serving(a) for a in external_fleet.addresses)
 
 
+def test_train_entry_point_takes_over_actors_another_learner_holds(tmp_path, external_fleet):
+    """--take-over ends the sessions another learner left open (else: retried, then exit 1)."""
+    holder = GrpcCollector(external_fleet.addresses, frames_per_batch=16)
+    try:
+        holder.next()  # its sessions stay open: the actors serve it
+        result = _train(
+            "--actors", ",".join(external_fleet.addresses), "--take-over",
+            "--frames-per-batch", "64", "--total-frames", "64", "--minibatch-size", "32",
+            "--hidden", "16,16", "--out", str(tmp_path), "--no-progress",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads((tmp_path / "summary.json").read_text())["frames"] == 64
+    finally:
+        holder.shutdown(timeout=5)
+
+
 def test_train_entry_point_refuses_a_fleet_that_runs_another_env_or_repeats_a_worker_id(
     tmp_path, external_fleet
 ):
