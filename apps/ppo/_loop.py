@@ -115,7 +115,7 @@ def _open_collector(
     addresses = list(settings.actors)
     token = os.environ.get("RLFLEET_TOKEN") or None
     if addresses:
-        _check_envs(addresses, settings.env, token)
+        _check_fleet(addresses, settings, token)
     else:
         addresses = stack.enter_context(_local_fleet(settings, ranks)).addresses
     try:
@@ -219,14 +219,18 @@ class _Loop:
         return mean, target is not None and full and mean is not None and mean >= target
 
 
-def _check_envs(addresses: list[str], env: str, token: str | None) -> None:
-    """Every actor at ``addresses`` that answers runs ``env`` (the others fail later).
+def _check_fleet(addresses: list[str], settings: TrainSettings, token: str | None) -> None:
+    """Every actor at ``addresses`` that answers runs ``--env`` and a policy of ``--hidden``.
+
+    The others fail later, in the collector (unreachable) or at the first push.
 
     Raises:
-        FleetMismatchError: Naming the actors running another env.
+        FleetMismatchError: Naming the actors running another env or policy shapes.
     """
+    env = settings.env
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     other: dict[str, str] = {}
+    shapes = {name: list(p.shape) for name, p in _policy_of(settings).state_dict().items()}
     for address in addresses:
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.ActorServiceStub(channel)
@@ -236,11 +240,29 @@ def _check_envs(addresses: list[str], env: str, token: str | None) -> None:
                 continue  # the collector says why it cannot reach it
         if reply.kind != "llm" and reply.env_id != env:
             other[address] = reply.env_id
+        elif reply.kind != "llm" and (theirs := _policy_shapes(reply)) != shapes:
+            name = min(n for n in shapes.keys() | theirs.keys() if shapes.get(n) != theirs.get(n))
+            raise FleetMismatchError(
+                f"--hidden {','.join(map(str, settings.hidden))} builds a policy whose {name} is "
+                f"{shapes.get(name)}, but the actor at {address} holds {theirs.get(name)}; start "
+                "the actors with these --hidden sizes, or pass theirs"
+            )
     if other:
         raise FleetMismatchError(
             f"--env {env}, but the actors at {other} (address: env) run another env; start "
             f"them with --env {env}, or train on theirs"
         )
+
+
+def _policy_of(settings: TrainSettings) -> torch.nn.Module:
+    return make_policy("mlp", *_spaces(settings.env), hidden=settings.hidden)
+
+
+def _policy_shapes(reply: pb.DescribeResponse) -> dict[str, list[int]]:
+    """The actor's ``policy`` model's parameter shapes, by name (empty if it has none)."""
+    models = {model.model_id: model for model in reply.models}
+    policy = models.get("policy")
+    return {} if policy is None else {p.name: list(p.shape) for p in policy.parameters}
 
 
 def _local_fleet(settings: TrainSettings, ranks: DataParallel) -> LocalFleet:

@@ -168,10 +168,22 @@ def test_train_entry_point_refuses_a_fleet_that_runs_another_env_or_repeats_a_wo
     assert "rlfleet-train: error: --env CartPole-v0, but the actors at" in other_env.stderr
     assert "CartPole-v1" in other_env.stderr
     port = addresses[0].rpartition(":")[2]  # one actor under two names: one worker_id twice
-    twice = _train("--actors", f"127.0.0.1:{port},localhost:{port}", "--out", str(tmp_path))
+    other_policy = _train("--actors", fleet, "--hidden", "32,32", "--out", str(tmp_path))
+    assert other_policy.returncode == 1, other_policy.stderr  # not after a training step
+    assert "--hidden 32,32 builds a policy whose module.0.module.1.bias is [32], but the " in (
+        other_policy.stderr
+    )
+    twice = _train(
+        "--actors",
+        f"127.0.0.1:{port},localhost:{port}",
+        "--hidden",
+        "16,16",
+        "--out",
+        str(tmp_path),
+    )
     assert twice.returncode == 1, twice.stderr
     assert "rlfleet-train: error: the fleet at --actors: worker_ids must be unique" in twice.stderr
-    for result in (other_env, twice):
+    for result in (other_env, other_policy, twice):
         assert "Traceback" not in result.stderr
     assert all(_serving(a) for a in addresses)
 
