@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--tls-ca", metavar="PEM", help="CA of the actors' certificates (TLS)")
     status.add_argument("--tls-cert", metavar="PEM", help="client certificate (mTLS)")
     status.add_argument("--tls-key", metavar="PEM", help="client private key (mTLS)")
+    status.set_defaults(parser=status)  # errors found after parsing recall status's usage
     return parser
 
 
@@ -179,8 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 all serving, 1 any actor not serving, 2 bad arguments.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    parser = args.parser
     if args.count is not None and not args.watch:
         parser.error("--count counts the refreshes of --watch: add --watch")
     try:

@@ -203,7 +203,9 @@ def test_status_raises_if_arguments_are_bad(
     with pytest.raises(SystemExit) as exited:
         cli.main(["status", *args])
     assert exited.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert "usage: rlfleet status" in err  # the subcommand's usage, also after parsing
 
 
 def test_status_exits_1_when_a_dns_name_resolves_to_no_actor(capsys: pytest.CaptureFixture) -> None:
