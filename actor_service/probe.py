@@ -108,6 +108,17 @@ def _check_until(target: str, service: str, timeout: float, wait: float) -> str:
         time.sleep(_RETRY_PAUSE)
 
 
+def _port(text: str) -> int:
+    """A TCP port to dial, 1..65535 (argparse exits 2 on anything else)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {port}")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m actor_service.probe",
@@ -115,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", help="actor host [RLFLEET_HOST unless a wildcard; 127.0.0.1]")
     parser.add_argument(
-        "--port", type=int, help="health port [RLFLEET_HEALTH_PORT, RLFLEET_PORT, 50051]"
+        "--port", type=_port, help="health port [RLFLEET_HEALTH_PORT, RLFLEET_PORT, 50051]"
     )
     parser.add_argument("--service", default="", help="health service name ('' = whole server)")
     parser.add_argument(

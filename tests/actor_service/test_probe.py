@@ -123,7 +123,16 @@ def test_probe_wait_gives_up_at_its_deadline(server: HealthServer) -> None:
     assert 0.5 < time.monotonic() - started < 5
 
 
-@pytest.mark.parametrize("argv", [["--timeout", "0"], ["--timeout", "nan"], ["--wait", "-1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--timeout", "0"],
+        ["--timeout", "nan"],
+        ["--wait", "-1"],
+        ["--port", "-1"],
+        ["--port", "65536"],
+    ],
+)
 def test_probe_raises_if_flags_are_invalid(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as excinfo:
         probe.main(argv, environ={})
