@@ -58,6 +58,11 @@ def check_policy_spec(spec: str) -> None:
         path = spec[3:]
         if not path or not os.path.isdir(path):
             raise PolicySpecError(f"model spec {spec!r}: no such checkpoint directory {path!r}")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise PolicySpecError(
+                f"model spec {spec!r}: {path!r} is not a checkpoint directory (no config.json; "
+                "give the folder save_pretrained wrote)"
+            )
         if not _has_chat_template(path):
             raise PolicySpecError(
                 f"model spec {spec!r}: the tokenizer in {path!r} has no chat template"

@@ -71,6 +71,12 @@ def test_build_policy_raises_if_the_checkpoint_has_no_chat_template(tmp_path) ->
         check_policy_spec(f"hf:{tmp_path}")
 
 
+def test_a_folder_without_a_checkpoint_is_named_as_such(tmp_path) -> None:
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(PolicySpecError, match=r"is not a checkpoint directory \(no config\.json"):
+        check_policy_spec(f"hf:{tmp_path}")
+
+
 @pytest.mark.parametrize(
     ("spec", "kwargs", "match"),
     [
