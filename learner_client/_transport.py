@@ -33,6 +33,7 @@ from common.errors import (
     from_status,
     is_transient,
     one_line,
+    tls_mismatch_hint,
 )
 from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -278,6 +279,9 @@ class Channel(Protocol):
 
 # Seconds a fast-failing call may take to say why an actor was unreachable.
 _REASON_TIMEOUT = 1.0
+# What a learner changes when its channel and the actor disagree on TLS (tls_mismatch_hint).
+_ADD_TLS = "pass channel_credentials=grpc.ssl_channel_credentials(root_certificates=...)"
+_DROP_TLS = "connect without channel_credentials"
 
 
 async def connect_failure(
@@ -397,7 +401,9 @@ class ActorChannel:
         except DeadlineError:
             return ""
         except Exception as exc:  # the reason, whatever it is
-            return str(exc).removeprefix(f"{self.address}: ")
+            reason = str(exc).removeprefix(f"{self.address}: ")
+            tls = self._credentials is not None
+            return reason + tls_mismatch_hint(reason, tls=tls, add_tls=_ADD_TLS, drop_tls=_DROP_TLS)
         return ""
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import client_channel_options
-from common.errors import ProtocolError
+from common.errors import ProtocolError, tls_mismatch_hint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import ActorDescription
@@ -114,7 +114,13 @@ class Probe:
                     pb.DescribeRequest(), metadata=self._metadata, timeout=self._timeout
                 )
             except grpc.RpcError as exc:
-                return ActorStatus(address, health, error=_rpc_error(exc))
+                hint = tls_mismatch_hint(
+                    str(exc.details()) if isinstance(exc, grpc.Call) else "",
+                    tls=self._credentials is not None,
+                    add_tls="pass --tls-ca (the CA of its certificate)",
+                    drop_tls="drop --tls-ca",
+                )
+                return ActorStatus(address, health, error=_rpc_error(exc) + hint)
         try:
             return _from_describe(address, health, reply)
         except ProtocolError as exc:  # a Describe no actor sends: shown, not raised

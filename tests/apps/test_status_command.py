@@ -239,7 +239,21 @@ def test_status_speaks_tls_and_token_like_the_learner(tmp_path: pathlib.Path) ->
     assert row["health"] == "SERVING"  # health stays open; Describe needs the token
     assert row["error"].startswith("UNAUTHENTICATED")
     assert plaintext.returncode == 1
-    assert json.loads(plaintext.stdout)[0]["health"] == "UNREACHABLE"
+    (row,) = json.loads(plaintext.stdout)
+    assert row["health"] == "UNREACHABLE"
+    assert "if the actor serves TLS (--tls-cert), pass --tls-ca" in row["error"]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_status_says_to_drop_tls_for_a_plaintext_actor(
+    fleet: list[ActorProcess], tmp_path: pathlib.Path
+) -> None:
+    cert, _ = self_signed_cert(tmp_path, "ca")
+    result = rlfleet("status", fleet[0].address, "--tls-ca", str(cert), "--json")
+    assert result.returncode == 1
+    (row,) = json.loads(result.stdout)
+    assert "the actor answers in plaintext" in row["error"]
+    assert "drop --tls-ca" in row["error"]
 
 
 def test_status_rate_uses_the_actors_clock_and_skips_restarts() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from concurrent import futures
@@ -10,7 +11,7 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
-from helpers import poll_until
+from helpers import poll_until, self_signed_cert
 from learner_fleet import live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
@@ -299,6 +300,31 @@ def test_collector_says_a_grpc_server_that_is_no_actor_is_not_one():
     try:
         with pytest.raises(ProtocolError, match=r"not an rlfleet actor.*check the address"):
             GrpcCollector([f"127.0.0.1:{port}"], frames_per_batch=4, connect_timeout=5.0)
+    finally:
+        server.stop(None)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_collector_says_when_it_and_the_actor_disagree_on_tls(tmp_path):
+    """Plaintext to a TLS server reads "Socket closed", TLS to a plaintext one an SSL error."""
+    cert, key = self_signed_cert(tmp_path, "server")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    pair = [(key.read_bytes(), cert.read_bytes())]
+    tls_port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(pair))
+    plain_port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    try:
+        with pytest.raises(ActorUnavailableError, match=r"serves TLS.*channel_credentials="):
+            GrpcCollector([f"127.0.0.1:{tls_port}"], frames_per_batch=4, connect_timeout=2.0)
+        with pytest.raises(ActorUnavailableError, match=r"answers in plaintext.*--tls-cert"):
+            GrpcCollector(
+                [f"127.0.0.1:{plain_port}"],
+                frames_per_batch=4,
+                connect_timeout=2.0,
+                channel_credentials=credentials,
+            )
     finally:
         server.stop(None)
 
