@@ -28,6 +28,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_MODEL_ID",
     "MAX_NUM_ENVS",
+    "MAX_POLICY_VERSION",
     "MAX_SEED",
     "MAX_WIRE_LEARNER_ID",
     "MAX_WORKER_ID",
@@ -70,6 +71,8 @@ MAX_CREDITS = 1024
 DEFAULT_PORT = 50051
 #: The model that acts, and that weights are addressed to, unless told otherwise.
 DEFAULT_MODEL_ID = "policy"
+#: The largest policy version an actor accepts: every frame records its version as int64.
+MAX_POLICY_VERSION = 2**63 - 1
 #: The largest seed: seeds are uint64 on the wire (``SetSeedRequest.seed``).
 MAX_SEED = 2**64 - 1
 #: The longest ``model_id`` (an actor's ``--model`` names and every weight address).

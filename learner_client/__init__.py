@@ -22,23 +22,27 @@ live in ``apps``.
 
 from __future__ import annotations
 
-from learner_client._collector import GrpcCollector
-from learner_client._description import ActorDescription
-from learner_client._discovery import resolve_actors
-from learner_client._errors import (
-    MissingWorkersError,
-    SettingsRefusedError,
-    VersionConflictError,
-    WeightPushError,
-)
-from learner_client._fleet import RemoteActor
-from learner_client._given_fleet import ActorFleet
-from learner_client._llm_collector import GrpcLLMCollector
-from learner_client._local_fleet import LocalFleet
-from learner_client._metrics import check_metrics_port, serve_metrics
-from learner_client._pushes import PartResult
-from learner_client._ray_fleet import RayFleet
-from learner_client._settings import WeightPushSettings
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from learner_client._collector import GrpcCollector
+    from learner_client._description import ActorDescription
+    from learner_client._discovery import resolve_actors
+    from learner_client._errors import (
+        MissingWorkersError,
+        SettingsRefusedError,
+        VersionConflictError,
+        WeightPushError,
+    )
+    from learner_client._fleet import RemoteActor
+    from learner_client._given_fleet import ActorFleet
+    from learner_client._llm_collector import GrpcLLMCollector
+    from learner_client._local_fleet import LocalFleet
+    from learner_client._metrics import check_metrics_port, serve_metrics
+    from learner_client._pushes import PartResult
+    from learner_client._ray_fleet import RayFleet
+    from learner_client._settings import WeightPushSettings
 
 __all__ = [
     "ActorDescription",
@@ -58,3 +62,38 @@ __all__ = [
     "resolve_actors",
     "serve_metrics",
 ]
+
+# Each public name's module, imported on first use (PEP 562): a program that needs only
+# ``resolve_actors`` and ``ActorDescription`` (``rlfleet status``) does not import torch.
+_HOMES = {
+    "ActorDescription": "_description",
+    "ActorFleet": "_given_fleet",
+    "GrpcCollector": "_collector",
+    "GrpcLLMCollector": "_llm_collector",
+    "LocalFleet": "_local_fleet",
+    "MissingWorkersError": "_errors",
+    "PartResult": "_pushes",
+    "RayFleet": "_ray_fleet",
+    "RemoteActor": "_fleet",
+    "SettingsRefusedError": "_errors",
+    "VersionConflictError": "_errors",
+    "WeightPushError": "_errors",
+    "WeightPushSettings": "_settings",
+    "check_metrics_port": "_metrics",
+    "resolve_actors": "_discovery",
+    "serve_metrics": "_metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first asked for."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'learner_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"learner_client.{home}"), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -21,10 +21,9 @@ from typing import NoReturn
 
 from tensordict import TensorDictBase
 
-from common.config import CollectSettings
+from common.config import MAX_POLICY_VERSION, CollectSettings
 from common.errors import ProtocolError
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.weights import MAX_POLICY_VERSION
 
 __all__ = ["BatchBounds"]
 

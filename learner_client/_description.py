@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import MAX_CREDITS, MAX_NUM_ENVS, MAX_WORKER_ID, check_model_id
+from common.config import (
+    MAX_CREDITS,
+    MAX_NUM_ENVS,
+    MAX_POLICY_VERSION,
+    MAX_WORKER_ID,
+    check_model_id,
+)
 from common.errors import ProtocolError
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.weights import MAX_POLICY_VERSION
 
 __all__ = ["ActorDescription", "PushInFlight"]
 

@@ -26,9 +26,9 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common.config import DEFAULT_MODEL_ID, as_int, check_model_id
+from common.config import DEFAULT_MODEL_ID, MAX_POLICY_VERSION, as_int, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import MAX_POLICY_VERSION, Part, PushForm, checksums, encode_weights
+from common.weights import Part, PushForm, checksums, encode_weights
 from learner_client._slabs import BlobBuffers, BlobSegments
 
 __all__ = [

@@ -39,6 +39,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from common.config import MAX_POLICY_VERSION
 from common.errors import WeightsError, WeightsTooLargeError
 from common.weights._aliases import ALIASES_KEY, decode_aliases, encode_aliases, expand_aliases
 from common.weights._aliases import split_aliases as _split_aliases
@@ -82,7 +83,6 @@ __all__ = [
     "DEFAULT_MAX_KEYS",
     "DEFAULT_MAX_WEIGHT_BYTES",
     "MAX_PARTS",
-    "MAX_POLICY_VERSION",
     "WIRE_DTYPES",
     "Expected",
     "BlobAssembler",
@@ -120,9 +120,6 @@ _MAX_HEADER_BYTES = 100_000_000
 _METADATA_KEY = METADATA_KEY
 _DTYPES = DTYPES
 _TORCH_DTYPES = frozenset(_DTYPES.values())
-
-#: The largest policy version an actor accepts: every frame records its version as int64.
-MAX_POLICY_VERSION = 2**63 - 1
 
 WeightSource: TypeAlias = nn.Module | TensorDictBase | Mapping[str, torch.Tensor]
 

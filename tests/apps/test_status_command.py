@@ -214,6 +214,23 @@ def test_status_exits_1_when_a_dns_name_resolves_to_no_actor(capsys: pytest.Capt
     assert "no-such-actor.invalid" in capsys.readouterr().err
 
 
+def test_status_answers_without_importing_torch(fleet: list[ActorProcess]) -> None:
+    """An operator's command starts in well under a second: torch (seconds) is not loaded."""
+    probe = (
+        "import sys\n"
+        "from apps.status import main\n"
+        f"code = main(['status', '{fleet[0].address}', '--json'])\n"
+        "heavy = sorted(m for m in ('torch', 'tensordict', 'numpy') if m in sys.modules)\n"
+        "print(code, heavy)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0 []"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 def test_status_speaks_tls_and_token_like_the_learner(tmp_path: pathlib.Path) -> None:

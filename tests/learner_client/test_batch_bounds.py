@@ -6,11 +6,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from common.config import CollectSettings
+from common.config import MAX_POLICY_VERSION, CollectSettings
 from common.errors import ProtocolError
 from common.llm import LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.weights import MAX_POLICY_VERSION
 from learner_client._batch_bounds import BatchBounds
 
 SETTINGS = CollectSettings(frames_per_batch=8)
