@@ -78,6 +78,7 @@ from common.errors import (
     UnknownWorkerError,
     is_transient,
 )
+from common.tensor_bytes import byte_view
 from common.weights import (
     Part,
     PushForm,
@@ -504,7 +505,7 @@ def weights_digest(source: WeightSource, options: PushOptions) -> int:
         head = f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode()
         digest = crc32c(head, digest)
         if tensor.numel():
-            digest = crc32c(tensor.reshape(-1).view(torch.uint8).numpy().data, digest)
+            digest = crc32c(byte_view(tensor).numpy().data, digest)
     return digest
 
 

@@ -11,7 +11,7 @@ GetState/LoadState. Each kind of model says only how it is built and how it acts
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Generic, Protocol, TypeVar
 
 import torch
@@ -34,14 +34,55 @@ from common.config import CompileSettings
 from common.errors import UnknownModelError
 from common.weights import Delta, PushForm, apply_delta
 
-__all__ = ["BookModel", "ModelBook"]
+__all__ = ["BookModel", "LiveState", "ModelBook"]
+
+
+class LiveState(Mapping[str, torch.Tensor]):
+    """A module's state-dict tensors, each looked up in the module when it is read.
+
+    A push is checked against and copied into these tensors under the model's lock. A
+    forward may replace a buffer or parameter (``self.steps = self.steps + 1``): a dict
+    taken when the model was built would then hold tensors the module no longer acts
+    with, and a push copied there would be reported applied yet never act. The keys are
+    the module's state-dict keys when it was built.
+
+    Args:
+        module: The model's module.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = module
+        self._keys = dict.fromkeys(module.state_dict())
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._keys:
+            raise KeyError(key)
+        owner_path, _, name = key.rpartition(".")
+        tensor: torch.Tensor | None = None
+        try:
+            owner = self._module.get_submodule(owner_path)
+        except AttributeError:  # a key a module's own state_dict makes up
+            owner = None
+        if owner is not None:
+            tensor = owner._parameters.get(name)
+            if tensor is None:
+                tensor = owner._buffers.get(name)
+        if tensor is None:
+            tensor = self._module.state_dict()[key]
+        return tensor.detach()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 class BookModel(Slot, Protocol):
     """What the book needs of one model: its lock and version, module and reference state."""
 
     module: nn.Module
-    reference: dict[str, torch.Tensor]
+    reference: Mapping[str, torch.Tensor]
     parameters_info: dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 

@@ -19,6 +19,7 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 
 from common.errors import ProtocolError
 from common.packets._decode import ALIGN, DTYPES, STR
+from common.tensor_bytes import byte_view
 
 __all__ = ["Encoder", "cut_chunks"]
 
@@ -123,7 +124,7 @@ def _tensor_views(key: Key, tensor: torch.Tensor) -> list[memoryview]:
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
-    return tensor.reshape(-1).view(torch.uint8).numpy().data
+    return byte_view(tensor).numpy().data
 
 
 def _strings_view(key: Key, value: TensorDictBase, batch_size: torch.Size) -> tuple[list[int], Any]:

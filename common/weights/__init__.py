@@ -175,7 +175,7 @@ def wire_state(
 def _flat(obj: WeightSource) -> dict[str, torch.Tensor]:
     """The tensors of ``obj`` by dotted key, as they are (not moved, not copied)."""
     if isinstance(obj, nn.Module):
-        items: Mapping[str, object] = obj.state_dict()
+        items: Mapping[str, object] = _uncompiled_state_dict(obj)
     elif isinstance(obj, TensorDictBase | Mapping):
         items = obj
     else:
@@ -186,6 +186,30 @@ def _flat(obj: WeightSource) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     _flatten_into(out, items, prefix="")
     return out
+
+
+def _uncompiled_state_dict(module: nn.Module) -> dict[str, object]:
+    """``module.state_dict()`` with the keys its ``torch.compile``'d parts would have eagerly.
+
+    A compiled module (torch's ``OptimizedModule``) names its weights ``_orig_mod.<key>``;
+    the actors hold the module as it was built, as does the learner's own state dict
+    once torch's wrapper is taken off.
+    """
+    compiled = [
+        f"{name}." if name else ""
+        for name, sub in module.named_modules()
+        if type(sub).__name__ == "OptimizedModule" and hasattr(sub, "_orig_mod")
+    ]
+    state = module.state_dict()
+    if not compiled:
+        return state
+    renamed: dict[str, object] = {}
+    for key, value in state.items():
+        for prefix in sorted(compiled, key=len, reverse=True):
+            if key.startswith(f"{prefix}_orig_mod."):
+                key = prefix + key[len(prefix) + len("_orig_mod.") :]
+        renamed[key] = value
+    return renamed
 
 
 def _flatten_into(out: dict[str, torch.Tensor], items: Mapping[str, object], prefix: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from common.errors import WeightsError, WeightsTooLargeError
+from common.tensor_bytes import byte_view
 
 __all__ = [
     "DEFAULT_MAX_KEYS",
@@ -107,8 +108,7 @@ def _invalid(reason: str) -> WeightsError:
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
     # A flat uint8 view of the tensor's own memory: numpy cannot hold bf16/fp8.
-    flat = tensor.reshape(-1).view(torch.uint8)
-    return flat.numpy().data.cast("B")
+    return byte_view(tensor).numpy().data.cast("B")
 
 
 def write_blob(

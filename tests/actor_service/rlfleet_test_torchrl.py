@@ -31,6 +31,7 @@ from torchrl.envs import (
 )
 from torchrl.envs.transforms import EndOfLifeTransform, RNDTransform
 from torchrl.modules import (
+    MLP,
     EGreedyModule,
     LSTMModule,
     OneHotCategorical,
@@ -139,6 +140,57 @@ def sampling_policy(env: EnvBase, seed: int = 0) -> ProbabilisticActor:
         spec=env.action_spec,
         return_log_prob=True,
     )
+
+
+class _CountingGreedy(_Greedy):
+    """:class:`_Greedy` that counts its calls by replacing its buffer (``n = n + 1``)."""
+
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__(observations, actions)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls = self.calls + 1  # a new tensor each call: not the one built
+        return super().forward(observation)
+
+
+def counting_greedy_policy(env: EnvBase) -> TensorDictModule:
+    """A greedy policy whose forward replaces a buffer, as a hand-written counter does."""
+    module = _CountingGreedy(*_sizes(env))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
+
+
+def lazy_policy(env: EnvBase, seed: int = 0) -> ProbabilisticActor:
+    """TorchRL's tutorials' policy: an ``MLP`` without ``in_features`` (lazy layers)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = MLP(out_features=env.action_spec.shape[-1], num_cells=[8])
+    return ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=env.action_spec,
+    )
+
+
+class _SharedScale(nn.Module):
+    """Greedy actions and one learnt scale for every env: ``log_std.exp().expand(...)``."""
+
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(observations, actions)
+        self.log_std = nn.Parameter(torch.zeros(()))
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.linear(observation)
+        action = nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+        return action, self.log_std.exp().expand(*observation.shape[:-1], 1)  # stride 0
+
+
+def shared_scale_policy(env: EnvBase) -> TensorDictModule:
+    """A policy whose ``scale`` output is one element with stride 0 on a one-env actor."""
+    module = _SharedScale(*_sizes(env))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action", "scale"])
 
 
 def raising_policy(env: EnvBase) -> TensorDictModule:

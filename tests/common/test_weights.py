@@ -66,7 +66,6 @@ def test_weights_module_pins_its_public_names() -> None:
             "stage_state",
             "state_nbytes",
             "Expected",
-            "MAX_POLICY_VERSION",
             "check_policy_version",
             "BlobAssembler",
             "check_blob_size",
@@ -148,6 +147,28 @@ def test_to_state_dict_returns_detached_contiguous_cpu_tensors() -> None:
     assert not state["w"].requires_grad
     assert state["t"].is_contiguous()
     assert state["t"].device.type == "cpu"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports
+def test_to_state_dict_of_a_compiled_module_has_the_eager_keys() -> None:
+    """``torch.compile`` names weights ``_orig_mod.*``; actors hold the module as built."""
+    module = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 3)))
+    module[1] = torch.compile(module[1])  # a compiled part inside
+    compiled = torch.compile(module)
+    assert all(key.startswith("_orig_mod.") for key in compiled.state_dict())
+    eager = to_state_dict(module)
+    assert sorted(eager) == ["0.bias", "0.weight", "1.0.bias", "1.0.weight"]
+    _assert_bit_identical(to_state_dict(compiled), eager)
+
+
+def test_encode_weights_round_trips_one_element_tensors_with_a_zero_stride() -> None:
+    """``scalar.expand(1)`` is contiguous to torch, with stride 0: no byte view takes it."""
+    weight = torch.tensor(2.5).expand(1)
+    assert weight.is_contiguous()
+    assert weight.stride() == (0,)
+    state, _ = decode_weights(encode_weights({"scale": weight, "row": torch.ones(1, 4)[:, :1]}))
+    assert torch.equal(state["scale"], torch.tensor([2.5]))
+    assert torch.equal(state["row"], torch.ones(1, 1))
 
 
 def test_encode_weights_round_trips_plain_and_nested_dicts() -> None:

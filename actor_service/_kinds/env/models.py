@@ -32,7 +32,7 @@ from tensordict.nn.probabilistic import InteractionType
 from torch import nn
 
 from actor_service._config import ModelSpec
-from actor_service._core._model_book import ModelBook
+from actor_service._core._model_book import LiveState, ModelBook
 from actor_service._core._placement import CompiledForward
 from actor_service._kinds.env.device_stage import DeviceStage
 from actor_service._kinds.env.spaces import ActionCodec, ObservationCodec
@@ -91,7 +91,7 @@ class _Model:
         self.path = ""
         # The forward in force: eager, or compiled for a session (compile_policy).
         self.runner = self.forward = CompiledForward(self._pick_forward(module))
-        self.reference = {k: v.detach() for k, v in module.state_dict().items()}
+        self.reference = LiveState(module)
         self.parameters_info = {
             k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
         }

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from actor_service._core._model_book import ModelBook
+from actor_service._core._model_book import LiveState, ModelBook
 from common.config import DEFAULT_MODEL_ID
 from common.llm import (
     Generation,
@@ -46,7 +46,7 @@ class _Slot:
         self.module = module
         self.version = 0
         self.lock = threading.Lock()
-        self.reference = {k: v.detach() for k, v in module.state_dict().items()}
+        self.reference = LiveState(module)
         self.parameters_info = {
             k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
         }

@@ -22,9 +22,10 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from actor_service._config import ModelSpec
-from actor_service._core._model_book import ModelBook
+from actor_service._core._model_book import LiveState, ModelBook
 from actor_service._core._placement import CompiledForward
 from actor_service._core._settings import factory_name
 from common.plain_config import from_plain
@@ -54,7 +55,7 @@ class TDModel:
         self.runner = self.act = CompiledForward(act)
         self.version = 0
         self.lock = threading.Lock()
-        self.reference = {k: v.detach() for k, v in module.state_dict().items()}
+        self.reference = LiveState(module)
         self.parameters_info = {
             k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
         }
@@ -95,7 +96,33 @@ def build_td_model(spec: ModelSpec, env: Any, rand_action: Act, device: torch.de
             f"{type(module).__name__}, not a tensordict.nn.TensorDictModuleBase"
         )
     module = module.to(device)
+    _initialise_lazy(spec.model_id, name, module, env, device)
     return TDModel(name, module, module)
+
+
+def _initialise_lazy(
+    model_id: str, name: str, module: TensorDictModuleBase, env: Any, device: torch.device
+) -> None:
+    """Give lazy modules (``LazyLinear``, TorchRL's ``MLP`` without ``in_features``) their sizes.
+
+    TorchRL's collector runs such a policy as it is; here its weights must exist before
+    the actor describes them and takes pushes: one forward on the env's fake TensorDict
+    (zeros shaped by its specs; no env step, the random state left as it was).
+
+    Raises:
+        ValueError: The forward fails (naming the model, the factory and the fix).
+    """
+    if not any(is_lazy(t) for t in (*module.parameters(), *module.buffers())):
+        return
+    try:
+        with torch.random.fork_rng(), torch.no_grad():
+            module(env.fake_tensordict().to(device))
+    except Exception as exc:
+        raise ValueError(
+            f"model {model_id!r}: policy factory {name!r} holds lazy modules that one forward "
+            f"on the env's fake_tensordict() could not size ({type(exc).__name__}: {exc}); "
+            "give them their input sizes (in_features=...)"
+        ) from exc
 
 
 class TDModels(ModelBook[TDModel]):

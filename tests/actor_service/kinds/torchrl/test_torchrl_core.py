@@ -34,6 +34,7 @@ from actor_service._kinds.torchrl.core import TorchRLCore
 from actor_service._kinds.torchrl.pool import check_torchrl_config
 from common.config import CollectSettings
 from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
+from common.packets import decode_packet, encode_packet
 from common.packets.folding import FoldedBatch
 from learner_client import GrpcCollector
 
@@ -158,6 +159,54 @@ def test_torchrl_core_push_swaps_weights_and_buffers_between_steps() -> None:
             core.models.load_weights("policy", 3, state)
         with pytest.raises(WeightsError, match="offset"):
             core.models.load_weights("policy", 4, state | {"module.offset": torch.zeros(3)})
+
+
+def test_torchrl_core_push_reaches_a_buffer_the_forward_replaces() -> None:
+    """``self.calls = self.calls + 1``: the push lands in the tensor the module holds now."""
+    with TorchRLCore(_config(policy="counting_greedy_policy")) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        core.collect_batch()
+        module = core.models.module("policy")
+        state = {k: v.clone() for k, v in module.state_dict().items()}
+        counted = int(state["module.calls"])
+        assert counted >= 10  # the probe step's and the batch's calls
+        state["module.calls"] = torch.tensor(1000)
+        state["module.offset"] = torch.tensor([0.0, 1e6])
+        core.models.load_weights("policy", 1, state)
+        batch = core.collect_batch()
+        assert (batch["action"].argmax(-1) == 1).all()
+        assert int(module.module.calls) == 1000 + 10  # counted on from the pushed value
+        held = core.state_dict()["models"]["policy"]["weights"]
+        assert int(held["module.calls"]) == 1010
+
+
+def test_torchrl_core_sizes_a_lazy_policy_before_it_takes_pushes() -> None:
+    """TorchRL's ``MLP(out_features=2, num_cells=[8])`` (no ``in_features``) as a policy."""
+    with TorchRLCore(_config(policy="lazy_policy")) as core:
+        module = core.models.module("policy")
+        shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+        assert shapes["module.0.module.0.weight"] == (8, 4)
+        state = {k: torch.zeros(shape) for k, shape in shapes.items()}
+        state["module.0.module.2.bias"] = torch.tensor([0.0, 50.0])
+        core.models.load_weights("policy", 1, state)
+        core.configure(CollectSettings(frames_per_batch=20))
+        batch = core.collect_batch()
+        assert (batch["action"].argmax(-1) == 1).all()
+
+
+def test_torchrl_core_collects_an_output_of_one_element_with_stride_0() -> None:
+    """One env, ``log_std.exp().expand(1, 1)``: torch calls it contiguous; no byte view takes it."""
+    with TorchRLCore(_config(policy="shared_scale_policy", num_envs=1)) as core:
+        core.configure(CollectSettings(frames_per_batch=4))
+        batch = core.collect_batch()
+        assert isinstance(batch, TensorDict)
+        assert batch["scale"].shape[-1] == 1
+        assert bool((batch["scale"] == 1).all())
+        scale = torch.ones(()).expand(1)  # what the policy outputs for one env
+        assert scale.is_contiguous()
+        assert scale.stride() == (0,)
+        decoded = decode_packet(encode_packet(TensorDict(scale=scale)).tobytes())
+        assert torch.equal(decoded["scale"], scale)
 
 
 def test_torchrl_core_seed_chains_like_torchrl_and_repeats_batches() -> None:
