@@ -12,10 +12,11 @@ is requested.
 Noticing a change is cheap: a parameter changed in place (an optimiser step, a ``copy_``
 under ``no_grad``) bumps its version counter, and buffers (an epsilon, a noise scale,
 normalisation statistics: a few numbers) are compared with a copy of their last pushed
-values. Nothing is compared element by element on the parameters. A change made through
-``.data`` on a *parameter* bumps no counter and is not seen: push it with
-``update_policy_weights_()``. Buffers of more than :data:`VALUE_CHECKED_BUFFER_ELEMENTS`
-elements are followed by their version counters alone.
+values, and a tensor given new memory (``param.data = other``) moves its data pointer.
+Nothing is compared element by element on the parameters. A change made in place through
+``.data`` on a *parameter* (``param.data.fill_(x)``) bumps no counter and is not seen: push
+it with ``update_policy_weights_(module)``, which always sends. Buffers of more than
+:data:`VALUE_CHECKED_BUFFER_ELEMENTS` elements are followed by their version counters alone.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class SharedPolicy:
         self.module = module
         self.follow = follow
         self.pushed = False
-        self._versions: tuple[tuple[int, int], ...] = ()
+        self._versions: tuple[tuple[int, int, int], ...] = ()
         self._buffers: dict[str, torch.Tensor] = {}
 
     def due(self) -> bool:
@@ -90,6 +91,6 @@ class SharedPolicy:
         """Treat the module as changed (its last push failed somewhere)."""
         self._versions = ()
 
-    def _counters(self) -> tuple[tuple[int, int], ...]:
+    def _counters(self) -> tuple[tuple[int, int, int], ...]:
         tensors = [*self.module.parameters(), *self.module.buffers()]
-        return tuple((id(t), t._version) for t in tensors)
+        return tuple((id(t), t._version, t.data_ptr()) for t in tensors)

@@ -153,6 +153,12 @@ def test_an_argument_less_push_of_an_unchanged_policy_sends_nothing(cartpole_fle
         collector.next()
         assert collector.stats()["auto_pushes"] == autos
         assert collector.policy_version["policy"] == version + 2
+        parameter = next(policy.parameters())
+        parameter.data = parameter.data + 1  # new memory: no counter moves, its pointer does
+        assert collector.update_policy_weights_() == {0: version + 3, 1: version + 3}
+        parameter.data.fill_(0.5)  # in place through .data: not seen, the module form sends
+        assert collector.update_policy_weights_() == {0: version + 3, 1: version + 3}
+        assert collector.update_policy_weights_(policy) == {0: version + 4, 1: version + 4}
 
 
 def test_auto_pushes_count_the_pushes_of_a_followed_policy(cartpole_fleet) -> None:
