@@ -20,6 +20,7 @@ subclasses the builtin a Python user would catch for the same situation, so
     ├── EnvError (RuntimeError)               UNAVAILABLE       an actor's env raised
     ├── DeadlineError (TimeoutError)          DEADLINE_EXCEEDED a call ran out of time
     ├── AuthenticationError (PermissionError) UNAUTHENTICATED   missing or bad token
+    │   └── PermissionDeniedError             PERMISSION_DENIED  known, but may not (a relay ticket)
     ├── DataLossError (OSError)               DATA_LOSS         checksum mismatch on reassembly
     └── InternalError (RuntimeError)          INTERNAL          a bug; details stay in the log
 
@@ -239,7 +240,7 @@ _BY_CODE: dict[grpc.StatusCode, type[RlfleetError]] = {
     grpc.StatusCode.UNAVAILABLE: ActorUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
-    grpc.StatusCode.PERMISSION_DENIED: AuthenticationError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.DATA_LOSS: DataLossError,
     grpc.StatusCode.CANCELLED: ActorUnavailableError,
 }

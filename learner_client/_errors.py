@@ -22,7 +22,7 @@ from common.errors import ActorUnavailableError, ProtocolError, RlfleetError
 __all__ = ["MissingWorkersError", "SettingsRefusedError", "VersionConflictError", "WeightPushError"]
 
 
-class WeightPushError(RlfleetError):
+class WeightPushError(RlfleetError, RuntimeError):
     """A weight push was rejected by, or could not reach, some of its target workers.
 
     Workers that applied the push are never hidden: ``succeeded`` holds their
