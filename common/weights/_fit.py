@@ -127,7 +127,17 @@ def stage_state(
             cast[slot] = value.to(device=target.device, dtype=target.dtype)
         staged[key] = cast[slot]
     check_ties(staged, reference)
-    check_finite(_distinct(staged))
+    try:
+        check_finite(_distinct(staged))
+    except WeightsError as exc:
+        casts = {(state[key].dtype, staged[key].dtype) for key in staged}
+        narrowed = sorted(f"{a} -> {b}" for a, b in casts if a != b)
+        if not narrowed:
+            raise
+        raise WeightsError(
+            f"{exc} once cast into the model's dtypes ({', '.join(narrowed)}): values beyond "
+            "the model dtype's range overflow to Inf"
+        ) from None
     return staged
 
 

@@ -189,7 +189,8 @@ def test_stage_state_raises_if_a_cast_overflows() -> None:
         "weight": torch.full((1, 2), 1e300, dtype=torch.float64),
         "bias": torch.zeros(1, dtype=torch.float64),
     }
-    with pytest.raises(WeightsError, match="non-finite"):
+    expected = r"non-finite.*\['weight'\] once cast .*torch.float64 -> torch.float32.*overflow"
+    with pytest.raises(WeightsError, match=expected):
         stage_state(state, module.state_dict(), PushForm(wire_dtype=torch.float64))
 
 
