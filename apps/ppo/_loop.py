@@ -77,7 +77,7 @@ def train(settings: TrainSettings) -> TrainSummary:
         pathlib.Path(settings.out_dir),
         policy,
         summary,
-        dataclasses.asdict(settings),
+        settings.as_record(),
         (tracker.end_frames, tracker.returns),
         RETURN_WINDOW,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Sequence
 
 from apps._job.device import (
@@ -43,8 +44,8 @@ class TrainSettings:
 
     Attributes:
         env: Gymnasium id the actors run (CartPole-v1: discrete; Pendulum-v1: continuous).
-        num_actors: Actor servers to start on loopback (ignored with ``actors``).
-        num_envs: Envs in each actor's env pool (ignored with ``actors``).
+        num_actors: Actor servers to start on loopback (refused with ``actors``).
+        num_envs: Envs in each actor's env pool (refused with ``actors``).
         frames_per_batch: Frames per PPO update: the whole fleet's in sync mode, one
             actor's in async mode (TorchRL's meaning for each).
         total_frames: Frame budget of the run; training stops there if the target is not met.
@@ -191,6 +192,21 @@ class TrainSettings:
         """The output directory: ``out``, or ``runs/<env>-seed<seed>``."""
         return self.out or f"runs/{self.env}-seed{self.seed}"
 
+    def as_record(self) -> dict[str, object]:
+        """The settings as ``summary.json`` records them.
+
+        With ``actors`` the fleet's size is its own: ``num_actors`` and ``num_envs``, which
+        size only a fleet the job starts, are left out rather than recorded as defaults.
+        """
+        record = dataclasses.asdict(self)
+        if self.actors:
+            del record["num_actors"], record["num_envs"]
+        return record
+
+
+#: Flags that size the fleet the job starts; with --actors the fleet's own size holds.
+_FLEET_SIZE_FLAGS = ("--num-actors", "--num-envs")
+
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainSettings:
     """Parse a command line into validated settings (SystemExit, from argparse, if invalid).
@@ -198,9 +214,18 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSettings:
     Args:
         argv: The arguments without the program name; None reads ``sys.argv``.
     """
-    return parse_settings(
+    settings = parse_settings(
         TrainSettings,
         "rlfleet-train",
         "PPO against a fleet of rlfleet actors (started locally unless --actors).",
         argv,
     )
+    given = sys.argv[1:] if argv is None else list(argv)
+    sizing = [f for f in _FLEET_SIZE_FLAGS if any(a == f or a.startswith(f"{f}=") for a in given)]
+    if settings.actors and sizing:
+        sys.stderr.write(
+            f"rlfleet-train: error: {' and '.join(sizing)}: these size the fleet rlfleet-train "
+            "starts; with --actors the actors' own --num-envs holds: drop them\n"
+        )
+        raise SystemExit(2)
+    return settings

@@ -37,8 +37,6 @@ def test_parse_args_reads_every_kind_of_flag():
             "--lr",
             "1e-3",
             "--no-anneal-lr",
-            "--actors",
-            "a:1,b:2",
             "--target-return",
             "-200",
             "--no-progress",
@@ -50,9 +48,9 @@ def test_parse_args_reads_every_kind_of_flag():
     assert settings.hidden == (32, 16)
     assert settings.lr == 1e-3
     assert settings.anneal_lr is False
-    assert settings.actors == ("a:1", "b:2")
     assert settings.effective_target_return == -200.0
     assert settings.progress is False
+    assert parse_args(["--actors", "a:1,b:2"]).actors == ("a:1", "b:2")
 
 
 def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
@@ -92,6 +90,26 @@ def test_settings_target_return_defaults_to_475_for_cartpole_only():
 def test_settings_with_actors_skip_the_local_batch_shape_check():
     settings = TrainSettings(actors=("h:1",), frames_per_batch=1000)
     assert settings.out_dir == "runs/CartPole-v1-seed1"
+
+
+@pytest.mark.parametrize("flags", [["--num-envs", "4"], ["--num-actors=3"], ["--num-envs=2"]])
+def test_fleet_size_flags_with_actors_are_refused(flags, capsys):
+    """They size the fleet the job starts; with --actors they were ignored yet recorded."""
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--actors", "127.0.0.1:50051", *flags])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert flags[0].split("=")[0] in said
+    assert "the actors' own --num-envs holds" in said
+    assert parse_args(["--num-envs", "4"]).num_envs == 4  # without --actors: the job's fleet
+
+
+def test_the_record_of_an_actors_run_leaves_the_fleet_size_out():
+    record = TrainSettings(actors=("h:1",)).as_record()
+    assert record["actors"] == ("h:1",)
+    assert "num_envs" not in record
+    assert "num_actors" not in record
+    assert TrainSettings().as_record()["num_envs"] == 8
 
 
 def _summary(out_dir: str) -> TrainSummary:
