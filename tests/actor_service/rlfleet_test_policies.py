@@ -32,6 +32,17 @@ def plain_index_policy(observation_space: Any, action_space: Any) -> nn.Module:
     return _Linear(int(np.prod(observation_space.shape)), int(action_space.n))
 
 
+def lazy_index_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """A plain module whose first layer is lazy (``nn.LazyLinear``: sized by its first input)."""
+    net = nn.Sequential(nn.LazyLinear(8), nn.Tanh(), nn.Linear(8, int(action_space.n)))
+    return nn.Sequential(net, _ArgMax())
+
+
+class _ArgMax(nn.Module):
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.argmax(-1)
+
+
 def plain_one_hot_policy(observation_space: Any, action_space: Any) -> nn.Module:
     """A plain ``nn.Module`` returning float one-hot Discrete actions."""
     module = _Linear(int(np.prod(observation_space.shape)), int(action_space.n))

@@ -91,11 +91,12 @@ class _Model:
         self.path = ""
         # The forward in force: eager, or compiled for a session (compile_policy).
         self.runner = self.forward = CompiledForward(self._pick_forward(module))
+        # The probe runs the module once: lazy layers (nn.LazyLinear) get their sizes first.
+        self.output_specs = self._probe(obs)
         self.reference = LiveState(module)
         self.parameters_info = {
             k: (tuple(v.shape), v.dtype) for k, v in to_state_dict(module).items()
         }
-        self.output_specs = self._probe(obs)
 
     def _pick_forward(self, module: nn.Module) -> Callable[[torch.Tensor], Compact]:
         act_compact = getattr(module, "act_compact", None)

@@ -218,6 +218,15 @@ def test_registry_wraps_plain_modules_into_one_hot_actions(factory: str) -> None
     assert set(td.keys()) == {"action", "policy_version"}
 
 
+def test_registry_sizes_a_lazy_policy_and_takes_pushes_into_it() -> None:
+    registry = _registry(ModelSpec(factory="rlfleet_test_policies:lazy_index_policy"))
+    assert registry.parameters_info("policy")["0.0.weight"] == ((8, 4), torch.float32)
+    state = {k: torch.zeros_like(v) for k, v in registry.module("policy").state_dict().items()}
+    state["0.2.bias"] = torch.tensor([0.0, 1.0])
+    registry.load_weights("policy", 1, state)
+    assert _act(registry, "policy", _obs())["action"][:, 1].eq(1).all()
+
+
 def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
     registry = _registry(ModelSpec(factory="rlfleet_test_policies:td_policy_with_extras"))
     assert registry.output_specs("policy")["score"] == ((), torch.float32)
