@@ -184,8 +184,60 @@ def test_k8s_actor_pods_carry_scrape_annotations_for_their_metrics_port() -> Non
     assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in actor["ports"]
 
 
+def _pod_templates() -> list[tuple[str, dict]]:
+    """``(file, pod template)`` of every workload under docker/k8s/, subfolders included."""
+    found = []
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") in ("Job", "StatefulSet", "Deployment"):
+                found.append((str(path.relative_to(K8S)), doc["spec"]["template"]))
+    return found
+
+
+def _metrics_port(template: dict) -> int | None:
+    ports = [p for c in template["spec"]["containers"] for p in c.get("ports", [])]
+    return next((p["containerPort"] for p in ports if p.get("name") == "metrics"), None)
+
+
+def test_every_k8s_pod_serving_metrics_carries_scrape_annotations_for_its_port() -> None:
+    templates = [(f, t) for f, t in _pod_templates() if _metrics_port(t) is not None]
+    assert len(templates) >= 4  # the actors and the three learner manifests
+    for file, template in templates:
+        annotations = template["metadata"].get("annotations", {})
+        assert annotations.get("prometheus.io/scrape") == "true", file
+        assert annotations.get("prometheus.io/port") == str(_metrics_port(template)), file
+        assert annotations.get("prometheus.io/path") == "/metrics", file
+
+
+def test_k8s_pod_monitor_scrapes_every_learner_pod() -> None:
+    monitors = [doc for doc in yaml.safe_load_all(SERVICE_MONITOR.read_text()) if doc]
+    (pods,) = [m for m in monitors if m["kind"] == "PodMonitor"]
+    (endpoint,) = pods["spec"]["podMetricsEndpoints"]
+    selector = pods["spec"]["selector"]["matchLabels"].items()
+    learners = [
+        (f, t)
+        for f, t in _pod_templates()
+        if t["metadata"]["labels"].get("app.kubernetes.io/component") == "learner"
+    ]
+    assert len(learners) == 3
+    for file, template in learners:
+        assert selector <= template["metadata"]["labels"].items(), file
+        assert _metrics_port(template) is not None, file
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    assert pods["spec"]["namespaceSelector"]["matchNames"] == ["rlfleet"]
+
+
+def test_dashboard_queries_name_no_scrape_job_and_average_the_ranks_waits() -> None:
+    """Job names differ by deployment (compose's, a ServiceMonitor's Service, annotations)."""
+    exprs = [target["expr"] for panel in _panels() for target in panel["targets"]]
+    assert not [e for e in exprs if "job=" in e or "job=~" in e]
+    waits = [e for e in exprs if "rlfleet_learner_batch_wait_seconds_sum" in e]
+    assert waits == ["avg(rate(rlfleet_learner_batch_wait_seconds_sum[1m]))"]  # a fraction
+
+
 def test_k8s_service_monitor_selects_the_actor_service_metrics_port() -> None:
-    (monitor,) = [doc for doc in yaml.safe_load_all(SERVICE_MONITOR.read_text()) if doc]
+    monitors = [doc for doc in yaml.safe_load_all(SERVICE_MONITOR.read_text()) if doc]
+    (monitor,) = [m for m in monitors if m["kind"] == "ServiceMonitor"]
     assert (monitor["apiVersion"], monitor["kind"]) == (
         "monitoring.coreos.com/v1",
         "ServiceMonitor",
@@ -200,7 +252,8 @@ def test_k8s_service_monitor_selects_the_actor_service_metrics_port() -> None:
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert (endpoint["path"], endpoint["scheme"]) == ("/metrics", "http")
     # Kept out of the folder `kubectl apply -f docker/k8s/` applies: the CRD may be missing.
-    assert all(doc["kind"] != "ServiceMonitor" for docs in k8s_documents().values() for doc in docs)
+    kinds = {doc["kind"] for docs in k8s_documents().values() for doc in docs}
+    assert not kinds & {"ServiceMonitor", "PodMonitor"}
 
 
 def _scrape(port: int) -> str:
