@@ -56,6 +56,7 @@ from learner_client._stats import snapshot
 from learner_client._torchrl_compat import (
     ActorPlacement,
     ScriptEnv,
+    TorchRLAccessors,
     TorchRLOnly,
     check_torchrl_only,
     finished,
@@ -75,7 +76,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class GrpcCollector:
+class GrpcCollector(TorchRLAccessors):
     """Collects batches from remote rlfleet actors, with TorchRL's collector API.
 
     Knobs carry TorchRL's names and meanings (``RayCollector`` /
@@ -576,15 +577,18 @@ class GrpcCollector:
         """Whether the background collection thread runs."""
         return self._background.running
 
-    def async_shutdown(self, timeout: float | None = None) -> None:
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background collection, then :meth:`shutdown` (bounded, idempotent)."""
-        self.shutdown(timeout)
+        self.shutdown(timeout, close_env)
 
-    def shutdown(self, timeout: float | None = None) -> None:
+    def shutdown(
+        self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True
+    ) -> None:
         """Stop collecting, close every session and channel, join every thread.
 
         Bounded by ``timeout`` (default 10 s) per phase, idempotent, tolerant of dead actors.
-        A fleet object given to the collector (not its addresses) is stopped too.
+        A fleet object given to the collector (not its addresses) is stopped too. TorchRL's
+        ``close_env`` and ``raise_on_error`` change nothing: the envs are the actors'.
         """
         limit = shutdown_limit(timeout)  # checked before anything closes
         with self._lock:
@@ -655,10 +659,6 @@ class GrpcCollector:
     def policy_version(self) -> dict[str, int]:
         """The learner's policy version per model_id (never behind any actor's)."""
         return self._book.versions()
-
-    def get_policy_version(self) -> dict[str, int]:
-        """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""
-        return self.policy_version
 
     def increment_version(self) -> dict[str, int]:
         """TorchRL's bump after an update; versions move by pushes: ``update_policy_weights_()``.

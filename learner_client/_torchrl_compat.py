@@ -43,7 +43,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 from tensordict import NonTensorStack, TensorDictBase
@@ -66,6 +66,7 @@ __all__ = [
     "NO_EFFECT",
     "NoEffect",
     "ScriptEnv",
+    "TorchRLAccessors",
     "TorchRLOnly",
     "check_no_effect",
     "check_torchrl_only",
@@ -459,6 +460,73 @@ def _layout_message(size: tuple[int, ...], got: tuple[int, ...]) -> str:
     )
 
 
+class _Holds(Protocol):
+    """What :class:`TorchRLAccessors` reads of the collector it is part of."""
+
+    replay_buffer: Any
+    _env: ScriptEnv | None
+
+    @property
+    def policy(self) -> torch.nn.Module | None: ...
+
+    @property
+    def policy_version(self) -> Any: ...
+
+    @property
+    def env(self) -> Any: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class TorchRLAccessors:
+    """TorchRL's collector accessors, for what a fleet's collector holds in the learner's process.
+
+    TorchRL's ``Trainer`` reads ``collector.getattr_rb("write_count")``, its SAC and CQL
+    trainers ``getattr_env("full_action_spec_unbatched")``, scripts ``collector.env``: the
+    replay buffer, the ``policy=`` module and the env object given as ``create_env_fn`` are
+    the learner's own here as there. What lives only in the actors (an env built by a
+    constructor, a policy built by a factory) raises ``AttributeError`` saying so.
+    """
+
+    def get_policy_version(self: _Holds) -> Any:
+        """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""
+        return self.policy_version
+
+    def iterator(self: _Holds) -> Iterator[Any]:
+        """TorchRL's name for iterating the collector."""
+        return iter(self)
+
+    def getattr_rb(self: _Holds, attr: str) -> Any:
+        """``attr`` of the replay buffer (``write_count``, say)."""
+        if self.replay_buffer is None:
+            raise AttributeError(f"getattr_rb({attr!r}): the collector has no replay_buffer")
+        return getattr(self.replay_buffer, attr)
+
+    def getattr_policy(self: _Holds, attr: str) -> Any:
+        """``attr`` of the learner's policy given as ``policy=``."""
+        if self.policy is None:
+            raise AttributeError(
+                f"getattr_policy({attr!r}): the policies live in the actors; give the learner's "
+                "module as policy= to read it here"
+            )
+        return getattr(self.policy, attr)
+
+    @property
+    def env(self: _Holds) -> Any:
+        """The env object given as ``create_env_fn`` (the actors step their own copies)."""
+        given = None if self._env is None else self._env.given
+        if given is None:
+            raise AttributeError(
+                "collector.env is the env object given as create_env_fn=; the envs of a fleet "
+                "live in the actors (a constructor's env is built once, to check the batches)"
+            )
+        return given
+
+    def getattr_env(self: _Holds, attr: str) -> Any:
+        """``attr`` of :attr:`env` (its specs, say)."""
+        return getattr(self.env, attr)
+
+
 class ScriptEnv:
     """The env of ``create_env_fn``: its signature, and the script's env if it is one.
 
@@ -484,6 +552,8 @@ class ScriptEnv:
         self._batch_size = signature.batch_size
         self._warned = False  # about a fleet stepping another number of envs
         own = callable(getattr(create_env_fn, "fake_tensordict", None))
+        #: The env object the script gave (a TorchRL env), or None for a constructor.
+        self.given = create_env_fn if own else None
         self._env = create_env_fn if own and _has_state(create_env_fn) else None
         #: The script's env's own weights, pushed to the actors' envs whenever they changed,
         #: when the script trains some of them (``common.env_weights``); None otherwise.

@@ -20,6 +20,7 @@ from tensordict import TensorDictBase
 pytest.importorskip("torchrl")
 import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fleet sets)
 from learner_fleet import ACTOR_ENV, start_actors
+from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from learner_client import GrpcCollector
 
@@ -69,6 +70,43 @@ def test_collector_reads_the_scripts_env_without_calling_or_closing_it(
             pass
     assert not env.is_closed
     assert env.rollout(3).batch_size == (3,)  # still the script's, usable
+
+
+@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # its subject is another
+def test_torchrl_accessors_read_the_learners_buffer_policy_and_env(
+    vecnorm_actors: list[str],
+) -> None:
+    """What TorchRL's Trainer and scripts call: getattr_rb/_env/_policy, env, iterator."""
+    env = rlfleet_test_torchrl.normalized_pendulum()
+    policy = torch.nn.Identity()  # the actors act at random: a module without weights
+    policy.tag = "learner's"
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    with GrpcCollector(
+        vecnorm_actors,
+        create_env_fn=env,
+        frames_per_batch=32,
+        total_frames=64,
+        sync=True,
+        replay_buffer=rb,
+        policy=policy,
+        push_policy_changes=False,
+    ) as collector:
+        assert collector.env is env
+        assert collector.getattr_env("action_spec") is env.action_spec
+        assert collector.getattr_policy("tag") == "learner's"
+        assert list(collector.iterator()) == [None, None]
+        assert collector.getattr_rb("write_count") == rb.write_count == 64
+        assert collector.get_policy_version() == collector.policy_version
+        collector.shutdown(close_env=False, raise_on_error=False)
+    assert not env.is_closed  # the script's env stays the script's
+    with GrpcCollector(vecnorm_actors, frames_per_batch=32) as bare:
+        with pytest.raises(AttributeError, match="create_env_fn="):
+            bare.getattr_env("action_spec")
+        with pytest.raises(AttributeError, match="policy="):
+            bare.getattr_policy("tag")
+        with pytest.raises(AttributeError, match="no replay_buffer"):
+            bare.getattr_rb("write_count")
+        bare.async_shutdown(close_env=True)
 
 
 @pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # its subject is another
