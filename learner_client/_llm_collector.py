@@ -313,7 +313,7 @@ class GrpcLLMCollector:
             **kwargs,
         )
         self.dialog_turns_per_batch = dialog_turns_per_batch
-        self.total_dialog_turns = total_dialog_turns
+        self.total_dialog_turns = self._inner.total_frames  # inf when endless, as in TorchRL
         self.replay_buffer = replay_buffer
         self.queue = queue
         self._connected = True  # the inner collector reached every actor
@@ -349,6 +349,21 @@ class GrpcLLMCollector:
     def next(self) -> TensorDictBase | None:
         """The next batch, or None at the end."""
         return self._inner.next()
+
+    @property
+    def frames_per_batch(self) -> int:
+        """TorchRL's base-collector name of :attr:`dialog_turns_per_batch` (Trainer reads it)."""
+        return self._inner.frames_per_batch
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """The turns per batch asked for (TorchRL's name)."""
+        return self._inner.requested_frames_per_batch
+
+    @property
+    def total_frames(self) -> int | float:
+        """TorchRL's base-collector name of :attr:`total_dialog_turns` (``inf``: endless)."""
+        return self._inner.total_frames
 
     # ---------------------------------------------------------- versions
 
@@ -440,15 +455,17 @@ class GrpcLLMCollector:
         """Whether the background collection thread runs."""
         return self._inner.is_running()
 
-    def async_shutdown(self, timeout: float | None = None) -> None:
-        """Stop background collection, then shut down."""
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection, then shut down (``close_env``: as in ``shutdown``)."""
         self._connected = False
-        self._inner.async_shutdown(timeout)
+        self._inner.async_shutdown(timeout, close_env)
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Close every session and channel (bounded, idempotent)."""
+    def shutdown(
+        self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True
+    ) -> None:
+        """Close every session and channel (bounded, idempotent; TorchRL's flags change nothing)."""
         self._connected = False
-        self._inner.shutdown(timeout)
+        self._inner.shutdown(timeout, close_env, raise_on_error)
 
     def __enter__(self) -> GrpcLLMCollector:
         return self
