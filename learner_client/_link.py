@@ -381,13 +381,17 @@ class ActorLink(Generic[C]):
                     f"{self.address} now reports worker_id {desc.worker_id}, "
                     f"expected {self.worker_id}"
                 )
-            if self.tracker.epoch and desc.epoch != self.tracker.epoch:
-                self._ledger.restarted(self.worker_id, self.description.num_envs)
+            # The epoch of its last session, or before any opened, the one it was described with.
+            known = self.tracker.epoch or self.description.epoch
+            if desc.epoch != known:
+                # Its old process's trajectories in progress are lost (none without a session).
+                held = self.description.num_envs if self.tracker.epoch else 0
+                self._ledger.restarted(self.worker_id, held)
                 log.warning(
                     "actor %s (worker_id %d) restarted: epoch %d -> %d",
                     self.address,
                     self.worker_id,
-                    self.tracker.epoch,
+                    known,
                     desc.epoch,
                 )
             self.description = desc

@@ -377,6 +377,24 @@ def test_link_follows_an_actor_that_restarted_under_a_new_epoch() -> None:
     assert r.link.tracker.epoch == 2
 
 
+def test_link_counts_an_actor_restarted_before_its_first_session_opened() -> None:
+    """The epoch at construction is the one to compare: no session had set the tracker's."""
+    channel = FakeChannel(
+        [[ActorUnavailableError("actor died")], [opened(epoch=2)]], [described(epoch=2)]
+    )
+    r = rig(channel)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.ledger.restarts == {0: 1}
+    assert r.ledger.lost_in_progress == 0  # no session: nothing was in progress for us
+    assert r.admitted[-1] == 2  # admitted (weights pushed) before its data is used
+
+
 def test_link_stays_down_while_the_address_reports_another_worker_id() -> None:
     channel = FakeChannel(
         [[opened(), ActorUnavailableError("stream broke")]],
