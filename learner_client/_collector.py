@@ -656,17 +656,14 @@ class GrpcCollector(TorchRLAccessors):
         return [RemoteActor(address, w) for w, address in self._fleet.addresses().items()]
 
     @property
-    def policy_version(self) -> dict[str, int]:
+    def policy_version(self) -> int:
+        """The acting model's policy version, TorchRL's int (0 before its first push)."""
+        return self._book.versions().get(self._rollout.model_id, 0)
+
+    @property
+    def policy_versions(self) -> dict[str, int]:
         """The learner's policy version per model_id (never behind any actor's)."""
         return self._book.versions()
-
-    def increment_version(self) -> dict[str, int]:
-        """TorchRL's bump after an update; versions move by pushes: ``update_policy_weights_()``.
-
-        With ``policy=`` it pushes only a changed module (update-then-increment sends once).
-        """
-        self.update_policy_weights_()
-        return self.policy_version
 
     def _session_settings(self) -> CollectSettings:
         """What every session is opened with, for the current number of owned actors."""

@@ -370,7 +370,7 @@ class GrpcLLMCollector:
     @property
     def policy_version(self) -> int:
         """The acting model's policy version (0 before the first push)."""
-        return int(self._inner.policy_version.get(self.model_id, 0))
+        return self._inner.policy_version
 
     def get_policy_version(self) -> int:
         """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""

@@ -470,7 +470,9 @@ class _Holds(Protocol):
     def policy(self) -> torch.nn.Module | None: ...
 
     @property
-    def policy_version(self) -> Any: ...
+    def policy_version(self) -> int: ...
+
+    def update_policy_weights_(self) -> Any: ...
 
     @property
     def env(self) -> Any: ...
@@ -479,7 +481,7 @@ class _Holds(Protocol):
 
 
 class TorchRLAccessors:
-    """TorchRL's collector accessors, for what a fleet's collector holds in the learner's process.
+    """TorchRL's accessors and version calls, for what a fleet's collector holds in the learner.
 
     TorchRL's ``Trainer`` reads ``collector.getattr_rb("write_count")``, its SAC and CQL
     trainers ``getattr_env("full_action_spec_unbatched")``, scripts ``collector.env``: the
@@ -488,8 +490,16 @@ class TorchRLAccessors:
     constructor, a policy built by a factory) raises ``AttributeError`` saying so.
     """
 
-    def get_policy_version(self: _Holds) -> Any:
+    def get_policy_version(self: _Holds) -> int:
         """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""
+        return self.policy_version
+
+    def increment_version(self: _Holds) -> int:
+        """TorchRL's bump after an update; versions move by pushes: ``update_policy_weights_()``.
+
+        With ``policy=`` it pushes only a changed module (update-then-increment sends once).
+        """
+        self.update_policy_weights_()
         return self.policy_version
 
     def iterator(self: _Holds) -> Iterator[Any]:

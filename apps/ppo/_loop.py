@@ -30,7 +30,6 @@ from apps.ppo._episodes import EpisodeTracker
 from apps.ppo._ppo import PPOConfig, PPOLearner
 from apps.ppo._report import TrainSummary, save_run
 from apps.ppo._settings import RETURN_WINDOW, TrainSettings
-from common.config import DEFAULT_MODEL_ID
 from common.policies import make_policy, make_value_mlp
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -65,12 +64,12 @@ def train(settings: TrainSettings) -> TrainSummary:
         start = time.monotonic()
         # Actors start with their own random weights: make them act with ours, under a
         # version above any an actor holds, agreed by every rank.
-        base = ranks.agreed_max(collector.policy_version.get(DEFAULT_MODEL_ID, 0))
+        base = ranks.agreed_max(collector.policy_version)
         collector.update_policy_weights_(policy, version=base + 1)
         loop = _Loop(settings, collector, learner, tracker, progress, ranks, base + 1)
         loop.run()
         wall = time.monotonic() - start
-        summary = loop.summary(wall, collector.policy_version.get(DEFAULT_MODEL_ID, 0))
+        summary = loop.summary(wall, collector.policy_version)
     if ranks.rank != 0:  # rank 0 writes the outputs; the weights are the same everywhere
         return summary
     save_run(

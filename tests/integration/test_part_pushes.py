@@ -110,7 +110,8 @@ def test_a_version_whose_parts_never_complete_leaves_collection_on_the_version_i
         stats = collector.stats("both")
         assert stats["discarded"] == 0
         assert [stats[f"worker_{w}/policy_version"] for w in (0, 1)] == [0, 0]
-        assert collector.policy_version == {"policy": 5}  # the learner's own counter
+        assert collector.policy_versions == {"policy": 5}  # the learner's own counter
+        assert collector.policy_version == 5  # the acting model's, TorchRL's int
 
 
 def test_bf16_delta_parts_track_each_rank_and_fall_back_after_an_expired_version(ranks) -> None:

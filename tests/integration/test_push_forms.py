@@ -81,7 +81,7 @@ def test_full_push_sends_the_shared_linear_once_and_keeps_it_tied(actor, collect
 
 def test_bf16_push_equals_a_full_push_of_the_rounded_state(collector) -> None:
     policy = _learner_policy(2)
-    before = collector.policy_version["policy"]
+    before = collector.policy_version
     assert collector.update_policy_weights_(policy, dtype=torch.bfloat16)[0] == before + 1
     _, via_bf16 = actor_weights(collector)
     assert collector.update_policy_weights_()[0] == before + 2  # a re-send keeps the form
@@ -101,7 +101,7 @@ def test_bf16_push_equals_a_full_push_of_the_rounded_state(collector) -> None:
 def test_subset_and_trainable_pushes_equal_a_full_push_of_the_same_state(collector) -> None:
     base, update = _learner_policy(3), _learner_policy(4)
     collector.update_policy_weights_(base)
-    before = collector.policy_version["policy"]
+    before = collector.policy_version
     subset = {k: v for k, v in update.state_dict().items() if k.startswith(("head.", "norm."))}
     assert collector.update_policy_weights_(subset)[0] == before + 1  # a subset bumps the version
     update.shared.requires_grad_(False)

@@ -99,7 +99,7 @@ def test_collector_split_trajs_counts_real_frames_and_keeps_batches_after_each_p
         for batch in collector:
             batches.append(batch)
             collector.update_policy_weights_(policy)  # the next batch acts with it, or waits
-            pushed.append(collector.policy_version["policy"])
+            pushed.append(collector.policy_version)
         stats = collector.stats()
     assert len(batches) == len(collector) == 5  # frames are real frames, not padded ones
     for batch in batches:
@@ -121,17 +121,17 @@ def test_collector_increment_version_is_torchrls_call_after_an_update(fleet):
     policy = make_policy("mlp", env.observation_space, env.action_space)
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, policy=policy) as collector:
         collector.next()
-        first = collector.get_policy_version()["policy"]
+        first = collector.get_policy_version()
         with torch.no_grad():
             next(policy.parameters()).add_(1.0)
         collector.update_policy_weights_()  # dreamer.py's pair: one push, not two
-        assert collector.increment_version()["policy"] == first + 1
-        assert collector.increment_version()["policy"] == first + 1  # nothing changed since
+        assert collector.increment_version() == first + 1
+        assert collector.increment_version() == first + 1  # nothing changed since
     weights = {k: v.clone() for k, v in policy.state_dict().items()}
     with GrpcCollector(addresses(fleet, 2), frames_per_batch=8) as collector:
         collector.update_policy_weights_(weights)
-        pushed = collector.get_policy_version()["policy"]
-        assert collector.increment_version()["policy"] == pushed + 1  # the last weights again
+        pushed = collector.get_policy_version()
+        assert collector.increment_version() == pushed + 1  # the last weights again
         batch = collector.next()
         assert batch["policy_version"].min() >= pushed + 1
 
@@ -354,7 +354,7 @@ def test_collector_reports_its_fleet(fleet):
             RemoteActor(fleet[0].address, 0),
             RemoteActor(fleet[2].address, 2),
         ]
-        assert collector.policy_version["policy"] >= 0
+        assert collector.policy_version >= 0
 
 
 def test_collector_add_collectors_grows_an_async_fleet(fleet):

@@ -85,7 +85,7 @@ def test_delta_push_falls_back_to_a_full_push_when_an_actor_holds_another_versio
         version = collector.update_policy_weights_(policy, delta=True)[0]
         stats = collector.stats()
         assert stats["delta_fallbacks"] == 1
-        assert version == collector.policy_version["policy"]
+        assert version == collector.policy_version
         assert _bits_equal(_actor_weights(collector, 0), policy)
         _train_step(policy, 3)  # the fallback's full push is a base for the next delta
         collector.update_policy_weights_(policy, delta=True)

@@ -60,7 +60,7 @@ seen = set()
 until(lambda: seen.update(c.next()["collector", "worker_id"].flatten().tolist()) or
       seen == {4, 5}, "never saw both actors")
 c.update_policy_weights_(cartpole_policy())
-(version,) = c.policy_version.values()
+version = c.policy_version
 fresh = set()
 def current():
     b = c.next()

@@ -174,7 +174,7 @@ def test_ownership_follows_actors_as_they_join_and_return(four: list[ActorProces
             timeout=30,
         )
         assert seen <= {0, 2}
-        version = first.policy_version.get("policy", 0) + 1
+        version = first.policy_version + 1
         first.update_policy_weights_(cartpole_policy(), version=version)
         # Worker 2 dies and comes back: only its owner re-admits it, with the current weights.
         four[2].close()

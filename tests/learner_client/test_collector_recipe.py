@@ -135,24 +135,24 @@ def test_an_argument_less_push_of_an_unchanged_policy_sends_nothing(cartpole_fle
         cartpole_fleet.addresses, policy=policy, frames_per_batch=8, sync=True
     ) as collector:
         collector.next()  # the first push, automatic
-        version = collector.policy_version["policy"]
+        version = collector.policy_version
         sent = collector.stats()["push_bytes"]
         assert collector.update_policy_weights_() == {0: version, 1: version}
         assert collector.update_policy_weights_() == {0: version, 1: version}
         assert collector.stats()["push_bytes"] == sent
-        assert collector.policy_version["policy"] == version
+        assert collector.policy_version == version
         _step(policy)
         assert collector.update_policy_weights_() == {0: version + 1, 1: version + 1}
         assert collector.update_policy_weights_() == {0: version + 1, 1: version + 1}
         autos = collector.stats()["auto_pushes"]
         collector.next()  # pushed by the script already: no automatic push before it
         assert collector.stats()["auto_pushes"] == autos
-        assert collector.policy_version["policy"] == version + 1
+        assert collector.policy_version == version + 1
         _step(policy)
         collector.update_policy_weights_(policy)  # the module itself: the same
         collector.next()
         assert collector.stats()["auto_pushes"] == autos
-        assert collector.policy_version["policy"] == version + 2
+        assert collector.policy_version == version + 2
         parameter = next(policy.parameters())
         parameter.data = parameter.data + 1  # new memory: no counter moves, its pointer does
         assert collector.update_policy_weights_() == {0: version + 3, 1: version + 3}
@@ -174,7 +174,7 @@ def test_auto_pushes_count_the_pushes_of_a_followed_policy(cartpole_fleet) -> No
         stats = collector.stats()
     # the first push only was the collector's own; the script made the four others
     assert stats["auto_pushes"] == 1
-    assert stats["policy_version"] == collector.policy_version["policy"]
+    assert stats["policy_version"] == collector.policy_version
     with GrpcCollector(
         cartpole_fleet.addresses, policy=policy, frames_per_batch=8, total_frames=32, sync=True
     ) as collector:

@@ -37,7 +37,7 @@ def test_update_policy_weights_changes_actions_only_on_addressed_workers(fleet):
         applied = collector.update_policy_weights_(cartpole_policy(action=0))
         version = applied[0]
         assert applied == {0: version, 2: version}
-        assert collector.policy_version["policy"] == version
+        assert collector.policy_version == version
         batch = first_batch_where(collector, lambda b: bool((b["policy_version"] == version).all()))
         assert bool((batch["action"].argmax(-1) == 0).all())
 
@@ -71,7 +71,7 @@ def test_update_policy_weights_raises_before_pushing_if_targets_are_unknown(flee
 
 def test_update_policy_weights_weights_dict_updates_several_models(fleet):
     with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4) as collector:
-        before = collector.policy_version
+        before = collector.policy_versions
         result = collector.update_policy_weights_(
             weights_dict={"policy": cartpole_policy(), "critic": cartpole_policy()}
         )
@@ -84,7 +84,8 @@ def test_update_policy_weights_weights_dict_updates_several_models(fleet):
             weights=cartpole_policy().state_dict(), model_id="critic", worker_ids=[2]
         )
         assert only_critic == {2: critic_v + 1}
-        assert collector.policy_version == {"policy": policy_v, "critic": critic_v + 1}
+        assert collector.policy_versions == {"policy": policy_v, "critic": critic_v + 1}
+        assert collector.policy_version == policy_v  # the acting model's
 
 
 def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet):
@@ -94,7 +95,7 @@ def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet
         error = info.value
         assert set(error.failed) == {1}
         assert isinstance(error.failed[1], WeightsError)
-        version = collector.policy_version["policy"]
+        version = collector.policy_version
         assert error.succeeded == {0: version, 2: version}
         narrow = collector.update_policy_weights_(cartpole_policy(hidden=[16]), worker_ids=1)
         assert narrow == {1: version + 1}
@@ -127,7 +128,7 @@ def test_weights_every_target_refuses_are_not_the_last_weights_given(fleet):
 
 def test_torchrls_deprecated_policy_weights_keyword_pushes_with_a_warning(fleet):
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
-        version = collector.policy_version["policy"]
+        version = collector.policy_version
         with pytest.warns(DeprecationWarning, match="policy_weights is deprecated"):
             assert collector.update_policy_weights_(policy_weights=cartpole_policy()) == {
                 0: version + 1
@@ -173,7 +174,7 @@ def test_update_after_each_batch_async_updates_the_worker_that_delivered(fleet):
         seen = [int(collector.next()["policy_version"].max()) for _ in range(6)]
         assert seen == sorted(seen)
         assert seen[-1] > version
-        assert collector.policy_version["policy"] == version + 5  # before batches 2..6
+        assert collector.policy_version == version + 5  # before batches 2..6
 
 
 def test_state_dict_round_trips_counters_and_actor_weights(fleet):
@@ -190,7 +191,7 @@ def test_state_dict_round_trips_counters_and_actor_weights(fleet):
         assert all(weights.values())
 
         collector.update_policy_weights_(cartpole_policy(action=1))
-        pushed = collector.policy_version["policy"]
+        pushed = collector.policy_version
         changed = _policy_weights(collector.state_dict()["workers"][0])
         assert not all(torch.equal(changed[k], weights[0][k]) for k in changed)
         collector.load_state_dict(saved)
@@ -200,9 +201,9 @@ def test_state_dict_round_trips_counters_and_actor_weights(fleet):
             now = _policy_weights(restored["workers"][wid])
             assert now.keys() == tensors.keys()
             assert all(torch.equal(now[k], tensors[k]) for k in tensors)
-        assert collector.policy_version["policy"] >= pushed  # the learner never goes back
+        assert collector.policy_version >= pushed  # the learner never goes back
         version = collector.update_policy_weights_(cartpole_policy())[0]
-        assert version == collector.policy_version["policy"]
+        assert version == collector.policy_version
 
 
 def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
