@@ -161,6 +161,31 @@ def test_an_argument_less_push_of_an_unchanged_policy_sends_nothing(cartpole_fle
         assert collector.update_policy_weights_(policy) == {0: version + 4, 1: version + 4}
 
 
+def test_torchrls_policy_age_filter_reads_the_collectors_version(cartpole_fleet) -> None:
+    """``PolicyAgeFilter(lambda: collector.policy_version, ...)``: TorchRL's int, not a dict."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    from torchrl.envs.transforms import PolicyAgeFilter
+
+    policy = cartpole_policy()
+    collector = GrpcCollector(
+        cartpole_fleet.addresses, policy=policy, frames_per_batch=8, sync=True
+    )
+    filtered = PolicyAgeFilter(lambda: collector.policy_version, max_policy_lag=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000), transform=filtered)
+    with collector:
+        rb.extend(collector.next().reshape(-1))  # acted with the version in force: kept
+        assert len(rb) == 8
+        old = collector.next().reshape(-1)
+        _step(policy)
+        collector.update_policy_weights_()
+        assert isinstance(collector.policy_version, int)
+        assert collector.policy_version == collector.policy_versions["policy"]
+        new = collector.next().reshape(-1)
+        rb.extend(torch.cat([old, new]))  # the old version's frames are filtered out
+        assert len(rb) == 16
+        assert bool((rb[8:16]["policy_version"] == collector.policy_version).all())
+
+
 def test_auto_pushes_count_the_pushes_of_a_followed_policy(cartpole_fleet) -> None:
     policy = cartpole_policy()
     with GrpcCollector(
