@@ -27,7 +27,7 @@ def test_readme_example_runs_and_prints_one_line_per_batch(tmp_path) -> None:
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 8  # total_frames / frames_per_batch
     assert all(line.startswith("torch.Size([2, 4, 32])") for line in lines)
-    assert lines[-1].endswith("{'policy': 7}")  # one push per batch, each applied
+    assert lines[-1].endswith(" 7")  # one push per batch, each applied (policy_version)
 
 
 def test_docs_llm_opens_with_the_tested_readme_example() -> None:
