@@ -89,10 +89,7 @@ def _run(
     config = GRPOConfig(
         **{f.name: getattr(settings, f.name) for f in dataclasses.fields(GRPOConfig)}
     )
-    torchrl_update = None
-    if settings.loss == "torchrl":
-        capacity = settings.prompts_per_step * settings.group_size
-        torchrl_update = TorchRLGRPO(model, tokenizer, settings.group_size, capacity, config)
+    torchrl_update = _torchrl_update(settings, model, tokenizer, evaluator.task, config)
     trained = ranks.wrap(model)  # DDP on several ranks: the same weights on every rank
     learner = GRPOLearner(trained, generation, config)
     curve = Curve()
@@ -126,6 +123,8 @@ def _run(
             # Every rank stops together (one leaving alone would hang DDP's next all-reduce).
             if ranks.any(_finished(settings, curve, step, time.monotonic() - start)):
                 break
+        if curve.accuracies[-1] is None:  # stopped on time between two evaluations
+            curve.accuracies[-1] = _shared_accuracy(evaluator, model, ranks)
         wall = time.monotonic() - start
         final = collector.stats()
         record = rank_record(collector, pusher, model) if ranks.active else None
@@ -137,6 +136,21 @@ def _run(
     if evaluate:  # rank 0 writes the outputs
         save_run(out_dir, model, summary, dataclasses.asdict(settings), curve)
     return summary
+
+
+def _torchrl_update(
+    settings: GRPOSettings, model: nn.Module, tokenizer: Any, task: Any, config: GRPOConfig
+) -> TorchRLGRPO | None:
+    """``--loss torchrl``'s update, its buffer holding the most turns one iteration brings.
+
+    An actor's batch of whole dialogs ends at the first step reaching its share: up to
+    every one of its slots finishing a dialog of the task's ``max_turns`` at that step.
+    """
+    if settings.loss != "torchrl":
+        return None
+    turns = settings.prompts_per_step * settings.group_size
+    capacity = turns + settings.num_actors * settings.slots_per_actor * task.max_turns
+    return TorchRLGRPO(model, tokenizer, settings.group_size, capacity, config)
 
 
 def _shared_accuracy(evaluator: Evaluator, model: nn.Module, ranks: DataParallel) -> float:
@@ -193,7 +207,10 @@ def _collector(
     return GrpcLLMCollector(
         addresses,
         dialog_turns_per_batch=turns,
-        total_dialog_turns=turns * settings.max_steps,
+        # Endless: the loop stops every rank together on its step count (a batch of whole
+        # multi-turn dialogs holds more turns than asked, so a turn budget would end early
+        # and on one rank before another).
+        total_dialog_turns=-1,
         yield_completed_trajectories=True,
         sync=settings.sync,
         group_size=settings.group_size,

@@ -71,7 +71,7 @@ class GRPOSettings:
             with the output layer; drawn after ``init_std``); 0 leaves them as they are.
         prompts_per_step: Distinct problems per update; each is answered ``group_size``
             times, so an update sees ``prompts_per_step * group_size`` dialog turns.
-        group_size: GRPO's G: answers per problem, normalised against each other.
+        group_size: GRPO's G: answers per problem (>= 2), normalised against each other.
         max_new_tokens: Most tokens per answer.
         temperature: Sampling temperature of the actors (the loss uses the same); None
             is 1.5 with the built-in loss and 1 with ``torchrl`` (TorchRL's wrapper
@@ -168,14 +168,7 @@ class GRPOSettings:
             raise ValueError(f"vocab must be auto or one of {VOCABS}, got {self.vocab!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        if self.loss == "torchrl" and self.sampling_temperature != 1.0:
-            # TorchRL's wrapper scores raw logits: the ratio is exact at temperature 1 only.
-            raise ValueError(
-                f"--loss torchrl needs temperature 1 (TorchRL scores raw logits), "
-                f"got {self.temperature!r}"
-            )
+        self._check_update()
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed!r}")
         if self.hidden % (2 * self.heads):
@@ -193,6 +186,23 @@ class GRPOSettings:
             raise ValueError(
                 f"task must be one of {TASK_NAMES}, jsonl:PATH or package.module:factory, "
                 f"got {self.task!r}"
+            )
+
+    def _check_update(self) -> None:
+        """The GRPO update's own rules: a known loss, groups to compare, TorchRL's sampling."""
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.loss == "torchrl" and self.sampling_temperature != 1.0:
+            # TorchRL's wrapper scores raw logits: the ratio is exact at temperature 1 only.
+            raise ValueError(
+                f"--loss torchrl needs temperature 1 (TorchRL scores raw logits), "
+                f"got {self.temperature!r}"
+            )
+        if self.group_size < 2:
+            # One answer per problem has no group to be normalised against: zero advantages
+            # (built-in loss) or NaN weights (MCAdvantage divides by a one-sample std).
+            raise ValueError(
+                f"group_size must be >= 2 (GRPO compares answers), got {self.group_size}"
             )
 
     def _check_ranks(self) -> None:

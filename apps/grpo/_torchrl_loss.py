@@ -92,10 +92,19 @@ class TorchRLGRPO:
         Returns:
             Means over the gradient steps of ``loss``, ``entropy``, ``clip_fraction`` and
             ``approx_kl``, and the batch's mean ``reward``; empty if the buffer held nothing.
+
+        Raises:
+            RuntimeError: More turns arrived than the buffer holds (some were overwritten).
         """
         size = len(self.replay_buffer)
         if not size:
             return {}
+        if self.replay_buffer.write_count > size:  # turns were overwritten before this update
+            raise RuntimeError(
+                f"the buffer took {self.replay_buffer.write_count} dialog turns since the last "
+                f"update but holds {size}: raise its capacity to the most turns one "
+                "iteration brings"
+            )
         batch = self.replay_buffer.sample(size)
         self.replay_buffer.empty()
         totals = {"reward": float(batch["next", "reward"].float().mean())}
@@ -117,8 +126,8 @@ class TorchRLGRPO:
         nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return {
-            "loss": float(loss),
-            "entropy": float(out.entropy),
-            "clip_fraction": float(out.clip_fraction),
-            "approx_kl": float(out.kl_approx),
+            "loss": float(loss.detach()),
+            "entropy": float(out.entropy.detach()),
+            "clip_fraction": float(out.clip_fraction.detach()),
+            "approx_kl": float(out.kl_approx.detach()),
         }

@@ -69,6 +69,31 @@ def test_grpo_entry_point_runs_a_few_updates_and_writes_its_outputs(tmp_path):
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_grpo_multi_turn_dialogs_run_every_step_asked(tmp_path):
+    # Three retries: a batch of whole dialogs holds more turns than prompts x group, and a
+    # turn budget of steps x that product ended the run after fewer updates than asked.
+    out = tmp_path / "run"
+    retries = ["--task-kwargs", '{"retries": 3}', "--group-size", "2"]
+    result = _grpo(*TINY, *retries, "--max-steps", "5", "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 5
+    assert summary["dialog_turns"] > 5 * 4 * 2  # retries took extra turns
+    assert summary["policy_version"] == 6
+
+
+def test_grpo_stopped_on_time_evaluates_the_weights_it_saves(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--max-seconds", "0.001", "--eval-every", "50", "--max-steps", "50"]
+    result = _grpo(*TINY, *flags, "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 1  # the clock ran out at the first update
+    # Not the accuracy before the update: the saved weights' own, evaluated after the loop.
+    assert summary["curve"]["accuracies"][-1] is not None
+    assert summary["accuracy"] == summary["curve"]["accuracies"][-1]
+
+
 @pytest.mark.slow  # a second fleet start-up and TorchRL's import: kept out of the fast suite
 def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
     pytest.importorskip("torchrl")
@@ -79,6 +104,9 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
         "1",
         "--loss",
         "torchrl",
+        # Multi-turn groups: every turn of a batch must reach the update (none overwritten).
+        "--task-kwargs",
+        '{"retries": 2}',
         "--max-steps",
         "2",
         "--out",
@@ -86,9 +114,11 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
         "--no-progress",
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "UserWarning" not in result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["loss"] == "torchrl"
     assert summary["steps"] == 2
+    assert summary["dialog_turns"] > 2 * 4 * 8
     assert summary["policy_version"] == 3
     # MCAdvantage wrote advantages and GRPOLoss produced an entropy for every update.
     assert all(e is not None and e > 0 for e in summary["curve"]["entropies"][1:])
@@ -98,6 +128,7 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
     ("flags", "message"),
     [
         (["--group-size", "0"], "group_size must be a positive int"),
+        (["--group-size", "1"], "group_size must be >= 2"),
         (["--loss", "ppo"], "loss must be one of"),
         (["--task-kwargs", "[1]"], "task_kwargs must be a JSON object"),
         (["--task", "nope"], "task must be one of"),
