@@ -377,12 +377,14 @@ class GrpcLLMCollector:
         return self.policy_version
 
     def increment_version(self) -> int:
-        """Re-push the last weights given under the next version; returns it.
+        """TorchRL's bump after a push: pushes the last weights given if they changed since.
 
-        Versions only move with applied pushes, so every actor's batches name the
-        version they were generated at.
+        Versions only move with applied pushes, so every actor's batches name the version
+        they were generated at; push-then-increment (TorchRL's vLLM updaters) sends once,
+        and the version stays. Returns the version.
         """
-        self._inner.update_policy_weights_(model_id=self.model_id)
+        if not self._inner._pusher.unchanged_since_push(self.model_id):
+            self._inner.update_policy_weights_(model_id=self.model_id)
         return self.policy_version
 
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> dict:

@@ -71,6 +71,7 @@ import torch
 from torch import nn
 
 from common.checksum import crc32c
+from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     RlfleetError,
     SessionStateError,
@@ -95,7 +96,7 @@ from learner_client._fleet import Fleet, Link
 from learner_client._ledger import Ledger
 from learner_client._metrics import LearnerMetrics
 from learner_client._settings import WeightPushSettings
-from learner_client._shared_policy import SharedPolicy
+from learner_client._shared_policy import SharedPolicy, WeightsMark
 from learner_client._transport import PushReply
 from learner_client._weights import (
     EncodedWeights,
@@ -172,6 +173,31 @@ class Pusher:
     metrics: LearnerMetrics
     deltas: DeltaTracker
     agreement: VersionAgreement
+    #: ``{model_id: (version, mark)}``: the weights of the model's last whole push, as read.
+    marks: dict[str, tuple[int, WeightsMark]] = dataclasses.field(default_factory=dict)
+
+    def unchanged_since_push(self, model_id: str = DEFAULT_MODEL_ID) -> bool:
+        """Whether every worker took the last weights given, and they did not change since.
+
+        False when unsure: weights in a form that cannot be followed, a push to some
+        workers only, parts, or a push that failed anywhere.
+        """
+        entry = self.marks.get(model_id)
+        if entry is None or self.book.versions().get(model_id) != entry[0]:
+            return False
+        return entry[1].matches(self.book.source(model_id))
+
+    def _mark(self, request: WeightRequest) -> dict[str, WeightsMark | None]:
+        """Each model's mark of what a whole push to every worker is about to read."""
+        if request.worker_ids is not None or request.part is not None or request.per_worker:
+            return dict.fromkeys(request.sources)
+        marks: dict[str, WeightsMark | None] = {}
+        for mid, src in request.sources.items():
+            try:
+                marks[mid] = WeightsMark.of(src if src is not None else self.book.source(mid))
+            except SessionStateError:
+                marks[mid] = None
+        return marks
 
     def update(self, request: WeightRequest) -> dict:
         """Carry out one normalised ``update_policy_weights_`` call.
@@ -192,7 +218,7 @@ class Pusher:
         except (UnknownWorkerError, UnknownModelError, SessionStateError) as exc:
             targets, refusal = [], exc
         self._agree(request, refusal)
-        before = self.book.given(request.sources)
+        before, marks = self.book.given(request.sources), self._mark(request)
         if request.delta:
             results = self._push_deltas(request, targets)
         else:
@@ -200,6 +226,11 @@ class Pusher:
         for mid, failures in results[1].items():
             if failures and not results[0].get(mid) and _refusals(failures) == failures:
                 self.book.restore(mid, before)  # every target refused: as if never given
+        for mid, mark in marks.items():
+            if mark is None or results[1].get(mid) or refusal is not None:
+                self.marks.pop(mid, None)
+            else:
+                self.marks[mid] = (self.book.versions().get(mid, 0), mark)
         return _outcome(*results, request)
 
     def _targets(self, request: WeightRequest) -> list[int]:

@@ -21,10 +21,16 @@ it with ``update_policy_weights_(module)``, which always sends. Buffers of more 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import torch
+from tensordict import TensorDictBase
 from torch import nn
 
-__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy"]
+__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy", "WeightsMark"]
+
+#: Per tensor: its identity, version counter and data pointer (a change in place, new memory).
+_Counters = tuple[tuple[int, int, int], ...]
 
 #: Buffers up to this size are compared by value (``.data.copy_`` bumps no version counter,
 #: and TorchRL's exploration modules anneal their buffers that way).
@@ -54,7 +60,7 @@ class SharedPolicy:
         self.module = module
         self.follow = follow
         self.pushed = False
-        self._versions: tuple[tuple[int, int, int], ...] = ()
+        self._versions: _Counters = ()
         self._buffers: dict[str, torch.Tensor] = {}
 
     def due(self) -> bool:
@@ -91,6 +97,59 @@ class SharedPolicy:
         """Treat the module as changed (its last push failed somewhere)."""
         self._versions = ()
 
-    def _counters(self) -> tuple[tuple[int, int, int], ...]:
-        tensors = [*self.module.parameters(), *self.module.buffers()]
-        return tuple((id(t), t._version, t.data_ptr()) for t in tensors)
+    def _counters(self) -> _Counters:
+        return _counters([*self.module.parameters(), *self.module.buffers()])
+
+
+def _counters(tensors: Iterable[torch.Tensor]) -> _Counters:
+    return tuple((id(t), t._version, t.data_ptr()) for t in tensors)
+
+
+class WeightsMark:
+    """What a push read from the weights it was given, to tell later whether they changed.
+
+    The same signs as :class:`SharedPolicy`: version counters and data pointers of every
+    tensor, values of small ones (a module's buffers; a mapping's tensors up to
+    :data:`VALUE_CHECKED_BUFFER_ELEMENTS` elements). A tensor of ``model.state_dict()``
+    shares its parameter's counter, so an optimiser step on the model shows.
+    """
+
+    def __init__(self, counters: _Counters, small: list[torch.Tensor]) -> None:
+        self._counters, self._small = counters, small
+
+    @classmethod
+    def of(cls, source: object) -> WeightsMark | None:
+        """The mark of a module, TensorDict or mapping of tensors; None for other forms."""
+        tensors, checked = _tensors(source)
+        if tensors is None:
+            return None
+        return cls(_counters(tensors), [t.detach().clone() for t in checked])
+
+    def matches(self, source: object) -> bool:
+        """Whether ``source`` is as this mark saw it (same tensors, untouched)."""
+        tensors, checked = _tensors(source)
+        if (
+            tensors is None
+            or _counters(tensors) != self._counters
+            or len(checked) != len(self._small)
+        ):
+            return False
+        pairs = zip(self._small, checked, strict=True)  # as many: the counters matched
+        return all(torch.equal(old, new.detach()) for old, new in pairs)
+
+
+def _tensors(source: object) -> tuple[list[torch.Tensor] | None, list[torch.Tensor]]:
+    """Every tensor of ``source`` and those compared by value; (None, []) if not weights."""
+    if isinstance(source, nn.Module):
+        buffers = list(source.buffers())
+        small = [b for b in buffers if b.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS]
+        return [*source.parameters(), *buffers], small
+    if isinstance(source, TensorDictBase):
+        tensors = list(source.values(include_nested=True, leaves_only=True))
+    elif isinstance(source, Mapping):
+        tensors = list(source.values())
+    else:
+        return None, []
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None, []
+    return tensors, [t for t in tensors if t.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS]

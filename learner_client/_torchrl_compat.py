@@ -460,11 +460,17 @@ def _layout_message(size: tuple[int, ...], got: tuple[int, ...]) -> str:
     )
 
 
+class _Pushes(Protocol):  # learner_client._pushes.Pusher, whose module imports this one
+    def unchanged_since_push(self) -> bool: ...
+
+
 class _Holds(Protocol):
     """What :class:`TorchRLAccessors` reads of the collector it is part of."""
 
     replay_buffer: Any
     _env: ScriptEnv | None
+    _shared: SharedPolicy | None
+    _pusher: _Pushes
 
     @property
     def policy(self) -> torch.nn.Module | None: ...
@@ -495,11 +501,9 @@ class TorchRLAccessors:
         return self.policy_version
 
     def increment_version(self: _Holds) -> int:
-        """TorchRL's bump after an update; versions move by pushes: ``update_policy_weights_()``.
-
-        With ``policy=`` it pushes only a changed module (update-then-increment sends once).
-        """
-        self.update_policy_weights_()
+        """TorchRL's bump: push ``policy=`` or the last weights given if changed since, else not."""
+        if self._shared is not None or not self._pusher.unchanged_since_push():
+            self.update_policy_weights_()
         return self.policy_version
 
     def iterator(self: _Holds) -> Iterator[Any]:

@@ -130,10 +130,23 @@ def test_collector_increment_version_is_torchrls_call_after_an_update(fleet):
     weights = {k: v.clone() for k, v in policy.state_dict().items()}
     with GrpcCollector(addresses(fleet, 2), frames_per_batch=8) as collector:
         collector.update_policy_weights_(weights)
-        pushed = collector.get_policy_version()
-        assert collector.increment_version() == pushed + 1  # the last weights again
+        pushed, sent = collector.get_policy_version(), collector.stats()["push_bytes"]
+        # Push-then-increment (TorchRL's vLLM updaters) sends the weights once.
+        assert collector.increment_version() == pushed
+        assert collector.stats()["push_bytes"] == sent
+        next(iter(weights.values())).add_(1.0)  # changed in place since: the increment pushes
+        assert collector.increment_version() == pushed + 1
+        assert collector.stats()["push_bytes"] > sent
         batch = collector.next()
         assert batch["policy_version"].min() >= pushed + 1
+        # A state_dict() aliases the model: an optimiser step on the model shows.
+        collector.update_policy_weights_(policy.state_dict())
+        assert collector.increment_version() == pushed + 2
+        with torch.no_grad():
+            next(policy.parameters()).mul_(0.5)  # what an optimiser step does
+        assert collector.increment_version() == pushed + 3
+        collector.update_policy_weights_(worker_ids=[2])  # addressed pushes are not followed
+        assert collector.increment_version() == pushed + 5
 
 
 def test_collector_passes_rollout_settings_to_the_actors(fleet):

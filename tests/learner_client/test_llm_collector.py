@@ -118,9 +118,17 @@ def test_a_push_between_sync_batches_makes_the_next_batch_the_new_version(llm_fl
         applied = collector.update_policy_weights_(model)
         version = collector.policy_version
         assert set(applied.values()) == {version}
+        # TorchRL's vLLM updaters push, then increment: the model travels once.
+        sent = collector.stats()["push_bytes"]
+        assert collector.increment_version() == version
+        assert collector.stats()["push_bytes"] == sent
         batch = next(iterator)
         assert (batch["policy_version"] == version).all()
         assert collector.get_policy_version() == version
+        with torch.no_grad():
+            next(model.parameters()).mul_(0.5)  # an optimiser step: the increment pushes it
+        assert collector.increment_version() == version + 1
+        assert collector.stats()["push_bytes"] > sent
         # TorchRL's names for the budget, as its Trainer reads them: endless is inf
         assert collector.total_dialog_turns == collector.total_frames == float("inf")
         assert collector.frames_per_batch == collector.requested_frames_per_batch == 2 * SLOTS

@@ -1,0 +1,47 @@
+"""``WeightsMark``: whether the weights a push read changed since, by the signs it follows."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from learner_client._shared_policy import VALUE_CHECKED_BUFFER_ELEMENTS, WeightsMark
+
+
+def test_a_mark_sees_in_place_changes_new_memory_and_other_tensors() -> None:
+    weights = {"w": torch.zeros(3), "b": torch.zeros(1)}
+    mark = WeightsMark.of(weights)
+    assert mark is not None
+    assert mark.matches(weights)
+    weights["w"].add_(1.0)  # counter
+    assert not mark.matches(weights)
+    mark = WeightsMark.of(weights)
+    weights["w"].data = torch.ones(3)  # new memory
+    assert mark is not None
+    assert not mark.matches(weights)
+    assert not WeightsMark.of(weights).matches({**weights, "c": torch.zeros(1)})  # type: ignore[union-attr]
+
+
+def test_small_tensors_are_compared_by_value_large_ones_by_counter_alone() -> None:
+    module = nn.Linear(2, 2)
+    module.register_buffer("eps", torch.ones(1))
+    module.register_buffer("big", torch.zeros(VALUE_CHECKED_BUFFER_ELEMENTS + 1))
+    mark = WeightsMark.of(module)
+    assert mark is not None
+    module.big.data.fill_(1.0)  # through .data: no counter, too large to copy
+    assert mark.matches(module)
+    module.eps.data.copy_(torch.zeros(1))  # TorchRL's annealing: no counter, seen by value
+    assert not mark.matches(module)
+
+
+def test_a_tensordict_is_marked_leaf_by_leaf_and_other_forms_are_not_followed() -> None:
+    td = TensorDict({"a": {"b": torch.zeros(2)}})
+    mark = WeightsMark.of(td)
+    assert mark is not None
+    assert mark.matches(td)
+    td["a", "b"].add_(1.0)
+    assert not mark.matches(td)
+    assert WeightsMark.of({0: {"w": torch.zeros(1)}}) is None  # per-worker: not followed
+    assert WeightsMark.of([torch.zeros(1)]) is None
+    assert not mark.matches([torch.zeros(1)])
