@@ -8,12 +8,13 @@ like Ctrl-C, so a container stop also shuts a local fleet down in order.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "FleetMismatchError",
+    "SignalsHeld",
     "run_job",
     "seed_everything",
 ]
@@ -51,6 +53,46 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+class SignalsHeld:
+    """SIGINT and SIGTERM wait out a :meth:`held` block, and raise KeyboardInterrupt after it.
+
+    A loop holds them over an update and its push, so Ctrl-C (or a pod's eviction) stops it
+    between two updates, with weights the actors took, which it can then save; outside a held
+    block (waiting for a batch) they raise at once. Use as a context manager in the main
+    thread; the previous handlers come back at its end.
+    """
+
+    def __init__(self) -> None:
+        self._holding = False
+        self._pending: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalsHeld:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the signals over the block; one that came raises KeyboardInterrupt after it."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._pending is not None:
+            raise KeyboardInterrupt(f"signal {self._pending}")
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._holding:
+            raise KeyboardInterrupt(f"signal {signum}")
+        self._pending = signum
+
+
 def run_job(
     prog: str,
     settings: S,
@@ -73,8 +115,9 @@ def run_job(
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = train(settings)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        saved = f" ({exc})" if str(exc).startswith("outputs") else ""
+        print(f"{prog}: interrupted{saved}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except caught as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

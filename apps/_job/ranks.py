@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from apps._job.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from apps._job.device import rank_device
 
 __all__ = ["DataParallel", "launch_ranks", "under_torchrun"]
@@ -52,9 +54,11 @@ def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str
         argv: The learner's arguments.
 
     Returns:
-        0 when every rank finished; 1 when one failed (torchrun names it and its error).
+        0 when every rank finished; 130 when interrupted (SIGINT, SIGTERM); 1 when a rank
+        failed (its own message is above; this names it).
     """
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     # Every rank is on this machine: they meet on loopback, whatever the host name resolves to.
@@ -62,10 +66,22 @@ def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str
     args += ["-m", module, *argv]
     try:
         torchrun.main(args)
+    except SignalException:  # torchrun stopped the ranks on SIGINT or SIGTERM
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except ChildFailedError as exc:
-        print(f"{prog}: error: {exc.get_first_failure()[1].message}", flush=True)
-        return 1
-    return 0
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode == EXIT_INTERRUPTED:
+            print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+        print(
+            f"{prog}: error: learner rank {rank} exited with code {failure.exitcode} "
+            "(its message is above)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 class DataParallel:

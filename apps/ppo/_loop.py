@@ -23,7 +23,7 @@ import grpc
 import gymnasium as gym
 import torch
 
-from apps._job.cli import FleetMismatchError, seed_everything
+from apps._job.cli import FleetMismatchError, SignalsHeld, seed_everything
 from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.ppo._episodes import EpisodeTracker
@@ -70,16 +70,17 @@ def train(settings: TrainSettings) -> TrainSummary:
         loop.run()
         wall = time.monotonic() - start
         summary = loop.summary(wall, collector.policy_version)
-    if ranks.rank != 0:  # rank 0 writes the outputs; the weights are the same everywhere
-        return summary
-    save_run(
-        pathlib.Path(settings.out_dir),
-        policy,
-        summary,
-        settings.as_record(),
-        (tracker.end_frames, tracker.returns),
-        RETURN_WINDOW,
-    )
+    if ranks.rank == 0:  # rank 0 writes the outputs; the weights are the same everywhere
+        save_run(
+            pathlib.Path(settings.out_dir),
+            policy,
+            summary,
+            settings.as_record(),
+            (tracker.end_frames, tracker.returns),
+            RETURN_WINDOW,
+        )
+    if loop.interrupted:  # exit 130, the outputs of the updates made written
+        raise KeyboardInterrupt(f"outputs of {summary.batches} updates in {settings.out_dir}")
     return summary
 
 
@@ -161,32 +162,44 @@ class _Loop:
         self.settings, self.collector, self.learner = settings, collector, learner
         self.tracker, self.progress, self.ranks = tracker, progress, ranks
         self.version = version
-        self.reached = False
+        self.reached = self.interrupted = False
         self.frames = self.batches = 0  # this rank's
         self.final_return: float | None = None  # the mean over ranks
 
     def run(self) -> None:
-        """Train until the target return (over every rank) or the frame budget."""
+        """Train until the target return (over every rank), the frame budget or a signal.
+
+        SIGINT or SIGTERM ends the loop between two updates, ``interrupted`` set: the
+        learner's weights are then the last every actor took, and ``train`` saves them.
+        """
+        try:
+            with SignalsHeld() as signals:
+                for batch in self.collector:
+                    with signals.held():
+                        done = self._step(batch)
+                    if done:
+                        break
+        except KeyboardInterrupt:
+            self.interrupted = True
+
+    def _step(self, batch: Any) -> bool:
+        """One update on ``batch`` and its push; whether the loop should stop."""
         settings, learner, collector = self.settings, self.learner, self.collector
-        frames = batches = 0
-        final_return = None
-        for batch in collector:
-            assert batch is not None  # batches are yielded: there is no replay buffer
-            frames += batch.numel()
-            batches += 1
-            self.tracker.add(batch, frames)
-            if settings.anneal_lr:
-                learner.set_lr(settings.lr * max(0.0, 1.0 - frames / settings.total_frames))
-            learner.update(batch)
-            self.version += 1  # every rank took the same step: the same version
-            collector.update_policy_weights_(learner.policy, version=self.version)
-            final_return, self.reached = self._reached()
-            if self.ranks.rank == 0 and batches % settings.log_every == 0:
-                fields = _fields(final_return, len(self.tracker.returns), collector.stats())
-                self.progress.update(frames, fields)
-            if self.reached or frames >= settings.total_frames:
-                break
-        self.frames, self.batches, self.final_return = frames, batches, final_return
+        assert batch is not None  # batches are yielded: there is no replay buffer
+        if settings.anneal_lr:  # by the frames before this batch: the first at lr, none at 0
+            learner.set_lr(settings.lr * max(0.0, 1.0 - self.frames / settings.total_frames))
+        self.frames += batch.numel()
+        self.batches += 1
+        self.tracker.add(batch, self.frames)
+        learner.update(batch)
+        self.version += 1  # every rank took the same step: the same version
+        collector.update_policy_weights_(learner.policy, version=self.version)
+        self.final_return, self.reached = self._reached()
+        last = self.reached or self.frames >= settings.total_frames
+        if self.ranks.rank == 0 and (last or self.batches % settings.log_every == 0):
+            fields = _fields(self.final_return, len(self.tracker.returns), collector.stats())
+            self.progress.update(self.frames, fields)
+        return last
 
     def summary(self, wall: float, version: int) -> TrainSummary:
         """The run's summary, as this rank saw it (``frames`` counts every rank's)."""
@@ -208,6 +221,7 @@ class _Loop:
             out_dir=settings.out_dir,
             ranks=ranks.world_size,
             rank=ranks.rank,
+            interrupted=self.interrupted,
         )
 
     def _reached(self) -> tuple[float | None, bool]:

@@ -39,6 +39,8 @@ class TrainSummary:
         ranks: Learner ranks that trained together (``frames`` counts all of theirs;
             ``episodes`` are this rank's own; ``final_return`` is the mean over ranks).
         rank: The rank this summary is from (rank 0 writes the outputs).
+        interrupted: SIGINT or SIGTERM stopped the run between two updates (the outputs
+            are those of the updates made; the job exits 130).
     """
 
     env: str
@@ -56,6 +58,7 @@ class TrainSummary:
     out_dir: str
     ranks: int = 1
     rank: int = 0
+    interrupted: bool = False
 
     def to_text(self) -> str:
         """A short human-readable summary."""

@@ -132,15 +132,22 @@ class TrainSettings:
                 "nproc_per_node",
             ),
         )
-        for name in ("lr", "clip_eps", "max_grad_norm"):
+        # clip_eps and max_grad_norm may be inf (no clipping); a step size or weight may not.
+        for name in ("clip_eps", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr!r}")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         for name in ("ent_coef", "vf_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)!r}")
+        if self.minibatch_size < 2:  # advantages are normalised over a minibatch
+            raise ValueError(f"minibatch_size must be >= 2, got {self.minibatch_size}")
+        if self.take_over and not self.actors:
+            raise ValueError("take_over applies to an --actors fleet; a fleet it starts is its own")
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ValueError(f"hidden must be positive layer sizes, got {self.hidden!r}")
         if self.minibatch_size > self.frames_per_batch:

@@ -72,6 +72,14 @@ def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
         (["--actors", "a:115688"], "1..65535"),  # gRPC dialled 115688 - 65536
         (["--seed", "-1"], "seed"),  # numpy's traceback, after the fleet started
         (["--hidden", "0"], "hidden"),
+        # NaN weights after the first update, then a traceback
+        (["--lr", "inf"], "lr must be finite and > 0, got inf"),
+        (["--vf-coef", "inf"], "vf_coef must be finite and >= 0, got inf"),
+        (["--ent-coef", "inf"], "ent_coef must be finite and >= 0, got inf"),
+        # one frame's advantage has no std to be normalised by (NaN)
+        (["--minibatch-size", "1"], "minibatch_size must be >= 2, got 1"),
+        # ignored, yet recorded in summary.json as if it had applied
+        (["--take-over"], "take_over applies to an --actors fleet"),
     ],
 )
 def test_parse_args_raises_if_a_value_is_invalid(argv, message, capsys):

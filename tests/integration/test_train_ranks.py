@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -46,6 +47,40 @@ def test_train_runs_two_data_parallel_ranks_on_a_tiny_budget(tmp_path: pathlib.P
     assert summary["batches"] == 3
     assert summary["policy_version"] >= 4  # the first push and one per batch, agreed
     assert (out / "policy.safetensors").exists()
+
+
+def test_a_failing_rank_is_named_on_stderr_with_its_own_message(tmp_path) -> None:
+    result = _train(tmp_path / "run", "--env", "NoSuchEnv-v0", "--num-actors", "2", timeout=120)
+    assert result.returncode == 1
+    # The rank's one line, then the launcher's, naming the rank (not torchrun's placeholder).
+    said = result.stdout + result.stderr
+    assert "rlfleet-train: error: Environment `NoSuchEnv` doesn't exist" in said
+    assert "rlfleet-train: error: learner rank " in result.stderr
+    assert "errors.html" not in said
+
+
+def test_two_ranks_stopped_by_sigterm_exit_130_with_their_outputs(tmp_path) -> None:
+    out = tmp_path / "run"
+    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", "--out", str(out), *tiny],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while "frames=" not in learner.stderr.readline():  # rank 0 trains
+            assert learner.poll() is None, learner.stderr.read()
+        learner.send_signal(signal.SIGTERM)
+        _, err = learner.communicate(timeout=90)
+    finally:
+        learner.kill()
+    assert learner.returncode == 130, err[-4000:]
+    assert "rlfleet-train: interrupted" in err
+    assert "SignalException" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
 
 
 def test_train_refuses_a_fleet_that_does_not_split_over_the_ranks(tmp_path) -> None:

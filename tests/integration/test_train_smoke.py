@@ -13,6 +13,7 @@ import sys
 import grpc
 import gymnasium as gym
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.policies import make_policy
@@ -91,6 +92,23 @@ def test_train_entry_point_runs_a_tiny_budget_and_writes_its_outputs(tmp_path):
     load_into(policy, state)
     assert metadata["env"] == "CartPole-v1"
     assert _actor_processes(seed) == []
+
+
+def test_train_last_update_learns_and_the_progress_shows_the_end(tmp_path):
+    # Annealing by the frames after the batch gave the last update (here the only one with a
+    # change to make: one batch) a learning rate of 0, and --log-every 5 hid the last state.
+    flags = ["--num-actors", "1", "--num-envs", "2", "--frames-per-batch", "64"]
+    flags += ["--total-frames", "64", "--minibatch-size", "32", "--hidden", "16,16"]
+    result = _train(*flags, "--seed", "3", "--log-every", "5", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("frames=")]
+    assert lines[-1].startswith("frames=64 "), lines
+    torch.manual_seed(3)  # as the job seeds the policy it builds
+    env = gym.make("CartPole-v1")
+    initial = make_policy("mlp", env.observation_space, env.action_space, hidden=[16, 16])
+    state, _ = decode_weights((tmp_path / "policy.safetensors").read_bytes())
+    moved = [k for k, v in initial.state_dict().items() if not torch.equal(v, state[k])]
+    assert moved, "the only update left the weights as they were built"
 
 
 def test_train_entry_point_exits_non_zero_with_a_message_on_an_unknown_env(tmp_path):
@@ -219,12 +237,22 @@ def test_train_entry_point_exits_130_on_ctrl_c_and_releases_the_actors(tmp_path,
     finally:
         learner.kill()
     assert learner.returncode == 130, err
-    assert "interrupted" in err
+    assert "rlfleet-train: interrupted (outputs of " in err
+    assert "Traceback" not in err
+    # Stopped between two updates: the weights every actor took, and what led to them, kept.
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert summary["batches"] >= 1
+    assert summary["frames"] == 64 * summary["batches"]
+    state, _ = decode_weights((tmp_path / "policy.safetensors").read_bytes())
     # The actors are free for the next learner.
     with GrpcCollector(
         external_fleet.addresses, frames_per_batch=16, total_frames=16, sync=False
     ) as collector:
+        held = collector.actor_state(collector.worker_ids[0])["models"]["policy"]["weights"]
         assert next(iter(collector)).numel() == 16
+    assert state.keys() == held.keys()
+    assert all(torch.equal(state[k], held[k]) for k in state)
 
 
 @pytest.mark.slow
