@@ -121,7 +121,7 @@ class WeightsMark:
     def of(cls, source: object) -> WeightsMark | None:
         """The mark of a module, TensorDict or mapping of tensors; None for other forms."""
         tensors, checked = _tensors(source)
-        if tensors is None:
+        if tensors is None or not _followable(tensors):
             return None
         return cls(_counters(tensors), [t.detach().clone() for t in checked])
 
@@ -130,6 +130,7 @@ class WeightsMark:
         tensors, checked = _tensors(source)
         if (
             tensors is None
+            or not _followable(tensors)
             or _counters(tensors) != self._counters
             or len(checked) != len(self._small)
         ):
@@ -153,3 +154,8 @@ def _tensors(source: object) -> tuple[list[torch.Tensor] | None, list[torch.Tens
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None, []
     return tensors, [t for t in tensors if t.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS]
+
+
+def _followable(tensors: list[torch.Tensor]) -> bool:
+    """Whether every tensor has memory to follow (a lazy module's parameters have none)."""
+    return not any(nn.parameter.is_lazy(t) for t in tensors)

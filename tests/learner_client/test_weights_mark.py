@@ -45,3 +45,12 @@ def test_a_tensordict_is_marked_leaf_by_leaf_and_other_forms_are_not_followed() 
     assert WeightsMark.of({0: {"w": torch.zeros(1)}}) is None  # per-worker: not followed
     assert WeightsMark.of([torch.zeros(1)]) is None
     assert not mark.matches([torch.zeros(1)])
+
+
+def test_a_lazy_module_is_not_followed_until_it_has_weights() -> None:
+    module = nn.LazyLinear(2)
+    assert WeightsMark.of(module) is None  # no memory to follow: never "unchanged"
+    module(torch.zeros(1, 3))
+    mark = WeightsMark.of(module)
+    assert mark is not None
+    assert mark.matches(module)
