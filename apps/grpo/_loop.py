@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from apps._job.cli import seed_everything
+from apps._job.cli import SignalsHeld, seed_everything
 from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.grpo._evaluate import Evaluator, held_out_problems, prompt_ids
@@ -106,36 +106,82 @@ def _run(
                 Progress(settings.max_steps, enabled=settings.progress and evaluate, unit="step")
             )
         )
-        start = time.monotonic()
         pusher = RankPusher(collector, ranks, settings.shard_pushes, collector.model_id)
-        pusher.push(model)  # the actors sample from the learner's policy
-        curve.add(0, _shared_accuracy(evaluator, model, ranks), None, 0.0)
-        for step, batch in enumerate(collector, start=1):
-            stats = torchrl_update.update() if torchrl_update else learner.update(batch)
-            reward = _mean_reward(batch, stats)
-            pusher.push(model)
-            collector_stats = collector.stats()
-            accuracy = None
-            if step % settings.eval_every == 0 or step == settings.max_steps:
-                accuracy = _shared_accuracy(evaluator, model, ranks)
-            curve.add(step, accuracy, reward, time.monotonic() - start, stats, collector_stats)
-            progress.update(step, _fields(curve, collector_stats))
-            # Every rank stops together (one leaving alone would hang DDP's next all-reduce).
-            if ranks.any(_finished(settings, curve, step, time.monotonic() - start)):
-                break
-        if curve.accuracies[-1] is None:  # stopped on time between two evaluations
-            curve.accuracies[-1] = _shared_accuracy(evaluator, model, ranks)
-        wall = time.monotonic() - start
+        updates = _Updates(settings, ranks, model, evaluator, collector, pusher, curve, progress)
+        updates.run(learner, torchrl_update)
         final = collector.stats()
         record = rank_record(collector, pusher, model) if ranks.active else None
 
-    summary = GRPOSummary.from_run(settings, curve, final, wall, version=pusher.version)
+    summary = GRPOSummary.from_run(
+        settings,
+        curve,
+        final,
+        updates.wall,
+        version=pusher.version,
+        interrupted=updates.interrupted,
+    )
     out_dir = pathlib.Path(settings.out_dir)
     if record is not None:
         write_rank_record(out_dir, record)
     if evaluate:  # rank 0 writes the outputs
         save_run(out_dir, model, summary, dataclasses.asdict(settings), curve)
+    if updates.interrupted:  # exit 130, the outputs of the updates made written
+        raise KeyboardInterrupt(f"outputs of {summary.steps} updates in {out_dir}")
     return summary
+
+
+@dataclasses.dataclass
+class _Updates:
+    """The update loop: an update per batch, its push, an evaluation every ``eval_every``."""
+
+    settings: GRPOSettings
+    ranks: DataParallel
+    model: nn.Module
+    evaluator: Evaluator
+    collector: GrpcLLMCollector
+    pusher: RankPusher
+    curve: Curve
+    progress: Progress
+    start: float = dataclasses.field(default_factory=time.monotonic)
+    wall: float = 0.0
+    interrupted: bool = False
+
+    def run(self, learner: GRPOLearner, torchrl_update: TorchRLGRPO | None) -> None:
+        """Push, then update until a budget or the target; a signal stops between updates.
+
+        SIGINT or SIGTERM sets ``interrupted``: the weights are the last the actors took,
+        and their accuracy is the last evaluated (no evaluation after a signal).
+        """
+        model, ranks, curve = self.model, self.ranks, self.curve
+        self.pusher.push(model)  # the actors sample from the learner's policy
+        curve.add(0, _shared_accuracy(self.evaluator, model, ranks), None, 0.0)
+        try:
+            with SignalsHeld() as signals:
+                for step, batch in enumerate(self.collector, start=1):
+                    with signals.held():
+                        stats = torchrl_update.update() if torchrl_update else learner.update(batch)
+                        if self._step(step, batch, stats):
+                            break
+        except KeyboardInterrupt:
+            self.interrupted = True
+        if not self.interrupted and curve.accuracies[-1] is None:  # stopped on time
+            curve.accuracies[-1] = _shared_accuracy(self.evaluator, model, ranks)
+        self.wall = time.monotonic() - self.start
+
+    def _step(self, step: int, batch: Any, stats: dict[str, float]) -> bool:
+        """Push the updated weights, evaluate when due, record; whether every rank stops."""
+        settings, model, ranks = self.settings, self.model, self.ranks
+        reward = _mean_reward(batch, stats)
+        self.pusher.push(model)
+        collector_stats = self.collector.stats()
+        accuracy = None
+        if step % settings.eval_every == 0 or step == settings.max_steps:
+            accuracy = _shared_accuracy(self.evaluator, model, ranks)
+        elapsed = time.monotonic() - self.start
+        self.curve.add(step, accuracy, reward, elapsed, stats, collector_stats)
+        self.progress.update(step, _fields(self.curve, collector_stats))
+        # Every rank stops together (one leaving alone would hang DDP's next all-reduce).
+        return ranks.any(_finished(settings, self.curve, step, time.monotonic() - self.start))
 
 
 def _torchrl_update(

@@ -93,6 +93,8 @@ class GRPOSummary:
         final_entropy: Mean entropy per response token in the last update (nats; None
             without an update).
         out_dir: Where the outputs were written.
+        interrupted: SIGINT or SIGTERM stopped the run between two updates (``accuracy``
+            is then the last evaluated; the job exits 130).
     """
 
     task: str
@@ -111,6 +113,7 @@ class GRPOSummary:
     policy_version: int
     final_entropy: float | None
     out_dir: str
+    interrupted: bool = False
 
     @classmethod
     def from_run(
@@ -121,6 +124,7 @@ class GRPOSummary:
         wall_time_s: float,
         *,
         version: int,
+        interrupted: bool = False,
     ) -> GRPOSummary:
         """Summarise a run from its settings, curve and final collector stats."""
         lags = curve.lags[1:] or [0]
@@ -138,6 +142,7 @@ class GRPOSummary:
             tokens_per_s=float(stats.get("tokens_per_s", 0.0)),
             policy_lag_max=max(lags),
             policy_lag_mean=sum(lags) / len(lags),
+            interrupted=interrupted,
             policy_version=version,
             final_entropy=curve.entropies[-1],
             out_dir=settings.out_dir,

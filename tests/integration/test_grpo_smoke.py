@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -92,6 +93,31 @@ def test_grpo_stopped_on_time_evaluates_the_weights_it_saves(tmp_path):
     # Not the accuracy before the update: the saved weights' own, evaluated after the loop.
     assert summary["curve"]["accuracies"][-1] is not None
     assert summary["accuracy"] == summary["curve"]["accuracies"][-1]
+
+
+def test_grpo_ctrl_c_stops_between_updates_and_writes_the_outputs(tmp_path):
+    out = tmp_path / "run"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "apps.grpo", *TINY, "--out", str(out), "--no-progress"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not job.stderr.readline().startswith("steps="):  # the first update is done
+            assert job.poll() is None, job.stderr.read()
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 130, err[-4000:]
+    assert "rlfleet-grpo: interrupted (outputs of " in err
+    assert "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert summary["steps"] >= 1
+    assert (out / "policy.safetensors").exists()
 
 
 @pytest.mark.slow  # a second fleet start-up and TorchRL's import: kept out of the fast suite
