@@ -34,7 +34,8 @@ class TrainSummary:
         final_return: Mean return of the last 20 finished episodes (None if none finished).
         target_return: The target in force (None: train for the whole budget).
         reached_target: Whether ``final_return`` reached the target.
-        policy_version: Weight pushes made (the actors' policy version at the end).
+        policy_version: The actors' policy version at the end (with ``--actors``, counted on
+            from the highest version the fleet held).
         out_dir: Where the outputs were written.
         ranks: Learner ranks that trained together (``frames`` counts all of theirs;
             ``episodes`` are this rank's own; ``final_return`` is the mean over ranks).
