@@ -60,8 +60,7 @@ class SharedPolicy:
         self.module = module
         self.follow = follow
         self.pushed = False
-        self._versions: _Counters = ()
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._mark: WeightsMark | None = None
 
     def due(self) -> bool:
         """Whether the module must be pushed before the next batch.
@@ -75,30 +74,16 @@ class SharedPolicy:
 
     def changed(self) -> bool:
         """Whether a parameter or buffer changed since :meth:`mark_pushed` (cheap)."""
-        if self._counters() != self._versions:
-            return True
-        for name, buffer in self.module.named_buffers():
-            old = self._buffers.get(name)
-            if old is not None and not torch.equal(old, buffer.detach()):
-                return True
-        return False
+        return self._mark is None or not self._mark.matches(self.module)
 
     def mark_pushed(self) -> None:
         """Record the module's state as pushed (call right before the push reads it)."""
         self.pushed = True
-        self._versions = self._counters()
-        self._buffers = {
-            name: buffer.detach().clone()
-            for name, buffer in self.module.named_buffers()
-            if buffer.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS
-        }
+        self._mark = WeightsMark.of(self.module)
 
     def forget(self) -> None:
         """Treat the module as changed (its last push failed somewhere)."""
-        self._versions = ()
-
-    def _counters(self) -> _Counters:
-        return _counters([*self.module.parameters(), *self.module.buffers()])
+        self._mark = None
 
 
 def _counters(tensors: Iterable[torch.Tensor]) -> _Counters:
@@ -108,10 +93,11 @@ def _counters(tensors: Iterable[torch.Tensor]) -> _Counters:
 class WeightsMark:
     """What a push read from the weights it was given, to tell later whether they changed.
 
-    The same signs as :class:`SharedPolicy`: version counters and data pointers of every
+    The signs the module docstring names: version counters and data pointers of every
     tensor, values of small ones (a module's buffers; a mapping's tensors up to
     :data:`VALUE_CHECKED_BUFFER_ELEMENTS` elements). A tensor of ``model.state_dict()``
-    shares its parameter's counter, so an optimiser step on the model shows.
+    shares its parameter's counter, so an optimiser step on the model shows. A lazy module
+    not yet run has no mark (:meth:`of` gives None): its weights are not there to follow.
     """
 
     def __init__(self, counters: _Counters, small: list[torch.Tensor]) -> None:

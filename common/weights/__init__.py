@@ -222,6 +222,11 @@ def _flatten_into(out: dict[str, torch.Tensor], items: Mapping[str, object], pre
             continue
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"weight {name!r} must be a torch.Tensor, got {type(value).__name__}")
+        if nn.parameter.is_lazy(value):
+            raise TypeError(
+                f"weight {name!r} is a lazy module's uninitialised parameter: run the module "
+                f"once on an input (e.g. an env's reset()) before its weights are pushed"
+            )
         if name in out:
             raise WeightsError(f"weight key {name!r} appears twice after flattening nested keys")
         if name in (_METADATA_KEY, ALIASES_KEY):

@@ -252,6 +252,7 @@ def test_decode_weights_accepts_bytearray_and_memoryview() -> None:
         ({"a": torch.zeros(2).to_sparse()}, "'a'"),
         ({1: torch.zeros(1)}, "1"),
         ([torch.zeros(1)], "list"),
+        (nn.LazyLinear(2), "'weight' is a lazy module's uninitialised parameter: run the"),
     ],
 )
 def test_encode_weights_raises_if_value_is_not_a_storable_tensor(obj: object, named: str) -> None:

@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from learner_client._shared_policy import VALUE_CHECKED_BUFFER_ELEMENTS, WeightsMark
+from learner_client._shared_policy import VALUE_CHECKED_BUFFER_ELEMENTS, SharedPolicy, WeightsMark
 
 
 def test_a_mark_sees_in_place_changes_new_memory_and_other_tensors() -> None:
@@ -54,3 +54,32 @@ def test_a_lazy_module_is_not_followed_until_it_has_weights() -> None:
     mark = WeightsMark.of(module)
     assert mark is not None
     assert mark.matches(module)
+
+
+def test_the_shared_policy_follows_its_module_by_the_marks_signs() -> None:
+    """``policy=``'s module: due before the first push, then only when it changed; a lazy
+    module not yet run is due (its push says why it cannot go) and does not raise here."""
+    module = nn.Sequential(nn.Linear(2, 2))
+    module.register_buffer("eps", torch.ones(1))
+    shared = SharedPolicy(module, follow=True)
+    assert shared.due()
+    shared.mark_pushed()
+    assert not shared.due()
+    module.eps.data.copy_(torch.zeros(1))  # annealed through .data: seen by value
+    assert shared.due()
+    shared.mark_pushed()
+    with torch.no_grad():
+        module[0].weight.add_(1.0)  # an optimiser step's kind of change
+    assert shared.due()
+    shared.mark_pushed()
+    shared.forget()  # a push failed somewhere
+    assert shared.due()
+    lazy = SharedPolicy(nn.LazyLinear(2), follow=True)
+    lazy.mark_pushed()
+    assert lazy.changed()
+    unfollowed = SharedPolicy(module, follow=False)
+    unfollowed.mark_pushed()
+    with torch.no_grad():
+        module[0].weight.add_(1.0)
+    assert unfollowed.changed()
+    assert not unfollowed.due()  # push_policy_changes=False: only when asked
