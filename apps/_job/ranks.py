@@ -64,6 +64,8 @@ def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str
     # Every rank is on this machine: they meet on loopback, whatever the host name resolves to.
     args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "--local-addr=127.0.0.1"]
     args += ["-m", module, *argv]
+    # torchrun's own default for several ranks a machine, set here so it prints no banner.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         torchrun.main(args)
     except SignalException:  # torchrun stopped the ranks on SIGINT or SIGTERM

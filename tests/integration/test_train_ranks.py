@@ -52,11 +52,13 @@ def test_train_runs_two_data_parallel_ranks_on_a_tiny_budget(tmp_path: pathlib.P
 def test_a_failing_rank_is_named_on_stderr_with_its_own_message(tmp_path) -> None:
     result = _train(tmp_path / "run", "--env", "NoSuchEnv-v0", "--num-actors", "2", timeout=120)
     assert result.returncode == 1
-    # The rank's one line, then the launcher's, naming the rank (not torchrun's placeholder).
-    said = result.stdout + result.stderr
-    assert "rlfleet-train: error: Environment `NoSuchEnv` doesn't exist" in said
+    # The rank's one line, then the launcher's, naming the rank (not torchrun's placeholder),
+    # all on stderr, without torchrun's OMP_NUM_THREADS banner.
+    assert "rlfleet-train: error: Environment `NoSuchEnv` doesn't exist" in result.stderr
     assert "rlfleet-train: error: learner rank " in result.stderr
-    assert "errors.html" not in said
+    assert "error" not in result.stdout
+    assert "errors.html" not in result.stderr
+    assert "OMP_NUM_THREADS" not in result.stderr
 
 
 def test_two_ranks_stopped_by_sigterm_exit_130_with_their_outputs(tmp_path) -> None:
