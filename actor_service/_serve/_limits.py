@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    from actor_service._serve._metrics import ActorMetrics
 
 __all__ = ["MAX_REFLECTION_STREAMS", "MAX_WATCH_STREAMS", "CallLimiter"]
 
@@ -39,10 +42,16 @@ _GROUPS = (
 
 
 class CallLimiter(grpc.aio.ServerInterceptor):
-    """Cap the open calls of each group in :data:`_GROUPS`; other calls pass untouched."""
+    """Cap the open calls of each group in :data:`_GROUPS`; other calls pass untouched.
 
-    def __init__(self) -> None:
+    Args:
+        metrics: Where refusals are counted (``rpc_errors`` by the method's last name and
+            RESOURCE_EXHAUSTED); None counts nothing.
+    """
+
+    def __init__(self, metrics: ActorMetrics | None = None) -> None:
         self.open: dict[str, int] = {name: 0 for _, name, _ in _GROUPS}
+        self._metrics = metrics
 
     async def intercept_service(
         self,
@@ -60,17 +69,22 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
         }
+        short = method.rsplit("/", 1)[-1]  # "Watch": one of a few names, a bounded label
         if handler.request_streaming and handler.stream_stream is not None:
-            behavior = self._limited(handler.stream_stream, name, cap)
+            behavior = self._limited(handler.stream_stream, name, cap, short)
             return grpc.stream_stream_rpc_method_handler(behavior, **codec)
         if handler.unary_stream is not None:
-            behavior = self._limited(handler.unary_stream, name, cap)
+            behavior = self._limited(handler.unary_stream, name, cap, short)
             return grpc.unary_stream_rpc_method_handler(behavior, **codec)
         return handler
 
-    def _limited(self, behavior: Callable[..., Any], name: str, cap: int) -> Callable[..., Any]:
+    def _limited(
+        self, behavior: Callable[..., Any], name: str, cap: int, method: str
+    ) -> Callable[..., Any]:
         async def admit(context: grpc.aio.ServicerContext) -> None:
             if self.open[name] >= cap:
+                if self._metrics is not None:
+                    self._metrics.rpc_errors.labels(method, "RESOURCE_EXHAUSTED").inc()
                 await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"{self.open[name]} {name} streams are open, the most this actor serves",

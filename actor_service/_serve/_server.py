@@ -162,7 +162,7 @@ class ActorServer:
     def _new_server(self, *, actor: ActorRuntime | None) -> grpc.aio.Server:
         """A server with health and reflection, and ``actor``'s ActorService unless None."""
         with_actor = actor is not None
-        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [CallLimiter()]
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [CallLimiter(self.metrics)]
         if with_actor and self.config.token:
             interceptors.append(TokenAuthInterceptor(self.config.token, self.metrics))
         options = [

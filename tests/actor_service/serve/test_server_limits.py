@@ -12,6 +12,7 @@ import grpc
 import pytest
 from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_server_metrics import scrape
 
 from actor_service._serve._limits import MAX_WATCH_STREAMS
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -50,7 +51,7 @@ def flood(actor_with_token: Actor):
 
 @pytest.fixture
 def actor_with_token(make_actor: object) -> Actor:
-    return make_actor(token=TOKEN)
+    return make_actor(token=TOKEN, metrics_port=0)
 
 
 def test_health_and_learner_keep_working_with_1000_idle_watch_streams_open(
@@ -61,6 +62,8 @@ def test_health_and_learner_keep_working_with_1000_idle_watch_streams_open(
     # Up to the documented cap the streams are served; beyond it they are refused at once.
     assert report["open"] == MAX_WATCH_STREAMS >= 1000, report
     assert report["codes"].get("RESOURCE_EXHAUSTED") == 40, report
+    refused = scrape(actor.handle.server.metrics_port)["rlfleet_actor_rpc_errors_total"]
+    assert refused == {(("code", "RESOURCE_EXHAUSTED"), ("method", "Watch")): 40}
     health = health_pb2_grpc.HealthStub(actor.channel)
     latencies = []
     for _ in range(20):
