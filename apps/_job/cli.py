@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_OK",
     "FleetMismatchError",
     "SignalsHeld",
+    "StoppedAtOnce",
     "run_job",
     "seed_everything",
 ]
@@ -49,6 +50,14 @@ class Summary(Protocol):
     def to_text(self) -> str: ...
 
 
+class StoppedAtOnce(BaseException):
+    """A second SIGINT or SIGTERM came while an update was held: stop where it is.
+
+    Not a KeyboardInterrupt, so no loop takes it for the first signal and writes outputs
+    of an update half made; :func:`run_job` ends on it with exit code 130.
+    """
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -58,11 +67,16 @@ class SignalsHeld:
 
     A loop holds them over an update and its push, so Ctrl-C (or a pod's eviction) stops it
     between two updates, with weights the actors took, which it can then save; outside a held
-    block (waiting for a batch) they raise at once. Use as a context manager in the main
-    thread; the previous handlers come back at its end.
+    block (waiting for a batch) they raise at once. A second signal in the block raises
+    :class:`StoppedAtOnce` (the usual second Ctrl-C: no outputs). Use as a context manager
+    in the main thread; the previous handlers come back at its end.
+
+    Args:
+        prog: The program name that prefixes the line said when a signal is held.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, prog: str) -> None:
+        self._prog = prog
         self._holding = False
         self._pending: int | None = None
         self._previous: dict[int, Any] = {}
@@ -79,7 +93,7 @@ class SignalsHeld:
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """Hold the signals over the block; one that came raises KeyboardInterrupt after it."""
-        self._holding = True
+        self._holding, self._pending = True, None
         try:
             yield
         finally:
@@ -90,7 +104,15 @@ class SignalsHeld:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._holding:
             raise KeyboardInterrupt(f"signal {signum}")
+        if self._pending is not None:
+            raise StoppedAtOnce(f"signal {signum} after signal {self._pending}")
         self._pending = signum
+        print(
+            f"{self._prog}: stopping after this update (signal again to stop at once, "
+            "without outputs)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def run_job(
@@ -118,6 +140,9 @@ def run_job(
     except KeyboardInterrupt as exc:
         saved = f" ({exc})" if str(exc).startswith("outputs") else ""
         print(f"{prog}: interrupted{saved}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except StoppedAtOnce:
+        print(f"{prog}: stopped at once by a second signal (no outputs written)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except caught as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from apps._job.cli import run_job
 from apps._job.ranks import launch_ranks, under_torchrun
 from apps.grpo._loop import train
-from apps.grpo._settings import parse_args
+from apps.grpo._settings import PROG, parse_args
 from common.errors import RlfleetError
 
 __all__ = ["main"]
@@ -35,5 +35,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     if settings.nproc_per_node > 1 and not under_torchrun():
         args = sys.argv[1:] if argv is None else argv
-        return launch_ranks("rlfleet-grpo", "apps.grpo", settings.nproc_per_node, args)
-    return run_job("rlfleet-grpo", settings, train, (RlfleetError, OSError, ImportError))
+        return launch_ranks(PROG, "apps.grpo", settings.nproc_per_node, args)
+    return run_job(PROG, settings, train, (RlfleetError, OSError, ImportError))

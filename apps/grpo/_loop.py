@@ -30,7 +30,7 @@ from apps.grpo._evaluate import Evaluator, held_out_problems, prompt_ids
 from apps.grpo._loss import GRPOConfig, GRPOLearner
 from apps.grpo._ranks import RankPusher, rank_record, write_rank_record
 from apps.grpo._report import Curve, GRPOSummary, save_run
-from apps.grpo._settings import DEFAULT_CONTEXT, GRPOSettings
+from apps.grpo._settings import DEFAULT_CONTEXT, PROG, GRPOSettings
 from apps.grpo._torchrl_loss import TorchRLGRPO
 from common.llm import GenerationSettings, build_policy, build_task, build_tokenizer
 from learner_client import GrpcLLMCollector, LocalFleet
@@ -156,7 +156,7 @@ class _Updates:
         self.pusher.push(model)  # the actors sample from the learner's policy
         curve.add(0, _shared_accuracy(self.evaluator, model, ranks), None, 0.0)
         try:
-            with SignalsHeld() as signals:
+            with SignalsHeld(PROG) as signals:
                 for step, batch in enumerate(self.collector, start=1):
                     with signals.held():
                         stats = torchrl_update.update() if torchrl_update else learner.update(batch)

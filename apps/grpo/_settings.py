@@ -23,7 +23,10 @@ from apps._job.device import (
 from apps._job.settings import check_positive_ints, opt, parse_settings
 from common.llm import TASK_NAMES, VOCABS
 
-__all__ = ["LOSSES", "GRPOSettings", "parse_args"]
+__all__ = ["LOSSES", "PROG", "GRPOSettings", "parse_args"]
+
+#: The program's name, which prefixes its messages.
+PROG = "rlfleet-grpo"
 
 #: ``builtin``: the plain-torch loss of this package; ``torchrl``: TorchRL's GRPOLoss.
 LOSSES = ("builtin", "torchrl")
@@ -290,7 +293,7 @@ def parse_args(argv: Sequence[str] | None = None) -> GRPOSettings:
     """
     return parse_settings(
         GRPOSettings,
-        "rlfleet-grpo",
+        PROG,
         "GRPO on a language-model task against 2 local LLM actors it starts itself.",
         argv,
     )

@@ -20,7 +20,7 @@ import gymnasium
 from apps._job.cli import run_job
 from apps._job.ranks import launch_ranks, under_torchrun
 from apps.ppo._loop import train
-from apps.ppo._settings import parse_args
+from apps.ppo._settings import PROG, parse_args
 from common.errors import RlfleetError
 
 __all__ = ["main"]
@@ -38,9 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
     if settings.nproc_per_node > 1 and not under_torchrun():
         return launch_ranks(
-            "rlfleet-train",
+            PROG,
             "apps.ppo",
             settings.nproc_per_node,
             sys.argv[1:] if argv is None else argv,
         )
-    return run_job("rlfleet-train", settings, train, (RlfleetError, OSError, gymnasium.error.Error))
+    return run_job(PROG, settings, train, (RlfleetError, OSError, gymnasium.error.Error))

@@ -29,7 +29,7 @@ from apps._job.report import Progress
 from apps.ppo._episodes import EpisodeTracker
 from apps.ppo._ppo import PPOConfig, PPOLearner
 from apps.ppo._report import TrainSummary, save_run
-from apps.ppo._settings import RETURN_WINDOW, TrainSettings
+from apps.ppo._settings import PROG, RETURN_WINDOW, TrainSettings
 from common.policies import make_policy, make_value_mlp
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -173,7 +173,7 @@ class _Loop:
         learner's weights are then the last every actor took, and ``train`` saves them.
         """
         try:
-            with SignalsHeld() as signals:
+            with SignalsHeld(PROG) as signals:
                 for batch in self.collector:
                     with signals.held():
                         done = self._step(batch)

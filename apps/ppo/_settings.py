@@ -25,7 +25,10 @@ from apps._job.settings import check_positive_ints, opt, parse_settings
 from common.config import check_actor_address
 from learner_client import check_metrics_port
 
-__all__ = ["CARTPOLE_TARGET_RETURN", "RETURN_WINDOW", "TrainSettings", "parse_args"]
+__all__ = ["CARTPOLE_TARGET_RETURN", "PROG", "RETURN_WINDOW", "TrainSettings", "parse_args"]
+
+#: The program's name, which prefixes its messages.
+PROG = "rlfleet-train"
 
 #: Mean return over the last RETURN_WINDOW episodes that counts as solving CartPole-v1.
 CARTPOLE_TARGET_RETURN = 475.0
@@ -223,7 +226,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSettings:
     """
     settings = parse_settings(
         TrainSettings,
-        "rlfleet-train",
+        PROG,
         "PPO against a fleet of rlfleet actors (started locally unless --actors).",
         argv,
     )
