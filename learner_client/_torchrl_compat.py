@@ -37,7 +37,6 @@ env is whatever the user's callable returns.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -49,6 +48,7 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
+from common.env_state import env_has_state, quiet_fresh_vecnorm
 from common.env_weights import (
     ENV_MODEL_ID,
     env_parameters,
@@ -568,7 +568,7 @@ class ScriptEnv:
         own = callable(getattr(create_env_fn, "fake_tensordict", None))
         #: The env object the script gave (a TorchRL env), or None for a constructor.
         self.given = create_env_fn if own else None
-        self._env = create_env_fn if own and _has_state(create_env_fn) else None
+        self._env = create_env_fn if own and env_has_state(create_env_fn) else None
         #: The script's env's own weights, pushed to the actors' envs whenever they changed,
         #: when the script trains some of them (``common.env_weights``); None otherwise.
         self.weights = _trained_weights(create_env_fn) if own else None
@@ -656,35 +656,6 @@ class ScriptEnv:
             self._env = None
 
 
-#: TorchRL's warnings about a ``VecNorm`` read or loaded before it saw a frame: they concern
-#: statistics shared between processes, which the script's env (one process) never shares.
-_FRESH_VECNORM = ("Querying state_dict on an uninitialized VecNorm", "VecNorm wasn't initialized")
-
-
-@contextlib.contextmanager
-def _quiet_fresh_vecnorm() -> Iterator[None]:
-    """Hide :data:`_FRESH_VECNORM` (and nothing else) within the block."""
-    with warnings.catch_warnings():
-        for message in _FRESH_VECNORM:
-            warnings.filterwarnings("ignore", message=message, category=UserWarning)
-        yield
-
-
-def _has_state(env: Any) -> bool:
-    """Whether ``env`` has state to follow: stateful transforms, initialised or not yet.
-
-    A transform that builds its buffers at the first step (``CatFrames``'s frames, an
-    ``ObservationNorm`` before ``init_stats``) has state too: its ``state_dict()`` raises.
-    """
-    with _quiet_fresh_vecnorm():
-        try:
-            return bool(env.state_dict())
-        except ValueError:  # an uninitialised (lazy) buffer: state, once the env steps
-            return True
-        except (RuntimeError, AttributeError, TypeError):
-            return False
-
-
 def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
     """Load an actor's env state (its ``state_dict()``) into ``env``, as if ``env`` had stepped.
 
@@ -700,7 +671,7 @@ def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
         RuntimeError, KeyError, ValueError, TypeError: ``state`` does not fit ``env``.
     """
     _materialize(env, state)
-    with _quiet_fresh_vecnorm():
+    with quiet_fresh_vecnorm():
         kept = _without_parameters(env, state)
         if kept is None:
             env.load_state_dict(state)

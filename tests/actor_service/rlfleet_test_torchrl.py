@@ -193,6 +193,14 @@ def shared_scale_policy(env: EnvBase) -> TensorDictModule:
     return TensorDictModule(module, in_keys=["observation"], out_keys=["action", "scale"])
 
 
+def linear_policy(env: EnvBase, seed: int = 0) -> TensorDictModule:
+    """A deterministic continuous policy: ``observation`` -> ``action`` (any batch, none too)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = nn.Sequential(nn.Linear(*_sizes(env)), nn.Tanh())
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+
+
 def raising_policy(env: EnvBase) -> TensorDictModule:
     """A policy factory that fails."""
     raise ValueError("no policy today")
@@ -288,11 +296,12 @@ def normalized_pendulum() -> EnvBase:
     return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm, RewardSum()))
 
 
-def vecnorm_v1_pendulum() -> EnvBase:
+def vecnorm_v1_pendulum(max_steps: int | None = None) -> EnvBase:
     """Pendulum-v1 with ``ppo_mujoco.py``'s ``VecNorm`` (TorchRL's first API, sums and counts)."""
     norm = VecNorm(in_keys=["observation"], decay=0.99999, eps=1e-2)
+    counter = StepCounter(max_steps=max_steps)
     return TransformedEnv(
-        GymEnv("Pendulum-v1"), Compose(norm, RewardSum(), StepCounter(), DoubleToFloat())
+        GymEnv("Pendulum-v1"), Compose(norm, RewardSum(), counter, DoubleToFloat())
     )
 
 

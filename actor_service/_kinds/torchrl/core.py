@@ -47,8 +47,15 @@ from actor_service._kinds.torchrl.batch import (
     stage_env_state,
 )
 from actor_service._kinds.torchrl.models import TDModel, TDModels, build_td_model
-from actor_service._kinds.torchrl.pool import build_pool, limited, pool_envs, probe_step
+from actor_service._kinds.torchrl.pool import (
+    build_pool,
+    limited,
+    pool_envs,
+    probe_step,
+    start_pool,
+)
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
+from common.env_state import env_has_state
 from common.env_weights import ENV_MODEL_ID, env_parameters, parameters_module, tie_parameters
 from common.errors import EnvError, WeightsError
 from common.packets import DEFAULT_LIMITS
@@ -122,6 +129,9 @@ class TorchRLCore(CoreBase):
                 self.env.close(raise_if_closed=False)
             self._probe()
             self._env_weights = self._hold_env_weights()
+            # The probe's reset and step moved the envs' state (VecNorm's counts, from an
+            # unseeded reset): they start anew, as TorchRL's env before its collector.
+            self._pool_broken = env_has_state(self._base)
             self.set_seed(self._first_seed)
         except BaseException:
             self._base.close(raise_if_closed=False)
@@ -371,20 +381,24 @@ class TorchRLCore(CoreBase):
     def _ensure_pool(self) -> None:
         """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
         if self._pool_broken:
-            self._base.close(raise_if_closed=False)
-            self._base, env = build_pool(self.config)
-            if env is not self._base:
-                env.close(raise_if_closed=False)
-            self._counted = None
-            self._pool = self._pool_for(self._limit)
-            self._pool_broken = False
-            self._needs_reset = True
-            if self._env_weights:  # its envs (made by the reset) built fresh weights
-                self._reset()
-                for env in pool_envs(self._base) or ():
-                    tie_parameters(env, self._env_weights)
+            self._rebuild_pool()
         if self._needs_reset:
             self._reset()
+
+    def _rebuild_pool(self) -> None:
+        """Build the pool anew (after a crash, or a probe that moved its state); not reset."""
+        self._base.close(raise_if_closed=False)
+        self._base, env = build_pool(self.config)
+        if env is not self._base:
+            env.close(raise_if_closed=False)
+        self._counted = None
+        self._pool = self._pool_for(self._limit)
+        self._pool_broken = False
+        self._needs_reset = True
+        if self._env_weights:  # its envs (made at its start) built fresh weights
+            start_pool(self._base)
+            for env in pool_envs(self._base) or ():
+                tie_parameters(env, self._env_weights)
 
     def _seed(self, seed: int, static_seed: bool) -> int:
         """Seed the envs as TorchRL's ``set_seed`` does (``env.set_seed``), torch and numpy.
@@ -393,7 +407,7 @@ class TorchRLCore(CoreBase):
         new trajectories start. Returns the seed for the next actor (``env.set_seed``'s).
         """
         if self._pool_broken:
-            self._ensure_pool()
+            self._rebuild_pool()  # reset below, once seeded
         following = self._pool.set_seed(seed, static_seed=static_seed)
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)

@@ -217,7 +217,7 @@ def single_env(config: ActorConfig) -> bool:
 def pool_envs(pool: Any) -> list[Any] | None:
     """The envs ``pool`` steps in this process (a push reaches their weights); None: ParallelEnv.
 
-    A ``SerialEnv``'s envs exist once it was reset (the core's probe step resets it).
+    A ``SerialEnv``'s envs exist once it was reset or started (:func:`start_pool`).
     """
     envs = torchrl_envs()
     if isinstance(pool, envs.ParallelEnv):
@@ -225,6 +225,13 @@ def pool_envs(pool: Any) -> list[Any] | None:
     if isinstance(pool, envs.SerialEnv):
         return list(pool._envs)
     return [pool]
+
+
+def start_pool(pool: Any) -> None:
+    """Make a batched pool's envs (a ``SerialEnv`` makes them at its first reset or start)."""
+    envs = torchrl_envs()
+    if isinstance(pool, envs.SerialEnv | envs.ParallelEnv) and pool.is_closed:
+        pool.start()
 
 
 def limited(base: Any, limit: int) -> Any:

@@ -62,6 +62,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         ("counting", "random", {}),
         ("multi_key_counting", "random", {}),
         ("end_of_life_cartpole", "sampling_policy", {}),
+        ("normalized_pendulum", "batch_norm_policy", {"max_frames_per_traj": 20}),
     ],
     ids=[
         "greedy",
@@ -80,6 +81,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         "counting",
         "multi-key",
         "end-of-life",
+        "vecnorm",
     ],
 )
 def test_torchrl_actor_batches_equal_torchrl_collector_batches(
@@ -107,6 +109,29 @@ def test_one_env_is_stepped_as_it_is_as_torchrl_collector_steps_it(env: str, pol
     for mine, reference in zip(ours, theirs, strict=True):
         assert mine.batch_size == (1, 60)
         assert_equal_batches(mine, reference.unsqueeze(0))
+    assert any_done(ours), "an episode must end for the check to mean something"
+
+
+@pytest.mark.parametrize("num_envs", [None, 2], ids=["one-env", "two-envs"])
+def test_vecnorm_statistics_start_as_torchrls_whatever_the_probe_step_saw(
+    num_envs: int | None,
+) -> None:
+    """The actor's probe step (an unseeded reset and a step) moved ``VecNorm``'s counts and
+    means: the envs start anew, so the first normalised frames equal TorchRL's."""
+    kwargs = {"max_steps": 20}
+    config = _config(
+        "vecnorm_v1_pendulum", "linear_policy", env_kwargs=kwargs, num_envs=num_envs or 1
+    )
+    with TorchRLCore(config) as core:  # one reset per env, as TorchRL's collector
+        counts = [v for k, v in flat_state(core.state_dict()["env"]).items() if "count" in k]
+        assert counts
+        assert all(int(c.max()) == 1 for c in counts), counts
+    ours = fleet_batches(config, 2)
+    theirs = torchrl_batches(
+        "vecnorm_v1_pendulum", "linear_policy", 2, num_envs=num_envs, env_kwargs=kwargs
+    )
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert_equal_batches(mine, reference if num_envs else reference.unsqueeze(0))
     assert any_done(ours), "an episode must end for the check to mean something"
 
 
