@@ -733,9 +733,12 @@ def _reshape(batch: Any, size: tuple[int, ...]) -> Any:
     """``batch.reshape(*size)``, its text (``NonTensorStack``) keys included.
 
     tensordict's reshape leaves a ``NonTensorStack`` in its old shape when the reshape only
-    drops a unit dimension (``[2, 1, T]`` to ``[2, T]``); those are rebuilt, row for row.
+    drops a unit dimension (``[2, 1, T]`` to ``[2, T]``); those are rebuilt, row for row. It
+    also drops the dims' names: the last (``"time"``) is named again.
     """
     shaped = batch.reshape(*size)
+    if (last := batch.names[-1]) is not None:
+        shaped.names = [None] * (len(size) - 1) + [last]
 
     def leaf(cls: type) -> bool:
         return issubclass(cls, NonTensorStack) or not issubclass(cls, TensorDictBase)

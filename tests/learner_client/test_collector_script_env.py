@@ -201,7 +201,9 @@ def test_collector_batches_take_the_scripts_env_layout(vecnorm_actors: list[str]
                 vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=32, sync=True
             ) as collector,
         ):
-            shapes[name] = tuple(collector.next().batch_size)
+            batch = collector.next()
+            shapes[name] = tuple(batch.batch_size)
+            assert batch.names[-1] == "time"  # reshaped or not, as TorchRL names its batches
         if name == "single":
             assert len(warned) == 1
             assert "[2, 1, 16]" in str(warned[0].message)
