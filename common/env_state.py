@@ -1,4 +1,4 @@
-"""A TorchRL env's state (its stateful transforms), as both sides read it.
+"""A TorchRL env's state (its stateful transforms) and layout, as both sides read them.
 
 An actor's env and a script's ``create_env_fn`` env hold state in their transforms
 (``VecNorm``'s statistics, ``CatFrames``' frames, an ``ObservationNorm``'s ``loc``): the actor
@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["env_has_state", "quiet_fresh_vecnorm"]
+__all__ = ["env_has_state", "lazy_stacked_keys", "quiet_fresh_vecnorm"]
 
 #: TorchRL's warnings about a ``VecNorm`` read or loaded before it saw a frame: they concern
 #: statistics shared between processes, which the envs read here never share.
@@ -43,3 +43,18 @@ def env_has_state(env: Any) -> bool:
             return True
         except (RuntimeError, AttributeError, TypeError):
             return False
+
+
+def lazy_stacked_keys(env: Any) -> set[Any]:
+    """The keys under which ``env``'s specs hold lazy stacks (agents of different shapes).
+
+    The fleet's batches are dense: an actor refuses such an env, a learner such a
+    ``create_env_fn``, both naming these keys.
+    """
+    from torchrl.data import StackedComposite
+
+    return {  # output_spec's keys start with the spec's own name ("full_observation_spec")
+        key[1] if len(key) == 2 else key[1:]
+        for key, spec in env.output_spec.items(True, False)
+        if isinstance(spec, StackedComposite) and len(key) > 1
+    }

@@ -48,7 +48,7 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
-from common.env_state import env_has_state, quiet_fresh_vecnorm
+from common.env_state import env_has_state, lazy_stacked_keys, quiet_fresh_vecnorm
 from common.env_weights import (
     ENV_MODEL_ID,
     env_parameters,
@@ -391,6 +391,13 @@ def _signature(env: Any) -> EnvSignature:
     """:func:`env_signature` of an env built (or given) already."""
     fake = getattr(env, "fake_tensordict", None)
     if callable(fake):
+        if lazy := lazy_stacked_keys(env):
+            where = ", ".join(sorted(repr(k) for k in lazy))
+            raise ValueError(
+                f"create_env_fn's env has agents of different shapes under {where} (a lazy "
+                "stack, heterogeneous agents): the fleet's batches are dense; give the agents "
+                "one shape or put each kind of agent in a group of its own"
+            )
         td = fake()
         size = tuple(getattr(env, "batch_size", ()))
         dims = len(size)

@@ -276,3 +276,14 @@ def test_text_keys_take_the_scripts_env_layout_too(string_actors: list[str]) -> 
         assert all(isinstance(item, str) for row in rows for item in row)
         # each row is one actor's trajectory: its text is that step's, as the actor sent it
         assert rows[1][2] == batch[1, 2][key]
+
+
+def test_a_scripts_env_of_heterogeneous_agents_is_refused_naming_the_fix(
+    vecnorm_actors: list[str],
+) -> None:
+    """TorchRL's Collector takes lazy-stacked agent groups; the fleet's dense batches cannot
+    hold them: the collector says so as the actors do, not with tensordict's stacking error."""
+    env = rlfleet_test_torchrl.heterogeneous_counting()
+    with pytest.raises(ValueError, match="agents of different shapes under 'lazy'") as refused:
+        GrpcCollector(vecnorm_actors, create_env_fn=env, frames_per_batch=32, sync=True)
+    assert "a group of its own" in str(refused.value)

@@ -27,6 +27,7 @@ import torch
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
+from common.env_state import lazy_stacked_keys
 from common.packets import encode_packet
 from common.plain_config import from_plain
 from common.policies import load_callable
@@ -105,14 +106,7 @@ def _first_env(config: ActorConfig) -> Any:
 
 def _check_dense(env: Any, config: ActorConfig) -> None:
     """Refuse an env whose specs hold lazy stacks (agents of different shapes)."""
-    from torchrl.data import StackedComposite
-
-    lazy = {  # output_spec's keys start with the spec's own name ("full_observation_spec")
-        key[1] if len(key) == 2 else key[1:]
-        for key, spec in env.output_spec.items(True, False)
-        if isinstance(spec, StackedComposite) and len(key) > 1
-    }
-    if lazy:
+    if lazy := lazy_stacked_keys(env):
         env.close(raise_if_closed=False)
         where = ", ".join(sorted(repr(k) for k in lazy))
         raise ValueError(
