@@ -19,12 +19,14 @@ script's own env object, so a script may read that env's state afterwards:
 script's env is never stepped, so :class:`ScriptEnv` loads an actor's env state (GetState's
 ``env``: the transforms' ``state_dict``) into the script's env after each batch, when that
 env has state to follow (an empty ``state_dict()``: nothing is fetched), also an env that
-never stepped (:func:`load_env_state`: a fresh ``VecNorm`` gets ``loc``/``scale``, lazy
-buffers such as ``CatFrames``'s are made in the actor's shapes). The actor is the
-first worker of the fleet; an actor's pool of one env hands over that env's state
-(``worker0``). A state that does not fit the script's env (another env, another pool
-layout) is logged once and no longer followed; an actor that cannot be reached leaves the
-env as it was until the next batch.
+never stepped (:mod:`learner_client._env_state`: a fresh ``VecNorm`` gets ``loc``/``scale``,
+lazy buffers such as ``CatFrames``'s are made in the actor's shapes). The actor is the
+first worker of the fleet, or the first ones when the script's env holds more envs than one
+actor steps (each actor's envs in turn, as the batch lays them out); an actor's pool of one
+env hands over that env's state (``worker0``). A state that does not fit the script's env
+(another env, other envs) is not loaded at all, a UserWarning says so once and the env is
+no longer followed; an actor that cannot be reached leaves the env as it was until the next
+batch.
 
 A batch also takes the layout of the script's env where the fleet can give it: TorchRL's
 ``Collector`` gives ``env.batch_size + [T]`` (``[T]`` for one unbatched env), a fleet
@@ -48,7 +50,7 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
-from common.env_state import env_has_state, lazy_stacked_keys, quiet_fresh_vecnorm
+from common.env_state import env_has_state, lazy_stacked_keys
 from common.env_weights import (
     ENV_MODEL_ID,
     env_parameters,
@@ -56,6 +58,7 @@ from common.env_weights import (
     trains_parameters,
 )
 from common.errors import RlfleetError, UnknownModelError
+from learner_client._env_state import joined_state, load_env_state, pool_size
 from learner_client._shared_policy import SharedPolicy
 
 #: How the collector pushes a followed module when it is due (``Pusher.push_shared``).
@@ -640,71 +643,43 @@ class ScriptEnv:
             check_env_signature(self._signature, batch, f"actors {workers}")
             self._signature = None
         if self._env is not None and workers:
-            self._follow(workers[0], read_state)
+            self._follow(workers, read_state)
 
-    def _follow(self, worker_id: int, read_state: StateReader) -> None:
-        try:
-            state = read_state(worker_id).get("env")
-        except RlfleetError as exc:
-            log.warning("the env state of worker_id %d could not be read: %s", worker_id, exc)
+    def _follow(self, workers: list[int], read_state: StateReader) -> None:
+        """Load the actors' env state into the script's env; stop following if it does not fit.
+
+        Once it does not fit, a UserWarning says so and the env is left as it was.
+        """
+        states = self._read_states(workers, read_state)
+        if not states:
             return
-        if not state:
-            return
-        state = _one_env(state, self._env)
         try:
-            load_env_state(self._env, state)
+            load_env_state(self._env, joined_state(states, self._env))
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-            log.warning(
-                "create_env_fn's env no longer follows worker_id %d's env state, which "
-                "does not fit it: %s",
-                worker_id,
-                str(exc).splitlines()[0],
+            message = (
+                f"create_env_fn's env no longer follows the env state of worker_ids "
+                f"{workers[: len(states)]}, which does not fit it: {str(exc).splitlines()[0]}"
             )
+            log.warning("%s", message)
+            warnings.warn(message, UserWarning, stacklevel=5)
             self._env = None
 
-
-def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
-    """Load an actor's env state (its ``state_dict()``) into ``env``, as if ``env`` had stepped.
-
-    What TorchRL's helpers read after a ``Collector`` stepped the env is then there:
-    ``VecNorm``'s ``loc``/``scale`` (v1 and v2) on an env that never stepped itself, and
-    the buffers transforms build at their first step (``CatFrames``) materialised in the
-    actor's shapes. TorchRL's warnings about a ``VecNorm`` loaded before its first frame
-    (they concern statistics shared between processes) are not raised. ``env``'s
-    parameters (networks in its transforms) are the learner's: they are kept, never
-    replaced by the actor's copy (the learner pushes them, ``common.env_weights``).
-
-    Raises:
-        RuntimeError, KeyError, ValueError, TypeError: ``state`` does not fit ``env``.
-    """
-    _materialize(env, state)
-    with quiet_fresh_vecnorm():
-        kept = _without_parameters(env, state)
-        if kept is None:
-            env.load_state_dict(state)
-        else:
-            env.load_state_dict(kept, strict=False)
-
-
-def _without_parameters(env: Any, state: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``state`` less the entries of ``env``'s parameters; None when ``env`` has none.
-
-    Raises:
-        KeyError: ``state`` lacks another entry of ``env``'s, or has one ``env`` lacks.
-    """
-    pointers = {p.data_ptr() for p in env.parameters()} if isinstance(env, torch.nn.Module) else ()
-    if not pointers:
-        return None
-    own = env.state_dict()
-    owned = {k for k, v in own.items() if isinstance(v, torch.Tensor) and v.data_ptr() in pointers}
-    kept = {k: v for k, v in state.items() if k not in owned}
-    missing, unexpected = own.keys() - owned - kept.keys(), kept.keys() - own.keys()
-    if missing or unexpected:
-        raise KeyError(
-            f"the env states differ: missing {sorted(missing)[:5]}, unexpected "
-            f"{sorted(unexpected)[:5]}"
-        )
-    return kept
+    def _read_states(self, workers: list[int], read_state: StateReader) -> list[Any]:
+        """The env states of the first actors, as many as hold the script's env's envs."""
+        wanted = math.prod(self._batch_size or ())  # the script's envs; 1 when unbatched
+        states: list[Any] = []
+        for worker_id in workers:
+            try:
+                state = read_state(worker_id).get("env")
+            except RlfleetError as exc:
+                log.warning("the env state of worker_id %d could not be read: %s", worker_id, exc)
+                return []
+            if not state:
+                return []
+            states.append(state)
+            if sum(pool_size(s) or wanted for s in states) >= wanted:
+                break
+        return states
 
 
 def _trained_weights(env: Any) -> SharedPolicy | None:
@@ -712,28 +687,6 @@ def _trained_weights(env: Any) -> SharedPolicy | None:
     if not isinstance(env, torch.nn.Module) or not trains_parameters(env):
         return None
     return SharedPolicy(parameters_module(env_parameters(env)), follow=True)
-
-
-def _materialize(env: Any, state: Mapping[str, Any]) -> None:
-    """Give ``env``'s uninitialised buffers the shape and dtype of their entry in ``state``."""
-    transform = getattr(env, "transform", None)
-    if not isinstance(transform, torch.nn.Module):
-        return
-    for name, buffer in transform.named_buffers():
-        value = state.get(name)
-        if isinstance(buffer, torch.nn.parameter.UninitializedBuffer) and isinstance(
-            value, torch.Tensor
-        ):
-            buffer.materialize(value.shape, device=buffer.device, dtype=value.dtype)
-
-
-def _one_env(state: Mapping[str, Any], env: Any) -> Mapping[str, Any]:
-    """An actor pool's state as one env's: ``worker0``'s, when the script's env is unbatched."""
-    batched = tuple(getattr(env, "batch_size", ())) != ()
-    inner = state.get("worker0")
-    if not batched and isinstance(inner, Mapping) and all(k.startswith("worker") for k in state):
-        return inner
-    return state
 
 
 def _reshape(batch: Any, size: tuple[int, ...]) -> Any:

@@ -128,6 +128,39 @@ def test_collector_scripts_env_follows_the_actors_vecnorm_state(
     assert counts[1] > counts[0]  # each batch brings the actor's statistics
 
 
+def test_a_scripts_env_of_several_actors_envs_follows_each_of_them(
+    vecnorm_actors: list[str],
+) -> None:
+    """A script's ``SerialEnv(2)`` against two actors of one env each: its env ``i`` holds
+    actor ``i``'s statistics, as the batch's row ``i`` came from it (TorchRL's
+    ``ParallelEnv(2)`` layout). A ``SerialEnv(3)`` fits no fleet of two envs: nothing of it
+    is loaded, not two of its three envs, and a UserWarning names both."""
+    from torchrl.envs import SerialEnv
+
+    env = SerialEnv(2, single_env_factory)
+    with GrpcCollector(
+        vecnorm_actors, create_env_fn=env, frames_per_batch=32, total_frames=64, sync=True
+    ) as collector:
+        for _ in collector:
+            for index, worker_id in enumerate(collector.worker_ids):
+                actor = collector.actor_state(worker_id)["env"]["worker0"]
+                mine = env.state_dict()[f"worker{index}"]
+                assert _vecnorm_count_of_state(mine) == _vecnorm_count_of_state(actor)
+                assert _vecnorm_count_of_state(mine) > 0
+    three = SerialEnv(3, single_env_factory)
+    with (
+        pytest.warns(
+            UserWarning, match=r"no longer follows .* state holds 2 envs, create_env_fn's env 3"
+        ),
+        pytest.warns(UserWarning, match="the fleet steps 2 envs per batch"),
+        GrpcCollector(
+            vecnorm_actors, create_env_fn=three, frames_per_batch=32, sync=True
+        ) as collector,
+    ):
+        collector.next()
+    assert [_vecnorm_count_of_state(s) for s in three.state_dict().values()] == [0.0] * 3
+
+
 def _vecnorm_count_of_state(state: object) -> float:
     """Frames VecNorm has seen (its ``count`` entry, as ``VecNorm(new_api=True)`` names it)."""
     (count,) = [v for k, v in _leaves(state) if "count" in k]
