@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["env_has_state", "lazy_stacked_keys", "quiet_fresh_vecnorm"]
+__all__ = ["env_has_state", "heterogeneous_agents", "lazy_stacked_keys", "quiet_fresh_vecnorm"]
 
 #: TorchRL's warnings about a ``VecNorm`` read or loaded before it saw a frame: they concern
 #: statistics shared between processes, which the envs read here never share.
@@ -51,10 +51,26 @@ def lazy_stacked_keys(env: Any) -> set[Any]:
     The fleet's batches are dense: an actor refuses such an env, a learner such a
     ``create_env_fn``, both naming these keys.
     """
-    from torchrl.data import StackedComposite
-
     return {  # output_spec's keys start with the spec's own name ("full_observation_spec")
         key[1] if len(key) == 2 else key[1:]
         for key, spec in env.output_spec.items(True, False)
-        if isinstance(spec, StackedComposite) and len(key) > 1
+        if _stacked_composite(spec) and len(key) > 1
     }
+
+
+def heterogeneous_agents(subject: str, keys: set[Any]) -> str:
+    """The refusal of an env with :func:`lazy_stacked_keys` ``keys``, ``subject`` its name."""
+    where = ", ".join(sorted(repr(k) for k in keys))
+    return (
+        f"{subject} has agents of different shapes under {where} (a lazy stack, "
+        "heterogeneous agents): the fleet's batches are dense; give the agents one shape or "
+        "put each kind of agent in a group of its own"
+    )
+
+
+def _stacked_composite(spec: object) -> bool:
+    """Whether ``spec`` is a ``torchrl.data.StackedComposite``, known by its class's name.
+
+    ``common`` never imports torchrl (an extra), so the class is not imported here.
+    """
+    return any(cls.__name__ == "StackedComposite" for cls in type(spec).__mro__)

@@ -50,7 +50,7 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
-from common.env_state import env_has_state, lazy_stacked_keys
+from common.env_state import env_has_state, heterogeneous_agents, lazy_stacked_keys
 from common.env_weights import (
     ENV_MODEL_ID,
     env_parameters,
@@ -395,12 +395,7 @@ def _signature(env: Any) -> EnvSignature:
     fake = getattr(env, "fake_tensordict", None)
     if callable(fake):
         if lazy := lazy_stacked_keys(env):
-            where = ", ".join(sorted(repr(k) for k in lazy))
-            raise ValueError(
-                f"create_env_fn's env has agents of different shapes under {where} (a lazy "
-                "stack, heterogeneous agents): the fleet's batches are dense; give the agents "
-                "one shape or put each kind of agent in a group of its own"
-            )
+            raise ValueError(heterogeneous_agents("create_env_fn's env", lazy))
         td = fake()
         size = tuple(getattr(env, "batch_size", ()))
         dims = len(size)

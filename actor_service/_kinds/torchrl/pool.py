@@ -27,7 +27,7 @@ import torch
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
-from common.env_state import lazy_stacked_keys
+from common.env_state import heterogeneous_agents, lazy_stacked_keys
 from common.packets import encode_packet
 from common.plain_config import from_plain
 from common.policies import load_callable
@@ -108,13 +108,7 @@ def _check_dense(env: Any, config: ActorConfig) -> None:
     """Refuse an env whose specs hold lazy stacks (agents of different shapes)."""
     if lazy := lazy_stacked_keys(env):
         env.close(raise_if_closed=False)
-        where = ", ".join(sorted(repr(k) for k in lazy))
-        raise ValueError(
-            f"env factory {env_name(config.env_pool)!r} has agents of different shapes "
-            f"under {where} "
-            "(a lazy stack, heterogeneous agents): kind 'torchrl' sends dense batches only; "
-            "give the agents one shape or put each kind of agent in a group of its own"
-        )
+        raise ValueError(heterogeneous_agents(f"env factory {env_name(config.env_pool)!r}", lazy))
 
 
 def check_torchrl_config(config: ActorConfig) -> None:
