@@ -110,7 +110,8 @@ class TorchRLCore(CoreBase):
         self.env_id = env_name(config.env_pool)
         self.backend = config.env_backend
         self._session_frames = 0
-        self._pool_broken = self._needs_reset = False
+        #: Build the pool anew before its next use (it crashed, or the probe moved its state).
+        self._rebuild_pending = self._needs_reset = False
         torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
         self._base, self.env = build_pool(config)
         #: What is stepped: the base pool, or it under the StepCounter of max_frames_per_traj
@@ -130,8 +131,8 @@ class TorchRLCore(CoreBase):
             self._probe()
             self._env_weights = self._hold_env_weights()
             # The probe's reset and step moved the envs' state (VecNorm's counts, from an
-            # unseeded reset): they start anew, as TorchRL's env before its collector.
-            self._pool_broken = env_has_state(self._base)
+            # unseeded reset): they are built anew, as TorchRL's env before its collector.
+            self._rebuild_pending = env_has_state(self._base)
             self.set_seed(self._first_seed)
         except BaseException:
             self._base.close(raise_if_closed=False)
@@ -315,7 +316,7 @@ class TorchRLCore(CoreBase):
                     check_abandoned(abandon, t, steps)
                     frames.append(self._step(settings.model_id, random, timings, t))
         except EnvError:
-            self._pool_broken = True
+            self._rebuild_pending = True
             raise
         except BaseException:
             self._needs_reset = True  # the envs moved on from the carrier's trajectories
@@ -371,7 +372,7 @@ class TorchRLCore(CoreBase):
         try:
             carrier = self._pool.reset()
         except Exception as exc:
-            self._pool_broken = True
+            self._rebuild_pending = True
             raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
         ids = torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size)
         carrier.set(_TRAJ_IDS, ids)
@@ -380,7 +381,7 @@ class TorchRLCore(CoreBase):
 
     def _ensure_pool(self) -> None:
         """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
-        if self._pool_broken:
+        if self._rebuild_pending:
             self._rebuild_pool()
         if self._needs_reset:
             self._reset()
@@ -393,7 +394,7 @@ class TorchRLCore(CoreBase):
             env.close(raise_if_closed=False)
         self._counted = None
         self._pool = self._pool_for(self._limit)
-        self._pool_broken = False
+        self._rebuild_pending = False
         self._needs_reset = True
         if self._env_weights:  # its envs (made at its start) built fresh weights
             start_pool(self._base)
@@ -406,7 +407,7 @@ class TorchRLCore(CoreBase):
         Env ``i`` gets the ``i``-th link of TorchRL's seed chain; every env is reset, so
         new trajectories start. Returns the seed for the next actor (``env.set_seed``'s).
         """
-        if self._pool_broken:
+        if self._rebuild_pending:
             self._rebuild_pool()  # reset below, once seeded
         following = self._pool.set_seed(seed, static_seed=static_seed)
         torch.manual_seed(seed)
