@@ -6,14 +6,17 @@ gate: the mailbox stops granting credits and handing out batches, the
 context manager waits for batches already in flight to arrive (they stay
 buffered) and for the thread to finish storing the batch it holds, so the
 buffer does not grow while the pause is held. Leaving the context reopens
-the gate. Errors of the thread are logged and kept in :attr:`Background.error`.
+the gate (with ``resume=False``, once the thread has ended). Errors of the
+thread are logged and kept in :attr:`Background.error`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from common.errors import SessionStateError
@@ -24,6 +27,15 @@ __all__ = ["Background"]
 log = logging.getLogger("learner_client")
 
 _POLL_SECONDS = 0.2
+
+
+class _Stopped(Exception):
+    """Ends the background thread where it waits (raised in it, caught by it)."""
+
+
+def _left(deadline: float) -> float | None:
+    """Seconds until ``deadline``, at least 0; None when it is infinite."""
+    return None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())
 
 
 class Background:
@@ -71,7 +83,7 @@ class Background:
                     return
                 self.wait_resumed()
         except BaseException as exc:
-            if self._stop.is_set() and isinstance(exc, SessionStateError | RuntimeError):
+            if self._stop.is_set() and isinstance(exc, _Stopped | SessionStateError | RuntimeError):
                 return
             self.error = exc
             log.exception("background collection stopped")
@@ -83,38 +95,53 @@ class Background:
 
         Raises:
             RuntimeError: Called from the thread holding the pause (it would wait forever).
+            _Stopped: The background thread was asked to stop (it stores nothing more).
         """
         if not self._resumed.is_set() and self._pauser is threading.current_thread():
             raise RuntimeError("cannot collect inside pause() from the thread that paused")
         while not self._resumed.is_set() and not self._stop.is_set():
             self._parked.set()
             self._resumed.wait(_POLL_SECONDS)
+        if self._stop.is_set() and threading.current_thread() is self._thread:
+            raise _Stopped
 
     @contextlib.contextmanager
-    def pause(self) -> Iterator[None]:
+    def pause(self, timeout: float | None, resume: bool) -> Iterator[None]:
         """Close the gate while the context is held.
+
+        Args:
+            timeout: Longest wait, in seconds, for batches in flight and for the thread
+                to park (None: no limit). Batches still owed then arrive while the pause
+                is held and stay buffered (logged); a thread that does not park raises.
+            resume: Whether the thread collects again when the context ends; if not, it
+                ends there and :meth:`start` starts it again.
 
         Raises:
             RuntimeError: Already paused.
+            TimeoutError: The thread did not park within ``timeout`` (the gate reopens).
         """
         if not self._pause_lock.acquire(blocking=False):
             raise RuntimeError("the collector is already paused")
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         try:
             self._pauser = threading.current_thread()
             self._parked.clear()
             self._resumed.clear()
             self._mailbox.set_paused(True)
-            busy = self._mailbox.wait_idle(self._batch_timeout)
+            busy = self._mailbox.wait_idle(deadline - time.monotonic())
             if busy:
-                log.warning(
-                    "pause: worker_ids %s still owe batches after %.1f s", busy, self._batch_timeout
-                )
-            if self.running and not self._parked.wait(self._batch_timeout):
-                log.warning(
-                    "pause: the background thread did not park within %.1f s", self._batch_timeout
+                log.warning("pause: worker_ids %s still owe batches after %s s", busy, timeout)
+            if self.running and not self._parked.wait(_left(deadline)):
+                raise TimeoutError(
+                    f"pause: the background collection thread did not park within {timeout} s"
+                    " (it is storing a batch: a slow replay_buffer.extend()?); pass a longer"
+                    " timeout, or None to wait as long as it takes"
                 )
             yield
         finally:
+            if not resume:  # the thread ends before the gate reopens: it stores nothing more
+                self.stop()
+                self.join(1.0 if timeout is None else max(1.0, deadline - time.monotonic()))
             self._mailbox.set_paused(False)
             self._resumed.set()
             self._pauser = None

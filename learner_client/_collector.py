@@ -48,6 +48,7 @@ from learner_client._settings import (
     WeightPushSettings,
     check_addresses,
     check_hooks,
+    positive_timeout,
     random_frames_left,
     shutdown_limit,
 )
@@ -564,14 +565,19 @@ class GrpcCollector(TorchRLAccessors):
         self._check_open()
         self._background.start()
 
-    def pause(self) -> Any:
+    def pause(self, timeout: float | None = 30.0, *, resume: bool = True) -> Any:
         """Context manager: while held, no new credits are granted and nothing is delivered.
 
-        Entering waits (up to ``batch_timeout``) for batches already in flight
-        and for the background thread to finish the batch it is storing.
+        TorchRL's arguments (``RayCollector.pause``): entering waits up to ``timeout``
+        seconds (None: no limit) for batches in flight (kept) and for the background
+        thread to finish storing, else ``TimeoutError``; with ``resume=False`` that thread
+        ends with the context (``start()`` starts it again). ``RuntimeError`` when already
+        paused or shut down; ``TypeError``/``ValueError`` for a ``timeout`` not in (0, 1e7].
         """
         self._check_open()
-        return self._background.pause()
+        return self._background.pause(
+            None if timeout is None else positive_timeout("timeout", timeout), resume
+        )
 
     def is_running(self) -> bool:
         """Whether the background collection thread runs."""
@@ -671,20 +677,14 @@ class GrpcCollector(TorchRLAccessors):
         return self._rollout.for_actor(self._batch.frames_per_actor(count), count)
 
     def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
-        """Grow the fleet, also while collecting.
+        """Grow the fleet, also while collecting; returns the added actors this rank owns.
 
-        Async: new actors start contributing at once. Sync: the per-actor share
-        changes, so every session restarts with the new split; batches already
-        collected with the old split are dropped (``stats()["discarded"]``). With
-        several ranks, actors another rank owns become members only.
-
-        An actor presenting the worker_id of a member whose link is down (it could not
-        be reached) takes that member's place: the worker_id keeps its counters and its
-        seqs, and the actor is re-admitted as after a restart (docs/reliability.md).
-
-        Returns the added actors this collector owns. Raises ValueError as at construction
-        (duplicate worker_id of a reachable member, divisibility) and ActorUnavailableError
-        for an actor unreachable within ``connect_timeout``.
+        Async: new actors contribute at once. Sync: every session restarts with the new
+        split; batches collected with the old split are dropped (``stats()["discarded"]``).
+        With several ranks, actors another rank owns become members only. An actor with
+        the worker_id of a member whose link is down takes its place (its counters and
+        seqs), re-admitted as after a restart (docs/reliability.md). Raises ValueError as
+        at construction and ActorUnavailableError past ``connect_timeout``.
         """
         return self._add(addresses, gone=())
 

@@ -449,9 +449,9 @@ class GrpcLLMCollector:
         """Collect in a background thread into the replay buffer or queue."""
         self._inner.start()
 
-    def pause(self) -> Any:
-        """Context manager: no new credits while held."""
-        return self._inner.pause()
+    def pause(self, timeout: float | None = 30.0, *, resume: bool = True) -> Any:
+        """Context manager: no new credits while held (``GrpcCollector.pause``'s arguments)."""
+        return self._inner.pause(timeout, resume=resume)
 
     def is_running(self) -> bool:
         """Whether the background collection thread runs."""

@@ -165,13 +165,18 @@ def test_ppo_mujoco_checkpoint_on_a_fleet_holds_vecnorm_and_loads_in_rlrender(
     assert bool((vecnorm["scale"] > 0).all())
 
 
+#: Runs a side in the comparison below, and the longest each may take.
+COMPARED_RUNS, RUN_TIMEOUT_S = 3, 1800
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(2 * COMPARED_RUNS * RUN_TIMEOUT_S + 60)  # the suite's 300 s is one run's
 @pytest.mark.parametrize("name", NAMES)
 def test_torchrl_script_on_a_fleet_returns_as_on_torchrl(name: str, tmp_path: pathlib.Path) -> None:
     spec = _spec(name, to_run=True)
     if not spec.compared:
         pytest.skip(f"{spec.script} has no comparison budget")
-    row = compare(spec, tmp_path, runs=3, timeout=1800)
+    row = compare(spec, tmp_path, runs=COMPARED_RUNS, timeout=RUN_TIMEOUT_S)
     assert row["ok"], row
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import threading
 import time
 from concurrent import futures
 
@@ -261,6 +262,56 @@ def test_collector_replay_buffer_start_pause_async_shutdown(fleet):
     assert not collector.is_running()
     assert collector.stats()["background_failed"] is False
     assert rb[0]["collector", "worker_id"].dtype == torch.int64
+
+
+def test_collector_pause_without_resume_ends_the_background_thread_until_start(fleet):
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        poll_until(lambda: len(rb) >= 4, timeout=30, message="replay buffer filled")
+        with collector.pause(timeout=None, resume=False):
+            held = len(rb)
+        assert not collector.is_running()  # RayCollector.pause(resume=False): stays stopped
+        time.sleep(0.5)
+        assert len(rb) == held
+        collector.start()
+        poll_until(lambda: len(rb) > held, timeout=30, message="collection started again")
+        assert collector.stats()["background_failed"] is False
+
+
+class _StuckBuffer:
+    """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
+
+    def __init__(self) -> None:
+        self.inner = ReplayBuffer(storage=LazyTensorStorage(10_000))
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def extend(self, data):
+        self.entered.set()
+        self.release.wait(30)
+        return self.inner.extend(data)
+
+
+def test_collector_pause_raises_timeout_error_when_the_thread_stays_busy_storing(fleet):
+    rb = _StuckBuffer()
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        assert rb.entered.wait(30)
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"did not park within 0\.5 s"), collector.pause(0.5):
+            pass
+        assert time.monotonic() - began < 5
+        rb.release.set()
+        poll_until(lambda: len(rb.inner) >= 8, timeout=30, message="not left paused")
+        with collector.pause(timeout=30):  # the gate works again
+            held = len(rb.inner)
+            time.sleep(0.3)
+            assert len(rb.inner) == held
+        for bad, error in ((0, ValueError), (-1.0, ValueError), (float("nan"), ValueError)):
+            with pytest.raises(error, match="timeout"), collector.pause(bad):
+                pass
+        with pytest.raises(TypeError, match="timeout"), collector.pause("30"):
+            pass
 
 
 def test_collector_pause_holds_iteration_and_refuses_to_deadlock(fleet):
