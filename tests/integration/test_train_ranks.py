@@ -92,6 +92,7 @@ def test_train_refuses_a_fleet_that_does_not_split_over_the_ranks(tmp_path) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(460)  # the run's own 400 s, and the rest
 def test_train_two_ranks_reach_the_cartpole_target(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "run"
     result = _train(
