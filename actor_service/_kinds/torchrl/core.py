@@ -49,6 +49,8 @@ from actor_service._kinds.torchrl.batch import (
 from actor_service._kinds.torchrl.models import TDModel, TDModels, build_td_model
 from actor_service._kinds.torchrl.pool import (
     build_pool,
+    counted_reset,
+    counter_keys,
     limited,
     pool_envs,
     probe_step,
@@ -247,11 +249,10 @@ class TorchRLCore(CoreBase):
         self._pool, self._limit = self._pool_for(limit), limit
         if not self._fresh:
             self._needs_reset = True
-        elif limit:  # what StepCounter's reset writes
-            count = torch.zeros((*self._base.batch_size, 1), dtype=torch.int64)
-            self._carrier.set("step_count", count)
-        else:
-            self._carrier = self._carrier.exclude("step_count")
+        elif limit:
+            self._carrier = counted_reset(self._counted, self._carrier)
+        elif self._counted is not None:
+            self._carrier = self._carrier.exclude(*counter_keys(self._counted, self._base))
 
     def _pool_for(self, limit: int) -> Any:
         """The base pool, or for ``limit`` > 0 the one StepCounter wrapper, set to ``limit``.
@@ -315,13 +316,14 @@ class TorchRLCore(CoreBase):
                 for t in range(steps):
                     check_abandoned(abandon, t, steps)
                     frames.append(self._step(settings.model_id, random, timings, t))
+            done_keys = self._pool.done_keys
+            batch = stack_frames(frames, done_keys, settings.set_truncated, self._stacker)
         except EnvError:
             self._rebuild_pending = True
             raise
         except BaseException:
             self._needs_reset = True  # the envs moved on from the carrier's trajectories
             raise
-        batch = stack_frames(frames, self._pool.done_keys, settings.set_truncated, self._stacker)
         if self._metrics is not None and timings is not None:
             self._metrics.record_batch(
                 settings.frames_per_batch, timings, time.perf_counter() - started

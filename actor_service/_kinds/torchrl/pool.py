@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
@@ -240,3 +241,21 @@ def limited(base: Any, limit: int) -> Any:
         )
     envs = torchrl_envs()
     return envs.TransformedEnv(base, envs.StepCounter(max_steps=limit))
+
+
+def counted_reset(counted: Any, carrier: TensorDictBase) -> TensorDictBase:
+    """``carrier`` (the base pool's reset) as :func:`limited`'s ``counted`` would reset it.
+
+    The ``StepCounter``'s own reset writes it: ``step_count`` 0, and the truncated and done
+    entries its ``max_steps`` sets (an env without a truncated key gets one from it).
+    """
+    return counted.transform._reset(carrier.empty(), carrier)
+
+
+def counter_keys(counted: Any, base: Any) -> list[Any]:
+    """The entries :func:`limited`'s ``counted`` adds to what ``base`` steps."""
+
+    def entries(env: Any) -> set[Any]:
+        return {*env.observation_spec.keys(True, True), *env.full_done_spec.keys(True, True)}
+
+    return sorted(entries(counted) - entries(base), key=str)

@@ -130,3 +130,19 @@ def test_port_policy_with_mask_is_never_called_on_zeros() -> None:
     )
     (data,) = fleet_batches(config, 1, 10)
     assert (data["observation"] >= 10).all()
+
+
+def test_port_max_frames_per_traj_set_then_lifted_on_fresh_envs() -> None:
+    # The learner's sessions change the limit; envs just reset take it (or lose it) as they are.
+    config = torchrl_config("counting", COUNT)
+    with create_server(config).run_in_thread() as actor:
+        address = f"127.0.0.1:{actor.port}"
+        for limit in (3, 0):
+            with GrpcCollector([address], frames_per_batch=10, max_frames_per_traj=limit) as c:
+                c.set_seed(0)  # new trajectories: the envs are fresh when the limit comes
+                batch = c.next()
+            assert c.stats()["failures"] == 0
+            assert ("step_count" in batch) == bool(limit)
+            assert ("truncated" in batch["next"]) == bool(limit)
+        steps = batch["next", "observation"][0, :, 0]  # CountingEnv counts its steps
+        assert steps.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]  # no limit: past 3

@@ -60,6 +60,10 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         ("nested_counting", "random", {}),
         ("crowded_counting", "random", {}),
         ("counting", "random", {}),
+        # CountingEnv has no truncated key: the collector's StepCounter adds one (TorchRL's
+        # test_collector.py runs it so); the first frame must hold it too.
+        ("counting", "random", {"max_frames_per_traj": 3}),
+        ("counting", "random", {"max_frames_per_traj": 3, "split_trajs": True}),
         ("multi_key_counting", "random", {}),
         ("end_of_life_cartpole", "sampling_policy", {}),
         ("normalized_pendulum", "batch_norm_policy", {"max_frames_per_traj": 20}),
@@ -79,6 +83,8 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         "nested-keys",
         "nested-keys-folded",
         "counting",
+        "counting-max-frames-per-traj",
+        "counting-max-frames-per-traj-split",
         "multi-key",
         "end-of-life",
         "vecnorm",
