@@ -14,7 +14,14 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["env_has_state", "heterogeneous_agents", "lazy_stacked_keys", "quiet_fresh_vecnorm"]
+__all__ = [
+    "dynamic_shape_keys",
+    "env_has_state",
+    "heterogeneous_agents",
+    "lazy_stacked_keys",
+    "quiet_fresh_vecnorm",
+    "varying_shapes",
+]
 
 #: TorchRL's warnings about a ``VecNorm`` read or loaded before it saw a frame: they concern
 #: statistics shared between processes, which the envs read here never share.
@@ -65,6 +72,30 @@ def heterogeneous_agents(subject: str, keys: set[Any]) -> str:
         f"{subject} has agents of different shapes under {where} (a lazy stack, "
         "heterogeneous agents): the fleet's batches are dense; give the agents one shape or "
         "put each kind of agent in a group of its own"
+    )
+
+
+def dynamic_shape_keys(env: Any) -> set[Any]:
+    """The keys whose specs have a dynamic dim (``-1``: a shape that varies from step to step).
+
+    TorchRL's collectors lazy-stack such entries; the fleet's batches are dense, so an actor
+    refuses such an env, a learner such a ``create_env_fn``, both naming these keys.
+    """
+    return {
+        key[1] if len(key) == 2 else key[1:]
+        for specs in (env.output_spec, env.input_spec)
+        for key, spec in specs.items(True, True)
+        if len(key) > 1 and -1 in tuple(getattr(spec, "shape", ()))
+    }
+
+
+def varying_shapes(subject: str, keys: set[Any]) -> str:
+    """The refusal of an env with :func:`dynamic_shape_keys` ``keys``, ``subject`` its name."""
+    where = ", ".join(sorted(repr(k) for k in keys))
+    return (
+        f"{subject} has entries of a varying shape under {where} (a -1 in their specs' "
+        "shapes, which TorchRL's collectors lazy-stack): the fleet's batches are dense; pad "
+        "them to one shape in the env or a transform"
     )
 
 

@@ -318,6 +318,8 @@ class ActorLink(Generic[C]):
             return AfterSession.STOP
         reopen = self._fresh_next and end.reason == "CLOSED"
         if not reopen:
+            ended = f"the actor ended the session: {end.reason} {end.message}"
+            self.last_failure = one_line(ended)[:_FAILURE_CHARS]
             log.warning(
                 "actor %s (worker_id %d) ended the session: %s %s",
                 self.address,

@@ -50,7 +50,13 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
-from common.env_state import env_has_state, heterogeneous_agents, lazy_stacked_keys
+from common.env_state import (
+    dynamic_shape_keys,
+    env_has_state,
+    heterogeneous_agents,
+    lazy_stacked_keys,
+    varying_shapes,
+)
 from common.env_weights import (
     ENV_MODEL_ID,
     env_parameters,
@@ -396,6 +402,8 @@ def _signature(env: Any) -> EnvSignature:
     if callable(fake):
         if lazy := lazy_stacked_keys(env):
             raise ValueError(heterogeneous_agents("create_env_fn's env", lazy))
+        if dynamic := dynamic_shape_keys(env):
+            raise ValueError(varying_shapes("create_env_fn's env", dynamic))
         td = fake()
         size = tuple(getattr(env, "batch_size", ()))
         dims = len(size)

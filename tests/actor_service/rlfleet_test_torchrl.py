@@ -42,6 +42,7 @@ from torchrl.modules import (
 from torchrl.testing.mocking_classes import (
     CountingEnv,
     CountingEnvWithString,
+    EnvWithDynamicSpec,
     EnvWithMetadata,
     HeterogeneousCountingEnv,
     MultiAgentCountingEnv,
@@ -204,6 +205,26 @@ def linear_policy(env: EnvBase, seed: int = 0) -> TensorDictModule:
 def raising_policy(env: EnvBase) -> TensorDictModule:
     """A policy factory that fails."""
     raise ValueError("no policy today")
+
+
+class _BreaksAfterProbe(_Greedy):
+    """:class:`_Greedy` that acts once (the actor's probe step), then raises every time."""
+
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__(observations, actions)
+        self.calls = 0
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("the policy broke after its first step")
+        return super().forward(observation)
+
+
+def breaks_after_probe_policy(env: EnvBase) -> TensorDictModule:
+    """A policy that passes the actor's probe step and fails every batch after it."""
+    module = _BreaksAfterProbe(*_sizes(env))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["logits", "action"])
 
 
 def wrong_key_policy(env: EnvBase) -> TensorDictModule:
@@ -402,6 +423,11 @@ def multi_key_counting() -> EnvBase:
 def heterogeneous_counting() -> EnvBase:
     """TorchRL's ``HeterogeneousCountingEnv``: agents whose observations differ in shape."""
     return HeterogeneousCountingEnv(max_steps=7)
+
+
+def dynamic_spec() -> EnvBase:
+    """TorchRL's ``EnvWithDynamicSpec``: an observation whose shape varies (``[3, -1, 2]``)."""
+    return EnvWithDynamicSpec()
 
 
 def multi_agent_counting(agents: int = 3) -> EnvBase:

@@ -286,3 +286,25 @@ def test_a_learner_that_trains_longer_than_batch_timeout_keeps_its_stream() -> N
             assert (stats["failures"], stats["reconnects"]) == (0, 0)
         finally:
             collector.shutdown(timeout=5)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_an_actor_whose_collection_fails_each_time_is_named_with_its_failure(sync: bool) -> None:
+    """A policy that passes the actor's probe step and raises at every batch after it: the
+    learner retries, and its MissingWorkersError says what the actor ended the sessions with
+    (it said only "sent nothing within batch_timeout")."""
+    pytest.importorskip("torchrl")
+    from torchrl_harness import torchrl_config
+
+    from actor_service import create_server
+
+    config = torchrl_config("cartpole", "breaks_after_probe_policy")
+    with create_server(config).run_in_thread() as actor:
+        address = f"127.0.0.1:{actor.port}"
+        with GrpcCollector([address], frames_per_batch=4, sync=sync, batch_timeout=3) as c:
+            with pytest.raises(MissingWorkersError) as raised:
+                c.next()
+            assert c.stats()["failures"] >= 1
+    message = str(raised.value)
+    assert "last failures: worker_id 0: the actor ended the session: ERROR" in message
+    assert "collection failed" in message

@@ -320,3 +320,14 @@ def test_a_scripts_env_of_heterogeneous_agents_is_refused_naming_the_fix(
     with pytest.raises(ValueError, match="agents of different shapes under 'lazy'") as refused:
         GrpcCollector(vecnorm_actors, create_env_fn=env, frames_per_batch=32, sync=True)
     assert "a group of its own" in str(refused.value)
+
+
+def test_a_scripts_env_of_a_varying_shape_is_refused_naming_the_fix(
+    vecnorm_actors: list[str],
+) -> None:
+    """TorchRL lazy-stacks an entry whose spec has a -1 dim; the fleet refuses it as its actors
+    do, before any batch."""
+    env = rlfleet_test_torchrl.dynamic_spec()
+    with pytest.raises(ValueError, match="varying shape under 'observation'") as refused:
+        GrpcCollector(vecnorm_actors, create_env_fn=env, frames_per_batch=32, sync=True)
+    assert "pad them to one shape" in str(refused.value)

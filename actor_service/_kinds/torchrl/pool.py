@@ -28,7 +28,12 @@ from tensordict import TensorDictBase
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
-from common.env_state import heterogeneous_agents, lazy_stacked_keys
+from common.env_state import (
+    dynamic_shape_keys,
+    heterogeneous_agents,
+    lazy_stacked_keys,
+    varying_shapes,
+)
 from common.packets import encode_packet
 from common.plain_config import from_plain
 from common.policies import load_callable
@@ -106,10 +111,14 @@ def _first_env(config: ActorConfig) -> Any:
 
 
 def _check_dense(env: Any, config: ActorConfig) -> None:
-    """Refuse an env whose specs hold lazy stacks (agents of different shapes)."""
+    """Refuse an env whose specs hold lazy stacks (agents of different shapes) or -1 dims."""
+    subject = f"env factory {env_name(config.env_pool)!r}"
     if lazy := lazy_stacked_keys(env):
         env.close(raise_if_closed=False)
-        raise ValueError(heterogeneous_agents(f"env factory {env_name(config.env_pool)!r}", lazy))
+        raise ValueError(heterogeneous_agents(subject, lazy))
+    if dynamic := dynamic_shape_keys(env):
+        env.close(raise_if_closed=False)
+        raise ValueError(varying_shapes(subject, dynamic))
 
 
 def check_torchrl_config(config: ActorConfig) -> None:

@@ -58,6 +58,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
             ["--env-factory", "rlfleet_test_torchrl:heterogeneous_counting"],
             "agents of different shapes",
         ),
+        (["--env-factory", "rlfleet_test_torchrl:dynamic_spec"], "a varying shape"),
         (["--env-factory", "rlfleet_test_torchrl:metadata_env"], "non_tensor"),
     ],
     ids=[
@@ -68,6 +69,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
         "no-module",
         "meta-device",
         "heterogeneous",
+        "dynamic-spec",
         "non-tensor-int",
     ],
 )

@@ -328,6 +328,14 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
             },
             "agents of different shapes under 'lazy'",
         ),
+        # TorchRL's collectors lazy-stack a varying shape; the actor looped on stack errors.
+        (
+            {
+                "env_factory": "rlfleet_test_torchrl:dynamic_spec",
+                "models": (ModelSpec(factory="random"),),
+            },
+            "varying shape under 'observation'",
+        ),
     ],
     ids=[
         "env-raises",
@@ -337,6 +345,7 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         "mlp",
         "batched",
         "heterogeneous",
+        "dynamic-spec",
     ],
 )
 def test_torchrl_core_raises_if_the_env_or_policy_cannot_be_built(
