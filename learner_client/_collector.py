@@ -61,6 +61,7 @@ from learner_client._torchrl_compat import (
     TorchRLOnly,
     check_torchrl_only,
     finished,
+    store_parts,
     update_flag,
 )
 from learner_client._weights import PushOptions, normalize_update_args, renamed_weights
@@ -419,42 +420,51 @@ class GrpcCollector(TorchRLAccessors):
         return None if parts is None else self._deliver(parts)
 
     def _take(self) -> list[TensorDictBase] | None:
-        with self._taking:  # consumers in turn: the end is seen by whoever comes after it
-            return self._next_batch(per_actor=self.replay_buffer is not None)
+        while True:
+            try:
+                with self._taking:  # consumers in turn: the end is seen by whoever comes after
+                    return self._next_batch(per_actor=self.replay_buffer is not None)
+            except Paused:  # waited out of turn: the pausing thread's own take then raises
+                self._background.wait_resumed()
 
     def _deliver(self, parts: list[TensorDictBase]) -> TensorDictBase | None:
+        """The batch after ``postproc``; or None, each actor's part stored (``store_parts``)."""
         if self.replay_buffer is None:
-            return parts[0]
-        for part in parts:
-            self.replay_buffer.extend(part)
+            return finished(parts[0], self.postproc)
+        store_parts(self.replay_buffer, parts, self.postproc)
         return None
 
     def _next_batch(self, *, per_actor: bool) -> list[TensorDictBase] | None:
-        """The next batch (one item), or each actor's part of it; None at the end."""
-        while True:
-            with self._lock:
-                self._check_open()
-                if self._rounds.exhausted():
-                    return None
-                self._pusher.push_shared(self._shared, self._rollout.model_id)
-                if self._env is not None:
-                    self._env.push_weights(self._pusher.push_shared)
-                self._ensure_running()
-            try:
-                candidates = (
-                    self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
-                )
-                self._pusher.auto_update(candidates, self._batch.auto_update_interval)
-                parts = self._rounds.take_parts() if per_actor else [self._rounds.take()]
-            except Paused:
-                self._background.wait_resumed()
-                continue
+        """The next batch (one item), or each actor's part of it; None at the end; ``Paused``.
+
+        An interrupt (Ctrl-C) while it is laid out keeps it for the next take, counted once.
+        """
+        with self._lock:
+            self._check_open()
+            if self._rounds.exhausted():
+                return None
+            self._pusher.push_shared(self._shared, self._rollout.model_id)
+            if self._env is not None:
+                self._env.push_weights(self._pusher.push_shared)
+            self._ensure_running()
+        candidates = self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
+        self._pusher.auto_update(candidates, self._batch.auto_update_interval)
+        try:
+            parts = self._rounds.take_parts() if per_actor else [self._rounds.take()]
             env = self._env  # create_env_fn: checked, followed, its batch layout taken
             if env is not None:
                 env.after_batch(parts[0], self.worker_ids, self.actor_state)
                 if not self._batch.split_trajs:  # [trajectories, time] whatever the envs
                     parts = [env.shaped(p) for p in parts]
-            return [finished(self._placement.place(p), self.postproc) for p in parts]
+            placed = [self._placement.place(p) for p in parts]
+        except Exception:
+            self._rounds.handed_out()  # lost with its error, as TorchRL's
+            raise
+        except BaseException:
+            self._rounds.take_again()
+            raise
+        self._rounds.handed_out()
+        return placed
 
     def _ensure_running(self) -> None:
         if self._state is _State.READY:
@@ -709,11 +719,8 @@ class GrpcCollector(TorchRLAccessors):
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every owned actor in worker_id order, each with the seed the previous returned.
 
-        Ranks seeding their actors with one seed give them equal seeds: seed each rank
-        apart (e.g. ``seed + 10_000 * rank``).
-
-        Returns:
-            The seed returned by the last actor (to chain further).
+        Returns the last actor's (to chain further). Ranks seeding their actors with one seed
+        give them equal seeds: seed each rank apart (e.g. ``seed + 10_000 * rank``).
         """
         seed = check_seed(seed)
         with self._lock:
@@ -736,19 +743,15 @@ class GrpcCollector(TorchRLAccessors):
         """One actor's state, decoded (:func:`learner_client._members.actor_state_of`).
 
         On a TorchRL-env actor, ``"env"`` holds its transforms' state (``VecNorm``'s
-        statistics, as an eval env needs them).
-
-        Raises:
-            UnknownWorkerError: No actor in the fleet has ``worker_id``.
+        statistics, as an eval env needs them). ``UnknownWorkerError`` for an unknown id.
         """
         return actor_state_of(self.state_dict()["workers"], worker_id)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (all workers listed must be in the fleet).
 
-        Raises:
-            ValueError: Missing keys.
-            UnknownWorkerError: A worker_id not in the fleet.
+        Raises ``ValueError`` for missing keys, ``UnknownWorkerError`` for a worker_id not
+        in the fleet.
         """
         with self._lock:
             self._check_open()

@@ -110,15 +110,33 @@ class Rounds:
     missing_workers: list[int] = dataclasses.field(default_factory=list, init=False)
     last_workers: list[int] = dataclasses.field(default_factory=list, init=False)
     _warned_apart: set[str] = dataclasses.field(default_factory=set, init=False, repr=False)
+    #: The batch taken last while it is being laid out (None once the next take begins),
+    #: and whether it is to be taken again (an interrupt kept it from the user).
+    _taken: list[Delivery] | None = dataclasses.field(default=None, init=False, repr=False)
+    _again: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def _remaining_frames(self) -> int | None:
         s = self.settings
         return None if s.endless else int(s.total_frames or 0) - self.ledger.frames
 
     def exhausted(self) -> bool:
-        """Whether ``total_frames`` were delivered."""
+        """Whether ``total_frames`` were delivered (and no batch is to be taken again)."""
         remaining = self._remaining_frames()
-        return remaining is not None and remaining <= 0
+        again = self._taken is not None and self._again and not self._stale(self._taken)
+        return remaining is not None and remaining <= 0 and not again
+
+    def take_again(self) -> None:
+        """Give the batch taken last again: an interrupt (Ctrl-C) kept it from the user.
+
+        Counted once; nothing when the interrupt came before a batch was taken. A sync
+        batch that acts with weights older than the last push is dropped instead
+        (``discarded``): the round after a push acts with it.
+        """
+        self._again = self._taken is not None
+
+    def handed_out(self) -> None:
+        """The batch taken last reached the user: it is never taken again."""
+        self._taken, self._again = None, False
 
     def update_budget(self) -> None:
         """Tell the mailbox how many more batches (async) or rounds (sync) are wanted."""
@@ -163,13 +181,28 @@ class Rounds:
         A replay buffer is extended with these, as TorchRL's multi-worker collectors
         extend it with each worker's batch. Raises as :meth:`take`.
         """
+        again, self._taken, self._again = self._taken if self._again else None, None, False
+        if again is not None and not self._stale(again):
+            self._taken = again
+            return [d.batch for d in again]
+        if again is not None:
+            log.info("dropped a sync batch taken before a weight push and never handed out")
+            self.ledger.add_discarded(len(again))
         take = self._take_sync if self.settings.sync else self._take_async
         deliveries = self.metrics.waited_for(take)
         if self.settings.llm is not None:
             for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
                 check_padded(delivery.batch.exclude(WORKER_ID_KEY))
         self._account(deliveries)
+        self._taken = deliveries
         return [d.batch for d in deliveries]
+
+    def _stale(self, deliveries: list[Delivery]) -> bool:
+        """Whether a sync batch on demand acts with weights older than the acting ones."""
+        if not (self.settings.sync and self.settings.on_demand):
+            return False
+        acting = self.book.versions().get(self.acting_model, 0)
+        return min(d.version_min for d in deliveries) < acting
 
     def _take_async(self) -> list[Delivery]:
         delivery = self.mailbox.take_any(self.settings.batch_timeout)

@@ -82,6 +82,7 @@ __all__ = [
     "check_unsupported",
     "update_flag",
     "finished",
+    "store_parts",
 ]
 
 log = logging.getLogger("learner_client")
@@ -733,3 +734,25 @@ def finished(
         if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))
     ]
     return batch.exclude(*private, inplace=True) if private else batch
+
+
+def store_parts(
+    replay_buffer: Any,
+    parts: list[TensorDictBase],
+    postproc: Callable[[TensorDictBase], TensorDictBase] | None,
+) -> None:
+    """Extend ``replay_buffer`` with each actor's part of a batch, :func:`finished` first.
+
+    As TorchRL's workers each extend the buffer with their batch, a part that fails
+    (``postproc`` or ``extend`` raising) loses that part only: the first error is raised
+    once every other part is stored.
+    """
+    failure: Exception | None = None
+    for part in parts:
+        try:
+            replay_buffer.extend(finished(part, postproc))
+        except Exception as exc:
+            log.error("a batch part was not stored: %s: %s", type(exc).__name__, exc)
+            failure = failure or exc
+    if failure is not None:
+        raise failure

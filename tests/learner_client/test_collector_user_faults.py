@@ -1,0 +1,179 @@
+"""What a training script's own code can do while it iterates, and what is lost by it.
+
+A replay buffer whose ``extend`` raises, a ``postproc`` that raises, a Ctrl-C while a batch
+is being laid out, a ``next()`` from the thread that paused: each loses at most what TorchRL
+loses in the same place (the failing part), counts nothing twice, and never hangs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from learner_fleet import cartpole_policy
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+from learner_client import GrpcCollector, _rounds
+
+
+def addresses(fleet, *worker_ids):
+    return [fleet[w].address for w in worker_ids]
+
+
+class _FlakyBuffer(ReplayBuffer):
+    """A user's buffer whose first ``extend`` raises (a full disk, a transform's bug)."""
+
+    def __init__(self) -> None:
+        super().__init__(storage=LazyTensorStorage(10_000))
+        self.calls = 0
+
+    def extend(self, data, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("transient extend failure")
+        return super().extend(data, *args, **kwargs)
+
+
+def _drain(collector: GrpcCollector) -> list[BaseException]:
+    errors: list[BaseException] = []
+    while True:
+        try:
+            if collector.next() is None and collector.stats()["completed"]:
+                return errors
+        except RuntimeError as exc:
+            errors.append(exc)
+
+
+def test_sync_replay_buffer_loses_only_the_part_whose_extend_raised(fleet) -> None:
+    rb = _FlakyBuffer()
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=24, sync=True, replay_buffer=rb
+    ) as collector:
+        errors = _drain(collector)
+        frames = collector.stats()["frames"]
+    assert [str(e) for e in errors] == ["transient extend failure"]
+    assert rb.calls == 6  # every part of every round was offered, the failing one too
+    assert frames == 24
+    workers = rb[:]["collector", "worker_id"][:, 0].tolist()
+    assert len(rb) == 10  # 5 parts of [2 envs, 2 steps]: only the first part is missing
+    assert (workers.count(0), workers.count(2)) == (4, 6)
+
+
+def test_sync_replay_buffer_loses_only_the_part_whose_postproc_raised(fleet) -> None:
+    calls = []
+
+    def postproc(batch):
+        calls.append(int(batch["collector", "worker_id"].flatten()[0]))
+        if len(calls) == 1:
+            raise RuntimeError("postproc failed once")
+        return batch
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(10_000))
+    with GrpcCollector(
+        addresses(fleet, 0, 2),
+        frames_per_batch=8,
+        total_frames=16,
+        sync=True,
+        replay_buffer=rb,
+        postproc=postproc,
+    ) as collector:
+        errors = _drain(collector)
+    assert [str(e) for e in errors] == ["postproc failed once"]
+    assert calls == [0, 2, 0, 2]  # the other actor's part of the failing round went on
+    assert len(rb) == 6
+
+
+def _interrupting(function, at_call: int, calls: list[int]):
+    """``function`` that raises KeyboardInterrupt (a Ctrl-C) at its ``at_call``-th call."""
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise KeyboardInterrupt
+        return function(*args, **kwargs)
+
+    return interrupted
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_an_interrupt_while_a_batch_is_laid_out_gives_that_batch_at_the_next_take(
+    fleet, monkeypatch: pytest.MonkeyPatch, sync: bool
+) -> None:
+    """Ctrl-C lands while the round is stacked (sync) or placed (async): the script that
+    catches it and goes on gets that batch next, counted once (it was counted and lost)."""
+    calls: list[int] = []
+    if sync:
+        monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, 2, calls))
+    else:  # after the batch was taken, where it is moved to its storing device
+        place = _rounds.Placement.place
+        monkeypatch.setattr(_rounds.Placement, "place", _interrupting(place, 2, calls))
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=40, sync=sync
+    ) as collector:
+        batches, interrupts = [], 0
+        while True:
+            try:
+                batch = collector.next()
+            except KeyboardInterrupt:
+                interrupts += 1
+                continue
+            if batch is None:
+                break
+            batches.append(batch)
+        stats = collector.stats()
+    assert interrupts == 1
+    assert sum(b.numel() for b in batches) == 40 == stats["frames"]
+    assert (stats["gaps"], stats["duplicates"], stats["discarded"]) == (0, 0, 0)
+    frames = [tuple(b["observation"].flatten().tolist()) for b in batches]
+    assert len(set(frames)) == len(frames)  # the batch given again is given once
+
+
+def test_a_batch_kept_by_an_interrupt_is_dropped_when_weights_were_pushed_since(
+    fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sync on demand: the batch after a push acts with it, also after a Ctrl-C."""
+    monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, 1, []))
+    policy = cartpole_policy()
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True) as collector:
+        with pytest.raises(KeyboardInterrupt):
+            collector.next()
+        version = collector.policy_version + 1
+        collector.update_policy_weights_(policy, version=version)
+        batch = collector.next()
+        discarded = collector.stats()["discarded"]
+    assert discarded == 2  # both actors' parts of the kept round
+    assert torch.equal(
+        batch["next", "policy_version"], torch.full_like(batch["next", "policy_version"], version)
+    )
+
+
+def test_next_from_the_thread_holding_pause_raises_while_background_collection_runs(
+    fleet,
+) -> None:
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, sync=True, replay_buffer=rb
+    ) as collector:
+        collector.start()
+        time.sleep(0.5)
+        outcome: list[BaseException] = []
+
+        def paused_next() -> None:
+            with collector.pause():
+                try:
+                    collector.next()
+                except RuntimeError as exc:
+                    outcome.append(exc)
+
+        thread = threading.Thread(target=paused_next, daemon=True)
+        thread.start()
+        thread.join(20)
+        assert not thread.is_alive(), "next() inside pause() hung (it waited holding the turn)"
+        assert [str(e) for e in outcome] == [
+            "cannot collect inside pause() from the thread that paused"
+        ]
+        held = len(rb)
+        time.sleep(0.5)
+        assert len(rb) > held  # collection went on after the pause
