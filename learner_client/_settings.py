@@ -18,6 +18,7 @@ import math
 import os
 import secrets
 import socket
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
@@ -58,6 +59,10 @@ __all__ = [
     "positive_int",
     "positive_timeout",
 ]
+
+
+#: What TorchRL reads as false in ``RL_WARNINGS`` (its ``strtobool``).
+_FALSE_WORDS = frozenset({"0", "false", "f", "n", "no", "off"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +125,24 @@ class BatchSettings:
         per_batch, total = self.count_names
         _set(self, "frames_per_batch", positive_int(per_batch, self.frames_per_batch))
         _set(self, "total_frames", _frames(total, self.total_frames, endless=True))
+        self._warn_rounded_up()
         _set(self, "cat_results", normalize_cat_results(self.cat_results))
         _set(self, "batch_timeout", positive_timeout("batch_timeout", self.batch_timeout))
         _set(self, "prefetch", self._check_prefetch())
+
+    def _warn_rounded_up(self) -> None:
+        """TorchRL's warning when whole batches overshoot the budget (``RL_WARNINGS=0``: none)."""
+        per_batch, total = self.count_names
+        budget, size = _int(self.total_frames), self.frames_per_batch
+        remainder = budget % size if budget > 0 else 0
+        if remainder and os.environ.get("RL_WARNINGS", "1").lower() not in _FALSE_WORDS:
+            warnings.warn(
+                f"{total} ({budget}) is not exactly divisible by {per_batch} ({size}). This "
+                f"means {size - remainder} additional frames will be collected. To silence this "
+                "message, set the environment variable RL_WARNINGS to False.",
+                UserWarning,
+                stacklevel=5,
+            )
 
     def _check_prefetch(self) -> int:
         if self.prefetch is None:

@@ -117,6 +117,27 @@ def test_torchrl_attributes_aliases_and_refusals(cartpole: list[str]) -> None:
         GrpcCollector(cartpole, frames_per_batch=16, compile_policy={"options": {"x": 1}})
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_budget_whole_batches_overshoot_warns_as_torchrl_and_collects_them(
+    cartpole: list[str], sync: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = (
+        r"total_frames \(100\) is not exactly divisible by frames_per_batch \(32\)\. This "
+        r"means 28 additional frames will be collected\. To silence this message, set the "
+        "environment variable RL_WARNINGS to False"
+    )
+    with pytest.warns(UserWarning, match=message) as warned:
+        collector = GrpcCollector(cartpole, frames_per_batch=32, total_frames=100, sync=sync)
+    assert warned[0].filename == __file__  # the script's line, as TorchRL's stacklevel
+    with collector:
+        assert [b.numel() for b in collector] == [32, 32, 32, 32]  # TorchRL's MultiSync too
+    monkeypatch.setenv("RL_WARNINGS", "False")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GrpcCollector(cartpole, frames_per_batch=32, total_frames=100, sync=sync).shutdown()
+        GrpcCollector(cartpole, frames_per_batch=32, total_frames=96, sync=sync).shutdown()
+
+
 def test_a_policy_device_the_actors_do_not_run_on_is_refused(cartpole: list[str]) -> None:
     """policy_device / cudagraph_policy on CPU actors: refused at construction, naming each
     actor and both devices; never a silent fall back to the CPU."""
