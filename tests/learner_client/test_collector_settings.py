@@ -145,7 +145,8 @@ def test_exploration_and_cat_results_accept_torchrl_spellings():
 
 
 def test_batch_settings_len_is_ceil_and_raises_if_endless():
-    assert BatchSettings(frames_per_batch=10, total_frames=25).num_batches() == 3
+    with pytest.warns(UserWarning, match="5 additional frames"):  # TorchRL's warning
+        assert BatchSettings(frames_per_batch=10, total_frames=25).num_batches() == 3
     with pytest.raises(TypeError, match="endless"):
         BatchSettings(frames_per_batch=10).num_batches()
 
