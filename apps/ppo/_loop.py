@@ -122,7 +122,9 @@ def _open_collector(
         collector = GrpcCollector(
             addresses,
             frames_per_batch=settings.frames_per_batch,
-            total_frames=settings.total_frames,
+            # Whole batches, as the loop stops once past --total-frames (no rounding warning).
+            total_frames=-(-settings.total_frames // settings.frames_per_batch)
+            * settings.frames_per_batch,
             sync=settings.sync,
             # From the environment only: a flag would show in `ps` and in summary.json.
             token=token,
