@@ -521,8 +521,10 @@ class GrpcCollector(TorchRLAccessors):
         """
         policy_or_weights = renamed_weights(policy_or_weights, policy_weights)
         shared, marked = self._shared, False
-        given = (policy_or_weights, weights, policy, weights_dict)
         whole = worker_ids is None and dtype is None and not only_trainable and part is None
+        if shared is not None and model_id is None and whole and policy is weights_dict is None:
+            policy_or_weights, weights = shared.taken(policy_or_weights, weights)
+        given = (policy_or_weights, weights, policy, weights_dict)
         if shared is not None and model_id is None and whole and version is None:
             if all(v is None for v in given) and shared.pushed and not shared.changed():
                 return self._held_versions()  # unchanged since its last push: nothing sent
@@ -557,8 +559,7 @@ class GrpcCollector(TorchRLAccessors):
         """``{worker_id: version}`` each owned worker holds of ``"policy"`` (a push's default)."""
         with self._lock:
             self._check_open()
-            mid = DEFAULT_MODEL_ID
-            return {w: self._book.applied(w).get(mid, 0) for w in self._fleet.worker_ids}
+            return {w: self._book.applied(w).get(DEFAULT_MODEL_ID, 0) for w in self.worker_ids}
 
     def _learner_metrics(self) -> LearnerMetrics:
         """What :func:`~learner_client.serve_metrics` serves (closed with the collector)."""
@@ -748,10 +749,9 @@ class GrpcCollector(TorchRLAccessors):
         return actor_state_of(self.state_dict()["workers"], worker_id)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (all workers listed must be in the fleet).
+        """Restore what :meth:`state_dict` returned (every worker listed must be in the fleet).
 
-        Raises ``ValueError`` for missing keys, ``UnknownWorkerError`` for a worker_id not
-        in the fleet.
+        ``ValueError`` for missing keys, ``UnknownWorkerError`` for a worker_id not in it.
         """
         with self._lock:
             self._check_open()

@@ -85,6 +85,28 @@ class SharedPolicy:
         """Treat the module as changed (its last push failed somewhere)."""
         self._mark = None
 
+    def taken(self, policy_or_weights: object, weights: object) -> tuple[object, object]:
+        """What a push to every worker sends: given weights, copied into the module, become it.
+
+        TorchRL's ``Collector`` copies what ``update_policy_weights_(weights)`` is given (a
+        TensorDict or mapping of tensors) into its policy; so does this, so that the module's
+        later pushes and checks follow them. Weights it cannot hold (other names or shapes,
+        a per-worker mapping) are sent as given, the module left as it is.
+        """
+        if (policy_or_weights is None) == (weights is None):  # neither given, or both (refused)
+            return policy_or_weights, weights
+        named = _by_state_name(weights if policy_or_weights is None else policy_or_weights)
+        state = self.module.state_dict(keep_vars=True)
+        if named is None or any(
+            key not in state or nn.parameter.is_lazy(state[key]) or state[key].shape != value.shape
+            for key, value in named.items()
+        ):
+            return policy_or_weights, weights
+        with torch.no_grad():
+            for key, value in named.items():
+                state[key].copy_(value)
+        return self.module, None
+
 
 def _counters(tensors: Iterable[torch.Tensor]) -> _Counters:
     return tuple((id(t), t._version, t.data_ptr()) for t in tensors)
@@ -145,3 +167,18 @@ def _tensors(source: object) -> tuple[list[torch.Tensor] | None, list[torch.Tens
 def _followable(tensors: list[torch.Tensor]) -> bool:
     """Whether every tensor has memory to follow (a lazy module's parameters have none)."""
     return not any(nn.parameter.is_lazy(t) for t in tensors)
+
+
+def _by_state_name(weights: object) -> dict[str, torch.Tensor] | None:
+    """``weights`` as ``{state_dict name: tensor}``: None unless a TensorDict or such a mapping."""
+    if isinstance(weights, TensorDictBase):
+        named = dict(weights.flatten_keys(".").items())
+    elif isinstance(weights, Mapping):
+        named = dict(weights)
+    else:
+        return None
+    if not named or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in named.items()
+    ):
+        return None
+    return named

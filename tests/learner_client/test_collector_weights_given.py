@@ -1,0 +1,84 @@
+"""Weights given to ``update_policy_weights_`` with ``policy=``: they become the policy's.
+
+TorchRL's ``Collector`` copies the weights ``update_policy_weights_(weights)`` is given into
+its policy and acts with them. With ``policy=``, the collector pushed them but left its module
+as it was, so the module's own pending first push (before the first batch), or its automatic
+push after the next optimiser step, undid them: the fleet acted with the old weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("torchrl")
+import rlfleet_test_torchrl  # the actors' factories (on the path learner_fleet sets)
+from tensordict import TensorDict
+from torchrl_harness import torchrl_config
+
+from actor_service import create_server
+from learner_client import GrpcCollector, WeightPushError
+
+
+@pytest.fixture(scope="module")
+def actor() -> Iterator[str]:
+    with create_server(torchrl_config("cartpole", "greedy_policy")).run_in_thread() as handle:
+        yield f"127.0.0.1:{handle.port}"
+
+
+def _policy() -> Any:
+    """The learner's copy of the actors' policy (the same factory, the same seed)."""
+    return rlfleet_test_torchrl.greedy_policy(rlfleet_test_torchrl.cartpole())
+
+
+def _always_right(policy: Any, form: str) -> Any:
+    """Weights for ``policy`` that always pick action 1, as a TensorDict or a state dict."""
+    state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    state["module.linear.weight"].zero_()
+    state["module.linear.bias"].copy_(torch.tensor([0.0, 1.0]))
+    if form == "subset":  # the linear layer's alone, not the offset buffer
+        return {k: v for k, v in state.items() if k.startswith("module.linear.")}
+    return TensorDict(state).unflatten_keys(".") if form == "tensordict" else state
+
+
+def _actions(batch: Any) -> set[int]:
+    return set(batch["action"].argmax(-1).flatten().tolist())
+
+
+@pytest.mark.parametrize("form", ["tensordict", "state_dict", "subset"])
+def test_weights_given_before_the_first_batch_are_what_it_acts_with(actor: str, form: str) -> None:
+    policy = _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        collector.update_policy_weights_(_always_right(policy, form))
+        batch = collector.next()
+        version = collector.policy_version
+    assert _actions(batch) == {1}
+    assert torch.equal(policy.module.linear.bias.detach(), torch.tensor([0.0, 1.0]))
+    assert batch["policy_version"].unique().tolist() == [version]  # one push, not two
+
+
+def test_weights_given_mid_run_survive_the_next_optimiser_step(actor: str) -> None:
+    policy = _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        first = collector.next()
+        collector.update_policy_weights_(_always_right(policy, "tensordict"))
+        with torch.no_grad():
+            policy.module.linear.weight.add_(0.0)  # an optimiser step: the module is pushed
+        second = collector.next()
+    assert _actions(second) == {1}
+    assert second["policy_version"].min() > first["policy_version"].max()
+
+
+def test_weights_the_module_cannot_hold_are_sent_as_given_and_leave_it_alone(actor: str) -> None:
+    policy = _policy()
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        wrong = {"module.linear.weight": torch.zeros(3, 3)}  # another shape: the actor's check
+        with pytest.raises(WeightPushError, match=r"shape mismatch: module\.linear\.weight"):
+            collector.update_policy_weights_(wrong)
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
