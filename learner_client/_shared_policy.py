@@ -104,7 +104,8 @@ class SharedPolicy:
             return policy_or_weights, weights
         with torch.no_grad():
             for key, value in named.items():
-                state[key].copy_(value)
+                if value.data_ptr() != state[key].data_ptr():  # from_module(policy): its own
+                    state[key].copy_(value)
         return self.module, None
 
 
