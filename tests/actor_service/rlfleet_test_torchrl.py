@@ -410,9 +410,9 @@ def gym_lstm_policy(observation_space: Any, action_space: Any) -> TensorDictSequ
     return lstm_policy(lstm_cartpole())
 
 
-def counting() -> EnvBase:
-    """TorchRL's ``CountingEnv`` (its collector tests' workhorse): done after 7 steps."""
-    return CountingEnv(max_steps=7)
+def counting(max_steps: int = 7) -> EnvBase:
+    """TorchRL's ``CountingEnv`` (its collector tests' workhorse): done after ``max_steps``."""
+    return CountingEnv(max_steps=max_steps)
 
 
 def multi_key_counting() -> EnvBase:
