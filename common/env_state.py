@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "dense_refusal",
     "dynamic_shape_keys",
     "env_has_state",
-    "heterogeneous_agents",
     "lazy_stacked_keys",
     "quiet_fresh_vecnorm",
-    "varying_shapes",
 ]
 
 #: TorchRL's warnings about a ``VecNorm`` read or loaded before it saw a frame: they concern
@@ -65,16 +64,6 @@ def lazy_stacked_keys(env: Any) -> set[Any]:
     }
 
 
-def heterogeneous_agents(subject: str, keys: set[Any]) -> str:
-    """The refusal of an env with :func:`lazy_stacked_keys` ``keys``, ``subject`` its name."""
-    where = ", ".join(sorted(repr(k) for k in keys))
-    return (
-        f"{subject} has agents of different shapes under {where} (a lazy stack, "
-        "heterogeneous agents): the fleet's batches are dense; give the agents one shape or "
-        "put each kind of agent in a group of its own"
-    )
-
-
 def dynamic_shape_keys(env: Any) -> set[Any]:
     """The keys whose specs have a dynamic dim (``-1``: a shape that varies from step to step).
 
@@ -89,14 +78,24 @@ def dynamic_shape_keys(env: Any) -> set[Any]:
     }
 
 
-def varying_shapes(subject: str, keys: set[Any]) -> str:
-    """The refusal of an env with :func:`dynamic_shape_keys` ``keys``, ``subject`` its name."""
-    where = ", ".join(sorted(repr(k) for k in keys))
-    return (
-        f"{subject} has entries of a varying shape under {where} (a -1 in their specs' "
-        "shapes, which TorchRL's collectors lazy-stack): the fleet's batches are dense; pad "
-        "them to one shape in the env or a transform"
-    )
+def dense_refusal(env: Any, subject: str) -> str | None:
+    """Why ``env``'s steps cannot travel as dense batches (``subject`` names it), or None.
+
+    Agents of different shapes (:func:`lazy_stacked_keys`) and entries of a varying shape
+    (:func:`dynamic_shape_keys`) are what TorchRL's collectors lazy-stack.
+    """
+    if lazy := lazy_stacked_keys(env):
+        where, what = lazy, "agents of different shapes"
+        cause = "a lazy stack, heterogeneous agents"
+        fix = "give the agents one shape or put each kind of agent in a group of its own"
+    elif dynamic := dynamic_shape_keys(env):
+        where, what = dynamic, "entries of a varying shape"
+        cause = "a -1 in their specs' shapes, which TorchRL's collectors lazy-stack"
+        fix = "pad them to one shape in the env or a transform"
+    else:
+        return None
+    keys = ", ".join(sorted(repr(k) for k in where))
+    return f"{subject} has {what} under {keys} ({cause}): the fleet's batches are dense; {fix}"
 
 
 def _stacked_composite(spec: object) -> bool:

@@ -50,13 +50,7 @@ import torch
 from tensordict import NonTensorStack, TensorDictBase
 
 from common.config import CompileSettings, check_device_name
-from common.env_state import (
-    dynamic_shape_keys,
-    env_has_state,
-    heterogeneous_agents,
-    lazy_stacked_keys,
-    varying_shapes,
-)
+from common.env_state import dense_refusal, env_has_state
 from common.env_weights import (
     ENV_MODEL_ID,
     env_parameters,
@@ -401,10 +395,8 @@ def _signature(env: Any) -> EnvSignature:
     """:func:`env_signature` of an env built (or given) already."""
     fake = getattr(env, "fake_tensordict", None)
     if callable(fake):
-        if lazy := lazy_stacked_keys(env):
-            raise ValueError(heterogeneous_agents("create_env_fn's env", lazy))
-        if dynamic := dynamic_shape_keys(env):
-            raise ValueError(varying_shapes("create_env_fn's env", dynamic))
+        if refusal := dense_refusal(env, "create_env_fn's env"):
+            raise ValueError(refusal)
         td = fake()
         size = tuple(getattr(env, "batch_size", ()))
         dims = len(size)

@@ -28,12 +28,7 @@ from tensordict import TensorDictBase
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
-from common.env_state import (
-    dynamic_shape_keys,
-    heterogeneous_agents,
-    lazy_stacked_keys,
-    varying_shapes,
-)
+from common.env_state import dense_refusal
 from common.packets import encode_packet
 from common.plain_config import from_plain
 from common.policies import load_callable
@@ -112,13 +107,9 @@ def _first_env(config: ActorConfig) -> Any:
 
 def _check_dense(env: Any, config: ActorConfig) -> None:
     """Refuse an env whose specs hold lazy stacks (agents of different shapes) or -1 dims."""
-    subject = f"env factory {env_name(config.env_pool)!r}"
-    if lazy := lazy_stacked_keys(env):
+    if refusal := dense_refusal(env, f"env factory {env_name(config.env_pool)!r}"):
         env.close(raise_if_closed=False)
-        raise ValueError(heterogeneous_agents(subject, lazy))
-    if dynamic := dynamic_shape_keys(env):
-        env.close(raise_if_closed=False)
-        raise ValueError(varying_shapes(subject, dynamic))
+        raise ValueError(refusal)
 
 
 def check_torchrl_config(config: ActorConfig) -> None:
