@@ -96,8 +96,10 @@ class SharedPolicy:
         if (policy_or_weights is None) == (weights is None):  # neither given, or both (refused)
             return policy_or_weights, weights
         named = _by_state_name(weights if policy_or_weights is None else policy_or_weights)
+        if named is None:
+            return policy_or_weights, weights
         state = self.module.state_dict(keep_vars=True)
-        if named is None or any(
+        if any(
             key not in state or nn.parameter.is_lazy(state[key]) or state[key].shape != value.shape
             for key, value in named.items()
         ):

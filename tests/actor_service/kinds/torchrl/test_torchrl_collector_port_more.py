@@ -36,6 +36,8 @@ from torchrl_harness import (
 from actor_service import create_server
 from learner_client import GrpcCollector
 
+pytestmark = pytest.mark.long  # ~40 s of fleets: make test-long (CI runs it), not make test
+
 COUNTING = "counting"
 COUNT = "rlfleet_test_mocks:count_policy"
 DISCRETE_VEC = "rlfleet_test_mocks:discrete_vec"
