@@ -139,7 +139,7 @@ class Background:
                 )
             yield
         finally:
-            if not resume:  # the thread ends before the gate reopens: it stores nothing more
+            if not resume and self.running:  # it ends before the gate reopens: stores no more
                 self.stop()
                 self.join(1.0 if timeout is None else max(1.0, deadline - time.monotonic()))
             self._mailbox.set_paused(False)

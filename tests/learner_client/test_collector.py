@@ -279,6 +279,28 @@ def test_collector_pause_without_resume_ends_the_background_thread_until_start(f
         assert collector.stats()["background_failed"] is False
 
 
+def test_collector_pause_without_resume_and_no_thread_leaves_later_pauses_waiting(fleet):
+    """No background thread: a later pause still makes other consumers wait, not spin."""
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        with collector.pause(resume=False):
+            pass
+        got: list[tuple[int, float]] = []
+
+        def consume() -> None:
+            began = time.thread_time()
+            got.append((collector.next().numel(), time.thread_time() - began))
+
+        with collector.pause():
+            consumer = threading.Thread(target=consume)
+            consumer.start()
+            time.sleep(1.0)
+            assert got == []  # held by the pause
+        consumer.join(30)
+        assert len(got) == 1
+        assert got[0][0] == 4
+        assert got[0][1] < 0.5  # CPU seconds: it waited on the gate rather than spinning
+
+
 class _StuckBuffer:
     """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
 
