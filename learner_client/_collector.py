@@ -524,15 +524,15 @@ class GrpcCollector(TorchRLAccessors):
         whole = worker_ids is None and dtype is None and not only_trainable and part is None
         if shared is not None and model_id is None and whole and policy is weights_dict is None:
             policy_or_weights, weights = shared.taken(policy_or_weights, weights)
-        given = (policy_or_weights, weights, policy, weights_dict)
-        if shared is not None and model_id is None and whole and version is None:
-            if all(v is None for v in given) and shared.pushed and not shared.changed():
+        nothing_given = all(v is None for v in (policy_or_weights, weights, policy, weights_dict))
+        if shared is not None and model_id is None and whole:
+            if nothing_given and version is None and shared.pushed and not shared.changed():
                 return self._held_versions()  # unchanged since its last push: nothing sent
             module = shared.module
-            if all(v is None for v in given) or module is policy_or_weights or module is policy:
+            if nothing_given or module is policy_or_weights or module is policy:
                 marked = True  # the whole module, to every worker: no automatic push after
                 shared.mark_pushed()
-        if shared is not None and all(v is None for v in given) and model_id is None:
+        if shared is not None and nothing_given and model_id is None:
             policy = shared.module  # TorchRL's no-argument form: the collector's own policy
         request = normalize_update_args(
             policy_or_weights,

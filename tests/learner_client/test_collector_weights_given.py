@@ -82,3 +82,20 @@ def test_weights_the_module_cannot_hold_are_sent_as_given_and_leave_it_alone(act
             collector.update_policy_weights_(wrong)
     after = policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_module_pushed_under_a_given_version_is_not_pushed_again_automatically(
+    actor: str,
+) -> None:
+    """``update_policy_weights_(version=N)`` sends the module once; the batch acts at N."""
+    policy = _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        auto = collector.stats()["auto_pushes"]
+        with torch.no_grad():  # an optimiser step
+            policy.module.linear.bias.add_(1.0)
+        assert collector.update_policy_weights_(version=10) == {0: 10}
+        assert collector.next()["policy_version"].unique().tolist() == [10]
+        assert collector.update_policy_weights_(version=20) == {0: 20}  # asked: sent unchanged
+        assert collector.next()["policy_version"].unique().tolist() == [20]
+        assert collector.stats()["auto_pushes"] == auto
