@@ -36,6 +36,7 @@ from common.checksum import crc32c
 from common.leftovers import sweep_leftovers, writer_tag
 
 __all__ = [
+    "PROBE_BYTES",
     "SHM_ROOT",
     "ShmError",
     "Segment",
@@ -54,6 +55,8 @@ __all__ = [
 SHM_ROOT = "/dev/shm"
 #: The largest segment a reader accepts (64 GiB).
 MAX_SEGMENT = 1 << 36
+#: The size of the probe a learner names at Describe; an actor reads no other.
+PROBE_BYTES = 32
 # Bytes SharedBuffer.fill_pieces copies, then checksums while they are in the cache.
 _FILL_BLOCK = 256 << 10
 
@@ -247,8 +250,9 @@ def remove_segment(name: str, root: str = SHM_ROOT) -> None:
 
 def read_segment(control: Segment, root: str = SHM_ROOT) -> bytes:
     """The bytes of a segment, checked against ``control``; :class:`ShmError` on any doubt."""
-    data = bytearray(control.size if _size_ok(control) else 0)
-    read_segment_into(control, memoryview(data), root)
+    with opened_segment(control, root) as read_at:  # checked before a byte is allocated
+        data = bytearray(control.size)
+        read_at(memoryview(data), 0)
     if crc32c(data) != control.crc32c:
         raise ShmError(f"segment {control.name} fails its CRC-32C")
     return bytes(data)
@@ -307,7 +311,9 @@ def _checked_fd(control: Segment, root: str) -> Iterator[tuple[int, os.stat_resu
     if not _size_ok(control):
         raise ShmError(f"segment size {control.size} is out of range")
     try:
-        fd = os.open(os.path.join(root, control.name), os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO (anyone may make one in /dev/shm) opens at once and is refused.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(os.path.join(root, control.name), flags)
     except OSError as exc:
         raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
     try:
@@ -462,5 +468,3 @@ def host_identity(root: str = SHM_ROOT) -> str:
     if not boot:
         return ""
     return f"{boot}/{socket.gethostname()}/{info.st_dev}:{info.st_ino}"
-
-    return True

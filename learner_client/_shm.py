@@ -36,6 +36,7 @@ import numpy as np
 
 from common.checksum import crc32c
 from common.shm import (
+    PROBE_BYTES,
     Segment,
     SharedBuffer,
     host_identity,
@@ -104,7 +105,7 @@ class ShmRoute:
         """A fresh probe segment for a Describe, or None when shared memory is off."""
         if not self._probing:
             return None
-        return write_segment(secrets.token_bytes(32))
+        return write_segment(secrets.token_bytes(PROBE_BYTES))
 
     @staticmethod
     def remove_probe(probe: Segment) -> None:

@@ -30,6 +30,7 @@ from contextlib import AbstractContextManager
 
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import (
+    PROBE_BYTES,
     Segment,
     SegmentMaps,
     SharedBuffer,
@@ -58,6 +59,8 @@ def identity() -> str:
 def probe_ok(request: pb.DescribeRequest, enabled: bool) -> bool:
     """Whether the Describe's probe segment was read back and matched its control."""
     if not enabled or not request.HasField("shm_probe"):
+        return False
+    if request.shm_probe.size != PROBE_BYTES:  # read on the event loop: a few bytes only
         return False
     try:
         read_segment(_control(request.shm_probe))

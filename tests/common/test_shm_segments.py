@@ -103,6 +103,18 @@ def test_huge_size_and_shared_mode_and_links_are_refused(tmp_path: Path) -> None
         read_segment(replace(seg, name=link), str(tmp_path))
 
 
+def test_a_fifo_is_refused_at_once_and_a_missing_huge_segment_allocates_nothing(
+    tmp_path: Path,
+) -> None:
+    name = "rlfleet-shm-1-" + "b" * 32
+    os.mkfifo(tmp_path / name, 0o600)
+    with pytest.raises(ShmError, match="not a regular file"):  # used to block in open()
+        read_segment(Segment(name=name, size=4, crc32c=0), str(tmp_path))
+    missing = Segment(name="rlfleet-shm-1-" + "c" * 32, size=1 << 36, crc32c=0)
+    with pytest.raises(ShmError, match="cannot be opened"):  # was a 64 GiB bytearray first
+        read_segment(missing, str(tmp_path))
+
+
 def test_sweep_removes_a_killed_writers_segment(tmp_path: Path) -> None:
     code = (
         "import sys, time; from common.shm import write_segment;"

@@ -319,6 +319,13 @@ def foreign_segment(mode: int, owner: int | None) -> pb.ShmSegment:
     return pb.ShmSegment(name=segment.name, size=segment.size, crc32c=segment.crc32c)
 
 
+def fifo_segment(size: int = 4) -> pb.ShmSegment:
+    """A FIFO under a segment's name: any local user may make one in ``/dev/shm``."""
+    name = f"rlfleet-shm-1-{os.urandom(16).hex()}"
+    os.mkfifo(os.path.join(SHM_ROOT, name), 0o600)
+    return pb.ShmSegment(name=name, size=size, crc32c=0)
+
+
 HUGE = pb.ShmSegment(name=f"rlfleet-shm-1-{'0' * 32}", size=2**64 - 1, crc32c=0)
 #: case: (the control, the header's total_bytes (None: the control's size), the reason).
 HOSTILE = {
@@ -332,6 +339,7 @@ HOSTILE = {
     "huge control size": (lambda: HUGE, 64, "differs from the push's total_bytes"),
     "readable by others": (lambda: foreign_segment(0o644, None), None, "readable or writable"),
     "foreign owner": (lambda: foreign_segment(0o600, 65534), None, "another user"),
+    "fifo": (fifo_segment, None, "not a regular file"),  # opening one used to block forever
 }
 
 
@@ -353,6 +361,27 @@ def test_hostile_control_is_refused_and_the_actor_keeps_serving(fleet, case):
         collector.update_policy_weights_(cartpole_policy())
         assert collector.stats()["shm_pushes"] == 1
         assert collector.next().numel() == 4
+
+
+def test_a_describe_probe_is_read_only_when_it_is_a_probe(fleet):
+    """The probe is read on the actor's event loop: a FIFO or a large file must not stall it."""
+    address = fleet.addresses[0]
+    probe = write_segment(os.urandom(32))
+    large = write_segment(os.urandom(1 << 20))  # a real segment, but not a probe
+    fifo = fifo_segment(32)
+    try:
+        for control, expected in ((fifo, False), (large, False), (probe, True)):
+            request = pb.DescribeRequest()
+            request.shm_probe.CopyFrom(
+                pb.ShmSegment(name=control.name, size=control.size, crc32c=control.crc32c)
+            )
+            with grpc.insecure_channel(address) as channel:
+                reply = pb_grpc.ActorServiceStub(channel).Describe(request, timeout=10)
+            assert reply.shm_probe_ok is expected, control.name
+    finally:
+        for control in (probe, large, fifo):
+            _shm.remove_segment(control.name)
+    assert describe(address).models  # still serving
 
 
 def test_actor_with_shared_memory_off_gets_the_bytes():
