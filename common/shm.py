@@ -65,9 +65,9 @@ _FILL_BLOCK = 256 << 10
 _NAME = re.compile(r"^rlfleet-shm-(?P<pid>\d{1,10})-(?:(?P<ns>\d{1,20})-)?[0-9a-f]{32}$")
 
 
-def _new_name() -> str:
-    """A fresh segment name of this process (the pattern :data:`_NAME` accepts)."""
-    return f"rlfleet-shm-{writer_tag()}-{secrets.token_hex(16)}"
+def _new_name(root: str) -> str:
+    """A fresh segment name of this process in ``root`` (the pattern :data:`_NAME` accepts)."""
+    return f"rlfleet-shm-{writer_tag(root)}-{secrets.token_hex(16)}"
 
 
 class ShmError(Exception):
@@ -90,7 +90,7 @@ def write_segment(
 
     ``crc`` is the blob's CRC-32C when the caller has it already (computed otherwise).
     """
-    name = _new_name()
+    name = _new_name(root)
     path = os.path.join(root, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -127,7 +127,7 @@ class SharedBuffer:
         if size <= 0:
             raise OSError(f"a shared buffer holds at least one byte, not {size}")
         self.root = root
-        self.name = _new_name()
+        self.name = _new_name(root)
         self.size = size
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:

@@ -29,7 +29,8 @@ _NAME = re.compile(r"^rlfleet-scratch-(?P<pid>\d+)-(?:(?P<ns>\d+)-)?")
 def scratch_dir(what: str) -> str:
     """A new folder for this process's ``what`` (``vllm``, ``vllm-lora``), after a sweep."""
     sweep_scratch()
-    return tempfile.mkdtemp(prefix=f"rlfleet-scratch-{writer_tag()}-{what}-")
+    root = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix=f"rlfleet-scratch-{writer_tag(root)}-{what}-", dir=root)
 
 
 def sweep_scratch(root: str | None = None) -> list[str]:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -129,7 +130,12 @@ def test_sweep_removes_a_killed_writers_segment(tmp_path: Path) -> None:
     proc.wait()
     proc.stdout.close()
     assert sweep_segments(str(tmp_path)) == [name]
-    assert sorted(os.listdir(tmp_path)) == [mine.name]
+    assert set(os.listdir(tmp_path)) == {mine.name, own_mark()}  # the writer's mark went too
+
+
+def own_mark() -> str:
+    """This process's mark: what tells sweepers of other PID namespaces it lives."""
+    return f"rlfleet-live-{os.getpid()}-{os.stat('/proc/self/ns/pid').st_ino}"
 
 
 @pytest.mark.skipif(
@@ -151,7 +157,40 @@ def test_the_sweep_leaves_the_segments_of_another_pid_namespace(tmp_path: Path) 
     )
     assert swept.returncode == 0, swept.stderr
     assert swept.stdout.strip() == "[]"  # where this test's pid is no process at all
-    assert os.listdir(tmp_path) == [live.name]
+    assert set(os.listdir(tmp_path)) == {live.name, own_mark()}
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_a_killed_writer_of_another_pid_namespace_is_swept_by_its_mark(tmp_path: Path) -> None:
+    """A container that shares /dev/shm and dies by SIGKILL comes back in a new namespace:
+    its segments used to stay for good. Its mark, locked while it lived, says it is gone.
+    """
+    code = (
+        "import time; from common.shm import write_segment;"
+        f" print(write_segment(b'z' * 100, {str(tmp_path)!r}).name, flush=True); time.sleep(60)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    writer = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert writer.stdout is not None
+    name = writer.stdout.readline().strip()
+    theirs = {n for n in os.listdir(tmp_path) if n.startswith("rlfleet-live-")}
+    assert len(theirs) == 1  # the writer's mark (pid 1 of its namespace)
+    assert sweep_segments(str(tmp_path)) == []  # alive: its mark is held
+    writer.kill()  # unshare, and with it (--kill-child) the writer
+    writer.wait()
+    writer.stdout.close()
+    deadline = time.monotonic() + 10
+    while (swept := sweep_segments(str(tmp_path))) == [] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel lets go of the mark's lock as the writer ends
+    assert swept == [name]
+    assert os.listdir(tmp_path) == []  # its segment and its mark
 
 
 @pytest.mark.parametrize("piece", [7, 1 << 19])

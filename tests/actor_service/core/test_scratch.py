@@ -40,5 +40,5 @@ def test_scratch_dir_names_this_process(monkeypatch, tmp_path: pathlib.Path) -> 
     left.mkdir()
     path = pathlib.Path(scratch_dir("vllm"))
     assert path.parent == tmp_path
-    assert path.name.startswith(f"rlfleet-scratch-{writer_tag()}-vllm-")
+    assert path.name.startswith(f"rlfleet-scratch-{writer_tag(str(tmp_path))}-vllm-")
     assert not left.exists()  # a new folder sweeps first
