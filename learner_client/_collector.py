@@ -13,7 +13,6 @@ catch it, ``next()`` again or ``shutdown()``.
 from __future__ import annotations
 
 import enum
-import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,8 +67,6 @@ from learner_client._weights import PushOptions, normalize_update_args, renamed_
 from learner_client._wiring import Teardown, assemble, weakly
 
 __all__ = ["GrpcCollector"]
-
-log = logging.getLogger("learner_client")
 
 
 class _State(enum.Enum):
@@ -250,6 +247,7 @@ class GrpcCollector(TorchRLAccessors):
                     create_env_fn=create_env_fn,
                     create_env_kwargs=create_env_kwargs,
                     policy=policy,
+                    policy_factory=policy_factory,
                     num_collectors=num_collectors,
                     collector_class=collector_class,
                     collector_kwargs=collector_kwargs,
@@ -389,7 +387,7 @@ class GrpcCollector(TorchRLAccessors):
         )
         self._membership = DnsMembership(
             actors,
-            weakly(self._add_listed),
+            weakly(self._add),
             self._fleet.known_addresses,
             interval=dns_refresh_interval,
             follow=self._owner.follow(),
@@ -599,13 +597,19 @@ class GrpcCollector(TorchRLAccessors):
         self.shutdown(timeout, close_env)
 
     def shutdown(
-        self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True
+        self,
+        timeout: float | None = None,
+        close_env: bool = True,
+        raise_on_error: bool = True,
+        *,
+        shutdown_ray: bool = False,
     ) -> None:
         """Stop collecting, close every session and channel, join every thread.
 
         Bounded by ``timeout`` (default 10 s) per phase, idempotent, tolerant of dead actors.
-        A fleet object given to the collector (not its addresses) is stopped too. TorchRL's
-        ``close_env`` and ``raise_on_error`` change nothing: the envs are the actors'.
+        A fleet object given to the collector (not its addresses) is stopped too; with
+        ``shutdown_ray`` (RayCollector's), Ray too, once no fleet of this process uses it.
+        TorchRL's ``close_env`` and ``raise_on_error`` change nothing: the envs are the actors'.
         """
         limit = shutdown_limit(timeout)  # checked before anything closes
         with self._lock:
@@ -613,7 +617,7 @@ class GrpcCollector(TorchRLAccessors):
                 return
             self._state = _State.CLOSED
         self._dropped.detach()
-        self._teardown(limit)  # a fleet given to the collector stops with it
+        self._teardown(limit, shutdown_ray)  # a fleet given to the collector stops with it
 
     # ------------------------------------------------ the fleet: views, seeds, state
 
@@ -697,13 +701,10 @@ class GrpcCollector(TorchRLAccessors):
         seqs), re-admitted as after a restart (docs/reliability.md). Raises ValueError as
         at construction and ActorUnavailableError past ``connect_timeout``.
         """
-        return self._add(addresses, gone=())
+        return self._add(addresses)
 
-    def _add_listed(self, addresses: Sequence[str], gone: Iterable[str]) -> list[RemoteActor]:
-        """Admit addresses that joined DNS; ``gone`` lists those that left it."""
-        return self._add(addresses, gone=gone)
-
-    def _add(self, addresses: Sequence[str], *, gone: Iterable[str]) -> list[RemoteActor]:
+    def _add(self, addresses: Sequence[str], gone: Iterable[str] = ()) -> list[RemoteActor]:
+        """Admit ``addresses`` (also DNS's joiners; ``gone``: the addresses that left it)."""
         with self._lock:
             self._check_open()
             links = self._fleet.describe(check_addresses(addresses))
@@ -791,8 +792,7 @@ class GrpcCollector(TorchRLAccessors):
 
     def __repr__(self) -> str:
         mode = "sync" if self._batch.sync else "async"
-        ranks = self._ranks
-        shard = f", rank={ranks.rank}/{ranks.world_size}" if ranks.world_size > 1 else ""
+        shard = f", rank={self.rank}/{self.world_size}" if self.world_size > 1 else ""
         return (
             f"GrpcCollector({mode}{shard}, worker_ids={self.worker_ids}, "
             f"frames_per_batch={self._batch.frames_per_batch}, "

@@ -123,10 +123,23 @@ def check_positional(actors: object, extra: tuple[Any, ...]) -> None:
             f"GrpcCollector got {1 + len(extra)} positional arguments, as TorchRL's "
             f"Collector(create_env_fn, policy, ...) takes them; {fix}"
         )
-    if isinstance(actors, str | Sequence) or is_fleet(actors):
+    if isinstance(actors, Sequence) and not isinstance(actors, str):
+        if any(_env_or_policy(item) for item in actors):
+            raise TypeError(
+                "GrpcCollector's first argument is the fleet or its addresses, got a list "
+                "holding envs or env constructors (RayCollector's create_env_fn?); pass it "
+                "by keyword: GrpcCollector(create_env_fn=[...], policy=policy, ...)"
+            )
         return
-    if callable(actors) or hasattr(actors, "fake_tensordict"):
+    if isinstance(actors, str) or is_fleet(actors):
+        return
+    if _env_or_policy(actors):
         raise TypeError(
             f"GrpcCollector's first argument is the fleet or its addresses, "
             f"got {type(actors).__name__} (an env or a policy?); {fix}"
         )
+
+
+def _env_or_policy(value: object) -> bool:
+    """Whether ``value`` looks like an env, an env constructor or a module (not an address)."""
+    return callable(value) or hasattr(value, "fake_tensordict")

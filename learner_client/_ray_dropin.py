@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from tensordict.nn import TensorDictModuleBase
 
-from learner_client._ray_fleet import RayFleet, import_ray
+from learner_client._ray_fleet import RayFleet, check_ray_args, import_ray
 
 __all__ = ["RAY_ARGUMENTS", "RAY_WARNED", "RayPlacement", "ray_fleet_of"]
 
@@ -44,6 +44,7 @@ RAY_ARGUMENTS = frozenset(
         "ray_init_config",
         "remote_configs",
         "create_env_kwargs",
+        "policy_factory",
     }
 )
 #: RayCollector's arguments that warn in the drop-in form when given (no effect there).
@@ -82,6 +83,7 @@ class RayPlacement:
     create_env_fn: Any
     create_env_kwargs: Mapping[str, Any] | None
     policy: Any
+    policy_factory: Any
     num_collectors: int | None
     collector_class: Any
     collector_kwargs: Any
@@ -104,8 +106,9 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
             "GrpcCollector needs the actors (their addresses or a fleet), or RayCollector's "
             "create_env_fn (with policy, num_collectors, ...) to place its own on Ray"
         )
+    check_ray_args(placement.ray_init_config, None, None)
+    env_fns, kwargs, configs = _per_collector(placement)  # checked before Ray is needed
     import_ray()
-    env_fns, kwargs, configs = _per_collector(placement)
     _warn_collector_kwargs(kwargs)
     policy = placement.policy
     if policy is not None and not isinstance(policy, TensorDictModuleBase):
@@ -121,6 +124,7 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
         policy=policy,
         env_kwargs=placement.create_env_kwargs,
         create_env_fn=env_fns,
+        policy_factory=placement.policy_factory,
         extra_args=["--env-backend", "async" if parallel else "sync"],
         ray_init_config=placement.ray_init_config,
         remote_configs=configs,
@@ -164,9 +168,20 @@ def _per_collector(
     }
     return (
         listed["create_env_fn"],
-        [dict(k) for k in listed["collector_kwargs"]],
-        [dict(c) for c in listed["remote_configs"]],
+        _dicts("collector_kwargs", listed["collector_kwargs"]),
+        _dicts("remote_configs", listed["remote_configs"]),
     )
+
+
+def _dicts(name: str, items: list[Any]) -> list[dict[str, Any]]:
+    """Copies of ``items``, each a mapping; TypeError naming ``name`` otherwise."""
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise TypeError(
+                f"{name} must be a dict or a list of one dict per collector; it holds a "
+                f"{type(item).__name__}: {item!r:.60}"
+            )
+    return [dict(item) for item in items]
 
 
 def _default_remote_config() -> dict[str, Any]:

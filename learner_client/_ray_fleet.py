@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +57,7 @@ from learner_client._local_fleet import (
     _worker_ids,
 )
 
-__all__ = ["RayFleet"]
+__all__ = ["RayFleet", "check_ray_args", "import_ray", "shut_down_ray_when_unused"]
 
 #: The options a Ray actor takes from ``remote_configs`` when none are given.
 _DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
@@ -81,6 +82,75 @@ def import_ray() -> Any:
             f"placing actors on Ray needs Ray, which is not installed ({exc}): {RAY_EXTRA}"
         ) from exc
     return ray
+
+
+class _RayLease:
+    """This process's fleets that use Ray: Ray started by one of them stops with the last.
+
+    As TorchRL's own Ray users count theirs: a fleet (or collector) that stops while others
+    still use Ray leaves it running for them; the last one shuts it down if a fleet started
+    it, or if one of them asked to (``shutdown_ray``).
+    """
+
+    _lock = threading.Lock()
+    _leases = 0
+    _shut_down_at_end = False
+
+    @classmethod
+    def acquire(cls, init_config: Mapping[str, Any]) -> Any:
+        """Ray, initialised with ``init_config`` if it is not yet; one more lease held."""
+        ray = import_ray()
+        with cls._lock:
+            if not ray.is_initialized():
+                config = dict(init_config)
+                if config.get("address") is None:
+                    config.setdefault("include_dashboard", False)
+                ray.init(**config)
+                cls._shut_down_at_end = True
+            cls._leases += 1
+        return ray
+
+    @classmethod
+    def request_shutdown(cls) -> None:
+        """Shut Ray down now if no fleet holds a lease, else when the last lets go."""
+        import ray
+
+        with cls._lock:
+            cls._shut_down_at_end = cls._leases > 0
+            if cls._leases == 0 and ray.is_initialized():
+                ray.shutdown()
+
+    @classmethod
+    def release(cls, shutdown_ray: bool) -> None:
+        """One lease less; Ray shuts down with the last if a fleet started it (or asked)."""
+        import ray
+
+        with cls._lock:
+            cls._leases = max(0, cls._leases - 1)
+            cls._shut_down_at_end |= shutdown_ray
+            if cls._leases == 0 and cls._shut_down_at_end:
+                cls._shut_down_at_end = False
+                if ray.is_initialized():
+                    ray.shutdown()
+
+
+def shut_down_ray_when_unused() -> None:
+    """RayCollector's ``shutdown(shutdown_ray=True)``: Ray stops now, or with the last fleet.
+
+    Nothing when Ray was never imported (a collector of actors given by address).
+    """
+    if "ray" in sys.modules:
+        _RayLease.request_shutdown()
+
+
+def _ray_up() -> bool:
+    """Whether Ray is still initialised here.
+
+    A call on a handle after ``ray.shutdown()`` would start a new local Ray, not fail.
+    """
+    import ray
+
+    return bool(ray.is_initialized())
 
 
 def _incarnation_seed(ray: Any, seed: int | None) -> int | None:
@@ -174,7 +244,8 @@ class _InProcessHost:
     ``argv`` is the server's command line as :class:`_ServerHost` takes it; its flags are
     read by the actor side's own parser, then the env factory and the policy are set to the
     objects Ray shipped here (``env_fn``: a callable or a TorchRL env; ``policy``: a
-    ``TensorDictModuleBase``, or None for the flags' policy). The actor side is imported
+    ``TensorDictModuleBase``, or ``policy_factory``, TorchRL's, called here to build it, or
+    neither, for the flags' policy). The actor side is imported
     by name, here in the Ray worker. A server that fails to start is reported by
     :meth:`ready`, with the traceback it raised on this node.
     """
@@ -186,6 +257,7 @@ class _InProcessHost:
         seed: int | None,
         env_fn: Callable[..., Any],
         policy: Any = None,
+        policy_factory: Callable[[], Any] | None = None,
     ) -> None:
         import ray
 
@@ -198,7 +270,7 @@ class _InProcessHost:
         self.server: Any = None
         self.failure = ""
         try:
-            self.server = _serve_in_process(flags, env_fn, policy)
+            self.server = _serve_in_process(flags, env_fn, policy, policy_factory)
         except BaseException as exc:  # reported by ready(), with this node's traceback
             self.failure = (
                 f"{type(exc).__name__}: {exc}\nthe actor's traceback (on {self.node_ip}):\n"
@@ -230,7 +302,12 @@ class _InProcessHost:
         return 0
 
 
-def _serve_in_process(flags: list[str], env_fn: Callable[..., Any], policy: Any) -> Any:
+def _serve_in_process(
+    flags: list[str],
+    env_fn: Callable[..., Any],
+    policy: Any,
+    policy_factory: Callable[[], Any] | None = None,
+) -> Any:
     """Start a ``torchrl``-kind server from ``flags`` with in-memory factories; its thread."""
     import dataclasses
 
@@ -241,8 +318,9 @@ def _serve_in_process(flags: list[str], env_fn: Callable[..., Any], policy: Any)
     config = dataclasses.replace(
         config, env_pool=dataclasses.replace(config.env_pool, env_factory=env_fn)
     )
-    if policy is not None:
-        spec = actor.ModelSpec(config.models[0].model_id, lambda env: policy)
+    if policy is not None or policy_factory is not None:
+        build = (lambda env: policy) if policy_factory is None else (lambda env: policy_factory())
+        spec = actor.ModelSpec(config.models[0].model_id, build)
         config = dataclasses.replace(config, models=(spec, *config.models[1:]))
     torch.set_num_threads(config.torch_threads)
     return actor.create_server(config).run_in_thread()
@@ -269,8 +347,9 @@ class RayFleet:
         remote_configs: Ray actor options (``num_cpus``, ``num_gpus``, ``memory``,
             ``resources``, ``scheduling_strategy``, ``max_restarts``, ...): one dict for
             every actor or a sequence of one per actor. Default ``{"num_cpus": 1}``.
-        shutdown_ray: Shut Ray down on stop even when this fleet did not initialise it
-            (when it did, it always does).
+        shutdown_ray: Shut Ray down on stop even when no fleet initialised it (when one
+            did, the last to stop does). Ray stays up while another fleet (or drop-in
+            collector) of this process still uses it, and stops with the last.
         host: Address each server binds; None: its node's IP (``ray.util.get_node_ip_address``).
         python: Interpreter that runs ``-m actor_service`` on the nodes; None: the Ray
             worker's own.
@@ -281,6 +360,9 @@ class RayFleet:
             then be a ``tensordict.nn.TensorDictModuleBase`` object (None: random actions;
             a string: a factory as above). ``env``, ``env_factory`` and ``python`` are not
             used.
+        policy_factory: With ``create_env_fn``: TorchRL's callable (or one per actor) that
+            returns the policy, called with no argument in each Ray actor's process (in
+            place of ``policy``, which must then be None).
 
     Example::
 
@@ -315,10 +397,14 @@ class RayFleet:
         host: str | None = None,
         python: str | None = None,
         create_env_fn: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]] | None = None,
     ) -> None:
         _check_int("num_actors", num_actors, 1)
         self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
         self._policy_module = None if isinstance(policy, str | None) else policy
+        self._policy_factories = _policy_factories(
+            policy_factory, policy, create_env_fn, num_actors
+        )
         kind = _kind_of(kind, self._env_fns is not None, self._policy_module)
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
@@ -327,6 +413,7 @@ class RayFleet:
         self.grace_period = float(grace_period)
         self.host = host
         self.remote_configs = _remote_configs(remote_configs, num_actors)
+        check_ray_args(ray_init_config, host, python)
         self._ray_init_config = dict(ray_init_config or {})
         self._shutdown_ray = shutdown_ray
         self._python = python
@@ -345,7 +432,7 @@ class RayFleet:
         self._common_args = [str(part) for flag in flags.items() for part in flag]
         self._extra_args = list(extra_args)
         self._handles: dict[int, Any] = {}
-        self._owns_ray = False
+        self._leased = False  # holds one of this process's leases on Ray (_RayLease)
         self._state = "new"
 
     # ------------------------------------------------------------- lifecycle
@@ -373,7 +460,7 @@ class RayFleet:
             ):
                 args: list[Any] = [self._argv(worker_id), self.host, self._seed_of(worker_id)]
                 if self._env_fns is not None:
-                    args += [self._env_fns[i], self._policy_module]
+                    args += [self._env_fns[i], self._policy_module, self._policy_factories[i]]
                 self._handles[worker_id] = host_class.options(**options).remote(*args)
             self._ready(list(self._handles))
         except BaseException:
@@ -384,26 +471,36 @@ class RayFleet:
     def stop(self) -> None:
         """Stop every server (SIGTERM, then SIGKILL) and kill its Ray actor. Idempotent.
 
-        Ray itself is shut down only if this fleet initialised it or ``shutdown_ray``.
+        Ray itself is shut down by the last fleet of this process to stop, if a fleet
+        initialised it or one asked (``shutdown_ray``). After the script's own
+        ``ray.shutdown()`` the actors are gone with it: nothing is called on them.
         """
         if self._state == "stopped":
             return
         self._state = "stopped"
-        if not self._handles and not self._owns_ray and not self._shutdown_ray:
+        if not self._leased:
             return
         import ray
 
         try:
-            stops = [handle.stop.remote(self.grace_period) for handle in self._handles.values()]
+            if _ray_up():  # after the script's own ray.shutdown() its actors are gone with it
+                self._stop_handles(ray)
+        finally:
+            self._leased = False
+            _RayLease.release(self._shutdown_ray)
+
+    def _stop_handles(self, ray: Any) -> None:
+        """Stop every server, then kill its Ray actor and wait until it answers as dead."""
+        handles = list(self._handles.values())
+        try:
             with contextlib.suppress(Exception):
+                stops = [handle.stop.remote(self.grace_period) for handle in handles]
                 ray.wait(stops, num_returns=len(stops), timeout=self.grace_period + _CALL_MARGIN)
         finally:
-            for handle in self._handles.values():
+            for handle in handles:
                 with contextlib.suppress(Exception):
                     ray.kill(handle, no_restart=True)
-            _await_death(ray, list(self._handles.values()), self.grace_period + _CALL_MARGIN)
-            if self._owns_ray or self._shutdown_ray:
-                ray.shutdown()
+            _await_death(ray, handles, self.grace_period + _CALL_MARGIN)
 
     def close(self) -> None:
         """Same as :meth:`stop`."""
@@ -445,7 +542,7 @@ class RayFleet:
         """
         import ray
 
-        if self._state != "running":
+        if self._state != "running" or not _ray_up():
             return []
         refs = {h.ready.remote(self.start_timeout): w for w, h in self._handles.items()}
         done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
@@ -476,6 +573,8 @@ class RayFleet:
         """Whether the actor server with ``worker_id`` is running (False if unreachable)."""
         import ray
 
+        if self._leased and not _ray_up():
+            return False  # gone with the script's ray.shutdown()
         self._check_running()
         try:
             return bool(ray.get(self._handles[worker_id].is_alive.remote(), timeout=_CALL_MARGIN))
@@ -494,13 +593,8 @@ class RayFleet:
     # ------------------------------------------------------------ internals
 
     def _init_ray(self) -> Any:
-        ray = import_ray()
-        if not ray.is_initialized():
-            config = dict(self._ray_init_config)
-            if config.get("address") is None:
-                config.setdefault("include_dashboard", False)
-            ray.init(**config)
-            self._owns_ray = True
+        ray = _RayLease.acquire(self._ray_init_config)
+        self._leased = True
         return ray
 
     def _argv(self, worker_id: int) -> list[str]:
@@ -532,6 +626,10 @@ class RayFleet:
             raise SessionStateError(
                 f"the fleet is {self._state}; use it inside `with` or after start()"
             )
+        if self._leased and not _ray_up():
+            raise SessionStateError(
+                "Ray was shut down (ray.shutdown()) under this fleet: its actors are gone"
+            )
 
 
 def _await_death(ray: Any, handles: Sequence[Any], timeout: float) -> None:
@@ -548,6 +646,25 @@ def _await_death(ray: Any, handles: Sequence[Any], timeout: float) -> None:
             except (ray.exceptions.RayError, TimeoutError):  # dead, or no answer in time
                 break
             time.sleep(_POLL_INTERVAL)
+
+
+def _policy_factories(
+    given: Callable[[], Any] | Sequence[Callable[[], Any]] | None,
+    policy: Any,
+    create_env_fn: Any,
+    num_actors: int,
+) -> list[Callable[[], Any] | None]:
+    """TorchRL's ``policy_factory`` (called on each actor to build its policy), per actor."""
+    if given is None:
+        return [None] * num_actors
+    if policy is not None:
+        raise TypeError("policy_factory cannot be used with policy argument.")  # TorchRL's
+    if create_env_fn is None:
+        raise TypeError(
+            "policy_factory builds the policy in the Ray actor's process: it goes with "
+            "create_env_fn (the callable form); otherwise name a factory as policy="
+        )
+    return list(_per_actor("policy_factory", given, num_actors) or [])
 
 
 def _kind_of(kind: str, callable_form: bool, policy_module: Any) -> str:
@@ -590,12 +707,36 @@ def _remote_configs(
         return [dict(_DEFAULT_REMOTE_CONFIG) for _ in range(num_actors)]
     if isinstance(configs, Mapping):
         return [dict(configs) for _ in range(num_actors)]
+    if isinstance(configs, str | bytes) or not isinstance(configs, Sequence):
+        raise TypeError(
+            "remote_configs must be a dict of Ray actor options (e.g. {'num_cpus': 1}) or a "
+            f"list of one per actor, got {type(configs).__name__}"
+        )
+    for config in configs:
+        if not isinstance(config, Mapping):
+            raise TypeError(
+                "remote_configs must be a dict of Ray actor options or a list of dicts, one "
+                f"per actor; it holds a {type(config).__name__}: {config!r:.60}"
+            )
     listed = [dict(config) for config in configs]
     if len(listed) != num_actors:
         raise ValueError(
             f"remote_configs must be one dict or {num_actors} (one per actor), got {len(listed)}"
         )
     return listed
+
+
+def check_ray_args(ray_init_config: object, host: object, python: object) -> None:
+    """Refuse, before Ray starts, arguments whose type cannot be what they name."""
+    if ray_init_config is not None and not isinstance(ray_init_config, Mapping):
+        raise TypeError(
+            "ray_init_config must be a dict of ray.init keyword arguments (e.g. "
+            f"{{'address': 'auto'}}), got {type(ray_init_config).__name__}: "
+            f"{ray_init_config!r:.60}"
+        )
+    for name, value in (("host", host), ("python", python)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{name} must be a non-empty str or None, got {value!r:.60}")
 
 
 def _address(host: str, port: int) -> str:

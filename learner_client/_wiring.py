@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from common.errors import ClosedError
+from common.shm import sweep_segments
 from learner_client._agreement import VersionAgreement
 from learner_client._collect_stream import OpenStreams
 from learner_client._fleet import Fleet
@@ -36,6 +37,7 @@ from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import DeltaTracker, Pusher
+from learner_client._ray_fleet import shut_down_ray_when_unused
 from learner_client._relay import RelayRoute
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings, WeightPushSettings
@@ -114,15 +116,25 @@ class Teardown:
     background: _Thread
     owner: _Closing
 
-    def __call__(self, timeout: float) -> None:
-        """Close everything, each phase bounded by ``timeout``."""
+    def __call__(self, timeout: float, shutdown_ray: bool = False) -> None:
+        """Close everything, each phase bounded by ``timeout``.
+
+        Then remove the segments of actors killed meanwhile (a fleet's server SIGKILLed after
+        its grace period, a Ray worker gone), and with ``shutdown_ray`` (RayCollector's) ask
+        Ray to shut down once no fleet of this process uses it.
+        """
         try:
             self.membership.close()
             self.background.stop()
             self.parts.close(timeout)
             self.background.join(timeout)
         finally:
-            self.owner.close()
+            try:
+                self.owner.close()
+            finally:
+                sweep_segments()
+                if shutdown_ray:
+                    shut_down_ray_when_unused()
 
     def when_dropped(self, collector: object, timeout: float) -> weakref.finalize:
         """Run when ``collector`` is collected, or at interpreter exit, unless detached.

@@ -157,6 +157,41 @@ def test_ray_dropin_ships_closures_and_a_user_module_sync_and_async(ray_cluster:
     assert [tuple(b.batch_size) for b in batches] == [(40,), (40,)]
 
 
+def test_ray_dropin_builds_each_actors_policy_with_torchrls_policy_factory(
+    ray_cluster: Any,
+) -> None:
+    """``policy_factory`` used to warn "no effect" here while the actors acted randomly."""
+    from tensordict.nn import TensorDictModule
+    from torch import nn
+    from torchrl.envs import GymEnv
+
+    def constant() -> Any:  # TorchRL's policy_factory: called with no argument, per worker
+        linear = nn.Linear(3, 1)
+        nn.init.zeros_(linear.weight)
+        nn.init.constant_(linear.bias, 0.25)
+        return TensorDictModule(linear, in_keys=["observation"], out_keys=["action"])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing warns: the argument acts
+        collector = GrpcCollector(
+            create_env_fn=[lambda: GymEnv("Pendulum-v1")],
+            policy_factory=constant,
+            remote_configs=SMALL,
+            frames_per_batch=20,
+            total_frames=40,
+        )
+    with collector:
+        actions = [batch["action"] for batch in collector]
+    assert {round(float(a), 4) for batch in actions for a in batch.flatten()} == {0.25}
+    with pytest.raises(TypeError, match="policy_factory cannot be used with policy"):
+        GrpcCollector(
+            create_env_fn=[lambda: GymEnv("Pendulum-v1")],
+            policy=constant(),
+            policy_factory=constant,
+            frames_per_batch=20,
+        )
+
+
 def test_ray_dropin_envs_per_collector(ray_cluster: Any) -> None:
     from torchrl.collectors import Collector
     from torchrl.envs import GymEnv

@@ -113,6 +113,8 @@ def test_torchrls_positional_arguments_name_the_keywords() -> None:
         GrpcCollector(make_env, frames_per_batch=8)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"create_env_fn=env, policy=policy"):
         GrpcCollector(policy, frames_per_batch=8)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"RayCollector's create_env_fn\?\); pass it by keyword"):
+        GrpcCollector([make_env, make_env], frames_per_batch=8)  # type: ignore[list-item]
 
 
 @pytest.fixture(scope="module")

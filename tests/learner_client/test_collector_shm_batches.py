@@ -205,3 +205,20 @@ def test_the_segments_of_a_killed_actor_are_swept():
         assert segments_of([pid])  # SIGKILL left them behind
         _shm.ShmRoute(enabled=True)  # the next learner (or actor) on this host sweeps them
         assert segments_of([pid]) == []
+
+
+def test_the_segments_of_an_actor_killed_under_a_collector_go_at_its_shutdown():
+    """A Ray worker or a fleet's server SIGKILLed mid-collection left its segments until the
+    next learner or actor started; the collector's shutdown sweeps them."""
+    with LocalFleet(1, "CartPole-v1", num_envs=2, grace_period=1.0) as solo:
+        collector = GrpcCollector(solo.addresses, frames_per_batch=FRAMES, sync=True)
+        collector.next()
+        (pid,), (worker_id,) = solo.pids, solo.worker_ids
+        assert segments_of([pid])
+        solo.kill(worker_id, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while solo.is_alive(worker_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert segments_of([pid])  # SIGKILL left them behind
+        collector.shutdown()
+        assert segments_of([pid]) == []

@@ -1,0 +1,89 @@
+"""Ray's lifetime under several fleets of one process, and under the script's own shutdown.
+
+Each fleet used to shut Ray down on stop if it had started it, under the fleets (and drop-in
+collectors) still using it: their next call started a new local Ray, their batches timed out,
+their stop raised. As TorchRL's Ray users count theirs, the last to stop shuts Ray down.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from common.errors import SessionStateError
+from learner_client import GrpcCollector, RayFleet
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def ray() -> Iterator[Any]:
+    """Ray, not initialised: the test's fleets start it (and must stop it)."""
+    ray = pytest.importorskip("ray")
+    assert not ray.is_initialized()
+    yield ray
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def temp_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's sockets live there
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _fleet(temp_dir: str) -> RayFleet:
+    init = {"num_cpus": 2, "_temp_dir": temp_dir, "log_to_driver": False}
+    return RayFleet(
+        1, num_envs=2, grace_period=1.0, remote_configs={"num_cpus": 0.5}, ray_init_config=init
+    )
+
+
+def test_ray_started_by_one_fleet_stays_up_for_the_others_until_the_last_stops(
+    ray: Any, temp_dir: str
+) -> None:
+    first = _fleet(temp_dir).start()  # initialises Ray
+    second = _fleet(temp_dir).start()
+    first.stop()
+    assert ray.is_initialized()  # the second still uses it
+    assert second.is_alive(0)
+    with GrpcCollector(second, frames_per_batch=8, total_frames=16, sync=True) as collector:
+        assert [batch.numel() for batch in collector] == [8, 8]
+    second.stop()
+    assert not ray.is_initialized()  # the last one out, and a fleet had started it
+
+
+def test_a_fleet_under_the_scripts_own_ray_shutdown_stops_without_a_new_ray(
+    ray: Any, temp_dir: str
+) -> None:
+    fleet = _fleet(temp_dir).start()
+    ray.shutdown()  # the script's own, before the fleet's stop
+    assert fleet.live_addresses() == []
+    assert not fleet.is_alive(0)
+    with pytest.raises(SessionStateError, match=r"ray\.shutdown"):
+        _ = fleet.addresses
+    began = time.monotonic()
+    fleet.stop()  # used to raise, after starting a new local Ray to call the gone actors
+    assert time.monotonic() - began < 5
+    assert not ray.is_initialized()
+
+
+def test_raycollectors_shutdown_ray_stops_ray_once_no_fleet_uses_it(
+    ray: Any, temp_dir: str
+) -> None:
+    """``shutdown(shutdown_ray=True)``, RayCollector's: a TypeError before; now Ray stops, after
+    the last fleet still using it."""
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    other = _fleet(temp_dir).start()  # the script started Ray: no fleet would stop it
+    collector = GrpcCollector(_fleet(temp_dir), frames_per_batch=8, sync=True)
+    assert collector.next().numel() == 8
+    collector.shutdown(shutdown_ray=True)
+    assert ray.is_initialized()  # the other fleet still uses it
+    other.stop()
+    assert not ray.is_initialized()
