@@ -470,6 +470,10 @@ class _Pushes(Protocol):  # learner_client._pushes.Pusher, whose module imports 
     def unchanged_since_push(self) -> bool: ...
 
 
+class _Batches(Protocol):  # learner_client._settings.BatchSettings
+    def frames_per_actor(self, num_actors: int) -> int: ...
+
+
 class _Holds(Protocol):
     """What :class:`TorchRLAccessors` reads of the collector it is part of."""
 
@@ -477,6 +481,11 @@ class _Holds(Protocol):
     _env: ScriptEnv | None
     _shared: SharedPolicy | None
     _pusher: _Pushes
+
+    _batch: _Batches
+
+    @property
+    def worker_ids(self) -> list[int]: ...
 
     @property
     def policy(self) -> torch.nn.Module | None: ...
@@ -515,6 +524,20 @@ class TorchRLAccessors:
     def iterator(self: _Holds) -> Iterator[Any]:
         """TorchRL's name for iterating the collector."""
         return iter(self)
+
+    @property
+    def num_workers(self: _Holds) -> int:
+        """TorchRL's count of a collector's workers: here the actors it collects from."""
+        return len(self.worker_ids)
+
+    def frames_per_batch_worker(self: _Holds, *, worker_idx: int | None = None) -> int:
+        """Frames each actor collects per batch (``MultiCollector``'s method).
+
+        All of ``frames_per_batch`` (async), or its share of it (sync: split evenly, never
+        rounded up); every actor has the same, whatever ``worker_idx``.
+        """
+        del worker_idx
+        return self._batch.frames_per_actor(max(1, len(self.worker_ids)))
 
     def getattr_rb(self: _Holds, attr: str) -> Any:
         """``attr`` of the replay buffer (``write_count``, say)."""

@@ -118,6 +118,21 @@ def test_torchrl_attributes_aliases_and_refusals(cartpole: list[str]) -> None:
 
 
 @pytest.mark.parametrize("sync", [True, False])
+def test_num_workers_and_frames_per_batch_worker_as_torchrls_multi_collectors(
+    cartpole: list[str], sync: bool
+) -> None:
+    """MultiSyncCollector(frames_per_batch=16) over 2 workers: 2 and 8 each; async: 16."""
+    with GrpcCollector(cartpole, frames_per_batch=16, sync=sync) as collector:
+        assert collector.num_workers == 2
+        expected = 8 if sync else 16
+        assert collector.frames_per_batch_worker() == expected
+        assert collector.frames_per_batch_worker(worker_idx=1) == expected
+        batch = collector.next()
+        part = batch[0] if sync else batch  # sync: [workers, envs, time]
+        assert part.numel() == expected
+
+
+@pytest.mark.parametrize("sync", [True, False])
 def test_a_budget_whole_batches_overshoot_warns_as_torchrl_and_collects_them(
     cartpole: list[str], sync: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
