@@ -153,20 +153,31 @@ def _take_mark(path: str) -> int | None:
     return None
 
 
-def _drop_marks(*, unlink: bool) -> None:
-    """Let go of this process's marks (a fork's child: its copies, leaving the parent's held)."""
+def _drop_marks() -> None:
+    """Remove this process's marks as it exits (a SIGKILL leaves them to the sweep)."""
     with _held_lock:
         for path, fd in _held.values():
-            if unlink:
-                with contextlib.suppress(OSError):
-                    if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                        os.unlink(path)
+            with contextlib.suppress(OSError):
+                if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    os.unlink(path)
             os.close(fd)
         _held.clear()
 
 
-atexit.register(_drop_marks, unlink=True)
-os.register_at_fork(after_in_child=lambda: _drop_marks(unlink=False))
+def _forget_marks_in_child() -> None:
+    """In a fork's child: close the copies of the marks (the parent's stay held).
+
+    The lock is made anew: another thread may have held the old one at the fork.
+    """
+    global _held_lock
+    _held_lock = threading.Lock()
+    for _path, fd in _held.values():
+        os.close(fd)
+    _held.clear()
+
+
+atexit.register(_drop_marks)
+os.register_at_fork(after_in_child=_forget_marks_in_child)
 
 
 def pid_namespace() -> int:

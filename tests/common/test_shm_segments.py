@@ -193,6 +193,46 @@ def test_a_killed_writer_of_another_pid_namespace_is_swept_by_its_mark(tmp_path:
     assert os.listdir(tmp_path) == []  # its segment and its mark
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_a_forked_child_does_not_keep_its_parents_mark_held(tmp_path: Path) -> None:
+    """A child forked by a writer (an env worker, say) inherits the mark's descriptor: were
+    it kept, the parent's segments would outlive it as long as the child lives."""
+    code = f"""
+import os, signal, time
+from common.shm import write_segment
+name = write_segment(b"z" * 100, {str(tmp_path)!r}).name
+child = os.fork()
+if child == 0:  # lets go of the test's pipes, then lives on
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    time.sleep(60)
+    os._exit(0)
+print(name, child, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    writer = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    name, child = writer.stdout.split()
+    try:
+        sweep = f"from common.shm import sweep_segments; print(sweep_segments({str(tmp_path)!r}))"
+        swept = subprocess.run(  # from another PID namespace: judged by the mark alone
+            ["unshare", "--pid", "--fork", sys.executable, "-c", sweep],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert swept.returncode == 0, swept.stderr
+        assert swept.stdout.strip() == repr([name])  # the child lives, the writer is gone
+    finally:
+        os.kill(int(child), signal.SIGKILL)
+
+
 @pytest.mark.parametrize("piece", [7, 1 << 19])
 def test_the_assembler_reads_a_segment_in_pieces_each_checked_in_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int
