@@ -402,9 +402,7 @@ class RayFleet:
         _check_int("num_actors", num_actors, 1)
         self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
         self._policy_module = None if isinstance(policy, str | None) else policy
-        self._policy_factories = _policy_factories(
-            policy_factory, policy, create_env_fn, num_actors
-        )
+        self._factories = _policy_factories(policy_factory, policy, create_env_fn, num_actors)
         kind = _kind_of(kind, self._env_fns is not None, self._policy_module)
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
@@ -460,7 +458,7 @@ class RayFleet:
             ):
                 args: list[Any] = [self._argv(worker_id), self.host, self._seed_of(worker_id)]
                 if self._env_fns is not None:
-                    args += [self._env_fns[i], self._policy_module, self._policy_factories[i]]
+                    args += [self._env_fns[i], self._policy_module, self._factories[i]]
                 self._handles[worker_id] = host_class.options(**options).remote(*args)
             self._ready(list(self._handles))
         except BaseException:
