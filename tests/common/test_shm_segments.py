@@ -138,31 +138,40 @@ def own_mark() -> str:
     return f"rlfleet-live-{os.getpid()}-{os.stat('/proc/self/ns/pid').st_ino}"
 
 
-@pytest.mark.skipif(
+#: Tests that run a sweeper (or a writer) in a PID namespace of its own, as another container.
+NEEDS_UNSHARE = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
 )
-def test_the_sweep_leaves_the_segments_of_another_pid_namespace(tmp_path: Path) -> None:
-    """Containers of one pod share /dev/shm, not their pids: a pid alive in its writer's
-    namespace may be no one's in the sweeper's, which used to remove live segments.
-    """
-    live = write_segment(b"live", str(tmp_path))  # this process, alive in its namespace
-    code = f"from common.shm import sweep_segments; print(sweep_segments({str(tmp_path)!r}))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+#: The environment of the tests' subprocesses: this checkout on their path.
+CHECKOUT_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+
+def sweep_from_another_pid_namespace(root: Path) -> str:
+    """What ``sweep_segments(root)`` removes when run from a new PID namespace, printed."""
+    code = f"from common.shm import sweep_segments; print(sweep_segments({str(root)!r}))"
     swept = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
+        env=CHECKOUT_ENV,
     )
     assert swept.returncode == 0, swept.stderr
-    assert swept.stdout.strip() == "[]"  # where this test's pid is no process at all
+    return swept.stdout.strip()
+
+
+@NEEDS_UNSHARE
+def test_the_sweep_leaves_the_segments_of_another_pid_namespace(tmp_path: Path) -> None:
+    """Containers of one pod share /dev/shm, not their pids: a pid alive in its writer's
+    namespace may be no one's in the sweeper's, which used to remove live segments.
+    """
+    live = write_segment(b"live", str(tmp_path))  # this process, alive in its namespace
+    # where this test's pid is no process at all:
+    assert sweep_from_another_pid_namespace(tmp_path) == "[]"
     assert set(os.listdir(tmp_path)) == {live.name, own_mark()}
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
-)
+@NEEDS_UNSHARE
 def test_a_killed_writer_of_another_pid_namespace_is_swept_by_its_mark(tmp_path: Path) -> None:
     """A container that shares /dev/shm and dies by SIGKILL comes back in a new namespace:
     its segments used to stay for good. Its mark, locked while it lived, says it is gone.
@@ -171,12 +180,11 @@ def test_a_killed_writer_of_another_pid_namespace_is_swept_by_its_mark(tmp_path:
         "import time; from common.shm import write_segment;"
         f" print(write_segment(b'z' * 100, {str(tmp_path)!r}).name, flush=True); time.sleep(60)"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     writer = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=CHECKOUT_ENV,
     )
     assert writer.stdout is not None
     name = writer.stdout.readline().strip()
@@ -193,9 +201,7 @@ def test_a_killed_writer_of_another_pid_namespace_is_swept_by_its_mark(tmp_path:
     assert os.listdir(tmp_path) == []  # its segment and its mark
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
-)
+@NEEDS_UNSHARE
 def test_a_forked_child_does_not_keep_its_parents_mark_held(tmp_path: Path) -> None:
     """A child forked by a writer (an env worker, say) inherits the mark's descriptor: were
     it kept, the parent's segments would outlive it as long as the child lives."""
@@ -213,22 +219,12 @@ if child == 0:  # lets go of the test's pipes, then lives on
 print(name, child, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     writer = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=CHECKOUT_ENV
     )
     name, child = writer.stdout.split()
-    try:
-        sweep = f"from common.shm import sweep_segments; print(sweep_segments({str(tmp_path)!r}))"
-        swept = subprocess.run(  # from another PID namespace: judged by the mark alone
-            ["unshare", "--pid", "--fork", sys.executable, "-c", sweep],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-        assert swept.returncode == 0, swept.stderr
-        assert swept.stdout.strip() == repr([name])  # the child lives, the writer is gone
+    try:  # judged by the mark alone: the child lives, the writer is gone
+        assert sweep_from_another_pid_namespace(tmp_path) == repr([name])
     finally:
         os.kill(int(child), signal.SIGKILL)
 
