@@ -51,7 +51,7 @@ from learner_client._settings import (
     random_frames_left,
     shutdown_limit,
 )
-from learner_client._shared_policy import SharedPolicy
+from learner_client._shared_policy import GivenWeights, SharedPolicy
 from learner_client._stats import snapshot
 from learner_client._torchrl_compat import (
     ActorPlacement,
@@ -517,25 +517,20 @@ class GrpcCollector(TorchRLAccessors):
             VersionConflictError: Another rank pushes ``version`` with other weights.
             WeightPushError: Some targets failed; ``.succeeded`` and ``.failed`` say which.
         """
-        policy_or_weights = renamed_weights(policy_or_weights, policy_weights)
-        shared, marked = self._shared, False
+        given = GivenWeights(
+            renamed_weights(policy_or_weights, policy_weights), weights, policy, weights_dict
+        )
         whole = worker_ids is None and dtype is None and not only_trainable and part is None
-        if shared is not None and model_id is None and whole and policy is weights_dict is None:
-            policy_or_weights, weights = shared.taken(policy_or_weights, weights)
-        nothing_given = all(v is None for v in (policy_or_weights, weights, policy, weights_dict))
-        if shared is not None and model_id is None and whole:
-            if nothing_given and version is None and shared.pushed and not shared.changed():
-                return self._held_versions()  # unchanged since its last push: nothing sent
-            module = shared.module
-            if nothing_given or module is policy_or_weights or module is policy:
-                marked = True  # the whole module, to every worker: no automatic push after
-                shared.mark_pushed()
-        if shared is not None and nothing_given and model_id is None:
-            policy = shared.module  # TorchRL's no-argument form: the collector's own policy
+        shared, marked, default_model = self._shared, False, model_id is None
+        if shared is not None:
+            plan = shared.planned(given, default_model=default_model, whole=whole, version=version)
+            if plan is None:
+                return self._held_versions()
+            given, marked = plan
         request = normalize_update_args(
-            policy_or_weights,
-            weights=weights,
-            policy=policy,
+            given.policy_or_weights,
+            weights=given.weights,
+            policy=given.policy,
             worker_ids=worker_ids,
             model_id=model_id,
             weights_dict=weights_dict,

@@ -21,13 +21,14 @@ it with ``update_policy_weights_(module)``, which always sends. Buffers of more 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "SharedPolicy", "WeightsMark"]
+__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "GivenWeights", "SharedPolicy", "WeightsMark"]
 
 #: Per tensor: its identity, version counter and data pointer (a change in place, new memory).
 _Counters = tuple[tuple[int, int, int], ...]
@@ -35,6 +36,21 @@ _Counters = tuple[tuple[int, int, int], ...]
 #: Buffers up to this size are compared by value (``.data.copy_`` bumps no version counter,
 #: and TorchRL's exploration modules anneal their buffers that way).
 VALUE_CHECKED_BUFFER_ELEMENTS = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GivenWeights:
+    """The weights an ``update_policy_weights_`` call names, in each of its forms."""
+
+    policy_or_weights: object
+    weights: object
+    policy: object
+    weights_dict: object
+
+    def nothing(self) -> bool:
+        """Whether no form names weights (TorchRL's argument-less call)."""
+        forms = (self.policy_or_weights, self.weights, self.policy, self.weights_dict)
+        return all(form is None for form in forms)
 
 
 class SharedPolicy:
@@ -84,6 +100,32 @@ class SharedPolicy:
     def forget(self) -> None:
         """Treat the module as changed (its last push failed somewhere)."""
         self._mark = None
+
+    def planned(
+        self, given: GivenWeights, *, default_model: bool, whole: bool, version: int | None
+    ) -> tuple[GivenWeights, bool] | None:
+        """What an ``update_policy_weights_`` call sends, this module shared; None: nothing.
+
+        ``default_model``: no ``model_id`` named; ``whole``: to every worker, unfiltered and
+        uncast. Given weights the module can hold become it (:meth:`taken`); with nothing
+        given, the module is sent, unless it did not change since its last push and no
+        ``version`` was asked for (None then). Returns the weights to send and whether the
+        module was marked pushed (to :meth:`forget` if the push fails).
+        """
+        to_all = default_model and whole
+        if to_all and given.policy is None and given.weights_dict is None:
+            kept, weights = self.taken(given.policy_or_weights, given.weights)
+            given = dataclasses.replace(given, policy_or_weights=kept, weights=weights)
+        nothing, marked = given.nothing(), False
+        if to_all:
+            if nothing and version is None and self.pushed and not self.changed():
+                return None  # unchanged since its last push: nothing sent, the version stays
+            if nothing or self.module is given.policy_or_weights or self.module is given.policy:
+                marked = True  # the whole module, to every worker: no automatic push after
+                self.mark_pushed()
+        if nothing and default_model:  # TorchRL's no-argument form: the collector's own policy
+            given = dataclasses.replace(given, policy=self.module)
+        return given, marked
 
     def taken(self, policy_or_weights: object, weights: object) -> tuple[object, object]:
         """What a push to every worker sends: given weights, copied into the module, become it.

@@ -6,7 +6,12 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from learner_client._shared_policy import VALUE_CHECKED_BUFFER_ELEMENTS, SharedPolicy, WeightsMark
+from learner_client._shared_policy import (
+    VALUE_CHECKED_BUFFER_ELEMENTS,
+    GivenWeights,
+    SharedPolicy,
+    WeightsMark,
+)
 
 
 def test_a_mark_sees_in_place_changes_new_memory_and_other_tensors() -> None:
@@ -83,3 +88,24 @@ def test_the_shared_policy_follows_its_module_by_the_marks_signs() -> None:
         module[0].weight.add_(1.0)
     assert unfollowed.changed()
     assert not unfollowed.due()  # push_policy_changes=False: only when asked
+
+
+def test_a_push_call_with_the_shared_policy_sends_what_torchrl_would() -> None:
+    """No argument: the module, unless unchanged since its last push (nothing, None); given
+    weights it can hold: copied in, the module sent and marked; to a subset: not marked."""
+    module = nn.Linear(2, 2)
+    shared = SharedPolicy(module, follow=True)
+    nothing = GivenWeights(None, None, None, None)
+    sent = GivenWeights(None, None, module, None)
+    assert shared.planned(nothing, default_model=True, whole=True, version=None) == (sent, True)
+    assert shared.planned(nothing, default_model=True, whole=True, version=None) is None
+    asked = shared.planned(nothing, default_model=True, whole=True, version=7)
+    assert asked == (sent, True)  # a version asked for: sent
+    given = GivenWeights(TensorDict({"weight": torch.ones(2, 2)}), None, None, None)
+    plan = shared.planned(given, default_model=True, whole=True, version=None)
+    assert plan == (GivenWeights(module, None, None, None), True)
+    assert torch.equal(module.weight.detach(), torch.ones(2, 2))
+    subset = shared.planned(nothing, default_model=True, whole=False, version=None)
+    assert subset == (sent, False)
+    other_model = shared.planned(nothing, default_model=False, whole=True, version=None)
+    assert other_model == (nothing, False)
