@@ -216,6 +216,18 @@ def normalize_update_args(
     return _with_part(dataclasses.replace(request, delta=delta, version=checked), part)
 
 
+def _next_version(model_id: str, current: int, version: int | None) -> int:
+    """``version``, or the one after ``current``; ValueError once the int64 range is spent."""
+    if version is not None:
+        return version
+    if current >= MAX_POLICY_VERSION:
+        raise ValueError(
+            f"{model_id!r} is at version {current}, the last an actor accepts (int64): "
+            "no later version exists, nothing was sent (actors started afresh count from 0)"
+        )
+    return current + 1
+
+
 def _check_version(version: object) -> int | None:
     """An explicit version: an int in ``[1, MAX_POLICY_VERSION]`` (actors refuse others)."""
     if version is None:
@@ -574,11 +586,11 @@ class WeightBook:
         A given ``source`` becomes the shared last weights.
         """
         with self._lock:
+            current = self._versions.get(model_id, 0)
+            version = _next_version(model_id, current, version)
             if source is not None:  # new shared weights replace any given to single workers
                 self._sources[model_id] = source
                 self._worker_sources.pop(model_id, None)
-            current = self._versions.get(model_id, 0)
-            version = current + 1 if version is None else version
             self._versions[model_id] = max(current, version)
         return version
 
@@ -615,11 +627,11 @@ class WeightBook:
                 blob = opts.encode(src, model_id, self._blob_buffers.for_model(model_id))
                 blobs[id(src)] = (blob, *checksums(blob, self.checksum))
         with self._lock:
+            current = self._versions.get(model_id, 0)
+            version = _next_version(model_id, current, version)
             self._options[model_id] = opts
             own = self._worker_sources.setdefault(model_id, {})
             own.update({wid: src for wid, src in sources.items() if src is not None})
-            current = self._versions.get(model_id, 0)
-            version = current + 1 if version is None else version
             self._versions[model_id] = max(current, version)
         return {
             wid: EncodedWeights(model_id, version, *blobs[id(src)]) for wid, src in resolved.items()

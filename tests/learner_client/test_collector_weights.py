@@ -7,7 +7,7 @@ import io
 import pytest
 import safetensors.torch
 import torch
-from learner_fleet import cartpole_policy
+from learner_fleet import cartpole_policy, start_actors
 
 from common.config import ExplorationType
 from common.errors import SessionStateError, UnknownModelError, UnknownWorkerError, WeightsError
@@ -251,3 +251,23 @@ def test_set_seed_gives_identical_sync_batches(fleet):
         assert torch.equal(first[key], second[key]), key
     _, other = _collect(fleet, 124)
     assert not torch.equal(first["observation"], other["observation"])
+
+
+def test_the_last_int64_version_is_pushed_and_the_next_push_is_refused_on_the_learner():
+    """A push at 2**63 - 1 (the last version an actor takes) works; the next one has no
+    version: ValueError before anything is sent, the counter and the actor's weights stay.
+    Its own actor: the shared fleet's would keep the spent counter."""
+    (actor,) = start_actors([["--worker-id", "0", "--num-envs", "2"]])
+    try:
+        with GrpcCollector([actor.address], frames_per_batch=4) as collector:
+            last = 2**63 - 1
+            pushed = collector.update_policy_weights_(cartpole_policy(action=0), version=last)
+            assert pushed == {0: last}
+            with pytest.raises(ValueError, match="no later version exists"):
+                collector.update_policy_weights_(cartpole_policy(action=1))
+            assert collector.policy_version == last
+            assert collector.actor_state(0)["models"]["policy"]["version"] == last
+            batch = collector.next()
+            assert batch["policy_version"].min().item() == last
+    finally:
+        actor.close()
