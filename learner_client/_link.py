@@ -172,6 +172,7 @@ class ActorLink(Generic[C]):
         self._env_failures = 0  # sessions in a row that the actor's env ended
         self._stream: CollectStream | None = None
         self._task: asyncio.Task | None = None
+        self._catching_up: asyncio.Task | None = None
         self._closing = False
         self._fresh_next = False
         self._arriving_since = 0.0  # when the batch being read sent its first chunk
@@ -198,6 +199,36 @@ class ActorLink(Generic[C]):
         if self._stream is not None:
             self._stream.close()
 
+    def catch_up(self) -> None:
+        """Re-admit the actor while its session goes on: a push to it failed transiently.
+
+        An outage shorter than ``batch_timeout`` leaves the stream open, so no reconnection
+        re-admits the actor; this does (loop thread): it re-describes the actor (the versions
+        it holds, also a push it applied after the learner gave up on it) and re-sends what
+        it lacks, retried with the backoff until it holds it or its session breaks (the
+        reconnection then re-admits it). A sync round on demand does not count its shares
+        acted with older weights meanwhile (the mailbox's version floor).
+        """
+        if self._catching_up is None or self._catching_up.done():
+            self._catching_up = asyncio.get_running_loop().create_task(
+                self._catch_up(), name=f"rlfleet-catch-up-{self.worker_id}"
+            )
+
+    async def _catch_up(self) -> None:
+        attempt = 0
+        while not self._closing and self.state in (LinkState.STREAMING, LinkState.CONNECTING):
+            epoch = self.tracker.epoch or self.description.epoch
+            try:
+                desc = await self.channel.describe(self._conn.call_timeout)
+                if desc.worker_id != self.worker_id or desc.epoch != epoch:
+                    return  # another process: its session breaks, the reconnection admits it
+                await self._admit(self, desc)
+                return
+            except RlfleetError as exc:
+                log.info("worker_id %d: catching up failed (%s); retrying", self.worker_id, exc)
+            await asyncio.sleep(self._backoff.delay(attempt))
+            attempt += 1
+
     async def stop(self, timeout: float) -> None:
         """Close an open session cleanly (``close`` → ``end``), cancelling it after ``timeout``.
 
@@ -215,6 +246,9 @@ class ActorLink(Generic[C]):
             if not done:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            await asyncio.gather(self._catching_up, return_exceptions=True)
         self.state = LinkState.CLOSED
         await self.channel.close()
 

@@ -447,14 +447,19 @@ class Pusher:
         Applied: the actor holds the version its reply says is in force (a part's: the
         version before while the part's version stages, so batches acted with it still
         count), and a whole push is what it should hold from now on. Failed transiently
-        (the actor is down): a whole push is still what it should hold, re-sent when it is
-        re-admitted. Refused: nothing is kept. A part is never re-sent to a returning actor:
-        alone it could not complete its version.
+        (the actor is down or was cut off): a whole push is still what it should hold,
+        re-sent when it is re-admitted, or once reachable again if its session outlived the
+        outage (:meth:`~learner_client._link.ActorLink.catch_up`). Refused: nothing is
+        kept. A part is never re-sent to a returning actor: alone it could not complete its
+        version.
         """
         whole = enc.part is None
         if isinstance(reply, BaseException):
             if whole and is_transient(reply):
                 self.book.addressed([worker_id], enc)
+                link = self.fleet.member_links().get(worker_id)
+                if link is not None:  # its stream may outlive the outage: no re-admission
+                    self.fleet.loop.call_soon(link.catch_up)
             return
         if whole:
             self.book.addressed([worker_id], enc)

@@ -445,6 +445,16 @@ class WeightBook:
         with self._lock:
             return dict(self._applied.get(worker_id, {}))
 
+    def should_hold(self, worker_id: int, model_id: str) -> int:
+        """The version a worker holds, or should once caught up (a push it missed), of a model.
+
+        An on-demand sync round counts a worker's share only if acted with it.
+        """
+        with self._lock:
+            held = self._applied.get(worker_id, {}).get(model_id, 0)
+            desired = self._desired.get(worker_id, {}).get(model_id)
+            return held if desired is None else max(held, desired.version)
+
     def source(self, model_id: str) -> WeightSource:
         """The last weights given for ``model_id``.
 

@@ -237,12 +237,13 @@ def _mailbox(
 ) -> Mailbox:
     """The mailbox, with the version floor of on-demand sync rounds.
 
-    Such a round counts a share only if acted with the weights its actor holds now: the
-    acting model's version the book has for it (0 if none was pushed).
+    Such a round counts a share only if acted with the weights its actor holds now, or
+    should hold once it caught up with a push it missed: the acting model's version the
+    book has for it (0 if none was pushed).
     """
 
     def floor(worker_id: int) -> int:
-        return book.applied(worker_id).get(acting_model, 0)
+        return book.should_hold(worker_id, acting_model)
 
     return Mailbox(
         batch.window,

@@ -61,6 +61,45 @@ def test_sync_batch_after_a_push_holds_no_share_of_a_round_abandoned_before_it()
             actor.close()
 
 
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_an_actor_that_missed_a_push_in_an_outage_its_stream_outlived_catches_up(sync) -> None:
+    """Stopped for less than ``batch_timeout`` (its stream stays open: no re-admission), an
+    actor misses a push; once it runs again the learner re-sends it what it lacks, and a
+    sync batch holds no frame of the older weights (docs/reliability.md, across hosts)."""
+    actors = start_actors([["--worker-id", "0", *_ARGS], ["--worker-id", "1", *_ARGS]])
+    stopped = actors[1]
+    collector = GrpcCollector(
+        [a.address for a in actors], frames_per_batch=16, sync=sync, batch_timeout=60,
+        call_timeout=2,
+    )  # fmt: skip
+    try:
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        collector.next()
+        os.kill(stopped.process.pid, signal.SIGSTOP)
+        with pytest.raises(WeightPushError) as pushed:
+            collector.update_policy_weights_(cartpole_policy(action=1))
+        assert set(pushed.value.failed) == {1}
+        version = pushed.value.succeeded[0]
+        os.kill(stopped.process.pid, signal.SIGCONT)
+        if sync:
+            batch = collector.next()
+            versions = sorted(set(batch["policy_version"].flatten().tolist()))
+            assert versions == [version], f"policy versions in the batch after the push: {versions}"
+        held = poll_until(
+            lambda: collector.actor_state(1)["models"]["policy"]["version"] == version or None,
+            timeout=20,
+            interval=0.2,
+        )
+        assert held
+        assert collector.worker_states[1] == "streaming"
+        assert collector.stats()["reconnects"] == 0  # caught up in the session that went on
+    finally:
+        os.kill(stopped.process.pid, signal.SIGCONT)
+        collector.shutdown(timeout=5)
+        for actor in actors:
+            actor.close()
+
+
 def _next_or_none(collector: GrpcCollector) -> list[TensorDictBase] | None:
     try:
         return [collector.next()]
