@@ -91,7 +91,7 @@ def start_actor_on(
     Raises:
         AssertionError: It exited or printed no ready line in time (with its log's tail).
     """
-    fd, name = tempfile.mkstemp(prefix=f"rlfh-{host}-", suffix=".log")
+    fd, name = tempfile.mkstemp(prefix=f"{host}-", suffix=".log", dir=bed.logs)
     log = pathlib.Path(name)
     argv = [sys.executable, "-m", "actor_service", *args, "--host", host]
     if "--port" not in args:
@@ -151,7 +151,7 @@ class LearnerScript:
     """
 
     def __init__(self, bed: TestBed, code: str, args: Sequence[str] = ()) -> None:
-        fd, name = tempfile.mkstemp(prefix="rlfh-learner-", suffix=".log")
+        fd, name = tempfile.mkstemp(prefix="learner-", suffix=".log", dir=bed.logs)
         self.log = pathlib.Path(name)
         with os.fdopen(fd, "w") as stderr:
             self.process = bed.run(

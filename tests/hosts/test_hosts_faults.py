@@ -149,6 +149,53 @@ def test_hosts_sync_names_a_cut_actor_pushes_fail_there_and_it_returns_current(m
     learner.finish()
 
 
+_SHORT_CUT = (
+    _LEARNER_HEAD
+    + """
+targets = sys.argv[1].split(",")
+c = GrpcCollector(targets, frames_per_batch=16, sync=True, batch_timeout=60.0,
+                  call_timeout=float(sys.argv[2]))
+prints = []
+c.update_policy_weights_(policy())
+b = c.next(); prints.append(fingerprint(b))
+say(sorted(set(b["policy_version"].flatten().tolist())))
+wait()  # host1 is cut, for less than batch_timeout: its stream stays open
+try:
+    say({"applied": c.update_policy_weights_(policy())})
+except WeightPushError as exc:
+    say({"succeeded": {str(w): v for w, v in exc.succeeded.items()}, "failed": sorted(exc.failed)})
+wait()  # host1 is healed
+b = c.next(); prints.append(fingerprint(b))
+versions = {str(w): sorted(set(b["policy_version"][i].flatten().tolist()))
+            for i, w in enumerate(c.worker_ids)}
+say({"versions": versions, "books": books(c, prints), "reconnects": c.stats()["reconnects"]})
+c.shutdown()
+"""
+)
+
+
+def test_hosts_a_push_missed_in_a_cut_shorter_than_batch_timeout_is_caught_up(make_bed) -> None:
+    """The cut ends before the stream is given up (no reconnection re-admits host1): the
+    push it missed is re-sent once it answers, and the next sync batch acts with it alone."""
+    bed = make_bed(2)
+    actors = _actors(bed)
+    learner = LearnerScript(bed, _SHORT_CUT, [",".join(a.target for a in actors), "3"])
+    assert learner.read() == [1]
+    bed.cut("host1")
+    learner.say()
+    pushed = learner.read()
+    assert pushed.get("failed") == [1], pushed
+    version = pushed["succeeded"]["2"]
+    bed.heal("host1")
+    learner.say()
+    after = learner.read(timeout=120)
+    assert after["versions"] == {"1": [version], "2": [version]}, after
+    assert after["reconnects"] == 0, after  # caught up in the session that went on
+    assert after["books"]["gaps"] == 0
+    assert after["books"]["unique"]
+    learner.finish()
+
+
 _ASYNC_CUT = (
     _LEARNER_HEAD
     + """

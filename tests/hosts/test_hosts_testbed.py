@@ -82,9 +82,11 @@ def test_testbed_names_cut_reboot_and_cleanup(make_bed) -> None:
     ).stdout.split()
     assert looked_up == [bed.address("host1"), "host1"]
     sleeper = bed.run("host2", ["sleep", "600"])
+    (bed.logs / "host2-sleeper.log").write_text("a process's log\n")
     bed.close()
     assert sleeper.poll() is not None
     assert _leftovers(bed.tag) == []
+    assert not bed.logs.exists()  # its processes' logs go with it
 
 
 def test_testbed_link_rate_holds_in_both_directions(make_bed) -> None:

@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -118,7 +119,7 @@ def _kill_inside(ns: str) -> None:
 
 
 def sweep(owner: int | None = None) -> list[str]:
-    """Remove namespaces, links and ``/etc/netns`` entries left by dead beds (or by ``owner``).
+    """Remove namespaces, links, ``/etc/netns`` entries and logs left by dead beds (or ``owner``).
 
     Returns:
         The names removed.
@@ -148,6 +149,10 @@ def sweep(owner: int | None = None) -> list[str]:
             if stale(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(str(entry))
+    for entry in pathlib.Path(tempfile.gettempdir()).glob(f"{PREFIX}*-logs"):
+        if stale(entry.name):  # the logs of its processes (TestBed.logs)
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(str(entry))
     return removed
 
 
@@ -205,6 +210,9 @@ class TestBed:
         self._closed = False
         sweep()
         atexit.register(self.close)
+        #: Where the processes started in its hosts log (removed with the bed).
+        self.logs = pathlib.Path(tempfile.gettempdir()) / f"{PREFIX}{self.tag}-logs"
+        self.logs.mkdir(exist_ok=True)
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("link", "set", self.bridge, "up")
