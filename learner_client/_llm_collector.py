@@ -27,12 +27,13 @@ from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet
-from learner_client._settings import positive_int
+from learner_client._settings import positive_int, shutdown_limit
 
 __all__ = ["GrpcLLMCollector"]
 
 _LAYOUTS = ("torchrl", "padded")
 _OVERFLOW = ("block", "drop_oldest")
+_PUT_POLL_S = 0.05  # how soon a put waiting for room sees the collector shut down
 
 
 class _Shaper:
@@ -84,12 +85,20 @@ class _QueueSink:
         if not callable(getattr(target, "put", None)):
             raise TypeError(f"queue must have put(), got {type(target).__name__}")
         self.target, self.overflow, self.dropped = target, overflow, 0
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Stop putting: a put waiting for room gives up, and nothing is put from now on."""
+        self._closed.set()
 
     def extend(self, batch: TensorDictBase) -> None:
-        """Put every element of ``batch`` (dim 0) into the queue."""
+        """Put every element of ``batch`` (dim 0) into the queue (nothing once closed)."""
         for item in batch.unbind(0):
+            if self._closed.is_set():
+                return
             if self.overflow == "block":
-                self.target.put(item)
+                if not self._put_waiting(item):
+                    return
                 continue
             while True:
                 try:
@@ -100,17 +109,57 @@ class _QueueSink:
                         self.target.get_nowait()
                         self.dropped += 1
 
+    def _put_waiting(self, item: TensorDictBase) -> bool:
+        """Wait for room (``put(item, timeout=)``, as ``queue.Queue``); False once closed."""
+        while not self._closed.is_set():
+            try:
+                self.target.put(item, timeout=_PUT_POLL_S)
+                return True
+            except queue_module.Full:
+                continue
+        return False
+
 
 def _check_llm_only(**given: object) -> None:
     """Warn about TorchRL LLM arguments that do nothing over gRPC although a user set them."""
     for name, value in given.items():
-        if value is not None:
-            warnings.warn(
-                f"GrpcLLMCollector: {name}={value!r:.60} has no effect over gRPC (the actors "
-                "hold the model; push it with update_policy_weights_(model))",
-                UserWarning,
-                stacklevel=3,
-            )
+        if value is None or value is False:  # not given (their defaults)
+            continue
+        hint = _LLM_ONLY_HINTS.get(name, "")
+        warnings.warn(
+            f"GrpcLLMCollector: {name}={value!r:.60} has no effect over gRPC (the actors "
+            f"hold the model; push it with update_policy_weights_(model)){hint}",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+_LLM_ONLY_HINTS = {
+    "policy": (
+        "; the actors generate with their own settings: pass generate_kwargs such as "
+        "max_new_tokens, temperature, top_p, top_k as generation={...}"
+    ),
+    "ray_init_config": "; the LLM actors are started apart (LocalFleet, the CLI, Kubernetes)",
+    "remote_config": "; the LLM actors are started apart (LocalFleet, the CLI, Kubernetes)",
+}
+
+
+def _sync_mode(sync: bool | None, sync_iter: bool | None) -> bool:
+    """``sync``, or ``RayLLMCollector``'s ``sync_iter`` when only it is given; else False.
+
+    ``sync_iter=True`` collects each batch when it is asked for (on-policy): ``sync=True``
+    here. ``sync_iter=False`` collects between yields: the async mode.
+    """
+    for name, value in (("sync", sync), ("sync_iter", sync_iter)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool or None, got {value!r:.40}")
+    if sync is not None and sync_iter is not None and sync != sync_iter:
+        raise ValueError(
+            f"sync={sync} and sync_iter={sync_iter} disagree: sync_iter=True is sync=True (each "
+            "batch collected when asked for), sync_iter=False the async mode; pass one"
+        )
+    chosen = sync if sync is not None else sync_iter
+    return bool(chosen)
 
 
 def _check_frame_names(kwargs: Mapping[str, Any]) -> None:
@@ -220,7 +269,10 @@ class GrpcLLMCollector:
         track_policy_version: Keep ``policy_version`` in batches (TorchRL's default, False,
             leaves it out; the actors always record it, and ``policy_version`` and the
             push counters do not depend on it).
-        sync: One batch from every actor per iteration, or first ready, first served.
+        sync: One batch from every actor per iteration, collected when asked for (a push
+            between two batches reaches every turn of the next, as TorchRL's
+            ``LLMCollector``), or first ready, first served, each actor one batch ahead
+            (off-policy by one). None: ``sync_iter`` if given, else False.
         group_size: GRPO G: each prompt answered G times on one actor, marked by
             ``("collector", "group_id")``; a batch never splits a group.
         generation: ``max_new_tokens``, ``temperature`` (0 greedy), ``top_p``, ``top_k``,
@@ -228,11 +280,14 @@ class GrpcLLMCollector:
         layout: ``"torchrl"`` or ``"padded"``.
         max_turns: Turn limit per dialog; 0 keeps the task's.
         token_versions: Record the policy version of every response token.
+        sync_iter: ``RayLLMCollector``'s: True is ``sync=True``, False the async mode
+            (``ValueError`` when it disagrees with a ``sync`` given).
         policy, policy_factory, async_envs, weight_updater, verbose, ray_init_config,
-            remote_config, sync_iter, num_cpus, num_gpus: ``LLMCollector``'s and
+            remote_config, num_cpus, num_gpus: ``LLMCollector``'s and
             ``RayLLMCollector``'s, accepted with their defaults; none has an effect over
-            gRPC (the actors hold the model; pushes are ``update_policy_weights_(model)``),
-            and ``policy_factory`` or ``weight_updater`` given warn (docs/collector.md).
+            gRPC (the actors hold the model and generate with ``generation``; pushes are
+            ``update_policy_weights_(model)``): each one given warns, naming what to do
+            instead (docs/collector.md).
         **kwargs: ``GrpcCollector``'s connection, credit, deadline, TLS and token
             settings (``prefetch``, ``connect_timeout``, ``call_timeout``,
             ``batch_timeout``, ``allow_partial_batches``, ``channel_credentials``,
@@ -259,7 +314,7 @@ class GrpcLLMCollector:
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
         reset_at_each_iter: bool = False,
         track_policy_version: bool = False,
-        sync: bool = False,
+        sync: bool | None = None,
         group_size: int = 1,
         generation: Mapping[str, Any] | None = None,
         layout: str = "torchrl",
@@ -272,12 +327,23 @@ class GrpcLLMCollector:
         verbose: bool = False,
         ray_init_config: dict[str, Any] | None = None,
         remote_config: dict[str, Any] | None = None,
-        sync_iter: bool = True,
+        sync_iter: bool | None = None,
         num_cpus: int | None = None,
         num_gpus: int | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_llm_only(policy_factory=policy_factory, weight_updater=weight_updater)
+        _check_llm_only(
+            policy=policy,
+            policy_factory=policy_factory,
+            weight_updater=weight_updater,
+            async_envs=async_envs,
+            verbose=verbose,
+            ray_init_config=ray_init_config,
+            remote_config=remote_config,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+        )
+        sync = _sync_mode(sync, sync_iter)
         _check_frame_names(kwargs)
         _check_sinks(layout, queue_overflow, queue, replay_buffer)
         completed, last, flatten = _modes(
@@ -314,6 +380,8 @@ class GrpcLLMCollector:
         )
         self.dialog_turns_per_batch = dialog_turns_per_batch
         self.total_dialog_turns = self._inner.total_frames  # inf when endless, as in TorchRL
+        self.yield_completed_trajectories, self.yield_only_last_steps = completed, last
+        self.flatten_data, self.reset_at_each_iter = flatten, reset_at_each_iter
         self.replay_buffer = replay_buffer
         self.queue = queue
         self._connected = True  # the inner collector reached every actor
@@ -337,6 +405,11 @@ class GrpcLLMCollector:
                 "postproc, as TorchRL's LLMCollector: compose both into one callable"
             )
         self._shaper.postproc = postproc
+
+    @property
+    def postproc(self) -> Callable[[TensorDictBase], TensorDictBase] | None:
+        """The callable applied to every batch after the layout, or None (TorchRL's attribute)."""
+        return self._shaper.postproc
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
         """Yield batches (None per batch stored in the buffer or queue) until the budget."""
@@ -381,9 +454,12 @@ class GrpcLLMCollector:
 
         Versions only move with applied pushes, so every actor's batches name the version
         they were generated at; push-then-increment (TorchRL's vLLM updaters) sends once,
-        and the version stays. Returns the version.
+        and the version stays; before any weights were given it does nothing (as TorchRL's
+        without a version tracker). Returns the version.
         """
-        if not self._inner._pusher.unchanged_since_push(self.model_id):
+        pusher = self._inner._pusher
+        given = self.model_id in pusher.book.models_with_sources()
+        if given and not pusher.unchanged_since_push(self.model_id):
             self._inner.update_policy_weights_(model_id=self.model_id)
         return self.policy_version
 
@@ -459,14 +535,20 @@ class GrpcLLMCollector:
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background collection, then shut down (``close_env``: as in ``shutdown``)."""
-        self._connected = False
-        self._inner.async_shutdown(timeout, close_env)
+        self.shutdown(timeout, close_env)
 
     def shutdown(
         self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True
     ) -> None:
-        """Close every session and channel (bounded, idempotent; TorchRL's flags change nothing)."""
+        """Close every session and channel (bounded, idempotent; TorchRL's flags change nothing).
+
+        A ``queue`` gets nothing more once this is called: a background put waiting for
+        room (``queue_overflow="block"``, a consumer that stopped) gives up at once.
+        """
+        shutdown_limit(timeout)  # a bad timeout: ValueError before anything closes
         self._connected = False
+        if self._sink is not None:
+            self._sink.close()
         self._inner.shutdown(timeout, close_env, raise_on_error)
 
     def __enter__(self) -> GrpcLLMCollector:

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import poll_until
 from learner_fleet import ACTOR_ENV, start_actors
 
 from common.errors import EnvError
@@ -194,6 +195,78 @@ def test_grpo_loss_and_mc_advantage_from_two_async_actors(llm_fleet) -> None:
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+def test_sync_iter_true_collects_each_batch_when_asked_for(llm_fleet) -> None:
+    """RayLLMCollector's ``sync_iter=True`` is ``sync=True``: every batch after a push is
+    the pushed version's (it was silently the async mode, one batch behind)."""
+    from common.llm import build_policy
+
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 6})
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync_iter=True, track_policy_version=True
+    ) as collector:
+        iterator = iter(collector)
+        next(iterator)
+        for _ in range(2):
+            with torch.no_grad():
+                next(model.parameters()).mul_(0.9)
+            collector.update_policy_weights_(model)
+            batch = next(iterator)
+            assert (batch["policy_version"] == collector.policy_version).all()
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"policy": object()}, "generation="),
+        ({"verbose": True}, "verbose=True"),
+        ({"num_gpus": 1}, "num_gpus=1"),
+        ({"async_envs": True}, "async_envs=True"),
+        ({"remote_config": {"num_cpus": 1}}, "started apart"),
+    ],
+)
+def test_torchrl_arguments_without_effect_warn_naming_what_to_do(llm_fleet, kw, match) -> None:
+    with pytest.warns(UserWarning, match=match):
+        collector = _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, **kw)
+    collector.shutdown()
+
+
+def test_shutdown_ends_a_put_waiting_for_room_and_nothing_is_put_after(llm_fleet) -> None:
+    """A consumer stopped draining a bounded queue ("block"): shutdown returns at once, the
+    thread ends, and draining the queue afterwards lets nothing more in."""
+    sink: queue.Queue = queue.Queue(maxsize=2)
+    collector = _collector(llm_fleet, dialog_turns_per_batch=SLOTS, queue=sink)
+    collector.start()
+    poll_until(sink.full, timeout=60, interval=0.05)
+    time.sleep(0.3)  # the background thread now waits for room
+    started = time.monotonic()
+    collector.shutdown()
+    assert time.monotonic() - started < 5
+    assert not collector.is_running()
+    sink.get_nowait()
+    sink.get_nowait()
+    time.sleep(0.5)
+    assert sink.qsize() == 0
+
+
+def test_the_modes_read_as_resolved_and_an_increment_before_any_push_does_nothing(
+    llm_fleet,
+) -> None:
+    def postproc(batch):
+        return batch
+
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=4, yield_only_last_steps=True, postproc=postproc
+    ) as collector:
+        assert collector.yield_only_last_steps
+        assert collector.yield_completed_trajectories  # forced by the former, as TorchRL's
+        assert not collector.flatten_data
+        assert not collector.reset_at_each_iter
+        assert collector.postproc is postproc
+        held = collector.policy_version  # what the module's fleet was pushed before
+        assert collector.increment_version() == held  # no weights given here: nothing sent
+        assert collector.stats()["push_bytes"] == 0
+
+
 def test_a_full_queue_blocks_instead_of_dropping(llm_fleet) -> None:
     sink: queue.Queue = queue.Queue(maxsize=1000)
     with _collector(
@@ -231,6 +304,7 @@ def test_drop_oldest_queue_counts_drops(llm_fleet) -> None:
         ({"set_truncated": True}, "set_truncated"),
         ({"dialog_turns_per_batch": 0}, "dialog_turns_per_batch must be a positive int"),
         ({"total_dialog_turns": 2**64}, "total_dialog_turns must be at most 2..63 - 1"),
+        ({"sync": False, "sync_iter": True}, "sync=False and sync_iter=True disagree"),
     ],
 )
 def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:
