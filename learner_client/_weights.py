@@ -28,7 +28,7 @@ from torch import nn
 
 from common.config import DEFAULT_MODEL_ID, MAX_POLICY_VERSION, as_int, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import Part, PushForm, checksums, encode_weights
+from common.weights import Part, PushForm, adapter_metadata, checksums, encode_weights
 from learner_client._slabs import BlobBuffers, BlobSegments
 
 __all__ = [
@@ -77,6 +77,8 @@ class PushOptions:
     def encode(self, source: WeightSource, model_id: str, allocate: Allocate = None) -> Blob:
         """Encode ``source`` for ``model_id``: a module whole, a mapping as a subset.
 
+        A peft LoRA module declares its adapter (``common.weights.adapter_metadata``).
+
         ``allocate`` gives the host buffer a source on an accelerator is written into.
 
         Raises:
@@ -84,7 +86,7 @@ class PushOptions:
         """
         return encode_weights(
             source,
-            metadata={"model_id": model_id},
+            metadata={"model_id": model_id, **adapter_metadata(source)},
             dtype=self.dtype,
             only_trainable=self.only_trainable,
             subset=not isinstance(source, nn.Module),

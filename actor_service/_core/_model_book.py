@@ -99,6 +99,10 @@ class ModelBook(Generic[M]):
         ValueError: No model.
     """
 
+    #: ``(r, alpha)`` of the LoRA adapter the models are wrapped in (an LLM actor's
+    #: ``--lora``); a push declaring another is refused (``PushForm.check_adapter``).
+    adapter: tuple[int, int] | None = None
+
     def __init__(self, models: Mapping[str, M]) -> None:
         if not models:
             raise ValueError("an actor needs at least one model")
@@ -169,6 +173,8 @@ class ModelBook(Generic[M]):
             UnknownModelError: No such model.
             WeightsError: Naming every offending key.
         """
+        if form is not None:
+            form.check_adapter(self.adapter)
         return stage_weights(model_id, state, self._get(model_id).reference, form)
 
     def load_weights(
@@ -202,9 +208,12 @@ class ModelBook(Generic[M]):
         Raises:
             UnknownModelError: No such model (the message lists the known ids).
             StaleVersionError: ``version`` is not greater than the current one.
-            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf.
+            WeightsError: Missing/unexpected keys, shape or dtype mismatches, NaN/Inf, a
+                declared LoRA adapter other than the one held.
         """
         model = self._get(model_id)
+        if form is not None:
+            form.check_adapter(self.adapter)
         return push_full(model, model_id, version, model.reference, state, form)
 
     def swap_delta(self, model_id: str, base_version: int, version: int, delta: Delta) -> Swap:

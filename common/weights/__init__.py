@@ -65,7 +65,7 @@ from common.weights._fit import (
     state_nbytes,
 )
 from common.weights._parts import MAX_PARTS, Part, PushOutcome
-from common.weights._push_form import WIRE_DTYPES, PushForm, check_fit
+from common.weights._push_form import WIRE_DTYPES, PushForm, adapter_metadata, check_fit
 from common.weights._safetensors import (
     DEFAULT_MAX_KEYS,
     DTYPES,
@@ -91,6 +91,7 @@ __all__ = [
     "apply_delta",
     "Part",
     "PushForm",
+    "adapter_metadata",
     "PushOutcome",
     "apply_staged",
     "check_policy_version",

@@ -9,7 +9,11 @@ header metadata says otherwise:
 * ``rlfleet.dtype: "bfloat16"`` (or ``float16``, ``float32``, ``float64``) — the
   sender cast its floating-point tensors to this *wire dtype*; the receiver
   casts them into the model's own floating dtype. Integer and bool tensors are
-  never cast: they travel, and must arrive, in the model's dtype.
+  never cast: they travel, and must arrive, in the model's dtype;
+* ``rlfleet.lora: "r=16,alpha=32"`` — the sender's module is a peft LoRA model with this
+  adapter (:func:`adapter_metadata`): an actor holding another adapter refuses the push
+  (:meth:`PushForm.check_adapter`), since the same tensors under another ``alpha / r``
+  scale are another function than the one the learner trains.
 
 :func:`fit_problems` is the one rule of what fits (keys, shapes, dtypes under a
 :class:`PushForm`), used on the header before any tensor is built and on live
@@ -20,16 +24,29 @@ without an adapter is named as such, with the flag that fixes it.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from common.errors import WeightsError
 
-__all__ = ["DTYPE_KEY", "SUBSET_KEY", "WIRE_DTYPES", "PushForm", "check_fit", "fit_problems"]
+__all__ = [
+    "ADAPTER_KEY",
+    "DTYPE_KEY",
+    "SUBSET_KEY",
+    "WIRE_DTYPES",
+    "PushForm",
+    "adapter_metadata",
+    "check_fit",
+    "fit_problems",
+]
 
 SUBSET_KEY = "rlfleet.subset"
 DTYPE_KEY = "rlfleet.dtype"
+ADAPTER_KEY = "rlfleet.lora"
+_ADAPTER_RE = re.compile(r"^r=(\d{1,6}),alpha=(\d{1,6})$")
 #: The floating dtypes weights may travel in, by name.
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -53,10 +70,12 @@ class PushForm:
         subset: The push holds some of the model's keys; the others keep their values.
         wire_dtype: The dtype floating-point tensors travel in (cast into the model's
             own on load); None: every tensor arrives in the model's dtype.
+        adapter: ``(r, alpha)`` of the sender's LoRA adapter; None: not declared.
     """
 
     subset: bool = False
     wire_dtype: torch.dtype | None = None
+    adapter: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         """Refuse a wire dtype weights cannot travel in.
@@ -77,6 +96,8 @@ class PushForm:
             out[SUBSET_KEY] = "1"
         if self.wire_dtype is not None:
             out[DTYPE_KEY] = _WIRE_NAMES[self.wire_dtype]
+        if self.adapter is not None:
+            out[ADAPTER_KEY] = "r={},alpha={}".format(*self.adapter)
         return out
 
     @classmethod
@@ -94,7 +115,32 @@ class PushForm:
             raise WeightsError(
                 f"weights header {DTYPE_KEY} {name[:40]!r} is not one of {sorted(WIRE_DTYPES)}"
             )
-        return cls(subset=subset == "1", wire_dtype=None if name is None else WIRE_DTYPES[name])
+        declared = metadata.get(ADAPTER_KEY)
+        adapter = None if declared is None else _ADAPTER_RE.match(declared)
+        if declared is not None and adapter is None:
+            raise WeightsError(
+                f"weights header {ADAPTER_KEY} must read r=R,alpha=A, got {declared[:40]!r}"
+            )
+        return cls(
+            subset=subset == "1",
+            wire_dtype=None if name is None else WIRE_DTYPES[name],
+            adapter=None if adapter is None else (int(adapter[1]), int(adapter[2])),
+        )
+
+    def check_adapter(self, held: tuple[int, int] | None) -> None:
+        """Refuse a push whose declared LoRA adapter is not the one held (``(r, alpha)``).
+
+        Raises:
+            WeightsError: Both are known and differ (a rank or a scale apart).
+        """
+        if self.adapter is None or held is None or self.adapter == held:
+            return
+        raise WeightsError(
+            "the pushed weights' LoRA adapter is r={}, alpha={}; this actor's is r={}, alpha={} "
+            "(--lora): its generations would scale the adapter by another alpha / r than the "
+            "learner trains with; build the learner's adapter with the actor's spec "
+            "(common.llm.apply_lora)".format(*self.adapter, *held)
+        )
 
     def fits_dtype(self, got: torch.dtype, model: torch.dtype) -> bool:
         """Whether a tensor of dtype ``got`` may load into a model tensor of dtype ``model``."""
@@ -104,6 +150,24 @@ class PushForm:
 
 
 FULL = PushForm()
+
+
+def adapter_metadata(source: Any) -> dict[str, str]:
+    """The header entry declaring ``source``'s LoRA adapter, if it is a peft LoRA model.
+
+    Read from its active adapter's config (``r``, ``lora_alpha``); ``{}`` for anything
+    else, or an adapter with per-module ranks or scales (not declared, not checked).
+    """
+    configs = getattr(source, "peft_config", None)
+    if not isinstance(configs, Mapping):
+        return {}
+    config = configs.get(getattr(source, "active_adapter", "default"))
+    r, alpha = getattr(config, "r", None), getattr(config, "lora_alpha", None)
+    if getattr(config, "rank_pattern", None) or getattr(config, "alpha_pattern", None):
+        return {}
+    if not isinstance(r, int) or not isinstance(alpha, int) or min(r, alpha) <= 0:
+        return {}  # (a bool is an int: True is 1, as peft would take it)
+    return PushForm(adapter=(int(r), int(alpha))).metadata()
 
 
 def _listed(keys: list[str]) -> str:

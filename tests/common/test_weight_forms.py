@@ -13,6 +13,7 @@ from common.errors import WeightsError
 from common.weights import (
     DEFAULT_MAX_WEIGHT_BYTES,
     PushForm,
+    adapter_metadata,
     apply_staged,
     decode_weights,
     default_max_weight_bytes,
@@ -205,6 +206,33 @@ def test_push_form_raises_if_the_header_declares_nonsense() -> None:
         PushForm.from_metadata({"rlfleet.dtype": "int64"})
     with pytest.raises(WeightsError, match=r"rlfleet\.subset"):
         PushForm.from_metadata({"rlfleet.subset": "yes"})
+    for adapter in ("r=4", "r=4,alpha=x", "r=-4,alpha=4", f"r={'9' * 10**6},alpha=1", ""):
+        with pytest.raises(WeightsError, match=r"rlfleet\.lora must read r=R,alpha=A"):
+            PushForm.from_metadata({"rlfleet.lora": adapter})
+
+
+def test_a_declared_lora_adapter_round_trips_and_only_the_held_one_passes() -> None:
+    """A peft module declares ``(r, alpha)``; a plain module, a mapping nothing."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from common.llm import apply_lora, build_policy
+
+    model = apply_lora(
+        build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)[0], "r=4,targets=q_proj,alpha=8"
+    )
+    assert isinstance(model, peft.PeftModel)
+    assert isinstance(model.base_model.model, transformers.PreTrainedModel)
+    declared = adapter_metadata(model)
+    assert declared == {"rlfleet.lora": "r=4,alpha=8"}
+    assert adapter_metadata(nn.Linear(2, 2)) == adapter_metadata({"w": torch.ones(1)}) == {}
+    form = PushForm.from_metadata(declared)
+    assert form.adapter == (4, 8)
+    assert form.metadata() == declared
+    form.check_adapter((4, 8))
+    form.check_adapter(None)  # an actor without an adapter: its keys tell the difference
+    PushForm().check_adapter((4, 4))  # nothing declared: a mapping of tensors, as before
+    with pytest.raises(WeightsError, match="alpha=8; this actor's is r=4, alpha=4"):
+        form.check_adapter((4, 4))
 
 
 # --- subsets -------------------------------------------------------------------

@@ -61,6 +61,7 @@ def test_weights_module_pins_its_public_names() -> None:
             "DEFAULT_MAX_WEIGHT_BYTES",
             "WIRE_DTYPES",
             "PushForm",
+            "adapter_metadata",
             "apply_staged",
             "default_max_weight_bytes",
             "stage_state",

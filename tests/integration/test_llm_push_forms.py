@@ -111,6 +111,29 @@ def test_lora_push_to_an_actor_without_lora_is_refused(plain_actor) -> None:
     assert serving(plain_actor.port)
 
 
+@pytest.mark.parametrize("only_trainable", [True, False], ids=["adapter", "whole"])
+def test_an_adapter_of_another_scale_is_refused_and_nothing_changes(
+    lora_actor, only_trainable
+) -> None:
+    """Same shapes, another ``alpha``: the actor would generate with another function than
+    the learner trains (the scale alpha / r is no tensor). The push declares its adapter
+    and the actor (r=4, alpha=4) refuses alpha=16 whole, its weights and version kept."""
+    learner = apply_lora(
+        build_policy("rlfleet:tiny-qwen2", **TINY)[0], "r=4,targets=q_proj,v_proj,alpha=16"
+    )
+    with _collector(lora_actor) as collector:
+        version, weights = actor_weights(collector)
+        with pytest.raises(WeightPushError) as info:
+            collector.update_policy_weights_(learner, only_trainable=only_trainable)
+        error = info.value.failed[0]
+        assert isinstance(error, WeightsError)  # INVALID_ARGUMENT
+        assert "r=4, alpha=16; this actor's is r=4, alpha=4" in str(error)
+        got_version, after = actor_weights(collector)
+    assert got_version == version
+    assert_bit_identical(after, weights)
+    assert serving(lora_actor.port)
+
+
 def test_plain_full_push_to_a_lora_actor_is_refused_with_a_hint(lora_actor) -> None:
     plain, _ = build_policy("rlfleet:tiny-qwen2", **TINY)
     with _collector(lora_actor) as collector:

@@ -31,7 +31,7 @@ import torch
 
 from actor_service._core._scratch import scratch_dir
 from actor_service._core._swap import Swap, check_base, swap_full
-from actor_service._core._weight_rules import check_newer, stage_weights
+from actor_service._core._weight_rules import check_newer
 from actor_service._kinds.llm.models import LLMModels
 from actor_service._kinds.llm.vllm_engine import VLLMEngine, VLLMOptions
 from actor_service._kinds.llm.vllm_lora import (
@@ -175,7 +175,7 @@ class VLLMModels(LLMModels):
         slot = self._get(model_id)
         check_policy_version(version)
         check_newer(model_id, version, slot.version)
-        staged = stage_weights(model_id, state, slot.reference, form)
+        staged = self.validate(model_id, state, form)  # the model book's checks, adapter too
         install = functools.partial(self._install, staged, {})
         return swap_full(slot, version, install, functools.partial(check_newer, model_id))
 
