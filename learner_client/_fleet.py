@@ -713,7 +713,7 @@ class Fleet:
                 *(self._links[w].channel.describe(self.conn.call_timeout) for w in workers)
             )
             for desc in descs:
-                self.book.observe(desc.worker_id, desc.models)
+                self.book.restored(desc.worker_id, desc.models)
 
         self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
         self.book.restore_versions(versions)

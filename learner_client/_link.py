@@ -217,15 +217,16 @@ class ActorLink(Generic[C]):
     async def _catch_up(self) -> None:
         attempt = 0
         while not self._closing and self.state in (LinkState.STREAMING, LinkState.CONNECTING):
-            epoch = self.tracker.epoch or self.description.epoch
-            try:
-                desc = await self.channel.describe(self._conn.call_timeout)
-                if desc.worker_id != self.worker_id or desc.epoch != epoch:
-                    return  # another process: its session breaks, the reconnection admits it
-                await self._admit(self, desc)
-                return
-            except RlfleetError as exc:
-                log.info("worker_id %d: catching up failed (%s); retrying", self.worker_id, exc)
+            if self.state is LinkState.STREAMING:  # else a session opens: it admits the actor
+                epoch = self.tracker.epoch or self.description.epoch
+                try:
+                    desc = await self.channel.describe(self._conn.call_timeout)
+                    if desc.worker_id != self.worker_id or desc.epoch != epoch:
+                        return  # another process: its session breaks, its reconnection admits it
+                    await self._admit(self, desc)
+                    return
+                except RlfleetError as exc:
+                    log.info("worker_id %d: catching up failed (%s); again", self.worker_id, exc)
             await asyncio.sleep(self._backoff.delay(attempt))
             attempt += 1
 

@@ -535,6 +535,15 @@ class WeightBook:
             _put(self._options, model_id, options)
             self._worker_sources[model_id] = own
 
+    def restored(self, worker_id: int, reported: Mapping[str, int]) -> None:
+        """An actor loaded a state: it holds, and should hold, the versions it reports now.
+
+        Nothing addressed to it before is re-sent (a checkpoint may take it back).
+        """
+        with self._lock:
+            self._desired.pop(worker_id, None)
+        self.observe(worker_id, reported)
+
     def observe(self, worker_id: int, reported: Mapping[str, int]) -> None:
         """Record the versions an actor reports (Describe); counters never fall behind them."""
         with self._lock:

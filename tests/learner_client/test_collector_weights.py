@@ -271,3 +271,19 @@ def test_the_last_int64_version_is_pushed_and_the_next_push_is_refused_on_the_le
             assert batch["policy_version"].min().item() == last
     finally:
         actor.close()
+
+
+def test_a_sync_batch_after_a_checkpoint_restore_acts_with_the_restored_weights(fleet):
+    """A restore takes the actors back: on-demand sync rounds count their shares at the
+    restored version (the pushes made since are not what they should hold any more)."""
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, sync=True, batch_timeout=10
+    ) as collector:
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        saved_at = collector.next()["policy_version"].max().item()
+        saved = collector.state_dict()
+        collector.update_policy_weights_(cartpole_policy(action=1))
+        assert collector.next()["policy_version"].min().item() > saved_at
+        collector.load_state_dict(saved)
+        batch = collector.next()
+        assert sorted(set(batch["policy_version"].flatten().tolist())) == [saved_at]

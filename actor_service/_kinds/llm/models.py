@@ -86,8 +86,7 @@ class LLMModels(ModelBook[_Slot]):
         model, self.tokenizer = build_policy(spec, **kwargs)
         if lora is not None:
             model = apply_lora(model, lora).eval()
-        if lora is not None:  # a push declaring another adapter is refused
-            self.adapter = (lora.r, lora.r if lora.alpha is None else lora.alpha)
+            self.adapter = (lora.r, lora.r if lora.alpha is None else lora.alpha)  # pushes match
         self._slot = _Slot(model.to(device))
         super().__init__({MODEL_ID: self._slot})
         self._decode: Any = functools.partial(cached_forward, self.model)
