@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import operator
+import re
 from typing import TYPE_CHECKING, Any
 
 from common.llm._settings import LLMSettings
@@ -397,13 +398,25 @@ RELAY_PUSH_ID_BYTES = 16
 RELAY_TICKET_BYTES = (16, 64)
 
 
+#: A host name or IPv4 address (dot-separated labels), or a bracketed IPv6 address; a port.
+_GRPC_SCHEMES = frozenset({"dns", "unix", "unix-abstract", "vsock", "ipv4", "ipv6", "xds"})
+_RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
+
+
 def is_relay_address(address: str) -> bool:
     """Whether a relayed push may be forwarded to ``address``: a plain ``host:port``.
 
-    No scheme or path (``dns:///``, ``unix:``), at most :data:`MAX_RELAY_ADDRESS` characters.
-    The learner relays only to such addresses; an actor refuses any other ``forward_to``.
+    A host name, an IPv4 address or a bracketed IPv6 one, then a port in 1..65535; at most
+    :data:`MAX_RELAY_ADDRESS` characters. Nothing gRPC reads as a resolver (``dns:``,
+    ``unix:``, ``unix-abstract:``, ``vsock:``, ``ipv4:``), no path. The learner relays only
+    to such addresses; an actor refuses any other ``forward_to`` and dials it by name.
     """
-    return 0 < len(address) <= MAX_RELAY_ADDRESS and ":" in address and "/" not in address
+    if not 0 < len(address) <= MAX_RELAY_ADDRESS:
+        return False
+    match = _RELAY_ADDRESS.fullmatch(address)
+    if match is None or address.split(":", 1)[0].lower() in _GRPC_SCHEMES:
+        return False
+    return 0 < int(match.group(1)) <= 65535
 
 
 def server_channel_options() -> list[tuple[str, int]]:

@@ -38,7 +38,7 @@ from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._shm import mapped_push, read_push_segment
 from actor_service._serve._streams import chunks, drain, first_message, next_message, read_blob
 from common.checksum import crc32c
-from common.config import CHUNK_BYTES, DEFAULT_MODEL_ID
+from common.config import CHUNK_BYTES, DEFAULT_MODEL_ID, MAX_MODEL_ID
 from common.errors import (
     ActorUnavailableError,
     DataLossError,
@@ -346,6 +346,10 @@ class WeightPushes:
     def _admit(self, push: PushCall) -> None:
         """Refuse a push from its header alone, before a byte of its blob is buffered."""
         models = self._rt.core.models
+        if len(push.model_id) > MAX_MODEL_ID:
+            raise ProtocolError(
+                f"model_id must be at most {MAX_MODEL_ID} characters, got {len(push.model_id)}"
+            )
         if push.model_id not in models.model_ids:
             raise UnknownModelError(
                 f"actor {self._rt.config.worker_id} has no model {push.model_id!r} "
@@ -364,7 +368,7 @@ class WeightPushes:
         if not push.sha256 and push.crc32c is None:
             raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
         if push.relay is not None:
-            check_relay(push.relay)
+            check_relay(push.relay, self._rt.config)
 
     def _drain_budget(self, push: PushCall) -> int:
         """The bytes of a refused push the actor reads and drops: what it would have accepted."""
@@ -449,7 +453,7 @@ class WeightPushes:
             SessionStateError: This actor no longer holds exactly that blob.
             ActorUnavailableError: The next actor did not take it.
         """
-        check_relay(request.relay)
+        check_relay(request.relay, self._rt.config)
         if request.relay.source_ticket or not request.relay.forward_to:
             raise ProtocolError("ForwardWeights: relay names a forward_to and no source_ticket")
         mid = request.model_id or DEFAULT_MODEL_ID

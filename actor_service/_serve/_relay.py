@@ -8,7 +8,7 @@ and takes its own bytes either from the learner's call or from the relay the lea
 named (:class:`RelayInbox`: the ``RelayWeights`` call must name a push opened here and
 present that push's ticket, once). Every actor checks the whole blob against the digests
 in its own header, as a direct push; bytes that stop for ``stall_seconds``, end early or
-fail a chunk's CRC raise :class:`RelayFailed`, which the push answers with
+fail a chunk's CRC (or carry none) raise :class:`RelayFailed`, which the push answers with
 ``relay_failed`` (nothing applied) so the learner sends it the bytes itself. A forward that
 fails or stalls is ended and never holds up this actor's own push.
 """
@@ -72,11 +72,13 @@ class RelayFailed(RlfleetError):
     status_code = grpc.StatusCode.UNAVAILABLE
 
 
-def check_relay(relay: pb.Relay) -> None:
+def check_relay(relay: pb.Relay, config: ActorConfig) -> None:
     """Check a header's relay fields before anything is opened or dialled.
 
     Raises:
         ProtocolError: A field is out of range (its name and the range in the message).
+        SessionStateError: A forward asked of an actor serving TLS without ``relay_ca``:
+            its forward would travel in the clear (FAILED_PRECONDITION).
     """
     if len(relay.push_id) != RELAY_PUSH_ID_BYTES:
         raise ProtocolError(f"relay.push_id must be {RELAY_PUSH_ID_BYTES} bytes")
@@ -90,6 +92,11 @@ def check_relay(relay: pb.Relay) -> None:
     address = relay.forward_to
     if address and not is_relay_address(address):
         raise ProtocolError(f"relay.forward_to must be host:port, got {address[:64]!r}")
+    if address and config.tls_cert and not config.relay_ca:
+        raise SessionStateError(
+            "this actor serves TLS but was started without --relay-ca: it forwards no "
+            "relayed push (its bytes would travel in the clear)"
+        )
     if not _STALL_SECONDS[0] <= relay.stall_seconds <= _STALL_SECONDS[1]:
         raise ProtocolError(f"relay.stall_seconds must be in {list(_STALL_SECONDS)}")
 
@@ -170,8 +177,8 @@ class RelayInbox:
                 if inbound.done.is_set():
                     break
                 chunk = request.chunk if request.WhichOneof("kind") == "chunk" else None
-                if chunk is None or crc32c(chunk.data) != chunk.crc32c:
-                    raise ProtocolError("relay chunk fails its CRC-32C (or is not a chunk)")
+                if chunk is None or not chunk.data or crc32c(chunk.data) != chunk.crc32c:
+                    raise ProtocolError("relay chunk is empty, fails its CRC-32C or is no chunk")
                 raw = request.raw if isinstance(request, RawRelayChunk) else None
                 put = asyncio.ensure_future(inbound.chunks.put((chunk.data, raw)))
                 done = asyncio.ensure_future(inbound.done.wait())
@@ -246,10 +253,11 @@ class Forwarder:
         self._stall = relay.stall_seconds
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
         options = client_channel_options()
+        target = f"dns:///{self._address}"  # host:port by name; never another resolver
         self._channel = (
-            grpc.aio.insecure_channel(self._address, options=options)
+            grpc.aio.insecure_channel(target, options=options)
             if credentials is None
-            else grpc.aio.secure_channel(self._address, credentials, options=options)
+            else grpc.aio.secure_channel(target, credentials, options=options)
         )
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         relay_raw = self._channel.stream_unary(  # requests serialised beforehand

@@ -50,13 +50,17 @@ def test_a_tls_fleet_relays_only_through_actors_that_forward_over_tls(over_tls, 
 
 
 def test_relay_addresses_are_plain_host_and_port() -> None:
-    assert is_relay_address("127.0.0.1:1")
-    for address in ("", "localhost", "unix:/tmp/a", "dns:///a:1", "a" * 256 + ":1"):
-        assert not is_relay_address(address)
+    for address in ("127.0.0.1:1", "actor-0.actors.rl.svc:50051", "[::1]:50051", "a_b:65535"):
+        assert is_relay_address(address)
+    refused = ("", "localhost", "unix:/tmp/a", "dns:///a:1", "a" * 256 + ":1", "a:0", "a:65536")
+    resolvers = ("unix-abstract:x", "unix:50051", "ipv4:127.0.0.1:1", "vsock:2:1", "dns:a:1")
+    for address in (*refused, *resolvers, "a..b:1", " a:1"):
+        assert not is_relay_address(address), address
 
 
 def test_the_learners_relay_headers_pass_the_actors_check() -> None:
     """Push id and tickets have the lengths both sides take from common.config."""
+    from actor_service._config import ActorConfig
     from actor_service._serve._relay import check_relay
     from common.checksum import crc32c
     from common.config import RELAY_PUSH_ID_BYTES, RELAY_TICKET_BYTES
@@ -69,7 +73,7 @@ def test_the_learners_relay_headers_pass_the_actors_check() -> None:
     sent = RelayRoute().chain(messages, addresses, len(blob))
     relays = [pb.PushWeightsRequest.FromString(s[0]).header.relay for s in sent]
     for relay in relays:
-        check_relay(relay)  # raises ProtocolError on any length out of range
+        check_relay(relay, ActorConfig())  # raises ProtocolError on any length out of range
         assert len(relay.push_id) == RELAY_PUSH_ID_BYTES
     low, high = RELAY_TICKET_BYTES
     assert all(low <= len(r.forward_ticket) <= high for r in relays[:-1])

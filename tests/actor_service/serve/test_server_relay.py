@@ -12,6 +12,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import secrets
+import shutil
+import socket
 import time
 from collections.abc import Iterator
 
@@ -19,6 +21,7 @@ import grpc
 import pytest
 import safetensors.torch
 from actor_harness import Actor
+from helpers import self_signed_cert
 from test_server_delta import _actor_weights, _bits_equal, _serving, _step, _version
 
 from apps.status._status import _from_describe, format_table
@@ -152,6 +155,47 @@ def test_bytes_that_fail_are_answered_relay_failed_and_nothing_applies(actor: Ac
     assert _serving(actor)
 
 
+def test_empty_relay_chunks_end_the_relays_bytes_and_the_push_fails_at_once(actor: Actor) -> None:
+    before = _actor_weights(actor)
+    _, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+
+    def requests() -> Iterator[pb.RelayRequest]:  # some bytes, then empty chunks for 10 s
+        yield pb.RelayRequest(open=pb.RelayOpen(push_id=opened.push_id, ticket=opened.ticket))
+        yield pb.RelayRequest(chunk=pb.RelayChunk(data=blob[:100], crc32c=crc32c(blob[:100])))
+        for _ in range(40):
+            time.sleep(0.25)
+            yield pb.RelayRequest(chunk=pb.RelayChunk(data=b"", crc32c=0))
+
+    started = time.monotonic()
+    code = code_of(lambda: actor.stub.RelayWeights(requests(), timeout=30))
+    reply = opened.reply.result(30)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ended at 100" in reply.relay_failed
+    assert time.monotonic() - started < 5  # not when the relay chose to stop
+    assert _bits_equal(_actor_weights(actor), before)
+    assert _serving(actor)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_a_tls_actor_without_relay_ca_forwards_nothing(make_actor, tmp_path) -> None:
+    cert, key = self_signed_cert(tmp_path, "server")
+    actor = make_actor(tls_cert=str(cert), tls_key=str(key))
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    blob = bytes(4096)  # refused from its header: the bytes never matter
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # where the forward would go
+        listener.settimeout(1.0)
+        to = f"127.0.0.1:{listener.getsockname()[1]}"
+        head = relay_header(blob, 1, forward_to=to, forward_ticket=secrets.token_bytes(32))
+        chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+        with grpc.secure_channel(f"127.0.0.1:{actor.port}", credentials) as channel:
+            stub = pb_grpc.ActorServiceStub(channel)
+            code = code_of(lambda: stub.PushWeights(iter([head, *chunks]), timeout=30))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nothing dialled: the token never left in the clear
+
+
 def test_a_relay_call_for_a_push_never_opened_is_not_found(actor: Actor) -> None:
     requests = relay_requests(secrets.token_bytes(16), secrets.token_bytes(32), b"x" * 10)
     assert code_of(lambda: actor.stub.RelayWeights(requests, timeout=30)) == (
@@ -166,6 +210,11 @@ HOSTILE_RELAY = {
     "short ticket": {"source_ticket": b"t"},
     "forward without ticket": {"forward_to": "127.0.0.1:1"},
     "forward to a path": {"forward_to": "unix:/tmp/x", "forward_ticket": b"t" * 32},
+    **{  # what gRPC reads as another resolver: a local socket, not host:port
+        f"forward to {to.split(':')[0]}:": {"forward_to": to, "forward_ticket": b"t" * 32}
+        for to in ("unix-abstract:rlfleet", "unix:50051", "ipv4:127.0.0.1:1", "vsock:2:1")
+    },
+    "forward to dns:": {"forward_to": "dns:localhost:1", "forward_ticket": b"t" * 32},
     "forward to a huge name": {"forward_to": "h" * 10_000 + ":1", "forward_ticket": b"t" * 32},
     "zero stall": {"stall_seconds": 0.0},
     "huge stall": {"stall_seconds": 1e12},

@@ -133,6 +133,7 @@ def _bad_pushes(shapes: dict) -> list:
         ("nan", encode_weights(nan), {}, grpc.StatusCode.INVALID_ARGUMENT, name),
         ("unknown_key", encode_weights(extra), {}, grpc.StatusCode.INVALID_ARGUMENT, "surprise"),
         ("unknown_model", blob, {"model_id": "critic"}, grpc.StatusCode.NOT_FOUND, "critic"),
+        ("long_model_id", blob, {"model_id": "p" * 10_000}, grpc.StatusCode.INVALID_ARGUMENT, "64"),
         ("sha_mismatch", blob, {"sha256": "0" * 64}, grpc.StatusCode.DATA_LOSS, "sha256"),
         ("over_cap", blob, {"total_bytes": 10**9}, grpc.StatusCode.RESOURCE_EXHAUSTED, "cap"),
         (
@@ -153,6 +154,7 @@ def _bad_pushes(shapes: dict) -> list:
         "nan",
         "unknown_key",
         "unknown_model",
+        "long_model_id",
         "sha_mismatch",
         "over_cap",
         "truncated",
