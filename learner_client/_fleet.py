@@ -524,13 +524,14 @@ class Fleet:
 
     def _striped(self, worker_id: int, enc: EncodedWeights) -> Striped | None:
         """The parts of a push to a remote actor, when it travels striped (``_stripes``)."""
-        if not self._may_stripe(worker_id):
+        if not self._may_stripe(worker_id, enc):
             return None
         return self.stripes.striped(enc, CHUNK_BYTES)
 
-    def _may_stripe(self, worker_id: int) -> bool:
-        """Whether a push to this actor may travel striped: remote, and it takes parts."""
-        return self.accepts_parts(worker_id) and not self.shm.is_local(worker_id)
+    def _may_stripe(self, worker_id: int, enc: EncodedWeights) -> bool:
+        """Whether a push to this actor may travel striped: remote, it takes parts, first offer."""
+        first = self.stripes.first_offer(worker_id, self._links[worker_id].description.epoch, enc)
+        return first and self.accepts_parts(worker_id) and not self.shm.is_local(worker_id)
 
     def _striped_all(
         self, pairs: Sequence[tuple[int, EncodedWeights]], routed: Sequence[bool]
@@ -539,7 +540,7 @@ class Fleet:
         split: dict[tuple, Striped | None] = {}
         striped: dict[int, Striped] = {}
         for i, ((w, enc), other_route) in enumerate(zip(pairs, routed, strict=True)):
-            if other_route or not self._may_stripe(w):
+            if other_route or not self._may_stripe(w, enc):
                 continue
             key = _key(enc)
             if key not in split:

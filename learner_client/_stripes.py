@@ -18,7 +18,9 @@ What goes as one stream: actors on this host (shared memory), relayed pushes (on
 down a chain), a delta, a subset push (``only_trainable``, a mapping of some keys: parts
 must hold every key between them), a part of a multi-part push from several ranks, a blob
 too small to give two parts of :data:`MIN_STRIPE_BYTES`, a model of one large tensor
-(a tensor is never cut), and an actor that takes no multi-part pushes.
+(a tensor is never cut), an actor that takes no multi-part pushes, and a version sent to
+the same actor process striped before (a re-send after a failure: the parts that reached
+it may be staged there, and the same parts again would be refused as replays).
 """
 
 from __future__ import annotations
@@ -62,6 +64,22 @@ class StripeRoute:
     streams: int = 1
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
     _striped: int = dataclasses.field(default=0, init=False)
+    # Per (worker_id, model_id): the (epoch, version) last offered striped.
+    _offered: dict[tuple[int, str], tuple[int, int]] = dataclasses.field(
+        default_factory=dict, init=False
+    )
+
+    def first_offer(self, worker_id: int, epoch: int, enc: EncodedWeights) -> bool:
+        """Whether ``enc``'s version was never offered striped to this actor process; noted.
+
+        A version striped to an actor once goes whole after: the parts that reached it
+        may be staging, and the same parts again would be refused as replays.
+        """
+        key, offer = (worker_id, enc.model_id), (epoch, enc.version)
+        with self._lock:
+            first = self._offered.get(key) != offer
+            self._offered[key] = offer
+        return first
 
     def striped(self, enc: EncodedWeights, chunk_bytes: int) -> Striped | None:
         """``enc``'s parts' messages when it is striped; None when it goes as one stream.

@@ -5,7 +5,9 @@ cuts every open connection; ``refusing`` closes new ones at once (an actor that 
 down); ``corrupt_after(n)`` flips one bit of the actor→learner bytes once ``n`` more bytes
 have passed (a bit flip the transport must not hide); ``stretch_next_message()`` flips one
 bit of the next gRPC message's length prefix, found by following the HTTP/2 frames (a bit
-flip that leaves the learner waiting, over a whole connection, for bytes that never come).
+flip that leaves the learner waiting, over a whole connection, for bytes that never come);
+``stall_connection(i, n)`` holds the i-th connection's learner→actor bytes after ``n`` of
+them until ``release_stall()`` (one stream of several stuck, as behind a lossy path).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class FaultProxy:
         self.corrupted = 0
         self._stretch = False
         self.stretched = 0
+        self._accepted = 0
+        self._stall: tuple[int, int] | None = None  # (connection index, bytes let through)
+        self._stall_released = threading.Event()
         self._spawn(self._accept)
 
     def _spawn(self, target, *args) -> None:
@@ -54,8 +59,19 @@ class FaultProxy:
             upstream = socket.create_connection(self._target)
             with self._lock:
                 self._sockets += [client, upstream]
-            self._spawn(self._pipe, client, upstream, None)
+                index, self._accepted = self._accepted, self._accepted + 1
+                stall = self._stall[1] if self._stall and self._stall[0] == index else None
+            self._spawn(self._pipe, client, upstream, None, stall)
             self._spawn(self._pipe, upstream, client, _GrpcMessages(self._take_stretch))
+
+    def stall_connection(self, index: int, after_bytes: int) -> None:
+        """Hold connection ``index``'s learner→actor bytes after ``after_bytes`` of them."""
+        with self._lock:
+            self._stall = (index, after_bytes)
+
+    def release_stall(self) -> None:
+        """Let a stalled connection's bytes flow again."""
+        self._stall_released.set()
 
     def corrupt_after(self, nbytes: int) -> None:
         """Flip one bit of the actor→learner stream once ``nbytes`` more bytes have passed."""
@@ -87,13 +103,21 @@ class FaultProxy:
         return bytes(flipped)
 
     def _pipe(
-        self, source: socket.socket, sink: socket.socket, downstream: _GrpcMessages | None
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        downstream: _GrpcMessages | None,
+        stall_after: int | None = None,
     ) -> None:
+        passed = 0
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
                 if downstream is not None:
                     data = self._maybe_corrupt(downstream.follow(bytearray(data)))
+                if stall_after is not None and passed >= stall_after:
+                    self._stall_released.wait()
                 sink.sendall(data)
+                passed += len(data)
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -109,6 +133,7 @@ class FaultProxy:
 
     def close(self) -> None:
         """Stop accepting, cut every connection and join the pipe threads."""
+        self._stall_released.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
         self._listener.close()

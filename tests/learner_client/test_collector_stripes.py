@@ -17,6 +17,7 @@ import threading
 import pytest
 import torch
 from learner_fleet import cartpole_policy, start_actors
+from tcp_proxy import FaultProxy
 from test_collector_relay import restart_actor, versions
 from test_collector_shm import actor_policy, same_weights
 
@@ -139,3 +140,29 @@ def test_an_actor_killed_mid_push_is_the_only_failure_and_the_other_applies(acto
         assert set(raised.value.succeeded) == {0}
         assert versions(actors[0]) == before + 1
         assert same_weights(actor_policy(actors[0].address), new)
+
+
+def test_a_striped_push_cut_off_partway_is_re_sent_whole_and_applies(actors, caplog):
+    # One part's connection stalls past the call timeout: the parts before it stay staged
+    # on the actor. The re-send of that version (the catch-up before the actor's next batch)
+    # goes as one stream; striped again, its staged parts would be refused as replays.
+    proxy = FaultProxy(("127.0.0.1", actors[0].port))
+    proxy.stall_connection(2, after_bytes=1 << 20)  # 0: the session's; 1, 2: the extra stripes
+    settings = WeightPushSettings(shared_memory=False, relay=False, streams=3)
+    try:
+        with GrpcCollector(
+            [proxy.address], frames_per_batch=4, call_timeout=8.0, weight_push=settings
+        ) as collector:
+            policy = cartpole_policy(hidden=HIDDEN)
+            with pytest.raises(WeightPushError):
+                collector.update_policy_weights_(policy)
+            assert versions(actors[0]) == 0
+            proxy.release_stall()
+            batch = collector.next()
+            assert batch["policy_version"].unique().tolist() == [1]
+            assert "rejected" not in caplog.text  # striped again: "rejected on re-admission"
+            assert collector.stats()["striped_pushes"] == 1  # the re-send went whole
+    finally:
+        proxy.close()
+    assert versions(actors[0]) == 1
+    assert same_weights(actor_policy(actors[0].address), policy)
