@@ -252,6 +252,17 @@ class CollectStream:
             self._outbox.put_nowait(pb.CollectRequest(close=pb.CloseSession()))
             self._outbox.put_nowait(None)
 
+    async def finished(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the call's status once the ``end`` marker was read.
+
+        The actor counts a session whose call was cancelled before its handler returned as
+        broken (the learner vanished), even when its ``end`` had reached the learner.
+        """
+        status = asyncio.ensure_future(self._call.code())
+        done, _ = await asyncio.wait({status}, timeout=timeout)
+        if not done:
+            status.cancel()
+
     def cancel(self) -> None:
         """Tear the call down at once (idempotent)."""
         if not self._closing:

@@ -71,6 +71,8 @@ ENV_FAILURE_ATTEMPTS = 3
 CLAIM_AFTER_S = 0.001
 # The characters of a failure kept for the errors that name a missing actor.
 _FAILURE_CHARS = 300
+#: How long a session that read its ``end`` waits for the call's status before cancelling it.
+_END_STATUS_S = 2.0
 
 
 class LinkState(enum.Enum):
@@ -504,6 +506,7 @@ class ActorLink(Generic[C]):
                     self._batch_timeout, waiting=self._owed, on_start=self._batch_started
                 )
                 if isinstance(event, EndEvent):
+                    await stream.finished(_END_STATUS_S)  # the actor counts a clean end
                     return event
                 self._deliver(event)
         finally:

@@ -275,6 +275,11 @@ class _RuntimeCollector(Collector):
                 "credits_granted",
             ),
             ("batches_acked", "Batches a learner acknowledged.", "batches_acked"),
+            (
+                "batches_dropped",
+                "Batches retained for a learner that did not resume, dropped at the next open.",
+                "batches_dropped",
+            ),
         )
         for name, documentation, attribute in counters:
             value = getattr(book, attribute) if book else 0

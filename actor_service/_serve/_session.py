@@ -115,6 +115,7 @@ class SessionBook(Generic[P]):
         self._owner: str | None = None
         self.credits_granted = 0  # totals over the epoch, for the metrics
         self.batches_acked = 0
+        self.batches_dropped = 0  # retained for a learner that never resumed
 
     # ------------------------------------------------------------------ state
 
@@ -224,8 +225,8 @@ class SessionBook(Generic[P]):
             )
         if resumed:
             self._release_through(resume_after_seq)
-        else:
-            self._release_through(self.last_seq)
+        else:  # no learner will ask for them: dropped, not acknowledged
+            self.batches_dropped += self._release_through(self.last_seq, acked=False)
         for batch in self._retained.values():
             batch.sent = False
         self._owner = learner_id
@@ -331,10 +332,11 @@ class SessionBook(Generic[P]):
 
     # --------------------------------------------------------------- helpers
 
-    def _release_through(self, seq: int) -> int:
+    def _release_through(self, seq: int, *, acked: bool = True) -> int:
         self._acked_seq = max(self._acked_seq, seq)
         released = [s for s in self._retained if s <= self._acked_seq]
         for s in released:
             del self._retained[s]
-        self.batches_acked += len(released)
+        if acked:
+            self.batches_acked += len(released)
         return len(released)

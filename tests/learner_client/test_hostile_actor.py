@@ -226,6 +226,41 @@ def test_an_end_carrying_megabytes_of_text_reaches_the_user_cut(description) -> 
     assert raised.value.exception_type == "T" * 997 + "..."
 
 
+class SlowToReturn(HostileActor):
+    """Answers the learner's ``close`` with ``end``, then takes a while to return its status."""
+
+    def __init__(self, description: pb.DescribeResponse) -> None:
+        super().__init__(description, batch)
+        self.returned_while_active: list[bool] = []
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        opening = next(requests).open
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+        seqs = itertools.count(1)
+        for _ in range(opening.credits):
+            yield batch(next(seqs))
+        for request in requests:
+            for _ in range(request.credit.batches if request.HasField("credit") else 0):
+                yield batch(next(seqs))
+            if request.HasField("close"):
+                yield pb.CollectResponse(end=pb.StreamEnd(reason=pb.END_REASON_CLOSED))
+                time.sleep(0.5)  # an actor's handler tidying up after its last write
+                self.returned_while_active.append(context.is_active())
+                return
+
+
+def test_a_learner_that_read_its_end_lets_the_actors_call_finish(description) -> None:
+    """Cancelled after its ``end`` was read, an actor would count the session as broken."""
+    servicer = SlowToReturn(description)
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector([address], frames_per_batch=FRAMES, total_frames=2 * FRAMES) as c:
+            assert len(list(c)) == 2
+    finally:
+        server.stop(None)
+    assert servicer.returned_while_active == [True]
+
+
 def _extra_entry(seq: int) -> pb.CollectResponse:
     td = _data([1, FRAMES])
     td["z"] = torch.ones(1, FRAMES, 3)  # an entry the other actor's batches lack

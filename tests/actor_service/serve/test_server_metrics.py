@@ -81,6 +81,7 @@ def test_actor_metrics_move_as_batches_flow_and_pushes_happen(make_actor: object
     during = scrape(port)
     assert value(during, "rlfleet_actor_session_state", state="held") == 1
     assert value(during, "rlfleet_actor_batches_sent_total") == 3
+    assert value(during, "rlfleet_actor_batches_dropped_total") == 0
     assert value(during, "rlfleet_actor_credits_granted_total") == 3
     assert value(during, "rlfleet_actor_credits_outstanding") == 0
     assert value(during, "rlfleet_actor_batches_collected_total") == 3

@@ -166,6 +166,17 @@ def test_session_fresh_open_drops_retention_but_keeps_seqs() -> None:
     assert not opened.resumed
     assert opened.resend == []
     assert _produce(book, 1) == [3]
+    assert (book.batches_acked, book.batches_dropped) == (0, 2)  # no learner acknowledged them
+
+
+def test_session_resume_acknowledges_what_the_learner_holds() -> None:
+    book = _book()
+    _open(book, credits=3)
+    _produce(book, 3)
+    book.ack(1)
+    book.close()
+    _open(book, credits=1, resume_epoch=EPOCH, resume_after_seq=2)
+    assert (book.batches_acked, book.batches_dropped) == (2, 0)
 
 
 def test_session_resume_raises_if_after_seq_is_in_the_future() -> None:
