@@ -262,6 +262,8 @@ class CollectStream:
         done, _ = await asyncio.wait({status}, timeout=timeout)
         if not done:
             status.cancel()
+        else:
+            status.exception()  # retrieved: what it is does not matter, only that it came
 
     def cancel(self) -> None:
         """Tear the call down at once (idempotent)."""

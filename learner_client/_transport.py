@@ -252,6 +252,10 @@ class CollectCall(Protocol):
         """Tear the call down."""
         ...
 
+    async def code(self) -> grpc.StatusCode:
+        """The call's status code, once it finished."""
+        ...
+
 
 class Channel(Protocol):
     """What an :class:`~learner_client._link.ActorLink` needs of its channel to an actor.

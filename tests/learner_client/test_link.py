@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+import grpc
 import pytest
 import torch
 from tensordict import TensorDict
@@ -124,6 +125,9 @@ class FakeCall:
         self.cancelled = True
         self._reader.cancel()
         return True
+
+    async def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED if self.cancelled else grpc.StatusCode.OK
 
 
 class FakeChannel:
