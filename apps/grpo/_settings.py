@@ -21,7 +21,7 @@ from apps._job.device import (
     ranks_per_node,
 )
 from apps._job.settings import check_positive_ints, opt, parse_settings
-from common.llm import TASK_NAMES, VOCABS
+from common.llm import DEFAULT_MAX_NEW_TOKENS_CAP, VOCABS, GenerationSettings, build_task
 
 __all__ = ["LOSSES", "PROG", "GRPOSettings", "parse_args"]
 
@@ -159,6 +159,12 @@ class GRPOSettings:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        if self.max_new_tokens > DEFAULT_MAX_NEW_TOKENS_CAP:
+            raise ValueError(
+                f"max_new_tokens must be at most {DEFAULT_MAX_NEW_TOKENS_CAP} (the LLM actors' "
+                f"cap), got {self.max_new_tokens}"
+            )
+        GenerationSettings(temperature=self.sampling_temperature)  # the actors' sampling rule
         for name in ("ent_coef", "entropy_floor", "init_std", "embedding_std", "max_positions"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -184,12 +190,8 @@ class GRPOSettings:
                 f"prompts_per_step ({self.prompts_per_step}) must be a multiple of "
                 f"num_actors / nproc_per_node ({self.actors_per_rank}) in sync mode"
             )
-        self.task_kwargs_dict  # noqa: B018 (parses and checks the JSON)
-        if self.task not in TASK_NAMES and ":" not in self.task:
-            raise ValueError(
-                f"task must be one of {TASK_NAMES}, jsonl:PATH or package.module:factory, "
-                f"got {self.task!r}"
-            )
+        # The task as the actors will build it: a bad spec or kwargs is refused here.
+        build_task(self.task, **self.task_kwargs_dict)
 
     def _check_update(self) -> None:
         """The GRPO update's own rules: a known loss, groups to compare, TorchRL's sampling."""

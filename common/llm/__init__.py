@@ -32,7 +32,7 @@ from common.llm._registry import (
     build_tokenizer,
     check_policy_spec,
 )
-from common.llm._settings import GenerationSettings, LLMSettings
+from common.llm._settings import DEFAULT_MAX_NEW_TOKENS_CAP, GenerationSettings, LLMSettings
 from common.llm._tasks import (
     TASK_NAMES,
     Outcome,
@@ -64,6 +64,7 @@ __all__ = [
     "build_task",
     "GenerationSettings",
     "LLMSettings",
+    "DEFAULT_MAX_NEW_TOKENS_CAP",
     "LoraSpec",
     "apply_lora",
     "check_peft",

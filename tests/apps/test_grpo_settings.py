@@ -1,0 +1,43 @@
+"""``rlfleet-grpo``'s flags: a value the run would refuse later is refused on the command line.
+
+Each one exits 2 with argparse's one-line message naming the value, before any actor starts
+(a traceback from ``train()`` after the fleet started is what these used to give).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.grpo import parse_args
+
+REFUSED = {
+    "temperature under vLLM's floor": (["--temperature", "0.005"], "at least 0.01"),
+    "task kwarg out of range": (["--task-kwargs", '{"digits": 0}'], "digits=0"),
+    "task kwarg unknown": (["--task-kwargs", '{"bogus": 1}'], "bogus"),
+    "jsonl task missing": (["--task", "jsonl:/nonexistent/t.jsonl"], "no such file"),
+    "task factory missing": (["--task", "nosuch.mod:factory"], "No module named 'nosuch'"),
+    "task name unknown": (["--task", "algebra"], "algebra"),
+    "answers over the actors' cap": (["--max-new-tokens", "100000"], "at most 4096"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_grpo_command_line_refuses_what_the_run_would(case: str, capsys) -> None:
+    argv, message = REFUSED[case]
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_grpo_command_line_takes_the_values_at_the_edges() -> None:
+    settings = parse_args(
+        ["--temperature", "0.01", "--max-new-tokens", "4096", "--task", "reverse"]
+    )
+    assert (settings.sampling_temperature, settings.max_new_tokens, settings.task) == (
+        0.01,
+        4096,
+        "reverse",
+    )
