@@ -9,8 +9,8 @@ Usage::
 
 It uses Describe and health only, with the learner's TLS and token options
 (``--token`` defaults to ``$RLFLEET_TOKEN``). Exit status: 0 when every actor
-answers SERVING and describes itself, 1 when any does not (so it doubles as a
-fleet check in scripts), 2 on bad arguments or a name that does not resolve.
+answers SERVING and describes itself, 1 when any does not or a ``--dns`` name resolves
+to no actor (so it doubles as a fleet check in scripts), 2 on bad arguments.
 """
 
 from __future__ import annotations
