@@ -207,6 +207,11 @@ def raising_policy(env: EnvBase) -> TensorDictModule:
     raise ValueError("no policy today")
 
 
+def keyerror_policy(*spaces: Any, **kwargs: Any) -> nn.Module:
+    """A policy factory that fails as user code does: a missing kwarg."""
+    return nn.Linear(4, kwargs["hidden"])
+
+
 class _BreaksAfterProbe(_Greedy):
     """:class:`_Greedy` that acts once (the actor's probe step), then raises every time."""
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium
+
 from actor_service._config import ActorConfig, ModelSpec
 from common.plain_config import from_plain
 
@@ -38,9 +40,16 @@ def check(config: ActorConfig) -> None:
         ) from exc
     try:
         _check_not_torchrl(config, env)
+        if not isinstance(env, gymnasium.Env):
+            raise ValueError(
+                f"env_factory {config.env_factory!r} returned a {type(env).__name__}, not a "
+                "gymnasium.Env: it must return one env (gymnasium.make(...) or an Env "
+                "subclass)"
+            )
         spaces = env.observation_space, env.action_space
     finally:
-        env.close()
+        if callable(getattr(env, "close", None)):
+            env.close()
     _check_policies(custom, spaces)
 
 
@@ -69,6 +78,11 @@ def _check_policies(custom: list[ModelSpec], spaces: tuple[Any, Any]) -> None:
             module = make_policy(spec.path, *spaces, **from_plain(spec.kwargs))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"model {spec.model_id!r}: {exc}") from exc
+        except Exception as exc:  # the user's factory failed in its own way
+            raise ValueError(
+                f"model {spec.model_id!r}: policy factory {spec.factory!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         missing = unsupplied_keys(module) if isinstance(module, TensorDictModuleBase) else []
         if missing:
             raise ValueError(

@@ -126,8 +126,13 @@ class ActionCodec:
             self.compact_dtype = torch_dtype(np.dtype(space.dtype))
             self.shape = self.compact_shape
             self.dtype = self.compact_dtype
+        # Per element, the exclusive upper bound of an index-valued action (None: a Box).
+        self._bound: torch.Tensor | None = None
         if isinstance(space, gymnasium.spaces.MultiDiscrete):
             self._start = np.asarray(space.start)
+            self._bound = torch.as_tensor(np.asarray(space.nvec), dtype=torch.int64)
+        if isinstance(space, gymnasium.spaces.MultiBinary):
+            self._bound = torch.full(self.compact_shape, 2, dtype=torch.int64)
         self._np_dtype = np.dtype(space.dtype)
 
     def to_batch(self, compact: torch.Tensor) -> torch.Tensor:
@@ -171,7 +176,16 @@ class ActionCodec:
                 f"the policy returned an action of shape {list(action.shape)}, "
                 f"expected {list(expected)}"
             )
-        return action.to(self.compact_dtype)
+        indices = self._bound is not None
+        if indices and action.is_floating_point() and not torch.equal(action, action.round()):
+            raise InternalError(  # the cast below would truncate them
+                f"the policy returned {action.dtype} actions that are not whole numbers "
+                f"for {self.space}; its actions are integers"
+            )
+        compact = action.to(self.compact_dtype)
+        if compact.device.type == "cpu":
+            self.check_range(compact)
+        return compact
 
     def _discrete_index(self, action: torch.Tensor, batch: int) -> torch.Tensor:
         if tuple(action.shape) == (batch, self.n) and not (
@@ -195,17 +209,28 @@ class ActionCodec:
         return index.long()
 
     def check_range(self, compact: torch.Tensor) -> None:
-        """Refuse Discrete indices outside ``[0, n)`` (read on the host: it synchronises).
+        """Refuse actions outside the space (read on the host: it synchronises).
 
-        A policy on another device is checked once its action is back on the host.
+        Discrete and MultiDiscrete indices must lie in ``[0, n)`` (each element its own
+        ``n``), MultiBinary values be 0 or 1. A policy on another device is checked once
+        its action is back on the host.
 
         Raises:
-            InternalError: An index out of range.
+            InternalError: An action out of range.
         """
-        if not self.discrete or compact.numel() == 0:
+        if compact.numel() == 0:
             return
-        low, high = int(compact.min()), int(compact.max())
-        if low < 0 or high >= self.n:
-            raise InternalError(
-                f"the policy returned action indices in [{low}, {high}], outside [0, {self.n})"
-            )
+        if self.discrete:
+            low, high = int(compact.min()), int(compact.max())
+            if low < 0 or high >= self.n:
+                raise InternalError(
+                    f"the policy returned action indices in [{low}, {high}], outside [0, {self.n})"
+                )
+        elif self._bound is not None:
+            outside = (compact < 0) | (compact >= self._bound)
+            if bool(outside.any()):
+                shown = compact[outside][:4].tolist()
+                raise InternalError(
+                    f"the policy returned actions outside {self.space}: {shown} (each element "
+                    f"in [0, {self._bound.tolist()}), before the space's start)"
+                )

@@ -108,6 +108,27 @@ def test_cli_gymnasium_actor_exits_2_before_binding_on_a_policy_that_needs_torch
     assert "ready" not in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env-factory", "rlfleet_test_torchrl:not_an_env"], "returned a str, not a gymnasium"),
+        (
+            ["--policy", "rlfleet_test_torchrl:keyerror_policy"],
+            "policy factory 'rlfleet_test_torchrl:keyerror_policy' raised KeyError: 'hidden'",
+        ),
+    ],
+    ids=["not-an-env", "policy-raises-keyerror"],
+)
+def test_cli_gymnasium_actor_exits_2_before_binding_on_a_factory_that_fails(
+    args: list[str], message: str
+) -> None:
+    out = _run(args, kind="env")
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "ready" not in out.stdout
+
+
 @pytest.mark.parametrize("factory", ["cartpole", "stacked_cartpole"])
 def test_cli_gymnasium_actor_exits_2_before_binding_on_a_torchrl_env_naming_the_kind(
     factory: str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import re
 
 import gymnasium
 import numpy as np
@@ -17,7 +18,7 @@ from actor_service._core._frames import interaction_of
 from actor_service._kinds.env.models import ModelRegistry
 from actor_service._kinds.env.spaces import ActionCodec
 from common.config import ExplorationType
-from common.errors import StaleVersionError, UnknownModelError, WeightsError
+from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.policies import load_callable, make_policy, make_value_mlp
 
 CARTPOLE = gymnasium.make("CartPole-v1")
@@ -281,6 +282,35 @@ def test_action_codec_offsets_discrete_start_for_the_env() -> None:
     codec = ActionCodec(gymnasium.spaces.Discrete(3, start=-1))
     assert codec.to_env(torch.tensor([0, 2])).tolist() == [-1, 1]
     assert codec.to_batch(torch.tensor([0, 2])).tolist() == [[1, 0, 0], [0, 0, 1]]
+
+
+MULTI = {
+    "multidiscrete": gymnasium.spaces.MultiDiscrete([3, 4], start=[1, -2]),
+    "multibinary": gymnasium.spaces.MultiBinary(3),
+}
+REFUSED_ACTIONS = {  # what a cast would have truncated, or what lies outside the space
+    "multidiscrete fractions": ("multidiscrete", [[1.7, 2.9]], "not whole numbers"),
+    "multidiscrete out of range": ("multidiscrete", [[-1, 7]], "[-1, 7]"),
+    "multidiscrete one element past n": ("multidiscrete", [[3, 0]], "[3]"),
+    "multibinary not binary": ("multibinary", [[0, 5, -3]], "[5, -3]"),
+    "multibinary fractions": ("multibinary", [[0.7, 1.0, 0.0]], "not whole numbers"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_ACTIONS))
+def test_action_codec_refuses_multi_actions_outside_the_space(case: str) -> None:
+    space, action, needle = REFUSED_ACTIONS[case]
+    with pytest.raises(InternalError, match=re.escape(needle)):
+        ActionCodec(MULTI[space]).from_policy(torch.tensor(action), 1)
+
+
+def test_action_codec_takes_multi_actions_in_the_space_whole_floats_included() -> None:
+    discrete = ActionCodec(MULTI["multidiscrete"])
+    compact = discrete.from_policy(torch.tensor([[2.0, 3.0], [0.0, 0.0]]), 2)
+    assert compact.dtype == torch.int64
+    assert discrete.to_env(compact).tolist() == [[3, 1], [1, -2]]  # plus the space's start
+    binary = ActionCodec(MULTI["multibinary"])
+    assert binary.from_policy(torch.tensor([[True, False, True]]), 1).tolist() == [[1, 0, 1]]
 
 
 @pytest.mark.parametrize(
