@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import gymnasium
+import numpy as np
 
 
 class _HangAfter(gymnasium.Wrapper):
@@ -164,3 +165,21 @@ class _Lives(gymnasium.Wrapper):
 def cartpole_with_lives(lives: int = 3, every: int = 5) -> gymnasium.Env:
     """CartPole-v1 with ``lives()``, what TorchRL's ``EndOfLifeTransform`` reads."""
     return _Lives(gymnasium.make("CartPole-v1"), lives, every)
+
+
+class _WrongShape(gymnasium.Wrapper):
+    """CartPole whose observations after ``steps`` steps hold one number too many."""
+
+    def __init__(self, env: gymnasium.Env, steps: int) -> None:
+        super().__init__(env)
+        self._left = steps
+
+    def step(self, action: Any) -> Any:
+        obs, *rest = self.env.step(action)
+        self._left -= 1
+        return (obs if self._left >= 0 else np.append(obs, np.float32(0))), *rest
+
+
+def wrong_shape_cartpole(steps: int = 0) -> gymnasium.Env:
+    """CartPole whose steps return a ``(5,)`` observation after ``steps`` good ones."""
+    return _WrongShape(gymnasium.make("CartPole-v1"), steps)

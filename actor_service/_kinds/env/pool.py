@@ -140,7 +140,19 @@ def step_pool(
             "before the next batch"
         ) from None
     except Exception as exc:
-        raise EnvError(env, type(exc).__name__, str(exc)) from exc
+        raise _env_error(pool, env, exc) from exc
+
+
+def _env_error(pool: VectorEnv, env: str, exc: Exception) -> EnvError:
+    """``exc`` as an :class:`EnvError`; an observation of the wrong shape says which is right."""
+    message = str(exc)
+    if "wrong shape" in message:  # numpy, filling the pool's array of observations
+        space = pool.single_observation_space
+        message += (
+            f" (an observation does not have the shape {list(space.shape or ())} its "
+            f"observation_space declares, dtype {space.dtype})"
+        )
+    return EnvError(env, type(exc).__name__, message)
 
 
 def reset_pool(
@@ -180,7 +192,7 @@ def reset_pool(
             "before the next batch"
         ) from None
     except Exception as exc:
-        raise EnvError(env, type(exc).__name__, str(exc)) from exc
+        raise _env_error(pool, env, exc) from exc
     return obs
 
 

@@ -98,6 +98,22 @@ def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
     assert all(process_gone(pid) for pid in pids)
 
 
+def test_step_pool_names_the_declared_shape_when_an_observation_breaks_it() -> None:
+    # The sync pool's error is numpy's "Output array is the wrong shape", naming no shape
+    # (the async pool's worker says "could not broadcast ... from shape (5,) into (4,)").
+    config = ActorConfig(
+        num_envs=2, env_pool=EnvPoolSettings(env_factory="rlfleet_test_envs:wrong_shape_cartpole")
+    )
+    pool = make_env_pool(config)
+    try:
+        reset_pool(pool, 30.0)
+        with pytest.raises(EnvError) as raised:
+            step_pool(pool, np.zeros(2, dtype=np.int64), 30.0, env="wrong")
+    finally:
+        close_pool(pool, force=True)
+    assert "shape [4] its observation_space declares" in raised.value.exception_message
+
+
 def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
     config = ActorConfig(
         num_envs=2,
