@@ -40,6 +40,7 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
 from learner_client._relay import RelayRoute
+from learner_client._restore import check_models, load_states, state_blobs
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._shm import ShmRefusedError, ShmRoute
 from learner_client._slabs import PacketSlabs
@@ -680,11 +681,13 @@ class Fleet:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore counters and load each listed actor's state, then re-read its versions.
+        """Restore counters and each listed actor's state (all or none), then its versions.
 
         Raises:
-            ValueError: Missing keys.
+            ValueError: Missing keys; versions of models no actor holds.
             UnknownWorkerError: A worker_id not in the fleet.
+            WeightsError: A blob that is not an actor state, or one an actor refused
+                (the actors are then back where they were: ``learner_client._restore``).
         """
         missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
         if missing:
@@ -692,31 +695,19 @@ class Fleet:
         # Everything is checked before anything is applied; the counters after the actors.
         counts = check_counts(state_dict["frames"], state_dict["batches"])
         versions = check_versions(state_dict["policy_version"])
-        workers = {_worker_id(w): _as_bytes(t) for w, t in dict(state_dict["workers"]).items()}
+        check_models(
+            versions, {m for link in self._links.values() for m in link.description.models}
+        )
+        workers = state_blobs(dict(state_dict["workers"]))
         unknown = sorted(set(workers) - self._owned)
         if unknown:
             raise UnknownWorkerError(
                 f"state_dict holds unknown worker_ids {unknown}; the "
                 f"fleet has worker_ids {self.worker_ids}"
             )
-
-        async def load() -> None:
-            await asyncio.gather(
-                *(
-                    # Restoring a checkpoint is an explicit rollback of the actors' versions.
-                    self._links[w].channel.load_state(
-                        blob, self.conn.call_timeout, allow_rollback=True
-                    )
-                    for w, blob in workers.items()
-                )
-            )
-            descs = await asyncio.gather(
-                *(self._links[w].channel.describe(self.conn.call_timeout) for w in workers)
-            )
-            for desc in descs:
-                self.book.restored(desc.worker_id, desc.models)
-
-        self.loop.run(load(), 2 * self.conn.call_timeout + _MARGIN)
+        timeout = self.conn.call_timeout
+        for desc in self.loop.run(load_states(self._links, workers, timeout), 4 * timeout):
+            self.book.restored(desc.worker_id, desc.models)
         self.book.restore_versions(versions)
         self.ledger.restore(*counts)
 
@@ -773,24 +764,6 @@ def _messages(enc: EncodedWeights) -> PushMessages:
 
 def _nbytes(blob: Any) -> int:
     return memoryview(blob).nbytes
-
-
-def _worker_id(key: object) -> int:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key
-    raise ValueError(f"state_dict['workers'] is keyed by worker_id ints, got {key!r:.40}")
-
-
-def _as_bytes(value: Any) -> bytes:
-    if (
-        isinstance(value, torch.Tensor)
-        and value.dtype == torch.uint8
-        and value.device.type == "cpu"
-    ):
-        return value.contiguous().numpy().tobytes()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    raise TypeError(f"an actor state must be a CPU uint8 tensor or bytes, got {value!r:.60}")
 
 
 def _key(enc: EncodedWeights) -> tuple[str, int, int, int | None, object]:

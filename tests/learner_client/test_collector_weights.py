@@ -10,7 +10,13 @@ import torch
 from learner_fleet import cartpole_policy, start_actors
 
 from common.config import ExplorationType
-from common.errors import SessionStateError, UnknownModelError, UnknownWorkerError, WeightsError
+from common.errors import (
+    ProtocolError,
+    SessionStateError,
+    UnknownModelError,
+    UnknownWorkerError,
+    WeightsError,
+)
 from learner_client import GrpcCollector, WeightPushError
 
 
@@ -220,6 +226,8 @@ def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
             ({"frames": -(10**30)}, ValueError),
             ({"workers": {"abc": saved["workers"][0]}}, ValueError),
             ({"workers": {0: torch.empty(4, dtype=torch.uint8, device="meta")}}, TypeError),
+            ({"workers": {0: saved["workers"][0][:-100]}}, WeightsError),  # cut short
+            ({"policy_version": {"policy": 1, "value": 7}}, ValueError),  # another fleet's
         ]
         for override, error in bad:
             with pytest.raises(error):
@@ -227,6 +235,43 @@ def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
             assert (collector.policy_version, collector.stats()["frames"]) == before, override
         collector.load_state_dict(saved)  # the honest state still loads
         assert collector.next().numel() == 8
+
+
+def test_a_checkpoint_one_actor_refuses_leaves_every_actor_as_it_was():
+    """Worker 1 refuses its blob (another kind of actor's); worker 0, which loaded its own,
+    is given back the state it held: it used to stay rolled back, with an error raised."""
+    actors = start_actors(
+        [
+            ["--worker-id", "0", "--num-envs", "2"],
+            ["--worker-id", "1", "--num-envs", "2"],
+            ["--worker-id", "1", "--num-envs", "2", "--kind", "torchrl"],
+        ]
+    )
+    try:
+        with GrpcCollector([actors[2].address], frames_per_batch=4) as other:
+            other.next()
+            alien = other.state_dict()["workers"][1]
+        with GrpcCollector(
+            [a.address for a in actors[:2]], frames_per_batch=8, sync=True
+        ) as collector:
+            collector.update_policy_weights_(cartpole_policy(action=0))
+            collector.next()
+            saved = collector.state_dict()
+            collector.update_policy_weights_(cartpole_policy(action=1))
+            collector.next()
+            before = collector.state_dict()
+            with pytest.raises(ProtocolError, match="another kind of actor"):
+                collector.load_state_dict({**saved, "workers": {0: saved["workers"][0], 1: alien}})
+            after = collector.state_dict()
+            assert after["policy_version"] == before["policy_version"] == {"policy": 2}
+            assert (after["frames"], after["batches"]) == (before["frames"], before["batches"])
+            assert {int(b["policy_version"].min()) for b in collector.next().unbind(0)} == {2}
+            for wid in (0, 1):  # the weights pushed last, on both
+                held, pushed = _policy_weights(after["workers"][wid]), before["workers"][wid]
+                assert all(torch.equal(v, _policy_weights(pushed)[k]) for k, v in held.items())
+    finally:
+        for actor in actors:
+            actor.close()
 
 
 def _policy_weights(blob: torch.Tensor) -> dict[str, torch.Tensor]:
