@@ -753,6 +753,8 @@ class GrpcCollector(TorchRLAccessors):
             self._check_open()
             self._fleet.load_state_dict(state_dict)
             self._rounds.update_budget()
+            if self._env is not None:  # create_env_fn's env holds the restored env state
+                self._env.follow(self.worker_ids, self.actor_state)
 
     def stats(
         self, workers: str = "aggregate", *, timeout: float | None = 10.0

@@ -661,14 +661,16 @@ class ScriptEnv:
         if self._signature is not None:
             check_env_signature(self._signature, batch, f"actors {workers}")
             self._signature = None
-        if self._env is not None and workers:
-            self._follow(workers, read_state)
+        self.follow(workers, read_state)
 
-    def _follow(self, workers: list[int], read_state: StateReader) -> None:
+    def follow(self, workers: list[int], read_state: StateReader) -> None:
         """Load the actors' env state into the script's env; stop following if it does not fit.
 
-        Once it does not fit, a UserWarning says so and the env is left as it was.
+        After each batch and after a restore. Once it does not fit, a UserWarning says so
+        and the env is left as it was.
         """
+        if self._env is None or not workers:
+            return
         states = self._read_states(workers, read_state)
         if not states:
             return

@@ -23,6 +23,7 @@ import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fl
 from learner_fleet import ACTOR_ENV, start_actors
 from torchrl.envs import VecNorm
 
+from common.actor_state import decode_state
 from learner_client import GrpcCollector
 
 pytestmark = [
@@ -115,6 +116,28 @@ def test_get_vecnorm_state_reads_a_never_stepped_scripts_env(vecnorm_v1_actor: s
     assert torch.allclose(stats["loc"], loc)
     assert stats["scale"].shape == loc.shape
     assert float(extra["observation_count"]) > 16  # three batches of statistics
+
+
+def test_a_restore_gives_the_scripts_env_the_checkpoints_env_state(vecnorm_v1_actor: str) -> None:
+    """As TorchRL's ``Collector.load_state_dict`` loads its env: before any batch."""
+    with GrpcCollector(
+        [vecnorm_v1_actor], create_env_fn=rlfleet_test_torchrl.vecnorm_v1_pendulum(),
+        frames_per_batch=16, sync=True,
+    ) as collector:  # fmt: skip
+        collector.next()
+        collector.next()
+        saved = collector.state_dict()
+    env = rlfleet_test_torchrl.vecnorm_v1_pendulum()
+    with GrpcCollector(
+        [vecnorm_v1_actor], create_env_fn=env, frames_per_batch=16, sync=True
+    ) as collector:
+        collector.next()  # the actor moves on from the checkpoint...
+        collector.load_state_dict(saved)  # ...and goes back to it, the script's env with it
+        stats = get_vecnorm_state(env)
+    state = decode_state(saved["workers"][0].numpy().tobytes())["env"]["worker0"]
+    (extra,) = [v for k, v in state.items() if k.endswith("_extra_state")]
+    assert stats is not None
+    assert torch.allclose(stats["loc"], extra["observation_sum"] / extra["observation_count"])
 
 
 # TorchRL's own warning at a plain load into a VecNorm that saw no frame (shared statistics)
