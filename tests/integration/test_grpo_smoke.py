@@ -157,7 +157,7 @@ def test_grpo_torchrl_loss_runs_a_few_updates(tmp_path):
         (["--group-size", "1"], "group_size must be >= 2"),
         (["--loss", "ppo"], "loss must be one of"),
         (["--task-kwargs", "[1]"], "task_kwargs must be a JSON object"),
-        (["--task", "nope"], "task must be one of"),
+        (["--task", "nope"], "unknown task 'nope'; expected one of arith"),
         (["--prompts-per-step", "3"], "must be a multiple of num_actors"),
         (["--loss", "torchrl", "--temperature", "0.7"], "temperature 1"),
         (["--max-seconds", "nan"], "--max-seconds: expected a number, got nan"),
