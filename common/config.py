@@ -398,8 +398,9 @@ RELAY_PUSH_ID_BYTES = 16
 RELAY_TICKET_BYTES = (16, 64)
 
 
-#: A host name or IPv4 address (dot-separated labels), or a bracketed IPv6 address; a port.
+#: Names gRPC reads as a resolver scheme before a colon; never a relay's host.
 _GRPC_SCHEMES = frozenset({"dns", "unix", "unix-abstract", "vsock", "ipv4", "ipv6", "xds"})
+#: A host name or IPv4 address (dot-separated labels), or a bracketed IPv6 address; a port.
 _RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
 
 
