@@ -16,6 +16,7 @@ from common.errors import WeightsError
 from common.weights import check_policy_version
 
 __all__ = [
+    "MAX_RESTORED_COUNT",
     "STATE_FORMAT",
     "StateHolder",
     "core_counters",
@@ -27,6 +28,10 @@ __all__ = [
 
 # Only the low 32 bits of the trajectory counter make an id (``TrajIds``).
 _TRAJ_COUNTER_MASK = 0xFFFF_FFFF
+
+#: The largest frames or batches count a restored state may carry: the actor counts on
+#: from it, and its metrics (float64 counters) stay exact up to 2**53, decades of frames.
+MAX_RESTORED_COUNT = 2**53
 
 
 def core_state(models: dict[str, Any], frames: int, batches: int, traj_counter: int) -> dict:
@@ -52,8 +57,9 @@ def core_counters(state: object, sections: frozenset[str] = frozenset()) -> dict
         an id uses, so it never overflows int64.
 
     Raises:
-        WeightsError: Not a dict, an unknown key, or a counter that is not an int in the
-            int64 range (the range of policy versions).
+        WeightsError: Not a dict, an unknown key, a counter that is not an int in the
+            int64 range (the range of policy versions), or frames or batches above
+            :data:`MAX_RESTORED_COUNT` (counting on would leave int64).
     """
     if not isinstance(state, dict):
         raise WeightsError(f"actor state must be a dict, got {type(state).__name__}")
@@ -68,6 +74,12 @@ def core_counters(state: object, sections: frozenset[str] = frozenset()) -> dict
         key: check_policy_version(state.get(key), f"actor state {key!r}")
         for key in ("frames", "batches", "traj_counter")
     }
+    for key in ("frames", "batches"):
+        if counters[key] > MAX_RESTORED_COUNT:
+            raise WeightsError(
+                f"actor state {key!r} {counters[key]} is above {MAX_RESTORED_COUNT} (2**53): "
+                "an actor counts on from it"
+            )
     counters["traj_counter"] &= _TRAJ_COUNTER_MASK
     return counters
 

@@ -89,6 +89,18 @@ def test_load_state_dict_raises_if_a_counter_is_outside_int64(make, key, value) 
 
 
 @pytest.mark.parametrize("make", WORKERS)
+@pytest.mark.parametrize("key", ["frames", "batches"])
+def test_load_state_dict_leaves_a_count_room_to_count_on(make, key) -> None:
+    with make() as worker:
+        state = worker.state_dict()
+        for value in (2**53 + 1, MAX_INT64):
+            with pytest.raises(WeightsError, match=f"{key}.*above"):
+                worker.load_state_dict({**state, key: value})
+        worker.load_state_dict({**state, key: 2**53})
+        assert getattr(worker, key) == 2**53
+
+
+@pytest.mark.parametrize("make", WORKERS)
 def test_load_state_dict_refuses_an_older_version_unless_rolling_back(make) -> None:
     with make() as worker:
         old = worker.state_dict()

@@ -145,6 +145,8 @@ def test_load_state_raises_invalid_argument_if_a_number_is_out_of_range(actor: A
     bad_states = [
         {**good, "traj_counter": 2**70},
         {**good, "frames": 2**64},
+        {**good, "frames": 2**63 - 1},  # in int64, but the actor would count past it
+        {**good, "batches": 2**53 + 1},
         {**good, "batches": -1},
         {**good, "models": {"policy": {"version": 2**63, "weights": other}}},
         {**good, "models": {"policy": {"version": 1.5, "weights": other}}},
