@@ -194,14 +194,16 @@ def push_delta(
     reference: Mapping[str, torch.Tensor],
     delta: Delta,
 ) -> Swap:
-    """A whole delta push: check the version, stage it on the device, :func:`swap_delta`.
+    """A whole delta push: check the version and ties, stage it on the device, :func:`swap_delta`.
 
     Raises:
         SessionStateError: Another version is in force (nothing is written).
         StaleVersionError: ``version`` is not newer than the one in force.
-        WeightsError: A version outside the int64 range.
+        WeightsError: A version outside the int64 range, or keys the model ties
+            changed differently.
     """
     check_policy_version(version)
+    check_ties({}, reference, delta)
     newer = functools.partial(check_newer, model_id)
     staged = on_devices(delta, reference)
     return swap_delta(slot, model_id, base_version, version, reference, staged, newer)
@@ -225,7 +227,7 @@ def swap_parts(
         StaleVersionError: A newer version came into force meanwhile (nothing is written).
         SessionStateError: A delta part's base is no longer in force (nothing is written).
     """
-    check_ties(parts.tensors, reference)
+    check_ties(parts.tensors, reference, parts.delta)
 
     def check() -> None:
         check_newer(model_id, version, slot.version)

@@ -158,19 +158,23 @@ def wire_state(
     The same keys and values :func:`encode_weights` would send with ``dtype`` and
     ``only_trainable`` (floating tensors cast to the wire dtype), as contiguous CPU
     tensors sharing no memory with ``obj`` or with each other, so training may go on
-    changing ``obj`` in place. What a learner diffs a sparse delta against.
+    changing ``obj`` in place; keys ``obj`` ties (one tensor) stay tied, one copy under
+    all of them, so a push of the snapshot carries it once. What a learner diffs a
+    sparse delta against.
 
     Raises:
         TypeError, ValueError: As :func:`encode_weights`.
     """
     PushForm(wire_dtype=dtype)  # raises ValueError for a dtype weights cannot travel in
     flat = _trainable(obj) if only_trainable else _flat(obj)  # type: ignore[arg-type]
+    unique, aliases = _split_aliases(flat)
     out: dict[str, torch.Tensor] = {}
-    for name, value in flat.items():
+    for name, value in unique.items():
         tensor = _normalise_tensor(name, value, dtype)
         shares = tensor.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
         out[name] = tensor.clone() if shares else tensor
-    return _unshare(out)
+    _unshare(out)
+    return {name: out[aliases.get(name, name)] for name in flat}
 
 
 def _flat(obj: WeightSource) -> dict[str, torch.Tensor]:

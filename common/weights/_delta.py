@@ -14,8 +14,12 @@ tensor with at least one changed element, two 1-D tensors:
   in the *wire dtype* the header declares (``rlfleet.dtype``, as a full push
   does: :mod:`common.weights._push_form`), cast into the receiver's floating dtype.
 
-Unchanged tensors are absent. "Changed" compares bit patterns, not values (so
-``-0.0`` after ``0.0`` is a change), and applying every delta of a sequence
+Keys tied in both states (one tensor under several keys, as :func:`split_aliases`
+finds them) travel once: the header names the others as aliases
+(``rlfleet.aliases``, as in a full push) of a key whose entry the blob holds, and
+the receiver gives them that very entry. Unchanged tensors are absent. "Changed"
+compares bit patterns, not values (so ``-0.0`` after ``0.0`` is a change), and
+applying every delta of a sequence
 gives the bits of the last full state exactly. A wire-dtype delta is computed
 between two states cast to that dtype; as the receiver casts element by element,
 a sequence of them leaves it with the bits a full push of the last state in the
@@ -38,6 +42,7 @@ import numpy as np
 import torch
 
 from common.errors import WeightsError, WeightsTooLargeError
+from common.weights._aliases import ALIASES_KEY, decode_aliases, encode_aliases, split_aliases
 from common.weights._push_form import PushForm
 from common.weights._safetensors import Expected, read_blob, write_blob
 
@@ -48,6 +53,7 @@ __all__ = [
     "changed_elements",
     "decode_delta",
     "encode_delta",
+    "same_entry",
 ]
 
 #: The ``__metadata__`` key (value ``"1"``) that marks a blob as a delta.
@@ -118,7 +124,8 @@ def encode_delta(
     if set(old) != set(new):
         missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         raise WeightsError(f"a delta needs the same keys: missing {missing}, extra {extra}")
-    masks = {key: _differs(old[key], new[key]) for key in sorted(new)}
+    ties = _kept_ties(old, new)
+    masks = {key: _differs(old[key], new[key]) for key in sorted(new) if key not in ties}
     # Counted before any index is built (at the cheapest, one byte per index): listing
     # the indices of a dense change costs more than sending it whole.
     lower = sum(
@@ -134,7 +141,18 @@ def encode_delta(
             parts.update(_entry(key, index, new[key]))
     if max_bytes is not None and sum(t.nbytes for t in parts.values()) > max_bytes:
         return None
-    return write_blob(parts, {**(metadata or {}), DELTA_MARK: "1"})
+    meta = {**(metadata or {}), DELTA_MARK: "1"}
+    aliases = {alias: target for alias, target in ties.items() if _VALUES + target in parts}
+    if aliases:
+        meta[ALIASES_KEY] = encode_aliases(aliases)
+    return write_blob(parts, meta)
+
+
+def _kept_ties(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """``{alias: target}`` of the keys tied in both states: their change travels once."""
+    _, before = split_aliases(old)
+    _, after = split_aliases(new)
+    return {alias: target for alias, target in after.items() if before.get(alias) == target}
 
 
 def _entry(key: str, index: np.ndarray, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -181,6 +199,22 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
     if metadata.get(DELTA_MARK) != "1":
         raise WeightsError(f"a delta push must carry {DELTA_MARK!r} in its metadata")
     form = PushForm.from_metadata(metadata)  # a wire dtype (checked)
+    halves = _halves(parts, expected)
+    delta = {key: _checked(key, pair, expected[key], form) for key, pair in sorted(halves.items())}
+    for alias, target in decode_aliases(metadata, halves, len(expected)).items():
+        if expected.get(alias) != expected[target]:
+            raise WeightsError(
+                f"delta alias {alias[:120]!r} names no parameter of the model shaped as "
+                f"{target[:120]!r}"
+            )
+        delta[alias] = delta[target]
+    return delta
+
+
+def _halves(
+    parts: Mapping[str, torch.Tensor], expected: Expected
+) -> dict[str, dict[str, torch.Tensor]]:
+    """A delta blob's tensors as ``{key: {"indices" | "gaps" | "values": tensor}}``."""
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in parts.items():
         kind, _, key = name.partition(":")
@@ -192,7 +226,7 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
                 f"such as {known})"
             )
         halves.setdefault(key, {})[kind] = tensor
-    return {key: _checked(key, pair, expected[key], form) for key, pair in sorted(halves.items())}
+    return halves
 
 
 def _checked(
@@ -256,6 +290,19 @@ def _index(key: str, pair: dict[str, torch.Tensor]) -> torch.Tensor:
 def _finite(values: torch.Tensor) -> bool:
     wide = values.float() if values.element_size() == 1 else values
     return bool(torch.isfinite(wide).all())
+
+
+def same_entry(
+    one: tuple[torch.Tensor, torch.Tensor] | None, other: tuple[torch.Tensor, torch.Tensor] | None
+) -> bool:
+    """Whether two checked entries change a tensor alike: the same indices and value bits."""
+    if one is None or other is None:
+        return one is other
+    return one is other or (
+        torch.equal(one[0], other[0])
+        and one[1].dtype == other[1].dtype
+        and torch.equal(_bits(one[1]), _bits(other[1]))
+    )
 
 
 def apply_delta(targets: Mapping[str, torch.Tensor], delta: Delta) -> None:

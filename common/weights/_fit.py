@@ -16,6 +16,7 @@ from torch import nn
 
 from common.errors import WeightsError
 from common.weights._aliases import split_aliases
+from common.weights._delta import Delta, apply_delta, same_entry
 from common.weights._push_form import FULL, PushForm, check_fit
 
 __all__ = [
@@ -141,26 +142,59 @@ def stage_state(
     return staged
 
 
-def check_ties(staged: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> None:
+def check_ties(
+    staged: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    delta: Delta | None = None,
+) -> None:
     """Refuse two different values for keys the model ties (one tensor under several keys).
+
+    Whole tensors (``staged``) given to both keys must be equal. A delta's entries
+    (``delta``, applied on the values the tied keys share) must change both alike, the
+    same indices and value bits, or neither; an entry for one key beside a whole tensor
+    for the other must give it that tensor's values.
 
     Raises:
         WeightsError: Naming the tied pairs given different values.
     """
     _, ties = split_aliases(reference)
+    changes = delta or {}
     broken = [
         f"{alias} and {target}"
         for alias, target in ties.items()
-        if alias in staged
-        and target in staged
-        and staged[alias] is not staged[target]
-        and not torch.equal(staged[alias], staged[target])
+        if _tie_broken(staged, changes, reference, alias, target)
     ]
     if broken:
         raise WeightsError(
             f"weights give different values to keys this model ties (one tensor): "
             f"{broken[:10]}; send them tied, or as one key"
         )
+
+
+def _tie_broken(
+    staged: Mapping[str, torch.Tensor],
+    delta: Delta,
+    reference: Mapping[str, torch.Tensor],
+    alias: str,
+    target: str,
+) -> bool:
+    """Whether a push gives the tied ``alias`` and ``target`` different values."""
+    one, other = delta.get(alias), delta.get(target)
+    if one is not None and other is not None:
+        return not same_entry(one, other)
+    if one is None and other is None:
+        return (
+            alias in staged
+            and target in staged
+            and staged[alias] is not staged[target]
+            and not torch.equal(staged[alias], staged[target])
+        )
+    key, entry, twin = (alias, one, target) if one is not None else (target, other, alias)
+    if twin not in staged:
+        return True  # one key changes, the other keeps its value
+    changed = reference[key].detach().clone()  # a whole part beside a delta part: exact
+    apply_delta({key: changed}, {key: entry})  # type: ignore[dict-item]
+    return not torch.equal(changed, staged[twin])
 
 
 def _distinct(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

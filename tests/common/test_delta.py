@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.errors import DataLossError, WeightsError, WeightsTooLargeError
-from common.weights import BlobAssembler, checksums, crc32c
+from common.weights import BlobAssembler, check_ties, checksums, crc32c
 from common.weights._delta import apply_delta, changed_elements, decode_delta, encode_delta
 from common.weights._safetensors import write_blob
 
@@ -244,3 +244,55 @@ def test_a_lone_change_in_a_large_tensor_travels_as_an_index() -> None:
     assert len(blob) < 300
     delta = decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
     assert delta["w"][0].tolist() == [500_000]
+
+
+def _tied(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"embed": weight, "head": weight, "bias": torch.zeros(3)}  # one tensor, two keys
+
+
+def test_a_change_of_tied_keys_travels_once_and_is_given_to_both() -> None:
+    old, new = _tied(torch.zeros(4, 3)), _tied(torch.zeros(4, 3))
+    new["embed"][1, 2] = 5.0
+    blob = encode_delta(old, new)
+    from_blob = decode_delta(memoryview(bytearray(blob)), _expected(new), max_bytes=MB)
+    assert from_blob["head"] is from_blob["embed"]  # the alias is given the very entry
+    untied = {k: v.clone() for k, v in new.items()}
+    untied_old = {k: v.clone() for k, v in old.items()}
+    assert len(blob) < len(encode_delta(untied_old, untied))  # untied: both keys travel
+    held = _tied(torch.zeros(4, 3))
+    _apply(held, blob)
+    assert held["embed"][1, 2] == 5.0
+    assert held["embed"] is held["head"]
+    loose = {k: v.clone() for k, v in old.items()}  # a receiver holding them apart
+    _apply(loose, blob)
+    assert torch.equal(loose["head"], new["head"])
+    assert torch.equal(loose["embed"], new["embed"])
+
+
+def test_decode_delta_raises_if_an_alias_is_not_shaped_as_its_target() -> None:
+    old, new = _tied(torch.zeros(4, 3)), _tied(torch.zeros(4, 3))
+    new["embed"][0, 0] = 1.0
+    blob = encode_delta(old, new)
+    expected = _expected(new) | {"head": ((2, 3), torch.float32)}
+    with pytest.raises(WeightsError, match="alias 'head' names no parameter"):
+        decode_delta(memoryview(bytearray(blob)), expected, max_bytes=MB)
+    with pytest.raises(WeightsError, match="alias 'head' names no parameter"):
+        decode_delta(memoryview(bytearray(blob)), _expected({"embed": new["embed"]}), max_bytes=MB)
+
+
+def test_check_ties_refuses_a_delta_that_changes_tied_keys_apart() -> None:
+    reference = _tied(torch.zeros(4, 3))
+    same = (torch.tensor([1]), torch.tensor([2.0]))
+    check_ties({}, reference, {"embed": same, "head": (same[0].clone(), same[1].clone())})
+    for delta in (
+        {"embed": same},  # head keeps its value
+        {"embed": same, "head": (torch.tensor([1]), torch.tensor([3.0]))},
+        {"embed": (same[0], torch.tensor([0.0])), "head": (same[0], torch.tensor([-0.0]))},
+    ):
+        with pytest.raises(WeightsError, match="'head and embed'"):
+            check_ties({}, reference, delta)
+    whole = torch.zeros(4, 3)
+    whole.view(-1)[1] = 2.0  # a whole part beside a delta part giving the same values
+    check_ties({"head": whole}, reference, {"embed": same})
+    with pytest.raises(WeightsError, match="'head and embed'"):
+        check_ties({"head": torch.ones(4, 3)}, reference, {"embed": same})

@@ -24,6 +24,7 @@ from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import (
     DEFAULT_MAX_WEIGHT_BYTES,
     default_max_weight_bytes,
+    encode_delta,
     encode_weights,
     state_nbytes,
 )
@@ -180,4 +181,64 @@ def test_default_push_cap_is_sized_from_the_model_and_refuses_beyond(actor) -> N
             stub.PushWeights(iter([pb.PushWeightsRequest(header=header)]), timeout=10)
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert f"cap of {cap} bytes" in error.value.details()
+    assert serving(actor.port)
+
+
+def _shared_changed(policy: SharedLinearPolicy) -> None:
+    with torch.no_grad():
+        policy.shared.weight[0, :2] += 0.25
+
+
+def test_delta_pushes_send_the_shared_linear_once_and_keep_it_tied(actor, collector) -> None:
+    policy = _learner_policy(7)
+    collector.update_policy_weights_(policy)
+    plain = collector.stats()["last_push_bytes"]
+    collector.update_policy_weights_(policy, delta=True)  # nothing held in this form: full
+    assert collector.stats()["last_push_bytes"] == plain  # the tied tensor once, as plain
+    _shared_changed(policy)
+    collector.update_policy_weights_(policy, delta=True)
+    stats = collector.stats()
+    assert stats["delta_pushes"] == 1
+    one_key = encode_delta(
+        {"w": torch.zeros(4, 4)}, {"w": policy.shared.weight.detach().clone()}
+    )  # the change of one key, for scale: the tied keys' changes travel once
+    assert stats["last_push_bytes"] < 2 * len(one_key)
+    module = _actor_module(actor)
+    assert module.blocks[1].weight.data_ptr() == module.shared.weight.data_ptr()
+    assert_bit_identical(actor_weights(collector)[1], dict(policy.state_dict()))
+
+
+def test_delta_giving_tied_keys_different_changes_is_refused(actor, collector) -> None:
+    policy = _learner_policy(8)
+    untied = {k: v.clone() for k, v in policy.state_dict().items()}  # equal values, own tensors
+    collector.update_policy_weights_(untied, delta=True)
+    with torch.no_grad():
+        untied["blocks.1.weight"][0, 0] += 0.5  # only one of the keys the actor ties
+    _refused(
+        collector,
+        actor,
+        lambda: collector.update_policy_weights_(untied, delta=True),
+        "keys this model ties",
+    )
+
+
+def test_delta_parts_giving_tied_keys_different_changes_are_refused(actor, collector) -> None:
+    policy = _learner_policy(9)
+    state = {k: v.clone() for k, v in policy.state_dict().items()}
+    first = {k: v for k, v in state.items() if not k.startswith("blocks.1.")}
+    second = {k: v for k, v in state.items() if k.startswith("blocks.1.")}
+    address = [f"127.0.0.1:{actor.port}"]
+    with GrpcCollector(address, frames_per_batch=2) as other:
+        version = collector.policy_version + 1
+        collector.update_policy_weights_(first, version=version, part=(0, 2), delta=True)
+        other.update_policy_weights_(second, version=version, part=(1, 2), delta=True)
+        before = actor_weights(collector)
+        assert before[0] == version
+        with torch.no_grad():
+            first["shared.weight"][0, 0] += 0.5  # blocks.1.weight, in the other part, stays
+        collector.update_policy_weights_(first, version=version + 1, part=(0, 2), delta=True)
+        with pytest.raises(WeightPushError, match="keys this model ties"):
+            other.update_policy_weights_(second, version=version + 1, part=(1, 2), delta=True)
+    assert actor_weights(collector)[0] == version  # nothing applied
+    assert_bit_identical(actor_weights(collector)[1], before[1])
     assert serving(actor.port)

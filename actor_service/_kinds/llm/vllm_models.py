@@ -43,7 +43,14 @@ from actor_service._kinds.llm.vllm_lora import (
 from actor_service._kinds.llm.vllm_worker import PROBE_COLUMNS, engine_module, load_groups
 from common.errors import InternalError, WeightsError
 from common.llm import Generation, GenerationSettings, LoraSpec, default_dtype
-from common.weights import Delta, PushForm, apply_delta, apply_staged, check_policy_version
+from common.weights import (
+    Delta,
+    PushForm,
+    apply_delta,
+    apply_staged,
+    check_policy_version,
+    check_ties,
+)
 
 __all__ = ["VLLMModels"]
 
@@ -188,6 +195,7 @@ class VLLMModels(LLMModels):
         """
         slot = self._get(model_id)
         check_policy_version(version)
+        check_ties({}, slot.reference, delta)
 
         def newer(new: int, current: int) -> None:
             check_newer(model_id, new, current)
