@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import ipaddress
 import logging
 import os
 import re
@@ -472,12 +473,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.log_level, config.log_format, worker_id=config.worker_id, include_others=True
     )
     logging.captureWarnings(True)
-    if not config.token and "RLFLEET_TOKEN" in os.environ:  # e.g. a Secret that is missing
-        from actor_service._serve._logging import log_event
-
-        log_event(
-            "actor.auth_off",
-            logging.WARNING,
-            reason="RLFLEET_TOKEN is set but empty: every caller is accepted",
-        )
+    _warn_if_open(config)
     return serve(config)
+
+
+def _warn_if_open(config: ActorConfig) -> None:
+    """Say loudly that auth is off when that may not be meant: an empty token, or the network."""
+    if config.token:
+        return
+    if "RLFLEET_TOKEN" in os.environ:  # e.g. a Secret whose value is empty
+        reason = "RLFLEET_TOKEN is set but empty"
+    elif not _is_loopback(config.host):  # e.g. an optional Secret that is absent
+        reason = f"no token, and it listens on {config.host}"
+    else:
+        return
+    from actor_service._serve._logging import log_event
+
+    log_event("actor.auth_off", logging.WARNING, reason=f"{reason}: every caller is accepted")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind) is reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -47,4 +47,5 @@ def test_vllm_image_serves_an_llm_actor_on_the_vllm_engine_offline() -> None:
     env = only(stage, "ENV")
     assert "HF_HUB_OFFLINE=1" in env
     assert "VLLM_NO_USAGE_STATS=1" in env  # vLLM reports usage to its servers unless told
+    assert "RLFLEET_HOST=0.0.0.0" in env  # reachable through a published port
     assert only(stage, "USER") == "10001:10001"

@@ -93,6 +93,7 @@ def test_dockerfile_runs_the_actor_under_tini_as_non_root() -> None:
         args.endswith("docker/entrypoint.sh /usr/local/bin/rlfleet-entrypoint") for args in copies
     )
     assert only(stage, "EXPOSE") == "50051"
+    assert "RLFLEET_HOST=0.0.0.0" in only(stage, "ENV")  # reachable through a published port
 
 
 def test_dockerfile_healthcheck_asks_grpc_health_through_the_probe() -> None:
