@@ -727,6 +727,8 @@ class GrpcCollector(TorchRLAccessors):
     def state_dict(self) -> dict[str, Any]:
         """Learner counters plus each actor's state (GetState), keyed by worker_id.
 
+        An actor coming back (restarted) is waited for within ``call_timeout``, or it fails.
+
         Returns:
             ``{"frames", "batches", "policy_version": {model_id: v},
             "workers": {worker_id: uint8 tensor of the actor's safetensors state}}``

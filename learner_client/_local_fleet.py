@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from common.errors import (
 )
 from common.plain_config import to_plain
 
-__all__ = ["LocalFleet"]
+__all__ = ["LocalFleet", "restart_seed"]
 
 _READY_RE = re.compile(rb"^rlfleet-actor ready worker_id=(\d+) port=(\d+)\s*$", re.MULTILINE)
 # Time an actor gets beyond its own grace period to finish exiting before SIGKILL.
@@ -61,6 +62,19 @@ class _Actor:
     port: int | None = None
     # The stderr tail, kept when the temporary files are closed.
     final_tail: str = ""
+
+
+#: Bits of the seed a restarted actor draws (envs' seeds stay within a C int).
+_RESTART_SEED_BITS = 30
+
+
+def restart_seed() -> int:
+    """A fresh random seed for an actor started again in a worker's place.
+
+    With its first seed a restarted actor's envs would replay their trajectories, and the
+    learner would take the experience it already had again, under new trajectory ids.
+    """
+    return secrets.randbits(_RESTART_SEED_BITS)
 
 
 #: The policy of each kind of actor when none is given.
@@ -204,7 +218,8 @@ class LocalFleet:
         self._state = "running"
         try:
             for worker_id in self.worker_ids:
-                self._actors[worker_id] = self._spawn(worker_id, port=0)
+                seed = None if self._seed is None else self._seed + worker_id
+                self._actors[worker_id] = self._spawn(worker_id, port=0, seed=seed)
             self._wait_ready(list(self._actors.values()))
         except BaseException:
             self.stop()
@@ -293,8 +308,10 @@ class LocalFleet:
     def restart(self, worker_id: int) -> str:
         """Stop one actor (if running) and start a fresh one in its place.
 
-        The new actor has the same worker id, seed and port, so a collector that
-        reconnects to the old address finds it; it has a new epoch and initial weights.
+        The new actor has the same worker id and port, so a collector that reconnects to
+        the old address finds it; it has a new epoch, initial weights and, when the fleet
+        was seeded, a fresh seed (:func:`restart_seed`): with its first one its envs would
+        replay, and the learner would take the trajectories it already sent again.
 
         Args:
             worker_id: The actor to replace.
@@ -309,14 +326,15 @@ class LocalFleet:
         self._check_running()
         old = self._actor(worker_id)
         self._stop_actors([old])
-        new = self._spawn(worker_id, port=old.port or 0)
+        seed = None if self._seed is None else restart_seed()
+        new = self._spawn(worker_id, port=old.port or 0, seed=seed)
         self._actors[worker_id] = new
         self._wait_ready([new])
         return self._address(new)
 
     # ------------------------------------------------------------ internals
 
-    def _spawn(self, worker_id: int, *, port: int) -> _Actor:
+    def _spawn(self, worker_id: int, *, port: int, seed: int | None) -> _Actor:
         argv = [
             self._python,
             "-m",
@@ -327,8 +345,8 @@ class LocalFleet:
             "--worker-id",
             str(worker_id),
         ]
-        if self._seed is not None:
-            argv += ["--seed", str(self._seed + worker_id)]
+        if seed is not None:
+            argv += ["--seed", str(seed)]
         argv += self._extra_args
         if sys.platform.startswith("linux"):
             argv = [self._python, "-c", _LAUNCHER, str(os.getpid()), *argv]

@@ -28,7 +28,6 @@ import contextlib
 import importlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from learner_client._local_fleet import (
     _head,
     _tail,
     _worker_ids,
+    restart_seed,
 )
 
 __all__ = ["RayFleet", "check_ray_args", "import_ray", "shut_down_ray_when_unused"]
@@ -63,8 +63,6 @@ __all__ = ["RayFleet", "check_ray_args", "import_ray", "shut_down_ray_when_unuse
 _DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
 #: Seconds allowed for a Ray actor's own calls (stop, address) beyond the server's timeouts.
 _CALL_MARGIN = 10.0
-#: Bits of the seed a restarted Ray actor draws (envs' seeds stay within a C int).
-_RESTART_SEED_BITS = 30
 #: Seconds :meth:`RayFleet.live_addresses` waits for the actors to answer.
 _LIVE_TIMEOUT = 2.0
 #: What to install for a fleet placed on Ray.
@@ -156,7 +154,7 @@ def _ray_up() -> bool:
 def _incarnation_seed(ray: Any, seed: int | None) -> int | None:
     """``seed``, or a fresh one for a Ray actor that Ray restarted (its envs must not replay)."""
     if seed is not None and ray.get_runtime_context().was_current_actor_reconstructed:
-        return secrets.randbits(_RESTART_SEED_BITS)
+        return restart_seed()
     return seed
 
 

@@ -529,8 +529,8 @@ class ActorChannel:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""
         assembler: BlobAssembler | None = None
         with translate_errors(self.address):
-            call = self._stub.GetState(
-                pb.GetStateRequest(), timeout=timeout, metadata=self._metadata
+            call = self._stub.GetState(  # an actor coming back is waited for, within timeout
+                pb.GetStateRequest(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
             )
             async for message in call:
                 kind = message.WhichOneof("kind")
@@ -561,7 +561,9 @@ class ActorChannel:
                 yield pb.StateChunk(chunk=bytes(piece))
 
         with translate_errors(self.address):
-            r = await self._stub.LoadState(requests(), timeout=timeout, metadata=self._metadata)
+            r = await self._stub.LoadState(
+                requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
+            )
         return r.worker_id
 
     def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:

@@ -18,6 +18,7 @@ from helpers import poll_until, process_alive
 
 from common.errors import ActorUnavailableError, SessionStateError, UnknownWorkerError
 from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
+from learner_client import GrpcCollector
 from learner_client._local_fleet import LocalFleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -87,6 +88,7 @@ def test_local_fleet_kill_and_restart_keep_worker_id_and_address():
     with LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet:
         address = fleet.addresses[1]
         old_pid = fleet.pids[1]
+        first_life = _first_observations(address)
         assert fleet.kill(1) == -signal.SIGKILL
         assert not fleet.is_alive(1)
         assert fleet.is_alive(0)
@@ -94,8 +96,16 @@ def test_local_fleet_kill_and_restart_keep_worker_id_and_address():
         assert fleet.pids[1] != old_pid
         assert _health(address) == health_pb2.HealthCheckResponse.SERVING
         assert _worker_id(address) == 1
+        # A fresh seed: with its first one, its envs would send the same experience again.
+        assert not torch.equal(_first_observations(address), first_life)
         with pytest.raises(UnknownWorkerError, match="worker_id=7"):
             fleet.kill(7)
+
+
+def _first_observations(address: str) -> torch.Tensor:
+    """The observations of an actor's first batch (a new session's)."""
+    with GrpcCollector([address], frames_per_batch=8) as collector:
+        return next(iter(collector))["observation"]
 
 
 @pytest.mark.parametrize(
@@ -188,3 +198,17 @@ def test_local_fleet_starts_torchrl_env_actors_from_importable_factories(monkeyp
 def test_local_fleet_raises_if_the_kind_is_unknown() -> None:
     with pytest.raises(ValueError, match="kind must be one of"):
         LocalFleet(1, kind="vmas")
+
+
+@pytest.mark.long
+def test_a_checkpoint_just_after_an_actor_restarts_waits_for_it():
+    with (
+        LocalFleet(1, num_envs=1, seed=0, grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=8) as collector,
+    ):
+        next(iter(collector))
+        fleet.kill(0)
+        fleet.restart(0)  # the collector's channel may still be waiting to reconnect
+        state = collector.state_dict()
+        assert list(state["workers"]) == [0]
+        collector.load_state_dict(state)
