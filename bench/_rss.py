@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 __all__ = ["cpu_seconds", "descendants", "rss_mb"]
@@ -10,7 +11,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
-    """Resident set size of ``pid`` in MB (10**6 bytes); 0.0 when it is gone or unreadable."""
+    """Resident set size of ``pid`` in MB (10**6 bytes); NaN when it is gone or unreadable."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -18,7 +19,7 @@ def rss_mb(pid: int) -> float:
                     return int(line.split()[1]) * 1024 / 1e6
     except (OSError, ValueError):
         pass
-    return 0.0
+    return math.nan
 
 
 def descendants(pid: int) -> list[int]:

@@ -54,6 +54,9 @@ ENV_ID = "CartPole-v1"
 USER_POLICY = "bench.policies:sequential_policy"
 # Figure: one in-process loop per actor (user policy, 8 envs each), all at once.
 CEILING = "parallel in-process loops"
+#: The single-process loop of the built-in MLP (the mlp fleet's limit) and of the user policy.
+LIMIT = "in-process limit"
+USER_LIMIT = "in-process limit (user policy)"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -205,14 +208,16 @@ def _repetition(
         if counterpart is not None:
             fps, _ = time_batches(torchrl_iters[counterpart], seconds=args.window, warmup=1)
             samples.setdefault(f"torchrl {counterpart}", []).append(fps)
-    samples.setdefault("in-process limit", []).append(
-        in_process_fps(
-            functools.partial(gymnasium.make, ENV_ID),
-            num_envs=args.actors * args.num_envs,
-            steps_per_batch=args.frames_per_actor // args.num_envs,
-            seconds=args.window,
+    for limit, policy in ((LIMIT, "mlp"), (USER_LIMIT, user_policy())):
+        samples.setdefault(limit, []).append(
+            in_process_fps(
+                functools.partial(gymnasium.make, ENV_ID),
+                num_envs=args.actors * args.num_envs,
+                steps_per_batch=args.frames_per_actor // args.num_envs,
+                seconds=args.window,
+                policy=policy,
+            )
         )
-    )
     samples.setdefault(CEILING, []).append(
         parallel_in_process_fps(
             args.actors,
@@ -227,31 +232,22 @@ def _ratios_and_targets(report: Report, layout: str) -> None:
     for mode in ("sync", "async"):
         ratio = report.ratio(f"rlfleet/torchrl {mode}", f"rlfleet {mode}", f"torchrl {mode}")
         report.target(f"{mode}: rlfleet >= 10x TorchRL ({layout})", ratio, 10.0)
-        limit = report.ratio(
-            f"rlfleet {mode}/in-process limit", f"rlfleet {mode}", "in-process limit"
-        )
+        limit = report.ratio(f"rlfleet {mode}/{LIMIT}", f"rlfleet {mode}", LIMIT)
         report.target(f"{mode}: rlfleet >= 60% of the in-process limit", limit, 0.6)
     report.ratio("rlfleet sync prefetch=1/torchrl sync", "rlfleet sync prefetch=1", "torchrl sync")
     user = "rlfleet user sync"
     ratio = report.ratio("rlfleet/torchrl user sync", user, "torchrl user sync")
     report.target(f"user policy, sync: rlfleet >= 4x TorchRL ({layout})", ratio, 4.0)
-    limit = report.ratio("rlfleet user sync/in-process limit", user, "in-process limit")
-    report.target("user policy, sync: rlfleet >= 1.2x the in-process limit", limit, 1.2)
-    limit = report.ratio(
-        "rlfleet user sync prefetch=1/in-process limit",
-        "rlfleet user sync prefetch=1",
-        "in-process limit",
-    )
-    report.target("user policy, prefetch=1: rlfleet >= 1.5x the in-process limit", limit, 1.5)
-    limit = report.ratio(
-        "rlfleet user sync prefetch=2/in-process limit",
-        "rlfleet user sync prefetch=2",
-        "in-process limit",
-    )
-    report.target("user policy, prefetch=2: rlfleet >= 1.5x the in-process limit", limit, 1.5)
+    # The user policy's fleet against the in-process loop of the same policy.
+    for mode, bound in (("sync", 1.2), ("sync prefetch=1", 1.5), ("sync prefetch=2", 1.5)):
+        limit = report.ratio(
+            f"rlfleet user {mode}/{USER_LIMIT}", f"rlfleet user {mode}", USER_LIMIT
+        )
+        report.target(f"user policy, {mode}: rlfleet >= {bound}x {USER_LIMIT}", limit, bound)
+    report.ratio(f"rlfleet user sync/{LIMIT}", user, LIMIT)
     report.ratio("rlfleet user sync/rlfleet sync", user, "rlfleet sync")
     # The ceiling of a 2x8 fleet on this machine, and how much of it each mode reaches.
-    report.ratio(f"{CEILING}/in-process limit", CEILING, "in-process limit")
+    report.ratio(f"{CEILING}/{USER_LIMIT}", CEILING, USER_LIMIT)
     for mode in ("user sync", "user sync prefetch=1", "user sync prefetch=2"):
         report.ratio(f"rlfleet {mode}/{CEILING}", f"rlfleet {mode}", CEILING)
 

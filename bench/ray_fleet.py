@@ -153,9 +153,14 @@ def run(args: argparse.Namespace, report: Report) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints the table and the final JSON line; returns the payload."""
-    import ray
-
     args = parse_args(argv)
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit(
+            "bench.ray_fleet needs Ray: .venv/bin/pip install ray, or run it with "
+            ".venv-ray/bin/python (make test-ray builds it)"
+        ) from None
     set_single_thread()
     report = Report("ray_fleet", quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="ray", dir="/tmp") as temp_dir:

@@ -47,22 +47,8 @@ BENCHES = {
     "metrics": "bench.metrics_overhead",
     "llm_tokens": "bench.llm_tokens",
 }
-# Scripts that take the shared --actors/--num-envs flags (the codec bench does not).
-_FLEET_FLAGS = {
-    "cartpole",
-    "torchrl_envs",
-    "large_obs",
-    "learner_cost",
-    "weight_push",
-    "push_forms",
-    "sharded_push",
-    "push_streams",
-    "llm_push",
-    "startup",
-    "sync_round",
-    "memory",
-    "llm_tokens",
-}
+# Scripts that take no --reps: the memory benchmark is one long run.
+_ONE_RUN = {"memory"}
 _STDERR_TAIL = 3000
 
 
@@ -143,7 +129,7 @@ def _kill_group(proc: subprocess.Popen[str], timed_out: threading.Event) -> None
 def flags_for(name: str, args: argparse.Namespace) -> list[str]:
     """The command-line flags a script gets from run_all's."""
     flags = ["--quick"] if args.quick else []
-    if args.reps is not None and name in _FLEET_FLAGS:
+    if args.reps is not None and name not in _ONE_RUN:
         flags += ["--reps", str(args.reps)]
     return flags
 

@@ -86,9 +86,10 @@ def _window(
     ``cpu`` gives the CPU seconds those processes used so far, in all.
     """
     next(iterator)  # a warm-up batch, untimed
-    before = cpu()
+    before, start = cpu(), time.perf_counter()
     fps, _ = time_batches(iterator, seconds=seconds, warmup=0)
-    frames_each = fps * seconds / processes  # frames one process collected, about
+    # Frames one process collected: over the window as it ran (it ends on a whole batch).
+    frames_each = fps * (time.perf_counter() - start) / processes
     return fps, (cpu() - before) / processes / frames_each
 
 
