@@ -19,11 +19,10 @@ finds them) travel once: the header names the others as aliases
 (``rlfleet.aliases``, as in a full push) of a key whose entry the blob holds, and
 the receiver gives them that very entry. Unchanged tensors are absent. "Changed"
 compares bit patterns, not values (so ``-0.0`` after ``0.0`` is a change), and
-applying every delta of a sequence
-gives the bits of the last full state exactly. A wire-dtype delta is computed
-between two states cast to that dtype; as the receiver casts element by element,
-a sequence of them leaves it with the bits a full push of the last state in the
-same wire dtype would. The header's
+applying every delta of a sequence gives the bits of the last full state exactly.
+A wire-dtype delta is computed between two states cast to that dtype; as the
+receiver casts element by element, a sequence of them leaves it with the bits a
+full push of the last state in the same wire dtype would. The header's
 ``__metadata__`` carries ``"rlfleet.delta": "1"`` and the model_id; the version
 it applies on top of travels beside the blob (``WeightsHeader.base_version``).
 
