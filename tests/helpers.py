@@ -7,6 +7,8 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
 * :func:`free_port` returns a TCP port that was free a moment ago.
 * :func:`grpcurl_path` finds the ``grpcurl`` binary installed next to the interpreter.
 * :func:`self_signed_cert` makes a throwaway certificate for localhost / 127.0.0.1.
+* :func:`start_local_ray` runs what starts a local Ray (``ray.init`` or a fleet's ``start``),
+  once more if Ray's own start timed out, and :func:`stop_local_ray` waits for its processes.
 * :func:`start_actor` runs ``python -m actor_service`` (the ``rlfleet-actor``
   command) with the given flags, waits for its ready line and returns an
   :class:`ActorProcess`; use it as a context manager so the process is always
@@ -36,11 +38,16 @@ __all__ = [
     "poll_until",
     "self_signed_cert",
     "start_actor",
+    "start_local_ray",
+    "stop_local_ray",
 ]
 
 T = TypeVar("T")
 
 READY_RE = re.compile(r"^rlfleet-actor ready worker_id=(\d+) port=(\d+)$")
+
+#: What Ray raises when its raylet does not register within Ray's own (fixed) 30 s.
+RAY_START_TIMED_OUT = "timed out during startup"
 
 
 def poll_until(
@@ -278,3 +285,41 @@ def self_signed_cert(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, 
         timeout=30,
     )
     return cert, key
+
+
+def start_local_ray(start: Callable[[], T], temp_dir: str) -> T:
+    """``start()``, which starts a local Ray in ``temp_dir``; once more if Ray's start timed out.
+
+    Ray's raylet must register within a fixed 30 s; on the 2-core CI machine it once did not
+    (``The current node timed out during startup``), failing a test of rlfleet's own Ray code
+    before any of it ran. That error alone is retried, after printing the tails of Ray's logs
+    (shown with the test's output if the second start fails too); any other error is raised.
+    """
+    import ray
+
+    try:
+        return start()
+    except Exception as error:
+        if RAY_START_TIMED_OUT not in str(error):
+            raise
+        print(f"Ray's start timed out; its logs:\n{_ray_log_tails(temp_dir)}", file=sys.stderr)
+        ray.shutdown()
+        return start()
+
+
+def stop_local_ray() -> None:
+    """``ray.shutdown()``, returning once Ray's processes exited (the next start finds none)."""
+    import ray
+
+    ray.shutdown(wait_for_processes=True)
+
+
+def _ray_log_tails(temp_dir: str, max_bytes: int = 2000) -> str:
+    """The last ``max_bytes`` of each raylet and GCS log of the newest session in ``temp_dir``."""
+    logs = pathlib.Path(temp_dir, "session_latest", "logs")
+    tails = []
+    for path in sorted(logs.glob("*")) if logs.is_dir() else []:
+        if path.name.startswith(("raylet", "gcs_server")) and path.is_file():
+            tail = path.read_bytes()[-max_bytes:].decode(errors="replace")
+            tails.append(f"--- {path.name}\n{tail}")
+    return "\n".join(tails) or f"(no logs under {logs})"

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import poll_until
+from helpers import poll_until, start_local_ray, stop_local_ray
 
 from common.errors import ActorUnavailableError
 from learner_client import GrpcCollector
@@ -39,9 +39,14 @@ def ray_cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     pytest.importorskip("torchrl")
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's sockets live there
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    start_local_ray(
+        lambda: ray.init(
+            num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False
+        ),
+        temp_dir,
+    )
     yield ray
-    ray.shutdown()
+    stop_local_ray()
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 

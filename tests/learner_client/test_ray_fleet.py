@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import poll_until, process_alive
+from helpers import poll_until, process_alive, start_local_ray, stop_local_ray
 from learner_fleet import cartpole_policy
 from tensordict import TensorDictBase
 
@@ -36,15 +36,10 @@ def ray_cluster() -> Iterator[Any]:
     """A local Ray head for this module: 2 CPUs, 4 ``rlfleet_slot`` resources, no dashboard."""
     ray = pytest.importorskip("ray")
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's sockets live there
-    ray.init(
-        num_cpus=2,
-        resources={SLOT: SLOTS},
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        log_to_driver=False,
-    )
+    config = {"num_cpus": 2, "resources": {SLOT: SLOTS}, "include_dashboard": False}
+    start_local_ray(lambda: ray.init(**config, _temp_dir=temp_dir, log_to_driver=False), temp_dir)
     yield ray
-    ray.shutdown()
+    stop_local_ray()
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import start_local_ray, stop_local_ray
 
 from common.errors import SessionStateError
 from learner_client import GrpcCollector, RayFleet
@@ -28,7 +29,7 @@ def ray() -> Iterator[Any]:
     assert not ray.is_initialized()
     yield ray
     if ray.is_initialized():
-        ray.shutdown()
+        stop_local_ray()
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def _fleet(temp_dir: str) -> RayFleet:
 def test_ray_started_by_one_fleet_stays_up_for_the_others_until_the_last_stops(
     ray: Any, temp_dir: str
 ) -> None:
-    first = _fleet(temp_dir).start()  # initialises Ray
+    first = start_local_ray(lambda: _fleet(temp_dir).start(), temp_dir)  # initialises Ray
     second = _fleet(temp_dir).start()
     first.stop()
     assert ray.is_initialized()  # the second still uses it
@@ -62,7 +63,7 @@ def test_ray_started_by_one_fleet_stays_up_for_the_others_until_the_last_stops(
 def test_a_fleet_under_the_scripts_own_ray_shutdown_stops_without_a_new_ray(
     ray: Any, temp_dir: str
 ) -> None:
-    fleet = _fleet(temp_dir).start()
+    fleet = start_local_ray(lambda: _fleet(temp_dir).start(), temp_dir)
     ray.shutdown()  # the script's own, before the fleet's stop
     assert fleet.live_addresses() == []
     assert not fleet.is_alive(0)
@@ -79,7 +80,8 @@ def test_raycollectors_shutdown_ray_stops_ray_once_no_fleet_uses_it(
 ) -> None:
     """``shutdown(shutdown_ray=True)``, RayCollector's: a TypeError before; now Ray stops, after
     the last fleet still using it."""
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    init = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
     other = _fleet(temp_dir).start()  # the script started Ray: no fleet would stop it
     collector = GrpcCollector(_fleet(temp_dir), frames_per_batch=8, sync=True)
     assert collector.next().numel() == 8
