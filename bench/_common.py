@@ -29,6 +29,7 @@ __all__ = [
     "Report",
     "base_parser",
     "frames_of",
+    "init_local_ray",
     "median",
     "pairwise_ratios",
     "parse",
@@ -83,6 +84,21 @@ def set_single_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def init_local_ray(ray: Any, **config: Any) -> None:
+    """``ray.init(**config)``, once more if Ray's raylet missed Ray's fixed 30 s to register.
+
+    On this loaded 2-core machine Ray's local start has failed that way ("The current node
+    timed out during startup") in about one run of three under load; any other error is raised.
+    """
+    try:
+        ray.init(**config)
+    except Exception as error:
+        if "timed out during startup" not in str(error):
+            raise
+        ray.shutdown()
+        ray.init(**config)
 
 
 def median(values: Sequence[float]) -> float:

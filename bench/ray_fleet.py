@@ -33,7 +33,15 @@ from typing import Any
 import gymnasium
 import torch
 
-from bench._common import Report, base_parser, parse, reps_of, set_single_thread, time_batches
+from bench._common import (
+    Report,
+    base_parser,
+    init_local_ray,
+    parse,
+    reps_of,
+    set_single_thread,
+    time_batches,
+)
 
 __all__ = ["main"]
 
@@ -164,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     set_single_thread()
     report = Report("ray_fleet", quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="ray", dir="/tmp") as temp_dir:
-        ray.init(
+        init_local_ray(
+            ray,
             num_cpus=args.actors,
             include_dashboard=False,
             log_to_driver=False,

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+from bench._common import Report, base_parser, init_local_ray, parse, reps_of, set_single_thread
 from learner_client import WeightPushSettings
 
 __all__ = ["SIZES", "main"]
@@ -109,7 +109,8 @@ def _start_ray(args: argparse.Namespace, report: Report) -> bool:
         report.skip("ray", "ray not installed")
         return False
     try:
-        ray.init(
+        init_local_ray(
+            ray,
             num_cpus=args.actors,
             include_dashboard=False,
             log_to_driver=False,
