@@ -40,7 +40,7 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
 from learner_client._relay import RelayRoute
-from learner_client._restore import check_models, load_states, state_blobs
+from learner_client._restore import check_models, load_states, state_blobs, state_weights
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._shm import ShmRefusedError, ShmRoute
 from learner_client._slabs import PacketSlabs
@@ -707,7 +707,8 @@ class Fleet:
             )
         timeout = self.conn.call_timeout
         for desc in self.loop.run(load_states(self._links, workers, timeout), 4 * timeout):
-            self.book.restored(desc.worker_id, desc.models)
+            held = state_weights(workers[desc.worker_id])
+            self.book.restored(desc.worker_id, desc.models, held)
         self.book.restore_versions(versions)
         self.ledger.restore(*counts)
 

@@ -24,7 +24,7 @@ from learner_client._description import ActorDescription
 from learner_client._link import ActorLink
 from learner_client._transport import ActorChannel
 
-__all__ = ["check_models", "load_states", "state_blobs"]
+__all__ = ["check_models", "load_states", "state_blobs", "state_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,25 @@ def state_blobs(workers: Mapping[Any, Any]) -> dict[int, bytes]:
     for blob in blobs.values():
         decode_state(blob, max_bytes=len(blob))
     return blobs
+
+
+def state_weights(blob: bytes) -> dict[str, tuple[int, dict[str, torch.Tensor]]]:
+    """The weights an actor state gives its models: ``{model_id: (version, {key: tensor})}``.
+
+    Only models it holds a pushed version of (above 0): what the actor should hold from the
+    load on, and be given again if it restarts (it comes back with its initial weights).
+    """
+    models = decode_state(blob, max_bytes=len(blob)).get("models")
+    if not isinstance(models, dict):
+        return {}
+    return {
+        str(model_id): (model["version"], model["weights"])
+        for model_id, model in models.items()
+        if isinstance(model, dict)
+        and isinstance(model.get("version"), int)
+        and model["version"] > 0
+        and isinstance(model.get("weights"), dict)
+    }
 
 
 def check_models(versions: Mapping[str, int], held: set[str]) -> None:

@@ -535,13 +535,25 @@ class WeightBook:
             _put(self._options, model_id, options)
             self._worker_sources[model_id] = own
 
-    def restored(self, worker_id: int, reported: Mapping[str, int]) -> None:
+    def restored(
+        self,
+        worker_id: int,
+        reported: Mapping[str, int],
+        weights: Mapping[str, tuple[int, WeightSource]],
+    ) -> None:
         """An actor loaded a state: it holds, and should hold, the versions it reports now.
 
-        Nothing addressed to it before is re-sent (a checkpoint may take it back).
+        Nothing addressed to it before is re-sent (a checkpoint may take it back); what it
+        should hold is the state's ``weights`` (``{model_id: (version, weights)}``), given
+        again, whole, if it restarts with its initial weights.
         """
+        held = {}
+        for model_id, (version, source) in weights.items():
+            blob = PushOptions().encode(source, model_id, self._blob_buffers.for_model(model_id))
+            digest, crc = checksums(blob, self.checksum)
+            held[model_id] = EncodedWeights(model_id, version, blob, digest, crc)
         with self._lock:
-            self._desired.pop(worker_id, None)
+            self._desired[worker_id] = held
         self.observe(worker_id, reported)
 
     def observe(self, worker_id: int, reported: Mapping[str, int]) -> None:

@@ -15,10 +15,11 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until, process_alive
+from learner_fleet import cartpole_policy
 
 from common.errors import ActorUnavailableError, SessionStateError, UnknownWorkerError
 from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
-from learner_client import GrpcCollector
+from learner_client import GrpcCollector, MissingWorkersError
 from learner_client._local_fleet import LocalFleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -212,3 +213,33 @@ def test_a_checkpoint_just_after_an_actor_restarts_waits_for_it():
         state = collector.state_dict()
         assert list(state["workers"]) == [0]
         collector.load_state_dict(state)
+
+
+def _next_batch_once_all_deliver(collector: GrpcCollector) -> torch.Tensor:
+    """The next sync batch; a restarted actor's link may still be in its reconnect backoff."""
+    for _ in range(10):
+        try:
+            return collector.next()
+        except MissingWorkersError:
+            continue
+    return collector.next()
+
+
+def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_weights():
+    """A restore's weights are what each actor should hold from then on: one that restarts
+    after it is given them again before its share is used (it came back with its initial
+    weights, version 0, and its batches were acted with them)."""
+    with (
+        LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=8, sync=True) as collector,
+    ):
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        saved_at = collector.next()["policy_version"].max().item()
+        saved = collector.state_dict()
+        collector.update_policy_weights_(cartpole_policy(action=1))
+        collector.load_state_dict(saved)
+        fleet.kill(1)
+        fleet.restart(1)
+        batch = _next_batch_once_all_deliver(collector)
+        assert sorted(set(batch["policy_version"].flatten().tolist())) == [saved_at]
+        assert batch["action"].argmax(-1).eq(0).all()  # the checkpoint's policy: always 0
