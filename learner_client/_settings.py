@@ -520,17 +520,32 @@ def check_hooks(
 
 
 def random_frames_left(init_random_frames: Any, replay_buffer: object) -> Any:
-    """``init_random_frames`` less what ``replay_buffer`` already holds (its ``write_count``).
+    """``init_random_frames`` less the frames ``replay_buffer`` was already given.
 
     TorchRL judges random frames against the buffer's writes when one is given, so a run
     resumed with a filled buffer takes no random actions again. Anything else is returned
     as given (the settings check it).
     """
     frames = as_int(init_random_frames, whole_floats=True)
-    written = as_int(getattr(replay_buffer, "write_count", 0))
+    written = frames_written(replay_buffer)
     if frames is None or written is None or frames <= 0 or written <= 0:
         return init_random_frames
     return max(0, frames - written)
+
+
+def frames_written(replay_buffer: object) -> int | None:
+    """The frames a replay buffer was given: its ``write_count`` times the frames of a row.
+
+    ``write_count`` counts rows of the storage's first dim: a ``LazyTensorStorage`` extended
+    with an actor's ``[envs, time]`` part counts ``envs`` rows of ``time`` frames each (the
+    storage's tensordict is ``[max_size, time]``). A buffer whose rows cannot be read (not
+    a tensor storage, nothing stored yet) counts a frame per write.
+    """
+    written = as_int(getattr(replay_buffer, "write_count", 0))
+    rows = getattr(getattr(replay_buffer, "storage", None), "_storage", None)
+    if written is None or not isinstance(rows, TensorDictBase) or rows.batch_dims < 1:
+        return written
+    return written * math.prod(rows.batch_size[1:])
 
 
 def check_addresses(actors: object) -> list[str]:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
 from common.config import ExplorationType
@@ -19,6 +20,7 @@ from learner_client._settings import (
     RolloutSettings,
     check_addresses,
     check_fleet,
+    frames_written,
     normalize_cat_results,
     normalize_exploration_type,
 )
@@ -223,3 +225,22 @@ def test_connection_settings_give_each_learner_its_own_identity() -> None:
     assert len(f"{longest}/rank{2**31 - 1}") <= MAX_WIRE_LEARNER_ID  # what a rank opens with
     with pytest.raises(TypeError, match="take_over"):
         ConnectionSettings(take_over="yes")
+
+
+def test_frames_written_counts_frames_not_the_rows_a_replay_buffer_counts() -> None:
+    """``write_count`` counts a storage's rows: ``[envs, time]`` parts give rows of ``time``
+    frames (``ndim=2``: rows of ``envs``); a storage whose rows it cannot read counts writes."""
+    data = pytest.importorskip("torchrl.data")
+    part = TensorDict({"obs": torch.zeros(2, 16, 3)}, [2, 16])
+    rows = data.ReplayBuffer(storage=data.LazyTensorStorage(64))
+    rows.extend(part)
+    grid = data.ReplayBuffer(storage=data.LazyTensorStorage(64, ndim=2))
+    grid.extend(part)
+    listed = data.ReplayBuffer(storage=data.ListStorage(64))
+    listed.extend([1, 2, 3])
+    empty = data.ReplayBuffer(storage=data.LazyTensorStorage(64))
+    assert (rows.write_count, grid.write_count) == (2, 16)
+    assert frames_written(rows) == frames_written(grid) == 32
+    assert frames_written(listed) == 3
+    assert frames_written(empty) == 0
+    assert frames_written(object()) == 0

@@ -391,13 +391,15 @@ def test_init_random_frames_with_start_counts_this_collectors_frames(
     assert {"observation", "action", "next"} <= set(data.keys())
 
 
-@pytest.mark.parametrize(("frames", "random_frames"), [(256, 32), (512, 0)])
+@pytest.mark.parametrize(("frames", "random_frames"), [(32, 32), (256, 0)])
 def test_init_random_frames_counts_what_the_replay_buffer_already_holds(
     cartpole: list[str], frames: int, random_frames: int
 ) -> None:
-    """TorchRL judges random frames against ``replay_buffer.write_count``: a run resumed with
-    a filled buffer takes only the random frames its writes lack (here rows of 8 steps: 256
-    frames are 32 writes, leaving 32 of the 64 random frames, one batch per actor)."""
+    """TorchRL judges random frames against the buffer's writes: a run resumed with a filled
+    buffer takes only the random frames it lacks. The writes are rows of 8 steps (each
+    actor's ``[envs, time]`` part): 32 frames are 4 writes and leave 32 of the 64 random
+    frames (one batch per actor); 256 frames, 32 writes, leave none (counted as 32 frames,
+    32 random frames were taken again)."""
     rb = ReplayBuffer(storage=LazyTensorStorage(512), batch_size=5)
     with GrpcCollector(
         cartpole, frames_per_batch=16, total_frames=frames, replay_buffer=rb
