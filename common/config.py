@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import operator
 import re
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ __all__ = [
     "check_model_id",
     "check_seed",
     "client_channel_options",
+    "is_loopback",
     "is_relay_address",
     "server_channel_options",
 ]
@@ -332,6 +334,14 @@ def check_actor_address(address: str) -> str:
     if not 0 < int(port) <= 65535:
         raise ValueError(f"actor address {address!r}: the port must be in 1..65535")
     return address
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind or dial, ``[...]`` allowed) is this machine only."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def check_model_id(model_id: object) -> str:

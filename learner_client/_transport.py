@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol, overload
 
 import grpc
 
-from common.config import CHUNK_BYTES, client_channel_options
+from common.config import CHUNK_BYTES, client_channel_options, is_loopback
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -308,6 +309,24 @@ async def connect_failure(
     return ActorUnavailableError(f"{what}: {detail}")
 
 
+#: Addresses already warned about a token sent in the clear (once each per process).
+_CLEAR_TOKEN_WARNED: set[str] = set()
+
+
+def _warn_token_in_clear(address: str) -> None:
+    """Warn, once per address, that a token goes in the clear to an actor off loopback."""
+    host = address.rpartition(":")[0]
+    if is_loopback(host) or address in _CLEAR_TOKEN_WARNED:
+        return
+    _CLEAR_TOKEN_WARNED.add(address)
+    logging.getLogger("learner_client").warning(
+        "the token goes in the clear to %s (a plaintext channel off loopback: anyone on the "
+        "path can read and reuse it); give the collector channel_credentials and serve the "
+        "actor with TLS (docs/security.md)",
+        address,
+    )
+
+
 class ActorChannel:
     """A ``grpc.aio`` channel to one actor; create and use it on the learner's event loop.
 
@@ -326,6 +345,8 @@ class ActorChannel:
         self.address = address
         self._metadata = metadata
         self._credentials = credentials
+        if credentials is None and metadata:
+            _warn_token_in_clear(address)
         self._channel = self._open(own_connection=False)
         self._stub = pb_grpc.ActorServiceStub(self._channel)
         # PushWeights with requests serialised beforehand (see push_messages), per

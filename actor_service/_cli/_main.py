@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import ipaddress
 import logging
 import os
 import re
@@ -53,7 +52,7 @@ from actor_service._config import (
 )
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import DEFAULT_MODEL_ID, MAX_MODEL_ID
+from common.config import DEFAULT_MODEL_ID, MAX_MODEL_ID, is_loopback
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
@@ -483,18 +482,10 @@ def _warn_if_open(config: ActorConfig) -> None:
         return
     if "RLFLEET_TOKEN" in os.environ:  # e.g. a Secret whose value is empty
         reason = "RLFLEET_TOKEN is set but empty"
-    elif not _is_loopback(config.host):  # e.g. an optional Secret that is absent
+    elif not is_loopback(config.host):  # e.g. an optional Secret that is absent
         reason = f"no token, and it listens on {config.host}"
     else:
         return
     from actor_service._serve._logging import log_event
 
     log_event("actor.auth_off", logging.WARNING, reason=f"{reason}: every caller is accepted")
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address to bind) is reachable from this machine only."""
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -6,6 +6,7 @@ on the same ports, so they do not share the session fleet.
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import time
 from collections.abc import Iterator
@@ -308,3 +309,18 @@ def test_an_actor_whose_collection_fails_each_time_is_named_with_its_failure(syn
     message = str(raised.value)
     assert "last failures: worker_id 0: the actor ended the session: ERROR" in message
     assert "collection failed" in message
+
+
+def test_a_token_on_a_plaintext_channel_off_loopback_is_warned_once(caplog) -> None:
+    """A bearer token on a plaintext channel to another host goes in the clear: the learner
+    warns once per address, naming the fix and not the token (192.0.2.1 is TEST-NET-1:
+    nothing answers there); to a loopback address it does not."""
+    caplog.set_level(logging.WARNING, "learner_client")
+    for address in ["192.0.2.1:50051", "192.0.2.1:50051", "127.0.0.1:9"]:
+        with pytest.raises(ActorUnavailableError):
+            GrpcCollector([address], frames_per_batch=4, token=TOKEN, connect_timeout=0.5)
+    warned = [r.getMessage() for r in caplog.records if "in the clear" in r.getMessage()]
+    assert len(warned) == 1
+    assert "192.0.2.1:50051" in warned[0]
+    assert "channel_credentials" in warned[0]
+    assert TOKEN not in caplog.text

@@ -17,10 +17,10 @@ from actor_harness import RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import ActorProcess, grpcurl_path, poll_until, start_actor
 
-from actor_service._cli._main import _is_loopback
 from actor_service._config import ActorConfig
 from actor_service._serve._runtime import SHUTDOWN_REAP_BOUND
 from actor_service._serve._server import TEARDOWN_RESERVE
+from common.config import is_loopback
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -82,8 +82,8 @@ def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
     with start_actor(["--num-envs", "1", "--host", "0.0.0.0"]) as network_actor:
         assert "no token, and it listens on 0.0.0.0" in network_actor.stderr()
     loopback = ["127.0.0.1", "127.0.0.9", "::1", "[::1]", "localhost"]
-    assert [_is_loopback(host) for host in loopback] == [True] * 5
-    assert not any(_is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "actor-0"))
+    assert [is_loopback(host) for host in loopback] == [True] * 5
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "actor-0"))
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
