@@ -184,9 +184,15 @@ def check_counts(frames: object, batches: object) -> tuple[int, int]:
     Raises:
         ValueError: Naming the count.
     """
-    for name, count in (("frames", frames), ("batches", batches)):
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
-            raise ValueError(
-                f"state_dict[{name!r}] must be an int in [0, 2**63), got {count!r:.40}"
-            )
-    return frames, batches  # type: ignore[return-value]  # checked above
+    return check_count("frames", frames), check_count("batches", batches)
+
+
+def check_count(name: str, count: object) -> int:
+    """A state_dict's count ``name``: an int in [0, 2**63 - 1].
+
+    Raises:
+        ValueError: Naming the count.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+        raise ValueError(f"state_dict[{name!r}] must be an int in [0, 2**63), got {count!r:.40}")
+    return count

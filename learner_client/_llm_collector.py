@@ -27,6 +27,7 @@ from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet
+from learner_client._ledger import check_count
 from learner_client._settings import positive_int, shutdown_limit
 
 __all__ = ["GrpcLLMCollector"]
@@ -50,6 +51,7 @@ class _Shaper:
         self.postproc = postproc
         self.tokens = self.turns = self.batches = 0
         self.started: float | None = None
+        self._tokens_before = 0  # restored with a checkpoint: not this run's rate
         self._lock = threading.Lock()
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
@@ -67,10 +69,21 @@ class _Shaper:
         return self.postproc(out) if self.postproc is not None else out
 
     def tokens_per_s(self) -> float:
-        """Response tokens per second since the first batch."""
+        """Response tokens per second since the first batch (of this run, or since a restore)."""
         if self.started is None:
             return 0.0
-        return self.tokens / max(time.monotonic() - self.started, 1e-9)
+        return (self.tokens - self._tokens_before) / max(time.monotonic() - self.started, 1e-9)
+
+    def counts(self) -> dict[str, int]:
+        """The counts a checkpoint keeps: turns handed out and their response tokens."""
+        with self._lock:
+            return {"yielded_turns": self.turns, "tokens": self.tokens}
+
+    def restore(self, turns: int, tokens: int) -> None:
+        """Take :meth:`counts` back (checked by the caller); the rate starts again."""
+        with self._lock:
+            self.turns, self.tokens, self._tokens_before = turns, tokens, tokens
+            self.started = None
 
 
 class _QueueSink:
@@ -478,12 +491,19 @@ class GrpcLLMCollector:
         return self._inner.set_seed(seed, static_seed)
 
     def state_dict(self) -> dict[str, Any]:
-        """Learner counters and every actor's state (weights, versions, counters)."""
-        return self._inner.state_dict()
+        """Learner counters (``yielded_turns`` and ``tokens`` too) and every actor's state."""
+        return {**self._inner.state_dict(), **self._shaper.counts()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (dialogs in progress restart)."""
+        """Restore :meth:`state_dict` (dialogs in progress restart).
+
+        A checkpoint without ``yielded_turns`` and ``tokens`` (a ``GrpcCollector``'s) counts
+        them from 0 again.
+        """
+        turns = check_count("yielded_turns", state_dict.get("yielded_turns", 0))
+        tokens = check_count("tokens", state_dict.get("tokens", 0))
         self._inner.load_state_dict(state_dict)
+        self._shaper.restore(turns, tokens)
 
     @property
     def remote_collectors(self) -> list[RemoteActor]:

@@ -478,6 +478,28 @@ def test_background_collection_state_and_remote_collectors(llm_fleet) -> None:
     assert size >= 8
 
 
+def test_a_checkpoint_keeps_the_turns_and_tokens_handed_out(llm_fleet) -> None:
+    """``yielded_turns`` and ``tokens`` are the learner's own counts: a restore gives them
+    back (into the same collector after more batches, and into a new one), never more
+    than the turns run; a count out of range is refused before anything is applied."""
+    with _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync=True) as collector:
+        collector.next()
+        saved = collector.state_dict()
+        at_save = {k: collector.stats()[k] for k in ("turns", "yielded_turns", "tokens")}
+        assert at_save["yielded_turns"] == at_save["turns"] == 2 * SLOTS
+        assert at_save["tokens"] > 0
+        collector.next()
+        with pytest.raises(ValueError, match="tokens"):
+            collector.load_state_dict({**saved, "tokens": 2**64})
+        assert collector.stats()["yielded_turns"] == 4 * SLOTS  # nothing applied
+        collector.load_state_dict(saved)
+        assert {k: collector.stats()[k] for k in at_save} == at_save
+    with _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync=True) as fresh:
+        fresh.load_state_dict(saved)
+        assert {k: fresh.stats()[k] for k in at_save} == at_save
+        assert fresh.stats()["tokens_per_s"] == 0.0  # no batch since the restore
+
+
 def test_is_initialized_from_construction_until_shutdown(llm_fleet) -> None:
     collector = _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS)
     try:
