@@ -299,21 +299,30 @@ def one_line(text: str) -> str:
     return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 3] + "..."
 
 
-def tls_mismatch_hint(reason: str, *, tls: bool, add_tls: str, drop_tls: str) -> str:
+def tls_mismatch_hint(
+    reason: str, *, tls: bool, add_tls: str, drop_tls: str, add_client_cert: str
+) -> str:
     """The fix ("; " first) when a failed connection's ``reason`` reads as TLS on one end only.
 
-    A TLS actor closes a plaintext connection at once ("Socket closed"); a plaintext actor
-    answers a TLS handshake in HTTP/2 (OpenSSL's ``WRONG_VERSION_NUMBER``). Any other
-    reason gets "".
+    A TLS actor closes a plaintext connection at once ("Socket closed"), and a TLS one
+    without the client certificate it asks for (``--tls-client-ca``) the same way; a
+    plaintext actor answers a TLS handshake in HTTP/2 (OpenSSL's ``WRONG_VERSION_NUMBER``).
+    Any other reason gets "".
 
     Args:
         reason: The connection's error, as gRPC words it.
         tls: The failed connection was TLS.
         add_tls: How the caller turns TLS on (an option or flag to name).
         drop_tls: How the caller turns it off.
+        add_client_cert: How the caller gives a client certificate.
     """
     if not tls and "Socket closed" in reason:
         return f"; if the actor serves TLS (--tls-cert), {add_tls}"
+    if tls and "Socket closed" in reason:
+        return (
+            "; if the actor asks for client certificates (--tls-client-ca), "
+            f"{add_client_cert}, signed by a CA it trusts"
+        )
     if tls and "WRONG_VERSION_NUMBER" in reason:
         start_tls = "start it with --tls-cert and --tls-key"
         return f"; the actor answers in plaintext: {start_tls}, or {drop_tls}"

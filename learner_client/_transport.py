@@ -287,6 +287,9 @@ _REASON_TIMEOUT = 1.0
 # What a learner changes when its channel and the actor disagree on TLS (tls_mismatch_hint).
 _ADD_TLS = "pass channel_credentials=grpc.ssl_channel_credentials(root_certificates=...)"
 _DROP_TLS = "connect without channel_credentials"
+_ADD_CLIENT_CERT = (
+    "give ssl_channel_credentials your certificate (private_key=..., certificate_chain=...)"
+)
 
 
 async def connect_failure(
@@ -428,7 +431,14 @@ class ActorChannel:
         except Exception as exc:  # the reason, whatever it is
             reason = str(exc).removeprefix(f"{self.address}: ")
             tls = self._credentials is not None
-            return reason + tls_mismatch_hint(reason, tls=tls, add_tls=_ADD_TLS, drop_tls=_DROP_TLS)
+            hint = tls_mismatch_hint(
+                reason,
+                tls=tls,
+                add_tls=_ADD_TLS,
+                drop_tls=_DROP_TLS,
+                add_client_cert=_ADD_CLIENT_CERT,
+            )
+            return reason + hint
         return ""
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:

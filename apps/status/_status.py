@@ -119,6 +119,7 @@ class Probe:
                     tls=self._credentials is not None,
                     add_tls="pass --tls-ca (the CA of its certificate)",
                     drop_tls="drop --tls-ca",
+                    add_client_cert="pass --tls-cert and --tls-key",
                 )
                 return ActorStatus(address, health, error=_rpc_error(exc) + hint)
         try:

@@ -273,6 +273,22 @@ def test_status_says_to_drop_tls_for_a_plaintext_actor(
     assert "drop --tls-ca" in row["error"]
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_status_names_the_client_certificate_an_mtls_actor_wants(tmp_path: pathlib.Path) -> None:
+    cert, key = self_signed_cert(tmp_path, "actor")
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    with start_actor(["--num-envs", "1", *tls, "--tls-client-ca", str(cert)]) as actor:
+        without = rlfleet("status", actor.address, "--tls-ca", str(cert), "--json")
+        given = rlfleet("status", actor.address, "--tls-ca", str(cert), *tls, "--json")
+    assert without.returncode == 1
+    (row,) = json.loads(without.stdout)
+    assert (
+        "asks for client certificates (--tls-client-ca), pass --tls-cert and --tls-key"
+        in (row["error"])
+    )
+    assert given.returncode == 0, given.stdout
+
+
 def test_status_rate_uses_the_actors_clock_and_skips_restarts() -> None:
     before = ActorStatus("a:1", "SERVING", worker_id=0, epoch=7, frames=1_000, uptime_seconds=10.0)
     same = dataclasses.replace(before, frames=5_000, uptime_seconds=12.0)

@@ -415,6 +415,33 @@ def test_collector_says_when_it_and_the_actor_disagree_on_tls(tmp_path):
         server.stop(None)
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
+def test_collector_says_an_actor_may_want_its_client_certificate(tmp_path):
+    """An mTLS actor (``--tls-client-ca``) closes a TLS learner without a client certificate
+    as "Socket closed": the error names the certificate to give."""
+    cert, key = self_signed_cert(tmp_path, "server")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    server_credentials = grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())],
+        root_certificates=cert.read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", server_credentials)
+    server.start()
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    try:
+        with pytest.raises(ActorUnavailableError, match=r"client certificates.*certificate_chain"):
+            GrpcCollector(
+                [f"127.0.0.1:{port}"],
+                frames_per_batch=4,
+                connect_timeout=2.0,
+                channel_credentials=credentials,
+            )
+    finally:
+        server.stop(None)
+
+
 def test_collector_raises_if_worker_ids_repeat(fleet):
     port = fleet[0].port
     expected = rf"worker_id 0 at \['127.0.0.1:{port}', 'localhost:{port}'\]"
