@@ -129,7 +129,7 @@ class GrpcCollector(TorchRLAccessors):
         batch_timeout: Seconds a sync batch waits for an actor (or a stream owing one is silent).
         allow_partial_batches: Sync: yield without the missing actors (``missing_workers``).
         channel_credentials: ``grpc.ssl_channel_credentials(...)`` for TLS.
-        token: Bearer token the actors require.
+        token: Bearer token the actors require (default: that of a fleet given, if it has one).
         learner_id: Identity on the actors (empty: unique); a reconnect resumes only its own.
         take_over: End other learners' sessions on the actors (explicit; the actors log it).
         shared_memory_batches: Batches from actors proven on this host through shared memory
@@ -345,7 +345,7 @@ class GrpcCollector(TorchRLAccessors):
                 connect_timeout=connect_timeout,
                 call_timeout=call_timeout,
                 channel_credentials=channel_credentials,
-                token=token,
+                token=self._owner.token(token),
                 learner_id=self._ranks.learner_id(learner_id),
                 take_over=take_over,
                 shared_memory_batches=shared_memory_batches,

@@ -78,6 +78,11 @@ class FleetOwner:
             fleet.start()  # type: ignore[attr-defined]
         return list(fleet.addresses)
 
+    def token(self, given: str | None) -> str | None:
+        """The collector's ``token``, else the fleet's (a ``LocalFleet`` started with one)."""
+        fleet_token = getattr(self.fleet, "token", None)
+        return given if given is not None else fleet_token
+
     def worker_ids(self) -> list[int]:
         """The worker ids of the fleet object given (none for addresses)."""
         return [] if self.fleet is None else list(self.fleet.worker_ids)

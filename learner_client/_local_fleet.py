@@ -33,6 +33,7 @@ from common.errors import (
     UnknownWorkerError,
 )
 from common.plain_config import to_plain
+from learner_client._settings import check_token
 
 __all__ = ["LocalFleet", "restart_seed"]
 
@@ -126,6 +127,10 @@ class LocalFleet:
         worker_ids: The actors' worker ids, ``num_actors`` distinct ints >= 0 (e.g. one
             learner rank's share of a fleet: ``range(rank, num_actors * world_size,
             world_size)``); None: ``0..num_actors-1``.
+        token: A bearer token the actors require (given in their environment, never on
+            their command line); a collector given the fleet sends it. None: the learner's
+            ``RLFLEET_TOKEN``, which the actors inherit (no token when it is unset or empty).
+            On a machine other users share, any of them can reach the actors' loopback ports.
 
     Start and restart actors from a thread that outlives the fleet (normally the
     main thread): Linux delivers the parent-death signal when that thread exits.
@@ -171,8 +176,10 @@ class LocalFleet:
         task_kwargs: Mapping[str, Any] | None = None,
         env_factory: str = "",
         worker_ids: Sequence[int] | None = None,
+        token: str | None = None,
     ) -> None:
         _check_int("num_actors", num_actors, 1)
+        self.token = check_token(token if token is not None else _inherited_token())
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
         policy = policy or _DEFAULT_POLICY[kind]
@@ -353,6 +360,8 @@ class LocalFleet:
         stdout = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop_actors
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop_actors
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.token is not None:
+            env["RLFLEET_TOKEN"] = self.token
         try:
             process = subprocess.Popen(
                 argv,
@@ -475,6 +484,11 @@ def _check_fleet_args(
         raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
     if isinstance(extra_args, str):
         raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
+
+
+def _inherited_token() -> str | None:
+    """The ``RLFLEET_TOKEN`` the actors would inherit from this process (None: unset or empty)."""
+    return os.environ.get("RLFLEET_TOKEN") or None
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -323,14 +323,7 @@ class ConnectionSettings:
     shared_memory_batches: bool = True
 
     def __post_init__(self) -> None:
-        token = self.token
-        if token is not None and (not isinstance(token, str) or not token):
-            raise ValueError("token must be a non-empty string or None")
-        # A header value: visible ASCII (no line breaks), within what servers take.
-        if token is not None and not (token.isascii() and token.isprintable()):
-            raise ValueError("token must hold printable ASCII characters only")
-        if token is not None and len(token) > _MAX_TOKEN:
-            raise ValueError(f"token must be at most {_MAX_TOKEN} characters, got {len(token)}")
+        check_token(self.token)
         if self.learner_id == "":
             _set(self, "learner_id", new_learner_id())
         check_learner_id(self.learner_id, MAX_LEARNER_ID)
@@ -343,6 +336,22 @@ class ConnectionSettings:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata: the bearer token when one is set."""
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+def check_token(token: object) -> str | None:
+    """``token`` if it is None or a bearer token a header can carry.
+
+    Raises:
+        ValueError: Empty, not a string, not printable ASCII (no line breaks), or longer than
+            what servers take (4096 characters).
+    """
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ValueError("token must be a non-empty string or None")
+    if token is not None and not (token.isascii() and token.isprintable()):
+        raise ValueError("token must hold printable ASCII characters only")
+    if token is not None and len(token) > _MAX_TOKEN:
+        raise ValueError(f"token must be at most {_MAX_TOKEN} characters, got {len(token)}")
+    return token
 
 
 def new_learner_id() -> str:

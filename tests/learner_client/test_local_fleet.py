@@ -17,7 +17,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until, process_alive
 from learner_fleet import cartpole_policy
 
-from common.errors import ActorUnavailableError, SessionStateError, UnknownWorkerError
+from common.errors import (
+    ActorUnavailableError,
+    AuthenticationError,
+    SessionStateError,
+    UnknownWorkerError,
+)
 from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
 from learner_client import GrpcCollector, MissingWorkersError
 from learner_client._local_fleet import LocalFleet
@@ -243,3 +248,20 @@ def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_
         batch = _next_batch_once_all_deliver(collector)
         assert sorted(set(batch["policy_version"].flatten().tolist())) == [saved_at]
         assert batch["action"].argmax(-1).eq(0).all()  # the checkpoint's policy: always 0
+
+
+def test_a_fleet_with_a_token_gives_it_to_its_actors_and_collectors_off_the_command_line():
+    """Other users of the machine reach the actors' loopback ports: with ``token=`` the actors
+    require it (from their environment: ``ps`` shows no token), and a collector given the
+    fleet sends it; one given only the addresses is refused."""
+    token = "fleet-secret-" + os.urandom(4).hex()
+    with LocalFleet(1, num_envs=1, token=token, grace_period=1.0) as fleet:
+        command_line = pathlib.Path(f"/proc/{fleet.pids[0]}/cmdline").read_bytes()
+        assert token.encode() not in command_line
+        with pytest.raises(AuthenticationError):
+            GrpcCollector(fleet.addresses, frames_per_batch=4)
+        collector = GrpcCollector(fleet, frames_per_batch=4, total_frames=8)
+        assert sum(batch.numel() for batch in collector) == 8
+        collector.shutdown()
+    with pytest.raises(ValueError, match="printable ASCII"):
+        LocalFleet(1, token="two\nlines")
