@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
+from common.config import MAX_SEED, as_int
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -111,7 +112,7 @@ class LocalFleet:
         env_factory: ``"package.module:function"`` building each actor's env instead of
             ``env`` (a gymnasium ``Env``, or a TorchRL ``EnvBase`` for ``kind="torchrl"``);
             the module must be importable by the actors (on their ``PYTHONPATH``).
-        seed: Actor ``i`` is seeded with ``seed + i``; None lets each actor draw one.
+        seed: Actor ``i`` is seeded with ``seed + i`` (at most 2**64 - 1); None: each draws one.
         host: Address the actors bind (addresses use loopback for ``0.0.0.0``).
         extra_args: More ``rlfleet-actor`` flags, appended last (so they win).
         start_timeout: Seconds to wait for every actor to report ready.
@@ -178,10 +179,11 @@ class LocalFleet:
         worker_ids: Sequence[int] | None = None,
         token: str | None = None,
     ) -> None:
-        _check_int("num_actors", num_actors, 1)
+        num_actors = _check_int("num_actors", num_actors, 1)
         self.token = check_token(token if token is not None else _inherited_token())
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
+        num_envs, seed = _check_int("num_envs", num_envs, 1), fleet_seed(seed, self.worker_ids)
         policy = policy or _DEFAULT_POLICY[kind]
         self.num_actors = num_actors
         self.host = host
@@ -456,9 +458,7 @@ def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:
     """``worker_ids`` checked (``num_actors`` distinct ints >= 0), or ``0..num_actors-1``."""
     if worker_ids is None:
         return list(range(num_actors))
-    ids = list(worker_ids)
-    for worker_id in ids:
-        _check_int("worker_ids[...]", worker_id, 0)
+    ids = [_check_int("worker_ids[...]", worker_id, 0) for worker_id in worker_ids]
     if len(ids) != num_actors or len(set(ids)) != len(ids):
         raise ValueError(f"worker_ids must be {num_actors} distinct ints, got {ids}")
     return ids
@@ -475,7 +475,7 @@ def _check_fleet_args(
     """The checks of the arguments every fleet takes (``LocalFleet``'s and ``RayFleet``'s)."""
     _check_int("num_envs", num_envs, 1)
     if seed is not None:
-        _check_int("seed", seed, 0)
+        _check_int("seed", seed, 0)  # its top: fleet_seed, which knows the worker ids
     if not start_timeout > 0:
         raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
     if not grace_period >= 0:
@@ -491,11 +491,32 @@ def _inherited_token() -> str | None:
     return os.environ.get("RLFLEET_TOKEN") or None
 
 
-def _check_int(name: str, value: object, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
+def fleet_seed(seed: object, worker_ids: Sequence[int]) -> int | None:
+    """``seed`` as an int, checked so that every actor's ``seed + worker_id`` is a seed.
+
+    Raises:
+        TypeError: Not an integer (Python's, numpy's, a one-element tensor; not a bool).
+        ValueError: Below 0, or ``seed + max(worker_ids)`` above ``2**64 - 1``.
+    """
+    if seed is None:
+        return None
+    value = _check_int("seed", seed, 0)
+    if value + max(worker_ids, default=0) > MAX_SEED:
+        raise ValueError(
+            f"seed {value} + worker_id {max(worker_ids)} is above 2**64 - 1, the largest "
+            "seed (actor i is seeded seed + i)"
+        )
+    return value
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    """``value`` as an int (any integer a script computes: numpy's, a one-element tensor)."""
+    number = as_int(value)
+    if number is None:
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
+    if number < low:
         raise ValueError(f"{name} must be >= {low}, got {value!r}")
+    return number
 
 
 def _head(file: IO[bytes]) -> bytes:

@@ -54,6 +54,7 @@ from learner_client._local_fleet import (
     _head,
     _tail,
     _worker_ids,
+    fleet_seed,
     restart_seed,
 )
 
@@ -397,7 +398,7 @@ class RayFleet:
         create_env_fn: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
         policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]] | None = None,
     ) -> None:
-        _check_int("num_actors", num_actors, 1)
+        num_actors = _check_int("num_actors", num_actors, 1)
         self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
         self._policy_module = None if isinstance(policy, str | None) else policy
         self._factories = _policy_factories(policy_factory, policy, create_env_fn, num_actors)
@@ -413,9 +414,9 @@ class RayFleet:
         self._ray_init_config = dict(ray_init_config or {})
         self._shutdown_ray = shutdown_ray
         self._python = python
-        self._seed = seed
+        self._seed = fleet_seed(seed, self.worker_ids)
         flags = {
-            "--num-envs": num_envs,
+            "--num-envs": _check_int("num_envs", num_envs, 1),
             "--policy": policy if isinstance(policy, str) and policy else _DEFAULT_POLICY[kind],
             "--policy-kwargs": json.dumps(to_plain(policy_kwargs or {})),
             "--grace-period": grace_period,

@@ -52,7 +52,7 @@ from actor_service._config import (
 )
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import DEFAULT_MODEL_ID, MAX_MODEL_ID, is_loopback
+from common.config import DEFAULT_MODEL_ID, MAX_MODEL_ID, MAX_SEED, is_loopback
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
@@ -97,7 +97,7 @@ _SIMPLE_FIELDS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         "what the learner hears of an env's exception: full (type and text) or type",
     ),
     ("device", nonempty, "torch device of the policy"),
-    ("seed", optional(int_in(0, 2**63 - 1)), "seed for envs, torch and numpy"),
+    ("seed", optional(int_in(0, MAX_SEED)), "seed for envs, torch and numpy"),
     ("max_credits", ranged("max_credits"), "most unconsumed credits / retained batches"),
     (
         "grace_period",

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import grpc
+import numpy as np
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -121,6 +122,9 @@ def _first_observations(address: str) -> torch.Tensor:
         ("num_envs", {"num_actors": 1, "num_envs": -1}),
         ("start_timeout", {"num_actors": 1, "start_timeout": 0}),
         ("extra_args", {"num_actors": 1, "extra_args": "--seed 1"}),
+        ("seed", {"num_actors": 1, "seed": -1}),
+        ("seed", {"num_actors": 1, "seed": 1.0}),
+        ("seed", {"num_actors": 2, "seed": 2**64 - 1}),  # actor 1's seed would be 2**64
     ],
 )
 def test_local_fleet_raises_if_an_argument_is_invalid(name, kwargs):
@@ -265,3 +269,13 @@ def test_a_fleet_with_a_token_gives_it_to_its_actors_and_collectors_off_the_comm
         collector.shutdown()
     with pytest.raises(ValueError, match="printable ASCII"):
         LocalFleet(1, token="two\nlines")
+
+
+def test_a_fleet_takes_any_integer_seed_up_to_the_largest_one():
+    """Seeds are uint64 on the wire: the top one reaches the actor (its flag used to stop at
+    2**63 - 1, so a fleet's actor died at start), and a numpy int is an int."""
+    with (
+        LocalFleet(1, num_envs=1, seed=np.uint64(2**64 - 1), grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=4) as collector,
+    ):
+        assert collector.next().numel() == 4
