@@ -380,6 +380,22 @@ class Pusher:
             log.warning(
                 "pushing the shared policy to worker_ids %s failed: %s", sorted(exc.failed), exc
             )
+        finally:
+            self._address_the_down(model_id, targets)
+
+    def _address_the_down(self, model_id: str, pushed_to: list[int]) -> None:
+        """The push just made to ``pushed_to`` is what the actors that were down should hold.
+
+        They were not sent it (each would have cost a connection attempt); a re-admitted one
+        is sent it whole, the very bytes the others got under its version, before its data
+        is used: with the push it held before, a sync batch would mix two versions.
+        """
+        down = [w for w in self.fleet.worker_ids if w not in pushed_to]
+        version = self.book.versions().get(model_id, 0)
+        sent = [self.book.addressed_to(w, model_id) for w in pushed_to]
+        latest = [enc for enc in sent if enc is not None and enc.version == version]
+        if down and latest:
+            self.book.addressed(down, latest[0])
 
     async def admit(self, link: Link, desc: ActorDescription) -> None:
         """Re-send a returning actor what it should hold, before its data is used (loop thread).

@@ -486,6 +486,11 @@ class WeightBook:
             own = self._worker_sources.get(model_id, {}).get(worker_id)
         return own if own is not None else self.source(model_id)
 
+    def addressed_to(self, worker_id: int, model_id: str) -> EncodedWeights | None:
+        """The push of ``model_id`` a worker should hold (re-sent if it comes back without)."""
+        with self._lock:
+            return self._desired.get(worker_id, {}).get(model_id)
+
     def pending(self, worker_id: int, reported: Mapping[str, int]) -> list[EncodedWeights]:
         """The pushes a worker lacks, judged by the versions it reports now.
 

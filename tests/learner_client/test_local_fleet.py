@@ -279,3 +279,24 @@ def test_a_fleet_takes_any_integer_seed_up_to_the_largest_one():
         GrpcCollector(fleet.addresses, frames_per_batch=4) as collector,
     ):
         assert collector.next().numel() == 4
+
+
+def test_an_actor_down_during_an_automatic_push_is_given_that_push_when_it_returns():
+    """The ``policy=`` module's automatic push goes to the actors that are up; one that was
+    down is given that push when it is re-admitted (it used to get the push before it, and
+    the sync batch mixed two versions)."""
+    policy = cartpole_policy(action=0)
+    with (
+        LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet,
+        GrpcCollector(fleet, frames_per_batch=8, sync=True, policy=policy) as collector,
+    ):
+        collector.next()
+        fleet.kill(0)
+        with torch.no_grad():  # an optimiser step: the automatic push of the next batch
+            next(policy.parameters()).add_(0.5)
+        with pytest.raises(MissingWorkersError):  # pushed to worker 1; worker 0 is down
+            collector.next()
+        fleet.restart(0)
+        batch = _next_batch_once_all_deliver(collector)
+        versions = batch["policy_version"].flatten().tolist()
+        assert set(versions) == {collector.policy_version}
