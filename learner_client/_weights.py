@@ -395,6 +395,12 @@ GivenWeights = dict[
 _T = TypeVar("_T")
 
 
+def _same_bytes(one: Blob, other: Blob) -> bool:
+    """Whether two blobs hold the same bytes (memcmp speed, no copy)."""
+    first, second = memoryview(one).cast("B"), memoryview(other).cast("B")
+    return first.nbytes == second.nbytes and first == second
+
+
 def _put(table: dict[str, _T], key: str, value: _T | None) -> None:
     """``table[key] = value``, or no entry for None."""
     if value is None:
@@ -556,10 +562,35 @@ class WeightBook:
         for model_id, (version, source) in weights.items():
             blob = PushOptions().encode(source, model_id, self._blob_buffers.for_model(model_id))
             digest, crc = checksums(blob, self.checksum)
-            held[model_id] = EncodedWeights(model_id, version, blob, digest, crc)
+            encoded = EncodedWeights(model_id, version, blob, digest, crc)
+            held[model_id] = self._held_already(encoded)
         with self._lock:
             self._desired[worker_id] = held
         self.observe(worker_id, reported)
+
+    def _held_already(self, encoded: EncodedWeights) -> EncodedWeights:
+        """The same weights another actor should hold already, else ``encoded`` itself.
+
+        A checkpoint restored on N actors usually gives each the same weights: they are
+        kept once (an N-fold copy of a large model otherwise), the bytes compared, not
+        only the checksum.
+        """
+        with self._lock:
+            candidates = [
+                held[encoded.model_id]
+                for held in self._desired.values()
+                if encoded.model_id in held
+            ]
+        for other in candidates:
+            same = (other.version, other.sha256, other.crc32c, other.part) == (
+                encoded.version,
+                encoded.sha256,
+                encoded.crc32c,
+                encoded.part,
+            )
+            if same and other.base_version is None and _same_bytes(other.blob, encoded.blob):
+                return other
+        return encoded
 
     def observe(self, worker_id: int, reported: Mapping[str, int]) -> None:
         """Record the versions an actor reports (Describe); counters never fall behind them."""

@@ -54,6 +54,23 @@ def test_weight_book_pending_returns_what_a_restarted_worker_lacks():
     assert book.pending(1, {"policy": 0}) == [enc]  # never applied
 
 
+def test_weight_book_keeps_weights_restored_on_several_actors_once():
+    book = WeightBook()
+    weights = {"weight": torch.arange(6.0).reshape(2, 3), "bias": torch.zeros(2)}
+    copy = {name: tensor.clone() for name, tensor in weights.items()}
+    other = {"weight": torch.ones(2, 3), "bias": torch.zeros(2)}
+    book.restored(0, {"policy": 3}, {"policy": (3, weights)})
+    book.restored(1, {"policy": 3}, {"policy": (3, copy)})
+    book.restored(2, {"policy": 3}, {"policy": (3, other)})
+    book.restored(3, {"policy": 2}, {"policy": (2, weights)})
+    (first,), (second,), (third,), (older,) = (book.pending(w, {"policy": 0}) for w in range(4))
+    assert second is first  # one blob for the same bytes at the same version
+    assert third is not first and older is not first
+    assert torch.equal(decode_weights(third.blob)[0]["weight"], other["weight"])
+    assert torch.equal(decode_weights(first.blob)[0]["weight"], weights["weight"])
+    assert older.version == 2
+
+
 def test_weight_book_due_counts_batches_since_the_last_update():
     book = WeightBook()
     book.observe(0, {"policy": 0})
