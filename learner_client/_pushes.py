@@ -219,10 +219,12 @@ class Pusher:
             targets, refusal = [], exc
         self._agree(request, refusal)
         before, marks = self.book.given(request.sources), self._mark(request)
-        if request.delta:
-            results = self._push_deltas(request, targets)
-        else:
-            results = self._push(self._encode(request, targets))
+        with self.book.taken_back_on_error(request.sources):  # every model encodes, or none
+            if request.delta:
+                pairs = self._encode_deltas(request, targets)
+            else:
+                pairs = self._encode(request, targets)
+        results = self._push_deltas(request, pairs) if request.delta else self._push(pairs)
         for mid, failures in results[1].items():
             if failures and not results[0].get(mid) and _refusals(failures) == failures:
                 self.book.restore(mid, before)  # every target refused: as if never given
@@ -281,8 +283,8 @@ class Pusher:
                 pairs += [(wid, enc) for wid in targets]
         return pairs
 
-    def _push_deltas(self, request: WeightRequest, targets: list[int]) -> PushResults:
-        """A ``delta=True`` push: deltas where the tracker can, full pushes elsewhere."""
+    def _encode_deltas(self, request: WeightRequest, targets: list[int]) -> list[Pair]:
+        """Each target's push of a ``delta=True`` request: a delta where the tracker can."""
         pairs: list[Pair] = []
         for mid, src in request.sources.items():
             sources = {w: src if src is not None else self.book.source_for(mid, w) for w in targets}
@@ -296,6 +298,10 @@ class Pusher:
             pairs += sorted(as_parts(encoded, request.part).items())
             if whole:
                 self.book.use_options(mid, form)
+        return pairs
+
+    def _push_deltas(self, request: WeightRequest, pairs: list[Pair]) -> PushResults:
+        """Push a ``delta=True`` request's pairs; a delta an actor cannot apply: the full push."""
         succeeded, failed = self._push(pairs)
         # A target at another version than the delta's base: the full push, at once.
         retry = [

@@ -16,10 +16,11 @@ targets.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import torch
@@ -432,6 +433,8 @@ class WeightBook:
         self._applied: dict[int, dict[str, int]] = {}
         self._since_update: dict[int, int | None] = {}
         self._blob_buffers = BlobBuffers(segments)  # every push's blob is written into one of them
+        # The versions claimed by this thread's encoding (:meth:`taken_back_on_error`).
+        self._claims = threading.local()
 
     def close(self) -> None:
         """Drop every weight and blob held (the collector is shut down: nothing is pushed)."""
@@ -546,6 +549,44 @@ class WeightBook:
             _put(self._options, model_id, options)
             self._worker_sources[model_id] = own
 
+    @contextlib.contextmanager
+    def taken_back_on_error(self, model_ids: Iterable[str]) -> Iterator[None]:
+        """Encode a call inside: if it raises, the call took nothing.
+
+        Nothing was sent yet, so the versions it claimed go back and the models' last
+        weights and forms are as before (a model another push claimed a version of meanwhile
+        keeps that push's): a call that raised neither spends a version nor leaves its weights
+        to be re-sent.
+        """
+        given = self.given(model_ids)
+        claims: list[tuple[str, int | None, int]] = []
+        self._claims.made = claims
+        try:
+            yield
+        except BaseException:
+            claimed_since = set()  # by another push: its weights stay the last given
+            with self._lock:
+                for model_id, previous, claimed in reversed(claims):
+                    if self._versions.get(model_id) == claimed:
+                        _put(self._versions, model_id, previous)
+                    else:
+                        claimed_since.add(model_id)
+            for model_id in given.keys() - claimed_since:
+                self.restore(model_id, given)
+            raise
+        finally:
+            self._claims.made = None
+
+    def _claim(self, model_id: str, version: int | None) -> int:
+        """Claim the next (or given) version of ``model_id`` (under the lock), for a take-back."""
+        current = self._versions.get(model_id)
+        version = _next_version(model_id, current or 0, version)
+        self._versions[model_id] = max(current or 0, version)
+        claims = getattr(self._claims, "made", None)
+        if claims is not None:
+            claims.append((model_id, current, self._versions[model_id]))
+        return version
+
     def restored(
         self,
         worker_id: int,
@@ -655,12 +696,10 @@ class WeightBook:
         A given ``source`` becomes the shared last weights.
         """
         with self._lock:
-            current = self._versions.get(model_id, 0)
-            version = _next_version(model_id, current, version)
+            version = self._claim(model_id, version)
             if source is not None:  # new shared weights replace any given to single workers
                 self._sources[model_id] = source
                 self._worker_sources.pop(model_id, None)
-            self._versions[model_id] = max(current, version)
         return version
 
     def encode_for(
@@ -696,12 +735,10 @@ class WeightBook:
                 blob = opts.encode(src, model_id, self._blob_buffers.for_model(model_id))
                 blobs[id(src)] = (blob, *checksums(blob, self.checksum))
         with self._lock:
-            current = self._versions.get(model_id, 0)
-            version = _next_version(model_id, current, version)
+            version = self._claim(model_id, version)
             self._options[model_id] = opts
             own = self._worker_sources.setdefault(model_id, {})
             own.update({wid: src for wid, src in sources.items() if src is not None})
-            self._versions[model_id] = max(current, version)
         return {
             wid: EncodedWeights(model_id, version, *blobs[id(src)]) for wid, src in resolved.items()
         }

@@ -94,6 +94,37 @@ def test_update_policy_weights_weights_dict_updates_several_models(fleet):
         assert collector.policy_version == policy_v  # the acting model's
 
 
+def test_a_push_that_raises_while_it_encodes_takes_no_version_and_leaves_no_weights(fleet):
+    """Every model of a call encodes before any is sent, or the call took nothing: no version
+    spent, no model's last weights replaced (a later argument-less push re-sends the good)."""
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4, sync=True) as collector:
+        with pytest.raises(SessionStateError, match="no weights were given for model_id 'critic'"):
+            collector.update_policy_weights_(
+                weights_dict={"policy": cartpole_policy(), "critic": None}
+            )
+        before = collector.policy_versions
+        good = cartpole_policy()
+        assert collector.update_policy_weights_(good, model_id="critic") == {
+            0: before["critic"] + 1,
+            2: before["critic"] + 1,
+        }
+        bad = {name: "oops" for name in good.state_dict()}
+        calls = [
+            dict(weights_dict={"policy": cartpole_policy(), "critic": bad}),
+            dict(weights=bad, model_id="critic", delta=True),
+            dict(weights=good.state_dict(), model_id="critic", delta=True, only_trainable=True),
+        ]
+        for call in calls:
+            with pytest.raises(TypeError):
+                collector.update_policy_weights_(**call)
+            assert collector.policy_versions == {**before, "critic": before["critic"] + 1}
+        resent = collector.update_policy_weights_(model_id="critic", delta=True)
+        assert resent == {0: before["critic"] + 2, 2: before["critic"] + 2}
+        held = collector.actor_state(0)["models"]["critic"]["weights"]
+        for name, tensor in good.state_dict().items():
+            torch.testing.assert_close(held[name], tensor)
+
+
 def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet):
     with GrpcCollector(addresses(fleet, 0, 1, 2), frames_per_batch=12, sync=True) as collector:
         with pytest.raises(WeightPushError, match="worker_id 1") as info:

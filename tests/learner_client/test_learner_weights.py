@@ -4,6 +4,8 @@ worker should hold)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -65,10 +67,39 @@ def test_weight_book_keeps_weights_restored_on_several_actors_once():
     book.restored(3, {"policy": 2}, {"policy": (2, weights)})
     (first,), (second,), (third,), (older,) = (book.pending(w, {"policy": 0}) for w in range(4))
     assert second is first  # one blob for the same bytes at the same version
-    assert third is not first and older is not first
+    assert third is not first
+    assert older is not first
     assert torch.equal(decode_weights(third.blob)[0]["weight"], other["weight"])
     assert torch.equal(decode_weights(first.blob)[0]["weight"], weights["weight"])
     assert older.version == 2
+
+
+def _encode_then_fail(book, *model_ids, beside=None):
+    """Encode each model under one take-back, run ``beside`` (another thread), then raise."""
+    with book.taken_back_on_error(model_ids):
+        for model_id in model_ids:
+            book.encode(model_id, nn.Linear(1, 1))
+        if beside is not None:
+            other = threading.Thread(target=beside)
+            other.start()
+            other.join()
+        raise RuntimeError("the next model failed to encode")
+
+
+def test_weight_book_takes_back_what_a_call_that_raised_claimed_unless_claimed_since():
+    book = WeightBook()
+    first = nn.Linear(1, 1)
+    book.encode("policy", first)
+    with pytest.raises(RuntimeError, match="failed to encode"):
+        _encode_then_fail(book, "policy", "critic")
+    assert book.versions() == {"policy": 1}
+    assert book.source("policy") is first
+    # Another thread's push took version 3 meanwhile (and may have been sent): it stays.
+    since = nn.Linear(1, 1)
+    with pytest.raises(RuntimeError, match="failed to encode"):
+        _encode_then_fail(book, "policy", beside=lambda: book.encode("policy", since))
+    assert book.versions() == {"policy": 3}
+    assert book.source("policy") is since
 
 
 def test_weight_book_due_counts_batches_since_the_last_update():
