@@ -3,26 +3,28 @@
 After an optimiser step every data-parallel rank holds the same weights and pushes them to
 the actors it owns under one explicit version (the step count). When the collector's ranks
 are torch.distributed's, :class:`VersionAgreement` compares each rank's ``(version, digest of
-the weights)`` before anything is sent. Each versioned push is one *round*, numbered alike on
-every rank (every rank pushes every agreed version, as it steps DDP): each rank writes its
-entry for the round into torch.distributed's own key-value store (the one
-``init_process_group`` rendezvoused on) and waits for the others' entries of that round.
+the weights)`` before anything is sent. Pushes of one version *meet*: each rank writes its
+entry for the version into torch.distributed's own key-value store (the one
+``init_process_group`` rendezvoused on) and waits for the others' entries of that version.
 
 The store, not a gloo collective: a gloo group whose collective timed out is unusable for
 good (every later push failed at once), and creating one is itself a collective that a late
 rank breaks. With the store, a rank that does not come within ``timeout`` makes the waiting
-ones raise :class:`~common.errors.DeadlineError` for that round only; when it comes, it finds
-their entries and pushes, and the next round meets as before. A rank that refuses the push
-itself (a stale version, a target it lacks) still writes its entry, marked refused, so that
-the others raise at once instead of waiting out the timeout.
+ones raise :class:`~common.errors.DeadlineError` for that version only; when it comes, it
+finds their entries and pushes. A rank that skipped the version costs the others that one
+push: the next version every rank pushes meets as before. A push retried at the version that
+timed out meets the late rank there; a version pushed again after it met (its weights
+conflicted) is a new meeting, so old entries are never compared with new ones.
 
-Rounds are numbered per process, not per collector: a collector rebuilt on one rank (after an
-error) goes on with its process's count and still meets the others. A push retried at the
-version whose round timed out takes that round again, so a late rank's entry is met there
-(a new round would be matched against the late rank's next version for good).
+Each rank also keeps its last entry under a key of its own. A rank waiting for another that
+has already pushed a later version raises :class:`VersionConflictError` at once: versions
+only go up, so that rank never pushes this one. A rank that refuses the push itself (a stale
+version, a target it lacks) writes its entry marked refused, so the others raise at once
+instead of waiting out the timeout: those pushing that version, and those pushing another
+as many pushes in (ranks that push every version in step pushed it side by side).
 
-Once every rank's entry of a round is there, each rank deletes its entries of the rounds
-before (every rank is past them): the store holds at most two entries per rank.
+Once every rank's entry of a version is there, each rank deletes its own entries written
+before (every rank is past them): the store holds a rank's last entries only.
 """
 
 from __future__ import annotations
@@ -41,20 +43,46 @@ from learner_client._members import Ranks
 __all__ = ["VersionAgreement"]
 
 # The store's keys: a count of processes' channels per rank (the n-th process group of every
-# rank meets the n-th of the others), then each channel's rounds under its own prefix.
+# rank meets the n-th of the others), then each channel's entries under its own prefix.
 _ROOT = "rlfleet/agreement"
 _POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.05
 
 
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One rank's push of a version: what it would send, or that it refused."""
+
+    version: int
+    meeting: int  # how many meetings of this version the rank completed before
+    digest: int
+    refused: bool
+    written: int  # how many entries the rank wrote before, and this one
+
+    def encode(self) -> str:
+        return f"{self.version} {self.meeting} {self.digest} {int(self.refused)} {self.written}"
+
+    @classmethod
+    def decode(cls, value: bytes) -> _Entry:
+        version, meeting, digest, refused, written = (int(part) for part in value.split())
+        return cls(version, meeting, digest, bool(refused), written)
+
+
 @dataclasses.dataclass
 class _Channel:
-    """This process's rounds on one store, shared by every collector of the process."""
+    """This process's entries on one store, shared by every collector of the process."""
 
     store: Any
     prefix: str
-    round: int = 0
-    timed_out: int | None = None  # the version of the last round, when it timed out
+    written: int = 0
+    met: dict[int, int] = dataclasses.field(default_factory=dict)  # meetings done, by version
+    keys: list[str] = dataclasses.field(default_factory=list)  # this rank's, not yet deleted
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def key(self, version: int, meeting: int, rank: int) -> str:
+        return f"{self.prefix}/{version}.{meeting}/{rank}"
+
+    def last_key(self, rank: int) -> str:
+        return f"{self.prefix}/last/{rank}"
 
 
 _CHANNELS: dict[int, _Channel] = {}  # by id(store); the channel keeps its store alive
@@ -98,69 +126,122 @@ class VersionAgreement:
         )
 
     def check(self, version: int, digest: int, *, refused: bool = False) -> None:
-        """Exchange every rank's ``(version, digest)`` in the next round and compare them.
+        """Write this rank's entry for ``version`` and compare it with every other rank's.
 
         A rank that refuses the push itself (``refused``) still takes part, so the others
         learn it at once; it returns without raising (its caller raises its own error).
 
         Raises:
-            VersionConflictError: Some rank gave another version or other weights, or
-                refused the push (raised on the other ranks; nothing is sent).
+            VersionConflictError: Some rank gave other weights for the version, refused its
+                push, or pushed a later version instead (nothing is sent).
             DeadlineError: Some rank did not come within ``timeout``.
         """
         if not self.active:
             return
-        channel = _channel(self.ranks.rank)
-        with channel.lock:  # one round at a time
-            if channel.timed_out != version:  # else a retry: the late rank meets it there
-                channel.round += 1
-            channel.timed_out = None
-            keys = [f"{channel.prefix}/{channel.round}/{r}" for r in range(self.ranks.world_size)]
-            channel.store.set(keys[self.ranks.rank], f"{version} {digest} {int(refused)}")
+        channel, rank = _channel(self.ranks.rank), self.ranks.rank
+        with channel.lock:  # one push at a time
+            meeting = channel.met.get(version, 0)
+            channel.written += 1
+            mine = _Entry(version, meeting, digest, refused, channel.written)
+            keys = [channel.key(version, meeting, r) for r in range(self.ranks.world_size)]
+            channel.store.set(keys[rank], mine.encode())
+            channel.store.set(channel.last_key(rank), mine.encode())
+            if keys[rank] not in channel.keys:
+                channel.keys.append(keys[rank])
             try:
-                self._wait(channel.store, keys, version)
-            except DeadlineError:
-                channel.timed_out = version
+                entries = self._wait(channel, keys, mine)
+            except (DeadlineError, VersionConflictError):
                 if refused:
                     return  # the caller's own refusal says more
                 raise
-            entries = [_parse(channel.store.get(key)) for key in keys]
-            if channel.round > 1:  # every rank wrote this round: none reads the last one again
-                last = f"{channel.prefix}/{channel.round - 1}/{self.ranks.rank}"
-                channel.store.delete_key(last)
+            channel.met[version] = meeting + 1
+            self._delete_earlier(channel, keys[rank])
         if not refused:
-            _compare(version, dict(enumerate(entries)))
+            _compare(version, entries)
 
-    def _wait(self, store: Any, keys: list[str], version: int) -> None:
-        """Return once every rank's entry of the round is in the store (polled).
+    def _wait(self, channel: _Channel, keys: list[str], mine: _Entry) -> dict[int, _Entry]:
+        """Every rank's entry of this meeting, once all are in the store (polled).
 
         Raises:
+            VersionConflictError: A missing rank never pushes this version (:func:`_never_comes`).
             DeadlineError: Naming the ranks missing after ``timeout``.
         """
-        deadline = time.monotonic() + self.timeout
-        pause = _POLL_FIRST_S
+        store, deadline, pause = channel.store, time.monotonic() + self.timeout, _POLL_FIRST_S
         while not store.check(keys):
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            lasts = self._lasts(channel, missing)
+            for r, last in lasts.items():
+                if last is None or not _never_comes(mine, last):
+                    continue
+                if not store.check([keys[r]]):  # else it came meanwhile
+                    _raise_moved(self.ranks.rank, mine, r, last)
             if time.monotonic() >= deadline:
-                missing = [r for r, key in enumerate(keys) if not store.check([key])]
-                raise DeadlineError(
-                    f"rank {self.ranks.rank}: rank(s) {missing} did not push version {version} "
-                    f"within {self.timeout} s (every rank pushes every agreed version; a rank "
-                    "that comes later finds this one's entry and pushes; retrying this version "
-                    "or pushing the next one meets it again)"
-                )
+                rank = self.ranks.rank
+                raise DeadlineError(_late_message(rank, mine.version, lasts, self.timeout))
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
+        return {r: _Entry.decode(store.get(key)) for r, key in enumerate(keys)}
+
+    @staticmethod
+    def _lasts(channel: _Channel, ranks: Any) -> dict[int, _Entry | None]:
+        """Each rank's last entry (None: it never wrote one)."""
+        lasts: dict[int, _Entry | None] = {}
+        for r in ranks:
+            key = channel.last_key(r)
+            lasts[r] = _Entry.decode(channel.store.get(key)) if channel.store.check([key]) else None
+        return lasts
+
+    @staticmethod
+    def _delete_earlier(channel: _Channel, key: str) -> None:
+        """Every rank met at ``key``: none reads this rank's earlier entries again."""
+        for earlier in channel.keys:
+            if earlier != key:
+                channel.store.delete_key(earlier)
+        channel.keys = [key]
 
 
-def _parse(value: bytes) -> tuple[int, int, bool]:
-    version, digest, refused = (int(part) for part in value.decode().split())
-    return version, digest, bool(refused)
+def _never_comes(mine: _Entry, last: _Entry) -> bool:
+    """Whether a rank whose last entry is ``last`` will never push ``mine``'s version.
+
+    It pushed a later one (versions only go up), or it refused a push of its own as many
+    pushes in as this one (ranks that push every version in step pushed side by side).
+    """
+    return last.version > mine.version or (last.refused and last.written >= mine.written)
 
 
-def _compare(version: int, entries: dict[int, tuple[int, int, bool]]) -> None:
+def _raise_moved(my_rank: int, mine: _Entry, rank: int, last: _Entry) -> None:
+    pushed = {my_rank: (mine.version, mine.digest), rank: (last.version, last.digest)}
+    if last.refused:
+        raise VersionConflictError(
+            f"rank {rank} refused version {last.version} (its log says why) while this rank "
+            f"waited to push version {mine.version}; nothing was pushed",
+            pushed=pushed,
+        )
+    raise VersionConflictError(
+        f"the learner ranks disagree: rank {rank} pushed version {last.version} and not "
+        f"version {mine.version}, which this rank pushes; nothing was pushed (every rank must "
+        "push every agreed version; the next version every rank pushes meets as before)",
+        pushed=pushed,
+    )
+
+
+def _late_message(rank: int, version: int, lasts: dict[int, _Entry | None], timeout: float) -> str:
+    last = ", ".join(
+        f"rank {r}: {'no push yet' if e is None else f'last version {e.version}'}"
+        for r, e in lasts.items()
+    )
+    return (
+        f"rank {rank}: rank(s) {sorted(lasts)} did not push version {version} within {timeout} s "
+        f"({last}; every rank pushes every agreed version: a rank that comes later finds this "
+        "one's entry and pushes, and a retry of this version meets it there; a rank that "
+        "skipped it costs this push only)"
+    )
+
+
+def _compare(version: int, entries: dict[int, _Entry]) -> None:
     """Raise unless every rank agreed to push ``version`` with the same digest."""
-    pushed = {r: (v, d) for r, (v, d, _) in entries.items()}
-    refused = [r for r, (_, _, no) in entries.items() if no]
+    pushed = {r: (e.version, e.digest) for r, e in entries.items()}
+    refused = [r for r, e in entries.items() if e.refused]
     if refused:
         raise VersionConflictError(
             f"rank(s) {refused} refused version {version} (their log says why); nothing was pushed",

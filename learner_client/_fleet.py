@@ -701,9 +701,11 @@ class Fleet:
         workers = state_blobs(dict(state_dict["workers"]))
         unknown = sorted(set(workers) - self._owned)
         if unknown:
+            others = [w for w in unknown if w in self.member_ids]
+            whose = f" ({others} are other learner ranks' actors: load each rank's own)"
             raise UnknownWorkerError(
                 f"state_dict holds unknown worker_ids {unknown}; the "
-                f"fleet has worker_ids {self.worker_ids}"
+                f"fleet has worker_ids {self.worker_ids}{whose if others else ''}"
             )
         timeout = self.conn.call_timeout
         for desc in self.loop.run(load_states(self._links, workers, timeout), 4 * timeout):

@@ -23,6 +23,7 @@ import pytest
 from helpers import ActorProcess, free_port, poll_until, start_actor
 from learner_fleet import cartpole_policy, start_actors
 
+from common.errors import UnknownWorkerError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import (
@@ -153,6 +154,8 @@ def test_two_ranks_split_the_fleet_and_push_versions_to_their_own(
         assert 'rlfleet_learner_frames_total{worker_id="3"}' in metrics
         assert 'worker_id="0"' not in metrics  # another rank's actor
         assert "rank=0/2" in repr(first)
+        with pytest.raises(UnknownWorkerError, match=r"\[0, 2\] are other learner ranks' act"):
+            second.load_state_dict(first.state_dict())  # the other rank's checkpoint
     held = {a.worker_id: _describe(a).models["policy"] for a in four}
     assert held == {0: start + 5, 1: start, 2: start + 5, 3: start}
 
@@ -326,10 +329,14 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
         collector.update_policy_weights_(policy, version=version + 1)
     except VersionConflictError as exc:
         out["conflict"] = {str(r): v for r, (v, _) in exc.pushed.items()}
-    try:  # and ranks that disagree on the step count
+    try:  # and ranks that disagree on the step count: the rank behind learns it at once,
+        # the rank ahead waits for the other, which may still come, up to call_timeout
         collector.update_policy_weights_(cartpole_policy(0), version=version + 1 + rank)
     except VersionConflictError as exc:
         out["steps"] = {str(r): v for r, (v, _) in exc.pushed.items()}
+    except DeadlineError:
+        out["steps"] = "DeadlineError"
+    dist.barrier()  # rank 0 learnt it at once, rank 1 waited call_timeout for rank 0
     try:  # a rank that refuses its own push (a stale version) tells the others at once
         collector.update_policy_weights_(policy, version=version + 1 - rank)
     except (ValueError, VersionConflictError) as exc:
@@ -338,16 +345,16 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
     if rank == 1:  # late past call_timeout: rank 0 gives up; rank 1 then finds its entry
         time.sleep(4)
     try:
-        out["late"] = list(collector.update_policy_weights_(fresh, version=version + 2).values())
+        out["late"] = list(collector.update_policy_weights_(fresh, version=version + 3).values())
     except DeadlineError:
         out["late"] = "DeadlineError"
     # ... and both meet at the next version (a timed-out gloo collective stays broken).
-    out["met"] = list(collector.update_policy_weights_(fresh, version=version + 3).values())
+    out["met"] = list(collector.update_policy_weights_(fresh, version=version + 4).values())
     if rank == 1:  # late again; rank 0 retries the version that timed out and meets it there
         time.sleep(4)
     for attempt in range(2 - rank):
         try:
-            pushed = collector.update_policy_weights_(fresh, version=version + 4)
+            pushed = collector.update_policy_weights_(fresh, version=version + 5)
             out["retried"] = [attempt, list(pushed.values())]
             break
         except DeadlineError:
@@ -355,12 +362,20 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
     if rank == 0:  # a collector rebuilt on one rank still meets the other rank's
         collector.shutdown()
         collector = GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3)
-    out["rebuilt"] = list(collector.update_policy_weights_(fresh, version=version + 5).values())
+    out["rebuilt"] = list(collector.update_policy_weights_(fresh, version=version + 6).values())
     try:  # rank 1 names rank 0's actor: it refuses, and tells rank 0, before anything is sent
         targets = [0] if rank else None
-        collector.update_policy_weights_(fresh, version=version + 6, worker_ids=targets)
+        collector.update_policy_weights_(fresh, version=version + 7, worker_ids=targets)
     except (UnknownWorkerError, VersionConflictError) as exc:
         out["target"] = [type(exc).__name__, "other learner ranks' actors" in str(exc)]
+    if rank == 0:  # rank 1 skips a version: rank 0's push of it fails, that push only,
+        try:  # as soon as rank 1 pushes a later one
+            collector.update_policy_weights_(fresh, version=version + 8)
+        except VersionConflictError as exc:
+            out["skipped"] = {str(r): v for r, (v, _) in exc.pushed.items()}
+    else:
+        time.sleep(1)
+    out["after"] = list(collector.update_policy_weights_(fresh, version=version + 9).values())
 print(json.dumps(out), flush=True)
 collector.shutdown()
 dist.barrier()  # rank 0 serves the store: it stays until rank 1 is done with it
@@ -395,17 +410,22 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         assert out["ranks"] == [rank, 2, owned]
         assert out["agreed"] == {str(w): version for w in owned}
         assert out["conflict"] == {"0": version + 1, "1": version + 1}
-        assert out["steps"] == {"0": version + 1, "1": version + 2}
+    assert [out["steps"] for out in outs] == [
+        {"0": version + 1, "1": version + 2},
+        "DeadlineError",
+    ]
     assert [out["refused"] for out in outs] == ["VersionConflictError", "ValueError"]
-    assert [out["late"] for out in outs] == ["DeadlineError", [version + 2] * 2]
-    assert [out["met"] for out in outs] == [[version + 3] * 2] * 2
-    assert [out["retried"] for out in outs] == [[1, [version + 4] * 2], [0, [version + 4] * 2]]
-    assert [out["rebuilt"] for out in outs] == [[version + 5] * 2] * 2
+    assert [out["late"] for out in outs] == ["DeadlineError", [version + 3] * 2]
+    assert [out["met"] for out in outs] == [[version + 4] * 2] * 2
+    assert [out["retried"] for out in outs] == [[1, [version + 5] * 2], [0, [version + 5] * 2]]
+    assert [out["rebuilt"] for out in outs] == [[version + 6] * 2] * 2
     assert [out["target"] for out in outs] == [
         ["VersionConflictError", False],
         ["UnknownWorkerError", True],
     ]
+    assert outs[0]["skipped"] == {"0": version + 8, "1": version + 9}
+    assert [out["after"] for out in outs] == [[version + 9] * 2] * 2
     # Nothing was pushed by the refused calls: every actor holds the version both met at.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
-        range(4), version + 5
+        range(4), version + 9
     )
