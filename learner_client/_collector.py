@@ -354,7 +354,7 @@ class GrpcCollector(TorchRLAccessors):
             self._connect(
                 self._owner.addresses(),
                 conn,
-                dns_refresh_interval=dns_refresh_interval,
+                dns_refresh_interval=positive_timeout("dns_refresh_interval", dns_refresh_interval),
                 weight_push=weight_push,
             )
 
@@ -642,11 +642,6 @@ class GrpcCollector(TorchRLAccessors):
         return self._batch.frames_per_batch
 
     @property
-    def requested_frames_per_batch(self) -> int:
-        """TorchRL's name of :attr:`frames_per_batch` (rlfleet never rounds it up)."""
-        return self._batch.frames_per_batch
-
-    @property
     def init_random_frames(self) -> int:
         """Random-action frames this collector asks of the fleet (0: none, as in TorchRL)."""
         return max(int(self._rollout.init_random_frames or 0), 0)
@@ -689,29 +684,35 @@ class GrpcCollector(TorchRLAccessors):
     def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
         """Grow the fleet, also while collecting; returns the added actors this rank owns.
 
-        Async: new actors contribute at once. Sync: every session restarts with the new
-        split; batches collected with the old split are dropped (``stats()["discarded"]``).
-        With several ranks, actors another rank owns become members only. An actor with
-        the worker_id of a member whose link is down takes its place (its counters and
-        seqs), re-admitted as after a restart (docs/reliability.md). Raises ValueError as
-        at construction and ActorUnavailableError past ``connect_timeout``.
+        Async: new actors contribute at once. Sync: sessions restart with the new split
+        (batches of the old split: ``stats()["discarded"]``). Each is given the latest pushes
+        first. Other ranks' actors become members only; one with the worker_id of a member
+        whose link is down takes its place, as after a restart (docs/reliability.md).
+        Raises ValueError as at construction, ActorUnavailableError past ``connect_timeout``.
         """
         return self._add(addresses)
 
     def _add(self, addresses: Sequence[str], gone: Iterable[str] = ()) -> list[RemoteActor]:
-        """Admit ``addresses`` (also DNS's joiners; ``gone``: the addresses that left it)."""
+        """Admit ``addresses`` (also DNS's joiners; ``gone``: the addresses that left it).
+
+        Reached outside the lock (batches go on), joined and given the latest pushes in it.
+        """
+        self._check_open()
+        links = self._fleet.describe(check_addresses(addresses))  # up to connect_timeout
         with self._lock:
+            if self._state is _State.CLOSED:
+                self._fleet.discard(links)
             self._check_open()
-            links = self._fleet.describe(check_addresses(addresses))
-            placement = self._rollout.placement
-            model = self._rollout.model_id
-            fresh = self._fleet.join(links, self._batch, model, placement, gone=gone)
+            fleet_fits = self._batch, self._rollout.model_id, self._rollout.placement
+            fresh = self._fleet.join(links, *fleet_fits, gone=gone)
+            self._pusher.address_the_joined([x.worker_id for x in fresh])
             if self._state is _State.RUNNING and fresh:
-                settings = self._session_settings()
-                self._fleet.start_joined(fresh, settings, sync=bool(self._batch.sync))
+                sync = bool(self._batch.sync)
+                self._fleet.start_joined(fresh, self._session_settings(), sync=sync)
                 self._rounds.update_budget()
-            owned = [link for link in links if self._ranks.owns(link.worker_id)]
-            return [RemoteActor(link.address, link.worker_id) for link in owned]
+            return [
+                RemoteActor(x.address, x.worker_id) for x in links if self._ranks.owns(x.worker_id)
+            ]
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every owned actor in worker_id order, each with the seed the previous returned.

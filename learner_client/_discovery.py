@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import math
 import re
 import socket
 import threading
@@ -40,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from common.config import DEFAULT_PORT, check_actor_address
 from common.errors import ActorUnavailableError, ClosedError, SessionStateError
+from learner_client._settings import positive_timeout
 
 __all__ = [
     "DnsChange",
@@ -242,14 +242,8 @@ class DnsWatcher:
     ) -> None:
         self._host, self._port = (target, 0) if lookup else parse_dns_target(target)
         self._lookup = lookup
-        if (
-            isinstance(interval, bool)
-            or not isinstance(interval, int | float)
-            or not (math.isfinite(interval) and interval > 0)
-        ):
-            raise ValueError(f"interval must be a finite number of seconds > 0, got {interval!r}")
         self.target = target
-        self._interval = float(interval)
+        self._interval = positive_timeout("interval", interval)
         self._on_change = on_change
         self._resolver = resolver or getaddrinfo_resolver
         self._lock = threading.RLock()  # on_change may call forget() from inside refresh()
@@ -434,11 +428,23 @@ class DnsMembership:
         joined = [a for a in change.joined if a not in known]
         if not joined:
             return
+        gone = self._seen - listed
         try:
-            self._admit(joined, self._seen - listed)
+            self._admit(joined, gone)
             _log.info("admitted actors that joined DNS: %s", joined)
-        except Exception as exc:  # retried at the next resolution
-            _log.warning("could not admit actors %s yet: %s", joined, exc)
-            for watcher in self._watchers:
-                for address in joined:
-                    watcher.forget(address)
+        except Exception as exc:  # each on its own: one refused keeps no other out
+            if len(joined) == 1:
+                self._retry_later(joined[0], exc)
+                return
+            for address in joined:
+                try:
+                    self._admit([address], gone)
+                    _log.info("admitted an actor that joined DNS: %s", address)
+                except Exception as alone:
+                    self._retry_later(address, alone)
+
+    def _retry_later(self, address: str, exc: Exception) -> None:
+        """Offer ``address`` again at the next resolution (it was refused now)."""
+        _log.warning("could not admit actor %s yet: %s", address, exc)
+        for watcher in self._watchers:
+            watcher.forget(address)

@@ -444,7 +444,7 @@ class GrpcLLMCollector:
     @property
     def requested_frames_per_batch(self) -> int:
         """The turns per batch asked for (TorchRL's name)."""
-        return self._inner.requested_frames_per_batch
+        return self._inner.frames_per_batch
 
     @property
     def total_frames(self) -> int | float:

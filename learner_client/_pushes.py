@@ -403,6 +403,22 @@ class Pusher:
         if down and latest:
             self.book.addressed(down, latest[0])
 
+    def address_the_joined(self, worker_ids: Sequence[int]) -> None:
+        """Actors that joined should hold each model's latest push, as its targets do.
+
+        The push is sent when a joiner's first session opens (:meth:`admit`), before its
+        frames count: with its starting weights it would act with version 0.
+        """
+        for model_id, version in self.book.versions().items():
+            sent = (self.book.addressed_to(w, model_id) for w in self.fleet.worker_ids)
+            latest = [
+                enc
+                for enc in sent
+                if enc is not None and enc.version == version and enc.part is None
+            ]
+            if latest:
+                self.book.addressed(worker_ids, latest[0])
+
     async def admit(self, link: Link, desc: ActorDescription) -> None:
         """Re-send a returning actor what it should hold, before its data is used (loop thread).
 

@@ -471,6 +471,9 @@ class _Pushes(Protocol):  # learner_client._pushes.Pusher, whose module imports 
 
 
 class _Batches(Protocol):  # learner_client._settings.BatchSettings
+    @property
+    def frames_per_batch(self) -> int: ...
+
     def frames_per_actor(self, num_actors: int) -> int: ...
 
 
@@ -524,6 +527,11 @@ class TorchRLAccessors:
     def iterator(self: _Holds) -> Iterator[Any]:
         """TorchRL's name for iterating the collector."""
         return iter(self)
+
+    @property
+    def requested_frames_per_batch(self: _Holds) -> int:
+        """TorchRL's name of ``frames_per_batch`` (rlfleet never rounds it up)."""
+        return self._batch.frames_per_batch
 
     @property
     def num_workers(self: _Holds) -> int:

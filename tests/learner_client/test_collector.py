@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
-from helpers import poll_until, self_signed_cert
+from helpers import free_port, poll_until, self_signed_cert
 from learner_fleet import live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
@@ -483,6 +483,32 @@ def test_collector_add_collectors_grows_an_async_fleet(fleet):
         assert seen == {0, 2}
         with pytest.raises(ValueError, match="already in the fleet"):
             collector.add_collectors(addresses(fleet, 2))
+
+
+def test_batches_go_on_while_a_joiner_is_reached(fleet):
+    """Reaching a newcomer takes up to connect_timeout (a dns: name may list one that is
+    gone); the collector's batches do not wait for it."""
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, connect_timeout=4) as collector:
+        collector.next()
+        failure: list[BaseException] = []
+
+        def add_a_dead_one() -> None:
+            try:
+                collector.add_collectors([f"127.0.0.1:{free_port()}"])
+            except BaseException as exc:
+                failure.append(exc)
+
+        adding = threading.Thread(target=add_a_dead_one)
+        adding.start()
+        time.sleep(0.5)  # the joiner is being reached
+        started = time.monotonic()
+        for _ in range(5):
+            collector.next()
+        took = time.monotonic() - started
+        adding.join(timeout=30)
+        assert took < 2.0, f"5 batches took {took:.1f} s while a joiner was reached"
+        assert isinstance(failure[0], ActorUnavailableError)
+        assert collector.worker_ids == [0]
 
 
 def test_collector_add_collectors_resplits_a_sync_fleet(fleet):

@@ -84,6 +84,10 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"weight_push": "x"}, TypeError, "weight_push"),  # an AttributeError, a thread left
         ({"device": "meta"}, ValueError, "meta device"),  # batches of no data, silently
         ({"storing_device": "meta"}, ValueError, "meta device"),
+        ({"dns_refresh_interval": 0}, ValueError, "dns_refresh_interval"),  # plain addresses too
+        ({"dns_refresh_interval": float("nan")}, ValueError, "dns_refresh_interval"),
+        ({"dns_refresh_interval": 1e12}, ValueError, "dns_refresh_interval"),  # killed its thread
+        ({"dns_refresh_interval": "5"}, TypeError, "dns_refresh_interval"),
     ],
 )
 def test_collector_raises_if_a_value_is_out_of_range(override, error, message):

@@ -363,3 +363,32 @@ def test_a_sync_batch_after_a_checkpoint_restore_acts_with_the_restored_weights(
         collector.load_state_dict(saved)
         batch = collector.next()
         assert sorted(set(batch["policy_version"].flatten().tolist())) == [saved_at]
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_an_actor_that_joins_is_given_the_latest_push_before_its_frames_count(sync):
+    """A joiner (add_collectors, or a dns: name listing it) starts with its own weights:
+    the latest push is sent to it first, so no batch holds its version-0 frames."""
+    first, joiner = start_actors([["--worker-id", str(w), "--num-envs", "2"] for w in (5, 6)])
+    try:
+        with GrpcCollector(
+            [first.address], frames_per_batch=8, sync=sync, batch_timeout=30
+        ) as collector:
+            policy = cartpole_policy()
+            version = collector.update_policy_weights_(policy)[5]
+            collector.add_collectors([joiner.address])
+            frames_of = {5: 0, 6: 0}
+            while frames_of[6] < 16:
+                batch = collector.next()
+                for worker in (5, 6):
+                    mine = batch[batch["collector", "worker_id"] == worker]
+                    assert (mine["policy_version"] == version).all(), (worker, sync)
+                    frames_of[worker] += mine.numel()
+            assert collector.actor_state(6)["models"]["policy"]["version"] == version
+            with torch.no_grad():
+                joined = batch[batch["collector", "worker_id"] == 6]
+                expected = policy(joined["observation"][:1])[0]
+            torch.testing.assert_close(joined["logits"][:1], expected, rtol=1e-4, atol=1e-4)
+    finally:
+        first.close()
+        joiner.close()

@@ -303,9 +303,20 @@ def test_dns_watcher_raises_if_used_after_close() -> None:
         watcher.start()
 
 
-@pytest.mark.parametrize("interval", [0, -1, float("nan"), float("inf"), "5", True])
-def test_dns_watcher_raises_if_interval_invalid(interval: object) -> None:
-    with pytest.raises(ValueError, match="interval"):
+@pytest.mark.parametrize(
+    ("interval", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (1e12, ValueError),  # the watcher's wait overflowed: its thread died
+        ("5", TypeError),
+        (True, TypeError),
+    ],
+)
+def test_dns_watcher_raises_if_interval_invalid(interval: object, error: type) -> None:
+    with pytest.raises(error, match="interval"):
         DnsWatcher("dns:///actors:9", interval=interval)  # type: ignore[arg-type]
 
 
@@ -425,5 +436,29 @@ def test_dns_membership_forgets_addresses_that_left_once_no_member_holds_them(mo
             poll_until(lambda new=new: any(f"10.0.0.{new}:7" in c[0] for c in calls), timeout=10)
             # only the member that left, never every address listed once over the run
             assert calls[-1] == ([f"10.0.0.{new}:7"], [f"10.0.0.{old}:7"])
+    finally:
+        membership.close()
+
+
+def test_dns_membership_admits_each_joiner_on_its_own_when_one_is_refused(monkeypatch) -> None:
+    answer = ["10.0.0.1"]
+    monkeypatch.setattr(_discovery, "getaddrinfo_resolver", lambda host, port: list(answer))
+    members: set[str] = {"10.0.0.1:7"}
+    offered: list[list[str]] = []
+
+    def admit(joined: list[str], gone: set[str]) -> None:
+        offered.append(sorted(joined))
+        if "10.0.0.3:7" in joined:  # unreachable, a duplicate worker_id...: refused
+            raise ValueError("refused")
+        members.update(joined)
+
+    membership = DnsMembership("dns:///actors:7", admit, lambda: set(members), interval=0.05)
+    membership.start()
+    try:
+        answer[:] = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+        poll_until(lambda: offered.count(["10.0.0.3:7"]) >= 2, timeout=10)
+        assert members == {"10.0.0.1:7", "10.0.0.2:7", "10.0.0.4:7"}
+        assert offered[0] == ["10.0.0.2:7", "10.0.0.3:7", "10.0.0.4:7"]
+        assert offered.count(["10.0.0.2:7"]) == offered.count(["10.0.0.4:7"]) == 1
     finally:
         membership.close()
