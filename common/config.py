@@ -32,6 +32,7 @@ __all__ = [
     "MAX_NUM_ENVS",
     "MAX_POLICY_VERSION",
     "MAX_SEED",
+    "MAX_TIMEOUT_S",
     "MAX_WIRE_LEARNER_ID",
     "MAX_WORKER_ID",
     "RELAY_PUSH_ID_BYTES",
@@ -52,6 +53,7 @@ __all__ = [
     "client_channel_options",
     "is_loopback",
     "is_relay_address",
+    "positive_timeout",
     "server_channel_options",
 ]
 
@@ -455,3 +457,25 @@ def client_channel_options() -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.enable_retries", 0),
     ]
+
+
+#: The longest timeout taken (about 116 days): gRPC fails a call whose deadline lies past
+#: about 1e10 s at once, and Python's waits raise OverflowError further on.
+MAX_TIMEOUT_S = 1e7
+
+
+def positive_timeout(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a positive number of seconds, at most 1e7.
+
+    Raises:
+        TypeError: Not a number.
+        ValueError: Not in (0, :data:`MAX_TIMEOUT_S`] (NaN and infinities included).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not 0 < value <= MAX_TIMEOUT_S:  # False for NaN; no float conversion of a huge int
+        raise ValueError(
+            f"{name} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
+            f"got {value!r:.40}"
+        )
+    return float(value)

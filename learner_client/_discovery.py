@@ -37,9 +37,8 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from common.config import DEFAULT_PORT, check_actor_address
+from common.config import DEFAULT_PORT, check_actor_address, positive_timeout
 from common.errors import ActorUnavailableError, ClosedError, SessionStateError
-from learner_client._settings import positive_timeout
 
 __all__ = [
     "DnsChange",

@@ -35,6 +35,7 @@ from common.config import (
     check_learner_id,
     check_model_id,
     check_no_env_settings,
+    positive_timeout,
 )
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
@@ -376,28 +377,6 @@ def positive_int(name: str, value: object) -> int:
 
 # The longest token sent: an actor's metadata cap is 8 KiB (gRPC's default).
 _MAX_TOKEN = 4096
-
-#: The longest timeout taken (about 116 days): gRPC fails a call whose deadline lies past
-#: about 1e10 s at once, and Python's waits raise OverflowError further on.
-MAX_TIMEOUT_S = 1e7
-
-
-def positive_timeout(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a positive number of seconds, at most 1e7.
-
-    Raises:
-        TypeError: Not a number.
-        ValueError: Not in (0, :data:`MAX_TIMEOUT_S`] (NaN and infinities included).
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not 0 < value <= MAX_TIMEOUT_S:  # False for NaN; no float conversion of a huge int
-        raise ValueError(
-            f"{name} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
-            f"got {value!r:.40}"
-        )
-    return float(value)
-
 
 #: Seconds each phase of a collector's shutdown may take when none is given.
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
