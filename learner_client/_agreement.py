@@ -10,21 +10,26 @@ entry for the version into torch.distributed's own key-value store (the one
 The store, not a gloo collective: a gloo group whose collective timed out is unusable for
 good (every later push failed at once), and creating one is itself a collective that a late
 rank breaks. With the store, a rank that does not come within ``timeout`` makes the waiting
-ones raise :class:`~common.errors.DeadlineError` for that version only; when it comes, it
-finds their entries and pushes. A rank that skipped the version costs the others that one
-push: the next version every rank pushes meets as before. A push retried at the version that
-timed out meets the late rank there; a version pushed again after it met (its weights
-conflicted) is a new meeting, so old entries are never compared with new ones.
+ones raise :class:`~common.errors.DeadlineError` for that push only; when it comes, it finds
+their entries and pushes. A rank that skipped the version costs the others that one push:
+the next version every rank pushes meets as before.
+
+A meeting is *concluded* by the first rank that finds every entry: it records the outcome
+(agreed on a digest, or a conflict) under the meeting's key, so that every rank reads one
+outcome. A push of a version whose meetings so far concluded in a conflict opens the next
+meeting (a retry after the weights were fixed meets afresh: old entries are never compared
+with new ones); a push that finds a meeting agreed on its own digest pushes (it is a rank that
+timed out there and retries: the others took its entry and pushed). A retry after a timeout
+writes its entry again in the open meeting, which meets the late rank there.
 
 Each rank also keeps its last entry under a key of its own. A rank waiting for another that
 has already pushed a later version raises :class:`VersionConflictError` at once: versions
 only go up, so that rank never pushes this one. A rank that refuses the push itself (a stale
-version, a target it lacks) writes its entry marked refused, so the others raise at once
-instead of waiting out the timeout: those pushing that version, and those pushing another
-as many pushes in (ranks that push every version in step pushed it side by side).
+version, a target it lacks) writes its entry marked refused, so the ranks pushing that
+version raise at once instead of waiting out the timeout.
 
-Once every rank's entry of a version is there, each rank deletes its own entries written
-before (every rank is past them): the store holds a rank's last entries only.
+Once a meeting concluded, each rank deletes its own entries and records written before
+(every rank is past them): the store holds a rank's last few keys only.
 """
 
 from __future__ import annotations
@@ -53,18 +58,16 @@ class _Entry:
     """One rank's push of a version: what it would send, or that it refused."""
 
     version: int
-    meeting: int  # how many meetings of this version the rank completed before
     digest: int
     refused: bool
-    written: int  # how many entries the rank wrote before, and this one
 
     def encode(self) -> str:
-        return f"{self.version} {self.meeting} {self.digest} {int(self.refused)} {self.written}"
+        return f"{self.version} {self.digest} {int(self.refused)}"
 
     @classmethod
     def decode(cls, value: bytes) -> _Entry:
-        version, meeting, digest, refused, written = (int(part) for part in value.split())
-        return cls(version, meeting, digest, bool(refused), written)
+        version, digest, refused = (int(part) for part in value.split())
+        return cls(version, digest, bool(refused))
 
 
 @dataclasses.dataclass
@@ -73,16 +76,23 @@ class _Channel:
 
     store: Any
     prefix: str
-    written: int = 0
-    met: dict[int, int] = dataclasses.field(default_factory=dict)  # meetings done, by version
     keys: list[str] = dataclasses.field(default_factory=list)  # this rank's, not yet deleted
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def key(self, version: int, meeting: int, rank: int) -> str:
+    def key(self, version: int, meeting: int, rank: int | str) -> str:
+        """A rank's entry in a meeting, or (``rank="outcome"``) the meeting's outcome."""
         return f"{self.prefix}/{version}.{meeting}/{rank}"
 
     def last_key(self, rank: int) -> str:
         return f"{self.prefix}/last/{rank}"
+
+    def keep(self, key: str) -> None:
+        """Remember a key this rank wrote, to delete it once every rank is past it."""
+        if key not in self.keys:
+            self.keys.append(key)
+
+    def read(self, key: str) -> bytes | None:
+        return self.store.get(key) if self.store.check([key]) else None
 
 
 _CHANNELS: dict[int, _Channel] = {}  # by id(store); the channel keeps its store alive
@@ -139,23 +149,25 @@ class VersionAgreement:
         if not self.active:
             return
         channel, rank = _channel(self.ranks.rank), self.ranks.rank
+        mine = _Entry(version, digest, refused)
         with channel.lock:  # one push at a time
-            meeting = channel.met.get(version, 0)
-            channel.written += 1
-            mine = _Entry(version, meeting, digest, refused, channel.written)
+            meeting = _open_meeting(channel, mine)
+            if meeting is None:
+                return  # a meeting agreed on these weights, with this rank's entry: push
             keys = [channel.key(version, meeting, r) for r in range(self.ranks.world_size)]
-            channel.store.set(keys[rank], mine.encode())
-            channel.store.set(channel.last_key(rank), mine.encode())
-            if keys[rank] not in channel.keys:
-                channel.keys.append(keys[rank])
+            for key in (keys[rank], channel.last_key(rank)):
+                channel.store.set(key, mine.encode())
+            channel.keep(keys[rank])
             try:
                 entries = self._wait(channel, keys, mine)
             except (DeadlineError, VersionConflictError):
                 if refused:
                     return  # the caller's own refusal says more
                 raise
-            channel.met[version] = meeting + 1
-            self._delete_earlier(channel, keys[rank])
+            _conclude(channel, channel.key(version, meeting, "outcome"), entries)
+            self._delete_earlier(
+                channel, keep=(keys[rank], channel.key(version, meeting, "outcome"))
+            )
         if not refused:
             _compare(version, entries)
 
@@ -187,26 +199,46 @@ class VersionAgreement:
         """Each rank's last entry (None: it never wrote one)."""
         lasts: dict[int, _Entry | None] = {}
         for r in ranks:
-            key = channel.last_key(r)
-            lasts[r] = _Entry.decode(channel.store.get(key)) if channel.store.check([key]) else None
+            value = channel.read(channel.last_key(r))
+            lasts[r] = None if value is None else _Entry.decode(value)
         return lasts
 
     @staticmethod
-    def _delete_earlier(channel: _Channel, key: str) -> None:
-        """Every rank met at ``key``: none reads this rank's earlier entries again."""
+    def _delete_earlier(channel: _Channel, keep: tuple[str, ...]) -> None:
+        """Every rank met in the meeting of ``keep``: none reads this rank's earlier keys."""
         for earlier in channel.keys:
-            if earlier != key:
+            if earlier not in keep:
                 channel.store.delete_key(earlier)
-        channel.keys = [key]
+        channel.keys = list(keep)
 
 
 def _never_comes(mine: _Entry, last: _Entry) -> bool:
-    """Whether a rank whose last entry is ``last`` will never push ``mine``'s version.
+    """Whether a rank whose last entry is ``last`` never pushes ``mine``'s version.
 
-    It pushed a later one (versions only go up), or it refused a push of its own as many
-    pushes in as this one (ranks that push every version in step pushed side by side).
+    It pushed a later one, and versions only go up.
     """
-    return last.version > mine.version or (last.refused and last.written >= mine.written)
+    return last.version > mine.version
+
+
+def _open_meeting(channel: _Channel, mine: _Entry) -> int | None:
+    """The first meeting of ``mine``'s version not concluded in a conflict.
+
+    None when one agreed on ``mine``'s digest: this rank timed out in it, the others pushed.
+    """
+    meeting = 0
+    while (outcome := channel.read(channel.key(mine.version, meeting, "outcome"))) is not None:
+        if outcome == f"agreed {mine.digest}".encode() and not mine.refused:
+            return None
+        meeting += 1
+    return meeting
+
+
+def _conclude(channel: _Channel, key: str, entries: dict[int, _Entry]) -> None:
+    """Record a meeting's outcome (every rank that found its entries writes the same)."""
+    digests = {(e.version, e.digest) for e in entries.values()}
+    agreed = len(digests) == 1 and not any(e.refused for e in entries.values())
+    channel.store.set(key, f"agreed {next(iter(digests))[1]}" if agreed else "conflict")
+    channel.keep(key)
 
 
 def _raise_moved(my_rank: int, mine: _Entry, rank: int, last: _Entry) -> None:

@@ -337,10 +337,6 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
     except DeadlineError:
         out["steps"] = "DeadlineError"
     dist.barrier()  # rank 0 learnt it at once, rank 1 waited call_timeout for rank 0
-    try:  # a rank that refuses its own push (a stale version) tells the others at once
-        collector.update_policy_weights_(policy, version=version + 1 - rank)
-    except (ValueError, VersionConflictError) as exc:
-        out["refused"] = type(exc).__name__
     fresh = cartpole_policy(0)
     if rank == 1:  # late past call_timeout: rank 0 gives up; rank 1 then finds its entry
         time.sleep(4)
@@ -376,6 +372,15 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
     else:
         time.sleep(1)
     out["after"] = list(collector.update_policy_weights_(fresh, version=version + 9).values())
+    try:  # rank 1 times out; rank 0 comes later with other weights: a conflict, on rank 0
+        if rank == 0:
+            time.sleep(4)
+        collector.update_policy_weights_(cartpole_policy(rank), version=version + 10)
+    except (DeadlineError, VersionConflictError) as exc:
+        out["fixed"] = [type(exc).__name__]
+    dist.barrier()  # both load the same weights and retry: the version meets afresh on both
+    retried = collector.update_policy_weights_(fresh, version=version + 10)
+    out["fixed"].append(list(retried.values()))
 print(json.dumps(out), flush=True)
 collector.shutdown()
 dist.barrier()  # rank 0 serves the store: it stays until rank 1 is done with it
@@ -414,7 +419,6 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         {"0": version + 1, "1": version + 2},
         "DeadlineError",
     ]
-    assert [out["refused"] for out in outs] == ["VersionConflictError", "ValueError"]
     assert [out["late"] for out in outs] == ["DeadlineError", [version + 3] * 2]
     assert [out["met"] for out in outs] == [[version + 4] * 2] * 2
     assert [out["retried"] for out in outs] == [[1, [version + 5] * 2], [0, [version + 5] * 2]]
@@ -425,7 +429,11 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
     ]
     assert outs[0]["skipped"] == {"0": version + 8, "1": version + 9}
     assert [out["after"] for out in outs] == [[version + 9] * 2] * 2
+    assert [out["fixed"] for out in outs] == [
+        ["VersionConflictError", [version + 10] * 2],
+        ["DeadlineError", [version + 10] * 2],
+    ]
     # Nothing was pushed by the refused calls: every actor holds the version both met at.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
-        range(4), version + 9
+        range(4), version + 10
     )
