@@ -104,12 +104,19 @@ def check_padded(td: TensorDictBase) -> None:
     prompt, response = rows["prompt_len"], rows["response_len"]
     if bool((prompt < 0).any()) or bool((response < 0).any()):
         raise ProtocolError("LLM batch has negative prompt_len or response_len")
-    if bool((prompt + response > width).any()) or bool((response > span).any()):
+    # Each length is bounded before they are added: int64 sums of wire values wrap.
+    beyond = (prompt > width) | (response > span) | (response > width)
+    if bool(beyond.any()) or bool((prompt + response > width).any()):
         raise ProtocolError(
             f"LLM batch lengths exceed the padded widths (tokens {width}, log_probs {span})"
         )
-    if bool((rows["policy_version"] < 0).any()):
-        raise ProtocolError("LLM batch has a negative policy_version")
+    for key in ("policy_version", ("collector", "traj_ids"), ("collector", "group_id")):
+        if bool((rows[key] < 0).any()):
+            raise ProtocolError(f"LLM batch has a negative {key!r}")
+    if bool((rows["collector", "dialog_turns"] < 1).any()):
+        raise ProtocolError("LLM batch has a dialog_turns below 1 (the first turn is 1)")
+    if bool((td.get("tokens") < 0).any()):
+        raise ProtocolError("LLM batch has negative token ids")
     if not bool(torch.isfinite(td.get("log_probs")).all()):
         raise ProtocolError("LLM batch has non-finite log_probs")
     _check_strings(td, batch, rows[("history", "length")], rows[("history", "next_length")])

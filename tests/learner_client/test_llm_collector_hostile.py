@@ -114,8 +114,22 @@ class _Models:
         {"prompt_len": torch.tensor([-1, 4])},
         {("history", "length"): torch.tensor([2, 7])},
         {"log_probs": torch.zeros((2, 1))},
+        # int64 lengths whose sum wraps: the check passed, a TypeError escaped later
+        {"prompt_len": torch.tensor([2**63 - 1, 4]), "response_len": torch.tensor([1, 2])},
+        {("collector", "dialog_turns"): torch.tensor([-(2**63), 1])},  # step_count wrapped
+        {("collector", "traj_ids"): torch.tensor([-1, 0])},
+        {"tokens": torch.full((2, 6), -5)},
     ],
-    ids=["beyond_width", "negative", "history_count", "log_probs_width"],
+    ids=[
+        "beyond_width",
+        "negative",
+        "history_count",
+        "log_probs_width",
+        "lengths_wrap",
+        "dialog_turns",
+        "traj_ids",
+        "token_ids",
+    ],
 )
 def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken) -> None:
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
