@@ -235,10 +235,20 @@ def _open_meeting(channel: _Channel, mine: _Entry) -> int | None:
 
 def _conclude(channel: _Channel, key: str, entries: dict[int, _Entry]) -> None:
     """Record a meeting's outcome (every rank that found its entries writes the same)."""
-    digests = {(e.version, e.digest) for e in entries.values()}
-    agreed = len(digests) == 1 and not any(e.refused for e in entries.values())
-    channel.store.set(key, f"agreed {next(iter(digests))[1]}" if agreed else "conflict")
+    digest = _agreed_digest(entries)
+    channel.store.set(key, "conflict" if digest is None else f"agreed {digest}")
     channel.keep(key)
+
+
+def _agreed_digest(entries: dict[int, _Entry]) -> int | None:
+    """The digest every rank pushes under one version; None when any differs or refused.
+
+    The one agreement rule: :func:`_conclude` records it, :func:`_compare` raises by it.
+    """
+    pushed = {(e.version, e.digest) for e in entries.values()}
+    if len(pushed) != 1 or any(e.refused for e in entries.values()):
+        return None
+    return next(iter(pushed))[1]
 
 
 def _raise_moved(my_rank: int, mine: _Entry, rank: int, last: _Entry) -> None:
@@ -272,6 +282,8 @@ def _late_message(rank: int, version: int, lasts: dict[int, _Entry | None], time
 
 def _compare(version: int, entries: dict[int, _Entry]) -> None:
     """Raise unless every rank agreed to push ``version`` with the same digest."""
+    if _agreed_digest(entries) is not None:
+        return
     pushed = {r: (e.version, e.digest) for r, e in entries.items()}
     refused = [r for r, e in entries.items() if e.refused]
     if refused:
@@ -279,10 +291,9 @@ def _compare(version: int, entries: dict[int, _Entry]) -> None:
             f"rank(s) {refused} refused version {version} (their log says why); nothing was pushed",
             pushed=pushed,
         )
-    if len(set(pushed.values())) > 1:
-        detail = ", ".join(f"rank {r}: version {v} digest {d:08x}" for r, (v, d) in pushed.items())
-        raise VersionConflictError(
-            f"the learner ranks disagree on version {version}: {detail}; nothing was pushed "
-            "(every rank must push the same weights under one agreed version)",
-            pushed=pushed,
-        )
+    detail = ", ".join(f"rank {r}: version {v} digest {d:08x}" for r, (v, d) in pushed.items())
+    raise VersionConflictError(  # not refused, so the ranks pushed other weights
+        f"the learner ranks disagree on version {version}: {detail}; nothing was pushed "
+        "(every rank must push the same weights under one agreed version)",
+        pushed=pushed,
+    )

@@ -218,8 +218,8 @@ class Pusher:
         except (UnknownWorkerError, UnknownModelError, SessionStateError) as exc:
             targets, refusal = [], exc
         self._agree(request, refusal)
-        before, marks = self.book.given(request.sources), self._mark(request)
-        with self.book.taken_back_on_error(request.sources):  # every model encodes, or none
+        marks = self._mark(request)
+        with self.book.taken_back_on_error(request.sources) as before:  # all encode, or none
             if request.delta:
                 pairs = self._encode_deltas(request, targets)
             else:

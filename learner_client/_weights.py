@@ -550,8 +550,11 @@ class WeightBook:
             self._worker_sources[model_id] = own
 
     @contextlib.contextmanager
-    def taken_back_on_error(self, model_ids: Iterable[str]) -> Iterator[None]:
+    def taken_back_on_error(self, model_ids: Iterable[str]) -> Iterator[GivenWeights]:
         """Encode a call inside: if it raises, the call took nothing.
+
+        Yields the models' weights as :meth:`given` read them on entry, for a later
+        :meth:`restore`.
 
         Nothing was sent yet, so the versions it claimed go back and the models' last
         weights and forms are as before (a model another push claimed a version of meanwhile
@@ -562,7 +565,7 @@ class WeightBook:
         claims: list[tuple[str, int | None, int]] = []
         self._claims.made = claims
         try:
-            yield
+            yield given
         except BaseException:
             claimed_since = set()  # by another push: its weights stay the last given
             with self._lock:
