@@ -390,6 +390,7 @@ class DnsMembership:
         self._admit = admit
         self._known = known
         self._seen: set[str] = set()  # listed once, and still listed or a member's
+        self._refused: dict[str, str] = {}  # listed, not admitted: why, as last warned
         self._watchers = [
             DnsWatcher(target, interval=interval, on_change=self._on_change)
             for target in targets
@@ -424,6 +425,7 @@ class DnsMembership:
         # What left DNS matters only while a member holds it: the set stays bounded by the
         # listing and the fleet, however many addresses come and go over a long run.
         self._seen = {a for a in self._seen | set(change.joined) if a in listed or a in known}
+        self._refused = {a: why for a, why in self._refused.items() if a in listed}
         joined = [a for a in change.joined if a not in known]
         if not joined:
             return
@@ -431,6 +433,8 @@ class DnsMembership:
         try:
             self._admit(joined, gone)
             _log.info("admitted actors that joined DNS: %s", joined)
+            for address in joined:
+                self._refused.pop(address, None)
         except Exception as exc:  # each on its own: one refused keeps no other out
             if len(joined) == 1:
                 self._retry_later(joined[0], exc)
@@ -439,11 +443,22 @@ class DnsMembership:
                 try:
                     self._admit([address], gone)
                     _log.info("admitted an actor that joined DNS: %s", address)
+                    self._refused.pop(address, None)
                 except Exception as alone:
                     self._retry_later(address, alone)
 
     def _retry_later(self, address: str, exc: Exception) -> None:
-        """Offer ``address`` again at the next resolution (it was refused now)."""
-        _log.warning("could not admit actor %s yet: %s", address, exc)
+        """Offer ``address`` again at the next resolution (it was refused now).
+
+        The warning is logged once per reason: an actor refused for good (another env, a
+        ``frames_per_batch`` it does not divide) would repeat it at every resolution.
+        """
+        why = str(exc)
+        repeated = self._refused.get(address) == why
+        self._refused[address] = why
+        level = logging.DEBUG if repeated else logging.WARNING
+        _log.log(
+            level, "could not admit actor %s yet (retried at each resolution): %s", address, why
+        )
         for watcher in self._watchers:
             watcher.forget(address)

@@ -304,12 +304,26 @@ async def connect_failure(
     if refused:
         return refused[0]
     reasons = await asyncio.gather(*(channel.why_unreachable() for channel, _ in failed))
-    detail = "; ".join(
-        f"{channel.address} ({why or error})"
-        for (channel, error), why in zip(failed, reasons, strict=True)
-    )
-    what = f"actor(s) unreachable within connect_timeout={timeout} s"
-    return ActorUnavailableError(f"{what}: {detail}")
+    by_reason: dict[str, list[str]] = {}
+    for (channel, error), why in zip(failed, reasons, strict=True):
+        reason = (why or str(error)).replace(channel.address, "<address>")
+        by_reason.setdefault(reason, []).append(channel.address)
+    what = f"{len(failed)} actor(s) unreachable within connect_timeout={timeout} s"
+    return ActorUnavailableError(f"{what}: {_grouped(by_reason)}")
+
+
+def _grouped(by_reason: dict[str, list[str]], most: int = 8) -> str:
+    """Addresses grouped by one reason, ``most`` named per group and ``most`` groups.
+
+    Hundreds of dead addresses give a message a user reads, not one of 50 kB.
+    """
+    parts = []
+    for reason, addresses in list(by_reason.items())[:most]:
+        named = ", ".join(addresses[:most])
+        more = f" and {len(addresses) - most} more" if len(addresses) > most else ""
+        parts.append(f"{named}{more} ({reason:.400})")
+    hidden = len(by_reason) - most
+    return "; ".join(parts) + (f"; and {hidden} other reason(s)" if hidden > 0 else "")
 
 
 #: Addresses already warned about a token sent in the clear (once each per process).

@@ -377,6 +377,23 @@ def test_collector_raises_if_an_actor_is_unreachable():
     assert "Connection refused" in str(error.value)  # the reason, not only the deadline
 
 
+def test_collector_names_hundreds_of_unreachable_actors_in_a_short_message():
+    socks = [socket.socket() for _ in range(300)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    dead = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in socks]
+    for sock in socks:
+        sock.close()
+    with pytest.raises(ActorUnavailableError) as error:
+        GrpcCollector(dead, frames_per_batch=300, connect_timeout=1.0)
+    message = str(error.value)
+    assert len(message) < 2000, len(message)
+    assert message.startswith("300 actor(s) unreachable")
+    assert "and 292 more" in message
+    assert "Connection refused" in message
+    assert dead[0] in message
+
+
 def test_collector_says_a_grpc_server_that_is_no_actor_is_not_one():
     """A health-only gRPC server answers Describe UNIMPLEMENTED: named, not an INTERNAL."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -438,6 +439,35 @@ def test_dns_membership_forgets_addresses_that_left_once_no_member_holds_them(mo
             assert calls[-1] == ([f"10.0.0.{new}:7"], [f"10.0.0.{old}:7"])
     finally:
         membership.close()
+
+
+def test_dns_membership_warns_once_per_reason_for_an_actor_it_cannot_admit(
+    monkeypatch, caplog
+) -> None:
+    answer = ["10.0.0.1"]
+    monkeypatch.setattr(_discovery, "getaddrinfo_resolver", lambda host, port: list(answer))
+    reason = ["another env"]
+    offered: list[str] = []
+
+    def admit(joined: list[str], gone: set[str]) -> None:
+        offered.extend(joined)
+        raise ValueError(reason[0])
+
+    caplog.set_level(logging.DEBUG, logger=_discovery.__name__)
+    membership = DnsMembership("dns:///actors:7", admit, lambda: {"10.0.0.1:7"}, interval=0.02)
+    membership.start()
+    try:
+        answer[:] = ["10.0.0.1", "10.0.0.3"]
+        poll_until(lambda: offered.count("10.0.0.3:7") >= 4, timeout=10)
+        reason[0] = "frames_per_batch"
+        count = offered.count("10.0.0.3:7")
+        poll_until(lambda: offered.count("10.0.0.3:7") >= count + 3, timeout=10)
+    finally:
+        membership.close()
+    refusals = [r for r in caplog.records if "could not admit actor 10.0.0.3:7" in r.message]
+    warned = [r.message.rsplit(": ", 1)[1] for r in refusals if r.levelno == logging.WARNING]
+    assert warned == ["another env", "frames_per_batch"]  # once per reason, not per resolution
+    assert len(refusals) >= 7
 
 
 def test_dns_membership_admits_each_joiner_on_its_own_when_one_is_refused(monkeypatch) -> None:
