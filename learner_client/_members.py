@@ -195,7 +195,28 @@ class Ranks:
             )
         if isinstance(rank, str):
             raise TypeError(f'rank must be an int or "env", got {rank!r:.80}')
-        return cls(rank, world_size)
+        ranks = cls(rank, world_size)
+        ranks.warn_unlike_environment()
+        return ranks
+
+    def warn_unlike_environment(self) -> None:
+        """Warn when torchrun (or torch.distributed) has this process at another rank.
+
+        Ranks given by hand in a world of the same size should be the process's own: two
+        processes given ``rank=0`` would collect from the same actors and push alone.
+        """
+        try:
+            rank, world = _from_environment()
+        except ValueError:
+            return  # not under torchrun: ranks by hand are the only ones
+        if world == self.world_size and rank != self.rank:
+            warnings.warn(
+                f"rank={self.rank} was given, but this process is rank {rank} of {world} "
+                'under torch.distributed: pass rank="env" (or its own rank), else two '
+                "processes act as one rank",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def unsharded_hint(self) -> str:
         """A hint for an actor busy with another learner, when the others may be ranks.

@@ -90,6 +90,21 @@ def test_ranks_read_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> Non
         Ranks.given("env", None)
 
 
+def test_ranks_given_by_hand_unlike_torchruns_are_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.warns(UserWarning, match=r'rank=0 was given.*rank 1 of 2.*rank="env"'):
+        assert Ranks.given(0, 2) == Ranks(0, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Ranks.given(1, 2) == Ranks(1, 2)  # its own rank
+        assert Ranks.given(0, 4) == Ranks(0, 4)  # ranks of another group than torchrun's
+        monkeypatch.delenv("RANK")
+        assert Ranks.given(0, 2) == Ranks(0, 2)  # not under torchrun
+
+
 @pytest.mark.long
 def test_collector_raises_if_its_rank_owns_no_actor(four: list[ActorProcess]) -> None:
     with pytest.raises(ValueError, match=r"rank 3 of 4 owns no actor.*\[0, 1\]"):
@@ -213,11 +228,11 @@ def test_a_collector_without_rank_under_torchrun_says_to_pass_rank_env(
     four: list[ActorProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every rank's collector claims every actor when none is given ``rank``: say so."""
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
     addresses = [a.address for a in four[:2]]
     with _rank(four[:2], 0, learner_id="job") as owner:  # another rank's collector
         owner.next()
+        monkeypatch.setenv("RANK", "1")  # this process: rank 1 under torchrun
+        monkeypatch.setenv("WORLD_SIZE", "2")
         late = GrpcCollector(addresses, frames_per_batch=8, sync=True, batch_timeout=2)
         with late, pytest.raises(MissingWorkersError, match=r'ActorBusyError.*pass rank="env"'):
             late.next()
