@@ -22,11 +22,16 @@ with new ones); a push that finds a meeting agreed on its own digest pushes (it 
 timed out there and retries: the others took its entry and pushed). A retry after a timeout
 writes its entry again in the open meeting, which meets the late rank there.
 
-Each rank also keeps its last entry under a key of its own. A rank waiting for another that
-has already pushed a later version raises :class:`VersionConflictError` at once: versions
-only go up, so that rank never pushes this one. A rank that refuses the push itself (a stale
-version, a target it lacks) writes its entry marked refused, so the ranks pushing that
-version raise at once instead of waiting out the timeout.
+The models a push sends are part of every key: each model has versions of its own, so
+pushes of other models meet apart (a push of the policy at version 20 and one of the critic
+at version 3 are not compared).
+
+Each rank also keeps its last entry (per set of models) under a key of its own. A rank
+waiting for another that has already pushed a later version of those models raises
+:class:`VersionConflictError` at once: versions only go up, so that rank never pushes this
+one. A rank that refuses the push itself (a stale version, a target it lacks) writes its
+entry marked refused, so the ranks pushing that version raise at once instead of waiting
+out the timeout.
 
 Once a meeting concluded, each rank deletes its own entries and records written before
 (every rank is past them): the store holds a rank's last few keys only.
@@ -35,6 +40,7 @@ Once a meeting concluded, each rank deletes its own entries and records written 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from typing import Any
@@ -75,8 +81,9 @@ class _Channel:
     """This process's entries on one store, shared by every collector of the process."""
 
     store: Any
-    prefix: str
+    prefix: str  # the channel's, then the models' (:meth:`for_models`)
     keys: list[str] = dataclasses.field(default_factory=list)  # this rank's, not yet deleted
+    models: str = ""  # the models pushed, as messages name them (:meth:`for_models`)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def key(self, version: int, meeting: int, rank: int | str) -> str:
@@ -85,6 +92,13 @@ class _Channel:
 
     def last_key(self, rank: int) -> str:
         return f"{self.prefix}/last/{rank}"
+
+    def for_models(self, model_ids: tuple[str, ...]) -> _Channel:
+        """This channel's view for pushes of ``model_ids``: their own keys, the same lock."""
+        models = json.dumps(sorted(model_ids), separators=(",", ":"))
+        return dataclasses.replace(
+            self, prefix=f"{self.prefix}/{models}", keys=self.keys, models=f" of {models}"
+        )
 
     def keep(self, key: str) -> None:
         """Remember a key this rank wrote, to delete it once every rank is past it."""
@@ -135,8 +149,15 @@ class VersionAgreement:
             and (dist.get_rank(), dist.get_world_size()) == (self.ranks.rank, self.ranks.world_size)
         )
 
-    def check(self, version: int, digest: int, *, refused: bool = False) -> None:
-        """Write this rank's entry for ``version`` and compare it with every other rank's.
+    def check(
+        self,
+        version: int,
+        digest: int,
+        *,
+        refused: bool = False,
+        model_ids: tuple[str, ...] = ("policy",),
+    ) -> None:
+        """Write this rank's entry for ``version`` of ``model_ids``; compare it with the others'.
 
         A rank that refuses the push itself (``refused``) still takes part, so the others
         learn it at once; it returns without raising (its caller raises its own error).
@@ -148,7 +169,7 @@ class VersionAgreement:
         """
         if not self.active:
             return
-        channel, rank = _channel(self.ranks.rank), self.ranks.rank
+        channel, rank = _channel(self.ranks.rank).for_models(model_ids), self.ranks.rank
         mine = _Entry(version, digest, refused)
         with channel.lock:  # one push at a time
             meeting = _open_meeting(channel, mine)
@@ -189,7 +210,8 @@ class VersionAgreement:
                     _raise_moved(self.ranks.rank, mine, r, last)
             if time.monotonic() >= deadline:
                 rank = self.ranks.rank
-                raise DeadlineError(_late_message(rank, mine.version, lasts, self.timeout))
+                version = f"{mine.version}{channel.models}"
+                raise DeadlineError(_late_message(rank, version, lasts, self.timeout))
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
         return {r: _Entry.decode(store.get(key)) for r, key in enumerate(keys)}
@@ -209,7 +231,7 @@ class VersionAgreement:
         for earlier in channel.keys:
             if earlier not in keep:
                 channel.store.delete_key(earlier)
-        channel.keys = list(keep)
+        channel.keys[:] = keep  # in place: shared by every models' view of the channel
 
 
 def _never_comes(mine: _Entry, last: _Entry) -> bool:
@@ -267,7 +289,7 @@ def _raise_moved(my_rank: int, mine: _Entry, rank: int, last: _Entry) -> None:
     )
 
 
-def _late_message(rank: int, version: int, lasts: dict[int, _Entry | None], timeout: float) -> str:
+def _late_message(rank: int, version: str, lasts: dict[int, _Entry | None], timeout: float) -> str:
     last = ", ".join(
         f"rank {r}: {'no push yet' if e is None else f'last version {e.version}'}"
         for r, e in lasts.items()

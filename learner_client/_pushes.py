@@ -261,7 +261,9 @@ class Pusher:
             refusal = ValueError(stale) if stale is not None else None
         if version is not None and request.part is None and self.agreement.active:
             digest = 0 if refusal else _request_digest(self.book, request)
-            self.agreement.check(version, digest, refused=refusal is not None)
+            self.agreement.check(
+                version, digest, refused=refusal is not None, model_ids=tuple(request.sources)
+            )
         if refusal is not None:
             raise refusal
 

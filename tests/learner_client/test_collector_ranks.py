@@ -35,7 +35,10 @@ from learner_client import (
 )
 from learner_client._members import Ranks
 
-ARGS = [["--worker-id", str(w), "--num-envs", "2", "--seed", str(w)] for w in range(4)]
+ARGS = [
+    ["--worker-id", str(w), "--num-envs", "2", "--seed", str(w), "--model", "critic=mlp"]
+    for w in range(4)
+]
 
 
 @pytest.fixture(scope="module")
@@ -396,6 +399,10 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
     dist.barrier()  # both load the same weights and retry: the version meets afresh on both
     retried = collector.update_policy_weights_(fresh, version=version + 10)
     out["fixed"].append(list(retried.values()))
+    if rank == 1:  # another model meets apart, though its versions are below the policy's
+        time.sleep(0.5)
+    critic = collector.update_policy_weights_(cartpole_policy(0), model_id="critic", version=3)
+    out["critic"] = list(critic.values())
 print(json.dumps(out), flush=True)
 collector.shutdown()
 dist.barrier()  # rank 0 serves the store: it stays until rank 1 is done with it
@@ -448,6 +455,7 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         ["VersionConflictError", [version + 10] * 2],
         ["DeadlineError", [version + 10] * 2],
     ]
+    assert [out["critic"] for out in outs] == [[3, 3]] * 2
     # Nothing was pushed by the refused calls: every actor holds the version both met at.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
         range(4), version + 10
