@@ -9,6 +9,7 @@ uses it (a hostile or broken peer gets a ``ProtocolError`` naming the field).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from common.config import (
     MAX_CREDITS,
@@ -76,6 +77,8 @@ class ActorDescription:
         kind: ``"env"``, ``"torchrl"`` or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
         env: The env id it collects from (an LLM actor's task).
+        spaces: A digest of its observation and action spaces; "" when it reports none
+            (TorchRL and LLM actors).
         busy: Whether a learner session is active.
         draining: Whether it is shutting down (it accepts no new session).
         learner_id: The learner holding the active session; empty when none.
@@ -99,6 +102,7 @@ class ActorDescription:
     kind: str = "env"
     max_new_tokens_cap: int = 0
     env: str = ""
+    spaces: str = ""
     busy: bool = False
     draining: bool = False
     learner_id: str = ""
@@ -132,6 +136,7 @@ class ActorDescription:
             kind=reply.kind or "env",
             max_new_tokens_cap=int(reply.max_new_tokens_cap),
             env=reply.env_id,
+            spaces=_spaces_digest(reply),
             busy=bool(reply.busy),
             draining=bool(reply.draining),
             learner_id=reply.learner_id,
@@ -146,6 +151,17 @@ class ActorDescription:
                 PushInFlight.from_proto(p) for p in reply.pushes_in_flight[:_LISTED_PUSHES]
             ),
         )
+
+
+def _spaces_digest(reply: pb.DescribeResponse) -> str:
+    """A digest of the observation and action spaces an actor reports ("" for none)."""
+    if not reply.HasField("observation_spec") and not reply.HasField("action_spec"):
+        return ""
+    spaces = hashlib.blake2b(digest_size=8)
+    for spec in (reply.observation_spec, reply.action_spec):
+        spaces.update(spec.SerializeToString(deterministic=True))
+        spaces.update(b"|")
+    return spaces.hexdigest()
 
 
 def _check_description(address: str, reply: pb.DescribeResponse) -> None:

@@ -310,6 +310,8 @@ class Fleet:
                 link.description.kind,
                 link.description.max_new_tokens_cap,
                 link.description.device,
+                link.description.env,
+                link.description.spaces,
             )
             for link in [*kept, *extra]
         ]

@@ -61,6 +61,8 @@ class FleetMember:
         kind: ``"env"``, ``"torchrl"`` (an env actor on a TorchRL env) or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
         device: Where its policy runs.
+        env: The env id it collects from (an LLM actor's task).
+        spaces: A digest of its observation and action spaces ("" when it reports none).
     """
 
     address: str
@@ -70,6 +72,29 @@ class FleetMember:
     kind: str = "env"
     max_new_tokens_cap: int = 0
     device: str = "cpu"
+    env: str = ""
+    spaces: str = ""
+
+
+def check_one_env(members: Sequence[FleetMember], why: str) -> None:
+    """Refuse actors of other envs (another env id or other spaces) where ``why`` needs one.
+
+    Raises:
+        ValueError: Naming each actor unlike the first and what it serves.
+    """
+    first = members[0]
+    other = [m for m in members if (m.env, m.spaces) != (first.env, first.spaces)]
+    if other:
+        detail = ", ".join(
+            f"{m.address} (worker_id {m.worker_id}) serves {m.env!r}"
+            + (" with other spaces" if m.env == first.env else "")
+            for m in other[:8]
+        )
+        raise ValueError(
+            f"{why} needs every actor on one env, like {first.address} (worker_id "
+            f"{first.worker_id}, {first.env!r}), but {detail}: start them with one env, or "
+            "collect with cat_results='stack' and split_trajs=False (a lazy stack)"
+        )
 
 
 def check_unique(members: Sequence[FleetMember]) -> None:

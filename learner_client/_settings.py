@@ -40,7 +40,7 @@ from common.config import (
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from common.weights import CHECKSUMS
-from learner_client._members import FleetMember, check_kinds, check_unique
+from learner_client._members import FleetMember, check_kinds, check_one_env, check_unique
 from learner_client._torchrl_compat import ActorPlacement
 
 __all__ = [
@@ -437,7 +437,8 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
     Raises:
         ValueError: No actors; two actors with one worker_id; (sync) ``frames_per_batch``
             not divisible by the number of actors or a share not a multiple of an actor's
-            ``num_envs``; (async) ``frames_per_batch`` not a multiple of an actor's ``num_envs``.
+            ``num_envs``; (async) ``frames_per_batch`` not a multiple of an actor's ``num_envs``;
+            (sync, ``cat_results=0`` or ``split_trajs``) actors of other envs.
         UnknownModelError: An actor lacks the acting model ``model_id``.
     """
     if not members:
@@ -472,6 +473,8 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
         )
         what = f"the per-actor share {share} of {name}={fpb}" if settings.sync else f"{name}={fpb}"
         raise ValueError(f"{what} is not a multiple of the env pool size of {detail}")
+    if settings.sync and (settings.cat_results == 0 or settings.split_trajs):
+        check_one_env(members, "cat_results=0" if settings.cat_results == 0 else "split_trajs")
     steps = {share // m.num_envs for m in members}
     if settings.sync and settings.cat_results == 0 and len(steps) > 1 and not settings.split_trajs:
         raise ValueError(

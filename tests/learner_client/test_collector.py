@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
-from helpers import free_port, poll_until, self_signed_cert
+from helpers import free_port, poll_until, self_signed_cert, start_actor
 from learner_fleet import live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
@@ -535,6 +535,31 @@ def test_collector_add_collectors_resplits_a_sync_fleet(fleet):
         batch = collector.next()
         assert batch.batch_size == torch.Size([2, 2, 2])
         assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("layout", [{"cat_results": 0}, {"split_trajs": True}])
+def test_an_actor_of_another_env_is_refused_where_the_layout_needs_one_env(fleet, layout):
+    """cat_results=0 and split_trajs lay out one env's entries: another env's actor is
+    refused when it joins (or at the start), and the fleet goes on; a lazy stack takes it."""
+    acrobot = start_actor(["--worker-id", "3", "--num-envs", "2", "--env", "Acrobot-v1"])
+    try:
+        with GrpcCollector(
+            addresses(fleet, 0, 2), frames_per_batch=12, sync=True, **layout
+        ) as collector:
+            collector.next()
+            with pytest.raises(ValueError, match=r"one env.*worker_id 3\) serves 'Acrobot-v1'"):
+                collector.add_collectors([acrobot.address])
+            assert collector.worker_ids == [0, 2]
+            assert collector.next()["collector", "worker_id"].unique().tolist() == [0, 2]
+        with pytest.raises(ValueError, match="Acrobot-v1"):
+            GrpcCollector(
+                [fleet[0].address, acrobot.address], frames_per_batch=12, sync=True, **layout
+            )
+        with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=12, sync=True) as stacking:
+            stacking.add_collectors([acrobot.address])  # a lazy stack takes other envs
+            assert stacking.worker_ids == [0, 2, 3]
+    finally:
+        acrobot.close()
 
 
 def test_collector_shutdown_is_idempotent_and_leaves_no_threads(fleet):
