@@ -286,11 +286,12 @@ def _one_model(
         )
     if isinstance(source, Mapping) and _is_per_worker(source):
         if targets is not None:
-            raise ValueError(
-                "pass per-worker weights either as {worker_id: weights} or with worker_ids=, "
-                "not both"
-            )
-        per_worker = {wid: _check_source(f"{given}[{wid}]", src) for wid, src in source.items()}
+            raise ValueError("per-worker weights: {worker_id: weights} or worker_ids=, not both")
+        per_worker: dict[int, WeightSource] = {}
+        for key, src in source.items():  # numpy and tensor ints are worker_ids too
+            if (wid := int(as_int(key) or 0)) in per_worker:
+                raise ValueError(f"per-worker weights name worker_id {wid} twice")
+            per_worker[wid] = _check_source(f"{given}[{wid}]", src)
         return WeightRequest({mid: None}, tuple(per_worker), False, per_worker, options)
     checked = None if given is None else _check_source(given, source)
     return WeightRequest({mid: checked}, targets, nested=False, options=options)
@@ -321,7 +322,7 @@ def _is_per_worker(source: object) -> bool:
         return False
     if not source:
         raise ValueError("the weights mapping is empty: pass a state dict or {worker_id: weights}")
-    worker_keys = [k for k in source if isinstance(k, int) and not isinstance(k, bool)]
+    worker_keys = [k for k in source if as_int(k) is not None]  # numpy's, a tensor's too
     if not worker_keys:
         return False
     if len(worker_keys) != len(source):
@@ -558,8 +559,7 @@ class WeightBook:
 
         Nothing was sent yet, so the versions it claimed go back and the models' last
         weights and forms are as before (a model another push claimed a version of meanwhile
-        keeps that push's): a call that raised neither spends a version nor leaves its weights
-        to be re-sent.
+        keeps that push's): a call that raised neither spends a version nor leaves its weights.
         """
         given = self.given(model_ids)
         claims: list[tuple[str, int | None, int]] = []

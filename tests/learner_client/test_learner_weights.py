@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -214,6 +215,10 @@ def test_normalize_update_args_accepts_torchrl_per_worker_mapping():
     assert normalize_update_args(weights={2: w1}, model_id="critic").sources == {"critic": None}
     # A state dict keyed by parameter names is not a per-worker mapping.
     assert normalize_update_args({"w": torch.zeros(1)}).per_worker is None
+    # Worker ids as TorchRL takes them: numpy's and one-element tensors, as Python ints.
+    request = normalize_update_args({np.int64(0): w0, torch.tensor(1): w1})
+    assert request.per_worker == {0: w0, 1: w1}
+    assert [type(w) for w in request.worker_ids] == [int, int]
 
 
 def test_normalize_update_args_raises_if_per_worker_mapping_is_malformed():
@@ -228,6 +233,8 @@ def test_normalize_update_args_raises_if_per_worker_mapping_is_malformed():
         normalize_update_args({1: "weights"})
     with pytest.raises(ValueError, match="weights_dict"):
         normalize_update_args({0: w}, weights_dict={"policy": w})
+    with pytest.raises(ValueError, match="worker_id 0 twice"):
+        normalize_update_args({0: w, torch.tensor(0): w})
 
 
 def test_normalize_update_args_takes_a_version_and_a_part():
