@@ -6,12 +6,13 @@ actor's ``opened`` gave, the credits granted since, the session's settings) and 
 each batch against them: its epoch is the session's; its seq lies between 1 and the last
 seq the credits granted so far allow (a batch is started only on a credit, so a larger
 seq was never collected); its ``model_id`` is the session's; its policy versions form a
-range within ``[0, MAX_POLICY_VERSION]``; its frames are no more than its rows (an LLM
-batch of last steps counts each dialog's turns, at most its turn limit); a batch of steps
-has the session's shape (``frames_per_batch`` frames, ``frames_per_batch // num_envs``
-steps last); and its rows are no more than its bytes (every batch holds at least one byte
-per row, its done flags or its tokens), so a small packet cannot make the learner allocate
-by a large declared batch size. A batch that fails raises
+range within ``[0, MAX_POLICY_VERSION]``, and the versions its frames carry lie in that
+range (the learner's lag and staleness read the range, the user the frames); its frames
+are no more than its rows (an LLM batch of last steps counts each dialog's turns, at most
+its turn limit); a batch of steps has the session's shape (``frames_per_batch`` frames,
+``frames_per_batch // num_envs`` steps last); and its rows are no more than its bytes
+(every batch holds at least one byte per row, its done flags or its tokens), so a small
+packet cannot make the learner allocate by a large declared batch size. A batch that fails raises
 :class:`~common.errors.ProtocolError`; the link drops it with the stream and reconnects.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+import torch
 from tensordict import TensorDictBase
 
 from common.config import MAX_POLICY_VERSION, CollectSettings
@@ -30,6 +32,8 @@ __all__ = ["BatchBounds"]
 #: The turns an LLM dialog may count when the session does not set its own limit:
 #: ``LLMSettings.max_turns``'s own upper bound.
 _MAX_DIALOG_TURNS = 1 << 20
+#: Where a batch's frames carry the version of the weights that acted.
+_VERSION_KEYS = ("policy_version", ("next", "policy_version"))
 
 
 class BatchBounds:
@@ -58,6 +62,7 @@ class BatchBounds:
         if not settings.split_trajs and (llm is None or not llm.trajectories):
             self._steps = settings.frames_per_batch // max(num_envs, 1)
             self._rows = self._steps * num_envs
+        self._padded = settings.split_trajs  # a split batch's padding holds version 0
         self._credits = credits
         self._epoch = 0
         self._next_seq = 1
@@ -114,7 +119,23 @@ class BatchBounds:
         most = rows * self._frames_per_row
         if info.frames > most:
             self._refuse(info, f"{info.frames} frames for {rows} rows (at most {most})")
+        if not self._padded:
+            self._check_versions(info, batch)
         return info.frames or rows
+
+    def _check_versions(self, info: pb.BatchInfo, batch: TensorDictBase) -> None:
+        """The versions the batch's frames carry lie in the range its info claims."""
+        low, high = info.policy_version_min, info.policy_version_max
+        for key in _VERSION_KEYS:
+            versions = batch.get(key, None)
+            if not isinstance(versions, torch.Tensor) or not versions.numel():
+                continue  # the layout checks say what is missing
+            first, last = int(versions.min()), int(versions.max())
+            if first < low or last > high:
+                self._refuse(
+                    info,
+                    f"policy versions {low}..{high}, but its frames' {key!r} hold {first}..{last}",
+                )
 
     def _refuse(self, info: pb.BatchInfo, what: str) -> NoReturn:
         raise ProtocolError(f"{self._address}: batch seq {info.seq} claims {what}")

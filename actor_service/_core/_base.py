@@ -299,7 +299,8 @@ class CoreBase(abc.ABC):
                 state.get("models"), allow_rollback=allow_rollback
             )
             self.frames, self.batches = counters["frames"], counters["batches"]
-            self._traj.counter = counters["traj_counter"]
+            # Never back: ids this epoch already gave stay given (a checkpoint of this life).
+            self._traj.counter = max(self._traj.counter, counters["traj_counter"])
             self._restored()
             return changes
 

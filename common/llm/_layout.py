@@ -99,8 +99,9 @@ def check_padded(td: TensorDictBase) -> None:
         _tensor(td, key, torch.bool, (*batch, 1))
     _tensor(td, ("collector", "stopped"), torch.bool, batch)
     _tensor(td, ("next", "reward"), torch.float32, (*batch, 1))
+    token_versions = None
     if ("collector", "token_policy_version") in td.keys(include_nested=True):
-        _tensor(td, ("collector", "token_policy_version"), _INT, (*batch, span))
+        token_versions = _tensor(td, ("collector", "token_policy_version"), _INT, (*batch, span))
     prompt, response = rows["prompt_len"], rows["response_len"]
     if bool((prompt < 0).any()) or bool((response < 0).any()):
         raise ProtocolError("LLM batch has negative prompt_len or response_len")
@@ -113,6 +114,8 @@ def check_padded(td: TensorDictBase) -> None:
     for key in ("policy_version", ("collector", "traj_ids"), ("collector", "group_id")):
         if bool((rows[key] < 0).any()):
             raise ProtocolError(f"LLM batch has a negative {key!r}")
+    if token_versions is not None:
+        _check_token_versions(token_versions, rows["policy_version"], response)
     if bool((rows["collector", "dialog_turns"] < 1).any()):
         raise ProtocolError("LLM batch has a dialog_turns below 1 (the first turn is 1)")
     if bool((td.get("tokens") < 0).any()):
@@ -120,6 +123,19 @@ def check_padded(td: TensorDictBase) -> None:
     if not bool(torch.isfinite(td.get("log_probs")).all()):
         raise ProtocolError("LLM batch has non-finite log_probs")
     _check_strings(td, batch, rows[("history", "length")], rows[("history", "next_length")])
+
+
+def _check_token_versions(
+    versions: torch.Tensor, turn_version: torch.Tensor, response: torch.Tensor
+) -> None:
+    """Each response token's version is at least its turn's (the first token's); padding 0."""
+    inside = torch.arange(versions.shape[-1]) < response.unsqueeze(-1)
+    below = inside & (versions < turn_version.unsqueeze(-1))
+    if bool(below.any()) or bool((versions[~inside] != 0).any()):
+        raise ProtocolError(
+            "LLM batch has a token_policy_version below its turn's policy_version, or one "
+            "in the padding past response_len (0 there)"
+        )
 
 
 def _check_strings(

@@ -127,7 +127,26 @@ HOSTILE = {
     "token versions of another width": lambda td: _set(
         td, ("collector", "token_policy_version"), torch.zeros(3, 7, dtype=torch.long)
     ),
+    "token versions below the turn's": lambda td: _set(
+        _set(td, "policy_version", torch.tensor([0, 2, 0])),
+        ("collector", "token_policy_version"),
+        torch.zeros(3, 4, dtype=torch.long),
+    ),
+    "token versions in the padding": lambda td: _set(
+        td, ("collector", "token_policy_version"), torch.tensor([[5, 0, 0, 0]] * 3)
+    ),
+    "negative token versions": lambda td: _set(
+        td,
+        ("collector", "token_policy_version"),
+        torch.tensor([[0, 0, 0, 0], [-7, 0, 0, 0]] * 2)[:3],
+    ),
 }
+
+
+def test_check_padded_takes_token_versions_that_go_up_within_a_response() -> None:
+    td = _set(padded(), "policy_version", torch.tensor([0, 1, 1]))  # responses of 0, 1, 2
+    versions = torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [1, 2, 0, 0]])
+    check_padded(_wire(_set(td, ("collector", "token_policy_version"), versions)))
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))

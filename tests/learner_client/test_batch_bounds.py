@@ -105,3 +105,21 @@ def test_a_batch_of_steps_has_the_sessions_shape() -> None:
             checked.check_batch(info(1, frames=0), rows(*shape))
     split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
     assert split.check_batch(info(1, frames=7), rows(3, 4)) == 7  # trajectories, padded
+
+
+def test_the_versions_frames_carry_lie_in_the_range_the_info_claims() -> None:
+    def acted(versions: list[int], nxt: list[int] | None = None) -> TensorDict:
+        steps = {"policy_version": torch.tensor(versions).reshape(2, 4)}
+        if nxt is not None:
+            steps["next"] = {"policy_version": torch.tensor(nxt).reshape(2, 4)}
+        return TensorDict(steps, batch_size=[2, 4])
+
+    claimed = {"policy_version_min": 3, "policy_version_max": 4}
+    checked = bounds()
+    assert checked.check_batch(info(1, **claimed), acted([3] * 4 + [4] * 4)) == 8
+    with pytest.raises(ProtocolError, match=r"versions 3\.\.4, but .*'policy_version' hold 0\.\.4"):
+        checked.check_batch(info(1, **claimed), acted([0] + [4] * 7))  # the lag would read 0
+    with pytest.raises(ProtocolError, match=r"\('next', 'policy_version'\) hold 3\.\.9"):
+        checked.check_batch(info(1, **claimed), acted([3] * 8, [3] * 7 + [9]))
+    split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
+    assert split.check_batch(info(1, frames=7, **claimed), acted([3] * 7 + [0])) == 7  # padding

@@ -295,6 +295,23 @@ def test_rollout_worker_state_dict_round_trips_weights_versions_and_counters() -
         assert target.state_dict()["traj_counter"] > saved["traj_counter"]
 
 
+def test_a_checkpoint_of_the_same_life_never_gives_a_trajectory_id_twice() -> None:
+    """Loading an earlier checkpoint into the running actor keeps its counter: the ids it
+    gave since the checkpoint are not given again (to other trajectories)."""
+    with _worker() as worker:
+        _collect(worker)
+        saved = worker.state_dict()
+        given = set(
+            _collect(worker, max_frames_per_traj=2)["collector", "traj_ids"].unique().tolist()
+        )
+        worker.load_state_dict(saved)
+        again = set(
+            _collect(worker, max_frames_per_traj=2)["collector", "traj_ids"].unique().tolist()
+        )
+    assert given
+    assert not given & again
+
+
 def test_rollout_worker_load_state_dict_raises_and_changes_nothing_if_state_is_bad() -> None:
     with _worker() as worker:
         state = worker.state_dict()
