@@ -7,7 +7,9 @@ each batch against them: its epoch is the session's; its seq lies between 1 and 
 seq the credits granted so far allow (a batch is started only on a credit, so a larger
 seq was never collected); its ``model_id`` is the session's; its policy versions form a
 range within ``[0, MAX_POLICY_VERSION]``, and the versions its frames carry lie in that
-range (the learner's lag and staleness read the range, the user the frames); its frames
+range (the learner's lag and staleness read the range, the user the frames), and its
+trajectory and group ids name the actor (no actor pours frames into another's
+trajectories or GRPO groups); its frames
 are no more than its rows (an LLM batch of last steps counts each dialog's turns, at most
 its turn limit); a batch of steps has the session's shape (``frames_per_batch`` frames,
 ``frames_per_batch // num_envs`` steps last); and its rows are no more than its bytes
@@ -26,6 +28,7 @@ from tensordict import TensorDictBase
 from common.config import MAX_POLICY_VERSION, CollectSettings
 from common.errors import ProtocolError
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.traj_ids import worker_of
 
 __all__ = ["BatchBounds"]
 
@@ -34,6 +37,8 @@ __all__ = ["BatchBounds"]
 _MAX_DIALOG_TURNS = 1 << 20
 #: Where a batch's frames carry the version of the weights that acted.
 _VERSION_KEYS = ("policy_version", ("next", "policy_version"))
+#: Ids an actor draws with its worker_id in their top bits (``common.traj_ids``).
+_ID_KEYS = (("collector", "traj_ids"), ("collector", "group_id"))
 
 
 class BatchBounds:
@@ -44,12 +49,19 @@ class BatchBounds:
         settings: The session's settings.
         credits: Credits granted in ``open``.
         num_envs: The actor's env pool (chat slots) as Describe reported it.
+        worker_id: The actor's worker_id as Describe reported it.
     """
 
     def __init__(
-        self, address: str, settings: CollectSettings, credits: int, num_envs: int
+        self,
+        address: str,
+        settings: CollectSettings,
+        credits: int,
+        num_envs: int,
+        worker_id: int,
     ) -> None:
         self._address = address
+        self._worker_id = worker_id
         self._model_id = settings.model_id
         self._frames_per_row = 1
         llm = settings.llm
@@ -121,7 +133,21 @@ class BatchBounds:
             self._refuse(info, f"{info.frames} frames for {rows} rows (at most {most})")
         if not self._padded:
             self._check_versions(info, batch)
+            self._check_ids(info, batch)
         return info.frames or rows
+
+    def _check_ids(self, info: pb.BatchInfo, batch: TensorDictBase) -> None:
+        """The trajectory and group ids of the batch name this actor."""
+        for key in _ID_KEYS:
+            ids = batch.get(key, None)
+            if not isinstance(ids, torch.Tensor) or not ids.numel():
+                continue
+            named = worker_of(ids)
+            if not bool((named == self._worker_id).all()):
+                other = int(named[named != self._worker_id][0])
+                self._refuse(
+                    info, f"{key!r} of worker_id {other}; it is worker_id {self._worker_id}"
+                )
 
     def _check_versions(self, info: pb.BatchInfo, batch: TensorDictBase) -> None:
         """The versions the batch's frames carry lie in the range its info claims."""

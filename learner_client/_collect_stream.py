@@ -177,6 +177,7 @@ class CollectStream:
             called for each batch read from a segment. None: batches come as bytes.
         num_envs: The actor's env pool (chat slots) as Describe reported it: the shape of
             its batches of steps.
+        worker_id: The actor's worker_id as Describe reported it: its batches' ids name it.
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class CollectStream:
         allocate: Callable[[int], Any] | None = None,
         shm_batches: Callable[[], None] | None = None,
         num_envs: int,
+        worker_id: int,
     ) -> None:
         self.address = channel.address
         self._allocate = allocate
@@ -202,7 +204,7 @@ class CollectStream:
         shm = shm_batches is not None
         opening = _open_request(settings, credits, resume, take_over, learner_id, shm)
         self._outbox.put_nowait(opening)
-        self._bounds = BatchBounds(self.address, settings, credits, num_envs)
+        self._bounds = BatchBounds(self.address, settings, credits, num_envs, worker_id)
         self._closing = False
         self._acks_in_credit = False  # the actor's SessionOpened says whether it reads them
         self._call = channel.start_collect(self._requests())

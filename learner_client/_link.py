@@ -468,6 +468,7 @@ class ActorLink(Generic[C]):
             allocate=self._allocate,
             shm_batches=self._shm_batches(),
             num_envs=self.description.num_envs,
+            worker_id=self.worker_id,
         )
         self._stream = stream
         self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost

@@ -17,7 +17,6 @@ import threading
 from typing import Any, ClassVar, Self
 
 import gymnasium
-import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -30,49 +29,9 @@ from actor_service._core._state import core_counters, core_state
 from common.config import CollectSettings, check_seed
 from common.errors import ClosedError, SessionStateError
 from common.packets.folding import FoldedBatch
+from common.traj_ids import TrajIds
 
-__all__ = ["CoreBase", "TrajIds", "check_abandoned", "describe_models"]
-
-_COUNTER_BITS = 32
-_TAG_BITS = 15
-_WORKER_BITS = 16
-
-
-class TrajIds:
-    """Trajectory ids unique across a fleet: ``worker_id`` and an epoch tag above a counter.
-
-    Layout of the non-negative ``int64`` id (bit 63 is always 0)::
-
-        bits 62..47  worker_id            (16 bits, 0..65535)
-        bits 46..32  epoch & 0x7FFF        (15 bits: the low bits of the actor's epoch)
-        bits 31..0   per-actor counter     (wraps after 2**32 trajectories)
-
-    Two actors never share a ``worker_id``; two starts of one actor draw different
-    epochs, so their tags differ with probability 1 - 2**-15.
-
-    Args:
-        worker_id: The actor's id in the fleet.
-        epoch: The actor's random epoch.
-        counter: The first counter value (restored from a state dict).
-
-    Raises:
-        ValueError: ``worker_id`` outside 0..65535.
-    """
-
-    def __init__(self, worker_id: int, epoch: int, counter: int = 0) -> None:
-        if not isinstance(worker_id, int) or not 0 <= worker_id < 1 << _WORKER_BITS:
-            raise ValueError(f"worker_id must be an int in 0..65535, got {worker_id!r}")
-        tag = epoch & ((1 << _TAG_BITS) - 1)
-        self.base = (worker_id << (_TAG_BITS + _COUNTER_BITS)) | (tag << _COUNTER_BITS)
-        self.counter = counter
-
-    def take(self, count: int) -> np.ndarray:
-        """``count`` new ids, in order."""
-        low = np.arange(self.counter, self.counter + count, dtype=np.int64) & (
-            (1 << _COUNTER_BITS) - 1
-        )
-        self.counter += count
-        return low | self.base
+__all__ = ["CoreBase", "check_abandoned", "describe_models"]
 
 
 def check_abandoned(abandon: threading.Event | None, done: int, steps: int) -> None:

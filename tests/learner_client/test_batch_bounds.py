@@ -10,6 +10,7 @@ from common.config import MAX_POLICY_VERSION, CollectSettings
 from common.errors import ProtocolError
 from common.llm import LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.traj_ids import TrajIds
 from learner_client._batch_bounds import BatchBounds
 
 SETTINGS = CollectSettings(frames_per_batch=8)
@@ -21,7 +22,7 @@ def info(seq: int, **fields: int | str) -> pb.BatchInfo:
 
 
 def bounds(settings: CollectSettings = SETTINGS, credits: int = 2, next_seq: int = 1):
-    checked = BatchBounds("actor:1", settings, credits, num_envs=2)
+    checked = BatchBounds("actor:1", settings, credits, num_envs=2, worker_id=5)
     checked.opened(3, next_seq)
     return checked
 
@@ -48,9 +49,9 @@ def test_a_resumed_session_resends_older_seqs_and_continues_from_next_seq() -> N
 
 def test_opened_must_start_at_one() -> None:
     with pytest.raises(ProtocolError, match="both start at 1"):
-        BatchBounds("actor:1", SETTINGS, 1, 2).opened(0, 1)
+        BatchBounds("actor:1", SETTINGS, 1, 2, 5).opened(0, 1)
     with pytest.raises(ProtocolError, match="both start at 1"):
-        BatchBounds("actor:1", SETTINGS, 1, 2).opened(3, 0)
+        BatchBounds("actor:1", SETTINGS, 1, 2, 5).opened(3, 0)
 
 
 def test_versions_form_a_range_up_to_the_largest_version() -> None:
@@ -123,3 +124,20 @@ def test_the_versions_frames_carry_lie_in_the_range_the_info_claims() -> None:
         checked.check_batch(info(1, **claimed), acted([3] * 8, [3] * 7 + [9]))
     split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
     assert split.check_batch(info(1, frames=7, **claimed), acted([3] * 7 + [0])) == 7  # padding
+
+
+def test_trajectory_and_group_ids_name_the_actor() -> None:
+    own = TrajIds(5, epoch=9).take(8)
+    other = TrajIds(6, epoch=9).take(8)
+
+    def with_ids(key: tuple[str, str], ids) -> TensorDict:
+        return TensorDict({key: torch.as_tensor(ids).reshape(2, 4)}, batch_size=[2, 4])
+
+    checked = bounds()
+    for key in [("collector", "traj_ids"), ("collector", "group_id")]:
+        assert checked.check_batch(info(1), with_ids(key, own)) == 8
+        mixed = [*own[:7], other[0]]  # one frame poured into worker_id 6's trajectory
+        with pytest.raises(ProtocolError, match=rf"{key[1]}'\) of worker_id 6; it is worker_id 5"):
+            checked.check_batch(info(1), with_ids(key, mixed))
+        with pytest.raises(ProtocolError, match="of worker_id -1"):
+            checked.check_batch(info(1), with_ids(key, [-1, *own[1:]]))

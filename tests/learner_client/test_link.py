@@ -647,6 +647,7 @@ def test_acks_and_credits_reach_the_stream_in_one_wake_up(acks_in_credit: bool) 
             take_over=False,
             learner_id="l",
             num_envs=2,
+            worker_id=0,
         )
         await stream.opened(5)
         streams.attach(0, stream)

@@ -10,7 +10,7 @@ from actor_service import ActorConfig, create_server
 from actor_service._core._identity import ActorIdentity
 from actor_service._kinds.llm.models import MODEL_ID
 from common.errors import ProtocolError
-from learner_client import GrpcLLMCollector
+from learner_client import GrpcLLMCollector, MissingWorkersError
 
 
 def _batch(broken: dict) -> TensorDict:
@@ -117,7 +117,6 @@ class _Models:
         # int64 lengths whose sum wraps: the check passed, a TypeError escaped later
         {"prompt_len": torch.tensor([2**63 - 1, 4]), "response_len": torch.tensor([1, 2])},
         {("collector", "dialog_turns"): torch.tensor([-(2**63), 1])},  # step_count wrapped
-        {("collector", "traj_ids"): torch.tensor([-1, 0])},
         {"tokens": torch.full((2, 6), -5)},
     ],
     ids=[
@@ -127,7 +126,6 @@ class _Models:
         "log_probs_width",
         "lengths_wrap",
         "dialog_turns",
-        "traj_ids",
         "token_ids",
     ],
 )
@@ -139,6 +137,28 @@ def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken
         yield_completed_trajectories=True, batch_timeout=10.0,
     ) as collector:  # fmt: skip
         with pytest.raises(ProtocolError, match="LLM batch"):
+            collector.next()
+        stats = collector.stats()
+    assert stats["batches"] == 0
+    assert stats["yielded_turns"] == 0
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        {("collector", "traj_ids"): torch.tensor([-1, 0])},
+        {("collector", "group_id"): torch.tensor([0, 6 << 47])},  # worker_id 6's GRPO group
+    ],
+    ids=["negative", "another_workers"],
+)
+def test_ids_not_of_the_actor_are_refused_with_its_stream_and_nothing_is_yielded(ids) -> None:
+    config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
+    server = create_server(config, core_factory=lambda c: _HostileCore(c, ids))
+    with server.run_in_thread() as actor, GrpcLLMCollector(
+        [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
+        yield_completed_trajectories=True, batch_timeout=3.0,
+    ) as collector:  # fmt: skip
+        with pytest.raises(MissingWorkersError, match=r"ProtocolError.*of worker_id (-1|6); it is"):
             collector.next()
         stats = collector.stats()
     assert stats["batches"] == 0

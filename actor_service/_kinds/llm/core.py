@@ -34,7 +34,7 @@ import torch
 from tensordict import TensorDict
 
 from actor_service._config import ActorConfig
-from actor_service._core._base import CoreBase, TrajIds
+from actor_service._core._base import CoreBase
 from actor_service._core._protocol import BatchRecorder
 from actor_service._kinds.llm.models import LLMModels
 from actor_service._kinds.llm.turns import Dialog, DialogEngine, PackedSize, Turn, pack_turns
@@ -42,6 +42,7 @@ from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
 from common.errors import PacketTooLargeError, SessionStateError
 from common.llm import LLMSettings, build_task
 from common.packets import DEFAULT_LIMITS
+from common.traj_ids import TrajIds
 
 __all__ = ["LLMCore"]
 
