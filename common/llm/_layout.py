@@ -120,6 +120,9 @@ def check_padded(td: TensorDictBase) -> None:
         raise ProtocolError("LLM batch has a dialog_turns below 1 (the first turn is 1)")
     if bool((td.get("tokens") < 0).any()):
         raise ProtocolError("LLM batch has negative token ids")
+    ended = td.get(("next", "terminated")) | td.get(("next", "truncated"))
+    if not torch.equal(td.get(("next", "done")), ended):  # a learner's loss reads either
+        raise ProtocolError("LLM batch has a next.done unlike next.terminated | next.truncated")
     if not bool(torch.isfinite(td.get("log_probs")).all()):
         raise ProtocolError("LLM batch has non-finite log_probs")
     _check_strings(td, batch, rows[("history", "length")], rows[("history", "next_length")])

@@ -135,6 +135,9 @@ HOSTILE = {
     "token versions in the padding": lambda td: _set(
         td, ("collector", "token_policy_version"), torch.tensor([[5, 0, 0, 0]] * 3)
     ),
+    "done unlike terminated or truncated": lambda td: _set(
+        td, ("next", "done"), torch.tensor([[True], [False], [True]])
+    ),
     "negative token versions": lambda td: _set(
         td,
         ("collector", "token_policy_version"),
