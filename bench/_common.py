@@ -87,15 +87,16 @@ def set_single_thread() -> None:
 
 
 def init_local_ray(ray: Any, **config: Any) -> None:
-    """``ray.init(**config)``, once more if Ray's raylet missed Ray's fixed 30 s to register.
+    """``ray.init(**config)``, once more if Ray's local start missed one of its fixed limits.
 
     On this loaded 2-core machine Ray's local start has failed that way ("The current node
-    timed out during startup") in about one run of three under load; any other error is raised.
+    timed out during startup") in about one run of three under load, and once with "Timed out
+    waiting for file .../gcs_server_port_..."; any other error is raised.
     """
     try:
         ray.init(**config)
     except Exception as error:
-        if "timed out during startup" not in str(error):
+        if not any(w in str(error) for w in ("timed out during startup", "Timed out waiting")):
             raise
         ray.shutdown()
         ray.init(**config)
