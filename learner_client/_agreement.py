@@ -33,8 +33,9 @@ one. A rank that refuses the push itself (a stale version, a target it lacks) wr
 entry marked refused, so the ranks pushing that version raise at once instead of waiting
 out the timeout.
 
-Once a meeting concluded, each rank deletes its own entries and records written before
-(every rank is past them): the store holds a rank's last few keys only.
+Once a meeting concluded, each rank deletes its own entries and records of those models
+written before (every rank is past them): the store holds a rank's last few keys per set of
+models only.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class _Channel:
     keys: list[str] = dataclasses.field(default_factory=list)  # this rank's, not yet deleted
     models: str = ""  # the models pushed, as messages name them (:meth:`for_models`)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # Each set of models' keys not yet deleted: one set's meeting deletes its own only.
+    keys_by_models: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def key(self, version: int, meeting: int, rank: int | str) -> str:
         """A rank's entry in a meeting, or (``rank="outcome"``) the meeting's outcome."""
@@ -94,10 +97,15 @@ class _Channel:
         return f"{self.prefix}/last/{rank}"
 
     def for_models(self, model_ids: tuple[str, ...]) -> _Channel:
-        """This channel's view for pushes of ``model_ids``: their own keys, the same lock."""
+        """This channel's view for pushes of ``model_ids``: their own keys, the same lock.
+
+        A meeting of these models deletes only their earlier keys: a rank that timed out in
+        another set's meeting still finds its outcome when it retries there.
+        """
         models = json.dumps(sorted(model_ids), separators=(",", ":"))
+        keys = self.keys_by_models.setdefault(models, [])
         return dataclasses.replace(
-            self, prefix=f"{self.prefix}/{models}", keys=self.keys, models=f" of {models}"
+            self, prefix=f"{self.prefix}/{models}", keys=keys, models=f" of {models}"
         )
 
     def keep(self, key: str) -> None:
@@ -231,7 +239,7 @@ class VersionAgreement:
         for earlier in channel.keys:
             if earlier not in keep:
                 channel.store.delete_key(earlier)
-        channel.keys[:] = keep  # in place: shared by every models' view of the channel
+        channel.keys[:] = keep  # in place: the channel's list for these models
 
 
 def _never_comes(mine: _Entry, last: _Entry) -> bool:

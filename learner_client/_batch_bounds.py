@@ -20,7 +20,7 @@ packet cannot make the learner allocate by a large declared batch size. A batch 
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 from tensordict import TensorDictBase
@@ -39,6 +39,8 @@ _MAX_DIALOG_TURNS = 1 << 20
 _VERSION_KEYS = ("policy_version", ("next", "policy_version"))
 #: Ids an actor draws with its worker_id in their top bits (``common.traj_ids``).
 _ID_KEYS = (("collector", "traj_ids"), ("collector", "group_id"))
+#: A split batch's real frames (TorchRL's ``split_trajectories``).
+_MASK_KEY = ("collector", "mask")
 
 
 class BatchBounds:
@@ -74,7 +76,7 @@ class BatchBounds:
         if not settings.split_trajs and (llm is None or not llm.trajectories):
             self._steps = settings.frames_per_batch // max(num_envs, 1)
             self._rows = self._steps * num_envs
-        self._padded = settings.split_trajs  # a split batch's padding holds version 0
+        self._padded = settings.split_trajs  # a split batch's padding holds zeros
         self._credits = credits
         self._epoch = 0
         self._next_seq = 1
@@ -131,37 +133,56 @@ class BatchBounds:
         most = rows * self._frames_per_row
         if info.frames > most:
             self._refuse(info, f"{info.frames} frames for {rows} rows (at most {most})")
-        if not self._padded:
-            self._check_versions(info, batch)
-            self._check_ids(info, batch)
+        real = self._real_frames(info, batch)
+        for key in _VERSION_KEYS:
+            self._check_versions(info, key, self._of_real(info, batch, key, real))
+        for key in _ID_KEYS:
+            self._check_ids(info, key, self._of_real(info, batch, key, real))
         return info.frames or rows
 
-    def _check_ids(self, info: pb.BatchInfo, batch: TensorDictBase) -> None:
-        """The trajectory and group ids of the batch name this actor."""
-        for key in _ID_KEYS:
-            ids = batch.get(key, None)
-            if not isinstance(ids, torch.Tensor) or not ids.numel():
-                continue
-            named = worker_of(ids)
-            if not bool((named == self._worker_id).all()):
-                other = int(named[named != self._worker_id][0])
-                self._refuse(
-                    info, f"{key!r} of worker_id {other}; it is worker_id {self._worker_id}"
-                )
+    def _real_frames(self, info: pb.BatchInfo, batch: TensorDictBase) -> torch.Tensor | None:
+        """A split batch's mask of real frames (its padding holds zeros); None: all are."""
+        if not self._padded:
+            return None
+        mask = batch.get(_MASK_KEY, None)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            self._refuse(info, f"split trajectories without a boolean {_MASK_KEY!r}")
+        return mask
 
-    def _check_versions(self, info: pb.BatchInfo, batch: TensorDictBase) -> None:
+    def _of_real(
+        self, info: pb.BatchInfo, batch: TensorDictBase, key: Any, real: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The values of ``key`` at the real frames; None when the batch holds none."""
+        values = batch.get(key, None)
+        if not isinstance(values, torch.Tensor) or not values.numel():
+            return None  # the layout checks say what is missing
+        if real is None:
+            return values
+        if values.shape[: real.ndim] != real.shape:
+            self._refuse(
+                info, f"{key!r} of shape {list(values.shape)} beside a mask {list(real.shape)}"
+            )
+        return values[real]
+
+    def _check_ids(self, info: pb.BatchInfo, key: Any, ids: torch.Tensor | None) -> None:
+        """The trajectory (or group) ids of the batch name this actor."""
+        if ids is None or not ids.numel():
+            return
+        named = worker_of(ids)
+        if not bool((named == self._worker_id).all()):
+            other = int(named[named != self._worker_id][0])
+            self._refuse(info, f"{key!r} of worker_id {other}; it is worker_id {self._worker_id}")
+
+    def _check_versions(self, info: pb.BatchInfo, key: Any, versions: torch.Tensor | None) -> None:
         """The versions the batch's frames carry lie in the range its info claims."""
+        if versions is None or not versions.numel():
+            return
         low, high = info.policy_version_min, info.policy_version_max
-        for key in _VERSION_KEYS:
-            versions = batch.get(key, None)
-            if not isinstance(versions, torch.Tensor) or not versions.numel():
-                continue  # the layout checks say what is missing
-            first, last = int(versions.min()), int(versions.max())
-            if first < low or last > high:
-                self._refuse(
-                    info,
-                    f"policy versions {low}..{high}, but its frames' {key!r} hold {first}..{last}",
-                )
+        first, last = int(versions.min()), int(versions.max())
+        if first < low or last > high:
+            self._refuse(
+                info, f"policy versions {low}..{high}, but its frames' {key!r} hold {first}..{last}"
+            )
 
     def _refuse(self, info: pb.BatchInfo, what: str) -> NoReturn:
         raise ProtocolError(f"{self._address}: batch seq {info.seq} claims {what}")

@@ -77,8 +77,9 @@ class ActorDescription:
         kind: ``"env"``, ``"torchrl"`` or ``"llm"``.
         max_new_tokens_cap: An LLM actor's cap on new tokens per turn.
         env: The env id it collects from (an LLM actor's task).
-        spaces: A digest of its observation and action spaces; "" when it reports none
-            (TorchRL and LLM actors).
+        spaces: A digest of what its batches' layout follows of its observation and action
+            spaces (kind, shape, dtype, counts; not bounds); "" when it reports none (TorchRL
+            and LLM actors).
         busy: Whether a learner session is active.
         draining: Whether it is shutting down (it accepts no new session).
         learner_id: The learner holding the active session; empty when none.
@@ -154,12 +155,17 @@ class ActorDescription:
 
 
 def _spaces_digest(reply: pb.DescribeResponse) -> str:
-    """A digest of the observation and action spaces an actor reports ("" for none)."""
+    """A digest of the spaces an actor reports, as far as its batches' layout follows them.
+
+    Kind, shape, dtype and counts; not bounds nor names: two actors of one env whose torque
+    limits differ, or one env under two ids, give batches that lie side by side ("" for none).
+    """
     if not reply.HasField("observation_spec") and not reply.HasField("action_spec"):
         return ""
     spaces = hashlib.blake2b(digest_size=8)
     for spec in (reply.observation_spec, reply.action_spec):
-        spaces.update(spec.SerializeToString(deterministic=True))
+        layout = pb.SpaceSpec(kind=spec.kind, shape=spec.shape, dtype=spec.dtype, n=spec.n)
+        spaces.update(layout.SerializeToString(deterministic=True))
         spaces.update(b"|")
     return spaces.hexdigest()
 

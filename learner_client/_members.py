@@ -77,23 +77,25 @@ class FleetMember:
 
 
 def check_one_env(members: Sequence[FleetMember], why: str) -> None:
-    """Refuse actors of other envs (another env id or other spaces) where ``why`` needs one.
+    """Refuse actors whose spaces lay batches out otherwise, where ``why`` needs one layout.
+
+    Spaces as Describe reports them (``FleetMember.spaces``): another observation or action
+    shape, dtype or count. Names and bounds may differ.
 
     Raises:
         ValueError: Naming each actor unlike the first and what it serves.
     """
     first = members[0]
-    other = [m for m in members if (m.env, m.spaces) != (first.env, first.spaces)]
+    other = [m for m in members if m.spaces != first.spaces]
     if other:
         detail = ", ".join(
-            f"{m.address} (worker_id {m.worker_id}) serves {m.env!r}"
-            + (" with other spaces" if m.env == first.env else "")
-            for m in other[:8]
+            f"{m.address} (worker_id {m.worker_id}) serves {m.env!r}" for m in other[:8]
         )
         raise ValueError(
-            f"{why} needs every actor on one env, like {first.address} (worker_id "
-            f"{first.worker_id}, {first.env!r}), but {detail}: start them with one env, or "
-            "collect with cat_results='stack' and split_trajs=False (a lazy stack)"
+            f"{why} needs every actor's spaces alike (shapes, dtypes, action counts), like "
+            f"{first.address}'s (worker_id {first.worker_id}, {first.env!r}), but {detail} "
+            "with other spaces: start them with one env, or collect with cat_results='stack' "
+            "and split_trajs=False (a lazy stack)"
         )
 
 

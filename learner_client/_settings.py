@@ -473,7 +473,8 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
         )
         what = f"the per-actor share {share} of {name}={fpb}" if settings.sync else f"{name}={fpb}"
         raise ValueError(f"{what} is not a multiple of the env pool size of {detail}")
-    if settings.sync and (settings.cat_results == 0 or settings.split_trajs):
+    laid_out = settings.cat_results == 0 or settings.split_trajs  # LLM batches: one layout
+    if settings.sync and laid_out and settings.llm is None:
         check_one_env(members, "cat_results=0" if settings.cat_results == 0 else "split_trajs")
     steps = {share // m.num_envs for m in members}
     if settings.sync and settings.cat_results == 0 and len(steps) > 1 and not settings.split_trajs:

@@ -105,7 +105,9 @@ def test_a_batch_of_steps_has_the_sessions_shape() -> None:
         with pytest.raises(ProtocolError, match=r"8 frames, 4 steps of each env"):
             checked.check_batch(info(1, frames=0), rows(*shape))
     split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
-    assert split.check_batch(info(1, frames=7), rows(3, 4)) == 7  # trajectories, padded
+    trajectories = rows(3, 4)  # padded
+    trajectories["collector", "mask"] = torch.ones(3, 4, dtype=torch.bool)
+    assert split.check_batch(info(1, frames=7), trajectories) == 7
 
 
 def test_the_versions_frames_carry_lie_in_the_range_the_info_claims() -> None:
@@ -123,7 +125,14 @@ def test_the_versions_frames_carry_lie_in_the_range_the_info_claims() -> None:
     with pytest.raises(ProtocolError, match=r"\('next', 'policy_version'\) hold 3\.\.9"):
         checked.check_batch(info(1, **claimed), acted([3] * 8, [3] * 7 + [9]))
     split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
-    assert split.check_batch(info(1, frames=7, **claimed), acted([3] * 7 + [0])) == 7  # padding
+    padded = acted([3] * 7 + [0])
+    padded["collector", "mask"] = torch.tensor([True] * 7 + [False]).reshape(2, 4)
+    assert split.check_batch(info(1, frames=7, **claimed), padded) == 7  # padding holds 0
+    padded["collector", "mask"][1, 3] = True  # the 0 counts as a real frame's version
+    with pytest.raises(ProtocolError, match=r"'policy_version' hold 0\.\.3"):
+        split.check_batch(info(1, frames=8, **claimed), padded)
+    with pytest.raises(ProtocolError, match="split trajectories without a boolean"):
+        split.check_batch(info(1, frames=7, **claimed), acted([3] * 7 + [0]))
 
 
 def test_trajectory_and_group_ids_name_the_actor() -> None:
@@ -141,3 +150,10 @@ def test_trajectory_and_group_ids_name_the_actor() -> None:
             checked.check_batch(info(1), with_ids(key, mixed))
         with pytest.raises(ProtocolError, match="of worker_id -1"):
             checked.check_batch(info(1), with_ids(key, [-1, *own[1:]]))
+    split = bounds(CollectSettings(frames_per_batch=8, split_trajs=True))
+    padded = with_ids(("collector", "traj_ids"), [*own[:7], 0])  # padding holds 0
+    padded["collector", "mask"] = torch.tensor([True] * 7 + [False]).reshape(2, 4)
+    assert split.check_batch(info(1, frames=7), padded) == 7
+    padded["collector", "traj_ids"][0, 0] = int(other[0])  # a real frame of worker_id 6
+    with pytest.raises(ProtocolError, match="of worker_id 6"):
+        split.check_batch(info(1, frames=7), padded)

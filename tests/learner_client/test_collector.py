@@ -540,17 +540,21 @@ def test_collector_add_collectors_resplits_a_sync_fleet(fleet):
 @pytest.mark.parametrize("layout", [{"cat_results": 0}, {"split_trajs": True}])
 def test_an_actor_of_another_env_is_refused_where_the_layout_needs_one_env(fleet, layout):
     """cat_results=0 and split_trajs lay out one env's entries: another env's actor is
-    refused when it joins (or at the start), and the fleet goes on; a lazy stack takes it."""
+    refused when it joins (or at the start), and the fleet goes on; a lazy stack takes it.
+    Spaces alike are one layout, whatever the env's name (CartPole-v0 beside CartPole-v1)."""
     acrobot = start_actor(["--worker-id", "3", "--num-envs", "2", "--env", "Acrobot-v1"])
+    v0 = start_actor(["--worker-id", "4", "--num-envs", "2", "--env", "CartPole-v0"])
     try:
         with GrpcCollector(
             addresses(fleet, 0, 2), frames_per_batch=12, sync=True, **layout
         ) as collector:
             collector.next()
-            with pytest.raises(ValueError, match=r"one env.*worker_id 3\) serves 'Acrobot-v1'"):
+            with pytest.raises(ValueError, match=r"alike.*worker_id 3\) serves 'Acrobot-v1' with"):
                 collector.add_collectors([acrobot.address])
             assert collector.worker_ids == [0, 2]
             assert collector.next()["collector", "worker_id"].unique().tolist() == [0, 2]
+            collector.add_collectors([v0.address])
+            assert collector.next()["collector", "worker_id"].unique().tolist() == [0, 2, 4]
         with pytest.raises(ValueError, match="Acrobot-v1"):
             GrpcCollector(
                 [fleet[0].address, acrobot.address], frames_per_batch=12, sync=True, **layout
@@ -560,6 +564,7 @@ def test_an_actor_of_another_env_is_refused_where_the_layout_needs_one_env(fleet
             assert stacking.worker_ids == [0, 2, 3]
     finally:
         acrobot.close()
+        v0.close()
 
 
 def test_collector_shutdown_is_idempotent_and_leaves_no_threads(fleet):

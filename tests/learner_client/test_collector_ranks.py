@@ -403,6 +403,19 @@ with GrpcCollector(actors, frames_per_batch=8, rank="env", call_timeout=3) as co
         time.sleep(0.5)
     critic = collector.update_policy_weights_(cartpole_policy(0), model_id="critic", version=3)
     out["critic"] = list(critic.values())
+    if rank == 1:  # late past call_timeout for the critic; rank 1 then finds rank 0's entry
+        time.sleep(4)
+    try:
+        collector.update_policy_weights_(cartpole_policy(0), model_id="critic", version=4)
+        out["critic_late"] = "pushed"
+    except DeadlineError:
+        out["critic_late"] = "DeadlineError"
+    between = collector.update_policy_weights_(fresh, version=version + 11)
+    out["policy_between"] = list(between.values())
+    if rank == 0:  # retries the critic's version: its meeting's outcome is still there
+        started = time.monotonic()
+        collector.update_policy_weights_(cartpole_policy(0), model_id="critic", version=4)
+        out["critic_retry_s"] = time.monotonic() - started
 print(json.dumps(out), flush=True)
 collector.shutdown()
 dist.barrier()  # rank 0 serves the store: it stays until rank 1 is done with it
@@ -456,7 +469,10 @@ def test_ranks_pushing_one_version_differently_raise_on_every_rank(
         ["DeadlineError", [version + 10] * 2],
     ]
     assert [out["critic"] for out in outs] == [[3, 3]] * 2
+    assert [out["critic_late"] for out in outs] == ["DeadlineError", "pushed"]
+    assert [out["policy_between"] for out in outs] == [[version + 11] * 2] * 2
+    assert outs[0]["critic_retry_s"] < 2  # it pushed at once (call_timeout is 3 s)
     # Nothing was pushed by the refused calls: every actor holds the version both met at.
     assert {a.worker_id: _describe(a).models["policy"] for a in four} == dict.fromkeys(
-        range(4), version + 10
+        range(4), version + 11
     )

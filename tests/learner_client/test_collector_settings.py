@@ -12,6 +12,7 @@ from tensordict.nn import InteractionType
 
 from common.config import ExplorationType
 from common.errors import UnknownModelError
+from common.llm import LLMSettings
 from learner_client import GrpcCollector
 from learner_client._settings import (
     BatchSettings,
@@ -173,6 +174,24 @@ def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
     dup = [FleetMember("h:1", 5, 2), FleetMember("h:2", 5, 2)]
     with pytest.raises(ValueError, match=r"worker_id 5 at \['h:1', 'h:2'\]"):
         check_fleet(BatchSettings(frames_per_batch=8), dup, "policy")
+
+
+def test_check_fleet_needs_alike_spaces_only_where_the_layout_concatenates():
+    def fleet(*spaces: str, kind: str = "env") -> list[FleetMember]:
+        return [
+            FleetMember(f"h:{i}", i, 2, kind=kind, max_new_tokens_cap=64, env=f"env-{i}", spaces=s)
+            for i, s in enumerate(spaces)
+        ]
+
+    for layout in [{"cat_results": 0}, {"split_trajs": True}]:
+        settings = BatchSettings(frames_per_batch=8, sync=True, **layout)
+        check_fleet(settings, fleet("a", "a"), "policy")  # two names of one env's spaces
+        with pytest.raises(ValueError, match=r"spaces alike.*h:1 \(worker_id 1\) serves 'env-1'"):
+            check_fleet(settings, fleet("a", "b"), "policy")
+        check_fleet(BatchSettings(frames_per_batch=8, **layout), fleet("a", "b"), "policy")  # async
+    check_fleet(BatchSettings(frames_per_batch=8, sync=True), fleet("a", "b"), "policy")  # a stack
+    tasks = BatchSettings(frames_per_batch=8, sync=True, cat_results=0, llm=LLMSettings())
+    check_fleet(tasks, fleet("", "", kind="llm"), "policy")  # two tasks: one LLM layout
 
 
 def test_check_fleet_raises_if_an_actors_share_is_above_what_it_collects_in_a_batch():
