@@ -130,17 +130,7 @@ class _Models:
     ],
 )
 def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken) -> None:
-    config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
-    server = create_server(config, core_factory=lambda c: _HostileCore(c, broken))
-    with server.run_in_thread() as actor, GrpcLLMCollector(
-        [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
-        yield_completed_trajectories=True, batch_timeout=10.0,
-    ) as collector:  # fmt: skip
-        with pytest.raises(ProtocolError, match="LLM batch"):
-            collector.next()
-        stats = collector.stats()
-    assert stats["batches"] == 0
-    assert stats["yielded_turns"] == 0
+    _refused(broken, ProtocolError, "LLM batch", batch_timeout=10.0)
 
 
 @pytest.mark.parametrize(
@@ -152,13 +142,18 @@ def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken
     ids=["negative", "another_workers"],
 )
 def test_ids_not_of_the_actor_are_refused_with_its_stream_and_nothing_is_yielded(ids) -> None:
+    _refused(ids, MissingWorkersError, r"ProtocolError.*of worker_id (-1|6); it is", 3.0)
+
+
+def _refused(broken: dict, error: type[Exception], match: str, batch_timeout: float) -> None:
+    """A batch with ``broken`` entries raises ``error``; nothing is counted or yielded."""
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
-    server = create_server(config, core_factory=lambda c: _HostileCore(c, ids))
+    server = create_server(config, core_factory=lambda c: _HostileCore(c, broken))
     with server.run_in_thread() as actor, GrpcLLMCollector(
         [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
-        yield_completed_trajectories=True, batch_timeout=3.0,
+        yield_completed_trajectories=True, batch_timeout=batch_timeout,
     ) as collector:  # fmt: skip
-        with pytest.raises(MissingWorkersError, match=r"ProtocolError.*of worker_id (-1|6); it is"):
+        with pytest.raises(error, match=match):
             collector.next()
         stats = collector.stats()
     assert stats["batches"] == 0
