@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from common.config import DEFAULT_MODEL_ID
 from common.errors import DeadlineError
 from learner_client._errors import VersionConflictError
 from learner_client._members import Ranks
@@ -163,7 +164,7 @@ class VersionAgreement:
         digest: int,
         *,
         refused: bool = False,
-        model_ids: tuple[str, ...] = ("policy",),
+        model_ids: tuple[str, ...] = (DEFAULT_MODEL_ID,),
     ) -> None:
         """Write this rank's entry for ``version`` of ``model_ids``; compare it with the others'.
 
