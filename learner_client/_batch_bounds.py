@@ -9,13 +9,13 @@ seq was never collected); its ``model_id`` is the session's; its policy versions
 range within ``[0, MAX_POLICY_VERSION]``, and the versions its frames carry lie in that
 range (the learner's lag and staleness read the range, the user the frames), and its
 trajectory and group ids name the actor (no actor pours frames into another's
-trajectories or GRPO groups); its frames
-are no more than its rows (an LLM batch of last steps counts each dialog's turns, at most
-its turn limit); a batch of steps has the session's shape (``frames_per_batch`` frames,
-``frames_per_batch // num_envs`` steps last); and its rows are no more than its bytes
-(every batch holds at least one byte per row, its done flags or its tokens), so a small
-packet cannot make the learner allocate by a large declared batch size. A batch that fails raises
-:class:`~common.errors.ProtocolError`; the link drops it with the stream and reconnects.
+trajectories or GRPO groups); its frames are no more than its rows (an LLM batch of last
+steps counts each dialog's turns, at most its turn limit); a batch of steps has the
+session's shape (``frames_per_batch`` frames, ``frames_per_batch // num_envs`` steps
+last); and its rows are no more than its bytes (every batch holds at least one byte per
+row, its done flags or its tokens), so a small packet cannot make the learner allocate by
+a large declared batch size. A batch that fails raises :class:`~common.errors.ProtocolError`;
+the link drops it with the stream and reconnects.
 """
 
 from __future__ import annotations
