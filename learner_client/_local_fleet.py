@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from common.config import MAX_SEED, as_int
+from common.config import MAX_SEED, MAX_WORKER_ID, as_int
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -84,7 +84,24 @@ _DEFAULT_POLICY = {"env": "mlp", "torchrl": "random", "llm": "rlfleet:tiny-qwen2
 
 
 def _env_flags(env: str, env_kwargs: Mapping[str, Any] | None, env_factory: str) -> dict[str, str]:
-    """The ``rlfleet-actor`` flags of an env (gymnasium or TorchRL) actor's env."""
+    """The ``rlfleet-actor`` flags of an env (gymnasium or TorchRL) actor's env.
+
+    Raises:
+        TypeError: ``env`` or ``env_factory`` is not a string (an env object: each actor
+            builds its own envs from a name).
+    """
+    if not isinstance(env, str):
+        raise TypeError(
+            f"env must be a gymnasium id (a string), got a {type(env).__name__}: each actor "
+            "builds its own envs; name a function that builds one with "
+            "env_factory='package.module:function' (kind='torchrl' for a TorchRL env), or "
+            "give RayFleet the script's create_env_fn="
+        )
+    if not isinstance(env_factory, str):
+        raise TypeError(
+            f"env_factory must be a string 'package.module:function', got a "
+            f"{type(env_factory).__name__}"
+        )
     flags = {"--env": env, "--env-kwargs": json.dumps(to_plain(env_kwargs or {}))}
     if env_factory:
         flags["--env-factory"] = env_factory
@@ -114,7 +131,9 @@ class LocalFleet:
             the module must be importable by the actors (on their ``PYTHONPATH``).
         seed: Actor ``i`` is seeded with ``seed + i`` (at most 2**64 - 1); None: each draws one.
         host: Address the actors bind (addresses use loopback for ``0.0.0.0``).
-        extra_args: More ``rlfleet-actor`` flags, appended last (so they win).
+        extra_args: More ``rlfleet-actor`` flags, appended last; not those the fleet sets
+            (``--worker-id``, ``--port``, ``--host``, ``--seed``, ``--kind``, ``--token``:
+            ``ValueError`` naming the argument to use).
         start_timeout: Seconds to wait for every actor to report ready.
         grace_period: Seconds an actor may drain after SIGTERM; it is SIGKILLed when it
             has not exited ``2`` seconds after that.
@@ -184,6 +203,12 @@ class LocalFleet:
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
         num_envs, seed = _check_int("num_envs", num_envs, 1), fleet_seed(seed, self.worker_ids)
+        if not isinstance(policy, str | None):
+            raise TypeError(
+                f"policy must name a factory the actors call ('mlp', 'random' or "
+                f"'package.module:function'), got a {type(policy).__name__}; the learner's "
+                "module goes to GrpcCollector(policy=...), which pushes its weights"
+            )
         policy = policy or _DEFAULT_POLICY[kind]
         self.num_actors = num_actors
         self.host = host
@@ -390,9 +415,11 @@ class LocalFleet:
                     pending.remove(actor)
                 elif actor.process.poll() is not None:
                     raise ActorUnavailableError(
-                        f"actor worker_id={actor.worker_id} exited with code "
-                        f"{actor.process.returncode} before it was ready; stderr tail:\n"
-                        f"{_tail(actor.stderr, _TAIL_BYTES)}"
+                        exit_message(
+                            f"actor worker_id={actor.worker_id}",
+                            actor.process.returncode,
+                            _tail(actor.stderr, _TAIL_BYTES),
+                        )
                     )
             if pending and time.monotonic() > deadline:
                 names = ", ".join(f"worker_id={a.worker_id}" for a in pending)
@@ -455,12 +482,23 @@ class LocalFleet:
 
 
 def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:
-    """``worker_ids`` checked (``num_actors`` distinct ints >= 0), or ``0..num_actors-1``."""
+    """``worker_ids`` checked, or ``0..num_actors-1``.
+
+    Checked before anything starts: ``num_actors`` distinct ints in ``[0, MAX_WORKER_ID]``
+    (an actor refuses a larger id).
+    """
+    if num_actors > MAX_WORKER_ID + 1:
+        raise ValueError(
+            f"num_actors must be at most {MAX_WORKER_ID + 1} (worker ids 0..{MAX_WORKER_ID}), "
+            f"got {num_actors}"
+        )
     if worker_ids is None:
         return list(range(num_actors))
     ids = [_check_int("worker_ids[...]", worker_id, 0) for worker_id in worker_ids]
     if len(ids) != num_actors or len(set(ids)) != len(ids):
         raise ValueError(f"worker_ids must be {num_actors} distinct ints, got {ids}")
+    if max(ids) > MAX_WORKER_ID:
+        raise ValueError(f"worker_ids must be at most {MAX_WORKER_ID}, got {max(ids)}")
     return ids
 
 
@@ -484,6 +522,45 @@ def _check_fleet_args(
         raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
     if isinstance(extra_args, str):
         raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
+    for arg in extra_args:
+        _check_extra_arg(arg)
+
+
+#: The ``rlfleet-actor`` flags a fleet sets from its own arguments, which ``extra_args``
+#: may not override: the fleet's worker ids, addresses and seeds would no longer be its
+#: actors', and a token on a command line is visible to every user of the host.
+_FLEET_FLAGS = {
+    "--worker-id": "worker_ids=",
+    "--port": "nothing (the fleet picks each actor's port)",
+    "--host": "host=",
+    "--seed": "seed=",
+    "--kind": "kind=",
+    "--token": "token= (the actors get it in their environment, never on a command line)",
+}
+
+
+def _check_extra_arg(arg: object) -> None:
+    """One of ``extra_args``: a string, not a flag the fleet sets (nor its abbreviation)."""
+    if not isinstance(arg, str):
+        raise TypeError(f"extra_args must be a sequence of strings, got an item {arg!r}")
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--") or len(name) < 3:
+        return
+    for flag, instead in _FLEET_FLAGS.items():
+        if flag.startswith(name):  # argparse takes an unambiguous prefix for the flag
+            raise ValueError(f"extra_args may not set {flag} (got {arg!r}); pass {instead}")
+
+
+def exit_message(who: str, code: int | None, tail: str) -> str:
+    """Why an actor server exited before it was ready: its own error line first, then its log.
+
+    The log opens with the server's config; the cause is its last error line (argparse's
+    ``rlfleet-actor: error:``, or the ``actor.start_failed`` event).
+    """
+    lines = tail.splitlines()
+    causes = [line for line in lines if "rlfleet-actor: error:" in line or "start_failed" in line]
+    cause = (causes or [line for line in lines if line.strip()] or ["(no output)"])[-1].strip()
+    return f"{who} exited with code {code} before it was ready: {cause}\nstderr tail:\n{tail}"
 
 
 def _inherited_token() -> str | None:

@@ -52,16 +52,21 @@ from learner_client._local_fleet import (
     _check_int,
     _env_flags,
     _head,
+    _inherited_token,
     _tail,
     _worker_ids,
+    exit_message,
     fleet_seed,
     restart_seed,
 )
+from learner_client._settings import check_token
 
 __all__ = ["RayFleet", "check_ray_args", "import_ray", "shut_down_ray_when_unused"]
 
 #: The options a Ray actor takes from ``remote_configs`` when none are given.
 _DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
+#: Seconds between asking again an actor that Ray is restarting.
+_RESTART_POLL = 0.2
 #: Seconds allowed for a Ray actor's own calls (stop, address) beyond the server's timeouts.
 _CALL_MARGIN = 10.0
 #: Seconds :meth:`RayFleet.live_addresses` waits for the actors to answer.
@@ -169,7 +174,9 @@ class _ServerHost:
     replay the trajectories they already sent (the learner would train on them twice).
     """
 
-    def __init__(self, argv: list[str], host: str | None, seed: int | None = None) -> None:
+    def __init__(
+        self, argv: list[str], host: str | None, seed: int | None = None, token: str | None = None
+    ) -> None:
         import ray
 
         self.node_ip = ray.util.get_node_ip_address()
@@ -181,7 +188,7 @@ class _ServerHost:
         argv = [python, "-c", _LAUNCHER, str(os.getpid()), python, *argv[1:], "--host", self.host]
         self.stdout: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop
         self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**_server_environ(token), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -201,9 +208,11 @@ class _ServerHost:
                 self.port = int(match.group(2))
             elif self.process.poll() is not None:
                 raise ActorUnavailableError(
-                    f"actor server on {self.node_ip} exited with code "
-                    f"{self.process.returncode} before it was ready; stderr tail:\n"
-                    f"{_tail(self.stderr, _TAIL_BYTES)}"
+                    exit_message(
+                        f"actor server on {self.node_ip}",
+                        self.process.returncode,
+                        _tail(self.stderr, _TAIL_BYTES),
+                    )
                 )
             elif time.monotonic() > deadline:
                 raise DeadlineError(
@@ -257,6 +266,7 @@ class _InProcessHost:
         env_fn: Callable[..., Any],
         policy: Any = None,
         policy_factory: Callable[[], Any] | None = None,
+        token: str | None = None,
     ) -> None:
         import ray
 
@@ -269,7 +279,7 @@ class _InProcessHost:
         self.server: Any = None
         self.failure = ""
         try:
-            self.server = _serve_in_process(flags, env_fn, policy, policy_factory)
+            self.server = _serve_in_process(flags, env_fn, policy, policy_factory, token)
         except BaseException as exc:  # reported by ready(), with this node's traceback
             self.failure = (
                 f"{type(exc).__name__}: {exc}\nthe actor's traceback (on {self.node_ip}):\n"
@@ -301,11 +311,25 @@ class _InProcessHost:
         return 0
 
 
+def _server_environ(token: str | None) -> dict[str, str]:
+    """The environment an actor server reads: this node's, with the fleet's token or none.
+
+    The token travels in the Ray actor's arguments and reaches the server through its
+    environment, never its command line; a node's own ``RLFLEET_TOKEN`` does not apply
+    (the learner would not know it).
+    """
+    environ = {k: v for k, v in os.environ.items() if k != "RLFLEET_TOKEN"}
+    if token:
+        environ["RLFLEET_TOKEN"] = token
+    return environ
+
+
 def _serve_in_process(
     flags: list[str],
     env_fn: Callable[..., Any],
     policy: Any,
     policy_factory: Callable[[], Any] | None = None,
+    token: str | None = None,
 ) -> Any:
     """Start a ``torchrl``-kind server from ``flags`` with in-memory factories; its thread."""
     import dataclasses
@@ -313,7 +337,7 @@ def _serve_in_process(
     import torch
 
     actor = importlib.import_module(_ACTOR_PACKAGE)
-    config = actor.parse_config(flags)
+    config = actor.parse_config(flags, _server_environ(token))
     config = dataclasses.replace(
         config, env_pool=dataclasses.replace(config.env_pool, env_factory=env_fn)
     )
@@ -362,6 +386,10 @@ class RayFleet:
         policy_factory: With ``create_env_fn``: TorchRL's callable (or one per actor) that
             returns the policy, called with no argument in each Ray actor's process (in
             place of ``policy``, which must then be None).
+        token: A bearer token the actors require, as for :class:`LocalFleet` (a collector
+            given the fleet sends it); it reaches each server in its environment, never on
+            a command line. None: the learner's ``RLFLEET_TOKEN`` (no token when it is unset
+            or empty; a node's own ``RLFLEET_TOKEN`` is not used).
 
     Example::
 
@@ -397,8 +425,10 @@ class RayFleet:
         python: str | None = None,
         create_env_fn: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
         policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]] | None = None,
+        token: str | None = None,
     ) -> None:
         num_actors = _check_int("num_actors", num_actors, 1)
+        self.token = check_token(token if token is not None else _inherited_token())
         self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
         self._policy_module = None if isinstance(policy, str | None) else policy
         self._factories = _policy_factories(policy_factory, policy, create_env_fn, num_actors)
@@ -458,7 +488,8 @@ class RayFleet:
                 args: list[Any] = [self._argv(worker_id), self.host, self._seed_of(worker_id)]
                 if self._env_fns is not None:
                     args += [self._env_fns[i], self._policy_module, self._factories[i]]
-                self._handles[worker_id] = host_class.options(**options).remote(*args)
+                host = host_class.options(**options)
+                self._handles[worker_id] = host.remote(*args, token=self.token)
             self._ready(list(self._handles))
         except BaseException:
             self.stop()
@@ -603,20 +634,38 @@ class RayFleet:
         return None if self._seed is None else self._seed + worker_id
 
     def _ready(self, worker_ids: Sequence[int]) -> list[tuple[str, int, int, int]]:
+        """Each actor's ``(host, port, server pid, Ray pid)``.
+
+        An actor Ray is restarting is asked again until ``start_timeout`` (Ray answers
+        "unavailable" meanwhile); one that died for good raises at once.
+        """
         import ray
 
         self._check_running()
-        refs = [self._handles[w].ready.remote(self.start_timeout) for w in worker_ids]
-        try:
-            return list(ray.get(refs, timeout=self.start_timeout + _CALL_MARGIN))
-        except ray.exceptions.GetTimeoutError:
-            raise DeadlineError(
-                f"Ray actors not placed and ready after {self.start_timeout:.1f}s "
-                f"(worker ids {list(worker_ids)}): does the cluster have the resources "
-                f"asked ({self.remote_configs})?"
-            ) from None
-        except ray.exceptions.RayTaskError as error:
-            raise error.as_instanceof_cause() from None
+        deadline = time.monotonic() + self.start_timeout + _CALL_MARGIN
+        while True:
+            refs = [self._handles[w].ready.remote(self.start_timeout) for w in worker_ids]
+            try:
+                return list(ray.get(refs, timeout=max(0.0, deadline - time.monotonic())))
+            except ray.exceptions.GetTimeoutError:
+                raise DeadlineError(
+                    f"Ray actors not placed and ready after {self.start_timeout:.1f}s "
+                    f"(worker ids {list(worker_ids)}): does the cluster have the resources "
+                    f"asked ({self.remote_configs})?"
+                ) from None
+            except ray.exceptions.RayTaskError as error:
+                raise error.as_instanceof_cause() from None
+            except ray.exceptions.ActorUnavailableError as error:  # restarting
+                if time.monotonic() + _RESTART_POLL >= deadline:
+                    raise ActorUnavailableError(
+                        f"a Ray actor of worker ids {list(worker_ids)} was still restarting "
+                        f"after {self.start_timeout:.1f}s: {error}"
+                    ) from None
+                time.sleep(_RESTART_POLL)
+            except ray.exceptions.RayActorError as error:  # died, not to be restarted
+                raise ActorUnavailableError(
+                    f"a Ray actor of worker ids {list(worker_ids)} died: {error}"
+                ) from None
 
     def _check_running(self) -> None:
         if self._state != "running":

@@ -275,7 +275,7 @@ def test_train_entry_point_authenticates_with_the_token_from_the_environment(tmp
         seed=7,
         grace_period=1.0,
         policy_kwargs={"hidden": [16, 16]},
-        extra_args=("--token", "s3cret"),
+        token="s3cret",
     ) as fleet:
         refused = _train(
             "--actors",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 
 import grpc
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -125,11 +127,48 @@ def _first_observations(address: str) -> torch.Tensor:
         ("seed", {"num_actors": 1, "seed": -1}),
         ("seed", {"num_actors": 1, "seed": 1.0}),
         ("seed", {"num_actors": 2, "seed": 2**64 - 1}),  # actor 1's seed would be 2**64
+        # An actor refuses worker ids above 65535: refused before any starts.
+        ("num_actors", {"num_actors": 65537}),
+        ("worker_ids", {"num_actors": 1, "worker_ids": [2**64 - 1]}),
+        ("worker_ids", {"num_actors": 2, "worker_ids": [0, 65536]}),
+        # Flags the fleet sets itself: its ids, ports and seeds would not be its actors'.
+        ("--worker-id", {"num_actors": 1, "extra_args": ["--worker-id", "9"]}),
+        ("--port", {"num_actors": 1, "extra_args": ["--port=5555"]}),
+        ("--worker-id", {"num_actors": 1, "extra_args": ["--work", "9"]}),  # argparse's prefix
+        ("--seed", {"num_actors": 1, "extra_args": ["--seed", "3"]}),
+        ("--kind", {"num_actors": 1, "extra_args": ["--kind", "llm"]}),
+        ("--host", {"num_actors": 1, "extra_args": ["--host", "0.0.0.0"]}),
+        ("token=", {"num_actors": 1, "extra_args": ["--token", "s3cret"]}),  # never in `ps`
+        ("extra_args", {"num_actors": 1, "extra_args": ["--torch-threads", 1]}),
     ],
 )
 def test_local_fleet_raises_if_an_argument_is_invalid(name, kwargs):
-    with pytest.raises((TypeError, ValueError), match=name):
+    with pytest.raises((TypeError, ValueError), match=re.escape(name)):
         LocalFleet(**kwargs)
+
+
+def test_local_fleet_refuses_objects_where_actors_need_names():
+    env = gymnasium.make("CartPole-v1")
+    with pytest.raises(TypeError, match=r"env must be a gymnasium id .* env_factory="):
+        LocalFleet(1, env)
+    policy = cartpole_policy()
+    with pytest.raises(TypeError, match=re.escape("GrpcCollector(policy=...)")):
+        LocalFleet(1, "CartPole-v1", policy=policy)
+
+
+def test_an_actor_that_fails_to_start_is_reported_by_its_error_line_first():
+    with pytest.raises(ActorUnavailableError) as failure:
+        LocalFleet(1, "CartPole-v9", num_envs=2).start()
+    first = str(failure.value).splitlines()[0]
+    assert "exited with code 1 before it was ready" in first
+    assert "CartPole-v9" in first  # the cause, not the config the log opens with
+    assert "stderr tail:" in str(failure.value)
+
+
+def test_local_fleet_takes_flags_it_does_not_set_in_extra_args():
+    # Flags that begin like the fleet's own, but are others, are the actor's to read.
+    fleet = LocalFleet(1, extra_args=["--health-port", "0", "--torch-threads", "1"])
+    assert fleet.worker_ids == [0]
 
 
 # A learner process that starts a fleet, reports the actor pids, then waits to be signalled.

@@ -20,7 +20,7 @@ from helpers import poll_until, process_alive, start_local_ray, stop_local_ray
 from learner_fleet import cartpole_policy
 from tensordict import TensorDictBase
 
-from common.errors import ActorUnavailableError, SessionStateError
+from common.errors import ActorUnavailableError, AuthenticationError, SessionStateError
 from learner_client import GrpcCollector, RayFleet
 
 pytestmark = pytest.mark.ray
@@ -126,14 +126,9 @@ def test_ray_fleet_restarted_actor_comes_back_at_a_new_address(ray_cluster: Any)
             lambda: not process_alive(server), timeout=30, message="server outlived its actor"
         )
 
-        def new_address() -> str | None:
-            try:
-                (address,) = fleet.addresses
-            except ray_cluster.exceptions.RayActorError:
-                return None  # asked while Ray still saw the old actor
-            return address if address != old_address else None
-
-        address = poll_until(new_address, timeout=60, interval=0.5)
+        # Asked while Ray restarts it, the fleet waits for the new server (no Ray error).
+        (address,) = fleet.addresses
+        assert address != old_address
         (new_server,) = fleet.pids
         assert new_server != server
         assert fleet.is_alive(0)
@@ -200,3 +195,47 @@ def test_ray_fleet_dead_actor_is_reported_by_the_collector(ray_cluster: Any) -> 
         assert 1 in {_worker(b) for b in (c.next() for _ in range(6)) if b is not None}
         assert c.worker_states[0] != "streaming"
         assert fleet.live_addresses() == [c.remote_collectors[1].address]
+
+
+def test_ray_fleet_reports_an_actor_dead_for_good_as_its_own_error(ray_cluster: Any) -> None:
+    config = {"num_cpus": 0.5, "max_restarts": 0}
+    with RayFleet(1, num_envs=2, grace_period=1.0, remote_configs=config) as fleet:
+        os.kill(fleet.ray_pids[0], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(ActorUnavailableError, match="died"):
+            poll_until(lambda: fleet.addresses and None, timeout=30, interval=0.2)
+        assert time.monotonic() - start < 30
+
+
+def _command_lines() -> list[bytes]:
+    lines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                lines.append(file.read())
+        except OSError:
+            continue  # gone meanwhile
+    return lines
+
+
+@pytest.mark.parametrize("form", ["server", "in_process"])
+def test_ray_fleet_token_is_required_and_never_on_a_command_line(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    monkeypatch.delenv("RLFLEET_TOKEN", raising=False)
+    token = "s3cret-" + os.urandom(8).hex()
+    kwargs: dict[str, Any] = {"num_envs": 2, "grace_period": 1.0, "token": token}
+    if form == "in_process":
+        from torchrl.envs import GymEnv
+
+        kwargs["create_env_fn"] = lambda: GymEnv("CartPole-v1")
+    with RayFleet(1, remote_configs={"num_cpus": 0.5}, **kwargs) as fleet:
+        assert fleet.token == token
+        with (  # a collector given the addresses alone sends no token
+            pytest.raises(AuthenticationError, match="UNAUTHENTICATED"),
+            GrpcCollector(fleet.addresses, frames_per_batch=8) as bare,
+        ):
+            next(iter(bare))
+        with GrpcCollector(fleet, frames_per_batch=8, total_frames=16) as collector:
+            assert [batch.numel() for batch in collector] == [8, 8]  # the fleet's token sent
+        assert not [line for line in _command_lines() if token.encode() in line]
