@@ -442,8 +442,7 @@ class RayFleet:
         self.remote_configs = _remote_configs(remote_configs, num_actors)
         check_ray_args(ray_init_config, host, python)
         self._ray_init_config = dict(ray_init_config or {})
-        self._shutdown_ray = shutdown_ray
-        self._python = python
+        self._shutdown_ray, self._python = shutdown_ray, python
         self._seed = fleet_seed(seed, self.worker_ids)
         flags = {
             "--num-envs": _check_int("num_envs", num_envs, 1),

@@ -160,7 +160,7 @@ def test_an_actor_that_fails_to_start_is_reported_by_its_error_line_first():
     with pytest.raises(ActorUnavailableError) as failure:
         LocalFleet(1, "CartPole-v9", num_envs=2).start()
     first = str(failure.value).splitlines()[0]
-    assert "exited with code 1 before it was ready" in first
+    assert "exited with code 2 before it was ready" in first  # a bad flag: --env
     assert "CartPole-v9" in first  # the cause, not the config the log opens with
     assert "stderr tail:" in str(failure.value)
 

@@ -1,6 +1,7 @@
 """What ``rlfleet-actor --kind env`` checks before it binds a port.
 
-An env factory must return a gymnasium env (a TorchRL env names ``--kind torchrl``).
+An env id must be registered with gymnasium; an env factory must return a gymnasium env
+(a TorchRL env names ``--kind torchrl``).
 A gymnasium actor's custom policies are built on one env's spaces, which must not read
 more than a gymnasium step holds: a TensorDict policy that needs ``is_init``, recurrent
 states or keys other than ``observation`` belongs on ``--kind torchrl``. The env is
@@ -27,6 +28,8 @@ def check(config: ActorConfig) -> None:
             factory that returns a TorchRL env names ``--kind torchrl``.
     """
     custom = [spec for spec in config.models if ":" in spec.path]
+    if not config.env_factory:
+        _check_registered(config.env)
     if not custom and not config.env_factory:
         return  # gymnasium.make's env, and built-ins that read observations only
     from actor_service._core._settings import env_name
@@ -51,6 +54,20 @@ def check(config: ActorConfig) -> None:
         if callable(getattr(env, "close", None)):
             env.close()
     _check_policies(custom, spaces)
+
+
+def _check_registered(env_id: str) -> None:
+    """Raise ``ValueError`` unless ``gymnasium.make`` will find ``env_id``.
+
+    A typo or an unknown version is named with the ones there are; a ``module:id`` is left
+    to ``make``, which imports the module first.
+    """
+    if ":" in env_id:
+        return
+    try:
+        gymnasium.spec(env_id)
+    except gymnasium.error.Error as exc:
+        raise ValueError(f"env {env_id!r}: {exc}") from exc
 
 
 def _check_not_torchrl(config: ActorConfig, env: Any) -> None:

@@ -238,6 +238,28 @@ def test_cli_subprocess_exits_2_on_a_bad_flag() -> None:
 
 
 @pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ("CartPole-v9", "It provides versioned environments: [ `v0`, `v1` ]"),
+        ("CartPol-v1", "Environment `CartPol` doesn't exist"),
+    ],
+)
+def test_cli_subprocess_exits_2_before_binding_on_an_env_gymnasium_does_not_know(
+    env: str, message: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "actor_service", "--env", env, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"rlfleet-actor: error: --kind env: env '{env}': " in result.stderr
+    assert message in result.stderr
+    assert "ready" not in result.stdout  # refused before its port was bound
+
+
+@pytest.mark.parametrize(
     ("device", "message"),
     [
         pytest.param(
