@@ -83,26 +83,37 @@ def restart_seed() -> int:
 _DEFAULT_POLICY = {"env": "mlp", "torchrl": "random", "llm": "rlfleet:tiny-qwen2"}
 
 
-def _env_flags(env: str, env_kwargs: Mapping[str, Any] | None, env_factory: str) -> dict[str, str]:
+def _env_flags(
+    env: str | None,
+    env_kwargs: Mapping[str, Any] | None,
+    env_factory: str,
+    *,
+    callables: bool = False,
+) -> dict[str, str]:
     """The ``rlfleet-actor`` flags of an env (gymnasium or TorchRL) actor's env.
+
+    ``env`` may be None where it is not used: with an ``env_factory``, or ``callables``
+    (a fleet whose envs come from the script's callables).
 
     Raises:
         TypeError: ``env`` or ``env_factory`` is not a string (an env object: each actor
             builds its own envs from a name).
     """
-    if not isinstance(env, str):
+    if not isinstance(env_factory, str):
+        raise TypeError(
+            f"env_factory must be a string 'package.module:function', got a "
+            f"{type(env_factory).__name__}"
+        )
+    if not isinstance(env, str) and not (env is None and (env_factory or callables)):
         raise TypeError(
             f"env must be a gymnasium id (a string), got a {type(env).__name__}: each actor "
             "builds its own envs; name a function that builds one with "
             "env_factory='package.module:function' (kind='torchrl' for a TorchRL env), or "
             "give RayFleet the script's create_env_fn="
         )
-    if not isinstance(env_factory, str):
-        raise TypeError(
-            f"env_factory must be a string 'package.module:function', got a "
-            f"{type(env_factory).__name__}"
-        )
-    flags = {"--env": env, "--env-kwargs": json.dumps(to_plain(env_kwargs or {}))}
+    flags = {"--env-kwargs": json.dumps(to_plain(env_kwargs or {}))}
+    if env is not None:
+        flags["--env"] = env
     if env_factory:
         flags["--env-factory"] = env_factory
     return flags
@@ -115,7 +126,7 @@ class LocalFleet:
         num_actors: Actors to start; their worker ids are ``0..num_actors-1`` unless
             ``worker_ids`` names them.
         env: Gymnasium id each actor runs (env and TorchRL-env actors; the latter wrap it
-            in TorchRL's ``GymEnv``).
+            in TorchRL's ``GymEnv``); None (or unused) with ``env_factory``.
         num_envs: Size of each actor's env pool (LLM actors: chat slots).
         policy: Policy factory of each actor (``"mlp"``, ``"random"`` or
             ``"package.module:function"``); TorchRL-env actors: ``"random"`` (the default)
@@ -179,7 +190,7 @@ class LocalFleet:
     def __init__(
         self,
         num_actors: int,
-        env: str = "CartPole-v1",
+        env: str | None = "CartPole-v1",
         num_envs: int = 8,
         policy: str | None = None,
         *,

@@ -312,13 +312,14 @@ class _InProcessHost:
 
 
 def _server_environ(token: str | None) -> dict[str, str]:
-    """The environment an actor server reads: this node's, with the fleet's token or none.
+    """The environment an actor server reads: its Ray actor's, with the fleet's token if any.
 
     The token travels in the Ray actor's arguments and reaches the server through its
-    environment, never its command line; a node's own ``RLFLEET_TOKEN`` does not apply
-    (the learner would not know it).
+    environment, never its command line. A fleet without one leaves the Ray actor's own
+    ``RLFLEET_TOKEN`` (a node's, or a ``runtime_env``'s) in force: the servers then require
+    a token the collector must be given (``token=``), never none.
     """
-    environ = {k: v for k, v in os.environ.items() if k != "RLFLEET_TOKEN"}
+    environ = dict(os.environ)
     if token:
         environ["RLFLEET_TOKEN"] = token
     return environ
@@ -388,8 +389,9 @@ class RayFleet:
             place of ``policy``, which must then be None).
         token: A bearer token the actors require, as for :class:`LocalFleet` (a collector
             given the fleet sends it); it reaches each server in its environment, never on
-            a command line. None: the learner's ``RLFLEET_TOKEN`` (no token when it is unset
-            or empty; a node's own ``RLFLEET_TOKEN`` is not used).
+            a command line. None: the learner's ``RLFLEET_TOKEN``; when that is unset or
+            empty, a Ray actor's own (its node's, or ``runtime_env``'s) stays in force, and
+            the collector must then be given it (``token=``).
 
     Example::
 
@@ -403,7 +405,7 @@ class RayFleet:
     def __init__(
         self,
         num_actors: int,
-        env: str = "CartPole-v1",
+        env: str | None = "CartPole-v1",
         num_envs: int = 8,
         policy: str | Any = None,
         *,
@@ -453,7 +455,7 @@ class RayFleet:
         if kind == "llm":
             flags |= {"--task": task, "--task-kwargs": json.dumps(dict(task_kwargs or {}))}
         else:
-            flags |= _env_flags(env, env_kwargs, env_factory)
+            flags |= _env_flags(env, env_kwargs, env_factory, callables=bool(self._env_fns))
         flags["--kind"] = kind
         self._common_args = [str(part) for flag in flags.items() for part in flag]
         self._extra_args = list(extra_args)

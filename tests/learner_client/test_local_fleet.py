@@ -18,7 +18,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until, process_alive
-from learner_fleet import cartpole_policy
+from learner_fleet import ACTOR_ENV, cartpole_policy
 
 from common.errors import (
     ActorUnavailableError,
@@ -154,6 +154,19 @@ def test_local_fleet_refuses_objects_where_actors_need_names():
     policy = cartpole_policy()
     with pytest.raises(TypeError, match=re.escape("GrpcCollector(policy=...)")):
         LocalFleet(1, "CartPole-v1", policy=policy)
+
+
+def test_local_fleet_takes_no_env_id_beside_an_env_factory_and_ids_without_a_version(
+    monkeypatch,
+):
+    monkeypatch.setenv("PYTHONPATH", ACTOR_ENV["PYTHONPATH"])
+    factory = "rlfleet_test_envs:slow_cartpole"
+    with (
+        LocalFleet(1, None, num_envs=2, env_factory=factory, env_kwargs={"delay": 0.0}) as a,
+        LocalFleet(1, "CartPole", num_envs=2, worker_ids=[1]) as b,  # make takes the newest
+        GrpcCollector([*a.addresses, *b.addresses], frames_per_batch=8, sync=True) as collector,
+    ):
+        assert next(iter(collector)).batch_size == (2, 2, 2)
 
 
 def test_an_actor_that_fails_to_start_is_reported_by_its_error_line_first():

@@ -239,3 +239,20 @@ def test_ray_fleet_token_is_required_and_never_on_a_command_line(
         with GrpcCollector(fleet, frames_per_batch=8, total_frames=16) as collector:
             assert [batch.numel() for batch in collector] == [8, 8]  # the fleet's token sent
         assert not [line for line in _command_lines() if token.encode() in line]
+
+
+def test_ray_fleet_without_a_token_leaves_a_runtime_envs_token_in_force(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RLFLEET_TOKEN", raising=False)
+    token = "s3cret-" + os.urandom(8).hex()
+    config = {"num_cpus": 0.5, "runtime_env": {"env_vars": {"RLFLEET_TOKEN": token}}}
+    with RayFleet(1, num_envs=2, grace_period=1.0, remote_configs=config) as fleet:
+        assert fleet.token is None
+        with (  # the servers still require it: never silently open
+            pytest.raises(AuthenticationError, match="UNAUTHENTICATED"),
+            GrpcCollector(fleet, frames_per_batch=8) as bare,
+        ):
+            next(iter(bare))
+        with GrpcCollector(fleet, frames_per_batch=8, total_frames=8, token=token) as collector:
+            assert [batch.numel() for batch in collector] == [8]

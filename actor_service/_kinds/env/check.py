@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
+from gymnasium.envs.registration import parse_env_id
 
 from actor_service._config import ActorConfig, ModelSpec
 from common.plain_config import from_plain
@@ -59,13 +60,15 @@ def check(config: ActorConfig) -> None:
 def _check_registered(env_id: str) -> None:
     """Raise ``ValueError`` unless ``gymnasium.make`` will find ``env_id``.
 
-    A typo or an unknown version is named with the ones there are; a ``module:id`` is left
-    to ``make``, which imports the module first.
+    A typo or an unknown version is named with the ones there are. A ``module:id`` is left
+    to ``make``, which imports the module first, and so is an id without a version, which
+    ``make`` resolves to the newest (``gymnasium.spec`` does not).
     """
     if ":" in env_id:
         return
     try:
-        gymnasium.spec(env_id)
+        if parse_env_id(env_id)[2] is not None:
+            gymnasium.spec(env_id)
     except gymnasium.error.Error as exc:
         raise ValueError(f"env {env_id!r}: {exc}") from exc
 

@@ -8,7 +8,9 @@ import logging
 import pathlib
 import subprocess
 import sys
+import warnings
 
+import gymnasium
 import pytest
 import torch
 
@@ -257,6 +259,18 @@ def test_cli_subprocess_exits_2_before_binding_on_an_env_gymnasium_does_not_know
     assert f"rlfleet-actor: error: --kind env: env '{env}': " in result.stderr
     assert message in result.stderr
     assert "ready" not in result.stdout  # refused before its port was bound
+
+
+@pytest.mark.parametrize(
+    "env", ["CartPole-v1", "CartPole", "gymnasium.envs.classic_control:CartPole-v1"]
+)
+def test_env_ids_gymnasium_make_takes_pass_the_check_before_binding(env: str) -> None:
+    from actor_service._kinds.env.check import check
+
+    with warnings.catch_warnings():  # an id without a version: make names the one it takes
+        warnings.simplefilter("ignore")
+        gymnasium.make(env).close()  # what the actor's pool will call
+    check(ActorConfig(env_pool=EnvPoolSettings(env=env), num_envs=1))
 
 
 @pytest.mark.parametrize(
