@@ -249,10 +249,11 @@ def test_ray_fleet_without_a_token_leaves_a_runtime_envs_token_in_force(
     config = {"num_cpus": 0.5, "runtime_env": {"env_vars": {"RLFLEET_TOKEN": token}}}
     with RayFleet(1, num_envs=2, grace_period=1.0, remote_configs=config) as fleet:
         assert fleet.token is None
+        addresses = fleet.addresses  # (a collector given the fleet would stop it with it)
         with (  # the servers still require it: never silently open
             pytest.raises(AuthenticationError, match="UNAUTHENTICATED"),
-            GrpcCollector(fleet, frames_per_batch=8) as bare,
+            GrpcCollector(addresses, frames_per_batch=8, token=fleet.token) as bare,
         ):
             next(iter(bare))
-        with GrpcCollector(fleet, frames_per_batch=8, total_frames=8, token=token) as collector:
-            assert [batch.numel() for batch in collector] == [8]
+        with GrpcCollector(addresses, frames_per_batch=8, total_frames=8, token=token) as c:
+            assert [batch.numel() for batch in c] == [8]
