@@ -29,8 +29,8 @@ def import_torchrl() -> Any:
         import torchrl
     except ImportError as exc:
         raise ImportError(
-            "--loss torchrl needs TorchRL, which rlfleet does not install: "
-            "pip install 'torchrl==0.14.1' (or use the built-in loss)"
+            "--loss torchrl needs TorchRL, which is not installed: "
+            "pip install 'rlfleet[torchrl]' (or use the built-in loss)"
         ) from exc
     return torchrl
 

@@ -42,7 +42,7 @@ from common.llm._tasks import (
     build_task,
     check_task_spec,
 )
-from common.llm._vocab import ARITH_CHARS, COMPACT_CHARS, VOCABS
+from common.llm._vocab import ARITH_CHARS, COMPACT_CHARS, LLM_EXTRA, VOCABS, check_transformers
 
 if TYPE_CHECKING:
     from common.llm._decode import (
@@ -95,6 +95,8 @@ __all__ = [
     "ARITH_CHARS",
     "COMPACT_CHARS",
     "VOCABS",
+    "LLM_EXTRA",
+    "check_transformers",
 ]
 
 # These use torch; they load on first use so that the command line can parse without it.

@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from common.llm._vocab import CHATML_TEMPLATE, VOCABS, build_tokenizer
+from common.llm._vocab import CHATML_TEMPLATE, VOCABS, build_tokenizer, check_transformers
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -106,12 +106,14 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
     Raises:
         PolicySpecError: An unknown spec or kwarg, a missing directory, or a tokenizer
             without a chat template.
+        ModuleNotFoundError: ``transformers`` is not installed (naming ``rlfleet[llm]``).
 
     Example::
 
         model, tokenizer = build_policy("rlfleet:tiny-qwen2", hidden=64, layers=2)
     """
     check_policy_spec(spec)
+    check_transformers()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     dtype = _dtype(kwargs.pop("dtype", "float32"))
     if spec.startswith("hf:"):

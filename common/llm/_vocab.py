@@ -18,10 +18,22 @@ same with either:
 
 from __future__ import annotations
 
+import importlib.util
 import string
 from typing import Any
 
-__all__ = ["ARITH_CHARS", "CHATML_TEMPLATE", "COMPACT_CHARS", "VOCABS", "build_tokenizer"]
+__all__ = [
+    "ARITH_CHARS",
+    "CHATML_TEMPLATE",
+    "COMPACT_CHARS",
+    "LLM_EXTRA",
+    "VOCABS",
+    "build_tokenizer",
+    "check_transformers",
+]
+
+#: What to install for LLM actors and learners.
+LLM_EXTRA = "pip install 'rlfleet[llm]'"
 
 #: ChatML, with ``{% generation %}`` marks so assistant masks can be computed.
 CHATML_TEMPLATE = (
@@ -49,6 +61,20 @@ _UNK = "<|unk|>"
 _ROLES = ("system", "user", "assistant")
 
 
+def check_transformers() -> None:
+    """Raise unless ``transformers`` and ``tokenizers`` can be imported (not importing them).
+
+    Raises:
+        ModuleNotFoundError: Naming what is missing and the extra that installs it.
+    """
+    missing = [n for n in ("transformers", "tokenizers") if not importlib.util.find_spec(n)]
+    if missing:
+        raise ModuleNotFoundError(
+            f"LLM models need {' and '.join(missing)}, which is not installed: {LLM_EXTRA}",
+            name=missing[0],
+        )
+
+
 def build_tokenizer(vocab: str = "bytes") -> Any:
     """A tiny model's tokenizer with the ChatML chat template, padding on the left.
 
@@ -62,7 +88,9 @@ def build_tokenizer(vocab: str = "bytes") -> Any:
 
     Raises:
         ValueError: An unknown ``vocab``.
+        ModuleNotFoundError: ``transformers`` is not installed (naming ``rlfleet[llm]``).
     """
+    check_transformers()
     if vocab == "bytes":
         backend, unk = _byte_backend(), None
     elif vocab in ("compact", "arith"):

@@ -1,8 +1,9 @@
 """What ``rlfleet-actor --kind llm`` checks before it binds a port.
 
-With ``--engine vllm``, that vLLM is installed and accepts the model's configuration;
-with ``--lora``, that the adapter's targets are modules of the model (and, with vLLM,
-layers vLLM serves LoRA on), on the model's skeleton, with no memory for weights.
+That ``transformers`` is installed (the ``rlfleet[llm]`` extra); with ``--engine vllm``,
+that vLLM is installed and accepts the model's configuration; with ``--lora``, that the
+adapter's targets are modules of the model (and, with vLLM, layers vLLM serves LoRA on),
+on the model's skeleton, with no memory for weights.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ __all__ = ["check"]
 
 
 def check(config: ActorConfig) -> None:
-    """Raise ``ValueError`` if vLLM or the LoRA adapter of ``config`` would fail at start.
+    """Raise ``ValueError`` if transformers, vLLM or the LoRA adapter of ``config`` would fail.
 
     Raises:
-        ValueError: The reason: vLLM missing or refusing the model, or a target it lacks.
+        ValueError: The reason: transformers or vLLM missing (naming what to install), vLLM
+            refusing the model, or a target it lacks.
     """
+    from common.llm import check_transformers
+
+    try:
+        check_transformers()
+    except ImportError as exc:
+        raise ValueError(str(exc)) from None
     if config.engine == "vllm":
         _check_vllm(config)
     if config.lora is not None:

