@@ -35,6 +35,8 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "MAX_WIRE_LEARNER_ID",
     "MAX_WORKER_ID",
+    "MIN_PEER_PROTOCOL",
+    "PROTOCOL_VERSION",
     "RELAY_PUSH_ID_BYTES",
     "RELAY_TICKET_BYTES",
     "COMPILE_BACKENDS",
@@ -54,8 +56,40 @@ __all__ = [
     "is_loopback",
     "is_relay_address",
     "positive_timeout",
+    "protocol_mismatch",
     "server_channel_options",
 ]
+
+#: The wire protocol's revision this build speaks (``DescribeResponse`` and ``OpenSession``
+#: carry it). Raise it with every change to ``protos/`` that a peer could misread; a field
+#: a peer may ignore without harm (a new Describe report) needs none.
+PROTOCOL_VERSION = 1
+#: The oldest peer revision this build works with: raise it to ``PROTOCOL_VERSION`` when
+#: a change leaves older peers misreading this build's messages, or this build theirs.
+MIN_PEER_PROTOCOL = 1
+
+
+def protocol_mismatch(peer: str, version: int, min_peer: int) -> str:
+    """Why this build cannot work with ``peer``; "" when it can.
+
+    Args:
+        peer: Who, for the message (``"actor 10.0.0.1:50051"``).
+        version: The protocol revision the peer speaks (0: a build before revisions).
+        min_peer: The oldest revision the peer works with.
+    """
+    if version >= MIN_PEER_PROTOCOL and min_peer <= PROTOCOL_VERSION:
+        return ""
+    spoken = (
+        "no protocol revision (an rlfleet before them)"
+        if version == 0
+        else (f"protocol {version} (works with {min_peer} and newer)")
+    )
+    return (
+        f"{peer} speaks {spoken}; this build speaks protocol {PROTOCOL_VERSION} (works with "
+        f"{MIN_PEER_PROTOCOL} and newer): run the same rlfleet release (or image) on the "
+        "learner and every actor"
+    )
+
 
 #: gRPC's default receive limit; we keep it and chunk above it.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from common.config import CollectSettings
+from common.config import MIN_PEER_PROTOCOL, PROTOCOL_VERSION, CollectSettings
 from common.errors import (
     DataLossError,
     DeadlineError,
@@ -149,6 +149,8 @@ def _open_request(
             resume_after_seq=resume[1],
             learner_id=learner_id,
             shm_batches=shm_batches,
+            protocol_version=PROTOCOL_VERSION,
+            min_peer_protocol=MIN_PEER_PROTOCOL,
         )
     )
 
@@ -359,7 +361,8 @@ class CollectStream:
                 reason = _END_REASONS.get(end.reason, str(end.reason))
                 return EndEvent(reason, one_line(end.message), _env_error(end))
             if kind != "chunk":
-                raise ProtocolError(f"{self.address}: unexpected {kind!r} inside the stream")
+                what = repr(kind) if kind else "a message of a kind this build does not know"
+                raise ProtocolError(f"{self.address}: unexpected {what} inside the stream")
             chunk = message if isinstance(message, Chunk) else Chunk.from_proto(message.chunk)
             if assembler is None and chunk.shm is not None:
                 return await self._shared_batch(chunk, chunk.shm, started)

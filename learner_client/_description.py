@@ -92,6 +92,9 @@ class ActorDescription:
         shm_probe_ok: It read back the probe segment the Describe named.
         relays_over_tls: It forwards relayed pushes over TLS (its ``--relay-ca``).
         pushes_in_flight: The weight pushes it is receiving (at most 16).
+        protocol_version: The wire protocol's revision it speaks; 0 for a build before
+            revisions (``common.config.PROTOCOL_VERSION``).
+        min_peer_protocol: The oldest learner revision it works with.
     """
 
     address: str
@@ -115,6 +118,8 @@ class ActorDescription:
     shm_probe_ok: bool = False
     relays_over_tls: bool = False
     pushes_in_flight: tuple[PushInFlight, ...] = ()
+    protocol_version: int = 0
+    min_peer_protocol: int = 0
 
     @classmethod
     def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
@@ -148,6 +153,8 @@ class ActorDescription:
             host_identity=reply.host_identity,
             shm_probe_ok=bool(reply.shm_probe_ok),
             relays_over_tls=bool(reply.relays_over_tls),
+            protocol_version=int(reply.protocol_version),
+            min_peer_protocol=int(reply.min_peer_protocol),
             pushes_in_flight=tuple(
                 PushInFlight.from_proto(p) for p in reply.pushes_in_flight[:_LISTED_PUSHES]
             ),

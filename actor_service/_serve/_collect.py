@@ -40,7 +40,12 @@ from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._session import RetainedBatch
 from actor_service._serve._shm import BatchSegments
 from actor_service._serve._wire import encode_control
-from common.config import MAX_WIRE_LEARNER_ID, CollectSettings, check_learner_id
+from common.config import (
+    MAX_WIRE_LEARNER_ID,
+    CollectSettings,
+    check_learner_id,
+    protocol_mismatch,
+)
 from common.errors import EnvError, ProtocolError, RlfleetError, SessionStateError, to_status
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
@@ -91,8 +96,15 @@ def _learner_of(request: pb.OpenSession, peer: str) -> str:
     """Who opens the session: its ``learner_id`` (checked for length), else its address.
 
     Raises:
-        ProtocolError: A ``learner_id`` longer than :data:`MAX_WIRE_LEARNER_ID`.
+        ProtocolError: A ``learner_id`` longer than :data:`MAX_WIRE_LEARNER_ID`, or a
+            protocol revision this actor does not work with (0, not said, is served).
     """
+    if request.protocol_version:
+        mismatch = protocol_mismatch(
+            f"learner {peer}", request.protocol_version, request.min_peer_protocol
+        )
+        if mismatch:
+            raise ProtocolError(f"OpenSession: {mismatch}")
     if not request.learner_id:
         return peer
     try:
@@ -307,9 +319,9 @@ class CollectSession:
                     self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")
                     return
                 else:
+                    what = kind or "an empty message (or one of a kind this build does not know)"
                     raise SessionStateError(
-                        f"{kind or 'an empty message'} after open: only credit, ack and close "
-                        "may follow"
+                        f"{what} after open: only credit, ack and close may follow"
                     )
                 self._wake()
             self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")

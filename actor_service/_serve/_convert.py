@@ -14,7 +14,14 @@ import grpc
 import numpy as np
 
 from actor_service._core._identity import ActorIdentity
-from common.config import DEFAULT_MODEL_ID, CollectSettings, CompileSettings, ExplorationType
+from common.config import (
+    DEFAULT_MODEL_ID,
+    MIN_PEER_PROTOCOL,
+    PROTOCOL_VERSION,
+    CollectSettings,
+    CompileSettings,
+    ExplorationType,
+)
 from common.errors import RlfleetError
 from common.llm import GenerationSettings, LLMSettings
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -188,6 +195,8 @@ def describe_to_proto(
         env_backend=str(description.backend),
         device=str(description.device),
         software_version=str(description.software_version),
+        protocol_version=PROTOCOL_VERSION,
+        min_peer_protocol=MIN_PEER_PROTOCOL,
         max_credits=max_credits,
         busy=busy,
     )

@@ -36,7 +36,14 @@ async def next_message(requests: AsyncIterator[Any], rpc: str) -> Any:
 async def first_message(requests: AsyncIterator[Any], kind: str, rpc: str) -> Any:
     """The first message of a client stream, which must be of ``kind``."""
     first = await next_message(requests, rpc)
-    got = "no message" if first is None else (first.WhichOneof("kind") or "an empty message")
+    got = (
+        "no message"
+        if first is None
+        else (
+            first.WhichOneof("kind")
+            or "an empty message (or one of a kind this build does not know)"
+        )
+    )
     if got != kind:
         raise SessionStateError(f"{rpc} must start with `{kind}`, got {got}")
     return getattr(first, kind)

@@ -30,6 +30,7 @@ from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector, MissingWorkersError
 
 U64 = 2**64 - 1
+U32 = 2**32 - 1
 FRAMES = 8  # one env, 8 steps a batch
 EPOCH = 41
 
@@ -190,6 +191,9 @@ def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
         ("max_credits", 10**9, "max_credits 1000000000, outside 0..1024"),
         ("version", U64, "the version of model 'policy' 18446744073709551615"),
         ("model_id", "m" * 65, "model_id must be a non-empty string of at most 64"),
+        # An actor of a build before protocol revisions, or one needing a newer learner.
+        ("protocol_version", 0, "speaks no protocol revision"),
+        ("min_peer_protocol", U32, f"works with {U32} and newer.; this build speaks protocol"),
     ],
 )
 def test_a_description_outside_an_actors_ranges_is_refused_at_construction(

@@ -125,7 +125,7 @@ class LLMSettings(_message.Message):
     def __init__(self, generation: _Optional[_Union[GenerationSettings, _Mapping]] = ..., group_size: _Optional[int] = ..., yield_completed_trajectories: _Optional[bool] = ..., yield_only_last_steps: _Optional[bool] = ..., max_turns: _Optional[int] = ..., token_versions: _Optional[bool] = ...) -> None: ...
 
 class OpenSession(_message.Message):
-    __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id", "shm_batches")
+    __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id", "shm_batches", "protocol_version", "min_peer_protocol")
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,8 @@ class OpenSession(_message.Message):
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIN_PEER_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     settings: CollectSettings
     credits: int
     take_over: bool
@@ -140,7 +142,9 @@ class OpenSession(_message.Message):
     resume_after_seq: int
     learner_id: str
     shm_batches: bool
-    def __init__(self, settings: _Optional[_Union[CollectSettings, _Mapping]] = ..., credits: _Optional[int] = ..., take_over: _Optional[bool] = ..., resume_epoch: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., learner_id: _Optional[str] = ..., shm_batches: _Optional[bool] = ...) -> None: ...
+    protocol_version: int
+    min_peer_protocol: int
+    def __init__(self, settings: _Optional[_Union[CollectSettings, _Mapping]] = ..., credits: _Optional[int] = ..., take_over: _Optional[bool] = ..., resume_epoch: _Optional[int] = ..., resume_after_seq: _Optional[int] = ..., learner_id: _Optional[str] = ..., shm_batches: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., min_peer_protocol: _Optional[int] = ...) -> None: ...
 
 class Credit(_message.Message):
     __slots__ = ("batches", "ack_seq")
@@ -445,7 +449,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, shm_probe: _Optional[_Union[ShmSegment, _Mapping]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "relays_over_tls", "learner_id", "draining", "frames", "uptime_seconds", "pushes_in_flight")
+    __slots__ = ("worker_id", "epoch", "env_id", "observation_spec", "action_spec", "models", "num_envs", "env_backend", "device", "software_version", "max_credits", "busy", "kind", "policy", "max_new_tokens_cap", "part_deadline_seconds", "host_identity", "shm_probe_ok", "relays_over_tls", "learner_id", "draining", "frames", "uptime_seconds", "pushes_in_flight", "protocol_version", "min_peer_protocol")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -470,6 +474,8 @@ class DescribeResponse(_message.Message):
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PUSHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIN_PEER_PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     epoch: int
     env_id: str
@@ -494,7 +500,9 @@ class DescribeResponse(_message.Message):
     frames: int
     uptime_seconds: float
     pushes_in_flight: _containers.RepeatedCompositeFieldContainer[PushInFlight]
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., relays_over_tls: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., pushes_in_flight: _Optional[_Iterable[_Union[PushInFlight, _Mapping]]] = ...) -> None: ...
+    protocol_version: int
+    min_peer_protocol: int
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., env_id: _Optional[str] = ..., observation_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., action_spec: _Optional[_Union[SpaceSpec, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., num_envs: _Optional[int] = ..., env_backend: _Optional[str] = ..., device: _Optional[str] = ..., software_version: _Optional[str] = ..., max_credits: _Optional[int] = ..., busy: _Optional[bool] = ..., kind: _Optional[str] = ..., policy: _Optional[str] = ..., max_new_tokens_cap: _Optional[int] = ..., part_deadline_seconds: _Optional[float] = ..., host_identity: _Optional[str] = ..., shm_probe_ok: _Optional[bool] = ..., relays_over_tls: _Optional[bool] = ..., learner_id: _Optional[str] = ..., draining: _Optional[bool] = ..., frames: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., pushes_in_flight: _Optional[_Iterable[_Union[PushInFlight, _Mapping]]] = ..., protocol_version: _Optional[int] = ..., min_peer_protocol: _Optional[int] = ...) -> None: ...
 
 class PushInFlight(_message.Message):
     __slots__ = ("model_id", "version", "total_bytes", "received_bytes", "source", "seconds")

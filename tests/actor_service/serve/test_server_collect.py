@@ -13,7 +13,7 @@ from helpers import poll_until
 
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._serve._logging import MAX_FIELD_CHARS, configure_logging, get_logger
-from common.config import MAX_WIRE_LEARNER_ID
+from common.config import MAX_WIRE_LEARNER_ID, MIN_PEER_PROTOCOL, PROTOCOL_VERSION
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 
@@ -440,3 +440,28 @@ def test_collect_env_crash_withholds_the_text_when_detail_is_type(make_actor: ob
     assert (failure.exception_message, failure.message_withheld) == ("", True)
     assert "simulator crashed" not in end.message
     assert "RuntimeError" in end.message
+
+
+def test_collect_refuses_a_learner_of_a_protocol_revision_it_does_not_work_with(
+    actor: Actor,
+) -> None:
+    described = actor.stub.Describe(pb.DescribeRequest(), timeout=10)
+    assert (described.protocol_version, described.min_peer_protocol) == (
+        PROTOCOL_VERSION,
+        MIN_PEER_PROTOCOL,
+    )
+    # A learner of a later revision that needs actors of its own revision or newer.
+    newest = 2**32 - 1
+    refused = RawCollect.open(
+        actor.stub, open_request(credits=0, protocol_version=newest, min_peer_protocol=newest)
+    )
+    error = refused.error()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"speaks protocol {newest} (works with {newest} and newer)" in error.details()
+    assert "run the same rlfleet release" in error.details()
+    # A client that does not say (grpcurl, a hand-written one) and one of this revision.
+    for fields in [{}, {"protocol_version": PROTOCOL_VERSION, "min_peer_protocol": 1}]:
+        session = RawCollect.open(actor.stub, open_request(credits=1, **fields))
+        assert session.opened().worker_id == described.worker_id
+        assert session.batch()[0].frames == 10
+        session.cancel()
