@@ -28,6 +28,7 @@ from learner_client._background import Background
 from learner_client._discovery import DnsMembership, resolve_actors
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet, FleetOwner, check_positional
+from learner_client._handover import Handover
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
 from learner_client._metrics import LearnerMetrics
@@ -59,8 +60,6 @@ from learner_client._torchrl_compat import (
     TorchRLAccessors,
     TorchRLOnly,
     check_torchrl_only,
-    finished,
-    store_parts,
     update_flag,
 )
 from learner_client._weights import PushOptions, normalize_update_args, renamed_weights
@@ -371,6 +370,7 @@ class GrpcCollector(TorchRLAccessors):
         self._state = _State.READY
         self._lock = threading.RLock()
         self._taking = threading.RLock()  # one consumer takes at a time (postproc may nest)
+        self._handover = Handover()  # postproc, or each actor's part into the replay buffer
         parts = self._parts = assemble(
             self._batch,
             self._rollout.model_id,
@@ -410,12 +410,16 @@ class GrpcCollector(TorchRLAccessors):
     def __iter__(self) -> Iterator[TensorDictBase | None]:
         """Yield batches (None per batch stored: each actor's goes to the replay buffer)."""
         while (parts := self._take()) is not None:
-            yield self._deliver(parts)
+            yield self._handover.deliver(parts, self.replay_buffer, self.postproc)
+        self._handover.flush(self.replay_buffer, self.postproc)  # parts an interrupt left
 
     def next(self) -> TensorDictBase | None:
         """The next batch, or None at the end (as TorchRL's ``next()``); threads may share it."""
         parts = self._take()
-        return None if parts is None else self._deliver(parts)
+        if parts is None:
+            self._handover.flush(self.replay_buffer, self.postproc)  # parts an interrupt left
+            return None
+        return self._handover.deliver(parts, self.replay_buffer, self.postproc)
 
     def _take(self) -> list[TensorDictBase] | None:
         while True:
@@ -424,13 +428,6 @@ class GrpcCollector(TorchRLAccessors):
                     return self._next_batch(per_actor=self.replay_buffer is not None)
             except Paused:  # waited out of turn: the pausing thread's own take then raises
                 self._background.wait_resumed()
-
-    def _deliver(self, parts: list[TensorDictBase]) -> TensorDictBase | None:
-        """The batch after ``postproc``; or None, each actor's part stored (``store_parts``)."""
-        if self.replay_buffer is None:
-            return finished(parts[0], self.postproc)
-        store_parts(self.replay_buffer, parts, self.postproc)
-        return None
 
     def _next_batch(self, *, per_actor: bool) -> list[TensorDictBase] | None:
         """The next batch (one item), or each actor's part of it; None at the end; ``Paused``.
@@ -611,8 +608,7 @@ class GrpcCollector(TorchRLAccessors):
             if self._state is _State.CLOSED:
                 return
             self._state = _State.CLOSED
-        self._dropped.detach()
-        self._teardown(limit, shutdown_ray)  # a fleet given to the collector stops with it
+        self._teardown.uninterrupted(limit, shutdown_ray, self._dropped)  # a fleet given too
 
     # ------------------------------------------------ the fleet: views, seeds, state
 

@@ -75,8 +75,6 @@ __all__ = [
     "check_torchrl_only",
     "check_unsupported",
     "update_flag",
-    "finished",
-    "store_parts",
 ]
 
 log = logging.getLogger("learner_client")
@@ -741,43 +739,3 @@ def _reshape(batch: Any, size: tuple[int, ...]) -> Any:
                 items = [items[i : i + width] for i in range(0, len(items), width)]
             shaped.set(key, NonTensorStack.from_list(items))
     return shaped
-
-
-def finished(
-    batch: TensorDictBase, postproc: Callable[[TensorDictBase], TensorDictBase] | None
-) -> TensorDictBase:
-    """``postproc(batch)``, then without the keys a step of whose path starts with ``_``.
-
-    TorchRL's collectors drop them from every batch after ``postproc``: a postproc's
-    scratch entries (``"_tmp"``, ``("next", "_x")``) never reach the script's batches.
-    """
-    if postproc is not None:
-        batch = postproc(batch)
-    private = [
-        key
-        for key in batch.keys(True)
-        if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))
-    ]
-    return batch.exclude(*private, inplace=True) if private else batch
-
-
-def store_parts(
-    replay_buffer: Any,
-    parts: list[TensorDictBase],
-    postproc: Callable[[TensorDictBase], TensorDictBase] | None,
-) -> None:
-    """Extend ``replay_buffer`` with each actor's part of a batch, :func:`finished` first.
-
-    As TorchRL's workers each extend the buffer with their batch, a part that fails
-    (``postproc`` or ``extend`` raising) loses that part only: the first error is raised
-    once every other part is stored.
-    """
-    failure: Exception | None = None
-    for part in parts:
-        try:
-            replay_buffer.extend(finished(part, postproc))
-        except Exception as exc:
-            log.error("a batch part was not stored: %s: %s", type(exc).__name__, exc)
-            failure = failure or exc
-    if failure is not None:
-        raise failure

@@ -136,6 +136,38 @@ class Teardown:
                 if shutdown_ray:
                     shut_down_ray_when_unused()
 
+    def uninterrupted(self, timeout: float, shutdown_ray: bool, dropped: weakref.finalize) -> None:
+        """Close everything on a thread of its own, which an interrupt (Ctrl-C) cannot cut.
+
+        ``dropped`` (:meth:`when_dropped`'s) is detached there, as the close begins. An
+        interrupt that lands meanwhile is raised once the close has finished (each phase is
+        bounded by ``timeout``); an error of the close is raised first. An interrupted close
+        would leave the loop thread and channels open with the collector closed.
+        """
+        failed: list[BaseException] = []
+        closed = threading.Event()  # not Thread.join: an interrupted join may miss the end
+
+        def close() -> None:
+            try:
+                dropped.detach()
+                self(timeout, shutdown_ray)
+            except BaseException as exc:  # raised on the caller's thread below
+                failed.append(exc)
+            finally:
+                closed.set()
+
+        threading.Thread(target=close, name="rlfleet-shutdown").start()
+        interrupt: BaseException | None = None
+        while not closed.is_set():
+            try:
+                closed.wait()
+            except BaseException as exc:  # Ctrl-C: wait for the close, then raise it
+                interrupt = interrupt or exc
+        if failed:
+            raise failed[0]
+        if interrupt is not None:
+            raise interrupt
+
     def when_dropped(self, collector: object, timeout: float) -> weakref.finalize:
         """Run when ``collector`` is collected, or at interpreter exit, unless detached.
 

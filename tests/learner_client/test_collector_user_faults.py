@@ -7,6 +7,7 @@ loses in the same place (the failing part), counts nothing twice, and never hang
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -15,7 +16,7 @@ import torch
 from learner_fleet import cartpole_policy
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from learner_client import GrpcCollector, _rounds
+from learner_client import GrpcCollector, _rounds, _wiring
 
 
 def addresses(fleet, *worker_ids):
@@ -147,6 +148,66 @@ def test_a_batch_kept_by_an_interrupt_is_dropped_when_weights_were_pushed_since(
     assert torch.equal(
         batch["next", "policy_version"], torch.full_like(batch["next", "policy_version"], version)
     )
+
+
+class _InterruptedBuffer(ReplayBuffer):
+    """A buffer whose ``at_call``-th ``extend`` is cut by a Ctrl-C (it stores nothing)."""
+
+    def __init__(self, at_call: int) -> None:
+        super().__init__(storage=LazyTensorStorage(10_000))
+        self.calls, self.at_call = 0, at_call
+
+    def extend(self, data, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at_call:
+            raise KeyboardInterrupt
+        return super().extend(data, *args, **kwargs)
+
+
+@pytest.mark.parametrize("at_call", [3, 5], ids=["a-middle-round", "the-last-round"])
+def test_an_interrupt_while_a_round_is_stored_loses_the_cut_part_only(fleet, at_call: int) -> None:
+    """Ctrl-C in ``extend()`` of an actor's part: the round's other part is stored by the
+    next ``next()``, before its own round, or alone by the one that ends the collection."""
+    rb = _InterruptedBuffer(at_call)
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=24, sync=True, replay_buffer=rb
+    ) as collector:
+        interrupts = 0
+        while True:
+            try:
+                if collector.next() is None and collector.stats()["completed"]:
+                    break
+            except KeyboardInterrupt:
+                interrupts += 1
+        frames = collector.stats()["frames"]
+    assert (interrupts, rb.calls, frames) == (1, 6, 24)
+    assert len(rb) == 10  # 5 of the 6 parts of [2 envs, 2 steps]: the cut one is missing
+    workers = rb[:]["collector", "worker_id"][:, 0].tolist()
+    assert (workers.count(0), workers.count(2)) == (4, 6)
+
+
+def test_an_interrupt_during_shutdown_is_raised_once_everything_is_closed(
+    fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    close = _wiring.Parts.close
+
+    def slow_close(parts, timeout):
+        time.sleep(0.5)  # the Ctrl-C lands meanwhile
+        close(parts, timeout)
+
+    monkeypatch.setattr(_wiring.Parts, "close", slow_close)
+    collector = GrpcCollector(addresses(fleet, 0), frames_per_batch=4, sync=True)
+    collector.next()
+    main = threading.main_thread().ident
+    assert main is not None
+    threading.Timer(0.1, signal.pthread_kill, (main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        collector.shutdown()
+    time.sleep(0.1)  # the close thread's last instructions after it says it has closed
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("rlfleet-")]
+    collector.shutdown()  # closed: nothing more to do
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, sync=True) as again:
+        assert again.next().numel() == 4  # the actor's session was ended, not left held
 
 
 def test_next_from_the_thread_holding_pause_raises_while_background_collection_runs(
