@@ -12,6 +12,7 @@ the end of the collection, alone).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,14 @@ def finished(batch: TensorDictBase, postproc: Postproc) -> TensorDictBase:
 
 
 class Handover:
-    """Hands rounds to the script, keeping the parts an interrupt left unstored."""
+    """Hands rounds to the script, keeping the parts an interrupt left unstored.
+
+    Threads sharing ``next()`` each store their own round's parts; the parts an interrupt
+    left go to the next take, whichever thread makes it.
+    """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._unstored: list[TensorDictBase] = []
 
     def deliver(
@@ -57,27 +63,35 @@ class Handover:
         """
         if replay_buffer is None:
             return finished(parts[0], postproc)
-        self._unstored.extend(parts)
-        self.flush(replay_buffer, postproc)
+        with self._lock:
+            pending, self._unstored = [*self._unstored, *parts], []
+        self._store(pending, replay_buffer, postproc)
         return None
 
     def flush(self, replay_buffer: Any, postproc: Postproc) -> None:
-        """Store every part not stored yet, each on its own (nothing when none waits)."""
+        """Store the parts an interrupt left unstored (nothing when none waits)."""
+        with self._lock:
+            pending, self._unstored = self._unstored, []
+        self._store(pending, replay_buffer, postproc)
+
+    def _store(self, pending: list[TensorDictBase], replay_buffer: Any, postproc: Postproc) -> None:
         failure: Exception | None = None
-        while self._unstored:
-            part = self._unstored.pop(0)  # threads sharing next() each store their own
+        while pending:
+            part = pending.pop(0)
             try:
                 replay_buffer.extend(finished(part, postproc))
             except Exception as exc:
                 log.error("a batch part was not stored: %s: %s", type(exc).__name__, exc)
                 failure = failure or exc
             except BaseException:
+                with self._lock:
+                    self._unstored[:0] = pending  # before any round taken since
                 log.warning(
                     "an interrupt cut the storing of a batch part of %d frames (it may be "
                     "partly in the replay buffer); the %d parts after it are stored by the "
                     "next take",
                     part.numel(),
-                    len(self._unstored),
+                    len(pending),
                 )
                 raise
         if failure is not None:

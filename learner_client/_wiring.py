@@ -21,6 +21,7 @@ and hands each one exactly what it uses; nothing reaches another part through a 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -137,36 +138,29 @@ class Teardown:
                     shut_down_ray_when_unused()
 
     def uninterrupted(self, timeout: float, shutdown_ray: bool, dropped: weakref.finalize) -> None:
-        """Close everything on a thread of its own, which an interrupt (Ctrl-C) cannot cut.
+        """Close everything (``dropped``, :meth:`when_dropped`'s, detached), Ctrl-C deferred.
 
-        ``dropped`` (:meth:`when_dropped`'s) is detached there, as the close begins. An
-        interrupt that lands meanwhile is raised once the close has finished (each phase is
-        bounded by ``timeout``); an error of the close is raised first. An interrupted close
-        would leave the loop thread and channels open with the collector closed.
+        On the main thread, where Python delivers SIGINT, a handler of ours holds it while
+        the close runs (each phase bounded by ``timeout``) and hands it to the handler it
+        replaced afterwards (a ``KeyboardInterrupt`` by default): an interrupted close would
+        leave the loop thread and channels open with the collector closed. No thread is
+        started, so this also runs while the interpreter exits.
         """
-        failed: list[BaseException] = []
-        closed = threading.Event()  # not Thread.join: an interrupted join may miss the end
-
-        def close() -> None:
-            try:
-                dropped.detach()
-                self(timeout, shutdown_ray)
-            except BaseException as exc:  # raised on the caller's thread below
-                failed.append(exc)
-            finally:
-                closed.set()
-
-        threading.Thread(target=close, name="rlfleet-shutdown").start()
-        interrupt: BaseException | None = None
-        while not closed.is_set():
-            try:
-                closed.wait()
-            except BaseException as exc:  # Ctrl-C: wait for the close, then raise it
-                interrupt = interrupt or exc
-        if failed:
-            raise failed[0]
-        if interrupt is not None:
-            raise interrupt
+        if threading.current_thread() is not threading.main_thread():
+            dropped.detach()
+            self(timeout, shutdown_ray)
+            return
+        held: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+        try:
+            dropped.detach()
+            self(timeout, shutdown_ray)
+        finally:
+            signal.signal(
+                signal.SIGINT, signal.default_int_handler if previous is None else previous
+            )
+            if held and callable(previous):
+                previous(signal.SIGINT, None)
 
     def when_dropped(self, collector: object, timeout: float) -> weakref.finalize:
         """Run when ``collector`` is collected, or at interpreter exit, unless detached.

@@ -7,16 +7,25 @@ loses in the same place (the failing part), counts nothing twice, and never hang
 
 from __future__ import annotations
 
+import os
+import pathlib
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 import torch
+from helpers import poll_until
 from learner_fleet import cartpole_policy
+from tensordict import NonTensorData, TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from learner_client import GrpcCollector, _rounds, _wiring
+from learner_client._handover import Handover
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def addresses(fleet, *worker_ids):
@@ -208,6 +217,77 @@ def test_an_interrupt_during_shutdown_is_raised_once_everything_is_closed(
     collector.shutdown()  # closed: nothing more to do
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, sync=True) as again:
         assert again.next().numel() == 4  # the actor's session was ended, not left held
+
+
+def test_a_collector_shut_down_while_the_interpreter_exits_lets_it_exit(fleet) -> None:
+    """A generator owning its collector (``with ... : yield from``) left unfinished: Python
+    closes it at exit, and ``shutdown()`` runs then (it once waited for a thread forever)."""
+    script = (
+        "import sys\n"
+        "from learner_client import GrpcCollector\n"
+        "def batches(address):\n"
+        "    with GrpcCollector([address], frames_per_batch=4, total_frames=-1) as c:\n"
+        "        yield from c\n"
+        "stream = batches(sys.argv[1])\n"
+        "next(stream)\n"
+        "print('end of script', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, fleet[0].address],
+        capture_output=True, text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "end of script" in done.stdout
+
+
+def test_shutdown_from_the_background_threads_replay_buffer_returns_at_once(fleet) -> None:
+    """A buffer that ends the collection from inside ``extend`` (a budget of its own)."""
+    took: list[float] = []
+
+    class Stopping(ReplayBuffer):
+        def extend(self, data, *args, **kwargs):
+            if not took:
+                started = time.monotonic()
+                collector.shutdown()  # on the background thread that stores this batch
+                took.append(time.monotonic() - started)
+            return super().extend(data, *args, **kwargs)
+
+    collector = GrpcCollector(
+        addresses(fleet, 0), frames_per_batch=4, sync=True,
+        replay_buffer=Stopping(storage=LazyTensorStorage(100)),
+    )  # fmt: skip
+    collector.start()
+    assert poll_until(lambda: bool(took), timeout=30)
+    assert took[0] < 3.0  # it used to wait its whole timeout to join its own thread
+    collector.shutdown()
+
+
+def test_threads_sharing_next_each_store_their_own_rounds_parts() -> None:
+    """A None from ``next()`` means that round is in the buffer, also beside other threads."""
+
+    class Gated:
+        def __init__(self) -> None:
+            self.stored: list[str] = []
+            self.first_started, self.other_done = threading.Event(), threading.Event()
+
+        def extend(self, part) -> None:
+            if part["who"] == "a1":
+                self.first_started.set()
+                assert self.other_done.wait(10)  # the other thread delivers meanwhile
+            self.stored.append(part["who"])
+
+    def part(who: str) -> TensorDict:
+        return TensorDict({"who": NonTensorData(who)})
+
+    handover, buffer = Handover(), Gated()
+    first = threading.Thread(target=handover.deliver, args=([part("a1"), part("a2")], buffer, None))
+    first.start()
+    assert buffer.first_started.wait(10)
+    handover.deliver([part("b1"), part("b2")], buffer, None)
+    assert buffer.stored == ["b1", "b2"]  # this thread's round, and nothing of the other's
+    buffer.other_done.set()
+    first.join(10)
+    assert buffer.stored == ["b1", "b2", "a1", "a2"]
 
 
 def test_next_from_the_thread_holding_pause_raises_while_background_collection_runs(
