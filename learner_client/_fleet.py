@@ -720,6 +720,15 @@ class Fleet:
         """Each owned actor's link state name, by worker_id."""
         return {w: link.state.value for w, link in self.owned_links().items()}
 
+    def retry_now(self, worker_ids: Sequence[int]) -> list[int]:
+        """Start the reconnection of these owned, down actors now; returns those that retry."""
+        links = self.owned_links()
+
+        async def wake() -> list[int]:
+            return [w for w in worker_ids if w in links and links[w].retry_now()]
+
+        return self.loop.run(wake(), _MARGIN)
+
     def last_failures(self) -> dict[int, str]:
         """The last failure of each owned actor that had one, by worker_id."""
         links = self.owned_links().items()

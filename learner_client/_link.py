@@ -30,6 +30,7 @@ so its unit tests drive it over a fake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -55,7 +56,7 @@ from learner_client._mailbox import Delivery, Mailbox
 from learner_client._rounds import name_time_dim, tag_worker
 from learner_client._settings import ConnectionSettings
 from learner_client._shm import ShmRoute
-from learner_client._transport import Channel
+from learner_client._transport import MAX_RECONNECT_BACKOFF_S, Channel
 
 __all__ = ["ENV_FAILURE_ATTEMPTS", "ActorLink", "AfterSession", "Backoff", "LinkState"]
 
@@ -71,6 +72,8 @@ ENV_FAILURE_ATTEMPTS = 3
 CLAIM_AFTER_S = 0.001
 # The characters of a failure kept for the errors that name a missing actor.
 _FAILURE_CHARS = 300
+# What a woken reconnection's Describe allows beyond the channel's backoff, to connect.
+_CONNECT_S = 1.0
 #: How long a session that read its ``end`` waits for the call's status before cancelling it.
 _END_STATUS_S = 2.0
 
@@ -181,6 +184,8 @@ class ActorLink(Generic[C]):
         self._arrival_s = 0.0  # how long the last batch took from its first chunk to delivery
         self._streamed = False
         self._failed_streaming = False  # the last attempt broke after its stream opened
+        self._wake = asyncio.Event()  # cuts a reconnection's backoff short (retry_now)
+        self._woken = False  # the next Describe waits out the channel's own backoff
         #: The last failure of a session or connection attempt ("" before any), for errors.
         self.last_failure = ""
 
@@ -231,6 +236,21 @@ class ActorLink(Generic[C]):
                     log.info("worker_id %d: catching up failed (%s); again", self.worker_id, exc)
             await asyncio.sleep(self._backoff.delay(attempt))
             attempt += 1
+
+    def retry_now(self) -> bool:
+        """Cut a down actor's reconnection backoff short: the next attempt starts now.
+
+        A sync round calls it before failing on an actor known to be down, which may be back
+        (restarted) while its link sleeps up to ``Backoff.cap``. That attempt's Describe
+        waits for the channel to connect for up to gRPC's own reconnect backoff, which would
+        otherwise fail it at once with the last refusal. Returns whether an attempt follows
+        (the link is down and retrying); its outcome marks the actor alive or down.
+        """
+        if self.state is not LinkState.DOWN or self._closing:
+            return False
+        self._woken = True
+        self._wake.set()
+        return True
 
     async def stop(self, timeout: float) -> None:
         """Close an open session cleanly (``close`` → ``end``), cancelling it after ``timeout``.
@@ -288,6 +308,7 @@ class ActorLink(Generic[C]):
         attempt = 0
         while not self._closing:
             self._streamed = self._delivered = False
+            self._wake.clear()  # a wake during this attempt skips the backoff after it
             try:
                 after = await self._attempt(reconnecting, attempt)
             finally:
@@ -310,7 +331,8 @@ class ActorLink(Generic[C]):
             log.info(
                 "reconnecting to %s (worker_id %d) in %.2f s", self.address, self.worker_id, delay
             )
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
         self._set_state(LinkState.CLOSED)
 
     async def _attempt(self, reconnecting: bool, attempt: int) -> AfterSession:
@@ -413,8 +435,12 @@ class ActorLink(Generic[C]):
     async def _readmit(self) -> None:
         """Re-describe the actor (same worker_id, maybe a new epoch) and let the fleet admit it."""
         self._set_state(LinkState.CONNECTING)
+        woken, self._woken = self._woken, False
+        timeout = self._conn.call_timeout
+        if woken:
+            timeout = min(timeout, MAX_RECONNECT_BACKOFF_S + _CONNECT_S)
         try:
-            desc = await self.channel.describe(self._conn.call_timeout)
+            desc = await self.channel.describe(timeout, wait_for_ready=woken)
             if desc.worker_id != self.worker_id:
                 raise ActorUnavailableError(
                     f"{self.address} now reports worker_id {desc.worker_id}, "

@@ -101,6 +101,8 @@ class _Slot:
     alive: bool = True
     # A strict round already failed for this actor being down: the next waits for its return.
     reported_down: bool = False
+    # A round woke this down actor's reconnection: it waits for that attempt's outcome.
+    retrying: bool = False
     # (epoch, seq): batches of that epoch with a lower seq predate a reseed and are dropped.
     floor: tuple[int, int] = (0, 0)
     # The arrival number of the batch a waiting take claimed while it is read (see arriving).
@@ -190,14 +192,24 @@ class Mailbox:
         """Mark an actor reachable or down (down actors fail sync rounds fast)."""
         with self._cond:
             slot = self._slots[worker_id]
-            slot.alive = alive
+            slot.alive, slot.retrying = alive, False
             slot.reported_down = slot.reported_down and not alive
+            self._cond.notify_all()
+
+    def set_retrying(self, worker_ids: Iterable[int], retrying: bool) -> None:
+        """Mark down actors whose reconnection a round woke (:meth:`take_round` waits for them).
+
+        The mark lasts until the attempt's outcome (:meth:`set_alive`, :meth:`fail`).
+        """
+        with self._cond:
+            for w in worker_ids:
+                self._slots[w].retrying = retrying
             self._cond.notify_all()
 
     def fail(self, worker_id: int, exc: BaseException) -> None:
         """An actor's link stopped on a bug: the actor is down and the next take raises ``exc``."""
         with self._cond:
-            self._slots[worker_id].alive = False
+            self._slots[worker_id].alive = self._slots[worker_id].retrying = False
             self._failures.append(exc)
             self._cond.notify_all()
 
@@ -389,13 +401,15 @@ class Mailbox:
         stays down, so a caller retrying at once does not spin.
         Partial: returns what is ready once every missing actor is down or at
         the deadline, and the missing ids.
+        Either way a down actor whose reconnection attempt was woken (:meth:`set_retrying`)
+        counts as down only once that attempt failed.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 self._check_open()
                 missing = [w for w in worker_ids if not self._slots[w].buffered]
-                down = [w for w in missing if not self._slots[w].alive]
+                down = [w for w in missing if not (self._slots[w].alive or self._slots[w].retrying)]
                 remaining = deadline - time.monotonic()
                 if not missing or remaining <= 0:
                     break

@@ -80,6 +80,10 @@ class Actors(Protocol):
         """The last failure of each actor that had one, by worker_id."""
         ...
 
+    def retry_now(self, worker_ids: Sequence[int]) -> list[int]:
+        """Start the reconnection of these down actors now; returns those that retry."""
+        ...
+
 
 @dataclasses.dataclass(eq=False)
 class Rounds:
@@ -220,6 +224,7 @@ class Rounds:
         self.slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
         if self.settings.on_demand:
             self._drop_older_shares(worker_ids)
+        self._retry_down(worker_ids)
         self.mailbox.want_round()
         taken, missing = self.mailbox.take_round(
             worker_ids,
@@ -232,6 +237,20 @@ class Rounds:
             log.warning("partial sync batch without worker_ids %s", missing)
         self.missing_workers = missing
         return taken
+
+    def _retry_down(self, worker_ids: list[int]) -> None:
+        """Wake the reconnection of the actors known to be down, for the round to wait on.
+
+        One may be back already (restarted: ``LocalFleet.restart``, a pod) while its link
+        sleeps in its backoff; the round fails on it only once that attempt has failed. Marked
+        before the wake, so an attempt that ends at once still clears the mark.
+        """
+        down = self.mailbox.down(worker_ids)
+        if not down:
+            return
+        self.mailbox.set_retrying(down, True)
+        woken = self.fleet.retry_now(down)
+        self.mailbox.set_retrying([w for w in down if w not in woken], False)
 
     def _incomplete(self, missing: list[int]) -> MissingWorkersError:
         """The error of a strict round that lacks ``missing``: the down actors, then the late."""

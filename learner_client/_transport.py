@@ -57,6 +57,7 @@ __all__ = [
     "CollectCall",
     "PushMessages",
     "PushReply",
+    "MAX_RECONNECT_BACKOFF_S",
     "RelayFailedError",
     "connect_failure",
     "encode_chunk",
@@ -70,10 +71,13 @@ __all__ = [
 
 # gRPC's own reconnect backoff grows to 120 s by default; an actor restarted on
 # the same port must be found again within our (shorter, jittered) backoff.
+#: The longest a channel waits between its own connection attempts, in seconds: a call made
+#: with ``wait_for_ready`` for this long (plus a connect) reaches an actor that is back.
+MAX_RECONNECT_BACKOFF_S = 2.0
 _RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", int(MAX_RECONNECT_BACKOFF_S * 1000)),
 ]
 
 
@@ -269,7 +273,7 @@ class Channel(Protocol):
         """``host:port`` of the actor."""
         ...
 
-    async def describe(self, timeout: float) -> ActorDescription:
+    async def describe(self, timeout: float, *, wait_for_ready: bool = False) -> ActorDescription:
         """Ask the actor what it is (see :meth:`ActorChannel.describe`)."""
         ...
 

@@ -145,7 +145,7 @@ class FakeChannel:
         self._sessions = list(sessions)
         self._descriptions = list(descriptions or [described()])
 
-    async def describe(self, timeout: float) -> ActorDescription:
+    async def describe(self, timeout: float, *, wait_for_ready: bool = False) -> ActorDescription:
         self.describes += 1
         answer = self._descriptions.pop(0) if len(self._descriptions) > 1 else self._descriptions[0]
         if isinstance(answer, Exception):

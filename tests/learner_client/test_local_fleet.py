@@ -276,14 +276,22 @@ def test_a_checkpoint_just_after_an_actor_restarts_waits_for_it():
         collector.load_state_dict(state)
 
 
-def _next_batch_once_all_deliver(collector: GrpcCollector) -> torch.Tensor:
-    """The next sync batch; a restarted actor's link may still be in its reconnect backoff."""
-    for _ in range(10):
-        try:
-            return collector.next()
-        except MissingWorkersError:
-            continue
-    return collector.next()
+def test_a_sync_batch_right_after_a_restart_waits_for_the_restarted_actor():
+    """``restart()`` returns once the new actor is ready; the collector's link to it may be
+    sleeping in its reconnection backoff (up to 5 s) by then. The next sync round wakes that
+    reconnection and waits for it instead of failing on an actor known to be down (it raised
+    ``MissingWorkersError`` once, and the batch after it waited out the backoff)."""
+    with (
+        LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=8, sync=True) as collector,
+    ):
+        collector.next()
+        for _ in range(2):
+            fleet.kill(1)
+            poll_until(lambda: collector.worker_states[1] == "down", timeout=10)
+            fleet.restart(1)
+            batch = collector.next()  # no MissingWorkersError
+            assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 1]
 
 
 def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_weights():
@@ -301,7 +309,7 @@ def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_
         collector.load_state_dict(saved)
         fleet.kill(1)
         fleet.restart(1)
-        batch = _next_batch_once_all_deliver(collector)
+        batch = collector.next()
         assert sorted(set(batch["policy_version"].flatten().tolist())) == [saved_at]
         assert batch["action"].argmax(-1).eq(0).all()  # the checkpoint's policy: always 0
 
@@ -349,6 +357,6 @@ def test_an_actor_down_during_an_automatic_push_is_given_that_push_when_it_retur
         with pytest.raises(MissingWorkersError):  # pushed to worker 1; worker 0 is down
             collector.next()
         fleet.restart(0)
-        batch = _next_batch_once_all_deliver(collector)
+        batch = collector.next()
         versions = batch["policy_version"].flatten().tolist()
         assert set(versions) == {collector.policy_version}

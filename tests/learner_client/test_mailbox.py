@@ -103,6 +103,31 @@ def test_mailbox_take_round_strict_fails_fast_on_a_down_actor_and_takes_nothing(
     assert missing == [1]
 
 
+def test_mailbox_round_waits_on_a_down_actor_whose_reconnection_was_woken():
+    """A down actor marked retrying counts as down only once its attempt failed (strict and
+    partial); one whose attempt succeeds delivers into the round."""
+    box, _ = make_mailbox()
+    for wid in (0, 1):
+        box.add_worker(wid, 4)
+        box.session_opened(wid)
+    box.put(delivery(0, 1))
+    box.set_alive(1, False)
+    box.set_retrying([1], True)
+    threading.Timer(0.2, lambda: (box.set_alive(1, True), box.put(delivery(1, 1)))).start()
+    taken, missing = box.take_round([0, 1], timeout=30.0, partial=False)
+    assert ([d.worker_id for d in taken], missing) == ([0, 1], [])
+    for partial in (False, True):
+        box.put(delivery(0, 2 + partial))
+        box.set_alive(1, False)
+        box.set_retrying([1], True)
+        threading.Timer(0.2, lambda: box.set_alive(1, False)).start()  # the attempt failed
+        started = time.monotonic()
+        taken, missing = box.take_round([0, 1], timeout=30.0, partial=partial)
+        assert 0.15 < time.monotonic() - started < 5
+        assert missing == [1]
+        assert [d.worker_id for d in taken] == ([0] if partial else [])
+
+
 def test_mailbox_lazy_mode_grants_one_credit_per_requested_round():
     box, wire = make_mailbox(window=2, lazy=True)
     box.add_worker(0, 4)
