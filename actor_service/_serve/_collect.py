@@ -39,6 +39,7 @@ from actor_service._serve._logging import log_event
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._session import RetainedBatch
 from actor_service._serve._shm import BatchSegments
+from actor_service._serve._streams import kind_of
 from actor_service._serve._wire import encode_control
 from common.config import (
     MAX_WIRE_LEARNER_ID,
@@ -319,9 +320,8 @@ class CollectSession:
                     self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")
                     return
                 else:
-                    what = kind or "an empty message (or one of a kind this build does not know)"
                     raise SessionStateError(
-                        f"{what} after open: only credit, ack and close may follow"
+                        f"{kind_of(request)} after open: only credit, ack and close may follow"
                     )
                 self._wake()
             self._request_stop(pb.END_REASON_CLOSED, "the learner closed the session")

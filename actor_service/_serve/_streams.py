@@ -14,7 +14,7 @@ from typing import Any
 from common.errors import DeadlineError, SessionStateError
 from common.weights import BlobAssembler
 
-__all__ = ["chunks", "drain", "first_message", "next_message", "read_blob"]
+__all__ = ["chunks", "drain", "first_message", "kind_of", "next_message", "read_blob"]
 
 # A client stream that goes this long without its next message is dropped, so an
 # idle caller cannot hold a call slot or a half-received blob forever.
@@ -33,17 +33,17 @@ async def next_message(requests: AsyncIterator[Any], rpc: str) -> Any:
         raise DeadlineError(f"{rpc}: no message for {_IDLE_TIMEOUT:.0f} s") from None
 
 
+def kind_of(message: Any) -> str:
+    """The ``kind`` a client message carries, or what it is when it carries none we know."""
+    return message.WhichOneof("kind") or (
+        "an empty message (or one of a kind this build does not know)"
+    )
+
+
 async def first_message(requests: AsyncIterator[Any], kind: str, rpc: str) -> Any:
     """The first message of a client stream, which must be of ``kind``."""
     first = await next_message(requests, rpc)
-    got = (
-        "no message"
-        if first is None
-        else (
-            first.WhichOneof("kind")
-            or "an empty message (or one of a kind this build does not know)"
-        )
-    )
+    got = "no message" if first is None else kind_of(first)
     if got != kind:
         raise SessionStateError(f"{rpc} must start with `{kind}`, got {got}")
     return getattr(first, kind)

@@ -278,6 +278,21 @@ def test_collect_raises_if_open_comes_twice(actor: Actor) -> None:
     again.cancel()
 
 
+def test_collect_names_an_empty_message_first_or_after_open(actor: Actor) -> None:
+    """A message with no ``kind`` (empty, or a kind of a newer build) is named as such."""
+    first = RawCollect(actor.stub, pb.CollectRequest()).error()
+    assert first.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "must start with `open`, got an empty message" in first.details()
+    session = RawCollect.open(actor.stub, open_request(credits=0))
+    session.opened()
+    session.send(pb.CollectRequest())
+    later = session.error()
+    assert later.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "an empty message (or one of a kind this build does not know) after open" in (
+        later.details()
+    )
+
+
 def test_collect_total_frames_ends_with_budget_reached(actor: Actor) -> None:
     session = RawCollect.open(
         actor.stub, open_request(frames_per_batch=10, credits=4, total_frames=30)
