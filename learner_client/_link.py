@@ -358,6 +358,8 @@ class ActorLink(Generic[C]):
             # A stream that opened before it broke starts a new outage; not one the actor
             # broke by sending what it may not (no tight reconnect loop with a bad peer).
             self._failed_streaming = self._streamed and not isinstance(exc, ProtocolError)
+            if not self._streamed:  # a failed connection attempt (refused open: a busy actor)
+                self._set_state(LinkState.DOWN)
             self._failed(exc, 0 if self._failed_streaming else attempt)
             return AfterSession.RETRY
         except Exception as exc:  # a bug: retrying would hide it

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import grpc
 import gymnasium
@@ -292,6 +293,24 @@ def test_a_sync_batch_right_after_a_restart_waits_for_the_restarted_actor():
             fleet.restart(1)
             batch = collector.next()  # no MissingWorkersError
             assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 1]
+
+
+def test_a_second_collector_on_a_held_actor_fails_its_round_at_once_naming_take_over():
+    """A notebook cell re-run while the last collector still holds the actor: the actor
+    refuses the new session as busy, a failed connection attempt, so the strict round fails
+    at once with the refusal and its fix (it waited out ``batch_timeout``, 60 s)."""
+    with (
+        LocalFleet(1, num_envs=1, grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=4, sync=True) as first,
+    ):
+        first.next()
+        with GrpcCollector(fleet.addresses, frames_per_batch=4, sync=True) as second:
+            started = time.monotonic()
+            with pytest.raises(MissingWorkersError, match=r"ActorBusyError.*take_over"):
+                second.next()
+            assert time.monotonic() - started < 15
+            assert second.worker_states == {0: "down"}
+        assert first.next().numel() == 4  # the first kept its session
 
 
 def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_weights():
