@@ -672,10 +672,13 @@ class GrpcCollector(TorchRLAccessors):
         """The learner's policy version per model_id (never behind any actor's)."""
         return self._book.versions()
 
-    def _session_settings(self) -> CollectSettings:
-        """What every session is opened with, for the current number of owned actors."""
-        count = len(self._fleet.worker_ids)
-        return self._rollout.for_actor(self._batch.frames_per_actor(count), count)
+    def _session_settings(self, *, grown: bool | None = None) -> CollectSettings:
+        """What sessions open with, for the owned actors (``grown``: sync or not, they joined)."""
+        count, received = len(self._fleet.worker_ids), self._fleet.frames_received()
+        frames = self._batch.frames_per_actor(count)
+        if grown is None:
+            return self._rollout.for_actor(frames, count)
+        return self._rollout.for_grown_fleet(frames, count, sync=grown, received=received)
 
     def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
         """Grow the fleet, also while collecting; returns the added actors this rank owns.
@@ -704,7 +707,7 @@ class GrpcCollector(TorchRLAccessors):
             self._pusher.address_the_joined([x.worker_id for x in fresh])
             if self._state is _State.RUNNING and fresh:
                 sync = bool(self._batch.sync)
-                self._fleet.start_joined(fresh, self._session_settings(), sync=sync)
+                self._fleet.start_joined(fresh, self._session_settings(grown=sync), sync=sync)
                 self._rounds.update_budget()
             return [
                 RemoteActor(x.address, x.worker_id) for x in links if self._ranks.owns(x.worker_id)

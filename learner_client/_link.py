@@ -173,6 +173,7 @@ class ActorLink(Generic[C]):
         self._backoff = backoff
         self._settings: CollectSettings | None = None
         self._frames_received = 0  # new frames this collector received from the actor
+        self._random_from = 0  # _frames_received when the settings' random frames were set
         self._delivered = False  # the current session brought a new batch
         self._env_failures = 0  # sessions in a row that the actor's env ended
         self._stream: CollectStream | None = None
@@ -193,15 +194,19 @@ class ActorLink(Generic[C]):
 
     def start(self, settings: CollectSettings) -> None:
         """Start the session loop with these settings."""
-        self._settings = settings
+        self._settings, self._random_from = settings, self._frames_received
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"rlfleet-link-{self.worker_id}"
             )
 
     def restart(self, settings: CollectSettings) -> None:
-        """End the current session cleanly and open a fresh one with new settings."""
-        self._settings = settings
+        """End the current session cleanly and open a fresh one with new settings.
+
+        Their ``init_random_frames`` count from now: the frames received so far are the
+        caller's to subtract (:meth:`frames_received`).
+        """
+        self._settings, self._random_from = settings, self._frames_received
         self._fresh_next = True
         if self._stream is not None:
             self._stream.close()
@@ -236,6 +241,11 @@ class ActorLink(Generic[C]):
                     log.info("worker_id %d: catching up failed (%s); again", self.worker_id, exc)
             await asyncio.sleep(self._backoff.delay(attempt))
             attempt += 1
+
+    @property
+    def frames_received(self) -> int:
+        """New frames this collector received from the actor."""
+        return self._frames_received
 
     def retry_now(self) -> bool:
         """Cut a down actor's reconnection backoff short: the next attempt starts now.
@@ -473,7 +483,7 @@ class ActorLink(Generic[C]):
             raise SessionStateError("ActorLink.start() was not called")
         # init_random_frames counts this collector's frames (the actor counts per
         # session): a session that replaces another asks only for the random frames left.
-        left = max(0, settings.init_random_frames - self._frames_received)
+        left = max(0, settings.init_random_frames - (self._frames_received - self._random_from))
         if left != settings.init_random_frames:
             settings = dataclasses.replace(settings, init_random_frames=left)
         resume = (0, 0) if self._fresh_next else self.tracker.resume_point()

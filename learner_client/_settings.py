@@ -291,6 +291,20 @@ class RolloutSettings:
             **vars(self.placement),  # policy_device, env_device, compile_policy, cudagraph_policy
         )
 
+    def for_grown_fleet(
+        self, frames_per_batch: int, num_actors: int, *, sync: bool, received: int
+    ) -> CollectSettings:
+        """The settings of the sessions opened when actors join while collecting.
+
+        Sync restarts every session: the random frames not ``received`` yet are split over
+        the grown fleet (each session counts its share from its restart). Async opens the
+        joiners' sessions only, and the running ones' shares already cover
+        ``init_random_frames``: a joiner takes none.
+        """
+        left = max(0, _int(self.init_random_frames) - received) if sync else 0
+        grown = dataclasses.replace(self, init_random_frames=left)
+        return grown.for_actor(frames_per_batch, num_actors)
+
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionSettings:

@@ -38,7 +38,7 @@ from torchrl.record.loggers.monitoring import LoggerMonitor
 
 from common.config import ExplorationType
 from common.errors import EnvError, UnknownWorkerError
-from learner_client import GrpcCollector
+from learner_client import GrpcCollector, LocalFleet
 
 pytestmark = pytest.mark.long
 
@@ -417,6 +417,34 @@ def test_init_random_frames_counts_what_the_replay_buffer_already_holds(
     data = rb[written:]
     assert data.numel() == 128
     assert int(data["logits"].eq(0).all(-1).sum()) == random_frames
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_init_random_frames_stay_this_collectors_when_an_actor_joins(sync: bool) -> None:
+    """The random frames are the collector's, not each session's: an actor that joins while
+    they are taken does not add a share of its own (async: the running shares cover them; it
+    took a fresh one, 512 of 384), and a grown sync fleet splits what is left (each old
+    actor's remainder was rounded up to whole batches on top of the joiner's share: 416)."""
+    random_frames, frames = 384, 96 if sync else 32
+    seen = dict.fromkeys((0, 1, 2), 0)
+    with (
+        LocalFleet(2, "CartPole-v1", num_envs=2, seed=0, grace_period=1.0) as fleet,
+        LocalFleet(1, "CartPole-v1", num_envs=2, seed=10, worker_ids=[2]) as joiner,
+        GrpcCollector(
+            fleet.addresses, frames_per_batch=frames, sync=sync, init_random_frames=random_frames
+        ) as collector,
+    ):
+        random = 0
+        for i, batch in enumerate(collector):
+            by_frame = batch.reshape(-1)
+            random += int(by_frame["logits"].eq(0).all(-1).sum())
+            for w in by_frame["collector", "worker_id"].reshape(-1).unique().tolist():
+                seen[w] += 1
+            if i == 0:
+                collector.add_collectors(joiner.addresses)
+            if min(seen.values()) >= 8:
+                break
+    assert random == random_frames
 
 
 # ---------------------------------------------------------------------- stats
