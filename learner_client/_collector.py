@@ -674,11 +674,11 @@ class GrpcCollector(TorchRLAccessors):
 
     def _session_settings(self, *, grown: bool | None = None) -> CollectSettings:
         """What sessions open with, for the owned actors (``grown``: sync or not, they joined)."""
-        count, received = len(self._fleet.worker_ids), self._fleet.frames_received()
+        count, delivered = len(self._fleet.worker_ids), self._fleet.ledger.frames
         frames = self._batch.frames_per_actor(count)
         if grown is None:
             return self._rollout.for_actor(frames, count)
-        return self._rollout.for_grown_fleet(frames, count, sync=grown, received=received)
+        return self._rollout.for_grown_fleet(frames, count, sync=grown, delivered=delivered)
 
     def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
         """Grow the fleet, also while collecting; returns the added actors this rank owns.

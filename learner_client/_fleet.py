@@ -720,10 +720,6 @@ class Fleet:
         """Each owned actor's link state name, by worker_id."""
         return {w: link.state.value for w, link in self.owned_links().items()}
 
-    def frames_received(self) -> int:
-        """New frames this collector received from its owned actors."""
-        return sum(link.frames_received for link in self.owned_links().values())
-
     def retry_now(self, worker_ids: Sequence[int]) -> list[int]:
         """Start the reconnection of these owned, down actors now; returns those that retry."""
         links = self.owned_links()

@@ -203,8 +203,8 @@ class ActorLink(Generic[C]):
     def restart(self, settings: CollectSettings) -> None:
         """End the current session cleanly and open a fresh one with new settings.
 
-        Their ``init_random_frames`` count from now: the frames received so far are the
-        caller's to subtract (:meth:`frames_received`).
+        Their ``init_random_frames`` count from now: the frames delivered so far are the
+        caller's to subtract.
         """
         self._settings, self._random_from = settings, self._frames_received
         self._fresh_next = True
@@ -241,11 +241,6 @@ class ActorLink(Generic[C]):
                     log.info("worker_id %d: catching up failed (%s); again", self.worker_id, exc)
             await asyncio.sleep(self._backoff.delay(attempt))
             attempt += 1
-
-    @property
-    def frames_received(self) -> int:
-        """New frames this collector received from the actor."""
-        return self._frames_received
 
     def retry_now(self) -> bool:
         """Cut a down actor's reconnection backoff short: the next attempt starts now.

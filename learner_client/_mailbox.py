@@ -172,8 +172,9 @@ class Mailbox:
         """A session is about to open: returns the initial credits for its ``open``."""
         with self._cond:
             slot = self._slots[worker_id]
+            # Not reported_down: an open the actor refuses (busy) leaves it down as reported;
+            # it is back once it streams (set_alive).
             slot.open, slot.alive, slot.outstanding = True, True, 0
-            slot.reported_down = False
             credits = self._grant_for(worker_id, slot, self._async_room())
             slot.outstanding = credits
             self._cond.notify_all()

@@ -224,7 +224,8 @@ class Rounds:
         self.slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
         if self.settings.on_demand:
             self._drop_older_shares(worker_ids)
-        self._retry_down(worker_ids)
+        if not self.settings.allow_partial_batches:  # a partial round goes on without them
+            self._retry_down(worker_ids)
         self.mailbox.want_round()
         taken, missing = self.mailbox.take_round(
             worker_ids,

@@ -292,16 +292,16 @@ class RolloutSettings:
         )
 
     def for_grown_fleet(
-        self, frames_per_batch: int, num_actors: int, *, sync: bool, received: int
+        self, frames_per_batch: int, num_actors: int, *, sync: bool, delivered: int
     ) -> CollectSettings:
         """The settings of the sessions opened when actors join while collecting.
 
-        Sync restarts every session: the random frames not ``received`` yet are split over
-        the grown fleet (each session counts its share from its restart). Async opens the
-        joiners' sessions only, and the running ones' shares already cover
-        ``init_random_frames``: a joiner takes none.
+        Sync restarts every session and drops the shares of the old split: the random
+        frames not ``delivered`` yet are split over the grown fleet (each session counts its
+        share from its restart). Async opens the joiners' sessions only, and the running
+        ones' shares already cover ``init_random_frames``: a joiner takes none.
         """
-        left = max(0, _int(self.init_random_frames) - received) if sync else 0
+        left = max(0, _int(self.init_random_frames) - delivered) if sync else 0
         grown = dataclasses.replace(self, init_random_frames=left)
         return grown.for_actor(frames_per_batch, num_actors)
 

@@ -419,19 +419,26 @@ def test_init_random_frames_counts_what_the_replay_buffer_already_holds(
     assert int(data["logits"].eq(0).all(-1).sum()) == random_frames
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_init_random_frames_stay_this_collectors_when_an_actor_joins(sync: bool) -> None:
+@pytest.mark.parametrize(("sync", "prefetch"), [(False, None), (True, 0), (True, 2)])
+def test_init_random_frames_stay_this_collectors_when_an_actor_joins(
+    sync: bool, prefetch: int | None
+) -> None:
     """The random frames are the collector's, not each session's: an actor that joins while
     they are taken does not add a share of its own (async: the running shares cover them; it
     took a fresh one, 512 of 384), and a grown sync fleet splits what is left (each old
-    actor's remainder was rounded up to whole batches on top of the joiner's share: 416)."""
+    actor's remainder was rounded up to whole batches on top of the joiner's share: 416), not
+    counting the prefetched shares of the old split it drops (224)."""
     random_frames, frames = 384, 96 if sync else 32
     seen = dict.fromkeys((0, 1, 2), 0)
     with (
         LocalFleet(2, "CartPole-v1", num_envs=2, seed=0, grace_period=1.0) as fleet,
         LocalFleet(1, "CartPole-v1", num_envs=2, seed=10, worker_ids=[2]) as joiner,
         GrpcCollector(
-            fleet.addresses, frames_per_batch=frames, sync=sync, init_random_frames=random_frames
+            fleet.addresses,
+            frames_per_batch=frames,
+            sync=sync,
+            init_random_frames=random_frames,
+            prefetch=prefetch,
         ) as collector,
     ):
         random = 0

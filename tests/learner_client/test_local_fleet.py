@@ -304,13 +304,42 @@ def test_a_second_collector_on_a_held_actor_fails_its_round_at_once_naming_take_
         GrpcCollector(fleet.addresses, frames_per_batch=4, sync=True) as first,
     ):
         first.next()
-        with GrpcCollector(fleet.addresses, frames_per_batch=4, sync=True) as second:
+        second = GrpcCollector(fleet.addresses, frames_per_batch=4, sync=True, batch_timeout=2)
+        with second:
             started = time.monotonic()
             with pytest.raises(MissingWorkersError, match=r"ActorBusyError.*take_over"):
                 second.next()
             assert time.monotonic() - started < 15
             assert second.worker_states == {0: "down"}
+            # A loop that catches the error and retries waits for the actor's return each
+            # time: no spin of refused sessions at the other learner's actor.
+            started = time.monotonic()
+            for _ in range(2):
+                with pytest.raises(MissingWorkersError):
+                    second.next()
+            assert time.monotonic() - started >= 3.5
+            assert second.stats()["failures"] <= 10
         assert first.next().numel() == 4  # the first kept its session
+
+
+def test_partial_rounds_go_on_at_once_without_a_dead_actor():
+    """``allow_partial_batches``: a dead actor is left out of each round at once (a round
+    does not wait on a reconnection attempt to it)."""
+    with (
+        LocalFleet(2, num_envs=1, grace_period=1.0) as fleet,
+        GrpcCollector(
+            fleet.addresses, frames_per_batch=8, sync=True, allow_partial_batches=True
+        ) as collector,
+    ):
+        collector.next()
+        fleet.kill(1)
+        poll_until(lambda: collector.worker_states[1] == "down", timeout=10)
+        for _ in range(5):
+            started = time.monotonic()
+            batch = collector.next()
+            assert time.monotonic() - started < 1.0
+            assert collector.missing_workers == [1]
+            assert batch["collector", "worker_id"].unique().tolist() == [0]
 
 
 def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_weights():
