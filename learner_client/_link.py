@@ -249,12 +249,14 @@ class ActorLink(Generic[C]):
         (restarted) while its link sleeps up to ``Backoff.cap``. That attempt's Describe
         waits for the channel to connect for up to gRPC's own reconnect backoff, which would
         otherwise fail it at once with the last refusal. Returns whether an attempt follows
-        (the link is down and retrying); its outcome marks the actor alive or down.
+        or is under way (a down link is connecting only while it attempts: an earlier round
+        woke it); its outcome marks the actor alive or down.
         """
-        if self.state is not LinkState.DOWN or self._closing:
+        if self._closing or self.state not in (LinkState.DOWN, LinkState.CONNECTING):
             return False
-        self._woken = True
-        self._wake.set()
+        if self.state is LinkState.DOWN:
+            self._woken = True
+            self._wake.set()
         return True
 
     async def stop(self, timeout: float) -> None:

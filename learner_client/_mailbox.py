@@ -420,8 +420,9 @@ class Mailbox:
                     break
                 self._cond.wait(min(remaining, _POLL_SECONDS))
             if missing and not partial:
-                for w in down:
-                    self._slots[w].reported_down = True
+                for w in missing:  # also one whose woken attempt outlived the round
+                    slot = self._slots[w]
+                    slot.reported_down = slot.reported_down or not slot.alive
                 return [], missing
             taken = [self._slots[w].buffered.popleft() for w in worker_ids if w not in missing]
             self._round_wanted = False

@@ -89,13 +89,19 @@ def test_mailbox_budget_limits_credits_across_actors():
     assert box.session_opened(0) + box.session_opened(1) == 3
 
 
-def test_mailbox_take_round_strict_fails_fast_on_a_down_actor_and_takes_nothing():
+def _worker_1_down() -> Mailbox:
+    """Two open sessions, worker 0's batch buffered, worker 1 down."""
     box, _ = make_mailbox()
     for wid in (0, 1):
         box.add_worker(wid, 4)
         box.session_opened(wid)
     box.put(delivery(0, 1))
     box.set_alive(1, False)
+    return box
+
+
+def test_mailbox_take_round_strict_fails_fast_on_a_down_actor_and_takes_nothing():
+    box = _worker_1_down()
     taken, missing = box.take_round([0, 1], timeout=30.0, partial=False)
     assert (taken, missing) == ([], [1])
     taken, missing = box.take_round([0, 1], timeout=30.0, partial=True)
@@ -106,12 +112,7 @@ def test_mailbox_take_round_strict_fails_fast_on_a_down_actor_and_takes_nothing(
 def test_mailbox_round_waits_on_a_down_actor_whose_reconnection_was_woken():
     """A down actor marked retrying counts as down only once its attempt failed (strict and
     partial); one whose attempt succeeds delivers into the round."""
-    box, _ = make_mailbox()
-    for wid in (0, 1):
-        box.add_worker(wid, 4)
-        box.session_opened(wid)
-    box.put(delivery(0, 1))
-    box.set_alive(1, False)
+    box = _worker_1_down()
     box.set_retrying([1], True)
     threading.Timer(0.2, lambda: (box.set_alive(1, True), box.put(delivery(1, 1)))).start()
     taken, missing = box.take_round([0, 1], timeout=30.0, partial=False)
@@ -126,6 +127,16 @@ def test_mailbox_round_waits_on_a_down_actor_whose_reconnection_was_woken():
         assert 0.15 < time.monotonic() - started < 5
         assert missing == [1]
         assert [d.worker_id for d in taken] == ([0] if partial else [])
+    # A woken attempt that outlives a strict round: that round reported the actor down, so
+    # the next one waits for its return though the attempt failed since (no instant failure).
+    box.set_alive(1, True)  # back, then down again: not reported yet
+    box.set_alive(1, False)
+    box.set_retrying([1], True)
+    assert box.take_round([0, 1], timeout=0.2, partial=False) == ([], [1])
+    box.set_alive(1, False)
+    started = time.monotonic()
+    assert box.take_round([0, 1], timeout=0.5, partial=False) == ([], [1])
+    assert time.monotonic() - started >= 0.45
 
 
 def test_mailbox_lazy_mode_grants_one_credit_per_requested_round():
@@ -317,12 +328,7 @@ def test_mailbox_a_claimed_batch_counts_against_the_frame_budget():
 
 def test_mailbox_strict_round_retried_while_an_actor_stays_down_waits_for_it():
     """A caller that retries at once after a round failed on a down actor does not spin."""
-    box, _ = make_mailbox()
-    for wid in (0, 1):
-        box.add_worker(wid, 4)
-        box.session_opened(wid)
-    box.put(delivery(0, 1))
-    box.set_alive(1, False)
+    box = _worker_1_down()
     assert box.take_round([0, 1], timeout=30.0, partial=False) == ([], [1])
     started = time.monotonic()
     assert box.take_round([0, 1], timeout=0.5, partial=False) == ([], [1])
