@@ -45,6 +45,7 @@ from common._distributions import (
     sample_index,
     standard_normal,
 )
+from common.gym_layout import observation_shape
 
 __all__ = [
     "IndependentNormal",
@@ -110,10 +111,7 @@ class _ObservationEncoder(nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         if self.observation_ndim != 1:
-            start = observation.ndim - self.observation_ndim
-            observation = (
-                observation.flatten(start) if self.observation_ndim else observation[..., None]
-            )
+            observation = observation.flatten(observation.ndim - self.observation_ndim)
         return observation.to(torch.float32)
 
 
@@ -135,8 +133,8 @@ def _observation_layout(space: gymnasium.Space[Any]) -> tuple[int, int]:
     if isinstance(
         space, gymnasium.spaces.Box | gymnasium.spaces.MultiBinary | gymnasium.spaces.MultiDiscrete
     ):
-        shape = tuple(space.shape)
-        return len(shape), int(np.prod(shape, dtype=np.int64)) if shape else 1
+        shape = observation_shape(space)  # a scalar Box is batched as (1,)
+        return len(shape), int(np.prod(shape, dtype=np.int64))
     raise ValueError(
         f"observation space {space!r} is not supported: use Box, Discrete, "
         "MultiBinary or MultiDiscrete"

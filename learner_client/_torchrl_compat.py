@@ -58,6 +58,7 @@ from common.env_weights import (
     trains_parameters,
 )
 from common.errors import RlfleetError, UnknownModelError
+from common.gym_layout import observation_shape
 from learner_client._env_state import joined_state, load_env_state, pool_size
 from learner_client._shared_policy import SharedPolicy
 
@@ -410,7 +411,8 @@ def _signature(env: Any) -> EnvSignature:
             f"create_env_fn returned a {type(env).__name__}: neither a TorchRL env "
             "nor a gymnasium env with a Box observation space"
         )
-    return EnvSignature({"observation": (tuple(space.shape), _torch_dtype(space.dtype))}, None)
+    shape = observation_shape(space)  # as a gymnasium actor batches it
+    return EnvSignature({"observation": (shape, _torch_dtype(space.dtype))}, None)
 
 
 def _private(key: object) -> bool:
@@ -435,16 +437,31 @@ def check_env_signature(expected: Mapping[Any, KeySpec], batch: Any, worker: str
     for key, (shape, dtype) in expected.items():
         if key not in keys:
             raise ValueError(
-                f"create_env_fn's env has {key!r}, which the batches of {worker} lack: "
-                "the actors run another env"
+                f"create_env_fn's env has {key!r}, which the batches of {worker} lack "
+                f"(they hold {_observation_keys(keys)}): {_ANOTHER_ENV}"
             )
         value = batch.get(key)
         trailing = tuple(value.shape[value.dim() - len(shape) :]) if shape else ()
         if value.dtype != dtype or trailing != shape:
             raise ValueError(
                 f"create_env_fn's env has {key!r} as {list(shape)} {dtype}, the batches of "
-                f"{worker} as {list(trailing)} {value.dtype}: the actors run another env"
+                f"{worker} as {list(trailing)} {value.dtype}: {_ANOTHER_ENV}"
             )
+
+
+#: The end of :func:`check_env_signature`'s refusals: the two causes and their fixes.
+_ANOTHER_ENV = (
+    "the actors run another env, or host it another way: a gymnasium actor (the default "
+    "kind) writes every observation as 'observation', where TorchRL's wrappers may name "
+    "it otherwise (an RGB image 'pixels'); host the env as a TorchRL env for TorchRL's "
+    'keys (kind="torchrl", an env factory returning e.g. GymWrapper(env))'
+)
+
+
+def _observation_keys(keys: set[Any]) -> str:
+    """The root keys of a batch a message lists (not the bookkeeping ones)."""
+    names = sorted({str(k if isinstance(k, str) else k[0]) for k in keys} - {"collector", "next"})
+    return ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
 
 
 #: What reads one actor's decoded state (``GrpcCollector.actor_state``).

@@ -73,6 +73,42 @@ def text_env() -> gymnasium.Env:
     return _TextEnv()
 
 
+def dict_env(keys: int = 500) -> gymnasium.Env:
+    """An env with a Dict observation space of ``keys`` Boxes, which actors do not support."""
+
+    class _DictEnv(gymnasium.Env):
+        observation_space = gymnasium.spaces.Dict(
+            {f"k{i}": gymnasium.spaces.Box(-1, 1, (2,), np.float32) for i in range(keys)}
+        )
+        action_space = gymnasium.spaces.Discrete(2)
+
+    return _DictEnv()
+
+
+class _ScalarEnv(gymnasium.Env):
+    """A scalar ``Box(())`` observation (a random walk), 7-step episodes."""
+
+    observation_space = gymnasium.spaces.Box(-10.0, 10.0, shape=(), dtype=np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self._t, self._x = 0, np.float32(self.np_random.uniform(-1, 1))
+        return np.array(self._x, dtype=np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        self._x = np.float32(self._x + (1.0 if int(action) else -1.0) * 0.1)
+        return np.array(self._x, dtype=np.float32), 1.0, self._t >= 7, False, {}
+
+
+def scalar_env() -> gymnasium.Env:
+    """An env whose observation space is a scalar ``Box`` (shape ``()``)."""
+    return _ScalarEnv()
+
+
+gymnasium.register("RlfleetScalar-v0", entry_point="rlfleet_test_envs:scalar_env")
+
 _CRASHED = {"done": False}
 
 

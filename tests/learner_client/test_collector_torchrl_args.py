@@ -291,7 +291,9 @@ def test_an_annealed_epsilon_reaches_torchrl_actors(egreedy: list[str]) -> None:
         batch = collector.next()
         assert (batch["action"].argmax(-1) == batch["action_value"].argmax(-1)).all()
     with (
-        pytest.raises(ValueError, match="create_env_fn's env has 'pixels'"),
+        pytest.raises(  # the message names the keys the batches hold and the fix
+            ValueError, match=r"env has 'pixels', .* hold 'action', .*'observation'.*kind=.torchrl"
+        ),
         GrpcCollector(
             egreedy,
             create_env_fn=lambda: GymEnv("CartPole-v1", from_pixels=False).append_transform(
@@ -302,6 +304,36 @@ def test_an_annealed_epsilon_reaches_torchrl_actors(egreedy: list[str]) -> None:
         ) as collector,
     ):
         collector.next()
+
+
+def test_a_scalar_box_env_batches_as_torchrl_and_its_create_env_fn_is_accepted() -> None:
+    """A Box of shape () is [..., 1] in the fleet's batches, as in TorchRL's, with the mlp
+    policy on the actor; the same gymnasium env as create_env_fn matches the fleet."""
+    import rlfleet_test_envs
+
+    (actor,) = start_actors(
+        [["--env-factory", "rlfleet_test_envs:scalar_env", "--policy", "mlp", "--num-envs", "2"]],
+        env=ACTOR_ENV,
+    )
+    try:
+        with GrpcCollector(
+            [actor.address],
+            create_env_fn=rlfleet_test_envs.scalar_env,
+            frames_per_batch=16,
+            total_frames=32,
+            sync=True,
+        ) as collector:
+            batch = collector.next()
+    finally:
+        actor.close()
+    assert batch["observation"].shape == (1, 2, 8, 1)
+    assert batch["next", "observation"].shape == (1, 2, 8, 1)
+    assert batch["observation"].dtype == torch.float32
+    theirs = Collector(GymEnv("RlfleetScalar-v0"), None, frames_per_batch=8, total_frames=8)
+    try:
+        assert next(iter(theirs))["observation"].shape == (8, 1)
+    finally:
+        theirs.shutdown()
 
 
 def _pixels_transform() -> Any:

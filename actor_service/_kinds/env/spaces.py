@@ -1,6 +1,7 @@
 """Gymnasium spaces to batch tensors: the observation and action encodings of an actor.
 
-Batches use TorchRL's GymEnv encodings: a Box keeps its shape and dtype, a Discrete
+Batches use TorchRL's GymEnv encodings: a Box keeps its shape and dtype (a scalar Box
+observation becomes ``(1,)``, :func:`common.gym_layout.observation_shape`), a Discrete
 observation or action becomes a one-hot ``int64`` vector. MultiDiscrete and
 MultiBinary keep gymnasium's integer arrays (TorchRL would one-hot MultiDiscrete; we
 keep the indices). Inside a rollout an action travels in *compact* form — a Discrete
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import InternalError
+from common.gym_layout import observation_shape
 
 __all__ = ["ActionCodec", "ObservationCodec", "check_space", "torch_dtype"]
 
@@ -42,11 +44,16 @@ def check_space(space: gymnasium.Space, role: str) -> None:
     Raises:
         ValueError: Naming the space and the supported kinds.
     """
-    if not isinstance(space, _SUPPORTED):
-        raise ValueError(
-            f"{role} space {space!r} is not supported: use Box, Discrete, MultiDiscrete "
-            "or MultiBinary"
-        )
+    if isinstance(space, _SUPPORTED):
+        return
+    parts = getattr(space, "spaces", None)  # Dict and Tuple: name the kind, not every part
+    shown = f"{type(space).__name__} of {len(parts)} spaces" if parts is not None else repr(space)
+    flatten = "wrap the env in gymnasium's FlattenObservation, or " if role == "observation" else ""
+    raise ValueError(
+        f"{role} space {shown:.300} is not supported by a gymnasium actor (Box, Discrete, "
+        f"MultiDiscrete or MultiBinary): {flatten}host it as a TorchRL env (--kind torchrl, "
+        'LocalFleet(kind="torchrl"), an env factory returning e.g. GymWrapper(env))'
+    )
 
 
 class ObservationCodec:
@@ -77,15 +84,16 @@ class ObservationCodec:
             self.shape: tuple[int, ...] = (self._n,)
             self.dtype = torch.int64
         else:
-            self.shape = self.raw_shape
+            self.shape = observation_shape(space)
             self.dtype = torch_dtype(self.raw_dtype)
+        self._scalar = not self._discrete and not self.raw_shape
 
     def encode(self, raw: np.ndarray) -> torch.Tensor:
         """Raw observations ``[..., *raw_shape]`` → batch form (shares memory when it can)."""
         tensor = torch.from_numpy(raw)
         if self._discrete:
             return F.one_hot(tensor.long() - self._start, self._n)
-        return tensor
+        return tensor.unsqueeze(-1) if self._scalar else tensor
 
     def placeholder(self, batch: int) -> np.ndarray:
         """``batch`` valid raw observations (zeros moved inside the bounds) for probing a policy."""

@@ -75,6 +75,11 @@ def _config(fields: dict[str, Any]) -> ActorConfig:
         ({"env_factory": "not_a_module_xyz:make"}, "cannot import module"),
         ({"env_factory": "rlfleet_test_envs:missing"}, "has no attribute"),
         ({"env_factory": "rlfleet_test_envs:text_env"}, "observation space .* not supported"),
+        (  # a Dict space is named by its kind and size, and the fixes are named
+            {"env_factory": "rlfleet_test_envs:dict_env"},
+            r"^observation space Dict of 500 spaces is not supported .*FlattenObservation"
+            r".*kind torchrl.{0,200}$",
+        ),
         ({"env": "NoSuchEnv-v9"}, "cannot create"),
         ({"env_backend": "threads"}, "env_backend"),
         ({"num_envs": 0}, "num_envs"),

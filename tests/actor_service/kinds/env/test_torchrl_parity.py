@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import gymnasium
 import pytest
+import rlfleet_test_envs  # noqa: F401 - registers RlfleetScalar-v0
 import torch
 from tensordict import TensorDict
 
@@ -101,8 +102,9 @@ def _assert_done_semantics(batch: TensorDict) -> None:
         ("CartPole-v1", "random", 3, 100),
         ("Pendulum-v1", "mlp", 2, 205),
         ("FrozenLake-v1", "random", 2, 50),
+        ("RlfleetScalar-v0", "mlp", 2, 30),  # a Box of shape (): [..., 1] on both sides
     ],
-    ids=["cartpole-mlp", "cartpole-random", "pendulum-mlp", "frozenlake-random"],
+    ids=["cartpole-mlp", "cartpole-random", "pendulum-mlp", "frozenlake-random", "scalar-mlp"],
 )
 def test_parity_batch_layout_and_done_semantics(
     env_id: str, factory: str, num_envs: int, steps: int
