@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["observation_shape"]
+__all__ = ["batch_shape"]
 
 
-def observation_shape(space: Any) -> tuple[int, ...]:
-    """The per-env shape of an observation of ``space`` in a batch.
+def batch_shape(space: Any) -> tuple[int, ...]:
+    """The per-env shape of a value of ``space`` (an observation or an action) in a batch.
 
     A scalar ``Box`` (shape ``()``) becomes ``(1,)``, as TorchRL's ``GymWrapper`` makes it;
-    every other shape is kept (a ``Discrete`` space's one-hot width is the codec's own).
+    every other shape is kept (a ``Discrete`` space's one-hot width is the codecs' own).
     """
     shape = tuple(int(d) for d in (space.shape or ()))
     return shape or (1,)

@@ -45,7 +45,7 @@ from common._distributions import (
     sample_index,
     standard_normal,
 )
-from common.gym_layout import observation_shape
+from common.gym_layout import batch_shape
 
 __all__ = [
     "IndependentNormal",
@@ -133,7 +133,7 @@ def _observation_layout(space: gymnasium.Space[Any]) -> tuple[int, int]:
     if isinstance(
         space, gymnasium.spaces.Box | gymnasium.spaces.MultiBinary | gymnasium.spaces.MultiDiscrete
     ):
-        shape = observation_shape(space)  # a scalar Box is batched as (1,)
+        shape = batch_shape(space)  # a scalar Box is batched as (1,)
         return len(shape), int(np.prod(shape, dtype=np.int64))
     raise ValueError(
         f"observation space {space!r} is not supported: use Box, Discrete, "
@@ -217,8 +217,8 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
                 TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
             ]
             dist_keys, dist_class = ["logits"], OneHotCategorical
-        elif isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
-            dim = int(action_space.shape[0])
+        elif isinstance(action_space, gymnasium.spaces.Box) and len(batch_shape(action_space)) == 1:
+            dim = batch_shape(action_space)[0]  # a scalar Box acts as (1,)
             net = _mlp(observation_space, dim, hidden, activation)
             modules = [
                 TensorDictModule(net, in_keys=["observation"], out_keys=["loc"]),
@@ -227,7 +227,7 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
             dist_keys, dist_class = ["loc", "scale"], IndependentNormal
         else:
             raise ValueError(
-                "the 'mlp' policy supports Discrete and 1-D Box action spaces, "
+                "the 'mlp' policy supports Discrete and 1-D (or scalar) Box action spaces, "
                 f"got {action_space!r}"
             )
         head = ProbabilisticTensorDictModule(
@@ -330,7 +330,7 @@ class RandomPolicy(TensorDictModuleBase):
             return torch.randint(2, (batch, *space.shape), dtype=torch.int8)
         if isinstance(space, gymnasium.spaces.MultiDiscrete):
             return (torch.rand((batch, *self._nvec.shape), dtype=torch.float64) * self._nvec).long()
-        shape = (batch, *(space.shape or ()))
+        shape = (batch, *batch_shape(space))
         if self._bounded:
             u = torch.rand(shape, dtype=torch.float64)
             return (self._low + u * (self._high - self._low)).to(self._dtype)

@@ -58,7 +58,7 @@ from common.env_weights import (
     trains_parameters,
 )
 from common.errors import RlfleetError, UnknownModelError
-from common.gym_layout import observation_shape
+from common.gym_layout import batch_shape
 from learner_client._env_state import joined_state, load_env_state, pool_size
 from learner_client._shared_policy import SharedPolicy
 
@@ -411,7 +411,7 @@ def _signature(env: Any) -> EnvSignature:
             f"create_env_fn returned a {type(env).__name__}: neither a TorchRL env "
             "nor a gymnasium env with a Box observation space"
         )
-    shape = observation_shape(space)  # as a gymnasium actor batches it
+    shape = batch_shape(space)  # as a gymnasium actor batches it
     return EnvSignature({"observation": (shape, _torch_dtype(space.dtype))}, None)
 
 

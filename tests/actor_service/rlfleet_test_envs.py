@@ -86,10 +86,10 @@ def dict_env(keys: int = 500) -> gymnasium.Env:
 
 
 class _ScalarEnv(gymnasium.Env):
-    """A scalar ``Box(())`` observation (a random walk), 7-step episodes."""
+    """Scalar ``Box(())`` observations and actions (a walk the action steps), 7-step episodes."""
 
     observation_space = gymnasium.spaces.Box(-10.0, 10.0, shape=(), dtype=np.float32)
-    action_space = gymnasium.spaces.Discrete(2)
+    action_space = gymnasium.spaces.Box(-1.0, 1.0, shape=(), dtype=np.float32)
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
         super().reset(seed=seed)
@@ -97,13 +97,13 @@ class _ScalarEnv(gymnasium.Env):
         return np.array(self._x, dtype=np.float32), {}
 
     def step(self, action: Any) -> Any:
-        self._t += 1
-        self._x = np.float32(self._x + (1.0 if int(action) else -1.0) * 0.1)
+        self._t += 1  # TorchRL's GymEnv steps it with shape (1,), an actor with ()
+        self._x = np.float32(self._x + float(np.asarray(action).reshape(())) * 0.1)
         return np.array(self._x, dtype=np.float32), 1.0, self._t >= 7, False, {}
 
 
 def scalar_env() -> gymnasium.Env:
-    """An env whose observation space is a scalar ``Box`` (shape ``()``)."""
+    """An env whose observation and action spaces are scalar ``Box``es (shape ``()``)."""
     return _ScalarEnv()
 
 

@@ -307,8 +307,9 @@ def test_an_annealed_epsilon_reaches_torchrl_actors(egreedy: list[str]) -> None:
 
 
 def test_a_scalar_box_env_batches_as_torchrl_and_its_create_env_fn_is_accepted() -> None:
-    """A Box of shape () is [..., 1] in the fleet's batches, as in TorchRL's, with the mlp
-    policy on the actor; the same gymnasium env as create_env_fn matches the fleet."""
+    """A Box of shape () (observation and action) is [..., 1] in the fleet's batches, as in
+    TorchRL's, with the mlp policy on the actor; the same gymnasium env as create_env_fn
+    matches the fleet."""
     import rlfleet_test_envs
 
     (actor,) = start_actors(
@@ -329,6 +330,7 @@ def test_a_scalar_box_env_batches_as_torchrl_and_its_create_env_fn_is_accepted()
     assert batch["observation"].shape == (1, 2, 8, 1)
     assert batch["next", "observation"].shape == (1, 2, 8, 1)
     assert batch["observation"].dtype == torch.float32
+    assert batch["action"].shape == (1, 2, 8, 1)  # the mlp's Box action, as TorchRL's spec
     theirs = Collector(GymEnv("RlfleetScalar-v0"), None, frames_per_batch=8, total_frames=8)
     try:
         assert next(iter(theirs))["observation"].shape == (8, 1)

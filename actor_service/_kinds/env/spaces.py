@@ -1,7 +1,7 @@
 """Gymnasium spaces to batch tensors: the observation and action encodings of an actor.
 
 Batches use TorchRL's GymEnv encodings: a Box keeps its shape and dtype (a scalar Box
-observation becomes ``(1,)``, :func:`common.gym_layout.observation_shape`), a Discrete
+becomes ``(1,)``, :func:`common.gym_layout.batch_shape`), a Discrete
 observation or action becomes a one-hot ``int64`` vector. MultiDiscrete and
 MultiBinary keep gymnasium's integer arrays (TorchRL would one-hot MultiDiscrete; we
 keep the indices). Inside a rollout an action travels in *compact* form — a Discrete
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import InternalError
-from common.gym_layout import observation_shape
+from common.gym_layout import batch_shape
 
 __all__ = ["ActionCodec", "ObservationCodec", "check_space", "torch_dtype"]
 
@@ -84,7 +84,7 @@ class ObservationCodec:
             self.shape: tuple[int, ...] = (self._n,)
             self.dtype = torch.int64
         else:
-            self.shape = observation_shape(space)
+            self.shape = batch_shape(space)
             self.dtype = torch_dtype(self.raw_dtype)
         self._scalar = not self._discrete and not self.raw_shape
 
@@ -130,7 +130,7 @@ class ActionCodec:
             self.shape: tuple[int, ...] = (self.n,)
             self.dtype = torch.int64
         else:
-            self.compact_shape = tuple(space.shape or ())
+            self.compact_shape = batch_shape(space)
             self.compact_dtype = torch_dtype(np.dtype(space.dtype))
             self.shape = self.compact_shape
             self.dtype = self.compact_dtype
@@ -142,6 +142,7 @@ class ActionCodec:
         if isinstance(space, gymnasium.spaces.MultiBinary):
             self._bound = torch.full(self.compact_shape, 2, dtype=torch.int64)
         self._np_dtype = np.dtype(space.dtype)
+        self._scalar = isinstance(space, gymnasium.spaces.Box) and not space.shape
 
     def to_batch(self, compact: torch.Tensor) -> torch.Tensor:
         """Compact actions ``[..., *compact_shape]`` → batch form (Discrete: one-hot ``int64``)."""
@@ -152,6 +153,8 @@ class ActionCodec:
     def to_env(self, compact: torch.Tensor) -> np.ndarray:
         """Compact actions ``[B, ...]`` → what the vector env steps with (clipped to Box bounds)."""
         action = compact.detach().cpu().numpy()
+        if self._scalar:  # [B, 1] in batches, [B] for the env
+            action = action.reshape(len(action))
         if self.discrete:
             return action + self._start if self._start else action
         if isinstance(self.space, gymnasium.spaces.Box):
@@ -179,6 +182,8 @@ class ActionCodec:
         if self.discrete:
             return self._discrete_index(action, batch)
         expected = (batch, *self.compact_shape)
+        if self._scalar and tuple(action.shape) == (batch,):  # the space's own shape
+            action = action.unsqueeze(-1)
         if tuple(action.shape) != expected:
             raise InternalError(
                 f"the policy returned an action of shape {list(action.shape)}, "

@@ -278,6 +278,23 @@ def test_action_codec_clips_box_actions_for_the_env_only() -> None:
     assert torch.equal(codec.to_batch(sampled), sampled)
 
 
+def test_action_codec_batches_a_scalar_box_as_one_element_and_steps_the_env_with_its_shape() -> (
+    None
+):
+    """TorchRL's GymEnv makes a Box of shape () a (1,) spec: batches hold [B, 1], the env
+    gets [B] (gymnasium's shape); a policy may answer [B, 1] or the space's [B]."""
+    codec = ActionCodec(gymnasium.spaces.Box(-1.0, 1.0, shape=(), dtype=np.float32))
+    assert (codec.shape, codec.compact_shape) == ((1,), (1,))
+    for answer in (torch.tensor([[0.5], [3.0]]), torch.tensor([0.5, 3.0])):
+        compact = codec.from_policy(answer, 2)
+        assert compact.shape == (2, 1)
+        assert codec.to_env(compact).tolist() == [0.5, 1.0]
+    with pytest.raises(InternalError, match=r"shape \[2, 2\], expected \[2, 1\]"):
+        codec.from_policy(torch.zeros(2, 2), 2)
+    policy = make_policy("random", gymnasium.spaces.Box(-1, 1, (), np.float32), codec.space)
+    assert policy.sample_compact(3).shape == (3, 1)
+
+
 def test_action_codec_offsets_discrete_start_for_the_env() -> None:
     codec = ActionCodec(gymnasium.spaces.Discrete(3, start=-1))
     assert codec.to_env(torch.tensor([0, 2])).tolist() == [-1, 1]
