@@ -445,6 +445,13 @@ def normalize_cat_results(value: object) -> str | int:
     raise ValueError(f"cat_results must be None, 'stack' or 0, got {value!r}")
 
 
+def _nearest_multiples(name: str, value: int, step: int) -> str:
+    """The valid values of ``name`` nearest ``value`` (multiples of ``step``), as advice."""
+    lower, upper = value // step * step, (value // step + 1) * step
+    either = f"{name}={lower} or {upper}" if lower else f"{name}={upper}"
+    return f"use {either} (multiples of {step} suit this fleet)"
+
+
 def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
     """Check the fleet against the batch settings, as TorchRL checks its workers.
 
@@ -486,7 +493,11 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"{m.address} (worker_id {m.worker_id}, num_envs {m.num_envs})" for m in bad
         )
         what = f"the per-actor share {share} of {name}={fpb}" if settings.sync else f"{name}={fpb}"
-        raise ValueError(f"{what} is not a multiple of the env pool size of {detail}")
+        step = math.lcm(*(m.num_envs for m in members)) * (count if settings.sync else 1)
+        raise ValueError(
+            f"{what} is not a multiple of the env pool size of {detail}; "
+            f"{_nearest_multiples(name, fpb, step)}"
+        )
     laid_out = settings.cat_results == 0 or settings.split_trajs  # LLM batches: one layout
     if settings.sync and laid_out and settings.llm is None:
         check_one_env(members, "cat_results=0" if settings.cat_results == 0 else "split_trajs")

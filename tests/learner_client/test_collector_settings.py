@@ -176,6 +176,15 @@ def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
         check_fleet(BatchSettings(frames_per_batch=8), dup, "policy")
 
 
+def test_check_fleet_names_the_nearest_frames_per_batch_the_fleet_can_split():
+    """TorchRL rounds such a frames_per_batch up; we refuse it, naming the values that work."""
+    two = [FleetMember("h:1", 1, 4), FleetMember("h:2", 2, 6)]  # lcm 12, 24 a sync round
+    with pytest.raises(ValueError, match=r"use frames_per_batch=24 or 48 \(multiples of 24 "):
+        check_fleet(BatchSettings(frames_per_batch=30, sync=True), two, "policy")
+    with pytest.raises(ValueError, match=r"use frames_per_batch=12 \(multiples of 12 "):
+        check_fleet(BatchSettings(frames_per_batch=10), two, "policy")  # async: none below
+
+
 def test_check_fleet_needs_alike_spaces_only_where_the_layout_concatenates():
     def fleet(*spaces: str, kind: str = "env") -> list[FleetMember]:
         return [
