@@ -540,9 +540,10 @@ class GrpcCollector(TorchRLAccessors):
             self._check_open()
             try:
                 return self._pusher.update(request)
-            except BaseException:
+            except BaseException as exc:
                 if marked and shared is not None:
                     shared.forget()  # pushed again before the next batch
+                self._check_open(exc)  # shut down meanwhile: say so
                 raise
 
     def _held_versions(self) -> dict[Any, Any]:
@@ -555,9 +556,9 @@ class GrpcCollector(TorchRLAccessors):
         """What :func:`~learner_client.serve_metrics` serves (closed with the collector)."""
         return self._parts.metrics
 
-    def _check_open(self) -> None:
+    def _check_open(self, cause: BaseException | None = None) -> None:
         if self._state is _State.CLOSED:
-            raise ClosedError("the collector is shut down")
+            raise ClosedError("the collector is shut down") from cause
 
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` (RuntimeError if none given)."""
@@ -604,11 +605,11 @@ class GrpcCollector(TorchRLAccessors):
         TorchRL's ``close_env`` and ``raise_on_error`` change nothing: the envs are the actors'.
         """
         limit = shutdown_limit(timeout)  # checked before anything closes
-        with self._lock:
-            if self._state is _State.CLOSED:
-                return
-            self._state = _State.CLOSED
-        self._teardown.uninterrupted(limit, shutdown_ray, self._dropped)  # a fleet given too
+        held = self._lock.acquire(timeout=limit)  # a call in flight (a push) fails as we close
+        self._state = _State.CLOSED
+        if held:
+            self._lock.release()
+        self._teardown.once(limit, shutdown_ray, self._dropped)  # a fleet given too
 
     # ------------------------------------------------ the fleet: views, seeds, state
 

@@ -116,6 +116,30 @@ class Teardown:
     membership: _Closing
     background: _Thread
     owner: _Closing
+    #: Set once the first :meth:`once` has closed everything (another caller waits on it).
+    closed: threading.Event = dataclasses.field(default_factory=threading.Event)
+    _closer: threading.Thread | None = None
+    _claim: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def once(self, timeout: float, shutdown_ray: bool, dropped: weakref.finalize) -> None:
+        """:meth:`uninterrupted` by the first caller; a later caller returns once it is done.
+
+        A ``shutdown()`` from a watchdog and another from the ``with`` exit both return with
+        nothing left running. The closing thread itself (a callback of the close calling
+        ``shutdown()`` again) returns at once.
+        """
+        with self._claim:
+            closer, first = self._closer, self._closer is None
+            if first:
+                self._closer = threading.current_thread()
+        if not first:
+            if closer is not threading.current_thread():
+                self.closed.wait()  # each of the first caller's phases is bounded
+            return
+        try:
+            self.uninterrupted(timeout, shutdown_ray, dropped)
+        finally:
+            self.closed.set()
 
     def __call__(self, timeout: float, shutdown_ray: bool = False) -> None:
         """Close everything, each phase bounded by ``timeout``.

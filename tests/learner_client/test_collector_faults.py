@@ -6,8 +6,12 @@ on the same ports, so they do not share the session fleet.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import pathlib
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,7 +22,7 @@ from learner_fleet import cartpole_policy, live_threads, start_actors
 from tcp_proxy import FaultProxy
 
 from common.config import CHUNK_BYTES
-from common.errors import ActorUnavailableError, AuthenticationError
+from common.errors import ActorUnavailableError, AuthenticationError, ClosedError
 from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 
 TOKEN = "s3cret-learner-token"
@@ -191,6 +195,59 @@ def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
         poll_until(lambda: live_threads() <= baseline, timeout=10, message="threads at baseline")
     finally:
         collector.shutdown(timeout=3)
+
+
+@contextlib.contextmanager
+def _stopped(actor: ActorProcess) -> Iterator[None]:
+    """The actor's process stopped (SIGSTOP: a hung host, no reset), continued after."""
+    os.kill(actor.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(actor.process.pid, signal.SIGCONT)
+
+
+def test_shutdown_during_a_push_to_a_hung_actor_keeps_its_bound_and_the_push_says_closed(pair):
+    """A watchdog's shutdown(timeout=2) while the training thread pushes to a hung actor: it
+    waited for the push's whole call_timeout (31 s), now ~2 s per phase; the push ends with
+    ClosedError."""
+    collector = GrpcCollector([a.address for a in pair], frames_per_batch=8, token=TOKEN)
+    policy, pushed = cartpole_policy(), []
+    try:
+        collector.next()
+        with _stopped(pair[0]):
+            pusher = threading.Thread(target=_push_into, args=(collector, policy, pushed))
+            pusher.start()
+            time.sleep(1.0)  # the push waits on the hung actor
+            start = time.monotonic()
+            collector.shutdown(timeout=2)
+            assert time.monotonic() - start < 8
+            pusher.join(10)
+        assert isinstance(pushed[0], ClosedError)
+    finally:
+        collector.shutdown(timeout=2)
+
+
+def _push_into(collector: GrpcCollector, policy: torch.nn.Module, out: list) -> None:
+    try:
+        out.append(collector.update_policy_weights_(policy))
+    except Exception as exc:
+        out.append(exc)
+
+
+def test_a_second_concurrent_shutdown_returns_once_the_first_has_closed_everything(pair):
+    with GrpcCollector([pair[0].address], frames_per_batch=4, total_frames=4, token=TOKEN) as warm:
+        list(warm)
+    baseline = live_threads()
+    collector = GrpcCollector([a.address for a in pair], frames_per_batch=8, token=TOKEN)
+    collector.next()
+    with _stopped(pair[0]):  # the close waits its phase bound on the hung actor
+        first = threading.Thread(target=collector.shutdown, kwargs={"timeout": 3})
+        first.start()
+        time.sleep(0.3)
+        collector.shutdown(timeout=3)  # returned at once, the first still closing
+        assert live_threads() - {first} <= baseline  # the loop thread, rlfleet-learner
+    first.join()
 
 
 def test_collector_raises_if_the_token_is_missing_or_wrong(actors):
