@@ -8,14 +8,32 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["batch_shape"]
+import numpy as np
+import torch
+
+__all__ = ["batch_dtype", "batch_shape"]
 
 
 def batch_shape(space: Any) -> tuple[int, ...]:
     """The per-env shape of a value of ``space`` (an observation or an action) in a batch.
 
-    A scalar ``Box`` (shape ``()``) becomes ``(1,)``, as TorchRL's ``GymWrapper`` makes it;
-    every other shape is kept (a ``Discrete`` space's one-hot width is the codecs' own).
+    A ``Discrete`` space's value is one-hot, ``(n,)``; a scalar ``Box`` (shape ``()``)
+    becomes ``(1,)``, as TorchRL's ``GymWrapper`` makes them; every other shape is kept.
     """
+    if _is_discrete(space):
+        return (int(space.n),)
     shape = tuple(int(d) for d in (space.shape or ()))
     return shape or (1,)
+
+
+def batch_dtype(space: Any) -> torch.dtype:
+    """The torch dtype of a value of ``space`` in a batch (``int64`` one-hot for Discrete)."""
+    if _is_discrete(space):
+        return torch.int64
+    return torch.from_numpy(np.zeros((), dtype=space.dtype)).dtype
+
+
+def _is_discrete(space: Any) -> bool:
+    import gymnasium  # the learner imports this module without needing gymnasium first
+
+    return isinstance(space, gymnasium.spaces.Discrete)

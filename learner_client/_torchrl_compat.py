@@ -58,7 +58,7 @@ from common.env_weights import (
     trains_parameters,
 )
 from common.errors import RlfleetError, UnknownModelError
-from common.gym_layout import batch_shape
+from common.gym_layout import batch_dtype, batch_shape
 from learner_client._env_state import joined_state, load_env_state, pool_size
 from learner_client._shared_policy import SharedPolicy
 
@@ -411,19 +411,13 @@ def _signature(env: Any) -> EnvSignature:
             f"create_env_fn returned a {type(env).__name__}: neither a TorchRL env "
             "nor a gymnasium env with a Box observation space"
         )
-    shape = batch_shape(space)  # as a gymnasium actor batches it
-    return EnvSignature({"observation": (shape, _torch_dtype(space.dtype))}, None)
+    layout = (batch_shape(space), batch_dtype(space))  # as a gymnasium actor batches it
+    return EnvSignature({"observation": layout}, None)
 
 
 def _private(key: object) -> bool:
     parts = key if isinstance(key, tuple) else (key,)
     return any(str(p).startswith("_") for p in parts) or parts[0] == "collector"
-
-
-def _torch_dtype(dtype: Any) -> torch.dtype:
-    import numpy as np
-
-    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
 def check_env_signature(expected: Mapping[Any, KeySpec], batch: Any, worker: str) -> None:

@@ -306,20 +306,28 @@ def test_an_annealed_epsilon_reaches_torchrl_actors(egreedy: list[str]) -> None:
         collector.next()
 
 
-def test_a_scalar_box_env_batches_as_torchrl_and_its_create_env_fn_is_accepted() -> None:
-    """A Box of shape () (observation and action) is [..., 1] in the fleet's batches, as in
-    TorchRL's, with the mlp policy on the actor; the same gymnasium env as create_env_fn
-    matches the fleet."""
-    import rlfleet_test_envs
+@pytest.mark.parametrize(
+    ("flags", "env_id", "observation"),
+    [
+        (["--env-factory", "rlfleet_test_envs:scalar_env"], "RlfleetScalar-v0", ((1,), "float32")),
+        (["--env", "FrozenLake-v1"], "FrozenLake-v1", ((16,), "int64")),  # one-hot
+    ],
+    ids=["scalar-box", "discrete"],
+)
+def test_a_gymnasium_create_env_fn_matches_the_fleets_batches_as_torchrl_lays_them_out(
+    flags: list[str], env_id: str, observation: tuple[tuple[int, ...], str]
+) -> None:
+    """A Box of shape () (observation and action) is [..., 1] in the fleet's batches, a
+    Discrete observation one-hot, as in TorchRL's; the same gymnasium env as create_env_fn
+    matches the fleet (the scalar was refused as 'another env', then the Discrete)."""
+    import gymnasium
+    import rlfleet_test_envs  # noqa: F401 - registers RlfleetScalar-v0
 
-    (actor,) = start_actors(
-        [["--env-factory", "rlfleet_test_envs:scalar_env", "--policy", "mlp", "--num-envs", "2"]],
-        env=ACTOR_ENV,
-    )
+    (actor,) = start_actors([[*flags, "--policy", "mlp", "--num-envs", "2"]], env=ACTOR_ENV)
     try:
         with GrpcCollector(
             [actor.address],
-            create_env_fn=rlfleet_test_envs.scalar_env,
+            create_env_fn=lambda: gymnasium.make(env_id),
             frames_per_batch=16,
             total_frames=32,
             sync=True,
@@ -327,15 +335,16 @@ def test_a_scalar_box_env_batches_as_torchrl_and_its_create_env_fn_is_accepted()
             batch = collector.next()
     finally:
         actor.close()
-    assert batch["observation"].shape == (1, 2, 8, 1)
-    assert batch["next", "observation"].shape == (1, 2, 8, 1)
-    assert batch["observation"].dtype == torch.float32
-    assert batch["action"].shape == (1, 2, 8, 1)  # the mlp's Box action, as TorchRL's spec
-    theirs = Collector(GymEnv("RlfleetScalar-v0"), None, frames_per_batch=8, total_frames=8)
+    shape, dtype = observation
+    for key in ("observation", ("next", "observation")):
+        assert (batch[key].shape, batch[key].dtype) == ((1, 2, 8, *shape), getattr(torch, dtype))
+    theirs = Collector(GymEnv(env_id), None, frames_per_batch=8, total_frames=8)
     try:
-        assert next(iter(theirs))["observation"].shape == (8, 1)
+        assert next(iter(theirs))["observation"].shape == (8, *shape)
     finally:
         theirs.shutdown()
+    if env_id == "RlfleetScalar-v0":
+        assert batch["action"].shape == (1, 2, 8, 1)  # the mlp's Box action, as TorchRL's spec
 
 
 def _pixels_transform() -> Any:

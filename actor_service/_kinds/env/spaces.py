@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import InternalError
-from common.gym_layout import batch_shape
+from common.gym_layout import batch_dtype, batch_shape
 
 __all__ = ["ActionCodec", "ObservationCodec", "check_space", "torch_dtype"]
 
@@ -81,11 +81,8 @@ class ObservationCodec:
         if isinstance(space, gymnasium.spaces.Discrete):
             self._n = int(space.n)
             self._start = int(space.start)
-            self.shape: tuple[int, ...] = (self._n,)
-            self.dtype = torch.int64
-        else:
-            self.shape = batch_shape(space)
-            self.dtype = torch_dtype(self.raw_dtype)
+        self.shape: tuple[int, ...] = batch_shape(space)
+        self.dtype = batch_dtype(space)
         self._scalar = not self._discrete and not self.raw_shape
 
     def encode(self, raw: np.ndarray) -> torch.Tensor:
