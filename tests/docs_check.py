@@ -3,7 +3,8 @@
 The rules (documented in docs/development.md): every ```` ```python ```` block runs unless the
 line just before its fence is ``<!-- docs-test: skip (reason) -->``; every relative link points
 at an existing file and every ``#anchor`` at a heading of its target; every
-``tests/<path>.py::test_name`` names a test that exists.
+``tests/<path>.py::test_name`` names a test that exists; every file path of ours in
+backticks exists.
 """
 
 from __future__ import annotations
@@ -164,6 +165,43 @@ def missing_tests(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
                 problems.append(f"{_relative(path)}:{number}: {file_name}: no such file")
             elif test_name not in _function_names(test_file):
                 problems.append(f"{_relative(path)}:{number}: no {test_name} in {file_name}")
+    return problems
+
+
+#: A file path in backticks (`actor_service/_kinds/env/core.py`, `_core/_base.py`).
+_PATH_REF = re.compile(r"`([\w.-]+(?:/[\w.-]+)+\.(?:py|md|sh|toml|proto|ya?ml|json|txt))`")
+#: The repository's top folders: a path starting with one is the project's own.
+_OURS = (
+    "actor_service",
+    "learner_client",
+    "common",
+    "apps",
+    "tests",
+    "bench",
+    "docs",
+    "scripts",
+    "docker",
+    "protos",
+    ".ci",
+)
+#: Where a path starting with a private module (``_core/...``) is looked up.
+_PRIVATE_HOMES = ("actor_service", "learner_client", "common", "tests/actor_service")
+
+
+def missing_paths(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+    """Every path of the project's own in backticks (not another repository's) that is gone."""
+    problems = []
+    for number, text in _outside_blocks(path):
+        for ref in _PATH_REF.findall(text):
+            first = ref.split("/")[0]
+            if first.startswith("_"):
+                homes = [root / home / ref for home in _PRIVATE_HOMES]
+            elif first in _OURS:
+                homes = [root / ref]
+            else:
+                continue  # TorchRL's or a user's file
+            if not any(home.exists() for home in homes):
+                problems.append(f"{_relative(path)}:{number}: `{ref}`: no such file")
     return problems
 
 

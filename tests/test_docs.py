@@ -17,6 +17,7 @@ from docs_check import (
     broken_links,
     code_blocks,
     doc_files,
+    missing_paths,
     missing_tests,
     slug,
 )
@@ -69,6 +70,11 @@ def test_docs_links_and_anchors_resolve(path: pathlib.Path) -> None:
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_docs_name_only_tests_that_exist(path: pathlib.Path) -> None:
     assert missing_tests(path) == []
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_name_only_files_of_ours_that_exist(path: pathlib.Path) -> None:
+    assert missing_paths(path) == []
 
 
 def test_docs_pages_are_all_linked_from_the_readme() -> None:
