@@ -67,6 +67,10 @@ class Background:
         """Whether the thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
+    def is_current(self) -> bool:
+        """Whether the caller is the background thread (a ``shutdown()`` from its buffer)."""
+        return self._thread is threading.current_thread()
+
     def start(self) -> None:
         """Start the thread (no-op if it runs)."""
         if self.running:

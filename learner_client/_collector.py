@@ -12,6 +12,7 @@ catch it, ``next()`` again or ``shutdown()``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import threading
@@ -415,8 +416,7 @@ class GrpcCollector(TorchRLAccessors):
 
     def next(self) -> TensorDictBase | None:
         """The next batch, or None at the end (as TorchRL's ``next()``); threads may share it."""
-        parts = self._take()
-        if parts is None:
+        if (parts := self._take()) is None:
             self._handover.flush(self.replay_buffer, self.postproc)  # parts an interrupt left
             return None
         return self._handover.deliver(parts, self.replay_buffer, self.postproc)
@@ -434,8 +434,7 @@ class GrpcCollector(TorchRLAccessors):
 
         An interrupt (Ctrl-C) while it is laid out keeps it for the next take, counted once.
         """
-        with self._lock:
-            self._check_open()
+        with self._open_call():
             if self._rounds.exhausted():
                 return None
             self._pusher.push_shared(self._shared, self._rollout.model_id)
@@ -536,20 +535,17 @@ class GrpcCollector(TorchRLAccessors):
             version=version,
             part=part,
         )
-        with self._lock:
-            self._check_open()
+        with self._open_call():
             try:
                 return self._pusher.update(request)
-            except BaseException as exc:
+            except BaseException:
                 if marked and shared is not None:
                     shared.forget()  # pushed again before the next batch
-                self._check_open(exc)  # shut down meanwhile: say so
                 raise
 
     def _held_versions(self) -> dict[Any, Any]:
         """``{worker_id: version}`` each owned worker holds of ``"policy"`` (a push's default)."""
-        with self._lock:
-            self._check_open()
+        with self._open_call():
             return {w: self._book.applied(w).get(DEFAULT_MODEL_ID, 0) for w in self.worker_ids}
 
     def _learner_metrics(self) -> LearnerMetrics:
@@ -559,6 +555,17 @@ class GrpcCollector(TorchRLAccessors):
     def _check_open(self, cause: BaseException | None = None) -> None:
         if self._state is _State.CLOSED:
             raise ClosedError("the collector is shut down") from cause
+
+    @contextlib.contextmanager
+    def _open_call(self) -> Iterator[None]:
+        """Hold the lock for a call to the actors; one a shutdown cuts off raises ClosedError."""
+        with self._lock:
+            self._check_open()
+            try:
+                yield
+            except BaseException as exc:
+                self._check_open(exc)
+                raise
 
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` (RuntimeError if none given)."""
@@ -584,10 +591,6 @@ class GrpcCollector(TorchRLAccessors):
     def is_running(self) -> bool:
         """Whether the background collection thread runs."""
         return self._background.running
-
-    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
-        """Stop background collection, then :meth:`shutdown` (bounded, idempotent)."""
-        self.shutdown(timeout, close_env)
 
     def shutdown(
         self,
@@ -721,8 +724,7 @@ class GrpcCollector(TorchRLAccessors):
         give them equal seeds: seed each rank apart (e.g. ``seed + 10_000 * rank``).
         """
         seed = check_seed(seed)
-        with self._lock:
-            self._check_open()
+        with self._open_call():
             return self._fleet.set_seed(seed, bool(static_seed))
 
     def state_dict(self) -> dict[str, Any]:
@@ -735,8 +737,7 @@ class GrpcCollector(TorchRLAccessors):
             "workers": {worker_id: uint8 tensor of the actor's safetensors state}}``
             — plain tensors and ints, so ``torch.save`` and weights-only loading work.
         """
-        with self._lock:
-            self._check_open()
+        with self._open_call():
             return self._fleet.state_dict()
 
     def actor_state(self, worker_id: int) -> dict[str, Any]:
@@ -752,8 +753,7 @@ class GrpcCollector(TorchRLAccessors):
 
         ``ValueError`` for missing keys, ``UnknownWorkerError`` for a worker_id not in it.
         """
-        with self._lock:
-            self._check_open()
+        with self._open_call():
             self._fleet.load_state_dict(state_dict)
             self._rounds.update_budget()
             if self._env is not None:  # create_env_fn's env holds the restored env state

@@ -445,11 +445,23 @@ def normalize_cat_results(value: object) -> str | int:
     raise ValueError(f"cat_results must be None, 'stack' or 0, got {value!r}")
 
 
-def _nearest_multiples(name: str, value: int, step: int) -> str:
-    """The valid values of ``name`` nearest ``value`` (multiples of ``step``), as advice."""
+def _nearest_multiples(name: str, value: int, step: int, most: int) -> str:
+    """The valid values of ``name`` nearest ``value`` (multiples of ``step`` up to ``most``)."""
     lower, upper = value // step * step, (value // step + 1) * step
-    either = f"{name}={lower} or {upper}" if lower else f"{name}={upper}"
-    return f"use {either} (multiples of {step} suit this fleet)"
+    near = [v for v in (lower, upper) if 0 < v <= most]
+    if not near:
+        return f"no {name} up to {most} suits this fleet (multiples of {step})"
+    return f"use {name}={' or '.join(map(str, near))} (multiples of {step} suit this fleet)"
+
+
+def _split_advice(settings: BatchSettings, members: Sequence[FleetMember]) -> str:
+    """What to give ``check_fleet`` when a share is not a multiple of an actor's envs."""
+    count, sizes = len(members), {m.num_envs for m in members}
+    if settings.sync and settings.cat_results == 0 and len(sizes) > 1:
+        return "cat_results=0 also needs actors of one num_envs (the same time steps from each)"
+    step = math.lcm(*sizes) * (count if settings.sync else 1)
+    most = MAX_FRAMES_PER_BATCH * (count if settings.sync else 1)
+    return _nearest_multiples(settings.count_names[0], settings.frames_per_batch, step, most)
 
 
 def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
@@ -493,10 +505,9 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
             f"{m.address} (worker_id {m.worker_id}, num_envs {m.num_envs})" for m in bad
         )
         what = f"the per-actor share {share} of {name}={fpb}" if settings.sync else f"{name}={fpb}"
-        step = math.lcm(*(m.num_envs for m in members)) * (count if settings.sync else 1)
         raise ValueError(
             f"{what} is not a multiple of the env pool size of {detail}; "
-            f"{_nearest_multiples(name, fpb, step)}"
+            f"{_split_advice(settings, members)}"
         )
     laid_out = settings.cat_results == 0 or settings.split_trajs  # LLM batches: one layout
     if settings.sync and laid_out and settings.llm is None:

@@ -507,6 +507,8 @@ class _Holds(Protocol):
 
     def update_policy_weights_(self) -> Any: ...
 
+    def shutdown(self, timeout: float | None = None, close_env: bool = True) -> None: ...
+
     @property
     def env(self) -> Any: ...
 
@@ -536,6 +538,10 @@ class TorchRLAccessors:
     def iterator(self: _Holds) -> Iterator[Any]:
         """TorchRL's name for iterating the collector."""
         return iter(self)
+
+    def async_shutdown(self: _Holds, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection, then :meth:`shutdown` (bounded, idempotent)."""
+        self.shutdown(timeout, close_env)
 
     @property
     def requested_frames_per_batch(self: _Holds) -> int:

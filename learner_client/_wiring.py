@@ -96,6 +96,8 @@ class _Closing(Protocol):
 
 
 class _Thread(Protocol):
+    def is_current(self) -> bool: ...
+
     def stop(self) -> None: ...
 
     def join(self, timeout: float) -> None: ...
@@ -125,15 +127,16 @@ class Teardown:
         """:meth:`uninterrupted` by the first caller; a later caller returns once it is done.
 
         A ``shutdown()`` from a watchdog and another from the ``with`` exit both return with
-        nothing left running. The closing thread itself (a callback of the close calling
-        ``shutdown()`` again) returns at once.
+        nothing left running. A thread the close waits for returns at once: the closing
+        thread itself (a callback of the close), the background thread (its replay buffer's
+        ``extend`` calling ``shutdown()``), which the close joins.
         """
         with self._claim:
             closer, first = self._closer, self._closer is None
             if first:
                 self._closer = threading.current_thread()
         if not first:
-            if closer is not threading.current_thread():
+            if closer is not threading.current_thread() and not self.background.is_current():
                 self.closed.wait()  # each of the first caller's phases is bounded
             return
         try:

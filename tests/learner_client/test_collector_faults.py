@@ -13,7 +13,7 @@ import pathlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -229,10 +229,66 @@ def test_shutdown_during_a_push_to_a_hung_actor_keeps_its_bound_and_the_push_say
 
 
 def _push_into(collector: GrpcCollector, policy: torch.nn.Module, out: list) -> None:
+    _call_into(lambda: collector.update_policy_weights_(policy), out)
+
+
+def _call_into(call: Callable[[], object], out: list) -> None:
     try:
-        out.append(collector.update_policy_weights_(policy))
+        out.append(call())
     except Exception as exc:
         out.append(exc)
+
+
+@pytest.mark.parametrize("call", ["next", "set_seed", "state_dict"])
+def test_a_call_a_shutdown_cuts_off_raises_closed_error(pair, call: str) -> None:
+    """next() pushing policy=, set_seed and state_dict wait on a hung actor; a shutdown from
+    another thread ends them with ClosedError (a bare CancelledError, or a WeightPushError
+    with no reason, after the shutdown stopped waiting for them)."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=8, policy=cartpole_policy(), token=TOKEN
+    )
+    out: list = []
+    try:
+        collector.next()
+        calls = {"next": collector.next, "set_seed": lambda: collector.set_seed(3)}
+        with _stopped(pair[0]):
+            if call == "next":  # the policy changed: the next batch pushes it first
+                torch.nn.init.zeros_(next(collector.policy.parameters()))
+            thread = threading.Thread(
+                target=_call_into, args=(calls.get(call, collector.state_dict), out)
+            )
+            thread.start()
+            time.sleep(1.0)  # the call waits on the hung actor
+            collector.shutdown(timeout=2)
+            thread.join(10)
+        assert isinstance(out[0], ClosedError), out
+    finally:
+        collector.shutdown(timeout=2)
+
+
+def test_a_shutdown_from_the_replay_buffer_thread_does_not_stall_the_first_one(pair) -> None:
+    """The buffer's extend() calls shutdown() while the main thread's close joins it: both
+    return at once (the second waited for the first, which waited for it: 5 s)."""
+    inside, collector = threading.Event(), None
+
+    class Buffer:
+        def extend(self, data: object) -> None:
+            if not inside.is_set():
+                inside.set()
+                time.sleep(0.5)  # the main thread's shutdown starts meanwhile
+                collector.shutdown()  # "enough frames": stop from the storing thread
+
+    collector = GrpcCollector(
+        [pair[0].address], frames_per_batch=8, replay_buffer=Buffer(), token=TOKEN
+    )
+    try:
+        collector.start()
+        assert inside.wait(30)
+        start = time.monotonic()
+        collector.shutdown(timeout=5)
+        assert time.monotonic() - start < 3
+    finally:
+        collector.shutdown(timeout=5)
 
 
 def test_a_second_concurrent_shutdown_returns_once_the_first_has_closed_everything(pair):

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
-from common.config import ExplorationType
+from common.config import MAX_FRAMES_PER_BATCH, ExplorationType
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client import GrpcCollector
@@ -183,6 +183,11 @@ def test_check_fleet_names_the_nearest_frames_per_batch_the_fleet_can_split():
         check_fleet(BatchSettings(frames_per_batch=30, sync=True), two, "policy")
     with pytest.raises(ValueError, match=r"use frames_per_batch=12 \(multiples of 12 "):
         check_fleet(BatchSettings(frames_per_batch=10), two, "policy")  # async: none below
+    one = [FleetMember("h:1", 1, 5)]  # none above what an actor collects in one batch
+    with pytest.raises(ValueError, match=r"use frames_per_batch=4194300 \(multiples of 5 "):
+        check_fleet(BatchSettings(frames_per_batch=MAX_FRAMES_PER_BATCH - 1), one, "policy")
+    with pytest.raises(ValueError, match=r"cat_results=0 also needs actors of one num_envs"):
+        check_fleet(BatchSettings(frames_per_batch=30, sync=True, cat_results=0), two, "policy")
 
 
 def test_check_fleet_needs_alike_spaces_only_where_the_layout_concatenates():
