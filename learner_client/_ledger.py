@@ -134,6 +134,20 @@ class Ledger:
             self.restarts[worker_id] = self.restarts.get(worker_id, 0) + 1
             self.lost_in_progress += in_progress
 
+    def withdrawn(self, frames_by_worker: dict[int, int]) -> None:
+        """Undo :meth:`delivered` of a batch dropped before it reached the user (discarded).
+
+        A sync round kept by an interrupt and stale by the time it is taken again: the
+        budget counts it no more, so ``total_frames`` still reach the user.
+        """
+        with self._lock:
+            self.batches -= 1
+            for wid, frames in frames_by_worker.items():
+                self.frames -= frames
+                self.worker_frames[wid] -= frames
+                self.worker_batches[wid] -= 1
+                self.discarded += 1
+
     def add_discarded(self, count: int) -> None:
         """Count complete batches dropped on purpose (e.g. the fleet was resized)."""
         with self._lock:

@@ -191,7 +191,8 @@ class Rounds:
             return [d.batch for d in again]
         if again is not None:
             log.info("dropped a sync batch taken before a weight push and never handed out")
-            self.ledger.add_discarded(len(again))
+            self.ledger.withdrawn({d.worker_id: d.frames for d in again})
+            self.update_budget()
         take = self._take_sync if self.settings.sync else self._take_async
         deliveries = self.metrics.waited_for(take)
         if self.settings.llm is not None:
@@ -202,11 +203,16 @@ class Rounds:
         return [d.batch for d in deliveries]
 
     def _stale(self, deliveries: list[Delivery]) -> bool:
-        """Whether a sync batch on demand acts with weights older than the acting ones."""
+        """Whether a sync batch on demand acts with weights older than its actors should hold.
+
+        Each share against its own actor's floor (the mailbox's, ``WeightBook.should_hold``),
+        which a push since the take raises; not against the acting version, the highest any
+        actor holds, which a fleet of actors at different versions never all reach.
+        """
         if not (self.settings.sync and self.settings.on_demand):
             return False
-        acting = self.book.versions().get(self.acting_model, 0)
-        return min(d.version_min for d in deliveries) < acting
+        hold = self.book.should_hold
+        return any(d.version_min < hold(d.worker_id, self.acting_model) for d in deliveries)
 
     def _take_async(self) -> list[Delivery]:
         delivery = self.mailbox.take_any(self.settings.batch_timeout)

@@ -140,23 +140,56 @@ def test_an_interrupt_while_a_batch_is_laid_out_gives_that_batch_at_the_next_tak
     assert len(set(frames)) == len(frames)  # the batch given again is given once
 
 
+def test_a_batch_kept_by_an_interrupt_is_given_on_a_fleet_whose_actors_hold_other_versions(
+    fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No push since the take: the kept round is given, though its actors act with different
+    versions (one had an addressed push), below the acting one (the highest): it was dropped
+    as stale, its frames counted, so the loop ended a round short (16 of 24)."""
+    with GrpcCollector(addresses(fleet, 2), frames_per_batch=4) as collector:
+        collector.update_policy_weights_(cartpole_policy(), worker_ids=[2])
+    monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, 2, []))
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=24, sync=True
+    ) as collector:
+        batches, interrupts = [], 0
+        while True:
+            try:
+                batch = collector.next()
+            except KeyboardInterrupt:
+                interrupts += 1
+                continue
+            if batch is None:
+                break
+            batches.append(batch)
+        stats = collector.stats()
+    assert interrupts == 1
+    assert sum(b.numel() for b in batches) == 24 == stats["frames"]
+    assert stats["discarded"] == 0
+
+
 def test_a_batch_kept_by_an_interrupt_is_dropped_when_weights_were_pushed_since(
     fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sync on demand: the batch after a push acts with it, also after a Ctrl-C."""
+    """Sync on demand: the batch after a push acts with it, also after a Ctrl-C; the dropped
+    round counts no more, so total_frames still reach the user (16 of 24 before)."""
     monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, 1, []))
     policy = cartpole_policy()
-    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True) as collector:
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=8, total_frames=24, sync=True
+    ) as collector:
         with pytest.raises(KeyboardInterrupt):
             collector.next()
         version = collector.policy_version + 1
         collector.update_policy_weights_(policy, version=version)
-        batch = collector.next()
-        discarded = collector.stats()["discarded"]
-    assert discarded == 2  # both actors' parts of the kept round
-    assert torch.equal(
-        batch["next", "policy_version"], torch.full_like(batch["next", "policy_version"], version)
-    )
+        batches = list(collector)
+        stats = collector.stats()
+    assert stats["discarded"] == 2  # both actors' parts of the kept round
+    assert sum(b.numel() for b in batches) == 24 == stats["frames"]
+    assert stats["batches"] == 3
+    for batch in batches:
+        versions = batch["next", "policy_version"]
+        assert torch.equal(versions, torch.full_like(versions, version))
 
 
 class _InterruptedBuffer(ReplayBuffer):
