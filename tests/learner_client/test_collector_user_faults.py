@@ -122,22 +122,27 @@ def test_an_interrupt_while_a_batch_is_laid_out_gives_that_batch_at_the_next_tak
     with GrpcCollector(
         addresses(fleet, 0, 2), frames_per_batch=8, total_frames=40, sync=sync
     ) as collector:
-        batches, interrupts = [], 0
-        while True:
-            try:
-                batch = collector.next()
-            except KeyboardInterrupt:
-                interrupts += 1
-                continue
-            if batch is None:
-                break
-            batches.append(batch)
+        batches, interrupts = _collect_through_interrupts(collector)
         stats = collector.stats()
     assert interrupts == 1
     assert sum(b.numel() for b in batches) == 40 == stats["frames"]
     assert (stats["gaps"], stats["duplicates"], stats["discarded"]) == (0, 0, 0)
     frames = [tuple(b["observation"].flatten().tolist()) for b in batches]
     assert len(set(frames)) == len(frames)  # the batch given again is given once
+
+
+def _collect_through_interrupts(collector: GrpcCollector) -> tuple[list, int]:
+    """A script's loop that catches Ctrl-C and goes on: (the batches, the interrupts)."""
+    batches, interrupts = [], 0
+    while True:
+        try:
+            batch = collector.next()
+        except KeyboardInterrupt:
+            interrupts += 1
+            continue
+        if batch is None:
+            return batches, interrupts
+        batches.append(batch)
 
 
 def test_a_batch_kept_by_an_interrupt_is_given_on_a_fleet_whose_actors_hold_other_versions(
@@ -152,16 +157,7 @@ def test_a_batch_kept_by_an_interrupt_is_given_on_a_fleet_whose_actors_hold_othe
     with GrpcCollector(
         addresses(fleet, 0, 2), frames_per_batch=8, total_frames=24, sync=True
     ) as collector:
-        batches, interrupts = [], 0
-        while True:
-            try:
-                batch = collector.next()
-            except KeyboardInterrupt:
-                interrupts += 1
-                continue
-            if batch is None:
-                break
-            batches.append(batch)
+        batches, interrupts = _collect_through_interrupts(collector)
         stats = collector.stats()
     assert interrupts == 1
     assert sum(b.numel() for b in batches) == 24 == stats["frames"]
