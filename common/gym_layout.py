@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["batch_dtype", "batch_shape"]
+__all__ = ["batch_dtype", "batch_shape", "torch_dtype"]
 
 
 def batch_shape(space: Any) -> tuple[int, ...]:
@@ -30,7 +30,12 @@ def batch_dtype(space: Any) -> torch.dtype:
     """The torch dtype of a value of ``space`` in a batch (``int64`` one-hot for Discrete)."""
     if _is_discrete(space):
         return torch.int64
-    return torch.from_numpy(np.zeros((), dtype=space.dtype)).dtype
+    return torch_dtype(space.dtype)
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of a numpy dtype (``np.float32`` → ``torch.float32``)."""
+    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
 def _is_discrete(space: Any) -> bool:

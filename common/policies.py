@@ -45,7 +45,7 @@ from common._distributions import (
     sample_index,
     standard_normal,
 )
-from common.gym_layout import batch_shape
+from common.gym_layout import batch_shape, torch_dtype
 
 __all__ = [
     "IndependentNormal",
@@ -312,7 +312,7 @@ class RandomPolicy(TensorDictModuleBase):
             self._bounded = bool(
                 torch.isfinite(self._low).all() and torch.isfinite(self._high).all()
             )
-            self._dtype = _torch_dtype(action_space.dtype)
+            self._dtype = torch_dtype(action_space.dtype)
         elif isinstance(action_space, gymnasium.spaces.MultiDiscrete):
             self._nvec = torch.as_tensor(action_space.nvec, dtype=torch.float64)
         elif not isinstance(action_space, gymnasium.spaces.Discrete | gymnasium.spaces.MultiBinary):
@@ -350,10 +350,6 @@ class RandomPolicy(TensorDictModuleBase):
             action = F.one_hot(action, int(self.action_space.n))
         tensordict.set("action", action.reshape(*tensordict.batch_size, *action.shape[1:]))
         return tensordict
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
 def make_policy(

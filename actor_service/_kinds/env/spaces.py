@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import InternalError
-from common.gym_layout import batch_dtype, batch_shape
+from common.gym_layout import batch_dtype, batch_shape, torch_dtype
 
-__all__ = ["ActionCodec", "ObservationCodec", "check_space", "torch_dtype"]
+__all__ = ["ActionCodec", "ObservationCodec", "check_space"]
 
 _SUPPORTED = (
     gymnasium.spaces.Box,
@@ -27,11 +27,6 @@ _SUPPORTED = (
     gymnasium.spaces.MultiDiscrete,
     gymnasium.spaces.MultiBinary,
 )
-
-
-def torch_dtype(dtype: np.dtype | type) -> torch.dtype:
-    """The torch dtype of a numpy dtype (``np.float32`` → ``torch.float32``)."""
-    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
 def check_space(space: gymnasium.Space, role: str) -> None:
