@@ -38,6 +38,7 @@ __all__ = [
     "CHOICES",
     "INT_RANGES",
     "MAX_PART_DEADLINE_S",
+    "MAX_STEP_TIMEOUT_S",
     "OPTIONAL_INTS",
     "SECTIONS",
     "VLLM_LORA_RANKS",
@@ -51,6 +52,10 @@ __all__ = [
 #: The longest an incomplete multi-part version may wait for its last part (seconds):
 #: its staged parts hold up to one copy of the model meanwhile.
 MAX_PART_DEADLINE_S = 600.0
+
+#: The longest ``step_timeout``: an async env pool waits on its pipes in whole
+#: milliseconds of a C int, which overflows above 2,147,483 s (about 24.8 days).
+MAX_STEP_TIMEOUT_S = 1e6
 
 # The one home of every integer range and choice of an actor's settings (CLI and config).
 INT_RANGES: dict[str, tuple[int, int | None]] = {
@@ -241,15 +246,15 @@ class ActorConfig:
 
         Raises:
             ValueError: A section that is not its settings class, a field out of its
-                range or choices, a seed outside ``[0, 2**64)``, a non-positive
-                ``step_timeout``, a negative ``grace_period``, a ``part_deadline_s`` out
-                of range, TLS files given by halves (``relay_ca`` included), no models,
-                a ``lora`` that is not a ``LoraSpec`` on an LLM actor with peft
-                installed, vLLM settings without ``engine="vllm"`` on an LLM actor, a
-                ``decode`` other than ``"eager"`` with ``engine="vllm"``, two of
-                ``port``/``health_port``/``metrics_port`` alike, or (unless
-                ``keep_other_kinds``) a section other than its defaults on an actor of
-                a kind it is not for.
+                range or choices, a seed outside ``[0, 2**64)``, a ``step_timeout`` out
+                of ``(0, MAX_STEP_TIMEOUT_S]``, a negative ``grace_period``, a
+                ``part_deadline_s`` out of range, TLS files given by halves
+                (``relay_ca`` included), no models, a ``lora`` that is not a
+                ``LoraSpec`` on an LLM actor with peft installed, vLLM settings without
+                ``engine="vllm"`` on an LLM actor, a ``decode`` other than ``"eager"``
+                with ``engine="vllm"``, two of ``port``/``health_port``/``metrics_port``
+                alike, or (unless ``keep_other_kinds``) a section other than its
+                defaults on an actor of a kind it is not for.
         """
         for name, section in SECTIONS.items():
             given = getattr(self, name)
@@ -269,8 +274,11 @@ class ActorConfig:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.seed is not None and not _int_within(self.seed, 0, MAX_SEED):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
-        if not self.step_timeout > 0:
-            raise ValueError(f"step_timeout must be positive, got {self.step_timeout!r}")
+        if isinstance(self.step_timeout, bool) or not 0 < self.step_timeout <= MAX_STEP_TIMEOUT_S:
+            raise ValueError(
+                f"step_timeout must be in (0, {MAX_STEP_TIMEOUT_S:g}] seconds, "
+                f"got {self.step_timeout!r}"
+            )
         if not self.grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
         if not 0 < self.part_deadline_s <= MAX_PART_DEADLINE_S:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import numbers
 import operator
 import re
 from typing import TYPE_CHECKING, Any
@@ -424,6 +425,17 @@ def as_int(value: object, *, whole_floats: bool = False) -> int | None:
         return None
 
 
+def as_real(value: object) -> int | float | None:
+    """``value`` as a real number if it is one (Python's or numpy's), else None.
+
+    Python ints stay ints (a huge one compares exactly, where ``float()`` would overflow);
+    bools, strings and tensors are not numbers of seconds.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return value if isinstance(value, int | float) else float(value)
+
+
 def check_seed(seed: object) -> int:
     """Return ``seed`` as an int if it is an integer in ``[0, 2**64)``, a seed's wire range.
 
@@ -505,11 +517,12 @@ def positive_timeout(name: str, value: object) -> float:
         TypeError: Not a number.
         ValueError: Not in (0, :data:`MAX_TIMEOUT_S`] (NaN and infinities included).
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    seconds = as_real(value)
+    if seconds is None:
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not 0 < value <= MAX_TIMEOUT_S:  # False for NaN; no float conversion of a huge int
+    if not 0 < seconds <= MAX_TIMEOUT_S:  # False for NaN; no float conversion of a huge int
         raise ValueError(
             f"{name} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, "
             f"got {value!r:.40}"
         )
-    return float(value)
+    return float(seconds)

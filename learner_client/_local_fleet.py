@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import secrets
@@ -22,11 +23,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from common.config import MAX_SEED, MAX_WORKER_ID, as_int
+from common.config import MAX_NUM_ENVS, MAX_SEED, MAX_WORKER_ID, as_int, as_real
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -111,12 +112,25 @@ def _env_flags(
             "env_factory='package.module:function' (kind='torchrl' for a TorchRL env), or "
             "give RayFleet the script's create_env_fn="
         )
-    flags = {"--env-kwargs": json.dumps(to_plain(env_kwargs or {}))}
+    flags = {"--env-kwargs": kwargs_json("env_kwargs", env_kwargs)}
     if env is not None:
         flags["--env"] = env
     if env_factory:
         flags["--env-factory"] = env_factory
     return flags
+
+
+def kwargs_json(name: str, kwargs: Mapping[str, Any] | None) -> str:
+    """A factory's keyword arguments as the JSON object an actor's flag takes (None: ``{}``).
+
+    Raises:
+        TypeError: ``kwargs`` is not a mapping (a list of pairs, a string).
+    """
+    if kwargs is None:
+        return "{}"
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"{name} must be a mapping of keyword arguments, got {kwargs!r:.80}")
+    return json.dumps(to_plain(kwargs))
 
 
 class LocalFleet:
@@ -221,6 +235,8 @@ class LocalFleet:
                 "module goes to GrpcCollector(policy=...), which pushes its weights"
             )
         policy = policy or _DEFAULT_POLICY[kind]
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
         self.num_actors = num_actors
         self.host = host
         self.start_timeout = float(start_timeout)
@@ -231,11 +247,11 @@ class LocalFleet:
             "--host": host,
             "--num-envs": num_envs,
             "--policy": policy,
-            "--policy-kwargs": json.dumps(to_plain(policy_kwargs or {})),
+            "--policy-kwargs": kwargs_json("policy_kwargs", policy_kwargs),
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model
-            flags |= {"--task": task, "--task-kwargs": json.dumps(dict(task_kwargs or {}))}
+            flags |= {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs)}
         else:
             flags |= _env_flags(env, env_kwargs, env_factory)
         flags["--kind"] = kind
@@ -505,6 +521,8 @@ def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:
         )
     if worker_ids is None:
         return list(range(num_actors))
+    if not isinstance(worker_ids, Iterable):
+        raise TypeError(f"worker_ids must be a sequence of {num_actors} ints, got {worker_ids!r}")
     ids = [_check_int("worker_ids[...]", worker_id, 0) for worker_id in worker_ids]
     if len(ids) != num_actors or len(set(ids)) != len(ids):
         raise ValueError(f"worker_ids must be {num_actors} distinct ints, got {ids}")
@@ -522,17 +540,15 @@ def _check_fleet_args(
     extra_args: Sequence[str],
 ) -> None:
     """The checks of the arguments every fleet takes (``LocalFleet``'s and ``RayFleet``'s)."""
-    _check_int("num_envs", num_envs, 1)
+    _check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
     if seed is not None:
         _check_int("seed", seed, 0)  # its top: fleet_seed, which knows the worker ids
-    if not start_timeout > 0:
-        raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
-    if not grace_period >= 0:
-        raise ValueError(f"grace_period must be >= 0, got {grace_period!r}")
+    _check_seconds("start_timeout", start_timeout, zero=False, finite=False)
+    _check_seconds("grace_period", grace_period, zero=True, finite=True)
     if kind not in _DEFAULT_POLICY:
         raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
-    if isinstance(extra_args, str):
-        raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r}")
+    if isinstance(extra_args, str) or not isinstance(extra_args, Iterable):
+        raise TypeError(f"extra_args must be a sequence of strings, got {extra_args!r:.80}")
     for arg in extra_args:
         _check_extra_arg(arg)
 
@@ -597,14 +613,25 @@ def fleet_seed(seed: object, worker_ids: Sequence[int]) -> int | None:
     return value
 
 
-def _check_int(name: str, value: object, low: int) -> int:
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
     """``value`` as an int (any integer a script computes: numpy's, a one-element tensor)."""
     number = as_int(value)
     if number is None:
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if number < low:
-        raise ValueError(f"{name} must be >= {low}, got {value!r}")
+    if number < low or (high is not None and number > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
     return number
+
+
+def _check_seconds(name: str, value: object, *, zero: bool, finite: bool) -> None:
+    """``value`` is a number of seconds above 0 (at 0 too with ``zero``), finite if asked."""
+    seconds = as_real(value)
+    if seconds is None:
+        raise TypeError(f"{name} must be a number of seconds, got {value!r:.40}")
+    if not (seconds >= 0 if zero else seconds > 0) or (finite and not math.isfinite(seconds)):
+        bounds = f"{'>=' if zero else '>'} 0{' and finite' if finite else ''}"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
 
 
 def _head(file: IO[bytes]) -> bytes:

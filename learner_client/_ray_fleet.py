@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import signal
 import subprocess
@@ -40,7 +39,6 @@ from types import TracebackType
 from typing import IO, Any
 
 from common.errors import ActorUnavailableError, DeadlineError, SessionStateError
-from common.plain_config import to_plain
 from learner_client._local_fleet import (
     _DEFAULT_POLICY,
     _EXIT_MARGIN,
@@ -57,6 +55,7 @@ from learner_client._local_fleet import (
     _worker_ids,
     exit_message,
     fleet_seed,
+    kwargs_json,
     restart_seed,
 )
 from learner_client._settings import check_token
@@ -449,11 +448,11 @@ class RayFleet:
         flags = {
             "--num-envs": _check_int("num_envs", num_envs, 1),
             "--policy": policy if isinstance(policy, str) and policy else _DEFAULT_POLICY[kind],
-            "--policy-kwargs": json.dumps(to_plain(policy_kwargs or {})),
+            "--policy-kwargs": kwargs_json("policy_kwargs", policy_kwargs),
             "--grace-period": grace_period,
         }
         if kind == "llm":
-            flags |= {"--task": task, "--task-kwargs": json.dumps(dict(task_kwargs or {}))}
+            flags |= {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs)}
         else:
             flags |= _env_flags(env, env_kwargs, env_factory, callables=bool(self._env_fns))
         flags["--kind"] = kind

@@ -33,7 +33,8 @@ class EnvPoolSettings:
             a deep copy of it); the command line and its variables take import paths only.
         env_backend: ``"sync"`` (in-process) or ``"async"`` (subprocesses, spawn context);
             kind ``"torchrl"``: a ``SerialEnv`` or a ``ParallelEnv`` of the envs.
-        step_timeout: Seconds an async env step may take before it counts as hung.
+        step_timeout: Seconds an async env step may take before it counts as hung, at most
+            ``MAX_STEP_TIMEOUT_S``.
     """
 
     env: str = "CartPole-v1"

@@ -134,6 +134,16 @@ def test_counts_take_numpy_and_tensor_integers_and_whole_floats_as_torchrl_does(
         BatchSettings(frames_per_batch=64.0)  # TorchRL's shapes fail on a float too
 
 
+def test_timeouts_take_numpy_numbers_from_a_config():
+    batch = BatchSettings(frames_per_batch=8, batch_timeout=np.int64(30))
+    assert (type(batch.batch_timeout), batch.batch_timeout) == (float, 30.0)
+    conn = ConnectionSettings(call_timeout=np.float32(5.0))
+    assert (type(conn.call_timeout), conn.call_timeout) == (float, 5.0)
+    for bad in (torch.tensor(5.0), np.True_, "30"):
+        with pytest.raises(TypeError, match="batch_timeout must be a number of seconds"):
+            GrpcCollector(["127.0.0.1:1"], **(DEFAULTS | {"batch_timeout": bad}))
+
+
 def test_prefetch_defaults_to_torchrl_sync_on_demand_and_async_one_ahead():
     sync = BatchSettings(frames_per_batch=16, sync=True)
     assert (sync.prefetch, sync.on_demand, sync.window) == (0, True, 1)

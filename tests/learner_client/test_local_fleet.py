@@ -141,11 +141,28 @@ def _first_observations(address: str) -> torch.Tensor:
         ("--host", {"num_actors": 1, "extra_args": ["--host", "0.0.0.0"]}),
         ("token=", {"num_actors": 1, "extra_args": ["--token", "s3cret"]}),  # never in `ps`
         ("extra_args", {"num_actors": 1, "extra_args": ["--torch-threads", 1]}),
+        # What an actor would refuse only once started, and wrong types named by argument.
+        ("num_envs", {"num_actors": 1, "num_envs": 10**12}),
+        ("grace_period", {"num_actors": 1, "grace_period": float("inf")}),
+        ("grace_period", {"num_actors": 1, "grace_period": None}),
+        ("start_timeout", {"num_actors": 1, "start_timeout": "60"}),
+        ("start_timeout", {"num_actors": 1, "start_timeout": True}),
+        ("host", {"num_actors": 1, "host": None}),
+        ("worker_ids", {"num_actors": 1, "worker_ids": 0}),
+        ("extra_args", {"num_actors": 1, "extra_args": 5}),
+        ("env_kwargs", {"num_actors": 1, "env_kwargs": []}),
+        ("policy_kwargs", {"num_actors": 1, "policy_kwargs": [("hidden", [8])]}),
+        ("task_kwargs", {"num_actors": 1, "kind": "llm", "task_kwargs": "{}"}),
     ],
 )
 def test_local_fleet_raises_if_an_argument_is_invalid(name, kwargs):
     with pytest.raises((TypeError, ValueError), match=re.escape(name)):
         LocalFleet(**kwargs)
+
+
+def test_local_fleet_takes_the_numbers_a_config_gives():
+    fleet = LocalFleet(1, start_timeout=np.float32(30), grace_period=np.int64(2))
+    assert (fleet.start_timeout, fleet.grace_period) == (30.0, 2.0)
 
 
 def test_local_fleet_refuses_objects_where_actors_need_names():

@@ -397,6 +397,19 @@ def test_cli_raises_if_the_part_deadline_is_out_of_range(
     assert parse_config(["--part-deadline-s", "600"], {}).part_deadline_s == 600.0
 
 
+@pytest.mark.parametrize("value", ["0", "3e6", "1e10", "inf"])
+def test_cli_raises_if_the_step_timeout_is_out_of_range(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    # An async env pool's pipe wait overflows above ~2.1e6 s: the actor used to start
+    # listening and die at its first reset, blaming the env.
+    assert "--step-timeout" in _error(capsys, ["--step-timeout", value])
+    assert parse_config(["--step-timeout", "1e6"], {}).step_timeout == 1e6
+    for bad in (float("inf"), True, 0.0):
+        with pytest.raises(ValueError, match="step_timeout"):
+            ActorConfig(env_pool=EnvPoolSettings(env_backend="async", step_timeout=bad))
+
+
 def test_actor_config_raises_if_a_section_is_for_another_kind() -> None:
     with pytest.raises(ValueError, match=r"llm settings \(task\) are for kind 'llm', not 'env'"):
         ActorConfig(llm=LLMActorSettings(task="reverse"))
