@@ -30,9 +30,18 @@ def finished(batch: TensorDictBase, postproc: Postproc) -> TensorDictBase:
 
     TorchRL's collectors drop them from every batch after ``postproc``: a postproc's
     scratch entries (``"_tmp"``, ``("next", "_x")``) never reach the script's batches.
+
+    Raises:
+        TypeError: ``postproc`` returned something other than a TensorDict (a function
+            that changes the batch in place and forgets to return it).
     """
     if postproc is not None:
         batch = postproc(batch)
+        if not isinstance(batch, TensorDictBase):
+            raise TypeError(
+                f"postproc must return the batch (a TensorDict), got {type(batch).__name__} "
+                f"from {getattr(postproc, '__qualname__', type(postproc).__name__)}"
+            )
     private = [
         key
         for key in batch.keys(True)

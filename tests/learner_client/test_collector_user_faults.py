@@ -95,6 +95,19 @@ def test_sync_replay_buffer_loses_only_the_part_whose_postproc_raised(fleet) -> 
     assert len(rb) == 6
 
 
+def test_a_postproc_that_forgets_to_return_the_batch_is_named(fleet) -> None:
+    def scale_rewards(batch):
+        batch["next", "reward"] *= 0.1  # in place, and no return
+
+    with (
+        GrpcCollector(
+            addresses(fleet, 0), frames_per_batch=4, total_frames=8, postproc=scale_rewards
+        ) as collector,
+        pytest.raises(TypeError, match=r"postproc must return the batch .* got NoneType"),
+    ):
+        next(iter(collector))
+
+
 def _interrupting(function, at_call: int, calls: list[int]):
     """``function`` that raises KeyboardInterrupt (a Ctrl-C) at its ``at_call``-th call."""
 
