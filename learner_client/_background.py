@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 
 from common.errors import SessionStateError
@@ -89,8 +90,11 @@ class Background:
         except BaseException as exc:
             if self._stop.is_set() and isinstance(exc, _Stopped | SessionStateError | RuntimeError):
                 return
-            self.error = exc
             log.exception("background collection stopped")
+            # The error is kept for the next take; its frames' locals (the collector among
+            # them) are not, or a collector dropped without shutdown() is never freed.
+            traceback.clear_frames(exc.__traceback__)
+            self.error = exc
         finally:
             self._parked.set()
 

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 import weakref
 
 import gymnasium
@@ -63,6 +64,33 @@ def test_a_dropped_collector_frees_its_actors_for_the_next_one_and_its_thread(fl
                        batch_timeout=20.0) as collector:  # fmt: skip
         assert len(list(collector)) == 1
     assert time.monotonic() - started < 10  # not a wait for an actor busy with the first
+
+
+class _FullBuffer:
+    def extend(self, batch) -> None:
+        raise ValueError("storage full")
+
+
+def _failed_in_the_background(addresses: list[str]) -> weakref.ref[GrpcCollector]:
+    collector = GrpcCollector(addresses, frames_per_batch=8, sync=True, replay_buffer=_FullBuffer())
+    collector.start()
+    poll_until(lambda: not collector.is_running(), timeout=30, message="the thread runs on")
+    assert collector.stats()["background_failed"] is True
+    error = collector._background.error
+    assert "in extend" in "".join(traceback.format_exception(error))  # where it was raised
+    return weakref.ref(collector)
+
+
+def test_a_collector_whose_background_thread_failed_is_freed_when_dropped(fleet) -> None:
+    # The kept error's frames held the collector: each such trial left its thread, its
+    # channel and its actor's session (the next collector on the actor: ActorBusyError).
+    dropped = _failed_in_the_background(fleet.addresses)
+    gc.collect()
+    assert dropped() is None, "something still holds the dropped collector"
+    poll_until(lambda: not _learner_threads(), timeout=10, message="the loop thread lives")
+    with GrpcCollector(fleet.addresses, frames_per_batch=8, total_frames=8, sync=True,
+                       batch_timeout=20.0) as collector:  # fmt: skip
+        assert len(list(collector)) == 1
 
 
 def test_a_dropped_collector_stops_the_fleet_it_was_given() -> None:
