@@ -629,6 +629,8 @@ def _check_seconds(name: str, value: object, *, zero: bool, finite: bool) -> Non
     seconds = as_real(value)
     if seconds is None:
         raise TypeError(f"{name} must be a number of seconds, got {value!r:.40}")
+    if isinstance(seconds, int) and seconds > 1e300:  # beyond a float: float() overflows
+        raise ValueError(f"{name} must be at most 1e300 seconds, got {value!r:.40}")
     if not (seconds >= 0 if zero else seconds > 0) or (finite and not math.isfinite(seconds)):
         bounds = f"{'>=' if zero else '>'} 0{' and finite' if finite else ''}"
         raise ValueError(f"{name} must be {bounds}, got {value!r}")

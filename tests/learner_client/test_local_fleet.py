@@ -147,6 +147,7 @@ def _first_observations(address: str) -> torch.Tensor:
         ("grace_period", {"num_actors": 1, "grace_period": None}),
         ("start_timeout", {"num_actors": 1, "start_timeout": "60"}),
         ("start_timeout", {"num_actors": 1, "start_timeout": True}),
+        ("start_timeout", {"num_actors": 1, "start_timeout": 2**2000}),  # float() overflowed
         ("host", {"num_actors": 1, "host": None}),
         ("worker_ids", {"num_actors": 1, "worker_ids": 0}),
         ("extra_args", {"num_actors": 1, "extra_args": 5}),
