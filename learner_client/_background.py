@@ -7,7 +7,7 @@ context manager waits for batches already in flight to arrive (they stay
 buffered) and for the thread to finish storing the batch it holds, so the
 buffer does not grow while the pause is held. Leaving the context reopens
 the gate (with ``resume=False``, once the thread has ended). Errors of the
-thread are logged and kept in :attr:`Background.error`.
+thread are logged, their text kept in :attr:`Background.error`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import logging
 import math
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 
 from common.errors import SessionStateError
@@ -61,7 +60,7 @@ class Background:
         self._parked = threading.Event()
         self._pause_lock = threading.Lock()
         self._pauser: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.error: str | None = None
 
     @property
     def running(self) -> bool:
@@ -91,10 +90,9 @@ class Background:
             if self._stop.is_set() and isinstance(exc, _Stopped | SessionStateError | RuntimeError):
                 return
             log.exception("background collection stopped")
-            # The error is kept for the next take; its frames' locals (the collector among
-            # them) are not, or a collector dropped without shutdown() is never freed.
-            traceback.clear_frames(exc.__traceback__)
-            self.error = exc
+            # Its text only: the exception's frames hold the collector (and a live
+            # coroutine's frame may be among them), so a dropped collector was never freed.
+            self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._parked.set()
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import pathlib
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import traceback
 import weakref
 
 import gymnasium
@@ -76,14 +76,17 @@ def _failed_in_the_background(addresses: list[str]) -> weakref.ref[GrpcCollector
     collector.start()
     poll_until(lambda: not collector.is_running(), timeout=30, message="the thread runs on")
     assert collector.stats()["background_failed"] is True
-    error = collector._background.error
-    assert "in extend" in "".join(traceback.format_exception(error))  # where it was raised
     return weakref.ref(collector)
 
 
-def test_a_collector_whose_background_thread_failed_is_freed_when_dropped(fleet) -> None:
+def test_a_collector_whose_background_thread_failed_is_freed_when_dropped(
+    fleet, monkeypatch
+) -> None:
     # The kept error's frames held the collector: each such trial left its thread, its
     # channel and its actor's session (the next collector on the actor: ActorBusyError).
+    # pytest's log capture keeps every record with its traceback (a script's handlers
+    # print and let it go): the thread's logged error is kept from it here.
+    monkeypatch.setattr(logging.getLogger("learner_client"), "propagate", False)
     dropped = _failed_in_the_background(fleet.addresses)
     gc.collect()
     assert dropped() is None, "something still holds the dropped collector"
