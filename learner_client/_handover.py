@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensor_collection
 
 __all__ = ["Handover", "finished"]
 
@@ -32,12 +32,13 @@ def finished(batch: TensorDictBase, postproc: Postproc) -> TensorDictBase:
     scratch entries (``"_tmp"``, ``("next", "_x")``) never reach the script's batches.
 
     Raises:
-        TypeError: ``postproc`` returned something other than a TensorDict (a function
-            that changes the batch in place and forgets to return it).
+        TypeError: ``postproc`` returned something other than a TensorDict or a
+            tensorclass (a function that changes the batch in place and forgets to
+            return it).
     """
     if postproc is not None:
         batch = postproc(batch)
-        if not isinstance(batch, TensorDictBase):
+        if not is_tensor_collection(batch):  # a TensorDict or a tensorclass
             raise TypeError(
                 f"postproc must return the batch (a TensorDict), got {type(batch).__name__} "
                 f"from {getattr(postproc, '__qualname__', type(postproc).__name__)}"

@@ -120,8 +120,11 @@ def _env_flags(
     return flags
 
 
-def kwargs_json(name: str, kwargs: Mapping[str, Any] | None) -> str:
+def kwargs_json(name: str, kwargs: Mapping[str, Any] | None, *, plain: bool = True) -> str:
     """A factory's keyword arguments as the JSON object an actor's flag takes (None: ``{}``).
+
+    With ``plain``, configs (OmegaConf's) travel as plain data the actor rebuilds
+    (:func:`~common.plain_config.to_plain`); an LLM task's kwargs are taken as they are.
 
     Raises:
         TypeError: ``kwargs`` is not a mapping (a list of pairs, a string).
@@ -130,7 +133,7 @@ def kwargs_json(name: str, kwargs: Mapping[str, Any] | None) -> str:
         return "{}"
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"{name} must be a mapping of keyword arguments, got {kwargs!r:.80}")
-    return json.dumps(to_plain(kwargs))
+    return json.dumps(to_plain(kwargs) if plain else dict(kwargs))
 
 
 class LocalFleet:
@@ -251,7 +254,10 @@ class LocalFleet:
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model
-            flags |= {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs)}
+            flags |= {
+                "--task": task,
+                "--task-kwargs": kwargs_json("task_kwargs", task_kwargs, plain=False),
+            }
         else:
             flags |= _env_flags(env, env_kwargs, env_factory)
         flags["--kind"] = kind

@@ -452,7 +452,10 @@ class RayFleet:
             "--grace-period": grace_period,
         }
         if kind == "llm":
-            flags |= {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs)}
+            flags |= {
+                "--task": task,
+                "--task-kwargs": kwargs_json("task_kwargs", task_kwargs, plain=False),
+            }
         else:
             flags |= _env_flags(env, env_kwargs, env_factory, callables=bool(self._env_fns))
         flags["--kind"] = kind

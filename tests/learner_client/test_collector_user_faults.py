@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers import poll_until
 from learner_fleet import cartpole_policy
-from tensordict import NonTensorData, TensorDict
+from tensordict import NonTensorData, TensorDict, tensorclass
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from learner_client import GrpcCollector, _rounds, _wiring
@@ -106,6 +106,24 @@ def test_a_postproc_that_forgets_to_return_the_batch_is_named(fleet) -> None:
         pytest.raises(TypeError, match=r"postproc must return the batch .* got NoneType"),
     ):
         next(iter(collector))
+
+
+@tensorclass
+class _Steps:
+    observation: torch.Tensor
+    reward: torch.Tensor
+
+
+def test_a_postproc_may_return_a_tensorclass(fleet) -> None:
+    def to_steps(batch):
+        return _Steps(batch["observation"], batch["next", "reward"], batch_size=batch.shape)
+
+    with GrpcCollector(
+        addresses(fleet, 0), frames_per_batch=4, total_frames=8, postproc=to_steps
+    ) as collector:
+        batches = list(collector)
+    assert [type(b) for b in batches] == [_Steps, _Steps]
+    assert batches[0].observation.shape == (2, 2, 4)
 
 
 def _interrupting(function, at_call: int, calls: list[int]):
