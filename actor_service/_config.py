@@ -274,18 +274,7 @@ class ActorConfig:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.seed is not None and not _int_within(self.seed, 0, MAX_SEED):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
-        if isinstance(self.step_timeout, bool) or not 0 < self.step_timeout <= MAX_STEP_TIMEOUT_S:
-            raise ValueError(
-                f"step_timeout must be in (0, {MAX_STEP_TIMEOUT_S:g}] seconds, "
-                f"got {self.step_timeout!r}"
-            )
-        if not self.grace_period >= 0:
-            raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
-        if not 0 < self.part_deadline_s <= MAX_PART_DEADLINE_S:
-            raise ValueError(
-                f"part_deadline_s must be in (0, {MAX_PART_DEADLINE_S:g}], "
-                f"got {self.part_deadline_s!r}"
-            )
+        self._check_durations()
         self._check_tls()
         self._check_ports()
         if not self.models:
@@ -300,6 +289,21 @@ class ActorConfig:
             check_peft()
         if not keep_other_kinds:
             self._check_sections()
+
+    def _check_durations(self) -> None:
+        """``step_timeout``, ``grace_period`` and ``part_deadline_s`` are in their ranges."""
+        if isinstance(self.step_timeout, bool) or not 0 < self.step_timeout <= MAX_STEP_TIMEOUT_S:
+            raise ValueError(
+                f"step_timeout must be in (0, {MAX_STEP_TIMEOUT_S:g}] seconds, "
+                f"got {self.step_timeout!r}"
+            )
+        if not self.grace_period >= 0:
+            raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
+        if not 0 < self.part_deadline_s <= MAX_PART_DEADLINE_S:
+            raise ValueError(
+                f"part_deadline_s must be in (0, {MAX_PART_DEADLINE_S:g}], "
+                f"got {self.part_deadline_s!r}"
+            )
 
     def _check_ports(self) -> None:
         """The gRPC, health and metrics ports differ (0, any free port, may repeat)."""

@@ -136,6 +136,11 @@ def kwargs_json(name: str, kwargs: Mapping[str, Any] | None, *, plain: bool = Tr
     return json.dumps(to_plain(kwargs) if plain else dict(kwargs))
 
 
+def task_flags(task: str, task_kwargs: Mapping[str, Any] | None) -> dict[str, str]:
+    """The ``rlfleet-actor`` flags of an LLM actor's task (its kwargs taken as they are)."""
+    return {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs, plain=False)}
+
+
 class LocalFleet:
     """Start ``num_actors`` actor servers on this machine and stop them on exit.
 
@@ -238,8 +243,7 @@ class LocalFleet:
                 "module goes to GrpcCollector(policy=...), which pushes its weights"
             )
         policy = policy or _DEFAULT_POLICY[kind]
-        if not isinstance(host, str) or not host:
-            raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
+        _check_host(host)
         self.num_actors = num_actors
         self.host = host
         self.start_timeout = float(start_timeout)
@@ -254,10 +258,7 @@ class LocalFleet:
             "--grace-period": grace_period,
         }
         if kind == "llm":  # chat slots, a task and a language model
-            flags |= {
-                "--task": task,
-                "--task-kwargs": kwargs_json("task_kwargs", task_kwargs, plain=False),
-            }
+            flags |= task_flags(task, task_kwargs)
         else:
             flags |= _env_flags(env, env_kwargs, env_factory)
         flags["--kind"] = kind
@@ -628,6 +629,12 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> i
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
     return number
+
+
+def _check_host(host: object) -> None:
+    """``host`` is an address to bind, as a string (``"127.0.0.1"``, ``"::1"``)."""
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
 
 
 def _check_seconds(name: str, value: object, *, zero: bool, finite: bool) -> None:

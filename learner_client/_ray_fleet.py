@@ -57,6 +57,7 @@ from learner_client._local_fleet import (
     fleet_seed,
     kwargs_json,
     restart_seed,
+    task_flags,
 )
 from learner_client._settings import check_token
 
@@ -452,10 +453,7 @@ class RayFleet:
             "--grace-period": grace_period,
         }
         if kind == "llm":
-            flags |= {
-                "--task": task,
-                "--task-kwargs": kwargs_json("task_kwargs", task_kwargs, plain=False),
-            }
+            flags |= task_flags(task, task_kwargs)
         else:
             flags |= _env_flags(env, env_kwargs, env_factory, callables=bool(self._env_fns))
         flags["--kind"] = kind
