@@ -218,12 +218,89 @@ def _pre_serialized(message: bytes) -> bytes:
     return message
 
 
+# What grpcio's aio client reports, as INTERNAL, in place of the status an actor sent when
+# one of the client's writes was in flight as the actor ended the call: the failed write
+# overwrites the status that had arrived (grpc/grpc#36066, grpcio 1.85 still).
+_CORE_INTERNAL = "Internal error from Core"
+
+
+class FirstStatus:
+    """The status a ``grpc.aio`` call first reported: the actor's, where grpcio overwrote it.
+
+    An actor that refuses a ``Collect`` session (its settings, the token, a busy actor) ends
+    the call at once, while the learner may be writing a credit; grpcio then reports
+    INTERNAL "Internal error from Core" and the refusal would pass for a transient failure
+    (retried, or a strict round failing on a "down" actor). A call's done callbacks run once,
+    when its first status is set: the one the actor sent.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._status: tuple[grpc.StatusCode, str] | None = None
+        call.add_done_callback(self._record)
+
+    def _record(self, call: Any) -> None:
+        code, details = _result_at_once(call.code()), _result_at_once(call.details())
+        if isinstance(code, grpc.StatusCode) and isinstance(details, str):
+            self._status = (code, details)
+
+    def corrected(self, exc: grpc.RpcError) -> grpc.RpcError:
+        """``exc``, or where grpcio replaced the actor's status, an error with the actor's."""
+        if self._status is None or not isinstance(exc, grpc.aio.AioRpcError):
+            return exc
+        if exc.code() != grpc.StatusCode.INTERNAL or exc.details() != _CORE_INTERNAL:
+            return exc
+        code, details = self._status
+        if code == grpc.StatusCode.OK:  # an error all the same: what was unread is lost
+            return exc
+        # The actor's trailing metadata went with its status; the learner reads none.
+        no_metadata = grpc.aio.Metadata()
+        return grpc.aio.AioRpcError(
+            code, exc.initial_metadata(), no_metadata, details, exc.debug_error_string()
+        )
+
+
+def _result_at_once(coroutine: Any) -> Any:
+    """The result of a coroutine that returns without waiting (a finished call's status)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as finished:
+        return finished.value
+    coroutine.close()
+    return None
+
+
+class _KeptStatusCall:
+    """A ``Collect`` call whose read errors carry the actor's status (:class:`FirstStatus`)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._first = FirstStatus(call)
+
+    async def read(self) -> Any:
+        try:
+            return await self._call.read()
+        except grpc.RpcError as exc:
+            raise self._first.corrected(exc) from None
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+    async def code(self) -> grpc.StatusCode:
+        code: grpc.StatusCode = await self._call.code()
+        return code
+
+
 @contextlib.contextmanager
-def translate_errors(peer: str) -> Iterator[None]:
-    """Turn ``grpc.RpcError`` (sync or aio) into the matching rlfleet error naming ``peer``."""
+def translate_errors(peer: str, first: FirstStatus | None = None) -> Iterator[None]:
+    """Turn ``grpc.RpcError`` (sync or aio) into the matching rlfleet error naming ``peer``.
+
+    ``first``: the call's first status, read where grpcio overwrote it.
+    """
     try:
         yield
     except grpc.RpcError as exc:
+        if first is not None:
+            exc = first.corrected(exc)
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
         raise from_status(code, details, peer=peer) from None
@@ -512,12 +589,13 @@ class ActorChannel:
             for message in messages:
                 yield message
 
-        with translate_errors(self.address):
-            # A further connection may still be reconnecting while the channel's own is up
-            # (an actor restarted): its call waits for it, within the deadline.
-            r = await self._push_on(connection)(
-                requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=connection > 0
-            )
+        # A further connection may still be reconnecting while the channel's own is up
+        # (an actor restarted): its call waits for it, within the deadline.
+        call = self._push_on(connection)(
+            requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=connection > 0
+        )
+        with translate_errors(self.address, FirstStatus(call)):
+            r = await call
         if r.shm_refused:
             raise ShmRefusedError(f"{self.address}: {one_line(r.shm_refused)}")
         if r.relay_failed:
@@ -616,15 +694,16 @@ class ActorChannel:
             for piece in iter_blob_chunks(blob, CHUNK_BYTES):
                 yield pb.StateChunk(chunk=bytes(piece))
 
-        with translate_errors(self.address):
-            r = await self._stub.LoadState(
-                requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
-            )
+        call = self._stub.LoadState(
+            requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
+        )
+        with translate_errors(self.address, FirstStatus(call)):
+            r = await call
         return r.worker_id
 
     def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
         """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
-        return self._collect(requests, metadata=self._metadata)
+        return _KeptStatusCall(self._collect(requests, metadata=self._metadata))
 
 
 # ------------------------------------------------ Collect responses, read as views

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -14,7 +16,9 @@ from helpers import poll_until
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._serve._logging import MAX_FIELD_CHARS, configure_logging, get_logger
 from common.config import MAX_WIRE_LEARNER_ID, MIN_PEER_PROTOCOL, PROTOCOL_VERSION
+from common.errors import RlfleetError
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from learner_client._transport import ActorChannel, translate_errors
 
 
 def _still(predicate: object, seconds: float = 0.3) -> bool:
@@ -348,6 +352,44 @@ def test_collect_raises_if_settings_are_bad(
     assert error.code() == code
     assert needle in error.details()
     assert not actor.handle.server.runtime.busy
+
+
+def test_a_refused_session_reaches_the_learner_as_its_refusal_every_time(actor: Actor) -> None:
+    # The actor refuses from the open while the learner writes credits: grpcio's client then
+    # read 269 of 300 such refusals as INTERNAL "Internal error from Core" (a transient
+    # failure to the learner, which retried, or failed a strict round on a "down" actor).
+    address = f"127.0.0.1:{actor.handle.port}"
+    refused = pb.CollectRequest(open=open_request(frames_per_batch=7, credits=1))
+    credit = pb.CollectRequest(credit=pb.Credit(batches=1))
+
+    async def open_refused(n: int) -> list[str]:
+        channel = ActorChannel(address)
+        outcomes = []
+        try:
+            for _ in range(n):
+                call = channel.start_collect(_requests([refused] + [credit] * 5))
+                try:
+                    with translate_errors(address):
+                        await call.read()
+                    outcomes.append("answered")
+                except RlfleetError as exc:
+                    outcomes.append(f"{type(exc).__name__}: {exc}"[:60])
+                finally:
+                    call.cancel()
+        finally:
+            await channel.close()
+        return outcomes
+
+    outcomes = asyncio.run(open_refused(100))
+    assert len(outcomes) == 100
+    assert {o.split(":")[0] for o in outcomes} == {"ProtocolError"}, set(outcomes)
+    assert not actor.handle.server.runtime.busy
+
+
+async def _requests(messages: list[pb.CollectRequest]) -> AsyncIterator[pb.CollectRequest]:
+    for message in messages:
+        yield message
+    await asyncio.Event().wait()  # a learner keeps its side open until it closes the session
 
 
 def test_collect_raises_if_a_batch_cannot_fit_the_packet_cap(actor: Actor) -> None:
