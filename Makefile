@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not long and not hosts" $(ARGS)
 
 ## The tests marked long: whole fleets, training entry points and the docs' examples run end to
-## end, 15 s or more each (~12 minutes on 2 cores).
+## end, and fleet, subprocess and fault tests of 6 s or more (~19 minutes on 2 cores).
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -m "long and not slow and not hosts" $(ARGS)
 

@@ -273,6 +273,7 @@ def test_status_says_to_drop_tls_for_a_plaintext_actor(
     assert "drop --tls-ca" in row["error"]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 def test_status_names_the_client_certificate_an_mtls_actor_wants(tmp_path: pathlib.Path) -> None:
     cert, key = self_signed_cert(tmp_path, "actor")

@@ -147,6 +147,7 @@ def test_sync_raises_naming_a_dead_worker_then_partial_batches_proceed(pair):
         partial.shutdown(timeout=5)
 
 
+@pytest.mark.long
 def test_sync_retried_while_an_actor_is_down_waits_for_it_and_names_it_alone(pair):
     """After a push the dead actor missed, the live actor is not named, and retries do not spin."""
     collector = GrpcCollector(

@@ -114,6 +114,7 @@ def test_collector_raises_if_its_rank_owns_no_actor(four: list[ActorProcess]) ->
         GrpcCollector([a.address for a in four[:2]], frames_per_batch=8, rank=3, world_size=4)
 
 
+@pytest.mark.long
 def test_a_rank_given_a_fleet_of_its_own_warns_of_the_actors_it_leaves_idle() -> None:
     """``LocalFleet`` per rank with default ids: rank 1 of 2 owns only worker 1 of its two
     actors, and worker 0 (no other rank reaches it) would idle; ids it owns are quiet."""

@@ -295,6 +295,7 @@ def test_a_checkpoint_just_after_an_actor_restarts_waits_for_it():
         collector.load_state_dict(state)
 
 
+@pytest.mark.long
 def test_a_sync_batch_right_after_a_restart_waits_for_the_restarted_actor():
     """``restart()`` returns once the new actor is ready; the collector's link to it may be
     sleeping in its reconnection backoff (up to 5 s) by then. The next sync round wakes that
@@ -313,6 +314,7 @@ def test_a_sync_batch_right_after_a_restart_waits_for_the_restarted_actor():
             assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 1]
 
 
+@pytest.mark.long
 def test_a_second_collector_on_a_held_actor_fails_its_round_at_once_naming_take_over():
     """A notebook cell re-run while the last collector still holds the actor: the actor
     refuses the new session as busy, a failed connection attempt, so the strict round fails

@@ -46,6 +46,7 @@ def test_cli_prints_one_ready_line_with_worker_id_and_port(cli_actor: ActorProce
     assert cli_actor.stdout_lines() == []
 
 
+@pytest.mark.long
 def test_a_second_actor_on_a_port_in_use_exits_1_naming_it(cli_actor: ActorProcess) -> None:
     """gRPC binds with SO_REUSEPORT by default: the second actor used to start and take
     half of the new connections. Each of its ports is refused, the health port included.
@@ -67,6 +68,7 @@ def test_a_second_actor_on_a_port_in_use_exits_1_naming_it(cli_actor: ActorProce
     assert described == [3] * 6  # every connection reaches the one actor on its port
 
 
+@pytest.mark.long
 def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
     secret = "s3cret-token-value"
     with start_actor(["--num-envs", "1"], env={"RLFLEET_TOKEN": secret}) as actor:

@@ -100,6 +100,7 @@ def test_envs_without_weights_hold_no_env_model() -> None:
         assert core.models.model_ids == ("policy",)
 
 
+@pytest.mark.long
 def test_envs_in_other_processes_cannot_take_env_weights_and_say_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
