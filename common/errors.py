@@ -34,6 +34,7 @@ call :func:`from_status` to turn a status back into the matching exception.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import grpc
@@ -284,8 +285,25 @@ def from_status(code: grpc.StatusCode, details: str | None, *, peer: str = "") -
         cls = WeightsError
     if code == grpc.StatusCode.ABORTED and details and "seq" in details.lower():
         cls = SequenceConflictError
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details:
+        cls = _over_a_cap(details)
     message = f"{code.name}: {details or 'no details'}"
     return cls(f"{peer}: {message}" if peer else message)
+
+
+# How the caps' refusals word it (common.weights, common.packets, the actor's parts and LLM
+# batches; gRPC's own message cap): RESOURCE_EXHAUSTED is a busy actor otherwise.
+_WEIGHTS_CAP = re.compile(r"bytes exceeds the cap of \d+ bytes|bytes, more than the model's \d+")
+_PACKET_CAP = re.compile(r"exceeds max_(packet|header)_bytes=|-byte packet cap|message larger than")
+
+
+def _over_a_cap(details: str) -> type[RlfleetError]:
+    """A RESOURCE_EXHAUSTED status's class: a blob or packet over its cap, else a busy actor."""
+    if _WEIGHTS_CAP.search(details):
+        return WeightsTooLargeError
+    if _PACKET_CAP.search(details):
+        return PacketTooLargeError
+    return ActorBusyError
 
 
 def is_transient(exc: BaseException) -> bool:

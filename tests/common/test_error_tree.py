@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
+
 import grpc
 import pytest
 
 import common.errors as errors
 import learner_client
 from common.errors import RlfleetError, from_status, to_status
+from common.packets import PacketLimits, decode_packet
+from common.weights import decode_weights
 
 _TREE = [getattr(errors, name) for name in errors.__all__] + [
     getattr(learner_client, name) for name in learner_client.__all__
@@ -46,3 +51,30 @@ def test_permission_denied_comes_back_as_permission_denied() -> None:
     back = from_status(grpc.StatusCode.PERMISSION_DENIED, "relay ticket unknown")
     assert isinstance(back, errors.PermissionDeniedError)
     assert isinstance(back, errors.AuthenticationError)  # as before: a narrower class
+
+
+def _raised(call: Callable[[], object]) -> RlfleetError:
+    try:
+        call()
+    except RlfleetError as exc:
+        return exc
+    raise AssertionError("nothing raised")
+
+
+def test_a_cap_refusal_comes_back_as_its_class_not_as_a_busy_actor() -> None:
+    # RESOURCE_EXHAUSTED is a busy actor, a blob over its cap or a packet over its cap: each
+    # came back as ActorBusyError (a push over --max-weight-bytes: not a WeightsError).
+    too_large = struct.pack("<Q", 1 << 62) + b"\xff" * 1024
+    refused = [
+        _raised(lambda: decode_weights(too_large, max_bytes=1000)),
+        _raised(lambda: decode_packet(bytes(100), PacketLimits(max_packet_bytes=10))),
+        errors.ActorBusyError("actor 0 is serving learner 'a'; a learner resumes only its own"),
+        errors.ActorBusyError("actor 3 is serving 64 calls already"),
+    ]
+    for exc in refused:
+        code, details = to_status(exc)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert type(from_status(code, details)) is type(exc), details
+    grpc_cap = "Received message larger than max (5242885 vs. 4194304)"
+    back = from_status(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc_cap)
+    assert isinstance(back, errors.PacketTooLargeError)

@@ -19,7 +19,7 @@ from helpers import poll_until
 
 from actor_service._serve._logging import configure_logging, get_logger
 from bench.hostile_push import hostile_blob
-from common.errors import RlfleetError
+from common.errors import RlfleetError, WeightsError, WeightsTooLargeError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
@@ -171,6 +171,28 @@ def test_push_weights_raises_if_push_is_bad(make_actor: object, label: str) -> N
     assert needle in error.value.details(), (label, error.value.details())
     _assert_unchanged(actor, 0)
     assert (_actions(actor)[1] == 0).all()
+
+
+def test_a_push_over_the_cap_reaches_the_learner_as_weights_too_large(make_actor: object) -> None:
+    # RESOURCE_EXHAUSTED came back as ActorBusyError: `except WeightsError` missed it.
+    actor = make_actor(max_weight_bytes=10**6)
+    blob = bytes(2 * 10**6)
+
+    async def push_over_the_cap() -> RlfleetError:
+        channel = ActorChannel(f"127.0.0.1:{actor.handle.port}")
+        try:
+            messages = push_messages("policy", 1, blob, "", 65536, crc32c=crc32c(blob))
+            with pytest.raises(RlfleetError) as refused:
+                await channel.push_weights("policy", 1, messages, 30.0)
+            return refused.value
+        finally:
+            await channel.close()
+
+    refused = asyncio.run(push_over_the_cap())
+    assert isinstance(refused, WeightsTooLargeError), repr(refused)
+    assert isinstance(refused, WeightsError)
+    assert "exceeds the cap" in str(refused)
+    _assert_unchanged(actor, 0)
 
 
 def test_push_weights_raises_if_version_is_stale(actor: Actor) -> None:
