@@ -542,6 +542,7 @@ class ActorLink(Generic[C]):
                     self._batch_timeout, waiting=self._owed, on_start=self._batch_started
                 )
                 if isinstance(event, EndEvent):
+                    stream.close()  # the actor answers its status once this side is closed
                     await stream.finished(_END_STATUS_S)  # the actor counts a clean end
                     return event
                 self._deliver(event)

@@ -52,6 +52,10 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 
 __all__ = ["CollectSession", "env_failure"]
 
+# How long a session that wrote its ``end`` waits for the learner to half-close (it does once it
+# read the ``end``) before the call's status goes: a status answered while the learner writes a
+# credit reaches gRPC's asyncio client as INTERNAL in place of the ``end`` (grpc/grpc#36066).
+_LEARNER_CLOSE_S = 2.0
 # End reasons after which queued batches are still sent before `end`.
 _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.END_REASON_ERROR})
 
@@ -218,6 +222,8 @@ class CollectSession:
             )
             await context.write(encode_control(pb.CollectResponse(end=end)))
             ended = pb.EndReason.Name(end.reason)
+            if reader is not None:  # the status waits for the learner's last credit
+                await asyncio.wait({reader}, timeout=_LEARNER_CLOSE_S)
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
             self._count_end(ended)

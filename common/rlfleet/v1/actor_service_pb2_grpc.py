@@ -104,8 +104,10 @@ class ActorServiceServicer:
         keeps batches coming acks them). On resume, retained unacked batches
         are re-sent first, in seq order;
         3. finally exactly one `end` (StreamEnd) with its reason, then the call
-        closes with status OK. A call that closes with another status, or
-        without `end`, was broken: its incomplete batch is discarded.
+        closes with status OK once the learner closed its side (a learner
+        closes on reading `end`; the actor waits at most 2 s). A call that
+        closes with another status, or without `end`, was broken: its
+        incomplete batch is discarded.
 
         A second learner is refused with RESOURCE_EXHAUSTED unless its `open`
         sets `take_over`, which ends the old session with reason TAKEN_OVER.
