@@ -294,7 +294,10 @@ def from_status(code: grpc.StatusCode, details: str | None, *, peer: str = "") -
 # How the caps' refusals word it (common.weights, common.packets, the actor's parts and LLM
 # batches; gRPC's own message cap): RESOURCE_EXHAUSTED is a busy actor otherwise.
 _WEIGHTS_CAP = re.compile(r"bytes exceeds the cap of \d+ bytes|bytes, more than the model's \d+")
-_PACKET_CAP = re.compile(r"exceeds max_(packet|header)_bytes=|-byte packet cap|message larger than")
+_PACKET_CAP = re.compile(
+    r"max_(packet_bytes|header_bytes|entries|key_length|strings)\b|-byte packet cap"
+    r"|message larger than"
+)
 
 
 def _over_a_cap(details: str) -> type[RlfleetError]:

@@ -29,6 +29,7 @@ import asyncio
 import collections
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -55,7 +56,8 @@ __all__ = ["CollectSession", "env_failure"]
 # How long a session that wrote its ``end`` waits for the learner to half-close (it does once it
 # read the ``end``) before the call's status goes: a status answered while the learner writes a
 # credit reaches gRPC's asyncio client as INTERNAL in place of the ``end`` (grpc/grpc#36066).
-_LEARNER_CLOSE_S = 2.0
+# A drain bounds it by half its budget (``CollectSession.drain``).
+_LEARNER_CLOSE_S = 1.0
 # End reasons after which queued batches are still sent before `end`.
 _FLUSHING = frozenset({pb.END_REASON_BUDGET_REACHED, pb.END_REASON_DRAINING, pb.END_REASON_ERROR})
 
@@ -145,6 +147,8 @@ class CollectSession:
         self._outbox: collections.deque[RetainedBatch[EncodedBatch]] = collections.deque()
         self._stop: pb.EndReason | None = None
         self._stop_message = ""
+        # When a drain wants this call's status answered by (monotonic seconds); None: no hurry.
+        self._close_by: float | None = None
         self._failure: BaseException | None = None
         self._env_failure: pb.EnvFailure | None = None
         self._collector_done = True
@@ -166,8 +170,13 @@ class CollectSession:
         """End this session with TAKEN_OVER after the batch being written."""
         self._request_stop(pb.END_REASON_TAKEN_OVER, "another learner took the session over")
 
-    def drain(self) -> None:
-        """End this session with DRAINING once the in-flight and queued batches are sent."""
+    def drain(self, close_by: float | None = None) -> None:
+        """End this session with DRAINING once the in-flight and queued batches are sent.
+
+        ``close_by``: the monotonic time by which the call answers its status, the learner
+        closed its side or not (a drain's budget; see :data:`_LEARNER_CLOSE_S`).
+        """
+        self._close_by = close_by
         self._request_stop(pb.END_REASON_DRAINING, "the actor is shutting down")
 
     @property
@@ -223,7 +232,7 @@ class CollectSession:
             await context.write(encode_control(pb.CollectResponse(end=end)))
             ended = pb.EndReason.Name(end.reason)
             if reader is not None:  # the status waits for the learner's last credit
-                await asyncio.wait({reader}, timeout=_LEARNER_CLOSE_S)
+                await asyncio.wait({reader}, timeout=self._close_wait())
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
             self._count_end(ended)
@@ -235,6 +244,12 @@ class CollectSession:
             if self._is_current():
                 self._rt.book.close()
             self._finished.set()
+
+    def _close_wait(self) -> float:
+        """How long the status may still wait for the learner to close its side."""
+        if self._close_by is None:
+            return _LEARNER_CLOSE_S
+        return min(_LEARNER_CLOSE_S, max(0.0, self._close_by - time.monotonic()))
 
     def _count_end(self, ended: str) -> None:
         """Log and count how the session ended (``session.ended``, the sessions counter).

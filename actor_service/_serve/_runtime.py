@@ -52,7 +52,7 @@ class ActiveSession(Protocol):
     def collecting(self) -> bool: ...
 
     def take_over(self) -> None: ...
-    def drain(self) -> None: ...
+    def drain(self, close_by: float | None = None) -> None: ...
     async def wait_collector_idle(self) -> None: ...
     async def wait_finished(self) -> None: ...
 
@@ -241,7 +241,9 @@ class ActorRuntime:
         stream = self.current
         if stream is None or not stream.active:
             return
-        stream.drain()
+        # Half the budget is the most its status waits for the learner to close (a learner
+        # that never does, an older build's, is answered before the drain gives up on it).
+        stream.drain(close_by=time.monotonic() + timeout / 2)
         try:
             await asyncio.wait_for(stream.wait_finished(), timeout)
         except TimeoutError:

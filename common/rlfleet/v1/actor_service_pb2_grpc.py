@@ -105,7 +105,7 @@ class ActorServiceServicer:
         are re-sent first, in seq order;
         3. finally exactly one `end` (StreamEnd) with its reason, then the call
         closes with status OK once the learner closed its side (a learner
-        closes on reading `end`; the actor waits at most 2 s). A call that
+        closes on reading `end`; the actor waits at most 1 s). A call that
         closes with another status, or without `end`, was broken: its
         incomplete batch is discarded.
 
