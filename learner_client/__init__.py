@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from learner_client._description import ActorDescription
     from learner_client._discovery import resolve_actors
     from learner_client._errors import (
+        EndlessCollectorError,
         MissingWorkersError,
         SettingsRefusedError,
         VersionConflictError,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ActorDescription",
     "ActorFleet",
+    "EndlessCollectorError",
     "GrpcCollector",
     "GrpcLLMCollector",
     "LocalFleet",
@@ -68,6 +70,7 @@ __all__ = [
 _HOMES = {
     "ActorDescription": "_description",
     "ActorFleet": "_given_fleet",
+    "EndlessCollectorError": "_errors",
     "GrpcCollector": "_collector",
     "GrpcLLMCollector": "_llm_collector",
     "LocalFleet": "_local_fleet",

@@ -6,6 +6,8 @@ everything rlfleet raises on purpose::
     RlfleetError
     ├── WeightPushError                       some targets did not apply a push
     ├── VersionConflictError (ValueError)     learner ranks pushed one version differently
+    ├── EndlessCollectorError (TypeError, RuntimeError)
+    │                                         len() of a collector with no frame budget
     ├── ProtocolError (ValueError)
     │   └── SettingsRefusedError              an actor refused the session's settings
     └── ActorUnavailableError (ConnectionError)
@@ -19,7 +21,13 @@ from typing import Any
 
 from common.errors import ActorUnavailableError, ProtocolError, RlfleetError
 
-__all__ = ["MissingWorkersError", "SettingsRefusedError", "VersionConflictError", "WeightPushError"]
+__all__ = [
+    "EndlessCollectorError",
+    "MissingWorkersError",
+    "SettingsRefusedError",
+    "VersionConflictError",
+    "WeightPushError",
+]
 
 
 class WeightPushError(RlfleetError, RuntimeError):
@@ -56,6 +64,15 @@ class VersionConflictError(RlfleetError, ValueError):
     def __init__(self, message: str, *, pushed: Mapping[int, tuple[int, int]]) -> None:
         super().__init__(message)
         self.pushed = dict(pushed)
+
+
+class EndlessCollectorError(RlfleetError, TypeError, RuntimeError):
+    """``len()`` (or ``bool()``) of a collector with no frame budget (``total_frames=-1``).
+
+    A ``TypeError``, as Python's protocols expect of an object without a length (``tqdm``
+    and ``list()`` then go without one), and a ``RuntimeError``, as TorchRL's collectors raise
+    ("Non-terminating collectors do not have a length"), so either ``except`` catches it.
+    """
 
 
 class SettingsRefusedError(ProtocolError):

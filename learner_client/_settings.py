@@ -40,6 +40,7 @@ from common.config import (
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from common.weights import CHECKSUMS
+from learner_client._errors import EndlessCollectorError
 from learner_client._members import FleetMember, check_kinds, check_one_env, check_unique
 from learner_client._torchrl_compat import ActorPlacement
 
@@ -199,10 +200,13 @@ class BatchSettings:
         """``ceil(total_frames / frames_per_batch)``, as TorchRL's ``__len__``.
 
         Raises:
-            TypeError: The collector is endless (``total_frames=-1``), so it has no length.
+            EndlessCollectorError: The collector is endless (``total_frames=-1``), so it has
+                no length (a ``TypeError`` and a ``RuntimeError``, as TorchRL raises).
         """
         if self.endless:
-            raise TypeError(f"an endless collector ({self.count_names[1]}=-1) has no length")
+            raise EndlessCollectorError(
+                f"an endless collector ({self.count_names[1]}=-1) has no length"
+            )
         return math.ceil(_int(self.total_frames) / self.frames_per_batch)
 
     def frames_per_actor(self, num_actors: int) -> int:

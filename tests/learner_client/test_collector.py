@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import shutil
 import socket
 import threading
@@ -180,6 +181,9 @@ def test_collector_endless_iterates_until_broken_and_has_no_length(fleet):
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
         with pytest.raises(TypeError, match="endless"):
             len(collector)
+        with pytest.raises(RuntimeError, match="endless"):  # TorchRL's scripts catch this
+            bool(collector)
+        assert operator.length_hint(collector, -1) == -1  # as list() and tqdm ask: no length
         for count, batch in enumerate(collector, start=1):
             assert batch.numel() == 4
             if count == 7:

@@ -166,6 +166,8 @@ def test_batch_settings_len_is_ceil_and_raises_if_endless():
         assert BatchSettings(frames_per_batch=10, total_frames=25).num_batches() == 3
     with pytest.raises(TypeError, match="endless"):
         BatchSettings(frames_per_batch=10).num_batches()
+    with pytest.raises(RuntimeError, match="endless"):  # what TorchRL's collectors raise
+        BatchSettings(frames_per_batch=10).num_batches()
 
 
 def test_check_addresses_raises_if_empty_malformed_or_repeated():
