@@ -26,9 +26,10 @@ one copy of the model's bytes. The rules, each refusal naming the version and th
   staging parts', keys another part holds already, a delta base other than the other
   delta parts' or, once the last part arrives, whole parts that do not cover every key
   of the model (a version with delta parts keeps its base's values for the keys no part
-  holds) are INVALID_ARGUMENT; more staged bytes than the model holds are
-  RESOURCE_EXHAUSTED. A refused part leaves the staged ones as they were, except that a
-  version that can no longer complete is dropped.
+  holds) are INVALID_ARGUMENT; more staged bytes than the model holds, or than the actor's
+  ``--max-weight-bytes`` (which caps a version's parts together as it caps a whole push's
+  blob), are RESOURCE_EXHAUSTED and drop the version. A refused part leaves the staged ones
+  as they were, except that a version that can no longer complete is dropped.
 
 Every drop is logged as ``weights.parts.dropped`` (reason ``expired``, ``superseded``,
 ``failed``, ``conflict``) with the version, the parts staged and their count.
@@ -242,19 +243,22 @@ class PartStaging:
         staged: StagedPart,
         model_keys: Mapping[str, object],
         model_bytes: int,
+        max_weight_bytes: int | None = None,
     ) -> tuple[int, StagedParts | None, list[StagedPart]]:
         """Add a checked part; return the parts staged and, once all arrived, the whole version.
 
         A returned version is no longer staging (it is finished: swap it in, then release
         its parts, the third item); a version that can no longer complete (whole parts
-        missing keys) is dropped.
+        missing keys) is dropped. ``max_weight_bytes`` (the actor's ``--max-weight-bytes``)
+        caps a version's parts together, as it caps the one blob of a whole push.
 
         Raises:
             StaleVersionError, WeightsError: As :meth:`admit` (checked again: the
                 staging may have changed while this part arrived).
             WeightsError: Keys another part holds already, or whole parts that do not
                 cover every key of the model.
-            WeightsTooLargeError: More staged bytes than the model holds.
+            WeightsTooLargeError: More staged bytes than the model holds or than
+                ``max_weight_bytes``.
         """
         with self._lock:
             self._expire_locked()
@@ -262,14 +266,18 @@ class PartStaging:
             staging = self._staging.get(model_id)
             if staging is None or staging.version < version:
                 fresh = _Staging(version, staged.part.count, self._clock())
-                self._add_locked(model_id, fresh, staged, model_bytes)
+                self._add_locked(model_id, fresh, staged, model_bytes, max_weight_bytes)
                 if staging is not None:  # dropped only once the newer part is accepted
                     self._drop_locked(
                         model_id, f"was superseded by version {version}", "superseded"
                     )
                 staging = fresh
             else:
-                self._add_locked(model_id, staging, staged, model_bytes)
+                try:
+                    self._add_locked(model_id, staging, staged, model_bytes, max_weight_bytes)
+                except WeightsTooLargeError as exc:  # the version can no longer complete
+                    self._drop_locked(model_id, f"failed: {exc}", "failed")
+                    raise
             self._staging[model_id] = staging
             if len(staging.parts) < staging.count:
                 return len(staging.parts), None, []
@@ -277,7 +285,12 @@ class PartStaging:
             return staging.count, self._finish_locked(model_id, model_keys), parts
 
     def _add_locked(
-        self, model_id: str, staging: _Staging, staged: StagedPart, model_bytes: int
+        self,
+        model_id: str,
+        staging: _Staging,
+        staged: StagedPart,
+        model_bytes: int,
+        max_weight_bytes: int | None,
     ) -> None:
         where = f"part {staged.part} of version {staging.version} of model {model_id!r}"
         overlap = sorted(staged.keys & staging.keys)
@@ -287,10 +300,15 @@ class PartStaging:
                 f"{where} holds keys another part of it holds already: "
                 f"{overlap[:_SHOWN]}{more}; each key travels in one part"
             )
-        if staging.nbytes + staged.nbytes > model_bytes:
+        total = staging.nbytes + staged.nbytes
+        if total > model_bytes:
             raise WeightsTooLargeError(
-                f"{where} would stage {staging.nbytes + staged.nbytes} bytes, more than the "
-                f"model's {model_bytes}"
+                f"{where} would stage {total} bytes, more than the model's {model_bytes}"
+            )
+        if max_weight_bytes is not None and total > max_weight_bytes:
+            raise WeightsTooLargeError(
+                f"{where}: its version's parts together, {total} bytes exceeds the cap of "
+                f"{max_weight_bytes} bytes (--max-weight-bytes caps a push, whole or in parts)"
             )
         staging.parts[staged.part.index] = staged
         staging.keys |= staged.keys

@@ -595,7 +595,9 @@ class WeightPushes:
             in_force = models.policy_version(mid)
             check_newer(mid, version, in_force)  # a whole push may have won
             info = models.parameters_info(mid)
-            count, whole, parts = self._parts.stage(mid, version, staged, info, state_nbytes(info))
+            count, whole, parts = self._parts.stage(
+                mid, version, staged, info, state_nbytes(info), self._rt.config.max_weight_bytes
+            )
             push.buffer = None  # the staging holds it now
             if whole is None:
                 push.outcome = PushOutcome.STAGED

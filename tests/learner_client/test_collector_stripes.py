@@ -21,6 +21,7 @@ from tcp_proxy import FaultProxy
 from test_collector_relay import restart_actor, versions
 from test_collector_shm import actor_policy, same_weights
 
+from common.errors import WeightsTooLargeError
 from learner_client import GrpcCollector, WeightPushError, WeightPushSettings
 
 pytestmark = pytest.mark.long  # actor processes holding a 27 MB policy
@@ -89,6 +90,29 @@ def test_one_refused_part_leaves_the_version_before_whole(actors):
         for actor in actors:
             assert versions(actor) == version
             assert same_weights(actor_policy(actor.address), new)
+
+
+def test_the_weight_cap_refuses_a_striped_push_as_it_refuses_it_whole():
+    # Each part was checked against --max-weight-bytes alone: 27 MB in three parts passed
+    # a 12 MiB cap that refuses the same push as one blob.
+    capped = ["--max-weight-bytes", str(12 << 20)]
+    started = start_actors([["--worker-id", "0", *ARGS, *capped], ["--worker-id", "1", *ARGS]])
+    try:
+        addresses = [a.address for a in started]
+        with GrpcCollector(addresses, frames_per_batch=4, weight_push=STRIPED) as collector:
+            policy = cartpole_policy(hidden=HIDDEN)
+            with pytest.raises(WeightPushError) as raised:
+                collector.update_policy_weights_(policy)
+            assert set(raised.value.failed) == {0}
+            assert isinstance(raised.value.failed[0], WeightsTooLargeError)
+            assert "exceeds the cap" in str(raised.value.failed[0])
+            assert versions(started[0]) == 0
+            assert not same_weights(actor_policy(started[0].address), policy)
+            assert versions(started[1]) == 1  # the other applies it, as it would whole
+            assert same_weights(actor_policy(started[1].address), policy)
+    finally:
+        for actor in started:
+            actor.close()
 
 
 def test_a_subset_push_and_a_push_under_two_stripes_go_as_one_stream(actors):

@@ -91,6 +91,20 @@ def test_a_whole_push_drops_a_staging_version_not_newer(staging) -> None:
     assert len(released) == 1
 
 
+def test_the_weight_cap_bounds_a_versions_parts_together_and_drops_it(staging) -> None:
+    parts, _, released = staging
+    first = _part(0, 2, "a")  # 16 bytes each: the model's 32 pass its own bound
+    parts.stage("policy", 3, first, MODEL, 64, max_weight_bytes=24)
+    with pytest.raises(WeightsTooLargeError, match="32 bytes exceeds the cap of 24 bytes"):
+        parts.stage("policy", 3, _part(1, 2, "b"), MODEL, 64, max_weight_bytes=24)
+    assert parts.staging() == {}  # it could never complete: dropped, its part released
+    assert released == [("policy", [first])]
+    with pytest.raises(StaleVersionError, match="exceeds the cap"):
+        parts.admit("policy", 3, Part(1, 2), None)  # another rank's part is told why
+    assert parts.stage("policy", 4, _part(0, 2, "a"), MODEL, 64, max_weight_bytes=32)[0] == 1
+    assert parts.stage("policy", 4, _part(1, 2, "b"), MODEL, 64, max_weight_bytes=32)[1]
+
+
 def test_delta_parts_share_a_base_and_need_not_cover_every_key(staging) -> None:
     parts, _, _ = staging
     parts.stage("policy", 3, _part(0, 3, "a", base=2), MODEL, 64)
