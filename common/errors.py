@@ -48,6 +48,7 @@ __all__ = [
     "DeadlineError",
     "EnvError",
     "InternalError",
+    "MAX_ENV_MESSAGE",
     "PacketTooLargeError",
     "PermissionDeniedError",
     "ProtocolError",
@@ -64,6 +65,7 @@ __all__ = [
     "one_line",
     "tls_mismatch_hint",
     "to_status",
+    "exception_text",
 ]
 
 
@@ -149,12 +151,37 @@ class ActorUnavailableError(RlfleetError, ConnectionError):
     status_code = grpc.StatusCode.UNAVAILABLE
 
 
+#: The characters of an env exception's text (and of its type's name) an EnvError keeps: it
+#: travels in the ``end`` an actor sends, under the learner's message cap.
+MAX_ENV_MESSAGE = 4000
+
+
+def _kept_text(text: str, most: int = MAX_ENV_MESSAGE) -> str:
+    """``text`` as an EnvError keeps it: at most ``most`` characters, valid UTF-8.
+
+    A lone surrogate (bytes decoded with ``surrogateescape``) cannot go into a protobuf
+    string: it is written as its backslash escape.
+    """
+    cut = text if len(text) <= most else text[: most - 3] + "..."
+    sendable = cut.encode("utf-8", "backslashreplace").decode("utf-8")
+    return sendable if len(sendable) <= most else sendable[: most - 3] + "..."
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or what it is when its ``__str__`` raises (a user's exception's bug)."""
+    try:
+        return str(exc)
+    except Exception as broken:  # any error of a user's __str__
+        return f"<str() of the {type(exc).__name__} raised {type(broken).__name__}>"
+
+
 class EnvError(RlfleetError, RuntimeError):
     """An env raised while an actor stepped or reset it.
 
     The actor raises it around the env's own exception; a learner raises it
     (with ``worker_id`` set) once an actor's env kept failing. The exception's
-    text is None when the actor withholds it (``--env-error-detail type``).
+    text is None when the actor withholds it (``--env-error-detail type``); its text and
+    type's name are kept to ``MAX_ENV_MESSAGE`` characters of valid UTF-8.
 
     Args:
         env: The env's name (gymnasium id or factory).
@@ -175,8 +202,10 @@ class EnvError(RlfleetError, RuntimeError):
         worker_id: int | None = None,
         attempts: int = 1,
     ) -> None:
+        if exception_message is not None:
+            exception_message = _kept_text(exception_message)
         self.env = env
-        self.exception_type = exception_type
+        self.exception_type = exception_type = _kept_text(exception_type)
         self.exception_message = exception_message
         self.worker_id = worker_id
         self.attempts = attempts
@@ -188,6 +217,11 @@ class EnvError(RlfleetError, RuntimeError):
         )
         tries = f" ({attempts} attempts)" if attempts > 1 else ""
         super().__init__(f"{where}env {env!r} raised {what}{tries}")
+
+    @classmethod
+    def of(cls, env: str, exc: BaseException, context: str = "") -> EnvError:
+        """The EnvError around ``exc``, which ``env`` raised (``context`` leads its text)."""
+        return cls(env, type(exc).__name__, context + exception_text(exc))
 
     def __reduce__(self) -> tuple[object, ...]:  # picklable despite the keyword arguments
         return (

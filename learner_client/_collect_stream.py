@@ -58,8 +58,6 @@ M = TypeVar("M", bound=Message)
 _DECODE_OFF_LOOP_BYTES = 1 << 20
 # Mappings of an actor's batch segments kept: as many as it keeps idle for reuse.
 _KEPT_SEGMENTS = 4
-# The characters of an env's exception message kept (an actor's ``end`` may carry 4 MiB).
-_MAX_ENV_MESSAGE = 4000
 _END_REASONS = {
     v.number: v.name.removeprefix("END_REASON_") for v in pb.EndReason.DESCRIPTOR.values
 }
@@ -94,13 +92,14 @@ class EndEvent:
 
 
 def _env_error(end: pb.StreamEnd) -> EnvError | None:
-    """The env's exception an ``end`` reports (its text None when the actor withheld it)."""
+    """The env's exception an ``end`` reports (its text None when the actor withheld it).
+
+    Its text keeps its lines (a traceback's), cut to ``MAX_ENV_MESSAGE`` by :class:`EnvError`.
+    """
     if not end.HasField("env_failure"):
         return None
     failure = end.env_failure
     text = None if failure.message_withheld else failure.exception_message
-    if text is not None and len(text) > _MAX_ENV_MESSAGE:  # its lines kept: a traceback's
-        text = text[: _MAX_ENV_MESSAGE - 3] + "..."
     return EnvError(one_line(failure.env), one_line(failure.exception_type), text)
 
 

@@ -394,7 +394,8 @@ class CollectSession:
                 self._wake()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a policy's SystemExit on the collection
+            # thread is no signal (the loop handles those): the session ends, the actor lives
             code, details = to_status(exc)
             log_event(
                 "session.collect_failed",
@@ -411,7 +412,8 @@ class CollectSession:
                 )
                 details = str(_as_sent(self._env_failure))
             self._request_stop(pb.END_REASON_ERROR, f"collection failed: {details}")
-        finally:
+        finally:  # however it ended, the writer is told (it waits for a stop or a batch)
+            self._request_stop(pb.END_REASON_ERROR, "collection stopped")
             self._collector_done = True
             self._collector_idle.set()
             self._wake()

@@ -51,6 +51,42 @@ def crashing_cartpole(steps: int = 0) -> gymnasium.Env:
     return _CrashAfter(gymnasium.make("CartPole-v1"), steps)
 
 
+class _UserBaseError(BaseException):
+    """A user's exception outside ``Exception`` (a framework's abort signal)."""
+
+
+class _UnprintableError(RuntimeError):
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+def _odd_exception(kind: str) -> BaseException:
+    """An exception a user's env may raise that is awkward to report."""
+    odd: dict[str, BaseException] = {
+        "surrogates": RuntimeError("path b'\\xff' decoded: \udcff"),  # surrogateescape's
+        "huge": RuntimeError("x" * 3_000_000),  # over the learner's 4 MiB message cap
+        "unprintable": _UnprintableError(),
+        "base_exception": _UserBaseError("abort"),
+        "system_exit": SystemExit(3),
+        "keyboard_interrupt": KeyboardInterrupt(),
+    }
+    return odd[kind]
+
+
+class _OddCrash(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, kind: str) -> None:
+        super().__init__(env)
+        self._kind = kind
+
+    def step(self, action: Any) -> Any:
+        raise _odd_exception(self._kind)
+
+
+def oddly_crashing_cartpole(kind: str) -> gymnasium.Env:
+    """CartPole whose ``step`` raises an awkward exception (``_odd_exception``'s kinds)."""
+    return _OddCrash(gymnasium.make("CartPole-v1"), kind)
+
+
 def crashing_pendulum(steps: int = 0) -> gymnasium.Env:
     """Pendulum whose ``step`` raises after ``steps`` steps."""
     return _CrashAfter(gymnasium.make("Pendulum-v1"), steps)

@@ -626,6 +626,39 @@ def test_env_error_text_is_withheld_when_the_actor_says_so(crashing: list[Any]) 
     assert "withheld" in str(error)
 
 
+@pytest.mark.long  # three actor processes
+def test_an_env_raising_what_is_awkward_to_report_reaches_the_learner_as_env_error() -> None:
+    # A lone surrogate in the text (the end message could not be built), an exception outside
+    # Exception (the session never ended) or a SystemExit (the actor's process died): the
+    # learner waited out batch_timeout and raised MissingWorkersError, or lost the actor.
+    kinds = ["surrogates", "base_exception", "system_exit"]
+    factory = ["--num-envs", "1", "--env-factory", "rlfleet_test_envs:oddly_crashing_cartpole"]
+    odd = [
+        ["--worker-id", str(w), *factory, "--env-kwargs", json.dumps({"kind": k})]
+        for w, k in enumerate(kinds)
+    ]
+    actors = start_actors(odd, env=ACTOR_ENV)
+    raised: dict[str, EnvError] = {}
+    try:
+        for actor, kind in zip(actors, kinds, strict=True):
+            for _ in range(2):  # the actor lives on: a second collector is told the same
+                start = time.monotonic()
+                with (
+                    GrpcCollector([actor.address], frames_per_batch=4, batch_timeout=60) as c,
+                    pytest.raises(EnvError) as info,
+                ):
+                    c.next()
+                assert time.monotonic() - start < 30, kind
+                assert actor.process.poll() is None, actor.stderr()[-2000:]
+                raised[kind] = info.value
+        assert raised["surrogates"].exception_message.endswith("\\udcff")  # escaped
+        assert raised["base_exception"].exception_type == "_UserBaseError"
+        assert raised["system_exit"].exception_type == "SystemExit"
+    finally:
+        for actor in actors:
+            actor.close()
+
+
 def _import_crashing() -> gymnasium.Env:
     import rlfleet_test_envs  # the actors' own env factories (on the path learner_fleet sets)
 

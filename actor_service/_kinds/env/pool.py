@@ -25,7 +25,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.env.spaces import check_space
-from common.errors import DeadlineError, EnvError
+from common.errors import DeadlineError, EnvError, exception_text
 from common.plain_config import from_plain
 from common.policies import load_callable
 
@@ -139,13 +139,18 @@ def step_pool(
             f"an env step took longer than step_timeout={timeout} s; the env pool is rebuilt "
             "before the next batch"
         ) from None
-    except Exception as exc:
+    except BaseException as exc:  # the user's env: its error, whatever it is
         raise _env_error(pool, env, exc) from exc
 
 
-def _env_error(pool: VectorEnv, env: str, exc: Exception) -> EnvError:
-    """``exc`` as an :class:`EnvError`; an observation of the wrong shape says which is right."""
-    message = str(exc)
+def _env_error(pool: VectorEnv, env: str, exc: BaseException) -> EnvError:
+    """``exc`` as an :class:`EnvError`; an observation of the wrong shape says which is right.
+
+    Any exception of the env's is its failure, ``KeyboardInterrupt`` and ``SystemExit`` too:
+    the env runs on the collection thread, where no signal raises them, so they are the env's
+    own (a ``sys.exit`` in user code), and the actor lives on.
+    """
+    message = exception_text(exc)
     if "wrong shape" in message:  # numpy, filling the pool's array of observations
         space = pool.single_observation_space
         message += (
@@ -191,7 +196,7 @@ def reset_pool(
             f"an env reset took longer than step_timeout={timeout} s; the env pool is rebuilt "
             "before the next batch"
         ) from None
-    except Exception as exc:
+    except BaseException as exc:  # the user's env: its error, whatever it is
         raise _env_error(pool, env, exc) from exc
     return obs
 

@@ -102,7 +102,7 @@ class DialogEngine:
             if not isinstance(problem, Problem):
                 raise TypeError(f"returned {type(problem).__name__}, not a Problem")
         except Exception as exc:  # the user's task: its error, as an env's
-            raise EnvError(self.name, type(exc).__name__, f"sample(): {exc}") from exc
+            raise EnvError.of(self.name, exc, "sample(): ") from exc
         return problem
 
     def _judge(self, dialog: Dialog, content: str) -> Outcome:
@@ -122,7 +122,7 @@ class DialogEngine:
             if outcome.reply is not None and not isinstance(outcome.reply, str):
                 raise TypeError(f"reply {outcome.reply!r:.40} is not a str or None")
         except Exception as exc:  # the user's task: its error, as an env's
-            raise EnvError(self.name, type(exc).__name__, f"score(): {exc}") from exc
+            raise EnvError.of(self.name, exc, "score(): ") from exc
         return outcome
 
     def run(

@@ -350,8 +350,8 @@ class TorchRLCore(CoreBase):
         try:
             with self._env_guard:
                 frame, following = self._pool.step_and_maybe_reset(carrier)
-        except Exception as exc:
-            raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
+        except BaseException as exc:  # as the env pool's (env/pool.py)
+            raise EnvError.of(self.env_id, exc) from exc
         if timings is not None:
             timings[t] = (acted - start, time.perf_counter() - acted)
         frame.set(("next", "policy_version"), versions.clone())
@@ -373,9 +373,9 @@ class TorchRLCore(CoreBase):
         """Reset every env: a fresh carrier with new trajectory ids."""
         try:
             carrier = self._pool.reset()
-        except Exception as exc:
+        except BaseException as exc:  # as the env pool's (env/pool.py)
             self._rebuild_pending = True
-            raise EnvError(self.env_id, type(exc).__name__, str(exc)) from exc
+            raise EnvError.of(self.env_id, exc) from exc
         ids = torch.from_numpy(self._traj.take(self.num_slots)).reshape(self._pool.batch_size)
         carrier.set(_TRAJ_IDS, ids)
         self._carrier, self._fresh = carrier, True

@@ -14,7 +14,8 @@ from helpers import process_gone
 from actor_service._config import ActorConfig, section_of
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
-from common.errors import DeadlineError, EnvError
+from actor_service._serve._collect import env_failure
+from common.errors import MAX_ENV_MESSAGE, DeadlineError, EnvError
 
 HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 
@@ -58,6 +59,46 @@ def test_make_env_pool_calls_the_factory_with_env_kwargs() -> None:
             step_pool(pool, np.zeros(1, dtype=np.int64), 1.0, env="crashing")
         assert (info.value.env, info.value.exception_type) == ("crashing", "RuntimeError")
         assert info.value.exception_message == "simulator crashed"
+    finally:
+        close_pool(pool)
+
+
+@pytest.mark.parametrize(
+    ("kind", "exception_type", "text"),
+    [
+        ("surrogates", "RuntimeError", "\\udcff"),
+        ("huge", "RuntimeError", "xxx..."),
+        ("unprintable", "_UnprintableError", "str() of the _UnprintableError raised ValueError>"),
+        ("base_exception", "_UserBaseError", "abort"),
+        ("system_exit", "SystemExit", "3"),
+        ("keyboard_interrupt", "KeyboardInterrupt", ""),
+    ],
+)
+def test_any_exception_of_the_env_is_an_env_error_that_can_be_sent(
+    kind: str, exception_type: str, text: str
+) -> None:
+    # A surrogate could not go into the end message, a __str__ that raised or an exception
+    # outside Exception escaped: the session stalled (the learner waited out batch_timeout);
+    # SystemExit and KeyboardInterrupt ended the actor's process.
+    config = ActorConfig(
+        num_envs=1,
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:oddly_crashing_cartpole", env_kwargs={"kind": kind}
+        ),
+    )
+    pool = make_env_pool(config)
+    try:
+        reset_pool(pool, 1.0)
+        with pytest.raises(EnvError) as info:
+            step_pool(pool, np.zeros(1, dtype=np.int64), 1.0, env="odd")
+        error = info.value
+        assert error.exception_type == exception_type
+        assert error.exception_message is not None
+        assert error.exception_message.endswith(text)
+        assert len(error.exception_message) <= MAX_ENV_MESSAGE
+        failure = env_failure(error, full=True)  # what the end message carries
+        assert failure.exception_message == error.exception_message
+        assert len(failure.SerializeToString()) < 2 * MAX_ENV_MESSAGE
     finally:
         close_pool(pool)
 
