@@ -73,6 +73,8 @@ class StagedPart:
         buffer: The receive buffer the part's tensors may view, held until its version
             is swapped in or dropped (then :class:`PartBuffers` may keep it).
         lent: ``buffer`` came from :class:`PartBuffers` (else it was allocated for the part).
+        received: The bytes of its blob as they arrived (a wire dtype's, before the cast to
+            the model's): what ``--max-weight-bytes`` caps, as it caps a whole push's blob.
     """
 
     part: Part
@@ -82,6 +84,7 @@ class StagedPart:
     digest: str = ""
     buffer: torch.Tensor | None = dataclasses.field(default=None, compare=False)
     lent: bool = False
+    received: int = 0
 
     @property
     def keys(self) -> set[str]:
@@ -107,6 +110,7 @@ class _Staging:
     base_version: int | None = None  # shared by its delta parts
     keys: set[str] = dataclasses.field(default_factory=set)
     nbytes: int = 0
+    received: int = 0  # its parts' blobs' bytes, as they arrived
 
     def merged(self) -> StagedParts:
         tensors: dict[str, torch.Tensor] = {}
@@ -250,7 +254,8 @@ class PartStaging:
         A returned version is no longer staging (it is finished: swap it in, then release
         its parts, the third item); a version that can no longer complete (whole parts
         missing keys) is dropped. ``max_weight_bytes`` (the actor's ``--max-weight-bytes``)
-        caps a version's parts together, as it caps the one blob of a whole push.
+        caps a version's parts' blobs together (``StagedPart.received``), as it caps the
+        one blob of a whole push.
 
         Raises:
             StaleVersionError, WeightsError: As :meth:`admit` (checked again: the
@@ -305,14 +310,16 @@ class PartStaging:
             raise WeightsTooLargeError(
                 f"{where} would stage {total} bytes, more than the model's {model_bytes}"
             )
-        if max_weight_bytes is not None and total > max_weight_bytes:
+        received = staging.received + staged.received
+        if max_weight_bytes is not None and received > max_weight_bytes:
             raise WeightsTooLargeError(
-                f"{where}: its version's parts together, {total} bytes exceeds the cap of "
+                f"{where}: its version's parts together, {received} bytes exceeds the cap of "
                 f"{max_weight_bytes} bytes (--max-weight-bytes caps a push, whole or in parts)"
             )
         staging.parts[staged.part.index] = staged
         staging.keys |= staged.keys
         staging.nbytes += staged.nbytes
+        staging.received += staged.received
         if staged.base_version is not None:
             staging.base_version = staged.base_version
 

@@ -587,7 +587,11 @@ class WeightPushes:
             cap = self.max_bytes([mid])
             staged = decode_part(models, mid, blob, part, push.base_version, cap)
             staged = dataclasses.replace(
-                staged, buffer=push.buffer, lent=not push.fresh, digest=push.digest
+                staged,
+                buffer=push.buffer,
+                lent=not push.fresh,
+                digest=push.digest,
+                received=memoryview(blob).nbytes,
             )
             # Read once, before staging: another rank's part may complete this version
             # the moment this one is staged, and a STAGED reply names the version that

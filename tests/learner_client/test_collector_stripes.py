@@ -9,6 +9,7 @@ parts is refused leaves the actor with the version before, whole.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -93,14 +94,17 @@ def test_one_refused_part_leaves_the_version_before_whole(actors):
 
 
 def test_the_weight_cap_refuses_a_striped_push_as_it_refuses_it_whole():
-    # Each part was checked against --max-weight-bytes alone: 27 MB in three parts passed
-    # a 12 MiB cap that refuses the same push as one blob.
-    capped = ["--max-weight-bytes", str(12 << 20)]
-    started = start_actors([["--worker-id", "0", *ARGS, *capped], ["--worker-id", "1", *ARGS]])
+    # Each part was checked against --max-weight-bytes alone: 45 MB in parts passed a 32 MiB
+    # cap that refuses the same push as one blob. The cap is on the bytes sent: the push in
+    # bfloat16 (22.5 MB, still striped) passes it, as it would whole.
+    hidden = [1500] * 6  # five 9 MB layers
+    args = ["--num-envs", "1", "--policy-kwargs", json.dumps({"hidden": hidden})]
+    capped = ["--max-weight-bytes", str(32 << 20)]
+    started = start_actors([["--worker-id", "0", *args, *capped], ["--worker-id", "1", *args]])
     try:
         addresses = [a.address for a in started]
         with GrpcCollector(addresses, frames_per_batch=4, weight_push=STRIPED) as collector:
-            policy = cartpole_policy(hidden=HIDDEN)
+            policy = cartpole_policy(hidden=tuple(hidden))
             with pytest.raises(WeightPushError) as raised:
                 collector.update_policy_weights_(policy)
             assert set(raised.value.failed) == {0}
@@ -110,6 +114,10 @@ def test_the_weight_cap_refuses_a_striped_push_as_it_refuses_it_whole():
             assert not same_weights(actor_policy(started[0].address), policy)
             assert versions(started[1]) == 1  # the other applies it, as it would whole
             assert same_weights(actor_policy(started[1].address), policy)
+            striped = collector.stats()["striped_pushes"]
+            version = collector.update_policy_weights_(policy, dtype=torch.bfloat16)[0]
+            assert collector.stats()["striped_pushes"] == striped + 2
+            assert [versions(a) for a in started] == [version, version]
     finally:
         for actor in started:
             actor.close()

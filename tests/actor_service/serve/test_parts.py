@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -91,18 +93,25 @@ def test_a_whole_push_drops_a_staging_version_not_newer(staging) -> None:
     assert len(released) == 1
 
 
+def _received(part: StagedPart, nbytes: int) -> StagedPart:
+    return dataclasses.replace(part, received=nbytes)
+
+
 def test_the_weight_cap_bounds_a_versions_parts_together_and_drops_it(staging) -> None:
     parts, _, released = staging
-    first = _part(0, 2, "a")  # 16 bytes each: the model's 32 pass its own bound
-    parts.stage("policy", 3, first, MODEL, 64, max_weight_bytes=24)
-    with pytest.raises(WeightsTooLargeError, match="32 bytes exceeds the cap of 24 bytes"):
-        parts.stage("policy", 3, _part(1, 2, "b"), MODEL, 64, max_weight_bytes=24)
+    first = _received(_part(0, 2, "a"), 20)  # blobs of 20 bytes: the model's 32 pass its bound
+    parts.stage("policy", 3, first, MODEL, 64, max_weight_bytes=30)
+    with pytest.raises(WeightsTooLargeError, match="40 bytes exceeds the cap of 30 bytes"):
+        parts.stage("policy", 3, _received(_part(1, 2, "b"), 20), MODEL, 64, max_weight_bytes=30)
     assert parts.staging() == {}  # it could never complete: dropped, its part released
     assert released == [("policy", [first])]
     with pytest.raises(StaleVersionError, match="exceeds the cap"):
         parts.admit("policy", 3, Part(1, 2), None)  # another rank's part is told why
-    assert parts.stage("policy", 4, _part(0, 2, "a"), MODEL, 64, max_weight_bytes=32)[0] == 1
-    assert parts.stage("policy", 4, _part(1, 2, "b"), MODEL, 64, max_weight_bytes=32)[1]
+    # The cap is on the bytes received: parts sent in a narrower wire dtype (8-byte blobs
+    # of 16 bytes each once cast to the model's dtype) pass a cap their cast bytes exceed.
+    narrow = [_received(_part(i, 2, key), 8) for i, key in enumerate("ab")]
+    assert parts.stage("policy", 4, narrow[0], MODEL, 64, max_weight_bytes=16)[0] == 1
+    assert parts.stage("policy", 4, narrow[1], MODEL, 64, max_weight_bytes=16)[1] is not None
 
 
 def test_delta_parts_share_a_base_and_need_not_cover_every_key(staging) -> None:
