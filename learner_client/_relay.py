@@ -149,8 +149,9 @@ class RelayRoute:
 
         ``relayed_pushes`` (actors a push was routed to through a relay, those that fell
         back included), ``relay_fallbacks`` (of those, actors sent the bytes directly after
-        all), ``relay_bytes_saved`` (bytes the learner did not send, net of fallbacks), ``relay_depth`` (the longest chain so far), ``peer_catch_ups``
-        (returning actors sent the current weights by a peer that holds them).
+        all), ``relay_bytes_saved`` (bytes the learner did not send, net of fallbacks),
+        ``relay_depth`` (the longest chain so far), ``peer_catch_ups`` (returning actors
+        sent the current weights by a peer that holds them).
         """
         with self._lock:
             return dict(self._counts)

@@ -31,6 +31,10 @@ class BuggyTask:
         """Not an ``Outcome`` of a real reward, or an exception, as ``mode`` says."""
         if self.mode == "raise":
             raise RuntimeError("user reward function bug")
+        if self.mode == "system_exit":  # a user's sys.exit in a reward function
+            raise SystemExit("reward server gone")
+        if self.mode == "surrogates":  # bytes decoded with surrogateescape
+            raise RuntimeError("bad byte \udcff")
         if self.mode == "text_reward":
             return Outcome("high", terminated=True)  # type: ignore[arg-type]
         if self.mode == "tuple":

@@ -101,7 +101,7 @@ class DialogEngine:
             problem = self.task.sample(rng)
             if not isinstance(problem, Problem):
                 raise TypeError(f"returned {type(problem).__name__}, not a Problem")
-        except Exception as exc:  # the user's task: its error, as an env's
+        except BaseException as exc:  # the user's task: its error, as an env's (env/pool.py)
             raise EnvError.of(self.name, exc, "sample(): ") from exc
         return problem
 
@@ -121,7 +121,7 @@ class DialogEngine:
             float(outcome.reward)  # None, a list...: TypeError
             if outcome.reply is not None and not isinstance(outcome.reply, str):
                 raise TypeError(f"reply {outcome.reply!r:.40} is not a str or None")
-        except Exception as exc:  # the user's task: its error, as an env's
+        except BaseException as exc:  # the user's task: its error, as an env's (env/pool.py)
             raise EnvError.of(self.name, exc, "score(): ") from exc
         return outcome
 

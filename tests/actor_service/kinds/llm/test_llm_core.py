@@ -84,6 +84,8 @@ def test_a_prompt_longer_than_the_context_ends_the_dialog_truncated() -> None:
         ("text_reward", "TypeError", "score(): reward 'high' is not a number"),
         ("tuple", "TypeError", "score(): returned tuple, not an Outcome"),
         ("sample", "KeyError", "sample(): 'no such problem'"),
+        ("system_exit", "SystemExit", "score(): reward server gone"),  # the actor lives on
+        ("surrogates", "RuntimeError", "score(): bad byte \\udcff"),  # sendable
     ],
 )
 def test_a_task_that_fails_raises_an_env_error_naming_it(mode, kind, text) -> None:
