@@ -25,6 +25,8 @@ class BuggyTask:
         """A problem of ``arith``; ``mode="sample"`` raises instead."""
         if self.mode == "sample":
             raise KeyError("no such problem")
+        if self.mode == "query_surrogate":  # a file name decoded with surrogateescape
+            return Problem("solve \udcff", "1")
         return self._arith.sample(rng)
 
     def score(self, problem: Problem, response: str, turn: int) -> Any:
@@ -35,6 +37,8 @@ class BuggyTask:
             raise SystemExit("reward server gone")
         if self.mode == "surrogates":  # bytes decoded with surrogateescape
             raise RuntimeError("bad byte \udcff")
+        if self.mode == "reply_surrogate":
+            return Outcome(0.0, terminated=False, reply="try again \udcff")
         if self.mode == "text_reward":
             return Outcome("high", terminated=True)  # type: ignore[arg-type]
         if self.mode == "tuple":

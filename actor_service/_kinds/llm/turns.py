@@ -101,6 +101,9 @@ class DialogEngine:
             problem = self.task.sample(rng)
             if not isinstance(problem, Problem):
                 raise TypeError(f"returned {type(problem).__name__}, not a Problem")
+            _check_text("query", problem.query)
+            if problem.system is not None:
+                _check_text("system", problem.system)
         except BaseException as exc:  # the user's task: its error, as an env's (env/pool.py)
             raise EnvError.of(self.name, exc, "sample(): ") from exc
         return problem
@@ -119,8 +122,8 @@ class DialogEngine:
             if isinstance(outcome.reward, str | bytes):  # float() would parse text
                 raise TypeError(f"reward {outcome.reward!r:.40} is not a number")
             float(outcome.reward)  # None, a list...: TypeError
-            if outcome.reply is not None and not isinstance(outcome.reply, str):
-                raise TypeError(f"reply {outcome.reply!r:.40} is not a str or None")
+            if outcome.reply is not None:
+                _check_text("reply", outcome.reply)
         except BaseException as exc:  # the user's task: its error, as an env's (env/pool.py)
             raise EnvError.of(self.name, exc, "score(): ") from exc
         return outcome
@@ -344,3 +347,21 @@ def _dense(turns: Sequence[Turn], pad_id: int) -> tuple[torch.Tensor, torch.Tens
 
 def _padded(messages: list[dict[str, str]], size: int) -> list[dict[str, str]]:
     return messages + [{"role": "", "content": ""}] * (size - len(messages))
+
+
+def _check_text(field: str, value: object) -> None:
+    """Refuse a task's text that no tokenizer takes: not a ``str``, or not valid UTF-8.
+
+    Raises:
+        TypeError: ``value`` is not a ``str``.
+        ValueError: It holds a lone surrogate (bytes decoded with ``surrogateescape``).
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{field} {value!r:.40} is not a str")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{field} is not valid UTF-8: {exc.reason} at character {exc.start} "
+            f"({value[max(0, exc.start - 20) : exc.start]!r} before it)"
+        ) from None

@@ -86,6 +86,19 @@ def test_a_prompt_longer_than_the_context_ends_the_dialog_truncated() -> None:
         ("sample", "KeyError", "sample(): 'no such problem'"),
         ("system_exit", "SystemExit", "score(): reward server gone"),  # the actor lives on
         ("surrogates", "RuntimeError", "score(): bad byte \\udcff"),  # sendable
+        # Text no tokenizer takes failed in the prompt's building, as an internal error.
+        (
+            "query_surrogate",
+            "ValueError",
+            "sample(): query is not valid UTF-8: surrogates "
+            "not allowed at character 6 ('solve ' before it)",
+        ),
+        (
+            "reply_surrogate",
+            "ValueError",
+            "score(): reply is not valid UTF-8: surrogates "
+            "not allowed at character 10 ('try again ' before it)",
+        ),
     ],
 )
 def test_a_task_that_fails_raises_an_env_error_naming_it(mode, kind, text) -> None:
