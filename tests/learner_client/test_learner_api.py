@@ -10,6 +10,7 @@ def test_learner_client_all_is_pinned():
     assert learner_client.__all__ == [
         "ActorDescription",
         "ActorFleet",
+        "EndlessCollectorError",
         "GrpcCollector",
         "GrpcLLMCollector",
         "LocalFleet",
@@ -32,6 +33,10 @@ def test_learner_client_all_is_pinned():
 def test_learner_errors_extend_the_common_tree():
     assert issubclass(learner_client.WeightPushError, RlfleetError)
     assert issubclass(learner_client.MissingWorkersError, ActorUnavailableError)
+    endless = learner_client.EndlessCollectorError  # both what Python and TorchRL raise
+    assert issubclass(endless, RlfleetError)
+    assert issubclass(endless, TypeError)
+    assert issubclass(endless, RuntimeError)
     err = learner_client.WeightPushError("x", succeeded={0: 3}, failed={1: ValueError("bad")})
     assert err.succeeded == {0: 3}
     assert list(err.failed) == [1]
