@@ -266,6 +266,7 @@ class LocalFleet:
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"
+        self._pid = os.getpid()  # the actors are this process's children
 
     # ------------------------------------------------------------- lifecycle
 
@@ -295,11 +296,16 @@ class LocalFleet:
         return self
 
     def stop(self) -> None:
-        """Stop every actor: SIGTERM, then SIGKILL after the grace period. Idempotent."""
+        """Stop every actor: SIGTERM, then SIGKILL after the grace period. Idempotent.
+
+        In a process forked from the one that started them (a child leaving a ``with``
+        block), the fleet is only marked stopped: its actors serve the parent.
+        """
         if self._state == "stopped":
             return
         self._state = "stopped"
-        self._stop_actors(list(self._actors.values()))
+        if os.getpid() == self._pid:
+            self._stop_actors(list(self._actors.values()))
 
     def close(self) -> None:
         """:meth:`stop` under the name every fleet has (``learner_client.ActorFleet``)."""

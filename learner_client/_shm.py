@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import secrets
 import threading
 import weakref
@@ -93,8 +94,9 @@ class ShmRoute:
     def __post_init__(self) -> None:
         if self._probing:
             sweep_segments()  # leftovers of learners and actors that died mid-push
-        # A learner that exits (or drops its collector) without shutdown() leaves none behind.
-        weakref.finalize(self, _close_all, self._idle, self._busy, self._blobs)
+        # A learner that exits (or drops its collector) without shutdown() leaves none behind;
+        # a forked child exiting leaves the parent's in place.
+        weakref.finalize(self, _close_all, os.getpid(), self._idle, self._busy, self._blobs)
 
     @property
     def _probing(self) -> bool:
@@ -247,7 +249,7 @@ class ShmRoute:
     def close(self) -> None:
         """Remove every segment (the collector is shutting down)."""
         with self._lock:
-            _close_all(self._idle, self._busy, self._blobs)
+            _close_all(os.getpid(), self._idle, self._busy, self._blobs)
 
     def count(self, pushes: int, fallbacks: int) -> None:
         """Count actor pushes that travelled through shared memory, and the refused ones."""
@@ -262,12 +264,19 @@ class ShmRoute:
 
 
 def _close_all(
-    idle: list[SharedBuffer], busy: dict[str, SharedBuffer], blobs: dict[int, SharedBuffer]
+    pid: int,
+    idle: list[SharedBuffer],
+    busy: dict[str, SharedBuffer],
+    blobs: dict[int, SharedBuffer],
 ) -> None:
     """Remove the segments of ``idle``, ``busy`` and ``blobs`` and forget them (in place).
 
     Blob segments lose their names only: a blob the caller still holds stays readable.
+    Nothing is removed in a process other than ``pid`` (a child forked since: the segments
+    are its parent's).
     """
+    if os.getpid() != pid:
+        return
     for buffer in [*idle, *busy.values()]:
         buffer.close()
     for buffer in blobs.values():

@@ -21,6 +21,7 @@ and hands each one exactly what it uses; nothing reaches another part through a 
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 import weakref
@@ -107,17 +108,23 @@ class _Thread(Protocol):
 class Teardown:
     """What a collector closes, in order: by ``shutdown()``, or when the collector is dropped.
 
+    A process forked from the one that built it (a ``DataLoader``'s worker, a ``fork``
+    pool's, a child leaving a ``with`` block by ``sys.exit``) closes nothing: the sessions,
+    the loop thread and the fleet are the parent's, which goes on collecting.
+
     Attributes:
         parts: The wired parts.
         membership: The ``dns:`` watcher.
         background: The replay-buffer thread.
         owner: The fleet given to the collector, stopped last (also when the rest fails).
+        pid: The process that built it.
     """
 
     parts: Parts
     membership: _Closing
     background: _Thread
     owner: _Closing
+    pid: int = dataclasses.field(default_factory=os.getpid)
     #: Set once the first :meth:`once` has closed everything (another caller waits on it).
     closed: threading.Event = dataclasses.field(default_factory=threading.Event)
     _closer: threading.Thread | None = None
@@ -151,6 +158,8 @@ class Teardown:
         its grace period, a Ray worker gone), and with ``shutdown_ray`` (RayCollector's) ask
         Ray to shut down once no fleet of this process uses it.
         """
+        if os.getpid() != self.pid:  # a forked child: all of it is the parent's
+            return
         try:
             self.membership.close()
             self.background.stop()

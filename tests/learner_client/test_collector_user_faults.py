@@ -7,6 +7,7 @@ loses in the same place (the failing part), counts nothing twice, and never hang
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -298,6 +299,39 @@ def test_a_collector_shut_down_while_the_interpreter_exits_lets_it_exit(fleet) -
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "end of script" in done.stdout
+
+
+_FORKING_SCRIPT = """
+import json, os, sys, time
+from learner_client import GrpcCollector, LocalFleet
+with LocalFleet(1, "CartPole-v1", num_envs=2) as fleet, GrpcCollector(
+    fleet, frames_per_batch=4, sync=True
+) as collector:
+    collector.next()
+    start = time.monotonic()
+    child = os.fork()
+    if child == 0:  # a worker leaving the blocks it inherited, as a script's end does
+        sys.exit(0)
+    os.waitpid(child, 0)
+    child_s = time.monotonic() - start
+    after = collector.next()
+    print(json.dumps({"child_s": child_s, "alive": fleet.is_alive(0), "frames": after.numel()}))
+"""
+
+
+@pytest.mark.long  # an actor process of its own
+def test_a_forked_child_leaving_the_collector_and_fleet_closes_neither() -> None:
+    # The child ran the teardown: it waited ~26 s on the parent's sessions and could stop
+    # the parent's actors (LocalFleet's processes, its shared-memory segments).
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKING_SCRIPT],
+        capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["child_s"] < 5, done.stderr[-3000:]
+    assert outcome["alive"]
+    assert outcome["frames"] == 4  # the parent's collector goes on
 
 
 def test_shutdown_from_the_background_threads_replay_buffer_returns_at_once(fleet) -> None:
