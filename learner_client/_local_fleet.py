@@ -266,7 +266,7 @@ class LocalFleet:
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"
-        self._pid = os.getpid()  # the actors are this process's children
+        self._pid = os.getpid()  # the process whose children the actors are (set by start())
 
     # ------------------------------------------------------------- lifecycle
 
@@ -284,7 +284,7 @@ class LocalFleet:
         """
         if self._state != "new":
             raise SessionStateError(f"LocalFleet.start() called on a {self._state} fleet")
-        self._state = "running"
+        self._state, self._pid = "running", os.getpid()  # the actors: this process's children
         try:
             for worker_id in self.worker_ids:
                 seed = None if self._seed is None else self._seed + worker_id

@@ -334,6 +334,30 @@ def test_a_forked_child_leaving_the_collector_and_fleet_closes_neither() -> None
     assert outcome["frames"] == 4  # the parent's collector goes on
 
 
+_STARTED_IN_A_CHILD = """
+import json, os, sys
+from learner_client import LocalFleet
+fleet = LocalFleet(1, "CartPole-v1", num_envs=2)
+child = os.fork()
+if child == 0:  # the fleet is built here but started in the child: its actors are the child's
+    with fleet:
+        pid = fleet.pids[0]
+    print(json.dumps({"stopped": not os.path.exists(f"/proc/{pid}")}), flush=True)  # reaped
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+@pytest.mark.long  # an actor process of its own
+def test_a_fleet_started_in_a_forked_child_is_stopped_by_that_child() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _STARTED_IN_A_CHILD],
+        capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"stopped": True}, done.stderr
+
+
 def test_shutdown_from_the_background_threads_replay_buffer_returns_at_once(fleet) -> None:
     """A buffer that ends the collection from inside ``extend`` (a budget of its own)."""
     took: list[float] = []
