@@ -319,17 +319,22 @@ with LocalFleet(1, "CartPole-v1", num_envs=2) as fleet, GrpcCollector(
 """
 
 
+def _outcome_of(script: str) -> dict:
+    """Run ``script`` in a fresh interpreter (no gRPC thread of pytest's to fork); its JSON."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"stderr": done.stderr[-3000:], **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
 @pytest.mark.long  # an actor process of its own
 def test_a_forked_child_leaving_the_collector_and_fleet_closes_neither() -> None:
     # The child ran the teardown: it waited ~26 s on the parent's sessions and could stop
     # the parent's actors (LocalFleet's processes, its shared-memory segments).
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKING_SCRIPT],
-        capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
-    assert outcome["child_s"] < 5, done.stderr[-3000:]
+    outcome = _outcome_of(_FORKING_SCRIPT)
+    assert outcome["child_s"] < 5, outcome["stderr"]
     assert outcome["alive"]
     assert outcome["frames"] == 4  # the parent's collector goes on
 
@@ -350,12 +355,8 @@ os.waitpid(child, 0)
 
 @pytest.mark.long  # an actor process of its own
 def test_a_fleet_started_in_a_forked_child_is_stopped_by_that_child() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _STARTED_IN_A_CHILD],
-        capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"stopped": True}, done.stderr
+    outcome = _outcome_of(_STARTED_IN_A_CHILD)
+    assert outcome["stopped"], outcome["stderr"]
 
 
 def test_shutdown_from_the_background_threads_replay_buffer_returns_at_once(fleet) -> None:
