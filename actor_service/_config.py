@@ -31,6 +31,7 @@ from common.config import (
     MAX_NUM_ENVS,
     MAX_SEED,
     MAX_WORKER_ID,
+    check_token,
 )
 from common.llm import LoraSpec, check_peft
 
@@ -246,7 +247,8 @@ class ActorConfig:
 
         Raises:
             ValueError: A section that is not its settings class, a field out of its
-                range or choices, a seed outside ``[0, 2**64)``, a ``step_timeout`` out
+                range or choices, a seed outside ``[0, 2**64)``, a ``token`` a learner
+                cannot send (:func:`~common.config.check_token`), a ``step_timeout`` out
                 of ``(0, MAX_STEP_TIMEOUT_S]``, a negative ``grace_period``, a
                 ``part_deadline_s`` out of range, TLS files given by halves
                 (``relay_ca`` included), no models, a ``lora`` that is not a
@@ -274,6 +276,8 @@ class ActorConfig:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.seed is not None and not _int_within(self.seed, 0, MAX_SEED):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
+        if self.token:  # "" disables auth; a learner must be able to send any other
+            check_token(self.token)
         self._check_durations()
         self._check_tls()
         self._check_ports()

@@ -30,6 +30,8 @@ __all__ = [
     "MAX_LEARNER_ID",
     "MAX_MESSAGE_BYTES",
     "MAX_MODEL_ID",
+    "MAX_TOKEN",
+    "MODEL_ID_RE",
     "MAX_NUM_ENVS",
     "MAX_POLICY_VERSION",
     "MAX_SEED",
@@ -53,6 +55,7 @@ __all__ = [
     "same_device",
     "check_model_id",
     "check_seed",
+    "check_token",
     "client_channel_options",
     "is_loopback",
     "is_relay_address",
@@ -117,6 +120,11 @@ MAX_POLICY_VERSION = 2**63 - 1
 MAX_SEED = 2**64 - 1
 #: The longest ``model_id`` (an actor's ``--model`` names and every weight address).
 MAX_MODEL_ID = 64
+#: What a ``model_id`` is: letters, digits, ``_``, ``.`` and ``-``, not led by ``.`` or ``-``,
+#: at most :data:`MAX_MODEL_ID` characters (it names a ``--model ID=...`` flag).
+MODEL_ID_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_MODEL_ID - 1}}}$")
+#: The longest bearer token: a server's metadata cap is 8 KiB (gRPC's default).
+MAX_TOKEN = 4096
 #: The longest ``learner_id`` a collector takes.
 MAX_LEARNER_ID = 256
 #: The longest ``OpenSession.learner_id`` an actor accepts: a collector's id, and the
@@ -382,17 +390,33 @@ def is_loopback(host: str) -> bool:
 
 
 def check_model_id(model_id: object) -> str:
-    """Return ``model_id`` if it is a non-empty string of at most :data:`MAX_MODEL_ID` characters.
+    """Return ``model_id`` if it matches :data:`MODEL_ID_RE` (at most :data:`MAX_MODEL_ID`).
 
     Raises:
-        ValueError: Naming the value (its first 80 characters).
+        ValueError: Naming the value (its first 80 characters) and the rule.
     """
-    if not isinstance(model_id, str) or not 0 < len(model_id) <= MAX_MODEL_ID:
+    if not isinstance(model_id, str) or not MODEL_ID_RE.match(model_id):
         raise ValueError(
-            f"model_id must be a non-empty string of at most {MAX_MODEL_ID} characters, "
-            f"got {model_id!r:.80}"
+            f"model_id must be 1 to {MAX_MODEL_ID} letters, digits, '_', '.' or '-' (not "
+            f"led by '.' or '-'), got {model_id!r:.80}"
         )
     return model_id
+
+
+def check_token(token: object) -> str | None:
+    """``token`` if it is None or a bearer token a header can carry.
+
+    Raises:
+        ValueError: Empty, not a string, not printable ASCII (no line breaks), or longer than
+            what servers take (:data:`MAX_TOKEN` characters).
+    """
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ValueError("token must be a non-empty string or None")
+    if token is not None and not (token.isascii() and token.isprintable()):
+        raise ValueError("token must hold printable ASCII characters only")
+    if token is not None and len(token) > MAX_TOKEN:
+        raise ValueError(f"token must be at most {MAX_TOKEN} characters, got {len(token)}")
+    return token
 
 
 def check_learner_id(learner_id: object, limit: int) -> str:

@@ -19,10 +19,9 @@ for equal RNG states.
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -46,13 +45,13 @@ from common._distributions import (
     standard_normal,
 )
 from common.gym_layout import batch_shape, torch_dtype
+from common.import_paths import load_callable
 
 __all__ = [
     "IndependentNormal",
     "MLPPolicy",
     "OneHotCategorical",
     "RandomPolicy",
-    "load_callable",
     "make_policy",
     "make_value_mlp",
 ]
@@ -65,41 +64,6 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "silu": nn.SiLU,
 }
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-
-
-def load_callable(spec: object) -> Callable[..., Any]:
-    """Import the function named by ``"package.module:function"``.
-
-    Args:
-        spec: The dotted module path, a colon, then the attribute name (dots allowed
-            for nested attributes).
-
-    Returns:
-        The callable.
-
-    Raises:
-        ValueError: Not a string, or a malformed one; the import fails, the attribute is
-            missing or is not callable.
-    """
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(f"expected 'package.module:function', got {spec!r}")
-    module_name, attr = spec.split(":")
-    if not module_name or not attr:
-        raise ValueError(f"expected 'package.module:function', got {spec!r}")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ValueError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(
-                f"module {module_name!r} has no attribute {attr!r} ({spec!r})"
-            ) from None
-    if not callable(target):
-        raise ValueError(f"{spec!r} names a {type(target).__name__}, not a callable")
-    return cast("Callable[..., Any]", target)
 
 
 class _ObservationEncoder(nn.Module):

@@ -27,14 +27,12 @@ from tensordict import TensorDictBase
 
 from common.config import MAX_POLICY_VERSION, CollectSettings
 from common.errors import ProtocolError
+from common.llm import MAX_TURNS
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.traj_ids import worker_of
 
 __all__ = ["BatchBounds"]
 
-#: The turns an LLM dialog may count when the session does not set its own limit:
-#: ``LLMSettings.max_turns``'s own upper bound.
-_MAX_DIALOG_TURNS = 1 << 20
 #: Where a batch's frames carry the version of the weights that acted.
 _VERSION_KEYS = ("policy_version", ("next", "policy_version"))
 #: Ids an actor draws with its worker_id in their top bits (``common.traj_ids``).
@@ -68,7 +66,7 @@ class BatchBounds:
         self._frames_per_row = 1
         llm = settings.llm
         if llm is not None and llm.yield_only_last_steps:
-            self._frames_per_row = llm.max_turns or _MAX_DIALOG_TURNS
+            self._frames_per_row = llm.max_turns or MAX_TURNS
         # Batches of steps are [envs, T] (an env pool of more dims: [*envs, T]) with
         # T = frames_per_batch // num_envs; split trajectories and LLM dialogs vary.
         self._steps: int | None = None

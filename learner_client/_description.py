@@ -12,7 +12,9 @@ import dataclasses
 import hashlib
 
 from common.config import (
+    DEFAULT_MODEL_ID,
     MAX_CREDITS,
+    MAX_MODEL_ID,
     MAX_NUM_ENVS,
     MAX_POLICY_VERSION,
     MAX_WORKER_ID,
@@ -51,7 +53,7 @@ class PushInFlight:
     def from_proto(cls, push: pb.PushInFlight) -> PushInFlight:
         """Decode one ``PushInFlight`` (at most 64 characters of its text fields kept)."""
         return cls(
-            model_id=push.model_id[:64] or "policy",
+            model_id=push.model_id[:MAX_MODEL_ID] or DEFAULT_MODEL_ID,
             version=int(push.version),
             total_bytes=int(push.total_bytes),
             received_bytes=int(push.received_bytes),

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from common.config import MAX_NUM_ENVS, MAX_SEED, MAX_WORKER_ID, as_int, as_real
+from common.config import MAX_NUM_ENVS, MAX_SEED, MAX_WORKER_ID, as_int, as_real, check_token
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -35,7 +35,6 @@ from common.errors import (
     UnknownWorkerError,
 )
 from common.plain_config import to_plain
-from learner_client._settings import check_token
 
 __all__ = ["LocalFleet", "restart_seed"]
 

@@ -479,9 +479,7 @@ class Pusher:
             self.metrics.record_push(model_id, seconds, ok=not failed.get(model_id))
         return succeeded, failed
 
-    def _record(
-        self, worker_id: int, enc: EncodedWeights, reply: PushReply | BaseException
-    ) -> None:
+    def _record(self, worker_id: int, enc: EncodedWeights, reply: Reply) -> None:
         """The verdict on one actor's push: what the book and the ledger keep of it.
 
         Applied: the actor holds the version its reply says is in force (a part's: the

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
+from common.config import check_token
 from common.errors import ActorUnavailableError, DeadlineError, SessionStateError
 from learner_client._local_fleet import (
     _DEFAULT_POLICY,
@@ -59,7 +60,6 @@ from learner_client._local_fleet import (
     restart_seed,
     task_flags,
 )
-from learner_client._settings import check_token
 
 __all__ = ["RayFleet", "check_ray_args", "import_ray", "shut_down_ray_when_unused"]
 

@@ -35,6 +35,7 @@ from common.config import (
     check_learner_id,
     check_model_id,
     check_no_env_settings,
+    check_token,
     positive_timeout,
 )
 from common.errors import UnknownModelError
@@ -357,22 +358,6 @@ class ConnectionSettings:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
 
-def check_token(token: object) -> str | None:
-    """``token`` if it is None or a bearer token a header can carry.
-
-    Raises:
-        ValueError: Empty, not a string, not printable ASCII (no line breaks), or longer than
-            what servers take (4096 characters).
-    """
-    if token is not None and (not isinstance(token, str) or not token):
-        raise ValueError("token must be a non-empty string or None")
-    if token is not None and not (token.isascii() and token.isprintable()):
-        raise ValueError("token must hold printable ASCII characters only")
-    if token is not None and len(token) > _MAX_TOKEN:
-        raise ValueError(f"token must be at most {_MAX_TOKEN} characters, got {len(token)}")
-    return token
-
-
 def new_learner_id() -> str:
     """A learner identity no other collector shares: ``<host>-<pid>-<random hex>``."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -392,9 +377,6 @@ def positive_int(name: str, value: object) -> int:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return number
 
-
-# The longest token sent: an actor's metadata cap is 8 KiB (gRPC's default).
-_MAX_TOKEN = 4096
 
 #: Seconds each phase of a collector's shutdown may take when none is given.
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0

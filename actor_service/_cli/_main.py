@@ -52,12 +52,11 @@ from actor_service._config import (
 )
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.config import DEFAULT_MODEL_ID, MAX_MODEL_ID, MAX_SEED, is_loopback
+from common.config import DEFAULT_MODEL_ID, MAX_SEED, MODEL_ID_RE, is_loopback
 
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
 
 _ENV_PREFIX = "RLFLEET_"
-_MODEL_ID_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_MODEL_ID - 1}}}$")
 _ORDINAL_RE = re.compile(r"-(\d+)$")
 
 
@@ -422,7 +421,7 @@ def _pick(
 
 def _pair(item: str, convert: Callable[[str], Any]) -> tuple[str, Any]:
     model_id, sep, value = item.strip().partition("=")
-    if not sep or not _MODEL_ID_RE.match(model_id):
+    if not sep or not MODEL_ID_RE.match(model_id):
         raise BadValue(f"expected ID=VALUE with an id of letters, digits, _ . -, got {item!r}")
     return model_id, convert(value)
 

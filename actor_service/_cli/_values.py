@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Callable
 from typing import Any
 
 from actor_service._config import CHOICES, INT_RANGES
+from common.import_paths import IMPORT_PATH_RE
 
 __all__ = [
     "TORCHRL_BACKEND",
@@ -34,8 +34,6 @@ __all__ = [
     "share",
 ]
 
-FACTORY_RE = re.compile(r"^(random|mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
-_IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 # ``--env-backend torchrl`` spells ``--kind torchrl --env-backend sync``: an actor that hosts
 # ``GymEnv(--env)`` (or the factory's TorchRL env) in-process.
@@ -137,14 +135,14 @@ def nonempty(text: str) -> str:
 
 def factory(text: str) -> str:
     """A model factory: ``random``, ``mlp`` or ``package.module:function``."""
-    if not FACTORY_RE.match(text.strip()):
+    if text.strip() not in ("random", "mlp") and not IMPORT_PATH_RE.match(text.strip()):
         raise BadValue(f"expected random, mlp or package.module:function, got {text!r}")
     return text.strip()
 
 
 def import_path_or_empty(text: str) -> str:
     """A ``package.module:function`` path, or empty."""
-    if text and not _IMPORT_PATH_RE.match(text.strip()):
+    if text and not IMPORT_PATH_RE.match(text.strip()):
         raise BadValue(f"expected package.module:function, got {text!r}")
     return text.strip()
 

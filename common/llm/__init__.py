@@ -32,7 +32,12 @@ from common.llm._registry import (
     build_tokenizer,
     check_policy_spec,
 )
-from common.llm._settings import DEFAULT_MAX_NEW_TOKENS_CAP, GenerationSettings, LLMSettings
+from common.llm._settings import (
+    DEFAULT_MAX_NEW_TOKENS_CAP,
+    MAX_TURNS,
+    GenerationSettings,
+    LLMSettings,
+)
 from common.llm._tasks import (
     TASK_NAMES,
     Outcome,
@@ -65,6 +70,7 @@ __all__ = [
     "GenerationSettings",
     "LLMSettings",
     "DEFAULT_MAX_NEW_TOKENS_CAP",
+    "MAX_TURNS",
     "LoraSpec",
     "apply_lora",
     "check_peft",

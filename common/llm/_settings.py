@@ -11,11 +11,20 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS_CAP", "MIN_TEMPERATURE", "GenerationSettings", "LLMSettings"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS_CAP",
+    "MAX_TURNS",
+    "MIN_TEMPERATURE",
+    "GenerationSettings",
+    "LLMSettings",
+]
 
 #: The most new tokens per turn an actor accepts unless configured otherwise.
 DEFAULT_MAX_NEW_TOKENS_CAP = 4096
 _MAX_STOP_TOKENS = 64
+#: The most turns a session may give a dialog (``LLMSettings.max_turns``; also the learner's
+#: bound on the turns a dialog may count when the session sets none).
+MAX_TURNS = 1 << 20
 #: The lowest sampling temperature: vLLM samples at 0.01 below it (and the recorded
 #: log-probs would not be those of the draw), and float32 ``logits / T`` overflows to
 #: NaN log-probs as T nears float32's range. 0 stays greedy.
@@ -69,7 +78,8 @@ class GenerationSettings:
         if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         _int("top_k", self.top_k, 0, 2**31 - 1)
-        if not isinstance(self.stop_token_ids, tuple) or len(self.stop_token_ids) > 64:
+        stops = self.stop_token_ids
+        if not isinstance(stops, tuple) or len(stops) > _MAX_STOP_TOKENS:
             raise ValueError(
                 f"stop_token_ids must be a tuple of at most {_MAX_STOP_TOKENS} ints, "
                 f"got {self.stop_token_ids!r}"
@@ -129,7 +139,7 @@ class LLMSettings:
                 f"generation must be a GenerationSettings, got {type(self.generation).__name__}"
             )
         _int("group_size", self.group_size, 1, 65536)
-        _int("max_turns", self.max_turns, 0, 1 << 20)
+        _int("max_turns", self.max_turns, 0, MAX_TURNS)
 
     @property
     def trajectories(self) -> bool:

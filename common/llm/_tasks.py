@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 import json
 import os
 import random
 import re
 from typing import Any, Protocol, runtime_checkable
+
+from common.import_paths import IMPORT_PATH_RE, load_callable
 
 __all__ = [
     "TASK_NAMES",
@@ -42,7 +43,6 @@ __all__ = [
 
 #: Built-in task names; ``jsonl:PATH`` and ``package.module:factory`` are also accepted.
 TASK_NAMES = ("arith", "reverse", "countdown")
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MAX_JSONL_BYTES = 64 << 20
 
 
@@ -364,7 +364,7 @@ def check_task_spec(spec: str) -> None:
         if not os.path.isfile(spec[6:]):
             raise TaskSpecError(f"task {spec!r}: no such file {spec[6:]!r}")
         return
-    if not _IMPORT_PATH.match(spec):
+    if not IMPORT_PATH_RE.match(spec):
         raise TaskSpecError(
             f"unknown task {spec!r}; expected one of {', '.join(TASK_NAMES)}, jsonl:PATH or "
             "package.module:factory"
@@ -385,9 +385,7 @@ def build_task(spec: str, **kwargs: Any) -> Task:
         elif spec.startswith("jsonl:"):
             task = JsonlTask(spec[6:], **kwargs)
         else:
-            module_name, _, name = spec.partition(":")
-            factory = getattr(importlib.import_module(module_name), name)
-            task = factory(**kwargs)
+            task = load_callable(spec)(**kwargs)
     except TaskSpecError:
         raise
     except (TypeError, ValueError, ImportError, AttributeError) as exc:

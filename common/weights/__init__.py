@@ -69,6 +69,7 @@ from common.weights._push_form import WIRE_DTYPES, PushForm, adapter_metadata, c
 from common.weights._safetensors import (
     DEFAULT_MAX_KEYS,
     DTYPES,
+    MAX_HEADER_BYTES,
     METADATA_KEY,
     Expected,
     HeaderCheck,
@@ -115,9 +116,6 @@ __all__ = [
     "wire_state",
 ]
 
-# Safetensors' own reader refuses headers over 100 MB; we refuse them before it
-# does, and before json.loads sees them.
-_MAX_HEADER_BYTES = 100_000_000
 _METADATA_KEY = METADATA_KEY
 _DTYPES = DTYPES
 _TORCH_DTYPES = frozenset(_DTYPES.values())
@@ -405,7 +403,7 @@ def decode_weights(
     limit = max_keys if expected is None else len(expected)
     check = _header_check(limit, expected, aliases, subset)
     state, metadata = read_blob(
-        view, _MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
+        view, MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
     )
     if not allow_non_finite:
         check_finite(state)

@@ -43,7 +43,7 @@ import torch
 from common.errors import WeightsError, WeightsTooLargeError
 from common.weights._aliases import ALIASES_KEY, decode_aliases, encode_aliases, split_aliases
 from common.weights._push_form import PushForm
-from common.weights._safetensors import Expected, read_blob, write_blob
+from common.weights._safetensors import MAX_HEADER_BYTES, Expected, read_blob, write_blob
 
 __all__ = [
     "DELTA_MARK",
@@ -62,7 +62,6 @@ _GAPS = "gaps:"
 _VALUES = "values:"
 #: The largest step of a ``gaps:`` entry (its dtype is uint8).
 _MAX_GAP = 255
-_MAX_HEADER_BYTES = 100_000_000
 # Integer dtypes of each element size, to compare bit patterns of any dtype.
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -194,7 +193,7 @@ def decode_delta(view: memoryview, expected: Expected, *, max_bytes: int) -> Del
         raise WeightsTooLargeError(
             f"delta blob of {view.nbytes} bytes exceeds the cap of {max_bytes} bytes"
         )
-    parts, metadata = read_blob(view, _MAX_HEADER_BYTES, max_keys=2 * len(expected))
+    parts, metadata = read_blob(view, MAX_HEADER_BYTES, max_keys=2 * len(expected))
     if metadata.get(DELTA_MARK) != "1":
         raise WeightsError(f"a delta push must carry {DELTA_MARK!r} in its metadata")
     form = PushForm.from_metadata(metadata)  # a wire dtype (checked)

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_KEYS",
     "DTYPES",
     "HEADER_PREFIX",
+    "MAX_HEADER_BYTES",
     "METADATA_KEY",
     "Expected",
     "HeaderCheck",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 HEADER_PREFIX = 8
+#: The largest header a blob may have: safetensors' own reader refuses headers over 100 MB;
+#: we refuse them before it does, and before ``json.loads`` sees them.
+MAX_HEADER_BYTES = 100_000_000
 #: Most tensors a blob may list unless the caller says otherwise.
 DEFAULT_MAX_KEYS = 65_536
 # Header bytes allowed besides the tensor entries (metadata), and per tensor entry:

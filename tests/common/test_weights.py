@@ -296,7 +296,7 @@ def test_decode_weights_raises_if_header_length_points_past_the_end() -> None:
 
 def test_decode_weights_raises_if_header_is_over_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     # Lower the 100 MB header cap rather than build a 100 MB blob on a shared machine.
-    monkeypatch.setattr(weights_module, "_MAX_HEADER_BYTES", 64)
+    monkeypatch.setattr(weights_module, "MAX_HEADER_BYTES", 64)
     header = json.dumps({"__metadata__": {"pad": "x" * 64}}).encode()
     with pytest.raises(WeightsTooLargeError, match=f"header of {len(header)} bytes"):
         decode_weights(_raw_blob(header))

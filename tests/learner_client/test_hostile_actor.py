@@ -190,7 +190,7 @@ def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
         ("worker_id", 2**32 - 1, "worker_id 4294967295, outside 0..65535"),
         ("max_credits", 10**9, "max_credits 1000000000, outside 0..1024"),
         ("version", U64, "the version of model 'policy' 18446744073709551615"),
-        ("model_id", "m" * 65, "model_id must be a non-empty string of at most 64"),
+        ("model_id", "m" * 65, "model_id must be 1 to 64 letters"),
         # An actor of a build before protocol revisions, or one needing a newer learner.
         ("protocol_version", 0, "speaks no protocol revision"),
         ("min_peer_protocol", U32, f"works with {U32} and newer.; this build speaks protocol"),

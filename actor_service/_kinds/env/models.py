@@ -20,7 +20,6 @@ RNG state; otherwise it is called on a TensorDict each step.
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,6 +36,7 @@ from actor_service._core._placement import CompiledForward
 from actor_service._kinds.env.device_stage import DeviceStage
 from actor_service._kinds.env.spaces import ActionCodec, ObservationCodec
 from actor_service._kinds.env.tensor_forward import TensorForward, tensor_forward
+from common.config import check_model_id
 from common.errors import InternalError
 from common.plain_config import from_plain
 from common.policies import make_policy
@@ -59,13 +59,11 @@ RESERVED_KEYS = frozenset(
         "step_count",
     }
 )
-_MODEL_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 Compact = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
 def _check_id(model_id: str, models: Mapping[str, object]) -> None:
-    if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
-        raise ValueError(f"model_id must match {_MODEL_ID.pattern}, got {model_id!r}")
+    check_model_id(model_id)
     if model_id in models:
         raise ValueError(f"model_id {model_id!r} is registered twice")
 

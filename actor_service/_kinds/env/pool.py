@@ -26,8 +26,8 @@ from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.env.spaces import check_space
 from common.errors import DeadlineError, EnvError, exception_text
+from common.import_paths import load_callable
 from common.plain_config import from_plain
-from common.policies import load_callable
 
 __all__ = [
     "close_pool",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from common.llm import LoraSpec
+from common.llm import DEFAULT_MAX_NEW_TOKENS_CAP, LoraSpec
 
 __all__ = ["LLMActorSettings"]
 
@@ -46,7 +46,7 @@ class LLMActorSettings:
 
     task: str = "arith"
     task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    max_new_tokens_cap: int = 4096
+    max_new_tokens_cap: int = DEFAULT_MAX_NEW_TOKENS_CAP
     lora: LoraSpec | None = None
     decode: str = "eager"
     engine: str = "transformers"

@@ -28,8 +28,8 @@ from actor_service._config import ModelSpec
 from actor_service._core._model_book import LiveState, ModelBook
 from actor_service._core._placement import CompiledForward
 from actor_service._core._settings import factory_name
+from common.import_paths import load_callable
 from common.plain_config import from_plain
-from common.policies import load_callable
 from common.weights import to_state_dict
 
 __all__ = ["TDModel", "TDModels", "build_td_model", "check_td_factory"]

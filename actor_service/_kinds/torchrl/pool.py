@@ -29,9 +29,9 @@ from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.torchrl.models import TDModels, build_td_model, check_td_factory
 from common.env_state import dense_refusal
+from common.import_paths import load_callable
 from common.packets import encode_packet
 from common.plain_config import from_plain
-from common.policies import load_callable
 
 __all__ = [
     "TORCHRL_EXTRA",

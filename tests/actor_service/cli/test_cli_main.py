@@ -210,6 +210,11 @@ def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
         (["--env-error-detail", "none"], {}, "--env-error-detail"),
         (["--port", "50091", "--metrics-port", "50091"], {}, "must differ, both are 50091"),
         (["--health-port", "50092", "--metrics-port", "50092"], {}, "--metrics-port"),
+        # A Secret file's trailing newline: no learner could send that token.
+        ([], {"RLFLEET_TOKEN": "s3cret\n"}, "token must hold printable ASCII characters only"),
+        ([], {"RLFLEET_TOKEN": "t" * 4097}, "token must be at most 4096 characters"),
+        (["--model", ".critic=mlp"], {}, "--model"),
+        (["--policy", "pkg.mod:"], {}, "--policy"),
     ],
 )
 def test_cli_raises_if_a_value_is_bad(
@@ -447,6 +452,16 @@ def test_tls_files_that_do_not_load_exit_2_naming_them(
     ):
         assert named in _error(capsys, flags)
     assert _parse(["--tls-cert", cert, "--tls-key", key]).tls_cert == cert
+
+
+def test_actor_config_holds_its_token_and_factories_to_the_learners_rules() -> None:
+    """One rule each: a token the learner can send, a model id and import path it can name."""
+    assert ActorConfig(token="t" * 4096).token == "t" * 4096
+    for token in ("a b\n", "s\u00e9cret", "t" * 4097):
+        with pytest.raises(ValueError, match="token must"):
+            ActorConfig(token=token)
+    nested = _parse(["--policy", "pkg.mod:Factory.build", "--model", "v.1=pkg.m:f"])
+    assert [spec.factory for spec in nested.models] == ["pkg.mod:Factory.build", "pkg.m:f"]
 
 
 def test_actor_config_raises_if_tls_files_are_given_by_halves() -> None:

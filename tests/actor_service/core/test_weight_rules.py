@@ -152,6 +152,7 @@ def test_check_seed_and_check_model_id_name_the_value() -> None:
         check_seed(MAX_SEED + 1)
     assert check_model_id("critic") == "critic"
     assert check_model_id("m" * MAX_MODEL_ID) == "m" * MAX_MODEL_ID
-    for bad in ("", None, 3, "m" * (MAX_MODEL_ID + 1)):
-        with pytest.raises(ValueError, match="model_id must be a non-empty string of at most"):
+    assert check_model_id("critic-2.v1_a") == "critic-2.v1_a"
+    for bad in ("", None, 3, "m" * (MAX_MODEL_ID + 1), "my model", ".hidden", "-x", "a/b", "é"):
+        with pytest.raises(ValueError, match=f"model_id must be 1 to {MAX_MODEL_ID} letters"):
             check_model_id(bad)

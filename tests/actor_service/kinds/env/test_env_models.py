@@ -19,7 +19,8 @@ from actor_service._kinds.env.models import ModelRegistry
 from actor_service._kinds.env.spaces import ActionCodec
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
-from common.policies import load_callable, make_policy, make_value_mlp
+from common.import_paths import load_callable
+from common.policies import make_policy, make_value_mlp
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 PENDULUM = gymnasium.make("Pendulum-v1")
@@ -238,7 +239,7 @@ def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
     ("specs", "message"),
     [
         ((ModelSpec(factory="rlfleet_test_policies:td_policy_writing_reward"),), "rollout writes"),
-        ((ModelSpec("a/b"),), "model_id must match"),
+        ((ModelSpec("a/b"),), "model_id must be 1 to 64 letters"),
         ((ModelSpec("p"), ModelSpec("p", "random")), "registered twice"),
         ((ModelSpec(factory="rlfleet_test_policies:not_a_module"),), "not an nn.Module"),
         ((ModelSpec(factory="rlfleet_test_policies:wrong_input_policy"),), "placeholder"),
