@@ -145,6 +145,17 @@ def test_decode_packet_raises_if_there_are_too_many_keys() -> None:
     assert "max_entries" in str(refused_fast(raw_packet(header), PacketTooLargeError))
 
 
+def test_decode_packet_raises_if_groups_and_entries_together_are_too_many_keys() -> None:
+    """Each list under the cap, both together over it (4,097 keys): refused before either."""
+    tds = [{"key": [f"t{i}"], "batch_size": [0], "names": [None]} for i in range(2048)]
+    entries = [{"key": [f"k{i}"], "dtype": "uint8", "shape": [0], "offset": 0, "nbytes": 0}
+               for i in range(2049)]  # fmt: skip
+    header = {"batch_size": [0], "names": [None], "tds": tds, "entries": entries,
+              "payload_bytes": 0}  # fmt: skip
+    error = refused_fast(raw_packet(header), PacketTooLargeError)
+    assert "2048 tds + 2049 entries exceed max_entries=4096" in str(error)
+
+
 def test_decode_packet_raises_if_a_key_is_too_deep() -> None:
     error = refused_fast(raw_packet(one_entry(key=["k"] * 17), bytes(8)), PacketTooLargeError)
     assert "max_depth" in str(error)
@@ -166,7 +177,9 @@ def test_decode_packet_raises_if_the_dtype_is_unknown(dtype: Any) -> None:
      {"shape": [-2]}, {"nbytes": -8}, {"key": "x"}, {"key": []}, {"key": [""]}, {"shape": 2}],
 )  # fmt: skip
 def test_decode_packet_raises_if_a_field_has_the_wrong_type_or_sign(entry: dict) -> None:
-    refused_fast(raw_packet(one_entry(**entry), bytes(8)))
+    error = refused_fast(raw_packet(one_entry(**entry), bytes(8)))
+    if entry in ({"shape": [-2]}, {"nbytes": -8}):  # the sign check, not a later one
+        assert "must be non-negative" in str(error)
 
 
 @pytest.mark.parametrize(

@@ -287,6 +287,16 @@ def test_decode_weights_raises_if_blob_is_over_the_cap_without_parsing() -> None
         decode_weights(blob, max_bytes=1000)
 
 
+def test_decode_weights_holds_a_blob_to_its_byte_and_tensor_caps_exactly() -> None:
+    blob = encode_weights({f"k{i}": torch.zeros(0) for i in range(6)})
+    state, _ = decode_weights(blob, max_bytes=len(blob), max_keys=6)
+    assert sorted(state) == [f"k{i}" for i in range(6)]
+    with pytest.raises(WeightsTooLargeError, match=f"{len(blob)} bytes exceeds the cap"):
+        decode_weights(blob, max_bytes=len(blob) - 1)
+    with pytest.raises(WeightsTooLargeError, match="lists 6 tensors; at most 5"):
+        decode_weights(blob, max_keys=5)
+
+
 def test_decode_weights_raises_if_header_length_points_past_the_end() -> None:
     blob = encode_weights({"a": torch.ones(4)})
     forged = struct.pack("<Q", len(blob)) + blob[8:]

@@ -131,6 +131,7 @@ HOSTILE = {
     "seq_far_ahead": (lambda seq: batch(seq + 2**40), "a seq outside"),
     "seq_2^64-1": (lambda seq: batch(U64), "a seq outside"),
     "other_epoch": (lambda seq: batch(seq, epoch=EPOCH + 1), f"epoch {EPOCH + 1}"),
+    "other_worker_id": (lambda seq: batch(seq, worker_id=7), "claims worker_id 7, expected 0"),
     "versions_inverted": (
         lambda seq: batch(seq, policy_version_min=5, policy_version_max=4),
         "policy versions 5..4",

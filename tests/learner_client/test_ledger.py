@@ -27,3 +27,11 @@ def test_seq_tracker_counts_a_partial_batch_lost_with_the_old_process():
     assert tracker.gaps == 1
     assert tracker.resume_point() == (99, 0)
     assert tracker.accept(1)
+
+
+def test_seq_tracker_counts_one_skipped_seq_as_one_gap():
+    tracker = SeqTracker()
+    tracker.opened(epoch=3, next_seq=1, resumed=False)
+    assert tracker.accept(1)
+    assert tracker.accept(3)
+    assert tracker.gaps == 1

@@ -341,3 +341,15 @@ def test_mailbox_strict_round_retried_while_an_actor_stays_down_waits_for_it():
     assert box.take_round([0, 1], timeout=30.0, partial=False) == ([], [0, 1])
     assert time.monotonic() - started < 5
     assert box.down([0, 1]) == [1]
+
+
+def test_mailbox_discard_before_drops_the_old_seeds_batches_buffered_and_late():
+    """After ``set_seed``, no batch collected before the reseed reaches the user."""
+    box, _ = make_mailbox(window=2)
+    box.add_worker(0, 4)
+    box.session_opened(0)
+    assert box.put(delivery(0, 1))  # collected before the reseed, buffered
+    assert box.discard_before(0, 1, 3) == 1  # the reseeded batches start at seq 3
+    assert box.put(delivery(0, 2)) is False  # still on its way: below the floor
+    assert box.put(delivery(0, 3))
+    assert box.take_any(1.0).seq == 3

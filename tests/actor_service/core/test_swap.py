@@ -79,3 +79,13 @@ def test_llm_models_swap_a_delta_between_decode_steps_bit_exactly() -> None:
     assert swap.version == models.policy_version("policy") == 2
     now = to_state_dict(models.model)
     assert all(now[k].view(torch.uint8).equal(new[k].view(torch.uint8)) for k in new)
+
+
+def test_swap_full_checks_the_version_again_under_the_lock_and_writes_nothing() -> None:
+    """A newer push that landed while this one was staged wins: versions only go up."""
+    model = _Model()
+    model.version = 5  # applied after this push (version 4) passed its first check
+    with pytest.raises(StaleVersionError):
+        swap_full(model, 4, lambda: model.weight.copy_(torch.ones(4)), _newer)
+    assert model.version == 5
+    assert model.weight.tolist() == [0.0] * 4

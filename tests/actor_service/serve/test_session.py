@@ -186,6 +186,9 @@ def test_session_resume_raises_if_after_seq_is_in_the_future() -> None:
     book.close()
     with pytest.raises(SequenceConflictError, match="resume_after_seq=9"):
         _open(book, resume_epoch=EPOCH, resume_after_seq=9)
+    # One past the last batch too: the learner would drop the next real batch as seen.
+    with pytest.raises(SequenceConflictError, match="resume_after_seq=2"):
+        _open(book, resume_epoch=EPOCH, resume_after_seq=2)
 
 
 def test_session_abandoned_batch_leaves_no_hole_in_seqs() -> None:
