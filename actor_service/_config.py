@@ -30,6 +30,7 @@ from common.config import (
     MAX_CREDITS,
     MAX_NUM_ENVS,
     MAX_SEED,
+    MAX_TIMEOUT_S,
     MAX_WORKER_ID,
     check_token,
 )
@@ -249,7 +250,7 @@ class ActorConfig:
             ValueError: A section that is not its settings class, a field out of its
                 range or choices, a seed outside ``[0, 2**64)``, a ``token`` a learner
                 cannot send (:func:`~common.config.check_token`), a ``step_timeout`` out
-                of ``(0, MAX_STEP_TIMEOUT_S]``, a negative ``grace_period``, a
+                of ``(0, MAX_STEP_TIMEOUT_S]``, a ``grace_period`` outside ``[0, MAX_TIMEOUT_S]``, a
                 ``part_deadline_s`` out of range, TLS files given by halves
                 (``relay_ca`` included), no models, a ``lora`` that is not a
                 ``LoraSpec`` on an LLM actor with peft installed, vLLM settings without
@@ -301,8 +302,10 @@ class ActorConfig:
                 f"step_timeout must be in (0, {MAX_STEP_TIMEOUT_S:g}] seconds, "
                 f"got {self.step_timeout!r}"
             )
-        if not self.grace_period >= 0:
-            raise ValueError(f"grace_period must be >= 0, got {self.grace_period!r}")
+        if isinstance(self.grace_period, bool) or not 0 <= self.grace_period <= MAX_TIMEOUT_S:
+            raise ValueError(
+                f"grace_period must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {self.grace_period!r}"
+            )
         if not 0 < self.part_deadline_s <= MAX_PART_DEADLINE_S:
             raise ValueError(
                 f"part_deadline_s must be in (0, {MAX_PART_DEADLINE_S:g}], "

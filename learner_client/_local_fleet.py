@@ -27,7 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from common.config import MAX_NUM_ENVS, MAX_SEED, MAX_WORKER_ID, as_int, as_real, check_token
+from common.config import (
+    MAX_NUM_ENVS,
+    MAX_SEED,
+    MAX_WORKER_ID,
+    as_int,
+    as_real,
+    check_token,
+    positive_timeout,
+)
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -555,8 +563,8 @@ def _check_fleet_args(
     _check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
     if seed is not None:
         _check_int("seed", seed, 0)  # its top: fleet_seed, which knows the worker ids
-    _check_seconds("start_timeout", start_timeout, zero=False, finite=False)
-    _check_seconds("grace_period", grace_period, zero=True, finite=True)
+    _check_seconds("start_timeout", start_timeout, zero=False, forever=True)
+    _check_seconds("grace_period", grace_period, zero=True, forever=False)
     if kind not in _DEFAULT_POLICY:
         raise ValueError(f"kind must be one of {sorted(_DEFAULT_POLICY)}, got {kind!r}")
     if isinstance(extra_args, str) or not isinstance(extra_args, Iterable):
@@ -642,16 +650,17 @@ def _check_host(host: object) -> None:
         raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
 
 
-def _check_seconds(name: str, value: object, *, zero: bool, finite: bool) -> None:
-    """``value`` is a number of seconds above 0 (at 0 too with ``zero``), finite if asked."""
-    seconds = as_real(value)
-    if seconds is None:
-        raise TypeError(f"{name} must be a number of seconds, got {value!r:.40}")
-    if isinstance(seconds, int) and seconds > 1e300:  # beyond a float: float() overflows
-        raise ValueError(f"{name} must be at most 1e300 seconds, got {value!r:.40}")
-    if not (seconds >= 0 if zero else seconds > 0) or (finite and not math.isfinite(seconds)):
-        bounds = f"{'>=' if zero else '>'} 0{' and finite' if finite else ''}"
-        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+def _check_seconds(name: str, value: object, *, zero: bool, forever: bool) -> None:
+    """``value`` is seconds above 0 (0 too with ``zero``), at most ``MAX_TIMEOUT_S``.
+
+    With ``forever``, ``float("inf")`` is taken too (no deadline); finite values keep the
+    bound of every other timeout (:func:`~common.config.positive_timeout`).
+    """
+    if forever and value == math.inf:
+        return
+    if zero and as_real(value) == 0:
+        return
+    positive_timeout(name, value)
 
 
 def _head(file: IO[bytes]) -> bytes:

@@ -29,7 +29,14 @@ from torch import nn
 
 from common.config import DEFAULT_MODEL_ID, MAX_POLICY_VERSION, as_int, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import Part, PushForm, adapter_metadata, checksums, encode_weights
+from common.weights import (
+    Part,
+    PushForm,
+    adapter_metadata,
+    check_policy_version,
+    checksums,
+    encode_weights,
+)
 from learner_client._slabs import BlobBuffers, BlobSegments
 
 __all__ = [
@@ -792,8 +799,5 @@ def check_versions(versions: object) -> dict[str, int]:
         raise ValueError(f"policy_version must map model ids to versions, got {versions!r:.80}")
     for mid, version in versions.items():
         check_model_id(mid)
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError(f"policy_version[{mid!r}] must be an int, got {version!r:.40}")
-        if not 0 <= version <= MAX_POLICY_VERSION:
-            raise ValueError(f"policy_version[{mid!r}]={version} is outside [0, 2**63 - 1]")
+        check_policy_version(version, f"policy_version[{mid!r}]")
     return dict(versions)

@@ -144,6 +144,8 @@ def _first_observations(address: str) -> torch.Tensor:
         # What an actor would refuse only once started, and wrong types named by argument.
         ("num_envs", {"num_actors": 1, "num_envs": 10**12}),
         ("grace_period", {"num_actors": 1, "grace_period": float("inf")}),
+        ("grace_period", {"num_actors": 1, "grace_period": 1e300}),  # beyond every timeout's 1e7
+        ("start_timeout", {"num_actors": 1, "start_timeout": float("nan")}),
         ("grace_period", {"num_actors": 1, "grace_period": None}),
         ("start_timeout", {"num_actors": 1, "start_timeout": "60"}),
         ("start_timeout", {"num_actors": 1, "start_timeout": True}),
@@ -164,6 +166,8 @@ def test_local_fleet_raises_if_an_argument_is_invalid(name, kwargs):
 def test_local_fleet_takes_the_numbers_a_config_gives():
     fleet = LocalFleet(1, start_timeout=np.float32(30), grace_period=np.int64(2))
     assert (fleet.start_timeout, fleet.grace_period) == (30.0, 2.0)
+    forever = LocalFleet(1, start_timeout=float("inf"), grace_period=0)  # no deadline, no drain
+    assert (forever.start_timeout, forever.grace_period) == (float("inf"), 0.0)
 
 
 def test_local_fleet_refuses_objects_where_actors_need_names():

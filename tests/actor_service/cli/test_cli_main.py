@@ -203,6 +203,7 @@ def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
         (["--model-kwargs", 'critic={"a": 1}'], {}, "--model-kwargs"),
         (["--step-timeout", "nan"], {}, "--step-timeout"),
         (["--grace-period", "-1"], {}, "--grace-period"),
+        (["--grace-period", "1e300"], {}, "--grace-period"),
         (["--tls-cert", "/no/such/cert.pem"], {}, "--tls-cert"),
         (["--log-format", "xml"], {}, "--log-format"),
         ([], {"RLFLEET_WORKER_ID": "x"}, "RLFLEET_WORKER_ID"),
