@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from common.config import MAX_WORKER_ID
+
 __all__ = ["WORKER_SHIFT", "TrajIds", "worker_of"]
 
 _COUNTER_BITS = 32
 _TAG_BITS = 15
-_WORKER_BITS = 16
+_WORKER_BITS = 16  # holds every worker_id, 0..MAX_WORKER_ID (65535)
 #: Where an id's worker_id starts (bits 62..47).
 WORKER_SHIFT = _TAG_BITS + _COUNTER_BITS
 
@@ -41,8 +43,8 @@ class TrajIds:
     """
 
     def __init__(self, worker_id: int, epoch: int, counter: int = 0) -> None:
-        if not isinstance(worker_id, int) or not 0 <= worker_id < 1 << _WORKER_BITS:
-            raise ValueError(f"worker_id must be an int in 0..65535, got {worker_id!r}")
+        if not isinstance(worker_id, int) or not 0 <= worker_id <= MAX_WORKER_ID:
+            raise ValueError(f"worker_id must be an int in 0..{MAX_WORKER_ID}, got {worker_id!r}")
         tag = epoch & ((1 << _TAG_BITS) - 1)
         self.base = (worker_id << WORKER_SHIFT) | (tag << _COUNTER_BITS)
         self.counter = counter

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["check_positive_ints", "opt", "parse_settings", "settings_parser"]
+__all__ = ["check_positive_ints", "check_rank_shares", "opt", "parse_settings", "settings_parser"]
 
 S = TypeVar("S")
 
@@ -37,6 +37,19 @@ def check_positive_ints(settings: object, names: Iterable[str]) -> None:
         value = getattr(settings, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_rank_shares(num_actors: int, nproc_per_node: int) -> None:
+    """Refuse a fleet the learner ranks cannot share equally (each starts its share).
+
+    Raises:
+        ValueError: ``num_actors`` is not a multiple of ``nproc_per_node``.
+    """
+    if num_actors % nproc_per_node:
+        raise ValueError(
+            f"num_actors ({num_actors}) must be a multiple of nproc_per_node "
+            f"({nproc_per_node}): each learner rank starts an equal share of the fleet"
+        )
 
 
 def _parse_ints(text: str) -> tuple[int, ...]:

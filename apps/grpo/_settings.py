@@ -20,7 +20,7 @@ from apps._job.device import (
     cuda_device_count,
     ranks_per_node,
 )
-from apps._job.settings import check_positive_ints, opt, parse_settings
+from apps._job.settings import check_positive_ints, check_rank_shares, opt, parse_settings
 from common.llm import DEFAULT_MAX_NEW_TOKENS_CAP, VOCABS, GenerationSettings, build_task
 
 __all__ = ["LOSSES", "PROG", "GRPOSettings", "parse_args"]
@@ -217,11 +217,7 @@ class GRPOSettings:
                 f"--shard-pushes needs --nproc-per-node 2 or more (each rank pushes its part "
                 f"of the weights), got nproc_per_node={ranks}"
             )
-        if self.num_actors % ranks:
-            raise ValueError(
-                f"num_actors ({self.num_actors}) must be a multiple of nproc_per_node ({ranks}): "
-                "each learner rank starts an equal share of the fleet"
-            )
+        check_rank_shares(self.num_actors, ranks)
         if ranks > 1 and self.loss != "builtin":
             raise ValueError(f"--nproc-per-node {ranks} needs --loss builtin, got {self.loss!r}")
         if self.learner_device != "cpu":  # the CPU needs no look at the GPUs

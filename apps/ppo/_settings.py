@@ -21,7 +21,7 @@ from apps._job.device import (
     cuda_device_count,
     ranks_per_node,
 )
-from apps._job.settings import check_positive_ints, opt, parse_settings
+from apps._job.settings import check_positive_ints, check_rank_shares, opt, parse_settings
 from common.config import check_actor_address
 from learner_client import check_metrics_port
 
@@ -174,11 +174,7 @@ class TrainSettings:
 
     def _check_local_batch_shape(self) -> None:
         ranks = self.nproc_per_node
-        if self.num_actors % ranks:
-            raise ValueError(
-                f"num_actors ({self.num_actors}) must be a multiple of nproc_per_node ({ranks}): "
-                "each learner rank starts an equal share of the fleet"
-            )
+        check_rank_shares(self.num_actors, ranks)
         # An actor's batch is num_envs x T, so its share of frames must divide evenly.
         actors = self.num_actors // ranks
         per_actor = self.frames_per_batch // actors if self.sync else self.frames_per_batch
