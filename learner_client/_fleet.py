@@ -40,7 +40,13 @@ from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import FleetMember, Ranks, check_devices, check_unique
 from learner_client._relay import RelayRoute
-from learner_client._restore import check_models, load_states, state_blobs, state_weights
+from learner_client._restore import (
+    check_models,
+    check_versions,
+    load_states,
+    state_blobs,
+    state_weights,
+)
 from learner_client._settings import BatchSettings, ConnectionSettings, check_fleet
 from learner_client._shm import ShmRefusedError, ShmRoute
 from learner_client._slabs import PacketSlabs
@@ -55,7 +61,7 @@ from learner_client._transport import (
     push_messages,
     shm_messages,
 )
-from learner_client._weights import EncodedWeights, WeightBook, check_versions
+from learner_client._weights import EncodedWeights, WeightBook
 
 __all__ = ["Fleet", "Link", "RemoteActor"]
 

@@ -20,11 +20,13 @@ from typing import Any
 import torch
 
 from common.actor_state import decode_state
+from common.config import check_model_id
+from common.weights import check_policy_version
 from learner_client._description import ActorDescription
 from learner_client._link import ActorLink
 from learner_client._transport import ActorChannel
 
-__all__ = ["check_models", "load_states", "state_blobs", "state_weights"]
+__all__ = ["check_models", "check_versions", "load_states", "state_blobs", "state_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,20 @@ def state_weights(blob: bytes) -> dict[str, tuple[int, dict[str, torch.Tensor]]]
         and model["version"] > 0
         and isinstance(model.get("weights"), dict)
     }
+
+
+def check_versions(versions: object) -> dict[str, int]:
+    """A state_dict's ``policy_version``: ``{model_id: version}``, each version in int64.
+
+    Raises:
+        ValueError: Naming the entry that is not a model id and a version.
+    """
+    if not isinstance(versions, Mapping):
+        raise ValueError(f"policy_version must map model ids to versions, got {versions!r:.80}")
+    for mid, version in versions.items():
+        check_model_id(mid)
+        check_policy_version(version, f"policy_version[{mid!r}]")
+    return dict(versions)
 
 
 def check_models(versions: Mapping[str, int], held: set[str]) -> None:

@@ -29,14 +29,7 @@ from torch import nn
 
 from common.config import DEFAULT_MODEL_ID, MAX_POLICY_VERSION, as_int, check_model_id
 from common.errors import SessionStateError, UnknownWorkerError
-from common.weights import (
-    Part,
-    PushForm,
-    adapter_metadata,
-    check_policy_version,
-    checksums,
-    encode_weights,
-)
+from common.weights import Part, PushForm, adapter_metadata, checksums, encode_weights
 from learner_client._slabs import BlobBuffers, BlobSegments
 
 __all__ = [
@@ -783,21 +776,7 @@ class WeightBook:
                 self._since_update[worker_id] = since + 1
 
     def restore_versions(self, versions: Mapping[str, int]) -> None:
-        """Raise the counters to at least ``versions`` (checked: :func:`check_versions`)."""
+        """Raise the counters to at least ``versions`` (checked: ``_restore.check_versions``)."""
         with self._lock:
             for mid, version in versions.items():
                 self._versions[mid] = max(self._versions.get(mid, 0), int(version))
-
-
-def check_versions(versions: object) -> dict[str, int]:
-    """A state_dict's ``policy_version``: ``{model_id: version}``, each version in int64.
-
-    Raises:
-        ValueError: Naming the entry that is not a model id and a version.
-    """
-    if not isinstance(versions, Mapping):
-        raise ValueError(f"policy_version must map model ids to versions, got {versions!r:.80}")
-    for mid, version in versions.items():
-        check_model_id(mid)
-        check_policy_version(version, f"policy_version[{mid!r}]")
-    return dict(versions)
