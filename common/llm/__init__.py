@@ -31,6 +31,7 @@ from common.llm._registry import (
     build_policy,
     build_tokenizer,
     check_policy_spec,
+    end_token_ids,
 )
 from common.llm._settings import (
     DEFAULT_MAX_NEW_TOKENS_CAP,
@@ -98,6 +99,7 @@ __all__ = [
     "PolicySpecError",
     "build_tokenizer",
     "check_policy_spec",
+    "end_token_ids",
     "ARITH_CHARS",
     "COMPACT_CHARS",
     "VOCABS",

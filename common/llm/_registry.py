@@ -32,6 +32,7 @@ __all__ = [
     "build_policy",
     "build_tokenizer",
     "check_policy_spec",
+    "end_token_ids",
 ]
 
 #: The specs built in; ``hf:DIR`` loads a local checkpoint.
@@ -123,9 +124,52 @@ def build_policy(spec: str, **kwargs: Any) -> tuple[Any, Any]:
         model = model.to(dtype)  # initialised in float32: every dtype holds the same draws
     if not getattr(tokenizer, "chat_template", None):
         raise PolicySpecError(f"model spec {spec!r}: the tokenizer has no chat template")
+    if tokenizer.eos_token_id is None:
+        raise PolicySpecError(
+            f"model spec {spec!r}: the tokenizer has no EOS token, so no response could end "
+            "(set eos_token in the checkpoint's tokenizer_config.json)"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    _check_ids_fit(spec, model, tokenizer)
     return model.eval(), tokenizer
+
+
+def end_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids a response ends on: the tokenizer's EOS, then the checkpoint's others.
+
+    A checkpoint's ``generation_config.eos_token_id`` may list several (a chat model's
+    ``<end_of_turn>`` beside ``<eos>``); ``transformers``' ``generate`` stops on each, and so
+    does an actor.
+    """
+    ids = [int(tokenizer.eos_token_id)]
+    for token in _listed_end_ids(model):
+        if int(token) not in ids:
+            ids.append(int(token))
+    return tuple(ids)
+
+
+def _listed_end_ids(model: Any) -> list[Any]:
+    """``generation_config.eos_token_id`` as a list (it may be None, an int or a list)."""
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [listed] if isinstance(listed, int) else list(listed or ())
+
+
+def _check_ids_fit(spec: str, model: Any, tokenizer: Any) -> None:
+    """Every id the tokenizer or the checkpoint's end ids name is a row of the embeddings."""
+    rows = int(model.get_input_embeddings().num_embeddings)
+    if len(tokenizer) > rows:
+        raise PolicySpecError(
+            f"model spec {spec!r}: the tokenizer has {len(tokenizer)} ids but the model "
+            f"embeds {rows}, so a prompt with an id from {rows} up would fail: resize the "
+            "model's embeddings (model.resize_token_embeddings(len(tokenizer))) and save it"
+        )
+    for token in _listed_end_ids(model):
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < rows:
+            raise PolicySpecError(
+                f"model spec {spec!r}: generation_config.eos_token_id lists {token!r:.40}, "
+                f"not an id of the model's {rows} embeddings"
+            )
 
 
 def _tiny_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, int], str]:

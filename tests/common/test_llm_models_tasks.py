@@ -18,6 +18,7 @@ from common.llm import (
     build_task,
     check_policy_spec,
     check_task_spec,
+    end_token_ids,
 )
 from common.llm._tasks import countdown_reward
 
@@ -69,6 +70,38 @@ def test_build_policy_raises_if_the_checkpoint_has_no_chat_template(tmp_path) ->
         (tmp_path / name).unlink(missing_ok=True)
     with pytest.raises(PolicySpecError, match="no chat template"):
         check_policy_spec(f"hf:{tmp_path}")
+
+
+def _saved(path, model, tok) -> str:
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return f"hf:{path}"
+
+
+def test_build_policy_refuses_a_checkpoint_whose_ids_do_not_fit_its_model(tmp_path) -> None:
+    """Named at start, not as an IndexError in every session (or a response that never ends)."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, vocab="compact")
+    model.resize_token_embeddings(30)  # the tokenizer has 60 ids, its specials below 30
+    with pytest.raises(PolicySpecError, match="the tokenizer has 60 ids but the model embeds 30"):
+        build_policy(_saved(tmp_path / "small", model, tok))
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)
+    model.generation_config.eos_token_id = [tok.eos_token_id, 10**6]
+    with pytest.raises(PolicySpecError, match="eos_token_id lists 1000000, not an id"):
+        build_policy(_saved(tmp_path / "far", model, tok))
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)
+    tok.eos_token = None
+    with pytest.raises(PolicySpecError, match="the tokenizer has no EOS token"):
+        build_policy(_saved(tmp_path / "no_eos", model, tok))
+
+
+def test_a_response_ends_on_every_end_id_the_checkpoint_lists(tmp_path) -> None:
+    """As transformers' generate: a chat model's ``<end_of_turn>`` beside ``<eos>``."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)
+    other = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert end_token_ids(model, tok) == (tok.eos_token_id,)
+    model.generation_config.eos_token_id = [tok.eos_token_id, other]
+    loaded, tok2 = build_policy(_saved(tmp_path, model, tok))
+    assert end_token_ids(loaded, tok2) == (tok.eos_token_id, other)
 
 
 def test_a_folder_without_a_checkpoint_is_named_as_such(tmp_path) -> None:

@@ -30,6 +30,7 @@ from common.llm import (
     build_policy,
     cached_forward,
     default_dtype,
+    end_token_ids,
     generate,
 )
 from common.weights import to_state_dict
@@ -84,6 +85,8 @@ class LLMModels(ModelBook[_Slot]):
         kwargs = dict(kwargs)
         kwargs.setdefault("dtype", default_dtype(device))
         model, self.tokenizer = build_policy(spec, **kwargs)
+        #: The ids a response ends on (the tokenizer's EOS and the checkpoint's others).
+        self.end_ids = end_token_ids(model, self.tokenizer)
         if lora is not None:
             model = apply_lora(model, lora).eval()
             self.adapter = (lora.r, lora.r if lora.alpha is None else lora.alpha)  # pushes match

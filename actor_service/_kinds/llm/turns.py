@@ -82,7 +82,6 @@ class DialogEngine:
         self.name = name
         tokenizer = models.tokenizer
         self.pad_id = int(tokenizer.pad_token_id)
-        self.eos_id = int(tokenizer.eos_token_id)
         self.vocab = len(tokenizer)
 
     def new_dialog(self, problem: Problem, traj_id: int, group_id: int) -> Dialog:
@@ -146,7 +145,7 @@ class DialogEngine:
                 [prompts[i] for i in rows],
                 settings,
                 budgets=[budgets[i] for i in rows],
-                stop_ids=(self.eos_id, *settings.stop_token_ids),
+                stop_ids=(*self.models.end_ids, *settings.stop_token_ids),
                 pad_id=self.pad_id,
                 generator=generator,
             )

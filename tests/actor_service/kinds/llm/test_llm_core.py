@@ -77,6 +77,29 @@ def test_a_prompt_longer_than_the_context_ends_the_dialog_truncated() -> None:
     assert not td["next", "terminated"].any()
 
 
+def test_a_response_stops_at_any_end_id_the_checkpoint_lists(tmp_path) -> None:
+    """A chat model's second end id (Gemma's ``<end_of_turn>``) ends a turn, as in generate."""
+    model, tok = build_policy("rlfleet:tiny-gpt2", **TINY)
+    other = tok.convert_tokens_to_ids("<|endoftext|>")
+    with torch.no_grad():  # the model answers <|endoftext|> to anything
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[other] = 1.0
+    model.generation_config.eos_token_id = [tok.eos_token_id, other]
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    hf_model = (ModelSpec("policy", f"hf:{tmp_path}", {"dtype": "float32"}),)
+    with _worker(models=hf_model) as worker:
+        worker.configure(_settings(generation={"max_new_tokens": 8, "temperature": 0.0}))
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["response_len"].flatten().tolist() == [1, 1]
+    tokens, starts = td["tokens"].flatten(0, 1), td["prompt_len"].flatten()
+    assert [tokens[row, start].item() for row, start in enumerate(starts)] == [other, other]
+    assert td["collector", "stopped"].all()
+
+
 @pytest.mark.parametrize(
     ("mode", "kind", "text"),
     [
