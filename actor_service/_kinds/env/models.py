@@ -246,8 +246,6 @@ class ModelRegistry(ModelBook[_Model]):
         action_space: gymnasium.Space,
         device: torch.device | str,
     ) -> None:
-        if not specs:
-            raise ValueError("an actor needs at least one model")
         self.device = torch.device(device)
         self._stage = DeviceStage(self.device)
         self.observation_codec = ObservationCodec(observation_space)
