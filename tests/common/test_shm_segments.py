@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from common import checksum
+from common import shm as shm_module
 from common.checksum import crc32c
 from common.errors import DataLossError
 from common.shm import (
@@ -430,3 +432,23 @@ def test_kept_mappings_may_be_used_from_several_threads_at_once(tmp_path: Path) 
     assert errors == []
     for buffer in buffers:
         buffer.close()
+
+
+def test_a_shared_buffer_never_adopts_a_file_at_its_name(tmp_path, monkeypatch) -> None:
+    """A file planted at the next name (any mode) is never written into: O_EXCL."""
+    name = shm_module._new_name(str(tmp_path))
+    planted = tmp_path / name
+    planted.write_bytes(b"planted")
+    os.chmod(planted, 0o666)
+    monkeypatch.setattr(shm_module, "_new_name", lambda root: name)
+    with pytest.raises(FileExistsError):
+        SharedBuffer(16, root=str(tmp_path))
+    assert planted.read_bytes() == b"planted"
+
+
+def test_segment_names_are_unguessable(tmp_path) -> None:
+    """128 random bits a name: no two of 64 lie within 2**64 of each other (p ~ 2**-53)."""
+    tails = sorted(
+        int(shm_module._new_name(str(tmp_path)).rsplit("-", 1)[1], 16) for _ in range(64)
+    )
+    assert all(b - a > 2**64 for a, b in itertools.pairwise(tails))

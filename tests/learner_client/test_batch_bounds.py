@@ -157,3 +157,16 @@ def test_trajectory_and_group_ids_name_the_actor() -> None:
     padded["collector", "traj_ids"][0, 0] = int(other[0])  # a real frame of worker_id 6
     with pytest.raises(ProtocolError, match="of worker_id 6"):
         split.check_batch(info(1, frames=7), padded)
+
+
+def test_a_split_batchs_values_must_have_the_masks_shape() -> None:
+    """A hostile actor's values beside a mask of another shape: ProtocolError, not IndexError."""
+    checked = BatchBounds("a:1", CollectSettings(frames_per_batch=8, split_trajs=True), 2, 2, 5)
+    checked.opened(3, 1)
+    batch = TensorDict(
+        {"collector": {"mask": torch.ones(2, 4, dtype=torch.bool)}}, batch_size=[2, 4]
+    )
+    batch.batch_size = [2]
+    batch["policy_version"] = torch.zeros(2, 3, dtype=torch.int64)  # not under the mask
+    with pytest.raises(ProtocolError, match="beside a mask"):
+        checked.check_batch(pb.BatchInfo(epoch=3, seq=1, frames=2, total_bytes=1000), batch)

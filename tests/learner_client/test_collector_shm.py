@@ -407,6 +407,11 @@ def test_only_actors_of_this_host_that_read_the_probe_are_local():
     off.admit(0, "boot/host/1:2", probe_ok=True)
     assert not off.is_local(0)
     assert off.probe() is None
+    # A learner that could not read its own host identity proves nothing for anyone.
+    blind = _shm.ShmRoute(enabled=True, identity="")
+    assert blind.probe() is None
+    blind.admit(0, "", probe_ok=True)
+    assert not blind.is_local(0)
 
 
 def test_a_starting_learner_sweeps_the_segments_of_a_killed_one():
@@ -444,3 +449,20 @@ def test_the_actor_switch_reads_a_flag_or_a_variable():
     assert not parse_config(["--shared-memory", "false"]).shared_memory
     assert not parse_config([], {"RLFLEET_SHARED_MEMORY": "0"}).shared_memory
     assert parse_config(["--shared-memory", "true"], {"RLFLEET_SHARED_MEMORY": "0"}).shared_memory
+
+
+def test_a_forked_child_never_removes_its_parents_segments(tmp_path):
+    """The route's cleanup in a process other than its own leaves every segment in place."""
+    idle = [SharedBuffer(16, root=str(tmp_path))]
+    busy = {"b": SharedBuffer(16, root=str(tmp_path))}
+    blobs = {1: SharedBuffer(16, root=str(tmp_path))}
+    names = sorted(b.name for b in [*idle, *busy.values(), *blobs.values()])
+
+    def segments() -> list[str]:
+        return sorted(n for n in os.listdir(tmp_path) if n.startswith("rlfleet-shm-"))
+
+    _shm._close_all(os.getpid() + 1, idle, busy, blobs)  # as in a child forked since
+    assert segments() == names
+    assert len(idle) == len(busy) == len(blobs) == 1
+    _shm._close_all(os.getpid(), idle, busy, blobs)  # the process that made them removes them
+    assert segments() == []

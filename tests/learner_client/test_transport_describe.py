@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from common.config import MAX_CREDITS, MAX_NUM_ENVS, MAX_WORKER_ID
+from common.errors import ProtocolError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client import ActorDescription
 
@@ -45,3 +49,15 @@ def test_actor_description_from_response_reads_an_actor_without_kind_as_env() ->
         "a:1", pb.DescribeResponse(worker_id=0, epoch=1, num_envs=1)
     )
     assert (description.kind, description.busy, description.learner_id) == ("env", False, "")
+
+
+@pytest.mark.parametrize(
+    ("field", "high"),
+    [("max_credits", MAX_CREDITS), ("num_envs", MAX_NUM_ENVS), ("worker_id", MAX_WORKER_ID)],
+)
+def test_describe_ranges_end_at_their_largest_value(field: str, high: int) -> None:
+    base = {"worker_id": 0, "epoch": 1, "num_envs": 1, "max_credits": 0}
+    described = ActorDescription.from_response("a:1", pb.DescribeResponse(**base | {field: high}))
+    assert getattr(described, field) == high
+    with pytest.raises(ProtocolError, match=f"{field} {high + 1}, outside"):
+        ActorDescription.from_response("a:1", pb.DescribeResponse(**base | {field: high + 1}))

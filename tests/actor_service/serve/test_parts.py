@@ -136,3 +136,23 @@ def test_part_buffers_lend_the_smallest_fitting_and_keep_within_the_budget() -> 
     pool.give_back("policy", [small, large], budget=25)  # over budget: the smallest goes
     assert pool.take("policy", 1) is large
     assert pool.take("policy", 1) is None
+
+
+def test_a_part_arriving_after_the_deadline_never_completes_the_version() -> None:
+    """stage() expires too: a part admitted in time whose bytes came too late is refused."""
+    clock, released = Clock(), []
+    parts = PartStaging(5.0, lambda m, p, a: released.append(p), clock)
+    parts.stage("policy", 3, _part(0, 2, "a"), MODEL, 64)
+    clock.now += 6.0  # the event loop's expire() has not run yet
+    with pytest.raises(StaleVersionError, match="expired"):
+        parts.stage("policy", 3, _part(1, 2, "b"), MODEL, 64)
+    assert parts.staging() == {}
+
+
+def test_parts_may_fill_exactly_the_models_bytes_and_no_more() -> None:
+    parts = PartStaging(5.0, lambda *a: None, Clock())
+    parts.stage("policy", 3, _part(0, 2, "a"), MODEL, 32)  # 16 + 16 == 32: fits
+    assert parts.stage("policy", 3, _part(1, 2, "b"), MODEL, 32)[1] is not None
+    parts.stage("policy", 4, _part(0, 2, "a"), MODEL, 31)
+    with pytest.raises(WeightsTooLargeError, match="32 bytes, more than the model's 31"):
+        parts.stage("policy", 4, _part(1, 2, "b"), MODEL, 31)

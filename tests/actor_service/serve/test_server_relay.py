@@ -26,6 +26,7 @@ from test_server_delta import _actor_weights, _bits_equal, _serving, _step, _ver
 
 from apps.status._status import _from_describe, format_table
 from common.checksum import crc32c
+from common.config import RELAY_TICKET_BYTES
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import encode_weights, iter_blob_chunks
@@ -208,6 +209,11 @@ HOSTILE_RELAY = {
     "short push id": {"push_id": b"x"},
     "huge push id": {"push_id": b"x" * 100_000},
     "short ticket": {"source_ticket": b"t"},
+    "long ticket": {"source_ticket": b"t" * (RELAY_TICKET_BYTES[1] + 1)},
+    "long forward ticket": {
+        "forward_to": "127.0.0.1:1",
+        "forward_ticket": b"t" * (RELAY_TICKET_BYTES[1] + 1),
+    },
     "forward without ticket": {"forward_to": "127.0.0.1:1"},
     "forward to a path": {"forward_to": "unix:/tmp/x", "forward_ticket": b"t" * 32},
     **{  # what gRPC reads as another resolver: a local socket, not host:port
