@@ -78,6 +78,19 @@ CRASHING = [
         detail,
     ]
     for w, detail in enumerate(["full", "type"])
+] + [  # worker_id 2: an env that hangs at its first step, in subprocesses with a step timeout
+    [
+        "--worker-id",
+        "2",
+        "--num-envs",
+        "1",
+        "--env-factory",
+        "rlfleet_test_envs:hanging_cartpole",
+        "--env-backend",
+        "async",
+        "--step-timeout",
+        "0.5",
+    ]
 ]
 
 
@@ -609,6 +622,23 @@ def test_env_that_errors_raises_a_typed_error_after_bounded_attempts(crashing: l
         assert elapsed < 30, elapsed
     opened = crashing[0].stderr().count("session.opened")
     assert opened <= 10, f"{opened} sessions opened: a restart loop"
+
+
+def test_a_hung_env_reaches_the_learner_as_its_timeout_long_before_batch_timeout(
+    crashing: list[Any],
+) -> None:
+    """A hung env counts with the crashes: raised after a few sessions, not retried for 60 s."""
+    start = time.monotonic()
+    with (
+        GrpcCollector([crashing[2].address], frames_per_batch=8, batch_timeout=60) as collector,
+        pytest.raises(EnvError) as info,
+    ):
+        collector.next()
+    error = info.value
+    assert (error.worker_id, error.exception_type) == (2, "TimeoutError")
+    assert "an env step took longer than step_timeout=0.5 s" in str(error.exception_message)
+    assert 2 <= error.attempts <= 5
+    assert time.monotonic() - start < 40  # before: MissingWorkersError after batch_timeout
 
 
 def test_env_error_text_is_withheld_when_the_actor_says_so(crashing: list[Any]) -> None:

@@ -5,7 +5,7 @@ An :class:`EnvCore` has no gRPC in it. One thread collects (``collect_batch``,
 ``describe`` and ``models.load_weights`` at any time. A step costs one batched forward
 pass for the whole pool and one vector-env step; per-step results go into
 preallocated ``[num_envs, T]`` buffers and become a TensorDict once per batch. A hung
-or crashed env raises (``DeadlineError`` / ``EnvError``) and the pool is
+or crashed env raises ``EnvError`` and the pool is
 rebuilt before the next batch. Its slots are the envs of the pool.
 """
 
@@ -37,7 +37,7 @@ from actor_service._kinds.env.pool import (
     step_pool,
 )
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
-from common.errors import DeadlineError, EnvError, RlfleetError
+from common.errors import EnvError, RlfleetError
 from common.packets import DEFAULT_LIMITS, encode_packet
 from common.packets.folding import FoldedBatch
 from common.policies import RandomPolicy
@@ -200,8 +200,8 @@ class EnvCore(CoreBase):
         Raises:
             SessionStateError: Not configured, or abandoned.
             ClosedError: The core is closed.
-            DeadlineError: An env step exceeded ``step_timeout`` (async backend).
-            EnvError: An env raised; the pool is rebuilt on the next call.
+            EnvError: An env raised, or a step exceeded ``step_timeout`` (async backend: a
+                ``TimeoutError``); the pool is rebuilt on the next call.
         """
         with self._lock:
             settings = self._configured()
@@ -233,7 +233,10 @@ class EnvCore(CoreBase):
                 for t in range(steps):
                     check_abandoned(abandon, t, steps)
                     self._step(t, buffers, settings, random, timings)
-        except (DeadlineError, EnvError):
+        except EnvError:
+            # Its workers go now, not at the next batch: a hung one must not outlive the
+            # session (nor an actor SIGKILLed before that batch, whose pipes it holds).
+            close_pool(self._pool, force=True)
             self._pool_broken = True
             raise
         except BaseException:
@@ -317,6 +320,7 @@ class EnvCore(CoreBase):
         try:
             obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds, env=self.env_id)
         except RlfleetError:
+            close_pool(self._pool, force=True)  # as after a failed step
             self._pool_broken = True
             raise
         self._obs = np.array(obs, copy=True)

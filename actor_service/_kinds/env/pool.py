@@ -5,8 +5,8 @@
 ``AutoresetMode.SAME_STEP``: when an episode ends, the step returns the reset
 observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` and
 :func:`reset_pool` bound every async call by ``step_timeout`` and turn a hung or
-crashed env into an error (:class:`~common.errors.DeadlineError`, or
-:class:`~common.errors.EnvError` naming the env's exception) instead of a hang; :func:`close_pool`
+crashed env into an :class:`~common.errors.EnvError` (naming the env's exception, or a
+``TimeoutError`` for a hung env) instead of a hang; :func:`close_pool`
 reaps the subprocesses even when an env hangs. :func:`derive_seed` chains per-env
 seeds exactly as TorchRL does.
 """
@@ -25,7 +25,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
 from actor_service._kinds.env.spaces import check_space
-from common.errors import DeadlineError, EnvError, exception_text
+from common.errors import EnvError, exception_text
 from common.import_paths import load_callable
 from common.plain_config import from_plain
 
@@ -126,8 +126,8 @@ def step_pool(
         ``(obs, reward, terminated, truncated, info)`` as gymnasium returns them.
 
     Raises:
-        DeadlineError: An async env did not answer within ``timeout``.
-        EnvError: An env raised or its subprocess died (cause chained).
+        EnvError: An env raised or its subprocess died (cause chained), or an async env
+            did not answer within ``timeout`` (type ``TimeoutError``).
     """
     try:
         if isinstance(pool, AsyncVectorEnv):
@@ -135,12 +135,23 @@ def step_pool(
             return pool.step_wait(timeout=timeout)
         return pool.step(actions)
     except multiprocessing.TimeoutError:
-        raise DeadlineError(
-            f"an env step took longer than step_timeout={timeout} s; the env pool is rebuilt "
-            "before the next batch"
-        ) from None
+        raise _hung(env, "step", timeout) from None
     except BaseException as exc:  # the user's env: its error, whatever it is
         raise _env_error(pool, env, exc) from exc
+
+
+def _hung(env: str, call: str, timeout: float) -> EnvError:
+    """A hung env's error: its failure too, a ``TimeoutError`` of the env.
+
+    The learner counts it with the crashes and raises it after a few sessions in a row,
+    where it would otherwise retry until ``batch_timeout``.
+    """
+    return EnvError(
+        env,
+        "TimeoutError",
+        f"an env {call} took longer than step_timeout={timeout} s; the env pool is rebuilt "
+        "before the next batch",
+    )
 
 
 def _env_error(pool: VectorEnv, env: str, exc: BaseException) -> EnvError:
@@ -178,8 +189,8 @@ def reset_pool(
         env: The env's name, for errors.
 
     Raises:
-        DeadlineError: An async env did not answer within ``timeout``.
-        EnvError: An env raised or its subprocess died (cause chained).
+        EnvError: An env raised or its subprocess died (cause chained), or an async env
+            did not answer within ``timeout`` (type ``TimeoutError``).
     """
     options = None if mask is None else {"reset_mask": mask}
     # One seed per env: gymnasium's vector envs take a list, though VectorEnv.reset is
@@ -192,10 +203,7 @@ def reset_pool(
         else:
             obs, _ = pool.reset(seed=seeds, options=options)
     except multiprocessing.TimeoutError:
-        raise DeadlineError(
-            f"an env reset took longer than step_timeout={timeout} s; the env pool is rebuilt "
-            "before the next batch"
-        ) from None
+        raise _hung(env, "reset", timeout) from None
     except BaseException as exc:  # the user's env: its error, whatever it is
         raise _env_error(pool, env, exc) from exc
     return obs

@@ -15,7 +15,7 @@ from actor_service._config import ActorConfig, section_of
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
 from actor_service._serve._collect import env_failure
-from common.errors import MAX_ENV_MESSAGE, DeadlineError, EnvError
+from common.errors import MAX_ENV_MESSAGE, EnvError
 
 HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 
@@ -160,7 +160,7 @@ def test_step_pool_names_the_declared_shape_when_an_observation_breaks_it() -> N
     assert "shape [4] its observation_space declares" in raised.value.exception_message
 
 
-def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
+def test_step_pool_raises_the_envs_timeout_if_an_async_env_hangs() -> None:
     config = ActorConfig(
         num_envs=2,
         env_pool=EnvPoolSettings(
@@ -172,9 +172,20 @@ def test_step_pool_raises_deadline_error_if_an_async_env_hangs() -> None:
     try:
         reset_pool(pool, 30.0)
         started = time.monotonic()
-        with pytest.raises(DeadlineError, match=r"step_timeout=0\.3"):
+        with pytest.raises(EnvError, match=r"step_timeout=0\.3") as raised:
             step_pool(pool, np.zeros(2, dtype=np.int64), 0.3)
+        assert raised.value.exception_type == "TimeoutError"
         assert time.monotonic() - started < 5.0
     finally:
         close_pool(pool, force=True)
     assert all(process_gone(pid) for pid in pids)
+
+
+def test_an_env_errors_type_and_escaped_text_are_cut_to_the_limit() -> None:
+    """The cut holds after escaping (a surrogate is 6 characters) and for the type name too."""
+    error = EnvError("e", "T" * 100_000, "\udcff" * MAX_ENV_MESSAGE)
+    assert error.exception_type is not None
+    assert error.exception_message is not None
+    assert 0 < len(error.exception_type) <= MAX_ENV_MESSAGE
+    assert 0 < len(error.exception_message) <= MAX_ENV_MESSAGE
+    assert error.exception_message.startswith("\\udcff")
