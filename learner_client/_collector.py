@@ -603,8 +603,8 @@ class GrpcCollector(TorchRLAccessors):
         """Stop collecting, close every session and channel, join every thread.
 
         Bounded by ``timeout`` (default 10 s) per phase, idempotent, tolerant of dead actors.
-        A fleet object given to the collector (not its addresses) is stopped too; with
-        ``shutdown_ray`` (RayCollector's), Ray too, once no fleet of this process uses it.
+        A fleet object given to the collector is stopped too, in its own bound (a ``LocalFleet``:
+        ``grace_period`` + 2 s); with ``shutdown_ray`` (RayCollector's), Ray too, once unused.
         TorchRL's ``close_env`` and ``raise_on_error`` change nothing: the envs are the actors'.
         """
         limit = shutdown_limit(timeout)  # checked before anything closes

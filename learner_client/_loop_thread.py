@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from common.errors import ClosedError, DeadlineError, SessionStateError
+from common.errors import ClosedError, DeadlineError, RlfleetError, SessionStateError
 
 __all__ = ["LoopThread"]
 
@@ -78,7 +78,9 @@ class LoopThread:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError as exc:
+            if isinstance(exc, RlfleetError):  # the operation's own DeadlineError names its call
+                raise
             future.cancel()
             raise DeadlineError(f"operation did not finish within {timeout} s") from None
 

@@ -524,8 +524,12 @@ class ActorChannel:
         """Why this channel did not connect: a waiting call's error says only DEADLINE_EXCEEDED.
 
         One call that fails fast reports the channel's last connection error (refused, no
-        such host, not HTTP/2, a failed TLS handshake); "" when it says nothing more.
+        such host, not HTTP/2, a failed TLS handshake); "" when it says nothing more. A
+        channel that is connected needs no call (it would wait out its deadline, past the
+        user's ``connect_timeout``): the actor took the connection and did not answer.
         """
+        if self._channel.get_state() == grpc.ChannelConnectivity.READY:
+            return "connected, but the actor did not answer: a stopped, hung or overloaded process"
         try:
             await self.describe(_REASON_TIMEOUT)
         except DeadlineError:

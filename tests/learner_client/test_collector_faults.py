@@ -208,6 +208,21 @@ def _stopped(actor: ActorProcess) -> Iterator[None]:
         os.kill(actor.process.pid, signal.SIGCONT)
 
 
+def test_connect_timeout_holds_for_a_hung_actor_this_process_is_connected_to(pair):
+    """A second collector (another rank's, a restart) to a stopped actor the first one holds a
+    connection to: the error came 1 s after connect_timeout, spent asking the actor why."""
+    with GrpcCollector([pair[0].address], frames_per_batch=4, token=TOKEN) as held:
+        held.next()
+        with _stopped(pair[0]):
+            for _ in range(2):
+                start = time.monotonic()
+                with pytest.raises(ActorUnavailableError, match="connected, but the actor did"):
+                    GrpcCollector(
+                        [pair[0].address], frames_per_batch=4, token=TOKEN, connect_timeout=1.0
+                    )
+                assert time.monotonic() - start < 1.6
+
+
 def test_shutdown_during_a_push_to_a_hung_actor_keeps_its_bound_and_the_push_says_closed(pair):
     """A watchdog's shutdown(timeout=2) while the training thread pushes to a hung actor: it
     waited for the push's whole call_timeout (31 s), now ~2 s per phase; the push ends with

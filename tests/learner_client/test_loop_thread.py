@@ -10,6 +10,7 @@ import time
 import grpc
 import pytest
 
+from common.errors import DeadlineError
 from learner_client._loop_thread import LoopThread
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -78,3 +79,25 @@ def test_other_errors_on_the_loop_are_still_reported(caplog: pytest.LogCaptureFi
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 2, errors
     assert all("Exception in callback" in e for e in errors), errors
+
+
+def test_an_operations_own_deadline_error_reaches_the_caller_with_its_words() -> None:
+    """A call's DeadlineError (a TimeoutError) was replaced by the loop's wait's, naming the
+    wait's longer bound ("did not finish within 8.0 s" for a call that gave up at 3 s)."""
+    loop = LoopThread("test-loop")
+
+    async def late_call() -> None:
+        raise DeadlineError("127.0.0.1:1: DEADLINE_EXCEEDED after call_timeout=3 s")
+
+    async def hangs() -> None:
+        await asyncio.sleep(60)
+
+    try:
+        with pytest.raises(DeadlineError, match="after call_timeout=3 s"):
+            loop.run(late_call(), 8.0)
+        start = time.monotonic()
+        with pytest.raises(DeadlineError, match=r"operation did not finish within 0\.2 s"):
+            loop.run(hangs(), 0.2)
+        assert time.monotonic() - start < 2
+    finally:
+        loop.close(5.0)
