@@ -236,7 +236,7 @@ class EnvCore(CoreBase):
         except EnvError:
             # Its workers go now, not at the next batch: a hung one must not outlive the
             # session (nor an actor SIGKILLed before that batch, whose pipes it holds).
-            close_pool(self._pool, force=True)
+            kill_pool(self._pool)
             self._pool_broken = True
             raise
         except BaseException:
@@ -320,7 +320,7 @@ class EnvCore(CoreBase):
         try:
             obs = reset_pool(self._pool, self.config.step_timeout, seed=seeds, env=self.env_id)
         except RlfleetError:
-            close_pool(self._pool, force=True)  # as after a failed step
+            kill_pool(self._pool)  # as after a failed step
             self._pool_broken = True
             raise
         self._obs = np.array(obs, copy=True)
