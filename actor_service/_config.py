@@ -32,6 +32,7 @@ from common.config import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_WORKER_ID,
+    check_model_id,
     check_token,
 )
 from common.llm import LoraSpec, check_peft
@@ -136,6 +137,14 @@ class ModelSpec:
     model_id: str = DEFAULT_MODEL_ID
     factory: str | Callable[..., Any] = "mlp"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse a ``model_id`` no learner could address (:func:`common.config.check_model_id`).
+
+        Raises:
+            ValueError: Naming the id and the rule.
+        """
+        check_model_id(self.model_id)
 
     @property
     def path(self) -> str:

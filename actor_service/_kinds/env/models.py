@@ -36,7 +36,6 @@ from actor_service._core._placement import CompiledForward
 from actor_service._kinds.env.device_stage import DeviceStage
 from actor_service._kinds.env.spaces import ActionCodec, ObservationCodec
 from actor_service._kinds.env.tensor_forward import TensorForward, tensor_forward
-from common.config import check_model_id
 from common.errors import InternalError
 from common.plain_config import from_plain
 from common.policies import make_policy
@@ -63,7 +62,6 @@ Compact = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
 def _check_id(model_id: str, models: Mapping[str, object]) -> None:
-    check_model_id(model_id)
     if model_id in models:
         raise ValueError(f"model_id {model_id!r} is registered twice")
 

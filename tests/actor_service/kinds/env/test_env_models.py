@@ -239,7 +239,6 @@ def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
     ("specs", "message"),
     [
         ((ModelSpec(factory="rlfleet_test_policies:td_policy_writing_reward"),), "rollout writes"),
-        ((ModelSpec("a/b"),), "model_id must be 1 to 64 letters"),
         ((ModelSpec("p"), ModelSpec("p", "random")), "registered twice"),
         ((ModelSpec(factory="rlfleet_test_policies:not_a_module"),), "not an nn.Module"),
         ((ModelSpec(factory="rlfleet_test_policies:wrong_input_policy"),), "placeholder"),
@@ -249,6 +248,20 @@ def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
 def test_registry_raises_if_models_are_misconfigured(specs: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelRegistry(specs, CARTPOLE.observation_space, CARTPOLE.action_space, "cpu")
+
+
+@pytest.mark.parametrize("model_id", ["a/b", ".hidden", "-neg", "actor v1", "m" * 65, ""])
+def test_a_model_id_no_learner_could_address_is_refused_when_the_actor_is_configured(
+    model_id: str,
+) -> None:
+    """Every kind's models (a TorchRL actor's in-process ones too): the learner's rule, at once.
+
+    A TorchRL actor took ``actor/v1`` and then no learner could use it at all: its Describe
+    named a model the learner refuses.
+    """
+    with pytest.raises(ValueError, match="model_id must be 1 to 64 letters"):
+        ModelSpec(model_id, "random")
+    assert ModelSpec("actor.v1-2_b", "random").model_id == "actor.v1-2_b"
 
 
 def test_registry_state_dict_round_trips_weights_and_versions() -> None:
