@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until, process_alive
 from learner_fleet import ACTOR_ENV, cartpole_policy
 
+from common.config import ExplorationType
 from common.errors import (
     ActorUnavailableError,
     AuthenticationError,
@@ -372,7 +373,12 @@ def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_
     weights, version 0, and its batches were acted with them)."""
     with (
         LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet,
-        GrpcCollector(fleet.addresses, frames_per_batch=8, sync=True) as collector,
+        GrpcCollector(
+            fleet.addresses,
+            frames_per_batch=8,
+            sync=True,
+            exploration_type=ExplorationType.DETERMINISTIC,  # sampled, 1 is picked 0.7% of steps
+        ) as collector,
     ):
         collector.update_policy_weights_(cartpole_policy(action=0))
         saved_at = collector.next()["policy_version"].max().item()
