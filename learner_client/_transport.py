@@ -291,10 +291,13 @@ class _KeptStatusCall:
 
 
 @contextlib.contextmanager
-def translate_errors(peer: str, first: FirstStatus | None = None) -> Iterator[None]:
+def translate_errors(
+    peer: str, first: FirstStatus | None = None, timeout: float | None = None
+) -> Iterator[None]:
     """Turn ``grpc.RpcError`` (sync or aio) into the matching rlfleet error naming ``peer``.
 
-    ``first``: the call's first status, read where grpcio overwrote it.
+    ``first``: the call's first status, read where grpcio overwrote it; ``timeout``: the
+    call's deadline, named when it ran out (gRPC's own words may be "Stream removed").
     """
     try:
         yield
@@ -303,6 +306,8 @@ def translate_errors(peer: str, first: FirstStatus | None = None) -> Iterator[No
             exc = first.corrected(exc)
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
+            details = f"{details} (no answer within the call's deadline of {timeout:g} s)"
         raise from_status(code, details, peer=peer) from None
 
 
@@ -496,7 +501,7 @@ class ActorChannel:
         request = pb.DescribeRequest()
         if probe is not None:
             request.shm_probe.CopyFrom(shm_control(probe))
-        with translate_errors(self.address):
+        with translate_errors(self.address, timeout=timeout):
             try:
                 r = await self._stub.Describe(
                     request,
@@ -555,7 +560,7 @@ class ActorChannel:
             the first batch the actor collects with the new seed (0 from an actor that
             does not say).
         """
-        with translate_errors(self.address):
+        with translate_errors(self.address, timeout=timeout):
             r = await self._stub.SetSeed(
                 pb.SetSeedRequest(seed=seed, static_seed=static_seed),
                 timeout=timeout,
@@ -598,7 +603,7 @@ class ActorChannel:
         call = self._push_on(connection)(
             requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=connection > 0
         )
-        with translate_errors(self.address, FirstStatus(call)):
+        with translate_errors(self.address, FirstStatus(call), timeout):
             r = await call
         if r.shm_refused:
             raise ShmRefusedError(f"{self.address}: {one_line(r.shm_refused)}")
@@ -659,14 +664,14 @@ class ActorChannel:
 
     async def forward_weights(self, request: pb.ForwardRequest, timeout: float) -> int:
         """Have the actor forward the blob it holds to another actor; the bytes taken there."""
-        with translate_errors(self.address):
+        with translate_errors(self.address, timeout=timeout):
             r = await self._stub.ForwardWeights(request, timeout=timeout, metadata=self._metadata)
         return int(r.bytes_received)
 
     async def get_state(self, timeout: float) -> bytes:
         """Fetch the actor's state blob (header, then chunks; sha256 checked)."""
         assembler: BlobAssembler | None = None
-        with translate_errors(self.address):
+        with translate_errors(self.address, timeout=timeout):
             call = self._stub.GetState(  # an actor coming back is waited for, within timeout
                 pb.GetStateRequest(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
             )
@@ -701,7 +706,7 @@ class ActorChannel:
         call = self._stub.LoadState(
             requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
         )
-        with translate_errors(self.address, FirstStatus(call)):
+        with translate_errors(self.address, FirstStatus(call), timeout):
             r = await call
         return r.worker_id
 

@@ -22,7 +22,7 @@ from learner_fleet import cartpole_policy, live_threads, start_actors
 from tcp_proxy import FaultProxy
 
 from common.config import CHUNK_BYTES
-from common.errors import ActorUnavailableError, AuthenticationError, ClosedError
+from common.errors import ActorUnavailableError, AuthenticationError, ClosedError, DeadlineError
 from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 
 TOKEN = "s3cret-learner-token"
@@ -221,6 +221,24 @@ def test_connect_timeout_holds_for_a_hung_actor_this_process_is_connected_to(pai
                         [pair[0].address], frames_per_batch=4, token=TOKEN, connect_timeout=1.0
                     )
                 assert time.monotonic() - start < 1.6
+
+
+@pytest.mark.parametrize("call", ["set_seed", "state_dict", "push"])
+def test_a_control_call_to_a_hung_actor_names_the_deadline_it_ran_out_of(pair, call: str):
+    """A hung actor's control call ends at ``call_timeout`` with a DeadlineError that says
+    so (gRPC's own words were "DEADLINE_EXCEEDED: Stream removed"); a push's error quotes it."""
+    with GrpcCollector(
+        [pair[0].address], frames_per_batch=4, token=TOKEN, call_timeout=1.5
+    ) as collector:
+        collector.next()
+        calls: dict[str, tuple[Callable[[], object], type[Exception]]] = {
+            "set_seed": (lambda: collector.set_seed(7), DeadlineError),
+            "state_dict": (collector.state_dict, DeadlineError),
+            "push": (lambda: collector.update_policy_weights_(cartpole_policy()), WeightPushError),
+        }
+        method, error = calls[call]
+        with _stopped(pair[0]), pytest.raises(error, match=r"deadline of 1\.5 s"):
+            method()
 
 
 def test_shutdown_during_a_push_to_a_hung_actor_keeps_its_bound_and_the_push_says_closed(pair):
