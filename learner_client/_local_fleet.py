@@ -174,7 +174,9 @@ class LocalFleet:
         extra_args: More ``rlfleet-actor`` flags, appended last; not those the fleet sets
             (``--worker-id``, ``--port``, ``--host``, ``--seed``, ``--kind``, ``--token``:
             ``ValueError`` naming the argument to use).
-        start_timeout: Seconds to wait for every actor to report ready.
+        start_timeout: Seconds to wait for the next actor to report ready: the start fails
+            when none became ready for that long (so a large fleet on a few cores, each
+            actor's imports costing seconds of CPU, may take longer than it in all).
         grace_period: Seconds an actor may drain after SIGTERM; it is SIGKILLed when it
             has not exited ``2`` seconds after that.
         python: Interpreter that runs ``-m actor_service``.
@@ -286,7 +288,8 @@ class LocalFleet:
         Raises:
             ActorUnavailableError: An actor exited before it was ready (the message
                 names it and quotes its stderr); every other actor is stopped.
-            DeadlineError: An actor was not ready within ``start_timeout``.
+            DeadlineError: Actors still pending when none had become ready for
+                ``start_timeout`` seconds.
             SessionStateError: The fleet was already started or stopped.
         """
         if self._state != "new":
@@ -452,6 +455,8 @@ class LocalFleet:
         return _Actor(worker_id, process, stdout, stderr)
 
     def _wait_ready(self, actors: list[_Actor]) -> None:
+        # start_timeout bounds a wait without progress: a large fleet on a few cores
+        # (each actor's imports cost seconds of CPU) may take longer than it in all.
         deadline = time.monotonic() + self.start_timeout
         pending = list(actors)
         while pending:
@@ -460,6 +465,7 @@ class LocalFleet:
                 if match:
                     actor.port = int(match.group(2))
                     pending.remove(actor)
+                    deadline = time.monotonic() + self.start_timeout
                 elif actor.process.poll() is not None:
                     raise ActorUnavailableError(
                         exit_message(
@@ -475,7 +481,8 @@ class LocalFleet:
                     for a in pending
                 )
                 raise DeadlineError(
-                    f"actors not ready after {self.start_timeout:.1f}s: {names}\n{tails}"
+                    f"actors not ready {self.start_timeout:.1f}s after the last actor was "
+                    f"(start_timeout): {names}\n{tails}"
                 )
             if pending:
                 time.sleep(_POLL_INTERVAL)

@@ -7,6 +7,7 @@ import here, so env subprocesses start fast.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -193,6 +194,27 @@ class _Slow(gymnasium.Wrapper):
 def slow_cartpole(delay: float = 0.2) -> gymnasium.Env:
     """CartPole whose every ``step`` takes ``delay`` seconds more."""
     return _Slow(gymnasium.make("CartPole-v1"), delay)
+
+
+_START_ORDER: list[int] = []  # this process's place among the actors counted in a file
+
+
+def staggered_cartpole(counter: str, step: float) -> gymnasium.Env:
+    """CartPole built ``step`` seconds later per actor process started before this one.
+
+    The processes sharing ``counter`` (a file) take places 0, 1, 2... in the order they
+    first build an env; the process at place ``k`` sleeps ``k * step`` that first time.
+    """
+    if not _START_ORDER:
+        fd = os.open(counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b".")  # atomic: the offset after it is this write's end
+            place = os.lseek(fd, 0, os.SEEK_CUR) - 1
+        finally:
+            os.close(fd)
+        _START_ORDER.append(place)
+        time.sleep(place * step)
+    return gymnasium.make("CartPole-v1")
 
 
 class _NaNAfter(gymnasium.Wrapper):
