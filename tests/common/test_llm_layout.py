@@ -138,6 +138,9 @@ HOSTILE = {
     "done unlike terminated or truncated": lambda td: _set(
         td, ("next", "done"), torch.tensor([[True], [False], [True]])
     ),
+    "dialog_turns 0": lambda td: _set(td, ("collector", "dialog_turns"), torch.tensor([1, 0, 1])),
+    "negative traj_ids": lambda td: _set(td, ("collector", "traj_ids"), torch.tensor([0, -1, 0])),
+    "negative group_id": lambda td: _set(td, ("collector", "group_id"), torch.tensor([0, -1, 0])),
     "negative token versions": lambda td: _set(
         td,
         ("collector", "token_policy_version"),

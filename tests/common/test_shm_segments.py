@@ -452,3 +452,21 @@ def test_segment_names_are_unguessable(tmp_path) -> None:
         int(shm_module._new_name(str(tmp_path)).rsplit("-", 1)[1], 16) for _ in range(64)
     )
     assert all(b - a > 2**64 for a, b in itertools.pairwise(tails))
+
+
+def test_a_segment_its_group_may_read_or_write_is_refused(tmp_path: Path) -> None:
+    """Only the fleet's user may touch a segment: group read or write bits refuse it too."""
+    for mode in (0o640, 0o620):
+        seg = write_segment(b"abc", str(tmp_path))
+        os.chmod(tmp_path / seg.name, mode)
+        with pytest.raises(ShmError, match="others"):
+            read_segment(seg, str(tmp_path))
+
+
+def test_a_buffer_resized_by_another_process_is_not_intact(tmp_path: Path) -> None:
+    """A segment another process resized is not named or reused (a live mapping risks SIGBUS)."""
+    buffer = shm_module.SharedBuffer(4096, root=str(tmp_path))
+    assert buffer.intact()
+    os.truncate(tmp_path / buffer.name, 8192)
+    assert not buffer.intact()
+    buffer.close()

@@ -466,3 +466,22 @@ def test_a_forked_child_never_removes_its_parents_segments(tmp_path):
     assert len(idle) == len(busy) == len(blobs) == 1
     _shm._close_all(os.getpid(), idle, busy, blobs)  # the process that made them removes them
     assert segments() == []
+
+
+def test_a_blob_segment_opened_up_between_pushes_is_not_named_again(fleet):
+    """A kept blob segment whose mode was widened is let go, not named to the actors again
+    (they would refuse it, and each push would fall back to bytes)."""
+    before = ours()
+    with GrpcCollector(fleet.addresses, frames_per_batch=4) as collector:
+        policy = cartpole_policy()
+        for _ in range(2):
+            with torch.no_grad():
+                next(policy.parameters()).add_(1.0)
+            collector.update_policy_weights_(policy)
+        for name in ours() - before:
+            os.chmod(os.path.join(SHM_ROOT, name), 0o644)
+        with torch.no_grad():
+            next(policy.parameters()).add_(1.0)
+        collector.update_policy_weights_(policy)
+        assert collector.stats()["shm_fallbacks"] == 0
+        assert collector.stats()["shm_pushes"] == 6

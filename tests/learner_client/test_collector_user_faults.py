@@ -72,6 +72,23 @@ def test_sync_replay_buffer_loses_only_the_part_whose_extend_raised(fleet) -> No
     assert (workers.count(0), workers.count(2)) == (4, 6)
 
 
+def test_the_first_parts_error_is_raised_once_every_part_was_tried() -> None:
+    """Two parts whose ``extend`` both raise: both are tried, and the first error is raised."""
+
+    class Refusing:
+        calls = 0
+
+        def extend(self, batch: TensorDict) -> None:
+            self.calls += 1
+            raise (KeyError if self.calls == 1 else ValueError)(f"part {self.calls}")
+
+    parts = [TensorDict({"x": torch.zeros(2)}, [2]) for _ in range(2)]
+    buffer = Refusing()
+    with pytest.raises(KeyError, match="part 1"):
+        Handover().deliver(parts, buffer, None)
+    assert buffer.calls == 2
+
+
 def test_sync_replay_buffer_loses_only_the_part_whose_postproc_raised(fleet) -> None:
     calls = []
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from learner_client._ledger import SeqTracker
+import pytest
+
+from learner_client._ledger import SeqTracker, check_counts
 
 
 def test_seq_tracker_delivers_at_most_once_and_counts_skipped_seqs():
@@ -35,3 +37,12 @@ def test_seq_tracker_counts_one_skipped_seq_as_one_gap():
     assert tracker.accept(1)
     assert tracker.accept(3)
     assert tracker.gaps == 1
+
+
+def test_checkpoint_counts_stop_at_the_top_of_int64():
+    """A state_dict's counters become int64 counters: the largest is taken, one more refused."""
+    assert check_counts(2**63 - 1, 2**63 - 1) == (2**63 - 1, 2**63 - 1)
+    with pytest.raises(ValueError, match="'frames'"):
+        check_counts(2**63, 0)
+    with pytest.raises(ValueError, match="'batches'"):
+        check_counts(0, 2**63)

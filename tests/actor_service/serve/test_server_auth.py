@@ -23,7 +23,15 @@ def _describe(stub: pb_grpc.ActorServiceStub, metadata: tuple = ()) -> pb.Descri
 
 
 @pytest.mark.parametrize(
-    "metadata", [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)]
+    "metadata",
+    [
+        (),
+        (("authorization", "Bearer wrong"),),
+        (("authorization", TOKEN),),
+        (("authorization", "Bearer "),),
+        (("authorization", f"Bearer {TOKEN[:-1]}"),),
+        (("authorization", f"Bearer {TOKEN}x"),),
+    ],
 )
 def test_auth_raises_if_token_is_missing_or_wrong(make_actor: object, metadata: tuple) -> None:
     actor = make_actor(token=TOKEN)

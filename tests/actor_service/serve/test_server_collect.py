@@ -576,3 +576,17 @@ def test_collect_refuses_a_learner_of_a_protocol_revision_it_does_not_work_with(
         assert session.opened().worker_id == described.worker_id
         assert session.batch()[0].frames == 10
         session.cancel()
+
+
+def test_collect_a_fresh_open_under_a_live_sessions_learner_id_is_refused(actor: Actor) -> None:
+    """A second process under the same learner_id opening afresh (not resuming) is busy-refused:
+    only take_over ends a live session; the first keeps streaming."""
+    a = RawCollect.open(actor.stub, open_request(credits=1, learner_id="A"))
+    epoch = a.opened().epoch
+    fresh = RawCollect.open(
+        actor.stub, open_request(credits=1, learner_id="A", resume_epoch=epoch + 1)
+    )
+    assert fresh.error().code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    a.credit(1)
+    a.batch()
+    a.cancel()
