@@ -264,6 +264,12 @@ def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
             with pytest.raises(error):
                 collector.load_state_dict({**saved, "frames": 123_456, **override})
             assert (collector.policy_version, collector.stats()["frames"]) == before, override
+        with pytest.raises(WeightsError) as cut:
+            collector.load_state_dict({**saved, "workers": {0: saved["workers"][0][:-100]}})
+        assert "INVALID_ARGUMENT" not in str(cut.value)  # refused here, no actor was asked
+        partial = {k: v for k, v in saved.items() if k != "workers"}
+        with pytest.raises(ValueError, match=r"lacks keys \['workers'\]"):
+            collector.load_state_dict(partial)
         collector.load_state_dict(saved)  # the honest state still loads
         assert collector.next().numel() == 8
 

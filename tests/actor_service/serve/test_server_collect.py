@@ -246,6 +246,24 @@ def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor)
     stuck.cancel()
 
 
+def test_collect_take_over_waits_for_the_batch_in_collection(actor: Actor) -> None:
+    """A take-over while the first session's long batch is being collected: the new session
+    opens once that collection stops, and its first batch is its own, whole."""
+    first = RawCollect.open(actor.stub, open_request(frames_per_batch=100_000, credits=1))
+    first.opened()
+    time.sleep(0.5)  # the 100,000-frame batch is being collected
+    taker = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=1, take_over=True)
+    )
+    opened = taker.opened(timeout=20)
+    info, td = taker.batch(timeout=20)
+    assert info.seq >= opened.next_seq
+    assert td.batch_size == (2, 5)
+    end, _ = first.end()
+    assert end.reason == pb.END_REASON_TAKEN_OVER
+    taker.cancel()
+
+
 @pytest.mark.parametrize("seq", [5, 2**64 - 1])
 @pytest.mark.parametrize("acked_by", ["ack", "credit"])
 def test_collect_raises_if_ack_names_a_batch_never_produced(
