@@ -45,10 +45,11 @@ from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import Segment, SegmentMaps, ShmError
 from learner_client._batch_bounds import BatchBounds
+from learner_client._collect_wire import Chunk
 from learner_client._errors import SettingsRefusedError
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
-from learner_client._transport import Channel, Chunk, translate_errors
+from learner_client._transport import Channel, translate_errors
 
 __all__ = ["CollectStream", "EndEvent", "OpenStreams", "SessionInfo", "ShmBatchError"]
 

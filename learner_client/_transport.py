@@ -6,12 +6,9 @@ learner touches the generated stubs; it runs on the learner's single asyncio eve
 plain Python values, and ``grpc.RpcError`` becomes an :mod:`common.errors` exception, naming
 the actor's address, in one place. The bytes are handled here too, both ways: a weight
 push is wire-encoded once (each ``chunk`` straight from the blob) and sent unchanged to
-every target; a ``Collect`` response that is one plain chunk is read without copying its
-data (protobuf's parser would copy a 3 MiB chunk into a new ``bytes`` before the assembler
-copies it again): its ``data`` views gRPC's message bytes, and anything else is parsed by
-protobuf as before, so every message means what protobuf says (the tests compare both
-parsers on the same bytes). Link logic sees a channel only through :class:`Channel`, so
-tests drive a link over a fake.
+every target; ``Collect`` responses are read by :mod:`learner_client._collect_wire` (a
+plain chunk's data as a view of gRPC's message bytes). Link logic sees a channel only
+through :class:`Channel`, so tests drive a link over a fake.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol, overload
 
@@ -36,7 +34,7 @@ from common.errors import (
     one_line,
     tls_mismatch_hint,
 )
-from common.protowire import length_delimited, varint
+from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.shm import Segment
@@ -47,13 +45,13 @@ from common.weights import (
     iter_blob_chunks,
     sha256_hex,
 )
+from learner_client._collect_wire import parse_collect_response
 from learner_client._description import ActorDescription
 from learner_client._shm import ShmRefusedError
 
 __all__ = [
     "ActorChannel",
     "Channel",
-    "Chunk",
     "CollectCall",
     "PushMessages",
     "PushReply",
@@ -62,7 +60,6 @@ __all__ = [
     "connect_failure",
     "encode_chunk",
     "encode_header",
-    "parse_collect_response",
     "push_messages",
     "shm_control",
     "shm_messages",
@@ -297,8 +294,10 @@ def translate_errors(
     """Turn ``grpc.RpcError`` (sync or aio) into the matching rlfleet error naming ``peer``.
 
     ``first``: the call's first status, read where grpcio overwrote it; ``timeout``: the
-    call's deadline, named when it ran out (gRPC's own words may be "Stream removed").
+    call's deadline, named once it ran out (gRPC's words may be "Stream removed"; an
+    actor's own DEADLINE_EXCEEDED, sooner, says why itself).
     """
+    started = time.monotonic()
     try:
         yield
     except grpc.RpcError as exc:
@@ -306,7 +305,8 @@ def translate_errors(
             exc = first.corrected(exc)
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
+        ran_out = timeout is not None and time.monotonic() - started >= timeout - 0.05
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and ran_out:
             details = f"{details} (no answer within the call's deadline of {timeout:g} s)"
         raise from_status(code, details, peer=peer) from None
 
@@ -713,88 +713,3 @@ class ActorChannel:
     def start_collect(self, requests: AsyncIterator[pb.CollectRequest]) -> CollectCall:
         """Start a ``Collect`` call sending ``requests`` (see :class:`CollectStream`)."""
         return _KeptStatusCall(self._collect(requests, metadata=self._metadata))
-
-
-# ------------------------------------------------ Collect responses, read as views
-
-# CollectResponse.chunk: field 2, length-delimited.
-_COLLECT_CHUNK_TAG = 0x12
-# BatchChunk fields: number -> wire type (0 varint, 2 length-delimited).
-_CHUNK_FIELDS = {1: 0, 2: 0, 3: 0, 4: 2, 5: 2}
-_U32 = (1 << 32) - 1
-_U64 = (1 << 64) - 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    """A ``BatchChunk`` whose data views the received message (the fields of ``pb.BatchChunk``)."""
-
-    seq: int
-    index: int
-    count: int
-    data: memoryview
-    info: pb.BatchInfo | None
-    shm: pb.ShmSegment | None = None
-
-    @classmethod
-    def from_proto(cls, chunk: pb.BatchChunk) -> Chunk:
-        """The same chunk from a parsed message."""
-        info = chunk.info if chunk.HasField("info") else None
-        shm = chunk.shm if chunk.HasField("shm") else None
-        return cls(chunk.seq, chunk.index, chunk.count, memoryview(chunk.data), info, shm)
-
-
-def parse_collect_response(data: bytes) -> pb.CollectResponse | Chunk:
-    """The ``Collect`` response deserializer: a :class:`Chunk` for a plain chunk message.
-
-    Args:
-        data: One serialised ``CollectResponse``.
-
-    Returns:
-        A :class:`Chunk` viewing ``data``, or the message as protobuf parses it.
-
-    Raises:
-        google.protobuf.message.DecodeError: ``data`` is not a valid message.
-    """
-    body = length_delimited(data, _COLLECT_CHUNK_TAG)
-    chunk = None if body is None else _plain_chunk(body)
-    return chunk if chunk is not None else pb.CollectResponse.FromString(data)
-
-
-def _plain_chunk(view: memoryview) -> Chunk | None:
-    """The chunk if ``view`` (a chunk's body) holds only known, unrepeated fields; else None."""
-    numbers: dict[int, int] = {}
-    views: dict[int, memoryview] = {}
-    pos = 0
-    while pos < view.nbytes:
-        key, pos = _varint(view, pos)
-        if key is None or _CHUNK_FIELDS.get(key >> 3) != key & 7:
-            return None
-        field = key >> 3
-        value, pos = _varint(view, pos)
-        if value is None or field in numbers or field in views:
-            return None
-        if key & 7 == 2:
-            if pos + value > view.nbytes:
-                return None
-            views[field], pos = view[pos : pos + value], pos + value
-        else:
-            numbers[field] = value
-    seq, index, count = (numbers.get(n, 0) for n in (1, 2, 3))
-    if seq > _U64 or index > _U32 or count > _U32:
-        return None  # protobuf's own rules apply to out-of-range varints
-    raw_info = views.get(5)
-    info = None if raw_info is None else pb.BatchInfo.FromString(raw_info.tobytes())
-    return Chunk(seq, index, count, views.get(4, memoryview(b"")), info)
-
-
-def _varint(view: memoryview, pos: int) -> tuple[int | None, int]:
-    """The varint at ``pos`` and the position after it; None if truncated or over 10 bytes."""
-    value = shift = 0
-    for i in range(pos, min(pos + 10, view.nbytes)):
-        byte = view[i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i + 1
-        shift += 7
-    return None, pos

@@ -8,7 +8,7 @@ from google.protobuf.message import DecodeError
 from actor_service._serve._wire import encode_chunk
 from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from learner_client._transport import Chunk, parse_collect_response
+from learner_client._collect_wire import Chunk, parse_collect_response
 
 
 def _same(parsed, data: bytes) -> None:

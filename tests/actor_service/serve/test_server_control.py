@@ -19,9 +19,11 @@ from actor_service._core._state import decode_state, state_to_blob
 from actor_service._kinds.env.core import EnvCore
 from actor_service._serve import _servicer as servicer_module
 from actor_service._serve import _streams as streams_module
+from common.errors import DeadlineError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
+from learner_client._transport import translate_errors
 
 
 def _get_state(actor: Actor) -> bytes:
@@ -360,3 +362,15 @@ def test_collect_raises_if_open_does_not_arrive_in_time(
     error = RawCollect(actor.stub).error(timeout=10)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "Collect" in error.details()
+
+
+def test_an_actors_own_deadline_is_not_told_as_the_learners(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actor ends an idle client stream with DEADLINE_EXCEEDED of its own, long before
+    the learner's deadline: the learner's error says the actor's reason, not its deadline."""
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.2)
+    with pytest.raises(DeadlineError) as idle, translate_errors("actor", timeout=30):
+        raise RawCollect(actor.stub).error(timeout=10)
+    assert "no message for" in str(idle.value)
+    assert "deadline of 30 s" not in str(idle.value)
