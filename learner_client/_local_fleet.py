@@ -481,8 +481,8 @@ class LocalFleet:
                     for a in pending
                 )
                 raise DeadlineError(
-                    f"actors not ready {self.start_timeout:.1f}s after the last actor was "
-                    f"(start_timeout): {names}\n{tails}"
+                    f"no actor became ready for {self.start_timeout:.1f}s (start_timeout); "
+                    f"not ready: {names}\n{tails}"
                 )
             if pending:
                 time.sleep(_POLL_INTERVAL)

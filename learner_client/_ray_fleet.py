@@ -362,9 +362,11 @@ class RayFleet:
     Args:
         num_actors: Actors to place; worker ids ``0..num_actors-1`` unless ``worker_ids``.
         env, num_envs, policy, policy_kwargs, env_kwargs, env_factory, seed, kind, task,
-            task_kwargs, worker_ids, extra_args, start_timeout, grace_period: As for
-            :class:`LocalFleet` (worker ``i`` is seeded ``seed + i``; a Ray actor that Ray
-            restarted draws a fresh random seed, so that it does not replay its envs).
+            task_kwargs, worker_ids, extra_args, grace_period: As for :class:`LocalFleet`
+            (worker ``i`` is seeded ``seed + i``; a Ray actor that Ray restarted draws a
+            fresh random seed, so that it does not replay its envs).
+        start_timeout: Seconds for every actor to be placed and ready (the cluster's
+            nodes start theirs in parallel; ``LocalFleet``'s bounds a stall instead).
         ray_init_config: Keyword arguments of ``ray.init`` when Ray is not initialised in
             this process yet (``{"address": "auto"}`` attaches to a running cluster; none
             starts a local one, without its dashboard). An initialised Ray is reused.

@@ -199,11 +199,12 @@ def slow_cartpole(delay: float = 0.2) -> gymnasium.Env:
 _START_ORDER: list[int] = []  # this process's place among the actors counted in a file
 
 
-def staggered_cartpole(counter: str, step: float) -> gymnasium.Env:
+def staggered_cartpole(counter: str, step: float, hang_from: int = 2**31) -> gymnasium.Env:
     """CartPole built ``step`` seconds later per actor process started before this one.
 
     The processes sharing ``counter`` (a file) take places 0, 1, 2... in the order they
-    first build an env; the process at place ``k`` sleeps ``k * step`` that first time.
+    first build an env; the process at place ``k`` sleeps ``k * step`` that first time,
+    forever from place ``hang_from`` on.
     """
     if not _START_ORDER:
         fd = os.open(counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -213,6 +214,8 @@ def staggered_cartpole(counter: str, step: float) -> gymnasium.Env:
         finally:
             os.close(fd)
         _START_ORDER.append(place)
+        while place >= hang_from:
+            time.sleep(3600)
         time.sleep(place * step)
     return gymnasium.make("CartPole-v1")
 

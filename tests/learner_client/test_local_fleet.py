@@ -195,27 +195,26 @@ def test_local_fleet_takes_no_env_id_beside_an_env_factory_and_ids_without_a_ver
 
 
 def test_start_timeout_bounds_a_stall_not_a_fleet_whose_actors_keep_coming(monkeypatch, tmp_path):
-    """Actors ready one after another, 6 s apart, under start_timeout=10: the fleet starts
-    (a large fleet on a few cores takes longer than start_timeout in all); an actor that stays
-    pending start_timeout after the last one was ready is named in a DeadlineError."""
+    """Three actors, the second ready 6 s after the first, the third never, start_timeout=10:
+    the start goes on while actors become ready (a large fleet on a few cores takes longer
+    than start_timeout in all: the second used to be named too), and fails start_timeout
+    after the second, naming the third alone."""
     monkeypatch.setenv("PYTHONPATH", ACTOR_ENV["PYTHONPATH"])
-    factory = "rlfleet_test_envs:staggered_cartpole"
-
-    def fleet(counter: str, step: float, start_timeout: float) -> LocalFleet:
-        kwargs = {"counter": str(tmp_path / counter), "step": step}
-        return LocalFleet(
-            3 if step < 100 else 2, None, num_envs=1, env_factory=factory, env_kwargs=kwargs,
-            start_timeout=start_timeout, grace_period=0,
-        )  # fmt: skip
-
+    counter = str(tmp_path / "counter")
+    fleet = LocalFleet(
+        3, None, num_envs=1, env_factory="rlfleet_test_envs:staggered_cartpole",
+        env_kwargs={"counter": counter, "step": 6.0, "hang_from": 2},
+        start_timeout=10, grace_period=0,
+    )  # fmt: skip
     started = time.monotonic()
-    with fleet("staggered", 6.0, 10.0) as staggered:
-        assert len(staggered.addresses) == 3
-    assert time.monotonic() - started > 12  # longer than start_timeout in all
-    hung = fleet("hung", 1000.0, 3.0)
-    with pytest.raises(DeadlineError, match=r"3\.0s after the last actor was") as stall:
-        hung.start()
-    assert len(re.findall(r"worker_id=\d+", str(stall.value).splitlines()[0])) == 1
+    with pytest.raises(DeadlineError, match=r"no actor became ready for 10\.0s") as stall:
+        fleet.start()
+    assert time.monotonic() - started > 16  # 6 s to the second's ready, then 10 s without
+    hung = re.findall(r"worker_id=(\d+)", str(stall.value).splitlines()[0])
+    assert len(hung) == 1
+    assert pathlib.Path(counter).stat().st_size == 3  # each of the three built its env once
+    leftover = subprocess.run(["pgrep", "-f", counter], capture_output=True, text=True)
+    assert leftover.stdout == ""  # every actor of the failed start was stopped
 
 
 def test_an_actor_that_fails_to_start_is_reported_by_its_error_line_first():
