@@ -181,7 +181,7 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
                 TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
             ]
             dist_keys, dist_class = ["logits"], OneHotCategorical
-        elif isinstance(action_space, gymnasium.spaces.Box) and len(batch_shape(action_space)) == 1:
+        elif _float_box(action_space) and len(batch_shape(action_space)) == 1:
             dim = batch_shape(action_space)[0]  # a scalar Box acts as (1,)
             net = _mlp(observation_space, dim, hidden, activation)
             modules = [
@@ -191,8 +191,9 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
             dist_keys, dist_class = ["loc", "scale"], IndependentNormal
         else:
             raise ValueError(
-                "the 'mlp' policy supports Discrete and 1-D (or scalar) Box action spaces, "
-                f"got {action_space!r}"
+                "the 'mlp' policy supports Discrete and 1-D (or scalar) float Box action "
+                f"spaces, got {action_space!r} (its Gaussian samples are not integers or "
+                "bools: use policy 'random' or a policy of your own)"
             )
         head = ProbabilisticTensorDictModule(
             in_keys=dist_keys,
@@ -250,11 +251,17 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
         return action, {"loc": loc, "scale": scale, "action_log_prob": log_prob}
 
 
+def _float_box(space: gymnasium.Space[Any]) -> bool:
+    """Whether ``space`` is a Box of a floating dtype."""
+    return isinstance(space, gymnasium.spaces.Box) and np.issubdtype(space.dtype, np.floating)
+
+
 class RandomPolicy(TensorDictModuleBase):
     """Uniform actions from the action space, drawn with torch's RNG; no parameters.
 
-    Discrete → one-hot ``int64``; bounded Box dims → uniform in ``[low, high]``, unbounded
-    dims → a standard normal clipped to any finite bound; MultiDiscrete → ``int64``
+    Discrete → one-hot ``int64``; float Box dims bounded on both sides → uniform in
+    ``[low, high]``, other dims → a standard normal clipped to any finite bound; integer Box
+    → uniform integers in ``[low, high]``; bool Box → fair bits; MultiDiscrete → ``int64``
     indices; MultiBinary → ``int8`` bits.
 
     Args:
@@ -273,9 +280,8 @@ class RandomPolicy(TensorDictModuleBase):
         if isinstance(action_space, gymnasium.spaces.Box):
             self._low = torch.as_tensor(action_space.low, dtype=torch.float64)
             self._high = torch.as_tensor(action_space.high, dtype=torch.float64)
-            self._bounded = bool(
-                torch.isfinite(self._low).all() and torch.isfinite(self._high).all()
-            )
+            self._finite = torch.isfinite(self._low) & torch.isfinite(self._high)
+            self._bounded = bool(self._finite.all())
             self._dtype = torch_dtype(action_space.dtype)
         elif isinstance(action_space, gymnasium.spaces.MultiDiscrete):
             self._nvec = torch.as_tensor(action_space.nvec, dtype=torch.float64)
@@ -295,10 +301,19 @@ class RandomPolicy(TensorDictModuleBase):
         if isinstance(space, gymnasium.spaces.MultiDiscrete):
             return (torch.rand((batch, *self._nvec.shape), dtype=torch.float64) * self._nvec).long()
         shape = (batch, *batch_shape(space))
+        if self._dtype == torch.bool:
+            return torch.randint(2, shape, dtype=torch.bool)
+        if not self._dtype.is_floating_point:  # each integer of [low, high] alike
+            span = (self._high - self._low + 1) * torch.rand(shape, dtype=torch.float64)
+            return (self._low + span.floor()).clamp(max=self._high).to(self._dtype)
         if self._bounded:
             u = torch.rand(shape, dtype=torch.float64)
             return (self._low + u * (self._high - self._low)).to(self._dtype)
-        return torch.randn(shape, dtype=torch.float64).clamp(self._low, self._high).to(self._dtype)
+        normal = torch.randn(shape, dtype=torch.float64).clamp(self._low, self._high)
+        if not self._finite.any():
+            return normal.to(self._dtype)
+        uniform = self._low + torch.rand(shape, dtype=torch.float64) * (self._high - self._low)
+        return torch.where(self._finite, uniform, normal).to(self._dtype)
 
     def act_compact(
         self, observation: torch.Tensor

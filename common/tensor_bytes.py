@@ -15,6 +15,8 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     (``scalar.expand(1)`` has stride 0), which no byte view can take.
     """
     flat = tensor.reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:
+    if not flat.numel():  # an empty tensor's stride may be anything (0 after an expand)
+        return torch.empty(0, dtype=torch.uint8)
+    if flat.stride(0) != 1:
         flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
     return flat.view(torch.uint8)

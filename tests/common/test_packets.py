@@ -124,6 +124,16 @@ def test_encode_packet_borrows_contiguous_tensors_without_copying() -> None:
     assert decode_packet(packet.tobytes())["obs"].eq(1.0).all()
 
 
+def test_encode_packet_takes_empty_entries_of_any_stride() -> None:
+    """An env's Box(0, 1, (0,)) observation, expanded by a transform, has stride 0: its
+    byte view raised ("stride(-1) must be 1"), and a TorchRL actor died at start."""
+    expanded = torch.zeros((), dtype=torch.float32).expand(0)
+    assert expanded.stride() == (0,)
+    decoded = decode_packet(encode_packet(TensorDict({"obs": expanded}, [])).tobytes())
+    assert decoded["obs"].shape == (0,)
+    assert decoded["obs"].dtype == torch.float32
+
+
 def test_decode_packet_views_a_bytearray_and_copies_bytes() -> None:
     packet = encode_packet(TensorDict({"x": torch.zeros(4, dtype=torch.int32)}, [4])).tobytes()
     mutable = bytearray(packet)

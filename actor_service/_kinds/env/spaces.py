@@ -43,12 +43,30 @@ def check_space(space: gymnasium.Space, role: str) -> None:
         return
     parts = getattr(space, "spaces", None)  # Dict and Tuple: name the kind, not every part
     shown = f"{type(space).__name__} of {len(parts)} spaces" if parts is not None else repr(space)
-    flatten = "wrap the env in gymnasium's FlattenObservation, or " if role == "observation" else ""
+    fixes = []
+    if role == "observation" and _flattens_to_box(space):
+        fixes.append("wrap the env in gymnasium's FlattenObservation")
+    if not isinstance(space, gymnasium.spaces.Sequence | gymnasium.spaces.Graph):
+        fixes.append(
+            'host it as a TorchRL env (--kind torchrl, LocalFleet(kind="torchrl"), an env '
+            "factory returning e.g. GymWrapper(env))"
+        )
+    fix = " or ".join(fixes) or (
+        "turn it into one of those in a wrapper of your own (neither gymnasium's "
+        "FlattenObservation nor TorchRL's GymWrapper takes it)"
+    )
     raise ValueError(
         f"{role} space {shown:.300} is not supported by a gymnasium actor (Box, Discrete, "
-        f"MultiDiscrete or MultiBinary): {flatten}host it as a TorchRL env (--kind torchrl, "
-        'LocalFleet(kind="torchrl"), an env factory returning e.g. GymWrapper(env))'
+        f"MultiDiscrete or MultiBinary): {fix}"
     )
+
+
+def _flattens_to_box(space: gymnasium.Space) -> bool:
+    """Whether gymnasium's ``FlattenObservation`` turns ``space`` into a Box."""
+    try:
+        return isinstance(gymnasium.spaces.flatten_space(space), gymnasium.spaces.Box)
+    except (NotImplementedError, TypeError, ValueError):
+        return False
 
 
 class ObservationCodec:
@@ -135,6 +153,12 @@ class ActionCodec:
             self._bound = torch.full(self.compact_shape, 2, dtype=torch.int64)
         self._np_dtype = np.dtype(space.dtype)
         self._scalar = isinstance(space, gymnasium.spaces.Box) and not space.shape
+        # An integer or bool Box's bounds: a float action is clipped before its cast (a cast
+        # first would wrap -1 to 255 for uint8, which the clip for the env then kept).
+        self._cast_bounds: tuple[torch.Tensor, torch.Tensor] | None = None
+        if isinstance(space, gymnasium.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+            low, high = (torch.as_tensor(b.astype(np.float64)) for b in (space.low, space.high))
+            self._cast_bounds = (low.reshape(self.compact_shape), high.reshape(self.compact_shape))
 
     def to_batch(self, compact: torch.Tensor) -> torch.Tensor:
         """Compact actions ``[..., *compact_shape]`` → batch form (Discrete: one-hot ``int64``)."""
@@ -187,6 +211,9 @@ class ActionCodec:
                 f"the policy returned {action.dtype} actions that are not whole numbers "
                 f"for {self.space}; its actions are integers"
             )
+        if self._cast_bounds is not None and action.is_floating_point():
+            low, high = (b.to(action.device) for b in self._cast_bounds)
+            action = action.double().clamp(low, high)
         compact = action.to(self.compact_dtype)
         if compact.device.type == "cpu":
             self.check_range(compact)

@@ -309,6 +309,56 @@ def test_action_codec_batches_a_scalar_box_as_one_element_and_steps_the_env_with
     assert policy.sample_compact(3).shape == (3, 1)
 
 
+def test_action_codec_clips_a_float_action_before_casting_it_to_an_integer_box() -> None:
+    """A cast first wrapped -1.28 to 255 for a uint8 Box (the env and the batch got 255)."""
+    codec = ActionCodec(gymnasium.spaces.Box(0, 255, (3,), np.uint8))
+    compact = codec.from_policy(torch.tensor([[-1.28, -2.09, 300.0]]), 1)
+    assert compact.tolist() == [[0, 0, 255]]
+    assert codec.to_env(compact).tolist() == [[0, 0, 255]]
+    flags = ActionCodec(gymnasium.spaces.Box(0, 1, (2,), bool))
+    assert flags.from_policy(torch.tensor([[0.0, 3.0]]), 1).tolist() == [[False, True]]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, bool])
+def test_mlp_policy_refuses_integer_and_bool_box_actions(dtype: type) -> None:
+    """Its Gaussian samples are floats: cast, their stored log-probs were of other actions."""
+    space = gymnasium.spaces.Box(0, 1, (3,), dtype)
+    with pytest.raises(ValueError, match=r"float Box action spaces.*policy 'random'"):
+        make_policy("mlp", CARTPOLE.observation_space, space)
+
+
+def test_random_policy_draws_integer_and_bool_boxes_uniformly() -> None:
+    """Every integer of [low, high] alike, both ends included (truncating a uniform float
+    never drew high and drew 0 twice as often), and fair bools (every one was True)."""
+    torch.manual_seed(0)
+    for low, high, dtype in ((-5, 5, np.int32), (0, 255, np.uint8)):
+        space = gymnasium.spaces.Box(low, high, (100_000,), dtype)
+        drawn = make_policy("random", CARTPOLE.observation_space, space).sample_compact(4)
+        counts = torch.bincount(drawn.long().flatten() - low, minlength=high - low + 1)
+        assert len(counts) == high - low + 1  # nothing outside [low, high]
+        expected = drawn.numel() / (high - low + 1)
+        assert counts.min() > 0.85 * expected
+        assert counts.max() < 1.15 * expected
+    bools = gymnasium.spaces.Box(0, 1, (100_000,), bool)
+    bits = make_policy("random", CARTPOLE.observation_space, bools).sample_compact(1)
+    assert bits.dtype == torch.bool
+    assert 0.48 < bits.float().mean() < 0.52
+
+
+def test_random_policy_draws_each_bounded_dim_of_a_partly_bounded_box_uniformly() -> None:
+    """A Box bounded in one dim and not in others: the bounded dim is uniform (it was a
+    clipped normal, 32% of draws at its bounds)."""
+    torch.manual_seed(0)
+    space = gymnasium.spaces.Box(
+        np.array([0.0, -np.inf, -1.0], np.float32), np.array([np.inf, 0.0, 1.0], np.float32)
+    )
+    drawn = make_policy("random", CARTPOLE.observation_space, space).sample_compact(50_000)
+    assert bool((drawn[:, 0] >= 0).all() and (drawn[:, 1] <= 0).all())
+    assert (drawn[:, 2].abs() > 0.999).float().mean() < 0.01
+    assert abs(drawn[:, 2].mean()) < 0.02
+    assert abs(drawn[:, 2].var() - 1 / 3) < 0.02
+
+
 def test_action_codec_offsets_discrete_start_for_the_env() -> None:
     codec = ActionCodec(gymnasium.spaces.Discrete(3, start=-1))
     assert codec.to_env(torch.tensor([0, 2])).tolist() == [-1, 1]

@@ -6,6 +6,7 @@ import pathlib
 import time
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
@@ -14,6 +15,7 @@ from helpers import process_gone
 from actor_service._config import ActorConfig, section_of
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
+from actor_service._kinds.env.spaces import check_space
 from actor_service._serve._collect import env_failure
 from common.errors import MAX_ENV_MESSAGE, EnvError
 
@@ -129,6 +131,21 @@ def _config(fields: dict[str, Any]) -> ActorConfig:
 def test_make_env_pool_raises_if_misconfigured(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_env_pool(_config({"num_envs": 1, **overrides}))
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gymnasium.spaces.Sequence(gymnasium.spaces.Discrete(3)),
+        gymnasium.spaces.Graph(gymnasium.spaces.Box(0, 1, (2,)), None),
+    ],
+)
+def test_a_space_no_wrapper_takes_is_refused_without_naming_wrappers_that_fail(space) -> None:
+    """Sequence and Graph: FlattenObservation keeps them what they are and TorchRL's
+    GymWrapper refuses them; the message named both as fixes."""
+    with pytest.raises(ValueError, match="a wrapper of your own") as refused:
+        check_space(space, "observation")
+    assert "--kind torchrl" not in str(refused.value)
 
 
 def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
