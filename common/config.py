@@ -366,23 +366,59 @@ def check_no_env_settings(values: dict[str, Any]) -> None:
         )
 
 
+#: A host name or IPv4 address (dot-separated labels), or a bracketed IPv6 address.
+_HOST = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]"
+#: The longest host name DNS has (an address gRPC dials by it is no longer).
+_MAX_HOST = 253
+
+
 def check_actor_address(address: str) -> str:
-    """Return ``address`` if it is ``host:port`` with a port in 1..65535.
+    """Return ``address`` if it is ``host:port`` gRPC can dial.
+
+    The host: a host name, an IPv4 address or a bracketed IPv6 one (``ipv4:``/``ipv6:``
+    before it allowed, as gRPC reads them); the port in 1..65535.
 
     Raises:
-        ValueError: Naming the address (gRPC would dial a larger port modulo 65536, and
-            a host alone on port 443).
+        ValueError: Naming the address and the fix (gRPC would dial a larger port modulo
+            65536, a host alone on port 443, and fail any other host after connect_timeout).
     """
     host, sep, port = address.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()):
-        raise ValueError(f"actor address must be 'host:port', got {address!r}")
+        raise ValueError(f"actor address must be 'host:port', got {address!r:.100}")
     if not 0 < int(port) <= 65535:
-        raise ValueError(f"actor address {address!r}: the port must be in 1..65535")
+        raise ValueError(f"actor address {address!r:.100}: the port must be in 1..65535")
+    bare = _without_scheme(host).lstrip("/")
+    if len(bare) > _MAX_HOST or not re.fullmatch(_HOST, bare):
+        raise ValueError(
+            f"actor address {address!r:.100}: the host must be a host name, an IPv4 address "
+            f"or a bracketed IPv6 address{_host_hint(bare)}"
+        )
     return address
 
 
+def _host_hint(host: str) -> str:
+    """What a host an actor address cannot have looks like it was meant to be."""
+    if "," in host:
+        return " (one address per entry of the list)"
+    if host.lower().startswith(("unix:", "unix-abstract:", "vsock:")):
+        return " (actors listen on TCP only)"
+    if "/" in host or host.lower().startswith(("http:", "https:")):
+        return " (an address, not a URL: 'host:port')"
+    if ":" in host and not host.startswith("["):
+        return f" ('[{host}]:port' for an IPv6 address)"
+    if not host.isascii():
+        return " (a name in its ASCII, xn-- form)"
+    return ""
+
+
+def _without_scheme(host: str) -> str:
+    """``host`` without the ``ipv4:``/``ipv6:`` gRPC reads before an address."""
+    return host[5:] if host[:5].lower() in ("ipv4:", "ipv6:") else host
+
+
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address to bind or dial, ``[...]`` allowed) is this machine only."""
+    """Whether ``host`` (to bind or dial; ``[...]``, ``ipv4:``, ``ipv6:`` too) is this machine."""
+    host = _without_scheme(host).lstrip("/")
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -483,7 +519,7 @@ RELAY_TICKET_BYTES = (16, 64)
 #: Names gRPC reads as a resolver scheme before a colon; never a relay's host.
 _GRPC_SCHEMES = frozenset({"dns", "unix", "unix-abstract", "vsock", "ipv4", "ipv6", "xds"})
 #: A host name or IPv4 address (dot-separated labels), or a bracketed IPv6 address; a port.
-_RELAY_ADDRESS = re.compile(r"(?:[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
+_RELAY_ADDRESS = re.compile(rf"(?:{_HOST}):(\d{{1,5}})")
 
 
 def is_relay_address(address: str) -> bool:

@@ -58,13 +58,13 @@ Resolver = Callable[[str, int], Iterable[str]]
 
 # dns:[//authority/]host[:port]; host may be a bracketed IPv6 literal.
 _TARGET_RE = re.compile(
-    r"^dns:(?://(?P<authority>[^/]*)/)?(?P<host>\[[0-9A-Fa-f:.%\w]+\]|[^\s:/\[\]]+)(?::(?P<port>\d+))?$"
+    r"^(?i:dns):(?://(?P<authority>[^/]*)/)?(?P<host>\[[0-9A-Fa-f:.%\w]+\]|[^\s:/\[\]]+)(?::(?P<port>\d+))?$"
 )
 
 
 def is_dns_target(target: str) -> bool:
     """Whether ``target`` uses the ``dns:`` scheme (and so names a fleet, not one actor)."""
-    return isinstance(target, str) and target.strip().startswith("dns:")
+    return isinstance(target, str) and target.strip()[:4].lower() == "dns:"
 
 
 def parse_dns_target(target: str) -> tuple[str, int]:

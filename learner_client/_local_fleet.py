@@ -530,7 +530,7 @@ class LocalFleet:
             )
 
     def _address(self, actor: _Actor) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = "127.0.0.1" if self.host == "0.0.0.0" else self.host.strip("[]")
         host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
         return f"{host}:{actor.port}"
 
@@ -652,9 +652,11 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> i
 
 
 def _check_host(host: object) -> None:
-    """``host`` is an address to bind, as a string (``"127.0.0.1"``, ``"::1"``)."""
-    if not isinstance(host, str) or not host:
+    """``host`` is an address to bind, as a string (``"127.0.0.1"``, ``"::1"``, ``"[::1]"``)."""
+    if not isinstance(host, str):
         raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
+    if not host or host != host.strip() or not host.isprintable():
+        raise ValueError(f"host must be an address to bind (no spaces), got {host!r:.80}")
 
 
 def _check_seconds(name: str, value: object, *, zero: bool, forever: bool) -> None:

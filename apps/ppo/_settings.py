@@ -159,7 +159,7 @@ class TrainSettings:
                 f"frames_per_batch ({self.frames_per_batch})"
             )
         for address in self.actors:
-            if not address.startswith("dns:"):  # a fleet's name, resolved when it starts
+            if address[:4].lower() != "dns:":  # a fleet's name, resolved when it starts
                 check_actor_address(address)
         if len(set(self.actors)) < len(self.actors):
             raise ValueError(f"an actor address is listed twice in {','.join(self.actors)}")

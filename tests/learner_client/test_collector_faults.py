@@ -463,7 +463,8 @@ def test_a_token_on_a_plaintext_channel_off_loopback_is_warned_once(caplog) -> N
     warns once per address, naming the fix and not the token (192.0.2.1 is TEST-NET-1:
     nothing answers there); to a loopback address it does not."""
     caplog.set_level(logging.WARNING, "learner_client")
-    for address in ["192.0.2.1:50051", "192.0.2.1:50051", "127.0.0.1:9"]:
+    loopback = ["127.0.0.1:9", "ipv4:127.0.0.1:9", "ipv6:[::1]:9"]  # the last two were warned
+    for address in ["192.0.2.1:50051", "192.0.2.1:50051", *loopback]:
         with pytest.raises(ActorUnavailableError):
             GrpcCollector([address], frames_per_batch=4, token=TOKEN, connect_timeout=0.5)
     warned = [r.getMessage() for r in caplog.records if "in the clear" in r.getMessage()]

@@ -69,6 +69,7 @@ class FakeResolver:
         ("  dns:///actor:1  ", ("actor", 1)),
         ("dns:///[::1]:9", ("::1", 9)),
         ("dns:///10.0.0.7:9", ("10.0.0.7", 9)),
+        ("DNS:///actor:9", ("actor", 9)),  # gRPC's schemes are case-blind: was one channel
     ],
 )
 def test_parse_dns_target_accepts_grpc_forms(target: str, expected: tuple[str, int]) -> None:
@@ -98,6 +99,32 @@ def test_parse_dns_target_raises_if_malformed(target: str) -> None:
 def test_is_dns_target_is_false_for_plain_addresses() -> None:
     assert not is_dns_target("10.0.0.1:50051")
     assert not is_dns_target("[::1]:50051")
+
+
+@pytest.mark.parametrize(
+    ("address", "hint"),
+    [
+        ("::1:50051", r"'\[::1\]:port' for an IPv6 address"),
+        ("http://127.0.0.1:50051", "not a URL"),
+        ("127.0.0.1:1,[::1]:50051", "one address per entry"),
+        ("unix:/run/actor.sock:1", "TCP only"),
+        ("h\u00e9t\u00e9:50051", "xn-- form"),
+        ("127.0.0.1 :50051", "a bracketed IPv6 address$"),
+        ("a" * 254 + ":50051", "a bracketed IPv6 address$"),
+    ],
+)
+def test_an_address_grpc_cannot_dial_is_refused_at_once_naming_the_fix(
+    address: str, hint: str
+) -> None:
+    """gRPC took each, then failed after connect_timeout with "Misformatted domain name"."""
+    with pytest.raises(ValueError, match=hint):
+        resolve_actors([address])
+
+
+def test_every_form_grpc_dials_is_an_actor_address() -> None:
+    forms = ["10.0.0.1:1", "[::1]:2", "ipv4:127.0.0.1:3", "ipv6:[::1]:4", "ipv6:///[::1]:5"]
+    forms += ["actor-0.actors.ns.svc.cluster.local:50051", "a" * 253 + ":6"]
+    assert resolve_actors(forms) == forms
 
 
 # ------------------------------------------------------------ resolve_actors

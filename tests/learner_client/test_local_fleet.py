@@ -217,6 +217,19 @@ def test_start_timeout_bounds_a_stall_not_a_fleet_whose_actors_keep_coming(monke
     assert leftover.stdout == ""  # every actor of the failed start was stopped
 
 
+def test_a_fleet_on_a_bracketed_ipv6_host_gives_addresses_a_collector_dials():
+    """``host="[::1]"`` (the collector's own form) gave ``[[::1]]:port``: nothing dialled it."""
+    with (
+        LocalFleet(1, num_envs=1, host="[::1]", grace_period=1.0) as fleet,
+        GrpcCollector(fleet, frames_per_batch=4) as collector,
+    ):
+        assert fleet.addresses[0].startswith("[::1]:")
+        assert collector.next().numel() == 4
+    for host in ("", " ", "::1 "):
+        with pytest.raises(ValueError, match="no spaces"):
+            LocalFleet(1, host=host)
+
+
 def test_an_actor_that_fails_to_start_is_reported_by_its_error_line_first():
     with pytest.raises(ActorUnavailableError) as failure:
         LocalFleet(1, "CartPole-v9", num_envs=2).start()
