@@ -26,7 +26,7 @@ from typing import TextIO
 
 import grpc
 
-from apps.status._status import ActorStatus, Probe, format_table, with_rates
+from apps.status._status import ActorStatus, Probe, format_table, shared_worker_ids, with_rates
 from common.errors import ActorUnavailableError
 from learner_client import resolve_actors
 
@@ -165,7 +165,8 @@ def status(args: argparse.Namespace, out: TextIO) -> int:
         current = with_rates(probe.round(addresses), previous)
         _show(current, args, out)
         rounds += 1
-        code = 0 if current and all(s.serving for s in current) else 1
+        fleet_ok = current and not shared_worker_ids(current)  # a learner refuses a shared id
+        code = 0 if fleet_ok and all(s.serving for s in current) else 1
         if not args.watch or (args.count is not None and rounds >= args.count):
             return code
         previous = current

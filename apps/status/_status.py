@@ -24,7 +24,7 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import ActorDescription
 
-__all__ = ["ActorStatus", "Probe", "format_table", "with_rates"]
+__all__ = ["ActorStatus", "Probe", "format_table", "shared_worker_ids", "with_rates"]
 
 _SERVING = "SERVING"
 _MAX_PARALLEL = 32
@@ -196,7 +196,21 @@ def format_table(statuses: Sequence[ActorStatus]) -> str:
     total = sum(s.frames_per_second or 0.0 for s in statuses)
     lines.append(f"{serving}/{len(statuses)} serving, {total:,.0f} frames/s")
     lines.extend(f"{s.address}: {s.error}" for s in statuses if s.error)
+    lines.extend(
+        f"worker_id {w} answers at {', '.join(addresses)}: one actor under several addresses, "
+        "or actors sharing a worker_id (a learner refuses this fleet)"
+        for w, addresses in shared_worker_ids(statuses).items()
+    )
     return "\n".join(line.rstrip() for line in lines)
+
+
+def shared_worker_ids(statuses: Sequence[ActorStatus]) -> dict[int, list[str]]:
+    """The worker_ids more than one address answered with, and those addresses."""
+    by_id: dict[int, list[str]] = {}
+    for s in statuses:
+        if s.worker_id is not None:
+            by_id.setdefault(s.worker_id, []).append(s.address)
+    return {w: addresses for w, addresses in sorted(by_id.items()) if len(addresses) > 1}
 
 
 def _row(s: ActorStatus) -> tuple[str, ...]:

@@ -158,6 +158,17 @@ def test_status_exits_1_and_shows_a_killed_actor_not_serving(fleet: list[ActorPr
 
 
 @pytest.mark.slow
+def test_status_exits_1_when_one_actor_answers_at_two_addresses(
+    fleet: list[ActorProcess],
+) -> None:
+    """127.0.0.1 and localhost reach the same actor: it was counted twice, "2/2 serving", exit
+    0, for a fleet every learner refuses (worker_ids must be unique)."""
+    port = fleet[0].address.rpartition(":")[2]
+    result = rlfleet("status", fleet[0].address, f"localhost:{port}", "--interval", "0.2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"answers at {fleet[0].address}, localhost:{port}" in result.stdout
+
+
 def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
     result = rlfleet(
         "status", fleet[0].address, "--watch", "--count", "3", "--interval", "0.2", "--json"
