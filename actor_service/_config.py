@@ -32,6 +32,7 @@ from common.config import (
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_WORKER_ID,
+    check_bind_host,
     check_model_id,
     check_token,
 )
@@ -286,6 +287,7 @@ class ActorConfig:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.seed is not None and not _int_within(self.seed, 0, MAX_SEED):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
+        check_bind_host(self.host)
         if self.token:  # "" disables auth; a learner must be able to send any other
             check_token(self.token)
         self._check_durations()

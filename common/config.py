@@ -9,6 +9,7 @@ healthy streams die, so both sides take them from here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import ipaddress
@@ -366,8 +367,10 @@ def check_no_env_settings(values: dict[str, Any]) -> None:
         )
 
 
-#: A host name or IPv4 address (dot-separated labels), or a bracketed IPv6 address.
-_HOST = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]"
+#: A host name or IPv4 address: dot-separated labels.
+_HOST_NAME = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*"
+#: A host name or IPv4 address, or a bracketed IPv6 address.
+_HOST = _HOST_NAME + r"|\[[0-9A-Fa-f:.]+\]"
 #: The longest host name DNS has (an address gRPC dials by it is no longer).
 _MAX_HOST = 253
 
@@ -394,6 +397,27 @@ def check_actor_address(address: str) -> str:
             f"or a bracketed IPv6 address{_host_hint(bare)}"
         )
     return address
+
+
+def check_bind_host(host: object) -> str:
+    """Return ``host`` if an actor can bind it: an IP address (IPv6 bracketed or not) or a name.
+
+    Raises:
+        TypeError: Not a string.
+        ValueError: Anything else (spaces, a path, a URL), naming it.
+    """
+    if not isinstance(host, str):
+        raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(bare)
+        return host
+    if len(bare) <= _MAX_HOST and re.fullmatch(_HOST_NAME, bare):
+        return host
+    raise ValueError(
+        f"host must be an address of this machine to bind (an IP address or a host name; "
+        f"actors listen on TCP), got {host!r:.80}"
+    )
 
 
 def _host_hint(host: str) -> str:

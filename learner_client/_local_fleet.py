@@ -33,6 +33,7 @@ from common.config import (
     MAX_WORKER_ID,
     as_int,
     as_real,
+    check_bind_host,
     check_token,
     positive_timeout,
 )
@@ -252,7 +253,7 @@ class LocalFleet:
                 "module goes to GrpcCollector(policy=...), which pushes its weights"
             )
         policy = policy or _DEFAULT_POLICY[kind]
-        _check_host(host)
+        check_bind_host(host)
         self.num_actors = num_actors
         self.host = host
         self.start_timeout = float(start_timeout)
@@ -649,14 +650,6 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> i
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an int {bounds}, got {value!r}")
     return number
-
-
-def _check_host(host: object) -> None:
-    """``host`` is an address to bind, as a string (``"127.0.0.1"``, ``"::1"``, ``"[::1]"``)."""
-    if not isinstance(host, str):
-        raise TypeError(f"host must be the address to bind as a string, got {host!r:.80}")
-    if not host or host != host.strip() or not host.isprintable():
-        raise ValueError(f"host must be an address to bind (no spaces), got {host!r:.80}")
 
 
 def _check_seconds(name: str, value: object, *, zero: bool, forever: bool) -> None:

@@ -17,7 +17,7 @@ forward the blob its receive buffer still holds; the learner's link carries head
 
 What goes direct: actors on this host (shared memory), a blob under
 :data:`MIN_RELAY_BYTES` (a few round trips, which a chain would add per actor), a push to
-one actor, actors known by other than ``host:port`` (a ``unix:`` socket), and TLS fleets
+one actor, actors known by other than a plain ``host:port`` (``ipv4:``, ``ipv6:``), and TLS fleets
 (actors hold a server identity, not credentials for each other).
 """
 

@@ -226,7 +226,7 @@ def test_a_fleet_on_a_bracketed_ipv6_host_gives_addresses_a_collector_dials():
         assert fleet.addresses[0].startswith("[::1]:")
         assert collector.next().numel() == 4
     for host in ("", " ", "::1 "):
-        with pytest.raises(ValueError, match="no spaces"):
+        with pytest.raises(ValueError, match="an IP address or a host name"):
             LocalFleet(1, host=host)
 
 

@@ -216,6 +216,9 @@ def test_cli_worker_id_defaults_to_hostname_ordinal() -> None:
         ([], {"RLFLEET_TOKEN": "t" * 4097}, "token must be at most 4096 characters"),
         (["--model", ".critic=mlp"], {}, "--model"),
         (["--policy", "pkg.mod:"], {}, "--policy"),
+        # It bound nothing and blamed a port in use ("cannot bind [unix:/x.sock]:..."), exit 1.
+        (["--host", "unix:/tmp/x.sock"], {}, "actors listen on TCP"),
+        (["--host", "::1:50051"], {}, "--host"),
     ],
 )
 def test_cli_raises_if_a_value_is_bad(
