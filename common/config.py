@@ -369,8 +369,11 @@ def check_no_env_settings(values: dict[str, Any]) -> None:
 
 #: A host name or IPv4 address: dot-separated labels.
 _HOST_NAME = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*"
-#: A host name or IPv4 address, or a bracketed IPv6 address.
+#: A host name or IPv4 address, or a bracketed IPv6 address (a relay's target).
 _HOST = _HOST_NAME + r"|\[[0-9A-Fa-f:.]+\]"
+#: An actor's host as gRPC dials it: also a name's trailing dot (no search domains) and an
+#: IPv6 address's zone (``[fe80::1%eth0]``, which getaddrinfo gives for a link-local name).
+_DIALED_HOST = _HOST_NAME + r"\.?|\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]"
 #: The longest host name DNS has (an address gRPC dials by it is no longer).
 _MAX_HOST = 253
 
@@ -391,7 +394,7 @@ def check_actor_address(address: str) -> str:
     if not 0 < int(port) <= 65535:
         raise ValueError(f"actor address {address!r:.100}: the port must be in 1..65535")
     bare = _without_scheme(host).lstrip("/")
-    if len(bare) > _MAX_HOST or not re.fullmatch(_HOST, bare):
+    if len(bare) > _MAX_HOST or not re.fullmatch(_DIALED_HOST, bare):
         raise ValueError(
             f"actor address {address!r:.100}: the host must be a host name, an IPv4 address "
             f"or a bracketed IPv6 address{_host_hint(bare)}"
@@ -412,7 +415,7 @@ def check_bind_host(host: object) -> str:
     with contextlib.suppress(ValueError):
         ipaddress.ip_address(bare)
         return host
-    if len(bare) <= _MAX_HOST and re.fullmatch(_HOST_NAME, bare):
+    if len(bare) <= _MAX_HOST and re.fullmatch(_HOST_NAME + r"\.?", bare):
         return host
     raise ValueError(
         f"host must be an address of this machine to bind (an IP address or a host name; "

@@ -157,7 +157,6 @@ def test_status_exits_1_and_shows_a_killed_actor_not_serving(fleet: list[ActorPr
     assert "1/2 serving" in table.stdout
 
 
-@pytest.mark.slow
 def test_status_exits_1_when_one_actor_answers_at_two_addresses(
     fleet: list[ActorProcess],
 ) -> None:
@@ -169,6 +168,7 @@ def test_status_exits_1_when_one_actor_answers_at_two_addresses(
     assert f"answers at {fleet[0].address}, localhost:{port}" in result.stdout
 
 
+@pytest.mark.slow
 def test_status_watch_refreshes_count_times(fleet: list[ActorProcess]) -> None:
     result = rlfleet(
         "status", fleet[0].address, "--watch", "--count", "3", "--interval", "0.2", "--json"

@@ -124,6 +124,7 @@ def test_an_address_grpc_cannot_dial_is_refused_at_once_naming_the_fix(
 def test_every_form_grpc_dials_is_an_actor_address() -> None:
     forms = ["10.0.0.1:1", "[::1]:2", "ipv4:127.0.0.1:3", "ipv6:[::1]:4", "ipv6:///[::1]:5"]
     forms += ["actor-0.actors.ns.svc.cluster.local:50051", "a" * 253 + ":6"]
+    forms += ["actor.example.com.:7", "[fe80::1%eth0]:8", "ipv6:[::1%lo]:9"]  # no search; zones
     assert resolve_actors(forms) == forms
 
 
