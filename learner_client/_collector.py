@@ -690,10 +690,10 @@ class GrpcCollector(TorchRLAccessors):
         Async: new actors contribute at once. Sync: sessions restart with the new split
         (batches of the old split: ``stats()["discarded"]``). Each is given the latest pushes
         first. Other ranks' actors become members only; one with the worker_id of a member
-        whose link is down takes its place, as after a restart (docs/reliability.md).
-        Raises ValueError as at construction, ActorUnavailableError past ``connect_timeout``.
+        whose link is down takes its place, as after a restart (docs/reliability.md); a ``dns:``
+        target is resolved once. Raises as at construction, ActorUnavailableError too.
         """
-        return self._add(addresses)
+        return self._add(resolve_actors(addresses))
 
     def _add(self, addresses: Sequence[str], gone: Iterable[str] = ()) -> list[RemoteActor]:
         """Admit ``addresses`` (also DNS's joiners; ``gone``: the addresses that left it).

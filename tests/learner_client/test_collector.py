@@ -506,6 +506,17 @@ def test_collector_add_collectors_grows_an_async_fleet(fleet):
             collector.add_collectors(addresses(fleet, 2))
 
 
+def test_add_collectors_takes_the_forms_construction_takes(fleet):
+    """A ``dns:`` target is resolved (it was dialled as one address) and entries stripped
+    (`` 127.0.0.1:p `` was refused), as at construction."""
+    port = fleet[1].address.rpartition(":")[2]
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        added = collector.add_collectors([f"dns:///127.0.0.1:{port}"])
+        assert added == [RemoteActor(fleet[1].address, 1)]
+        added = collector.add_collectors([f" {fleet[2].address} "])
+        assert added == [RemoteActor(fleet[2].address, 2)]
+
+
 def test_batches_go_on_while_a_joiner_is_reached(fleet):
     """Reaching a newcomer takes up to connect_timeout (a dns: name may list one that is
     gone); the collector's batches do not wait for it."""
