@@ -176,6 +176,9 @@ class _Loop:
         """
         try:
             with SignalsHeld(PROG) as signals:
+                if self.ranks.active:
+                    self._run_ranks(signals)
+                    return
                 for batch in self.collector:
                     with signals.held():
                         done = self._step(batch)
@@ -183,6 +186,28 @@ class _Loop:
                         break
         except KeyboardInterrupt:
             self.interrupted = True
+
+    def _run_ranks(self, signals: SignalsHeld) -> None:
+        """Train on every rank until all stop together, after the same update.
+
+        A signal waits out each rank's batch and update, then the ranks agree whether any was
+        signalled: a rank that stopped alone while waiting for its batch left the others in
+        the update's all-reduce, which failed with "Connection closed by peer", no outputs.
+        """
+        batches = iter(self.collector)
+        while True:
+            signalled = done = False
+            try:
+                with signals.held():
+                    batch = next(batches, None)
+                    done = batch is None or self._step(batch)
+            except KeyboardInterrupt:
+                signalled = True
+            agreed = self.ranks.agreed_max(2 if signalled else int(done))
+            if agreed == 2:
+                raise KeyboardInterrupt("a rank was signalled")
+            if agreed == 1:
+                return
 
     def _step(self, batch: Any) -> bool:
         """One update on ``batch`` and its push; whether the loop should stop."""
