@@ -101,6 +101,11 @@ class SignalsHeld:
         if self._pending is not None:
             raise KeyboardInterrupt(f"signal {self._pending}")
 
+    @property
+    def pending(self) -> int | None:
+        """The signal the current :meth:`held` block holds, if one came."""
+        return self._pending
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._holding:
             raise KeyboardInterrupt(f"signal {signum}")

@@ -22,21 +22,25 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from apps._job.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from apps._job.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, SignalsHeld
 from apps._job.device import rank_device
 
 __all__ = ["DataParallel", "launch_ranks", "under_torchrun"]
 
 #: Seconds a collective may wait for the slowest rank (a rank collecting its first batch).
 _TIMEOUT = datetime.timedelta(seconds=300)
+# What a signalled rank brings to the agreement to stop (a done rank brings 1).
+_SIGNALLED = 2
 
 
 def under_torchrun() -> bool:
@@ -76,14 +80,24 @@ def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str
         if failure.exitcode == EXIT_INTERRUPTED:
             print(f"{prog}: interrupted", file=sys.stderr, flush=True)
             return EXIT_INTERRUPTED
-        print(
-            f"{prog}: error: learner rank {rank} exited with code {failure.exitcode} "
-            "(its message is above)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"{prog}: error: learner rank {rank} {_failure(failure.exitcode)}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _failure(exitcode: int) -> str:
+    """How a rank ended: killed by a signal (no message of its own), or its exit code."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (it wrote no message)"
+    return f"exited with code {exitcode} (its message is above)"
+
+
+#: A batch, as the loop's collector yields it.
+B = TypeVar("B")
 
 
 class DataParallel:
@@ -110,6 +124,7 @@ class DataParallel:
         #: (empty outside torchrun: a unique one).
         self.learner_id = os.environ.get("TORCHELASTIC_RUN_ID", "") if under_torchrun() else ""
         self._started = False
+        self._stopped_together = False  # by :meth:`run_together`'s agreement
 
     @property
     def active(self) -> bool:
@@ -125,10 +140,15 @@ class DataParallel:
             self._started = True
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        if self._started:
-            dist.destroy_process_group()
-            self._started = False
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if not self._started:
+            return
+        if self._stopped_together and (exc_type is None or issubclass(exc_type, KeyboardInterrupt)):
+            # Every rank leaves after rank 0 wrote the outputs: torchrun stops the ranks left
+            # (SIGTERM) when one exits 130 first, which would cut rank 0's outputs short.
+            dist.barrier()
+        dist.destroy_process_group()
+        self._started = False
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """``module`` (on :attr:`device`) in DDP when several ranks train together, else itself.
@@ -151,6 +171,35 @@ class DataParallel:
         tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
+
+    def run_together(
+        self, batches: Iterable[B], step: Callable[[B], bool], signals: SignalsHeld
+    ) -> None:
+        """Call ``step`` on each batch until it returns True; every rank stops after the same one.
+
+        With one rank a signal raises KeyboardInterrupt between two steps (at once while
+        waiting for a batch). With several, a signal waits out the rank's batch, step and the
+        ranks' agreement on whether any was signalled (KeyboardInterrupt on every rank) or is
+        done: a rank that stopped alone (while waiting for its batch, or agreeing) left the
+        others in the next step's all-reduce, which failed with "Connection closed by peer".
+        The ranks then also leave together (:meth:`__exit__`).
+        """
+        if not self.active:
+            for batch in batches:
+                with signals.held():
+                    if step(batch):
+                        return
+            return
+        remaining = iter(batches)
+        with signals.held():  # a signal is read at each agreement, never raised alone
+            while True:
+                done = _step_next(remaining, step)
+                agreed = self.agreed_max(_SIGNALLED if signals.pending is not None else int(done))
+                self._stopped_together = agreed > 0
+                if agreed == _SIGNALLED:
+                    raise KeyboardInterrupt("a rank was signalled")
+                if agreed:
+                    return
 
     def gather_strings(self, values: Sequence[str]) -> list[str]:
         """Every rank's ``values``, in rank order (a rank's actor addresses, to reach them all).
@@ -187,3 +236,12 @@ class DataParallel:
         total, missing, unflagged = tensor.tolist()
         mean = None if missing else total / self.world_size
         return mean, not unflagged
+
+
+def _step_next(batches: Iterator[B], step: Callable[[B], bool]) -> bool:
+    """``step`` on the next batch; True when it says so or there is none."""
+    try:
+        batch = next(batches)
+    except StopIteration:
+        return True
+    return step(batch)

@@ -155,13 +155,15 @@ class _Updates:
         model, ranks, curve = self.model, self.ranks, self.curve
         self.pusher.push(model)  # the actors sample from the learner's policy
         curve.add(0, _shared_accuracy(self.evaluator, model, ranks), None, 0.0)
+
+        def update(numbered: tuple[int, Any]) -> bool:
+            step, batch = numbered  # batch is None when the collector fills torchrl's buffer
+            stats = torchrl_update.update() if torchrl_update else learner.update(batch)
+            return self._step(step, batch, stats)
+
         try:
             with SignalsHeld(PROG) as signals:
-                for step, batch in enumerate(self.collector, start=1):
-                    with signals.held():
-                        stats = torchrl_update.update() if torchrl_update else learner.update(batch)
-                        if self._step(step, batch, stats):
-                            break
+                ranks.run_together(enumerate(self.collector, start=1), update, signals)
         except KeyboardInterrupt:
             self.interrupted = True
         if not self.interrupted and curve.accuracies[-1] is None:  # stopped on time
@@ -169,7 +171,11 @@ class _Updates:
         self.wall = time.monotonic() - self.start
 
     def _step(self, step: int, batch: Any, stats: dict[str, float]) -> bool:
-        """Push the updated weights, evaluate when due, record; whether every rank stops."""
+        """Push the updated weights, evaluate when due, record; whether this rank is done.
+
+        Every rank stops together (:meth:`DataParallel.run_together`): one leaving alone would
+        hang DDP's next all-reduce.
+        """
         settings, model, ranks = self.settings, self.model, self.ranks
         reward = _mean_reward(batch, stats)
         self.pusher.push(model)
@@ -179,9 +185,9 @@ class _Updates:
             accuracy = _shared_accuracy(self.evaluator, model, ranks)
         elapsed = time.monotonic() - self.start
         self.curve.add(step, accuracy, reward, elapsed, stats, collector_stats)
-        self.progress.update(step, _fields(self.curve, collector_stats))
-        # Every rank stops together (one leaving alone would hang DDP's next all-reduce).
-        return ranks.any(_finished(settings, self.curve, step, time.monotonic() - self.start))
+        if ranks.rank == 0:  # one progress line a step, not one per rank
+            self.progress.update(step, _fields(self.curve, collector_stats))
+        return _finished(settings, self.curve, step, time.monotonic() - self.start)
 
 
 def _torchrl_update(

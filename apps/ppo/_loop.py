@@ -49,8 +49,27 @@ def train(settings: TrainSettings) -> TrainSummary:
     """
     seed_everything(settings.seed)  # the same on every rank (DDP starts from rank 0's)
     tracker = EpisodeTracker(window=RETURN_WINDOW)
+    with DataParallel(settings.learner_device) as ranks:  # left together, after the outputs
+        policy, loop, summary = _train(settings, ranks, tracker)
+        if ranks.rank == 0:  # rank 0 writes the outputs; the weights are the same everywhere
+            save_run(
+                pathlib.Path(settings.out_dir),
+                policy,
+                summary,
+                settings.as_record(),
+                (tracker.end_frames, tracker.returns),
+                RETURN_WINDOW,
+            )
+    if loop.interrupted:  # exit 130, the outputs of the updates made written
+        raise KeyboardInterrupt(f"outputs of {summary.batches} updates in {settings.out_dir}")
+    return summary
+
+
+def _train(
+    settings: TrainSettings, ranks: DataParallel, tracker: EpisodeTracker
+) -> tuple[torch.nn.Module, _Loop, TrainSummary]:
+    """Train on this rank's share of the fleet; the policy, the loop and its summary."""
     with contextlib.ExitStack() as stack:
-        ranks = stack.enter_context(DataParallel(settings.learner_device))
         policy, learner = _build_learner(settings, ranks)
         collector = _open_collector(stack, settings, ranks)
         progress = stack.enter_context(
@@ -69,19 +88,7 @@ def train(settings: TrainSettings) -> TrainSummary:
         loop = _Loop(settings, collector, learner, tracker, progress, ranks, base + 1)
         loop.run()
         wall = time.monotonic() - start
-        summary = loop.summary(wall, collector.policy_version)
-    if ranks.rank == 0:  # rank 0 writes the outputs; the weights are the same everywhere
-        save_run(
-            pathlib.Path(settings.out_dir),
-            policy,
-            summary,
-            settings.as_record(),
-            (tracker.end_frames, tracker.returns),
-            RETURN_WINDOW,
-        )
-    if loop.interrupted:  # exit 130, the outputs of the updates made written
-        raise KeyboardInterrupt(f"outputs of {summary.batches} updates in {settings.out_dir}")
-    return summary
+        return policy, loop, loop.summary(wall, collector.policy_version)
 
 
 def _build_learner(
@@ -176,38 +183,9 @@ class _Loop:
         """
         try:
             with SignalsHeld(PROG) as signals:
-                if self.ranks.active:
-                    self._run_ranks(signals)
-                    return
-                for batch in self.collector:
-                    with signals.held():
-                        done = self._step(batch)
-                    if done:
-                        break
+                self.ranks.run_together(self.collector, self._step, signals)
         except KeyboardInterrupt:
             self.interrupted = True
-
-    def _run_ranks(self, signals: SignalsHeld) -> None:
-        """Train on every rank until all stop together, after the same update.
-
-        A signal waits out each rank's batch and update, then the ranks agree whether any was
-        signalled: a rank that stopped alone while waiting for its batch left the others in
-        the update's all-reduce, which failed with "Connection closed by peer", no outputs.
-        """
-        batches = iter(self.collector)
-        while True:
-            signalled = done = False
-            try:
-                with signals.held():
-                    batch = next(batches, None)
-                    done = batch is None or self._step(batch)
-            except KeyboardInterrupt:
-                signalled = True
-            agreed = self.ranks.agreed_max(2 if signalled else int(done))
-            if agreed == 2:
-                raise KeyboardInterrupt("a rank was signalled")
-            if agreed == 1:
-                return
 
     def _step(self, batch: Any) -> bool:
         """One update on ``batch`` and its push; whether the loop should stop."""

@@ -10,7 +10,9 @@ the last version and the learner's final weights.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -72,3 +74,30 @@ def test_grpo_ranks_push_the_whole_model_to_their_own_actors(tmp_path) -> None:
     for record in _grpo(tmp_path / "run"):
         assert record["shard_pushes"] is False
         assert record["push_outcomes"] == {"APPLIED": 2 * (STEPS + 1)}
+
+
+def test_grpo_ranks_stop_together_when_one_is_signalled(tmp_path) -> None:
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "apps.grpo", "--nproc-per-node", "2", "--num-actors", "4"]
+    command += [*TINY, "--max-steps", "100000", "--out", str(out)]
+    learner = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        while "steps=3 " not in learner.stderr.readline():  # rank 0's progress
+            assert learner.poll() is None, learner.stderr.read()
+        launcher = f"/proc/{learner.pid}/task/{learner.pid}/children"
+        rank1 = int(pathlib.Path(launcher).read_text().split()[1])
+        os.kill(rank1, signal.SIGTERM)  # to rank 1 alone: it waits for batches most of the time
+        _, err = learner.communicate(timeout=120)
+    finally:
+        learner.kill()
+    # Rank 1 stopped alone; rank 0 failed in DDP's broadcast ("Connection closed by peer").
+    assert learner.returncode == 130, err[-4000:]
+    assert "Connection closed" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert summary["steps"] >= 3
+    # One progress line a step: rank 1 printed its own as well.
+    steps = [line.split()[0] for line in err.splitlines() if line.startswith("steps=")]
+    assert len(steps) == len(set(steps)), steps

@@ -8,6 +8,7 @@ pushes agreed versions to its own actors.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -83,6 +84,56 @@ def test_two_ranks_stopped_by_sigterm_exit_130_with_their_outputs(tmp_path) -> N
     assert "SignalException" not in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
+
+
+def _rank_pids(launcher: subprocess.Popen) -> list[int]:
+    """The ranks torchrun started, in rank order (the launcher's children)."""
+    children = pathlib.Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text()
+    return [int(pid) for pid in children.split()]
+
+
+def test_a_signal_to_one_rank_stops_both_with_their_outputs(tmp_path) -> None:
+    out = tmp_path / "run"
+    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", "--out", str(out), *tiny],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while "frames=" not in learner.stderr.readline():  # rank 0 trains
+            assert learner.poll() is None, learner.stderr.read()
+        os.kill(_rank_pids(learner)[1], signal.SIGTERM)  # as `kill` of one rank's process
+        _, err = learner.communicate(timeout=90)
+    finally:
+        learner.kill()
+    # Rank 1 stopped alone while rank 0 waited in an all-reduce: "Connection closed by peer".
+    assert learner.returncode == 130, err[-4000:]
+    assert "Connection closed" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+
+
+def test_a_rank_killed_is_named_with_its_signal(tmp_path) -> None:
+    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", "--out", str(tmp_path), *tiny],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while "frames=" not in learner.stderr.readline():
+            assert learner.poll() is None, learner.stderr.read()
+        os.kill(_rank_pids(learner)[1], signal.SIGKILL)
+        _, err = learner.communicate(timeout=90)
+    finally:
+        learner.kill()
+    assert learner.returncode == 1, err[-4000:]
+    assert "rlfleet-train: error: learner rank 1 was killed by SIGKILL" in err
 
 
 def test_train_refuses_a_fleet_that_does_not_split_over_the_ranks(tmp_path) -> None:

@@ -1,0 +1,85 @@
+"""Two learner ranks (gloo on loopback, real processes) stop together after a signal to one.
+
+Each rank runs :meth:`DataParallel.run_together` over batches whose step all-reduces, as
+DDP's does. Rank 1 is sent SIGTERM while it waits for a batch: it must not leave alone
+(rank 0 would fail in the step's all-reduce, "Connection closed by peer"); both stop
+after the same step, and rank 1 leaves only once rank 0 wrote its outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+_RANK = """
+import json, os, signal, sys, time
+import torch, torch.distributed as dist
+from apps._job.cli import SignalsHeld
+from apps._job.ranks import DataParallel
+
+signal_at, steps, record = int(sys.argv[1]), [], {}
+
+def batches():
+    for index in range(1000):
+        if ranks.rank == 1 and index == signal_at:  # signalled while its batch is coming
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+        yield index
+
+def step(index):
+    total = torch.ones(1)
+    dist.all_reduce(total)  # every rank steps together, as in DDP's backward
+    steps.append(index)
+    return False
+
+with DataParallel() as ranks:
+    try:
+        with SignalsHeld("test") as signals:
+            ranks.run_together(batches(), step, signals)
+    except KeyboardInterrupt:
+        record["interrupted_after"] = steps[-1]
+    if ranks.rank == 0:  # the outputs take a while to write
+        time.sleep(2.0)
+        record["written_at"] = time.time()
+record["left_at"] = time.time()
+print(json.dumps(record))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_signal_to_one_rank_waiting_for_its_batch_stops_both_after_the_same_step() -> None:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env |= {"WORLD_SIZE": "2", "PYTHONPATH": str(ROOT)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, "3"],
+            env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (_, err) in zip(ranks, outputs, strict=True):
+        assert rank.returncode == 0, err[-3000:]
+    assert "test: stopping after this update" in outputs[1][1]  # rank 1 held its signal
+    rank0, rank1 = (json.loads(out.splitlines()[-1]) for out, _ in outputs)
+    # Rank 1 waited out its batch (index 3) and its step: both stopped after it.
+    assert rank0["interrupted_after"] == rank1["interrupted_after"] == 3
+    assert rank1["left_at"] >= rank0["written_at"]  # torchrun would have cut rank 0 short
