@@ -74,6 +74,17 @@ def crashing_cartpole(steps: int = 3) -> EnvBase:
     return GymWrapper(rlfleet_test_envs.crashing_cartpole(steps))
 
 
+_WIDENING_BUILDS = [0]
+
+
+def widening_cartpole(steps: int = 3) -> EnvBase:
+    """The first build is :func:`crashing_cartpole`; every later one adds a ``step_count`` key."""
+    _WIDENING_BUILDS[0] += 1
+    if _WIDENING_BUILDS[0] == 1:
+        return crashing_cartpole(steps)
+    return TransformedEnv(crashing_cartpole(steps=10**9), StepCounter())  # never crashes
+
+
 def end_of_life_cartpole() -> EnvBase:
     """CartPole with lives and TorchRL's ``EndOfLifeTransform``: ``end-of-life`` and ``lives``."""
     lives = EndOfLifeTransform(eol_attribute="lives")

@@ -54,6 +54,7 @@ from actor_service._kinds.torchrl.pool import (
     limited,
     pool_envs,
     probe_step,
+    spec_layout,
     start_pool,
 )
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
@@ -116,6 +117,7 @@ class TorchRLCore(CoreBase):
         self._rebuild_pending = self._needs_reset = False
         torch.manual_seed(self._first_seed)  # model initialisation is part of what a seed fixes
         self._base, self.env = build_pool(config)
+        self._layout = spec_layout(self._base)  # every rebuild must declare the same
         #: What is stepped: the base pool, or it under the StepCounter of max_frames_per_traj
         #: (one wrapper, kept: a TorchRL env closes what it wraps when collected).
         self._pool, self._limit, self._counted = self._base, 0, None
@@ -394,6 +396,8 @@ class TorchRLCore(CoreBase):
         self._base, env = build_pool(self.config)
         if env is not self._base:
             env.close(raise_if_closed=False)
+        if (layout := spec_layout(self._base)) != self._layout:  # rebuilt on the next call
+            raise EnvError.of(self.env_id, ValueError(_changed_layout(self._layout, layout)))
         self._counted = None
         self._pool = self._pool_for(self._limit)
         self._rebuild_pending = False
@@ -509,3 +513,15 @@ class TorchRLCore(CoreBase):
 def _does_not_act(tensordict: TensorDictBase) -> TensorDictBase:
     """What the env's weights do when asked to act (never: :meth:`TorchRLCore.configure`)."""
     raise ValueError(f"model_id {ENV_MODEL_ID!r} holds the env's weights: it does not act")
+
+
+def _changed_layout(first: dict[Any, Any], rebuilt: dict[Any, Any]) -> str:
+    """Why a rebuilt pool is refused: the keys its specs declare differently."""
+    changed = sorted(
+        str(key) for key in first.keys() | rebuilt.keys() if first.get(key) != rebuilt.get(key)
+    )
+    return (
+        f"the env factory built an env whose specs differ from its first build's at "
+        f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}: an actor's batches "
+        "keep one layout, so its factory must build the same specs each time"
+    )

@@ -41,6 +41,7 @@ __all__ = [
     "pool_envs",
     "probe_step",
     "single_env",
+    "spec_layout",
     "torchrl_envs",
 ]
 
@@ -96,7 +97,14 @@ def _first_env(config: ActorConfig) -> Any:
             "not a torchrl.envs.EnvBase (kind 'torchrl')"
         )
     _check_dense(env, config)
-    if env.batch_size and (env.batch_dims != 1 or env.batch_size[0] != config.num_envs):
+    if env.batch_dims > 1:
+        env.close(raise_if_closed=False)
+        raise ValueError(
+            f"env factory {env_name(config.env_pool)!r} returned an env batched over "
+            f"{env.batch_dims} dims, {list(env.batch_size)}: an actor's envs are batched over "
+            "one (num_envs); build it with batch_size [N] (and num_envs N), or unbatched"
+        )
+    if env.batch_size and env.batch_size[0] != config.num_envs:
         env.close(raise_if_closed=False)
         raise ValueError(
             f"env factory {env_name(config.env_pool)!r} returned an env batched as "
@@ -191,6 +199,18 @@ def build_pool(config: ActorConfig) -> tuple[Any, Any]:
     if config.env_backend == "sync":
         return envs.SerialEnv(config.num_envs, make), env
     return envs.ParallelEnv(config.num_envs, make, mp_start_method="spawn"), env
+
+
+def spec_layout(pool: Any) -> dict[Any, tuple[tuple[int, ...], Any]]:
+    """The shape and dtype of every key ``pool``'s specs declare (what its batches carry).
+
+    Bounds are left out: a transform's statistics may move them between two builds.
+    """
+    layout: dict[Any, tuple[tuple[int, ...], Any]] = {}
+    for specs in (pool.output_spec, pool.input_spec):
+        for key, spec in specs.items(include_nested=True, leaves_only=True):
+            layout[key] = (tuple(spec.shape), spec.dtype)
+    return layout
 
 
 def single_env(config: ActorConfig) -> bool:

@@ -69,7 +69,8 @@ def test_port_nested_env_dims(batch: int) -> None:
 
 
 def test_port_nested_env_of_two_batch_dims_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"batched as \[5, 2\]"):
+    # Refused with the reason: no num_envs fits an env batched over two dims.
+    with pytest.raises(ValueError, match=r"batched over 2 dims, \[5, 2\]: an actor's envs are"):
         TorchRLCore(torchrl_config("rlfleet_test_mocks:nested_2d", COUNT, num_envs=10))
 
 

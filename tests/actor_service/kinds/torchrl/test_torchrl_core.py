@@ -459,6 +459,16 @@ def test_torchrl_core_raises_env_error_and_rebuilds_the_pool_when_the_env_crashe
     assert batch.batch_size == (1, 2)
 
 
+def test_a_pool_rebuilt_with_other_specs_is_refused_batch_after_batch() -> None:
+    with TorchRLCore(_config(env="widening_cartpole", policy="greedy_policy", num_envs=1)) as core:
+        core.configure(CollectSettings(frames_per_batch=10))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            core.collect_batch()
+        for _ in range(2):  # the factory keeps building the wider env: never collected
+            with pytest.raises(EnvError, match=r"differ from its first build's at .*step_count"):
+                core.collect_batch()
+
+
 def test_torchrl_actor_takes_pushes_with_buffers_seeds_and_state_from_the_learner() -> None:
     policy = factories.greedy_policy(factories.cartpole())
     policy.module.offset.copy_(torch.tensor([0.0, 1e6]))  # a buffer: always push right
