@@ -170,3 +170,19 @@ def test_a_split_batchs_values_must_have_the_masks_shape() -> None:
     batch["policy_version"] = torch.zeros(2, 3, dtype=torch.int64)  # not under the mask
     with pytest.raises(ProtocolError, match="beside a mask"):
         checked.check_batch(pb.BatchInfo(epoch=3, seq=1, frames=2, total_bytes=1000), batch)
+
+
+def test_a_split_batchs_mask_must_be_boolean() -> None:
+    """An int64 mask would gather frames 0 and 1 instead of masking: ids checked elsewhere."""
+    checked = BatchBounds("a:1", CollectSettings(frames_per_batch=8, split_trajs=True), 2, 2, 5)
+    checked.opened(3, 1)
+    batch = TensorDict(
+        {"collector": {"mask": torch.ones(2, 4, dtype=torch.int64)}}, batch_size=[2, 4]
+    )
+    with pytest.raises(ProtocolError, match="boolean"):
+        checked.check_batch(pb.BatchInfo(epoch=3, seq=1, frames=2, total_bytes=1000), batch)
+
+
+def test_a_version_range_whose_min_is_above_its_max_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="not a range"):
+        bounds().check_info(info(1, policy_version_min=5, policy_version_max=3))

@@ -199,6 +199,15 @@ def test_collector_next_returns_none_at_the_end(fleet):
         assert collector.next() is None
 
 
+def test_a_budget_between_two_batches_is_rounded_up_to_a_whole_batch(fleet):
+    """TorchRL's rounding: total_frames=10 at 4 a batch collects 3 batches (12 frames)."""
+    with pytest.warns(UserWarning, match="2 additional frames will be collected"):
+        collector = GrpcCollector(addresses(fleet, 2), frames_per_batch=4, total_frames=10)
+    with collector:
+        assert len(collector) == 3
+        assert [batch.numel() for batch in collector] == [4, 4, 4]
+
+
 @pytest.mark.parametrize("way", ["next", "iterator"])
 def test_collector_threads_sharing_it_take_turns_and_all_see_the_end(fleet, way):
     """Two threads calling next() (or each iterating) split the budget exactly; none fails

@@ -112,3 +112,32 @@ def test_serve_metrics_raises_if_the_port_is_bad_or_the_collector_closed(
         collector.shutdown()
     with pytest.raises(ClosedError):
         serve_metrics(collector, 0)
+
+
+def test_each_exported_value_is_read_from_its_own_stat() -> None:
+    """Every family reads its own key of ``stats()`` (distinct values, so a swap shows)."""
+    from prometheus_client import CollectorRegistry
+
+    from learner_client._metrics import _StatsCollector
+
+    routes = {key: 100 + i for i, (key, _) in enumerate(_StatsCollector._PUSH_ROUTES)}
+    stats = {
+        **{"worker_0/frames": 11, "worker_0/batches": 5, "worker_0/gaps": 3},
+        **{"worker_0/duplicates": 7, "worker_0/reconnects": 2, "queued_batches": 4},
+        **{"rank": 1, "world_size": 2, "workers": 3, "workers_alive": 1},
+        **routes,
+    }
+    registry = CollectorRegistry()
+    registry.register(_StatsCollector(lambda workers: stats))
+    read = registry.get_sample_value
+    worker = {"worker_id": "0"}
+    assert read("rlfleet_learner_frames_total", worker) == 11
+    assert read("rlfleet_learner_batches_total", worker) == 5
+    assert read("rlfleet_learner_gap_batches_total", worker) == 3  # not the duplicates
+    assert read("rlfleet_learner_reconnects_total", worker) == 2
+    assert read("rlfleet_learner_queue_batches") == 4
+    assert (read("rlfleet_learner_rank"), read("rlfleet_learner_world_size")) == (1, 2)
+    assert read("rlfleet_learner_workers", {"state": "alive"}) == 1
+    assert read("rlfleet_learner_workers", {"state": "down"}) == 2
+    for key, count in routes.items():
+        assert read(f"rlfleet_learner_{key}_total") == count, key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from learner_client._ledger import SeqTracker, check_counts
+from learner_client._ledger import Ledger, SeqTracker, check_counts
 
 
 def test_seq_tracker_delivers_at_most_once_and_counts_skipped_seqs():
@@ -37,6 +37,53 @@ def test_seq_tracker_counts_one_skipped_seq_as_one_gap():
     assert tracker.accept(1)
     assert tracker.accept(3)
     assert tracker.gaps == 1
+
+
+def test_seq_tracker_reopened_on_its_epoch_by_another_learner_counts_no_gap():
+    """Seqs 4..9 of the same actor process went to another learner's session: not gaps."""
+    tracker = SeqTracker()
+    tracker.opened(epoch=1, next_seq=1, resumed=False)
+    assert all(tracker.accept(s) for s in (1, 2, 3))
+    tracker.opened(epoch=1, next_seq=10, resumed=False)
+    assert tracker.resume_point() == (1, 9)
+    assert tracker.accept(10)
+    assert tracker.gaps == 0
+
+
+class _Lags:
+    """The lag histogram the ledger observes into."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.seen.append(value)
+
+
+def test_the_ledger_counts_lags_withdrawn_shares_and_restarts():
+    lags = _Lags()
+    ledger = Ledger(lags)  # type: ignore[arg-type]
+    ledger.delivered({0: 4, 1: 4}, lag=3)
+    ledger.delivered({0: 4}, lag=1)
+    assert (ledger.policy_lag, ledger.policy_lag_max, lags.seen) == (1, 3, [3, 1])
+    ledger.withdrawn({0: 4, 1: 4})  # the first batch, dropped before the user took it
+    assert (ledger.frames, ledger.batches, ledger.discarded) == (4, 1, 2)
+    assert ledger.worker_frames == {0: 4, 1: 0}
+    ledger.restarted(1, in_progress=4)
+    ledger.restarted(1, in_progress=2)
+    assert (ledger.restarts, ledger.lost_in_progress) == ({1: 2}, 6)
+
+
+def test_a_push_call_that_continues_adds_to_the_last_ones_bytes_and_pause():
+    ledger = Ledger(_Lags())  # type: ignore[arg-type]
+    ledger.push_call(100, 0.5, deltas=0, fallbacks=1, continues=False)
+    ledger.push_call(50, 0.1, deltas=0, fallbacks=0, continues=True)  # the fallback's full push
+    stats = ledger.push_stats()
+    assert (stats["last_push_bytes"], stats["last_push_pause"]) == (150, 0.5)
+    ledger.push_call(30, 0.2, deltas=1, fallbacks=0, continues=False)  # a new call starts over
+    stats = ledger.push_stats()
+    assert (stats["last_push_bytes"], stats["last_push_pause"]) == (30, 0.2)
+    assert (stats["delta_pushes"], stats["delta_fallbacks"]) == (1, 1)
 
 
 def test_checkpoint_counts_stop_at_the_top_of_int64():

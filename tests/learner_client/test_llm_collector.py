@@ -541,3 +541,23 @@ def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
         assert collector.next()["seen"].all()  # the first one stays
     with pytest.warns(UserWarning, match="weight_updater"):
         _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, weight_updater=object()).shutdown()
+
+
+def test_the_token_rate_after_a_restore_counts_this_runs_tokens_from_its_first_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tensordict import TensorDict
+
+    import learner_client._llm_collector as llm_collector
+
+    now = [0.0]
+    monkeypatch.setattr(llm_collector.time, "monotonic", lambda: now[0])
+    shaper = llm_collector._Shaper("rlfleet", False, True, None)
+    batch = TensorDict({"response_len": torch.tensor([4, 6])}, batch_size=[2])
+    shaper(batch)
+    now[0] = 100.0
+    shaper.restore(2, 10**6)  # a checkpoint's tokens are not this run's
+    shaper(batch)  # the rate starts at this batch
+    now[0] = 101.0
+    assert shaper.tokens_per_s() == pytest.approx(10.0)
+    assert shaper.counts() == {"yielded_turns": 4, "tokens": 10**6 + 10}

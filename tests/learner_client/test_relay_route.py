@@ -79,3 +79,33 @@ def test_the_learners_relay_headers_pass_the_actors_check() -> None:
     assert all(low <= len(r.forward_ticket) <= high for r in relays[:-1])
     assert [r.source_ticket for r in relays[1:]] == [r.forward_ticket for r in relays[:-1]]
     assert relays[-1].forward_to == ""
+
+
+def test_the_relay_counters_follow_chains_fallbacks_and_catch_ups() -> None:
+    from common.checksum import crc32c
+    from common.rlfleet.v1 import actor_service_pb2 as pb
+    from learner_client._transport import push_messages
+
+    blob = bytes(range(256)) * 64
+    messages, size = push_messages("policy", 3, blob, "", crc32c=crc32c(blob)), len(blob)
+    three = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
+    route = RelayRoute(stall_seconds=2.5)
+    sent = route.chain(messages, three, size)
+    relays = [pb.PushWeightsRequest.FromString(s[0]).header.relay for s in sent]
+    assert [r.forward_to for r in relays] == [*three[1:], ""]  # each forwards to the next
+    assert len({r.push_id for r in relays}) == 1
+    assert {r.stall_seconds for r in relays} == {2.5}
+    assert route.stats() == {
+        "relayed_pushes": 2,
+        "relay_fallbacks": 0,
+        "relay_bytes_saved": 2 * size,
+        "relay_depth": 3,
+        "peer_catch_ups": 0,
+    }
+    route.fell_back(size)  # one of them was sent the bytes directly after all
+    assert (route.stats()["relay_fallbacks"], route.stats()["relay_bytes_saved"]) == (1, size)
+    forward, _ = route.catch_up(messages, three[0], three[1], size)
+    assert forward.relay.forward_to == three[1]
+    stats = route.stats()
+    assert (stats["peer_catch_ups"], stats["relayed_pushes"]) == (1, 3)
+    assert stats["relay_depth"] == 3  # the longest chain so far, not the last (of 2)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from actor_harness import Actor, RawCollect, open_request
 from helpers import free_port, poll_until, start_actor
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.metrics import MetricsEndpoint
@@ -213,3 +213,16 @@ def test_a_metrics_port_in_use_is_named_with_its_flag() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=rf"127.0.0.1:{port} \(--metrics-port\).*in use"):
             MetricsEndpoint(CollectorRegistry(), host="127.0.0.1", port=port)
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_metrics_are_served_on_an_ipv6_address(host: str) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("this host has no IPv6")
+    registry = CollectorRegistry()
+    Counter("rlfleet_probe", "A counter to find in the scrape.", registry=registry).inc(3)
+    with MetricsEndpoint(registry, host=host, port=0) as endpoint:
+        url = f"http://[::1]:{endpoint.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.status == 200
+            assert b"rlfleet_probe_total 3.0" in reply.read()

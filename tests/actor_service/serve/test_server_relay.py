@@ -205,26 +205,36 @@ def test_a_relay_call_for_a_push_never_opened_is_not_found(actor: Actor) -> None
     assert _serving(actor)
 
 
+#: A relay header's hostile fields, and the field the refusal must name.
 HOSTILE_RELAY = {
-    "short push id": {"push_id": b"x"},
-    "huge push id": {"push_id": b"x" * 100_000},
-    "short ticket": {"source_ticket": b"t"},
-    "long ticket": {"source_ticket": b"t" * (RELAY_TICKET_BYTES[1] + 1)},
-    "long forward ticket": {
-        "forward_to": "127.0.0.1:1",
-        "forward_ticket": b"t" * (RELAY_TICKET_BYTES[1] + 1),
-    },
-    "forward without ticket": {"forward_to": "127.0.0.1:1"},
-    "forward to a path": {"forward_to": "unix:/tmp/x", "forward_ticket": b"t" * 32},
+    "short push id": ({"push_id": b"x"}, "push_id"),
+    "huge push id": ({"push_id": b"x" * 100_000}, "push_id"),
+    "short ticket": ({"source_ticket": b"t"}, "source_ticket"),
+    "long ticket": ({"source_ticket": b"t" * (RELAY_TICKET_BYTES[1] + 1)}, "source_ticket"),
+    "long forward ticket": (
+        {"forward_to": "127.0.0.1:1", "forward_ticket": b"t" * (RELAY_TICKET_BYTES[1] + 1)},
+        "forward_ticket",
+    ),
+    "forward without ticket": ({"forward_to": "127.0.0.1:1"}, "forward_to and"),
+    "forward to a path": ({"forward_to": "unix:/tmp/x", "forward_ticket": b"t" * 32}, "forward_to"),
     **{  # what gRPC reads as another resolver: a local socket, not host:port
-        f"forward to {to.split(':')[0]}:": {"forward_to": to, "forward_ticket": b"t" * 32}
+        f"forward to {to.split(':')[0]}:": (
+            {"forward_to": to, "forward_ticket": b"t" * 32},
+            "forward_to",
+        )
         for to in ("unix-abstract:rlfleet", "unix:50051", "ipv4:127.0.0.1:1", "vsock:2:1")
     },
-    "forward to dns:": {"forward_to": "dns:localhost:1", "forward_ticket": b"t" * 32},
-    "forward to a huge name": {"forward_to": "h" * 10_000 + ":1", "forward_ticket": b"t" * 32},
-    "zero stall": {"stall_seconds": 0.0},
-    "huge stall": {"stall_seconds": 1e12},
-    "nan stall": {"stall_seconds": float("nan")},
+    "forward to dns:": (
+        {"forward_to": "dns:localhost:1", "forward_ticket": b"t" * 32},
+        "forward_to",
+    ),
+    "forward to a huge name": (
+        {"forward_to": "h" * 10_000 + ":1", "forward_ticket": b"t" * 32},
+        "forward_to",
+    ),
+    "zero stall": ({"stall_seconds": 0.0}, "stall_seconds"),
+    "huge stall": ({"stall_seconds": 1e12}, "stall_seconds"),
+    "nan stall": ({"stall_seconds": float("nan")}, "stall_seconds"),
 }
 
 
@@ -232,9 +242,14 @@ HOSTILE_RELAY = {
 def test_a_hostile_relay_header_is_refused_invalid_argument(actor: Actor, case) -> None:
     before = _actor_weights(actor)
     _, blob, version = a_new_state(actor)
-    request = relay_header(blob, version, **HOSTILE_RELAY[case])
-    code = code_of(lambda: actor.stub.PushWeights(iter([request]), timeout=30))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    fields, named = HOSTILE_RELAY[case]
+    # A whole push, the blob in its chunks: only the relay fields can be refused.
+    request = relay_header(blob, version, **fields)
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    with pytest.raises(grpc.RpcError) as raised:
+        actor.stub.PushWeights(iter([request, *chunks]), timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"relay.{named}" in raised.value.details()
     assert _bits_equal(_actor_weights(actor), before)
     assert _serving(actor)
 
