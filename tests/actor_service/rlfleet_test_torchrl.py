@@ -17,6 +17,7 @@ from torchrl.envs import (
     CatFrames,
     Compose,
     DoubleToFloat,
+    DTypeCastTransform,
     EnvBase,
     GymEnv,
     GymWrapper,
@@ -83,6 +84,12 @@ def widening_cartpole(steps: int = 3) -> EnvBase:
     if _WIDENING_BUILDS[0] == 1:
         return crashing_cartpole(steps)
     return TransformedEnv(crashing_cartpole(steps=10**9), StepCounter())  # never crashes
+
+
+def uint16_counting() -> EnvBase:
+    """TorchRL's ``CountingEnv`` with a uint16 observation, a dtype no packet carries."""
+    cast = DTypeCastTransform(torch.int32, torch.uint16, in_keys=["observation"])
+    return TransformedEnv(CountingEnv(), cast)
 
 
 def end_of_life_cartpole() -> EnvBase:

@@ -180,7 +180,9 @@ def probe_step(
         size = encode_packet(stepped.clear_device_()).nbytes
     except (TypeError, ValueError) as exc:
         raise ValueError(
-            f"a step of {env_id!r} with model {model_id!r} cannot travel: {exc}"
+            f"a step of {env_id!r} with model {model_id!r} cannot travel: {exc} (convert the "
+            "key with a transform, e.g. torchrl.envs.DTypeCastTransform for a dtype, or leave "
+            "it out with ExcludeTransform)"
         ) from exc
     return outputs, size
 

@@ -320,6 +320,13 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         ({"models": (ModelSpec(factory="rlfleet_test_torchrl:wrong_key_policy"),)}, "probe"),
         ({"models": (ModelSpec(factory="mlp"),)}, "gymnasium spaces"),
         ({"num_envs": 3, "env_factory": "rlfleet_test_torchrl:batched_cartpole"}, "batch size"),
+        (
+            {
+                "env_factory": "rlfleet_test_torchrl:uint16_counting",
+                "models": (ModelSpec(factory="random"),),
+            },
+            r"\['observation'\]: dtype torch.uint16 is not one of .*DTypeCastTransform",
+        ),
         # Agents of different shapes need lazy stacks, which a dense packet cannot carry.
         (
             {
@@ -344,6 +351,7 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         "policy-fails-probe",
         "mlp",
         "batched",
+        "uint16-observation",
         "heterogeneous",
         "dynamic-spec",
     ],
