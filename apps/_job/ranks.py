@@ -19,6 +19,7 @@ machine): :func:`launch_ranks`. Under torchrun (``torchrun --nproc-per-node N -m
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -140,13 +141,15 @@ class DataParallel:
             self._started = True
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if not self._started:
             return
-        if self._stopped_together and (exc_type is None or issubclass(exc_type, KeyboardInterrupt)):
-            # Every rank leaves after rank 0 wrote the outputs: torchrun stops the ranks left
-            # (SIGTERM) when one exits 130 first, which would cut rank 0's outputs short.
-            dist.barrier()
+        if self._stopped_together:
+            # Every rank leaves after rank 0 wrote the outputs (or failed to, with its own
+            # message): torchrun stops the ranks left (SIGTERM) once one exits, which would
+            # cut rank 0's outputs short. A peer already gone failed on its own.
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
         dist.destroy_process_group()
         self._started = False
 

@@ -136,6 +136,30 @@ def test_a_rank_killed_is_named_with_its_signal(tmp_path) -> None:
     assert "rlfleet-train: error: learner rank 1 was killed by SIGKILL" in err
 
 
+def test_rank_0_failing_to_write_its_outputs_is_the_rank_named(tmp_path) -> None:
+    """After the ranks agreed to stop, rank 1 waits for rank 0's outputs, failed or not."""
+    parent = tmp_path / "outputs"
+    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
+    command = [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", *tiny]
+    command += ["--num-actors", "2", "--total-frames", "1600", "--out", str(parent / "run")]
+    learner = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        while "frames=" not in learner.stderr.readline():
+            assert learner.poll() is None, learner.stderr.read()
+        parent.touch()  # rank 0's outputs cannot be written: "Not a directory"
+        out, err = learner.communicate(timeout=120)
+    finally:
+        learner.kill()
+    assert learner.returncode == 1, err[-4000:]
+    assert "rlfleet-train: error: [Errno 20] Not a directory" in err
+    # Rank 1 left its barrier with rank 0, not on a closed connection, with its summary.
+    assert "rlfleet-train: error: learner rank 0 exited with code 1" in err
+    assert "Traceback" not in err
+    assert "rank 1 of 2: CartPole-v1" in out
+
+
 def test_train_refuses_a_fleet_that_does_not_split_over_the_ranks(tmp_path) -> None:
     result = _train(tmp_path / "run", "--num-actors", "3", timeout=60)
     assert result.returncode == 2
