@@ -91,14 +91,19 @@ class SignalsHeld:
             signal.signal(signum, handler)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the signals over the block; one that came raises KeyboardInterrupt after it."""
+    def held(self, *, raise_after: bool = True) -> Iterator[None]:
+        """Hold the signals over the block; one that came raises KeyboardInterrupt after it.
+
+        Args:
+            raise_after: False when the block reads :attr:`pending` itself (the ranks agree
+                on it): one that came after its last read is let go.
+        """
         self._holding, self._pending = True, None
         try:
             yield
         finally:
             self._holding = False
-        if self._pending is not None:
+        if self._pending is not None and raise_after:
             raise KeyboardInterrupt(f"signal {self._pending}")
 
     @property

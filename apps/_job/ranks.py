@@ -194,7 +194,9 @@ class DataParallel:
                         return
             return
         remaining = iter(batches)
-        with signals.held():  # a signal is read at each agreement, never raised alone
+        # A signal is read at each agreement, never raised on one rank alone: one that comes
+        # during the last agreement (every rank done) is let go, the ranks stop as agreed.
+        with signals.held(raise_after=False):
             while True:
                 done = _step_next(remaining, step)
                 agreed = self.agreed_max(_SIGNALLED if signals.pending is not None else int(done))

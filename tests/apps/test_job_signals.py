@@ -40,6 +40,17 @@ def test_a_signal_during_an_update_waits_for_its_end(capsys: pytest.CaptureFixtu
     assert signal.getsignal(signal.SIGTERM) is not signals._on_signal  # handlers given back
 
 
+def test_a_block_that_reads_the_signal_itself_is_not_interrupted_after_it() -> None:
+    """The ranks' loop reads ``pending`` at each agreement; a signal after the last is let go."""
+    with SignalsHeld("prog") as signals:
+        with signals.held(raise_after=False):
+            assert signals.pending is None
+            _signal_self(signal.SIGTERM)
+            assert signals.pending == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt), signals.held():  # the next one raises again
+            _signal_self(signal.SIGTERM)
+
+
 def test_a_second_signal_during_an_update_stops_at_once() -> None:
     reached: list[str] = []
     with SignalsHeld("prog") as signals:
