@@ -1,0 +1,146 @@
+"""What an actor refuses of a (possibly hostile) learner's pushes and loads.
+
+Each refusal here is one a single check makes: the header's version range before a byte
+is buffered, the size cap at its bound, chunks past the announced size, a LoadState without
+its digest, a rollback by one version, a state with more tensors than the actor's models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+from actor_harness import Actor
+
+from actor_service._core._state import decode_state, state_to_blob
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
+
+CAP = 10**6
+
+
+def _weights(actor: Actor) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in actor.worker.models.module("policy").state_dict().items()}
+
+
+def _push(actor: Actor, header: pb.WeightsHeader, blob: bytes = b"") -> pb.PushWeightsResponse:
+    def requests() -> Iterator[pb.PushWeightsRequest]:
+        yield pb.PushWeightsRequest(header=header)
+        for piece in iter_blob_chunks(blob, 4096):
+            yield pb.PushWeightsRequest(chunk=bytes(piece))
+
+    return actor.stub.PushWeights(requests(), timeout=30)
+
+
+def _refused(call) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as error:
+        call()
+    return error.value
+
+
+@pytest.mark.parametrize("version", [2**63, 2**64 - 1])
+def test_a_push_version_past_int64_is_refused_from_its_header(actor: Actor, version) -> None:
+    # Refused before any byte is read: the header announces bytes that never come.
+    header = pb.WeightsHeader(model_id="policy", version=version, total_bytes=1000, sha256="0" * 64)
+    error = _refused(lambda: _push(actor, header))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "weights version" in error.details(), error.details()
+    assert "int64" in error.details(), error.details()
+
+
+def test_the_size_cap_refuses_one_byte_over_it_and_not_at_it(make_actor) -> None:
+    actor = make_actor(max_weight_bytes=CAP)
+    over = pb.WeightsHeader(model_id="policy", version=1, total_bytes=CAP + 1, sha256="0" * 64)
+    error = _refused(lambda: _push(actor, over))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    at = pb.WeightsHeader(model_id="policy", version=1, total_bytes=CAP, sha256="0" * 64)
+    error = _refused(lambda: _push(actor, at))  # taken in, then found incomplete
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "incomplete" in error.details()
+
+
+def test_chunks_past_the_announced_size_are_refused_as_invalid_argument(actor: Actor) -> None:
+    blob = encode_weights(_weights(actor))
+    short = len(blob) - 7  # the learner announces fewer bytes than it sends
+    header = pb.WeightsHeader(
+        model_id="policy", version=1, total_bytes=short, sha256=sha256_hex(blob[:short])
+    )
+    before = _weights(actor)
+    error = _refused(lambda: _push(actor, header, blob))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (error.code(), error.details())
+    assert "overflows" in error.details()
+    assert all(torch.equal(v, before[k]) for k, v in _weights(actor).items())
+    assert actor.worker.models.policy_version("policy") == 0
+
+
+def _get_state(actor: Actor) -> bytes:
+    stream = actor.stub.GetState(pb.GetStateRequest(), timeout=30)
+    header = next(stream).header
+    assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
+    for message in stream:
+        assembler.add(message.chunk)
+    return bytes(assembler.finish())
+
+
+def _load(actor: Actor, blob: bytes, sha256: str, allow_rollback: bool = False):
+    def requests() -> Iterator[pb.StateChunk]:
+        header = pb.StateHeader(total_bytes=len(blob), sha256=sha256, allow_rollback=allow_rollback)
+        yield pb.StateChunk(header=header)
+        for piece in iter_blob_chunks(blob, 4096):
+            yield pb.StateChunk(chunk=bytes(piece))
+
+    return actor.stub.LoadState(requests(), timeout=30)
+
+
+def test_a_load_state_without_its_sha256_is_refused_and_changes_nothing(actor: Actor) -> None:
+    state = decode_state(_get_state(actor))
+    other = {k: torch.full_like(v, 0.5) for k, v in state["models"]["policy"]["weights"].items()}
+    state["models"]["policy"] = {"version": 4, "weights": other}
+    blob = state_to_blob(state)
+    before = _weights(actor)
+    error = _refused(lambda: _load(actor, blob, ""))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "sha256" in error.details()
+    assert all(torch.equal(v, before[k]) for k, v in _weights(actor).items())
+    assert actor.worker.models.policy_version("policy") == 0
+    _load(actor, blob, sha256_hex(blob))  # the same state with its digest loads
+
+
+def test_a_state_one_version_older_is_a_rollback(actor: Actor) -> None:
+    state = decode_state(_get_state(actor))
+    weights = state["models"]["policy"]["weights"]
+    state["models"]["policy"] = {"version": 3, "weights": weights}
+    newer = state_to_blob(state)
+    _load(actor, newer, sha256_hex(newer))
+    other = {k: torch.full_like(v, 0.25) for k, v in weights.items()}
+    state["models"]["policy"] = {"version": 2, "weights": other}
+    older = state_to_blob(state)
+    error = _refused(lambda: _load(actor, older, sha256_hex(older)))
+    assert error.code() == grpc.StatusCode.ABORTED, error.details()
+    assert actor.worker.models.policy_version("policy") == 3
+    _load(actor, older, sha256_hex(older), allow_rollback=True)
+    assert actor.worker.models.policy_version("policy") == 2
+
+
+def test_a_state_with_more_tensors_than_the_models_hold_is_refused_from_its_header(
+    actor: Actor,
+) -> None:
+    params = len(_weights(actor))
+    extra = {f"t{i}": torch.zeros(1) for i in range(params + 1025 + 1)}
+    metadata = {"rlfleet.format": "actor-state/1", "rlfleet.state": "{}"}
+    blob = encode_weights(extra, metadata=metadata)
+    error = _refused(lambda: _load(actor, blob, sha256_hex(blob)))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (error.code(), error.details())
+    assert "tensors" in error.details()
+
+
+def test_an_env_actor_describes_no_new_token_cap(actor: Actor) -> None:
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).max_new_tokens_cap == 0
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
+def test_a_core_refuses_a_seed_outside_the_wire_range(actor: Actor, seed) -> None:
+    with pytest.raises(ValueError, match="seed must be an int"):
+        actor.worker.set_seed(seed)
