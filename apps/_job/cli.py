@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import numpy as np
 import torch
@@ -117,11 +117,10 @@ class SignalsHeld:
         if self._pending is not None:
             raise StoppedAtOnce(f"signal {signum} after signal {self._pending}")
         self._pending = signum
-        print(
+        say(
             f"{self._prog}: stopping after this update (signal again to stop at once, "
             "without outputs)",
-            file=sys.stderr,
-            flush=True,
+            sys.stderr,
         )
 
 
@@ -149,18 +148,28 @@ def run_job(
         summary = train(settings)
     except KeyboardInterrupt as exc:
         saved = f" ({exc})" if str(exc).startswith("outputs") else ""
-        print(f"{prog}: interrupted{saved}", file=sys.stderr)
+        say(f"{prog}: interrupted{saved}", sys.stderr)
         return EXIT_INTERRUPTED
     except StoppedAtOnce:
-        print(f"{prog}: stopped at once by a second signal (no outputs written)", file=sys.stderr)
+        say(f"{prog}: stopped at once by a second signal (no outputs written)", sys.stderr)
         return EXIT_INTERRUPTED
     except caught as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        say(f"{prog}: error: {exc}", sys.stderr)
         return EXIT_ERROR
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(summary.to_text())
+    say(summary.to_text(), sys.stdout)
     return EXIT_OK
+
+
+def say(line: str, stream: TextIO) -> None:
+    """Write ``line`` and its newline in one write.
+
+    Ranks sharing a terminal (``python -u`` under torchrun) otherwise interleave their lines,
+    one's text before the other's newline.
+    """
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def seed_everything(seed: int) -> None:

@@ -206,6 +206,20 @@ class DataParallel:
                 if agreed:
                     return
 
+    @contextlib.contextmanager
+    def collective_after_stop(self) -> Iterator[None]:
+        """A collective after :meth:`run_together`'s agreed stop (a last evaluation).
+
+        If it raises on this rank, the others may wait in it, not in the last barrier: this
+        rank then leaves without the barrier (a barrier against their collective would hang
+        both until the process group's timeout), and they fail on its closed connection.
+        """
+        try:
+            yield
+        except BaseException:
+            self._stopped_together = False
+            raise
+
     def gather_strings(self, values: Sequence[str]) -> list[str]:
         """Every rank's ``values``, in rank order (a rank's actor addresses, to reach them all).
 

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from torch import nn
 
+from apps._job.cli import say
 from common.weights import encode_weights
 
 __all__ = [
@@ -96,7 +97,7 @@ class Progress:
         if self._bar is not None:
             self._bar.write(message, file=self._stream)
         else:
-            print(message, file=self._stream, flush=True)
+            say(message, self._stream)
 
     def close(self) -> None:
         """Close the bar (idempotent)."""

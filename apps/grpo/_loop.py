@@ -167,7 +167,8 @@ class _Updates:
         except KeyboardInterrupt:
             self.interrupted = True
         if not self.interrupted and curve.accuracies[-1] is None:  # stopped on time
-            curve.accuracies[-1] = _shared_accuracy(self.evaluator, model, ranks)
+            with ranks.collective_after_stop():
+                curve.accuracies[-1] = _shared_accuracy(self.evaluator, model, ranks)
         self.wall = time.monotonic() - self.start
 
     def _step(self, step: int, batch: Any, stats: dict[str, float]) -> bool:

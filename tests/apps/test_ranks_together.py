@@ -52,18 +52,36 @@ print(json.dumps(record))
 """
 
 
+# Both ranks finish after step 2; rank 0's last evaluation then fails while rank 1 waits in it.
+_FAILING_LAST_COLLECTIVE = """
+import sys
+import torch, torch.distributed as dist
+from apps._job.cli import SignalsHeld
+from apps._job.ranks import DataParallel
+
+with DataParallel() as ranks:
+    with SignalsHeld("test") as signals:
+        ranks.run_together(range(1000), lambda index: index == 2, signals)
+    with ranks.collective_after_stop():
+        if ranks.rank == 0:
+            raise RuntimeError("the last evaluation failed")
+        dist.all_reduce(torch.ones(1))
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def test_a_signal_to_one_rank_waiting_for_its_batch_stops_both_after_the_same_step() -> None:
+def _run_ranks(script: str, *args: str, timeout: float) -> tuple[list, list[tuple[str, str]]]:
+    """Two ranks running ``script``: the processes and their (stdout, stderr)."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     env |= {"WORLD_SIZE": "2", "PYTHONPATH": str(ROOT)}
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", _RANK, "3"],
+            [sys.executable, "-c", script, *args],
             env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -72,10 +90,14 @@ def test_a_signal_to_one_rank_waiting_for_its_batch_stops_both_after_the_same_st
         for rank in (0, 1)
     ]
     try:
-        outputs = [rank.communicate(timeout=120) for rank in ranks]
+        return ranks, [rank.communicate(timeout=timeout) for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()
+
+
+def test_a_signal_to_one_rank_waiting_for_its_batch_stops_both_after_the_same_step() -> None:
+    ranks, outputs = _run_ranks(_RANK, "3", timeout=120)
     for rank, (_, err) in zip(ranks, outputs, strict=True):
         assert rank.returncode == 0, err[-3000:]
     assert "test: stopping after this update" in outputs[1][1]  # rank 1 held its signal
@@ -83,3 +105,11 @@ def test_a_signal_to_one_rank_waiting_for_its_batch_stops_both_after_the_same_st
     # Rank 1 waited out its batch (index 3) and its step: both stopped after it.
     assert rank0["interrupted_after"] == rank1["interrupted_after"] == 3
     assert rank1["left_at"] >= rank0["written_at"]  # torchrun would have cut rank 0 short
+
+
+def test_a_last_collective_failing_on_one_rank_ends_both_without_waiting_in_a_barrier() -> None:
+    """Rank 0 must not wait in the last barrier while rank 1 waits in the failed collective:
+    both would hang until the process group's timeout (300 s)."""
+    ranks, outputs = _run_ranks(_FAILING_LAST_COLLECTIVE, timeout=60)
+    assert [rank.returncode for rank in ranks] == [1, 1]
+    assert "RuntimeError: the last evaluation failed" in outputs[0][1]
