@@ -23,6 +23,7 @@ from actor_service import ActorConfig, ServerThread
 from common.packets import PacketAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
+from common.weights import BlobAssembler
 
 READ_TIMEOUT = 30.0
 _CLOSE = object()
@@ -188,3 +189,13 @@ class RawCollect:
                 return message
             if message is None:
                 raise AssertionError("call ended with OK, expected an error")
+
+
+def get_state(actor: Actor) -> bytes:
+    """The actor's whole state (GetState), its chunks assembled and its sha256 checked."""
+    stream = actor.stub.GetState(pb.GetStateRequest(), timeout=30)
+    header = next(stream).header
+    assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
+    for message in stream:
+        assembler.add(message.chunk)
+    return bytes(assembler.finish())

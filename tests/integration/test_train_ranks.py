@@ -13,6 +13,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -62,9 +63,11 @@ def test_a_failing_rank_is_named_on_stderr_with_its_own_message(tmp_path) -> Non
     assert "OMP_NUM_THREADS" not in result.stderr
 
 
-def test_two_ranks_stopped_by_sigterm_exit_130_with_their_outputs(tmp_path) -> None:
-    out = tmp_path / "run"
-    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
+def _acted_on_while_training(
+    out: pathlib.Path, act: Callable[[subprocess.Popen], None], *args: str
+) -> tuple[subprocess.Popen, str, str]:
+    """Two tiny ranks; ``act`` on the launcher once rank 0 trains; its stdout and stderr."""
+    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8", *args]
     learner = subprocess.Popen(
         [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", "--out", str(out), *tiny],
         cwd=ROOT,
@@ -75,15 +78,11 @@ def test_two_ranks_stopped_by_sigterm_exit_130_with_their_outputs(tmp_path) -> N
     try:
         while "frames=" not in learner.stderr.readline():  # rank 0 trains
             assert learner.poll() is None, learner.stderr.read()
-        learner.send_signal(signal.SIGTERM)
-        _, err = learner.communicate(timeout=90)
+        act(learner)
+        out_text, err = learner.communicate(timeout=120)
     finally:
         learner.kill()
-    assert learner.returncode == 130, err[-4000:]
-    assert "rlfleet-train: interrupted" in err
-    assert "SignalException" not in err
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["interrupted"] is True
+    return learner, out_text, err
 
 
 def _rank_pids(launcher: subprocess.Popen) -> list[int]:
@@ -92,23 +91,22 @@ def _rank_pids(launcher: subprocess.Popen) -> list[int]:
     return [int(pid) for pid in children.split()]
 
 
+def test_two_ranks_stopped_by_sigterm_exit_130_with_their_outputs(tmp_path) -> None:
+    out = tmp_path / "run"
+    learner, _, err = _acted_on_while_training(out, lambda p: p.send_signal(signal.SIGTERM))
+    assert learner.returncode == 130, err[-4000:]
+    assert "rlfleet-train: interrupted" in err
+    assert "SignalException" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+
+
 def test_a_signal_to_one_rank_stops_both_with_their_outputs(tmp_path) -> None:
     out = tmp_path / "run"
-    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
-    learner = subprocess.Popen(
-        [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", "--out", str(out), *tiny],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    # As `kill` of one rank's process.
+    learner, _, err = _acted_on_while_training(
+        out, lambda p: os.kill(_rank_pids(p)[1], signal.SIGTERM)
     )
-    try:
-        while "frames=" not in learner.stderr.readline():  # rank 0 trains
-            assert learner.poll() is None, learner.stderr.read()
-        os.kill(_rank_pids(learner)[1], signal.SIGTERM)  # as `kill` of one rank's process
-        _, err = learner.communicate(timeout=90)
-    finally:
-        learner.kill()
     # Rank 1 stopped alone while rank 0 waited in an all-reduce: "Connection closed by peer".
     assert learner.returncode == 130, err[-4000:]
     assert "Connection closed" not in err
@@ -117,21 +115,9 @@ def test_a_signal_to_one_rank_stops_both_with_their_outputs(tmp_path) -> None:
 
 
 def test_a_rank_killed_is_named_with_its_signal(tmp_path) -> None:
-    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
-    learner = subprocess.Popen(
-        [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", "--out", str(tmp_path), *tiny],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    learner, _, err = _acted_on_while_training(
+        tmp_path, lambda p: os.kill(_rank_pids(p)[1], signal.SIGKILL)
     )
-    try:
-        while "frames=" not in learner.stderr.readline():
-            assert learner.poll() is None, learner.stderr.read()
-        os.kill(_rank_pids(learner)[1], signal.SIGKILL)
-        _, err = learner.communicate(timeout=90)
-    finally:
-        learner.kill()
     assert learner.returncode == 1, err[-4000:]
     assert "rlfleet-train: error: learner rank 1 was killed by SIGKILL" in err
 
@@ -139,19 +125,10 @@ def test_a_rank_killed_is_named_with_its_signal(tmp_path) -> None:
 def test_rank_0_failing_to_write_its_outputs_is_the_rank_named(tmp_path) -> None:
     """After the ranks agreed to stop, rank 1 waits for rank 0's outputs, failed or not."""
     parent = tmp_path / "outputs"
-    tiny = ["--num-envs", "2", "--frames-per-batch", "16", "--minibatch-size", "8"]
-    command = [sys.executable, "-m", "apps.ppo", "--nproc-per-node", "2", *tiny]
-    command += ["--num-actors", "2", "--total-frames", "1600", "--out", str(parent / "run")]
-    learner = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    # Rank 0's outputs cannot be written: "Not a directory".
+    learner, out, err = _acted_on_while_training(
+        parent / "run", lambda p: parent.touch(), "--num-actors", "2", "--total-frames", "1600"
     )
-    try:
-        while "frames=" not in learner.stderr.readline():
-            assert learner.poll() is None, learner.stderr.read()
-        parent.touch()  # rank 0's outputs cannot be written: "Not a directory"
-        out, err = learner.communicate(timeout=120)
-    finally:
-        learner.kill()
     assert learner.returncode == 1, err[-4000:]
     assert "rlfleet-train: error: [Errno 20] Not a directory" in err
     # Rank 1 left its barrier with rank 0, not on a closed connection, with its summary.

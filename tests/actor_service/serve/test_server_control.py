@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
-from actor_harness import Actor, RawCollect, open_request
+from actor_harness import Actor, RawCollect, get_state, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
@@ -22,17 +22,8 @@ from actor_service._serve import _streams as streams_module
 from common.errors import DeadlineError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
+from common.weights import encode_weights, iter_blob_chunks, sha256_hex
 from learner_client._transport import translate_errors
-
-
-def _get_state(actor: Actor) -> bytes:
-    stream = actor.stub.GetState(pb.GetStateRequest(), timeout=30)
-    header = next(stream).header
-    assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
-    for message in stream:
-        assembler.add(message.chunk)
-    return bytes(assembler.finish())
 
 
 def _load_requests(
@@ -83,7 +74,7 @@ def test_get_state_round_trips_through_load_state(make_actor: object) -> None:
     session.opened()
     session.batch(), session.batch()
     session.cancel()
-    blob = _get_state(source)
+    blob = get_state(source)
     state = decode_state(blob)
     assert "models" in state
     target = make_actor(seed=2)
@@ -98,7 +89,7 @@ def test_get_state_round_trips_through_load_state(make_actor: object) -> None:
 
 def test_load_state_raises_if_state_is_bad_and_changes_nothing(actor: Actor) -> None:
     before = _policy_weights(actor)
-    good = decode_state(_get_state(actor))
+    good = decode_state(get_state(actor))
     weights = good["models"]["policy"]["weights"]
     name = next(iter(weights))
     weights[name] = torch.zeros(7)
@@ -141,7 +132,7 @@ def _nested_state_blob(depth: int) -> bytes:
 
 def test_load_state_raises_invalid_argument_if_a_number_is_out_of_range(actor: Actor) -> None:
     before = _snapshot(actor)
-    good = decode_state(_get_state(actor))
+    good = decode_state(get_state(actor))
     other = {k: torch.full_like(v, 0.5) for k, v in good["models"]["policy"]["weights"].items()}
     good["models"]["policy"]["weights"] = other  # would be visible if anything were applied
     bad_states = [
@@ -168,7 +159,7 @@ def test_load_state_raises_invalid_argument_if_a_number_is_out_of_range(actor: A
 def test_load_state_refuses_a_rollback_unless_allowed_and_audits_every_load(
     actor: Actor, caplog: pytest.LogCaptureFixture
 ) -> None:
-    old = _get_state(actor)  # version 0
+    old = get_state(actor)  # version 0
     state = decode_state(old)
     newer = {k: torch.full_like(v, 0.25) for k, v in state["models"]["policy"]["weights"].items()}
     state["models"]["policy"] = {"version": 3, "weights": newer}
@@ -193,7 +184,7 @@ def test_load_state_refuses_a_rollback_unless_allowed_and_audits_every_load(
 
 
 def test_load_state_refuses_other_weights_under_the_version_in_force(actor: Actor) -> None:
-    state = decode_state(_get_state(actor))
+    state = decode_state(get_state(actor))
     newer = {k: torch.full_like(v, 0.25) for k, v in state["models"]["policy"]["weights"].items()}
     state["models"]["policy"] = {"version": 1, "weights": newer}
     actor.stub.LoadState(_load_requests(state_to_blob(state)), timeout=30)

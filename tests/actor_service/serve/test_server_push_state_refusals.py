@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
-from actor_harness import Actor
+from actor_harness import Actor, get_state
 
 from actor_service._core._state import decode_state, state_to_blob
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
+from common.weights import encode_weights, iter_blob_chunks, sha256_hex
 
 CAP = 10**6
 
@@ -75,15 +75,6 @@ def test_chunks_past_the_announced_size_are_refused_as_invalid_argument(actor: A
     assert actor.worker.models.policy_version("policy") == 0
 
 
-def _get_state(actor: Actor) -> bytes:
-    stream = actor.stub.GetState(pb.GetStateRequest(), timeout=30)
-    header = next(stream).header
-    assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
-    for message in stream:
-        assembler.add(message.chunk)
-    return bytes(assembler.finish())
-
-
 def _load(actor: Actor, blob: bytes, sha256: str, allow_rollback: bool = False):
     def requests() -> Iterator[pb.StateChunk]:
         header = pb.StateHeader(total_bytes=len(blob), sha256=sha256, allow_rollback=allow_rollback)
@@ -95,7 +86,7 @@ def _load(actor: Actor, blob: bytes, sha256: str, allow_rollback: bool = False):
 
 
 def test_a_load_state_without_its_sha256_is_refused_and_changes_nothing(actor: Actor) -> None:
-    state = decode_state(_get_state(actor))
+    state = decode_state(get_state(actor))
     other = {k: torch.full_like(v, 0.5) for k, v in state["models"]["policy"]["weights"].items()}
     state["models"]["policy"] = {"version": 4, "weights": other}
     blob = state_to_blob(state)
@@ -109,7 +100,7 @@ def test_a_load_state_without_its_sha256_is_refused_and_changes_nothing(actor: A
 
 
 def test_a_state_one_version_older_is_a_rollback(actor: Actor) -> None:
-    state = decode_state(_get_state(actor))
+    state = decode_state(get_state(actor))
     weights = state["models"]["policy"]["weights"]
     state["models"]["policy"] = {"version": 3, "weights": weights}
     newer = state_to_blob(state)
