@@ -297,8 +297,8 @@ def start_local_ray(start: Callable[[], T], temp_dir: str) -> T:
     on the loaded 2-core machine each once did not (``The current node timed out during
     startup``, ``Timed out waiting for file .../gcs_server_port_...``), failing a test of
     rlfleet's own Ray code before any of it ran. Those errors alone are retried, after printing
-    the tails of Ray's logs (shown with the test's output if the second start fails too); any
-    other error is raised.
+    the tails of Ray's logs (shown with the test's output if the second start fails too) and
+    stopping the processes the failed start left running; any other error is raised.
     """
     import ray
 
@@ -308,8 +308,31 @@ def start_local_ray(start: Callable[[], T], temp_dir: str) -> T:
         if not any(words in str(error) for words in RAY_START_TIMED_OUT):
             raise
         print(f"Ray's start timed out; its logs:\n{_ray_log_tails(temp_dir)}", file=sys.stderr)
+        _stop_failed_ray_node(error)
         ray.shutdown()
         return start()
+
+
+def _stop_failed_ray_node(error: BaseException) -> None:
+    """Stop and reap the processes of the Ray node whose start raised ``error``.
+
+    ``ray.init`` keeps no reference to a node whose start raised, so ``ray.shutdown()`` cannot
+    reach its GCS and raylet: they ran on beside the retried start, and their ``Popen`` objects,
+    collected during a later test, failed it with "subprocess N is still running". The node is
+    the ``self`` of a frame in the traceback (of ``error`` or an error it was raised from).
+    """
+    from ray._private.node import Node
+
+    seen: BaseException | None = error
+    while seen is not None:
+        tb = seen.__traceback__
+        while tb is not None:
+            node = tb.tb_frame.f_locals.get("self")
+            if isinstance(node, Node):
+                node.kill_all_processes(check_alive=False, wait=True)
+                return
+            tb = tb.tb_next
+        seen = seen.__cause__ or seen.__context__
 
 
 def stop_local_ray() -> None:
