@@ -198,6 +198,15 @@ def _check_tracker(track_policy_version: object) -> None:
         )
 
 
+def _vocab_size(vocab_size: object) -> int:
+    """``vocab_size`` as ``LLMSettings`` takes it: None is 0 (not checked)."""
+    if vocab_size is None:
+        return 0
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be an int >= 1 or None, got {vocab_size!r}")
+    return vocab_size
+
+
 def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
@@ -293,6 +302,12 @@ class GrpcLLMCollector:
         layout: ``"torchrl"`` or ``"padded"``.
         max_turns: Turn limit per dialog; 0 keeps the task's.
         token_versions: Record the policy version of every response token.
+        vocab_size: The learner model's vocabulary (its embedding rows,
+            ``model.config.vocab_size``): a batch holding a token id at or beyond it is
+            refused (``ProtocolError``, before anything counts), and an actor whose
+            tokenizer holds more tokens refuses the session (``SettingsRefusedError``:
+            learner and actors load other models). None checks only that ids are not
+            negative.
         sync_iter: ``RayLLMCollector``'s: True is ``sync=True``, False the async mode
             (``ValueError`` when it disagrees with a ``sync`` given).
         policy, policy_factory, async_envs, weight_updater, verbose, ray_init_config,
@@ -333,6 +348,7 @@ class GrpcLLMCollector:
         layout: str = "torchrl",
         max_turns: int = 0,
         token_versions: bool = False,
+        vocab_size: int | None = None,
         policy: Any = None,
         policy_factory: Any = None,
         async_envs: bool | None = None,
@@ -374,6 +390,7 @@ class GrpcLLMCollector:
             yield_only_last_steps=last,
             max_turns=max_turns,
             token_versions=token_versions,
+            vocab_size=_vocab_size(vocab_size),
         )
         self._sink = _QueueSink(queue, queue_overflow) if queue is not None else None
         _check_tracker(track_policy_version)

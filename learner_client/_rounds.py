@@ -195,9 +195,9 @@ class Rounds:
             self.update_budget()
         take = self._take_sync if self.settings.sync else self._take_async
         deliveries = self.metrics.waited_for(take)
-        if self.settings.llm is not None:
+        if (llm := self.settings.llm) is not None:
             for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
-                check_padded(delivery.batch.exclude(WORKER_ID_KEY))
+                check_padded(delivery.batch.exclude(WORKER_ID_KEY), llm.vocab_size)
         self._account(deliveries)
         self._taken = deliveries
         return [d.batch for d in deliveries]

@@ -121,6 +121,7 @@ def llm_settings_from_proto(msg: pb.LLMSettings) -> LLMSettings:
         yield_only_last_steps=msg.yield_only_last_steps,
         max_turns=int(msg.max_turns),
         token_versions=msg.token_versions,
+        vocab_size=int(msg.vocab_size),
     )
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import pathlib
 import random
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -94,12 +94,13 @@ def _run(
     learner = GRPOLearner(trained, generation, config)
     curve = Curve()
     evaluate = ranks.rank == 0  # rank 0 shows progress and writes the outputs
+    vocab_size = int(cast(Any, model).get_input_embeddings().num_embeddings)  # ids it reads
 
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(_local_fleet(settings, ranks))
         addresses = ranks.gather_strings(fleet.addresses)  # every rank reaches every actor
         collector = stack.enter_context(
-            _collector(settings, addresses, generation, torchrl_update, ranks)
+            _collector(settings, addresses, generation, torchrl_update, ranks, vocab_size)
         )
         progress = stack.enter_context(
             contextlib.closing(
@@ -255,6 +256,7 @@ def _collector(
     generation: GenerationSettings,
     torchrl_update: TorchRLGRPO | None,
     ranks: DataParallel,
+    vocab_size: int,
 ) -> GrpcLLMCollector:
     turns = settings.prompts_per_step * settings.group_size
     return GrpcLLMCollector(
@@ -270,6 +272,7 @@ def _collector(
         generation=dataclasses.asdict(generation),
         layout="torchrl" if torchrl_update else "padded",
         replay_buffer=torchrl_update.replay_buffer if torchrl_update else None,
+        vocab_size=vocab_size,
         rank=ranks.rank,
         world_size=ranks.world_size,
         learner_id=ranks.learner_id,

@@ -74,12 +74,18 @@ def _tensor(td: TensorDictBase, key: Any, dtype: torch.dtype, shape: tuple[int, 
     return value
 
 
-def check_padded(td: TensorDictBase) -> None:
+def check_padded(td: TensorDictBase, vocab_size: int = 0) -> None:
     """Check an LLM batch in the padded wire form; nothing is trusted.
+
+    Args:
+        td: The batch.
+        vocab_size: Token ids must be below it (the learner model's embedding rows); 0
+            checks only that they are not negative.
 
     Raises:
         ProtocolError: A missing key, a wrong dtype or shape, a negative length, a length
-            beyond the padded width, or counts that do not agree.
+            beyond the padded width, counts that do not agree, or a token id outside
+            ``[0, vocab_size)``.
     """
     batch = tuple(td.batch_size)
     if len(batch) not in (1, 2):
@@ -118,14 +124,24 @@ def check_padded(td: TensorDictBase) -> None:
         _check_token_versions(token_versions, rows["policy_version"], response)
     if bool((rows["collector", "dialog_turns"] < 1).any()):
         raise ProtocolError("LLM batch has a dialog_turns below 1 (the first turn is 1)")
-    if bool((td.get("tokens") < 0).any()):
-        raise ProtocolError("LLM batch has negative token ids")
+    _check_token_ids(td.get("tokens"), vocab_size)
     ended = td.get(("next", "terminated")) | td.get(("next", "truncated"))
     if not torch.equal(td.get(("next", "done")), ended):  # a learner's loss reads either
         raise ProtocolError("LLM batch has a next.done unlike next.terminated | next.truncated")
     if not bool(torch.isfinite(td.get("log_probs")).all()):
         raise ProtocolError("LLM batch has non-finite log_probs")
     _check_strings(td, batch, rows[("history", "length")], rows[("history", "next_length")])
+
+
+def _check_token_ids(tokens: torch.Tensor, vocab_size: int) -> None:
+    """Token ids are not negative and, with a ``vocab_size``, below it."""
+    if bool((tokens < 0).any()):
+        raise ProtocolError("LLM batch has negative token ids")
+    if vocab_size and bool((tokens >= vocab_size).any()):
+        raise ProtocolError(
+            f"LLM batch has token ids beyond the learner's vocab_size={vocab_size} "
+            f"(up to {int(tokens.max())})"
+        )
 
 
 def _check_token_versions(

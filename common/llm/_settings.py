@@ -124,6 +124,9 @@ class LLMSettings:
         yield_only_last_steps: Only the last turn of each dialog (``[n]``).
         max_turns: Turn limit of a dialog; 0 keeps the task's.
         token_versions: Record the policy version of every response token.
+        vocab_size: The learner model's vocabulary (its embedding rows); 0 checks nothing.
+            An actor whose tokenizer holds more tokens refuses the session, and a batch
+            holding a token id at or beyond it is refused by the learner.
     """
 
     generation: GenerationSettings = dataclasses.field(default_factory=GenerationSettings)
@@ -132,6 +135,7 @@ class LLMSettings:
     yield_only_last_steps: bool = False
     max_turns: int = 0
     token_versions: bool = False
+    vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.generation, GenerationSettings):
@@ -140,6 +144,7 @@ class LLMSettings:
             )
         _int("group_size", self.group_size, 1, 65536)
         _int("max_turns", self.max_turns, 0, MAX_TURNS)
+        _int("vocab_size", self.vocab_size, 0, 2**32 - 1)
 
     @property
     def trajectories(self) -> bool:

@@ -162,6 +162,15 @@ def test_check_padded_raises_protocol_error_on_hostile_batches(name) -> None:
         check_padded(_wire(td))
 
 
+def test_check_padded_takes_token_ids_below_the_vocab_size_and_refuses_one_at_it() -> None:
+    td = _wire(padded())
+    top = int(td["tokens"].max())
+    check_padded(td, vocab_size=top + 1)
+    check_padded(td)  # 0: not checked
+    with pytest.raises(ProtocolError, match=rf"beyond the learner's vocab_size={top} "):
+        check_padded(td, vocab_size=top)
+
+
 def test_check_padded_raises_if_the_batch_has_three_dims() -> None:
     check_padded(padded(4).reshape(2, 2))  # [slots, T] is fine
     with pytest.raises(ProtocolError, match=r"\[n\] or \[slots, T\]"):

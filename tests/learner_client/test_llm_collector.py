@@ -370,7 +370,31 @@ def test_settings_an_actor_refuses_raise_at_the_first_batch_with_its_reason(
     assert time.monotonic() - started < 30  # not batch_timeout's 60 s of retries
 
 
-@pytest.mark.long
+def test_a_learner_vocabulary_smaller_than_the_actors_tokenizer_is_refused(llm_fleet) -> None:
+    """``vocab_size``, the learner model's embedding rows: at the actors' own (the tiny
+    model's 260 tokens) batches come, every id below it; one row fewer and the actors refuse
+    the session, saying why, before a token id could index past the learner's embedding."""
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=2 * SLOTS, vocab_size=260, layout="padded"
+    ) as collector:
+        batch = collector.next()
+    assert batch.numel() == 2 * SLOTS
+    assert int(batch["tokens"].min()) >= 0
+    assert int(batch["tokens"].max()) < 260
+    refused = pytest.raises(
+        SettingsRefusedError, match=r"tokenizer holds 260 tokens, more than the learner's "
+    )
+    with (
+        _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, vocab_size=259) as collector,
+        refused as error,
+    ):
+        collector.next()
+    assert "vocab_size=259" in str(error.value)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="vocab_size must be an int >= 1 or None"):
+            _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, vocab_size=bad)
+
+
 @pytest.mark.long
 def test_a_task_that_raises_reaches_the_learner_as_an_env_error() -> None:
     """A user's reward function that raises is the LLM actor's env failing: the learner
@@ -561,3 +585,21 @@ def test_the_token_rate_after_a_restore_counts_this_runs_tokens_from_its_first_b
     now[0] = 101.0
     assert shaper.tokens_per_s() == pytest.approx(10.0)
     assert shaper.counts() == {"yielded_turns": 4, "tokens": 10**6 + 10}
+
+
+@pytest.mark.parametrize("overflow", ["block", "drop_oldest"])
+def test_a_closed_queue_sink_puts_nothing(overflow: str) -> None:
+    """Once the collector shuts down (the sink closed), a batch still being put stops: in
+    either overflow mode nothing more reaches the user's queue."""
+    from tensordict import TensorDict
+
+    from learner_client._llm_collector import _QueueSink
+
+    target: queue.Queue = queue.Queue(maxsize=2)
+    sink = _QueueSink(target, overflow)
+    sink.extend(TensorDict({"x": torch.arange(2)}, batch_size=[2]))
+    sink.close()
+    target.get_nowait()
+    sink.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
+    assert target.qsize() == 1
+    assert sink.dropped == 0

@@ -145,13 +145,23 @@ def test_ids_not_of_the_actor_are_refused_with_its_stream_and_nothing_is_yielded
     _refused(ids, MissingWorkersError, r"ProtocolError.*of worker_id (-1|6); it is", 3.0)
 
 
-def _refused(broken: dict, error: type[Exception], match: str, batch_timeout: float) -> None:
+def test_a_token_id_at_the_learners_vocab_size_is_refused() -> None:
+    """``vocab_size``: an id at it (the batch's ids are all 1) would index past the learner's
+    embedding; the same batch is yielded when every id is below it."""
+    _refused({}, ProtocolError, r"token ids beyond the learner's vocab_size=1 \(up to 1\)", 10.0, 1)
+    _refused({"tokens": torch.full((2, 6), 2**63 - 1)}, ProtocolError, "vocab_size=7", 10.0, 7)
+    _yielded(vocab_size=2)
+
+
+def _refused(
+    broken: dict, error: type[Exception], match: str, batch_timeout: float, vocab_size=None
+) -> None:
     """A batch with ``broken`` entries raises ``error``; nothing is counted or yielded."""
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
     server = create_server(config, core_factory=lambda c: _HostileCore(c, broken))
     with server.run_in_thread() as actor, GrpcLLMCollector(
         [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
-        yield_completed_trajectories=True, batch_timeout=batch_timeout,
+        yield_completed_trajectories=True, batch_timeout=batch_timeout, vocab_size=vocab_size,
     ) as collector:  # fmt: skip
         with pytest.raises(error, match=match):
             collector.next()
@@ -161,13 +171,18 @@ def _refused(broken: dict, error: type[Exception], match: str, batch_timeout: fl
 
 
 def test_the_same_batch_unbroken_is_yielded() -> None:
+    _yielded()
+
+
+def _yielded(vocab_size=None) -> None:
+    """The unbroken batch is yielded whole."""
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
     server = create_server(config, core_factory=lambda c: _HostileCore(c, {}))
     with (
         server.run_in_thread() as actor,
         GrpcLLMCollector(
             [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
-            yield_completed_trajectories=True, batch_timeout=10.0,
+            yield_completed_trajectories=True, batch_timeout=10.0, vocab_size=vocab_size,
         ) as collector,
     ):  # fmt: skip
         batches = list(collector)

@@ -109,20 +109,22 @@ class GenerationSettings(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LLMSettings(_message.Message):
-    __slots__ = ("generation", "group_size", "yield_completed_trajectories", "yield_only_last_steps", "max_turns", "token_versions")
+    __slots__ = ("generation", "group_size", "yield_completed_trajectories", "yield_only_last_steps", "max_turns", "token_versions", "vocab_size")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     YIELD_COMPLETED_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     YIELD_ONLY_LAST_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     generation: GenerationSettings
     group_size: int
     yield_completed_trajectories: bool
     yield_only_last_steps: bool
     max_turns: int
     token_versions: bool
-    def __init__(self, generation: _Optional[_Union[GenerationSettings, _Mapping]] = ..., group_size: _Optional[int] = ..., yield_completed_trajectories: _Optional[bool] = ..., yield_only_last_steps: _Optional[bool] = ..., max_turns: _Optional[int] = ..., token_versions: _Optional[bool] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, generation: _Optional[_Union[GenerationSettings, _Mapping]] = ..., group_size: _Optional[int] = ..., yield_completed_trajectories: _Optional[bool] = ..., yield_only_last_steps: _Optional[bool] = ..., max_turns: _Optional[int] = ..., token_versions: _Optional[bool] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class OpenSession(_message.Message):
     __slots__ = ("settings", "credits", "take_over", "resume_epoch", "resume_after_seq", "learner_id", "shm_batches", "protocol_version", "min_peer_protocol")
