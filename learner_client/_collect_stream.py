@@ -349,7 +349,7 @@ class CollectStream:
         """
         assembler: BatchAssembler | None = None
         info: Any = None
-        expected = 0
+        expected = count = 0  # the next chunk's index; the first chunk's count
         started = on_start or _claims_nothing
         while True:
             message = await self._receive(idle, waiting if assembler is None else None)
@@ -372,11 +372,12 @@ class CollectStream:
                 )
             if assembler is None:
                 info, assembler, expected = chunk.info, self._start_batch(chunk), 0
-                claimed = bool(started(chunk.seq))
-            if chunk.seq != info.seq or chunk.index != expected or chunk.count < expected + 1:
+                count, claimed = chunk.count, bool(started(chunk.seq))
+            if chunk.seq != info.seq or chunk.index != expected or chunk.count != count:
                 raise ProtocolError(
-                    f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}) out of order "
-                    f"in batch seq {info.seq} (expected index {expected})"
+                    f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}, count "
+                    f"{chunk.count}) out of order in batch seq {info.seq} (expected index "
+                    f"{expected} of {count})"
                 )
             assembler.add(chunk.data)
             expected += 1

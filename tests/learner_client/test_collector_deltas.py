@@ -6,13 +6,14 @@ The actors' weights are read back through ``collector.state_dict()`` (GetState).
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 import safetensors.torch
 import torch
 from learner_fleet import cartpole_policy
 
-from learner_client import GrpcCollector, WeightPushSettings
+from learner_client import GrpcCollector, LocalFleet, WeightPushError, WeightPushSettings
 from learner_client._transport import ActorChannel
 
 
@@ -99,6 +100,24 @@ async def _load_state(address: str, blob: bytes) -> None:
         await channel.load_state(blob, 30.0, allow_rollback=True)
     finally:
         await channel.close()
+
+
+def test_a_delta_an_actor_missed_for_another_reason_is_not_sent_again_whole() -> None:
+    """Only a delta on another base is retried whole at once: the delta a killed actor missed
+    fails as any push does, naming it, with no full push after it (no fallback counted)."""
+    with (
+        LocalFleet(2, "CartPole-v1", num_envs=1, seed=0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=2, sync=True) as collector,
+    ):
+        policy = cartpole_policy()
+        collector.update_policy_weights_(policy, delta=True)
+        fleet.kill(1, signal.SIGKILL)
+        _train_step(policy, 1)
+        with pytest.raises(WeightPushError, match="worker_id 1"):
+            collector.update_policy_weights_(policy, delta=True)
+        stats = collector.stats()
+    assert stats["delta_fallbacks"] == 0
+    assert stats["delta_pushes"] == 1  # the second push: a delta to both, nothing after it
 
 
 def test_delta_push_raises_if_given_per_worker_weights(fleet) -> None:

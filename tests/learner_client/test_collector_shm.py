@@ -8,11 +8,13 @@ control is refused with its reason and leaves the actor serving.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -485,3 +487,123 @@ def test_a_blob_segment_opened_up_between_pushes_is_not_named_again(fleet):
         collector.update_policy_weights_(policy)
         assert collector.stats()["shm_fallbacks"] == 0
         assert collector.stats()["shm_pushes"] == 6
+
+
+@contextlib.contextmanager
+def _route(admitted: bool = True) -> Iterator[tuple[_shm.ShmRoute, BlobBuffers, set[str]]]:
+    """A collector's route (with one local actor admitted), its blob buffers, and the names of
+    ours under /dev/shm before them; on leaving, both closed and none of theirs left."""
+    before = ours()
+    route = _shm.ShmRoute(enabled=True)
+    if admitted:
+        route.admit(7, route.identity, probe_ok=True)
+    buffers = BlobBuffers(route)
+    try:
+        yield route, buffers, before
+    finally:
+        buffers.clear()
+        route.close()
+    assert ours() <= before
+
+
+def test_idle_segments_of_pushes_of_many_sizes_are_kept_at_most_idle_segments():
+    """Blobs copied into segments (not encoded into one: a CUDA learner's, a delta's) of
+    ever new sizes: once their pushes are in, at most IDLE_SEGMENTS segments stay under
+    /dev/shm, the latest ones, and a push of a kept size fills its segment again."""
+    names: list[str] = []
+    with _route() as (route, _, before):
+        for size in range(1, 2 * _shm.IDLE_SEGMENTS + 1):
+            segment = route.write({0: (bytes([size]) * (64 * size), None)})[0]
+            names.append(segment.name)
+            route.release([segment])
+            assert len(ours() - before) == min(size, _shm.IDLE_SEGMENTS)
+        assert ours() - before == set(names[-_shm.IDLE_SEGMENTS :])  # the latest are kept
+        size = 2 * _shm.IDLE_SEGMENTS
+        again = route.write({0: (b"\0" * (64 * size), None)})[0]
+        assert again.name == names[-1]  # reused, not made anew
+        route.release([again])
+
+
+def test_an_idle_segment_a_reader_still_holds_is_never_filled_again():
+    """A blob copied into a segment (not encoded into one): once its push is in, the segment
+    waits for the next push of its size, but one a reader still holds (a shared flock, as an
+    actor past its push's deadline holds it) is never written: the next push takes another."""
+    with _route() as (route, _, _before):
+        first = route.write({0: (b"\1" * 4096, None)})[0]
+        route.release([first])
+        with open(os.path.join(SHM_ROOT, first.name), "rb") as file:
+            fcntl.flock(file, fcntl.LOCK_SH)
+            second = route.write({0: (b"\2" * 4096, None)})[0]
+            assert second.name != first.name
+            file.seek(0)
+            assert file.read() == b"\1" * 4096  # never written while held
+            route.release([second])
+        third = route.write({0: (b"\3" * 4096, None)})[0]
+        assert third.name == second.name  # an unheld idle segment is filled again
+        route.release([third])
+
+
+def _segment_bytes(name: str) -> bytes:
+    with open(os.path.join(SHM_ROOT, name), "rb") as file:
+        return file.read()
+
+
+def test_part_of_a_blob_segment_is_copied_not_named_whole():
+    """A blob lying at the start of a blob segment but shorter than it is not the segment:
+    it is copied into a segment of its own size (a reader checks the size it is told)."""
+    with _route() as (route, buffers, _before):
+        whole = buffers.take("policy", 4096)
+        whole.copy_(torch.arange(4096) % 251)
+        part = whole[:1000]
+        segment = route.write({0: (part.numpy().data, None)})[0]
+        assert segment.size == 1000
+        assert _segment_bytes(segment.name) == part.numpy().tobytes()
+        assert segment.crc32c == crc32c(part.numpy().data)
+        route.release([segment])
+
+
+def test_a_blob_segment_serves_only_a_blob_of_its_own_size():
+    """An idle blob segment larger than the next blob is not handed out for it (a reader is
+    told the segment's size, so a blob in part of one would be copied again): the smaller
+    blob gets a segment of its size, and is named as it lies."""
+    with _route() as (route, buffers, _before):
+        large = buffers.take("policy", 8192)
+        large_at = large.data_ptr()
+        del large  # let go: idle, but of another size
+        small = buffers.take("policy", 4096)
+        assert small.numel() == 4096
+        assert small.data_ptr() != large_at
+        small.copy_(torch.arange(4096) % 251)
+        segment = route.write({0: (small.numpy().data, None)})[0]
+        assert _segment_bytes(segment.name) == small.numpy().tobytes()  # its own, no copy
+        small.fill_(3)
+        assert _segment_bytes(segment.name) == small.numpy().tobytes()  # the blob's memory
+        route.release([segment])
+
+
+def test_a_blob_segment_let_go_loses_its_name_at_once():
+    """A model keeps two blob buffers: the one let go for a third (a model whose size
+    changed) loses its /dev/shm name at once, as clear() does for every kept one, while
+    the route (the collector) goes on."""
+    with _route() as (_, buffers, before):
+        for size in (4096, 8192, 12288):
+            buffers.take("policy", size)
+        assert len(ours() - before) == 2  # the first one's name went with it
+        buffers.clear()
+        assert ours() <= before
+
+
+def test_a_plain_blob_buffer_is_not_reused_once_actors_read_segments():
+    """A model pushed before any actor was local kept a plain buffer; once one is, the next
+    push's blob goes into a blob segment, named as it lies, not into the plain buffer."""
+    with _route(admitted=False) as (route, buffers, _before):
+        plain = buffers.take("policy", 4096)
+        plain_at = plain.data_ptr()
+        del plain  # let go: idle, but plain memory
+        route.admit(7, route.identity, probe_ok=True)
+        blob = buffers.take("policy", 4096)
+        assert blob.data_ptr() != plain_at
+        segment = route.write({0: (blob.numpy().data, None)})[0]
+        blob.fill_(5)
+        assert _segment_bytes(segment.name) == blob.numpy().tobytes()  # the blob itself
+        route.release([segment])

@@ -454,3 +454,29 @@ def test_next_from_the_thread_holding_pause_raises_while_background_collection_r
         held = len(rb)
         time.sleep(0.5)
         assert len(rb) > held  # collection went on after the pause
+
+
+def test_parts_an_interrupt_left_are_stored_before_the_next_takes_round() -> None:
+    """Ctrl-C cuts the first part of a round: the round's other parts are stored by the next
+    take, before that take's own round (the buffer keeps the order the batches came in)."""
+
+    class CutOnce:
+        def __init__(self) -> None:
+            self.stored: list[str] = []
+            self.calls = 0
+
+        def extend(self, part) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt
+            self.stored.append(part["who"])
+
+    def part(who: str) -> TensorDict:
+        return TensorDict({"who": NonTensorData(who)})
+
+    handover, buffer = Handover(), CutOnce()
+    with pytest.raises(KeyboardInterrupt):
+        handover.deliver([part("a1"), part("a2"), part("a3")], buffer, None)
+    assert buffer.stored == []
+    assert handover.deliver([part("b1"), part("b2")], buffer, None) is None
+    assert buffer.stored == ["a2", "a3", "b1", "b2"]

@@ -308,3 +308,108 @@ def test_a_sync_round_whose_actors_send_other_entries_is_a_lazy_stack_or_a_clear
     warned = [r for r in caplog.records if "lazy stack" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
     assert "worker_ids [0, 1]" in warned[0].getMessage()
+
+
+def _half_then_end(seq: int) -> list[pb.CollectResponse]:
+    whole = batch(seq).chunk
+    half = len(whole.data) // 2
+    first = pb.BatchChunk(seq=seq, index=0, count=2, data=whole.data[:half], info=whole.info)
+    end = pb.StreamEnd(reason=pb.END_REASON_CLOSED, message="done")
+    return [pb.CollectResponse(chunk=first), pb.CollectResponse(end=end)]
+
+
+class EndingMidBatch(HostileActor):
+    """Sends the first of a batch's two chunks, then ``end`` as if the session were over."""
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        next(requests)
+        with self._lock:
+            self.sessions += 1
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+        yield from _half_then_end(1)
+
+
+def test_an_end_inside_a_batch_is_a_protocol_error_not_a_clean_end(description) -> None:
+    """An ``end`` between a batch's chunks: no actor sends it (it finishes or breaks the
+    batch first), so the session is a ProtocolError, retried with backoff, counting nothing."""
+    _refused_as_protocol_error(EndingMidBatch(description, batch), "unexpected 'end' inside")
+
+
+def _refused_as_protocol_error(servicer: HostileActor, needle: str) -> None:
+    """The first batch from ``servicer`` fails: a ProtocolError saying ``needle``, nothing
+    counted."""
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector(
+            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=2.0
+        ) as collector:
+            with pytest.raises(MissingWorkersError) as raised:
+                collector.next()
+            stats = collector.stats()
+    finally:
+        server.stop(None)
+    assert "ProtocolError" in str(raised.value)
+    assert needle in str(raised.value)
+    assert (stats["frames"], stats["batches"]) == (0, 0)
+
+
+class ChunkingActor(HostileActor):
+    """Sends each batch as ``len(indices)`` chunks of its packet, in order, each chunk under
+    its index and count from ``indices`` and ``counts`` (an honest actor: 0.., n each)."""
+
+    def __init__(
+        self, description: pb.DescribeResponse, indices: tuple[int, ...], counts: tuple[int, ...]
+    ) -> None:
+        super().__init__(description, batch)
+        self.indices, self.counts = indices, counts
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        opening = next(requests).open
+        with self._lock:
+            self.sessions += 1
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+        seq = 1
+        later = (r.credit.batches if r.HasField("credit") else 0 for r in requests)
+        for granted in itertools.chain([opening.credits], later):
+            for _ in range(granted):
+                whole = batch(seq).chunk
+                data = whole.data
+                step = -(-len(data) // len(self.indices))
+                for n, (index, said) in enumerate(zip(self.indices, self.counts, strict=True)):
+                    chunk = pb.BatchChunk(
+                        seq=seq, index=index, count=said, data=data[n * step : (n + 1) * step]
+                    )
+                    if n == 0:
+                        chunk.info.CopyFrom(whole.info)
+                    yield pb.CollectResponse(chunk=chunk)
+                seq += 1
+
+
+@pytest.mark.parametrize(
+    ("indices", "counts", "refused"),
+    [
+        ((0, 1, 2), (3, 3, 3), False),
+        ((0, 0, 2), (3, 3, 3), True),
+        ((0, 2, 1), (3, 3, 3), True),
+        ((0, 1, 2), (3, 1, 3), True),
+        ((0, 1, 2), (2, 3, 3), True),  # the bytes whole: only the count changed
+    ],
+    ids=["in-order", "index-repeated", "indices-swapped", "count-below-index", "count-changed"],
+)
+def test_chunks_whose_framing_lies_are_refused_even_when_the_data_is_whole(
+    description, indices: tuple[int, ...], counts: tuple[int, ...], refused: bool
+) -> None:
+    """The bytes arrive whole and in order (their CRC-32C holds), but the chunks' indices or
+    counts lie: no actor frames a batch so, and the learner must refuse it (ProtocolError)."""
+    servicer = ChunkingActor(description, indices, counts)
+    if refused:
+        _refused_as_protocol_error(servicer, "out of order")
+        return
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector(
+            [address], frames_per_batch=FRAMES, total_frames=2 * FRAMES, batch_timeout=2.0
+        ) as collector:
+            assert [b.numel() for b in collector] == [FRAMES, FRAMES]
+    finally:
+        server.stop(None)

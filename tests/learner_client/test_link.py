@@ -513,7 +513,9 @@ def test_link_asks_a_local_actor_for_segments_and_reads_them() -> None:
     assert torch.equal(delivery.batch["observation"], torch.zeros(2, 3, 4))
 
 
-@pytest.mark.parametrize("flaw", ["two chunks", "index 1", "another seq", "data too", "size"])
+@pytest.mark.parametrize(
+    "flaw", ["two chunks", "index 1", "another seq", "data too", "size", "crc32c"]
+)
 def test_link_refuses_a_malformed_segment_chunk(flaw: str) -> None:
     response = shm_batch(1, name="rlfleet-shm-1-" + "0" * 32)
     chunk = response.chunk
@@ -525,8 +527,10 @@ def test_link_refuses_a_malformed_segment_chunk(flaw: str) -> None:
         chunk.seq = 2
     elif flaw == "data too":
         chunk.data = b"x"
-    else:
+    elif flaw == "size":
         chunk.shm.size += 1
+    else:
+        chunk.shm.crc32c ^= 1  # the control and the batch's info disagree
     r = rig(FakeChannel([[opened(), response], [opened(), batch(1)]]), shm=local_route())
 
     async def scenario() -> None:
