@@ -22,7 +22,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from common.config import DEFAULT_MODEL_ID
+from common.config import DEFAULT_MODEL_ID, as_int
 from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
@@ -199,12 +199,13 @@ def _check_tracker(track_policy_version: object) -> None:
 
 
 def _vocab_size(vocab_size: object) -> int:
-    """``vocab_size`` as ``LLMSettings`` takes it: None is 0 (not checked)."""
+    """``vocab_size`` as ``LLMSettings`` takes it (any integer, numpy's too): None is 0."""
     if vocab_size is None:
         return 0
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+    size = as_int(vocab_size)
+    if size is None or size < 1:
         raise ValueError(f"vocab_size must be an int >= 1 or None, got {vocab_size!r}")
-    return vocab_size
+    return size
 
 
 def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> None:
@@ -305,9 +306,9 @@ class GrpcLLMCollector:
         vocab_size: The learner model's vocabulary (its embedding rows,
             ``model.config.vocab_size``): a batch holding a token id at or beyond it is
             refused (``ProtocolError``, before anything counts), and an actor whose
-            tokenizer holds more tokens refuses the session (``SettingsRefusedError``:
-            learner and actors load other models). None checks only that ids are not
-            negative.
+            model draws from more token ids (its output rows, at least its tokenizer's)
+            refuses the session (``SettingsRefusedError``: learner and actors load other
+            models). Any integer; None checks only that ids are not negative.
         sync_iter: ``RayLLMCollector``'s: True is ``sync=True``, False the async mode
             (``ValueError`` when it disagrees with a ``sync`` given).
         policy, policy_factory, async_envs, weight_updater, verbose, ray_init_config,

@@ -42,6 +42,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from common.config import local_device
+from common.errors import ProtocolError
 from common.llm import check_padded, merge_padded
 from learner_client._errors import MissingWorkersError
 from learner_client._ledger import Ledger
@@ -197,7 +198,10 @@ class Rounds:
         deliveries = self.metrics.waited_for(take)
         if (llm := self.settings.llm) is not None:
             for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
-                check_padded(delivery.batch.exclude(WORKER_ID_KEY), llm.vocab_size)
+                try:
+                    check_padded(delivery.batch.exclude(WORKER_ID_KEY), llm.vocab_size)
+                except ProtocolError as exc:
+                    raise ProtocolError(f"worker_id {delivery.worker_id}: {exc}") from exc
         self._account(deliveries)
         self._taken = deliveries
         return [d.batch for d in deliveries]

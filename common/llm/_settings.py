@@ -125,8 +125,8 @@ class LLMSettings:
         max_turns: Turn limit of a dialog; 0 keeps the task's.
         token_versions: Record the policy version of every response token.
         vocab_size: The learner model's vocabulary (its embedding rows); 0 checks nothing.
-            An actor whose tokenizer holds more tokens refuses the session, and a batch
-            holding a token id at or beyond it is refused by the learner.
+            An actor whose model draws from more token ids (its output rows) refuses the
+            session, and a batch holding a token id at or beyond it is refused by the learner.
     """
 
     generation: GenerationSettings = dataclasses.field(default_factory=GenerationSettings)

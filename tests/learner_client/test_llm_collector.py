@@ -382,7 +382,7 @@ def test_a_learner_vocabulary_smaller_than_the_actors_tokenizer_is_refused(llm_f
     assert int(batch["tokens"].min()) >= 0
     assert int(batch["tokens"].max()) < 260
     refused = pytest.raises(
-        SettingsRefusedError, match=r"tokenizer holds 260 tokens, more than the learner's "
+        SettingsRefusedError, match=r"model draws from 260 token ids, more than the learner's "
     )
     with (
         _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, vocab_size=259) as collector,
@@ -390,7 +390,7 @@ def test_a_learner_vocabulary_smaller_than_the_actors_tokenizer_is_refused(llm_f
     ):
         collector.next()
     assert "vocab_size=259" in str(error.value)
-    for bad in (0, -1, True, 2.5):
+    for bad in (0, -1, True, 2.5, "260"):
         with pytest.raises(ValueError, match="vocab_size must be an int >= 1 or None"):
             _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, vocab_size=bad)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
@@ -148,9 +149,10 @@ def test_ids_not_of_the_actor_are_refused_with_its_stream_and_nothing_is_yielded
 def test_a_token_id_at_the_learners_vocab_size_is_refused() -> None:
     """``vocab_size``: an id at it (the batch's ids are all 1) would index past the learner's
     embedding; the same batch is yielded when every id is below it."""
-    _refused({}, ProtocolError, r"token ids beyond the learner's vocab_size=1 \(up to 1\)", 10.0, 1)
+    beyond = r"worker_id 0: LLM batch has token ids beyond the learner's vocab_size=1 \(up to 1\)"
+    _refused({}, ProtocolError, beyond, 10.0, 1)
     _refused({"tokens": torch.full((2, 6), 2**63 - 1)}, ProtocolError, "vocab_size=7", 10.0, 7)
-    _yielded(vocab_size=2)
+    _yielded(vocab_size=np.int64(2))  # any integer a script computes
 
 
 def _refused(

@@ -98,8 +98,8 @@ class LLMCore(CoreBase):
         Raises:
             ValueError: No LLM settings, a turn count the slots cannot split, a group
                 size that does not divide the slots, generation settings beyond this
-                actor's caps or vocabulary, a learner's vocabulary smaller than this
-                actor's tokenizer.
+                actor's caps or vocabulary, a learner's vocabulary smaller than the ids
+                this actor's model draws from.
         """
         self._check_settings_type(settings)
         llm = settings.llm
@@ -120,10 +120,10 @@ class LLMCore(CoreBase):
                 f"group_size={llm.group_size} does not divide num_envs={self.num_slots}"
             )
         self._check_generation(llm)
-        if llm.vocab_size and self.engine.vocab > llm.vocab_size:
+        if llm.vocab_size and self.models.token_ids > llm.vocab_size:
             raise ValueError(
-                f"this actor's tokenizer holds {self.engine.vocab} tokens, more than the "
-                f"learner's vocab_size={llm.vocab_size}: its token ids would index past the "
+                f"this actor's model draws from {self.models.token_ids} token ids, more than "
+                f"the learner's vocab_size={llm.vocab_size}: its token ids would index past the "
                 "learner's embedding (do the learner and this actor load the same model?)"
             )
         self.models.policy_version(settings.model_id)

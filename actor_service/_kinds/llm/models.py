@@ -99,6 +99,9 @@ class LLMModels(ModelBook[_Slot]):
         self.context = int(getattr(config, "max_position_embeddings", 0) or 0) or int(
             getattr(config, "n_positions", 0) or 1 << 20
         )
+        #: How many token ids the model may draw: its output rows (a padded vocabulary's
+        #: beyond the tokenizer's too; nothing masks them), at least the tokenizer's.
+        self.token_ids = max(len(self.tokenizer), int(getattr(config, "vocab_size", 0) or 0))
 
     @property
     def model(self) -> Any:

@@ -100,6 +100,22 @@ def test_a_response_stops_at_any_end_id_the_checkpoint_lists(tmp_path) -> None:
     assert td["collector", "stopped"].all()
 
 
+def test_a_padded_vocabulary_is_what_a_learner_vocab_size_is_checked_against(tmp_path) -> None:
+    """A checkpoint whose output rows pass its tokenizer (a padded vocabulary: nothing masks
+    the extra rows, so they are drawn): a learner's ``vocab_size`` of the tokenizer's size is
+    refused, naming the rows; one of the rows is taken."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    model.resize_token_embeddings(len(tok) + 64, mean_resizing=False)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    padded = (ModelSpec("policy", f"hf:{tmp_path}", {"dtype": "float32"}),)
+    with _worker(models=padded) as worker:
+        assert worker.models.token_ids == len(tok) + 64
+        with pytest.raises(ValueError, match=rf"draws from {len(tok) + 64} token ids, more than "):
+            worker.configure(_settings(vocab_size=len(tok)))
+        worker.configure(_settings(vocab_size=len(tok) + 64))
+
+
 @pytest.mark.parametrize(
     ("mode", "kind", "text"),
     [

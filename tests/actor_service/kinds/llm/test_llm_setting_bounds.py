@@ -111,9 +111,9 @@ def test_a_group_size_past_its_bound_is_refused_naming_it(llm_actor) -> None:
     _refused(llm_actor, "group_size", group_size=2**32 - 1)
 
 
-def test_a_learner_vocab_size_below_the_tokenizer_is_refused_naming_it(llm_actor) -> None:
-    # The learner's embedding rows: ids up to the tokenizer's size must fit; 0 checks nothing.
-    vocab = llm_actor.worker.engine.vocab
+def test_a_learner_vocab_size_below_the_models_ids_is_refused_naming_it(llm_actor) -> None:
+    # The learner's embedding rows: every id the actor's model draws must fit; 0 checks nothing.
+    vocab = llm_actor.worker.models.token_ids
     for taken in (vocab, 2**32 - 1, 0):
         _accepted(llm_actor, vocab_size=taken)
     _refused(llm_actor, f"learner's vocab_size={vocab - 1}", vocab_size=vocab - 1)
