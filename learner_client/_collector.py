@@ -38,7 +38,6 @@ from learner_client._ray_dropin import (
     RAY_WARNED,
     RayPlacement,
     ray_fleet_of,
-    script_env_fn,
 )
 from learner_client._rounds import Placement
 from learner_client._settings import (
@@ -311,10 +310,7 @@ class GrpcCollector(TorchRLAccessors):
             self._shared = (
                 None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
             )
-            env_fn = script_env_fn(create_env_fn)  # RayCollector's list: its first
-            self._env = (
-                None if env_fn is None else ScriptEnv(env_fn, create_env_kwargs, per_actor=on_ray)
-            )
+            self._env = ScriptEnv.of(create_env_fn, create_env_kwargs, on_ray=on_ray)
             self._placement = Placement(device, storing_device)
             self._batch = BatchSettings(
                 frames_per_batch=frames_per_batch,

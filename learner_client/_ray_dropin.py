@@ -131,13 +131,6 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
     )
 
 
-def script_env_fn(create_env_fn: Any) -> Any:
-    """The env the learner checks batches against: the first of a list, else as given."""
-    if isinstance(create_env_fn, list | tuple):
-        return create_env_fn[0] if create_env_fn else None
-    return create_env_fn
-
-
 def _per_collector(
     placement: RayPlacement,
 ) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[dict[str, Any]]]:

@@ -374,7 +374,7 @@ def env_signature(
     Raises:
         TypeError: ``create_env_fn`` is not callable, or builds neither kind of env.
     """
-    if callable(getattr(create_env_fn, "fake_tensordict", None)):
+    if is_env_object(create_env_fn):
         return _signature(create_env_fn)
     if not callable(create_env_fn):
         raise TypeError(f"create_env_fn must be callable, got {create_env_fn!r:.60}")
@@ -385,9 +385,15 @@ def env_signature(
     try:
         return _signature(env)
     finally:
-        close = getattr(env, "close", None)
-        if callable(close):
+        if is_env_object(env):  # a batched env never started is closed already to TorchRL
+            env.close(raise_if_closed=False)
+        elif callable(close := getattr(env, "close", None)):
             close()
+
+
+def is_env_object(value: object) -> bool:
+    """Whether ``value`` is a TorchRL env object (not a constructor: an env class is one)."""
+    return not isinstance(value, type) and callable(getattr(value, "fake_tensordict", None))
 
 
 def _signature(env: Any) -> EnvSignature:
@@ -599,11 +605,25 @@ class ScriptEnv:
     Args:
         create_env_fn: TorchRL's argument: an env constructor, or a TorchRL env itself.
         create_env_kwargs: Keyword arguments of the constructor.
-        per_actor: Shape each actor's part as ``RayCollector`` does, each remote
-            collector's batch being its env's (RayCollector's drop-in form): the env
-            dimension of ``[..., envs, T]`` becomes the env's ``batch_size`` where the actor
-            steps as many envs, the actors' dimension (sync) stays; never warns.
+        per_actor: Shape each actor's part as a worker's batch, each worker stepping the
+            env (``RayCollector``'s drop-in form, and a multi-worker collector's list of
+            constructors): the env dimension of ``[..., envs, T]`` becomes the env's
+            ``batch_size`` where the actor steps as many envs, the actors' dimension (sync)
+            stays, as ``MultiSyncCollector`` stacks its workers; never warns.
     """
+
+    @classmethod
+    def of(cls, create_env_fn: Any, create_env_kwargs: Any, *, on_ray: bool) -> ScriptEnv | None:
+        """The ``ScriptEnv`` of a collector's ``create_env_fn`` (None when not given).
+
+        A list (``MultiSyncCollector``'s and ``RayCollector``'s, one constructor per worker)
+        is read through its first, each actor's part shaped as one worker's batch.
+        """
+        per_worker = isinstance(create_env_fn, list | tuple)
+        env_fn = (create_env_fn[0] if create_env_fn else None) if per_worker else create_env_fn
+        if env_fn is None:
+            return None
+        return cls(env_fn, create_env_kwargs, per_actor=on_ray or per_worker)
 
     def __init__(
         self,
@@ -617,7 +637,7 @@ class ScriptEnv:
         self._signature: dict[Any, Any] | None = signature.keys
         self._batch_size = signature.batch_size
         self._warned = False  # about a fleet stepping another number of envs
-        own = callable(getattr(create_env_fn, "fake_tensordict", None))
+        own = is_env_object(create_env_fn)
         #: The env object the script gave (a TorchRL env), or None for a constructor.
         self.given = create_env_fn if own else None
         self._env = create_env_fn if own and env_has_state(create_env_fn) else None

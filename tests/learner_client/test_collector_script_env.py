@@ -186,7 +186,6 @@ def test_collector_does_not_follow_an_env_constructor_or_a_stateless_env(
     assert built[0].is_closed  # an env it built for the check is its own to close
 
 
-@pytest.mark.filterwarnings("ignore:the fleet steps:UserWarning")  # 2 envs for one env's layout
 def test_a_multi_worker_scripts_per_worker_env_kwargs_build_the_first_workers_env(
     vecnorm_actors: list[str],
 ) -> None:

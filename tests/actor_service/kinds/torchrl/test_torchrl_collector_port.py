@@ -12,13 +12,19 @@ per-group layout instead (``test_torchrl_pixels_agents.py``, VMAS ``simple_tag``
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("torchrl")
+from torchrl.collectors import MultiSyncCollector
+from torchrl.envs import SerialEnv
 from torchrl.testing.assertions import check_rollout_consistency_multikey_env
+from torchrl.testing.mocking_classes import DiscreteActionVecMockEnv
 from torchrl_harness import (
     any_done,
     assert_equal_batches,
@@ -34,6 +40,7 @@ from learner_client import GrpcCollector
 NESTED = "rlfleet_test_mocks:nested"
 COUNT = "rlfleet_test_mocks:count_policy"
 MULTI_KEY = "rlfleet_test_mocks:multi_key"
+VEC = "rlfleet_test_mocks:discrete_vec"
 
 
 @pytest.mark.parametrize("nest_obs_action", [True, False])
@@ -147,3 +154,57 @@ def test_port_max_frames_per_traj_set_then_lifted_on_fresh_envs() -> None:
             assert ("truncated" in batch["next"]) == bool(limit)
         steps = batch["next", "observation"][0, :, 0]  # CountingEnv counts its steps
         assert steps.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]  # no limit: past 3
+
+
+@contextlib.contextmanager
+def _two_actors(num_envs: int) -> Iterator[list[str]]:
+    """Two actors of ``num_envs`` of TorchRL's ``DiscreteActionVecMockEnv``, random actions."""
+    with contextlib.ExitStack() as stack:
+        actors = [
+            stack.enter_context(
+                create_server(
+                    torchrl_config(VEC, "random", num_envs=num_envs, worker_id=w, seed=w)
+                ).run_in_thread()
+            )
+            for w in range(2)
+        ]
+        yield [f"127.0.0.1:{actor.port}" for actor in actors]
+
+
+def test_port_multi_sync_ordering_of_a_list_of_env_constructors() -> None:
+    # TorchRL's test_multi_sync_data_collector_ordering: MultiSyncCollector([env_fn] * 2) of
+    # unbatched envs stacks its workers, [2, T] named [None, "time"]; its async sibling gives
+    # one worker's [T]. It gave [2, 1, T] and a warning suggesting another fleet.
+    def env_fn() -> Any:
+        return DiscreteActionVecMockEnv()
+
+    with _two_actors(1) as addresses:
+        for sync, shape in ((True, (2, 10)), (False, (20,))):
+            with GrpcCollector(
+                addresses, create_env_fn=[env_fn] * 2, frames_per_batch=20, sync=sync
+            ) as collector:
+                batch = collector.next()
+            assert batch.batch_size == shape
+            assert batch.names[-1] == "time"
+    reference = MultiSyncCollector([env_fn] * 2, None, frames_per_batch=20, total_frames=20)
+    assert next(iter(reference)).batch_size == (2, 10)
+    reference.shutdown()
+
+
+def test_port_an_env_class_or_a_batched_env_as_create_env_fn() -> None:
+    # TorchRL's tests pass the env class itself (TestCollectorStats, TestMakePolicyFactory) and
+    # constructors of a SerialEnv (test_collector_batch_size): the class crashed the check
+    # (read as an env object) and the SerialEnv built for it raised closing it unstarted.
+    def serial() -> Any:
+        return SerialEnv(2, DiscreteActionVecMockEnv)
+
+    with _two_actors(2) as addresses:
+        for create_env_fn in (DiscreteActionVecMockEnv, serial):
+            with (
+                warnings.catch_warnings(),  # a class of one env for a fleet of 4: warned
+                GrpcCollector(
+                    addresses, create_env_fn=create_env_fn, frames_per_batch=20, sync=True
+                ) as collector,
+            ):
+                warnings.simplefilter("ignore", UserWarning)
+                assert collector.next().numel() == 20
