@@ -280,3 +280,25 @@ class _WrongShape(gymnasium.Wrapper):
 def wrong_shape_cartpole(steps: int = 0) -> gymnasium.Env:
     """CartPole whose steps return a ``(5,)`` observation after ``steps`` good ones."""
     return _WrongShape(gymnasium.make("CartPole-v1"), steps)
+
+
+class _OffsetDiscreteEnv(gymnasium.Env):
+    """``Discrete(4, start=10)`` observations (a walk the action steps), 5-step episodes."""
+
+    observation_space = gymnasium.spaces.Discrete(4, start=10)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self._t, self._x = 0, 10
+        return self._x, {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        self._x = min(13, self._x + int(action))
+        return self._x, 1.0, self._t >= 5, False, {}
+
+
+def offset_discrete_env() -> gymnasium.Env:
+    """An env whose Discrete observation space starts at 10, not 0."""
+    return _OffsetDiscreteEnv()

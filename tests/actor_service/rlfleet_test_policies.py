@@ -286,3 +286,23 @@ def reused_output_policy(observation_space: Any, action_space: Any) -> nn.Module
     """Returns the same two tensors at every call, overwritten in place."""
     module = _ReusedOutput(int(action_space.n))
     return TensorDictModule(module, in_keys=["observation"], out_keys=["action", "step"])
+
+
+class _FailsOnCall(nn.Module):
+    """Acts 0; raises on the ``fail_in``-th call from when a test sets it (never by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_in = 0
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        if self.fail_in:
+            self.fail_in -= 1
+            if not self.fail_in:
+                raise RuntimeError("the policy failed mid-batch")
+        return torch.zeros(observation.shape[0], dtype=torch.int64)
+
+
+def failing_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """A TensorDictModule whose module's ``fail_in`` a test sets to make a later call raise."""
+    return TensorDictModule(_FailsOnCall(), in_keys=["observation"], out_keys=["action"])

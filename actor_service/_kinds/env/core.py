@@ -183,7 +183,7 @@ class EnvCore(CoreBase):
 
     def _frame_bytes(self, steps: int, settings: CollectSettings) -> int:
         buffers = self._buffers(steps, settings)
-        buffers.obs.fill(0)
+        buffers.obs[...] = self.models.observation_codec.placeholder(1)[0]  # valid (a start>0)
         return encode_packet(buffers.to_tensordict(settings.set_truncated)).nbytes
 
     def collect_batch(self, abandon: threading.Event | None = None) -> TensorDict | FoldedBatch:

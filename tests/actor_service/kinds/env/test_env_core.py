@@ -6,7 +6,9 @@ import pathlib
 import threading
 import time
 
+import gymnasium
 import pytest
+import rlfleet_test_envs  # registers RlfleetScalar-v0
 import torch
 from helpers import process_gone
 from tensordict import TensorDict
@@ -356,8 +358,6 @@ def test_rollout_worker_batches_multi_binary_and_multi_discrete_spaces() -> None
 
 
 def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
-    import rlfleet_test_envs
-
     rlfleet_test_envs._CRASHED["done"] = False
     with _worker(
         env_pool=EnvPoolSettings(
@@ -420,3 +420,121 @@ def test_rollout_worker_keeps_each_steps_outputs_when_the_policy_reuses_its_tens
     assert torch.equal(steps, steps[0] + torch.arange(16.0))
     assert torch.equal(batch["action"].argmax(-1)[0], steps.long() % 2)
     assert torch.equal(batch["step"], steps.expand(4, 16))
+
+
+def test_set_seed_resets_env_i_with_the_ith_link_of_the_seed_chain() -> None:
+    # As TorchRL's env.set_seed: env 0 gets the seed itself, env i+1 derive_seed(env i's).
+    with _worker(num_envs=3, models=RANDOM_MODEL) as worker:
+        worker.set_seed(123)
+        batch = _collect(worker, 3)
+    seed = 123
+    for env in range(3):
+        expected, _ = gymnasium.make("CartPole-v1").reset(seed=seed)
+        assert torch.equal(batch["observation"][env, 0], torch.from_numpy(expected)), env
+        seed = derive_seed(seed)
+
+
+def test_a_limit_an_episode_reaches_as_it_ends_resets_its_env_once() -> None:
+    # RlfleetScalar episodes end at step 7; each reset draws its start from the env's
+    # generator. A limit of 7 ends them where they end anyway: the same observations as
+    # without a limit (a second reset would draw other starts), truncated as well.
+    def collect(limit: int) -> TensorDict:
+        with _worker(
+            env_pool=EnvPoolSettings(env="RlfleetScalar-v0"), num_envs=2, models=RANDOM_MODEL
+        ) as worker:
+            worker.set_seed(5)
+            return _collect(worker, 40, max_frames_per_traj=limit)
+
+    limited, free = collect(7), collect(0)
+    assert free["next", "terminated"].any()
+    assert torch.equal(limited["observation"], free["observation"])
+    assert torch.equal(limited["next", "observation"], free["next", "observation"])
+    assert torch.equal(limited["next", "terminated"], free["next", "terminated"])
+    assert torch.equal(limited["next", "truncated"], free["next", "terminated"])
+    assert torch.equal(
+        limited["collector", "traj_ids"] & 0xFFFF_FFFF, free["collector", "traj_ids"] & 0xFFFF_FFFF
+    )
+
+
+def test_a_new_session_right_after_seeding_keeps_the_seeded_reset() -> None:
+    # A server calls start_anew as a new collector's session opens: envs just reset by
+    # set_seed stay as they are (TorchRL's first batch after env.set_seed).
+    with _worker(num_envs=2, models=RANDOM_MODEL) as worker:
+        worker.set_seed(11)
+        worker.start_anew()
+        batch = _collect(worker, 2)
+    expected, _ = gymnasium.make("CartPole-v1").reset(seed=11)
+    assert torch.equal(batch["observation"][0, 0], torch.from_numpy(expected))
+
+
+def test_a_new_session_after_collecting_starts_new_trajectories_from_resets() -> None:
+    with _worker(models=RANDOM_MODEL) as worker:
+        first = _collect(worker, 40)
+        worker.start_anew()
+        second = worker.collect_batch()
+        assert not first["next", "done"][:, -1].all()  # trajectories were cut mid-episode
+    old = set(first["collector", "traj_ids"].flatten().tolist())
+    assert not old & set(second["collector", "traj_ids"][:, 0].tolist())
+    assert second["observation"][:, 0].abs().max() <= 0.05  # CartPole reset states
+
+
+def test_random_frames_carry_the_version_of_the_weights_in_force() -> None:
+    with _worker(models=RANDOM_MODEL) as worker:
+        worker.models.load_weights("policy", 5, {})
+        batch = _collect(worker, 16, init_random_frames=16)
+    assert batch["policy_version"].eq(5).all()
+    assert batch["next", "policy_version"].eq(5).all()
+
+
+def test_a_batch_the_policy_broke_mid_way_is_followed_by_reset_envs() -> None:
+    # The envs stepped before the policy raised: the next batch must not continue from
+    # the observations of the batch before (the envs moved on), but from resets.
+    model = (ModelSpec(factory="rlfleet_test_policies:failing_policy"),)
+    with _worker(models=model) as worker:
+        first = _collect(worker, 16)
+        worker.models.module("policy").module.fail_in = 3
+        with pytest.raises(Exception, match="failed mid-batch"):
+            worker.collect_batch()
+        after = worker.collect_batch()
+    assert not first["next", "done"][:, -1].any()
+    old = set(first["collector", "traj_ids"].flatten().tolist())
+    assert not old & set(after["collector", "traj_ids"][:, 0].tolist())
+    assert after["observation"][:, 0].abs().max() <= 0.05  # CartPole reset states
+
+
+def _offset_discrete_worker() -> EnvCore:
+    return _worker(
+        env_pool=EnvPoolSettings(env_factory="rlfleet_test_envs:offset_discrete_env"),
+        num_envs=2,
+    )
+
+
+def test_an_actor_builds_on_discrete_observations_that_start_above_zero() -> None:
+    # The policy is probed on placeholder observations before any step: they must lie in
+    # the space (10..13 here), or the one-hot of one below the start fails the build.
+    with _offset_discrete_worker() as worker:
+        assert worker.observation_space == gymnasium.spaces.Discrete(4, start=10)
+        assert worker.describe().models["policy"][0] == 0
+
+
+def test_discrete_observations_that_start_above_zero_are_one_hot_from_their_start() -> None:
+    # configure sized a batch by encoding zero observations, below the start: it raised
+    with _offset_discrete_worker() as worker:
+        batch = _collect(worker, 12)
+    assert batch["observation"].shape == (2, 6, 4)
+    assert batch["observation"][:, 0].argmax(-1).eq(0).all()  # 10, the reset state
+    assert batch["observation"].sum(-1).eq(1).all()
+
+
+def test_a_cut_at_max_frames_per_traj_resets_only_the_envs_it_cuts() -> None:
+    # CartPole's episodes end at different steps, so its envs reach the limit at
+    # different steps. Every frame not done must follow CartPole's dynamics from the
+    # observation it holds (x' = x + 0.02 x_dot): an env reset behind its back breaks it.
+    with _worker(models=RANDOM_MODEL) as worker:
+        batch = _collect(worker, 400, max_frames_per_traj=20)
+    cut = (batch["next", "truncated"] & ~batch["next", "terminated"]).squeeze(-1)
+    done = batch["next", "done"].squeeze(-1)
+    assert (cut.any(0) & (~done).any(0)).any()  # a cut while other envs go on
+    obs, nxt = batch["observation"], batch["next", "observation"]
+    expected = obs[..., 0] + 0.02 * obs[..., 1]
+    assert torch.allclose(nxt[..., 0][~done], expected[~done], atol=1e-5)

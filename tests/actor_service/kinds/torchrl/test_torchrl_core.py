@@ -588,3 +588,32 @@ def test_torchrl_actor_state_reads_one_actors_transform_state_from_the_learner()
     assert all(torch.equal(stats[k], v) for k, v in expected.items())
     assert state["frames"] == 20
     assert set(state) >= {"models", "frames", "batches", "traj_counter", "env"}
+
+
+def test_torchrl_core_counts_init_random_frames_per_session_not_per_life() -> None:
+    # As the env kind (and TorchRL, whose new collector counts its own frames): a new
+    # session's first init_random_frames are random even on an actor that collected many.
+    with TorchRLCore(_config(policy="sampling_policy")) as core:
+        core.configure(CollectSettings(frames_per_batch=20))
+        core.collect_batch()
+        core.collect_batch()
+        core.start_anew()  # what a server does as a new session opens
+        core.configure(CollectSettings(frames_per_batch=20, init_random_frames=20))
+        random_batch, policy_batch = core.collect_batch(), core.collect_batch()
+    assert (random_batch["logits"] == 0).all()  # TorchRL's zeros for a random frame's outputs
+    assert (policy_batch["logits"] != 0).any()
+
+
+def test_torchrl_core_restore_gives_the_trajectories_in_flight_new_ids() -> None:
+    # As the env kind: a state loaded between two batches (weights, env transforms) ends
+    # the trajectories in flight; their next frames carry new, never given ids.
+    with TorchRLCore(_config("stacked_cartpole", "sampling_policy")) as core:
+        core.configure(CollectSettings(frames_per_batch=8))
+        before = core.collect_batch()
+        state = core.state_dict()
+        core.load_state_dict(state)
+        after = core.collect_batch()
+        assert core.state_dict()["traj_counter"] > state["traj_counter"]
+    ids = "collector", "traj_ids"
+    assert not before["next", "done"][:, -1].any()
+    assert not set(after[ids][:, 0].tolist()) & set(before[ids].flatten().tolist())
