@@ -617,3 +617,27 @@ def test_torchrl_core_restore_gives_the_trajectories_in_flight_new_ids() -> None
     ids = "collector", "traj_ids"
     assert not before["next", "done"][:, -1].any()
     assert not set(after[ids][:, 0].tolist()) & set(before[ids].flatten().tolist())
+
+
+def test_torchrl_core_resets_the_envs_after_a_batch_the_policy_broke() -> None:
+    # The envs stepped on while the batch was given up: the next batch starts from resets
+    # (new trajectory ids), not from the carrier the broken batch left, with a hole in it.
+    with TorchRLCore(_config("stacked_cartpole", "sampling_policy")) as core:
+        core.configure(CollectSettings(frames_per_batch=8))
+        before = core.collect_batch()
+        act, calls = core.models.act, []
+
+        def breaks_on_the_third_step(*args: Any) -> int:
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("the policy failed mid-batch")
+            return act(*args)
+
+        core.models.act = breaks_on_the_third_step  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="mid-batch"):
+            core.collect_batch()
+        core.models.act = act  # type: ignore[method-assign]
+        after = core.collect_batch()
+    ids = "collector", "traj_ids"
+    assert not before["next", "done"][:, -1].any()
+    assert not set(after[ids][:, 0].tolist()) & set(before[ids].flatten().tolist())
