@@ -18,6 +18,7 @@ subclasses the builtin a Python user would catch for the same situation, so
     ├── ActorBusyError (RuntimeError)         RESOURCE_EXHAUSTED  another learner holds the actor
     ├── ActorUnavailableError (ConnectionError) UNAVAILABLE     draining, down, unreachable
     ├── EnvError (RuntimeError)               UNAVAILABLE       an actor's env raised
+    ├── RelayFailedError (ConnectionError)    (never a status)  relayed bytes not whole
     ├── DeadlineError (TimeoutError)          DEADLINE_EXCEEDED a call ran out of time
     ├── AuthenticationError (PermissionError) UNAUTHENTICATED   missing or bad token
     │   └── PermissionDeniedError             PERMISSION_DENIED  known, but may not (a relay ticket)
@@ -52,6 +53,7 @@ __all__ = [
     "PacketTooLargeError",
     "PermissionDeniedError",
     "ProtocolError",
+    "RelayFailedError",
     "RlfleetError",
     "SequenceConflictError",
     "SessionStateError",
@@ -147,6 +149,17 @@ class ActorBusyError(RlfleetError, RuntimeError):
 
 class ActorUnavailableError(RlfleetError, ConnectionError):
     """The actor is draining, down or cannot be reached."""
+
+    status_code = grpc.StatusCode.UNAVAILABLE
+
+
+class RelayFailedError(RlfleetError, ConnectionError):
+    """A relayed push's bytes did not arrive whole at an actor; it applied nothing.
+
+    The actor raises it when its relay's bytes stall, end early or fail the header's
+    digests, and answers the push ``relay_failed`` (never a call's status); the learner
+    raises it on that answer and sends that actor the bytes itself.
+    """
 
     status_code = grpc.StatusCode.UNAVAILABLE
 

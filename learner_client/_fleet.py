@@ -29,6 +29,7 @@ import torch
 
 from common.config import CHUNK_BYTES, CollectSettings
 from common.errors import (
+    RelayFailedError,
     RlfleetError,
     UnknownWorkerError,
 )
@@ -56,7 +57,6 @@ from learner_client._transport import (
     ActorChannel,
     PushMessages,
     PushReply,
-    RelayFailedError,
     connect_failure,
     push_messages,
     shm_messages,

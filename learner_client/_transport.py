@@ -28,6 +28,7 @@ from common.errors import (
     ActorUnavailableError,
     DeadlineError,
     ProtocolError,
+    RelayFailedError,
     SessionStateError,
     from_status,
     is_transient,
@@ -56,7 +57,6 @@ __all__ = [
     "PushMessages",
     "PushReply",
     "MAX_RECONNECT_BACKOFF_S",
-    "RelayFailedError",
     "connect_failure",
     "encode_chunk",
     "encode_header",
@@ -86,13 +86,6 @@ _OUTCOMES = {
     pb.PUSH_OUTCOME_STAGED: PushOutcome.STAGED,
     pb.PUSH_OUTCOME_COMPLETED: PushOutcome.COMPLETED,
 }
-
-
-class RelayFailedError(Exception):
-    """An actor's relayed bytes did not arrive whole (``learner_client._relay``).
-
-    It applied nothing; the learner sends it the bytes.
-    """
 
 
 def encode_chunk(piece: bytes | memoryview) -> bytes:

@@ -28,7 +28,6 @@ from actor_service._serve._parts import PartBuffers, PartStaging, StagedPart, de
 from actor_service._serve._relay import (
     Forwarder,
     Piece,
-    RelayFailed,
     RelayInbox,
     check_relay,
     relay_credentials,
@@ -43,6 +42,7 @@ from common.errors import (
     ActorUnavailableError,
     DataLossError,
     ProtocolError,
+    RelayFailedError,
     RlfleetError,
     SessionStateError,
     UnknownModelError,
@@ -300,7 +300,7 @@ class WeightPushes:
                 blob = await self._receive_weights(requests, push)
         except ShmError as exc:
             return self._shm_refused(push, exc)
-        except RelayFailed as exc:
+        except RelayFailedError as exc:
             return self._relay_failed(push, exc)
         except BaseException as exc:
             push.audit(exc)
@@ -409,7 +409,7 @@ class WeightPushes:
         """A relayed push's blob, from the learner or its relay, forwarded as it arrives.
 
         Raises:
-            RelayFailed: The relay's bytes stopped, ended early or fail the header's digests.
+            RelayFailedError: The relay's bytes stopped, ended early or fail the header's digests.
         """
         assembler = self._assembler(push)
         forward = (
@@ -429,7 +429,7 @@ class WeightPushes:
                     await _take(got, assembler, forward)
                 return assembler.finish()
             except (DataLossError, WeightsError) as exc:  # too many bytes, or other ones
-                raise RelayFailed(f"the relayed blob fails its check: {exc}") from exc
+                raise RelayFailedError(f"the relayed blob fails its check: {exc}") from exc
         except BaseException:
             if forward is not None:
                 forward.abandon()
@@ -484,7 +484,7 @@ class WeightPushes:
         )
         return pb.ForwardResponse(bytes_received=held.nbytes)
 
-    def _relay_failed(self, push: PushCall, exc: RelayFailed) -> pb.PushWeightsResponse:
+    def _relay_failed(self, push: PushCall, exc: RelayFailedError) -> pb.PushWeightsResponse:
         """The reply to a relayed push whose bytes did not arrive whole: why, nothing applied."""
         self._give_back(push, applied=False)
         push.audit(exc)

@@ -8,7 +8,7 @@ and takes its own bytes either from the learner's call or from the relay the lea
 named (:class:`RelayInbox`: the ``RelayWeights`` call must name a push opened here and
 present that push's ticket, once). Every actor checks the whole blob against the digests
 in its own header, as a direct push; bytes that stop for ``stall_seconds``, end early or
-fail a chunk's CRC (or carry none) raise :class:`RelayFailed`, which the push answers with
+fail a chunk's CRC (or carry none) raise :class:`RelayFailedError`, which the push answers with
 ``relay_failed`` (nothing applied) so the learner sends it the bytes itself. A forward that
 fails or stalls is ended and never holds up this actor's own push.
 """
@@ -38,7 +38,7 @@ from common.errors import (
     ActorBusyError,
     PermissionDeniedError,
     ProtocolError,
-    RlfleetError,
+    RelayFailedError,
     SessionStateError,
     UnknownModelError,
 )
@@ -47,7 +47,6 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 __all__ = [
     "Forwarder",
     "Piece",
-    "RelayFailed",
     "RelayInbox",
     "check_relay",
     "relay_credentials",
@@ -61,15 +60,6 @@ OPEN_WAIT_SECONDS = 5.0
 MAX_WAITING = 16
 #: Chunks a relayed push buffers between its relay and its own reading.
 _QUEUE_CHUNKS = 8
-
-
-class RelayFailed(RlfleetError):
-    """The relayed bytes did not arrive whole from the named relay; nothing is applied.
-
-    Never a call's status: the push answers ``relay_failed`` (its audit line says UNAVAILABLE).
-    """
-
-    status_code = grpc.StatusCode.UNAVAILABLE
 
 
 def check_relay(relay: pb.Relay, config: ActorConfig) -> None:
@@ -199,16 +189,16 @@ async def relayed_chunks(inbound: _Inbound, total_bytes: int, stall: float) -> A
     """The pieces of a push's blob as its relay passes them, until ``total_bytes``.
 
     Raises:
-        RelayFailed: Nothing new for ``stall`` seconds, or the relay's bytes ended early.
+        RelayFailedError: Nothing new for ``stall`` seconds, or the relay's bytes ended early.
     """
     received = 0
     while received < total_bytes:
         try:
             chunk = await asyncio.wait_for(inbound.chunks.get(), stall)
         except TimeoutError:
-            raise RelayFailed(f"no relayed bytes for {stall:g} s at {received}") from None
+            raise RelayFailedError(f"no relayed bytes for {stall:g} s at {received}") from None
         if chunk is None:
-            raise RelayFailed(f"the relay's bytes ended at {received} of {total_bytes}")
+            raise RelayFailedError(f"the relay's bytes ended at {received} of {total_bytes}")
         received += memoryview(chunk[0]).nbytes
         yield chunk
 
