@@ -25,7 +25,6 @@ from typing import Any, Protocol, cast
 from tensordict import TensorDictBase
 
 from common.config import (
-    DEFAULT_MODEL_ID,
     MAX_FRAMES_PER_BATCH,
     MAX_LEARNER_ID,
     CollectSettings,
@@ -68,9 +67,11 @@ __all__ = [
 _FALSE_WORDS = frozenset({"0", "false", "f", "n", "no", "off"})
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchSettings:
     """How the learner assembles and delivers batches (validated and normalised at creation).
+
+    No field has a default: ``GrpcCollector``'s signature is their one home.
 
     Attributes:
         frames_per_batch: Frames per yielded batch (sync: in total over the fleet).
@@ -100,16 +101,16 @@ class BatchSettings:
     """
 
     frames_per_batch: int
-    total_frames: int | None = -1
-    sync: bool | None = False
-    cat_results: str | int | None = "stack"
-    allow_partial_batches: bool = False
-    batch_timeout: float = 60.0
-    split_trajs: bool | None = False
-    update_after_each_batch: bool = False
-    max_weight_update_interval: int = -1
-    prefetch: int | None = None
-    llm: LLMSettings | None = None
+    total_frames: int | None
+    sync: bool | None
+    cat_results: str | int | None
+    allow_partial_batches: bool
+    batch_timeout: float
+    split_trajs: bool | None
+    update_after_each_batch: bool
+    max_weight_update_interval: int
+    prefetch: int | None
+    llm: LLMSettings | None
 
     def __post_init__(self) -> None:
         if self.llm is not None and not isinstance(self.llm, LLMSettings):
@@ -215,9 +216,11 @@ class BatchSettings:
         return self.frames_per_batch // num_actors if self.sync else self.frames_per_batch
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutSettings:
     """What every actor session is asked to do (TorchRL's rollout knobs), validated at creation.
+
+    No field has a default: ``GrpcCollector``'s signature is their one home.
 
     Attributes:
         max_frames_per_traj: Steps after which a trajectory is truncated; ``<= 0`` (or None)
@@ -231,7 +234,6 @@ class RolloutSettings:
         set_truncated: Mark the last frame of each batch truncated.
         model_id: The model that acts.
         llm: LLM actors: what each session collects (sent with the settings).
-        fold_observations: Send each observation once, rebuilt exactly (``common.packets.folding``).
         placement: The devices and the policy form the actors must offer (TorchRL's
             ``policy_device``, ``env_device``, ``compile_policy``, ``cudagraph_policy``).
 
@@ -240,16 +242,15 @@ class RolloutSettings:
         TypeError: A value of the wrong type.
     """
 
-    max_frames_per_traj: int | None = -1
-    init_random_frames: int | None = -1
-    reset_at_each_iter: bool = False
-    reset_when_done: bool = True
-    split_trajs: bool | None = False
-    exploration_type: Any = ExplorationType.RANDOM
-    set_truncated: bool = False
-    model_id: str = DEFAULT_MODEL_ID
-    llm: LLMSettings | None = None
-    fold_observations: bool = True
+    max_frames_per_traj: int | None
+    init_random_frames: int | None
+    reset_at_each_iter: bool
+    reset_when_done: bool
+    split_trajs: bool | None
+    exploration_type: Any
+    set_truncated: bool
+    model_id: str
+    llm: LLMSettings | None
     placement: ActorPlacement = dataclasses.field(default_factory=ActorPlacement)
 
     def __post_init__(self) -> None:
@@ -261,8 +262,7 @@ class RolloutSettings:
         _set(self, "split_trajs", _optional_flag("split_trajs", self.split_trajs))
         # TorchRL's RayCollector example passes reset_at_each_iter=-False (the int 0).
         _set(self, "reset_at_each_iter", _int_flag("reset_at_each_iter", self.reset_at_each_iter))
-        for name in ("set_truncated", "fold_observations"):
-            _flag(name, getattr(self, name))
+        _flag("set_truncated", self.set_truncated)
         _set(self, "exploration_type", normalize_exploration_type(self.exploration_type))
         if self.llm is not None:
             check_no_env_settings({**vars(self), **vars(self.placement)})
@@ -292,7 +292,6 @@ class RolloutSettings:
             total_frames=-1,
             model_id=self.model_id,
             llm=self.llm,
-            fold_observations=self.fold_observations,
             **vars(self.placement),  # policy_device, env_device, compile_policy, cudagraph_policy
         )
 
@@ -311,9 +310,11 @@ class RolloutSettings:
         return grown.for_actor(frames_per_batch, num_actors)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ConnectionSettings:
     """Channels, deadlines and flow control, validated at creation.
+
+    No field has a default: ``GrpcCollector``'s signature is their one home.
 
     Attributes:
         connect_timeout: Seconds to reach an actor (Describe) at construction.
@@ -334,13 +335,13 @@ class ConnectionSettings:
         TypeError: A value of the wrong type.
     """
 
-    connect_timeout: float = 10.0
-    call_timeout: float = 30.0
-    channel_credentials: Any = None
-    token: str | None = None
-    learner_id: str = ""
-    take_over: bool = False
-    shared_memory_batches: bool = True
+    connect_timeout: float
+    call_timeout: float
+    channel_credentials: Any
+    token: str | None
+    learner_id: str
+    take_over: bool
+    shared_memory_batches: bool
 
     def __post_init__(self) -> None:
         check_token(self.token)

@@ -1,4 +1,5 @@
-"""Helpers of the GrpcCollector tests: actor subprocesses, CartPole policies, thread snapshots.
+"""Helpers of the GrpcCollector tests: actor subprocesses, CartPole policies, thread snapshots,
+settings at the collector's defaults.
 
 Import them as ``from learner_fleet import ...`` (a unique module name: ``conftest``
 is ambiguous across test directories). The fixtures live in ``conftest.py``, which imports
@@ -12,11 +13,14 @@ different architecture, so a push of the others' weights is rejected there).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import inspect
 import os
 import pathlib
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import gymnasium
 import torch
@@ -24,6 +28,8 @@ from helpers import ActorProcess, start_actor
 from torch import nn
 
 from common.policies import make_policy
+from learner_client import GrpcCollector
+from learner_client._settings import BatchSettings, ConnectionSettings, RolloutSettings
 
 #: The actor tests' folder, whose env and policy factories (``rlfleet_test_torchrl``,
 #: ``rlfleet_test_envs``) these tests' actors build and their learners import: it is on
@@ -86,3 +92,35 @@ def live_threads() -> set[threading.Thread]:
     baseline after a collector has run once.
     """
     return {t for t in threading.enumerate() if "_pump" not in t.name}
+
+
+S = TypeVar("S")
+
+#: ``GrpcCollector``'s parameters: the one home of the defaults its settings are built with.
+_COLLECTOR_PARAMETERS = inspect.signature(GrpcCollector.__init__).parameters
+
+
+def _collector_settings(cls: type[S], **given: Any) -> S:
+    """``cls`` (``BatchSettings``, ``RolloutSettings``, ``ConnectionSettings``) as
+    ``GrpcCollector`` builds it: every field not ``given`` at the collector's default."""
+    defaults = {
+        field.name: _COLLECTOR_PARAMETERS[field.name].default
+        for field in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if field.name in _COLLECTOR_PARAMETERS and field.name not in given
+    }
+    return cls(**{k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}, **given)
+
+
+def batch_settings(**given: Any) -> BatchSettings:
+    """A ``BatchSettings`` at ``GrpcCollector``'s defaults but for ``given``."""
+    return _collector_settings(BatchSettings, **given)
+
+
+def rollout_settings(**given: Any) -> RolloutSettings:
+    """A ``RolloutSettings`` at ``GrpcCollector``'s defaults but for ``given``."""
+    return _collector_settings(RolloutSettings, **given)
+
+
+def connection_settings(**given: Any) -> ConnectionSettings:
+    """A ``ConnectionSettings`` at ``GrpcCollector``'s defaults but for ``given``."""
+    return _collector_settings(ConnectionSettings, **given)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from learner_fleet import batch_settings, connection_settings, rollout_settings
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
@@ -15,10 +16,7 @@ from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client import GrpcCollector
 from learner_client._settings import (
-    BatchSettings,
-    ConnectionSettings,
     FleetMember,
-    RolloutSettings,
     check_addresses,
     check_fleet,
     frames_written,
@@ -98,9 +96,9 @@ def test_collector_raises_if_a_value_is_out_of_range(override, error, message):
 
 
 def test_settings_validate_and_normalise_themselves():
-    batch = BatchSettings(frames_per_batch=16, total_frames=None, update_after_each_batch=True)
-    rollout = RolloutSettings(exploration_type=InteractionType.DETERMINISTIC)
-    conn = ConnectionSettings(token="t")
+    batch = batch_settings(frames_per_batch=16, total_frames=None, update_after_each_batch=True)
+    rollout = rollout_settings(exploration_type=InteractionType.DETERMINISTIC)
+    conn = connection_settings(token="t")
     assert batch.endless
     assert batch.auto_update_interval == 0
     assert rollout.exploration_type is ExplorationType.DETERMINISTIC
@@ -113,7 +111,7 @@ def test_settings_validate_and_normalise_themselves():
 def test_counts_take_numpy_and_tensor_integers_and_whole_floats_as_torchrl_does():
     """TorchRL does arithmetic on its counts and reads frame counts with ``int()``: a
     script's ``np.int64`` batch size or ``total_frames=1e6`` works there and must here."""
-    batch = BatchSettings(
+    batch = batch_settings(
         frames_per_batch=np.int64(64),
         total_frames=1e6,
         prefetch=torch.tensor(2),
@@ -121,23 +119,23 @@ def test_counts_take_numpy_and_tensor_integers_and_whole_floats_as_torchrl_does(
     )
     values = (batch.frames_per_batch, batch.total_frames, batch.prefetch)
     assert values == (64, 1_000_000, 2)
-    interval = BatchSettings(frames_per_batch=8, max_weight_update_interval=np.int32(3))
+    interval = batch_settings(frames_per_batch=8, max_weight_update_interval=np.int32(3))
     assert interval.max_weight_update_interval == 3
     assert all(type(v) is int for v in (*values, interval.max_weight_update_interval))
-    assert BatchSettings(frames_per_batch=8, total_frames=math.inf).endless  # TorchRL's endless
-    rollout = RolloutSettings(init_random_frames=np.uint16(256), max_frames_per_traj=500.0)
+    assert batch_settings(frames_per_batch=8, total_frames=math.inf).endless  # TorchRL's endless
+    rollout = rollout_settings(init_random_frames=np.uint16(256), max_frames_per_traj=500.0)
     assert (rollout.init_random_frames, rollout.max_frames_per_traj) == (256, 500)
     for bad in (1.5, np.float64(2.5), "64", np.True_, math.nan):
         with pytest.raises(TypeError, match="total_frames must be an int"):
-            BatchSettings(frames_per_batch=8, total_frames=bad)
+            batch_settings(frames_per_batch=8, total_frames=bad)
     with pytest.raises(TypeError, match="frames_per_batch must be a positive int"):
-        BatchSettings(frames_per_batch=64.0)  # TorchRL's shapes fail on a float too
+        batch_settings(frames_per_batch=64.0)  # TorchRL's shapes fail on a float too
 
 
 def test_timeouts_take_numpy_numbers_from_a_config():
-    batch = BatchSettings(frames_per_batch=8, batch_timeout=np.int64(30))
+    batch = batch_settings(frames_per_batch=8, batch_timeout=np.int64(30))
     assert (type(batch.batch_timeout), batch.batch_timeout) == (float, 30.0)
-    conn = ConnectionSettings(call_timeout=np.float32(5.0))
+    conn = connection_settings(call_timeout=np.float32(5.0))
     assert (type(conn.call_timeout), conn.call_timeout) == (float, 5.0)
     for bad in (torch.tensor(5.0), np.True_, "30"):
         with pytest.raises(TypeError, match="batch_timeout must be a number of seconds"):
@@ -145,13 +143,13 @@ def test_timeouts_take_numpy_numbers_from_a_config():
 
 
 def test_prefetch_defaults_to_torchrl_sync_on_demand_and_async_one_ahead():
-    sync = BatchSettings(frames_per_batch=16, sync=True)
+    sync = batch_settings(frames_per_batch=16, sync=True)
     assert (sync.prefetch, sync.on_demand, sync.window) == (0, True, 1)
-    ahead = BatchSettings(frames_per_batch=16, sync=True, prefetch=3)
+    ahead = batch_settings(frames_per_batch=16, sync=True, prefetch=3)
     assert (ahead.prefetch, ahead.on_demand, ahead.window) == (3, False, 3)
-    first_ready = BatchSettings(frames_per_batch=16, sync=None)
+    first_ready = batch_settings(frames_per_batch=16, sync=None)
     assert (first_ready.sync, first_ready.prefetch, first_ready.on_demand) == (False, 1, False)
-    assert BatchSettings(frames_per_batch=16, split_trajs=None).split_trajs is False
+    assert batch_settings(frames_per_batch=16, split_trajs=None).split_trajs is False
 
 
 def test_exploration_and_cat_results_accept_torchrl_spellings():
@@ -163,11 +161,11 @@ def test_exploration_and_cat_results_accept_torchrl_spellings():
 
 def test_batch_settings_len_is_ceil_and_raises_if_endless():
     with pytest.warns(UserWarning, match="5 additional frames"):  # TorchRL's warning
-        assert BatchSettings(frames_per_batch=10, total_frames=25).num_batches() == 3
+        assert batch_settings(frames_per_batch=10, total_frames=25).num_batches() == 3
     with pytest.raises(TypeError, match="endless"):
-        BatchSettings(frames_per_batch=10).num_batches()
+        batch_settings(frames_per_batch=10).num_batches()
     with pytest.raises(RuntimeError, match="endless"):  # what TorchRL's collectors raise
-        BatchSettings(frames_per_batch=10).num_batches()
+        batch_settings(frames_per_batch=10).num_batches()
 
 
 def test_check_addresses_raises_if_empty_malformed_or_repeated():
@@ -185,21 +183,29 @@ def test_check_addresses_raises_if_empty_malformed_or_repeated():
 def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
     dup = [FleetMember("h:1", 5, 2), FleetMember("h:2", 5, 2)]
     with pytest.raises(ValueError, match=r"worker_id 5 at \['h:1', 'h:2'\]"):
-        check_fleet(BatchSettings(frames_per_batch=8), dup, "policy")
+        check_fleet(batch_settings(frames_per_batch=8), dup, "policy")
 
 
 def test_check_fleet_names_the_nearest_frames_per_batch_the_fleet_can_split():
     """TorchRL rounds such a frames_per_batch up; we refuse it, naming the values that work."""
     two = [FleetMember("h:1", 1, 4), FleetMember("h:2", 2, 6)]  # lcm 12, 24 a sync round
     with pytest.raises(ValueError, match=r"use frames_per_batch=24 or 48 \(multiples of 24 "):
-        check_fleet(BatchSettings(frames_per_batch=30, sync=True), two, "policy")
+        check_fleet(batch_settings(frames_per_batch=30, sync=True), two, "policy")
     with pytest.raises(ValueError, match=r"use frames_per_batch=12 \(multiples of 12 "):
-        check_fleet(BatchSettings(frames_per_batch=10), two, "policy")  # async: none below
+        check_fleet(batch_settings(frames_per_batch=10), two, "policy")  # async: none below
     one = [FleetMember("h:1", 1, 5)]  # none above what an actor collects in one batch
     with pytest.raises(ValueError, match=r"use frames_per_batch=4194300 \(multiples of 5 "):
-        check_fleet(BatchSettings(frames_per_batch=MAX_FRAMES_PER_BATCH - 1), one, "policy")
+        check_fleet(
+            batch_settings(frames_per_batch=MAX_FRAMES_PER_BATCH - 1),
+            one,
+            "policy",
+        )
     with pytest.raises(ValueError, match=r"cat_results=0 also needs actors of one num_envs"):
-        check_fleet(BatchSettings(frames_per_batch=30, sync=True, cat_results=0), two, "policy")
+        check_fleet(
+            batch_settings(frames_per_batch=30, sync=True, cat_results=0),
+            two,
+            "policy",
+        )
 
 
 def test_check_fleet_needs_alike_spaces_only_where_the_layout_concatenates():
@@ -210,70 +216,87 @@ def test_check_fleet_needs_alike_spaces_only_where_the_layout_concatenates():
         ]
 
     for layout in [{"cat_results": 0}, {"split_trajs": True}]:
-        settings = BatchSettings(frames_per_batch=8, sync=True, **layout)
+        settings = batch_settings(frames_per_batch=8, sync=True, **layout)
         check_fleet(settings, fleet("a", "a"), "policy")  # two names of one env's spaces
         with pytest.raises(ValueError, match=r"spaces alike.*h:1 \(worker_id 1\) serves 'env-1'"):
             check_fleet(settings, fleet("a", "b"), "policy")
-        check_fleet(BatchSettings(frames_per_batch=8, **layout), fleet("a", "b"), "policy")  # async
-    check_fleet(BatchSettings(frames_per_batch=8, sync=True), fleet("a", "b"), "policy")  # a stack
-    tasks = BatchSettings(frames_per_batch=8, sync=True, cat_results=0, llm=LLMSettings())
+        check_fleet(
+            batch_settings(frames_per_batch=8, **layout),
+            fleet("a", "b"),
+            "policy",
+        )  # async
+    check_fleet(batch_settings(frames_per_batch=8, sync=True), fleet("a", "b"), "policy")  # a stack
+    tasks = batch_settings(frames_per_batch=8, sync=True, cat_results=0, llm=LLMSettings())
     check_fleet(tasks, fleet("", "", kind="llm"), "policy")  # two tasks: one LLM layout
 
 
 def test_check_fleet_raises_if_an_actors_share_is_above_what_it_collects_in_a_batch():
     with pytest.raises(ValueError, match=r"each actor a share of 2305843009213693952 a batch"):
-        check_fleet(BatchSettings(frames_per_batch=2**62, sync=True), members(1, 1), "policy")
+        check_fleet(
+            batch_settings(frames_per_batch=2**62, sync=True),
+            members(1, 1),
+            "policy",
+        )
 
 
 def test_integer_ceil_splits_init_random_frames_exactly() -> None:
-    settings = RolloutSettings(init_random_frames=2**63 - 1)  # a float ceil gave 2**63
+    settings = rollout_settings(init_random_frames=2**63 - 1)  # a float ceil gave 2**63
     assert settings.for_actor(8, 1).init_random_frames == 2**63 - 1
-    assert RolloutSettings(init_random_frames=2**53 + 1).for_actor(8, 1).init_random_frames == (
+    assert rollout_settings(init_random_frames=2**53 + 1).for_actor(8, 1).init_random_frames == (
         2**53 + 1
     )
 
 
 def test_check_fleet_raises_if_sync_frames_do_not_split_evenly():
     with pytest.raises(ValueError, match=r"frames_per_batch=10.*not divisible by 3"):
-        check_fleet(BatchSettings(frames_per_batch=10, sync=True), members(1, 1, 1), "policy")
+        check_fleet(
+            batch_settings(frames_per_batch=10, sync=True),
+            members(1, 1, 1),
+            "policy",
+        )
     with pytest.raises(ValueError, match=r"share 6.*h:9001 \(worker_id 1, num_envs 4\)"):
-        check_fleet(BatchSettings(frames_per_batch=12, sync=True), members(2, 4), "policy")
-    check_fleet(BatchSettings(frames_per_batch=16, sync=True), members(2, 4), "policy")
+        check_fleet(
+            batch_settings(frames_per_batch=12, sync=True),
+            members(2, 4),
+            "policy",
+        )
+    check_fleet(batch_settings(frames_per_batch=16, sync=True), members(2, 4), "policy")
 
 
 def test_check_fleet_raises_if_async_frames_are_not_a_multiple_of_num_envs():
     with pytest.raises(ValueError, match=r"frames_per_batch=6.*num_envs 4"):
-        check_fleet(BatchSettings(frames_per_batch=6), members(2, 4), "policy")
-    check_fleet(BatchSettings(frames_per_batch=8), members(2, 4), "policy")
+        check_fleet(batch_settings(frames_per_batch=6), members(2, 4), "policy")
+    check_fleet(batch_settings(frames_per_batch=8), members(2, 4), "policy")
 
 
 def test_check_fleet_raises_if_cat_needs_equal_time_steps():
     with pytest.raises(ValueError, match="cat_results=0"):
         check_fleet(
-            BatchSettings(frames_per_batch=16, sync=True, cat_results=0), members(2, 4), "policy"
+            batch_settings(frames_per_batch=16, sync=True, cat_results=0),
+            members(2, 4),
+            "policy",
         )
 
 
 def test_check_fleet_raises_if_the_acting_model_is_missing():
     fleet = [FleetMember("h:1", 0, 2, ("critic",))]
     with pytest.raises(UnknownModelError, match=r"'policy'.*h:1"):
-        check_fleet(BatchSettings(frames_per_batch=8), fleet, "policy")
+        check_fleet(batch_settings(frames_per_batch=8), fleet, "policy")
 
 
 def test_connection_settings_give_each_learner_its_own_identity() -> None:
     from common.config import MAX_LEARNER_ID, MAX_WIRE_LEARNER_ID
-    from learner_client._settings import ConnectionSettings
 
-    first, second = ConnectionSettings(), ConnectionSettings()
+    first, second = connection_settings(), connection_settings()
     assert first.learner_id != second.learner_id
     assert not first.take_over
-    assert ConnectionSettings(learner_id="trainer-7").learner_id == "trainer-7"
+    assert connection_settings(learner_id="trainer-7").learner_id == "trainer-7"
     with pytest.raises(ValueError, match="learner_id"):
-        ConnectionSettings(learner_id="x" * (MAX_LEARNER_ID + 1))
-    longest = ConnectionSettings(learner_id="x" * MAX_LEARNER_ID).learner_id
+        connection_settings(learner_id="x" * (MAX_LEARNER_ID + 1))
+    longest = connection_settings(learner_id="x" * MAX_LEARNER_ID).learner_id
     assert len(f"{longest}/rank{2**31 - 1}") <= MAX_WIRE_LEARNER_ID  # what a rank opens with
     with pytest.raises(TypeError, match="take_over"):
-        ConnectionSettings(take_over="yes")
+        connection_settings(take_over="yes")
 
 
 def test_frames_written_counts_frames_not_the_rows_a_replay_buffer_counts() -> None:

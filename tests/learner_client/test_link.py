@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from learner_fleet import connection_settings
 from tensordict import TensorDict
 
 from common.config import CollectSettings
@@ -35,7 +36,6 @@ from learner_client._ledger import Ledger
 from learner_client._link import ENV_FAILURE_ATTEMPTS, ActorLink, Backoff, LinkState
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
-from learner_client._settings import ConnectionSettings
 from learner_client._shm import ShmRoute
 
 ADDRESS = "fake:1"
@@ -210,7 +210,7 @@ def rig(
     link = ActorLink(
         described(),
         channel,
-        ConnectionSettings(learner_id="learner-under-test"),
+        connection_settings(learner_id="learner-under-test"),
         batch_timeout=batch_timeout,
         mailbox=mailbox,
         streams=OpenStreams(None),  # type: ignore[arg-type]  # credits are not routed here
