@@ -50,6 +50,7 @@ from learner_client._mailbox import Delivery, Mailbox
 from learner_client._metrics import LearnerMetrics
 from learner_client._settings import BatchSettings
 from learner_client._slabs import PacketSlabs
+from learner_client._torchrl_compat import one_device
 from learner_client._weights import WeightBook
 
 __all__ = [
@@ -482,7 +483,9 @@ class Placement:
         chosen, name = (
             (device, "device") if storing_device is None else (storing_device, "storing_device")
         )
-        self.device = None if chosen is None else local_device(chosen, name)
+        self.device = (
+            None if chosen is None else one_device(name, chosen, lambda n, v: local_device(v, n))
+        )
         self._in_flight: collections.deque[tuple[torch.cuda.Event, TensorDictBase]] = (
             collections.deque()
         )
@@ -493,10 +496,16 @@ class Placement:
         return self.device is not None and self.device.type == "cuda"
 
     def place(self, batch: TensorDictBase) -> TensorDictBase:
-        """``batch`` on the storing device (itself when that is the host or None)."""
+        """``batch`` on the storing device (as received when None).
+
+        On the host its tensors stay where they are; the batch names the device, as
+        TorchRL's batches do when ``device`` or ``storing_device`` is given.
+        """
         device = self.device
-        if device is None or device.type == "cpu":
+        if device is None or batch.device == device:
             return batch
+        if device.type == "cpu":
+            return batch.to(device)  # no copy: the tensors are on the host already
         if device.type != "cuda":
             return batch.to(device)
         stream = torch.cuda.current_stream(device)

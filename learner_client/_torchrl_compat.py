@@ -44,7 +44,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import torch
 from tensordict import NonTensorStack, TensorDictBase
@@ -62,6 +62,7 @@ from common.gym_layout import batch_dtype, batch_shape
 from learner_client._env_state import joined_state, load_env_state, pool_size
 from learner_client._shared_policy import SharedPolicy
 
+T = TypeVar("T")
 #: How the collector pushes a followed module when it is due (``Pusher.push_shared``).
 PushShared = Callable[[SharedPolicy | None, str], None]
 
@@ -75,6 +76,7 @@ __all__ = [
     "check_no_effect",
     "check_torchrl_only",
     "check_unsupported",
+    "one_device",
     "update_flag",
 ]
 
@@ -292,11 +294,29 @@ class ActorPlacement:
             TypeError: A value of the wrong type.
         """
         return cls(
-            policy_device=_device("policy_device", policy_device),
-            env_device=_device("env_device", env_device),
+            policy_device=one_device("policy_device", policy_device, _device),
+            env_device=one_device("env_device", env_device, _device),
             compile_policy=_compile(compile_policy),
             cudagraph_policy=_cudagraph(cudagraph_policy),
         )
+
+
+def one_device(name: str, value: object, check: Callable[[str, object], T]) -> T:
+    """A TorchRL device argument ``check``-ed, a per-worker list (``[d] * workers``) as its ``d``.
+
+    Raises:
+        ValueError: The list is empty or names two devices: a fleet's batches land on the
+            learner's one device, and each actor keeps its own (``--device``).
+    """
+    if not isinstance(value, list | tuple):
+        return check(name, value)
+    devices = [check(f"{name}[{i}]", entry) for i, entry in enumerate(value)]
+    if not devices or any(device != devices[0] for device in devices):
+        raise ValueError(
+            f"{name}={value!r:.80}: a per-worker list must name one device (an actor's own "
+            "device is its --device)"
+        )
+    return devices[0]
 
 
 def _device(name: str, value: object) -> str:

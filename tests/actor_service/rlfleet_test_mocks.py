@@ -363,3 +363,73 @@ def zero_linear_policy(env: EnvBase) -> TensorDictSequential:
 def frame_skip_cartpole() -> EnvBase:
     """``test_collector_env_reset``'s env: CartPole-v1, ``frame_skip=4``, a ``StepCounter``."""
     return TransformedEnv(GymEnv("CartPole-v1", frame_skip=4), StepCounter())
+
+
+class ParamSyncEnv(EnvBase):
+    """``TestUpdateParams.DummyEnv``: the state adds up the actions, zero reward, never done."""
+
+    def __init__(self) -> None:
+        super().__init__(batch_size=())
+        self.state = torch.zeros(())
+        self.observation_spec = Composite(state=Unbounded(shape=()))
+        self.action_spec = Unbounded(shape=())
+        self.reward_spec = Unbounded(shape=(1,))
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self.state += tensordict.get("action")
+        return TensorDict(
+            {"state": self.state.clone(), "reward": self.reward_spec.zero()}
+            | dict(self.full_done_spec.zero().items()),
+            self.batch_size,
+        )
+
+    def _reset(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        self.state.zero_()
+        return TensorDict({"state": self.state.clone()}, self.batch_size)
+
+    def _set_seed(self, seed: int | None) -> None:
+        pass
+
+
+def param_sync_env() -> EnvBase:
+    """``TestUpdateParams``' env (:class:`ParamSyncEnv`)."""
+    return ParamSyncEnv()
+
+
+class ParamSyncPolicy(TensorDictModuleBase):
+    """``TestUpdateParams.Policy``: the action is a parameter plus a buffer, both 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.param = nn.Parameter(torch.zeros(()))
+        self.register_buffer("buf", torch.zeros(()))
+        self.in_keys: list[Any] = []
+        self.out_keys: list[Any] = ["action"]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        tensordict["action"] = (self.param + self.buf).expand(tensordict.shape)
+        return tensordict
+
+
+def param_sync_policy(env: EnvBase) -> TensorDictModuleBase:
+    """``TestUpdateParams``' policy (:class:`ParamSyncPolicy`)."""
+    return ParamSyncPolicy()
+
+
+def counting_steps(max_steps: int = 100) -> EnvBase:
+    """``CountingEnv`` with a ``StepCounter`` (``TestCollectorRB``'s step-counted env)."""
+    return TransformedEnv(CountingEnv(max_steps=max_steps), StepCounter())
+
+
+def continuous_vec() -> EnvBase:
+    """TorchRL's ``ContinuousActionVecMockEnv`` (``test_update_weights``' env)."""
+    return ContinuousActionVecMockEnv()
+
+
+def lazy_linear_policy(env: EnvBase, seed: int = 0) -> SafeModule:
+    """``test_update_weights``' policy: a ``LazyLinear`` to the action, materialised on a reset."""
+    torch.manual_seed(seed)
+    n_actions = env.action_spec.shape[-1]
+    policy = SafeModule(nn.LazyLinear(n_actions), in_keys=["observation"], out_keys=["action"])
+    policy(env.reset())
+    return policy

@@ -83,6 +83,10 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"weight_push": "x"}, TypeError, "weight_push"),  # an AttributeError, a thread left
         ({"device": "meta"}, ValueError, "meta device"),  # batches of no data, silently
         ({"storing_device": "meta"}, ValueError, "meta device"),
+        ({"storing_device": ["cpu", "meta"]}, ValueError, r"storing_device\[1\]=.*meta device"),
+        ({"device": []}, ValueError, "per-worker list must name one device"),
+        ({"policy_device": ["cpu", "cuda:1"]}, ValueError, "per-worker list must name one"),
+        ({"env_device": ("cpu", 3.5)}, TypeError, r"env_device\[1\] must be a torch.device"),
         ({"dns_refresh_interval": 0}, ValueError, "dns_refresh_interval"),  # plain addresses too
         ({"dns_refresh_interval": float("nan")}, ValueError, "dns_refresh_interval"),
         ({"dns_refresh_interval": 1e12}, ValueError, "dns_refresh_interval"),  # killed its thread

@@ -22,10 +22,13 @@ def test_placement_prefers_storing_device_over_device():
     assert not Placement("cpu").pin_memory
 
 
-def test_placement_on_the_host_returns_the_batch_itself():
+def test_placement_on_the_host_names_the_device_without_copying():
     batch = TensorDict({"x": torch.arange(4)}, batch_size=[4])
-    assert Placement("cpu").place(batch) is batch
-    assert Placement().place(batch) is batch
+    assert Placement().place(batch) is batch  # no device asked: as received
+    placed = Placement("cpu").place(batch)  # TorchRL's batches name a device given
+    assert placed.device == torch.device("cpu")
+    assert placed["x"] is batch["x"]
+    assert Placement(storing_device="cpu").place(placed) is placed
 
 
 def test_placement_moves_to_another_device():
