@@ -145,6 +145,21 @@ class CoreBase(abc.ABC):
         """Where the envs step: gymnasium envs, and the TorchRL envs hosted so far, on the CPU."""
         return "cpu"
 
+    def check(self, settings: CollectSettings) -> None:
+        """Refuse settings this actor cannot serve (as :meth:`place`, :meth:`configure`).
+
+        It changes nothing, and is safe beside a running batch (it reads what is fixed at
+        start): a session's settings are checked before the session may end another (a
+        take-over).
+
+        Raises:
+            PlacementError, UnknownModelError, ValueError, TypeError: As :meth:`place` and
+                :meth:`configure` raise them.
+        """
+        self._check_settings_type(settings)
+        self._check_placement(settings)
+        self._check_settings(settings)
+
     def place(self, settings: CollectSettings) -> None:
         """Refuse a session asking for other devices or CUDA graphs; compile its policy or not.
 
@@ -155,17 +170,25 @@ class CoreBase(abc.ABC):
                 compiled policy asked of a model that cannot be compiled.
             UnknownModelError: ``settings.model_id`` is not registered.
         """
+        self._check_placement(settings)
+        self.models.use_compiled(settings.model_id, settings.compile_policy)
+
+    def _check_placement(self, settings: CollectSettings) -> None:
         check_placement(
             settings,
             worker_id=self.worker_id,
             policy_device=self.device,
             env_device=self.env_device,
         )
-        self.models.use_compiled(settings.model_id, settings.compile_policy)
+        self.models.check_compilable(settings.model_id, settings.compile_policy)
 
     @abc.abstractmethod
     def configure(self, settings: CollectSettings) -> None:
-        """Validate and apply collection settings for the following batches."""
+        """Validate (:meth:`_check_settings`) and apply collection settings for the next batches."""
+
+    @abc.abstractmethod
+    def _check_settings(self, settings: CollectSettings) -> None:
+        """Refuse ``settings`` this kind cannot collect with; change nothing (any thread)."""
 
     @abc.abstractmethod
     def start_anew(self) -> None:

@@ -149,14 +149,35 @@ class ModelBook(Generic[M]):
         Raises:
             PlacementError: Compilation asked of a model that cannot be compiled here.
         """
-        model = self._get(model_id)
-        runner = getattr(model, "runner", None)
-        if not isinstance(runner, CompiledForward):
-            if settings is None:
-                return
-            raise PlacementError(f"model {model_id!r} of this actor cannot be compiled")
-        with model.lock:
-            runner.use(settings)
+        runner = self._compiling_runner(model_id, settings)
+        if runner is not None:
+            with self._get(model_id).lock:
+                runner.use(settings)
+
+    def check_compilable(self, model_id: str, settings: CompileSettings | None) -> None:
+        """Refuse what :meth:`use_compiled` refuses; change nothing.
+
+        Raises:
+            PlacementError: Compilation asked of a model that cannot be compiled here.
+            UnknownModelError: No such model.
+        """
+        self._compiling_runner(model_id, settings)
+
+    def _compiling_runner(
+        self, model_id: str, settings: CompileSettings | None
+    ) -> CompiledForward | None:
+        """``model_id``'s compiling runner; None when it has none and ``settings`` asks none.
+
+        Raises:
+            PlacementError: Compilation asked of a model that cannot be compiled here.
+            UnknownModelError: No such model.
+        """
+        runner = getattr(self._get(model_id), "runner", None)
+        if isinstance(runner, CompiledForward):
+            return runner
+        if settings is None:
+            return None
+        raise PlacementError(f"model {model_id!r} of this actor cannot be compiled")
 
     def validate(
         self, model_id: str, state: object, form: PushForm | None = None

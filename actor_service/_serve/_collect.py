@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 
@@ -97,6 +98,17 @@ def _as_sent(failure: pb.EnvFailure) -> EnvError:
     """The error as the learner will see it (so the end message says no more than that)."""
     text = None if failure.message_withheld else failure.exception_message
     return EnvError(failure.env, failure.exception_type, text)
+
+
+@contextlib.contextmanager
+def _refused_settings() -> Iterator[None]:
+    """A core's ValueError or TypeError on settings as the INVALID_ARGUMENT a learner reads."""
+    try:
+        yield
+    except RlfleetError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
 
 
 def _learner_of(request: pb.OpenSession, peer: str) -> str:
@@ -199,6 +211,8 @@ class CollectSession:
     ) -> None:
         """Serve the session until it ends; raises an ``RlfleetError`` for a non-OK status."""
         try:
+            with _refused_settings():  # before a take-over can end the session in force
+                await asyncio.to_thread(self._rt.core.check, self._settings)
             await self._rt.acquire(
                 self,
                 take_over=self._open.take_over,
@@ -275,13 +289,9 @@ class CollectSession:
 
     async def _start(self) -> pb.SessionOpened:
         book, request = self._rt.book, self._open
-        try:
+        with _refused_settings():
             await self._rt.run_collect(self._rt.core.place, self._settings)
             await self._rt.run_collect(self._rt.core.configure, self._settings)
-        except RlfleetError:
-            raise
-        except (ValueError, TypeError) as exc:
-            raise InvalidSettingsError(f"invalid collect settings: {exc}") from None
         if self._stop is not None:
             return pb.SessionOpened(
                 worker_id=self._rt.config.worker_id,

@@ -118,6 +118,10 @@ class RawCollect:
         except grpc.RpcError as exc:
             self._responses.put(exc)
 
+    def start_reading(self) -> None:
+        """Start reading responses (a call opened with ``read=False``: its learner reads again)."""
+        self._reader.start()
+
     def credit(self, batches: int) -> None:
         self._requests.put(pb.CollectRequest(credit=pb.Credit(batches=batches)))
 

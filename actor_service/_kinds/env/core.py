@@ -127,6 +127,12 @@ class EnvCore(CoreBase):
             UnknownModelError: ``settings.model_id`` is not registered.
         """
         self._check_settings_type(settings)
+        self._check_settings(settings)
+        with self._lock:
+            self._settings = settings
+            self._session_frames = 0
+
+    def _check_settings(self, settings: CollectSettings) -> None:
         if settings.llm is not None:
             raise ValueError(
                 "this is an env actor: LLM settings need an actor started with --kind llm"
@@ -144,9 +150,6 @@ class EnvCore(CoreBase):
                 f"batch must fit the {DEFAULT_LIMITS.max_packet_bytes}-byte packet cap and hold at "
                 f"most {MAX_FRAMES_PER_BATCH} frames; the largest that fits is {largest}"
             )
-        with self._lock:
-            self._settings = settings
-            self._session_frames = 0
 
     def start_anew(self) -> None:
         """Envs that stepped since their last reset start new trajectories at the next batch."""

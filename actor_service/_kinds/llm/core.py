@@ -102,6 +102,16 @@ class LLMCore(CoreBase):
                 this actor's model draws from.
         """
         self._check_settings_type(settings)
+        self._check_settings(settings)
+        llm = settings.llm
+        assert llm is not None  # checked
+        with self._lock:
+            if llm != self._llm:
+                self._restart()
+            self._settings, self._llm = settings, llm
+            self.models.plan_generation(llm.generation.max_new_tokens)
+
+    def _check_settings(self, settings: CollectSettings) -> None:
         llm = settings.llm
         if llm is None:
             raise ValueError("this is an LLM actor: open the session with LLM settings")
@@ -127,11 +137,6 @@ class LLMCore(CoreBase):
                 "learner's embedding (do the learner and this actor load the same model?)"
             )
         self.models.policy_version(settings.model_id)
-        with self._lock:
-            if llm != self._llm:
-                self._restart()
-            self._settings, self._llm = settings, llm
-            self.models.plan_generation(llm.generation.max_new_tokens)
 
     def _check_generation(self, llm: LLMSettings) -> None:
         generation, cap = llm.generation, self.config.max_new_tokens_cap

@@ -210,6 +210,15 @@ class TorchRLCore(CoreBase):
             UnknownModelError: ``settings.model_id`` is not registered.
         """
         self._check_settings_type(settings)
+        self._check_settings(settings)
+        limit = max(settings.max_frames_per_traj, 0)
+        with self._lock:
+            if limit != self._limit:
+                self._limit_steps(limit)
+            self._settings = settings
+            self._session_frames = 0
+
+    def _check_settings(self, settings: CollectSettings) -> None:
         if settings.llm is not None:
             raise ValueError("this is a TorchRL-env actor: LLM settings need --kind llm")
         largest = self.max_frames_per_batch()
@@ -224,15 +233,9 @@ class TorchRLCore(CoreBase):
             (k if isinstance(k, str) else k[-1]) == "truncated" for k in self._base.done_keys
         ):
             raise ValueError("set_truncated: the env has no truncated key (TorchRL refuses it too)")
-        limit = max(settings.max_frames_per_traj, 0)
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
         if self._env_weights and settings.model_id == ENV_MODEL_ID:
             raise ValueError(f"model_id {ENV_MODEL_ID!r} holds the env's weights: it does not act")
-        with self._lock:
-            if limit != self._limit:
-                self._limit_steps(limit)
-            self._settings = settings
-            self._session_frames = 0
 
     def start_anew(self) -> None:
         """Envs that stepped since their last reset start new trajectories at the next batch.

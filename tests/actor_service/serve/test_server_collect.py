@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +19,7 @@ from actor_service._serve._logging import MAX_FIELD_CHARS, configure_logging, ge
 from common.config import MAX_WIRE_LEARNER_ID, MIN_PEER_PROTOCOL, PROTOCOL_VERSION, CollectSettings
 from common.errors import RlfleetError
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client._collect_stream import CollectStream, EndEvent
 from learner_client._transport import ActorChannel, translate_errors
 
@@ -109,6 +111,27 @@ def test_collect_resume_resends_unacked_batches_first(actor: Actor, acked_by: st
     assert second.end()[0].reason == pb.END_REASON_CLOSED
 
 
+def test_collect_a_resumed_session_continues_its_trajectories(actor: Actor) -> None:
+    first = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=1, learner_id="A")
+    )
+    epoch = first.opened().epoch
+    _, before = first.batch()
+    first.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+    again = RawCollect.open(
+        actor.stub,
+        open_request(
+            frames_per_batch=10, credits=1, learner_id="A", resume_epoch=epoch, resume_after_seq=1
+        ),
+    )
+    assert again.opened().resumed
+    _, after = again.batch()
+    again.cancel()
+    assert not before["next", "done"][:, -1].any()  # 5 steps: no CartPole episode ends
+    assert (after["observation"][:, 0] == before["next", "observation"][:, -1]).all()
+
+
 def test_collect_fresh_open_continues_seqs_without_resending(actor: Actor) -> None:
     first = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
     first.opened()
@@ -130,6 +153,28 @@ def test_collect_second_learner_is_refused_with_resource_exhausted(actor: Actor)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "learner-A" in error.details()
     assert "take_over" in error.details()
+    first.credit(1)
+    assert first.batch()[0].seq == 1  # the first session is unharmed
+    first.cancel()
+
+
+def test_collect_learners_without_an_id_are_told_apart_by_their_address(actor: Actor) -> None:
+    first = RawCollect.open(actor.stub, open_request(credits=0))
+    epoch = first.opened().epoch
+    holder = actor.stub.Describe(pb.DescribeRequest(), timeout=10).learner_id
+    assert holder.startswith("ipv")  # the learner's address stands for its id
+    # Another connection (channels of one process share theirs unless told not to).
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{actor.port}", [("grpc.use_local_subchannel_pool", 1)]
+    )
+    try:
+        stub = pb_grpc.ActorServiceStub(channel)
+        other = RawCollect.open(stub, open_request(credits=1, resume_epoch=epoch))
+        error = other.error()
+    finally:
+        channel.close()
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert holder in error.details()
     first.credit(1)
     assert first.batch()[0].seq == 1  # the first session is unharmed
     first.cancel()
@@ -232,6 +277,31 @@ def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
     second.cancel()
 
 
+@pytest.mark.parametrize(
+    ("refused", "code"),
+    [
+        ({"model_id": "nope"}, grpc.StatusCode.NOT_FOUND),
+        ({"llm": pb.LLMSettings(group_size=1)}, grpc.StatusCode.INVALID_ARGUMENT),  # env actor
+        ({"policy_device": "cuda:0"}, grpc.StatusCode.FAILED_PRECONDITION),  # not its device
+    ],
+    ids=["model_id", "llm", "policy_device"],
+)
+def test_collect_a_take_over_with_refused_settings_leaves_the_session_in_force(
+    actor: Actor, refused: dict, code: grpc.StatusCode
+) -> None:
+    first = RawCollect.open(actor.stub, open_request(credits=1, learner_id="A"))
+    first.opened()
+    assert first.batch()[0].seq == 1
+    taker = RawCollect.open(
+        actor.stub, open_request(credits=1, learner_id="B", take_over=True, **refused)
+    )
+    assert taker.error().code() == code
+    first.credit(1)  # A's session goes on: its next batch, not an end
+    assert first.batch()[0].seq == 2
+    assert actor.handle.server.runtime.busy
+    first.cancel()
+
+
 def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor) -> None:
     stuck = RawCollect.open(actor.stub, open_request(frames_per_batch=4000, credits=4), read=False)
     poll_until(lambda: actor.worker.batches >= 1, message="the stuck learner's session runs")
@@ -244,6 +314,35 @@ def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor)
     assert td.batch_size == (2, 5)
     taker.cancel()
     stuck.cancel()
+
+
+def test_collect_close_stops_after_the_batch_being_written_and_keeps_the_rest(
+    actor: Actor,
+) -> None:
+    runtime = actor.handle.server.runtime
+    # Without BDP probing the stream's window stays 64 KiB, less than a batch: the write of
+    # batch 1 waits for the learner to read, so batches 2 and 3 are still queued at the close.
+    channel = grpc.insecure_channel(f"127.0.0.1:{actor.port}", [("grpc.http2.bdp_probe", 0)])
+    try:
+        stub = pb_grpc.ActorServiceStub(channel)
+        request = open_request(frames_per_batch=2000, credits=3, learner_id="A")
+        session = RawCollect.open(stub, request, read=False)
+        poll_until(lambda: actor.worker.batches == 3, message="three batches collected")
+        session.close()
+        poll_until(lambda: not runtime.current.collecting, message="the close was read")
+        session.start_reading()
+        epoch = session.opened().epoch
+        end, seqs = session.end()
+    finally:
+        channel.close()
+    assert (end.reason, seqs, end.last_seq) == (pb.END_REASON_CLOSED, [1], 1)
+    resumed = RawCollect.open(
+        actor.stub,
+        open_request(frames_per_batch=2000, learner_id="A", resume_epoch=epoch, resume_after_seq=1),
+    )
+    assert resumed.opened().resumed
+    assert [resumed.batch()[0].seq for _ in range(2)] == [2, 3]
+    resumed.cancel()
 
 
 def test_collect_take_over_waits_for_the_batch_in_collection(actor: Actor) -> None:
@@ -264,7 +363,7 @@ def test_collect_take_over_waits_for_the_batch_in_collection(actor: Actor) -> No
     taker.cancel()
 
 
-@pytest.mark.parametrize("seq", [5, 2**64 - 1])
+@pytest.mark.parametrize("seq", [2, 5, 2**64 - 1])
 @pytest.mark.parametrize("acked_by", ["ack", "credit"])
 def test_collect_raises_if_ack_names_a_batch_never_produced(
     actor: Actor, acked_by: str, seq: int
@@ -458,6 +557,61 @@ def test_a_drain_answers_a_learner_that_never_closes_within_its_grace(make_actor
     assert session.call.code() == grpc.StatusCode.OK  # answered, not cancelled by the stop
 
 
+def test_a_drain_ignores_what_the_learner_sends_once_it_began(make_actor: object) -> None:
+    # 2 steps of 0.4 s: the drain begins while batch 1 is in collection and waits for it.
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.4}
+        )
+    )
+    runtime = actor.handle.server.runtime
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=4, credits=1))
+    session.opened()
+    poll_until(lambda: runtime.book.in_flight, message="batch 1 in collection")
+    stopping = threading.Thread(target=actor.handle.stop, args=(5.0,))
+    stopping.start()
+    try:
+        poll_until(lambda: runtime.draining, message="the drain began")
+        assert actor.stub.Describe(pb.DescribeRequest(), timeout=5).draining
+        session.send(pb.CollectRequest())  # late: neither refused nor applied
+        end, seqs = session.end()
+    finally:
+        stopping.join(30)
+    assert (end.reason, seqs) == (pb.END_REASON_DRAINING, [1])
+    assert session.call.code() == grpc.StatusCode.OK
+
+
+def test_a_session_waiting_for_an_abandoned_batch_is_refused_once_a_drain_began(
+    make_actor: object,
+) -> None:
+    # Steps of 1.5 s: the cancelled session's batch is given up at the end of its first step.
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 1.5}
+        )
+    )
+    runtime = actor.handle.server.runtime
+    first = RawCollect.open(actor.stub, open_request(frames_per_batch=4, credits=1))
+    first.opened()
+    poll_until(lambda: runtime.book.in_flight, message="batch 1 in collection")
+    time.sleep(0.5)  # into its first step
+    first.cancel()
+    poll_until(lambda: not runtime.current.active, message="the first session ended")
+    assert runtime.current.collecting  # its batch is given up once the step ends
+    waiting = RawCollect.open(actor.stub, open_request(frames_per_batch=4, credits=1))
+    time.sleep(0.1)  # the new session waits for the first one's batch to be given up
+    stopping = threading.Thread(target=actor.handle.stop, args=(5.0,))
+    stopping.start()
+    try:
+        poll_until(lambda: runtime.draining, message="the drain began")
+        refusal = waiting.next(timeout=10)
+    finally:
+        stopping.join(30)
+    assert isinstance(refusal, grpc.RpcError), refusal
+    assert refusal.code() == grpc.StatusCode.UNAVAILABLE
+    assert "draining" in refusal.details()
+
+
 async def _requests(messages: list[pb.CollectRequest]) -> AsyncIterator[pb.CollectRequest]:
     for message in messages:
         yield message
@@ -482,7 +636,7 @@ def test_collect_raises_if_a_batch_cannot_fit_the_packet_cap(actor: Actor) -> No
 
 
 def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_then(
-    make_actor: object,
+    make_actor: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 0.3 s per step, 40 steps: 12 s if the batch were finished.
     actor = make_actor(
@@ -493,6 +647,7 @@ def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
     session.opened()
     time.sleep(1.0)  # a few steps into the batch
+    caplog.set_level("INFO", logger="rlfleet.actor")
     session.cancel()
     poll_until(lambda: not actor.handle.server.runtime.current.active, message="session ended")
     # The batch is given up at its next step (<= 0.3 s): until then the actor says busy.
@@ -505,6 +660,9 @@ def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_
     again.cancel()
     assert actor.worker.batches == 1  # the abandoned batch produced nothing
     assert actor.worker.frames == 2
+    events = [getattr(r, "rlfleet_event", "") for r in caplog.records]
+    assert "session.batch_abandoned" in events
+    assert "session.collect_failed" not in events  # giving a batch up is no failure
 
 
 def test_health_answers_within_100ms_while_collecting(actor: Actor) -> None:
@@ -569,6 +727,33 @@ def test_collect_env_crash_withholds_the_text_when_detail_is_type(make_actor: ob
     assert (failure.exception_message, failure.message_withheld) == ("", True)
     assert "simulator crashed" not in end.message
     assert "RuntimeError" in end.message
+
+
+def test_collect_env_crash_still_sends_the_batches_queued_before_it(make_actor: object) -> None:
+    # Each env crashes at its step 2,501: batches 1 and 2 (1,000 steps each) are finished first.
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:crashing_cartpole", env_kwargs={"steps": 2500}
+        )
+    )
+    runtime = actor.handle.server.runtime
+    # Without BDP probing the stream's window stays 64 KiB, less than a batch: the actor's
+    # write of batch 1 waits for the learner to read, so batch 2 is queued when the env crashes.
+    channel = grpc.insecure_channel(f"127.0.0.1:{actor.port}", [("grpc.http2.bdp_probe", 0)])
+    try:
+        stub = pb_grpc.ActorServiceStub(channel)
+        request = open_request(frames_per_batch=2000, credits=4)
+        session = RawCollect.open(stub, request, read=False)
+        poll_until(
+            lambda: actor.worker.batches == 2 and not runtime.current.collecting,
+            message="the env crashed in batch 3",
+        )
+        session.start_reading()
+        session.opened()
+        end, seqs = session.end()
+    finally:
+        channel.close()
+    assert (end.reason, seqs, end.last_seq) == (pb.END_REASON_ERROR, [1, 2], 2)
 
 
 def test_collect_refuses_a_learner_of_a_protocol_revision_it_does_not_work_with(

@@ -60,12 +60,14 @@ def test_describe_reports_worker_env_spaces_and_models(make_actor: object) -> No
     assert {p.name for p in model.parameters} == set(_policy_weights(actor))
 
 
-def test_describe_reports_busy_during_a_session(actor: Actor) -> None:
-    session = RawCollect.open(actor.stub, open_request(credits=0))
+def test_describe_reports_busy_and_the_learner_during_a_session_only(actor: Actor) -> None:
+    session = RawCollect.open(actor.stub, open_request(credits=0, learner_id="A"))
     session.opened()
-    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).busy
+    during = actor.stub.Describe(pb.DescribeRequest(), timeout=10)
+    assert (during.busy, during.learner_id) == (True, "A")
     session.cancel()
     poll_until(lambda: not actor.stub.Describe(pb.DescribeRequest(), timeout=10).busy)
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).learner_id == ""
 
 
 def test_get_state_round_trips_through_load_state(make_actor: object) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import queue
 import subprocess
 import sys
 import time
@@ -12,9 +13,12 @@ import grpc
 import pytest
 from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from helpers import poll_until
 from test_server_metrics import scrape
 
-from actor_service._serve._limits import MAX_WATCH_STREAMS
+from actor_service._serve import _limits as limits_module
+from actor_service._serve._limits import MAX_REFLECTION_STREAMS, MAX_WATCH_STREAMS
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
 TOKEN = "flood-test-token"
@@ -81,3 +85,67 @@ def test_health_and_learner_keep_working_with_1000_idle_watch_streams_open(
     with pytest.raises(grpc.RpcError) as error:  # token-less callers still get nothing
         actor.stub.Describe(pb.DescribeRequest(), timeout=5)
     assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_watch_stream_over_the_cap_is_refused_and_one_that_ends_frees_its_place(
+    make_actor: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups = (
+        ("/grpc.health.v1.Health/Watch", "health watch", 2),
+        ("/grpc.reflection.", "reflection", MAX_REFLECTION_STREAMS),
+    )
+    monkeypatch.setattr(limits_module, "_GROUPS", groups)
+    actor = make_actor()
+    health = health_pb2_grpc.HealthStub(actor.channel)
+    request = health_pb2.HealthCheckRequest()
+    watches = [health.Watch(request) for _ in range(2)]
+    for watch in watches:
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    refused = health.Watch(request)
+    with pytest.raises(grpc.RpcError) as error:
+        next(refused)
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "2 health watch streams are open" in error.value.details()
+    watches[0].cancel()
+
+    def admitted() -> bool:
+        watch = health.Watch(request)
+        try:
+            return next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+        finally:
+            watch.cancel()
+
+    poll_until(admitted, timeout=5, message="the ended stream's place is free")
+    watches[1].cancel()
+
+
+def test_a_reflection_stream_that_ends_frees_its_place(
+    make_actor: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups = (
+        ("/grpc.health.v1.Health/Watch", "health watch", MAX_WATCH_STREAMS),
+        ("/grpc.reflection.", "reflection", 1),
+    )
+    monkeypatch.setattr(limits_module, "_GROUPS", groups)
+    actor = make_actor()
+    reflection = reflection_pb2_grpc.ServerReflectionStub(actor.channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    requests: queue.Queue = queue.Queue()
+    held = reflection.ServerReflectionInfo(iter(requests.get, None))
+    requests.put(request)
+    assert next(held).list_services_response.service
+    with pytest.raises(grpc.RpcError) as error:
+        list(reflection.ServerReflectionInfo(iter([request]), timeout=5))
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    requests.put(None)  # the held stream ends
+    assert list(held) == []
+
+    def admitted() -> bool:
+        try:
+            return len(list(reflection.ServerReflectionInfo(iter([request]), timeout=5))) == 1
+        except grpc.RpcError:
+            return False
+
+    poll_until(admitted, timeout=5, message="the ended stream's place is free")

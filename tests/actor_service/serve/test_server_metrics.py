@@ -134,6 +134,24 @@ def test_a_session_whose_learner_vanishes_ends_broken_not_closed(
     assert [fields["reason"] for fields in ended] == ["broken"]
 
 
+def test_credits_a_session_left_unused_are_not_outstanding_once_it_ended(
+    make_actor: object,
+) -> None:
+    actor: Actor = make_actor(metrics_port=0)
+    port = actor.handle.server.metrics_port
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=4))
+    session.opened()
+    assert [session.batch()[0].seq for _ in range(4)] == [1, 2, 3, 4]
+    session.credit(2)  # 4 batches wait for their ack (max_credits): the credits wait too
+    poll_until(lambda: value(scrape(port), "rlfleet_actor_credits_outstanding") == 2)
+    session.close()
+    assert session.end()[0].reason == pb.END_REASON_CLOSED
+    poll_until(lambda: value(scrape(port), "rlfleet_actor_session_state", state="free") == 1)
+    after = scrape(port)
+    assert value(after, "rlfleet_actor_credits_outstanding") == 0
+    assert value(after, "rlfleet_actor_batches_retained") == 4  # kept for a resume
+
+
 def test_actor_metrics_port_serves_only_metrics_and_never_the_token(make_actor: object) -> None:
     actor: Actor = make_actor(metrics_port=0, token=TOKEN)
     port = actor.handle.server.metrics_port

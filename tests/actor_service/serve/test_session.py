@@ -104,6 +104,17 @@ def test_session_ack_raises_if_seq_was_never_produced() -> None:
         book.ack(5)
 
 
+def test_session_ack_raises_for_the_seq_right_after_the_last_and_keeps_retention() -> None:
+    book = _book()
+    _open(book, credits=2)
+    _produce(book, 1)
+    with pytest.raises(SequenceConflictError, match="ack of seq 2 "):
+        book.ack(2)
+    assert book.acked_seq == 0
+    assert _produce(book, 1) == [2]
+    assert book.retained_seqs == [1, 2]  # the next batch is not released by the refused ack
+
+
 def test_session_starts_no_batch_while_max_credits_wait_for_their_ack() -> None:
     """A learner that keeps reconnecting before a batch gets through (a link slower than
     its batch_timeout) resumes with fresh credits each time: the actor stops at
