@@ -18,8 +18,9 @@ class BuggyTask:
 
     def __init__(self, mode: str) -> None:
         self._arith = build_task("arith")
-        self.max_turns = self._arith.max_turns
+        self.max_turns = 4 if mode == "flaky" else self._arith.max_turns
         self.mode = mode
+        self.scored = 0
 
     def sample(self, rng: random.Random) -> Problem:
         """A problem of ``arith``; ``mode="sample"`` raises instead."""
@@ -30,7 +31,16 @@ class BuggyTask:
         return self._arith.sample(rng)
 
     def score(self, problem: Problem, response: str, turn: int) -> Any:
-        """Not an ``Outcome`` of a real reward, or an exception, as ``mode`` says."""
+        """Not an ``Outcome`` of a real reward, or an exception, as ``mode`` says.
+
+        ``mode="flaky"``: four-turn dialogs (every response is wrong) whose fourth score
+        raises, once (a reward server's hiccup).
+        """
+        self.scored += 1
+        if self.mode == "flaky":
+            if self.scored == 4:
+                raise RuntimeError("reward server hiccup")
+            return Outcome(0.0, terminated=turn >= 4, reply=None if turn >= 4 else "No.")
         if self.mode == "raise":
             raise RuntimeError("user reward function bug")
         if self.mode == "system_exit":  # a user's sys.exit in a reward function

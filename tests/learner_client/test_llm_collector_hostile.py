@@ -78,6 +78,9 @@ class _HostileCore:
             kind="llm", policy="rlfleet:tiny-qwen2",
         )  # fmt: skip
 
+    def check(self, settings) -> None:
+        pass  # it takes any settings
+
     def place(self, settings) -> None:
         pass  # no device or compile asked of it
 

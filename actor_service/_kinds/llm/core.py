@@ -162,26 +162,39 @@ class LLMCore(CoreBase):
             abandon: Set from another thread to give the batch up before its next turn.
 
         Raises:
-            SessionStateError: Not configured, or abandoned.
+            SessionStateError: Not configured, or abandoned (between two turns: the dialogs
+                under way go on in the next batch).
             ClosedError: The core is closed.
+            EnvError: The task raised; like any other failure of a turn (the model's), every
+                dialog under way restarts, as an env actor's envs are reset after a batch
+                that failed: a turn may have advanced some dialogs of its step and not others.
         """
         self._abandon = abandon
         with self._lock:
             settings = self._configured()
             if settings.reset_at_each_iter:
                 self._restart()
-            if self._llm.trajectories:
-                turns, frames = self._trajectories(settings.frames_per_batch)
-                shape: tuple[int, ...] = (len(turns),)
-            else:
-                turns = self._steps(settings.frames_per_batch // self.num_slots)
-                frames, shape = len(turns), (self.num_slots, len(turns) // self.num_slots)
+            try:
+                turns, frames, shape = self._collect_turns(settings.frames_per_batch)
+            except SessionStateError:
+                raise
+            except BaseException:
+                self._restart()
+                raise
             self.frames += frames
             self.batches += 1
             self.last_batch_frames = frames
             return pack_turns(
                 turns, shape, self.engine.pad_id, token_versions=self._llm.token_versions
             )
+
+    def _collect_turns(self, frames_per_batch: int) -> tuple[list[Turn], int, tuple[int, ...]]:
+        """A batch's turns, the dialog turns it counts and its shape (under the lock)."""
+        if self._llm.trajectories:
+            turns, frames = self._trajectories(frames_per_batch)
+            return turns, frames, (len(turns),)
+        turns = self._steps(frames_per_batch // self.num_slots)
+        return turns, len(turns), (self.num_slots, len(turns) // self.num_slots)
 
     def _check_abandon(self) -> None:
         if self._abandon is not None and self._abandon.is_set():

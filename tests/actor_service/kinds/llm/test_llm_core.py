@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 import pytest
 import torch
@@ -12,7 +13,13 @@ from actor_service._kinds.llm import core as llm_core
 from actor_service._kinds.llm.core import LLMCore
 from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import MAX_FRAMES_PER_BATCH, CollectSettings
-from common.errors import EnvError, PacketTooLargeError, StaleVersionError, WeightsError
+from common.errors import (
+    EnvError,
+    PacketTooLargeError,
+    SessionStateError,
+    StaleVersionError,
+    WeightsError,
+)
 from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
 from common.llm._settings import MIN_TEMPERATURE
 from common.packets import PacketLimits
@@ -154,6 +161,31 @@ def test_a_task_that_fails_raises_an_env_error_naming_it(mode, kind, text) -> No
     assert error.exception_message == text
 
 
+@pytest.mark.parametrize("trajectories", [True, False], ids=["trajectories", "steps"])
+def test_a_task_error_restarts_the_dialogs_under_way(trajectories: bool) -> None:
+    """A turn that failed part-way (the task raised on one slot after another slot's dialog
+    had advanced) is not the start of the next batch: dialogs under way restart, as an env
+    actor resets its envs after a failed batch (a trajectory lacked its failed turn)."""
+    task = LLMActorSettings(task="rlfleet_test_tasks:buggy", task_kwargs={"mode": "flaky"})
+    with _worker(llm=task) as worker:
+        worker.configure(_settings(2, yield_completed_trajectories=trajectories))
+        with pytest.raises(EnvError, match="reward server hiccup"):
+            _ = [worker.collect_batch() for _ in range(4)]  # the 4th turn scored raises
+        dropped = worker.dropped_dialogs
+        td = worker.collect_batch()
+        assert worker.dropped_dialogs == dropped  # counted when they restarted
+    turns, lengths = td["collector", "dialog_turns"], td["history", "length"]
+    if trajectories:  # each trajectory's turns 1, 2, ..., its history two messages a turn
+        for traj in td["collector", "traj_ids"].unique():
+            mine = td["collector", "traj_ids"] == traj
+            assert turns[mine].tolist() == list(range(1, int(mine.sum()) + 1))
+        assert torch.equal(lengths, 2 * turns)
+    else:  # first turns of new dialogs
+        assert (turns == 1).all()
+        assert (lengths == 2).all()
+    assert dropped >= 1
+
+
 def test_the_same_seed_gives_the_same_first_batches() -> None:
     batches = []
     for _ in range(2):
@@ -173,10 +205,16 @@ def test_reset_at_each_iter_counts_dropped_dialogs() -> None:
         worker.configure(
             CollectSettings(frames_per_batch=2, reset_at_each_iter=True, llm=settings.llm)
         )
-        worker.collect_batch()
-        dropped = worker.dropped_dialogs
-        worker.collect_batch()
-        assert worker.dropped_dialogs >= dropped  # unfinished dialogs of batch 1 were dropped
+        first = worker.collect_batch()
+        assert worker.dropped_dialogs == 0
+        second = worker.collect_batch()
+    going = int((~first["next", "done"]).sum())
+    assert going, "every dialog of batch 1 ended: nothing to drop"
+    assert worker.dropped_dialogs == going  # unfinished dialogs of batch 1 were dropped
+    # ... and batch 2 starts every slot on a new dialog at its first turn
+    assert (second["collector", "dialog_turns"] == 1).all()
+    old = set(first["collector", "traj_ids"].flatten().tolist())
+    assert old.isdisjoint(second["collector", "traj_ids"].flatten().tolist())
 
 
 def test_state_dict_round_trip_restores_weights_and_counters() -> None:
@@ -243,3 +281,240 @@ def test_a_state_with_keys_this_actor_lacks_is_refused_with_nothing_applied(extr
         with pytest.raises(WeightsError, match=f"keys \\['{next(iter(extra))}'\\] are not"):
             worker.load_state_dict(state)
         assert worker.frames == 2
+
+
+def _reverse(retries: int, **kwargs) -> LLMActorSettings:
+    """A task the tiny random model never solves: its dialogs run to their turn limit."""
+    return LLMActorSettings(task="reverse", task_kwargs={"retries": retries}, **kwargs)
+
+
+def test_a_learners_max_turns_truncates_the_dialog_and_the_slot_starts_a_new_one() -> None:
+    with _worker(llm=_reverse(5)) as worker:
+        worker.configure(_settings(6, max_turns=2))
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["collector", "dialog_turns"].tolist() == [[1, 2, 1]] * 2
+    assert td["next", "truncated"].squeeze(-1).tolist() == [[False, True, False]] * 2
+    assert not td["next", "terminated"].any()
+    assert ("collector", "token_policy_version") not in td.keys(include_nested=True)
+    traj = td["collector", "traj_ids"]
+    assert (traj[:, 0] == traj[:, 1]).all()
+    assert (traj[:, 1] != traj[:, 2]).all()
+    # prompts grow turn by turn: the shorter rows are right-padded with the pad id
+    padding = (
+        torch.arange(td["tokens"].shape[-1]) >= (td["prompt_len"] + td["response_len"])[..., None]
+    )
+    assert padding.any()
+    assert (td["tokens"][padding] == worker.engine.pad_id).all()
+
+
+def test_completed_trajectories_end_at_a_learners_max_turns(monkeypatch) -> None:
+    """A truncated dialog is complete: its group is yielded (the batch stays small)."""
+    monkeypatch.setattr(llm_core, "DEFAULT_LIMITS", PacketLimits(max_packet_bytes=8192))
+    with _worker(llm=_reverse(5)) as worker:
+        worker.configure(_settings(2, max_turns=2, yield_completed_trajectories=True))
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["collector", "dialog_turns"].tolist() == [1, 2]
+    assert td["next", "truncated"].squeeze(-1).tolist() == [False, True]
+
+
+def test_the_task_ends_its_last_turn_terminated_not_truncated_and_judges_success() -> None:
+    """``turn`` counts from 1 for the task; a dialog the task ends at its last turn is
+    terminated only; ``success`` is the task's, not ``terminated``."""
+    with _worker(llm=_reverse(1)) as worker:
+        worker.configure(_settings(4))
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["next", "terminated"].squeeze(-1).tolist() == [[False, True]] * 2
+    assert not td["next", "truncated"].any()
+    assert not td["next", "success"].any()  # the tiny model never reverses a word
+    with _worker() as worker:  # arith: one turn, always ended by the task
+        worker.configure(_settings(4))
+        td = worker.collect_batch()
+    assert td["next", "terminated"].all()
+    assert not td["next", "truncated"].any()
+    assert torch.equal(td["next", "success"], td["next", "reward"] == 1.0)
+
+
+@pytest.mark.parametrize("room", [1, 2])
+def test_a_response_that_fills_the_context_is_cut_there_and_truncates_the_dialog(room) -> None:
+    """A prompt of P tokens in a context of P + room: the response takes the room left."""
+    prompt_len = 32  # the ChatML prompt of "reverse: abcd"
+    context = {**TINY, "max_positions": prompt_len + room}
+    with _worker(
+        llm=_reverse(3), models=(ModelSpec("policy", "rlfleet:tiny-qwen2", context),)
+    ) as worker:
+        worker.configure(_settings(generation={"max_new_tokens": 8, "temperature": 0.0}))
+        td = worker.collect_batch()
+    check_padded(td)
+    assert (td["prompt_len"] == prompt_len).all()
+    assert (td["response_len"] == room).all()
+    assert td["next", "truncated"].all()
+    assert not td["next", "terminated"].any()
+
+
+def _echo_model(tmp_path, token: str) -> tuple[ModelSpec, int]:
+    """A tiny GPT-2 checkpoint that answers ``token`` (an ordinary one) to anything."""
+    model, tok = build_policy("rlfleet:tiny-gpt2", **TINY)
+    token_id = tok.convert_tokens_to_ids(token)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[token_id] = 1.0
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    return ModelSpec("policy", f"hf:{tmp_path}", {"dtype": "float32"}), token_id
+
+
+def test_a_stop_token_id_ends_the_response_and_stays_out_of_the_history(tmp_path) -> None:
+    spec, seven = _echo_model(tmp_path, "7")
+    with _worker(models=(spec,)) as worker:
+        greedy = {"max_new_tokens": 4, "temperature": 0.0}
+        worker.configure(_settings(generation=greedy))
+        running = worker.collect_batch()
+        worker.configure(_settings(generation={**greedy, "stop_token_ids": (seven,)}))
+        stopped = worker.collect_batch()
+    for td in (running, stopped):
+        check_padded(td)
+    assert (running["response_len"] == 4).all()
+    assert not running["collector", "stopped"].any()
+    assert running["history", "content"][0][0][1] == "7777"
+    assert (stopped["response_len"] == 1).all()
+    assert stopped["collector", "stopped"].all()
+    assert stopped["history", "content"][0][0][1] == ""  # the stop token is no content
+    assert stopped["text", "response"][0][0] == "7"  # the text is the response's tokens
+
+
+def test_set_seed_restarts_dialogs_in_progress_as_a_new_worker_with_that_seed() -> None:
+    sampled = {"max_new_tokens": 4, "temperature": 1.0}
+    with _worker(llm=_reverse(5)) as worker:
+        worker.configure(_settings(generation=sampled))
+        worker.collect_batch()  # dialogs in progress: their next turn would be the second
+        worker.set_seed(7)
+        reseeded = worker.collect_batch()
+    with _worker(llm=_reverse(5)) as worker:
+        worker.set_seed(7)
+        worker.configure(_settings(generation=sampled))
+        fresh = worker.collect_batch()
+    assert (reseeded["collector", "dialog_turns"] == 1).all()
+    assert torch.equal(reseeded["tokens"], fresh["tokens"])
+    assert list(reseeded["query"]) == list(fresh["query"])
+
+
+def test_different_seeds_draw_different_problems_and_different_tokens(tmp_path) -> None:
+    def first_batch(seed: int, llm: LLMActorSettings):
+        with _worker(llm=llm) as worker:
+            worker.set_seed(seed)
+            worker.configure(_settings(generation={"max_new_tokens": 8, "temperature": 1.0}))
+            return worker.collect_batch()
+
+    a, b = first_batch(1, _reverse(0)), first_batch(2, _reverse(0))
+    assert list(a["query"]) != list(b["query"])
+    (tmp_path / "one.jsonl").write_text('{"prompt": "say hi", "answer": "hi"}\n')
+    one = LLMActorSettings(task=f"jsonl:{tmp_path / 'one.jsonl'}")
+    a, b = first_batch(1, one), first_batch(2, one)
+    assert list(a["query"]) == list(b["query"])  # one prompt: only the tokens drawn differ
+    assert not torch.equal(a["tokens"], b["tokens"])
+
+
+def test_new_settings_drop_the_groups_held_for_the_next_batch() -> None:
+    """Trajectory mode holds groups past a batch; settings that change restart them too."""
+    with _worker(num_envs=4) as worker:
+        sampled = {"max_new_tokens": 6, "temperature": 1.0}
+        worker.configure(_settings(1, generation=sampled, yield_completed_trajectories=True))
+        worker.collect_batch()
+        held = {dialog[0].traj_id for group in worker._ready for dialog in group}
+        assert held, "the first step's other groups are held"
+        worker.configure(_settings(1, yield_completed_trajectories=True))
+        td = worker.collect_batch()
+    assert held.isdisjoint(td["collector", "traj_ids"].tolist())
+    assert (td["response_len"] <= 3).all()
+
+
+def test_last_steps_count_every_turn_of_their_dialogs_in_the_frames() -> None:
+    with _worker(llm=_reverse(1)) as worker:
+        worker.configure(_settings(4, yield_only_last_steps=True))
+        td = worker.collect_batch()  # 4 rows: the last turns of 4 dialogs of 2 turns
+        assert td["collector", "dialog_turns"].tolist() == [2, 2, 2, 2]
+        assert worker.last_batch_frames == worker.frames == 8
+
+
+@pytest.mark.parametrize("mode", [{}, {"yield_completed_trajectories": True}])
+def test_the_slots_of_a_group_share_one_problem_and_groups_draw_their_own(mode) -> None:
+    with _worker(llm=_reverse(0), num_envs=4) as worker:
+        worker.configure(_settings(4, group_size=2, **mode))
+        td = worker.collect_batch().reshape(-1)
+    queries, groups = list(td["query"]), td["collector", "group_id"].tolist()
+    by_group: dict[int, set[str]] = collections.defaultdict(set)
+    for group, query in zip(groups, queries, strict=True):
+        by_group[group].add(query)
+    assert len(by_group) == 2
+    assert all(len(group_queries) == 1 for group_queries in by_group.values())
+    assert len(set(queries)) == 2
+
+
+def test_a_tasks_system_prompt_opens_the_history_and_the_prompt() -> None:
+    with _worker(llm=LLMActorSettings(task="countdown")) as worker:
+        worker.configure(_settings())
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["history", "role"][0][0][:2] == ["system", "user"]
+    assert td["history", "content"][0][0][0].startswith("A conversation between User and")
+    assert "A conversation between User and" in td["text", "prompt"][0][0]
+
+
+def test_a_turn_with_no_room_to_respond_carries_the_version_in_force() -> None:
+    tiny_context = {**TINY, "max_positions": 24}
+    with _worker(
+        llm=LLMActorSettings(task="reverse", task_kwargs={"length": 40}),
+        models=(ModelSpec("policy", "rlfleet:tiny-qwen2", tiny_context),),
+    ) as worker:
+        new, _ = build_policy("rlfleet:tiny-qwen2", **tiny_context)
+        worker.models.load_weights("policy", 3, new.state_dict())
+        worker.configure(_settings())
+        td = worker.collect_batch()
+    assert (td["response_len"] == 0).all()
+    assert (td["policy_version"] == 3).all()
+
+
+def test_a_slot_with_no_room_left_does_not_shift_the_responses_of_the_others(tmp_path) -> None:
+    """Slot 0's prompt fills the context, slot 1's fits: slot 1 gets its own response."""
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(
+        '{"prompt": "' + "x" * 60 + '", "answer": "y"}\n{"prompt": "hi", "answer": "y"}\n'
+    )
+    context = {**TINY, "max_positions": 40}
+    with _worker(
+        llm=LLMActorSettings(task=f"jsonl:{problems}"),
+        models=(ModelSpec("policy", "rlfleet:tiny-qwen2", context),),
+    ) as worker:
+        worker.configure(_settings(generation={"max_new_tokens": 3, "temperature": 0.0}))
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["response_len"][:, 0].tolist()[0] == 0
+    assert td["response_len"][:, 0].tolist()[1] > 0
+    assert td["next", "truncated"][:, 0].squeeze(-1).tolist() == [True, False]
+
+
+def test_a_reseed_after_an_abandoned_batch_drops_the_turns_it_held() -> None:
+    """Completed-trajectory mode holds turns of dialogs in progress across calls; a batch
+    abandoned after a turn, then a new seed: the next trajectories start from turn 1."""
+    with _worker(llm=_reverse(5)) as worker:
+        worker.configure(_settings(2, max_turns=3, yield_completed_trajectories=True))
+        abandon = threading.Event()
+        inner = worker.models.forward
+
+        def forward(*args):
+            abandon.set()  # the batch is given up before its next turn
+            return inner(*args)
+
+        worker.models.forward = forward  # type: ignore[method-assign]
+        with pytest.raises(SessionStateError, match="abandoned"):
+            worker.collect_batch(abandon)
+        worker.models.forward = inner  # type: ignore[method-assign]
+        worker.set_seed(5)
+        td = worker.collect_batch()
+    check_padded(td)
+    assert td["collector", "dialog_turns"].tolist() == [1, 2, 3]
