@@ -467,6 +467,10 @@ def _pad_time(batches: Sequence[TensorDictBase]) -> list[TensorDictBase]:
 # ---------------------------------------------------------- storing device
 
 
+def _local_or_none(name: str, value: object) -> torch.device | None:
+    return None if value is None else local_device(value, name)
+
+
 class Placement:
     """Moves each delivered batch to the learner's storing device.
 
@@ -480,12 +484,8 @@ class Placement:
     """
 
     def __init__(self, device: Any = None, storing_device: Any = None) -> None:
-        chosen, name = (
-            (device, "device") if storing_device is None else (storing_device, "storing_device")
-        )
-        self.device = (
-            None if chosen is None else one_device(name, chosen, lambda n, v: local_device(v, n))
-        )
+        storing = one_device("storing_device", storing_device, _local_or_none)
+        self.device = one_device("device", device, _local_or_none) if storing is None else storing
         self._in_flight: collections.deque[tuple[torch.cuda.Event, TensorDictBase]] = (
             collections.deque()
         )

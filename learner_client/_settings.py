@@ -292,6 +292,7 @@ class RolloutSettings:
             total_frames=-1,
             model_id=self.model_id,
             llm=self.llm,
+            fold_observations=True,  # what a GrpcCollector asks (docs/wire.md)
             **vars(self.placement),  # policy_device, env_device, compile_policy, cudagraph_policy
         )
 

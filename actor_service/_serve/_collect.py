@@ -476,6 +476,8 @@ class CollectSession:
     def _request_stop(self, reason: pb.EndReason, message: str) -> None:
         if self._stop is None:
             self._stop, self._stop_message = reason, message
+        if self._stop not in _FLUSHING:  # nothing more is sent: give the batch under way up
+            self._abandon.set()
         self._wake()
 
     def _wake(self) -> None:

@@ -320,3 +320,25 @@ def test_frames_written_counts_frames_not_the_rows_a_replay_buffer_counts() -> N
     assert frames_written(listed) == 3
     assert frames_written(empty) == 0
     assert frames_written(object()) == 0
+
+
+def test_rollout_settings_at_the_collectors_defaults_ask_actors_to_fold_observations():
+    """``GrpcCollector`` asks folded batches by default (docs/wire.md, docs/actor.md): the
+    default moved off ``RolloutSettings`` must not fall to ``CollectSettings``' False."""
+    assert rollout_settings().for_actor(8, 1).fold_observations is True
+
+
+def test_a_collector_at_its_defaults_opens_sessions_that_fold_observations():
+    from actor_service import ActorConfig, create_server
+
+    config = ActorConfig(host="127.0.0.1", port=0, num_envs=2, seed=0)
+    handle = create_server(config).run_in_thread()
+    try:
+        with GrpcCollector(
+            [f"127.0.0.1:{handle.port}"], frames_per_batch=4, total_frames=4
+        ) as collector:
+            for _ in collector:
+                pass
+        assert handle.server.runtime.core._settings.fold_observations is True
+    finally:
+        handle.stop(grace=1.0)

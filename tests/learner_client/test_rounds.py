@@ -155,3 +155,10 @@ def test_combine_pads_split_trajectories_to_the_longest():
 def test_combine_raises_if_given_nothing():
     with pytest.raises(ValueError, match="zero"):
         combine([], cat_results="stack", split_trajs=False)
+
+
+def test_placement_takes_a_per_worker_list_of_none_as_no_device_as_torchrl_does():
+    """TorchRL's multi-worker collectors make ``[None] * num_workers`` of a None device and
+    give each worker its entry: a list of Nones asks no device, as None itself."""
+    assert Placement(device=[None, None]).device is None
+    assert Placement(device="cpu", storing_device=[None, None]).device == torch.device("cpu")

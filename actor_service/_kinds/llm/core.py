@@ -161,13 +161,15 @@ class LLMCore(CoreBase):
         Args:
             abandon: Set from another thread to give the batch up before its next turn.
 
+        A batch that fails restarts every dialog under way, as an env actor resets its envs
+        after a failed batch: a turn may have advanced some dialogs of its step and not
+        others, and a batch of steps given up takes the turns it stepped with it. Only
+        trajectories given up (abandoned) go on: their turns are held for the next batch.
+
         Raises:
-            SessionStateError: Not configured, or abandoned (between two turns: the dialogs
-                under way go on in the next batch).
+            SessionStateError: Not configured, or abandoned.
             ClosedError: The core is closed.
-            EnvError: The task raised; like any other failure of a turn (the model's), every
-                dialog under way restarts, as an env actor's envs are reset after a batch
-                that failed: a turn may have advanced some dialogs of its step and not others.
+            EnvError: The task raised.
         """
         self._abandon = abandon
         with self._lock:
@@ -176,10 +178,9 @@ class LLMCore(CoreBase):
                 self._restart()
             try:
                 turns, frames, shape = self._collect_turns(settings.frames_per_batch)
-            except SessionStateError:
-                raise
-            except BaseException:
-                self._restart()
+            except BaseException as exc:
+                if not (self._llm.trajectories and isinstance(exc, SessionStateError)):
+                    self._restart()
                 raise
             self.frames += frames
             self.batches += 1

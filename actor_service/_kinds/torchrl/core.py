@@ -49,6 +49,7 @@ from actor_service._kinds.torchrl.batch import (
 from actor_service._kinds.torchrl.models import TDModel, TDModels, build_td_model
 from actor_service._kinds.torchrl.pool import (
     build_pool,
+    check_limit,
     counted_reset,
     counter_keys,
     limited,
@@ -233,6 +234,7 @@ class TorchRLCore(CoreBase):
             (k if isinstance(k, str) else k[-1]) == "truncated" for k in self._base.done_keys
         ):
             raise ValueError("set_truncated: the env has no truncated key (TorchRL refuses it too)")
+        check_limit(self._base, settings.max_frames_per_traj)
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
         if self._env_weights and settings.model_id == ENV_MODEL_ID:
             raise ValueError(f"model_id {ENV_MODEL_ID!r} holds the env's weights: it does not act")

@@ -36,6 +36,7 @@ from common.plain_config import from_plain
 __all__ = [
     "TORCHRL_EXTRA",
     "build_pool",
+    "check_limit",
     "check_torchrl_config",
     "limited",
     "pool_envs",
@@ -245,15 +246,13 @@ def start_pool(pool: Any) -> None:
         pool.start()
 
 
-def limited(base: Any, limit: int) -> Any:
-    """``base`` as TorchRL's collector steps it for ``max_frames_per_traj=limit``.
+def check_limit(base: Any, limit: int) -> None:
+    """Refuse ``max_frames_per_traj=limit`` on an env that counts steps already.
 
     Raises:
-        ValueError: The env counts steps already (TorchRL refuses it alike).
+        ValueError: The env has a ``step_count`` key (TorchRL refuses it alike).
     """
-    if limit <= 0:
-        return base
-    if any(
+    if limit > 0 and any(
         "step_count" in ((k,) if isinstance(k, str) else k)
         for k in base.output_spec.keys(True, True)
     ):
@@ -261,6 +260,17 @@ def limited(base: Any, limit: int) -> Any:
             "max_frames_per_traj: the env has a 'step_count' key already (a StepCounter); "
             "set its max_steps in the factory instead"
         )
+
+
+def limited(base: Any, limit: int) -> Any:
+    """``base`` as TorchRL's collector steps it for ``max_frames_per_traj=limit``.
+
+    Raises:
+        ValueError: As :func:`check_limit`.
+    """
+    check_limit(base, limit)
+    if limit <= 0:
+        return base
     envs = torchrl_envs()
     return envs.TransformedEnv(base, envs.StepCounter(max_steps=limit))
 

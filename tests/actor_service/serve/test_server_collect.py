@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
 from actor_service._core._settings import EnvPoolSettings
+from actor_service._serve import _collect
 from actor_service._serve._logging import MAX_FIELD_CHARS, configure_logging, get_logger
 from common.config import MAX_WIRE_LEARNER_ID, MIN_PEER_PROTOCOL, PROTOCOL_VERSION, CollectSettings
 from common.errors import RlfleetError
@@ -312,6 +313,31 @@ def test_collect_take_over_replaces_a_learner_that_stopped_reading(actor: Actor)
     info, td = taker.batch(timeout=10)
     assert info.seq >= opened.next_seq
     assert td.batch_size == (2, 5)
+    taker.cancel()
+    stuck.cancel()
+
+
+def test_collect_a_take_over_gives_the_batch_under_way_up_at_its_next_step(
+    make_actor: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The old session's learner stopped reading and never closes its side: its status would
+    # wait _LEARNER_CLOSE_S for it (made 30 s here), and the batch under way was given up
+    # only then. Steps of 0.05 s, 200 a batch: the take-over waits one step, not the close.
+    monkeypatch.setattr(_collect, "_LEARNER_CLOSE_S", 30.0)
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.05}
+        )
+    )
+    runtime = actor.handle.server.runtime
+    stuck = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=400, credits=1, learner_id="A"), read=False
+    )
+    poll_until(lambda: runtime.book.in_flight, message="batch 1 in collection")
+    taker = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=2, credits=1, learner_id="B", take_over=True)
+    )
+    assert taker.opened(timeout=10).next_seq == 1  # batch 1 was given up: no seq taken
     taker.cancel()
     stuck.cancel()
 

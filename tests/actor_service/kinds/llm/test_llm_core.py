@@ -518,3 +518,27 @@ def test_a_reseed_after_an_abandoned_batch_drops_the_turns_it_held() -> None:
         td = worker.collect_batch()
     check_padded(td)
     assert td["collector", "dialog_turns"].tolist() == [1, 2, 3]
+
+
+def test_a_batch_abandoned_after_a_step_never_leaves_a_trajectory_lacking_that_turn() -> None:
+    """Steps mode (not completed trajectories): a batch abandoned after its first step holds
+    that step's turns nowhere; the dialogs they advanced must not go on in the next batch
+    without them (dialog_turns 2, 3 with turn 1 never delivered), as docs/llm.md promises."""
+    with _worker(llm=_reverse(5)) as worker:
+        worker.configure(_settings(4, max_turns=4))  # 2 steps of 2 slots a batch
+        abandon = threading.Event()
+        inner = worker.models.forward
+
+        def forward(*args):
+            abandon.set()  # given up before its next (second) step
+            return inner(*args)
+
+        worker.models.forward = forward  # type: ignore[method-assign]
+        with pytest.raises(SessionStateError, match="abandoned"):
+            worker.collect_batch(abandon)
+        worker.models.forward = inner  # type: ignore[method-assign]
+        td = worker.collect_batch()  # the resumed session's batch
+    check_padded(td)
+    turns, lengths = td["collector", "dialog_turns"], td["history", "length"]
+    assert turns[:, 0].tolist() == [1, 1]  # each row starts a trajectory the learner sees
+    assert torch.equal(lengths, 2 * turns)  # no history turn the learner never got

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import pytest
 import torch
 from tensordict import TensorDict
 
 pytest.importorskip("torchrl")
 import rlfleet_test_torchrl as factories
+from actor_harness import RawCollect, open_request
 from torchrl.envs import SerialEnv
 from torchrl_harness import (
     TRAJ_IDS,
@@ -36,6 +38,7 @@ from common.config import CollectSettings
 from common.errors import EnvError, StaleVersionError, UnknownWorkerError, WeightsError
 from common.packets import decode_packet, encode_packet
 from common.packets.folding import FoldedBatch
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector
 
 
@@ -641,3 +644,43 @@ def test_torchrl_core_resets_the_envs_after_a_batch_the_policy_broke() -> None:
     ids = "collector", "traj_ids"
     assert not before["next", "done"][:, -1].any()
     assert not set(after[ids][:, 0].tolist()) & set(before[ids].flatten().tolist())
+
+
+def test_torchrl_core_check_refuses_a_limit_on_an_env_that_counts_steps_itself() -> None:
+    """``check`` (run before a take-over may end the session in force) refuses all that
+    ``configure`` refuses: ``max_frames_per_traj`` over the env's own ``StepCounter`` too."""
+    settings = CollectSettings(frames_per_batch=20, max_frames_per_traj=5)
+    with TorchRLCore(_config()) as core:
+        with pytest.raises(ValueError, match="'step_count' key already"):
+            core.configure(settings)
+        with pytest.raises(ValueError, match="'step_count' key already"):
+            core.check(settings)
+
+
+def test_a_take_over_over_the_envs_own_step_counter_leaves_the_session_in_force() -> None:
+    """A take-over asking ``max_frames_per_traj`` of an env that counts steps itself is
+    refused (INVALID_ARGUMENT) and must leave the running session going, as other refusals."""
+    handle = create_server(_config()).run_in_thread()
+    channel = grpc.insecure_channel(f"127.0.0.1:{handle.port}")
+    try:
+        stub = pb_grpc.ActorServiceStub(channel)
+        first = RawCollect.open(stub, open_request(frames_per_batch=20, credits=1, learner_id="A"))
+        first.opened()
+        assert first.batch()[0].seq == 1
+        taker = RawCollect.open(
+            stub,
+            open_request(
+                frames_per_batch=20,
+                credits=1,
+                learner_id="B",
+                take_over=True,
+                max_frames_per_traj=5,
+            ),
+        )
+        assert taker.error().code() == grpc.StatusCode.INVALID_ARGUMENT
+        first.credit(1)  # A's session goes on: its next batch, not an end
+        assert first.batch()[0].seq == 2
+        first.cancel()
+    finally:
+        channel.close()
+        handle.stop(grace=1.0)
