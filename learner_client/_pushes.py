@@ -193,6 +193,9 @@ class Pusher:
             return dict.fromkeys(request.sources)
         marks: dict[str, WeightsMark | None] = {}
         for mid, src in request.sources.items():
+            if src is None and self.book.has_worker_sources(mid):
+                marks[mid] = None  # each worker is re-sent its own weights: not one to follow
+                continue
             try:
                 marks[mid] = WeightsMark.of(src if src is not None else self.book.source(mid))
             except SessionStateError:

@@ -481,6 +481,11 @@ class WeightBook:
                 )
             return self._sources[model_id]
 
+    def has_worker_sources(self, model_id: str) -> bool:
+        """Whether some workers were given weights of their own for ``model_id``."""
+        with self._lock:
+            return bool(self._worker_sources.get(model_id))
+
     def models_with_sources(self) -> list[str]:
         """Model ids for which weights were given (to all workers or to some)."""
         with self._lock:

@@ -151,6 +151,27 @@ def test_collector_increment_version_is_torchrls_call_after_an_update(fleet):
         assert collector.increment_version() == pushed + 5
 
 
+def test_collector_increment_version_follows_per_worker_weights_trained_in_place(fleet):
+    """TorchRL's per-worker form ``{worker_id: weights}``: an argument-less push re-sends each
+    worker its own, and training those in place is what ``increment_version`` pushes (it sent
+    nothing: it followed the shared weights given before them)."""
+    import gymnasium as gym
+
+    from common.policies import make_policy
+
+    env = gym.make("CartPole-v1")
+    shared, own = (make_policy("mlp", env.observation_space, env.action_space) for _ in "ab")
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8) as collector:
+        collector.update_policy_weights_(shared)
+        collector.update_policy_weights_({0: own, 2: own})
+        collector.update_policy_weights_()  # each worker is re-sent its own
+        version, sent = collector.get_policy_version(), collector.stats()["push_bytes"]
+        with torch.no_grad():
+            next(own.parameters()).add_(1.0)  # an optimiser step
+        assert collector.increment_version() == version + 1
+        assert collector.stats()["push_bytes"] > sent
+
+
 def test_collector_passes_rollout_settings_to_the_actors(fleet):
     with GrpcCollector(
         addresses(fleet, 0),
@@ -290,6 +311,35 @@ def test_collector_pause_without_resume_ends_the_background_thread_until_start(f
         collector.start()
         poll_until(lambda: len(rb) > held, timeout=30, message="collection started again")
         assert collector.stats()["background_failed"] is False
+
+
+def test_collector_start_while_collecting_keeps_one_background_thread(fleet):
+    def collecting() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "rlfleet-collector"]
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        collector.start()  # a no-op while it runs
+        poll_until(lambda: len(rb) >= 4, timeout=30, message="replay buffer filled")
+        assert len(collecting()) == 1
+        with collector.pause(timeout=None, resume=False):
+            pass
+        assert not collector.is_running()
+        assert collecting() == []
+
+
+def test_a_background_thread_that_fails_says_so_in_stats(fleet, caplog):
+    class FullBuffer(ReplayBuffer):
+        def extend(self, *args, **kwargs):
+            raise RuntimeError("the buffer is full")
+
+    rb = FullBuffer(storage=LazyTensorStorage(100))
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        poll_until(lambda: not collector.is_running(), timeout=30, message="the thread runs on")
+        assert collector.stats()["background_failed"] is True
+    assert "the buffer is full" in caplog.text
 
 
 def test_collector_pause_without_resume_and_no_thread_leaves_later_pauses_waiting(fleet):

@@ -7,6 +7,7 @@ import io
 import pytest
 import safetensors.torch
 import torch
+from helpers import start_actor
 from learner_fleet import cartpole_policy, start_actors
 
 from common.config import ExplorationType
@@ -141,6 +142,42 @@ def test_update_policy_weights_reports_rejections_without_hiding_successes(fleet
         assert collector.next()["collector", "worker_id"][:, 0, 0].tolist() == [0, 1, 2]
 
 
+def test_weights_some_targets_took_stay_the_last_given_and_are_not_followed(fleet, caplog):
+    """Weights refused by one target but taken by others are the last weights given (an
+    argument-less push re-sends them), and a push that failed anywhere is not followed:
+    TorchRL's ``increment_version()`` pushes again instead of taking the actors as current.
+    A refused push is not what the refusing actor should hold: its share still counts."""
+    with GrpcCollector(
+        addresses(fleet, 0, 1, 2), frames_per_batch=12, sync=True, batch_timeout=5
+    ) as collector:
+        with pytest.raises(WeightPushError, match="worker_id 1"):
+            collector.update_policy_weights_(cartpole_policy())  # worker 1 is narrower
+        version = collector.policy_version
+        with pytest.raises(WeightPushError, match="worker_id 1") as info:
+            collector.increment_version()
+        assert info.value.succeeded == {0: version + 1, 2: version + 1}
+        assert collector.update_policy_weights_(worker_ids=[0, 2]) == {
+            0: version + 2,
+            2: version + 2,
+        }
+        batch = first_batch_where(collector, lambda b: (b["policy_version"] > version).any())
+        assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 1, 2]
+    # Nor is it re-sent to the actor that refused it (which refuses it again).
+    assert not [r for r in caplog.records if "re-admission" in r.getMessage()]
+
+
+def test_an_explicit_version_the_actors_hold_already_is_refused_before_sending(fleet):
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
+        version = collector.update_policy_weights_(cartpole_policy())[0]
+        sent = collector.stats()["push_bytes"]
+        with pytest.raises(ValueError, match="versions only go up"):
+            collector.update_policy_weights_(cartpole_policy(), version=version)
+        assert collector.stats()["push_bytes"] == sent
+        assert collector.update_policy_weights_(cartpole_policy(), version=version + 1) == {
+            0: version + 1
+        }
+
+
 def test_weights_every_target_refuses_are_not_the_last_weights_given(fleet):
     """Not-finite weights refused by every actor: an argument-less push re-sends the last
     good weights, not the refused ones (each refused push spends its version number)."""
@@ -161,6 +198,32 @@ def test_weights_every_target_refuses_are_not_the_last_weights_given(fleet):
         with torch.no_grad():
             expected = good(batch["observation"][0, 0])[0]
             torch.testing.assert_close(batch["logits"][0, 0], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.long  # two actor starts: 6-7 s on 2 loaded cores
+def test_an_actor_back_with_a_model_that_refuses_its_push_acts_with_its_own(caplog):
+    """A worker's actor replaced by one whose model refuses the push it should hold: the
+    push is dropped on re-admission (logged once), not kept as what the worker must act
+    with, so its sync share counts with its own weights."""
+    first = start_actor(["--worker-id", "0", "--num-envs", "1", "--seed", "0"])
+    port, second = first.port, None
+    try:
+        with GrpcCollector(
+            [first.address], frames_per_batch=4, sync=True, batch_timeout=5
+        ) as collector:
+            version = collector.update_policy_weights_(cartpole_policy())[0]
+            assert collector.next()["policy_version"].unique().tolist() == [version]
+            first.close()
+            narrow = ["--policy-kwargs", '{"hidden": [16]}', "--port", str(port)]
+            second = start_actor(["--worker-id", "0", "--num-envs", "1", "--seed", "1", *narrow])
+            assert collector.next()["policy_version"].unique().tolist() == [0]
+            assert collector.next()["policy_version"].unique().tolist() == [0]
+        rejected = [r for r in caplog.records if "on re-admission" in r.getMessage()]
+        assert len(rejected) == 1
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
 
 
 def test_torchrls_deprecated_policy_weights_keyword_pushes_with_a_warning(fleet):

@@ -99,3 +99,20 @@ def test_a_module_pushed_under_a_given_version_is_not_pushed_again_automatically
         assert collector.update_policy_weights_(version=20) == {0: 20}  # asked: sent unchanged
         assert collector.next()["policy_version"].unique().tolist() == [20]
         assert collector.stats()["auto_pushes"] == auto
+
+
+def test_the_module_is_pushed_once_until_it_changes_and_a_refused_push_raises(actor: str) -> None:
+    """``policy=``'s automatic push goes once while the module is unchanged (an argument-less
+    call sends nothing either); a push the actor refuses raises, it is not merely logged."""
+    policy = _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        versions = [collector.next()["policy_version"].unique().tolist() for _ in range(3)]
+        version, sent = collector.policy_version, collector.stats()["push_bytes"]
+        assert versions == [[version]] * 3
+        assert collector.stats()["auto_pushes"] == 1
+        assert collector.update_policy_weights_() == {0: version}
+        assert collector.stats()["push_bytes"] == sent
+        with torch.no_grad():
+            policy.module.linear.bias.fill_(float("nan"))
+        with pytest.raises(WeightPushError, match="finite"):
+            collector.next()

@@ -134,6 +134,7 @@ def _first_observations(address: str) -> torch.Tensor:
         ("num_actors", {"num_actors": 65537}),
         ("worker_ids", {"num_actors": 1, "worker_ids": [2**64 - 1]}),
         ("worker_ids", {"num_actors": 2, "worker_ids": [0, 65536]}),
+        ("distinct", {"num_actors": 2, "worker_ids": [3, 3]}),  # one actor would be lost
         # Flags the fleet sets itself: its ids, ports and seeds would not be its actors'.
         ("--worker-id", {"num_actors": 1, "extra_args": ["--worker-id", "9"]}),
         ("--port", {"num_actors": 1, "extra_args": ["--port=5555"]}),
@@ -402,6 +403,44 @@ def test_partial_rounds_go_on_at_once_without_a_dead_actor():
             assert time.monotonic() - started < 1.0
             assert collector.missing_workers == [1]
             assert batch["collector", "worker_id"].unique().tolist() == [0]
+
+
+@pytest.mark.long  # two actor starts: 6-7 s on 2 loaded cores
+def test_an_actor_restarted_is_given_the_push_it_took_whole_and_versions_never_fall():
+    """A push an actor applied is what it should hold: restarted (initial weights, version
+    0) it is given that push again, whole where it was a delta, before its share counts,
+    even where another actor holds a later one; the learner's counter stays at the latest.
+    Each actor of a seeded fleet has a seed of its own."""
+    policy = cartpole_policy(action=0)
+    with (
+        LocalFleet(2, num_envs=1, seed=0, grace_period=1.0) as fleet,
+        GrpcCollector(
+            fleet.addresses,
+            frames_per_batch=8,
+            sync=True,
+            exploration_type=ExplorationType.DETERMINISTIC,
+        ) as collector,
+    ):
+        first = collector.next()["observation"]
+        assert not torch.equal(first[0], first[1])  # actor i is seeded seed + i
+        version = collector.update_policy_weights_(policy, delta=True)[0]  # full: the first
+        with torch.no_grad():
+            [m for m in policy.modules() if isinstance(m, torch.nn.Linear)][-1].bias[0] = 6.0
+        assert collector.update_policy_weights_(policy, delta=True) == dict.fromkeys(
+            [0, 1], version + 1
+        )
+        assert collector.stats()["delta_pushes"] == 2
+        assert collector.update_policy_weights_(cartpole_policy(action=1), worker_ids=[0]) == {
+            0: version + 2
+        }
+        fleet.kill(1)
+        fleet.restart(1)
+        batch = collector.next()
+        assert batch["policy_version"][1].unique().tolist() == [version + 1]
+        assert batch["action"][1].argmax(-1).eq(0).all()
+        assert collector.policy_version == version + 2
+        pushed = collector.update_policy_weights_(cartpole_policy(action=0))
+        assert pushed == {0: version + 3, 1: version + 3}
 
 
 def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_weights():
