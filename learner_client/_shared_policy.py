@@ -77,6 +77,9 @@ class SharedPolicy:
         self.follow = follow
         self.pushed = False
         self._mark: WeightsMark | None = None
+        #: Other weights were pushed since the module (per-worker ones): an argument-less
+        #: call sends it again, though it did not change (no automatic push for that).
+        self._superseded = False
 
     def due(self) -> bool:
         """Whether the module must be pushed before the next batch.
@@ -95,6 +98,7 @@ class SharedPolicy:
     def mark_pushed(self) -> None:
         """Record the module's state as pushed (call right before the push reads it)."""
         self.pushed = True
+        self._superseded = False
         self._mark = WeightsMark.of(self.module)
 
     def forget(self) -> None:
@@ -117,12 +121,16 @@ class SharedPolicy:
             kept, weights = self.taken(given.policy_or_weights, given.weights)
             given = dataclasses.replace(given, policy_or_weights=kept, weights=weights)
         nothing, marked = given.nothing(), False
+        module = self.module is given.policy_or_weights or self.module is given.policy
         if to_all:
-            if nothing and version is None and self.pushed and not self.changed():
+            unchanged = self.pushed and not self.changed() and not self._superseded
+            if nothing and version is None and unchanged:
                 return None  # unchanged since its last push: nothing sent, the version stays
-            if nothing or self.module is given.policy_or_weights or self.module is given.policy:
+            if nothing or module:
                 marked = True  # the whole module, to every worker: no automatic push after
                 self.mark_pushed()
+        if default_model and not nothing and not module:
+            self._superseded = True  # e.g. TorchRL's per-worker weights
         if nothing and default_model:  # TorchRL's no-argument form: the collector's own policy
             given = dataclasses.replace(given, policy=self.module)
         return given, marked

@@ -175,11 +175,18 @@ class CollectSession:
         # Set when the session ends without flushing: the in-flight batch is given up
         # at its next env step instead of holding the env pool for the rest of it.
         self._abandon = threading.Event()
+        self._keep_batch = False  # its own learner resumes it: the batch under way is re-sent
 
     # ------------------------------------------------------------ control
 
-    def take_over(self) -> None:
-        """End this session with TAKEN_OVER after the batch being written."""
+    def take_over(self, *, by_its_learner: bool = False) -> None:
+        """End this session with TAKEN_OVER after the batch being written.
+
+        ``by_its_learner``: its own learner resumes it (its stream was half-open): the
+        batch under way is finished, not given up, and re-sent to the resumed session, so
+        its trajectories go on.
+        """
+        self._keep_batch = by_its_learner
         self._request_stop(pb.END_REASON_TAKEN_OVER, "another learner took the session over")
 
     def drain(self, close_by: float | None = None) -> None:
@@ -250,7 +257,7 @@ class CollectSession:
         finally:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
             self._count_end(ended)
-            if self.collecting:
+            if self.collecting and not self._keep_batch:
                 self._abandon.set()
             self.active = False
             if reader is not None:
@@ -476,8 +483,8 @@ class CollectSession:
     def _request_stop(self, reason: pb.EndReason, message: str) -> None:
         if self._stop is None:
             self._stop, self._stop_message = reason, message
-        if self._stop not in _FLUSHING:  # nothing more is sent: give the batch under way up
-            self._abandon.set()
+        if self._stop not in _FLUSHING and not self._keep_batch:  # nothing more is sent
+            self._abandon.set()  # the batch under way is given up at its next step
         self._wake()
 
     def _wake(self) -> None:

@@ -692,3 +692,26 @@ def test_shutdown_refuses_a_bad_timeout_before_closing_anything(fleet, timeout):
     collector.shutdown()
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, sync=True) as after:
         assert after.next().numel() == 4  # the actor's session was released
+
+
+def test_collector_increment_version_follows_shared_weights_again_after_per_worker_ones(fleet):
+    """Shared weights are followed (``increment_version`` sends nothing while unchanged),
+    per-worker weights are not, and shared weights given after them are followed again."""
+    import gymnasium as gym
+
+    from common.policies import make_policy
+
+    env = gym.make("CartPole-v1")
+    shared, own = (make_policy("mlp", env.observation_space, env.action_space) for _ in "ab")
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8) as collector:
+        collector.update_policy_weights_(shared)
+        version, sent = collector.get_policy_version(), collector.stats()["push_bytes"]
+        assert collector.increment_version() == version  # unchanged: nothing sent
+        assert collector.stats()["push_bytes"] == sent
+        collector.update_policy_weights_({0: own, 2: own})
+        version = collector.get_policy_version()
+        assert collector.increment_version() == version + 1  # per-worker: not followed
+        collector.update_policy_weights_(shared)  # shared again: followed again
+        version, sent = collector.get_policy_version(), collector.stats()["push_bytes"]
+        assert collector.increment_version() == version
+        assert collector.stats()["push_bytes"] == sent

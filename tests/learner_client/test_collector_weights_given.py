@@ -116,3 +116,17 @@ def test_the_module_is_pushed_once_until_it_changes_and_a_refused_push_raises(ac
             policy.module.linear.bias.fill_(float("nan"))
         with pytest.raises(WeightPushError, match="finite"):
             collector.next()
+
+
+def test_an_argumentless_push_after_per_worker_weights_sends_the_policy_module(actor: str) -> None:
+    """TorchRL's argument-less ``update_policy_weights_()`` sends the collector's policy to
+    every worker; after per-worker weights, the actors do not hold the module any more, so
+    "unchanged since its last push" does not hold: the module must be sent."""
+    policy, other = _policy(), _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        wid = collector.worker_ids[0]
+        version = collector.update_policy_weights_({wid: other})[wid]
+        sent = collector.stats()["push_bytes"]
+        assert collector.update_policy_weights_() == {wid: version + 1}
+        assert collector.stats()["push_bytes"] > sent

@@ -87,6 +87,7 @@ class LLMCore(CoreBase):
         self._slots: list[Dialog | None] = [None] * self.num_slots
         self._partial: list[list[Turn]] = [[] for _ in range(self.num_slots)]
         self._ready: collections.deque[list[list[Turn]]] = collections.deque()
+        self._stepped = False  # the batch of steps under way ran a turn (lost if it fails)
         self.set_seed(self._first_seed)
 
     def start_anew(self) -> None:
@@ -179,7 +180,8 @@ class LLMCore(CoreBase):
             try:
                 turns, frames, shape = self._collect_turns(settings.frames_per_batch)
             except BaseException as exc:
-                if not (self._llm.trajectories and isinstance(exc, SessionStateError)):
+                held = self._llm.trajectories or not self._stepped  # no turn lost with it
+                if not (held and isinstance(exc, SessionStateError)):
                     self._restart()
                 raise
             self.frames += frames
@@ -224,8 +226,10 @@ class LLMCore(CoreBase):
     def _steps(self, steps: int) -> list[Turn]:
         grid: list[list[Turn]] = [[] for _ in range(self.num_slots)]
         size = PackedSize()
+        self._stepped = False
         for _ in range(steps):
             self._check_abandon()
+            self._stepped = True
             self._refill(whole_blocks=False)
             dialogs = [d for d in self._slots if d is not None]
             turns = self.engine.run(dialogs, self._llm.generation, self._max_turns(), self._gen)

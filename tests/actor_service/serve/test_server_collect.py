@@ -819,3 +819,36 @@ def test_collect_a_fresh_open_under_a_live_sessions_learner_id_is_refused(actor:
     a.credit(1)
     a.batch()
     a.cancel()
+
+
+def test_collect_own_resume_of_a_half_open_session_keeps_the_batch_under_way(
+    make_actor: object,
+) -> None:
+    """A learner resuming its own half-open session (its stream broke, the actor did not see it)
+    lost nothing: the batch under way (0.25 s of steps here) was finished and re-sent, and the
+    resumed session continued its trajectories. Giving it up at once (97187b2) resets the envs,
+    so the resumed batch starts new trajectories though the learner's last frame was not done."""
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.05}
+        )
+    )
+    runtime = actor.handle.server.runtime
+    old = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1, learner_id="A"))
+    epoch = old.opened().epoch
+    _, before = old.batch()
+    old.credit(1)
+    poll_until(lambda: runtime.book.in_flight, message="batch 2 in collection")
+    again = RawCollect.open(
+        actor.stub,
+        open_request(
+            frames_per_batch=10, credits=1, learner_id="A", resume_epoch=epoch, resume_after_seq=1
+        ),
+    )
+    assert again.opened(timeout=10).resumed
+    info, after = again.batch()
+    again.cancel()
+    old.cancel()
+    assert info.seq == 2
+    assert not before["next", "done"][:, -1].any()  # 5 steps: no CartPole episode ends
+    assert (after["observation"][:, 0] == before["next", "observation"][:, -1]).all()

@@ -542,3 +542,16 @@ def test_a_batch_abandoned_after_a_step_never_leaves_a_trajectory_lacking_that_t
     turns, lengths = td["collector", "dialog_turns"], td["history", "length"]
     assert turns[:, 0].tolist() == [1, 1]  # each row starts a trajectory the learner sees
     assert torch.equal(lengths, 2 * turns)  # no history turn the learner never got
+
+
+def test_a_batch_of_steps_given_up_before_its_first_turn_keeps_the_dialogs() -> None:
+    with _worker(llm=_reverse(5)) as worker:
+        worker.configure(_settings(4, max_turns=4))  # 2 steps of 2 slots a batch
+        worker.collect_batch()  # dialog_turns 1, 2 delivered: the dialogs go on
+        abandon = threading.Event()
+        abandon.set()  # the session ended before this batch stepped anything
+        with pytest.raises(SessionStateError, match="abandoned"):
+            worker.collect_batch(abandon)
+        assert worker.dropped_dialogs == 0
+        td = worker.collect_batch()
+    assert td["collector", "dialog_turns"][:, 0].tolist() == [3, 3]
