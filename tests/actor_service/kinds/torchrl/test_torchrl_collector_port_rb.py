@@ -444,8 +444,9 @@ def test_port_max_frames_per_traj_several_workers(sync: bool) -> None:
         ) as collector,
     ):
         ours = list(collector)
+    # Async delivery has no fixed order: a worker may deliver up to all four batches.
     theirs = torchrl_batches(
-        "counting", COUNT, 2, 12, num_envs=None, env_kwargs=kwargs, max_frames_per_traj=5
+        "counting", COUNT, 4, 12, num_envs=None, env_kwargs=kwargs, max_frames_per_traj=5
     )
     keys = ["observation", ("next", "step_count"), ("next", "truncated"), ("next", "done")]
     if sync:
@@ -459,7 +460,8 @@ def test_port_max_frames_per_traj_several_workers(sync: bool) -> None:
             worker = int(batch["collector", "worker_id"][0])
             rows.append((batch, theirs[seen.get(worker, 0)]))
             seen[worker] = seen.get(worker, 0) + 1
-        assert seen == {0: 2, 1: 2}
+        assert sum(seen.values()) == 4
+        assert set(seen) <= {0, 1}
     for mine, reference in rows:
         for key in keys:
             assert torch.equal(mine[key], reference[key]), key
