@@ -69,6 +69,11 @@ def test_port_param_sync(sync: bool, give_weights: bool) -> None:
     The action is ``param + buf``: 0 before, 3 after ``param += 1; buf += 2`` and
     ``update_policy_weights_(TensorDict.from_module(policy))`` or ``update_policy_weights_()``
     (TorchRL's MultiSync and MultiAsync collectors give 3 in both forms).
+
+    Async: a worker's batch under way at the update may straddle the versions (and a batch
+    claimed as it arrived may wait beside it), and a slow worker's may come after any number
+    of the other's (first ready, first served): each frame acts as its ``policy_version``
+    says, and each worker's third batch after the update acts 3 throughout.
     """
     policy = rlfleet_test_mocks.param_sync_policy(rlfleet_test_mocks.param_sync_env())
     with (
@@ -82,11 +87,12 @@ def test_port_param_sync(sync: bool, give_weights: bool) -> None:
             addresses,
             policy=policy,
             frames_per_batch=10 if sync else 5,
-            total_frames=200,
+            total_frames=200 if sync else -1,  # async: until each worker gave three batches
             sync=sync,
             cat_results="stack",
         ) as collector,
     ):
+        after: dict[int, list[bool]] = {0: [], 1: []}  # async: each batch entirely new?
         for i, data in enumerate(collector):
             if i == 0:
                 assert (data["action"] == 0).all()
@@ -95,9 +101,22 @@ def test_port_param_sync(sync: bool, give_weights: bool) -> None:
                 weights = TensorDict.from_module(policy) if give_weights else None
                 versions = collector.update_policy_weights_(weights)
                 assert set(versions) == {0, 1}
-            elif i == 6:  # async: one batch a worker was in flight
-                assert (data["action"] == 3).all()
-                break
+                (version,) = set(versions.values())
+            elif sync:
+                if i == 6:
+                    assert (data["action"] == 3).all()
+                    break
+            else:
+                new = data["policy_version"] == version
+                assert (data["action"][new] == 3).all()
+                assert (data["action"][~new] == 0).all()
+                after[int(data["collector", "worker_id"].flatten()[0])].append(bool(new.all()))
+                if min(len(seen) for seen in after.values()) >= 3:
+                    break
+    if not sync:
+        for seen in after.values():  # once new, a worker's batches stay new
+            assert seen == sorted(seen), after
+            assert seen[2], after
 
 
 def _holds(collector: GrpcCollector, policy: torch.nn.Module) -> dict[int, bool]:
