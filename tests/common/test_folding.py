@@ -257,3 +257,13 @@ def test_batch_assembler_reads_in_place_in_pieces_as_chunks_would_arrive(monkeyp
     damaged.add_rest(flipped)
     with pytest.raises(DataLossError):
         damaged.finish(expected_crc32c=crc)
+
+
+def test_batch_assembler_refuses_bytes_past_a_plain_batch_as_a_protocol_error() -> None:
+    """A plain (unfolded) batch has no finals packet to spill into: bytes past its length
+    are the sender's fault (a ProtocolError, retried), never an error of the learner's."""
+    packet = encode_packet(TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]))
+    assembler = BatchAssembler(packet.nbytes)
+    with pytest.raises(ProtocolError, match="overflow"):
+        assembler.add(packet.tobytes() + b"x")
+    assert assembler.received == 0

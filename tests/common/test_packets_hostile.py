@@ -349,3 +349,10 @@ def test_decode_packet_raises_if_the_packet_is_over_the_cap() -> None:
 def test_decode_packet_raises_if_not_given_bytes() -> None:
     with pytest.raises(TypeError, match="bytes-like"):
         decode_packet("RLF1")  # type: ignore[arg-type]
+
+
+def test_decode_packet_raises_if_string_offsets_fall_back_yet_end_at_the_text() -> None:
+    """Offsets that go back (overlapping strings) are refused even when the last one ends
+    exactly at the text: no string is read twice, none is made up."""
+    assert "monotonic" in str(refused_fast(string_packet([2, 1, 3], b"abc")))
+    assert "monotonic" in str(refused_fast(string_packet([3, 0, 3], b"abc")))

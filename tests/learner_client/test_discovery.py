@@ -520,3 +520,14 @@ def test_dns_membership_admits_each_joiner_on_its_own_when_one_is_refused(monkey
         assert offered.count(["10.0.0.2:7"]) == offered.count(["10.0.0.4:7"]) == 1
     finally:
         membership.close()
+
+
+def test_dns_watcher_refuses_a_second_start() -> None:
+    """One watcher, one background thread: a second start raises instead of adding another."""
+    watcher = DnsWatcher("dns:///actor:50051", interval=60.0, resolver=lambda h, p: ["10.0.0.1"])
+    try:
+        watcher.start()
+        with pytest.raises(SessionStateError, match="already started"):
+            watcher.start()
+    finally:
+        watcher.close()

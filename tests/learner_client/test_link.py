@@ -437,6 +437,81 @@ def test_link_raises_the_env_error_after_env_failures_in_a_row() -> None:
     assert raised.value.worker_id == 0
 
 
+def test_link_counts_only_env_failures_in_a_row_a_batch_starts_them_over() -> None:
+    """An env that fails now and then, with batches between, is retried for good: only
+    ``ENV_FAILURE_ATTEMPTS`` sessions in a row without a batch stop the link."""
+    failure = pb.EnvFailure(env="CartPole-v1", exception_type="RuntimeError", exception_message="x")
+    env_end = end("ERROR", "env raised", failure)
+    sessions = [[opened(), env_end]] * (ENV_FAILURE_ATTEMPTS - 1)
+    sessions += [[opened(), batch(1), env_end]]  # a batch, then the env fails again
+    sessions += [[opened(next_seq=2), env_end]] * (ENV_FAILURE_ATTEMPTS - 2)
+    sessions += [[opened(next_seq=2), batch(2)]]
+    r = rig(FakeChannel(sessions))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 2 or finished(r))
+        assert r.link.state is LinkState.STREAMING
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert len(r.channel.calls) == len(sessions)
+    assert [d.seq for d in (r.mailbox.take_any(0), r.mailbox.take_any(0)) if d] == [1, 2]
+
+
+def test_link_a_reconnection_asks_only_for_the_random_frames_left() -> None:
+    """``init_random_frames`` count this collector's frames: a session replacing a broken one
+    asks for what is left, not for the whole count again (the actor counts per session)."""
+    random_settings = dataclasses.replace(SETTINGS, init_random_frames=12)
+    r = rig(FakeChannel([[opened(), batch(1), ActorUnavailableError("stream broke")], [opened()]]))
+
+    async def scenario() -> None:
+        r.link.start(random_settings)
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    first, second = (call.open_request for call in r.channel.calls)
+    assert (first.settings.init_random_frames, second.settings.init_random_frames) == (12, 6)
+
+
+def test_link_a_session_the_actor_ends_on_an_error_during_a_restart_is_a_failure() -> None:
+    """Only the ``CLOSED`` answering the learner's close reopens at once; an actor that ends
+    the session on an error meanwhile is counted and retried after the backoff."""
+    r = rig(FakeChannel([[opened(), batch(1)], [opened(next_seq=2)]]))
+    resized = dataclasses.replace(SETTINGS, frames_per_batch=4)
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
+        r.link.restart(resized)
+        r.channel.calls[0]._responses.put_nowait(end("ERROR", "env pool broke"))
+        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.ledger.failures == {0: 1}
+    assert r.backoff.attempts == [0]  # AfterSession.RETRY, not REOPEN
+    assert r.channel.calls[1].open_request.settings.frames_per_batch == 4
+
+
+def test_link_an_actor_that_refuses_the_open_counts_as_down() -> None:
+    """A refused ``open`` (a busy actor) is a failed connection attempt: the actor is down,
+    so strict sync rounds fail fast instead of waiting for it until their deadline."""
+    busy = ActorUnavailableError("busy: another learner's session is open")
+    r = rig(FakeChannel([[busy]]), RecordingBackoff(wait=60.0))
+
+    async def scenario() -> None:
+        r.link.start(SETTINGS)
+        await until(lambda: r.backoff.attempts == [0])
+        assert r.link.state is LinkState.DOWN
+        assert r.mailbox.snapshot()[0].alive is False
+        await r.link.stop(1.0)
+
+    run(scenario)
+    assert r.ledger.failures == {0: 1}
+
+
 def test_link_stops_on_a_bug_instead_of_retrying_it() -> None:
     r = rig(FakeChannel([], [ValueError("a bug in the learner")]))
 

@@ -353,3 +353,114 @@ def test_mailbox_discard_before_drops_the_old_seeds_batches_buffered_and_late():
     assert box.put(delivery(0, 2)) is False  # still on its way: below the floor
     assert box.put(delivery(0, 3))
     assert box.take_any(1.0).seq == 3
+
+
+def test_mailbox_grants_nothing_to_a_session_opened_while_paused():
+    """A paused collector lets no actor collect: a session (re)opened meanwhile gets no
+    credit, and a batch taken meanwhile frees none, until the collector resumes."""
+    box, wire = make_mailbox(window=2)
+    box.add_worker(0, 4)
+    box.set_paused(True)
+    assert box.session_opened(0) == 0
+    assert wire.credits == []
+    box.set_paused(False)
+    assert wire.credits == [(0, 2)]
+
+
+def test_mailbox_drops_a_batch_with_any_frames_acted_below_the_version_floor():
+    """A batch whose frames span the push (version_min below the floor, version_max at it)
+    still holds frames acted with the replaced weights: dropped and acknowledged."""
+    held = {0: 3}
+    box, wire = make_mailbox(window=2, version_floor=lambda w: held[w])
+    box.add_worker(0, 4)
+    box.session_opened(0)
+    mixed = dataclasses.replace(delivery(0, 1), version_min=2, version_max=3)
+    assert box.put(mixed) is False
+    assert wire.acks == [(0, 1)]
+    assert box.snapshot()[0].buffered == 0
+
+
+def test_mailbox_partial_round_with_every_actor_down_waits_for_one_to_come_back():
+    """A partial round returns early only with something to hand out: with every actor
+    down it waits (until the deadline) and takes the batch of one that comes back."""
+    box, _ = make_mailbox()
+    for wid in (0, 1):
+        box.add_worker(wid, 4)
+        box.session_opened(wid)
+        box.set_alive(wid, False)
+
+    def comes_back() -> None:
+        time.sleep(0.3)
+        box.session_opened(0)
+        box.set_alive(0, True)
+        box.put(delivery(0, 1))
+
+    thread = threading.Thread(target=comes_back)
+    thread.start()
+    taken, missing = box.take_round([0, 1], timeout=10.0, partial=True)
+    thread.join(5.0)
+    assert [d.worker_id for d in taken] == [0]
+    assert missing == [1]
+
+
+def test_mailbox_a_claim_cut_off_by_its_session_breaking_costs_the_next_session_no_credit():
+    """A claimed batch whose session broke before it landed never lands: the next session's
+    first batch uses a credit of its own, and taking it grants the next one."""
+    box, wire = make_mailbox(window=1)
+    opened(box, 0)
+    take = WaitingTake(box)
+    take.claim(box, 0)
+    box.session_closed(0)  # the stream broke while the claimed batch was read
+    assert box.session_opened(0) == 1  # the reconnection's open carries the window
+    box.put(delivery(0, 1))  # re-sent on the new session
+    assert take.join().seq == 1
+    assert wire.credits == [(0, 1), (0, 1)]  # the claim's (lost with the stream), then the take's
+    assert box.snapshot()[0].outstanding == 1
+
+
+def test_mailbox_an_actor_whose_link_failed_is_down_after_the_failure_was_raised():
+    """A link stopped on a bug never comes back: once its failure reached the user, strict
+    rounds fail fast on its actor instead of waiting for it until their deadline."""
+    box, _ = make_mailbox()
+    opened(box, 0, 1)
+    box.fail(1, RuntimeError("a bug on the loop"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        box.take_any(1.0)
+    assert box.down([0, 1]) == [1]
+    box.put(delivery(0, 1))
+    start = time.monotonic()
+    assert box.take_round([0, 1], timeout=30.0, partial=False) == ([], [1])
+    assert time.monotonic() - start < 5.0
+
+
+def test_mailbox_dropping_stale_batches_acknowledges_the_highest():
+    """An ack covers every seq up to it: acknowledging the newest stale batch lets the actor
+    free them all (it would otherwise re-send the others at the next resume)."""
+    held = {0: 0}
+    box, wire = make_mailbox(window=4, version_floor=lambda w: held[w])
+    box.add_worker(0, 4)
+    box.session_opened(0)
+    for seq in (1, 2, 3):
+        box.put(delivery(0, seq))
+    held[0] = 1  # a push replaced the weights those batches acted with
+    assert box.discard_older([0]) == 3
+    assert wire.acks == [(0, 3)]
+
+
+def test_mailbox_no_claim_without_an_outstanding_credit():
+    """A batch that starts arriving while its actor holds no credit (past the frame budget)
+    is not claimed: no credit is freed for it."""
+    box, wire = make_mailbox(window=1)
+    box.set_budget(1, per_worker=False)
+    opened(box, 0)
+    box.put(delivery(0, 1))
+    assert box.take_any(1.0).seq == 1  # the last batch wanted: no new credit
+    take = WaitingTake(box, timeout=0.5)
+    deadline = time.monotonic() + 5.0
+    while not box._waiting_takes:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert not box.arriving(0)
+    assert take.join() is None
+    assert box.snapshot()[0].outstanding == 0
+    assert wire.credits == []

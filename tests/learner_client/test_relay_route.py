@@ -109,3 +109,24 @@ def test_the_relay_counters_follow_chains_fallbacks_and_catch_ups() -> None:
     stats = route.stats()
     assert (stats["peer_catch_ups"], stats["relayed_pushes"]) == (1, 3)
     assert stats["relay_depth"] == 3  # the longest chain so far, not the last (of 2)
+
+
+def test_a_peer_catch_up_names_the_very_blob_the_peer_must_hold() -> None:
+    """The peer forwards only the blob it holds: the request names its model, version, size
+    and CRC-32C (the peer compares them); each chain draws its own push id."""
+    from common.checksum import crc32c
+    from common.rlfleet.v1 import actor_service_pb2 as pb
+    from learner_client._transport import push_messages
+
+    blob = bytes(range(256)) * 64
+    messages = push_messages("policy", 7, blob, "", crc32c=crc32c(blob))
+    header = pb.PushWeightsRequest.FromString(messages[0]).header
+    route = RelayRoute()
+    forward, second = route.catch_up(messages, "10.0.0.1:50051", "10.0.0.2:50051", len(blob))
+    assert (forward.model_id, forward.version) == ("policy", 7)
+    assert (forward.total_bytes, forward.crc32c) == (len(blob), crc32c(blob))
+    assert forward.crc32c == header.crc32c
+    target = pb.PushWeightsRequest.FromString(second[0]).header.relay
+    assert target.source_ticket == forward.relay.forward_ticket
+    again, _ = route.catch_up(messages, "10.0.0.1:50051", "10.0.0.2:50051", len(blob))
+    assert again.relay.push_id != forward.relay.push_id
