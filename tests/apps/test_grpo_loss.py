@@ -138,3 +138,39 @@ def test_grpo_config_defaults_are_the_command_lines() -> None:
     settings = GRPOSettings()
     for field in dataclasses.fields(GRPOConfig):
         assert field.default == getattr(settings, field.name), field.name
+
+
+def test_update_past_the_clip_range_leaves_the_weights_and_reports_the_clipped_loss():
+    """Answers whose ratio already passed the clip on their advantage's side teach nothing.
+
+    The rewarded answer's recorded log-probs are 1 nat below the learner's (ratio e > 1.2),
+    the others' 1 nat above (ratio 1/e < 0.8): every token is clipped, so the loss is
+    ``-(1 + eps) A`` or ``-(1 - eps) A`` per token and the weights do not move.
+    """
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    settings = GenerationSettings(max_new_tokens=3, temperature=1.0)
+    batch = _batch(model, tok, [1.0, 0.0, 0.0, 0.0], settings)
+    mask = torch.arange(3)[None, :] < batch["response_len"][:, None]
+    shift = torch.tensor([-1.0, 1.0, 1.0, 1.0])[:, None] * mask
+    batch["log_probs"] = batch["log_probs"] + shift[:, : batch["log_probs"].shape[1]]
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    config = GRPOConfig(lr=1e-2, ent_coef=0.0, clip_eps=0.2, epochs=1)
+    stats = GRPOLearner(model, settings, config).update(batch)
+    assert stats["clip_fraction"] == 1.0
+    assert all(torch.equal(initial[k], v) for k, v in model.state_dict().items())
+    adv = group_advantages(batch["next", "reward"].reshape(-1), batch["collector", "group_id"])
+    per_token = torch.where(adv > 0, 1.2 * adv, 0.8 * adv)[:, None] * mask
+    assert stats["loss"] == pytest.approx(float(-per_token.sum() / mask.sum()), rel=1e-4)
+
+
+def test_update_takes_epochs_gradient_steps_on_each_batch():
+    """``--epochs`` gradient steps per batch; the later ones see ratios away from 1."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    settings = GenerationSettings(max_new_tokens=2, temperature=1.0)
+    batch = _batch(model, tok, [1.0, 0.0, 0.0, 0.0], settings)
+    learner = GRPOLearner(model, settings, GRPOConfig(lr=1e-2, ent_coef=0.0, epochs=3))
+    taken = []
+    learner.optimizer.register_step_post_hook(lambda *_: taken.append(1))
+    stats = learner.update(batch)
+    assert len(taken) == 3
+    assert stats["approx_kl"] > 1e-6  # the second and third steps are off the actors' policy

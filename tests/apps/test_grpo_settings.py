@@ -18,6 +18,15 @@ REFUSED = {
     "task factory missing": (["--task", "nosuch.mod:factory"], "No module named 'nosuch'"),
     "task name unknown": (["--task", "algebra"], "algebra"),
     "answers over the actors' cap": (["--max-new-tokens", "100000"], "at most 4096"),
+    # numpy refuses the seed in seed_everything, a traceback before the first update
+    "negative seed": (["--seed", "-1"], "seed must be >= 0, got -1"),
+    # Qwen2's rotary embedding needs an even head size: the model fails to build
+    "odd head size": (["--hidden", "100", "--heads", "4"], "must be a multiple of 2 * heads"),
+    # an accuracy above 1 is never reached: the target would silently be off
+    "target accuracy over 1": (["--target-accuracy", "1.5"], "target_accuracy must be in (0, 1]"),
+    # a negative weight or floor turns the entropy bonus into a penalty
+    "negative entropy weight": (["--ent-coef", "-0.1"], "ent_coef must be finite and >= 0"),
+    "negative entropy floor": (["--entropy-floor", "-1"], "entropy_floor must be finite and >= 0"),
 }
 
 

@@ -9,6 +9,7 @@ import os
 import pathlib
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -203,6 +204,8 @@ def test_status_watch_clears_the_screen_only_on_a_terminal() -> None:
         (("127.0.0.1:1", "--interval", "0"), "expected a finite number > 0"),
         (("127.0.0.1:1", "--count", "2"), "add --watch"),
         (("127.0.0.1:1", "--tls-cert", "x.pem"), "--tls-cert and --tls-key"),
+        # without a CA the probe is plaintext: the client certificate would silently go unused
+        (("127.0.0.1:1", "--tls-cert", "c.pem", "--tls-key", "k.pem"), "--tls-cert needs --tls-ca"),
         (("127.0.0.1:1", "--tls-ca", "/no/such/ca.pem"), "cannot read"),
         (("127.0.0.1:1", "127.0.0.1:1"), "127.0.0.1:1 is given twice"),  # 2/2 serving of one
         (("--dns", "localhost"), "--dns localhost: give NAME:PORT"),  # dialled 50051
@@ -355,3 +358,31 @@ def test_status_shows_a_describe_no_actor_sends_as_that_actors_error() -> None:
     assert result.returncode == 1, result.stderr
     (row,) = json.loads(result.stdout)
     assert "Describe reports num_envs 0, outside 1..4096" in row["error"]
+
+
+def test_status_watch_stopped_by_ctrl_c_exits_130() -> None:
+    """Ctrl-C ends ``--watch`` with 130 (interrupted), not 0 (which says the fleet serves)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = ["status", "127.0.0.1:1", "--watch", "--interval", "0.2", "--timeout", "0.5"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "apps.status", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    ) as proc:
+        assert proc.stdout is not None
+        try:
+            line = ""
+            while "serving" not in line:  # the first round is shown: the watch loop runs
+                line = proc.stdout.readline()
+                assert line, "rlfleet status ended before its first round"
+            assert line.startswith("0/1 serving")
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -80,6 +80,15 @@ def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
         (["--minibatch-size", "1"], "minibatch_size must be >= 2, got 1"),
         # ignored, yet recorded in summary.json as if it had applied
         (["--take-over"], "take_over applies to an --actors fleet"),
+        # a clip range of 0 or below freezes or inverts the policy term; no clip is inf
+        (["--clip-eps", "0"], "clip_eps must be > 0, got 0.0"),
+        (["--max-grad-norm", "-1"], "max_grad_norm must be > 0, got -1.0"),
+        (["--gae-lambda", "1.5"], "gae_lambda must be in [0, 1], got 1.5"),
+        (["--seed", str(2**32)], "seed must be in [0, 2**32)"),
+        # a minibatch bigger than the batch: the flag would silently be the batch's size
+        (["--minibatch-size", "1025"], "minibatch_size (1025) exceeds frames_per_batch (1024)"),
+        # async: one actor's batch of num_envs x T must still hold frames_per_batch
+        (["--async", "--num-envs", "3", "--frames-per-batch", "1000"], "multiple of num_envs"),
     ],
 )
 def test_parse_args_raises_if_a_value_is_invalid(argv, message, capsys):
