@@ -20,6 +20,7 @@ from typing import Any
 import gymnasium
 import pytest
 import torch
+from helpers import poll_until
 from learner_fleet import ACTOR_ENV, cartpole_policy, start_actors
 from tensordict import TensorDict
 from tensordict.nn import InteractionType, TensorDictModule
@@ -197,7 +198,8 @@ def test_sync_prefetch_collects_ahead_and_is_off_policy_by_that_many_batches(
     ) as collector:
         first = collector.update_policy_weights_(cartpole_policy(action=0))[0]
         assert versions(collector.next()) == {first}
-        time.sleep(0.5)  # let the actors finish the batch they collect ahead
+        # Every actor's batch collected ahead is in the learner's hands before the update.
+        poll_until(lambda: collector.stats()["queued_batches"] == len(cartpole), timeout=30)
         second = collector.update_policy_weights_(cartpole_policy(action=1))[0]
         assert versions(collector.next()) == {first}  # collected ahead, before the update
         assert versions(collector.next()) == {second}
