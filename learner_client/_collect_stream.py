@@ -372,7 +372,8 @@ class CollectStream:
                 )
             if assembler is None:
                 info, assembler, expected = chunk.info, self._start_batch(chunk), 0
-                count, claimed = chunk.count, bool(started(chunk.seq))
+                # The info's seq, range-checked (a wild chunk seq is refused just below).
+                count, claimed = chunk.count, bool(started(info.seq))
             if chunk.seq != info.seq or chunk.index != expected or chunk.count != count:
                 raise ProtocolError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}, count "

@@ -355,13 +355,15 @@ def _refused_as_protocol_error(servicer: HostileActor, needle: str) -> None:
 
 class ChunkingActor(HostileActor):
     """Sends each batch as ``len(indices)`` chunks of its packet, in order, each chunk under
-    its index and count from ``indices`` and ``counts`` (an honest actor: 0.., n each)."""
+    its index and count from ``indices`` and ``counts`` (an honest actor: 0.., n each), and
+    under its batch's seq plus ``shifts`` (an honest actor: 0 each)."""
 
     def __init__(
         self, description: pb.DescribeResponse, indices: tuple[int, ...], counts: tuple[int, ...]
     ) -> None:
         super().__init__(description, batch)
         self.indices, self.counts = indices, counts
+        self.shifts = (0,) * len(indices)
 
     def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
         opening = next(requests).open
@@ -375,10 +377,10 @@ class ChunkingActor(HostileActor):
                 whole = batch(seq).chunk
                 data = whole.data
                 step = -(-len(data) // len(self.indices))
-                for n, (index, said) in enumerate(zip(self.indices, self.counts, strict=True)):
-                    chunk = pb.BatchChunk(
-                        seq=seq, index=index, count=said, data=data[n * step : (n + 1) * step]
-                    )
+                framing = zip(self.indices, self.counts, self.shifts, strict=True)
+                for n, (index, said, shift) in enumerate(framing):
+                    piece = data[n * step : (n + 1) * step]
+                    chunk = pb.BatchChunk(seq=seq + shift, index=index, count=said, data=piece)
                     if n == 0:
                         chunk.info.CopyFrom(whole.info)
                     yield pb.CollectResponse(chunk=chunk)
@@ -413,3 +415,53 @@ def test_chunks_whose_framing_lies_are_refused_even_when_the_data_is_whole(
             assert [b.numel() for b in collector] == [FRAMES, FRAMES]
     finally:
         server.stop(None)
+
+
+def test_a_chunk_under_another_batchs_seq_is_refused_even_when_the_data_is_whole(
+    description,
+) -> None:
+    """The middle chunk of batch 1 says seq 2 (its index, count and bytes honest): chunks of
+    two batches never interleave, so the learner must refuse it, not join it to batch 1."""
+    servicer = ChunkingActor(description, (0, 1, 2), (3, 3, 3))
+    servicer.shifts = (0, 1, 0)
+    _refused_as_protocol_error(servicer, "out of order")
+
+
+class LyingFirstChunkActor(HostileActor):
+    """Its first session's first chunk says seq 2^40 under an info of seq 1 (refused); then it
+    comes back as a new process (the next epoch) and sends honest batches."""
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        opening = next(requests).open
+        with self._lock:
+            self.sessions += 1
+            epoch = EPOCH if self.sessions == 1 else EPOCH + 1
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=epoch, next_seq=1))
+        if epoch == EPOCH:
+            lying = batch(1)
+            lying.chunk.seq = 2**40
+            yield lying
+            return
+        later = (r.credit.batches if r.HasField("credit") else 0 for r in requests)
+        seq = 1
+        for granted in itertools.chain([opening.credits], later):
+            for _ in range(granted):
+                yield batch(seq, epoch=EPOCH + 1)
+                seq += 1
+
+
+def test_a_first_chunk_under_a_wild_seq_counts_no_wild_gap(description) -> None:
+    """A refused first chunk's seq (2^40, its info saying 1) is never followed: when the actor
+    comes back as a new process, the batch lost with the old one counts one gap, not 2^40."""
+    servicer = LyingFirstChunkActor(description, batch)
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector(
+            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=30.0
+        ) as collector:
+            assert collector.next().numel() == FRAMES
+            stats = collector.stats()
+    finally:
+        server.stop(None)
+    assert servicer.sessions >= 2
+    assert stats["gaps"] <= 1, stats["gaps"]
