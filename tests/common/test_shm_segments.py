@@ -470,3 +470,26 @@ def test_a_buffer_resized_by_another_process_is_not_intact(tmp_path: Path) -> No
     os.truncate(tmp_path / buffer.name, 8192)
     assert not buffer.intact()
     buffer.close()
+
+
+def test_no_bit_of_a_segment_name_follows_from_another(tmp_path) -> None:
+    """128 independent random bits: over 64 names each bit varies, and no two bits always
+    agree or always differ (a repeated, counted or shortened token fails; p ~ 2**-50)."""
+    tails = [int(shm_module._new_name(str(tmp_path)).rsplit("-", 1)[1], 16) for _ in range(64)]
+    bits = [[tail >> bit & 1 for tail in tails] for bit in range(128)]
+    assert all(0 < sum(column) < len(tails) for column in bits)
+    for first, second in itertools.combinations(bits, 2):
+        same = sum(a == b for a, b in zip(first, second, strict=True))
+        assert 0 < same < len(tails), "two bits of every name agree (or differ) throughout"
+
+
+def test_a_host_identity_names_the_shm_mount_it_was_taken_of(tmp_path: Path) -> None:
+    """Same kernel and host name but another ``/dev/shm`` (a container of its own) is another
+    identity: its segments are not the learner's to read."""
+    here = shm_module.host_identity()
+    elsewhere = shm_module.host_identity(str(tmp_path))
+    assert here
+    assert elsewhere
+    assert here == shm_module.host_identity()
+    assert elsewhere != here
+    assert elsewhere.rsplit("/", 1)[0] == here.rsplit("/", 1)[0]  # only the mount differs

@@ -63,6 +63,22 @@ def test_unacked_segments_are_capped_and_idle_ones_too() -> None:
         segments.close()
 
 
+def test_a_segment_reused_after_its_ack_is_held_for_its_new_batch_alone() -> None:
+    """Batch 1's segment, acked and filled with batch 3, belongs to batch 3 only: however
+    many batches follow within the cap, batch 3 stays readable until it is acked."""
+    segments = BatchSegments(held=3)
+    try:
+        _write(segments, 1, b"a" * 64)
+        _write(segments, 2, b"b" * 64)
+        segments.acked(1, 2)
+        third = _write(segments, 3, b"c" * 64)
+        fourth, fifth = _write(segments, 4, b"d" * 64), _write(segments, 5, b"e" * 64)
+        assert read_segment(third) == b"c" * 64  # unacked, within the cap of 3
+        assert (read_segment(fourth), read_segment(fifth)) == (b"d" * 64, b"e" * 64)
+    finally:
+        segments.close()
+
+
 @pytest.mark.parametrize("spoil", ["removed", "opened to others", "replaced"])
 def test_a_spoiled_segment_is_never_named_again(spoil: str) -> None:
     segments = BatchSegments(held=2)
