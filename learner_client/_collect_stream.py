@@ -372,8 +372,7 @@ class CollectStream:
                 )
             if assembler is None:
                 info, assembler, expected = chunk.info, self._start_batch(chunk), 0
-                # The info's seq, range-checked (a wild chunk seq is refused just below).
-                count, claimed = chunk.count, bool(started(info.seq))
+                count, claimed = chunk.count, bool(started(info.seq))  # checked, not chunk's
             if chunk.seq != info.seq or chunk.index != expected or chunk.count != count:
                 raise ProtocolError(
                     f"{self.address}: chunk (seq {chunk.seq}, index {chunk.index}, count "
