@@ -156,18 +156,20 @@ def _interrupting(function, at_call: int, calls: list[int]):
     return interrupted
 
 
+@pytest.mark.parametrize("at_call", [2, 5], ids=["a-middle-batch", "the-last-batch"])
 @pytest.mark.parametrize("sync", [True, False])
 def test_an_interrupt_while_a_batch_is_laid_out_gives_that_batch_at_the_next_take(
-    fleet, monkeypatch: pytest.MonkeyPatch, sync: bool
+    fleet, monkeypatch: pytest.MonkeyPatch, sync: bool, at_call: int
 ) -> None:
     """Ctrl-C lands while the round is stacked (sync) or placed (async): the script that
-    catches it and goes on gets that batch next, counted once (it was counted and lost)."""
+    catches it and goes on gets that batch next, counted once (it was counted and lost);
+    the last one too, though its frames already reach total_frames."""
     calls: list[int] = []
     if sync:
-        monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, 2, calls))
+        monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, at_call, calls))
     else:  # after the batch was taken, where it is moved to its storing device
         place = _rounds.Placement.place
-        monkeypatch.setattr(_rounds.Placement, "place", _interrupting(place, 2, calls))
+        monkeypatch.setattr(_rounds.Placement, "place", _interrupting(place, at_call, calls))
     with GrpcCollector(
         addresses(fleet, 0, 2), frames_per_batch=8, total_frames=40, sync=sync
     ) as collector:
@@ -213,11 +215,13 @@ def test_a_batch_kept_by_an_interrupt_is_given_on_a_fleet_whose_actors_hold_othe
     assert stats["discarded"] == 0
 
 
+@pytest.mark.parametrize("pushed_to", [[0, 2], [2]], ids=["every-actor", "one-actor"])
 def test_a_batch_kept_by_an_interrupt_is_dropped_when_weights_were_pushed_since(
-    fleet, monkeypatch: pytest.MonkeyPatch
+    fleet, monkeypatch: pytest.MonkeyPatch, pushed_to: list[int]
 ) -> None:
     """Sync on demand: the batch after a push acts with it, also after a Ctrl-C; the dropped
-    round counts no more, so total_frames still reach the user (16 of 24 before)."""
+    round counts no more, so total_frames still reach the user (16 of 24 before). A push to
+    one actor is enough: the kept round holds a share older than that actor now holds."""
     monkeypatch.setattr(_rounds, "combine", _interrupting(_rounds.combine, 1, []))
     policy = cartpole_policy()
     with GrpcCollector(
@@ -226,14 +230,15 @@ def test_a_batch_kept_by_an_interrupt_is_dropped_when_weights_were_pushed_since(
         with pytest.raises(KeyboardInterrupt):
             collector.next()
         version = collector.policy_version + 1
-        collector.update_policy_weights_(policy, version=version)
+        collector.update_policy_weights_(policy, version=version, worker_ids=pushed_to)
         batches = list(collector)
         stats = collector.stats()
     assert stats["discarded"] == 2  # both actors' parts of the kept round
     assert sum(b.numel() for b in batches) == 24 == stats["frames"]
     assert stats["batches"] == 3
+    pushed = [index for index, wid in enumerate([0, 2]) if wid in pushed_to]
     for batch in batches:
-        versions = batch["next", "policy_version"]
+        versions = batch["next", "policy_version"][pushed]  # the pushed actors' shares
         assert torch.equal(versions, torch.full_like(versions, version))
 
 

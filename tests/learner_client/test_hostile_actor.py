@@ -356,7 +356,8 @@ def _refused_as_protocol_error(servicer: HostileActor, needle: str) -> None:
 class ChunkingActor(HostileActor):
     """Sends each batch as ``len(indices)`` chunks of its packet, in order, each chunk under
     its index and count from ``indices`` and ``counts`` (an honest actor: 0.., n each), and
-    under its batch's seq plus ``shifts`` (an honest actor: 0 each)."""
+    under its batch's seq plus ``shifts`` (an honest actor: 0 each); the chunk at
+    ``segment_at`` also names a shared-memory segment (an honest actor: none)."""
 
     def __init__(
         self, description: pb.DescribeResponse, indices: tuple[int, ...], counts: tuple[int, ...]
@@ -364,6 +365,7 @@ class ChunkingActor(HostileActor):
         super().__init__(description, batch)
         self.indices, self.counts = indices, counts
         self.shifts = (0,) * len(indices)
+        self.segment_at: int | None = None
 
     def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
         opening = next(requests).open
@@ -383,6 +385,9 @@ class ChunkingActor(HostileActor):
                     chunk = pb.BatchChunk(seq=seq + shift, index=index, count=said, data=piece)
                     if n == 0:
                         chunk.info.CopyFrom(whole.info)
+                    if n == self.segment_at:
+                        name, crc = "rlfleet-shm-1-" + "0" * 32, whole.info.crc32c
+                        chunk.shm.CopyFrom(pb.ShmSegment(name=name, size=len(data), crc32c=crc))
                     yield pb.CollectResponse(chunk=chunk)
                 seq += 1
 
@@ -425,6 +430,17 @@ def test_a_chunk_under_another_batchs_seq_is_refused_even_when_the_data_is_whole
     servicer = ChunkingActor(description, (0, 1, 2), (3, 3, 3))
     servicer.shifts = (0, 1, 0)
     _refused_as_protocol_error(servicer, "out of order")
+
+
+def test_a_chunk_inside_a_batch_naming_a_segment_is_refused_even_when_the_data_is_whole(
+    description,
+) -> None:
+    """The middle chunk of batch 1 also names a shared-memory segment (its seq, index, count
+    and bytes honest): a segment's batch is one chunk of its own, so the learner must refuse
+    it, not ignore the segment."""
+    servicer = ChunkingActor(description, (0, 1, 2), (3, 3, 3))
+    servicer.segment_at = 1
+    _refused_as_protocol_error(servicer, "a shared-memory chunk inside batch 1")
 
 
 class LyingFirstChunkActor(HostileActor):

@@ -31,6 +31,19 @@ def test_seq_tracker_counts_a_partial_batch_lost_with_the_old_process():
     assert tracker.accept(1)
 
 
+def test_seq_tracker_a_resent_batch_does_not_hide_the_batch_in_progress():
+    """A duplicate's first chunk (a seq already delivered) after batch 3's first chunk: 3
+    is still the batch in progress, lost when the actor comes back as a new process."""
+    tracker = SeqTracker()
+    tracker.opened(epoch=11, next_seq=1, resumed=False)
+    assert [tracker.accept(1), tracker.accept(2)] == [True, True]
+    tracker.chunk_started(3)
+    tracker.chunk_started(1)  # a re-send of 1, dropped as a duplicate once whole
+    assert not tracker.accept(1)
+    tracker.opened(epoch=12, next_seq=1, resumed=False)
+    assert (tracker.gaps, tracker.duplicates) == (1, 1)
+
+
 def test_seq_tracker_counts_one_skipped_seq_as_one_gap():
     tracker = SeqTracker()
     tracker.opened(epoch=3, next_seq=1, resumed=False)
@@ -93,3 +106,10 @@ def test_checkpoint_counts_stop_at_the_top_of_int64():
         check_counts(2**63, 0)
     with pytest.raises(ValueError, match="'batches'"):
         check_counts(0, 2**63)
+
+
+@pytest.mark.parametrize(("frames", "batches"), [(True, 0), (0, False)])
+def test_checkpoint_counts_refuse_a_bool(frames, batches):
+    """A bool is an int to Python, never a count: refused as the collector's counts are."""
+    with pytest.raises(ValueError, match="must be an int"):
+        check_counts(frames, batches)
