@@ -6,7 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import ActorProcess
+from hostile_harness import real_description
 from learner_fleet import FLEET_ARGS, start_actors
+
+from common.rlfleet.v1 import actor_service_pb2 as pb
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +22,9 @@ def fleet() -> Iterator[list[ActorProcess]]:
     yield actors
     for actor in actors:
         actor.close()
+
+
+@pytest.fixture(scope="module")
+def description() -> pb.DescribeResponse:
+    """A real CartPole actor's Describe, for the hostile actor tests (``hostile_harness.py``)."""
+    return real_description()

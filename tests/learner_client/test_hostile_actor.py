@@ -1,114 +1,37 @@
 """A real gRPC server speaking rlfleet.v1 as a hostile actor: every number it sends is checked.
 
-The server answers Describe with a real actor's description (one field changed where a test
-says so) and a ``Collect`` with ``opened`` and then the batches a test builds, byte for byte
-as an actor frames them. The collector must refuse what no actor sends (a frame count of
-2^64-1, a seq far beyond the credits granted, a batch size with no data behind it, another
-epoch, an inverted version range), count none of it, name it in the error the user sees,
-and retry that actor with a growing backoff, not in a tight loop.
+The server (``hostile_harness.py``) answers Describe with a real actor's description (one
+field changed where a test says so) and a ``Collect`` with ``opened`` and then the batches a
+test builds, byte for byte as an actor frames them. The collector must refuse what no actor
+sends (a frame count of 2^64-1, a seq far beyond the credits granted, a batch size with no
+data behind it, another epoch, an inverted version range), count none of it, name it in the
+error the user sees, and retry that actor with a growing backoff, not in a tight loop.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict
+from hostile_harness import (
+    EPOCH,
+    FRAMES,
+    U32,
+    U64,
+    HostileActor,
+    batch,
+    data_of_size,
+    serve,
+)
+from tensordict import LazyStackedTensorDict
 
-from actor_service import ActorConfig, create_server
 from common.errors import EnvError, ProtocolError
-from common.packets import encode_packet, packet_crc32c
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector, MissingWorkersError
-
-U64 = 2**64 - 1
-U32 = 2**32 - 1
-FRAMES = 8  # one env, 8 steps a batch
-EPOCH = 41
-
-Batch = Callable[[int], pb.CollectResponse]
-
-
-def _data(batch_size: list[int], *, empty: bool = False) -> TensorDict:
-    if empty:
-        return TensorDict({}, batch_size=batch_size)
-    done = torch.zeros(*batch_size, 1, dtype=torch.bool)
-    return TensorDict(
-        {
-            "observation": torch.zeros(*batch_size, 4),
-            "action": torch.zeros(*batch_size, dtype=torch.int64),
-            "done": done,
-            "next": {"observation": torch.zeros(*batch_size, 4), "done": done.clone(),
-                     "reward": torch.ones(*batch_size, 1)},
-        },
-        batch_size=batch_size,
-    )  # fmt: skip
-
-
-def batch(seq: int, td: TensorDict | None = None, **info: Any) -> pb.CollectResponse:
-    """Batch ``seq`` as one chunk; ``info`` overrides what an honest actor would say."""
-    packet = encode_packet(_data([1, FRAMES]) if td is None else td)
-    fields = {"worker_id": 0, "epoch": EPOCH, "seq": seq, "frames": FRAMES, "model_id": "policy"}
-    fields |= info
-    described = pb.BatchInfo(total_bytes=packet.nbytes, crc32c=packet_crc32c(packet), **fields)
-    chunk = pb.BatchChunk(seq=seq, index=0, count=1, data=packet.tobytes(), info=described)
-    return pb.CollectResponse(chunk=chunk)
-
-
-class HostileActor(pb_grpc.ActorServiceServicer):
-    """Describes itself as ``description`` says and sends ``batches(seq)`` for seq 1, 2..."""
-
-    def __init__(self, description: pb.DescribeResponse, batches: Batch) -> None:
-        self.description = description
-        self.batches = batches
-        self.sessions = 0
-        self._lock = threading.Lock()
-
-    def Describe(self, request: pb.DescribeRequest, context: Any) -> pb.DescribeResponse:
-        return self.description
-
-    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
-        opening = next(requests).open
-        with self._lock:
-            self.sessions += 1
-        worker_id = self.description.worker_id
-        yield pb.CollectResponse(
-            opened=pb.SessionOpened(worker_id=worker_id, epoch=EPOCH, next_seq=1)
-        )
-        seq = 1
-        later = (r.credit.batches if r.HasField("credit") else 0 for r in requests)
-        for granted in itertools.chain([opening.credits], later):  # a batch per credit
-            for _ in range(granted):
-                yield self.batches(seq)
-                seq += 1
-
-
-@pytest.fixture(scope="module")
-def description() -> pb.DescribeResponse:
-    """A real CartPole actor's Describe, under the hostile actor's epoch."""
-    config = ActorConfig(host="127.0.0.1", port=0, num_envs=1)  # CartPole-v1
-    with create_server(config).run_in_thread() as actor:
-        channel = grpc.insecure_channel(f"127.0.0.1:{actor.port}")
-        reply = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
-        channel.close()
-    reply.epoch = EPOCH
-    return reply
-
-
-def serve(servicer: HostileActor) -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_ActorServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, f"127.0.0.1:{port}"
 
 
 def test_an_honest_batch_from_the_test_server_is_yielded(description) -> None:
@@ -138,15 +61,15 @@ HOSTILE = {
     ),
     "version_2^64-1": (lambda seq: batch(seq, policy_version_max=U64), "policy versions 0.."),
     "other_model": (lambda seq: batch(seq, model_id="critic"), "model_id 'critic'"),
-    "wrong_shape": (lambda seq: batch(seq, _data([2, 4]), frames=8), "batch size [2, 4]"),
+    "wrong_shape": (lambda seq: batch(seq, data_of_size([2, 4]), frames=8), "batch size [2, 4]"),
     # 2 x 2^26 rows in a packet of a few hundred bytes: refused before the learner's worker
     # tag (8 bytes a row) would allocate 1 GiB for it, as steps and as split trajectories.
     "rows_without_data": (
-        lambda seq: batch(seq, _data([2, 2**26], empty=True), frames=0),
+        lambda seq: batch(seq, data_of_size([2, 2**26], empty=True), frames=0),
         "batch size [2, 6710",
     ),
     "split_rows_without_data": (
-        lambda seq: batch(seq, _data([2, 2**26], empty=True), frames=0),
+        lambda seq: batch(seq, data_of_size([2, 2**26], empty=True), frames=0),
         "a byte per row",
     ),
 }
@@ -159,7 +82,7 @@ def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
     batches, named = HOSTILE[hostile]
     servicer = HostileActor(description, batches)
     server, address = serve(servicer)
-    timeout = 2.0
+    timeout = 1.0
     split = {"split_trajs": True} if hostile.startswith("split") else {}
     try:
         with GrpcCollector(
@@ -176,8 +99,9 @@ def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
     assert "ProtocolError" in str(raised.value)
     assert named in str(raised.value)
     assert (stats["frames"], stats["batches"]) == (0, 0)
-    # The backoff (0.1 s, doubling per bad session, jittered 50-100 %) allows at most 6
-    # sessions in 2 s; a backoff reset after each 'opened' made about 22.
+    # The backoff (0.1 s, doubling per bad session, jittered 50-100 %) allows at most 5
+    # sessions in 1 s (6 with one begun as the collector shuts down); a backoff reset after
+    # each 'opened' made about 11.
     assert waited < 2 * timeout
     assert 2 <= servicer.sessions <= 6, servicer.sessions
 
@@ -267,7 +191,7 @@ def test_a_learner_that_read_its_end_lets_the_actors_call_finish(description) ->
 
 
 def _extra_entry(seq: int) -> pb.CollectResponse:
-    td = _data([1, FRAMES])
+    td = data_of_size([1, FRAMES])
     td["z"] = torch.ones(1, FRAMES, 3)  # an entry the other actor's batches lack
     td["next", "observation"] = torch.zeros(1, FRAMES, 5)  # and another shape
     return batch(seq, td, worker_id=1)
@@ -341,7 +265,7 @@ def _refused_as_protocol_error(servicer: HostileActor, needle: str) -> None:
     server, address = serve(servicer)
     try:
         with GrpcCollector(
-            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=2.0
+            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=1.0
         ) as collector:
             with pytest.raises(MissingWorkersError) as raised:
                 collector.next()

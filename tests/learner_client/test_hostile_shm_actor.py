@@ -20,39 +20,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import torch
-from test_hostile_actor import (  # the hostile actor harness of this folder
-    EPOCH,
-    FRAMES,
-    HostileActor,
-    _data,
-    batch,
-    serve,
-)
+from hostile_harness import EPOCH, FRAMES, U64, HostileActor, batch, data_of_size, serve
 
-from actor_service import ActorConfig, create_server
 from common.checksum import crc32c
 from common.packets import encode_packet
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.shm import SHM_ROOT, host_identity, remove_segment, write_segment
 from learner_client import GrpcCollector, MissingWorkersError
-
-U64 = 2**64 - 1
-
-
-@pytest.fixture(scope="module")
-def description() -> pb.DescribeResponse:
-    """A real CartPole actor's Describe, under the hostile actor's epoch."""
-    config = ActorConfig(host="127.0.0.1", port=0, num_envs=1)  # CartPole-v1
-    with create_server(config).run_in_thread() as actor:
-        channel = grpc.insecure_channel(f"127.0.0.1:{actor.port}")
-        reply = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
-        channel.close()
-    reply.epoch = EPOCH
-    return reply
 
 
 def packet_of(seq: int) -> bytes:
@@ -61,7 +37,7 @@ def packet_of(seq: int) -> bytes:
 
 
 def _data_of(seq: int) -> Any:
-    data = _data([1, FRAMES])
+    data = data_of_size([1, FRAMES])
     data["next", "reward"] = torch.full((1, FRAMES, 1), float(seq))
     return data
 
@@ -195,7 +171,7 @@ def refused(servicer: SharedMemoryActor, **settings: Any) -> str:
     server, address = serve(servicer)
     try:
         with GrpcCollector(
-            [address], frames_per_batch=FRAMES, batch_timeout=2.0, **settings
+            [address], frames_per_batch=FRAMES, batch_timeout=1.0, **settings
         ) as collector:
             with pytest.raises(MissingWorkersError) as raised:
                 collector.next()

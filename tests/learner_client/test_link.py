@@ -343,7 +343,11 @@ def test_link_retries_a_stream_that_owes_a_batch_and_stays_silent() -> None:
     assert r.backoff.attempts[0] == 0
 
 
-def test_link_reopens_at_once_with_fresh_settings_on_restart() -> None:
+def _restart_after_the_first_batch(
+    meanwhile: Callable[[Rig], None] = lambda r: None,
+) -> Rig:
+    """A link restarted with ``frames_per_batch=4`` once batch 1 is buffered (``meanwhile``
+    right after the restart), run until its second session streams."""
     r = rig(FakeChannel([[opened(), batch(1)], [opened(next_seq=2)]]))
     resized = dataclasses.replace(SETTINGS, frames_per_batch=4)
 
@@ -351,10 +355,16 @@ def test_link_reopens_at_once_with_fresh_settings_on_restart() -> None:
         r.link.start(SETTINGS)
         await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
         r.link.restart(resized)
+        meanwhile(r)
         await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
         await r.link.stop(1.0)
 
     run(scenario)
+    return r
+
+
+def test_link_reopens_at_once_with_fresh_settings_on_restart() -> None:
+    r = _restart_after_the_first_batch()
     assert r.backoff.attempts == []  # AfterSession.REOPEN: no backoff, no failure
     assert r.ledger.failures == {}
     second = r.channel.calls[1].open_request
@@ -478,18 +488,9 @@ def test_link_a_reconnection_asks_only_for_the_random_frames_left() -> None:
 def test_link_a_session_the_actor_ends_on_an_error_during_a_restart_is_a_failure() -> None:
     """Only the ``CLOSED`` answering the learner's close reopens at once; an actor that ends
     the session on an error meanwhile is counted and retried after the backoff."""
-    r = rig(FakeChannel([[opened(), batch(1)], [opened(next_seq=2)]]))
-    resized = dataclasses.replace(SETTINGS, frames_per_batch=4)
-
-    async def scenario() -> None:
-        r.link.start(SETTINGS)
-        await until(lambda: r.mailbox.snapshot()[0].buffered == 1)
-        r.link.restart(resized)
-        r.channel.calls[0]._responses.put_nowait(end("ERROR", "env pool broke"))
-        await until(lambda: len(r.channel.calls) == 2 and r.link.state is LinkState.STREAMING)
-        await r.link.stop(1.0)
-
-    run(scenario)
+    r = _restart_after_the_first_batch(
+        lambda r: r.channel.calls[0]._responses.put_nowait(end("ERROR", "env pool broke"))
+    )
     assert r.ledger.failures == {0: 1}
     assert r.backoff.attempts == [0]  # AfterSession.RETRY, not REOPEN
     assert r.channel.calls[1].open_request.settings.frames_per_batch == 4

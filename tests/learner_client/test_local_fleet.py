@@ -195,6 +195,7 @@ def test_local_fleet_takes_no_env_id_beside_an_env_factory_and_ids_without_a_ver
         assert next(iter(collector)).batch_size == (2, 2, 2)
 
 
+@pytest.mark.long  # 20 s: an actor ready 6 s after the first, a start_timeout of 10 s
 def test_start_timeout_bounds_a_stall_not_a_fleet_whose_actors_keep_coming(monkeypatch, tmp_path):
     """Three actors, the second ready 6 s after the first, the third never, start_timeout=10:
     the start goes on while actors become ready (a large fleet on a few cores takes longer
