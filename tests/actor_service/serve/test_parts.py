@@ -114,6 +114,22 @@ def test_the_weight_cap_bounds_a_versions_parts_together_and_drops_it(staging) -
     assert parts.stage("policy", 4, narrow[1], MODEL, 64, max_weight_bytes=16)[1] is not None
 
 
+def test_the_weight_cap_takes_parts_at_it_and_refuses_one_byte_over(staging) -> None:
+    """--max-weight-bytes bounds a version's parts as a whole push's blob: at the cap they
+    stage and complete, one byte over it the version is refused and dropped.
+    """
+    parts, _, released = staging
+    at = [_received(_part(i, 2, key), 15) for i, key in enumerate("ab")]  # 30 of a cap of 30
+    assert parts.stage("policy", 3, at[0], MODEL, 64, max_weight_bytes=30)[0] == 1
+    assert parts.stage("policy", 3, at[1], MODEL, 64, max_weight_bytes=30)[1] is not None
+    over = [_received(_part(0, 2, "a"), 15), _received(_part(1, 2, "b"), 16)]  # 31
+    parts.stage("policy", 4, over[0], MODEL, 64, max_weight_bytes=30)
+    with pytest.raises(WeightsTooLargeError, match="31 bytes exceeds the cap of 30 bytes"):
+        parts.stage("policy", 4, over[1], MODEL, 64, max_weight_bytes=30)
+    assert parts.staging() == {}
+    assert released == [("policy", [over[0]])]
+
+
 def test_delta_parts_share_a_base_and_need_not_cover_every_key(staging) -> None:
     parts, _, _ = staging
     parts.stage("policy", 3, _part(0, 3, "a", base=2), MODEL, 64)

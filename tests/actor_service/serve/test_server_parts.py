@@ -203,6 +203,31 @@ def test_a_delta_part_refuses_another_base_and_mixes_with_whole_parts(make_actor
     _assert_holds(actor, changed | second, 2)
 
 
+def test_a_delta_version_whose_base_was_replaced_while_staging_never_applies(make_actor) -> None:
+    """A version with a delta part completes only on the base it was computed from.
+
+    A whole push of an older version than the staging one applies meanwhile (the staging
+    version stays: it is newer) and changes the base; the version's last part, a whole
+    part that names no base, must not swap the delta in on top of the other weights.
+    """
+    actor = make_actor()
+    first, second = _halves(actor, 14)
+    _part(actor, first, 1, 0, 2)
+    _part(actor, second, 1, 1, 2)
+    delta = encode_delta(first, {k: v + 1 for k, v in first.items()})
+    reply = actor.stub.PushWeights(_requests(delta, 5, 0, 2, base_version=1), timeout=30)
+    assert reply.outcome == STAGED
+    other_first, other_second = _halves(actor, 15)
+    other = other_first | other_second  # a whole push of version 2: now in force, not 1
+    blob = encode_weights(other)
+    header = pb.WeightsHeader(version=2, total_bytes=len(blob), crc32c=crc32c(blob))
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, 4096)]
+    actor.stub.PushWeights(iter([pb.PushWeightsRequest(header=header), *chunks]), timeout=30)
+    error = _refused(actor, second, 5, 1, 2)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    _assert_holds(actor, other, 2)
+
+
 def _hostile_cases(first: dict, second: dict) -> list:
     """(label, pushes before, the refused push, code, needle): pushes as (state, v, i, n, kw)."""
     key = next(iter(first))
@@ -375,6 +400,28 @@ def test_a_whole_push_supersedes_a_staging_version(make_actor) -> None:
     error = _refused(actor, second, 2, 1, 2)
     assert error.code() == ABORTED
     _assert_holds(actor, first | second, 3)
+
+
+def test_a_whole_push_drops_the_staging_version_at_once_not_at_its_deadline(make_actor) -> None:
+    """A whole push newer than a staging version drops that version (and lets its staged
+    bytes go) when it applies, logged as superseded, not when the part deadline passes.
+    """
+    actor = make_actor(part_deadline_s=600.0)
+    stream = io.StringIO()
+    handler = configure_logging("info", "json", stream=stream)
+    try:
+        first, second = _halves(actor, 13)
+        assert _part(actor, first, 2, 0, 2).outcome == STAGED
+        blob = encode_weights(first | second)
+        header = pb.WeightsHeader(version=3, total_bytes=len(blob), crc32c=crc32c(blob))
+        chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, 4096)]
+        actor.stub.PushWeights(iter([pb.PushWeightsRequest(header=header), *chunks]), timeout=30)
+        lines = map(json.loads, stream.getvalue().splitlines())
+        drops = [r["fields"] for r in lines if r["event"] == "weights.parts.dropped"]
+        assert [(d["version"], d["reason"]) for d in drops] == [(2, "superseded")]
+        assert "whole push of version 3" in drops[0]["detail"]
+    finally:
+        get_logger().removeHandler(handler)
 
 
 def test_describe_advertises_the_part_deadline(make_actor) -> None:

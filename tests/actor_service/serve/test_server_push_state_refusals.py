@@ -15,6 +15,7 @@ import torch
 from actor_harness import Actor, get_state
 
 from actor_service._core._state import decode_state, state_to_blob
+from common.config import MAX_MODEL_ID
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
 
@@ -48,6 +49,31 @@ def test_a_push_version_past_int64_is_refused_from_its_header(actor: Actor, vers
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert "weights version" in error.details(), error.details()
     assert "int64" in error.details(), error.details()
+
+
+def test_a_delta_push_on_a_base_not_in_force_is_refused_from_its_header(actor: Actor) -> None:
+    """A delta whose base is not in force is FAILED_PRECONDITION before any byte is read.
+
+    The header announces bytes that never come: a refusal that waited for the blob would
+    end INVALID_ARGUMENT (incomplete) instead of telling the learner to send a full push.
+    """
+    header = pb.WeightsHeader(
+        model_id="policy", version=5, total_bytes=1000, crc32c=0, base_version=3
+    )
+    error = _refused(lambda: _push(actor, header))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    assert "on top of version 3" in error.details(), error.details()
+    assert actor.worker.models.policy_version("policy") == 0
+
+
+def test_a_push_model_id_one_past_the_limit_is_invalid_not_unknown(actor: Actor) -> None:
+    """A push naming a model_id of MAX_MODEL_ID + 1 characters is malformed: INVALID_ARGUMENT."""
+    header = pb.WeightsHeader(
+        model_id="p" * (MAX_MODEL_ID + 1), version=1, total_bytes=1000, sha256="0" * 64
+    )
+    error = _refused(lambda: _push(actor, header))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "model_id must be" in error.details(), error.details()
 
 
 def test_the_size_cap_refuses_one_byte_over_it_and_not_at_it(make_actor) -> None:

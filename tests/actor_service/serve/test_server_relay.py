@@ -24,12 +24,13 @@ from actor_harness import Actor
 from helpers import self_signed_cert
 from test_server_delta import _actor_weights, _bits_equal, _serving, _step, _version
 
+from actor_service._serve._relay import MAX_WAITING
 from apps.status._status import _from_describe, format_table
 from common.checksum import crc32c
 from common.config import RELAY_TICKET_BYTES
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.weights import encode_weights, iter_blob_chunks
+from common.weights import encode_delta, encode_weights, iter_blob_chunks
 
 TOKEN = "relay-token"
 CHUNK = 2048
@@ -156,6 +157,40 @@ def test_bytes_that_fail_are_answered_relay_failed_and_nothing_applies(actor: Ac
     assert _serving(actor)
 
 
+def test_refused_relay_calls_do_not_use_up_the_waiting_slots(actor: Actor) -> None:
+    """More refused RelayWeights calls than MAX_WAITING, one after another, leave the
+    actor taking the learner's named relay: a refused call frees its slot.
+    """
+    state, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+    for _ in range(MAX_WAITING + 2):
+        forged = relay_requests(opened.push_id, secrets.token_bytes(32), blob)
+        code = code_of(lambda f=forged: actor.stub.RelayWeights(f, timeout=30))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+    sent = actor.stub.RelayWeights(relay_requests(opened.push_id, opened.ticket, blob), timeout=30)
+    assert sent.bytes_received == len(blob)
+    assert opened.reply.result(30).version == version
+    assert _bits_equal(_actor_weights(actor), state)
+
+
+def test_a_relay_sending_past_the_blob_is_let_go_once_the_push_has_its_bytes(
+    actor: Actor,
+) -> None:
+    """Chunks a relay sends after the push took its bytes are not queued for nobody: the
+    relay's call ends (the push applies) instead of hanging with its chunks held.
+    """
+    state, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+    junk = bytes(CHUNK)
+    extra = [pb.RelayRequest(chunk=pb.RelayChunk(data=junk, crc32c=crc32c(junk)))] * 40
+    requests = [*relay_requests(opened.push_id, opened.ticket, blob), *extra]
+    sent = actor.stub.RelayWeights(iter(requests), timeout=15)
+    assert len(blob) <= sent.bytes_received < len(blob) + len(extra) * CHUNK
+    assert opened.reply.result(30).version == version
+    assert _bits_equal(_actor_weights(actor), state)
+    assert _serving(actor)
+
+
 def test_empty_relay_chunks_end_the_relays_bytes_and_the_push_fails_at_once(actor: Actor) -> None:
     before = _actor_weights(actor)
     _, blob, version = a_new_state(actor)
@@ -174,6 +209,22 @@ def test_empty_relay_chunks_end_the_relays_bytes_and_the_push_fails_at_once(acto
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "ended at 100" in reply.relay_failed
     assert time.monotonic() - started < 5  # not when the relay chose to stop
+    assert _bits_equal(_actor_weights(actor), before)
+    assert _serving(actor)
+
+
+def test_chunks_on_a_push_whose_bytes_come_from_a_relay_are_refused(actor: Actor) -> None:
+    """A push naming a source_ticket takes its bytes only from its relay: a chunk on the
+    learner's own call is a protocol error (FAILED_PRECONDITION), not silently dropped.
+    """
+    before = _actor_weights(actor)
+    _, blob, version = a_new_state(actor)
+    head = relay_header(blob, version, source_ticket=secrets.token_bytes(32))
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    with pytest.raises(grpc.RpcError) as raised:
+        actor.stub.PushWeights(iter([head, *chunks]), timeout=30)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "relayed header" in raised.value.details()
     assert _bits_equal(_actor_weights(actor), before)
     assert _serving(actor)
 
@@ -343,6 +394,50 @@ def test_a_forward_of_a_blob_not_held_is_refused_and_sends_nothing(make_actor) -
     hostile.relay.source_ticket = ticket  # a forward names no source
     code = code_of(lambda: holder.stub.ForwardWeights(hostile, timeout=30))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert _serving(holder)
+
+
+def test_a_forward_naming_the_held_version_with_other_bytes_is_refused(make_actor) -> None:
+    """ForwardWeights must name the held blob exactly: its version, CRC-32C and size.
+
+    A request naming the version held but another CRC-32C or size describes other bytes
+    (another push of that version): the held blob is not forwarded in their place.
+    """
+    holder, other = make_actor(), make_actor()
+    _, blob, version = a_new_state(holder)
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    holder.stub.PushWeights(iter([relay_header(blob, version), *chunks]), timeout=30)
+    ticket, push_id = secrets.token_bytes(32), secrets.token_bytes(16)
+    other_crc = forward_request(blob, version, other.port, ticket, push_id)
+    other_crc.crc32c ^= 1
+    other_size = forward_request(blob, version, other.port, ticket, push_id)
+    other_size.total_bytes += 1
+    for request in (other_crc, other_size):
+        code = code_of(lambda r=request: holder.stub.ForwardWeights(r, timeout=30))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert _serving(holder)
+
+
+def test_a_delta_push_is_never_held_for_forwarding(make_actor) -> None:
+    """Only a whole push's blob is held to forward: a delta's bytes are no whole version.
+
+    After a whole push then a delta on top of it, a ForwardWeights naming the delta's
+    version, CRC-32C and size is refused: forwarding it would hand a returning peer a
+    delta as if it were the whole version.
+    """
+    holder, other = make_actor(), make_actor()
+    state, blob, version = a_new_state(holder)
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
+    holder.stub.PushWeights(iter([relay_header(blob, version), *chunks]), timeout=30)
+    delta = encode_delta(state, _step(state, 3))
+    head = relay_header(delta, version + 1)
+    head.header.base_version = version
+    pieces = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(delta, CHUNK)]
+    assert holder.stub.PushWeights(iter([head, *pieces]), timeout=30).version == version + 1
+    ticket, push_id = secrets.token_bytes(32), secrets.token_bytes(16)
+    request = forward_request(delta, version + 1, other.port, ticket, push_id)
+    code = code_of(lambda: holder.stub.ForwardWeights(request, timeout=30))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert _serving(holder)
 
 
