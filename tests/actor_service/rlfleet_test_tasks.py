@@ -59,3 +59,31 @@ class BuggyTask:
 def buggy(mode: str) -> BuggyTask:
     """The task factory (``--task rlfleet_test_tasks:buggy --task-kwargs '{"mode": ...}'``)."""
     return BuggyTask(mode)
+
+
+class UnevenTask:
+    """``arith`` in dialogs of one or two turns, alternately: a group's dialogs end apart.
+
+    Slots are scored in order, so of two slots starting together one ends at its first
+    turn and the other is told "No." and ends at its second.
+    """
+
+    def __init__(self) -> None:
+        self._arith = build_task("arith")
+        self.max_turns = 2
+        self.scored = 0
+
+    def sample(self, rng: random.Random) -> Problem:
+        """A problem of ``arith``."""
+        return self._arith.sample(rng)
+
+    def score(self, problem: Problem, response: str, turn: int) -> Outcome:
+        """No reward; the dialog ends at turn 2, or at turn 1 on every other score."""
+        self.scored += 1
+        ended = turn >= 2 or self.scored % 2 == 0
+        return Outcome(0.0, terminated=ended, reply=None if ended else "No.")
+
+
+def uneven() -> UnevenTask:
+    """The task factory (``--task rlfleet_test_tasks:uneven``)."""
+    return UnevenTask()

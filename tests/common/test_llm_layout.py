@@ -119,6 +119,11 @@ HOSTILE = {
     "role and content counts disagree": lambda td: _set(
         td, ("history", "content"), _strings([["a"]] * 3)
     ),
+    "fewer roles than contents, next history reaching the extra": lambda td: _set(
+        _set(td, ("history", "content"), _strings([["q", "a", "x"]] * 3)),
+        ("history", "next_length"),
+        torch.full((3,), 3),
+    ),
     "wrong dtype": lambda td: _set(td, "prompt_len", torch.full((3,), 5, dtype=torch.int32)),
     "negative version": lambda td: _set(td, "policy_version", torch.tensor([0, -1, 0])),
     "non-finite log-probs": lambda td: _set(td, "log_probs", torch.full((3, 4), float("nan"))),
@@ -177,6 +182,23 @@ def test_check_padded_raises_if_the_batch_has_three_dims() -> None:
         check_padded(padded(4).reshape(2, 2, 1))
 
 
+def test_to_torchrl_counts_steps_from_0_and_cuts_token_versions_to_each_response() -> None:
+    """TorchRL's step_count is the turns before this one (next: after it), and a turn's
+    per-token versions are its response's, not the padded width's."""
+    td = padded()  # responses of 0, 1 and 2 tokens in a span of 4
+    td.set(("collector", "dialog_turns"), torch.tensor([1, 2, 3]))
+    versions = torch.tensor([[0, 0, 0, 0], [3, 0, 0, 0], [4, 5, 0, 0]])
+    td.set(("collector", "token_policy_version"), versions)
+    td = _wire(td)
+    check_padded(td)
+    out = to_torchrl(td)
+    assert [int(out[i]["step_count"]) for i in range(3)] == [0, 1, 2]
+    assert [int(out[i]["next", "step_count"]) for i in range(3)] == [1, 2, 3]
+    tokens = [out[i]["collector", "token_policy_version"].tolist() for i in range(3)]
+    assert tokens == [[], [3], [4, 5]]
+    assert out[0].get(("collector", "stopped"), None) is None  # wire-only: not in TorchRL's
+
+
 def test_to_torchrl_of_a_steps_batch_is_slots_by_time() -> None:
     out = to_torchrl(padded(4).reshape(2, 2))
     assert out.batch_size == (2, 2)
@@ -199,3 +221,18 @@ def test_merge_padded_pads_widths_and_concatenates() -> None:
     steps = merge_padded([padded(4, width=8).reshape(2, 2), padded(4, width=10).reshape(2, 2)])
     check_padded(steps)
     assert steps.batch_size == (4, 2)
+
+
+def test_merge_padded_pads_token_versions_to_the_log_probs_span() -> None:
+    """Per-token versions are as wide as the log-probs, also after two actors' batches of
+    other widths are merged (they are not checked again)."""
+    from common.llm._merge import merge_padded
+
+    small = padded(2, width=8, span=3)
+    small.set(("collector", "token_policy_version"), torch.tensor([[0, 0, 0], [2, 0, 0]]))
+    big = padded(3, width=12, span=5)
+    big.set(("collector", "token_policy_version"), torch.zeros(3, 5, dtype=torch.long))
+    merged = merge_padded([_wire(small), _wire(big)])
+    assert merged["collector", "token_policy_version"].shape == merged["log_probs"].shape
+    check_padded(merged)
+    assert merged["collector", "token_policy_version"][1].tolist() == [2, 0, 0, 0, 0]

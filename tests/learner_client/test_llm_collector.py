@@ -62,9 +62,24 @@ def test_sync_steps_mode_yields_slots_by_turns_with_an_exact_budget(llm_fleet) -
         assert batch.batch_size == (2 * SLOTS, 2)
         assert batch[0, 0]["tokens", "full"].dtype == torch.int64
         assert sorted(set(batch["collector", "worker_id"].reshape(-1).tolist())) == [0, 1]
-    assert stats["turns"] == 32
+    assert stats["turns"] == stats["yielded_turns"] == 32  # every turn of [slots, T] batches
     assert stats["tokens"] > 0
     assert stats["tokens_per_s"] > 0
+
+
+def test_flatten_data_makes_a_steps_batch_one_row_per_turn(llm_fleet) -> None:
+    """``flatten_data=True``: a sync ``[slots, T]`` batch of T > 1 comes as ``[slots * T]``,
+    slot by slot: a slot's second turn goes on its dialog or starts a new one."""
+    with _collector(
+        llm_fleet, dialog_turns_per_batch=2 * SLOTS * 2, total_dialog_turns=16, sync=True,
+        flatten_data=True, layout="padded",
+    ) as collector:  # fmt: skip
+        batch = collector.next()
+    assert batch.batch_size == (2 * SLOTS * 2,)
+    traj = batch["collector", "traj_ids"].reshape(2 * SLOTS, 2)
+    turns = batch["collector", "dialog_turns"].reshape(2 * SLOTS, 2)
+    goes_on = (traj[:, 0] == traj[:, 1]) & (turns[:, 1] == turns[:, 0] + 1)
+    assert (goes_on | (turns[:, 1] == 1)).all()
 
 
 def test_async_completed_trajectories_hold_whole_groups(llm_fleet) -> None:
@@ -82,6 +97,7 @@ def test_async_completed_trajectories_hold_whole_groups(llm_fleet) -> None:
     for batch in batches:
         assert batch.ndim == 1
         assert batch.get("policy_version", None) is None  # track_policy_version=False
+        assert batch.get(("next", "policy_version"), None) is None
         assert bool(batch[-1]["next", "done"])  # whole dialogs only
         assert _groups_whole(batch, 2)
         assert len(set(batch["collector", "worker_id"].tolist())) == 1  # one actor per group

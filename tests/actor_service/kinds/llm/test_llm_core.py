@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 import threading
 
 import pytest
@@ -118,8 +119,9 @@ def test_a_padded_vocabulary_is_what_a_learner_vocab_size_is_checked_against(tmp
     padded = (ModelSpec("policy", f"hf:{tmp_path}", {"dtype": "float32"}),)
     with _worker(models=padded) as worker:
         assert worker.models.token_ids == len(tok) + 64
-        with pytest.raises(ValueError, match=rf"draws from {len(tok) + 64} token ids, more than "):
-            worker.configure(_settings(vocab_size=len(tok)))
+        for smaller in (len(tok), len(tok) + 63):  # the tokenizer's, and one row short
+            with pytest.raises(ValueError, match=rf"draws from {len(tok) + 64} token ids, more "):
+                worker.configure(_settings(vocab_size=smaller))
         worker.configure(_settings(vocab_size=len(tok) + 64))
 
 
@@ -245,8 +247,13 @@ def test_a_batch_past_the_packet_cap_ends_with_a_clear_error_and_frees_its_turns
     monkeypatch.setattr(llm_core, "DEFAULT_LIMITS", PacketLimits(max_packet_bytes=8192))
     with _worker() as worker:
         worker.configure(_settings(2 * 10_000, **mode))
-        with pytest.raises(PacketTooLargeError, match="dialog_turns_per_batch=20000 holds more"):
+        with pytest.raises(
+            PacketTooLargeError, match="dialog_turns_per_batch=20000 holds more"
+        ) as excinfo:
             worker.collect_batch()
+        stopped_at = re.search(r"about (\d+) bytes", str(excinfo.value))
+        assert stopped_at is not None
+        assert int(stopped_at[1]) < 2 * 8192  # stopped at the step that passed the cap
         assert worker.frames == 0
         assert worker._ready == collections.deque()  # what it held is dropped
         assert all(not turns for turns in worker._partial)
@@ -259,6 +266,8 @@ def test_turns_per_batch_above_the_frames_cap_are_refused_at_configure() -> None
         for turns in (MAX_FRAMES_PER_BATCH + 2, 2**64 - 2):
             with pytest.raises(ValueError, match="dialog turns a batch may hold"):
                 worker.configure(_settings(turns))
+        with pytest.raises(ValueError, match="dialog turns a batch may hold"):  # any count
+            worker.configure(_settings(MAX_FRAMES_PER_BATCH + 1, yield_completed_trajectories=True))
         worker.configure(_settings(MAX_FRAMES_PER_BATCH))  # the bound itself is accepted
 
 
@@ -453,6 +462,37 @@ def test_the_slots_of_a_group_share_one_problem_and_groups_draw_their_own(mode) 
     assert len(by_group) == 2
     assert all(len(group_queries) == 1 for group_queries in by_group.values())
     assert len(set(queries)) == 2
+
+
+def test_a_group_whose_dialogs_end_apart_is_yielded_only_once_all_have_ended() -> None:
+    """Trajectory mode, a group of a 1-turn and a 2-turn dialog: the group waits for its
+    last dialog; a batch holds every dialog of its groups whole (turns 1..n, the last
+    done), never the turns of a dialog still under way."""
+    task = LLMActorSettings(task="rlfleet_test_tasks:uneven")
+    lengths = []
+    with _worker(llm=task) as worker:
+        worker.configure(_settings(1, group_size=2, yield_completed_trajectories=True))
+        for _ in range(3):  # batches of one group each
+            td = worker.collect_batch()
+            check_padded(td)
+            lengths += _whole_dialogs_of_whole_groups(td, group_size=2)
+    assert sorted(set(lengths)) == [1, 2]  # the groups' dialogs did end apart
+
+
+def _whole_dialogs_of_whole_groups(td, group_size: int) -> list[int]:
+    """Check every group of ``td`` holds ``group_size`` whole dialogs; their turn counts."""
+    groups, trajs = td["collector", "group_id"], td["collector", "traj_ids"]
+    turns, done = td["collector", "dialog_turns"], td["next", "done"].squeeze(-1)
+    lengths = []
+    for group in groups.unique():
+        mine = trajs[groups == group].unique()
+        assert len(mine) == group_size, "every dialog of the group"
+        for traj in mine:
+            rows = trajs == traj
+            lengths.append(int(rows.sum()))
+            assert turns[rows].tolist() == list(range(1, lengths[-1] + 1))
+            assert done[rows].tolist() == [False] * (lengths[-1] - 1) + [True]
+    return lengths
 
 
 def test_a_tasks_system_prompt_opens_the_history_and_the_prompt() -> None:
