@@ -1,8 +1,9 @@
-"""Chat tasks with a user's bugs, loaded by LLM actors as ``rlfleet_test_tasks:<name>``.
+"""User chat tasks, loaded by LLM actors as ``rlfleet_test_tasks:<name>``.
 
-Each is the built-in ``arith`` task but for one thing its ``score`` (or ``sample``) does
+Most are the built-in ``arith`` task but for one thing its ``score`` (or ``sample``) does
 wrong, as a user's reward function may: raise, return a reward that is no number, or
-return something that is no ``Outcome``.
+return something that is no ``Outcome``. ``uneven`` is well-behaved: its dialogs end after
+different numbers of turns.
 """
 
 from __future__ import annotations
