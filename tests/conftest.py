@@ -3,6 +3,7 @@
 import importlib.util
 import ipaddress
 import os
+import signal
 import socket
 
 import pytest
@@ -13,6 +14,11 @@ from common.shm import sweep_segments
 # Nothing downloads at test time: Hugging Face libraries stay offline.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+# Ctrl-C interrupts, as in a terminal, also when the suite was started in the background of a
+# script (such a shell starts it with SIGINT ignored, and every process it starts inherits
+# that): the tests that send SIGINT to a command or to themselves expect it to interrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
