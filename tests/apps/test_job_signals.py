@@ -8,10 +8,17 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
-from apps._job.cli import EXIT_INTERRUPTED, SignalsHeld, StoppedAtOnce, run_job
+from apps._job.cli import (
+    EXIT_INTERRUPTED,
+    FleetMismatchError,
+    SignalsHeld,
+    StoppedAtOnce,
+    run_job,
+)
 
 
 def _signal_self(signum: signal.Signals) -> None:
@@ -29,6 +36,7 @@ def _update(signals: SignalsHeld, signums: list[signal.Signals], reached: list[s
 
 def test_a_signal_during_an_update_waits_for_its_end(capsys: pytest.CaptureFixture[str]) -> None:
     reached: list[str] = []
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with SignalsHeld("prog") as signals:
         with pytest.raises(KeyboardInterrupt):
             _update(signals, [signal.SIGTERM], reached)
@@ -37,7 +45,8 @@ def test_a_signal_during_an_update_waits_for_its_end(capsys: pytest.CaptureFixtu
             _signal_self(signal.SIGINT)
     said = capsys.readouterr().err
     assert "prog: stopping after this update (signal again to stop at once" in said
-    assert signal.getsignal(signal.SIGTERM) is not signals._on_signal  # handlers given back
+    # handlers given back (a bound method is a new object at each access: compare handlers)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_a_block_that_reads_the_signal_itself_is_not_interrupted_after_it() -> None:
@@ -72,3 +81,55 @@ def test_a_job_stopped_at_once_exits_130_saying_no_outputs_were_written(
     assert run_job("prog", None, train, ()) == EXIT_INTERRUPTED  # type: ignore[arg-type]
     said = capsys.readouterr().err
     assert "prog: stopped at once by a second signal (no outputs written)" in said
+
+
+class _Done:
+    def to_text(self) -> str:
+        return "trained 64 frames"
+
+
+def _raises(exc: BaseException) -> Callable[[object], _Done]:
+    def train(settings: object) -> _Done:
+        raise exc
+
+    return train
+
+
+@pytest.mark.parametrize(
+    ("train", "code", "said"),
+    [
+        (lambda settings: _Done(), 0, "trained 64 frames"),
+        (_raises(KeyboardInterrupt()), 130, "prog: interrupted"),
+        (_raises(OSError("disk full")), 1, "prog: error: disk full"),
+        (_raises(FleetMismatchError("two actors with worker_id 0")), 1, "worker_id 0"),
+    ],
+)
+def test_a_job_exits_0_130_or_1_as_scripts_and_torchrun_read_them(
+    train: Callable[[object], _Done], code: int, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The literal codes the docs promise: 0 done, 130 Ctrl-C, 1 a named error or a fleet
+    that does not fit (FleetMismatchError is always one, whatever the job names)."""
+    assert run_job("prog", None, train, (OSError,)) == code
+    out, err = capsys.readouterr()
+    assert said in (out if code == 0 else err)
+
+
+def test_a_job_takes_sigterm_as_ctrl_c_then_gives_the_handler_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A container stop (SIGTERM) ends the job like Ctrl-C, 130, and only while it runs."""
+
+    def outside(signum: int, frame: object) -> None:
+        raise RuntimeError("SIGTERM reached the handler from before the job")
+
+    def train(settings: object) -> _Done:
+        _signal_self(signal.SIGTERM)
+        return _Done()
+
+    previous = signal.signal(signal.SIGTERM, outside)
+    try:
+        assert run_job("prog", None, train, ()) == 130
+        assert signal.getsignal(signal.SIGTERM) is outside
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert "prog: interrupted" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from apps._job.cli import SignalsHeld
 from apps._job.device import check_learner_device, rank_device, ranks_per_node
-from apps._job.ranks import DataParallel
+from apps._job.ranks import DataParallel, launch_ranks
 from apps.grpo._settings import GRPOSettings
 from apps.grpo._settings import parse_args as parse_grpo_args
 from apps.ppo._settings import TrainSettings, parse_args
@@ -150,3 +152,52 @@ def test_a_ranks_learner_id_is_torchruns_run_id(monkeypatch: pytest.MonkeyPatch)
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name)
     assert DataParallel("cpu").learner_id == ""  # one process: a unique id per collector
+
+
+def test_the_ranks_shares_of_a_local_fleet_cover_every_worker_id_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank r of N starts worker_ids r, r + N, ...: together every actor, none twice."""
+    shares = []
+    for rank in range(3):
+        _as_rank(monkeypatch, rank=rank, world=3, local=rank)
+        shares.append(DataParallel("cpu").worker_ids(6))
+    assert shares == [[0, 3], [1, 4], [2, 5]]
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    assert DataParallel("cpu").worker_ids(3) == [0, 1, 2]  # one process: the whole fleet
+
+
+@pytest.mark.parametrize(("exit_code", "returned"), [(0, 0), (3, 1), (130, 130)])
+def test_launch_ranks_maps_a_ranks_exit_code_to_the_jobs(
+    exit_code: int, returned: int, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank's failure is the job's exit 1 (naming the rank), its Ctrl-C the job's 130."""
+    (tmp_path / "fake_rank.py").write_text(
+        f"import os, sys\nsys.exit({exit_code} if os.environ['RANK'] == '1' else 0)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # launch_ranks sets it for torchrun
+    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    handlers = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        assert launch_ranks("prog", "fake_rank", 2, []) == returned
+    finally:  # torchrun leaves its own handlers installed: give pytest back its own
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def test_one_rank_stops_at_the_step_that_says_it_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside torchrun the loop ends at the step that reached the budget or target: no batch
+    after it is trained on."""
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    seen: list[int] = []
+
+    def step(batch: int) -> bool:
+        seen.append(batch)
+        return batch == 3
+
+    with SignalsHeld("prog") as signals, DataParallel("cpu") as ranks:
+        ranks.run_together(range(10), step, signals)
+    assert seen == [0, 1, 2, 3]

@@ -20,7 +20,7 @@ import pytest
 from helpers import ActorProcess, poll_until, self_signed_cert, start_actor
 
 from apps import status as cli
-from apps.status._status import ActorStatus, with_rates
+from apps.status._status import ActorStatus, format_table, with_rates
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -386,3 +386,52 @@ def test_status_watch_stopped_by_ctrl_c_exits_130() -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_status_sends_the_token_from_the_flag_or_rlfleet_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Describe carries the bearer token of ``--token``, else of ``$RLFLEET_TOKEN`` (as the
+    learner's); without one a token-guarded actor is reported UNAUTHENTICATED, exit 1."""
+    from actor_service import ActorConfig, create_server
+
+    handle = create_server(ActorConfig(port=0, num_envs=1, seed=0, token=TOKEN)).run_in_thread()
+    args = ["status", f"127.0.0.1:{handle.port}", "--json", "--interval", "0.05"]
+    try:
+        monkeypatch.delenv("RLFLEET_TOKEN", raising=False)
+        codes = [cli.main(args), cli.main([*args, "--token", TOKEN])]
+        monkeypatch.setenv("RLFLEET_TOKEN", TOKEN)
+        codes.append(cli.main(args))
+        rows = [json.loads(line)[0] for line in capsys.readouterr().out.splitlines()]
+    finally:
+        handle.stop(grace=0.0)
+    assert codes == [1, 0, 0]
+    assert rows[0]["error"].startswith("UNAUTHENTICATED")
+    assert [row["serving"] for row in rows] == [False, True, True]
+
+
+def test_status_table_counts_only_described_actors_and_shows_push_progress() -> None:
+    """An actor healthy but refusing Describe is not serving; a push shows its bytes done."""
+    push = {
+        "model_id": "policy",
+        "version": 5,
+        "total_bytes": 200,
+        "received_bytes": 80,
+        "source": "relay",
+    }
+    pushing = ActorStatus("a:1", "SERVING", worker_id=0, session="free", pushes=[push])
+    refused = ActorStatus("b:2", "SERVING", error="UNAUTHENTICATED: missing token")
+    lines = format_table([pushing, refused]).splitlines()
+    assert "(<- policy=5 40% from relay)" in lines[1]
+    assert lines[3].startswith("1/2 serving, ")
+    assert lines[4] == "b:2: UNAUTHENTICATED: missing token"
+
+
+def test_status_watch_count_stops_after_that_many_refreshes(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """``--watch --count 2`` shows two rounds then exits with the fleet's status (none serves)."""
+    args = ["status", "127.0.0.1:1", "--watch", "--count", "2", "--interval", "0.05", "--json"]
+    assert cli.main([*args, "--timeout", "0.5"]) == 1
+    rounds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [[row["health"] for row in r] for r in rounds] == [["UNREACHABLE"], ["UNREACHABLE"]]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from apps._job.report import Progress
+from apps._job.report import Progress, save_weights_and_summary
 from apps.ppo._report import TrainSummary, plot_learning_curve, save_run
 from apps.ppo._settings import TrainSettings, parse_args
 from common.weights import decode_weights
@@ -233,3 +233,38 @@ def test_flags_refuse_nan_typos_and_abbreviations(argv, said, capsys) -> None:
         parse_args(argv)
     assert exited.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def test_optional_flags_take_none_as_the_help_shows_their_default() -> None:
+    """The help writes an unset default as ``none``: that word, in any case, unsets the flag."""
+    for word in ("none", "None", " NONE "):
+        settings = parse_args(["--metrics-port", word, "--target-return", word.strip()])
+        assert (settings.metrics_port, settings.target_return) == (None, None)
+
+
+def test_progress_to_a_log_file_writes_lines_even_when_enabled():
+    """The default (``enabled``) draws a bar only on a terminal: a log gets plain lines."""
+    stream = io.StringIO()  # not a terminal
+    progress = Progress(100, stream=stream)
+    progress.update(50, {"return": "12.0"})
+    progress.close()
+    assert stream.getvalue().startswith("frames=50 fps=")
+    assert "\r" not in stream.getvalue()
+
+
+def test_save_weights_and_summary_makes_the_missing_parents_of_out(tmp_path):
+    """``--out runs/a/b`` is accepted at parse when ``runs`` does not exist yet: the run's end
+    must make the whole path, not lose the trained weights to a FileNotFoundError."""
+    out = tmp_path / "runs" / "a" / "b"
+    save_weights_and_summary(out, nn.Linear(2, 1), {"env": "CartPole-v1"}, {"frames": 64})
+    assert json.loads((out / "summary.json").read_text()) == {"frames": 64}
+    state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
+    assert set(state) == {"weight", "bias"}
+    assert metadata["env"] == "CartPole-v1"
+
+
+def test_progress_counting_steps_logs_steps_not_frames():
+    """GRPO counts updates (``unit="step"``): its lines say steps, with no frame rate."""
+    stream = io.StringIO()
+    Progress(10, enabled=False, stream=stream, unit="step").update(3, {"reward": "0.5"})
+    assert stream.getvalue() == "steps=3 reward=0.5\n"
