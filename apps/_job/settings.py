@@ -65,8 +65,13 @@ def _parse_strs(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _means_unset(text: str) -> bool:
+    """The word the help writes for an unset optional flag (``none``), in any case or spacing."""
+    return text.strip().lower() in ("", "none")
+
+
 def _parse_optional_int(text: str) -> int | None:
-    return None if text.strip().lower() in ("", "none") else int(text)
+    return None if _means_unset(text) else int(text)
 
 
 def _parse_float(text: str) -> float:
@@ -77,7 +82,7 @@ def _parse_float(text: str) -> float:
 
 
 def _parse_optional_float(text: str) -> float | None:
-    return None if text.lower() in ("", "none") else _parse_float(text)
+    return None if _means_unset(text) else _parse_float(text)
 
 
 # argparse names a parser in its "invalid <name> value" message.
