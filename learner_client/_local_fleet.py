@@ -128,11 +128,11 @@ def _env_flags(
     return flags
 
 
-def kwargs_json(name: str, kwargs: Mapping[str, Any] | None, *, plain: bool = True) -> str:
+def kwargs_json(name: str, kwargs: Mapping[str, Any] | None) -> str:
     """A factory's keyword arguments as the JSON object an actor's flag takes (None: ``{}``).
 
-    With ``plain``, configs (OmegaConf's) travel as plain data the actor rebuilds
-    (:func:`~common.plain_config.to_plain`); an LLM task's kwargs are taken as they are.
+    Configs (OmegaConf's) travel as plain data the actor rebuilds
+    (:func:`~common.plain_config.to_plain`).
 
     Raises:
         TypeError: ``kwargs`` is not a mapping (a list of pairs, a string).
@@ -141,12 +141,12 @@ def kwargs_json(name: str, kwargs: Mapping[str, Any] | None, *, plain: bool = Tr
         return "{}"
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"{name} must be a mapping of keyword arguments, got {kwargs!r:.80}")
-    return json.dumps(to_plain(kwargs) if plain else dict(kwargs))
+    return json.dumps(to_plain(kwargs))
 
 
 def task_flags(task: str, task_kwargs: Mapping[str, Any] | None) -> dict[str, str]:
-    """The ``rlfleet-actor`` flags of an LLM actor's task (its kwargs taken as they are)."""
-    return {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs, plain=False)}
+    """The ``rlfleet-actor`` flags of an LLM actor's task (configs as for :func:`kwargs_json`)."""
+    return {"--task": task, "--task-kwargs": kwargs_json("task_kwargs", task_kwargs)}
 
 
 class LocalFleet:
@@ -186,7 +186,8 @@ class LocalFleet:
             language model).
         task: LLM actors: ``arith``, ``reverse``, ``countdown``, ``jsonl:PATH`` or
             ``package.module:factory``.
-        task_kwargs: LLM actors: keyword arguments of the task (sent as JSON).
+        task_kwargs: LLM actors: keyword arguments of the task (sent as JSON, configs as for
+            ``policy_kwargs``).
         worker_ids: The actors' worker ids, ``num_actors`` distinct ints >= 0 (e.g. one
             learner rank's share of a fleet: ``range(rank, num_actors * world_size,
             world_size)``); None: ``0..num_actors-1``.

@@ -29,6 +29,7 @@ import re
 from typing import Any, Protocol, runtime_checkable
 
 from common.import_paths import IMPORT_PATH_RE, load_callable
+from common.plain_config import from_plain
 
 __all__ = [
     "TASK_NAMES",
@@ -374,11 +375,15 @@ def check_task_spec(spec: str) -> None:
 def build_task(spec: str, **kwargs: Any) -> Task:
     """Build a task from its spec and kwargs.
 
+    An OmegaConf config among the kwargs that travelled as plain data is a ``DictConfig`` again
+    (:func:`~common.plain_config.from_plain`).
+
     Raises:
         TaskSpecError: An unknown spec, bad kwargs, or a factory that fails or returns
             something without the task protocol.
     """
     check_task_spec(spec)
+    kwargs = from_plain(kwargs)
     try:
         if spec in _BUILT_IN:
             task = _BUILT_IN[spec](**kwargs)

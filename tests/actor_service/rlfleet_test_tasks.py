@@ -88,3 +88,12 @@ class UnevenTask:
 def uneven() -> UnevenTask:
     """The task factory (``--task rlfleet_test_tasks:uneven``)."""
     return UnevenTask()
+
+
+def cfg_arith(cfg: Any) -> Any:
+    """A Hydra script's task factory: ``arith`` with ``cfg.retries`` read from a ``DictConfig``."""
+    from omegaconf import DictConfig
+
+    if not isinstance(cfg, DictConfig):
+        raise TypeError(f"cfg is a {type(cfg).__name__}, not the script's DictConfig")
+    return build_task("arith", retries=cfg.retries)
