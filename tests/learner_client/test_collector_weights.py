@@ -257,6 +257,19 @@ def test_update_after_each_batch_pushes_before_every_sync_round(fleet):
         assert bool((collector.next()["action"].argmax(-1) == 1).all())
 
 
+def test_an_automatic_push_every_actor_refuses_raises_instead_of_being_only_logged(fleet):
+    policy = cartpole_policy()
+    with GrpcCollector(
+        addresses(fleet, 0), frames_per_batch=4, sync=True, update_after_each_batch=True
+    ) as collector:
+        collector.update_policy_weights_(policy)
+        collector.next()
+        with torch.no_grad():  # training diverged in place: the next automatic push is refused
+            next(policy.parameters()).fill_(float("nan"))
+        with pytest.raises(WeightPushError, match="finite"):
+            collector.next()
+
+
 def test_max_weight_update_interval_pushes_after_more_than_interval_batches(fleet):
     with GrpcCollector(
         addresses(fleet, 0, 2), frames_per_batch=8, sync=True, max_weight_update_interval=1

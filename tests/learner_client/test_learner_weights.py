@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from common.config import MAX_POLICY_VERSION
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import Part, decode_weights
 from learner_client._weights import (
@@ -142,6 +143,23 @@ def test_weight_book_takes_an_explicit_version_and_never_falls_back():
     assert book.claim_version("policy", None) == 11
 
 
+def test_weight_book_counters_never_fall_behind_a_restarted_actor_or_an_older_ack():
+    book = WeightBook()
+    book.observe(0, {"policy": 7})
+    book.observe(1, {"policy": 0})  # restarted afresh: its report is not the learner's counter
+    book.acknowledged(1, "policy", 2)  # an older push re-sent to it on re-admission
+    assert book.versions() == {"policy": 7}
+    assert book.encode("policy", nn.Linear(1, 1)).version == 8  # never a version spent
+
+
+def test_weight_book_refuses_a_version_past_the_int64_range_and_spends_none():
+    book = WeightBook()
+    book.restore_versions({"policy": MAX_POLICY_VERSION})
+    with pytest.raises(ValueError, match="no later version exists"):
+        book.encode("policy", nn.Linear(1, 1))
+    assert book.versions() == {"policy": MAX_POLICY_VERSION}
+
+
 def test_weight_book_never_takes_a_part_for_the_model_s_last_weights():
     book = WeightBook()
     shard = {"w": torch.ones(1)}
@@ -204,6 +222,23 @@ def test_resolve_worker_ids_raises_if_an_id_is_unknown_naming_the_known_ones():
     with pytest.raises(UnknownWorkerError, match=r"\[7\].*\[1, 4\]") as info:
         resolve_worker_ids((1, 7), [4, 1])
     assert isinstance(info.value, LookupError)
+
+
+def test_resolve_worker_ids_says_when_an_unknown_id_is_another_ranks_actor():
+    with pytest.raises(UnknownWorkerError, match=r"\[5\] are other learner ranks' actors"):
+        resolve_worker_ids((1, 5), [4, 1], members=[1, 4, 5])
+    with pytest.raises(UnknownWorkerError) as info:
+        resolve_worker_ids((7,), [4, 1], members=[1, 4, 5])
+    assert "other learner ranks" not in str(info.value)
+
+
+def test_normalize_update_args_refuses_a_delta_of_per_worker_weights_or_a_non_bool_delta():
+    w = {"w": torch.zeros(1)}
+    with pytest.raises(ValueError, match="per-worker weights go in full"):
+        normalize_update_args({0: w, 1: w}, delta=True)
+    with pytest.raises(TypeError, match="delta must be a bool"):
+        normalize_update_args(w, delta=1)
+    assert normalize_update_args(w, delta=True).delta
 
 
 def test_normalize_update_args_accepts_torchrl_per_worker_mapping():
