@@ -61,6 +61,15 @@ def test_envs_of_other_networks_are_refused_by_name() -> None:
         tie_parameters(other, env_parameters(_Env()))
 
 
+def test_envs_whose_networks_differ_only_in_dtype_are_refused() -> None:
+    doubled = _Env().double()
+    with pytest.raises(
+        ValueError, match=re.escape("as [4, 3] torch.float64 and as [4, 3] torch.float32")
+    ):
+        tie_parameters(doubled, env_parameters(_Env()))
+    assert all(p.dtype == torch.float64 for p in doubled.parameters())  # nothing tied
+
+
 def test_only_trainable_parameters_make_weights_the_learner_trains() -> None:
     env = _Env()
     assert trains_parameters(env)

@@ -50,3 +50,32 @@ def test_without_omegaconf_on_the_actor_a_config_stays_plain_data(monkeypatch) -
     back = from_plain(plain)
     assert back["cfg"] == {**CFG, "tag": "Pendulum-v1-run"}
     assert type(back["cfg"]) is dict
+
+
+def test_configs_nested_in_lists_tuples_and_dicts_travel_and_come_back() -> None:
+    cfg = OmegaConf.create(CFG)
+    kwargs = {"stages": [cfg, 1], "pair": (cfg, "x"), "inner": {"cfg": cfg, "k": 2}}
+    plain = json.loads(json.dumps(to_plain(kwargs)))
+    resolved = {**CFG, "tag": "Pendulum-v1-run"}
+    assert plain["stages"] == [{OMEGACONF_KEY: resolved}, 1]
+    assert plain["pair"] == [{OMEGACONF_KEY: resolved}, "x"]
+    assert plain["inner"] == {"cfg": {OMEGACONF_KEY: resolved}, "k": 2}
+    back = from_plain(plain)
+    assert isinstance(back["stages"][0], DictConfig)
+    assert back["stages"][1] == 1
+    assert isinstance(back["pair"][0], DictConfig)
+    assert back["pair"][1] == "x"
+    assert isinstance(back["inner"]["cfg"], DictConfig)
+    assert back["inner"]["k"] == 2
+    assert back["inner"]["cfg"].env.frames == 4
+
+
+def test_a_mapping_with_the_marker_key_and_others_is_plain_data_not_a_config() -> None:
+    kwargs = {"d": {OMEGACONF_KEY: {"a": 1}, "other": 2}}
+    assert from_plain(kwargs) == kwargs
+    assert type(from_plain(kwargs)["d"]) is dict
+
+
+def test_a_user_class_named_dictconfig_outside_omegaconf_stays_a_mapping() -> None:
+    mine = type("DictConfig", (dict,), {})(a=1)  # a user's own class of omegaconf's name
+    assert to_plain({"cfg": mine}) == {"cfg": {"a": 1}}

@@ -398,6 +398,14 @@ def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: objec
         ActorConfig(**given)
 
 
+def test_the_logged_config_masks_the_token_and_reads_the_kinds_section_flat() -> None:
+    logged = ActorConfig(token="s3cret-token", num_envs=2).logged()
+    assert logged["token"] == "***"
+    assert "s3cret-token" not in repr(logged)
+    assert logged["env"] == "CartPole-v1"
+    assert ActorConfig().logged()["token"] == ""
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "601", "nan", "soon"])
 def test_cli_raises_if_the_part_deadline_is_out_of_range(
     capsys: pytest.CaptureFixture[str], value: str
@@ -503,3 +511,11 @@ def test_cli_decode_other_than_eager_is_refused_with_the_vllm_engine() -> None:
     with pytest.raises(SystemExit) as exc:
         parse_config(["--kind", "llm", "--engine", "vllm", "--decode", "static"], {}, hostname="h")
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("kind", ["torchrl", "env"])
+def test_a_factory_neither_an_import_path_nor_a_callable_is_refused_by_name(kind: str) -> None:
+    with pytest.raises(
+        ValueError, match=r"env_factory must be an import path or a callable, got 42"
+    ):
+        ActorConfig(kind=kind, env_pool=EnvPoolSettings(env_factory=42))  # type: ignore[arg-type]

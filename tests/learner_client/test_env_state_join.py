@@ -1,0 +1,106 @@
+"""``learner_client._env_state``: the actors' pool states laid out as the script's env's, and
+loaded all or nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.env_state import quiet_fresh_vecnorm
+from learner_client._env_state import joined_state, load_env_state, pool_size
+
+pytest.importorskip("torchrl")
+from torchrl.envs import Compose, GymEnv, RewardSum, Transform, TransformedEnv, VecNorm
+
+
+class _Unbatched:
+    batch_size = torch.Size([])
+
+
+class _Batched:
+    batch_size = torch.Size([4])
+
+
+def test_pool_size_counts_workers_only_when_every_key_is_a_worker() -> None:
+    assert pool_size({"worker0": {}, "worker1": {}}) == 2
+    assert pool_size({"worker0": {}, "transforms.0.loc": 1}) is None
+    assert pool_size({"loc": 1}) is None
+    assert pool_size({}) is None
+
+
+def test_one_actors_pool_gives_an_unbatched_env_its_first_envs_state() -> None:
+    pool = {"worker0": {"loc": 0}, "worker1": {"loc": 1}}
+    assert joined_state([pool], _Unbatched()) == {"loc": 0}
+    assert joined_state([pool], _Batched()) == pool  # a batched env takes the pool whole
+
+
+def test_a_state_that_is_not_a_pools_is_taken_as_it_is() -> None:
+    mixed = {"worker0": {"loc": 0}, "loc": 5}
+    assert joined_state([mixed], _Unbatched()) == mixed
+    assert joined_state([mixed, {"worker0": {"loc": 1}}], _Batched()) == mixed
+
+
+def test_several_actors_envs_are_joined_in_numeric_worker_order() -> None:
+    first = {f"worker{i}": {"n": i} for i in range(12)}  # worker10 sorts before worker2 as text
+    second = {"worker1": {"n": 101}, "worker0": {"n": 100}}
+    joined = joined_state([first, second], _Batched())
+    assert list(joined) == [f"worker{i}" for i in range(14)]
+    assert [v["n"] for v in joined.values()] == [*range(12), 100, 101]
+
+
+def _vecnorm_env() -> TransformedEnv:
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(VecNorm(in_keys=["observation"])))
+
+
+def test_a_state_of_other_transforms_is_refused_and_nothing_is_loaded() -> None:
+    stepped = _vecnorm_env()
+    stepped.rollout(5)
+    state = stepped.state_dict()
+    env = TransformedEnv(GymEnv("Pendulum-v1"), Compose(RewardSum()))
+    with pytest.raises((KeyError, RuntimeError)):
+        load_env_state(env, state)
+    fresh = _vecnorm_env()
+    load_env_state(fresh, state)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(fresh.state_dict()[key], value), key
+
+
+class _WithNet(Transform):
+    """A transform holding a network (the learner's: never loaded from an actor's state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(3, 3)
+
+
+def _net_env() -> TransformedEnv:
+    return TransformedEnv(
+        GymEnv("Pendulum-v1"), Compose(VecNorm(in_keys=["observation"]), _WithNet())
+    )
+
+
+def test_an_env_with_weights_refuses_a_state_with_an_entry_too_many_or_too_few() -> None:
+    stepped = _net_env()
+    stepped.rollout(5)
+    state = dict(stepped.state_dict())
+    env = _net_env()
+    before = _tensors(env)
+    extra = {**state, "transform.9.loc": torch.zeros(3)}
+    dropped = next(k for k in state if ".net." not in k)  # VecNorm's, not the network's
+    short = {k: v for k, v in state.items() if k != dropped}
+    for bad, word in ((extra, "unexpected"), (short, "missing")):
+        with pytest.raises(KeyError, match=f"the env states differ.*{word} \\['"):
+            load_env_state(env, bad)
+        now = _tensors(env)
+        assert now.keys() == before.keys()
+        assert all(torch.equal(now[k], v) for k, v in before.items())  # nothing loaded
+    load_env_state(env, state)
+    weight = env.transform[1].net.weight
+    assert not torch.equal(weight, stepped.transform[1].net.weight)  # the learner's kept
+
+
+def _tensors(env: TransformedEnv) -> dict[str, torch.Tensor]:
+    with quiet_fresh_vecnorm():
+        state = env.state_dict()
+    return {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
