@@ -14,6 +14,7 @@ from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
+from actor_service._core._frames import SPLIT_MASK
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._serve import _collect
 from actor_service._serve._logging import MAX_FIELD_CHARS, configure_logging, get_logger
@@ -131,6 +132,26 @@ def test_collect_a_resumed_session_continues_its_trajectories(actor: Actor) -> N
     again.cancel()
     assert not before["next", "done"][:, -1].any()  # 5 steps: no CartPole episode ends
     assert (after["observation"][:, 0] == before["next", "observation"][:, -1]).all()
+
+
+def test_collect_a_fresh_session_starts_its_envs_from_a_reset(actor: Actor) -> None:
+    first = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=1, learner_id="A")
+    )
+    first.opened()
+    _, before = first.batch()
+    first.cancel()
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+    again = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=10, credits=1, learner_id="A")
+    )
+    assert not again.opened().resumed
+    _, after = again.batch()
+    again.cancel()
+    assert not before["next", "done"][:, -1].any()  # 5 steps: no CartPole episode ends
+    start = after["observation"][:, 0]
+    assert (start != before["next", "observation"][:, -1]).any(dim=-1).all()
+    assert (start.abs() <= 0.05).all()  # CartPole's reset draws each value in [-0.05, 0.05]
 
 
 def test_collect_fresh_open_continues_seqs_without_resending(actor: Actor) -> None:
@@ -276,6 +297,23 @@ def test_collect_take_over_ends_the_first_session(actor: Actor) -> None:
     assert second.opened().next_seq == 2
     assert second.batch()[0].seq == 2
     second.cancel()
+
+
+def test_collect_the_end_of_a_taken_over_session_leaves_the_new_one_collecting(
+    actor: Actor,
+) -> None:
+    first = RawCollect.open(actor.stub, open_request(credits=1, learner_id="old"))
+    first.opened()
+    first.batch()
+    second = RawCollect.open(actor.stub, open_request(credits=1, take_over=True, learner_id="new"))
+    assert second.opened().next_seq == 2
+    end, _ = first.end()  # its call answered OK: the old session's handler has returned
+    assert end.reason == pb.END_REASON_TAKEN_OVER
+    assert second.batch()[0].seq == 2
+    second.credit(2)
+    assert [second.batch(timeout=5)[0].seq for _ in range(2)] == [3, 4]
+    second.close()
+    assert second.end()[0].reason == pb.END_REASON_CLOSED
 
 
 @pytest.mark.parametrize(
@@ -607,6 +645,29 @@ def test_a_drain_ignores_what_the_learner_sends_once_it_began(make_actor: object
     assert session.call.code() == grpc.StatusCode.OK
 
 
+def test_a_learner_gone_during_a_drain_has_its_batch_given_up_at_the_next_step(
+    make_actor: object,
+) -> None:
+    # 0.3 s per step, 40 steps: 12 s if the batch were finished for a learner that left.
+    actor = make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3}
+        )
+    )
+    runtime = actor.handle.server.runtime
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
+    session.opened()
+    poll_until(lambda: runtime.book.in_flight, message="batch 1 in collection")
+    stopping = threading.Thread(target=actor.handle.stop, args=(20.0,))
+    stopping.start()
+    try:
+        poll_until(lambda: runtime.draining, message="the drain began")
+        session.cancel()
+        poll_until(lambda: not runtime.current.collecting, timeout=3, message="batch given up")
+    finally:
+        stopping.join(30)
+
+
 def test_a_session_waiting_for_an_abandoned_batch_is_refused_once_a_drain_began(
     make_actor: object,
 ) -> None:
@@ -852,3 +913,16 @@ def test_collect_own_resume_of_a_half_open_session_keeps_the_batch_under_way(
     assert info.seq == 2
     assert not before["next", "done"][:, -1].any()  # 5 steps: no CartPole episode ends
     assert (after["observation"][:, 0] == before["next", "observation"][:, -1]).all()
+
+
+def test_collect_a_split_batch_counts_its_real_frames_not_its_padding(actor: Actor) -> None:
+    # 100 random CartPole steps per env: episodes end inside, so the split pads trajectories.
+    session = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=200, credits=1, split_trajs=True)
+    )
+    session.opened()
+    info, td = session.batch()
+    session.cancel()
+    real = td.get(SPLIT_MASK)
+    assert td.numel() > int(real.sum()) == 200
+    assert info.frames == 200

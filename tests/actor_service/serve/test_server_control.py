@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator
 
 import grpc
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from actor_harness import Actor, RawCollect, get_state, open_request
@@ -19,6 +21,7 @@ from actor_service._core._state import decode_state, state_to_blob
 from actor_service._kinds.env.core import EnvCore
 from actor_service._serve import _servicer as servicer_module
 from actor_service._serve import _streams as streams_module
+from actor_service._serve._convert import space_to_proto
 from common.errors import DeadlineError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -58,6 +61,17 @@ def test_describe_reports_worker_env_spaces_and_models(make_actor: object) -> No
     assert model.model_id == "policy"
     assert model.version == 0
     assert {p.name for p in model.parameters} == set(_policy_weights(actor))
+
+
+@pytest.mark.parametrize(("shape", "bounded"), [((32, 32), True), ((32, 33), False)])
+def test_a_box_space_carries_its_bounds_up_to_1024_elements_only(shape, bounded) -> None:
+    # An image's bounds (a million floats, twice) would swell every Describe answer.
+    spec = space_to_proto(gym.spaces.Box(-1.0, 2.0, shape, dtype=np.float32))
+    assert (spec.kind, list(spec.shape), spec.dtype) == ("box", list(shape), "float32")
+    count = int(np.prod(shape)) if bounded else 0
+    assert (len(spec.low), len(spec.high)) == (count, count)
+    assert set(spec.low) <= {-1.0}
+    assert set(spec.high) <= {2.0}
 
 
 def test_describe_reports_busy_and_the_learner_during_a_session_only(actor: Actor) -> None:

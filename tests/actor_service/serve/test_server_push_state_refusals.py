@@ -7,6 +7,8 @@ its digest, a rollback by one version, a state with more tensors than the actor'
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -49,6 +51,39 @@ def test_a_push_version_past_int64_is_refused_from_its_header(actor: Actor, vers
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert "weights version" in error.details(), error.details()
     assert "int64" in error.details(), error.details()
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        pytest.param(pb.PushWeightsRequest(chunk=b"x" * 1000), id="the-announced-bytes"),
+        pytest.param(pb.PushWeightsRequest(header=pb.WeightsHeader()), id="a-header"),
+    ],
+)
+def test_a_refused_push_is_answered_once_its_bytes_came_or_a_non_chunk_came(
+    actor: Actor, then: pb.PushWeightsRequest
+) -> None:
+    """The drain of a refused push is bounded, the caller's side still open.
+
+    It ends after the bytes the header announced, or at a message that is no chunk: a
+    caller that goes on sending cannot hold the call until it half-closes.
+    """
+    header = pb.WeightsHeader(model_id="policy", version=2**63, total_bytes=1000, sha256="0" * 64)
+    hold = threading.Event()
+
+    def requests() -> Iterator[pb.PushWeightsRequest]:
+        yield pb.PushWeightsRequest(header=header)
+        yield then
+        hold.wait(20)  # the caller's side stays open
+        yield pb.PushWeightsRequest(chunk=b"x")
+
+    began = time.monotonic()
+    try:
+        error = _refused(lambda: actor.stub.PushWeights(requests(), timeout=8))
+    finally:
+        hold.set()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert time.monotonic() - began < 4
 
 
 def test_a_delta_push_on_a_base_not_in_force_is_refused_from_its_header(actor: Actor) -> None:
@@ -99,6 +134,29 @@ def test_chunks_past_the_announced_size_are_refused_as_invalid_argument(actor: A
     assert "overflows" in error.details()
     assert all(torch.equal(v, before[k]) for k, v in _weights(actor).items())
     assert actor.worker.models.policy_version("policy") == 0
+
+
+def test_a_header_among_the_chunks_of_a_push_is_refused_and_changes_nothing(actor: Actor) -> None:
+    blob = encode_weights({k: torch.full_like(v, 0.25) for k, v in _weights(actor).items()})
+    version = actor.worker.models.policy_version("policy") + 1
+    header = pb.WeightsHeader(
+        model_id="policy", version=version, total_bytes=len(blob), sha256=sha256_hex(blob)
+    )
+    pieces = [bytes(piece) for piece in iter_blob_chunks(blob, 4096)]
+
+    def requests() -> Iterator[pb.PushWeightsRequest]:
+        yield pb.PushWeightsRequest(header=header)
+        yield pb.PushWeightsRequest(chunk=pieces[0])
+        yield pb.PushWeightsRequest(header=header)  # only chunks may follow the header
+        for piece in pieces[1:]:
+            yield pb.PushWeightsRequest(chunk=piece)
+
+    before = _weights(actor)
+    error = _refused(lambda: actor.stub.PushWeights(requests(), timeout=30))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    assert "only `chunk` messages may follow the header" in error.details()
+    assert all(torch.equal(v, before[k]) for k, v in _weights(actor).items())
+    assert actor.worker.models.policy_version("policy") == version - 1
 
 
 def _load(actor: Actor, blob: bytes, sha256: str, allow_rollback: bool = False):

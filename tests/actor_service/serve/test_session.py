@@ -237,3 +237,43 @@ def test_session_close_makes_the_book_idle() -> None:
 def test_session_raises_if_constructed_with_bad_values(epoch: int, max_credits: int) -> None:
     with pytest.raises(ValueError, match="must be"):
         SessionBook(epoch=epoch, max_credits=max_credits)
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_session_budget_counts_only_the_frames_of_the_session_now_open(resume: bool) -> None:
+    book = _book()
+    book.open(credits=4, resume_epoch=0, resume_after_seq=0, total_frames=20, learner_id="A")
+    _produce(book, 2, frames=10)
+    assert book.budget_reached()
+    book.ack(2)
+    book.close()
+    opened = book.open(
+        credits=4,
+        resume_epoch=EPOCH if resume else 0,
+        resume_after_seq=2 if resume else 0,
+        total_frames=20,
+        learner_id="A",
+    )
+    assert opened.resumed is resume
+    assert book.session_frames == 0
+    assert not book.budget_reached()
+    assert _produce(book, 2, frames=10) == [3, 4]
+    assert book.budget_reached()
+
+
+def test_session_grant_raises_if_credits_are_negative_and_adds_none() -> None:
+    book = _book()
+    _open(book, credits=2)
+    with pytest.raises(ValueError, match="credits must be >= 0"):
+        book.grant(-1)
+    assert book.credits == 2
+
+
+def test_session_taken_over_leaves_none_of_its_credits_to_the_next() -> None:
+    book = _book(max_credits=2)
+    _open(book, credits=2)
+    _produce(book, 2)
+    assert book.grant(2) == 2  # held: both batches wait for their ack
+    opened = _open(book, credits=0, take_over=True)
+    assert opened.credits == book.credits == 0
+    assert not book.can_start()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from google.protobuf.message import DecodeError
+from tensordict import TensorDict
 
+from actor_service._serve._encoded import _encoded
 from actor_service._serve._wire import (
     RawChunk,
     RawRelayChunk,
@@ -14,6 +17,8 @@ from actor_service._serve._wire import (
     encode_control,
     encode_relay_chunk,
 )
+from common.checksum import crc32c
+from common.packets import encode_packet
 from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
@@ -134,3 +139,20 @@ def test_relay_messages_other_than_a_plain_chunk_are_parsed_by_protobuf() -> Non
     read = decode_relay_request(b"\x12" + bytes([len(odd)]) + odd)
     assert not isinstance(read, RawRelayChunk)
     assert read == message
+
+
+def test_an_encoded_batch_is_cut_into_numbered_chunks_only_the_first_carrying_its_info() -> None:
+    td = TensorDict({"observation": torch.arange(600, dtype=torch.float32).reshape(2, 300)}, [2])
+    packet = encode_packet(td)
+    info = pb.BatchInfo(seq=9, epoch=2, frames=2, total_bytes=packet.nbytes)
+    encoded = _encoded([packet], info, None, chunk_bytes=1000)
+    chunks = [pb.CollectResponse.FromString(m).chunk for m in encoded.wire(False)]
+    assert len(chunks) == -(-packet.nbytes // 1000) > 2
+    assert [(c.seq, c.index, c.count) for c in chunks] == [
+        (9, i, len(chunks)) for i in range(len(chunks))
+    ]
+    assert [len(c.data) for c in chunks[:-1]] == [1000] * (len(chunks) - 1)
+    assert [c.HasField("info") for c in chunks] == [True] + [False] * (len(chunks) - 1)
+    data = b"".join(c.data for c in chunks)
+    assert data == b"".join(bytes(part) for part in packet.parts())
+    assert chunks[0].info.crc32c == encoded.info.crc32c == crc32c(data)
