@@ -347,3 +347,17 @@ def test_a_refused_push_is_read_no_further_than_it_announced(actor: Actor) -> No
             actor.stub.PushWeights(requests, timeout=30)
         assert error.value.code() == grpc.StatusCode.ABORTED
     _assert_unchanged(actor, 0)
+
+
+def test_a_split_batch_reports_the_versions_of_its_real_frames_not_its_padding(
+    actor: Actor,
+) -> None:
+    _push(actor, _favouring(_policy_shapes(actor.stub), 0), version=3)
+    session = RawCollect.open(  # episodes end inside 200 frames: the split pads trajectories
+        actor.stub, open_request(frames_per_batch=200, credits=1, split_trajs=True)
+    )
+    session.opened()
+    info, td = session.batch()
+    session.cancel()
+    assert td.numel() > 200  # padded, its padding at version 0
+    assert (info.policy_version_min, info.policy_version_max) == (3, 3)
