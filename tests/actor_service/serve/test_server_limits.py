@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 import queue
@@ -149,3 +150,30 @@ def test_a_reflection_stream_that_ends_frees_its_place(
             return False
 
     poll_until(admitted, timeout=5, message="the ended stream's place is free")
+
+
+def test_one_connection_gets_32_streams_at_a_time_and_a_33rd_waits_for_a_place(
+    actor: Actor,
+) -> None:
+    """HTTP/2's per-connection stream cap: one peer's connection cannot hold every place."""
+
+    async def watch_33() -> tuple[int, bool, bool]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{actor.handle.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            calls = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(33)]
+            firsts = [asyncio.ensure_future(call.read()) for call in calls]
+            for _ in range(100):  # until 32 are served (10 s at most), then half a second more
+                done, waiting = await asyncio.wait(firsts, timeout=0.1)
+                if len(done) >= 32:
+                    break
+            done, waiting = await asyncio.wait(firsts, timeout=0.5)
+            served_late = False
+            if len(waiting) == 1:
+                calls[firsts.index(next(iter(done)))].cancel()  # one place freed
+                served_late = bool(await asyncio.wait_for(next(iter(waiting)), timeout=5))
+            for call in calls:
+                call.cancel()
+            return len(done), len(waiting) == 1, served_late
+
+    served, one_waited, served_late = asyncio.run(watch_33())
+    assert (served, one_waited, served_late) == (32, True, True)
