@@ -39,6 +39,7 @@ def test_factories_get_the_scripts_hydra_config_as_a_dictconfig(monkeypatch) -> 
     assert batches[0]["next", "step_count"].max() == 8  # cfg_pendulum's StepCounter
 
 
+@pytest.mark.long
 def test_an_llm_task_factory_gets_the_scripts_hydra_config_as_a_dictconfig(monkeypatch) -> None:
     omegaconf = pytest.importorskip("omegaconf")
     pytest.importorskip("transformers")

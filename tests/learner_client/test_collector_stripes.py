@@ -198,3 +198,25 @@ def test_a_striped_push_cut_off_partway_is_re_sent_whole_and_applies(actors, cap
         proxy.close()
     assert versions(actors[0]) == 1
     assert same_weights(actor_policy(actors[0].address), policy)
+
+
+def test_a_large_delta_goes_as_one_stream_and_is_applied(actors):
+    """A delta big enough for two parts (half of every tensor changed: 17 MB) is not striped:
+    its parts would reach the actors as full pushes of delta bytes."""
+    addresses = [a.address for a in actors]
+    with GrpcCollector(addresses, frames_per_batch=4, weight_push=STRIPED) as collector:
+        policy = cartpole_policy(hidden=HIDDEN)
+        version = collector.update_policy_weights_(policy, delta=True)[0]
+        striped = collector.stats()["striped_pushes"]
+        with torch.no_grad():
+            for param in policy.parameters():
+                param.view(-1)[::2].add_(1.0)
+        assert collector.update_policy_weights_(policy, delta=True) == {
+            0: version + 1,
+            1: version + 1,
+        }
+        stats = collector.stats()
+        assert stats["last_push_bytes"] > 16 << 20
+        assert (stats["delta_pushes"], stats["striped_pushes"]) == (2, striped)
+        for actor in actors:
+            assert same_weights(actor_policy(actor.address), policy)

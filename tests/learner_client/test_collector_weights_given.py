@@ -118,6 +118,21 @@ def test_the_module_is_pushed_once_until_it_changes_and_a_refused_push_raises(ac
             collector.next()
 
 
+def test_a_refused_push_of_the_module_is_tried_again_not_dropped_as_pushed(actor: str) -> None:
+    """A module the actor refused is not what it holds: the next batch and an argument-less
+    call push it again (and raise again), they do not go on with the actor's old weights."""
+    policy = _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        with torch.no_grad():
+            policy.module.linear.bias.fill_(float("nan"))
+        for _ in range(2):
+            with pytest.raises(WeightPushError, match="finite"):
+                collector.next()
+        with pytest.raises(WeightPushError, match="finite"):
+            collector.update_policy_weights_()
+
+
 def test_an_argumentless_push_after_per_worker_weights_sends_the_policy_module(actor: str) -> None:
     """TorchRL's argument-less ``update_policy_weights_()`` sends the collector's policy to
     every worker; after per-worker weights, the actors do not hold the module any more, so
@@ -130,3 +145,20 @@ def test_an_argumentless_push_after_per_worker_weights_sends_the_policy_module(a
         sent = collector.stats()["push_bytes"]
         assert collector.update_policy_weights_() == {wid: version + 1}
         assert collector.stats()["push_bytes"] > sent
+
+
+def test_the_module_sent_again_after_per_worker_weights_is_then_not_sent_a_third_time(
+    actor: str,
+) -> None:
+    """Once the module went out again after per-worker weights, the actors hold it: a
+    further argument-less call, the module unchanged, sends nothing (no new version)."""
+    policy, other = _policy(), _policy()
+    with GrpcCollector([actor], policy=policy, frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        wid = collector.worker_ids[0]
+        version = collector.update_policy_weights_({wid: other})[wid]
+        assert collector.update_policy_weights_() == {wid: version + 1}
+        sent = collector.stats()["push_bytes"]
+        assert collector.update_policy_weights_() == {wid: version + 1}
+        assert collector.next()["policy_version"].unique().tolist() == [version + 1]
+        assert collector.stats()["push_bytes"] == sent
