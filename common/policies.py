@@ -204,11 +204,12 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
         )
         super().__init__(*modules, head)
         self.discrete = dist_class is OneHotCategorical
-        # Plain references for act_compact. A tuple is not registered as a submodule, so
-        # the state dict is unchanged; calling layer.forward directly skips tensordict's
+        # Plain references for act_compact, in tuples: a tuple is not registered as a
+        # submodule, so the state dict is unchanged (a module attribute would add its
+        # parameters a second time); calling layer.forward directly skips tensordict's
         # attribute lookups and nn.Module's call overhead (no hooks run on that path).
         self._fast_layers = tuple(net)
-        self._fast_scale = None if self.discrete else modules[1].module
+        self._fast_scale: tuple[nn.Module, ...] = () if self.discrete else (modules[1].module,)
         self._default_mode = head.default_interaction_type
 
     def act_compact(
@@ -241,8 +242,8 @@ class MLPPolicy(ProbabilisticTensorDictSequential):
             log_prob = log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
             return index, {"logits": logits, "action_log_prob": log_prob}
         loc = out
-        assert self._fast_scale is not None  # built for every non-discrete space
-        scale = self._fast_scale.forward(loc)
+        (scale_module,) = self._fast_scale  # built for every non-discrete space
+        scale = scale_module.forward(loc)
         if mode is InteractionType.RANDOM:
             action = loc + standard_normal(loc, loc.shape) * scale
         else:

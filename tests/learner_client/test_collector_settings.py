@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,8 +12,16 @@ import torch
 from learner_fleet import batch_settings, connection_settings, rollout_settings
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
+from torchrl.collectors import Collector
 
-from common.config import MAX_FRAMES_PER_BATCH, ExplorationType
+from common.config import (
+    MAX_FRAMES_PER_BATCH,
+    PROTOCOL_VERSION,
+    CollectSettings,
+    ExplorationType,
+    protocol_mismatch,
+    same_device,
+)
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client import GrpcCollector
@@ -80,6 +90,10 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"total_frames": 2**64}, ValueError, "total_frames"),
         ({"token": "a\r\nX-Evil: 1"}, ValueError, "printable ASCII"),  # grpc's ExecuteBatchError
         ({"token": "x" * 20_000}, ValueError, "at most 4096"),  # seen as ActorBusyError
+        ({"token": "x" * 4097}, ValueError, "at most 4096"),
+        ({"token": ""}, ValueError, "token must be a non-empty string"),  # "Bearer " alone
+        ({"token": "s\u00e9cret"}, ValueError, "printable ASCII"),  # no such header byte
+        ({"learner_id": "l" * 257}, ValueError, "learner_id must be a string of 1 to 256"),
         ({"weight_push": "x"}, TypeError, "weight_push"),  # an AttributeError, a thread left
         ({"device": "meta"}, ValueError, "meta device"),  # batches of no data, silently
         ({"storing_device": "meta"}, ValueError, "meta device"),
@@ -182,6 +196,10 @@ def test_check_addresses_raises_if_empty_malformed_or_repeated():
         check_addresses(["a:1", "a:1"])
     with pytest.raises(TypeError):
         check_addresses("a:1")
+    assert check_addresses(["a:65535", "[::1]:1"]) == ["a:65535", "[::1]:1"]
+    for port in ("0", "65536"):  # gRPC would dial 65536 as port 0
+        with pytest.raises(ValueError, match=r"the port must be in 1\.\.65535"):
+            check_addresses([f"a:{port}"])
 
 
 def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
@@ -342,3 +360,51 @@ def test_a_collector_at_its_defaults_opens_sessions_that_fold_observations():
         assert handle.server.runtime.core._settings.fold_observations is True
     finally:
         handle.stop(grace=1.0)
+
+
+def test_collect_settings_defaults_mean_what_torchrl_collectors_defaults_mean() -> None:
+    """A session built with the defaults collects as a TorchRL ``Collector`` does."""
+    torchrl = inspect.signature(Collector.__init__).parameters
+    ours = CollectSettings(frames_per_batch=1)
+    assert ours.total_frames == torchrl["total_frames"].default  # -1: endless, not none
+    assert torchrl["max_frames_per_traj"].default is None
+    assert ours.max_frames_per_traj <= 0  # none
+    assert ours.init_random_frames == (torchrl["init_random_frames"].default or 0)
+    assert ours.split_trajs is bool(torchrl["split_trajs"].default)
+    for name in ("reset_at_each_iter", "reset_when_done", "set_truncated"):
+        assert getattr(ours, name) is torchrl[name].default, name
+    assert ours.exploration_type.name == torchrl["exploration_type"].default.name
+
+
+def test_collect_settings_refuse_env_knobs_with_llm_and_values_of_the_wrong_type() -> None:
+    llm = LLMSettings()
+    for unset in (0, -1):  # TorchRL's "none": an LLM session may carry it
+        assert CollectSettings(frames_per_batch=1, llm=llm, max_frames_per_traj=unset).llm
+    knobs: list[dict[str, Any]] = [
+        {"max_frames_per_traj": 5},
+        {"split_trajs": True},
+        {"set_truncated": True},
+    ]
+    for knob in knobs:
+        with pytest.raises(ValueError, match=f"none of env collection's {next(iter(knob))}="):
+            CollectSettings(frames_per_batch=1, llm=llm, **knob)
+    with pytest.raises(TypeError, match="exploration_type must be an ExplorationType"):
+        CollectSettings(frames_per_batch=1, exploration_type="random")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compile_policy must be a CompileSettings"):
+        CollectSettings(frames_per_batch=1, compile_policy={"backend": "eager"})  # type: ignore[arg-type]
+
+
+def test_same_device_matches_an_unindexed_cuda_to_any_cuda_and_nothing_else() -> None:
+    assert same_device("cpu", "cpu")
+    assert same_device("cuda", "cuda:3")
+    assert same_device("cuda:0", "cuda")  # torch's current device, index 0 here
+    assert not same_device("cuda:1", "cuda:0")
+    assert not same_device("cuda", "cpu")
+    assert not same_device("cpu", "cuda:0")
+
+
+def test_protocol_mismatch_refuses_a_peer_too_old_or_needing_a_newer_build() -> None:
+    assert protocol_mismatch("actor a:1", PROTOCOL_VERSION, PROTOCOL_VERSION) == ""
+    assert "no protocol revision" in protocol_mismatch("actor a:1", 0, 0)
+    newer = protocol_mismatch("actor a:1", PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 1)
+    assert f"works with {PROTOCOL_VERSION + 1} and newer" in newer

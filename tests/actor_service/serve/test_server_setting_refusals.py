@@ -17,6 +17,7 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [
+        ({"frames_per_batch": 0}, "frames_per_batch must be a positive int"),
         ({"exploration_type": 99}, "exploration_type"),  # no such enum value
         ({"reset_when_done": False}, "reset_when_done"),
         ({"model_id": "../policy"}, "model_id must be"),  # not an id: not merely unknown

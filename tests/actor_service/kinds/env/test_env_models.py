@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import pathlib
 import re
 
@@ -120,6 +121,8 @@ def test_make_policy_raises_if_name_unknown_or_kwargs_wrong() -> None:
         make_policy("mlp", CARTPOLE.observation_space, CARTPOLE.action_space, width=3)
     with pytest.raises(ValueError, match="activation"):
         make_policy("mlp", CARTPOLE.observation_space, CARTPOLE.action_space, activation="x")
+    with pytest.raises(ValueError, match="'random' policy takes no arguments"):
+        make_policy("random", CARTPOLE.observation_space, CARTPOLE.action_space, hidden=(8,))
     with pytest.raises(TypeError, match=r"not an nn\.Module"):
         make_policy(
             "rlfleet_test_policies:not_a_module", CARTPOLE.observation_space, CARTPOLE.action_space
@@ -359,6 +362,79 @@ def test_random_policy_draws_each_bounded_dim_of_a_partly_bounded_box_uniformly(
     assert abs(drawn[:, 2].var() - 1 / 3) < 0.02
 
 
+def test_mlp_policy_refuses_zero_width_hidden_layers_and_multi_dim_box_actions() -> None:
+    """A zero-wide layer outputs only its next bias; a [2, 2] Box would act as [2]."""
+    with pytest.raises(ValueError, match="hidden sizes must be positive"):
+        make_policy("mlp", CARTPOLE.observation_space, CARTPOLE.action_space, hidden=(8, 0))
+    with pytest.raises(ValueError, match="hidden sizes must be positive"):
+        make_value_mlp(CARTPOLE.observation_space, hidden=(0,))
+    square = gymnasium.spaces.Box(-1.0, 1.0, (2, 2), np.float32)
+    with pytest.raises(ValueError, match=r"1-D \(or scalar\) float Box"):
+        make_policy("mlp", CARTPOLE.observation_space, square)
+
+
+def test_mlp_policy_and_value_flatten_multi_dim_observations() -> None:
+    grid = gymnasium.spaces.Box(0, 255, (2, 3), np.uint8)
+    policy = make_policy("mlp", grid, CARTPOLE.action_space, hidden=(8,))
+    observation = torch.randint(0, 256, (5, 2, 3), dtype=torch.uint8)
+    with torch.no_grad(), set_interaction_type(InteractionType.DETERMINISTIC):
+        action, extras = policy.act_compact(observation)
+    assert action.shape == (5,)
+    assert extras["logits"].shape == (5, 2)
+    assert make_value_mlp(grid, hidden=(8,))(observation).shape == (5, 1)
+
+
+def test_mlp_policy_fast_path_samples_box_actions_with_the_learned_scale() -> None:
+    """At init the scale is 1, so only a trained log_std tells a dropped scale apart."""
+    policy = make_policy("mlp", PENDULUM.observation_space, PENDULUM.action_space, hidden=(8,))
+    state = policy.state_dict()
+    state["module.1.module.log_std"] = torch.full_like(
+        state["module.1.module.log_std"], math.log(3)
+    )
+    policy.load_state_dict(state)
+    obs = torch.zeros(20_000, 3)
+    with torch.no_grad(), set_interaction_type(InteractionType.RANDOM):
+        torch.manual_seed(5)
+        td = policy(TensorDict({"observation": obs}, batch_size=[20_000]))
+        torch.manual_seed(5)
+        action, extras = policy.act_compact(obs)
+    assert torch.allclose(action, td["action"])
+    assert torch.allclose(extras["action_log_prob"], td["action_log_prob"], atol=1e-5)
+    assert abs(float((action - extras["loc"]).std()) - 3.0) < 0.1
+
+
+def test_random_policy_draws_every_multi_discrete_value_and_int8_multi_binary_bits() -> None:
+    """MultiDiscrete indices cover [0, n) evenly (the env adds ``start``); MultiBinary bits
+    are ``int8`` like gymnasium's and TorchRL's MultiBinary spec."""
+    torch.manual_seed(0)
+    space = gymnasium.spaces.MultiDiscrete([2, 5], start=[3, -1])
+    drawn = make_policy("random", CARTPOLE.observation_space, space).sample_compact(20_000)
+    assert drawn.dtype == torch.int64
+    for column, n in enumerate((2, 5)):
+        counts = torch.bincount(drawn[:, column], minlength=n)
+        assert len(counts) == n  # nothing outside [0, n)
+        assert counts.min() > 0.9 * drawn.shape[0] / n
+    bits = make_policy("random", CARTPOLE.observation_space, gymnasium.spaces.MultiBinary(4))
+    sample = bits.sample_compact(1_000)
+    assert sample.dtype == torch.int8
+    assert sample.shape == (1_000, 4)
+    assert 0.45 < sample.float().mean() < 0.55
+
+
+def test_random_policy_tensordict_forward_writes_one_hot_discrete_actions_in_the_batch_shape() -> (
+    None
+):
+    policy = make_policy("random", CARTPOLE.observation_space, CARTPOLE.action_space)
+    td = policy(TensorDict({"observation": torch.zeros(3, 5, 4)}, batch_size=[3, 5]))
+    assert td["action"].dtype == torch.int64
+    assert td["action"].shape == (3, 5, 2)
+    assert torch.equal(td["action"].sum(-1), torch.ones(3, 5, dtype=torch.int64))
+    box = make_policy("random", CARTPOLE.observation_space, PENDULUM.action_space)
+    td = box(TensorDict({"observation": torch.zeros(3, 5, 4)}, batch_size=[3, 5]))
+    assert td["action"].shape == (3, 5, 1)
+    assert bool((td["action"].abs() <= 2.0).all())
+
+
 def test_action_codec_offsets_discrete_start_for_the_env() -> None:
     codec = ActionCodec(gymnasium.spaces.Discrete(3, start=-1))
     assert codec.to_env(torch.tensor([0, 2])).tolist() == [-1, 1]
@@ -409,3 +485,11 @@ def test_registry_raises_if_a_policy_reads_more_than_a_gymnasium_step_holds(
     with pytest.raises(ValueError, match="--kind torchrl") as info:
         _registry(ModelSpec(factory=factory), env=env)
     assert needs in str(info.value)
+
+
+@pytest.mark.parametrize("space", [PENDULUM.action_space, gymnasium.spaces.Discrete(2)])
+def test_mlp_policy_state_dict_holds_each_parameter_once(space) -> None:
+    """The fast path's references add no key: a push carries each weight once, and a module
+    of the same layers built without them loads the state strictly."""
+    policy = make_policy("mlp", PENDULUM.observation_space, space, hidden=(8,))
+    assert sorted(policy.state_dict()) == sorted(name for name, _ in policy.named_parameters())
