@@ -83,9 +83,10 @@ def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
         assert "actor.auth_off" in open_actor.stderr()  # a Secret empty: auth is off, loudly
     with start_actor(["--num-envs", "1", "--host", "0.0.0.0"]) as network_actor:
         assert "no token, and it listens on 0.0.0.0" in network_actor.stderr()
-    loopback = ["127.0.0.1", "127.0.0.9", "::1", "[::1]", "localhost"]
-    assert [is_loopback(host) for host in loopback] == [True] * 5
-    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.1", "actor-0"))
+    loopback = ["127.0.0.1", "127.0.0.9", "::1", "[::1]", "localhost", "IPV4:127.0.0.1"]
+    assert [is_loopback(host) for host in loopback] == [True] * 6
+    elsewhere = ("0.0.0.0", "::", "10.0.0.1", "actor-0", "localhost.example.com", "localhostx")
+    assert not any(is_loopback(host) for host in elsewhere)
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
