@@ -86,8 +86,12 @@ def test_ranks_read_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert Ranks.given("env", None) == Ranks(3, 4)
     assert Ranks(3, 4).learner_id("job-7") == "job-7/rank3"
     assert Ranks().learner_id("job-7") == "job-7"
+    assert Ranks(3, 4).learner_id("") == ""  # empty: each rank draws a unique one
     with pytest.raises(ValueError, match="world_size"):
         Ranks.given("env", 4)
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match="WORLD_SIZE='four'"):
+        Ranks.given("env", None)
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match="RANK"):
         Ranks.given("env", None)

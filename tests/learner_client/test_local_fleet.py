@@ -31,7 +31,7 @@ from common.errors import (
 )
 from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
 from learner_client import GrpcCollector, MissingWorkersError
-from learner_client._local_fleet import LocalFleet
+from learner_client._local_fleet import LocalFleet, exit_message
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -135,11 +135,13 @@ def _first_observations(address: str) -> torch.Tensor:
         ("worker_ids", {"num_actors": 1, "worker_ids": [2**64 - 1]}),
         ("worker_ids", {"num_actors": 2, "worker_ids": [0, 65536]}),
         ("distinct", {"num_actors": 2, "worker_ids": [3, 3]}),  # one actor would be lost
+        ("worker_ids", {"num_actors": 1, "worker_ids": [0, 1]}),  # not num_actors of them
         # Flags the fleet sets itself: its ids, ports and seeds would not be its actors'.
         ("--worker-id", {"num_actors": 1, "extra_args": ["--worker-id", "9"]}),
         ("--port", {"num_actors": 1, "extra_args": ["--port=5555"]}),
         ("--worker-id", {"num_actors": 1, "extra_args": ["--work", "9"]}),  # argparse's prefix
         ("--seed", {"num_actors": 1, "extra_args": ["--seed", "3"]}),
+        ("--seed", {"num_actors": 1, "extra_args": ["--see=3"]}),  # a short prefix too
         ("--kind", {"num_actors": 1, "extra_args": ["--kind", "llm"]}),
         ("--host", {"num_actors": 1, "extra_args": ["--host", "0.0.0.0"]}),
         ("token=", {"num_actors": 1, "extra_args": ["--token", "s3cret"]}),  # never in `ps`
@@ -515,3 +517,49 @@ def test_an_actor_down_during_an_automatic_push_is_given_that_push_when_it_retur
         batch = collector.next()
         versions = batch["policy_version"].flatten().tolist()
         assert set(versions) == {collector.policy_version}
+
+
+def _actor_argv(pid: int) -> list[str]:
+    """An actor process's command line (its launcher exec'd into it: same pid)."""
+    return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[len(argv) - 1 - argv[::-1].index(name) + 1]  # the last one given wins
+
+
+def test_each_actor_is_started_with_its_worker_id_its_seed_and_the_fleets_grace_period(
+    monkeypatch,
+):
+    """Actor ``w`` is seeded ``seed + w`` (two actors on one seed would send the same
+    trajectories), gets the fleet's grace period and unbuffered output (its ready line)."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the fleet sets it, not the shell
+    with LocalFleet(2, num_envs=1, seed=5, worker_ids=[2, 7], grace_period=1.5) as fleet:
+        argvs = [_actor_argv(pid) for pid in fleet.pids]
+        environ = pathlib.Path(f"/proc/{fleet.pids[0]}/environ").read_bytes().split(b"\0")
+        assert [_worker_id(a) for a in fleet.addresses] == [2, 7]
+    assert [_flag(argv, "--worker-id") for argv in argvs] == ["2", "7"]
+    assert [_flag(argv, "--seed") for argv in argvs] == ["7", "12"]
+    assert [float(_flag(argv, "--grace-period")) for argv in argvs] == [1.5, 1.5]
+    assert b"PYTHONUNBUFFERED=1" in environ
+    assert "worker_id" in fleet.stderr_tail(7)  # its log, kept once the actor is stopped
+
+
+def test_a_fleet_takes_the_learners_token_and_none_from_an_empty_one(monkeypatch):
+    monkeypatch.setenv("RLFLEET_TOKEN", "inherited")
+    assert LocalFleet(1).token == "inherited"
+    assert LocalFleet(1, token="own").token == "own"
+    monkeypatch.setenv("RLFLEET_TOKEN", "")  # unset by an empty export: no token
+    assert LocalFleet(1).token is None
+
+
+def test_an_exit_message_names_the_error_line_even_when_the_actor_logged_after_it():
+    tail = (
+        '{"event": "actor.config", "env": "CartPole-v1"}\n'
+        '{"event": "actor.start_failed", "error": "port 5 in use"}\n'
+        '{"event": "actor.exit"}\n'
+    )
+    first = exit_message("actor worker_id=3", 1, tail).splitlines()[0]
+    assert first.startswith("actor worker_id=3 exited with code 1 before it was ready: ")
+    assert "port 5 in use" in first
+    assert "(no output)" in exit_message("actor", None, "\n").splitlines()[0]
