@@ -16,11 +16,14 @@ from tensordict.nn import set_interaction_type
 
 import common
 from actor_service._config import ActorConfig, ModelSpec
+from actor_service._core._base import check_abandoned
 from actor_service._core._frames import interaction_of
+from actor_service._core._placement import PlacementError
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.env.core import EnvCore, derive_seed
 from common.config import CollectSettings, ExplorationType
 from common.errors import (
+    ClosedError,
     EnvError,
     SessionStateError,
     UnknownModelError,
@@ -538,3 +541,66 @@ def test_a_cut_at_max_frames_per_traj_resets_only_the_envs_it_cuts() -> None:
     obs, nxt = batch["observation"], batch["next", "observation"]
     expected = obs[..., 0] + 0.02 * obs[..., 1]
     assert torch.allclose(nxt[..., 0][~done], expected[~done], atol=1e-5)
+
+
+@pytest.mark.parametrize("exploration", list(ExplorationType))
+def test_each_exploration_type_sets_the_interaction_type_of_the_same_name(
+    exploration: ExplorationType,
+) -> None:
+    assert interaction_of(exploration).name == exploration.name
+
+
+def test_rollout_worker_force_close_leaves_every_later_call_raising_closed() -> None:
+    worker = _worker()
+    worker.configure(CollectSettings(frames_per_batch=8))
+    worker.force_close()
+    with pytest.raises(ClosedError):
+        worker.collect_batch()
+    with pytest.raises(ClosedError):
+        worker.set_seed(1)
+    worker.close()
+
+
+def test_rollout_worker_is_closed_when_its_with_block_ends() -> None:
+    with _worker() as worker:
+        worker.configure(CollectSettings(frames_per_batch=8))
+    with pytest.raises(ClosedError):
+        worker.collect_batch()
+
+
+def test_rollout_worker_seed_zero_is_a_seed_not_a_random_one() -> None:
+    with _worker(seed=0) as first, _worker(seed=0) as second:
+        first_obs = _collect(first)["observation"][:, 0]
+        assert torch.equal(first_obs, _collect(second)["observation"][:, 0])
+
+
+def test_rollout_worker_load_state_dict_keeps_the_32_bits_of_a_huge_trajectory_counter() -> None:
+    with _worker() as worker:
+        state = worker.state_dict()
+        worker.load_state_dict({**state, "traj_counter": 2**62 + 5})
+        assert worker.state_dict()["traj_counter"] < 2**32
+
+
+def test_rollout_worker_load_state_dict_refuses_another_kinds_state_or_a_non_dict() -> None:
+    with _worker() as worker:
+        state = worker.state_dict()
+        with pytest.raises(WeightsError, match="another kind of actor"):
+            worker.load_state_dict({**state, "llm_slots": {}})
+        with pytest.raises(WeightsError, match="must be a dict"):
+            worker.load_state_dict([("frames", 0)])  # type: ignore[arg-type]
+        assert worker.frames == 0
+
+
+def test_an_abandoned_batch_raises_and_a_live_one_goes_on() -> None:
+    abandon = threading.Event()
+    check_abandoned(None, 1, 4)
+    check_abandoned(abandon, 1, 4)
+    abandon.set()
+    with pytest.raises(SessionStateError, match="abandoned after 1 of 4 steps"):
+        check_abandoned(abandon, 1, 4)
+
+
+@pytest.mark.parametrize("asked", [{"policy_device": "meta"}, {"env_device": "meta"}])
+def test_rollout_worker_refuses_a_session_asking_for_another_device(asked: dict) -> None:
+    with _worker(worker_id=3) as worker, pytest.raises(PlacementError, match="actor 3 runs its"):
+        worker.check(CollectSettings(frames_per_batch=8, **asked))
