@@ -6,7 +6,7 @@ import asyncio
 import io
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -24,6 +24,15 @@ from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client._collect_stream import CollectStream, EndEvent
 from learner_client._transport import ActorChannel, translate_errors
+
+
+def _slow_actor(make_actor: Callable[..., Actor], delay: float) -> Actor:
+    """An in-process actor whose CartPole steps each take ``delay`` seconds."""
+    return make_actor(
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": delay}
+        )
+    )
 
 
 def _still(predicate: object, seconds: float = 0.3) -> bool:
@@ -362,11 +371,7 @@ def test_collect_a_take_over_gives_the_batch_under_way_up_at_its_next_step(
     # wait _LEARNER_CLOSE_S for it (made 30 s here), and the batch under way was given up
     # only then. Steps of 0.05 s, 200 a batch: the take-over waits one step, not the close.
     monkeypatch.setattr(_collect, "_LEARNER_CLOSE_S", 30.0)
-    actor = make_actor(
-        env_pool=EnvPoolSettings(
-            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.05}
-        )
-    )
+    actor = _slow_actor(make_actor, 0.05)
     runtime = actor.handle.server.runtime
     stuck = RawCollect.open(
         actor.stub, open_request(frames_per_batch=400, credits=1, learner_id="A"), read=False
@@ -623,11 +628,7 @@ def test_a_drain_answers_a_learner_that_never_closes_within_its_grace(make_actor
 
 def test_a_drain_ignores_what_the_learner_sends_once_it_began(make_actor: object) -> None:
     # 2 steps of 0.4 s: the drain begins while batch 1 is in collection and waits for it.
-    actor = make_actor(
-        env_pool=EnvPoolSettings(
-            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.4}
-        )
-    )
+    actor = _slow_actor(make_actor, 0.4)
     runtime = actor.handle.server.runtime
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=4, credits=1))
     session.opened()
@@ -649,11 +650,7 @@ def test_a_learner_gone_during_a_drain_has_its_batch_given_up_at_the_next_step(
     make_actor: object,
 ) -> None:
     # 0.3 s per step, 40 steps: 12 s if the batch were finished for a learner that left.
-    actor = make_actor(
-        env_pool=EnvPoolSettings(
-            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3}
-        )
-    )
+    actor = _slow_actor(make_actor, 0.3)
     runtime = actor.handle.server.runtime
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
     session.opened()
@@ -672,11 +669,7 @@ def test_a_session_waiting_for_an_abandoned_batch_is_refused_once_a_drain_began(
     make_actor: object,
 ) -> None:
     # Steps of 1.5 s: the cancelled session's batch is given up at the end of its first step.
-    actor = make_actor(
-        env_pool=EnvPoolSettings(
-            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 1.5}
-        )
-    )
+    actor = _slow_actor(make_actor, 1.5)
     runtime = actor.handle.server.runtime
     first = RawCollect.open(actor.stub, open_request(frames_per_batch=4, credits=1))
     first.opened()
@@ -726,11 +719,7 @@ def test_collect_abandons_a_cancelled_sessions_batch_promptly_and_is_busy_until_
     make_actor: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 0.3 s per step, 40 steps: 12 s if the batch were finished.
-    actor = make_actor(
-        env_pool=EnvPoolSettings(
-            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3}
-        )
-    )
+    actor = _slow_actor(make_actor, 0.3)
     session = RawCollect.open(actor.stub, open_request(frames_per_batch=80, credits=1))
     session.opened()
     time.sleep(1.0)  # a few steps into the batch
@@ -889,11 +878,7 @@ def test_collect_own_resume_of_a_half_open_session_keeps_the_batch_under_way(
     lost nothing: the batch under way (0.25 s of steps here) was finished and re-sent, and the
     resumed session continued its trajectories. Giving it up at once (97187b2) resets the envs,
     so the resumed batch starts new trajectories though the learner's last frame was not done."""
-    actor = make_actor(
-        env_pool=EnvPoolSettings(
-            env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.05}
-        )
-    )
+    actor = _slow_actor(make_actor, 0.05)
     runtime = actor.handle.server.runtime
     old = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1, learner_id="A"))
     epoch = old.opened().epoch
