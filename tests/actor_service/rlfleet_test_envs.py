@@ -7,7 +7,9 @@ import here, so env subprocesses start fast.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import time
 from typing import Any
 
@@ -33,6 +35,26 @@ class _HangAfter(gymnasium.Wrapper):
 def hanging_cartpole(steps: int = 0) -> gymnasium.Env:
     """CartPole whose ``step`` hangs forever after ``steps`` steps."""
     return _HangAfter(gymnasium.make("CartPole-v1"), steps)
+
+
+class _HangOnReset(gymnasium.Wrapper):
+    """Sleeps forever inside ``reset``."""
+
+    def reset(self, **kwargs: Any) -> Any:
+        while True:
+            time.sleep(3600)
+
+
+def reset_hanging_cartpole() -> gymnasium.Env:
+    """CartPole whose ``reset`` hangs forever."""
+    return _HangOnReset(gymnasium.make("CartPole-v1"))
+
+
+def sigterm_deaf_hanging_cartpole(steps: int = 0) -> gymnasium.Env:
+    """``hanging_cartpole`` whose env subprocess ignores SIGTERM (the test process does not)."""
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return hanging_cartpole(steps)
 
 
 class _CrashAfter(gymnasium.Wrapper):
@@ -75,17 +97,39 @@ def _odd_exception(kind: str) -> BaseException:
 
 
 class _OddCrash(gymnasium.Wrapper):
-    def __init__(self, env: gymnasium.Env, kind: str) -> None:
+    def __init__(self, env: gymnasium.Env, kind: str, call: str) -> None:
         super().__init__(env)
-        self._kind = kind
+        self._kind, self._call = kind, call
+
+    def reset(self, **kwargs: Any) -> Any:
+        if self._call == "reset":
+            raise _odd_exception(self._kind)
+        return self.env.reset(**kwargs)
 
     def step(self, action: Any) -> Any:
         raise _odd_exception(self._kind)
 
 
-def oddly_crashing_cartpole(kind: str) -> gymnasium.Env:
-    """CartPole whose ``step`` raises an awkward exception (``_odd_exception``'s kinds)."""
-    return _OddCrash(gymnasium.make("CartPole-v1"), kind)
+def oddly_crashing_cartpole(kind: str, call: str = "step") -> gymnasium.Env:
+    """CartPole whose ``step`` (or, ``call="reset"``, ``reset`` too) raises an awkward
+    exception (``_odd_exception``'s kinds)."""
+    return _OddCrash(gymnasium.make("CartPole-v1"), kind, call)
+
+
+class _CloseMarker(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, marker: str) -> None:
+        super().__init__(env)
+        self._marker = marker
+
+    def close(self) -> None:
+        with open(self._marker, "a") as out:
+            out.write("closed\n")
+        super().close()
+
+
+def close_marking_cartpole(marker: str) -> gymnasium.Env:
+    """CartPole whose ``close`` appends a line to the file ``marker``."""
+    return _CloseMarker(gymnasium.make("CartPole-v1"), marker)
 
 
 def crashing_pendulum(steps: int = 0) -> gymnasium.Env:
@@ -93,12 +137,14 @@ def crashing_pendulum(steps: int = 0) -> gymnasium.Env:
     return _CrashAfter(gymnasium.make("Pendulum-v1"), steps)
 
 
-def text_env() -> gymnasium.Env:
-    """An env with a Text observation space, which actors do not support."""
+def text_env(role: str = "observation") -> gymnasium.Env:
+    """An env with a Text observation (or, ``role="action"``, action) space, which actors
+    do not support."""
+    text, discrete = gymnasium.spaces.Text(8), gymnasium.spaces.Discrete(2)
 
     class _TextEnv(gymnasium.Env):
-        observation_space = gymnasium.spaces.Text(8)
-        action_space = gymnasium.spaces.Discrete(2)
+        observation_space = text if role == "observation" else discrete
+        action_space = text if role == "action" else discrete
 
         def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
             super().reset(seed=seed)

@@ -456,3 +456,12 @@ def dynamic_spec() -> EnvBase:
 def multi_agent_counting(agents: int = 3) -> EnvBase:
     """TorchRL's ``MultiAgentCountingEnv``: ``("agents", "agent_i", ...)`` keys, own reward/done."""
     return MultiAgentCountingEnv(n_agents=agents, max_steps=7)
+
+
+class _UsersCountingEnv(CountingEnv):
+    """A TorchRL env class of the user's own module (not under ``torchrl.``)."""
+
+
+def users_torchrl_env() -> EnvBase:
+    """A TorchRL env whose class the user defined."""
+    return _UsersCountingEnv()

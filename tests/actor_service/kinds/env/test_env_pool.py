@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import pathlib
+import threading
 import time
 from typing import Any
 
@@ -14,7 +16,15 @@ from helpers import process_gone
 
 from actor_service._config import ActorConfig, section_of
 from actor_service._core._settings import EnvPoolSettings
-from actor_service._kinds.env.pool import close_pool, make_env_pool, reset_pool, step_pool
+from actor_service._kinds.env import pool as pool_module
+from actor_service._kinds.env.check import check
+from actor_service._kinds.env.pool import (
+    close_pool,
+    kill_pool,
+    make_env_pool,
+    reset_pool,
+    step_pool,
+)
 from actor_service._kinds.env.spaces import check_space
 from actor_service._serve._collect import env_failure
 from common.errors import MAX_ENV_MESSAGE, EnvError
@@ -206,3 +216,140 @@ def test_an_env_errors_type_and_escaped_text_are_cut_to_the_limit() -> None:
     assert 0 < len(error.exception_type) <= MAX_ENV_MESSAGE
     assert 0 < len(error.exception_message) <= MAX_ENV_MESSAGE
     assert error.exception_message.startswith("\\udcff")
+
+
+def test_make_env_pool_refuses_an_unsupported_action_space() -> None:
+    config = ActorConfig(
+        num_envs=1,
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:text_env", env_kwargs={"role": "action"}
+        ),
+    )
+    with pytest.raises(ValueError, match=r"^action space Text\(.* is not supported"):
+        make_env_pool(config)
+
+
+def test_an_async_pool_of_unsupported_spaces_is_reaped_before_the_error() -> None:
+    config = ActorConfig(
+        num_envs=1,
+        env_pool=EnvPoolSettings(env_backend="async", env_factory="rlfleet_test_envs:text_env"),
+    )
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="observation space Text") as refused:
+        make_env_pool(config)
+    # The traceback holds the pool: its workers are gone by then, not when it is collected.
+    assert refused.traceback
+    assert set(multiprocessing.active_children()) <= before
+
+
+def test_reset_pool_raises_the_envs_timeout_if_an_async_env_hangs_in_reset() -> None:
+    config = ActorConfig(
+        num_envs=2,
+        env_pool=EnvPoolSettings(
+            env_backend="async", env_factory="rlfleet_test_envs:reset_hanging_cartpole"
+        ),
+    )
+    pool = make_env_pool(config)
+    pids = [p.pid for p in pool.processes]
+    try:
+        started = time.monotonic()
+        with pytest.raises(EnvError, match=r"an env reset took .*step_timeout=0\.3") as raised:
+            reset_pool(pool, 0.3, seed=[0, 1])
+        assert raised.value.exception_type == "TimeoutError"
+        assert time.monotonic() - started < 5.0
+    finally:
+        close_pool(pool, force=True)
+    assert all(process_gone(pid) for pid in pids)
+
+
+def test_close_pool_kills_a_hung_worker_that_ignores_sigterm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "_REAP_TIMEOUT", 0.2)
+    config = ActorConfig(
+        num_envs=2,
+        env_pool=EnvPoolSettings(
+            env_backend="async", env_factory="rlfleet_test_envs:sigterm_deaf_hanging_cartpole"
+        ),
+    )
+    pool = make_env_pool(config)
+    pids = [p.pid for p in pool.processes]
+    closing = threading.Thread(target=close_pool, args=(pool,), kwargs={"force": True})
+    try:
+        reset_pool(pool, 30.0)
+        with pytest.raises(EnvError, match="step_timeout"):
+            step_pool(pool, np.zeros(2, dtype=np.int64), 0.3)
+        closing.start()
+        closing.join(5.0)
+        assert not closing.is_alive()
+    finally:
+        kill_pool(pool)  # a close that hung returns once its workers are gone
+        if closing.ident:
+            closing.join(5.0)
+    assert all(process_gone(pid) for pid in pids)
+
+
+def test_kill_pool_kills_an_async_pools_workers_and_counts_the_live_ones() -> None:
+    pool = make_env_pool(ActorConfig(num_envs=2, env_pool=EnvPoolSettings(env_backend="async")))
+    pids = [p.pid for p in pool.processes]
+    try:
+        reset_pool(pool, 30.0)
+        assert kill_pool(pool) == 2
+        assert all(process_gone(pid) for pid in pids)
+        assert kill_pool(pool) == 0  # none left alive
+    finally:
+        close_pool(pool, force=True)
+    sync = make_env_pool(ActorConfig(num_envs=2))
+    try:
+        assert kill_pool(sync) == 0  # nothing runs in a subprocess
+    finally:
+        close_pool(sync)
+
+
+@pytest.mark.parametrize("kind", ["system_exit", "keyboard_interrupt", "base_exception"])
+def test_any_exception_of_an_env_reset_is_an_env_error(kind: str) -> None:
+    config = ActorConfig(
+        num_envs=1,
+        env_pool=EnvPoolSettings(
+            env_factory="rlfleet_test_envs:oddly_crashing_cartpole",
+            env_kwargs={"kind": kind, "call": "reset"},
+        ),
+    )
+    pool = make_env_pool(config)
+    try:
+        with pytest.raises(EnvError) as info:
+            reset_pool(pool, 1.0, env="odd")
+    finally:
+        close_pool(pool)
+    assert info.value.env == "odd"
+
+
+def test_close_pool_closes_a_healthy_async_pools_envs_in_their_workers(
+    tmp_path: pathlib.Path,
+) -> None:
+    marker = tmp_path / "closed"
+    config = ActorConfig(
+        num_envs=2,
+        env_pool=EnvPoolSettings(
+            env_backend="async",
+            env_factory="rlfleet_test_envs:close_marking_cartpole",
+            env_kwargs={"marker": str(marker)},
+        ),
+    )
+    pool = make_env_pool(config)
+    pids = [p.pid for p in pool.processes]
+    marker.unlink(missing_ok=True)  # the parent's probe env, closed while building the pool
+    reset_pool(pool, 30.0)
+    close_pool(pool)
+    assert all(process_gone(pid) for pid in pids)
+    assert marker.read_text().splitlines() == ["closed", "closed"]  # each worker's env.close()
+
+
+def test_the_check_names_kind_torchrl_for_a_torchrl_env_class_of_the_users_own() -> None:
+    config = ActorConfig(
+        num_envs=1, env_pool=EnvPoolSettings(env_factory="rlfleet_test_torchrl:users_torchrl_env")
+    )
+    with pytest.raises(
+        ValueError, match=r"returns a TorchRL env \(_UsersCountingEnv\).*--kind torchrl"
+    ):
+        check(config)
