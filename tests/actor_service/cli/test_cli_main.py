@@ -372,6 +372,70 @@ def test_logging_renders_other_libraries_in_the_same_format() -> None:
     assert record["fields"] == {"logger": "grpc.somewhere", "message": "channel x broke"}
 
 
+def test_logging_keeps_a_field_of_exactly_the_bound_whole() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "json", stream=stream)
+    try:
+        log_event("rpc.failed", logging.INFO, details="L" * MAX_FIELD_CHARS)
+    finally:
+        get_logger().removeHandler(handler)
+    (line,) = stream.getvalue().splitlines()
+    assert json.loads(line)["fields"]["details"] == "L" * MAX_FIELD_CHARS
+
+
+def test_logging_text_quotes_a_value_with_spaces_or_newlines_so_it_stays_one_line() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("info", "text", stream=stream)
+    forged = "x\n12:00:00.000 ERROR   worker=0 actor.stopped"
+    try:
+        log_event("rpc.failed", logging.INFO, learner=forged, details="two words", empty="")
+    finally:
+        get_logger().removeHandler(handler)
+    (line,) = stream.getvalue().splitlines()
+    assert f"learner={json.dumps(forged)}" in line
+    assert 'details="two words" empty=""' in line
+
+
+def test_logging_configured_twice_writes_each_event_once() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("info", "json", stream=first, include_others=True)
+    handler = configure_logging("info", "json", stream=second, include_others=True)
+    root = logging.getLogger()
+    try:
+        log_event("session.taken_over", logging.WARNING, old="L1", new="L2")
+        logging.getLogger("grpc.somewhere").warning("channel broke")
+    finally:
+        get_logger().removeHandler(handler)
+        for other in [h for h in root.handlers if getattr(h, "_rlfleet", False)]:
+            root.removeHandler(other)
+    assert first.getvalue() == ""  # the first call's handlers were replaced
+    events = [json.loads(line)["event"] for line in second.getvalue().splitlines()]
+    assert events == ["session.taken_over", "log"]  # not again through the root's handler
+
+
+def test_logging_renders_only_other_libraries_warnings_and_keeps_their_traceback() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("debug", "json", stream=stream, include_others=True)
+    other = logging.getLogger("grpc.somewhere")
+    other.setLevel(logging.DEBUG)
+    try:
+        other.info("not shown")
+        try:
+            raise ValueError("handler broke")
+        except ValueError:
+            other.exception("servicer failed")
+    finally:
+        other.setLevel(logging.NOTSET)
+        get_logger().removeHandler(handler)
+        for owned in [h for h in logging.getLogger().handlers if getattr(h, "_rlfleet", False)]:
+            logging.getLogger().removeHandler(owned)
+    (line,) = stream.getvalue().splitlines()
+    fields = json.loads(line)["fields"]
+    assert fields["message"] == "servicer failed"
+    assert "Traceback" in fields["exception"]
+    assert "ValueError: handler broke" in fields["exception"]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from actor_harness import Actor, RawCollect, open_request
 from tensordict import TensorDict
 
 from actor_service._serve._encoded import _encoded
@@ -127,3 +128,18 @@ def test_a_batch_in_a_segment_is_sent_again_as_bytes_while_its_memory_is_unchang
             encoded.wire(False)
     finally:
         segments.close()
+
+
+def test_an_actor_that_stops_removes_the_segments_of_its_batches(make_actor: object) -> None:
+    actor: Actor = make_actor(shared_memory=True)
+    prefix = f"rlfleet-shm-{os.getpid()}-"
+    before = {name for name in os.listdir(SHM_ROOT) if name.startswith(prefix)}
+    session = RawCollect.open(actor.stub, open_request(credits=2, shm_batches=True))
+    session.opened()
+    replies = [session.next(), session.next()]
+    assert all(isinstance(reply, pb.CollectResponse) for reply in replies), replies
+    made = {name for name in os.listdir(SHM_ROOT) if name.startswith(prefix)} - before
+    assert made, "the batches went as bytes, not through segments"
+    session.cancel()
+    actor.handle.stop()
+    assert not made & set(os.listdir(SHM_ROOT)), "segments outlived the actor"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -319,6 +320,36 @@ def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: obje
     assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
     stopping.join(30)
     watch.cancel()
+
+
+def test_an_actor_binds_an_ipv6_literal_given_in_brackets() -> None:
+    config = ActorConfig(host="[::1]", port=0, num_envs=2)
+    with create_server(config).run_in_thread() as handle:
+        with grpc.insecure_channel(f"[::1]:{handle.port}") as channel:
+            reply = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
+        assert reply.num_envs == 2
+
+
+class _FailingClose(EnvCore):
+    """A core whose close raises once its envs are closed."""
+
+    def close(self) -> None:
+        super().close()
+        raise RuntimeError("close broke")
+
+
+def test_a_core_whose_close_raises_is_logged_and_the_actor_still_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = ActorConfig(host="127.0.0.1", port=0, num_envs=2, metrics_port=0)
+    handle = create_server(config, _FailingClose).run_in_thread()
+    metrics_port = handle.server.metrics_port
+    with caplog.at_level("ERROR", logger="rlfleet.actor"):
+        handle.stop(1.0)
+    failed = [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "actor.close_failed"]
+    assert "close broke" in failed[0].rlfleet_fields["error"]
+    with pytest.raises(ConnectionRefusedError):  # the metrics endpoint was closed after it
+        socket.create_connection(("127.0.0.1", metrics_port), timeout=5).close()
 
 
 def test_serve_returns_1_if_the_env_cannot_be_built() -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 import torch
 from actor_harness import Actor, RawCollect, open_request
@@ -16,6 +19,10 @@ from helpers import free_port, poll_until, start_actor
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
+from actor_service import ActorConfig, create_server
+from actor_service._core._settings import EnvPoolSettings
+from actor_service._kinds.env.core import EnvCore
+from actor_service._serve._metrics import BatchHistogram
 from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
@@ -152,6 +159,80 @@ def test_credits_a_session_left_unused_are_not_outstanding_once_it_ended(
     assert value(after, "rlfleet_actor_batches_retained") == 4  # kept for a resume
 
 
+def test_batch_histogram_counts_a_value_on_a_bound_in_that_bound_s_bucket() -> None:
+    registry = CollectorRegistry()
+    histogram = BatchHistogram("step_seconds", "Steps.", (0.1, 1.0), registry)
+    histogram.observe_many(np.array([0.1, 0.5, 1.0, 1.0, 3.0]))
+    (family,) = registry.collect()
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert buckets == {"0.1": 1, "1.0": 4, "+Inf": 5}  # Prometheus' le: at most the bound
+    assert registry.get_sample_value("step_seconds_sum") == pytest.approx(5.6)
+
+
+def test_actor_metrics_time_env_steps_apart_from_forward_passes(make_actor: object) -> None:
+    slow = EnvPoolSettings(env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.1})
+    actor: Actor = make_actor(metrics_port=0, env_pool=slow)
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=4, credits=1))
+    session.opened()
+    session.batch()
+    session.cancel()
+    samples = scrape(actor.handle.server.metrics_port)
+    # 2 steps of 0.1 s each: the env's time, not the policy's; the batch took both.
+    assert value(samples, "rlfleet_actor_env_step_seconds_sum") >= 0.2
+    assert value(samples, "rlfleet_actor_policy_forward_seconds_sum") < 0.1
+    assert 0.2 <= value(samples, "rlfleet_actor_batch_collect_seconds_sum") < 10
+
+
+def test_actor_metrics_say_starting_while_the_pool_is_built() -> None:
+    release = threading.Event()
+
+    def slow_factory(config: ActorConfig) -> EnvCore:
+        release.wait(30)
+        return EnvCore(config)
+
+    config = ActorConfig(host="127.0.0.1", port=0, num_envs=2, metrics_port=0)
+    server = create_server(config, slow_factory)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
+    try:
+        poll_until(lambda: server.port is not None, message="bound")
+        samples = scrape(server.metrics_port)
+        assert value(samples, "rlfleet_actor_session_state", state="starting") == 1
+        assert value(samples, "rlfleet_actor_credits_outstanding") == 0
+        assert "rlfleet_actor_policy_version" not in samples  # no model loaded yet
+        release.set()
+        started.result(30)
+        assert (
+            value(scrape(server.metrics_port), "rlfleet_actor_policy_version", model_id="policy")
+            == 0
+        )
+    finally:
+        release.set()
+        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_actor_metrics_say_draining_while_the_actor_drains(make_actor: object) -> None:
+    slow = EnvPoolSettings(env_factory="rlfleet_test_envs:slow_cartpole", env_kwargs={"delay": 0.3})
+    actor: Actor = make_actor(metrics_port=0, env_pool=slow)
+    port = actor.handle.server.metrics_port
+    session = RawCollect.open(actor.stub, open_request(frames_per_batch=20, credits=1))
+    session.opened()
+    stopping = threading.Thread(target=actor.handle.stop, args=(4.0,))
+    stopping.start()
+    try:
+        poll_until(lambda: actor.handle.server.runtime.draining, message="draining")
+        assert value(scrape(port), "rlfleet_actor_session_state", state="draining") == 1
+        assert not actor.handle.server.ready
+    finally:
+        session.cancel()
+        stopping.join(30)
+
+
 def test_actor_metrics_port_serves_only_metrics_and_never_the_token(make_actor: object) -> None:
     actor: Actor = make_actor(metrics_port=0, token=TOKEN)
     port = actor.handle.server.metrics_port
@@ -184,6 +265,19 @@ def test_actor_metrics_count_auth_refusals(make_actor: object) -> None:
             actor.stub.Describe(pb.DescribeRequest(), metadata=metadata, timeout=10)
     samples = scrape(actor.handle.server.metrics_port)
     assert value(samples, "rlfleet_actor_auth_refusals_total", method="Describe") == 2
+
+
+def test_an_unknown_method_without_the_token_is_unimplemented_and_adds_no_label(
+    make_actor: object,
+) -> None:
+    actor: Actor = make_actor(metrics_port=0, token=TOKEN)
+    for index in range(20):
+        call = actor.channel.unary_unary(f"/rlfleet.v1.ActorService/Attacker{index}")
+        with pytest.raises(grpc.RpcError) as error:
+            call(b"", timeout=10)
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    samples = scrape(actor.handle.server.metrics_port)
+    assert not any("Attacker" in repr(labels) for series in samples.values() for labels in series)
 
 
 def test_actor_metrics_labels_stay_bounded_under_hostile_model_ids(make_actor: object) -> None:
