@@ -184,6 +184,16 @@ def test_two_ranks_split_the_fleet_and_push_versions_to_their_own(
 
 
 @pytest.mark.long
+def test_a_rank_refuses_a_second_address_of_another_ranks_actor(four: list[ActorProcess]) -> None:
+    # worker_id 1 is rank 1's, yet a member here: a second address reporting it is refused
+    # (it would take the member's link away), like a repeated owned worker_id.
+    with _rank(four[:2], 0, sync=False) as collector:
+        with pytest.raises(ValueError, match=r"worker_ids must be unique.*worker_id 1 at"):
+            collector.add_collectors([f"localhost:{four[1].port}"])
+        assert collector.worker_ids == [0]
+
+
+@pytest.mark.long
 def test_ownership_follows_actors_as_they_join_and_return(four: list[ActorProcess]) -> None:
     with _rank(four[:2], 0, sync=False) as first, _rank(four[:2], 1, sync=False) as second:
         first.next(), second.next()

@@ -10,6 +10,7 @@ import torch
 from helpers import start_actor
 from learner_fleet import cartpole_policy, start_actors
 
+from actor_service._kinds.env.pool import derive_seed
 from common.config import ExplorationType
 from common.errors import (
     ProtocolError,
@@ -409,6 +410,21 @@ def test_set_seed_gives_identical_sync_batches(fleet):
         assert torch.equal(first[key], second[key]), key
     _, other = _collect(fleet, 124)
     assert not torch.equal(first["observation"], other["observation"])
+
+
+def test_set_seed_chains_each_actors_returned_seed_into_the_next_in_worker_id_order(fleet):
+    """Two actors of two envs: four links of the seed chain, as TorchRL's set_seed gives
+    them, so no two envs share a seed; a static seed is every actor's and is returned."""
+    with GrpcCollector(addresses(fleet, 2, 0), frames_per_batch=8, sync=True) as collector:
+        expected = 123
+        for _ in range(4):
+            expected = derive_seed(expected)
+        assert collector.set_seed(123) == expected
+        first = collector.next()
+        assert first["collector", "worker_id"][:, 0, 0].tolist() == [0, 2]
+        obs = first["observation"][:, :, 0]  # each env's first observation
+        assert len({tuple(o.tolist()) for o in obs.flatten(0, 1)}) == 4
+        assert collector.set_seed(123, static_seed=True) == 123
 
 
 def test_the_last_int64_version_is_pushed_and_the_next_push_is_refused_on_the_learner():

@@ -241,6 +241,29 @@ def test_dns_watcher_reports_joins_and_leaves() -> None:
     assert changes == [first, second]
 
 
+def test_dns_watcher_calls_back_when_addresses_only_leave() -> None:
+    resolver = FakeResolver("10.0.0.1", "10.0.0.2")
+    changes: list[DnsChange] = []
+    watcher = DnsWatcher("dns:///actors:9", on_change=changes.append, resolver=resolver)
+    watcher.refresh()
+    resolver.ips = ["10.0.0.2"]
+    left = watcher.refresh()
+    assert left  # a change, though nothing joined
+    assert left == DnsChange(joined=(), left=("10.0.0.1:9",), addresses=("10.0.0.2:9",))
+    assert changes[-1] is left
+
+
+def test_dns_watcher_following_a_lookup_knows_each_address_once_sorted() -> None:
+    answer = ["10.0.0.2:7", "10.0.0.1:7", "10.0.0.2:7"]
+    changes: list[DnsChange] = []
+    watcher = DnsWatcher("fleet", on_change=changes.append, lookup=lambda: list(answer))
+    assert watcher.refresh().joined == ("10.0.0.1:7", "10.0.0.2:7")
+    assert watcher.addresses == ("10.0.0.1:7", "10.0.0.2:7")
+    answer.reverse()  # another order, the same members: no change
+    assert not watcher.refresh()
+    assert len(changes) == 1
+
+
 def test_dns_watcher_reports_a_forgotten_address_again() -> None:
     resolver = FakeResolver("10.0.0.1", "10.0.0.2")
     refused: list[str] = []
