@@ -10,6 +10,9 @@ sees on the wire.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -19,7 +22,8 @@ from typing import Any
 import grpc
 from tensordict import TensorDict
 
-from actor_service import ActorConfig, ServerThread
+from actor_service import ActorConfig, ActorServer, ServerThread, create_server
+from actor_service._kinds.env.core import EnvCore
 from common.packets import PacketAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -40,6 +44,39 @@ def small_config(**overrides: Any) -> ActorConfig:
         "max_credits": 4,
     }
     return ActorConfig(**(base | overrides))
+
+
+@dataclasses.dataclass
+class HeldStart:
+    """A server starting on its own loop whose env pool is built once ``release`` is set."""
+
+    server: ActorServer
+    release: threading.Event
+    started: concurrent.futures.Future[None]
+
+
+@contextlib.contextmanager
+def held_start(config: ActorConfig) -> Iterator[HeldStart]:
+    """Start a server for ``config``, its pool built once ``release`` is set; stop it after."""
+    release = threading.Event()
+
+    def slow_factory(config: ActorConfig) -> EnvCore:
+        release.wait(30)
+        return EnvCore(config)
+
+    server = create_server(config, slow_factory)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
+    try:
+        yield HeldStart(server, release, started)
+    finally:
+        release.set()
+        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 @dataclasses.dataclass

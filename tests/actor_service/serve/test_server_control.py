@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from actor_harness import Actor, RawCollect, get_state, open_request
+from actor_harness import Actor, RawCollect, get_state, held_start, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
@@ -274,20 +273,9 @@ def test_set_seed_names_the_first_batch_collected_with_the_new_seed(actor: Actor
 
 
 def test_health_is_not_serving_until_the_pool_is_built() -> None:
-    release = threading.Event()
-
-    def slow_factory(config: ActorConfig) -> EnvCore:
-        release.wait(30)
-        return EnvCore(config)
-
-    server = create_server(ActorConfig(host="127.0.0.1", port=0, num_envs=2), slow_factory)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
-    try:
-        poll_until(lambda: server.port is not None, message="bound")
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    with held_start(ActorConfig(host="127.0.0.1", port=0, num_envs=2)) as held:
+        poll_until(lambda: held.server.port is not None, message="bound")
+        channel = grpc.insecure_channel(f"127.0.0.1:{held.server.port}")
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "rlfleet.v1.ActorService"):
             status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
@@ -295,17 +283,11 @@ def test_health_is_not_serving_until_the_pool_is_built() -> None:
         with pytest.raises(grpc.RpcError) as error:
             pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=5)
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
-        release.set()
-        started.result(30)
+        held.release.set()
+        held.started.result(30)
         status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
         assert status == health_pb2.HealthCheckResponse.SERVING
         channel.close()
-    finally:
-        release.set()
-        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def test_health_watch_reports_not_serving_when_the_actor_drains(make_actor: object) -> None:

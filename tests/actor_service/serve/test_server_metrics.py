@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import socket
 import threading
@@ -14,14 +13,13 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from actor_harness import Actor, RawCollect, open_request
+from actor_harness import Actor, RawCollect, held_start, open_request
 from helpers import free_port, poll_until, start_actor
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from actor_service import ActorConfig, create_server
+from actor_service import ActorConfig
 from actor_service._core._settings import EnvPoolSettings
-from actor_service._kinds.env.core import EnvCore
 from actor_service._serve._metrics import BatchHistogram
 from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -184,36 +182,18 @@ def test_actor_metrics_time_env_steps_apart_from_forward_passes(make_actor: obje
 
 
 def test_actor_metrics_say_starting_while_the_pool_is_built() -> None:
-    release = threading.Event()
-
-    def slow_factory(config: ActorConfig) -> EnvCore:
-        release.wait(30)
-        return EnvCore(config)
-
     config = ActorConfig(host="127.0.0.1", port=0, num_envs=2, metrics_port=0)
-    server = create_server(config, slow_factory)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
-    try:
+    with held_start(config) as held:
+        server = held.server
         poll_until(lambda: server.port is not None, message="bound")
         samples = scrape(server.metrics_port)
         assert value(samples, "rlfleet_actor_session_state", state="starting") == 1
         assert value(samples, "rlfleet_actor_credits_outstanding") == 0
         assert "rlfleet_actor_policy_version" not in samples  # no model loaded yet
-        release.set()
-        started.result(30)
-        assert (
-            value(scrape(server.metrics_port), "rlfleet_actor_policy_version", model_id="policy")
-            == 0
-        )
-    finally:
-        release.set()
-        asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        held.release.set()
+        held.started.result(30)
+        samples = scrape(server.metrics_port)
+        assert value(samples, "rlfleet_actor_policy_version", model_id="policy") == 0
 
 
 def test_actor_metrics_say_draining_while_the_actor_drains(make_actor: object) -> None:

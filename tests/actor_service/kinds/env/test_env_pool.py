@@ -158,6 +158,13 @@ def test_a_space_no_wrapper_takes_is_refused_without_naming_wrappers_that_fail(s
     assert "--kind torchrl" not in str(refused.value)
 
 
+def _two_async_envs(factory: str = "", **env_kwargs: Any) -> tuple[Any, list[int]]:
+    """An async pool of two envs (``factory``'s, else CartPole) and its workers' pids."""
+    settings = EnvPoolSettings(env_backend="async", env_factory=factory, env_kwargs=env_kwargs)
+    pool = make_env_pool(ActorConfig(num_envs=2, env_pool=settings))
+    return pool, [p.pid for p in pool.processes]
+
+
 def test_async_pool_steps_in_subprocesses_and_close_reaps_them() -> None:
     pool = make_env_pool(ActorConfig(num_envs=2, env_pool=EnvPoolSettings(env_backend="async")))
     assert isinstance(pool, AsyncVectorEnv)
@@ -188,14 +195,7 @@ def test_step_pool_names_the_declared_shape_when_an_observation_breaks_it() -> N
 
 
 def test_step_pool_raises_the_envs_timeout_if_an_async_env_hangs() -> None:
-    config = ActorConfig(
-        num_envs=2,
-        env_pool=EnvPoolSettings(
-            env_backend="async", env_factory="rlfleet_test_envs:hanging_cartpole"
-        ),
-    )
-    pool = make_env_pool(config)
-    pids = [p.pid for p in pool.processes]
+    pool, pids = _two_async_envs("rlfleet_test_envs:hanging_cartpole")
     try:
         reset_pool(pool, 30.0)
         started = time.monotonic()
@@ -243,14 +243,7 @@ def test_an_async_pool_of_unsupported_spaces_is_reaped_before_the_error() -> Non
 
 
 def test_reset_pool_raises_the_envs_timeout_if_an_async_env_hangs_in_reset() -> None:
-    config = ActorConfig(
-        num_envs=2,
-        env_pool=EnvPoolSettings(
-            env_backend="async", env_factory="rlfleet_test_envs:reset_hanging_cartpole"
-        ),
-    )
-    pool = make_env_pool(config)
-    pids = [p.pid for p in pool.processes]
+    pool, pids = _two_async_envs("rlfleet_test_envs:reset_hanging_cartpole")
     try:
         started = time.monotonic()
         with pytest.raises(EnvError, match=r"an env reset took .*step_timeout=0\.3") as raised:
@@ -266,14 +259,7 @@ def test_close_pool_kills_a_hung_worker_that_ignores_sigterm(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(pool_module, "_REAP_TIMEOUT", 0.2)
-    config = ActorConfig(
-        num_envs=2,
-        env_pool=EnvPoolSettings(
-            env_backend="async", env_factory="rlfleet_test_envs:sigterm_deaf_hanging_cartpole"
-        ),
-    )
-    pool = make_env_pool(config)
-    pids = [p.pid for p in pool.processes]
+    pool, pids = _two_async_envs("rlfleet_test_envs:sigterm_deaf_hanging_cartpole")
     closing = threading.Thread(target=close_pool, args=(pool,), kwargs={"force": True})
     try:
         reset_pool(pool, 30.0)
@@ -290,8 +276,7 @@ def test_close_pool_kills_a_hung_worker_that_ignores_sigterm(
 
 
 def test_kill_pool_kills_an_async_pools_workers_and_counts_the_live_ones() -> None:
-    pool = make_env_pool(ActorConfig(num_envs=2, env_pool=EnvPoolSettings(env_backend="async")))
-    pids = [p.pid for p in pool.processes]
+    pool, pids = _two_async_envs()
     try:
         reset_pool(pool, 30.0)
         assert kill_pool(pool) == 2
@@ -328,16 +313,7 @@ def test_close_pool_closes_a_healthy_async_pools_envs_in_their_workers(
     tmp_path: pathlib.Path,
 ) -> None:
     marker = tmp_path / "closed"
-    config = ActorConfig(
-        num_envs=2,
-        env_pool=EnvPoolSettings(
-            env_backend="async",
-            env_factory="rlfleet_test_envs:close_marking_cartpole",
-            env_kwargs={"marker": str(marker)},
-        ),
-    )
-    pool = make_env_pool(config)
-    pids = [p.pid for p in pool.processes]
+    pool, pids = _two_async_envs("rlfleet_test_envs:close_marking_cartpole", marker=str(marker))
     marker.unlink(missing_ok=True)  # the parent's probe env, closed while building the pool
     reset_pool(pool, 30.0)
     close_pool(pool)
