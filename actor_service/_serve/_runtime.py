@@ -138,7 +138,8 @@ class ActorRuntime:
         if not self.config.shared_memory or self._closed:
             return None
         if self._batch_segments is None:
-            # Unacked batches: those retained (max_credits), the one in flight and a spare.
+            # At most max_credits batches are unacked (one starts only while fewer are
+            # retained); two more for leftovers of batches a resume let go (removed first).
             self._batch_segments = BatchSegments(self.config.max_credits + 2)
         return self._batch_segments
 

@@ -388,6 +388,27 @@ def test_a_second_collector_on_a_held_actor_fails_its_round_at_once_naming_take_
         assert first.next().numel() == 4  # the first kept its session
 
 
+@pytest.mark.long
+def test_a_strict_round_fails_at_once_on_an_actor_another_learner_took_over():
+    """A lost actor (taken over) is never retried, so the round does not wait on a
+    reconnection for it: it fails well within ``batch_timeout``, naming that actor."""
+    with (
+        LocalFleet(2, num_envs=1, grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=8, sync=True, batch_timeout=30) as first,
+    ):
+        first.next()
+        with GrpcCollector(
+            fleet.addresses[1:], frames_per_batch=4, take_over=True, batch_timeout=30
+        ) as second:
+            second.next()
+            poll_until(lambda: first.worker_states[1] == "lost", timeout=10)
+            started = time.monotonic()
+            with pytest.raises(MissingWorkersError) as raised:
+                first.next()
+            assert time.monotonic() - started < 10
+            assert raised.value.worker_ids == [1]
+
+
 def test_partial_rounds_go_on_at_once_without_a_dead_actor():
     """``allow_partial_batches``: a dead actor is left out of each round at once (a round
     does not wait on a reconnection attempt to it)."""

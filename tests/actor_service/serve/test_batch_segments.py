@@ -7,10 +7,12 @@ that memory still holds what was encoded.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
 from actor_harness import Actor, RawCollect, open_request
+from helpers import poll_until
 from tensordict import TensorDict
 
 from actor_service._serve._encoded import _encoded
@@ -143,3 +145,56 @@ def test_an_actor_that_stops_removes_the_segments_of_its_batches(make_actor: obj
     session.cancel()
     actor.handle.stop()
     assert not made & set(os.listdir(SHM_ROOT)), "segments outlived the actor"
+
+
+def _shm_batches(session: RawCollect, count: int) -> dict[int, Segment]:
+    """The next ``count`` batches of ``session``, each a chunk naming its segment, by seq."""
+    named = {}
+    for _ in range(count):
+        reply = session.next()
+        assert isinstance(reply, pb.CollectResponse), reply
+        assert reply.HasField("chunk"), reply
+        shm = reply.chunk.shm
+        assert reply.chunk.HasField("shm"), "the batch went as bytes, not through a segment"
+        named[reply.chunk.seq] = Segment(shm.name, shm.size, shm.crc32c)
+    return named
+
+
+def _resume(actor: Actor, epoch: int, after: int, credits: int) -> RawCollect:
+    """A new session of learner A resuming ``epoch`` after seq ``after`` (the last one ended)."""
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+    session = RawCollect.open(
+        actor.stub,
+        open_request(
+            credits=credits,
+            shm_batches=True,
+            learner_id="A",
+            resume_epoch=epoch,
+            resume_after_seq=after,
+        ),
+    )
+    assert session.opened().resumed
+    return session
+
+
+def test_every_unacked_batch_resent_over_shared_memory_still_lies_in_its_segment(
+    make_actor: Callable[..., Actor],
+) -> None:
+    """max_credits unacked batches all keep their segments, so a learner that resumes reads
+    every re-sent one; segments of batches a resume let go are the ones removed first."""
+    actor = make_actor(shared_memory=True, max_credits=4)
+    session = RawCollect.open(actor.stub, open_request(credits=4, shm_batches=True, learner_id="A"))
+    epoch = session.opened().epoch
+    for after in (0, 4):  # then: batches 1-4 let go by the resume, 5-8 unacked
+        if after:
+            session.cancel()
+            session = _resume(actor, epoch, after, credits=4)
+        sent = _shm_batches(session, 4)
+        assert sorted(sent) == [after + 1, after + 2, after + 3, after + 4]
+        session.cancel()
+        session = _resume(actor, epoch, after, credits=0)
+        resent = _shm_batches(session, 4)
+        assert resent == sent
+        for segment in resent.values():
+            assert read_segment(segment) is not None  # still there, its CRC-32C checked
+    session.close()

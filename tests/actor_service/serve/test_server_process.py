@@ -107,6 +107,43 @@ def test_a_signal_while_the_actor_starts_exits_0(stop: signal.Signals) -> None:
         assert f"stopped by {stop.name} before serving" in err
 
 
+@pytest.mark.long
+def test_a_sigterm_while_the_server_builds_its_envs_stops_it_with_exit_0(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Past the imports the server's own handlers stop it: its env pool never finishes
+    building (a reset that hangs), and SIGTERM still ends it with 0, not 1 or 143."""
+    here = str(pathlib.Path(__file__).parents[1])  # the helpers of tests/actor_service
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    }
+    args = ["--port", "0", "--host", "127.0.0.1", "--num-envs", "1", "--grace-period", "2"]
+    args += ["--env-factory", "rlfleet_test_envs:reset_hanging_cartpole"]
+    log = tmp_path / "actor.log"
+    with (
+        log.open("wb") as stderr,
+        subprocess.Popen(
+            [sys.executable, "-m", "actor_service", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        ) as process,
+    ):
+        try:
+            poll_until(lambda: "actor.listening" in log.read_text(), timeout=60, message="bound")
+            process.send_signal(signal.SIGTERM)
+            out, _ = process.communicate(timeout=30)
+        finally:
+            process.kill()
+    err = log.read_text()
+    assert process.returncode == 0, err[-2000:]
+    assert "rlfleet-actor ready" not in out
+    assert "before serving" not in err  # the server's handler, not the import-time one
+    assert "actor.stopped" in err
+    assert "Traceback" not in err
+
+
 def test_an_actor_binds_an_ipv6_literal_without_brackets() -> None:
     with start_actor(["--host", "::1", "--num-envs", "1"]) as actor:
         with grpc.insecure_channel(f"[::1]:{actor.port}") as channel:
