@@ -257,6 +257,21 @@ def test_torchrl_core_seed_chains_like_torchrl_and_repeats_batches() -> None:
         assert torch.equal(batches[0][key], batches[1][key]), key
 
 
+def test_torchrl_core_seed_fixes_the_policy_initial_weights() -> None:
+    # The seed fixes model initialisation too (a factory that does not seed itself): two
+    # actors of one seed start with one policy, whatever the random state was before.
+    weights = []
+    for drawn in range(2):
+        torch.manual_seed(drawn)
+        with TorchRLCore(_config(policy="counting_greedy_policy", seed=7)) as core:
+            weights.append(
+                {k: v.clone() for k, v in core.models.module("policy").state_dict().items()}
+            )
+    assert weights[0]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_torchrl_core_state_dict_restores_weights_buffers_and_counters() -> None:
     with TorchRLCore(_config()) as core:
         core.configure(CollectSettings(frames_per_batch=20))
@@ -346,6 +361,9 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
             },
             "varying shape under 'observation'",
         ),
+        # The carrier stays on the env's device: a policy device other than the CPU is
+        # refused up front, not left to fail somewhere in a step.
+        ({"device": "meta"}, "runs its policies on the CPU for now, not 'meta'"),
     ],
     ids=[
         "env-raises",
@@ -357,6 +375,7 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         "uint16-observation",
         "heterogeneous",
         "dynamic-spec",
+        "device-not-cpu",
     ],
 )
 def test_torchrl_core_raises_if_the_env_or_policy_cannot_be_built(
@@ -468,6 +487,18 @@ def test_torchrl_core_raises_env_error_and_rebuilds_the_pool_when_the_env_crashe
         batch = core.collect_batch()  # on a rebuilt pool, whose new envs have steps left
     assert isinstance(batch, TensorDict)
     assert batch.batch_size == (1, 2)
+
+
+def test_a_pool_rebuilt_after_a_crash_is_stepped_under_the_sessions_step_limit() -> None:
+    # The step counter of max_frames_per_traj wraps the new pool, not the crashed one.
+    with TorchRLCore(_config(env="crashing_cartpole", num_envs=1)) as core:
+        core.configure(CollectSettings(frames_per_batch=10, max_frames_per_traj=2))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=3, max_frames_per_traj=2))
+        batch = core.collect_batch()
+    assert batch["next", "step_count"].flatten().tolist() == [1, 2, 1]
+    assert batch["next", "truncated"].flatten().tolist() == [False, True, False]
 
 
 def test_a_pool_rebuilt_with_other_specs_is_refused_batch_after_batch() -> None:
