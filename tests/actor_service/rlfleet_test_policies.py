@@ -78,10 +78,12 @@ def td_policy_with_extras(
     return _maybe_general(td_module, general)
 
 
-def td_policy_writing_reward(observation_space: Any, action_space: Any) -> nn.Module:
-    """A TensorDictModule that writes a key the rollout owns (refused at start)."""
+def td_policy_writing_reward(
+    observation_space: Any, action_space: Any, key: str = "reward"
+) -> nn.Module:
+    """A TensorDictModule that writes ``key``, one the rollout owns (refused at start)."""
     module = _ValueAndIndex(int(np.prod(observation_space.shape)), int(action_space.n))
-    return TensorDictModule(module, in_keys=["observation"], out_keys=["action", "reward"])
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action", key])
 
 
 def not_a_module(observation_space: Any, action_space: Any) -> object:
@@ -306,3 +308,67 @@ class _FailsOnCall(nn.Module):
 def failing_policy(observation_space: Any, action_space: Any) -> nn.Module:
     """A TensorDictModule whose module's ``fail_in`` a test sets to make a later call raise."""
     return TensorDictModule(_FailsOnCall(), in_keys=["observation"], out_keys=["action"])
+
+
+class _ScalarExtra(nn.Module):
+    """Has its own ``act_compact`` (acts 0) whose extra ``"loss"`` is 0-dim: no row per env."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(observation.shape[0], dtype=torch.int64)
+
+    def act_compact(self, observation: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        return self(observation), {"loss": torch.zeros(self.shape)}
+
+
+def scalar_extra_policy(
+    observation_space: Any, action_space: Any, shape: tuple[int, ...] = ()
+) -> nn.Module:
+    """A module with ``act_compact`` whose extra ``"loss"`` has ``shape`` whatever the batch."""
+    return _ScalarExtra(tuple(shape))
+
+
+class _Flipping(nn.Module):
+    """Acts 0; its ``"extra"`` differs between odd and even calls in ``differ`` only.
+
+    ``"dtype"``: float32 zeros, then float64 zeros; ``"shape"``: ``[B, 1]`` zeros, then
+    ``[B]`` zeros; ``"nothing"``: float64 NaN every call (equal to itself as the probe compares).
+    """
+
+    def __init__(self, differ: str) -> None:
+        super().__init__()
+        self.differ = differ
+        self.calls = 0
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        batch, odd = observation.shape[0], self.calls % 2 == 1
+        action = torch.zeros(batch, dtype=torch.int64)
+        if self.differ == "dtype":
+            return action, torch.zeros(batch, dtype=torch.float32 if odd else torch.float64)
+        if self.differ == "shape":
+            return action, torch.zeros((batch, 1) if odd else (batch,))
+        return action, torch.full((batch,), float("nan"), dtype=torch.float64)
+
+
+def flipping_policy(observation_space: Any, action_space: Any, differ: str) -> nn.Module:
+    """A stateful TensorDictModule whose probe calls differ in ``differ`` (see ``_Flipping``)."""
+    return TensorDictModule(
+        _Flipping(differ), in_keys=["observation"], out_keys=["action", "extra"]
+    )
+
+
+def private_nested_extra_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """Writes an index ``"action"`` and ``("critic", "_cache")``: private, under a public key."""
+    module = _ValueAndIndex(int(np.prod(observation_space.shape)), int(action_space.n))
+    out_keys = ["action", ("critic", "_cache")]
+    return TensorDictModule(module, in_keys=["observation"], out_keys=out_keys)
+
+
+def actionless_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """A TensorDictModule writing ``"index"`` and ``"score"`` but no ``"action"``."""
+    module = _ValueAndIndex(int(np.prod(observation_space.shape)), int(action_space.n))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["index", "score"])

@@ -65,3 +65,15 @@ def test_rollout_never_folds_split_trajectories_or_small_observations() -> None:
     (batch,) = _collect(True, 1, "FrozenLake-v1", split_trajs=True)
     assert isinstance(batch, TensorDict)
     assert ("next", "observation") in batch.keys(True)
+
+
+@pytest.mark.parametrize(("desc", "folds"), [(["SFFF", "FHFG"], True), (["SFFHFFG"], False)])
+def test_rollout_folds_observations_from_the_minimum_frame_size_on(
+    desc: list[str], folds: bool
+) -> None:
+    """FrozenLake's one-hot int64 observations: 8 cells are 64 bytes (the minimum), 7 are 56."""
+    pool = EnvPoolSettings(env="FrozenLake-v1", env_kwargs={"desc": desc})
+    with EnvCore(ActorConfig(env_pool=pool, num_envs=2, seed=7)) as worker:
+        assert worker.models.observation_codec.shape == (len("".join(desc)),)
+        worker.configure(CollectSettings(frames_per_batch=8, fold_observations=True))
+        assert isinstance(worker.collect_batch(), FoldedBatch) is folds

@@ -25,6 +25,8 @@ from common.policies import make_policy, make_value_mlp
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 PENDULUM = gymnasium.make("Pendulum-v1")
+SCALAR = "rlfleet_test_policies:scalar_extra_policy"
+REWARD = "rlfleet_test_policies:td_policy_writing_reward"
 HERE = str(pathlib.Path(__file__).resolve().parents[2])  # the helpers of tests/actor_service
 
 
@@ -238,6 +240,26 @@ def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
     assert _act(registry, "policy", _obs())["score"].shape == (16,)
 
 
+def test_registry_acts_in_eval_mode_and_drops_private_outputs_under_public_keys() -> None:
+    registry = _registry(ModelSpec(factory="rlfleet_test_policies:private_nested_extra_policy"))
+    assert not any(m.training for m in registry.module("policy").modules())
+    assert set(registry.output_specs("policy")) == {"action"}
+    assert ("critic", "_cache") not in _act(registry, "policy", _obs()).keys(True)
+
+
+@pytest.mark.parametrize(
+    ("differ", "path"), [("dtype", "tensordict"), ("shape", "tensordict"), ("nothing", "tensors")]
+)
+def test_the_probe_takes_the_tensor_path_only_if_outputs_match_in_dtype_shape_and_nan_values(
+    differ: str, path: str
+) -> None:
+    spec = ModelSpec(factory="rlfleet_test_policies:flipping_policy", kwargs={"differ": differ})
+    registry = _registry(spec)
+    assert registry.forward_path("policy") == path
+    if differ == "nothing":
+        assert registry.output_specs("policy")["extra"] == ((), torch.float64)
+
+
 @pytest.mark.parametrize(
     ("specs", "message"),
     [
@@ -245,6 +267,11 @@ def test_registry_keeps_extra_outputs_of_tensordict_modules() -> None:
         ((ModelSpec("p"), ModelSpec("p", "random")), "registered twice"),
         ((ModelSpec(factory="rlfleet_test_policies:not_a_module"),), "not an nn.Module"),
         ((ModelSpec(factory="rlfleet_test_policies:wrong_input_policy"),), "placeholder"),
+        ((ModelSpec(factory="rlfleet_test_policies:scalar_extra_policy"),), "one row per env"),
+        ((ModelSpec(factory=SCALAR, kwargs={"shape": [1]}),), "one row per env"),
+        ((ModelSpec(factory=REWARD, kwargs={"key": "step_count"}),), "rollout writes"),
+        ((ModelSpec(factory=REWARD, kwargs={"key": "collector"}),), "rollout writes"),
+        ((ModelSpec(factory="rlfleet_test_policies:actionless_policy"),), "wrote no 'action'"),
         ((), "at least one model"),
     ],
 )

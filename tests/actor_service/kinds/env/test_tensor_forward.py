@@ -8,11 +8,17 @@ as TorchRL does). Both actors must collect identical batches, sampling included.
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import (
+    ProbabilisticTensorDictModule,
+    ProbabilisticTensorDictSequential,
+    TensorDictModule,
+    TensorDictSequential,
+)
 from torch import nn
 
 from actor_service._config import ActorConfig, ModelSpec
@@ -125,14 +131,35 @@ class _Overridden(TensorDictModule):
         return out
 
 
+class _OwnCall(TensorDictModule):
+    def _call_module(self, tensors: Any, **kwargs: Any) -> Any:
+        return tuple(t * 2 for t in super()._call_module(tensors, **kwargs))
+
+
 def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 2))
+
+
+def _sampled(
+    in_key: str = "logits", out_keys: tuple = ("action",), sequence: dict | None = None, **kwargs
+) -> nn.Module:
+    """``observation -> logits`` then a one-hot sample; ``kwargs`` to the sampling module,
+    ``sequence`` to the ``ProbabilisticTensorDictSequential`` around both."""
+    sample = ProbabilisticTensorDictModule(
+        in_keys=[in_key],
+        out_keys=list(out_keys),
+        distribution_class=torch.distributions.OneHotCategorical,
+        **kwargs,
+    )
+    logits = TensorDictModule(_net(), in_keys=["observation"], out_keys=["logits"])
+    return ProbabilisticTensorDictSequential(logits, sample, **(sequence or {}))
 
 
 @pytest.mark.parametrize(
     "module",
     [
         _Overridden(_net(), in_keys=["observation"], out_keys=["action"]),
+        _OwnCall(_net(), in_keys=["observation"], out_keys=["action"]),
         TensorDictModule(_net(), in_keys=["pixels"], out_keys=["action"]),
         TensorDictModule(_net(), in_keys={"observation": "x"}, out_keys=["action"]),
         TensorDictSequential(
@@ -141,8 +168,25 @@ def _net() -> nn.Module:
             selected_out_keys=["action"],
         ),
         TensorDictModule(_net(), in_keys=["observation"], out_keys=["a", "b"]).select_out_keys("a"),
+        _sampled(sequence={"return_composite": True}),
+        _sampled(sequence={"partial_tolerant": True}),
+        _sampled(num_samples=2),
+        _sampled(in_key="other"),
+        _sampled(out_keys=()),
     ],
-    ids=["forward-override", "unknown-input", "keyword-input", "selected-outputs", "select-hook"],
+    ids=[
+        "forward-override",
+        "call-module-override",
+        "unknown-input",
+        "keyword-input",
+        "selected-outputs",
+        "select-hook",
+        "composite-distribution",
+        "partial-tolerant-actor",
+        "several-samples",
+        "sample-of-an-unknown-input",
+        "nothing-sampled",
+    ],
 )
 def test_modules_whose_behaviour_differs_are_left_to_the_tensordict_path(module) -> None:
     assert tensor_forward(module) is None
@@ -170,3 +214,59 @@ def test_a_module_whose_two_paths_disagree_on_the_probe_keeps_the_tensordict_pat
     calls = batch["calls"][0]
     assert torch.equal(calls, calls.sort().values)
     assert calls.unique().numel() == 40
+
+
+class _Doubled(nn.Sequential):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+class _Negated(nn.Linear):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return -super().__call__(*args, **kwargs)
+
+
+class _Acting(nn.Linear):
+    def act(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.forward(x) + scale
+
+
+def _pre_hooked() -> TensorDictModule:
+    module = TensorDictModule(_net(), in_keys=["observation"], out_keys=["action"])
+    module.register_forward_pre_hook(lambda *_: None)
+    return module
+
+
+def test_a_pre_hooked_module_is_left_to_the_tensordict_path() -> None:
+    assert tensor_forward(_pre_hooked()) is None
+
+
+@pytest.mark.parametrize(
+    ("inner", "kwargs"),
+    [
+        (_Doubled(nn.Linear(4, 2)), {}),
+        (nn.Sequential(_Negated(4, 2)), {}),
+        (_Acting(4, 2), {"method": "act", "method_kwargs": {"scale": 3.0}}),
+    ],
+    ids=["sequential-subclass", "layer-call-override", "method"],
+)
+def test_the_tensor_path_calls_what_the_module_would_call(inner: nn.Module, kwargs: dict) -> None:
+    module = TensorDictModule(inner, in_keys=["observation"], out_keys=["action"], **kwargs)
+    obs = torch.randn(5, 4)
+    forward = tensor_forward(module)
+    assert forward is not None
+    expected = module(TensorDict({"observation": obs}, batch_size=[5]))["action"]
+    torch.testing.assert_close(forward(obs)["action"], expected, rtol=0, atol=0)
+
+
+def test_a_global_forward_hook_runs_on_the_tensor_path_too() -> None:
+    seen: list[int] = []
+    module = TensorDictModule(_net(), in_keys=["observation"], out_keys=["action"])
+    handle = nn.modules.module.register_module_forward_hook(lambda *_: seen.append(1))
+    try:
+        forward = tensor_forward(module)
+        assert forward is not None
+        forward(torch.randn(5, 4))
+    finally:
+        handle.remove()
+    assert seen  # the sequential went through nn.Module.__call__, hooks and all
