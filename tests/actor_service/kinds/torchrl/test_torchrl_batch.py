@@ -10,7 +10,9 @@ import pytest
 import torch
 from tensordict import NonTensorData, TensorDict, TensorDictBase
 
-from actor_service._kinds.torchrl.batch import FrameStacker, stack_frames
+from actor_service._core._frames import FOLD_MIN_FRAME_BYTES
+from actor_service._kinds.torchrl.batch import FrameStacker, fold_observations, stack_frames
+from common.packets.folding import FoldedBatch
 
 DONE_KEYS = ["done", "terminated", "truncated"]  # as `env.done_keys` names them
 
@@ -146,3 +148,54 @@ def test_unbatched_frames_and_non_tensor_entries_stack_as_before() -> None:
             frame.set("text", NonTensorData(f"step {start + t}", batch_size=[2]))
         batch = texts.stack(frames)
         assert [list(row) for row in batch["text"]] == [[f"step {start + t}" for t in range(3)]] * 2
+
+
+def test_private_entries_are_left_out_at_every_level_as_torchrls_collector_leaves_them() -> None:
+    frames = [frame.to("cpu") for frame in _frames(3)]  # as the pool's, on its device
+    for frame in frames:
+        frame.set("_hidden", torch.ones(2, 1))
+        frame.set(("next", "_hidden"), torch.ones(2, 1))
+        frame.set(("next", "agents", "_mask"), torch.ones(2, 1, dtype=torch.bool))
+        frame.set(("next", "agents", "reward"), torch.ones(2, 1))
+    batch = stack_frames(frames, DONE_KEYS, set_truncated=False)
+    private = {"_hidden", ("next", "_hidden"), ("next", "agents", "_mask")}
+    assert set(batch.keys(True, True)) == set(frames[0].keys(True, True)) - private
+    assert frames[0].device == torch.device("cpu")
+    assert batch.device is None  # as a batch decoded from the wire: no device
+
+
+def test_set_truncated_marks_a_nested_truncated_key_and_its_own_done_at_the_last_step() -> None:
+    frames = _frames(3)
+    for frame in frames:
+        for flag in ("done", "terminated", "truncated"):
+            frame.set(("next", "agents", flag), torch.zeros(2, 4, 1, dtype=torch.bool))
+    nested_keys = [("agents", "done"), ("agents", "terminated"), ("agents", "truncated")]
+    done_keys: list[str | tuple[str, ...]] = [*DONE_KEYS, *nested_keys]
+    batch = stack_frames(frames, done_keys, set_truncated=True)
+    for nested in ((), ("agents",)):
+        truncated, done = batch["next", *nested, "truncated"], batch["next", *nested, "done"]
+        assert truncated[:, -1].all(), nested
+        assert done[:, -1].all(), nested
+        assert not truncated[:, :-1].any(), nested
+        assert not done[:, :-1].any(), nested
+    assert not batch["next", "agents", "terminated"].any()
+
+
+def test_observations_without_their_next_entry_are_not_folded() -> None:
+    frames = _frames(4, obs=32)  # 128 bytes of observation a frame: worth folding
+    for frame in frames:
+        frame.set("pixels", torch.zeros(2, 32))  # an observation only the root holds
+    batch = stack_frames(frames, DONE_KEYS, set_truncated=False)
+    assert fold_observations(batch, ["pixels"]) is batch
+    folded = fold_observations(batch, ["observation", "pixels"])
+    assert isinstance(folded, FoldedBatch)
+    assert ("next", "pixels") not in folded.finals.keys(True, True)
+    assert "pixels" not in folded.finals.keys(True, True)
+    assert (folded.unfold() == batch).all()
+
+
+def test_observations_are_folded_from_fold_min_frame_bytes_a_frame_on() -> None:
+    assert FOLD_MIN_FRAME_BYTES == 64  # 16 float32 values
+    for values, folded in ((15, False), (16, True)):
+        batch = stack_frames(_frames(4, obs=values), DONE_KEYS, set_truncated=False)
+        assert isinstance(fold_observations(batch, ["observation"]), FoldedBatch) is folded

@@ -587,6 +587,23 @@ def test_torchrl_core_state_holds_the_env_transforms_state() -> None:
         assert all(torch.equal(_env_stats(second)[k], v) for k, v in stats.items())
 
 
+def test_one_env_stepped_as_it_is_holds_its_state_as_worker0_of_a_pool_of_one() -> None:
+    # As a SerialEnv's state_dict() names its envs: the learner joins actors' pools so.
+    config = _config("normalized_pendulum", "random", num_envs=1)
+    with TorchRLCore(config) as first, TorchRLCore(config) as second:
+        assert first._pool.batch_size == ()
+        first.configure(CollectSettings(frames_per_batch=20))
+        first.collect_batch()
+        state = first.state_dict()
+        assert set(state["env"]) == {"worker0"}
+        stats = _env_stats(first)
+        assert any("loc" in key for key in stats), list(stats)
+        second.load_state_dict(state)
+        restored = _env_stats(second)
+    assert restored.keys() == stats.keys()
+    assert all(torch.equal(restored[k], v) for k, v in stats.items())
+
+
 def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> None:
     with (
         create_server(_config("normalized_pendulum", "random")).run_in_thread() as actor,

@@ -135,6 +135,13 @@ def test_load_state_cannot_change_the_env_weights_past_their_models_version() ->
             copy.fill_(42.0)
         with pytest.raises(WeightsError, match="change only with that model"):
             core.load_state_dict(forged)
+        del forged["models"][ENV_MODEL_ID]  # no env weights of its own: those held now rule
+        with pytest.raises(WeightsError, match="change only with that model"):
+            core.load_state_dict(forged)
+        malformed = core.state_dict()  # weights that are no mapping: refused as such
+        malformed["models"][ENV_MODEL_ID]["weights"] = []
+        with pytest.raises(WeightsError):
+            core.load_state_dict(malformed)
         newer = core.state_dict()  # version 4 with new weights, the env section's old copies
         newer["models"][ENV_MODEL_ID]["version"] = 4
         for weights in newer["models"][ENV_MODEL_ID]["weights"].values():
