@@ -116,6 +116,7 @@ def test_held_out_problems_are_distinct_and_cover_one_digit_sums():
     problems = held_out_problems(task, 1000, seed=1)
     assert len(problems) == 100  # a+b for a, b in 0..9: the whole space, no more
     assert len({p.query for p in problems}) == 100
+    assert len(held_out_problems(task, 10, seed=1)) == 10  # as many as asked, when there are
     assert held_out_problems(task, 10, seed=1) == held_out_problems(task, 10, seed=1)
 
 
@@ -150,8 +151,11 @@ def test_update_past_the_clip_range_leaves_the_weights_and_reports_the_clipped_l
     model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
     settings = GenerationSettings(max_new_tokens=3, temperature=1.0)
     batch = _batch(model, tok, [1.0, 0.0, 0.0, 0.0], settings)
+    # One answer cut to 1 token: its last 2 positions are padding, whose recorded log-probs
+    # are garbage and must count nowhere (not in the ratio, the loss, nor the figures).
+    batch["response_len"][1] = 1
     mask = torch.arange(3)[None, :] < batch["response_len"][:, None]
-    shift = torch.tensor([-1.0, 1.0, 1.0, 1.0])[:, None] * mask
+    shift = torch.tensor([-1.0, 1.0, 1.0, 1.0])[:, None] * mask - 1e3 * ~mask
     batch["log_probs"] = batch["log_probs"] + shift[:, : batch["log_probs"].shape[1]]
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     config = GRPOConfig(lr=1e-2, ent_coef=0.0, clip_eps=0.2, epochs=1)
@@ -174,3 +178,59 @@ def test_update_takes_epochs_gradient_steps_on_each_batch():
     stats = learner.update(batch)
     assert len(taken) == 3
     assert stats["approx_kl"] > 1e-6  # the second and third steps are off the actors' policy
+
+
+@pytest.mark.parametrize(("lr", "max_grad_norm"), [(1e-3, float("inf")), (1.0, 1e-3)])
+def test_update_steps_follow_their_own_clipped_gradient_only(lr, max_grad_norm):
+    """Each of ``epochs`` plain SGD steps moves by its own gradient, clipped to
+    ``max_grad_norm``: the second step of two is as long as the first (the first's gradient
+    is not added to it), and a clipped step is exactly ``lr * max_grad_norm`` long."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    settings = GenerationSettings(max_new_tokens=2, temperature=1.0)
+    batch = _batch(model, tok, [1.0, 0.0, 0.0, 0.0], settings)
+    config = GRPOConfig(ent_coef=0.0, epochs=2, max_grad_norm=max_grad_norm)
+    learner = GRPOLearner(model, settings, config)
+    learner.optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    lengths = []
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def record(*_):
+        now = [p.detach().clone() for p in model.parameters()]
+        moved = torch.cat([(n - b).flatten() for n, b in zip(now, before, strict=True)])
+        lengths.append(float(moved.norm()))
+        before[:] = now
+
+    learner.optimizer.register_step_post_hook(record)
+    learner.update(batch)
+    assert len(lengths) == 2
+    assert lengths[1] == pytest.approx(lengths[0], rel=0.1)
+    if max_grad_norm < 1:
+        assert lengths[0] == pytest.approx(lr * max_grad_norm, rel=1e-3)
+
+
+def test_update_reports_the_mean_over_its_epochs():
+    """At lr 0 the ``epochs`` steps are alike: the figures are one step's, not their sum."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    settings = GenerationSettings(max_new_tokens=2, temperature=1.0)
+    batch = _batch(model, tok, [1.0, 0.0, 0.0, 0.0], settings)
+    once = GRPOLearner(model, settings, GRPOConfig(lr=0.0, epochs=1)).update(batch)
+    thrice = GRPOLearner(model, settings, GRPOConfig(lr=0.0, epochs=3)).update(batch)
+    assert once["loss"] != 0.0
+    for key, value in once.items():
+        assert thrice[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_evaluator_answers_greedily_not_by_sampling():
+    """A model that says "7" with probability 0.62 and "x" otherwise: greedy, it always
+    says "7" (right on the 10 sums ending in 7); sampling would say "x" now and then."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    task = build_task("arith")
+    problems = held_out_problems(task, 100, seed=0)
+    logits = torch.full((len(tok),), -1e4)
+    logits[tok.convert_tokens_to_ids("7")] = 0.5
+    logits[tok.convert_tokens_to_ids("x")] = 0.0
+    model.register_forward_hook(
+        lambda m, i, out: out.__setitem__("logits", torch.zeros_like(out.logits) + logits)
+    )
+    torch.manual_seed(0)
+    assert Evaluator(task, problems, tok, max_new_tokens=1).accuracy(model) == 0.1

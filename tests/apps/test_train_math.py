@@ -132,3 +132,12 @@ def test_episode_tracker_keeps_equal_traj_ids_of_different_workers_apart():
 def test_episode_tracker_raises_if_window_is_not_positive():
     with pytest.raises(ValueError, match="window"):
         EpisodeTracker(window=0)
+
+
+def test_episode_tracker_is_full_at_exactly_window_episodes():
+    tracker = EpisodeTracker(window=2)
+    tracker.add(_batch([[0], [1]], [[1], [3]], [[True], [False]]), frames=2)
+    assert not tracker.recent_full
+    tracker.add(_batch([[0], [1]], [[1], [3]], [[False], [True]]), frames=4)
+    assert tracker.recent_full
+    assert tracker.recent_mean == pytest.approx((1 + 6) / 2)
