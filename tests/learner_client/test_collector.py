@@ -611,6 +611,7 @@ def test_collector_add_collectors_resplits_a_sync_fleet(fleet):
         assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 2]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("layout", [{"cat_results": 0}, {"split_trajs": True}])
 def test_an_actor_of_another_env_is_refused_where_the_layout_needs_one_env(fleet, layout):
     """cat_results=0 and split_trajs lay out one env's entries: another env's actor is

@@ -130,6 +130,7 @@ _LEFT_AT_EXIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long
 def test_a_collector_left_at_exit_stops_its_fleet_and_leaves_no_segment() -> None:
     done = subprocess.run(
         [sys.executable, "-W", "default", "-c", _LEFT_AT_EXIT], cwd=ROOT,

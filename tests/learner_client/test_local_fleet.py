@@ -184,6 +184,7 @@ def test_local_fleet_refuses_objects_where_actors_need_names():
         LocalFleet(1, "CartPole-v1", policy=policy)
 
 
+@pytest.mark.long
 def test_local_fleet_takes_no_env_id_beside_an_env_factory_and_ids_without_a_version(
     monkeypatch,
 ):
@@ -467,6 +468,7 @@ def test_an_actor_restarted_is_given_the_push_it_took_whole_and_versions_never_f
         assert pushed == {0: version + 3, 1: version + 3}
 
 
+@pytest.mark.long
 def test_an_actor_restarted_after_a_checkpoint_restore_is_given_the_checkpoints_weights():
     """A restore's weights are what each actor should hold from then on: one that restarts
     after it is given them again before its share is used (it came back with its initial
@@ -519,6 +521,7 @@ def test_a_fleet_takes_any_integer_seed_up_to_the_largest_one():
         assert collector.next().numel() == 4
 
 
+@pytest.mark.long
 def test_an_actor_down_during_an_automatic_push_is_given_that_push_when_it_returns():
     """The ``policy=`` module's automatic push goes to the actors that are up; one that was
     down is given that push when it is re-admitted (it used to get the push before it, and
