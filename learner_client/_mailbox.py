@@ -137,7 +137,8 @@ class Mailbox:
         self._send_credit = send_credit
         self._send_ack = send_ack
         self._lazy = lazy
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._slots: dict[int, _Slot] = {}
         self._arrivals = itertools.count()
         self._paused = False
@@ -353,7 +354,7 @@ class Mailbox:
                 remaining = deadline - time.monotonic()
                 if not busy or remaining <= 0 or self._closed:
                     return busy
-                self._cond.wait(min(remaining, _POLL_SECONDS))
+                self._wait(min(remaining, _POLL_SECONDS))
 
     def snapshot(self) -> dict[int, MailboxStats]:
         """Each actor's :class:`MailboxStats` by worker_id, for stats and tests."""
@@ -387,7 +388,7 @@ class Mailbox:
                     return None
                 self._waiting_takes += 1
                 try:
-                    self._cond.wait(min(remaining, _POLL_SECONDS))
+                    self._wait(min(remaining, _POLL_SECONDS))
                 finally:
                     self._waiting_takes -= 1
 
@@ -418,7 +419,7 @@ class Mailbox:
                     break
                 if partial and len(down) == len(missing) and len(missing) < len(worker_ids):
                     break
-                self._cond.wait(min(remaining, _POLL_SECONDS))
+                self._wait(min(remaining, _POLL_SECONDS))
             if missing and not partial:
                 for w in missing:  # also one whose woken attempt outlived the round
                     slot = self._slots[w]
@@ -435,6 +436,22 @@ class Mailbox:
             return [w for w in worker_ids if not self._slots[w].alive]
 
     # ------------------------------------------------------------ internals
+
+    def _wait(self, timeout: float) -> None:
+        """``self._cond.wait(timeout)``, the lock held again whatever the wait raised.
+
+        CPython's ``Condition.wait`` releases the lock a step before the ``try`` whose
+        ``finally`` takes it back: a signal handler raising in that step (Ctrl-C's
+        KeyboardInterrupt, the apps' SIGTERM) left it released, and the caller's ``with``
+        then raised ``RuntimeError: cannot release un-acquired lock`` over the interrupt.
+        """
+        try:
+            self._cond.wait(timeout)
+        except BaseException:
+            # RLock's own ownership check (what Condition uses); typeshed leaves it out.
+            if not self._lock._is_owned():  # type: ignore[attr-defined]
+                self._lock.acquire()
+            raise
 
     def _check_open(self) -> None:
         if self._closed:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import linecache
+import sys
 import threading
 import time
 
@@ -464,3 +466,44 @@ def test_mailbox_no_claim_without_an_outstanding_credit():
     assert take.join() is None
     assert box.snapshot()[0].outstanding == 0
     assert wire.credits == []
+
+
+def _interrupt_between_release_and_retake(frame, event, arg):
+    """A trace function raising KeyboardInterrupt where a signal handler may: in
+    ``Condition.wait`` after its lock is released, before the ``try`` that takes it back."""
+    if frame.f_code is not threading.Condition.wait.__code__:
+        return None
+
+    def local(frame, event, arg):
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if event == "line" and line == "gotit = False":
+            raise KeyboardInterrupt("signal 2")
+        return local
+
+    return local
+
+
+@pytest.mark.parametrize("take", ["round", "any", "idle"])
+def test_a_ctrl_c_in_the_middle_of_a_wait_raises_keyboard_interrupt_and_leaves_the_lock_held(
+    take: str,
+) -> None:
+    box, _ = make_mailbox(window=1)
+    box.add_worker(0, max_credits=1)
+    box.session_opened(0)
+    calls = {
+        "round": lambda: box.take_round([0], 5.0, partial=False),
+        "any": lambda: box.take_any(5.0),
+        "idle": lambda: box.wait_idle(5.0),
+    }
+    sys.settrace(_interrupt_between_release_and_retake)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal 2"):
+            calls[take]()
+    finally:
+        sys.settrace(None)
+    # The lock is free again for the stream's thread, and the mailbox works.
+    delivered = threading.Thread(target=box.put, args=(delivery(0, 1),))
+    delivered.start()
+    delivered.join(5)
+    assert not delivered.is_alive()
+    assert box.take_any(1.0) is not None
