@@ -47,6 +47,21 @@ def _drop_completions_of_closed_loops(
     loop.default_exception_handler(context)
 
 
+def _done_within(future: concurrent.futures.Future[Any], timeout: float | None) -> bool:
+    """Whether ``future`` finished within ``timeout`` seconds (None: as long as it takes).
+
+    The wait is a plain lock's, not ``Future.result``'s ``Condition.wait``: that releases its
+    lock one step before the ``try`` that takes it back, so a Ctrl-C (a signal handler's
+    exception) landing in that step surfaced as ``RuntimeError: cannot release un-acquired
+    lock`` instead of KeyboardInterrupt. A lock's acquire raises the handler's exception as
+    it is.
+    """
+    finished = threading.Lock()
+    finished.acquire()
+    future.add_done_callback(lambda _: finished.release())
+    return finished.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+
+
 class LoopThread:
     """An event loop running in a daemon thread.
 
@@ -77,7 +92,9 @@ class LoopThread:
             raise ClosedError("the collector is shut down")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return future.result(timeout)
+            if not _done_within(future, timeout):
+                raise concurrent.futures.TimeoutError
+            return future.result(0)
         except concurrent.futures.TimeoutError as exc:
             if isinstance(exc, RlfleetError):  # the operation's own DeadlineError names its call
                 raise

@@ -9,6 +9,8 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
 * :func:`self_signed_cert` makes a throwaway certificate for localhost / 127.0.0.1.
 * :func:`start_local_ray` runs what starts a local Ray (``ray.init`` or a fleet's ``start``),
   once more if Ray's own start timed out, and :func:`stop_local_ray` waits for its processes.
+* :func:`interrupt_in_condition_wait` is a trace function raising KeyboardInterrupt at the
+  one step of ``threading.Condition.wait`` where a Ctrl-C leaves its lock released.
 * :func:`start_actor` runs ``python -m actor_service`` (the ``rlfleet-actor``
   command) with the given flags, waits for its ready line and returns an
   :class:`ActorProcess`; use it as a context manager so the process is always
@@ -17,6 +19,7 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
 
 from __future__ import annotations
 
+import linecache
 import os
 import pathlib
 import queue
@@ -29,12 +32,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from types import FrameType
+from typing import Any, TypeVar
 
 __all__ = [
     "ActorProcess",
     "free_port",
     "grpcurl_path",
+    "interrupt_in_condition_wait",
     "poll_until",
     "self_signed_cert",
     "start_actor",
@@ -75,6 +80,24 @@ def poll_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {timeout:.1f}s: {message}".rstrip(": "))
         time.sleep(interval)
+
+
+TraceFunction = Callable[[FrameType, str, Any], Any]
+
+
+def interrupt_in_condition_wait(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
+    """A trace function raising KeyboardInterrupt where a signal handler may: in
+    ``Condition.wait`` after its lock is released, before the ``try`` that takes it back."""
+    if frame.f_code is not threading.Condition.wait.__code__:
+        return None
+
+    def local(frame: FrameType, event: str, arg: Any) -> TraceFunction:
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if event == "line" and line == "gotit = False":
+            raise KeyboardInterrupt("signal 2")
+        return local
+
+    return local
 
 
 def free_port() -> int:

@@ -1,14 +1,18 @@
-"""The learner's loop thread: grpc completions of a closed collector's loop stay quiet."""
+"""The learner's loop thread: grpc completions of a closed collector's loop stay quiet, a
+Ctrl-C while a call waits raises KeyboardInterrupt."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 import threading
 import time
 
 import grpc
 import pytest
+from helpers import interrupt_in_condition_wait
 
 from common.errors import DeadlineError
 from learner_client._loop_thread import LoopThread
@@ -100,4 +104,29 @@ def test_an_operations_own_deadline_error_reaches_the_caller_with_its_words() ->
             loop.run(hangs(), 0.2)
         assert time.monotonic() - start < 2
     finally:
+        loop.close(5.0)
+
+
+def test_a_ctrl_c_while_a_call_waits_raises_keyboard_interrupt_and_the_loop_goes_on() -> None:
+    """A push or a stop waits in ``LoopThread.run``; a Ctrl-C there is KeyboardInterrupt. The
+    wait was ``Future.result``'s ``Condition.wait``, where an interrupt at one step surfaced as
+    ``RuntimeError: cannot release un-acquired lock`` (the trace function raises it there)."""
+    loop = LoopThread("test-loop")
+
+    async def slow() -> int:
+        await asyncio.sleep(0.5)
+        return 1
+
+    ctrl_c = threading.Timer(0.1, signal.pthread_kill, (threading.main_thread().ident, 2))
+    try:
+        ctrl_c.start()  # its start waits on a Condition itself: before the trace
+        sys.settrace(interrupt_in_condition_wait)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(slow(), 5.0)
+        sys.settrace(None)
+        ctrl_c.join()
+        assert loop.run(slow(), 5.0) == 1
+    finally:
+        sys.settrace(None)
+        ctrl_c.cancel()
         loop.close(5.0)

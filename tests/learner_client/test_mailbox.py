@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import linecache
 import sys
 import threading
 import time
 
 import pytest
 import torch
+from helpers import interrupt_in_condition_wait
 from tensordict import TensorDict
 
 from common.errors import SessionStateError
@@ -468,21 +468,6 @@ def test_mailbox_no_claim_without_an_outstanding_credit():
     assert wire.credits == []
 
 
-def _interrupt_between_release_and_retake(frame, event, arg):
-    """A trace function raising KeyboardInterrupt where a signal handler may: in
-    ``Condition.wait`` after its lock is released, before the ``try`` that takes it back."""
-    if frame.f_code is not threading.Condition.wait.__code__:
-        return None
-
-    def local(frame, event, arg):
-        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-        if event == "line" and line == "gotit = False":
-            raise KeyboardInterrupt("signal 2")
-        return local
-
-    return local
-
-
 @pytest.mark.parametrize("take", ["round", "any", "idle"])
 def test_a_ctrl_c_in_the_middle_of_a_wait_raises_keyboard_interrupt_and_leaves_the_lock_held(
     take: str,
@@ -495,7 +480,7 @@ def test_a_ctrl_c_in_the_middle_of_a_wait_raises_keyboard_interrupt_and_leaves_t
         "any": lambda: box.take_any(5.0),
         "idle": lambda: box.wait_idle(5.0),
     }
-    sys.settrace(_interrupt_between_release_and_retake)
+    sys.settrace(interrupt_in_condition_wait)
     try:
         with pytest.raises(KeyboardInterrupt, match="signal 2"):
             calls[take]()
