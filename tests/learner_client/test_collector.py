@@ -17,7 +17,7 @@ from helpers import free_port, poll_until, self_signed_cert, start_actor
 from learner_fleet import live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-from common.errors import ActorUnavailableError, ProtocolError, SessionStateError
+from common.errors import ActorUnavailableError, ClosedError, ProtocolError, SessionStateError
 from learner_client import GrpcCollector, RemoteActor
 
 
@@ -291,8 +291,14 @@ def test_collector_replay_buffer_start_pause_async_shutdown(fleet):
             time.sleep(0.3)
             assert len(rb) == held
         poll_until(lambda: len(rb) > held, timeout=30, message="collection resumed")
+        with pytest.raises(ValueError, match="timeout"):  # checked before anything closes
+            collector.async_shutdown(timeout=-1)
+        assert collector.is_running()
     finally:
         collector.async_shutdown(timeout=10)
+    assert not collector.is_running()
+    with pytest.raises(ClosedError, match="shut down"):
+        collector.start()
     assert not collector.is_running()
     assert collector.stats()["background_failed"] is False
     assert rb[0]["collector", "worker_id"].dtype == torch.int64

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from common.config import (
     MAX_FRAMES_PER_BATCH,
     PROTOCOL_VERSION,
     CollectSettings,
+    CompileSettings,
     ExplorationType,
     protocol_mismatch,
     same_device,
@@ -25,6 +27,7 @@ from common.config import (
 from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client import GrpcCollector
+from learner_client._ray_dropin import RAY_WARNED
 from learner_client._settings import (
     FleetMember,
     check_addresses,
@@ -33,6 +36,7 @@ from learner_client._settings import (
     normalize_cat_results,
     normalize_exploration_type,
 )
+from learner_client._torchrl_compat import ActorPlacement, check_env_signature, check_no_effect
 
 DEFAULTS = dict(
     frames_per_batch=16,
@@ -105,6 +109,13 @@ def members(*num_envs: int) -> list[FleetMember]:
         ({"dns_refresh_interval": float("nan")}, ValueError, "dns_refresh_interval"),
         ({"dns_refresh_interval": 1e12}, ValueError, "dns_refresh_interval"),  # killed its thread
         ({"dns_refresh_interval": "5"}, TypeError, "dns_refresh_interval"),
+        # TorchRL's flags are bools: a truthy string or int is not read as one.
+        ({"update_at_each_batch": 1}, TypeError, "update_at_each_batch must be a bool"),
+        ({"update_after_each_batch": "no"}, TypeError, "update_after_each_batch must be a bool"),
+        # Complete-trajectory batches are refused whatever the value, a falsy one too.
+        ({"trajs_per_batch": 0}, ValueError, "trajs_per_batch=0"),
+        ({"traj_format": ""}, ValueError, "traj_format=''"),
+        ({"env_device": ["cpu", "cpu", "cuda"]}, ValueError, "per-worker list must name one"),
     ],
 )
 def test_collector_raises_if_a_value_is_out_of_range(override, error, message):
@@ -374,6 +385,54 @@ def test_collect_settings_defaults_mean_what_torchrl_collectors_defaults_mean() 
     for name in ("reset_at_each_iter", "reset_when_done", "set_truncated"):
         assert getattr(ours, name) is torchrl[name].default, name
     assert ours.exploration_type.name == torchrl["exploration_type"].default.name
+
+
+def test_compile_and_cudagraph_policy_are_read_as_torchrl_reads_them() -> None:
+    """TorchRL: compiled/CUDA-graphed unless the value is False or None, a dict is the options."""
+    for off in (None, False):
+        placement = ActorPlacement.from_torchrl(compile_policy=off, cudagraph_policy=off)
+        assert (placement.compile_policy, placement.cudagraph_policy) == (None, False)
+    on_values: tuple[object, ...] = (True, {})
+    for on in on_values:
+        placement = ActorPlacement.from_torchrl(compile_policy=on, cudagraph_policy=on)
+        assert (placement.compile_policy, placement.cudagraph_policy) == (CompileSettings(), True)
+    placement = ActorPlacement.from_torchrl(
+        compile_policy={"mode": None, "fullgraph": True}, cudagraph_policy={"warmup": 3}
+    )
+    assert placement.compile_policy == CompileSettings(mode="", fullgraph=True)
+    assert placement.cudagraph_policy is True
+
+
+def test_inert_arguments_warn_when_marked_and_the_ray_form_names_more() -> None:
+    """A marked argument warns off its default only; the drop-in Ray form warns for more."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_no_effect({"extend_buffer": True, "trust_policy": True, "use_env_creator": True})
+        check_no_effect({"trust_policy": None, "no_cuda_sync": None}, RAY_WARNED)
+    with pytest.warns(UserWarning, match="extend_buffer=False has no effect"):
+        check_no_effect({"extend_buffer": False})
+    for name in sorted(RAY_WARNED):
+        with pytest.warns(UserWarning, match=f"{name}=True has no effect over gRPC"):
+            check_no_effect({name: True}, RAY_WARNED)
+
+
+def test_a_batch_unlike_create_env_fns_env_in_key_shape_or_dtype_is_refused() -> None:
+    expected = {"observation": ((4,), torch.float32), ("next", "reward"): ((1,), torch.float32)}
+    fits = TensorDict(
+        {"observation": torch.zeros(2, 3, 4), "next": {"reward": torch.zeros(2, 3, 1)}}, [2, 3]
+    )
+    check_env_signature(expected, fits, "actors [0]")
+    for key, value, message in [
+        ("observation", torch.zeros(2, 3, 4, dtype=torch.float64), "as \\[4\\] torch.float32"),
+        ("observation", torch.zeros(2, 3, 5), "the batches of actors \\[0\\] as \\[5\\]"),
+        (("next", "reward"), torch.zeros(2, 3, 1, dtype=torch.int64), "torch.int64"),
+    ]:
+        batch = fits.clone()
+        batch.set(key, value)
+        with pytest.raises(ValueError, match=message):
+            check_env_signature(expected, batch, "actors [0]")
+    with pytest.raises(ValueError, match="which the batches of actors \\[0\\] lack"):
+        check_env_signature(expected, fits.exclude("observation"), "actors [0]")
 
 
 def test_collect_settings_refuse_env_knobs_with_llm_and_values_of_the_wrong_type() -> None:

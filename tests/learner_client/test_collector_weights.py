@@ -291,6 +291,31 @@ def test_update_after_each_batch_async_updates_the_worker_that_delivered(fleet):
         assert collector.policy_version == version + 5  # before batches 2..6
 
 
+def test_update_after_each_batch_async_leaves_the_workers_that_did_not_deliver_alone(fleet):
+    """Async (TorchRL's RayCollector): only the worker whose batch was yielded is updated."""
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=4, update_after_each_batch=True
+    ) as collector:
+        version = collector.update_policy_weights_(cartpole_policy())[0]
+        delivered = int(collector.next()["collector", "worker_id"].flatten()[0])
+        collector.next()  # pushed to ``delivered`` alone before it
+        stats = collector.stats("both")
+        held = {w: stats[f"worker_{w}/policy_version"] for w in (0, 2)}
+    assert held == {w: version + (w == delivered) for w in (0, 2)}
+    assert stats["auto_pushes"] == 1
+
+
+def test_a_policy_pushed_to_some_workers_still_reaches_the_others_before_the_next_batch(fleet):
+    policy = cartpole_policy()
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True, policy=policy) as c:
+        c.next()
+        with torch.no_grad():  # trained in place, then pushed to worker 0 alone
+            next(policy.parameters()).add_(1.0)
+        version = c.update_policy_weights_(worker_ids=[0])[0]
+        batch = c.next()  # worker 2 must get the trained module first
+        assert batch["policy_version"][1].unique().tolist() == [version + 1]
+
+
 def test_state_dict_round_trips_counters_and_actor_weights(fleet):
     with GrpcCollector(
         addresses(fleet, 0, 2), frames_per_batch=8, total_frames=16, sync=True
