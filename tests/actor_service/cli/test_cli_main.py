@@ -583,3 +583,69 @@ def test_a_factory_neither_an_import_path_nor_a_callable_is_refused_by_name(kind
         ValueError, match=r"env_factory must be an import path or a callable, got 42"
     ):
         ActorConfig(kind=kind, env_pool=EnvPoolSettings(env_factory=42))  # type: ignore[arg-type]
+
+
+def test_cli_takes_each_integer_flag_at_the_low_end_of_its_range() -> None:
+    flags = ["--port", "0", "--worker-id", "0", "--num-envs", "1", "--max-credits", "1"]
+    flags += ["--torch-threads", "1", "--health-port", "0", "--max-weight-bytes", "1"]
+    config = _parse(flags)
+    assert (config.port, config.worker_id, config.num_envs, config.max_credits) == (0, 0, 1, 1)
+    assert (config.torch_threads, config.health_port, config.max_weight_bytes) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("yes", True), ("True", True), (" 1 ", True), ("no", False), ("FALSE", False), ("0", False)],
+)
+def test_cli_reads_each_spelling_of_a_boolean_flag_and_variable(text: str, value: bool) -> None:
+    assert _parse(["--shared-memory", text]).shared_memory is value
+    assert _parse([], {"RLFLEET_SHARED_MEMORY": text}).shared_memory is value
+    assert _parse(["--no-shared-memory"], {"RLFLEET_SHARED_MEMORY": "yes"}).shared_memory is False
+
+
+@pytest.mark.parametrize("flag", ["--env", "--device", "--task", "--policy"])
+def test_cli_refuses_a_blank_value_naming_its_flag(
+    capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    assert flag in _error(capsys, [flag, "  "])
+
+
+def test_cli_refuses_an_env_factory_that_is_not_an_import_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "--env-factory" in _error(capsys, ["--env-factory", "no_colon"])
+    assert "RLFLEET_ENV_FACTORY" in _error(capsys, [], {"RLFLEET_ENV_FACTORY": "a b:c"})
+    assert _parse([], {"RLFLEET_ENV_FACTORY": ""}).env_factory == ""
+
+
+def test_cli_reads_a_blank_optional_variable_as_unset() -> None:
+    blank = {f"RLFLEET_{name}": " " for name in ("METRICS_PORT", "SEED", "LORA", "MAX_MODEL_LEN")}
+    config = _parse([], blank)
+    assert (config.metrics_port, config.seed, config.lora, config.max_model_len) == (None,) * 4
+
+
+def test_cli_worker_id_is_0_when_the_hostname_ordinal_is_past_the_largest_id() -> None:
+    assert default_worker_id({}, "node-65535") == 65535
+    assert default_worker_id({}, "node-65536") == 0
+    assert _parse([], hostname="ip-10-0-0-123456").worker_id == 0
+    with pytest.raises(ValueError, match=r"in \[0, 65535\], got 70000"):
+        default_worker_id({"RLFLEET_WORKER_ID": "70000"}, "node-1")
+
+
+def test_cli_an_empty_flag_wins_over_its_variable() -> None:
+    given = {"RLFLEET_HEALTH_PORT": "6001", "RLFLEET_SEED": "4"}
+    config = _parse(["--health-port", "", "--seed", ""], given)
+    assert (config.health_port, config.seed) == (None, None)
+
+
+def test_cli_refuses_an_extra_model_named_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "use --policy" in _error(capsys, ["--model", "policy=mlp"])
+    assert "use --policy" in _error(capsys, [], {"RLFLEET_MODELS": "policy=random"})
+
+
+def test_cli_model_variables_blank_mean_none_and_kwargs_must_be_objects(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _parse([], {"RLFLEET_MODELS": " "}).models == (ModelSpec("policy", "mlp", {}),)
+    given = {"RLFLEET_MODELS": "critic=mlp", "RLFLEET_MODEL_KWARGS": '{"critic": 3}'}
+    assert "'critic' must map to a JSON object" in _error(capsys, [], given)

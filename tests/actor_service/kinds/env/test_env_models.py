@@ -17,7 +17,7 @@ from tensordict.nn import InteractionType, set_interaction_type
 from actor_service._config import ModelSpec
 from actor_service._core._frames import interaction_of
 from actor_service._kinds.env.models import ModelRegistry
-from actor_service._kinds.env.spaces import ActionCodec
+from actor_service._kinds.env.spaces import ActionCodec, ObservationCodec
 from common.config import ExplorationType
 from common.errors import InternalError, StaleVersionError, UnknownModelError, WeightsError
 from common.import_paths import load_callable
@@ -520,3 +520,20 @@ def test_mlp_policy_state_dict_holds_each_parameter_once(space) -> None:
     of the same layers built without them loads the state strictly."""
     policy = make_policy("mlp", PENDULUM.observation_space, space, hidden=(8,))
     assert sorted(policy.state_dict()) == sorted(name for name, _ in policy.named_parameters())
+
+
+def test_observation_codec_batches_a_scalar_box_as_one_element() -> None:
+    codec = ObservationCodec(gymnasium.spaces.Box(-1.0, 1.0, shape=(), dtype=np.float32))
+    assert codec.shape == (1,)
+    assert codec.encode(np.array([0.5, -0.5], dtype=np.float32)).tolist() == [[0.5], [-0.5]]
+    assert codec.placeholder(2).shape == (2,)
+
+
+def test_observation_codec_placeholder_lies_inside_the_box() -> None:
+    codec = ObservationCodec(gymnasium.spaces.Box(1.0, 2.0, shape=(2,), dtype=np.float32))
+    assert codec.placeholder(1).tolist() == [[1.0, 1.0]]
+
+
+def test_action_codec_refuses_an_action_that_is_not_a_tensor_as_the_policys_fault() -> None:
+    with pytest.raises(InternalError, match="returned a list as action, not a tensor"):
+        ActionCodec(PENDULUM.action_space).from_policy([[0.0]], 1)  # type: ignore[arg-type]

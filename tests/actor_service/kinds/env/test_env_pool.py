@@ -329,3 +329,19 @@ def test_the_check_names_kind_torchrl_for_a_torchrl_env_class_of_the_users_own()
         ValueError, match=r"returns a TorchRL env \(_UsersCountingEnv\).*--kind torchrl"
     ):
         check(config)
+
+
+def test_an_unsupported_action_space_is_not_told_to_flatten_observations() -> None:
+    space = gymnasium.spaces.Dict({"a": gymnasium.spaces.Box(0, 1, (2,))})
+    with pytest.raises(
+        ValueError, match=r"^action space Dict of 1 spaces .*--kind torchrl"
+    ) as info:
+        check_space(space, "action")
+    assert "FlattenObservation" not in str(info.value)
+
+
+def test_an_unsupported_space_with_a_huge_repr_is_cut_in_the_message() -> None:
+    space = gymnasium.spaces.Text(5, charset="".join(chr(c) for c in range(0x100, 0x900)))
+    with pytest.raises(ValueError, match="is not supported") as info:
+        check_space(space, "observation")
+    assert len(str(info.value)) < 1000
