@@ -99,7 +99,9 @@ def _u8(values: list) -> torch.Tensor:
         ({"indices:w": torch.tensor([4, 1]), "values:w": torch.ones(2)}, "strictly increasing"),
         ({"indices:w": torch.tensor([1]), "values:w": torch.ones(1, dtype=torch.float64)}, "1-D"),
         ({"indices:w": torch.tensor([1, 2]), "values:w": torch.ones(1)}, "one value per index"),
+        ({"indices:w": torch.tensor([1]), "values:w": torch.ones(1, 1)}, "1-D"),
         ({"indices:w": torch.tensor([1.0]), "values:w": torch.ones(1)}, "int32 or int64"),
+        ({"indices:w": _u8([1]), "values:w": torch.ones(1)}, "int32 or int64"),
         ({"indices:w": torch.tensor([[1]]), "values:w": torch.ones(1)}, "int32 or int64"),
         ({"indices:w": torch.tensor([1])}, "lacks its values"),
         ({"values:w": torch.ones(1)}, "lacks its indices"),
@@ -122,6 +124,23 @@ def test_decode_delta_raises_if_an_entry_breaks_a_bound(parts: dict, match: str)
         decode_delta(_raw(parts), expected, max_bytes=MB)
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.tensor([complex(float("nan"), 0.0)], dtype=torch.complex64),
+        torch.tensor([float("nan")]).to(torch.float8_e4m3fn),
+    ],
+    ids=["complex64", "float8"],
+)
+def test_decode_delta_raises_if_complex_or_float8_values_are_not_finite(
+    values: torch.Tensor,
+) -> None:
+    expected = {"w": ((4,), values.dtype)}
+    parts = {"indices:w": torch.tensor([1]), "values:w": values}
+    with pytest.raises(WeightsError, match="non-finite"):
+        decode_delta(_raw(parts), expected, max_bytes=MB)
+
+
 def test_decode_delta_raises_if_unmarked_too_large_or_too_many_entries() -> None:
     expected = {"w": ((6, 5), torch.float32)}
     parts = {"indices:w": torch.tensor([1]), "values:w": torch.ones(1)}
@@ -129,6 +148,10 @@ def test_decode_delta_raises_if_unmarked_too_large_or_too_many_entries() -> None
         decode_delta(_raw(parts, mark=False), expected, max_bytes=MB)
     with pytest.raises(WeightsTooLargeError):
         decode_delta(_raw(parts), expected, max_bytes=16)
+    blob = _raw(parts)  # the cap holds exactly: its own size passes, a byte less does not
+    assert sorted(decode_delta(blob, expected, max_bytes=len(blob))) == ["w"]
+    with pytest.raises(WeightsTooLargeError, match=f"{len(blob)} bytes exceeds the cap"):
+        decode_delta(blob, expected, max_bytes=len(blob) - 1)
     many = {f"indices:k{i}": torch.tensor([0]) for i in range(300_000 // 1000)}
     with pytest.raises(WeightsTooLargeError, match="tensors"):
         decode_delta(_raw(many), expected, max_bytes=100 * MB)
@@ -296,3 +319,15 @@ def test_check_ties_refuses_a_delta_that_changes_tied_keys_apart() -> None:
     check_ties({"head": whole}, reference, {"embed": same})
     with pytest.raises(WeightsError, match="'head and embed'"):
         check_ties({"head": torch.ones(4, 3)}, reference, {"embed": same})
+
+
+def test_encode_delta_sends_a_complex_element_whose_imaginary_part_alone_changed() -> None:
+    old = {"c": torch.zeros(4, dtype=torch.complex64)}
+    new = {"c": torch.tensor([0, 0, 1j, 0], dtype=torch.complex64)}
+    live = old["c"].clone()
+    blob = encode_delta(old, new)
+    assert blob is not None
+    apply_delta(
+        {"c": live}, decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
+    )
+    assert torch.equal(live, new["c"])

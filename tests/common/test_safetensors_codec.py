@@ -115,6 +115,18 @@ def test_decode_weights_copies_only_misaligned_tensors() -> None:
     assert not _inside(decoded["f"], view)
 
 
+def test_decode_weights_copies_tensors_a_misaligned_buffer_leaves_unaligned() -> None:
+    # Offsets aligned within the blob, but the blob itself starts at an odd address.
+    blob = encode_weights({"f": torch.tensor([1.5, -2.0]), "d": torch.tensor([4.0]).double()})
+    buffer = torch.empty(len(blob) + 1, dtype=torch.uint8)
+    view = buffer.numpy().data.cast("B")[1:]
+    view[:] = blob
+    decoded, _ = decode_weights(view)
+    assert decoded["f"].tolist() == [1.5, -2.0]
+    assert decoded["d"].tolist() == [4.0]
+    assert all(t.data_ptr() % t.element_size() == 0 for t in decoded.values())
+
+
 def test_decode_weights_copies_a_read_only_blob() -> None:
     blob = encode_weights({"w": torch.ones(4)})
     decoded, _ = decode_weights(blob)  # warnings are errors: no non-writable-buffer warning
@@ -168,6 +180,8 @@ def test_decode_weights_raises_if_offsets_do_not_tile_the_data(
     ("info", "named"),
     [
         ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}, "shape"),
+        # Two negative dims multiply to one element: only the sign check refuses them.
+        ({"dtype": "F32", "shape": [-1, -1], "data_offsets": [0, 4]}, "shape"),
         ({"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}, "shape"),
         ({"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}, "shape"),
         ({"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}, "shape"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -206,7 +207,9 @@ def test_push_form_raises_if_the_header_declares_nonsense() -> None:
         PushForm.from_metadata({"rlfleet.dtype": "int64"})
     with pytest.raises(WeightsError, match=r"rlfleet\.subset"):
         PushForm.from_metadata({"rlfleet.subset": "yes"})
-    for adapter in ("r=4", "r=4,alpha=x", "r=-4,alpha=4", f"r={'9' * 10**6},alpha=1", ""):
+    odd = ("r=4", "r=4,alpha=x", "r=-4,alpha=4", f"r={'9' * 10**6},alpha=1", "")
+    # Read whole: a trailing field, or an alpha of 8 digits, is not a 6-digit alpha and more.
+    for adapter in (*odd, "r=4,alpha=8,dropout=0", "r=4,alpha=80000000"):
         with pytest.raises(WeightsError, match=r"rlfleet\.lora must read r=R,alpha=A"):
             PushForm.from_metadata({"rlfleet.lora": adapter})
 
@@ -320,3 +323,16 @@ def test_default_cap_accepts_a_half_billion_parameter_model_push() -> None:
     assert push_fp32 <= default_max_weight_bytes(state_nbytes(info))
     bf16 = {k: (shape, torch.bfloat16) for k, (shape, _) in info.items()}
     assert params * 2 <= default_max_weight_bytes(state_nbytes(bf16))
+
+
+def _peft_like(**config: object) -> SimpleNamespace:
+    # The two attributes adapter_metadata reads from a peft model.
+    return SimpleNamespace(peft_config={"default": SimpleNamespace(**config)})
+
+
+def test_adapter_metadata_declares_no_adapter_with_per_module_scales_or_a_zero_rank() -> None:
+    assert adapter_metadata(_peft_like(r=4, lora_alpha=8)) == {"rlfleet.lora": "r=4,alpha=8"}
+    for odd in ({"alpha_pattern": {"q_proj": 16}}, {"rank_pattern": {"q_proj": 2}}):
+        assert adapter_metadata(_peft_like(r=4, lora_alpha=8, **odd)) == {}
+    assert adapter_metadata(_peft_like(r=0, lora_alpha=8)) == {}
+    assert adapter_metadata(_peft_like(r=4, lora_alpha=-8)) == {}

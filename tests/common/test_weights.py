@@ -13,7 +13,7 @@ from torch import nn
 
 import common.weights as weights_module
 from common.config import CHUNK_BYTES
-from common.errors import DataLossError, WeightsError, WeightsTooLargeError
+from common.errors import DataLossError, SessionStateError, WeightsError, WeightsTooLargeError
 from common.weights import (
     DEFAULT_MAX_WEIGHT_BYTES,
     MAX_PARTS,
@@ -21,6 +21,7 @@ from common.weights import (
     Part,
     check_compatible,
     check_finite,
+    crc32c,
     decode_weights,
     encode_weights,
     iter_blob_chunks,
@@ -297,6 +298,48 @@ def test_decode_weights_holds_a_blob_to_its_byte_and_tensor_caps_exactly() -> No
         decode_weights(blob, max_keys=5)
 
 
+def _padded_blob(header_bytes: int) -> bytes:
+    # One 4-byte tensor, its header padded by metadata to exactly ``header_bytes``.
+    entry = {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    bare = len(json.dumps({"__metadata__": {"pad": ""}, **entry}).encode())
+    header = json.dumps({"__metadata__": {"pad": "x" * (header_bytes - bare)}, **entry}).encode()
+    assert len(header) == header_bytes
+    return _raw_blob(header, b"\x00" * 4)
+
+
+def test_decode_weights_bounds_the_header_by_the_tensors_it_may_list() -> None:
+    # 1 MiB for metadata plus 1 KiB per tensor allowed, far below the 100 MB cap.
+    two_keys, one_key = (1 << 20) + 2 * 1024, (1 << 20) + 1024
+    state, _ = decode_weights(_padded_blob(two_keys), max_keys=2)
+    assert state["w"].tolist() == [0.0]
+    with pytest.raises(WeightsTooLargeError, match=f"cap of {two_keys} bytes for at most 2"):
+        decode_weights(_padded_blob(two_keys + 1), max_keys=2)
+    expected = {"w": ((1,), torch.float32)}
+    decode_weights(_padded_blob(one_key), expected=expected)
+    # Over what the model's keys allow, the blob cannot fit it: invalid, not too large.
+    with pytest.raises(WeightsError, match=f"cap of {one_key} bytes for at most 1") as raised:
+        decode_weights(_padded_blob(one_key + 1), expected=expected)
+    assert not isinstance(raised.value, WeightsTooLargeError)
+
+
+def test_decode_weights_parses_at_most_twice_the_models_keys_plus_sixteen() -> None:
+    empty = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+    expected = {"w": ((1,), torch.float32)}
+    # 18 entries (2 x 1 + 16) are parsed, so the error names the keys the model lacks.
+    named = json.dumps({f"k{i}": empty for i in range(18)}).encode()
+    with pytest.raises(WeightsError, match="unexpected keys"):
+        decode_weights(_raw_blob(named), expected=expected)
+    counted = json.dumps({f"k{i}": empty for i in range(19)}).encode()
+    with pytest.raises(WeightsError, match="lists 19 tensors; at most 1 are accepted"):
+        decode_weights(_raw_blob(counted), expected=expected)
+
+
+def test_decode_weights_raises_weights_error_on_a_deeply_nested_header() -> None:
+    # A few hundred KB of brackets: within the header cap, beyond json's recursion limit.
+    with pytest.raises(WeightsError, match="not valid JSON"):
+        decode_weights(_raw_blob(b"[" * 200_000))
+
+
 def test_decode_weights_raises_if_header_length_points_past_the_end() -> None:
     blob = encode_weights({"a": torch.ones(4)})
     forged = struct.pack("<Q", len(blob)) + blob[8:]
@@ -485,9 +528,54 @@ def test_blob_assembler_raises_if_size_is_negative() -> None:
         BlobAssembler(-1)
 
 
+def test_blob_assembler_raises_if_crc32c_is_over_32_bits() -> None:
+    with pytest.raises(WeightsError, match="crc32c must be an int"):
+        BlobAssembler(3, crc32c=2**32)
+
+
+@pytest.mark.parametrize(
+    "buffer",
+    [torch.empty(4, dtype=torch.uint8), torch.empty(8, dtype=torch.float32)],
+    ids=["too-small", "not-uint8"],
+)
+def test_blob_assembler_allocates_its_own_buffer_if_the_given_one_cannot_hold_the_blob(
+    buffer: torch.Tensor,
+) -> None:
+    assembler = BlobAssembler(8, buffer=buffer)
+    assembler.add(b"abcdefgh")
+    assert bytes(assembler.finish()) == b"abcdefgh"
+    assert assembler.buffer.dtype == torch.uint8
+
+
+def test_blob_assembler_checks_crc32c_over_one_byte_chunks_and_refuses_chunks_once_done() -> None:
+    assembler = BlobAssembler(3, crc32c=crc32c(b"abc"))
+    for chunk in (b"a", b"bc"):
+        assembler.add(chunk)
+    assert bytes(assembler.finish()) == b"abc"
+    with pytest.raises(SessionStateError, match="already finished"):
+        assembler.add(b"")
+
+
+def test_check_finite_names_a_nan_in_a_complex_tensor() -> None:
+    with pytest.raises(WeightsError, match=r"\['c'\]"):
+        check_finite({"c": torch.tensor([complex(float("nan"), 0.0)]), "f": torch.ones(2)})
+
+
+def test_default_max_weight_bytes_gives_a_large_model_a_quarter_more_than_its_bytes() -> None:
+    assert weights_module.default_max_weight_bytes(4 << 30) == 5 << 30
+    assert weights_module.default_max_weight_bytes(1) == DEFAULT_MAX_WEIGHT_BYTES
+
+
+def test_blob_assembler_raises_if_size_is_a_bool() -> None:
+    with pytest.raises(TypeError, match="must be an int, got bool"):
+        BlobAssembler(True)
+
+
 def test_blob_assembler_raises_if_sha256_is_malformed() -> None:
     with pytest.raises(WeightsError, match="64 hex"):
         BlobAssembler(3, sha256="abc")
+    with pytest.raises(WeightsError, match="64 hex"):  # a digest and more is not a digest
+        BlobAssembler(3, sha256="a" * 65)
 
 
 def test_blob_assembler_raises_if_chunks_overflow() -> None:
