@@ -331,3 +331,17 @@ def test_encode_delta_sends_a_complex_element_whose_imaginary_part_alone_changed
         {"c": live}, decode_delta(memoryview(bytearray(blob)), _expected(old), max_bytes=MB)
     )
     assert torch.equal(live, new["c"])
+
+
+def test_encode_delta_gives_up_when_its_encoded_entries_pass_max_bytes() -> None:
+    # 10 changes far apart: 50 bytes at the lower bound (one byte an index), 80 encoded
+    # (int32 indices beat the gaps' fillers), so only the check after encoding sees it.
+    old = {"w": torch.zeros(1_000_000)}
+    new = {"w": old["w"].clone()}
+    new["w"][::100_000] = 1.0
+    assert encode_delta(old, new, max_bytes=79) is None
+    delta = encode_delta(old, new, max_bytes=80)
+    assert delta is not None
+    expected = {"w": ((1_000_000,), torch.float32)}
+    apply_delta(old, decode_delta(memoryview(delta), expected, max_bytes=1 << 20))
+    assert old["w"].equal(new["w"])
