@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -187,6 +188,12 @@ def test_summary_to_text_names_the_outcome():
     text = _summary("runs/x").to_text()
     assert "2048 frames" in text
     assert "target 475 not reached" in text
+
+
+def test_summary_to_text_of_a_rank_names_it_and_rank_0_as_the_writer():
+    text = dataclasses.replace(_summary("runs/x"), ranks=2, rank=1).to_text()
+    assert text.startswith("rank 1 of 2: CartPole-v1")
+    assert text.endswith("outputs by rank 0")
 
 
 def test_train_metrics_port_flag_reaches_the_collector_settings(

@@ -97,8 +97,10 @@ def test_grpo_stopped_on_time_evaluates_the_weights_it_saves(tmp_path):
 
 def test_grpo_ctrl_c_stops_between_updates_and_writes_the_outputs(tmp_path):
     out = tmp_path / "run"
+    # Evaluated before the first update only: none after the signal either.
+    flags = [*TINY, "--eval-every", "1000", "--no-progress", "--out", str(out)]
     job = subprocess.Popen(
-        [sys.executable, "-m", "apps.grpo", *TINY, "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "apps.grpo", *flags],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -117,6 +119,8 @@ def test_grpo_ctrl_c_stops_between_updates_and_writes_the_outputs(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
     assert summary["steps"] >= 1
+    assert summary["curve"]["accuracies"][1:] == [None] * summary["steps"]
+    assert summary["accuracy"] == summary["curve"]["accuracies"][0]
     assert (out / "policy.safetensors").exists()
 
 
