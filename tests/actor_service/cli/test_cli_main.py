@@ -14,8 +14,9 @@ import gymnasium
 import pytest
 import torch
 
+from actor_service._cli._checks import check_before_binding
 from actor_service._cli._main import default_worker_id, parse_config
-from actor_service._config import INT_RANGES, ActorConfig, ModelSpec
+from actor_service._config import INT_RANGES, ActorConfig, ModelSpec, vllm_lora_rank
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
 from actor_service._serve._logging import (
@@ -440,6 +441,7 @@ def test_logging_renders_only_other_libraries_warnings_and_keeps_their_traceback
     ("field", "value"),
     [
         ("num_envs", 0),
+        ("num_envs", None),
         ("port", 70000),
         ("metrics_port", -1),
         ("max_credits", 10**12),
@@ -468,6 +470,9 @@ def test_the_logged_config_masks_the_token_and_reads_the_kinds_section_flat() ->
     assert "s3cret-token" not in repr(logged)
     assert logged["env"] == "CartPole-v1"
     assert ActorConfig().logged()["token"] == ""
+    llm = ActorConfig(kind="llm", models=(ModelSpec(factory="rlfleet:tiny-qwen2"),)).logged()
+    assert llm["task"] == "arith"
+    assert "env" not in llm
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "601", "nan", "soon"])
@@ -649,3 +654,64 @@ def test_cli_model_variables_blank_mean_none_and_kwargs_must_be_objects(
     assert _parse([], {"RLFLEET_MODELS": " "}).models == (ModelSpec("policy", "mlp", {}),)
     given = {"RLFLEET_MODELS": "critic=mlp", "RLFLEET_MODEL_KWARGS": '{"critic": 3}'}
     assert "'critic' must map to a JSON object" in _error(capsys, [], given)
+
+
+def test_cli_takes_a_jsonl_task_and_refuses_a_built_in_tasks_bad_kwargs(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    (tmp_path / "one.jsonl").write_text('{"prompt": "say hi", "answer": "hi"}\n')
+    task = f"jsonl:{tmp_path / 'one.jsonl'}"
+    assert _parse(["--kind", "llm", "--task", task]).llm.task == task
+    bad = ["--kind", "llm", "--task", "arith", "--task-kwargs", '{"no_such_kwarg": 1}']
+    assert "--task / RLFLEET_TASK: task 'arith'" in _error(capsys, bad)
+
+
+def test_cli_a_config_error_names_the_flags_and_variables_of_its_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = _error(capsys, ["--port", "5000", "--health-port", "5000"])
+    assert "(--port / RLFLEET_PORT, --health-port / RLFLEET_HEALTH_PORT)" in error
+
+
+def test_actor_config_refuses_a_callable_model_factory_on_a_gymnasium_actor() -> None:
+    with pytest.raises(ValueError, match=r"model 'policy' given as a callable: .*kind 'torchrl'"):
+        ActorConfig(models=(ModelSpec(factory=default_worker_id),))
+
+
+def test_the_check_before_binding_imports_every_models_module_and_says_why_one_fails(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "rlfleet_broken_factory.py").write_text("raise ImportError('needs libfoo')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = ModelSpec(factory="mlp")
+    for module in ("rlfleet_no_such_module", "rlfleet_broken_factory"):
+        spec = ModelSpec(model_id="critic", factory=f"{module}:make")
+        with pytest.raises(ValueError, match=rf"model 'critic' '{module}:make': .*cannot import"):
+            check_before_binding(ActorConfig(models=(first, spec)))
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("gpu_memory_utilization", 0.0, r"gpu_memory_utilization must be a float in \(0, 1\]"),
+        ("enable_prefix_caching", 1, "enable_prefix_caching must be a bool, got 1"),
+    ],
+)
+def test_actor_config_refuses_a_vllm_share_of_0_and_a_prefix_caching_flag_not_a_bool(
+    setting: str, value: object, message: str
+) -> None:
+    llm = LLMActorSettings(engine="vllm", **{setting: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        ActorConfig(kind="llm", models=(ModelSpec(factory="rlfleet:tiny-qwen2"),), llm=llm)
+
+
+def test_vllm_gets_the_lora_rank_itself_when_vllm_has_a_slot_of_that_size() -> None:
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 512)] == [1, 8, 8, 16, 512]
+
+
+def test_cli_an_llm_actor_refuses_extra_models_given_by_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = _error(capsys, ["--kind", "llm"], {"RLFLEET_MODELS": "critic=mlp"})
+    assert "--model: an LLM actor holds one model, the --policy" in error
+    assert _parse(["--kind", "llm"], {"RLFLEET_MODELS": " "}).models[0].path == "rlfleet:tiny-qwen2"

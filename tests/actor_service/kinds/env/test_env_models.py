@@ -537,3 +537,48 @@ def test_observation_codec_placeholder_lies_inside_the_box() -> None:
 def test_action_codec_refuses_an_action_that_is_not_a_tensor_as_the_policys_fault() -> None:
     with pytest.raises(InternalError, match="returned a list as action, not a tensor"):
         ActionCodec(PENDULUM.action_space).from_policy([[0.0]], 1)  # type: ignore[arg-type]
+
+
+REFUSED_DISCRETE = {  # Discrete(3) for a batch of 2 unless the case names another n
+    "index past n": (3, [0, 3], "indices in [0, 3], outside [0, 3)"),
+    "negative index": (3, [-1, 2], "indices in [-1, 2], outside [0, 3)"),
+    "bool index": (3, [True, False], "torch.bool action of shape [2]"),
+    "two indices per env": (3, [[0, 1], [2, 0]], "shape [2, 2], expected one-hot [2, 3]"),
+    "integer [B, 1] read as an index when n is 1": (1, [[5], [0]], "indices in [0, 5]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_DISCRETE))
+def test_action_codec_refuses_discrete_indices_outside_the_space(case: str) -> None:
+    n, action, needle = REFUSED_DISCRETE[case]
+    with pytest.raises(InternalError, match=re.escape(needle)):
+        ActionCodec(gymnasium.spaces.Discrete(n)).from_policy(torch.tensor(action), 2)
+
+
+def test_action_codec_takes_discrete_indices_of_any_integer_dtype_as_int64() -> None:
+    codec = ActionCodec(gymnasium.spaces.Discrete(3))
+    compact = codec.from_policy(torch.tensor([[2], [0]], dtype=torch.int32), 2)
+    assert (compact.dtype, compact.tolist()) == (torch.int64, [2, 0])
+    assert codec.from_policy(torch.zeros(0, dtype=torch.int64), 0).shape == (0,)
+    one = ActionCodec(gymnasium.spaces.Discrete(1))
+    assert one.from_policy(torch.tensor([[0.2], [0.9]]), 2).tolist() == [0, 0]  # one-hot
+
+
+def test_action_codec_refuses_a_multi_binary_2_and_shows_four_bad_values_at_most() -> None:
+    codec = ActionCodec(gymnasium.spaces.MultiBinary(6))
+    with pytest.raises(InternalError, match=r": \[2, 2, 2, 2\] \(each") as info:
+        codec.from_policy(torch.full((1, 6), 2), 1)
+    assert "[2, 2, 2, 2, 2]" not in str(info.value)
+
+
+def test_observation_codec_one_hots_a_discrete_observation_counted_from_its_start() -> None:
+    codec = ObservationCodec(gymnasium.spaces.Discrete(3, start=-1))
+    assert codec.encode(np.array([-1, 1])).tolist() == [[1, 0, 0], [0, 0, 1]]
+    assert codec.placeholder(1).tolist() == [-1]
+
+
+def test_observation_codec_keeps_an_integer_box_in_its_own_dtype() -> None:
+    codec = ObservationCodec(gymnasium.spaces.Box(0, 255, shape=(2,), dtype=np.uint8))
+    assert codec.raw_dtype == np.uint8
+    assert codec.placeholder(1).dtype == np.uint8
+    assert codec.encode(codec.placeholder(1)).dtype == torch.uint8
