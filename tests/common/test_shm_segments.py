@@ -472,6 +472,22 @@ def test_a_buffer_resized_by_another_process_is_not_intact(tmp_path: Path) -> No
     buffer.close()
 
 
+def test_a_buffer_opened_up_or_replaced_by_another_process_is_not_intact(tmp_path: Path) -> None:
+    """A segment made readable by others, or a new file of its size put at its name, is not
+    its writer's any more: never named again."""
+    opened = shm_module.SharedBuffer(4096, root=str(tmp_path))
+    os.chmod(tmp_path / opened.name, 0o640)
+    assert not opened.intact()
+    opened.close()
+    replaced = shm_module.SharedBuffer(4096, root=str(tmp_path))
+    os.unlink(tmp_path / replaced.name)
+    fd = os.open(tmp_path / replaced.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, 4096)
+    os.close(fd)
+    assert not replaced.intact()
+    replaced.close()
+
+
 def test_no_bit_of_a_segment_name_follows_from_another(tmp_path) -> None:
     """128 independent random bits: over 64 names each bit varies, and no two bits always
     agree or always differ (a repeated, counted or shortened token fails; p ~ 2**-50)."""

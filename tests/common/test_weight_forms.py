@@ -10,17 +10,21 @@ import pytest
 import torch
 from torch import nn
 
+from common.config import MAX_POLICY_VERSION
 from common.errors import WeightsError
 from common.weights import (
     DEFAULT_MAX_WEIGHT_BYTES,
     PushForm,
     adapter_metadata,
     apply_staged,
+    check_policy_version,
     decode_weights,
     default_max_weight_bytes,
     encode_weights,
+    load_into,
     stage_state,
     state_nbytes,
+    wire_state,
 )
 from common.weights._aliases import ALIASES_KEY
 
@@ -336,3 +340,87 @@ def test_adapter_metadata_declares_no_adapter_with_per_module_scales_or_a_zero_r
         assert adapter_metadata(_peft_like(r=4, lora_alpha=8, **odd)) == {}
     assert adapter_metadata(_peft_like(r=0, lora_alpha=8)) == {}
     assert adapter_metadata(_peft_like(r=4, lora_alpha=-8)) == {}
+
+
+def test_stage_state_casts_an_aliased_tensor_into_each_keys_own_dtype() -> None:
+    # One tensor under two keys (an alias) that the model holds in two dtypes: each key
+    # gets its own cast, so the float16 one overflows and is refused, never copied as Inf.
+    value = torch.full((2,), 1e6)
+    blob = encode_weights({"wide": value, "narrow": value}, dtype=torch.float32)
+    state, meta = decode_weights(blob)
+    assert state["wide"] is state["narrow"]
+    reference = {"wide": torch.zeros(2), "narrow": torch.zeros(2, dtype=torch.float16)}
+    with pytest.raises(WeightsError, match=r"\['narrow'\] once cast .*torch.float16"):
+        stage_state(state, reference, PushForm.from_metadata(meta))
+    fine = decode_weights(encode_weights({"wide": value / 1e3, "narrow": value / 1e3}))[0]
+    staged = stage_state(fine, reference, PushForm(wire_dtype=torch.float32))
+    assert staged["wide"].dtype == torch.float32
+    assert staged["narrow"].dtype == torch.float16
+
+
+def test_load_into_writes_every_untied_key_a_pushed_alias_names() -> None:
+    # The learner ties two keys (one tensor, sent once) that this model holds apart:
+    # both of the model's tensors get the pushed values.
+    value = torch.arange(6.0).reshape(2, 3)
+    state, meta = decode_weights(encode_weights({"weight": value, "bias": value}))
+    assert state["weight"] is state["bias"]
+    module = nn.Linear(2, 3)  # weight and bias apart (shaped alike below)
+    module.bias = nn.Parameter(torch.zeros(2, 3))
+    module.weight = nn.Parameter(torch.zeros(2, 3))
+    load_into(module, state, PushForm.from_metadata(meta))
+    assert torch.equal(module.weight, value)
+    assert torch.equal(module.bias, value)
+    assert module.weight.data_ptr() != module.bias.data_ptr()
+
+
+@pytest.mark.parametrize("key", ["__metadata__", ALIASES_KEY])
+def test_encode_weights_raises_if_a_key_is_reserved(key: str) -> None:
+    with pytest.raises(WeightsError, match=rf"weight key '{key}' is reserved"):
+        encode_weights({key: torch.zeros(2), "ok": torch.zeros(2)})
+
+
+def test_decode_weights_as_a_subset_takes_a_blob_of_some_keys_that_declares_none() -> None:
+    # A part of a multi-part push holds some of the model's keys whatever its header says.
+    expected = {"a": ((2,), torch.float32), "b": ((3,), torch.float32)}
+    blob = encode_weights({"a": torch.ones(2)})  # declares a full push
+    state, _ = decode_weights(blob, expected=expected, subset=True)
+    assert list(state) == ["a"]
+    with pytest.raises(WeightsError, match="missing"):
+        decode_weights(blob, expected=expected)
+
+
+def test_wire_state_is_a_private_snapshot_training_in_place_leaves_alone() -> None:
+    module = SharedLinear()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    snapshot = wire_state(module)  # no wire dtype: nothing is cast, so each is copied
+    assert snapshot["blocks.0.weight"] is snapshot["shared.weight"]  # tied stays tied
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            tensor.add_(1)
+    for key, value in before.items():
+        assert torch.equal(snapshot[key], value), key
+
+
+def test_decode_weights_names_only_the_unknown_keys_of_a_blob_the_model_lacks() -> None:
+    expected = {"a": ((2,), torch.float32), "b": ((3,), torch.float32)}
+    blob = encode_weights({"a": torch.ones(2), "zzz": torch.ones(1)})  # a full push
+    with pytest.raises(WeightsError, match=r"unexpected keys \['zzz'\]") as caught:
+        decode_weights(blob, expected=expected)
+    assert "missing" not in str(caught.value)  # b's absence is not the news
+
+
+@pytest.mark.parametrize("version", [True, False, -1, MAX_POLICY_VERSION + 1, 1.0, "3"])
+def test_check_policy_version_raises_if_not_an_int64_version(version: object) -> None:
+    with pytest.raises(WeightsError, match="policy version"):
+        check_policy_version(version)
+
+
+def test_check_policy_version_takes_both_ends_of_its_range() -> None:
+    assert check_policy_version(0) == 0
+    assert check_policy_version(MAX_POLICY_VERSION) == MAX_POLICY_VERSION
+
+
+@pytest.mark.parametrize("metadata", [[("model_id", "policy")], "model_id=policy"])
+def test_encode_weights_raises_type_error_if_metadata_is_not_a_mapping(metadata: object) -> None:
+    with pytest.raises(TypeError, match="metadata must be a mapping of str to str"):
+        encode_weights({"a": torch.zeros(2)}, metadata=metadata)  # type: ignore[arg-type]

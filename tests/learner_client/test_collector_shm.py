@@ -607,3 +607,30 @@ def test_a_plain_blob_buffer_is_not_reused_once_actors_read_segments():
         blob.fill_(5)
         assert _segment_bytes(segment.name) == blob.numpy().tobytes()  # the blob itself
         route.release([segment])
+
+
+def test_an_actor_whose_batch_failed_to_read_sends_bytes_from_then_on():
+    route = _shm.ShmRoute(enabled=False, batches=True)
+    try:
+        route.admit(7, route.identity, probe_ok=True)
+        route.admit(8, route.identity, probe_ok=True)
+        assert route.batches_from(7)
+        route.batch_failed(7)
+        assert not route.batches_from(7)  # its next session is asked for bytes
+        assert route.batches_from(8)  # the other local actor still writes segments
+        assert route.stats()["shm_batch_fallbacks"] == 1
+        route.admit(7, route.identity, probe_ok=True)  # a new Describe changes nothing
+        assert not route.batches_from(7)
+    finally:
+        route.close()
+
+
+def test_a_copied_blob_smaller_than_every_idle_segment_gets_a_segment_of_its_size():
+    with _route() as (route, _, _before):
+        large = route.write({0: (b"\1" * 8192, None)})[0]
+        route.release([large])
+        small = route.write({0: (b"\2" * 4096, None)})[0]
+        assert small.name != large.name
+        assert small.size == 4096
+        assert _segment_bytes(small.name) == b"\2" * 4096
+        route.release([small])

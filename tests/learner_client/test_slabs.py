@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from tensordict import TensorDict
 
 from common.packets import PacketAssembler, encode_packet
 from learner_client._rounds import WORKER_ID_KEY, combine, name_time_dim, tag_worker
-from learner_client._slabs import PacketSlabs, host_memory
+from learner_client._slabs import _MAX_FILLED, _MAX_OPEN, BlobBuffers, PacketSlabs, host_memory
 
 MIB = 1 << 20
 
@@ -193,6 +194,34 @@ def test_slabs_never_hand_out_memory_a_kept_batch_views():
     assert len({b.data_ptr() for b in kept}) == 20
 
 
+def _slab_of(buffer: torch.Tensor) -> weakref.ref[torch.Tensor]:
+    """A weak reference to the slab memory ``buffer`` views (alive while a slab keeps it)."""
+    assert buffer._base is not None
+    return weakref.ref(buffer._base)
+
+
+def test_slabs_let_go_of_open_slabs_past_the_cap_as_packet_sizes_change():
+    # An actor whose every packet has a new size opens a slab per packet, never filled
+    # (its partner never sends that size): the oldest past _MAX_OPEN are let go.
+    slabs = PacketSlabs()
+    first = _slab_of(slabs.buffer(0, 2, 16))
+    for size in range(1, _MAX_OPEN):
+        slabs.buffer(0, 2, 16 + 16 * size)
+    assert first() is not None  # still open, among the latest _MAX_OPEN
+    slabs.buffer(0, 2, 16 + 16 * _MAX_OPEN)
+    assert first() is None
+
+
+def test_slabs_let_go_of_filled_slabs_past_the_cap_as_packet_sizes_change():
+    slabs = PacketSlabs()
+    first = _slab_of(slabs.buffer(0, 1, 16))  # a one-slot slab: filled at once
+    for size in range(1, _MAX_FILLED):
+        slabs.buffer(0, 1, 16 + 16 * size)
+    assert first() is not None  # kept for reuse, among the latest _MAX_FILLED
+    slabs.buffer(0, 1, 16 + 16 * _MAX_FILLED)
+    assert first() is None
+
+
 def _mapping_of(address: int) -> str | None:
     """The ``/proc/self/smaps`` block of the mapping holding ``address``; None if unmapped."""
     with open("/proc/self/smaps") as f:
@@ -267,3 +296,24 @@ def test_host_memory_refused_by_a_memory_limit_raises_as_torch_does():
     ).stdout
     assert out.startswith("RuntimeError"), out
     assert "allocate" in out, out
+
+
+def test_blob_buffers_keep_two_buffers_a_model_and_let_older_ones_go():
+    buffers = BlobBuffers()
+    first = weakref.ref(buffers.take("policy", 4096))
+    second = weakref.ref(buffers.take("policy", 8192))  # larger: the first cannot serve it
+    assert first() is not None
+    buffers.take("policy", 12288)
+    assert first() is None  # a model whose size grows keeps two buffers, not every one
+    assert second() is not None
+    buffers.take("value", 4096)  # another model's buffers are its own
+    assert second() is not None
+
+
+def test_a_worker_outside_the_layout_takes_no_slot_of_a_round():
+    slabs = PacketSlabs()
+    slabs.set_layout([1, 2])
+    stray = slabs.for_worker(9)(64)  # not yet in a round: a one-slot slab of its own
+    first, second = slabs.for_worker(1)(64), slabs.for_worker(2)(64)
+    assert second.data_ptr() - first.data_ptr() == 64  # the round's slab, evenly spaced
+    assert stray.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
