@@ -106,7 +106,11 @@ def _positive(name: str, value: Any, low: int = 1, high: int = 1 << 20) -> int:
 
 
 class _ExactMatch:
-    """Shared scoring: reward 1 on an exact (stripped) match; optional retries as extra turns."""
+    """Shared scoring: reward 1 on an exact match; optional retries as extra turns.
+
+    Spaces at either end of the response and of the answer are ignored (a ``reverse``
+    alphabet with a space, a jsonl answer ``" 7"``).
+    """
 
     def __init__(self, retries: int) -> None:
         self.retries = _positive("retries", retries, low=0, high=1000)
@@ -114,7 +118,7 @@ class _ExactMatch:
 
     def score(self, problem: Problem, response: str, turn: int) -> Outcome:
         """1.0 and terminated when right; else a retry message while retries remain."""
-        right = response.strip() == problem.answer
+        right = response.strip() == problem.answer.strip()
         if right or turn > self.retries:
             return Outcome(float(right), terminated=True, success=right)
         return Outcome(0.0, terminated=False, reply="No. Try again.")

@@ -7,12 +7,14 @@ import torch
 
 from common.llm import (
     GenerationSettings,
+    LLMSettings,
     build_policy,
     cached_forward,
     generate,
     response_log_probs,
 )
 from common.llm._decode import cache_keyword
+from common.llm._settings import MIN_TEMPERATURE
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -176,3 +178,36 @@ def test_top_k_one_is_greedy_with_log_prob_zero(tiny) -> None:
 def test_generation_settings_raise_if_out_of_range(values, match) -> None:
     with pytest.raises(ValueError, match=match):
         GenerationSettings.from_mapping(values)
+
+
+def test_the_lowest_sampling_temperature_samples_and_anything_below_it_is_refused() -> None:
+    lowest = GenerationSettings(temperature=MIN_TEMPERATURE)
+    assert not lowest.greedy
+    assert GenerationSettings(temperature=0).greedy
+    with pytest.raises(ValueError, match=r"0 \(greedy\) or at least 0\.01, got 0\.0099"):
+        GenerationSettings(temperature=0.0099)
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p"])
+def test_generation_settings_raise_if_a_number_is_a_bool(name) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a number, got True"):
+        GenerationSettings.from_mapping({name: True})
+
+
+def test_llm_settings_refuse_a_group_of_zero_and_only_last_steps_are_trajectories() -> None:
+    with pytest.raises(ValueError, match=r"group_size must be an int in \[1, 65536\], got 0"):
+        LLMSettings(group_size=0)
+    assert LLMSettings(yield_only_last_steps=True).trajectories
+    assert LLMSettings(yield_completed_trajectories=True).trajectories
+    assert not LLMSettings().trajectories
+
+
+def test_a_row_past_its_budget_records_no_version_and_no_log_prob(tiny) -> None:
+    model, tok, prompts = tiny
+    settings = GenerationSettings(max_new_tokens=4, temperature=0)
+    out = generate(
+        _forward(model), prompts[:2], settings, budgets=[1, 4], stop_ids=[], pad_id=tok.pad_token_id
+    )
+    assert out.lengths.tolist() == [1, 4]
+    assert out.versions.tolist() == [[7, 0, 0, 0], [7, 7, 7, 7]]
+    assert out.log_probs[0, 1:].tolist() == [0.0, 0.0, 0.0]

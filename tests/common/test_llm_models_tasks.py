@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import sys
 import time
@@ -14,6 +15,7 @@ import torch
 from common.llm import (
     PolicySpecError,
     TaskSpecError,
+    _tasks,
     build_policy,
     build_task,
     check_policy_spec,
@@ -163,6 +165,57 @@ def test_arith_retries_make_a_multi_turn_dialog() -> None:
     assert task.max_turns == 3
 
 
+def test_arith_gives_every_retry_and_never_calls_a_wrong_last_answer_a_success() -> None:
+    task = build_task("arith", retries=2)
+    problem = task.sample(random.Random(1))
+    assert not task.score(problem, "wrong", 2).terminated  # the second retry is still owed
+    last = task.score(problem, "wrong", 3)
+    assert (last.reward, last.terminated, last.success) == (0.0, True, False)
+
+
+def test_arith_operands_have_the_given_digits_and_modulus_zero_keeps_the_result_whole() -> None:
+    task = build_task("arith", digits=1, ops="+-*", modulus=0)
+    rng = random.Random(4)
+    answers = []
+    for _ in range(300):
+        problem = task.sample(rng)
+        a, op, b = re.fullmatch(r"(\d+)([-+*])(\d+)=", problem.query).groups()  # type: ignore[union-attr]
+        assert len(a) == len(b) == 1
+        assert problem.answer == str(eval(f"{a}{op}{b}"))  # the reference, on our own strings
+        answers.append(int(problem.answer))
+    assert min(answers) < 0
+    assert max(answers) > 9
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs"),
+    [
+        ("arith", {"digits": 9, "retries": 1000, "modulus": 10**9}),
+        ("reverse", {"length": 1000, "alphabet": "a"}),
+        ("countdown", {"num_count": 16}),
+    ],
+)
+def test_task_kwargs_at_their_bounds_are_taken(spec, kwargs) -> None:
+    task = build_task(spec, **kwargs)
+    task.sample(random.Random(0))
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "match"),
+    [
+        ("arith", {"digits": 10}, r"digits=10 must be an int in \[1, 9\]"),
+        ("arith", {"digits": True}, "digits=True"),
+        ("arith", {"retries": -1}, r"retries=-1 must be an int in \[0, 1000\]"),
+        ("arith", {"ops": ""}, "ops='' must be a non-empty subset"),
+        ("reverse", {"alphabet": ""}, "alphabet='' must be a non-empty string"),
+        ("countdown", {"num_count": 17}, r"num_count=17 must be an int in \[1, 16\]"),
+    ],
+)
+def test_task_kwargs_one_past_their_bounds_are_refused_naming_them(spec, kwargs, match) -> None:
+    with pytest.raises(TaskSpecError, match=match):
+        build_task(spec, **kwargs)
+
+
 def test_reverse_task() -> None:
     task = build_task("reverse", length=5, alphabet="xy")
     problem = task.sample(random.Random(2))
@@ -170,6 +223,21 @@ def test_reverse_task() -> None:
     assert len(word) == 5
     assert set(word) <= {"x", "y"}
     assert task.score(problem, word[::-1], 1).reward == 1.0
+
+
+def test_exact_match_tasks_ignore_spaces_at_either_end_of_the_answer_too(tmp_path) -> None:
+    """A response is read stripped; so is the answer, else an answer with an end space (a
+    ``reverse`` alphabet with a space, a jsonl answer) could never be scored right."""
+    reverse = build_task("reverse", length=2, alphabet=" a")
+    problem = _tasks.Problem("reverse:  a", "a ")
+    assert reverse.score(problem, "a ", 1).success
+    assert reverse.score(problem, "a", 1).success
+    assert not reverse.score(problem, " ", 1).success
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"prompt": "3+4=", "answer": " 7"}))
+    task = build_task(f"jsonl:{path}")
+    outcome = task.score(task.sample(random.Random(0)), "7\n", 1)
+    assert (outcome.reward, outcome.success) == (1.0, True)
 
 
 def test_countdown_matches_torchrl_problems_and_rewards() -> None:
@@ -190,6 +258,47 @@ def test_countdown_matches_torchrl_problems_and_rewards() -> None:
     assert countdown_reward(answer, "no tags") == (0.0, False)
 
 
+def test_countdown_problems_match_torchrl_when_the_drawn_target_is_zero() -> None:
+    from torchrl.envs.llm.datasets.countdown import _CountdownProblemGenerator
+
+    kwargs = {"num_count": 2, "max_number": 3, "max_target": 1000}
+    ours, theirs = build_task("countdown", **kwargs), _CountdownProblemGenerator(seed=5, **kwargs)
+    rng = random.Random(5)
+    problems = [(ours.sample(rng), next(theirs)) for _ in range(200)]
+    assert all((p.query, p.answer) == (r["query"], r["answer"]) for p, r in problems)
+
+
+@pytest.mark.parametrize(
+    ("answer", "expression", "right"),
+    [
+        ("target=24, numbers=3,8,1,5", "8+8+8", False),  # 8 given once, used three times
+        ("target=24, numbers=24,1", "24.0001", False),  # near the target is not the target
+        ("target=24, numbers=3,8", "-(3*8)", False),
+        ("target=2, numbers=3,5", "-3+5", True),
+        ("target=1, numbers=3,2", "3/2", False),  # true division, not floor
+        ("target=7, numbers=7,2,2", "7/2*2", True),
+        ("target=24, numbers=3,8", " 3 * 8 ", True),
+    ],
+)
+def test_countdown_reward_agrees_with_torchrl_on_tricky_expressions(
+    answer, expression, right
+) -> None:
+    from torchrl.envs.llm.reward.countdown import CountdownRewardParser
+
+    target, numbers = CountdownRewardParser._parse_ground_truth(answer)
+    assert CountdownRewardParser.validate_expression(expression.strip(), target, numbers) == right
+    reward = countdown_reward(answer, f"<think>t</think><answer>{expression}</answer><|im_end|>")
+    assert reward == ((1.0, True) if right else (0.1, False))
+
+
+def test_countdown_reward_reads_the_first_answer_tag_and_the_task_kwargs() -> None:
+    task = build_task("countdown", format_reward=0.25, correct_reward=2.0)
+    problem = _tasks.Problem(query="q", answer="target=24, numbers=3,8")
+    first_right = task.score(problem, "<answer>3*8</answer> or <answer>3+8</answer>", 1)
+    assert (first_right.reward, first_right.success) == (2.0, True)
+    assert task.score(problem, "<answer>3+8</answer> or <answer>3*8</answer>", 1).reward == 0.25
+
+
 def test_countdown_reward_never_evaluates_power() -> None:
     start = time.monotonic()
     assert countdown_reward("target=1, numbers=9,9", "<answer>9**9**9</answer>") == (0.1, False)
@@ -203,6 +312,24 @@ def test_jsonl_task_cycles_lines_with_exact_match(tmp_path) -> None:
     rng = random.Random(0)
     assert [task.sample(rng).query for _ in range(3)] == ["q0", "q1", "q0"]
     assert task.score(task.sample(rng), "a1", 1).reward == 1.0
+
+
+def test_jsonl_task_skips_blank_lines(tmp_path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('\n{"prompt": "q", "answer": "a"}\n\n  \n')
+    task = build_task(f"jsonl:{path}")
+    assert [task.sample(random.Random(0)).query for _ in range(2)] == ["q", "q"]
+
+
+def test_jsonl_task_raises_if_the_file_is_empty_or_too_large(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n")
+    with pytest.raises(TaskSpecError, match="no problems in the file"):
+        build_task(f"jsonl:{path}")
+    path.write_text('{"prompt": "q", "answer": "a"}\n')
+    monkeypatch.setattr(_tasks, "_MAX_JSONL_BYTES", 8)
+    with pytest.raises(TaskSpecError, match="larger than 8 bytes"):
+        build_task(f"jsonl:{path}")
 
 
 @pytest.mark.parametrize("line", ['{"prompt": 1, "answer": "x"}', "not json", '["a"]'])
@@ -238,6 +365,12 @@ def make_nothing():
     return object()
 
 
+def make_turnless():
+    task = _EchoTask()
+    task.max_turns = 0
+    return task
+
+
 def test_user_task_from_a_factory() -> None:
     task = build_task(f"{__name__}:make_echo", word="yo")
     assert task.sample(random.Random(0)).query == "yo"
@@ -245,6 +378,8 @@ def test_user_task_from_a_factory() -> None:
         build_task(f"{__name__}:make_nothing")
     with pytest.raises(TaskSpecError, match="TypeError"):
         build_task(f"{__name__}:make_echo", nope=1)
+    with pytest.raises(TaskSpecError, match="max_turns must be an int >= 1, got 0"):
+        build_task(f"{__name__}:make_turnless")
 
 
 @pytest.mark.parametrize(
