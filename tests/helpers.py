@@ -8,7 +8,8 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
 * :func:`grpcurl_path` finds the ``grpcurl`` binary installed next to the interpreter.
 * :func:`self_signed_cert` makes a throwaway certificate for localhost / 127.0.0.1.
 * :func:`start_local_ray` runs what starts a local Ray (``ray.init`` or a fleet's ``start``),
-  once more if Ray's own start timed out, and :func:`stop_local_ray` waits for its processes.
+  again if Ray's own start timed out, :func:`stop_local_ray` waits for its processes, and
+  :func:`ray_processes_gone` for those of a Ray shut down without waiting.
 * :func:`interrupt_in_condition_wait` is a trace function raising KeyboardInterrupt at the
   one step of ``threading.Condition.wait`` where a Ctrl-C leaves its lock released.
 * :func:`start_actor` runs ``python -m actor_service`` (the ``rlfleet-actor``
@@ -19,6 +20,7 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import pathlib
@@ -41,6 +43,7 @@ __all__ = [
     "grpcurl_path",
     "interrupt_in_condition_wait",
     "poll_until",
+    "ray_processes_gone",
     "self_signed_cert",
     "start_actor",
     "start_local_ray",
@@ -313,27 +316,60 @@ def self_signed_cert(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, 
     return cert, key
 
 
-def start_local_ray(start: Callable[[], T], temp_dir: str) -> T:
-    """``start()``, which starts a local Ray in ``temp_dir``; once more if Ray's start timed out.
+def start_local_ray(start: Callable[[], T], temp_dir: str, attempts: int = 3) -> T:
+    """``start()``, which starts a local Ray in ``temp_dir``; again if Ray's start timed out.
 
     Ray's raylet must register within a fixed 30 s, and its GCS write its port file in time;
     on the loaded 2-core machine each once did not (``The current node timed out during
     startup``, ``Timed out waiting for file .../gcs_server_port_...``), failing a test of
-    rlfleet's own Ray code before any of it ran. Those errors alone are retried, after printing
-    the tails of Ray's logs (shown with the test's output if the second start fails too) and
-    stopping the processes the failed start left running; any other error is raised.
+    rlfleet's own Ray code before any of it ran; once, two starts in a row timed out. Those
+    errors alone are retried, up to ``attempts`` starts, after printing the tails of Ray's logs
+    (shown with the test's output if the last start fails too) and stopping the processes the
+    failed start left running; any other error is raised.
     """
     import ray
 
-    try:
-        return start()
-    except Exception as error:
-        if not any(words in str(error) for words in RAY_START_TIMED_OUT):
-            raise
-        print(f"Ray's start timed out; its logs:\n{_ray_log_tails(temp_dir)}", file=sys.stderr)
-        _stop_failed_ray_node(error)
-        ray.shutdown()
-        return start()
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except Exception as error:
+            if attempt == attempts or not any(w in str(error) for w in RAY_START_TIMED_OUT):
+                raise
+            print(f"Ray's start timed out; its logs:\n{_ray_log_tails(temp_dir)}", file=sys.stderr)
+            _stop_failed_ray_node(error)
+            ray.shutdown()
+            ray_processes_gone(temp_dir)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def ray_processes_gone(temp_dir: str, timeout: float = 30.0) -> None:
+    """Wait until no process runs out of ``temp_dir`` (a Ray node's GCS, raylet, workers).
+
+    A ``ray.shutdown()`` that does not wait (a script's own, a fleet's) leaves them exiting on
+    their own, beside the next test's Ray start on the same 2 cores. Those left after
+    ``timeout`` are killed.
+    """
+    deadline = time.monotonic() + timeout
+    while _pids_running_from(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in _pids_running_from(temp_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids_running_from(folder: str) -> list[int]:
+    """The processes (but this one) whose command line names ``folder``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = pathlib.Path("/proc", entry, "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        if folder.encode() in cmdline:
+            pids.append(int(entry))
+    return pids
 
 
 def _stop_failed_ray_node(error: BaseException) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import start_local_ray, stop_local_ray
+from helpers import ray_processes_gone, start_local_ray, stop_local_ray
 
 from common.errors import SessionStateError
 from learner_client import GrpcCollector, RayFleet
@@ -36,6 +36,7 @@ def ray() -> Iterator[Any]:
 def temp_dir() -> Iterator[str]:
     path = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's sockets live there
     yield path
+    ray_processes_gone(path)  # a Ray shut down without waiting: the next test's start races it
     shutil.rmtree(path, ignore_errors=True)
 
 
