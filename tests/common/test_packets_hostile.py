@@ -270,6 +270,7 @@ def test_a_header_accepted_under_loose_limits_is_refused_under_strict_ones() -> 
         decode_packet(bytearray(packet), PacketLimits(max_entries=4))
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_ten_thousand_distinct_headers_keep_the_decoder_s_memory_bounded() -> None:
     tracemalloc.start()
     try:

@@ -241,6 +241,7 @@ def test_a_control_call_to_a_hung_actor_names_the_deadline_it_ran_out_of(pair, c
             method()
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_shutdown_during_a_push_to_a_hung_actor_keeps_its_bound_and_the_push_says_closed(pair):
     """A watchdog's shutdown(timeout=2) while the training thread pushes to a hung actor: it
     waited for the push's whole call_timeout (31 s), now ~2 s per phase; the push ends with
@@ -274,6 +275,7 @@ def _call_into(call: Callable[[], object], out: list) -> None:
 
 
 @pytest.mark.parametrize("call", ["next", "set_seed", "state_dict"])
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_call_a_shutdown_cuts_off_raises_closed_error(pair, call: str) -> None:
     """next() pushing policy=, set_seed and state_dict wait on a hung actor; a shutdown from
     another thread ends them with ClosedError (a bare CancelledError, or a WeightPushError

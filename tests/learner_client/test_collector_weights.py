@@ -376,6 +376,7 @@ def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
         assert collector.next().numel() == 8
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_checkpoint_one_actor_refuses_leaves_every_actor_as_it_was():
     """Worker 1 refuses its blob (another kind of actor's); worker 0, which loaded its own,
     is given back the state it held: it used to stay rolled back, with an error raised."""

@@ -222,6 +222,7 @@ def test_start_timeout_bounds_a_stall_not_a_fleet_whose_actors_keep_coming(monke
     assert leftover.stdout == ""  # every actor of the failed start was stopped
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_fleet_on_a_bracketed_ipv6_host_gives_addresses_a_collector_dials():
     """``host="[::1]"`` (the collector's own form) gave ``[[::1]]:port``: nothing dialled it."""
     with (
@@ -235,6 +236,7 @@ def test_a_fleet_on_a_bracketed_ipv6_host_gives_addresses_a_collector_dials():
             LocalFleet(1, host=host)
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_an_actor_that_fails_to_start_is_reported_by_its_error_line_first():
     with pytest.raises(ActorUnavailableError) as failure:
         LocalFleet(1, "CartPole-v9", num_envs=2).start()
@@ -410,6 +412,7 @@ def test_a_strict_round_fails_at_once_on_an_actor_another_learner_took_over():
             assert raised.value.worker_ids == [1]
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_partial_rounds_go_on_at_once_without_a_dead_actor():
     """``allow_partial_batches``: a dead actor is left out of each round at once (a round
     does not wait on a reconnection attempt to it)."""

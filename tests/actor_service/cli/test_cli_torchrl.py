@@ -119,6 +119,7 @@ def test_cli_gymnasium_actor_exits_2_before_binding_on_a_policy_that_needs_torch
     ],
     ids=["not-an-env", "policy-raises-keyerror"],
 )
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_cli_gymnasium_actor_exits_2_before_binding_on_a_factory_that_fails(
     args: list[str], message: str
 ) -> None:
@@ -130,6 +131,7 @@ def test_cli_gymnasium_actor_exits_2_before_binding_on_a_factory_that_fails(
 
 
 @pytest.mark.parametrize("factory", ["cartpole", "stacked_cartpole"])
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_cli_gymnasium_actor_exits_2_before_binding_on_a_torchrl_env_naming_the_kind(
     factory: str,
 ) -> None:

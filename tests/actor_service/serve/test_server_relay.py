@@ -95,6 +95,7 @@ def test_the_relay_the_learner_named_delivers_and_the_push_applies(actor: Actor)
 
 
 @pytest.mark.parametrize("replay", [False, True], ids=["wrong ticket", "replayed ticket"])
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_ticket_not_the_learners_is_refused_and_nothing_applies(actor: Actor, replay) -> None:
     before = _actor_weights(actor)
     _, blob, version = a_new_state(actor)
@@ -123,6 +124,7 @@ def test_a_ticket_not_the_learners_is_refused_and_nothing_applies(actor: Actor, 
 @pytest.mark.parametrize(
     "case", ["damaged chunk", "forged bytes", "too many bytes", "stalled relay"]
 )
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_bytes_that_fail_are_answered_relay_failed_and_nothing_applies(actor: Actor, case) -> None:
     before = _actor_weights(actor)
     _, blob, version = a_new_state(actor)
@@ -248,6 +250,7 @@ def test_a_tls_actor_without_relay_ca_forwards_nothing(make_actor, tmp_path) -> 
             listener.accept()  # nothing dialled: the token never left in the clear
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_relay_call_for_a_push_never_opened_is_not_found(actor: Actor) -> None:
     requests = relay_requests(secrets.token_bytes(16), secrets.token_bytes(32), b"x" * 10)
     assert code_of(lambda: actor.stub.RelayWeights(requests, timeout=30)) == (

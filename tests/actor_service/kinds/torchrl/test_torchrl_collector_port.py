@@ -171,6 +171,7 @@ def _two_actors(num_envs: int) -> Iterator[list[str]]:
         yield [f"127.0.0.1:{actor.port}" for actor in actors]
 
 
+@pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_port_multi_sync_ordering_of_a_list_of_env_constructors() -> None:
     # TorchRL's test_multi_sync_data_collector_ordering: MultiSyncCollector([env_fn] * 2) of
     # unbatched envs stacks its workers, [2, T] named [None, "time"]; its async sibling gives
