@@ -329,17 +329,17 @@ def start_local_ray(start: Callable[[], T], temp_dir: str, attempts: int = 3) ->
     """
     import ray
 
-    for attempt in range(1, attempts + 1):
+    for _ in range(attempts - 1):
         try:
             return start()
         except Exception as error:
-            if attempt == attempts or not any(w in str(error) for w in RAY_START_TIMED_OUT):
+            if not any(words in str(error) for words in RAY_START_TIMED_OUT):
                 raise
             print(f"Ray's start timed out; its logs:\n{_ray_log_tails(temp_dir)}", file=sys.stderr)
             _stop_failed_ray_node(error)
             ray.shutdown()
             ray_processes_gone(temp_dir)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    return start()
 
 
 def ray_processes_gone(temp_dir: str, timeout: float = 30.0) -> None:
