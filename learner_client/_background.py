@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from common.errors import SessionStateError
 from learner_client._mailbox import Mailbox
+from learner_client._waits import Flag
 
 __all__ = ["Background"]
 
@@ -55,9 +56,9 @@ class Background:
         self._iterate = iterate
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._resumed = threading.Event()
+        self._resumed = Flag()
         self._resumed.set()
-        self._parked = threading.Event()
+        self._parked = Flag()
         self._pause_lock = threading.Lock()
         self._pauser: threading.Thread | None = None
         self.error: str | None = None

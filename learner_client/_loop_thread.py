@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from common.errors import ClosedError, DeadlineError, RlfleetError, SessionStateError
+from learner_client._waits import done_within
 
 __all__ = ["LoopThread"]
 
@@ -45,21 +46,6 @@ def _drop_completions_of_closed_loops(
         log.debug("dropped a grpc completion for a closed event loop (an earlier collector's)")
         return
     loop.default_exception_handler(context)
-
-
-def _done_within(future: concurrent.futures.Future[Any], timeout: float | None) -> bool:
-    """Whether ``future`` finished within ``timeout`` seconds (None: as long as it takes).
-
-    The wait is a plain lock's, not ``Future.result``'s ``Condition.wait``: that releases its
-    lock one step before the ``try`` that takes it back, so a Ctrl-C (a signal handler's
-    exception) landing in that step surfaced as ``RuntimeError: cannot release un-acquired
-    lock`` instead of KeyboardInterrupt. A lock's acquire raises the handler's exception as
-    it is.
-    """
-    finished = threading.Lock()
-    finished.acquire()
-    future.add_done_callback(lambda _: finished.release())
-    return finished.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
 
 
 class LoopThread:
@@ -92,7 +78,7 @@ class LoopThread:
             raise ClosedError("the collector is shut down")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            if not _done_within(future, timeout):
+            if not done_within(future, timeout):
                 raise concurrent.futures.TimeoutError
             return future.result(0)
         except concurrent.futures.TimeoutError as exc:

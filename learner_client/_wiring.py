@@ -46,6 +46,7 @@ from learner_client._settings import BatchSettings, ConnectionSettings, WeightPu
 from learner_client._shm import ShmRoute
 from learner_client._slabs import PacketSlabs
 from learner_client._stripes import StripeRoute
+from learner_client._waits import Flag
 from learner_client._weights import WeightBook
 
 __all__ = ["Parts", "Teardown", "assemble", "weakly"]
@@ -126,7 +127,7 @@ class Teardown:
     owner: _Closing
     pid: int = dataclasses.field(default_factory=os.getpid)
     #: Set once the first :meth:`once` has closed everything (another caller waits on it).
-    closed: threading.Event = dataclasses.field(default_factory=threading.Event)
+    closed: Flag = dataclasses.field(default_factory=Flag)
     _closer: threading.Thread | None = None
     _claim: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
