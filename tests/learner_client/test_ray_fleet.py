@@ -88,6 +88,9 @@ def test_ray_fleet_stop_leaves_no_actor_and_no_server(ray_cluster: Any) -> None:
         servers, workers = fleet.pids, fleet.ray_pids
         handles = list(fleet.actor_handles.values())
         assert all(process_alive(pid) for pid in servers + workers)
+        with pytest.raises(SessionStateError, match="on a running fleet"):
+            fleet.start()  # would place a second set of actors, the first left unstopped
+        assert fleet.pids == servers
     poll_until(lambda: not any(process_alive(pid) for pid in servers), timeout=30)
     for handle in handles:  # each Ray actor is dead, for good
         with pytest.raises(ray_cluster.exceptions.RayActorError):

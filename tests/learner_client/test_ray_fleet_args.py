@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
+from tensordict.nn import TensorDictModule
 
 from learner_client import GrpcCollector, RayFleet
+from learner_client._ray_dropin import RayPlacement, ray_fleet_of
 
 
 @pytest.mark.parametrize(
@@ -53,3 +56,169 @@ def test_raycollectors_form_checks_its_ray_arguments_before_it_needs_ray(
 ) -> None:
     with pytest.raises(TypeError, match=message):
         GrpcCollector(create_env_fn=[lambda: None] * 2, frames_per_batch=16, **kwargs)
+
+
+def _env_fn() -> None:
+    """A stand-in for a script's env factory (never called: no fleet here starts)."""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"num_actors": 0}, ValueError, r"num_actors must be an int >= 1, got 0"),
+        (
+            {"create_env_fn": [_env_fn] * 3},
+            ValueError,
+            r"create_env_fn must be one callable or 2 \(one per actor\), got 3",
+        ),
+        ({"create_env_fn": [_env_fn, 5]}, TypeError, r"create_env_fn must hold callables"),
+        (
+            {"create_env_fn": _env_fn, "policy_factory": _env_fn, "policy": "mod:fn"},
+            TypeError,
+            r"policy_factory cannot be used with policy argument",
+        ),
+        ({"policy_factory": _env_fn}, TypeError, r"policy_factory builds the policy .* goes with"),
+        ({"create_env_fn": _env_fn, "kind": "llm"}, ValueError, r"cannot serve kind 'llm'"),
+        ({"policy": object()}, TypeError, r"policy is a object: a module object is shipped"),
+        ({"remote_configs": [{}] * 3}, ValueError, r"remote_configs must be one dict or 2 .*got 3"),
+        ({"host": ""}, TypeError, r"host must be a non-empty str or None, got ''"),
+    ],
+)
+def test_ray_fleet_arguments_that_cannot_place_the_actors_are_refused_without_ray(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    arguments = {"num_actors": 2, **kwargs}
+    with pytest.raises(error, match=message):
+        RayFleet(**arguments)
+
+
+def test_ray_fleet_defaults_each_actor_to_one_cpu_and_the_kinds_policy() -> None:
+    fleet = RayFleet(2)
+    assert fleet.remote_configs == [{"num_cpus": 1}, {"num_cpus": 1}]
+    fleet.remote_configs[0]["num_cpus"] = 4
+    assert fleet.remote_configs[1] == {"num_cpus": 1}
+    assert RayFleet(1).remote_configs == [{"num_cpus": 1}]
+    assert RayFleet(1, policy="")._common_args == fleet._common_args  # "": the kind's default
+
+
+def test_ray_fleet_takes_the_learners_token_when_none_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RLFLEET_TOKEN", "inherited-token")
+    assert RayFleet(1).token == "inherited-token"
+    assert RayFleet(1, token="given-token").token == "given-token"
+    monkeypatch.setenv("RLFLEET_TOKEN", "")  # unset by an empty export: no token
+    assert RayFleet(1).token is None
+
+
+def _placement(**kwargs: Any) -> RayPlacement:
+    """RayCollector's placing arguments at their defaults, but for ``kwargs``."""
+    arguments: dict[str, Any] = {
+        "create_env_fn": _env_fn,
+        "create_env_kwargs": None,
+        "policy": None,
+        "policy_factory": None,
+        "num_collectors": None,
+        "collector_class": None,
+        "collector_kwargs": None,
+        "num_workers_per_collector": 1,
+        "ray_init_config": None,
+        "remote_configs": None,
+    }
+    return RayPlacement(**(arguments | kwargs))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"create_env_fn": [_env_fn] * 2, "num_collectors": 3}, ValueError, r"num_collectors is 3"),
+        (
+            {"create_env_fn": [_env_fn] * 2, "remote_configs": [{}] * 3},
+            ValueError,
+            r"lists of different lengths",
+        ),
+        ({"num_collectors": 0}, ValueError, r"num_collectors must be >= 1, got 0"),
+        ({"policy": torch.nn.Linear(3, 1)}, TypeError, r"policy is a Linear: .*TensorDictModule"),
+        ({"collector_class": "parallel"}, TypeError, r"collector_class 'parallel' is none of"),
+        ({"collector_class": dict}, TypeError, r"collector_class must be a TorchRL collector"),
+    ],
+)
+def test_raycollectors_form_refuses_arguments_that_place_no_actors_before_ray_starts(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        GrpcCollector(frames_per_batch=16, **(_placement(**kwargs).__dict__))
+
+
+@pytest.mark.ray
+def test_raycollectors_form_places_one_actor_per_collector_with_torchrls_defaults() -> None:
+    fleet = ray_fleet_of(_placement())
+    assert fleet.num_actors == 1
+    config = {"num_cpus": 1, "memory": 2 * 1024**3}
+    if torch.cuda.is_available():
+        config["num_gpus"] = 0.2
+    assert fleet.remote_configs == [config]
+    assert fleet._extra_args == ["--env-backend", "sync"]  # TorchRL's Collector: in-process
+    assert ray_fleet_of(_placement(create_env_fn=[_env_fn] * 3)).num_actors == 3
+
+
+@pytest.mark.ray
+def test_raycollectors_form_passes_its_placing_arguments_to_the_fleet() -> None:
+    policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    fleet = ray_fleet_of(
+        _placement(
+            num_collectors=2,
+            num_workers_per_collector=3,
+            create_env_kwargs={"g": 9.0},
+            policy=policy,
+            ray_init_config={"address": "auto"},
+            remote_configs=[{"num_cpus": 0.5}, {"num_cpus": 0.25}],
+        )
+    )
+    assert fleet.num_actors == 2
+    assert fleet.remote_configs == [{"num_cpus": 0.5}, {"num_cpus": 0.25}]
+    args = fleet._common_args
+    assert args[args.index("--num-envs") + 1] == "3"
+    assert '"g": 9.0' in args[args.index("--env-kwargs") + 1]
+    assert fleet._policy_module is policy
+    assert fleet._ray_init_config == {"address": "auto"}
+    factories = [_env_fn, _env_fn]
+    placement = _placement(create_env_fn=[_env_fn] * 2, policy_factory=factories)
+    assert ray_fleet_of(placement)._factories == factories
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    ("collector_class", "backend"),
+    [
+        (None, "sync"),
+        ("single", "sync"),
+        ("sync", "async"),
+        ("async", "async"),
+        ("Collector", "sync"),
+        ("MultiSyncCollector", "async"),
+        ("MultiAsyncCollector", "async"),
+    ],
+)
+def test_raycollectors_form_steps_envs_in_subprocesses_for_multi_collectors_only(
+    collector_class: str | None, backend: str
+) -> None:
+    if collector_class is not None and collector_class[0].isupper():
+        collectors = pytest.importorskip("torchrl.collectors")
+        collector_class = type("Mine", (getattr(collectors, collector_class),), {})
+    fleet = ray_fleet_of(_placement(collector_class=collector_class))
+    assert fleet._extra_args == ["--env-backend", backend]
+
+
+@pytest.mark.ray
+def test_raycollectors_form_warns_only_for_collector_kwargs_it_does_not_overwrite() -> None:
+    kwargs = {"device": "cpu", "frames_per_batch": 8, "split_trajs": True, "num_threads": 2}
+    with pytest.warns(UserWarning, match=r"collector_kwargs\['num_threads'\]") as caught:
+        ray_fleet_of(_placement(collector_kwargs=kwargs))
+    assert len(caught) == 1
+
+
+def test_no_actors_and_no_create_env_fn_says_what_is_needed_with_or_without_ray() -> None:
+    with pytest.raises(TypeError, match=r"needs the actors .*or RayCollector's create_env_fn"):
+        GrpcCollector(frames_per_batch=16, num_collectors=2)

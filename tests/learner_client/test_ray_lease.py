@@ -90,3 +90,15 @@ def test_raycollectors_shutdown_ray_stops_ray_once_no_fleet_uses_it(
     assert ray.is_initialized()  # the other fleet still uses it
     other.stop()
     assert not ray.is_initialized()
+
+
+def test_a_fleet_given_shutdown_ray_stops_the_scripts_ray_when_it_stops(
+    ray: Any, temp_dir: str
+) -> None:
+    init = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    config = {"num_cpus": 0.5}
+    fleet = RayFleet(1, num_envs=2, grace_period=1.0, remote_configs=config, shutdown_ray=True)
+    with fleet:
+        assert fleet.is_alive(0)
+    assert not ray.is_initialized()  # the script started Ray, but the fleet was asked to stop it
