@@ -23,6 +23,7 @@ from common.llm import (
     end_token_ids,
 )
 from common.llm._tasks import countdown_reward
+from common.plain_config import to_plain
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -120,6 +121,10 @@ def test_a_folder_without_a_checkpoint_is_named_as_such(tmp_path) -> None:
         ("rlfleet:tiny-qwen2", {"hiden": 8}, "unknown kwargs"),
         ("rlfleet:tiny-qwen2", {"hidden": 2**64 - 1}, "must be an int"),
         ("rlfleet:tiny-qwen2", {"hidden": 30, "heads": 4}, "multiple of"),
+        ("rlfleet:tiny-qwen2", {"layers": 0}, "layers=0 must be an int >= 1"),
+        ("rlfleet:tiny-qwen2", {"heads": 0}, "heads=0 must be an int >= 1"),
+        ("rlfleet:tiny-qwen2", {"seed": -1}, "seed=-1 must be an int >= 0"),
+        ("rlfleet:tiny-qwen2", {"seed": 2**31}, "seed=2147483648 must be an int >= 0"),
         ("rlfleet:tiny-qwen2", {"vocab": "words"}, "vocab='words' must be one of"),
         ("rlfleet:tiny-gpt2", {"vocab": 7}, "vocab=7 must be one of"),
     ],
@@ -397,3 +402,40 @@ def test_build_task_raises_if_the_spec_is_bad(spec, kwargs) -> None:
 def test_the_network_guard_refuses_non_loopback_connections() -> None:
     with socket.socket() as sock, pytest.raises(ConnectionRefusedError, match="network guard"):
         sock.connect(("10.255.255.1", 443))
+
+
+def test_build_policy_takes_ids_up_to_the_last_embedding_row_and_refuses_one_past(
+    tmp_path,
+) -> None:
+    model, tok = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, vocab="compact")
+    rows = model.get_input_embeddings().num_embeddings
+    model.generation_config.eos_token_id = [tok.eos_token_id, rows - 1]
+    loaded, tok2 = build_policy(_saved(tmp_path / "last", model, tok))
+    assert end_token_ids(loaded, tok2) == (tok.eos_token_id, rows - 1)
+    for far in (rows, -1):
+        model.generation_config.eos_token_id = [tok.eos_token_id, far]
+        match = f"eos_token_id lists {far}, not an id of the model's {rows} embeddings"
+        with pytest.raises(PolicySpecError, match=match):
+            build_policy(_saved(tmp_path / f"far{far}", model, tok))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.resize_token_embeddings(rows - 1)  # one id of the tokenizer's has no row
+    with pytest.raises(PolicySpecError, match=f"has {rows} ids but the model embeds {rows - 1}"):
+        build_policy(_saved(tmp_path / "short", model, tok))
+
+
+def test_tiny_model_seed_is_taken_from_0_up_to_2_31_minus_1() -> None:
+    low, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, seed=0)
+    high, _ = build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1, seed=2**31 - 1)
+    assert not torch.equal(low.lm_head.weight, high.lm_head.weight)
+
+
+def make_echo_from_config(cfg):
+    return _EchoTask(word=cfg.task.word)  # attribute access: a DictConfig, not a dict
+
+
+def test_a_task_factory_gets_back_the_omegaconf_config_sent_as_plain_data() -> None:
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({"task": {"word": "${w}"}, "w": "yo"})
+    kwargs = json.loads(json.dumps(to_plain({"cfg": cfg})))  # as it travels to an actor
+    task = build_task(f"{__name__}:make_echo_from_config", **kwargs)
+    assert task.sample(random.Random(0)).query == "yo"

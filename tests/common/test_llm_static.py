@@ -117,3 +117,14 @@ def test_compiled_decode_draws_the_tokens_of_the_growing_cache_and_sees_pushes(d
         state, metadata = decode_weights(encode_weights(learner))
         models.load_weights("policy", 1, state, PushForm.from_metadata(metadata))
     _assert_same(_run(eager, prompts, GREEDY, 2), _run(compiled, prompts, GREEDY, 2))
+
+
+def test_a_static_decode_actor_sizes_its_cache_by_the_planned_generation() -> None:
+    static = LLMModels("rlfleet:tiny-qwen2", TINY, torch.device("cpu"), decode="static")
+    planned = GenerationSettings(max_new_tokens=WIDTH_STEP + 1, temperature=0.0)
+    static.plan_generation(planned.max_new_tokens)
+    assert _run(static, [[5, 6]], planned, 0).tokens.shape[1] == WIDTH_STEP + 1
+    static.plan_generation(1)  # a 64-position cache: what is not planned does not fit
+    longer = GenerationSettings(max_new_tokens=2 * WIDTH_STEP, temperature=0.0)
+    with pytest.raises(ValueError, match="longer than its static cache"):
+        _run(static, [[5, 6]], longer, 0)

@@ -6,13 +6,14 @@ import importlib.util
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 from actor_service import ActorConfig
 from actor_service._cli._main import parse_config
 from actor_service._kinds.llm.settings import LLMActorSettings
-from common.llm import LoraSpec, parse_lora
+from common.llm import LoraSpec, apply_lora, build_policy, parse_lora
 
 LLM = ["--kind", "llm"]
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -109,3 +110,45 @@ def test_lora_targets_the_model_lacks_exit_2_before_binding(spec: str, tmp_path)
     assert "the model has no module named ['foo_proj']" in out.stderr
     assert "'q_proj'" in out.stderr  # what it could have named
     assert "listening" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("field", "low", "high"), [("r", 1, 4096), ("alpha", 1, 65536)])
+def test_lora_r_and_alpha_are_taken_at_both_ends_and_refused_one_past(
+    field: str, low: int, high: int
+) -> None:
+    for value in (low, high):
+        assert getattr(parse_lora(f"{field}={value},targets=q_proj"), field) == value
+    for value in (low - 1, high + 1):
+        match = rf"lora {field} must be an int in {low}\.\.{high}, got {value}$"
+        with pytest.raises(ValueError, match=match):
+            parse_lora(f"{field}={value},targets=q_proj")
+
+
+def test_lora_takes_64_targets_and_refuses_65() -> None:
+    names = [f"m{i}" for i in range(65)]
+    assert len(parse_lora("r=4,targets=" + ",".join(names[:64])).targets) == 64
+    with pytest.raises(ValueError, match=r"lora targets must be a tuple of 1\.\.64 module names"):
+        parse_lora("r=4,targets=" + ",".join(names))
+
+
+def _tiny_lm() -> Any:
+    pytest.importorskip("peft")
+    return build_policy("rlfleet:tiny-qwen2", hidden=32, layers=1)[0]
+
+
+def test_lora_without_alpha_scales_by_one_whatever_the_rank() -> None:
+    wrapped = apply_lora(_tiny_lm(), "r=4,targets=q_proj")
+    assert wrapped.peft_config["default"].lora_alpha == 4
+    assert wrapped.base_model.model.model.layers[0].self_attn.q_proj.scaling == {"default": 1.0}
+
+
+def test_lora_takes_a_target_by_its_full_dotted_name() -> None:
+    wrapped = apply_lora(_tiny_lm(), "r=4,targets=model.layers.0.self_attn.q_proj")
+    adapted = [n for n, _ in wrapped.named_modules() if n.endswith(".lora_A")]
+    assert adapted == ["base_model.model.model.layers.0.self_attn.q_proj.lora_A"]
+
+
+def test_lora_refuses_a_target_that_only_ends_a_module_name() -> None:
+    # peft skips such a target silently when another one matches.
+    with pytest.raises(ValueError, match=r"the model has no module named \['proj'\]"):
+        apply_lora(_tiny_lm(), "r=4,targets=q_proj,proj")
