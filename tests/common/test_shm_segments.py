@@ -93,6 +93,22 @@ def test_names_outside_the_pattern_are_refused(tmp_path: Path, name: str) -> Non
         read_segment(Segment(name=name, size=0, crc32c=0), str(tmp_path))
 
 
+def test_a_name_that_goes_on_past_a_segment_name_is_never_opened_or_removed(
+    tmp_path: Path,
+) -> None:
+    """A valid name followed by more (``/../victim``) would lead out of the segment folder."""
+    prefix = "rlfleet-shm-1-" + "0" * 32
+    (tmp_path / prefix).mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    victim.chmod(0o600)
+    name = prefix + "/../victim"
+    with pytest.raises(ShmError, match="outside"):
+        read_segment(Segment(name=name, size=4, crc32c=crc32c(b"kept")), str(tmp_path))
+    remove_segment(name, str(tmp_path))
+    assert victim.read_bytes() == b"kept"
+
+
 def test_huge_size_and_shared_mode_and_links_are_refused(tmp_path: Path) -> None:
     seg = write_segment(b"abc", str(tmp_path))
     with pytest.raises(ShmError, match="out of range"):
@@ -317,6 +333,21 @@ def test_kept_mappings_follow_their_files(tmp_path: Path) -> None:
     with pytest.raises(ShmError, match="cannot be opened"), maps.locked(controls[0]):
         pass
     for buffer in buffers[1:]:
+        buffer.close()
+
+
+@pytest.mark.parametrize("use", ["locked", "reader"])
+def test_a_reader_keeps_at_most_keep_mappings_of_segments_still_there(
+    tmp_path: Path, use: str
+) -> None:
+    """A peer naming segment after segment, each left in place, is kept in ``keep`` mappings."""
+    maps = SegmentMaps(keep=2, root=str(tmp_path))
+    buffers = [_shared(tmp_path, bytes([i]) * 4096) for i in range(5)]
+    for buffer in buffers:
+        with getattr(maps, use)(buffer.control(0)):
+            pass
+    assert [name for name, _ in maps._maps] == [b.name for b in buffers[-2:]]
+    for buffer in buffers:
         buffer.close()
 
 

@@ -634,3 +634,20 @@ def test_a_copied_blob_smaller_than_every_idle_segment_gets_a_segment_of_its_siz
         assert small.size == 4096
         assert _segment_bytes(small.name) == b"\2" * 4096
         route.release([small])
+
+
+def test_with_pushes_off_a_local_actor_of_batches_gets_no_blob_segment():
+    """Batches through shared memory alone: a push's blob stays in plain memory, unnamed."""
+    before = ours()
+    route = _shm.ShmRoute(enabled=False, batches=True)
+    buffers = BlobBuffers(route)
+    try:
+        route.admit(7, route.identity, probe_ok=True)
+        assert route.batches_from(7)
+        assert not route.is_local(7)
+        assert not route.wanted()
+        buffers.take("policy", 4096)
+        assert ours() <= before
+    finally:
+        buffers.clear()
+        route.close()

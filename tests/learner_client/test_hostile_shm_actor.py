@@ -56,13 +56,14 @@ def shm_chunk(seq: int, control: pb.ShmSegment, packet: bytes) -> pb.BatchChunk:
 
 
 class SharedMemoryActor(HostileActor):
-    """Claims this host; sends ``chunks(seq, packet)`` while a session asks for segments (or
-    ``always``), and batch ``seq`` as bytes otherwise. ``asked``: each session's ask."""
+    """Claims this host; sends ``chunks(seq, packet)`` (a chunk or a list of them) while a
+    session asks for segments (or ``always``), and batch ``seq`` as bytes otherwise.
+    ``asked``: each session's ask."""
 
     def __init__(
         self,
         description: pb.DescribeResponse,
-        chunks: Callable[[int, bytes], pb.BatchChunk],
+        chunks: Callable[[int, bytes], pb.BatchChunk | list[pb.BatchChunk]],
         always: bool = False,
     ) -> None:
         local = pb.DescribeResponse()
@@ -82,7 +83,9 @@ class SharedMemoryActor(HostileActor):
         for granted in itertools.chain([opening.credits], later):
             for _ in range(granted):
                 if opening.shm_batches or self.always:
-                    yield pb.CollectResponse(chunk=self.chunks(seq, packet_of(seq)))
+                    made = self.chunks(seq, packet_of(seq))
+                    for chunk in made if isinstance(made, list) else [made]:
+                        yield pb.CollectResponse(chunk=chunk)
                 else:
                     yield batch(seq, _data_of(seq))
                 seq += 1
@@ -189,6 +192,7 @@ LYING = {
     "crc_not_the_infos": (lambda c: _set(c, c.shm, crc32c=c.shm.crc32c ^ 1), "differs from"),
     "data_beside_it": (lambda c: _set(c, c, data=b"x"), "has data"),
     "two_chunks": (lambda c: _set(c, c, count=2), "must be one chunk"),
+    "not_the_first_chunk": (lambda c: _set(c, c, index=1), "must be one chunk"),
     "seq_not_the_infos": (lambda c: _set(c, c, seq=c.seq + 1), "must be one chunk"),
     "other_epoch": (lambda c: _set(c, c.info, epoch=EPOCH + 1), f"epoch {EPOCH + 1}"),
 }
@@ -210,3 +214,18 @@ def test_a_segment_the_session_did_not_ask_for_is_a_protocol_error(description, 
     assert "ProtocolError" in why
     assert "did not ask" in why
     assert not servicer.asked[0]
+
+
+def test_a_segment_named_inside_a_batch_of_bytes_is_a_protocol_error(description, plant) -> None:
+    """Chunk 0 of 2 carries bytes, chunk 1 names a segment holding the rest: never read."""
+
+    def split(seq: int, packet: bytes) -> list[pb.BatchChunk]:
+        half = len(packet) // 2
+        first = shm_chunk(seq, plant(packet), packet)
+        first.ClearField("shm")
+        first.count, first.data = 2, packet[:half]
+        return [first, pb.BatchChunk(seq=seq, index=1, count=2, shm=plant(packet[half:]))]
+
+    why = refused(SharedMemoryActor(description, split))
+    assert "ProtocolError" in why
+    assert "shared-memory chunk inside batch" in why
