@@ -26,10 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.config import WILDCARD_HOSTS, host_port
+
 __all__ = ["check", "main"]
 
 _DEFAULT_PORT = 50051  # common.config.DEFAULT_PORT; repeated so the probe imports nothing of ours
-_WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 _RETRY_PAUSE = 0.5
 # A local probe must never go through an HTTP proxy taken from the environment.
 _CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0)]
@@ -89,7 +90,7 @@ def _default_port(environ: Mapping[str, str]) -> int:
 
 def _default_host(environ: Mapping[str, str]) -> str:
     host = environ.get("RLFLEET_HOST", "").strip()
-    return "127.0.0.1" if host in _WILDCARDS else host
+    return "127.0.0.1" if not host or host in WILDCARD_HOSTS else host
 
 
 def _check_until(target: str, service: str, timeout: float, wait: float) -> str:
@@ -158,7 +159,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = _parser().parse_args(argv)
     host = args.host if args.host else _default_host(environ)
     port = args.port if args.port is not None else _default_port(environ)
-    target = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    target = host_port(host, port)
     status = _check_until(target, args.service, args.timeout, args.wait)
     print(f"{status} {target}{' service=' + args.service if args.service else ''}", flush=True)
     return 0 if status == "SERVING" else 1

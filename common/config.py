@@ -45,6 +45,7 @@ __all__ = [
     "RELAY_TICKET_BYTES",
     "COMPILE_BACKENDS",
     "COMPILE_MODES",
+    "WILDCARD_HOSTS",
     "CollectSettings",
     "CompileSettings",
     "ExplorationType",
@@ -58,6 +59,7 @@ __all__ = [
     "check_seed",
     "check_token",
     "client_channel_options",
+    "host_port",
     "is_loopback",
     "is_relay_address",
     "positive_timeout",
@@ -421,6 +423,17 @@ def check_bind_host(host: object) -> str:
         f"host must be an address of this machine to bind (an IP address or a host name; "
         f"actors listen on TCP), got {host!r:.80}"
     )
+
+
+#: The bind addresses meaning "every interface": an actor bound to one is dialed at an address
+#: of its machine (its loopback from the same machine, its IP from another).
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as gRPC reads it: an IPv6 literal bracketed once (``[::1]:50051``)."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
 
 def _host_hint(host: str) -> str:

@@ -31,10 +31,12 @@ from common.config import (
     MAX_NUM_ENVS,
     MAX_SEED,
     MAX_WORKER_ID,
+    WILDCARD_HOSTS,
     as_int,
     as_real,
     check_bind_host,
     check_token,
+    host_port,
     positive_timeout,
 )
 from common.errors import (
@@ -532,9 +534,11 @@ class LocalFleet:
             )
 
     def _address(self, actor: _Actor) -> str:
-        host = "127.0.0.1" if self.host == "0.0.0.0" else self.host.strip("[]")
-        host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
-        return f"{host}:{actor.port}"
+        if actor.port is None:  # only a ready actor's address is given out
+            raise SessionStateError(f"actor worker_id={actor.worker_id} is not ready")
+        if self.host in WILDCARD_HOSTS:  # dialed at this machine's loopback of its family
+            return host_port("127.0.0.1" if self.host == "0.0.0.0" else "::1", actor.port)
+        return host_port(self.host, actor.port)
 
 
 def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
-from common.config import check_token
+from common.config import WILDCARD_HOSTS, check_token, host_port
 from common.errors import ActorUnavailableError, DeadlineError, SessionStateError
 from learner_client._local_fleet import (
     _DEFAULT_POLICY,
@@ -181,6 +181,7 @@ class _ServerHost:
 
         self.node_ip = ray.util.get_node_ip_address()
         self.host = host or self.node_ip
+        self.dialed = _dialed_host(self.host, self.node_ip)
         self.seed = seed = _incarnation_seed(ray, seed)
         if seed is not None:
             argv = [*argv, "--seed", str(seed)]
@@ -221,7 +222,7 @@ class _ServerHost:
                 )
             else:
                 time.sleep(_POLL_INTERVAL)
-        return self.host, self.port, self.process.pid, os.getpid()
+        return self.dialed, self.port, self.process.pid, os.getpid()
 
     def is_alive(self) -> bool:
         """Whether the server process is still running."""
@@ -272,6 +273,7 @@ class _InProcessHost:
 
         self.node_ip = ray.util.get_node_ip_address()
         self.host = host or self.node_ip
+        self.dialed = _dialed_host(self.host, self.node_ip)
         self.seed = seed = _incarnation_seed(ray, seed)
         flags = [*argv[3:], "--host", self.host]
         if seed is not None:
@@ -293,7 +295,7 @@ class _InProcessHost:
             raise ActorUnavailableError(
                 f"actor server on {self.node_ip} failed to start: {self.failure}"
             )
-        return self.host, int(self.server.port), os.getpid(), os.getpid()
+        return self.dialed, int(self.server.port), os.getpid(), os.getpid()
 
     def is_alive(self) -> bool:
         """Whether the server was started and not stopped."""
@@ -377,6 +379,7 @@ class RayFleet:
             did, the last to stop does). Ray stays up while another fleet (or drop-in
             collector) of this process still uses it, and stops with the last.
         host: Address each server binds; None: its node's IP (``ray.util.get_node_ip_address``).
+            A wildcard (``0.0.0.0``, ``::``) binds every interface; its address is the node's IP.
         python: Interpreter that runs ``-m actor_service`` on the nodes; None: the Ray
             worker's own.
         create_env_fn: The callable form: what builds each actor's envs, in memory (a
@@ -562,7 +565,7 @@ class RayFleet:
         A Ray actor that Ray restarted reports its new server's address (this waits for
         it, up to ``start_timeout``).
         """
-        return [_address(host, port) for host, port, _, _ in self._ready(self.worker_ids)]
+        return [host_port(host, port) for host, port, _, _ in self._ready(self.worker_ids)]
 
     def live_addresses(self, timeout: float = _LIVE_TIMEOUT) -> list[str]:
         """``host:port`` of the actors whose server answers within ``timeout``, as of now.
@@ -581,7 +584,7 @@ class RayFleet:
         for ref in done:
             with contextlib.suppress(ray.exceptions.RayError):
                 host, port, _, _ = ray.get(ref, timeout=0)
-                live[refs[ref]] = _address(host, port)
+                live[refs[ref]] = host_port(host, port)
         return [live[w] for w in sorted(live)]
 
     @property
@@ -788,5 +791,6 @@ def check_ray_args(ray_init_config: object, host: object, python: object) -> Non
             raise TypeError(f"{name} must be a non-empty str or None, got {value!r:.60}")
 
 
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _dialed_host(host: str, node_ip: str) -> str:
+    """Where a learner dials a server bound to ``host``: a wildcard bind at its node's IP."""
+    return node_ip if host in WILDCARD_HOSTS else host

@@ -47,7 +47,7 @@ from actor_service._serve._metrics import ActorMetrics
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._servicer import ActorServicer
 from actor_service._serve._wire import add_actor_service
-from common.config import server_channel_options
+from common.config import host_port, server_channel_options
 from common.errors import SessionStateError
 from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -181,10 +181,7 @@ class ActorServer:
 
     def _bind(self, server: grpc.aio.Server, port: int, *, secure: bool) -> int:
         host = self.config.host
-        # An IPv6 literal ("::1", the wildcard "::") is bracketed, as gRPC's addresses need.
-        address = (
-            f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-        )
+        address = host_port(host, port)  # an IPv6 literal ("::1", "::") bracketed
         try:
             if secure and self.config.tls_cert:
                 bound = server.add_secure_port(address, self._credentials())

@@ -64,6 +64,22 @@ def test_ray_fleet_collects_sync_and_async_batches(ray_cluster: Any) -> None:
     assert ray_cluster.is_initialized()  # the fleet reused this Ray: it leaves it running
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::1]"])
+def test_ray_fleet_gives_addresses_a_collector_dials_for_a_wildcard_or_bracketed_host(
+    ray_cluster: Any, host: str
+) -> None:
+    """A server bound to every interface is dialed at its node's IP (it gave ``0.0.0.0:port``:
+    from another node, the learner's own machine); ``[::1]`` gave ``[[::1]]:port``."""
+    node_ip = ray_cluster.util.get_node_ip_address()
+    with (
+        RayFleet(1, "CartPole-v1", num_envs=1, host=host, grace_period=1.0) as fleet,
+        GrpcCollector(fleet.addresses, frames_per_batch=4) as collector,
+    ):
+        assert fleet.addresses[0].startswith(f"{node_ip}:" if host == "0.0.0.0" else "[::1]:")
+        assert fleet.live_addresses() == fleet.addresses
+        assert collector.next().numel() == 4
+
+
 def test_ray_fleet_asks_each_actor_its_resources(ray_cluster: Any) -> None:
     total = ray_cluster.cluster_resources()
     cpus, slots, memory = (float(total[name]) for name in ("CPU", SLOT, "memory"))
