@@ -42,6 +42,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.config import host_port
+
 __all__ = ["METRICS_PATH", "MetricsEndpoint", "ThreadsCollector", "new_registry"]
 
 #: The only path the endpoint answers.
@@ -140,7 +142,7 @@ class MetricsEndpoint:
         try:
             self._server = server_class((host.strip("[]"), port), _QuietHandler)
         except OSError as exc:  # the errno's text alone names neither the port nor the flag
-            where = f"{host}:{port} (--metrics-port)"
+            where = f"{host_port(host, port)} (--metrics-port)"
             raise OSError(exc.errno, f"cannot serve /metrics on {where}: {exc.strerror}") from None
         self._server.set_app(_only_metrics(make_wsgi_app(registry)))
         self.port: int = self._server.server_address[1]

@@ -37,7 +37,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from common.config import DEFAULT_PORT, check_actor_address, positive_timeout
+from common.config import DEFAULT_PORT, check_actor_address, host_port, positive_timeout
 from common.errors import ActorUnavailableError, ClosedError, SessionStateError
 
 __all__ = [
@@ -128,7 +128,7 @@ def _actor_addresses(host: str, port: int, resolver: Resolver) -> tuple[str, ...
     if not ips:
         raise ActorUnavailableError(f"{host!r} resolved to no address")
     ordered = sorted(ips, key=lambda ip: (ip.version, int(ip), str(ip)))
-    return tuple(f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}" for ip in ordered)
+    return tuple(host_port(str(ip), port) for ip in ordered)
 
 
 def resolve_actors(actors: str | Sequence[str], *, resolver: Resolver | None = None) -> list[str]:
