@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from actor_service import ActorConfig
+from actor_service import ActorConfig, ModelSpec
 from actor_service._cli._main import parse_config
+from actor_service._kinds.llm.check import _check_lora, check
 from actor_service._kinds.llm.settings import LLMActorSettings
 from common.llm import LoraSpec, apply_lora, build_policy, parse_lora
 
@@ -152,3 +153,39 @@ def test_lora_refuses_a_target_that_only_ends_a_module_name() -> None:
     # peft skips such a target silently when another one matches.
     with pytest.raises(ValueError, match=r"the model has no module named \['proj'\]"):
         apply_lora(_tiny_lm(), "r=4,targets=q_proj,proj")
+
+
+def _lora_config(lora: str, engine: str = "transformers", **kwargs: Any) -> ActorConfig:
+    model = ModelSpec("policy", "rlfleet:tiny-qwen2", {"hidden": 32, "heads": 2, **kwargs})
+    llm = LLMActorSettings(lora=parse_lora(lora), engine=engine)
+    return ActorConfig(kind="llm", models=(model,), llm=llm)
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")
+def test_the_start_check_takes_lm_head_as_a_target_of_our_own_decode_loop() -> None:
+    # Only vLLM serves no adapter on the output head; --engine transformers adapts every linear one.
+    pytest.importorskip("peft")
+    check(_lora_config("r=4,targets=q_proj,lm_head"))
+
+
+def test_the_start_check_builds_the_skeleton_with_the_policy_kwargs() -> None:
+    # A layer only --policy-kwargs' layers=3 builds: the skeleton is not the default model.
+    pytest.importorskip("peft")
+    target = "r=4,targets=model.layers.2.self_attn.q_proj"
+    check(_lora_config(target, layers=3))
+    with pytest.raises(ValueError, match=r"no module named \['model\.layers\.2\.self_attn"):
+        check(_lora_config(target, layers=2))
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")
+def test_the_vllm_lora_check_refuses_lm_head_naming_the_linear_layers_it_serves() -> None:
+    # The LoRA half of the vLLM start check reads the skeleton only: it runs without vLLM.
+    pytest.importorskip("peft")
+    _check_lora(_lora_config("r=4,targets=q_proj,o_proj,down_proj", engine="vllm"))
+    served = "'down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj'"
+    match = (
+        r"lora targets \['lm_head'\] are modules vLLM serves no LoRA adapter on; "
+        rf"it serves them on \[{served}\] of this model$"
+    )
+    with pytest.raises(ValueError, match=match):
+        _check_lora(_lora_config("r=4,targets=q_proj,lm_head", engine="vllm"))

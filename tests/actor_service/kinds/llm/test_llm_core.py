@@ -346,9 +346,10 @@ def test_the_task_ends_its_last_turn_terminated_not_truncated_and_judges_success
     assert torch.equal(td["next", "success"], td["next", "reward"] == 1.0)
 
 
-@pytest.mark.parametrize("room", [1, 2])
+@pytest.mark.parametrize("room", [0, 1, 2])
 def test_a_response_that_fills_the_context_is_cut_there_and_truncates_the_dialog(room) -> None:
-    """A prompt of P tokens in a context of P + room: the response takes the room left."""
+    """A prompt of P tokens in a context of P + room: the response takes the room left
+    (none for a prompt that fills the context exactly: no token past it)."""
     prompt_len = 32  # the ChatML prompt of "reverse: abcd"
     context = {**TINY, "max_positions": prompt_len + room}
     with _worker(
