@@ -21,7 +21,7 @@ from common.errors import (
     StaleVersionError,
     WeightsError,
 )
-from common.llm import GenerationSettings, LLMSettings, build_policy, check_padded
+from common.llm import GenerationSettings, LLMSettings, Problem, build_policy, check_padded
 from common.llm._settings import MIN_TEMPERATURE
 from common.packets import PacketLimits
 
@@ -596,3 +596,22 @@ def test_a_batch_of_steps_given_up_before_its_first_turn_keeps_the_dialogs() -> 
         assert worker.dropped_dialogs == 0
         td = worker.collect_batch()
     assert td["collector", "dialog_turns"][:, 0].tolist() == [3, 3]
+
+
+def test_a_prompt_that_fills_the_context_gets_no_token_beside_one_with_room() -> None:
+    """One decode of two dialogs: the one whose prompt fills the context is left out of it (a
+    row of budget 0 would still draw one token past the context), the other answers."""
+    context = {**TINY, "max_positions": 32}  # the ChatML prompt of "reverse: abcd" is 32
+    with _worker(
+        llm=_reverse(0), models=(ModelSpec("policy", "rlfleet:tiny-qwen2", context),)
+    ) as worker:
+        engine = worker.engine
+        full = engine.new_dialog(Problem(query="reverse: abcd", answer="dcba"), 0, 0)
+        roomy = engine.new_dialog(Problem(query="a", answer="a"), 1, 1)
+        greedy = GenerationSettings(max_new_tokens=4, temperature=0.0)
+        turns = engine.run([full, roomy], greedy, 1, torch.Generator().manual_seed(0))
+    assert len(turns[0].prompt) == 32
+    assert turns[0].response == []
+    assert turns[0].truncated
+    assert len(turns[1].prompt) < 32
+    assert 1 <= len(turns[1].response) <= 4
