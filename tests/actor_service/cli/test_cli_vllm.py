@@ -35,6 +35,11 @@ def test_cli_reads_the_vllm_flags_and_variables() -> None:
     assert parse_config(LLM, {}).engine == "transformers"
 
 
+def test_cli_takes_the_whole_gpu_for_vllm_and_nothing_above() -> None:
+    config = parse_config([*LLM, "--engine", "vllm", "--gpu-memory-utilization", "1.0"], {})
+    assert config.gpu_memory_utilization == 1.0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
