@@ -118,6 +118,18 @@ def test_ray_fleet_stop_leaves_no_actor_and_no_server(ray_cluster: Any) -> None:
         _ = fleet.addresses
 
 
+def test_ray_fleet_stop_terminates_each_server_at_once_not_after_its_grace_period(
+    ray_cluster: Any,
+) -> None:
+    """A server not sent SIGTERM would serve out its grace period, then be SIGKILLed undrained."""
+    fleet = RayFleet(1, num_envs=1, grace_period=15.0, remote_configs={"num_cpus": 0.5})
+    (server,) = fleet.start().pids
+    began = time.monotonic()
+    fleet.stop()
+    assert time.monotonic() - began < 10
+    assert not process_alive(server)
+
+
 def test_ray_fleet_kills_the_server_when_its_ray_actor_is_killed(ray_cluster: Any) -> None:
     with RayFleet(1, num_envs=1, grace_period=1.0, remote_configs={"num_cpus": 0.5}) as fleet:
         (server,), (worker,) = fleet.pids, fleet.ray_pids
@@ -153,6 +165,35 @@ def test_ray_fleet_restarted_actor_comes_back_at_a_new_address(ray_cluster: Any)
         assert fleet.is_alive(0)
         with GrpcCollector([address], frames_per_batch=16, total_frames=32, sync=True) as c:
             assert [tuple(batch.batch_size) for batch in c] == [(1, 2, 8)] * 2
+
+
+def _first_observations(fleet: RayFleet) -> list[list[float]]:
+    """Each worker's first batch of observations, in worker-id order."""
+    with GrpcCollector(fleet, frames_per_batch=8, sync=True) as collector:
+        batch = collector.next()
+    assert batch is not None
+    return [rows.flatten().tolist() for rows in batch["observation"]]
+
+
+@pytest.mark.long
+def test_ray_fleet_of_callables_seeds_each_actor_from_the_fleets_seed(ray_cluster: Any) -> None:
+    """The in-process form passed no ``--seed``: its actors drew random seeds, a seeded run
+    was not reproducible and its workers' envs were not seeded apart."""
+    from torchrl.envs import GymEnv
+
+    def fleet() -> RayFleet:
+        return RayFleet(
+            2,
+            num_envs=1,
+            seed=5,
+            grace_period=1.0,
+            create_env_fn=lambda: GymEnv("CartPole-v1"),
+            remote_configs={"num_cpus": 0.5},
+        )
+
+    first, again = _first_observations(fleet()), _first_observations(fleet())
+    assert first == again
+    assert first[0] != first[1]
 
 
 def _worker(batch: TensorDictBase) -> int:

@@ -18,6 +18,7 @@ from helpers import ray_processes_gone, start_local_ray, stop_local_ray
 
 from common.errors import SessionStateError
 from learner_client import GrpcCollector, RayFleet
+from learner_client._ray_fleet import shut_down_ray_when_unused
 
 pytestmark = pytest.mark.ray
 
@@ -102,3 +103,20 @@ def test_a_fleet_given_shutdown_ray_stops_the_scripts_ray_when_it_stops(
     with fleet:
         assert fleet.is_alive(0)
     assert not ray.is_initialized()  # the script started Ray, but the fleet was asked to stop it
+
+
+@pytest.mark.long
+def test_a_ray_the_script_starts_again_after_shut_down_ray_when_unused_outlives_a_later_fleet(
+    ray: Any, temp_dir: str
+) -> None:
+    """With no fleet using it, ``shutdown_ray`` stops Ray at once; the shutdown asked is then
+    done: a Ray the script starts again is its own, never stopped by a plain fleet."""
+    init = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    shut_down_ray_when_unused()
+    assert not ray.is_initialized()
+    ray_processes_gone(temp_dir)
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    with _fleet(temp_dir) as fleet:
+        assert fleet.is_alive(0)
+    assert ray.is_initialized()  # the script's Ray, which no fleet started nor was asked to stop
