@@ -8,14 +8,20 @@ leaves behind. The engine itself stands in for vLLM only where vLLM would be cal
 
 from __future__ import annotations
 
+import itertools
 import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from actor_service._kinds.llm.vllm_engine import VLLMOptions, _engine_kwargs, _padded
-from actor_service._kinds.llm.vllm_lora import EngineAdapter, check_targets, checkpoint_names
+from actor_service._kinds.llm.vllm_engine import VLLMEngine, VLLMOptions, _engine_kwargs, _padded
+from actor_service._kinds.llm.vllm_lora import (
+    EngineAdapter,
+    check_targets,
+    checkpoint_names,
+    verify_adapter,
+)
 from actor_service._kinds.llm.vllm_worker import (
     PROBE_COLUMNS,
     _reads_back,
@@ -23,6 +29,7 @@ from actor_service._kinds.llm.vllm_worker import (
     load_groups,
     verify_loaded,
 )
+from common.errors import InternalError, WeightsError
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 ATTN = "model.layers.0.self_attn"
@@ -228,3 +235,216 @@ def test_adapter_pushes_keep_at_most_two_directories_and_a_refused_one_none(adap
     assert (adapter.serving, os.listdir(root)) == (kept, [os.path.basename(kept)])
     assert adapter.reload(ADAPTER) == []
     assert engine.loaded[-1] == kept
+
+
+class _Served:
+    """Stands in for the VLLMEngine of a plain model: keeps what it is reloaded with, reads back.
+
+    ``refuse`` makes its loader raise, ``drop`` names keys it leaves as they were (read back
+    as wrong), ``fail_back`` makes every later reload (the put-back too) raise.
+    """
+
+    packed = PACKED
+    max_model_len = 64
+
+    def __init__(self, checkpoint, dtype, options, seed, lora_rank) -> None:
+        self.held: dict[str, torch.Tensor] = {}
+        self.calls: list[list[str]] = []
+        self.refuse = self.fail_back = False
+        self.drop: set[str] = set()
+        self.resets: list[bool] = []
+        self.reset_ok = True
+
+    def reload(self, weights, columns):
+        self.calls.append([k for k, _ in weights])
+        self.held.update((k, v.clone()) for k, v in weights if k not in self.drop)
+        if self.refuse or self.fail_back:  # a loader that raises half way has changed some
+            self.refuse = False
+            raise RuntimeError("no such shape")
+        wrong = [k for k, _ in weights if k in self.drop]
+        self.drop = set()
+        return wrong
+
+    def reset_prefix_cache(self) -> bool:
+        self.resets.append(self.reset_ok)
+        return self.reset_ok
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def served(monkeypatch):
+    from actor_service._kinds.llm import vllm_models
+
+    monkeypatch.setattr(vllm_models, "VLLMEngine", _Served)
+    tiny = {"hidden": 16, "heads": 2, "layers": 1, "dtype": "float32", "seed": 0}
+    options = VLLMOptions(enable_prefix_caching=True)
+    models = vllm_models.VLLMModels("rlfleet:tiny-qwen2", tiny, torch.device("cpu"), options, 0)
+    yield models, models.engine
+    models.close()
+
+
+def _pushed(models, scale: float) -> dict[str, torch.Tensor]:
+    return {k: v + scale for k, v in models.model.state_dict().items()}
+
+
+NORM = "model.norm.weight"
+
+
+def test_a_served_push_reaches_the_engine_tied_names_too_before_the_version_moves(served) -> None:
+    models, engine = served
+    new = _pushed(models, 1.0)
+    assert models.swap_weights("policy", 1, new).version == models.version == 1
+    for key, value in new.items():
+        assert torch.equal(models.model.state_dict()[key], value)
+    assert torch.equal(engine.held["lm_head.weight"], new["model.embed_tokens.weight"])
+    assert torch.equal(engine.held[NORM], new[NORM])
+    engine.calls.clear()
+    models.swap_delta("policy", 1, 2, {NORM: (torch.tensor([0]), torch.tensor([5.0]))})
+    assert engine.calls == [[NORM]]  # a delta reloads only the modules it names
+    assert engine.held[NORM][0] == 5.0 == models.model.state_dict()[NORM][0]
+    q_proj = f"{ATTN}.q_proj.weight"
+    models.swap_delta("policy", 2, 3, {q_proj: (torch.tensor([1]), torch.tensor([7.0]))})
+    assert sorted(engine.calls[-1]) == sorted(  # the whole stacked module, its other shards too
+        f"{ATTN}.{p}_proj.{leaf}" for p in "qkv" for leaf in ("weight", "bias")
+    )
+    tied = {
+        k: (torch.tensor([0]), torch.tensor([9.0]))
+        for k in ("model.embed_tokens.weight", "lm_head.weight")
+    }
+    models.swap_delta("policy", 3, 4, tied)
+    assert engine.held["lm_head.weight"].flatten()[0] == 9.0  # the tied head goes in too
+    assert models.version == 4
+
+
+def test_a_refused_delta_leaves_the_host_copy_and_version_as_they_were(served) -> None:
+    models, engine = served
+    before = {k: v.clone() for k, v in models.model.state_dict().items()}
+    engine.refuse = True
+    with pytest.raises(WeightsError, match="previous weights still serve"):
+        models.swap_delta("policy", 0, 1, {NORM: (torch.tensor([0, 1]), torch.tensor([5.0, 6.0]))})
+    assert models.version == 0
+    for key, value in models.model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert torch.equal(engine.held[NORM], before[NORM])
+
+
+@pytest.mark.parametrize("how", ["refused", "not read back"])
+def test_a_push_the_engine_does_not_serve_puts_the_old_weights_back_under_the_old_version(
+    served, how
+) -> None:
+    models, engine = served
+    old = _pushed(models, 1.0)
+    models.swap_weights("policy", 1, old)
+    error: type[Exception] = WeightsError if how == "refused" else InternalError
+    engine.refuse = how == "refused"
+    if how != "refused":
+        engine.drop = {"model.embed_tokens.weight"}
+    with pytest.raises(error, match="previous weights still serve"):
+        models.swap_weights("policy", 2, _pushed(models, 1.0))
+    assert models.version == 1
+    for key, value in old.items():
+        assert torch.equal(models.model.state_dict()[key], value)
+    for key, value in engine.held.items():  # put back: the engine holds the host copy again
+        want = old["model.embed_tokens.weight" if key == "lm_head.weight" else key]
+        assert torch.equal(value, want), key
+    assert len(engine.calls) == 3  # the first push, the second, its put-back of every module
+    assert engine.calls[1] == engine.calls[2]
+    assert models._locked(lambda: ["ok"]) == (["ok"], 1)
+
+
+def test_an_engine_that_takes_neither_push_nor_put_back_stops_serving_until_a_restore(
+    served,
+) -> None:
+    models, engine = served
+    state = models.state_dict()
+    engine.fail_back = True
+    with pytest.raises(WeightsError):
+        models.swap_weights("policy", 1, _pushed(models, 1.0))
+    with pytest.raises(InternalError, match=r"previous weights back .* restart this actor"):
+        models._locked(lambda: [])
+    with pytest.raises(InternalError, match="previous weights back"):
+        models.load_state_dict(state)
+    engine.fail_back = False
+    models.load_state_dict(state)
+    assert models._locked(lambda: ["ok"]) == (["ok"], 0)
+    assert sorted(engine.calls[-1]) == sorted(checkpoint_names(models.model.state_dict()).values())
+
+
+def test_the_prefix_cache_is_emptied_once_per_version_and_again_if_vllm_did_not(served) -> None:
+    models, engine = served
+    models._fresh_prefix_cache()
+    models._fresh_prefix_cache()
+    assert engine.resets == [True]
+    models.swap_weights("policy", 1, _pushed(models, 1.0))
+    engine.reset_ok = False
+    models._fresh_prefix_cache()
+    engine.reset_ok = True
+    models._fresh_prefix_cache()
+    models._fresh_prefix_cache()
+    assert engine.resets == [True, False, True]
+    models.load_state_dict(models.state_dict())
+    models._fresh_prefix_cache()
+    assert len(engine.resets) == 4
+    models._prefix_caching = False
+    models.swap_weights("policy", 2, _pushed(models, 1.0))
+    models._fresh_prefix_cache()
+    assert len(engine.resets) == 4
+
+
+def _lora_worker(a: torch.Tensor, b: torch.Tensor):
+    """A worker whose LoRA manager holds adapter 1 in slot 1 of a qkv layer (one shard of A, B)."""
+    layer = SimpleNamespace(lora_a_stacked=[a], lora_b_stacked=[b])
+    manager = SimpleNamespace(lora_index_to_id=[None, 1], modules={f"{ATTN}.qkv_proj": layer})
+    runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=manager))
+    return SimpleNamespace(model_runner=runner)
+
+
+def test_an_adapter_reads_back_only_from_its_own_slot_and_shard_kind() -> None:
+    a, b = torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 8, 4)
+    a[1, 0, :2, :4], b[1, 0, :4, :2] = 1.0, 3.0
+    worker = _lora_worker(a, b)
+    want_a, want_b = torch.full((2, 4), 1.0), torch.full((4, 2), 3.0)
+    module = f"{ATTN}.qkv_proj"
+    assert verify_adapter(worker, [(module, 0, "A", want_a), (module, 0, "B", want_b)], 1) == []
+    assert verify_adapter(worker, [(module, 0, "B", want_a.T + 1)], 1) == [f"{module}[0].lora_B"]
+    assert verify_adapter(worker, [(module, 0, "A", want_b)], 1) == [f"{module}[0].lora_A"]
+    assert verify_adapter(worker, [("o_proj", 0, "A", want_a)], 1) == [
+        "o_proj: no LoRA layer in the engine"
+    ]
+    assert verify_adapter(worker, [], 2) == ["adapter 2 is in no LoRA slot"]
+    a[1], a[0, 0, :2, :4] = 0.0, 1.0  # only another slot holds it
+    assert verify_adapter(worker, [(module, 0, "A", want_a)], 1) == [f"{module}[0].lora_A"]
+
+
+class _Stepping:
+    """Stands in for vLLM's engine of a turn: its second step raises."""
+
+    def __init__(self) -> None:
+        self.added: list[str] = []
+        self.aborted: list[str] = []
+        self.steps = 0
+
+    def add_request(self, request, prompt, params, lora_request) -> None:
+        self.added.append(request)
+
+    def step(self):
+        self.steps += 1
+        if self.steps > 1:
+            raise RuntimeError("engine died")
+        first = SimpleNamespace(token_ids=[4], logprobs=[{4: SimpleNamespace(logprob=-0.5)}],
+                                finish_reason="stop")  # fmt: skip
+        return [SimpleNamespace(request_id=self.added[0], finished=True, outputs=[first])]
+
+    def abort_request(self, requests) -> None:
+        self.aborted += requests
+
+
+def test_a_turn_that_fails_mid_way_aborts_only_its_unfinished_requests() -> None:
+    pytest.importorskip("vllm")
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine._engine, engine._ids, engine.adapter = _Stepping(), itertools.count(), None
+    with pytest.raises(RuntimeError, match="engine died"):
+        engine.run([[1], [2], [3]], [None] * 3, 0, lambda step: (step(), 1))
+    assert engine._engine.aborted == engine._engine.added[1:] == ["r1", "r2"]
