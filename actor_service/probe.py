@@ -26,11 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import WILDCARD_HOSTS, host_port
+from common.config import DEFAULT_PORT, WILDCARD_HOSTS, host_port
 
 __all__ = ["check", "main"]
 
-_DEFAULT_PORT = 50051  # common.config.DEFAULT_PORT; repeated so the probe imports nothing of ours
 _RETRY_PAUSE = 0.5
 # A local probe must never go through an HTTP proxy taken from the environment.
 _CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0)]
@@ -85,7 +84,7 @@ def _default_port(environ: Mapping[str, str]) -> int:
                 return int(text)
             except ValueError:
                 raise SystemExit(f"probe: {name} must be a port number, got {text!r}") from None
-    return _DEFAULT_PORT
+    return DEFAULT_PORT
 
 
 def _default_host(environ: Mapping[str, str]) -> str:
