@@ -75,6 +75,7 @@ from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     RlfleetError,
     SessionStateError,
+    StaleVersionError,
     UnknownModelError,
     UnknownWorkerError,
     is_transient,
@@ -427,6 +428,9 @@ class Pusher:
     async def admit(self, link: Link, desc: ActorDescription) -> None:
         """Re-send a returning actor what it should hold, before its data is used (loop thread).
 
+        A re-send refused as stale is what it should hold already: the push it missed, held
+        back by the outage, reached it after ``desc`` was read.
+
         Raises:
             RlfleetError: A transient failure: the session is retried, with this push first.
         """
@@ -434,6 +438,17 @@ class Pusher:
         for enc in self.book.pending(link.worker_id, desc.models):
             try:
                 reply = await self.fleet.push_to(link, enc)
+            except StaleVersionError:
+                # The push it missed reached it after it was described (an outage held it
+                # back): it holds this version or a newer one, which it should still hold.
+                self.book.acknowledged(link.worker_id, enc.model_id, enc.version)
+                log.info(
+                    "worker_id %d holds %s version %d already",
+                    link.worker_id,
+                    enc.model_id,
+                    enc.version,
+                )
+                continue
             except RlfleetError as exc:
                 if is_transient(exc):
                     raise

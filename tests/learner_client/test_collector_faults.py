@@ -7,6 +7,7 @@ on the same ports, so they do not share the session fleet.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pathlib
@@ -179,6 +180,32 @@ def _next_or_none(collector: GrpcCollector) -> list | None:
         return [collector.next()]
     except MissingWorkersError:
         return None
+
+
+def test_a_push_applied_after_the_catch_up_described_the_actor_is_still_what_it_should_hold(
+    pair,
+) -> None:
+    """An outage can hold a push back until after the learner's catch-up described the
+    actor (it reported the older version); the catch-up's re-send is then refused as stale,
+    the actor holding it already. The learner still knows what that actor should hold: a
+    sync round counts no frame of older weights, and the actor, restarted, is given it."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=8, sync=True, batch_timeout=30, token=TOKEN
+    )
+    try:
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        version = collector.update_policy_weights_(cartpole_policy(action=1))[1]
+        link = collector._fleet.member_links()[1]
+        described_before = dataclasses.replace(link.description, models={"policy": version - 1})
+        collector._fleet.loop.run(collector._pusher.admit(link, described_before), 30)
+        assert collector._parts.book.should_hold(1, "policy") == version
+        restart(pair, 1)  # a new process, with its initial weights (version 0)
+        batch = collector.next()  # the returning actor is re-admitted before its frames count
+        versions = sorted(set(batch["policy_version"].flatten().tolist()))
+        assert versions == [version], f"policy versions in the batch: {versions}"
+        assert collector.actor_state(1)["models"]["policy"]["version"] == version
+    finally:
+        collector.shutdown(timeout=5)
 
 
 def test_shutdown_with_a_dead_actor_is_bounded_and_leaves_no_threads(pair):
