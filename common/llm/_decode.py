@@ -155,7 +155,11 @@ def generate(
         device: Where the model runs, and so the loop.
         finish_lag: Steps the "all rows finished" check lags: None (1 on CUDA, 0
             elsewhere), 0 or 1.
+
+    Raises:
+        ValueError: No prompt, an empty one, or a budget below 1 (or not one per prompt).
     """
+    _check_rows(prompts, budgets)
     loop = _Loop(prompts, budgets, stop_ids, pad_id, torch.device(device))
     all_finished = AllFinished(loop.device, finish_lag)
     logits, past, version = forward(loop.ids, loop.mask(0), loop.positions, None)
@@ -169,6 +173,25 @@ def generate(
         logits, past, version = forward(ids, loop.mask(step + 1), position, past)
         position = position + 1
     return loop.result()
+
+
+def _check_rows(prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
+    """Refuse rows the loop cannot honour: none, an empty prompt, a budget below 1 token.
+
+    Raises:
+        ValueError: Naming the first bad row (a budget of 0 would still draw a token).
+    """
+    if not prompts or len(budgets) != len(prompts):
+        raise ValueError(
+            f"generate takes one budget per prompt and at least one prompt; got "
+            f"{len(prompts)} prompts and {len(budgets)} budgets"
+        )
+    for row, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+        if not len(prompt) or int(budget) < 1:
+            raise ValueError(
+                f"row {row}: a prompt needs at least one token ({len(prompt)}) and a budget "
+                f"at least one new token ({budget}); leave such rows out"
+            )
 
 
 class _Loop:

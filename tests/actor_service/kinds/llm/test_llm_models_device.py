@@ -119,3 +119,26 @@ def test_the_decode_loop_synchronises_no_more_for_more_tokens() -> None:
 
     syncs(4)  # warm-up (lazy CUDA initialisation)
     assert syncs(4) == syncs(32)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "budgets", "match"),
+    [
+        ([], [], "at least one prompt"),
+        ([[1, 2]], [2, 2], "one budget per prompt"),
+        ([[1, 2], []], [2, 2], r"row 1: a prompt needs at least one token \(0\)"),
+        ([[1, 2], [3]], [2, 0], r"row 1: .* at least one new token \(0\)"),
+        ([[1, 2]], [-5], r"row 0: .*\(-5\)"),
+    ],
+)
+def test_the_decode_loop_refuses_rows_it_cannot_honour(prompts, budgets, match) -> None:
+    """A budget of 0 would still draw one token; an empty prompt has nothing to attend to."""
+    settings = GenerationSettings(max_new_tokens=2)
+    with pytest.raises(ValueError, match=match):
+        generate(_Toy(), prompts, settings, budgets=budgets, stop_ids=[], pad_id=0)
+
+
+def test_the_decode_loop_keeps_each_rows_budget_down_to_one_token() -> None:
+    settings = GenerationSettings(max_new_tokens=3)
+    out = generate(_Toy(), [[1, 2], [3]], settings, budgets=[1, 3], stop_ids=[], pad_id=0)
+    assert out.lengths.tolist() == [1, 3]
