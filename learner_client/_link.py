@@ -525,6 +525,13 @@ class ActorLink(Generic[C]):
         stream = self._open()
         try:
             info = await stream.opened(self._conn.call_timeout)
+            if info.epoch != self.description.epoch:
+                # It restarted after its admission: this process never got its weights.
+                raise ActorUnavailableError(
+                    f"{self.address} (worker_id {self.worker_id}) restarted after it was "
+                    f"admitted (epoch {self.description.epoch} -> {info.epoch}); admitting "
+                    "it again"
+                )
             self.tracker.opened(info.epoch, info.next_seq, info.resumed)
             self._set_state(LinkState.STREAMING)
             self._streamed = True

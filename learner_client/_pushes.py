@@ -453,7 +453,7 @@ class Pusher:
                 if is_transient(exc):
                     raise
                 # Retrying a push the actor rejects would keep it out for good.
-                self.book.forget(link.worker_id, enc.model_id)
+                self.book.forget(link.worker_id, enc.model_id, enc.version)
                 log.error(
                     "worker_id %d rejected %s version %d on re-admission: %s",
                     link.worker_id,

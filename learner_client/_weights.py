@@ -754,22 +754,33 @@ class WeightBook:
     def addressed(self, worker_ids: Iterable[int], encoded: EncodedWeights) -> None:
         """Record that ``encoded`` is what these workers should hold from now on.
 
-        Only pushes a worker applied, or could not be reached for, are recorded:
-        re-sending a rejected push on re-admission would keep the worker out.
+        Only pushes a worker applied, or could not be reached for, are recorded (re-sending a
+        rejected push would keep it out), never over a newer one (another thread's, recorded
+        first).
         """
         with self._lock:
             for wid in worker_ids:
-                self._desired.setdefault(wid, {})[encoded.model_id] = encoded
+                held = self._desired.setdefault(wid, {})
+                recorded = held.get(encoded.model_id)
+                if recorded is None or recorded.version <= encoded.version:
+                    held[encoded.model_id] = encoded
 
-    def forget(self, worker_id: int, model_id: str) -> None:
-        """Stop re-sending ``model_id`` to a worker (it rejected the push)."""
+    def forget(self, worker_id: int, model_id: str, version: int) -> None:
+        """Stop re-sending ``model_id`` to a worker that rejected ``version`` (not a newer)."""
         with self._lock:
-            self._desired.get(worker_id, {}).pop(model_id, None)
+            held = self._desired.get(worker_id, {})
+            recorded = held.get(model_id)
+            if recorded is not None and recorded.version <= version:
+                del held[model_id]
 
     def acknowledged(self, worker_id: int, model_id: str, version: int) -> None:
-        """Record a push the worker applied; its automatic-update count restarts."""
+        """Record a push the worker applied; its automatic-update count restarts.
+
+        Never lowers its version: an older push's reply may be recorded after a newer one's.
+        """
         with self._lock:
-            self._applied.setdefault(worker_id, {})[model_id] = version
+            applied = self._applied.setdefault(worker_id, {})
+            applied[model_id] = max(applied.get(model_id, 0), version)
             self._versions[model_id] = max(self._versions.get(model_id, 0), version)
             self._since_update[worker_id] = 0
 

@@ -6,6 +6,7 @@ on the same ports, so they do not share the session fleet.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -205,6 +206,82 @@ def test_a_push_applied_after_the_catch_up_described_the_actor_is_still_what_it_
         assert versions == [version], f"policy versions in the batch: {versions}"
         assert collector.actor_state(1)["models"]["policy"]["version"] == version
     finally:
+        collector.shutdown(timeout=5)
+
+
+@pytest.mark.long
+def test_an_automatic_push_recorded_after_a_newer_push_leaves_the_newer_as_what_it_should_hold(
+    pair, monkeypatch
+) -> None:
+    """An automatic push (made by a thread taking batches, outside the collector's lock) is
+    applied, then a newer push from another thread; the automatic push's verdict is recorded
+    last. The learner still knows the actor holds, and should hold, the newer version: a sync
+    round counts no frame of the older weights, and the actor, restarted, is given the newer."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=8, sync=True, batch_timeout=30, token=TOKEN
+    )
+    pusher, book = collector._pusher, collector._parts.book
+    record, applied, go_on = pusher._record, threading.Event(), threading.Event()
+
+    def record_late(worker_id, enc, reply) -> None:
+        if threading.current_thread().name == "taker":
+            applied.set()
+            assert go_on.wait(30)
+        record(worker_id, enc, reply)
+
+    try:
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        book.count_batch(1)  # worker 1 delivered a batch: its automatic push is due
+        monkeypatch.setattr(pusher, "_record", record_late)
+        taker = threading.Thread(target=pusher.auto_update, args=([1], 0), name="taker")
+        taker.start()
+        assert applied.wait(30)
+        version = collector.update_policy_weights_(cartpole_policy(action=1))[1]
+        go_on.set()
+        taker.join(30)
+        assert book.applied(1)["policy"] == version
+        assert book.should_hold(1, "policy") == version
+        restart(pair, 1)  # a new process, with its initial weights (version 0)
+        batch = collector.next()  # the returning actor is re-admitted before its frames count
+        versions = sorted(set(batch["policy_version"].flatten().tolist()))
+        assert versions == [version], f"policy versions in the batch: {versions}"
+    finally:
+        go_on.set()
+        collector.shutdown(timeout=5)
+
+
+@pytest.mark.long
+def test_an_actor_restarted_between_its_admission_and_its_session_is_admitted_again(pair):
+    """The actor restarts after the learner re-sent it its weights but before its session
+    opened: the session opens on a process that was never given them. The learner admits
+    that process too, so its frames act with the pushed version, not its initial weights."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=4, batch_timeout=30, token=TOKEN
+    )
+    admitted, go_on = threading.Event(), threading.Event()
+    try:
+        version = collector.update_policy_weights_(cartpole_policy(action=1))[1]
+        next_from(collector, 1, timeout=30)
+        link = collector._fleet.member_links()[1]
+        admit, first = link._admit, link.description.epoch
+
+        async def admit_then_wait(link, desc) -> None:
+            await admit(link, desc)
+            if desc.epoch != first and not admitted.is_set():
+                admitted.set()
+                await asyncio.to_thread(go_on.wait, 30)
+
+        link._admit = admit_then_wait
+        restart(pair, 1)
+        assert admitted.wait(30)
+        restart(pair, 1)  # once more, before the session of the admitted process opened
+        go_on.set()
+        batch = next_from(collector, 1, timeout=30)
+        versions = sorted(set(batch["policy_version"].flatten().tolist()))
+        assert versions == [version], f"policy versions in the batch: {versions}"
+        assert collector.actor_state(1)["models"]["policy"]["version"] == version
+    finally:
+        go_on.set()
         collector.shutdown(timeout=5)
 
 

@@ -104,6 +104,27 @@ def test_weight_book_takes_back_what_a_call_that_raised_claimed_unless_claimed_s
     assert book.source("policy") is since
 
 
+def test_weight_book_keeps_the_newer_push_when_an_older_ones_verdict_comes_last():
+    """Two threads' pushes to one worker: the older one's verdict, recorded last (applied,
+    failed on a cut, or refused on re-admission), leaves the newer as held and to re-send."""
+    book = WeightBook()
+    book.observe(0, {"policy": 0})
+    older = book.encode("policy", nn.Linear(1, 1))
+    newer = book.encode("policy", nn.Linear(1, 1))
+    book.addressed([0], newer)
+    book.acknowledged(0, "policy", newer.version)
+    book.addressed([0], older)  # applied before the newer, or failed transiently
+    book.acknowledged(0, "policy", older.version)
+    assert book.applied(0) == {"policy": newer.version}
+    assert book.addressed_to(0, "policy") is newer
+    assert book.should_hold(0, "policy") == newer.version
+    book.forget(0, "policy", older.version)  # the older one refused on re-admission
+    assert book.addressed_to(0, "policy") is newer
+    assert book.pending(0, {"policy": 0}) == [newer]  # restarted: given the newer
+    book.forget(0, "policy", newer.version)
+    assert book.addressed_to(0, "policy") is None
+
+
 def test_weight_book_due_counts_batches_since_the_last_update():
     book = WeightBook()
     book.observe(0, {"policy": 0})
