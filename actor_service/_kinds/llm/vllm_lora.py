@@ -155,8 +155,12 @@ class EngineAdapter:
             module, kind = _layer_and_kind(key)
             tensors[f"{_PEFT_PREFIX}{module}.lora_{kind}.weight"] = tensor.detach().contiguous()
         os.makedirs(path)
-        save_file(tensors, f"{path}/adapter_model.safetensors")
-        self._config.save_pretrained(path)  # adapter_config.json
+        try:
+            save_file(tensors, f"{path}/adapter_model.safetensors")
+            self._config.save_pretrained(path)  # adapter_config.json
+        except BaseException:  # a write that fails half way (disk full) leaves nothing
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         return path
 
     def _expected(

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from actor_service._kinds.llm.vllm_engine import VLLMEngine, VLLMOptions, _engine_kwargs, _padded
 from actor_service._kinds.llm.vllm_lora import (
     EngineAdapter,
     check_targets,
     checkpoint_names,
+    lora_modules,
     verify_adapter,
 )
 from actor_service._kinds.llm.vllm_worker import (
@@ -30,6 +32,8 @@ from actor_service._kinds.llm.vllm_worker import (
     verify_loaded,
 )
 from common.errors import InternalError, WeightsError
+from common.llm import LoraSpec
+from common.weights import PushForm
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 ATTN = "model.layers.0.self_attn"
@@ -448,3 +452,200 @@ def test_a_turn_that_fails_mid_way_aborts_only_its_unfinished_requests() -> None
     with pytest.raises(RuntimeError, match="engine died"):
         engine.run([[1], [2], [3]], [None] * 3, 0, lambda step: (step(), 1))
     assert engine._engine.aborted == engine._engine.added[1:] == ["r1", "r2"]
+
+
+class _ServedLora(_Served):
+    """Stands in for the VLLMEngine of a peft model: also serves the adapter files it loads.
+
+    ``adapter`` holds the tensors of the last directory loaded (what vLLM serves);
+    ``refuse_adapter`` makes the next adapter load raise, ``wrong_adapter`` the next
+    read-back name a part, ``fail_adapter_back`` every later adapter load raise.
+    """
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.adapter: dict[str, torch.Tensor] = {}
+        self.adapter_loads: list[str] = []
+        self.refuse_adapter = self.fail_adapter_back = False
+        self.wrong_adapter: list[str] = []
+        self.reads: list[int] = []  # how many adapter parts each read-back checked
+
+    def lora_modules(self) -> list[str]:
+        return ["k_proj", "o_proj", "q_proj", "v_proj"]
+
+    def load_adapter(self, path: str) -> None:
+        self.adapter_loads.append(path)
+        if self.refuse_adapter or self.fail_adapter_back:
+            self.refuse_adapter = False
+            raise RuntimeError("bad lora shape")
+        self.adapter = load_file(f"{path}/adapter_model.safetensors")
+
+    def read_adapter(self, expected) -> list[str]:
+        self.reads.append(len(expected))
+        wrong, self.wrong_adapter = self.wrong_adapter, []
+        return wrong
+
+
+@pytest.fixture
+def served_lora(monkeypatch):
+    pytest.importorskip("peft")
+    from actor_service._kinds.llm import vllm_models
+
+    monkeypatch.setattr(vllm_models, "VLLMEngine", _ServedLora)
+    tiny = {"hidden": 16, "heads": 2, "layers": 1, "dtype": "float32", "seed": 0}
+    lora = LoraSpec(r=2, targets=("q_proj", "v_proj"), alpha=4)
+    models = vllm_models.VLLMModels(
+        "rlfleet:tiny-qwen2", tiny, torch.device("cpu"), VLLMOptions(), 0, lora
+    )
+    yield models, models.engine
+    models.close()
+
+
+def _host_adapter(models) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in models.model.state_dict().items() if ".lora_" in k}
+
+
+def _assert_engine_serves(models, engine) -> None:
+    """The engine's adapter files hold the host copy's adapter, under peft's file names."""
+    want = {k.replace(".default.weight", ".weight"): v for k, v in _host_adapter(models).items()}
+    assert sorted(engine.adapter) == sorted(want)
+    for key, value in want.items():
+        assert torch.equal(engine.adapter[key], value), key
+
+
+SUBSET = PushForm(subset=True)
+
+
+def _moved(adapter: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    return {k: v + scale for k, v in adapter.items()}
+
+
+def test_an_adapter_push_is_served_then_taken_by_the_host_copy_keeping_one_directory(
+    served_lora,
+) -> None:
+    models, engine = served_lora
+    _assert_engine_serves(models, engine)  # the host copy's adapter from the start
+    root = models._adapter._root
+    first = _moved(_host_adapter(models), 0.5)
+    models.swap_weights("policy", 1, first, SUBSET)
+    assert models.version == 1
+    assert engine.calls == []  # no base module reloaded
+    assert all(torch.equal(models.model.state_dict()[k], v) for k, v in first.items())
+    _assert_engine_serves(models, engine)
+    key = next(iter(first))
+    models.swap_delta("policy", 1, 2, {key: (torch.tensor([0]), torch.tensor([9.0]))})
+    assert models.model.state_dict()[key].flatten()[0] == 9.0
+    _assert_engine_serves(models, engine)  # the others kept, this one moved
+    assert os.listdir(root) == [os.path.basename(models._adapter.serving)]
+    models.close()
+    assert not os.path.exists(root)
+
+
+@pytest.mark.parametrize("how", ["refused", "not read back"])
+def test_an_adapter_push_the_engine_does_not_serve_reloads_the_old_adapter(
+    served_lora, how
+) -> None:
+    models, engine = served_lora
+    before, serving = _host_adapter(models), models._adapter.serving
+    engine.refuse_adapter = how == "refused"
+    engine.reads.clear()
+    engine.wrong_adapter = [] if how == "refused" else ["qkv_proj[0].lora_A"]
+    error: type[Exception] = WeightsError if how == "refused" else InternalError
+    with pytest.raises(error, match="previous adapter still serves"):
+        models.swap_weights("policy", 1, _moved(before, 1.0), SUBSET)
+    assert models.version == 0
+    assert all(torch.equal(models.model.state_dict()[k], v) for k, v in before.items())
+    assert engine.adapter_loads[-1] == serving  # the old directory, loaded again
+    parts = len(before)  # q_proj and v_proj, A and B: each read back after the put-back
+    assert engine.reads == ([parts] if how == "refused" else [parts, parts])
+    _assert_engine_serves(models, engine)
+    assert os.listdir(models._adapter._root) == [os.path.basename(serving)]
+    assert models._locked(lambda: ["ok"]) == (["ok"], 0)
+
+
+def test_a_push_whose_base_the_engine_refuses_puts_the_old_adapter_back(served_lora) -> None:
+    models, engine = served_lora
+    before, serving = _host_adapter(models), models._adapter.serving
+    engine.refuse = True
+    with pytest.raises(WeightsError, match="previous weights still serve"):
+        models.swap_weights("policy", 1, _pushed(models, 1.0))
+    assert models.version == 0
+    assert all(torch.equal(models.model.state_dict()[k], v) for k, v in before.items())
+    assert (engine.adapter_loads[-1], models._adapter.serving) == (serving, serving)
+    _assert_engine_serves(models, engine)
+    assert os.listdir(models._adapter._root) == [os.path.basename(serving)]
+    models.swap_weights("policy", 1, _moved(before, 1.0), SUBSET)  # and the next push stands
+    _assert_engine_serves(models, engine)
+    assert os.listdir(models._adapter._root) == [os.path.basename(models._adapter.serving)]
+
+
+def test_an_adapter_that_cannot_be_written_reaches_no_engine_and_keeps_serving(
+    served_lora, monkeypatch
+) -> None:
+    models, engine = served_lora
+    loads = list(engine.adapter_loads)
+
+    def full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(models._adapter._config, "save_pretrained", full)
+    with pytest.raises(InternalError, match="could not be written: No space left"):
+        models.swap_weights("policy", 1, _moved(_host_adapter(models), 1.0), SUBSET)
+    assert (engine.adapter_loads, models.version) == (loads, 0)
+    assert os.listdir(models._adapter._root) == [os.path.basename(models._adapter.serving)]
+    assert models._locked(lambda: ["ok"]) == (["ok"], 0)
+
+
+def test_an_engine_that_takes_no_adapter_back_stops_serving_until_a_restore(served_lora) -> None:
+    models, engine = served_lora
+    state = models.state_dict()
+    engine.fail_adapter_back = True
+    with pytest.raises(WeightsError, match="previous adapter still serves"):
+        models.swap_weights("policy", 1, _moved(_host_adapter(models), 1.0), SUBSET)
+    with pytest.raises(InternalError, match=r"previous LoRA adapter back .* restart this actor"):
+        models._locked(lambda: [])
+    with pytest.raises(InternalError, match="restored LoRA adapter"):
+        models.load_state_dict(state)
+    engine.fail_adapter_back = False
+    models.load_state_dict(state)
+    assert models._locked(lambda: ["ok"]) == (["ok"], 0)
+    _assert_engine_serves(models, engine)
+    assert os.listdir(models._adapter._root) == [os.path.basename(models._adapter.serving)]
+
+
+def test_a_restored_state_puts_its_adapter_into_the_engine(served_lora) -> None:
+    models, engine = served_lora
+    state = models.state_dict()
+    models.swap_weights("policy", 1, _moved(_host_adapter(models), 1.0), SUBSET)
+    engine.wrong_adapter = ["qkv_proj[0].lora_B"]  # the restored one does not read back
+    with pytest.raises(InternalError, match=r"restored LoRA adapter .*qkv_proj\[0\]\.lora_B"):
+        models.load_state_dict(state, allow_rollback=True)
+    models.load_state_dict(state, allow_rollback=True)
+    assert models._locked(lambda: ["ok"]) == (["ok"], 0)
+    _assert_engine_serves(models, engine)
+
+
+def test_the_engines_lora_modules_are_named_unpacked_as_peft_targets_them() -> None:
+    manager = SimpleNamespace(
+        supported_lora_modules=["qkv_proj", "o_proj", "gate_up_proj"],
+        packed_modules_mapping=PACKED,
+    )
+    runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=manager))
+    assert lora_modules(SimpleNamespace(model_runner=runner)) == [
+        "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj",
+    ]  # fmt: skip
+
+
+def test_an_adapter_on_modules_the_engine_serves_no_lora_on_is_refused_at_start(
+    monkeypatch,
+) -> None:
+    pytest.importorskip("peft")
+    from actor_service._kinds.llm import vllm_models
+
+    monkeypatch.setattr(vllm_models, "VLLMEngine", _ServedLora)
+    monkeypatch.setattr(_ServedLora, "lora_modules", lambda self: ["k_proj", "q_proj"])
+    tiny = {"hidden": 16, "heads": 2, "layers": 1, "dtype": "float32", "seed": 0}
+    with pytest.raises(ValueError, match=r"\['v_proj'\] are modules .* \['k_proj', 'q_proj'\]"):
+        vllm_models.VLLMModels(
+            "rlfleet:tiny-qwen2", tiny, torch.device("cpu"), VLLMOptions(), 0, LoraSpec(r=2)
+        )
