@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from actor_service._core._scratch import scratch_dir
-from actor_service._core._swap import Swap, check_base, swap_full
+from actor_service._core._swap import StagedParts, Swap, check_base, swap_full
 from actor_service._core._weight_rules import check_newer
 from actor_service._kinds.llm.models import LLMModels
 from actor_service._kinds.llm.vllm_engine import VLLMEngine, VLLMOptions
@@ -205,6 +205,35 @@ class VLLMModels(LLMModels):
             changed = {key: slot.reference[key].clone() for key in delta}
             apply_delta(changed, delta)
             self._install(changed, self._columns(delta))
+
+        return swap_full(slot, version, install, newer)
+
+    def swap_parts(self, model_id: str, version: int, parts: StagedParts) -> Swap:
+        """Install every staged part of ``version`` together, as one push (engine first).
+
+        The book's swap would copy the parts into the host copy alone: the version would
+        move while vLLM served the old weights.
+
+        Raises:
+            WeightsError: Parts that give tied keys different values, or vLLM refused them.
+            StaleVersionError: ``version`` is no longer newer than the one in force.
+            SessionStateError: A delta part's base is no longer in force.
+            InternalError: vLLM did not read them back (the old weights still serve).
+        """
+        slot = self._get(model_id)
+        check_ties(parts.tensors, slot.reference, parts.delta)
+
+        def newer(new: int, current: int) -> None:
+            check_newer(model_id, new, current)
+            if parts.base_version is not None:
+                check_base(model_id, parts.base_version, current)
+
+        def install() -> None:
+            changed = dict(parts.tensors)
+            for key in parts.delta:  # on top of a full part's value, as the book applies it
+                changed[key] = changed.get(key, slot.reference[key]).clone()
+            apply_delta(changed, parts.delta)
+            self._install(changed, self._columns(parts.delta))
 
         return swap_full(slot, version, install, newer)
 

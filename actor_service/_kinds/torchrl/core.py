@@ -457,9 +457,22 @@ class TorchRLCore(CoreBase):
                 self._check_env_weight_copies(state, staged, flat_state(reference))
             changes = super().load_state_dict(state, allow_rollback=allow_rollback)
             if staged is not None:
-                single = self._base.batch_size == ()
-                self._base.load_state_dict(staged["worker0"] if single else staged)
+                self._load_env_state(staged)
             return changes
+
+    def _load_env_state(self, staged: Any) -> None:
+        """Load the env's checked state; the ``"env"`` model's weights in force stay as they are.
+
+        The state's copies of those weights are the ones the models' restore just applied, but
+        a push of ``"env"`` (another thread) may have landed since: under that model's lock,
+        the weights in force are put back after the load, so they still go with its version.
+        """
+        single = self._base.batch_size == ()
+        with self._env_guard:
+            held = {name: p.detach().clone() for name, p in self._env_weights.items()}
+            self._base.load_state_dict(staged["worker0"] if single else staged)
+            for name, parameter in self._env_weights.items():
+                parameter.detach().copy_(held[name])
 
     def _check_env_weight_copies(
         self, state: dict[str, Any], staged: Any, reference: dict[str, torch.Tensor]

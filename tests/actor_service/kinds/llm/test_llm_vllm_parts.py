@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from actor_service._core._swap import StagedParts
 from actor_service._kinds.llm.vllm_engine import VLLMEngine, VLLMOptions, _engine_kwargs, _padded
 from actor_service._kinds.llm.vllm_lora import (
     EngineAdapter,
@@ -649,3 +650,18 @@ def test_an_adapter_on_modules_the_engine_serves_no_lora_on_is_refused_at_start(
         vllm_models.VLLMModels(
             "rlfleet:tiny-qwen2", tiny, torch.device("cpu"), VLLMOptions(), 0, LoraSpec(r=2)
         )
+
+
+def test_a_multi_part_push_reaches_the_engine_before_the_version_moves(served) -> None:
+    models, engine = served
+    new = _pushed(models, 1.0)
+    whole = {k: v for k, v in new.items() if k != NORM}  # one rank's full part
+    parts = StagedParts(
+        tensors=models.validate("policy", whole, PushForm(subset=True)),
+        delta={NORM: (torch.tensor([0]), torch.tensor([5.0]))},  # the other rank's delta part
+        base_version=0,
+    )
+    assert models.swap_parts("policy", 1, parts).version == models.version == 1
+    assert engine.held[NORM][0] == 5.0 == models.model.state_dict()[NORM][0]
+    for key, value in whole.items():
+        assert torch.equal(engine.held[key], value), key

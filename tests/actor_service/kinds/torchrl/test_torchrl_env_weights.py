@@ -8,6 +8,7 @@ weights last pushed. The tests drive a :class:`TorchRLCore` directly.
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -161,3 +162,29 @@ def test_load_state_cannot_change_the_env_weights_past_their_models_version() ->
         core.load_state_dict(consistent)
         assert core.models.policy_version(ENV_MODEL_ID) == 4
         assert all(torch.equal(p, before[n] + 1.0) for n, p in core._env_weights.items())
+
+
+def test_a_push_of_the_env_weights_during_a_state_load_stays_in_force_with_its_version(
+    monkeypatch,
+) -> None:
+    """A LoadState restores the model "env" (under its lock), then the env's own state, whose
+    copies of those weights are the restored ones. A push of "env" landing between the two
+    (pushes run on another thread) must not be undone by the env's state: its version stays
+    in force with its weights, not with the restored ones."""
+    config = torchrl_config("rnd_pendulum", "random", num_envs=2)
+    with TorchRLCore(config) as core:
+        state = core.state_dict()  # version 0, the actor's own weights
+        pushed = _learner_weights()
+        restored = core._restored  # after the models' restore, before the env's state
+
+        def restored_then_pushed() -> None:
+            restored()
+            push = threading.Thread(target=core.models.load_weights, args=(ENV_MODEL_ID, 1, pushed))
+            push.start()  # on its own thread, as the actor applies a push
+            push.join()
+
+        monkeypatch.setattr(core, "_restored", restored_then_pushed)
+        core.load_state_dict(state)
+        assert core.models.policy_version(ENV_MODEL_ID) == 1
+        for name, parameter in core._env_weights.items():
+            assert torch.equal(parameter.detach(), pushed[name]), name
