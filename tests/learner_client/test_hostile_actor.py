@@ -371,6 +371,13 @@ class LyingFirstChunkActor(HostileActor):
     """Its first session's first chunk says seq 2^40 under an info of seq 1 (refused); then it
     comes back as a new process (the next epoch) and sends honest batches."""
 
+    def Describe(self, request: pb.DescribeRequest, context: Any) -> pb.DescribeResponse:
+        reply = pb.DescribeResponse()
+        reply.CopyFrom(self.description)
+        with self._lock:
+            reply.epoch = EPOCH if self.sessions == 0 else EPOCH + 1  # the new process
+        return reply
+
     def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
         opening = next(requests).open
         with self._lock:
