@@ -183,6 +183,7 @@ def _next_or_none(collector: GrpcCollector) -> list | None:
         return None
 
 
+@pytest.mark.long  # restarts an actor: 4-8 s
 def test_a_push_applied_after_the_catch_up_described_the_actor_is_still_what_it_should_hold(
     pair,
 ) -> None:
