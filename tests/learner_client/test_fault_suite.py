@@ -261,5 +261,7 @@ def test_the_soak_runs_as_make_soak_runs_it() -> None:
     report = json.loads(done.stdout[done.stdout.index("{") :])
     assert report["healthy"]
     assert report["duplicates_seen"] == 0
-    assert sum(report["faults"].values()) >= 3  # one every 5 s, the kinds drawn from the seed
+    # One every 5 s of collection, the kinds drawn from the seed: seed 0 draws two SIGKILLs
+    # first, each waiting for the restarted actor (3-5 s), so a third may not fit in 24 s.
+    assert sum(report["faults"].values()) >= 2
     assert report["batches_delivered"] > 0
