@@ -62,7 +62,8 @@ from learner_client._torchrl_compat import (
     check_torchrl_only,
     update_flag,
 )
-from learner_client._weights import PushOptions, normalize_update_args, renamed_weights
+from learner_client._update_args import normalize_update_args, renamed_weights
+from learner_client._weights import PushOptions
 from learner_client._wiring import Teardown, assemble, weakly
 
 __all__ = ["GrpcCollector"]

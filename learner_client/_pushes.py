@@ -99,15 +99,12 @@ from learner_client._metrics import LearnerMetrics
 from learner_client._settings import WeightPushSettings
 from learner_client._shared_policy import SharedPolicy, WeightsMark
 from learner_client._transport import PushReply
-from learner_client._weights import (
-    EncodedWeights,
-    PushOptions,
-    WeightBook,
+from learner_client._update_args import (
     WeightRequest,
-    WeightSource,
     normalize_update_args,
     resolve_worker_ids,
 )
+from learner_client._weights import EncodedWeights, PushOptions, WeightBook, WeightSource
 
 __all__ = [
     "DeltaTracker",

@@ -1,17 +1,12 @@
-"""What a push sends: ``update_policy_weights_``'s arguments, the encoded weights, the book.
+"""What a push sends: the encoded weights, how they are encoded, and the book.
 
-A push is told in three steps, all here. :func:`normalize_update_args` turns TorchRL's
-signature (weights given positionally, ``weights=``, ``policy=`` or ``weights_dict=``) into
-one :class:`WeightRequest` ({model_id: source}, target worker_ids, an explicit version, a part
-of a multi-part push) or raises TorchRL's ValueErrors for conflicting arguments;
-:class:`PushOptions` (a wire dtype, ``only_trainable``) shape every encode; a mapping source is
-a subset of the model's keys, a module all of them; :func:`resolve_worker_ids` checks the
-targets against the fleet. :class:`WeightBook` holds what the learner knows about weights: the
-version counter per model_id (never behind any actor's), the last source given per model_id
-(re-read at every automatic push, so in-place training is seen), the encoded push each worker
-should hold (so a restarted actor gets exactly those bytes back) and the batches each worker
-delivered since its last update. :class:`EncodedWeights` is one push, encoded once for all its
-targets.
+:class:`PushOptions` (a wire dtype, ``only_trainable``) shape every encode.
+:class:`WeightBook` holds what the learner knows about weights: the version counter per
+model_id (never behind any actor's), the last source given per model_id (re-read at every
+automatic push, so in-place training is seen), the encoded push each worker should hold (so a
+restarted actor gets exactly those bytes back) and the batches each worker delivered since its
+last update. :class:`EncodedWeights` is one push, encoded once for all its targets. What a push
+is asked for (``update_policy_weights_``'s arguments) is :mod:`learner_client._update_args`'.
 """
 
 from __future__ import annotations
@@ -19,28 +14,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeAlias, TypeVar
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from common.config import DEFAULT_MODEL_ID, MAX_POLICY_VERSION, as_int, check_model_id
-from common.errors import SessionStateError, UnknownWorkerError
+from common.config import MAX_POLICY_VERSION
+from common.errors import SessionStateError
 from common.weights import Part, PushForm, adapter_metadata, checksums, encode_weights
 from learner_client._slabs import BlobBuffers, BlobSegments
 
-__all__ = [
-    "EncodedWeights",
-    "PushOptions",
-    "WeightBook",
-    "WeightRequest",
-    "WeightSource",
-    "normalize_update_args",
-    "resolve_worker_ids",
-]
+__all__ = ["EncodedWeights", "PushOptions", "WeightBook", "WeightSource"]
 
 WeightSource: TypeAlias = "nn.Module | TensorDictBase | Mapping[str, Any]"
 Blob: TypeAlias = "bytes | memoryview"
@@ -95,130 +81,6 @@ class PushOptions:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class WeightRequest:
-    """One normalised ``update_policy_weights_`` call.
-
-    Attributes:
-        sources: ``{model_id: source}``; a None source means "the last one given".
-        worker_ids: Targets as given (None: every worker); checked later against the fleet.
-        nested: The caller used ``weights_dict``, so results are keyed by model_id.
-        per_worker: TorchRL's per-worker form ``{worker_id: weights}`` for the one model
-            in ``sources`` (whose source is then None); ``worker_ids`` are its keys.
-        options: How every model of the request is encoded; None: not given (new weights
-            are sent as they are, a re-send of the last weights as they were last sent).
-        delta: Send each target only what changed since it last applied (``_deltas``).
-        version: The version to install, as given (learner ranks agree on it); None:
-            the model's next version.
-        part: This rank's part of a multi-part push of ``version``; None: a whole push.
-    """
-
-    sources: dict[str, WeightSource | None]
-    worker_ids: tuple[int, ...] | None
-    nested: bool
-    per_worker: dict[int, WeightSource] | None = None
-    options: PushOptions | None = None
-    delta: bool = False
-    version: int | None = None
-    part: Part | None = None
-
-
-def _check_source(name: str, value: object) -> WeightSource:
-    if isinstance(value, nn.Module | TensorDictBase | Mapping):
-        return value
-    raise TypeError(
-        f"{name} must be an nn.Module, a TensorDict or a dict of tensors, "
-        f"got {type(value).__name__}"
-    )
-
-
-def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
-    if worker_ids is None:
-        return None
-    single = as_int(worker_ids)
-    items = [single] if single is not None else worker_ids
-    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
-        raise TypeError(f"worker_ids must be an int, a list of ints or None, got {worker_ids!r}")
-    out: list[int] = []
-    for item in items:
-        wid = as_int(item)
-        if wid is None:
-            raise TypeError(f"worker_ids must hold ints, got {item!r} in {worker_ids!r:.80}")
-        if wid not in out:
-            out.append(wid)
-    if not out:
-        raise ValueError("worker_ids is empty; pass None to update every worker")
-    return tuple(out)
-
-
-def renamed_weights(policy_or_weights: object, policy_weights: object) -> object:
-    """``policy_or_weights``, or TorchRL's deprecated ``policy_weights`` in its place (warned).
-
-    Raises:
-        ValueError: Both given.
-    """
-    if policy_weights is None:
-        return policy_or_weights
-    if policy_or_weights is not None:
-        raise ValueError("pass the weights once: got policy_or_weights and policy_weights")
-    warnings.warn(
-        "policy_weights is deprecated: pass the weights as policy_or_weights",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return policy_weights
-
-
-def normalize_update_args(
-    policy_or_weights: object = None,
-    *,
-    weights: object = None,
-    policy: object = None,
-    worker_ids: object = None,
-    model_id: object = None,
-    weights_dict: object = None,
-    delta: object = False,
-    options: PushOptions | None = None,
-    version: object = None,
-    part: object = None,
-) -> WeightRequest:
-    """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
-
-    ``options`` (a wire dtype, ``only_trainable``) apply to every model of the request.
-
-    Raises:
-        ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
-            ``weights_dict`` with ``model_id`` or with any of those three; an empty
-            ``weights_dict`` or ``worker_ids``; an empty ``model_id``; ``delta`` with
-            per-worker weights (``delta`` combines with ``options``); a ``version``
-            outside ``[1, 2**63 - 1]``; a ``part`` out of range, without ``version``,
-            without weights, with per-worker weights or with ``only_trainable``.
-        TypeError: A source, ``weights_dict``, ``worker_ids``, ``delta``, ``version``
-            or ``part`` of the wrong type.
-    """
-    if not isinstance(delta, bool):
-        raise TypeError(f"delta must be a bool, got {delta!r}")
-    named = {"policy_or_weights": policy_or_weights, "weights": weights, "policy": policy}
-    given = [name for name, value in named.items() if value is not None]
-    if len(given) > 1:
-        raise ValueError(f"pass the weights once: got {' and '.join(given)}")
-    targets = _normalize_worker_ids(worker_ids)
-    if weights_dict is not None:
-        if model_id is not None:
-            raise ValueError("weights_dict and model_id are mutually exclusive")
-        if given:
-            raise ValueError(f"weights_dict and {given[0]} are mutually exclusive")
-        request = WeightRequest(_models(weights_dict), targets, nested=True, options=options)
-    else:
-        name = given[0] if given else None
-        source = named[name] if name is not None else None
-        request = _one_model(name, source, model_id, targets, options)
-    if delta and request.per_worker is not None:
-        raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
-    checked = _check_version(version)
-    return _with_part(dataclasses.replace(request, delta=delta, version=checked), part)
-
-
 def _next_version(model_id: str, current: int, version: int | None) -> int:
     """``version``, or the one after ``current``; ValueError once the int64 range is spent."""
     if version is not None:
@@ -229,138 +91,6 @@ def _next_version(model_id: str, current: int, version: int | None) -> int:
             "no later version exists, nothing was sent (actors started afresh count from 0)"
         )
     return current + 1
-
-
-def _check_version(version: object) -> int | None:
-    """An explicit version: an int in ``[1, MAX_POLICY_VERSION]`` (actors refuse others)."""
-    if version is None:
-        return None
-    number = as_int(version)
-    if number is None:
-        raise TypeError(f"version must be an int or None, got {version!r:.80}")
-    if not 1 <= number <= MAX_POLICY_VERSION:
-        raise ValueError(f"version must be in [1, {MAX_POLICY_VERSION}], got {number}")
-    return number
-
-
-def _with_part(request: WeightRequest, part: object) -> WeightRequest:
-    """``request`` as this rank's ``part=(index, count)`` of a multi-part push, checked."""
-    if part is None:
-        return request
-    if isinstance(part, Part):
-        part = (part.index, part.count)
-    if not isinstance(part, tuple | list) or len(part) != 2:
-        raise TypeError(f"part must be (index, count), e.g. (rank, world_size); got {part!r:.80}")
-    checked = Part(*part)  # a ValueError (WeightsError) when out of range
-    if request.version is None:
-        raise ValueError(
-            "part= needs version=: every rank pushes its part of the same, agreed version"
-        )
-    if request.per_worker is not None or any(s is None for s in request.sources.values()):
-        raise ValueError("part= needs this rank's weights (one mapping or module per model)")
-    if request.options is not None and request.options.only_trainable:
-        raise ValueError(
-            "part= does not combine with only_trainable: the parts of a version hold every "
-            "key of the model between them (or are deltas)"
-        )
-    return dataclasses.replace(request, part=checked)
-
-
-def _one_model(
-    given: str | None,
-    source: object,
-    model_id: object,
-    targets: tuple[int, ...] | None,
-    options: PushOptions | None,
-) -> WeightRequest:
-    """The request for one model, whose ``source`` came as the argument named ``given``.
-
-    ``given`` None means no weights were passed: the model's last ones are sent again.
-    """
-    mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
-    if given == "policy" and not isinstance(source, nn.Module):
-        raise TypeError(f"policy must be an nn.Module, got {type(source).__name__}")
-    if given == "weights" and not isinstance(source, TensorDictBase | Mapping):
-        raise TypeError(
-            f"weights must be a TensorDict or a dict of tensors, got {type(source).__name__}"
-        )
-    if isinstance(source, Mapping) and _is_per_worker(source):
-        if targets is not None:
-            raise ValueError("per-worker weights: {worker_id: weights} or worker_ids=, not both")
-        per_worker: dict[int, WeightSource] = {}
-        for key, src in source.items():  # numpy and tensor ints are worker_ids too
-            if (wid := int(as_int(key) or 0)) in per_worker:
-                raise ValueError(f"per-worker weights name worker_id {wid} twice")
-            per_worker[wid] = _check_source(f"{given}[{wid}]", src)
-        return WeightRequest({mid: None}, tuple(per_worker), False, per_worker, options)
-    checked = None if given is None else _check_source(given, source)
-    return WeightRequest({mid: checked}, targets, nested=False, options=options)
-
-
-def _models(weights_dict: object) -> dict[str, WeightSource | None]:
-    """``weights_dict`` checked: ``{model_id: weights or None}``, not empty."""
-    if not isinstance(weights_dict, Mapping):
-        raise TypeError(
-            f"weights_dict must map model_id to weights, got {type(weights_dict).__name__}"
-        )
-    if not weights_dict:
-        raise ValueError("weights_dict is empty")
-    return {
-        check_model_id(mid): None if src is None else _check_source(f"weights_dict[{mid!r}]", src)
-        for mid, src in weights_dict.items()
-    }
-
-
-def _is_per_worker(source: object) -> bool:
-    """Whether ``source`` is TorchRL's ``{worker_index: weights}`` (int keys), not a state dict.
-
-    Raises:
-        ValueError: An empty mapping (neither form holds anything).
-        TypeError: A mapping mixing worker ids and parameter names.
-    """
-    if not isinstance(source, Mapping) or isinstance(source, TensorDictBase):
-        return False
-    if not source:
-        raise ValueError("the weights mapping is empty: pass a state dict or {worker_id: weights}")
-    worker_keys = [k for k in source if as_int(k) is not None]  # numpy's, a tensor's too
-    if not worker_keys:
-        return False
-    if len(worker_keys) != len(source):
-        others = [k for k in source if k not in worker_keys][:3]
-        raise TypeError(
-            f"per-worker weights map int worker_ids to weights; the mapping also has {others}"
-        )
-    return True
-
-
-def resolve_worker_ids(
-    worker_ids: tuple[int, ...] | None, known: Sequence[int], members: Sequence[int] = ()
-) -> list[int]:
-    """The target worker_ids of a push, checked against those this collector pushes to.
-
-    Args:
-        worker_ids: The ids asked for; None: every one of ``known``.
-        known: The ids this collector pushes to (its rank's own actors).
-        members: Every actor of the fleet, other ranks' included.
-
-    Raises:
-        UnknownWorkerError: An id not in ``known``, naming the known ids (and saying
-            when the id is another rank's actor).
-    """
-    if worker_ids is None:
-        return sorted(known)
-    unknown = [w for w in worker_ids if w not in known]
-    if unknown:
-        others = [w for w in unknown if w in members]
-        whose = (
-            f" ({others} are other learner ranks' actors: each rank pushes to its own)"
-            if others
-            else ""
-        )
-        raise UnknownWorkerError(
-            f"unknown worker_ids {unknown}; the fleet has worker_ids {sorted(known)}{whose}"
-        )
-    return list(worker_ids)
 
 
 @dataclasses.dataclass(frozen=True)

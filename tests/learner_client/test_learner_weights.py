@@ -15,12 +15,8 @@ from torch import nn
 from common.config import MAX_POLICY_VERSION
 from common.errors import SessionStateError, UnknownWorkerError
 from common.weights import Part, decode_weights
-from learner_client._weights import (
-    PushOptions,
-    WeightBook,
-    normalize_update_args,
-    resolve_worker_ids,
-)
+from learner_client._update_args import normalize_update_args, resolve_worker_ids
+from learner_client._weights import PushOptions, WeightBook
 
 
 def test_weight_book_versions_start_at_the_highest_actor_version():
