@@ -196,7 +196,7 @@ class Fleet:
             if self.ranks.owns(link.worker_id):
                 self._owned.add(link.worker_id)
                 self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
-                self.book.observe(link.worker_id, link.description.models)
+                self.book.observe(link.worker_id, link.description.models, link.description.epoch)
 
     def join(
         self,
@@ -718,7 +718,7 @@ class Fleet:
         timeout = self.conn.call_timeout
         for desc in self.loop.run(load_states(self._links, workers, timeout), 4 * timeout):
             held = state_weights(workers[desc.worker_id])
-            self.book.restored(desc.worker_id, desc.models, held)
+            self.book.restored(desc.worker_id, desc.models, held, desc.epoch)
         self.book.restore_versions(versions)
         self.ledger.restore(*counts)
 

@@ -1,6 +1,6 @@
 """Weight pushes on the learner, told in one place: from the call to each actor's verdict.
 
-1. ``update_policy_weights_`` is normalised into one request (``learner_client._weights``).
+1. ``update_policy_weights_`` is normalised into one request (``learner_client._update_args``).
 2. The targets are checked: in the fleet, holding the model, taking parts for a part.
 3. Under an explicit version, the learner ranks agree (same version, same weights), a
    rank whose check failed included: it refuses, and the others raise.
@@ -29,25 +29,10 @@ agree: a rank that cannot push (an unknown worker_id, a model its actors lack, a
 version) tells the others, which raise too, instead of pushing alone.
 
 *Deltas.* ``delta=True`` sends each target only the elements that changed since the weights
-it holds (``common.weights._delta``), with the version they apply on top of.
-:class:`DeltaTracker` remembers, per model_id and worker_id, the snapshot each worker was
-last sent and applied (a copy of the state at that version *in the form it travelled*,
-shared by every worker that got the same push), and chooses per worker a **delta** against
-that snapshot when the worker holds one in the form of this push (wire dtype,
-``only_trainable``), the version it last acknowledged or reported is the snapshot's, and
-fewer than :attr:`WeightPushSettings.full_push_every` deltas followed its last full push; a
-**full** push otherwise (first push, a restarted actor, a push the tracker did not see, a
-failed push, a change of form, the periodic anchor that bounds drift, or a change so dense
-that its indices and values would outweigh the whole state). With a wire dtype
-(``dtype=torch.bfloat16``) the snapshot is the state cast to it, and the delta holds the
-elements whose *cast* bits changed: after one small optimizer step most bf16 values stay
-the same although every fp32 value moved. The actor casts them into its dtype element by
-element, as a full push does, so its weights are bit for bit those a full push of the same
-state in the same form would give. A worker that answers a delta with FAILED_PRECONDITION
-(it holds another version) gets the full push of the same state and version at once,
-which the caller never sees as an error; a worker whose push failed loses its snapshot, so
-its next push is full. A delta's :attr:`EncodedWeights.full` builds that full push on
-demand; it is also what a returning actor is re-sent.
+it holds: :class:`~learner_client._deltas.DeltaTracker` chooses, per worker, a delta or the
+full push. A worker that answers a delta with FAILED_PRECONDITION (it holds another version)
+gets the full push of the same state and version at once, which the caller never sees as an
+error.
 
 *Parts.* When no learner process holds every parameter (FSDP2, tensor or pipeline
 parallel), each rank calls ``update_policy_weights_(its_tensors, version=v, part=(rank,
@@ -60,19 +45,15 @@ staged, or it completed the version.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias
-
-import torch
-from torch import nn
 
 from common.checksum import crc32c
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
+    ActorUnavailableError,
     RlfleetError,
     SessionStateError,
     StaleVersionError,
@@ -83,20 +64,16 @@ from common.errors import (
 from common.tensor_bytes import byte_view
 from common.weights import (
     Part,
-    PushForm,
     PushOutcome,
-    checksums,
-    encode_delta,
-    encode_weights,
     wire_state,
 )
 from learner_client._agreement import VersionAgreement
+from learner_client._deltas import DeltaTracker
 from learner_client._description import ActorDescription
 from learner_client._errors import WeightPushError
 from learner_client._fleet import Fleet, Link
 from learner_client._ledger import Ledger
 from learner_client._metrics import LearnerMetrics
-from learner_client._settings import WeightPushSettings
 from learner_client._shared_policy import SharedPolicy, WeightsMark
 from learner_client._transport import PushReply
 from learner_client._update_args import (
@@ -107,7 +84,6 @@ from learner_client._update_args import (
 from learner_client._weights import EncodedWeights, PushOptions, WeightBook, WeightSource
 
 __all__ = [
-    "DeltaTracker",
     "PartResult",
     "PushResults",
     "Pusher",
@@ -431,14 +407,14 @@ class Pusher:
         Raises:
             RlfleetError: A transient failure: the session is retried, with this push first.
         """
-        self.book.observe(link.worker_id, desc.models)
+        self.book.observe(link.worker_id, desc.models, desc.epoch)
         for enc in self.book.pending(link.worker_id, desc.models):
             try:
                 reply = await self.fleet.push_to(link, enc)
             except StaleVersionError:
                 # The push it missed reached it after it was described (an outage held it
                 # back): it holds this version or a newer one, which it should still hold.
-                self.book.acknowledged(link.worker_id, enc.model_id, enc.version)
+                self.book.acknowledged(link.worker_id, enc.model_id, enc.version, desc.epoch)
                 log.info(
                     "worker_id %d holds %s version %d already",
                     link.worker_id,
@@ -459,8 +435,11 @@ class Pusher:
                     exc,
                 )
                 continue
-            self.book.acknowledged(link.worker_id, enc.model_id, reply.version)
             self.ledger.pushed(len(enc.blob), reply.pause_seconds)
+            if not self.book.acknowledged(link.worker_id, enc.model_id, reply.version, reply.epoch):
+                raise ActorUnavailableError(
+                    f"worker_id {link.worker_id} restarted while it was being admitted"
+                )
             log.info(
                 "pushed %s version %d to worker_id %d before its data is used",
                 enc.model_id,
@@ -499,7 +478,9 @@ class Pusher:
 
         Applied: the actor holds the version its reply says is in force (a part's: the
         version before while the part's version stages, so batches acted with it still
-        count), and a whole push is what it should hold from now on. Failed transiently
+        count), and a whole push is what it should hold from now on; a reply from a process
+        the learner has since seen replaced (another epoch) is what it should hold, re-sent
+        to its successor, not what that one holds. Failed transiently
         (the actor is down or was cut off): a whole push is still what it should hold,
         re-sent when it is re-admitted, or once reachable again if its session outlived the
         outage (:meth:`~learner_client._link.ActorLink.catch_up`). Refused: nothing is
@@ -510,14 +491,29 @@ class Pusher:
         if isinstance(reply, BaseException):
             if whole and is_transient(reply):
                 self.book.addressed([worker_id], enc)
-                link = self.fleet.member_links().get(worker_id)
-                if link is not None:  # its stream may outlive the outage: no re-admission
-                    self.fleet.loop.call_soon(link.catch_up)
+                self._catch_up(worker_id)
             return
         if whole:
             self.book.addressed([worker_id], enc)
-        self.book.acknowledged(worker_id, enc.model_id, reply.version)
         self.ledger.pushed(len(enc.blob), reply.pause_seconds)
+        if not self.book.acknowledged(worker_id, enc.model_id, reply.version, reply.epoch):
+            log.info(
+                "worker_id %d restarted after applying %s version %d: sent again",
+                worker_id,
+                enc.model_id,
+                reply.version,
+            )
+            self._catch_up(worker_id)
+
+    def _catch_up(self, worker_id: int) -> None:
+        """Have a worker's link re-send what it should hold once reachable (loop thread).
+
+        Its stream may outlive the outage, or belong to a process admitted since: no
+        re-admission would follow otherwise (:meth:`~learner_client._link.ActorLink.catch_up`).
+        """
+        link = self.fleet.member_links().get(worker_id)
+        if link is not None:
+            self.fleet.loop.call_soon(link.catch_up)
 
 
 def _refusals(failed: Mapping[int, BaseException]) -> dict[int, BaseException]:
@@ -596,162 +592,6 @@ def weights_digest(source: WeightSource, options: PushOptions) -> int:
         if tensor.numel():
             digest = crc32c(byte_view(tensor).numpy().data, digest)
     return digest
-
-
-# ---------------------------------------------------------------------------- deltas
-
-
-@dataclasses.dataclass(frozen=True)
-class _Held:
-    """What one worker holds: the snapshot it was sent (never modified) at ``version``."""
-
-    version: int
-    state: dict[str, torch.Tensor]
-    deltas: int  # consecutive deltas since its last full push
-    form: PushOptions  # the form ``state`` travelled in (wire dtype, only_trainable)
-    # Sent as a part: its version may still stage, or have completed unseen by this rank.
-    part: bool = False
-
-
-class DeltaTracker:
-    """The snapshots each worker holds, and the delta or full push each one needs.
-
-    Args:
-        book: The learner's weight bookkeeping (versions acknowledged and reported).
-        settings: The checksum and the full-push interval.
-    """
-
-    def __init__(self, book: WeightBook, settings: WeightPushSettings) -> None:
-        self._book = book
-        self._settings = settings
-        self._lock = threading.Lock()
-        self._held: dict[str, dict[int, _Held]] = {}
-        self._sent: dict[tuple[str, int], _Held] = {}
-
-    def encode(
-        self,
-        model_id: str,
-        sources: Mapping[int, WeightSource],
-        version: int,
-        form: PushOptions | None = None,
-    ) -> dict[int, EncodedWeights]:
-        """One push of ``version``: per worker, a delta against what it holds, or a full push.
-
-        Each distinct source is snapshotted once (in ``form``; None: as it is), each
-        distinct (base, source) delta and each full blob encoded once, however many
-        workers receive it.
-        """
-        form = form or PushOptions()
-        snapshots: dict[int, dict[str, torch.Tensor]] = {}
-        fulls: dict[int, Callable[[], EncodedWeights]] = {}  # encoded only if needed
-        deltas: dict[tuple[int, int], EncodedWeights | None] = {}
-        out: dict[int, EncodedWeights] = {}
-        for wid, src in sources.items():
-            if id(src) not in snapshots:
-                snapshots[id(src)] = _snapshot(src, form)
-            state = snapshots[id(src)]
-            if id(state) not in fulls:
-                subset = form.only_trainable or not isinstance(src, nn.Module)
-                encode = functools.partial(self._full, model_id, version, state, form, subset)
-                fulls[id(state)] = functools.cache(encode)
-            held = self._usable(model_id, wid, form)
-            delta = None
-            if held is not None:
-                key = (id(held.state), id(state))
-                if key not in deltas:
-                    deltas[key] = self._delta(model_id, version, held, state, fulls[id(state)])
-                delta = deltas[key]
-            if held is None or delta is None:  # nothing to build on, or a dense change
-                out[wid], sent = fulls[id(state)](), _Held(version, state, 0, form)
-            else:
-                out[wid], sent = delta, _Held(version, state, held.deltas + 1, form)
-            with self._lock:
-                self._sent[(model_id, wid)] = sent
-        return out
-
-    def settle(
-        self,
-        model_id: str,
-        applied: Mapping[int, int],
-        failed: Mapping[int, object],
-        *,
-        part: bool = False,
-    ) -> None:
-        """Record the outcome of a push: workers that applied it hold its snapshot; others none.
-
-        A ``part`` taken (staged or completed) counts as held: the next delta part builds on
-        it, and an actor whose version never completed refuses that base and gets the
-        whole part instead.
-        """
-        with self._lock:
-            held = self._held.setdefault(model_id, {})
-            for wid in applied:
-                sent = self._sent.pop((model_id, wid), None)
-                if sent is not None and sent.version == applied[wid]:
-                    held[wid] = dataclasses.replace(sent, part=part)
-            for wid in failed:
-                self._sent.pop((model_id, wid), None)
-                held.pop(wid, None)
-
-    def _usable(self, model_id: str, worker_id: int, form: PushOptions) -> _Held | None:
-        with self._lock:
-            held = self._held.get(model_id, {}).get(worker_id)
-        if held is None or held.deltas >= self._settings.full_push_every or held.form != form:
-            return None
-        applied = self._book.applied(worker_id).get(model_id, 0)
-        if applied != held.version and not (held.part and applied < held.version):
-            return None  # restarted, or updated by a push this tracker did not send
-        return held
-
-    def _full(
-        self,
-        model_id: str,
-        version: int,
-        state: dict[str, torch.Tensor],
-        form: PushOptions,
-        subset: bool,
-    ) -> EncodedWeights:
-        """The full push of a snapshot (already in ``form``'s wire dtype), declaring its form."""
-        meta = {"model_id": model_id}
-        blob = encode_weights(state, metadata=meta, dtype=form.dtype, subset=subset)
-        return EncodedWeights(model_id, version, blob, *checksums(blob, self._settings.checksum))
-
-    def _delta(
-        self,
-        model_id: str,
-        version: int,
-        held: _Held,
-        state: dict[str, torch.Tensor],
-        full: Callable[[], EncodedWeights],
-    ) -> EncodedWeights | None:
-        """The delta from ``held`` to ``state``; None when it would not be smaller than full.
-
-        Also None when the keys, a shape or a dtype changed since ``held`` (e.g. a mapping
-        of other keys than the module last sent): there is nothing to diff against.
-        """
-        if _layout(held.state) != _layout(state):
-            return None
-        whole = sum({id(t): t.nbytes for t in state.values()}.values())  # a tied one once
-        meta = {"model_id": model_id, **PushForm(wire_dtype=held.form.dtype).metadata()}
-        blob = encode_delta(held.state, state, metadata=meta, max_bytes=whole)
-        if blob is None:
-            return None
-        digest, crc = checksums(blob, self._settings.checksum)
-        return EncodedWeights(
-            model_id, version, blob, digest, crc, base_version=held.version, full=full
-        )
-
-
-def _layout(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    return {key: (tensor.shape, tensor.dtype) for key, tensor in state.items()}
-
-
-def _snapshot(source: WeightSource, form: PushOptions) -> dict[str, torch.Tensor]:
-    """A private copy of the weights as they travel now (training changes the source in place)."""
-    return wire_state(source, dtype=form.dtype, only_trainable=form.only_trainable)
-
-
-# ----------------------------------------------------------------------------- parts
 
 
 def check_parts_accepted(fleet: Fleet, targets: Sequence[int]) -> None:

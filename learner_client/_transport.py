@@ -313,12 +313,26 @@ class PushReply:
         pause_seconds: How long the swap paused the actor's generation (collection).
         outcome: Applied (a whole push); staged or completed (a part).
         parts_staged: A part: the parts of its version the actor held once it was staged.
+        epoch: The epoch of the actor process that answered (0: an actor that predates it).
     """
 
     version: int
     pause_seconds: float
     outcome: PushOutcome = PushOutcome.APPLIED
     parts_staged: int = 0
+    epoch: int = 0
+
+
+def _push_reply(r: pb.PushWeightsResponse, outcome: PushOutcome) -> PushReply:
+    """The reply to a push the actor took, as checked; a pause out of range reads as none."""
+    pause = float(r.pause_seconds)
+    return PushReply(
+        r.version,
+        pause if 0.0 <= pause < float("inf") else 0.0,
+        outcome,
+        int(r.parts_staged),
+        int(r.epoch),
+    )
 
 
 class CollectCall(Protocol):
@@ -614,13 +628,7 @@ class ActorChannel:
                 f"{self.address}: push of {model_id!r} version {version} answered with "
                 f"{r.model_id!r} version {r.version} (outcome {_outcome_name(r.outcome)})"
             )
-        pause = float(r.pause_seconds)
-        return PushReply(
-            r.version,
-            pause if 0.0 <= pause < float("inf") else 0.0,
-            outcome or PushOutcome.APPLIED,
-            int(r.parts_staged),
-        )
+        return _push_reply(r, outcome or PushOutcome.APPLIED)
 
     async def push_parts(
         self, model_id: str, version: int, parts: Sequence[Sequence[bytes]], timeout: float
@@ -653,7 +661,8 @@ class ActorChannel:
                 f"{self.address}: the {len(parts)} parts of {model_id!r} version {version} "
                 f"were taken, but {len(completing)} of them completed it"
             )
-        return PushReply(version, completing[0].pause_seconds)
+        first = completing[0]
+        return PushReply(version, first.pause_seconds, epoch=first.epoch)
 
     async def forward_weights(self, request: pb.ForwardRequest, timeout: float) -> int:
         """Have the actor forward the blob it holds to another actor; the bytes taken there."""

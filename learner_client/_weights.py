@@ -162,6 +162,7 @@ class WeightBook:
         self._worker_sources: dict[str, dict[int, WeightSource]] = {}
         self._desired: dict[int, dict[str, EncodedWeights]] = {}
         self._applied: dict[int, dict[str, int]] = {}
+        self._epochs: dict[int, int] = {}  # the process each worker's versions were observed of
         self._since_update: dict[int, int | None] = {}
         self._blob_buffers = BlobBuffers(segments)  # every push's blob is written into one of them
         # The versions claimed by this thread's encoding (:meth:`taken_back_on_error`).
@@ -330,8 +331,9 @@ class WeightBook:
         worker_id: int,
         reported: Mapping[str, int],
         weights: Mapping[str, tuple[int, WeightSource]],
+        epoch: int = 0,
     ) -> None:
-        """An actor loaded a state: it holds, and should hold, the versions it reports now.
+        """An actor (process ``epoch``) loaded a state: it holds, and should hold, what it reports.
 
         Nothing addressed to it before is re-sent (a checkpoint may take it back); what it
         should hold is the state's ``weights`` (``{model_id: (version, weights)}``), given
@@ -345,7 +347,7 @@ class WeightBook:
             held[model_id] = self._held_already(encoded)
         with self._lock:
             self._desired[worker_id] = held
-        self.observe(worker_id, reported)
+        self.observe(worker_id, reported, epoch)
 
     def _held_already(self, encoded: EncodedWeights) -> EncodedWeights:
         """The same weights another actor should hold already, else ``encoded`` itself.
@@ -371,9 +373,14 @@ class WeightBook:
                 return other
         return encoded
 
-    def observe(self, worker_id: int, reported: Mapping[str, int]) -> None:
-        """Record the versions an actor reports (Describe); counters never fall behind them."""
+    def observe(self, worker_id: int, reported: Mapping[str, int], epoch: int = 0) -> None:
+        """Record the versions an actor process (``epoch``) reports; counters keep up with them.
+
+        Replies to pushes are taken from that process only (:meth:`acknowledged`).
+        """
         with self._lock:
+            if epoch:
+                self._epochs[worker_id] = epoch
             self._applied[worker_id] = dict(reported)
             for mid, version in reported.items():
                 self._versions[mid] = max(self._versions.get(mid, 0), version)
@@ -503,16 +510,21 @@ class WeightBook:
             if recorded is not None and recorded.version <= version:
                 del held[model_id]
 
-    def acknowledged(self, worker_id: int, model_id: str, version: int) -> None:
+    def acknowledged(self, worker_id: int, model_id: str, version: int, epoch: int = 0) -> bool:
         """Record a push the worker applied; its automatic-update count restarts.
 
         Never lowers its version: an older push's reply may be recorded after a newer one's.
+        Returns False, recording nothing, for a reply from a process (``epoch``) other than
+        the one last observed: it died after applying, and its successor holds other weights.
         """
         with self._lock:
+            if epoch and self._epochs.get(worker_id, epoch) != epoch:
+                return False
             applied = self._applied.setdefault(worker_id, {})
             applied[model_id] = max(applied.get(model_id, 0), version)
             self._versions[model_id] = max(self._versions.get(model_id, 0), version)
             self._since_update[worker_id] = 0
+        return True
 
     def count_batch(self, worker_id: int) -> None:
         """Count one delivered batch of ``worker_id`` towards its next automatic push."""

@@ -32,13 +32,14 @@ from common.errors import ClosedError
 from common.shm import sweep_segments
 from learner_client._agreement import VersionAgreement
 from learner_client._collect_stream import OpenStreams
+from learner_client._deltas import DeltaTracker
 from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
-from learner_client._pushes import DeltaTracker, Pusher
+from learner_client._pushes import Pusher
 from learner_client._ray_fleet import shut_down_ray_when_unused
 from learner_client._relay import RelayRoute
 from learner_client._rounds import Rounds

@@ -341,6 +341,7 @@ class WeightPushes:
             pause_seconds=pause,
             outcome=_OUTCOMES[push.outcome],
             parts_staged=staged,
+            epoch=self._rt.book.epoch,
         )
 
     def _admit(self, push: PushCall) -> None:

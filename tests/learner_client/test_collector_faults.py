@@ -251,6 +251,55 @@ def test_an_automatic_push_recorded_after_a_newer_push_leaves_the_newer_as_what_
         collector.shutdown(timeout=5)
 
 
+@pytest.mark.long  # restarts an actor: 4-8 s
+def test_a_reply_recorded_after_its_actor_restarted_is_not_taken_for_what_the_new_one_holds(
+    pair, monkeypatch
+) -> None:
+    """An actor applies a push and dies; the learner admits the restarted process (re-sending
+    the version before, all it knew of) before recording the dead process's reply. That reply
+    is not what the new process holds: the learner sends it the push."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=4, batch_timeout=30, token=TOKEN
+    )
+    pusher, book = collector._pusher, collector._parts.book
+    record, replied, go_on = pusher._record, threading.Event(), threading.Event()
+
+    def record_late(worker_id, enc, reply) -> None:
+        if worker_id == 1 and threading.current_thread().name == "pushing":
+            replied.set()
+            assert go_on.wait(30)
+        record(worker_id, enc, reply)
+
+    try:
+        before = collector.update_policy_weights_(cartpole_policy(action=0))[1]
+        next_from(collector, 1, timeout=30)  # the sessions are open
+        link = collector._fleet.member_links()[1]
+        first = link.description.epoch
+        monkeypatch.setattr(pusher, "_record", record_late)
+        out: list = []
+        pushing = threading.Thread(
+            target=_push_into, args=(collector, cartpole_policy(action=1), out), name="pushing"
+        )
+        pushing.start()
+        assert replied.wait(30)  # the push was applied by worker 1; its reply waits
+        restart(pair, 1)  # a new process, with its initial weights (version 0)
+        poll_until(lambda: link.description.epoch != first, 30, message="no re-admission")
+        poll_until(lambda: book.applied(1).get("policy") == before, 30, message="not re-sent")
+        go_on.set()
+        pushing.join(30)
+        version = out[0][1]
+        assert version == before + 1
+        poll_until(
+            lambda: collector.actor_state(1)["models"]["policy"]["version"] == version,
+            30,
+            message="the new process was never given the push its predecessor applied",
+        )
+        assert book.applied(1)["policy"] == version
+    finally:
+        go_on.set()
+        collector.shutdown(timeout=5)
+
+
 @pytest.mark.long
 def test_an_actor_restarted_between_its_admission_and_its_session_is_admitted_again(pair):
     """The actor restarts after the learner re-sent it its weights but before its session

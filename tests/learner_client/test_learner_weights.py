@@ -31,6 +31,19 @@ def test_weight_book_versions_start_at_the_highest_actor_version():
     assert meta["model_id"] == "policy"
 
 
+def test_weight_book_takes_a_reply_only_from_the_process_it_last_observed():
+    book = WeightBook()
+    book.observe(0, {"policy": 3}, epoch=11)
+    assert book.acknowledged(0, "policy", 4, epoch=11)
+    book.observe(0, {"policy": 0}, epoch=12)  # restarted with its initial weights
+    assert not book.acknowledged(0, "policy", 5, epoch=11)  # its predecessor's late reply
+    assert book.applied(0) == {"policy": 0}
+    assert book.versions() == {"policy": 4}
+    assert book.acknowledged(0, "policy", 5, epoch=12)
+    assert book.acknowledged(0, "policy", 6)  # an actor that predates reply epochs
+    assert book.applied(0) == {"policy": 6}
+
+
 def test_weight_book_reencodes_the_last_source_as_it_is_now():
     book = WeightBook()
     module = nn.Linear(1, 1)

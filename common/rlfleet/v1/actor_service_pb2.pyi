@@ -387,7 +387,7 @@ class PushWeightsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[WeightsHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged", "shm_refused", "relay_failed")
+    __slots__ = ("worker_id", "model_id", "version", "pause_seconds", "outcome", "parts_staged", "shm_refused", "relay_failed", "epoch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -396,6 +396,7 @@ class PushWeightsResponse(_message.Message):
     PARTS_STAGED_FIELD_NUMBER: _ClassVar[int]
     SHM_REFUSED_FIELD_NUMBER: _ClassVar[int]
     RELAY_FAILED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     model_id: str
     version: int
@@ -404,7 +405,8 @@ class PushWeightsResponse(_message.Message):
     parts_staged: int
     shm_refused: str
     relay_failed: str
-    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ..., shm_refused: _Optional[str] = ..., relay_failed: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, worker_id: _Optional[int] = ..., model_id: _Optional[str] = ..., version: _Optional[int] = ..., pause_seconds: _Optional[float] = ..., outcome: _Optional[_Union[PushOutcome, str]] = ..., parts_staged: _Optional[int] = ..., shm_refused: _Optional[str] = ..., relay_failed: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SpaceSpec(_message.Message):
     __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "text")

@@ -93,6 +93,8 @@ def test_push_weights_changes_actions_and_policy_version(actor: Actor) -> None:
     shapes = _policy_shapes(actor.stub)
     response = _push(actor, _favouring(shapes, 1), version=1)
     assert (response.worker_id, response.model_id, response.version) == (0, "policy", 1)
+    # The process that answered: its Describe's epoch (never 0).
+    assert response.epoch == actor.stub.Describe(pb.DescribeRequest(), timeout=10).epoch != 0
     actions, versions = _actions(actor)
     assert (actions == 1).all()
     assert (versions == 1).all()
