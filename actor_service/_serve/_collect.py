@@ -373,10 +373,15 @@ class CollectSession:
             self._request_stop(pb.END_REASON_CLOSED, "stream broken")
 
     def _acknowledge(self, seq: int) -> None:
-        """The learner holds every batch up to ``seq``: release them (and their segments)."""
-        self._rt.book.ack(seq)
+        """The learner holds every batch up to ``seq``: release them (and their segments).
+
+        Only segments of batches sent to this learner are freed: those of a learner whose
+        session it ended may still be unread (that learner never acks them).
+        """
+        book = self._rt.book
+        book.ack(seq)
         if self._segments is not None:
-            self._segments.acked(self._rt.book.epoch, seq)
+            self._segments.acked(book.epoch, seq, first=book.owner_first_seq)
 
     async def _collect(self) -> None:
         book = self._rt.book

@@ -113,6 +113,7 @@ class SessionBook(Generic[P]):
         self._total_frames = -1
         self._session_frames = 0
         self._owner: str | None = None
+        self._owner_first_seq = 1
         self.credits_granted = 0  # totals over the epoch, for the metrics
         self.batches_acked = 0
         self.batches_dropped = 0  # retained for a learner that never resumed
@@ -148,6 +149,15 @@ class SessionBook(Generic[P]):
     def acked_seq(self) -> int:
         """Highest seq acknowledged so far."""
         return self._acked_seq
+
+    @property
+    def owner_first_seq(self) -> int:
+        """The first seq the owner of the last session may hold (it opened afresh there).
+
+        Lower seqs went to another learner, or were dropped: this owner's acks say
+        nothing of them.
+        """
+        return self._owner_first_seq
 
     @property
     def in_flight(self) -> bool:
@@ -227,6 +237,7 @@ class SessionBook(Generic[P]):
             self._release_through(resume_after_seq)
         else:  # no learner will ask for them: dropped, not acknowledged
             self.batches_dropped += self._release_through(self.last_seq, acked=False)
+            self._owner_first_seq = self._next_seq
         for batch in self._retained.values():
             batch.sent = False
         self._owner = learner_id

@@ -14,7 +14,9 @@ swap as a chunked push's bytes.
 A session opened with ``shm_batches`` (the learner proved it shares this host) gets its
 batches written into segments of :class:`BatchSegments`: one per batch, kept unchanged until
 the learner acks it (the learner copies a batch out before it acks it), then filled again by
-a later batch of the same size. Segments of batches the learner has not acked stay, at most
+a later batch of the same size (only the acks of the learner a batch was sent to free its
+segment: a learner that took the session over frees none of the one it ended, which may not
+have read them yet). Segments of batches the learner has not acked stay, at most
 ``max_credits + 2`` of them (the oldest beyond go: a learner that still wanted one reads
 nothing and takes that batch as bytes); a full ``/dev/shm`` sends the batch as bytes.
 """
@@ -167,10 +169,14 @@ class BatchSegments:
             log.warning("a batch of %d bytes goes as bytes: no /dev/shm segment: %s", nbytes, exc)
             return None
 
-    def acked(self, epoch: int, seq: int) -> None:
-        """The learner holds every batch of ``epoch`` up to ``seq``: their segments are free."""
+    def acked(self, epoch: int, seq: int, first: int = 1) -> None:
+        """The learner holds batches ``first`` to ``seq`` of ``epoch``: their segments are free.
+
+        Those before ``first`` were sent to another learner, whose session this one's ended:
+        they stay held (until the oldest go), that learner may not have read them yet.
+        """
         with self._lock:
-            done = [key for key in self._held if key[0] == epoch and key[1] <= seq]
+            done = [key for key in self._held if key[0] == epoch and first <= key[1] <= seq]
             for key in done:
                 self._idle.insert(0, self._held.pop(key))
             extra = self._idle[IDLE_BATCH_SEGMENTS:]

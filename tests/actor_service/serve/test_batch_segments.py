@@ -198,3 +198,46 @@ def test_every_unacked_batch_resent_over_shared_memory_still_lies_in_its_segment
         for segment in resent.values():
             assert read_segment(segment) is not None  # still there, its CRC-32C checked
     session.close()
+
+
+def test_a_learner_taking_the_session_over_never_frees_the_segments_of_the_one_it_ended(
+    make_actor: Callable[..., Actor],
+) -> None:
+    """Learner A has not read batches 1-2 from their segments yet when B takes the session
+    over: B's acks free B's own segments only, so no later batch (of A's size: B resumes
+    with A's settings) is written where A was told its batches lie."""
+    actor = make_actor(shared_memory=True, max_credits=2)
+    a = RawCollect.open(
+        actor.stub, open_request(frames_per_batch=20, credits=2, shm_batches=True, learner_id="A")
+    )
+    epoch = a.opened().epoch
+    held_by_a = _shm_batches(a, 2)
+    b = RawCollect.open(
+        actor.stub,
+        open_request(
+            frames_per_batch=10, credits=1, shm_batches=True, learner_id="B", take_over=True
+        ),
+    )
+    assert not b.opened().resumed
+    assert a.end()[0].reason == pb.END_REASON_TAKEN_OVER  # A read nothing of its segments
+    assert list(_shm_batches(b, 1)) == [3]
+    b.ack(3)  # B holds batch 3; A still holds (and has not read) batches 1 and 2
+    b.close()
+    assert b.end()[0].reason == pb.END_REASON_CLOSED
+    poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
+    b = RawCollect.open(
+        actor.stub,
+        open_request(
+            frames_per_batch=20,
+            credits=2,
+            shm_batches=True,
+            learner_id="B",
+            resume_epoch=epoch,
+            resume_after_seq=3,
+        ),
+    )
+    assert b.opened().resumed
+    assert sorted(_shm_batches(b, 2)) == [4, 5]
+    for segment in held_by_a.values():
+        assert read_segment(segment) is not None  # never filled with one of B's batches
+    b.close()
