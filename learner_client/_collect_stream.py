@@ -470,7 +470,10 @@ class OpenStreams:
 
     :meth:`grant` and :meth:`ack` may be called from any thread; they run on the
     loop, on the stream open at that moment. With none open they are dropped:
-    the next ``open`` carries fresh credits and resumes after the last seq seen.
+    the next ``open`` carries fresh credits and resumes after the last seq seen. An ack
+    goes only to a stream of the actor process (epoch) whose batch it acknowledges: one
+    of a batch an actor sent before it restarted would acknowledge its successor's
+    batches of those seqs, which the learner may not hold yet.
     Sends queued before the loop gets to them go in one wake-up of the loop, an
     actor's in one message where it can: acks are cumulative and credits add up,
     so its highest ack and the sum of its credits go as one ``credit`` (an async
@@ -484,34 +487,37 @@ class OpenStreams:
 
     def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
-        self._streams: dict[int, CollectStream] = {}
-        # worker_id -> [highest seq to ack (0: none), credits to grant], until the loop sends them.
-        self._pending: dict[int, list[int]] = {}
+        # worker_id -> (its open stream, the epoch of the process it was opened on).
+        self._streams: dict[int, tuple[CollectStream, int]] = {}
+        # worker_id -> (credits to grant, {epoch: highest seq to ack}), until the loop sends them.
+        self._pending: dict[int, tuple[int, dict[int, int]]] = {}
         self._pending_lock = threading.Lock()
 
-    def attach(self, worker_id: int, stream: CollectStream) -> None:
-        """Route ``worker_id``'s credits and acks to ``stream`` (on the loop)."""
-        self._streams[worker_id] = stream
+    def attach(self, worker_id: int, stream: CollectStream, epoch: int) -> None:
+        """Route ``worker_id``'s credits, and acks of ``epoch``, to ``stream`` (on the loop)."""
+        self._streams[worker_id] = (stream, epoch)
 
     def detach(self, worker_id: int, stream: CollectStream) -> None:
         """Stop routing to ``stream`` (on the loop; a newer stream stays attached)."""
-        if self._streams.get(worker_id) is stream:
+        attached = self._streams.get(worker_id)
+        if attached is not None and attached[0] is stream:
             del self._streams[worker_id]
 
     def grant(self, worker_id: int, batches: int) -> None:
         """Grant ``batches`` credits on ``worker_id``'s open stream."""
-        self._queue(worker_id, 0, batches)
+        self._queue(worker_id, batches)
 
-    def ack(self, worker_id: int, seq: int) -> None:
-        """Acknowledge batches up to ``seq`` on ``worker_id``'s open stream."""
-        self._queue(worker_id, seq, 0)
+    def ack(self, worker_id: int, epoch: int, seq: int) -> None:
+        """Acknowledge batches up to ``seq`` of ``epoch`` on ``worker_id``'s open stream."""
+        self._queue(worker_id, 0, (epoch, seq))
 
-    def _queue(self, worker_id: int, seq: int, batches: int) -> None:
+    def _queue(self, worker_id: int, batches: int, ack: tuple[int, int] | None = None) -> None:
         with self._pending_lock:
             first = not self._pending
-            pending = self._pending.setdefault(worker_id, [0, 0])
-            pending[0] = max(pending[0], seq)
-            pending[1] += batches
+            credits, acks = self._pending.get(worker_id, (0, {}))
+            if ack is not None:
+                acks[ack[0]] = max(acks.get(ack[0], 0), ack[1])
+            self._pending[worker_id] = (credits + batches, acks)
         if first:  # later sends join this wake-up until the loop takes the queue
             self._loop.call_soon(self._send_pending)
 
@@ -522,7 +528,8 @@ class OpenStreams:
     def _send_pending(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, {}
-        for worker_id, (seq, batches) in pending.items():
-            stream = self._streams.get(worker_id)
-            if stream is not None:
-                stream.ack_and_grant(seq, batches)
+        for worker_id, (batches, acks) in pending.items():
+            attached = self._streams.get(worker_id)
+            if attached is not None:
+                stream, epoch = attached
+                stream.ack_and_grant(acks.get(epoch, 0), batches)

@@ -506,7 +506,8 @@ class ActorLink(Generic[C]):
             worker_id=self.worker_id,
         )
         self._stream = stream
-        self._streams.attach(self.worker_id, stream)  # before any await: no credit is lost
+        # Before any await: no credit is lost. Its session opens on the admitted process.
+        self._streams.attach(self.worker_id, stream, self.description.epoch)
         return stream
 
     def _shm_batches(self) -> Callable[[], None] | None:

@@ -115,7 +115,7 @@ class Mailbox:
     Args:
         window: Most batches per actor in flight or buffered.
         send_credit: ``(worker_id, batches)``; grants credits on that actor's stream.
-        send_ack: ``(worker_id, seq)``; acknowledges delivered batches.
+        send_ack: ``(worker_id, epoch, seq)``; acknowledges delivered batches.
         lazy: Grant one credit per requested round only (see the module docstring).
         version_floor: ``worker_id -> version``: a batch with frames acted by an older
             policy version than its actor holds now is dropped (sync rounds on demand:
@@ -127,7 +127,7 @@ class Mailbox:
         self,
         window: int,
         send_credit: Callable[[int, int], None],
-        send_ack: Callable[[int, int], None],
+        send_ack: Callable[[int, int, int], None],
         *,
         lazy: bool = False,
         version_floor: Callable[[int], int] | None = None,
@@ -266,7 +266,7 @@ class Mailbox:
             if claimed is None:  # a claimed batch's credit was freed when it was claimed
                 slot.outstanding = max(0, slot.outstanding - 1)
             if self._stale(delivery, slot):
-                self._send_ack(delivery.worker_id, delivery.seq)
+                self._send_ack(delivery.worker_id, delivery.epoch, delivery.seq)
                 self._flush()
                 return False
             delivery.arrival = next(self._arrivals) if claimed is None else claimed
@@ -307,7 +307,8 @@ class Mailbox:
         stale = [d for d in slot.buffered if self._stale(d, slot)]
         if stale:
             slot.buffered = collections.deque(d for d in slot.buffered if not self._stale(d, slot))
-            self._send_ack(worker_id, max(d.seq for d in stale))
+            for epoch in {d.epoch for d in stale}:  # an actor that restarted: two epochs
+                self._send_ack(worker_id, epoch, max(d.seq for d in stale if d.epoch == epoch))
         self._flush()
         return len(stale)
 
@@ -463,7 +464,7 @@ class Mailbox:
 
     def _delivered(self, deliveries: list[Delivery]) -> None:
         for delivery in deliveries:
-            self._send_ack(delivery.worker_id, delivery.seq)
+            self._send_ack(delivery.worker_id, delivery.epoch, delivery.seq)
         if self._budget is not None:
             # One batch (async) or one round (sync) fewer is wanted; the
             # collector re-sets the exact budget right after.

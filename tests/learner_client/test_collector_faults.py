@@ -300,6 +300,33 @@ def test_a_reply_recorded_after_its_actor_restarted_is_not_taken_for_what_the_ne
         collector.shutdown(timeout=5)
 
 
+@pytest.mark.long  # restarts an actor: 4-8 s
+def test_batches_of_an_actor_taken_after_it_restarted_are_not_acked_to_its_new_process(
+    pair, caplog
+) -> None:
+    """Batches the restarted actor's old process sent are still buffered when its new
+    session opens; taking them acks nothing on the new session (their seqs name the new
+    process's batches, which the learner may not hold yet, or none it sent: the actor then
+    ends the session)."""
+    collector = GrpcCollector(
+        [a.address for a in pair], frames_per_batch=4, batch_timeout=30, token=TOKEN
+    )
+    try:
+        next_from(collector, 1, timeout=30)  # the sessions are open
+        link = collector._fleet.member_links()[1]
+        first = link.description.epoch
+        poll_until(lambda: collector._fleet.mailbox.snapshot()[1].buffered >= 1, 30)
+        restart(pair, 1)
+        poll_until(lambda: link.description.epoch != first, 30, message="no re-admission")
+        with caplog.at_level(logging.WARNING, logger="learner_client"):
+            for _ in range(20):
+                collector.next()
+        refused = [r.getMessage() for r in caplog.records if "ack of seq" in r.getMessage()]
+        assert not refused, refused
+    finally:
+        collector.shutdown(timeout=5)
+
+
 @pytest.mark.long
 def test_an_actor_restarted_between_its_admission_and_its_session_is_admitted_again(pair):
     """The actor restarts after the learner re-sent it its weights but before its session

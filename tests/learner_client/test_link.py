@@ -198,7 +198,7 @@ def rig(
     mailbox: Mailbox | None = None,
 ) -> Rig:
     if mailbox is None:
-        mailbox = Mailbox(2, send_credit=lambda w, n: None, send_ack=lambda w, s: None)
+        mailbox = Mailbox(2, send_credit=lambda w, n: None, send_ack=lambda w, e, s: None)
     mailbox.add_worker(0, 2)
     ledger = Ledger(_Histogram())  # type: ignore[arg-type]
     admitted: list[int] = []
@@ -673,7 +673,7 @@ def test_link_a_waiting_take_claims_a_batch_as_it_arrives_for_actors_with_slow_b
         if stream is not None:
             loops[0].call_soon_threadsafe(stream.grant, batches)
 
-    mailbox = Mailbox(1, send_credit=send_credit, send_ack=lambda w, s: None)
+    mailbox = Mailbox(1, send_credit=send_credit, send_ack=lambda w, e, s: None)
     r = rig(FakeChannel([[opened(), batch(1)]]), mailbox=mailbox)
 
     async def scenario() -> None:
@@ -709,9 +709,10 @@ class CountingLoop(LoopThread):
 
 @pytest.mark.parametrize("acks_in_credit", [True, False], ids=["one-message", "older-actor"])
 def test_acks_and_credits_reach_the_stream_in_one_wake_up(acks_in_credit: bool) -> None:
-    """Sends queued while the loop is busy go in one wake-up: per actor, the highest ack and
-    the sum of the credits; in one ``credit`` message when the actor reads its ``ack_seq``,
-    else an ``ack`` then a ``credit`` (an actor that predates the field ignores it)."""
+    """Sends queued while the loop is busy go in one wake-up: per actor, the highest ack of
+    the process its stream is open on and the sum of the credits; in one ``credit`` message
+    when the actor reads its ``ack_seq``, else an ``ack`` then a ``credit`` (an actor that
+    predates the field ignores it). An ack of another process's batch is not sent."""
     loop = CountingLoop()
     streams = OpenStreams(loop)
     reply = opened()
@@ -730,7 +731,7 @@ def test_acks_and_credits_reach_the_stream_in_one_wake_up(acks_in_credit: bool) 
             worker_id=0,
         )
         await stream.opened(5)
-        streams.attach(0, stream)
+        streams.attach(0, stream, epoch=1)
         return stream
 
     stream = loop.run(attach(), timeout=5)
@@ -738,11 +739,12 @@ def test_acks_and_credits_reach_the_stream_in_one_wake_up(acks_in_credit: bool) 
     loop.call_soon(lambda: (busy.set(), release.wait(5)))  # the loop is busy meanwhile
     assert busy.wait(5)
     handed = loop.handed
-    streams.ack(0, 5)
+    streams.ack(0, 1, 5)
     streams.grant(0, 2)
-    streams.ack(0, 6)
+    streams.ack(0, 1, 6)
     streams.grant(0, 1)
-    streams.ack(1, 3)  # no stream open for actor 1: dropped
+    streams.ack(0, 7, 9)  # a batch of the process before a restart: never sent to this one
+    streams.ack(1, 1, 3)  # no stream open for actor 1: dropped
     release.set()
     expected = [("credit", 3, 6)] if acks_in_credit else [("ack", 0, 6), ("credit", 3, 0)]
     deadline = time.monotonic() + 5
@@ -753,7 +755,7 @@ def test_acks_and_credits_reach_the_stream_in_one_wake_up(acks_in_credit: bool) 
     assert [
         (r.WhichOneof("kind"), r.credit.batches, r.credit.ack_seq or r.ack.seq) for r in sent
     ] == expected
-    assert loop.handed - handed == 1, "five sends queued while the loop was busy: one wake-up"
+    assert loop.handed - handed == 1, "six sends queued while the loop was busy: one wake-up"
     loop.run(_cancelled(stream), timeout=5)
     loop.close(5)
 

@@ -48,7 +48,7 @@ def make_mailbox(window: int = 2, **kw) -> tuple[Mailbox, Wire]:
     box = Mailbox(
         window,
         lambda w, n: wire.credits.append((w, n)),
-        lambda w, s: wire.acks.append((w, s)),
+        lambda w, e, s: wire.acks.append((w, s)),
         **kw,
     )
     return box, wire

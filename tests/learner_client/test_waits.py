@@ -64,7 +64,7 @@ def _ctrl_c_after(seconds: float) -> Iterator[None]:
 
 def _background(storing: threading.Event) -> Background:
     """A gate whose thread stores one batch until ``storing`` is set, then parks."""
-    mailbox = Mailbox(2, lambda worker_id, credits: None, lambda worker_id, seq: None)
+    mailbox = Mailbox(2, lambda worker_id, credits: None, lambda worker_id, epoch, seq: None)
 
     def iterate() -> Iterator[None]:
         storing.wait(30)  # a slow replay_buffer.extend()
