@@ -106,10 +106,13 @@ class Background:
         """
         if not self._resumed.is_set() and self._pauser is threading.current_thread():
             raise RuntimeError("cannot collect inside pause() from the thread that paused")
-        while not self._resumed.is_set() and not self._stop.is_set():
+        # Only the thread asked to stop ends here: a stop outlives its thread (pause with
+        # resume=False), and any other consumer waits out a later pause on the gate.
+        own = self.is_current()
+        while not self._resumed.is_set() and not (own and self._stop.is_set()):
             self._parked.set()
             self._resumed.wait(_POLL_SECONDS)
-        if self._stop.is_set() and threading.current_thread() is self._thread:
+        if own and self._stop.is_set():
             raise _Stopped
 
     @contextlib.contextmanager

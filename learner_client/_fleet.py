@@ -194,9 +194,10 @@ class Fleet:
         for link in links:
             self._links[link.worker_id] = link
             if self.ranks.owns(link.worker_id):
-                self._owned.add(link.worker_id)
                 self.mailbox.add_worker(link.worker_id, link.description.max_credits or 1)
                 self.book.observe(link.worker_id, link.description.models, link.description.epoch)
+                # Owned last: a round reading worker_ids on another thread finds its slot.
+                self._owned.add(link.worker_id)
 
     def join(
         self,

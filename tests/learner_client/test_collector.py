@@ -370,6 +370,36 @@ def test_collector_pause_without_resume_and_no_thread_leaves_later_pauses_waitin
         assert got[0][1] < 0.5  # CPU seconds: it waited on the gate rather than spinning
 
 
+def test_collector_pause_after_the_thread_ended_without_resume_leaves_other_consumers_waiting(
+    fleet,
+):
+    """The background thread ended by ``pause(resume=False)``: in a later pause, a consumer
+    in ``next()`` waits on the gate, asking for a batch once, rather than spinning."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        poll_until(lambda: len(rb) >= 4, timeout=30, message="replay buffer filled")
+        with collector.pause(timeout=None, resume=False):
+            pass
+        assert not collector.is_running()
+        asked, next_batch = [], collector._next_batch
+
+        def counted(*, per_actor: bool):
+            asked.append(per_actor)
+            return next_batch(per_actor=per_actor)
+
+        collector._next_batch = counted
+        with collector.pause():
+            consumer = threading.Thread(target=collector.next)
+            consumer.start()
+            poll_until(lambda: asked, timeout=10, message="the consumer asked")
+            time.sleep(0.5)
+            during = len(asked)
+        consumer.join(30)
+        assert during == 1, f"the consumer asked {during} times during the pause"
+        assert len(asked) == 2  # once more after it, which stored a batch
+
+
 class _StuckBuffer:
     """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
 
@@ -615,6 +645,54 @@ def test_collector_add_collectors_resplits_a_sync_fleet(fleet):
         batch = collector.next()
         assert batch.batch_size == torch.Size([2, 2, 2])
         assert batch["collector", "worker_id"][:, 0, 0].tolist() == [0, 2]
+
+
+def test_a_sync_round_begun_while_an_actor_joins_never_meets_it_half_registered(fleet):
+    """A sync round reads the fleet's worker_ids while ``add_collectors`` registers a joiner
+    on another thread: a worker_id it sees has its place in the mailbox (the round takes
+    the fleet as it was, or waits for the joiner; it never raises a KeyError)."""
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        in_round, go_round = threading.Event(), threading.Event()
+        joining, go_join = threading.Event(), threading.Event()
+        auto_update, add_worker = collector._pusher.auto_update, collector._mailbox.add_worker
+
+        def round_held(*args, **kwargs):  # the round, past the collector's lock
+            in_round.set()
+            assert go_round.wait(30)
+            return auto_update(*args, **kwargs)
+
+        def slot_held(*args, **kwargs):  # the joiner, being registered
+            joining.set()
+            assert go_join.wait(30)
+            return add_worker(*args, **kwargs)
+
+        collector._pusher.auto_update, collector._mailbox.add_worker = round_held, slot_held
+        outcome: list[object] = []
+        taking = threading.Thread(target=lambda: outcome.append(outcome_of(collector.next)))
+        adding = threading.Thread(target=collector.add_collectors, args=(addresses(fleet, 2),))
+        try:
+            taking.start()
+            assert in_round.wait(30)
+            adding.start()
+            assert joining.wait(30)
+            go_round.set()
+            poll_until(lambda: outcome or not taking.is_alive(), timeout=5)
+        finally:
+            go_round.set()
+            go_join.set()
+            taking.join(60)
+            adding.join(60)
+        assert not isinstance(outcome[0], BaseException), repr(outcome[0])
+        assert collector.next()["collector", "worker_id"][:, 0, 0].tolist() == [0, 2]
+
+
+def outcome_of(call):
+    """``call()``'s result, or the exception it raised."""
+    try:
+        return call()
+    except BaseException as exc:
+        return exc
 
 
 @pytest.mark.long

@@ -26,6 +26,7 @@ from tcp_proxy import FaultProxy
 from common.config import CHUNK_BYTES
 from common.errors import ActorUnavailableError, AuthenticationError, ClosedError, DeadlineError
 from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
+from learner_client._collect_stream import CollectStream, SessionInfo
 
 TOKEN = "s3cret-learner-token"
 ARGS = [
@@ -50,6 +51,11 @@ def pair(actors: list[ActorProcess]) -> list[ActorProcess]:
         if actor.process.poll() is not None:
             restart(actors, index)
     return actors
+
+
+def failed_sessions(collector: GrpcCollector, worker_id: int = 1) -> int:
+    """Sessions and connection attempts of ``worker_id`` that failed so far."""
+    return int(collector.stats(workers="per_worker")[f"worker_{worker_id}/failures"])
 
 
 def restart(actors: list[ActorProcess], index: int) -> None:
@@ -300,33 +306,6 @@ def test_a_reply_recorded_after_its_actor_restarted_is_not_taken_for_what_the_ne
         collector.shutdown(timeout=5)
 
 
-@pytest.mark.long  # restarts an actor: 4-8 s
-def test_batches_of_an_actor_taken_after_it_restarted_are_not_acked_to_its_new_process(
-    pair, caplog
-) -> None:
-    """Batches the restarted actor's old process sent are still buffered when its new
-    session opens; taking them acks nothing on the new session (their seqs name the new
-    process's batches, which the learner may not hold yet, or none it sent: the actor then
-    ends the session)."""
-    collector = GrpcCollector(
-        [a.address for a in pair], frames_per_batch=4, batch_timeout=30, token=TOKEN
-    )
-    try:
-        next_from(collector, 1, timeout=30)  # the sessions are open
-        link = collector._fleet.member_links()[1]
-        first = link.description.epoch
-        poll_until(lambda: collector._fleet.mailbox.snapshot()[1].buffered >= 1, 30)
-        restart(pair, 1)
-        poll_until(lambda: link.description.epoch != first, 30, message="no re-admission")
-        with caplog.at_level(logging.WARNING, logger="learner_client"):
-            for _ in range(20):
-                collector.next()
-        refused = [r.getMessage() for r in caplog.records if "ack of seq" in r.getMessage()]
-        assert not refused, refused
-    finally:
-        collector.shutdown(timeout=5)
-
-
 @pytest.mark.long
 def test_an_actor_restarted_between_its_admission_and_its_session_is_admitted_again(pair):
     """The actor restarts after the learner re-sent it its weights but before its session
@@ -357,6 +336,53 @@ def test_an_actor_restarted_between_its_admission_and_its_session_is_admitted_ag
         versions = sorted(set(batch["policy_version"].flatten().tolist()))
         assert versions == [version], f"policy versions in the batch: {versions}"
         assert collector.actor_state(1)["models"]["policy"]["version"] == version
+    finally:
+        go_on.set()
+        collector.shutdown(timeout=5)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("taken", ["once-it-opened", "while-it-opens"])
+def test_a_batch_of_the_old_process_taken_after_a_restart_acks_nothing_of_the_new_one(
+    pair, monkeypatch: pytest.MonkeyPatch, taken: str
+):
+    """The batch the killed process sent ahead is still buffered when its successor's session
+    opens. Taking it (once the session opened, or while the learner waits for its ``opened``)
+    acknowledges nothing there: its seq is the old process's. Acked on the new session, it
+    would release batches of the new process the learner may not hold yet (here it is beyond
+    the new one's last seq, which the actor refuses, breaking the session)."""
+    opening, go_on = threading.Event(), threading.Event()
+    original = CollectStream.opened
+
+    async def opened_held_back(stream: CollectStream, timeout: float) -> SessionInfo:
+        if taken == "while-it-opens" and not go_on.is_set():
+            opening.set()
+            await asyncio.to_thread(go_on.wait, 30)
+        return await original(stream, timeout)
+
+    collector = GrpcCollector([pair[1].address], frames_per_batch=4, batch_timeout=30, token=TOKEN)
+    try:
+        drain(collector, 2)
+        poll_until(lambda: collector._mailbox.snapshot()[1].buffered == 1, timeout=10)
+        link, failures = collector._fleet.member_links()[1], failed_sessions(collector)
+        old_epoch = link.tracker.epoch
+        monkeypatch.setattr(CollectStream, "opened", opened_held_back)
+        restart(pair, 1)
+        if taken == "while-it-opens":
+            assert opening.wait(30)
+            failures = failed_sessions(collector)
+            drain(collector, 1)  # the old process's batch: its ack reaches the opening stream
+            poll_until(lambda: not collector._fleet.streams._pending, timeout=5)
+            go_on.set()
+        poll_until(lambda: link.state.value == "streaming" and link.tracker.epoch != old_epoch, 30)
+        if taken == "once-it-opened":
+            failures = failed_sessions(collector)
+            drain(collector, 1)
+        drain(collector, 2)  # the new process's first two batches
+        assert failed_sessions(collector) == failures, link.last_failure
+        stats = collector.stats(workers="per_worker")
+        assert (stats["worker_1/gaps"], stats["worker_1/duplicates"]) == (0, 0)
+        assert link.tracker.last >= 2  # the new process's first two batches
     finally:
         go_on.set()
         collector.shutdown(timeout=5)
