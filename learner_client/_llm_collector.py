@@ -70,9 +70,11 @@ class _Shaper:
 
     def tokens_per_s(self) -> float:
         """Response tokens per second since the first batch (of this run, or since a restore)."""
-        if self.started is None:
+        with self._lock:  # one side of a restore (``stats()`` may run beside it), never a mix
+            started, tokens = self.started, self.tokens - self._tokens_before
+        if started is None:
             return 0.0
-        return (self.tokens - self._tokens_before) / max(time.monotonic() - self.started, 1e-9)
+        return tokens / max(time.monotonic() - started, 1e-9)
 
     def counts(self) -> dict[str, int]:
         """The counts a checkpoint keeps: turns handed out and their response tokens."""

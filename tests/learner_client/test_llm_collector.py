@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
+import types
 import warnings
 
 import pytest
 import torch
 from helpers import poll_until
 from learner_fleet import ACTOR_ENV, start_actors
+from tensordict import TensorDict
 
+import learner_client._llm_collector as llm_collector
 from common.errors import EnvError
 from learner_client import GrpcLLMCollector, LocalFleet, SettingsRefusedError
 
@@ -601,6 +605,45 @@ def test_the_token_rate_after_a_restore_counts_this_runs_tokens_from_its_first_b
     now[0] = 101.0
     assert shaper.tokens_per_s() == pytest.approx(10.0)
     assert shaper.counts() == {"yielded_turns": 4, "tokens": 10**6 + 10}
+
+
+def test_the_token_rate_read_while_a_restore_lands_is_a_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``stats()`` from a monitoring thread while ``load_state_dict`` restores the counts on
+    another: the rate it reads is that of one side of the restore, never an error."""
+    shaper = llm_collector._Shaper("padded", False, True, None)
+    shaper(TensorDict({"response_len": torch.tensor([4, 6])}, batch_size=[2]))
+    reading, restored = threading.Event(), threading.Event()
+    clock = time.monotonic
+
+    def monotonic() -> float:  # the reader waits here, past its look at the counts
+        if threading.current_thread().name == "stats-reader":
+            reading.set()
+            assert restored.wait(10)
+        return clock()
+
+    monkeypatch.setattr(llm_collector, "time", types.SimpleNamespace(monotonic=monotonic))
+    rates: list[float] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            rates.append(shaper.tokens_per_s())
+        except BaseException as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=read, name="stats-reader")
+    reader.start()
+    assert reading.wait(10)
+    shaper.restore(2, 10**6)  # the restore lands while the reader computes its rate
+    restored.set()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert errors == []
+    assert len(rates) == 1
+    assert rates[0] >= 0.0  # the rate of the counts before the restore
+    assert shaper.tokens_per_s() == 0.0  # no batch since the restore
 
 
 @pytest.mark.parametrize("overflow", ["block", "drop_oldest"])
