@@ -10,12 +10,15 @@ range within ``[0, MAX_POLICY_VERSION]``, and the versions its frames carry lie 
 range (the learner's lag and staleness read the range, the user the frames), and its
 trajectory and group ids name the actor (no actor pours frames into another's
 trajectories or GRPO groups); its frames are no more than its rows (an LLM batch of last
-steps counts each dialog's turns, at most its turn limit); a batch of steps has the
-session's shape (``frames_per_batch`` frames, ``frames_per_batch // num_envs`` steps
-last); and its rows are no more than its bytes (every batch holds at least one byte per
-row, its done flags or its tokens), so a small packet cannot make the learner allocate by
-a large declared batch size. A batch that fails raises :class:`~common.errors.ProtocolError`;
-the link drops it with the stream and reconnects.
+steps counts each dialog's turns, at most its turn limit); an LLM batch is in the padded
+form with token ids below the learner's ``vocab_size`` (``common.llm.check_padded``); a
+batch of steps has the session's shape (``frames_per_batch`` frames,
+``frames_per_batch // num_envs`` steps last); and its rows are no more than its bytes
+(every batch holds at least one byte per row, its done flags or its tokens), so a small
+packet cannot make the learner allocate by a large declared batch size. A batch that fails raises
+:class:`~common.errors.ProtocolError`; the link drops it with the stream and reconnects,
+before the batch counts anywhere: in a sync round the other actors' shares stay for the
+round.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tensordict import TensorDictBase
 
 from common.config import MAX_POLICY_VERSION, CollectSettings
 from common.errors import ProtocolError
-from common.llm import MAX_TURNS
+from common.llm import MAX_TURNS, check_padded
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.traj_ids import worker_of
 
@@ -65,6 +68,7 @@ class BatchBounds:
         self._model_id = settings.model_id
         self._frames_per_row = 1
         llm = settings.llm
+        self._vocab_size = None if llm is None else llm.vocab_size
         if llm is not None and llm.yield_only_last_steps:
             self._frames_per_row = llm.max_turns or MAX_TURNS
         # Batches of steps are [envs, T] (an env pool of more dims: [*envs, T]) with
@@ -136,6 +140,11 @@ class BatchBounds:
             self._check_versions(info, key, self._of_real(info, batch, key, real))
         for key in _ID_KEYS:
             self._check_ids(info, key, self._of_real(info, batch, key, real))
+        if self._vocab_size is not None:
+            try:
+                check_padded(batch, self._vocab_size)
+            except ProtocolError as exc:
+                raise ProtocolError(f"{self._address}: batch seq {info.seq}: {exc}") from exc
         return info.frames or rows
 
     def _real_frames(self, info: pb.BatchInfo, batch: TensorDictBase) -> torch.Tensor | None:

@@ -2,12 +2,12 @@
 
 The class is a facade over :class:`~learner_client.GrpcCollector` (same sessions,
 credits, exactly-once batches, weight pushes, deadlines, TLS and tokens): it turns
-TorchRL's LLM knobs into :class:`common.llm.LLMSettings` and a turn budget, and
-every yielded batch goes through :class:`_Shaper` — check the padded wire form
-(a hostile packet raises :class:`~common.errors.ProtocolError`, nothing is
-yielded), count turns and tokens, rebuild TorchRL's layout, flatten, then the
-user's ``postproc``. A ``queue`` is wrapped in :class:`_QueueSink` so the inner
-collector stores into it like into a replay buffer.
+TorchRL's LLM knobs into :class:`common.llm.LLMSettings` and a turn budget. Each batch's
+padded wire form is checked as it arrives (``learner_client._batch_bounds``: a hostile one
+is a :class:`~common.errors.ProtocolError` that ends its actor's stream, nothing of it
+yielded), and every yielded batch goes through :class:`_Shaper`: count turns and tokens,
+rebuild TorchRL's layout, flatten, then the user's ``postproc``. A ``queue`` is wrapped in
+:class:`_QueueSink` so the inner collector stores into it like into a replay buffer.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class _Shaper:
         self._lock = threading.Lock()
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
-        with self._lock:  # the batch was checked (check_padded) when it was taken
+        with self._lock:  # the batch was checked (check_padded) as it arrived
             if self.started is None:
                 self.started = time.monotonic()
             self.tokens += int(batch.get("response_len").sum())
@@ -307,7 +307,8 @@ class GrpcLLMCollector:
         token_versions: Record the policy version of every response token.
         vocab_size: The learner model's vocabulary (its embedding rows,
             ``model.config.vocab_size``): a batch holding a token id at or beyond it is
-            refused (``ProtocolError``, before anything counts), and an actor whose
+            refused as it arrives (``ProtocolError``: its actor's stream ends, nothing of
+            it counts), and an actor whose
             model draws from more token ids (its output rows, at least its tokenizer's)
             refuses the session (``SettingsRefusedError``: learner and actors load other
             models). Any integer; None checks only that ids are not negative.

@@ -42,8 +42,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from common.config import local_device
-from common.errors import ProtocolError
-from common.llm import check_padded, merge_padded
+from common.llm import merge_padded
 from learner_client._errors import MissingWorkersError
 from learner_client._ledger import Ledger
 from learner_client._mailbox import Delivery, Mailbox
@@ -197,12 +196,6 @@ class Rounds:
             self.update_budget()
         take = self._take_sync if self.settings.sync else self._take_async
         deliveries = self.metrics.waited_for(take)
-        if (llm := self.settings.llm) is not None:
-            for delivery in deliveries:  # a hostile LLM batch is refused before anything counts
-                try:
-                    check_padded(delivery.batch.exclude(WORKER_ID_KEY), llm.vocab_size)
-                except ProtocolError as exc:
-                    raise ProtocolError(f"worker_id {delivery.worker_id}: {exc}") from exc
         self._account(deliveries)
         self._taken = deliveries
         return [d.batch for d in deliveries]

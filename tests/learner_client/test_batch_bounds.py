@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from llm_batches import padded
 from tensordict import TensorDict
 
 from common.config import MAX_POLICY_VERSION, CollectSettings
@@ -80,7 +81,7 @@ def test_frames_are_at_most_the_rows_and_zero_counts_the_rows() -> None:
 
 
 def test_an_llm_batch_of_last_steps_counts_each_dialogs_turns() -> None:
-    rows = TensorDict({"done": torch.zeros(3, dtype=torch.bool)}, batch_size=[3])
+    rows = padded(3, worker_id=5)
     last_steps = CollectSettings(
         frames_per_batch=3, llm=LLMSettings(yield_only_last_steps=True, max_turns=4)
     )
@@ -92,6 +93,20 @@ def test_an_llm_batch_of_last_steps_counts_each_dialogs_turns() -> None:
     assert bounds(unlimited).check_batch(info(1, frames=3000), rows) == 3000
     with pytest.raises(ProtocolError, match="frames for 3 rows"):
         bounds(unlimited).check_batch(info(1, frames=2**64 - 1), rows)
+
+
+def test_an_llm_batch_is_in_the_padded_form_with_ids_below_the_vocab_size() -> None:
+    """``common.llm.check_padded`` as the batch arrives, with the session's ``vocab_size``."""
+    dialogs = LLMSettings(yield_completed_trajectories=True, vocab_size=11)
+    llm = CollectSettings(frames_per_batch=4, llm=dialogs)
+    assert bounds(llm).check_batch(info(1, frames=4), padded(4, worker_id=5)) == 4
+    beyond = padded(4, worker_id=5)
+    beyond["tokens"][0, 0] = 11
+    with pytest.raises(ProtocolError, match=r"actor:1: batch seq 1: .*vocab_size=11"):
+        bounds(llm).check_batch(info(1, frames=4), beyond)
+    steps = padded(4, worker_id=5).exclude("log_probs")
+    with pytest.raises(ProtocolError, match=r"batch seq 2: LLM batch .*log_probs"):
+        bounds(llm).check_batch(info(2, frames=4), steps)
 
 
 def test_a_batch_of_steps_has_the_sessions_shape() -> None:

@@ -1,6 +1,12 @@
-"""A real actor server whose LLM core sends hostile batches: the learner refuses them whole."""
+"""A real actor server whose LLM core sends hostile batches: the learner refuses them whole.
+
+A hostile batch is refused as it arrives, with its actor's stream (as every batch out of its
+session's bounds): nothing of it counts, and the other actors' batches go on being yielded.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,12 +16,13 @@ from tensordict import NonTensorStack, TensorDict
 from actor_service import ActorConfig, create_server
 from actor_service._core._identity import ActorIdentity
 from actor_service._kinds.llm.models import MODEL_ID
-from common.errors import ProtocolError
+from common.traj_ids import WORKER_SHIFT
 from learner_client import GrpcLLMCollector, MissingWorkersError
 
 
-def _batch(broken: dict) -> TensorDict:
+def _batch(broken: dict, worker_id: int = 0) -> TensorDict:
     n = 2
+    ids = torch.arange(n) + (worker_id << WORKER_SHIFT)
     flag = torch.zeros((n, 1), dtype=torch.bool)
     td = TensorDict(
         {
@@ -39,8 +46,8 @@ def _batch(broken: dict) -> TensorDict:
             },
             "query": NonTensorStack.from_list(["q"] * n),
             "collector": {
-                "traj_ids": torch.arange(n),
-                "group_id": torch.arange(n),
+                "traj_ids": ids,
+                "group_id": ids.clone(),
                 "dialog_turns": torch.ones(n, dtype=torch.long),
                 "stopped": torch.ones(n, dtype=torch.bool),
             },
@@ -92,7 +99,7 @@ class _HostileCore:
 
     def collect_batch(self, abandon=None) -> TensorDict:
         self.batches += 1
-        return _batch(self.broken)
+        return _batch(self.broken, self.worker_id)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         return seed
@@ -133,8 +140,8 @@ class _Models:
         "token_ids",
     ],
 )
-def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken) -> None:
-    _refused(broken, ProtocolError, "LLM batch", batch_timeout=10.0)
+def test_a_hostile_llm_batch_ends_its_stream_and_nothing_is_yielded(broken) -> None:
+    _refused(broken, "LLM batch", batch_timeout=1.5)
 
 
 @pytest.mark.parametrize(
@@ -146,29 +153,57 @@ def test_a_hostile_llm_batch_raises_protocol_error_and_nothing_is_yielded(broken
     ids=["negative", "another_workers"],
 )
 def test_ids_not_of_the_actor_are_refused_with_its_stream_and_nothing_is_yielded(ids) -> None:
-    _refused(ids, MissingWorkersError, r"ProtocolError.*of worker_id (-1|6); it is", 3.0)
+    _refused(ids, r"of worker_id (-1|6); it is", 1.5)
 
 
 def test_a_token_id_at_the_learners_vocab_size_is_refused() -> None:
     """``vocab_size``: an id at it (the batch's ids are all 1) would index past the learner's
     embedding; the same batch is yielded when every id is below it."""
-    beyond = r"worker_id 0: LLM batch has token ids beyond the learner's vocab_size=1 \(up to 1\)"
-    _refused({}, ProtocolError, beyond, 10.0, 1)
-    _refused({"tokens": torch.full((2, 6), 2**63 - 1)}, ProtocolError, "vocab_size=7", 10.0, 7)
+    beyond = r"batch seq 1: LLM batch has token ids beyond the learner's vocab_size=1 \(up to 1\)"
+    _refused({}, beyond, 1.5, 1)
+    _refused({"tokens": torch.full((2, 6), 2**63 - 1)}, "vocab_size=7", 1.5, 7)
     _yielded(vocab_size=np.int64(2))  # any integer a script computes
 
 
-def _refused(
-    broken: dict, error: type[Exception], match: str, batch_timeout: float, vocab_size=None
-) -> None:
-    """A batch with ``broken`` entries raises ``error``; nothing is counted or yielded."""
+@pytest.mark.parametrize("partial", [True, False], ids=["partial", "strict"])
+def test_a_hostile_llm_batch_in_a_sync_batch_leaves_the_honest_actors_shares(partial) -> None:
+    """A sync batch of an honest and a hostile actor: the hostile one's share is refused on
+    its stream, before the batch is taken; the honest one's is yielded (a partial batch goes
+    on without the hostile actor), or a strict batch names the hostile actor alone."""
+    config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
+    honest = create_server(config, core_factory=lambda c: _HostileCore(c, {}))
+    hostile_config = dataclasses.replace(config, worker_id=1)
+    hostile = create_server(hostile_config, core_factory=lambda c: _HostileCore(c, _BEYOND))
+    with honest.run_in_thread() as first, hostile.run_in_thread() as second, GrpcLLMCollector(
+        [f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"], dialog_turns_per_batch=4,
+        total_dialog_turns=8, sync=True, yield_completed_trajectories=True, batch_timeout=1.5,
+        allow_partial_batches=partial,
+    ) as collector:  # fmt: skip
+        if partial:
+            batch = collector.next()
+            assert batch.get(("collector", "worker_id")).unique().tolist() == [0]
+        else:
+            with pytest.raises(MissingWorkersError, match="LLM batch lengths exceed") as info:
+                collector.next()
+            assert info.value.worker_ids == [1]
+        stats = collector.stats()
+    assert stats["batches"] == (1 if partial else 0)
+    assert stats["yielded_turns"] == (2 if partial else 0)
+
+
+_BEYOND = {"response_len": torch.tensor([2, 9])}
+
+
+def _refused(broken: dict, match: str, batch_timeout: float, vocab_size=None) -> None:
+    """A batch with ``broken`` entries ends its stream; ``next()`` names the refusal (``match``)
+    when no batch came within ``batch_timeout``; nothing is counted or yielded."""
     config = ActorConfig(host="127.0.0.1", port=0, kind="llm", num_envs=2, grace_period=1.0)
     server = create_server(config, core_factory=lambda c: _HostileCore(c, broken))
     with server.run_in_thread() as actor, GrpcLLMCollector(
         [f"127.0.0.1:{actor.port}"], dialog_turns_per_batch=2, total_dialog_turns=2,
         yield_completed_trajectories=True, batch_timeout=batch_timeout, vocab_size=vocab_size,
     ) as collector:  # fmt: skip
-        with pytest.raises(error, match=match):
+        with pytest.raises(MissingWorkersError, match=f"ProtocolError: .*{match}"):
             collector.next()
         stats = collector.stats()
     assert stats["batches"] == 0
