@@ -502,7 +502,6 @@ def test_kill_9_loses_whole_groups_and_the_restarted_actor_gets_current_weights(
 
 
 def test_background_collection_state_and_remote_collectors(llm_fleet) -> None:
-    from helpers import poll_until
     from torchrl.data import LazyStackStorage, ReplayBuffer
 
     rb = ReplayBuffer(storage=LazyStackStorage(10_000))
@@ -558,7 +557,6 @@ def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
     GrpcLLMCollector's, each default accepted without a warning; set_postproc applies once,
     as TorchRL's."""
     import inspect
-    import warnings
 
     from torchrl.collectors.llm import LLMCollector, RayLLMCollector
 
@@ -590,10 +588,6 @@ def test_every_llm_collector_argument_of_torchrl_is_accepted(llm_fleet) -> None:
 def test_the_token_rate_after_a_restore_counts_this_runs_tokens_from_its_first_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tensordict import TensorDict
-
-    import learner_client._llm_collector as llm_collector
-
     now = [0.0]
     monkeypatch.setattr(llm_collector.time, "monotonic", lambda: now[0])
     shaper = llm_collector._Shaper("rlfleet", False, True, None)
@@ -650,8 +644,6 @@ def test_the_token_rate_read_while_a_restore_lands_is_a_rate(
 def test_a_closed_queue_sink_puts_nothing(overflow: str) -> None:
     """Once the collector shuts down (the sink closed), a batch still being put stops: in
     either overflow mode nothing more reaches the user's queue."""
-    from tensordict import TensorDict
-
     from learner_client._llm_collector import _QueueSink
 
     target: queue.Queue = queue.Queue(maxsize=2)
