@@ -253,9 +253,9 @@ class PartStaging:
 
         A returned version is no longer staging (it is finished: swap it in, then release
         its parts, the third item); a version that can no longer complete (whole parts
-        missing keys) is dropped. ``max_weight_bytes`` (the actor's ``--max-weight-bytes``)
-        caps a version's parts' blobs together (``StagedPart.received``), as it caps the
-        one blob of a whole push.
+        missing keys) is dropped. A part refused here stays the caller's (its buffer too).
+        ``max_weight_bytes`` (the actor's ``--max-weight-bytes``) caps a version's parts'
+        blobs together (``StagedPart.received``), as it caps the one blob of a whole push.
 
         Raises:
             StaleVersionError, WeightsError: As :meth:`admit` (checked again: the
@@ -287,7 +287,7 @@ class PartStaging:
             if len(staging.parts) < staging.count:
                 return len(staging.parts), None, []
             parts = list(staging.parts.values())
-            return staging.count, self._finish_locked(model_id, model_keys), parts
+            return staging.count, self._finish_locked(model_id, model_keys, staged), parts
 
     def _add_locked(
         self,
@@ -323,7 +323,9 @@ class PartStaging:
         if staged.base_version is not None:
             staging.base_version = staged.base_version
 
-    def _finish_locked(self, model_id: str, model_keys: Mapping[str, object]) -> StagedParts:
+    def _finish_locked(
+        self, model_id: str, model_keys: Mapping[str, object], last: StagedPart
+    ) -> StagedParts:
         staging = self._staging.pop(model_id)
         self._floor[model_id] = max(self._floor.get(model_id, 0), staging.version)
         missing = sorted(set(model_keys) - staging.keys)
@@ -332,7 +334,10 @@ class PartStaging:
             reason = f"lacked keys {missing[:_SHOWN]}{more} once all {staging.count} parts arrived"
             self._remember(model_id, staging.version, f"failed: it {reason}")
             self._log_drop(model_id, staging, "failed", reason)
-            self._release(model_id, list(staging.parts.values()), False)
+            # The refused last part stays its caller's, as on every refusal: the caller
+            # gives its buffer back (twice given, the pool would lend it while still read).
+            others = [p for p in staging.parts.values() if p is not last]
+            self._release(model_id, others, False)
             raise WeightsError(
                 f"version {staging.version} of model {model_id!r} {reason}: whole parts must "
                 f"hold every key of the model between them; the version is dropped"

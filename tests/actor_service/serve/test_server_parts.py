@@ -442,3 +442,44 @@ def test_versions_in_a_row_reuse_receive_buffers_without_mixing_their_bytes(make
     _part(actor, first, 5, 0, 2)  # supersedes version 4: its buffer goes back to the pool
     assert _part(actor, second, 5, 1, 2).outcome == COMPLETED  # may be received into it
     _assert_holds(actor, first | second, 5)
+
+
+def test_a_version_dropped_for_missing_keys_never_lends_a_buffer_a_staged_part_views(
+    make_actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The last part of a version that lacks keys is refused while another push's part is
+    # received into a kept buffer: the refused part's buffer, lent by the pool, must go back
+    # once only, or a third part is received into the memory the staged one still views.
+    actor = make_actor()
+    torch.manual_seed(40)
+    state = {k: torch.randn_like(v) for k, v in _live(actor).items()}
+    small = "module.0.module.1.weight"  # its part's buffer is the smallest the pool keeps
+    rest = {k: v for k, v in state.items() if k != small}
+    _part(actor, rest, 1, 0, 2)
+    _part(actor, {small: state[small]}, 1, 1, 2)  # both parts' buffers are kept
+    refused, go = threading.Event(), threading.Event()
+    stage = PartStaging.stage
+
+    def stage_or_hold(self: PartStaging, *args: object) -> tuple:
+        try:
+            return stage(self, *args)  # type: ignore[arg-type]
+        except Exception:
+            refused.set()
+            assert go.wait(10), "the refused part was never let go"
+            raise
+
+    monkeypatch.setattr(PartStaging, "stage", stage_or_hold)
+    _part(actor, rest, 2, 0, 2)
+    with ThreadPoolExecutor(1) as pool:
+        lacking = pool.submit(_refused, actor, {}, 2, 1, 2)  # lent the small buffer
+        assert refused.wait(10)
+        torch.manual_seed(41)
+        new = {k: torch.randn_like(v) for k, v in state.items()}
+        assert _part(actor, {small: new[small]}, 3, 0, 3).outcome == STAGED  # the same buffer
+        go.set()
+        assert lacking.result(timeout=30).code() == INVALID
+    second = "module.0.module.5.weight"  # fits the small buffer
+    assert _part(actor, {second: new[second]}, 3, 1, 3).outcome == STAGED
+    third = {k: v for k, v in new.items() if k not in (small, second)}
+    assert _part(actor, third, 3, 2, 3).outcome == COMPLETED
+    _assert_holds(actor, new, 3)
