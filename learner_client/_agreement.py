@@ -15,11 +15,13 @@ their entries and pushes. A rank that skipped the version costs the others that 
 the next version every rank pushes meets as before.
 
 A meeting is *concluded* by the first rank that finds every entry: it records the outcome
-(agreed on a digest, or a conflict) under the meeting's key, so that every rank reads one
-outcome. A push of a version whose meetings so far concluded in a conflict opens the next
-meeting (a retry after the weights were fixed meets afresh: old entries are never compared
-with new ones); a push that finds a meeting agreed on its own digest pushes (it is a rank that
-timed out there and retries: the others took its entry and pushed). A retry after a timeout
+(agreed on a digest, or a conflict) under the meeting's key, and every rank acts on that
+record, not on the entries it read (a rank that timed out may write its entry again, with
+other weights, while another concludes): every rank sees one outcome. A push of a version
+whose meetings so far concluded in a conflict opens the next meeting (a retry after the
+weights were fixed meets afresh: old entries are never compared with new ones); a push that
+finds a meeting agreed on its own digest pushes (it is a rank that timed out there and
+retries: the others took its entry and pushed). A retry after a timeout
 writes its entry again in the open meeting, which meets the late rank there.
 
 The models a push sends are part of every key: each model has versions of its own, so
@@ -194,12 +196,12 @@ class VersionAgreement:
                 if refused:
                     return  # the caller's own refusal says more
                 raise
-            _conclude(channel, channel.key(version, meeting, "outcome"), entries)
+            outcome = _conclude(channel, channel.key(version, meeting, "outcome"), entries)
             self._delete_earlier(
                 channel, keep=(keys[rank], channel.key(version, meeting, "outcome"))
             )
         if not refused:
-            _compare(version, entries)
+            _compare(version, mine, outcome, entries)
 
     def _wait(self, channel: _Channel, keys: list[str], mine: _Entry) -> dict[int, _Entry]:
         """Every rank's entry of this meeting, once all are in the store (polled).
@@ -264,11 +266,18 @@ def _open_meeting(channel: _Channel, mine: _Entry) -> int | None:
     return meeting
 
 
-def _conclude(channel: _Channel, key: str, entries: dict[int, _Entry]) -> None:
-    """Record a meeting's outcome (every rank that found its entries writes the same)."""
+def _conclude(channel: _Channel, key: str, entries: dict[int, _Entry]) -> bytes:
+    """Record a meeting's outcome unless a rank did first; the outcome recorded.
+
+    The first record stands: a rank that timed out may write its entry again, with other
+    weights, while another rank concludes on the entry before, so two ranks can read
+    different entries of one meeting; every rank acts on the one outcome recorded.
+    """
     digest = _agreed_digest(entries)
-    channel.store.set(key, "conflict" if digest is None else f"agreed {digest}")
+    outcome = "conflict" if digest is None else f"agreed {digest}"
+    recorded: bytes = channel.store.compare_set(key, "", outcome)
     channel.keep(key)
+    return recorded
 
 
 def _agreed_digest(entries: dict[int, _Entry]) -> int | None:
@@ -311,11 +320,18 @@ def _late_message(rank: int, version: str, lasts: dict[int, _Entry | None], time
     )
 
 
-def _compare(version: int, entries: dict[int, _Entry]) -> None:
-    """Raise unless every rank agreed to push ``version`` with the same digest."""
-    if _agreed_digest(entries) is not None:
+def _compare(version: int, mine: _Entry, outcome: bytes, entries: dict[int, _Entry]) -> None:
+    """Raise unless the meeting's recorded ``outcome`` agreed on ``mine``'s digest."""
+    if outcome == f"agreed {mine.digest}".encode():
         return
     pushed = {r: (e.version, e.digest) for r, e in entries.items()}
+    if _agreed_digest(entries) is not None:
+        raise VersionConflictError(
+            f"another rank concluded the meeting of version {version} on entries that have "
+            "changed since (a rank that timed out pushed again with other weights); nothing "
+            "was pushed (push the version again: it meets afresh)",
+            pushed=pushed,
+        )
     refused = [r for r, e in entries.items() if e.refused]
     if refused:
         raise VersionConflictError(
