@@ -13,6 +13,7 @@ actor's metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -510,7 +511,17 @@ class WeightPushes:
         if await next_message(requests, "PushWeights") is not None:
             raise SessionStateError("PushWeights: no chunk may follow a header naming a segment")
         assembler = self._assembler(push)  # the size cap, before the segment is read
-        return await self._rt.run_side(self._fill, header, assembler)
+        reading = asyncio.ensure_future(self._rt.run_side(self._fill, header, assembler))
+        try:
+            return await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            # The thread writes into the push's lent buffer until it returns: only then
+            # may the buffer go back for the next push to assemble its bytes in. Waited
+            # for with asyncio.wait, which a second cancellation does not pass on to it.
+            while not reading.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({reading})
+            raise
 
     def _fill(self, header: pb.WeightsHeader, assembler: BlobAssembler) -> bytes | memoryview:
         """Read a push's segment into its assembler and check it (off the event loop)."""

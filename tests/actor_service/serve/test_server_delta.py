@@ -17,7 +17,9 @@ from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actor_service._config import ModelSpec
+from actor_service._serve import _push
 from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.shm import remove_segment, write_segment
 from common.weights import BlobAssembler, crc32c, encode_weights, iter_blob_chunks, sha256_hex
 from common.weights._delta import encode_delta
 from common.weights._safetensors import write_blob
@@ -210,3 +212,56 @@ def test_slow_push_pauses_collection_only_for_the_swap(make_actor: object) -> No
     assert during >= 5
     assert 0 < reply[0].pause_seconds < transfer / 10
     assert _bits_equal(_actor_weights(actor), state)
+
+
+def test_a_cancelled_delta_from_a_segment_writes_nothing_into_the_next_push(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delta read from a segment and cancelled mid-read lends its receive buffer again only
+    once its read stops: the next push, assembled in that buffer, applies its own bytes."""
+    state = _actor_weights(actor)
+    assert actor.stub.PushWeights(_requests(encode_weights(state), 1), timeout=30).version == 1
+    reading, read, written = threading.Event(), threading.Event(), threading.Event()
+    applying, apply = threading.Event(), threading.Event()
+    read_segment, apply_weights = _push.read_push_segment, _push.WeightPushes._apply_weights
+
+    def held_read(header: pb.WeightsHeader, enabled: bool, assembler: BlobAssembler) -> None:
+        reading.set()
+        read.wait(30)
+        try:
+            read_segment(header, enabled, assembler)
+        finally:
+            written.set()
+
+    def held_apply(
+        self: _push.WeightPushes, blob: bytes | memoryview, push: _push.PushCall
+    ) -> object:
+        applying.set()
+        apply.wait(30)
+        return apply_weights(self, blob, push)
+
+    monkeypatch.setattr(_push, "read_push_segment", held_read)
+    monkeypatch.setattr(_push.WeightPushes, "_apply_weights", held_apply)
+    delta = encode_delta(state, _step(state, 2))
+    segment = write_segment(delta)
+    try:
+        header = next(_requests(delta, 2, base_version=1))
+        header.header.shm.CopyFrom(
+            pb.ShmSegment(name=segment.name, size=segment.size, crc32c=segment.crc32c)
+        )
+        cancelled = actor.stub.PushWeights.future(iter([header]), timeout=30)
+        assert reading.wait(10)
+        cancelled.cancel()  # the read goes on in its thread
+        time.sleep(0.5)  # the cancellation reaches the actor's handler
+        new = _step(state, 3)
+        pushed = actor.stub.PushWeights.future(_requests(encode_weights(new), 2), timeout=30)
+        assert applying.wait(10)
+        read.set()  # the read writes where it was lent its buffer
+        assert written.wait(10)
+        apply.set()
+        assert pushed.result(30).version == 2
+        assert _bits_equal(_actor_weights(actor), new)
+    finally:
+        read.set()
+        apply.set()
+        remove_segment(segment.name)
