@@ -131,8 +131,8 @@ class RelayInbox:
         """The open push a relay's call names, once its ticket is checked.
 
         Raises:
-            UnknownModelError: No such push was opened here within :data:`OPEN_WAIT_SECONDS`
-                (NOT_FOUND).
+            UnknownModelError: No such push was opened here within :data:`OPEN_WAIT_SECONDS`,
+                or it closed before this call found it (NOT_FOUND).
             ActorBusyError: :data:`MAX_WAITING` relay calls wait already (RESOURCE_EXHAUSTED).
             PermissionDeniedError: The ticket is not the one the learner named
                 (PERMISSION_DENIED), or the push took its relay's call already.
@@ -150,7 +150,10 @@ class RelayInbox:
             raise UnknownModelError("no relayed push of this id is open on this actor") from None
         finally:
             self._waiting -= 1
-        inbound = self._open[request.push_id]
+        # The wait ends a few loop turns after the push opened: it may have closed since.
+        inbound = self._open.get(request.push_id)
+        if inbound is None:
+            raise UnknownModelError("the relayed push of this id closed before its relay came")
         if inbound.taken or not hmac.compare_digest(inbound.ticket, request.ticket):
             raise PermissionDeniedError("relay ticket refused for this push")
         inbound.taken = True
