@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
@@ -279,6 +280,7 @@ class LocalFleet:
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"
+        self._lock = threading.RLock()  # _state, _actors; reentrant: a signal handler's stop()
         self._pid = os.getpid()  # the process whose children the actors are (set by start())
 
     # ------------------------------------------------------------- lifecycle
@@ -294,15 +296,17 @@ class LocalFleet:
                 names it and quotes its stderr); every other actor is stopped.
             DeadlineError: Actors still pending when none had become ready for
                 ``start_timeout`` seconds.
-            SessionStateError: The fleet was already started or stopped.
+            SessionStateError: The fleet was already started or stopped, or was stopped by
+                another thread while it started (no actor is left running).
         """
-        if self._state != "new":
-            raise SessionStateError(f"LocalFleet.start() called on a {self._state} fleet")
-        self._state, self._pid = "running", os.getpid()  # the actors: this process's children
+        with self._lock:
+            if self._state != "new":
+                raise SessionStateError(f"LocalFleet.start() called on a {self._state} fleet")
+            self._state, self._pid = "running", os.getpid()  # the actors: its children
         try:
             for worker_id in self.worker_ids:
                 seed = None if self._seed is None else self._seed + worker_id
-                self._actors[worker_id] = self._spawn(worker_id, port=0, seed=seed)
+                self._adopt(self._spawn(worker_id, port=0, seed=seed))
             self._wait_ready(list(self._actors.values()))
         except BaseException:
             self.stop()
@@ -312,13 +316,18 @@ class LocalFleet:
     def stop(self) -> None:
         """Stop every actor: SIGTERM, then SIGKILL after the grace period. Idempotent.
 
+        Also from another thread, while one starts or restarts actors: every actor is
+        reaped when it returns (a second call waits for the first), and the start fails.
         In a process forked from the one that started them (a child leaving a ``with``
         block), the fleet is only marked stopped: its actors serve the parent.
         """
-        if self._state == "stopped":
+        if os.getpid() != self._pid:  # the lock may be held by a thread the fork left behind
+            self._state = "stopped"
             return
-        self._state = "stopped"
-        if os.getpid() == self._pid:
+        with self._lock:
+            if self._state == "stopped":
+                return
+            self._state = "stopped"
             self._stop_actors(list(self._actors.values()))
 
     def close(self) -> None:
@@ -360,8 +369,9 @@ class LocalFleet:
 
     def stderr_tail(self, worker_id: int, max_bytes: int = _TAIL_BYTES) -> str:
         """What the actor last wrote on stderr (its log): ``max_bytes``, 4000 once stopped."""
-        actor = self._actor(worker_id)
-        return actor.final_tail if actor.stderr.closed else _tail(actor.stderr, max_bytes)
+        with self._lock:  # not while stop() closes the file
+            actor = self._actor(worker_id)
+            return actor.final_tail if actor.stderr.closed else _tail(actor.stderr, max_bytes)
 
     # -------------------------------------------------------- fault helpers
 
@@ -410,13 +420,15 @@ class LocalFleet:
         Raises:
             ActorUnavailableError: The new actor exited before it was ready.
             DeadlineError: It was not ready within ``start_timeout``.
+            SessionStateError: The fleet was stopped (also by another thread meanwhile).
         """
-        self._check_running()
-        old = self._actor(worker_id)
-        self._stop_actors([old])
+        with self._lock:
+            self._check_running()
+            old = self._actor(worker_id)
+            self._stop_actors([old])
         seed = None if self._seed is None else restart_seed()
         new = self._spawn(worker_id, port=old.port or 0, seed=seed)
-        self._actors[worker_id] = new
+        self._adopt(new)
         self._wait_ready([new])
         return self._address(new)
 
@@ -458,38 +470,67 @@ class LocalFleet:
             raise
         return _Actor(worker_id, process, stdout, stderr)
 
+    def _adopt(self, actor: _Actor) -> None:
+        """Make a started ``actor`` the fleet's, unless another thread stopped the fleet.
+
+        Raises:
+            SessionStateError: The fleet was stopped meanwhile (``actor`` is stopped too).
+        """
+        with self._lock:
+            if self._state == "running":
+                self._actors[actor.worker_id] = actor
+                return
+        self._stop_actors([actor])
+        raise SessionStateError(
+            f"the fleet was stopped while actor worker_id={actor.worker_id} started"
+        )
+
     def _wait_ready(self, actors: list[_Actor]) -> None:
         # start_timeout bounds a wait without progress: a large fleet on a few cores
         # (each actor's imports cost seconds of CPU) may take longer than it in all.
         deadline = time.monotonic() + self.start_timeout
         pending = list(actors)
         while pending:
-            for actor in list(pending):
-                match = _READY_RE.search(_head(actor.stdout))
-                if match:
-                    actor.port = int(match.group(2))
-                    pending.remove(actor)
+            with self._lock:  # stop() closes the actors' files under it
+                if self._state != "running":
+                    raise SessionStateError("the fleet was stopped while its actors started")
+                if self._found_ready(pending):
                     deadline = time.monotonic() + self.start_timeout
-                elif actor.process.poll() is not None:
-                    raise ActorUnavailableError(
-                        exit_message(
-                            f"actor worker_id={actor.worker_id}",
-                            actor.process.returncode,
-                            _tail(actor.stderr, _TAIL_BYTES),
-                        )
+                if pending and time.monotonic() > deadline:
+                    names = ", ".join(f"worker_id={a.worker_id}" for a in pending)
+                    tails = "\n".join(
+                        f"--- worker_id={a.worker_id} stderr tail:\n{_tail(a.stderr, _TAIL_BYTES)}"
+                        for a in pending
                     )
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(f"worker_id={a.worker_id}" for a in pending)
-                tails = "\n".join(
-                    f"--- worker_id={a.worker_id} stderr tail:\n{_tail(a.stderr, _TAIL_BYTES)}"
-                    for a in pending
-                )
-                raise DeadlineError(
-                    f"no actor became ready for {self.start_timeout:.1f}s (start_timeout); "
-                    f"not ready: {names}\n{tails}"
-                )
+                    raise DeadlineError(
+                        f"no actor became ready for {self.start_timeout:.1f}s (start_timeout); "
+                        f"not ready: {names}\n{tails}"
+                    )
             if pending:
                 time.sleep(_POLL_INTERVAL)
+
+    def _found_ready(self, pending: list[_Actor]) -> bool:
+        """Take the actors of ``pending`` that reported ready out of it; whether any did.
+
+        Raises:
+            ActorUnavailableError: One exited before it was ready.
+        """
+        found = False
+        for actor in list(pending):
+            match = _READY_RE.search(_head(actor.stdout))
+            if match:
+                actor.port = int(match.group(2))
+                pending.remove(actor)
+                found = True
+            elif actor.process.poll() is not None:
+                raise ActorUnavailableError(
+                    exit_message(
+                        f"actor worker_id={actor.worker_id}",
+                        actor.process.returncode,
+                        _tail(actor.stderr, _TAIL_BYTES),
+                    )
+                )
+        return found
 
     def _stop_actors(self, actors: list[_Actor]) -> None:
         try:

@@ -1,0 +1,117 @@
+"""LocalFleet closed from another thread while it starts or restarts an actor."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from helpers import poll_until, process_alive
+
+from common.errors import SessionStateError
+from learner_client._local_fleet import LocalFleet
+
+
+def test_a_fleet_closed_while_it_starts_its_actors_leaves_none_running(monkeypatch):
+    """close() on another thread between two actors' starts: the start raises and no actor
+    is left, the one started after the close among them."""
+    spawn, gate, held = LocalFleet._spawn, threading.Event(), threading.Event()
+    spawned: list[int] = []
+
+    def held_spawn(fleet, worker_id, *, port, seed):
+        if worker_id == 1:
+            held.set()
+            gate.wait(10)
+        actor = spawn(fleet, worker_id, port=port, seed=seed)
+        spawned.append(actor.process.pid)
+        return actor
+
+    monkeypatch.setattr(LocalFleet, "_spawn", held_spawn)
+    fleet = LocalFleet(2, num_envs=1, grace_period=0)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            fleet.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    assert held.wait(10)
+    fleet.close()
+    gate.set()
+    starter.join(30)
+    assert not starter.is_alive()
+    assert len(spawned) == 2
+    poll_until(lambda: not any(process_alive(p) for p in spawned), timeout=5)
+    assert [type(e) for e in errors] == [SessionStateError], errors
+
+
+def _on_thread(call, errors: list[BaseException]) -> threading.Thread:
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.long  # an actor started and made ready: 3-5 s on 2 loaded cores
+def test_a_fleet_closed_while_it_restarts_an_actor_leaves_none_running(monkeypatch):
+    """close() on another thread while restart() starts the new actor: the restart raises
+    and the new actor is stopped with the fleet, not left serving a stopped fleet."""
+    spawn, gate, held = LocalFleet._spawn, threading.Event(), threading.Event()
+    fleet = LocalFleet(1, num_envs=1, grace_period=0).start()
+    spawned = list(fleet.pids)
+
+    def held_spawn(fleet, worker_id, *, port, seed):
+        held.set()
+        gate.wait(10)
+        actor = spawn(fleet, worker_id, port=port, seed=seed)
+        spawned.append(actor.process.pid)
+        return actor
+
+    monkeypatch.setattr(LocalFleet, "_spawn", held_spawn)
+    errors: list[BaseException] = []
+    restarter = _on_thread(lambda: fleet.restart(0), errors)
+    assert held.wait(10)
+    fleet.close()
+    gate.set()
+    restarter.join(30)
+    assert not restarter.is_alive()
+    assert len(spawned) == 2
+    poll_until(lambda: not any(process_alive(p) for p in spawned), timeout=5)
+    assert [type(e) for e in errors] == [SessionStateError], errors
+
+
+@pytest.mark.long  # an actor started and made ready: 3-5 s on 2 loaded cores
+def test_a_second_close_from_another_thread_returns_once_every_actor_is_reaped(monkeypatch):
+    """Two threads close the fleet: the second returns only after the first reaped the
+    actors (it used to return at once, the actors still running)."""
+    stop_actors, gate, held = LocalFleet._stop_actors, threading.Event(), threading.Event()
+    fleet = LocalFleet(1, num_envs=1, grace_period=0).start()
+    pids = list(fleet.pids)
+
+    def held_stop(fleet, actors):
+        if not held.is_set():
+            held.set()
+            gate.wait(10)
+        stop_actors(fleet, actors)
+
+    monkeypatch.setattr(LocalFleet, "_stop_actors", held_stop)
+    errors: list[BaseException] = []
+    first = _on_thread(fleet.close, errors)
+    assert held.wait(10)
+    alive_after_second: list[bool] = []
+    second = _on_thread(
+        lambda: (fleet.close(), alive_after_second.extend(map(process_alive, pids))), errors
+    )
+    second.join(1.0)  # returns at once if it does not wait for the first
+    gate.set()
+    first.join(30)
+    second.join(30)
+    assert not errors
+    assert alive_after_second == [False] * len(pids)
