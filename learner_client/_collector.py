@@ -444,7 +444,8 @@ class GrpcCollector(TorchRLAccessors):
             parts = self._rounds.take_parts() if per_actor else [self._rounds.take()]
             env = self._env  # create_env_fn: checked, followed, its batch layout taken
             if env is not None:
-                env.after_batch(parts[0], self.worker_ids, self.actor_state)
+                with self._lock:  # states read and loaded as one, not across a restore's
+                    env.after_batch(parts[0], self.worker_ids, self.actor_state)
                 if not self._batch.split_trajs:  # [trajectories, time] whatever the envs
                     parts = [env.shaped(p) for p in parts]
             placed = [self._placement.place(p) for p in parts]

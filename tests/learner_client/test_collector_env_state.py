@@ -12,6 +12,7 @@ on loopback, on Pendulum-v1.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from torchrl.envs import VecNorm
 
 from common.actor_state import decode_state
 from learner_client import GrpcCollector
+from learner_client import _torchrl_compat as compat
 
 pytestmark = [
     pytest.mark.usefixtures("loopback_only"),
@@ -175,3 +177,43 @@ def test_every_stateful_transform_holds_the_actors_state(
     fresh.rollout(1)  # CatFrames builds its buffer at the first step
     fresh.load_state_dict(state)
     _assert_same_state(fresh.state_dict(), state)
+
+
+def test_a_restore_during_a_batchs_env_state_load_leaves_the_checkpoints_state(
+    vecnorm_v1_actor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer's ``next()`` read the actor's env state, then ``load_state_dict`` restored a
+    checkpoint on another thread: the script's env ends with the checkpoint's state, never
+    with the older read loaded over it."""
+    env = rlfleet_test_torchrl.vecnorm_v1_pendulum()
+    joined, gate, held = compat.joined_state, threading.Event(), threading.Event()
+    with GrpcCollector(
+        [vecnorm_v1_actor], create_env_fn=env, frames_per_batch=16, sync=True
+    ) as collector:
+        collector.next()
+        saved = collector.state_dict()
+        collector.next()  # the actor moves on from the checkpoint
+
+        def held_join(states: list[Any], script_env: Any) -> Any:
+            if threading.current_thread() is consumer:
+                held.set()
+                gate.wait(10)
+            return joined(states, script_env)
+
+        monkeypatch.setattr(compat, "joined_state", held_join)
+        consumer = threading.Thread(target=collector.next)
+        consumer.start()
+        assert held.wait(10)
+        restorer = threading.Thread(target=collector.load_state_dict, args=(saved,))
+        restorer.start()
+        restorer.join(1.0)  # done at once unless it waits for the consumer's load
+        gate.set()
+        consumer.join(30)
+        restorer.join(30)
+        assert not consumer.is_alive()
+        assert not restorer.is_alive()
+        stats = get_vecnorm_state(env)
+    state = decode_state(saved["workers"][0].numpy().tobytes())["env"]["worker0"]
+    (extra,) = [v for k, v in state.items() if k.endswith("_extra_state")]
+    assert stats is not None
+    assert torch.allclose(stats["loc"], extra["observation_sum"] / extra["observation_count"])
