@@ -4,11 +4,13 @@ An actor's ``state_dict()["env"]`` is its pool's state (``worker0``, ``worker1``
 envs it steps). :func:`joined_state` makes the script's env's state of the first actors'
 (one env's when the script's env is unbatched; several actors' envs in turn when it holds
 more envs than one actor), and :func:`load_env_state` loads it as if the script's env had
-stepped, all or nothing where the two differ in their envs.
+stepped, all or nothing: a state that does not fit leaves the env as it was.
 """
 
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +33,8 @@ def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
     replaced by the actor's copy (the learner pushes them, ``common.env_weights``).
 
     Raises:
-        RuntimeError, KeyError, ValueError, TypeError: ``state`` does not fit ``env``.
+        RuntimeError, KeyError, ValueError, TypeError: ``state`` does not fit ``env``
+            (nothing of it stays loaded).
     """
     envs, given = getattr(env, "num_workers", None), pool_size(state)
     if isinstance(envs, int) and given is not None and given != envs:  # nothing loaded, not half
@@ -39,10 +42,25 @@ def load_env_state(env: Any, state: Mapping[str, Any]) -> None:
     _materialize(env, state)
     with quiet_fresh_vecnorm():
         kept = _without_parameters(env, state)
-        if kept is None:
-            env.load_state_dict(state)
-        else:
-            env.load_state_dict(kept, strict=False)
+        before = _copied(env.state_dict())
+        try:
+            if kept is None:
+                env.load_state_dict(state)
+            else:
+                env.load_state_dict(kept, strict=False)
+        except BaseException:
+            # torch loads every entry that fits before it raises for those that do not:
+            # what went in goes back, so a refused state leaves nothing of it.
+            env.load_state_dict(before, strict=False)
+            raise
+
+
+def _copied(state: Any) -> Any:
+    """A copy of a ``state_dict()`` (nested per env in a batched env's), tensors cloned."""
+    if isinstance(state, Mapping):
+        return OrderedDict((key, _copied(value)) for key, value in state.items())
+    clone = getattr(state, "clone", None)
+    return clone() if callable(clone) else copy.deepcopy(state)
 
 
 def _without_parameters(env: Any, state: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -10,7 +10,15 @@ from common.env_state import quiet_fresh_vecnorm
 from learner_client._env_state import joined_state, load_env_state, pool_size
 
 pytest.importorskip("torchrl")
-from torchrl.envs import Compose, GymEnv, RewardSum, Transform, TransformedEnv, VecNorm
+from torchrl.envs import (
+    Compose,
+    GymEnv,
+    ObservationNorm,
+    RewardSum,
+    Transform,
+    TransformedEnv,
+    VecNorm,
+)
 
 
 class _Unbatched:
@@ -64,6 +72,36 @@ def test_a_state_of_other_transforms_is_refused_and_nothing_is_loaded() -> None:
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def _normed_env() -> TransformedEnv:
+    normed = ObservationNorm(loc=torch.zeros(3), scale=torch.ones(3), in_keys=["observation"])
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(VecNorm(in_keys=["observation"]), normed))
+
+
+def test_a_state_that_fits_in_part_leaves_the_env_as_it_was() -> None:
+    """torch loads every entry that fits before it raises for the others: an entry too many
+    or one of another shape beside VecNorm's and ObservationNorm's statistics loads none."""
+    stepped = _normed_env()
+    stepped.rollout(5)
+    stepped.transform[1].loc.fill_(5.0)
+    state = dict(stepped.state_dict())
+    scale = next(k for k in state if k.endswith(".scale") and state[k].shape == (3,))
+    for bad in (
+        {**state, "transform.9.loc": torch.zeros(3)},
+        {**state, scale: torch.ones(7)},
+    ):
+        env = _normed_env()
+        env.rollout(2)
+        before = _tensors(env)
+        with pytest.raises(RuntimeError):
+            load_env_state(env, bad)
+        now = _tensors(env)
+        assert now.keys() == before.keys()
+        assert all(torch.equal(now[k], v) for k, v in before.items()), "half loaded"
+    env = _normed_env()
+    load_env_state(env, state)
+    assert torch.equal(env.transform[1].loc, torch.full((3,), 5.0))
 
 
 class _WithNet(Transform):
