@@ -28,15 +28,7 @@ def test_a_fleet_closed_while_it_starts_its_actors_leaves_none_running(monkeypat
     monkeypatch.setattr(LocalFleet, "_spawn", held_spawn)
     fleet = LocalFleet(2, num_envs=1, grace_period=0)
     errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            fleet.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    starter = threading.Thread(target=start)
-    starter.start()
+    starter = _on_thread(fleet.start, errors)
     assert held.wait(10)
     fleet.close()
     gate.set()
