@@ -517,19 +517,11 @@ class LocalFleet:
         """
         found = False
         for actor in list(pending):
-            match = _READY_RE.search(_head(actor.stdout))
-            if match:
-                actor.port = int(match.group(2))
+            who = f"actor worker_id={actor.worker_id}"
+            actor.port = ready_port(who, actor.process, actor.stdout, actor.stderr)
+            if actor.port is not None:
                 pending.remove(actor)
                 found = True
-            elif actor.process.poll() is not None:
-                raise ActorUnavailableError(
-                    exit_message(
-                        f"actor worker_id={actor.worker_id}",
-                        actor.process.returncode,
-                        _tail(actor.stderr, _TAIL_BYTES),
-                    )
-                )
         return found
 
     def _stop_actors(self, actors: list[_Actor]) -> None:
@@ -650,6 +642,24 @@ def _check_extra_arg(arg: object) -> None:
     for flag, instead in _FLEET_FLAGS.items():
         if flag.startswith(name):  # argparse takes an unambiguous prefix for the flag
             raise ValueError(f"extra_args may not set {flag} (got {arg!r}); pass {instead}")
+
+
+def ready_port(
+    who: str, process: subprocess.Popen[bytes], stdout: IO[bytes], stderr: IO[bytes]
+) -> int | None:
+    """The port an actor server's ready line gives; None while it starts.
+
+    Raises:
+        ActorUnavailableError: It exited before it was ready (:func:`exit_message`).
+    """
+    match = _READY_RE.search(_head(stdout))
+    if match:
+        return int(match.group(2))
+    if process.poll() is not None:
+        raise ActorUnavailableError(
+            exit_message(who, process.returncode, _tail(stderr, _TAIL_BYTES))
+        )
+    return None
 
 
 def exit_message(who: str, code: int | None, tail: str) -> str:

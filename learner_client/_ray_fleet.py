@@ -45,18 +45,16 @@ from learner_client._local_fleet import (
     _EXIT_MARGIN,
     _LAUNCHER,
     _POLL_INTERVAL,
-    _READY_RE,
     _TAIL_BYTES,
     _check_fleet_args,
     _check_int,
     _env_flags,
-    _head,
     _inherited_token,
     _tail,
     _worker_ids,
-    exit_message,
     fleet_seed,
     kwargs_json,
+    ready_port,
     restart_seed,
     task_flags,
 )
@@ -203,24 +201,15 @@ class _ServerHost:
     def ready(self, timeout: float) -> tuple[str, int, int, int]:
         """Wait for the server's ready line: ``(host, port, server pid, Ray worker pid)``."""
         deadline = time.monotonic() + timeout
+        who = f"actor server on {self.node_ip}"
         while self.port is None:
-            match = _READY_RE.search(_head(self.stdout))
-            if match:
-                self.port = int(match.group(2))
-            elif self.process.poll() is not None:
-                raise ActorUnavailableError(
-                    exit_message(
-                        f"actor server on {self.node_ip}",
-                        self.process.returncode,
-                        _tail(self.stderr, _TAIL_BYTES),
-                    )
-                )
-            elif time.monotonic() > deadline:
+            self.port = ready_port(who, self.process, self.stdout, self.stderr)
+            if self.port is None and time.monotonic() > deadline:
                 raise DeadlineError(
-                    f"actor server on {self.node_ip} not ready after {timeout:.1f}s; "
+                    f"{who} not ready after {timeout:.1f}s; "
                     f"stderr tail:\n{_tail(self.stderr, _TAIL_BYTES)}"
                 )
-            else:
+            if self.port is None:
                 time.sleep(_POLL_INTERVAL)
         return self.dialed, self.port, self.process.pid, os.getpid()
 
