@@ -427,11 +427,23 @@ class TorchRLCore(CoreBase):
         return int(following)
 
     def state_dict(self) -> dict[str, Any]:
-        """:meth:`CoreBase.state_dict` plus ``"env"``: the env's state (stateful transforms)."""
+        """:meth:`CoreBase.state_dict` plus ``"env"``: the env's state (stateful transforms).
+
+        The env's state holds copies of the ``"env"`` model's weights, so it is read under
+        that model's lock, and the models are read again when a push of it (another thread)
+        landed after they were: both sections hold one version of those weights.
+        """
         with self._lock:
-            state = super().state_dict()
-            state["env"] = nested_state(self._pool_state())
-            return state
+            while True:
+                state = super().state_dict()
+                if not self._env_weights:  # a policy model may be named "env" then
+                    state["env"] = nested_state(self._pool_state())
+                    return state
+                read = state["models"][ENV_MODEL_ID]["version"]
+                with self._env_guard:
+                    if read == self.models.policy_version(ENV_MODEL_ID):
+                        state["env"] = nested_state(self._pool_state())
+                        return state
 
     def _pool_state(self) -> Any:
         """The pool's ``state_dict()``; one env stepped as it is reads as a pool of one."""

@@ -188,3 +188,37 @@ def test_a_push_of_the_env_weights_during_a_state_load_stays_in_force_with_its_v
         assert core.models.policy_version(ENV_MODEL_ID) == 1
         for name, parameter in core._env_weights.items():
             assert torch.equal(parameter.detach(), pushed[name]), name
+
+
+def test_a_state_taken_while_the_env_weights_are_pushed_holds_one_version_of_them(
+    monkeypatch,
+) -> None:
+    """A GetState reads the models (the model "env" under its lock), then the env's own state,
+    whose copies of those weights must be the model's. A push of "env" landing between the two
+    reads (pushes run on another thread) must not leave the state the model's old version and
+    weights beside the env's new copies: such a state is refused when it is loaded back."""
+    config = torchrl_config("rnd_pendulum", "random", num_envs=2)
+    with TorchRLCore(config) as core:
+        pushed = _learner_weights()
+        models_state = core.models.state_dict  # read before the env's state
+        landed: list[bool] = []
+
+        def read_then_pushed() -> dict:
+            state = models_state()
+            if not landed:
+                landed.append(True)
+                push = threading.Thread(
+                    target=core.models.load_weights, args=(ENV_MODEL_ID, 1, pushed)
+                )
+                push.start()  # on its own thread, as the actor applies a push
+                push.join()
+            return state
+
+        monkeypatch.setattr(core.models, "state_dict", read_then_pushed)
+        state = core.state_dict()
+        assert landed
+        assert state["models"][ENV_MODEL_ID]["version"] == 1
+        for name, weight in state["models"][ENV_MODEL_ID]["weights"].items():
+            assert torch.equal(weight, pushed[name]), name
+        core.load_state_dict(state)  # its own state, read back: accepted
+        assert core.models.policy_version(ENV_MODEL_ID) == 1
