@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +42,7 @@ from common.weights import (
 )
 
 if TYPE_CHECKING:
+    from actor_service._core._protocol import CollectionCore
     from actor_service._serve._metrics import ActorMetrics
 
 __all__ = ["ActorServicer"]
@@ -186,7 +188,11 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
     async def LoadState(
         self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
     ) -> pb.LoadStateResponse:
-        """Load a state produced by GetState, all or nothing, audit-logged like a push."""
+        """Load a state produced by GetState, all or nothing, audit-logged like a push.
+
+        The load runs to the end even if the caller cancels (it waits for the collection
+        thread, and is atomic): it is logged where it ends, so the log tells the outcome.
+        """
         requests = aiter(request_iterator)
         header = await first_message(requests, "header", "LoadState")
         audit = functools.partial(
@@ -198,21 +204,22 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
             allow_rollback=header.allow_rollback,
         )
         try:
-            changes = await self._load_state(requests, header)
+            state = await self._read_state(requests, header)
         except BaseException as exc:
             result = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else None
             audit(logging.WARNING, result=result or to_status(exc)[0].name)
             raise
-        audit(
-            logging.INFO,
-            result="OK",
-            versions={m: f"{old}->{new}" for m, (old, new) in changes.items()},
-        )
+        ran = threading.Event()
+        load = functools.partial(_load_and_log, self._rt.core, state, header, audit, ran)
+        loading = asyncio.ensure_future(self._rt.run_collect(load))
+        loading.add_done_callback(functools.partial(_log_if_never_run, audit, ran))
+        await asyncio.shield(loading)
         return pb.LoadStateResponse(worker_id=self._rt.config.worker_id)
 
-    async def _load_state(
+    async def _read_state(
         self, requests: AsyncIterator[pb.StateChunk], header: pb.StateHeader
-    ) -> dict[str, tuple[int, int]]:
+    ) -> dict:
+        """The state a LoadState carries, received and decoded (nothing applied)."""
         core = self._rt.core
         if not header.sha256:
             raise WeightsError("LoadState header must carry the state blob's sha256")
@@ -222,9 +229,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         blob = await read_blob(requests, assembler, "LoadState")
         # A state holds every model's tensors and a few more (RNG states): no more are accepted.
         max_keys = sum(len(models.parameters_info(m)) for m in models.model_ids) + 1024
-        state = await self._rt.run_side(decode_state, blob, max_bytes=cap, max_keys=max_keys)
-        load = functools.partial(core.load_state_dict, allow_rollback=header.allow_rollback)
-        return await asyncio.shield(self._rt.run_collect(load, state))
+        return await self._rt.run_side(decode_state, blob, max_bytes=cap, max_keys=max_keys)
 
     @_mapped
     async def SetSeed(
@@ -233,3 +238,37 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         """Seed the env pool, torch and numpy; return the next seed to chain."""
         next_seed, first_seq = await self._rt.reseed(int(request.seed), bool(request.static_seed))
         return pb.SetSeedResponse(next_seed=int(next_seed), first_seq=first_seq)
+
+
+def _log_if_never_run(
+    log: Callable[..., None], ran: threading.Event, loading: asyncio.Future[None]
+) -> None:
+    """Log a load that never ran: cancelled, or refused by a stopped collection thread.
+
+    A load that ran logged its own outcome (:func:`_load_and_log`).
+    """
+    if loading.cancelled():
+        log(logging.WARNING, result="CANCELLED")
+    elif (exc := loading.exception()) is not None and not ran.is_set():
+        log(logging.WARNING, result=to_status(exc)[0].name)
+
+
+def _load_and_log(
+    core: CollectionCore,
+    state: dict,
+    header: pb.StateHeader,
+    log: Callable[..., None],
+    ran: threading.Event,
+) -> None:
+    """Apply a decoded state on the collection thread and log its outcome there."""
+    ran.set()
+    try:
+        changes = core.load_state_dict(state, allow_rollback=header.allow_rollback)
+    except BaseException as exc:
+        log(logging.WARNING, result=to_status(exc)[0].name)
+        raise
+    log(
+        logging.INFO,
+        result="OK",
+        versions={m: f"{old}->{new}" for m, (old, new) in changes.items()},
+    )

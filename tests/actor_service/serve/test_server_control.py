@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import gymnasium as gym
@@ -197,6 +197,51 @@ def test_load_state_refuses_a_rollback_unless_allowed_and_audits_every_load(
     assert loads[2].rlfleet_fields["versions"] == {"policy": "3->0"}
     assert all(r.rlfleet_fields["peer"].startswith("ipv") for r in loads)
     assert [r.rlfleet_fields["allow_rollback"] for r in loads] == [False, False, True]
+
+
+def test_a_load_state_its_caller_gave_up_on_is_logged_as_applied(
+    make_actor: Callable[..., Actor], caplog: pytest.LogCaptureFixture, monkeypatch
+) -> None:
+    """A LoadState waits for the collection thread (a batch under way); a learner whose call
+    is cancelled meanwhile (its deadline) does not stop it: the state is applied whole, and
+    its log line says so, with its versions, not that the load was cancelled."""
+    answered = threading.Event()
+    load_state = servicer_module.ActorServicer.LoadState
+
+    async def answering(self: object, requests: object, context: object) -> object:
+        try:
+            return await load_state(self, requests, context)
+        finally:
+            answered.set()
+
+    monkeypatch.setattr(servicer_module.ActorServicer, "LoadState", answering)
+    actor = make_actor()
+    state = decode_state(get_state(actor))
+    newer = {k: torch.full_like(v, 0.25) for k, v in state["models"]["policy"]["weights"].items()}
+    state["models"]["policy"] = {"version": 3, "weights": newer}
+    entered, release = threading.Event(), threading.Event()
+    load_state_dict = actor.worker.load_state_dict
+
+    def held_load(*args: object, **kwargs: object) -> object:
+        entered.set()
+        release.wait(30)
+        return load_state_dict(*args, **kwargs)
+
+    monkeypatch.setattr(actor.worker, "load_state_dict", held_load)
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        call = actor.stub.LoadState.future(_load_requests(state_to_blob(state)), timeout=30)
+        assert entered.wait(30)
+        call.cancel()
+        assert answered.wait(30)  # the handler is gone; the load is not
+        release.set()
+        poll_until(lambda: actor.worker.models.policy_version("policy") == 3)  # applied whole
+        loads = poll_until(
+            lambda: [
+                r for r in caplog.records if getattr(r, "rlfleet_event", "") == "weights.load_state"
+            ]
+        )
+    assert [r.rlfleet_fields["result"] for r in loads] == ["OK"]
+    assert loads[0].rlfleet_fields["versions"] == {"policy": "0->3"}
 
 
 def test_load_state_refuses_other_weights_under_the_version_in_force(actor: Actor) -> None:
