@@ -51,6 +51,10 @@ class Paused(Exception):
     """Raised by a take while the mailbox is paused: nothing is handed out until it resumes."""
 
 
+class Resplit(Exception):
+    """Raised by a round begun before the fleet was resplit: its caller starts it over."""
+
+
 @dataclasses.dataclass
 class Delivery:
     """One complete, decoded batch from one actor.
@@ -149,6 +153,7 @@ class Mailbox:
         self._failures: collections.deque[BaseException] = collections.deque()
         self._waiting_takes = 0
         self._claimed_by: int | None = None  # the worker whose arriving batch is claimed
+        self._splits = 0  # how often the fleet was resplit (drop_buffered)
 
     # ------------------------------------------------------------ membership
 
@@ -157,14 +162,24 @@ class Mailbox:
         with self._cond:
             self._slots.setdefault(worker_id, _Slot(window=max(1, min(self._window, max_credits))))
 
+    @property
+    def splits(self) -> int:
+        """How often the fleet was resplit (:meth:`drop_buffered`); a round reads it first."""
+        return self._splits
+
     def drop_buffered(self, worker_ids: Iterable[int]) -> int:
-        """Discard the batches buffered for these workers; returns how many."""
+        """Discard the batches buffered for these workers (the fleet was resplit); how many.
+
+        A round waiting meanwhile was begun under the old split: it raises :class:`Resplit`.
+        """
         with self._cond:
             dropped = 0
             for wid in worker_ids:
                 dropped += len(self._slots[wid].buffered)
                 self._slots[wid].buffered.clear()
+            self._splits += 1
             self._flush()
+            self._cond.notify_all()
             return dropped
 
     # ------------------------------------------------------- transport side
@@ -394,7 +409,7 @@ class Mailbox:
                     self._waiting_takes -= 1
 
     def take_round(
-        self, worker_ids: list[int], timeout: float, *, partial: bool
+        self, worker_ids: list[int], timeout: float, *, partial: bool, split: int | None = None
     ) -> tuple[list[Delivery], list[int]]:
         """One batch from each of ``worker_ids``, waiting at most ``timeout``.
 
@@ -406,11 +421,18 @@ class Mailbox:
         the deadline, and the missing ids.
         Either way a down actor whose reconnection attempt was woken (:meth:`set_retrying`)
         counts as down only once that attempt failed.
+
+        Raises:
+            Resplit: The fleet was resplit since ``split`` (:attr:`splits` as the caller read
+                ``worker_ids``): nothing is taken, the shares of the new split are the next
+                round's, over the grown fleet.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 self._check_open()
+                if split is not None and split != self._splits:
+                    raise Resplit(f"the fleet was resplit ({self._splits - split} time(s))")
                 missing = [w for w in worker_ids if not self._slots[w].buffered]
                 down = [w for w in missing if not (self._slots[w].alive or self._slots[w].retrying)]
                 remaining = deadline - time.monotonic()

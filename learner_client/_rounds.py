@@ -45,7 +45,7 @@ from common.config import local_device
 from common.llm import merge_padded
 from learner_client._errors import MissingWorkersError
 from learner_client._ledger import Ledger
-from learner_client._mailbox import Delivery, Mailbox
+from learner_client._mailbox import Delivery, Mailbox, Resplit
 from learner_client._metrics import LearnerMetrics
 from learner_client._settings import BatchSettings
 from learner_client._slabs import PacketSlabs
@@ -224,6 +224,19 @@ class Rounds:
         return [delivery]
 
     def _take_sync(self) -> list[Delivery]:
+        """One sync batch, over the fleet as it is when the batch is taken.
+
+        A round begun before the fleet was resplit (an actor joined) starts over: its
+        actors' shares of the new split are each a share of the grown fleet's batch.
+        """
+        while True:
+            try:
+                return self._take_round(self.mailbox.splits)
+            except Resplit:
+                log.info("a sync round begun before actors joined starts over")
+
+    def _take_round(self, split: int) -> list[Delivery]:
+        """One sync batch over the fleet's actors now, taken under the fleet's split ``split``."""
         worker_ids = self.fleet.worker_ids
         self.slabs.set_layout(worker_ids)  # each actor's packets land in its slot of the slabs
         if self.settings.on_demand:
@@ -235,6 +248,7 @@ class Rounds:
             worker_ids,
             self.settings.batch_timeout,
             partial=self.settings.allow_partial_batches,
+            split=split,
         )
         if not taken:
             raise self._incomplete(missing)
