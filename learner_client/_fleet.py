@@ -328,8 +328,10 @@ class Fleet:
         return {w: link.address for w, link in self.owned_links().items()}
 
     def known_addresses(self) -> set[str]:
-        """The addresses of every member."""
-        return {link.address for link in self._links.values()}
+        """The addresses of every member (also read by a ``dns:`` watcher's thread)."""
+        # Over a copy taken at once: a join registering on another thread meanwhile would
+        # end the iteration with a RuntimeError (and the watcher's newcomer with it).
+        return {link.address for link in tuple(self._links.values())}
 
     def models_of(self, worker_id: int) -> list[str]:
         """The model_ids an actor reported, sorted."""
