@@ -7,6 +7,7 @@ weights last pushed. The tests drive a :class:`TorchRLCore` directly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -222,3 +223,20 @@ def test_a_state_taken_while_the_env_weights_are_pushed_holds_one_version_of_the
             assert torch.equal(weight, pushed[name]), name
         core.load_state_dict(state)  # its own state, read back: accepted
         assert core.models.policy_version(ENV_MODEL_ID) == 1
+
+
+def test_a_state_of_an_actor_whose_policy_is_named_env_and_whose_envs_hold_no_weights() -> None:
+    """The model id "env" is the envs' weights only when they hold some: a policy may take it
+    otherwise, and a GetState of such an actor reads its state once (it does not wait for
+    envs' weights to agree with a model that is not theirs)."""
+    config = torchrl_config("cartpole", "greedy_policy")
+    policy = dataclasses.replace(config.models[0], model_id=ENV_MODEL_ID)
+    with TorchRLCore(dataclasses.replace(config, models=(policy,))) as core:
+        assert core.models.model_ids == (ENV_MODEL_ID,)
+        states: list[dict] = []
+        reader = threading.Thread(target=lambda: states.append(core.state_dict()), daemon=True)
+        reader.start()
+        reader.join(10)
+        assert states, "GetState never returned"
+        assert states[0]["models"][ENV_MODEL_ID]["version"] == 0
+        assert "env" in states[0]
