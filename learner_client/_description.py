@@ -27,6 +27,8 @@ __all__ = ["ActorDescription", "PushInFlight"]
 
 #: Pushes in flight read from a Describe.
 _LISTED_PUSHES = 16
+#: Most seconds a Describe reports (317 years): an actor's clock counts from its start.
+_MAX_SECONDS = 1e10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,3 +206,28 @@ def _check_description(address: str, reply: pb.DescribeResponse) -> None:
             check_model_id(model.model_id)
         except ValueError as exc:
             raise ProtocolError(f"{address}: Describe reports a bad model: {exc}") from None
+    _check_progress(address, reply)
+
+
+def _check_progress(address: str, reply: pb.DescribeResponse) -> None:
+    """Refuse an uptime or a push in flight that no actor's clock or counters give.
+
+    NaN, inf or 1e300 seconds would break or fill ``rlfleet status``'s table.
+
+    Raises:
+        ProtocolError: Seconds outside 0.._MAX_SECONDS, or more bytes received than a push has.
+    """
+    pushes = reply.pushes_in_flight[:_LISTED_PUSHES]
+    seconds = [("uptime_seconds", reply.uptime_seconds)]
+    seconds += [("a push in flight's seconds", p.seconds) for p in pushes]
+    for what, value in seconds:
+        if not 0.0 <= value <= _MAX_SECONDS:
+            raise ProtocolError(
+                f"{address}: Describe reports {what} {value}, outside 0..{_MAX_SECONDS:g}"
+            )
+    for p in pushes:
+        if p.received_bytes > p.total_bytes:
+            raise ProtocolError(
+                f"{address}: Describe reports a push in flight of {p.received_bytes} bytes "
+                f"received, more than its {p.total_bytes}"
+            )

@@ -13,6 +13,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from common.config import MAX_CREDITS
+from common.errors import ProtocolError
+
 if TYPE_CHECKING:
     from prometheus_client import Histogram
 
@@ -42,8 +45,18 @@ class SeqTracker:
         A new epoch means a new actor process: the batch that was arriving when
         the old one died is lost (a gap); seqs before ``next_seq`` belong to
         other sessions and are not ours to count.
+
+        Raises:
+            ProtocolError: A resumed session's ``next_seq`` beyond the batches its actor may
+                hold unacknowledged after the last one received: no actor sends it, and its
+                first batch would count a wild gap.
         """
         if epoch == self.epoch and resumed:
+            if next_seq > self.last + 1 + MAX_CREDITS:
+                raise ProtocolError(
+                    f"'opened' resumes after seq {self.last} at next_seq {next_seq}; an actor "
+                    f"holds at most {MAX_CREDITS} batches unacknowledged"
+                )
             return
         if self.epoch:
             self.gaps += max(0, self._started - self.last)

@@ -54,6 +54,7 @@ from common.checksum import crc32c
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorUnavailableError,
+    ProtocolError,
     RlfleetError,
     SessionStateError,
     StaleVersionError,
@@ -149,6 +150,9 @@ class Pusher:
     agreement: VersionAgreement
     #: ``{model_id: (version, mark)}``: the weights of the model's last whole push, as read.
     marks: dict[str, tuple[int, WeightsMark]] = dataclasses.field(default_factory=dict)
+    #: ``{worker_id: epoch}``: the process described last whose re-sent push was answered
+    #: by another epoch (loop thread).
+    answered_as_another: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def unchanged_since_push(self, model_id: str = DEFAULT_MODEL_ID) -> bool:
         """Whether every worker took the last weights given, and they did not change since.
@@ -437,15 +441,46 @@ class Pusher:
                 continue
             self.ledger.pushed(len(enc.blob), reply.pause_seconds)
             if not self.book.acknowledged(link.worker_id, enc.model_id, reply.version, reply.epoch):
-                raise ActorUnavailableError(
-                    f"worker_id {link.worker_id} restarted while it was being admitted"
-                )
+                self._answered_by_another(link.worker_id, enc, reply, desc.epoch)
+                continue
+            self.answered_as_another.pop(link.worker_id, None)
             log.info(
                 "pushed %s version %d to worker_id %d before its data is used",
                 enc.model_id,
                 reply.version,
                 link.worker_id,
             )
+
+    def _answered_by_another(
+        self, worker_id: int, enc: EncodedWeights, reply: PushReply, epoch: int
+    ) -> None:
+        """A re-sent push answered by another process than the one just described (``epoch``).
+
+        The first time it restarted in between: its next Describe shows the new process. The
+        same process described again answering so once more lies about its epoch: the push is
+        refused as a :class:`ProtocolError` and not re-sent, or every catch-up and
+        reconnection would send it again, forever.
+
+        Raises:
+            ActorUnavailableError: The first time: the actor is re-described and admitted.
+        """
+        if self.answered_as_another.get(worker_id) != epoch:
+            self.answered_as_another[worker_id] = epoch
+            raise ActorUnavailableError(
+                f"worker_id {worker_id} restarted while it was being admitted"
+            )
+        self.book.forget(worker_id, enc.model_id, enc.version)
+        error = ProtocolError(
+            f"the push of {enc.model_id!r} version {enc.version} was answered twice by epoch "
+            f"{reply.epoch}, though Describe gives epoch {epoch} before and after"
+        )
+        log.error(
+            "worker_id %d rejected %s version %d on re-admission: %s",
+            worker_id,
+            enc.model_id,
+            enc.version,
+            error,
+        )
 
     def _push(self, pairs: list[Pair], fallbacks: int = 0, continues: bool = False) -> PushResults:
         """Send every pair concurrently; record each actor's verdict, the call's bytes and time."""

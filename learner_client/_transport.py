@@ -323,12 +323,16 @@ class PushReply:
     epoch: int = 0
 
 
-def _push_reply(r: pb.PushWeightsResponse, outcome: PushOutcome) -> PushReply:
-    """The reply to a push the actor took, as checked; a pause out of range reads as none."""
+def _push_reply(r: pb.PushWeightsResponse, outcome: PushOutcome, took: float) -> PushReply:
+    """The reply to a push the actor took, as checked; a pause out of range reads as none.
+
+    The swap paused the actor within the call, which took ``took`` seconds: a longer pause
+    (1e300 s, inf), a negative one or NaN is none an actor reports.
+    """
     pause = float(r.pause_seconds)
     return PushReply(
         r.version,
-        pause if 0.0 <= pause < float("inf") else 0.0,
+        pause if 0.0 <= pause <= took else 0.0,
         outcome,
         int(r.parts_staged),
         int(r.epoch),
@@ -605,6 +609,7 @@ class ActorChannel:
             for message in messages:
                 yield message
 
+        started = time.monotonic()
         # A further connection may still be reconnecting while the channel's own is up
         # (an actor restarted): its call waits for it, within the deadline.
         call = self._push_on(connection)(
@@ -612,6 +617,7 @@ class ActorChannel:
         )
         with translate_errors(self.address, FirstStatus(call), timeout):
             r = await call
+        took = time.monotonic() - started
         if r.shm_refused:
             raise ShmRefusedError(f"{self.address}: {one_line(r.shm_refused)}")
         if r.relay_failed:
@@ -628,7 +634,7 @@ class ActorChannel:
                 f"{self.address}: push of {model_id!r} version {version} answered with "
                 f"{r.model_id!r} version {r.version} (outcome {_outcome_name(r.outcome)})"
             )
-        return _push_reply(r, outcome or PushOutcome.APPLIED)
+        return _push_reply(r, outcome or PushOutcome.APPLIED, took)
 
     async def push_parts(
         self, model_id: str, version: int, parts: Sequence[Sequence[bytes]], timeout: float

@@ -410,6 +410,36 @@ def test_status_sends_the_token_from_the_flag_or_rlfleet_token(
     assert [row["serving"] for row in rows] == [False, True, True]
 
 
+class _ClocklessDescribe(pb_grpc.ActorServiceServicer):
+    """Answers Describe as an actor would, but with an uptime of NaN seconds."""
+
+    def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
+        return pb.DescribeResponse(
+            worker_id=3, epoch=5, num_envs=1, max_credits=4, uptime_seconds=float("nan")
+        )
+
+
+def test_status_shows_an_uptime_no_clock_gives_as_that_actors_error(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """NaN seconds used to crash the table (ValueError: cannot convert float NaN to integer)."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_ActorServiceServicer_to_server(_ClocklessDescribe(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        code = cli.main(["status", f"127.0.0.1:{port}", "--interval", "0.2"])
+    finally:
+        server.stop(None)
+    assert code == 1
+    assert "Describe reports uptime_seconds nan, outside 0..1e+10" in capsys.readouterr().out
+
+
 def test_status_table_counts_only_described_actors_and_shows_push_progress() -> None:
     """An actor healthy but refusing Describe is not serving; a push shows its bytes done."""
     push = {

@@ -11,12 +11,15 @@ error the user sees, and retry that actor with a growing backoff, not in a tight
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 import torch
+from helpers import poll_until
 from hostile_harness import (
     EPOCH,
     FRAMES,
@@ -27,6 +30,7 @@ from hostile_harness import (
     data_of_size,
     serve,
 )
+from learner_fleet import cartpole_policy
 from tensordict import LazyStackedTensorDict
 
 from common.errors import EnvError, ProtocolError
@@ -119,6 +123,11 @@ def test_a_batch_claiming_what_no_actor_sends_is_refused_and_counts_nothing(
         # An actor of a build before protocol revisions, or one needing a newer learner.
         ("protocol_version", 0, "speaks no protocol revision"),
         ("min_peer_protocol", U32, f"works with {U32} and newer.; this build speaks protocol"),
+        # Read by no learner, but rlfleet status shows them: NaN and inf broke its table.
+        ("uptime_seconds", float("nan"), r"uptime_seconds nan, outside 0..1e\+10"),
+        ("uptime_seconds", 1e300, r"uptime_seconds 1e\+300"),
+        ("pushes_in_flight", {"seconds": float("inf")}, "a push in flight's seconds inf"),
+        ("pushes_in_flight", {"total_bytes": 5, "received_bytes": 6}, "6 bytes received, more"),
     ],
 )
 def test_a_description_outside_an_actors_ranges_is_refused_at_construction(
@@ -128,6 +137,8 @@ def test_a_description_outside_an_actors_ranges_is_refused_at_construction(
     hostile.CopyFrom(description)
     if field in ("version", "model_id"):
         setattr(hostile.models[0], field, value)
+    elif field == "pushes_in_flight":
+        hostile.pushes_in_flight.add(model_id="policy", version=1, source="learner", **value)
     else:
         setattr(hostile, field, value)
     server, address = serve(HostileActor(hostile, lambda seq: batch(seq)))
@@ -412,3 +423,116 @@ def test_a_first_chunk_under_a_wild_seq_counts_no_wild_gap(description) -> None:
         server.stop(None)
     assert servicer.sessions >= 2
     assert stats["gaps"] <= 1, stats["gaps"]
+
+
+class AnsweringPushes(HostileActor):
+    """Takes every push and answers it as applied, ``fields`` replacing what an actor says."""
+
+    def __init__(self, description: pb.DescribeResponse, **fields: Any) -> None:
+        super().__init__(description, batch)
+        self.fields = fields
+        self.pushes = 0
+
+    def PushWeights(self, requests: Iterator[pb.PushWeightsRequest], context: Any) -> Any:
+        header = next(requests).header
+        for _ in requests:
+            pass
+        with self._lock:
+            self.pushes += 1
+        reply = pb.PushWeightsResponse(
+            worker_id=0, model_id=header.model_id, version=header.version,
+            outcome=pb.PUSH_OUTCOME_APPLIED, epoch=EPOCH,
+        )  # fmt: skip
+        for field, value in self.fields.items():
+            setattr(reply, field, value)
+        return reply
+
+
+def test_pushes_answered_by_another_epoch_than_described_are_not_resent_forever(
+    description, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each reply says another process applied the push, each Describe says the first one
+    still runs and holds nothing: the learner re-describes it and re-sends the push once (a
+    restart in between is honest), then refuses the lie. It used to re-send the weights with
+    the link's backoff for as long as the session lasted (12 pushes in 20 s)."""
+    servicer = AnsweringPushes(description, epoch=EPOCH + 1)
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector([address], frames_per_batch=FRAMES, batch_timeout=5.0) as collector:
+            collector.next()
+            assert collector.update_policy_weights_(cartpole_policy(action=0)) == {0: 1}
+            poll_until(
+                lambda: any("answered twice by epoch 42" in r.getMessage() for r in caplog.records),
+                5,
+                message="the lie was never refused",
+            )
+            sent = servicer.pushes
+            time.sleep(1.0)  # the backoff re-sent it within 0.1-0.4 s
+            collector.next()  # its session goes on
+    finally:
+        server.stop(None)
+    assert sent == servicer.pushes == 3  # the push, its re-send, the one refused
+
+
+@pytest.mark.parametrize("pause", [1e300, float("nan")])
+def test_a_push_pause_longer_than_the_push_reads_as_none(description, pause: float) -> None:
+    """The swap pauses an actor within the push call: a reply claiming a longer pause (1e300
+    s) would stay in ``push_pause_max`` for good."""
+    server, address = serve(AnsweringPushes(description, pause_seconds=pause))
+    try:
+        with GrpcCollector([address], frames_per_batch=FRAMES, batch_timeout=5.0) as collector:
+            assert collector.update_policy_weights_(cartpole_policy(action=0)) == {0: 1}
+            stats = collector.stats()
+    finally:
+        server.stop(None)
+    assert stats["push_pause_max"] == stats["last_push_pause"] == 0.0
+
+
+class ResumingFarAhead(HostileActor):
+    """Its first session sends batches 1 and 2 and breaks once ``cut`` is set; every later
+    session resumes it (same epoch) at next_seq 2^40 and sends batches from there on."""
+
+    def __init__(self, description: pb.DescribeResponse) -> None:
+        super().__init__(description, batch)
+        self.cut = threading.Event()
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        opening = next(requests).open
+        with self._lock:
+            self.sessions += 1
+            first = self.sessions == 1
+        if first:
+            yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+            yield batch(1)
+            yield batch(2)
+            self.cut.wait(30)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost")
+        opened = pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=2**40, resumed=True)
+        yield pb.CollectResponse(opened=opened)
+        for seq in range(2**40, 2**40 + opening.credits):
+            yield batch(seq)
+
+
+def test_a_session_resumed_far_beyond_the_last_batch_is_refused_and_counts_no_gap(
+    description,
+) -> None:
+    """A resumed session re-sends the batches its actor holds unacknowledged (at most 1024),
+    then goes on: one resumed after seq 2 at next_seq 2^40 is refused. Its batches used to be
+    delivered, counting 2^40 - 3 gaps."""
+    servicer = ResumingFarAhead(description)
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector(
+            [address], frames_per_batch=FRAMES, total_frames=100 * FRAMES, batch_timeout=1.0
+        ) as collector:
+            collector.next()
+            collector.next()
+            servicer.cut.set()
+            with pytest.raises(MissingWorkersError) as raised:
+                collector.next()
+            stats = collector.stats()
+    finally:
+        servicer.cut.set()
+        server.stop(None)
+    assert "resumes after seq 2 at next_seq 1099511627776" in str(raised.value)
+    assert (stats["frames"], stats["gaps"]) == (2 * FRAMES, 0)
