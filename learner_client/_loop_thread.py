@@ -58,7 +58,10 @@ class LoopThread:
     def __init__(self, name: str = "rlfleet-learner") -> None:
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_drop_completions_of_closed_loops)
-        self._closed = False
+        self._closed = False  # set as close() begins: no run or callback is taken after it
+        # A run's check and its hand-over, atomic against close(): whatever was handed over
+        # before close() is on the loop when its cancellation looks for tasks.
+        self._taking = threading.Lock()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -70,13 +73,17 @@ class LoopThread:
         """Run ``coro`` on the loop and wait for its result.
 
         Raises:
-            ClosedError: The loop is closed.
+            ClosedError: The loop is closed, or closing.
             DeadlineError: It did not finish within ``timeout`` seconds (it is cancelled).
         """
-        if self._closed:
-            coro.close()
-            raise ClosedError("the collector is shut down")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        with self._taking:
+            if self._closed:
+                coro.close()
+                raise ClosedError("the collector is shut down")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return self._result(future, timeout)
+
+    def _result(self, future: concurrent.futures.Future[T], timeout: float | None) -> T:
         try:
             if not done_within(future, timeout):
                 raise concurrent.futures.TimeoutError
@@ -89,23 +96,23 @@ class LoopThread:
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` on the loop soon; ignored once the loop is closed."""
-        if self._closed:
-            return
-        # The loop may close between the check and the call.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(fn, *args)
+        with self._taking, contextlib.suppress(RuntimeError):  # a loop that died: closed
+            if not self._closed:  # close() closes the loop only once this is set
+                self._loop.call_soon_threadsafe(fn, *args)
 
     def close(self, timeout: float) -> None:
         """Cancel every task, stop the loop and join the thread (idempotent, bounded)."""
-        if self._closed:
-            return
-        if threading.current_thread() is self._thread:
-            raise SessionStateError("LoopThread.close called from its own thread")
+        with self._taking:
+            if self._closed:
+                return
+            if threading.current_thread() is self._thread:
+                raise SessionStateError("LoopThread.close called from its own thread")
+            self._closed = True  # a run from another thread now raises ClosedError at once
+            cancelling = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop)
         try:
-            self.run(self._cancel_all(), timeout)
+            self._result(cancelling, timeout)
         except (DeadlineError, RuntimeError) as exc:
             log.warning("learner event loop did not wind down cleanly: %s", exc)
-        self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():

@@ -1,5 +1,6 @@
 """The learner's loop thread: grpc completions of a closed collector's loop stay quiet, a
-Ctrl-C while a call waits raises KeyboardInterrupt."""
+Ctrl-C while a call waits raises KeyboardInterrupt, a run handed over while it closes fails
+at once."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import time
 
 import grpc
 import pytest
-from helpers import interrupt_in_condition_wait
+from helpers import interrupt_in_condition_wait, poll_until
 
-from common.errors import DeadlineError
+from common.errors import ClosedError, DeadlineError
 from learner_client._loop_thread import LoopThread
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -130,3 +131,34 @@ def test_a_ctrl_c_while_a_call_waits_raises_keyboard_interrupt_and_the_loop_goes
         sys.settrace(None)
         ctrl_c.cancel()
         loop.close(5.0)
+
+
+def test_a_run_from_another_thread_while_the_loop_closes_raises_closed_error_at_once() -> None:
+    """A run submitted while close() waits for the default executor (a large frame decode
+    still running) was taken: cancelled by no one, left pending when the loop stopped, it
+    waited out its whole timeout (then DeadlineError) after the close had happened."""
+    loop = LoopThread("test-loop")
+    decoding, decoded = threading.Event(), threading.Event()
+
+    def decode() -> None:
+        decoding.set()
+        decoded.wait(10)
+
+    async def start_decode() -> None:
+        asyncio.get_running_loop().run_in_executor(None, decode)
+
+    loop.run(start_decode(), 5.0)
+    assert decoding.wait(5)
+    closing = threading.Thread(target=loop.close, args=(5.0,))
+    closing.start()
+    try:
+        # The close's tasks are cancelled; it waits for the executor (asyncio's own flag).
+        poll_until(lambda: loop._loop._executor_shutdown_called, 5)  # type: ignore[attr-defined]
+        start = time.monotonic()
+        with pytest.raises(ClosedError):
+            loop.run(asyncio.sleep(60), 3.0)
+        assert time.monotonic() - start < 1.0
+    finally:
+        decoded.set()
+        closing.join(10)
+    assert not closing.is_alive()
