@@ -439,7 +439,8 @@ class GrpcCollector(TorchRLAccessors):
                 self._env.push_weights(self._pusher.push_shared)
             self._ensure_running()
         candidates = self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
-        self._pusher.auto_update(candidates, self._batch.auto_update_interval)
+        with self._open_call(unlocked=True):  # past the lock, as the round
+            self._pusher.auto_update(candidates, self._batch.auto_update_interval)
         try:
             parts = self._rounds.take_parts() if per_actor else [self._rounds.take()]
             env = self._env  # create_env_fn: checked, followed, its batch layout taken
@@ -555,9 +556,9 @@ class GrpcCollector(TorchRLAccessors):
             raise ClosedError("the collector is shut down") from cause
 
     @contextlib.contextmanager
-    def _open_call(self) -> Iterator[None]:
-        """Hold the lock for a call to the actors; one a shutdown cuts off raises ClosedError."""
-        with self._lock:
+    def _open_call(self, *, unlocked: bool = False) -> Iterator[None]:
+        """Hold the lock (unless ``unlocked``) for a call to actors; one cut off: ClosedError."""
+        with contextlib.nullcontext() if unlocked else self._lock:
             self._check_open()
             try:
                 yield
@@ -698,8 +699,8 @@ class GrpcCollector(TorchRLAccessors):
 
         Reached outside the lock (batches go on), joined and given the latest pushes in it.
         """
-        self._check_open()
-        links = self._fleet.describe(check_addresses(addresses))  # up to connect_timeout
+        with self._open_call(unlocked=True):  # batches go on meanwhile
+            links = self._fleet.describe(check_addresses(addresses))  # up to connect_timeout
         with self._lock:
             if self._state is _State.CLOSED:
                 self._fleet.discard(links)

@@ -13,6 +13,7 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -507,6 +508,56 @@ def test_a_call_a_shutdown_cuts_off_raises_closed_error(pair, call: str) -> None
         assert isinstance(out[0], ClosedError), out
     finally:
         collector.shutdown(timeout=2)
+
+
+@pytest.mark.long  # 5 s
+def test_a_next_whose_automatic_push_a_shutdown_cuts_off_raises_closed_error(pair) -> None:
+    """update_after_each_batch: next() on another thread pushes the last weights before its
+    round and waits on a hung actor; a shutdown ends it with ClosedError (it raised a
+    WeightPushError with no reason, the push cut off by the closing loop)."""
+    collector = GrpcCollector(
+        [a.address for a in pair],
+        frames_per_batch=8,
+        sync=True,
+        update_after_each_batch=True,
+        token=TOKEN,
+    )
+    out: list = []
+    try:
+        collector.update_policy_weights_(cartpole_policy())
+        collector.next()
+        with _stopped(pair[0]):
+            thread = threading.Thread(target=_call_into, args=(collector.next, out))
+            thread.start()
+            time.sleep(1.0)  # the automatic push waits on the hung actor
+            collector.shutdown(timeout=2)
+            thread.join(10)
+        assert isinstance(out[0], ClosedError), out
+    finally:
+        collector.shutdown(timeout=2)
+
+
+def test_an_add_collectors_a_shutdown_cuts_off_raises_closed_error(pair) -> None:
+    """add_collectors() on another thread waits for an address that accepts connections and
+    never answers; a shutdown ends it with ClosedError (a bare CancelledError before)."""
+    silent = socket.socket()  # listens: the kernel takes the connection, nothing answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    address = f"127.0.0.1:{silent.getsockname()[1]}"
+    collector = GrpcCollector([pair[0].address], frames_per_batch=4, token=TOKEN)
+    out: list = []
+    try:
+        thread = threading.Thread(
+            target=_call_into, args=(lambda: collector.add_collectors([address]), out)
+        )
+        thread.start()
+        time.sleep(1.0)  # the Describe waits on the silent address
+        collector.shutdown(timeout=2)
+        thread.join(10)
+        assert isinstance(out[0], ClosedError), out
+    finally:
+        collector.shutdown(timeout=2)
+        silent.close()
 
 
 def test_a_shutdown_from_the_replay_buffer_thread_does_not_stall_the_first_one(pair) -> None:
