@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -341,20 +342,27 @@ class _OddDescribe(pb_grpc.ActorServiceServicer):
         return pb.DescribeResponse(worker_id=3, epoch=5, num_envs=0, max_credits=4)
 
 
-def test_status_shows_a_describe_no_actor_sends_as_that_actors_error() -> None:
+@contextlib.contextmanager
+def _serving(servicer: pb_grpc.ActorServiceServicer) -> Iterator[str]:
+    """A plain gRPC server of ``servicer`` with a health service: its address."""
     from concurrent import futures
 
     from grpc_health.v1 import health, health_pb2_grpc
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_ActorServiceServicer_to_server(_OddDescribe(), server)
+    pb_grpc.add_ActorServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        result = rlfleet("status", f"127.0.0.1:{port}", "--json", "--interval", "0.2")
+        yield f"127.0.0.1:{port}"
     finally:
         server.stop(None)
+
+
+def test_status_shows_a_describe_no_actor_sends_as_that_actors_error() -> None:
+    with _serving(_OddDescribe()) as address:
+        result = rlfleet("status", address, "--json", "--interval", "0.2")
     assert result.returncode == 1, result.stderr
     (row,) = json.loads(result.stdout)
     assert "Describe reports num_envs 0, outside 1..4096" in row["error"]
@@ -423,19 +431,8 @@ def test_status_shows_an_uptime_no_clock_gives_as_that_actors_error(
     capsys: pytest.CaptureFixture,
 ) -> None:
     """NaN seconds used to crash the table (ValueError: cannot convert float NaN to integer)."""
-    from concurrent import futures
-
-    from grpc_health.v1 import health, health_pb2_grpc
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_ActorServiceServicer_to_server(_ClocklessDescribe(), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        code = cli.main(["status", f"127.0.0.1:{port}", "--interval", "0.2"])
-    finally:
-        server.stop(None)
+    with _serving(_ClocklessDescribe()) as address:
+        code = cli.main(["status", address, "--interval", "0.2"])
     assert code == 1
     assert "Describe reports uptime_seconds nan, outside 0..1e+10" in capsys.readouterr().out
 

@@ -482,6 +482,17 @@ def _call_into(call: Callable[[], object], out: list) -> None:
         out.append(exc)
 
 
+def _assert_cut_off_by_shutdown(collector: GrpcCollector, call: Callable[[], object]) -> None:
+    """``call`` on another thread waits (a hung actor); a shutdown ends it with ClosedError."""
+    out: list = []
+    thread = threading.Thread(target=_call_into, args=(call, out))
+    thread.start()
+    time.sleep(1.0)  # the call waits on the hung actor
+    collector.shutdown(timeout=2)
+    thread.join(10)
+    assert isinstance(out[0], ClosedError), out
+
+
 @pytest.mark.parametrize("call", ["next", "set_seed", "state_dict"])
 @pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_call_a_shutdown_cuts_off_raises_closed_error(pair, call: str) -> None:
@@ -491,21 +502,13 @@ def test_a_call_a_shutdown_cuts_off_raises_closed_error(pair, call: str) -> None
     collector = GrpcCollector(
         [a.address for a in pair], frames_per_batch=8, policy=cartpole_policy(), token=TOKEN
     )
-    out: list = []
     try:
         collector.next()
         calls = {"next": collector.next, "set_seed": lambda: collector.set_seed(3)}
         with _stopped(pair[0]):
             if call == "next":  # the policy changed: the next batch pushes it first
                 torch.nn.init.zeros_(next(collector.policy.parameters()))
-            thread = threading.Thread(
-                target=_call_into, args=(calls.get(call, collector.state_dict), out)
-            )
-            thread.start()
-            time.sleep(1.0)  # the call waits on the hung actor
-            collector.shutdown(timeout=2)
-            thread.join(10)
-        assert isinstance(out[0], ClosedError), out
+            _assert_cut_off_by_shutdown(collector, calls.get(call, collector.state_dict))
     finally:
         collector.shutdown(timeout=2)
 
@@ -522,17 +525,11 @@ def test_a_next_whose_automatic_push_a_shutdown_cuts_off_raises_closed_error(pai
         update_after_each_batch=True,
         token=TOKEN,
     )
-    out: list = []
     try:
         collector.update_policy_weights_(cartpole_policy())
         collector.next()
-        with _stopped(pair[0]):
-            thread = threading.Thread(target=_call_into, args=(collector.next, out))
-            thread.start()
-            time.sleep(1.0)  # the automatic push waits on the hung actor
-            collector.shutdown(timeout=2)
-            thread.join(10)
-        assert isinstance(out[0], ClosedError), out
+        with _stopped(pair[0]):  # the automatic push waits on the hung actor
+            _assert_cut_off_by_shutdown(collector, collector.next)
     finally:
         collector.shutdown(timeout=2)
 
@@ -545,16 +542,8 @@ def test_an_add_collectors_a_shutdown_cuts_off_raises_closed_error(pair) -> None
     silent.listen(8)
     address = f"127.0.0.1:{silent.getsockname()[1]}"
     collector = GrpcCollector([pair[0].address], frames_per_batch=4, token=TOKEN)
-    out: list = []
-    try:
-        thread = threading.Thread(
-            target=_call_into, args=(lambda: collector.add_collectors([address]), out)
-        )
-        thread.start()
-        time.sleep(1.0)  # the Describe waits on the silent address
-        collector.shutdown(timeout=2)
-        thread.join(10)
-        assert isinstance(out[0], ClosedError), out
+    try:  # the Describe waits on the silent address
+        _assert_cut_off_by_shutdown(collector, lambda: collector.add_collectors([address]))
     finally:
         collector.shutdown(timeout=2)
         silent.close()

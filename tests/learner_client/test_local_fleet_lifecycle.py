@@ -27,13 +27,19 @@ def test_a_fleet_closed_while_it_starts_its_actors_leaves_none_running(monkeypat
 
     monkeypatch.setattr(LocalFleet, "_spawn", held_spawn)
     fleet = LocalFleet(2, num_envs=1, grace_period=0)
+    _close_while(fleet, fleet.start, held, gate, spawned)
+
+
+def _close_while(fleet, call, held, gate, spawned: list[int]) -> None:
+    """Close ``fleet`` while ``call`` (on a thread) is held at ``held`` before a spawn: the
+    call raises SessionStateError and none of the two actors spawned is left running."""
     errors: list[BaseException] = []
-    starter = _on_thread(fleet.start, errors)
+    caller = _on_thread(call, errors)
     assert held.wait(10)
     fleet.close()
     gate.set()
-    starter.join(30)
-    assert not starter.is_alive()
+    caller.join(30)
+    assert not caller.is_alive()
     assert len(spawned) == 2
     poll_until(lambda: not any(process_alive(p) for p in spawned), timeout=5)
     assert [type(e) for e in errors] == [SessionStateError], errors
@@ -67,16 +73,7 @@ def test_a_fleet_closed_while_it_restarts_an_actor_leaves_none_running(monkeypat
         return actor
 
     monkeypatch.setattr(LocalFleet, "_spawn", held_spawn)
-    errors: list[BaseException] = []
-    restarter = _on_thread(lambda: fleet.restart(0), errors)
-    assert held.wait(10)
-    fleet.close()
-    gate.set()
-    restarter.join(30)
-    assert not restarter.is_alive()
-    assert len(spawned) == 2
-    poll_until(lambda: not any(process_alive(p) for p in spawned), timeout=5)
-    assert [type(e) for e in errors] == [SessionStateError], errors
+    _close_while(fleet, lambda: fleet.restart(0), held, gate, spawned)
 
 
 @pytest.mark.long  # an actor started and made ready: 3-5 s on 2 loaded cores
