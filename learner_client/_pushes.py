@@ -430,14 +430,7 @@ class Pusher:
                 if is_transient(exc):
                     raise
                 # Retrying a push the actor rejects would keep it out for good.
-                self.book.forget(link.worker_id, enc.model_id, enc.version)
-                log.error(
-                    "worker_id %d rejected %s version %d on re-admission: %s",
-                    link.worker_id,
-                    enc.model_id,
-                    enc.version,
-                    exc,
-                )
+                self._refused_on_readmission(link.worker_id, enc, exc)
                 continue
             self.ledger.pushed(len(enc.blob), reply.pause_seconds)
             if not self.book.acknowledged(link.worker_id, enc.model_id, reply.version, reply.epoch):
@@ -469,11 +462,17 @@ class Pusher:
             raise ActorUnavailableError(
                 f"worker_id {worker_id} restarted while it was being admitted"
             )
-        self.book.forget(worker_id, enc.model_id, enc.version)
         error = ProtocolError(
             f"the push of {enc.model_id!r} version {enc.version} was answered twice by epoch "
             f"{reply.epoch}, though Describe gives epoch {epoch} before and after"
         )
+        self._refused_on_readmission(worker_id, enc, error)
+
+    def _refused_on_readmission(
+        self, worker_id: int, enc: EncodedWeights, error: RlfleetError
+    ) -> None:
+        """Forget a re-sent push the actor refused (it is not sent again) and log why."""
+        self.book.forget(worker_id, enc.model_id, enc.version)
         log.error(
             "worker_id %d rejected %s version %d on re-admission: %s",
             worker_id,
