@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
@@ -297,17 +297,19 @@ class LocalFleet:
             DeadlineError: Actors still pending when none had become ready for
                 ``start_timeout`` seconds.
             SessionStateError: The fleet was already started or stopped, or was stopped by
-                another thread while it started (no actor is left running).
+                another thread or a signal handler while it started (no actor is left
+                running).
         """
         with self._lock:
             if self._state != "new":
                 raise SessionStateError(f"LocalFleet.start() called on a {self._state} fleet")
             self._state, self._pid = "running", os.getpid()  # the actors: its children
         try:
-            for worker_id in self.worker_ids:
-                seed = None if self._seed is None else self._seed + worker_id
-                self._adopt(self._spawn(worker_id, port=0, seed=seed))
-            self._wait_ready(list(self._actors.values()))
+            with self._said_when_stopped():
+                for worker_id in self.worker_ids:
+                    seed = None if self._seed is None else self._seed + worker_id
+                    self._adopt(self._spawn(worker_id, port=0, seed=seed))
+                self._wait_ready(list(self._actors.values()))
         except BaseException:
             self.stop()
             raise
@@ -420,19 +422,35 @@ class LocalFleet:
         Raises:
             ActorUnavailableError: The new actor exited before it was ready.
             DeadlineError: It was not ready within ``start_timeout``.
-            SessionStateError: The fleet was stopped (also by another thread meanwhile).
+            SessionStateError: The fleet was stopped (also meanwhile, by another thread or a
+                signal handler).
         """
         with self._lock:
             self._check_running()
             old = self._actor(worker_id)
             self._stop_actors([old])
         seed = None if self._seed is None else restart_seed()
-        new = self._spawn(worker_id, port=old.port or 0, seed=seed)
-        self._adopt(new)
-        self._wait_ready([new])
+        with self._said_when_stopped():
+            new = self._spawn(worker_id, port=old.port or 0, seed=seed)
+            self._adopt(new)
+            self._wait_ready([new])
         return self._address(new)
 
     # ------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _said_when_stopped(self) -> Iterator[None]:
+        """A start or restart step failing once the fleet was stopped meanwhile: SessionStateError.
+
+        Stopped by another thread, or by a signal handler on this one (the lock is
+        reentrant) while the step read the files the stop closed.
+        """
+        try:
+            yield
+        except Exception as exc:
+            if self._state != "stopped" or isinstance(exc, SessionStateError):
+                raise
+            raise SessionStateError("the fleet was stopped while its actors started") from exc
 
     def _spawn(self, worker_id: int, *, port: int, seed: int | None) -> _Actor:
         argv = [

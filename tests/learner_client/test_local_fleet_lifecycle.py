@@ -104,3 +104,42 @@ def test_a_second_close_from_another_thread_returns_once_every_actor_is_reaped(m
     second.join(30)
     assert not errors
     assert alive_after_second == [False] * len(pids)
+
+
+def test_a_fleet_stopped_by_a_signal_handler_while_it_starts_raises_session_state_error(
+    monkeypatch,
+):
+    """A signal handler on the starting thread (the lock is reentrant) stopping the fleet while
+    start() reads an actor's ready line: start() says the fleet was stopped, not a ValueError
+    from the file the stop closed, and no actor is left."""
+    fleet = LocalFleet(1, num_envs=1, grace_period=0)
+    _stop_at_ready_line(monkeypatch, fleet, fleet.start)
+
+
+@pytest.mark.long  # an actor started and made ready: 3-5 s on 2 loaded cores
+def test_a_fleet_stopped_by_a_signal_handler_while_it_restarts_raises_session_state_error(
+    monkeypatch,
+):
+    """The same during restart(): the restart says the fleet was stopped; no actor is left."""
+    fleet = LocalFleet(1, num_envs=1, grace_period=0).start()
+    _stop_at_ready_line(monkeypatch, fleet, lambda: fleet.restart(0))
+
+
+def _stop_at_ready_line(monkeypatch, fleet: LocalFleet, call) -> None:
+    """Stop ``fleet`` on the calling thread when ``call`` first reads a ready line, as a
+    signal handler would: ``call`` raises SessionStateError and no actor is left running."""
+    from learner_client import _local_fleet
+
+    head, pids = _local_fleet._head, []
+
+    def stopped_then_read(stream):
+        if not pids:  # the handler runs between two of the call's steps, once
+            pids.extend(fleet.pids)
+            fleet.stop()
+        return head(stream)
+
+    monkeypatch.setattr(_local_fleet, "_head", stopped_then_read)
+    with pytest.raises(SessionStateError, match="stopped while its actors started"):
+        call()
+    assert pids
+    assert not any(process_alive(p) for p in pids)
