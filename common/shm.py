@@ -339,7 +339,8 @@ class SegmentMaps:
     the caller checks stays what it then applies. Mappings are copy-on-write and never
     written, so they are writable memory (``torch.frombuffer`` views them) that sees the
     writer's later fills. A mapping whose name is gone or leads to another file is dropped
-    at the next read; its pages go with the last view of them. Reads may come from several
+    at the next read, and one of a file since resized is mapped again at the size named;
+    its pages go with the last view of them. Reads may come from several
     threads at once (an actor applies two models' pushes side by side).
 
     Args:
@@ -404,7 +405,7 @@ class SegmentMaps:
         key = (control.name, inode)
         with self._lock:
             mapping = self._maps.pop(key, None)
-            if mapping is None:
+            if mapping is None or len(mapping) != control.size:  # a file resized in place
                 mapping = mmap.mmap(fd, control.size, access=mmap.ACCESS_COPY)
             self._maps[key] = mapping
             for name, ino in list(self._maps)[:-1]:

@@ -396,6 +396,32 @@ def test_a_reader_copies_from_its_kept_mapping_and_sees_each_new_fill(tmp_path: 
         pass
 
 
+@pytest.mark.parametrize("use", ["locked", "reader"])
+def test_a_kept_mapping_of_a_file_grown_in_place_is_mapped_again_at_its_new_size(
+    tmp_path: Path, use: str
+) -> None:
+    """A peer grows its segment (same file) and names it at the new size: read whole."""
+    buffer = _shared(tmp_path, bytes(4096))
+    maps = SegmentMaps(root=str(tmp_path))
+    with getattr(maps, use)(buffer.control(0)):
+        pass
+    blob = os.urandom(3 * 4096)
+    with open(tmp_path / buffer.name, "r+b") as file:
+        file.truncate(len(blob))
+        file.write(blob)
+    control = Segment(buffer.name, len(blob), crc32c(blob))
+    if use == "locked":
+        with maps.locked(control) as view:
+            assert view == blob
+    else:
+        into = memoryview(bytearray(len(blob)))
+        with maps.reader(control) as read_at:
+            read_at(into, 0)
+        assert into == blob
+    assert len(maps._maps) == 1  # the mapping of the old size went
+    buffer.close()
+
+
 def test_a_reader_refuses_a_segment_of_another_size_or_opened_up(tmp_path: Path) -> None:
     blob = os.urandom(8192)
     buffer = _shared(tmp_path, blob)

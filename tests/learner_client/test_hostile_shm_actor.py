@@ -8,7 +8,8 @@ chunk, a segment the session did not ask for) is refused before the segment is r
 ProtocolError; PacketTooLargeError for the size) and counts nothing. A
 segment the learner may not trust (a name outside the pattern, a link to another file, a
 file of another size, one opened to others) is never read: that actor's batches come as
-bytes from then on, the refused one included, and none is lost, repeated or corrupted.
+bytes from then on, the refused one included, and none is lost, repeated or corrupted. A
+segment grown in place and named at its new size is read whole, from a mapping of that size.
 """
 
 from __future__ import annotations
@@ -229,3 +230,32 @@ def test_a_segment_named_inside_a_batch_of_bytes_is_a_protocol_error(description
     why = refused(SharedMemoryActor(description, split))
     assert "ProtocolError" in why
     assert "shared-memory chunk inside batch" in why
+
+
+def test_a_segment_grown_in_place_is_read_whole_at_its_new_size(description) -> None:
+    """Batch 1 lies in a segment; batch 2, a larger packet, in the same file grown to hold
+    it, named at its new size. The learner maps it afresh (no mapping of the old size serves
+    the larger read) and gets each batch once, from the segment."""
+    name = write_segment(bytes(1)).name
+    path = os.path.join(SHM_ROOT, name)
+
+    def grown(seq: int, packet: bytes) -> pb.BatchChunk:
+        if seq == 2:  # a larger packet: an extra entry
+            data = _data_of(seq)
+            data["extra"] = torch.zeros(1, FRAMES, 64)
+            packet = encode_packet(data).tobytes()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, len(packet))
+            os.pwrite(fd, packet, 0)
+        finally:
+            os.close(fd)
+        control = pb.ShmSegment(name=name, size=len(packet), crc32c=_crc(packet))
+        return shm_chunk(seq, control, packet)
+
+    try:
+        rewards, stats = collect_two(SharedMemoryActor(description, grown))
+    finally:
+        remove_segment(name)
+    assert rewards == [1.0, 2.0]
+    assert (stats["shm_batches"], stats["shm_batch_fallbacks"]) == (2, 0)
