@@ -131,6 +131,7 @@ class BatchSegments:
         )
         self._idle: list[SharedBuffer] = []
         self._lock = threading.Lock()
+        self._closed = False
         sweep_segments()  # what actors and learners killed on this host left behind
 
     def write(
@@ -138,15 +139,21 @@ class BatchSegments:
     ) -> Segment | None:
         """Copy batch ``key`` (epoch, seq)'s ``pieces`` into a segment; None if none can be made.
 
+        None also once :meth:`close` ran (a batch its collection thread finished too late).
+
         The segment's control carries the pieces' CRC-32C, taken as they are copied.
         """
         buffer = self._take(nbytes)
         if buffer is None:
             return None
-        segment = buffer.fill_pieces(pieces)
+        segment: Segment | None = buffer.fill_pieces(pieces)
+        stale: SharedBuffer | None = None
         with self._lock:
-            stale = self._held.pop(key, None)
-            self._held[key] = buffer
+            if self._closed:  # the actor stopped meanwhile: no one would remove it
+                stale, segment = buffer, None
+            else:
+                stale = self._held.pop(key, None)
+                self._held[key] = buffer
             while len(self._held) > self._cap:
                 self._held.popitem(last=False)[1].close()
         if stale is not None:
@@ -185,8 +192,9 @@ class BatchSegments:
             buffer.close()
 
     def close(self) -> None:
-        """Remove every segment (the actor is shutting down)."""
+        """Remove every segment (the actor is shutting down); a batch written later gets none."""
         with self._lock:
+            self._closed = True
             buffers = [*self._held.values(), *self._idle]
             self._held.clear()
             self._idle.clear()

@@ -7,7 +7,9 @@ that memory still holds what was encoded.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -145,6 +147,37 @@ def test_an_actor_that_stops_removes_the_segments_of_its_batches(make_actor: obj
     session.cancel()
     actor.handle.stop()
     assert not made & set(os.listdir(SHM_ROOT)), "segments outlived the actor"
+
+
+def test_a_batch_finished_after_the_actor_stopped_leaves_no_segment(
+    make_actor: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch still on the collection thread when the actor closes (its close gave up
+    waiting for it) is not written into a segment nobody would ever remove."""
+    actor: Actor = make_actor(shared_memory=True)
+    prefix = f"rlfleet-shm-{os.getpid()}-"
+    before = {name for name in os.listdir(SHM_ROOT) if name.startswith(prefix)}
+    entered, gate, done = threading.Event(), threading.Event(), threading.Event()
+    write = BatchSegments.write
+
+    def held_write(self: BatchSegments, *args: Any) -> Segment | None:
+        entered.set()
+        gate.wait(30)
+        try:
+            return write(self, *args)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(BatchSegments, "write", held_write)
+    session = RawCollect.open(actor.stub, open_request(credits=1, shm_batches=True))
+    session.opened()
+    assert entered.wait(30), "the batch never reached its segment"
+    session.cancel()
+    actor.handle.stop(grace=1.0)  # its close gives up on the held collection thread
+    gate.set()
+    assert done.wait(30)
+    made = {name for name in os.listdir(SHM_ROOT) if name.startswith(prefix)} - before
+    assert not made, "a segment outlived the actor"
 
 
 def _shm_batches(session: RawCollect, count: int) -> dict[int, Segment]:
