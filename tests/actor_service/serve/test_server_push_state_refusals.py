@@ -7,6 +7,7 @@ its digest, a rollback by one version, a state with more tensors than the actor'
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +16,12 @@ import grpc
 import pytest
 import torch
 from actor_harness import Actor, get_state
+from helpers import poll_until
 
 from actor_service._core._state import decode_state, state_to_blob
 from common.config import MAX_MODEL_ID
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from common.weights import encode_weights, iter_blob_chunks, sha256_hex
+from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
 
 CAP = 10**6
 
@@ -219,3 +221,40 @@ def test_an_env_actor_describes_no_new_token_cap(actor: Actor) -> None:
 def test_a_core_refuses_a_seed_outside_the_wire_range(actor: Actor, seed) -> None:
     with pytest.raises(ValueError, match="seed must be an int"):
         actor.worker.set_seed(seed)
+
+
+#: A blob size no other blob of a test run has, so its assemblers can be counted.
+ODD_SIZE = 3 * 2**20 + 17
+
+
+def _assemblers_of(size: int) -> int:
+    # type(), not isinstance(): the latter reads __class__, which warns on some of torch's objects
+    return sum(type(o) is BlobAssembler and o.total_bytes == size for o in gc.get_objects())
+
+
+@pytest.mark.parametrize("rpc", ["PushWeights", "LoadState"])
+def test_the_bytes_of_a_refused_push_or_load_are_let_go_with_its_call(
+    actor: Actor, rpc: str
+) -> None:
+    """A refused call's receive buffer is freed as its call ends, not by the next full garbage
+    collection: a learner whose pushes fail their checksum, one after another, must not make
+    the actor hold every one's bytes meanwhile.
+    """
+    blob = bytes(ODD_SIZE)
+    header = pb.WeightsHeader(model_id="policy", version=1, total_bytes=ODD_SIZE, crc32c=1)
+    gc.collect()
+    gc.disable()  # only what the refusal itself lets go is freed
+    try:
+        if rpc == "PushWeights":
+            error = _refused(lambda: _push(actor, header, blob))
+        else:
+            error = _refused(lambda: _load(actor, blob, "0" * 64))
+        assert error.code() == grpc.StatusCode.DATA_LOSS, error.details()
+        poll_until(
+            lambda: _assemblers_of(ODD_SIZE) == 0,
+            timeout=3.0,
+            interval=0.1,
+            message=f"{rpc}: the refused call's receive buffer is still held",
+        )
+    finally:
+        gc.enable()
