@@ -58,6 +58,7 @@ from common.weights import (
     PushForm,
     PushOutcome,
     check_blob_size,
+    check_digests,
     check_policy_version,
     decode_delta,
     decode_weights,
@@ -363,14 +364,17 @@ class WeightPushes:
             check_policy_version(push.base_version, "delta base_version")
             check_base(push.model_id, push.base_version, models.policy_version(push.model_id))
         push.read_part()
+        if not push.sha256 and push.crc32c is None:
+            raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
+        check_digests(push.sha256, push.crc32c)
+        if push.relay is not None:
+            check_relay(push.relay, self._rt.config)
+        # Last: a part whose index is staged with other checksums drops its version, which
+        # a header refused for its own fields must not do.
         if push.part is not None:
             self._parts.admit(
                 push.model_id, push.version, push.part, push.base_version, push.digest
             )
-        if not push.sha256 and push.crc32c is None:
-            raise WeightsError("PushWeights header must carry the blob's crc32c or sha256")
-        if push.relay is not None:
-            check_relay(push.relay, self._rt.config)
 
     def _drain_budget(self, push: PushCall) -> int:
         """The bytes of a refused push the actor reads and drops: what it would have accepted."""

@@ -29,6 +29,7 @@ __all__ = [
     "CHECKSUMS",
     "BlobAssembler",
     "check_blob_size",
+    "check_digests",
     "checksums",
     "crc32c",
     "default_max_weight_bytes",
@@ -118,6 +119,23 @@ def check_blob_size(total_bytes: int, max_bytes: int) -> None:
         )
 
 
+def check_digests(sha256: str, crc32c: int | None) -> str:
+    """The one rule of announced checksums; returns the sha256 in lowercase ("" for none).
+
+    Raises:
+        WeightsError: ``sha256`` is neither empty nor 64 hex digits, or ``crc32c`` is
+            neither None nor an int in ``[0, 2**32 - 1]``.
+    """
+    digest = sha256.lower()
+    if digest and not _SHA256_RE.fullmatch(digest):
+        raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")
+    if crc32c is not None and (
+        isinstance(crc32c, bool) or not isinstance(crc32c, int) or not 0 <= crc32c <= MAX_CRC32C
+    ):
+        raise WeightsError(f"crc32c must be an int in [0, 2**32 - 1], got {crc32c!r:.80}")
+    return digest
+
+
 class BlobAssembler:
     """Reassembles a chunked blob (weights or state) received from a peer.
 
@@ -155,13 +173,7 @@ class BlobAssembler:
         buffer: torch.Tensor | None = None,
     ) -> None:
         check_blob_size(total_bytes, max_bytes)
-        digest = sha256.lower()
-        if digest and not _SHA256_RE.fullmatch(digest):
-            raise WeightsError(f"sha256 must be 64 hex digits, got {sha256[:80]!r}")
-        if crc32c is not None and (
-            isinstance(crc32c, bool) or not isinstance(crc32c, int) or not 0 <= crc32c <= MAX_CRC32C
-        ):
-            raise WeightsError(f"crc32c must be an int in [0, 2**32 - 1], got {crc32c!r:.80}")
+        digest = check_digests(sha256, crc32c)
         self._total = total_bytes
         self._expected_sha = digest
         # torch.empty, unlike bytearray, does not zero-fill: every byte is

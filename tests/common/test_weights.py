@@ -71,6 +71,7 @@ def test_weights_module_pins_its_public_names() -> None:
             "check_policy_version",
             "BlobAssembler",
             "check_blob_size",
+            "check_digests",
             "BlobPart",
             "split_blob",
             "check_compatible",

@@ -388,6 +388,43 @@ def test_a_part_staged_again_with_other_bytes_drops_its_version(make_actor) -> N
     _assert_holds(actor, first | second, 2)
 
 
+#: Header fields refused on their own, and what the refusal names.
+INVALID_HEADERS = {
+    "no checksum": ({"crc32c": None}, "crc32c or sha256"),
+    "sha256 not hex": ({"sha256": "z" * 64}, "sha256"),
+    "relay push_id short": ({"relay": pb.Relay(push_id=b"x")}, "relay.push_id"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID_HEADERS))
+def test_an_invalid_header_for_a_staged_part_leaves_its_version_to_complete(
+    make_actor, case: str
+) -> None:
+    """A header refused for its own fields is INVALID_ARGUMENT and changes nothing: it is
+    no other push of the staging version, whose next part still completes it.
+    """
+    actor = make_actor()
+    first, second = _halves(actor, 14)
+    assert _part(actor, first, 1, 0, 2).outcome == STAGED
+    other = encode_weights(_halves(actor, 15)[0], subset=True)  # other bytes, as a new push's
+    fields, named = INVALID_HEADERS[case]
+    given = {
+        "model_id": "policy",
+        "version": 1,
+        "total_bytes": len(other),
+        "crc32c": crc32c(other),
+        "part": pb.PartOf(index=0, count=2),
+    } | fields
+    header = pb.WeightsHeader(**{k: v for k, v in given.items() if v is not None})
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(other, 4096)]
+    with pytest.raises(grpc.RpcError) as error:
+        actor.stub.PushWeights(iter([pb.PushWeightsRequest(header=header), *chunks]), timeout=30)
+    assert error.value.code() == INVALID, error.value.details()
+    assert named in error.value.details(), error.value.details()
+    assert _part(actor, second, 1, 1, 2).outcome == COMPLETED
+    _assert_holds(actor, first | second, 1)
+
+
 def test_a_whole_push_supersedes_a_staging_version(make_actor) -> None:
     actor = make_actor()
     first, second = _halves(actor, 10)
