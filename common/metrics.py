@@ -9,8 +9,12 @@ needs no gRPC, no TLS and no token, and the port can never leak anything but
 metrics: every path other than ``/metrics`` is answered 404, every method
 other than GET and HEAD 405. The exposition format is the one
 ``prometheus_client`` writes (text, or OpenMetrics when asked for; gzip when
-accepted). Requests run on short-lived daemon threads with a socket timeout,
-so a stalled scraper holds nothing for long and never delays the caller.
+accepted). Requests run on short-lived daemon threads: a connection is cut
+once it is older than its deadline (a scraper that stalls or trickles its
+request holds nothing for long), and once :data:`_MAX_CONNECTIONS` are open a
+new one closes the oldest, so hostile clients cost a bounded number of threads
+and sockets, never delay the caller, and never lock an honest scrape out.
+Dropped and cut connections are not logged.
 
 Example::
 
@@ -24,9 +28,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -48,8 +55,10 @@ __all__ = ["METRICS_PATH", "MetricsEndpoint", "ThreadsCollector", "new_registry"
 
 #: The only path the endpoint answers.
 METRICS_PATH = "/metrics"
-# A scraper that sends nothing for this long is dropped.
+# A connection is cut this long after it was accepted (and when it sends nothing for as long).
 _REQUEST_TIMEOUT = 10.0
+# Connections served at once; a newer one closes the oldest.
+_MAX_CONNECTIONS = 64
 
 _StartResponse = Callable[..., Any]
 _App = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
@@ -90,7 +99,51 @@ def new_registry() -> CollectorRegistry:
 
 
 class _Server(ThreadingMixIn, WSGIServer):
+    """Serves each connection on a thread, at most ``_MAX_CONNECTIONS`` for their deadline."""
+
     daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler]) -> None:
+        # Accepted sockets by age, with their deadlines; a thread closes its own socket only
+        # after taking it out under the lock, so a socket cut under the lock is still open.
+        self._open: dict[socket.socket, float] = {}
+        self._open_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve ``request`` on a thread of its own, cutting the oldest connection at the cap."""
+        with self._open_lock:
+            while len(self._open) >= _MAX_CONNECTIONS:
+                oldest = next(iter(self._open))
+                _cut(oldest)
+                del self._open[oldest]
+            self._open[request] = time.monotonic() + _REQUEST_TIMEOUT
+        super().process_request(request, client_address)
+
+    def service_actions(self) -> None:
+        """Cut the connections past their deadline (called by ``serve_forever`` every poll)."""
+        now = time.monotonic()
+        with self._open_lock:
+            for request in [r for r, deadline in self._open.items() if deadline <= now]:
+                _cut(request)
+                del self._open[request]
+
+    def shutdown_request(self, request: Any) -> None:
+        """Forget ``request``, then close it."""
+        with self._open_lock:
+            self._open.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection dropped, stalled or cut is the client's doing: nothing is printed."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+def _cut(request: socket.socket) -> None:
+    """Wake the thread serving ``request``: its reads end, its writes fail."""
+    with contextlib.suppress(OSError):  # the client is gone already
+        request.shutdown(socket.SHUT_RDWR)
 
 
 class _Server6(_Server):

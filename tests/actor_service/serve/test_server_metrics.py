@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from actor_service import ActorConfig
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._serve._metrics import BatchHistogram
+from common import metrics
 from common.metrics import MetricsEndpoint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import encode_weights, iter_blob_chunks, sha256_hex
@@ -318,3 +320,75 @@ def test_metrics_are_served_on_an_ipv6_address(host: str) -> None:
         with urllib.request.urlopen(url, timeout=10) as reply:
             assert reply.status == 200
             assert b"rlfleet_probe_total 3.0" in reply.read()
+
+
+def _probe_endpoint() -> MetricsEndpoint:
+    registry = CollectorRegistry()
+    Counter("rlfleet_probe", "A counter to find in the scrape.", registry=registry).inc()
+    return MetricsEndpoint(registry, host="127.0.0.1", port=0)
+
+
+def _closed_by_server(connection: socket.socket) -> bool:
+    """Whether the endpoint closed ``connection`` (it reads the end of the stream)."""
+    connection.settimeout(0.05)
+    try:
+        return connection.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def test_metrics_endpoint_drops_an_idle_connection_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A connection that sends nothing (a port scanner, a load balancer's pool) is closed
+    quietly: it printed a traceback to stderr, so idle connections flooded the actor's log."""
+    monkeypatch.setattr(metrics._QuietHandler, "timeout", 0.2)
+    with _probe_endpoint() as endpoint:
+        idle = socket.create_connection(("127.0.0.1", endpoint.port))
+        poll_until(lambda: _closed_by_server(idle), timeout=5, message="idle connection kept")
+        idle.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10) as r:
+            assert b"rlfleet_probe_total 1.0" in r.read()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_metrics_endpoint_closes_a_request_that_trickles_past_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slowloris client, sending a header line just within each read's timeout, is cut
+    once the request is older than its deadline: it held a thread (and a socket) forever."""
+    monkeypatch.setattr(metrics, "_REQUEST_TIMEOUT", 1.0)
+    monkeypatch.setattr(metrics._QuietHandler, "timeout", 1.0)
+    with _probe_endpoint() as endpoint:
+        slow = socket.create_connection(("127.0.0.1", endpoint.port))
+        slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+        started = time.monotonic()
+        while not _closed_by_server(slow):
+            assert time.monotonic() - started < 4.0, "a trickling request is served forever"
+            try:
+                slow.sendall(b"X-Slow: 1\r\n")
+            except ConnectionError:
+                break
+            time.sleep(0.2)
+        slow.close()
+
+
+def test_metrics_endpoint_keeps_a_bounded_number_of_connections_and_serves_a_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the cap, a new connection closes the oldest: idle connections held a thread and
+    a file descriptor each, without bound, until the actor ran out of them."""
+    monkeypatch.setattr(metrics, "_MAX_CONNECTIONS", 4)
+    with _probe_endpoint() as endpoint:
+        idle = []
+        for _ in range(10):
+            idle.append(socket.create_connection(("127.0.0.1", endpoint.port)))
+            time.sleep(0.02)  # accepted in order
+        poll_until(lambda: all(_closed_by_server(c) for c in idle[:6]), timeout=5)
+        assert not any(_closed_by_server(c) for c in idle[7:])
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10) as r:
+            assert b"rlfleet_probe_total 1.0" in r.read()
+        for connection in idle:
+            connection.close()
