@@ -167,6 +167,11 @@ class _StatsCollector(Collector):
 
     def __init__(self, stats: Callable[..., Mapping[str, Any]]) -> None:
         self._stats = stats
+        # The highest value each counter was exported with, by stat key: stats() takes a
+        # withdrawn batch (a kept sync batch dropped after a push) out of its counts, and
+        # Prometheus reads a counter that goes down as a restart (rate() then spikes).
+        self._highest: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def collect(self) -> Iterable[Metric]:
         """Per-worker counters, queue depth and workers by liveness, as of now."""
@@ -176,7 +181,7 @@ class _StatsCollector(Collector):
             for stat, value in stats.items():
                 worker, _, metric = stat.partition("/")
                 if metric == key and worker.startswith("worker_"):
-                    family.add_metric([worker.removeprefix("worker_")], value)
+                    family.add_metric([worker.removeprefix("worker_")], self._count(stat, value))
             yield family
         yield GaugeMetricFamily(
             _PREFIX + "queue_batches",
@@ -186,7 +191,8 @@ class _StatsCollector(Collector):
         for key, documentation in self._RANK:
             yield GaugeMetricFamily(_PREFIX + key, documentation, int(stats.get(key, 0)))
         for key, documentation in self._PUSH_ROUTES:
-            yield CounterMetricFamily(_PREFIX + key, documentation, int(stats.get(key, 0)))
+            count = self._count(key, int(stats.get(key, 0)))
+            yield CounterMetricFamily(_PREFIX + key, documentation, count)
         workers = GaugeMetricFamily(
             _PREFIX + "workers", "Actors this learner owns, alive or down.", labels=["state"]
         )
@@ -194,6 +200,13 @@ class _StatsCollector(Collector):
         workers.add_metric(["alive"], alive)
         workers.add_metric(["down"], int(stats.get("workers", 0)) - alive)
         yield workers
+
+    def _count(self, key: str, value: float) -> float:
+        """``value`` of the counter ``key``, never below what a scrape was already given."""
+        with self._lock:
+            value = max(value, self._highest.get(key, value))
+            self._highest[key] = value
+        return value
 
 
 class Measured(Protocol):

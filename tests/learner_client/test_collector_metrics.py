@@ -12,7 +12,7 @@ from learner_fleet import cartpole_policy
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.errors import ClosedError
-from learner_client import GrpcCollector, WeightPushError, serve_metrics
+from learner_client import GrpcCollector, WeightPushError, _ledger, _rounds, serve_metrics
 
 
 def scrape(port: int) -> tuple[str, dict[str, dict[tuple, float]]]:
@@ -79,6 +79,52 @@ def test_learner_metrics_move_as_batches_flow_and_pushes_happen(
         assert f":{actor.port}" not in text
     with pytest.raises(urllib.error.URLError):  # shutdown closed the endpoint
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def _interrupted_once(function):
+    """``function`` whose first call raises KeyboardInterrupt (a Ctrl-C)."""
+    calls: list[int] = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return function(*args, **kwargs)
+
+    return interrupted
+
+
+def test_learner_counters_never_go_backwards_when_a_kept_batch_is_dropped(
+    fleet: list[ActorProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sync on demand: a batch kept by a Ctrl-C and dropped after a push is taken out of
+    stats()' counts; a scrape then read each worker's frames and batches lower than the
+    scrape before (Prometheus reads a counter going down as a restart of the learner)."""
+    monkeypatch.setattr(_rounds, "combine", _interrupted_once(_rounds.combine))
+    addresses = [fleet[0].address, fleet[2].address]
+    scrapes: list[dict[str, dict[tuple, float]]] = []
+    with GrpcCollector(addresses, frames_per_batch=8, total_frames=-1, sync=True) as collector:
+        port = serve_metrics(collector, 0).port
+        withdrawn = _ledger.Ledger.withdrawn
+
+        def scraped_after(ledger: _ledger.Ledger, frames_by_worker: dict[int, int]) -> None:
+            withdrawn(ledger, frames_by_worker)
+            scrapes.append(scrape(port)[1])  # before the next batch is counted
+
+        monkeypatch.setattr(_ledger.Ledger, "withdrawn", scraped_after)
+        with pytest.raises(KeyboardInterrupt):
+            collector.next()
+        scrapes.append(scrape(port)[1])
+        version = collector.policy_version + 1
+        collector.update_policy_weights_(cartpole_policy(), version=version)
+        collector.next()
+        scrapes.append(scrape(port)[1])
+        assert collector.stats()["discarded"] == 2
+    kept, dropped, after = scrapes
+    for name in ("rlfleet_learner_frames_total", "rlfleet_learner_batches_total"):
+        for worker_id in ("0", "2"):
+            read = [value(samples, name, worker_id=worker_id) for samples in (kept, dropped, after)]
+            assert 0 < read[0] <= read[1] <= read[2], (name, worker_id, read)
 
 
 def test_serve_metrics_exposes_a_running_collector_until_it_shuts_down(
