@@ -438,8 +438,9 @@ class GrpcCollector(TorchRLAccessors):
             if self._env is not None:
                 self._env.push_weights(self._pusher.push_shared)
             self._ensure_running()
-        candidates = self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
-        with self._open_call(unlocked=True):  # past the lock, as the round
+            # Under the lock, as every push: a user's push from another thread comes before
+            # or after it, never between its read of the last weights and its version.
+            candidates = self._fleet.worker_ids if self._batch.sync else self._rounds.last_workers
             self._pusher.auto_update(candidates, self._batch.auto_update_interval)
         try:
             parts = self._rounds.take_parts() if per_actor else [self._rounds.take()]

@@ -655,19 +655,19 @@ def test_a_sync_round_begun_while_an_actor_joins_never_meets_it_half_registered(
         collector.next()
         in_round, go_round = threading.Event(), threading.Event()
         joining, go_join = threading.Event(), threading.Event()
-        auto_update, add_worker = collector._pusher.auto_update, collector._mailbox.add_worker
+        take_parts, add_worker = collector._rounds.take_parts, collector._mailbox.add_worker
 
         def round_held(*args, **kwargs):  # the round, past the collector's lock
             in_round.set()
             assert go_round.wait(30)
-            return auto_update(*args, **kwargs)
+            return take_parts(*args, **kwargs)
 
         def slot_held(*args, **kwargs):  # the joiner, being registered
             joining.set()
             assert go_join.wait(30)
             return add_worker(*args, **kwargs)
 
-        collector._pusher.auto_update, collector._mailbox.add_worker = round_held, slot_held
+        collector._rounds.take_parts, collector._mailbox.add_worker = round_held, slot_held
         outcome: list[object] = []
         taking = threading.Thread(target=lambda: outcome.append(outcome_of(collector.next)))
         adding = threading.Thread(target=collector.add_collectors, args=(addresses(fleet, 2),))

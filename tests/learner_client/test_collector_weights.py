@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 import safetensors.torch
 import torch
-from helpers import start_actor
+from helpers import poll_until, start_actor
 from learner_fleet import cartpole_policy, start_actors
 
 from actor_service._kinds.env.pool import derive_seed
@@ -516,3 +517,58 @@ def test_an_actor_that_joins_is_given_the_latest_push_before_its_frames_count(sy
     finally:
         first.close()
         joiner.close()
+
+
+def test_a_push_while_the_background_thread_pushes_automatically_is_never_overtaken(
+    fleet, monkeypatch
+):
+    """start() with update_after_each_batch: the background thread's automatic push read the
+    last weights given (action 0) when the user pushed new ones (action 1) from their own
+    thread. The automatic push took its version after the user's, so the actor acted with the
+    old weights under the newest version, though the user's push had returned."""
+    stored: list = []
+    buffer = type("Buffer", (), {"extend": lambda self, part: stored.append(part)})()
+    collector = GrpcCollector(
+        addresses(fleet, 0),
+        frames_per_batch=4,
+        sync=True,
+        update_after_each_batch=True,
+        exploration_type=ExplorationType.DETERMINISTIC,
+        replay_buffer=buffer,
+    )
+    read, release = threading.Event(), threading.Event()
+    source_for = collector._book.source_for
+
+    def held_after_reading(model_id, worker_id):
+        source = source_for(model_id, worker_id)
+        if threading.current_thread().name == "rlfleet-collector" and not read.is_set():
+            read.set()  # the automatic push holds the old weights, its version not yet taken
+            release.wait(30)
+        return source
+
+    try:
+        collector.update_policy_weights_(cartpole_policy(action=0))
+        monkeypatch.setattr(collector._book, "source_for", held_after_reading)
+        collector.start()
+        assert read.wait(30)
+        returned: list = []
+        pushing = threading.Thread(
+            target=lambda: returned.append(collector.update_policy_weights_(cartpole_policy(1)))
+        )
+        pushing.start()
+        pushing.join(2.0)  # it returns at once, or waits its turn behind the automatic push
+        release.set()
+        pushing.join(30)
+        version = returned[0][0]
+        poll_until(
+            lambda: any(int(p["policy_version"].min()) > version for p in stored[:]),
+            timeout=30,
+            message="batches after the push",
+        )
+        after = [p for p in stored[:] if int(p["policy_version"].min()) >= version]
+        assert all(bool((p["action"].argmax(-1) == 1).all()) for p in after), [
+            (int(p["policy_version"].min()), p["action"].argmax(-1).tolist()) for p in after
+        ]
+    finally:
+        release.set()
+        collector.shutdown()
