@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from common.errors import SessionStateError
+from common.errors import ClosedError, SessionStateError
 from learner_client._mailbox import Mailbox
 from learner_client._waits import Flag
 
@@ -61,6 +61,8 @@ class Background:
         self._parked = Flag()
         self._pause_lock = threading.Lock()
         self._pauser: threading.Thread | None = None
+        self._life = threading.Lock()  # start() against close()
+        self._closed = False
         self.error: str | None = None
 
     @property
@@ -73,13 +75,29 @@ class Background:
         return self._thread is threading.current_thread()
 
     def start(self) -> None:
-        """Start the thread (no-op if it runs)."""
-        if self.running:
-            return
-        self._stop.clear()
-        self.error = None
-        self._thread = threading.Thread(target=self._main, name="rlfleet-collector", daemon=True)
-        self._thread.start()
+        """Start the thread (no-op if it runs).
+
+        Raises:
+            ClosedError: After :meth:`close` (a ``shutdown()`` that came first).
+            RuntimeError: The thread was asked to stop (``pause(resume=False)`` that timed
+                out) and still stores its last batch: it would end right after.
+        """
+        with self._life:  # checked and started as one step, never across a close
+            if self._closed:
+                raise ClosedError("the collector is shut down")
+            if self.running and self._stop.is_set():
+                raise RuntimeError(
+                    "the background collection thread is still storing its last batch before"
+                    " it ends: start() again once is_running() is False"
+                )
+            if self.running:
+                return
+            self._stop.clear()
+            self.error = None
+            self._thread = threading.Thread(
+                target=self._main, name="rlfleet-collector", daemon=True
+            )
+            self._thread.start()
 
     def _main(self) -> None:
         try:
@@ -161,6 +179,12 @@ class Background:
         """Ask the thread to stop and open the gate; it wakes when the mailbox closes."""
         self._stop.set()
         self._resumed.set()
+
+    def close(self) -> None:
+        """:meth:`stop` for good: a later :meth:`start` raises ClosedError."""
+        with self._life:
+            self._closed = True
+            self.stop()
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the thread to end."""

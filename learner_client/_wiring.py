@@ -101,7 +101,7 @@ class _Closing(Protocol):
 class _Thread(Protocol):
     def is_current(self) -> bool: ...
 
-    def stop(self) -> None: ...
+    def close(self) -> None: ...
 
     def join(self, timeout: float) -> None: ...
 
@@ -164,7 +164,7 @@ class Teardown:
             return
         try:
             self.membership.close()
-            self.background.stop()
+            self.background.close()
             self.parts.close(timeout)
             self.background.join(timeout)
         finally:

@@ -23,6 +23,7 @@ from learner_fleet import cartpole_policy
 from tensordict import NonTensorData, TensorDict, tensorclass
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
+from common.errors import ClosedError
 from learner_client import GrpcCollector, _rounds, _wiring
 from learner_client._handover import Handover
 
@@ -485,3 +486,79 @@ def test_parts_an_interrupt_left_are_stored_before_the_next_takes_round() -> Non
     assert buffer.stored == []
     assert handover.deliver([part("b1"), part("b2")], buffer, None) is None
     assert buffer.stored == ["a2", "a3", "b1", "b2"]
+
+
+def test_a_start_a_shutdown_overtakes_raises_closed_error_and_starts_no_thread(
+    fleet, monkeypatch
+) -> None:
+    """start() on one thread checks the collector open, a shutdown() on another closes it
+    before the thread starts: start() raises ClosedError (it started a thread on the closed
+    collector, which failed at once and left an error in stats)."""
+    collector = GrpcCollector(
+        addresses(fleet, 0),
+        frames_per_batch=4,
+        replay_buffer=ReplayBuffer(storage=LazyTensorStorage(100)),
+    )
+    checked, release = threading.Event(), threading.Event()
+    start = collector._background.start
+
+    def held_after_the_check() -> None:
+        checked.set()
+        release.wait(30)
+        start()
+
+    monkeypatch.setattr(collector._background, "start", held_after_the_check)
+    outcome: list[BaseException | None] = []
+
+    def starting() -> None:
+        try:
+            collector.start()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=starting)
+    thread.start()
+    try:
+        assert checked.wait(30)
+        collector.shutdown()
+    finally:
+        release.set()
+        thread.join(30)
+    assert isinstance(outcome[0], ClosedError), outcome
+    time.sleep(0.3)  # a thread started on the closed collector would fail meanwhile
+    assert not collector.is_running()
+    assert collector.stats()["background_failed"] is False
+
+
+class _StuckBuffer:
+    """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
+
+    def __init__(self) -> None:
+        self.inner = ReplayBuffer(storage=LazyTensorStorage(10_000))
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def extend(self, data):
+        self.entered.set()
+        self.release.wait(30)
+        return self.inner.extend(data)
+
+
+def test_start_while_the_thread_a_pause_stopped_still_stores_raises_until_it_ended(fleet) -> None:
+    """pause(resume=False) timed out on a slow extend(): the thread stores that batch, then
+    ends. A start() meanwhile raises (it returned as if collecting, and nothing collected once
+    the thread ended); once it ended, start() collects again."""
+    rb = _StuckBuffer()
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        assert rb.entered.wait(30)
+        with pytest.raises(TimeoutError), collector.pause(0.5, resume=False):
+            pass
+        with pytest.raises(RuntimeError, match="still storing its last batch"):
+            collector.start()
+        rb.release.set()
+        poll_until(lambda: not collector.is_running(), timeout=30, message="the thread ends")
+        held = len(rb.inner)
+        collector.start()
+        poll_until(lambda: len(rb.inner) > held, timeout=30, message="collection started again")
+        assert collector.stats()["background_failed"] is False
