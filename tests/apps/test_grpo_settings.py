@@ -27,6 +27,11 @@ REFUSED = {
     # a negative weight or floor turns the entropy bonus into a penalty
     "negative entropy weight": (["--ent-coef", "-0.1"], "ent_coef must be finite and >= 0"),
     "negative entropy floor": (["--entropy-floor", "-1"], "entropy_floor must be finite and >= 0"),
+    # drawing 50 x 10^9 problems of arith's 100 took days, before any actor started
+    "held-out problems past the cap": (
+        ["--eval-problems", "1000000000"],
+        "eval_problems must be at most 10000, got 1000000000",
+    ),
 }
 
 

@@ -202,7 +202,12 @@ def test_status_watch_clears_the_screen_only_on_a_terminal() -> None:
         (("--dns", "actor:99999"), "port must be in 1..65535"),
         (("127.0.0.1:99999",), "port must be in 1..65535"),  # gRPC dialled 34463
         (("127.0.0.1",), "must be 'host:port'"),  # gRPC dialled 443
-        (("127.0.0.1:1", "--interval", "0"), "expected a finite number > 0"),
+        (("127.0.0.1:1", "--interval", "0"), "expected seconds in (0, 1e+07], got '0'"),
+        (("127.0.0.1:1", "--interval", "nan"), "expected seconds in (0, 1e+07]"),
+        # a sleep that long overflowed (a traceback after the first probe)
+        (("127.0.0.1:1", "--interval", "1e10"), "--interval: expected seconds in (0, 1e+07]"),
+        # a deadline that far expired at once: every actor read TIMEOUT
+        (("127.0.0.1:1", "--timeout", "1e10"), "--timeout: expected seconds in (0, 1e+07]"),
         (("127.0.0.1:1", "--count", "2"), "add --watch"),
         (("127.0.0.1:1", "--tls-cert", "x.pem"), "--tls-cert and --tls-key"),
         # without a CA the probe is plaintext: the client certificate would silently go unused

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from actor_service import ActorConfig, ModelSpec, create_server
-from apps._job.cli import FleetMismatchError
-from apps.ppo import _loop
+from apps._job.cli import EXIT_ERROR, FleetMismatchError
+from apps.ppo import _loop, main
 from apps.ppo._episodes import EpisodeTracker
 from apps.ppo._ppo import PPOLearner
 from apps.ppo._settings import RETURN_WINDOW, TrainSettings
@@ -178,3 +178,18 @@ def test_an_actor_behind_a_token_is_checked_for_the_env_and_the_hidden_sizes(
         with pytest.raises(FleetMismatchError, match=shapes):
             _loop.train(dataclasses.replace(settings, hidden=(16,)))
         assert _loop.train(settings).frames == FRAMES_PER_BATCH  # theirs: it trains
+
+
+def test_an_env_whose_spaces_the_policy_cannot_take_ends_the_run_with_one_line(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Blackjack's Tuple observations: a ValueError traceback once, now exit 1 naming the env,
+    before any actor is started."""
+    flags = ["--env", "Blackjack-v1", "--num-actors", "1", "--num-envs", "1"]
+    flags += ["--frames-per-batch", "32", "--minibatch-size", "32", "--no-progress"]
+    assert main([*flags, "--out", str(tmp_path / "run")]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("rlfleet-train: error: --env Blackjack-v1: observation space Tuple(")
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()

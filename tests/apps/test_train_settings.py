@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import io
 import json
 import math
+import resource
+import signal
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -90,6 +95,10 @@ def test_parse_args_raises_if_sync_and_async_are_both_given(capsys):
         (["--minibatch-size", "1025"], "minibatch_size (1025) exceeds frames_per_batch (1024)"),
         # async: one actor's batch of num_envs x T must still hold frames_per_batch
         (["--async", "--num-envs", "3", "--frames-per-batch", "1000"], "multiple of num_envs"),
+        # the collector refused it once the fleet had started, as "the fleet at --actors: ..."
+        (["--total-frames", str(2**63)], f"total_frames ({2**63}) in whole batches of"),
+        # 2**63 - 1 frames are 2**63 in whole batches of 1024
+        (["--total-frames", str(2**63 - 1)], "must be at most 2**63 - 1"),
     ],
 )
 def test_parse_args_raises_if_a_value_is_invalid(argv, message, capsys):
@@ -268,6 +277,37 @@ def test_save_weights_and_summary_makes_the_missing_parents_of_out(tmp_path):
     state, metadata = decode_weights((out / "policy.safetensors").read_bytes())
     assert set(state) == {"weight", "bias"}
     assert metadata["env"] == "CartPole-v1"
+
+
+@contextlib.contextmanager
+def _files_capped_at(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes of a file fail with EFBIG, as on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_save_weights_and_summary_that_fails_to_write_leaves_the_previous_outputs_whole(
+    tmp_path,
+):
+    """A run that cannot finish writing (a full disk, a kill) into the ``--out`` of an earlier
+    run used to truncate its policy.safetensors first: both runs' weights were lost."""
+    save_weights_and_summary(tmp_path, nn.Linear(2, 1), {"run": "first"}, {"run": "first"})
+    with _files_capped_at(256 * 1024), pytest.raises(OSError, match="too large") as failed:
+        save_weights_and_summary(
+            tmp_path, nn.Linear(512, 512), {"run": "second"}, {"run": "second"}
+        )
+    assert failed.value.errno == errno.EFBIG
+    state, metadata = decode_weights((tmp_path / "policy.safetensors").read_bytes())
+    assert metadata["run"] == "first"
+    assert state["weight"].shape == (1, 2)
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"run": "first"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.safetensors", "summary.json"]
 
 
 def test_progress_counting_steps_logs_steps_not_frames():
