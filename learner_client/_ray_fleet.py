@@ -455,7 +455,7 @@ class RayFleet:
         self._extra_args = list(extra_args)
         self._handles: dict[int, Any] = {}
         self._leased = False  # holds one of this process's leases on Ray (_RayLease)
-        self._state = "new"
+        self._state, self._lock = "new", threading.RLock()  # guards _state, _handles, _leased
 
     # ------------------------------------------------------------- lifecycle
 
@@ -469,11 +469,13 @@ class RayFleet:
             ActorUnavailableError: A server exited before it was ready (its stderr
                 quoted); every Ray actor is stopped.
             DeadlineError: An actor was not placed and ready within ``start_timeout``.
-            SessionStateError: The fleet was already started or stopped.
+            SessionStateError: The fleet was already started or stopped, or was stopped by
+                another thread while it placed its actors (none is left running).
         """
-        if self._state != "new":
-            raise SessionStateError(f"RayFleet.start() called on a {self._state} fleet")
-        self._state = "running"
+        with self._lock:
+            if self._state != "new":
+                raise SessionStateError(f"RayFleet.start() called on a {self._state} fleet")
+            self._state = "running"
         try:
             ray = self._init_ray()
             host_class = ray.remote(_ServerHost if self._env_fns is None else _InProcessHost)
@@ -483,8 +485,7 @@ class RayFleet:
                 args: list[Any] = [self._argv(worker_id), self.host, self._seed_of(worker_id)]
                 if self._env_fns is not None:
                     args += [self._env_fns[i], self._policy_module, self._factories[i]]
-                host = host_class.options(**options)
-                self._handles[worker_id] = host.remote(*args, token=self.token)
+                self._place(worker_id, host_class.options(**options), args)
             self._ready(list(self._handles))
         except BaseException:
             self.stop()
@@ -496,21 +497,23 @@ class RayFleet:
 
         Ray itself is shut down by the last fleet of this process to stop, if a fleet
         initialised it or one asked (``shutdown_ray``). After the script's own
-        ``ray.shutdown()`` the actors are gone with it: nothing is called on them.
+        ``ray.shutdown()`` the actors are gone with it: nothing is called on them. Also from
+        another thread while one starts the fleet (a second call waits for the first).
         """
-        if self._state == "stopped":
-            return
-        self._state = "stopped"
-        if not self._leased:
-            return
-        import ray
+        with self._lock:  # start() places no more actors once this ran
+            if self._state == "stopped":
+                return
+            self._state = "stopped"
+            if not self._leased:
+                return
+            import ray
 
-        try:
-            if _ray_up():  # after the script's own ray.shutdown() its actors are gone with it
-                self._stop_handles(ray)
-        finally:
-            self._leased = False
-            _RayLease.release(self._shutdown_ray)
+            try:
+                if _ray_up():  # after the script's own ray.shutdown() its actors are gone with it
+                    self._stop_handles(ray)
+            finally:
+                self._leased = False
+                _RayLease.release(self._shutdown_ray)
 
     def _stop_handles(self, ray: Any) -> None:
         """Stop every server, then kill its Ray actor and wait until it answers as dead."""
@@ -616,9 +619,17 @@ class RayFleet:
     # ------------------------------------------------------------ internals
 
     def _init_ray(self) -> Any:
-        ray = _RayLease.acquire(self._ray_init_config)
-        self._leased = True
+        with self._lock:
+            self._check_running()  # not once another thread stopped the fleet
+            ray = _RayLease.acquire(self._ray_init_config)
+            self._leased = True
         return ray
+
+    def _place(self, worker_id: int, host: Any, args: list[Any]) -> None:
+        """Create one Ray actor, the fleet's at once, unless another thread stopped the fleet."""
+        with self._lock:
+            self._check_running()
+            self._handles[worker_id] = host.remote(*args, token=self.token)
 
     def _argv(self, worker_id: int) -> list[str]:
         argv = [self._python or "", "-m", "actor_service", *self._common_args]

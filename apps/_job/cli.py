@@ -38,9 +38,10 @@ S = TypeVar("S")
 
 
 class FleetMismatchError(Exception):
-    """The fleet given does not fit the job (two actors with one worker_id, another env).
+    """The fleet or the env given does not fit the job.
 
-    :func:`run_job` ends on it with a one-line message and exit code 1.
+    Two actors with one worker_id, actors on another env, an env whose spaces the job's
+    policy cannot take: :func:`run_job` ends on it with a one-line message and exit code 1.
     """
 
 

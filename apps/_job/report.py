@@ -5,15 +5,20 @@ update otherwise. At the end a run writes, under its output directory,
 ``policy.safetensors`` (the model's state dict through
 :func:`common.weights.encode_weights`), ``summary.json`` and ``learning_curve.png``;
 matplotlib and tqdm come with the optional ``train`` extra, and their absence only
-costs the picture or the bar.
+costs the picture or the bar. Each file is replaced whole (:func:`write_whole`): a run
+killed or out of disk while writing leaves the previous run's file as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import pathlib
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -30,6 +35,7 @@ __all__ = [
     "new_plot",
     "save_plot",
     "save_weights_and_summary",
+    "write_whole",
 ]
 
 POLICY_FILE = "policy.safetensors"
@@ -133,8 +139,12 @@ def save_plot(figure: Any, axes: Any, path: pathlib.Path, title: str) -> None:
     axes.set_title(title)
     axes.legend(loc="lower right")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    png = io.BytesIO()
+    try:
+        figure.savefig(png, format="png", dpi=100)
+    finally:
+        plt.close(figure)
+    write_whole(path, png.getvalue())
 
 
 def save_weights_and_summary(
@@ -152,5 +162,28 @@ def save_weights_and_summary(
         record: The summary and whatever goes beside it (settings, curve).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / POLICY_FILE).write_bytes(encode_weights(model, metadata=metadata))
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(record, indent=2, default=list) + "\n")
+    write_whole(out_dir / POLICY_FILE, encode_weights(model, metadata=metadata))
+    summary = json.dumps(record, indent=2, default=list) + "\n"
+    write_whole(out_dir / SUMMARY_FILE, summary.encode())
+
+
+def write_whole(path: pathlib.Path, data: bytes | memoryview) -> None:
+    """Replace ``path`` with ``data`` in one step: it holds the old bytes or the new, whole.
+
+    The bytes go to a new file beside it, flushed to disk, then renamed over it: a write
+    that fails (a full disk), a signal or a kill meanwhile leaves the file as it was
+    (a previous run's outputs in the same ``--out``) and no temporary file behind
+    (but after a kill). Created with the umask's permissions, as ``open()`` would.
+    """
+    temp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise

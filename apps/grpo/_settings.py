@@ -23,7 +23,7 @@ from apps._job.device import (
 from apps._job.settings import check_positive_ints, check_rank_shares, opt, parse_settings
 from common.llm import DEFAULT_MAX_NEW_TOKENS_CAP, VOCABS, GenerationSettings, build_task
 
-__all__ = ["LOSSES", "PROG", "GRPOSettings", "parse_args"]
+__all__ = ["LOSSES", "MAX_EVAL_PROBLEMS", "PROG", "GRPOSettings", "parse_args"]
 
 #: The program's name, which prefixes its messages.
 PROG = "rlfleet-grpo"
@@ -33,6 +33,9 @@ LOSSES = ("builtin", "torchrl")
 #: The tiny Qwen2's context when the task needs no more (``--max-positions 0``).
 DEFAULT_CONTEXT = 512
 ENGINES = ("transformers", "vllm")
+#: The most held-out problems: each is drawn up to 50 times to find distinct ones (10^9 of a
+#: 100-problem task drew for days before the fleet started), then decoded at every evaluation.
+MAX_EVAL_PROBLEMS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,8 @@ class GRPOSettings:
         loss: ``builtin`` (plain torch) or ``torchrl`` (TorchRL's ``GRPOLoss`` and
             ``MCAdvantage``; needs torchrl installed).
         target_accuracy: Stop once greedy accuracy on the held-out problems reaches it.
-        eval_problems: Held-out problems evaluated (distinct; fewer when the task has fewer).
+        eval_problems: Held-out problems evaluated (distinct; fewer when the task has fewer),
+            at most :data:`MAX_EVAL_PROBLEMS`.
         eval_every: Updates between evaluations.
         max_steps: Update budget; training stops there if the target is not met.
         max_seconds: Wall-clock budget in seconds; 0 is none.
@@ -155,6 +159,10 @@ class GRPOSettings:
                 "max_steps",
             ),
         )
+        if self.eval_problems > MAX_EVAL_PROBLEMS:
+            raise ValueError(
+                f"eval_problems must be at most {MAX_EVAL_PROBLEMS}, got {self.eval_problems}"
+            )
         for name in ("lr", "clip_eps", "max_grad_norm", "temperature"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):

@@ -99,8 +99,11 @@ def _build_learner(
     Both live on the rank's device; DDP (several ranks) averages their gradients.
     """
     observation_space, action_space = _spaces(settings.env)
-    policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
-    value = make_value_mlp(observation_space, hidden=settings.hidden)
+    try:  # the actors' factory: an env whose spaces it refuses would not start them either
+        policy = make_policy("mlp", observation_space, action_space, hidden=settings.hidden)
+        value = make_value_mlp(observation_space, hidden=settings.hidden)
+    except ValueError as exc:
+        raise FleetMismatchError(f"--env {settings.env}: {exc}") from None
     policy.to(ranks.device)
     value.to(ranks.device)
     learner = PPOLearner(
@@ -130,8 +133,7 @@ def _open_collector(
             addresses,
             frames_per_batch=settings.frames_per_batch,
             # Whole batches, as the loop stops once past --total-frames (no rounding warning).
-            total_frames=-(-settings.total_frames // settings.frames_per_batch)
-            * settings.frames_per_batch,
+            total_frames=settings.budget_frames,
             sync=settings.sync,
             # From the environment only: a flag would show in `ps` and in summary.json.
             token=token,

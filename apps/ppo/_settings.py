@@ -34,6 +34,8 @@ PROG = "rlfleet-train"
 CARTPOLE_TARGET_RETURN = 475.0
 #: Finished episodes averaged for the reported (and target-checked) return.
 RETURN_WINDOW = 20
+# The collector counts frames in int64 (its settings' proto fields).
+_MAX_FRAMES = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +155,11 @@ class TrainSettings:
             raise ValueError("take_over applies to an --actors fleet; a fleet it starts is its own")
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ValueError(f"hidden must be positive layer sizes, got {self.hidden!r}")
+        if self.budget_frames > _MAX_FRAMES:  # else refused by the collector, blaming --actors
+            raise ValueError(
+                f"total_frames ({self.total_frames}) in whole batches of frames_per_batch "
+                f"({self.frames_per_batch}) must be at most 2**63 - 1"
+            )
         if self.minibatch_size > self.frames_per_batch:
             raise ValueError(
                 f"minibatch_size ({self.minibatch_size}) exceeds "
@@ -192,6 +199,11 @@ class TrainSettings:
         if self.target_return is not None:
             return None if math.isinf(self.target_return) else self.target_return
         return CARTPOLE_TARGET_RETURN if self.env == "CartPole-v1" else None
+
+    @property
+    def budget_frames(self) -> int:
+        """``total_frames`` rounded up to whole batches: the loop stops once past it."""
+        return -(-self.total_frames // self.frames_per_batch) * self.frames_per_batch
 
     @property
     def out_dir(self) -> str:

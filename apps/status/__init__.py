@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import TextIO
 import grpc
 
 from apps.status._status import ActorStatus, Probe, format_table, shared_worker_ids, with_rates
+from common.config import MAX_TIMEOUT_S
 from common.errors import ActorUnavailableError
 from learner_client import resolve_actors
 
@@ -40,8 +40,12 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    # The learner's bound: a sleep past 9.2e9 s overflows, and a gRPC deadline past 1e10 s
+    # expires at once (every actor read TIMEOUT).
+    if not 0 < value <= MAX_TIMEOUT_S:  # False for NaN
+        raise argparse.ArgumentTypeError(
+            f"expected seconds in (0, {MAX_TIMEOUT_S:g}], got {text!r}"
+        )
     return value
 
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from tensordict import TensorDictBase
 
 from common.errors import ActorUnavailableError, AuthenticationError, SessionStateError
 from learner_client import GrpcCollector, RayFleet
+from learner_client._ray_fleet import _RayLease
 
 pytestmark = pytest.mark.ray
 
@@ -146,6 +148,82 @@ def test_ray_fleet_reports_a_server_that_dies_before_ready(ray_cluster: Any) -> 
         fleet.start()
     with pytest.raises(SessionStateError):
         _ = fleet.addresses
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(("step", "held_worker"), [("_init_ray", None), ("_argv", 1)])
+def test_ray_fleet_stopped_by_another_thread_while_it_starts_leaves_no_actor_running(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch, step: str, held_worker: int | None
+) -> None:
+    """A stop() before the fleet took its lease on Ray, or between two placements, stopped
+    only the actors placed so far: start() went on placing the rest, which served on (their
+    CPUs and a lease on Ray held) until the process exited, and failed without stopping them."""
+    leases = _RayLease._leases
+    held, go_on = threading.Event(), threading.Event()
+    original = getattr(RayFleet, step)
+
+    def gated(fleet: RayFleet, *args: Any) -> Any:
+        if held_worker is None or args == (held_worker,):
+            held.set()
+            go_on.wait(timeout=30)
+        return original(fleet, *args)
+
+    monkeypatch.setattr(RayFleet, step, gated)
+    fleet = RayFleet(2, num_envs=1, grace_period=1.0, remote_configs={"num_cpus": 0.5})
+    errors: list[BaseException] = []
+    starter = threading.Thread(target=lambda: _start_into(fleet, errors))
+    starter.start()
+    try:
+        assert held.wait(timeout=30)
+        fleet.stop()
+    finally:
+        go_on.set()
+    starter.join(timeout=60)
+    assert not starter.is_alive()
+    assert [type(error) for error in errors] == [SessionStateError]
+    for handle in fleet._handles.values():  # each Ray actor it placed is dead, for good
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(handle.is_alive.remote(), timeout=30)
+    assert _RayLease._leases == leases
+
+
+@pytest.mark.long
+def test_ray_fleet_second_stop_returns_once_the_first_stopped_every_actor(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop() while another thread's stop() ran returned at once, its actors still serving."""
+    held, go_on = threading.Event(), threading.Event()
+    original = RayFleet._stop_handles
+
+    def gated(fleet: RayFleet, ray: Any) -> None:
+        held.set()
+        go_on.wait(timeout=30)
+        original(fleet, ray)
+
+    monkeypatch.setattr(RayFleet, "_stop_handles", gated)
+    fleet = RayFleet(1, num_envs=1, grace_period=1.0, remote_configs={"num_cpus": 0.5})
+    (server,) = fleet.start().pids
+    first = threading.Thread(target=fleet.stop)
+    first.start()
+    second = threading.Thread(target=fleet.stop)
+    try:
+        assert held.wait(timeout=30)
+        second.start()
+        second.join(timeout=1.0)
+        assert second.is_alive()  # waits for the first
+    finally:
+        go_on.set()
+    second.join(timeout=60)
+    assert not second.is_alive()
+    assert not process_alive(server)
+    first.join(timeout=60)
+
+
+def _start_into(fleet: RayFleet, errors: list[BaseException]) -> None:
+    try:
+        fleet.start()
+    except BaseException as error:
+        errors.append(error)
 
 
 def test_ray_fleet_restarted_actor_comes_back_at_a_new_address(ray_cluster: Any) -> None:
