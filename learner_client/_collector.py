@@ -33,12 +33,7 @@ from learner_client._handover import Handover
 from learner_client._mailbox import Paused
 from learner_client._members import Ranks, actor_state_of
 from learner_client._metrics import LearnerMetrics
-from learner_client._ray_dropin import (
-    RAY_ARGUMENTS,
-    RAY_WARNED,
-    RayPlacement,
-    ray_fleet_of,
-)
+from learner_client._ray_dropin import RAY_ARGUMENTS, RAY_WARNED, RayPlacement, ray_fleet_of
 from learner_client._rounds import Placement
 from learner_client._settings import (
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -63,6 +58,7 @@ from learner_client._torchrl_compat import (
     update_flag,
 )
 from learner_client._update_args import normalize_update_args, renamed_weights
+from learner_client._waits import interrupts_held
 from learner_client._weights import PushOptions
 from learner_client._wiring import Teardown, assemble, weakly
 
@@ -751,9 +747,10 @@ class GrpcCollector(TorchRLAccessors):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (every worker listed must be in the fleet).
 
-        ``ValueError`` for missing keys, ``UnknownWorkerError`` for a worker_id not in it.
+        ``TypeError``/``ValueError`` for a state not of its form, ``UnknownWorkerError`` for a
+        worker_id not in it; a Ctrl-C while it loads is raised once the load has ended.
         """
-        with self._open_call():
+        with self._open_call(), interrupts_held():
             self._fleet.load_state_dict(state_dict)
             self._rounds.update_budget()
             if self._env is not None:  # create_env_fn's env holds the restored env state

@@ -43,6 +43,7 @@ from learner_client._members import FleetMember, Ranks, check_devices, check_uni
 from learner_client._relay import RelayRoute
 from learner_client._restore import (
     check_models,
+    check_state,
     check_versions,
     load_states,
     state_blobs,
@@ -695,21 +696,20 @@ class Fleet:
         """Restore counters and each listed actor's state (all or none), then its versions.
 
         Raises:
+            TypeError: A state or its ``workers`` that is not a mapping.
             ValueError: Missing keys; versions of models no actor holds.
             UnknownWorkerError: A worker_id not in the fleet.
             WeightsError: A blob that is not an actor state, or one an actor refused
                 (the actors are then back where they were: ``learner_client._restore``).
         """
-        missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
-        if missing:
-            raise ValueError(f"state_dict lacks keys {sorted(missing)}")
+        check_state(state_dict)
         # Everything is checked before anything is applied; the counters after the actors.
         counts = check_counts(state_dict["frames"], state_dict["batches"])
         versions = check_versions(state_dict["policy_version"])
         check_models(
             versions, {m for link in self._links.values() for m in link.description.models}
         )
-        workers = state_blobs(dict(state_dict["workers"]))
+        workers = state_blobs(state_dict["workers"])
         unknown = sorted(set(workers) - self._owned)
         if unknown:
             others = [w for w in unknown if w in self.member_ids]

@@ -28,7 +28,9 @@ from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet
 from learner_client._ledger import check_count
+from learner_client._restore import check_state
 from learner_client._settings import positive_int, shutdown_limit
+from learner_client._waits import interrupts_held
 
 __all__ = ["GrpcLLMCollector"]
 
@@ -521,10 +523,12 @@ class GrpcLLMCollector:
         A checkpoint without ``yielded_turns`` and ``tokens`` (a ``GrpcCollector``'s) counts
         them from 0 again.
         """
+        check_state(state_dict)
         turns = check_count("yielded_turns", state_dict.get("yielded_turns", 0))
         tokens = check_count("tokens", state_dict.get("tokens", 0))
-        self._inner.load_state_dict(state_dict)
-        self._shaper.restore(turns, tokens)
+        with interrupts_held():  # a Ctrl-C comes after the counts, not between
+            self._inner.load_state_dict(state_dict)
+            self._shaper.restore(turns, tokens)
 
     @property
     def remote_collectors(self) -> list[RemoteActor]:

@@ -26,19 +26,52 @@ from learner_client._description import ActorDescription
 from learner_client._link import ActorLink
 from learner_client._transport import ActorChannel
 
-__all__ = ["check_models", "check_versions", "load_states", "state_blobs", "state_weights"]
+__all__ = [
+    "check_models",
+    "check_state",
+    "check_versions",
+    "load_states",
+    "state_blobs",
+    "state_weights",
+]
 
 log = logging.getLogger(__name__)
 
 
-def state_blobs(workers: Mapping[Any, Any]) -> dict[int, bytes]:
+_KEYS = frozenset({"frames", "batches", "policy_version", "workers"})
+
+
+def check_state(state_dict: object) -> Mapping[str, Any]:
+    """A state_dict given to ``load_state_dict``: a mapping holding every key it restores.
+
+    Raises:
+        TypeError: Not a mapping (a list of per-actor states is TorchRL's RayCollector's).
+        ValueError: Naming the keys it lacks.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"load_state_dict takes the dict state_dict() returned, got {type(state_dict).__name__}"
+        )
+    missing = _KEYS - set(state_dict)
+    if missing:
+        raise ValueError(f"state_dict lacks keys {sorted(missing)}")
+    return state_dict
+
+
+def state_blobs(workers: object) -> dict[int, bytes]:
     """A state_dict's ``workers`` entry as blobs by worker_id, each decoded once here.
 
     Raises:
+        TypeError: Not a mapping of worker_ids, or a value that is not a CPU uint8 tensor
+            or bytes.
         ValueError: A key that is not a worker_id.
-        TypeError: A value that is not a CPU uint8 tensor or bytes.
         WeightsError: A blob that is not an actor state (truncated, damaged, not finite).
     """
+    if not isinstance(workers, Mapping):
+        raise TypeError(
+            "state_dict['workers'] must map worker_ids to actor states (as state_dict() "
+            f"returns), got {type(workers).__name__}"
+        )
     blobs = {_worker_id(w): _as_bytes(value) for w, value in workers.items()}
     for blob in blobs.values():
         decode_state(blob, max_bytes=len(blob))

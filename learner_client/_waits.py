@@ -13,14 +13,39 @@ on another thread goes through here; the mailbox's ``Condition`` takes its lock 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Flag", "done_within"]
+__all__ = ["Flag", "done_within", "interrupts_held"]
 
 
 def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
     return lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) while the block runs, then hand it to the handler it replaced.
+
+    For a step that must end whole (a close, a checkpoint's load): interrupted, it would go
+    on without its caller and leave the collector's side of it undone. Only on the main
+    thread, where Python delivers SIGINT; elsewhere the block runs as it is. The default
+    handler raises ``KeyboardInterrupt`` once the block has ended.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        if held and callable(previous):
+            previous(signal.SIGINT, None)
 
 
 def done_within(future: concurrent.futures.Future[Any], timeout: float | None) -> bool:

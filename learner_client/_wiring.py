@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -47,7 +46,7 @@ from learner_client._settings import BatchSettings, ConnectionSettings, WeightPu
 from learner_client._shm import ShmRoute
 from learner_client._slabs import PacketSlabs
 from learner_client._stripes import StripeRoute
-from learner_client._waits import Flag
+from learner_client._waits import Flag, interrupts_held
 from learner_client._weights import WeightBook
 
 __all__ = ["Parts", "Teardown", "assemble", "weakly"]
@@ -178,27 +177,14 @@ class Teardown:
     def uninterrupted(self, timeout: float, shutdown_ray: bool, dropped: weakref.finalize) -> None:
         """Close everything (``dropped``, :meth:`when_dropped`'s, detached), Ctrl-C deferred.
 
-        On the main thread, where Python delivers SIGINT, a handler of ours holds it while
-        the close runs (each phase bounded by ``timeout``) and hands it to the handler it
-        replaced afterwards (a ``KeyboardInterrupt`` by default): an interrupted close would
+        A Ctrl-C is held while the close runs (each phase bounded by ``timeout``) and raised
+        afterwards (:func:`learner_client._waits.interrupts_held`): an interrupted close would
         leave the loop thread and channels open with the collector closed. No thread is
         started, so this also runs while the interpreter exits.
         """
-        if threading.current_thread() is not threading.main_thread():
+        with interrupts_held():
             dropped.detach()
             self(timeout, shutdown_ray)
-            return
-        held: list[int] = []
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-        try:
-            dropped.detach()
-            self(timeout, shutdown_ray)
-        finally:
-            signal.signal(
-                signal.SIGINT, signal.default_int_handler if previous is None else previous
-            )
-            if held and callable(previous):
-                previous(signal.SIGINT, None)
 
     def when_dropped(self, collector: object, timeout: float) -> weakref.finalize:
         """Run when ``collector`` is collected, or at interpreter exit, unless detached.

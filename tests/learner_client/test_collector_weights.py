@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 import threading
 
 import pytest
@@ -377,6 +379,23 @@ def test_load_state_dict_checks_everything_before_it_applies_anything(fleet):
         assert collector.next().numel() == 8
 
 
+def test_load_state_dict_raises_type_error_naming_a_state_that_is_not_a_mapping(fleet):
+    """A list of per-actor states (TorchRL's RayCollector's) used to raise "dictionary update
+    sequence element #0 has length 19832; 2 is required", and None "not iterable"."""
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=8, sync=True) as collector:
+        collector.next()
+        saved = collector.state_dict()
+        before = (collector.policy_version, collector.stats()["frames"])
+        for workers in ([saved["workers"][0]], None, "0"):
+            with pytest.raises(TypeError, match=r"state_dict\['workers'\] must map worker_ids"):
+                collector.load_state_dict({**saved, "frames": 123_456, "workers": workers})
+        for state in ([saved], None):
+            with pytest.raises(TypeError, match=r"takes the dict state_dict\(\) returned"):
+                collector.load_state_dict(state)
+        assert (collector.policy_version, collector.stats()["frames"]) == before
+        collector.load_state_dict(saved)
+
+
 @pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_a_checkpoint_one_actor_refuses_leaves_every_actor_as_it_was():
     """Worker 1 refuses its blob (another kind of actor's); worker 0, which loaded its own,
@@ -411,6 +430,35 @@ def test_a_checkpoint_one_actor_refuses_leaves_every_actor_as_it_was():
                 held, pushed = _policy_weights(after["workers"][wid]), before["workers"][wid]
                 assert all(torch.equal(v, _policy_weights(pushed)[k]) for k, v in held.items())
     finally:
+        for actor in actors:
+            actor.close()
+
+
+@pytest.mark.long  # 4-6 s: an actor of its own, stopped
+def test_a_ctrl_c_during_a_checkpoints_load_is_raised_once_it_is_loaded_whole():
+    """The load went on without the interrupted caller: the actor took the checkpoint, the
+    learner's counters and versions did not, and the actor's batches never came again."""
+    actors = start_actors([["--worker-id", "0", "--num-envs", "2"]])
+    pid, main = actors[0].process.pid, threading.main_thread().ident
+    try:
+        with GrpcCollector(
+            [actors[0].address], frames_per_batch=8, sync=True, call_timeout=20, batch_timeout=10
+        ) as collector:
+            collector.update_policy_weights_(cartpole_policy(action=0))
+            collector.next()
+            saved = collector.state_dict()
+            collector.update_policy_weights_(cartpole_policy(action=1))
+            collector.next()
+            os.kill(pid, signal.SIGSTOP)  # the load waits on it; a Ctrl-C comes meanwhile
+            threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
+            threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
+            with pytest.raises(KeyboardInterrupt):
+                collector.load_state_dict(saved)
+            assert collector.stats()["frames"] == 8
+            batch = collector.next()
+            assert batch["policy_version"].unique().tolist() == [1]
+    finally:
+        os.kill(pid, signal.SIGCONT)
         for actor in actors:
             actor.close()
 
