@@ -204,6 +204,34 @@ def crash_once_cartpole(steps: int = 0) -> gymnasium.Env:
     return _CrashAfter(env, steps)
 
 
+class _CloseRaises(_CrashAfter):
+    def close(self) -> None:
+        super().close()
+        raise RuntimeError("the simulator would not close")
+
+
+def close_raising_crashing_cartpole(steps: int = 0) -> gymnasium.Env:
+    """:func:`crashing_cartpole` whose ``close`` raises (after closing)."""
+    return _CloseRaises(gymnasium.make("CartPole-v1"), steps)
+
+
+_UNBUILDABLE = {"crashed": False}
+
+
+class _CrashForGood(_CrashAfter):
+    def step(self, action: Any) -> Any:
+        _UNBUILDABLE["crashed"] = self._left <= 0
+        return super().step(action)
+
+
+def unbuildable_after_crash_cartpole(steps: int = 0) -> gymnasium.Env:
+    """CartPole whose ``step`` raises after ``steps`` steps; no env can be built after that,
+    process-wide (sync only)."""
+    if _UNBUILDABLE["crashed"]:
+        raise OSError("the simulator's licence server is unreachable")
+    return _CrashForGood(gymnasium.make("CartPole-v1"), steps)
+
+
 class _MultiEnv(gymnasium.Env):
     """MultiBinary observations, MultiDiscrete actions (checked on every step), 5-step episodes."""
 

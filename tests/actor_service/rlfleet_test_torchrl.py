@@ -86,6 +86,16 @@ def widening_cartpole(steps: int = 3) -> EnvBase:
     return TransformedEnv(crashing_cartpole(steps=10**9), StepCounter())  # never crashes
 
 
+def close_raising_crashing_cartpole(steps: int = 3) -> EnvBase:
+    """:func:`crashing_cartpole` whose gymnasium ``close`` raises (after closing)."""
+    return GymWrapper(rlfleet_test_envs.close_raising_crashing_cartpole(steps))
+
+
+def unbuildable_after_crash_cartpole(steps: int = 3) -> EnvBase:
+    """:func:`crashing_cartpole`, after whose crash no env can be built (process-wide)."""
+    return GymWrapper(rlfleet_test_envs.unbuildable_after_crash_cartpole(steps))
+
+
 def uint16_counting() -> EnvBase:
     """TorchRL's ``CountingEnv`` with a uint16 observation, a dtype no packet carries."""
     cast = DTypeCastTransform(torch.int32, torch.uint16, in_keys=["observation"])

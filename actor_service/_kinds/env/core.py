@@ -204,7 +204,8 @@ class EnvCore(CoreBase):
             SessionStateError: Not configured, or abandoned.
             ClosedError: The core is closed.
             EnvError: An env raised, or a step exceeded ``step_timeout`` (async backend: a
-                ``TimeoutError``); the pool is rebuilt on the next call.
+                ``TimeoutError``); the pool is rebuilt on the next call (the env factory's
+                failure to rebuild it is an ``EnvError`` too).
         """
         with self._lock:
             settings = self._configured()
@@ -335,7 +336,10 @@ class EnvCore(CoreBase):
         """Rebuild a failed pool, or reset the envs a failed batch left mid-way."""
         if self._pool_broken:
             close_pool(self._pool, force=True)
-            self._pool = make_env_pool(self.config)
+            try:
+                self._pool = make_env_pool(self.config)
+            except Exception as exc:  # the factory that built the first pool fails now
+                raise EnvError.of(self.env_id, exc) from exc
             self._pool_broken = False
             self._needs_reset = True
         if self._needs_reset:

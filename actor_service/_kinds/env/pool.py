@@ -7,12 +7,14 @@ observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` a
 :func:`reset_pool` bound every async call by ``step_timeout`` and turn a hung or
 crashed env into an :class:`~common.errors.EnvError` (naming the env's exception, or a
 ``TimeoutError`` for a hung env) instead of a hang; :func:`close_pool`
-reaps the subprocesses even when an env hangs. :func:`derive_seed` chains per-env
+reaps the subprocesses even when an env hangs, and closes every env even when one's
+``close()`` raises. :func:`derive_seed` chains per-env
 seeds exactly as TorchRL does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 from collections.abc import Callable, Sequence
@@ -220,7 +222,7 @@ def close_pool(pool: VectorEnv, *, force: bool = False) -> None:
     if pool.closed:
         return
     if not isinstance(pool, AsyncVectorEnv):
-        pool.close()
+        _close_each(pool)
         return
     if not force and not all(p.is_alive() for p in pool.processes):
         force = True
@@ -230,6 +232,21 @@ def close_pool(pool: VectorEnv, *, force: bool = False) -> None:
         pool.close(terminate=force)
     except Exception:  # a broken worker pipe must not keep the others alive
         _terminate(pool.processes)
+        pool.closed = True
+
+
+def _close_each(pool: VectorEnv) -> None:
+    """Close every env of an in-process pool: one whose ``close()`` raises leaves none open.
+
+    The pool is closed all the same, so a rebuild after a crash (and the actor's own close)
+    goes on: a user's ``close()`` that raises would otherwise fail every later batch.
+    """
+    try:
+        pool.close()
+    except Exception:  # the user's env: its close, whatever it raises; then every other's
+        for env in getattr(pool, "envs", ()):
+            with contextlib.suppress(Exception):
+                env.close()
         pool.closed = True
 
 

@@ -293,7 +293,8 @@ class TorchRLCore(CoreBase):
         Raises:
             SessionStateError: Not configured, or abandoned.
             ClosedError: The core is closed.
-            EnvError: The env raised while stepping; the pool is rebuilt on the next call.
+            EnvError: The env raised while stepping; the pool is rebuilt on the next call
+                (the env factory's failure to rebuild it is an ``EnvError`` too).
             Exception: Whatever the policy raised; the envs are reset on the next call.
         """
         with self._lock:
@@ -397,8 +398,11 @@ class TorchRLCore(CoreBase):
 
     def _rebuild_pool(self) -> None:
         """Build the pool anew (after a crash, or a probe that moved its state); not reset."""
-        self._base.close(raise_if_closed=False)
-        self._base, env = build_pool(self.config)
+        self._close_base()
+        try:
+            self._base, env = build_pool(self.config)
+        except Exception as exc:  # the factory that built the first pool fails now
+            raise EnvError.of(self.env_id, exc) from exc
         if env is not self._base:
             env.close(raise_if_closed=False)
         if (layout := spec_layout(self._base)) != self._layout:  # rebuilt on the next call
@@ -537,7 +541,16 @@ class TorchRLCore(CoreBase):
 
     def _release(self) -> None:
         """Close the env pool (and a ``ParallelEnv``'s subprocesses)."""
-        self._base.close(raise_if_closed=False)
+        self._close_base()
+
+    def _close_base(self) -> None:
+        """Close the env pool; a user's env whose ``close()`` raises is closed all the same.
+
+        TorchRL marks an env closed before it closes what it wraps, and a rebuild after a
+        crash (or the actor's own close) must go on: such an env would fail every later batch.
+        """
+        with contextlib.suppress(Exception):  # the user's env: its close, whatever it raises
+            self._base.close(raise_if_closed=False)
 
 
 def _does_not_act(tensordict: TensorDictBase) -> TensorDictBase:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
+import rlfleet_test_envs
 from actor_harness import Actor, RawCollect, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
@@ -784,6 +785,25 @@ def test_collect_env_crash_ends_with_error_and_the_actor_recovers(make_actor: ob
     assert again.opened().next_seq == 2
     assert again.batch()[0].seq == 2
     again.cancel()
+
+
+def test_collect_env_factory_failing_to_rebuild_the_pool_ends_with_its_env_failure(
+    make_actor: object,
+) -> None:
+    rlfleet_test_envs._UNBUILDABLE["crashed"] = False
+    factory = "rlfleet_test_envs:unbuildable_after_crash_cartpole"
+    actor = make_actor(env_pool=EnvPoolSettings(env_factory=factory, env_kwargs={"steps": 7}))
+    crashed = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=2))
+    crashed.opened()
+    assert crashed.end()[0].env_failure.exception_message == "simulator crashed"
+    again = RawCollect.open(actor.stub, open_request(frames_per_batch=10, credits=1))
+    again.opened()
+    end, seqs = again.end()
+    assert (seqs, end.reason) == ([], pb.END_REASON_ERROR)
+    failure = end.env_failure  # the env's failure a learner counts, not an internal error
+    assert failure.env == factory
+    assert "licence server is unreachable" in failure.exception_message
+    assert "licence server is unreachable" in end.message
 
 
 def test_collect_env_crash_withholds_the_text_when_detail_is_type(make_actor: object) -> None:

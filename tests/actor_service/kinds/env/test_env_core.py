@@ -376,6 +376,30 @@ def test_rollout_worker_rebuilds_the_pool_after_an_env_crash() -> None:
     assert batch.batch_size == (4, 10)
 
 
+def test_rollout_worker_raises_env_error_if_the_env_factory_fails_to_rebuild_the_pool() -> None:
+    rlfleet_test_envs._UNBUILDABLE["crashed"] = False
+    factory = "rlfleet_test_envs:unbuildable_after_crash_cartpole"
+    with _worker(env_pool=EnvPoolSettings(env_factory=factory)) as worker:
+        worker.configure(CollectSettings(frames_per_batch=40))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            worker.collect_batch()
+        for _ in range(2):  # the factory's failure, batch after batch: an env's, not a bug
+            with pytest.raises(EnvError, match="licence server is unreachable") as info:
+                worker.collect_batch()
+            assert info.value.env == factory
+
+
+def test_rollout_worker_rebuilds_the_pool_after_a_crash_if_an_envs_close_raises() -> None:
+    factory = "rlfleet_test_envs:close_raising_crashing_cartpole"
+    with _worker(env_pool=EnvPoolSettings(env_factory=factory, env_kwargs={"steps": 5})) as worker:
+        worker.configure(CollectSettings(frames_per_batch=40))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            worker.collect_batch()
+        worker.configure(CollectSettings(frames_per_batch=16))  # 4 steps: before the crash
+        assert worker.collect_batch().batch_size == (4, 4)  # on a rebuilt pool
+    assert worker._pool.closed  # closed with the worker, though each env's close raised
+
+
 def test_rollout_worker_async_backend_collects_and_close_reaps_subprocesses() -> None:
     worker = _worker(num_envs=2, env_pool=EnvPoolSettings(env_backend="async"), models=RANDOM_MODEL)
     pids = [p.pid for p in worker._pool.processes]

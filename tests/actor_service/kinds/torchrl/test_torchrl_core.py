@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict
 
 pytest.importorskip("torchrl")
+import rlfleet_test_envs
 import rlfleet_test_torchrl as factories
 from actor_harness import RawCollect, open_request
 from torchrl.envs import SerialEnv
@@ -509,6 +510,30 @@ def test_a_pool_rebuilt_with_other_specs_is_refused_batch_after_batch() -> None:
         for _ in range(2):  # the factory keeps building the wider env: never collected
             with pytest.raises(EnvError, match=r"differ from its first build's at .*step_count"):
                 core.collect_batch()
+
+
+def test_torchrl_core_rebuilds_the_pool_after_a_crash_if_the_envs_close_raises() -> None:
+    with TorchRLCore(_config(env="close_raising_crashing_cartpole", num_envs=1)) as core:
+        core.configure(CollectSettings(frames_per_batch=10))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            core.collect_batch()
+        core.configure(CollectSettings(frames_per_batch=2))
+        batch = core.collect_batch()  # on a rebuilt pool, whose new envs have steps left
+    assert isinstance(batch, TensorDict)
+    assert batch.batch_size == (1, 2)
+
+
+def test_torchrl_core_raises_env_error_if_the_env_factory_fails_to_rebuild_the_pool() -> None:
+    rlfleet_test_envs._UNBUILDABLE["crashed"] = False
+    config = _config(env="unbuildable_after_crash_cartpole", num_envs=1)
+    with TorchRLCore(config) as core:
+        core.configure(CollectSettings(frames_per_batch=10))
+        with pytest.raises(EnvError, match="simulator crashed"):
+            core.collect_batch()
+        for _ in range(2):  # the factory's failure, batch after batch: an env's, not a bug
+            with pytest.raises(EnvError, match="licence server is unreachable") as info:
+                core.collect_batch()
+            assert info.value.env == "rlfleet_test_torchrl:unbuildable_after_crash_cartpole"
 
 
 def test_torchrl_actor_takes_pushes_with_buffers_seeds_and_state_from_the_learner() -> None:
