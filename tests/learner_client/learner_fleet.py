@@ -100,6 +100,22 @@ S = TypeVar("S")
 _COLLECTOR_PARAMETERS = inspect.signature(GrpcCollector.__init__).parameters
 
 
+class StuckBuffer:
+    """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
+
+    def __init__(self) -> None:
+        from torchrl.data import LazyTensorStorage, ReplayBuffer  # the tests' extra, not conftest's
+
+        self.inner = ReplayBuffer(storage=LazyTensorStorage(10_000))
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def extend(self, data: Any) -> Any:
+        """Wait for ``release`` (30 s at most), then store ``data``."""
+        self.entered.set()
+        self.release.wait(30)
+        return self.inner.extend(data)
+
+
 def _collector_settings(cls: type[S], **given: Any) -> S:
     """``cls`` (``BatchSettings``, ``RolloutSettings``, ``ConnectionSettings``) as
     ``GrpcCollector`` builds it: every field not ``given`` at the collector's default."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 from helpers import free_port, poll_until, self_signed_cert, start_actor
-from learner_fleet import live_threads
+from learner_fleet import StuckBuffer, live_threads
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from common.errors import ActorUnavailableError, ClosedError, ProtocolError, SessionStateError
@@ -400,21 +400,8 @@ def test_collector_pause_after_the_thread_ended_without_resume_leaves_other_cons
         assert len(asked) == 2  # once more after it, which stored a batch
 
 
-class _StuckBuffer:
-    """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
-
-    def __init__(self) -> None:
-        self.inner = ReplayBuffer(storage=LazyTensorStorage(10_000))
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def extend(self, data):
-        self.entered.set()
-        self.release.wait(30)
-        return self.inner.extend(data)
-
-
 def test_collector_pause_raises_timeout_error_when_the_thread_stays_busy_storing(fleet):
-    rb = _StuckBuffer()
+    rb = StuckBuffer()
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
         collector.start()
         assert rb.entered.wait(30)

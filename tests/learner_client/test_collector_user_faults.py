@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 from helpers import poll_until
-from learner_fleet import cartpole_policy
+from learner_fleet import StuckBuffer, cartpole_policy
 from tensordict import NonTensorData, TensorDict, tensorclass
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
@@ -531,24 +531,11 @@ def test_a_start_a_shutdown_overtakes_raises_closed_error_and_starts_no_thread(
     assert collector.stats()["background_failed"] is False
 
 
-class _StuckBuffer:
-    """A user's buffer whose ``extend`` blocks until released (a slow disk, a lock)."""
-
-    def __init__(self) -> None:
-        self.inner = ReplayBuffer(storage=LazyTensorStorage(10_000))
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def extend(self, data):
-        self.entered.set()
-        self.release.wait(30)
-        return self.inner.extend(data)
-
-
 def test_start_while_the_thread_a_pause_stopped_still_stores_raises_until_it_ended(fleet) -> None:
     """pause(resume=False) timed out on a slow extend(): the thread stores that batch, then
     ends. A start() meanwhile raises (it returned as if collecting, and nothing collected once
     the thread ended); once it ended, start() collects again."""
-    rb = _StuckBuffer()
+    rb = StuckBuffer()
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
         collector.start()
         assert rb.entered.wait(30)

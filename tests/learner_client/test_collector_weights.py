@@ -414,11 +414,7 @@ def test_a_checkpoint_one_actor_refuses_leaves_every_actor_as_it_was():
         with GrpcCollector(
             [a.address for a in actors[:2]], frames_per_batch=8, sync=True
         ) as collector:
-            collector.update_policy_weights_(cartpole_policy(action=0))
-            collector.next()
-            saved = collector.state_dict()
-            collector.update_policy_weights_(cartpole_policy(action=1))
-            collector.next()
+            saved = _checkpoint_then_move_on(collector)
             before = collector.state_dict()
             with pytest.raises(ProtocolError, match="another kind of actor"):
                 collector.load_state_dict({**saved, "workers": {0: saved["workers"][0], 1: alien}})
@@ -444,11 +440,7 @@ def test_a_ctrl_c_during_a_checkpoints_load_is_raised_once_it_is_loaded_whole():
         with GrpcCollector(
             [actors[0].address], frames_per_batch=8, sync=True, call_timeout=20, batch_timeout=10
         ) as collector:
-            collector.update_policy_weights_(cartpole_policy(action=0))
-            collector.next()
-            saved = collector.state_dict()
-            collector.update_policy_weights_(cartpole_policy(action=1))
-            collector.next()
+            saved = _checkpoint_then_move_on(collector)
             os.kill(pid, signal.SIGSTOP)  # the load waits on it; a Ctrl-C comes meanwhile
             threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
             threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
@@ -461,6 +453,17 @@ def test_a_ctrl_c_during_a_checkpoints_load_is_raised_once_it_is_loaded_whole():
         os.kill(pid, signal.SIGCONT)
         for actor in actors:
             actor.close()
+
+
+def _checkpoint_then_move_on(collector: GrpcCollector) -> dict:
+    """Collect under weights that always act 0, keep that checkpoint, then collect a batch
+    under weights that always act 1 (versions 1 and 2): the checkpoint is the one returned."""
+    collector.update_policy_weights_(cartpole_policy(action=0))
+    collector.next()
+    saved = collector.state_dict()
+    collector.update_policy_weights_(cartpole_policy(action=1))
+    collector.next()
+    return saved
 
 
 def _policy_weights(blob: torch.Tensor) -> dict[str, torch.Tensor]:
