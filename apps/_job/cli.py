@@ -19,6 +19,8 @@ from typing import Any, Protocol, TextIO, TypeVar
 import numpy as np
 import torch
 
+from apps._job.entry import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
@@ -29,10 +31,6 @@ __all__ = [
     "run_job",
     "seed_everything",
 ]
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
 
 S = TypeVar("S")
 

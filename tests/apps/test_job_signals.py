@@ -6,12 +6,17 @@ Real signals sent to this process; the handlers are the ones the loops install.
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
+import subprocess
+import sys
 import time
+import tomllib
 from collections.abc import Callable
 
 import pytest
 
+from apps._job import entry
 from apps._job.cli import (
     EXIT_INTERRUPTED,
     FleetMismatchError,
@@ -19,6 +24,8 @@ from apps._job.cli import (
     StoppedAtOnce,
     run_job,
 )
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _signal_self(signum: signal.Signals) -> None:
@@ -133,3 +140,39 @@ def test_a_job_takes_sigterm_as_ctrl_c_then_gives_the_handler_back(
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert "prog: interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_a_script_imports_its_job_ends_in_one_line_with_130(
+    stop: signal.Signals,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The scripts import torch before parsing a flag: a Ctrl-C then printed a traceback and
+    a SIGTERM killed the process by its default action; both now end as a stop in training."""
+    (tmp_path / "job_importing_slowly.py").write_text(
+        "import os, signal, time\n"
+        f"os.kill(os.getpid(), signal.{stop.name})\n"
+        "time.sleep(5)\n"
+        "def main():\n"
+        "    return 0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = signal.getsignal(signal.SIGTERM)
+    began = time.monotonic()
+    assert entry._run("job_importing_slowly", "prog") == EXIT_INTERRUPTED
+    assert time.monotonic() - began < 4  # stopped in the import, not after it
+    assert capsys.readouterr().err == "prog: interrupted while starting\n"
+    assert signal.getsignal(signal.SIGTERM) == before  # the job's own handling takes over
+
+
+def test_the_installed_scripts_start_through_an_entry_module_importing_nothing_slow() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["rlfleet-train"] == "apps._job.entry:train"
+    assert scripts["rlfleet-grpo"] == "apps._job.entry:grpo"
+    probe = "import sys, apps._job.entry; print(sorted({'torch', 'grpc'} & set(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "[]"

@@ -170,7 +170,7 @@ def test_image_programs_are_the_installed_console_scripts() -> None:
     # The image runs rlfleet-actor / rlfleet-train; here they run as python -m, the same mains.
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["rlfleet-actor"] == "actor_service.__main__:main"
-    assert scripts["rlfleet-train"] == "apps.ppo:main"
+    assert scripts["rlfleet-train"] == "apps._job.entry:train"
     assert (ROOT / "apps" / "ppo" / "__main__.py").exists()
 
 
