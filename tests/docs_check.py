@@ -4,13 +4,15 @@ The rules (documented in docs/development.md): every ```` ```python ```` block r
 line just before its fence is ``<!-- docs-test: skip (reason) -->``; every relative link points
 at an existing file and every ``#anchor`` at a heading of its target; every
 ``tests/<path>.py::test_name`` names a test that exists; every file path of ours in
-backticks exists.
+backticks exists; every class of ours built in inline code (```DnsWatcher(...)```) is one a
+public module exports.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import pathlib
 import re
 
@@ -203,6 +205,54 @@ def missing_paths(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
             if not any(home.exists() for home in homes):
                 problems.append(f"{_relative(path)}:{number}: `{ref}`: no such file")
     return problems
+
+
+#: A class called in inline code (`DnsWatcher(target)`), not a method (`.Name(`).
+_CLASS_CALL = re.compile(r"(?<![\w.])([A-Z]\w*)\(")
+#: The packages whose classes a reader may build: their public modules and ``__all__``.
+_PACKAGES = ("actor_service", "learner_client", "common", "apps")
+
+
+def private_classes(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
+    """Every class of ours built in inline code that no public module or ``__all__`` exports."""
+    defined, public = _our_classes(root)
+    problems = []
+    for number, text in _outside_blocks(path):
+        for span in _INLINE_CODE.finditer(text):
+            for name in _CLASS_CALL.findall(span.group(0)):
+                if name in defined and name not in public:
+                    problems.append(
+                        f"{_relative(path)}:{number}: `{name}(...)`: a private class; "
+                        "name a public one (a package's __all__ or a module without _)"
+                    )
+    return problems
+
+
+@functools.cache
+def _our_classes(root: pathlib.Path) -> tuple[frozenset[str], frozenset[str]]:
+    """``(every top-level class of our packages, those a public module or __all__ exports)``."""
+    defined: set[str] = set()
+    public: set[str] = set()
+    for package in _PACKAGES:
+        for module in (root / package).rglob("*.py"):
+            parts = module.relative_to(root).parts
+            tree = ast.parse(module.read_text(), filename=str(module))
+            classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+            defined |= classes
+            if any(part.startswith("_") and part != "__init__.py" for part in parts):
+                continue
+            public |= {name for name in classes if not name.startswith("_")}
+            public |= _all_names(tree)
+    return frozenset(defined), frozenset(public)
+
+
+def _all_names(tree: ast.Module) -> set[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
 
 
 def _function_names(path: pathlib.Path) -> set[str]:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 from docs_check import (
@@ -19,6 +21,7 @@ from docs_check import (
     doc_files,
     missing_paths,
     missing_tests,
+    private_classes,
     slug,
 )
 
@@ -77,6 +80,11 @@ def test_docs_name_only_files_of_ours_that_exist(path: pathlib.Path) -> None:
     assert missing_paths(path) == []
 
 
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_build_only_classes_a_public_module_exports(path: pathlib.Path) -> None:
+    assert private_classes(path) == []
+
+
 def test_docs_pages_are_all_linked_from_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     unlinked = [p.name for p in doc_files()[1:] if f"(docs/{p.name})" not in readme]
@@ -86,6 +94,24 @@ def test_docs_pages_are_all_linked_from_the_readme() -> None:
 def test_docs_readme_is_a_first_read() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 230, f"README.md has {lines} lines; move reference material into docs/"
+
+
+def test_docs_runtime_dependencies_name_every_package_and_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    text = (ROOT / "docs" / "development.md").read_text()
+    section = text.split("## Runtime dependencies", 1)[1].split("\n## ", 1)[0]
+    required = [re.match(r"[\w.-]+", dep).group(0) for dep in project["dependencies"]]
+    unnamed = [
+        name
+        for name in required
+        if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", section)
+    ]
+    unnamed += [
+        f"[{extra}]"
+        for extra in project["optional-dependencies"]
+        if extra not in {"dev", "test"} and f"`{extra}`" not in section
+    ]
+    assert unnamed == [], f"docs/development.md's runtime dependencies leave out {unnamed}"
 
 
 def test_docs_most_python_blocks_run() -> None:
@@ -120,6 +146,25 @@ def test_checker_reports_a_broken_link_anchor_and_test(tmp_path: pathlib.Path) -
         "../../etc/passwd: points outside the repository",
     ]
     assert len(missing_tests(page, root=tmp_path)) == 2
+
+
+def test_checker_reports_a_class_built_in_prose_that_only_a_private_module_holds(
+    tmp_path: pathlib.Path,
+) -> None:
+    package = tmp_path / "learner_client"
+    package.mkdir()
+    (package / "__init__.py").write_text('__all__ = ["Shown"]\n')
+    (package / "_inner.py").write_text("class Shown: ...\nclass Hidden: ...\n")
+    page = tmp_path / "a.md"
+    page.write_text(
+        "`Shown(1)` and `x = Hidden(2)`; `obj.Hidden(3)` is a method, `Hidden` is not built,\n"
+        "`GymEnv(4)` is not ours.\n```python\nHidden(5)\n```\n"
+    )
+    problems = private_classes(page, root=tmp_path)
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "`Hidden(...)`: a private class; name a public one (a package's __all__ or a module "
+        "without _)"
+    ]
 
 
 def test_checker_reads_skip_markers_and_refuses_malformed_ones(tmp_path: pathlib.Path) -> None:
