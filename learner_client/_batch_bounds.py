@@ -9,8 +9,9 @@ seq was never collected); its ``model_id`` is the session's; its policy versions
 range within ``[0, MAX_POLICY_VERSION]``, and the versions its frames carry lie in that
 range (the learner's lag and staleness read the range, the user the frames), and its
 trajectory and group ids name the actor (no actor pours frames into another's
-trajectories or GRPO groups); its frames are no more than its rows (an LLM batch of last
-steps counts each dialog's turns, at most its turn limit); an LLM batch is in the padded
+trajectories or GRPO groups), both integers (NaN names no version and no worker); its
+frames are no more than its rows (an LLM batch of last steps counts each dialog's turns,
+at most its turn limit); an LLM batch is in the padded
 form with token ids below the learner's ``vocab_size`` (``common.llm.check_padded``); a
 batch of steps has the session's shape (``frames_per_batch`` frames,
 ``frames_per_batch // num_envs`` steps last); and its rows are no more than its bytes
@@ -163,6 +164,8 @@ class BatchBounds:
         values = batch.get(key, None)
         if not isinstance(values, torch.Tensor) or not values.numel():
             return None  # the layout checks say what is missing
+        if values.is_floating_point() or values.is_complex():  # NaN names no version, no worker
+            self._refuse(info, f"{key!r} of dtype {values.dtype}; versions and ids are integers")
         if real is None:
             return values
         if values.shape[: real.ndim] != real.shape:

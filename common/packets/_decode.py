@@ -63,8 +63,9 @@ class PacketLimits:
         max_depth: Most components in one key.
         max_key_length: Longest key component or dim name, in characters.
         max_ndim: Most dims in one shape or batch size.
-        max_strings: Most strings in one packet. Each becomes a tensordict object
-            (about 0.1 ms and 0.6 KiB), so this bounds the decode time strings can cost.
+        max_strings: Most strings in one packet, an empty string stack's nested lists
+            counted as strings. Each becomes a tensordict object (about 0.1 ms and
+            0.6 KiB), so this bounds the decode time strings can cost.
     """
 
     max_packet_bytes: int = 1 << 30
@@ -297,10 +298,11 @@ class _Header:
             )
         count = math.prod(shape)
         if dtype == STR:
-            self._strings += count
+            self._strings += _string_cost(shape)
             if self._strings > self.limits.max_strings:
                 raise PacketTooLargeError(
-                    f"more than max_strings={self.limits.max_strings} strings"
+                    f"entry {list(key)} shape {list(shape)}: more than "
+                    f"max_strings={self.limits.max_strings} strings"
                 )
             if nbytes < 8 * count:
                 raise ProtocolError(
@@ -346,6 +348,20 @@ class _Header:
             if any(name is not None for name in names):
                 tds[key].names = names
         return tds[()]
+
+
+def _string_cost(shape: tuple[int, ...]) -> int:
+    """What a string entry of ``shape`` counts against ``max_strings``.
+
+    Its strings, or the empty lists its stack nests when those are more: ``[2**30, 0]``
+    holds no string and no byte, yet would be built as 2^30 lists.
+    """
+    lists = 1
+    for dim in shape[:-1]:
+        if not dim:
+            break
+        lists *= dim
+    return max(math.prod(shape), lists)
 
 
 def _tensor(entry: _Entry, region: torch.Tensor) -> torch.Tensor:

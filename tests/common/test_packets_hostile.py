@@ -332,6 +332,23 @@ def test_decode_packet_raises_if_there_are_too_many_strings() -> None:
     assert "max_strings" in str(refused_fast(small, PacketTooLargeError, max_strings=2))
 
 
+STACKS_WITHOUT_STRINGS = [[70_000, 0], [300, 300, 0], [2**30, 0], [2**30, 2**30, 0, 5]]
+
+
+@pytest.mark.parametrize(
+    "shape", STACKS_WITHOUT_STRINGS, ids=[str(s) for s in STACKS_WITHOUT_STRINGS]
+)
+def test_decode_packet_raises_if_a_string_stack_without_strings_nests_too_many_lists(
+    shape: list[int],
+) -> None:
+    """A string stack of 2^30 empty rows holds no string and no byte, yet would be built
+    as 2^30 lists: its rows count against max_strings."""
+    entry = {"key": ["s"], "dtype": "str", "shape": shape, "offset": 0, "nbytes": 0}
+    header = {"batch_size": [], "names": [], "tds": [], "entries": [entry], "payload_bytes": 0}
+    error = refused_fast(raw_packet(header), PacketTooLargeError)
+    assert f"entry ['s'] shape {shape}: more than max_strings" in str(error)
+
+
 @pytest.mark.parametrize(
     ("buffer", "match"),
     [(b"RLF", "at least 12"), (b"RLF2" + bytes(12), "bad magic"),

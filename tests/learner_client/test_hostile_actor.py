@@ -11,6 +11,7 @@ error the user sees, and retry that actor with a growing backoff, not in a tight
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -31,9 +32,11 @@ from hostile_harness import (
     serve,
 )
 from learner_fleet import cartpole_policy
-from tensordict import LazyStackedTensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 
 from common.errors import EnvError, ProtocolError
+from common.packets import MAGIC, encode_packet, packet_crc32c
+from common.packets._decode import PREAMBLE
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client import GrpcCollector, MissingWorkersError
 
@@ -52,6 +55,13 @@ def test_an_honest_batch_from_the_test_server_is_yielded(description) -> None:
     assert frames == 2 * FRAMES
 
 
+def _with(key: str | tuple[str, ...], value: torch.Tensor) -> TensorDict:
+    """An honest batch with ``key`` set to ``value``."""
+    td = data_of_size([1, FRAMES])
+    td.set(key, value)
+    return td
+
+
 HOSTILE = {
     "frames_2^64-1": (lambda seq: batch(seq, frames=U64), "18446744073709551615 frames"),
     "frames_beyond_rows": (lambda seq: batch(seq, frames=FRAMES + 1), "9 frames for 8 rows"),
@@ -64,6 +74,22 @@ HOSTILE = {
         "policy versions 5..4",
     ),
     "version_2^64-1": (lambda seq: batch(seq, policy_version_max=U64), "policy versions 0.."),
+    # Float ids and versions: NaN names no worker and no version (they used to stop the
+    # actor's link as a learner bug, raising NotImplementedError or ValueError to the user).
+    "traj_ids_float": (
+        lambda seq: batch(seq, _with(("collector", "traj_ids"), torch.zeros(1, FRAMES))),
+        "('collector', 'traj_ids') of dtype torch.float32",
+    ),
+    "version_nan": (
+        lambda seq: batch(seq, _with("policy_version", torch.full((1, FRAMES), torch.nan))),
+        "'policy_version' of dtype torch.float32",
+    ),
+    "next_version_inf": (
+        lambda seq: batch(
+            seq, _with(("next", "policy_version"), torch.full((1, FRAMES), torch.inf))
+        ),
+        "('next', 'policy_version') of dtype torch.float32",
+    ),
     "other_model": (lambda seq: batch(seq, model_id="critic"), "model_id 'critic'"),
     "wrong_shape": (lambda seq: batch(seq, data_of_size([2, 4]), frames=8), "batch size [2, 4]"),
     # 2 x 2^26 rows in a packet of a few hundred bytes: refused before the learner's worker
@@ -270,9 +296,11 @@ def test_an_end_inside_a_batch_is_a_protocol_error_not_a_clean_end(description) 
     _refused_as_protocol_error(EndingMidBatch(description, batch), "unexpected 'end' inside")
 
 
-def _refused_as_protocol_error(servicer: HostileActor, needle: str) -> None:
-    """The first batch from ``servicer`` fails: a ProtocolError saying ``needle``, nothing
-    counted."""
+def _refused_as_protocol_error(
+    servicer: HostileActor, needle: str, error: str = "ProtocolError"
+) -> None:
+    """The first batch from ``servicer`` fails: a ProtocolError (``error``) saying ``needle``,
+    nothing counted."""
     server, address = serve(servicer)
     try:
         with GrpcCollector(
@@ -283,9 +311,32 @@ def _refused_as_protocol_error(servicer: HostileActor, needle: str) -> None:
             stats = collector.stats()
     finally:
         server.stop(None)
-    assert "ProtocolError" in str(raised.value)
+    assert error in str(raised.value)
     assert needle in str(raised.value)
     assert (stats["frames"], stats["batches"]) == (0, 0)
+
+
+def _strings_without_rows(seq: int) -> pb.CollectResponse:
+    """An honest batch whose header also names a string stack of 8 x 2^30 empty rows: no
+    string and no byte, one entry of JSON."""
+    packet = encode_packet(data_of_size([1, FRAMES])).tobytes()
+    length = PREAMBLE.unpack(packet[: PREAMBLE.size])[1]
+    header = json.loads(packet[PREAMBLE.size : PREAMBLE.size + length])
+    empty = {"key": ["s"], "dtype": "str", "shape": [1, FRAMES, 2**30, 0], "offset": 0, "nbytes": 0}
+    header["entries"].insert(0, empty)
+    text = json.dumps(header).encode()
+    text += b" " * (-(PREAMBLE.size + len(text)) % 16)
+    data = PREAMBLE.pack(MAGIC, len(text)) + text + packet[PREAMBLE.size + length :]
+    fields = {"worker_id": 0, "epoch": EPOCH, "seq": seq, "frames": FRAMES, "model_id": "policy"}
+    info = pb.BatchInfo(total_bytes=len(data), crc32c=packet_crc32c(data), **fields)
+    return pb.CollectResponse(chunk=pb.BatchChunk(seq=seq, count=1, data=data, info=info))
+
+
+def test_a_string_stack_of_empty_rows_is_refused_without_building_them(description) -> None:
+    """A packet of a few hundred bytes naming 2^33 empty string rows: refused as over
+    max_strings before one row is built (it used to build them on the learner's loop)."""
+    servicer = HostileActor(description, _strings_without_rows)
+    _refused_as_protocol_error(servicer, "shape [1, 8, 1073741824, 0]", "PacketTooLargeError")
 
 
 class ChunkingActor(HostileActor):
