@@ -97,15 +97,27 @@ class GenerationSettings:
         """Build from a dict such as ``{"max_new_tokens": 8, "temperature": 0}``.
 
         Raises:
+            TypeError: ``values`` is not a mapping (a ``GenerationSettings``, a string).
             ValueError: An unknown key or a value out of range, naming it.
         """
+        if values is not None and not isinstance(values, Mapping):
+            raise TypeError(
+                f"generation must be a dict such as {{'max_new_tokens': 8}} or None, got "
+                f"{type(values).__name__} {values!r:.60}"
+            )
         values = dict(values or {})
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown generation keys {unknown}; known: {sorted(known)}")
         if "stop_token_ids" in values:
-            values["stop_token_ids"] = tuple(values["stop_token_ids"])
+            try:
+                values["stop_token_ids"] = tuple(values["stop_token_ids"])
+            except TypeError:  # an int, None: not a list of ids
+                raise ValueError(
+                    f"stop_token_ids must be a list of token ids, got "
+                    f"{values['stop_token_ids']!r:.40}"
+                ) from None
         return cls(**values)
 
 

@@ -54,6 +54,10 @@ class BuggyTask:
             return Outcome("high", terminated=True)  # type: ignore[arg-type]
         if self.mode == "tuple":
             return (1.0, True)
+        if self.mode == "flag_tensor":  # a batched reward function's flags, one per row
+            import torch
+
+            return Outcome(1.0, terminated=torch.tensor([True, False]))  # type: ignore[arg-type]
         return self._arith.score(problem, response, turn)
 
 

@@ -172,11 +172,20 @@ def test_top_k_one_is_greedy_with_log_prob_zero(tiny) -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"stop_token_ids": [-1]}, "stop token"),
+        ({"stop_token_ids": 5}, r"stop_token_ids must be a list of token ids, got 5"),
+        ({"stop_token_ids": None}, r"stop_token_ids must be a list of token ids, got None"),
         ({"do_sample": True}, "unknown generation keys"),
     ],
 )
 def test_generation_settings_raise_if_out_of_range(values, match) -> None:
     with pytest.raises(ValueError, match=match):
+        GenerationSettings.from_mapping(values)
+
+
+@pytest.mark.parametrize("values", [GenerationSettings(max_new_tokens=4), "max_new_tokens=4"])
+def test_generation_settings_raise_if_not_given_a_mapping(values) -> None:
+    """``generation=`` takes a dict: anything else names what to pass, not a failed ``dict()``."""
+    with pytest.raises(TypeError, match=r"generation must be a dict such as \{'max_new_tokens'"):
         GenerationSettings.from_mapping(values)
 
 

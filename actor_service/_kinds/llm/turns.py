@@ -112,7 +112,8 @@ class DialogEngine:
 
         Raises:
             EnvError: ``score`` raised, or gave something else than an :class:`Outcome`
-                with a real reward and a text (or None) reply.
+                with a real reward, flags with one truth value each (not a tensor of
+                several) and a text (or None) reply.
         """
         try:
             outcome = self.task.score(dialog.problem, content, dialog.turns)
@@ -120,12 +121,17 @@ class DialogEngine:
                 raise TypeError(f"returned {type(outcome).__name__}, not an Outcome")
             if isinstance(outcome.reward, str | bytes):  # float() would parse text
                 raise TypeError(f"reward {outcome.reward!r:.40} is not a number")
-            float(outcome.reward)  # None, a list...: TypeError
             if outcome.reply is not None:
                 _check_text("reply", outcome.reply)
+            # None, a list, a tensor of several values...: TypeError, ValueError
+            reward, terminated, success = (
+                float(outcome.reward),
+                bool(outcome.terminated),
+                bool(outcome.success),
+            )
         except BaseException as exc:  # the user's task: its error, as an env's (env/pool.py)
             raise EnvError.of(self.name, exc, "score(): ") from exc
-        return outcome
+        return dataclasses.replace(outcome, reward=reward, terminated=terminated, success=success)
 
     def run(
         self,
@@ -180,10 +186,25 @@ class DialogEngine:
         return turns
 
     def _prompt_ids(self, dialog: Dialog) -> list[int]:
-        out = self.models.tokenizer.apply_chat_template(
-            dialog.messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(out["input_ids"])
+        """The dialog's prompt: the model's chat template over its history.
+
+        Raises:
+            EnvError: The template refused the task's messages (a system prompt or a
+                role order the model's template does not take) or rendered no token.
+        """
+        try:
+            out = self.models.tokenizer.apply_chat_template(
+                dialog.messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            ids = list(out["input_ids"])
+            if not ids:
+                raise ValueError("rendered no token")
+        except Exception as exc:  # the task's messages against the model's template
+            roles = ", ".join(m["role"] for m in dialog.messages)
+            raise EnvError.of(
+                self.name, exc, f"the model's chat template over the roles [{roles}]: "
+            ) from exc
+        return ids
 
     def _score(
         self,
@@ -204,7 +225,7 @@ class DialogEngine:
         # No room left in the context: the dialog is cut, not judged.
         outcome = self._judge(dialog, content) if response else Outcome(0.0, terminated=False)
         full = [*dialog.messages, {"role": "assistant", "content": content}]
-        terminated = bool(outcome.terminated)
+        terminated = outcome.terminated
         truncated = not terminated and truncate
         dialog.messages = (
             [*full, {"role": "user", "content": outcome.reply}] if outcome.reply else full
@@ -220,10 +241,10 @@ class DialogEngine:
             text_response=tokenizer.decode(response),
             messages=dialog.messages,
             full_length=len(full),
-            reward=float(outcome.reward),
+            reward=outcome.reward,
             terminated=terminated,
             truncated=truncated,
-            success=bool(outcome.success),
+            success=outcome.success,
             stopped=stopped,
             traj_id=dialog.traj_id,
             group_id=dialog.group_id,

@@ -21,7 +21,14 @@ from common.errors import (
     StaleVersionError,
     WeightsError,
 )
-from common.llm import GenerationSettings, LLMSettings, Problem, build_policy, check_padded
+from common.llm import (
+    CHATML_TEMPLATE,
+    GenerationSettings,
+    LLMSettings,
+    Problem,
+    build_policy,
+    check_padded,
+)
 from common.llm._settings import MIN_TEMPERATURE
 from common.packets import PacketLimits
 
@@ -131,6 +138,11 @@ def test_a_padded_vocabulary_is_what_a_learner_vocab_size_is_checked_against(tmp
         ("raise", "RuntimeError", "score(): user reward function bug"),
         ("text_reward", "TypeError", "score(): reward 'high' is not a number"),
         ("tuple", "TypeError", "score(): returned tuple, not an Outcome"),
+        (
+            "flag_tensor",
+            "RuntimeError",
+            "score(): Boolean value of Tensor with more than one value is ambiguous",
+        ),
         ("sample", "KeyError", "sample(): 'no such problem'"),
         ("system_exit", "SystemExit", "score(): reward server gone"),  # the actor lives on
         ("surrogates", "RuntimeError", "score(): bad byte \\udcff"),  # sendable
@@ -161,6 +173,42 @@ def test_a_task_that_fails_raises_an_env_error_naming_it(mode, kind, text) -> No
     error = info.value
     assert (error.env, error.exception_type) == ("rlfleet_test_tasks:buggy", kind)
     assert error.exception_message == text
+
+
+@pytest.mark.parametrize(
+    ("template", "kind", "text"),
+    [
+        (  # Gemma's: no system role, and countdown opens with a system prompt
+            "{% if messages[0]['role'] == 'system' %}"
+            "{{ raise_exception('System role not supported') }}{% endif %}" + CHATML_TEMPLATE,
+            "TemplateError",
+            "System role not supported",
+        ),
+        ("{{ '' }}", "ValueError", "rendered no token"),
+    ],
+    ids=["refuses_a_system_prompt", "renders_nothing"],
+)
+def test_a_chat_template_that_refuses_the_tasks_messages_raises_an_env_error(
+    tmp_path, template, kind, text
+) -> None:
+    """A model whose chat template refuses the task's messages (or renders no token) is the
+    learner's EnvError naming the task, the template and the roles, not an internal error
+    retried until ``batch_timeout``; the actor serves the next batch's error the same way."""
+    model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+    tok.chat_template = template
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    spec = (ModelSpec("policy", f"hf:{tmp_path}", {"dtype": "float32"}),)
+    with _worker(models=spec, llm=LLMActorSettings(task="countdown")) as worker:
+        worker.configure(_settings())
+        for _ in range(2):
+            with pytest.raises(EnvError) as info:
+                worker.collect_batch()
+            error = info.value
+            assert (error.env, error.exception_type) == ("countdown", kind)
+            assert error.exception_message == (
+                f"the model's chat template over the roles [system, user]: {text}"
+            )
 
 
 @pytest.mark.parametrize("trajectories", [True, False], ids=["trajectories", "steps"])
