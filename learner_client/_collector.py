@@ -513,31 +513,30 @@ class GrpcCollector(TorchRLAccessors):
             renamed_weights(policy_or_weights, policy_weights), weights, policy, weights_dict
         )
         whole = worker_ids is None and dtype is None and not only_trainable and part is None
-        shared, marked, default_model = self._shared, False, model_id is None
-        if shared is not None:
-            plan = shared.planned(given, default_model=default_model, whole=whole, version=version)
-            if plan is None:
-                return self._held_versions()
-            given, marked = plan
-        request = normalize_update_args(
-            given.policy_or_weights,
-            weights=given.weights,
-            policy=given.policy,
-            worker_ids=worker_ids,
-            model_id=model_id,
-            weights_dict=weights_dict,
-            delta=delta,
-            options=PushOptions.given(dtype, only_trainable),
-            version=version,
-            part=part,
-        )
-        with self._open_call():
-            try:
+        shared, plan = self._shared, None
+        with self._open_call():  # the module read, changed and pushed as one, between batches
+            if shared is not None:
+                plan = shared.planned(
+                    given, default_model=model_id is None, whole=whole, version=version
+                )
+                if plan is None:
+                    return self._held_versions()
+                given = plan.given
+            request = normalize_update_args(
+                given.policy_or_weights,
+                weights=given.weights,
+                policy=given.policy,
+                worker_ids=worker_ids,
+                model_id=model_id,
+                weights_dict=weights_dict,
+                delta=delta,
+                options=PushOptions.given(dtype, only_trainable),
+                version=version,
+                part=part,
+            )
+            if shared is None or plan is None:
                 return self._pusher.update(request)
-            except BaseException:
-                if marked and shared is not None:
-                    shared.forget()  # pushed again before the next batch
-                raise
+            return shared.carry_out(plan, lambda: self._pusher.update(request))
 
     def _held_versions(self) -> dict[Any, Any]:
         """``{worker_id: version}`` each owned worker holds of ``"policy"`` (a push's default)."""

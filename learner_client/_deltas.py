@@ -34,9 +34,13 @@ from torch import nn
 
 from common.weights import PushForm, checksums, encode_delta, encode_weights, wire_state
 from learner_client._settings import WeightPushSettings
+from learner_client._shared_policy import WeightsMark
 from learner_client._weights import EncodedWeights, PushOptions, WeightBook, WeightSource
 
-__all__ = ["DeltaTracker"]
+__all__ = ["SNAPSHOT_READS", "DeltaTracker"]
+
+#: Reads of a source changed while it was read, the last one sent whatever happened during it.
+SNAPSHOT_READS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +189,20 @@ def _layout(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Size, to
 
 
 def _snapshot(source: WeightSource, form: PushOptions) -> dict[str, torch.Tensor]:
-    """A private copy of the weights as they travel now (training changes the source in place)."""
+    """A private copy of the weights as they travel now (training changes the source in place).
+
+    Read tensor by tensor, a copy an optimiser step on another thread changed meanwhile would
+    hold some tensors from before the step and others from after it: the source is read
+    again while its mark (:class:`~learner_client._shared_policy.WeightsMark`) says it
+    changed during the read, up to :data:`SNAPSHOT_READS` reads in all. A step still under
+    way as the last read ends leaves the source unlike the mark its push took: a followed
+    ``policy=`` module is pushed again before the next batch.
+    """
+    for _ in range(SNAPSHOT_READS - 1):
+        mark = WeightsMark.of(source)
+        state = wire_state(source, dtype=form.dtype, only_trainable=form.only_trainable)
+        if mark is None or mark.matches(source):
+            return state
     return wire_state(source, dtype=form.dtype, only_trainable=form.only_trainable)
 
 

@@ -369,6 +369,9 @@ class Pusher:
             log.warning(
                 "pushing the shared policy to worker_ids %s failed: %s", sorted(exc.failed), exc
             )
+        except BaseException:
+            shared.forget()  # not sent (a module that cannot travel), or cut off: sent again
+            raise
         finally:
             self._address_the_down(model_id, targets)
 

@@ -22,13 +22,22 @@ it with ``update_policy_weights_(module)``, which always sends. Buffers of more 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-__all__ = ["VALUE_CHECKED_BUFFER_ELEMENTS", "GivenWeights", "SharedPolicy", "WeightsMark"]
+__all__ = [
+    "VALUE_CHECKED_BUFFER_ELEMENTS",
+    "GivenWeights",
+    "Plan",
+    "SharedPolicy",
+    "WeightsMark",
+]
+
+_R = TypeVar("_R")
 
 #: Per tensor: its identity, version counter and data pointer (a change in place, new memory).
 _Counters = tuple[tuple[int, int, int], ...]
@@ -107,36 +116,61 @@ class SharedPolicy:
 
     def planned(
         self, given: GivenWeights, *, default_model: bool, whole: bool, version: int | None
-    ) -> tuple[GivenWeights, bool] | None:
+    ) -> Plan | None:
         """What an ``update_policy_weights_`` call sends, this module shared; None: nothing.
 
         ``default_model``: no ``model_id`` named; ``whole``: to every worker, unfiltered and
-        uncast. Given weights the module can hold become it (:meth:`taken`); with nothing
+        uncast. Given weights the module can hold become it (:meth:`holdable`); with nothing
         given, the module is sent, unless it did not change since its last push and no
-        ``version`` was asked for (None then). Returns the weights to send and whether the
-        module was marked pushed (to :meth:`forget` if the push fails).
+        ``version`` was asked for (None then). Changes nothing: :meth:`carry_out` does,
+        once the call is checked, under the lock its push is made under.
         """
         to_all = default_model and whole
+        copied = None
         if to_all and given.policy is None and given.weights_dict is None:
-            kept, weights = self.taken(given.policy_or_weights, given.weights)
-            given = dataclasses.replace(given, policy_or_weights=kept, weights=weights)
-        nothing, marked = given.nothing(), False
+            copied = self.holdable(given.policy_or_weights, given.weights)
+            if copied is not None:
+                given = dataclasses.replace(given, policy_or_weights=self.module, weights=None)
+        nothing, marks = given.nothing(), False
         module = self.module is given.policy_or_weights or self.module is given.policy
         if to_all:
             unchanged = self.pushed and not self.changed() and not self._superseded
             if nothing and version is None and unchanged:
                 return None  # unchanged since its last push: nothing sent, the version stays
-            if nothing or module:
-                marked = True  # the whole module, to every worker: no automatic push after
-                self.mark_pushed()
-        if default_model and not nothing and not module:
-            self._superseded = True  # e.g. TorchRL's per-worker weights
+            marks = nothing or module  # the whole module, to every worker
+        supersedes = default_model and not nothing and not module  # e.g. per-worker weights
         if nothing and default_model:  # TorchRL's no-argument form: the collector's own policy
             given = dataclasses.replace(given, policy=self.module)
-        return given, marked
+        return Plan(given, copied, marks, supersedes)
 
-    def taken(self, policy_or_weights: object, weights: object) -> tuple[object, object]:
-        """What a push to every worker sends: given weights, copied into the module, become it.
+    def carry_out(self, plan: Plan, push: Callable[[], _R]) -> _R:
+        """Carry out a checked :meth:`planned` call: its weights into the module, then ``push()``.
+
+        A plan sending the whole module to every worker marks it pushed (no automatic push
+        follows; one follows if the push fails). After other weights, an argument-less call
+        sends the module again.
+        """
+        if plan.copied is not None:
+            state = self.module.state_dict(keep_vars=True)
+            with torch.no_grad():
+                for key, value in plan.copied.items():
+                    if value.data_ptr() != state[key].data_ptr():  # from_module(policy): its own
+                        state[key].copy_(value)
+        if plan.marks:
+            self.mark_pushed()
+        if plan.supersedes:
+            self._superseded = True
+        try:
+            return push()
+        except BaseException:
+            if plan.marks:
+                self.forget()  # pushed again before the next batch
+            raise
+
+    def holdable(
+        self, policy_or_weights: object, weights: object
+    ) -> dict[str, torch.Tensor] | None:
+        """The given weights a push to every worker copies into the module; None: sent as given.
 
         TorchRL's ``Collector`` copies what ``update_policy_weights_(weights)`` is given (a
         TensorDict or mapping of tensors) into its policy; so does this, so that the module's
@@ -144,21 +178,34 @@ class SharedPolicy:
         a per-worker mapping) are sent as given, the module left as it is.
         """
         if (policy_or_weights is None) == (weights is None):  # neither given, or both (refused)
-            return policy_or_weights, weights
+            return None
         named = _by_state_name(weights if policy_or_weights is None else policy_or_weights)
         if named is None:
-            return policy_or_weights, weights
+            return None
         state = self.module.state_dict(keep_vars=True)
         if any(
             key not in state or nn.parameter.is_lazy(state[key]) or state[key].shape != value.shape
             for key, value in named.items()
         ):
-            return policy_or_weights, weights
-        with torch.no_grad():
-            for key, value in named.items():
-                if value.data_ptr() != state[key].data_ptr():  # from_module(policy): its own
-                    state[key].copy_(value)
-        return self.module, None
+            return None
+        return named
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one ``update_policy_weights_`` call does with the shared module.
+
+    Attributes:
+        given: The weights the call sends, in its forms.
+        copied: ``{state_dict name: tensor}`` copied into the module first; None: none.
+        marks: The whole module goes to every worker: it counts as pushed.
+        supersedes: Other weights go to the module's model (per-worker ones, say).
+    """
+
+    given: GivenWeights
+    copied: dict[str, torch.Tensor] | None
+    marks: bool
+    supersedes: bool
 
 
 def _counters(tensors: Iterable[torch.Tensor]) -> _Counters:

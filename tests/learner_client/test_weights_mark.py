@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -90,6 +93,17 @@ def test_the_shared_policy_follows_its_module_by_the_marks_signs() -> None:
     assert not unfollowed.due()  # push_policy_changes=False: only when asked
 
 
+def _sent(
+    shared: SharedPolicy, given: GivenWeights, **how: Any
+) -> tuple[GivenWeights, bool] | None:
+    """What a call sends and whether the module counts as pushed, carried out as pushed."""
+    plan = shared.planned(given, **how)
+    if plan is None:
+        return None
+    shared.carry_out(plan, lambda: None)
+    return plan.given, plan.marks
+
+
 def test_a_push_call_with_the_shared_policy_sends_what_torchrl_would() -> None:
     """No argument: the module, unless unchanged since its last push (nothing, None); given
     weights it can hold: copied in, the module sent and marked; to a subset: not marked."""
@@ -97,15 +111,40 @@ def test_a_push_call_with_the_shared_policy_sends_what_torchrl_would() -> None:
     shared = SharedPolicy(module, follow=True)
     nothing = GivenWeights(None, None, None, None)
     sent = GivenWeights(None, None, module, None)
-    assert shared.planned(nothing, default_model=True, whole=True, version=None) == (sent, True)
-    assert shared.planned(nothing, default_model=True, whole=True, version=None) is None
-    asked = shared.planned(nothing, default_model=True, whole=True, version=7)
+    whole = {"default_model": True, "whole": True}
+    assert _sent(shared, nothing, **whole, version=None) == (sent, True)
+    assert _sent(shared, nothing, **whole, version=None) is None
+    asked = _sent(shared, nothing, **whole, version=7)
     assert asked == (sent, True)  # a version asked for: sent
     given = GivenWeights(TensorDict({"weight": torch.ones(2, 2)}), None, None, None)
-    plan = shared.planned(given, default_model=True, whole=True, version=None)
-    assert plan == (GivenWeights(module, None, None, None), True)
+    assert _sent(shared, given, **whole, version=None) == (
+        GivenWeights(module, None, None, None),
+        True,
+    )
     assert torch.equal(module.weight.detach(), torch.ones(2, 2))
-    subset = shared.planned(nothing, default_model=True, whole=False, version=None)
+    subset = _sent(shared, nothing, default_model=True, whole=False, version=None)
     assert subset == (sent, False)
-    other_model = shared.planned(nothing, default_model=False, whole=True, version=None)
+    other_model = _sent(shared, nothing, default_model=False, whole=True, version=None)
     assert other_model == (nothing, False)
+
+
+def test_a_push_call_plan_changes_the_module_only_when_carried_out_and_a_failure_forgets() -> None:
+    """A plan is only looked at until it is carried out (a call refused for its arguments
+    copies nothing and marks nothing); a push of the module that raises leaves it due."""
+    module = nn.Linear(2, 2)
+    shared = SharedPolicy(module, follow=True)
+    shared.mark_pushed()
+    given = GivenWeights({"weight": torch.ones(2, 2)}, None, None, None)
+    plan = shared.planned(given, default_model=True, whole=True, version=None)
+    assert plan is not None
+    assert plan.marks
+    assert not torch.equal(module.weight.detach(), torch.ones(2, 2))
+    assert not shared.due()
+
+    def refused() -> None:
+        raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError, match="refused"):
+        shared.carry_out(plan, refused)
+    assert torch.equal(module.weight.detach(), torch.ones(2, 2))
+    assert shared.due()
