@@ -102,6 +102,9 @@ class _Server(ThreadingMixIn, WSGIServer):
     """Serves each connection on a thread, at most ``_MAX_CONNECTIONS`` for their deadline."""
 
     daemon_threads = True
+    # socketserver's backlog of 5 dropped the SYNs of a burst of scrapes (the clients sent
+    # them again only after 1, 3, 7... s); accepted ones are capped by _MAX_CONNECTIONS.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler]) -> None:
         # Accepted sockets by age, with their deadlines; a thread closes its own socket only

@@ -116,7 +116,10 @@ class Background:
             self._parked.set()
 
     def wait_resumed(self) -> None:
-        """Block while the gate is closed (the caller counts as parked meanwhile).
+        """Block while the gate is closed (the background thread counts as parked meanwhile).
+
+        Another consumer waiting here does not park the background thread: ``pause()``
+        waits for that thread, which may still be storing a batch.
 
         Raises:
             RuntimeError: Called from the thread holding the pause (it would wait forever).
@@ -128,7 +131,8 @@ class Background:
         # resume=False), and any other consumer waits out a later pause on the gate.
         own = self.is_current()
         while not self._resumed.is_set() and not (own and self._stop.is_set()):
-            self._parked.set()
+            if own:
+                self._parked.set()
             self._resumed.wait(_POLL_SECONDS)
         if own and self._stop.is_set():
             raise _Stopped

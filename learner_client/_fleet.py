@@ -661,6 +661,9 @@ class Fleet:
 
         What an actor collected before its seeding (buffered here or still on the way)
         is dropped, as TorchRL discards it: the next batch is the first of the new seed.
+
+        ProtocolError for an actor's ``first_seq`` beyond what it may have collected (the
+        actors before it are seeded, those after it are not).
         """
         for wid in self.worker_ids:
             link = self._links[wid]
@@ -668,6 +671,7 @@ class Fleet:
                 link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
                 self.conn.call_timeout + _MARGIN,
             )
+            link.tracker.check_reseeded(first_seq, link.address)
             epoch = link.tracker.epoch or link.description.epoch
             self.ledger.add_discarded(self.mailbox.discard_before(wid, epoch, first_seq))
         return seed

@@ -64,6 +64,20 @@ class SeqTracker:
         self.last = max(0, next_seq - 1)
         self._started = self.last
 
+    def check_reseeded(self, first_seq: int, address: str) -> None:
+        """Check the ``first_seq`` a seeding of the actor at ``address`` gives.
+
+        Raises:
+            ProtocolError: Beyond the batches the actor may hold unacknowledged after the
+                last one received in the epoch followed: no actor says it, and every later
+                batch of the epoch would be dropped as collected before the seeding.
+        """
+        if self.epoch and first_seq > self.last + 1 + MAX_CREDITS:
+            raise ProtocolError(
+                f"{address}: SetSeed gives first_seq {first_seq} after seq {self.last}; an "
+                f"actor holds at most {MAX_CREDITS} batches unacknowledged"
+            )
+
     def resume_point(self) -> tuple[int, int]:
         """``(resume_epoch, resume_after_seq)`` for the next ``open``; ``(0, 0)`` when fresh."""
         return (self.epoch, self.last) if self.epoch else (0, 0)

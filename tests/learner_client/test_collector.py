@@ -422,6 +422,39 @@ def test_collector_pause_raises_timeout_error_when_the_thread_stays_busy_storing
             pass
 
 
+def test_collector_pause_waits_for_the_thread_storing_while_another_consumer_waits(fleet):
+    """A consumer in ``next()`` held by the pause is not the background thread: pause()
+    entered as soon as that consumer waited, while the thread still stored its batch, and
+    the replay buffer grew inside the pause."""
+    rb = StuckBuffer()
+    with GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=rb) as collector:
+        collector.start()
+        assert rb.entered.wait(30)
+        entered, leave, held = threading.Event(), threading.Event(), []
+
+        def pause() -> None:
+            with collector.pause(timeout=None):
+                held.append(len(rb.inner))
+                entered.set()
+                leave.wait(30)
+                held.append(len(rb.inner))
+
+        pauser = threading.Thread(target=pause)
+        pauser.start()
+        poll_until(lambda: not collector._background._resumed.is_set(), timeout=10)
+        consumer = threading.Thread(target=collector.next)
+        consumer.start()
+        entered_early = entered.wait(1.0)
+        rb.release.set()
+        assert entered.wait(30)
+        time.sleep(0.3)
+        leave.set()
+        pauser.join(30)
+        consumer.join(30)
+        assert not entered_early, "pause() entered while the thread still stored its batch"
+        assert held[0] == held[1] > 0  # the thread's batch was stored before the pause
+
+
 def test_collector_pause_holds_iteration_and_refuses_to_deadlock(fleet):
     with GrpcCollector(addresses(fleet, 0), frames_per_batch=4) as collector:
         collector.next()

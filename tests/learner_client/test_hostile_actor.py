@@ -587,3 +587,28 @@ def test_a_session_resumed_far_beyond_the_last_batch_is_refused_and_counts_no_ga
         server.stop(None)
     assert "resumes after seq 2 at next_seq 1099511627776" in str(raised.value)
     assert (stats["frames"], stats["gaps"]) == (2 * FRAMES, 0)
+
+
+class SeededFarAhead(HostileActor):
+    """Answers SetSeed with a ``first_seq`` no actor gives: 2^64-1."""
+
+    def SetSeed(self, request: pb.SetSeedRequest, context: Any) -> pb.SetSeedResponse:
+        return pb.SetSeedResponse(next_seed=request.seed + 1, first_seq=U64)
+
+
+def test_a_seeding_whose_first_seq_is_beyond_the_batches_collected_is_refused(
+    description,
+) -> None:
+    """An actor seeded after a few batches gives a first_seq at most its credits beyond the
+    last batch received: one of 2^64-1 is a ProtocolError naming it. It used to drop every
+    later batch of the actor as collected before the seeding, shown as "streaming"."""
+    server, address = serve(SeededFarAhead(description, batch))
+    try:
+        with GrpcCollector([address], frames_per_batch=FRAMES, batch_timeout=3.0) as collector:
+            collector.next()
+            with pytest.raises(ProtocolError, match=f"{address}: SetSeed gives first_seq {U64}"):
+                collector.set_seed(1)
+            assert collector.next().numel() == FRAMES
+            assert collector.stats()["discarded"] == 0
+    finally:
+        server.stop(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import select
 import socket
 import threading
 import time
@@ -392,3 +393,32 @@ def test_metrics_endpoint_keeps_a_bounded_number_of_connections_and_serves_a_scr
             assert b"rlfleet_probe_total 1.0" in r.read()
         for connection in idle:
             connection.close()
+
+
+def test_metrics_endpoint_accepts_a_burst_of_scrapes_at_once() -> None:
+    """Scrapes that connect all at once (several scrapers, a dashboard's refresh) are each
+    accepted at once: the listen backlog of 5 dropped the others' SYNs, which the clients
+    sent again only after 1, 3, 7... s, some past a scraper's 10 s timeout."""
+    burst = 60  # under the connections served at once: none is cut
+    with _probe_endpoint() as endpoint:
+        clients = [socket.socket() for _ in range(burst)]
+        try:
+            for client in clients:
+                client.setblocking(False)
+                client.connect_ex(("127.0.0.1", endpoint.port))
+            pending, deadline = set(clients), time.monotonic() + 0.9  # before a SYN is resent
+            while pending and time.monotonic() < deadline:
+                _, writable, _ = select.select([], list(pending), [], 0.05)
+                pending -= {
+                    c for c in writable if not c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                }
+            assert not pending, f"{len(pending)} of {burst} connections not accepted in 0.9 s"
+            for client in clients:
+                client.setblocking(True)
+                client.settimeout(10)
+                client.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            for client in clients:
+                assert client.makefile("rb").readline().startswith(b"HTTP/1.0 200")
+        finally:
+            for client in clients:
+                client.close()
