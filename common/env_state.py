@@ -41,7 +41,15 @@ def env_has_state(env: Any) -> bool:
 
     A transform that builds its buffers at the first step (``CatFrames``'s frames, an
     ``ObservationNorm`` before ``init_stats``) has state too: its ``state_dict()`` raises.
+    A ``ParallelEnv`` not started yet is asked through one env its factory builds here (as
+    it reads its specs): its workers, started for a ``state_dict()``, would die on that raise.
     """
+    if _in_workers(env) and env.is_closed:
+        local = env.create_env_fn[0](**env.create_env_kwargs[0])
+        try:
+            return env_has_state(local)
+        finally:
+            local.close(raise_if_closed=False)
     with quiet_fresh_vecnorm():
         try:
             return bool(env.state_dict())
@@ -96,6 +104,14 @@ def dense_refusal(env: Any, subject: str) -> str | None:
         return None
     keys = ", ".join(sorted(repr(k) for k in where))
     return f"{subject} has {what} under {keys} ({cause}): the fleet's batches are dense; {fix}"
+
+
+def _in_workers(env: object) -> bool:
+    """Whether ``env`` is a ``torchrl.envs.ParallelEnv`` (its envs in worker processes).
+
+    Known by its class's name: ``common`` never imports torchrl.
+    """
+    return any(cls.__name__ == "ParallelEnv" for cls in type(env).__mro__)
 
 
 def _stacked_composite(spec: object) -> bool:

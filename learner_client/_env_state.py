@@ -10,6 +10,7 @@ stepped, all or nothing: a state that does not fit leaves the env as it was.
 from __future__ import annotations
 
 import copy
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -85,7 +86,28 @@ def _without_parameters(env: Any, state: Mapping[str, Any]) -> dict[str, Any] | 
 
 
 def _materialize(env: Any, state: Mapping[str, Any]) -> None:
-    """Give ``env``'s uninitialised buffers the shape and dtype of their entry in ``state``."""
+    """Give ``env``'s uninitialised buffers the shape and dtype of their entry in ``state``.
+
+    A ``SerialEnv``'s envs (started first, as its ``load_state_dict`` starts them) each take
+    theirs from its ``worker<i>`` entry. A ``ParallelEnv``'s envs live in its workers, which
+    die on a ``state_dict()`` of such buffers: one not started yet is reset, as TorchRL's
+    ``Collector`` resets its env, so that they build them.
+    """
+    if "torchrl" in sys.modules:  # a TorchRL env's script imported it; torchrl is an extra
+        from torchrl.envs import ParallelEnv, SerialEnv
+
+        if isinstance(env, ParallelEnv):
+            if env.is_closed:
+                env.reset()
+            return
+        if isinstance(env, SerialEnv):
+            if env.is_closed:
+                env.start()
+            for index, inner in enumerate(env._envs):
+                part = state.get(f"worker{index}")
+                if isinstance(part, Mapping):
+                    _materialize(inner, part)
+            return
     transform = getattr(env, "transform", None)
     if not isinstance(transform, torch.nn.Module):
         return

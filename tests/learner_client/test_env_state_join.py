@@ -6,15 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.env_state import quiet_fresh_vecnorm
+from common.env_state import env_has_state, quiet_fresh_vecnorm
 from learner_client._env_state import joined_state, load_env_state, pool_size
 
 pytest.importorskip("torchrl")
 from torchrl.envs import (
+    CatFrames,
     Compose,
     GymEnv,
     ObservationNorm,
+    ParallelEnv,
     RewardSum,
+    SerialEnv,
     Transform,
     TransformedEnv,
     VecNorm,
@@ -72,6 +75,55 @@ def test_a_state_of_other_transforms_is_refused_and_nothing_is_loaded() -> None:
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def _stacked_env() -> TransformedEnv:
+    return TransformedEnv(GymEnv("CartPole-v1"), CatFrames(N=4, dim=-1, in_keys=["observation"]))
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["never-started", "started"])
+def test_a_serial_env_that_never_stepped_takes_the_buffers_its_envs_build_at_their_first_step(
+    started: bool,
+) -> None:
+    """A script's ``SerialEnv`` of ``CatFrames`` envs takes a state of as many envs: each env's
+    frames buffer, built at its first step, is made in the state's shape and loaded."""
+    stepped = SerialEnv(2, _stacked_env)
+    stepped.rollout(3)
+    state = stepped.state_dict()
+    env = SerialEnv(2, _stacked_env)
+    if started:
+        env.start()
+    try:
+        load_env_state(env, state)
+        loaded = env.state_dict()
+        for worker, entries in state.items():
+            for key, value in entries.items():
+                assert torch.equal(loaded[worker][key], value), (worker, key)
+    finally:
+        env.close(raise_if_closed=False)
+        stepped.close()
+
+
+@pytest.mark.long
+def test_a_parallel_env_that_never_started_takes_the_state_and_its_workers_live() -> None:
+    """A script's ``ParallelEnv`` of ``CatFrames`` envs, never started: asking whether it has
+    state starts no worker, and the load resets it (its workers build their frames buffers,
+    and would die on a state read before that), loads the state and leaves it stepping."""
+    stepped = SerialEnv(1, _stacked_env)
+    stepped.rollout(3)
+    state = stepped.state_dict()
+    env = ParallelEnv(1, _stacked_env, mp_start_method="spawn")
+    try:
+        assert env_has_state(env)
+        assert env.is_closed
+        load_env_state(env, state)
+        loaded = env.state_dict()
+        for key, value in state["worker0"].items():
+            assert torch.equal(loaded["worker0"][key], value), key
+        assert env.rollout(2).batch_size == (1, 2)
+    finally:
+        env.close(raise_if_closed=False)
+        stepped.close()
 
 
 def _normed_env() -> TransformedEnv:

@@ -207,7 +207,8 @@ class TorchRLCore(CoreBase):
             TypeError: ``settings`` is not a ``CollectSettings``.
             ValueError: LLM settings, ``frames_per_batch`` not a multiple of ``num_envs``
                 or too large, ``max_frames_per_traj`` on an env that counts steps itself,
-                or ``set_truncated`` on an env without a truncated key.
+                or ``set_truncated`` on an env without a truncated key (and no
+                ``max_frames_per_traj``, whose ``StepCounter`` adds one).
             UnknownModelError: ``settings.model_id`` is not registered.
         """
         self._check_settings_type(settings)
@@ -230,10 +231,19 @@ class TorchRLCore(CoreBase):
                 f"frames in a {DEFAULT_LIMITS.max_packet_bytes}-byte packet): the largest is "
                 f"{largest}"
             )
-        if settings.set_truncated and not any(
-            (k if isinstance(k, str) else k[-1]) == "truncated" for k in self._base.done_keys
+        counted = settings.max_frames_per_traj > 0  # its StepCounter adds truncated keys
+        if (
+            settings.set_truncated
+            and not counted
+            and not any(
+                (k if isinstance(k, str) else k[-1]) == "truncated" for k in self._base.done_keys
+            )
         ):
-            raise ValueError("set_truncated: the env has no truncated key (TorchRL refuses it too)")
+            raise ValueError(
+                "set_truncated: the env has no truncated key (TorchRL refuses it too): add one "
+                "in the env factory (env.add_truncated_keys(), a StepCounter) or set "
+                "max_frames_per_traj"
+            )
         check_limit(self._base, settings.max_frames_per_traj)
         self.models.policy_version(settings.model_id)  # raises UnknownModelError
         if self._env_weights and settings.model_id == ENV_MODEL_ID:

@@ -68,6 +68,8 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         # test_collector.py runs it so); the first frame must hold it too.
         ("counting", "random", {"max_frames_per_traj": 3}),
         ("counting", "random", {"max_frames_per_traj": 3, "split_trajs": True}),
+        # ... and that truncated key is the one set_truncated marks (TorchRL takes it so).
+        ("counting", "random", {"max_frames_per_traj": 3, "set_truncated": True}),
         ("multi_key_counting", "random", {}),
         ("end_of_life_cartpole", "sampling_policy", {}),
         ("normalized_pendulum", "batch_norm_policy", {"max_frames_per_traj": 20}),
@@ -89,6 +91,7 @@ def _config(env: str = "cartpole", policy: str = "greedy_policy", **overrides: A
         "counting",
         "counting-max-frames-per-traj",
         "counting-max-frames-per-traj-split",
+        "counting-max-frames-per-traj-set-truncated",
         "multi-key",
         "end-of-life",
         "vecnorm",
