@@ -552,9 +552,12 @@ class ResumingFarAhead(HostileActor):
         with self._lock:
             self.sessions += 1
             first = self.sessions == 1
-        if first:
+        if first:  # batches 1 and 2 on their credits, as an actor sends them
             yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+            later = (r.credit.batches if r.HasField("credit") else 0 for r in requests)
+            granted = itertools.accumulate(itertools.chain([opening.credits], later))
             yield batch(1)
+            next(total for total in granted if total >= 2)
             yield batch(2)
             self.cut.wait(30)
             context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost")
