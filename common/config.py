@@ -223,7 +223,8 @@ def local_device(value: object, what: str) -> torch.device:
 
     Raises:
         ValueError: Naming ``what``: not a torch device, the meta device, CUDA without
-            CUDA, or no such CUDA device.
+            CUDA, no such CUDA device, or another backend this process cannot use (``mps``
+            off a Mac).
     """
     import torch  # common.config stays importable without torch loaded
 
@@ -236,7 +237,16 @@ def local_device(value: object, what: str) -> torch.device:
         ) from None
     if device.type == "meta":
         raise ValueError(f"{what}={value!r}: the meta device holds no data; use 'cpu' or 'cuda'")
-    if device.type != "cuda":
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":  # mps, xla, xpu...: torch parses every backend it knows of
+        try:
+            torch.empty(0, device=device)
+        except Exception as exc:  # each backend fails its own way (NotImplementedError...)
+            raise ValueError(
+                f"{what}={value!r}: no {device.type} device here (torch cannot place a tensor "
+                f"on it: {type(exc).__name__}); use 'cpu' or 'cuda'"
+            ) from None
         return device
     if not torch.cuda.is_available():
         raise ValueError(

@@ -29,16 +29,18 @@ def load_callable(spec: object) -> Callable[..., Any]:
         The callable.
 
     Raises:
-        ValueError: Not a string, or a malformed one; the import fails, the attribute is
-            missing or is not callable.
+        ValueError: Not a string, or a malformed one; the import fails (the module raises
+            or calls ``sys.exit``), the attribute is missing or is not callable. A Ctrl-C
+            during the import stays a ``KeyboardInterrupt``.
     """
     if not isinstance(spec, str) or not IMPORT_PATH_RE.match(spec):
         raise ValueError(f"expected 'package.module:function', got {spec!r}")
     module_name, attr = spec.split(":")
     try:
         target: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ValueError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # a module may exit as it loads
+        raised = exc if isinstance(exc, Exception) else f"{type(exc).__name__}({exc})"
+        raise ValueError(f"cannot import module {module_name!r} of {spec!r}: {raised}") from exc
     for part in attr.split("."):
         try:
             target = getattr(target, part)

@@ -34,7 +34,11 @@ def check_before_binding(config: ActorConfig) -> None:
 
 
 def _check_importable(config: ActorConfig) -> None:
-    """Import the module of each ``module:function`` factory of an env or TorchRL actor."""
+    """Import the module of each ``module:function`` factory of an env or TorchRL actor.
+
+    A module that raises, calls ``sys.exit`` or raises ``KeyboardInterrupt`` as it is imported
+    is refused by name too: the actor would otherwise end with a traceback, or exit 0 unserved.
+    """
     if config.kind == "llm":
         return  # its model specs name checkpoints (``rlfleet:tiny-qwen2``), not modules
     specs = [("env_factory", config.env_factory)] if isinstance(config.env_factory, str) else []
@@ -47,6 +51,12 @@ def _check_importable(config: ActorConfig) -> None:
             importlib.import_module(module)
         except ImportError as exc:
             raise ValueError(unimportable_message(what, spec, exc)) from exc
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the module's own code
+            raised = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ValueError(
+                f"{what} {spec!r}: importing {module!r} raised {raised} (fix the module: "
+                "it must import without raising or exiting)"
+            ) from None
 
 
 def unimportable_message(what: str, spec: str, exc: ImportError) -> str:

@@ -116,13 +116,15 @@ def chosen(field: str) -> Callable[[str], str]:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    """A JSON object (a dict)."""
+    """A JSON object (a dict); the message shows the first 80 characters of a bad one."""
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise BadValue(f"expected a JSON object, got {text!r} ({exc})") from None
+        raise BadValue(f"expected a JSON object, got {text!r:.80} ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise BadValue(f"expected a JSON object nested less deeply, got {text!r:.80}") from None
     if not isinstance(value, dict):
-        raise BadValue(f"expected a JSON object, got {type(value).__name__}: {text!r}")
+        raise BadValue(f"expected a JSON object, got {type(value).__name__}: {text!r:.80}")
     return value
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -50,6 +51,18 @@ def test_a_malformed_spec_is_refused_with_the_expected_form(spec: str) -> None:
 def test_a_module_that_raises_at_import_is_refused_as_a_value_error(factories: str) -> None:
     with pytest.raises(ValueError, match=r"cannot import module 'rlfleet_paths_broken'.*boom"):
         load_callable("rlfleet_paths_broken:make")
+
+
+@pytest.mark.parametrize(("body", "raised"), [("raise SystemExit(0)", "SystemExit(0)")])
+def test_a_module_that_exits_at_import_is_refused_as_a_value_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: str, raised: str
+) -> None:
+    (tmp_path / "rlfleet_paths_exiting.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        ValueError, match=rf"cannot import module 'rlfleet_paths_exiting'.*{re.escape(raised)}"
+    ):
+        load_callable("rlfleet_paths_exiting:make")
 
 
 def test_a_missing_module_or_attribute_is_refused_naming_it(factories: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import pathlib
 import subprocess
 import sys
@@ -292,6 +293,11 @@ def test_env_ids_gymnasium_make_takes_pass_the_check_before_binding(env: str) ->
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
         ),
         ("gpu0", "not a torch device"),
+        pytest.param(
+            "mps",
+            "no mps device here",
+            marks=pytest.mark.skipif(torch.backends.mps.is_available(), reason="this has MPS"),
+        ),
     ],
 )
 def test_cli_subprocess_exits_2_on_a_device_it_does_not_have(device: str, message: str) -> None:
@@ -715,3 +721,69 @@ def test_cli_an_llm_actor_refuses_extra_models_given_by_variable(
     error = _error(capsys, ["--kind", "llm"], {"RLFLEET_MODELS": "critic=mlp"})
     assert "--model: an LLM actor holds one model, the --policy" in error
     assert _parse(["--kind", "llm"], {"RLFLEET_MODELS": " "}).models[0].path == "rlfleet:tiny-qwen2"
+
+
+@pytest.mark.parametrize("field", ["env_kwargs", "policy_kwargs", "task_kwargs"])
+def test_cli_refuses_json_nested_too_deeply_or_too_long_in_one_short_line(
+    capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    flag, var = "--" + field.replace("_", "-"), "RLFLEET_" + field.upper()
+    deep = "[" * 100_000 + "]" * 100_000
+    assert f"{flag}: expected a JSON object nested less deeply" in _error(capsys, [flag, deep])
+    assert f"{var}: expected a JSON object nested less deeply" in _error(capsys, [], {var: deep})
+    huge = '{"a": "' + "x" * 10_000_000  # unterminated: invalid
+    message = _error(capsys, [flag, huge]).splitlines()[-1]
+    assert message.startswith(f"rlfleet-actor: error: {flag}: expected a JSON object, got ")
+    assert len(message) < 400
+
+
+def test_cli_refuses_model_kwargs_nested_too_deeply(capsys: pytest.CaptureFixture[str]) -> None:
+    deep = '{"critic": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    given = {"RLFLEET_MODELS": "critic=mlp", "RLFLEET_MODEL_KWARGS": deep}
+    assert "RLFLEET_MODEL_KWARGS: expected a JSON object nested less deeply" in _error(
+        capsys, [], given
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "raised"),
+    [
+        ("raise RuntimeError('needs a GPU')", "RuntimeError: needs a GPU"),
+        ("raise SystemExit(0)", "SystemExit: 0"),
+        ("import sys\nsys.exit('no display')", "SystemExit: no display"),
+    ],
+)
+def test_the_check_before_binding_refuses_a_factory_module_that_raises_or_exits_on_import(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: str, raised: str
+) -> None:
+    (tmp_path / "rlfleet_exiting_factory.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for config in (
+        ActorConfig(env_pool=EnvPoolSettings(env_factory="rlfleet_exiting_factory:make")),
+        ActorConfig(models=(ModelSpec(factory="rlfleet_exiting_factory:make"),)),
+    ):
+        monkeypatch.delitem(sys.modules, "rlfleet_exiting_factory", raising=False)
+        with pytest.raises(
+            ValueError, match=f"importing 'rlfleet_exiting_factory' raised {raised}"
+        ):
+            check_before_binding(config)
+
+
+@pytest.mark.parametrize("body", ["raise SystemExit(0)", "raise KeyboardInterrupt"])
+def test_cli_subprocess_exits_2_when_a_factory_module_exits_on_import(
+    tmp_path: pathlib.Path, body: str
+) -> None:
+    (tmp_path / "rlfleet_exiting_factory.py").write_text(body + "\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    flags = ["--port", "0", "--env-factory", "rlfleet_exiting_factory:make"]
+    result = subprocess.run(
+        [sys.executable, "-m", "actor_service", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("rlfleet-actor: error: --kind env: env_factory ")
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # no traceback
+    assert result.stdout == ""  # refused before its port was bound
