@@ -9,6 +9,7 @@ like Ctrl-C, so a container stop also shuts a local fleet down in order.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -20,14 +21,17 @@ import numpy as np
 import torch
 
 from apps._job.entry import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from common.config import check_token
 
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "FleetMismatchError",
+    "RankLostError",
     "SignalsHeld",
     "StoppedAtOnce",
+    "learner_token",
     "run_job",
     "seed_everything",
 ]
@@ -41,6 +45,30 @@ class FleetMismatchError(Exception):
     Two actors with one worker_id, actors on another env, an env whose spaces the job's
     policy cannot take: :func:`run_job` ends on it with a one-line message and exit code 1.
     """
+
+
+class RankLostError(RuntimeError):
+    """A collective with the other learner ranks failed: one of them failed or left.
+
+    That rank prints its own message (the launcher names it); this one ends with a one-line
+    message and exit code 1 through :func:`run_job`, not gloo's traceback.
+    """
+
+
+def learner_token() -> str | None:
+    """The job's ``$RLFLEET_TOKEN`` (None: unset or empty), held to the actors' token rule.
+
+    A job reads its token from the environment only (a flag would show in ``ps`` and in
+    ``summary.json``); the local fleet it starts inherits it, and its collector sends it.
+
+    Raises:
+        FleetMismatchError: Naming the variable, for a token no header carries (a file's
+            trailing newline), before any actor is dialled or started with it.
+    """
+    try:
+        return check_token(os.environ.get("RLFLEET_TOKEN") or None)
+    except ValueError as exc:
+        raise FleetMismatchError(f"RLFLEET_TOKEN: {exc}") from None
 
 
 class Summary(Protocol):
@@ -136,12 +164,12 @@ def run_job(
         settings: The parsed settings.
         train: The job's loop.
         errors: What ends the run with a one-line message and exit code 1 (with
-            :class:`FleetMismatchError`).
+            :class:`FleetMismatchError` and :class:`RankLostError`).
 
     Returns:
         The process exit code.
     """
-    caught: tuple[type[BaseException], ...] = (*errors, FleetMismatchError)
+    caught: tuple[type[BaseException], ...] = (*errors, FleetMismatchError, RankLostError)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = train(settings)

@@ -33,10 +33,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from apps._job.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, SignalsHeld
+from apps._job.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, RankLostError, SignalsHeld
 from apps._job.device import rank_device
 
-__all__ = ["DataParallel", "launch_ranks", "under_torchrun"]
+__all__ = ["DataParallel", "job_ranks", "launch_ranks", "under_torchrun"]
 
 #: Seconds a collective may wait for the slowest rank (a rank collecting its first batch).
 _TIMEOUT = datetime.timedelta(seconds=300)
@@ -47,6 +47,18 @@ _SIGNALLED = 2
 def under_torchrun() -> bool:
     """Whether this process is one rank of a torchrun job (its variables are set)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def job_ranks(nproc_per_node: int) -> int:
+    """The job's learner ranks: torchrun's ``WORLD_SIZE`` under it, else ``nproc_per_node``.
+
+    ``torchrun --nproc-per-node N -m apps.grpo`` (no ``--nproc-per-node`` flag of ours) runs N
+    ranks all the same: the fleet is split over them, not over the flag's default of 1.
+    """
+    world_size = os.environ.get("WORLD_SIZE", "")
+    if under_torchrun() and world_size.isdigit() and int(world_size) > 0:
+        return int(world_size)
+    return nproc_per_node
 
 
 def launch_ranks(prog: str, module: str, nproc_per_node: int, argv: Sequence[str]) -> int:
@@ -95,6 +107,23 @@ def _failure(exitcode: int) -> str:
             name = f"signal {-exitcode}"
         return f"was killed by {name} (it wrote no message)"
     return f"exited with code {exitcode} (its message is above)"
+
+
+@contextlib.contextmanager
+def _with_peers() -> Iterator[None]:
+    """A collective of this module: a transport failure is :class:`RankLostError`.
+
+    The shapes and dtypes are the same on every rank, so what fails is the other ranks: one
+    that failed or was killed closed its connections ("Connection closed by peer"), or one
+    that hangs let the process group's timeout pass.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RankLostError(
+            f"another learner rank failed or left (its message is above): {detail:.300}"
+        ) from None
 
 
 #: A batch, as the loop's collector yields it.
@@ -172,7 +201,8 @@ class DataParallel:
         if not self.active:
             return value
         tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        with _with_peers():
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
 
     def run_together(
@@ -232,7 +262,8 @@ class DataParallel:
         padded = torch.zeros(size, dtype=torch.uint8, device=self.device)
         padded[: data.numel()] = data.to(self.device)
         gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(gathered, padded)
+        with _with_peers():
+            dist.all_gather(gathered, padded)
         out: list[str] = []
         for tensor in gathered:
             out += json.loads(bytes(tensor.cpu().tolist()).rstrip(b"\0").decode())
@@ -251,7 +282,8 @@ class DataParallel:
             dtype=torch.float64,
             device=self.device,
         )
-        dist.all_reduce(tensor)
+        with _with_peers():
+            dist.all_reduce(tensor)
         total, missing, unflagged = tensor.tolist()
         mean = None if missing else total / self.world_size
         return mean, not unflagged

@@ -23,22 +23,20 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from apps._job.cli import SignalsHeld, seed_everything
+from apps._job.cli import SignalsHeld, learner_token, seed_everything
 from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.grpo._evaluate import Evaluator, held_out_problems, prompt_ids
 from apps.grpo._loss import GRPOConfig, GRPOLearner
 from apps.grpo._ranks import RankPusher, rank_record, write_rank_record
 from apps.grpo._report import Curve, GRPOSummary, save_run
-from apps.grpo._settings import DEFAULT_CONTEXT, PROG, GRPOSettings
+from apps.grpo._settings import DEFAULT_CONTEXT, MODEL_SPEC, PROG, GRPOSettings
 from apps.grpo._torchrl_loss import TorchRLGRPO
 from common.llm import GenerationSettings, build_policy, build_task, build_tokenizer
 from learner_client import GrpcLLMCollector, LocalFleet
 
 __all__ = ["MODEL_SPEC", "train"]
 
-#: The model both sides build: the learner's copy and the actors' are the same architecture.
-MODEL_SPEC = "rlfleet:tiny-qwen2"
 # The held-out problems are drawn with their own seed, apart from the actors' draws.
 _EVAL_SEED_OFFSET = 10_007
 # Accuracies travel between ranks as integers (the all-reduce of the agreed versions).
@@ -96,11 +94,12 @@ def _run(
     evaluate = ranks.rank == 0  # rank 0 shows progress and writes the outputs
     vocab_size = int(cast(Any, model).get_input_embeddings().num_embeddings)  # ids it reads
 
+    token = learner_token()  # its actors inherit it: the collector must send it too
     with contextlib.ExitStack() as stack:
-        fleet = stack.enter_context(_local_fleet(settings, ranks))
+        fleet = stack.enter_context(_local_fleet(settings, ranks, token))
         addresses = ranks.gather_strings(fleet.addresses)  # every rank reaches every actor
         collector = stack.enter_context(
-            _collector(settings, addresses, generation, torchrl_update, ranks, vocab_size)
+            _collector(settings, addresses, generation, torchrl_update, ranks, vocab_size, token)
         )
         progress = stack.enter_context(
             contextlib.closing(
@@ -233,7 +232,7 @@ def fit_context(settings: GRPOSettings) -> GRPOSettings:
     return dataclasses.replace(settings, max_positions=max(DEFAULT_CONTEXT, -(-need // 64) * 64))
 
 
-def _local_fleet(settings: GRPOSettings, ranks: DataParallel) -> LocalFleet:
+def _local_fleet(settings: GRPOSettings, ranks: DataParallel, token: str | None) -> LocalFleet:
     return LocalFleet(
         settings.actors_per_rank,
         num_envs=settings.slots_per_actor,
@@ -247,6 +246,7 @@ def _local_fleet(settings: GRPOSettings, ranks: DataParallel) -> LocalFleet:
         extra_args=["--engine", settings.engine],
         # a vLLM engine takes tens of seconds to start on a loaded CPU
         start_timeout=300.0 if settings.engine == "vllm" else 60.0,
+        token=token,
     )
 
 
@@ -257,6 +257,7 @@ def _collector(
     torchrl_update: TorchRLGRPO | None,
     ranks: DataParallel,
     vocab_size: int,
+    token: str | None,
 ) -> GrpcLLMCollector:
     turns = settings.prompts_per_step * settings.group_size
     return GrpcLLMCollector(
@@ -276,6 +277,7 @@ def _collector(
         rank=ranks.rank,
         world_size=ranks.world_size,
         learner_id=ranks.learner_id,
+        token=token,
     )
 
 

@@ -20,14 +20,24 @@ from apps._job.device import (
     cuda_device_count,
     ranks_per_node,
 )
+from apps._job.ranks import job_ranks
 from apps._job.settings import check_positive_ints, check_rank_shares, opt, parse_settings
-from common.llm import DEFAULT_MAX_NEW_TOKENS_CAP, VOCABS, GenerationSettings, build_task
+from common.config import MAX_NUM_ENVS, MAX_WORKER_ID
+from common.llm import (
+    DEFAULT_MAX_NEW_TOKENS_CAP,
+    VOCABS,
+    GenerationSettings,
+    build_task,
+    check_policy_spec,
+)
 
-__all__ = ["LOSSES", "MAX_EVAL_PROBLEMS", "PROG", "GRPOSettings", "parse_args"]
+__all__ = ["LOSSES", "MAX_EVAL_PROBLEMS", "MODEL_SPEC", "PROG", "GRPOSettings", "parse_args"]
 
 #: The program's name, which prefixes its messages.
 PROG = "rlfleet-grpo"
 
+#: The model both sides build: the learner's copy and the actors' are the same architecture.
+MODEL_SPEC = "rlfleet:tiny-qwen2"
 #: ``builtin``: the plain-torch loss of this package; ``torchrl``: TorchRL's GRPOLoss.
 LOSSES = ("builtin", "torchrl")
 #: The tiny Qwen2's context when the task needs no more (``--max-positions 0``).
@@ -186,13 +196,9 @@ class GRPOSettings:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         self._check_update()
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed!r}")
-        if self.hidden % (2 * self.heads):
-            raise ValueError(
-                f"hidden ({self.hidden}) must be a multiple of 2 * heads ({self.heads})"
-            )
+        self._check_model()
         self._check_ranks()
+        self._check_fleet()
         if self.prompts_per_step % self.actors_per_rank and self.sync:
             raise ValueError(
                 f"prompts_per_step ({self.prompts_per_step}) must be a multiple of "
@@ -218,8 +224,18 @@ class GRPOSettings:
                 f"group_size must be >= 2 (GRPO compares answers), got {self.group_size}"
             )
 
+    def _check_model(self) -> None:
+        """The model as both sides will build it: a size or seed past its ints is refused here."""
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed!r}")
+        if self.hidden % (2 * self.heads):
+            raise ValueError(
+                f"hidden ({self.hidden}) must be a multiple of 2 * heads ({self.heads})"
+            )
+        check_policy_spec(MODEL_SPEC, **self.model_kwargs)
+
     def _check_ranks(self) -> None:
-        ranks = self.nproc_per_node
+        ranks = self.ranks
         if self.shard_pushes and ranks < 2:
             raise ValueError(
                 f"--shard-pushes needs --nproc-per-node 2 or more (each rank pushes its part "
@@ -236,10 +252,30 @@ class GRPOSettings:
                 )
             check_learner_device(self.learner_device, ranks_per_node(ranks), cuda_device_count())
 
+    def _check_fleet(self) -> None:
+        """The local fleet as the actors will take it: worker ids and chat slots in range."""
+        if self.num_actors > MAX_WORKER_ID + 1:
+            raise ValueError(
+                f"num_actors must be at most {MAX_WORKER_ID + 1} (worker ids 0..{MAX_WORKER_ID}), "
+                f"got {self.num_actors}"
+            )
+        if self.slots_per_actor > MAX_NUM_ENVS:
+            share = "an actor's share of " if self.sync else ""
+            raise ValueError(
+                f"{share}prompts_per_step * group_size ({self.prompts_per_step} * "
+                f"{self.group_size}) is {self.slots_per_actor} chat slots per actor, over an "
+                f"actor's {MAX_NUM_ENVS}: ask for fewer turns per update or start more actors"
+            )
+
+    @property
+    def ranks(self) -> int:
+        """The learner ranks: ``nproc_per_node``, or torchrun's world size under it."""
+        return job_ranks(self.nproc_per_node)
+
     @property
     def actors_per_rank(self) -> int:
         """The actors each learner rank starts and owns."""
-        return self.num_actors // self.nproc_per_node
+        return self.num_actors // self.ranks
 
     @property
     def task_kwargs_dict(self) -> dict[str, Any]:

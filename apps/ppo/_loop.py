@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import pathlib
 import time
 from typing import Any
@@ -23,7 +22,7 @@ import grpc
 import gymnasium as gym
 import torch
 
-from apps._job.cli import FleetMismatchError, SignalsHeld, seed_everything
+from apps._job.cli import FleetMismatchError, SignalsHeld, learner_token, seed_everything
 from apps._job.ranks import DataParallel
 from apps._job.report import Progress
 from apps.ppo._episodes import EpisodeTracker
@@ -123,7 +122,7 @@ def _open_collector(
     Each rank owns its share of the fleet; without ``--actors`` it starts that share itself.
     """
     addresses = list(settings.actors)
-    token = os.environ.get("RLFLEET_TOKEN") or None
+    token = learner_token()
     if addresses:
         _check_fleet(addresses, settings, token)
     else:

@@ -26,7 +26,7 @@ from typing import TextIO
 import grpc
 
 from apps.status._status import ActorStatus, Probe, format_table, shared_worker_ids, with_rates
-from common.config import MAX_TIMEOUT_S
+from common.config import MAX_TIMEOUT_S, check_token
 from common.errors import ActorUnavailableError
 from learner_client import resolve_actors
 
@@ -120,6 +120,20 @@ def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     )
 
 
+def _token(args: argparse.Namespace) -> str:
+    """The bearer token of ``--token``, else of ``$RLFLEET_TOKEN`` ("" for none).
+
+    Held to the actor's rule: one a header cannot carry (a file's trailing newline) is named
+    at once, not sent to be answered "Invalid metadata" (INTERNAL) for every actor.
+    """
+    source = "--token" if args.token is not None else "RLFLEET_TOKEN"
+    token = args.token if args.token is not None else os.environ.get("RLFLEET_TOKEN", "")
+    try:
+        return check_token(token or None) or ""
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
 def _addresses(args: argparse.Namespace, known: list[str] | None = None) -> list[str]:
     """The actors' addresses; a failed re-resolution keeps the ``known`` ones."""
     targets = list(args.addresses) + [f"dns:///{name}" for name in args.dns]
@@ -152,7 +166,7 @@ def status(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``rlfleet status`` with parsed ``args``; returns the exit status."""
     probe = Probe(
         credentials=_credentials(args),
-        token=args.token if args.token is not None else os.environ.get("RLFLEET_TOKEN", ""),
+        token=_token(args),
         timeout=args.timeout,
     )
     try:

@@ -45,8 +45,12 @@ class PolicySpecError(ValueError):
     """A model spec that names nothing buildable (unknown spec, missing directory, bad kwargs)."""
 
 
-def check_policy_spec(spec: str) -> None:
+def check_policy_spec(spec: str, **kwargs: Any) -> None:
     """Refuse a spec that cannot name a model, without importing transformers.
+
+    Args:
+        spec: The model spec.
+        **kwargs: A tiny model's kwargs (:func:`build_policy`), checked when given.
 
     Raises:
         PolicySpecError: Naming the spec and what is wrong.
@@ -54,6 +58,8 @@ def check_policy_spec(spec: str) -> None:
     if not isinstance(spec, str):
         raise PolicySpecError(f"a model spec must be a string, got {type(spec).__name__}")
     if spec in MODEL_SPECS:
+        if kwargs:
+            _tiny_kwargs({key: value for key, value in kwargs.items() if key != "dtype"})
         return
     if spec.startswith("hf:"):
         path = spec[3:]
@@ -185,7 +191,9 @@ def _tiny_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, int], str]:
     for key, value in values.items():
         low = 0 if key == "seed" else 1
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**31:
-            raise PolicySpecError(f"tiny model kwarg {key}={value!r} must be an int >= {low}")
+            raise PolicySpecError(
+                f"tiny model kwarg {key}={value!r} must be an int in [{low}, 2**31)"
+            )
     if values["hidden"] % values["heads"] or (values["hidden"] // values["heads"]) % 2:
         raise PolicySpecError(
             f"hidden={values['hidden']} must be a multiple of 2*heads (heads={values['heads']})"

@@ -39,3 +39,14 @@ def test_grpo_command_line_refuses_shard_pushes_without_ranks(capsys) -> None:
 def test_grpo_settings_raises_if_the_ranks_do_not_fit(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         GRPOSettings(**kwargs)
+
+
+def test_grpo_settings_under_torchrun_split_the_fleet_over_its_world(monkeypatch) -> None:
+    # `torchrun --nproc-per-node 2 -m apps.grpo`: two ranks, without our own flag.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = parse_args([])
+    assert (settings.nproc_per_node, settings.ranks, settings.actors_per_rank) == (1, 2, 1)
+    assert settings.slots_per_actor == 32 * 8
+    with pytest.raises(ValueError, match=r"multiple of nproc_per_node \(2\)"):
+        GRPOSettings(num_actors=3)

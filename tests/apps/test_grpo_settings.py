@@ -20,6 +20,25 @@ REFUSED = {
     "answers over the actors' cap": (["--max-new-tokens", "100000"], "at most 4096"),
     # numpy refuses the seed in seed_everything, a traceback before the first update
     "negative seed": (["--seed", "-1"], "seed must be >= 0, got -1"),
+    # numpy's seeds end at 2**32 and the tiny model's at 2**31: a traceback in train()
+    "seed past the model's ints": (["--seed", "4294967296"], "seed=4294967296 must be an int"),
+    "context past the model's ints": (
+        ["--max-positions", "2147483648"],
+        "max_positions=2147483648 must be an int in [1, 2**31)",
+    ),
+    # the actors refused them with a traceback from train(), after sizing the context
+    "slots over an actor's env pool": (
+        ["--prompts-per-step", "1024", "--group-size", "16"],
+        "(1024 * 16) is 8192 chat slots per actor, over an actor's 4096",
+    ),
+    "slots over an actor's env pool, async": (
+        ["--async", "--group-size", "1000"],
+        "prompts_per_step * group_size (32 * 1000) is 32000 chat slots per actor",
+    ),
+    "more actors than worker ids": (
+        ["--async", "--num-actors", "100000"],
+        "num_actors must be at most 65536 (worker ids 0..65535), got 100000",
+    ),
     # Qwen2's rotary embedding needs an even head size: the model fails to build
     "odd head size": (["--hidden", "100", "--heads", "4"], "must be a multiple of 2 * heads"),
     # an accuracy above 1 is never reached: the target would silently be off

@@ -69,6 +69,31 @@ with DataParallel() as ranks:
 """
 
 
+# Rank 1's step fails (its actor gone) while rank 0 waits for it in the step's agreement.
+_FAILING_PEER = """
+import sys
+from apps._job.cli import SignalsHeld, run_job
+from apps._job.ranks import DataParallel
+
+class Done:
+    def to_text(self):
+        return "done"
+
+def train(settings):
+    with DataParallel() as ranks:
+        def step(index):
+            if ranks.rank == 1 and index == 2:
+                raise OSError("rank 1 lost its actor")
+            return False
+
+        with SignalsHeld("test") as signals:
+            ranks.run_together(range(1000), step, signals)
+    return Done()
+
+sys.exit(run_job("test", None, train, (OSError,)))
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -113,3 +138,13 @@ def test_a_last_collective_failing_on_one_rank_ends_both_without_waiting_in_a_ba
     ranks, outputs = _run_ranks(_FAILING_LAST_COLLECTIVE, timeout=60)
     assert [rank.returncode for rank in ranks] == [1, 1]
     assert "RuntimeError: the last evaluation failed" in outputs[0][1]
+
+
+def test_a_rank_whose_peer_failed_ends_with_one_line_and_exit_1() -> None:
+    ranks, outputs = _run_ranks(_FAILING_PEER, timeout=60)
+    assert [rank.returncode for rank in ranks] == [1, 1]
+    assert outputs[1][1].strip() == "test: error: rank 1 lost its actor"
+    # Rank 0 names what happened in one line, not with gloo's traceback.
+    lines = outputs[0][1].strip().splitlines()
+    assert len(lines) == 1, outputs[0][1][-3000:]
+    assert lines[0].startswith("test: error: another learner rank failed or left"), lines

@@ -423,6 +423,30 @@ def test_status_sends_the_token_from_the_flag_or_rlfleet_token(
     assert [row["serving"] for row in rows] == [False, True, True]
 
 
+@pytest.mark.parametrize(
+    ("flag", "env", "named"),
+    [
+        (None, TOKEN + "\n", "RLFLEET_TOKEN: token must hold printable ASCII"),  # cat tokenfile
+        ("s\u00e9cret", TOKEN, "--token: token must hold printable ASCII"),
+        ("t" * 4097, "", "--token: token must be at most 4096 characters"),
+    ],
+)
+def test_status_raises_if_the_token_is_one_no_header_carries(
+    flag: str | None,
+    env: str,
+    named: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """A token gRPC cannot send is bad arguments naming its source, not INTERNAL per actor."""
+    monkeypatch.setenv("RLFLEET_TOKEN", env)
+    args = ["status", "127.0.0.1:1", "--timeout", "0.5"]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args if flag is None else [*args, "--token", flag])
+    assert exited.value.code == 2
+    assert named in capsys.readouterr().err
+
+
 class _ClocklessDescribe(pb_grpc.ActorServiceServicer):
     """Answers Describe as an actor would, but with an uptime of NaN seconds."""
 

@@ -180,6 +180,25 @@ def test_an_actor_behind_a_token_is_checked_for_the_env_and_the_hidden_sizes(
         assert _loop.train(settings).frames == FRAMES_PER_BATCH  # theirs: it trains
 
 
+@pytest.mark.parametrize("actors", [False, True])
+def test_a_token_no_header_carries_ends_the_run_with_one_line_naming_rlfleet_token(
+    actors: bool,
+    actor_address: str,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``RLFLEET_TOKEN=$(...)`` with a newline kept: a ValueError traceback from the local
+    fleet once, or an error blaming ``--actors``; now exit 1 naming the variable."""
+    monkeypatch.setenv("RLFLEET_TOKEN", "s3cret\n")
+    flags = ["--frames-per-batch", "32", "--minibatch-size", "32", "--no-progress"]
+    flags += ["--actors", actor_address] if actors else ["--num-actors", "1", "--num-envs", "1"]
+    assert main([*flags, "--out", str(tmp_path / "run")]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("rlfleet-train: error: RLFLEET_TOKEN: token must hold printable ASCII")
+    assert "Traceback" not in err
+
+
 def test_an_env_whose_spaces_the_policy_cannot_take_ends_the_run_with_one_line(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

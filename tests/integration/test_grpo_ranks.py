@@ -56,6 +56,26 @@ def _grpo(out: pathlib.Path, *args: str) -> list[dict]:
     return records
 
 
+def test_grpo_ranks_under_torchrun_each_start_their_share_of_the_fleet(tmp_path) -> None:
+    # torchrun run by hand, without our --nproc-per-node: each rank starts one of the 2 actors.
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["--local-addr=127.0.0.1", "-m", "apps.grpo", *TINY, "--max-steps", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*command, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        record = json.loads((out / "ranks" / f"rank{rank}.json").read_text())
+        assert record["actors"] == {str(rank): {"version": 2, "weights_equal": True}}, record
+
+
 def test_grpo_ranks_shard_pushes_and_every_actor_swaps_each_version_in_whole(tmp_path) -> None:
     records = _grpo(tmp_path / "run", "--shard-pushes")
     pushes = STEPS + 1

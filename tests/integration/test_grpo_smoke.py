@@ -70,6 +70,23 @@ def test_grpo_entry_point_runs_a_few_updates_and_writes_its_outputs(tmp_path):
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_grpo_with_rlfleet_token_sends_the_token_its_own_actors_inherit(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its local actors inherit ``$RLFLEET_TOKEN`` and require it; its collector sends it
+    (it once sent none: UNAUTHENTICATED). One no header carries is named, exit 1."""
+    monkeypatch.setenv("RLFLEET_TOKEN", "grpo-s3cret")
+    out = tmp_path / "run"
+    result = _grpo(*TINY, "--max-steps", "1", "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (out / "summary.json").exists()
+    monkeypatch.setenv("RLFLEET_TOKEN", "grpo-s3cret\n")
+    result = _grpo(*TINY, "--max-steps", "1", "--out", str(tmp_path / "bad"), "--no-progress")
+    assert result.returncode == 1
+    assert "rlfleet-grpo: error: RLFLEET_TOKEN: token must hold printable ASCII" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_grpo_multi_turn_dialogs_run_every_step_asked(tmp_path):
     # Three retries: a batch of whole dialogs holds more turns than prompts x group, and a
     # turn budget of steps x that product ended the run after fewer updates than asked.
