@@ -50,7 +50,8 @@ from common.plain_config import to_plain
 
 __all__ = ["LocalFleet", "restart_seed"]
 
-_READY_RE = re.compile(rb"^rlfleet-actor ready worker_id=(\d+) port=(\d+)\s*$", re.MULTILINE)
+# Its line's end, not its start: a factory's own output without a newline may come before it.
+_READY_RE = re.compile(rb"rlfleet-actor ready worker_id=(\d+) port=(\d+)\s*$", re.MULTILINE)
 # Time an actor gets beyond its own grace period to finish exiting before SIGKILL.
 _EXIT_MARGIN = 2.0
 _POLL_INTERVAL = 0.02

@@ -265,6 +265,12 @@ class _Slow(gymnasium.Wrapper):
         return self.env.step(action)
 
 
+def chatty_cartpole() -> gymnasium.Env:
+    """CartPole whose factory writes progress to stdout without ending its line."""
+    print("building CartPole...", end="", flush=True)
+    return gymnasium.make("CartPole-v1")
+
+
 def slow_cartpole(delay: float = 0.2) -> gymnasium.Env:
     """CartPole whose every ``step`` takes ``delay`` seconds more."""
     return _Slow(gymnasium.make("CartPole-v1"), delay)

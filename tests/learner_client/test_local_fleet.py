@@ -198,6 +198,19 @@ def test_local_fleet_takes_no_env_id_beside_an_env_factory_and_ids_without_a_ver
         assert next(iter(collector)).batch_size == (2, 2, 2)
 
 
+@pytest.mark.long  # 5-10 s: an actor of its own
+def test_local_fleet_finds_the_ready_line_after_a_factorys_unended_output(monkeypatch) -> None:
+    """A factory printing progress without a newline put the ready line mid-line; the fleet
+    waited for it until its start_timeout."""
+    monkeypatch.setenv("PYTHONPATH", ACTOR_ENV["PYTHONPATH"])
+    began = time.monotonic()
+    with LocalFleet(
+        1, None, num_envs=1, env_factory="rlfleet_test_envs:chatty_cartpole", start_timeout=30
+    ) as fleet:
+        assert len(fleet.addresses) == 1
+    assert time.monotonic() - began < 25
+
+
 @pytest.mark.long  # 20 s: an actor ready 6 s after the first, a start_timeout of 10 s
 def test_start_timeout_bounds_a_stall_not_a_fleet_whose_actors_keep_coming(monkeypatch, tmp_path):
     """Three actors, the second ready 6 s after the first, the third never, start_timeout=10:
