@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "batched_kind",
     "dense_refusal",
     "dynamic_shape_keys",
     "env_has_state",
@@ -44,7 +45,7 @@ def env_has_state(env: Any) -> bool:
     A ``ParallelEnv`` not started yet is asked through one env its factory builds here (as
     it reads its specs): its workers, started for a ``state_dict()``, would die on that raise.
     """
-    if _in_workers(env) and env.is_closed:
+    if batched_kind(env) == "ParallelEnv" and env.is_closed:
         local = env.create_env_fn[0](**env.create_env_kwargs[0])
         try:
             return env_has_state(local)
@@ -106,12 +107,13 @@ def dense_refusal(env: Any, subject: str) -> str | None:
     return f"{subject} has {what} under {keys} ({cause}): the fleet's batches are dense; {fix}"
 
 
-def _in_workers(env: object) -> bool:
-    """Whether ``env`` is a ``torchrl.envs.ParallelEnv`` (its envs in worker processes).
+def batched_kind(env: object) -> str | None:
+    """``"ParallelEnv"`` (its envs in worker processes), ``"SerialEnv"`` or None.
 
-    Known by its class's name: ``common`` never imports torchrl.
+    Known by its class's names: the libraries never import torchrl.
     """
-    return any(cls.__name__ == "ParallelEnv" for cls in type(env).__mro__)
+    names = {cls.__name__ for cls in type(env).__mro__}
+    return next((kind for kind in ("ParallelEnv", "SerialEnv") if kind in names), None)
 
 
 def _stacked_composite(spec: object) -> bool:

@@ -10,14 +10,13 @@ stepped, all or nothing: a state that does not fit leaves the env as it was.
 from __future__ import annotations
 
 import copy
-import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from common.env_state import quiet_fresh_vecnorm
+from common.env_state import batched_kind, quiet_fresh_vecnorm
 
 __all__ = ["joined_state", "load_env_state", "pool_size"]
 
@@ -93,21 +92,19 @@ def _materialize(env: Any, state: Mapping[str, Any]) -> None:
     die on a ``state_dict()`` of such buffers: one not started yet is reset, as TorchRL's
     ``Collector`` resets its env, so that they build them.
     """
-    if "torchrl" in sys.modules:  # a TorchRL env's script imported it; torchrl is an extra
-        from torchrl.envs import ParallelEnv, SerialEnv
-
-        if isinstance(env, ParallelEnv):
-            if env.is_closed:
-                env.reset()
-            return
-        if isinstance(env, SerialEnv):
-            if env.is_closed:
-                env.start()
-            for index, inner in enumerate(env._envs):
-                part = state.get(f"worker{index}")
-                if isinstance(part, Mapping):
-                    _materialize(inner, part)
-            return
+    kind = batched_kind(env)
+    if kind == "ParallelEnv":
+        if env.is_closed:
+            env.reset()
+        return
+    if kind == "SerialEnv":
+        if env.is_closed:
+            env.start()
+        for index, inner in enumerate(env._envs):
+            part = state.get(f"worker{index}")
+            if isinstance(part, Mapping):
+                _materialize(inner, part)
+        return
     transform = getattr(env, "transform", None)
     if not isinstance(transform, torch.nn.Module):
         return
