@@ -13,10 +13,11 @@ name alone; the policy ``"random"`` is the actor's random policy (TorchRL's ``No
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,6 +68,18 @@ def torchrl_config(
         "models": (ModelSpec(factory=factory_path(policy), kwargs=policy_kwargs or {}),),
     }
     return ActorConfig(**(base | overrides))
+
+
+@contextlib.contextmanager
+def greedy_cartpole_actor() -> Iterator[str]:
+    """A real actor of :func:`torchrl_config`'s CartPole and greedy policy, by its address."""
+    with create_server(torchrl_config("cartpole", "greedy_policy")).run_in_thread() as handle:
+        yield f"127.0.0.1:{handle.port}"
+
+
+def greedy_cartpole_policy() -> Any:
+    """The learner's copy of that actor's policy (the same factory, the same seed)."""
+    return load("greedy_policy")(load("cartpole")())
 
 
 def fleet_batches(

@@ -18,12 +18,10 @@ import pytest
 import torch
 
 pytest.importorskip("torchrl")
-import rlfleet_test_torchrl  # the actors' factories (on the path learner_fleet sets)
-from torchrl_harness import torchrl_config
+from torchrl_harness import greedy_cartpole_actor, greedy_cartpole_policy
 
 import common.weights
 import learner_client._collector
-from actor_service import create_server
 from learner_client import GrpcCollector
 from learner_client._pushes import Pusher
 
@@ -32,13 +30,12 @@ BIAS = "module.linear.bias"  # read after the weight: a gate there splits the mo
 
 @pytest.fixture(scope="module")
 def actor() -> Iterator[str]:
-    with create_server(torchrl_config("cartpole", "greedy_policy")).run_in_thread() as handle:
-        yield f"127.0.0.1:{handle.port}"
+    with greedy_cartpole_actor() as address:
+        yield address
 
 
 def _policy() -> Any:
-    """The learner's copy of the actors' policy (the same factory, the same seed)."""
-    return rlfleet_test_torchrl.greedy_policy(rlfleet_test_torchrl.cartpole())
+    return greedy_cartpole_policy()
 
 
 def _state(policy: Any) -> tuple[torch.Tensor, torch.Tensor]:

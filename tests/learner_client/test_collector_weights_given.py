@@ -15,23 +15,20 @@ import pytest
 import torch
 
 pytest.importorskip("torchrl")
-import rlfleet_test_torchrl  # the actors' factories (on the path learner_fleet sets)
 from tensordict import TensorDict
-from torchrl_harness import torchrl_config
+from torchrl_harness import greedy_cartpole_actor, greedy_cartpole_policy
 
-from actor_service import create_server
 from learner_client import GrpcCollector, WeightPushError
 
 
 @pytest.fixture(scope="module")
 def actor() -> Iterator[str]:
-    with create_server(torchrl_config("cartpole", "greedy_policy")).run_in_thread() as handle:
-        yield f"127.0.0.1:{handle.port}"
+    with greedy_cartpole_actor() as address:
+        yield address
 
 
 def _policy() -> Any:
-    """The learner's copy of the actors' policy (the same factory, the same seed)."""
-    return rlfleet_test_torchrl.greedy_policy(rlfleet_test_torchrl.cartpole())
+    return greedy_cartpole_policy()
 
 
 def _always_right(policy: Any, form: str) -> Any:
