@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
 import logging
 import os
@@ -54,9 +55,11 @@ from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
 from common.config import DEFAULT_MODEL_ID, MAX_SEED, MODEL_ID_RE, is_loopback
 
-__all__ = ["build_parser", "default_worker_id", "main", "parse_config"]
+__all__ = ["build_parser", "default_worker_id", "main", "parse_config", "unknown_variables"]
 
 _ENV_PREFIX = "RLFLEET_"
+# Variables the project's own deployments set beside an actor's (a learner pod's, a build's).
+_NOT_ACTOR_SETTINGS = ("POD_INDEX", "RUN_ID", "IMAGE", "EXTRAS", "TORCHRL_SOURCE")
 _ORDINAL_RE = re.compile(r"-(\d+)$")
 
 
@@ -158,6 +161,27 @@ def _flag(field: str) -> str:
 
 def _var(field: str) -> str:
     return _ENV_PREFIX + field.upper()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The ``RLFLEET_*`` names in ``environ`` that no setting reads, each with a close match.
+
+    A misspelt variable (``RLFLEET_NUMENVS``) would otherwise be ignored in silence.
+    """
+    fields = [field for field, _, _ in _SIMPLE_FIELDS]
+    fields += ["worker_id", "policy", "policy_kwargs", "models", "model_kwargs"]
+    known = {_var(field) for field in fields}
+    others = {_ENV_PREFIX + name for name in _NOT_ACTOR_SETTINGS}
+    unknown = sorted(
+        name for name in environ if name.startswith(_ENV_PREFIX) and name not in known | others
+    )
+    suffixes = [name.removeprefix(_ENV_PREFIX) for name in known]
+    return [(name, _close_match(name.removeprefix(_ENV_PREFIX), suffixes)) for name in unknown]
+
+
+def _close_match(suffix: str, suffixes: list[str]) -> str | None:
+    matches = difflib.get_close_matches(suffix, suffixes, 1)
+    return _ENV_PREFIX + matches[0] if matches else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -472,7 +496,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.captureWarnings(True)
     _warn_if_open(config)
+    _warn_unknown_variables(os.environ)
     return serve(config)
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    from actor_service._serve._logging import log_event
+
+    for name, match in unknown_variables(environ):
+        hint = f"; did you mean {match}?" if match else ""
+        log_event(
+            "actor.unknown_variable",
+            logging.WARNING,
+            variable=name,
+            reason=f"{name} is set but no rlfleet-actor setting reads it{hint}",
+        )
 
 
 def _warn_if_open(config: ActorConfig) -> None:

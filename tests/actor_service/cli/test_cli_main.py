@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from actor_service._cli._checks import check_before_binding
-from actor_service._cli._main import default_worker_id, parse_config
+from actor_service._cli._main import default_worker_id, parse_config, unknown_variables
 from actor_service._config import INT_RANGES, ActorConfig, ModelSpec, vllm_lora_rank
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._kinds.llm.settings import LLMActorSettings
@@ -50,6 +51,7 @@ def test_cli_defaults_match_actor_config() -> None:
 
 # A self-signed pair made for these tests alone (openssl, EC P-256): TLS files must load.
 _TLS = pathlib.Path(__file__).parent / "tls"
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_cli_flags_fill_every_field() -> None:
@@ -171,6 +173,19 @@ def test_cli_environment_variables_are_read() -> None:
         ModelSpec("critic", "mlp", {"hidden": [4]}),
         ModelSpec("value", "pkg.m:f", {}),
     )
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_meant() -> None:
+    """Every variable the actor docs name is read; one no setting reads is named at start."""
+    documented = re.findall(r"RLFLEET_[A-Z_]+", (ROOT / "docs" / "actor.md").read_text())
+    assert len(set(documented)) > 30
+    assert unknown_variables(dict.fromkeys(documented, "1")) == []
+    environ = {"RLFLEET_NUMENVS": "4", "RLFLEET_TOKNE": "t", "RLFLEET_ZZZ": "", "HOME": "/"}
+    assert unknown_variables(environ) == [
+        ("RLFLEET_NUMENVS", "RLFLEET_NUM_ENVS"),
+        ("RLFLEET_TOKNE", "RLFLEET_TOKEN"),
+        ("RLFLEET_ZZZ", None),
+    ]
 
 
 def test_cli_flag_wins_over_environment_variable() -> None:

@@ -71,8 +71,10 @@ def test_a_second_actor_on_a_port_in_use_exits_1_naming_it(cli_actor: ActorProce
 @pytest.mark.long
 def test_an_actor_logs_its_configuration_with_the_token_masked() -> None:
     secret = "s3cret-token-value"
-    with start_actor(["--num-envs", "1"], env={"RLFLEET_TOKEN": secret}) as actor:
+    variables = {"RLFLEET_TOKEN": secret, "RLFLEET_NUMENVS": "2"}  # a misspelt one beside
+    with start_actor(["--num-envs", "1"], env=variables) as actor:
         stderr = actor.stderr()
+    assert "RLFLEET_NUMENVS is set but no rlfleet-actor setting reads it; did you mean" in stderr
     line = next(line for line in stderr.splitlines() if "actor.config" in line)
     for setting in ("num_envs=1", "env=CartPole-v1", "max_credits=4", "token=***"):
         assert setting in line, line
