@@ -58,8 +58,8 @@ from common.config import DEFAULT_MODEL_ID, MAX_SEED, MODEL_ID_RE, is_loopback
 __all__ = ["build_parser", "default_worker_id", "main", "parse_config", "unknown_variables"]
 
 _ENV_PREFIX = "RLFLEET_"
-# Variables the project's own deployments set beside an actor's (a learner pod's, a build's).
-_NOT_ACTOR_SETTINGS = ("POD_INDEX", "RUN_ID", "IMAGE", "EXTRAS", "TORCHRL_SOURCE")
+# Variables the project sets beside an actor's (a learner pod's, a build's, a benchmark's).
+_NOT_ACTOR_SETTINGS = ("POD_INDEX", "RUN_ID", "IMAGE", "EXTRAS", "TORCHRL_SOURCE", "RESULT")
 _ORDINAL_RE = re.compile(r"-(\d+)$")
 
 
