@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -146,7 +145,7 @@ class Rounds:
     def update_budget(self) -> None:
         """Tell the mailbox how many more batches (async) or rounds (sync) are wanted."""
         s, remaining = self.settings, self._remaining_frames()
-        budget = None if remaining is None else math.ceil(max(0, remaining) / s.frames_per_batch)
+        budget = None if remaining is None else s.batches_for(max(0, remaining))
         self.mailbox.set_budget(budget, per_worker=bool(s.sync))
 
     def take(self) -> TensorDictBase:

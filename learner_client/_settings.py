@@ -209,7 +209,14 @@ class BatchSettings:
             raise EndlessCollectorError(
                 f"an endless collector ({self.count_names[1]}=-1) has no length"
             )
-        return math.ceil(_int(self.total_frames) / self.frames_per_batch)
+        return self.batches_for(_int(self.total_frames))
+
+    def batches_for(self, frames: int) -> int:
+        """The whole batches that hold ``frames`` (``>= 0``): their exact integer ceil.
+
+        A float ceil is off by one past 2**53 frames, within the int64 counts accepted.
+        """
+        return -(-frames // self.frames_per_batch)
 
     def frames_per_actor(self, num_actors: int) -> int:
         """Frames each actor collects per batch: the total split evenly (sync) or all of it."""
@@ -605,7 +612,8 @@ def _frames(name: str, value: object, *, endless: bool) -> int:
 
     Integers of every kind and whole floats are counts, as TorchRL reads them (``int()``).
     """
-    if value is None or (endless and value == math.inf):  # TorchRL's endless float
+    scalar = getattr(value, "ndim", 0) == 0  # an array of counts compares as an array
+    if value is None or (endless and scalar and value == math.inf):  # TorchRL's endless float
         return -1
     count = as_int(value, whole_floats=True)
     if count is None:

@@ -154,7 +154,8 @@ def test_counts_take_numpy_and_tensor_integers_and_whole_floats_as_torchrl_does(
     assert batch_settings(frames_per_batch=8, total_frames=math.inf).endless  # TorchRL's endless
     rollout = rollout_settings(init_random_frames=np.uint16(256), max_frames_per_traj=500.0)
     assert (rollout.init_random_frames, rollout.max_frames_per_traj) == (256, 500)
-    for bad in (1.5, np.float64(2.5), "64", np.True_, math.nan):
+    several = (np.array([100, 200]), torch.tensor([100, 200]))  # an array's truth was raised
+    for bad in (1.5, np.float64(2.5), "64", np.True_, math.nan, *several):
         with pytest.raises(TypeError, match="total_frames must be an int"):
             batch_settings(frames_per_batch=8, total_frames=bad)
     with pytest.raises(TypeError, match="frames_per_batch must be a positive int"):
@@ -195,6 +196,16 @@ def test_batch_settings_len_is_ceil_and_raises_if_endless():
         batch_settings(frames_per_batch=10).num_batches()
     with pytest.raises(RuntimeError, match="endless"):  # what TorchRL's collectors raise
         batch_settings(frames_per_batch=10).num_batches()
+
+
+def test_batch_settings_len_is_the_exact_ceil_of_a_budget_past_float_precision() -> None:
+    # TorchRL's __len__ is -(total // -fpb); a float ceil is one batch off past 2**53 frames.
+    assert batch_settings(frames_per_batch=1, total_frames=2**53 + 1).num_batches() == 2**53 + 1
+    with pytest.warns(UserWarning, match="additional frames"):
+        settings = batch_settings(frames_per_batch=3, total_frames=2**63 - 1)
+    assert settings.num_batches() == -((2**63 - 1) // -3)
+    assert settings.batches_for(0) == 0
+    assert settings.batches_for(4) == 2
 
 
 def test_check_addresses_raises_if_empty_malformed_or_repeated():
