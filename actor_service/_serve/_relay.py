@@ -260,6 +260,10 @@ class Forwarder:
             _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
         )
         self._call = relay_raw(self._requests(relay), metadata=metadata)
+        # Set once the next actor's call is over: a chunk it can no longer take is not
+        # waited for the stall time (it refused the call, or died).
+        self._ended = asyncio.Event()
+        self._call.add_done_callback(lambda _: self._ended.set())
         self.failed: str | None = None
 
     async def _requests(self, relay: pb.Relay) -> AsyncIterator[bytes]:
@@ -276,21 +280,37 @@ class Forwarder:
         """
         if self.failed is not None:
             return
-        message = raw if raw is not None else encode_relay_chunk(chunk, crc32c(chunk))
-        try:
-            await asyncio.wait_for(self._queue.put(message), self._stall)
-        except TimeoutError:
-            self._fail(f"{self._address} took no chunk for {self._stall:g} s")
+        await self._put(raw if raw is not None else encode_relay_chunk(chunk, crc32c(chunk)))
 
     async def close(self) -> None:
         """End the forward (all sent, or given up) and close its channel."""
         if self.failed is None:
+            await self._put(None)
+        if self.failed is None:
             try:
-                await asyncio.wait_for(self._queue.put(None), self._stall)
                 await asyncio.wait_for(self._call, 2 * self._stall)  # its last chunks land
             except (TimeoutError, grpc.RpcError) as exc:
                 self._fail(f"{self._address}: {_describe(exc)}")
         await self._channel.close(None)
+
+    async def _put(self, message: bytes | None) -> None:
+        """Queue a message; end the forward if the next actor's call ended or it stalls."""
+        put = asyncio.ensure_future(self._queue.put(message))
+        ended = asyncio.ensure_future(self._ended.wait())
+        try:
+            await asyncio.wait(
+                {put, ended}, timeout=self._stall, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            ended.cancel()
+            put.cancel()  # a no-op once queued
+        if put.done() and not put.cancelled():
+            return
+        if self._ended.is_set():
+            code, details = await self._call.code(), await self._call.details()
+            self._fail(f"{self._address} ended the forward: {code.name}: {details}")
+        else:
+            self._fail(f"{self._address} took no chunk for {self._stall:g} s")
 
     def abandon(self) -> None:
         """Give the forward up (this actor's bytes failed): the next actor is told at once."""

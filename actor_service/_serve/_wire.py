@@ -20,10 +20,12 @@ from the learner frames them once (:func:`encode_relay_chunk`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
+from common.errors import ProtocolError
 from common.protowire import length_delimited, varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -52,6 +54,8 @@ _RELAY_CHUNK_TAG = 0x12
 _RELAY_DATA_TAG = 0x0A
 _RELAY_CRC_TAG = 0x10
 
+_M = TypeVar("_M", bound=Message)
+
 
 class RawChunk:
     """A ``PushWeightsRequest(chunk=...)`` whose ``chunk`` views the received bytes."""
@@ -67,11 +71,15 @@ class RawChunk:
 
 
 def decode_push_request(data: bytes) -> pb.PushWeightsRequest | RawChunk:
-    """Parse one ``PushWeightsRequest``: chunks without a copy, anything else by protobuf."""
+    """Parse one ``PushWeightsRequest``: chunks without a copy, anything else by protobuf.
+
+    Raises:
+        ProtocolError: ``data`` is no ``PushWeightsRequest`` (INVALID_ARGUMENT).
+    """
     payload = length_delimited(data, _PUSH_CHUNK_TAG)
     if payload is not None:
         return RawChunk(payload)
-    return pb.PushWeightsRequest.FromString(data)
+    return _parse_request(pb.PushWeightsRequest, data)
 
 
 class RawRelayChunk:
@@ -93,7 +101,11 @@ class RawRelayChunk:
 
 
 def decode_relay_request(data: bytes) -> pb.RelayRequest | RawRelayChunk:
-    """Parse one ``RelayRequest``: chunks without a copy, anything else by protobuf."""
+    """Parse one ``RelayRequest``: chunks without a copy, anything else by protobuf.
+
+    Raises:
+        ProtocolError: ``data`` is no ``RelayRequest`` (INVALID_ARGUMENT).
+    """
     body = length_delimited(data, _RELAY_CHUNK_TAG)
     if body is not None and len(body) > 1 and body[0] == _RELAY_DATA_TAG:
         size, pos = _varint_at(body, 1)
@@ -104,7 +116,19 @@ def decode_relay_request(data: bytes) -> pb.RelayRequest | RawRelayChunk:
                 rest[0] == _RELAY_CRC_TAG and crc is not None and end == len(rest)
             ):
                 return RawRelayChunk(body[pos : pos + size], crc or 0, data)
-    return pb.RelayRequest.FromString(data)
+    return _parse_request(pb.RelayRequest, data)
+
+
+def _parse_request(kind: type[_M], data: bytes) -> _M:
+    """Parse one client message of ``kind``: a peer's bytes that are none are its error.
+
+    Raises:
+        ProtocolError: ``data`` is not a ``kind`` (INVALID_ARGUMENT, not a bug's INTERNAL).
+    """
+    try:
+        return kind.FromString(data)
+    except DecodeError:
+        raise ProtocolError(f"a {kind.__name__} of {len(data)} bytes does not parse") from None
 
 
 def encode_relay_chunk(data: bytes | memoryview, crc: int) -> bytes:

@@ -231,6 +231,31 @@ def test_chunks_on_a_push_whose_bytes_come_from_a_relay_are_refused(actor: Actor
     assert _serving(actor)
 
 
+def test_a_relay_message_that_does_not_parse_is_invalid_argument_and_the_push_fails(
+    actor: Actor,
+) -> None:
+    """Bytes that are no RelayRequest (a peer speaking another protocol) are the peer's
+    error, INVALID_ARGUMENT, not a bug's INTERNAL; the push they were for applies nothing.
+    """
+    before = _actor_weights(actor)
+    _, blob, version = a_new_state(actor)
+    opened = Opened(actor, blob, version)
+    relay = actor.channel.stream_unary(
+        "/rlfleet.v1.ActorService/RelayWeights",
+        request_serializer=bytes,
+        response_deserializer=pb.RelayResponse.FromString,
+    )
+    head = [m.SerializeToString() for m in relay_requests(opened.push_id, opened.ticket, blob)]
+    code = code_of(lambda: relay(iter([*head[:2], b"\xff\xff\xff"]), timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert opened.reply.result(30).relay_failed
+    for garbage in (b"\xff\xff\xff", b"\x0a\x03abc"):  # as a first message
+        code = code_of(lambda g=garbage: relay(iter([g]), timeout=30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert _bits_equal(_actor_weights(actor), before)
+    assert _serving(actor)
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not found")
 def test_a_tls_actor_without_relay_ca_forwards_nothing(make_actor, tmp_path) -> None:
     cert, key = self_signed_cert(tmp_path, "server")
@@ -336,6 +361,35 @@ def test_a_forward_that_cannot_be_made_leaves_the_relays_own_push_whole(actor: A
     chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, CHUNK)]
     assert actor.stub.PushWeights(iter([head, *chunks]), timeout=30).version == version
     assert _bits_equal(_actor_weights(actor), state)
+
+
+@pytest.mark.parametrize("to", ["nothing listening", "another token"])
+def test_a_forward_the_next_actor_ends_holds_the_relays_own_push_no_stall_time(
+    make_actor, to
+) -> None:
+    """A next actor that ends the forward's call (refused, another token) ends the forward
+    at once: the relay's own push applies without waiting out the stall time.
+    """
+    actor = make_actor()
+    address = (
+        "127.0.0.1:1"
+        if to == "nothing listening"
+        else f"127.0.0.1:{make_actor(token='other').port}"
+    )
+    state, blob, version = a_new_state(actor)
+    head = relay_header(
+        blob,
+        version,
+        forward_to=address,
+        forward_ticket=secrets.token_bytes(32),
+        stall_seconds=20.0,
+    )
+    chunks = [pb.PushWeightsRequest(chunk=bytes(p)) for p in iter_blob_chunks(blob, 512)]
+    started = time.monotonic()
+    assert actor.stub.PushWeights(iter([head, *chunks]), timeout=60).version == version
+    assert time.monotonic() - started < 10
+    assert _bits_equal(_actor_weights(actor), state)
+    assert _serving(actor)
 
 
 def _actor_weights_with(actor: Actor, metadata: tuple) -> dict:

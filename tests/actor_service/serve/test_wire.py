@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from google.protobuf.message import DecodeError
 from tensordict import TensorDict
 
 from actor_service._serve._encoded import _encoded
@@ -18,6 +17,7 @@ from actor_service._serve._wire import (
     encode_relay_chunk,
 )
 from common.checksum import crc32c
+from common.errors import ProtocolError
 from common.packets import encode_packet
 from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -112,8 +112,8 @@ def test_decode_push_request_leaves_everything_else_to_protobuf() -> None:
     assert length_delimited(b"\x12" + b"\xff" * 11 + b"\x01", 0x12) is None  # overlong varint
     assert length_delimited(b"", 0x12) is None
     assert decode_push_request(chunk + b"\x12\x01z").chunk == b"z"  # protobuf: last one wins
-    with pytest.raises(DecodeError):
-        decode_push_request(b"\x12\xff\xff")
+    with pytest.raises(ProtocolError, match="PushWeightsRequest of 3 bytes does not parse"):
+        decode_push_request(b"\x12\xff\xff")  # the peer's error: INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("crc", [0, 1, 0xFFFFFFFF])
@@ -139,6 +139,8 @@ def test_relay_messages_other_than_a_plain_chunk_are_parsed_by_protobuf() -> Non
     read = decode_relay_request(b"\x12" + bytes([len(odd)]) + odd)
     assert not isinstance(read, RawRelayChunk)
     assert read == message
+    with pytest.raises(ProtocolError, match="RelayRequest of 3 bytes does not parse"):
+        decode_relay_request(b"\xff\xff\xff")  # the peer's error: INVALID_ARGUMENT
 
 
 def test_an_encoded_batch_is_cut_into_numbered_chunks_only_the_first_carrying_its_info() -> None:
