@@ -28,6 +28,7 @@ from actor_service._serve._logging import log_event
 from actor_service._serve._push import WeightPushes
 from actor_service._serve._runtime import ActorRuntime
 from actor_service._serve._streams import first_message, read_blob
+from actor_service._serve._wire import Undecodable
 from common.errors import (
     ActorBusyError,
     WeightsError,
@@ -64,6 +65,8 @@ def _mapped(handler: F) -> F:
                 raise ActorBusyError(
                     f"actor {self._rt.config.worker_id} is serving {self._calls} calls already"
                 )
+            if isinstance(request, Undecodable):
+                raise request.error
             self._calls += 1
             try:
                 return await handler(self, request, context)

@@ -19,7 +19,8 @@ from the learner frames them once (:func:`encode_relay_chunk`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -117,6 +118,27 @@ def decode_relay_request(data: bytes) -> pb.RelayRequest | RawRelayChunk:
             ):
                 return RawRelayChunk(body[pos : pos + size], crc or 0, data)
     return _parse_request(pb.RelayRequest, data)
+
+
+class Undecodable:
+    """A one-message call's request whose bytes do not parse (the handler raises ``error``).
+
+    gRPC parses such a request before the handler runs and answers a parser's exception
+    UNKNOWN; handed over as this, it is the peer's INVALID_ARGUMENT like any bad field.
+    """
+
+    def __init__(self, error: ProtocolError) -> None:
+        self.error = error
+
+
+def _parsed_or_undecodable(kind: type[_M]) -> Callable[[bytes], _M | Undecodable]:
+    def parse(data: bytes) -> _M | Undecodable:
+        try:
+            return _parse_request(kind, data)
+        except ProtocolError as exc:
+            return Undecodable(exc)
+
+    return parse
 
 
 def _parse_request(kind: type[_M], data: bytes) -> _M:
@@ -260,12 +282,12 @@ def add_actor_service(servicer: ActorServiceImpl, server: grpc.aio.Server) -> No
     """
     recorder = _HandlerRecorder()
     pb_grpc.add_ActorServiceServicer_to_server(servicer, recorder)
-    handlers = dict(recorder.handlers)
+    handlers = {name: _peer_checked(h) for name, h in recorder.handlers.items()}
     if not {"Collect", "PushWeights", "RelayWeights"} <= handlers.keys():
         raise RuntimeError(f"generated ActorService handlers lack a method: {sorted(handlers)}")
     handlers["Collect"] = grpc.stream_stream_rpc_method_handler(
         servicer.Collect,
-        request_deserializer=pb.CollectRequest.FromString,
+        request_deserializer=functools.partial(_parse_request, pb.CollectRequest),
         response_serializer=_identity,
     )
     handlers["PushWeights"] = grpc.stream_unary_rpc_method_handler(
@@ -281,3 +303,20 @@ def add_actor_service(servicer: ActorServiceImpl, server: grpc.aio.Server) -> No
     service = pb.DESCRIPTOR.services_by_name["ActorService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]
+
+
+def _peer_checked(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """``handler`` with requests that do not parse made the peer's error (INVALID_ARGUMENT).
+
+    A stream's bad message raises :class:`ProtocolError` where the handler reads it; a
+    one-message call's request arrives as :class:`Undecodable` (see ``_servicer._mapped``).
+    """
+    kind = getattr(handler.request_deserializer, "__self__", None)  # ``Request.FromString``
+    if not (isinstance(kind, type) and issubclass(kind, Message)):
+        raise RuntimeError(f"a generated handler reads no protobuf message: {handler}")
+    parse = (
+        functools.partial(_parse_request, kind)
+        if handler.request_streaming
+        else _parsed_or_undecodable(kind)
+    )
+    return handler._replace(request_deserializer=parse)  # type: ignore[attr-defined]

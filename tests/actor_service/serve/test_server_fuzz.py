@@ -158,3 +158,38 @@ def test_fuzzed_collect_settings_end_documented(live, **fields) -> None:
     session.cancel()
     poll_until(lambda: not actor.handle.server.runtime.busy, message="session released")
     _healthy(actor, weights)
+
+
+def _raw(channel: grpc.Channel, method: object) -> object:
+    """``method`` of ActorService on ``channel``, its requests sent as the bytes given."""
+    kind = (
+        ("stream" if method.client_streaming else "unary")
+        + "_"
+        + ("stream" if method.server_streaming else "unary")
+    )
+    return getattr(channel, kind)(
+        f"/rlfleet.v1.ActorService/{method.name}", request_serializer=bytes
+    )
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x05ab"])  # bad tag, cut field
+def test_every_method_answers_bytes_that_do_not_parse_invalid_argument(live, garbage) -> None:
+    """A request that is no protobuf message (another protocol on the port, a damaged
+    frame) is the peer's INVALID_ARGUMENT naming the message, from every method, as the
+    first message or mid-stream; not UNKNOWN or INTERNAL (with a traceback per call).
+    """
+    actor, weights = live
+    service = pb.DESCRIPTOR.services_by_name["ActorService"]
+    for method in service.methods:
+        call = _raw(actor.channel, method)
+        first = iter([garbage]) if method.client_streaming else garbage
+        with pytest.raises(grpc.RpcError) as raised:
+            list(call(first, timeout=20)) if method.server_streaming else call(first, timeout=20)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method.name
+        assert f"a {method.input_type.name} of {len(garbage)} bytes" in raised.value.details()
+    opened = pb.CollectRequest(open=open_request()).SerializeToString()
+    collect = _raw(actor.channel, service.methods_by_name["Collect"])
+    with pytest.raises(grpc.RpcError) as raised:
+        list(collect(iter([opened, garbage]), timeout=20))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    _healthy(actor, weights)
