@@ -37,10 +37,16 @@ __all__ = ["GrpcLLMCollector"]
 _LAYOUTS = ("torchrl", "padded")
 _OVERFLOW = ("block", "drop_oldest")
 _PUT_POLL_S = 0.05  # how soon a put waiting for room sees the collector shut down
+_TOKENS = "_response_tokens"  # a batch's response lengths, from its layout to its count
 
 
 class _Shaper:
-    """Per-batch work on the learner: check, count, lay out, flatten, user postproc."""
+    """Per-batch work on the learner: lay out and flatten as taken; count, user postproc as given.
+
+    :meth:`lay_out` runs inside the take (``Placement.layout``), so an interrupt (Ctrl-C)
+    during it keeps the batch for the next take, counted once; :meth:`__call__` is the
+    inner collector's ``postproc``, run once per batch handed over.
+    """
 
     def __init__(
         self,
@@ -56,19 +62,25 @@ class _Shaper:
         self._tokens_before = 0  # restored with a checkpoint: not this run's rate
         self._lock = threading.Lock()
 
-    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
-        with self._lock:  # the batch was checked (check_padded) as it arrived
-            if self.started is None:
-                self.started = time.monotonic()
-            self.tokens += int(batch.get("response_len").sum())
-            self.turns += batch.numel()
-            self.batches += 1
+    def lay_out(self, batch: TensorDictBase) -> TensorDictBase:
+        """The checked padded ``batch`` (check_padded, as it arrived) in the chosen layout."""
+        tokens = batch.get("response_len")  # counted when handed over, not if interrupted
         out: TensorDictBase = to_torchrl(batch) if self.layout == "torchrl" else batch
         if not self.track:
             out = out.exclude("policy_version", ("next", "policy_version"))
-        if self.flatten and out.ndim > 1:
-            out = out.reshape(-1)
-        return self.postproc(out) if self.postproc is not None else out
+        out.set(_TOKENS, tokens)
+        return out.reshape(-1) if self.flatten and out.ndim > 1 else out
+
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        tokens = int(batch.get(_TOKENS).sum())
+        batch = batch.exclude(_TOKENS)
+        with self._lock:
+            if self.started is None:
+                self.started = time.monotonic()
+            self.tokens += tokens
+            self.turns += batch.numel()
+            self.batches += 1
+        return self.postproc(batch) if self.postproc is not None else batch
 
     def tokens_per_s(self) -> float:
         """Response tokens per second since the first batch (of this run, or since a restore)."""
@@ -167,9 +179,7 @@ def _sync_mode(sync: bool | None, sync_iter: bool | None) -> bool:
     ``sync_iter=True`` collects each batch when it is asked for (on-policy): ``sync=True``
     here. ``sync_iter=False`` collects between yields: the async mode.
     """
-    for name, value in (("sync", sync), ("sync_iter", sync_iter)):
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool or None, got {value!r:.40}")
+    _check_flags(sync=sync, sync_iter=sync_iter)
     if sync is not None and sync_iter is not None and sync != sync_iter:
         raise ValueError(
             f"sync={sync} and sync_iter={sync_iter} disagree: sync_iter=True is sync=True (each "
@@ -190,16 +200,35 @@ def _check_frame_names(kwargs: Mapping[str, Any]) -> None:
             )
 
 
-def _check_tracker(track_policy_version: object) -> None:
-    """Warn that a ``PolicyVersion`` object is not the one batches carry versions from."""
-    if not isinstance(track_policy_version, bool | None):
-        warnings.warn(
-            f"GrpcLLMCollector: track_policy_version={type(track_policy_version).__name__} is "
-            "taken as True: batches carry the versions the actors applied (integers, moved by "
-            "update_policy_weights_), and the given tracker is neither read nor updated",
-            UserWarning,
-            stacklevel=3,
-        )
+def _check_postproc(postproc: object) -> None:
+    """Refuse a ``postproc`` that is neither callable nor None, before any batch is taken."""
+    if postproc is not None and not callable(postproc):
+        raise TypeError(f"postproc must be callable or None, got {postproc!r:.60}")
+
+
+def _check_flags(**given: object) -> None:
+    """Refuse a flag that is neither a bool nor None, naming it (``"no"`` is not False)."""
+    for name, value in given.items():
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool or None, got {value!r:.40}")
+
+
+def _tracking(track_policy_version: object) -> bool:
+    """Whether batches keep ``policy_version``: a bool as given, None False, else True.
+
+    Any other object (TorchRL's ``PolicyVersion``) is taken as True, as the warning says,
+    whatever its truth value: it is not the one batches carry versions from.
+    """
+    if isinstance(track_policy_version, bool | None):
+        return bool(track_policy_version)
+    warnings.warn(
+        f"GrpcLLMCollector: track_policy_version={type(track_policy_version).__name__} is "
+        "taken as True: batches carry the versions the actors applied (integers, moved by "
+        "update_policy_weights_), and the given tracker is neither read nor updated",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def _vocab_size(vocab_size: object) -> int:
@@ -229,6 +258,11 @@ def _modes(
     has_buffer: bool,
 ) -> tuple[bool, bool, bool]:
     """TorchRL 0.14.1's rules for the three modes and ``flatten_data``."""
+    _check_flags(
+        yield_completed_trajectories=yield_completed_trajectories,
+        yield_only_last_steps=yield_only_last_steps,
+        flatten_data=flatten_data,
+    )
     last = bool(yield_only_last_steps)
     if last and yield_completed_trajectories is False:
         raise ValueError("yield_only_last_steps=True needs yield_completed_trajectories=True")
@@ -381,6 +415,7 @@ class GrpcLLMCollector:
         sync = _sync_mode(sync, sync_iter)
         _check_frame_names(kwargs)
         _check_sinks(layout, queue_overflow, queue, replay_buffer)
+        _check_postproc(postproc)
         completed, last, flatten = _modes(
             yield_completed_trajectories,
             yield_only_last_steps,
@@ -399,8 +434,7 @@ class GrpcLLMCollector:
             vocab_size=_vocab_size(vocab_size),
         )
         self._sink = _QueueSink(queue, queue_overflow) if queue is not None else None
-        _check_tracker(track_policy_version)
-        self._shaper = _Shaper(layout, flatten, bool(track_policy_version), postproc)
+        self._shaper = _Shaper(layout, flatten, _tracking(track_policy_version), postproc)
         self.model_id = kwargs.get("model_id", DEFAULT_MODEL_ID)
         self._inner = GrpcCollector(
             actors,
@@ -414,6 +448,7 @@ class GrpcLLMCollector:
             llm=self.llm_settings,
             **kwargs,
         )
+        self._inner._placement.layout = self._shaper.lay_out
         self.dialog_turns_per_batch = dialog_turns_per_batch
         self.total_dialog_turns = self._inner.total_frames  # inf when endless, as in TorchRL
         self.yield_completed_trajectories, self.yield_only_last_steps = completed, last
@@ -433,8 +468,7 @@ class GrpcLLMCollector:
             TypeError: ``postproc`` is neither callable nor None.
             RuntimeError: a postproc is already set (TorchRL's "Postproc already set").
         """
-        if postproc is not None and not callable(postproc):
-            raise TypeError(f"postproc must be callable or None, got {postproc!r:.60}")
+        _check_postproc(postproc)
         if self._shaper.postproc is not None:
             raise RuntimeError(
                 f"Postproc already set ({self._shaper.postproc!r:.60}); a collector takes one "

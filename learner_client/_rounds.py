@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import tensordict
@@ -478,7 +478,7 @@ def _local_or_none(name: str, value: object) -> torch.device | None:
 
 
 class Placement:
-    """Moves each delivered batch to the learner's storing device.
+    """Moves each delivered batch to the learner's storing device (then ``layout``, if set).
 
     Args:
         device: TorchRL's ``device``: the storing device when ``storing_device`` is None.
@@ -495,6 +495,9 @@ class Placement:
         self._in_flight: collections.deque[tuple[torch.cuda.Event, TensorDictBase]] = (
             collections.deque()
         )
+        #: A step after the move (``GrpcLLMCollector``'s layout): part of the take, so an
+        #: interrupt (Ctrl-C) during it keeps the batch for the next take, as one during the move.
+        self.layout: Callable[[TensorDictBase], TensorDictBase] | None = None
 
     @property
     def pin_memory(self) -> bool:
@@ -502,6 +505,11 @@ class Placement:
         return self.device is not None and self.device.type == "cuda"
 
     def place(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch`` on the storing device, then through :attr:`layout` when one is set."""
+        placed = self._move(batch)
+        return placed if self.layout is None else self.layout(placed)
+
+    def _move(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` on the storing device (as received when None).
 
         On the host its tensors stay where they are; the batch names the device, as

@@ -154,6 +154,9 @@ class LLMSettings:
             raise TypeError(
                 f"generation must be a GenerationSettings, got {type(self.generation).__name__}"
             )
+        for flag in ("yield_completed_trajectories", "yield_only_last_steps", "token_versions"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be a bool, got {getattr(self, flag)!r:.40}")
         _int("group_size", self.group_size, 1, 65536)
         _int("max_turns", self.max_turns, 0, MAX_TURNS)
         _int("vocab_size", self.vocab_size, 0, 2**32 - 1)

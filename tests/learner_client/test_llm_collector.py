@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import threading
 import time
 import types
@@ -337,6 +338,49 @@ def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:
 
 
 @pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"postproc": 5}, "postproc must be callable or None, got 5"),
+        ({"token_versions": "no"}, "token_versions must be a bool, got 'no'"),
+        ({"yield_completed_trajectories": "no"}, "yield_completed_trajectories must be a bool"),
+        ({"yield_only_last_steps": 1}, "yield_only_last_steps must be a bool or None, got 1"),
+        ({"flatten_data": "no"}, "flatten_data must be a bool or None, got 'no'"),
+    ],
+)
+def test_a_knob_of_the_wrong_type_raises_type_error_before_connecting(kw, match) -> None:
+    """A postproc that cannot be called and a flag that is not a bool (``"no"`` is truthy)
+    are refused naming the knob, not met at the first batch (a link's traceback, a mode
+    switched on)."""
+    with pytest.raises(TypeError, match=match):
+        GrpcLLMCollector(["127.0.0.1:1"], dialog_turns_per_batch=4, **kw)
+
+
+def test_a_ctrl_c_while_a_batch_is_laid_out_keeps_it_for_the_next_take(
+    llm_fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing while a batch is laid out in TorchRL's layout raises there; the
+    next ``next()`` gives that batch, counted once, and the budget's turns all arrive."""
+    laid_out: list[torch.Tensor] = []
+    to_torchrl = llm_collector.to_torchrl
+
+    def interrupted_once(batch):
+        laid_out.append(batch["collector", "traj_ids"].clone())
+        if len(laid_out) == 1:
+            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, handled at the next bytecode
+        return to_torchrl(batch)
+
+    monkeypatch.setattr(llm_collector, "to_torchrl", interrupted_once)
+    with _collector(llm_fleet, dialog_turns_per_batch=SLOTS, total_dialog_turns=2 * SLOTS) as c:
+        with pytest.raises(KeyboardInterrupt):
+            c.next()
+        batches = list(c)
+        stats = c.stats()
+    assert [b.numel() for b in batches] == [SLOTS, SLOTS]
+    assert torch.equal(batches[0]["collector", "traj_ids"].reshape(-1), laid_out[0].reshape(-1))
+    assert stats["yielded_turns"] == stats["turns"] == 2 * SLOTS
+
+
+@pytest.mark.parametrize(
     ("name", "knob"),
     [("frames_per_batch", "dialog_turns_per_batch"), ("total_frames", "total_dialog_turns")],
 )
@@ -353,6 +397,17 @@ def test_a_policy_version_tracker_is_warned_of_not_being_read(llm_fleet) -> None
         collector = _collector(
             llm_fleet, dialog_turns_per_batch=SLOTS, track_policy_version=PolicyVersion()
         )
+    with collector:
+        assert "policy_version" in collector.next()
+
+
+def test_a_tracker_that_is_no_bool_is_taken_as_true_as_warned_whatever_its_truth(
+    llm_fleet,
+) -> None:
+    """``track_policy_version=0`` (neither a bool nor a tracker): the warning says True, and
+    batches keep ``policy_version``, not the reverse."""
+    with pytest.warns(UserWarning, match="track_policy_version=int is taken as True"):
+        collector = _collector(llm_fleet, dialog_turns_per_batch=SLOTS, track_policy_version=0)
     with collector:
         assert "policy_version" in collector.next()
 
@@ -592,10 +647,10 @@ def test_the_token_rate_after_a_restore_counts_this_runs_tokens_from_its_first_b
     monkeypatch.setattr(llm_collector.time, "monotonic", lambda: now[0])
     shaper = llm_collector._Shaper("rlfleet", False, True, None)
     batch = TensorDict({"response_len": torch.tensor([4, 6])}, batch_size=[2])
-    shaper(batch)
+    shaper(shaper.lay_out(batch))
     now[0] = 100.0
     shaper.restore(2, 10**6)  # a checkpoint's tokens are not this run's
-    shaper(batch)  # the rate starts at this batch
+    shaper(shaper.lay_out(batch))  # the rate starts at this batch
     now[0] = 101.0
     assert shaper.tokens_per_s() == pytest.approx(10.0)
     assert shaper.counts() == {"yielded_turns": 4, "tokens": 10**6 + 10}
@@ -607,7 +662,7 @@ def test_the_token_rate_read_while_a_restore_lands_is_a_rate(
     """``stats()`` from a monitoring thread while ``load_state_dict`` restores the counts on
     another: the rate it reads is that of one side of the restore, never an error."""
     shaper = llm_collector._Shaper("padded", False, True, None)
-    shaper(TensorDict({"response_len": torch.tensor([4, 6])}, batch_size=[2]))
+    shaper(shaper.lay_out(TensorDict({"response_len": torch.tensor([4, 6])}, batch_size=[2])))
     reading, restored = threading.Event(), threading.Event()
     clock = time.monotonic
 
