@@ -36,8 +36,16 @@ entry marked refused, so the ranks pushing that version raise at once instead of
 out the timeout.
 
 Once a meeting concluded, each rank deletes its own entries and records of those models
-written before (every rank is past them): the store holds a rank's last few keys per set of
-models only.
+written before (every rank is past them), but for the records of the same version's meetings,
+which stay until a later version's meeting: a meeting whose record is gone would open again,
+while a rank not yet done with it still has its old entry there. The store holds a rank's
+last few keys per set of models only.
+
+Rank 0's process serves the store. Stopped or cut off, it never answers, and torch's client
+waits for the answer past any timeout; killed, the client fails with torch's own error. A
+push works on the store from a thread of its own and raises :class:`DeadlineError` naming
+rank 0 when it has not met within ``timeout`` and :data:`_STORE_GRACE_S`, or when the store
+failed; nothing is sent.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ import dataclasses
 import json
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -61,6 +70,10 @@ __all__ = ["VersionAgreement"]
 # rank meets the n-th of the others), then each channel's entries under its own prefix.
 _ROOT = "rlfleet/agreement"
 _POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.05
+# Seconds a push gives the store beyond its ``timeout``: a store whose host (rank 0's
+# process) is stopped or cut off never answers, and torch's client waits past any timeout.
+_STORE_GRACE_S = 2.0
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,32 +189,48 @@ class VersionAgreement:
         Raises:
             VersionConflictError: Some rank gave other weights for the version, refused its
                 push, or pushed a later version instead (nothing is sent).
-            DeadlineError: Some rank did not come within ``timeout``.
+            DeadlineError: Some rank did not come within ``timeout``, or the store (rank 0's
+                process) did not answer within ``timeout`` and a grace, or failed.
         """
         if not self.active:
             return
-        channel, rank = _channel(self.ranks.rank).for_models(model_ids), self.ranks.rank
+        rank, budget = self.ranks.rank, self.timeout + _STORE_GRACE_S
         mine = _Entry(version, digest, refused)
-        with channel.lock:  # one push at a time
-            meeting = _open_meeting(channel, mine)
-            if meeting is None:
-                return  # a meeting agreed on these weights, with this rank's entry: push
-            keys = [channel.key(version, meeting, r) for r in range(self.ranks.world_size)]
-            for key in (keys[rank], channel.last_key(rank)):
-                channel.store.set(key, mine.encode())
-            channel.keep(keys[rank])
-            try:
-                entries = self._wait(channel, keys, mine)
-            except (DeadlineError, VersionConflictError):
-                if refused:
-                    return  # the caller's own refusal says more
-                raise
-            outcome = _conclude(channel, channel.key(version, meeting, "outcome"), entries)
-            self._delete_earlier(
-                channel, keep=(keys[rank], channel.key(version, meeting, "outcome"))
-            )
-        if not refused:
-            _compare(version, mine, outcome, entries)
+        try:
+            channel = _on_store(lambda: _channel(rank).for_models(model_ids), budget, rank)
+            if not channel.lock.acquire(timeout=budget):  # one push at a time
+                raise DeadlineError(_unanswered(rank, budget, "an earlier push still waits on it"))
+            met = _on_store(lambda: self._meet(channel, mine), budget, rank, held=channel.lock)
+        except DeadlineError:
+            if refused:
+                return  # the caller's own refusal says more
+            raise
+        if met is not None and not refused:
+            _compare(version, mine, *met)
+
+    def _meet(self, channel: _Channel, mine: _Entry) -> tuple[bytes, dict[int, _Entry]] | None:
+        """Write this rank's entry, wait for the others', conclude; the outcome and entries.
+
+        None: this rank pushes (a meeting agreed on its weights before), or it refused and
+        its caller raises its own error.
+        """
+        rank, version = self.ranks.rank, mine.version
+        meeting = _open_meeting(channel, mine)
+        if meeting is None:
+            return None  # a meeting agreed on these weights, with this rank's entry: push
+        keys = [channel.key(version, meeting, r) for r in range(self.ranks.world_size)]
+        for key in (keys[rank], channel.last_key(rank)):
+            channel.store.set(key, mine.encode())
+        channel.keep(keys[rank])
+        try:
+            entries = self._wait(channel, keys, mine)
+        except (DeadlineError, VersionConflictError):
+            if mine.refused:
+                return None  # the caller's own refusal says more
+            raise
+        outcome = _conclude(channel, channel.key(version, meeting, "outcome"), entries)
+        self._delete_earlier(channel, version, keep=keys[rank])
+        return outcome, entries
 
     def _wait(self, channel: _Channel, keys: list[str], mine: _Entry) -> dict[int, _Entry]:
         """Every rank's entry of this meeting, once all are in the store (polled).
@@ -237,12 +266,62 @@ class VersionAgreement:
         return lasts
 
     @staticmethod
-    def _delete_earlier(channel: _Channel, keep: tuple[str, ...]) -> None:
-        """Every rank met in the meeting of ``keep``: none reads this rank's earlier keys."""
+    def _delete_earlier(channel: _Channel, version: int, keep: str) -> None:
+        """Every rank met in the meeting of ``keep``: none reads this rank's earlier keys.
+
+        The outcomes of ``version``'s meetings stay until a later version's meeting: one
+        deleted would open its meeting again, where another rank's old entry may still be
+        (it deletes its keys once it concluded too), and be compared with new ones.
+        """
+        outcomes = f"{channel.prefix}/{version}."
+        kept = [k for k in channel.keys if k.startswith(outcomes) and k.endswith("/outcome")]
         for earlier in channel.keys:
-            if earlier not in keep:
+            if earlier != keep and earlier not in kept:
                 channel.store.delete_key(earlier)
-        channel.keys[:] = keep  # in place: the channel's list for these models
+        channel.keys[:] = [keep, *kept]  # in place: the channel's list for these models
+
+
+def _on_store(
+    call: Callable[[], _T], budget: float, rank: int, held: threading.Lock | None = None
+) -> _T:
+    """``call()``, which works on the store, on a thread of its own; given up after ``budget`` s.
+
+    ``held`` (a lock this thread took for ``call``) is released when ``call`` ends, also
+    after this rank gave up on it: until then no other push of this process uses the store.
+
+    Raises:
+        DeadlineError: The store did not answer within ``budget`` (its host is stopped or cut
+            off), or it failed (its host exited), naming rank 0, whose process serves it.
+    """
+    done, result = threading.Event(), list[_T | BaseException]()
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:  # raised again on the caller's thread
+            result.append(exc)
+        finally:
+            if held is not None:
+                held.release()
+            done.set()
+
+    threading.Thread(target=run, name="rlfleet-agreement", daemon=True).start()
+    if not done.wait(budget):
+        raise DeadlineError(_unanswered(rank, budget, "it did not answer"))
+    value = result[0]
+    if isinstance(value, torch.distributed.DistError):
+        raise DeadlineError(_unanswered(rank, budget, f"it failed: {value}")) from value
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def _unanswered(rank: int, budget: float, why: str) -> str:
+    return (
+        f"rank {rank}: the process group's store, which rank 0's process serves, is not "
+        f"usable ({why}, {budget:g} s given): rank 0 exited, stopped or cannot be reached; "
+        "nothing was pushed"
+    )
 
 
 def _never_comes(mine: _Entry, last: _Entry) -> bool:
