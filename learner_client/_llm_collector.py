@@ -111,8 +111,14 @@ class _QueueSink:
     """
 
     def __init__(self, target: Any, overflow: str) -> None:
-        if not callable(getattr(target, "put", None)):
-            raise TypeError(f"queue must have put(), got {type(target).__name__}")
+        needs = ("put",) if overflow == "block" else ("put", "put_nowait", "get_nowait")
+        lacks = [name for name in needs if not callable(getattr(target, name, None))]
+        if lacks:  # else the first batch, taken and counted, is lost to an AttributeError
+            raise TypeError(
+                f"queue must have {', '.join(f'{n}()' for n in needs)} for "
+                f"queue_overflow={overflow!r} (as queue.Queue); {type(target).__name__} lacks "
+                f"{', '.join(lacks)}"
+            )
         self.target, self.overflow, self.dropped = target, overflow, 0
         self._closed = threading.Event()
 

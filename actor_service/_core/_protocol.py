@@ -34,6 +34,9 @@ class CoreModels(Protocol):
     ``ModelRegistry`` (env actors) and ``LLMModels`` (LLM actors) are the real ones.
     """
 
+    #: ``(r, alpha)`` of the LoRA adapter the models are wrapped in; None without one.
+    adapter: tuple[int, int] | None
+
     @property
     def model_ids(self) -> tuple[str, ...]: ...
     def policy_version(self, model_id: str) -> int: ...

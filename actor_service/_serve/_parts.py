@@ -147,7 +147,12 @@ def decode_part(
         tensors, sparse = models.stage_delta(model_id, delta)
         return StagedPart(part, tensors, sparse, base_version)
     state, metadata = decode_weights(
-        blob, max_bytes=max_bytes, expected=expected, allow_non_finite=True, subset=True
+        blob,
+        max_bytes=max_bytes,
+        expected=expected,
+        allow_non_finite=True,
+        subset=True,
+        adapter=models.adapter,
     )
     form = dataclasses.replace(PushForm.from_metadata(metadata), subset=True)
     return StagedPart(part, models.validate(model_id, state, form), {})

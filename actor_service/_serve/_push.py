@@ -573,7 +573,11 @@ class WeightPushes:
             if push.base_version is None:
                 # swap_weights checks keys, shapes and finiteness: the values are scanned once.
                 state, metadata = decode_weights(
-                    blob, max_bytes=cap, expected=expected, allow_non_finite=True
+                    blob,
+                    max_bytes=cap,
+                    expected=expected,
+                    allow_non_finite=True,
+                    adapter=models.adapter,
                 )
                 form = PushForm.from_metadata(metadata)  # a subset, a wire dtype (checked)
                 swap = models.swap_weights(push.model_id, push.version, state, form)

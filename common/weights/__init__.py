@@ -362,6 +362,7 @@ def decode_weights(
     expected: Expected | None = None,
     allow_non_finite: bool = False,
     subset: bool = False,
+    adapter: tuple[int, int] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a safetensors blob a peer sent, strictly.
 
@@ -389,6 +390,8 @@ def decode_weights(
             state before use, so the values are scanned once).
         subset: Check the blob against ``expected`` as a subset whatever it declares
             (a :class:`Part` of a multi-part push holds some of the keys by nature).
+        adapter: ``(r, alpha)`` of the receiver's LoRA adapter; a blob declaring another
+            is refused (:meth:`PushForm.check_adapter`) before its shapes are checked.
 
     Returns:
         ``(state, metadata)``: CPU tensors by dotted key (an alias maps to the very
@@ -403,7 +406,7 @@ def decode_weights(
     view = _capped_view(blob, max_bytes)
     aliases: dict[str, str] = {}
     limit = max_keys if expected is None else len(expected)
-    check = _header_check(limit, expected, aliases, subset)
+    check = _header_check(limit, expected, aliases, subset, adapter)
     state, metadata = read_blob(
         view, MAX_HEADER_BYTES, max_keys=max_keys, expected=expected, check=check
     )
@@ -431,12 +434,17 @@ def _capped_view(blob: object, max_bytes: int) -> memoryview:
 
 
 def _header_check(
-    limit: int, expected: Expected | None, aliases: dict[str, str], subset: bool
+    limit: int,
+    expected: Expected | None,
+    aliases: dict[str, str],
+    subset: bool,
+    adapter: tuple[int, int] | None,
 ) -> HeaderCheck:
-    """The check of a parsed header: form, alias map (into ``aliases``), fit to ``expected``."""
+    """The check of a parsed header: form and adapter, alias map (into ``aliases``), fit."""
 
     def check(infos: dict[str, Any], metadata: dict[str, str]) -> None:
         form = PushForm.from_metadata(metadata)
+        form.check_adapter(adapter)
         if subset:
             form = dataclasses.replace(form, subset=True)
         if expected is not None and any(key not in expected for key in infos):

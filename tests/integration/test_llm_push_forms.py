@@ -134,6 +134,27 @@ def test_an_adapter_of_another_scale_is_refused_and_nothing_changes(
     assert serving(lora_actor.port)
 
 
+@pytest.mark.parametrize("only_trainable", [True, False], ids=["adapter", "whole"])
+def test_an_adapter_of_another_rank_is_refused_naming_both_adapters(
+    lora_actor, only_trainable
+) -> None:
+    """Another ``r``: every adapter tensor has other shapes, yet the refusal names the two
+    adapters (and the fix), as for another ``alpha``, not a list of shape mismatches."""
+    learner = apply_lora(build_policy("rlfleet:tiny-qwen2", **TINY)[0], "r=8,targets=q_proj,v_proj")
+    with _collector(lora_actor) as collector:
+        version, weights = actor_weights(collector)
+        with pytest.raises(WeightPushError) as info:
+            collector.update_policy_weights_(learner, only_trainable=only_trainable)
+        error = info.value.failed[0]
+        assert isinstance(error, WeightsError)  # INVALID_ARGUMENT
+        assert "r=8, alpha=8; this actor's is r=4, alpha=4" in str(error)
+        assert "apply_lora" in str(error)
+        got_version, after = actor_weights(collector)
+    assert got_version == version
+    assert_bit_identical(after, weights)
+    assert serving(lora_actor.port)
+
+
 def test_plain_full_push_to_a_lora_actor_is_refused_with_a_hint(lora_actor) -> None:
     plain, _ = build_policy("rlfleet:tiny-qwen2", **TINY)
     with _collector(lora_actor) as collector:

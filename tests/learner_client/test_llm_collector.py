@@ -709,3 +709,29 @@ def test_a_closed_queue_sink_puts_nothing(overflow: str) -> None:
     sink.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
     assert target.qsize() == 1
     assert sink.dropped == 0
+
+
+class _PutOnlyQueue:
+    """A user's queue with ``put(item, timeout=)`` alone: enough to block, not to drop."""
+
+    def __init__(self) -> None:
+        self.items: list[TensorDict] = []
+
+    def put(self, item: TensorDict, timeout: float | None = None) -> None:
+        self.items.append(item)
+
+
+def test_a_drop_oldest_queue_lacking_put_nowait_is_refused_at_construction() -> None:
+    """Dropping the oldest item takes ``put_nowait``/``get_nowait``: a queue without them is a
+    TypeError naming them at construction, not an AttributeError once a batch was taken
+    and counted (that batch lost)."""
+    missing = "PutOnlyQueue lacks put_nowait, get_nowait"
+    with pytest.raises(TypeError, match=missing):
+        GrpcLLMCollector(
+            ["127.0.0.1:9"],
+            dialog_turns_per_batch=2,
+            queue=_PutOnlyQueue(),
+            queue_overflow="drop_oldest",
+        )
+    with pytest.raises(TypeError, match=r"queue must have put\(\) for queue_overflow='block'"):
+        GrpcLLMCollector(["127.0.0.1:9"], dialog_turns_per_batch=2, queue=object())
