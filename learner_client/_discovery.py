@@ -367,7 +367,7 @@ class DnsMembership:
     admitted by moving that member's link there (``admit`` does it).
 
     Args:
-        actors: What the user passed as ``actors`` (a string or a list).
+        actors: What the user passed as ``actors`` (a list, or a comma-separated string).
         admit: ``admit(joined, gone)`` adds the ``joined`` addresses to the fleet, where
             ``gone`` are the addresses DNS listed once and lists no more (members there
             may be succeeded by a newcomer presenting their worker_id); raises when it
@@ -386,7 +386,7 @@ class DnsMembership:
         interval: float = 10.0,
         follow: Callable[[], Sequence[str]] | None = None,
     ) -> None:
-        targets = [actors] if isinstance(actors, str) else list(actors)
+        targets = _entries(actors)  # "a:1,dns:///b:2" as resolve_actors reads it
         self._admit = admit
         self._known = known
         self._seen: set[str] = set()  # listed once, and still listed or a member's

@@ -28,11 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from common.config import CHUNK_BYTES, CollectSettings
-from common.errors import (
-    RelayFailedError,
-    RlfleetError,
-    UnknownWorkerError,
-)
+from common.errors import RelayFailedError, RlfleetError, UnknownWorkerError
 from learner_client._collect_stream import OpenStreams
 from learner_client._description import ActorDescription
 from learner_client._ledger import Ledger, check_counts
@@ -320,6 +316,7 @@ class Fleet:
                 link.description.device,
                 link.description.env,
                 link.description.spaces,
+                link.description.epoch,
             )
             for link in [*kept, *extra]
         ]

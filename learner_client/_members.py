@@ -63,6 +63,7 @@ class FleetMember:
         device: Where its policy runs.
         env: The env id it collects from (an LLM actor's task).
         spaces: A digest of its observation and action spaces ("" when it reports none).
+        epoch: Its epoch (random, new at each start: one process, one epoch; 0 if unknown).
     """
 
     address: str
@@ -74,6 +75,7 @@ class FleetMember:
     device: str = "cpu"
     env: str = ""
     spaces: str = ""
+    epoch: int = 0
 
 
 def check_one_env(members: Sequence[FleetMember], why: str) -> None:
@@ -103,17 +105,32 @@ def check_unique(members: Sequence[FleetMember]) -> None:
     """Refuse two actors reporting one worker_id.
 
     Raises:
-        ValueError: Naming each shared worker_id and its addresses.
+        ValueError: Naming each shared worker_id, its addresses and the fix.
     """
-    by_id: dict[int, list[str]] = {}
+    by_id: dict[int, list[FleetMember]] = {}
     for member in members:
-        by_id.setdefault(member.worker_id, []).append(member.address)
-    duplicates = {wid: addrs for wid, addrs in by_id.items() if len(addrs) > 1}
+        by_id.setdefault(member.worker_id, []).append(member)
+    duplicates = {wid: alike for wid, alike in by_id.items() if len(alike) > 1}
     if duplicates:
         detail = "; ".join(
-            f"worker_id {wid} at {addrs}" for wid, addrs in sorted(duplicates.items())
+            f"worker_id {wid} at {[m.address for m in alike]} ({_why_twice(alike)})"
+            for wid, alike in sorted(duplicates.items())
         )
         raise ValueError(f"worker_ids must be unique across the fleet: {detail}")
+
+
+def _why_twice(alike: Sequence[FleetMember]) -> str:
+    """Why one worker_id answers at several addresses, and the fix (one epoch: one process)."""
+    if len({m.epoch for m in alike}) == 1:
+        return (
+            "one actor reached at each address: list it once; a dns: name with both IPv4 "
+            "and IPv6 records (a dual-stack Service) lists every actor twice: give it one "
+            "IP family"
+        )
+    return (
+        "several actors report it: start each with its own --worker-id, or wait until an "
+        "old copy's address stops answering"
+    )
 
 
 def check_kinds(members: Sequence[FleetMember], llm: LLMSettings | None) -> None:

@@ -14,6 +14,9 @@ import sys
 import pytest
 from helpers import free_port_on, start_actor
 from hosts_namespace import HostsNamespace
+from learner_fleet import start_actors
+
+from learner_client import GrpcCollector
 
 _COLLECT = """
 import json, sys, time
@@ -65,3 +68,35 @@ def test_collector_follows_a_dns_name_as_actors_join(tmp_path) -> None:
     worker_ids, seen = json.loads(out.strip().splitlines()[-1])
     assert worker_ids == [4, 5]
     assert seen == [4, 5]
+
+
+def test_collector_follows_a_dns_target_given_in_a_comma_separated_string(fleet) -> None:
+    """``"dns:///name:port,host:port"`` is read entry by entry, the name watched as in a list."""
+    dns, plain = fleet[0], fleet[1]
+    for actors in (
+        f"dns:///127.0.0.1:{dns.port},{plain.address}",
+        f"{plain.address},dns:///127.0.0.1:{dns.port}",
+    ):
+        with GrpcCollector(actors, frames_per_batch=4, dns_refresh_interval=60) as collector:
+            assert collector.worker_ids == [0, 1]
+            watched = [w.target for w in collector._membership._watchers]
+            assert watched == [f"dns:///127.0.0.1:{dns.port}"]
+
+
+def test_collector_refuses_one_actor_at_two_addresses_naming_the_fix(fleet) -> None:
+    """A name with both an A and an AAAA record lists each actor twice: the error says so."""
+    twice = [fleet[0].address, f"localhost:{fleet[0].port}"]
+    with pytest.raises(ValueError, match=r"worker_id 0 at .*one actor reached at each address"):
+        GrpcCollector(twice, frames_per_batch=4)
+
+
+@pytest.mark.long
+def test_collector_refuses_two_actors_started_with_one_worker_id_naming_the_fix() -> None:
+    flags = ["--worker-id", "9", "--num-envs", "2"]
+    actors = start_actors([flags, flags])
+    try:
+        with pytest.raises(ValueError, match=r"worker_id 9 at .*start each with its own --worker"):
+            GrpcCollector([a.address for a in actors], frames_per_batch=4)
+    finally:
+        for actor in actors:
+            actor.close()

@@ -230,6 +230,16 @@ def test_check_fleet_raises_if_worker_ids_repeat_naming_the_addresses():
         check_fleet(batch_settings(frames_per_batch=8), dup, "policy")
 
 
+def test_check_fleet_tells_one_actor_at_two_addresses_from_two_actors_sharing_an_id():
+    """One epoch is one process (a name listing its IPv4 and IPv6 address); two are two actors."""
+    one = [FleetMember("h:1", 5, 2, epoch=7), FleetMember("[::1]:1", 5, 2, epoch=7)]
+    with pytest.raises(ValueError, match=r"one actor reached at each address: list it once"):
+        check_fleet(batch_settings(frames_per_batch=8), one, "policy")
+    two = [FleetMember("h:1", 5, 2, epoch=7), FleetMember("h:2", 5, 2, epoch=8)]
+    with pytest.raises(ValueError, match=r"start each with its own --worker-id"):
+        check_fleet(batch_settings(frames_per_batch=8), two, "policy")
+
+
 def test_check_fleet_names_the_nearest_frames_per_batch_the_fleet_can_split():
     """TorchRL rounds such a frames_per_batch up; we refuse it, naming the values that work."""
     two = [FleetMember("h:1", 1, 4), FleetMember("h:2", 2, 6)]  # lcm 12, 24 a sync round

@@ -545,6 +545,30 @@ def test_dns_membership_admits_each_joiner_on_its_own_when_one_is_refused(monkey
         membership.close()
 
 
+@pytest.mark.parametrize("actors", ["10.0.0.9:7,dns:///actors:7", " dns:///actors:7 , 10.0.0.9:7"])
+def test_dns_membership_follows_a_dns_target_in_a_comma_separated_string(
+    monkeypatch, actors: str
+) -> None:
+    """``actors`` is read as resolve_actors reads it: each entry on its own."""
+    answer = ["10.0.0.1"]
+    monkeypatch.setattr(_discovery, "getaddrinfo_resolver", lambda host, port: list(answer))
+    members: set[str] = {"10.0.0.9:7", "10.0.0.1:7"}
+    offered: list[list[str]] = []
+
+    def admit(joined: list[str], gone: set[str]) -> None:
+        offered.append(sorted(joined))
+        members.update(joined)
+
+    membership = DnsMembership(actors, admit, lambda: set(members), interval=0.05)
+    membership.start()
+    try:
+        answer[:] = ["10.0.0.1", "10.0.0.2"]
+        poll_until(lambda: offered, timeout=10)
+        assert offered == [["10.0.0.2:7"]]
+    finally:
+        membership.close()
+
+
 def test_dns_watcher_refuses_a_second_start() -> None:
     """One watcher, one background thread: a second start raises instead of adding another."""
     watcher = DnsWatcher("dns:///actor:50051", interval=60.0, resolver=lambda h, p: ["10.0.0.1"])
