@@ -460,6 +460,7 @@ class GrpcCollector(TorchRLAccessors):
         if self._state is _State.READY:
             self._rounds.update_budget()
             self._fleet.start(self._session_settings())
+            self._check_open()  # a shutdown() that gave up waiting for the lock stays closed
             self._state = _State.RUNNING
 
     def update_policy_weights_(

@@ -35,6 +35,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from common.config import DEFAULT_PORT, check_actor_address, host_port, positive_timeout
@@ -337,12 +338,16 @@ class DnsWatcher:
             except Exception:  # a failing callback must not end the watch
                 _log.exception("DnsWatcher on_change callback failed for %s", self.target)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop watching; idempotent. Waits up to ``timeout`` seconds for the thread."""
+    def stop(self) -> None:
+        """Stop watching without waiting for the thread (a refresh under way goes on)."""
         # No lock here: a refresh may be blocked in the resolver, or this may be
         # called from on_change itself; the flag is checked under the lock.
         self._stop.set()
         self._closed = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop watching; idempotent. Waits up to ``timeout`` seconds for the thread."""
+        self.stop()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -411,10 +416,20 @@ class DnsMembership:
             watcher.refresh()
             watcher.start()
 
-    def close(self) -> None:
-        """Stop every watcher; idempotent."""
+    def stop(self) -> None:
+        """Admit nothing more: every watcher stops (an admission under way goes on)."""
         for watcher in self._watchers:
-            watcher.close()
+            watcher.stop()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every watcher; idempotent. Waits up to ``timeout`` seconds for their threads.
+
+        A watcher's thread admitting an actor waits on its Describe (up to the collector's
+        ``connect_timeout``): :meth:`stop` first, and close once that call was cut off.
+        """
+        deadline = time.monotonic() + timeout
+        for watcher in self._watchers:
+            watcher.close(max(0.0, deadline - time.monotonic()))
 
     def _on_change(self, change: DnsChange) -> None:
         if change.left:
@@ -452,7 +467,12 @@ class DnsMembership:
 
         The warning is logged once per reason: an actor refused for good (another env, a
         ``frames_per_batch`` it does not divide) would repeat it at every resolution.
+
+        Raises:
+            ClosedError: ``exc``, the collector shut down: nothing is offered again.
         """
+        if isinstance(exc, ClosedError):  # the collector shut down meanwhile: the watch ends
+            raise exc
         why = str(exc)
         repeated = self._refused.get(address) == why
         self._refused[address] = why

@@ -97,6 +97,12 @@ class _Closing(Protocol):
     def close(self) -> None: ...
 
 
+class _Watching(Protocol):
+    def stop(self) -> None: ...
+
+    def close(self, timeout: float) -> None: ...
+
+
 class _Thread(Protocol):
     def is_current(self) -> bool: ...
 
@@ -122,7 +128,7 @@ class Teardown:
     """
 
     parts: Parts
-    membership: _Closing
+    membership: _Watching
     background: _Thread
     owner: _Closing
     pid: int = dataclasses.field(default_factory=os.getpid)
@@ -162,9 +168,10 @@ class Teardown:
         if os.getpid() != self.pid:  # a forked child: all of it is the parent's
             return
         try:
-            self.membership.close()
+            self.membership.stop()  # its thread may wait on a joiner's Describe: cut off below
             self.background.close()
             self.parts.close(timeout)
+            self.membership.close(timeout)
             self.background.join(timeout)
         finally:
             try:

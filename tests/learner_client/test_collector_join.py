@@ -4,12 +4,15 @@
 session restarts with the smaller per-actor share. A round that read the fleet's
 worker_ids before the join must not stack its actors' shares of the new split alone (a
 batch of fewer than ``frames_per_batch`` frames); it starts over with the joiner. An actor
-that a watcher lists while another is added by hand is admitted as well.
+that a watcher lists while another is added by hand is admitted as well, and a shutdown while
+the watcher waits on a joiner that never answers keeps its bound.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -17,6 +20,7 @@ from helpers import poll_until
 from tensordict import TensorDictBase
 
 from learner_client import GrpcCollector
+from learner_client._fleet import Fleet
 from learner_client._link import ActorLink
 
 
@@ -100,3 +104,38 @@ def test_an_actor_listed_while_another_is_added_by_hand_is_admitted(fleet, monke
         finally:
             go_on.set()
         poll_until(lambda: collector.worker_ids == [0, 1, 2], timeout=20)
+
+
+def test_a_shutdown_while_a_watcher_admits_a_silent_actor_keeps_its_bound(
+    fleet, monkeypatch, caplog
+) -> None:
+    """The fleet lists an address that accepts connections and never answers; while the
+    watcher's thread describes it (up to ``connect_timeout``), ``shutdown(timeout=1)`` on the
+    user's thread returns within its bound (it waited 5 s for that thread) and the thread
+    ends with it, offering the address no more (no "could not admit" warning)."""
+    silent = socket.socket()  # listens: the kernel takes the connection, nothing answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    describing = threading.Event()
+    describe = Fleet.describe
+
+    def describe_seen(self: Fleet, addresses: list[str]) -> list:
+        if threading.current_thread().name == "rlfleet-dns-fleet":
+            describing.set()  # the watcher's Describe of the silent address begins
+        return describe(self, addresses)
+
+    monkeypatch.setattr(Fleet, "describe", describe_seen)
+    given = _MovingFleet([fleet[0].address], [0])
+    collector = GrpcCollector(given, frames_per_batch=4, dns_refresh_interval=0.05)
+    try:
+        given.live = [fleet[0].address, f"127.0.0.1:{silent.getsockname()[1]}"]
+        assert describing.wait(30)
+        start = time.monotonic()
+        collector.shutdown(timeout=1)
+        took = time.monotonic() - start
+        assert took < 3, f"shutdown(timeout=1) took {took:.1f} s"
+        assert not [t for t in threading.enumerate() if t.name == "rlfleet-dns-fleet"]
+        assert "could not admit" not in caplog.text
+    finally:
+        collector.shutdown(timeout=1)
+        silent.close()

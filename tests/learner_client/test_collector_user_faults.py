@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from common.errors import ClosedError
 from learner_client import GrpcCollector, _rounds, _wiring
+from learner_client._background import Background
 from learner_client._handover import Handover
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -529,6 +531,57 @@ def test_a_start_a_shutdown_overtakes_raises_closed_error_and_starts_no_thread(
     time.sleep(0.3)  # a thread started on the closed collector would fail meanwhile
     assert not collector.is_running()
     assert collector.stats()["background_failed"] is False
+
+
+def test_a_first_next_a_shutdown_overtakes_raises_closed_error_and_leaves_it_closed(
+    fleet, monkeypatch
+) -> None:
+    """The first next() opens the sessions under the lock; a shutdown(timeout=0.5) on another
+    thread gives up waiting for it and closes: next() raises ClosedError and the collector
+    stays closed (next() marked it running over the shutdown, and pause() was then taken)."""
+    collector = GrpcCollector(addresses(fleet, 0), frames_per_batch=4)
+    opening, go_open, closing, go_close = (threading.Event() for _ in range(4))
+    update_budget, close = collector._rounds.update_budget, Background.close
+
+    def held_opening() -> None:  # next() checked the collector READY and holds the lock
+        opening.set()
+        assert go_open.wait(30)
+        update_budget()
+
+    def held_closing(self: Background) -> None:  # the shutdown marked it closed
+        closing.set()
+        assert go_close.wait(30)
+        close(self)
+
+    monkeypatch.setattr(collector._rounds, "update_budget", held_opening)
+    monkeypatch.setattr(Background, "close", held_closing)
+    outcome: list[object] = []
+    taking = threading.Thread(target=lambda: outcome.append(_result_of(collector.next)))
+    closer = threading.Thread(target=collector.shutdown, kwargs={"timeout": 0.5})
+    try:
+        taking.start()
+        assert opening.wait(30)
+        closer.start()
+        assert closing.wait(30)
+        go_open.set()
+        taking.join(30)
+    finally:
+        go_open.set()
+        go_close.set()
+        closer.join(30)
+        taking.join(30)
+    assert isinstance(outcome[0], ClosedError), outcome
+    assert "state=closed" in repr(collector)
+    with pytest.raises(ClosedError):
+        collector.pause()
+
+
+def _result_of(call: Callable[[], object]) -> object:
+    """``call()``'s result, or the exception it raised."""
+    try:
+        return call()
+    except BaseException as exc:
+        return exc
 
 
 def test_start_while_the_thread_a_pause_stopped_still_stores_raises_until_it_ended(fleet) -> None:
