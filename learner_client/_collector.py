@@ -390,9 +390,10 @@ class GrpcCollector(TorchRLAccessors):
             links = self._fleet.describe(addresses)
             self._fleet.join(links, self._batch, self._rollout.model_id, self._rollout.placement)
             self._membership.start()
-        except BaseException:
-            self._membership.close()
+        except BaseException:  # in Teardown's order: a watcher admitting waits on the loop
+            self._membership.stop()
             self._parts.close(DEFAULT_SHUTDOWN_TIMEOUT)
+            self._membership.close(DEFAULT_SHUTDOWN_TIMEOUT)
             raise
         self._teardown = Teardown(parts, self._membership, self._background, self._owner)
         self._dropped = self._teardown.when_dropped(self, DEFAULT_SHUTDOWN_TIMEOUT)
