@@ -343,7 +343,8 @@ class GrpcCollector(TorchRLAccessors):
                 take_over=take_over,
                 shared_memory_batches=shared_memory_batches,
             )
-            self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer)
+            hooks = check_hooks(postproc, replay_buffer, set_truncated=bool(set_truncated))
+            self.postproc, self.replay_buffer = hooks
             self._connect(
                 self._owner.addresses(),
                 conn,

@@ -528,9 +528,13 @@ class ReplayBufferLike(Protocol):
 
 
 def check_hooks(
-    postproc: object, replay_buffer: object
+    postproc: object, replay_buffer: object, set_truncated: bool = False
 ) -> tuple[Postproc | None, ReplayBufferLike | None]:
     """Return ``(postproc, replay_buffer)`` once each is None or usable.
+
+    Warns as TorchRL's multi-worker collectors do when the buffer's ``SliceSampler`` finds
+    trajectories by their end alone and ``set_truncated`` is False (see
+    :func:`_warn_slicing_by_ends`).
 
     Raises:
         TypeError: ``postproc`` is not callable, or ``replay_buffer`` has no ``extend()``.
@@ -539,7 +543,33 @@ def check_hooks(
         raise TypeError(f"postproc must be callable, got {postproc!r}")
     if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
         raise TypeError(f"replay_buffer must have an extend() method, got {replay_buffer!r}")
+    if not set_truncated:
+        _warn_slicing_by_ends(getattr(replay_buffer, "_sampler", None))
     return cast("Postproc | None", postproc), cast("ReplayBufferLike | None", replay_buffer)
+
+
+def _warn_slicing_by_ends(sampler: object) -> None:
+    """Warn when ``sampler`` is a ``SliceSampler`` that finds trajectories by ``end_key``.
+
+    Each actor's part is stored on its own, so the frames after one actor's part may be
+    another actor's, with no done between: a slice can run from one actor's trajectory into
+    another's. ``("collector", "traj_ids")`` is unique across the fleet, so a sampler that
+    reads it (given as ``traj_key``, or found by a sampler given neither key) never does.
+    """
+    if not any(cls.__name__ == "SliceSampler" for cls in type(sampler).__mro__):
+        return
+    if getattr(sampler, "traj_key", None) is not None or getattr(sampler, "_traj_key_auto", False):
+        return
+    warnings.warn(
+        "A SliceSampler finding trajectories by end_key is fed by a fleet with set_truncated "
+        "False. Adjacent frames in the replay buffer may come from different actors and "
+        "different episodes, causing SliceSampler to sample slices "
+        "that cross trajectory boundaries. Pass traj_key=('collector', 'traj_ids') to the "
+        "SliceSampler (unique across the fleet), or set_truncated=True to mark batch "
+        "boundaries (note: this introduces artificial truncations).",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def random_frames_left(init_random_frames: Any, replay_buffer: object) -> Any:

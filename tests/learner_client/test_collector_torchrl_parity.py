@@ -14,6 +14,7 @@ import inspect
 import json
 import pathlib
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,7 @@ from torchrl.collectors import (
     MultiSyncCollector,
 )
 from torchrl.collectors.distributed import RayCollector
-from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler, TensorDictReplayBuffer
 from torchrl.envs import GymEnv, GymWrapper
 from torchrl.record import CSVLogger
 from torchrl.record.loggers.monitoring import LoggerMonitor
@@ -377,6 +378,39 @@ def test_async_replay_buffer_is_extended_with_each_batch(cartpole: list[str]) ->
             assert batch is None
             assert len(rb) == 16 * batches
     assert len(rb) == 128
+
+
+@pytest.mark.parametrize(
+    ("keys", "set_truncated", "warns"),
+    [
+        ({"end_key": ("next", "done")}, False, True),
+        ({"traj_key": ("collector", "traj_ids")}, False, False),
+        ({}, False, False),  # finds ("collector", "traj_ids") itself
+        ({"end_key": ("next", "done")}, True, False),
+    ],
+)
+def test_slice_sampler_finding_trajectories_by_their_end_warns_as_torchrl(
+    cartpole: list[str], keys: dict[str, Any], set_truncated: bool, warns: bool
+) -> None:
+    """TorchRL's MultiSyncCollector/MultiAsyncCollector warn that a SliceSampler's slices may
+    run from one worker's trajectory into another's (each worker's batch is stored on its
+    own, with no done between); so does a fleet, unless the sampler reads the trajectory
+    ids, which are unique across the fleet, or ``set_truncated`` marks the batches' ends."""
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(256), sampler=SliceSampler(slice_len=8, **keys), batch_size=16
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        collector = GrpcCollector(
+            cartpole, frames_per_batch=32, replay_buffer=rb, set_truncated=set_truncated
+        )
+    collector.shutdown()
+    slicing = [w for w in caught if "SliceSampler" in str(w.message)]
+    assert len(slicing) == warns, [str(w.message) for w in caught]
+    if warns:
+        assert slicing[0].category is UserWarning
+        assert "traj_key=('collector', 'traj_ids')" in str(slicing[0].message)
+        assert slicing[0].filename == __file__
 
 
 # ------------------------------------------------------- init_random_frames
