@@ -343,8 +343,7 @@ class GrpcCollector(TorchRLAccessors):
                 take_over=take_over,
                 shared_memory_batches=shared_memory_batches,
             )
-            hooks = check_hooks(postproc, replay_buffer, set_truncated=bool(set_truncated))
-            self.postproc, self.replay_buffer = hooks
+            self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer, set_truncated)
             self._connect(
                 self._owner.addresses(),
                 conn,
@@ -744,7 +743,9 @@ class GrpcCollector(TorchRLAccessors):
         On a TorchRL-env actor, ``"env"`` holds its transforms' state (``VecNorm``'s
         statistics, as an eval env needs them). ``UnknownWorkerError`` for an unknown id.
         """
-        return actor_state_of(self.state_dict()["workers"], worker_id)
+        with self._open_call():  # that actor alone: another one's GetState never holds it up
+            owned, workers = self.worker_ids, self._fleet.state_dict(only={worker_id})["workers"]
+        return actor_state_of(workers, worker_id, owned)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (every worker listed must be in the fleet).

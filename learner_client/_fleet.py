@@ -673,9 +673,12 @@ class Fleet:
             self.ledger.add_discarded(self.mailbox.discard_before(wid, epoch, first_seq))
         return seed
 
-    def state_dict(self) -> dict[str, Any]:
-        """Learner counters plus every owned actor's state blob (a uint8 tensor), by worker_id."""
-        owned = self.owned_links()
+    def state_dict(self, only: Collection[int] | None = None) -> dict[str, Any]:
+        """Learner counters plus every owned actor's state blob (a uint8 tensor), by worker_id.
+
+        ``only``: the blobs of those owned actors alone (the others are not asked).
+        """
+        owned = {w: link for w, link in self.owned_links().items() if only is None or w in only}
 
         async def fetch() -> list:
             return await asyncio.gather(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -344,13 +344,19 @@ def _from_environment() -> tuple[int, int]:
 # ------------------------------------------------------------ actor state
 
 
-def actor_state_of(workers: Mapping[int, torch.Tensor], worker_id: int) -> dict[str, Any]:
+def actor_state_of(
+    workers: Mapping[int, torch.Tensor], worker_id: int, fleet: Collection[int] = ()
+) -> dict[str, Any]:
     """The decoded state of ``worker_id`` among ``workers`` (``state_dict()["workers"]``).
+
+    ``fleet``: the worker_ids an unknown one is told of, when ``workers`` holds fewer.
 
     Raises:
         UnknownWorkerError: ``worker_id`` is not in ``workers``.
         WeightsError: The blob is not a well-formed actor-state file.
     """
     if worker_id not in workers:
-        raise UnknownWorkerError(f"worker_id {worker_id!r} is not in the fleet {sorted(workers)}")
+        raise UnknownWorkerError(
+            f"worker_id {worker_id!r} is not in the fleet {sorted(fleet or workers)}"
+        )
     return decode_state(workers[worker_id].numpy().tobytes())

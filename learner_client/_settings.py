@@ -528,7 +528,7 @@ class ReplayBufferLike(Protocol):
 
 
 def check_hooks(
-    postproc: object, replay_buffer: object, set_truncated: bool = False
+    postproc: object, replay_buffer: object, set_truncated: object = False
 ) -> tuple[Postproc | None, ReplayBufferLike | None]:
     """Return ``(postproc, replay_buffer)`` once each is None or usable.
 

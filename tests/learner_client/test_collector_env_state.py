@@ -13,18 +13,23 @@ on loopback, on Pendulum-v1.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 import torch
 
 pytest.importorskip("torchrl")
 import rlfleet_test_torchrl  # the actors' own factories (on the path learner_fleet sets)
+from hostile_harness import EPOCH, HostileActor, batch, serve
 from learner_fleet import ACTOR_ENV, start_actors
 from torchrl.envs import VecNorm
 
 from common.actor_state import decode_state
+from common.rlfleet.v1 import actor_service_pb2 as pb
+from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector
 from learner_client import _torchrl_compat as compat
 
@@ -217,3 +222,49 @@ def test_a_restore_during_a_batchs_env_state_load_leaves_the_checkpoints_state(
     (extra,) = [v for k, v in state.items() if k.endswith("_extra_state")]
     assert stats is not None
     assert torch.allclose(stats["loc"], extra["observation_sum"] / extra["observation_count"])
+
+
+class _SilentActor(HostileActor):
+    """Describes itself as another actor of the fleet, opens sessions and sends no batch; it
+    answers no GetState: UNIMPLEMENTED, or (``slow``) no reply until the caller gives up."""
+
+    def __init__(self, description: pb.DescribeResponse, *, slow: bool) -> None:
+        super().__init__(description, batch)
+        self.slow = slow
+
+    def GetState(self, request: pb.GetStateRequest, context: Any) -> Any:
+        while self.slow and context.is_active():
+            time.sleep(0.05)
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        next(requests)
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=1, epoch=EPOCH, next_seq=1))
+        for _ in requests:  # credits, never used; the learner's close ends the call
+            pass
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["unimplemented", "slow"])
+def test_the_scripts_env_follows_the_first_actor_whatever_another_actor_answers(
+    vecnorm_v1_actor: str, slow: bool
+) -> None:
+    """The first actor's env state is one GetState of that actor: another actor that does
+    not answer GetState neither stops the script's env from following nor holds it up."""
+    channel = grpc.insecure_channel(vecnorm_v1_actor)
+    described = pb_grpc.ActorServiceStub(channel).Describe(pb.DescribeRequest(), timeout=10)
+    channel.close()
+    described.worker_id, described.epoch = 1, EPOCH
+    server, silent = serve(_SilentActor(described, slow=slow))
+    env = rlfleet_test_torchrl.vecnorm_v1_pendulum()
+    try:
+        with GrpcCollector(
+            [vecnorm_v1_actor, silent], create_env_fn=env, frames_per_batch=16, call_timeout=10
+        ) as collector:
+            started = time.monotonic()
+            collector.next()
+            assert time.monotonic() - started < 5.0  # not the call_timeout of 10 s
+            stats = get_vecnorm_state(env)
+            assert stats is not None, "the script's env did not take the first actor's state"
+            assert collector.actor_state(0)["frames"] >= 16  # that actor's alone, too
+    finally:
+        server.stop(None)
