@@ -111,43 +111,31 @@ def test_lora_push_to_an_actor_without_lora_is_refused(plain_actor) -> None:
     assert serving(plain_actor.port)
 
 
+@pytest.mark.parametrize(
+    ("lora", "declared"),
+    [
+        ("r=4,targets=q_proj,v_proj,alpha=16", "r=4, alpha=16"),
+        ("r=8,targets=q_proj,v_proj", "r=8, alpha=8"),
+    ],
+    ids=["another-alpha", "another-r"],
+)
 @pytest.mark.parametrize("only_trainable", [True, False], ids=["adapter", "whole"])
-def test_an_adapter_of_another_scale_is_refused_and_nothing_changes(
-    lora_actor, only_trainable
+def test_an_adapter_of_another_scale_or_rank_is_refused_and_nothing_changes(
+    lora_actor, lora, declared, only_trainable
 ) -> None:
-    """Same shapes, another ``alpha``: the actor would generate with another function than
-    the learner trains (the scale alpha / r is no tensor). The push declares its adapter
-    and the actor (r=4, alpha=4) refuses alpha=16 whole, its weights and version kept."""
-    learner = apply_lora(
-        build_policy("rlfleet:tiny-qwen2", **TINY)[0], "r=4,targets=q_proj,v_proj,alpha=16"
-    )
+    """The push declares its adapter and the actor (r=4, alpha=4) refuses another one whole,
+    naming both adapters and the fix, its weights and version kept. Another ``alpha`` has
+    the same shapes (the actor would generate with another function than the learner
+    trains: the scale alpha / r is no tensor); another ``r`` changes every adapter tensor's
+    shape, and the refusal still names the adapters, not a list of shape mismatches."""
+    learner = apply_lora(build_policy("rlfleet:tiny-qwen2", **TINY)[0], lora)
     with _collector(lora_actor) as collector:
         version, weights = actor_weights(collector)
         with pytest.raises(WeightPushError) as info:
             collector.update_policy_weights_(learner, only_trainable=only_trainable)
         error = info.value.failed[0]
         assert isinstance(error, WeightsError)  # INVALID_ARGUMENT
-        assert "r=4, alpha=16; this actor's is r=4, alpha=4" in str(error)
-        got_version, after = actor_weights(collector)
-    assert got_version == version
-    assert_bit_identical(after, weights)
-    assert serving(lora_actor.port)
-
-
-@pytest.mark.parametrize("only_trainable", [True, False], ids=["adapter", "whole"])
-def test_an_adapter_of_another_rank_is_refused_naming_both_adapters(
-    lora_actor, only_trainable
-) -> None:
-    """Another ``r``: every adapter tensor has other shapes, yet the refusal names the two
-    adapters (and the fix), as for another ``alpha``, not a list of shape mismatches."""
-    learner = apply_lora(build_policy("rlfleet:tiny-qwen2", **TINY)[0], "r=8,targets=q_proj,v_proj")
-    with _collector(lora_actor) as collector:
-        version, weights = actor_weights(collector)
-        with pytest.raises(WeightPushError) as info:
-            collector.update_policy_weights_(learner, only_trainable=only_trainable)
-        error = info.value.failed[0]
-        assert isinstance(error, WeightsError)  # INVALID_ARGUMENT
-        assert "r=8, alpha=8; this actor's is r=4, alpha=4" in str(error)
+        assert f"{declared}; this actor's is r=4, alpha=4" in str(error)
         assert "apply_lora" in str(error)
         got_version, after = actor_weights(collector)
     assert got_version == version
