@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -35,6 +34,7 @@ from learner_client._members import Ranks, actor_state_of
 from learner_client._metrics import LearnerMetrics
 from learner_client._ray_dropin import RAY_ARGUMENTS, RAY_WARNED, RayPlacement, ray_fleet_of
 from learner_client._rounds import Placement
+from learner_client._script_env import ScriptEnv
 from learner_client._settings import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     BatchSettings,
@@ -51,7 +51,6 @@ from learner_client._shared_policy import GivenWeights, SharedPolicy
 from learner_client._stats import snapshot
 from learner_client._torchrl_compat import (
     ActorPlacement,
-    ScriptEnv,
     TorchRLAccessors,
     TorchRLOnly,
     check_torchrl_only,
@@ -627,21 +626,6 @@ class GrpcCollector(TorchRLAccessors):
     def member_ids(self) -> list[int]:
         """Every actor of the fleet this collector knows, owned or not, sorted."""
         return self._fleet.member_ids
-
-    @property
-    def total_frames(self) -> int | float:
-        """Frames after which iteration stops, as TorchRL's attribute (``inf``: endless)."""
-        return math.inf if self._batch.endless else int(self._batch.total_frames or 0)
-
-    @property
-    def frames_per_batch(self) -> int:
-        """Frames per yielded batch (sync: over the whole fleet)."""
-        return self._batch.frames_per_batch
-
-    @property
-    def init_random_frames(self) -> int:
-        """Random-action frames this collector asks of the fleet (0: none, as in TorchRL)."""
-        return max(int(self._rollout.init_random_frames or 0), 0)
 
     @property
     def policy(self) -> nn.Module | None:

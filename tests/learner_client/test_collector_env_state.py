@@ -30,8 +30,7 @@ from torchrl.envs import VecNorm
 from common.actor_state import decode_state
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from learner_client import GrpcCollector
-from learner_client import _torchrl_compat as compat
+from learner_client import GrpcCollector, _script_env
 
 pytestmark = [
     pytest.mark.usefixtures("loopback_only"),
@@ -191,7 +190,7 @@ def test_a_restore_during_a_batchs_env_state_load_leaves_the_checkpoints_state(
     checkpoint on another thread: the script's env ends with the checkpoint's state, never
     with the older read loaded over it."""
     env = rlfleet_test_torchrl.vecnorm_v1_pendulum()
-    joined, gate, held = compat.joined_state, threading.Event(), threading.Event()
+    joined, gate, held = _script_env.joined_state, threading.Event(), threading.Event()
     with GrpcCollector(
         [vecnorm_v1_actor], create_env_fn=env, frames_per_batch=16, sync=True
     ) as collector:
@@ -205,7 +204,7 @@ def test_a_restore_during_a_batchs_env_state_load_leaves_the_checkpoints_state(
                 gate.wait(10)
             return joined(states, script_env)
 
-        monkeypatch.setattr(compat, "joined_state", held_join)
+        monkeypatch.setattr(_script_env, "joined_state", held_join)
         consumer = threading.Thread(target=collector.next)
         consumer.start()
         assert held.wait(10)

@@ -28,6 +28,7 @@ from common.errors import UnknownModelError
 from common.llm import LLMSettings
 from learner_client import GrpcCollector
 from learner_client._ray_dropin import RAY_WARNED
+from learner_client._script_env import check_env_signature
 from learner_client._settings import (
     FleetMember,
     check_addresses,
@@ -36,7 +37,7 @@ from learner_client._settings import (
     normalize_cat_results,
     normalize_exploration_type,
 )
-from learner_client._torchrl_compat import ActorPlacement, check_env_signature, check_no_effect
+from learner_client._torchrl_compat import ActorPlacement, check_no_effect
 
 DEFAULTS = dict(
     frames_per_batch=16,
