@@ -303,10 +303,9 @@ class GrpcCollector(TorchRLAccessors):
             update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
             self._ranks = Ranks.given(rank, world_size)
             self._ranks.warn_unowned(self._owner.worker_ids())  # a fleet started per rank
-            self._shared = (
-                None if policy is None else SharedPolicy(policy, follow=push_policy_changes)
-            )
             self._env = ScriptEnv.of(create_env_fn, create_env_kwargs, on_ray=on_ray)
+            given_env = None if self._env is None else self._env.given
+            self._shared = SharedPolicy.of(policy, follow=push_policy_changes, env=given_env)
             self._placement = Placement(device, storing_device)
             self._batch = BatchSettings(
                 frames_per_batch=frames_per_batch,

@@ -22,8 +22,9 @@ it with ``update_policy_weights_(module)``, which always sends. Buffers of more 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from tensordict import TensorDictBase
@@ -74,10 +75,40 @@ class SharedPolicy:
         TypeError: ``module`` is not an ``nn.Module``, ``follow`` not a bool.
     """
 
+    @classmethod
+    def of(cls, policy: object, *, follow: bool, env: object = None) -> SharedPolicy | None:
+        """The ``policy=`` argument as the collector follows it; None when it holds no weights.
+
+        TorchRL's collectors take any callable policy, and scripts pass weightless ones
+        (``RandomPolicy(spec)``, or ``RandomPolicy()``, whose ``action_spec`` TorchRL's
+        ``Collector`` fills from its env): the actors act with their own, so nothing is
+        pushed, and a UserWarning says so. A spec-less one is given ``env``'s (the script's
+        env object), as TorchRL's.
+
+        Raises:
+            TypeError: ``policy`` is neither an ``nn.Module`` nor callable, or it is a
+                module and ``follow`` is not a bool.
+        """
+        if policy is None:
+            return None
+        if not isinstance(policy, nn.Module) and callable(policy):
+            fill = getattr(policy, "set_action_spec_from_env", None)
+            if callable(fill) and env is not None:
+                fill(env)
+            warnings.warn(
+                f"policy={type(policy).__name__}(...) holds no weights to push: the actors act "
+                f"with their own policy (a random one: start them with --policy random)",
+                UserWarning,
+                stacklevel=4,
+            )
+            return None
+        return cls(cast("nn.Module", policy), follow=follow)  # not a module: refused there
+
     def __init__(self, module: nn.Module, *, follow: bool) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(
-                f"policy must be an nn.Module (the actors act with their own copy), "
+                f"policy must be an nn.Module or a callable without weights (the actors act "
+                f"with their own copy), "
                 f"got {type(module).__name__}"
             )
         if not isinstance(follow, bool):
