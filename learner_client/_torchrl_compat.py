@@ -22,7 +22,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, NamedTuple, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 import torch
 
@@ -34,6 +34,7 @@ T = TypeVar("T")
 
 __all__ = [
     "ActorPlacement",
+    "NOT_OFFERED",
     "NO_EFFECT",
     "NoEffect",
     "TorchRLAccessors",
@@ -343,6 +344,14 @@ class _Rollouts(Protocol):  # learner_client._settings.RolloutSettings
     @property
     def init_random_frames(self) -> int | None: ...
 
+    @property
+    def placement(self) -> ActorPlacement: ...
+
+
+class _Delivers(Protocol):  # learner_client._rounds.Placement
+    @property
+    def device(self) -> torch.device | None: ...
+
 
 class _Holds(Protocol):
     """What :class:`TorchRLAccessors` reads of the collector it is part of."""
@@ -359,6 +368,9 @@ class _Holds(Protocol):
 
     @property
     def _rollout(self) -> _Rollouts: ...
+
+    @property
+    def _placement(self) -> _Delivers: ...
 
     @property
     def worker_ids(self) -> list[int]: ...
@@ -379,6 +391,42 @@ class _Holds(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
 
+_IN_ACTORS = "the envs and policies run in the actors' processes, which take gRPC calls only"
+_PUSHES = "weights travel as update_policy_weights_'s pushes (docs/weights.md)"
+_HOOKS = "hooks would run in TorchRL's workers; a fleet's batches go through postproc="
+
+#: TorchRL collectors' public names a fleet's collector does not offer, and why (each one
+#: read raises ``AttributeError`` saying so, not Python's bare "no attribute").
+NOT_OFFERED: dict[str, str] = {
+    "reset": f"{_IN_ACTORS}; reset_at_each_iter=True resets every env before each batch",
+    "rollout": f"{_IN_ACTORS}; iterate the collector (next()) for a batch",
+    "get_model": f"{_IN_ACTORS}; collector.policy is the module given as policy=",
+    "local_policy": f"{_IN_ACTORS}; collector.policy is the module given as policy=",
+    "fake_tensordict": "the batches' layout is the actors' (as for TorchRL's multi-process "
+    "collectors, which raise too): read it off a first batch",
+    "map_fn": f"{_IN_ACTORS}; actor_state(worker_id) reads one actor's state",
+    "cascade_execute": f"{_IN_ACTORS}; actor_state(worker_id) reads one actor's state",
+    "get_distant_attr": f"{_IN_ACTORS}; actor_state(worker_id) reads one actor's state",
+    "enable_profile": f"{_IN_ACTORS}; profile an actor's process itself (py-spy, torch.profiler)",
+    "disable_profile": f"{_IN_ACTORS}; profile an actor's process itself (py-spy, torch.profiler)",
+    "profile_config": f"{_IN_ACTORS}; profile an actor's process itself (py-spy, torch.profiler)",
+    "init_updater": _PUSHES,
+    "weight_updater": _PUSHES,
+    "receive_weights": _PUSHES,
+    "register_scheme_receiver": _PUSHES,
+    "get_cached_weights": _PUSHES,
+    "pre_collect_hook": _HOOKS,
+    "post_collect_hook": _HOOKS,
+    "set_post_collect_hook": _HOOKS,
+    "stop_remote_collectors": "shutdown() stops the sessions, and a fleet given to the collector",
+    "verbose": "the learner logs to the 'learner_client' logger (logging's levels)",
+    "worker_idx": "each actor's batches carry its worker_id at ('collector', 'worker_id')",
+    "trajs_per_batch": "complete-trajectory batches are not collected (use split_trajs=True)",
+    "trajs_per_write": "complete-trajectory batches are not collected (use split_trajs=True)",
+    "traj_format": "complete-trajectory batches are not collected (use split_trajs=True)",
+}
+
+
 class TorchRLAccessors:
     """TorchRL's accessors and version calls, for what a fleet's collector holds in the learner.
 
@@ -386,8 +434,21 @@ class TorchRLAccessors:
     trainers ``getattr_env("full_action_spec_unbatched")``, scripts ``collector.env``: the
     replay buffer, the ``policy=`` module and the env object given as ``create_env_fn`` are
     the learner's own here as there. What lives only in the actors (an env built by a
-    constructor, a policy built by a factory) raises ``AttributeError`` saying so.
+    constructor, a policy built by a factory) raises ``AttributeError`` saying so, as does
+    every TorchRL name the collector does not offer (:data:`NOT_OFFERED`).
     """
+
+    if not TYPE_CHECKING:  # else mypy would take any name read on a collector as valid
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for names not found: a TorchRL name not offered says why."""
+            if name in NOT_OFFERED:
+                raise AttributeError(
+                    f"{type(self).__name__} has no {name!r}, TorchRL's: {NOT_OFFERED[name]}",
+                    name=name,
+                    obj=self,
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def get_policy_version(self: _Holds) -> int:
         """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""
@@ -421,6 +482,28 @@ class TorchRLAccessors:
     def init_random_frames(self: _Holds) -> int:
         """Random-action frames this collector asks of the fleet (0: none, as in TorchRL)."""
         return max(int(self._rollout.init_random_frames or 0), 0)
+
+    @property
+    def storing_device(self: _Holds) -> torch.device | None:
+        """Where batches are delivered (``storing_device``, else ``device``; None: the host)."""
+        return self._placement.device
+
+    @property
+    def device(self: _Holds) -> torch.device | None:
+        """TorchRL's attribute: :attr:`storing_device` (the learner keeps no other device)."""
+        return self._placement.device
+
+    @property
+    def policy_device(self: _Holds) -> torch.device | None:
+        """The policy device the actors are asked for (None: each actor's own)."""
+        name = self._rollout.placement.policy_device
+        return torch.device(name) if name else None
+
+    @property
+    def env_device(self: _Holds) -> torch.device | None:
+        """The env device the actors are asked for (None: each actor's own)."""
+        name = self._rollout.placement.env_device
+        return torch.device(name) if name else None
 
     @property
     def requested_frames_per_batch(self: _Holds) -> int:

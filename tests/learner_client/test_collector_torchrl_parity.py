@@ -622,6 +622,35 @@ def test_every_torchrl_default_of_a_shared_knob_is_accepted(cartpole: list[str])
         assert len(collector) == 2
 
 
+def test_every_public_name_of_torchrls_collectors_is_offered_or_refused_saying_why(
+    cartpole: list[str],
+) -> None:
+    """Each public name of TorchRL's Collector, MultiSyncCollector, MultiAsyncCollector and
+    RayCollector (read from the installed torchrl) is on a fleet's collector, or reading it
+    raises ``AttributeError`` naming TorchRL and the way a fleet does it, not Python's bare
+    "no attribute"; another name still gets Python's."""
+    with GrpcCollector(cartpole, frames_per_batch=16) as collector:
+        for cls in (Collector, MultiSyncCollector, MultiAsyncCollector, RayCollector):
+            for name in (n for n in dir(cls) if not n.startswith("_")):
+                if name in dir(collector):
+                    continue
+                with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
+                    getattr(collector, name)
+                assert info.value.name == name
+        with pytest.raises(AttributeError, match="reset_at_each_iter=True"):
+            collector.reset()  # type: ignore[attr-defined]
+        with pytest.raises(AttributeError, match=r"object has no attribute 'resett'$"):
+            collector.resett  # type: ignore[attr-defined]  # noqa: B018
+        assert not hasattr(collector, "map_fn")
+        devices = collector.device, collector.storing_device, collector.policy_device
+        assert (*devices, collector.env_device) == (None, None, None, None)
+    cpu = torch.device("cpu")
+    with GrpcCollector(
+        cartpole, frames_per_batch=16, storing_device="cpu", policy_device="cpu"
+    ) as collector:
+        assert (collector.device, collector.storing_device, collector.policy_device) == (cpu,) * 3
+
+
 # ---------------------------------------------------------- an env that errors
 
 
