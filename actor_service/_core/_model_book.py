@@ -32,7 +32,7 @@ from actor_service._core._swap import (
 from actor_service._core._weight_rules import stage_weights
 from common.config import CompileSettings
 from common.errors import UnknownModelError
-from common.weights import Delta, PushForm, apply_delta
+from common.weights import Delta, PushForm, apply_delta, eager_names
 
 __all__ = ["BookModel", "LiveState", "ModelBook"]
 
@@ -44,7 +44,8 @@ class LiveState(Mapping[str, torch.Tensor]):
     forward may replace a buffer or parameter (``self.steps = self.steps + 1``): a dict
     taken when the model was built would then hold tensors the module no longer acts
     with, and a push copied there would be reported applied yet never act. The keys are
-    the module's state-dict keys when it was built.
+    the module's state-dict keys when it was built, named as pushes name them
+    (``common.weights.eager_names``: a ``torch.compile``'d factory's ``_orig_mod.`` off).
 
     Args:
         module: The model's module.
@@ -52,21 +53,23 @@ class LiveState(Mapping[str, torch.Tensor]):
 
     def __init__(self, module: nn.Module) -> None:
         self._module = module
-        self._keys = dict.fromkeys(module.state_dict())
+        named = eager_names(module, module.state_dict())
+        self._keys = {name: key for key, name in named.items()}  # pushed name -> own key
 
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self._keys:
-            raise KeyError(key)
-        owner_path, _, name = key.rpartition(".")
+    def __getitem__(self, name: str) -> torch.Tensor:
+        key = self._keys.get(name)
+        if key is None:
+            raise KeyError(name)
+        owner_path, _, attr = key.rpartition(".")
         tensor: torch.Tensor | None = None
         try:
             owner = self._module.get_submodule(owner_path)
         except AttributeError:  # a key a module's own state_dict makes up
             owner = None
         if owner is not None:
-            tensor = owner._parameters.get(name)
+            tensor = owner._parameters.get(attr)
             if tensor is None:
-                tensor = owner._buffers.get(name)
+                tensor = owner._buffers.get(attr)
         if tensor is None:
             tensor = self._module.state_dict()[key]
         return tensor.detach()

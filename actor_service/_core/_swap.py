@@ -37,6 +37,7 @@ from common.weights import (
     apply_staged,
     check_policy_version,
     check_ties,
+    check_writable,
 )
 
 __all__ = [
@@ -199,11 +200,12 @@ def push_delta(
     Raises:
         SessionStateError: Another version is in force (nothing is written).
         StaleVersionError: ``version`` is not newer than the one in force.
-        WeightsError: A version outside the int64 range, or keys the model ties
-            changed differently.
+        WeightsError: A version outside the int64 range, keys the model ties changed
+            differently, or a key it holds as a broadcast view changed (``check_writable``).
     """
     check_policy_version(version)
     check_ties({}, reference, delta)
+    check_writable(reference, {}, delta)
     newer = functools.partial(check_newer, model_id)
     staged = on_devices(delta, reference)
     return swap_delta(slot, model_id, base_version, version, reference, staged, newer)
@@ -223,11 +225,13 @@ def swap_parts(
     be newer than the one in force and, if a part is a delta, its base in force.
 
     Raises:
-        WeightsError: Two parts give different values to keys the model ties.
+        WeightsError: Two parts give different values to keys the model ties, or change
+            a key it holds as a broadcast view (``check_writable``).
         StaleVersionError: A newer version came into force meanwhile (nothing is written).
         SessionStateError: A delta part's base is no longer in force (nothing is written).
     """
     check_ties(parts.tensors, reference, parts.delta)
+    check_writable(reference, parts.tensors, parts.delta)
 
     def check() -> None:
         check_newer(model_id, version, slot.version)

@@ -32,7 +32,7 @@ of its bytes, for a push striped over parallel streams (``common.weights._split`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import torch
@@ -61,6 +61,7 @@ from common.weights._fit import (
     check_compatible,
     check_finite,
     check_ties,
+    check_writable,
     load_into,
     stage_state,
     state_nbytes,
@@ -101,12 +102,14 @@ __all__ = [
     "check_compatible",
     "check_finite",
     "check_ties",
+    "check_writable",
     "checksums",
     "crc32c",
     "decode_delta",
     "decode_weights",
     "encode_delta",
     "default_max_weight_bytes",
+    "eager_names",
     "encode_weights",
     "iter_blob_chunks",
     "load_into",
@@ -193,27 +196,34 @@ def _flat(obj: WeightSource) -> dict[str, torch.Tensor]:
     return out
 
 
-def _uncompiled_state_dict(module: nn.Module) -> dict[str, object]:
-    """``module.state_dict()`` with the keys its ``torch.compile``'d parts would have eagerly.
+def _uncompiled_state_dict(
+    module: nn.Module, state: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """``module.state_dict()`` (or some of its entries, ``state``) under :func:`eager_names`."""
+    state = module.state_dict() if state is None else state
+    names = eager_names(module, state)
+    return {names[key]: value for key, value in state.items()}
+
+
+def eager_names(module: nn.Module, keys: Iterable[str]) -> dict[str, str]:
+    """``{key: its name in the module as built}`` for state-dict ``keys`` of ``module``.
 
     A compiled module (torch's ``OptimizedModule``) names its weights ``_orig_mod.<key>``;
-    the actors hold the module as it was built, as does the learner's own state dict
-    once torch's wrapper is taken off.
+    pushes and actors name them as the module was built, as does the learner's own state
+    dict once torch's wrapper is taken off, wherever the module was compiled.
     """
     compiled = [
         f"{name}." if name else ""
         for name, sub in module.named_modules()
         if type(sub).__name__ == "OptimizedModule" and hasattr(sub, "_orig_mod")
     ]
-    state = module.state_dict()
-    if not compiled:
-        return state
-    renamed: dict[str, object] = {}
-    for key, value in state.items():
+    renamed: dict[str, str] = {}
+    for key in keys:
+        name = key
         for prefix in sorted(compiled, key=len, reverse=True):
-            if key.startswith(f"{prefix}_orig_mod."):
-                key = prefix + key[len(prefix) + len("_orig_mod.") :]
-        renamed[key] = value
+            if name.startswith(f"{prefix}_orig_mod."):
+                name = prefix + name[len(prefix) + len("_orig_mod.") :]
+        renamed[key] = name
     return renamed
 
 
@@ -290,7 +300,9 @@ def _trainable(module: nn.Module) -> dict[str, torch.Tensor]:
             f"got {type(module).__name__}"
         )
     names = {n for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
-    state = {k: v for k, v in module.state_dict().items() if k in names}
+    state = _uncompiled_state_dict(
+        module, {k: v for k, v in module.state_dict().items() if k in names}
+    )
     if not state:
         raise ValueError(
             f"only_trainable: {type(module).__name__} has no parameter with requires_grad"

@@ -24,6 +24,7 @@ __all__ = [
     "check_compatible",
     "check_finite",
     "check_ties",
+    "check_writable",
     "load_into",
     "stage_state",
     "state_nbytes",
@@ -100,7 +101,8 @@ def stage_state(
 
     Checks keys, shapes and dtypes (:func:`check_compatible`), casts each tensor
     onto its target's device and into its dtype (once per distinct tensor, so an
-    alias costs nothing), refuses two different values for keys the model ties,
+    alias costs nothing), refuses two different values for keys the model ties
+    and other values for a key it holds as a broadcast view (:func:`check_writable`),
     and scans the cast values for NaN/Inf (a float64 value may overflow float32).
     Nothing of the model changes.
 
@@ -113,7 +115,8 @@ def stage_state(
         ``{key: tensor ready to copy}`` for the keys ``state`` holds.
 
     Raises:
-        WeightsError: The state does not fit, breaks a tie, or is not finite.
+        WeightsError: The state does not fit, breaks a tie, changes a broadcast view,
+            or is not finite.
     """
     try:
         check_compatible(state, reference, form)
@@ -128,18 +131,45 @@ def stage_state(
             cast[slot] = value.to(device=target.device, dtype=target.dtype)
         staged[key] = cast[slot]
     check_ties(staged, reference)
+    check_writable(reference, staged)
     try:
         check_finite(_distinct(staged))
     except WeightsError as exc:
-        casts = {(state[key].dtype, staged[key].dtype) for key in staged}
-        narrowed = sorted(f"{a} -> {b}" for a, b in casts if a != b)
-        if not narrowed:
+        cause = _overflow_cause(state, staged, form)
+        if not cause:
             raise
-        raise WeightsError(
-            f"{exc} once cast into the model's dtypes ({', '.join(narrowed)}): values beyond "
-            "the model dtype's range overflow to Inf"
-        ) from None
+        raise WeightsError(f"{exc}{cause}") from None
     return staged
+
+
+def _overflow_cause(
+    state: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor], form: PushForm
+) -> str:
+    """Where the Inf of refused values may come from ("" if no cause is known).
+
+    A cast here into a narrower range, or the push's wire dtype, whose narrow range the
+    learner's cast overflowed.
+    """
+    casts = {(state[key].dtype, staged[key].dtype) for key in staged}
+    narrowed = sorted(f"{a} -> {b}" for a, b in casts if a != b and _range(a) > _range(b))
+    if narrowed:
+        return (
+            f" once cast into the model's dtypes ({', '.join(narrowed)}): values beyond "
+            "the model dtype's range overflow to Inf"
+        )
+    wire = form.wire_dtype
+    if wire is None or _range(wire) >= _range(torch.bfloat16):
+        return ""
+    return (
+        f"; the push travelled in {wire}, whose values end at ±{_range(wire):g}: larger ones "
+        "become Inf in the learner's cast (push with dtype=torch.bfloat16, float32's range, "
+        "or without a dtype)"
+    )
+
+
+def _range(dtype: torch.dtype) -> float:
+    """The largest finite value of a floating dtype (0 for any other)."""
+    return float(torch.finfo(dtype).max) if dtype.is_floating_point else 0.0
 
 
 def check_ties(
@@ -197,6 +227,43 @@ def _tie_broken(
     return not torch.equal(changed, staged[twin])
 
 
+def _broadcast(tensor: torch.Tensor) -> bool:
+    """Whether elements of ``tensor`` share memory: a stride-0 view, as ``expand()`` makes."""
+    sizes = zip(tensor.shape, tensor.stride(), strict=True)
+    return any(size > 1 and stride == 0 for size, stride in sizes)
+
+
+def check_writable(
+    reference: Mapping[str, torch.Tensor],
+    staged: Mapping[str, torch.Tensor],
+    delta: Delta | None = None,
+) -> None:
+    """Refuse to change a key the model holds as a broadcast view (see below).
+
+    A broadcast view (stride 0, as ``expand()`` makes) holds many elements in one memory
+    cell: no copy can write other values there (torch refuses the write). A whole tensor
+    equal to the live one needs no write (:func:`apply_staged` skips it); any other value,
+    and any delta entry (a change), is refused before anything changes.
+
+    Raises:
+        WeightsError: Naming the keys and the fix.
+    """
+    changes = delta or {}
+    bad = sorted(
+        key
+        for key in {*staged, *changes}
+        if _broadcast(reference[key])
+        and (key in changes or not torch.equal(staged[key], reference[key]))
+    )
+    if bad:
+        raise WeightsError(
+            f"weights change keys {bad[:10]} that this model holds as broadcast views "
+            "(stride 0, as expand() makes them: every element one memory cell), which no "
+            "push can write; build the actor's policy with those tensors cloned "
+            "(.expand(...).clone()) to push them"
+        )
+
+
 def _distinct(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The first key of each distinct tensor object (an alias is scanned once)."""
     out: dict[str, torch.Tensor] = {}
@@ -211,14 +278,15 @@ def _distinct(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def apply_staged(reference: Mapping[str, torch.Tensor], staged: Mapping[str, torch.Tensor]) -> None:
     """Copy :func:`stage_state`'s output into the model's tensors (the caller holds its lock).
 
-    A key tied to one already written with the same tensor is skipped.
+    A key tied to one already written with the same tensor is skipped, and so is a
+    broadcast view given its own values (:func:`check_writable`).
     """
     done: set[tuple[int, int]] = set()
     with torch.no_grad():
         for key, source in staged.items():
             target = reference[key]
             slot = (target.data_ptr(), id(source))
-            if slot in done:
+            if slot in done or (_broadcast(target) and torch.equal(target, source)):
                 continue
             done.add(slot)
             target.copy_(source)

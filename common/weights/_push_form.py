@@ -208,6 +208,17 @@ def _wrapper_prefix(unknown: list[str], expected: Shapes) -> str:
     return head + "." if own and 2 * len(own) >= len(stripped) else ""
 
 
+def _wire_hint(wanted: set[torch.dtype], form: PushForm) -> str:
+    """The fix of floats sent undeclared where the model holds another float dtype, one."""
+    if form.wire_dtype is not None or len(wanted) != 1 or not wanted <= set(_WIRE_NAMES):
+        return ""
+    (dtype,) = wanted
+    return (
+        f" (push with update_policy_weights_(..., dtype={dtype}): the learner casts the "
+        f"floats into the model's dtype before sending)"
+    )
+
+
 def fit_problems(got: Shapes, expected: Shapes, form: PushForm = FULL) -> list[str]:
     """Every way ``got`` does not fit ``expected`` under ``form`` (empty: it fits).
 
@@ -227,7 +238,7 @@ def fit_problems(got: Shapes, expected: Shapes, form: PushForm = FULL) -> list[s
         problems.append(f"missing keys {_listed(missing)}")
     if unknown:
         problems.append(f"unexpected keys {_listed(unknown)}")
-    shapes, dtypes = [], []
+    shapes, dtypes, floats = [], [], set()
     for key in sorted(set(got) & set(expected)):
         (shape, dtype), (want_shape, want_dtype) = got[key], expected[key]
         if list(shape) != list(want_shape):
@@ -236,11 +247,13 @@ def fit_problems(got: Shapes, expected: Shapes, form: PushForm = FULL) -> list[s
             why = ""
             if dtype.is_floating_point and not want_dtype.is_floating_point:
                 why = ": a floating-point tensor never loads into an integer or bool buffer"
+            elif dtype.is_floating_point and want_dtype.is_floating_point:
+                floats.add(want_dtype)
             dtypes.append(f"{key} (got {dtype}, expected {want_dtype}{why})")
     if shapes:
         problems.append(f"shape mismatch: {', '.join(shapes[:_SHOWN])}")
     if dtypes:
-        problems.append(f"dtype mismatch: {', '.join(dtypes[:_SHOWN])}")
+        problems.append(f"dtype mismatch: {', '.join(dtypes[:_SHOWN])}{_wire_hint(floats, form)}")
     hint = _adapter_hint(unknown, missing, expected) if problems else ""
     return [hint, *problems] if hint else problems
 

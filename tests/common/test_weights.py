@@ -65,6 +65,7 @@ def test_weights_module_pins_its_public_names() -> None:
             "adapter_metadata",
             "apply_staged",
             "default_max_weight_bytes",
+            "eager_names",
             "stage_state",
             "state_nbytes",
             "Expected",
@@ -94,6 +95,7 @@ def test_weights_module_pins_its_public_names() -> None:
             "Part",
             "PushOutcome",
             "check_ties",
+            "check_writable",
         ]
     )
     assert DEFAULT_MAX_WEIGHT_BYTES == 1 << 30

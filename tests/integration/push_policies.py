@@ -1,5 +1,6 @@
 """Policies and helpers for the push-form tests: a user module with a shared Linear and an
-integer buffer, in-process actors, and reading an actor's weights back through GetState."""
+integer buffer (also compiled), one with a broadcast buffer, in-process actors, and reading an
+actor's weights back through GetState."""
 
 from __future__ import annotations
 
@@ -40,6 +41,29 @@ class SharedLinearPolicy(nn.Module):
 def shared_linear_policy(observation_space: Any, action_space: Any) -> nn.Module:
     """The actor-side factory (``push_policies:shared_linear_policy``)."""
     return SharedLinearPolicy(int(np.prod(observation_space.shape)), int(action_space.n)).eval()
+
+
+def compiled_shared_linear_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """The factory of a script that ``torch.compile``s its policy (keys ``_orig_mod.*``)."""
+    policy = shared_linear_policy(observation_space, action_space)
+    return torch.compile(policy, backend="eager")
+
+
+class BroadcastScalePolicy(nn.Module):
+    """Observation -> action index through a head whose scores a broadcast buffer scales."""
+
+    def __init__(self, obs_dim: int, n: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.head = nn.Linear(obs_dim, n)
+        self.register_buffer("scale", torch.tensor([scale]).expand(n))  # stride 0
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return (self.head(observation) * self.scale).argmax(-1)
+
+
+def broadcast_scale_policy(observation_space: Any, action_space: Any) -> nn.Module:
+    """The actor-side factory (``push_policies:broadcast_scale_policy``)."""
+    return BroadcastScalePolicy(int(np.prod(observation_space.shape)), int(action_space.n))
 
 
 @contextlib.contextmanager

@@ -4,11 +4,14 @@ against a full push of the same state, and their refusals (nothing applied, acto
 
 from __future__ import annotations
 
+import functools
+
 import grpc
 import gymnasium
 import pytest
 import torch
 from push_policies import (
+    BroadcastScalePolicy,
     SharedLinearPolicy,
     actor_weights,
     assert_bit_identical,
@@ -27,6 +30,7 @@ from common.weights import (
     encode_delta,
     encode_weights,
     state_nbytes,
+    to_state_dict,
 )
 from learner_client import GrpcCollector, WeightPushError
 
@@ -156,6 +160,34 @@ def test_bf16_push_into_an_integer_buffer_is_refused(actor, collector) -> None:
     )
 
 
+def test_fp16_push_beyond_its_range_is_refused_naming_the_wire_dtype(actor, collector) -> None:
+    """Values float16 cannot hold arrive as Inf: the refusal names the wire dtype and the fix,
+    not the actor's (widening) cast into float32."""
+    policy = _learner_policy(12)
+    with torch.no_grad():
+        policy.head.weight[0, 0] = 1e5  # beyond float16's 65504
+    _refused(
+        collector,
+        actor,
+        lambda: collector.update_policy_weights_(policy, dtype=torch.float16),
+        "the push travelled in torch.float16, whose values end at ±65504",
+    )
+
+
+def test_a_float64_push_is_refused_naming_the_dtype_argument_that_fits_it(actor, collector) -> None:
+    policy = _learner_policy(13).double()  # the integer buffer stays int64
+    _refused(
+        collector,
+        actor,
+        lambda: collector.update_policy_weights_(policy),
+        "update_policy_weights_(..., dtype=torch.float32)",
+    )
+    collector.update_policy_weights_(policy, dtype=torch.float32)
+    state = policy.state_dict()
+    expected = {k: v.float() if v.is_floating_point() else v.clone() for k, v in state.items()}
+    assert_bit_identical(actor_weights(collector)[1], expected)
+
+
 def test_push_raises_if_only_trainable_is_given_a_mapping(collector) -> None:
     before = collector.policy_version
     with pytest.raises(TypeError, match="only_trainable"):
@@ -242,3 +274,85 @@ def test_delta_parts_giving_tied_keys_different_changes_are_refused(actor, colle
     assert actor_weights(collector)[0] == version  # nothing applied
     assert_bit_identical(actor_weights(collector)[1], before[1])
     assert serving(actor.port)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports
+def test_trainable_push_of_a_compiled_module_goes_under_the_keys_of_the_module_as_built(
+    collector,
+) -> None:
+    base, update = _learner_policy(10), _learner_policy(11)
+    collector.update_policy_weights_(base)
+    update.shared.requires_grad_(False)
+    update.norm.requires_grad_(False)
+    before = collector.policy_version
+    assert collector.update_policy_weights_(torch.compile(update), only_trainable=True) == {
+        0: before + 1
+    }
+    version, weights = actor_weights(collector)
+    assert version == before + 1
+    trained = {"head.weight": update.head.weight.detach(), "head.bias": update.head.bias.detach()}
+    assert_bit_identical(weights, dict(base.state_dict()) | trained)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports
+def test_an_actor_whose_factory_compiles_the_policy_takes_pushes_and_its_own_checkpoint() -> None:
+    """Its module names its weights ``_orig_mod.*``; pushes (of the module, compiled or not)
+    and its own GetState name them as built, and all three load into it."""
+    models = (ModelSpec("policy", "push_policies:compiled_shared_linear_policy"),)
+    with (
+        in_process_actor(models=models) as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=2) as collector,
+    ):
+        first, second = _learner_policy(14), _learner_policy(15)
+        collector.update_policy_weights_(first)
+        assert_bit_identical(actor_weights(collector)[1], dict(first.state_dict()))
+        checkpoint = collector.state_dict()
+        version = collector.update_policy_weights_(torch.compile(second, backend="eager"))[0]
+        assert actor_weights(collector)[0] == version
+        assert_bit_identical(actor_weights(collector)[1], dict(second.state_dict()))
+        collector.load_state_dict(checkpoint)
+        assert actor_weights(collector)[0] == version - 1
+        assert_bit_identical(actor_weights(collector)[1], dict(first.state_dict()))
+
+
+@pytest.fixture(scope="module")
+def broadcast_actor():
+    with in_process_actor(
+        models=(ModelSpec("policy", "push_policies:broadcast_scale_policy"),)
+    ) as handle:
+        yield handle
+
+
+def _as_part(collector: GrpcCollector, policy: BroadcastScalePolicy, delta: bool) -> None:
+    version = collector.policy_version + 1
+    collector.update_policy_weights_(policy.state_dict(), version=version, part=(0, 1), delta=delta)
+
+
+@pytest.mark.parametrize(
+    "push",
+    [
+        lambda collector, policy: collector.update_policy_weights_(policy),
+        lambda collector, policy: collector.update_policy_weights_(policy, delta=True),
+        functools.partial(_as_part, delta=True),
+    ],
+    ids=["full", "delta", "delta-part"],
+)
+def test_push_into_a_broadcast_buffer_keeps_its_values_or_is_refused_whole(
+    broadcast_actor, push
+) -> None:
+    """A buffer the actor holds as ``expand()``'s view (stride 0) takes no copy: a push giving
+    it its own values applies the rest; other values (whole, a delta, a part) change nothing."""
+    policy = BroadcastScalePolicy(4, 2)
+    with GrpcCollector([f"127.0.0.1:{broadcast_actor.port}"], frames_per_batch=2) as collector:
+        push(collector, policy)
+        assert actor_weights(collector)[0] == collector.policy_version
+        assert_bit_identical(actor_weights(collector)[1], to_state_dict(policy))
+        with torch.no_grad():
+            policy.head.weight[0, 0] += 1.0  # one element: small enough to go as a delta
+        policy.scale = torch.tensor([2.0]).expand(2)
+        _refused(
+            collector,
+            broadcast_actor,
+            functools.partial(push, collector, policy),
+            "holds as broadcast views",
+        )
