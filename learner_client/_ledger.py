@@ -49,7 +49,9 @@ class SeqTracker:
         Raises:
             ProtocolError: A resumed session's ``next_seq`` beyond the batches its actor may
                 hold unacknowledged after the last one received: no actor sends it, and its
-                first batch would count a wild gap.
+                first batch would count a wild gap. Or a fresh session of the epoch followed
+                at a ``next_seq`` at or below the last seq received: an epoch never reuses a
+                seq, and its batches would be delivered a second time.
         """
         if epoch == self.epoch and resumed:
             if next_seq > self.last + 1 + MAX_CREDITS:
@@ -58,6 +60,11 @@ class SeqTracker:
                     f"holds at most {MAX_CREDITS} batches unacknowledged"
                 )
             return
+        if epoch == self.epoch and next_seq <= self.last:
+            raise ProtocolError(
+                f"'opened' starts epoch {epoch} afresh at next_seq {next_seq}, but seq "
+                f"{self.last} of it was received; an epoch never reuses a seq"
+            )
         if self.epoch:
             self.gaps += max(0, self._started - self.last)
         self.epoch = epoch

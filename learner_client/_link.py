@@ -487,7 +487,7 @@ class ActorLink(Generic[C]):
         if resume == (0, 0) and not self._fresh_next and self._left_open():
             # A restarted learner process under the same learner_id: the actor still
             # holds the session the old process left open, and lets only its owner resume
-            # it. What that session retained is re-sent and dropped here as duplicates.
+            # it. What that session retained is re-sent, dropped here as duplicates and acked.
             resume = (self.description.epoch, 0)
         self._fresh_next = False
         # A reconnect resumes our own session (the actor matches our learner_id, even
@@ -582,6 +582,9 @@ class ActorLink(Generic[C]):
             )
         if not self.tracker.accept(event.seq):
             self._mailbox.unclaim(self.worker_id)
+            # Received before (what a session left open by an earlier learner process retained,
+            # see _open): acknowledged, or an actor holding max_credits of them starts no batch.
+            self._streams.ack(self.worker_id, event.epoch, event.seq)
             log.debug("dropping re-sent batch seq %d of worker_id %d", event.seq, self.worker_id)
             return
         if self._fresh_next:

@@ -664,6 +664,28 @@ def test_a_reconnecting_learner_never_takes_over_another_learners_session(actors
         proxy.close()
 
 
+def test_a_learner_resuming_the_session_its_earlier_process_left_open_is_not_stalled(pair):
+    """A restarted learner under the same learner_id resumes the session its earlier process
+    left open: the batches that one held unacknowledged (``max_credits`` of them, with
+    ``prefetch=4``) come again and are dropped as received before. Left unacknowledged, the
+    actor started no batch, and the first ``next()`` waited out ``batch_timeout``."""
+    address = pair[0].address
+    kwargs = dict(frames_per_batch=4, prefetch=4, learner_id="job", batch_timeout=5, token=TOKEN)
+    earlier = GrpcCollector([address], **kwargs)
+    later = None
+    try:
+        earlier.next()
+        poll_until(lambda: earlier.stats()["queued_batches"] == 4, timeout=20)
+        later = GrpcCollector([address], **kwargs)  # the actor still holds the earlier's session
+        later.next()
+        stats = later.stats()
+        assert (stats["duplicates"], stats["failures"]) == (4, 0), stats
+    finally:
+        for collector in (later, earlier):
+            if collector is not None:
+                collector.shutdown(timeout=5)
+
+
 @pytest.mark.long
 def test_a_learner_that_trains_longer_than_batch_timeout_keeps_its_stream() -> None:
     # Sync: the actor gets its credit only when the learner asks, after training. The

@@ -592,6 +592,52 @@ def test_a_session_resumed_far_beyond_the_last_batch_is_refused_and_counts_no_ga
     assert (stats["frames"], stats["gaps"]) == (2 * FRAMES, 0)
 
 
+class ReusingItsSeqs(HostileActor):
+    """Its first session sends batch 1 and breaks once ``cut`` is set; every later session
+    starts the same epoch afresh at next_seq 1 and sends batch 1 (the same frames) again."""
+
+    def __init__(self, description: pb.DescribeResponse) -> None:
+        super().__init__(description, batch)
+        self.cut = threading.Event()
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        next(requests)
+        with self._lock:
+            self.sessions += 1
+            first = self.sessions == 1
+        yield pb.CollectResponse(opened=pb.SessionOpened(worker_id=0, epoch=EPOCH, next_seq=1))
+        yield batch(1, _with("observation", torch.ones(1, FRAMES, 4)))
+        if first:
+            self.cut.wait(30)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost")
+        self.cut.wait(30)
+
+
+def test_a_fresh_session_reusing_seqs_of_its_epoch_is_refused_and_delivers_nothing_twice(
+    description,
+) -> None:
+    """An epoch never reuses a seq: a session of the epoch followed that starts afresh at
+    next_seq 1 after batch 1 was received is refused. Batch 1 (the same epoch and seq) used
+    to be delivered a second time."""
+    servicer = ReusingItsSeqs(description)
+    server, address = serve(servicer)
+    try:
+        with GrpcCollector([address], frames_per_batch=FRAMES, batch_timeout=1.0) as collector:
+            first = collector.next()
+            assert bool((first["observation"] == 1).all())
+            servicer.cut.set()
+            with pytest.raises(MissingWorkersError) as raised:
+                collector.next()
+            stats = collector.stats()
+    finally:
+        servicer.cut.set()
+        server.stop(None)
+    assert f"starts epoch {EPOCH} afresh at next_seq 1, but seq 1 of it was received" in str(
+        raised.value
+    )
+    assert (stats["frames"], stats["batches"], stats["duplicates"]) == (FRAMES, 1, 0)
+
+
 class SeededFarAhead(HostileActor):
     """Answers SetSeed with a ``first_seq`` no actor gives: 2^64-1."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import ProtocolError
 from learner_client._ledger import Ledger, SeqTracker, check_counts
 
 
@@ -60,6 +61,21 @@ def test_seq_tracker_reopened_on_its_epoch_by_another_learner_counts_no_gap():
     tracker.opened(epoch=1, next_seq=10, resumed=False)
     assert tracker.resume_point() == (1, 9)
     assert tracker.accept(10)
+    assert tracker.gaps == 0
+
+
+def test_seq_tracker_raises_if_a_fresh_session_of_its_epoch_reuses_a_received_seq():
+    """An epoch never reuses a seq: following it back to next_seq 2 after seq 3 would
+    deliver batches 2 and 3 a second time. The tracker is left as it was."""
+    tracker = SeqTracker()
+    tracker.opened(epoch=1, next_seq=1, resumed=False)
+    assert all(tracker.accept(s) for s in (1, 2, 3))
+    with pytest.raises(ProtocolError, match="afresh at next_seq 2, but seq 3 of it was received"):
+        tracker.opened(epoch=1, next_seq=2, resumed=False)
+    assert tracker.resume_point() == (1, 3)
+    assert not tracker.accept(3)
+    tracker.opened(epoch=1, next_seq=4, resumed=False)  # the next seq: nothing reused
+    assert tracker.accept(4)
     assert tracker.gaps == 0
 
 

@@ -55,6 +55,11 @@ def opened(epoch: int = 1, next_seq: int = 1, resumed: bool = False) -> pb.Colle
     )
 
 
+def resumed_after(seq: int, epoch: int = 1) -> pb.CollectResponse:
+    """The actor's reply to an ``open`` resuming its session after batch ``seq``."""
+    return opened(epoch, next_seq=seq + 1, resumed=True)
+
+
 def batch(seq: int, epoch: int = 1) -> pb.CollectResponse:
     packet = encode_packet(TensorDict({"observation": torch.zeros(2, 3, 4)}, batch_size=[2, 3]))
     info = pb.BatchInfo(
@@ -272,7 +277,7 @@ def test_link_stops_when_another_learner_takes_the_session_over() -> None:
 
 
 def test_link_retries_after_the_backoff_when_the_actor_ends_the_session() -> None:
-    r = rig(FakeChannel([[opened(), batch(1), end("ERROR", "env pool broke")], [opened()]]))
+    r = rig(FakeChannel([[opened(), batch(1), end("ERROR", "env pool broke")], [resumed_after(1)]]))
 
     async def scenario() -> None:
         r.link.start(SETTINGS)
@@ -292,7 +297,7 @@ def test_link_retries_after_the_backoff_when_the_actor_ends_the_session() -> Non
 def test_link_backoff_grows_over_failed_attempts_and_restarts_after_a_batch() -> None:
     unreachable = ActorUnavailableError(f"{ADDRESS}: connection refused")
     channel = FakeChannel(
-        [[opened(), batch(1), ActorUnavailableError("stream broke")], [opened()]],
+        [[opened(), batch(1), ActorUnavailableError("stream broke")], [resumed_after(1)]],
         [unreachable, unreachable, unreachable, described()],
     )
     r = rig(channel)
@@ -473,7 +478,11 @@ def test_link_a_reconnection_asks_only_for_the_random_frames_left() -> None:
     """``init_random_frames`` count this collector's frames: a session replacing a broken one
     asks for what is left, not for the whole count again (the actor counts per session)."""
     random_settings = dataclasses.replace(SETTINGS, init_random_frames=12)
-    r = rig(FakeChannel([[opened(), batch(1), ActorUnavailableError("stream broke")], [opened()]]))
+    r = rig(
+        FakeChannel(
+            [[opened(), batch(1), ActorUnavailableError("stream broke")], [resumed_after(1)]]
+        )
+    )
 
     async def scenario() -> None:
         r.link.start(random_settings)
