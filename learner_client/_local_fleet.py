@@ -92,6 +92,10 @@ def restart_seed() -> int:
     return secrets.randbits(_RESTART_SEED_BITS)
 
 
+#: The longest value of an actor's flag (a factory's kwargs as JSON): Linux takes one
+#: command-line argument of at most 128 KiB, its final NUL included (MAX_ARG_STRLEN).
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+
 #: The policy of each kind of actor when none is given.
 _DEFAULT_POLICY = {"env": "mlp", "torchrl": "random", "llm": "rlfleet:tiny-qwen2"}
 
@@ -139,13 +143,40 @@ def kwargs_json(name: str, kwargs: Mapping[str, Any] | None) -> str:
     (:func:`~common.plain_config.to_plain`).
 
     Raises:
-        TypeError: ``kwargs`` is not a mapping (a list of pairs, a string).
+        TypeError: ``kwargs`` is not a mapping (a list of pairs, a string), or holds what
+            JSON does not carry as it is (:func:`~common.plain_config.to_plain`).
+        ValueError: Nested too deeply (:data:`~common.plain_config.MAX_DEPTH`).
     """
     if kwargs is None:
         return "{}"
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"{name} must be a mapping of keyword arguments, got {kwargs!r:.80}")
-    return json.dumps(to_plain(kwargs))
+    return json.dumps(to_plain(kwargs, name))
+
+
+def actor_args(flags: Mapping[str, object], *, command_line: bool = True) -> list[str]:
+    """``flags`` (each flag and its value) as an actor's arguments, ``--flag value`` pairs.
+
+    Args:
+        flags: The flags and their values.
+        command_line: Whether the arguments go on a process's command line (False: parsed
+            in the process, as RayFleet's actors of the script's callables do).
+
+    Raises:
+        ValueError: On a command line, a value longer than one argument holds
+            (:data:`MAX_ARGUMENT_BYTES`), naming it: the actor's start would fail with
+            ``Argument list too long``.
+    """
+    args = [str(part) for flag in flags.items() for part in flag]
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        size = len(value.encode())
+        if command_line and size > MAX_ARGUMENT_BYTES:
+            raise ValueError(
+                f"{flag[2:].replace('-', '_')} is {size:,} bytes on the actor's command line "
+                f"({flag}), more than the {MAX_ARGUMENT_BYTES:,} one argument holds: give the "
+                "factory a path to a file of the large data (arrays, tables) instead"
+            )
+    return args
 
 
 def task_flags(task: str, task_kwargs: Mapping[str, Any] | None) -> dict[str, str]:
@@ -277,7 +308,7 @@ class LocalFleet:
         else:
             flags |= _env_flags(env, env_kwargs, env_factory)
         flags["--kind"] = kind
-        self._common_args = [str(part) for flag in flags.items() for part in flag]
+        self._common_args = actor_args(flags)
         self._extra_args = list(extra_args)
         self._actors: dict[int, _Actor] = {}
         self._state = "new"

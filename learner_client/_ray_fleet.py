@@ -52,6 +52,7 @@ from learner_client._local_fleet import (
     _inherited_token,
     _tail,
     _worker_ids,
+    actor_args,
     fleet_seed,
     kwargs_json,
     ready_port,
@@ -451,7 +452,7 @@ class RayFleet:
         else:
             flags |= _env_flags(env, env_kwargs, env_factory, callables=bool(self._env_fns))
         flags["--kind"] = kind
-        self._common_args = [str(part) for flag in flags.items() for part in flag]
+        self._common_args = actor_args(flags, command_line=self._env_fns is None)
         self._extra_args = list(extra_args)
         self._handles: dict[int, Any] = {}
         self._leased = False  # holds one of this process's leases on Ray (_RayLease)

@@ -168,6 +168,25 @@ def test_local_fleet_raises_if_an_argument_is_invalid(name, kwargs):
         LocalFleet(**kwargs)
 
 
+def test_local_fleet_raises_if_kwargs_outgrow_a_command_line_argument():
+    # Linux takes 128 KiB per argument: the actors' start would fail with E2BIG.
+    with pytest.raises(
+        ValueError,
+        match=r"env_kwargs is 200,013 bytes on the actor.s command line .* a path to a file",
+    ):
+        LocalFleet(1, env_kwargs={"stats": "x" * 200_000})
+    with pytest.raises(ValueError, match="policy_kwargs"):
+        LocalFleet(1, policy_kwargs={"table": list(range(40_000))})
+    LocalFleet(1, env_kwargs={"stats": "x" * 100_000})  # within it
+
+
+def test_local_fleet_raises_if_kwargs_hold_what_json_does_not_carry():
+    with pytest.raises(TypeError, match=re.escape("env_kwargs['path'] is a PosixPath")):
+        LocalFleet(1, env_kwargs={"path": pathlib.Path("/data")})
+    with pytest.raises(TypeError, match=re.escape("policy_kwargs['sizes'] has the key 0")):
+        LocalFleet(1, policy_kwargs={"sizes": {0: 64}})  # it would arrive as {"0": 64}
+
+
 def test_local_fleet_takes_the_numbers_a_config_gives():
     fleet = LocalFleet(1, start_timeout=np.float32(30), grace_period=np.int64(2))
     assert (fleet.start_timeout, fleet.grace_period) == (30.0, 2.0)

@@ -92,6 +92,14 @@ def test_ray_fleet_arguments_that_cannot_place_the_actors_are_refused_without_ra
         RayFleet(**arguments)
 
 
+def test_ray_fleet_refuses_kwargs_its_actors_command_line_cannot_hold() -> None:
+    big = {"stats": "x" * 200_000}  # over Linux's 128 KiB per argument
+    with pytest.raises(ValueError, match=r"env_kwargs is 200,013 bytes on the actor.s command"):
+        RayFleet(1, env_kwargs=big)
+    # Actors of the script's callables parse their flags in the Ray actor: no command line.
+    RayFleet(1, create_env_fn=_env_fn, env_kwargs=big)
+
+
 def test_ray_fleet_defaults_each_actor_to_one_cpu_and_the_kinds_policy() -> None:
     fleet = RayFleet(2)
     assert fleet.remote_configs == [{"num_cpus": 1}, {"num_cpus": 1}]

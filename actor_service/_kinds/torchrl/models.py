@@ -62,11 +62,20 @@ class TDModel:
 
 
 def check_td_factory(spec: ModelSpec) -> None:
-    """Refuse a model spec a TorchRL-env actor cannot build (``mlp`` reads gymnasium spaces)."""
+    """Refuse a model spec a TorchRL-env actor cannot build (``mlp`` reads gymnasium spaces).
+
+    ``random`` with keyword arguments too: they were meant for a factory not named.
+    """
     if spec.factory == "mlp":
         raise ValueError(
             f"model {spec.model_id!r}: the built-in 'mlp' reads gymnasium spaces; a TorchRL-env "
             "actor takes 'random' or 'package.module:function' (called with (env, **kwargs))"
+        )
+    if spec.factory == "random" and spec.kwargs:
+        raise ValueError(
+            f"model {spec.model_id!r}: the 'random' policy takes no arguments, got "
+            f"{sorted(spec.kwargs)}: name the factory they are for, 'package.module:function' "
+            "(--policy; LocalFleet's policy=)"
         )
 
 

@@ -52,6 +52,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
         (["--env-factory", "rlfleet_test_torchrl:not_an_env"], "not a torchrl.envs.EnvBase"),
         (["--policy", "rlfleet_test_torchrl:raising_policy"], "no policy today"),
         (["--policy", "mlp"], "gymnasium spaces"),
+        (["--policy-kwargs", '{"cfg": {"lr": 1}}'], "'random' policy takes no arguments"),
         (["--env-factory", "no_such_module_x:make"], "no_such_module_x"),
         (["--device", "meta"], "the meta device holds no data"),
         (
@@ -66,6 +67,7 @@ def test_cli_env_backend_torchrl_is_the_torchrl_kind_in_process() -> None:
         "not-an-env",
         "policy-raises",
         "mlp",
+        "random-with-kwargs",
         "no-module",
         "meta-device",
         "heterogeneous",

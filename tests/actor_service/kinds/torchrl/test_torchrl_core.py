@@ -341,6 +341,11 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         ({"models": (ModelSpec(factory="rlfleet_test_torchrl:raising_policy"),)}, "no policy"),
         ({"models": (ModelSpec(factory="rlfleet_test_torchrl:wrong_key_policy"),)}, "probe"),
         ({"models": (ModelSpec(factory="mlp"),)}, "gymnasium spaces"),
+        # Kwargs meant for a factory left unnamed: the actor acted at random, ignoring them.
+        (
+            {"models": (ModelSpec(factory="random", kwargs={"cfg": {"lr": 1}}),)},
+            r"the 'random' policy takes no arguments, got \['cfg'\]",
+        ),
         ({"num_envs": 3, "env_factory": "rlfleet_test_torchrl:batched_cartpole"}, "batch size"),
         (
             {
@@ -375,6 +380,7 @@ def test_torchrl_core_random_default_policy_acts_from_the_action_spec() -> None:
         "policy-raises",
         "policy-fails-probe",
         "mlp",
+        "random-with-kwargs",
         "batched",
         "uint16-observation",
         "heterogeneous",
