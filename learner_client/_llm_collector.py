@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDictBase
 
@@ -30,14 +30,47 @@ from learner_client._given_fleet import ActorFleet
 from learner_client._ledger import check_count
 from learner_client._restore import check_state
 from learner_client._settings import positive_int, shutdown_limit
+from learner_client._torchrl_compat import NOT_OFFERED, refuse_attribute
 from learner_client._waits import interrupts_held
 
-__all__ = ["GrpcLLMCollector"]
+__all__ = ["LLM_NOT_OFFERED", "GrpcLLMCollector"]
 
 _LAYOUTS = ("torchrl", "padded")
 _OVERFLOW = ("block", "drop_oldest")
 _PUT_POLL_S = 0.05  # how soon a put waiting for room sees the collector shut down
 _TOKENS = "_response_tokens"  # a batch's response lengths, from its layout to its count
+
+_MODEL = (
+    "the model lives in the LLM actors (--policy): build the same one in the learner with "
+    "common.llm.build_policy(spec, **kwargs) and push it with update_policy_weights_(model)"
+)
+_STATES = (
+    "the tasks and models run in the LLM actors: stats(workers='per_worker') and state_dict() "
+    "read their counters and states"
+)
+_WHOLE = "yield_completed_trajectories=True yields whole dialogs, dialog_turns_per_batch turns"
+
+#: TorchRL's ``LLMCollector`` and ``RayLLMCollector`` names ``GrpcLLMCollector`` does not
+#: offer, and why: the env collectors' (:data:`NOT_OFFERED`), where the LLM actors' reason
+#: differs, and the LLM collectors' own.
+LLM_NOT_OFFERED: dict[str, str] = {
+    **NOT_OFFERED,
+    "get_model": _MODEL,
+    "local_policy": _MODEL,
+    "get_policy_model": _MODEL,
+    "getattr_policy": _MODEL,
+    "getattr_env": "the chat tasks are the LLM actors' envs (--task, LocalFleet(task=...)): "
+    "each batch carries what they gave",
+    "map_fn": _STATES,
+    "cascade_execute": _STATES,
+    "get_distant_attr": _STATES,
+    "set_weight_updater": NOT_OFFERED["init_updater"],  # pushes, as every updater's call
+    "as_remote": "the collector runs in the learner's process and the LLM actors in their "
+    "own (LocalFleet, rlfleet-actor --kind llm, Kubernetes): no Ray actor is needed",
+    "trajs_per_batch": _WHOLE,
+    "trajs_per_write": _WHOLE,
+    "traj_format": _WHOLE,
+}
 
 
 class _Shaper:
@@ -455,13 +488,18 @@ class GrpcLLMCollector:
             **kwargs,
         )
         self._inner._placement.layout = self._shaper.lay_out
-        self.dialog_turns_per_batch = dialog_turns_per_batch
-        self.total_dialog_turns = self._inner.total_frames  # inf when endless, as in TorchRL
         self.yield_completed_trajectories, self.yield_only_last_steps = completed, last
         self.flatten_data, self.reset_at_each_iter = flatten, reset_at_each_iter
         self.replay_buffer = replay_buffer
         self.queue = queue
         self._connected = True  # the inner collector reached every actor
+        self._began = False  # the actors were asked for turns (see ``started``)
+
+    if not TYPE_CHECKING:  # else mypy would take any name read on a collector as valid
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for names not found: a TorchRL name not offered says why."""
+            refuse_attribute(self, name, LLM_NOT_OFFERED)
 
     # ------------------------------------------------------------ iteration
 
@@ -489,7 +527,8 @@ class GrpcLLMCollector:
 
     def __iter__(self) -> Iterator[TensorDictBase | None]:
         """Yield batches (None per batch stored in the buffer or queue) until the budget."""
-        return iter(self._inner)
+        self._began = True  # on the first next() of the iterator: the actors are asked
+        yield from self._inner
 
     def __len__(self) -> int:
         """``ceil(total_dialog_turns / dialog_turns_per_batch)``; TypeError when endless."""
@@ -497,7 +536,35 @@ class GrpcLLMCollector:
 
     def next(self) -> TensorDictBase | None:
         """The next batch, or None at the end."""
+        self._began = True
         return self._inner.next()
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """TorchRL's name for iterating the collector."""
+        return iter(self)
+
+    @property
+    def dialog_turns_per_batch(self) -> int:
+        """Turns per batch, as resolved (1 by default with whole dialogs), as TorchRL's."""
+        return self._inner.frames_per_batch
+
+    @property
+    def total_dialog_turns(self) -> int | float:
+        """Turns after which iteration stops (``inf``: endless, -1 given), as TorchRL's."""
+        return self._inner.total_frames
+
+    @property
+    def init_random_frames(self) -> int:
+        """0: an LLM collector takes no random turns (``RayLLMCollector``'s, Trainer reads it)."""
+        return 0
+
+    @property
+    def started(self) -> bool:
+        """Whether collection began, and stays so (TorchRL's flag, set as its first step is sent).
+
+        True once the actors were asked for turns: a first ``next()``, iteration or ``start()``.
+        """
+        return self._began
 
     @property
     def frames_per_batch(self) -> int:
@@ -570,6 +637,15 @@ class GrpcLLMCollector:
             self._inner.load_state_dict(state_dict)
             self._shaper.restore(turns, tokens)
 
+    def getattr_rb(self, attr: str) -> Any:
+        """``attr`` of the replay buffer given (``write_count``, say), as TorchRL's."""
+        if self.replay_buffer is None:
+            given = "its batches go to the queue given" if self.queue is not None else "none given"
+            raise AttributeError(
+                f"getattr_rb({attr!r}): the collector has no replay_buffer ({given})"
+            )
+        return getattr(self.replay_buffer, attr)
+
     @property
     def remote_collectors(self) -> list[RemoteActor]:
         """The actors, as ``(address, worker_id)`` records."""
@@ -608,6 +684,7 @@ class GrpcLLMCollector:
 
     def start(self) -> None:
         """Collect in a background thread into the replay buffer or queue."""
+        self._began = True
         self._inner.start()
 
     def pause(self, timeout: float | None = 30.0, *, resume: bool = True) -> Any:

@@ -22,7 +22,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeVar, cast
 
 import torch
 
@@ -43,6 +43,7 @@ __all__ = [
     "check_torchrl_only",
     "check_unsupported",
     "one_device",
+    "refuse_attribute",
     "update_flag",
 ]
 
@@ -427,6 +428,19 @@ NOT_OFFERED: dict[str, str] = {
 }
 
 
+def refuse_attribute(obj: object, name: str, not_offered: Mapping[str, str]) -> NoReturn:
+    """Raise the ``AttributeError`` of ``name``, not found on ``obj`` (a ``__getattr__``'s).
+
+    A TorchRL name in ``not_offered`` says so and how a fleet does it; another gets
+    Python's own message.
+    """
+    kind = type(obj).__name__
+    if name in not_offered:
+        message = f"{kind} has no {name!r}, TorchRL's: {not_offered[name]}"
+        raise AttributeError(message, name=name, obj=obj)
+    raise AttributeError(f"{kind!r} object has no attribute {name!r}", name=name, obj=obj)
+
+
 class TorchRLAccessors:
     """TorchRL's accessors and version calls, for what a fleet's collector holds in the learner.
 
@@ -442,13 +456,7 @@ class TorchRLAccessors:
 
         def __getattr__(self, name: str) -> Any:
             """Only for names not found: a TorchRL name not offered says why."""
-            if name in NOT_OFFERED:
-                raise AttributeError(
-                    f"{type(self).__name__} has no {name!r}, TorchRL's: {NOT_OFFERED[name]}",
-                    name=name,
-                    obj=self,
-                )
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            refuse_attribute(self, name, NOT_OFFERED)
 
     def get_policy_version(self: _Holds) -> int:
         """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""

@@ -1,0 +1,117 @@
+"""GrpcLLMCollector against TorchRL's LLMCollector by name: every public name of TorchRL's LLM
+collectors is offered, reading as TorchRL's for the same arguments, or refused saying why."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+import torch
+
+from learner_client import GrpcLLMCollector, LocalFleet
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def llm_fleet():
+    with LocalFleet(
+        1,
+        kind="llm",
+        task="arith",
+        policy="rlfleet:tiny-qwen2",
+        policy_kwargs={"hidden": 32, "layers": 1, "seed": 0},
+        num_envs=SLOTS,
+        seed=0,
+        grace_period=1.0,
+    ) as fleet:
+        yield fleet
+
+
+def _collector(fleet, **kw):
+    return GrpcLLMCollector(
+        fleet.addresses, generation={"max_new_tokens": 3}, batch_timeout=60.0, **kw
+    )
+
+
+def test_every_public_name_of_torchrls_llm_collectors_is_offered_or_refused_saying_why(
+    llm_fleet,
+) -> None:
+    """Each public name of TorchRL's LLMCollector and RayLLMCollector (read from the installed
+    torchrl) is on a GrpcLLMCollector, or reading it raises ``AttributeError`` naming TorchRL
+    and the way a fleet does it; another name still gets Python's."""
+    from torchrl.collectors.llm import LLMCollector, RayLLMCollector
+
+    with _collector(llm_fleet, dialog_turns_per_batch=SLOTS, queue=queue.Queue()) as collector:
+        for cls in (LLMCollector, RayLLMCollector):
+            for name in (n for n in dir(cls) if not n.startswith("_")):
+                if name in dir(collector):
+                    continue
+                with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
+                    getattr(collector, name)
+                assert info.value.name == name
+        with pytest.raises(AttributeError, match="build_policy"):
+            collector.get_policy_model()  # type: ignore[attr-defined]
+        with pytest.raises(AttributeError, match="stats"):
+            collector.map_fn  # type: ignore[attr-defined]  # noqa: B018
+        with pytest.raises(AttributeError, match="yield_completed_trajectories=True"):
+            collector.trajs_per_batch  # type: ignore[attr-defined]  # noqa: B018
+        with pytest.raises(AttributeError, match=r"object has no attribute 'resett'$"):
+            collector.resett  # type: ignore[attr-defined]  # noqa: B018
+        with pytest.raises(AttributeError, match="go to the queue given"):
+            collector.getattr_rb("write_count")
+
+
+def _torchrl_llm_collector(**kw):
+    """TorchRL's LLMCollector over a one-slot counting env and a constant policy (offline)."""
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.testing.mocking_classes import CountingEnv
+
+    def policy(td):
+        return td.set("action", torch.ones(*td.shape, 1, dtype=torch.int))
+
+    return LLMCollector(CountingEnv(batch_size=[1]), policy=policy, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"dialog_turns_per_batch": SLOTS, "total_dialog_turns": -1},
+        {"dialog_turns_per_batch": SLOTS, "total_dialog_turns": 3 * SLOTS},
+        {"yield_completed_trajectories": True, "total_dialog_turns": 8},
+    ],
+)
+def test_the_offered_torchrl_names_read_as_torchrls_llm_collector_for_the_same_arguments(
+    llm_fleet, kw
+) -> None:
+    """``dialog_turns_per_batch``, ``total_dialog_turns`` (read-only), ``started``,
+    ``getattr_rb`` and ``iterator()`` give what TorchRL's LLMCollector gives for the same
+    arguments; ``started`` turns True with the first batch asked for and stays so."""
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+
+    names = ("dialog_turns_per_batch", "total_dialog_turns", "started")
+    theirs = _torchrl_llm_collector(replay_buffer=ReplayBuffer(storage=LazyStackStorage(64)), **kw)
+    try:
+        expected = [getattr(theirs, name) for name in names] + [theirs.getattr_rb("write_count")]
+        with pytest.raises(AttributeError):
+            theirs.total_dialog_turns = 1
+    finally:
+        theirs.shutdown()
+    rb = ReplayBuffer(storage=LazyStackStorage(1_000))
+    with _collector(llm_fleet, replay_buffer=rb, **kw) as collector:
+        got = [getattr(collector, name) for name in names] + [collector.getattr_rb("write_count")]
+        assert got == expected
+        for name in names:
+            with pytest.raises(AttributeError):
+                setattr(collector, name, 1)
+        assert next(collector.iterator()) is None  # stored in the buffer, as TorchRL's
+        assert collector.started
+        assert collector.getattr_rb("write_count") == len(rb) > 0
+        assert collector.init_random_frames == 0  # RayLLMCollector's, read by TorchRL's Trainer
+    assert collector.started
+    never = _collector(llm_fleet, dialog_turns_per_batch=SLOTS)
+    never.shutdown()
+    assert not never.started
