@@ -499,7 +499,7 @@ class GrpcLLMCollector:
 
         def __getattr__(self, name: str) -> Any:
             """Only for names not found: a TorchRL name not offered says why."""
-            refuse_attribute(self, name, LLM_NOT_OFFERED)
+            return refuse_attribute(self, name, LLM_NOT_OFFERED)
 
     # ------------------------------------------------------------ iteration
 

@@ -22,7 +22,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 import torch
 
@@ -428,12 +428,16 @@ NOT_OFFERED: dict[str, str] = {
 }
 
 
-def refuse_attribute(obj: object, name: str, not_offered: Mapping[str, str]) -> NoReturn:
+def refuse_attribute(obj: object, name: str, not_offered: Mapping[str, str]) -> Any:
     """Raise the ``AttributeError`` of ``name``, not found on ``obj`` (a ``__getattr__``'s).
 
-    A TorchRL name in ``not_offered`` says so and how a fleet does it; another gets
-    Python's own message.
+    A property that raised ``AttributeError`` (``env`` without an env object given) raises
+    its own again: Python calls ``__getattr__`` after it, which must not hide its message. A
+    TorchRL name in ``not_offered`` says so and how a fleet does it; another gets Python's
+    own message.
     """
+    if isinstance(getattr(type(obj), name, None), property):
+        return object.__getattribute__(obj, name)  # the property's own error (or value)
     kind = type(obj).__name__
     if name in not_offered:
         message = f"{kind} has no {name!r}, TorchRL's: {not_offered[name]}"
@@ -456,7 +460,7 @@ class TorchRLAccessors:
 
         def __getattr__(self, name: str) -> Any:
             """Only for names not found: a TorchRL name not offered says why."""
-            refuse_attribute(self, name, NOT_OFFERED)
+            return refuse_attribute(self, name, NOT_OFFERED)
 
     def get_policy_version(self: _Holds) -> int:
         """:attr:`policy_version`, as a method (TorchRL's remote-call form)."""

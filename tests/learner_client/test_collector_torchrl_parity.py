@@ -642,6 +642,8 @@ def test_every_public_name_of_torchrls_collectors_is_offered_or_refused_saying_w
         with pytest.raises(AttributeError, match=r"object has no attribute 'resett'$"):
             collector.resett  # type: ignore[attr-defined]  # noqa: B018
         assert not hasattr(collector, "map_fn")
+        with pytest.raises(AttributeError, match="create_env_fn="):
+            collector.env  # noqa: B018  # a property's own message, not the fallback's
         devices = collector.device, collector.storing_device, collector.policy_device
         assert (*devices, collector.env_device) == (None, None, None, None)
     cpu = torch.device("cpu")
