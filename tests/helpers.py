@@ -37,8 +37,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
+import pytest
+
 __all__ = [
     "ActorProcess",
+    "assert_torchrl_names_offered_or_refused",
     "free_port",
     "grpcurl_path",
     "interrupt_in_condition_wait",
@@ -410,3 +413,15 @@ def _ray_log_tails(temp_dir: str, max_bytes: int = 2000) -> str:
             tail = path.read_bytes()[-max_bytes:].decode(errors="replace")
             tails.append(f"--- {path.name}\n{tail}")
     return "\n".join(tails) or f"(no logs under {logs})"
+
+
+def assert_torchrl_names_offered_or_refused(collector: object, classes: Sequence[type]) -> None:
+    """Each public name of ``classes`` (TorchRL's collectors) is on ``collector``, or reading
+    it raises ``AttributeError`` naming TorchRL's and the attribute, not Python's bare one."""
+    for cls in classes:
+        for name in (n for n in dir(cls) if not n.startswith("_")):
+            if name in dir(collector):
+                continue
+            with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
+                getattr(collector, name)
+            assert info.value.name == name

@@ -167,3 +167,15 @@ def any_done(batches: list[TensorDict]) -> bool:
         for key, value in batch["next"].items(True, True)
         if (key if isinstance(key, str) else key[-1]) == "done"
     )
+
+
+def assert_strings_follow_steps(nt: list[str], next_nt: list[str]) -> None:
+    """``TestCollectorsNonTensor``'s check: each string follows the step it names."""
+    for i, value in enumerate(nt[1:]):
+        if value == "a string! - 1":
+            assert nt[i] == "reset!"
+        elif value.startswith("a string!"):
+            assert next_nt[i] == value
+            assert int(nt[i].split(" - ")[-1]) + 1 == int(value.split(" - ")[-1])
+        elif value == "reset!":
+            assert next_nt[i + 1] == "a string! - 1", i

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 import pytest
 import torch
-from helpers import poll_until
+from helpers import assert_torchrl_names_offered_or_refused, poll_until
 from learner_fleet import ACTOR_ENV, cartpole_policy, start_actors
 from tensordict import TensorDict
 from tensordict.nn import InteractionType, TensorDictModule
@@ -630,13 +630,8 @@ def test_every_public_name_of_torchrls_collectors_is_offered_or_refused_saying_w
     raises ``AttributeError`` naming TorchRL and the way a fleet does it, not Python's bare
     "no attribute"; another name still gets Python's."""
     with GrpcCollector(cartpole, frames_per_batch=16) as collector:
-        for cls in (Collector, MultiSyncCollector, MultiAsyncCollector, RayCollector):
-            for name in (n for n in dir(cls) if not n.startswith("_")):
-                if name in dir(collector):
-                    continue
-                with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
-                    getattr(collector, name)
-                assert info.value.name == name
+        classes = (Collector, MultiSyncCollector, MultiAsyncCollector, RayCollector)
+        assert_torchrl_names_offered_or_refused(collector, classes)
         with pytest.raises(AttributeError, match="reset_at_each_iter=True"):
             collector.reset()  # type: ignore[attr-defined]
         with pytest.raises(AttributeError, match=r"object has no attribute 'resett'$"):

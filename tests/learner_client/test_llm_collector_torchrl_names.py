@@ -7,6 +7,7 @@ import queue
 
 import pytest
 import torch
+from helpers import assert_torchrl_names_offered_or_refused
 
 from learner_client import GrpcLLMCollector, LocalFleet
 
@@ -46,13 +47,7 @@ def test_every_public_name_of_torchrls_llm_collectors_is_offered_or_refused_sayi
     from torchrl.collectors.llm import LLMCollector, RayLLMCollector
 
     with _collector(llm_fleet, dialog_turns_per_batch=SLOTS, queue=queue.Queue()) as collector:
-        for cls in (LLMCollector, RayLLMCollector):
-            for name in (n for n in dir(cls) if not n.startswith("_")):
-                if name in dir(collector):
-                    continue
-                with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
-                    getattr(collector, name)
-                assert info.value.name == name
+        assert_torchrl_names_offered_or_refused(collector, (LLMCollector, RayLLMCollector))
         with pytest.raises(AttributeError, match="build_policy"):
             collector.get_policy_model()  # type: ignore[attr-defined]
         with pytest.raises(AttributeError, match="stats"):

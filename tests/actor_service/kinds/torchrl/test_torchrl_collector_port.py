@@ -42,6 +42,7 @@ from torchrl.testing.mocking_classes import (
 from torchrl_harness import (
     any_done,
     assert_equal_batches,
+    assert_strings_follow_steps,
     fleet_batches,
     torchrl_batches,
     torchrl_config,
@@ -364,18 +365,6 @@ def test_port_collector_without_traj_ids() -> None:
     assert ("collector", "traj_ids") in data.keys(True)
 
 
-def _assert_strings_follow_steps(nt: list[str], next_nt: list[str]) -> None:
-    """``TestCollectorsNonTensor``'s check: each string follows the step it names."""
-    for i, value in enumerate(nt[1:]):
-        if value == "a string! - 1":
-            assert nt[i] == "reset!"
-        elif value.startswith("a string!"):
-            assert next_nt[i] == value
-            assert int(nt[i].split(" - ")[-1]) + 1 == int(value.split(" - ")[-1])
-        elif value == "reset!":
-            assert next_nt[i + 1] == "a string! - 1", i
-
-
 @pytest.mark.parametrize("sync", [True, False], ids=["test_sync", "test_async"])
 def test_port_nontensor_two_workers(sync: bool) -> None:
     """TorchRL's ``TestCollectorsNonTensor.test_sync``/``test_async``: two workers' strings."""
@@ -390,7 +379,7 @@ def test_port_nontensor_two_workers(sync: bool) -> None:
     rows = torch.cat(batches, -1)[:, 0].unbind(0) if sync else [b[0] for b in batches]
     assert sum(row.numel() for row in rows) == 200
     for row in rows:
-        _assert_strings_follow_steps(list(row["nt"]), list(row["next", "nt"]))
+        assert_strings_follow_steps(list(row["nt"]), list(row["next", "nt"]))
     assert any("reset!" in list(row["nt"][1:]) for row in rows)
 
 

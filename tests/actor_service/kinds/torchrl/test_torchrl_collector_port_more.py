@@ -28,6 +28,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.envs import ExplorationType
 from torchrl_harness import (
     assert_equal_batches,
+    assert_strings_follow_steps,
     fleet_batches,
     torchrl_batches,
     torchrl_config,
@@ -273,14 +274,7 @@ def test_port_nontensor_simple() -> None:
     nt, next_nt = result["nt"], result["next", "nt"]
     assert len(nt) == 200
     assert "reset!" in nt  # episodes ended inside the 200 steps
-    for i, value in enumerate(nt[1:]):
-        if value == "a string! - 1":
-            assert nt[i] == "reset!"
-        elif value.startswith("a string!"):
-            assert next_nt[i] == value
-            assert int(nt[i].split(" - ")[-1]) + 1 == int(value.split(" - ")[-1])
-        elif value == "reset!":
-            assert next_nt[i + 1] == "a string! - 1", i
+    assert_strings_follow_steps(list(nt), list(next_nt))
 
 
 def test_port_unbatched_env_traj_ids_shape_consistency() -> None:
