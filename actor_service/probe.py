@@ -9,7 +9,8 @@ so it stays cheap enough to run every few seconds.
 
 The port comes from ``--port``, else ``RLFLEET_HEALTH_PORT`` (the plaintext
 health port an actor serves next to a TLS main port), else ``RLFLEET_PORT``,
-else 50051; the host from ``--host``, else ``RLFLEET_HOST`` unless it is a
+else 50051 (a variable that holds no port to dial, 0 included, ends the probe with
+exit 1 naming it); the host from ``--host``, else ``RLFLEET_HOST`` unless it is a
 wildcard address, else 127.0.0.1. So inside an actor's container the probe
 needs no arguments.
 """
@@ -77,13 +78,25 @@ def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
 
 
 def _default_port(environ: Mapping[str, str]) -> int:
+    """The port of the first variable set; exit 1 naming it when no probe could dial it.
+
+    Port 0 lets the actor pick a free one, which the probe cannot know: it would fail
+    every check, a container that never turns healthy with nothing said why.
+    """
     for name in ("RLFLEET_HEALTH_PORT", "RLFLEET_PORT"):
         text = environ.get(name, "").strip()
         if text:
             try:
-                return int(text)
-            except ValueError:
-                raise SystemExit(f"probe: {name} must be a port number, got {text!r}") from None
+                return _port(text)
+            except argparse.ArgumentTypeError as exc:
+                free = text.isdigit() and int(text) == 0
+                hint = (
+                    " (0 lets the actor pick a free port, which the probe cannot know:"
+                    " set a fixed one, or pass --port)"
+                    if free
+                    else ""
+                )
+                raise SystemExit(f"probe: {name}: {exc}{hint}") from None
     return DEFAULT_PORT
 
 

@@ -13,12 +13,17 @@
 set -eu
 
 if [ "${RLFLEET_WORKER_ID:-}" = "from-ip" ]; then
-    # The container's own address, as `hostname -i` would print it (from /etc/hosts).
-    ip="$(python -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')"
+    # The container's own address, as `hostname -i` would print it (from /etc/hosts); empty
+    # when the host name has no IPv4 address (no network, an IPv6-only one).
+    ip="$(python -c 'import socket
+try:
+    print(socket.gethostbyname(socket.gethostname()))
+except OSError:
+    pass')"
     case "$ip" in
         *[!0-9.]* | "" | 127.*)
-            echo "rlfleet-entrypoint: RLFLEET_WORKER_ID=from-ip but the hostname resolves to" \
-                 "'$ip', not a network IPv4 address; set RLFLEET_WORKER_ID to a number" >&2
+            echo "rlfleet-entrypoint: RLFLEET_WORKER_ID=from-ip but the hostname has no network" \
+                 "IPv4 address (it resolves to '${ip:-none}'); set RLFLEET_WORKER_ID to a number" >&2
             exit 64
             ;;
     esac

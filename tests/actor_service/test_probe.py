@@ -144,6 +144,27 @@ def test_probe_raises_if_the_port_variable_is_not_a_number() -> None:
         probe.main([], environ={"RLFLEET_PORT": "http"})
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("RLFLEET_PORT", "0", "0 lets the actor pick a free port"),
+        ("RLFLEET_HEALTH_PORT", "0", "0 lets the actor pick a free port"),
+        ("RLFLEET_PORT", "70000", "port must be in 1..65535, got 70000"),
+        ("RLFLEET_PORT", "-1", "port must be in 1..65535, got -1"),
+    ],
+)
+def test_probe_raises_if_the_port_variable_names_no_port_to_dial(
+    name: str, value: str, says: str
+) -> None:
+    # An actor given RLFLEET_PORT=0 binds a free port no probe knows: its container would
+    # never turn healthy, with only "UNREACHABLE 127.0.0.1:0" to say why.
+    with pytest.raises(SystemExit) as excinfo:
+        probe.main([], environ={name: value})
+    message = str(excinfo.value.code)  # SystemExit(message): exit 1, Docker's "unhealthy"
+    assert message.startswith(f"probe: {name}: ")
+    assert says in message
+
+
 def test_probe_runs_as_a_module_without_importing_torch(server: HealthServer) -> None:
     server.set(SERVING)
     code = (

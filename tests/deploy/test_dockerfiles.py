@@ -213,3 +213,16 @@ def test_entrypoint_raises_if_the_address_is_loopback(tmp_path) -> None:
     done = _entrypoint(["true"], {"RLFLEET_WORKER_ID": "from-ip"}, namespace)
     assert done.returncode == 64
     assert "set RLFLEET_WORKER_ID to a number" in done.stderr
+
+
+@pytest.mark.parametrize("addresses", [[], ["fd00::5"]], ids=["unresolved", "ipv6-only"])
+def test_entrypoint_raises_if_the_hostname_has_no_ipv4_address(
+    tmp_path, addresses: list[str]
+) -> None:
+    # No network (--network none) or an IPv6-only one: the same clear refusal, no traceback.
+    namespace = HostsNamespace(tmp_path, {"actor-host": addresses}, hostname="actor-host")
+    done = _entrypoint(["true"], {"RLFLEET_WORKER_ID": "from-ip"}, namespace)
+    assert done.returncode == 64, done.stderr
+    assert "has no network IPv4 address" in done.stderr
+    assert "set RLFLEET_WORKER_ID to a number" in done.stderr
+    assert "Traceback" not in done.stderr
