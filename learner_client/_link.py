@@ -56,9 +56,9 @@ from learner_client._mailbox import Delivery, Mailbox
 from learner_client._rounds import name_time_dim, tag_worker
 from learner_client._settings import ConnectionSettings
 from learner_client._shm import ShmRoute
-from learner_client._transport import MAX_RECONNECT_BACKOFF_S, Channel
+from learner_client._transport import MAX_RECONNECT_BACKOFF_S, ActorChannel, Channel
 
-__all__ = ["ENV_FAILURE_ATTEMPTS", "ActorLink", "AfterSession", "Backoff", "LinkState"]
+__all__ = ["ENV_FAILURE_ATTEMPTS", "ActorLink", "AfterSession", "Backoff", "Link", "LinkState"]
 
 log = logging.getLogger("learner_client")
 
@@ -621,3 +621,7 @@ class ActorLink(Generic[C]):
             self._mailbox.set_alive(self.worker_id, False)
         elif state is LinkState.STREAMING:
             self._mailbox.set_alive(self.worker_id, True)
+
+
+#: A fleet's links, over real gRPC channels.
+Link = ActorLink[ActorChannel]

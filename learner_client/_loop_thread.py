@@ -14,16 +14,19 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from common.errors import ClosedError, DeadlineError, RlfleetError, SessionStateError
 from learner_client._waits import done_within
 
-__all__ = ["LoopThread"]
+__all__ = ["WAIT_MARGIN_S", "LoopThread", "settle"]
 
 T = TypeVar("T")
 log = logging.getLogger("learner_client")
+
+#: Extra seconds a blocking wait allows beyond the per-call deadline it wraps.
+WAIT_MARGIN_S = 5.0
 
 
 def _drop_completions_of_closed_loops(
@@ -126,3 +129,8 @@ class LoopThread:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._loop.shutdown_asyncgens()
         await self._loop.shutdown_default_executor()
+
+
+async def settle(calls: Iterable[Awaitable[T]]) -> list[T | BaseException]:
+    """Await every call concurrently (on the loop); failures are returned, not raised."""
+    return await asyncio.gather(*calls, return_exceptions=True)

@@ -72,8 +72,9 @@ from learner_client._agreement import VersionAgreement
 from learner_client._deltas import DeltaTracker
 from learner_client._description import ActorDescription
 from learner_client._errors import WeightPushError
-from learner_client._fleet import Fleet, Link
+from learner_client._fleet import Fleet
 from learner_client._ledger import Ledger
+from learner_client._link import Link
 from learner_client._metrics import LearnerMetrics
 from learner_client._shared_policy import SharedPolicy, WeightsMark
 from learner_client._transport import PushReply
