@@ -30,7 +30,7 @@ from learner_client._given_fleet import ActorFleet
 from learner_client._ledger import check_count
 from learner_client._restore import check_state
 from learner_client._settings import positive_int, shutdown_limit
-from learner_client._torchrl_compat import NOT_OFFERED, refuse_attribute
+from learner_client._torchrl_compat import NO_EFFECT, NOT_OFFERED, refuse_attribute
 from learner_client._waits import interrupts_held
 
 __all__ = ["LLM_NOT_OFFERED", "GrpcLLMCollector"]
@@ -49,6 +49,11 @@ _STATES = (
     "read their counters and states"
 )
 _WHOLE = "yield_completed_trajectories=True yields whole dialogs, dialog_turns_per_batch turns"
+_MODEL_DEVICE = (
+    "the model runs on each LLM actor's --device; batches are delivered on storing_device"
+)
+#: TorchRL arguments kept as attributes that change nothing over gRPC: read, they say so.
+_NO_EFFECT_READ = ("interruptor", "trust_policy", "no_cuda_sync", "compact_obs")
 
 #: TorchRL's ``LLMCollector`` and ``RayLLMCollector`` names ``GrpcLLMCollector`` does not
 #: offer, and why: the env collectors' (:data:`NOT_OFFERED`), where the LLM actors' reason
@@ -70,6 +75,30 @@ LLM_NOT_OFFERED: dict[str, str] = {
     "trajs_per_batch": _WHOLE,
     "trajs_per_write": _WHOLE,
     "traj_format": _WHOLE,
+    # A built LLMCollector's instance attributes (``vars(collector)``):
+    "env": "the chat tasks are the LLM actors' envs (--task, LocalFleet(task=...))",
+    "n_env": "each LLM actor runs its own chat slots (--num-envs, LocalFleet(num_envs=...))",
+    "async_envs": "each LLM actor decodes all its chat slots in one batched loop",
+    "policy": _MODEL,
+    "policy_weights": _MODEL,
+    "get_weights_fn": NOT_OFFERED["init_updater"],
+    "policy_version_tracker": "the actors record the versions pushes set: policy_version, "
+    "get_policy_version(), and track_policy_version=True keeps them in batches",
+    "exploration_type": "the actors sample as generation= says (temperature 0 is greedy)",
+    "max_frames_per_traj": "a dialog's turn limit is max_turns= (or the task's)",
+    "set_truncated": "a dialog cut at max_turns or a full context ends truncated",
+    "split_trajs": _WHOLE,
+    **dict.fromkeys(("device", "policy_device", "env_device"), _MODEL_DEVICE),
+    **dict.fromkeys(
+        (
+            "compiled_policy",
+            "compiled_policy_kwargs",
+            "cudagraphed_policy",
+            "cudagraphed_policy_kwargs",
+        ),
+        "the actors compile their decode loop (--decode compiled)",
+    ),
+    **{name: f"{NO_EFFECT[name].reason} (no effect)" for name in _NO_EFFECT_READ},
 }
 
 
@@ -565,6 +594,41 @@ class GrpcLLMCollector:
         True once the actors were asked for turns: a first ``next()``, iteration or ``start()``.
         """
         return self._began
+
+    @property
+    def closed(self) -> bool:
+        """False until :meth:`shutdown`, then True (TorchRL's flag)."""
+        return not self._connected
+
+    @property
+    def storing_device(self) -> Any:
+        """Where batches are delivered (``storing_device``, else ``device``; None: the host)."""
+        return self._inner.storing_device
+
+    @property
+    def reset_when_done(self) -> bool:
+        """True: a finished dialog's slot starts a new one (TorchRL's flag, fixed here)."""
+        return True
+
+    @property
+    def track_traj_ids(self) -> bool:
+        """True: every turn carries its dialog's ``("collector", "traj_ids")``, as TorchRL's."""
+        return True
+
+    @property
+    def extend_buffer(self) -> bool:
+        """True: a replay buffer given takes each batch with ``extend()``, as TorchRL's."""
+        return True
+
+    @property
+    def local_init_rb(self) -> bool:
+        """True: the replay buffer given is the learner's own, filled in its process."""
+        return True
+
+    @property
+    def return_same_td(self) -> bool:
+        """False: every batch is a new TensorDict (TorchRL's default, fixed here)."""
+        return False
 
     @property
     def frames_per_batch(self) -> int:

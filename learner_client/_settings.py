@@ -449,12 +449,22 @@ def _nearest_multiples(name: str, value: int, step: int, most: int) -> str:
     return f"use {name}={' or '.join(map(str, near))} (multiples of {step} suit this fleet)"
 
 
+def _step(settings: BatchSettings, members: Sequence[FleetMember]) -> int:
+    """What frames per batch must be a multiple of (the actors' envs, times the actors if sync).
+
+    Whole LLM dialogs take any turn count per actor, so only the sync split counts for them.
+    """
+    whole = settings.llm is not None and settings.llm.trajectories
+    step = 1 if whole else math.lcm(*{m.num_envs for m in members})
+    return step * (len(members) if settings.sync else 1)
+
+
 def _split_advice(settings: BatchSettings, members: Sequence[FleetMember]) -> str:
     """What to give ``check_fleet`` when a share is not a multiple of an actor's envs."""
     count, sizes = len(members), {m.num_envs for m in members}
     if settings.sync and settings.cat_results == 0 and len(sizes) > 1:
         return "cat_results=0 also needs actors of one num_envs (the same time steps from each)"
-    step = math.lcm(*sizes) * (count if settings.sync else 1)
+    step = _step(settings, members)
     most = MAX_FRAMES_PER_BATCH * (count if settings.sync else 1)
     return _nearest_multiples(settings.count_names[0], settings.frames_per_batch, step, most)
 
@@ -482,9 +492,10 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
     fpb, count = settings.frames_per_batch, len(members)
     name = settings.count_names[0]
     if settings.sync and fpb % count:
+        most = MAX_FRAMES_PER_BATCH * count
         raise ValueError(
-            f"sync collection splits {name}={fpb} evenly over {count} actors, "
-            f"but {fpb} is not divisible by {count}"
+            f"sync collection splits {name}={fpb} evenly over {count} actors, but {fpb} is not "
+            f"divisible by {count}; {_nearest_multiples(name, fpb, _step(settings, members), most)}"
         )
     share = settings.frames_per_actor(count)
     if share > MAX_FRAMES_PER_BATCH:  # the actors refuse it: say so before any session

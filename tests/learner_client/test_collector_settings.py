@@ -285,6 +285,20 @@ def test_check_fleet_needs_alike_spaces_only_where_the_layout_concatenates():
     check_fleet(tasks, fleet("", "", kind="llm"), "policy")  # two tasks: one LLM layout
 
 
+def test_check_fleet_raises_if_sync_frames_do_not_split_naming_the_values_that_do():
+    """A batch that does not split over the actors names the nearest that split and fit each
+    actor's envs; whole LLM dialogs fit any share, so only the split counts for them."""
+    with pytest.raises(ValueError, match=r"use frames_per_batch=6 or 12 \(multiples of 6"):
+        check_fleet(batch_settings(frames_per_batch=10, sync=True), members(2, 2, 2), "policy")
+    llm = [
+        FleetMember(f"h:{i}", i, 4, kind="llm", max_new_tokens_cap=64, env="arith")
+        for i in range(2)
+    ]
+    dialogs = LLMSettings(yield_completed_trajectories=True)
+    with pytest.raises(ValueError, match=r"use dialog_turns_per_batch=2 \(multiples of 2 suit"):
+        check_fleet(batch_settings(frames_per_batch=1, sync=True, llm=dialogs), llm, "policy")
+
+
 def test_check_fleet_raises_if_an_actors_share_is_above_what_it_collects_in_a_batch():
     with pytest.raises(ValueError, match=r"each actor a share of 2305843009213693952 a batch"):
         check_fleet(

@@ -124,6 +124,18 @@ def test_last_steps_count_the_dropped_turns(llm_fleet) -> None:
     assert all(b["next", "done"].all() for b in batches)
 
 
+def test_sync_whole_dialogs_raise_if_the_default_turns_do_not_split_naming_the_fix(
+    llm_fleet,
+) -> None:
+    """TorchRL's default of one turn per batch with ``yield_completed_trajectories`` cannot be
+    split over two sync actors: the error names the turns that split, not only the default."""
+    with pytest.raises(ValueError, match=r"use dialog_turns_per_batch=2 \(multiples of 2"):
+        _collector(llm_fleet, yield_completed_trajectories=True, sync=True)
+    with _collector(llm_fleet, yield_completed_trajectories=True, sync=True,
+                    dialog_turns_per_batch=2, total_dialog_turns=2) as collector:  # fmt: skip
+        assert next(iter(collector)).numel() >= 2
+
+
 def test_a_push_between_sync_batches_makes_the_next_batch_the_new_version(llm_fleet) -> None:
     from common.llm import build_policy
 

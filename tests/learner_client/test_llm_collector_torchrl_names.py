@@ -110,3 +110,35 @@ def test_the_offered_torchrl_names_read_as_torchrls_llm_collector_for_the_same_a
     never = _collector(llm_fleet, dialog_turns_per_batch=SLOTS)
     never.shutdown()
     assert not never.started
+
+
+def test_every_public_instance_name_of_a_built_torchrl_llm_collector_is_offered_or_refused(
+    llm_fleet,
+) -> None:
+    """The public attributes a built TorchRL LLMCollector holds (``vars()``: ``env``,
+    ``policy``, ``split_trajs``...) read on a GrpcLLMCollector built with the same arguments
+    as TorchRL's give the same value, or raise ``AttributeError`` naming TorchRL's and how a
+    fleet does it; ``closed`` turns True at shutdown, as TorchRL's."""
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+
+    kw = {"dialog_turns_per_batch": SLOTS, "total_dialog_turns": 2 * SLOTS}
+    theirs = _torchrl_llm_collector(replay_buffer=ReplayBuffer(storage=LazyStackStorage(8)), **kw)
+    try:
+        names = sorted(name for name in vars(theirs) if not name.startswith("_"))
+        expected = {name: getattr(theirs, name) for name in names}
+    finally:
+        theirs.shutdown()
+    assert len(names) >= 40
+    assert theirs.closed
+    collector = _collector(llm_fleet, replay_buffer=ReplayBuffer(storage=LazyStackStorage(8)), **kw)
+    with collector:
+        offered = [name for name in names if hasattr(collector, name)]
+        for name in set(names) - set(offered):
+            with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
+                getattr(collector, name)
+            assert info.value.name == name
+        for name in set(offered) - {"replay_buffer"}:  # the learner's own buffer, each its own
+            assert getattr(collector, name) == expected[name], name
+        assert not collector.closed
+    assert collector.closed
+    assert {"closed", "reset_when_done", "storing_device", "track_traj_ids"} <= set(offered)
