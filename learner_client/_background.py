@@ -61,7 +61,9 @@ class Background:
         self._parked = Flag()
         self._pause_lock = threading.Lock()
         self._pauser: threading.Thread | None = None
-        self._life = threading.Lock()  # start() against close()
+        # start() against close(); reentrant: a shutdown() from a signal handler may run on
+        # the thread that holds it, in start() (waiting for its thread to start).
+        self._life = threading.RLock()
         self._closed = False
         self.error: str | None = None
 
@@ -94,6 +96,9 @@ class Background:
                 return
             self._stop.clear()
             self.error = None
+            if self._closed:  # a signal handler's shutdown() came in between: stays stopped
+                self._stop.set()
+                raise ClosedError("the collector is shut down")
             self._thread = threading.Thread(
                 target=self._main, name="rlfleet-collector", daemon=True
             )
@@ -106,7 +111,8 @@ class Background:
                     return
                 self.wait_resumed()
         except BaseException as exc:
-            if self._stop.is_set() and isinstance(exc, _Stopped | SessionStateError | RuntimeError):
+            # The collector's own end only: a replay buffer's error (any type) lost a batch.
+            if self._stop.is_set() and isinstance(exc, _Stopped | SessionStateError):
                 return
             log.exception("background collection stopped")
             # Its text only: the exception's frames hold the collector (and a live
@@ -193,6 +199,9 @@ class Background:
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the thread to end."""
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            # Not started yet (RuntimeError): a signal handler's shutdown() interrupted
+            # start(); the thread then starts on the closed collector and ends at once.
+            with contextlib.suppress(RuntimeError):
+                self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("background collection thread still alive after %.1f s", timeout)

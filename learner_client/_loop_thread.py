@@ -63,8 +63,9 @@ class LoopThread:
         self._loop.set_exception_handler(_drop_completions_of_closed_loops)
         self._closed = False  # set as close() begins: no run or callback is taken after it
         # A run's check and its hand-over, atomic against close(): whatever was handed over
-        # before close() is on the loop when its cancellation looks for tasks.
-        self._taking = threading.Lock()
+        # before close() is on the loop when its cancellation looks for tasks. Reentrant: a
+        # shutdown() from a signal handler may run on the thread that holds it, mid hand-over.
+        self._taking = threading.RLock()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -80,10 +81,14 @@ class LoopThread:
             DeadlineError: It did not finish within ``timeout`` seconds (it is cancelled).
         """
         with self._taking:
-            if self._closed:
+            future = None
+            if not self._closed:
+                # RuntimeError: a signal handler's shutdown() on this thread closed it meanwhile.
+                with contextlib.suppress(RuntimeError):
+                    future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            if future is None:
                 coro.close()
                 raise ClosedError("the collector is shut down")
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return self._result(future, timeout)
 
     def _result(self, future: concurrent.futures.Future[T], timeout: float | None) -> T:

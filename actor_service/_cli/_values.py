@@ -14,6 +14,7 @@ from typing import Any
 
 from actor_service._config import CHOICES, INT_RANGES
 from common.import_paths import IMPORT_PATH_RE
+from common.plain_config import to_plain
 
 __all__ = [
     "TORCHRL_BACKEND",
@@ -116,7 +117,11 @@ def chosen(field: str) -> Callable[[str], str]:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    """A JSON object (a dict); the message shows the first 80 characters of a bad one."""
+    """A JSON object (a dict); the message shows the first 80 characters of a bad one.
+
+    Nesting deeper than a learner's factory arguments may have (:data:`MAX_DEPTH`) is
+    refused here: the actor rebuilds them recursively when it starts.
+    """
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -125,6 +130,10 @@ def json_object(text: str) -> dict[str, Any]:
         raise BadValue(f"expected a JSON object nested less deeply, got {text!r:.80}") from None
     if not isinstance(value, dict):
         raise BadValue(f"expected a JSON object, got {type(value).__name__}: {text!r:.80}")
+    try:
+        to_plain(value)  # the learner's own check of factory arguments
+    except ValueError as exc:
+        raise BadValue(str(exc)) from None
     return value
 
 

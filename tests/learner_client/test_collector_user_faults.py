@@ -602,3 +602,91 @@ def test_start_while_the_thread_a_pause_stopped_still_stores_raises_until_it_end
         collector.start()
         poll_until(lambda: len(rb.inner) > held, timeout=30, message="collection started again")
         assert collector.stats()["background_failed"] is False
+
+
+@pytest.mark.parametrize("raised", [RuntimeError, ValueError])
+def test_background_failed_counts_an_extend_that_raised_while_shutdown_stopped_the_thread(
+    fleet, raised: type[Exception]
+) -> None:
+    """A user's ``extend`` raising while ``shutdown()`` stops the thread lost that batch:
+    ``stats()`` reports it whatever the error's type (a RuntimeError passed for the
+    collector's own end and was dropped)."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Failing:
+        def extend(self, data):
+            entered.set()
+            release.wait(30)
+            raise raised("disk full")
+
+    collector = GrpcCollector(addresses(fleet, 0), frames_per_batch=4, replay_buffer=Failing())
+    collector.start()
+    assert entered.wait(30)
+    closer = threading.Thread(target=collector.shutdown)
+    closer.start()
+    try:
+        assert poll_until(lambda: collector._background._stop.is_set(), timeout=30)
+    finally:
+        release.set()
+        closer.join(30)
+    assert collector.stats()["background_failed"] is True
+    assert collector._background.error == f"{raised.__name__}: disk full"
+
+
+_SHUT_DOWN_IN_A_HANDLER = """
+import json, signal, sys, threading, time
+from learner_fleet import cartpole_policy
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from learner_client import GrpcCollector
+address, mode = sys.argv[1:]
+policy = cartpole_policy()
+collector = GrpcCollector(
+    [address], frames_per_batch=4, sync=True, policy=policy,
+    replay_buffer=ReplayBuffer(storage=LazyTensorStorage(1000)),
+)
+# Where a lock the close takes is held: start() waiting for its thread to start, a push
+# handing its call over to the event loop.
+inside = {"start": threading.Thread.start.__code__, "push": "run_coroutine_threadsafe"}[mode]
+closed, raised = [], None
+
+def handler(signum, frame):
+    while frame is not None and inside not in (frame.f_code, frame.f_code.co_name):
+        frame = frame.f_back
+    if frame is not None and not closed:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        started = time.monotonic()
+        collector.shutdown(timeout=5)
+        closed.append(time.monotonic() - started)
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+try:
+    while not closed:
+        if mode == "start":
+            collector.start()
+            with collector.pause(None, resume=False):
+                pass
+        else:
+            collector.update_policy_weights_(policy)
+except Exception as exc:
+    raised = type(exc).__name__
+print(json.dumps({"closed_s": closed[0], "raised": raised}), flush=True)
+"""
+
+
+@pytest.mark.long  # an interpreter of its own
+@pytest.mark.parametrize("mode", ["start", "push"])
+def test_shutdown_from_a_signal_handler_interrupting_start_or_a_push_closes(fleet, mode) -> None:
+    """A SIGTERM handler calling ``shutdown()`` runs on the main thread, which may hold a lock
+    the close takes (start() waiting for its thread, a push handing its call to the loop):
+    the close waited for it forever."""
+    tests = ROOT / "tests"
+    path = os.pathsep.join([str(ROOT), str(tests / "learner_client"), str(tests)])
+    done = subprocess.run(
+        [sys.executable, "-c", _SHUT_DOWN_IN_A_HANDLER, fleet[0].address, mode],
+        capture_output=True, text=True, timeout=90, env=os.environ | {"PYTHONPATH": path},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["closed_s"] < 10
+    assert outcome["raised"] == "ClosedError"  # the interrupted call, once the close ended

@@ -27,6 +27,7 @@ from actor_service._serve._logging import (
     get_logger,
     log_event,
 )
+from common.plain_config import MAX_DEPTH, to_plain
 
 
 def _parse(
@@ -751,6 +752,20 @@ def test_cli_refuses_json_nested_too_deeply_or_too_long_in_one_short_line(
     message = _error(capsys, [flag, huge]).splitlines()[-1]
     assert message.startswith(f"rlfleet-actor: error: {flag}: expected a JSON object, got ")
     assert len(message) < 400
+
+
+@pytest.mark.parametrize("flag", ["--env-kwargs", "--policy-kwargs"])
+def test_cli_refuses_json_nested_deeper_than_the_learner_gives_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    # json parses 500 levels; the factory's arguments were rebuilt recursively only at start
+    deep = '{"a": ' + "[" * 500 + "]" * 500 + "}"
+    error = _error(capsys, [flag, deep]).splitlines()[-1]
+    assert f"{flag}: " in error
+    assert f"nested more than {MAX_DEPTH} levels deep" in error
+    level = '{"a": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
+    assert to_plain(json.loads(level)) == json.loads(level)  # what a learner sends still parses
+    assert _parse([flag, level]) is not None
 
 
 def test_cli_refuses_model_kwargs_nested_too_deeply(capsys: pytest.CaptureFixture[str]) -> None:
