@@ -253,6 +253,14 @@ class CoreBase(abc.ABC):
                 self.models.state_dict(), self.frames, self.batches, self._traj.counter
             )
 
+    def state_tensors(self) -> int:
+        """How many tensors :meth:`state_dict` holds: every model's weights (and a kind's own).
+
+        A state a peer loads holds no more than these and a few plain values' worth.
+        """
+        models = self.models
+        return sum(len(models.parameters_info(m)) for m in models.model_ids)
+
     def load_state_dict(
         self, state: dict[str, Any], *, allow_rollback: bool = False
     ) -> dict[str, tuple[int, int]]:

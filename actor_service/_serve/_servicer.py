@@ -27,7 +27,7 @@ from actor_service._serve._convert import describe_to_proto, settings_from_proto
 from actor_service._serve._logging import log_event
 from actor_service._serve._push import WeightPushes
 from actor_service._serve._runtime import ActorRuntime
-from actor_service._serve._streams import first_message, read_blob
+from actor_service._serve._streams import first_message, read_blob, write_message
 from actor_service._serve._wire import Undecodable
 from common.errors import (
     ActorBusyError,
@@ -75,7 +75,12 @@ def _mapped(handler: F) -> F:
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
-            code, details = to_status(exc)
+            # A call its caller ended (cancelled, past its deadline, gone) fails the handler's
+            # next write in gRPC's core, before the call reads as cancelled: no bug.
+            if context.cancelled() or isinstance(exc, grpc.aio.InternalError):
+                code, details = grpc.StatusCode.CANCELLED, "the caller ended the call"
+            else:
+                code, details = to_status(exc)
             if self._metrics is not None:
                 self._metrics.rpc_errors.labels(handler.__name__, code.name).inc()
             level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.INFO
@@ -184,11 +189,10 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         """Stream the actor's state as one safetensors file (header, then chunks)."""
         core = self._rt.core
         blob = await self._rt.run_collect(encode_state, core)
-        await context.write(
-            pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob)))
-        )
+        header = pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob))
+        await write_message(context, pb.StateChunk(header=header), "GetState")
         for piece in iter_blob_chunks(blob):
-            await context.write(pb.StateChunk(chunk=bytes(piece)))
+            await write_message(context, pb.StateChunk(chunk=bytes(piece)), "GetState")
 
     @_mapped
     async def LoadState(
@@ -233,8 +237,9 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         cap = self._pushes.max_bytes(models.model_ids)
         assembler = BlobAssembler(header.total_bytes, max_bytes=cap, sha256=header.sha256)
         blob = await read_blob(requests, assembler, "LoadState")
-        # A state holds every model's tensors and a few more (RNG states): no more are accepted.
-        max_keys = sum(len(models.parameters_info(m)) for m in models.model_ids) + 1024
+        # A state holds the tensors of the actor's own (its models', a TorchRL env's) and a
+        # few more (RNG states): no more are accepted.
+        max_keys = await self._rt.run_collect(core.state_tensors) + 1024
         return await self._rt.run_side(decode_state, blob, max_bytes=cap, max_keys=max_keys)
 
     @_mapped

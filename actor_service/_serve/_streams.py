@@ -1,8 +1,10 @@
-"""Reading a client stream of ``ActorService``: one message at a time, never waiting forever.
+"""The client and server streams of ``ActorService``: one message at a time, never waiting forever.
 
 ``PushWeights`` and ``LoadState`` are client streams of a header, then chunks; a caller
 that stops sending must not hold a call slot or a half-received blob, and a refused
-stream is read to its end (within bounds) so the refusal reaches the caller.
+stream is read to its end (within bounds) so the refusal reaches the caller. ``GetState``
+is a server stream: a caller that stops reading must not hold a call slot and the state's
+encoded blob either.
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from common.errors import DeadlineError, SessionStateError
 from common.weights import BlobAssembler
 
-__all__ = ["chunks", "drain", "first_message", "kind_of", "next_message", "read_blob"]
+__all__ = [
+    "chunks",
+    "drain",
+    "first_message",
+    "kind_of",
+    "next_message",
+    "read_blob",
+    "write_message",
+]
 
 # A client stream that goes this long without its next message is dropped, so an
-# idle caller cannot hold a call slot or a half-received blob forever.
+# idle caller cannot hold a call slot or a half-received blob forever; so is a server
+# stream whose caller takes no message for as long.
 _IDLE_TIMEOUT = 60.0
 
 
@@ -31,6 +44,18 @@ async def next_message(requests: AsyncIterator[Any], rpc: str) -> Any:
         return await asyncio.wait_for(anext(requests, None), _IDLE_TIMEOUT)
     except TimeoutError:
         raise DeadlineError(f"{rpc}: no message for {_IDLE_TIMEOUT:.0f} s") from None
+
+
+async def write_message(context: grpc.aio.ServicerContext, message: Any, rpc: str) -> None:
+    """Write the next message of a server stream.
+
+    Raises:
+        DeadlineError: The caller took nothing within the idle timeout (it stopped reading).
+    """
+    try:
+        await asyncio.wait_for(context.write(message), _IDLE_TIMEOUT)
+    except TimeoutError:
+        raise DeadlineError(f"{rpc}: the caller read nothing for {_IDLE_TIMEOUT:.0f} s") from None
 
 
 def kind_of(message: Any) -> str:

@@ -65,6 +65,12 @@ def stacked_cartpole(frames: int = 4) -> EnvBase:
     return TransformedEnv(GymEnv("CartPole-v1"), Compose(DoubleToFloat(), cat, RewardSum()))
 
 
+def many_norms_cartpole(norms: int = 180) -> EnvBase:
+    """CartPole-v1 through ``norms`` ``ObservationNorm``s: 3 env state entries each, per env."""
+    chain = [ObservationNorm(loc=0.0, scale=1.0, in_keys=["observation"]) for _ in range(norms)]
+    return TransformedEnv(GymEnv("CartPole-v1"), Compose(DoubleToFloat(), *chain))
+
+
 def batched_cartpole(envs: int = 2) -> EnvBase:
     """An env batched itself: ``envs`` CartPoles in a ``SerialEnv``."""
     return SerialEnv(envs, cartpole)
@@ -348,6 +354,13 @@ def normalized_pendulum() -> EnvBase:
     """Pendulum-v1 whose observations a ``VecNorm`` normalises with running statistics."""
     norm = VecNorm(in_keys=["observation"], new_api=True)
     return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), norm, RewardSum()))
+
+
+def crashing_normalized_pendulum(crash_after: int = 15) -> EnvBase:
+    """:func:`normalized_pendulum` whose simulator raises after ``crash_after`` steps."""
+    norm = VecNorm(in_keys=["observation"], new_api=True)
+    base = GymWrapper(rlfleet_test_envs.crashing_pendulum(crash_after))
+    return TransformedEnv(base, Compose(DoubleToFloat(), norm, RewardSum()))
 
 
 def vecnorm_v1_pendulum(max_steps: int | None = None) -> EnvBase:

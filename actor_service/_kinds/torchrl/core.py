@@ -459,8 +459,19 @@ class TorchRLCore(CoreBase):
                         state["env"] = nested_state(self._pool_state())
                         return state
 
+    def state_tensors(self) -> int:
+        """:meth:`CoreBase.state_tensors` and the env state's (each env's stateful transforms)."""
+        with self._lock:
+            return super().state_tensors() + len(flat_state(self._pool_state()))
+
     def _pool_state(self) -> Any:
-        """The pool's ``state_dict()``; one env stepped as it is reads as a pool of one."""
+        """The pool's ``state_dict()``; one env stepped as it is reads as a pool of one.
+
+        A pool a crash left is built anew first: the next batch steps the new one, so its
+        state is the one read and loaded (a state loaded into the old would be dropped).
+        """
+        if self._rebuild_pending:
+            self._rebuild_pool()
         state = self._base.state_dict()
         return {"worker0": state} if self._base.batch_size == () else state
 

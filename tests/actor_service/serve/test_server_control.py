@@ -15,7 +15,7 @@ from actor_harness import Actor, RawCollect, get_state, held_start, open_request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import poll_until
 
-from actor_service import ActorConfig, create_server, serve
+from actor_service import ActorConfig, ModelSpec, create_server, serve
 from actor_service._core._settings import EnvPoolSettings
 from actor_service._core._state import decode_state, state_to_blob
 from actor_service._kinds.env.core import EnvCore
@@ -242,6 +242,46 @@ def test_a_load_state_its_caller_gave_up_on_is_logged_as_applied(
         )
     assert [r.rlfleet_fields["result"] for r in loads] == ["OK"]
     assert loads[0].rlfleet_fields["versions"] == {"policy": "0->3"}
+
+
+def test_get_state_whose_caller_gives_up_mid_stream_is_no_internal_error(
+    make_actor: Callable[..., Actor], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A learner that goes away while a large state streams (its deadline, a crash) ends the
+    call; the actor's write that fails with it is no bug: no INTERNAL, no traceback."""
+    actor = make_actor(models=(ModelSpec(factory="mlp", kwargs={"hidden": [1024, 1024]}),))
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        call = actor.stub.GetState(pb.GetStateRequest(), timeout=1.0)  # a learner's deadline
+        assert next(call).header.total_bytes > 4 * 2**20  # more than a flow control window
+        # The learner reads no more: the actor's writes wait on it until its deadline.
+        failures = poll_until(
+            lambda: [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "rpc.failed"],
+            message="the cancelled GetState ended",
+        )
+    assert [r.rlfleet_fields["code"] for r in failures] == ["CANCELLED"], failures
+    assert not any(r.exc_info for r in failures)
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).worker_id == 0
+
+
+def test_get_state_whose_caller_stops_reading_ends_within_the_idle_timeout(
+    make_actor: Callable[..., Actor], caplog: pytest.LogCaptureFixture, monkeypatch
+) -> None:
+    """A caller with no deadline that stops reading a large state must not hold the call (a
+    slot of the actor's calls) and the state's encoded blob forever."""
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.5)
+    actor = make_actor(models=(ModelSpec(factory="mlp", kwargs={"hidden": [1024, 1024]}),))
+    with caplog.at_level("INFO", logger="rlfleet.actor"):
+        call = actor.stub.GetState(pb.GetStateRequest())
+        assert next(call).header.total_bytes > 4 * 2**20  # more than a flow control window
+        failures = poll_until(
+            lambda: [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "rpc.failed"],
+            message="the actor gave up on a GetState that nobody reads",
+        )
+    assert [r.rlfleet_fields["code"] for r in failures] == ["DEADLINE_EXCEEDED"]
+    with pytest.raises(grpc.RpcError) as error:
+        list(call)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "GetState: the caller read nothing" in error.value.details()
 
 
 def test_load_state_refuses_other_weights_under_the_version_in_force(actor: Actor) -> None:

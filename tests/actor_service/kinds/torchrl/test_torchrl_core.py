@@ -621,6 +621,22 @@ def test_torchrl_core_state_holds_the_env_transforms_state() -> None:
         assert all(torch.equal(_env_stats(second)[k], v) for k, v in stats.items())
 
 
+def test_torchrl_core_steps_on_from_an_env_state_loaded_after_a_crash() -> None:
+    # The pool the crash left is built anew before the state goes in, not after (dropping it).
+    with TorchRLCore(_config("crashing_normalized_pendulum", "random")) as core:
+        core.configure(CollectSettings(frames_per_batch=20))  # the 2nd batch crashes mid-way
+        core.collect_batch()
+        saved = core.state_dict()
+        before = {k: int(v) for k, v in flat_state(saved["env"]).items() if "count" in k}
+        with pytest.raises(EnvError):
+            core.collect_batch()
+        core.load_state_dict(saved)
+        core.collect_batch()
+        after = {k: int(v) for k, v in _env_stats(core).items() if "count" in k}
+    assert before
+    assert all(after[k] > v for k, v in before.items()), (before, after)
+
+
 def test_one_env_stepped_as_it_is_holds_its_state_as_worker0_of_a_pool_of_one() -> None:
     # As a SerialEnv's state_dict() names its envs: the learner joins actors' pools so.
     config = _config("normalized_pendulum", "random", num_envs=1)
@@ -654,6 +670,18 @@ def test_torchrl_actor_env_state_travels_through_get_state_and_load_state() -> N
         collector.load_state_dict(saved)
         after = _env_stats(core)
     assert all(torch.equal(after[k], v) for k, v in stats.items())
+
+
+def test_torchrl_actor_loads_its_own_state_of_more_env_entries_than_its_models_hold() -> None:
+    # 2 envs of 180 ObservationNorms of 3 entries: over 1,000 env state tensors, 2 weights.
+    with (
+        create_server(_config("many_norms_cartpole")).run_in_thread() as actor,
+        GrpcCollector([f"127.0.0.1:{actor.port}"], frames_per_batch=20) as collector,
+    ):
+        collector.next()
+        saved = collector.state_dict()
+        assert len(flat_state(decode_state(saved["workers"][0].numpy().tobytes())["env"])) > 1024
+        collector.load_state_dict(saved)
 
 
 def test_torchrl_actor_state_reads_one_actors_transform_state_from_the_learner() -> None:
