@@ -24,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from actor_service._core._frames import FOLD_MIN_FRAME_BYTES
 from actor_service._core._weight_rules import stage_weights
+from common.errors import WeightsError
 from common.packets.folding import FoldedBatch, fold
 
 __all__ = [
@@ -209,4 +210,10 @@ def stage_env_state(state: object, reference: Any) -> Any:
         WeightsError: Not a mapping, or keys, shapes, dtypes or values that do not fit.
     """
     flat = flat_state(state) if isinstance(state, Mapping) else state
-    return rebuild_state(reference, stage_weights("env", flat, flat_state(reference)))
+    try:
+        staged = stage_weights("env", flat, flat_state(reference))
+    except WeightsError as exc:  # its words are a model's: say it is the env's state
+        raise WeightsError(
+            f"the env state does not fit this actor's env (its stateful transforms, per env): {exc}"
+        ) from None
+    return rebuild_state(reference, staged)

@@ -616,8 +616,12 @@ def test_torchrl_core_state_holds_the_env_transforms_state() -> None:
         stats_of_worker = bad["env"]["worker0"]["transforms.1._extra_state"]
         key = next(k for k in stats_of_worker if k.startswith("loc"))
         stats_of_worker[key] = torch.full_like(stats_of_worker[key], float("nan"))
-        with pytest.raises(WeightsError):
+        with pytest.raises(WeightsError, match="env state does not fit this actor's env"):
             second.load_state_dict(bad)
+        other = first.state_dict()
+        other["env"]["worker7"] = other["env"]["worker0"]  # an env this actor does not have
+        with pytest.raises(WeightsError, match=r"actor's env .*unexpected keys \['worker7/"):
+            second.load_state_dict(other)
         assert all(torch.equal(_env_stats(second)[k], v) for k, v in stats.items())
 
 
