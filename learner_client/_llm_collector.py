@@ -747,7 +747,13 @@ class GrpcLLMCollector:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Collect in a background thread into the replay buffer or queue."""
+        """Collect in a background thread into the replay buffer or queue.
+
+        Raises:
+            RuntimeError: Neither a replay buffer nor a queue was given (as TorchRL's).
+        """
+        if self.replay_buffer is None and self.queue is None:
+            raise RuntimeError("start() needs a replay_buffer or a queue (pass one of them)")
         self._began = True
         self._inner.start()
 

@@ -121,6 +121,15 @@ def test_collector_start_fills_the_buffer_in_the_background(llm_fleet) -> None:
         collector.async_shutdown(timeout=10)
 
 
+def test_collector_start_raises_without_a_buffer_or_a_queue_naming_both(llm_fleet) -> None:
+    """TorchRL's ``start()`` needs somewhere to write (RuntimeError); ours names both places,
+    and the collector is not marked started."""
+    with _collector(llm_fleet, dialog_turns_per_batch=BSZ) as collector:
+        with pytest.raises(RuntimeError, match="replay_buffer or a queue"):
+            collector.start()
+        assert not collector.started
+
+
 @pytest.mark.parametrize("rb", [False, True], ids=["rb_false", "rb_true"])
 @pytest.mark.parametrize("last", [False, True], ids=["all_steps", "last_steps"])
 @pytest.mark.parametrize("per_batch", [BSZ, None], ids=["turns_4", "turns_default"])
