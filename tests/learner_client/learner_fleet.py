@@ -28,7 +28,7 @@ from helpers import ActorProcess, start_actor
 from torch import nn
 
 from common.policies import make_policy
-from learner_client import GrpcCollector
+from learner_client import GrpcCollector, GrpcLLMCollector, LocalFleet
 from learner_client._settings import BatchSettings, ConnectionSettings, RolloutSettings
 
 #: The actor tests' folder, whose env and policy factories (``rlfleet_test_torchrl``,
@@ -140,3 +140,29 @@ def rollout_settings(**given: Any) -> RolloutSettings:
 def connection_settings(**given: Any) -> ConnectionSettings:
     """A ``ConnectionSettings`` at ``GrpcCollector``'s defaults but for ``given``."""
     return _collector_settings(ConnectionSettings, **given)
+
+
+#: The tiny offline language model of the LLM collector tests' actors.
+TINY_LLM = {"hidden": 32, "layers": 1, "seed": 0}
+
+
+def tiny_llm_fleet(actors: int, slots: int = 4, **task_kwargs: Any) -> LocalFleet:
+    """``actors`` LLM actors of ``slots`` chat slots on the ``arith`` task, the tiny model."""
+    return LocalFleet(
+        actors,
+        kind="llm",
+        task="arith",
+        task_kwargs=task_kwargs,
+        policy="rlfleet:tiny-qwen2",
+        policy_kwargs=TINY_LLM,
+        num_envs=slots,
+        seed=0,
+        grace_period=1.0,
+    )
+
+
+def tiny_llm_collector(fleet: LocalFleet, **kw: Any) -> GrpcLLMCollector:
+    """A ``GrpcLLMCollector`` on ``fleet``: three new tokens a turn, a 60 s batch timeout."""
+    kw.setdefault("generation", {"max_new_tokens": 3})
+    kw.setdefault("batch_timeout", 60.0)
+    return GrpcLLMCollector(fleet.addresses, **kw)

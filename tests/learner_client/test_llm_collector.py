@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from helpers import poll_until
-from learner_fleet import ACTOR_ENV, start_actors
+from learner_fleet import ACTOR_ENV, TINY_LLM, start_actors, tiny_llm_collector, tiny_llm_fleet
 from tensordict import TensorDict
 
 import learner_client._llm_collector as llm_collector
@@ -23,30 +23,16 @@ from learner_client import GrpcLLMCollector, LocalFleet, SettingsRefusedError
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
-TINY = {"hidden": 32, "layers": 1, "seed": 0}
 SLOTS = 4
 
 
 @pytest.fixture(scope="module")
 def llm_fleet():
-    with LocalFleet(
-        2,
-        kind="llm",
-        task="arith",
-        task_kwargs={"retries": 1},
-        policy="rlfleet:tiny-qwen2",
-        policy_kwargs=TINY,
-        num_envs=SLOTS,
-        seed=0,
-        grace_period=1.0,
-    ) as fleet:
+    with tiny_llm_fleet(2, SLOTS, retries=1) as fleet:
         yield fleet
 
 
-def _collector(fleet, **kw):
-    kw.setdefault("generation", {"max_new_tokens": 3})
-    kw.setdefault("batch_timeout", 60.0)
-    return GrpcLLMCollector(fleet.addresses, **kw)
+_collector = tiny_llm_collector
 
 
 def _groups_whole(batch, size: int) -> bool:
@@ -139,7 +125,7 @@ def test_sync_whole_dialogs_raise_if_the_default_turns_do_not_split_naming_the_f
 def test_a_push_between_sync_batches_makes_the_next_batch_the_new_version(llm_fleet) -> None:
     from common.llm import build_policy
 
-    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 5})
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY_LLM, "seed": 5})
     with _collector(
         llm_fleet,
         dialog_turns_per_batch=2 * SLOTS,
@@ -206,7 +192,7 @@ def test_grpo_loss_and_mc_advantage_from_two_async_actors(llm_fleet) -> None:
             generation={"max_new_tokens": 3, "temperature": 1.0},
             replay_buffer=rb,
         ) as collector:
-            model, tok = build_policy("rlfleet:tiny-qwen2", **TINY)
+            model, tok = build_policy("rlfleet:tiny-qwen2", **TINY_LLM)
             collector.update_policy_weights_(model)  # the learner's weights generate
             yielded = list(collector)
             turns = collector.stats()["yielded_turns"]
@@ -233,7 +219,7 @@ def test_sync_iter_true_collects_each_batch_when_asked_for(llm_fleet) -> None:
     the pushed version's (it was silently the async mode, one batch behind)."""
     from common.llm import build_policy
 
-    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 6})
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY_LLM, "seed": 6})
     with _collector(
         llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync_iter=True, track_policy_version=True
     ) as collector:
@@ -489,7 +475,7 @@ def test_a_task_that_raises_reaches_the_learner_as_an_env_error() -> None:
     ``batch_timeout`` (the actor took it for an internal error and retried)."""
     args = ["--kind", "llm", "--task", "rlfleet_test_tasks:buggy", "--task-kwargs"]
     args += ['{"mode": "raise"}', "--policy", "rlfleet:tiny-qwen2", "--num-envs", str(SLOTS)]
-    args += ["--policy-kwargs", json.dumps(TINY), "--worker-id", "0"]
+    args += ["--policy-kwargs", json.dumps(TINY_LLM), "--worker-id", "0"]
     (actor,) = start_actors([args], env=ACTOR_ENV)
     started = time.monotonic()
     try:
@@ -522,14 +508,14 @@ def test_an_env_collector_refuses_llm_actors_and_vice_versa(llm_fleet) -> None:
 def test_kill_9_loses_whole_groups_and_the_restarted_actor_gets_current_weights() -> None:
     from common.llm import build_policy
 
-    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 9})
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY_LLM, "seed": 9})
     with (
         LocalFleet(
             2,
             kind="llm",
             task="arith",
             policy="rlfleet:tiny-qwen2",
-            policy_kwargs=TINY,
+            policy_kwargs=TINY_LLM,
             num_envs=SLOTS,
             seed=0,
             grace_period=1.0,

@@ -8,8 +8,7 @@ import queue
 import pytest
 import torch
 from helpers import assert_torchrl_names_offered_or_refused
-
-from learner_client import GrpcLLMCollector, LocalFleet
+from learner_fleet import tiny_llm_collector, tiny_llm_fleet
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -19,23 +18,11 @@ SLOTS = 4
 
 @pytest.fixture(scope="module")
 def llm_fleet():
-    with LocalFleet(
-        1,
-        kind="llm",
-        task="arith",
-        policy="rlfleet:tiny-qwen2",
-        policy_kwargs={"hidden": 32, "layers": 1, "seed": 0},
-        num_envs=SLOTS,
-        seed=0,
-        grace_period=1.0,
-    ) as fleet:
+    with tiny_llm_fleet(1, SLOTS) as fleet:
         yield fleet
 
 
-def _collector(fleet, **kw):
-    return GrpcLLMCollector(
-        fleet.addresses, generation={"max_new_tokens": 3}, batch_timeout=60.0, **kw
-    )
+_collector = tiny_llm_collector
 
 
 def test_every_public_name_of_torchrls_llm_collectors_is_offered_or_refused_saying_why(

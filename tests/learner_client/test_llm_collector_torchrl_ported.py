@@ -16,36 +16,21 @@ import queue
 import pytest
 import torch
 from helpers import poll_until
-
-from learner_client import GrpcLLMCollector, LocalFleet
+from learner_fleet import TINY_LLM, tiny_llm_collector, tiny_llm_fleet
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
 BSZ = 4  # TorchRL's env batch: the actor's chat slots
-TINY = {"hidden": 32, "layers": 1, "seed": 0}
 
 
 @pytest.fixture(scope="module")
 def llm_fleet():
-    with LocalFleet(
-        1,
-        kind="llm",
-        task="arith",
-        task_kwargs={"retries": 1},
-        policy="rlfleet:tiny-qwen2",
-        policy_kwargs=TINY,
-        num_envs=BSZ,
-        seed=0,
-        grace_period=1.0,
-    ) as fleet:
+    with tiny_llm_fleet(1, BSZ, retries=1) as fleet:
         yield fleet
 
 
-def _collector(fleet, **kw):
-    return GrpcLLMCollector(
-        fleet.addresses, generation={"max_new_tokens": 3}, batch_timeout=60.0, **kw
-    )
+_collector = tiny_llm_collector
 
 
 def _history_grows(data, i: int) -> bool:
@@ -183,7 +168,7 @@ def test_collector_weight_updates_move_the_version_of_the_batches(llm_fleet, syn
     sync collector's push carry it (an async one's may be one batch older)."""
     from common.llm import build_policy
 
-    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY, "seed": 3})
+    model, _ = build_policy("rlfleet:tiny-qwen2", **{**TINY_LLM, "seed": 3})
     with _collector(
         llm_fleet, dialog_turns_per_batch=BSZ, total_dialog_turns=-1, sync=sync,
         track_policy_version=True,
