@@ -1,5 +1,5 @@
 """Helpers of the GrpcCollector tests: actor subprocesses, CartPole policies, thread snapshots,
-settings at the collector's defaults.
+settings at the collector's defaults, the LLM collector tests' tiny fleet.
 
 Import them as ``from learner_fleet import ...`` (a unique module name: ``conftest``
 is ambiguous across test directories). The fixtures live in ``conftest.py``, which imports
