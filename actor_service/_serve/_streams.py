@@ -1,8 +1,9 @@
 """The client and server streams of ``ActorService``: one message at a time, never waiting forever.
 
 ``PushWeights`` and ``LoadState`` are client streams of a header, then chunks; a caller
-that stops sending must not hold a call slot or a half-received blob, and a refused
-stream is read to its end (within bounds) so the refusal reaches the caller. ``GetState``
+that stops sending, or trickles chunks of a few bytes (or none), must not hold a call slot
+or a half-received blob, and a refused stream is read to its end (within bounds) so the
+refusal reaches the caller. ``GetState``
 is a server stream: a caller that stops reading must not hold a call slot and the state's
 encoded blob either.
 """
@@ -10,7 +11,8 @@ encoded blob either.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -32,6 +34,11 @@ __all__ = [
 # idle caller cannot hold a call slot or a half-received blob forever; so is a server
 # stream whose caller takes no message for as long.
 _IDLE_TIMEOUT = 60.0
+# The chunks of a blob must bring at least this many bytes (or the stream's end) in every
+# idle timeout: were it reset by any chunk, chunks of a byte or none would hold a call slot
+# and a half-received blob for as long as their caller likes. 1 MiB per 60 s is about
+# 17 KiB/s; a learner's own push deadline (``call_timeout``, 30 s) asks far more.
+_MIN_PROGRESS = 1 << 20
 
 
 async def next_message(requests: AsyncIterator[Any], rpc: str) -> Any:
@@ -74,11 +81,31 @@ async def first_message(requests: AsyncIterator[Any], kind: str, rpc: str) -> An
     return getattr(first, kind)
 
 
-async def chunks(requests: AsyncIterator[Any], rpc: str) -> AsyncIterator[bytes]:
-    """The bytes of every following ``chunk`` message, to the stream's end."""
-    while (request := await next_message(requests, rpc)) is not None:
+async def chunks(requests: AsyncIterator[Any], rpc: str) -> AsyncGenerator[bytes, None]:
+    """The bytes of every following ``chunk`` message, to the stream's end.
+
+    Raises:
+        DeadlineError: The chunks brought fewer than :data:`_MIN_PROGRESS` bytes in an
+            idle timeout (the stream's end did not come either).
+        SessionStateError: A message other than a ``chunk`` came.
+    """
+    loop = asyncio.get_running_loop()
+    due, progress = loop.time() + _IDLE_TIMEOUT, 0
+    while True:
+        try:
+            request = await asyncio.wait_for(anext(requests, None), due - loop.time())
+        except TimeoutError:
+            raise DeadlineError(
+                f"{rpc}: fewer than {_MIN_PROGRESS} bytes of chunks in {_IDLE_TIMEOUT:g} s "
+                f"(a blob must arrive at {_MIN_PROGRESS} bytes per {_IDLE_TIMEOUT:g} s or faster)"
+            ) from None
+        if request is None:
+            return
         if request.WhichOneof("kind") != "chunk":
             raise SessionStateError(f"{rpc}: only `chunk` messages may follow the header")
+        progress += len(request.chunk)
+        if progress >= _MIN_PROGRESS:
+            due, progress = loop.time() + _IDLE_TIMEOUT, 0
         yield request.chunk
 
 
@@ -95,15 +122,12 @@ async def drain(requests: AsyncIterator[Any], max_bytes: int, rpc: str) -> None:
     A server that answers a client stream before reading it to the end races the
     client's next write, and gRPC's asyncio client then reports INTERNAL ("Internal
     error from Core") in place of the answer (grpc/grpc#36066). Bounded: at most
-    ``max_bytes`` of chunks (what the actor would have accepted) and the idle timeout
-    per message; anything else than a chunk ends the drain.
+    ``max_bytes`` of chunks (what the actor would have accepted), read as
+    :func:`chunks` reads a blob (at its minimum progress); anything else than a chunk
+    ends the drain.
     """
     seen = 0
-    while seen < max_bytes:
-        try:
-            request = await next_message(requests, rpc)
-        except DeadlineError:
-            return
-        if request is None or request.WhichOneof("kind") != "chunk":
-            return
-        seen += len(request.chunk)
+    with contextlib.suppress(DeadlineError, SessionStateError):
+        async with contextlib.aclosing(chunks(requests, rpc)) as pieces:
+            while seen < max_bytes and (piece := await anext(pieces, None)) is not None:
+                seen += len(piece)

@@ -2,7 +2,8 @@
 
 Each refusal here is one a single check makes: the header's version range before a byte
 is buffered, the size cap at its bound, chunks past the announced size, a LoadState without
-its digest, a rollback by one version, a state with more tensors than the actor's models.
+its digest, a rollback by one version, a state with more tensors than the actor's models,
+a blob whose chunks trickle in below the minimum progress.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from actor_harness import Actor, get_state
 from helpers import poll_until
 
 from actor_service._core._state import decode_state, state_to_blob
+from actor_service._serve import _streams as streams_module
 from common.config import MAX_MODEL_ID
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
@@ -258,3 +260,77 @@ def test_the_bytes_of_a_refused_push_or_load_are_let_go_with_its_call(
         )
     finally:
         gc.enable()
+
+
+def _trickle(first: object, chunk: object, ran_out: threading.Event) -> Iterator[object]:
+    """``first``, then ``chunk`` every 50 ms for 10 s (``ran_out`` set if the 10 s pass)."""
+    yield first
+    until = time.monotonic() + 10.0
+    while time.monotonic() < until:
+        time.sleep(0.05)
+        yield chunk
+    ran_out.set()
+
+
+_TRICKLED = {
+    "PushWeights": (
+        pb.PushWeightsRequest(
+            header=pb.WeightsHeader(model_id="policy", version=1, total_bytes=CAP, sha256="0" * 64)
+        ),
+        lambda piece: pb.PushWeightsRequest(chunk=piece),
+    ),
+    "LoadState": (
+        pb.StateChunk(header=pb.StateHeader(total_bytes=CAP, sha256="0" * 64)),
+        lambda piece: pb.StateChunk(chunk=piece),
+    ),
+}
+
+
+@pytest.mark.parametrize("piece", [b"", b"x"], ids=["empty-chunks", "1-byte-chunks"])
+@pytest.mark.parametrize("rpc", ["PushWeights", "LoadState"])
+def test_a_blob_stream_raises_if_its_chunks_bring_too_few_bytes_in_an_idle_timeout(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch, rpc: str, piece: bytes
+) -> None:
+    """Each chunk resets the idle timeout: chunks of a byte or none, each under it, must not
+    hold a call slot and a half-received blob for as long as the caller likes."""
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.5)
+    first, chunk = _TRICKLED[rpc]
+    ran_out = threading.Event()
+    call = getattr(actor.stub, rpc)
+    error = _refused(lambda: call(_trickle(first, chunk(piece), ran_out), timeout=30))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error.details()
+    assert f"{rpc}: fewer than" in error.details()
+    assert "in 0.5 s" in error.details()
+    assert not ran_out.is_set()  # the actor ended the call, not the caller
+    assert actor.stub.Describe(pb.DescribeRequest(), timeout=10).worker_id == 0
+
+
+def test_a_refused_push_is_answered_while_empty_chunks_trickle_in(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain of a refused push counts bytes: empty chunks would keep it reading forever."""
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.5)
+    header = pb.WeightsHeader(model_id="policy", version=2**63, total_bytes=1000, sha256="0" * 64)
+    ran_out = threading.Event()
+    first, chunk = pb.PushWeightsRequest(header=header), pb.PushWeightsRequest(chunk=b"")
+    error = _refused(lambda: actor.stub.PushWeights(_trickle(first, chunk, ran_out), timeout=30))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert not ran_out.is_set()
+
+
+def test_a_blob_that_keeps_its_minimum_progress_loads_across_many_idle_timeouts(
+    actor: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule counts bytes per idle timeout, not since the stream began."""
+    monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.5)
+    monkeypatch.setattr(streams_module, "_MIN_PROGRESS", 1024, raising=False)
+    blob = get_state(actor)
+
+    def requests() -> Iterator[pb.StateChunk]:
+        yield pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob)))
+        for piece in iter_blob_chunks(blob, 512):
+            time.sleep(0.05)  # 10 KiB/s: past 1 KiB in each 0.5 s
+            yield pb.StateChunk(chunk=bytes(piece))
+
+    assert len(blob) > 4 * 1024  # the load lasts several idle timeouts
+    assert actor.stub.LoadState(requests(), timeout=30).worker_id == 0
