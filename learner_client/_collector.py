@@ -303,6 +303,7 @@ class GrpcCollector(TorchRLAccessors):
             update_after_each_batch = update_flag(update_after_each_batch, update_at_each_batch)
             self._ranks = Ranks.given(rank, world_size)
             self._ranks.warn_unowned(self._owner.worker_ids())  # a fleet started per rank
+            self._create_env_fn = create_env_fn  # as given (TorchRL's attribute)
             self._env = ScriptEnv.of(create_env_fn, create_env_kwargs, on_ray=on_ray)
             given_env = None if self._env is None else self._env.given
             self._shared = SharedPolicy.of(policy, follow=push_policy_changes, env=given_env)
@@ -620,6 +621,11 @@ class GrpcCollector(TorchRLAccessors):
     def world_size(self) -> int:
         """Learner ranks sharing the fleet (1 for a single learner)."""
         return self._ranks.world_size
+
+    @property
+    def closed(self) -> bool:
+        """False until :meth:`shutdown`, then True (TorchRL's flag)."""
+        return self._state is _State.CLOSED
 
     @property
     def member_ids(self) -> list[int]:

@@ -30,7 +30,7 @@ from learner_client._given_fleet import ActorFleet
 from learner_client._ledger import check_count
 from learner_client._restore import check_state
 from learner_client._settings import positive_int, shutdown_limit
-from learner_client._torchrl_compat import NO_EFFECT, NOT_OFFERED, refuse_attribute
+from learner_client._torchrl_compat import NOT_OFFERED, TorchRLFixedFlags, refuse_attribute
 from learner_client._waits import interrupts_held
 
 __all__ = ["LLM_NOT_OFFERED", "GrpcLLMCollector"]
@@ -52,8 +52,6 @@ _WHOLE = "yield_completed_trajectories=True yields whole dialogs, dialog_turns_p
 _MODEL_DEVICE = (
     "the model runs on each LLM actor's --device; batches are delivered on storing_device"
 )
-#: TorchRL arguments kept as attributes that change nothing over gRPC: read, they say so.
-_NO_EFFECT_READ = ("interruptor", "trust_policy", "no_cuda_sync", "compact_obs")
 
 #: TorchRL's ``LLMCollector`` and ``RayLLMCollector`` names ``GrpcLLMCollector`` does not
 #: offer, and why: the env collectors' (:data:`NOT_OFFERED`), where the LLM actors' reason
@@ -98,7 +96,6 @@ LLM_NOT_OFFERED: dict[str, str] = {
         ),
         "the actors compile their decode loop (--decode compiled)",
     ),
-    **{name: f"{NO_EFFECT[name].reason} (no effect)" for name in _NO_EFFECT_READ},
 }
 
 
@@ -350,7 +347,7 @@ def _turns_per_batch(given: int | None, completed: bool) -> int:
     return 1 if given is None else positive_int("dialog_turns_per_batch", given)
 
 
-class GrpcLLMCollector:
+class GrpcLLMCollector(TorchRLFixedFlags):
     """Collects dialog turns from rlfleet LLM actors, with TorchRL's ``LLMCollector`` API.
 
     One *dialog turn* is one response of one chat slot (TorchRL's "frame" of an LLM
@@ -604,31 +601,6 @@ class GrpcLLMCollector:
     def storing_device(self) -> Any:
         """Where batches are delivered (``storing_device``, else ``device``; None: the host)."""
         return self._inner.storing_device
-
-    @property
-    def reset_when_done(self) -> bool:
-        """True: a finished dialog's slot starts a new one (TorchRL's flag, fixed here)."""
-        return True
-
-    @property
-    def track_traj_ids(self) -> bool:
-        """True: every turn carries its dialog's ``("collector", "traj_ids")``, as TorchRL's."""
-        return True
-
-    @property
-    def extend_buffer(self) -> bool:
-        """True: a replay buffer given takes each batch with ``extend()``, as TorchRL's."""
-        return True
-
-    @property
-    def local_init_rb(self) -> bool:
-        """True: the replay buffer given is the learner's own, filled in its process."""
-        return True
-
-    @property
-    def return_same_td(self) -> bool:
-        """False: every batch is a new TensorDict (TorchRL's default, fixed here)."""
-        return False
 
     @property
     def frames_per_batch(self) -> int:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 import torch
+from tensordict.nn import InteractionType
 
 from common.config import CompileSettings, check_device_name
 from learner_client._script_env import ScriptEnv
@@ -38,6 +39,7 @@ __all__ = [
     "NO_EFFECT",
     "NoEffect",
     "TorchRLAccessors",
+    "TorchRLFixedFlags",
     "TorchRLOnly",
     "check_no_effect",
     "check_torchrl_only",
@@ -338,6 +340,18 @@ class _Batches(Protocol):  # learner_client._settings.BatchSettings
     @property
     def frames_per_batch(self) -> int: ...
 
+    @property
+    def split_trajs(self) -> bool | None: ...
+
+    @property
+    def cat_results(self) -> str | int | None: ...
+
+    @property
+    def update_after_each_batch(self) -> bool: ...
+
+    @property
+    def max_weight_update_interval(self) -> int: ...
+
     def frames_per_actor(self, num_actors: int) -> int: ...
 
 
@@ -347,6 +361,18 @@ class _Rollouts(Protocol):  # learner_client._settings.RolloutSettings
 
     @property
     def placement(self) -> ActorPlacement: ...
+
+    @property
+    def max_frames_per_traj(self) -> int | None: ...
+
+    @property
+    def reset_at_each_iter(self) -> bool: ...
+
+    @property
+    def set_truncated(self) -> bool: ...
+
+    @property
+    def exploration_type(self) -> Any: ...
 
 
 class _Delivers(Protocol):  # learner_client._rounds.Placement
@@ -359,6 +385,7 @@ class _Holds(Protocol):
 
     replay_buffer: Any
     _env: ScriptEnv | None
+    _create_env_fn: Any
     _shared: SharedPolicy | None
 
     @property  # read-only members: the collector's own types need only fit these
@@ -395,6 +422,19 @@ class _Holds(Protocol):
 _IN_ACTORS = "the envs and policies run in the actors' processes, which take gRPC calls only"
 _PUSHES = "weights travel as update_policy_weights_'s pushes (docs/weights.md)"
 _HOOKS = "hooks would run in TorchRL's workers; a fleet's batches go through postproc="
+#: TorchRL arguments kept as attributes that change nothing over gRPC: read, they say so.
+_NO_EFFECT_READ = (
+    "interruptor",
+    "trust_policy",
+    "no_cuda_sync",
+    "compact_obs",
+    "collector_class",
+    "collector_kwargs",
+    "policy_factory",
+    "num_threads",
+    "num_sub_threads",
+    "preemptive_threshold",
+)
 
 #: TorchRL collectors' public names a fleet's collector does not offer, and why (each one
 #: read raises ``AttributeError`` saying so, not Python's bare "no attribute").
@@ -425,6 +465,34 @@ NOT_OFFERED: dict[str, str] = {
     "trajs_per_batch": "complete-trajectory batches are not collected (use split_trajs=True)",
     "trajs_per_write": "complete-trajectory batches are not collected (use split_trajs=True)",
     "traj_format": "complete-trajectory batches are not collected (use split_trajs=True)",
+    # A built collector's instance attributes (``vars(collector)``):
+    "n_env": "each actor steps its own env pool (its --num-envs); a batch is [envs, time] "
+    "per actor",
+    "policy_weights": f"{_PUSHES}; TensorDict.from_module(collector.policy) reads policy='s",
+    "get_weights_fn": _PUSHES,
+    "policy_version_tracker": "pushes set the versions: policy_version, get_policy_version(), "
+    "and every frame carries its ('next', 'policy_version')",
+    "frames_per_worker": "each actor collects until the collector ends its session: "
+    "total_frames is the fleet's budget",
+    "collected_frames": "stats()['frames'] counts the frames delivered",
+    "create_env_kwargs": f"{NO_EFFECT['create_env_kwargs'].reason}; the actors' envs take "
+    "their own --env-kwargs",
+    **dict.fromkeys(
+        (
+            "compiled_policy",
+            "compiled_policy_kwargs",
+            "cudagraphed_policy",
+            "cudagraphed_policy_kwargs",
+        ),
+        "the actors compile their own policy: compile_policy= and cudagraph_policy= are sent "
+        "with each session (an actor that cannot refuses it)",
+    ),
+    **dict.fromkeys(
+        ("pipes", "procs", "queue_out", "out_tensordicts", "running"),
+        "the workers are the actors' processes, reached over gRPC: worker_states reads their "
+        "links, is_running() the background collection",
+    ),
+    **{name: f"{NO_EFFECT[name].reason} (no effect)" for name in _NO_EFFECT_READ},
 }
 
 
@@ -445,7 +513,36 @@ def refuse_attribute(obj: object, name: str, not_offered: Mapping[str, str]) -> 
     raise AttributeError(f"{kind!r} object has no attribute {name!r}", name=name, obj=obj)
 
 
-class TorchRLAccessors:
+class TorchRLFixedFlags:
+    """TorchRL collectors' flags whose value a fleet's collectors always have, read-only."""
+
+    @property
+    def reset_when_done(self) -> bool:
+        """True: a finished trajectory's env (a dialog's chat slot) starts anew."""
+        return True
+
+    @property
+    def track_traj_ids(self) -> bool:
+        """True: every frame carries its fleet-unique ``("collector", "traj_ids")``."""
+        return True
+
+    @property
+    def extend_buffer(self) -> bool:
+        """True: a replay buffer given takes each batch with ``extend()``, as TorchRL's."""
+        return True
+
+    @property
+    def local_init_rb(self) -> bool:
+        """True: the replay buffer given is the learner's own, filled in its process."""
+        return True
+
+    @property
+    def return_same_td(self) -> bool:
+        """False: every batch is a new TensorDict (TorchRL's default)."""
+        return False
+
+
+class TorchRLAccessors(TorchRLFixedFlags):
     """TorchRL's accessors and version calls, for what a fleet's collector holds in the learner.
 
     TorchRL's ``Trainer`` reads ``collector.getattr_rb("write_count")``, its SAC and CQL
@@ -557,11 +654,77 @@ class TorchRLAccessors:
         given = None if self._env is None else self._env.given
         if given is None:
             raise AttributeError(
-                "collector.env is the env object given as create_env_fn=; the envs of a fleet "
-                "live in the actors (a constructor's env is built once, to check the batches)"
+                f"{type(self).__name__} has no 'env', TorchRL's: collector.env is the env object "
+                "given as create_env_fn=; the envs of a fleet live in the actors (a "
+                "constructor's env is built once, to check the batches)",
+                name="env",
+                obj=self,
             )
         return given
 
     def getattr_env(self: _Holds, attr: str) -> Any:
         """``attr`` of :attr:`env` (its specs, say)."""
         return getattr(self.env, attr)
+
+    @property
+    def create_env_fn(self: _Holds) -> Any:
+        """The ``create_env_fn`` given (the actors build their own envs; it checks batches)."""
+        if self._create_env_fn is None:
+            raise AttributeError(
+                f"{type(self).__name__} has no 'create_env_fn', TorchRL's: the actors build "
+                "their own envs (their --env flags); give create_env_fn= to check the batches "
+                "against it",
+                name="create_env_fn",
+                obj=self,
+            )
+        return self._create_env_fn
+
+    @property
+    def num_collectors(self: _Holds) -> int:
+        """RayCollector's count of its remote collectors: here the actors (:attr:`num_workers`)."""
+        return len(self.worker_ids)
+
+    @property
+    def split_trajs(self: _Holds) -> bool:
+        """Batches split into zero-padded trajectories (``("collector", "mask")``)."""
+        return bool(self._batch.split_trajs)
+
+    @property
+    def cat_results(self: _Holds) -> str | int | None:
+        """How sync batches join: ``"stack"`` (``[workers, envs, time]``) or ``0`` (cat)."""
+        return self._batch.cat_results
+
+    @property
+    def update_after_each_batch(self: _Holds) -> bool:
+        """Push the last weights given before each collection (either TorchRL name given)."""
+        return self._batch.update_after_each_batch
+
+    @property
+    def update_at_each_batch(self: _Holds) -> bool:
+        """TorchRL's multi-process name of :attr:`update_after_each_batch`."""
+        return self._batch.update_after_each_batch
+
+    @property
+    def max_weight_update_interval(self: _Holds) -> int:
+        """Batches of a worker after which it is pushed to again (``-1``: off)."""
+        return self._batch.max_weight_update_interval
+
+    @property
+    def max_frames_per_traj(self: _Holds) -> int:
+        """Steps after which a trajectory is truncated (0: none, as TorchRL's default)."""
+        return max(int(self._rollout.max_frames_per_traj or 0), 0)
+
+    @property
+    def reset_at_each_iter(self: _Holds) -> bool:
+        """Every env is reset before each batch."""
+        return bool(self._rollout.reset_at_each_iter)
+
+    @property
+    def set_truncated(self: _Holds) -> bool:
+        """The last frame of each batch is marked truncated."""
+        return self._rollout.set_truncated
+
+    @property
+    def exploration_type(self: _Holds) -> InteractionType:
+        """How the actors' policies act, as tensordict's ``InteractionType`` (TorchRL's)."""
+        return InteractionType[self._rollout.exploration_type.name]

@@ -648,6 +648,53 @@ def test_every_public_name_of_torchrls_collectors_is_offered_or_refused_saying_w
         assert (collector.device, collector.storing_device, collector.policy_device) == (cpu,) * 3
 
 
+def _cartpole_env() -> GymEnv:
+    return GymEnv("CartPole-v1")
+
+
+def test_every_public_instance_name_of_built_torchrl_collectors_is_offered_or_refused(
+    cartpole: list[str],
+) -> None:
+    """The public attributes TorchRL's Collector, MultiSyncCollector and MultiAsyncCollector
+    hold once built (``vars()``: ``split_trajs``, ``num_workers``, ``create_env_fn``,
+    ``closed``...) read on a fleet's collector built with the same arguments give the same
+    value, or raise ``AttributeError`` naming TorchRL's and how a fleet does it, not Python's
+    bare one; ``closed`` turns True at shutdown, as TorchRL's. (RayCollector needs Ray.)"""
+    policy = _torchrl_cartpole_policy()
+    common = {"policy": policy, "frames_per_batch": 16, "total_frames": -1}
+    per_worker = {"create_env_fn": [_cartpole_env] * 2, "cat_results": "stack"}
+    forms = [
+        (Collector, {"create_env_fn": _cartpole_env}, {}),
+        (MultiSyncCollector, per_worker, {"sync": True}),
+        (MultiAsyncCollector, per_worker, {"sync": False}),
+    ]
+    for cls, arguments, ours in forms:
+        theirs = cls(**common, **arguments)
+        try:
+            expected = {n: v for n, v in vars(theirs).items() if not n.startswith("_")}
+        finally:
+            theirs.shutdown()
+        assert theirs.closed
+        collector = GrpcCollector(cartpole, **common, **arguments, **ours)
+        with collector:
+            offered = [name for name in expected if hasattr(collector, name)]
+            for name in set(expected) - set(offered):
+                with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
+                    getattr(collector, name)
+                assert info.value.name == name
+            for name in set(offered) - {"env_device", "policy_device", "storing_device"}:
+                assert getattr(collector, name) == expected[name], (cls.__name__, name)
+                if not isinstance(getattr(type(collector), name, None), property):
+                    continue  # the postproc and replay_buffer given, as TorchRL's
+                with pytest.raises(AttributeError):
+                    setattr(collector, name, expected[name])
+            assert not collector.closed
+        assert collector.closed
+        names = {"closed", "split_trajs", "reset_at_each_iter", "exploration_type"}
+        assert names <= set(offered), cls.__name__
+    assert {"create_env_fn", "num_workers"} <= set(offered)  # the multi-process ones
+
+
 # ---------------------------------------------------------- an env that errors
 
 
