@@ -41,7 +41,7 @@ import argparse
 import contextlib
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
@@ -175,19 +175,20 @@ def run(args: argparse.Namespace, report: Report) -> None:
             )
             for name, factory in (("mlp", "mlp"), ("user", USER_POLICY))
         }
-        torchrl_iters = {}
-        for _, fleet, sync, _, counterpart in WINDOWS:
-            if counterpart is None:
-                continue
-            fpb = args.frames_per_actor * (args.actors if sync else 1)
-            module = user_policy() if fleet == "user" else policy
-            coll = _torchrl.make_collector(
-                sync, env_fn, module, workers=args.actors, frames_per_batch=fpb
+        makers = {
+            counterpart: functools.partial(
+                _torchrl.make_collector,
+                sync,
+                env_fn,
+                user_policy() if fleet == "user" else policy,
+                workers=args.actors,
+                frames_per_batch=args.frames_per_actor * (args.actors if sync else 1),
             )
-            stack.callback(coll.shutdown)
-            torchrl_iters[counterpart] = iter(coll)
+            for _, fleet, sync, _, counterpart in WINDOWS
+            if counterpart is not None
+        }
         for _ in range(reps):
-            _repetition(args, fleets, torchrl_iters, samples)
+            _repetition(args, fleets, makers, samples)
     for name, values in samples.items():
         report.figure(name, "frames/s", values)
     _ratios_and_targets(report, layout)
@@ -196,17 +197,22 @@ def run(args: argparse.Namespace, report: Report) -> None:
 def _repetition(
     args: argparse.Namespace,
     fleets: dict[str, Any],
-    torchrl_iters: dict[str, Any],
+    torchrl_makers: dict[str, Callable[[], Any]],
     samples: dict[str, list[float]],
 ) -> None:
-    """One window of every system, back to back; appends a sample to each figure."""
+    """One window of every system, back to back; appends a sample to each figure.
+
+    Each TorchRL collector is built for its own window and shut down after it: an idle
+    multi-process collector's workers poll their pipes, which would take CPU from every
+    other window of the repetition.
+    """
     from bench._inprocess import in_process_fps, parallel_in_process_fps
 
     for name, fleet, sync, extra, counterpart in WINDOWS:
         fps = _rlfleet_window(fleets[fleet].addresses, sync, args, extra)
         samples.setdefault(f"rlfleet {name}", []).append(fps)
         if counterpart is not None:
-            fps, _ = time_batches(torchrl_iters[counterpart], seconds=args.window, warmup=1)
+            fps = _torchrl_window(torchrl_makers[counterpart], args)
             samples.setdefault(f"torchrl {counterpart}", []).append(fps)
     for limit, policy in ((LIMIT, "mlp"), (USER_LIMIT, user_policy())):
         samples.setdefault(limit, []).append(
@@ -226,6 +232,15 @@ def _repetition(
             seconds=args.window,
         )
     )
+
+
+def _torchrl_window(make: Callable[[], Any], args: argparse.Namespace) -> float:
+    coll = make()
+    try:
+        fps, _ = time_batches(iter(coll), seconds=args.window, warmup=1)
+    finally:
+        coll.shutdown()
+    return fps
 
 
 def _ratios_and_targets(report: Report, layout: str) -> None:
