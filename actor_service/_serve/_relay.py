@@ -245,6 +245,7 @@ class Forwarder:
         self._address = relay.forward_to
         self._stall = relay.stall_seconds
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        self._taken = 0  # messages the next actor's call took from the queue
         options = client_channel_options()
         target = f"dns:///{self._address}"  # host:port by name; never another resolver
         self._channel = (
@@ -269,7 +270,11 @@ class Forwarder:
     async def _requests(self, relay: pb.Relay) -> AsyncIterator[bytes]:
         opening = pb.RelayOpen(push_id=relay.push_id, ticket=relay.forward_ticket)
         yield pb.RelayRequest(open=opening).SerializeToString()
-        while (message := await self._queue.get()) is not None:
+        while True:
+            message = await self._queue.get()
+            self._taken += 1  # the next actor's call took one more: what close() waits on
+            if message is None:
+                return
             yield message
 
     async def send(self, chunk: bytes | memoryview, raw: bytes | None = None) -> None:
@@ -287,11 +292,28 @@ class Forwarder:
         if self.failed is None:
             await self._put(None)
         if self.failed is None:
-            try:
-                await asyncio.wait_for(self._call, 2 * self._stall)  # its last chunks land
-            except (TimeoutError, grpc.RpcError) as exc:
-                self._fail(f"{self._address}: {_describe(exc)}")
+            await self._land()
         await self._channel.close(None)
+
+    async def _land(self) -> None:
+        """Wait for the next actor's answer while its call takes the queued chunks.
+
+        A slow link drains the queue slowly but steadily: the forward is given up only when
+        no chunk is taken and no answer comes for twice the stall time.
+        """
+        taken = -1
+        while not self._ended.is_set() and self._taken != taken:
+            taken = self._taken
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), 2 * self._stall)
+        if not self._ended.is_set():
+            idle = 2 * self._stall
+            self._fail(f"{self._address} took no chunk and gave no answer for {idle:g} s")
+            return
+        try:
+            await self._call
+        except grpc.RpcError as exc:
+            self._fail(f"{self._address}: {_describe(exc)}")
 
     async def _put(self, message: bytes | None) -> None:
         """Queue a message; end the forward if the next actor's call ended or it stalls."""

@@ -9,6 +9,9 @@ the learner's link carried the blob about twice (host1's copy and host3's), not 
 Four actors hold a pushed policy; one is killed and started again on its host: it is sent the
 current weights by a peer that holds them, and the learner's link carries under a tenth of
 the model's bytes meanwhile.
+
+A relay whose next actor sits behind a slower link keeps forwarding while that actor takes
+chunks: the learner sends the blob once, and nobody falls back to a direct push.
 """
 
 from __future__ import annotations
@@ -129,4 +132,52 @@ def test_hosts_a_restarted_actor_among_four_catches_up_from_a_peer(make_bed) -> 
     assert back["fallbacks"] == 0, back
     assert back["versions"] == [version], back  # its first batch acts with the current weights
     assert back["sent"] < 0.1, back  # the learner's link carried headers, acks and credits
+    learner.finish()
+
+
+_SLOW_NEXT = """
+import gymnasium
+from common.policies import make_policy
+from learner_client import GrpcCollector, WeightPushSettings
+
+def tx():
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+hidden = int(sys.argv[2])
+env = gymnasium.make("CartPole-v1")
+policy = make_policy("mlp", env.observation_space, env.action_space, hidden=(hidden, hidden))
+size = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+push = WeightPushSettings(relay_stall_seconds=float(sys.argv[3]))
+c = GrpcCollector(sys.argv[1].split(","), frames_per_batch=4, call_timeout=60, weight_push=push)
+t, sent = time.monotonic(), tx()
+applied = c.update_policy_weights_(policy)
+say({"applied": applied, "seconds": time.monotonic() - t, "sent": (tx() - sent) / size,
+     "relayed": c.stats()["relayed_pushes"], "fallbacks": c.stats()["relay_fallbacks"]})
+c.shutdown(timeout=5)
+"""
+
+
+@pytest.mark.long
+def test_hosts_a_relay_keeps_forwarding_to_a_slow_but_steady_next_actor(make_bed) -> None:
+    """host2's link (20 Mbit) takes each 3 MiB chunk well within the stall time (2 s) but the
+    whole ~19 MB blob in ~8 s: the relay (host1) waits for it while chunks keep moving. It gave
+    the forward up at twice the stall time whatever the progress, and the learner sent host2
+    the whole blob again over the same slow link."""
+    hidden, stall = 2200, 2.0
+    bed = make_bed(2)
+    args = ["--num-envs", "1", "--policy", "mlp", "--port", str(PORT)]
+    args += ["--policy-kwargs", f'{{"hidden": [{hidden}, {hidden}]}}']
+    actors = start_actors_on(
+        bed, [(f"host{i}", ["--worker-id", str(i), "--seed", str(i), *args]) for i in (1, 2)]
+    )
+    bed.shape("host2", "20mbit")
+    targets = ",".join(a.target for a in actors)
+    learner = LearnerScript(bed, _SLOW_NEXT, [targets, str(hidden), str(stall)])
+    pushed = learner.read(timeout=180)
+    assert set(pushed["applied"]) == {"1", "2"}, pushed
+    assert pushed["relayed"] == 1, pushed  # host2 was sent its bytes by host1
+    assert pushed["fallbacks"] == 0, pushed  # never given up while its chunks kept moving
+    assert pushed["sent"] < 1.3, pushed  # the learner's link carried the blob once
+    assert "relay_forward_failed" not in actors[0].stderr()
     learner.finish()
