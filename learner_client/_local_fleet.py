@@ -48,7 +48,7 @@ from common.errors import (
 )
 from common.plain_config import to_plain
 
-__all__ = ["LocalFleet", "restart_seed"]
+__all__ = ["LocalFleet", "check_int", "restart_seed"]
 
 # Its line's end, not its start: a factory's own output without a newline may come before it.
 _READY_RE = re.compile(rb"rlfleet-actor ready worker_id=(\d+) port=(\d+)\s*$", re.MULTILINE)
@@ -277,11 +277,11 @@ class LocalFleet:
         worker_ids: Sequence[int] | None = None,
         token: str | None = None,
     ) -> None:
-        num_actors = _check_int("num_actors", num_actors, 1)
+        num_actors = check_int("num_actors", num_actors, 1)
         self.token = check_token(token if token is not None else _inherited_token())
         self.worker_ids = _worker_ids(num_actors, worker_ids)
         _check_fleet_args(num_envs, seed, start_timeout, grace_period, kind, extra_args)
-        num_envs, seed = _check_int("num_envs", num_envs, 1), fleet_seed(seed, self.worker_ids)
+        num_envs, seed = check_int("num_envs", num_envs, 1), fleet_seed(seed, self.worker_ids)
         if not isinstance(policy, str | None):
             raise TypeError(
                 f"policy must name a factory the actors call ('mlp', 'random' or "
@@ -639,7 +639,7 @@ def _worker_ids(num_actors: int, worker_ids: Sequence[int] | None) -> list[int]:
         return list(range(num_actors))
     if not isinstance(worker_ids, Iterable):
         raise TypeError(f"worker_ids must be a sequence of {num_actors} ints, got {worker_ids!r}")
-    ids = [_check_int("worker_ids[...]", worker_id, 0) for worker_id in worker_ids]
+    ids = [check_int("worker_ids[...]", worker_id, 0) for worker_id in worker_ids]
     if len(ids) != num_actors or len(set(ids)) != len(ids):
         raise ValueError(f"worker_ids must be {num_actors} distinct ints, got {ids}")
     if max(ids) > MAX_WORKER_ID:
@@ -656,9 +656,9 @@ def _check_fleet_args(
     extra_args: Sequence[str],
 ) -> None:
     """The checks of the arguments every fleet takes (``LocalFleet``'s and ``RayFleet``'s)."""
-    _check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
+    check_int("num_envs", num_envs, 1, MAX_NUM_ENVS)
     if seed is not None:
-        _check_int("seed", seed, 0)  # its top: fleet_seed, which knows the worker ids
+        check_int("seed", seed, 0)  # its top: fleet_seed, which knows the worker ids
     _check_seconds("start_timeout", start_timeout, zero=False, forever=True)
     _check_seconds("grace_period", grace_period, zero=True, forever=False)
     if kind not in _DEFAULT_POLICY:
@@ -738,7 +738,7 @@ def fleet_seed(seed: object, worker_ids: Sequence[int]) -> int | None:
     """
     if seed is None:
         return None
-    value = _check_int("seed", seed, 0)
+    value = check_int("seed", seed, 0)
     if value + max(worker_ids, default=0) > MAX_SEED:
         raise ValueError(
             f"seed {value} + worker_id {max(worker_ids)} is above 2**64 - 1, the largest "
@@ -747,8 +747,13 @@ def fleet_seed(seed: object, worker_ids: Sequence[int]) -> int | None:
     return value
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    """``value`` as an int (any integer a script computes: numpy's, a one-element tensor)."""
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int (any integer a script computes: numpy's, a one-element tensor).
+
+    Raises:
+        TypeError: ``value`` is not an integer (naming ``name``).
+        ValueError: It is below ``low`` or above ``high``.
+    """
     number = as_int(value)
     if number is None:
         raise TypeError(f"{name} must be an int, got {value!r}")

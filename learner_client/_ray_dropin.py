@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 from tensordict.nn import TensorDictModuleBase
+from torch import nn
 
+from learner_client._local_fleet import check_int
 from learner_client._ray_fleet import RayFleet, check_ray_args, import_ray
 
 __all__ = ["RAY_ARGUMENTS", "RAY_WARNED", "RayPlacement", "ray_fleet_of"]
@@ -51,7 +53,8 @@ RAY_ARGUMENTS = frozenset(
 RAY_WARNED = frozenset({"trust_policy", "use_env_creator", "no_cuda_sync"})
 #: RayCollector's ``remote_configs`` when none are given (``DEFAULT_REMOTE_CLASS_CONFIG``).
 _GIB = 1024**3
-#: The keys of ``collector_kwargs`` RayCollector overwrites with its own arguments.
+#: The keys of ``collector_kwargs`` RayCollector overwrites with its own arguments (not
+#: ``trust_policy`` nor ``no_cuda_sync``: a value given there is the one its collectors take).
 _OVERWRITTEN = frozenset(
     {
         "device",
@@ -64,8 +67,6 @@ _OVERWRITTEN = frozenset(
         "reset_at_each_iter",
         "exploration_type",
         "split_trajs",
-        "trust_policy",
-        "no_cuda_sync",
         "policy_factory",
         "worker_idx",
     }
@@ -97,9 +98,11 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
 
     Raises:
         ImportError: Ray is not installed (naming ``rlfleet[ray]``).
-        ValueError: Lists of another length than ``num_collectors`` or than each other.
+        ValueError: Lists of another length than ``num_collectors`` or than each other;
+            ``num_collectors`` or ``num_workers_per_collector`` below 1.
         TypeError: No ``create_env_fn`` (and no actors given to the collector); a policy
-            that is not a ``TensorDictModuleBase``; an unknown ``collector_class``.
+            module that is not a ``TensorDictModuleBase``; an unknown ``collector_class``;
+            a ``num_collectors`` or ``num_workers_per_collector`` that is not an int.
     """
     if placement.create_env_fn is None:
         raise TypeError(
@@ -110,17 +113,13 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
     env_fns, kwargs, configs = _per_collector(placement)  # checked before Ray is needed
     import_ray()
     _warn_collector_kwargs(kwargs)
-    policy = placement.policy
-    if policy is not None and not isinstance(policy, TensorDictModuleBase):
-        raise TypeError(
-            f"policy is a {type(policy).__name__}: the actors placed on Ray act with a "
-            "tensordict.nn.TensorDictModuleBase; wrap it: TensorDictModule(module, "
-            "in_keys=['observation'], out_keys=['action'])"
-        )
+    policy = placement.policy  # with policy_factory too: refused by RayFleet, as TorchRL's
+    if placement.policy_factory is None:
+        policy = _shipped_policy(policy)
     parallel = _parallel(placement.collector_class)
     return RayFleet(
         len(env_fns),
-        num_envs=placement.num_workers_per_collector,
+        num_envs=check_int("num_workers_per_collector", placement.num_workers_per_collector, 1),
         policy=policy,
         env_kwargs=placement.create_env_kwargs,
         create_env_fn=env_fns,
@@ -128,6 +127,24 @@ def ray_fleet_of(placement: RayPlacement) -> RayFleet:
         extra_args=["--env-backend", "async" if parallel else "sync"],
         ray_init_config=placement.ray_init_config,
         remote_configs=configs,
+    )
+
+
+def _shipped_policy(policy: Any) -> TensorDictModuleBase | None:
+    """The policy shipped to the actors; None: they act with their own (random) one.
+
+    A callable without weights (TorchRL's ``RandomPolicy(spec)``, a function) is taken as
+    ``GrpcCollector`` takes it from any fleet (``SharedPolicy.of`` warns): the actors act
+    with their own policy, a random one here.
+    """
+    if policy is None or isinstance(policy, TensorDictModuleBase):
+        return policy
+    if callable(policy) and not isinstance(policy, nn.Module):
+        return None
+    raise TypeError(
+        f"policy is a {type(policy).__name__}: the actors placed on Ray act with a "
+        "tensordict.nn.TensorDictModuleBase; wrap it: TensorDictModule(module, "
+        "in_keys=['observation'], out_keys=['action'])"
     )
 
 
@@ -144,6 +161,7 @@ def _per_collector(
     count = placement.num_collectors
     lengths = {name: len(v) for name, v in values.items() if isinstance(v, list | tuple)}
     if count is not None:
+        count = check_int("num_collectors", count, 1)
         wrong = {name: n for name, n in lengths.items() if n != count}
         if wrong:
             raise ValueError(f"num_collectors is {count}, but these lists are not: {wrong}")

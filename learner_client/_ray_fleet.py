@@ -47,12 +47,12 @@ from learner_client._local_fleet import (
     _POLL_INTERVAL,
     _TAIL_BYTES,
     _check_fleet_args,
-    _check_int,
     _env_flags,
     _inherited_token,
     _tail,
     _worker_ids,
     actor_args,
+    check_int,
     fleet_seed,
     kwargs_json,
     ready_port,
@@ -424,7 +424,7 @@ class RayFleet:
         policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]] | None = None,
         token: str | None = None,
     ) -> None:
-        num_actors = _check_int("num_actors", num_actors, 1)
+        num_actors = check_int("num_actors", num_actors, 1)
         self.token = check_token(token if token is not None else _inherited_token())
         self._env_fns = _per_actor("create_env_fn", create_env_fn, num_actors)
         self._policy_module = None if isinstance(policy, str | None) else policy
@@ -442,7 +442,7 @@ class RayFleet:
         self._shutdown_ray, self._python = shutdown_ray, python
         self._seed = fleet_seed(seed, self.worker_ids)
         flags = {
-            "--num-envs": _check_int("num_envs", num_envs, 1),
+            "--num-envs": check_int("num_envs", num_envs, 1),
             "--policy": policy if isinstance(policy, str) and policy else _DEFAULT_POLICY[kind],
             "--policy-kwargs": kwargs_json("policy_kwargs", policy_kwargs),
             "--grace-period": grace_period,

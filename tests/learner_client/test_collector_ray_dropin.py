@@ -22,7 +22,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from helpers import poll_until, start_local_ray, stop_local_ray
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
 
 from common.errors import ActorUnavailableError
 from learner_client import GrpcCollector
@@ -257,3 +261,129 @@ def test_ray_dropin_reports_an_env_that_raises_on_the_actor(ray_cluster: Any) ->
     assert "RuntimeError: no such simulator on this node" in text
     assert "the actor's traceback" in text
     assert "env_on_the_learner_only" in text  # the frame that raised, on the actor
+
+
+# ------------------------------------------- TorchRL's own RayCollector tests, ported
+# (pytorch/rl test/test_distributed.py, TestRayCollector). Its envs come from TorchRL's test
+# suite (mocking_classes), which is not installed: Pendulum stands in for them.
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("sync", [False, True])
+def test_ray_dropin_collects_total_frames_acting_with_torchrls_random_policy(
+    ray_cluster: Any, sync: bool
+) -> None:
+    """``test_distributed_collector_sync``: ``[env] * 2`` and ``RandomPolicy(spec)``, which
+    used to be refused ("wrap it: TensorDictModule"); a weightless policy is taken as any
+    fleet takes it, with a warning: the actors act randomly, as it would."""
+    from torchrl.envs import GymEnv
+    from torchrl.envs.utils import RandomPolicy
+
+    spec = GymEnv("Pendulum-v1").action_spec
+    with pytest.warns(UserWarning, match=r"RandomPolicy\(\.\.\.\) holds no weights"):
+        collector = GrpcCollector(
+            create_env_fn=[lambda: GymEnv("Pendulum-v1")] * 2,
+            policy=RandomPolicy(spec),
+            total_frames=200,
+            frames_per_batch=50 if not sync else 40,  # sync: a share per actor, as TorchRL's
+            sync=sync,
+            remote_configs=SMALL,
+        )
+    with collector:
+        batches = list(collector)
+    assert sum(batch.numel() for batch in batches) == 200
+    assert {batch.numel() for batch in batches} == {50 if not sync else 40}
+    assert batches[-1].names[-1] == "time"
+    actions = torch.cat([batch["action"].flatten() for batch in batches])
+    assert actions.unique().numel() > 100  # random, within the spec's bounds
+    assert actions.abs().max() <= 2.0
+
+
+def _counting_policy() -> Any:
+    """TorchRL's test policy: acts with its one weight, 1 at first (defined in here, so that
+    Ray ships the class by value: the test module is not importable on the actors)."""
+
+    class CountingPolicy(TensorDictModuleBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.tensor(1.0))
+            self.in_keys: list[str] = []
+            self.out_keys = ["action"]
+
+        def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+            return tensordict.set("action", self.weight.expand(*tensordict.shape, 1).clone())
+
+    return CountingPolicy()
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("sync", [False, True])
+def test_ray_dropin_update_policy_weights_reaches_every_remote_collector(
+    ray_cluster: Any, sync: bool
+) -> None:
+    """``test_distributed_collector_updatepolicy``: a weight changed after the first batch is
+    what the actors act with by the one before last. TorchRL's test changes it through
+    ``.data``, which bumps no version counter: an argument-less push would find the module
+    unchanged and send nothing (docs/weights.md, "A push that is not made"); the change is
+    made in place under ``no_grad`` here, as an optimiser makes it."""
+    from torchrl.envs import GymEnv
+
+    policy = _counting_policy()
+    with GrpcCollector(
+        create_env_fn=[lambda: GymEnv("Pendulum-v1")] * 2,
+        policy=policy,
+        total_frames=300,
+        frames_per_batch=50,
+        sync=sync,
+        remote_configs=SMALL,
+        push_policy_changes=False,  # only the script's own call pushes, as in TorchRL
+    ) as collector:
+        batches = []
+        for i, batch in enumerate(collector):
+            batches.append(batch)
+            if i == 0:
+                with torch.no_grad():
+                    policy.weight += 1
+                collector.update_policy_weights_()
+    assert [batch.numel() for batch in batches] == [50] * 6
+    assert batches[0]["action"].eq(1).all()
+    assert batches[-2]["action"].eq(2).all()
+
+
+@pytest.mark.long
+def test_ray_dropin_offers_or_refuses_every_public_instance_name_of_a_built_raycollector(
+    ray_cluster: Any,
+) -> None:
+    """What a built ``RayCollector`` holds (``vars()``: ``num_collectors``, ``policy``,
+    ``collected_frames``, ``collector_kwargs``, ``policy_weights``...) reads on the drop-in
+    form built with the same arguments with RayCollector's value, or raises AttributeError
+    naming how a fleet does it, as tests/learner_client/test_collector_torchrl_parity.py
+    checks for TorchRL's other collectors."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors.distributed import RayCollector
+    from torchrl.envs import GymEnv
+
+    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    arguments = {
+        "create_env_fn": [lambda: GymEnv("Pendulum-v1")] * 2,
+        "policy": policy,
+        "frames_per_batch": 40,
+        "total_frames": 80,
+        "sync": True,
+        "remote_configs": SMALL,
+    }
+    theirs = RayCollector(**arguments)
+    try:
+        expected = {n: v for n, v in vars(theirs).items() if not n.startswith("_")}
+    finally:
+        theirs.shutdown()
+    assert {"num_collectors", "collected_frames", "policy_weights"} <= set(expected)
+    with GrpcCollector(**arguments) as collector:
+        offered = [name for name in expected if hasattr(collector, name)]
+        for name in set(expected) - set(offered):
+            with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: "):
+                getattr(collector, name)
+        assert collector.policy is policy
+        for name in set(offered) - {"policy"}:
+            assert getattr(collector, name) == expected[name], name
+    assert {"num_collectors", "total_frames", "split_trajs"} <= set(offered)

@@ -146,7 +146,14 @@ def _placement(**kwargs: Any) -> RayPlacement:
             ValueError,
             r"lists of different lengths",
         ),
-        ({"num_collectors": 0}, ValueError, r"num_collectors must be >= 1, got 0"),
+        ({"num_collectors": 0}, ValueError, r"num_collectors must be an int >= 1, got 0"),
+        ({"num_collectors": "2"}, TypeError, r"num_collectors must be an int, got '2'"),
+        ({"num_collectors": 2.5}, TypeError, r"num_collectors must be an int, got 2.5"),
+        (
+            {"num_workers_per_collector": 0},
+            ValueError,
+            r"num_workers_per_collector must be an int >= 1, got 0",
+        ),
         ({"policy": torch.nn.Linear(3, 1)}, TypeError, r"policy is a Linear: .*TensorDictModule"),
         ({"collector_class": "parallel"}, TypeError, r"collector_class 'parallel' is none of"),
         ({"collector_class": dict}, TypeError, r"collector_class must be a TorchRL collector"),
@@ -227,6 +234,31 @@ def test_raycollectors_form_warns_only_for_collector_kwargs_it_does_not_overwrit
     assert len(caught) == 1
 
 
+@pytest.mark.ray
+@pytest.mark.parametrize("key", ["trust_policy", "no_cuda_sync"])
+def test_raycollectors_form_warns_for_collector_kwargs_raycollector_keeps(key: str) -> None:
+    """RayCollector sets these only when ``collector_kwargs`` lacks them: a value given there
+    acts on its collectors. It used to be taken here as overwritten, silently."""
+    with pytest.warns(UserWarning, match=rf"collector_kwargs\['{key}'\] has no effect"):
+        ray_fleet_of(_placement(collector_kwargs={key: True}))
+
+
 def test_no_actors_and_no_create_env_fn_says_what_is_needed_with_or_without_ray() -> None:
     with pytest.raises(TypeError, match=r"needs the actors .*or RayCollector's create_env_fn"):
         GrpcCollector(frames_per_batch=16, num_collectors=2)
+
+
+@pytest.mark.ray
+def test_raycollectors_form_takes_a_policy_without_weights_as_any_fleet_does() -> None:
+    """TorchRL's RayCollector tests act with ``RandomPolicy(spec)``: it used to be refused
+    here ("wrap it: TensorDictModule"), while a collector of any other fleet takes it with a
+    warning and its actors act randomly; so do the actors placed on Ray now."""
+    from torchrl.data import Bounded
+    from torchrl.envs.utils import RandomPolicy
+
+    for policy in (RandomPolicy(Bounded(-2.0, 2.0, shape=(1,))), lambda td: td):
+        fleet = ray_fleet_of(_placement(policy=policy))
+        assert fleet._policy_module is None  # the actors' own policy: a random one
+        assert fleet._common_args[fleet._common_args.index("--policy") + 1] == "random"
+    with pytest.raises(TypeError, match=r"policy is a Linear: .*TensorDictModule"):
+        ray_fleet_of(_placement(policy=torch.nn.Linear(3, 1)))  # weights it cannot ship
