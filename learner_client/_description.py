@@ -19,6 +19,7 @@ from common.config import (
     MAX_POLICY_VERSION,
     MAX_WORKER_ID,
     check_model_id,
+    protocol_mismatch,
 )
 from common.errors import ProtocolError
 from common.rlfleet.v1 import actor_service_pb2 as pb
@@ -129,6 +130,10 @@ class ActorDescription:
     def from_response(cls, address: str, reply: pb.DescribeResponse) -> ActorDescription:
         """Decode the ``DescribeResponse`` that the actor at ``address`` sent.
 
+        Raises:
+            ProtocolError: An actor of a protocol revision this build does not work with
+                (checked before any other field), or a field outside an actor's ranges.
+
         Example::
 
             reply = stub.Describe(pb.DescribeRequest(), timeout=5.0)
@@ -182,11 +187,20 @@ def _spaces_digest(reply: pb.DescribeResponse) -> str:
 
 
 def _check_description(address: str, reply: pb.DescribeResponse) -> None:
-    """Refuse a ``DescribeResponse`` whose numbers no actor reports (each within its range).
+    """Refuse an actor of another protocol revision, then numbers no actor reports.
+
+    The revision comes first: an actor of another one may mean something else by every
+    other field (a range a newer build widened), and the fix is the same release on both
+    sides, not a look for a broken actor.
 
     Raises:
-        ProtocolError: A field outside the range an actor's own settings allow.
+        ProtocolError: A revision this build does not work with (0: a build before
+            revisions), or a field outside the range an actor's own settings allow.
     """
+    peer = f"actor {address} (worker_id {reply.worker_id})"
+    mismatch = protocol_mismatch(peer, reply.protocol_version, reply.min_peer_protocol)
+    if mismatch:
+        raise ProtocolError(mismatch)
     ranges = {
         "worker_id": (reply.worker_id, 0, MAX_WORKER_ID),
         "epoch": (reply.epoch, 1, None),

@@ -23,7 +23,7 @@ from typing import Any, Protocol, overload
 
 import grpc
 
-from common.config import CHUNK_BYTES, client_channel_options, is_loopback, protocol_mismatch
+from common.config import CHUNK_BYTES, client_channel_options, is_loopback
 from common.errors import (
     ActorUnavailableError,
     DeadlineError,
@@ -527,14 +527,7 @@ class ActorChannel:
                     f"{self.address}: not an rlfleet actor: it does not serve "
                     f"rlfleet.v1.ActorService/Describe ({exc.details()}); check the address"
                 ) from None
-        description = ActorDescription.from_response(self.address, r)
-        peer = f"actor {self.address} (worker_id {description.worker_id})"
-        mismatch = protocol_mismatch(
-            peer, description.protocol_version, description.min_peer_protocol
-        )
-        if mismatch:
-            raise ProtocolError(mismatch)
-        return description
+        return ActorDescription.from_response(self.address, r)  # its revision checked first
 
     async def why_unreachable(self) -> str:
         """Why this channel did not connect: a waiting call's error says only DEADLINE_EXCEEDED.

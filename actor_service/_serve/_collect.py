@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 
-from actor_service._serve._convert import InvalidSettingsError
+from actor_service._serve._convert import InvalidSettingsError, settings_from_proto
 from actor_service._serve._encoded import EncodedBatch, collect_encoded
 from actor_service._serve._logging import log_event
 from actor_service._serve._runtime import ActorRuntime
@@ -45,7 +45,6 @@ from actor_service._serve._streams import kind_of
 from actor_service._serve._wire import encode_control
 from common.config import (
     MAX_WIRE_LEARNER_ID,
-    CollectSettings,
     check_learner_id,
     protocol_mismatch,
 )
@@ -138,21 +137,23 @@ class CollectSession:
     Args:
         runtime: The actor's serving state.
         request: The ``open`` message.
-        settings: Its collection settings, already converted.
         peer: The learner's address, for logs.
+
+    Raises:
+        ProtocolError: The learner's protocol revision, checked before any other field
+            (a learner of another revision may mean something else by them), or its id.
+        InvalidSettingsError: The settings do not convert.
     """
 
-    def __init__(
-        self, runtime: ActorRuntime, request: pb.OpenSession, settings: CollectSettings, peer: str
-    ) -> None:
+    def __init__(self, runtime: ActorRuntime, request: pb.OpenSession, peer: str) -> None:
+        self.learner_id = _learner_of(request, peer)
         self._rt = runtime
         self._metrics = runtime.metrics  # counts sends and session ends; None counts nothing
         self._open = request
-        self._settings = settings
+        self._settings = settings_from_proto(request.settings)
         # Batches through shared memory: the learner asked (it proved it shares this host)
         # and this actor allows it.
         self._segments = runtime.batch_segments() if request.shm_batches else None
-        self.learner_id = _learner_of(request, peer)
         self._peer = peer
         self.active = False
         self._session_id = 0

@@ -23,7 +23,7 @@ import grpc
 from actor_service._core._state import decode_state, encode_state
 from actor_service._serve import _shm as shm
 from actor_service._serve._collect import CollectSession
-from actor_service._serve._convert import describe_to_proto, settings_from_proto
+from actor_service._serve._convert import describe_to_proto
 from actor_service._serve._logging import log_event
 from actor_service._serve._push import WeightPushes
 from actor_service._serve._runtime import ActorRuntime
@@ -124,8 +124,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         requests = aiter(request_iterator)
         request = await first_message(requests, "open", "Collect")
         self._rt.require_core()  # UNAVAILABLE while the actor starts
-        settings = settings_from_proto(request.settings)
-        stream = CollectSession(self._rt, request, settings, context.peer())
+        stream = CollectSession(self._rt, request, context.peer())
         await stream.run(requests, context)
 
     @_mapped

@@ -22,6 +22,7 @@ from helpers import ActorProcess, poll_until, self_signed_cert, start_actor
 
 from apps import status as cli
 from apps.status._status import ActorStatus, format_table, with_rates
+from common.config import MIN_PEER_PROTOCOL, PROTOCOL_VERSION
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 
@@ -340,11 +341,15 @@ def test_status_shows_a_draining_actor_not_serving(capsys: pytest.CaptureFixture
     assert (row["health"], row["session"], row["serving"]) == ("NOT_SERVING", "draining", False)
 
 
+# What every actor of this build says of its protocol revision.
+_REVISION = {"protocol_version": PROTOCOL_VERSION, "min_peer_protocol": MIN_PEER_PROTOCOL}
+
+
 class _OddDescribe(pb_grpc.ActorServiceServicer):
     """Answers Describe with num_envs 0, which no actor reports."""
 
     def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
-        return pb.DescribeResponse(worker_id=3, epoch=5, num_envs=0, max_credits=4)
+        return pb.DescribeResponse(worker_id=3, epoch=5, num_envs=0, max_credits=4, **_REVISION)
 
 
 @contextlib.contextmanager
@@ -371,6 +376,33 @@ def test_status_shows_a_describe_no_actor_sends_as_that_actors_error() -> None:
     assert result.returncode == 1, result.stderr
     (row,) = json.loads(result.stdout)
     assert "Describe reports num_envs 0, outside 1..4096" in row["error"]
+
+
+class _NewerDescribe(pb_grpc.ActorServiceServicer):
+    """Answers Describe as a healthy actor of a later revision that needs learners of it."""
+
+    def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
+        newer = PROTOCOL_VERSION + 1
+        return pb.DescribeResponse(
+            worker_id=3,
+            epoch=5,
+            num_envs=1,
+            max_credits=4,
+            protocol_version=newer,
+            min_peer_protocol=newer,
+        )
+
+
+def test_status_shows_an_actor_of_another_protocol_revision_as_that_actors_error() -> None:
+    """A rolling update half done: the learner of this build refuses the actor, so a fleet
+    check (exit 0 means a learner can use every actor) must not pass it as serving."""
+    with _serving(_NewerDescribe()) as address:
+        result = rlfleet("status", address, "--json", "--interval", "0.2")
+    assert result.returncode == 1, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["serving"] is False
+    assert f"speaks protocol {PROTOCOL_VERSION + 1}" in row["error"]
+    assert "run the same rlfleet release" in row["error"]
 
 
 def test_status_watch_stopped_by_ctrl_c_exits_130() -> None:
@@ -452,7 +484,12 @@ class _ClocklessDescribe(pb_grpc.ActorServiceServicer):
 
     def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
         return pb.DescribeResponse(
-            worker_id=3, epoch=5, num_envs=1, max_credits=4, uptime_seconds=float("nan")
+            worker_id=3,
+            epoch=5,
+            num_envs=1,
+            max_credits=4,
+            uptime_seconds=float("nan"),
+            **_REVISION,
         )
 
 

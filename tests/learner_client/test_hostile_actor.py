@@ -34,9 +34,11 @@ from hostile_harness import (
 from learner_fleet import cartpole_policy
 from tensordict import LazyStackedTensorDict, TensorDict
 
+from common.config import MAX_CREDITS, PROTOCOL_VERSION
 from common.errors import EnvError, ProtocolError
 from common.packets import MAGIC, encode_packet, packet_crc32c
 from common.packets._decode import PREAMBLE
+from common.protowire import varint
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from learner_client import GrpcCollector, MissingWorkersError
 
@@ -173,6 +175,71 @@ def test_a_description_outside_an_actors_ranges_is_refused_at_construction(
             GrpcCollector([address], frames_per_batch=FRAMES, connect_timeout=5.0)
     finally:
         server.stop(None)
+
+
+def test_a_description_of_another_revision_is_refused_for_its_revision_first(
+    description,
+) -> None:
+    """A newer actor may widen a range this build checks (max_credits): the learner names
+    the revisions and the fix, not a max_credits "outside 0..1024" as if the actor lied."""
+    newer = PROTOCOL_VERSION + 1
+    hostile = pb.DescribeResponse()
+    hostile.CopyFrom(description)
+    hostile.protocol_version, hostile.min_peer_protocol = newer, newer
+    hostile.max_credits = MAX_CREDITS + 1
+    server, address = serve(HostileActor(hostile, lambda seq: batch(seq)))
+    try:
+        with pytest.raises(ProtocolError) as raised:
+            GrpcCollector([address], frames_per_batch=FRAMES, connect_timeout=5.0)
+    finally:
+        server.stop(None)
+    assert f"speaks protocol {newer} (works with {newer} and newer)" in str(raised.value)
+    assert "run the same rlfleet release" in str(raised.value)
+
+
+def _as_collect_response(field: int, body: bytes) -> pb.PushWeightsRequest | pb.Relay:
+    """A message that serialises to ``CollectResponse`` field ``field`` (1 or 2) holding
+    ``body`` as is: the generated server serialises any message, and these two have a bytes
+    field of that number."""
+    return pb.Relay(push_id=body) if field == 1 else pb.PushWeightsRequest(chunk=body)
+
+
+def _retyped_model_id(seq: int) -> pb.PushWeightsRequest | pb.Relay:
+    """Batch ``seq`` as an actor whose build made ``BatchInfo.model_id`` bytes frames it: the
+    model id is not UTF-8, so the message does not parse as this build's."""
+    honest = batch(seq).chunk
+    info = honest.info
+    info.ClearField("model_id")
+    raw_info = info.SerializeToString() + b"\x3a\x02\xff\xfe"  # field 7, 2 bytes
+    honest.ClearField("info")
+    body = honest.SerializeToString() + b"\x2a" + varint(len(raw_info)) + raw_info
+    return _as_collect_response(2, body)
+
+
+class UndecodableOpened(HostileActor):
+    """Answers every ``open`` with an ``opened`` whose bytes do not parse (a cut varint)."""
+
+    def Collect(self, requests: Iterator[pb.CollectRequest], context: Any) -> Any:
+        next(requests)
+        with self._lock:
+            self.sessions += 1
+        yield _as_collect_response(1, b"\x08")
+
+
+def test_a_collect_response_that_does_not_parse_is_named_so_and_retried(
+    description, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gRPC's client hands a message its deserializer cannot parse over as None (logging the
+    parser's traceback): read as a stream that ended without its ``end``. The user is told
+    the actor's message did not parse, and the actor is retried (not given up as a refusal
+    of the settings) without a traceback in the log."""
+    _refused_as_protocol_error(
+        HostileActor(description, _retyped_model_id), "does not parse (Error parsing message"
+    )
+    opened = UndecodableOpened(description, batch)
+    _refused_as_protocol_error(opened, "a CollectResponse of 3 bytes does not parse")
+    assert opened.sessions >= 2  # retried
+    assert "Exception deserializing message" not in caplog.text
 
 
 def test_an_end_carrying_megabytes_of_text_reaches_the_user_cut(description) -> None:

@@ -877,6 +877,24 @@ def test_collect_refuses_a_learner_of_a_protocol_revision_it_does_not_work_with(
         session.cancel()
 
 
+def test_collect_refuses_a_learner_of_another_revision_before_reading_its_settings(
+    actor: Actor,
+) -> None:
+    """A newer learner's settings may mean what this build does not know (an exploration
+    type it added, a field it made required): its revision is what the refusal names, not
+    "unknown exploration_type 9" nor "reset_when_done=False"."""
+    newer = PROTOCOL_VERSION + 1
+    for settings in [{"exploration_type": 9}, {"reset_when_done": False}]:
+        refused = RawCollect.open(
+            actor.stub,
+            open_request(credits=0, protocol_version=newer, min_peer_protocol=newer, **settings),
+        )
+        error = refused.error()
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"speaks protocol {newer} (works with {newer} and newer)" in error.details()
+        assert f"this build speaks protocol {PROTOCOL_VERSION}" in error.details()
+
+
 def test_collect_a_fresh_open_under_a_live_sessions_learner_id_is_refused(actor: Actor) -> None:
     """A second process under the same learner_id opening afresh (not resuming) is busy-refused:
     only take_over ends a live session; the first keeps streaming."""
