@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from actor_service._core._settings import EnvPoolSettings
@@ -85,6 +85,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "decode": ("eager", "static", "compiled"),
     "engine": ("transformers", "vllm"),
 }
+#: Settings of one type that no range or choice above covers (a section's read flat).
+_TYPES: dict[str, type] = {
+    "device": str,
+    "shared_memory": bool,
+    "env_kwargs": Mapping,
+    "task_kwargs": Mapping,
+}
 #: The ``max_lora_rank`` values vLLM 0.32 takes; an adapter's rank fits the next one up.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -143,9 +150,13 @@ class ModelSpec:
         """Refuse a ``model_id`` no learner could address (:func:`common.config.check_model_id`).
 
         Raises:
-            ValueError: Naming the id and the rule.
+            ValueError: Naming the id and the rule, or ``kwargs`` that are not a mapping.
         """
         check_model_id(self.model_id)
+        if not isinstance(self.kwargs, Mapping):
+            raise ValueError(
+                f"model {self.model_id!r}: kwargs must be a Mapping, got {self.kwargs!r:.80}"
+            )
 
     @property
     def path(self) -> str:
@@ -261,7 +272,10 @@ class ActorConfig:
                 range or choices, a seed outside ``[0, 2**64)``, a ``token`` a learner
                 cannot send (:func:`~common.config.check_token`), a ``step_timeout`` out
                 of ``(0, MAX_STEP_TIMEOUT_S]``, a ``grace_period`` outside ``[0, MAX_TIMEOUT_S]``, a
-                ``part_deadline_s`` out of range, TLS files given by halves
+                ``part_deadline_s`` out of range, a field of the wrong type (``device``
+                empty or not a str, ``shared_memory`` not a bool, ``env_kwargs`` or
+                ``task_kwargs`` not a mapping, a duration not a number, ``models`` not
+                ``ModelSpec`` objects), TLS files given by halves
                 (``relay_ca`` included), no models, a ``lora`` that is not a
                 ``LoraSpec`` on an LLM actor with peft installed, vLLM settings without
                 ``engine="vllm"`` on an LLM actor, a ``decode`` other than ``"eager"``
@@ -288,6 +302,7 @@ class ActorConfig:
         if self.seed is not None and not _int_within(self.seed, 0, MAX_SEED):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
         check_bind_host(self.host)
+        self._check_types()
         if self.token:  # "" disables auth; a learner must be able to send any other
             check_token(self.token)
         self._check_durations()
@@ -305,6 +320,29 @@ class ActorConfig:
             check_peft()
         if not keep_other_kinds:
             self._check_sections()
+
+    def _check_types(self) -> None:
+        """The settings no range or choice covers have their type (a section's read flat).
+
+        A wrong one was taken (``shared_memory="no"`` as True) or met at start as a bare
+        ``AttributeError`` (``env_kwargs=None``).
+        """
+        for name, kind in _TYPES.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(
+                    f"{name} must be a {kind.__name__}, got {getattr(self, name)!r:.80}"
+                )
+        if not self.device.strip():
+            raise ValueError("device must name a torch device ('cpu', 'cuda:1'), got ''")
+        for name in ("step_timeout", "grace_period", "part_deadline_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number of seconds, got {value!r:.80}")
+        if not isinstance(self.models, list | tuple):
+            raise ValueError(f"models must be a tuple of ModelSpec, got {self.models!r:.80}")
+        for spec in self.models:
+            if not isinstance(spec, ModelSpec):
+                raise ValueError(f"models must hold ModelSpec objects, got {spec!r:.80}")
 
     def _check_durations(self) -> None:
         """``step_timeout``, ``grace_period`` and ``part_deadline_s`` are in their ranges."""

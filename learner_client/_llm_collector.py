@@ -311,8 +311,8 @@ def _check_sinks(layout: str, overflow: str, queue: Any, replay_buffer: Any) -> 
         raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
     if overflow not in _OVERFLOW:
         raise ValueError(f"queue_overflow must be one of {_OVERFLOW}, got {overflow!r}")
-    if queue is not None and replay_buffer is not None:
-        raise ValueError("pass either replay_buffer or queue, not both")
+    if queue is not None and replay_buffer is not None:  # TorchRL's RuntimeError
+        raise RuntimeError("pass either replay_buffer or queue, not both")
 
 
 def _modes(
@@ -322,7 +322,10 @@ def _modes(
     reset_at_each_iter: bool,
     has_buffer: bool,
 ) -> tuple[bool, bool, bool]:
-    """TorchRL 0.14.1's rules for the three modes and ``flatten_data``."""
+    """TorchRL 0.14.1's rules for the three modes and ``flatten_data``, with its TypeErrors.
+
+    ``yield_only_last_steps=True`` refuses any ``flatten_data`` given, False too, as TorchRL.
+    """
     _check_flags(
         yield_completed_trajectories=yield_completed_trajectories,
         yield_only_last_steps=yield_only_last_steps,
@@ -330,12 +333,15 @@ def _modes(
     )
     last = bool(yield_only_last_steps)
     if last and yield_completed_trajectories is False:
-        raise ValueError("yield_only_last_steps=True needs yield_completed_trajectories=True")
+        raise TypeError("yield_only_last_steps=True needs yield_completed_trajectories=True")
     completed = bool(yield_completed_trajectories) or last
-    if last and flatten_data:
-        raise ValueError("yield_only_last_steps=True is incompatible with flatten_data=True")
+    if last and flatten_data is not None:
+        raise TypeError(
+            f"yield_only_last_steps=True is incompatible with flatten_data={flatten_data} "
+            "(given at all, as TorchRL's): leave flatten_data out"
+        )
     if last and reset_at_each_iter:
-        raise ValueError("yield_only_last_steps=True is incompatible with reset_at_each_iter")
+        raise TypeError("yield_only_last_steps=True is incompatible with reset_at_each_iter")
     flatten = has_buffer if flatten_data is None else bool(flatten_data)
     return completed, last, flatten
 
@@ -427,9 +433,10 @@ class GrpcLLMCollector(TorchRLFixedFlags):
             ``token``, ``model_id``, ``dns_refresh_interval``, ...).
 
     Raises:
-        ValueError: Incompatible modes, bad generation settings (unknown keys named), or a
-            fleet that does not divide the turns.
-        TypeError: An argument of the wrong type.
+        ValueError: Bad generation settings (unknown keys named), or a fleet that does not
+            divide the turns.
+        TypeError: An argument of the wrong type, or incompatible modes (as TorchRL's).
+        RuntimeError: Both a ``replay_buffer`` and a ``queue`` (as TorchRL's).
     """
 
     def __init__(

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ __all__ = [
     "start_actor",
     "start_local_ray",
     "stop_local_ray",
+    "torchrl_public_names",
 ]
 
 T = TypeVar("T")
@@ -415,13 +416,21 @@ def _ray_log_tails(temp_dir: str, max_bytes: int = 2000) -> str:
     return "\n".join(tails) or f"(no logs under {logs})"
 
 
-def assert_torchrl_names_offered_or_refused(collector: object, classes: Sequence[type]) -> None:
-    """Each public name of ``classes`` (TorchRL's collectors) is on ``collector``, or reading
-    it raises ``AttributeError`` naming TorchRL's and the attribute, not Python's bare one."""
-    for cls in classes:
-        for name in (n for n in dir(cls) if not n.startswith("_")):
-            if name in dir(collector):
-                continue
-            with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
-                getattr(collector, name)
-            assert info.value.name == name
+def torchrl_public_names(classes: Sequence[type]) -> list[str]:
+    """The public names of ``classes`` (TorchRL's collectors), each once, sorted."""
+    return sorted({name for cls in classes for name in dir(cls) if not name.startswith("_")})
+
+
+def assert_torchrl_names_offered_or_refused(collector: object, names: Iterable[str]) -> list[str]:
+    """Each of ``names`` (TorchRL's collectors' public names, of their classes or of a built
+    one's ``vars()``) is on ``collector``, or reading it raises ``AttributeError`` naming
+    TorchRL's and the attribute, not Python's bare one. Returns the names offered."""
+    offered = []
+    for name in names:
+        if hasattr(collector, name):
+            offered.append(name)
+            continue
+        with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: ") as info:
+            getattr(collector, name)
+        assert info.value.name == name
+    return offered

@@ -315,7 +315,6 @@ def test_drop_oldest_queue_counts_drops(llm_fleet) -> None:
     ("kw", "match"),
     [
         ({"generation": {"do_sample": True}}, "unknown generation keys"),
-        ({"yield_only_last_steps": True, "flatten_data": True}, "flatten_data"),
         ({"layout": "ragged"}, "layout"),
         ({"dialog_turns_per_batch": None}, "required"),
         ({"max_frames_per_traj": 5}, "max_frames_per_traj=5 .*max_turns"),
@@ -333,6 +332,38 @@ def test_bad_knobs_raise_value_error_before_connecting(kw, match) -> None:
         del kw["dialog_turns_per_batch"]
     with pytest.raises(ValueError, match=match):
         GrpcLLMCollector(["127.0.0.1:1"], **kw)
+
+
+def _sink(name: str) -> object:
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+
+    return queue.Queue() if name == "queue" else ReplayBuffer(storage=LazyStackStorage(8))
+
+
+@pytest.mark.parametrize(
+    ("kw", "names"),
+    [
+        ({"yield_only_last_steps": True, "flatten_data": False}, "flatten_data"),
+        ({"yield_only_last_steps": True, "flatten_data": True}, "flatten_data"),
+        ({"yield_only_last_steps": True, "yield_completed_trajectories": False}, "yield_compl"),
+        ({"yield_only_last_steps": True, "reset_at_each_iter": True}, "reset_at_each_iter"),
+        ({"queue": "queue", "replay_buffer": "rb"}, "queue"),
+    ],
+)
+def test_exclusive_knobs_raise_torchrls_error_before_connecting(kw, names) -> None:
+    """Knobs TorchRL's LLMCollector refuses together are refused here too, before any actor
+    is dialled, with TorchRL's exception type (``flatten_data=False`` given counts too)."""
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.testing.mocking_classes import CountingEnv
+
+    def given() -> dict:
+        return {k: _sink(v) if isinstance(v, str) else v for k, v in kw.items()}
+
+    with pytest.raises((TypeError, RuntimeError), match=names) as theirs:
+        LLMCollector(CountingEnv(batch_size=[1]), dialog_turns_per_batch=1, **given())
+    with pytest.raises(type(theirs.value), match=names) as ours:
+        GrpcLLMCollector(["127.0.0.1:1"], dialog_turns_per_batch=4, **given())
+    assert type(ours.value) is type(theirs.value)
 
 
 @pytest.mark.parametrize(

@@ -487,6 +487,39 @@ def test_actor_config_raises_if_a_field_is_out_of_range(field: str, value: objec
         ActorConfig(**given)
 
 
+_LLM = {"kind": "llm", "models": (ModelSpec(factory="rlfleet:tiny-qwen2"),)}
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"env_pool": EnvPoolSettings(env_kwargs=None)}, "env_kwargs"),  # type: ignore[arg-type]
+        ({"env_pool": EnvPoolSettings(env_kwargs=[1])}, "env_kwargs"),  # type: ignore[arg-type]
+        ({"env_pool": EnvPoolSettings(step_timeout="3")}, "step_timeout"),  # type: ignore[arg-type]
+        ({**_LLM, "llm": LLMActorSettings(task_kwargs=None)}, "task_kwargs"),  # type: ignore[arg-type]
+        ({"models": ("mlp",)}, "models"),
+        ({"shared_memory": "no"}, "shared_memory"),
+        ({"device": None}, "device"),
+        ({"device": ""}, "device"),
+        ({"grace_period": "10"}, "grace_period"),
+        ({"part_deadline_s": None}, "part_deadline_s"),
+        ({"part_deadline_s": True}, "part_deadline_s"),
+    ],
+)
+def test_actor_config_raises_if_a_field_has_the_wrong_type(given: dict, field: str) -> None:
+    """A programmatic config of the wrong type is refused naming its field, as one out of
+    range: not accepted (``"no"`` read as True) nor met later as a bare AttributeError."""
+    with pytest.raises(ValueError, match=field):
+        ActorConfig(**given)
+
+
+def test_model_spec_raises_if_its_kwargs_are_not_a_mapping() -> None:
+    """``kwargs=None`` (TorchRL's "no kwargs") was met at start as a bare AttributeError."""
+    for bad in (None, [("hidden", [8])]):
+        with pytest.raises(ValueError, match="model 'policy': kwargs must be a Mapping"):
+            ModelSpec(kwargs=bad)  # type: ignore[arg-type]
+
+
 def test_the_logged_config_masks_the_token_and_reads_the_kinds_section_flat() -> None:
     logged = ActorConfig(token="s3cret-token", num_envs=2).logged()
     assert logged["token"] == "***"
