@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from common.config import MIN_PEER_PROTOCOL, PROTOCOL_VERSION, CollectSettings
 from common.errors import (
@@ -45,7 +45,7 @@ from common.packets.assembly import BatchAssembler
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.shm import Segment, SegmentMaps, ShmError
 from learner_client._batch_bounds import BatchBounds
-from learner_client._collect_wire import Chunk, Undecodable
+from learner_client._collect_wire import Chunk
 from learner_client._errors import SettingsRefusedError
 from learner_client._loop_thread import LoopThread
 from learner_client._mailbox import Delivery
@@ -281,7 +281,7 @@ class CollectStream:
 
     async def _receive(
         self, idle: float | None, stalled: Callable[[], bool] | None = None
-    ) -> pb.CollectResponse | Chunk | Undecodable | None:
+    ) -> pb.CollectResponse | Chunk | None:
         # One read stays pending across idle checks: cancelling a read breaks the call.
         # Silence counts from the later of this read and the last credit granted: a learner
         # that trained for longer than ``idle`` before asking owes the actor its full ``idle``.
@@ -304,14 +304,6 @@ class CollectStream:
             message = read.result()
         return None if message is grpc.aio.EOF else message  # type: ignore[attr-defined]
 
-    def _sound(
-        self, message: pb.CollectResponse | Chunk | Undecodable | None
-    ) -> pb.CollectResponse | Chunk | None:
-        """``message``, unless it did not parse: then the ``ProtocolError`` that says so."""
-        if isinstance(message, Undecodable):
-            raise ProtocolError(f"{self.address}: {message.why}")
-        return message
-
     async def opened(self, timeout: float) -> SessionInfo:
         """Wait for the ``opened`` reply.
 
@@ -321,8 +313,9 @@ class CollectStream:
         try:
             message = await self._receive(timeout)
         except (ProtocolError, WeightsError) as exc:  # here only a status: INVALID_ARGUMENT
+            if isinstance(exc.__cause__, DecodeError):  # a reply that does not parse
+                raise
             raise SettingsRefusedError(str(exc)) from None
-        message = self._sound(message)
         if not isinstance(message, pb.CollectResponse) or message.WhichOneof("kind") != "opened":
             kind = None if message is None else "chunk"
             if isinstance(message, pb.CollectResponse):
@@ -361,7 +354,7 @@ class CollectStream:
         expected = count = 0  # the next chunk's index; the first chunk's count
         started = on_start or _claims_nothing
         while True:
-            message = self._sound(await self._receive(idle, waiting if assembler is None else None))
+            message = await self._receive(idle, waiting if assembler is None else None)
             if message is None:
                 raise ProtocolError(f"{self.address}: stream ended without an 'end' marker")
             kind = "chunk" if isinstance(message, Chunk) else message.WhichOneof("kind")

@@ -4,21 +4,18 @@ Protobuf's parser would copy a 3 MiB chunk into a new ``bytes`` before the batch
 copies it again. A response that is one plain chunk (only known, unrepeated fields) is
 read here, its ``data`` a view of gRPC's message bytes; anything else is parsed by
 protobuf as before, so every message means what protobuf says (the tests compare both
-parsers on the same bytes). A message that does not parse is handed over as
-:class:`Undecodable`: gRPC's client would log the parser's traceback and hand over None,
-which reads as a stream that ended.
+parsers on the same bytes). A message that does not parse raises ``DecodeError``, which
+:func:`common.replies.parsing_channel` turns into a ``ProtocolError`` as for every call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from google.protobuf.message import DecodeError
-
 from common.protowire import length_delimited
 from common.rlfleet.v1 import actor_service_pb2 as pb
 
-__all__ = ["Chunk", "Undecodable", "parse_collect_response"]
+__all__ = ["Chunk", "parse_collect_response"]
 
 # CollectResponse.chunk: field 2, length-delimited.
 _COLLECT_CHUNK_TAG = 0x12
@@ -47,30 +44,22 @@ class Chunk:
         return cls(chunk.seq, chunk.index, chunk.count, memoryview(chunk.data), info, shm)
 
 
-@dataclasses.dataclass(frozen=True)
-class Undecodable:
-    """A ``Collect`` response whose bytes do not parse: ``why``, for the ``ProtocolError``."""
-
-    why: str
-
-
-def parse_collect_response(data: bytes) -> pb.CollectResponse | Chunk | Undecodable:
+def parse_collect_response(data: bytes) -> pb.CollectResponse | Chunk:
     """The ``Collect`` response deserializer: a :class:`Chunk` for a plain chunk message.
 
     Args:
         data: One serialised ``CollectResponse``.
 
     Returns:
-        A :class:`Chunk` viewing ``data``, the message as protobuf parses it, or
-        :class:`Undecodable` when ``data`` is no valid message (a string field that is not
-        UTF-8, a truncated one: a broken actor, or one whose build retyped a field).
+        A :class:`Chunk` viewing ``data``, or the message as protobuf parses it.
+
+    Raises:
+        DecodeError: ``data`` is no valid message (a string field that is not UTF-8, a
+            truncated one: a broken actor, or one whose build retyped a field).
     """
-    try:
-        body = length_delimited(data, _COLLECT_CHUNK_TAG)
-        chunk = None if body is None else _plain_chunk(body)
-        return chunk if chunk is not None else pb.CollectResponse.FromString(data)
-    except DecodeError as exc:
-        return Undecodable(f"a CollectResponse of {len(data)} bytes does not parse ({exc})")
+    body = length_delimited(data, _COLLECT_CHUNK_TAG)
+    chunk = None if body is None else _plain_chunk(body)
+    return chunk if chunk is not None else pb.CollectResponse.FromString(data)
 
 
 def _plain_chunk(view: memoryview) -> Chunk | None:

@@ -411,7 +411,7 @@ class Fleet:
 
         async def fetch() -> list:
             return await asyncio.gather(
-                *(link.channel.get_state(self.conn.call_timeout) for link in owned.values())
+                *(link.channel.get_state(self.conn.call_timeout, w) for w, link in owned.items())
             )
 
         blobs = self.loop.run(fetch(), self.conn.call_timeout + WAIT_MARGIN_S)

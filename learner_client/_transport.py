@@ -7,7 +7,9 @@ plain Python values, and ``grpc.RpcError`` becomes an :mod:`common.errors` excep
 the actor's address, in one place. The bytes are handled here too, both ways: a weight
 push is wire-encoded once (each ``chunk`` straight from the blob) and sent unchanged to
 every target; ``Collect`` responses are read by :mod:`learner_client._collect_wire` (a
-plain chunk's data as a view of gRPC's message bytes). Link logic sees a channel only
+plain chunk's data as a view of gRPC's message bytes). Every call's replies are read
+through :func:`common.replies.parsing_channel`: one that does not parse is a
+``ProtocolError`` naming the actor and the call. Link logic sees a channel only
 through :class:`Channel`, so tests drive a link over a fake.
 """
 
@@ -36,6 +38,7 @@ from common.errors import (
     tls_mismatch_hint,
 )
 from common.protowire import varint
+from common.replies import parsing_channel
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from common.shm import Segment
@@ -186,13 +189,13 @@ def push_messages(
     return PushMessages(encode_header(header), blob, chunk_bytes)
 
 
-def _push_method(channel: grpc.aio.Channel) -> Any:
+def _push_method(channel: Any) -> Any:
     """``channel``'s PushWeights call, requests serialised beforehand (:func:`push_messages`)."""
     return channel.stream_unary(
         "/rlfleet.v1.ActorService/PushWeights",
         request_serializer=_pre_serialized,
         response_deserializer=pb.PushWeightsResponse.FromString,
-        _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
+        _registered_method=True,
     )
 
 
@@ -462,18 +465,20 @@ class ActorChannel:
         if credentials is None and metadata:
             _warn_token_in_clear(address)
         self._channel = self._open(own_connection=False)
-        self._stub = pb_grpc.ActorServiceStub(self._channel)
+        # Every method's replies that do not parse raise ProtocolError (common.replies).
+        replies = parsing_channel(self._channel, address)
+        self._stub = pb_grpc.ActorServiceStub(replies)
         # PushWeights with requests serialised beforehand (see push_messages), per
         # connection: the first is the channel's; the others, each a TCP connection of its
         # own, carry the parts of a push striped over parallel streams (opened on first use).
-        self._pushes = [_push_method(self._channel)]
+        self._pushes = [_push_method(replies)]
         self._striping: list[grpc.aio.Channel] = []
         # Collect with chunk data read as views of the received messages (parse_collect_response).
-        self._collect = self._channel.stream_stream(
+        self._collect = replies.stream_stream(
             "/rlfleet.v1.ActorService/Collect",
             request_serializer=pb.CollectRequest.SerializeToString,
             response_deserializer=parse_collect_response,
-            _registered_method=True,  # type: ignore[call-arg]  # grpc's stubs lack it
+            _registered_method=True,
         )
 
     def _open(self, *, own_connection: bool) -> grpc.aio.Channel:
@@ -490,7 +495,7 @@ class ActorChannel:
         while len(self._pushes) <= connection:
             channel = self._open(own_connection=True)
             self._striping.append(channel)
-            self._pushes.append(_push_method(channel))
+            self._pushes.append(_push_method(parsing_channel(channel, self.address)))
         return self._pushes[connection]
 
     async def close(self) -> None:
@@ -669,10 +674,18 @@ class ActorChannel:
             r = await self._stub.ForwardWeights(request, timeout=timeout, metadata=self._metadata)
         return int(r.bytes_received)
 
-    async def get_state(self, timeout: float) -> bytes:
-        """Fetch the actor's state blob (header, then chunks; sha256 checked)."""
+    def _named(self, worker_id: int | None) -> str:
+        """The actor as errors name it: its address, and its worker_id where it is known."""
+        return self.address if worker_id is None else f"{self.address} (worker_id {worker_id})"
+
+    async def get_state(self, timeout: float, worker_id: int | None = None) -> bytes:
+        """Fetch the actor's state blob (header, then chunks; sha256 checked).
+
+        ``worker_id``: the actor's, named in errors beside its address where known.
+        """
         assembler: BlobAssembler | None = None
-        with translate_errors(self.address, timeout=timeout):
+        peer = self._named(worker_id)
+        with translate_errors(peer, timeout=timeout):
             call = self._stub.GetState(  # an actor coming back is waited for, within timeout
                 pb.GetStateRequest(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
             )
@@ -685,15 +698,18 @@ class ActorChannel:
                 elif kind == "chunk" and assembler is not None:
                     assembler.add(message.chunk)
                 else:
-                    raise ProtocolError(f"{self.address}: GetState sent {kind!r} out of order")
+                    raise ProtocolError(f"{peer}: GetState sent {kind!r} out of order")
         if assembler is None:
-            raise ProtocolError(f"{self.address}: GetState sent no header")
+            raise ProtocolError(f"{peer}: GetState sent no header")
         return bytes(assembler.finish())
 
-    async def load_state(self, blob: bytes, timeout: float, *, allow_rollback: bool) -> int:
+    async def load_state(
+        self, blob: bytes, timeout: float, *, allow_rollback: bool, worker_id: int | None = None
+    ) -> int:
         """Send a state blob produced by :meth:`get_state`; returns the actor's worker_id.
 
-        ``allow_rollback`` lets the actor's policy versions go back to the state's.
+        ``allow_rollback`` lets the actor's policy versions go back to the state's;
+        ``worker_id``: the actor's, named in errors beside its address where known.
         """
 
         async def requests() -> AsyncIterator[pb.StateChunk]:
@@ -707,7 +723,7 @@ class ActorChannel:
         call = self._stub.LoadState(
             requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
         )
-        with translate_errors(self.address, FirstStatus(call), timeout):
+        with translate_errors(self._named(worker_id), FirstStatus(call), timeout):
             r = await call
         return r.worker_id
 

@@ -12,6 +12,8 @@ Import them as ``from helpers import poll_until, start_actor`` (``tests/`` is on
   :func:`ray_processes_gone` for those of a Ray shut down without waiting.
 * :func:`interrupt_in_condition_wait` is a trace function raising KeyboardInterrupt at the
   one step of ``threading.Condition.wait`` where a Ctrl-C leaves its lock released.
+* :func:`serving_raw_replies` serves rlfleet.v1 methods answering given bytes as they are
+  (:data:`UNPARSABLE`: a reply that does not parse), an actor no build of ours would be.
 * :func:`start_actor` runs ``python -m actor_service`` (the ``rlfleet-actor``
   command) with the given flags, waits for its ready line and returns an
   :class:`ActorProcess`; use it as a context manager so the process is always
@@ -33,14 +35,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent import futures
 from types import FrameType
 from typing import Any, TypeVar
 
+import grpc
 import pytest
 
 __all__ = [
+    "ACTOR_METHODS",
     "ActorProcess",
+    "UNPARSABLE",
     "assert_torchrl_names_offered_or_refused",
     "free_port",
     "grpcurl_path",
@@ -48,6 +54,7 @@ __all__ = [
     "poll_until",
     "ray_processes_gone",
     "self_signed_cert",
+    "serving_raw_replies",
     "start_actor",
     "start_local_ray",
     "stop_local_ray",
@@ -434,3 +441,55 @@ def assert_torchrl_names_offered_or_refused(collector: object, names: Iterable[s
             getattr(collector, name)
         assert info.value.name == name
     return offered
+
+
+#: The rlfleet.v1 ActorService methods by kind: (requests streamed, replies streamed).
+ACTOR_METHODS = {
+    "Describe": (False, False),
+    "SetSeed": (False, False),
+    "ForwardWeights": (False, False),
+    "PushWeights": (True, False),
+    "LoadState": (True, False),
+    "GetState": (False, True),
+    "Collect": (True, True),
+}
+#: Bytes no protobuf message parses from: a varint cut short.
+UNPARSABLE = b"\x08"
+
+
+def _raw_handler(reply: bytes, streamed_in: bool, streamed_out: bool) -> grpc.RpcMethodHandler:
+    """A handler answering ``reply`` as is, once the request (or its first message) came."""
+
+    def answer(request: Any, context: Any) -> Any:
+        if streamed_in:
+            next(request, None)
+        return iter([reply]) if streamed_out else reply
+
+    kind = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(streamed_in, streamed_out)]
+    raw = bytes  # requests are read as their bytes, replies sent as given
+    return kind(answer, request_deserializer=raw, response_serializer=raw)
+
+
+@contextlib.contextmanager
+def serving_raw_replies(replies: Mapping[str, bytes], health: bytes | None = None) -> Iterator[str]:
+    """A real gRPC server on port 0 answering each rlfleet.v1 ActorService method named in
+    ``replies`` with those bytes (and ``grpc.health.v1.Health/Check`` with ``health``):
+    an actor whose replies need not parse. Yields its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    methods = {m: _raw_handler(replies[m], *ACTOR_METHODS[m]) for m in replies}
+    handlers = [grpc.method_handlers_generic_handler("rlfleet.v1.ActorService", methods)]
+    if health is not None:
+        check = {"Check": _raw_handler(health, False, False)}
+        handlers.append(grpc.method_handlers_generic_handler("grpc.health.v1.Health", check))
+    server.add_generic_rpc_handlers(handlers)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)

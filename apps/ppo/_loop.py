@@ -29,7 +29,9 @@ from apps.ppo._episodes import EpisodeTracker
 from apps.ppo._ppo import PPOConfig, PPOLearner
 from apps.ppo._report import TrainSummary, save_run
 from apps.ppo._settings import PROG, RETURN_WINDOW, TrainSettings
+from common.errors import ProtocolError
 from common.policies import make_policy, make_value_mlp
+from common.replies import parsing_channel
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import GrpcCollector, LocalFleet, serve_metrics
@@ -252,11 +254,11 @@ def _check_fleet(addresses: list[str], settings: TrainSettings, token: str | Non
     shapes = {name: list(p.shape) for name, p in _policy_of(settings).state_dict().items()}
     for address in addresses:
         with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.ActorServiceStub(channel)
+            stub = pb_grpc.ActorServiceStub(parsing_channel(channel, address))
             try:
                 reply = stub.Describe(pb.DescribeRequest(), timeout=10, metadata=metadata)
-            except grpc.RpcError:
-                continue  # the collector says why it cannot reach it
+            except (grpc.RpcError, ProtocolError):
+                continue  # the collector says why it cannot reach it, or read its reply
         if reply.kind != "llm" and reply.env_id != env:
             other[address] = reply.env_id
         elif reply.kind != "llm" and (theirs := _policy_shapes(reply)) != shapes:

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import client_channel_options
 from common.errors import ProtocolError, tls_mismatch_hint
+from common.replies import parsing_channel
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
 from learner_client import ActorDescription
@@ -108,11 +109,17 @@ class Probe:
         else:
             channel = grpc.secure_channel(address, self._credentials, options=options)
         with channel:
-            health = self._health(channel)
+            replies = parsing_channel(channel, address)  # replies that do not parse: ProtocolError
             try:
-                reply = pb_grpc.ActorServiceStub(channel).Describe(
+                health = self._health(replies)
+            except ProtocolError as exc:
+                return ActorStatus(address, "UNKNOWN", error=str(exc))
+            try:
+                reply = pb_grpc.ActorServiceStub(replies).Describe(
                     pb.DescribeRequest(), metadata=self._metadata, timeout=self._timeout
                 )
+            except ProtocolError as exc:
+                return ActorStatus(address, health, error=str(exc))
             except grpc.RpcError as exc:
                 hint = tls_mismatch_hint(
                     str(exc.details()) if isinstance(exc, grpc.Call) else "",
@@ -127,7 +134,7 @@ class Probe:
         except ProtocolError as exc:  # a Describe no actor sends: shown, not raised
             return ActorStatus(address, health, error=str(exc))
 
-    def _health(self, channel: grpc.Channel) -> str:
+    def _health(self, channel: Any) -> str:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._timeout)

@@ -18,7 +18,15 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from helpers import ActorProcess, poll_until, self_signed_cert, start_actor
+from grpc_health.v1.health_pb2 import HealthCheckResponse
+from helpers import (
+    UNPARSABLE,
+    ActorProcess,
+    poll_until,
+    self_signed_cert,
+    serving_raw_replies,
+    start_actor,
+)
 
 from apps import status as cli
 from apps.status._status import ActorStatus, format_table, with_rates
@@ -403,6 +411,23 @@ def test_status_shows_an_actor_of_another_protocol_revision_as_that_actors_error
     assert row["serving"] is False
     assert f"speaks protocol {PROTOCOL_VERSION + 1}" in row["error"]
     assert "run the same rlfleet release" in row["error"]
+
+
+@pytest.mark.parametrize("method", ["Check", "Describe"])
+def test_status_shows_a_reply_that_does_not_parse_as_that_actors_error(
+    method: str, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Health or Describe reply no message parses from (a broken actor, or one whose build
+    retyped a field): the actor's row names the call, with no parser traceback logged."""
+    serving = HealthCheckResponse(status=HealthCheckResponse.SERVING).SerializeToString()
+    describe = UNPARSABLE if method == "Describe" else b""
+    health = UNPARSABLE if method == "Check" else serving
+    with serving_raw_replies({"Describe": describe}, health=health) as address:
+        code = cli.main(["status", address, "--json", "--interval", "0.2"])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert row["error"].startswith(f"{address}: its {method} reply of 1 bytes does not parse")
+    assert "Exception deserializing" not in caplog.text
 
 
 def test_status_watch_stopped_by_ctrl_c_exits_130() -> None:

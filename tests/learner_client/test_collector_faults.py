@@ -449,6 +449,23 @@ def test_a_control_call_to_a_hung_actor_names_the_deadline_it_ran_out_of(pair, c
             method()
 
 
+@pytest.mark.parametrize("call", ["state_dict", "load_state_dict"])
+def test_a_state_call_to_a_hung_actor_names_its_worker_id_and_address(pair, call: str):
+    """Its errors named the actor by address alone, where every other error names both."""
+    with GrpcCollector(
+        [pair[0].address], frames_per_batch=4, token=TOKEN, call_timeout=1.0
+    ) as collector:
+        collector.next()
+        state, (worker_id,) = collector.state_dict(), collector.worker_ids
+        calls: dict[str, Callable[[], object]] = {
+            "state_dict": collector.state_dict,
+            "load_state_dict": lambda: collector.load_state_dict(state),
+        }
+        named = rf"^{pair[0].address} \(worker_id {worker_id}\): DEADLINE_EXCEEDED"
+        with _stopped(pair[0]), pytest.raises(DeadlineError, match=named):
+            calls[call]()
+
+
 @pytest.mark.long  # 4-6 s: moved out of the quick suite's 10 minutes
 def test_shutdown_during_a_push_to_a_hung_actor_keeps_its_bound_and_the_push_says_closed(pair):
     """A watchdog's shutdown(timeout=2) while the training thread pushes to a hung actor: it

@@ -237,7 +237,7 @@ def test_a_collect_response_that_does_not_parse_is_named_so_and_retried(
         HostileActor(description, _retyped_model_id), "does not parse (Error parsing message"
     )
     opened = UndecodableOpened(description, batch)
-    _refused_as_protocol_error(opened, "a CollectResponse of 3 bytes does not parse")
+    _refused_as_protocol_error(opened, "its Collect reply of 3 bytes does not parse")
     assert opened.sessions >= 2  # retried
     assert "Exception deserializing message" not in caplog.text
 

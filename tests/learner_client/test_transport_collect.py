@@ -7,8 +7,9 @@ from google.protobuf.message import DecodeError
 
 from actor_service._serve._wire import encode_chunk
 from common.protowire import varint
+from common.replies import Unparsed, tolerant
 from common.rlfleet.v1 import actor_service_pb2 as pb
-from learner_client._collect_wire import Chunk, Undecodable, parse_collect_response
+from learner_client._collect_wire import Chunk, parse_collect_response
 
 
 def _same(parsed, data: bytes) -> None:
@@ -57,10 +58,13 @@ def test_parse_collect_response_leaves_everything_else_to_protobuf() -> None:
 
 
 def test_parse_collect_response_refuses_truncated_messages_as_protobuf_does() -> None:
-    """Without raising: gRPC's client would log a deserializer's exception, hand over None."""
+    """As the channel reads it (``common.replies.tolerant``), without raising: gRPC's client
+    would log a deserializer's exception, hand over None."""
     data = encode_chunk(seq=1, index=0, count=1, data=b"x" * 100, info=pb.BatchInfo())
     with pytest.raises(DecodeError):
         pb.CollectResponse.FromString(data[:-10])
-    refused = parse_collect_response(data[:-10])
-    assert isinstance(refused, Undecodable)
-    assert f"a CollectResponse of {len(data) - 10} bytes does not parse" in refused.why
+    with pytest.raises(DecodeError):
+        parse_collect_response(data[:-10])
+    refused = tolerant(parse_collect_response)(data[:-10])
+    assert isinstance(refused, Unparsed)
+    assert refused.size == len(data) - 10
