@@ -43,6 +43,7 @@ from learner_client._settings import (
     WeightPushSettings,
     check_addresses,
     check_hooks,
+    check_split,
     positive_timeout,
     random_frames_left,
     shutdown_limit,
@@ -160,7 +161,7 @@ class GrpcCollector(TorchRLAccessors):
         frames_per_batch: int,
         total_frames: int | None = -1,
         sync: bool | None = False,
-        max_frames_per_traj: int | None = -1,
+        max_frames_per_traj: int | None = None,
         init_random_frames: int | None = -1,
         reset_at_each_iter: bool = False,
         reset_when_done: bool = True,
@@ -237,21 +238,21 @@ class GrpcCollector(TorchRLAccessors):
         check_positional(actors, positional)  # TorchRL's (create_env_fn, policy): keywords
         on_ray = actors is None  # RayCollector's drop-in form: its own fleet, placed on Ray
         if on_ray:
-            actors = ray_fleet_of(
-                RayPlacement(
-                    create_env_fn=create_env_fn,
-                    create_env_kwargs=create_env_kwargs,
-                    policy=policy,
-                    policy_factory=policy_factory,
-                    num_collectors=num_collectors,
-                    collector_class=collector_class,
-                    collector_kwargs=collector_kwargs,
-                    num_workers_per_collector=num_workers_per_collector,
-                    ray_init_config=ray_init_config,
-                    remote_configs=remote_configs,
-                )
+            placed = RayPlacement(
+                create_env_fn=create_env_fn,
+                create_env_kwargs=create_env_kwargs,
+                policy=policy,
+                policy_factory=policy_factory,
+                num_collectors=num_collectors,
+                collector_class=collector_class,
+                collector_kwargs=collector_kwargs,
+                num_workers_per_collector=num_workers_per_collector,
+                ray_init_config=ray_init_config,
+                remote_configs=remote_configs,
             )
-        self._owner = FleetOwner(actors)  # a fleet given: the collector's from here on
+            actors = ray_fleet_of(placed)
+            vars(self).update(placed.acting())  # TorchRL's attributes: they act here
+        self._owner = FleetOwner(actors, ends_with_frames=on_ray)  # the collector's from here
         with self._owner.closed_on_error():
             check_torchrl_only(  # refuses trajs_per_batch, warns where it should
                 TorchRLOnly(
@@ -343,6 +344,8 @@ class GrpcCollector(TorchRLAccessors):
                 shared_memory_batches=shared_memory_batches,
             )
             self.postproc, self.replay_buffer = check_hooks(postproc, replay_buffer, set_truncated)
+            if (size := self._owner.unstarted_size()) is not None:  # before placing a fleet
+                check_split(self._batch, size, size)
             self._connect(
                 self._owner.addresses(),
                 conn,
@@ -406,13 +409,20 @@ class GrpcCollector(TorchRLAccessors):
         while (parts := self._take()) is not None:
             yield self._handover.deliver(parts, self.replay_buffer, self.postproc)
         self._handover.flush(self.replay_buffer, self.postproc)  # parts an interrupt left
+        self._ended()
 
     def next(self) -> TensorDictBase | None:
         """The next batch, or None at the end (as TorchRL's ``next()``); threads may share it."""
         if (parts := self._take()) is None:
             self._handover.flush(self.replay_buffer, self.postproc)  # parts an interrupt left
+            self._ended()
             return None
         return self._handover.deliver(parts, self.replay_buffer, self.postproc)
+
+    def _ended(self) -> None:
+        """At ``total_frames`` RayCollector's form shuts down, as RayCollector (not in start())."""
+        if self._owner.ends_with_frames and not self._background.is_current():
+            self.shutdown()
 
     def _take(self) -> list[TensorDictBase] | None:
         while True:

@@ -63,11 +63,15 @@ class FleetOwner:
 
     Args:
         actors: The collector's first argument: addresses, a ``dns:`` target or a fleet.
+        ends_with_frames: The collector shuts down when iteration reaches ``total_frames``
+            (RayCollector's drop-in form: as RayCollector does, its Ray actors then free
+            their CPUs for the script's next collector).
     """
 
-    def __init__(self, actors: object) -> None:
+    def __init__(self, actors: object, *, ends_with_frames: bool = False) -> None:
         self.fleet: ActorFleet | None = actors if is_fleet(actors) else None  # type: ignore[assignment]
         self._given = actors
+        self.ends_with_frames = ends_with_frames
 
     def addresses(self) -> Any:
         """The addresses to connect to: the fleet's (started here if it was not), else as given."""
@@ -77,6 +81,14 @@ class FleetOwner:
         if getattr(fleet, "started", True) is False and callable(getattr(fleet, "start", None)):
             fleet.start()  # type: ignore[attr-defined]
         return list(fleet.addresses)
+
+    def unstarted_size(self) -> int | None:
+        """The actors a fleet not started yet will have (its ``num_actors``), else None."""
+        fleet = self.fleet
+        if fleet is None or getattr(fleet, "started", True) is not False:
+            return None
+        size = getattr(fleet, "num_actors", None)
+        return size if isinstance(size, int) and size > 0 else None
 
     def token(self, given: str | None) -> str | None:
         """The collector's ``token``, else the fleet's (a ``LocalFleet`` started with one)."""

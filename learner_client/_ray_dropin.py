@@ -5,19 +5,21 @@ ray_init_config=..., remote_configs=..., ...)`` keeps its line with ``GrpcCollec
 place and no addresses: :func:`ray_fleet_of` reads what those arguments say about the actors
 into one :class:`~learner_client._ray_fleet.RayFleet` of the callable form (the script's
 callables shipped by Ray, one ``torchrl``-kind actor per collector), which the collector then
-owns like any fleet given to it: started at construction, stopped at ``shutdown()``.
+owns like any fleet given to it: started at construction, stopped at ``shutdown()`` or,
+as RayCollector stops its own, when iteration reaches ``total_frames``.
 
 RayCollector's rules are kept: ``create_env_fn``, ``collector_kwargs`` and
 ``remote_configs`` are each one value for every collector or a list of one per collector
-(``num_collectors`` long when given, else as long as the lists); ``remote_configs`` defaults
-to RayCollector's ``{"num_cpus": 1, "num_gpus": 0.2 (with CUDA), "memory": 2 GiB}``, and
-``ray_init_config`` goes to ``ray.init`` (none: a running cluster Ray finds by itself, or a
-local one). Each remote collector steps ``num_workers_per_collector`` copies of its env: an
-actor with as many envs, in-process (a ``SerialEnv``) for TorchRL's ``Collector`` and in
-subprocesses (a ``ParallelEnv``) for ``MultiSyncCollector`` / ``MultiAsyncCollector``
-(``"single"``, ``"sync"``, ``"async"`` alike). RayCollector overwrites the keys of
-``collector_kwargs`` that its own arguments set (devices, frames, rollout knobs), so they do
-nothing here either; any other key has no effect and warns once, naming it.
+(``num_collectors`` long when given, else, or when 0, as long as the lists);
+``remote_configs`` defaults to RayCollector's ``{"num_cpus": 1, "num_gpus": 0.2 (with CUDA),
+"memory": 2 GiB}``, and ``ray_init_config`` goes to ``ray.init`` (none: a running cluster
+Ray finds by itself, or a local one). Each remote collector steps
+``num_workers_per_collector`` copies of its env: an actor with as many envs, in-process (a
+``SerialEnv``) for TorchRL's ``Collector`` and in subprocesses (a ``ParallelEnv``) for
+``MultiSyncCollector`` / ``MultiAsyncCollector`` (``"single"``, ``"sync"``, ``"async"``
+alike). RayCollector overwrites the keys of ``collector_kwargs`` that its own arguments set
+(devices, frames, rollout knobs), so they do nothing here either; any other key has no
+effect and warns once, naming it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ _OVERWRITTEN = frozenset(
         "worker_idx",
     }
 )
+#: The arguments above that a collector keeps as attributes (``vars()`` of a RayCollector).
+_ACTING = ("policy_factory", "collector_class", "collector_kwargs")
 #: ``collector_class`` by name: whether its envs run in subprocesses (a ``ParallelEnv``).
 _PARALLEL = {"single": False, "sync": True, "async": True}
 _SERIAL_CLASSES = ("Collector", "SyncDataCollector")
@@ -92,14 +96,23 @@ class RayPlacement:
     ray_init_config: Mapping[str, Any] | None
     remote_configs: Any
 
+    def acting(self) -> dict[str, Any]:
+        """TorchRL's arguments kept as attributes that act in this form, as given.
+
+        With actors given they change nothing and read as such (``AttributeError``); here
+        they place the actors and build their policies, so they read back.
+        """
+        return {name: getattr(self, name) for name in _ACTING}
+
 
 def ray_fleet_of(placement: RayPlacement) -> RayFleet:
     """The fleet RayCollector's arguments describe (not started: the collector starts it).
 
     Raises:
         ImportError: Ray is not installed (naming ``rlfleet[ray]``).
-        ValueError: Lists of another length than ``num_collectors`` or than each other;
-            ``num_collectors`` or ``num_workers_per_collector`` below 1.
+        ValueError: Lists of another length than ``num_collectors`` or than each other, or
+            empty; ``num_collectors`` below 0 (0: as long as the lists, as RayCollector reads
+            it) or ``num_workers_per_collector`` below 1.
         TypeError: No ``create_env_fn`` (and no actors given to the collector); a policy
             module that is not a ``TensorDictModuleBase``; an unknown ``collector_class``;
             a ``num_collectors`` or ``num_workers_per_collector`` that is not an int.
@@ -158,10 +171,10 @@ def _per_collector(
         "collector_kwargs": placement.collector_kwargs or {},
         "remote_configs": _default_remote_config() if configs is None else configs,
     }
-    count = placement.num_collectors
+    given = placement.num_collectors
+    count = None if given is None else check_int("num_collectors", given, 0) or None
     lengths = {name: len(v) for name, v in values.items() if isinstance(v, list | tuple)}
-    if count is not None:
-        count = check_int("num_collectors", count, 1)
+    if count is not None:  # 0 reads as None, as RayCollector's ``if num_collectors:``
         wrong = {name: n for name, n in lengths.items() if n != count}
         if wrong:
             raise ValueError(f"num_collectors is {count}, but these lists are not: {wrong}")
@@ -173,7 +186,7 @@ def _per_collector(
     else:
         count = next(iter(lengths.values()), 1)
     if count < 1:
-        raise ValueError(f"num_collectors must be >= 1, got {count}")
+        raise ValueError("create_env_fn, collector_kwargs and remote_configs are empty lists")
     listed = {
         name: list(v) if isinstance(v, list | tuple) else [v] * count for name, v in values.items()
     }

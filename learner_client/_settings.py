@@ -469,6 +469,25 @@ def _split_advice(settings: BatchSettings, members: Sequence[FleetMember]) -> st
     return _nearest_multiples(settings.count_names[0], settings.frames_per_batch, step, most)
 
 
+def check_split(settings: BatchSettings, count: int, step: int) -> None:
+    """Refuse (sync) a ``frames_per_batch`` that ``count`` actors cannot share evenly.
+
+    :func:`check_fleet` checks it against the actors met; a collector checks it before it
+    starts a fleet of ``count`` actors, as RayCollector does before it places its own.
+
+    Raises:
+        ValueError: Sync, and ``frames_per_batch`` not divisible by ``count`` (naming the
+            nearest multiples of ``step`` that suit).
+    """
+    fpb, name = settings.frames_per_batch, settings.count_names[0]
+    if settings.sync and fpb % count:
+        most = MAX_FRAMES_PER_BATCH * count
+        raise ValueError(
+            f"sync collection splits {name}={fpb} evenly over {count} actors, but {fpb} is not "
+            f"divisible by {count}; {_nearest_multiples(name, fpb, step, most)}"
+        )
+
+
 def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_id: str) -> None:
     """Check the fleet against the batch settings, as TorchRL checks its workers.
 
@@ -491,12 +510,7 @@ def check_fleet(settings: BatchSettings, members: Sequence[FleetMember], model_i
     check_kinds(members, settings.llm)
     fpb, count = settings.frames_per_batch, len(members)
     name = settings.count_names[0]
-    if settings.sync and fpb % count:
-        most = MAX_FRAMES_PER_BATCH * count
-        raise ValueError(
-            f"sync collection splits {name}={fpb} evenly over {count} actors, but {fpb} is not "
-            f"divisible by {count}; {_nearest_multiples(name, fpb, _step(settings, members), most)}"
-        )
+    check_split(settings, count, _step(settings, members))
     share = settings.frames_per_actor(count)
     if share > MAX_FRAMES_PER_BATCH:  # the actors refuse it: say so before any session
         raise ValueError(
@@ -649,13 +663,14 @@ _MAX_FRAMES = 2**63 - 1
 
 
 def _frames(name: str, value: object, *, endless: bool) -> int:
-    """A frame count: -1 for none (None; any count <= 0 unless ``endless`` refuses it).
+    """A frame count as TorchRL reads it: any count <= 0 means none (None: 0, -1 if ``endless``).
 
-    Integers of every kind and whole floats are counts, as TorchRL reads them (``int()``).
+    Integers of every kind and whole floats are counts, as TorchRL reads them (``int()``);
+    with ``endless``, -1 (or None, or ``inf``) is endless and another count <= 0 refused.
     """
     scalar = getattr(value, "ndim", 0) == 0  # an array of counts compares as an array
     if value is None or (endless and scalar and value == math.inf):  # TorchRL's endless float
-        return -1
+        return -1 if endless else 0
     count = as_int(value, whole_floats=True)
     if count is None:
         raise TypeError(f"{name} must be an int or None, got {value!r}")
@@ -665,7 +680,7 @@ def _frames(name: str, value: object, *, endless: bool) -> int:
         return -1
     if endless and count <= 0:
         raise ValueError(f"{name} must be positive, or -1 for endless, got {value!r}")
-    return max(count, -1)  # any count <= 0 means none
+    return count  # as given (TorchRL's attributes read it back): any count <= 0 means none
 
 
 def _optional_flag(name: str, value: object) -> bool:

@@ -711,8 +711,8 @@ class TorchRLAccessors(TorchRLFixedFlags):
 
     @property
     def max_frames_per_traj(self: _Holds) -> int:
-        """Steps after which a trajectory is truncated (0: none, as TorchRL's default)."""
-        return max(int(self._rollout.max_frames_per_traj or 0), 0)
+        """Steps after which a trajectory is truncated, as given (``<= 0``: none; None reads 0)."""
+        return int(self._rollout.max_frames_per_traj or 0)
 
     @property
     def reset_at_each_iter(self: _Holds) -> bool:

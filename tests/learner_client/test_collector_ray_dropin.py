@@ -201,6 +201,58 @@ def test_ray_dropin_builds_each_actors_policy_with_torchrls_policy_factory(
         )
 
 
+def test_ray_dropin_reads_back_the_placing_arguments_that_act_there(ray_cluster: Any) -> None:
+    """``policy_factory``, ``collector_class`` and ``collector_kwargs`` (RayCollector's
+    attributes) used to raise ``AttributeError`` "(no effect)" in the form where they act."""
+    from torchrl.envs import GymEnv
+
+    def factory() -> Any:  # shipped by value: everything it needs defined in it
+        from tensordict.nn import TensorDictModule
+        from torch import nn
+
+        return TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+
+    kwargs = {"device": "cpu"}
+    with GrpcCollector(
+        create_env_fn=lambda: GymEnv("Pendulum-v1"),
+        policy_factory=factory,
+        collector_class="single",
+        collector_kwargs=kwargs,
+        remote_configs=SMALL,
+        frames_per_batch=20,
+    ) as collector:
+        assert collector.policy_factory is factory
+        assert collector.collector_class == "single"
+        assert collector.collector_kwargs is kwargs
+
+
+@pytest.mark.long
+def test_ray_dropin_frees_its_ray_actors_when_iteration_reaches_total_frames(
+    ray_cluster: Any,
+) -> None:
+    """RayCollector shuts down at ``total_frames`` (its Ray actors killed): a script that
+    builds its next collector without ``shutdown()`` used to wait on the first one's CPUs
+    until the placement deadline (``Ray actors not placed and ready after 120.0s``)."""
+    from torchrl.envs import GymEnv
+
+    common = {
+        "create_env_fn": [lambda: GymEnv("Pendulum-v1")] * 2,
+        "remote_configs": {"num_cpus": 1, "memory": SMALL["memory"]},  # the cluster's 2 CPUs
+        "frames_per_batch": 20,
+        "total_frames": 40,
+        "connect_timeout": 30.0,
+    }
+    first = GrpcCollector(**common)
+    handles, addresses = _handles(first), list(first._owner.fleet.addresses)  # type: ignore[union-attr]
+    assert len(list(first)) == 2
+    assert first.closed  # as RayCollector's shutdown(shutdown_ray=False)
+    _assert_stopped(ray_cluster, handles, addresses)
+    second = GrpcCollector(**common)  # the same CPUs, free again
+    assert [b.numel() for b in second] == [20, 20]
+    assert second.closed
+    first.shutdown()  # idempotent
+
+
 def test_ray_dropin_envs_per_collector(ray_cluster: Any) -> None:
     from torchrl.collectors import Collector
     from torchrl.envs import GymEnv
@@ -384,6 +436,8 @@ def test_ray_dropin_offers_or_refuses_every_public_instance_name_of_a_built_rayc
             with pytest.raises(AttributeError, match=f"no '{name}', TorchRL's: "):
                 getattr(collector, name)
         assert collector.policy is policy
-        for name in set(offered) - {"policy"}:
+        given = {"policy_factory", "collector_class", "collector_kwargs"}  # as given: they act
+        assert {name: getattr(collector, name) for name in given} == dict.fromkeys(given)
+        for name in set(offered) - {"policy"} - given:
             assert getattr(collector, name) == expected[name], name
     assert {"num_collectors", "total_frames", "split_trajs"} <= set(offered)

@@ -691,6 +691,27 @@ def test_every_public_instance_name_of_built_torchrl_collectors_is_offered_or_re
     assert {"create_env_fn", "num_workers"} <= set(offered)  # the multi-process ones
 
 
+def test_collector_max_frames_per_traj_reads_torchrls_value_for_the_value_given(
+    cartpole: list[str],
+) -> None:
+    """TorchRL's collectors read ``int(max_frames_per_traj)`` (None: 0); a -1 or -5 given used
+    to read 0 here. A count <= 0 still means none: the actors truncate nothing."""
+    for given in (None, -5, -1, 0, 7):
+        theirs = Collector(
+            create_env_fn=_cartpole_env,
+            frames_per_batch=16,
+            total_frames=16,
+            max_frames_per_traj=given,
+        )
+        expected = theirs.max_frames_per_traj
+        theirs.shutdown()
+        with GrpcCollector(cartpole, frames_per_batch=16, max_frames_per_traj=given) as collector:
+            assert collector.max_frames_per_traj == expected, given
+            batch = collector.next()
+        assert (("next", "step_count") in batch.keys(include_nested=True)) is (given == 7)
+    assert GrpcCollector.__init__.__kwdefaults__["max_frames_per_traj"] is None  # Collector's
+
+
 # ---------------------------------------------------------- an env that errors
 
 

@@ -146,7 +146,8 @@ def _placement(**kwargs: Any) -> RayPlacement:
             ValueError,
             r"lists of different lengths",
         ),
-        ({"num_collectors": 0}, ValueError, r"num_collectors must be an int >= 1, got 0"),
+        ({"num_collectors": -1}, ValueError, r"num_collectors must be an int >= 0, got -1"),
+        ({"create_env_fn": []}, ValueError, r"create_env_fn, .* are empty lists"),
         ({"num_collectors": "2"}, TypeError, r"num_collectors must be an int, got '2'"),
         ({"num_collectors": 2.5}, TypeError, r"num_collectors must be an int, got 2.5"),
         (
@@ -262,3 +263,44 @@ def test_raycollectors_form_takes_a_policy_without_weights_as_any_fleet_does() -
         assert fleet._common_args[fleet._common_args.index("--policy") + 1] == "random"
     with pytest.raises(TypeError, match=r"policy is a Linear: .*TensorDictModule"):
         ray_fleet_of(_placement(policy=torch.nn.Linear(3, 1)))  # weights it cannot ship
+
+
+@pytest.mark.ray
+def test_raycollectors_form_reads_num_collectors_0_as_the_lists_length() -> None:
+    """RayCollector reads ``num_collectors=0`` as not given (``if num_collectors:``): as many
+    collectors as the lists. It used to be refused here (``must be an int >= 1``)."""
+    assert ray_fleet_of(_placement(create_env_fn=[_env_fn] * 3, num_collectors=0)).num_actors == 3
+    assert ray_fleet_of(_placement(num_collectors=0)).num_actors == 1  # as with None
+
+
+class _UnstartedFleet:
+    """A fleet of the collector's slot (``ActorFleet``) that records being started."""
+
+    num_actors = 2
+    started = False
+
+    def __init__(self) -> None:
+        self.worker_ids = [0, 1]
+        self.starts = 0
+        self.closes = 0
+
+    @property
+    def addresses(self) -> list[str]:
+        raise AssertionError("a fleet not started has no addresses")
+
+    def start(self) -> None:
+        self.starts += 1
+        raise RuntimeError("placing the actors (Ray's take ~18 s on 2 cores)")
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def test_collector_raises_if_sync_frames_do_not_split_before_starting_its_fleet() -> None:
+    """RayCollector refuses a sync ``frames_per_batch`` its collectors cannot share before it
+    places them; the drop-in form (its ``RayFleet``), as any fleet not started, used to be
+    started first (every Ray actor placed), then refused."""
+    fleet = _UnstartedFleet()
+    with pytest.raises(ValueError, match=r"frames_per_batch=41 evenly over 2 actors"):
+        GrpcCollector(fleet, frames_per_batch=41, sync=True)
+    assert (fleet.starts, fleet.closes) == (0, 1)
