@@ -28,6 +28,8 @@ from typing import Any
 __all__ = [
     "Report",
     "base_parser",
+    "check_budget",
+    "choices",
     "frames_of",
     "init_local_ray",
     "median",
@@ -59,7 +61,11 @@ def base_parser(description: str, *, num_envs: int = 8) -> argparse.ArgumentPars
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse ``argv`` and fill the defaults that depend on ``--quick``."""
+    """Parse ``argv`` and fill the defaults that depend on ``--quick``.
+
+    Exits with argparse's usage error (status 2) when ``--actors``, ``--num-envs`` or
+    ``--reps`` is below 1, or a script's ``--window`` is not above 0 seconds.
+    """
     args = parser.parse_args(argv)
     if args.actors is None:
         args.actors = 1 if args.quick else 2
@@ -67,7 +73,35 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
         args.num_envs = 2 if args.quick else args.full_num_envs
     if args.actors < 1 or args.num_envs < 1:
         parser.error(f"--actors and --num-envs must be >= 1, got {args.actors}, {args.num_envs}")
+    check_budget(parser, args)
     return args
+
+
+def check_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Argparse's usage error (status 2) for ``--reps`` below 1 or a ``--window`` of 0 s or less.
+
+    A window of no time measures nothing: 0 frames/s, whose ratios are infinite.
+    """
+    if args.reps is not None and args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
+    if getattr(args, "window", None) is not None and not args.window > 0:
+        parser.error(f"--window must be > 0 seconds, got {args.window:g}")
+
+
+def choices(
+    parser: argparse.ArgumentParser, flag: str, text: str, known: Iterable[str]
+) -> list[str]:
+    """The comma-separated names of ``text``, each checked against ``known``.
+
+    An unknown name is argparse's usage error (status 2), naming ``flag`` and the known
+    names, before anything is measured.
+    """
+    known = set(known)
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown {flag} {unknown}; known: {sorted(known)}")
+    return names
 
 
 def reps_of(args: argparse.Namespace) -> int:

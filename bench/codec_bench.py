@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--quick", action="store_true", help="small batches, few repetitions")
     parser.add_argument("--reps", type=int, default=None, help="samples per figure (default 7)")
     args = parser.parse_args(argv)
+    if args.reps is not None and args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
     reps = args.reps or (2 if args.quick else 7)
-    if reps < 1:
-        raise SystemExit(f"--reps must be >= 1, got {reps}")
     torch.set_num_threads(1)  # actors and learner decode on one thread each
     large = measure(
         "pixels", pixel_batch(16, 8 if args.quick else 74), reps, 1 if args.quick else 3

@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+from bench._common import Report, base_parser, choices, parse, reps_of, set_single_thread
 
 __all__ = ["main"]
 
@@ -59,6 +59,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile", default="", help="write a cProfile of the learner here")
     args = parse(parser, argv)
+    args.mode = choices(parser, "--mode", args.mode, ("pixels", "replay"))
     if args.window is None:
         args.window = 1.0 if args.quick else 5.0
     if args.quick:
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     set_single_thread()
     report = Report("learner_cost", quick=args.quick)
-    modes = set(args.mode.split(","))
+    modes = set(args.mode)
     report.note(
         f"{args.actors} actors, sync (but 'replay cartpole async'), "
         f"{args.frames_per_actor} frames per actor batch (pixels), "

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+from bench._common import Report, base_parser, choices, parse, reps_of, set_single_thread
+from bench.llm_shapes import SHAPES
 
 __all__ = ["main"]
 
@@ -53,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--shapes", default=None, help="comma-separated: 25m, 100m, 0.5b")
     args = parse(parser, argv)
     shapes = args.shapes or ("25m" if args.quick else "100m")
-    args.shapes = [s for s in shapes.split(",") if s]
+    args.shapes = choices(parser, "--shapes", shapes, SHAPES)
     return args
 
 

@@ -43,6 +43,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parse(parser, argv)
     if args.reps is not None:
         parser.error("--reps: the memory run is one long run; set its length with --seconds")
+    if args.push_every < 1:
+        parser.error(f"--push-every must be >= 1 batch, got {args.push_every}")
     if args.seconds is None:
         args.seconds = 4.0 if args.quick else 90.0
     if args.sample_every is None:

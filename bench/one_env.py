@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench._common import Report, reps_of, set_single_thread, time_batches
+from bench._common import Report, check_budget, reps_of, set_single_thread, time_batches
 from bench.torchrl_scripts._run import CONFIGS, ROOT, originals_root
 from bench.torchrl_scripts._specs import SPECS
 
@@ -148,6 +148,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=1000, help="frames per batch")
     parser.add_argument("--window", type=float, default=None, help="seconds per timed window")
     args = parser.parse_args(argv)
+    check_budget(parser, args)
     if args.window is None:
         args.window = 0.5 if args.quick else 6.0
     if args.quick:

@@ -52,7 +52,8 @@ from typing import Any
 
 import torch
 
-from bench._common import Report, base_parser, parse, reps_of, set_single_thread
+from bench._common import Report, base_parser, choices, parse, reps_of, set_single_thread
+from bench.llm_shapes import SHAPES
 
 __all__ = ["SIZES", "main"]
 
@@ -66,13 +67,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=None, help=f"comma-separated, of {sorted(SIZES)}")
     parser.add_argument("--llm", default="", help="comma-separated llm_shapes, e.g. 25m,100m")
     args = parse(parser, argv)
-    args.llm = [s for s in args.llm.split(",") if s]
+    args.llm = choices(parser, "--llm", args.llm, SHAPES)
     default = "tiny" if args.quick else "25M,100M"
     sizes = default if args.sizes is None else args.sizes  # "": language models only
-    args.sizes = [s for s in sizes.split(",") if s]
-    unknown = [s for s in args.sizes if s not in SIZES]
-    if unknown:
-        raise SystemExit(f"unknown --sizes {unknown}; known: {sorted(SIZES)}")
+    args.sizes = choices(parser, "--sizes", sizes, SIZES)
     return args
 
 

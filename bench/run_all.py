@@ -67,6 +67,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown scripts {unknown}; known: {list(BENCHES)}")
     args.names = [n for n in chosen if n not in skipped]
+    if args.reps is not None and args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     if args.timeout is None:
         args.timeout = 240.0 if args.quick else 420.0
     return args
@@ -76,7 +80,8 @@ def run_one(name: str, flags: Sequence[str], timeout: float) -> dict[str, Any]:
     """Run one script; returns its JSON payload, or ``{"error": ...}`` when it failed.
 
     A script still running after ``timeout`` seconds is killed (with its process group,
-    so its actors and workers go too).
+    so its actors and workers go too); on Ctrl-C or SIGTERM the script's group is interrupted
+    (killed if still running 10 s later) before run_all stops.
     """
     cmd = [sys.executable, "-m", BENCHES[name], *flags]
     print(f"\n$ {' '.join(cmd[1:])}", flush=True)
@@ -96,6 +101,9 @@ def run_one(name: str, flags: Sequence[str], timeout: float) -> dict[str, Any]:
                 else:
                     last_json = parsed
             code = proc.wait()
+        except BaseException:  # Ctrl-C: the script has its own session, so pass it on
+            _stop_group(proc)
+            raise
         finally:
             watchdog.cancel()
         stderr.seek(0, os.SEEK_END)
@@ -118,6 +126,25 @@ def _json_line(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _stop_group(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+    """Interrupt a script's process group, then kill it if still running after ``grace`` s.
+
+    The interrupt lets the script stop its actors and workers itself.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _kill_group(proc: subprocess.Popen[str], timed_out: threading.Event) -> None:
@@ -148,6 +175,9 @@ def summary(results: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], l
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen scripts; prints the summary and the final JSON line; returns the exit code."""
     args = parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (``timeout``, a cancelled CI job) stops the running script as Ctrl-C does.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     start = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
     out = Path(args.out) if args.out else None

@@ -43,7 +43,15 @@ from typing import Any
 
 import torch
 
-from bench._common import Report, base_parser, init_local_ray, parse, reps_of, set_single_thread
+from bench._common import (
+    Report,
+    base_parser,
+    choices,
+    init_local_ray,
+    parse,
+    reps_of,
+    set_single_thread,
+)
 from learner_client import WeightPushSettings
 
 __all__ = ["SIZES", "main"]
@@ -59,10 +67,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parse(parser, argv)
     if args.sizes is None:
         args.sizes = "tiny" if args.quick else "1M,25M"
-    args.sizes = args.sizes.split(",")
-    unknown = [s for s in args.sizes if s not in SIZES]
-    if unknown:
-        raise SystemExit(f"unknown --sizes {unknown}; known: {sorted(SIZES)}")
+    args.sizes = choices(parser, "--sizes", args.sizes, SIZES)
     return args
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 from bench._common import Report, pairwise_ratios, slope
 from bench._loopback import LoopbackReceivers
 from bench.run_all import BENCHES
+from tests.helpers import poll_until, process_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -299,3 +302,96 @@ def test_loopback_receivers_transfer_acks_every_receiver():
         assert seconds > 0
         # The connections stay usable: a second message of another size goes through.
         assert rx.transfer(memoryview(bytearray(10))) > 0
+
+
+# A script that records its pid and then runs far longer than any test waits.
+_SLOW_SCRIPT = """
+import os, sys, time
+with open(sys.argv[-1], "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_run_all_stops_the_running_script_on_ctrl_c_or_sigterm(tmp_path, signum):
+    (tmp_path / "slow_script.py").write_text(_SLOW_SCRIPT)
+    pid_file = tmp_path / "pid"
+    driver = (
+        "import sys, bench.run_all as r; r.BENCHES['slow'] = 'slow_script'; "
+        f"r.flags_for = lambda name, args: [{str(pid_file)!r}]; "
+        "sys.exit(r.main(['--only', 'slow']))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver], cwd=ROOT, env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        poll_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30)
+        script = int(pid_file.read_text())
+        # Ctrl-C (or `timeout`) signals run_all: the script, in a session of its own, gets nothing.
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) != 0
+        poll_until(lambda: not process_alive(script), timeout=10, message="script left running")
+    finally:
+        proc.kill()
+        proc.wait()
+        if pid_file.exists() and pid_file.read_text() and process_alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "script", ["cartpole", "large_obs", "learner_cost", "metrics_overhead", "one_env"]
+)
+@pytest.mark.parametrize("flags", [["--window", "0"], ["--window", "-1"], ["--reps", "0"]])
+def test_bench_parse_args_raises_if_window_or_reps_measure_nothing(script, flags, capsys):
+    module = __import__(f"bench.{script}", fromlist=["parse_args"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--quick", *flags])
+    assert exit_info.value.code == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_codec_bench_raises_if_reps_is_zero(capsys):
+    from bench import codec_bench
+
+    with pytest.raises(SystemExit) as exit_info:
+        codec_bench.main(["--quick", "--reps", "0"])
+    assert exit_info.value.code == 2
+    assert "--reps must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--reps", "0"], ["--timeout", "0"], ["--timeout", "-5"]])
+def test_run_all_raises_if_reps_or_timeout_runs_nothing(flags, capsys):
+    from bench import run_all
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_all.parse_args(["--only", "codec", *flags])
+    assert exit_info.value.code == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("script", "flags"),
+    [
+        ("weight_push", ["--sizes", "2M"]),
+        ("push_forms", ["--llm", "1b"]),
+        ("llm_push", ["--shapes", "25m,1b"]),
+        ("learner_cost", ["--mode", "pixel"]),
+    ],
+)
+def test_bench_parse_args_raises_if_a_name_is_unknown(script, flags, capsys):
+    module = __import__(f"bench.{script}", fromlist=["parse_args"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--quick", *flags])
+    assert exit_info.value.code == 2
+    assert f"unknown {flags[0]}" in capsys.readouterr().err
+
+
+def test_memory_parse_args_raises_if_push_every_is_zero(capsys):
+    from bench import memory
+
+    with pytest.raises(SystemExit) as exit_info:
+        memory.parse_args(["--quick", "--push-every", "0"])
+    assert exit_info.value.code == 2
+    assert "--push-every" in capsys.readouterr().err
