@@ -6,20 +6,21 @@ copy into the destination) and ``finish()`` on the learner, which decodes views.
 timed with and without the CRC-32C the transports add, on (a) a ~64 MiB uint8 pixel
 batch and (b) a 1,000-frame CartPole batch, each against ``tensor.clone()`` of a tensor
 holding the same number of bytes. Run ``python -m bench.codec_bench [--quick] [--reps N]``;
-the last line of stdout is one JSON object (``{"bench": "codec", ...}``).
+the table, then one JSON line (``{"bench": "codec", "figures": ..., "machine": ...}``),
+as every script prints it (``bench._common.Report``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 
+from bench._common import Report
 from common.packets import PacketAssembler, encode_packet, packet_crc32c
 
 #: Large batches: encode + decode at least this fraction of plain-copy throughput.
@@ -90,9 +91,20 @@ def per_call(fn: Callable[[], object], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
-def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, object]:
+#: What each timed candidate is, as the table names it.
+CANDIDATES = {
+    "codec": "encode+chunks+assemble+decode",
+    "codec crc32c": "... with crc32c both sides",
+    "clone": "tensor.clone() of the same bytes",
+    "copy warm": "copy_ into a warm tensor",
+}
+
+
+def measure(report: Report, case: str, batch: TensorDict, reps: int, inner: int) -> float:
     """Times the codec (with and without crc32c) against copies of the same bytes.
 
+    Records one GB/s figure per candidate (``"<case> codec"``, ...) and the ratios
+    ``"<case> codec/clone"`` and ``"<case> codec crc32c/clone"``; returns the first ratio.
     The candidates run back to back within each repetition and ratios are taken
     repetition by repetition, so the drift of a shared machine mostly cancels out.
     """
@@ -101,42 +113,30 @@ def measure(name: str, batch: TensorDict, reps: int, inner: int) -> dict[str, ob
     warm = torch.empty_like(flat)
     candidates: dict[str, Callable[[], object]] = {
         "codec": lambda: round_trip(batch, crc=False),
-        "codec_crc32c": lambda: round_trip(batch, crc=True),
+        "codec crc32c": lambda: round_trip(batch, crc=True),
         "clone": flat.clone,  # fresh memory each time, like the assembler's buffer
-        "copy_warm": lambda: warm.copy_(flat),  # memcpy bandwidth, no page faults
+        "copy warm": lambda: warm.copy_(flat),  # memcpy bandwidth, no page faults
     }
     samples: dict[str, list[float]] = {key: [] for key in candidates}
     for fn in candidates.values():
         fn()  # warm-up: allocator, lazy imports
     for _ in range(reps):
         for key, fn in candidates.items():
-            samples[key].append(per_call(fn, inner))
-    result: dict[str, object] = {"frames": batch.numel(), "frame_bytes": nbytes, "reps": reps}
-    for key, times in samples.items():
-        result[f"{key}_gbps"] = nbytes / statistics.median(times) / 1e9
-        result[f"{key}_ms"] = statistics.median(times) * 1e3
-    for key in ("codec", "codec_crc32c"):
-        ratios = [c / t for c, t in zip(samples["clone"], samples[key], strict=True)]
-        result[f"{key}_vs_clone"] = statistics.median(ratios)
-    lines = [f"{name}: {nbytes / 2**20:.2f} MiB, {batch.numel()} frames, median of {reps}"]
-    labels = {
-        "codec": "encode+chunks+assemble+decode",
-        "codec_crc32c": "... with crc32c both sides",
-        "clone": "tensor.clone() of same bytes",
-        "copy_warm": "copy_ into a warm tensor",
-    }
-    for key, label in labels.items():
-        lines.append(
-            f"  {label:<31}{result[key + '_gbps']:7.2f} GB/s  ({result[key + '_ms']:.3f} ms)"
-        )
-    lines.append(f"  codec / clone {result['codec_vs_clone']:.3f}, "
-                 f"with crc32c {result['codec_crc32c_vs_clone']:.3f}")  # fmt: skip
-    print("\n".join(lines), flush=True)
-    return result
+            samples[key].append(nbytes / per_call(fn, inner) / 1e9)
+    report.note(f"{case}: {nbytes / 2**20:.2f} MiB, {batch.numel()} frames a batch")
+    for key, gbps in samples.items():
+        report.figure(f"{case} {key}", "GB/s", gbps)
+    report.figure(
+        f"{case} codec frames/s",
+        "frames/s",
+        [g * 1e9 / nbytes * batch.numel() for g in samples["codec"]],
+    )
+    report.ratio(f"{case} codec crc32c/clone", f"{case} codec crc32c", f"{case} clone")
+    return report.ratio(f"{case} codec/clone", f"{case} codec", f"{case} clone")
 
 
-def main(argv: list[str] | None = None) -> dict[str, object]:
-    """Runs both cases and prints the figures, the target and the JSON line."""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs both cases and prints the table, the target and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small batches, few repetitions")
     parser.add_argument("--reps", type=int, default=None, help="samples per figure (default 7)")
@@ -145,36 +145,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     reps = args.reps or (2 if args.quick else 7)
     torch.set_num_threads(1)  # actors and learner decode on one thread each
+    report = Report("codec", quick=args.quick)
+    report.note("one thread; candidates: " + "; ".join(f"{k}: {v}" for k, v in CANDIDATES.items()))
     large = measure(
-        "pixels", pixel_batch(16, 8 if args.quick else 74), reps, 1 if args.quick else 3
+        report, "pixels", pixel_batch(16, 8 if args.quick else 74), reps, 1 if args.quick else 3
     )
-    small = measure("cartpole", cartpole_batch(8, 125), reps, 20 if args.quick else 200)
-    met = large["codec_vs_clone"] >= LARGE_TARGET
-    print(
-        f"target: large-batch codec >= {LARGE_TARGET:.0%} of clone throughput: "
-        f"{large['codec_vs_clone']:.1%} {'MET' if met else 'NOT MET'}"
-        f"{' (quick run: figures not meaningful)' if args.quick else ''}\n"
-        "cartpole: no target (fixed per-batch cost dominates; see frames/s in the JSON)",
-        flush=True,
-    )
-    small["frames_per_s"] = small["frames"] / (small["codec_ms"] / 1e3)
-    payload = {
-        "bench": "codec",
-        "quick": args.quick,
-        "threads": torch.get_num_threads(),
-        "pixels": large,
-        "cartpole": small,
-        "targets": [
-            {
-                "name": "pixels codec/clone",
-                "value": large["codec_vs_clone"],
-                "threshold": LARGE_TARGET,
-                "met": met,
-            }
-        ],
-    }
-    print(json.dumps(payload, sort_keys=True), flush=True)
-    return payload
+    measure(report, "cartpole", cartpole_batch(8, 125), reps, 20 if args.quick else 200)
+    report.target("pixels codec/clone", large, LARGE_TARGET)
+    report.note("cartpole: no target (fixed per-batch cost dominates; see its frames/s)")
+    return report.emit()
 
 
 if __name__ == "__main__":

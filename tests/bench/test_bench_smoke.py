@@ -56,6 +56,18 @@ EXPECTED = {
             "rlfleet user sync prefetch=2/parallel in-process loops",
         ],
     ),
+    "codec": (
+        [
+            f"{case} {key}"
+            for case in ("pixels", "cartpole")
+            for key in ("codec", "codec crc32c", "clone", "copy warm", "codec frames/s")
+        ],
+        [
+            f"{case} {key}/clone"
+            for case in ("pixels", "cartpole")
+            for key in ("codec", "codec crc32c")
+        ],
+    ),
     "torchrl_envs": (
         [
             "rlfleet frames/s",
