@@ -36,6 +36,7 @@ call :func:`from_status` to turn a status back into the matching exception.
 from __future__ import annotations
 
 import re
+import resource
 import uuid
 
 import grpc
@@ -68,6 +69,7 @@ __all__ = [
     "tls_mismatch_hint",
     "to_status",
     "exception_text",
+    "fd_limit_hint",
 ]
 
 
@@ -365,6 +367,24 @@ def one_line(text: str) -> str:
     """``text`` on one line and cut to 1,000 characters: what a peer's message may fill."""
     text = " ".join(text.split())
     return text if len(text) <= _MAX_DETAILS else text[: _MAX_DETAILS - 3] + "..."
+
+
+def fd_limit_hint(reason: str) -> str:
+    """The fix ("; " first) when ``reason`` reads as this process out of file descriptors.
+
+    ``EMFILE`` ("Too many open files", as the OS and gRPC word it): a learner holds a
+    connection and up to 4 mapped segments per actor, an actor a connection per learner
+    and a few segments per session. Any other reason (the whole system out of them
+    included) gets "".
+    """
+    if "Too many open files" not in reason or "in system" in reason:
+        return ""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    most = "no hard limit" if hard == resource.RLIM_INFINITY else f"hard limit {hard}"
+    return (
+        f"; this process used all {soft} file descriptors it may open: raise its limit "
+        f"(ulimit -n where it starts, {most}; a container's nofile ulimit)"
+    )
 
 
 def tls_mismatch_hint(

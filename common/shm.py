@@ -6,7 +6,8 @@ learner on its host (the learner copies them out of its kept mappings,
 segment is a file under ``/dev/shm`` named ``rlfleet-shm-<pid>-<32 hex>`` (the writer's pid,
 then 128 random bits), created ``0600`` with ``O_EXCL``: written once (:func:`write_segment`),
 or mapped by its writer and filled again push after push (batch after batch), its pages
-reserved up front and kept (:class:`SharedBuffer`). The control that travels
+reserved up front and kept (:class:`SharedBuffer`; :func:`new_buffer` makes one, or warns once
+that none can be made, ``/dev/shm`` full, until one can again). The control that travels
 elsewhere (name, size, CRC-32C) is all a reader trusts: :func:`read_segment` refuses a name
 outside the pattern (no path traversal), a link, a file not owned by this user or readable by
 others, a size other than the one announced, and a digest mismatch (:func:`opened_segment`
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import logging
 import mmap
 import os
 import re
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from common.checksum import crc32c
+from common.errors import fd_limit_hint
 from common.leftovers import sweep_leftovers, writer_tag
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "SegmentMaps",
     "SharedBuffer",
     "host_identity",
+    "new_buffer",
     "opened_segment",
     "read_segment",
     "read_segment_into",
@@ -50,6 +54,8 @@ __all__ = [
     "sweep_segments",
     "write_segment",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Where segments live (tmpfs on Linux).
 SHM_ROOT = "/dev/shm"
@@ -240,6 +246,56 @@ class SharedBuffer:
         self.remove()
 
 
+class _Shortage:
+    """Whether this process failed to make its last segment: warned of once, not per batch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._short = False
+
+    def failed(self) -> bool:
+        """A segment could not be made: whether that is news (the one to warn of)."""
+        with self._lock:
+            news, self._short = not self._short, True
+        return news
+
+    def made(self) -> bool:
+        """A segment was made: whether that ends a shortage."""
+        with self._lock:
+            ended, self._short = self._short, False
+        return ended
+
+
+_shortage = _Shortage()
+
+
+def new_buffer(size: int, goes: str, root: str = SHM_ROOT) -> SharedBuffer | None:
+    """A new :class:`SharedBuffer` of ``size`` bytes, or None when none can be made.
+
+    The first failure is one warning, saying why and ``goes`` (what goes without a
+    segment); the next ones are debug lines until a segment is made again (said at
+    info): a full ``/dev/shm`` would otherwise warn at every batch and every push.
+    """
+    try:
+        buffer = SharedBuffer(size, root)
+    except OSError as exc:
+        level = logging.WARNING if _shortage.failed() else logging.DEBUG
+        why = f"{exc}{fd_limit_hint(str(exc))}"
+        log.log(
+            level,
+            "%s: no segment of %d bytes can be made under %s (%s); "
+            "said once until one can be made again",
+            goes,
+            size,
+            root,
+            why,
+        )
+        return None
+    if _shortage.made():
+        log.info("segments can be made under %s again", root)
+    return buffer
+
+
 def remove_segment(name: str, root: str = SHM_ROOT) -> None:
     """Remove segment ``name`` (a name outside the pattern, or one gone, is left alone)."""
     if _NAME.match(name) is None:
@@ -315,7 +371,8 @@ def _checked_fd(control: Segment, root: str) -> Iterator[tuple[int, os.stat_resu
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         fd = os.open(os.path.join(root, control.name), flags)
     except OSError as exc:
-        raise ShmError(f"segment {control.name} cannot be opened: {exc}") from exc
+        why = f"{exc}{fd_limit_hint(str(exc))}"
+        raise ShmError(f"segment {control.name} cannot be opened: {why}") from exc
     try:
         info = os.fstat(fd)
         _check_owner(info, control)
@@ -406,12 +463,25 @@ class SegmentMaps:
         with self._lock:
             mapping = self._maps.pop(key, None)
             if mapping is None or len(mapping) != control.size:  # a file resized in place
-                mapping = mmap.mmap(fd, control.size, access=mmap.ACCESS_COPY)
+                mapping = _mapped(fd, control)
             self._maps[key] = mapping
             for name, ino in list(self._maps)[:-1]:
                 if len(self._maps) > self._keep or not _leads_to(self._root, name, ino):
                     del self._maps[(name, ino)]  # unmapped with its last view, never closed here
         return mapping
+
+
+def _mapped(fd: int, control: Segment) -> mmap.mmap:
+    """A copy-on-write mapping of a checked segment; :class:`ShmError` when none can be made.
+
+    A mapping holds a file descriptor of its own (``mmap`` duplicates ``fd``): a process
+    out of them (``ulimit -n``) or of address space reads that segment's data as bytes.
+    """
+    try:
+        return mmap.mmap(fd, control.size, access=mmap.ACCESS_COPY)
+    except OSError as exc:
+        why = f"{exc}{fd_limit_hint(str(exc))}"
+        raise ShmError(f"segment {control.name} cannot be mapped: {why}") from exc
 
 
 def _leads_to(root: str, name: str, inode: int) -> bool:

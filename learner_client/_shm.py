@@ -36,11 +36,13 @@ from typing import TypeVar
 import numpy as np
 
 from common.checksum import crc32c
+from common.errors import fd_limit_hint
 from common.shm import (
     PROBE_BYTES,
     Segment,
     SharedBuffer,
     host_identity,
+    new_buffer,
     remove_segment,
     sweep_segments,
     write_segment,
@@ -104,10 +106,23 @@ class ShmRoute:
         return (self.enabled or self.batches) and bool(self.identity)
 
     def probe(self) -> Segment | None:
-        """A fresh probe segment for a Describe, or None when shared memory is off."""
+        """A fresh probe segment for a Describe; None when shared memory is off or unusable.
+
+        A probe that cannot be written (``/dev/shm`` full or absent) proves no actor local:
+        those described with none get every push and batch as bytes.
+        """
         if not self._probing:
             return None
-        return write_segment(secrets.token_bytes(PROBE_BYTES))
+        try:
+            return write_segment(secrets.token_bytes(PROBE_BYTES))
+        except OSError as exc:
+            log.warning(
+                "no shared-memory probe can be written (%s%s): the actors described now "
+                "get every push and batch as bytes",
+                exc,
+                fd_limit_hint(str(exc)),
+            )
+            return None
 
     @staticmethod
     def remove_probe(probe: Segment) -> None:
@@ -151,10 +166,8 @@ class ShmRoute:
 
     def make(self, nbytes: int) -> SharedBuffer | None:
         """A new blob segment of ``nbytes``; None when none can be made (plain memory then)."""
-        try:
-            buffer = SharedBuffer(nbytes)
-        except OSError as exc:
-            log.warning("a blob of %d bytes is encoded outside /dev/shm: %s", nbytes, exc)
+        buffer = new_buffer(nbytes, "a push goes to the actors on this host as bytes")
+        if buffer is None:
             return None
         buffer.lock_for_writing()  # until write() names it
         with self._lock:
@@ -213,10 +226,8 @@ class ShmRoute:
             buffer.close()
             buffer = None
         if buffer is None:
-            try:
-                buffer = SharedBuffer(size)
-            except OSError as exc:
-                log.warning("a push of %d bytes goes as bytes: no /dev/shm segment: %s", size, exc)
+            buffer = new_buffer(size, "a push goes to the actors on this host as bytes")
+            if buffer is None:
                 return None
             buffer.lock_for_writing()
         with self._lock:

@@ -32,6 +32,7 @@ from common.errors import (
     ProtocolError,
     RelayFailedError,
     SessionStateError,
+    fd_limit_hint,
     from_status,
     is_transient,
     one_line,
@@ -549,7 +550,9 @@ class ActorChannel:
         except DeadlineError:
             return ""
         except Exception as exc:  # the reason, whatever it is
-            reason = str(exc).removeprefix(f"{self.address}: ")
+            # gRPC words some failures with a line of its own memory after the reason
+            # ("socket: Too many open files\n\x00..."): the first line is the reason.
+            reason = str(exc).removeprefix(f"{self.address}: ").split("\n", 1)[0]
             tls = self._credentials is not None
             hint = tls_mismatch_hint(
                 reason,
@@ -558,7 +561,7 @@ class ActorChannel:
                 drop_tls=_DROP_TLS,
                 add_client_cert=_ADD_CLIENT_CERT,
             )
-            return reason + hint
+            return reason + hint + fd_limit_hint(reason)
         return ""
 
     async def set_seed(self, seed: int, static_seed: bool, timeout: float) -> tuple[int, int]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import logging
 import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
@@ -38,6 +37,7 @@ from common.shm import (
     SharedBuffer,
     ShmError,
     host_identity,
+    new_buffer,
     opened_segment,
     read_segment,
     sweep_segments,
@@ -45,8 +45,6 @@ from common.shm import (
 from common.weights import BlobAssembler
 
 __all__ = ["BatchSegments", "identity", "mapped_push", "probe_ok", "read_push_segment"]
-
-log = logging.getLogger(__name__)
 
 #: Acked segments kept for the next batches (a session's batches share one size, mostly).
 IDLE_BATCH_SEGMENTS = 4
@@ -170,11 +168,7 @@ class BatchSegments:
             return buffer
         if buffer is not None:
             buffer.close()  # removed, replaced or opened up by another process: never named again
-        try:
-            return SharedBuffer(nbytes)
-        except OSError as exc:
-            log.warning("a batch of %d bytes goes as bytes: no /dev/shm segment: %s", nbytes, exc)
-            return None
+        return new_buffer(nbytes, "a batch goes to the learner as bytes")
 
     def acked(self, epoch: int, seq: int, first: int = 1) -> None:
         """The learner holds batches ``first`` to ``seq`` of ``epoch``: their segments are free.

@@ -566,3 +566,51 @@ def test_a_host_identity_names_the_shm_mount_it_was_taken_of(tmp_path: Path) -> 
     assert here == shm_module.host_identity()
     assert elsewhere != here
     assert elsewhere.rsplit("/", 1)[0] == here.rsplit("/", 1)[0]  # only the mount differs
+
+
+#: Run in a process of its own: a segment read when one file descriptor is left, the one
+#: its open takes, so the mapping's own (``mmap`` duplicates the descriptor) cannot be had.
+_READ_WITH_ONE_FD_LEFT = r"""
+import os, resource, sys
+from common.shm import SegmentMaps, SharedBuffer, ShmError
+root, how = sys.argv[1], sys.argv[2]
+buffer = SharedBuffer(4096, root)
+control = buffer.fill(bytes(4096), 0)
+buffer.unlock()
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    os.close(held.pop())
+maps = SegmentMaps(root=root)
+try:
+    if how == "reader":
+        with maps.reader(control) as read_at:
+            read_at(memoryview(bytearray(4096)), 0)
+    else:
+        with maps.locked(control):
+            pass
+except ShmError as exc:
+    print("ShmError:", exc)
+"""
+
+
+@pytest.mark.parametrize("how", ["reader", "locked"])
+def test_a_segment_that_cannot_be_mapped_is_refused_as_any_other(tmp_path: Path, how: str) -> None:
+    """A reader out of file descriptors (``ulimit -n``: a learner of many actors) used to
+    raise a bare OSError from the mapping: the learner's link to that actor stopped "on a
+    bug" and the collector raised it; the batch (or push) is now taken as bytes instead.
+    """
+    code = _READ_WITH_ONE_FD_LEFT
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=CHECKOUT_ENV,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "cannot be mapped" in run.stdout
+    assert "ulimit -n" in run.stdout  # the limit, and how to raise it

@@ -5,6 +5,8 @@ from __future__ import annotations
 import operator
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -511,6 +513,42 @@ def test_collector_names_hundreds_of_unreachable_actors_in_a_short_message():
     assert "and 292 more" in message
     assert "Connection refused" in message
     assert dead[0] in message
+
+
+#: A learner allowed 32 file descriptors, describing the actors named in argv: what it raised.
+_LEARNER_OF_FEW_FDS = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from learner_client import GrpcCollector
+try:
+    GrpcCollector(sys.argv[1:], frames_per_batch=len(sys.argv) - 1, connect_timeout=2.0)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.long
+def test_collector_names_the_file_descriptor_limit_it_runs_out_of():
+    """A learner of more actors than its ``ulimit -n`` allows connections used to say only
+    that they were unreachable ("socket: Too many open files", in gRPC's words): the error
+    names the limit and how to raise it."""
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(40)]
+    try:
+        names = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in listeners]
+        run = subprocess.run(
+            [sys.executable, "-c", _LEARNER_OF_FEW_FDS, *names],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        for sock in listeners:
+            sock.close()
+    assert run.stdout.startswith("ActorUnavailableError"), run.stdout + run.stderr
+    assert "Too many open files" in run.stdout
+    assert "all 32 file descriptors" in run.stdout
+    assert "ulimit -n" in run.stdout
+    assert "other reason" not in run.stdout  # one reason, not one per actor
 
 
 def test_collector_says_a_grpc_server_that_is_no_actor_is_not_one():
