@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from common.errors import ProtocolError
 
-__all__ = ["Unparsed", "parsing_channel", "tolerant"]
+__all__ = ["Peer", "Unparsed", "parsing_channel", "tolerant"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +46,16 @@ def tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return parse
 
 
-def _sound(reply: Any, peer: str, method: str) -> Any:
+#: How a peer is named in errors: its name, or what gives its name when an error is raised.
+Peer = str | Callable[[], str]
+
+
+def _sound(reply: Any, peer: Peer, method: str) -> Any:
     """``reply``, unless it did not parse: then the ``ProtocolError`` that says so."""
     if isinstance(reply, Unparsed):
+        named = peer() if callable(peer) else peer
         raise ProtocolError(
-            f"{peer}: its {method} reply of {reply.size} bytes does not parse ({reply.error})"
+            f"{named}: its {method} reply of {reply.size} bytes does not parse ({reply.error})"
         ) from reply.error
     return reply
 
@@ -58,7 +63,7 @@ def _sound(reply: Any, peer: str, method: str) -> Any:
 class _Call:
     """A running call whose replies are checked; anything else is the call's own."""
 
-    def __init__(self, call: Any, peer: str, method: str) -> None:
+    def __init__(self, call: Any, peer: Peer, method: str) -> None:
         self._call, self._peer, self._method = call, peer, method
 
     def __getattr__(self, name: str) -> Any:
@@ -89,7 +94,7 @@ class _Call:
 class _Method:
     """A method whose replies are checked: ``unary``, a sync one returning its reply."""
 
-    def __init__(self, method: Any, peer: str, name: str, *, unary: bool) -> None:
+    def __init__(self, method: Any, peer: Peer, name: str, *, unary: bool) -> None:
         self._method, self._peer, self._name, self._unary = method, peer, name, unary
 
     def __getattr__(self, name: str) -> Any:
@@ -105,7 +110,7 @@ class _Method:
 class _ParsingChannel:
     """``channel``, its methods' replies parsed by :func:`tolerant` and checked."""
 
-    def __init__(self, channel: grpc.Channel | grpc.aio.Channel, peer: str) -> None:
+    def __init__(self, channel: grpc.Channel | grpc.aio.Channel, peer: Peer) -> None:
         self._channel, self._peer = channel, peer
         self._sync = not isinstance(channel, grpc.aio.Channel)
 
@@ -137,12 +142,13 @@ class _ParsingChannel:
         return self._method("stream_stream", method, kwargs, unary=False)
 
 
-def parsing_channel(channel: grpc.Channel | grpc.aio.Channel, peer: str) -> Any:
+def parsing_channel(channel: grpc.Channel | grpc.aio.Channel, peer: Peer) -> Any:
     """``channel`` for stubs and methods whose replies that do not parse raise ``ProtocolError``.
 
     Args:
         channel: A ``grpc`` or ``grpc.aio`` channel to ``peer``.
-        peer: The peer's address, named in the error.
+        peer: The peer's address, named in the error; or a function giving its name then
+            (the learner names an actor by worker_id too, once its Describe told it).
 
     Returns:
         A stand-in for ``channel``: its methods' deserializers are :func:`tolerant`, and a

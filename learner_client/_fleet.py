@@ -397,7 +397,7 @@ class Fleet:
                 link.channel.set_seed(seed, static_seed, self.conn.call_timeout),
                 self.conn.call_timeout + WAIT_MARGIN_S,
             )
-            link.tracker.check_reseeded(first_seq, link.address)
+            link.tracker.check_reseeded(first_seq, link.channel.name)
             epoch = link.tracker.epoch or link.description.epoch
             self.ledger.add_discarded(self.mailbox.discard_before(wid, epoch, first_seq))
         return seed
@@ -411,7 +411,7 @@ class Fleet:
 
         async def fetch() -> list:
             return await asyncio.gather(
-                *(link.channel.get_state(self.conn.call_timeout, w) for w, link in owned.items())
+                *(link.channel.get_state(self.conn.call_timeout) for link in owned.values())
             )
 
         blobs = self.loop.run(fetch(), self.conn.call_timeout + WAIT_MARGIN_S)

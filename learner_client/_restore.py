@@ -134,12 +134,9 @@ async def load_states(
         RlfleetError: The first actor's refusal, once the others are back where they were.
     """
     channels = {w: links[w].channel for w in blobs}
-    before = await asyncio.gather(*(c.get_state(timeout, w) for w, c in channels.items()))
+    before = await asyncio.gather(*(c.get_state(timeout) for c in channels.values()))
     results = await asyncio.gather(
-        *(
-            channels[w].load_state(blob, timeout, allow_rollback=True, worker_id=w)
-            for w, blob in blobs.items()
-        ),
+        *(channels[w].load_state(blob, timeout, allow_rollback=True) for w, blob in blobs.items()),
         return_exceptions=True,
     )
     refusals = [r for r in results if isinstance(r, BaseException)]
@@ -147,10 +144,7 @@ async def load_states(
         took = [w for w, r in zip(blobs, results, strict=True) if not isinstance(r, BaseException)]
         previous = dict(zip(blobs, before, strict=True))
         undone = await asyncio.gather(
-            *(
-                channels[w].load_state(previous[w], timeout, allow_rollback=True, worker_id=w)
-                for w in took
-            ),
+            *(channels[w].load_state(previous[w], timeout, allow_rollback=True) for w in took),
             return_exceptions=True,
         )
         for w, outcome in zip(took, undone, strict=True):

@@ -448,6 +448,9 @@ def _warn_token_in_clear(address: str) -> None:
 class ActorChannel:
     """A ``grpc.aio`` channel to one actor; create and use it on the learner's event loop.
 
+    Its errors name the actor as :attr:`name` does: by address, and by worker_id too once
+    a Describe through it told it.
+
     Args:
         address: ``host:port``.
         metadata: Call metadata (the bearer token).
@@ -461,13 +464,14 @@ class ActorChannel:
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.address = address
+        self.worker_id: int | None = None  # the last Describe's
         self._metadata = metadata
         self._credentials = credentials
         if credentials is None and metadata:
             _warn_token_in_clear(address)
         self._channel = self._open(own_connection=False)
         # Every method's replies that do not parse raise ProtocolError (common.replies).
-        replies = parsing_channel(self._channel, address)
+        replies = parsing_channel(self._channel, lambda: self.name)
         self._stub = pb_grpc.ActorServiceStub(replies)
         # PushWeights with requests serialised beforehand (see push_messages), per
         # connection: the first is the channel's; the others, each a TCP connection of its
@@ -496,8 +500,15 @@ class ActorChannel:
         while len(self._pushes) <= connection:
             channel = self._open(own_connection=True)
             self._striping.append(channel)
-            self._pushes.append(_push_method(parsing_channel(channel, self.address)))
+            self._pushes.append(_push_method(parsing_channel(channel, lambda: self.name)))
         return self._pushes[connection]
+
+    @property
+    def name(self) -> str:
+        """The actor as errors name it: its address, and its worker_id once it is known."""
+        if self.worker_id is None:
+            return self.address
+        return f"{self.address} (worker_id {self.worker_id})"
 
     async def close(self) -> None:
         """Close the channel (and the connections of striped pushes), cancelling their calls."""
@@ -518,7 +529,7 @@ class ActorChannel:
         request = pb.DescribeRequest()
         if probe is not None:
             request.shm_probe.CopyFrom(shm_control(probe))
-        with translate_errors(self.address, timeout=timeout):
+        with translate_errors(self.name, timeout=timeout):
             try:
                 r = await self._stub.Describe(
                     request,
@@ -530,10 +541,12 @@ class ActorChannel:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 raise ProtocolError(
-                    f"{self.address}: not an rlfleet actor: it does not serve "
+                    f"{self.name}: not an rlfleet actor: it does not serve "
                     f"rlfleet.v1.ActorService/Describe ({exc.details()}); check the address"
                 ) from None
-        return ActorDescription.from_response(self.address, r)  # its revision checked first
+        description = ActorDescription.from_response(self.address, r)  # its revision first
+        self.worker_id = description.worker_id
+        return description
 
     async def why_unreachable(self) -> str:
         """Why this channel did not connect: a waiting call's error says only DEADLINE_EXCEEDED.
@@ -552,7 +565,7 @@ class ActorChannel:
         except Exception as exc:  # the reason, whatever it is
             # gRPC words some failures with a line of its own memory after the reason
             # ("socket: Too many open files\n\x00..."): the first line is the reason.
-            reason = str(exc).removeprefix(f"{self.address}: ").split("\n", 1)[0]
+            reason = str(exc).removeprefix(f"{self.name}: ").split("\n", 1)[0]
             tls = self._credentials is not None
             hint = tls_mismatch_hint(
                 reason,
@@ -572,7 +585,7 @@ class ActorChannel:
             the first batch the actor collects with the new seed (0 from an actor that
             does not say).
         """
-        with translate_errors(self.address, timeout=timeout):
+        with translate_errors(self.name, timeout=timeout):
             r = await self._stub.SetSeed(
                 pb.SetSeedRequest(seed=seed, static_seed=static_seed),
                 timeout=timeout,
@@ -616,13 +629,13 @@ class ActorChannel:
         call = self._push_on(connection)(
             requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=connection > 0
         )
-        with translate_errors(self.address, FirstStatus(call), timeout):
+        with translate_errors(self.name, FirstStatus(call), timeout):
             r = await call
         took = time.monotonic() - started
         if r.shm_refused:
-            raise ShmRefusedError(f"{self.address}: {one_line(r.shm_refused)}")
+            raise ShmRefusedError(f"{self.name}: {one_line(r.shm_refused)}")
         if r.relay_failed:
-            raise RelayFailedError(f"{self.address}: {one_line(r.relay_failed)}")
+            raise RelayFailedError(f"{self.name}: {one_line(r.relay_failed)}")
         outcome = _OUTCOMES.get(r.outcome)
         if part:  # staged: an older version stays in force; completed: this one is
             fits = (outcome is PushOutcome.STAGED and r.version < version) or (
@@ -632,7 +645,7 @@ class ActorChannel:
             fits = outcome in (None, PushOutcome.APPLIED) and r.version == version
         if r.model_id not in ("", model_id) or not fits:
             raise SessionStateError(
-                f"{self.address}: push of {model_id!r} version {version} answered with "
+                f"{self.name}: push of {model_id!r} version {version} answered with "
                 f"{r.model_id!r} version {r.version} (outcome {_outcome_name(r.outcome)})"
             )
         return _push_reply(r, outcome or PushOutcome.APPLIED, took)
@@ -665,7 +678,7 @@ class ActorChannel:
         completing = [r for r in done if r.outcome is PushOutcome.COMPLETED]
         if len(completing) != 1:
             raise SessionStateError(
-                f"{self.address}: the {len(parts)} parts of {model_id!r} version {version} "
+                f"{self.name}: the {len(parts)} parts of {model_id!r} version {version} "
                 f"were taken, but {len(completing)} of them completed it"
             )
         first = completing[0]
@@ -673,21 +686,14 @@ class ActorChannel:
 
     async def forward_weights(self, request: pb.ForwardRequest, timeout: float) -> int:
         """Have the actor forward the blob it holds to another actor; the bytes taken there."""
-        with translate_errors(self.address, timeout=timeout):
+        with translate_errors(self.name, timeout=timeout):
             r = await self._stub.ForwardWeights(request, timeout=timeout, metadata=self._metadata)
         return int(r.bytes_received)
 
-    def _named(self, worker_id: int | None) -> str:
-        """The actor as errors name it: its address, and its worker_id where it is known."""
-        return self.address if worker_id is None else f"{self.address} (worker_id {worker_id})"
-
-    async def get_state(self, timeout: float, worker_id: int | None = None) -> bytes:
-        """Fetch the actor's state blob (header, then chunks; sha256 checked).
-
-        ``worker_id``: the actor's, named in errors beside its address where known.
-        """
+    async def get_state(self, timeout: float) -> bytes:
+        """Fetch the actor's state blob (header, then chunks; sha256 checked)."""
         assembler: BlobAssembler | None = None
-        peer = self._named(worker_id)
+        peer = self.name
         with translate_errors(peer, timeout=timeout):
             call = self._stub.GetState(  # an actor coming back is waited for, within timeout
                 pb.GetStateRequest(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
@@ -706,13 +712,10 @@ class ActorChannel:
             raise ProtocolError(f"{peer}: GetState sent no header")
         return bytes(assembler.finish())
 
-    async def load_state(
-        self, blob: bytes, timeout: float, *, allow_rollback: bool, worker_id: int | None = None
-    ) -> int:
+    async def load_state(self, blob: bytes, timeout: float, *, allow_rollback: bool) -> int:
         """Send a state blob produced by :meth:`get_state`; returns the actor's worker_id.
 
-        ``allow_rollback`` lets the actor's policy versions go back to the state's;
-        ``worker_id``: the actor's, named in errors beside its address where known.
+        ``allow_rollback`` lets the actor's policy versions go back to the state's.
         """
 
         async def requests() -> AsyncIterator[pb.StateChunk]:
@@ -726,7 +729,7 @@ class ActorChannel:
         call = self._stub.LoadState(
             requests(), timeout=timeout, metadata=self._metadata, wait_for_ready=True
         )
-        with translate_errors(self._named(worker_id), FirstStatus(call), timeout):
+        with translate_errors(self.name, FirstStatus(call), timeout):
             r = await call
         return r.worker_id
 

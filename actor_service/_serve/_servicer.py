@@ -53,6 +53,10 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Concurrent ActorService calls; the server admits more RPCs in total, so that
 #: health checks always find room (see ``_server``).
 MAX_ACTOR_CALLS = 64
+#: GetState replies an actor builds or sends at once; further calls wait their turn. Each
+#: holds the whole encoded state (the models' weights) until its caller read it: 64 callers
+#: that each read a header and then stall would hold 64 copies.
+MAX_STATES_SENT = 2
 
 
 def _mapped(handler: F) -> F:
@@ -115,6 +119,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self._metrics = metrics
         self._calls = 0
         self._pushes = WeightPushes(runtime, metrics)
+        self._states_sent = asyncio.Semaphore(MAX_STATES_SENT)
 
     @_mapped
     async def Collect(
@@ -185,13 +190,18 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
     async def GetState(
         self, request: pb.GetStateRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        """Stream the actor's state as one safetensors file (header, then chunks)."""
+        """Stream the actor's state as one safetensors file (header, then chunks).
+
+        At most :data:`MAX_STATES_SENT` states are encoded and held at once; a call beyond
+        waits (within its deadline) until one was read or given up.
+        """
         core = self._rt.core
-        blob = await self._rt.run_collect(encode_state, core)
-        header = pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob))
-        await write_message(context, pb.StateChunk(header=header), "GetState")
-        for piece in iter_blob_chunks(blob):
-            await write_message(context, pb.StateChunk(chunk=bytes(piece)), "GetState")
+        async with self._states_sent:
+            blob = await self._rt.run_collect(encode_state, core)
+            header = pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob))
+            await write_message(context, pb.StateChunk(header=header), "GetState")
+            for piece in iter_blob_chunks(blob):
+                await write_message(context, pb.StateChunk(chunk=bytes(piece)), "GetState")
 
     @_mapped
     async def LoadState(

@@ -449,9 +449,10 @@ def test_a_control_call_to_a_hung_actor_names_the_deadline_it_ran_out_of(pair, c
             method()
 
 
-@pytest.mark.parametrize("call", ["state_dict", "load_state_dict"])
-def test_a_state_call_to_a_hung_actor_names_its_worker_id_and_address(pair, call: str):
-    """Its errors named the actor by address alone, where every other error names both."""
+@pytest.mark.parametrize("call", ["state_dict", "load_state_dict", "set_seed"])
+def test_a_control_call_to_a_hung_actor_names_its_worker_id_and_address(pair, call: str):
+    """Its errors named the actor by address alone (set_seed's still did), where every other
+    error names both."""
     with GrpcCollector(
         [pair[0].address], frames_per_batch=4, token=TOKEN, call_timeout=1.0
     ) as collector:
@@ -460,6 +461,7 @@ def test_a_state_call_to_a_hung_actor_names_its_worker_id_and_address(pair, call
         calls: dict[str, Callable[[], object]] = {
             "state_dict": collector.state_dict,
             "load_state_dict": lambda: collector.load_state_dict(state),
+            "set_seed": lambda: collector.set_seed(7),
         }
         named = rf"^{pair[0].address} \(worker_id {worker_id}\): DEADLINE_EXCEEDED"
         with _stopped(pair[0]), pytest.raises(DeadlineError, match=named):

@@ -722,7 +722,8 @@ def test_a_seeding_whose_first_seq_is_beyond_the_batches_collected_is_refused(
     try:
         with GrpcCollector([address], frames_per_batch=FRAMES, batch_timeout=3.0) as collector:
             collector.next()
-            with pytest.raises(ProtocolError, match=f"{address}: SetSeed gives first_seq {U64}"):
+            named = rf"^{address} \(worker_id {description.worker_id}\): SetSeed gives"
+            with pytest.raises(ProtocolError, match=f"{named} first_seq {U64}"):
                 collector.set_seed(1)
             assert collector.next().numel() == FRAMES
             assert collector.stats()["discarded"] == 0

@@ -94,3 +94,25 @@ def test_a_push_whose_reply_does_not_parse_fails_for_that_worker(
     assert list(raised.value.failed) == [description.worker_id]
     assert "its PushWeights reply of 1 bytes does not parse" in str(raised.value)
     assert "Exception deserializing" not in caplog.text
+
+
+CONTROL_CALLS: dict[str, Callable[[GrpcCollector], object]] = {
+    "SetSeed": lambda c: c.set_seed(1),
+    "GetState": lambda c: c.state_dict(),
+}
+
+
+@pytest.mark.parametrize("method", sorted(CONTROL_CALLS))
+def test_a_control_call_whose_reply_does_not_parse_names_the_worker_id_and_address(
+    method: str, description: pb.DescribeResponse
+) -> None:
+    """A collector knows its actors' worker_ids: the error names the actor by both, as every
+    other error of a call to a known actor does (it named the address alone)."""
+    replies = {"Describe": description.SerializeToString(), method: UNPARSABLE}
+    with (
+        serving_raw_replies(replies | {"Collect": UNPARSABLE}) as address,
+        GrpcCollector([address], frames_per_batch=8, call_timeout=5.0) as collector,
+    ):
+        named = rf"^{address} \(worker_id {description.worker_id}\): its {method} reply of 1"
+        with pytest.raises(ProtocolError, match=named):
+            CONTROL_CALLS[method](collector)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -17,7 +19,7 @@ from helpers import poll_until
 
 from actor_service import ActorConfig, ModelSpec, create_server, serve
 from actor_service._core._settings import EnvPoolSettings
-from actor_service._core._state import decode_state, state_to_blob
+from actor_service._core._state import decode_state, encode_state, state_to_blob
 from actor_service._kinds.env.core import EnvCore
 from actor_service._serve import _servicer as servicer_module
 from actor_service._serve import _streams as streams_module
@@ -25,7 +27,7 @@ from actor_service._serve._convert import space_to_proto
 from common.errors import DeadlineError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
-from common.weights import encode_weights, iter_blob_chunks, sha256_hex
+from common.weights import BlobAssembler, encode_weights, iter_blob_chunks, sha256_hex
 from learner_client._transport import translate_errors
 
 
@@ -282,6 +284,41 @@ def test_get_state_whose_caller_stops_reading_ends_within_the_idle_timeout(
         list(call)
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "GetState: the caller read nothing" in error.value.details()
+
+
+def test_get_state_holds_at_most_max_states_sent_states_whatever_its_callers_read(
+    make_actor: Callable[..., Actor], monkeypatch
+) -> None:
+    """Callers that each open a GetState and read none of it (a hostile peer, a stalled
+    learner) made the actor encode and hold one whole state per call: 40 calls held 1.7 GB
+    more of a 34 MB state. Calls beyond the bound wait their turn and then get the state."""
+    encoded: list[int] = []
+
+    def counted(core: object) -> bytes:
+        blob = encode_state(core)
+        encoded.append(len(blob))
+        return blob
+
+    monkeypatch.setattr(servicer_module, "encode_state", counted)
+    actor = make_actor(models=(ModelSpec(factory="mlp", kwargs={"hidden": [1024, 1024]}),))
+    calls = [actor.stub.GetState(pb.GetStateRequest(), timeout=60) for _ in range(6)]
+    bound = servicer_module.MAX_STATES_SENT
+    poll_until(lambda: len(encoded) == bound, message="the first states encoded")
+    time.sleep(0.5)  # what an unbounded actor encodes meanwhile: every call's state
+    assert len(encoded) == bound
+    assert encoded[0] > 4 * 2**20  # more than a flow control window: its writes wait
+
+    def read(call: Iterator[pb.StateChunk]) -> dict:
+        header = next(call).header
+        assembler = BlobAssembler(header.total_bytes, sha256=header.sha256)
+        for message in call:
+            assembler.add(message.chunk)
+        return decode_state(bytes(assembler.finish()))
+
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as readers:
+        states = list(readers.map(read, calls))
+    assert [s["models"]["policy"]["version"] for s in states] == [0] * len(calls)
+    assert len(encoded) == len(calls)
 
 
 def test_load_state_refuses_other_weights_under_the_version_in_force(actor: Actor) -> None:
