@@ -5,7 +5,9 @@ granted but not yet used. The invariant ``outstanding + buffered <= window``
 (``window = min(prefetch or 1, actor max_credits)``) bounds memory: a credit
 is granted only when a batch is taken, so a slow learner pauses the actors.
 
-Credits are also withheld while paused and beyond the frame budget, and in
+Credits are also withheld while paused and beyond the frame budget (but for the spare
+batch an idle actor is asked for while an async take waits on slower ones for the budget's
+last batches, :meth:`Mailbox._spare_credits`), and in
 *lazy* mode (sync collection without prefetch, TorchRL's default, or with
 automatic weight updates) each actor gets exactly one credit per requested
 round, after any weight push the user or the collector made before asking, so
@@ -33,6 +35,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -45,6 +48,9 @@ __all__ = ["Delivery", "Mailbox", "MailboxStats", "Paused"]
 
 # Waits re-check their condition at least this often (a missed notify costs no more).
 _POLL_SECONDS = 0.5
+# The least an async take waits on the actors holding the budget's last credits before an
+# idle actor is asked for a spare batch (see Mailbox._spare_credits).
+_SPARE_AFTER_S = 1.0
 
 
 class Paused(Exception):
@@ -111,6 +117,10 @@ class _Slot:
     floor: tuple[int, int] = (0, 0)
     # The arrival number of the batch a waiting take claimed while it is read (see arriving).
     claimed: int | None = None
+    # When the batch under way was asked for (None: no credit outstanding), and how long,
+    # in seconds, the last batch took from its credit to its arrival.
+    asked_at: float | None = None
+    batch_s: float | None = None
 
 
 class Mailbox:
@@ -193,6 +203,7 @@ class Mailbox:
             slot.open, slot.alive, slot.outstanding = True, True, 0
             credits = self._grant_for(worker_id, slot, self._async_room())
             slot.outstanding = credits
+            slot.asked_at = time.monotonic() if credits else None
             self._cond.notify_all()
             return credits
 
@@ -200,7 +211,7 @@ class Mailbox:
         """The session ended or broke: its unused credits are gone."""
         with self._cond:
             slot = self._slots[worker_id]
-            slot.open, slot.outstanding = False, 0
+            slot.open, slot.outstanding, slot.asked_at = False, 0, None
             self._drop_claim(slot)
             self._flush()
             self._cond.notify_all()
@@ -250,6 +261,7 @@ class Mailbox:
             if any(s.buffered for s in self._slots.values()):
                 return False
             slot.outstanding -= 1
+            _landed(slot)
             slot.claimed = next(self._arrivals)
             self._claimed_by = worker_id
             self._flush()
@@ -280,6 +292,7 @@ class Mailbox:
             claimed = self._drop_claim(slot)
             if claimed is None:  # a claimed batch's credit was freed when it was claimed
                 slot.outstanding = max(0, slot.outstanding - 1)
+                _landed(slot)
             if self._stale(delivery, slot):
                 self._send_ack(delivery.worker_id, delivery.epoch, delivery.seq)
                 self._flush()
@@ -387,9 +400,11 @@ class Mailbox:
 
         A batch buffered while a claimed one (:meth:`arriving`) is still on its way is
         handed out at once: a slow claimed batch never holds up the others. A claimed batch
-        that lands after this take timed out is buffered for the next one.
+        that lands after this take timed out is buffered for the next one. While it waits,
+        idle actors may be asked for a spare batch past the budget (:meth:`_spare_credits`).
         """
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         with self._cond:
             while True:
                 self._check_open()
@@ -399,12 +414,13 @@ class Mailbox:
                     self._slots[first.worker_id].buffered.popleft()
                     self._delivered([first])
                     return first
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                now = time.monotonic()
+                if now >= deadline:
                     return None
+                spare_in = self._spare_credits(now - started)
                 self._waiting_takes += 1
                 try:
-                    self._wait(min(remaining, _POLL_SECONDS))
+                    self._wait(min(deadline - now, _POLL_SECONDS, spare_in))
                 finally:
                     self._waiting_takes -= 1
 
@@ -511,12 +527,52 @@ class Mailbox:
         grant = max(0, target - slot.outstanding - len(slot.buffered))
         return grant if room is None else min(grant, room)
 
+    def _spare_credits(self, waited: float) -> float:
+        """Ask idle actors for a batch past the frame budget while an async take waits.
+
+        The budget's last batches are credited to the actors that asked first; a slow one
+        among them held the end of a finite run (every batch it owed) while faster actors
+        idled. An actor with nothing outstanding, buffered or claimed gets one credit once
+        the take has waited :data:`_SPARE_AFTER_S`, or twice its last batch's time if that
+        is longer: whichever batch lands first is taken, the other is one past the budget,
+        as TorchRL's ``MultiAsyncCollector`` keeps every worker collecting to the end. The
+        window still holds (only an actor holding nothing gets one).
+
+        Returns:
+            Seconds until the next idle actor's turn (``inf``: none).
+        """
+        budget = self._budget
+        if budget is None or budget <= 0 or self._per_worker_budget or self._lazy or self._paused:
+            return math.inf
+        next_in = math.inf
+        for wid, slot in self._slots.items():
+            idle = not (slot.outstanding or slot.buffered or slot.claimed is not None)
+            if not (slot.open and idle and slot.batch_s is not None):
+                continue
+            due = max(_SPARE_AFTER_S, 2 * slot.batch_s) - waited
+            if due > 0:
+                next_in = min(next_in, due)
+                continue
+            slot.outstanding, slot.asked_at = 1, time.monotonic()
+            self._send_credit(wid, 1)
+        return next_in
+
     def _flush(self) -> None:
         room = self._async_room()
         for wid, slot in self._slots.items():
             grant = self._grant_for(wid, slot, room)
             if grant:
+                if not slot.outstanding:
+                    slot.asked_at = time.monotonic()
                 slot.outstanding += grant
                 if room is not None:
                     room -= grant
                 self._send_credit(wid, grant)
+
+
+def _landed(slot: _Slot) -> None:
+    """A batch of ``slot`` arrived (its credit already returned): time it from its credit."""
+    now = time.monotonic()
+    if slot.asked_at is not None:
+        slot.batch_s = now - slot.asked_at
+    slot.asked_at = now if slot.outstanding else None

@@ -6,7 +6,8 @@ from every actor, in worker_id order; a missing actor raises
 :class:`~learner_client._errors.MissingWorkersError` naming it as soon as it is known to be
 down or when ``batch_timeout`` runs out, unless partial batches are allowed. After each
 batch the frame budget handed to the mailbox shrinks, so actors are not asked for frames the
-learner will not use.
+learner will not use (but for one spare batch an idle actor is asked for when an async take
+waits on slower actors for the budget's last batches).
 
 The layout follows TorchRL's ``MultiSyncCollector`` (``docs/collector.md``, sync and async
 batches): ``("collector", "worker_id")`` on every batch (the link tags each one as it

@@ -1,16 +1,19 @@
 """A finite run asks the actors for no frame the learner will not use: their own counters.
 
 The frame budget handed to the mailbox shrinks after each batch (``_rounds.py``), so the
-credits each actor accepts, and the batches it collects, are exactly the batches yielded.
+credits each actor accepts, and the batches it collects, are exactly the batches yielded;
+but an async run waiting on a slow actor for its last batches asks an idle one for a spare.
 """
 
 from __future__ import annotations
 
+import pathlib
+import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from helpers import ActorProcess, free_port, poll_until
+from helpers import ActorProcess, free_port, poll_until, start_actor
 from learner_fleet import start_actors
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -79,3 +82,25 @@ def test_a_finite_run_asks_the_actors_for_no_batch_beyond_the_budget(
     asked = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
     assert asked == [(per_worker[0],) * 2, (per_worker[1],) * 2]  # credits, batches
     assert sum(per_worker.values()) == (4 if sync else -(-total_frames // 4))
+
+
+@pytest.mark.long
+def test_a_finite_async_run_ends_without_waiting_for_a_slow_actor(metered):
+    """Two fast actors and one taking ~8 s a batch: its credit held the last batch of the
+    budget, so the fast actors idled and the run ended only when the slow batch came
+    (TorchRL's ``MultiAsyncCollector`` takes its last batches from whichever worker is first).
+    Every batch but the slow one's must come within seconds, and the budget still holds."""
+    envs = str(pathlib.Path(__file__).parents[1] / "actor_service")
+    slow = ["--env-factory", "rlfleet_test_envs:slow_cartpole", "--env-kwargs", '{"delay": 2.0}']
+    with start_actor(
+        ["--worker-id", "2", "--num-envs", "2", *slow], env={"PYTHONPATH": envs}
+    ) as laggard:
+        addresses = [actor.address for actor, _ in metered] + [laggard.address]
+        with GrpcCollector(addresses, frames_per_batch=4, total_frames=24, sync=False) as c:
+            started = time.monotonic()
+            workers = [int(b["collector", "worker_id"].flatten()[0]) for b in c]
+            took = time.monotonic() - started
+            assert took < 6.0, f"the run waited {took:.1f} s for the slow actor"
+            assert len(workers) == 6
+            assert c.stats()["frames"] == 24
+            assert 2 not in workers  # its one batch is still on its way

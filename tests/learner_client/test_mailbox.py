@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from helpers import interrupt_in_condition_wait
+from helpers import interrupt_in_condition_wait, poll_until
 from tensordict import TensorDict
 
 from common.errors import SessionStateError
@@ -447,6 +447,23 @@ def test_mailbox_dropping_stale_batches_acknowledges_the_highest():
     held[0] = 1  # a push replaced the weights those batches acted with
     assert box.discard_older([0]) == 3
     assert wire.acks == [(0, 3)]
+
+
+def test_mailbox_asks_an_idle_actor_for_a_spare_batch_when_the_budget_waits_on_another():
+    """The last batch of the budget is credited to worker 0; worker 1 idles. A take that
+    waits on worker 0 gives worker 1 a credit past the budget after ``_SPARE_AFTER_S`` (its
+    batches take no time), and takes whichever batch lands first."""
+    box, wire = make_mailbox(window=1)
+    opened(box, 0, 1)
+    box.set_budget(2, per_worker=False)
+    box.put(delivery(1, 1))
+    assert box.take_any(1.0).worker_id == 1  # its batches are timed from their credit
+    assert wire.credits == []  # the batch left is worker 0's (credited at its open)
+    take = WaitingTake(box, timeout=10.0)
+    poll_until(lambda: wire.granted(1) == 1, timeout=5.0)
+    box.put(delivery(1, 2))
+    assert take.join().seq == 2
+    assert wire.credits == [(1, 1)]  # nothing more: the budget is spent
 
 
 def test_mailbox_no_claim_without_an_outstanding_credit():
