@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_PORT",
+    "LEARNER_ID_METADATA",
     "MAX_CREDITS",
     "MAX_FRAMES_PER_BATCH",
     "MAX_LEARNER_ID",
@@ -43,6 +44,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RELAY_PUSH_ID_BYTES",
     "RELAY_TICKET_BYTES",
+    "TAKE_OVER_METADATA",
     "COMPILE_BACKENDS",
     "COMPILE_MODES",
     "WILDCARD_HOSTS",
@@ -133,6 +135,13 @@ MAX_LEARNER_ID = 256
 #: The longest ``OpenSession.learner_id`` an actor accepts: a collector's id, and the
 #: ``/rank<r>`` a rank appends to it.
 MAX_WIRE_LEARNER_ID = MAX_LEARNER_ID + 32
+#: Call metadata naming the learner that makes a call (its ``learner_id``, UTF-8): an actor
+#: takes a weight push, a state load or a reseed from the learner whose session is in
+#: force, or from any learner while none is (a call without it, an older learner's, too).
+LEARNER_ID_METADATA = "rlfleet-learner-id-bin"
+#: Call metadata of a learner that takes sessions over (``take_over``): ``"1"``. Its calls
+#: are taken while another learner's session is in force, which its ``open`` then ends.
+TAKE_OVER_METADATA = "rlfleet-take-over"
 
 # Keepalive: the client pings every 20 s and gives up 10 s after an unanswered
 # ping; the server accepts pings 10 s apart, so the client never trips it.

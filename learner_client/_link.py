@@ -41,6 +41,7 @@ from typing import Any, Generic, TypeVar
 
 from common.config import CollectSettings
 from common.errors import (
+    ActorBusyError,
     ActorUnavailableError,
     EnvError,
     ProtocolError,
@@ -469,10 +470,31 @@ class ActorLink(Generic[C]):
                     desc.epoch,
                 )
             self.description = desc
+            self._check_not_held(desc)
             await self._admit(self, desc)
         except Exception:
             self._set_state(LinkState.DOWN)
             raise
+
+    def _check_not_held(self, desc: ActorDescription) -> None:
+        """Refuse, before any push, an actor whose session another learner holds.
+
+        The actor refuses our pushes and our ``open`` alike (busy): its admission would
+        send every weight blob only for the actor to drop it, at each retry.
+
+        Raises:
+            ActorBusyError: ``desc`` names another learner's session and we take none over.
+        """
+        if (
+            desc.learner_id
+            and desc.learner_id != self._conn.learner_id
+            and not self._conn.take_over
+        ):
+            raise ActorBusyError(
+                f"{self.address}: actor {self.worker_id} is serving learner "
+                f"{desc.learner_id!r}; a learner resumes only its own session (take_over=True "
+                "on GrpcCollector, --take-over on rlfleet-train, ends another learner's session)"
+            )
 
     def _open(self) -> CollectStream:
         settings = self._settings

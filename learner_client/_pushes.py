@@ -53,6 +53,7 @@ from typing import TypeAlias
 from common.checksum import crc32c
 from common.config import DEFAULT_MODEL_ID
 from common.errors import (
+    ActorBusyError,
     ActorUnavailableError,
     ProtocolError,
     RlfleetError,
@@ -413,7 +414,8 @@ class Pusher:
         back by the outage, reached it after ``desc`` was read.
 
         Raises:
-            RlfleetError: A transient failure: the session is retried, with this push first.
+            RlfleetError: A transient failure, or another learner's session holds the actor
+                (:func:`_deferred`): the session is retried, with this push first.
         """
         self.book.observe(link.worker_id, desc.models, desc.epoch)
         for enc in self.book.pending(link.worker_id, desc.models):
@@ -431,7 +433,7 @@ class Pusher:
                 )
                 continue
             except RlfleetError as exc:
-                if is_transient(exc):
+                if _deferred(exc):  # the session is retried, with this push first
                     raise
                 # Retrying a push the actor rejects would keep it out for good.
                 self._refused_on_readmission(link.worker_id, enc, exc)
@@ -518,8 +520,8 @@ class Pusher:
         version before while the part's version stages, so batches acted with it still
         count), and a whole push is what it should hold from now on; a reply from a process
         the learner has since seen replaced (another epoch) is what it should hold, re-sent
-        to its successor, not what that one holds. Failed transiently
-        (the actor is down or was cut off): a whole push is still what it should hold,
+        to its successor, not what that one holds. Deferred (:func:`_deferred`: the actor is
+        down, cut off, or held by another learner): a whole push is still what it should hold,
         re-sent when it is re-admitted, or once reachable again if its session outlived the
         outage (:meth:`~learner_client._link.ActorLink.catch_up`). Refused: nothing is
         kept. A part is never re-sent to a returning actor: alone it could not complete its
@@ -527,7 +529,7 @@ class Pusher:
         """
         whole = enc.part is None
         if isinstance(reply, BaseException):
-            if whole and is_transient(reply):
+            if whole and _deferred(reply):
                 self.book.addressed([worker_id], enc)
                 self._catch_up(worker_id)
             return
@@ -554,9 +556,19 @@ class Pusher:
             self.fleet.loop.call_soon(link.catch_up)
 
 
+def _deferred(exc: BaseException) -> bool:
+    """Whether a failed push is still what its actor should hold, sent when it is admitted.
+
+    The actor was down or cut off (a transient failure), or another learner's session holds
+    it (``ActorBusyError``: it refuses our pushes as it refuses our session, and takes them
+    once its session is ours). Any other failure is the actor refusing the weights.
+    """
+    return is_transient(exc) or isinstance(exc, ActorBusyError)
+
+
 def _refusals(failed: Mapping[int, BaseException]) -> dict[int, BaseException]:
-    """The failures that are not transient: the actor refused the push, it was not down."""
-    return {w: e for w, e in failed.items() if not is_transient(e)}
+    """The failures that are not deferred (:func:`_deferred`): the actor refused the push."""
+    return {w: e for w, e in failed.items() if not _deferred(e)}
 
 
 def _outcome(succeeded: dict, failed: dict, request: WeightRequest) -> dict:

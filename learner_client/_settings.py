@@ -25,8 +25,10 @@ from typing import Any, Protocol, cast
 from tensordict import TensorDictBase
 
 from common.config import (
+    LEARNER_ID_METADATA,
     MAX_FRAMES_PER_BATCH,
     MAX_LEARNER_ID,
+    TAKE_OVER_METADATA,
     CollectSettings,
     ExplorationType,
     as_int,
@@ -362,9 +364,18 @@ class ConnectionSettings:
         for name in ("connect_timeout", "call_timeout"):
             _set(self, name, positive_timeout(name, getattr(self, name)))
 
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        """The call metadata: the bearer token when one is set."""
-        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+    def metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The call metadata: this learner's id, ``take_over``, the bearer token when one is set.
+
+        The id lets an actor refuse a push, state load or reseed of a learner whose session
+        it does not serve (another learner's is in force), as it refuses its ``open``.
+        """
+        metadata: list[tuple[str, str | bytes]] = [(LEARNER_ID_METADATA, self.learner_id.encode())]
+        if self.take_over:
+            metadata.append((TAKE_OVER_METADATA, "1"))
+        if self.token:
+            metadata.append(("authorization", f"Bearer {self.token}"))
+        return tuple(metadata)
 
 
 def new_learner_id() -> str:

@@ -453,21 +453,21 @@ class ActorChannel:
 
     Args:
         address: ``host:port``.
-        metadata: Call metadata (the bearer token).
+        metadata: Call metadata (the learner's id, the bearer token: ``ConnectionSettings``).
         credentials: Channel credentials for TLS, or None for plaintext.
     """
 
     def __init__(
         self,
         address: str,
-        metadata: tuple[tuple[str, str], ...] = (),
+        metadata: tuple[tuple[str, str | bytes], ...] = (),
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.address = address
         self.worker_id: int | None = None  # the last Describe's
         self._metadata = metadata
         self._credentials = credentials
-        if credentials is None and metadata:
+        if credentials is None and any(key == "authorization" for key, _ in metadata):
             _warn_token_in_clear(address)
         self._channel = self._open(own_connection=False)
         # Every method's replies that do not parse raise ProtocolError (common.replies).

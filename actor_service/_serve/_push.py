@@ -34,7 +34,7 @@ from actor_service._serve._relay import (
     relay_credentials,
     relayed_chunks,
 )
-from actor_service._serve._runtime import ActorRuntime
+from actor_service._serve._runtime import ActorRuntime, Caller
 from actor_service._serve._shm import mapped_push, read_push_segment
 from actor_service._serve._streams import chunks, drain, first_message, next_message, read_blob
 from common.checksum import crc32c
@@ -195,16 +195,20 @@ class WeightPushes:
         return self._parts.deadline
 
     async def receive(
-        self, requests: AsyncIterator[pb.PushWeightsRequest], peer: str
+        self, requests: AsyncIterator[pb.PushWeightsRequest], peer: str, caller: Caller
     ) -> pb.PushWeightsResponse:
         """Receive a safetensors blob (whole, a delta or a part) and apply it, all or nothing.
 
         The collection goes on while the blob arrives and is checked; it pauses only
-        for the in-memory swap, whose length the response reports.
+        for the in-memory swap, whose length the response reports. ``caller``: who pushes,
+        refused while another learner's session is in force; a part of a multi-part push is
+        not (every rank sends its part to every actor, those other ranks' sessions hold).
         """
         header = await first_message(requests, "header", "PushWeights")
         push = PushCall(header, peer, self._metrics)
         try:
+            if not header.HasField("part"):  # a part goes to other ranks' actors too
+                self._rt.check_caller(caller, "pushes weights")
             self._admit(push)
         except RlfleetError as exc:
             push.audit(exc)

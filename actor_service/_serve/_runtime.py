@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import functools
 import logging
 import time
@@ -29,7 +30,7 @@ from actor_service._serve._session import SessionBook
 from actor_service._serve._shm import BatchSegments
 from common.errors import ActorBusyError, ActorUnavailableError
 
-__all__ = ["SHUTDOWN_REAP_BOUND", "ActiveSession", "ActorRuntime"]
+__all__ = ["SHUTDOWN_REAP_BOUND", "ActiveSession", "ActorRuntime", "Caller"]
 
 #: Seconds beyond the grace period within which a stopping actor has reaped every
 #: child it started, even when an env step hangs: closing the pool gets what is
@@ -55,6 +56,20 @@ class ActiveSession(Protocol):
     def drain(self, close_by: float | None = None) -> None: ...
     async def wait_collector_idle(self) -> None: ...
     async def wait_finished(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """Who makes a call that changes what a session collects (a push, a state load, a reseed).
+
+    Attributes:
+        learner_id: The learner's id from the call's metadata; None when it names none
+            (an older learner, a tool): such a call is judged as before, by the token alone.
+        take_over: The learner takes sessions over (``take_over``).
+    """
+
+    learner_id: str | None = None
+    take_over: bool = False
 
 
 class ActorRuntime:
@@ -208,18 +223,38 @@ class ActorRuntime:
                         peer=peer,
                     )
                 else:
-                    raise ActorBusyError(
-                        f"actor {self.config.worker_id} is serving learner "
-                        f"{previous.learner_id!r}; a learner resumes only its own session "
-                        "(take_over=True on GrpcCollector, --take-over on rlfleet-train, ends "
-                        "another learner's session)"
-                    )
+                    raise self._busy(previous.learner_id, "resumes only its own session")
                 previous.take_over(by_its_learner=own)
             if previous is not None:
                 await previous.wait_collector_idle()
             self._check_open()
             self.current = stream
             stream.active = True
+
+    def check_caller(self, caller: Caller, call: str) -> None:
+        """Refuse ``call`` (``"pushes weights"``, ...) of a learner while another's session holds.
+
+        While a learner's session is in force, only that learner changes the weights,
+        state or seeds it collects with, as only it holds the session: another learner's
+        call is refused as its ``open`` is, unless it takes sessions over.
+
+        Raises:
+            ActorBusyError: Another learner's session is in force.
+        """
+        current = self.current
+        if caller.learner_id is None or caller.take_over or current is None:
+            return
+        if current.active and current.learner_id != caller.learner_id:
+            rule = f"{call} only on an actor no other learner's session holds"
+            raise self._busy(current.learner_id, rule)
+
+    def _busy(self, owner: str, rule: str) -> ActorBusyError:
+        """The refusal of a learner while ``owner``'s session is in force, naming the fix."""
+        return ActorBusyError(
+            f"actor {self.config.worker_id} is serving learner {owner!r}; a learner {rule} "
+            "(take_over=True on GrpcCollector, --take-over on rlfleet-train, ends another "
+            "learner's session)"
+        )
 
     def _check_open(self) -> None:
         if self.draining or self._closed:

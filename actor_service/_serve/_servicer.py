@@ -26,9 +26,10 @@ from actor_service._serve._collect import CollectSession
 from actor_service._serve._convert import describe_to_proto
 from actor_service._serve._logging import log_event
 from actor_service._serve._push import WeightPushes
-from actor_service._serve._runtime import ActorRuntime
+from actor_service._serve._runtime import ActorRuntime, Caller
 from actor_service._serve._streams import first_message, read_blob, write_message
 from actor_service._serve._wire import Undecodable
+from common.config import LEARNER_ID_METADATA, TAKE_OVER_METADATA
 from common.errors import (
     ActorBusyError,
     WeightsError,
@@ -143,7 +144,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         The collection goes on while the blob arrives and is checked; it pauses only
         for the in-memory swap, whose length the response reports.
         """
-        return await self._pushes.receive(aiter(request_iterator), context.peer())
+        return await self._pushes.receive(aiter(request_iterator), context.peer(), _caller(context))
 
     @_mapped
     async def RelayWeights(
@@ -224,6 +225,7 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         )
         try:
             state = await self._read_state(requests, header)
+            self._rt.check_caller(_caller(context), "loads a state")
         except BaseException as exc:
             result = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else None
             audit(logging.WARNING, result=result or to_status(exc)[0].name)
@@ -256,8 +258,21 @@ class ActorServicer(pb_grpc.ActorServiceServicer):
         self, request: pb.SetSeedRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetSeedResponse:
         """Seed the env pool, torch and numpy; return the next seed to chain."""
+        self._rt.check_caller(_caller(context), "reseeds")
         next_seed, first_seq = await self._rt.reseed(int(request.seed), bool(request.static_seed))
         return pb.SetSeedResponse(next_seed=int(next_seed), first_seq=first_seq)
+
+
+def _caller(context: grpc.aio.ServicerContext) -> Caller:
+    """Who makes the call, as its metadata says (``common.config.LEARNER_ID_METADATA``)."""
+    learner_id, take_over = None, False
+    for key, value in context.invocation_metadata() or ():
+        if key == LEARNER_ID_METADATA:
+            raw = value if isinstance(value, bytes) else str(value).encode()
+            learner_id = raw.decode("utf-8", "replace")
+        elif key == TAKE_OVER_METADATA:
+            take_over = value == "1"
+    return Caller(learner_id, take_over)
 
 
 def _log_if_never_run(

@@ -132,7 +132,10 @@ def test_settings_validate_and_normalise_themselves():
     assert batch.endless
     assert batch.auto_update_interval == 0
     assert rollout.exploration_type is ExplorationType.DETERMINISTIC
-    assert conn.metadata() == (("authorization", "Bearer t"),)
+    assert conn.metadata() == (
+        ("rlfleet-learner-id-bin", conn.learner_id.encode()),
+        ("authorization", "Bearer t"),
+    )
     settings = rollout.for_actor(8, 3)
     assert settings.total_frames == -1
     assert settings.frames_per_batch == 8

@@ -30,7 +30,7 @@ from common.errors import (
     UnknownWorkerError,
 )
 from common.rlfleet.v1 import actor_service_pb2, actor_service_pb2_grpc
-from learner_client import GrpcCollector, MissingWorkersError
+from learner_client import GrpcCollector, MissingWorkersError, WeightPushError
 from learner_client._local_fleet import LocalFleet, exit_message
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -421,6 +421,39 @@ def test_a_second_collector_on_a_held_actor_fails_its_round_at_once_naming_take_
             assert time.monotonic() - started >= 3.5
             assert second.stats()["failures"] <= 10
         assert first.next().numel() == 4  # the first kept its session
+
+
+@pytest.mark.long
+def test_a_second_collector_on_a_held_actor_never_changes_the_policy_of_the_first():
+    """A second job's collector with its own ``policy=`` on an actor another collector holds:
+    the actor refuses its pushes as it refuses its session (RESOURCE_EXHAUSTED, naming the
+    owner and take_over), so the first collector's batches go on acting with its weights
+    (they acted with the second's, under a version the first never pushed). Once the first
+    is gone, the second's first batch acts with its own weights, sent on admission."""
+    with (
+        LocalFleet(1, num_envs=1, grace_period=1.0) as fleet,
+        GrpcCollector(
+            fleet.addresses, frames_per_batch=4, sync=True, policy=cartpole_policy(action=0)
+        ) as first,
+    ):
+        assert first.next()["action"].argmax(-1).eq(0).all()
+        second = GrpcCollector(
+            fleet.addresses,
+            frames_per_batch=4,
+            sync=True,
+            policy=cartpole_policy(action=1),
+            batch_timeout=2,
+        )
+        with second:
+            with pytest.raises(MissingWorkersError, match=r"ActorBusyError.*serving.*take_over"):
+                second.next()
+            with pytest.raises(WeightPushError, match=r"RESOURCE_EXHAUSTED.*serving.*take_over"):
+                second.update_policy_weights_()
+            batch = first.next()
+            assert batch["action"].argmax(-1).eq(0).all()
+            assert batch["policy_version"].eq(1).all()
+            first.shutdown()
+            assert second.next()["action"].argmax(-1).eq(1).all()
 
 
 @pytest.mark.long

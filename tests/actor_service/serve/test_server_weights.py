@@ -19,6 +19,7 @@ from helpers import poll_until
 
 from actor_service._serve._logging import configure_logging, get_logger
 from bench.hostile_push import hostile_blob
+from common.config import LEARNER_ID_METADATA, TAKE_OVER_METADATA
 from common.errors import RlfleetError, WeightsError, WeightsTooLargeError
 from common.rlfleet.v1 import actor_service_pb2 as pb
 from common.rlfleet.v1 import actor_service_pb2_grpc as pb_grpc
@@ -120,6 +121,63 @@ def test_push_weights_applies_between_batches_of_a_live_session(actor: Actor) ->
     assert (first_info.policy_version_min, first_info.policy_version_max) == (1, 1)
     assert (info.policy_version_min, info.policy_version_max) == (2, 2)
     assert (second["action"].argmax(-1) == 1).all()
+
+
+def _state_requests(blob: bytes) -> Iterator[pb.StateChunk]:
+    yield pb.StateChunk(header=pb.StateHeader(total_bytes=len(blob), sha256=sha256_hex(blob)))
+    for piece in iter_blob_chunks(blob, 4096):
+        yield pb.StateChunk(chunk=bytes(piece))
+
+
+def test_push_weights_state_and_seeds_of_another_learner_are_refused_while_a_session_holds(
+    actor: Actor,
+) -> None:
+    """A second learner's push, state load and reseed are refused as its ``open`` is
+    (RESOURCE_EXHAUSTED naming the owner and take_over): they used to change the weights,
+    state and envs the first learner's session collects with. Its own learner's push, a
+    learner taking over, a call naming no learner (an older learner) and a rank's part of a
+    multi-part push are taken."""
+    shapes = _policy_shapes(actor.stub)
+    _push(actor, _favouring(shapes, 0), version=1)
+    state = b"".join(c.chunk for c in actor.stub.GetState(pb.GetStateRequest(), timeout=30))
+    session = RawCollect.open(actor.stub, open_request(credits=0, learner_id="learner-A"))
+    session.opened()
+
+    def caller(learner_id: str, *more: tuple[str, str]) -> tuple[tuple[str, str | bytes], ...]:
+        return ((LEARNER_ID_METADATA, learner_id.encode()), *more)
+
+    blob = encode_weights(_favouring(shapes, 1))
+    calls = {
+        "push": lambda meta: actor.stub.PushWeights(_requests(blob, 2), timeout=30, metadata=meta),
+        "seed": lambda meta: actor.stub.SetSeed(
+            pb.SetSeedRequest(seed=3), timeout=30, metadata=meta
+        ),
+        "state": lambda meta: actor.stub.LoadState(
+            _state_requests(state), timeout=30, metadata=meta
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(grpc.RpcError) as refused:
+            call(caller("learner-B"))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, name
+        assert "learner-A" in refused.value.details()
+        assert "take_over" in refused.value.details()
+    _assert_unchanged(actor, 1)
+    for version, meta in enumerate(
+        [caller("learner-A"), caller("learner-B", (TAKE_OVER_METADATA, "1")), ()], start=2
+    ):
+        actor.stub.PushWeights(_requests(blob, version), timeout=30, metadata=meta)
+        _assert_unchanged(actor, version)
+    # Every rank sends its part of a version to every actor, other ranks' too: taken.
+    key = next(iter(shapes))
+    part = encode_weights({key: torch.zeros(shapes[key][0])}, subset=True)
+    header = pb.WeightsHeader(
+        version=5, total_bytes=len(part), sha256=sha256_hex(part), part=pb.PartOf(count=2)
+    )
+    messages = [pb.PushWeightsRequest(header=header), pb.PushWeightsRequest(chunk=part)]
+    reply = actor.stub.PushWeights(iter(messages), timeout=30, metadata=caller("learner-B"))
+    assert reply.outcome == pb.PUSH_OUTCOME_STAGED
+    session.cancel()
 
 
 def _bad_pushes(shapes: dict) -> list:
