@@ -34,7 +34,8 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from learner_client._local_fleet import check_int
-from learner_client._ray_fleet import RayFleet, check_ray_args, import_ray
+from learner_client._ray_fleet import RayFleet, check_ray_args
+from learner_client._ray_runtime import import_ray
 
 __all__ = ["RAY_ARGUMENTS", "RAY_WARNED", "RayPlacement", "ray_fleet_of"]
 

@@ -59,8 +59,9 @@ from learner_client._local_fleet import (
     restart_seed,
     task_flags,
 )
+from learner_client._ray_runtime import RayLease, ray_session
 
-__all__ = ["RayFleet", "check_ray_args", "import_ray", "shut_down_ray_when_unused"]
+__all__ = ["RayFleet", "check_ray_args"]
 
 #: The options a Ray actor takes from ``remote_configs`` when none are given.
 _DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
@@ -70,90 +71,8 @@ _RESTART_POLL = 0.2
 _CALL_MARGIN = 10.0
 #: Seconds :meth:`RayFleet.live_addresses` waits for the actors to answer.
 _LIVE_TIMEOUT = 2.0
-#: What to install for a fleet placed on Ray.
-RAY_EXTRA = "pip install 'rlfleet[ray]'"
 #: The actor side's package, which an in-process Ray actor imports by name on its node.
 _ACTOR_PACKAGE = "actor_service"
-
-
-def import_ray() -> Any:
-    """``ray``, or an ``ImportError`` naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(
-            f"placing actors on Ray needs Ray, which is not installed ({exc}): {RAY_EXTRA}"
-        ) from exc
-    return ray
-
-
-class _RayLease:
-    """This process's fleets that use Ray: Ray started by one of them stops with the last.
-
-    As TorchRL's own Ray users count theirs: a fleet (or collector) that stops while others
-    still use Ray leaves it running for them; the last one shuts it down if a fleet started
-    it, or if one of them asked to (``shutdown_ray``).
-    """
-
-    _lock = threading.Lock()
-    _leases = 0
-    _shut_down_at_end = False
-
-    @classmethod
-    def acquire(cls, init_config: Mapping[str, Any]) -> Any:
-        """Ray, initialised with ``init_config`` if it is not yet; one more lease held."""
-        ray = import_ray()
-        with cls._lock:
-            if not ray.is_initialized():
-                config = dict(init_config)
-                if config.get("address") is None:
-                    config.setdefault("include_dashboard", False)
-                ray.init(**config)
-                cls._shut_down_at_end = True
-            cls._leases += 1
-        return ray
-
-    @classmethod
-    def request_shutdown(cls) -> None:
-        """Shut Ray down now if no fleet holds a lease, else when the last lets go."""
-        import ray
-
-        with cls._lock:
-            cls._shut_down_at_end = cls._leases > 0
-            if cls._leases == 0 and ray.is_initialized():
-                ray.shutdown()
-
-    @classmethod
-    def release(cls, shutdown_ray: bool) -> None:
-        """One lease less; Ray shuts down with the last if a fleet started it (or asked)."""
-        import ray
-
-        with cls._lock:
-            cls._leases = max(0, cls._leases - 1)
-            cls._shut_down_at_end |= shutdown_ray
-            if cls._leases == 0 and cls._shut_down_at_end:
-                cls._shut_down_at_end = False
-                if ray.is_initialized():
-                    ray.shutdown()
-
-
-def shut_down_ray_when_unused() -> None:
-    """RayCollector's ``shutdown(shutdown_ray=True)``: Ray stops now, or with the last fleet.
-
-    Nothing when Ray was never imported (a collector of actors given by address).
-    """
-    if "ray" in sys.modules:
-        _RayLease.request_shutdown()
-
-
-def _ray_up() -> bool:
-    """Whether Ray is still initialised here.
-
-    A call on a handle after ``ray.shutdown()`` would start a new local Ray, not fail.
-    """
-    import ray
-
-    return bool(ray.is_initialized())
 
 
 def _incarnation_seed(ray: Any, seed: int | None) -> int | None:
@@ -397,6 +316,9 @@ class RayFleet:
                 ...
     """
 
+    #: The Ray connection its actors belong to (:func:`ray_session`, when it takes its lease).
+    _session: str | None = None
+
     def __init__(
         self,
         num_actors: int,
@@ -455,7 +377,7 @@ class RayFleet:
         self._common_args = actor_args(flags, command_line=self._env_fns is None)
         self._extra_args = list(extra_args)
         self._handles: dict[int, Any] = {}
-        self._leased = False  # holds one of this process's leases on Ray (_RayLease)
+        self._leased = False  # holds one of this process's leases on Ray (RayLease)
         self._state, self._lock = "new", threading.RLock()  # guards _state, _handles, _leased
 
     # ------------------------------------------------------------- lifecycle
@@ -510,11 +432,11 @@ class RayFleet:
             import ray
 
             try:
-                if _ray_up():  # after the script's own ray.shutdown() its actors are gone with it
+                if self._ray_up():  # after the script's ray.shutdown() its actors are gone
                     self._stop_handles(ray)
             finally:
                 self._leased = False
-                _RayLease.release(self._shutdown_ray)
+                RayLease.release(self._shutdown_ray, self._session)
 
     def _stop_handles(self, ray: Any) -> None:
         """Stop every server, then kill its Ray actor and wait until it answers as dead."""
@@ -569,7 +491,7 @@ class RayFleet:
         """
         import ray
 
-        if self._state != "running" or not _ray_up():
+        if self._state != "running" or not self._ray_up():
             return []
         refs = {h.ready.remote(self.start_timeout): w for w, h in self._handles.items()}
         done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
@@ -600,7 +522,7 @@ class RayFleet:
         """Whether the actor server with ``worker_id`` is running (False if unreachable)."""
         import ray
 
-        if self._leased and not _ray_up():
+        if self._leased and not self._ray_up():
             return False  # gone with the script's ray.shutdown()
         self._check_running()
         try:
@@ -619,11 +541,15 @@ class RayFleet:
 
     # ------------------------------------------------------------ internals
 
+    def _ray_up(self) -> bool:
+        """Whether Ray is up in the connection the actors were placed in (:func:`ray_session`)."""
+        return self._session is not None and ray_session() == self._session
+
     def _init_ray(self) -> Any:
         with self._lock:
             self._check_running()  # not once another thread stopped the fleet
-            ray = _RayLease.acquire(self._ray_init_config)
-            self._leased = True
+            ray = RayLease.acquire(self._ray_init_config)
+            self._leased, self._session = True, ray_session()
         return ray
 
     def _place(self, worker_id: int, host: Any, args: list[Any]) -> None:
@@ -679,7 +605,7 @@ class RayFleet:
             raise SessionStateError(
                 f"the fleet is {self._state}; use it inside `with` or after start()"
             )
-        if self._leased and not _ray_up():
+        if self._leased and not self._ray_up():
             raise SessionStateError(
                 "Ray was shut down (ray.shutdown()) under this fleet: its actors are gone"
             )

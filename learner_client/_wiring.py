@@ -39,7 +39,7 @@ from learner_client._mailbox import Mailbox
 from learner_client._members import Ranks
 from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import Pusher
-from learner_client._ray_fleet import shut_down_ray_when_unused
+from learner_client._ray_runtime import shut_down_ray_when_unused
 from learner_client._relay import RelayRoute
 from learner_client._rounds import Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings, WeightPushSettings
@@ -140,6 +140,9 @@ class Teardown:
     def once(self, timeout: float, shutdown_ray: bool, dropped: weakref.finalize) -> None:
         """:meth:`uninterrupted` by the first caller; a later caller returns once it is done.
 
+        A later caller's ``shutdown_ray`` still asks Ray to stop once unused, as RayCollector's
+        ``shutdown(shutdown_ray=True)`` after its own shutdown at ``total_frames`` does.
+
         A ``shutdown()`` from a watchdog and another from the ``with`` exit both return with
         nothing left running. A thread the close waits for returns at once: the closing
         thread itself (a callback of the close), the background thread (its replay buffer's
@@ -152,6 +155,8 @@ class Teardown:
         if not first:
             if closer is not threading.current_thread() and not self.background.is_current():
                 self.closed.wait()  # each of the first caller's phases is bounded
+            if shutdown_ray and os.getpid() == self.pid:  # asked later (after the loop's own)
+                shut_down_ray_when_unused()
             return
         try:
             self.uninterrupted(timeout, shutdown_ray, dropped)

@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 
 from common.errors import ActorUnavailableError, AuthenticationError, SessionStateError
 from learner_client import GrpcCollector, RayFleet
-from learner_client._ray_fleet import _RayLease
+from learner_client._ray_runtime import RayLease
 
 pytestmark = pytest.mark.ray
 
@@ -158,7 +158,7 @@ def test_ray_fleet_stopped_by_another_thread_while_it_starts_leaves_no_actor_run
     """A stop() before the fleet took its lease on Ray, or between two placements, stopped
     only the actors placed so far: start() went on placing the rest, which served on (their
     CPUs and a lease on Ray held) until the process exited, and failed without stopping them."""
-    leases = _RayLease._leases
+    leases = RayLease._leases
     held, go_on = threading.Event(), threading.Event()
     original = getattr(RayFleet, step)
 
@@ -184,7 +184,7 @@ def test_ray_fleet_stopped_by_another_thread_while_it_starts_leaves_no_actor_run
     for handle in fleet._handles.values():  # each Ray actor it placed is dead, for good
         with pytest.raises(ray_cluster.exceptions.RayActorError):
             ray_cluster.get(handle.is_alive.remote(), timeout=30)
-    assert _RayLease._leases == leases
+    assert RayLease._leases == leases
 
 
 @pytest.mark.long

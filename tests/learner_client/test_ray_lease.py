@@ -18,7 +18,7 @@ from helpers import ray_processes_gone, start_local_ray, stop_local_ray
 
 from common.errors import SessionStateError
 from learner_client import GrpcCollector, RayFleet
-from learner_client._ray_fleet import shut_down_ray_when_unused
+from learner_client._ray_runtime import shut_down_ray_when_unused
 
 pytestmark = pytest.mark.ray
 
@@ -120,3 +120,61 @@ def test_a_ray_the_script_starts_again_after_shut_down_ray_when_unused_outlives_
     with _fleet(temp_dir) as fleet:
         assert fleet.is_alive(0)
     assert ray.is_initialized()  # the script's Ray, which no fleet started nor was asked to stop
+
+
+@pytest.mark.long
+def test_raycollectors_shutdown_ray_stops_ray_when_asked_after_the_collector_shut_down(
+    ray: Any, temp_dir: str
+) -> None:
+    """RayCollector's form shuts itself down at ``total_frames``; the script's own
+    ``shutdown(shutdown_ray=True)`` after the loop (TorchRL's stops Ray there) used to return
+    as a second shutdown does, leaving the script's Ray up."""
+    init = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    collector = GrpcCollector(_fleet(temp_dir), frames_per_batch=8, sync=True)
+    assert collector.next().numel() == 8
+    collector.shutdown()  # as the form's own shutdown at total_frames
+    assert ray.is_initialized()  # the script started Ray: no fleet stops it
+    collector.shutdown(shutdown_ray=True)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.long
+def test_a_fleet_under_a_ray_the_script_started_again_stops_without_calling_the_gone_actors(
+    ray: Any, temp_dir: str
+) -> None:
+    """After the script's ``ray.shutdown()`` and ``ray.init()`` again, the fleet's actors are
+    gone with the first Ray: its stop (the collector's shutdown) used to call them in the new
+    one and raise Ray's bare ``Exception`` ("Can't find actor ..."); ``is_alive`` did too."""
+    init = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    collector = GrpcCollector(_fleet(temp_dir), frames_per_batch=8, sync=True)
+    assert collector.next().numel() == 8
+    fleet: Any = collector._owner.fleet  # white-box: the fleet the collector was given
+    stop_local_ray()
+    ray_processes_gone(temp_dir)
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    assert not fleet.is_alive(0)
+    assert fleet.live_addresses() == []
+    with pytest.raises(SessionStateError, match=r"ray\.shutdown"):
+        _ = fleet.addresses
+    collector.shutdown()  # used to raise
+    assert ray.is_initialized()  # the script's new Ray: no fleet started it
+
+
+@pytest.mark.long
+def test_a_fleet_that_started_ray_leaves_up_the_ray_the_script_started_again(
+    ray: Any, temp_dir: str
+) -> None:
+    """A fleet that started Ray stops it with the last fleet; after the script's own
+    ``ray.shutdown()`` and ``ray.init()``, its stop used to shut down the script's new Ray."""
+    fleet = start_local_ray(lambda: _fleet(temp_dir).start(), temp_dir)  # initialises Ray
+    stop_local_ray()
+    ray_processes_gone(temp_dir)
+    init = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+    start_local_ray(lambda: ray.init(**init, _temp_dir=temp_dir), temp_dir)
+    fleet.stop()
+    assert ray.is_initialized()  # the script's own
+    with _fleet(temp_dir):  # a fleet of the new Ray counts afresh: it did not start this one
+        pass
+    assert ray.is_initialized()
