@@ -58,20 +58,20 @@ def sigterm_deaf_hanging_cartpole(steps: int = 0) -> gymnasium.Env:
 
 
 class _CrashAfter(gymnasium.Wrapper):
-    def __init__(self, env: gymnasium.Env, steps: int) -> None:
+    def __init__(self, env: gymnasium.Env, steps: int, message: str = "simulator crashed") -> None:
         super().__init__(env)
-        self._left = steps
+        self._left, self._message = steps, message
 
     def step(self, action: Any) -> Any:
         if self._left <= 0:
-            raise RuntimeError("simulator crashed")
+            raise RuntimeError(self._message)
         self._left -= 1
         return self.env.step(action)
 
 
-def crashing_cartpole(steps: int = 0) -> gymnasium.Env:
-    """CartPole whose ``step`` raises after ``steps`` steps."""
-    return _CrashAfter(gymnasium.make("CartPole-v1"), steps)
+def crashing_cartpole(steps: int = 0, message: str = "simulator crashed") -> gymnasium.Env:
+    """CartPole whose ``step`` raises ``RuntimeError(message)`` after ``steps`` steps."""
+    return _CrashAfter(gymnasium.make("CartPole-v1"), steps, message)
 
 
 class _UserBaseError(BaseException):
@@ -191,6 +191,30 @@ def scalar_env() -> gymnasium.Env:
 
 
 gymnasium.register("RlfleetScalar-v0", entry_point="rlfleet_test_envs:scalar_env")
+
+
+class _PlainNumberEnv(gymnasium.Env):
+    """Observations as a python ``float``, whatever the ``Box`` it declares; 3-step episodes."""
+
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 10, shape=shape, dtype=dtype)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return float(self._t), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        return float(self._t), 1.0, False, self._t >= 3, {}
+
+
+def plain_number_env(shape: tuple[int, ...] = (1,), dtype: str = "float32") -> gymnasium.Env:
+    """An env declaring ``Box(shape, dtype)`` observations that returns python floats."""
+    return _PlainNumberEnv(tuple(shape), dtype)
+
 
 _CRASHED = {"done": False}
 

@@ -8,7 +8,8 @@ observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` a
 crashed env into an :class:`~common.errors.EnvError` (naming the env's exception, or a
 ``TimeoutError`` for a hung env) instead of a hang; :func:`close_pool`
 reaps the subprocesses even when an env hangs, and closes every env even when one's
-``close()`` raises. :func:`derive_seed` chains per-env
+``close()`` raises. An async worker's exception reaches the caller as the env raised it
+(:class:`_AsyncPool`). :func:`derive_seed` chains per-env
 seeds exactly as TorchRL does.
 """
 
@@ -16,13 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import gymnasium
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
 
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
@@ -42,6 +45,7 @@ __all__ = [
 ]
 
 _SEED_MODULUS = 2**32 - 1
+log = logging.getLogger(__name__)
 
 
 def derive_seed(seed: int) -> int:
@@ -96,7 +100,7 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
                 env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
             )
         else:
-            pool = AsyncVectorEnv(
+            pool = _AsyncPool(
                 env_fns, copy=False, context="spawn", autoreset_mode=AutoresetMode.SAME_STEP
             )
     except Exception as exc:
@@ -111,6 +115,32 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
         close_pool(pool)
         raise
     return pool
+
+
+class _AsyncPool(AsyncVectorEnv):
+    """gymnasium's ``AsyncVectorEnv``, raising the exception a worker's env raised.
+
+    gymnasium's own ``_raise_if_errors`` passes each worker's traceback to its logger as a
+    %-format string (a ``%`` in the env's message or source line raised ``TypeError``
+    instead) and rebuilds the exception from its type and value (which fails for an
+    exception whose constructor takes other arguments). This one logs the traceback as
+    text and raises the worker's exception itself.
+    """
+
+    def _raise_if_errors(self, successes: Iterable[bool]) -> None:
+        successes = list(successes)
+        if all(successes):
+            return
+        error: BaseException | None = None
+        for _ in range(len(successes) - sum(successes)):
+            index, exctype, value, trace = self.error_queue.get()
+            log.warning("env worker %d raised, and is shut down:\n%s", index, trace)
+            self.parent_pipes[index].close()
+            # None marks a closed worker's pipe, as gymnasium's own method does.
+            self.parent_pipes[index] = None  # type: ignore[call-overload]
+            error = value if isinstance(value, BaseException) else exctype(value)
+        self._state = AsyncState.DEFAULT
+        raise error if error is not None else RuntimeError("an env worker failed")
 
 
 def step_pool(
@@ -157,20 +187,26 @@ def _hung(env: str, call: str, timeout: float) -> EnvError:
 
 
 def _env_error(pool: VectorEnv, env: str, exc: BaseException) -> EnvError:
-    """``exc`` as an :class:`EnvError`; an observation of the wrong shape says which is right.
+    """``exc`` as an :class:`EnvError`; an observation that misfits its space says what fits.
 
     Any exception of the env's is its failure, ``KeyboardInterrupt`` and ``SystemExit`` too:
     the env runs on the collection thread, where no signal raises them, so they are the env's
     own (a ``sys.exit`` in user code), and the actor lives on.
     """
     message = exception_text(exc)
-    if "wrong shape" in message:  # numpy, filling the pool's array of observations
+    if any(words in message for words in _MISFIT_OBSERVATION):
         space = pool.single_observation_space
         message += (
-            f" (an observation does not have the shape {list(space.shape or ())} its "
-            f"observation_space declares, dtype {space.dtype})"
+            f" (an observation does not have the shape {list(space.shape or ())} and dtype "
+            f"{space.dtype} its observation_space declares: return "
+            f"np.asarray(obs, dtype=np.{space.dtype}).reshape({list(space.shape or ())}))"
         )
     return EnvError(env, type(exc).__name__, message)
+
+
+# numpy's words when an observation does not fit the sync pool's array of observations: of
+# another shape, a scalar for a Box of shape (1,), a float for an integer Box.
+_MISFIT_OBSERVATION = ("wrong shape", "wrong dimensionality", "Cannot cast array data")
 
 
 def reset_pool(

@@ -191,7 +191,52 @@ def test_step_pool_names_the_declared_shape_when_an_observation_breaks_it() -> N
             step_pool(pool, np.zeros(2, dtype=np.int64), 30.0, env="wrong")
     finally:
         close_pool(pool, force=True)
-    assert "shape [4] its observation_space declares" in raised.value.exception_message
+    assert "shape [4] and dtype float32 its observation_space declares" in (
+        raised.value.exception_message or ""
+    )
+
+
+@pytest.mark.parametrize(
+    ("env_kwargs", "declared"),
+    [
+        ({"shape": [1]}, "shape [1] and dtype float32"),  # numpy: "wrong dimensionality"
+        ({"shape": [], "dtype": "int64"}, "shape [] and dtype int64"),  # numpy: "Cannot cast"
+    ],
+)
+def test_reset_pool_names_the_declared_space_when_an_observation_does_not_fit_it(
+    env_kwargs: dict[str, Any], declared: str
+) -> None:
+    # A python float for a Box of shape (1,), or for an integer Box, failed with numpy's
+    # words alone, naming neither the space nor what the env should return.
+    settings = EnvPoolSettings(
+        env_factory="rlfleet_test_envs:plain_number_env", env_kwargs=env_kwargs
+    )
+    pool = make_env_pool(ActorConfig(num_envs=2, env_pool=settings))
+    try:
+        with pytest.raises(EnvError) as raised:
+            reset_pool(pool, 30.0, env="plain")
+    finally:
+        close_pool(pool, force=True)
+    assert f"observation does not have the {declared} its observation_space declares" in (
+        raised.value.exception_message or ""
+    )
+
+
+def test_step_pool_names_an_async_envs_own_exception_if_its_text_holds_a_percent_sign() -> None:
+    # gymnasium formatted the worker's traceback as a %-format string: the learner was told
+    # "TypeError: not enough arguments for format string", not the env's error.
+    pool, pids = _two_async_envs(
+        "rlfleet_test_envs:crashing_cartpole", message="pressure at 120% of the limit"
+    )
+    try:
+        reset_pool(pool, 30.0)
+        with pytest.raises(EnvError) as raised:
+            step_pool(pool, np.zeros(2, dtype=np.int64), 30.0, env="crashing")
+    finally:
+        close_pool(pool, force=True)
+    assert raised.value.exception_type == "RuntimeError"
+    assert raised.value.exception_message == "pressure at 120% of the limit"
+    assert all(process_gone(pid) for pid in pids)
 
 
 def test_step_pool_raises_the_envs_timeout_if_an_async_env_hangs() -> None:
