@@ -127,7 +127,7 @@ MAX_SEED = 2**64 - 1
 MAX_MODEL_ID = 64
 #: What a ``model_id`` is: letters, digits, ``_``, ``.`` and ``-``, not led by ``.`` or ``-``,
 #: at most :data:`MAX_MODEL_ID` characters (it names a ``--model ID=...`` flag).
-MODEL_ID_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_MODEL_ID - 1}}}$")
+MODEL_ID_RE = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_MODEL_ID - 1}}}\Z")
 #: The longest bearer token: a server's metadata cap is 8 KiB (gRPC's default).
 MAX_TOKEN = 4096
 #: The longest ``learner_id`` a collector takes.

@@ -501,7 +501,7 @@ class GrpcCollector(TorchRLAccessors):
             weights: Same as ``policy_or_weights`` (not a module).
             policy: Same, as an ``nn.Module``.
             worker_ids: An int or a list of worker_ids; None targets every worker.
-            model_id: The model to update (default ``"policy"``).
+            model_id: The model to update (default: the collector's ``model_id``, which acts).
             weights_dict: ``{model_id: weights}`` to update several models at once.
             dtype: Wire dtype of floating tensors (``torch.bfloat16``), cast once (docs/weights.md).
             only_trainable: Send only the module's parameters with ``requires_grad``.
@@ -544,15 +544,16 @@ class GrpcCollector(TorchRLAccessors):
                 options=PushOptions.given(dtype, only_trainable),
                 version=version,
                 part=part,
+                default_model_id=self._rollout.model_id,
             )
             if shared is None or plan is None:
                 return self._pusher.update(request)
             return shared.carry_out(plan, lambda: self._pusher.update(request))
 
     def _held_versions(self) -> dict[Any, Any]:
-        """``{worker_id: version}`` each owned worker holds of ``"policy"`` (a push's default)."""
-        with self._open_call():
-            return {w: self._book.applied(w).get(DEFAULT_MODEL_ID, 0) for w in self.worker_ids}
+        """``{worker_id: version}`` each worker holds of the acting model (under the lock)."""
+        mid = self._rollout.model_id
+        return {w: self._book.applied(w).get(mid, 0) for w in self.worker_ids}
 
     def _learner_metrics(self) -> LearnerMetrics:
         """What :func:`~learner_client.serve_metrics` serves (closed with the collector)."""

@@ -51,7 +51,6 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from common.checksum import crc32c
-from common.config import DEFAULT_MODEL_ID
 from common.errors import (
     ActorBusyError,
     ActorUnavailableError,
@@ -156,7 +155,7 @@ class Pusher:
     #: by another epoch (loop thread).
     answered_as_another: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def unchanged_since_push(self, model_id: str = DEFAULT_MODEL_ID) -> bool:
+    def unchanged_since_push(self, model_id: str) -> bool:
         """Whether every worker took the last weights given, and they did not change since.
 
         False when unsure: weights in a form that cannot be followed, a push to some

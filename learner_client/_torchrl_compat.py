@@ -327,7 +327,7 @@ def _cudagraph(value: object) -> bool:
 
 
 class _Pushes(Protocol):  # learner_client._pushes.Pusher, whose module imports this one
-    def unchanged_since_push(self) -> bool: ...
+    def unchanged_since_push(self, model_id: str) -> bool: ...
 
 
 class _Batches(Protocol):  # learner_client._settings.BatchSettings
@@ -356,6 +356,9 @@ class _Batches(Protocol):  # learner_client._settings.BatchSettings
 
 
 class _Rollouts(Protocol):  # learner_client._settings.RolloutSettings
+    @property
+    def model_id(self) -> str: ...
+
     @property
     def init_random_frames(self) -> int | None: ...
 
@@ -565,7 +568,8 @@ class TorchRLAccessors(TorchRLFixedFlags):
 
     def increment_version(self: _Holds) -> int:
         """TorchRL's bump: push ``policy=`` or the last weights given if changed since, else not."""
-        if self._shared is not None or not self._pusher.unchanged_since_push():
+        acting = self._rollout.model_id
+        if self._shared is not None or not self._pusher.unchanged_since_push(acting):
             self.update_policy_weights_()
         return self.policy_version
 

@@ -24,6 +24,9 @@ from learner_client._weights import PushOptions, WeightSource
 
 __all__ = ["WeightRequest", "normalize_update_args", "renamed_weights", "resolve_worker_ids"]
 
+#: The most unknown worker_ids an error lists (a caller may pass a million).
+_MAX_LISTED = 10
+
 
 @dataclasses.dataclass(frozen=True)
 class WeightRequest:
@@ -69,13 +72,12 @@ def _normalize_worker_ids(worker_ids: object) -> tuple[int, ...] | None:
     items = [single] if single is not None else worker_ids
     if not isinstance(items, Iterable) or isinstance(items, str | bytes):
         raise TypeError(f"worker_ids must be an int, a list of ints or None, got {worker_ids!r}")
-    out: list[int] = []
+    out: dict[int, None] = {}  # the first of each id, in order, found again in O(1)
     for item in items:
         wid = as_int(item)
         if wid is None:
             raise TypeError(f"worker_ids must hold ints, got {item!r} in {worker_ids!r:.80}")
-        if wid not in out:
-            out.append(wid)
+        out[wid] = None
     if not out:
         raise ValueError("worker_ids is empty; pass None to update every worker")
     return tuple(out)
@@ -111,10 +113,13 @@ def normalize_update_args(
     options: PushOptions | None = None,
     version: object = None,
     part: object = None,
+    default_model_id: str = DEFAULT_MODEL_ID,
 ) -> WeightRequest:
     """Turn TorchRL's ``update_policy_weights_`` arguments into one :class:`WeightRequest`.
 
-    ``options`` (a wire dtype, ``only_trainable``) apply to every model of the request.
+    ``options`` (a wire dtype, ``only_trainable``) apply to every model of the request;
+    ``default_model_id`` is the model updated when no ``model_id`` is named (the collector's
+    acting model, as TorchRL's call updates the collector's policy).
 
     Raises:
         ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
@@ -142,7 +147,8 @@ def normalize_update_args(
     else:
         name = given[0] if given else None
         source = named[name] if name is not None else None
-        request = _one_model(name, source, model_id, targets, options)
+        mid = default_model_id if model_id is None else check_model_id(model_id)
+        request = _one_model(name, source, mid, targets, options)
     if delta and request.per_worker is not None:
         raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
     checked = _check_version(version)
@@ -187,15 +193,14 @@ def _with_part(request: WeightRequest, part: object) -> WeightRequest:
 def _one_model(
     given: str | None,
     source: object,
-    model_id: object,
+    mid: str,
     targets: tuple[int, ...] | None,
     options: PushOptions | None,
 ) -> WeightRequest:
-    """The request for one model, whose ``source`` came as the argument named ``given``.
+    """The request for model ``mid``, whose ``source`` came as the argument named ``given``.
 
     ``given`` None means no weights were passed: the model's last ones are sent again.
     """
-    mid = DEFAULT_MODEL_ID if model_id is None else check_model_id(model_id)
     if given == "policy" and not isinstance(source, nn.Module):
         raise TypeError(f"policy must be an nn.Module, got {type(source).__name__}")
     if given == "weights" and not isinstance(source, TensorDictBase | Mapping):
@@ -244,7 +249,7 @@ def _is_per_worker(source: object) -> bool:
     if not worker_keys:
         return False
     if len(worker_keys) != len(source):
-        others = [k for k in source if k not in worker_keys][:3]
+        others = [k for k in source if as_int(k) is None][:3]
         raise TypeError(
             f"per-worker weights map int worker_ids to weights; the mapping also has {others}"
         )
@@ -267,15 +272,25 @@ def resolve_worker_ids(
     """
     if worker_ids is None:
         return sorted(known)
-    unknown = [w for w in worker_ids if w not in known]
+    owned, fleet = set(known), set(members)
+    unknown = [w for w in worker_ids if w not in owned]
     if unknown:
-        others = [w for w in unknown if w in members]
+        others = [w for w in unknown if w in fleet]
         whose = (
-            f" ({others} are other learner ranks' actors: each rank pushes to its own)"
+            f" ({_listed(others)} are other learner ranks' actors: each rank pushes to its own)"
             if others
             else ""
         )
         raise UnknownWorkerError(
-            f"unknown worker_ids {unknown}; the fleet has worker_ids {sorted(known)}{whose}"
+            f"unknown worker_ids {_listed(unknown)}; the fleet has worker_ids "
+            f"{sorted(known)}{whose}"
         )
     return list(worker_ids)
+
+
+def _listed(worker_ids: Sequence[int]) -> str:
+    """The first :data:`_MAX_LISTED` of ``worker_ids``, and how many there are when more."""
+    if len(worker_ids) <= _MAX_LISTED:
+        return str(list(worker_ids))
+    shown = ", ".join(str(w) for w in worker_ids[:_MAX_LISTED])
+    return f"[{shown}, ...] ({len(worker_ids)} in all)"

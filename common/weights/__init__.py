@@ -147,7 +147,8 @@ def to_state_dict(obj: WeightSource) -> dict[str, torch.Tensor]:
     Raises:
         TypeError: For any other ``obj``, a non-string key, a value that is not a
             tensor, or a tensor safetensors cannot hold (sparse, meta, unsupported dtype).
-        WeightsError: Two keys flatten to the same name, or a key is reserved.
+        WeightsError: Two keys flatten to the same name, a key is reserved or is not
+            UTF-8 text.
     """
     out = {name: _normalise_tensor(name, value) for name, value in _flat(obj).items()}
     return _unshare(out)
@@ -232,6 +233,11 @@ def _flatten_into(out: dict[str, torch.Tensor], items: Mapping[str, object], pre
         if not isinstance(key, str):
             raise TypeError(f"weight keys must be strings, got {key!r} ({type(key).__name__})")
         name = f"{prefix}{key}"
+        if not _is_utf8(key):
+            raise WeightsError(
+                f"weight key {name!r} is not UTF-8 text (the safetensors header is JSON): "
+                f"rename it, e.g. with key.encode('utf-8', 'replace').decode()"
+            )
         if isinstance(value, TensorDictBase | Mapping):
             _flatten_into(out, value, prefix=f"{name}.")
             continue
@@ -247,6 +253,15 @@ def _flatten_into(out: dict[str, torch.Tensor], items: Mapping[str, object], pre
         if name in (_METADATA_KEY, ALIASES_KEY):
             raise WeightsError(f"weight key {name!r} is reserved")
         out[name] = value
+
+
+def _is_utf8(key: str) -> bool:
+    """Whether ``key`` encodes as UTF-8 (a lone surrogate, from ``os.fsdecode``, does not)."""
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _normalise_tensor(

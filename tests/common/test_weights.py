@@ -276,6 +276,17 @@ def test_encode_weights_raises_if_metadata_is_not_strings() -> None:
         encode_weights({"a": torch.zeros(1)}, metadata={"version": 3})  # type: ignore[dict-item]
 
 
+def test_encode_weights_raises_if_a_key_is_not_utf8_text() -> None:
+    """A lone surrogate (``os.fsdecode`` of a stray byte) failed deep in the header's encoding,
+    a bare UnicodeEncodeError naming a byte position instead of the key."""
+    for source in (
+        {"net": {"w\udc80": torch.zeros(1)}},
+        TensorDict({"net.w\udc80": torch.zeros(1)}),
+    ):
+        with pytest.raises(WeightsError, match=r"'net\.w\\udc80' is not UTF-8 text"):
+            encode_weights(source)
+
+
 def test_to_state_dict_raises_if_nested_keys_collide() -> None:
     with pytest.raises(WeightsError, match=r"'a\.b'"):
         to_state_dict({"a.b": torch.zeros(1), "a": {"b": torch.zeros(1)}})

@@ -6,6 +6,7 @@ import io
 import os
 import signal
 import threading
+import time
 
 import pytest
 import safetensors.torch
@@ -78,6 +79,57 @@ def test_update_policy_weights_raises_before_pushing_if_targets_are_unknown(flee
         with pytest.raises(SessionStateError, match="no weights were given"):
             collector.update_policy_weights_()
         assert collector.policy_version == before
+
+
+def test_update_policy_weights_raises_at_once_if_worker_ids_are_a_hundred_thousand(fleet):
+    """Ids were deduplicated pairwise (65 s for these, hours for 10^6) and every unknown one
+    was listed in the message (690 kB)."""
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4) as collector:
+        before = collector.policy_versions
+        started = time.monotonic()
+        with pytest.raises(UnknownWorkerError) as info:
+            collector.update_policy_weights_(cartpole_policy(), worker_ids=range(10**5))
+        assert time.monotonic() - started < 10
+        message = str(info.value)
+        assert len(message) < 500, message[:500]
+        assert "unknown worker_ids [1, 3, 4," in message
+        assert "99998 in all" in message
+        assert "[0, 2]" in message
+        assert collector.policy_versions == before
+
+
+def test_update_policy_weights_raises_if_model_id_ends_with_a_line_break(fleet):
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=4) as collector:
+        before = collector.policy_versions
+        with pytest.raises(ValueError, match="letters, digits") as info:
+            collector.update_policy_weights_(cartpole_policy(), model_id="policy\n")
+        assert not isinstance(info.value, UnknownModelError)
+        assert collector.policy_versions == before
+
+
+def test_update_policy_weights_without_a_model_id_updates_the_model_that_acts(fleet):
+    """With ``model_id="critic"`` the collector acts with the critic and follows its ``policy=``
+    module: weights given without a model_id went to ``"policy"``, while the module took them
+    and counted as pushed, so the critic acted with the old weights for good."""
+    with GrpcCollector(
+        addresses(fleet, 0),
+        frames_per_batch=8,
+        sync=True,
+        model_id="critic",
+        policy=cartpole_policy(action=1),
+        exploration_type=ExplorationType.DETERMINISTIC,
+    ) as collector:
+        collector.next()
+        before = collector.policy_versions
+        applied = collector.update_policy_weights_(cartpole_policy(action=0).state_dict())
+        assert applied == {0: before["critic"] + 1}
+        assert collector.policy_versions == {**before, "critic": before["critic"] + 1}
+        assert collector.update_policy_weights_() == applied  # unchanged: the versions held
+        assert collector.increment_version() == applied[0]
+        batch = first_batch_where(
+            collector, lambda b: bool((b["policy_version"] == applied[0]).all())
+        )
+        assert bool((batch["action"].argmax(-1) == 0).all())
 
 
 def test_update_policy_weights_weights_dict_updates_several_models(fleet):

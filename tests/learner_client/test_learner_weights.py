@@ -5,6 +5,7 @@ worker should hold)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -300,6 +301,15 @@ def test_normalize_update_args_raises_if_per_worker_mapping_is_malformed():
         normalize_update_args({0: w}, weights_dict={"policy": w})
     with pytest.raises(ValueError, match="worker_id 0 twice"):
         normalize_update_args({0: w, torch.tensor(0): w})
+
+
+def test_normalize_update_args_refuses_a_mapping_of_many_ids_and_one_key_at_once():
+    """The mapping's other keys were found pairwise (66 s here, hours for 10^6 ids)."""
+    w = {"w": torch.zeros(1)}
+    started = time.monotonic()
+    with pytest.raises(TypeError, match=r"also has \['w'\]"):
+        normalize_update_args({**dict.fromkeys(range(10**5), w), "w": torch.zeros(1)})
+    assert time.monotonic() - started < 5
 
 
 def test_normalize_update_args_takes_a_version_and_a_part():
