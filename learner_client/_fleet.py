@@ -415,9 +415,10 @@ class Fleet:
             )
 
         blobs = self.loop.run(fetch(), self.conn.call_timeout + WAIT_MARGIN_S)
+        counts = self.ledger.counts()  # frames and batches of one instant
         return {
-            "frames": self.ledger.frames,
-            "batches": self.ledger.batches,
+            "frames": counts.frames,
+            "batches": counts.batches,
             "policy_version": self.book.versions(),
             "workers": {
                 w: torch.frombuffer(bytearray(b), dtype=torch.uint8)

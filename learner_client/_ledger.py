@@ -10,6 +10,7 @@ never hidden. :class:`Ledger` aggregates the cheap counters ``stats()`` shows.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from common.errors import ProtocolError
 if TYPE_CHECKING:
     from prometheus_client import Histogram
 
-__all__ = ["Ledger", "SeqTracker"]
+__all__ = ["Counts", "Ledger", "SeqTracker"]
 
 
 class SeqTracker:
@@ -103,6 +104,16 @@ class SeqTracker:
         self.last = seq
         self._started = max(self._started, seq)
         return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """The delivery counters at one instant (read as one: ``stats()`` while a batch lands)."""
+
+    frames: int
+    batches: int
+    worker_frames: dict[int, int]
+    worker_batches: dict[int, int]
 
 
 class Ledger:
@@ -213,6 +224,13 @@ class Ledger:
             self._push["last_push_pause"] = pause_seconds
             self._push["delta_pushes"] += deltas
             self._push["delta_fallbacks"] += fallbacks
+
+    def counts(self) -> Counts:
+        """Frames and batches, in all and per worker, read under one lock (never torn)."""
+        with self._lock:
+            return Counts(
+                self.frames, self.batches, dict(self.worker_frames), dict(self.worker_batches)
+            )
 
     def push_stats(self) -> dict[str, int | float]:
         """The push counters ``stats()`` shows (see :mod:`learner_client._stats`)."""

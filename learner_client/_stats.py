@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from learner_client._fleet import Fleet
+from learner_client._ledger import Counts
 from learner_client._settings import BatchSettings, positive_timeout
 
 __all__ = ["VIEWS", "fleet_stats", "liveness", "snapshot", "worker_stats"]
@@ -45,8 +46,9 @@ def snapshot(
     if timeout is not None:
         positive_timeout("timeout", timeout)
     out: dict[str, Scalar] = {}
+    counts = fleet.ledger.counts()  # one read for both views: they agree while batches land
     if workers in ("aggregate", "both"):
-        out.update(fleet_stats(fleet, acting_model))
+        out.update(fleet_stats(fleet, acting_model, counts))
         out["requested_frames_per_batch"] = batch.frames_per_batch
         out["missing_workers"] = len(missing)
         out["background_failed"] = background_failed
@@ -55,12 +57,12 @@ def snapshot(
             out["completed"] = completed
     out.update(liveness(fleet))
     if workers in ("per_worker", "both"):
-        out.update(worker_stats(fleet, acting_model))
+        out.update(worker_stats(fleet, acting_model, counts))
         out.update({f"worker_{w}/missing": w in missing for w in fleet.worker_ids})
     return out
 
 
-def fleet_stats(fleet: Fleet, acting_model: str) -> dict[str, Scalar]:
+def fleet_stats(fleet: Fleet, acting_model: str, counts: Counts) -> dict[str, Scalar]:
     """The fleet's counters as flat scalars (the aggregate view, less the batch settings)."""
     ledger, links = fleet.ledger, fleet.owned_links()
     versions = fleet.book.versions()
@@ -68,9 +70,9 @@ def fleet_stats(fleet: Fleet, acting_model: str) -> dict[str, Scalar]:
         "rank": fleet.ranks.rank,
         "world_size": fleet.ranks.world_size,
         "members": len(fleet.member_ids),
-        "frames": ledger.frames,
-        "batches": ledger.batches,
-        "worker_frames": sum(ledger.worker_frames.values()),
+        "frames": counts.frames,
+        "batches": counts.batches,
+        "worker_frames": sum(counts.worker_frames.values()),
         "policy_version": versions.get(acting_model, 0),
         "policy_lag": ledger.policy_lag,
         "policy_lag_max": ledger.policy_lag_max,
@@ -98,14 +100,14 @@ def liveness(fleet: Fleet) -> dict[str, int]:
     return {"workers": len(owned), "workers_alive": sum(map(fleet.reachable, owned))}
 
 
-def worker_stats(fleet: Fleet, acting_model: str) -> dict[str, Scalar]:
+def worker_stats(fleet: Fleet, acting_model: str, counts: Counts) -> dict[str, Scalar]:
     """Each owned actor's counters as ``worker_<id>/<metric>`` scalars."""
     ledger = fleet.ledger
     out: dict[str, Scalar] = {}
     for wid, link in fleet.owned_links().items():
         prefix = f"worker_{wid}/"
-        out[prefix + "frames"] = ledger.worker_frames.get(wid, 0)
-        out[prefix + "batches"] = ledger.worker_batches.get(wid, 0)
+        out[prefix + "frames"] = counts.worker_frames.get(wid, 0)
+        out[prefix + "batches"] = counts.worker_batches.get(wid, 0)
         out[prefix + "alive"] = fleet.reachable(wid)
         out[prefix + "failures"] = ledger.failures.get(wid, 0)
         out[prefix + "reconnects"] = ledger.reconnects.get(wid, 0)

@@ -261,6 +261,33 @@ def test_collector_threads_sharing_it_take_turns_and_all_see_the_end(fleet, way)
         assert collector.stats()["frames"] == 8 * 24
 
 
+def test_collector_stats_read_beside_iteration_agree_with_themselves(fleet):
+    """A logger thread's ``stats("both")`` while the script iterates:
+    each snapshot's frames, batches and per-worker frames are of one instant."""
+    torn: list[tuple[int, int, int]] = []
+    done = threading.Event()
+
+    def log(collector):
+        while not done.is_set():
+            stats = collector.stats("both")
+            per_worker = stats["worker_0/frames"] + stats["worker_2/frames"]
+            if not stats["frames"] == per_worker == stats["worker_frames"] == 4 * stats["batches"]:
+                torn.append((stats["frames"], per_worker, stats["batches"]))
+
+    with GrpcCollector(
+        addresses(fleet, 0, 2), frames_per_batch=4, total_frames=4 * 300, batch_timeout=30.0
+    ) as collector:
+        logger = threading.Thread(target=log, args=(collector,))
+        logger.start()
+        try:
+            taken = sum(1 for _ in collector)
+        finally:
+            done.set()
+            logger.join()
+        assert taken == 300
+        assert torn == []
+
+
 def test_collector_postproc_sees_every_batch(fleet):
     """As in TorchRL, keys the postproc names with ``_`` (its scratch) are dropped after it."""
 
