@@ -46,6 +46,19 @@ def _policy_weights(actor: Actor) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in actor.worker.models.module("policy").state_dict().items()}
 
 
+@pytest.fixture
+def unread_stub(make_actor: Callable[..., Actor]) -> Iterator[pb_grpc.ActorServiceStub]:
+    """A stub on an actor with a 4 MB state, over a channel whose flow-control window stays at
+    its start (gRPC's window estimate off): what a caller that reads nothing gets. With the
+    estimate on, the window grew with the first chunk, and under load the whole state could be
+    taken by the transport, so nothing waited (the CI failure of these tests)."""
+    actor = make_actor(models=(ModelSpec(factory="mlp", kwargs={"hidden": [1024, 1024]}),))
+    with grpc.insecure_channel(
+        f"127.0.0.1:{actor.port}", options=[("grpc.http2.bdp_probe", 0)]
+    ) as channel:
+        yield pb_grpc.ActorServiceStub(channel)
+
+
 def test_describe_reports_worker_env_spaces_and_models(make_actor: object) -> None:
     actor = make_actor(worker_id=5, max_credits=3)
     described = actor.stub.Describe(pb.DescribeRequest(), timeout=10)
@@ -266,14 +279,13 @@ def test_get_state_whose_caller_gives_up_mid_stream_is_no_internal_error(
 
 
 def test_get_state_whose_caller_stops_reading_ends_within_the_idle_timeout(
-    make_actor: Callable[..., Actor], caplog: pytest.LogCaptureFixture, monkeypatch
+    unread_stub: pb_grpc.ActorServiceStub, caplog: pytest.LogCaptureFixture, monkeypatch
 ) -> None:
     """A caller with no deadline that stops reading a large state must not hold the call (a
     slot of the actor's calls) and the state's encoded blob forever."""
     monkeypatch.setattr(streams_module, "_IDLE_TIMEOUT", 0.5)
-    actor = make_actor(models=(ModelSpec(factory="mlp", kwargs={"hidden": [1024, 1024]}),))
     with caplog.at_level("INFO", logger="rlfleet.actor"):
-        call = actor.stub.GetState(pb.GetStateRequest())
+        call = unread_stub.GetState(pb.GetStateRequest())
         assert next(call).header.total_bytes > 4 * 2**20  # more than a flow control window
         failures = poll_until(
             lambda: [r for r in caplog.records if getattr(r, "rlfleet_event", "") == "rpc.failed"],
@@ -287,7 +299,7 @@ def test_get_state_whose_caller_stops_reading_ends_within_the_idle_timeout(
 
 
 def test_get_state_holds_at_most_max_states_sent_states_whatever_its_callers_read(
-    make_actor: Callable[..., Actor], monkeypatch
+    unread_stub: pb_grpc.ActorServiceStub, monkeypatch
 ) -> None:
     """Callers that each open a GetState and read none of it (a hostile peer, a stalled
     learner) made the actor encode and hold one whole state per call: 40 calls held 1.7 GB
@@ -300,8 +312,7 @@ def test_get_state_holds_at_most_max_states_sent_states_whatever_its_callers_rea
         return blob
 
     monkeypatch.setattr(servicer_module, "encode_state", counted)
-    actor = make_actor(models=(ModelSpec(factory="mlp", kwargs={"hidden": [1024, 1024]}),))
-    calls = [actor.stub.GetState(pb.GetStateRequest(), timeout=60) for _ in range(6)]
+    calls = [unread_stub.GetState(pb.GetStateRequest(), timeout=60) for _ in range(6)]
     bound = servicer_module.MAX_STATES_SENT
     poll_until(lambda: len(encoded) == bound, message="the first states encoded")
     time.sleep(0.5)  # what an unbounded actor encodes meanwhile: every call's state
