@@ -148,6 +148,26 @@ class ActorBusyError(RlfleetError, RuntimeError):
 
     status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
+    @classmethod
+    def held(cls, worker_id: int, owner: str, rule: str, *, where: str = "") -> ActorBusyError:
+        """The refusal of a learner while learner ``owner``'s session holds actor ``worker_id``.
+
+        One wording for the actor's refusals and the learner's own check, naming the fix.
+
+        Args:
+            worker_id: The held actor.
+            owner: The id of the learner whose session is in force.
+            rule: What a learner does only on its own session (``"resumes only its own
+                session"``, ``"pushes weights only on ..."``).
+            where: The actor's address, when the learner says it.
+        """
+        prefix = f"{where}: " if where else ""
+        return cls(
+            f"{prefix}actor {worker_id} is serving learner {owner!r}; a learner {rule} "
+            "(take_over=True on GrpcCollector, --take-over on rlfleet-train, ends another "
+            "learner's session)"
+        )
+
 
 class ActorUnavailableError(RlfleetError, ConnectionError):
     """The actor is draining, down or cannot be reached."""

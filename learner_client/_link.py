@@ -490,10 +490,11 @@ class ActorLink(Generic[C]):
             and desc.learner_id != self._conn.learner_id
             and not self._conn.take_over
         ):
-            raise ActorBusyError(
-                f"{self.address}: actor {self.worker_id} is serving learner "
-                f"{desc.learner_id!r}; a learner resumes only its own session (take_over=True "
-                "on GrpcCollector, --take-over on rlfleet-train, ends another learner's session)"
+            raise ActorBusyError.held(
+                self.worker_id,
+                desc.learner_id,
+                "resumes only its own session",
+                where=self.address,
             )
 
     def _open(self) -> CollectStream:

@@ -223,7 +223,9 @@ class ActorRuntime:
                         peer=peer,
                     )
                 else:
-                    raise self._busy(previous.learner_id, "resumes only its own session")
+                    raise ActorBusyError.held(
+                        self.config.worker_id, previous.learner_id, "resumes only its own session"
+                    )
                 previous.take_over(by_its_learner=own)
             if previous is not None:
                 await previous.wait_collector_idle()
@@ -246,15 +248,7 @@ class ActorRuntime:
             return
         if current.active and current.learner_id != caller.learner_id:
             rule = f"{call} only on an actor no other learner's session holds"
-            raise self._busy(current.learner_id, rule)
-
-    def _busy(self, owner: str, rule: str) -> ActorBusyError:
-        """The refusal of a learner while ``owner``'s session is in force, naming the fix."""
-        return ActorBusyError(
-            f"actor {self.config.worker_id} is serving learner {owner!r}; a learner {rule} "
-            "(take_over=True on GrpcCollector, --take-over on rlfleet-train, ends another "
-            "learner's session)"
-        )
+            raise ActorBusyError.held(self.config.worker_id, current.learner_id, rule)
 
     def _check_open(self) -> None:
         if self.draining or self._closed:

@@ -68,7 +68,8 @@ def test_a_cap_refusal_comes_back_as_its_class_not_as_a_busy_actor() -> None:
     refused = [
         _raised(lambda: decode_weights(too_large, max_bytes=1000)),
         _raised(lambda: decode_packet(bytes(100), PacketLimits(max_packet_bytes=10))),
-        errors.ActorBusyError("actor 0 is serving learner 'a'; a learner resumes only its own"),
+        errors.ActorBusyError.held(0, "a", "resumes only its own session"),
+        errors.ActorBusyError.held(0, "a", "resumes only its own session", where="h:1"),
         errors.ActorBusyError("actor 3 is serving 64 calls already"),
     ]
     for exc in refused:
