@@ -45,7 +45,7 @@ from learner_client._settings import (
     check_hooks,
     check_split,
     positive_timeout,
-    random_frames_left,
+    random_frames_taken,
     shutdown_limit,
 )
 from learner_client._shared_policy import GivenWeights, SharedPolicy
@@ -324,7 +324,7 @@ class GrpcCollector(TorchRLAccessors):
             )
             self._rollout = RolloutSettings(
                 max_frames_per_traj=max_frames_per_traj,
-                init_random_frames=random_frames_left(init_random_frames, replay_buffer),
+                init_random_frames=init_random_frames,
                 reset_at_each_iter=reset_at_each_iter,
                 reset_when_done=reset_when_done,
                 split_trajs=split_trajs,
@@ -675,11 +675,11 @@ class GrpcCollector(TorchRLAccessors):
 
     def _session_settings(self, *, grown: bool | None = None) -> CollectSettings:
         """What sessions open with, for the owned actors (``grown``: sync or not, they joined)."""
-        count, delivered = len(self._fleet.worker_ids), self._fleet.ledger.frames
-        frames = self._batch.frames_per_actor(count)
+        frames = self._batch.frames_per_actor(count := len(self._fleet.worker_ids))
+        taken = random_frames_taken(self.replay_buffer, self._fleet.ledger.frames)
         if grown is None:
-            return self._rollout.for_actor(frames, count)
-        return self._rollout.for_grown_fleet(frames, count, sync=grown, delivered=delivered)
+            return self._rollout.for_actor(frames, count, taken=taken)
+        return self._rollout.for_grown_fleet(frames, count, sync=grown, taken=taken)
 
     def add_collectors(self, addresses: Sequence[str]) -> list[RemoteActor]:
         """Grow the fleet, also while collecting; returns the added actors this rank owns.

@@ -276,7 +276,9 @@ class RolloutSettings:
         if self.llm is not None:
             check_no_env_settings({**vars(self), **vars(self.placement)})
 
-    def for_actor(self, frames_per_batch: int, num_actors: int) -> CollectSettings:
+    def for_actor(
+        self, frames_per_batch: int, num_actors: int, *, taken: int = 0
+    ) -> CollectSettings:
         """The settings one actor's session is opened with.
 
         Sessions get no frame budget: the learner decides when to stop.
@@ -284,11 +286,13 @@ class RolloutSettings:
         Args:
             frames_per_batch: Frames per batch from this actor.
             num_actors: Actors sharing ``init_random_frames``.
+            taken: Frames that already count against ``init_random_frames``
+                (:func:`random_frames_taken`).
 
         Returns:
             The session settings.
         """
-        random_frames = max(0, _int(self.init_random_frames))
+        random_frames = max(0, _int(self.init_random_frames) - taken)
         return CollectSettings(
             frames_per_batch=frames_per_batch,
             max_frames_per_traj=_int(self.max_frames_per_traj),
@@ -306,18 +310,21 @@ class RolloutSettings:
         )
 
     def for_grown_fleet(
-        self, frames_per_batch: int, num_actors: int, *, sync: bool, delivered: int
+        self, frames_per_batch: int, num_actors: int, *, sync: bool, taken: int
     ) -> CollectSettings:
         """The settings of the sessions opened when actors join while collecting.
 
         Sync restarts every session and drops the shares of the old split: the random
-        frames not ``delivered`` yet are split over the grown fleet (each session counts its
-        share from its restart). Async opens the joiners' sessions only, and the running
-        ones' shares already cover ``init_random_frames``: a joiner takes none.
+        frames not ``taken`` yet (:func:`random_frames_taken`) are split over the grown
+        fleet (each session counts its share from its restart). Async opens the joiners'
+        sessions only, and the running ones' shares already cover ``init_random_frames``:
+        a joiner takes none.
         """
-        left = max(0, _int(self.init_random_frames) - delivered) if sync else 0
-        grown = dataclasses.replace(self, init_random_frames=left)
-        return grown.for_actor(frames_per_batch, num_actors)
+        if not sync:
+            return dataclasses.replace(self, init_random_frames=0).for_actor(
+                frames_per_batch, num_actors
+            )
+        return self.for_actor(frames_per_batch, num_actors, taken=taken)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -608,18 +615,20 @@ def _warn_slicing_by_ends(sampler: object) -> None:
     )
 
 
-def random_frames_left(init_random_frames: Any, replay_buffer: object) -> Any:
-    """``init_random_frames`` less the frames ``replay_buffer`` was already given.
+def random_frames_taken(replay_buffer: object, frames: int) -> int:
+    """The frames that count against ``init_random_frames`` when sessions open.
 
-    TorchRL judges random frames against the buffer's writes when one is given, so a run
-    resumed with a filled buffer takes no random actions again. Anything else is returned
-    as given (the settings check it).
+    TorchRL judges random frames as it collects, against the replay buffer's writes when
+    one is given (:func:`frames_written`), else against its frame counter: a run resumed
+    past ``init_random_frames`` takes no random actions again, whether the buffer or
+    ``load_state_dict`` was loaded before or after the collector was built.
+
+    Args:
+        replay_buffer: The collector's replay buffer, or None.
+        frames: The collector's frame counter (``load_state_dict`` restores it).
     """
-    frames = as_int(init_random_frames, whole_floats=True)
-    written = frames_written(replay_buffer)
-    if frames is None or written is None or frames <= 0 or written <= 0:
-        return init_random_frames
-    return max(0, frames - written)
+    written = None if replay_buffer is None else frames_written(replay_buffer)
+    return frames if written is None else max(0, written)
 
 
 def frames_written(replay_buffer: object) -> int | None:

@@ -477,6 +477,34 @@ def test_init_random_frames_counts_what_the_replay_buffer_already_holds(
     assert int(data["logits"].eq(0).all(-1).sum()) == random_frames
 
 
+@pytest.mark.parametrize("buffered", [False, True])
+def test_init_random_frames_count_what_a_resumed_run_loads_after_building_the_collector(
+    cartpole: list[str], buffered: bool
+) -> None:
+    """A script resumes as TorchRL's examples do: it builds the collector, then loads the
+    checkpoint (``load_state_dict``, and the replay buffer's own state). TorchRL judges
+    random frames when it collects, against the frames ``load_state_dict`` restored (with
+    a buffer, against the buffer's writes): a run resumed past ``init_random_frames``
+    takes no random actions again."""
+    saved = ReplayBuffer(storage=LazyTensorStorage(512)) if buffered else None
+    with GrpcCollector(cartpole, frames_per_batch=16, total_frames=256, replay_buffer=saved) as c:
+        for _ in c:
+            pass
+        state = c.state_dict()
+    rb = ReplayBuffer(storage=LazyTensorStorage(512)) if buffered else None
+    collector = GrpcCollector(
+        cartpole, frames_per_batch=16, total_frames=384, init_random_frames=64, replay_buffer=rb
+    )
+    with collector:
+        collector.load_state_dict(state)  # 256 frames: 128 left to collect
+        if rb is not None and saved is not None:
+            rb.load_state_dict(saved.state_dict())
+        batches = [batch for batch in collector if batch is not None]
+    data = rb[saved.write_count :] if rb is not None and saved is not None else torch.cat(batches)
+    assert data.numel() == 128
+    assert int(data["logits"].eq(0).all(-1).sum()) == 0
+
+
 @pytest.mark.parametrize(("sync", "prefetch"), [(False, None), (True, 0), (True, 2)])
 def test_init_random_frames_stay_this_collectors_when_an_actor_joins(
     sync: bool, prefetch: int | None
