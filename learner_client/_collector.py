@@ -730,8 +730,8 @@ class GrpcCollector(TorchRLAccessors):
         An actor coming back (restarted) is waited for within ``call_timeout``, or it fails.
 
         Returns:
-            ``{"frames", "batches", "policy_version": {model_id: v},
-            "workers": {worker_id: uint8 tensor of the actor's safetensors state}}``
+            ``{"frames", "batches", "worker_frames"/"worker_batches": {worker_id: n},
+            "policy_version": {model_id: v}, "workers": {worker_id: uint8 tensor}}``
             — plain tensors and ints, so ``torch.save`` and weights-only loading work.
         """
         with self._open_call():

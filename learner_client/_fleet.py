@@ -32,7 +32,7 @@ from common.config import CollectSettings
 from common.errors import RlfleetError, UnknownWorkerError
 from learner_client._collect_stream import OpenStreams
 from learner_client._description import ActorDescription
-from learner_client._ledger import Ledger, check_counts
+from learner_client._ledger import Ledger, restored_counts
 from learner_client._link import ActorLink, Admit, Link, LinkState
 from learner_client._loop_thread import WAIT_MARGIN_S, LoopThread, settle
 from learner_client._mailbox import Mailbox
@@ -403,8 +403,9 @@ class Fleet:
         return seed
 
     def state_dict(self, only: Collection[int] | None = None) -> dict[str, Any]:
-        """Learner counters plus every owned actor's state blob (a uint8 tensor), by worker_id.
+        """Learner counters (per worker, and the ledger's extras) plus owned actors' state blobs.
 
+        The counters are of one instant; the blobs are uint8 tensors, by worker_id.
         ``only``: the blobs of those owned actors alone (the others are not asked).
         """
         owned = {w: link for w, link in self.owned_links().items() if only is None or w in only}
@@ -415,10 +416,13 @@ class Fleet:
             )
 
         blobs = self.loop.run(fetch(), self.conn.call_timeout + WAIT_MARGIN_S)
-        counts = self.ledger.counts()  # frames and batches of one instant
+        counts = self.ledger.counts()  # frames, batches and the extra counts of one instant
         return {
             "frames": counts.frames,
             "batches": counts.batches,
+            "worker_frames": counts.worker_frames,
+            "worker_batches": counts.worker_batches,
+            **counts.extra,
             "policy_version": self.book.versions(),
             "workers": {
                 w: torch.frombuffer(bytearray(b), dtype=torch.uint8)
@@ -438,12 +442,13 @@ class Fleet:
         """
         check_state(state_dict)
         # Everything is checked before anything is applied; the counters after the actors.
-        counts = check_counts(state_dict["frames"], state_dict["batches"])
+        counts = restored_counts(state_dict, self.ledger.extra)
         versions = check_versions(state_dict["policy_version"])
         check_models(
             versions, {m for link in self._links.values() for m in link.description.models}
         )
         workers = state_blobs(state_dict["workers"])
+        # The per-worker counts may name actors since removed: counters, restored as saved.
         unknown = sorted(set(workers) - self._owned)
         if unknown:
             others = [w for w in unknown if w in self.member_ids]
@@ -457,7 +462,7 @@ class Fleet:
             held = state_weights(workers[desc.worker_id])
             self.book.restored(desc.worker_id, desc.models, held, desc.epoch)
         self.book.restore_versions(versions)
-        self.ledger.restore(*counts)
+        self.ledger.restore(counts)
 
     def states(self) -> dict[int, str]:
         """Each owned actor's link state name, by worker_id."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from common.config import MAX_CREDITS
@@ -20,7 +21,7 @@ from common.errors import ProtocolError
 if TYPE_CHECKING:
     from prometheus_client import Histogram
 
-__all__ = ["Counts", "Ledger", "SeqTracker"]
+__all__ = ["Counts", "Ledger", "SeqTracker", "check_count", "check_counts", "restored_counts"]
 
 
 class SeqTracker:
@@ -114,6 +115,7 @@ class Counts:
     batches: int
     worker_frames: dict[int, int]
     worker_batches: dict[int, int]
+    extra: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class Ledger:
@@ -121,13 +123,17 @@ class Ledger:
 
     Args:
         lag_histogram: Observes the policy lag of every delivered batch.
+        extra: Names of further counts of the delivered batches (an LLM collection's
+            ``yielded_turns`` and ``tokens``): counted, read, withdrawn and restored with
+            the frames and batches, under the same lock.
     """
 
-    def __init__(self, lag_histogram: Histogram) -> None:
+    def __init__(self, lag_histogram: Histogram, extra: Sequence[str] = ()) -> None:
         self._lock = threading.Lock()
         self._lag_histogram = lag_histogram
         self.frames = 0
         self.batches = 0
+        self.extra = dict.fromkeys(extra, 0)
         self.worker_frames: dict[int, int] = {}
         self.worker_batches: dict[int, int] = {}
         self.reconnects: dict[int, int] = {}
@@ -147,10 +153,13 @@ class Ledger:
         self.policy_lag = 0
         self.policy_lag_max = 0
 
-    def delivered(self, frames_by_worker: dict[int, int], lag: int) -> None:
-        """Count one yielded batch and the frames each worker contributed to it."""
+    def delivered(
+        self, frames_by_worker: dict[int, int], lag: int, extra: Mapping[str, int] | None = None
+    ) -> None:
+        """Count one yielded batch, the frames each worker contributed and its ``extra`` counts."""
         with self._lock:
             self.batches += 1
+            self._add_extra(extra, 1)
             for wid, frames in frames_by_worker.items():
                 self.frames += frames
                 self.worker_frames[wid] = self.worker_frames.get(wid, 0) + frames
@@ -179,7 +188,9 @@ class Ledger:
             self.restarts[worker_id] = self.restarts.get(worker_id, 0) + 1
             self.lost_in_progress += in_progress
 
-    def withdrawn(self, frames_by_worker: dict[int, int]) -> None:
+    def withdrawn(
+        self, frames_by_worker: dict[int, int], extra: Mapping[str, int] | None = None
+    ) -> None:
         """Undo :meth:`delivered` of a batch dropped before it reached the user (discarded).
 
         A sync round kept by an interrupt and stale by the time it is taken again: the
@@ -187,11 +198,16 @@ class Ledger:
         """
         with self._lock:
             self.batches -= 1
+            self._add_extra(extra, -1)
             for wid, frames in frames_by_worker.items():
                 self.frames -= frames
                 self.worker_frames[wid] -= frames
                 self.worker_batches[wid] -= 1
                 self.discarded += 1
+
+    def _add_extra(self, extra: Mapping[str, int] | None, sign: int) -> None:
+        for name, count in (extra or {}).items():
+            self.extra[name] += sign * count
 
     def add_discarded(self, count: int) -> None:
         """Count complete batches dropped on purpose (e.g. the fleet was resized)."""
@@ -226,10 +242,14 @@ class Ledger:
             self._push["delta_fallbacks"] += fallbacks
 
     def counts(self) -> Counts:
-        """Frames and batches, in all and per worker, read under one lock (never torn)."""
+        """Frames, batches and the extra counts, in all and per worker, under one lock."""
         with self._lock:
             return Counts(
-                self.frames, self.batches, dict(self.worker_frames), dict(self.worker_batches)
+                self.frames,
+                self.batches,
+                dict(self.worker_frames),
+                dict(self.worker_batches),
+                dict(self.extra),
             )
 
     def push_stats(self) -> dict[str, int | float]:
@@ -237,11 +257,43 @@ class Ledger:
         with self._lock:
             return dict(self._push)
 
-    def restore(self, frames: int, batches: int) -> None:
-        """Set the frame and batch counters (from a state_dict)."""
+    def restore(self, counts: Counts) -> None:
+        """Set every counter :meth:`counts` reads (from a state_dict) in one step.
+
+        An extra count ``counts`` lacks starts from 0 again.
+        """
         with self._lock:
-            self.frames = frames
-            self.batches = batches
+            self.frames, self.batches = counts.frames, counts.batches
+            self.worker_frames = dict(counts.worker_frames)
+            self.worker_batches = dict(counts.worker_batches)
+            self.extra = {name: counts.extra.get(name, 0) for name in self.extra}
+
+
+def restored_counts(state_dict: Mapping[str, object], extra: Iterable[str]) -> Counts:
+    """The :class:`Counts` a state_dict holds (``frames``, ``batches``, per worker, ``extra``).
+
+    The per-worker counts and the extra counts a checkpoint lacks (one of an older
+    version, a ``GrpcCollector``'s for an LLM collector) start from 0 again.
+
+    Raises:
+        ValueError: Naming the count that is not an int in [0, 2**63) by worker_id.
+    """
+    frames, batches = check_counts(state_dict["frames"], state_dict["batches"])
+    return Counts(
+        frames,
+        batches,
+        _worker_counts("worker_frames", state_dict.get("worker_frames", {})),
+        _worker_counts("worker_batches", state_dict.get("worker_batches", {})),
+        {name: check_count(name, state_dict.get(name, 0)) for name in extra},
+    )
+
+
+def _worker_counts(name: str, counts: object) -> dict[int, int]:
+    if not isinstance(counts, Mapping) or not all(
+        isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in counts
+    ):
+        raise ValueError(f"state_dict[{name!r}] must map worker_ids to counts, got {counts!r:.60}")
+    return {w: check_count(f"{name}[{w}]", count) for w, count in counts.items()}
 
 
 def check_counts(frames: object, batches: object) -> tuple[int, int]:

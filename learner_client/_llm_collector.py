@@ -27,11 +27,8 @@ from common.llm import GenerationSettings, LLMSettings, to_torchrl
 from learner_client._collector import GrpcCollector
 from learner_client._fleet import RemoteActor
 from learner_client._given_fleet import ActorFleet
-from learner_client._ledger import check_count
-from learner_client._restore import check_state
 from learner_client._settings import positive_int, shutdown_limit
 from learner_client._torchrl_compat import NOT_OFFERED, TorchRLFixedFlags, refuse_attribute
-from learner_client._waits import interrupts_held
 
 __all__ = ["LLM_NOT_OFFERED", "GrpcLLMCollector"]
 
@@ -100,11 +97,13 @@ LLM_NOT_OFFERED: dict[str, str] = {
 
 
 class _Shaper:
-    """Per-batch work on the learner: lay out and flatten as taken; count, user postproc as given.
+    """Per-batch work on the learner: lay out and flatten as taken; rate, user postproc as given.
 
     :meth:`lay_out` runs inside the take (``Placement.layout``), so an interrupt (Ctrl-C)
     during it keeps the batch for the next take, counted once; :meth:`__call__` is the
-    inner collector's ``postproc``, run once per batch handed over.
+    inner collector's ``postproc``, run once per batch handed over. The counts a checkpoint
+    keeps (``yielded_turns``, ``tokens``) are the inner collector's ledger's, counted with
+    its frames as a batch is taken; the shaper keeps only the token rate of this run.
     """
 
     def __init__(
@@ -116,9 +115,8 @@ class _Shaper:
     ) -> None:
         self.layout, self.flatten, self.track = layout, flatten, track_policy_version
         self.postproc = postproc
-        self.tokens = self.turns = self.batches = 0
         self.started: float | None = None
-        self._tokens_before = 0  # restored with a checkpoint: not this run's rate
+        self._tokens = 0  # handed out since ``started``: the rate's
         self._lock = threading.Lock()
 
     def lay_out(self, batch: TensorDictBase) -> TensorDictBase:
@@ -136,29 +134,21 @@ class _Shaper:
         with self._lock:
             if self.started is None:
                 self.started = time.monotonic()
-            self.tokens += tokens
-            self.turns += batch.numel()
-            self.batches += 1
+            self._tokens += tokens
         return self.postproc(batch) if self.postproc is not None else batch
 
     def tokens_per_s(self) -> float:
         """Response tokens per second since the first batch (of this run, or since a restore)."""
-        with self._lock:  # one side of a restore (``stats()`` may run beside it), never a mix
-            started, tokens = self.started, self.tokens - self._tokens_before
+        with self._lock:  # one side of a restart (``stats()`` may run beside it), never a mix
+            started, tokens = self.started, self._tokens
         if started is None:
             return 0.0
         return tokens / max(time.monotonic() - started, 1e-9)
 
-    def counts(self) -> dict[str, int]:
-        """The counts a checkpoint keeps: turns handed out and their response tokens."""
+    def restart_rate(self) -> None:
+        """Count the rate from the next batch on (after a restore)."""
         with self._lock:
-            return {"yielded_turns": self.turns, "tokens": self.tokens}
-
-    def restore(self, turns: int, tokens: int) -> None:
-        """Take :meth:`counts` back (checked by the caller); the rate starts again."""
-        with self._lock:
-            self.turns, self.tokens, self._tokens_before = turns, tokens, tokens
-            self.started = None
+            self.started, self._tokens = None, 0
 
 
 class _QueueSink:
@@ -664,21 +654,22 @@ class GrpcLLMCollector(TorchRLFixedFlags):
         return self._inner.set_seed(seed, static_seed)
 
     def state_dict(self) -> dict[str, Any]:
-        """Learner counters (``yielded_turns`` and ``tokens`` too) and every actor's state."""
-        return {**self._inner.state_dict(), **self._shaper.counts()}
+        """Learner counters (``yielded_turns`` and ``tokens`` too) and every actor's state.
+
+        The counters are of one instant (``frames`` and ``yielded_turns`` count the same
+        batches), also while another thread iterates.
+        """
+        return self._inner.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (dialogs in progress restart).
 
-        A checkpoint without ``yielded_turns`` and ``tokens`` (a ``GrpcCollector``'s) counts
-        them from 0 again.
+        Every counter is restored in one step: ``stats()`` beside it reads the counts of
+        one side of the restore. A checkpoint without ``yielded_turns`` and ``tokens`` (a
+        ``GrpcCollector``'s) counts them from 0 again.
         """
-        check_state(state_dict)
-        turns = check_count("yielded_turns", state_dict.get("yielded_turns", 0))
-        tokens = check_count("tokens", state_dict.get("tokens", 0))
-        with interrupts_held():  # a Ctrl-C comes after the counts, not between
-            self._inner.load_state_dict(state_dict)
-            self._shaper.restore(turns, tokens)
+        self._inner.load_state_dict(state_dict)
+        self._shaper.restart_rate()
 
     def getattr_rb(self, attr: str) -> Any:
         """``attr`` of the replay buffer given (``write_count``, say), as TorchRL's."""
@@ -713,9 +704,8 @@ class GrpcLLMCollector(TorchRLFixedFlags):
         Plus ``GrpcCollector.stats``' counters (``workers`` and ``timeout`` as there).
         """
         out = self._inner.stats(workers, timeout=timeout)
-        out["turns"] = out.get("frames", self._shaper.turns)
-        out["yielded_turns"] = self._shaper.turns
-        out["tokens"] = self._shaper.tokens
+        # frames, yielded_turns and tokens: the ledger's counts of one instant
+        out["turns"] = out.get("frames", out["yielded_turns"])
         out["tokens_per_s"] = self._shaper.tokens_per_s()
         # Dialogs in progress on actors that died (one per chat slot; groups whole).
         out["dropped_dialogs"] = int(out.get("lost_in_progress", 0))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import tensordict
@@ -53,11 +53,13 @@ from learner_client._torchrl_compat import one_device
 from learner_client._weights import WeightBook
 
 __all__ = [
+    "LLM_COUNTS",
     "Placement",
     "Rounds",
     "WORKER_ID_KEY",
     "combine",
     "entries_apart",
+    "llm_counts",
     "name_time_dim",
     "tag_worker",
 ]
@@ -192,7 +194,7 @@ class Rounds:
             return [d.batch for d in again]
         if again is not None:
             log.info("dropped a sync batch taken before a weight push and never handed out")
-            self.ledger.withdrawn({d.worker_id: d.frames for d in again})
+            self.ledger.withdrawn({d.worker_id: d.frames for d in again}, self._extra(again))
             self.update_budget()
         take = self._take_sync if self.settings.sync else self._take_async
         deliveries = self.metrics.waited_for(take)
@@ -309,14 +311,34 @@ class Rounds:
             log.info("dropped %d sync shares collected before a weight push", dropped)
             self.ledger.add_discarded(dropped)
 
+    def _extra(self, deliveries: list[Delivery]) -> dict[str, int] | None:
+        """The ledger's extra counts of a batch: an LLM collection's (:data:`LLM_COUNTS`)."""
+        return None if self.settings.llm is None else llm_counts(d.batch for d in deliveries)
+
     def _account(self, deliveries: list[Delivery]) -> None:
         acting = self.book.versions().get(self.acting_model, 0)
         lag = max(0, acting - min(d.version_min for d in deliveries))
-        self.ledger.delivered({d.worker_id: d.frames for d in deliveries}, lag)
+        frames = {d.worker_id: d.frames for d in deliveries}
+        self.ledger.delivered(frames, lag, self._extra(deliveries))
         for delivery in deliveries:
             self.book.count_batch(delivery.worker_id)
         self.last_workers = [d.worker_id for d in deliveries]
         self.update_budget()
+
+
+#: The counts an LLM collection keeps beside frames and batches (``GrpcLLMCollector``'s
+#: ``stats()`` and ``state_dict()``): the turns taken for the user (with
+#: ``yield_only_last_steps`` the last ones only) and their response tokens.
+LLM_COUNTS = ("yielded_turns", "tokens")
+
+
+def llm_counts(batches: Iterable[TensorDictBase]) -> dict[str, int]:
+    """:data:`LLM_COUNTS` of checked padded LLM batches (the parts of one batch)."""
+    turns = tokens = 0
+    for batch in batches:
+        turns += batch.numel()
+        tokens += int(batch.get("response_len").sum())
+    return {"yielded_turns": turns, "tokens": tokens}
 
 
 # ------------------------------------------------------------- batch layout

@@ -56,6 +56,7 @@ def snapshot(
             out["total_frames"] = int(batch.total_frames or 0)
             out["completed"] = completed
     out.update(liveness(fleet))
+    out.update(counts.extra)  # an LLM collection's yielded_turns and tokens, every view
     if workers in ("per_worker", "both"):
         out.update(worker_stats(fleet, acting_model, counts))
         out.update({f"worker_{w}/missing": w in missing for w in fleet.worker_ids})

@@ -41,7 +41,7 @@ from learner_client._metrics import LearnerMetrics
 from learner_client._pushes import Pusher
 from learner_client._ray_runtime import shut_down_ray_when_unused
 from learner_client._relay import RelayRoute
-from learner_client._rounds import Rounds
+from learner_client._rounds import LLM_COUNTS, Rounds
 from learner_client._settings import BatchSettings, ConnectionSettings, WeightPushSettings
 from learner_client._shm import ShmRoute
 from learner_client._slabs import PacketSlabs
@@ -258,7 +258,7 @@ def assemble(
     push = _push_settings(push)  # checked before a thread starts
     metrics = LearnerMetrics(stats)
     loop = LoopThread()
-    ledger = Ledger(metrics.policy_lag)
+    ledger = Ledger(metrics.policy_lag, LLM_COUNTS if batch.llm is not None else ())
     shm = ShmRoute(push.shared_memory, batches=conn.shared_memory_batches)
     book = WeightBook(push.checksum, segments=shm)  # blobs for local actors: in segments
     streams = OpenStreams(loop)

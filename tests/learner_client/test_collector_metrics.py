@@ -107,8 +107,12 @@ def test_learner_counters_never_go_backwards_when_a_kept_batch_is_dropped(
         port = serve_metrics(collector, 0).port
         withdrawn = _ledger.Ledger.withdrawn
 
-        def scraped_after(ledger: _ledger.Ledger, frames_by_worker: dict[int, int]) -> None:
-            withdrawn(ledger, frames_by_worker)
+        def scraped_after(
+            ledger: _ledger.Ledger,
+            frames_by_worker: dict[int, int],
+            extra: dict[str, int] | None = None,
+        ) -> None:
+            withdrawn(ledger, frames_by_worker, extra)
             scrapes.append(scrape(port)[1])  # before the next batch is counted
 
         monkeypatch.setattr(_ledger.Ledger, "withdrawn", scraped_after)

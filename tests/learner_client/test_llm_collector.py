@@ -678,11 +678,10 @@ def test_the_token_rate_after_a_restore_counts_this_runs_tokens_from_its_first_b
     batch = TensorDict({"response_len": torch.tensor([4, 6])}, batch_size=[2])
     shaper(shaper.lay_out(batch))
     now[0] = 100.0
-    shaper.restore(2, 10**6)  # a checkpoint's tokens are not this run's
+    shaper.restart_rate()  # a restore: the checkpoint's tokens are not this run's
     shaper(shaper.lay_out(batch))  # the rate starts at this batch
     now[0] = 101.0
     assert shaper.tokens_per_s() == pytest.approx(10.0)
-    assert shaper.counts() == {"yielded_turns": 4, "tokens": 10**6 + 10}
 
 
 def test_the_token_rate_read_while_a_restore_lands_is_a_rate(
@@ -714,7 +713,7 @@ def test_the_token_rate_read_while_a_restore_lands_is_a_rate(
     reader = threading.Thread(target=read, name="stats-reader")
     reader.start()
     assert reading.wait(10)
-    shaper.restore(2, 10**6)  # the restore lands while the reader computes its rate
+    shaper.restart_rate()  # the restore lands while the reader computes its rate
     restored.set()
     reader.join(10)
     assert not reader.is_alive()
@@ -764,3 +763,79 @@ def test_a_drop_oldest_queue_lacking_put_nowait_is_refused_at_construction() -> 
         )
     with pytest.raises(TypeError, match=r"queue must have put\(\) for queue_overflow='block'"):
         GrpcLLMCollector(["127.0.0.1:9"], dialog_turns_per_batch=2, queue=object())
+
+
+_COUNTS = ("turns", "yielded_turns", "tokens")
+
+
+def test_state_dict_taken_while_a_batch_is_handed_out_agrees_with_itself(llm_fleet) -> None:
+    """A checkpoint from another thread may fall between the take of a batch and its hand-out
+    (its layout): its ``frames`` and ``yielded_turns`` still count the same batches."""
+    with _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync=True) as collector:
+        collector.next()
+        inner = collector._inner
+        lay_out = inner._placement.layout
+        seen: list[dict] = []
+
+        def observed(batch):  # the instant a checkpointing thread may meet
+            seen.append(collector.state_dict())
+            return lay_out(batch)
+
+        inner._placement.layout = observed
+        collector.next()
+        assert len(seen) == 1
+        assert seen[0]["frames"] == seen[0]["yielded_turns"] == 4 * SLOTS
+        assert seen[0]["batches"] == 2
+
+
+def test_stats_read_while_a_restore_lands_are_of_one_checkpoint(llm_fleet) -> None:
+    """``stats()`` from a monitoring thread while ``load_state_dict`` restores: the turns,
+    yielded turns and tokens it reads are those of one side of the restore, never a mix."""
+    with _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync=True) as collector:
+        collector.next()
+        saved = collector.state_dict()
+        at_save = {k: collector.stats()[k] for k in _COUNTS}
+        collector.next()
+        before = {k: collector.stats()[k] for k in _COUNTS}
+        inner = collector._inner
+        update_budget = inner._rounds.update_budget
+        seen: list[dict] = []
+
+        def observed() -> None:  # inside the restore: the instant a reading thread may meet
+            seen.append({k: collector.stats()[k] for k in _COUNTS})
+            update_budget()
+
+        inner._rounds.update_budget = observed
+        collector.load_state_dict(saved)
+        assert seen
+        assert all(s in (at_save, before) for s in seen), (seen, at_save, before)
+        assert {k: collector.stats()[k] for k in _COUNTS} == at_save
+
+
+def _worker_counts(stats: dict) -> tuple[int, int]:
+    frames = sum(v for k, v in stats.items() if k.startswith("worker_") and k.endswith("/frames"))
+    batches = sum(v for k, v in stats.items() if k.endswith("/batches"))
+    return frames, batches
+
+
+def test_load_state_dict_restores_the_per_worker_counts_with_the_totals(llm_fleet) -> None:
+    """A restore gives back each worker's frames and batches with the totals, as TorchRL's
+    multi-worker collectors restore each worker's frames: into the same collector after
+    more batches and into a new one, ``worker_frames`` never passes ``frames``."""
+    with _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync=True) as collector:
+        collector.next()
+        saved = collector.state_dict()
+        at_save = collector.stats("both")
+        collector.next()
+        collector.load_state_dict(saved)
+        restored = collector.stats("both")
+        assert restored["worker_frames"] == restored["frames"] == at_save["frames"]
+        assert _worker_counts(restored) == _worker_counts(at_save) == (2 * SLOTS, 2)
+    with _collector(llm_fleet, dialog_turns_per_batch=2 * SLOTS, sync=True) as fresh:
+        fresh.load_state_dict(saved)
+        fresh.next()
+        stats = fresh.stats("both")
+        assert stats["worker_frames"] == stats["frames"] == 4 * SLOTS
+        assert _worker_counts(stats) == (4 * SLOTS, 4)
+        with pytest.raises(ValueError, match="worker_frames"):
+            fresh.load_state_dict({**saved, "worker_frames": {0: -1}})
