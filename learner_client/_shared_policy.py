@@ -260,7 +260,7 @@ class WeightsMark:
     def of(cls, source: object) -> WeightsMark | None:
         """The mark of a module, TensorDict or mapping of tensors; None for other forms."""
         tensors, checked = _tensors(source)
-        if tensors is None or not _followable(tensors):
+        if tensors is None:
             return None
         return cls(_counters(tensors), [t.detach().clone() for t in checked])
 
@@ -269,7 +269,6 @@ class WeightsMark:
         tensors, checked = _tensors(source)
         if (
             tensors is None
-            or not _followable(tensors)
             or _counters(tensors) != self._counters
             or len(checked) != len(self._small)
         ):
@@ -279,25 +278,39 @@ class WeightsMark:
 
 
 def _tensors(source: object) -> tuple[list[torch.Tensor] | None, list[torch.Tensor]]:
-    """Every tensor of ``source`` and those compared by value; (None, []) if not weights."""
+    """Every tensor of ``source`` and those compared by value; (None, []) if not weights.
+
+    Also (None, []) when a tensor is not :func:`_readable`.
+    """
     if isinstance(source, nn.Module):
         buffers = list(source.buffers())
-        small = [b for b in buffers if b.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS]
-        return [*source.parameters(), *buffers], small
-    if isinstance(source, TensorDictBase):
-        tensors = list(source.values(include_nested=True, leaves_only=True))
+        tensors = [*source.parameters(), *buffers]
+    elif isinstance(source, TensorDictBase):
+        tensors = buffers = list(source.values(include_nested=True, leaves_only=True))
     elif isinstance(source, Mapping):
-        tensors = list(source.values())
+        tensors = buffers = list(source.values())
     else:
         return None, []
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
+    if not all(_readable(t) for t in tensors):
         return None, []
-    return tensors, [t for t in tensors if t.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS]
+    return tensors, [t for t in buffers if t.numel() <= VALUE_CHECKED_BUFFER_ELEMENTS]
 
 
-def _followable(tensors: list[torch.Tensor]) -> bool:
-    """Whether every tensor has memory to follow (a lazy module's parameters have none)."""
-    return not any(nn.parameter.is_lazy(t) for t in tensors)
+def _readable(value: object) -> bool:
+    """Whether ``value`` is a tensor whose memory may be read: followed, copied from.
+
+    A lazy module's parameter (in a module, or ``TensorDict.from_module(lazy)``), a sparse
+    tensor or one on the meta device is not: reading its size, data pointer or values
+    raises torch's own error. Weights holding one are never followed nor copied into the
+    module (half of them, before the error); their push's encoding refuses them, naming
+    the key and the fix.
+    """
+    return (
+        isinstance(value, torch.Tensor)
+        and not nn.parameter.is_lazy(value)
+        and value.layout == torch.strided
+        and value.device.type != "meta"
+    )
 
 
 def _by_state_name(weights: object) -> dict[str, torch.Tensor] | None:
@@ -308,8 +321,6 @@ def _by_state_name(weights: object) -> dict[str, torch.Tensor] | None:
         named = dict(weights)
     else:
         return None
-    if not named or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in named.items()
-    ):
-        return None
+    if not named or not all(isinstance(k, str) and _readable(v) for k, v in named.items()):
+        return None  # sent as given: its encoding names what is wrong (a lazy parameter...)
     return named

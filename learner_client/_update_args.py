@@ -124,7 +124,8 @@ def normalize_update_args(
     Raises:
         ValueError: More than one of ``policy_or_weights``/``weights``/``policy``;
             ``weights_dict`` with ``model_id`` or with any of those three; an empty
-            ``weights_dict`` or ``worker_ids``; an empty ``model_id``; ``delta`` with
+            ``weights_dict`` or ``worker_ids``; an empty ``model_id``; weights without a
+            tensor (an empty TensorDict or mapping) outside a ``part``; ``delta`` with
             per-worker weights (``delta`` combines with ``options``); a ``version``
             outside ``[1, 2**63 - 1]``; a ``part`` out of range, without ``version``,
             without weights, with per-worker weights or with ``only_trainable``.
@@ -152,7 +153,40 @@ def normalize_update_args(
     if delta and request.per_worker is not None:
         raise ValueError("delta pushes send one set of weights; per-worker weights go in full")
     checked = _check_version(version)
-    return _with_part(dataclasses.replace(request, delta=delta, version=checked), part)
+    request = _with_part(dataclasses.replace(request, delta=delta, version=checked), part)
+    if request.part is None:  # a rank's part may hold no key: the others hold them all
+        _check_not_empty(request)
+    return request
+
+
+def _check_not_empty(request: WeightRequest) -> None:
+    """Refuse a whole push of weights that hold no tensor: it would change nothing.
+
+    Sent, it would install a new version whose weights are the old ones (the actors
+    apply an empty subset), so versions would move although no weight did.
+
+    Raises:
+        ValueError: A TensorDict or mapping without a tensor leaf, naming whose it is.
+    """
+    named = {f"model_id {mid!r}": src for mid, src in request.sources.items()}
+    named |= {f"worker_id {wid}": src for wid, src in (request.per_worker or {}).items()}
+    for whose, source in named.items():
+        if source is not None and not _holds_tensor(source):
+            raise ValueError(
+                f"the weights given for {whose} hold no tensor (an empty TensorDict or "
+                f"mapping): nothing would change, so nothing was sent and the version "
+                f"stays; pass the model's weights (a module, TensorDict.from_module(policy) "
+                f"or its state_dict()), or no weights to send the last ones again"
+            )
+
+
+def _holds_tensor(source: WeightSource) -> bool:
+    """Whether ``source`` has a leaf (a module always does: the actor checks its keys)."""
+    if isinstance(source, nn.Module):
+        return True
+    if isinstance(source, TensorDictBase):
+        return not source.is_empty()
+    return any(not isinstance(value, Mapping) or _holds_tensor(value) for value in source.values())
 
 
 def _check_version(version: object) -> int | None:
@@ -237,14 +271,14 @@ def _models(weights_dict: object) -> dict[str, WeightSource | None]:
 def _is_per_worker(source: object) -> bool:
     """Whether ``source`` is TorchRL's ``{worker_index: weights}`` (int keys), not a state dict.
 
+    An empty mapping is no per-worker form: it is weights without a tensor
+    (:func:`_check_not_empty` refuses a push of them).
+
     Raises:
-        ValueError: An empty mapping (neither form holds anything).
         TypeError: A mapping mixing worker ids and parameter names.
     """
     if not isinstance(source, Mapping) or isinstance(source, TensorDictBase):
         return False
-    if not source:
-        raise ValueError("the weights mapping is empty: pass a state dict or {worker_id: weights}")
     worker_keys = [k for k in source if as_int(k) is not None]  # numpy's, a tensor's too
     if not worker_keys:
         return False

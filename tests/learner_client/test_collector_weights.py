@@ -13,6 +13,8 @@ import safetensors.torch
 import torch
 from helpers import poll_until, start_actor
 from learner_fleet import cartpole_policy, start_actors
+from tensordict import TensorDict
+from torch import nn
 
 from actor_service._kinds.env.pool import derive_seed
 from common.config import ExplorationType
@@ -232,6 +234,71 @@ def test_an_explicit_version_the_actors_hold_already_is_refused_before_sending(f
         assert collector.update_policy_weights_(cartpole_policy(), version=version + 1) == {
             0: version + 1
         }
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [TensorDict(), TensorDict({"module": TensorDict()}, batch_size=[]), {"module": {}}],
+    ids=["TensorDict()", "nested TensorDict", "nested dict"],
+)
+def test_update_policy_weights_raises_if_the_weights_hold_no_tensor(fleet, empty):
+    """Weights without a tensor change nothing: they were sent, the actors applied the empty
+    subset and a new version was installed over the same weights. Now refused before
+    anything is sent, in every form, and no version moves (on the learner or the actors)."""
+    with GrpcCollector(addresses(fleet, 0, 2), frames_per_batch=8, sync=True) as collector:
+        collector.update_policy_weights_(cartpole_policy())
+        before = collector.policy_versions
+        sent = collector.stats()["push_bytes"]
+        for call, whose in [
+            (dict(policy_or_weights=empty), "model_id 'policy'"),
+            (dict(weights=empty, delta=True), "model_id 'policy'"),
+            (dict(weights_dict={"policy": empty}), "model_id 'policy'"),
+            (dict(policy_or_weights={0: empty}), "worker_id 0"),
+        ]:
+            with pytest.raises(ValueError, match=f"given for {whose} hold no tensor"):
+                collector.update_policy_weights_(**call)
+        assert collector.policy_versions == before
+        assert collector.stats()["push_bytes"] == sent
+        batch = collector.next()
+        assert batch["policy_version"].unique().tolist() == [before["policy"]]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["weights", "policy="])
+def test_update_policy_weights_raises_naming_the_fix_if_a_weight_has_no_values(fleet, shared):
+    """Weights of a lazy module not yet run (TorchRL's ``MLP`` builds ``LazyLinear``s), sparse
+    or meta tensors: torch's own errors came out of the learner's change tracking ("Attempted
+    to use an uninitialized parameter in numel", "Cannot access data pointer"), and with
+    ``policy=`` out of the copy into the module ("Cannot copy out of meta tensor"), which
+    had copied the keys before the meta one: the module, half updated, was pushed next."""
+    lazy = nn.Sequential(nn.LazyLinear(2), nn.LazyBatchNorm1d())
+    policy = cartpole_policy()
+    before = {name: t.clone() for name, t in policy.state_dict().items()}
+    half_meta = {name: torch.zeros_like(t) for name, t in before.items()}
+    last = list(before)[-1]
+    half_meta[last] = torch.zeros(before[last].shape, device="meta")
+    calls = [
+        lazy,
+        TensorDict.from_module(lazy),
+        lazy.state_dict(),
+        {name: nn.UninitializedParameter() for name in before},
+        {name: t.to_sparse() for name, t in before.items()},
+        half_meta,
+    ]
+    with GrpcCollector(
+        addresses(fleet, 0), policy=policy if shared else None, frames_per_batch=4, sync=True
+    ) as collector:
+        collector.update_policy_weights_(policy)
+        versions = collector.policy_versions
+        for weights in calls:
+            with pytest.raises(
+                TypeError, match=r"uninitialised parameter: run|only dense|meta device and has no"
+            ):
+                collector.update_policy_weights_(weights)
+        assert collector.policy_versions == versions
+        for name, tensor in policy.state_dict().items():
+            assert torch.equal(tensor, before[name]), name
+        batch = collector.next()
+    assert batch["policy_version"].unique().tolist() == [versions["policy"]]
 
 
 def test_weights_every_target_refuses_are_not_the_last_weights_given(fleet):

@@ -341,6 +341,19 @@ def test_normalize_update_args_raises_if_version_or_part_is_bad(kwargs, error, m
         normalize_update_args({"w": torch.ones(1)}, **kwargs)
 
 
+def test_normalize_update_args_takes_a_part_without_a_tensor_and_nothing_else_empty():
+    """A rank may hold no key of the model (more ranks than keys): its part is empty, and
+    the actor still counts it. A whole push of no tensor would change nothing: refused."""
+    for empty in ({}, TensorDict(), {"layer": {}}, {"layer": TensorDict()}):
+        assert normalize_update_args(empty, version=3, part=(1, 2)).part == Part(1, 2)
+        with pytest.raises(ValueError, match="given for model_id 'policy' hold no tensor"):
+            normalize_update_args(empty)
+    with pytest.raises(ValueError, match="given for model_id 'critic' hold no tensor"):
+        normalize_update_args(weights_dict={"policy": None, "critic": TensorDict()})
+    with pytest.raises(ValueError, match="given for worker_id 1 hold no tensor"):
+        normalize_update_args({0: {"w": torch.zeros(1)}, 1: TensorDict()})
+
+
 def test_normalize_update_args_raises_if_a_part_lacks_its_weights():
     with pytest.raises(ValueError, match="this rank's weights"):
         normalize_update_args(version=3, part=(0, 2))  # "the last weights given"
