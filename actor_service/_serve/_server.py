@@ -275,6 +275,9 @@ class ServerThread:
     def __init__(self, server: ActorServer, timeout: float = 60.0) -> None:
         self.server = server
         self._loop = asyncio.new_event_loop()
+        # Held by the stop under way: a second stop (another thread's, __exit__'s) waits for it
+        # instead of stopping the loop under it (the server was left serving, its envs open).
+        self._stop_lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._loop.run_forever,
             daemon=True,
@@ -292,15 +295,19 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def stop(self, grace: float = 1.0) -> None:
-        """Stop the server (drain within ``grace``) and its loop; idempotent."""
-        if not self._thread.is_alive():
-            return
-        with contextlib.suppress(Exception):
-            self.call(self.server.stop(grace), timeout=grace + 30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self._loop.close()
+        """Stop the server (drain within ``grace``) and its loop; idempotent, from any thread.
+
+        A call while another thread's stop is under way returns once that stop ended.
+        """
+        with self._stop_lock:
+            if not self._thread.is_alive():
+                return
+            with contextlib.suppress(Exception):
+                self.call(self.server.stop(grace), timeout=grace + 30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __enter__(self) -> ServerThread:
         return self
@@ -334,7 +341,17 @@ def serve(config: ActorConfig) -> int:
 
     Returns:
         0 after a graceful stop, 1 if the actor failed to start.
+
+    Raises:
+        RuntimeError: Called off the main thread, which alone may handle signals
+            (``create_server(config).run_in_thread()`` serves from any thread).
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "serve() stops on SIGTERM/SIGINT, and only the main thread may handle signals: "
+            "call it from the main thread, or serve from this one with "
+            "create_server(config).run_in_thread() (stop it with .stop())"
+        )
     import torch
 
     torch.set_num_threads(config.torch_threads)

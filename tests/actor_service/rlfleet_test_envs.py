@@ -137,6 +137,11 @@ def crashing_pendulum(steps: int = 0) -> gymnasium.Env:
     return _CrashAfter(gymnasium.make("Pendulum-v1"), steps)
 
 
+def vector_cartpole(num_envs: int = 2) -> Any:
+    """CartPole already vectorized: a factory that returns a pool, not one env."""
+    return gymnasium.make_vec("CartPole-v1", num_envs=num_envs)
+
+
 def text_env(role: str = "observation") -> gymnasium.Env:
     """An env with a Text observation (or, ``role="action"``, action) space, which actors
     do not support."""

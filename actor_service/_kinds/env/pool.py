@@ -29,6 +29,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
+from actor_service._kinds.env.check import one_env
 from actor_service._kinds.env.spaces import check_space
 from common.errors import EnvError, exception_text
 from common.import_paths import load_callable
@@ -65,10 +66,12 @@ StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any
 def env_fn(config: ActorConfig) -> Callable[[], gymnasium.Env]:
     """What makes one env of the pool: the factory or ``gymnasium.make``, with ``env_kwargs``."""
     # A partial of the user's own callable pickles by reference, and a spawned worker
-    # then imports only that callable's module (not ours, which would pull in torch).
+    # then imports only that callable's module and the check's (not the pool's, which
+    # would pull in torch).
     if config.env_factory:
         factory = load_callable(config.env_factory)
-        return functools.partial(factory, **from_plain(config.env_kwargs))
+        kwargs = from_plain(config.env_kwargs)
+        return functools.partial(one_env, factory, env_name(config.env_pool), **kwargs)
     return functools.partial(gymnasium.make, config.env, **from_plain(config.env_kwargs))
 
 

@@ -527,3 +527,52 @@ def test_an_actors_own_deadline_is_not_told_as_the_learners(
         raise RawCollect(actor.stub).error(timeout=10)
     assert "no message for" in str(idle.value)
     assert "deadline of 30 s" not in str(idle.value)
+
+
+def test_server_thread_stopped_from_two_threads_at_once_stops_within_its_grace() -> None:
+    """A second ``stop()`` while another thread's is under way (a signal handler beside a
+    ``with`` block's exit) stopped the loop under the first: the first waited 30 s past its
+    grace, the second raised "Event loop is closed", and the actor was left serving."""
+    config = ActorConfig(host="127.0.0.1", port=0, num_envs=2, worker_id=4711)
+    handle = create_server(config).run_in_thread()
+    failures: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            handle.stop(1.0)
+        except BaseException as exc:
+            failures.append(exc)
+
+    stoppers = [threading.Thread(target=stop) for _ in range(2)]
+    began = time.monotonic()
+    for stopper in stoppers:
+        stopper.start()
+    for stopper in stoppers:
+        stopper.join(60)
+    assert failures == []
+    assert time.monotonic() - began < 5.0
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("rlfleet-collect-4711")]
+    with socket.socket() as listener:  # the port is free: the server stopped
+        listener.bind(("127.0.0.1", handle.port))
+
+
+def test_serve_raises_if_called_off_the_main_thread_naming_run_in_thread() -> None:
+    """``serve`` stops on SIGTERM/SIGINT, whose handlers only the main thread may install: from
+    another thread it failed on asyncio's "set_wakeup_fd only works in main thread"."""
+    config = ActorConfig(
+        host="127.0.0.1", port=0, num_envs=1, torch_threads=torch.get_num_threads()
+    )
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve(config)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert len(failures) == 1
+    assert isinstance(failures[0], RuntimeError)
+    assert "create_server(config).run_in_thread()" in str(failures[0])

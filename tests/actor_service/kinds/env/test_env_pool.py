@@ -376,6 +376,20 @@ def test_the_check_names_kind_torchrl_for_a_torchrl_env_class_of_the_users_own()
         check(config)
 
 
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_make_env_pool_raises_if_the_factory_returns_a_vector_env(backend: str) -> None:
+    """A factory returning ``gymnasium.make_vec(...)`` made a pool of pools: an in-process
+    server came up SERVING and every batch failed on numpy's words ("setting an array element
+    with a sequence"), or the mlp policy refused a MultiDiscrete, never naming the factory."""
+    settings = EnvPoolSettings(env_factory="rlfleet_test_envs:vector_cartpole", env_backend=backend)
+    config = ActorConfig(num_envs=2, env_pool=settings)
+    fix = r"returned a CartPoleVectorEnv, a vector env of 2 envs: it must return one env.*num_envs"
+    with pytest.raises(ValueError, match=fix):
+        make_env_pool(config)
+    with pytest.raises(ValueError, match=fix):  # the command line's check says the same
+        check(config)
+
+
 def test_an_unsupported_action_space_is_not_told_to_flatten_observations() -> None:
     space = gymnasium.spaces.Dict({"a": gymnasium.spaces.Box(0, 1, (2,))})
     with pytest.raises(
