@@ -244,6 +244,24 @@ def close_raising_crashing_cartpole(steps: int = 0) -> gymnasium.Env:
     return _CloseRaises(gymnasium.make("CartPole-v1"), steps)
 
 
+class _CloseHangs(gymnasium.Wrapper):
+    def __init__(self, env: gymnasium.Env, where: str, seconds: float) -> None:
+        super().__init__(env)
+        self._where, self._seconds = where, seconds
+
+    def close(self) -> None:
+        here = "worker" if multiprocessing.parent_process() is not None else "actor"
+        if self._where in (here, "both"):
+            time.sleep(self._seconds)
+        super().close()
+
+
+def close_hanging_cartpole(where: str = "both", seconds: float = 3600.0) -> gymnasium.Env:
+    """CartPole whose ``close`` sleeps ``seconds`` first: in an env worker (``"worker"``), in
+    the process that built the pool (``"actor"``), or in both."""
+    return _CloseHangs(gymnasium.make("CartPole-v1"), where, seconds)
+
+
 _UNBUILDABLE = {"crashed": False}
 
 

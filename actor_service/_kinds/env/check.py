@@ -6,7 +6,7 @@ that rule, and the env pool builds its envs through it, so ``create_server`` ref
 A gymnasium actor's custom policies are built on one env's spaces, which must not read
 more than a gymnasium step holds: a TensorDict policy that needs ``is_init``, recurrent
 states or keys other than ``observation`` belongs on ``--kind torchrl``. The env is
-built once here, then closed.
+built once here, then closed (a ``close()`` that hangs or raises is logged and left).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def check(config: ActorConfig) -> None:
     if not custom and not config.env_factory:
         return  # gymnasium.make's env, and built-ins that read observations only
     from actor_service._core._settings import env_name
-    from actor_service._kinds.env.pool import env_fn
+    from actor_service._kinds.env.pool import close_throwaway, env_fn
 
     try:
         env = env_fn(config)()
@@ -49,7 +49,7 @@ def check(config: ActorConfig) -> None:
     try:
         spaces = env.observation_space, env.action_space
     finally:
-        env.close()
+        close_throwaway(env, env_name(config.env_pool))
     _check_policies(custom, spaces)
 
 

@@ -8,17 +8,22 @@ observation and puts the final one in ``info["final_obs"]``. :func:`step_pool` a
 crashed env into an :class:`~common.errors.EnvError` (naming the env's exception, or a
 ``TimeoutError`` for a hung env) instead of a hang; :func:`close_pool`
 reaps the subprocesses even when an env hangs, and closes every env even when one's
-``close()`` raises. An async worker's exception reaches the caller as the env raised it
-(:class:`_AsyncPool`). :func:`derive_seed` chains per-env
-seeds exactly as TorchRL does.
+``close()`` raises. An env's ``close()`` gets ``_REAP_TIMEOUT`` seconds and never fails
+the pool: an async worker's env is then terminated with its worker, and the env gymnasium
+builds in the actor's process to read the spaces is left to its ``close()`` (logged). An
+async worker's exception reaches the caller as the env raised it (:class:`_AsyncPool`).
+:func:`derive_seed` chains per-env seeds exactly as TorchRL does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import multiprocessing
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -37,6 +42,7 @@ from common.plain_config import from_plain
 
 __all__ = [
     "close_pool",
+    "close_throwaway",
     "derive_seed",
     "env_fn",
     "kill_pool",
@@ -103,6 +109,7 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
                 env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP
             )
         else:
+            env_fns[0] = _BuiltHereFirst(env_fns[0], env_name(config.env_pool))
             pool = _AsyncPool(
                 env_fns, copy=False, context="spawn", autoreset_mode=AutoresetMode.SAME_STEP
             )
@@ -118,6 +125,67 @@ def make_env_pool(config: ActorConfig) -> VectorEnv:
         close_pool(pool)
         raise
     return pool
+
+
+class _BuiltHereFirst:
+    """The first env's factory: in the actor's process, the throwaway env gymnasium reads.
+
+    ``AsyncVectorEnv`` builds one env in the actor's process to read its spaces and
+    closes it before it starts the workers: an env whose ``close()`` hung kept the pool
+    from being built (the actor never served, and said nothing), and one whose ``close()``
+    raised failed it. Called, this builds the env and hands gymnasium a stand-in with its
+    spaces, closing the env itself within ``_REAP_TIMEOUT``; sent to a worker, it is the
+    factory itself (it pickles as a copy of it, so the worker imports none of rlfleet).
+    """
+
+    def __init__(self, factory: Callable[[], gymnasium.Env], env: str) -> None:
+        self.factory, self.env = factory, env
+
+    def __call__(self) -> gymnasium.Env:
+        built = self.factory()
+        stand_in = _SpacesOf(built)
+        close_throwaway(built, self.env)
+        return stand_in
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (copy.copy, (self.factory,))
+
+
+class _SpacesOf(gymnasium.Env):
+    """What gymnasium reads of its throwaway env; closing it closes nothing."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        self.metadata = env.metadata
+        self.render_mode = env.render_mode
+        self.observation_space = env.observation_space
+        self.action_space = env.action_space
+
+
+def close_throwaway(env: gymnasium.Env, name: str) -> None:
+    """Close an env built in the actor's process only to be read; never hangs nor raises.
+
+    ``env.close()`` runs on a daemon thread for at most ``_REAP_TIMEOUT`` seconds; a close
+    that raises or takes longer is logged, naming the env ``name`` and the fix, and left.
+    """
+    failure: list[str] = []
+
+    def close() -> None:
+        try:
+            env.close()
+        except Exception as exc:  # the user's env: its close, whatever it raises
+            failure.append(f"{type(exc).__name__}: {exception_text(exc)}")
+
+    closing = threading.Thread(target=close, name="rlfleet-env-close", daemon=True)
+    closing.start()
+    closing.join(_REAP_TIMEOUT)
+    if closing.is_alive() or failure:
+        what = f"raised {failure[0]}" if failure else f"took over {_REAP_TIMEOUT} s"
+        log.warning(
+            "env %r: close() of an env built in the actor's process only to read its spaces "
+            "%s; it is left unclosed and the actor goes on (make close() return)",
+            name,
+            what,
+        )
 
 
 class _AsyncPool(AsyncVectorEnv):
@@ -144,6 +212,24 @@ class _AsyncPool(AsyncVectorEnv):
             error = value if isinstance(value, BaseException) else exctype(value)
         self._state = AsyncState.DEFAULT
         raise error if error is not None else RuntimeError("an env worker failed")
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close as gymnasium does, each worker given ``_REAP_TIMEOUT`` to close its env.
+
+        A worker answers ``close`` before it closes its env, and gymnasium then joins it
+        without a bound: an env whose ``close()`` hangs hung the pool's close. Here a
+        worker still closing its env then is terminated (killed if it ignores SIGTERM).
+        """
+        if not terminate and self._state == AsyncState.DEFAULT:
+            for pipe in self.parent_pipes:
+                if pipe is not None and not pipe.closed:
+                    with contextlib.suppress(OSError):  # a worker that is gone already
+                        pipe.send(("close", None))
+            deadline = time.monotonic() + _REAP_TIMEOUT
+            for process in self.processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+        _terminate(self.processes)
+        super().close_extras(timeout, terminate=True)
 
 
 def step_pool(

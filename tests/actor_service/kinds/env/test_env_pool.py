@@ -320,6 +320,65 @@ def test_close_pool_kills_a_hung_worker_that_ignores_sigterm(
     assert all(process_gone(pid) for pid in pids)
 
 
+def test_close_pool_terminates_a_worker_whose_envs_close_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "_REAP_TIMEOUT", 0.2)
+    pool, pids = _two_async_envs("rlfleet_test_envs:close_hanging_cartpole", where="worker")
+    closing = threading.Thread(target=close_pool, args=(pool,), daemon=True)
+    try:
+        reset_pool(pool, 30.0)
+        closing.start()
+        closing.join(10.0)
+        assert not closing.is_alive(), "close_pool waited for a close() that never returns"
+    finally:
+        kill_pool(pool)  # a close that hung returns once its workers are gone
+    assert all(process_gone(pid) for pid in pids)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(
+    ("factory", "env_kwargs", "logged"),
+    [
+        ("close_hanging_cartpole", {"where": "actor", "seconds": 60.0}, "took over 0.2 s"),
+        ("close_raising_crashing_cartpole", {}, "raised RuntimeError: the simulator would not"),
+    ],
+)
+def test_make_env_pool_builds_an_async_pool_if_the_envs_close_hangs_or_raises(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    factory: str,
+    env_kwargs: dict[str, Any],
+    logged: str,
+) -> None:
+    """gymnasium builds and closes one env in the actor's process to read the spaces: a
+    close() that hangs there hung the build (the actor never served), one that raises
+    failed it; both are logged, naming the env and the fix, and the pool is built."""
+    monkeypatch.setattr(pool_module, "_REAP_TIMEOUT", 0.2)
+    settings = EnvPoolSettings(
+        env_backend="async", env_factory=f"rlfleet_test_envs:{factory}", env_kwargs=env_kwargs
+    )
+    built: list[Any] = []
+
+    def build() -> None:
+        try:
+            built.append(make_env_pool(ActorConfig(num_envs=1, env_pool=settings)))
+        except ValueError as exc:
+            built.append(exc)
+
+    building = threading.Thread(target=build, daemon=True)
+    building.start()
+    building.join(45.0)
+    assert not building.is_alive(), "the pool was not built"
+    assert isinstance(built[0], AsyncVectorEnv), built[0]
+    pids = [p.pid for p in built[0].processes]
+    close_pool(built[0], force=True)
+    assert all(process_gone(pid) for pid in pids)
+    assert f"env 'rlfleet_test_envs:{factory}'" in caplog.text
+    assert logged in caplog.text
+    assert "make close() return" in caplog.text
+
+
 def test_kill_pool_kills_an_async_pools_workers_and_counts_the_live_ones() -> None:
     pool, pids = _two_async_envs()
     try:
@@ -388,6 +447,22 @@ def test_make_env_pool_raises_if_the_factory_returns_a_vector_env(backend: str) 
         make_env_pool(config)
     with pytest.raises(ValueError, match=fix):  # the command line's check says the same
         check(config)
+
+
+def test_the_check_goes_on_naming_the_env_if_its_close_hangs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The check before the port is bound builds and closes one env in the actor's
+    process: a close() that hung there kept the actor from ever binding, saying nothing."""
+    monkeypatch.setattr(pool_module, "_REAP_TIMEOUT", 0.2)
+    factory = "rlfleet_test_envs:close_hanging_cartpole"
+    settings = EnvPoolSettings(env_factory=factory, env_kwargs={"where": "actor", "seconds": 30.0})
+    checking = threading.Thread(target=check, args=(ActorConfig(env_pool=settings),), daemon=True)
+    checking.start()
+    checking.join(20.0)
+    assert not checking.is_alive(), "the check waited for a close() that does not return"
+    assert f"env {factory!r}: close() of an env built in the actor's process" in caplog.text
+    assert "make close() return" in caplog.text
 
 
 def test_an_unsupported_action_space_is_not_told_to_flatten_observations() -> None:
