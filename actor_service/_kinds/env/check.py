@@ -1,8 +1,9 @@
 """What ``rlfleet-actor --kind env`` checks before it binds a port.
 
 An env id must be registered with gymnasium; an env factory must return one gymnasium env
-(a TorchRL env names ``--kind torchrl``, a vector env ``num_envs``): :func:`one_env` holds
-that rule, and the env pool builds its envs through it, so ``create_server`` refuses the same.
+(a TorchRL env names ``--kind torchrl``, a vector env ``num_envs``):
+:func:`~actor_service._kinds.env.factory.one_env` holds that rule, and the env pool builds its
+envs through it, so ``create_server`` refuses the same.
 A gymnasium actor's custom policies are built on one env's spaces, which must not read
 more than a gymnasium step holds: a TensorDict policy that needs ``is_init``, recurrent
 states or keys other than ``observation`` belongs on ``--kind torchrl``. The env is
@@ -11,16 +12,16 @@ built once here, then closed (a ``close()`` that hangs or raises is logged and l
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 from gymnasium.envs.registration import parse_env_id
 
 from actor_service._config import ActorConfig, ModelSpec
+from actor_service._kinds.env.factory import NotOneEnvError
 from common.plain_config import from_plain
 
-__all__ = ["check", "one_env"]
+__all__ = ["check"]
 
 
 def check(config: ActorConfig) -> None:
@@ -40,7 +41,7 @@ def check(config: ActorConfig) -> None:
 
     try:
         env = env_fn(config)()
-    except _NotOneEnvError:
+    except NotOneEnvError:
         raise
     except Exception as exc:
         raise ValueError(
@@ -51,46 +52,6 @@ def check(config: ActorConfig) -> None:
     finally:
         close_throwaway(env, env_name(config.env_pool))
     _check_policies(custom, spaces)
-
-
-class _NotOneEnvError(ValueError):
-    """An env factory returned something other than one gymnasium env (the fix is named)."""
-
-
-def one_env(factory: Callable[..., Any], name: str, /, **kwargs: Any) -> gymnasium.Env:
-    """One env of the pool from ``factory`` (the ``env_factory`` called ``name``).
-
-    The env pool and the check before binding both build their envs through it, so an
-    in-process server refuses what the command line refuses.
-
-    Raises:
-        ValueError: ``factory`` returned a TorchRL env (``--kind torchrl`` is the fix), a
-            vector env (the actor builds ``num_envs`` envs itself), or no gymnasium env.
-    """
-    env = factory(**kwargs)
-    if isinstance(env, gymnasium.Env):
-        return env
-    if callable(getattr(env, "close", None)):
-        env.close()
-    if callable(getattr(env, "fake_tensordict", None)) or type(env).__module__.startswith(
-        "torchrl."
-    ):
-        raise _NotOneEnvError(
-            f"env_factory {name!r} returns a TorchRL env ({type(env).__name__}), which a "
-            f"gymnasium actor (--kind env, the default) cannot step: run it on a TorchRL-env "
-            f'actor, --kind torchrl (LocalFleet(..., kind="torchrl"), RLFLEET_KIND=torchrl)'
-        )
-    if isinstance(env, gymnasium.vector.VectorEnv):
-        raise _NotOneEnvError(
-            f"env_factory {name!r} returned a {type(env).__name__}, a vector env of "
-            f"{env.num_envs} envs: it must return one env (gymnasium.make(...), not "
-            "gymnasium.make_vec(...) or a VectorEnv); the actor steps num_envs of them "
-            "(num_envs=, --num-envs)"
-        )
-    raise _NotOneEnvError(
-        f"env_factory {name!r} returned a {type(env).__name__}, not a gymnasium.Env: it "
-        "must return one env (gymnasium.make(...) or an Env subclass)"
-    )
 
 
 def _check_registered(env_id: str) -> None:

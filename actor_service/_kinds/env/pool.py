@@ -34,7 +34,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from actor_service._config import ActorConfig
 from actor_service._core._settings import env_name
-from actor_service._kinds.env.check import one_env
+from actor_service._kinds.env.factory import one_env
 from actor_service._kinds.env.spaces import check_space
 from common.errors import EnvError, exception_text
 from common.import_paths import load_callable
